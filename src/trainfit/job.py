@@ -1,0 +1,193 @@
+"""The job specification every command shares: what to train and how (one typed object).
+
+Read from YAML (``JobSpec.from_yaml``) or CLI flags with the same names (dashes for underscores).
+Validation happens in ``__post_init__`` and raises ``JobError`` whose message names the field, what
+is wrong, and how to fix it; the CLI prints it as one line and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+METHODS = ("full", "lora", "qlora")
+QUANTS = ("nf4", "nf4-dq", "fp4")
+PRECISIONS = ("fp32", "amp-fp16", "amp-bf16", "bf16-true")
+OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "adafactor", "sgd")
+OPTIMIZER_IMPLS = ("forloop", "foreach", "fused")
+GRAD_CKPT = ("off", "full")
+ATTENTIONS = ("sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-math", "eager")
+SHARDINGS = ("none", "fsdp")
+LORA_ALIASES = ("q", "k", "v", "o", "mlp", "lm_head", "all-linear")
+
+
+class JobError(ValueError):
+    """Bad input: ``str(err)`` is one line naming what is wrong; ``hint`` says how to fix it."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        close = difflib.get_close_matches(str(value), allowed, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else ""
+        raise JobError(f"--{name.replace('_', '-')} {value!r}: must be one of "
+                       f"{', '.join(allowed)}", hint)
+
+
+def _positive(name: str, value: int | None) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise JobError(f"--{name.replace('_', '-')} {value}: must be an integer ≥ 1")
+
+
+@dataclass(kw_only=True)
+class JobSpec:
+    """One training job: the model, the method and every knob that changes memory or speed."""
+
+    model: str = "llama-3.2-1b"
+    """Built-in catalog name, HF model id, local model directory or path to a ``config.json``."""
+    trust_remote_code: bool = False
+    """Allow a model's own Python code from the hub (never implied)."""
+    method: str = "full"
+    """``full`` (all weights train), ``lora`` (adapters on frozen weights), ``qlora`` (4-bit base)."""
+    lora_r: int = 16
+    """LoRA rank: memory and trainable parameters grow linearly with it."""
+    lora_alpha: int = 32
+    """LoRA scale numerator (no memory effect)."""
+    lora_dropout: float = 0.05
+    """Dropout on the LoRA input: > 0 keeps a mask per adapted layer (1 byte/element on CUDA)."""
+    lora_targets: list[str] = field(default_factory=lambda: ["default"])
+    """Module names, or aliases q,k,v,o,mlp,lm_head,all-linear; ``default`` = PEFT's default."""
+    quant: str | None = None
+    """4-bit format of the frozen base for ``qlora``: nf4, nf4-dq (double quantised), fp4."""
+    seq_len: int = 512
+    """Tokens per sample (padded/packed length)."""
+    micro_batch: int | None = None
+    """Samples per forward/backward; None lets plan/tune choose."""
+    grad_accum: int | None = None
+    """Micro-batches per optimizer step; derived from the effective batch when omitted."""
+    effective_batch: int | None = None
+    """Samples per optimizer step over all ranks = micro_batch × grad_accum × ranks."""
+    precision: str | None = None
+    """fp32, amp-fp16 (+GradScaler), amp-bf16 (fp32 master weights), bf16-true; None: choose."""
+    optimizer: str = "adamw"
+    """adamw, adamw-8bit, paged-adamw, paged-adamw-8bit, adafactor, sgd."""
+    optimizer_impl: str = "fused"
+    """AdamW kernel: fused (HF Trainer's default on torch ≥ 2.8), foreach (torch's CUDA default), forloop."""
+    grad_ckpt: str | None = None
+    """Activation checkpointing: off, full; None lets plan/tune choose."""
+    attention: str = "sdpa"
+    """sdpa (the kernel torch picks on the GPU), sdpa-flash, sdpa-efficient, sdpa-math, eager."""
+    ranks: int = 1
+    """Data-parallel processes (GPUs)."""
+    sharding: str = "none"
+    """none (DDP: every rank holds everything) or fsdp (parameters, gradients, states sharded)."""
+    max_grad_norm: float | None = 1.0
+    """Gradient clipping as HF Trainer does by default (None: off)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise JobError("--model is empty", "give a catalog name (trainfit models), an HF id "
+                           "or a path to a config.json")
+        _choice("method", self.method, METHODS)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
+        _choice("attention", self.attention, ATTENTIONS)
+        _choice("sharding", self.sharding, SHARDINGS)
+        if self.precision is not None:
+            _choice("precision", self.precision, PRECISIONS)
+        if self.grad_ckpt is not None:
+            if isinstance(self.grad_ckpt, bool):
+                self.grad_ckpt = "full" if self.grad_ckpt else "off"
+            _choice("grad_ckpt", self.grad_ckpt, GRAD_CKPT)
+        for name in ("seq_len", "micro_batch", "grad_accum", "effective_batch", "ranks",
+                     "lora_r", "lora_alpha"):
+            _positive(name, getattr(self, name))
+        if isinstance(self.lora_targets, str):
+            self.lora_targets = [t.strip() for t in self.lora_targets.split(",") if t.strip()]
+        if self.method == "full":
+            defaults = JobSpec.__dataclass_fields__
+            changed = [n for n in ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")
+                       if getattr(self, n) != (defaults[n].default if defaults[n].default
+                                               is not dataclasses.MISSING
+                                               else defaults[n].default_factory())]
+            if changed:
+                raise JobError(f"--{changed[0].replace('_', '-')} given with --method full",
+                               "LoRA options need --method lora or qlora")
+            if self.quant is not None:
+                raise JobError("--quant given with --method full", "use --method qlora")
+        if self.method == "qlora":
+            self.quant = self.quant or "nf4-dq"
+            _choice("quant", self.quant, QUANTS)
+        elif self.quant is not None:
+            raise JobError(f"--quant {self.quant} needs --method qlora")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise JobError(f"--lora-dropout {self.lora_dropout}: must be in [0, 1)")
+        if not self.lora_targets:
+            raise JobError("--lora-targets is empty", "e.g. --lora-targets q,v or all-linear")
+        self._resolve_batch()
+
+    def _resolve_batch(self) -> None:
+        mb, ga, eff, ranks = self.micro_batch, self.grad_accum, self.effective_batch, self.ranks
+        if mb is not None and ga is not None:
+            total = mb * ga * ranks
+            if eff is not None and eff != total:
+                raise JobError(f"--effective-batch {eff} ≠ micro-batch {mb} × grad-accum {ga} × "
+                               f"ranks {ranks} = {total}", "drop one of the three flags")
+            self.effective_batch = total
+        elif mb is not None and eff is not None:
+            if eff % (mb * ranks):
+                raise JobError(f"--effective-batch {eff} is not divisible by micro-batch {mb} × "
+                               f"ranks {ranks}", f"choose a micro-batch dividing {eff // ranks}"
+                               if eff % ranks == 0 else "choose an effective batch divisible by "
+                               "the ranks")
+            self.grad_accum = eff // (mb * ranks)
+        elif eff is not None and eff % ranks:
+            raise JobError(f"--effective-batch {eff} is not divisible by --ranks {ranks}")
+        elif mb is not None and eff is None:
+            self.grad_accum = ga or 1
+            self.effective_batch = mb * self.grad_accum * ranks
+
+    # --- (de)serialisation ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> JobSpec:
+        d = self.to_dict()
+        d.update(changes)
+        if "micro_batch" in changes and "grad_accum" not in changes:
+            d["grad_accum"] = None
+        return JobSpec(**d)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "job") -> JobSpec:
+        known = {f.name for f in dataclasses.fields(cls)}
+        data = {k.replace("-", "_"): v for k, v in data.items()}
+        for key in data:
+            if key not in known:
+                close = difflib.get_close_matches(key, sorted(known), n=1)
+                raise JobError(f"{source}: unknown key {key!r}",
+                               f"did you mean {close[0]!r}?" if close else
+                               f"known keys: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> JobSpec:
+        import yaml
+
+        p = Path(path)
+        if not p.is_file():
+            raise JobError(f"{path}: no such file")
+        try:
+            data = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as err:
+            raise JobError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+        if not isinstance(data, dict):
+            raise JobError(f"{path}: expected a mapping of job fields")
+        data = data.get("job", data)
+        return cls.from_dict({k: v for k, v in data.items() if k != "gpu"}, source=str(path))

@@ -1,0 +1,95 @@
+"""Map the portable LoRA target aliases (q,k,v,o,mlp,lm_head,all-linear) to module names.
+
+Architectures name their projections differently (Llama ``q_proj``, BERT ``query``, T5 ``q``,
+GPT-2's fused ``c_attn`` Conv1D, Falcon/NeoX ``query_key_value``).  We classify every linear layer
+of the built model by where it sits (inside an attention block or not) and its leaf name, so a new
+architecture works without a table entry.  A fused q/k/v projection is adapted when any of q, k, v
+is asked for (PEFT cannot adapt a third of a fused matrix).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trainfit.job import LORA_ALIASES, JobError
+
+_ATTN_PARTS = ("attn", "attention", "self_attn", "selfattention", "encdecattention", "mixer.attn")
+_Q = {"q_proj", "query", "q", "wq", "q_lin"}
+_K = {"k_proj", "key", "k", "wk", "k_lin"}
+_V = {"v_proj", "value", "v", "wv", "v_lin"}
+_O = {"o_proj", "out_proj", "dense", "o", "c_proj", "wo", "out_lin", "dense_out"}
+_QKV = {"c_attn", "query_key_value", "qkv_proj", "wqkv", "qkv", "in_proj"}
+
+
+def _linear_types() -> tuple[type, ...]:
+    types: list[type] = [torch.nn.Linear]
+    try:
+        from transformers.pytorch_utils import Conv1D
+
+        types.append(Conv1D)
+    except ImportError:  # pragma: no cover - transformers always has it
+        pass
+    return tuple(types)
+
+
+def classify_linears(model: torch.nn.Module) -> dict[str, str]:
+    """Full module name → one of q,k,v,o,qkv,mlp,lm_head,other."""
+    out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    kinds: dict[str, str] = {}
+    for name, mod in model.named_modules():
+        if not isinstance(mod, _linear_types()):
+            continue
+        if mod is out_emb or name.split(".")[-1] in ("lm_head", "embed_out", "output_layer"):
+            kinds[name] = "lm_head"
+            continue
+        parts = name.lower().split(".")
+        leaf = parts[-1]
+        in_attn = any(p in _ATTN_PARTS or "attention" in p or p.endswith("attn") for p in parts[:-1])
+        if in_attn and leaf in _QKV:
+            kinds[name] = "qkv"
+        elif in_attn and leaf in _Q:
+            kinds[name] = "q"
+        elif in_attn and leaf in _K:
+            kinds[name] = "k"
+        elif in_attn and leaf in _V:
+            kinds[name] = "v"
+        elif in_attn and (leaf in _O or (len(parts) > 1 and parts[-2] == "output")):
+            kinds[name] = "o"
+        elif "classifier" in parts or "score" in parts or "pooler" in parts:
+            kinds[name] = "other"
+        else:
+            kinds[name] = "mlp"
+    return kinds
+
+
+def resolve_targets(model: torch.nn.Module, targets: list[str], model_type: str) -> list[str] | str:
+    """Turn the job's ``lora_targets`` into what ``peft.LoraConfig(target_modules=...)`` takes."""
+    if targets == ["default"]:
+        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as M
+
+        if model_type in M:
+            return list(M[model_type])
+        targets = ["q", "v"]
+    if targets == ["all-linear"]:
+        return "all-linear"
+    kinds = classify_linears(model)
+    names: list[str] = []
+    aliases = [t for t in targets if t in LORA_ALIASES]
+    literal = [t for t in targets if t not in LORA_ALIASES]
+    for name, kind in kinds.items():
+        want = ("all-linear" in aliases and kind != "lm_head") or kind in aliases or (
+            kind == "qkv" and any(a in aliases for a in ("q", "k", "v")))
+        if want:
+            names.append(name)
+    for lit in literal:
+        hits = [n for n in kinds if n == lit or n.endswith("." + lit)]
+        if not hits:
+            leafs = sorted({n.split(".")[-1] for n in kinds})
+            raise JobError(f"--lora-targets {lit}: no linear layer of this model is named so",
+                           f"its linear layers are: {', '.join(leafs)} (or use q,k,v,o,mlp,"
+                           "lm_head,all-linear)")
+        names.extend(hits)
+    if not names:
+        raise JobError(f"--lora-targets {','.join(targets)}: matches no layer of this model",
+                       "use all-linear or name the modules")
+    return sorted(set(names))

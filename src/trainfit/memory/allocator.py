@@ -1,0 +1,131 @@
+"""A model of PyTorch's CUDA caching allocator, replayed over the simulated allocation trace.
+
+``reserved`` (``torch.cuda.max_memory_reserved``) exceeds ``allocated`` because the allocator
+carves blocks out of cudaMalloc'ed segments and never returns them: a free block that no request
+fits stays reserved.  Replaying the exact alloc/free sequence of the step through the allocator's
+rules predicts that gap mechanistically instead of adding a flat percentage.
+
+Rules (c10/cuda/CUDACachingAllocator.cpp, defaults, no ``PYTORCH_CUDA_ALLOC_CONF``):
+* sizes are rounded up to 512 B (``kMinBlockSize``);
+* requests ≤ 1 MiB (``kSmallSize``) use the small pool, larger ones the large pool;
+* a new segment is 2 MiB for small requests (``kSmallBuffer``), 20 MiB for requests < 10 MiB
+  (``kLargeBuffer``/``kMinLargeAlloc``), else the request rounded up to 2 MiB (``kRoundLarge``);
+* a request takes the smallest free block of its pool that fits (best fit);
+* a block is split when the remainder is ≥ 512 B (small pool) or > 1 MiB (large pool);
+* freed blocks merge with free neighbours in the same segment; segments are never released.
+Not modelled: multiple streams, ``expandable_segments``, the release-and-retry on OOM.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+K_MIN_BLOCK = 512
+K_SMALL_SIZE = 1 << 20
+K_SMALL_BUFFER = 2 << 20
+K_LARGE_BUFFER = 20 << 20
+K_MIN_LARGE_ALLOC = 10 << 20
+K_ROUND_LARGE = 2 << 20
+
+
+@dataclass
+class _Blk:
+    seg: int
+    offset: int
+    size: int
+    free: bool
+    prev: _Blk | None = None
+    next: _Blk | None = None
+
+
+def _round(size: int) -> int:
+    return max(K_MIN_BLOCK, (size + K_MIN_BLOCK - 1) // K_MIN_BLOCK * K_MIN_BLOCK)
+
+
+def _segment_size(size: int) -> int:
+    if size <= K_SMALL_SIZE:
+        return K_SMALL_BUFFER
+    if size < K_MIN_LARGE_ALLOC:
+        return K_LARGE_BUFFER
+    return (size + K_ROUND_LARGE - 1) // K_ROUND_LARGE * K_ROUND_LARGE
+
+
+@dataclass
+class AllocatorReplay:
+    peak_reserved_bytes: int
+    peak_allocated_bytes: int
+    segments: int
+
+
+def replay(events: list[tuple[int, int]]) -> AllocatorReplay:
+    """``events``: (uid, +bytes) for an allocation, (uid, -bytes) for its free."""
+    pools: dict[bool, list[tuple[int, int, _Blk]]] = {True: [], False: []}  # small? -> sorted
+    live: dict[int, _Blk] = {}
+    reserved = peak_reserved = allocated = peak_allocated = 0
+    nseg = 0
+    counter = 0
+
+    def add_free(b: _Blk, small: bool) -> None:
+        nonlocal counter
+        counter += 1
+        bisect.insort(pools[small], (b.size, counter, b))
+
+    def remove_free(b: _Blk, small: bool) -> None:
+        pool = pools[small]
+        for i in range(bisect.bisect_left(pool, (b.size, -1)), len(pool)):
+            if pool[i][2] is b:
+                del pool[i]
+                return
+
+    small_of: dict[int, bool] = {}
+    for uid, delta in events:
+        if delta > 0:
+            size = _round(delta)
+            small = size <= K_SMALL_SIZE
+            pool = pools[small]
+            i = bisect.bisect_left(pool, (size, -1))
+            if i < len(pool):
+                blk = pool.pop(i)[2]
+            else:
+                seg = _segment_size(size)
+                nseg += 1
+                reserved += seg
+                peak_reserved = max(peak_reserved, reserved)
+                blk = _Blk(nseg, 0, seg, True)
+                small_of[nseg] = small
+            remaining = blk.size - size
+            if (small and remaining >= K_MIN_BLOCK) or (not small and remaining > K_SMALL_SIZE):
+                rest = _Blk(blk.seg, blk.offset + size, remaining, True, prev=blk, next=blk.next)
+                if blk.next is not None:
+                    blk.next.prev = rest
+                blk.next = rest
+                blk.size = size
+                add_free(rest, small)
+            blk.free = False
+            live[uid] = blk
+            allocated += blk.size
+            peak_allocated = max(peak_allocated, allocated)
+        else:
+            blk = live.pop(uid, None)
+            if blk is None:
+                continue
+            small = small_of[blk.seg]
+            allocated -= blk.size
+            blk.free = True
+            for nb in (blk.prev, blk.next):
+                if nb is not None and nb.free:
+                    remove_free(nb, small)
+                    if nb is blk.prev:
+                        nb.size += blk.size
+                        nb.next = blk.next
+                        if blk.next is not None:
+                            blk.next.prev = nb
+                        blk = nb
+                    else:
+                        blk.size += nb.size
+                        blk.next = nb.next
+                        if nb.next is not None:
+                            nb.next.prev = blk
+            add_free(blk, small)
+    return AllocatorReplay(peak_reserved, peak_allocated, nseg)

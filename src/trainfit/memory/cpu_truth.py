@@ -1,0 +1,89 @@
+"""Ground truth on this machine: run the same step for real on the CPU and find its peak.
+
+``torch.profiler(profile_memory=True)`` records every alloc/free of the CPU allocator; replaying
+them in time order from the bytes alive before the step (weights, buffers, the batch) gives the
+exact peak of live bytes, the CPU equivalent of ``torch.cuda.max_memory_allocated``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainfit.job import JobSpec
+from trainfit.model_source import ModelSource
+from trainfit.step import repeat_batches, train_step
+from trainfit.workload import amp_dtype, build_model_on_meta, make_batch, make_optimizer
+
+
+@dataclass
+class CpuMeasurement:
+    peak_allocated_bytes: int
+    """Measured peak of live CPU-allocator bytes over the steps (bytes)."""
+    base_bytes: int
+    """Bytes alive before the first step: weights, buffers, the batch."""
+    loss: float
+
+
+def materialize_on_cpu(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Real CPU storage for a model built on ``meta`` (values: N(0, 0.02), as GPT-2/Llama init)."""
+    gen = torch.Generator().manual_seed(seed)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            if t.is_floating_point():
+                if name.endswith(("norm.weight", "ln_f.weight", "layernorm.weight")) \
+                        or "LayerNorm.weight" in name or ".ln_" in name:
+                    t.fill_(1.0)
+                elif "inv_freq" in name:
+                    dim = t.numel() * 2
+                    t.copy_(1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)))
+                else:
+                    t.copy_(torch.randn(t.shape, generator=gen) * 0.02)
+            else:
+                t.zero_()
+    return model
+
+
+def _storage_bytes(tensors: list[torch.Tensor]) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def measure_cpu_step(job: JobSpec, source: ModelSource, steps: int = 2, seed: int = 0
+                     ) -> CpuMeasurement:
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(seed)
+    model, _ = build_model_on_meta(job, source)
+    materialize_on_cpu(model, seed)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(job, trainable, simulate=False)
+    batch = make_batch(source, job.micro_batch or 1, job.seq_len,
+                       generator=torch.Generator().manual_seed(seed))
+    micro = min(job.grad_accum or 1, 2)
+    dt = amp_dtype(job.precision or "fp32")
+
+    def autocast() -> Any:
+        return torch.autocast("cpu", dtype=dt) if dt is not None else contextlib.nullcontext()
+
+    base = _storage_bytes([*model.parameters(), *model.buffers(), *batch.values()])
+    loss = 0.0
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        for _ in range(steps):
+            res = train_step(model, optimizer, repeat_batches(batch, micro), grad_accum=micro,
+                             autocast=autocast, max_grad_norm=job.max_grad_norm)
+            loss = float(res.loss) if res.loss is not None else 0.0
+    events = [e for e in prof.profiler.kineto_results.events()
+              if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
+    cur = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        cur += e.nbytes()
+        peak = max(peak, cur)
+    return CpuMeasurement(base + peak, base, loss)

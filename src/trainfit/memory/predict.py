@@ -1,0 +1,137 @@
+"""From the simulated step to the three peaks a user sees, per rank, and whether it fits.
+
+* ``peak_allocated_bytes`` — ``torch.cuda.max_memory_allocated``: the simulated tensor peak plus
+  cuBLAS workspaces (allocated through the caching allocator and kept for the process lifetime).
+* ``peak_reserved_bytes`` — ``max_memory_reserved``: the simulated alloc/free trace replayed
+  through the caching-allocator model (:mod:`trainfit.memory.allocator`) plus the workspaces.
+* ``peak_device_bytes`` — what ``nvidia-smi`` shows: reserved + CUDA context (GPU catalog) + paged
+  optimizer states in managed memory (on the device while they fit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from trainfit.hardware.gpus import GpuSpec
+from trainfit.job import JobSpec
+from trainfit.memory.allocator import replay
+from trainfit.memory.simulate import SimResult, SimTarget, simulate_step
+from trainfit.model_source import ModelSource
+
+DEFAULT_MARGIN = 0.10
+"""Fits = predicted device peak ≤ (1 − margin) × capacity.  10 % covers what is not modelled
+(allocator behaviour under pressure, NCCL buffers, data on the GPU outside the step)."""
+
+CUBLAS_WORKSPACE_BYTES_PRE_HOPPER = 4096 * 1024 * 2 + 16 * 1024 * 8
+"""CUBLAS_WORKSPACE_CONFIG default ":4096:2:16:8" (aten/src/ATen/cuda/CublasHandlePool.cpp)."""
+CUBLAS_WORKSPACE_BYTES_HOPPER = 4096 * 1024 * 8
+"""Default ":4096:8" on compute capability ≥ 9.0."""
+CUBLAS_HANDLES = 2
+"""One handle per thread issuing matmuls: the Python thread (forward) and the autograd engine's
+device thread (backward), each with its own workspace."""
+
+DDP_BUCKET_FACTOR = 1.0
+"""DDP with ``gradient_as_bucket_view=False`` (the default) keeps flat bucket copies of every
+gradient: +1 × gradient bytes (torch/nn/parallel/distributed.py, reducer.cpp)."""
+FSDP_PREFETCH_UNITS = 2
+"""FSDP FULL_SHARD holds the unsharded parameters of the running unit plus the prefetched next one
+(forward and backward prefetch, one decoder layer per unit as HF's auto-wrap does)."""
+
+
+def cublas_workspace_bytes(gpu: GpuSpec | None) -> int:
+    cc = _cc(gpu)
+    per = CUBLAS_WORKSPACE_BYTES_HOPPER if cc and cc >= (9, 0) else CUBLAS_WORKSPACE_BYTES_PRE_HOPPER
+    return per * CUBLAS_HANDLES
+
+
+def _cc(gpu: GpuSpec | None) -> tuple[int, int] | None:
+    if gpu is None or not gpu.compute_capability:
+        return None
+    major, _, minor = gpu.compute_capability.partition(".")
+    return int(major), int(minor or 0)
+
+
+@dataclass
+class MemoryPrediction:
+    """Predicted peaks of one configuration on one GPU, per rank, bytes."""
+
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    peak_device_bytes: int
+    breakdown: dict[str, int]
+    """At the allocated peak: parameters, gradients, optimizer, activations, temporaries, buffers,
+    workspaces; plus managed (paged optimizer states, outside the allocator)."""
+    peak_phase: str
+    fits: bool | None
+    """Device peak ≤ (1 − margin) × capacity; None without a GPU."""
+    headroom_bytes: int | None
+    capacity_bytes: int | None
+    margin: float
+    total_params: int
+    trainable_params: int
+    sdpa_kernels: dict[str, int]
+    sim_time_s: float
+    model_notes: list[str] = field(default_factory=list)
+    """How reserved and device were derived, and what each number leaves out."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _shard_adjust(job: JobSpec, sim: SimResult, per_layer_param_bytes: int) -> tuple[int, list[str]]:
+    """Bytes to add to the single-process peak for data parallelism (analytic, stated)."""
+    b = sim.breakdown
+    if job.ranks <= 1:
+        return 0, []
+    if job.sharding == "none":
+        extra = int(b["gradients"] * DDP_BUCKET_FACTOR)
+        return extra, [f"DDP: + gradient buckets ({extra / 2**30:.2f} GiB, "
+                       "gradient_as_bucket_view=False)"]
+    shardable = b["parameters"] + b["gradients"] + b["optimizer"]
+    saved = int(shardable * (1 - 1 / job.ranks))
+    gathered = FSDP_PREFETCH_UNITS * per_layer_param_bytes
+    return gathered - saved, [
+        f"FSDP over {job.ranks} ranks: parameters/gradients/optimizer states ÷ {job.ranks}, "
+        f"+ {FSDP_PREFETCH_UNITS} unsharded layers in flight ({gathered / 2**30:.2f} GiB)"]
+
+
+def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
+                   margin: float = DEFAULT_MARGIN, eager_module_loading: bool = False
+                   ) -> MemoryPrediction:
+    from trainfit.hardware.gpus import EAGER_MODULE_LOADING_EXTRA_BYTES
+
+    target = SimTarget(device="cuda", compute_capability=_cc(gpu) or (8, 0))
+    sim = simulate_step(job, source, target, record_events=True)
+    rep = replay(sim.events)
+    work = cublas_workspace_bytes(gpu)
+    layers = max(int(getattr(source.config, "num_hidden_layers", 0)
+                     or getattr(source.config, "num_layers", 0) or 1), 1)
+    extra, notes = _shard_adjust(job, sim, sim.breakdown["parameters"] // layers)
+    allocated = sim.peak_allocated_bytes + work + extra
+    reserved = max(rep.peak_reserved_bytes + work + extra, allocated)
+    context = (gpu.cuda_context_bytes if gpu else 0) + (
+        EAGER_MODULE_LOADING_EXTRA_BYTES if eager_module_loading else 0)
+    device = reserved + context + sim.managed_bytes
+    notes = [
+        "allocated: live tensor bytes of the simulated step (512 B blocks) + cuBLAS workspaces "
+        f"({work / 2**20:.0f} MiB)",
+        f"reserved: the step's alloc/free trace replayed through the caching-allocator model "
+        f"({rep.segments} segments)",
+        f"device: reserved + CUDA context ({context / 2**20:.0f} MiB, GPU catalog)"
+        + (f" + paged optimizer states in managed memory ({sim.managed_bytes / 2**30:.2f} GiB)"
+           if sim.managed_bytes else ""),
+        *notes,
+    ]
+    breakdown = {**sim.breakdown, "workspaces": work, "managed": sim.managed_bytes}
+    if extra:
+        breakdown["data_parallel"] = extra
+    cap = gpu.memory_bytes if gpu else None
+    fits = None if cap is None else device <= (1 - margin) * cap
+    headroom = None if cap is None else int((1 - margin) * cap) - device
+    return MemoryPrediction(
+        peak_allocated_bytes=allocated, peak_reserved_bytes=reserved, peak_device_bytes=device,
+        breakdown=breakdown, peak_phase=sim.peak_phase, fits=fits, headroom_bytes=headroom,
+        capacity_bytes=cap, margin=margin, total_params=sim.total_params,
+        trainable_params=sim.trainable_params, sdpa_kernels=sim.sdpa_kernels,
+        sim_time_s=sim.sim_time_s, model_notes=notes)

@@ -1,0 +1,273 @@
+"""Make a step run on data-less CPU tensors allocate what the same step allocates on the target device.
+
+We simulate on fake tensors of device ``cpu`` rather than fake ``cuda`` tensors: a CPU-only torch
+build aborts the process at the first autograd op on a fake ``cuda`` tensor (no CUDA device guard is
+registered, see shared/notes/memory-simulation.md), and working around it needs native code.  The
+price is that everything the CPU does differently from the GPU must be imposed here, in Python:
+
+* autocast: CUDA's op lists (aten/src/ATen/autocast_mode.h, ``AT_FORALL_*``) replace the CPU's for
+  the duration of the simulation, by overriding the ``AutocastCPU`` kernels through
+  ``torch.library`` — the same dispatcher level real autocast works at, so casts of ops inside
+  composite functions (``einsum`` → ``bmm``) are caught, and casts are recorded by autograd exactly
+  as real autocast's are;
+* SDPA: the kernel the GPU would pick (flash / memory-efficient / math) is called explicitly; on a
+  fake tensor the composite would fall back to the math kernel, which stores the S×S matrix;
+* dropout: CUDA's fused kernel keeps a bool mask (1 byte/element), the CPU path a mask in the input
+  dtype (``is_fused_kernel_acceptable`` in aten/src/ATen/native/Dropout.cpp);
+* transformers: its packed-sequence check reads position ids, which fake tensors do not have;
+  the simulated batch is unpacked, so the check's real answer (``None``) is returned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+from unittest import mock
+
+import torch
+from torch._C import DispatchKey, DispatchKeySet
+from torch.utils._pytree import tree_map
+
+# --- CUDA autocast policy (torch 2.13 aten/src/ATen/autocast_mode.h) ---------------------------
+CUDA_LOWER_PRECISION = (
+    "_convolution.deprecated", "_convolution", "conv1d", "conv2d", "conv3d", "conv_tbc",
+    "conv_transpose1d", "conv_transpose2d.input", "conv_transpose3d.input", "convolution", "prelu",
+    "addmm", "addmv", "addr", "matmul", "einsum", "mm", "mv", "linalg_vecdot", "linear", "addbmm",
+    "baddbmm", "bmm", "chain_matmul", "linalg_multi_dot", "_thnn_fused_lstm_cell",
+    "_thnn_fused_gru_cell", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell",
+    "_scaled_dot_product_flash_attention", "scaled_dot_product_attention",
+)
+CUDA_FP32 = (
+    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal",
+    "rsqrt", "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "softplus",
+    "layer_norm", "native_layer_norm", "group_norm", "frobenius_norm.dim", "nuclear_norm",
+    "nuclear_norm.dim", "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "nll_loss",
+    "nll_loss2d", "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss",
+    "mse_loss", "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss",
+    "triplet_margin_loss", "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist",
+    "cdist", "renorm", "logsumexp",
+)
+CUDA_FP32_SET_OPT_DTYPE = (
+    "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum",
+    "linalg_vector_norm", "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum",
+    "sum.dim_IntList",
+)
+CUDA_PROMOTE = (
+    "addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler", "index_put",
+    "tensordot", "scatter_add", "stack", "cat", "index_copy",
+)
+# Ops that only the CPU autocasts: on CUDA they run in the dtype they are given.
+CPU_ONLY_AUTOCAST = (
+    "_addmm_activation", "_native_multi_head_attention", "conv1d.padding", "conv2d.padding",
+    "conv3d.padding", "avg_pool3d", "polar", "quantile", "nanquantile", "trace", "max_pool3d",
+    "adaptive_avg_pool3d", "cross_entropy_loss", "ctc_loss.IntList", "ctc_loss.Tensor",
+    "reflection_pad1d", "reflection_pad2d", "replication_pad1d", "replication_pad2d",
+    "replication_pad3d",
+)
+
+_AUTOCAST_CPU = DispatchKeySet(DispatchKey.AutocastCPU)
+
+
+def _eligible(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+
+
+class _CudaAutocastPolicy:
+    """Python ``AutocastCPU`` kernels that apply CUDA's policy, with CUDA's weight-cast cache."""
+
+    def __init__(self) -> None:
+        self._lib: torch.library.Library | None = None
+        self._cache: dict[int, tuple[Any, torch.Tensor]] = {}
+
+    def clear_cache(self) -> None:
+        self._cache.clear()
+
+    def _cast_lower(self, t: Any, dtype: torch.dtype) -> Any:
+        if not _eligible(t) or t.dtype == dtype:
+            return t
+        # autocast_mode.cpp cached_cast: cache casts of fp32 leaf weights that require grad
+        if t.dtype == torch.float32 and t.requires_grad and t.is_leaf and not t._is_view():
+            hit = self._cache.get(id(t))
+            if hit is not None and hit[0]() is t:
+                return hit[1]
+            out = t.to(dtype)
+            self._cache[id(t)] = (torch.utils.weak.weakref.ref(t), out)
+            return out
+        return t.to(dtype)
+
+    def _kernel(self, op: Any, policy: str) -> Any:
+        dtype_idx = next(
+            (i for i, a in enumerate(op._schema.arguments) if a.name == "dtype"), None
+        )
+
+        def kernel(*args: Any, **kwargs: Any) -> Any:
+            with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
+                if policy == "lower":
+                    dt = torch.get_autocast_dtype("cpu")
+                    args, kwargs = tree_map(lambda t: self._cast_lower(t, dt), (args, kwargs))
+                elif policy == "fp32":
+                    args, kwargs = tree_map(
+                        lambda t: t.float() if _eligible(t) else t, (args, kwargs)
+                    )
+                elif policy == "fp32_set_opt_dtype":
+                    given = kwargs.get("dtype") if dtype_idx is None or len(args) <= dtype_idx \
+                        else args[dtype_idx]
+                    if given is None and args and _eligible(args[0]):
+                        if dtype_idx is not None and len(args) > dtype_idx:
+                            args = (*args[:dtype_idx], torch.float32, *args[dtype_idx + 1:])
+                        else:
+                            kwargs = {**kwargs, "dtype": torch.float32}
+                elif policy == "promote":
+                    dts = [t.dtype for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                           if _eligible(t)]
+                    if dts:
+                        widest = torch.float32 if torch.float32 in dts else dts[0]
+                        args, kwargs = tree_map(
+                            lambda t: t.to(widest) if _eligible(t) else t, (args, kwargs)
+                        )
+                return op(*args, **kwargs)
+
+        return kernel
+
+    def install(self) -> None:
+        lib = torch.library.Library("aten", "IMPL")
+        table = (
+            [(n, "lower") for n in CUDA_LOWER_PRECISION]
+            + [(n, "fp32") for n in CUDA_FP32]
+            + [(n, "fp32_set_opt_dtype") for n in CUDA_FP32_SET_OPT_DTYPE]
+            + [(n, "promote") for n in CUDA_PROMOTE]
+            + [(n, "none") for n in CPU_ONLY_AUTOCAST]
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "overriding a previously registered kernel"
+            for name, policy in table:
+                base, _, overload = name.partition(".")
+                packet = getattr(torch.ops.aten, base, None)
+                op = getattr(packet, overload or "default", None) if packet is not None else None
+                if op is None:
+                    continue
+                lib.impl(name, self._kernel(op, policy), "AutocastCPU")
+        self._lib = lib
+
+    def uninstall(self) -> None:
+        if self._lib is not None:
+            self._lib._destroy()
+            self._lib = None
+        self.clear_cache()
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionTarget:
+    """What the target device's SDPA dispatcher can pick."""
+
+    device: str
+    """``cuda`` or ``cpu``."""
+    compute_capability: tuple[int, int] | None = None
+    """CUDA compute capability; flash attention needs ≥ 8.0 (sdp_utils.cpp)."""
+    prefer: str = "sdpa"
+    """``sdpa`` (what torch picks), ``sdpa-flash``, ``sdpa-efficient``, ``sdpa-math``."""
+
+
+def choose_sdpa_kernel(
+    target: AttentionTarget, q: torch.Tensor, k: torch.Tensor, mask: Any, dropout_p: float,
+    enable_gqa: bool,
+) -> str:
+    """Mirror of ``select_sdp_backend`` (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp)."""
+    head_dim = q.shape[-1]
+    if target.device == "cpu":
+        # sdp_utils_cpp.cpp: the CPU flash kernel takes masks, no dropout
+        ok = q.dtype in (torch.float32, torch.bfloat16, torch.float16) and dropout_p == 0.0
+        return "flash_cpu" if ok and target.prefer != "sdpa-math" else "math"
+    cc = target.compute_capability or (8, 0)
+    flash_ok = (
+        q.dtype in (torch.float16, torch.bfloat16) and mask is None and head_dim % 8 == 0
+        and head_dim <= 256 and cc >= (8, 0)
+    )
+    eff_ok = head_dim % (8 if q.dtype != torch.float32 else 4) == 0 and not (
+        enable_gqa and q.shape[-3] != k.shape[-3]
+    )
+    order = {
+        "sdpa": ("flash", "efficient"), "sdpa-flash": ("flash", "efficient"),
+        "sdpa-efficient": ("efficient",), "sdpa-math": (),
+    }[target.prefer]
+    for kernel in order:
+        if kernel == "flash" and flash_ok:
+            return "flash"
+        if kernel == "efficient" and eff_ok:
+            return "efficient"
+    return "math"
+
+
+class _DeviceOps:
+    """Routes SDPA and dropout to the kernels the target device runs.
+
+    Installed by patching ``torch.nn.functional`` attributes (transformers and ``nn.Dropout`` look
+    them up at call time) rather than a ``TorchFunctionMode``: a mode is popped while it handles
+    ``Tensor.backward``, so checkpoint recomputation inside backward would escape it and recompute
+    different kernels than the forward used.
+    """
+
+    def __init__(self, target: AttentionTarget) -> None:
+        self.target = target
+        self.kernels_used: dict[str, int] = {}
+        self._orig_dropout = torch.nn.functional.dropout
+
+    def dropout(self, x: torch.Tensor, p: float = 0.5, training: bool = True,
+                inplace: bool = False) -> torch.Tensor:
+        if self.target.device == "cuda" and training and 0.0 < p < 1.0 and x.numel() > 0:
+            return torch.ops.aten.native_dropout(x, p, True)[0]
+        return self._orig_dropout(x, p, training, inplace)
+
+    def sdpa(self, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+             enable_gqa=False):  # noqa: ANN001
+        if torch.is_autocast_enabled("cpu"):
+            dt = torch.get_autocast_dtype("cpu")
+            q, k, v = (t.to(dt) if _eligible(t) else t for t in (q, k, v))
+            if attn_mask is not None and attn_mask.is_floating_point():
+                attn_mask = attn_mask.to(dt)
+        kernel = choose_sdpa_kernel(self.target, q, k, attn_mask, dropout_p, enable_gqa)
+        self.kernels_used[kernel] = self.kernels_used.get(kernel, 0) + 1
+        if kernel == "flash":
+            return torch.ops.aten._scaled_dot_product_flash_attention(
+                q, k, v, dropout_p, is_causal, False, scale=scale)[0]
+        if kernel == "efficient":
+            need_lse = q.requires_grad or k.requires_grad or v.requires_grad
+            return torch.ops.aten._scaled_dot_product_efficient_attention(
+                q, k, v, attn_mask, need_lse, dropout_p, is_causal, scale=scale)[0]
+        if kernel == "flash_cpu":
+            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+        return torch.ops.aten._scaled_dot_product_attention_math(
+            q, k, v, attn_mask, dropout_p, is_causal, None, scale=scale,
+            enable_gqa=enable_gqa)[0]
+
+
+@contextlib.contextmanager
+def device_semantics(target: AttentionTarget) -> Iterator[_DeviceOps]:
+    """Everything inside runs with the target device's allocation behaviour (see module doc)."""
+    from transformers import masking_utils
+
+    policy = _CudaAutocastPolicy() if target.device == "cuda" else None
+    ops = _DeviceOps(target)
+    orig_clear = torch.clear_autocast_cache
+
+    def clear_autocast_cache() -> None:
+        orig_clear()
+        if policy is not None:
+            policy.clear_cache()
+
+    with contextlib.ExitStack() as stack:
+        if policy is not None:
+            policy.install()
+            stack.callback(policy.uninstall)
+            stack.enter_context(mock.patch.object(torch, "clear_autocast_cache",
+                                                  clear_autocast_cache))
+        stack.enter_context(mock.patch.object(
+            masking_utils, "find_packed_sequence_indices", lambda position_ids: None))
+        stack.enter_context(mock.patch.object(torch.nn.functional, "scaled_dot_product_attention",
+                                              ops.sdpa))
+        stack.enter_context(mock.patch.object(torch.nn.functional, "dropout", ops.dropout))
+        yield ops

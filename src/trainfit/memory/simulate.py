@@ -1,0 +1,156 @@
+"""Predict ``max_memory_allocated`` by running the real training step on data-less tensors.
+
+The model is built on ``meta`` (with PEFT and the 4-bit twin applied there — PEFT cannot wrap a
+model built inside the fake mode), its parameters become fake CPU tensors, and ``train_step`` runs
+two optimizer steps (states appear in the first, the steady state is the second) of
+``min(grad_accum, 2)`` micro-steps each (from the second micro-step on, every micro-step allocates
+the same: gradients exist and are accumulated in place) under :class:`LiveBytesTracker`, with the
+target device's allocation behaviour imposed by :mod:`trainfit.memory.semantics`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from trainfit.job import JobSpec
+from trainfit.memory.semantics import AttentionTarget, device_semantics
+from trainfit.memory.tracker import LiveBytesTracker
+from trainfit.model_source import ModelSource
+from trainfit.step import repeat_batches, train_step
+from trainfit.workload import amp_dtype, build_model_on_meta, make_batch, make_optimizer
+
+CUDA_BLOCK_BYTES = 512
+"""c10/cuda/CUDACachingAllocator.cpp ``kMinBlockSize``: every block is a multiple of 512 bytes."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimTarget:
+    """The device whose allocations the simulation reproduces."""
+
+    device: str = "cuda"
+    """``cuda`` (GPU semantics imposed) or ``cpu`` (this machine's semantics, for validation)."""
+    compute_capability: tuple[int, int] | None = (8, 0)
+    """Decides whether flash attention exists (≥ 8.0)."""
+
+    @property
+    def block_bytes(self) -> int:
+        return CUDA_BLOCK_BYTES if self.device == "cuda" else 1
+
+
+@dataclass
+class SimResult:
+    peak_allocated_bytes: int
+    """Predicted ``torch.cuda.max_memory_allocated()`` over two steps (bytes)."""
+    peak_phase: str
+    """forward / backward / optimizer: where the peak happens."""
+    breakdown: dict[str, int]
+    """What was alive at the peak, by category (bytes)."""
+    phase_peaks: dict[str, int]
+    managed_bytes: int
+    """Paged optimizer states in CUDA managed memory (not in allocator statistics)."""
+    steady_bytes: int
+    """Bytes alive between steps (weights, optimizer states, buffers)."""
+    largest_block_bytes: int
+    """The largest single allocation (for the fragmentation model)."""
+    total_params: int
+    trainable_params: int
+    sdpa_kernels: dict[str, int]
+    micro_steps_simulated: int
+    sim_time_s: float
+    info: dict[str, Any] = field(default_factory=dict)
+    events: list[tuple[int, int]] = field(default_factory=list, repr=False)
+    """The alloc/free trace when asked for (for the caching-allocator replay)."""
+
+
+def _to_fake(model: torch.nn.Module, fake_mode: FakeTensorMode) -> None:
+    """Replace every meta parameter/buffer by a fake CPU tensor, keeping tied weights tied."""
+    done: dict[int, torch.Tensor] = {}
+    with fake_mode:
+        for mod in model.modules():
+            for name, p in list(mod._parameters.items()):
+                if p is None:
+                    continue
+                if id(p) not in done:
+                    done[id(p)] = torch.nn.Parameter(
+                        torch.empty(p.shape, dtype=p.dtype, device="cpu"),
+                        requires_grad=p.requires_grad)
+                mod._parameters[name] = done[id(p)]
+            for name, b in list(mod._buffers.items()):
+                if b is None:
+                    continue
+                if id(b) not in done:
+                    done[id(b)] = torch.empty(b.shape, dtype=b.dtype, device="cpu")
+                mod._buffers[name] = done[id(b)]
+
+
+def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = None,
+                  steps: int = 2, record_events: bool = False) -> SimResult:
+    target = target or SimTarget()
+    t0 = time.perf_counter()
+    model, info = build_model_on_meta(job, source)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+    _to_fake(model, fake_mode)
+    tracker = LiveBytesTracker(block_bytes=target.block_bytes)
+    tracker.record_events = record_events
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    micro = min(job.grad_accum or 1, 2)
+    dt = amp_dtype(job.precision or "fp32")
+    attn = AttentionTarget(device=target.device, compute_capability=target.compute_capability,
+                           prefer=job.attention if job.attention != "eager" else "sdpa")
+
+    def autocast() -> contextlib.AbstractContextManager[Any]:
+        if dt is None:
+            return contextlib.nullcontext()
+        return torch.autocast("cpu", dtype=dt)
+
+    with fake_mode:
+        optimizer = make_optimizer(job, trainable, simulate=True)
+        if hasattr(optimizer, "managed_ctx"):
+            optimizer.managed_ctx = tracker.managed
+        batch = make_batch(source, job.micro_batch or 1, job.seq_len)
+        seen: set[int] = set()
+        for p in model.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                tracker.track(p, "parameters")
+        for b in model.buffers():
+            tracker.track(b, "buffers")
+        for t in batch.values():
+            tracker.track(t, "buffers")
+        hooks = [p.register_post_accumulate_grad_hook(
+            lambda p: tracker.reclassify(p.grad, "gradients")) for p in trainable]
+        with device_semantics(attn) as ops, tracker:
+            for _ in range(steps):
+                train_step(model, optimizer, repeat_batches(batch, micro), grad_accum=micro,
+                           autocast=autocast, max_grad_norm=job.max_grad_norm, observer=tracker)
+                for st in optimizer.state.values():
+                    for v in st.values():
+                        if isinstance(v, torch.Tensor):
+                            tracker.reclassify(v, "optimizer")
+        for h in hooks:
+            h.remove()
+        steady = sum(tracker.live_breakdown().values()) - tracker.managed_bytes
+    largest = max((b.nbytes for b in tracker.peak.blocks), default=0)
+    return SimResult(
+        peak_allocated_bytes=tracker.peak.peak_bytes,
+        peak_phase=tracker.peak.phase,
+        breakdown=tracker.peak.breakdown(),
+        phase_peaks=dict(tracker.phase_peaks),
+        managed_bytes=tracker.peak_managed_bytes,
+        steady_bytes=steady,
+        largest_block_bytes=largest,
+        total_params=info.total_params,
+        trainable_params=info.trainable_params,
+        sdpa_kernels=dict(ops.kernels_used),
+        micro_steps_simulated=micro,
+        sim_time_s=time.perf_counter() - t0,
+        info={"quantized_linears": info.quantized_linears,
+              "lora_target_modules": info.lora_target_modules},
+        events=tracker.events,
+    )

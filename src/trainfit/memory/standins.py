@@ -1,0 +1,145 @@
+"""Data-less stand-ins for bitsandbytes parts that cannot hold fake tensors.
+
+``bnb.nn.Params4bit`` refuses fake tensors and bnb optimizers launch CUDA kernels, so for the
+simulation we replace them by modules/optimizers that allocate exactly what bitsandbytes allocates
+(layouts from bitsandbytes 0.4x/0.5x ``functional.quantize_4bit``, ``autograd.MatMul4Bit``,
+``optim.optimizer.Optimizer8bit``) and do the same transient work:
+
+* 4-bit weight: packed uint8 ``(n/2, 1)``; absmax fp32 per block of 64, or with double
+  quantisation uint8 per block + fp32 per 256 blocks + a 256-entry fp32 code; the 16-entry code.
+* ``MatMul4Bit``: forward dequantises the whole weight to the compute dtype (a transient
+  ``out×in`` tensor), multiplies and frees it; it saves only the quantised weight; backward
+  dequantises again to compute the input gradient.
+* 8-bit Adam: two uint8 states + fp32 absmax per block of 256 for tensors of ≥ 4096 elements
+  (``min_8bit_size``), fp32 states below; paged optimizers put states of tensors with ≥ 1e5
+  elements in CUDA managed memory (``cget_managed_ptr``), invisible to torch's allocator stats.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+BNB_4BIT_BLOCK = 64
+BNB_NESTED_BLOCK = 256
+BNB_8BIT_BLOCK = 256
+BNB_MIN_8BIT_SIZE = 4096
+BNB_PAGED_MIN_NUMEL = 100_000
+
+
+class _MatMul4BitSim(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+                out_features: int, in_features: int) -> torch.Tensor:
+        w = torch.empty(out_features, in_features, dtype=x.dtype, device=x.device)  # dequantised
+        y = torch.nn.functional.linear(x, w, bias)
+        del w
+        ctx.shape = (out_features, in_features)
+        ctx.save_for_backward(packed)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        out_f, in_f = ctx.shape
+        w = torch.empty(out_f, in_f, dtype=grad.dtype, device=grad.device)
+        return grad @ w, None, None, None, None
+
+
+class Linear4bitSim(torch.nn.Module):
+    """Memory twin of ``bnb.nn.Linear4bit`` (frozen, packed 4-bit weight)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, compute_dtype: torch.dtype,
+                 double_quant: bool, device: torch.device | str = "meta") -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.compute_dtype = compute_dtype
+        n = in_features * out_features
+        blocks = math.ceil(n / BNB_4BIT_BLOCK)
+        kw = {"device": device}
+        self.register_buffer("weight_packed", torch.empty((n + 1) // 2, 1, dtype=torch.uint8, **kw))
+        self.register_buffer("code", torch.empty(16, dtype=torch.float32, **kw))
+        if double_quant:
+            self.register_buffer("absmax", torch.empty(blocks, dtype=torch.uint8, **kw))
+            nested = math.ceil(blocks / BNB_NESTED_BLOCK)
+            self.register_buffer("absmax2", torch.empty(nested, dtype=torch.float32, **kw))
+            self.register_buffer("code2", torch.empty(256, dtype=torch.float32, **kw))
+        else:
+            self.register_buffer("absmax", torch.empty(blocks, dtype=torch.float32, **kw))
+        self.bias = torch.nn.Parameter(torch.empty(out_features, dtype=compute_dtype, **kw),
+                                       requires_grad=False) if bias else None
+
+    @property
+    def weight(self) -> torch.Tensor:  # PEFT reads .weight.dtype/.shape of the base layer
+        return self.weight_packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inp_dtype = x.dtype
+        x = x.to(self.compute_dtype)  # bnb Linear4bit.forward casts to compute_dtype
+        y = _MatMul4BitSim.apply(x, self.weight_packed, self.bias, self.out_features,
+                                 self.in_features)
+        return y.to(inp_dtype)
+
+
+def quantize_linears_4bit(model: torch.nn.Module, compute_dtype: torch.dtype, double_quant: bool,
+                          skip: set[str]) -> int:
+    """Replace every frozen ``nn.Linear`` (also PEFT base layers) except ``skip`` by the twin."""
+    count = 0
+    for name, mod in list(model.named_modules()):
+        for child_name, child in list(mod.named_children()):
+            full = f"{name}.{child_name}" if name else child_name
+            if type(child) is torch.nn.Linear and full not in skip and not any(
+                    full.endswith("." + s) or full == s for s in skip) \
+                    and not child.weight.requires_grad:
+                setattr(mod, child_name, Linear4bitSim(
+                    child.in_features, child.out_features, child.bias is not None,
+                    compute_dtype, double_quant, device=child.weight.device))
+                count += 1
+    return count
+
+
+class Adam8bitSim(torch.optim.Optimizer):
+    """Allocates what bnb's (Paged)AdamW8bit / PagedAdamW32bit allocate; updates in place."""
+
+    def __init__(self, params: Any, *, bits: int, paged: bool, lr: float = 1e-4) -> None:
+        super().__init__(params, {"lr": lr})
+        self.bits, self.paged = bits, paged
+        self.managed_ctx: Any = None
+        self._qmaps: list[torch.Tensor] = []
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # noqa: ARG002
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if not st:
+                    with self.managed_memory(p):
+                        self._init_state(p, st)
+                # the fused bnb kernel updates states and weight in place: no temporaries,
+                # nothing to allocate, so nothing to simulate here
+
+    def managed_memory(self, p: torch.Tensor) -> Any:
+        """Paged states live in CUDA managed memory: the simulator swaps in a context that
+        books them apart from the allocator's bytes."""
+        import contextlib
+
+        if self.paged and p.numel() >= BNB_PAGED_MIN_NUMEL and self.managed_ctx is not None:
+            return self.managed_ctx()
+        return contextlib.nullcontext()
+
+    def _init_state(self, p: torch.Tensor, st: dict[str, Any]) -> None:
+        n = p.numel()
+        eight = self.bits == 8 and n >= BNB_MIN_8BIT_SIZE
+        dtype = torch.uint8 if eight else torch.float32
+        st["state1"] = torch.zeros_like(p, dtype=dtype)
+        st["state2"] = torch.zeros_like(p, dtype=dtype)
+        if eight:
+            blocks = math.ceil(n / BNB_8BIT_BLOCK)
+            st["absmax1"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
+            st["absmax2"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
+            if not self._qmaps:
+                self._qmaps = [torch.zeros(256, dtype=torch.float32, device=p.device)
+                               for _ in range(2)]

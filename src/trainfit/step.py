@@ -1,0 +1,80 @@
+"""The one training-step implementation: ``plan`` runs it on data-less tensors, ``tune`` and
+``train`` on real ones.  A prediction can then differ from a measurement only by what the device
+does (allocator, kernels), never by a second implementation drifting away from the first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+
+class StepObserver(Protocol):
+    def set_phase(self, phase: str) -> None: ...
+
+
+class _NoObserver:
+    def set_phase(self, phase: str) -> None:
+        pass
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor | None
+    """Sum of the micro-step losses (each already divided by the accumulation)."""
+    micro_steps: int
+
+
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: Iterable[dict[str, torch.Tensor]],
+    *,
+    grad_accum: int,
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    max_grad_norm: float | None = None,
+    scaler: Any | None = None,
+    observer: StepObserver | None = None,
+) -> StepResult:
+    """Forward → backward for each micro-batch, then clip, optimizer step, zero grads (to None).
+
+    The loss of each micro-batch is divided by ``grad_accum`` so the accumulated gradient is the
+    mean over the effective batch (HF Trainer's convention for equal-length batches).
+    """
+    obs = observer or _NoObserver()
+    total: torch.Tensor | None = None
+    n = 0
+    for batch in micro_batches:
+        obs.set_phase("forward")
+        with autocast():
+            out = model(**batch)
+        loss = out.loss if hasattr(out, "loss") else out
+        loss = loss / grad_accum
+        obs.set_phase("backward")
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        total = loss.detach() if total is None else total + loss.detach()
+        del out, loss
+        n += 1
+    obs.set_phase("optimizer")
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    if max_grad_norm is not None:
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    obs.set_phase("idle")
+    return StepResult(total, n)
+
+
+def repeat_batches(batch: dict[str, torch.Tensor], n: int) -> Iterator[dict[str, torch.Tensor]]:
+    for _ in range(n):
+        yield batch
