@@ -160,8 +160,12 @@ class JobSpec:
     def replace(self, **changes: Any) -> JobSpec:
         d = self.to_dict()
         d.update(changes)
-        if "micro_batch" in changes and "grad_accum" not in changes:
-            d["grad_accum"] = None
+        if "micro_batch" in changes or "grad_accum" in changes or "ranks" in changes:
+            # keep the effective batch unless both sides of the product are given anew
+            if "grad_accum" in changes and "effective_batch" not in changes:
+                d["effective_batch"] = None
+            elif "grad_accum" not in changes and d.get("effective_batch") is not None:
+                d["grad_accum"] = None
         return JobSpec(**d)
 
     @classmethod

@@ -14,11 +14,11 @@ import torch
 
 
 class StepObserver(Protocol):
-    def set_phase(self, phase: str) -> None: ...
+    def set_phase(self, phase: str, micro_step: int = 0) -> None: ...
 
 
 class _NoObserver:
-    def set_phase(self, phase: str) -> None:
+    def set_phase(self, phase: str, micro_step: int = 0) -> None:
         pass
 
 
@@ -49,12 +49,12 @@ def train_step(
     total: torch.Tensor | None = None
     n = 0
     for batch in micro_batches:
-        obs.set_phase("forward")
+        obs.set_phase("forward", n)
         with autocast():
             out = model(**batch)
         loss = out.loss if hasattr(out, "loss") else out
         loss = loss / grad_accum
-        obs.set_phase("backward")
+        obs.set_phase("backward", n)
         (scaler.scale(loss) if scaler is not None else loss).backward()
         total = loss.detach() if total is None else total + loss.detach()
         del out, loss

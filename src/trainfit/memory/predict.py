@@ -16,7 +16,7 @@ from typing import Any
 from trainfit.hardware.gpus import GpuSpec
 from trainfit.job import JobSpec
 from trainfit.memory.allocator import replay
-from trainfit.memory.simulate import SimResult, SimTarget, simulate_step
+from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.model_source import ModelSource
 
 DEFAULT_MARGIN = 0.10
@@ -43,6 +43,10 @@ def cublas_workspace_bytes(gpu: GpuSpec | None) -> int:
     cc = _cc(gpu)
     per = CUBLAS_WORKSPACE_BYTES_HOPPER if cc and cc >= (9, 0) else CUBLAS_WORKSPACE_BYTES_PRE_HOPPER
     return per * CUBLAS_HANDLES
+
+
+def target_for(gpu: GpuSpec | None) -> SimTarget:
+    return SimTarget(device="cuda", compute_capability=_cc(gpu) or (8, 0))
 
 
 def _cc(gpu: GpuSpec | None) -> tuple[int, int] | None:
@@ -79,16 +83,16 @@ class MemoryPrediction:
         return asdict(self)
 
 
-def _shard_adjust(job: JobSpec, sim: SimResult, per_layer_param_bytes: int) -> tuple[int, list[str]]:
+def _shard_adjust(job: JobSpec, breakdown: dict[str, int], per_layer_param_bytes: int
+                  ) -> tuple[int, list[str]]:
     """Bytes to add to the single-process peak for data parallelism (analytic, stated)."""
-    b = sim.breakdown
     if job.ranks <= 1:
         return 0, []
     if job.sharding == "none":
-        extra = int(b["gradients"] * DDP_BUCKET_FACTOR)
+        extra = int(breakdown["gradients"] * DDP_BUCKET_FACTOR)
         return extra, [f"DDP: + gradient buckets ({extra / 2**30:.2f} GiB, "
                        "gradient_as_bucket_view=False)"]
-    shardable = b["parameters"] + b["gradients"] + b["optimizer"]
+    shardable = breakdown["parameters"] + breakdown["gradients"] + breakdown["optimizer"]
     saved = int(shardable * (1 - 1 / job.ranks))
     gathered = FSDP_PREFETCH_UNITS * per_layer_param_bytes
     return gathered - saved, [
@@ -96,42 +100,58 @@ def _shard_adjust(job: JobSpec, sim: SimResult, per_layer_param_bytes: int) -> t
         f"+ {FSDP_PREFETCH_UNITS} unsharded layers in flight ({gathered / 2**30:.2f} GiB)"]
 
 
-def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
-                   margin: float = DEFAULT_MARGIN, eager_module_loading: bool = False
-                   ) -> MemoryPrediction:
+def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_peak_bytes: int,
+           reserved_replay_bytes: int, breakdown: dict[str, int], managed_bytes: int,
+           peak_phase: str, total_params: int, trainable_params: int,
+           sdpa_kernels: dict[str, int], sim_time_s: float, how: str,
+           margin: float = DEFAULT_MARGIN, eager_module_loading: bool = False
+           ) -> MemoryPrediction:
+    """Turn simulated tensor bytes into the allocated / reserved / device peaks and the fit."""
     from trainfit.hardware.gpus import EAGER_MODULE_LOADING_EXTRA_BYTES
 
-    target = SimTarget(device="cuda", compute_capability=_cc(gpu) or (8, 0))
-    sim = simulate_step(job, source, target, record_events=True)
-    rep = replay(sim.events)
     work = cublas_workspace_bytes(gpu)
     layers = max(int(getattr(source.config, "num_hidden_layers", 0)
                      or getattr(source.config, "num_layers", 0) or 1), 1)
-    extra, notes = _shard_adjust(job, sim, sim.breakdown["parameters"] // layers)
-    allocated = sim.peak_allocated_bytes + work + extra
-    reserved = max(rep.peak_reserved_bytes + work + extra, allocated)
+    extra, dp_notes = _shard_adjust(job, breakdown, breakdown["parameters"] // layers)
+    allocated = tensor_peak_bytes + work + extra
+    reserved = max(reserved_replay_bytes + work + extra, allocated)
     context = (gpu.cuda_context_bytes if gpu else 0) + (
         EAGER_MODULE_LOADING_EXTRA_BYTES if eager_module_loading else 0)
-    device = reserved + context + sim.managed_bytes
+    device = reserved + context + managed_bytes
     notes = [
-        "allocated: live tensor bytes of the simulated step (512 B blocks) + cuBLAS workspaces "
+        f"{how}; allocated = live tensor bytes (512 B blocks) + cuBLAS workspaces "
         f"({work / 2**20:.0f} MiB)",
-        f"reserved: the step's alloc/free trace replayed through the caching-allocator model "
-        f"({rep.segments} segments)",
+        "reserved: the step's alloc/free trace replayed through the caching-allocator model",
         f"device: reserved + CUDA context ({context / 2**20:.0f} MiB, GPU catalog)"
-        + (f" + paged optimizer states in managed memory ({sim.managed_bytes / 2**30:.2f} GiB)"
-           if sim.managed_bytes else ""),
-        *notes,
+        + (f" + paged optimizer states in managed memory ({managed_bytes / 2**30:.2f} GiB)"
+           if managed_bytes else ""),
+        *dp_notes,
     ]
-    breakdown = {**sim.breakdown, "workspaces": work, "managed": sim.managed_bytes}
+    full_breakdown = {**breakdown, "workspaces": work, "managed": managed_bytes}
     if extra:
-        breakdown["data_parallel"] = extra
+        full_breakdown["data_parallel"] = extra
     cap = gpu.memory_bytes if gpu else None
     fits = None if cap is None else device <= (1 - margin) * cap
     headroom = None if cap is None else int((1 - margin) * cap) - device
     return MemoryPrediction(
         peak_allocated_bytes=allocated, peak_reserved_bytes=reserved, peak_device_bytes=device,
-        breakdown=breakdown, peak_phase=sim.peak_phase, fits=fits, headroom_bytes=headroom,
-        capacity_bytes=cap, margin=margin, total_params=sim.total_params,
-        trainable_params=sim.trainable_params, sdpa_kernels=sim.sdpa_kernels,
-        sim_time_s=sim.sim_time_s, model_notes=notes)
+        breakdown=full_breakdown, peak_phase=peak_phase, fits=fits, headroom_bytes=headroom,
+        capacity_bytes=cap, margin=margin, total_params=total_params,
+        trainable_params=trainable_params, sdpa_kernels=sdpa_kernels, sim_time_s=sim_time_s,
+        model_notes=notes)
+
+
+def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
+                   margin: float = DEFAULT_MARGIN, eager_module_loading: bool = False
+                   ) -> MemoryPrediction:
+    """One configuration, simulated at full size (exact; seconds to tens of seconds)."""
+    target = SimTarget(device="cuda", compute_capability=_cc(gpu) or (8, 0))
+    sim = simulate_step(job, source, target, record_events=True)
+    rep = replay(sim.events)
+    return finish(job, source, gpu, tensor_peak_bytes=sim.peak_allocated_bytes,
+                  reserved_replay_bytes=rep.peak_reserved_bytes, breakdown=sim.breakdown,
+                  managed_bytes=sim.managed_bytes, peak_phase=sim.peak_phase,
+                  total_params=sim.total_params, trainable_params=sim.trainable_params,
+                  sdpa_kernels=sim.sdpa_kernels, sim_time_s=sim.sim_time_s,
+                  how="simulated at full size", margin=margin,
+                  eager_module_loading=eager_module_loading)

@@ -89,6 +89,13 @@ def _to_fake(model: torch.nn.Module, fake_mode: FakeTensorMode) -> None:
                 mod._buffers[name] = done[id(b)]
 
 
+def _classify_states(optimizer: torch.optim.Optimizer, tracker: LiveBytesTracker) -> None:
+    for st in optimizer.state.values():
+        for v in st.values():
+            if isinstance(v, torch.Tensor):
+                tracker.reclassify(v, "optimizer")
+
+
 def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = None,
                   steps: int = 2, record_events: bool = False) -> SimResult:
     target = target or SimTarget()
@@ -126,13 +133,19 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
         hooks = [p.register_post_accumulate_grad_hook(
             lambda p: tracker.reclassify(p.grad, "gradients")) for p in trainable]
         with device_semantics(attn) as ops, tracker:
-            for _ in range(steps):
-                train_step(model, optimizer, repeat_batches(batch, micro), grad_accum=micro,
-                           autocast=autocast, max_grad_norm=job.max_grad_norm, observer=tracker)
-                for st in optimizer.state.values():
-                    for v in st.values():
-                        if isinstance(v, torch.Tensor):
-                            tracker.reclassify(v, "optimizer")
+            if steps > 1:
+                # Step 1 matters only for creating the optimizer states (its forward/backward run
+                # without states, so they peak lower than the steady state): create them by one
+                # optimizer step on zero gradients, as the first real step would.
+                tracker.set_phase("optimizer")
+                for p in trainable:
+                    p.grad = torch.zeros_like(p)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                _classify_states(optimizer, tracker)
+            train_step(model, optimizer, repeat_batches(batch, micro), grad_accum=micro,
+                       autocast=autocast, max_grad_norm=job.max_grad_norm, observer=tracker)
+            _classify_states(optimizer, tracker)
         for h in hooks:
             h.remove()
         steady = sum(tracker.live_breakdown().values()) - tracker.managed_bytes

@@ -65,6 +65,7 @@ class LiveBytesTracker(TorchDispatchMode):
         self._refs: list[Any] = []
         self.current_bytes = 0
         self.phase = "setup"
+        self._phase_key = "setup"
         self.peak = PeakSnapshot()
         self.phase_peaks: dict[str, int] = {}
         self.managed_bytes = 0
@@ -132,13 +133,17 @@ class LiveBytesTracker(TorchDispatchMode):
         if blk is not None and blk.category != MANAGED:
             blk.category = category
 
-    def set_phase(self, phase: str) -> None:
+    def set_phase(self, phase: str, micro_step: int = 0) -> None:
+        """``micro_step`` 0 is the first micro-batch of a step (no gradients alive yet), ≥ 1 a
+        later one under accumulation; phase peaks are kept apart for the two."""
         self.phase = phase
+        self._phase_key = phase if phase in ("optimizer", "idle", "setup") else \
+            f"{phase}@{'accum' if micro_step else 'first'}"
 
     def _check_peak(self) -> None:
         cur = self.current_bytes
-        if cur > self.phase_peaks.get(self.phase, -1):
-            self.phase_peaks[self.phase] = cur
+        if cur > self.phase_peaks.get(self._phase_key, -1):
+            self.phase_peaks[self._phase_key] = cur
         if cur > self.peak.peak_bytes:
             self.peak = PeakSnapshot(cur, self.phase, list(self._live.values()))
 

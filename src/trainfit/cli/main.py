@@ -1,0 +1,200 @@
+"""``trainfit`` command line: parse → call the pure function → render (rich table or --json)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from trainfit.job import JobError, JobSpec
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Predict, measure and choose LLM training configurations that use a GPU "
+                       "well.")
+
+DEFAULT_EXAMPLE = "seed000_t4_gemma_lora.yaml"
+
+
+def _fail(err: JobError) -> None:
+    typer.echo(f"error: {err}", err=True)
+    if err.hint:
+        typer.echo(f"hint: {err.hint}", err=True)
+    raise typer.Exit(2)
+
+
+def examples_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "examples"
+
+
+def _load_target(target: str | None) -> tuple[dict[str, Any], str | None]:
+    """A positional ``TARGET`` is a job YAML or a model; returns (job fields, gpu)."""
+    if target is None:
+        return {}, None
+    if target.endswith((".yaml", ".yml")):
+        import yaml
+
+        p = Path(target)
+        if not p.is_file() and (examples_dir() / target).is_file():
+            p = examples_dir() / target
+        if not p.is_file():
+            raise JobError(f"{target}: no such file")
+        try:
+            data = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as err:
+            raise JobError(f"{target}: not valid YAML ({str(err).splitlines()[0]})") from None
+        if not isinstance(data, dict):
+            raise JobError(f"{target}: expected a mapping of job fields")
+        gpu = data.pop("gpu", None)
+        data.pop("scenario", None)
+        data = data.get("job", data)
+        JobSpec.from_dict(dict(data), source=target)  # validates keys early, names the file
+        return dict(data), gpu
+    return {"model": target}, None
+
+
+JobOpt = Annotated
+
+
+@app.command("plan")
+def plan_cmd(
+    target: Annotated[str | None, typer.Argument(
+        help="Model (catalog name, HF id, dir, config.json) or a job YAML.")] = None,
+    model: Annotated[str | None, typer.Option(help="Model, when TARGET is a YAML.")] = None,
+    gpu: Annotated[str | None, typer.Option(help="GPU name (trainfit gpus), e.g. t4, a100-80gb, "
+                                                  "generic-8gb.")] = None,
+    method: Annotated[str | None, typer.Option(help="full | lora | qlora")] = None,
+    lora_r: Annotated[int | None, typer.Option()] = None,
+    lora_alpha: Annotated[int | None, typer.Option()] = None,
+    lora_dropout: Annotated[float | None, typer.Option()] = None,
+    lora_targets: Annotated[str | None, typer.Option(
+        help="q,k,v,o,mlp,lm_head,all-linear or module names")] = None,
+    quant: Annotated[str | None, typer.Option(help="nf4 | nf4-dq | fp4 (qlora)")] = None,
+    precision: Annotated[str | None, typer.Option(
+        help="fp32 | amp-fp16 | amp-bf16 | bf16-true (default: all the GPU supports)")] = None,
+    optimizer: Annotated[str | None, typer.Option(
+        help="adamw | adamw-8bit | paged-adamw | paged-adamw-8bit | adafactor | sgd")] = None,
+    optimizer_impl: Annotated[str | None, typer.Option(help="fused | foreach | forloop")] = None,
+    micro_batch: Annotated[int | None, typer.Option()] = None,
+    grad_accum: Annotated[int | None, typer.Option()] = None,
+    effective_batch: Annotated[int | None, typer.Option()] = None,
+    seq_len: Annotated[int | None, typer.Option()] = None,
+    grad_ckpt: Annotated[str | None, typer.Option(help="off | full (default: both)")] = None,
+    attention: Annotated[str | None, typer.Option(
+        help="sdpa | sdpa-flash | sdpa-efficient | sdpa-math | eager")] = None,
+    ranks: Annotated[int | None, typer.Option()] = None,
+    sharding: Annotated[str | None, typer.Option(help="none | fsdp")] = None,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
+    margin: Annotated[float, typer.Option(help="Safety margin of GPU memory kept free.")] = 0.10,
+    verify: Annotated[bool, typer.Option(
+        help="Re-simulate the recommended configuration at full size.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Predict the peak GPU memory of each candidate configuration (no GPU needed)."""
+    from trainfit.hardware.gpus import find_gpu, gpu_names
+    from trainfit.model_source import resolve_model
+    from trainfit.plan import plan
+
+    try:
+        fields, yaml_gpu = _load_target(target)
+        flags = {"model": model, "method": method, "lora_r": lora_r, "lora_alpha": lora_alpha,
+                 "lora_dropout": lora_dropout, "lora_targets": lora_targets, "quant": quant,
+                 "precision": precision, "optimizer": optimizer,
+                 "optimizer_impl": optimizer_impl, "micro_batch": micro_batch,
+                 "grad_accum": grad_accum, "effective_batch": effective_batch,
+                 "seq_len": seq_len, "grad_ckpt": grad_ckpt, "attention": attention,
+                 "ranks": ranks, "sharding": sharding}
+        fields.update({k: v for k, v in flags.items() if v is not None})
+        if trust_remote_code:
+            fields["trust_remote_code"] = True
+        if micro_batch is not None and grad_accum is None and effective_batch is None:
+            fields.pop("grad_accum", None)
+        if "model" not in fields:
+            raise JobError("no model given", "trainfit plan MODEL --gpu GPU, or a job YAML")
+        job = JobSpec.from_dict(fields, source=target or "flags")
+        gpu_name = gpu or yaml_gpu
+        spec = None
+        if gpu_name is not None:
+            spec = find_gpu(str(gpu_name))
+            if spec is None:
+                raise JobError(f"--gpu {gpu_name}: unknown GPU",
+                               "known: " + ", ".join(gpu_names()) + ", or generic-<N>gb")
+        source = resolve_model(job.model, job.trust_remote_code)
+        result = plan(job, source, spec, margin=margin, verify=verify)
+    except JobError as err:
+        _fail(err)
+        return
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=1))
+    else:
+        from trainfit.cli.render import render_plan
+
+        render_plan(result)
+
+
+@app.command("models")
+def models_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List the built-in model catalog."""
+    from trainfit.catalog.models import MODELS
+
+    rows = [{"name": m.name, "hf_id": m.hf_id, "task": m.task, "params": m.param_count,
+             "note": m.note} for m in MODELS.values()]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    from trainfit.cli.render import render_simple
+
+    render_simple("model catalog", ["name", "hf_id", "task", "params (count)"],
+                  [[r["name"], r["hf_id"], r["task"], f"{(r['params'] or 0) / 1e6:,.0f} M"]
+                   for r in rows])
+
+
+@app.command("gpus")
+def gpus_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List the GPU catalog."""
+    from dataclasses import asdict
+
+    from trainfit.hardware.gpus import GPUS
+
+    if as_json:
+        typer.echo(json.dumps([asdict(g) for g in GPUS.values()], indent=1))
+        return
+    from trainfit.cli.render import render_simple
+
+    render_simple("GPU catalog", ["name", "memory (GiB, as CUDA reports)", "bf16 (TFLOP/s)",
+                                  "bandwidth (GB/s)"],
+                  [[g.name, f"{g.memory_bytes / 2**30:.2f}",
+                    "—" if g.peak_tflops.get("bf16") is None else f"{g.peak_tflops['bf16']:g}",
+                    "unknown" if g.memory_bandwidth_gbs is None else f"{g.memory_bandwidth_gbs:g}"]
+                   for g in GPUS.values()])
+
+
+@app.command("quickstart")
+def quickstart_cmd() -> None:
+    """Plan the embedded default: seed 000 (Gemma-2B LoRA on a Tesla T4)."""
+    plan_cmd(str(examples_dir() / DEFAULT_EXAMPLE))
+
+
+def main() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning, module="torch")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Rich renderers: they print results, they never compute them."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from trainfit.plan import PlanResult
+
+GIB = 2**30
+
+
+def _gib(n: int | None) -> str:
+    return "unknown" if n is None else f"{n / GIB:.2f}"
+
+
+def _console() -> Console:
+    """Wide enough for the tables when output goes to a pipe or a file (rich assumes 80)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=150)
+
+
+def render_simple(title: str, columns: list[str], rows: list[list[str]]) -> None:
+    table = Table(title=title)
+    for c in columns:
+        table.add_column(c)
+    for r in rows:
+        table.add_row(*r)
+    _console().print(table)
+
+
+def render_plan(result: PlanResult) -> None:
+    console = _console()
+    gpu = result.gpu or "no GPU given"
+    cap = f" ({_gib(result.gpu_memory_bytes)} GiB as CUDA reports it)" \
+        if result.gpu_memory_bytes else ""
+    console.print(f"[bold]trainfit plan[/bold] — {result.model} ({result.model_origin}) on "
+                  f"{gpu}{cap}")
+    if result.model_note:
+        console.print(f"note: {result.model_note}")
+    console.print(f"parameters: {result.total_params / 1e6:,.1f} M total, "
+                  f"{result.trainable_params / 1e6:,.2f} M trainable (counts)")
+    table = Table(title="predicted peak GPU memory per rank (GiB = 2^30 B)", show_lines=False)
+    for col in ("", "precision", "ckpt", "micro×accum", "allocated\n(predicted)",
+                "reserved\n(predicted)", "device\n(predicted)", "fits", "headroom\nGiB",
+                "peak in", "how"):
+        table.add_column(col, justify="right" if col not in ("precision", "how", "ckpt") else "left")
+    for i, row in enumerate(result.rows):
+        j, m = row.job, row.memory
+        mark = "★" if row.recommended else ("▲" if row.largest_fitting else "")
+        fits = "unknown" if m.fits is None else ("yes" if m.fits else "[red]no[/red]")
+        table.add_row(mark, j["precision"], j["grad_ckpt"], f"{j['micro_batch']}×{j['grad_accum']}",
+                      _gib(m.peak_allocated_bytes), _gib(m.peak_reserved_bytes),
+                      _gib(m.peak_device_bytes), fits,
+                      _gib(m.headroom_bytes) if m.headroom_bytes is not None else "unknown",
+                      m.peak_phase, row.how, style="bold" if row.recommended else None)
+        del i
+    console.print(table)
+    console.print("★ recommended  ▲ largest micro-batch that fits")
+    console.print(f"[bold]pick:[/bold] {result.reason}")
+    if result.recommended_index is not None:
+        m = result.rows[result.recommended_index].memory
+        parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in m.breakdown.items() if v)
+        console.print(f"breakdown at the allocated peak (GiB, predicted): {parts}")
+        for note in m.model_notes:
+            console.print(f"  · {note}")
+    for note in result.notes:
+        console.print(f"[dim]{note}[/dim]")
+    console.print(f"[dim]planned in {result.plan_time_s:.1f} s (measured wall time)[/dim]")

@@ -1,0 +1,226 @@
+"""``trainfit plan``: predicted peak memory of every candidate configuration on a named GPU.
+
+Candidates: the precisions the GPU supports × checkpointing off/on × micro-batches (powers of two
+dividing the per-rank effective batch, plus the largest that fits), each with the accumulation that
+keeps the effective batch exact.  Knobs the user fixed are not varied.  Each (precision,
+checkpointing) group costs four small simulations (:mod:`trainfit.memory.extrapolate`); the
+recommended configuration is then re-simulated at full size, so the number it is chosen on is
+exact, not extrapolated.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from trainfit.hardware.gpus import GpuSpec
+from trainfit.job import PRECISIONS, JobError, JobSpec
+from trainfit.memory.extrapolate import fit_group
+from trainfit.memory.predict import DEFAULT_MARGIN, MemoryPrediction, finish, predict_memory, \
+    target_for
+from trainfit.model_source import ModelSource
+
+MAX_MICRO_BATCH_WITHOUT_EFFECTIVE = 256
+MAX_WORKERS = 8
+MAX_VERIFICATIONS = 3
+
+
+@dataclass
+class PlanRow:
+    job: dict[str, Any]
+    """The job fields of this configuration (micro_batch, grad_accum, precision, grad_ckpt ...)."""
+    memory: MemoryPrediction
+    how: str
+    """``simulated`` (full-size run of the step) or ``extrapolated`` (from four small runs)."""
+    largest_fitting: bool = False
+    recommended: bool = False
+
+
+@dataclass
+class PlanResult:
+    model: str
+    model_origin: str
+    model_note: str
+    gpu: str | None
+    gpu_memory_bytes: int | None
+    margin: float
+    total_params: int
+    trainable_params: int
+    rows: list[PlanRow]
+    recommended_index: int | None
+    reason: str
+    plan_time_s: float
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        configs = []
+        for row in d.pop("rows"):
+            mem = row["memory"]
+            configs.append({**row["job"], **{k: mem[k] for k in (
+                "peak_allocated_bytes", "peak_reserved_bytes", "peak_device_bytes", "breakdown",
+                "peak_phase", "fits", "headroom_bytes")}, "how": row["how"],
+                "largest_fitting": row["largest_fitting"], "recommended": row["recommended"],
+                "model_notes": mem["model_notes"]})
+        d["configs"] = configs
+        return d
+
+
+def _fit_one(args: tuple[JobSpec, ModelSource, Any]) -> Any:
+    return fit_group(*args)
+
+
+def _fit_groups(jobs: list[JobSpec], source: ModelSource, target: Any) -> list[Any]:
+    """Fit every (precision, checkpointing) group; in forked worker processes when there are
+    several cores (each simulation is single-threaded Python)."""
+    workers = min(len(jobs), os.cpu_count() or 1, MAX_WORKERS)
+    if workers <= 1 or os.environ.get("TRAINFIT_WORKERS") == "1":
+        return [fit_group(j, source, target) for j in jobs]
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(workers) as pool:
+        return pool.map(_fit_one, [(j, source, target) for j in jobs], chunksize=1)
+
+
+def supported_precisions(gpu: GpuSpec | None) -> list[str]:
+    if gpu is None or gpu.bf16_supported:
+        return list(PRECISIONS)
+    return ["fp32", "amp-fp16"]
+
+
+def check_precision(job: JobSpec, gpu: GpuSpec | None) -> None:
+    if job.precision and gpu is not None and "bf16" in job.precision and not gpu.bf16_supported:
+        raise JobError(f"--precision {job.precision}: {gpu.display_name} has no bf16 support",
+                       "use --precision amp-fp16 (fp16 autocast with a GradScaler) or fp32")
+
+
+def _micro_candidates(job: JobSpec) -> list[int]:
+    if job.micro_batch is not None:
+        return [job.micro_batch]
+    if job.effective_batch is None:
+        out, b = [], 1
+        while b <= MAX_MICRO_BATCH_WITHOUT_EFFECTIVE:
+            out.append(b)
+            b *= 2
+        return out
+    per_rank = job.effective_batch // job.ranks
+    return [b for b in range(1, per_rank + 1) if per_rank % b == 0]
+
+
+def _config_job(job: JobSpec, precision: str, ckpt: str, micro: int) -> JobSpec:
+    changes: dict[str, Any] = {"precision": precision, "grad_ckpt": ckpt, "micro_batch": micro}
+    if job.effective_batch is not None and job.micro_batch is None:
+        changes["effective_batch"] = job.effective_batch
+    elif job.micro_batch is None:
+        changes["effective_batch"] = None
+    return job.replace(**changes)
+
+
+def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float = DEFAULT_MARGIN,
+         verify: bool = True) -> PlanResult:
+    t0 = time.perf_counter()
+    check_precision(job, gpu)
+    if not 0.0 <= margin < 1.0:
+        raise JobError(f"--margin {margin}: must be in [0, 1)", "e.g. --margin 0.1 for 10 %")
+    target = target_for(gpu)
+    precisions = [job.precision] if job.precision else supported_precisions(gpu)
+    ckpts = [job.grad_ckpt] if job.grad_ckpt else ["off", "full"]
+    micro_all = _micro_candidates(job)
+    single = len(precisions) == 1 and len(ckpts) == 1 and len(micro_all) == 1
+    rows: list[PlanRow] = []
+    if single:
+        cj = _config_job(job, precisions[0], ckpts[0], micro_all[0])
+        rows.append(PlanRow(cj.to_dict(), predict_memory(cj, source, gpu, margin), "simulated"))
+    else:
+        groups = [(p, c) for p in precisions for c in ckpts]
+        models = _fit_groups([_config_job(job, p, c, 1) for p, c in groups], source, target)
+        for (precision, ckpt), model in zip(groups, models):
+            if True:
+
+                def predict(micro: int, model=model, precision=precision, ckpt=ckpt
+                            ) -> tuple[JobSpec, MemoryPrediction]:
+                    cj = _config_job(job, precision, ckpt, micro)
+                    p = model.predict(micro, accumulating=(cj.grad_accum or 1) > 1)
+                    mem = finish(cj, source, gpu, tensor_peak_bytes=p["peak_allocated_bytes"],
+                                 reserved_replay_bytes=p["reserved_bytes"],
+                                 breakdown=p["breakdown"], managed_bytes=p["managed_bytes"],
+                                 peak_phase=p["peak_phase"], total_params=p["total_params"],
+                                 trainable_params=p["trainable_params"],
+                                 sdpa_kernels=model.points[-1].sim.sdpa_kernels,
+                                 sim_time_s=0.0, how="extrapolated from 4 small simulations",
+                                 margin=margin)
+                    return cj, mem
+
+                largest = None
+                if gpu is not None:
+                    for micro in micro_all:  # ascending; device memory grows with the batch
+                        if predict(micro)[1].fits:
+                            largest = micro
+                        else:
+                            break
+                shown = [m for m in micro_all if m & (m - 1) == 0]
+                if largest is not None and largest not in shown:
+                    shown.append(largest)
+                for micro in sorted(shown):
+                    cj, mem = predict(micro)
+                    rows.append(PlanRow(cj.to_dict(), mem, "extrapolated",
+                                        largest_fitting=micro == largest))
+    rec = _recommend(rows)
+    for _ in range(MAX_VERIFICATIONS):
+        if rec is None or not verify or rows[rec].how == "simulated":
+            break
+        rows[rec].memory = predict_memory(JobSpec(**rows[rec].job), source, gpu, margin)
+        rows[rec].how = "simulated"
+        rec = _recommend(rows)  # the exact number may not fit after all: choose again
+    reason = _reason(rows, rec, gpu)
+    if rec is not None:
+        rows[rec].recommended = True
+    first = rows[0].memory if rows else None
+    return PlanResult(
+        model=source.name, model_origin=source.origin, model_note=source.note,
+        gpu=gpu.name if gpu else None, gpu_memory_bytes=gpu.memory_bytes if gpu else None,
+        margin=margin, total_params=first.total_params if first else 0,
+        trainable_params=first.trainable_params if first else 0, rows=rows,
+        recommended_index=rec, reason=reason, plan_time_s=time.perf_counter() - t0,
+        notes=[
+            "peaks are predictions (no GPU was used); GiB = 2^30 bytes",
+            "allocated = torch.cuda.max_memory_allocated, reserved = max_memory_reserved, "
+            "device = what nvidia-smi shows (reserved + CUDA context + managed memory)",
+            f"fits = device peak ≤ (1 − {margin:.0%}) × GPU memory",
+            "ranking by memory only until the speed model lands: checkpointing off, "
+            "larger micro-batch, mixed precision preferred",
+        ])
+
+
+_PRECISION_PREF = {"amp-bf16": 0, "amp-fp16": 1, "bf16-true": 2, "fp32": 3}
+
+
+def _recommend(rows: list[PlanRow]) -> int | None:
+    fitting = [i for i, r in enumerate(rows) if r.memory.fits is not False]
+    if not fitting:
+        return None
+    return min(fitting, key=lambda i: (rows[i].job["grad_ckpt"] != "off",
+                                       -rows[i].job["micro_batch"],
+                                       _PRECISION_PREF.get(rows[i].job["precision"], 9)))
+
+
+def _reason(rows: list[PlanRow], rec: int | None, gpu: GpuSpec | None) -> str:
+    if not rows:
+        return "no configuration"
+    if rec is None:
+        smallest = min(rows, key=lambda r: r.memory.peak_device_bytes)
+        return (f"nothing fits on {gpu.display_name if gpu else 'the GPU'}: the smallest "
+                f"configuration needs {smallest.memory.peak_device_bytes / 2**30:.2f} GiB "
+                "(device, predicted); try --grad-ckpt full, --method lora/qlora, a shorter "
+                "--seq-len, an 8-bit optimizer or more ranks with --sharding fsdp")
+    r = rows[rec]
+    j = r.job
+    why = [f"micro-batch {j['micro_batch']} × accumulation {j['grad_accum']}"]
+    why.append("checkpointing off (no recomputation)" if j["grad_ckpt"] == "off"
+               else "checkpointing needed to fit")
+    if gpu is None:
+        return ", ".join(why) + " (no GPU given: fit unknown)"
+    return ", ".join(why) + (f": predicted {r.memory.peak_device_bytes / 2**30:.2f} of "
+                             f"{gpu.memory_bytes / 2**30:.2f} GiB (device peak)")
