@@ -19,8 +19,13 @@ from typing import Any
 from trainfit.hardware.gpus import GpuSpec
 from trainfit.job import PRECISIONS, JobError, JobSpec
 from trainfit.memory.extrapolate import fit_group
-from trainfit.memory.predict import DEFAULT_MARGIN, MemoryPrediction, finish, predict_memory, \
-    target_for
+from trainfit.memory.predict import (
+    DEFAULT_MARGIN,
+    MemoryPrediction,
+    finish,
+    predict_memory,
+    target_for,
+)
 from trainfit.model_source import ModelSource
 
 MAX_MICRO_BATCH_WITHOUT_EFFECTIVE = 256
@@ -136,37 +141,36 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
     else:
         groups = [(p, c) for p in precisions for c in ckpts]
         models = _fit_groups([_config_job(job, p, c, 1) for p, c in groups], source, target)
-        for (precision, ckpt), model in zip(groups, models):
-            if True:
+        for (precision, ckpt), model in zip(groups, models, strict=True):
 
-                def predict(micro: int, model=model, precision=precision, ckpt=ckpt
-                            ) -> tuple[JobSpec, MemoryPrediction]:
-                    cj = _config_job(job, precision, ckpt, micro)
-                    p = model.predict(micro, accumulating=(cj.grad_accum or 1) > 1)
-                    mem = finish(cj, source, gpu, tensor_peak_bytes=p["peak_allocated_bytes"],
-                                 reserved_replay_bytes=p["reserved_bytes"],
-                                 breakdown=p["breakdown"], managed_bytes=p["managed_bytes"],
-                                 peak_phase=p["peak_phase"], total_params=p["total_params"],
-                                 trainable_params=p["trainable_params"],
-                                 sdpa_kernels=model.points[-1].sim.sdpa_kernels,
-                                 sim_time_s=0.0, how="extrapolated from 4 small simulations",
-                                 margin=margin)
-                    return cj, mem
+            def predict(micro: int, model=model, precision=precision, ckpt=ckpt
+                        ) -> tuple[JobSpec, MemoryPrediction]:
+                cj = _config_job(job, precision, ckpt, micro)
+                p = model.predict(micro, accumulating=(cj.grad_accum or 1) > 1)
+                mem = finish(cj, source, gpu, tensor_peak_bytes=p["peak_allocated_bytes"],
+                             reserved_replay_bytes=p["reserved_bytes"],
+                             breakdown=p["breakdown"], managed_bytes=p["managed_bytes"],
+                             peak_phase=p["peak_phase"], total_params=p["total_params"],
+                             trainable_params=p["trainable_params"],
+                             sdpa_kernels=model.points[-1].sim.sdpa_kernels,
+                             sim_time_s=0.0, how="extrapolated from 4 small simulations",
+                             margin=margin)
+                return cj, mem
 
-                largest = None
-                if gpu is not None:
-                    for micro in micro_all:  # ascending; device memory grows with the batch
-                        if predict(micro)[1].fits:
-                            largest = micro
-                        else:
-                            break
-                shown = [m for m in micro_all if m & (m - 1) == 0]
-                if largest is not None and largest not in shown:
-                    shown.append(largest)
-                for micro in sorted(shown):
-                    cj, mem = predict(micro)
-                    rows.append(PlanRow(cj.to_dict(), mem, "extrapolated",
-                                        largest_fitting=micro == largest))
+            largest = None
+            if gpu is not None:
+                for micro in micro_all:  # ascending; device memory grows with the batch
+                    if predict(micro)[1].fits:
+                        largest = micro
+                    else:
+                        break
+            shown = [m for m in micro_all if m & (m - 1) == 0]
+            if largest is not None and largest not in shown:
+                shown.append(largest)
+            for micro in sorted(shown):
+                cj, mem = predict(micro)
+                rows.append(PlanRow(cj.to_dict(), mem, "extrapolated",
+                                    largest_fitting=micro == largest))
     rec = _recommend(rows)
     for _ in range(MAX_VERIFICATIONS):
         if rec is None or not verify or rows[rec].how == "simulated":

@@ -96,7 +96,7 @@ def build_model_on_meta(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Mod
         lcfg = LoraConfig(r=job.lora_r, lora_alpha=job.lora_alpha, lora_dropout=job.lora_dropout,
                           target_modules=targets, bias="none")
         model = get_peft_model(model, lcfg, autocast_adapter_dtype=False)
-        for n, p in model.named_parameters():
+        for p in model.parameters():
             if p.requires_grad:
                 p.data = p.data.to(train_dtype)
         if job.method == "qlora":

@@ -32,6 +32,10 @@ def materialize_on_cpu(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module
     """Real CPU storage for a model built on ``meta`` (values: N(0, 0.02), as GPT-2/Llama init)."""
     gen = torch.Generator().manual_seed(seed)
     model.to_empty(device="cpu")
+    # to_empty gives tied parameters separate storage; from_pretrained keeps them tied
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if hasattr(base, "tie_weights"):
+        base.tie_weights()
     with torch.no_grad():
         for name, t in [*model.named_parameters(), *model.named_buffers()]:
             if t.is_floating_point():

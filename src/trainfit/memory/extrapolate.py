@@ -62,6 +62,7 @@ class Point:
     batch: int
     sim: SimResult
     reserved_bytes: int
+    allocated_blocks_bytes: int
 
 
 @dataclass
@@ -86,7 +87,7 @@ class BilinearModel:
     def eval(self, values: list[float], batch: int) -> int:
         a, b, c, d = self._fit(values)
         L = self.full_layers
-        return int(round(a + b * L + c * batch + d * L * batch))
+        return round(a + b * L + c * batch + d * L * batch)
 
     def predict(self, batch: int, accumulating: bool) -> dict[str, int | str | dict[str, int]]:
         phases = sorted({k for p in self.points for k in p.sim.phase_peaks if k != "setup"})
@@ -98,8 +99,10 @@ class BilinearModel:
         cats = self.points[0].sim.breakdown.keys()
         breakdown = {c: max(0, self.eval([p.sim.breakdown[c] for p in self.points], batch))
                      for c in cats}
+        block_overhead = max(0, self.eval(
+            [p.allocated_blocks_bytes - p.sim.peak_allocated_bytes for p in self.points], batch))
         return {
-            "peak_allocated_bytes": peaks[phase],
+            "peak_allocated_bytes": peaks[phase] + block_overhead,
             "peak_phase": phase.split("@")[0],
             "breakdown": breakdown,
             # The allocator's fragmentation is not bilinear in (L, B) (measured: 0.2-8 % off when
@@ -127,7 +130,7 @@ def fit_group(job: JobSpec, source: ModelSource, target: SimTarget, batches: tup
             sim = simulate_step(j, src, target, record_events=True)
             rep = replay(sim.events)
             sim.events = []
-            pts.append(Point(L, b, sim, rep.peak_reserved_bytes))
+            pts.append(Point(L, b, sim, rep.peak_reserved_bytes, rep.peak_allocated_bytes))
         if not extrap:
             pts = pts + pts  # same depth twice: the L terms vanish
             break

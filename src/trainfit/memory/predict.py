@@ -148,7 +148,9 @@ def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
     target = SimTarget(device="cuda", compute_capability=_cc(gpu) or (8, 0))
     sim = simulate_step(job, source, target, record_events=True)
     rep = replay(sim.events)
-    return finish(job, source, gpu, tensor_peak_bytes=sim.peak_allocated_bytes,
+    # the allocator counts whole blocks (an unsplit remainder ≤ 1 MiB stays in the block)
+    return finish(job, source, gpu,
+                  tensor_peak_bytes=max(sim.peak_allocated_bytes, rep.peak_allocated_bytes),
                   reserved_replay_bytes=rep.peak_reserved_bytes, breakdown=sim.breakdown,
                   managed_bytes=sim.managed_bytes, peak_phase=sim.peak_phase,
                   total_params=sim.total_params, trainable_params=sim.trainable_params,

@@ -222,7 +222,7 @@ class _DeviceOps:
         return self._orig_dropout(x, p, training, inplace)
 
     def sdpa(self, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-             enable_gqa=False):  # noqa: ANN001
+             enable_gqa=False):
         if torch.is_autocast_enabled("cpu"):
             dt = torch.get_autocast_dtype("cpu")
             q, k, v = (t.to(dt) if _eligible(t) else t for t in (q, k, v))

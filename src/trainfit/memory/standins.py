@@ -109,7 +109,7 @@ class Adam8bitSim(torch.optim.Optimizer):
         self._qmaps: list[torch.Tensor] = []
 
     @torch.no_grad()
-    def step(self, closure: Any = None) -> None:  # noqa: ARG002
+    def step(self, closure: Any = None) -> None:
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:

@@ -148,7 +148,7 @@ class LiveBytesTracker(TorchDispatchMode):
             self.peak = PeakSnapshot(cur, self.phase, list(self._live.values()))
 
     # --- dispatch -------------------------------------------------------------------------
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         category = "activations" if self.phase == "forward" else "temporaries"
         for leaf in tree_leaves(out):

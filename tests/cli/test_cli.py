@@ -1,0 +1,75 @@
+"""The CLI: one clear error line + hint and exit code 2 on bad input; JSON on success."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from trainfit.cli.main import app
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["plan", "llama-3.2-1bb", "--gpu", "t4"], "unknown model"),
+    (["plan", "gpt2", "--gpu", "t5000"], "unknown GPU"),
+    (["plan", "gpt2", "--gpu", "t4", "--micro-batch", "0"], "--micro-batch 0: must be"),
+    (["plan", "gpt2", "--gpu", "t4", "--seq-len", "-1"], "--seq-len -1"),
+    (["plan", "gpt2", "--gpu", "t4", "--micro-batch", "3", "--effective-batch", "8"],
+     "not divisible"),
+    (["plan", "gpt2", "--gpu", "t4", "--micro-batch", "2", "--effective-batch", "8",
+      "--ranks", "3"], "not divisible"),
+    (["plan", "gpt2", "--gpu", "t4", "--method", "full", "--lora-r", "8"],
+     "--lora-r given with --method full"),
+    (["plan", "gpt2", "--gpu", "t4", "--precision", "amp-bf16"], "no bf16 support"),
+    (["plan", "gpt2", "--gpu", "t4", "--method", "lora", "--lora-targets", "nope"],
+     "--lora-targets nope"),
+    (["plan", "missing.yaml"], "missing.yaml: no such file"),
+])
+def test_bad_input_exits_2_with_one_line(args, needle):
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2, res.output
+    err = res.stderr if hasattr(res, "stderr") else res.output
+    first = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(first) == 1 and needle in first[0], err
+
+
+def test_unknown_model_suggests_close_names():
+    res = runner.invoke(app, ["plan", "llama-3.2-1bb", "--gpu", "t4"])
+    assert "hint: did you mean llama-3.2-1b" in res.stderr
+
+
+def test_config_json_without_fields(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text('{"model_type": "llama", "hidden_size": 0}')
+    res = runner.invoke(app, ["plan", str(p), "--gpu", "t4"])
+    assert res.exit_code == 2
+    assert "error:" in res.stderr
+
+
+def test_corrupt_config_json(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text("{not json")
+    res = runner.invoke(app, ["plan", str(p), "--gpu", "t4"])
+    assert res.exit_code == 2 and "not valid JSON" in res.stderr
+
+
+def test_plan_json_single_configuration(tiny_config_json):
+    res = runner.invoke(app, ["plan", str(tiny_config_json), "--gpu", "generic-1gb",
+                              "--micro-batch", "2", "--grad-accum", "2", "--seq-len", "64",
+                              "--precision", "amp-bf16", "--grad-ckpt", "off", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    (cfg,) = out["configs"]
+    assert cfg["micro_batch"] == 2 and cfg["grad_accum"] == 2 and cfg["effective_batch"] == 4
+    assert cfg["how"] == "simulated"
+    assert 0 < cfg["peak_allocated_bytes"] <= cfg["peak_reserved_bytes"] < cfg["peak_device_bytes"]
+    assert set(cfg["breakdown"]) >= {"parameters", "gradients", "optimizer", "activations",
+                                     "temporaries"}
+    assert cfg["fits"] is True
+
+
+def test_listing_commands():
+    assert runner.invoke(app, ["models"]).exit_code == 0
+    res = runner.invoke(app, ["gpus", "--json"])
+    assert res.exit_code == 0 and any(g["name"] == "t4" for g in json.loads(res.stdout))

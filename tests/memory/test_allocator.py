@@ -1,0 +1,33 @@
+from trainfit.memory.allocator import replay
+
+MIB = 2**20
+
+
+def test_small_blocks_share_a_2mib_segment():
+    r = replay([(1, 1000), (2, 1000), (3, 512)])
+    assert r.peak_reserved_bytes == 2 * MIB
+    assert r.peak_allocated_bytes == 1024 + 1024 + 512
+
+
+def test_mid_sized_requests_get_a_20mib_segment_and_reuse_it():
+    r = replay([(1, 3 * MIB), (1, -3 * MIB), (2, 5 * MIB)])
+    assert r.peak_reserved_bytes == 20 * MIB
+    assert r.segments == 1
+
+
+def test_large_requests_round_to_2mib_and_fragment():
+    # 30 MiB freed, then 31 MiB requested: the cached block is too small -> a new segment
+    r = replay([(1, 30 * MIB), (1, -30 * MIB), (2, 31 * MIB)])
+    assert r.peak_reserved_bytes == 30 * MIB + 32 * MIB
+    # the 1 MiB remainder is not split off (large pool splits only > 1 MiB), and the allocator
+    # counts whole blocks: max_memory_allocated sees 32 MiB
+    assert r.peak_allocated_bytes == 32 * MIB
+
+
+def test_freed_neighbours_merge():
+    events = [(1, 12 * MIB), (2, 12 * MIB), (1, -12 * MIB), (2, -12 * MIB), (3, 24 * MIB)]
+    # two 12 MiB segments cannot merge (different segments): a third is needed
+    assert replay(events).segments == 3
+    events = [(1, 2 * MIB), (2, 2 * MIB), (1, -2 * MIB), (2, -2 * MIB), (3, 4 * MIB)]
+    # both came from one 20 MiB segment: after merging, 4 MiB fits in it
+    assert replay(events).segments == 1

@@ -1,0 +1,67 @@
+"""GPU semantics imposed on CPU fake tensors: CUDA autocast lists, SDPA kernels, dropout masks."""
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from trainfit.memory.semantics import AttentionTarget, choose_sdpa_kernel, device_semantics
+
+
+def _run(fn, device="cuda"):
+    with FakeTensorMode(), device_semantics(AttentionTarget(device=device)), \
+            torch.autocast("cpu", dtype=torch.bfloat16):
+        return fn()
+
+
+def test_cuda_autocast_runs_layer_norm_and_softmax_in_fp32():
+    def fn():
+        x = torch.empty(4, 8, dtype=torch.bfloat16)
+        return (torch.nn.functional.layer_norm(x, (8,)).dtype,
+                torch.softmax(x, -1).dtype, torch.pow(x, 3.0).dtype)
+
+    assert _run(fn, "cuda") == (torch.float32, torch.float32, torch.float32)
+    assert _run(fn, "cpu") == (torch.bfloat16, torch.bfloat16, torch.bfloat16)
+
+
+def test_cuda_autocast_casts_matmul_and_caches_weight_casts():
+    def fn():
+        w = torch.nn.Parameter(torch.empty(8, 8))
+        x = torch.empty(2, 8)
+        a = torch.nn.functional.linear(x, w)
+        b = torch.nn.functional.linear(x, w)
+        return a.dtype, b.dtype
+
+    assert _run(fn) == (torch.bfloat16, torch.bfloat16)
+
+
+def test_policy_is_removed_after_simulation():
+    with device_semantics(AttentionTarget(device="cuda")):
+        pass
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = torch.softmax(torch.randn(2, 2, dtype=torch.bfloat16), -1)
+    assert y.dtype == torch.bfloat16  # the CPU policy is back
+
+
+def test_sdpa_kernel_choice_follows_the_gpu():
+    q = torch.empty(1, 8, 16, 64, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(1, 2, 16, 64, dtype=torch.bfloat16, device="meta")
+    a100 = AttentionTarget(device="cuda", compute_capability=(8, 0))
+    t4 = AttentionTarget(device="cuda", compute_capability=(7, 5))
+    assert choose_sdpa_kernel(a100, q, q, None, 0.0, False) == "flash"
+    assert choose_sdpa_kernel(t4, q.half(), q.half(), None, 0.0, False) == "efficient"
+    # memory-efficient attention has no grouped-query support: torch falls back to math
+    assert choose_sdpa_kernel(t4, q.half(), k.half(), None, 0.0, True) == "math"
+    mask = torch.empty(1, 1, 16, 16, device="meta")
+    assert choose_sdpa_kernel(a100, q, q, mask, 0.0, False) == "efficient"
+
+
+def test_cuda_dropout_keeps_a_bool_mask():
+    seen = []
+
+    def fn():
+        x = torch.empty(4, 4, requires_grad=True)
+        y = torch.nn.functional.dropout(x, 0.1, True)
+        seen.append(type(y.grad_fn).__name__)
+        return y
+
+    _run(fn, "cuda")
+    assert seen == ["NativeDropoutBackward0"]

@@ -1,0 +1,45 @@
+"""plan over a grid: micro-batches keep the effective batch, fit decisions follow memory."""
+
+import pytest
+
+from trainfit.hardware.gpus import find_gpu, generic_gpu
+from trainfit.job import JobError, JobSpec
+from trainfit.plan import plan
+
+
+def test_grid_keeps_effective_batch_and_marks_largest(tiny_llama):
+    job = JobSpec(model="t", seq_len=64, effective_batch=8)
+    res = plan(job, tiny_llama, find_gpu("a100-80gb"))
+    assert {r.job["precision"] for r in res.rows} == {"fp32", "amp-fp16", "amp-bf16", "bf16-true"}
+    for r in res.rows:
+        assert r.job["micro_batch"] * r.job["grad_accum"] == 8
+    assert sorted({r.job["micro_batch"] for r in res.rows}) == [1, 2, 4, 8]
+    rec = res.rows[res.recommended_index]
+    assert rec.how == "simulated" and rec.memory.fits
+    assert rec.job["grad_ckpt"] == "off" and rec.job["micro_batch"] == 8
+
+
+def test_checkpointing_lowers_the_peak(tiny_llama):
+    job = JobSpec(model="t", seq_len=128, effective_batch=4, precision="fp32")
+    res = plan(job, tiny_llama, find_gpu("a100-80gb"), verify=False)
+    by = {(r.job["grad_ckpt"], r.job["micro_batch"]): r.memory.peak_allocated_bytes
+          for r in res.rows}
+    assert by[("full", 4)] < by[("off", 4)]
+
+
+def test_nothing_fits_says_so(tiny_llama):
+    job = JobSpec(model="t", seq_len=64, effective_batch=4)
+    res = plan(job, tiny_llama, generic_gpu(0.001))
+    assert res.recommended_index is None
+    assert "nothing fits" in res.reason
+
+
+def test_bf16_on_t4_is_refused(tiny_llama):
+    with pytest.raises(JobError, match="no bf16"):
+        plan(JobSpec(model="t", precision="bf16-true"), tiny_llama, find_gpu("t4"))
+
+
+def test_t4_grid_has_no_bf16(tiny_llama):
+    res = plan(JobSpec(model="t", seq_len=64, effective_batch=2), tiny_llama, find_gpu("t4"),
+               verify=False)
+    assert {r.job["precision"] for r in res.rows} == {"fp32", "amp-fp16"}
