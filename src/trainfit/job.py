@@ -65,6 +65,9 @@ class JobSpec:
     """Module names, or aliases q,k,v,o,mlp,lm_head,all-linear; ``default`` = PEFT's default."""
     quant: str | None = None
     """4-bit format of the frozen base for ``qlora``: nf4, nf4-dq (double quantised), fp4."""
+    quant_lm_head: bool = False
+    """Quantize the output head too (Lightning Fabric/litgpt do; transformers' BitsAndBytesConfig
+    leaves it in 16 bits)."""
     seq_len: int = 512
     """Tokens per sample (padded/packed length)."""
     micro_batch: int | None = None
@@ -87,6 +90,18 @@ class JobSpec:
     """Data-parallel processes (GPUs)."""
     sharding: str = "none"
     """none (DDP: every rank holds everything) or fsdp (parameters, gradients, states sharded)."""
+    bnb_legacy: bool = False
+    """Model bitsandbytes < 0.43.2, whose 4-bit matmul kept every layer's input alive until the
+    autograd graph was freed (litgpt ≤ 0.5 pins bitsandbytes 0.42)."""
+    hold_outputs: bool = False
+    """The training loop keeps the last model output — and with it the autograd graph — alive
+    until the next forward returns (litgpt's loop; HF Trainer frees it after backward)."""
+    lm_head_chunk: int | None = None
+    """Compute the output head + cross-entropy in chunks of this many tokens (litgpt's
+    lm_head_chunk_size); None: transformers' loss over fp32 logits of the whole sequence."""
+    grads_to_none: bool = True
+    """Free gradients after each optimizer step (``zero_grad(set_to_none=True)``, torch ≥ 2.0's
+    default); False keeps zeroed gradients alive between steps (torch < 2.0, many old scripts)."""
     max_grad_norm: float | None = 1.0
     """Gradient clipping as HF Trainer does by default (None: off)."""
 
@@ -106,7 +121,7 @@ class JobSpec:
                 self.grad_ckpt = "full" if self.grad_ckpt else "off"
             _choice("grad_ckpt", self.grad_ckpt, GRAD_CKPT)
         for name in ("seq_len", "micro_batch", "grad_accum", "effective_batch", "ranks",
-                     "lora_r", "lora_alpha"):
+                     "lora_r", "lora_alpha", "lm_head_chunk"):
             _positive(name, getattr(self, name))
         if isinstance(self.lora_targets, str):
             self.lora_targets = [t.strip() for t in self.lora_targets.split(",") if t.strip()]

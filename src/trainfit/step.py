@@ -39,11 +39,15 @@ def train_step(
     max_grad_norm: float | None = None,
     scaler: Any | None = None,
     observer: StepObserver | None = None,
+    grads_to_none: bool = True,
+    carry: dict[str, Any] | None = None,
 ) -> StepResult:
     """Forward → backward for each micro-batch, then clip, optimizer step, zero grads (to None).
 
     The loss of each micro-batch is divided by ``grad_accum`` so the accumulated gradient is the
     mean over the effective batch (HF Trainer's convention for equal-length batches).
+    ``carry``: when given, the last model output is kept in it until the next forward returns
+    (loops that hold their outputs, e.g. litgpt's, keep the graph alive that long).
     """
     obs = observer or _NoObserver()
     total: torch.Tensor | None = None
@@ -52,6 +56,8 @@ def train_step(
         obs.set_phase("forward", n)
         with autocast():
             out = model(**batch)
+        if carry is not None:
+            carry["output"] = out  # drops the previous output only now
         loss = out.loss if hasattr(out, "loss") else out
         loss = loss / grad_accum
         obs.set_phase("backward", n)
@@ -70,7 +76,7 @@ def train_step(
         scaler.update()
     else:
         optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=grads_to_none)
     obs.set_phase("idle")
     return StepResult(total, n)
 

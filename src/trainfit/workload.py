@@ -65,6 +65,10 @@ def build_model_on_meta(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Mod
 
     cfg = copy.deepcopy(source.config)
     cfg.use_cache = False
+    if source.task == "seq2seq-lm" and getattr(cfg, "decoder_start_token_id", None) is None:
+        # T5 shifts the labels right with this id; configs built from sizes alone lack it
+        cfg.decoder_start_token_id = getattr(cfg, "pad_token_id", None) or 0
+        cfg.pad_token_id = cfg.decoder_start_token_id
     attn = "eager" if job.attention == "eager" else "sdpa"
     cfg._attn_implementation = attn  # transformers 5 reads this at build time
     base_dtype, train_dtype = weight_dtypes(job)
@@ -103,13 +107,20 @@ def build_model_on_meta(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Mod
             from trainfit.memory.standins import quantize_linears_4bit
 
             out_emb = model.get_output_embeddings()
-            skip = {n for n, m in model.named_modules() if m is out_emb}
+            skip = set() if job.quant_lm_head else {
+                n for n, m in model.named_modules() if m is out_emb}
             compute = torch.float16 if job.precision == "amp-fp16" else torch.bfloat16
             info.quantized_linears = quantize_linears_4bit(
-                model, compute, job.quant == "nf4-dq", skip)
+                model, compute, job.quant == "nf4-dq", skip, legacy=job.bnb_legacy)
     else:
         for p in model.parameters():
             p.requires_grad_(True)
+    if job.lm_head_chunk is not None:
+        if source.task != "causal-lm":
+            raise JobError("--lm-head-chunk applies to causal language models only")
+        from trainfit.chunked_head import ChunkedHeadLM
+
+        model = ChunkedHeadLM(model, job.lm_head_chunk)
     seen: set[int] = set()
     for p in model.parameters():
         if id(p) in seen:

@@ -87,6 +87,8 @@ def plan_cmd(
         help="sdpa | sdpa-flash | sdpa-efficient | sdpa-math | eager")] = None,
     ranks: Annotated[int | None, typer.Option()] = None,
     sharding: Annotated[str | None, typer.Option(help="none | fsdp")] = None,
+    lm_head_chunk: Annotated[int | None, typer.Option(
+        help="Output head + loss in chunks of N tokens (litgpt-style).")] = None,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
     margin: Annotated[float, typer.Option(help="Safety margin of GPU memory kept free.")] = 0.10,
     verify: Annotated[bool, typer.Option(
@@ -106,7 +108,7 @@ def plan_cmd(
                  "optimizer_impl": optimizer_impl, "micro_batch": micro_batch,
                  "grad_accum": grad_accum, "effective_batch": effective_batch,
                  "seq_len": seq_len, "grad_ckpt": grad_ckpt, "attention": attention,
-                 "ranks": ranks, "sharding": sharding}
+                 "ranks": ranks, "sharding": sharding, "lm_head_chunk": lm_head_chunk}
         fields.update({k: v for k, v in flags.items() if v is not None})
         if trust_remote_code:
             fields["trust_remote_code"] = True

@@ -82,7 +82,8 @@ def measure_cpu_step(job: JobSpec, source: ModelSource, steps: int = 2, seed: in
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         for _ in range(steps):
             res = train_step(model, optimizer, repeat_batches(batch, micro), grad_accum=micro,
-                             autocast=autocast, max_grad_norm=job.max_grad_norm)
+                             autocast=autocast, max_grad_norm=job.max_grad_norm,
+                       grads_to_none=job.grads_to_none)
             loss = float(res.loss) if res.loss is not None else 0.0
     events = [e for e in prof.profiler.kineto_results.events()
               if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]

@@ -83,13 +83,15 @@ class MemoryPrediction:
         return asdict(self)
 
 
-def _shard_adjust(job: JobSpec, breakdown: dict[str, int], per_layer_param_bytes: int
-                  ) -> tuple[int, list[str]]:
-    """Bytes to add to the single-process peak for data parallelism (analytic, stated)."""
+def _shard_adjust(job: JobSpec, breakdown: dict[str, int], per_layer_param_bytes: int,
+                  grad_bytes: int) -> tuple[int, list[str]]:
+    """Bytes to add to the single-process peak for data parallelism (analytic, stated).
+
+    ``grad_bytes``: all gradients of one step (trainable parameters × their dtype's size)."""
     if job.ranks <= 1:
         return 0, []
     if job.sharding == "none":
-        extra = int(breakdown["gradients"] * DDP_BUCKET_FACTOR)
+        extra = int(grad_bytes * DDP_BUCKET_FACTOR)
         return extra, [f"DDP: + gradient buckets ({extra / 2**30:.2f} GiB, "
                        "gradient_as_bucket_view=False)"]
     shardable = breakdown["parameters"] + breakdown["gradients"] + breakdown["optimizer"]
@@ -112,7 +114,10 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     work = cublas_workspace_bytes(gpu)
     layers = max(int(getattr(source.config, "num_hidden_layers", 0)
                      or getattr(source.config, "num_layers", 0) or 1), 1)
-    extra, dp_notes = _shard_adjust(job, breakdown, breakdown["parameters"] // layers)
+    from trainfit.workload import weight_dtypes
+
+    grad_bytes = trainable_params * weight_dtypes(job)[1].itemsize
+    extra, dp_notes = _shard_adjust(job, breakdown, breakdown["parameters"] // layers, grad_bytes)
     allocated = tensor_peak_bytes + work + extra
     reserved = max(reserved_replay_bytes + work + extra, allocated)
     context = (gpu.cuda_context_bytes if gpu else 0) + (

@@ -214,6 +214,7 @@ class _DeviceOps:
         self.target = target
         self.kernels_used: dict[str, int] = {}
         self._orig_dropout = torch.nn.functional.dropout
+        self._orig_sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def dropout(self, x: torch.Tensor, p: float = 0.5, training: bool = True,
                 inplace: bool = False) -> torch.Tensor:
@@ -240,9 +241,10 @@ class _DeviceOps:
         if kernel == "flash_cpu":
             return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
-        return torch.ops.aten._scaled_dot_product_attention_math(
-            q, k, v, attn_mask, dropout_p, is_causal, None, scale=scale,
-            enable_gqa=enable_gqa)[0]
+        # math: the composite itself (on fake tensors it always takes the math path), so its
+        # internal upcasts and dropout follow torch exactly
+        return self._orig_sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
+                               is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
 @contextlib.contextmanager

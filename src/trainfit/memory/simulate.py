@@ -133,7 +133,14 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
         hooks = [p.register_post_accumulate_grad_hook(
             lambda p: tracker.reclassify(p.grad, "gradients")) for p in trainable]
         with device_semantics(attn) as ops, tracker:
-            if steps > 1:
+            carry: dict[str, Any] | None = {} if job.hold_outputs else None
+            if steps > 1 and carry is not None:
+                # the previous step's output must exist for the loop to hold it: run it fully
+                train_step(model, optimizer, repeat_batches(batch, micro), grad_accum=micro,
+                           autocast=autocast, max_grad_norm=job.max_grad_norm,
+                           grads_to_none=job.grads_to_none, observer=tracker, carry=carry)
+                _classify_states(optimizer, tracker)
+            elif steps > 1:
                 # Step 1 matters only for creating the optimizer states (its forward/backward run
                 # without states, so they peak lower than the steady state): create them by one
                 # optimizer step on zero gradients, as the first real step would.
@@ -141,11 +148,13 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
                 for p in trainable:
                     p.grad = torch.zeros_like(p)
                 optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad(set_to_none=job.grads_to_none)
                 _classify_states(optimizer, tracker)
             train_step(model, optimizer, repeat_batches(batch, micro), grad_accum=micro,
-                       autocast=autocast, max_grad_norm=job.max_grad_norm, observer=tracker)
+                       autocast=autocast, max_grad_norm=job.max_grad_norm,
+                       grads_to_none=job.grads_to_none, observer=tracker, carry=carry)
             _classify_states(optimizer, tracker)
+            carry = None
         for h in hooks:
             h.remove()
         steady = sum(tracker.live_breakdown().values()) - tracker.managed_bytes

@@ -32,27 +32,33 @@ BNB_PAGED_MIN_NUMEL = 100_000
 class _MatMul4BitSim(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
-                out_features: int, in_features: int) -> torch.Tensor:
+                out_features: int, in_features: int, legacy: bool) -> torch.Tensor:
         w = torch.empty(out_features, in_features, dtype=x.dtype, device=x.device)  # dequantised
         y = torch.nn.functional.linear(x, w, bias)
         del w
         ctx.shape = (out_features, in_features)
         ctx.save_for_backward(packed)
+        if legacy and x.requires_grad:
+            # bnb < 0.43.2: ``ctx.tensors = (A, B)`` — a plain attribute, never used in backward
+            # and not released by it: the input lives as long as the graph does
+            ctx.legacy_input = x
         return y
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         out_f, in_f = ctx.shape
         w = torch.empty(out_f, in_f, dtype=grad.dtype, device=grad.device)
-        return grad @ w, None, None, None, None
+        return grad @ w, None, None, None, None, None
 
 
 class Linear4bitSim(torch.nn.Module):
     """Memory twin of ``bnb.nn.Linear4bit`` (frozen, packed 4-bit weight)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, compute_dtype: torch.dtype,
-                 double_quant: bool, device: torch.device | str = "meta") -> None:
+                 double_quant: bool, device: torch.device | str = "meta",
+                 legacy: bool = False) -> None:
         super().__init__()
+        self.legacy = legacy
         self.in_features, self.out_features = in_features, out_features
         self.compute_dtype = compute_dtype
         n = in_features * out_features
@@ -78,23 +84,24 @@ class Linear4bitSim(torch.nn.Module):
         inp_dtype = x.dtype
         x = x.to(self.compute_dtype)  # bnb Linear4bit.forward casts to compute_dtype
         y = _MatMul4BitSim.apply(x, self.weight_packed, self.bias, self.out_features,
-                                 self.in_features)
+                                 self.in_features, self.legacy)
         return y.to(inp_dtype)
 
 
 def quantize_linears_4bit(model: torch.nn.Module, compute_dtype: torch.dtype, double_quant: bool,
-                          skip: set[str]) -> int:
+                          skip: set[str], legacy: bool = False) -> int:
     """Replace every frozen ``nn.Linear`` (also PEFT base layers) except ``skip`` by the twin."""
     count = 0
     for name, mod in list(model.named_modules()):
         for child_name, child in list(mod.named_children()):
             full = f"{name}.{child_name}" if name else child_name
-            if type(child) is torch.nn.Linear and full not in skip and not any(
+            # isinstance: architectures subclass nn.Linear (FalconLinear); bnb replaces them too
+            if isinstance(child, torch.nn.Linear) and full not in skip and not any(
                     full.endswith("." + s) or full == s for s in skip) \
                     and not child.weight.requires_grad:
                 setattr(mod, child_name, Linear4bitSim(
                     child.in_features, child.out_features, child.bias is not None,
-                    compute_dtype, double_quant, device=child.weight.device))
+                    compute_dtype, double_quant, device=child.weight.device, legacy=legacy))
                 count += 1
     return count
 

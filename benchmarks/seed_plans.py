@@ -1,0 +1,57 @@
+"""Plan the five seed scenarios (examples/*.yaml) and write examples/README.md with the answers.
+
+Run: ``python benchmarks/seed_plans.py`` (no GPU; ~2 min).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+def main() -> int:
+    warnings.filterwarnings("ignore")
+    import yaml
+
+    from trainfit.hardware.gpus import find_gpu
+    from trainfit.job import JobSpec
+    from trainfit.model_source import resolve_model
+    from trainfit.plan import plan
+
+    lines = ["# The seed scenarios, planned", "",
+             "Regenerate: `python benchmarks/seed_plans.py`. Every number is a **prediction** "
+             "(no GPU was used); GiB = 2^30 bytes; `device` = what nvidia-smi would show.", ""]
+    for path in sorted(EXAMPLES.glob("seed*.yaml")):
+        data = yaml.safe_load(path.read_text())
+        gpu_name, scenario = data.pop("gpu"), data.pop("scenario")
+        job = JobSpec.from_dict(data, source=path.name)
+        gpu = find_gpu(gpu_name)
+        res = plan(job, resolve_model(job.model), gpu)
+        (EXAMPLES / "results").mkdir(exist_ok=True)
+        (EXAMPLES / "results" / f"{path.stem}.json").write_text(json.dumps(res.to_dict(), indent=1))
+        lines += [f"## {scenario}", "", f"`trainfit plan examples/{path.name}` — {res.model} on "
+                  f"{gpu.display_name} ({gpu.memory_bytes / 2**30:.2f} GiB), "
+                  f"{res.total_params / 1e6:,.0f} M parameters, {res.trainable_params / 1e6:,.2f} M "
+                  "trainable.", "",
+                  "| precision | ckpt | micro×accum | allocated | reserved | device | fits | how |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in res.rows:
+            j, m = r.job, r.memory
+            mark = " ★" if r.recommended else (" ▲" if r.largest_fitting else "")
+            lines.append(f"| {j['precision']} | {j['grad_ckpt']} | {j['micro_batch']}×"
+                         f"{j['grad_accum']}{mark} | {m.peak_allocated_bytes / 2**30:.2f} | "
+                         f"{m.peak_reserved_bytes / 2**30:.2f} | {m.peak_device_bytes / 2**30:.2f} | "
+                         f"{'yes' if m.fits else 'no'} | {r.how} |")
+        lines += ["", f"**Pick:** {res.reason}. ★ recommended, ▲ largest micro-batch that fits.", ""]
+        print(f"{path.name}: {res.reason}", flush=True)
+    (EXAMPLES / "README.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

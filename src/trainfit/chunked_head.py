@@ -1,0 +1,45 @@
+"""Output head and cross-entropy in chunks of tokens (``lm_head_chunk``).
+
+transformers' causal-LM loss upcasts the whole ``(B, S, V)`` logits to fp32 and keeps an fp32
+log-softmax for backward — for a 256k vocabulary (Gemma) that is several GiB.  litgpt
+(``lm_head_chunk_size=128`` + ``chunked_cross_entropy``) and torchtune compute the head per chunk
+of tokens and the loss per chunk in the logits' dtype.  This wrapper does the same with the model's
+own decoder and head (PEFT adapters included), so the knob's memory effect is the real one.
+Mirrors litgpt ``GPT.forward(lm_head_chunk_size)`` + ``utils.chunked_cross_entropy`` (the chunk
+logits stay referenced until backward, as in litgpt's training loop).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ChunkedOutput:
+    loss: torch.Tensor
+    logits: list[torch.Tensor]
+
+
+class ChunkedHeadLM(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, chunk: int) -> None:
+        super().__init__()
+        self.model = model
+        self.chunk = chunk
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self._decoder = base.get_decoder()
+        self._head = base.get_output_embeddings()
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                **kwargs: object) -> ChunkedOutput:
+        hidden = self._decoder(input_ids=input_ids, use_cache=False).last_hidden_state
+        logits = [self._head(h) for h in hidden.split(self.chunk, dim=1)]
+        logits[-1] = logits[-1][..., :-1, :]
+        targets = (labels if labels is not None else input_ids)[..., 1:]
+        vocab = logits[0].size(-1)
+        losses = [torch.nn.functional.cross_entropy(lg.reshape(-1, vocab), t.reshape(-1),
+                                                    ignore_index=-100, reduction="sum")
+                  for lg, t in zip(logits, targets.split(self.chunk, dim=1), strict=True)]
+        n = (targets != -100).sum().clamp(min=1)
+        return ChunkedOutput(torch.stack(losses).sum() / n, logits)
