@@ -75,6 +75,7 @@ def case_to_job(case: dict[str, Any]) -> tuple[dict[str, Any], str, dict[str, An
         job["lm_head_chunk"] = 128
         job["hold_outputs"] = True  # litgpt's loop holds `logits` until the next forward
         job["bnb_legacy"] = bool(case.get("quant"))  # litgpt pins bitsandbytes 0.42
+        job["quant_from_fp16"] = bool(case.get("quant"))  # Fabric quantizes from weight.half()
     gpu = next(v for k, v in GPUS.items() if case["gpu"].startswith(k))
     opts = {"untie": litgpt and bool(m.get("litgpt_untied_lm_head")), "litgpt": litgpt,
             "eager_modules": "CUDA 11.2" in case["gpu"] or "CUDA 11.2" in case.get("notes", ""),

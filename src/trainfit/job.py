@@ -93,6 +93,9 @@ class JobSpec:
     bnb_legacy: bool = False
     """Model bitsandbytes < 0.43.2, whose 4-bit matmul kept every layer's input alive until the
     autograd graph was freed (litgpt ≤ 0.5 pins bitsandbytes 0.42)."""
+    quant_from_fp16: bool = False
+    """The 4-bit weights were quantized from fp16 (Lightning Fabric's BitsandbytesPrecision), so
+    each dequantization makes an fp16 tensor and then the compute-dtype copy."""
     hold_outputs: bool = False
     """The training loop keeps the last model output — and with it the autograd graph — alive
     until the next forward returns (litgpt's loop; HF Trainer frees it after backward)."""

@@ -111,7 +111,8 @@ def build_model_on_meta(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Mod
                 n for n, m in model.named_modules() if m is out_emb}
             compute = torch.float16 if job.precision == "amp-fp16" else torch.bfloat16
             info.quantized_linears = quantize_linears_4bit(
-                model, compute, job.quant == "nf4-dq", skip, legacy=job.bnb_legacy)
+                model, compute, job.quant == "nf4-dq", skip, legacy=job.bnb_legacy,
+                from_fp16=job.quant_from_fp16)
     else:
         for p in model.parameters():
             p.requires_grad_(True)

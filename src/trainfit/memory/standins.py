@@ -29,14 +29,26 @@ BNB_MIN_8BIT_SIZE = 4096
 BNB_PAGED_MIN_NUMEL = 100_000
 
 
+def _dequantize(shape: tuple[int, int], like: torch.Tensor, from_fp16: bool) -> torch.Tensor:
+    """``F.dequantize_4bit(B, state).to(A.dtype)``: the dequantized weight in the quant state's
+    dtype, then (if different) its copy in the compute dtype; the first dies after the copy."""
+    if from_fp16 and like.dtype != torch.float16:
+        w16 = torch.empty(shape, dtype=torch.float16, device=like.device)
+        w = torch.empty(shape, dtype=like.dtype, device=like.device)
+        del w16
+        return w
+    return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+
 class _MatMul4BitSim(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
-                out_features: int, in_features: int, legacy: bool) -> torch.Tensor:
-        w = torch.empty(out_features, in_features, dtype=x.dtype, device=x.device)  # dequantised
+                out_features: int, in_features: int, legacy: bool, from_fp16: bool) -> torch.Tensor:
+        w = _dequantize((out_features, in_features), x, from_fp16)
         y = torch.nn.functional.linear(x, w, bias)
         del w
         ctx.shape = (out_features, in_features)
+        ctx.from_fp16 = from_fp16
         ctx.save_for_backward(packed)
         if legacy and x.requires_grad:
             # bnb < 0.43.2: ``ctx.tensors = (A, B)`` — a plain attribute, never used in backward
@@ -46,9 +58,8 @@ class _MatMul4BitSim(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        out_f, in_f = ctx.shape
-        w = torch.empty(out_f, in_f, dtype=grad.dtype, device=grad.device)
-        return grad @ w, None, None, None, None, None
+        w = _dequantize(ctx.shape, grad, ctx.from_fp16)
+        return grad @ w, None, None, None, None, None, None
 
 
 class Linear4bitSim(torch.nn.Module):
@@ -56,9 +67,9 @@ class Linear4bitSim(torch.nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool, compute_dtype: torch.dtype,
                  double_quant: bool, device: torch.device | str = "meta",
-                 legacy: bool = False) -> None:
+                 legacy: bool = False, from_fp16: bool = False) -> None:
         super().__init__()
-        self.legacy = legacy
+        self.legacy, self.from_fp16 = legacy, from_fp16
         self.in_features, self.out_features = in_features, out_features
         self.compute_dtype = compute_dtype
         n = in_features * out_features
@@ -84,12 +95,12 @@ class Linear4bitSim(torch.nn.Module):
         inp_dtype = x.dtype
         x = x.to(self.compute_dtype)  # bnb Linear4bit.forward casts to compute_dtype
         y = _MatMul4BitSim.apply(x, self.weight_packed, self.bias, self.out_features,
-                                 self.in_features, self.legacy)
+                                 self.in_features, self.legacy, self.from_fp16)
         return y.to(inp_dtype)
 
 
 def quantize_linears_4bit(model: torch.nn.Module, compute_dtype: torch.dtype, double_quant: bool,
-                          skip: set[str], legacy: bool = False) -> int:
+                          skip: set[str], legacy: bool = False, from_fp16: bool = False) -> int:
     """Replace every frozen ``nn.Linear`` (also PEFT base layers) except ``skip`` by the twin."""
     count = 0
     for name, mod in list(model.named_modules()):
@@ -101,7 +112,8 @@ def quantize_linears_4bit(model: torch.nn.Module, compute_dtype: torch.dtype, do
                     and not child.weight.requires_grad:
                 setattr(mod, child_name, Linear4bitSim(
                     child.in_features, child.out_features, child.bias is not None,
-                    compute_dtype, double_quant, device=child.weight.device, legacy=legacy))
+                    compute_dtype, double_quant, device=child.weight.device, legacy=legacy,
+                    from_fp16=from_fp16))
                 count += 1
     return count
 
