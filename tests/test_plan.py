@@ -43,3 +43,13 @@ def test_t4_grid_has_no_bf16(tiny_llama):
     res = plan(JobSpec(model="t", seq_len=64, effective_batch=2), tiny_llama, find_gpu("t4"),
                verify=False)
     assert {r.job["precision"] for r in res.rows} == {"fp32", "amp-fp16"}
+
+
+def test_qlora_without_bitsandbytes_is_refused(tiny_llama, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    with pytest.raises(JobError, match="needs bitsandbytes"):
+        plan(JobSpec(model="t", method="qlora"), tiny_llama, find_gpu("t4"))

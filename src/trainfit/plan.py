@@ -95,6 +95,19 @@ def supported_precisions(gpu: GpuSpec | None) -> list[str]:
     return ["fp32", "amp-fp16"]
 
 
+def check_bitsandbytes(job: JobSpec) -> None:
+    """QLoRA and bnb optimizers need bitsandbytes where the job will run; say so before planning
+    (the plan itself uses data-less twins of bnb's layers and optimizers)."""
+    import importlib.util
+
+    needs = job.method == "qlora" or job.optimizer in ("adamw-8bit", "paged-adamw",
+                                                       "paged-adamw-8bit")
+    if needs and importlib.util.find_spec("bitsandbytes") is None:
+        what = "--method qlora" if job.method == "qlora" else f"--optimizer {job.optimizer}"
+        raise JobError(f"{what} needs bitsandbytes, which is not installed",
+                       "pip install bitsandbytes (or: pip install 'trainfit[qlora]')")
+
+
 def check_precision(job: JobSpec, gpu: GpuSpec | None) -> None:
     if job.precision and gpu is not None and "bf16" in job.precision and not gpu.bf16_supported:
         raise JobError(f"--precision {job.precision}: {gpu.display_name} has no bf16 support",
@@ -127,6 +140,7 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
          verify: bool = True) -> PlanResult:
     t0 = time.perf_counter()
     check_precision(job, gpu)
+    check_bitsandbytes(job)
     if not 0.0 <= margin < 1.0:
         raise JobError(f"--margin {margin}: must be in [0, 1)", "e.g. --margin 0.1 for 10 %")
     target = target_for(gpu)
