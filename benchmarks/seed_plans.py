@@ -27,14 +27,17 @@ def main() -> int:
              "Regenerate: `python benchmarks/seed_plans.py`. Every number is a **prediction** "
              "(no GPU was used); GiB = 2^30 bytes; `device` = what nvidia-smi would show.", ""]
     for path in sorted(EXAMPLES.glob("seed*.yaml")):
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
+        data = yaml.safe_load(text)
+        comment = [ln[1:].strip() for ln in text.splitlines() if ln.startswith("#")]
         gpu_name, scenario = data.pop("gpu"), data.pop("scenario")
         job = JobSpec.from_dict(data, source=path.name)
         gpu = find_gpu(gpu_name)
         res = plan(job, resolve_model(job.model), gpu)
         (EXAMPLES / "results").mkdir(exist_ok=True)
         (EXAMPLES / "results" / f"{path.stem}.json").write_text(json.dumps(res.to_dict(), indent=1))
-        lines += [f"## {scenario}", "", f"`trainfit plan examples/{path.name}` — {res.model} on "
+        lines += [f"## {scenario}", "", "> " + " ".join(comment), "",
+                  f"`trainfit plan examples/{path.name}` — {res.model} on "
                   f"{gpu.display_name} ({gpu.memory_bytes / 2**30:.2f} GiB), "
                   f"{res.total_params / 1e6:,.0f} M parameters, {res.trainable_params / 1e6:,.2f} M "
                   "trainable.", "",
