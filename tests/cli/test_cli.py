@@ -73,3 +73,24 @@ def test_listing_commands():
     assert runner.invoke(app, ["models"]).exit_code == 0
     res = runner.invoke(app, ["gpus", "--json"])
     assert res.exit_code == 0 and any(g["name"] == "t4" for g in json.loads(res.stdout))
+
+
+def test_seed_examples_are_valid_jobs():
+    from trainfit.cli.main import DEFAULT_EXAMPLE, _load_target, examples_dir
+    from trainfit.hardware.gpus import find_gpu
+    from trainfit.job import JobSpec
+
+    files = sorted(examples_dir().glob("seed*.yaml"))
+    assert len(files) == 5 and (examples_dir() / DEFAULT_EXAMPLE).is_file()
+    for f in files:
+        fields, gpu = _load_target(str(f))
+        JobSpec.from_dict(fields)
+        assert find_gpu(gpu) is not None
+
+
+def test_plan_of_a_seed_yaml_runs_end_to_end():
+    res = runner.invoke(app, ["plan", "seed004_4gb_gpt2_scratch.yaml", "--micro-batch", "2",
+                              "--grad-ckpt", "full", "--json"])
+    assert res.exit_code == 0, res.output
+    (cfg,) = json.loads(res.stdout)["configs"]
+    assert cfg["model"] == "gpt2" and cfg["grad_accum"] == 16 and cfg["fits"] is True

@@ -27,7 +27,8 @@ def _fail(err: JobError) -> None:
 
 
 def examples_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "examples"
+    """The repository's examples/ (src/trainfit/cli/main.py → repository root)."""
+    return Path(__file__).resolve().parents[3] / "examples"
 
 
 def _load_target(target: str | None) -> tuple[dict[str, Any], str | None]:

@@ -25,6 +25,8 @@ from trainfit.model_source import ModelSource
 from trainfit.step import repeat_batches, train_step
 from trainfit.workload import amp_dtype, build_model_on_meta, make_batch, make_optimizer
 
+_QUANT_STATE = {"weight_packed", "absmax", "absmax2", "code", "code2"}
+
 CUDA_BLOCK_BYTES = 512
 """c10/cuda/CUDACachingAllocator.cpp ``kMinBlockSize``: every block is a multiple of 512 bytes."""
 
@@ -126,8 +128,10 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
             if id(p) not in seen:
                 seen.add(id(p))
                 tracker.track(p, "parameters")
-        for b in model.buffers():
-            tracker.track(b, "buffers")
+        for name, b in model.named_buffers():
+            # the 4-bit twin keeps its frozen weights as buffers: they are parameters to a user
+            tracker.track(b, "parameters" if name.rsplit(".", 1)[-1] in _QUANT_STATE
+                          else "buffers")
         for t in batch.values():
             tracker.track(t, "buffers")
         hooks = [p.register_post_accumulate_grad_hook(
