@@ -27,6 +27,9 @@ from trainfit.memory.predict import (
     target_for,
 )
 from trainfit.model_source import ModelSource
+from trainfit.speed.ops import OpRecorder
+from trainfit.speed.predict import SpeedPrediction, model_flops_per_token, predict_speed_exact
+from trainfit.speed.roofline import DeviceSpeed
 
 MAX_MICRO_BATCH_WITHOUT_EFFECTIVE = 256
 MAX_WORKERS = 8
@@ -40,8 +43,11 @@ class PlanRow:
     memory: MemoryPrediction
     how: str
     """``simulated`` (full-size run of the step) or ``extrapolated`` (from four small runs)."""
+    speed: SpeedPrediction | None = None
     largest_fitting: bool = False
     recommended: bool = False
+    rank: int | None = None
+    """1 = fastest predicted configuration that fits."""
 
 
 @dataclass
@@ -69,6 +75,7 @@ class PlanResult:
                 "peak_allocated_bytes", "peak_reserved_bytes", "peak_device_bytes", "breakdown",
                 "peak_phase", "fits", "headroom_bytes")}, "how": row["how"],
                 "largest_fitting": row["largest_fitting"], "recommended": row["recommended"],
+                "rank": row["rank"], **_speed_fields(row["speed"]),
                 "model_notes": mem["model_notes"]})
         d["configs"] = configs
         return d
@@ -87,6 +94,17 @@ def _fit_groups(jobs: list[JobSpec], source: ModelSource, target: Any) -> list[A
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(workers) as pool:
         return pool.map(_fit_one, [(j, source, target) for j in jobs], chunksize=1)
+
+
+def _speed_fields(speed: dict[str, Any] | None) -> dict[str, Any]:
+    keys = ("step_time_s", "tokens_per_s", "samples_per_s", "mfu", "hfu", "device_busy_fraction",
+            "bound")
+    return {k: (speed or {}).get(k) for k in keys}
+
+
+def _flops_per_token(source: ModelSource, mem: MemoryPrediction, job: JobSpec) -> float:
+    return model_flops_per_token(source.config, mem.total_params, mem.trainable_params,
+                                 job.seq_len, job.method == "full")
 
 
 def supported_precisions(gpu: GpuSpec | None) -> list[str]:
@@ -149,9 +167,18 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
     micro_all = _micro_candidates(job)
     single = len(precisions) == 1 and len(ckpts) == 1 and len(micro_all) == 1
     rows: list[PlanRow] = []
+    dev = DeviceSpeed.from_gpu(gpu) if gpu is not None else None
+
+    def exact(cj: JobSpec) -> PlanRow:
+        rec = OpRecorder()
+        mem = predict_memory(cj, source, gpu, margin, op_hook=rec)
+        speed = None if dev is None else predict_speed_exact(
+            dev, rec.ops, cj.micro_batch or 1, cj.grad_accum or 1, cj.seq_len, cj.ranks,
+            _flops_per_token(source, mem, cj))
+        return PlanRow(cj.to_dict(), mem, "simulated", speed)
+
     if single:
-        cj = _config_job(job, precisions[0], ckpts[0], micro_all[0])
-        rows.append(PlanRow(cj.to_dict(), predict_memory(cj, source, gpu, margin), "simulated"))
+        rows.append(exact(_config_job(job, precisions[0], ckpts[0], micro_all[0])))
     else:
         groups = [(p, c) for p in precisions for c in ckpts]
         models = _fit_groups([_config_job(job, p, c, 1) for p, c in groups], source, target)
@@ -189,12 +216,17 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
     for _ in range(MAX_VERIFICATIONS):
         if rec is None or not verify or rows[rec].how == "simulated":
             break
-        rows[rec].memory = predict_memory(JobSpec(**rows[rec].job), source, gpu, margin)
-        rows[rec].how = "simulated"
+        verified = exact(JobSpec(**rows[rec].job))
+        verified.largest_fitting = rows[rec].largest_fitting
+        rows[rec] = verified
         rec = _recommend(rows)  # the exact number may not fit after all: choose again
     reason = _reason(rows, rec, gpu)
     if rec is not None:
         rows[rec].recommended = True
+    ranked = sorted((i for i, r in enumerate(rows) if r.memory.fits is not False),
+                    key=lambda i: _sort_key(rows[i]))
+    for n, i in enumerate(ranked, 1):
+        rows[i].rank = n
     first = rows[0].memory if rows else None
     return PlanResult(
         model=source.name, model_origin=source.origin, model_note=source.note,
@@ -207,21 +239,27 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
             "allocated = torch.cuda.max_memory_allocated, reserved = max_memory_reserved, "
             "device = what nvidia-smi shows (reserved + CUDA context + managed memory)",
             f"fits = device peak ≤ (1 − {margin:.0%}) × GPU memory",
-            "ranking by memory only until the speed model lands: checkpointing off, "
-            "larger micro-batch, mixed precision preferred",
+            "ranked by predicted tokens/s among configurations that fit (roofline over the "
+            "simulated step's operations, trainfit/speed/)",
         ])
 
 
 _PRECISION_PREF = {"amp-bf16": 0, "amp-fp16": 1, "bf16-true": 2, "fp32": 3}
 
 
+def _sort_key(row: PlanRow) -> tuple[Any, ...]:
+    """Fastest predicted first; without a speed (unknown peak) prefer no recomputation, larger
+    micro-batches, mixed precision."""
+    tps = row.speed.tokens_per_s if row.speed is not None else None
+    return (tps is None, -(tps or 0.0), row.job["grad_ckpt"] != "off", -row.job["micro_batch"],
+            _PRECISION_PREF.get(row.job["precision"], 9))
+
+
 def _recommend(rows: list[PlanRow]) -> int | None:
     fitting = [i for i, r in enumerate(rows) if r.memory.fits is not False]
     if not fitting:
         return None
-    return min(fitting, key=lambda i: (rows[i].job["grad_ckpt"] != "off",
-                                       -rows[i].job["micro_batch"],
-                                       _PRECISION_PREF.get(rows[i].job["precision"], 9)))
+    return min(fitting, key=lambda i: _sort_key(rows[i]))
 
 
 def _reason(rows: list[PlanRow], rec: int | None, gpu: GpuSpec | None) -> str:
@@ -235,9 +273,11 @@ def _reason(rows: list[PlanRow], rec: int | None, gpu: GpuSpec | None) -> str:
                 "--seq-len, an 8-bit optimizer or more ranks with --sharding fsdp")
     r = rows[rec]
     j = r.job
-    why = [f"micro-batch {j['micro_batch']} × accumulation {j['grad_accum']}"]
-    why.append("checkpointing off (no recomputation)" if j["grad_ckpt"] == "off"
-               else "checkpointing needed to fit")
+    why = [f"{j['precision']}, micro-batch {j['micro_batch']} × accumulation {j['grad_accum']}"]
+    why.append("checkpointing off" if j["grad_ckpt"] == "off" else "checkpointing on")
+    if r.speed is not None and r.speed.tokens_per_s:
+        mfu = f", MFU {r.speed.mfu:.0%}" if r.speed.mfu else ""
+        why.append(f"fastest that fits: {r.speed.tokens_per_s:,.0f} tokens/s predicted{mfu}")
     if gpu is None:
         return ", ".join(why) + " (no GPU given: fit unknown)"
     return ", ".join(why) + (f": predicted {r.memory.peak_device_bytes / 2**30:.2f} of "

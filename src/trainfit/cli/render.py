@@ -14,6 +14,10 @@ def _gib(n: int | None) -> str:
     return "unknown" if n is None else f"{n / GIB:.2f}"
 
 
+def _num(v: float | None, fmt: str) -> str:
+    return "unknown" if v is None else fmt.format(v)
+
+
 def _console() -> Console:
     """Wide enough for the tables when output goes to a pipe or a file (rich assumes 80)."""
     console = Console()
@@ -43,7 +47,7 @@ def render_plan(result: PlanResult) -> None:
     table = Table(title="predicted peak GPU memory per rank (GiB = 2^30 B)", show_lines=False)
     for col in ("", "precision", "ckpt", "micro×accum", "allocated\n(predicted)",
                 "reserved\n(predicted)", "device\n(predicted)", "fits", "headroom\nGiB",
-                "peak in", "how"):
+                "tokens/s\n(predicted)", "MFU\n(predicted)", "peak in", "how"):
         table.add_column(col, justify="right" if col not in ("precision", "how", "ckpt") else "left")
     for i, row in enumerate(result.rows):
         j, m = row.job, row.memory
@@ -53,6 +57,8 @@ def render_plan(result: PlanResult) -> None:
                       _gib(m.peak_allocated_bytes), _gib(m.peak_reserved_bytes),
                       _gib(m.peak_device_bytes), fits,
                       _gib(m.headroom_bytes) if m.headroom_bytes is not None else "unknown",
+                      _num(row.speed.tokens_per_s if row.speed else None, "{:,.0f}"),
+                      _num(row.speed.mfu if row.speed else None, "{:.0%}"),
                       m.peak_phase, row.how, style="bold" if row.recommended else None)
         del i
     console.print(table)

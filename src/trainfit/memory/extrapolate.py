@@ -3,7 +3,7 @@
 In a homogeneous decoder stack every layer allocates the same, and at a fixed sequence length
 every activation scales with the micro-batch, so each phase's peak (forward, backward of the first
 and of later micro-batches, optimizer) is bilinear in layers L and micro-batch B:
-``f(L, B) = a + b·L + c·B + d·L·B``.  Four simulations at L ∈ {1, 2}, B ∈ {b1, b2} fix it; the peak
+``f(L, B) = a + b·L + c·B + d·L·B``.  Four simulations at L ∈ {1, 2}, B ∈ {2, 3} fix it; the peak
 is the max over phases (fitting the max itself would not be bilinear where the peak moves from the
 optimizer to the backward).  Measured exact to the byte on Llama-2-7B LoRA (benchmarks/
 planner_speed.py re-checks it against full simulations every run).
@@ -15,7 +15,8 @@ are not extrapolated in L; they are simulated at full depth (still extrapolated 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from trainfit.job import JobSpec
 from trainfit.memory.allocator import replay
@@ -63,6 +64,8 @@ class Point:
     sim: SimResult
     reserved_bytes: int
     allocated_blocks_bytes: int
+    ops: list[Any] = field(default_factory=list)
+    """The recorded ops of the steady-state step (speed model)."""
 
 
 @dataclass
@@ -72,6 +75,17 @@ class BilinearModel:
     points: list[Point]
     full_layers: int
     layer_extrapolated: bool
+    batches: tuple[int, int] = (1, 2)
+
+    def speed(self, dev: Any, job: Any, flops_per_token: float) -> Any:
+        """Predicted speed of ``job`` (its micro-batch and accumulation) on ``dev``."""
+        from trainfit.speed.predict import predict_speed
+
+        p = self.points
+        layers = (p[0].layers, p[1].layers)
+        return predict_speed(dev, [p[0].ops, p[1].ops, p[2].ops, p[3].ops], layers,
+                             self.batches, self.full_layers, job.micro_batch, job.grad_accum or 1,
+                             job.seq_len, job.ranks, flops_per_token)
 
     def _fit(self, values: list[float]) -> tuple[float, float, float, float]:
         (l1, b1), (l2, _), (_, b2) = ((p.layers, p.batch) for p in self.points[:3])
@@ -116,8 +130,13 @@ class BilinearModel:
         }
 
 
-def fit_group(job: JobSpec, source: ModelSource, target: SimTarget, batches: tuple[int, int] = (1, 2)
-              ) -> BilinearModel:
+FIT_BATCHES = (2, 3)
+"""Micro-batches of the small simulations.  Not 1: at batch 1 some ops are skipped (a clone of an
+expanded batch dimension), so 1 → 2 is not the per-sample slope of larger batches."""
+
+
+def fit_group(job: JobSpec, source: ModelSource, target: SimTarget,
+              batches: tuple[int, int] = FIT_BATCHES) -> BilinearModel:
     """Simulate ``job`` (its micro-batch ignored) at 4 small points, accumulation included."""
     _, full = layer_count(source)
     extrap = homogeneous(source) and full > 2
@@ -127,13 +146,17 @@ def fit_group(job: JobSpec, source: ModelSource, target: SimTarget, batches: tup
         src = with_layers(source, L) if extrap else source
         for b in batches:
             j = job.replace(micro_batch=b, grad_accum=2, effective_batch=None)
-            sim = simulate_step(j, src, target, record_events=True)
+            from trainfit.speed.ops import OpRecorder
+
+            rec = OpRecorder()
+            sim = simulate_step(j, src, target, record_events=True, op_hook=rec)
             rep = replay(sim.events)
             sim.events = []
-            pts.append(Point(L, b, sim, rep.peak_reserved_bytes, rep.peak_allocated_bytes))
+            pts.append(Point(L, b, sim, rep.peak_reserved_bytes, rep.peak_allocated_bytes,
+                             rec.ops))
         if not extrap:
             pts = pts + pts  # same depth twice: the L terms vanish
             break
     # order: (L1,b1), (L2,b1), (L1,b2), (L2,b2)
     ordered = [pts[0], pts[2], pts[1], pts[3]]
-    return BilinearModel(ordered, full, extrap)
+    return BilinearModel(ordered, full, extrap, batches)

@@ -147,11 +147,11 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
 
 
 def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
-                   margin: float = DEFAULT_MARGIN, eager_module_loading: bool = False
-                   ) -> MemoryPrediction:
+                   margin: float = DEFAULT_MARGIN, eager_module_loading: bool = False,
+                   op_hook: Any = None) -> MemoryPrediction:
     """One configuration, simulated at full size (exact; seconds to tens of seconds)."""
     target = SimTarget(device="cuda", compute_capability=_cc(gpu) or (8, 0))
-    sim = simulate_step(job, source, target, record_events=True)
+    sim = simulate_step(job, source, target, record_events=True, op_hook=op_hook)
     rep = replay(sim.events)
     # the allocator counts whole blocks (an unsplit remainder ≤ 1 MiB stays in the block)
     return finish(job, source, gpu,

@@ -99,7 +99,7 @@ def _classify_states(optimizer: torch.optim.Optimizer, tracker: LiveBytesTracker
 
 
 def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = None,
-                  steps: int = 2, record_events: bool = False) -> SimResult:
+                  steps: int = 2, record_events: bool = False, op_hook: Any = None) -> SimResult:
     target = target or SimTarget()
     t0 = time.perf_counter()
     model, info = build_model_on_meta(job, source)
@@ -107,6 +107,8 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
     _to_fake(model, fake_mode)
     tracker = LiveBytesTracker(block_bytes=target.block_bytes)
     tracker.record_events = record_events
+    if op_hook is not None:
+        op_hook.active = False  # only the steady-state step is timed
     trainable = [p for p in model.parameters() if p.requires_grad]
     micro = min(job.grad_accum or 1, 2)
     dt = amp_dtype(job.precision or "fp32")
@@ -154,9 +156,13 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=job.grads_to_none)
                 _classify_states(optimizer, tracker)
+            if op_hook is not None:
+                tracker.op_hook = op_hook
+                op_hook.active = True
             train_step(model, optimizer, repeat_batches(batch, micro), grad_accum=micro,
                        autocast=autocast, max_grad_norm=job.max_grad_norm,
                        grads_to_none=job.grads_to_none, observer=tracker, carry=carry)
+            tracker.op_hook = None
             _classify_states(optimizer, tracker)
             carry = None
         for h in hooks:

@@ -79,6 +79,10 @@ class LiveBytesTracker(TorchDispatchMode):
         """(block id, +bytes) on allocation, (block id, -bytes) on free, in order, for replaying
         through the caching-allocator model."""
         self._next_id = 0
+        self.op_hook: Any = None
+        """Called as ``hook(func, args, kwargs, out, phase, micro_step)`` after every op (the
+        speed model's recorder)."""
+        self._micro = 0
 
     @contextlib.contextmanager
     def managed(self) -> Iterator[None]:
@@ -141,6 +145,7 @@ class LiveBytesTracker(TorchDispatchMode):
         """``micro_step`` 0 is the first micro-batch of a step (no gradients alive yet), ≥ 1 a
         later one under accumulation; phase peaks are kept apart for the two."""
         self.phase = phase
+        self._micro = micro_step
         self._phase_key = phase if phase in ("optimizer", "idle", "setup") else \
             f"{phase}@{'accum' if micro_step else 'first'}"
 
@@ -154,6 +159,8 @@ class LiveBytesTracker(TorchDispatchMode):
     # --- dispatch -------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if self.op_hook is not None:
+            self.op_hook(func, args, kwargs or {}, out, self.phase, self._micro)
         category = "activations" if self.phase == "forward" else "temporaries"
         if isinstance(out, torch.Tensor):  # the common case, without flattening
             self._register(out, category)

@@ -1,0 +1,90 @@
+"""What each operation of the simulated step costs: FLOPs, bytes moved, GEMM shape.
+
+Recorded from the same data-less run that predicts memory (a hook of
+:class:`trainfit.memory.tracker.LiveBytesTracker`), so the step that is timed is the step that is
+simulated.  FLOPs come from ``torch.utils.flop_counter``'s registry (matmuls, attention kernels);
+bytes are the sizes of the tensors an op reads and writes (the lower bound of its memory traffic);
+ops whose output is a view of an input launch no kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry
+
+_GEMMS = {"mm", "addmm", "bmm", "baddbmm"}
+_CPU_FLASH = "_scaled_dot_product_flash_attention_for_cpu"
+
+
+@dataclass(frozen=True, slots=True)
+class OpRecord:
+    name: str
+    phase: str
+    """forward / backward / optimizer (first micro-step only is kept by the recorder)."""
+    flops: float
+    bytes: float
+    dtype: str
+    """Floating dtype the op computes in (fp32 / bf16 / fp16 / other)."""
+    gemm: tuple[int, int, int, int] | None
+    """(batch, M, N, K) for matmuls, to model tile/wave quantization."""
+    kernel: bool
+    """False for views and metadata ops (no GPU kernel, still eager dispatch cost)."""
+
+
+def _dtype_name(dt: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dt, "other")
+
+
+def _gemm_shape(name: str, args: tuple[Any, ...]) -> tuple[int, int, int, int] | None:
+    if name == "mm":
+        a, b = args[0], args[1]
+        return 1, a.shape[0], b.shape[1], a.shape[1]
+    if name == "addmm":
+        a, b = args[1], args[2]
+        return 1, a.shape[0], b.shape[1], a.shape[1]
+    if name in ("bmm", "baddbmm"):
+        a, b = (args[0], args[1]) if name == "bmm" else (args[1], args[2])
+        return a.shape[0], a.shape[1], b.shape[2], a.shape[2]
+    return None
+
+
+class OpRecorder:
+    """Collects :class:`OpRecord` for the first micro-step's forward/backward and the optimizer."""
+
+    def __init__(self) -> None:
+        self.ops: list[OpRecord] = []
+        self.active = True
+
+    def __call__(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
+                 phase: str, micro_step: int) -> None:
+        if not self.active or phase not in ("forward", "backward", "optimizer") or micro_step:
+            return
+        packet = func._overloadpacket
+        name = packet.__name__
+        ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        in_storages = {id(t.untyped_storage()) for t in ins}
+        if not ins and not outs:
+            return
+        new_output = any(id(o.untyped_storage()) not in in_storages for o in outs)
+        in_place = name.endswith("_") or name.startswith("_foreach") or "fused" in name
+        kernel = (new_output or in_place) and func.namespace == "aten"
+        flops = 0.0
+        if packet in flop_registry:
+            try:
+                flops = float(flop_registry[packet](*args, **kwargs, out_val=out))
+            except (TypeError, ValueError, IndexError, RuntimeError):
+                flops = 0.0
+        elif name == _CPU_FLASH:
+            q = args[0]
+            b, h, s, d = q.shape
+            flops = 4.0 * b * h * s * args[1].shape[-2] * d
+        nbytes = float(sum(t.numel() * t.element_size() for t in ins + outs)) if kernel else 0.0
+        floating = [t for t in ins + outs if t.is_floating_point()]
+        dtype = _dtype_name(floating[0].dtype) if floating else "other"
+        self.ops.append(OpRecord(name, phase, flops, nbytes, dtype,
+                                 _gemm_shape(name, args) if name in _GEMMS else None, kernel))

@@ -1,0 +1,174 @@
+"""Predicted step time, tokens/s, MFU and GPU busy fraction of a configuration.
+
+The ops of the first micro-step (forward, backward) and of the optimizer step are recorded at the
+same four small points as memory (layers L ∈ {1, 2} × micro-batch B ∈ {b1, b2}).  Matching the op
+sequences of b1 and b2 tells which dimensions of each op grow with the batch; the ops of any B are
+rebuilt from that, timed on the device (:mod:`trainfit.speed.roofline`), and the per-layer cost is
+extrapolated to the full depth.  A step is ``grad_accum`` micro-steps plus one optimizer step.
+
+MFU (PaLM, appendix B): model FLOPs per token = 6·N + 12·L·H·Q·T with N the matmul parameters
+(all linear layers incl. the output head, not the embedding lookup), recomputation not counted.
+With LoRA the frozen weights still run forward and the input-gradient half of backward, but have no
+weight gradient: model FLOPs per token = 4·N_frozen + 6·N_trainable + 12·L·H·Q·T.  HFU counts what
+the device actually executes (recorded matmul and attention FLOPs, recomputation included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from trainfit.speed.ops import OpRecord
+from trainfit.speed.roofline import DeviceSpeed, op_device_time, op_host_time
+
+
+@dataclass
+class SpeedPrediction:
+    step_time_s: float | None
+    """One optimizer step: all accumulation micro-steps + optimizer (predicted, seconds)."""
+    tokens_per_s: float | None
+    samples_per_s: float | None
+    mfu: float | None
+    hfu: float | None
+    device_busy_fraction: float | None
+    """Fraction of the step a kernel runs (what nvidia-smi "GPU-Util" approximates)."""
+    bound: str
+    """launch-bound / compute-bound / memory-bound (largest share of device time), unknown."""
+    model_flops_per_token: float
+    unknown_reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _scale(v1: float, v2: float, b1: int, b2: int, b: int) -> float:
+    return v1 + (v2 - v1) * (b - b1) / (b2 - b1)
+
+
+def ops_at_batch(ops1: list[OpRecord], ops2: list[OpRecord], b1: int, b2: int, b: int
+                 ) -> list[OpRecord]:
+    """The op list at micro-batch ``b`` from the lists recorded at ``b1`` and ``b2``."""
+    if len(ops1) != len(ops2) or any(x.name != y.name for x, y in zip(ops1, ops2, strict=True)):
+        raise ValueError("op sequences differ between micro-batches")
+    out = []
+    for x, y in zip(ops1, ops2, strict=True):
+        gemm = None
+        if x.gemm is not None and y.gemm is not None:
+            gemm = tuple(max(1, round(_scale(p, q, b1, b2, b))) for p, q in zip(x.gemm, y.gemm,
+                                                                              strict=True))
+        out.append(OpRecord(x.name, x.phase, max(0.0, _scale(x.flops, y.flops, b1, b2, b)),
+                            max(0.0, _scale(x.bytes, y.bytes, b1, b2, b)), x.dtype, gemm, x.kernel))
+    return out
+
+
+@dataclass
+class PhaseTimes:
+    device_s: dict[str, float]
+    host_s: dict[str, float]
+    hw_flops: float
+    unknown: bool
+
+
+def time_ops(dev: DeviceSpeed, ops: list[OpRecord]) -> PhaseTimes:
+    device = {"fb": 0.0, "optimizer": 0.0}
+    host = {"fb": 0.0, "optimizer": 0.0}
+    flops = 0.0
+    unknown = False
+    for op in ops:
+        key = "optimizer" if op.phase == "optimizer" else "fb"
+        t = op_device_time(dev, op)
+        if t is None:
+            unknown = True
+            t = 0.0
+        device[key] += t
+        host[key] += op_host_time(dev, op)
+        if op.phase != "optimizer":
+            flops += op.flops
+    return PhaseTimes(device, host, flops, unknown)
+
+
+def combine(dev: DeviceSpeed, t: PhaseTimes, grad_accum: int) -> tuple[float, float]:
+    """(step time, device busy time) for ``grad_accum`` micro-steps + the optimizer."""
+    if dev.asynchronous:
+        fb = max(t.device_s["fb"], t.host_s["fb"])
+        opt = max(t.device_s["optimizer"], t.host_s["optimizer"])
+    else:
+        fb = t.device_s["fb"] + t.host_s["fb"]
+        opt = t.device_s["optimizer"] + t.host_s["optimizer"]
+    busy = grad_accum * t.device_s["fb"] + t.device_s["optimizer"]
+    return grad_accum * fb + opt, busy
+
+
+def model_flops_per_token(config: Any, total_params: int, trainable_params: int, seq_len: int,
+                          full_finetune: bool) -> float:
+    """PaLM's 6N + 12·L·H·Q·T with N = matmul parameters (see the module docstring)."""
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "d_model", None) \
+        or getattr(config, "n_embd", 0)
+    vocab = int(getattr(config, "vocab_size", 0))
+    layers = int(getattr(config, "num_hidden_layers", None) or getattr(config, "num_layers", None)
+                 or getattr(config, "n_layer", 0))
+    heads = int(getattr(config, "num_attention_heads", None) or getattr(config, "num_heads", None)
+                or getattr(config, "n_head", 1))
+    head_dim = int(getattr(config, "head_dim", None) or (hidden // max(heads, 1)))
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    # the input embedding is a lookup, not a matmul; when tied it is also the output head
+    n_matmul = max(total_params if tied else total_params - vocab * hidden, 0)
+    attention = 12.0 * layers * heads * head_dim * seq_len
+    if full_finetune:
+        return 6.0 * n_matmul + attention
+    frozen = max(n_matmul - trainable_params, 0)
+    return 4.0 * frozen + 6.0 * trainable_params + attention
+
+
+def speed_from_times(dev: DeviceSpeed, times: PhaseTimes, ops_sample: list[OpRecord],
+                     micro_batch: int, grad_accum: int, seq_len: int, ranks: int,
+                     flops_per_token: float) -> SpeedPrediction:
+    if times.unknown:
+        return SpeedPrediction(None, None, None, None, None, "unknown", flops_per_token,
+                               "the GPU's peak for this dtype or its bandwidth is unknown")
+    step, busy = combine(dev, times, grad_accum)
+    tps = micro_batch * grad_accum * seq_len * ranks / step
+    dtype_peak = _dominant_peak(dev, ops_sample)
+    mfu = None if not dtype_peak else flops_per_token * tps / ranks / dtype_peak
+    hfu = None if not dtype_peak else times.hw_flops * grad_accum / step / dtype_peak
+    bound = "launch-bound" if times.host_s["fb"] > times.device_s["fb"] else (
+        "compute-bound" if mfu and mfu > 0.3 else "memory-bound")
+    return SpeedPrediction(step, tps, tps / seq_len, mfu, hfu, busy / step, bound, flops_per_token)
+
+
+def predict_speed_exact(dev: DeviceSpeed, ops: list[OpRecord], micro_batch: int, grad_accum: int,
+                        seq_len: int, ranks: int, flops_per_token: float) -> SpeedPrediction:
+    """From the ops of a full-size simulation of exactly this configuration."""
+    return speed_from_times(dev, time_ops(dev, ops), ops, micro_batch, grad_accum, seq_len, ranks,
+                            flops_per_token)
+
+
+def predict_speed(dev: DeviceSpeed, op_points: list[list[OpRecord]], layers: tuple[int, int],
+                  batches: tuple[int, int], full_layers: int, micro_batch: int, grad_accum: int,
+                  seq_len: int, ranks: int, flops_per_token: float) -> SpeedPrediction:
+    """``op_points``: op lists at (L1,b1), (L2,b1), (L1,b2), (L2,b2)."""
+    (l1, l2), (b1, b2) = layers, batches
+    per_l = []
+    for lo, hi in ((op_points[0], op_points[2]), (op_points[1], op_points[3])):
+        per_l.append(time_ops(dev, ops_at_batch(lo, hi, b1, b2, micro_batch) if b1 != b2 else lo))
+    t1, t2 = per_l
+    span = (l2 - l1) or 1
+    f = (full_layers - l1) / span if l2 != l1 else 0.0
+    times = PhaseTimes(
+        {k: t1.device_s[k] + f * (t2.device_s[k] - t1.device_s[k]) for k in t1.device_s},
+        {k: t1.host_s[k] + f * (t2.host_s[k] - t1.host_s[k]) for k in t1.host_s},
+        t1.hw_flops + f * (t2.hw_flops - t1.hw_flops), t1.unknown or t2.unknown)
+    return speed_from_times(dev, times, op_points[0], micro_batch, grad_accum, seq_len, ranks,
+                            flops_per_token)
+
+
+def _dominant_peak(dev: DeviceSpeed, ops: list[OpRecord]) -> float | None:
+    """The peak of the dtype most matmul FLOPs run in."""
+    by: dict[str, float] = {}
+    for op in ops:
+        if op.flops and op.phase != "optimizer":
+            by[op.dtype] = by.get(op.dtype, 0.0) + op.flops
+    if not by:
+        return None
+    dtype = max(by, key=by.get)
+    return dev.peak_flops.get(dtype if dtype != "other" else "fp32")

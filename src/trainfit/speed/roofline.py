@@ -1,0 +1,114 @@
+"""Time of each recorded operation on a device: a roofline with named, sourced efficiencies.
+
+GPU op time = max(compute, memory traffic); matmuls pay tile/wave quantization (a 128×128 output
+tile per SM per wave — NVIDIA "Matrix Multiplication Background User's Guide"), so small
+micro-batches cannot fill the GPU; every op also costs eager PyTorch time on the CPU (dispatch +
+launch). The GPU runs asynchronously: a phase takes max(Σ GPU time, Σ CPU time) — when the CPU
+side dominates the step is launch-bound (seed 000: a T4 at 22 % utilisation).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from trainfit.hardware.gpus import GpuSpec
+from trainfit.speed.ops import OpRecord
+
+GEMM_TILE = 128
+"""Output tile edge of cuBLAS/CUTLASS tensor-core GEMMs (NVIDIA matmul performance guide)."""
+GEMM_EFFICIENCY = 0.80
+"""Best achievable fraction of dense peak for large GEMMs ("MAMF": A100 bf16 ~87 %, H100 ~80 %,
+S. Bekman, Machine Learning Engineering, compute/accelerator/benchmarks)."""
+ATTENTION_EFFICIENCY = {"flash": 0.55, "efficient": 0.35, "flash_cpu": 1.0}
+"""FlashAttention-2 reaches 50-73 % of A100 peak fwd+bwd (Dao 2023, fig. 4-6); the xformers/
+cutlass memory-efficient kernel ~half of that (same paper's baselines)."""
+BANDWIDTH_EFFICIENCY = 0.80
+"""Achievable fraction of peak DRAM bandwidth for elementwise kernels (STREAM-like copy)."""
+EAGER_OP_OVERHEAD_S = 8e-6
+"""CPU cost of one eager aten op with a kernel launch (dispatcher + autograd + launch: 5-10 µs;
+H. He, "Making Deep Learning Go Brrrr From First Principles", overhead section)."""
+EAGER_VIEW_OVERHEAD_S = 2.5e-6
+"""A view/metadata op (no kernel)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceSpeed:
+    name: str
+    peak_flops: dict[str, float | None]
+    """Dense matmul FLOP/s by compute dtype (fp32 = no TF32: torch's default for matmul)."""
+    bandwidth_bytes_s: float | None
+    sm_count: int | None
+    asynchronous: bool
+    """GPU: the CPU enqueues ahead of the device.  CPU: everything is sequential."""
+    op_overhead_s: float = EAGER_OP_OVERHEAD_S
+    view_overhead_s: float = EAGER_VIEW_OVERHEAD_S
+    gemm_efficiency: float = GEMM_EFFICIENCY
+    bandwidth_efficiency: float = BANDWIDTH_EFFICIENCY
+    gemm_rate_curve: dict[str, list[tuple[float, float]]] | None = None
+    """Measured (GEMM FLOPs, achieved FLOP/s) points per dtype, for devices without a wave model
+    (this CPU): achieved rate interpolated in log(FLOPs)."""
+    source: str = ""
+
+    @classmethod
+    def from_gpu(cls, gpu: GpuSpec) -> DeviceSpeed:
+        bw = gpu.memory_bandwidth_gbs * 1e9 if gpu.memory_bandwidth_gbs else None
+        return cls(name=gpu.name, peak_flops={d: gpu.peak_flops(d) for d in ("fp32", "bf16", "fp16")},
+                   bandwidth_bytes_s=bw, sm_count=gpu.sm_count, asynchronous=True,
+                   source=f"GPU catalog: {gpu.source}")
+
+
+def gemm_time(dev: DeviceSpeed, gemm: tuple[int, int, int, int], dtype: str) -> float | None:
+    peak = dev.peak_flops.get(dtype)
+    if not peak:
+        return None
+    b, m, n, k = gemm
+    flops = 2.0 * b * m * n * k
+    if dev.gemm_rate_curve and dtype in dev.gemm_rate_curve:
+        return flops / _interp_rate(dev.gemm_rate_curve[dtype], flops / b)
+    if not dev.sm_count:
+        return flops / (peak * dev.gemm_efficiency)
+    tiles = b * math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE)
+    waves = math.ceil(tiles / dev.sm_count)
+    per_tile_flops = 2.0 * GEMM_TILE * GEMM_TILE * k
+    return waves * per_tile_flops / (peak / dev.sm_count) / dev.gemm_efficiency
+
+
+def _interp_rate(curve: list[tuple[float, float]], flops: float) -> float:
+    pts = sorted(curve)
+    if flops <= pts[0][0]:
+        return pts[0][1] * flops / pts[0][0] if flops < pts[0][0] / 8 else pts[0][1]
+    for (f0, r0), (f1, r1) in itertools.pairwise(pts):
+        if flops <= f1:
+            w = (math.log(flops) - math.log(f0)) / (math.log(f1) - math.log(f0))
+            return r0 + w * (r1 - r0)
+    return pts[-1][1]
+
+
+def op_device_time(dev: DeviceSpeed, op: OpRecord) -> float | None:
+    """Seconds the device spends on ``op`` (None: a needed peak is unknown)."""
+    if not op.kernel:
+        return 0.0
+    mem = None if dev.bandwidth_bytes_s is None else op.bytes / (
+        dev.bandwidth_bytes_s * dev.bandwidth_efficiency)
+    compute = 0.0
+    if op.gemm is not None:
+        t = gemm_time(dev, op.gemm, op.dtype if op.dtype != "other" else "fp32")
+        if t is None:
+            return None
+        compute = t
+    elif op.flops:
+        peak = dev.peak_flops.get(op.dtype if op.dtype != "other" else "fp32")
+        if not peak:
+            return None
+        kind = "flash_cpu" if "for_cpu" in op.name else (
+            "flash" if "flash" in op.name else "efficient")
+        compute = op.flops / (peak * ATTENTION_EFFICIENCY[kind])
+    if mem is None:
+        return None if not compute else compute
+    return max(compute, mem) if dev.asynchronous else compute + (0.0 if compute else mem)
+
+
+def op_host_time(dev: DeviceSpeed, op: OpRecord) -> float:
+    return dev.op_overhead_s if op.kernel else dev.view_overhead_s
