@@ -67,6 +67,8 @@ def test_plan_json_single_configuration(tiny_config_json):
     assert set(cfg["breakdown"]) >= {"parameters", "gradients", "optimizer", "activations",
                                      "temporaries"}
     assert cfg["fits"] is True
+    assert cfg["tokens_per_s"] > 0 and 0 < cfg["mfu"] < 1 and cfg["rank"] == 1
+    assert cfg["step_time_s"] == pytest.approx(4 * 64 / cfg["tokens_per_s"])
 
 
 def test_listing_commands():

@@ -23,6 +23,9 @@ CACHE = Path(os.environ.get("TRAINFIT_CACHE", Path.home() / ".cache" / "trainfit
 GEMM_SIZES = ((64, 256, 256), (256, 256, 1024), (512, 1024, 1024), (1024, 1024, 1024),
               (2048, 1024, 2048))
 """(M, N, K) shapes measured: from launch-dominated to saturated."""
+BANDWIDTH_SIZES = (256 * 2**10, 2 * 2**20, 16 * 2**20, 128 * 2**20)
+"""Tensor sizes (bytes) for the bandwidth curve: L2, L3, beyond."""
+CACHE_VERSION = 5
 
 
 def _cpu_model() -> str:
@@ -35,14 +38,16 @@ def _cpu_model() -> str:
     return platform.processor() or "cpu"
 
 
-def _best(fn: Any, reps: int = 5) -> float:
+def _best(fn: Any, reps: int = 7) -> float:
+    """Median time of ``reps`` runs after one warm-up: the median, not the minimum, because the
+    training step it predicts runs under the same noise (shared/notes/cpu-timing-noise.md)."""
     fn()
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return min(times)
+    return sorted(times)[len(times) // 2]
 
 
 def measure() -> dict[str, Any]:
@@ -54,24 +59,52 @@ def measure() -> dict[str, Any]:
             t = _best(lambda a=a, b=b: torch.mm(a, b))
             pts.append((2.0 * m * n * k, 2.0 * m * n * k / t))
         curve[name] = pts
-    x = torch.empty(64 * 2**20 // 4)
-    t = _best(lambda: x.clone())
-    bandwidth = 2 * x.numel() * 4 / t
-    y = torch.ones(8, requires_grad=True)
     n_ops = 2000
+    y = torch.ones(8, requires_grad=True)
 
     def many() -> None:
         z = y
         for _ in range(n_ops):
             z = z + 1.0
-    op = _best(many, reps=3) / n_ops
+    autograd_op = _best(many, reps=3) / n_ops
+    w = torch.ones(8)
+
+    def plain() -> None:
+        z = w
+        for _ in range(n_ops):
+            z = z + 1.0
+    op = _best(plain, reps=3) / n_ops
+    # bandwidth by working-set size: small tensors live in cache (an elementwise op reads and
+    # writes: 2 × size bytes per clone)
+    bw_curve = []
+    for size in BANDWIDTH_SIZES:
+        x = torch.empty(size // 4)
+        reps = max(1, (64 * 2**20) // size)
+
+        def copies(x: torch.Tensor = x, reps: int = reps) -> None:
+            for _ in range(reps):
+                x.mul(1.0)
+        t = _best(copies, reps=3)
+        per_op = max(t / reps - op, 1e-9)  # the eager cost is counted apart
+        bw_curve.append((2.0 * size, 2.0 * size / per_op))
+    bandwidth = bw_curve[-1][1]
+    # compute-heavy elementwise classes (elements/s), in the working-set range of a step
+    z = torch.empty(4 * 2**20)
+    rates = {"rng": z.numel() / _best(lambda: z.bernoulli_(0.9)),
+             "transcendental": z.numel() / _best(lambda: torch.exp(z)),
+             "softmax": z.numel() / _best(lambda: torch.log_softmax(z.view(1024, -1), -1))}
+
     return {"cpu": _cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "gemm_rate_curve": curve, "bandwidth_bytes_s": bandwidth, "op_overhead_s": op,
+            "version": CACHE_VERSION,
+            "gemm_rate_curve": curve, "bandwidth_bytes_s": bandwidth,
+            "bandwidth_curve": bw_curve, "op_overhead_s": op,
+            "autograd_op_overhead_s": autograd_op, "elementwise_rates": rates,
             "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
 def cpu_speed(refresh: bool = False) -> DeviceSpeed:
-    key = {"cpu": _cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads()}
+    key = {"cpu": _cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+           "version": CACHE_VERSION}
     data = None
     if CACHE.is_file() and not refresh:
         try:
@@ -92,7 +125,10 @@ def cpu_speed(refresh: bool = False) -> DeviceSpeed:
     peaks.setdefault("fp16", None)
     return DeviceSpeed(name="cpu", peak_flops=peaks, bandwidth_bytes_s=data["bandwidth_bytes_s"],
                        sm_count=None, asynchronous=False, op_overhead_s=data["op_overhead_s"],
+                       autograd_overhead_s=data["autograd_op_overhead_s"] - data["op_overhead_s"],
                        view_overhead_s=data["op_overhead_s"] * 0.3, gemm_efficiency=1.0,
                        bandwidth_efficiency=1.0, gemm_rate_curve=curve,
+                       bandwidth_curve=[tuple(p) for p in data["bandwidth_curve"]],
+                       elementwise_rates=data["elementwise_rates"],
                        source=f"measured on {data['cpu']} ({data['threads']} threads) "
                               f"at {data['measured_at']}")

@@ -18,6 +18,23 @@ from torch.utils.flop_counter import flop_registry
 
 _GEMMS = {"mm", "addmm", "bmm", "baddbmm"}
 _CPU_FLASH = "_scaled_dot_product_flash_attention_for_cpu"
+RNG_OPS = {"bernoulli_", "bernoulli", "normal_", "uniform_", "native_dropout", "rand", "randn",
+           "rand_like", "randn_like", "random_"}
+SOFTMAX_OPS = {"_softmax", "_log_softmax", "_softmax_backward_data", "_log_softmax_backward_data"}
+TRANSCENDENTAL_OPS = {"exp", "log", "tanh", "tanh_backward", "sigmoid",
+                      "sigmoid_backward", "silu", "silu_backward", "gelu", "gelu_backward", "erf",
+                      "pow", "rsqrt", "sqrt", "sin", "cos", "exp_", "log1p", "expm1"}
+
+
+def op_class(name: str) -> str:
+    """rng / softmax / transcendental / simple: what bounds an elementwise op on a CPU."""
+    if name in RNG_OPS:
+        return "rng"
+    if name in SOFTMAX_OPS:
+        return "softmax"
+    if name in TRANSCENDENTAL_OPS:
+        return "transcendental"
+    return "simple"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +50,8 @@ class OpRecord:
     """(batch, M, N, K) for matmuls, to model tile/wave quantization."""
     kernel: bool
     """False for views and metadata ops (no GPU kernel, still eager dispatch cost)."""
+    elements: float = 0.0
+    """Elements of the largest tensor the op touches (per-element compute on a CPU)."""
 
 
 def _dtype_name(dt: torch.dtype) -> str:
@@ -68,8 +87,8 @@ class OpRecorder:
         ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         in_storages = {id(t.untyped_storage()) for t in ins}
-        if not ins and not outs:
-            return
+        if (not ins and not outs) or func.namespace != "aten":
+            return  # prim.device & co. are not dispatched ops in eager mode
         new_output = any(id(o.untyped_storage()) not in in_storages for o in outs)
         in_place = name.endswith("_") or name.startswith("_foreach") or "fused" in name
         kernel = (new_output or in_place) and func.namespace == "aten"
@@ -79,12 +98,16 @@ class OpRecorder:
                 flops = float(flop_registry[packet](*args, **kwargs, out_val=out))
             except (TypeError, ValueError, IndexError, RuntimeError):
                 flops = 0.0
-        elif name == _CPU_FLASH:
-            q = args[0]
+        elif name in (_CPU_FLASH, _CPU_FLASH + "_backward"):
+            q = args[0] if name == _CPU_FLASH else args[1]
+            k = args[1] if name == _CPU_FLASH else args[2]
             b, h, s, d = q.shape
-            flops = 4.0 * b * h * s * args[1].shape[-2] * d
+            # forward: QK^T and PV (2 matmuls); backward: 5 matmuls (FlashAttention-2, Dao 2023)
+            flops = 4.0 * b * h * s * k.shape[-2] * d * (1.0 if name == _CPU_FLASH else 2.5)
         nbytes = float(sum(t.numel() * t.element_size() for t in ins + outs)) if kernel else 0.0
         floating = [t for t in ins + outs if t.is_floating_point()]
         dtype = _dtype_name(floating[0].dtype) if floating else "other"
+        elements = float(max((t.numel() for t in ins + outs), default=0))
         self.ops.append(OpRecord(name, phase, flops, nbytes, dtype,
-                                 _gemm_shape(name, args) if name in _GEMMS else None, kernel))
+                                 _gemm_shape(name, args) if name in _GEMMS else None, kernel,
+                                 elements))

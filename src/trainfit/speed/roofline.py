@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from trainfit.hardware.gpus import GpuSpec
-from trainfit.speed.ops import OpRecord
+from trainfit.speed.ops import OpRecord, op_class
 
 GEMM_TILE = 128
 """Output tile edge of cuBLAS/CUTLASS tensor-core GEMMs (NVIDIA matmul performance guide)."""
@@ -46,6 +46,14 @@ class DeviceSpeed:
     view_overhead_s: float = EAGER_VIEW_OVERHEAD_S
     gemm_efficiency: float = GEMM_EFFICIENCY
     bandwidth_efficiency: float = BANDWIDTH_EFFICIENCY
+    autograd_overhead_s: float = 0.0
+    """Extra CPU cost of a forward op that records autograd history."""
+    bandwidth_curve: list[tuple[float, float]] | None = None
+    """Measured (bytes moved, bytes/s) points: caches make small working sets faster."""
+    elementwise_rates: dict[str, float] | None = None
+    """Measured elements/s of compute-heavy elementwise classes (``rng``, ``transcendental``):
+    on a CPU random numbers and exp/log cost compute, not bandwidth; on a GPU they are
+    bandwidth-bound (None)."""
     gemm_rate_curve: dict[str, list[tuple[float, float]]] | None = None
     """Measured (GEMM FLOPs, achieved FLOP/s) points per dtype, for devices without a wave model
     (this CPU): achieved rate interpolated in log(FLOPs)."""
@@ -90,9 +98,16 @@ def op_device_time(dev: DeviceSpeed, op: OpRecord) -> float | None:
     """Seconds the device spends on ``op`` (None: a needed peak is unknown)."""
     if not op.kernel:
         return 0.0
-    mem = None if dev.bandwidth_bytes_s is None else op.bytes / (
-        dev.bandwidth_bytes_s * dev.bandwidth_efficiency)
+    if dev.bandwidth_curve:
+        mem = op.bytes / _interp_rate(dev.bandwidth_curve, op.bytes) if op.bytes else 0.0
+    else:
+        mem = None if dev.bandwidth_bytes_s is None else op.bytes / (
+            dev.bandwidth_bytes_s * dev.bandwidth_efficiency)
     compute = 0.0
+    if dev.elementwise_rates and op.gemm is None and not op.flops:
+        rate = dev.elementwise_rates.get(op_class(op.name))
+        if rate:
+            compute = op.elements / rate
     if op.gemm is not None:
         t = gemm_time(dev, op.gemm, op.dtype if op.dtype != "other" else "fp32")
         if t is None:
@@ -107,8 +122,9 @@ def op_device_time(dev: DeviceSpeed, op: OpRecord) -> float | None:
         compute = op.flops / (peak * ATTENTION_EFFICIENCY[kind])
     if mem is None:
         return None if not compute else compute
-    return max(compute, mem) if dev.asynchronous else compute + (0.0 if compute else mem)
+    return max(compute, mem)
 
 
 def op_host_time(dev: DeviceSpeed, op: OpRecord) -> float:
-    return dev.op_overhead_s if op.kernel else dev.view_overhead_s
+    base = dev.op_overhead_s if op.kernel else dev.view_overhead_s
+    return base + (dev.autograd_overhead_s if op.phase == "forward" else 0.0)

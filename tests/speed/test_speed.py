@@ -1,0 +1,59 @@
+"""Speed model: wave quantization, batch scaling of recorded ops, MFU accounting, unknowns."""
+
+import pytest
+
+from trainfit.hardware.gpus import find_gpu, generic_gpu
+from trainfit.job import JobSpec
+from trainfit.memory.simulate import SimTarget, simulate_step
+from trainfit.speed.ops import OpRecord, OpRecorder
+from trainfit.speed.predict import model_flops_per_token, ops_at_batch, predict_speed_exact
+from trainfit.speed.roofline import GEMM_TILE, DeviceSpeed, gemm_time, op_device_time
+
+
+def test_gemm_pays_for_partial_waves():
+    dev = DeviceSpeed.from_gpu(find_gpu("a100-80gb"))
+    full = gemm_time(dev, (1, GEMM_TILE * 108, GEMM_TILE, 4096), "bf16")  # one full wave
+    one_more = gemm_time(dev, (1, GEMM_TILE * 108 + 1, GEMM_TILE, 4096), "bf16")
+    assert one_more == pytest.approx(2 * full)  # a second, almost empty wave
+
+
+def test_unknown_peak_gives_unknown_time():
+    dev = DeviceSpeed.from_gpu(find_gpu("t4"))
+    op = OpRecord("mm", "forward", 2.0, 8.0, "bf16", (1, 1, 1, 1), True)
+    assert op_device_time(dev, op) is None  # a T4 has no bf16
+    assert DeviceSpeed.from_gpu(generic_gpu(4)).peak_flops["bf16"] is None
+
+
+def _ops(src, b):
+    rec = OpRecorder()
+    simulate_step(JobSpec(model="t", seq_len=64, micro_batch=b, precision="amp-bf16"), src,
+                  SimTarget(device="cuda"), op_hook=rec)
+    return rec.ops
+
+
+def test_ops_rebuilt_at_another_batch_match_the_recorded_ones(tiny_llama):
+    o2, o3, o5 = _ops(tiny_llama, 2), _ops(tiny_llama, 3), _ops(tiny_llama, 5)
+    rebuilt = ops_at_batch(o2, o3, 2, 3, 5)
+    assert [o.name for o in rebuilt] == [o.name for o in o5]
+    assert sum(o.flops for o in rebuilt) == pytest.approx(sum(o.flops for o in o5))
+    assert [o.gemm for o in rebuilt] == [o.gemm for o in o5]
+
+
+def test_larger_micro_batch_is_faster_per_token_and_less_launch_bound(tiny_llama):
+    dev = DeviceSpeed.from_gpu(find_gpu("a100-80gb"))
+    fpt = 1.0
+    small = predict_speed_exact(dev, _ops(tiny_llama, 2), 2, 1, 64, 1, fpt)
+    big = predict_speed_exact(dev, _ops(tiny_llama, 5), 5, 1, 64, 1, fpt)
+    assert big.tokens_per_s > small.tokens_per_s
+    assert small.bound == "launch-bound"  # a tiny model: eager overhead dominates
+    assert small.device_busy_fraction < 1.0
+
+
+def test_model_flops_follow_palm(tiny_gpt2):
+    cfg = tiny_gpt2.config  # tied embeddings: the head is the embedding matrix
+    n, seq = 1_000_000, 64
+    full = model_flops_per_token(cfg, n, n, seq, True)
+    attn = 12 * cfg.n_layer * cfg.n_head * (cfg.n_embd // cfg.n_head) * seq
+    assert full == 6 * n + attn
+    lora = model_flops_per_token(cfg, n, 1000, seq, False)
+    assert lora == 4 * (n - 1000) + 6 * 1000 + attn
