@@ -67,6 +67,14 @@ def test_plan_json_single_configuration(tiny_config_json):
     assert set(cfg["breakdown"]) >= {"parameters", "gradients", "optimizer", "activations",
                                      "temporaries"}
     assert cfg["fits"] is True
+    assert cfg["tokens_per_s"] is None and cfg["mfu"] is None  # a generic card: peak unknown
+
+
+def test_plan_json_speed_on_a_known_gpu(tiny_config_json):
+    res = runner.invoke(app, ["plan", str(tiny_config_json), "--gpu", "a100-80gb",
+                              "--micro-batch", "2", "--grad-accum", "2", "--seq-len", "64",
+                              "--precision", "amp-bf16", "--grad-ckpt", "off", "--json"])
+    (cfg,) = json.loads(res.stdout)["configs"]
     assert cfg["tokens_per_s"] > 0 and 0 < cfg["mfu"] < 1 and cfg["rank"] == 1
     assert cfg["step_time_s"] == pytest.approx(4 * 64 / cfg["tokens_per_s"])
 
