@@ -14,6 +14,11 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
 
+def _fmt(speed: object, key: str, fmt: str) -> str:
+    value = getattr(speed, key, None) if speed is not None else None
+    return "unknown" if value is None else fmt.format(value)
+
+
 def main() -> int:
     warnings.filterwarnings("ignore")
     import yaml
@@ -25,7 +30,8 @@ def main() -> int:
 
     lines = ["# The seed scenarios, planned", "",
              "Regenerate: `python benchmarks/seed_plans.py`. Every number is a **prediction** "
-             "(no GPU was used); GiB = 2^30 bytes; `device` = what nvidia-smi would show.", ""]
+             "(no GPU was used); GiB = 2^30 bytes; `device` = what nvidia-smi would show; "
+             "tokens/s and MFU are unknown on a generic card (no known peak).", ""]
     for path in sorted(EXAMPLES.glob("seed*.yaml")):
         text = path.read_text()
         data = yaml.safe_load(text)
@@ -41,15 +47,17 @@ def main() -> int:
                   f"{gpu.display_name} ({gpu.memory_bytes / 2**30:.2f} GiB), "
                   f"{res.total_params / 1e6:,.0f} M parameters, {res.trainable_params / 1e6:,.2f} M "
                   "trainable.", "",
-                  "| precision | ckpt | micro×accum | allocated | reserved | device | fits | how |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| precision | ckpt | micro×accum | allocated GiB | reserved GiB | device GiB | fits "
+                  "| tokens/s | MFU | how |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in res.rows:
             j, m = r.job, r.memory
             mark = " ★" if r.recommended else (" ▲" if r.largest_fitting else "")
             lines.append(f"| {j['precision']} | {j['grad_ckpt']} | {j['micro_batch']}×"
                          f"{j['grad_accum']}{mark} | {m.peak_allocated_bytes / 2**30:.2f} | "
                          f"{m.peak_reserved_bytes / 2**30:.2f} | {m.peak_device_bytes / 2**30:.2f} | "
-                         f"{'yes' if m.fits else 'no'} | {r.how} |")
+                         f"{'yes' if m.fits else 'no'} | {_fmt(r.speed, 'tokens_per_s', '{:,.0f}')} | "
+                         f"{_fmt(r.speed, 'mfu', '{:.0%}')} | {r.how} |")
         lines += ["", f"**Pick:** {res.reason}. ★ recommended, ▲ largest micro-batch that fits.", ""]
         print(f"{path.name}: {res.reason}", flush=True)
     (EXAMPLES / "README.md").write_text("\n".join(lines) + "\n")

@@ -62,7 +62,6 @@ def predict_case(case: dict[str, Any]) -> dict[str, Any]:
 
 def predict_bert(case: dict[str, Any]) -> dict[str, Any]:
     from calibration import case_to_job
-
     from trainfit.hardware.gpus import find_gpu
     from trainfit.job import JobSpec
     from trainfit.model_source import resolve_model

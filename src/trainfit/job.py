@@ -200,16 +200,27 @@ class JobSpec:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> JobSpec:
-        import yaml
+        fields, _ = read_job_file(path)
+        return cls.from_dict(fields, source=str(path))
 
-        p = Path(path)
-        if not p.is_file():
-            raise JobError(f"{path}: no such file")
-        try:
-            data = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as err:
-            raise JobError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
-        if not isinstance(data, dict):
-            raise JobError(f"{path}: expected a mapping of job fields")
-        data = data.get("job", data)
-        return cls.from_dict({k: v for k, v in data.items() if k != "gpu"}, source=str(path))
+
+FILE_ONLY_KEYS = ("gpu", "scenario")
+"""Keys a job file may carry beside the job fields: the target GPU and a description."""
+
+
+def read_job_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A job YAML → (job fields, file-only keys such as ``gpu``); JobError names what is wrong."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise JobError(f"{path}: no such file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        raise JobError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise JobError(f"{path}: expected a mapping of job fields")
+    extra = {k: data.pop(k) for k in FILE_ONLY_KEYS if k in data}
+    data = data.get("job", data)
+    return dict(data), extra

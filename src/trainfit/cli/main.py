@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from trainfit.job import JobError, JobSpec
+from trainfit.job import JobError, JobSpec, read_job_file
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Predict, measure and choose LLM training configurations that use a GPU "
@@ -36,24 +36,12 @@ def _load_target(target: str | None) -> tuple[dict[str, Any], str | None]:
     if target is None:
         return {}, None
     if target.endswith((".yaml", ".yml")):
-        import yaml
-
         p = Path(target)
         if not p.is_file() and (examples_dir() / target).is_file():
             p = examples_dir() / target
-        if not p.is_file():
-            raise JobError(f"{target}: no such file")
-        try:
-            data = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as err:
-            raise JobError(f"{target}: not valid YAML ({str(err).splitlines()[0]})") from None
-        if not isinstance(data, dict):
-            raise JobError(f"{target}: expected a mapping of job fields")
-        gpu = data.pop("gpu", None)
-        data.pop("scenario", None)
-        data = data.get("job", data)
-        JobSpec.from_dict(dict(data), source=target)  # validates keys early, names the file
-        return dict(data), gpu
+        fields, extra = read_job_file(p if p.is_file() else target)
+        JobSpec.from_dict(dict(fields), source=target)  # validates keys early, names the file
+        return fields, extra.get("gpu")
     return {"model": target}, None
 
 
