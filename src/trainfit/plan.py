@@ -210,7 +210,9 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
                 shown.append(largest)
             for micro in sorted(shown):
                 cj, mem = predict(micro)
-                rows.append(PlanRow(cj.to_dict(), mem, "extrapolated",
+                speed = None if dev is None else model.speed(
+                    dev, cj, _flops_per_token(source, mem, cj))
+                rows.append(PlanRow(cj.to_dict(), mem, "extrapolated", speed,
                                     largest_fitting=micro == largest))
     rec = _recommend(rows)
     for _ in range(MAX_VERIFICATIONS):
