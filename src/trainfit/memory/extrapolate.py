@@ -83,9 +83,11 @@ class BilinearModel:
 
         p = self.points
         layers = (p[0].layers, p[1].layers)
+        if not hasattr(self, "_speed_cache"):
+            self._speed_cache: dict[Any, Any] = {}
         return predict_speed(dev, [p[0].ops, p[1].ops, p[2].ops, p[3].ops], layers,
                              self.batches, self.full_layers, job.micro_batch, job.grad_accum or 1,
-                             job.seq_len, job.ranks, flops_per_token)
+                             job.seq_len, job.ranks, flops_per_token, cache=self._speed_cache)
 
     def _fit(self, values: list[float]) -> tuple[float, float, float, float]:
         (l1, b1), (l2, _), (_, b2) = ((p.layers, p.batch) for p in self.points[:3])

@@ -144,14 +144,57 @@ def predict_speed_exact(dev: DeviceSpeed, ops: list[OpRecord], micro_batch: int,
                             flops_per_token)
 
 
+def _split(dev: DeviceSpeed, lo: list[OpRecord], hi: list[OpRecord]
+           ) -> tuple[list[tuple[OpRecord, OpRecord]], dict[str, tuple[float, float]],
+                      dict[str, float]]:
+    """Ops whose device time needs their shape at each batch (GEMMs, attention, CPU compute
+    classes) apart from the rest, whose time is bytes / bandwidth and so affine in the batch:
+    those are summed once (a grid of 40 rows would otherwise re-time every op 40 times)."""
+    ops_at_batch(lo, hi, 1, 2, 1)  # validates that the sequences match
+    shaped: list[tuple[OpRecord, OpRecord]] = []
+    bytes_sum = {"fb": (0.0, 0.0), "optimizer": (0.0, 0.0)}
+    host = {"fb": 0.0, "optimizer": 0.0}
+    for x, y in zip(lo, hi, strict=True):
+        key = "optimizer" if x.phase == "optimizer" else "fb"
+        host[key] += op_host_time(dev, x)
+        simple = x.kernel and x.gemm is None and not x.flops and not (
+            dev.elementwise_rates or dev.bandwidth_curve)
+        if simple:
+            b0, b1 = bytes_sum[key]
+            bytes_sum[key] = (b0 + x.bytes, b1 + y.bytes)
+        elif x.kernel:
+            shaped.append((x, y))
+    return shaped, bytes_sum, host
+
+
 def predict_speed(dev: DeviceSpeed, op_points: list[list[OpRecord]], layers: tuple[int, int],
                   batches: tuple[int, int], full_layers: int, micro_batch: int, grad_accum: int,
-                  seq_len: int, ranks: int, flops_per_token: float) -> SpeedPrediction:
+                  seq_len: int, ranks: int, flops_per_token: float,
+                  cache: dict[Any, Any] | None = None) -> SpeedPrediction:
     """``op_points``: op lists at (L1,b1), (L2,b1), (L1,b2), (L2,b2)."""
     (l1, l2), (b1, b2) = layers, batches
     per_l = []
-    for lo, hi in ((op_points[0], op_points[2]), (op_points[1], op_points[3])):
-        per_l.append(time_ops(dev, ops_at_batch(lo, hi, b1, b2, micro_batch) if b1 != b2 else lo))
+    for idx, (lo, hi) in enumerate(((op_points[0], op_points[2]), (op_points[1], op_points[3]))):
+        key = (id(dev), idx)
+        if cache is not None and key in cache:
+            shaped, bytes_sum, host = cache[key]
+        else:
+            shaped, bytes_sum, host = _split(dev, lo, hi)
+            if cache is not None:
+                cache[key] = (shaped, bytes_sum, host)
+        rebuilt = ops_at_batch([x for x, _ in shaped], [y for _, y in shaped], b1, b2,
+                               micro_batch)
+        t = time_ops(dev, rebuilt)
+        bw = None if dev.bandwidth_bytes_s is None else dev.bandwidth_bytes_s * \
+            dev.bandwidth_efficiency
+        for k, (x, y) in bytes_sum.items():
+            if x or y:
+                if bw is None:
+                    t.unknown = True
+                else:
+                    t.device_s[k] += max(0.0, _scale(x, y, b1, b2, micro_batch)) / bw
+        t.host_s = host
+        per_l.append(t)
     t1, t2 = per_l
     span = (l2 - l1) or 1
     f = (full_layers - l1) / span if l2 != l1 else 0.0
