@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
 _GEMMS = {"mm", "addmm", "bmm", "baddbmm"}
@@ -54,6 +53,18 @@ class OpRecord:
     """Elements of the largest tensor the op touches (per-element compute on a CPU)."""
 
 
+def _tensors(items: Any) -> list[torch.Tensor]:
+    """Tensors among the arguments, one level of lists deep (aten ops nest no further); a flat
+    loop instead of a pytree walk: this runs for every op of every simulation."""
+    out: list[torch.Tensor] = []
+    for a in items:
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out.extend(t for t in a if isinstance(t, torch.Tensor))
+    return out
+
+
 def _dtype_name(dt: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dt, "other")
 
@@ -84,14 +95,17 @@ class OpRecorder:
             return
         packet = func._overloadpacket
         name = packet.__name__
-        ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        in_storages = {id(t.untyped_storage()) for t in ins}
-        if (not ins and not outs) or func.namespace != "aten":
+        if func.namespace != "aten":
             return  # prim.device & co. are not dispatched ops in eager mode
-        new_output = any(id(o.untyped_storage()) not in in_storages for o in outs)
+        ins = _tensors(args) + _tensors(kwargs.values())
+        outs = [out] if isinstance(out, torch.Tensor) else _tensors(
+            out if isinstance(out, (list, tuple)) else ())
+        if not ins and not outs:
+            return
+        # a view shares its input's storage: no kernel (cheaper than comparing storages)
+        new_output = any(not o._is_view() for o in outs)
         in_place = name.endswith("_") or name.startswith("_foreach") or "fused" in name
-        kernel = (new_output or in_place) and func.namespace == "aten"
+        kernel = new_output or in_place
         flops = 0.0
         if packet in flop_registry:
             try:
