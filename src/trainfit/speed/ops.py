@@ -102,8 +102,10 @@ class OpRecorder:
             out if isinstance(out, (list, tuple)) else ())
         if not ins and not outs:
             return
-        # a view shares its input's storage: no kernel (cheaper than comparing storages)
-        new_output = any(not o._is_view() for o in outs)
+        # an output sharing an input's storage (views, and _unsafe_view, which is not marked as
+        # one) launches no kernel
+        in_storages = {id(t.untyped_storage()) for t in ins}
+        new_output = any(id(o.untyped_storage()) not in in_storages for o in outs)
         in_place = name.endswith("_") or name.startswith("_foreach") or "fused" in name
         kernel = new_output or in_place
         flops = 0.0
