@@ -28,6 +28,17 @@ def amp_dtype(precision: str) -> torch.dtype | None:
     return {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}.get(precision)
 
 
+def cpu_autocast(job: JobSpec) -> Any:
+    """The autocast context factory ``train_step`` takes for runs on CPU tensors (real or fake):
+    CPU autocast in the job's amp dtype, or none."""
+    import contextlib
+
+    dt = amp_dtype(job.precision or "fp32")
+    if dt is None:
+        return contextlib.nullcontext
+    return lambda: torch.autocast("cpu", dtype=dt)
+
+
 def weight_dtypes(job: JobSpec) -> tuple[torch.dtype, torch.dtype]:
     """(frozen/base weight dtype, trainable weight dtype)."""
     precision = job.precision or "fp32"

@@ -38,7 +38,7 @@ def _cpu_model() -> str:
     return platform.processor() or "cpu"
 
 
-def _best(fn: Any, reps: int = 7) -> float:
+def _median_time(fn: Any, reps: int = 7) -> float:
     """Median time of ``reps`` runs after one warm-up: the median, not the minimum, because the
     training step it predicts runs under the same noise (shared/notes/cpu-timing-noise.md)."""
     fn()
@@ -56,7 +56,7 @@ def measure() -> dict[str, Any]:
         pts = []
         for m, n, k in GEMM_SIZES:
             a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-            t = _best(lambda a=a, b=b: torch.mm(a, b))
+            t = _median_time(lambda a=a, b=b: torch.mm(a, b))
             pts.append((2.0 * m * n * k, 2.0 * m * n * k / t))
         curve[name] = pts
     n_ops = 2000
@@ -66,14 +66,14 @@ def measure() -> dict[str, Any]:
         z = y
         for _ in range(n_ops):
             z = z + 1.0
-    autograd_op = _best(many, reps=3) / n_ops
+    autograd_op = _median_time(many, reps=3) / n_ops
     w = torch.ones(8)
 
     def plain() -> None:
         z = w
         for _ in range(n_ops):
             z = z + 1.0
-    op = _best(plain, reps=3) / n_ops
+    op = _median_time(plain, reps=3) / n_ops
     # bandwidth by working-set size: small tensors live in cache (an elementwise op reads and
     # writes: 2 × size bytes per clone)
     bw_curve = []
@@ -84,15 +84,15 @@ def measure() -> dict[str, Any]:
         def copies(x: torch.Tensor = x, reps: int = reps) -> None:
             for _ in range(reps):
                 x.mul(1.0)
-        t = _best(copies, reps=3)
+        t = _median_time(copies, reps=3)
         per_op = max(t / reps - op, 1e-9)  # the eager cost is counted apart
         bw_curve.append((2.0 * size, 2.0 * size / per_op))
     bandwidth = bw_curve[-1][1]
     # compute-heavy elementwise classes (elements/s), in the working-set range of a step
     z = torch.empty(4 * 2**20)
-    rates = {"rng": z.numel() / _best(lambda: z.bernoulli_(0.9)),
-             "transcendental": z.numel() / _best(lambda: torch.exp(z)),
-             "softmax": z.numel() / _best(lambda: torch.log_softmax(z.view(1024, -1), -1))}
+    rates = {"rng": z.numel() / _median_time(lambda: z.bernoulli_(0.9)),
+             "transcendental": z.numel() / _median_time(lambda: torch.exp(z)),
+             "softmax": z.numel() / _median_time(lambda: torch.log_softmax(z.view(1024, -1), -1))}
 
     return {"cpu": _cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "version": CACHE_VERSION,

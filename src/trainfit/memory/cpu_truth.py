@@ -7,16 +7,14 @@ exact peak of live bytes, the CPU equivalent of ``torch.cuda.max_memory_allocate
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from trainfit.job import JobSpec
 from trainfit.model_source import ModelSource
 from trainfit.step import repeat_batches, train_step
-from trainfit.workload import amp_dtype, build_model_on_meta, make_batch, make_optimizer
+from trainfit.workload import build_model_on_meta, cpu_autocast, make_batch, make_optimizer
 
 
 @dataclass
@@ -72,10 +70,7 @@ def measure_cpu_step(job: JobSpec, source: ModelSource, steps: int = 2, seed: in
     batch = make_batch(source, job.micro_batch or 1, job.seq_len,
                        generator=torch.Generator().manual_seed(seed))
     micro = min(job.grad_accum or 1, 2)
-    dt = amp_dtype(job.precision or "fp32")
-
-    def autocast() -> Any:
-        return torch.autocast("cpu", dtype=dt) if dt is not None else contextlib.nullcontext()
+    autocast = cpu_autocast(job)
 
     base = _storage_bytes([*model.parameters(), *model.buffers(), *batch.values()])
     loss = 0.0

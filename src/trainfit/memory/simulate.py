@@ -10,7 +10,6 @@ target device's allocation behaviour imposed by :mod:`trainfit.memory.semantics`
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +22,7 @@ from trainfit.memory.semantics import AttentionTarget, device_semantics
 from trainfit.memory.tracker import LiveBytesTracker
 from trainfit.model_source import ModelSource
 from trainfit.step import repeat_batches, train_step
-from trainfit.workload import amp_dtype, build_model_on_meta, make_batch, make_optimizer
+from trainfit.workload import build_model_on_meta, cpu_autocast, make_batch, make_optimizer
 
 _QUANT_STATE = {"weight_packed", "absmax", "absmax2", "code", "code2"}
 
@@ -111,14 +110,9 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
         op_hook.active = False  # only the steady-state step is timed
     trainable = [p for p in model.parameters() if p.requires_grad]
     micro = min(job.grad_accum or 1, 2)
-    dt = amp_dtype(job.precision or "fp32")
+    autocast = cpu_autocast(job)
     attn = AttentionTarget(device=target.device, compute_capability=target.compute_capability,
                            prefer=job.attention if job.attention != "eager" else "sdpa")
-
-    def autocast() -> contextlib.AbstractContextManager[Any]:
-        if dt is None:
-            return contextlib.nullcontext()
-        return torch.autocast("cpu", dtype=dt)
 
     with fake_mode:
         optimizer = make_optimizer(job, trainable, simulate=True)

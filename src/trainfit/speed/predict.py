@@ -45,11 +45,15 @@ def _scale(v1: float, v2: float, b1: int, b2: int, b: int) -> float:
     return v1 + (v2 - v1) * (b - b1) / (b2 - b1)
 
 
+def _check_same_sequence(ops1: list[OpRecord], ops2: list[OpRecord]) -> None:
+    if len(ops1) != len(ops2) or any(x.name != y.name for x, y in zip(ops1, ops2, strict=True)):
+        raise ValueError("op sequences differ between micro-batches")
+
+
 def ops_at_batch(ops1: list[OpRecord], ops2: list[OpRecord], b1: int, b2: int, b: int
                  ) -> list[OpRecord]:
     """The op list at micro-batch ``b`` from the lists recorded at ``b1`` and ``b2``."""
-    if len(ops1) != len(ops2) or any(x.name != y.name for x, y in zip(ops1, ops2, strict=True)):
-        raise ValueError("op sequences differ between micro-batches")
+    _check_same_sequence(ops1, ops2)
     out = []
     for x, y in zip(ops1, ops2, strict=True):
         gemm = None
@@ -150,7 +154,7 @@ def _split(dev: DeviceSpeed, lo: list[OpRecord], hi: list[OpRecord]
     """Ops whose device time needs their shape at each batch (GEMMs, attention, CPU compute
     classes) apart from the rest, whose time is bytes / bandwidth and so affine in the batch:
     those are summed once (a grid of 40 rows would otherwise re-time every op 40 times)."""
-    ops_at_batch(lo, hi, 1, 2, 1)  # validates that the sequences match
+    _check_same_sequence(lo, hi)
     shaped: list[tuple[OpRecord, OpRecord]] = []
     bytes_sum = {"fb": (0.0, 0.0), "optimizer": (0.0, 0.0)}
     host = {"fb": 0.0, "optimizer": 0.0}
