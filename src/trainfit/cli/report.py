@@ -1,0 +1,41 @@
+"""``trainfit report FILES... --out report.html``: one self-contained HTML page (+ PNGs, + Markdown)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("report")
+    def report_cmd(
+        files: Annotated[list[str], typer.Argument(
+            help="JSON of plan / tune / train / doctor, and monitor logs (.jsonl / .csv), any subset.",
+            show_default=False)],
+        out: Annotated[Path, typer.Option("--out", "-o", help="The HTML file to write.")] = Path(
+            "report.html"),
+        markdown: Annotated[bool, typer.Option(
+            "--markdown", help="Also write <out>.md (for pasting into an issue).")] = False,
+        png_dir: Annotated[Path | None, typer.Option(
+            "--png-dir", help="Where the PNGs go (default: next to --out).")] = None,
+        dataset_tokens: Annotated[int | None, typer.Option(
+            "--dataset-tokens", help="Tokens in one epoch, for time per epoch (default: tune's).")] = None,
+    ) -> None:
+        """Draw predictions and measurements: memory and throughput vs micro-batch, the pick, the
+        seed-002-style table, probes, monitor timelines, doctor's before/after."""
+        from trainfit.report import ReportInputError, make_report
+
+        try:
+            written = make_report(files, out, png_dir=png_dir, markdown=markdown,
+                                  dataset_tokens=dataset_tokens)
+        except ReportInputError as err:
+            typer.echo(f"error: {err}", err=True)
+            typer.echo(f"hint: {err.hint}", err=True)
+            raise typer.Exit(2) from None
+        for w in written.warnings:
+            typer.echo(f"warning: {w}", err=True)
+        typer.echo(f"wrote {written.paths[0]}")
+        for p in written.paths[1:]:
+            typer.echo(f"      {p}")

@@ -1,0 +1,400 @@
+"""``build_report(inputs) -> Report``: pure computation, no drawing, no files.
+
+A plan and a tune of the same model become one section: the plan's predicted configurations are the
+stacked bars and the predicted line, the tune's probes the measured points, merged by setting
+(precision, checkpointing ... everything but micro-batch and accumulation) and micro-batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+from trainfit.report.model import (
+    GIB,
+    DoctorInput,
+    DoctorRow,
+    DoctorSection,
+    Family,
+    Inputs,
+    MemoryBar,
+    MonitorLog,
+    Pick,
+    PlanConfig,
+    PlanInput,
+    Point,
+    Report,
+    Section,
+    Timeline,
+    TimelinePanel,
+    TimelineSeries,
+    TrainInput,
+    TrainSummary,
+    TuneInput,
+)
+from trainfit.report.tables import RowAcc, reference_for, seed_table
+
+FAMILY_KEYS = ("method", "precision", "grad_ckpt", "seq_len", "effective_batch", "ranks", "sharding",
+               "optimizer", "attention", "lora_r", "quant", "lm_head_chunk")
+"""Job fields that make a setting; micro-batch and accumulation vary inside one."""
+
+GAP_FACTOR = 2.5
+"""A sampling interval longer than this × the median interval is a gap in the monitor log."""
+
+BREAKDOWN_ORDER = ("parameters", "gradients", "optimizer", "activations", "temporaries")
+OTHER_KEYS = ("buffers", "workspaces", "data_parallel")
+
+
+def _norm(v: Any) -> Any:
+    return tuple(v) if isinstance(v, list) else v
+
+
+def family_key(job: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(_norm(job.get(k)) for k in FAMILY_KEYS)
+
+
+def _matches(key: tuple[Any, ...], job: dict[str, Any]) -> bool:
+    """Fields the job does not state do not count against a match."""
+    return all(k not in job or _norm(job[k]) == v for k, v in zip(FAMILY_KEYS, key, strict=True))
+
+
+def setting_label(job: dict[str, Any], varying: set[str] | None = None) -> str:
+    parts = [str(job.get("precision", "precision unknown")),
+             f"checkpointing {job.get('grad_ckpt', 'unknown')}"]
+    for k in FAMILY_KEYS:
+        if varying and k in varying and k not in ("precision", "grad_ckpt"):
+            parts.append(f"{k} {job.get(k)}")
+    return ", ".join(parts)
+
+
+def slugify(text: str, taken: set[str]) -> str:
+    base = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "section"
+    slug, n = base, 2
+    while slug in taken:
+        slug, n = f"{base}-{n}", n + 1
+    taken.add(slug)
+    return slug
+
+
+def memory_components_gib(c: PlanConfig) -> dict[str, float]:
+    """The device peak as stacked parts: breakdown at the peak (allocated), the caching allocator's
+    reserve above it, paged (managed) optimizer states, and the CUDA context (device − reserved −
+    managed: trainfit/memory/predict.py adds exactly these)."""
+    b = c.breakdown
+    parts = {k: b.get(k, 0) for k in BREAKDOWN_ORDER}
+    parts["other (buffers, workspaces, DDP)"] = sum(b.get(k, 0) for k in OTHER_KEYS)
+    allocated = sum(v for k, v in b.items() if k != "managed")
+    managed = b.get("managed", 0)
+    if c.peak_reserved_bytes is not None:
+        parts["allocator cache (reserved − allocated)"] = max(0, c.peak_reserved_bytes - allocated)
+        if c.peak_device_bytes is not None:
+            parts["CUDA context"] = max(0, c.peak_device_bytes - c.peak_reserved_bytes - managed)
+    parts["managed (paged optimizer)"] = managed
+    return {k: v / GIB for k, v in parts.items()}
+
+
+def _tune_model(t: TuneInput) -> str | None:
+    jobs = ([t.pick.job] if t.pick else []) + [p.job for p in t.probes]
+    for j in jobs:
+        if j.get("model"):
+            return str(j["model"])
+    return None
+
+
+class _SectionBuilder:
+    def __init__(self, plan: PlanInput | None, tune: TuneInput | None) -> None:
+        self.plan, self.tune = plan, tune
+        self.families: list[Family] = []
+        self.rows: dict[tuple[Any, ...], RowAcc] = {}
+        jobs = [c.job for c in plan.configs] if plan else []
+        jobs += [p.job for p in tune.probes] if tune else []
+        self.varying = {k for k in FAMILY_KEYS if len({_norm(j.get(k)) for j in jobs if k in j}) > 1}
+
+    def family(self, job: dict[str, Any]) -> Family:
+        for f in self.families:
+            if _matches(f.key, job):
+                return f
+        f = Family(key=family_key(job), label=setting_label(job, self.varying))
+        self.families.append(f)
+        return f
+
+    def row(self, fam: Family, mb: int, ga: int) -> RowAcc:
+        key = (fam.key, mb, ga)
+        if key not in self.rows:
+            self.rows[key] = RowAcc(fam.label, mb, ga)
+        return self.rows[key]
+
+    def add_plan(self, plan: PlanInput) -> None:
+        for c in plan.configs:
+            fam = self.family(c.job)
+            pick = c.recommended or c.index == plan.recommended_index
+            fam.bars.append(MemoryBar(c.micro_batch, c.grad_accum, memory_components_gib(c),
+                                      None if c.peak_device_bytes is None else c.peak_device_bytes / GIB,
+                                      c.fits, pick))
+            if c.tokens_per_s is not None:
+                fam.tokens_per_s_predicted.append(Point(c.micro_batch, c.tokens_per_s, "plan"))
+            r = self.row(fam, c.micro_batch, c.grad_accum)
+            r.device_predicted_bytes, r.tokens_per_s_predicted = c.peak_device_bytes, c.tokens_per_s
+            r.fits_predicted = c.fits
+            if pick:
+                r.pick.add("plan")
+
+    def add_tune(self, tune: TuneInput, capacity_gib: float | None) -> None:
+        for p in tune.probes:
+            fam = self.family(p.job)
+            r = self.row(fam, p.micro_batch, p.grad_accum)
+            q, m = p.predicted, p.measured
+            planned = any(b.micro_batch == p.micro_batch for b in fam.bars)
+            if q is not None and not planned:  # the plan's prediction of the same step wins
+                if q.peak_device_bytes is not None:
+                    fam.memory_predicted_gib.append(Point(p.micro_batch, q.peak_device_bytes / GIB,
+                                                          f"probe {p.index}"))
+                if q.tokens_per_s is not None:
+                    fam.tokens_per_s_predicted.append(Point(p.micro_batch, q.tokens_per_s,
+                                                            f"probe {p.index}"))
+                if r.device_predicted_bytes is None:
+                    r.device_predicted_bytes = q.peak_device_bytes
+                    r.tokens_per_s_predicted = q.tokens_per_s
+            if p.status == "oom" and capacity_gib is not None:
+                fam.memory_measured_gib.append(Point(p.micro_batch, capacity_gib, f"probe {p.index}",
+                                                     "oom"))
+            if m is not None and p.status == "ok":
+                if m.peak_device_bytes is not None:
+                    fam.memory_measured_gib.append(Point(p.micro_batch, m.peak_device_bytes / GIB,
+                                                         f"probe {p.index}"))
+                if m.tokens_per_s is not None:
+                    fam.tokens_per_s_measured.append(Point(p.micro_batch, m.tokens_per_s,
+                                                           f"probe {p.index}"))
+                # several probes of one row (knob stage): the row shows the fastest one
+                if m.tokens_per_s is not None and (r.tokens_per_s_measured is None
+                                                   or m.tokens_per_s > r.tokens_per_s_measured):
+                    r.tokens_per_s_measured = m.tokens_per_s
+                    r.device_measured_bytes, r.host_ram_measured_bytes = (m.peak_device_bytes,
+                                                                          m.host_rss_bytes)
+                elif r.tokens_per_s_measured is None and r.device_measured_bytes is None:
+                    r.device_measured_bytes, r.host_ram_measured_bytes = (m.peak_device_bytes,
+                                                                          m.host_rss_bytes)
+            if r.status_measured != "ok":
+                r.status_measured = p.status
+        if tune.pick is not None:
+            fam = self.family(tune.pick.job)
+            self.row(fam, tune.pick.micro_batch, tune.pick.grad_accum).pick.add("tune")
+
+    def baseline_row(self) -> RowAcc | None:
+        t = self.tune
+        if t is None or t.baseline is None:
+            return None
+        fam = self.family(t.pick.job) if t.pick else (self.families[0] if self.families else None)
+        if fam is None:
+            return RowAcc("baseline", t.baseline.micro_batch, t.baseline.grad_accum)
+        return self.rows.get((fam.key, t.baseline.micro_batch, t.baseline.grad_accum),
+                             RowAcc(fam.label, t.baseline.micro_batch, t.baseline.grad_accum))
+
+
+def _picks(b: _SectionBuilder) -> list[Pick]:
+    out = []
+    for r in b.rows.values():
+        for source in sorted(r.pick):
+            why: list[str] = []
+            if source == "plan" and b.plan is not None:
+                why = [b.plan.reason or "fastest predicted configuration that fits"]
+            elif b.tune is not None:
+                why = ["tune's pick, from its measured probes."]
+                why += b.tune.notes
+            out.append(Pick(source, r.setting, r.micro_batch, r.grad_accum, why,
+                            None if r.device_predicted_bytes is None else r.device_predicted_bytes / GIB,
+                            None if r.device_measured_bytes is None else r.device_measured_bytes / GIB,
+                            r.tokens_per_s_predicted, r.tokens_per_s_measured))
+    return out
+
+
+def build_section(plan: PlanInput | None, tune: TuneInput | None, dataset_tokens: int | None,
+                  taken: set[str]) -> Section:
+    assert plan is not None or tune is not None
+    b = _SectionBuilder(plan, tune)
+    capacity_bytes, capacity_source = None, "unknown"
+    if plan is not None and plan.gpu_memory_bytes:
+        capacity_bytes, capacity_source = plan.gpu_memory_bytes, f"{plan.gpu} (GPU catalog)"
+    elif tune is not None and tune.memory_limit_bytes:
+        capacity_bytes = tune.memory_limit_bytes
+        capacity_source = f"{tune.device_name or tune.device} (tune's memory limit)"
+    capacity_gib = None if capacity_bytes is None else capacity_bytes / GIB
+    if plan is not None:
+        b.add_plan(plan)
+    if tune is not None:
+        b.add_tune(tune, capacity_gib)
+    for f in b.families:
+        f.bars.sort(key=lambda x: x.micro_batch)
+    base = b.baseline_row()
+    base_tps = (tune.baseline.measured.tokens_per_s if tune and tune.baseline and tune.baseline.measured
+                else None)
+    order = {f.key: i for i, f in enumerate(b.families)}
+    accs = [b.rows[k] for k in sorted(b.rows, key=lambda k: (order[k[0]], k[1], k[2]))]
+    ref = reference_for(accs, base, base_tps)
+    tokens, source = dataset_tokens, "given with --dataset-tokens"
+    if tokens is None and tune is not None and tune.dataset_tokens is not None:
+        tokens, source = tune.dataset_tokens, f"tokenised by tune, {tune.path}"
+    if plan is not None:
+        model = plan.model
+    else:
+        model = (_tune_model(tune) if tune else None) or "unknown model"
+    if plan is not None and plan.gpu:
+        where = plan.gpu
+    else:
+        where = (tune.device_name or tune.device) if tune is not None else "no GPU given"
+    notes = list(plan.notes) if plan else []
+    throughput_unknown = None
+    if not any(f.tokens_per_s_predicted or f.tokens_per_s_measured for f in b.families):
+        throughput_unknown = (f"no tokens/s: the plan predicts none on {where} (no known peak "
+                              "throughput for its dtype) and nothing was measured")
+    return Section(
+        slug=slugify(f"{model} {where}", taken), title=f"{model} on {where}",
+        sources=[x.path for x in (plan, tune) if x is not None], capacity_gib=capacity_gib,
+        capacity_source=capacity_source,
+        margin=plan.margin if plan and plan.margin is not None else (tune.margin if tune else None),
+        families=b.families, table=seed_table(accs, ref, tokens, source), picks=_picks(b),
+        ladder=list(plan.ladder) if plan else [], probes=list(tune.probes) if tune else [],
+        notes=notes, throughput_unknown_reason=throughput_unknown)
+
+
+# --- monitor timelines ----------------------------------------------------------------------------
+
+def find_gaps(times_s: list[float], factor: float = GAP_FACTOR
+              ) -> tuple[float | None, list[tuple[float, float]]]:
+    """Median sampling interval and the (start, end) of each interval longer than factor × median."""
+    uniq = sorted(set(times_s))
+    steps = [b - a for a, b in itertools.pairwise(uniq)]
+    if len(steps) < 2:
+        return (steps[0] if steps else None), []
+    med = statistics.median(steps)
+    return med, [(a, b) for a, b in itertools.pairwise(uniq) if b - a > factor * med]
+
+
+def gapped_series(label: str, times_s: list[float], values: list[float | None],
+                  gaps: list[tuple[float, float]], scale: float = 1.0) -> TimelineSeries | None:
+    """NaN for missing readings and one NaN inside each gap, so the drawn line breaks there."""
+    if all(v is None for v in values):
+        return None
+    starts = {a for a, _ in gaps}
+    t_out: list[float] = []
+    v_out: list[float] = []
+    for i, (t, v) in enumerate(zip(times_s, values, strict=True)):
+        t_out.append(t)
+        v_out.append(math.nan if v is None else v * scale)
+        if t in starts and i + 1 < len(times_s) and times_s[i + 1] > t:
+            t_out.append((t + times_s[i + 1]) / 2)
+            v_out.append(math.nan)
+    return TimelineSeries(label, t_out, v_out)
+
+
+def build_timeline(log: MonitorLog, slug: str) -> Timeline:
+    cols = log.columns
+    times = [float(t) for t in cols["time_s"] if t is not None]
+    med, gaps = find_gaps(times)
+    gpu_ids = sorted({int(g) for g in cols["gpu_index"] if g is not None})
+    first_at: dict[float, int] = {}
+    for i, t in enumerate(times):
+        first_at.setdefault(t, i)
+    host_rows = sorted(first_at.values())  # one row per sample time for the host-wide columns
+
+    def host(label: str, key: str, scale: float = 1.0) -> TimelineSeries | None:
+        return gapped_series(label, [times[i] for i in host_rows], [cols[key][i] for i in host_rows],
+                             gaps, scale)
+
+    def per_gpu(label: str, key: str, scale: float = 1.0) -> list[TimelineSeries | None]:
+        if not gpu_ids:
+            return [host(label, key, scale)]
+        out = []
+        for g in gpu_ids:
+            rows = [i for i, x in enumerate(cols["gpu_index"]) if x is not None and int(x) == g]
+            suffix = f", GPU {g}" if len(gpu_ids) > 1 else ""
+            out.append(gapped_series(label + suffix, [times[i] for i in rows],
+                                     [cols[key][i] for i in rows], gaps, scale))
+        return out
+
+    def limit(key: str) -> float | None:
+        vals = [v for v in cols[key] if v is not None]
+        return max(vals) / GIB if vals else None
+
+    def panel(title: str, unit: str, series: list[TimelineSeries | None], lim: float | None = None,
+              lim_label: str = "") -> TimelinePanel:
+        return TimelinePanel(title, unit, [s for s in series if s is not None], lim, lim_label)
+
+    panels = [
+        panel("GPU utilisation (measured)", "%", per_gpu("GPU busy", "gpu_util_percent")),
+        panel("GPU memory (measured)", "GiB",
+              [*per_gpu("used (nvidia-smi)", "gpu_memory_used_bytes", 1 / GIB),
+               *per_gpu("this process", "process_gpu_memory_bytes", 1 / GIB),
+               host("peak allocated (torch)", "peak_allocated_bytes", 1 / GIB),
+               host("peak reserved (torch)", "peak_reserved_bytes", 1 / GIB)],
+              limit("gpu_memory_total_bytes"), "GPU memory"),
+        panel("Host memory (measured)", "GiB",
+              [host("RAM used", "host_ram_used_bytes", 1 / GIB),
+               host("process tree RSS", "process_rss_bytes", 1 / GIB),
+               host("swap used", "host_swap_used_bytes", 1 / GIB)],
+              limit("host_ram_total_bytes"), "host RAM"),
+        panel("Throughput (measured)", "tokens/s", [host("tokens/s", "tokens_per_s")]),
+        panel("Data wait (measured)", "% of step", [host("waiting for data", "data_wait_fraction", 100)]),
+    ]
+    return Timeline(slug=slug, path=log.path, samples=log.samples,
+                    duration_s=(times[-1] - times[0]) if times else 0.0, median_interval_s=med,
+                    gaps_s=gaps, panels=panels)
+
+
+# --- train and doctor -----------------------------------------------------------------------------
+
+def build_train(t: TrainInput) -> TrainSummary:
+    tps = (t.tokens_seen / t.wall_time_s if t.tokens_seen is not None and t.wall_time_s else None)
+    mb, ga = t.job.get("micro_batch"), t.job.get("grad_accum")
+    return TrainSummary(path=t.path, setting=setting_label(t.job),
+                        micro_batch=mb if isinstance(mb, int) else None,
+                        grad_accum=ga if isinstance(ga, int) else None, steps=t.steps,
+                        samples_seen=t.samples_seen, tokens_seen=t.tokens_seen,
+                        wall_time_s=t.wall_time_s, tokens_per_s_measured=tps,
+                        final_loss=t.final_loss, oom_events=t.oom_events,
+                        checkpoints=t.checkpoints, resumed_from=t.resumed_from)
+
+
+DOCTOR_METRICS = (("step time", "s", "step_time_s", 1.0), ("throughput", "tokens/s", "tokens_per_s", 1.0),
+                  ("data wait", "% of step", "data_wait_fraction", 100.0),
+                  ("GPU utilisation", "%", "gpu_util_percent", 1.0))
+
+
+def build_doctor(d: DoctorInput, slug: str) -> DoctorSection:
+    rows = []
+    for metric, unit, key, scale in DOCTOR_METRICS:
+        before = d.before.get(key)
+        after = d.after.get(key) if d.after else None
+        change = None if not before or after is None else after / before - 1
+        rows.append(DoctorRow(metric, unit, None if before is None else before * scale,
+                              None if after is None else after * scale, change))
+    split = [(k.removesuffix("_s").replace("_", " "), v) for k, v in d.split.items() if k != "step_time_s"]
+    return DoctorSection(slug=slug, path=d.path, target=d.target, steps_measured=d.steps_measured,
+                         split_s=split, step_time_s=d.split.get("step_time_s"), findings=d.findings,
+                         rows=rows, applied=d.applied, overhead_fraction=d.overhead_fraction)
+
+
+def build_report(inputs: Inputs, dataset_tokens: int | None = None) -> Report:
+    taken: set[str] = set()
+    tunes = list(inputs.tunes)
+    sections = []
+    for plan in inputs.plans:
+        tune = next((t for t in tunes if _tune_model(t) in (None, plan.model)), None)
+        if tune is not None:
+            tunes.remove(tune)
+        sections.append(build_section(plan, tune, dataset_tokens, taken))
+    sections += [build_section(None, t, dataset_tokens, taken) for t in tunes]
+    timelines = [build_timeline(m, slugify(f"timeline {Path(m.path).stem}", taken))
+                 for m in inputs.monitors]
+    doctors = [build_doctor(d, slugify(f"doctor {Path(d.path).stem}", taken)) for d in inputs.doctors]
+    sources = ([(p.path, "plan") for p in inputs.plans] + [(t.path, "tune") for t in inputs.tunes]
+               + [(t.path, "train") for t in inputs.trains] + [(d.path, "doctor") for d in inputs.doctors]
+               + [(m.path, "monitor log") for m in inputs.monitors])
+    names = [s.title for s in sections] or [d.target for d in doctors] or ["training run"]
+    return Report(title="trainfit report: " + "; ".join(names), sources=sources, sections=sections,
+                  trains=[build_train(t) for t in inputs.trains], timelines=timelines,
+                  doctors=doctors, warnings=list(inputs.warnings))

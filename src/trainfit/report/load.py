@@ -1,0 +1,450 @@
+"""Read and validate the inputs of ``trainfit report`` into typed dataclasses.
+
+Each file is recognised by its ``kind`` (docs/json-formats.md); ``plan`` files written before ``kind``
+existed are recognised by ``configs`` + ``gpu``; ``.jsonl`` / ``.csv`` files are monitor logs.  Every
+error names the file and the field (``configs[3].breakdown.parameters``) so the user can fix it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainfit.report.model import (
+    DoctorInput,
+    Finding,
+    Inputs,
+    LadderStep,
+    Measured,
+    MonitorLog,
+    OomEvent,
+    PlanConfig,
+    PlanInput,
+    Predicted,
+    Probe,
+    TrainInput,
+    TuneBaseline,
+    TuneInput,
+    TunePick,
+)
+
+FORMATS_HINT = "the fields are described in docs/json-formats.md"
+KINDS_HINT = ("report reads the JSON of plan --json, tune --json, train (train.json), doctor --json, "
+              "and monitor logs (.jsonl / .csv)")
+
+MONITOR_COLUMNS = (
+    "time_s", "step", "loss", "tokens_per_s", "samples_per_s", "mfu", "data_wait_fraction",
+    "peak_allocated_bytes", "peak_reserved_bytes", "gpu_index", "gpu_util_percent",
+    "gpu_memory_used_bytes", "gpu_memory_total_bytes", "gpu_power_w", "gpu_sm_clock_mhz",
+    "process_gpu_memory_bytes", "host_ram_used_bytes", "host_ram_total_bytes", "host_swap_used_bytes",
+    "process_rss_bytes", "host_cpu_percent")
+
+MEASURED_KEYS = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_device_bytes", "host_rss_bytes",
+                 "step_time_s", "step_time_spread_s", "tokens_per_s", "samples_per_s",
+                 "data_wait_fraction")
+PREDICTED_KEYS = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_device_bytes", "step_time_s",
+                  "tokens_per_s")
+SPLIT_KEYS = ("data_wait_s", "h2d_copy_s", "forward_s", "backward_s", "optimizer_s", "sync_s",
+              "logging_io_s", "idle_s", "other_s", "step_time_s")
+BEFORE_KEYS = ("step_time_s", "tokens_per_s", "data_wait_fraction", "gpu_util_percent")
+
+
+class ReportInputError(Exception):
+    """One bad input: ``message`` names the file and field, ``hint`` says what to do."""
+
+    def __init__(self, message: str, hint: str = FORMATS_HINT) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+# --- typed field access ---------------------------------------------------------------------------
+
+_MISSING = object()
+
+
+@dataclass
+class _Obj:
+    """A JSON object with the file and the path to it, so that errors can name both."""
+
+    file: str
+    where: str
+    data: dict[str, Any]
+    hint: str = FORMATS_HINT
+
+    def _name(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def fail(self, key: str, what: str) -> ReportInputError:
+        return ReportInputError(f"{self.file}: {self._name(key)}: {what}", self.hint)
+
+    def _get(self, key: str, required: bool) -> Any:
+        if key not in self.data:
+            if required:
+                raise self.fail(key, "missing")
+            return _MISSING
+        return self.data[key]
+
+    def num(self, key: str, *, required: bool = True, nullable: bool = True,
+            integer: bool = False) -> Any:
+        v = self._get(key, required)
+        if v is _MISSING or (v is None and nullable):
+            return None
+        ok = isinstance(v, int) if integer else isinstance(v, int | float)
+        if isinstance(v, bool) or not ok or (isinstance(v, float) and not math.isfinite(v)):
+            kind = "an integer" if integer else "a number"
+            raise self.fail(key, f"expected {kind}{' or null' if nullable else ''}, got {v!r}")
+        return v
+
+    def int_(self, key: str, **kw: Any) -> Any:
+        return self.num(key, integer=True, **kw)
+
+    def str_(self, key: str, *, required: bool = True, nullable: bool = True) -> Any:
+        v = self._get(key, required)
+        if v is _MISSING or (v is None and nullable):
+            return None
+        if not isinstance(v, str):
+            raise self.fail(key, f"expected a string, got {v!r}")
+        return v
+
+    def bool_(self, key: str, *, required: bool = True, nullable: bool = True) -> Any:
+        v = self._get(key, required)
+        if v is _MISSING or (v is None and nullable):
+            return None
+        if not isinstance(v, bool):
+            raise self.fail(key, f"expected true or false, got {v!r}")
+        return v
+
+    def obj(self, key: str, *, required: bool = True, nullable: bool = False) -> _Obj | None:
+        v = self._get(key, required)
+        if v is _MISSING or (v is None and nullable):
+            return None
+        if not isinstance(v, dict):
+            raise self.fail(key, f"expected an object, got {_short(v)}")
+        return _Obj(self.file, self._name(key), v, self.hint)
+
+    def list_(self, key: str, *, required: bool = True) -> list[Any]:
+        v = self._get(key, required)
+        if v is _MISSING or v is None:
+            if required:
+                raise self.fail(key, "expected a list, got null")
+            return []
+        if not isinstance(v, list):
+            raise self.fail(key, f"expected a list, got {_short(v)}")
+        return v
+
+    def objs(self, key: str, *, required: bool = True) -> list[_Obj]:
+        out = []
+        for i, item in enumerate(self.list_(key, required=required)):
+            name = f"{key}[{i}]"
+            if not isinstance(item, dict):
+                raise self.fail(name, f"expected an object, got {_short(item)}")
+            out.append(_Obj(self.file, self._name(name), item, self.hint))
+        return out
+
+    def strs(self, key: str, *, required: bool = True) -> list[str]:
+        items = self.list_(key, required=required)
+        for i, s in enumerate(items):
+            if not isinstance(s, str):
+                raise self.fail(f"{key}[{i}]", f"expected a string, got {_short(s)}")
+        return list(items)
+
+    def numbers(self, key: str, keys: tuple[str, ...] | None = None) -> dict[str, float | None]:
+        """An object whose values are numbers or null (``keys``: required keys, else any)."""
+        o = self.obj(key)
+        assert o is not None
+        names = keys if keys is not None else tuple(o.data)
+        return {k: o.num(k) for k in names}
+
+
+def _short(v: Any) -> str:
+    text = json.dumps(v) if not isinstance(v, str) else repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# --- JSON documents -------------------------------------------------------------------------------
+
+def _job_fields(o: _Obj, exclude: tuple[str, ...]) -> dict[str, Any]:
+    return {k: v for k, v in o.data.items() if k not in exclude}
+
+
+def _plan_config(o: _Obj, index: int) -> PlanConfig:
+    breakdown_obj = o.obj("breakdown", nullable=True)
+    breakdown: dict[str, int] = {}
+    if breakdown_obj is not None:
+        for k in breakdown_obj.data:
+            breakdown[k] = breakdown_obj.int_(k, nullable=False)
+    result_keys = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_device_bytes", "breakdown",
+                   "peak_phase", "fits", "headroom_bytes", "how", "largest_fitting", "recommended",
+                   "rank", "step_time_s", "tokens_per_s", "samples_per_s", "mfu", "hfu",
+                   "device_busy_fraction", "bound", "model_notes")
+    return PlanConfig(
+        index=index, job=_job_fields(o, result_keys),
+        micro_batch=o.int_("micro_batch", nullable=False),
+        grad_accum=o.int_("grad_accum", nullable=False),
+        peak_allocated_bytes=o.int_("peak_allocated_bytes"),
+        peak_reserved_bytes=o.int_("peak_reserved_bytes"),
+        peak_device_bytes=o.int_("peak_device_bytes"),
+        breakdown=breakdown, fits=o.bool_("fits"),
+        step_time_s=o.num("step_time_s", required=False),
+        tokens_per_s=o.num("tokens_per_s", required=False),
+        mfu=o.num("mfu", required=False), rank=o.int_("rank", required=False),
+        recommended=bool(o.bool_("recommended", required=False)),
+        how=o.str_("how", required=False))
+
+
+def _plan(o: _Obj, path: str) -> PlanInput:
+    configs = [_plan_config(c, i) for i, c in enumerate(o.objs("configs"))]
+    if not configs:
+        raise o.fail("configs", "empty: the plan has no configuration")
+    rec = o.int_("recommended_index", required=False)
+    if rec is not None and not 0 <= rec < len(configs):
+        raise o.fail("recommended_index", f"{rec} is not an index of configs (0..{len(configs) - 1})")
+    margin = o.num("margin", required=False)
+    ladder = [LadderStep(change=s.str_("change", nullable=False),
+                         peak_device_bytes=s.int_("peak_device_bytes"),
+                         tokens_per_s=s.num("tokens_per_s"), fits=s.bool_("fits"),
+                         alters_learning=s.bool_("alters_learning"))
+              for s in o.objs("ladder", required=False)]
+    notes_raw = o.list_("notes", required=False)
+    return PlanInput(path=path, model=o.str_("model", required=False) or "unknown",
+                     gpu=o.str_("gpu"), gpu_memory_bytes=o.int_("gpu_memory_bytes", required=False),
+                     margin=margin, recommended_index=rec,
+                     reason=o.str_("reason", required=False),
+                     notes=[str(n) for n in notes_raw], configs=configs, ladder=ladder)
+
+
+def _measured(o: _Obj | None) -> Measured | None:
+    if o is None:
+        return None
+    return Measured(**{k: o.num(k, required=False) for k in MEASURED_KEYS})
+
+
+def _predicted(o: _Obj | None) -> Predicted | None:
+    if o is None:
+        return None
+    return Predicted(**{k: o.num(k, required=False) for k in PREDICTED_KEYS})
+
+
+_PROBE_RESULT_KEYS = ("index", "stage", "num_workers", "pin_memory", "compile", "status", "measured",
+                      "predicted", "probe_time_s")
+
+
+def _tune(o: _Obj, path: str) -> TuneInput:
+    p = o.obj("pick", nullable=True)
+    pick = None
+    if p is not None:
+        pick = TunePick(job=_job_fields(p, _PROBE_RESULT_KEYS),
+                        micro_batch=p.int_("micro_batch", nullable=False),
+                        grad_accum=p.int_("grad_accum", nullable=False),
+                        num_workers=p.int_("num_workers", required=False),
+                        pin_memory=p.bool_("pin_memory", required=False),
+                        compile=p.bool_("compile", required=False),
+                        measured=_measured(p.obj("measured", nullable=True)),
+                        predicted=_predicted(p.obj("predicted", required=False, nullable=True)))
+    probes = []
+    for i, q in enumerate(o.objs("probes")):
+        status = q.str_("status", nullable=False)
+        if status not in ("ok", "oom", "over-host-ram", "skipped"):
+            raise q.fail("status", f"expected ok | oom | over-host-ram | skipped, got {status!r}")
+        idx = q.int_("index", required=False)
+        probes.append(Probe(
+            index=i if idx is None else idx,
+            stage=q.str_("stage", required=False), job=_job_fields(q, _PROBE_RESULT_KEYS),
+            micro_batch=q.int_("micro_batch", nullable=False),
+            grad_accum=q.int_("grad_accum", nullable=False),
+            num_workers=q.int_("num_workers", required=False),
+            compile=q.bool_("compile", required=False), status=status,
+            measured=_measured(q.obj("measured", required=False, nullable=True)),
+            predicted=_predicted(q.obj("predicted", required=False, nullable=True)),
+            probe_time_s=q.num("probe_time_s", required=False)))
+    b = o.obj("baseline", required=False, nullable=True)
+    baseline = None
+    if b is not None:
+        baseline = TuneBaseline(micro_batch=b.int_("micro_batch", nullable=False),
+                                grad_accum=b.int_("grad_accum", nullable=False),
+                                measured=_measured(b.obj("measured", nullable=True)))
+    return TuneInput(
+        path=path, device=o.str_("device", required=False) or "unknown",
+        device_name=o.str_("device_name", required=False),
+        memory_limit_bytes=o.int_("memory_limit_bytes", required=False),
+        margin=o.num("margin", required=False), search_time_s=o.num("search_time_s", required=False),
+        dataset_samples=o.int_("dataset_samples", required=False),
+        dataset_tokens=o.int_("dataset_tokens", required=False),
+        pick=pick, probes=probes, baseline=baseline, notes=o.strs("notes", required=False))
+
+
+def _train(o: _Obj, path: str) -> TrainInput:
+    job = o.obj("job")
+    assert job is not None
+    events = [OomEvent(step=e.int_("step"), phase=e.str_("phase", required=False),
+                       micro_batch_before=e.int_("micro_batch_before"),
+                       micro_batch_after=e.int_("micro_batch_after"))
+              for e in o.objs("oom_events", required=False)]
+    return TrainInput(
+        path=path, job=dict(job.data), steps=o.int_("steps"),
+        samples_seen=o.int_("samples_seen", required=False),
+        tokens_seen=o.int_("tokens_seen", required=False),
+        wall_time_s=o.num("wall_time_s"), final_loss=o.num("final_loss", required=False),
+        oom_events=events, checkpoints=o.strs("checkpoints", required=False),
+        resumed_from=o.str_("resumed_from", required=False),
+        monitor_log=o.str_("monitor_log", required=False))
+
+
+def _doctor(o: _Obj, path: str) -> DoctorInput:
+    findings = []
+    for f in o.objs("findings", required=False):
+        ev = f.obj("evidence", required=False, nullable=True)
+        evidence = {} if ev is None else {k: ev.num(k) for k in ev.data}
+        findings.append(Finding(bottleneck=f.str_("bottleneck", nullable=False), evidence=evidence,
+                                fix=f.str_("fix", required=False) or "",
+                                predicted_gain_fraction=f.num("predicted_gain_fraction",
+                                                              required=False)))
+    after_obj = o.obj("after", required=False, nullable=True)
+    return DoctorInput(
+        path=path, target=o.str_("target", required=False) or "unknown",
+        steps_measured=o.int_("steps_measured", required=False),
+        split=o.numbers("split", SPLIT_KEYS), findings=findings,
+        before=o.numbers("before", BEFORE_KEYS),
+        after=None if after_obj is None else {k: after_obj.num(k) for k in BEFORE_KEYS},
+        applied=o.strs("applied", required=False),
+        overhead_fraction=o.num("overhead_fraction", required=False))
+
+
+# --- monitor logs ---------------------------------------------------------------------------------
+
+def _cell(file: str, where: str, key: str, v: Any) -> float | None:
+    if v is None or v == "" or v == "null":
+        return None
+    if isinstance(v, str):
+        try:
+            v = float(v)
+        except ValueError:
+            raise ReportInputError(f"{file}: {where}: {key}: expected a number or empty, got {v!r}",
+                                   FORMATS_HINT) from None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise ReportInputError(f"{file}: {where}: {key}: expected a number or null, got {v!r}",
+                               FORMATS_HINT)
+    return float(v)
+
+
+def load_monitor(path: Path, shown: str) -> MonitorLog:
+    """A monitor log (.jsonl or .csv); rows missing ``time_s`` or going back in time are errors."""
+    rows: list[tuple[str, dict[str, Any]]] = []
+    text = _read_text(path, shown)
+    if path.suffix.lower() == ".csv":
+        reader = csv.DictReader(text.splitlines())
+        if not reader.fieldnames or "time_s" not in reader.fieldnames:
+            raise ReportInputError(f"{shown}: header: no time_s column",
+                                   "the first line of a monitor CSV names the columns; "
+                                   + FORMATS_HINT)
+        rows = [(f"line {i + 2}", dict(r)) for i, r in enumerate(reader)]
+    else:
+        for i, line in enumerate(text.splitlines()):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ReportInputError(f"{shown}: line {i + 1}: not JSON ({e.msg})",
+                                       "each line of a monitor log is one JSON object") from None
+            if not isinstance(obj, dict):
+                raise ReportInputError(f"{shown}: line {i + 1}: expected an object, got {_short(obj)}",
+                                       "each line of a monitor log is one JSON object")
+            rows.append((f"line {i + 1}", obj))
+    if not rows:
+        raise ReportInputError(f"{shown}: no samples", "the monitor log is empty")
+    columns: dict[str, list[float | None]] = {k: [] for k in MONITOR_COLUMNS}
+    last_t = -math.inf
+    for where, row in rows:
+        t = _cell(shown, where, "time_s", row.get("time_s"))
+        if t is None:
+            raise ReportInputError(f"{shown}: {where}: time_s: missing", FORMATS_HINT)
+        if t < last_t:
+            raise ReportInputError(f"{shown}: {where}: time_s: {t:g} s is before the previous sample "
+                                   f"({last_t:g} s)", "samples are written in time order")
+        last_t = t
+        for k in MONITOR_COLUMNS:
+            columns[k].append(_cell(shown, where, k, row.get(k)))
+    return MonitorLog(path=shown, columns=columns)
+
+
+# --- files ----------------------------------------------------------------------------------------
+
+def _read_text(path: Path, shown: str) -> str:
+    if not path.exists():
+        raise ReportInputError(f"{shown}: file not found", "check the path")
+    if path.is_dir():
+        raise ReportInputError(f"{shown}: is a directory, not a file", "pass the JSON files themselves")
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ReportInputError(f"{shown}: cannot read ({e})", "check the file's permissions") from None
+
+
+def detect_kind(data: dict[str, Any], shown: str) -> str:
+    kind = data.get("kind")
+    if kind is None:
+        if "configs" in data and "gpu" in data:
+            return "plan"  # plans written before `kind` existed
+        raise ReportInputError(f"{shown}: kind: missing (and no configs + gpu, so not an older plan)",
+                               KINDS_HINT)
+    if kind not in ("plan", "tune", "train", "doctor"):
+        raise ReportInputError(f"{shown}: kind: unknown kind {kind!r}", KINDS_HINT)
+    return str(kind)
+
+
+@dataclass
+class _Collect:
+    inputs: Inputs = field(default_factory=Inputs)
+    seen_logs: set[Path] = field(default_factory=set)
+
+
+def _add_monitor(c: _Collect, path: Path, shown: str) -> None:
+    key = path.resolve()
+    if key not in c.seen_logs:
+        c.seen_logs.add(key)
+        c.inputs.monitors.append(load_monitor(path, shown))
+
+
+def load_inputs(paths: list[str]) -> Inputs:
+    """Read every file; a train.json's ``monitor_log`` is read too when it exists next to it."""
+    c = _Collect()
+    for p in paths:
+        path = Path(p)
+        if path.suffix.lower() in (".jsonl", ".csv"):
+            _add_monitor(c, path, p)
+            continue
+        text = _read_text(path, p)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ReportInputError(f"{p}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})",
+                                   "pass the file that the command wrote, unedited") from None
+        if not isinstance(data, dict):
+            raise ReportInputError(f"{p}: top level: expected a JSON object, got {_short(data)}",
+                                   KINDS_HINT)
+        kind = detect_kind(data, p)
+        o = _Obj(p, "", data)
+        if kind == "plan":
+            c.inputs.plans.append(_plan(o, p))
+        elif kind == "tune":
+            c.inputs.tunes.append(_tune(o, p))
+        elif kind == "doctor":
+            c.inputs.doctors.append(_doctor(o, p))
+        else:
+            train = _train(o, p)
+            c.inputs.trains.append(train)
+            if train.monitor_log:
+                log = Path(train.monitor_log)
+                log = log if log.is_absolute() else path.parent / log
+                if log.is_file():
+                    _add_monitor(c, log, str(log))
+                else:
+                    c.inputs.warnings.append(
+                        f"{p}: monitor_log: {log} not found; no timelines from it "
+                        "(pass the log as an input)")
+    return c.inputs

@@ -1,0 +1,280 @@
+"""The seed-002-style table (micro-batch → VRAM → host RAM → tokens/s → speed-up → time per epoch),
+computed from predictions and measurements, and every table of the report as text cells.
+
+Computing (``seed_table``) is apart from formatting (``*_text``): the HTML and Markdown renderers
+print the same cells, so a number reads the same in both.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from trainfit.report.model import (
+    GIB,
+    DoctorSection,
+    LadderStep,
+    Pick,
+    Probe,
+    SeedRow,
+    SeedTable,
+    TrainSummary,
+)
+
+UNKNOWN = "unknown"
+
+
+@dataclass
+class RowAcc:
+    """A table row while predictions (plan, tune) and measurements (tune probes) are merged in."""
+
+    setting: str
+    micro_batch: int
+    grad_accum: int
+    device_predicted_bytes: float | None = None
+    tokens_per_s_predicted: float | None = None
+    fits_predicted: bool | None = None
+    device_measured_bytes: float | None = None
+    host_ram_measured_bytes: float | None = None
+    tokens_per_s_measured: float | None = None
+    status_measured: str | None = None
+    pick: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What speed-ups are relative to: the baseline (tune's current configuration) or the slowest row."""
+
+    tokens_per_s_predicted: float | None
+    tokens_per_s_measured: float | None
+    text: str
+
+
+def _ratio(v: float | None, ref: float | None) -> float | None:
+    return None if v is None or ref is None or ref <= 0 else v / ref
+
+
+def _gib(b: float | None) -> float | None:
+    return None if b is None else b / GIB
+
+
+def _slowest(accs: list[RowAcc], measured: bool) -> RowAcc | None:
+    rows = [a for a in accs if (a.tokens_per_s_measured if measured else a.tokens_per_s_predicted)]
+    if not rows:
+        return None
+    return min(rows, key=lambda a: (a.tokens_per_s_measured if measured else a.tokens_per_s_predicted)
+               or 0.0)
+
+
+def reference_for(accs: list[RowAcc], baseline: RowAcc | None,
+                  baseline_tokens_per_s_measured: float | None) -> Reference:
+    """The baseline when tune measured one, else the slowest row (per kind: predicted vs measured)."""
+    if baseline_tokens_per_s_measured:
+        assert baseline is not None
+        return Reference(baseline.tokens_per_s_predicted, baseline_tokens_per_s_measured,
+                         f"the baseline (micro-batch {baseline.micro_batch} × accumulation "
+                         f"{baseline.grad_accum}, {baseline_tokens_per_s_measured:,.0f} tokens/s "
+                         f"measured)")
+    slow_p, slow_m = _slowest(accs, False), _slowest(accs, True)
+    parts = []
+    if slow_p is not None:
+        parts.append(f"predicted: {slow_p.setting}, micro-batch {slow_p.micro_batch} × "
+                     f"{slow_p.grad_accum}")
+    if slow_m is not None:
+        parts.append(f"measured: {slow_m.setting}, micro-batch {slow_m.micro_batch} × "
+                     f"{slow_m.grad_accum}")
+    return Reference(slow_p.tokens_per_s_predicted if slow_p else None,
+                     slow_m.tokens_per_s_measured if slow_m else None,
+                     "the slowest row (" + ("; ".join(parts) or "no tokens/s known") + ")")
+
+
+def seed_table(accs: list[RowAcc], ref: Reference, dataset_tokens: int | None,
+               dataset_tokens_source: str) -> SeedTable:
+    rows = []
+    for a in accs:
+        tp, tm = a.tokens_per_s_predicted, a.tokens_per_s_measured
+        rows.append(SeedRow(
+            setting=a.setting, micro_batch=a.micro_batch, grad_accum=a.grad_accum,
+            device_predicted_gib=_gib(a.device_predicted_bytes),
+            device_measured_gib=_gib(a.device_measured_bytes),
+            host_ram_measured_gib=_gib(a.host_ram_measured_bytes),
+            tokens_per_s_predicted=tp, tokens_per_s_measured=tm,
+            speed_up_predicted=_ratio(tp, ref.tokens_per_s_predicted),
+            speed_up_measured=_ratio(tm, ref.tokens_per_s_measured),
+            epoch_predicted_s=None if dataset_tokens is None or not tp else dataset_tokens / tp,
+            epoch_measured_s=None if dataset_tokens is None or not tm else dataset_tokens / tm,
+            fits_predicted=a.fits_predicted, status_measured=a.status_measured,
+            pick=" + ".join(p for p in ("plan", "tune") if p in a.pick)))
+    return SeedTable(rows=rows, reference=ref.text, dataset_tokens=dataset_tokens,
+                     dataset_tokens_source=dataset_tokens_source)
+
+
+# --- text cells -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TextTable:
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    notes: list[str] = field(default_factory=list)
+    highlight: list[bool] = field(default_factory=list)
+    """Rows to emphasise (the pick)."""
+    groups: list[tuple[str, int]] = field(default_factory=list)
+    """Optional upper header row: (title, number of columns under it); "" = no group."""
+
+    def group_of(self) -> list[str]:
+        out: list[str] = []
+        for title, span in self.groups:
+            out += [title] * span
+        return out + [""] * (len(self.columns) - len(out))
+
+    def flat_columns(self) -> list[str]:
+        """One header row: "peak device (GiB), predicted"."""
+        return [f"{g}, {c}" if g else c for g, c in zip(self.group_of(), self.columns, strict=True)]
+
+    def numeric(self, i: int) -> bool:
+        """Column i holds numbers (right-aligned)."""
+        return bool(self.rows) and all(NUMERIC_CELL.match(r[i]) for r in self.rows)
+
+
+NUMERIC_CELL = re.compile(r"^(unknown|[-+]?[\d,]*\.?\d+×?|(\d+ d )?\d+:\d\d:\d\d|\d+ × \d+|—|)$")
+
+
+def fmt_gib(v: float | None) -> str:
+    return UNKNOWN if v is None else f"{v:.2f}"
+
+
+def fmt_bytes_gib(b: float | None) -> str:
+    return UNKNOWN if b is None else f"{b / GIB:.2f}"
+
+
+def fmt_num(v: float | None, digits: int = 0) -> str:
+    return UNKNOWN if v is None else f"{v:,.{digits}f}"
+
+
+def fmt_x(v: float | None) -> str:
+    return UNKNOWN if v is None else f"{v:.2f}×"
+
+
+def fmt_pct(fraction: float | None) -> str:
+    return UNKNOWN if fraction is None else f"{100 * fraction:.1f}"
+
+
+def fmt_duration(s: float | None) -> str:
+    """h:mm:ss (days written out past 24 h)."""
+    if s is None:
+        return UNKNOWN
+    total = round(s)
+    days, rest = divmod(total, 86400)
+    h, rest = divmod(rest, 3600)
+    m, sec = divmod(rest, 60)
+    text = f"{h}:{m:02d}:{sec:02d}"
+    return f"{days} d {text}" if days else text
+
+
+def _fits(v: bool | None) -> str:
+    return UNKNOWN if v is None else ("fits" if v else "over")
+
+
+def seed_text(t: SeedTable) -> TextTable:
+    groups = [("", 3), ("peak device (GiB)", 2), ("host RAM (GiB)", 1), ("tokens/s", 2),
+              ("speed-up", 2), ("time per epoch (h:mm:ss)", 2), ("fit", 1), ("probe", 1), ("", 1)]
+    cols = ["setting", "micro-batch", "accumulation", "predicted", "measured", "measured",
+            "predicted", "measured", "predicted", "measured", "predicted", "measured", "predicted",
+            "measured", "pick"]
+    rows = [[r.setting, str(r.micro_batch), str(r.grad_accum), fmt_gib(r.device_predicted_gib),
+             fmt_gib(r.device_measured_gib), fmt_gib(r.host_ram_measured_gib),
+             fmt_num(r.tokens_per_s_predicted), fmt_num(r.tokens_per_s_measured),
+             fmt_x(r.speed_up_predicted), fmt_x(r.speed_up_measured),
+             fmt_duration(r.epoch_predicted_s), fmt_duration(r.epoch_measured_s),
+             _fits(r.fits_predicted), r.status_measured or "not probed", r.pick or ""]
+            for r in t.rows]
+    tokens = ("unknown, so time per epoch is unknown" if t.dataset_tokens is None
+              else f"{t.dataset_tokens:,} tokens ({t.dataset_tokens_source})")
+    notes = [f"speed-up is relative to {t.reference}", f"dataset: {tokens}",
+             "GiB = 2^30 bytes; peak device = what nvidia-smi shows (reserved + CUDA context)",
+             "host RAM is only measured (the plan does not predict it)"]
+    return TextTable("Micro-batch table (seed-002 style)", cols, rows, notes,
+                     [bool(r.pick) for r in t.rows], groups)
+
+
+def picks_text(picks: list[Pick]) -> TextTable:
+    groups = [("", 3), ("peak device (GiB)", 2), ("tokens/s", 2), ("", 1)]
+    cols = ["from", "setting", "micro-batch × accumulation", "predicted", "measured", "predicted",
+            "measured", "why"]
+    rows = [[f"{p.source} ({'measured' if p.source == 'tune' else 'predicted'})", p.setting,
+             f"{p.micro_batch} × {p.grad_accum}", fmt_gib(p.device_predicted_gib),
+             fmt_gib(p.device_measured_gib), fmt_num(p.tokens_per_s_predicted),
+             fmt_num(p.tokens_per_s_measured), " ".join(p.why) or UNKNOWN] for p in picks]
+    return TextTable("The pick and why", cols, rows, groups=groups)
+
+
+def ladder_text(steps: list[LadderStep]) -> TextTable:
+    cols = ["change", "peak device, predicted (GiB)", "tokens/s, predicted", "fits (predicted)",
+            "alters learning"]
+    rows = [[s.change, fmt_bytes_gib(s.peak_device_bytes), fmt_num(s.tokens_per_s), _fits(s.fits),
+             UNKNOWN if s.alters_learning is None else ("yes" if s.alters_learning else "no")]
+            for s in steps]
+    return TextTable("Memory-saving ladder (nothing fits as asked)", cols, rows,
+                     ["each step adds to the ones above it; all numbers predicted"])
+
+
+def probes_text(probes: list[Probe]) -> TextTable:
+    groups = [("", 7), ("status", 1), ("peak device (GiB)", 2), ("host RSS (GiB)", 1), ("tokens/s", 2),
+              ("data wait (%)", 1), ("probe time (s)", 1)]
+    cols = ["probe", "stage", "micro-batch × accumulation", "precision", "checkpointing", "workers",
+            "compile", "measured", "predicted", "measured", "measured", "predicted", "measured",
+            "measured", "measured"]
+    rows = []
+    for p in probes:
+        m, q = p.measured, p.predicted
+        rows.append([
+            str(p.index), p.stage or UNKNOWN, f"{p.micro_batch} × {p.grad_accum}",
+            str(p.job.get("precision", UNKNOWN)), str(p.job.get("grad_ckpt", UNKNOWN)),
+            UNKNOWN if p.num_workers is None else str(p.num_workers),
+            UNKNOWN if p.compile is None else ("on" if p.compile else "off"), p.status,
+            fmt_bytes_gib(q.peak_device_bytes if q else None),
+            fmt_bytes_gib(m.peak_device_bytes if m else None),
+            fmt_bytes_gib(m.host_rss_bytes if m else None),
+            fmt_num(q.tokens_per_s if q else None), fmt_num(m.tokens_per_s if m else None),
+            fmt_pct(m.data_wait_fraction if m else None),
+            fmt_num(p.probe_time_s, 1)])
+    return TextTable("Probes (tune)", cols, rows, groups=groups)
+
+
+def train_text(t: TrainSummary) -> TextTable:
+    cols = ["quantity", "value (measured)"]
+    rows = [["configuration", f"{t.setting}, micro-batch {t.micro_batch} × {t.grad_accum}"],
+            ["steps", fmt_num(t.steps)], ["samples seen", fmt_num(t.samples_seen)],
+            ["tokens seen", fmt_num(t.tokens_seen)],
+            ["wall time (h:mm:ss)", fmt_duration(t.wall_time_s)],
+            ["tokens/s, average over the run", fmt_num(t.tokens_per_s_measured)],
+            ["final loss", fmt_num(t.final_loss, 4)],
+            ["OOM events", "none" if not t.oom_events else "; ".join(
+                f"step {e.step} ({e.phase or 'unknown phase'}): micro-batch {e.micro_batch_before} → "
+                f"{e.micro_batch_after}" for e in t.oom_events)],
+            ["checkpoints", str(len(t.checkpoints))],
+            ["resumed from", t.resumed_from or "—"]]
+    return TextTable(f"Training run ({t.path})", cols, rows)
+
+
+def doctor_texts(d: DoctorSection) -> list[TextTable]:
+    step = d.step_time_s
+    split = TextTable(
+        "Where a step's time goes (measured, median per step)", ["part", "seconds (measured)",
+                                                                 "share of step (%)"],
+        [[name, fmt_num(v, 4), fmt_pct(None if v is None or not step else v / step)]
+         for name, v in d.split_s] + [["step", fmt_num(step, 4), "100.0" if step else UNKNOWN]])
+    before_after = TextTable(
+        "Before / after the fixes (measured)", ["metric", "before (measured)", "after (measured)",
+                                                "change (%)"],
+        [[f"{r.metric} ({r.unit})", fmt_num(r.before, 3 if r.unit == "s" else 1),
+          "not re-measured" if r.after is None else fmt_num(r.after, 3 if r.unit == "s" else 1),
+          fmt_pct(r.change_fraction)] for r in d.rows],
+        [f"applied: {', '.join(d.applied) or 'nothing'}",
+         f"doctor's own overhead: {fmt_pct(d.overhead_fraction)} % of a step (measured)"])
+    findings = TextTable(
+        "Findings", ["bottleneck", "evidence (measured)", "fix", "gain, predicted (%)"],
+        [[f.bottleneck, ", ".join(f"{k} = {fmt_num(v, 3)}" for k, v in f.evidence.items()) or "—",
+          f.fix or "—", fmt_pct(f.predicted_gain_fraction)] for f in d.findings])
+    return [split, before_after, findings]

@@ -1,0 +1,145 @@
+"""Numbers of the Report built from the real seed-002 plan + synthetic tune/train/doctor/monitor."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from report_paths import FIXTURES, SEED002
+
+from trainfit.report import build_report, load_inputs
+from trainfit.report.build import find_gaps, memory_components_gib
+from trainfit.report.model import GIB
+
+PLAN = json.loads(SEED002.read_text())
+
+
+def _row(report, setting_prefix: str, mb: int):
+    rows = [r for r in report.sections[0].table.rows
+            if r.setting.startswith(setting_prefix) and r.micro_batch == mb]
+    assert len(rows) == 1
+    return rows[0]
+
+
+def test_plan_only_section_is_predicted_only():
+    rep = build_report(load_inputs([str(SEED002)]))
+    (s,) = rep.sections
+    assert s.capacity_gib == pytest.approx(21160263680 / GIB)  # 19.71 GiB, the GPU catalog's
+    assert s.margin == 0.1
+    assert len(s.table.rows) == 12 and [f.label for f in s.families] == [
+        "amp-bf16, checkpointing off", "amp-bf16, checkpointing full"]
+    assert all(r.device_measured_gib is None and r.tokens_per_s_measured is None for r in s.table.rows)
+    # no baseline: speed-up vs the slowest predicted row (checkpointing full, micro-batch 1)
+    slowest = min(c["tokens_per_s"] for c in PLAN["configs"])
+    pick = _row(rep, "amp-bf16, checkpointing off", 32)
+    assert pick.pick == "plan"
+    assert pick.speed_up_predicted == pytest.approx(36702.190311830134 / slowest)
+    assert _row(rep, "amp-bf16, checkpointing full", 1).speed_up_predicted == pytest.approx(1.0)
+    assert pick.device_predicted_gib == pytest.approx(17203188736 / GIB)
+    assert pick.epoch_predicted_s is None  # dataset size unknown → unknown, not guessed
+    assert [p.source for p in s.picks] == ["plan"]
+
+
+def test_dataset_tokens_give_time_per_epoch():
+    rep = build_report(load_inputs([str(SEED002)]), dataset_tokens=36_702_190)
+    assert _row(rep, "amp-bf16, checkpointing off", 32).epoch_predicted_s == pytest.approx(1000.0, rel=1e-6)
+
+
+def test_stacked_components_add_up_to_device_peak():
+    rep = build_report(load_inputs([str(SEED002)]))
+    for fam in rep.sections[0].families:
+        for bar in fam.bars:
+            assert sum(bar.components_gib.values()) == pytest.approx(bar.predicted_device_gib, rel=0.02)
+    c = load_inputs([str(SEED002)]).plans[0].configs[5]
+    parts = memory_components_gib(c)
+    # CUDA context = device − reserved (402 MiB in the GPU catalog for this GPU)
+    assert parts["CUDA context"] * 1024 == pytest.approx(402, abs=1)
+    assert parts["parameters"] == pytest.approx(750769152 / GIB)
+
+
+def test_tune_measurements_merge_into_plan_rows(full_report):
+    s = full_report.sections[0]
+    assert len(full_report.sections) == 1  # tune of the same model joins the plan's section
+    r16 = _row(full_report, "amp-bf16, checkpointing off", 16)
+    # two ok probes of 16 × 2 (33,000 and 34,500 tokens/s): the row shows the faster one
+    assert r16.tokens_per_s_measured == 34500.0
+    assert r16.device_measured_gib == pytest.approx(12.1, abs=1e-6)
+    assert r16.host_ram_measured_gib == pytest.approx(13.9, abs=1e-6)
+    assert r16.pick == "tune"
+    # baseline (1 × 32, 14,000 tokens/s measured) is the speed-up reference, predicted ref = plan row 1 × 32
+    assert r16.speed_up_measured == pytest.approx(34500 / 14000)
+    assert r16.speed_up_predicted == pytest.approx(36163.15975424526 / 17029.91420270145)
+    assert r16.epoch_measured_s == pytest.approx(25_600_000 / 34500)
+    assert _row(full_report, "amp-bf16, checkpointing off", 32).status_measured == "oom"
+    assert _row(full_report, "amp-bf16, checkpointing off", 2).status_measured is None
+    assert "baseline" in s.table.reference
+    off = s.families[0]
+    assert [p.status for p in off.memory_measured_gib].count("oom") == 1
+    assert sorted(p.value for p in off.tokens_per_s_measured) == [14800.0, 29000.0, 33000.0, 34500.0]
+    assert {p.source for p in s.picks} == {"plan", "tune"}
+
+
+def test_monitor_gaps_are_counted_and_not_interpolated(full_report):
+    by_path = {t.path.rsplit("/", 1)[-1]: t for t in full_report.timelines}
+    jsonl, csv = by_path["monitor.jsonl"], by_path["monitor.csv"]
+    assert jsonl.samples == 82 and jsonl.median_interval_s == 1.0
+    assert jsonl.gaps_s == [(20.0, 35.0), (45.0, 52.0)]
+    assert csv.samples == 8 and csv.gaps_s == [(8.0, 20.0)]
+    util = jsonl.panels[0]
+    assert [s.label for s in util.series] == ["GPU busy, GPU 0", "GPU busy, GPU 1"]
+    for s in util.series:
+        # 41 samples per GPU + one NaN inside each gap; nothing drawn between 20 and 35 s
+        assert len(s.values) == 41 + 2
+        assert sum(math.isnan(v) for v in s.values) == 2
+        inside = [v for t, v in zip(s.time_s, s.values, strict=True) if 20 < t < 35]
+        assert len(inside) == 1 and math.isnan(inside[0])
+    mem = jsonl.panels[1]
+    assert mem.limit == pytest.approx(20.0)  # gpu_memory_total_bytes 21474836480 B = 20 GiB
+    wait = jsonl.panels[4].series[0]
+    assert max(v for v in wait.values if not math.isnan(v)) == pytest.approx(2.0)  # 0.02 → 2 %
+
+
+def test_find_gaps_threshold():
+    med, gaps = find_gaps([0, 1, 2, 3, 5.4, 6.4, 9.0])
+    assert med == 1.0 and gaps == [(6.4, 9.0)]  # 2.4 s is under 2.5 × 1 s; 2.6 s is over
+
+
+def test_train_and_doctor(full_report):
+    (t,) = full_report.trains
+    assert t.tokens_per_s_measured == pytest.approx(8_192_000 / 260.0)
+    assert t.micro_batch == 16 and len(t.oom_events) == 1
+    (d,) = full_report.doctors
+    rows = {r.metric: r for r in d.rows}
+    assert rows["step time"].change_fraction == pytest.approx(0.49 / 0.70 - 1)
+    assert rows["data wait"].before == pytest.approx(30.0) and rows["data wait"].after == pytest.approx(2.0)
+    assert d.step_time_s == 0.70 and len(d.split_s) == 9
+
+
+def test_tune_alone_makes_its_own_section():
+    rep = build_report(load_inputs([str(FIXTURES / "tune.json")]))
+    (s,) = rep.sections
+    assert s.capacity_source.endswith("(tune's memory limit)")
+    assert s.title.startswith("chatlm-mini-chinese on NVIDIA GeForce RTX 3080")
+    (fam,) = s.families
+    # predictions come from the probes (hollow markers), one per micro-batch
+    assert sorted(p.micro_batch for p in fam.memory_predicted_gib) == [1, 4, 16, 16, 32]
+    assert not fam.bars
+
+
+def test_ladder_and_kindless_plan(tmp_path):
+    plan = json.loads((SEED002.parent / "seed004_4gb_gpt2_scratch.json").read_text())
+    assert "kind" not in plan  # written before `kind` existed: configs + gpu make it a plan
+    plan["kind"] = "plan"
+    plan["recommended_index"] = None
+    for c in plan["configs"]:
+        c["fits"], c["recommended"] = False, False
+    plan["ladder"] = [{"change": "micro-batch 1", "peak_device_bytes": 5 * GIB, "tokens_per_s": None,
+                       "fits": False, "alters_learning": False},
+                      {"change": "+ 8-bit AdamW", "peak_device_bytes": 3 * GIB, "tokens_per_s": 900.0,
+                       "fits": True, "alters_learning": True}]
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps(plan))
+    (s,) = build_report(load_inputs([str(p)])).sections
+    assert [x.peak_device_bytes for x in s.ladder] == [5 * GIB, 3 * GIB]
+    assert s.picks == [] and s.throughput_unknown_reason is not None  # generic GPU: no tokens/s

@@ -1,0 +1,125 @@
+"""Bad input → one ``error:`` line naming the file and field, a ``hint:``, exit code 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from report_paths import FIXTURES, SEED002, report_app
+from typer.testing import CliRunner
+
+from trainfit.report.load import ReportInputError
+from trainfit.report.output import write_atomically
+
+runner = CliRunner()
+APP = report_app()
+
+
+def _fails(args: list[str], *needles: str) -> str:
+    res = runner.invoke(APP, ["report", *args])
+    assert res.exit_code == 2, res.output
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    hints = [ln for ln in res.stderr.splitlines() if ln.startswith("hint:")]
+    assert len(errors) == 1 and len(hints) == 1, res.stderr
+    for n in needles:
+        assert n in errors[0], errors[0]
+    return errors[0]
+
+
+def _write(tmp_path: Path, name: str, data: object) -> str:
+    p = tmp_path / name
+    p.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(p)
+
+
+def test_missing_file(tmp_path):
+    out = tmp_path / "r.html"
+    _fails([str(tmp_path / "nope.json"), "--out", str(out)], "nope.json", "file not found")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_malformed_json(tmp_path):
+    bad = _write(tmp_path, "plan.json", '{"configs": [1, 2,')
+    _fails([bad, "--out", str(tmp_path / "r.html")], "plan.json", "not valid JSON", "line 1")
+    assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("edit, needles", [
+    (lambda d: d["probes"][2].pop("status"), ("tune.json", "probes[2].status", "missing")),
+    (lambda d: d["probes"][0]["measured"].update(peak_device_bytes="12 GB"),
+     ("tune.json", "probes[0].measured.peak_device_bytes", "expected a number")),
+    (lambda d: d.update(probes={}), ("tune.json", "probes", "expected a list")),
+    (lambda d: d["probes"][1].update(status="crashed"), ("tune.json", "probes[1].status", "crashed")),
+    (lambda d: d.update(kind="tuning"), ("tune.json", "kind", "unknown kind 'tuning'")),
+    (lambda d: d.pop("kind"), ("tune.json", "kind: missing")),
+])
+def test_bad_tune_field(tmp_path, edit, needles):
+    data = json.loads((FIXTURES / "tune.json").read_text())
+    edit(data)
+    _fails([_write(tmp_path, "tune.json", data), "--out", str(tmp_path / "r.html")], *needles)
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_bad_plan_field(tmp_path):
+    data = json.loads(SEED002.read_text())
+    data["configs"][3]["peak_device_bytes"] = 1.5
+    del data["configs"][4]["micro_batch"]
+    _fails([_write(tmp_path, "plan.json", data), "--out", str(tmp_path / "r.html")],
+           "plan.json", "configs[3].peak_device_bytes", "expected an integer")
+
+
+@pytest.mark.parametrize("name, text, needles", [
+    ("m.jsonl", '{"time_s": 0}\n{"time_s": 1}\nnot json\n', ("m.jsonl", "line 3", "not JSON")),
+    ("m.jsonl", '{"time_s": 5}\n{"time_s": 1}\n', ("m.jsonl", "line 2", "time_s", "before")),
+    ("m.jsonl", '{"time_s": 0, "gpu_util_percent": "high"}\n', ("line 1", "gpu_util_percent")),
+    ("m.csv", "step,gpu_util_percent\n1,50\n", ("m.csv", "no time_s column")),
+    ("m.csv", "time_s,gpu_util_percent\n0,50\n1,x\n", ("m.csv", "line 3", "gpu_util_percent")),
+])
+def test_bad_monitor_log(tmp_path, name, text, needles):
+    _fails([_write(tmp_path, name, text), "--out", str(tmp_path / "r.html")], *needles)
+
+
+def test_monitor_gaps_are_not_an_error(tmp_path):
+    out = tmp_path / "r.html"
+    res = runner.invoke(APP, ["report", str(FIXTURES / "monitor.csv"), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert out.exists() and (tmp_path / "r-timeline-monitor.png").exists()
+
+
+def test_unwritable_out(tmp_path):
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("x")
+    _fails([str(SEED002), "--out", str(blocker / "r.html")], "--out", "not a directory")
+    _fails([str(SEED002), "--out", str(tmp_path / "missing" / "r.html")], "does not exist")
+    _fails([str(SEED002), "--out", str(tmp_path)], "is a directory")
+    _fails([str(SEED002), "--out", str(tmp_path / "r.md"), "--markdown"], "would replace the HTML")
+    # the PNG directory cannot be made: the HTML must not be written either
+    _fails([str(SEED002), "--out", str(tmp_path / "r.html"), "--png-dir", str(blocker / "png")],
+           "--png-dir")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
+
+
+def test_atomic_write_leaves_nothing_on_failure(tmp_path):
+    first, second = tmp_path / "a.html", tmp_path / "gone" / "b.png"
+    with pytest.raises(ReportInputError, match=r"b\.png: cannot write"):
+        write_atomically({first: b"<html>", second: b"png"})
+    assert list(tmp_path.iterdir()) == []  # neither a.html nor its temporary
+
+
+def test_writes_and_warns_about_missing_monitor_log(tmp_path):
+    train = json.loads((FIXTURES / "train.json").read_text())
+    train["monitor_log"] = "elsewhere.jsonl"
+    path = _write(tmp_path, "train.json", train)
+    out = tmp_path / "r.html"
+    res = runner.invoke(APP, ["report", path, "--out", str(out), "--markdown"])
+    assert res.exit_code == 0, res.output
+    assert "warning:" in res.stderr and "monitor_log" in res.stderr
+    assert out.exists() and out.with_suffix(".md").exists()
+
+
+def test_registered_in_trainfit_app():
+    from trainfit.cli.main import app
+
+    res = runner.invoke(app, ["report", "--help"])
+    assert res.exit_code == 0 and "--markdown" in res.output
