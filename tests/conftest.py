@@ -41,3 +41,43 @@ def tiny_config_json(tmp_path):
         "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
         "vocab_size": 2000, "max_position_embeddings": 256}))
     return p
+
+
+@pytest.fixture()
+def micro_model_json(tmp_path):
+    """A Llama of ~0.1M parameters: real CPU steps in milliseconds (tune/train tests)."""
+    import json
+
+    p = tmp_path / "micro" / "config.json"
+    p.parent.mkdir()
+    p.write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "vocab_size": 300, "max_position_embeddings": 128}))
+    return p
+
+
+@pytest.fixture()
+def text_jsonl(tmp_path):
+    import json
+
+    p = tmp_path / "text.jsonl"
+    words = "alpha beta gamma delta epsilon zeta eta theta".split()
+    with p.open("w") as f:
+        for i in range(60):
+            f.write(json.dumps({"text": " ".join(words[(i + k) % 8] for k in range(5 + i % 7))})
+                    + "\n")
+    return p
+
+
+@pytest.fixture()
+def chat_jsonl(tmp_path):
+    import json
+
+    p = tmp_path / "chat.jsonl"
+    with p.open("w") as f:
+        for i in range(24):
+            f.write(json.dumps({"messages": [{"role": "user", "content": "q" * (3 + i % 5)},
+                                             {"role": "assistant", "content": "a" * (4 + i)}]})
+                    + "\n")
+    return p

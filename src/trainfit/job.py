@@ -107,6 +107,30 @@ class JobSpec:
     default); False keeps zeroed gradients alive between steps (torch < 2.0, many old scripts)."""
     max_grad_norm: float | None = 1.0
     """Gradient clipping as HF Trainer does by default (None: off)."""
+    compile: bool = False
+    """``torch.compile`` the model: faster steps after a one-off compile time (measured by tune)."""
+    num_workers: int = 0
+    """DataLoader worker processes; 0 loads batches in the training process."""
+    prefetch_factor: int = 2
+    """Batches each worker prepares ahead (with workers)."""
+    pin_memory: bool = False
+    """Page-locked host batches for asynchronous host→GPU copies (CUDA only)."""
+    persistent_workers: bool = False
+    """Keep data-loader workers alive across epochs."""
+    data: str | None = None
+    """Training data: a JSONL of text / chat ``messages`` / ``input_ids`` rows, or a file or
+    directory HF datasets reads (tune, train, doctor)."""
+    text_field: str = "text"
+    """The field holding the text of text rows."""
+    tokenizer: str | None = None
+    """Tokenizer dir or hub id; None: the model's own, or the built-in byte tokenizer for catalog
+    models (no download)."""
+    packing: bool | None = None
+    """Pack text rows into full sequences (None: yes for causal-LM text, no for chat)."""
+    lr: float = 1e-4
+    """Peak learning rate (AdamW / SGD / Adafactor)."""
+    seed: int = 0
+    """Seed of the weights' initialisation (random-init models) and of the sample order."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
@@ -124,8 +148,12 @@ class JobSpec:
                 self.grad_ckpt = "full" if self.grad_ckpt else "off"
             _choice("grad_ckpt", self.grad_ckpt, GRAD_CKPT)
         for name in ("seq_len", "micro_batch", "grad_accum", "effective_batch", "ranks",
-                     "lora_r", "lora_alpha", "lm_head_chunk"):
+                     "lora_r", "lora_alpha", "lm_head_chunk", "prefetch_factor"):
             _positive(name, getattr(self, name))
+        if self.num_workers < 0:
+            raise JobError(f"--num-workers {self.num_workers}: must be ≥ 0")
+        if not self.lr > 0:
+            raise JobError(f"--lr {self.lr}: must be > 0")
         if isinstance(self.lora_targets, str):
             self.lora_targets = [t.strip() for t in self.lora_targets.split(",") if t.strip()]
         if self.method == "full":
@@ -204,8 +232,9 @@ class JobSpec:
         return cls.from_dict(fields, source=str(path))
 
 
-FILE_ONLY_KEYS = ("gpu", "scenario")
-"""Keys a job file may carry beside the job fields: the target GPU and a description."""
+FILE_ONLY_KEYS = ("gpu", "scenario", "measured", "train", "device", "memory_limit")
+"""Keys a job file may carry beside the job fields: the target GPU, a description, what tune
+measured, the run settings of ``trainfit train`` and the device it was tuned on."""
 
 
 def read_job_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -6,7 +6,7 @@ does (allocator, kernels), never by a second implementation drifting away from t
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -41,11 +41,16 @@ def train_step(
     observer: StepObserver | None = None,
     grads_to_none: bool = True,
     carry: dict[str, Any] | None = None,
+    loss_weights: Sequence[float] | None = None,
 ) -> StepResult:
     """Forward → backward for each micro-batch, then clip, optimizer step, zero grads (to None).
 
     The loss of each micro-batch is divided by ``grad_accum`` so the accumulated gradient is the
     mean over the effective batch (HF Trainer's convention for equal-length batches).
+    ``loss_weights``: when given, micro-batch ``i``'s mean loss is multiplied by ``loss_weights[i]``
+    instead of divided by ``grad_accum``: with weight = (its label tokens) / (the effective batch's
+    label tokens), the gradient is the token mean over the whole effective batch whatever the split
+    into micro-batches (what makes an OOM split or a resume at another micro-batch exact).
     ``carry``: when given, the last model output is kept in it until the next forward returns
     (loops that hold their outputs, e.g. litgpt's, keep the graph alive that long).
     """
@@ -59,7 +64,7 @@ def train_step(
         if carry is not None:
             carry["output"] = out  # drops the previous output only now
         loss = out.loss if hasattr(out, "loss") else out
-        loss = loss / grad_accum
+        loss = loss * loss_weights[n] if loss_weights is not None else loss / grad_accum
         obs.set_phase("backward", n)
         (scaler.scale(loss) if scaler is not None else loss).backward()
         total = loss.detach() if total is None else total + loss.detach()

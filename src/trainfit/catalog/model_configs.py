@@ -352,6 +352,8 @@ GPT2: Config = {
     "tie_word_embeddings": True,
 }
 
+DISTILGPT2: Config = {**GPT2, "n_layer": 6}
+
 GPT2_MEDIUM: Config = {**GPT2, "n_embd": 1024, "n_layer": 24, "n_head": 16}
 GPT2_LARGE: Config = {**GPT2, "n_embd": 1280, "n_layer": 36, "n_head": 20}
 GPT2_XL: Config = {**GPT2, "n_embd": 1600, "n_layer": 48, "n_head": 25}
@@ -396,6 +398,43 @@ CHATLM_MINI_CHINESE: Config = {
     "pad_token_id": 0,
     "eos_token_id": 1,
     "decoder_start_token_id": 0,
+}
+
+T5_SMALL: Config = {
+    "model_type": "t5",
+    "vocab_size": 32128,
+    "d_model": 512,
+    "d_kv": 64,
+    "d_ff": 2048,
+    "num_layers": 6,
+    "num_decoder_layers": 6,
+    "num_heads": 8,
+    "feed_forward_proj": "relu",
+    "relative_attention_num_buckets": 32,
+    "relative_attention_max_distance": 128,
+    "layer_norm_epsilon": 1e-06,
+    "is_encoder_decoder": True,
+    "tie_word_embeddings": True,
+    "pad_token_id": 0,
+    "eos_token_id": 1,
+    "decoder_start_token_id": 0,
+}
+
+# Not a published model: a Llama-architecture config sized for real runs on a laptop CPU
+# (tune/train tests and benchmarks), with Llama-2's vocabulary.
+LLAMA_TINY_58M: Config = {
+    "model_type": "llama",
+    "vocab_size": 32000,
+    "hidden_size": 512,
+    "intermediate_size": 1408,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-05,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "rope_theta": 10000.0,
 }
 
 # ---------------------------------------------------------------------------

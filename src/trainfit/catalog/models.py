@@ -105,6 +105,34 @@ _ENTRIES: tuple[CatalogModel, ...] = (
         note="Stands in for any GPT-2-class ~100M model ('gpt2-100m').",
     ),
     CatalogModel(
+        name="distilgpt2",
+        hf_id="distilbert/distilgpt2",
+        config=cfg.DISTILGPT2,
+        aliases=("distil-gpt2",),
+        param_count=81_912_576,
+        source=f"{_HF}/distilbert/distilgpt2 config.json (GPT-2 with n_layer 6)",
+    ),
+    CatalogModel(
+        name="t5-small",
+        hf_id="google-t5/t5-small",
+        config=cfg.T5_SMALL,
+        task="seq2seq-lm",
+        aliases=("t5-small-60m",),
+        param_count=60_506_624,
+        source=f"{_HF}/google-t5/t5-small config.json (d_model 512, d_ff 2048, 6+6 layers, "
+        "8 heads, vocab 32128)",
+    ),
+    CatalogModel(
+        name="llama-tiny-58m",
+        hf_id="trainfit/llama-tiny-58m",
+        config=cfg.LLAMA_TINY_58M,
+        aliases=("llama-tiny", "llama-58m", "llama-50m"),
+        param_count=58_466_816,
+        source="trainfit: a Llama-architecture config for CPU runs (not a published model)",
+        note="Not a published checkpoint: Llama architecture (hidden 512, 8 layers, vocab 32000) "
+        "sized for real CPU runs.",
+    ),
+    CatalogModel(
         name="gpt2-medium",
         hf_id="openai-community/gpt2-medium",
         config=cfg.GPT2_MEDIUM,

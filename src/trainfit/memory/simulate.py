@@ -98,7 +98,10 @@ def _classify_states(optimizer: torch.optim.Optimizer, tracker: LiveBytesTracker
 
 
 def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = None,
-                  steps: int = 2, record_events: bool = False, op_hook: Any = None) -> SimResult:
+                  steps: int = 2, record_events: bool = False, op_hook: Any = None,
+                  batch_fn: Any = None) -> SimResult:
+    """``batch_fn``: builds the micro-batch inside the fake mode (the real data's keys and shapes,
+    e.g. with an attention mask); default: unpadded random token ids."""
     target = target or SimTarget()
     t0 = time.perf_counter()
     model, info = build_model_on_meta(job, source)
@@ -118,7 +121,8 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
         optimizer = make_optimizer(job, trainable, simulate=True)
         if hasattr(optimizer, "managed_ctx"):
             optimizer.managed_ctx = tracker.managed
-        batch = make_batch(source, job.micro_batch or 1, job.seq_len)
+        batch = batch_fn() if batch_fn is not None else \
+            make_batch(source, job.micro_batch or 1, job.seq_len)
         seen: set[int] = set()
         for p in model.parameters():
             if id(p) not in seen:

@@ -1,0 +1,52 @@
+"""Shared pieces of the job-taking commands: sizes with units, atomic writes, error exit."""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import typer
+
+from trainfit.job import JobError
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str | None, flag: str) -> int | None:
+    """``1.5GiB`` → 1610612736; GB = 10^9, GiB = 2^30 (the unit is required to be explicit
+    above 1 KiB so the two are never confused)."""
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise JobError(f"{flag} {text}: not a size", "e.g. 1.5GiB, 512MiB, 8GB (GB = 10^9, "
+                       "GiB = 2^30 bytes)")
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if value <= 0:
+        raise JobError(f"{flag} {text}: must be > 0")
+    return int(value)
+
+
+def fail(err: JobError) -> None:
+    typer.echo(f"error: {err}", err=True)
+    if err.hint:
+        typer.echo(f"hint: {err.hint}", err=True)
+    raise typer.Exit(2)
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write via a temporary file in the same directory and rename: never half-written."""
+    p = Path(path)
+    if not p.parent.exists():
+        raise JobError(f"{path}: directory {p.parent} does not exist", "create it first")
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

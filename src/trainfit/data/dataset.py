@@ -1,0 +1,246 @@
+"""Real training data: read rows, tokenize them, cut them to ``seq_len``, number every sample.
+
+Row kinds (detected per file from the first row):
+* text — ``{"text": ...}`` (field name: ``text_field``);
+* chat — ``{"messages": [{"role", "content"}, ...]}``, rendered by the tokenizer's chat template;
+* pre-tokenized — ``{"input_ids": [...]}`` (optionally ``labels``).
+
+Text rows are **packed**: documents joined with EOS and cut into ``seq_len`` chunks (no padding,
+no attention mask; attention crosses document boundaries inside a chunk — the usual pre-training
+trade-off, stated in ``DataStats.notes``). Chat and pre-tokenized rows are one sample each,
+**truncated** to ``seq_len`` (counted) and padded to ``seq_len`` with a mask and ``-100`` labels.
+Every sample has a stable ``sample_id`` so a run can prove each one was consumed exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainfit.job import JobError
+
+_HF_FORMATS = {".csv": "csv", ".parquet": "parquet", ".arrow": "arrow", ".txt": "text"}
+
+
+class DataError(JobError):
+    """Bad dataset: says what is wrong and how to fix it (exit 2)."""
+
+
+@dataclass(kw_only=True)
+class DataStats:
+    rows: int
+    """Rows read from the file."""
+    kind: str
+    """text | chat | pretokenized"""
+    samples: int
+    """Training samples after packing/truncation."""
+    tokens: int
+    """Non-padding tokens over all samples."""
+    truncated_rows: int = 0
+    """Rows longer than seq_len, cut to it."""
+    dropped_tokens: int = 0
+    """Tokens lost: truncation, and the last partial packed chunk."""
+    packed: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TokenData:
+    """Samples as token arrays (int64 numpy), each with a stable id (its index)."""
+
+    input_ids: list[np.ndarray]
+    labels: list[np.ndarray] | None
+    """Seq2seq targets, or causal labels that differ from the inputs (else None)."""
+    seq_len: int
+    pad_id: int
+    stats: DataStats
+    padded: bool
+    """True when some sample is shorter than seq_len (batches then carry an attention mask)."""
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def lengths(self) -> np.ndarray:
+        return np.array([len(x) for x in self.input_ids], dtype=np.int64)
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """JSON lines read here (exact line numbers in errors); other formats through HF datasets."""
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"--data {path}: no such file or directory", "check the path")
+    if p.is_dir() or p.suffix.lower() in _HF_FORMATS:
+        return _read_with_datasets(p)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError) as err:
+        raise DataError(f"--data {path}: cannot read it as UTF-8 text ({err})",
+                        "give a .jsonl file of rows, or a format HF datasets reads") from None
+    if p.suffix.lower() == ".json" and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise DataError(f"--data {path}: invalid JSON ({err})") from None
+    else:
+        rows = []
+        for i, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise DataError(f"--data {path}: line {i} is not valid JSON ({err.msg})",
+                                "one JSON object per line (JSONL)") from None
+    if not rows:
+        raise DataError(f"--data {path}: the dataset is empty", "give a file with at least one row")
+    for i, r in enumerate(rows, 1):
+        if not isinstance(r, dict):
+            raise DataError(f"--data {path}: row {i} is not a JSON object",
+                            'rows look like {"text": ...} or {"messages": [...]}')
+    return rows
+
+
+def _read_with_datasets(p: Path) -> list[dict[str, Any]]:
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"--data {p}: reading this format needs HF datasets",
+                        "pip install datasets, or convert the data to JSONL") from None
+    try:
+        if p.is_dir():
+            ds = datasets.load_from_disk(str(p))
+        else:
+            ds = datasets.load_dataset(_HF_FORMATS[p.suffix.lower()], data_files=str(p),
+                                       split="train")
+    except Exception as err:  # datasets raises many types for unreadable files
+        raise DataError(f"--data {p}: HF datasets cannot read it ({type(err).__name__}: "
+                        f"{str(err).splitlines()[0] if str(err) else ''})") from None
+    if isinstance(ds, dict):
+        ds = ds["train"]
+    rows = [dict(r) for r in ds]
+    if not rows:
+        raise DataError(f"--data {p}: the dataset is empty", "give a file with at least one row")
+    return rows
+
+
+def _kind(rows: list[dict[str, Any]], text_field: str, path: str) -> str:
+    first = rows[0]
+    if "input_ids" in first:
+        return "pretokenized"
+    if "messages" in first:
+        return "chat"
+    if text_field in first:
+        return "text"
+    raise DataError(f"--data {path}: row 1 has no {text_field!r}, 'messages' or 'input_ids' field "
+                    f"(fields: {', '.join(sorted(first)) or 'none'})",
+                    "name the text field with --text-field")
+
+
+def _field(row: dict[str, Any], name: str, i: int, path: str) -> Any:
+    if name not in row:
+        raise DataError(f"--data {path}: row {i} has no {name!r} field",
+                        "every row needs the same fields as the first one")
+    return row[name]
+
+
+def _chat_ids(tok: Any, messages: Any, i: int, path: str) -> list[int]:
+    if not isinstance(messages, list) or not messages:
+        raise DataError(f"--data {path}: row {i}: 'messages' must be a non-empty list of "
+                        '{"role", "content"}')
+    out = tok.apply_chat_template(messages, tokenize=True)
+    if hasattr(out, "keys"):
+        out = out["input_ids"]
+    return list(out)
+
+
+def _seq2seq_pair(tok: Any, row: dict[str, Any], kind: str, text_field: str, i: int, path: str
+                  ) -> tuple[list[int], list[int]]:
+    """Encoder input and decoder target: chat → the last assistant turn is the target; text → the
+    text is both (a reconstruction objective, stated in the notes)."""
+    if kind == "chat":
+        msgs = _field(row, "messages", i, path)
+        last = max((j for j, m in enumerate(msgs) if m.get("role") == "assistant"), default=None)
+        if last is None:
+            raise DataError(f"--data {path}: row {i} has no assistant turn to learn",
+                            "seq2seq models learn the last assistant message of each row")
+        prompt = "\n".join(f"{m['role']}: {m['content']}" for m in msgs[:last])
+        return tok(prompt)["input_ids"], tok(msgs[last]["content"])["input_ids"]
+    text = str(_field(row, text_field, i, path))
+    ids = tok(text)["input_ids"]
+    return ids, list(ids)
+
+
+def tokenize_rows(rows: list[dict[str, Any]], tok: Any, *, seq_len: int, task: str,
+                  text_field: str = "text", packing: bool | None = None, path: str = "data",
+                  max_positions: int | None = None) -> TokenData:
+    """Tokenize every row (eagerly: the training loop then never waits for the tokenizer)."""
+    if seq_len <= 0:
+        raise DataError(f"--seq-len {seq_len}: must be ≥ 1")
+    if max_positions is not None and seq_len > max_positions:
+        raise DataError(f"--seq-len {seq_len}: longer than the model's limit of {max_positions} "
+                        "positions", f"use --seq-len ≤ {max_positions}")
+    kind = _kind(rows, text_field, path)
+    eos = tok.eos_token_id if tok.eos_token_id is not None else tok.pad_token_id
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos
+    seqs: list[list[int]] = []
+    targets: list[list[int]] | None = [] if task == "seq2seq-lm" else None
+    for i, row in enumerate(rows, 1):
+        if task == "seq2seq-lm" and kind != "pretokenized":
+            src, tgt = _seq2seq_pair(tok, row, kind, text_field, i, path)
+            seqs.append(src)
+            targets.append(tgt)  # type: ignore[union-attr]
+        elif kind == "pretokenized":
+            ids = _field(row, "input_ids", i, path)
+            if not isinstance(ids, list) or not all(isinstance(x, int) for x in ids):
+                raise DataError(f"--data {path}: row {i}: input_ids must be a list of integers")
+            seqs.append(ids)
+            if targets is not None:
+                targets.append(list(row.get("labels", ids)))
+        elif kind == "chat":
+            seqs.append(_chat_ids(tok, _field(row, "messages", i, path), i, path))
+        else:
+            text = _field(row, text_field, i, path)
+            if not isinstance(text, str):
+                raise DataError(f"--data {path}: row {i}: {text_field!r} must be a string")
+            seqs.append(list(tok(text)["input_ids"]) + ([eos] if eos is not None else []))
+    if not any(seqs):
+        raise DataError(f"--data {path}: every row is empty after tokenization")
+    vocab_hi = max((max(s) for s in seqs if s), default=0)
+    if vocab_hi >= len(tok) and kind == "pretokenized":
+        raise DataError(f"--data {path}: token id {vocab_hi} is outside the tokenizer's "
+                        f"vocabulary ({len(tok)})", "re-tokenize with the model's tokenizer")
+    pack = (kind == "text" and task == "causal-lm") if packing is None else packing
+    notes: list[str] = []
+    total_in = sum(len(s) for s in seqs)
+    if pack and task == "causal-lm":
+        flat = np.fromiter((t for s in seqs for t in s), dtype=np.int64, count=total_in)
+        n_chunks = len(flat) // seq_len
+        if n_chunks == 0:
+            raise DataError(f"--data {path}: {len(flat)} tokens in all, fewer than one "
+                            f"sequence of {seq_len}", "add data or lower --seq-len")
+        ids = [flat[k * seq_len:(k + 1) * seq_len] for k in range(n_chunks)]
+        dropped = len(flat) - n_chunks * seq_len
+        notes.append(f"packed: {len(rows)} documents joined with EOS into {n_chunks} sequences of "
+                     f"{seq_len} tokens; attention crosses document boundaries inside a sequence")
+        stats = DataStats(rows=len(rows), kind=kind, samples=n_chunks, tokens=n_chunks * seq_len,
+                          dropped_tokens=dropped, packed=True, notes=notes)
+        return TokenData(ids, None, seq_len, int(pad), stats, padded=False)
+    truncated = sum(1 for s in seqs if len(s) > seq_len)
+    if targets is not None:
+        truncated += sum(1 for t in targets if len(t) > seq_len)
+    ids = [np.asarray(s[:seq_len], dtype=np.int64) for s in seqs]
+    labels = [np.asarray(t[:seq_len], dtype=np.int64) for t in targets] if targets is not None \
+        else None
+    kept = sum(len(x) for x in ids)
+    if truncated:
+        notes.append(f"{truncated} of {len(rows)} rows longer than seq_len {seq_len}: truncated "
+                     "(their tail is not learned)")
+    stats = DataStats(rows=len(rows), kind=kind, samples=len(ids), tokens=kept,
+                      truncated_rows=truncated, dropped_tokens=total_in - kept, notes=notes)
+    padded = any(len(x) < seq_len for x in ids) or (
+        labels is not None and any(len(x) < seq_len for x in labels))
+    return TokenData(ids, labels, seq_len, int(pad), stats, padded=padded)

@@ -1,0 +1,307 @@
+"""Probe: a few real training steps of the real model on the real data, measured.
+
+First the optimizer states are created by one optimizer step on zero gradients (as the simulation
+does: the first real step only matters for creating them), then one steady-state step runs under
+the memory meter — on CUDA the allocator's own peak
+statistics, on CPU the live-bytes tracker of ``plan`` with a limit that raises the same
+``torch.OutOfMemoryError`` a GPU would. The following ``timed_steps`` run unmetered and are timed
+(median, with the spread). Model weights are restored afterwards; the optimizer is rebuilt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import psutil
+import torch
+
+from trainfit.data.dataset import TokenData
+from trainfit.data.loader import LoaderKnobs, SampleOrder, make_loader, micro_batch_ids
+from trainfit.job import JobSpec
+from trainfit.memory.tracker import LiveBytesTracker
+from trainfit.model_source import ModelSource
+from trainfit.runtime import RealWorkload, build_real
+from trainfit.step import train_step
+from trainfit.workload import make_optimizer
+
+
+class LimitTracker(LiveBytesTracker):
+    """Live tensor bytes with a capacity: crossing it raises ``torch.OutOfMemoryError`` (CPU stand-in
+    for a GPU of that size)."""
+
+    def __init__(self, limit_bytes: int | None) -> None:
+        super().__init__(block_bytes=1)
+        self.limit_bytes = limit_bytes
+
+    def _check_peak(self) -> None:
+        super()._check_peak()
+        if self.limit_bytes is not None and self.current_bytes > self.limit_bytes:
+            raise torch.OutOfMemoryError(
+                f"trainfit --memory-limit: tried to hold {self.current_bytes / 2**30:.3f} GiB of "
+                f"tensors, limit {self.limit_bytes / 2**30:.3f} GiB (phase {self.phase})")
+
+
+@dataclass(kw_only=True)
+class Measured:
+    peak_allocated_bytes: int | None
+    """Measured peak of live tensor bytes (CUDA: max_memory_allocated; CPU: tracked live bytes)."""
+    peak_reserved_bytes: int | None
+    """CUDA max_memory_reserved; None on CPU (no caching allocator)."""
+    peak_device_bytes: int | None
+    """CUDA device memory in use at the end (all processes, cudaMemGetInfo); None on CPU."""
+    host_rss_bytes: int
+    """Peak resident memory of this process and its data-loader workers."""
+    step_time_s: float | None
+    """Median optimizer-step time over the timed steps (data wait included); None for a
+    memory-only probe."""
+    step_time_spread_s: float | None
+    """max − min of the timed steps."""
+    tokens_per_s: float | None
+    """Positions computed per second (micro × seq_len × accumulation × ranks / step time)."""
+    samples_per_s: float | None
+    data_wait_fraction: float | None
+    """Share of the step spent waiting for the next batch."""
+    compile_time_s: float | None = None
+    """torch.compile: first compiled step minus a steady step (None: not compiled)."""
+    step_times_s: list[float] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class ProbeResult:
+    status: str
+    """ok | oom | over-host-ram"""
+    measured: Measured | None
+    oom_phase: str | None = None
+    detail: str = ""
+    probe_time_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.measured is not None:
+            d["measured"].pop("step_times_s", None)
+        return d
+
+
+def tree_rss_bytes(pid: int | None = None) -> int:
+    """RSS of a process and all its children (data-loader workers)."""
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def loss_weights(data: TokenData, micro_ids: list[list[int]], task: str) -> list[float]:
+    """Each micro-batch's share of the step's label tokens (token-weighted loss)."""
+    counts = []
+    for ids in micro_ids:
+        n = 0
+        for i in ids:
+            n_in = len(data.labels[i]) if data.labels is not None else len(data.input_ids[i])
+            n += max(n_in - 1, 0) if task == "causal-lm" and data.labels is None else n_in
+        counts.append(n)
+    total = sum(counts) or 1
+    return [c / total for c in counts]
+
+
+class Probe:
+    """Holds one built workload per model structure and measures configurations on it."""
+
+    def __init__(self, source: ModelSource, data: TokenData, device: torch.device, *,
+                 memory_limit_bytes: int | None = None, max_host_ram_bytes: int | None = None,
+                 seed: int = 0, rank: int = 0) -> None:
+        self.source = source
+        self.data = data
+        self.device = device
+        self.memory_limit_bytes = memory_limit_bytes
+        self.max_host_ram_bytes = max_host_ram_bytes
+        self.seed = seed
+        self.rank = rank
+        self._key: tuple | None = None
+        self._wl: RealWorkload | None = None
+        self._snapshot: dict[str, torch.Tensor] = {}
+
+    def _workload(self, job: JobSpec) -> RealWorkload:
+        key = (job.model, job.method, job.lora_r, tuple(job.lora_targets), job.precision,
+               job.grad_ckpt, job.attention, job.lm_head_chunk, job.compile)
+        if key != self._key:
+            self._wl = None
+            self._snapshot = {}
+            gc.collect()
+            self._wl = build_real(job, self.source, self.device, seed=self.seed)
+            if job.compile:
+                self._wl.step_model = torch.compile(self._wl.model)
+            self._key = key
+            self._snapshot = {n: p.detach().clone() for n, p in self._wl.model.named_parameters()
+                              if p.requires_grad}
+        assert self._wl is not None
+        return self._wl
+
+    def _restore(self, job: JobSpec) -> None:
+        wl = self._wl
+        if wl is None:
+            return
+        wl.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for n, p in wl.model.named_parameters():
+                if n in self._snapshot:
+                    p.copy_(self._snapshot[n])
+        wl.optimizer = make_optimizer(job, [p for p in wl.model.parameters() if p.requires_grad],
+                                      simulate=False)
+
+    def run(self, job: JobSpec, timed_steps: int = 3) -> ProbeResult:
+        """``timed_steps`` 0: a memory-only probe (one metered step)."""
+        t0 = time.perf_counter()
+        loader_knobs = LoaderKnobs(num_workers=job.num_workers, prefetch_factor=job.prefetch_factor,
+                                   pin_memory=job.pin_memory,
+                                   persistent_workers=job.persistent_workers)
+        wl = self._workload(job)
+        self._restore(job)
+        try:
+            res = self._measure(job, wl, loader_knobs, timed_steps)
+        except torch.OutOfMemoryError as err:
+            res = ProbeResult(status="oom", measured=None, oom_phase=getattr(err, "phase", None),
+                              detail=str(err).splitlines()[0][:200])
+        finally:
+            self._restore(job)
+            gc.collect()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        res.probe_time_s = time.perf_counter() - t0
+        return res
+
+    def _batches(self, loader: torch.utils.data.DataLoader, waits: list[float],
+                 tracker: LiveBytesTracker | None) -> Iterator[dict[str, torch.Tensor]]:
+        it = iter(loader)
+        non_blocking = self.device.type == "cuda"
+        while True:
+            t = time.perf_counter()
+            try:
+                b = next(it)
+            except StopIteration:
+                return
+            b.pop("sample_ids")
+            b = {k: v.to(self.device, non_blocking=non_blocking) for k, v in b.items()}
+            waits.append(time.perf_counter() - t)
+            if tracker is not None:
+                for v in b.values():
+                    tracker.track(v, "buffers")
+            yield b
+
+    def _measure(self, job: JobSpec, wl: RealWorkload, knobs: LoaderKnobs, timed_steps: int
+                 ) -> ProbeResult:
+        micro = job.micro_batch or 1
+        accum = job.grad_accum or 1
+        ranks = job.ranks
+        per_step = micro * accum * ranks
+        order = SampleOrder(len(self.data), seed=self.seed)
+        warm = 1 if (job.compile and timed_steps) else 0  # the compiling step, timed apart
+        n_steps = 1 + warm + timed_steps
+        steps_ids = [micro_batch_ids(order, s * per_step, per_step, micro, self.rank, ranks)
+                     for s in range(n_steps)]
+        loader = make_loader(self.data, self.source.task, [m for s in steps_ids for m in s],
+                             knobs, pin=self.device.type == "cuda")
+        cuda = self.device.type == "cuda"
+        tracker = None if cuda else LimitTracker(self.memory_limit_bytes)
+        if tracker is not None:
+            seen: set[int] = set()
+            for t in [*wl.model.parameters(), *wl.model.buffers()]:
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    tracker.track(t, "parameters")
+            hooks = [p.register_post_accumulate_grad_hook(
+                lambda p: tracker.reclassify(p.grad, "gradients"))
+                for p in wl.model.parameters() if p.requires_grad]
+        else:
+            hooks = []
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        # optimizer states, as the first real step creates them (values restored after the probe)
+        if tracker is not None:
+            tracker.set_phase("optimizer")
+        trainable = [p for p in wl.model.parameters() if p.requires_grad]
+        ctx = tracker if tracker is not None else contextlib.nullcontext()
+        with ctx:
+            for p in trainable:
+                p.grad = torch.zeros_like(p)
+            wl.optimizer.step()
+            wl.optimizer.zero_grad(set_to_none=job.grads_to_none)
+        waits: list[float] = []
+        batches = self._batches(loader, waits, tracker)
+        times: list[float] = []
+        step_waits: list[float] = []
+        rss = tree_rss_bytes()
+        compile_step_s = None
+        try:
+            for s in range(n_steps):
+                metered = s == 0
+                w = loss_weights(self.data, steps_ids[s], self.source.task)
+                gen = (next(batches) for _ in steps_ids[s])
+                n_wait = len(waits)
+                t = time.perf_counter()
+                if metered and tracker is not None:
+                    with tracker:
+                        train_step(wl.step_model, wl.optimizer, gen, grad_accum=accum,
+                                   autocast=wl.autocast, max_grad_norm=job.max_grad_norm,
+                                   scaler=wl.scaler, observer=tracker,
+                                   grads_to_none=job.grads_to_none, loss_weights=w)
+                else:
+                    train_step(wl.step_model, wl.optimizer, gen, grad_accum=accum,
+                               autocast=wl.autocast,
+                               max_grad_norm=job.max_grad_norm, scaler=wl.scaler,
+                               grads_to_none=job.grads_to_none, loss_weights=w)
+                if cuda:
+                    torch.cuda.synchronize(self.device)
+                dt = time.perf_counter() - t
+                rss = max(rss, tree_rss_bytes())
+                if s == 1 and warm:
+                    compile_step_s = dt
+                elif not metered:
+                    times.append(dt)
+                    step_waits.append(sum(waits[n_wait:]))
+                if self.max_host_ram_bytes is not None and rss > self.max_host_ram_bytes:
+                    return ProbeResult(status="over-host-ram", measured=None,
+                                       detail=f"host RSS {rss / 2**30:.2f} GiB measured > "
+                                              f"--max-host-ram {self.max_host_ram_bytes / 2**30:.2f} GiB")
+        except torch.OutOfMemoryError as err:
+            err.phase = tracker.phase if tracker is not None else None  # type: ignore[attr-defined]
+            raise
+        finally:
+            for h in hooks:
+                h.remove()
+            del batches
+        if cuda:
+            alloc = torch.cuda.max_memory_allocated(self.device)
+            reserved: int | None = torch.cuda.max_memory_reserved(self.device)
+            free, total = torch.cuda.mem_get_info(self.device)
+            device_used: int | None = total - free
+        else:
+            alloc, reserved, device_used = tracker.peak.peak_bytes, None, None  # type: ignore[union-attr]
+        if not times:
+            return ProbeResult(status="ok", measured=Measured(
+                peak_allocated_bytes=alloc, peak_reserved_bytes=reserved,
+                peak_device_bytes=device_used, host_rss_bytes=rss, step_time_s=None,
+                step_time_spread_s=None, tokens_per_s=None, samples_per_s=None,
+                data_wait_fraction=None))
+        med = statistics.median(times)
+        tokens = per_step * self.data.seq_len
+        wait_frac = statistics.median([w / t for w, t in zip(step_waits, times, strict=True)])
+        return ProbeResult(status="ok", measured=Measured(
+            peak_allocated_bytes=alloc, peak_reserved_bytes=reserved, peak_device_bytes=device_used,
+            host_rss_bytes=rss, step_time_s=med, step_time_spread_s=max(times) - min(times),
+            tokens_per_s=tokens / med, samples_per_s=per_step / med,
+            data_wait_fraction=wait_frac, step_times_s=times,
+            compile_time_s=None if compile_step_s is None else max(compile_step_s - med, 0.0)))

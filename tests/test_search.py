@@ -1,0 +1,111 @@
+"""The search logic over fake probes: memory bisection from the prediction, exact accumulation,
+noise-guarded speed comparisons, budget."""
+
+from trainfit.job import JobSpec
+from trainfit.probe import Measured, ProbeResult
+from trainfit.search import Predicted, Searcher, SearchOptions, micro_options
+
+GIB = 2**30
+
+
+def fake(mem_per_sample, base, tps_of, calls):
+    def probe(job: JobSpec, timed: int) -> ProbeResult:
+        calls.append((job.micro_batch, job.attention, timed))
+        peak = base + mem_per_sample * job.micro_batch
+        if peak > 10 * GIB:
+            return ProbeResult(status="oom", measured=None)
+        tps = tps_of(job) if timed else None
+        return ProbeResult(status="ok", measured=Measured(
+            peak_allocated_bytes=peak, peak_reserved_bytes=None, peak_device_bytes=None,
+            host_rss_bytes=1, step_time_s=1000 / tps if tps else None,
+            step_time_spread_s=0.0 if tps else None, tokens_per_s=tps, samples_per_s=None,
+            data_wait_fraction=0.0 if tps else None))
+    return probe
+
+
+def pred(mem_per_sample, base, tps_of):
+    def p(job):
+        return Predicted(peak_allocated_bytes=base + mem_per_sample * job.micro_batch,
+                         tokens_per_s=tps_of(job))
+    return p
+
+
+def test_micro_options_exact_accumulation():
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=24, ranks=2)
+    ok, excluded = micro_options(job, dataset_samples=1000)
+    assert ok == [1, 2, 3, 4, 6, 12]
+    assert excluded == [5, 7, 8, 9, 10, 11]
+    assert micro_options(job, dataset_samples=10)[0] == [1, 2, 3, 4]  # capped by the data
+
+
+def test_bisection_starts_at_prediction_and_confirms_in_two_probes():
+    calls = []
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=64)
+    tps = lambda j: 100.0 * min(j.micro_batch, 8)  # noqa: E731
+    s = Searcher(job, fake(GIB, 2 * GIB, tps, calls), pred(GIB, 2 * GIB, tps), 10 * GIB,
+                 SearchOptions(margin=0.1, knobs=()), 10_000)
+    out = s.search()
+    # capacity 10 GiB, margin 10 %: 2 + m ≤ 9 → m ≤ 7; divisors of 64: 1 2 4 8 16 32 64 → 4
+    assert out.largest_fitting_micro == 4
+    batch = [c for c in calls if c[2] == 0]
+    assert batch == [(4, "sdpa", 0), (8, "sdpa", 0)]  # the predicted boundary and its neighbour
+    assert out.best.job.micro_batch == 4 and out.best.job.grad_accum == 16
+    assert out.best.job.effective_batch == 64
+
+
+def test_bisection_when_prediction_is_wrong():
+    calls = []
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=64)
+    tps = lambda j: 100.0  # noqa: E731
+    # the prediction says everything fits; reality: 2 + m ≤ 9
+    s = Searcher(job, fake(GIB, 2 * GIB, tps, calls), pred(0, 0, tps), 10 * GIB,
+                 SearchOptions(margin=0.1, knobs=()), 10_000)
+    out = s.search()
+    assert out.largest_fitting_micro == 4
+    assert len([c for c in calls if c[2] == 0]) <= 4
+
+
+def test_noise_needs_confirmation():
+    calls = []
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=8)
+    seen = {"eager": 0}
+
+    def tps(j):
+        if j.attention == "eager":
+            seen["eager"] += 1
+            return 130.0 if seen["eager"] == 1 else 100.0  # a lucky first measurement
+        return 100.0
+    s = Searcher(job, fake(GIB, GIB, tps, calls), pred(GIB, GIB, lambda j: 100.0), None,
+                 SearchOptions(knobs=("attention",)), 10_000)
+    out = s.search()
+    assert out.best.job.attention == "sdpa"  # the gain did not survive the re-measurement
+    assert [t.stage for t in out.trials].count("confirm") == 2
+
+
+def test_real_gain_is_taken_and_prediction_prunes():
+    calls = []
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=8)
+    tps = lambda j: 150.0 if j.optimizer_impl == "foreach" else 100.0  # noqa: E731
+    ptps = lambda j: 10.0 if j.precision == "amp-bf16" else 100.0  # noqa: E731
+    s = Searcher(job.replace(precision="fp32", grad_ckpt="off"), fake(GIB, GIB, tps, calls),
+                 pred(GIB, GIB, ptps), None,
+                 SearchOptions(knobs=("precision", "optimizer_impl"),
+                               precisions=("fp32", "amp-bf16")), 10_000)
+    out = s.search()
+    assert out.best.job.optimizer_impl == "foreach"
+    assert not any(t.job.precision == "amp-bf16" for t in out.trials)
+    assert any("predicted 0.10×" in n for n in out.notes)
+
+
+def test_nothing_fits_tries_checkpointing():
+    calls = []
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=4, grad_ckpt="off")
+
+    def probe(j, timed):
+        calls.append(j.grad_ckpt)
+        return ProbeResult(status="oom", measured=None)
+    s = Searcher(job, probe, lambda j: None, GIB, SearchOptions(knobs=()), 100)
+    out = s.search()
+    assert out.best is None
+    assert "full" in calls and "off" in calls
+    assert any("no micro-batch fits" in n for n in out.notes)
