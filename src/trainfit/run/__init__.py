@@ -1,0 +1,1 @@
+"""``trainfit train``: the run loop, checkpoints and many ranks."""

@@ -1,0 +1,350 @@
+"""``trainfit train``: the tuned job in a loop around the one ``train_step`` — watched, checkpointed,
+surviving OOM (halve the micro-batch, double the accumulation, redo the same samples) and
+interruption (SIGINT/SIGTERM → checkpoint, exit; resume restores everything), on one or many ranks.
+
+Exactness: the sample order is a function of (seed, epoch); the position is the number of samples
+consumed; the loss of every micro-batch is weighted by its share of the effective batch's label
+tokens. So an OOM split, a resume, or a resume at another micro-batch computes the same gradients
+as the uninterrupted run (to float summation order).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainfit.data.dataset import TokenData
+from trainfit.data.loader import LoaderKnobs, SampleOrder, make_loader
+from trainfit.job import JobError, JobSpec
+from trainfit.model_source import resolve_model
+from trainfit.probe import LimitTracker
+from trainfit.run import checkpoint as ckpt
+from trainfit.run.dist import Dist
+from trainfit.runtime import build_real, parse_device
+from trainfit.step import train_step
+
+
+@dataclass(kw_only=True)
+class RunOptions:
+    out_dir: Path
+    """Checkpoints, train.json and monitor.jsonl go here."""
+    max_steps: int | None = None
+    """Optimizer steps to run (default: ``epochs`` over the data)."""
+    epochs: float = 1.0
+    save_every_steps: int | None = None
+    """Checkpoint every N steps (and always at the end and on SIGINT/SIGTERM)."""
+    resume: Path | None = None
+    device: str = "cpu"
+    memory_limit_bytes: int | None = None
+    """CPU stand-in for a GPU's capacity (live tensor bytes, as tune): crossing it is an OOM."""
+    monitor_interval_s: float = 1.0
+    live: bool | None = False
+    inject_oom_at_steps: tuple[int, ...] = ()
+    """Fault injection (tests, drills): raise an OOM in the forward of these steps, once each."""
+    inject_interrupt_at_step: int | None = None
+    """Fault injection: act as if SIGINT arrived during this step."""
+    record_samples: bool = False
+    """Keep the sample ids of every completed step in the result (tests)."""
+
+    def __post_init__(self) -> None:
+        if self.max_steps is not None and self.max_steps < 1:
+            raise JobError(f"--max-steps {self.max_steps}: must be ≥ 1")
+        if self.save_every_steps is not None and self.save_every_steps < 1:
+            raise JobError(f"--save-every {self.save_every_steps}: must be ≥ 1")
+        if not self.epochs > 0:
+            raise JobError(f"--epochs {self.epochs}: must be > 0")
+
+
+@dataclass
+class TrainResult:
+    job: dict[str, Any]
+    steps: int
+    samples_seen: int
+    tokens_seen: int
+    wall_time_s: float
+    final_loss: float | None
+    losses: list[float]
+    oom_events: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints: list[str] = field(default_factory=list)
+    resumed_from: str | None = None
+    interrupted: bool = False
+    monitor_log: str | None = "monitor.jsonl"
+    samples: list[list[int]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("samples")
+        return {"kind": "train", **d}
+
+
+class _Injected(torch.OutOfMemoryError):
+    pass
+
+
+class _Interrupt:
+    def __init__(self) -> None:
+        self.requested = False
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _Interrupt:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: signals stay with the caller
+                pass
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def _label_count(data: TokenData, i: int, task: str) -> int:
+    n = len(data.labels[i]) if data.labels is not None else len(data.input_ids[i])
+    return max(n - 1, 0) if task == "causal-lm" and data.labels is None else n
+
+
+class Trainer:
+    def __init__(self, job: JobSpec, opts: RunOptions, data: TokenData | None = None) -> None:
+        from trainfit.tune import load_data
+
+        self.job = job
+        self.o = opts
+        self.dist = Dist.from_env()
+        self.device = parse_device(opts.device)
+        if self.dist.world > 1 and self.device.type == "cuda":
+            self.device = torch.device("cuda", self.dist.local_rank)
+        self.source = resolve_model(job.model, job.trust_remote_code)
+        self.data = data if data is not None else load_data(job, self.source)
+        if job.effective_batch is None or job.micro_batch is None:
+            raise JobError("the job needs micro_batch and effective_batch (or grad_accum)",
+                           "run trainfit tune first, or set them in the YAML")
+        if job.ranks != self.dist.world:
+            raise JobError(f"the job says ranks {job.ranks} but {self.dist.world} process(es) run",
+                           f"use --nproc {job.ranks}, or set ranks: {self.dist.world}")
+        self.wl = build_real(job, self.source, self.device, seed=job.seed, lr=job.lr)
+        self.model = self.dist.wrap(self.wl.model, self.device)
+        if job.compile:
+            self.model = torch.compile(self.model)
+        total = self.total_steps()
+        # HF Trainer's default schedule: linear decay to 0 (no warm-up)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.wl.optimizer, lambda s: max(0.0, 1 - s / total))
+        self.order = SampleOrder(len(self.data), seed=job.seed)
+        self.state = ckpt.RunState(step=0, position=0, micro_batch=job.micro_batch,
+                                   grad_accum=job.grad_accum or 1)
+        self.resumed_from: str | None = None
+        if opts.resume is not None:
+            ck = ckpt.find(opts.resume)
+            saved = ckpt.load(ck, self.wl.model, self.wl.optimizer, self.scheduler, self.wl.scaler,
+                              self.device)
+            # the effective batch is the job's; the micro-batch may differ (another GPU, an OOM)
+            self.state = ckpt.RunState(step=saved.step, position=saved.position,
+                                       micro_batch=job.micro_batch, grad_accum=job.grad_accum or 1)
+            self.resumed_from = str(ck)
+
+    def total_steps(self) -> int:
+        if self.o.max_steps is not None:
+            return self.o.max_steps
+        return max(1, math.floor(len(self.data) * self.o.epochs / self.job.effective_batch))
+
+    # --- data -------------------------------------------------------------------------------------
+    def _schedule(self) -> Iterator[list[int]]:
+        """Micro-batches of this rank from the current position on (a DataLoader batch sampler)."""
+        pos, micro, eff = self.state.position, self.state.micro_batch, self.job.effective_batch
+        while True:
+            ids = self.order.ids(pos, eff)
+            share = eff // self.dist.world
+            mine = ids[self.dist.rank * share:(self.dist.rank + 1) * share]
+            yield from (mine[k:k + micro] for k in range(0, len(mine), micro))
+            pos += eff
+
+    def _loader(self) -> Iterator[dict[str, torch.Tensor]]:
+        j = self.job
+        knobs = LoaderKnobs(num_workers=j.num_workers, prefetch_factor=j.prefetch_factor,
+                            pin_memory=j.pin_memory, persistent_workers=j.persistent_workers)
+        return iter(make_loader(self.data, self.source.task, _Sched(self._schedule), knobs,
+                                pin=self.device.type == "cuda"))
+
+    def _weights(self) -> list[float]:
+        """Per micro-batch of this rank: its label tokens / the whole effective batch's, × world
+        (DDP averages gradients over ranks)."""
+        ids = self.order.ids(self.state.position, self.job.effective_batch)
+        total = sum(_label_count(self.data, i, self.source.task) for i in ids) or 1
+        share = self.job.effective_batch // self.dist.world
+        mine = ids[self.dist.rank * share:(self.dist.rank + 1) * share]
+        m = self.state.micro_batch
+        return [sum(_label_count(self.data, i, self.source.task) for i in mine[k:k + m])
+                * self.dist.world / total for k in range(0, len(mine), m)]
+
+    # --- the loop ---------------------------------------------------------------------------------
+    def run(self) -> TrainResult:
+        from trainfit.monitor import Sampler
+
+        o = self.o
+        o.out_dir.mkdir(parents=True, exist_ok=True)
+        main = self.dist.rank == 0
+        total = self.total_steps()
+        res = TrainResult(job=self.job.to_dict(), steps=self.state.step, samples_seen=0,
+                          tokens_seen=0, wall_time_s=0.0, final_loss=None, losses=[],
+                          resumed_from=self.resumed_from,
+                          monitor_log="monitor.jsonl" if main else None)
+        tracker = LimitTracker(o.memory_limit_bytes) if o.memory_limit_bytes else None
+        if tracker is not None:
+            for t in [*self.wl.model.parameters(), *self.wl.model.buffers()]:
+                tracker.track(t, "parameters")
+        injected = set(o.inject_oom_at_steps)
+        t_start = time.perf_counter()
+        sampler = Sampler(interval_s=o.monitor_interval_s, live=o.live,
+                          log_path=o.out_dir / "monitor.jsonl") if main else None
+        it = self._loader()
+        with _Interrupt() as intr, (sampler or _Null()):
+            if sampler is not None:
+                sampler.start()
+            while self.state.step < total:
+                step = self.state.step
+                waits: list[float] = []
+                ids_done: list[int] = []
+                n_micro = self.job.effective_batch // self.dist.world
+                n_micro = math.ceil(n_micro / self.state.micro_batch)
+
+                t0 = time.perf_counter()
+                failed = False
+                try:
+                    with (tracker or _Null()):
+                        out = train_step(self.model, self.wl.optimizer,
+                                         self._batches(it, n_micro, step, ids_done, waits,
+                                                       injected, tracker),
+                                         grad_accum=self.state.grad_accum, autocast=self.wl.autocast,
+                                         max_grad_norm=self.job.max_grad_norm, scaler=self.wl.scaler,
+                                         grads_to_none=self.job.grads_to_none,
+                                         loss_weights=self._weights())
+                except torch.OutOfMemoryError:
+                    failed = True
+                if self.dist.any(failed):
+                    self._recover_oom(res, step)
+                    it = self._loader()
+                    continue
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                dt = time.perf_counter() - t0
+                self.scheduler.step()
+                loss = self.dist.sum(float(out.loss)) / self.dist.world
+                self.state.step += 1
+                self.state.position += self.job.effective_batch
+                res.losses.append(loss)
+                res.samples_seen += self.job.effective_batch
+                tokens = self.job.effective_batch * self.data.seq_len
+                res.tokens_seen += tokens
+                if o.record_samples:
+                    res.samples.append(self.dist.gather_ids(ids_done))
+                if sampler is not None:
+                    sampler.record_step(step=self.state.step, loss=loss, tokens=tokens,
+                                        samples=self.job.effective_batch, step_time_s=dt,
+                                        data_wait_s=sum(waits),
+                                        peak_allocated_bytes=self._peak(tracker))
+                if o.inject_interrupt_at_step == step:
+                    intr.requested = True
+                stop = self.dist.any(intr.requested)
+                if stop or (o.save_every_steps and self.state.step % o.save_every_steps == 0):
+                    self._save(res)
+                if stop:
+                    res.interrupted = True
+                    break
+        if not res.interrupted and (not res.checkpoints
+                                    or not res.checkpoints[-1].endswith(f"-{self.state.step}")):
+            self._save(res)
+        res.steps = self.state.step
+        res.final_loss = res.losses[-1] if res.losses else None
+        res.wall_time_s = time.perf_counter() - t_start
+        if main:
+            (o.out_dir / "train.json").write_text(json.dumps(res.to_dict(), indent=1))
+        return res
+
+    def _batches(self, it: Iterator[dict[str, torch.Tensor]], n_micro: int, step: int,
+                 ids_done: list[int], waits: list[float], injected: set[int],
+                 tracker: LimitTracker | None) -> Iterator[dict[str, Any]]:
+        """The step's micro-batches on the device; records their sample ids and data wait."""
+        for k in range(n_micro):
+            t = time.perf_counter()
+            b = next(it)
+            ids_done.extend(b.pop("sample_ids").tolist())
+            b = {key: v.to(self.device, non_blocking=True) for key, v in b.items()}
+            waits.append(time.perf_counter() - t)
+            if step in injected and k == n_micro - 1:
+                injected.discard(step)
+                raise _Injected("injected OOM (fault injection)")
+            if tracker is not None:
+                for v in b.values():
+                    tracker.track(v, "buffers")
+            yield b
+
+    def _peak(self, tracker: LimitTracker | None) -> int | None:
+        if tracker is not None:
+            return tracker.peak.peak_bytes
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device)
+        return None
+
+    def _recover_oom(self, res: TrainResult, step: int) -> None:
+        """Drop the partial gradients, free, halve the micro-batch, double the accumulation; the
+        same samples are redone (the position did not move)."""
+        self.wl.optimizer.zero_grad(set_to_none=True)
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        before = self.state.micro_batch
+        if before == 1:
+            raise JobError(f"out of memory at step {step} with micro-batch 1",
+                           "enable --grad-ckpt full, use LoRA/QLoRA, or a shorter --seq-len")
+        per_rank = self.job.effective_batch // self.dist.world
+        after = before // 2
+        while per_rank % after:
+            after -= 1
+        self.state.micro_batch = after
+        self.state.grad_accum = per_rank // after
+        res.oom_events.append({"step": step, "phase": "step", "micro_batch_before": before,
+                               "micro_batch_after": after, "grad_accum_after": self.state.grad_accum})
+
+    def _save(self, res: TrainResult) -> None:
+        if self.dist.rank == 0:
+            job = self.job.replace(micro_batch=self.state.micro_batch,
+                                   effective_batch=self.job.effective_batch).to_dict()
+            p = ckpt.save(self.o.out_dir, self.state, self.wl.model, self.wl.optimizer,
+                          self.scheduler, self.wl.scaler, job)
+            res.checkpoints.append(str(p))
+        self.dist.barrier()
+
+
+class _Sched:
+    """Re-iterable wrapper so DataLoader can take a generator factory as its batch sampler."""
+
+    def __init__(self, factory: Any) -> None:
+        self.factory = factory
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self.factory()
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def train(job: JobSpec, opts: RunOptions, data: TokenData | None = None) -> TrainResult:
+    return Trainer(job, opts, data).run()

@@ -1,0 +1,123 @@
+"""train: OOM and interruption cost no sample and change no loss (fp32, CPU)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from trainfit.cli.main import app
+from trainfit.job import JobError, JobSpec
+from trainfit.run.loop import RunOptions, train
+
+runner = CliRunner()
+
+
+@pytest.fixture()
+def job(micro_model_json, chat_jsonl):
+    # chat rows: padded, of different lengths — the token weighting matters
+    return JobSpec(model=str(micro_model_json), seq_len=32, effective_batch=8, micro_batch=4,
+                   precision="fp32", data=str(chat_jsonl))
+
+
+def _flat(res):
+    return [i for step in res.samples for i in step]
+
+
+def test_oom_and_interrupt_lose_nothing(job, tmp_path):
+    ref = train(job, RunOptions(out_dir=tmp_path / "ref", max_steps=6, record_samples=True))
+    a = train(job, RunOptions(out_dir=tmp_path / "a", max_steps=6, record_samples=True,
+                              inject_oom_at_steps=(1,), inject_interrupt_at_step=3))
+    assert a.interrupted and a.steps == 4
+    assert a.oom_events == [{"step": 1, "phase": "step", "micro_batch_before": 4,
+                             "micro_batch_after": 2, "grad_accum_after": 4}]
+    # resume at another micro-batch (same effective batch)
+    b = train(job.replace(micro_batch=1), RunOptions(out_dir=tmp_path / "a", max_steps=6,
+                                                      resume=tmp_path / "a", record_samples=True))
+    assert b.resumed_from.endswith("checkpoint-4")
+    assert a.losses + b.losses == pytest.approx(ref.losses, rel=1e-6)
+    # every sample consumed exactly once, in the same steps
+    assert [sorted(s) for s in a.samples + b.samples] == [sorted(s) for s in ref.samples]
+    seen = _flat(ref)
+    assert len(seen) == 48 and len(set(seen[:24])) == 24  # 24 samples: 2 epochs, none repeated
+
+
+def test_real_memory_limit_oom_splits(job, tmp_path):
+    from trainfit.data import builtin_tokenizer, read_rows, tokenize_rows
+    from trainfit.model_source import resolve_model
+    from trainfit.tune import CpuPredictor
+
+    src = resolve_model(job.model)
+    data = tokenize_rows(read_rows(job.data), builtin_tokenizer(), seq_len=32, task=src.task)
+    pred = CpuPredictor(src, data)
+    need2 = pred(job.replace(micro_batch=2)).peak_allocated_bytes
+    need4 = pred(job.replace(micro_batch=4)).peak_allocated_bytes
+    assert need4 > need2
+    ref = train(job.replace(micro_batch=2), RunOptions(out_dir=tmp_path / "r", max_steps=3))
+    res = train(job, RunOptions(out_dir=tmp_path / "m", max_steps=3,
+                                memory_limit_bytes=(need2 + need4) // 2))
+    assert [e["micro_batch_after"] for e in res.oom_events] == [2]
+    assert res.losses == pytest.approx(ref.losses, rel=1e-6)
+
+
+def test_checkpoint_files_and_bad_resume(job, tmp_path, micro_model_json):
+    res = train(job, RunOptions(out_dir=tmp_path / "c", max_steps=2, save_every_steps=1))
+    ck = Path(res.checkpoints[-1])
+    assert {p.name for p in ck.iterdir()} >= {"model.safetensors", "optimizer.pt", "scheduler.pt",
+                                              "rng.pt", "trainer_state.json"}
+    assert json.loads((ck / "trainer_state.json").read_text())["position"] == 16
+    d = json.loads((tmp_path / "c" / "train.json").read_text())
+    assert d["kind"] == "train" and d["steps"] == 2 and d["samples_seen"] == 16
+    # another model's checkpoint
+    other = json.loads(Path(micro_model_json).read_text())
+    other["hidden_size"] = 32
+    o = tmp_path / "other" / "config.json"
+    o.parent.mkdir()
+    o.write_text(json.dumps(other))
+    with pytest.raises(JobError, match="another model"):
+        train(job.replace(model=str(o)), RunOptions(out_dir=tmp_path / "x", max_steps=3,
+                                                    resume=tmp_path / "c"))
+    # a corrupt one
+    (ck / "optimizer.pt").write_bytes(b"garbage")
+    before = (ck / "model.safetensors").read_bytes()
+    with pytest.raises(JobError, match="corrupt"):
+        train(job, RunOptions(out_dir=tmp_path / "c", max_steps=3, resume=ck))
+    assert (ck / "model.safetensors").read_bytes() == before  # nothing overwritten
+
+
+def test_cli_train_bad_input(job, tmp_path):
+    p = tmp_path / "job.yaml"
+    d = job.to_dict()
+    d["micro_bacth"] = 2
+    p.write_text(yaml.safe_dump(d))
+    res = runner.invoke(app, ["train", str(p), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "did you mean 'micro_batch'" in res.output
+    d.pop("micro_bacth")
+    p.write_text(yaml.safe_dump(d))
+    res = runner.invoke(app, ["train", str(p), "--resume", str(tmp_path / "nope")])
+    assert res.exit_code == 2 and "does not exist" in res.output
+    res = runner.invoke(app, ["train", str(p), "--nproc", "999"])
+    assert res.exit_code == 2 and "--nproc 999" in res.output
+    res = runner.invoke(app, ["train", str(p), "--out", str(tmp_path / "ok"), "--max-steps", "2",
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["steps"] == 2
+
+
+def test_two_ranks_gloo_match_one_rank(job, tmp_path):
+    """torchrun, 2 CPU ranks (gloo, DDP): the same losses as 1 rank with the same effective batch,
+    and both ranks took the same OOM decision."""
+    one = train(job.replace(micro_batch=2), RunOptions(out_dir=tmp_path / "one", max_steps=3))
+    p = tmp_path / "job2.yaml"
+    p.write_text(yaml.safe_dump(job.replace(ranks=2, micro_batch=2).to_dict()))
+    out = tmp_path / "two"
+    proc = subprocess.run([sys.executable, "-m", "trainfit.cli.main", "train", str(p), "--out",
+                           str(out), "--max-steps", "3", "--nproc", "2", "--inject-oom-at", "1",
+                           "--no-live"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    d = json.loads((out / "train.json").read_text())
+    assert d["losses"] == pytest.approx(one.losses, rel=1e-5)
+    assert [e["micro_batch_after"] for e in d["oom_events"]] == [1]
