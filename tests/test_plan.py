@@ -57,3 +57,40 @@ def test_qlora_without_bitsandbytes_is_refused(tiny_llama, monkeypatch):
                         lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
     with pytest.raises(JobError, match="needs bitsandbytes"):
         plan(JobSpec(model="t", method="qlora"), tiny_llama, find_gpu("t4"))
+
+
+def test_ladder_when_nothing_fits():
+    """A GPU too small for a full fine-tune of GPT-2 at 1024 tokens: the ladder climbs until a rung
+    fits, each rung with its predicted memory."""
+    import dataclasses
+
+    from trainfit.model_source import resolve_model
+
+    src = resolve_model("gpt2")
+    job = JobSpec(model="gpt2", seq_len=1024, micro_batch=1, grad_accum=2, precision="fp32",
+                  grad_ckpt="off")
+    gpu = find_gpu("a100-80gb")
+    off = plan(job, src, gpu, verify=False).rows[0].memory.peak_device_bytes
+    ck = plan(job.replace(grad_ckpt="full"), src, gpu, verify=False).rows[0].memory.peak_device_bytes
+    assert ck < off
+    # between the two: only checkpointing (rung 1) makes it fit
+    small = dataclasses.replace(gpu, memory_bytes=int((off + ck) / 2 / 0.9))
+    res = plan(job, src, small, verify=False)
+    assert res.recommended_index is None
+    assert len(res.ladder) == 1 and res.ladder[0].fits
+    assert res.ladder[0].peak_device_bytes == ck
+    assert res.ladder[0].change.startswith("gradient checkpointing")
+    assert not res.ladder[0].alters_learning
+    assert "ladder below reaches a fit" in res.reason
+    d = res.to_dict()
+    assert d["ladder"][-1]["fits"] is True and "alters_learning" in d["ladder"][0]
+
+
+def test_dataset_time_and_epochs_error(tiny_llama):
+    job = JobSpec(model="tiny-llama", seq_len=128, micro_batch=2, grad_accum=2, precision="amp-bf16",
+                  grad_ckpt="off")
+    res = plan(job, tiny_llama, find_gpu("a100-80gb"), dataset_tokens=1_000_000, epochs=2)
+    c = res.to_dict()["configs"][0]
+    assert c["time_for_dataset_s"] == pytest.approx(2_000_000 / c["tokens_per_s"])
+    with pytest.raises(JobError, match="needs the dataset size"):
+        plan(job, tiny_llama, find_gpu("a100-80gb"), epochs=2)

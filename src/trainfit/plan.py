@@ -65,9 +65,15 @@ class PlanResult:
     reason: str
     plan_time_s: float
     notes: list[str] = field(default_factory=list)
+    ladder: list[Any] = field(default_factory=list)
+    """When nothing fits: :class:`trainfit.ladder.Rung` s, cumulative, up to the first that fits."""
+    dataset_tokens: int | None = None
+    epochs: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        ladder = [r.to_dict() for r in self.ladder]
         d = asdict(self)
+        d["ladder"] = ladder
         configs = []
         for row in d.pop("rows"):
             mem = row["memory"]
@@ -76,9 +82,18 @@ class PlanResult:
                 "peak_phase", "fits", "headroom_bytes")}, "how": row["how"],
                 "largest_fitting": row["largest_fitting"], "recommended": row["recommended"],
                 "rank": row["rank"], **_speed_fields(row["speed"]),
+                "time_for_dataset_s": self.time_for_dataset_s(row["speed"]),
                 "model_notes": mem["model_notes"]})
         d["configs"] = configs
         return d
+
+    def time_for_dataset_s(self, speed: dict[str, Any] | None) -> float | None:
+        """Predicted wall time for ``epochs`` over ``dataset_tokens`` (None when either is
+        unknown)."""
+        tps = (speed or {}).get("tokens_per_s")
+        if not tps or self.dataset_tokens is None:
+            return None
+        return self.dataset_tokens * (self.epochs or 1.0) / tps
 
 
 def _fit_one(args: tuple[JobSpec, ModelSource, Any]) -> Any:
@@ -155,8 +170,16 @@ def _config_job(job: JobSpec, precision: str, ckpt: str, micro: int) -> JobSpec:
 
 
 def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float = DEFAULT_MARGIN,
-         verify: bool = True) -> PlanResult:
+         verify: bool = True, dataset_tokens: int | None = None, epochs: float | None = None,
+         ladder: bool = True) -> PlanResult:
     t0 = time.perf_counter()
+    if epochs is not None and dataset_tokens is None:
+        raise JobError(f"--epochs {epochs:g} needs the dataset size",
+                       "add --dataset-tokens N (tokens in one epoch)")
+    if epochs is not None and not epochs > 0:
+        raise JobError(f"--epochs {epochs:g}: must be > 0")
+    if dataset_tokens is not None and dataset_tokens <= 0:
+        raise JobError(f"--dataset-tokens {dataset_tokens}: must be ≥ 1")
     check_precision(job, gpu)
     check_bitsandbytes(job)
     if not 0.0 <= margin < 1.0:
@@ -230,6 +253,21 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
     for n, i in enumerate(ranked, 1):
         rows[i].rank = n
     first = rows[0].memory if rows else None
+    rungs = []
+    if rec is None and ladder and gpu is not None and rows:
+        from trainfit.ladder import build_ladder
+
+        def evaluate(cj: JobSpec) -> tuple[int, float | None, bool | None]:
+            r = exact(cj)
+            return (r.memory.peak_device_bytes, r.speed.tokens_per_s if r.speed else None,
+                    r.memory.fits)
+        smallest = min(rows, key=lambda r: r.memory.peak_device_bytes)
+        rungs = build_ladder(JobSpec(**smallest.job), evaluate)
+        if rungs:
+            last = rungs[-1]
+            reason += ("; the ladder below reaches a fit: " if last.fits else
+                       "; even the whole ladder below does not fit: ") + \
+                "; ".join(r.change for r in rungs)
     return PlanResult(
         model=source.name, model_origin=source.origin, model_note=source.note,
         gpu=gpu.name if gpu else None, gpu_memory_bytes=gpu.memory_bytes if gpu else None,
@@ -243,7 +281,7 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
             f"fits = device peak ≤ (1 − {margin:.0%}) × GPU memory",
             "ranked by predicted tokens/s among configurations that fit (roofline over the "
             "simulated step's operations, trainfit/speed/)",
-        ])
+        ], ladder=rungs, dataset_tokens=dataset_tokens, epochs=epochs)
 
 
 _PRECISION_PREF = {"amp-bf16": 0, "amp-fp16": 1, "bf16-true": 2, "fp32": 3}

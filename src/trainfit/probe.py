@@ -43,7 +43,10 @@ class LimitTracker(LiveBytesTracker):
         super()._check_peak()
         if self.limit_bytes is not None and self.current_bytes > self.limit_bytes:
             raise torch.OutOfMemoryError(
-                f"trainfit --memory-limit: tried to hold {self.current_bytes / 2**30:.3f} GiB of "
+                # worded like the GPU's message (" out of memory."): tools that match it
+                # (accelerate, Lightning) take the same path they would on a GPU
+                f"trainfit --memory-limit (CPU stand-in for a GPU) out of memory. Tried to hold "
+                f"{self.current_bytes / 2**30:.3f} GiB of "
                 f"tensors, limit {self.limit_bytes / 2**30:.3f} GiB (phase {self.phase})")
 
 

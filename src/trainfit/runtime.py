@@ -176,3 +176,25 @@ def build_real(job: JobSpec, source: ModelSource, device: torch.device, *, seed:
     opt = make_optimizer(job, trainable, simulate=False, lr=lr)
     return RealWorkload(model, opt, autocast_for(job, device), scaler_for(job, device), device,
                         info.total_params, info.trainable_params)
+
+
+def check_no_offload(model: torch.nn.Module, allow_offload: bool = False) -> None:
+    """Seed 001 lost days to a silent CPU offload: a ``device_map`` that put modules on ``cpu`` or
+    ``disk`` trains 10–100× slower. Stop unless the user asked for it."""
+    dmap = getattr(model, "hf_device_map", None) or {}
+    off = {name: dev for name, dev in dmap.items() if str(dev) in ("cpu", "disk")}
+    if not off or allow_offload:
+        return
+    missing = 0
+    for name in off:
+        try:
+            mod = model.get_submodule(name) if name else model
+        except AttributeError:
+            continue
+        missing += sum(p.numel() * p.element_size() for p in mod.parameters())
+    names = ", ".join(f"{n or '<root>'}→{d}" for n, d in list(off.items())[:5])
+    more = f" (+{len(off) - 5} more)" if len(off) > 5 else ""
+    raise JobError(f"{len(off)} module(s) were offloaded by the device map: {names}{more}; "
+                   f"{missing / 2**30:.2f} GiB of weights would not fit on the GPU",
+                   "use QLoRA / a smaller micro-batch (trainfit plan), or pass --allow-offload "
+                   "to train that slowly on purpose")

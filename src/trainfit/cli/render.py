@@ -63,6 +63,23 @@ def render_plan(result: PlanResult) -> None:
         del i
     console.print(table)
     console.print("★ recommended  ▲ largest micro-batch that fits")
+    if result.ladder:
+        lt = Table(title="nothing fits — memory-saving ladder (cumulative, from the smallest "
+                         "configuration above, predicted)")
+        for col in ("change", "device GiB (predicted)", "tokens/s (predicted)", "fits",
+                    "alters what is learned"):
+            lt.add_column(col)
+        for r in result.ladder:
+            lt.add_row(r.change, _gib(r.peak_device_bytes), _num(r.tokens_per_s, "{:,.0f}"),
+                       "unknown" if r.fits is None else ("yes" if r.fits else "no"),
+                       "yes" if r.alters_learning else "no")
+        console.print(lt)
+    if result.dataset_tokens is not None and result.recommended_index is not None:
+        row = result.rows[result.recommended_index]
+        t = result.time_for_dataset_s({"tokens_per_s": row.speed.tokens_per_s}
+                                      if row.speed else None)
+        console.print(f"time for {result.epochs or 1:g} epoch(s) of {result.dataset_tokens:,} "
+                      f"tokens: {'unknown' if t is None else f'{t / 3600:.2f} h'} (predicted)")
     console.print(f"[bold]pick:[/bold] {result.reason}")
     if result.recommended_index is not None:
         m = result.rows[result.recommended_index].memory

@@ -51,6 +51,8 @@ def register(app: typer.Typer) -> None:
             "--live/--no-live", help="Live view (default: on a terminal).")] = None,
         inject_oom_at: Annotated[str | None, typer.Option(
             help="Fault drill: steps (comma-separated) whose forward raises an OOM once.")] = None,
+        allow_offload: Annotated[bool, typer.Option(
+            help="Accept modules offloaded to cpu/disk by a device map.")] = False,
         as_json: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
         """Run the job: watched live, checkpointed, surviving OOM and interruption."""
@@ -84,6 +86,7 @@ def register(app: typer.Typer) -> None:
                               save_every_steps=save_every,
                               resume=Path(resume) if resume else None, device=dev,
                               memory_limit_bytes=mem, live=live if live is not None else None,
+                              allow_offload=allow_offload,
                               inject_oom_at_steps=tuple(int(s) for s in inject_oom_at.split(","))
                               if inject_oom_at else ())
             result = train(job, opts)

@@ -29,7 +29,7 @@ from trainfit.model_source import resolve_model
 from trainfit.probe import LimitTracker
 from trainfit.run import checkpoint as ckpt
 from trainfit.run.dist import Dist
-from trainfit.runtime import build_real, parse_device
+from trainfit.runtime import build_real, check_no_offload, parse_device
 from trainfit.step import train_step
 
 
@@ -54,6 +54,8 @@ class RunOptions:
     """Fault injection: act as if SIGINT arrived during this step."""
     record_samples: bool = False
     """Keep the sample ids of every completed step in the result (tests)."""
+    allow_offload: bool = False
+    """Accept modules a device map put on cpu/disk (otherwise: a clear error)."""
 
     def __post_init__(self) -> None:
         if self.max_steps is not None and self.max_steps < 1:
@@ -135,6 +137,7 @@ class Trainer:
             raise JobError(f"the job says ranks {job.ranks} but {self.dist.world} process(es) run",
                            f"use --nproc {job.ranks}, or set ranks: {self.dist.world}")
         self.wl = build_real(job, self.source, self.device, seed=job.seed, lr=job.lr)
+        check_no_offload(self.wl.model, opts.allow_offload)
         self.model = self.dist.wrap(self.wl.model, self.device)
         if job.compile:
             self.model = torch.compile(self.model)

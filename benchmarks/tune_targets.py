@@ -1,0 +1,180 @@
+"""tune against an exhaustive grid and against accelerate's ``find_executable_batch_size``, on real
+small models on this CPU with a memory limit (the CPU stand-in for a GPU's capacity).
+
+For each model: (1) the exhaustive grid over the knobs tune searches here (micro-batch dividing
+the effective batch × checkpointing × optimizer implementation × loader workers), one probe each;
+(2) ``trainfit tune`` over the same knobs; (3) accelerate's ``find_executable_batch_size`` (what
+HF ``auto_find_batch_size`` calls) on the same step with the same limit; then the pick and the
+grid's best are re-measured interleaved (A B A B A B) and their medians compared.
+Precision is left out on this CPU: bf16 autocast runs ~40× slower than fp32 here (no AMX), which
+tune's prediction prunes anyway.
+
+Regenerate: ``python benchmarks/tune_targets.py`` (~30 min on 2 cores; CPU timing noise is up to
+35 % between repeats, so run it on an idle machine). Writes results/tune_targets.{json,md}.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+OUT = Path(__file__).resolve().parent / "results"
+DATA = Path(__file__).resolve().parents[1] / "examples" / "data"
+GIB = 2**30
+
+# (model, data, seq_len, effective batch, memory limit): limits chosen so that the largest
+# micro-batch does not fit without checkpointing (the knobs then matter)
+CASES = [
+    ("llama-tiny-58m", "tiny_text.jsonl", 64, 8, 1.16),
+    ("distilgpt2", "tiny_text.jsonl", 64, 8, 1.85),
+    ("t5-small", "tiny_chat.jsonl", 64, 8, 1.34),
+]
+KNOBS = ("grad_ckpt", "optimizer_impl", "num_workers")
+
+
+def grid_jobs(base, micro_opts):
+    for m, ck, impl, w in itertools.product(micro_opts, ("off", "full"), ("fused", "foreach"),
+                                            (0, 1)):
+        yield base.replace(micro_batch=m, grad_ckpt=ck, optimizer_impl=impl, num_workers=w)
+
+
+def accelerate_finder(prober, base, start):
+    """accelerate's decorator around one real step at ``batch_size`` (micro = the whole batch, as
+    a script using it trains): it halves on OOM until a step succeeds."""
+    from accelerate.utils import find_executable_batch_size
+
+    tried = []
+    t0 = time.perf_counter()
+
+    @find_executable_batch_size(starting_batch_size=start)
+    def step(batch_size):
+        tried.append(batch_size)
+        r = prober.run(base.replace(micro_batch=batch_size, grad_accum=1,
+                                    effective_batch=batch_size), timed_steps=0)
+        if r.status == "oom":
+            raise torch.OutOfMemoryError(r.detail)
+        return batch_size
+
+    chosen = step()
+    return {"chosen_batch": chosen, "tried": tried, "probe_time_s": time.perf_counter() - t0}
+
+
+def interleaved(prober, jobs, repeats=3):
+    out = {i: [] for i in range(len(jobs))}
+    for _ in range(repeats):
+        for i, j in enumerate(jobs):
+            r = prober.run(j, timed_steps=3)
+            out[i].append(r.measured.tokens_per_s if r.measured else 0.0)
+    return out
+
+
+def main() -> int:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(2)
+    from trainfit.job import JobSpec
+    from trainfit.model_source import resolve_model
+    from trainfit.probe import Probe
+    from trainfit.search import micro_options
+    from trainfit.tune import TuneOptions, load_data, tune
+
+    rows = []
+    for model, data_file, seq, eff, limit_gib in CASES:
+        limit = int(limit_gib * GIB)
+        base = JobSpec(model=model, seq_len=seq, effective_batch=eff, precision="fp32",
+                       data=str(DATA / data_file), grad_ckpt="off")
+        src = resolve_model(model)
+        data = load_data(base, src)
+        prober = Probe(src, data, torch.device("cpu"), memory_limit_bytes=limit)
+        micro_opts, _ = micro_options(base, len(data))
+        grid = []
+        t0 = time.perf_counter()
+        for j in grid_jobs(base, micro_opts):
+            r = prober.run(j, timed_steps=3)
+            peak = r.measured.peak_allocated_bytes if r.measured else None
+            fits = r.status == "ok" and peak <= 0.9 * limit
+            grid.append({"job": j, "status": r.status, "fits": fits, "peak_allocated_bytes": peak,
+                         "tokens_per_s": r.measured.tokens_per_s if fits else None,
+                         "probe_time_s": r.probe_time_s})
+            print(f"{model} grid {j.micro_batch}×{j.grad_accum} ck={j.grad_ckpt} {j.optimizer_impl} "
+                  f"w={j.num_workers}: {r.status} {grid[-1]['tokens_per_s']}", flush=True)
+        grid_time = sum(g["probe_time_s"] for g in grid)
+        t_grid_wall = time.perf_counter() - t0
+        res = tune(base.replace(grad_ckpt=None), TuneOptions(
+            device="cpu", memory_limit_bytes=limit, knobs=KNOBS))
+        tune_time = sum(t.result.probe_time_s for t in res.trials)
+        pick = res.pick.job
+        best = max((g for g in grid if g["fits"]), key=lambda g: g["tokens_per_s"])
+        acc = accelerate_finder(prober, base, start=max(micro_opts) * 4)
+        # re-measure pick vs grid best (and accelerate's choice when it keeps a sensible batch)
+        jobs = [pick, best["job"]]
+        rem = interleaved(prober, jobs)
+        acc_job = base.replace(micro_batch=acc["chosen_batch"], grad_accum=1,
+                               effective_batch=acc["chosen_batch"])
+        acc_rem = interleaved(prober, [acc_job], repeats=2)[0]
+        med_pick, med_best = statistics.median(rem[0]), statistics.median(rem[1])
+        row = {
+            "model": model, "seq_len": seq, "effective_batch": eff, "memory_limit_bytes": limit,
+            "grid_probes": len(grid), "grid_probe_time_s": grid_time, "grid_wall_s": t_grid_wall,
+            "grid_best": {k: getattr(best["job"], k) for k in ("micro_batch", "grad_accum",
+                                                                  "grad_ckpt", "optimizer_impl",
+                                                                  "num_workers")},
+            "grid_best_tokens_per_s_in_grid": best["tokens_per_s"],
+            "tune_probes": len(res.trials), "tune_probe_time_s": tune_time,
+            "tune_time_fraction_of_grid": tune_time / grid_time,
+            "pick": {k: getattr(pick, k) for k in ("micro_batch", "grad_accum", "grad_ckpt",
+                                                   "optimizer_impl", "num_workers")},
+            "remeasured_pick_tokens_per_s": rem[0], "remeasured_best_tokens_per_s": rem[1],
+            "pick_vs_best": med_pick / med_best,
+            "pick_memory_predicted_vs_measured": [
+                (t.predicted.peak_allocated_bytes, t.result.measured.peak_allocated_bytes)
+                for t in res.trials if t.predicted and t.result.measured],
+            "accelerate": {**acc, "effective_batch_kept": acc["chosen_batch"] == eff,
+                           "tokens_per_s_remeasured": acc_rem},
+            "tune_notes": res.notes,
+        }
+        errs = [abs(p - m) / m for p, m in row["pick_memory_predicted_vs_measured"]]
+        row["memory_max_rel_error"] = max(errs) if errs else None
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("tune_notes",
+                          "pick_memory_predicted_vs_measured")}, default=str), flush=True)
+    OUT.mkdir(exist_ok=True)
+    (OUT / "tune_targets.json").write_text(json.dumps(rows, indent=1, default=str))
+    lines = ["# tune vs an exhaustive grid and accelerate's find_executable_batch_size (CPU)", "",
+             "Regenerate: `python benchmarks/tune_targets.py`. fp32, AdamW, memory limit = live "
+             "tensor bytes (CPU stand-in for a GPU), margin 10 %. Knobs: micro-batch (dividing the "
+             "effective batch) × checkpointing × optimizer implementation × loader workers (0/1). "
+             "tokens/s re-measured interleaved, 3 repeats, median.", "",
+             "| model | grid probes (s) | tune probes (s) | tune/grid time | grid best | pick | "
+             "pick / best tokens/s (measured) | max memory error (pred vs meas) | accelerate: "
+             "batch, tries, effective kept, tokens/s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        gb, p, a = r["grid_best"], r["pick"], r["accelerate"]
+
+        def fmt(c):
+            return (f"{c['micro_batch']}×{c['grad_accum']} ck {c['grad_ckpt']} "
+                    f"{c['optimizer_impl']} w{c['num_workers']}")
+        lines.append(
+            f"| {r['model']} | {r['grid_probes']} ({r['grid_probe_time_s']:.0f}) | "
+            f"{r['tune_probes']} ({r['tune_probe_time_s']:.0f}) | "
+            f"{r['tune_time_fraction_of_grid']:.0%} | {fmt(gb)} | {fmt(p)} | "
+            f"{r['pick_vs_best']:.1%} | "
+            + ("n/a" if r["memory_max_rel_error"] is None else f"{r['memory_max_rel_error']:.2%}")
+            + f" | {a['chosen_batch']}, {len(a['tried'])}, "
+            f"{'yes' if a['effective_batch_kept'] else 'no'}, "
+            f"{statistics.median(a['tokens_per_s_remeasured']):,.0f} |")
+    (OUT / "tune_targets.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""The memory-saving ladder ``plan`` prints when nothing fits: one change at a time, cumulative,
+each with its predicted memory and speed, stopping at the first rung that fits.
+
+Order: what costs only time first (checkpointing, an 8-bit optimizer), then what changes what is
+learned (smaller LoRA rank, fewer LoRA targets, a shorter sequence, 4-bit base weights), then more
+hardware (FSDP over twice the ranks). Rungs that alter learning say so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from trainfit.job import JobError, JobSpec
+
+
+@dataclass
+class Rung:
+    change: str
+    """What this rung changes (cumulative with the rungs above it)."""
+    job: dict[str, Any]
+    peak_device_bytes: int
+    tokens_per_s: float | None
+    fits: bool | None
+    alters_learning: bool
+    """True when the change alters what is learned (not only memory and speed)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"change": self.change, "peak_device_bytes": self.peak_device_bytes,
+                "tokens_per_s": self.tokens_per_s, "fits": self.fits,
+                "alters_learning": self.alters_learning, "micro_batch": self.job["micro_batch"],
+                "grad_accum": self.job["grad_accum"]}
+
+
+def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
+    steps: list[tuple[str, dict[str, Any], bool]] = []
+    if job.grad_ckpt != "full":
+        steps.append(("gradient checkpointing on (~30 % slower)", {"grad_ckpt": "full"}, False))
+    if job.optimizer in ("adamw", "paged-adamw") and importlib.util.find_spec("bitsandbytes"):
+        steps.append(("8-bit AdamW (states 2 B instead of 8 B per trainable weight)",
+                      {"optimizer": "adamw-8bit"}, False))
+    if job.method in ("lora", "qlora") and job.lora_r > 8:
+        steps.append((f"LoRA rank {job.lora_r} → 8", {"lora_r": 8, "lora_alpha": 16}, True))
+    if job.method in ("lora", "qlora") and job.lora_targets not in (["q", "v"],):
+        steps.append(("LoRA on q,v only", {"lora_targets": ["q", "v"]}, True))
+    if job.seq_len > 256:
+        steps.append((f"sequence {job.seq_len} → {job.seq_len // 2} tokens",
+                      {"seq_len": job.seq_len // 2}, True))
+    if job.method != "qlora" and importlib.util.find_spec("bitsandbytes"):
+        lora = {} if job.method != "full" else {"lora_r": 16, "lora_alpha": 32}
+        steps.append(("QLoRA: 4-bit NF4 base weights, LoRA adapters",
+                      {"method": "qlora", "quant": "nf4-dq", **lora}, True))
+    steps.append((f"FSDP over {job.ranks * 2} ranks", {"sharding": "fsdp",
+                                                      "ranks": job.ranks * 2}, False))
+    return steps
+
+
+def build_ladder(job: JobSpec, evaluate: Callable[[JobSpec], tuple[int, float | None, bool | None]]
+                 ) -> list[Rung]:
+    """``evaluate(job) → (peak device bytes, tokens/s or None, fits)``; ``job`` is the grid's
+    smallest configuration, and each rung keeps its micro-batch and effective batch."""
+    rungs: list[Rung] = []
+    cur = job
+    for change, fields, alters in _steps(job):
+        try:
+            d = cur.to_dict()
+            d.update(fields)
+            if "ranks" in fields and cur.effective_batch is not None:
+                eff = cur.effective_batch
+                if eff % fields["ranks"]:
+                    continue
+                d["grad_accum"] = None
+            nxt = JobSpec(**d)
+        except JobError:
+            continue
+        peak, tps, fits = evaluate(nxt)
+        rungs.append(Rung(change, nxt.to_dict(), peak, tps, fits, alters))
+        cur = nxt
+        if fits:
+            break
+    return rungs
