@@ -204,7 +204,7 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
     sopts = SearchOptions(margin=opts.margin, budget_s=opts.budget_s, knobs=opts.knobs,
                           precisions=_precisions(device), fixed=opts.fixed,
                           run_steps=opts.run_steps,
-                          worker_counts=(0, 1, 2) if (os.cpu_count() or 1) > 1 else (0,))
+                          worker_counts=(0, max(1, (os.cpu_count() or 1) // 2)))
     searcher = Searcher(base, probe_fn, predict, capacity, sopts, len(data), progress)
     baseline = None
     if job.micro_batch:
