@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from trainfit.cli import monitor as monitor_cli
 from trainfit.cli import report as report_cli
 from trainfit.job import JobError, JobSpec, read_job_file
 
@@ -17,6 +18,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Predict, measure and choose LLM training configurations that use a GPU "
                        "well.")
 report_cli.register(app)
+monitor_cli.register(app)
 
 DEFAULT_EXAMPLE = "seed000_t4_gemma_lora.yaml"
 

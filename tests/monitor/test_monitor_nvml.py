@@ -1,0 +1,75 @@
+"""NVML wrapper against a fake pynvml: readings, per-process memory of our tree only, failures → None."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from fake_nvml import FOREIGN_PID, GIB, make_fake_pynvml
+
+from trainfit.monitor.host import process_tree_pids
+from trainfit.monitor.nvml import Nvml
+from trainfit.monitor.sampler import Sampler
+
+
+def test_readings_and_process_memory_counts_only_our_tree(monkeypatch, child_process):
+    me, child = os.getpid(), child_process.pid
+    fake = make_fake_pynvml(processes={
+        # GPU 0: we have a compute and a graphics context (same memory, listed twice), our child 2 GiB,
+        # a foreign process 7 GiB.
+        0: {"compute": [(me, 10 * GIB), (child, 2 * GIB), (FOREIGN_PID, 7 * GIB)],
+            "graphics": [(me, 10 * GIB)]},
+        # GPU 1: only a foreign process; the graphics list is not supported.
+        1: {"compute": [(FOREIGN_PID, 5 * GIB)]},
+    })
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    nv = Nvml().open()
+    assert nv.available and nv.reason is None
+    assert nv.names == {0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA A10G"}  # bytes names decoded
+    tree = process_tree_pids(me)
+    assert {me, child} <= tree and FOREIGN_PID not in tree
+    g0, g1 = nv.read(pids=tree)
+    assert (g0.index, g0.util_percent, g0.memory_used_bytes, g0.memory_total_bytes) == (0, 87.0, 40 * GIB,
+                                                                                         80 * GIB)
+    assert g0.power_w == 350.5 and g0.sm_clock_mhz == 1980
+    assert g0.process_memory_bytes == 12 * GIB      # 10 (once) + 2, not the foreign 7
+    assert g1.power_w is None                       # NVML "Not Supported" → None, the rest still read
+    assert (g1.util_percent, g1.sm_clock_mhz) == (12.0, 1710)
+    assert g1.process_memory_bytes == 0             # listed fine, none of ours
+    assert nv.read(pids=None)[0].process_memory_bytes is None  # nothing followed
+    assert [g.index for g in nv.read(indices=[1])] == [1]
+    nv.close()
+    assert fake.shutdowns == 1
+
+
+def test_unknown_process_memory_is_none(monkeypatch):
+    me = os.getpid()
+    fake = make_fake_pynvml(processes={0: {"compute": [(me, None)]}})  # WDDM: no per-process number
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    nv = Nvml().open()
+    g0, g1 = nv.read(pids={me})
+    assert g0.process_memory_bytes is None
+    assert g1.process_memory_bytes is None          # neither list readable on GPU 1
+
+
+def test_init_failure_says_why(no_nvml):
+    nv = Nvml().open()
+    assert nv.available is False and nv.reason == "Driver Not Loaded"
+    assert nv.read() == []
+
+
+def test_missing_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # what `import pynvml` sees when not installed
+    nv = Nvml().open()
+    assert nv.available is False and "pynvml not importable" in (nv.reason or "")
+
+
+def test_sampler_without_nvml_has_null_gpu_columns(no_nvml):
+    s = Sampler(live=False)
+    rows = s.sample_once()
+    s.stop()
+    assert len(rows) == 1
+    assert all(rows[0][c] is None for c in rows[0] if c.startswith("gpu_") or c == "process_gpu_memory_bytes")
+    assert rows[0]["host_ram_total_bytes"] > 0
+    assert s.gpu_available is False
+    assert s.gpu_note == "no NVIDIA GPU visible (NVML: Driver Not Loaded); showing the host only"
