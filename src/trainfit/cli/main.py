@@ -12,12 +12,16 @@ import typer
 
 from trainfit.cli import monitor as monitor_cli
 from trainfit.cli import report as report_cli
+from trainfit.cli import train as train_cli
+from trainfit.cli import tune as tune_cli
 from trainfit.job import JobError, JobSpec, read_job_file
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Predict, measure and choose LLM training configurations that use a GPU "
                        "well.")
 report_cli.register(app)
+tune_cli.register(app)
+train_cli.register(app)
 monitor_cli.register(app)
 
 DEFAULT_EXAMPLE = "seed000_t4_gemma_lora.yaml"
@@ -84,6 +88,9 @@ def plan_cmd(
         help="Output head + loss in chunks of N tokens (litgpt-style).")] = None,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
     margin: Annotated[float, typer.Option(help="Safety margin of GPU memory kept free.")] = 0.10,
+    dataset_tokens: Annotated[int | None, typer.Option(
+        help="Tokens in one epoch: adds the predicted time for the dataset.")] = None,
+    epochs: Annotated[float | None, typer.Option(help="Epochs (needs --dataset-tokens).")] = None,
     verify: Annotated[bool, typer.Option(
         help="Re-simulate the recommended configuration at full size.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
@@ -118,7 +125,8 @@ def plan_cmd(
                 raise JobError(f"--gpu {gpu_name}: unknown GPU",
                                "known: " + ", ".join(gpu_names()) + ", or generic-<N>gb")
         source = resolve_model(job.model, job.trust_remote_code)
-        result = plan(job, source, spec, margin=margin, verify=verify)
+        result = plan(job, source, spec, margin=margin, verify=verify,
+                      dataset_tokens=dataset_tokens, epochs=epochs)
     except JobError as err:
         _fail(err)
         return
