@@ -140,3 +140,35 @@ def test_yaml_has_comments_and_is_valid(micro_model_json):
     d = yaml.safe_load(text)
     assert d["micro_batch"] == 2 and d["measured"]["step_time_s"] == 1.5
     assert "# True reduces" not in text and "# full reduces activation memory" in text
+
+
+def test_tune_two_ranks_agree(tmp_path, micro_model_json, text_jsonl):
+    """torchrun, 2 CPU ranks (gloo, DDP): every rank probes, all take the same decisions; rank 0
+    writes the pick."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "t.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "-m",
+         "trainfit.cli.main", "tune", str(micro_model_json), "--data", str(text_jsonl),
+         "--seq-len", "32", "--effective-batch", "8", "--ranks", "2", "--knobs", "optimizer_impl",
+         "--out", str(out), "--json"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    d = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert d["pick"]["ranks"] == 2
+    assert d["pick"]["micro_batch"] * d["pick"]["grad_accum"] * 2 == 8
+    assert out.exists()
+
+
+def test_isolated_probe_matches_in_process(micro_model_json, text_jsonl):
+    from trainfit.tune import TuneOptions, _isolated_probe, load_data
+
+    src = resolve_model(str(micro_model_json))
+    job = JobSpec(model=str(micro_model_json), seq_len=32, effective_batch=4, micro_batch=2,
+                  precision="fp32", grad_ckpt="off", data=str(text_jsonl))
+    data = load_data(job, src)
+    iso = _isolated_probe(src, data, TuneOptions())(job, 0)
+    inproc = Probe(src, data, torch.device("cpu")).run(job, timed_steps=0)
+    assert iso.status == inproc.status == "ok"
+    assert iso.measured.peak_allocated_bytes == inproc.measured.peak_allocated_bytes

@@ -132,7 +132,10 @@ class Probe:
         self.memory_limit_bytes = memory_limit_bytes
         self.max_host_ram_bytes = max_host_ram_bytes
         self.seed = seed
-        self.rank = rank
+        from trainfit.run.dist import Dist
+
+        self.dist = Dist.from_env()
+        self.rank = self.dist.rank if self.dist.world > 1 else rank
         self._key: tuple | None = None
         self._wl: RealWorkload | None = None
         self._snapshot: dict[str, torch.Tensor] = {}
@@ -145,6 +148,8 @@ class Probe:
             self._snapshot = {}
             gc.collect()
             self._wl = build_real(job, self.source, self.device, seed=self.seed)
+            if self.dist.world > 1:
+                self._wl.step_model = self.dist.wrap(self._wl.model, self.device)
             if job.compile:
                 self._wl.step_model = torch.compile(self._wl.model)
             self._key = key
@@ -165,6 +170,29 @@ class Probe:
         wl.optimizer = make_optimizer(job, [p for p in wl.model.parameters() if p.requires_grad],
                                       simulate=False)
 
+    def agree(self, res: ProbeResult) -> ProbeResult:
+        """Under torchrun every rank probes; all take the same decision: an OOM anywhere is an
+        OOM everywhere, and the peak and step time are the worst rank's."""
+        if self.dist.world == 1:
+            return res
+        if self.dist.any(res.status != "ok"):
+            if res.status == "ok":
+                return ProbeResult(status="oom", measured=None, probe_time_s=res.probe_time_s,
+                                   detail="another rank ran out of memory")
+            return res
+        m = res.measured
+        assert m is not None
+        t = torch.tensor([float(m.peak_allocated_bytes or 0), float(m.step_time_s or 0.0)],
+                         dtype=torch.float64)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        m.peak_allocated_bytes = int(t[0])
+        if m.step_time_s:
+            scale = m.step_time_s / float(t[1])
+            m.step_time_s = float(t[1])
+            m.tokens_per_s = (m.tokens_per_s or 0.0) * scale
+            m.samples_per_s = (m.samples_per_s or 0.0) * scale
+        return res
+
     def run(self, job: JobSpec, timed_steps: int = 3) -> ProbeResult:
         """``timed_steps`` 0: a memory-only probe (one metered step)."""
         t0 = time.perf_counter()
@@ -184,7 +212,7 @@ class Probe:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
         res.probe_time_s = time.perf_counter() - t0
-        return res
+        return self.agree(res)
 
     def _batches(self, loader: torch.utils.data.DataLoader, waits: list[float],
                  tracker: LiveBytesTracker | None) -> Iterator[dict[str, torch.Tensor]]:

@@ -95,8 +95,11 @@ class Searcher:
     def __init__(self, base: JobSpec, probe: Callable[[JobSpec, int], ProbeResult],
                  predict: Callable[[JobSpec], Predicted | None], capacity_bytes: int | None,
                  options: SearchOptions, dataset_samples: int,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None,
+                 agree: Callable[[bool], bool] | None = None) -> None:
         self.base = base
+        self.agree = agree or (lambda flag: flag)
+        """Under many ranks: a decision flag all ranks share (any rank's True)."""
         self._probe = probe
         self.predict = predict
         self.capacity = capacity_bytes
@@ -124,7 +127,7 @@ class Searcher:
             return False
         spent = time.perf_counter() - self.t0
         last = self.trials[-1].result.probe_time_s if self.trials else 0.0
-        if spent + last > self.o.budget_s:
+        if self.agree(spent + last > self.o.budget_s):
             if not self.stopped:
                 self.notes.append(f"--budget-s {self.o.budget_s:g}: stopped after {spent:.0f} s "
                                   f"and {len(self.trials)} probes; the best so far is kept")

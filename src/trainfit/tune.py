@@ -199,13 +199,21 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
                            f"use --budget-s ≥ {one_probe_s * 10:.0f} for a useful search")
     prober = Probe(source, data, device, memory_limit_bytes=opts.memory_limit_bytes,
                    max_host_ram_bytes=opts.max_host_ram_bytes, seed=job.seed)
+    if prober.dist.world != job.ranks:
+        raise JobError(f"--ranks {job.ranks} but {prober.dist.world} process(es) run",
+                       f"start tune under torchrun --nproc-per-node {job.ranks}, or --ranks "
+                       f"{prober.dist.world}")
+    if opts.isolate and prober.dist.world > 1:
+        raise JobError("--isolate with many ranks is not supported",
+                       "run one rank per process without --isolate")
     probe_fn = _isolated_probe(source, data, opts) if opts.isolate else \
         (lambda j, timed: prober.run(j, timed_steps=timed))
     sopts = SearchOptions(margin=opts.margin, budget_s=opts.budget_s, knobs=opts.knobs,
                           precisions=_precisions(device), fixed=opts.fixed,
                           run_steps=opts.run_steps,
                           worker_counts=(0, max(1, (os.cpu_count() or 1) // 2)))
-    searcher = Searcher(base, probe_fn, predict, capacity, sopts, len(data), progress)
+    searcher = Searcher(base, probe_fn, predict, capacity, sopts, len(data), progress,
+                        agree=prober.dist.any)
     baseline = None
     if job.micro_batch:
         baseline = searcher.run(job.replace(precision=base.precision, grad_ckpt=base.grad_ckpt),

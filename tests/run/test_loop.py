@@ -121,3 +121,33 @@ def test_two_ranks_gloo_match_one_rank(job, tmp_path):
     d = json.loads((out / "train.json").read_text())
     assert d["losses"] == pytest.approx(one.losses, rel=1e-5)
     assert [e["micro_batch_after"] for e in d["oom_events"]] == [1]
+
+
+def test_real_sigint_checkpoints_and_resumes(job, tmp_path):
+    """A real SIGINT (Ctrl-C) mid-run: the step finishes, a checkpoint is written, exit is clean,
+    and --resume continues from it."""
+    import signal
+    import time
+
+    p = tmp_path / "job.yaml"
+    p.write_text(yaml.safe_dump(job.to_dict()))
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "trainfit.cli.main", "train", str(p), "--out",
+                             str(out), "--max-steps", "100000", "--no-live", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = out / "monitor.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if log.exists() and any((json.loads(x).get("step") or 0) >= 2
+                                for x in log.read_text().splitlines() if x.strip()):
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr[-2000:]
+    d = json.loads(stdout)
+    assert d["interrupted"] and d["steps"] >= 2
+    ck = Path(d["checkpoints"][-1])
+    assert ck.name == f"checkpoint-{d['steps']}"
+    res = train(job, RunOptions(out_dir=out, max_steps=d["steps"] + 1, resume=out))
+    assert res.steps == d["steps"] + 1 and len(res.losses) == 1

@@ -142,6 +142,10 @@ def register(app: typer.Typer) -> None:
         except JobError as err:
             fail(err)
             return
+        import os
+
+        if os.environ.get("RANK", "0") != "0":
+            return  # under torchrun: every rank probed and agreed; rank 0 reports
         d = result.to_dict()
         if out is not None and result.pick is not None:
             pick = result.pick
