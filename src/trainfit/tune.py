@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import psutil
 import torch
 
 from trainfit.data import DataError, TokenData, load_tokenizer, read_rows, tokenize_rows
@@ -222,6 +223,11 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
     notes = [*data.stats.notes, *out.notes,
              "tokens/s counts positions computed (micro × seq_len × accumulation × ranks / step)",
              "loss is token-weighted over the effective batch (exact for any micro-batch split)"]
+    load_1min = psutil.getloadavg()[0]
+    if device.type == "cpu" and load_1min > (os.cpu_count() or 1):
+        notes.append(f"the host was busy while probing (load average {load_1min:.1f} on "
+                     f"{os.cpu_count()} cores, measured): timings are slower and noisier than on an "
+                     "idle machine; memory is not affected")
     if device.type == "cpu":
         notes.append("CPU: peak = live tensor bytes (the quantity of torch.cuda.max_memory_"
                      "allocated); reserved/device do not exist on CPU (null)")
