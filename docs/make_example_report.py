@@ -42,7 +42,7 @@ def _kind(path: Path) -> str | None:
 def inputs() -> list[str]:
     """The plan, then outputs of tune / train / doctor (by their `kind`) and monitor logs."""
     files = [PLAN]
-    files += [p for p in sorted(RESULTS.glob("*.json")) if _kind(p) in LATER_KINDS]
+    files += [p for p in sorted(RESULTS.rglob("*.json")) if _kind(p) in LATER_KINDS]
     files += sorted(RESULTS.glob("*.jsonl")) + sorted(RESULTS.glob("*.csv"))
     return [str(p) for p in files]
 
