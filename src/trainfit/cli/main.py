@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from trainfit.cli import doctor as doctor_cli
 from trainfit.cli import monitor as monitor_cli
 from trainfit.cli import report as report_cli
 from trainfit.cli import train as train_cli
@@ -20,6 +21,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Predict, measure and choose LLM training configurations that use a GPU "
                        "well.")
 report_cli.register(app)
+doctor_cli.register(app)
 tune_cli.register(app)
 train_cli.register(app)
 monitor_cli.register(app)

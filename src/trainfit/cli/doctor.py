@@ -1,0 +1,83 @@
+"""``trainfit doctor JOB.yaml`` / ``trainfit doctor -- CMD ...``: where the step time goes, the
+bottleneck named with its numbers, the fix applied (trainfit jobs) and measured again."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, NoReturn
+
+import typer
+
+
+def _fail(message: str, hint: str = "", tail: list[str] | None = None) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    if hint:
+        typer.echo(f"hint: {hint}", err=True)
+    if tail:
+        typer.echo("last lines of its output:", err=True)
+        for line in tail:
+            typer.echo(f"  | {line}", err=True)
+    raise typer.Exit(2)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``doctor`` command to the trainfit app."""
+
+    @app.command("doctor")
+    def doctor_cmd(
+        target: Annotated[list[str] | None, typer.Argument(
+            help="A trainfit job YAML, or after -- the command to run: -- python train.py ARGS.",
+            show_default=False)] = None,
+        steps: Annotated[int, typer.Option(help="Optimizer steps measured (after the warm-up).")] = 8,
+        warmup: Annotated[int, typer.Option(help="Steps run before measuring (first-step costs).")] = 2,
+        apply: Annotated[bool, typer.Option(
+            "--apply/--no-apply", help="Apply the fixes to a trainfit job and measure again.")] = True,
+        repeats: Annotated[int, typer.Option(
+            help="Before/after rounds, interleaved (B A B A …): CPU timing drifts between repeats.")] = 2,
+        device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N (trainfit jobs).")] = "cpu",
+        timeout_s: Annotated[float, typer.Option(
+            "--timeout-s", help="Stop a command that has not finished its window by then.")] = 900.0,
+        keep_running: Annotated[bool, typer.Option(
+            "--keep-running",
+            help="Let the command run to its end (default: stop it after the window).")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+    ) -> None:
+        """Measure where the step time goes (data wait, copy, forward, backward, optimizer, syncs,
+        logging, idle), name the bottleneck with its numbers, apply the fix and measure again."""
+        from trainfit.doctor.inject import DoctorError, check_command
+        from trainfit.doctor.run import doctor_command, doctor_job
+        from trainfit.job import JobError
+
+        args = list(target or [])
+        say = None if as_json else (lambda msg: typer.echo(msg, err=True))
+        try:
+            if not args:
+                raise JobError("nothing to examine",
+                               "trainfit doctor JOB.yaml, or trainfit doctor -- python train.py ARGS")
+            if steps < 3:
+                raise JobError(f"--steps {steps}: too few to measure",
+                               "doctor needs at least 3 measured steps")
+            if repeats < 1:
+                raise JobError(f"--repeats {repeats}: must be ≥ 1")
+            if len(args) == 1 and args[0].endswith((".yaml", ".yml")):
+                result = doctor_job(args[0], steps=steps, warmup=warmup, apply=apply, repeats=repeats,
+                                    device=device, log=say)
+            else:
+                check_command(args)
+                if say:
+                    say(f"running {' '.join(args)} under the doctor ({warmup} warm-up + {steps} measured + "
+                        "1 profiled step) …")
+                result = doctor_command(args, steps=steps, warmup=warmup, stop=not keep_running,
+                                        timeout_s=timeout_s)
+        except DoctorError as err:
+            _fail(str(err), err.hint, err.tail)
+        except JobError as err:
+            _fail(str(err), err.hint)
+        if as_json:
+            typer.echo(json.dumps(result.to_dict(), indent=1))
+            return
+        from rich.console import Console
+
+        from trainfit.doctor.render import render
+
+        Console().print(render(result))

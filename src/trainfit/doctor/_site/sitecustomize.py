@@ -1,0 +1,60 @@
+"""Put first on PYTHONPATH by ``trainfit doctor -- CMD``: arms the doctor's hooks in every Python
+process of the command, then runs the sitecustomize this one shadows (if any)."""
+
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _arm() -> None:
+    if not os.environ.get("TRAINFIT_DOCTOR_OUT"):
+        return
+    try:
+        import importlib.util
+
+        # the doctor package of the trainfit that started this command, loaded under a private
+        # name: the user's interpreter may have another trainfit, or none, and its own modules
+        # must not be shadowed
+        pkg_dir = os.environ.get("TRAINFIT_DOCTOR_DIR") or os.path.dirname(_HERE)
+        spec = importlib.util.spec_from_file_location(
+            "_trainfit_doctor", os.path.join(pkg_dir, "__init__.py"), submodule_search_locations=[pkg_dir])
+        assert spec is not None and spec.loader is not None
+        pkg = importlib.util.module_from_spec(spec)
+        sys.modules["_trainfit_doctor"] = pkg
+        spec.loader.exec_module(pkg)
+        from _trainfit_doctor.hooks import arm
+
+        arm()
+    except Exception as err:  # a measurement must never break the user's script
+        try:
+            with open(os.path.join(os.environ["TRAINFIT_DOCTOR_OUT"],
+                                   f"doctor.{os.getpid()}.jsonl"), "a") as f:
+                import json
+
+                f.write(json.dumps({"type": "error", "where": "arm", "error": repr(err)[:300]}) + "\n")
+        except OSError:
+            pass
+
+
+def _chain() -> None:
+    """The sitecustomize this file shadows (a distribution's own), run as it would have been."""
+    import importlib.util
+
+    for p in sys.path:
+        if not p or os.path.abspath(p) == _HERE:
+            continue
+        cand = os.path.join(p, "sitecustomize.py")
+        if os.path.isfile(cand):
+            spec = importlib.util.spec_from_file_location("_trainfit_shadowed_sitecustomize", cand)
+            if spec is not None and spec.loader is not None:
+                try:
+                    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+                except Exception:
+                    pass
+            return
+
+
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+_arm()
+_chain()

@@ -1,0 +1,293 @@
+"""Rules: a measured step split (+ what the profile and the sampler saw) → named bottlenecks.
+
+Each finding carries the numbers that show it (all measured, or derived from measured numbers by
+the formula its fix text states), the fix, and the predicted gain in throughput as a fraction
+(0.5 = 1.5× the tokens/s), or None where no honest number exists. Findings are ordered by predicted
+gain: the first one is *the* bottleneck.
+
+Predicted gains (each assumes the named cost disappears and nothing else changes):
+* input-bound: the data wait is hidden or removed → gain = 1 / (1 − wait fraction) − 1;
+* sync-bound: sync + logging done once per logging interval instead of every micro-step →
+  gain = 1 / (1 − their fraction) − 1 (on a GPU each sync also drains the kernel queue: more);
+* launch-bound: a k× larger micro-batch (same effective batch) dispatches k× fewer ops per token →
+  gain = step / (step − overhead · (1 − 1/k)) − 1, overhead = ops × measured cost of one op;
+* needless-recompute: the recomputed forward disappears → gain = 1 / (1 − recompute fraction) − 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from trainfit.doctor.split import Split
+from trainfit.doctor.watch import HostSummary
+
+BOTTLENECKS = ("input-bound", "launch-bound", "bandwidth-bound", "compute-bound", "needless-recompute",
+               "sync-bound", "cpu-offload", "host-swapping")
+
+INPUT_BOUND_FRACTION = 0.20
+"""Data wait (+ host→device copy) at or above this share of the step: input-bound (the issue's
+threshold). Between MINOR and this it is still reported, as a smaller finding."""
+MINOR_FRACTION = 0.05
+SYNC_BOUND_FRACTION = 0.05
+"""Sync points + per-step logging at or above this share of the step, with at least one sync per
+micro-step in the loop: sync-bound."""
+LAUNCH_BOUND_FRACTION = 0.30
+"""Dispatch overhead (ops × cost of one op) at or above this share of the compute phases."""
+MICRO_BATCH_SCALE = 4
+"""The k of the launch-bound prediction when the job does not say how far the micro-batch can grow."""
+MATMUL_COMPUTE_FRACTION = 0.5
+"""Matmul share of op time at or above which a step with no other bottleneck is compute-bound."""
+SWAP_BYTES_PER_S = 1 << 20
+"""Swap traffic above 1 MiB/s during the run: the host is paging."""
+RECOMPUTE_MEMORY_FRACTION = 0.5
+"""Peak memory at or below this share of the capacity: checkpointing is not what makes it fit."""
+
+
+@dataclass
+class Finding:
+    bottleneck: str
+    evidence: dict[str, float | None]
+    fix: str
+    predicted_gain_fraction: float | None
+    detail: str = ""
+    """One line of prose for the table (the JSON carries the numbers)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("detail")
+        return d
+
+
+@dataclass(kw_only=True)
+class Observation:
+    """Everything the rules read; None = not known on this target/device."""
+
+    split: Split
+    device: str
+    """cpu | cuda"""
+    trainfit_job: bool
+    """A trainfit job (fixes can be applied) or someone else's command (fixes are printed)."""
+    tokens_per_step: float | None = None
+    micro_steps_per_step: float | None = None
+    sync_calls_per_step: float = 0.0
+    """Sync points in the training loop itself (.item(), .tolist(), float(t), .cpu() of a GPU tensor)."""
+    model_sync_calls_per_step: float = 0.0
+    log_calls_per_step: float = 0.0
+    ops_per_step: float | None = None
+    op_overhead_s: float | None = None
+    """Measured fixed cost of dispatching one op on this host (trainfit.hardware.cpu)."""
+    matmul_time_fraction: float | None = None
+    mfu: float | None = None
+    recompute_s: float = 0.0
+    peak_memory_bytes: int | None = None
+    memory_capacity_bytes: int | None = None
+    params_on_cpu_fraction: float | None = None
+    num_workers: int | None = None
+    cpu_count: int = 1
+    lazy_tokenization: bool = False
+    micro_batch: int | None = None
+    max_micro_batch: int | None = None
+    """The largest micro-batch the effective batch allows (trainfit jobs)."""
+    measured_micro_batch_gain: tuple[int, float] | None = None
+    """(micro-batch, measured tokens/s gain fraction) from probing a larger micro-batch."""
+    padding_fraction: float | None = None
+    optimizer_fused: bool | None = None
+    host: HostSummary | None = None
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def _gain(fraction_removed: float) -> float:
+    return 1.0 / max(1.0 - fraction_removed, 1e-6) - 1.0
+
+
+def _r(x: float | None, nd: int = 6) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def find(obs: Observation) -> list[Finding]:
+    out: list[Finding] = []
+    for rule in (_input, _sync, _launch, _recompute, _offload, _swap):
+        f = rule(obs)
+        if f is not None:
+            out.append(f)
+    big = [f for f in out if (f.predicted_gain_fraction or 0.0) >= 0.10]
+    if not big and not any(f.bottleneck in ("cpu-offload", "host-swapping") for f in out):
+        out.append(_compute_or_bandwidth(obs))
+    out.sort(key=lambda f: -(f.predicted_gain_fraction if f.predicted_gain_fraction is not None
+                             else 0.05))
+    return out
+
+
+def _input(o: Observation) -> Finding | None:
+    s = o.split
+    wait = s.data_wait_s + s.h2d_copy_s
+    frac = wait / s.step_time_s if s.step_time_s > 0 else 0.0
+    if frac < MINOR_FRACTION:
+        return None
+    compute = s.forward_s + s.backward_s + s.optimizer_s
+    ev: dict[str, float | None] = {
+        "data_wait_s": _r(s.data_wait_s), "h2d_copy_s": _r(s.h2d_copy_s),
+        "step_time_s": _r(s.step_time_s), "data_wait_fraction": _r(frac, 4),
+        "compute_s": _r(compute), "num_workers": o.num_workers,
+        "step_time_spread_s": _r(s.step_time_spread_s)}
+    fixes = []
+    if o.lazy_tokenization or o.trainfit_job is False:
+        fixes.append("pre-tokenize once into a memory-mapped token file keyed by a hash of tokenizer + data "
+                     "+ seq_len and reused across runs, packing documents into full sequences (EOS between "
+                     "them; attention then crosses document boundaries inside a sequence — the usual "
+                     "pre-training trade-off)")
+    # on a host whose cores also run the compute, a worker only helps with a core to itself
+    spare = max(o.cpu_count - 1, 1)
+    need = max(1, min(spare, int(-(-wait // max(compute, 1e-9)))))
+    fixes.append(f"then DataLoader(num_workers={need}, persistent_workers=True, prefetch_factor=2"
+                 + (", pin_memory=True" if o.device == "cuda" else "") + ") if a wait remains "
+                 "(trainfit doctor --apply chooses the count by measurement within the host RAM budget)")
+    if o.device == "cuda" and s.h2d_copy_s > 0.02 * s.step_time_s:
+        fixes.append("copy with .to(device, non_blocking=True) from pinned memory")
+    return Finding("input-bound", ev, "; ".join(fixes), _r(_gain(frac), 4),
+                   f"waiting for data {frac:.0%} of the step (measured)"
+                   + ("" if frac >= INPUT_BOUND_FRACTION else " — minor"))
+
+
+def _sync(o: Observation) -> Finding | None:
+    s = o.split
+    micro = o.micro_steps_per_step or 1.0
+    cost = s.sync_s + s.logging_io_s
+    frac = cost / s.step_time_s if s.step_time_s > 0 else 0.0
+    if o.sync_calls_per_step < micro or frac < SYNC_BOUND_FRACTION:
+        return None
+    ev = {"sync_calls_per_step": _r(o.sync_calls_per_step, 2), "micro_steps_per_step": _r(micro, 2),
+          "sync_s": _r(s.sync_s), "logging_io_s": _r(s.logging_io_s),
+          "log_calls_per_step": _r(o.log_calls_per_step, 2), "sync_fraction": _r(frac, 4),
+          "step_time_s": _r(s.step_time_s)}
+    fix = ("keep running values on the device (running_loss += loss.detach()) and call .item() / "
+           "print / log once every N optimizer steps (e.g. 50), not every micro-step; reduce per-sample "
+           "metrics on the device before one transfer")
+    where = ("on a GPU each sync also empties the kernel queue, so the gain there is larger"
+             if o.device == "cpu" else "each one empties the kernel queue")
+    return Finding("sync-bound", ev, fix, _r(_gain(frac), 4),
+                   f"{o.sync_calls_per_step:.0f} sync points per step ({o.sync_calls_per_step / micro:.1f} "
+                   f"per micro-step) cost {frac:.0%} of the step (measured); {where}")
+
+
+def _launch(o: Observation) -> Finding | None:
+    s = o.split
+    compute = s.forward_s + s.backward_s + s.optimizer_s
+    if compute <= 0:
+        return None
+    ev: dict[str, float | None] = {"step_time_s": _r(s.step_time_s), "compute_s": _r(compute)}
+    overhead = None
+    if o.ops_per_step is not None and o.op_overhead_s is not None:
+        overhead = min(o.ops_per_step * o.op_overhead_s, compute)
+        ev.update(ops_per_step=o.ops_per_step, op_overhead_s=_r(o.op_overhead_s, 9),
+                  launch_overhead_fraction=_r(overhead / compute, 4))
+    if o.tokens_per_step and o.micro_steps_per_step:
+        ev["tokens_per_micro_step"] = _r(o.tokens_per_step / o.micro_steps_per_step, 1)
+    idle = s.idle_s / s.step_time_s if s.idle_s is not None and s.step_time_s > 0 else None
+    if idle is not None:
+        ev["device_idle_fraction"] = _r(idle, 4)
+    measured = o.measured_micro_batch_gain
+    by_overhead = overhead is not None and overhead / compute >= LAUNCH_BOUND_FRACTION
+    by_idle = idle is not None and idle >= LAUNCH_BOUND_FRACTION
+    by_probe = measured is not None and measured[1] >= 0.10
+    if not (by_overhead or by_idle or by_probe):
+        return None
+    k = MICRO_BATCH_SCALE
+    if o.micro_batch and o.max_micro_batch:
+        k = max(o.max_micro_batch // o.micro_batch, 1)
+    gain = None
+    if measured is not None:
+        ev["probe_micro_batch"] = measured[0]
+        ev["probe_measured_gain_fraction"] = _r(measured[1], 4)
+        gain = measured[1]
+    elif overhead is not None and k > 1:
+        gain = s.step_time_s / max(s.step_time_s - overhead * (1 - 1 / k), 1e-9) - 1
+    elif idle is not None and k > 1:
+        gain = _gain(idle * (1 - 1 / k))
+    if k <= 1 and measured is None:
+        return None  # the micro-batch cannot grow: nothing to predict from this rule
+    mb = (f"micro-batch {o.micro_batch} → {o.micro_batch * k}" if o.micro_batch
+          else f"a {k}× larger micro-batch")
+    fix = (f"{mb} with grad_accum divided by {k} (same effective batch, same learning): "
+           f"{k}× fewer op dispatches per token")
+    if o.optimizer_fused is False and s.optimizer_s > 0.15 * s.step_time_s:
+        fix += "; a fused optimizer (torch.optim.AdamW(..., fused=True)) dispatches one op per step"
+    if o.device == "cuda":
+        fix += "; CUDA graphs / torch.compile(mode='reduce-overhead') remove the launches themselves"
+    detail = (f"{o.ops_per_step:.0f} ops per step × {o.op_overhead_s * 1e6:.1f} µs each = "
+              f"{overhead / compute:.0%} of the compute time (measured count × measured cost)"
+              if overhead is not None else "device idle between kernels")
+    if measured is not None:
+        detail += f"; micro-batch {measured[0]} measured {measured[1]:+.0%} tokens/s"
+    return Finding("launch-bound", ev, fix, _r(gain, 4), detail)
+
+
+def _recompute(o: Observation) -> Finding | None:
+    s = o.split
+    if o.recompute_s <= 0 or s.step_time_s <= 0:
+        return None
+    frac = o.recompute_s / s.step_time_s
+    mem = (o.peak_memory_bytes / o.memory_capacity_bytes
+           if o.peak_memory_bytes and o.memory_capacity_bytes else None)
+    ev = {"recompute_s": _r(o.recompute_s), "recompute_fraction": _r(frac, 4),
+          "peak_memory_bytes": o.peak_memory_bytes, "memory_capacity_bytes": o.memory_capacity_bytes,
+          "peak_memory_fraction": _r(mem, 4)}
+    if mem is None or mem > RECOMPUTE_MEMORY_FRACTION:
+        return None  # memory may need it: recomputation is then the price of fitting
+    return Finding("needless-recompute", ev,
+                   "turn activation checkpointing off (grad_ckpt: off / "
+                   f"model.gradient_checkpointing_disable()): the peak uses {mem:.0%} of the memory, "
+                   "room for the stored activations "
+                   "(trainfit plan predicts the peak without it)", _r(_gain(frac), 4),
+                   f"recomputed forward {frac:.0%} of the step while memory is {mem:.0%} used (measured)")
+
+
+def _offload(o: Observation) -> Finding | None:
+    if o.device != "cuda" or not o.params_on_cpu_fraction:
+        return None
+    ev = {"params_on_cpu_fraction": _r(o.params_on_cpu_fraction, 4), "h2d_copy_s": _r(o.split.h2d_copy_s),
+          "step_time_s": _r(o.split.step_time_s)}
+    return Finding("cpu-offload", ev, "keep parameters and optimizer states on the GPU where they fit "
+                   "(trainfit plan says whether they do); offload only what does not fit", None,
+                   f"{o.params_on_cpu_fraction:.0%} of the parameters live on the CPU (measured)")
+
+
+def _swap(o: Observation) -> Finding | None:
+    h = o.host
+    if h is None or h.swap_in_bytes_per_s is None:
+        return None
+    rate = (h.swap_in_bytes_per_s or 0.0) + (h.swap_out_bytes_per_s or 0.0)
+    if rate < SWAP_BYTES_PER_S:
+        return None
+    ev = {"swap_in_bytes_per_s": _r(h.swap_in_bytes_per_s, 0), "swap_out_bytes_per_s":
+          _r(h.swap_out_bytes_per_s, 0), "min_available_bytes": h.min_available_bytes,
+          "ram_total_bytes": h.ram_total_bytes, "peak_rss_bytes": h.peak_rss_bytes}
+    return Finding("host-swapping", ev, "fewer DataLoader workers or a lower prefetch_factor; a "
+                   "memory-mapped token file instead of in-RAM token lists (pages shared, not copied "
+                   "per worker); close other programs", None,
+                   f"the host paged {rate / 2**20:.1f} MiB/s during the run (measured)")
+
+
+def _compute_or_bandwidth(o: Observation) -> Finding:
+    s = o.split
+    ev: dict[str, float | None] = {"step_time_s": _r(s.step_time_s), "mfu": _r(o.mfu, 4),
+                                   "matmul_time_fraction": _r(o.matmul_time_fraction, 4),
+                                   "tokens_per_step": o.tokens_per_step}
+    if o.padding_fraction is not None:
+        ev["padding_fraction"] = _r(o.padding_fraction, 4)
+    pad_fix = ""
+    gain = None
+    if o.padding_fraction is not None and o.padding_fraction >= 0.10:
+        pad_fix = ("; length-grouped batches with padding to the batch's longest sample would skip "
+                   f"{o.padding_fraction:.0%} padded positions")
+        gain = _r(_gain(o.padding_fraction), 4)
+    if o.matmul_time_fraction is not None and o.matmul_time_fraction < MATMUL_COMPUTE_FRACTION:
+        return Finding("bandwidth-bound", ev, "fuse the elementwise work: torch.compile, a fused "
+                       "optimizer, bf16 autocast where the device supports it (half the bytes)" + pad_fix,
+                       gain, f"matrix multiplies are only {o.matmul_time_fraction:.0%} of op time "
+                       "(measured): the rest moves memory")
+    mfu = f"MFU {o.mfu:.0%}" if o.mfu is not None else "MFU unknown"
+    return Finding("compute-bound", ev, "good: the step computes. More throughput needs less work per "
+                   "token (bf16/fp16 where supported, a smaller model) or a faster device" + pad_fix, gain,
+                   f"{mfu} (measured time, counted FLOPs, measured peak)")

@@ -1,0 +1,472 @@
+"""Instrumentation injected into someone else's training script (``trainfit doctor -- CMD``).
+
+Armed by ``trainfit/doctor/_site/sitecustomize.py`` when ``TRAINFIT_DOCTOR_OUT`` is set; it waits
+for ``import torch`` and then installs global hooks — nothing in the user's code changes:
+
+* step boundary = ``optimizer.step()`` (torch's global optimizer step pre/post hooks);
+* forward = the top-level module calls (found in the first step with the global module hooks,
+  which are then replaced by hooks on those modules only: a hook on every submodule would cost
+  more than the 3 % the doctor allows itself);
+* backward = ``torch.autograd.backward`` (``loss.backward()`` goes through it);
+* data wait = ``DataLoader`` iterator ``__next__``; host→device copy = ``Tensor.to/.cuda`` of a
+  CPU tensor to a GPU outside the model (CUDA only);
+* sync points = ``Tensor.item/.tolist/__float__``, ``.cpu()`` of a device tensor,
+  ``torch.cuda.synchronize``; logging and checkpoint I/O = ``print``, ``logging``, ``torch.save``.
+
+Steps ``[warmup, warmup + steps)`` are measured and kept in memory; then one step runs under the
+PyTorch profiler (op counts, matmul share, device busy time), everything is written as JSON lines
+to ``$TRAINFIT_DOCTOR_OUT/doctor.<pid>.jsonl`` and — with ``TRAINFIT_DOCTOR_STOP=1`` — the process
+ends (a doctor needs a window of steps, not the whole run). Standard library + torch only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import builtins
+import functools
+import importlib.abc
+import importlib.util
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from typing import Any
+
+# relative: sitecustomize loads this package under a private name, whatever ``trainfit`` the
+# user's interpreter has (another version, or none)
+from .split import PhaseClock, StepRecord
+
+ENV_OUT = "TRAINFIT_DOCTOR_OUT"
+ENV_WARMUP = "TRAINFIT_DOCTOR_WARMUP"
+ENV_STEPS = "TRAINFIT_DOCTOR_STEPS"
+ENV_STOP = "TRAINFIT_DOCTOR_STOP"
+ENV_PROFILE = "TRAINFIT_DOCTOR_PROFILE"
+
+
+class _State:
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.out_dir = os.environ.get(ENV_OUT, "")
+        self.warmup = max(1, int(os.environ.get(ENV_WARMUP, "2")))
+        self.steps = max(1, int(os.environ.get(ENV_STEPS, "10")))
+        self.stop = os.environ.get(ENV_STOP, "0") == "1"
+        self.profile = os.environ.get(ENV_PROFILE, "1") == "1"
+        self.clock = PhaseClock()
+        self.window = "warmup"  # warmup → measure → profile → done
+        self.steps_done = 0
+        self.records: list[StepRecord] = []
+        self.depth = 0
+        self.in_backward = False
+        self.roots: dict[int, Any] = {}
+        self.recompute_modules: dict[int, Any] = {}
+        self.main_root: Any = None
+        self.global_handles: list[Any] = []
+        self.prof: Any = None
+        self.profile_stats: dict[str, Any] | None = None
+        self.cuda = False
+        self.orig: dict[str, Any] = {}
+        self.finished = False
+        self.optimizer_info: dict[str, Any] | None = None
+
+    def write(self, obj: dict[str, Any]) -> None:
+        if not self.out_dir or os.getpid() != self.pid:
+            return  # a forked DataLoader worker: the parent process reports
+        try:
+            with open(os.path.join(self.out_dir, f"doctor.{self.pid}.jsonl"), "a") as f:
+                f.write(json.dumps(obj) + "\n")
+        except OSError:
+            pass
+
+
+_ST: _State | None = None
+
+
+def arm() -> None:
+    """Called from sitecustomize: install now if torch is loaded, else right after its import."""
+    global _ST
+    if _ST is not None:
+        return
+    _ST = _State()
+    _ST.write({"type": "armed", "pid": _ST.pid, "argv": sys.argv[:8],
+               "rank": os.environ.get("RANK"), "time": time.time()})
+    if "torch" in sys.modules:
+        install(sys.modules["torch"])
+    else:
+        sys.meta_path.insert(0, _TorchWatcher())
+
+
+class _TorchWatcher(importlib.abc.MetaPathFinder):
+    """A post-import hook for ``torch``: finds its spec with the other finders and wraps the
+    loader's ``exec_module`` so the hooks go in the moment torch has finished importing."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        orig_exec = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            orig_exec(module)
+            try:
+                install(module)
+            except Exception as err:  # never break the user's script over a measurement
+                if _ST is not None:
+                    _ST.write({"type": "error", "where": "install", "error": repr(err)})
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def install(torch: Any) -> None:
+    st = _ST
+    assert st is not None
+    import torch.optim.optimizer as optim_mod
+    import torch.utils.data.dataloader as dl_mod
+
+    clock = st.clock
+    st.cuda = bool(torch.cuda.is_available())
+    st.write({"type": "torch", "version": torch.__version__, "cuda": st.cuda})
+
+    # --- step boundary: the optimizer ------------------------------------------------------
+    def opt_pre(opt: Any, args: Any, kwargs: Any) -> None:
+        if st.optimizer_info is None:
+            d = getattr(opt, "defaults", {})
+            st.optimizer_info = {"name": type(opt).__name__, "fused": bool(d.get("fused")),
+                                 "foreach": d.get("foreach")}
+        if clock.active:
+            clock.push("optimizer")
+
+    def opt_post(opt: Any, args: Any, kwargs: Any) -> None:
+        if clock.active:
+            clock.pop()
+            rec = clock.end_step()
+        else:
+            rec = None
+        _step_done(torch, rec)
+
+    optim_mod.register_optimizer_step_pre_hook(opt_pre)
+    optim_mod.register_optimizer_step_post_hook(opt_post)
+
+    # --- forward: global module hooks in the first step find the top-level modules ----------
+    def g_pre(mod: Any, args: Any) -> None:
+        st.depth += 1
+        if st.depth == 1:
+            (st.recompute_modules if st.in_backward else st.roots)[id(mod)] = mod
+
+    def g_post(mod: Any, args: Any, out: Any) -> None:
+        st.depth -= 1
+
+    from torch.nn.modules import module as module_mod
+
+    st.global_handles = [module_mod.register_module_forward_pre_hook(g_pre),
+                         module_mod.register_module_forward_hook(g_post)]
+
+    # --- backward --------------------------------------------------------------------------
+    orig_backward = torch.autograd.backward
+
+    @functools.wraps(orig_backward)
+    def backward(*a: Any, **k: Any) -> Any:
+        st.in_backward = True
+        if not clock.active:
+            try:
+                return orig_backward(*a, **k)
+            finally:
+                st.in_backward = False
+        clock.push("backward")
+        clock.count("micro_steps")
+        try:
+            return orig_backward(*a, **k)
+        finally:
+            st.in_backward = False
+            clock.pop()
+
+    torch.autograd.backward = backward
+
+    # --- data wait ---------------------------------------------------------------------------
+    base_iter = dl_mod._BaseDataLoaderIter
+    orig_next = base_iter.__next__
+
+    @functools.wraps(orig_next)
+    def next_(self: Any) -> Any:
+        if not clock.active:
+            return orig_next(self)
+        clock.counters["num_workers"] = self._num_workers  # the loader's setting, for the fix
+        clock.push("data_wait")
+        try:
+            return orig_next(self)
+        finally:
+            clock.pop()
+
+    base_iter.__next__ = next_
+
+    # --- sync points, logging / checkpoint I/O ----------------------------------------------
+    tensor = torch.Tensor
+    st.orig["item"] = tensor.item
+    for name in ("item", "tolist", "__float__"):
+        setattr(tensor, name, _synced(clock, getattr(tensor, name)))
+    tensor.cpu = _synced(clock, tensor.cpu, cond=lambda a: a[0].device.type != "cpu")
+    if st.cuda:
+        torch.cuda.synchronize = _synced(clock, torch.cuda.synchronize, cond=lambda a: True)
+        _install_h2d(torch, clock)
+    builtins.print = _timed(clock, "logging_io", builtins.print, "log_calls")
+    torch.save = _timed(clock, "logging_io", torch.save, "save_calls")
+    import logging
+
+    logging.Logger.handle = _timed(clock, "logging_io", logging.Logger.handle, "log_calls")
+
+    # the optimizer phase includes gradient clipping, as trainfit's own step does
+    import torch.nn.utils as nn_utils
+    import torch.nn.utils.clip_grad as clip_mod
+
+    clip = _timed(clock, "optimizer", clip_mod.clip_grad_norm_)
+    clip_mod.clip_grad_norm_ = clip
+    nn_utils.clip_grad_norm_ = clip
+    atexit.register(_finish, torch, "exit")
+
+
+def _synced(clock: PhaseClock, fn: Any, cond: Any = None) -> Any:
+    """A sync point: counted always, timed as PhaseClock.SYNC_TIME_EVERY says (the untimed path is
+    a counter increment: loops call .item() per token, thousands of times a step)."""
+    first, mask = PhaseClock.SYNC_TIME_FIRST, PhaseClock.SYNC_TIME_EVERY - 1
+    assert PhaseClock.SYNC_TIME_EVERY & mask == 0, "a power of two: the test is a bit mask"
+    if cond is None:  # .item(), .tolist(), float(t): no arguments, the leanest wrapper
+        @functools.wraps(fn)
+        def bare(self: Any) -> Any:
+            if clock.active:
+                n = clock.sync_n = clock.sync_n + 1
+                if n <= first or not n & mask:
+                    clock.sync_timed(n)
+                    try:
+                        return fn(self)
+                    finally:
+                        clock.pop()
+            return fn(self)
+        return bare
+
+    @functools.wraps(fn)
+    def wrapper(*a: Any, **k: Any) -> Any:
+        if clock.active and cond(a):
+            n = clock.sync_n = clock.sync_n + 1
+            if n <= first or not n & mask:
+                clock.sync_timed(n)
+                try:
+                    return fn(*a, **k)
+                finally:
+                    clock.pop()
+        return fn(*a, **k)
+    return wrapper
+
+
+def _timed(clock: PhaseClock, phase: str, fn: Any, counter: str | None = None) -> Any:
+    """``fn`` charged to ``phase`` while the clock runs (rare calls: print, torch.save …)."""
+    @functools.wraps(fn)
+    def wrapper(*a: Any, **k: Any) -> Any:
+        if not clock.active:
+            return fn(*a, **k)
+        if counter:
+            clock.count(counter)
+        clock.push(phase)
+        try:
+            return fn(*a, **k)
+        finally:
+            clock.pop()
+    return wrapper
+
+
+def _install_h2d(torch: Any, clock: PhaseClock) -> None:
+    def to_cuda(a: tuple[Any, ...], k: dict[str, Any]) -> bool:
+        for v in (*a[1:], k.get("device")):
+            if isinstance(v, torch.device) and v.type == "cuda":
+                return True
+            if isinstance(v, str) and v.startswith("cuda"):
+                return True
+            if isinstance(v, torch.Tensor) and v.is_cuda:
+                return True
+        return False
+
+    for name in ("to", "cuda"):
+        fn = getattr(torch.Tensor, name)
+
+        def wrapper(*a: Any, _fn: Any = fn, _name: str = name, **k: Any) -> Any:
+            if (not clock.active or clock.phase in ("forward", "backward") or a[0].is_cuda
+                    or (_name == "to" and not to_cuda(a, k))):
+                return _fn(*a, **k)
+            clock.push("h2d_copy")
+            try:
+                return _fn(*a, **k)
+            finally:
+                clock.pop()
+
+        setattr(torch.Tensor, name, functools.wraps(fn)(wrapper))
+
+
+def _end_discovery(torch: Any) -> None:
+    """After the first step: hooks on the top-level modules only (and on the modules that ran
+    again inside backward: activation checkpointing's recomputation)."""
+    st = _ST
+    assert st is not None
+    for h in st.global_handles:
+        h.remove()
+    st.global_handles = []
+    clock = st.clock
+    item = st.orig["item"]
+
+    def n_params(m: Any) -> int:
+        return sum(p.numel() for p in m.parameters())
+
+    roots = list(st.roots.values())
+    st.main_root = max(roots, key=n_params) if roots else None
+
+    def root_pre(mod: Any, args: Any, kwargs: Any) -> None:
+        if not clock.active or st.in_backward:
+            return
+        clock.push("forward")
+        clock.count("forwards")
+        if mod is not st.main_root:
+            return
+        ids = kwargs.get("input_ids")
+        if ids is None:
+            ids = next((a for a in args if isinstance(a, torch.Tensor)
+                        and not a.is_floating_point()), None)
+        if ids is None:
+            return
+        mask = kwargs.get("attention_mask")
+        if isinstance(mask, torch.Tensor) and not mask.is_cuda and mask.shape == ids.shape:
+            clock.count("tokens", item(mask.sum()))  # non-padding tokens; free on a host tensor
+        else:
+            clock.count("tokens", ids.numel())
+
+    def root_post(mod: Any, args: Any, kwargs: Any, out: Any) -> None:
+        if clock.active and not st.in_backward and clock.phase == "forward":
+            clock.pop()
+
+    for m in roots:
+        m.register_forward_pre_hook(root_pre, with_kwargs=True)
+        m.register_forward_hook(root_post, with_kwargs=True, always_call=True)
+
+    t0: list[float] = []
+
+    def re_pre(mod: Any, args: Any) -> None:
+        if clock.active and st.in_backward:
+            t0.append(time.perf_counter())
+
+    def re_post(mod: Any, args: Any, out: Any) -> None:
+        if clock.active and st.in_backward and t0:
+            clock.count("recompute_s", time.perf_counter() - t0.pop())
+
+    for m in st.recompute_modules.values():
+        m.register_forward_pre_hook(re_pre)
+        m.register_forward_hook(re_post)
+
+
+def _step_done(torch: Any, rec: StepRecord | None) -> None:
+    st = _ST
+    assert st is not None
+    st.steps_done += 1
+    if st.steps_done == 1:
+        _end_discovery(torch)
+    if st.window == "warmup":
+        if st.steps_done >= st.warmup:
+            st.window = "measure"
+            st.clock.start()
+    elif st.window == "measure":
+        if rec is not None:
+            st.records.append(rec)
+        if len(st.records) >= st.steps:
+            st.clock.active = False
+            if st.profile:
+                from .opstats import start_profile
+
+                st.window = "profile"
+                st.prof = start_profile(st.cuda)
+            else:
+                st.window = "done"
+                _finish(torch, "window")
+    elif st.window == "profile":
+        from .opstats import stop_profile
+
+        st.profile_stats = stop_profile(st.prof, st.cuda)
+        st.prof = None
+        st.window = "done"
+        _finish(torch, "window")
+
+
+def _calibrate(torch: Any) -> dict[str, float]:
+    """Seconds one hook costs, timed here with the real wrappers (see split.calibrate_hook_cost_s)."""
+    st = _ST
+    assert st is not None
+    clock = st.clock
+    x = torch.ones(())
+    orig_item = st.orig["item"]
+    was = clock.active
+    clock.start()
+    n = 500
+
+    def per_call(fn: Any) -> float:
+        vals = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            vals.append((time.perf_counter() - t0) / n)
+        return statistics.median(vals)
+
+    sync_s = max(per_call(x.item) - per_call(lambda: orig_item(x)), 0.0)
+
+    def noop() -> None:
+        return None
+
+    timed_noop = _timed(clock, "logging_io", noop)
+    wrapper_s = max(per_call(timed_noop) - per_call(noop), 0.0)
+    lin = torch.nn.Identity()
+    bare = per_call(lambda: lin(x))
+    lin.register_forward_pre_hook(lambda m, a, k: None, with_kwargs=True)
+    lin.register_forward_hook(lambda m, a, k, o: None, with_kwargs=True, always_call=True)
+    module_s = max(per_call(lambda: lin(x)) - bare, 0.0) + wrapper_s
+    clock.active = was
+    return {"wrapper_call_s": wrapper_s, "module_call_s": module_s, "sync_call_s": sync_s}
+
+
+def _finish(torch: Any, why: str) -> None:
+    st = _ST
+    if st is None or st.finished or os.getpid() != st.pid:
+        return
+    st.finished = True
+    st.clock.active = False
+    if st.prof is not None:  # the run ended inside the profiled step: drop it
+        try:
+            st.prof.__exit__(None, None, None)
+        except Exception:
+            pass
+    for i, r in enumerate(st.records):
+        st.write({"type": "step", "index": i, **r.to_dict()})
+    root = st.main_root
+    params = None
+    cpu_params = None
+    if root is not None:
+        ps = list(root.parameters())
+        params = sum(p.numel() for p in ps)
+        cpu_params = sum(p.numel() for p in ps if p.device.type == "cpu")
+    peak = total = None
+    if st.cuda and torch.cuda.is_initialized():
+        peak = torch.cuda.max_memory_allocated()
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    st.write({"type": "summary", "why": why, "steps_seen": st.steps_done,
+              "warmup": st.warmup, "steps": st.steps, "measured": len(st.records),
+              "calibration": _calibrate(torch) if st.records else None,
+              "profile": st.profile_stats, "params": params, "params_on_cpu": cpu_params,
+              "roots": len(st.roots), "recompute_modules": len(st.recompute_modules),
+              "cuda": st.cuda, "cuda_used": bool(st.cuda and torch.cuda.is_initialized()),
+              "peak_allocated_bytes": peak, "device_total_bytes": total,
+              "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+              "torch_threads": torch.get_num_threads(), "optimizer": st.optimizer_info})
+    if why == "window" and st.stop:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # the window is measured; the rest of the run would teach nothing more

@@ -1,0 +1,200 @@
+"""Run someone else's training command under the doctor: hooks injected through ``sitecustomize``
+(``PYTHONPATH``), output captured, the host sampled, the per-step records read back.
+
+Bad input is a :class:`DoctorError` (one ``error:`` line, a hint, exit code 2): a command that is
+not found, one that crashes or exits at once (its exit code and last lines), one that never trains
+with torch, and a run too short to measure (how many steps it needs).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainfit.doctor.hooks import ENV_OUT, ENV_PROFILE, ENV_STEPS, ENV_STOP, ENV_WARMUP
+from trainfit.doctor.split import StepRecord
+from trainfit.doctor.watch import HostSummary, HostWatch
+from trainfit.job import JobError
+
+SITE_DIR = Path(__file__).resolve().parent / "_site"
+DOCTOR_DIR = Path(__file__).resolve().parent
+"""This package: the child loads its hooks from here under a private name (see sitecustomize)."""
+MIN_MEASURED_STEPS = 3
+"""Fewer measured steps than this give no median worth naming a bottleneck by."""
+TAIL_LINES = 15
+
+
+class DoctorError(JobError):
+    """Bad input for the doctor (exit 2); ``tail``: the command's last output lines, if any."""
+
+    def __init__(self, message: str, hint: str = "", tail: list[str] | None = None) -> None:
+        super().__init__(message, hint)
+        self.tail = tail or []
+
+
+@dataclass
+class ForeignRun:
+    command: list[str]
+    exit_code: int | None
+    stopped_by_doctor: bool
+    records: list[StepRecord]
+    summary: dict[str, Any]
+    host: HostSummary
+    tail: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def target(self) -> str:
+        return shlex.join(self.command)
+
+
+def check_command(cmd: list[str]) -> str:
+    """The executable ``cmd[0]`` resolves to; DoctorError when there is none."""
+    if not cmd:
+        raise DoctorError("no command after --", "e.g. trainfit doctor -- python train.py --epochs 1")
+    exe = shutil.which(cmd[0])
+    if exe is None:
+        p = Path(cmd[0])
+        if p.is_file() and not os.access(p, os.X_OK):
+            raise DoctorError(f"{cmd[0]}: not executable", f"run it as: trainfit doctor -- python {cmd[0]}")
+        raise DoctorError(f"{cmd[0]}: command not found", "check the spelling and PATH; "
+                          "e.g. trainfit doctor -- python train.py")
+    return exe
+
+
+def run_foreign(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bool = True,
+                profile: bool = True, timeout_s: float | None = 900.0,
+                extra_env: dict[str, str] | None = None) -> ForeignRun:
+    """Run ``cmd`` with the hooks; measure steps ``[warmup, warmup + steps)``."""
+    check_command(cmd)
+    warmup = max(warmup, 1)  # the first step finds the top-level modules: never measured
+    out_dir = Path(tempfile.mkdtemp(prefix="trainfit-doctor-"))
+    env = dict(os.environ)
+    env.update(extra_env or {})
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE_DIR), env.get("PYTHONPATH", "")) if p)
+    env.update({ENV_OUT: str(out_dir), ENV_WARMUP: str(warmup), ENV_STEPS: str(steps),
+                ENV_STOP: "1" if stop else "0", ENV_PROFILE: "1" if profile else "0",
+                "TRAINFIT_DOCTOR_DIR": str(DOCTOR_DIR)})
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, text=True, errors="replace")
+    except OSError as err:
+        raise DoctorError(f"{cmd[0]}: cannot run it ({err.strerror or err})") from None
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail.append(line.rstrip("\n"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    timed_out = False
+    with HostWatch(proc.pid) as watch:
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        _kill_group(proc)  # DataLoader workers left behind by an os._exit, or the timed-out run
+        proc.wait()
+    reader.join(timeout=5)
+    host = watch.summary()
+    lines = list(tail)
+    files = _read_files(out_dir)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    return _interpret(cmd, proc.returncode, timed_out, timeout_s, files, lines, host, steps, warmup)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # our own session: only what this command started
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _read_files(out_dir: Path) -> dict[int, list[dict[str, Any]]]:
+    by_pid: dict[int, list[dict[str, Any]]] = {}
+    for f in sorted(out_dir.glob("doctor.*.jsonl")):
+        try:
+            pid = int(f.name.split(".")[1])
+        except ValueError:
+            continue
+        rows = []
+        for line in f.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        by_pid[pid] = rows
+    return by_pid
+
+
+def _pick(files: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The process that trained: most measured steps, rank 0 first (torchrun starts one per GPU)."""
+    def key(rows: list[dict[str, Any]]) -> tuple[int, int, int]:
+        armed = next((r for r in rows if r.get("type") == "armed"), {})
+        summ = next((r for r in rows if r.get("type") == "summary"), {})
+        return (sum(r.get("type") == "step" for r in rows), int(summ.get("steps_seen") or 0),
+                int(armed.get("rank") in (None, "0")))
+    return max(files.values(), key=key) if files else []
+
+
+def _interpret(cmd: list[str], code: int | None, timed_out: bool, timeout_s: float | None,
+               files: dict[int, list[dict[str, Any]]], tail: list[str], host: HostSummary,
+               steps: int, warmup: int) -> ForeignRun:
+    rows = _pick(files)
+    kinds = {r.get("type") for r in rows}
+    summary = next((r for r in rows if r.get("type") == "summary"), None)
+    records = [StepRecord.from_dict(r) for r in rows if r.get("type") == "step"]
+    stopped = summary is not None and summary.get("why") == "window"
+    name = shlex.join(cmd)
+    needed = warmup + MIN_MEASURED_STEPS
+    seen = int(summary.get("steps_seen") or 0) if summary else 0
+    errors = [r for r in rows if r.get("type") == "error"]
+    if timed_out and len(records) < MIN_MEASURED_STEPS:
+        raise DoctorError(f"{name}: still running after --timeout-s {timeout_s:g} with {seen} optimizer "
+                          f"steps done (doctor needs {needed})", "raise --timeout-s, or make the steps "
+                          "shorter for the measurement", tail)
+    if code not in (0, None) and not stopped and len(records) < MIN_MEASURED_STEPS:
+        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        raise DoctorError(f"{name} {how} after {seen} optimizer steps (doctor needs {needed}: "
+                          f"{warmup} warm-up + {MIN_MEASURED_STEPS} measured)",
+                          "its last lines are below; fix the script, then run the doctor again", tail)
+    if errors and "torch" not in kinds:
+        raise DoctorError(f"{name}: the doctor's hooks failed to load ({errors[0].get('error')})",
+                          "report this with the command", tail)
+    if "armed" not in kinds:
+        raise DoctorError(f"{name}: no Python process of this command could be instrumented",
+                          "doctor measures PyTorch training run by python (PYTHONPATH must not be reset)",
+                          tail)
+    if "torch" not in kinds:
+        raise DoctorError(f"{name}: the command never imported torch",
+                          "doctor measures PyTorch training loops", tail)
+    if seen == 0:
+        raise DoctorError(f"{name}: no optimizer.step() call seen (exit code {code})",
+                          "doctor finds step boundaries at torch.optim optimizer steps", tail)
+    if len(records) < MIN_MEASURED_STEPS:
+        raise DoctorError(f"{name}: the run is too short to measure: {seen} optimizer steps; doctor "
+                          f"needs at least {needed} ({warmup} warm-up + {MIN_MEASURED_STEPS} measured; "
+                          f"{warmup + steps} for --steps {steps})",
+                          "run it for more steps (more data or epochs), or lower --steps / --warmup",
+                          tail)
+    notes = []
+    if len(records) < steps:
+        notes.append(f"the run ended after {seen} optimizer steps: {len(records)} measured of the "
+                     f"{steps} asked")
+    if not stopped and code not in (0, None):
+        notes.append(f"the command exited with code {code} after the measured window")
+    assert summary is not None
+    return ForeignRun(command=cmd, exit_code=code, stopped_by_doctor=stopped, records=records,
+                      summary=summary, host=host, tail=tail, notes=notes)

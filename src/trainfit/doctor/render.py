@@ -1,0 +1,140 @@
+"""Display of a :class:`~trainfit.doctor.run.DoctorResult`: rich tables (compute lives in run.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from trainfit.doctor.findings import Finding
+from trainfit.doctor.run import DoctorResult, Metrics
+
+SPLIT_ROWS = (("data_wait_s", "waiting for data"), ("h2d_copy_s", "host→device copy"),
+              ("forward_s", "forward"), ("backward_s", "backward"), ("optimizer_s", "optimizer (+ clipping)"),
+              ("sync_s", "sync points (.item(), .cpu() …)"), ("logging_io_s", "logging / checkpoint I/O"),
+              ("idle_s", "device idle between kernels"), ("other_s", "other (loop code, zero_grad …)"))
+
+
+def _num(v: float | None, unit: str) -> str:
+    if v is None:
+        return "—"
+    if unit == "s":
+        if abs(v) < 1e-3 and v:
+            return f"{v * 1e6:.1f} µs"
+        return f"{v * 1e3:.2f} ms" if abs(v) < 1 else f"{v:.3f} s"
+    if unit == "bytes":
+        return f"{v / 2**30:.2f} GiB" if abs(v) >= 2**30 else f"{v / 2**20:.1f} MiB"
+    if unit == "fraction":
+        return f"{v:.1%}"
+    if unit == "bytes/s":
+        return f"{v / 2**20:.1f} MiB/s"
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
+def _unit(key: str) -> str:
+    for suffix, unit in (("_bytes_per_s", "bytes/s"), ("_bytes", "bytes"), ("_s", "s"),
+                         ("_fraction", "fraction"), ("mfu", "fraction")):
+        if key.endswith(suffix):
+            return unit
+    return ""
+
+
+def evidence_text(f: Finding) -> str:
+    return ", ".join(f"{k} {_num(v, _unit(k))}" for k, v in f.evidence.items() if v is not None)
+
+
+def split_table(r: DoctorResult) -> Table:
+    s = r.split
+    t = Table(title=f"Step time split — median per step over {r.steps_measured} steps (measured)",
+              title_justify="left")
+    t.add_column("part")
+    t.add_column("time / step", justify="right")
+    t.add_column("% of step", justify="right")
+    for key, name in SPLIT_ROWS:
+        v = getattr(s, key)
+        if v is None and key == "idle_s":
+            t.add_row(name, "n/a on CPU" if r.device == "cpu" else "—", "")
+            continue
+        t.add_row(name, _num(v, "s"), _num(s.fraction(key), "fraction"))
+    t.add_row(Text("step", style="bold"), Text(_num(s.step_time_s, "s"), style="bold"),
+              f"spread {_num(s.step_time_spread_s, 's')}")
+    return t
+
+
+def findings_block(findings: list[Finding], title: str) -> Group:
+    """One block per finding (a table squeezes the fix text into a column too narrow to read)."""
+    parts: list[Text] = [Text(title, style="italic")]
+    for i, f in enumerate(findings, 1):
+        g = f.predicted_gain_fraction
+        gain = "gain unknown" if g is None else f"predicted gain {g:+.0%} tokens/s"
+        parts.append(Text.assemble(f"{i}. ", (f.bottleneck, "bold red" if i == 1 else "bold"),
+                                   f"  ({gain})"))
+        parts.append(Text(f"   {f.detail}"))
+        parts.append(Text(f"   evidence (measured): {evidence_text(f)}", style="dim"))
+        parts.append(Text(f"   fix: {f.fix}"))
+    return Group(*parts)
+
+
+def _pm(v: float | None, spread: float, unit: str, rounds: int) -> str:
+    if v is None:
+        return "—"
+    text = _num(v, unit)
+    return f"{text} ± {_num(spread / 2, unit)}" if rounds > 1 and spread else text
+
+
+def compare_table(before: Metrics, after: Metrics | None) -> Table:
+    t = Table(title="Before / after (measured; median of the rounds, ± half their spread)",
+              title_justify="left")
+    t.add_column("")
+    t.add_column(f"before ({before.rounds} round{'s' if before.rounds > 1 else ''})", justify="right")
+    if after is not None:
+        t.add_column(f"after ({after.rounds} round{'s' if after.rounds > 1 else ''})", justify="right")
+        t.add_column("change", justify="right")
+
+    def row(name: str, b: float | None, a: float | None, fmt: str, bs: float = 0.0, as_: float = 0.0) -> None:
+        cells = [name, _pm(b, bs, fmt, before.rounds)]
+        if after is not None:
+            change = f"{a / b:.2f}×" if a is not None and b else "—"
+            cells += [_pm(a, as_, fmt, after.rounds), change]
+        t.add_row(*cells)
+
+    row("step time", before.step_time_s, after.step_time_s if after else None, "s",
+        before.step_time_spread_s, after.step_time_spread_s if after else 0.0)
+    row("tokens/s", before.tokens_per_s, after.tokens_per_s if after else None, "",
+        before.tokens_per_s_spread, after.tokens_per_s_spread if after else 0.0)
+    row("data wait (% of step)", before.data_wait_fraction, after.data_wait_fraction if after else None,
+        "fraction")
+    if before.gpu_util_percent is not None:
+        gb = before.gpu_util_percent
+        ga = after.gpu_util_percent if after else None
+        cells = ["GPU utilisation", f"{gb:.0f} %"]
+        if after is not None:
+            cells += ["—" if ga is None else f"{ga:.0f} %",
+                      "—" if ga is None or not gb else f"{ga / gb:.2f}×"]
+        t.add_row(*cells)
+    return t
+
+
+def render(r: DoctorResult) -> Group:
+    head = Text.assemble(("trainfit doctor ", "bold"), r.target, f"  ({r.device}, {r.kind})")
+    parts: list[Any] = [head, split_table(r)]
+    if r.findings:
+        parts.append(findings_block(r.findings, "Findings (the first is the bottleneck)"))
+    parts.append(compare_table(r.before, r.after))
+    if r.applied:
+        parts.append(Text("applied:\n" + "\n".join(f"  • {a}" for a in r.applied)))
+    elif r.kind == "command":
+        parts.append(Text("fixes printed, not applied: the script is yours to change (a trainfit job "
+                          "gets them applied and re-measured)", style="dim"))
+    if r.after_findings:
+        nxt = r.after_findings[0]
+        parts.append(Text(f"after the fixes the step is {nxt.bottleneck}: {nxt.detail}"))
+    if r.overhead_fraction is not None:
+        parts.append(Text(f"doctor's own overhead on the measured steps: {r.overhead_fraction:.2%} "
+                          "(measured: hook calls × timed cost of one, + the sampler's CPU time)",
+                          style="dim"))
+    for n in r.notes:
+        parts.append(Text(f"note: {n}", style="dim"))
+    return Group(*parts)

@@ -1,0 +1,132 @@
+"""The sampler the doctor runs beside a job: host RAM, swapping, the process tree's RSS and — where
+NVML sees a GPU — its utilisation, every ``interval_s`` in a background thread.
+
+Its own cost is measured (the thread's CPU time) and added to the doctor's overhead.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _swap_pages() -> tuple[int, int] | None:
+    """(pages swapped in, pages swapped out) since boot (Linux /proc/vmstat), None elsewhere."""
+    try:
+        text = Path("/proc/vmstat").read_text()
+    except OSError:
+        return None
+    vals = dict(line.split(" ", 1) for line in text.splitlines() if " " in line)
+    try:
+        return int(vals["pswpin"]), int(vals["pswpout"])
+    except (KeyError, ValueError):
+        return None
+
+
+@dataclass(kw_only=True)
+class HostSummary:
+    """What the sampler measured over the run."""
+
+    wall_s: float
+    swap_in_bytes_per_s: float | None
+    swap_out_bytes_per_s: float | None
+    swap_used_bytes: int
+    min_available_bytes: int
+    ram_total_bytes: int
+    peak_rss_bytes: int | None
+    """The followed process tree (data-loader workers included)."""
+    gpu_util_percent: float | None
+    """Mean NVML utilisation of the GPUs the process used (None: no GPU / no NVML)."""
+    cpu_percent: float | None
+    """Mean host CPU use, 100 = every core busy."""
+    sampler_cpu_s: float
+    """CPU seconds the sampler itself used (part of the doctor's overhead)."""
+
+
+class HostWatch:
+    def __init__(self, pid: int | None = None, interval_s: float = 1.0) -> None:
+        self.pid = pid or os.getpid()
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._avail: list[int] = []
+        self._rss: list[int] = []
+        self._gpu: list[float] = []
+        self._cpu: list[float] = []
+        self._cpu_s = 0.0
+        self._t0 = 0.0
+        self._swap0: tuple[int, int] | None = None
+        self._nvml: Any = None
+
+    def __enter__(self) -> HostWatch:
+        self._t0 = time.perf_counter()
+        self._swap0 = _swap_pages()
+        psutil.cpu_percent(interval=None)
+        try:
+            from trainfit.monitor.nvml import Nvml
+
+            nv = Nvml().open()
+            self._nvml = nv if nv.available else None
+        except Exception:  # no NVML binding: no GPU numbers, never a failure
+            self._nvml = None
+        self._thread = threading.Thread(target=self._run, name="trainfit-doctor-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._wall_s = time.perf_counter() - self._t0
+        self._swap1 = _swap_pages()
+        if self._nvml is not None:
+            self._nvml.close()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            t = time.thread_time()
+            self._sample()
+            self._cpu_s += time.thread_time() - t
+
+    def _sample(self) -> None:
+        from trainfit.monitor.host import process_tree, tree_rss_bytes
+
+        self._avail.append(int(psutil.virtual_memory().available))
+        self._cpu.append(float(psutil.cpu_percent(interval=None)))
+        tree = process_tree(self.pid)
+        rss = tree_rss_bytes(tree)
+        if rss is not None:
+            self._rss.append(rss)
+        if self._nvml is not None:
+            pids = {p.pid for p in tree}
+            readings = self._nvml.read(pids=pids)
+            used = [r for r in readings if r.process_memory_bytes]
+            vals = [r.util_percent for r in (used or readings) if r.util_percent is not None]
+            if vals:
+                self._gpu.append(statistics.fmean(vals))
+
+    def summary(self) -> HostSummary:
+        wall = getattr(self, "_wall_s", time.perf_counter() - self._t0)
+        s0, s1 = self._swap0, getattr(self, "_swap1", _swap_pages())
+        swin = swout = None
+        if s0 is not None and s1 is not None and wall > 0:
+            swin = (s1[0] - s0[0]) * PAGE_BYTES / wall
+            swout = (s1[1] - s0[1]) * PAGE_BYTES / wall
+        vm = psutil.virtual_memory()
+        return HostSummary(wall_s=wall, swap_in_bytes_per_s=swin, swap_out_bytes_per_s=swout,
+                           swap_used_bytes=int(psutil.swap_memory().used),
+                           min_available_bytes=min(self._avail) if self._avail else int(vm.available),
+                           ram_total_bytes=int(vm.total),
+                           peak_rss_bytes=max(self._rss) if self._rss else None,
+                           gpu_util_percent=statistics.fmean(self._gpu) if self._gpu else None,
+                           cpu_percent=statistics.fmean(self._cpu) if self._cpu else None,
+                           sampler_cpu_s=self._cpu_s)

@@ -1,0 +1,109 @@
+"""Rules → named findings with their predicted gains, on synthetic splits."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainfit.doctor.findings import Observation, find
+from trainfit.doctor.split import Split
+from trainfit.doctor.watch import HostSummary
+
+
+def split(**kw: float) -> Split:
+    parts = {"data_wait_s": 0.0, "h2d_copy_s": 0.0, "forward_s": 0.0, "backward_s": 0.0,
+             "optimizer_s": 0.0, "sync_s": 0.0, "logging_io_s": 0.0, "other_s": 0.0}
+    parts.update(kw)
+    return Split(**parts, idle_s=None, step_time_s=sum(parts.values()), step_time_spread_s=0.0)
+
+
+def host(swap_in: float = 0.0) -> HostSummary:
+    return HostSummary(wall_s=10.0, swap_in_bytes_per_s=swap_in, swap_out_bytes_per_s=0.0, swap_used_bytes=0,
+                       min_available_bytes=2**30, ram_total_bytes=2**34, peak_rss_bytes=2**29,
+                       gpu_util_percent=None, cpu_percent=50.0, sampler_cpu_s=0.0)
+
+
+def test_input_bound_gain_is_one_over_one_minus_wait():
+    obs = Observation(split=split(data_wait_s=0.6, forward_s=0.15, backward_s=0.2, optimizer_s=0.05),
+                      device="cpu", trainfit_job=True, lazy_tokenization=True, num_workers=0, cpu_count=2)
+    f = find(obs)[0]
+    assert f.bottleneck == "input-bound"
+    assert f.evidence["data_wait_fraction"] == pytest.approx(0.6)
+    assert f.predicted_gain_fraction == pytest.approx(1 / 0.4 - 1, abs=1e-3)
+    assert "memory-mapped" in f.fix and "num_workers=1" in f.fix
+
+
+def test_small_data_wait_is_not_a_finding():
+    obs = Observation(split=split(data_wait_s=0.01, forward_s=0.4, backward_s=0.5, optimizer_s=0.09),
+                      device="cpu", trainfit_job=True, matmul_time_fraction=0.8, mfu=0.4)
+    names = [f.bottleneck for f in find(obs)]
+    assert names == ["compute-bound"]
+    assert find(obs)[0].evidence["mfu"] == 0.4
+
+
+def test_sync_bound_needs_a_sync_per_micro_step_and_its_cost():
+    base = split(forward_s=0.3, backward_s=0.4, optimizer_s=0.1, sync_s=0.15, logging_io_s=0.05)
+    obs = Observation(split=base, device="cpu", trainfit_job=False, sync_calls_per_step=4000,
+                      micro_steps_per_step=2, log_calls_per_step=2)
+    f = find(obs)[0]
+    assert f.bottleneck == "sync-bound"
+    assert f.evidence["sync_fraction"] == pytest.approx(0.2)
+    assert f.predicted_gain_fraction == pytest.approx(0.25, abs=1e-3)
+    assert ".item()" in f.fix
+    # one sync per optimizer step (not per micro-step) is a logging habit, not the bottleneck
+    few = Observation(split=base, device="cpu", trainfit_job=False, sync_calls_per_step=1,
+                      micro_steps_per_step=2)
+    assert "sync-bound" not in [x.bottleneck for x in find(few)]
+
+
+def test_launch_bound_from_op_count_predicts_the_micro_batch_gain():
+    # 0.08 s step, all compute; 10 000 ops × 5 µs = 0.05 s of dispatch
+    obs = Observation(split=split(forward_s=0.03, backward_s=0.045, optimizer_s=0.005), device="cpu",
+                      trainfit_job=False, ops_per_step=10_000, op_overhead_s=5e-6, tokens_per_step=1024,
+                      micro_steps_per_step=16)
+    f = find(obs)[0]
+    assert f.bottleneck == "launch-bound"
+    assert f.evidence["launch_overhead_fraction"] == pytest.approx(0.625)
+    # k = 4: 0.08 / (0.08 − 0.05 · 3/4) − 1
+    assert f.predicted_gain_fraction == pytest.approx(0.08 / (0.08 - 0.0375) - 1, abs=1e-3)
+    assert f.evidence["tokens_per_micro_step"] == 64
+
+
+def test_launch_bound_uses_the_measured_probe_when_there_is_one():
+    obs = Observation(split=split(forward_s=0.03, backward_s=0.045, optimizer_s=0.005), device="cpu",
+                      trainfit_job=True, ops_per_step=100, op_overhead_s=5e-6, micro_batch=1,
+                      max_micro_batch=16, measured_micro_batch_gain=(16, 1.8))
+    f = find(obs)[0]
+    assert f.bottleneck == "launch-bound"
+    assert f.predicted_gain_fraction == pytest.approx(1.8)
+    assert "micro-batch 1 → 16" in f.fix
+
+
+def test_needless_recompute_only_when_memory_has_room():
+    s = split(forward_s=0.2, backward_s=0.6, optimizer_s=0.2)
+    roomy = Observation(split=s, device="cuda", trainfit_job=False, recompute_s=0.2,
+                        peak_memory_bytes=10 * 2**30, memory_capacity_bytes=80 * 2**30,
+                        matmul_time_fraction=0.9)
+    f = next(x for x in find(roomy) if x.bottleneck == "needless-recompute")
+    assert f.predicted_gain_fraction == pytest.approx(0.25)
+    tight = Observation(split=s, device="cuda", trainfit_job=False, recompute_s=0.2,
+                        peak_memory_bytes=70 * 2**30, memory_capacity_bytes=80 * 2**30)
+    assert "needless-recompute" not in [x.bottleneck for x in find(tight)]
+
+
+def test_offload_and_swapping():
+    s = split(forward_s=0.4, backward_s=0.5, optimizer_s=0.1)
+    obs = Observation(split=s, device="cuda", trainfit_job=False, params_on_cpu_fraction=0.5,
+                      host=host(swap_in=50 * 2**20))
+    names = [f.bottleneck for f in find(obs)]
+    assert "cpu-offload" in names and "host-swapping" in names
+    assert all(f.predicted_gain_fraction is None for f in find(obs)
+               if f.bottleneck in ("cpu-offload", "host-swapping"))
+
+
+def test_bandwidth_bound_when_matmuls_are_a_minority():
+    obs = Observation(split=split(forward_s=0.4, backward_s=0.5, optimizer_s=0.1), device="cpu",
+                      trainfit_job=True, matmul_time_fraction=0.3, padding_fraction=0.25)
+    f = find(obs)[0]
+    assert f.bottleneck == "bandwidth-bound"
+    assert "length-grouped" in f.fix
+    assert f.predicted_gain_fraction == pytest.approx(1 / 0.75 - 1, abs=1e-3)

@@ -1,0 +1,52 @@
+"""A real tiny trainfit job with seed 003's loader: named input-bound, fixed, measured again."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from trainfit.doctor import fixes
+from trainfit.doctor.run import doctor_job
+from trainfit.report.load import load_inputs
+
+
+def test_input_bound_job_is_named_fixed_and_remeasured(input_bound_yaml, one_thread, tmp_path):
+    r = doctor_job(input_bound_yaml, steps=3, warmup=1, repeats=1)
+    assert r.findings[0].bottleneck == "input-bound"
+    assert r.findings[0].evidence["data_wait_fraction"] >= 0.2
+    assert r.before.data_wait_fraction >= 0.2
+    assert any("pre-tokenized" in a for a in r.applied) and any("packing" in a for a in r.applied)
+    assert r.after is not None and r.after.data_wait_fraction < r.before.data_wait_fraction
+    assert r.overhead_fraction is not None and 0 <= r.overhead_fraction < 0.03
+    d = r.to_dict()
+    assert d["kind"] == "doctor" and d["steps_measured"] == 3
+    assert set(d["split"]) == {"data_wait_s", "h2d_copy_s", "forward_s", "backward_s", "optimizer_s",
+                               "sync_s", "logging_io_s", "idle_s", "other_s", "step_time_s"}
+    assert d["split"]["idle_s"] is None  # no device queue on a CPU
+    # the report reads what the doctor writes
+    p = tmp_path / "doctor.json"
+    p.write_text(json.dumps(d))
+    inputs = load_inputs([str(p)])
+    assert inputs.doctors[0].findings[0].bottleneck == "input-bound"
+    # a second doctor run maps the cached token file instead of tokenizing again
+    calls = fixes.TOKENIZE_CALLS
+    r2 = doctor_job(input_bound_yaml, steps=3, warmup=1, repeats=1)
+    assert fixes.TOKENIZE_CALLS == calls
+    assert any("reused from the cache" in a for a in r2.applied)
+
+
+def test_bad_job_files(tmp_path):
+    from trainfit.cli.main import app
+
+    runner = CliRunner()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("doctor: {tokenize: sometimes}\nmodel: llama-tiny-58m\n")
+    res = runner.invoke(app, ["doctor", str(bad)])
+    assert res.exit_code == 2 and "doctor.tokenize" in res.output
+    res = runner.invoke(app, ["doctor", str(tmp_path / "missing.yaml")])
+    assert res.exit_code == 2 and "no such file" in res.output
+    nodata = tmp_path / "nodata.yaml"
+    nodata.write_text("model: llama-tiny-58m\n")
+    res = runner.invoke(app, ["doctor", str(nodata)])
+    assert res.exit_code == 2 and "no data" in res.output
