@@ -232,7 +232,7 @@ class JobSpec:
         return cls.from_dict(fields, source=str(path))
 
 
-FILE_ONLY_KEYS = ("gpu", "scenario", "measured", "train", "device", "memory_limit")
+FILE_ONLY_KEYS = ("gpu", "scenario", "measured", "train", "device", "memory_limit", "doctor")
 """Keys a job file may carry beside the job fields: the target GPU, a description, what tune
 measured, the run settings of ``trainfit train`` and the device it was tuned on."""
 
