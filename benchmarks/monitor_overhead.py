@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -36,13 +35,9 @@ MICRO_BATCH, SEQ_LEN, VOCAB = 4, 128, 2000
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+    from trainfit.hardware.cpu import cpu_model_name
+
+    return cpu_model_name()
 
 
 def build() -> tuple[Any, Any, Any]:

@@ -12,20 +12,27 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import psutil
 import torch
 
 from trainfit.data.dataset import TokenData
-from trainfit.data.loader import LoaderKnobs, SampleOrder, make_loader, micro_batch_ids
+from trainfit.data.loader import (
+    LoaderKnobs,
+    SampleOrder,
+    make_loader,
+    micro_batch_ids,
+    step_weights,
+)
 from trainfit.job import JobSpec
 from trainfit.memory.tracker import LiveBytesTracker
 from trainfit.model_source import ModelSource
+from trainfit.monitor.host import process_tree_rss_bytes
 from trainfit.runtime import RealWorkload, build_real
 from trainfit.step import train_step
 from trainfit.workload import make_optimizer
@@ -91,33 +98,9 @@ class ProbeResult:
         return d
 
 
-def tree_rss_bytes(pid: int | None = None) -> int:
-    """RSS of a process and all its children (data-loader workers)."""
-    try:
-        proc = psutil.Process(pid)
-        procs = [proc, *proc.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0
-    total = 0
-    for p in procs:
-        try:
-            total += p.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
-def loss_weights(data: TokenData, micro_ids: list[list[int]], task: str) -> list[float]:
-    """Each micro-batch's share of the step's label tokens (token-weighted loss)."""
-    counts = []
-    for ids in micro_ids:
-        n = 0
-        for i in ids:
-            n_in = len(data.labels[i]) if data.labels is not None else len(data.input_ids[i])
-            n += max(n_in - 1, 0) if task == "causal-lm" and data.labels is None else n_in
-        counts.append(n)
-    total = sum(counts) or 1
-    return [c / total for c in counts]
+def _own_tree_rss_bytes() -> int:
+    """RSS of this process and its data-loader workers (measured)."""
+    return process_tree_rss_bytes(os.getpid()) or 0
 
 
 class Probe:
@@ -274,12 +257,13 @@ class Probe:
         batches = self._batches(loader, waits, tracker)
         times: list[float] = []
         step_waits: list[float] = []
-        rss = tree_rss_bytes()
+        rss = _own_tree_rss_bytes()
         compile_step_s = None
         try:
             for s in range(n_steps):
                 metered = s == 0
-                w = loss_weights(self.data, steps_ids[s], self.source.task)
+                w = step_weights(self.data, order, s * per_step, per_step, micro,
+                                 self.source.task, self.rank, ranks)
                 gen = (next(batches) for _ in steps_ids[s])
                 n_wait = len(waits)
                 t = time.perf_counter()
@@ -297,7 +281,7 @@ class Probe:
                 if cuda:
                     torch.cuda.synchronize(self.device)
                 dt = time.perf_counter() - t
-                rss = max(rss, tree_rss_bytes())
+                rss = max(rss, _own_tree_rss_bytes())
                 if s == 1 and warm:
                     compile_step_s = dt
                 elif not metered:

@@ -65,9 +65,12 @@ def scaler_for(job: JobSpec, device: torch.device) -> Any | None:
     return None
 
 
-def init_weights(model: torch.nn.Module, device: torch.device, seed: int) -> torch.nn.Module:
+def init_weights(model: torch.nn.Module, device: torch.device | str, seed: int,
+                 zero_lora_b: bool = True) -> torch.nn.Module:
     """Real storage for a model built on ``meta``: N(0, 0.02) weights (GPT-2/Llama init), ones for
-    norm scales, the usual rotary frequencies; values drawn on CPU so every device gets the same."""
+    norm scales, the usual rotary frequencies; values drawn on CPU so every device gets the same.
+    ``zero_lora_b``: PEFT's init (the adapter starts as a no-op); the memory ground truth keeps
+    them random, as it always has (values do not change its bytes)."""
     gen = torch.Generator().manual_seed(seed)
     model.to_empty(device=device)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -82,7 +85,7 @@ def init_weights(model: torch.nn.Module, device: torch.device, seed: int) -> tor
                 elif "inv_freq" in name:
                     dim = t.numel() * 2
                     t.copy_(1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)))
-                elif "lora_B" in name:
+                elif zero_lora_b and "lora_B" in name:
                     t.zero_()  # PEFT's init: the adapter starts as a no-op
                 else:
                     t.copy_(torch.randn(t.shape, generator=gen, dtype=torch.float32) * 0.02)

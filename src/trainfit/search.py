@@ -12,7 +12,6 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from trainfit.job import JobSpec
 from trainfit.probe import ProbeResult
@@ -333,9 +332,3 @@ def _diff(a: JobSpec, b: JobSpec) -> str:
     keys = ("micro_batch", "precision", "grad_ckpt", "attention", "optimizer_impl", "num_workers",
             "compile")
     return ", ".join(f"{k} {getattr(a, k)}" for k in keys if getattr(a, k) != getattr(b, k))
-
-
-def job_summary(job: JobSpec) -> dict[str, Any]:
-    keys = ("micro_batch", "grad_accum", "ranks", "precision", "grad_ckpt", "attention",
-            "optimizer_impl", "num_workers", "compile")
-    return {k: getattr(job, k) for k in keys}

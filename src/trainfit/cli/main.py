@@ -15,6 +15,7 @@ from trainfit.cli import monitor as monitor_cli
 from trainfit.cli import report as report_cli
 from trainfit.cli import train as train_cli
 from trainfit.cli import tune as tune_cli
+from trainfit.cli.jobargs import fail
 from trainfit.job import JobError, JobSpec, read_job_file
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -29,11 +30,7 @@ monitor_cli.register(app)
 DEFAULT_EXAMPLE = "seed000_t4_gemma_lora.yaml"
 
 
-def _fail(err: JobError) -> None:
-    typer.echo(f"error: {err}", err=True)
-    if err.hint:
-        typer.echo(f"hint: {err.hint}", err=True)
-    raise typer.Exit(2)
+_fail = fail  # one error exit for every command: `error:` line, `hint:` line, exit 2
 
 
 def examples_dir() -> Path:

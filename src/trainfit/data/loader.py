@@ -115,6 +115,22 @@ def label_tokens(batch: dict[str, torch.Tensor], task: str) -> int:
     return int((labels != -100).sum())
 
 
+def label_count(data: TokenData, i: int, task: str) -> int:
+    """Label tokens of sample ``i`` before padding (a causal LM's first token has no label)."""
+    n = len(data.labels[i]) if data.labels is not None else len(data.input_ids[i])
+    return max(n - 1, 0) if task == "causal-lm" and data.labels is None else n
+
+
+def step_weights(data: TokenData, order: SampleOrder, start: int, effective: int, micro: int,
+                 task: str, rank: int = 0, ranks: int = 1) -> list[float]:
+    """Loss weight of each of this rank's micro-batches in the step at ``start``: its label tokens
+    over the whole effective batch's, × ranks (DDP averages gradients over ranks). With these
+    weights the gradient is the token mean of the effective batch for any split."""
+    total = sum(label_count(data, i, task) for i in order.ids(start, effective)) or 1
+    return [sum(label_count(data, i, task) for i in mb) * ranks / total
+            for mb in micro_batch_ids(order, start, effective, micro, rank, ranks)]
+
+
 def make_loader(data: TokenData, task: str, micro_batches: list[list[int]],
                 knobs: LoaderKnobs | None = None, pin: bool = False) -> torch.utils.data.DataLoader:
     """A DataLoader that yields exactly ``micro_batches`` (lists of sample ids), in order."""

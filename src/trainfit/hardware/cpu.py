@@ -28,7 +28,8 @@ BANDWIDTH_SIZES = (256 * 2**10, 2 * 2**20, 16 * 2**20, 128 * 2**20)
 CACHE_VERSION = 5
 
 
-def _cpu_model() -> str:
+def cpu_model_name() -> str:
+    """The CPU's marketing name (/proc/cpuinfo), else what platform knows."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -94,7 +95,7 @@ def measure() -> dict[str, Any]:
              "transcendental": z.numel() / _median_time(lambda: torch.exp(z)),
              "softmax": z.numel() / _median_time(lambda: torch.log_softmax(z.view(1024, -1), -1))}
 
-    return {"cpu": _cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+    return {"cpu": cpu_model_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "version": CACHE_VERSION,
             "gemm_rate_curve": curve, "bandwidth_bytes_s": bandwidth,
             "bandwidth_curve": bw_curve, "op_overhead_s": op,
@@ -103,7 +104,7 @@ def measure() -> dict[str, Any]:
 
 
 def cpu_speed(refresh: bool = False) -> DeviceSpeed:
-    key = {"cpu": _cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+    key = {"cpu": cpu_model_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
            "version": CACHE_VERSION}
     data = None
     if CACHE.is_file() and not refresh:

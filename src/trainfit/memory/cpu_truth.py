@@ -28,26 +28,9 @@ class CpuMeasurement:
 
 def materialize_on_cpu(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     """Real CPU storage for a model built on ``meta`` (values: N(0, 0.02), as GPT-2/Llama init)."""
-    gen = torch.Generator().manual_seed(seed)
-    model.to_empty(device="cpu")
-    # to_empty gives tied parameters separate storage; from_pretrained keeps them tied
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if hasattr(base, "tie_weights"):
-        base.tie_weights()
-    with torch.no_grad():
-        for name, t in [*model.named_parameters(), *model.named_buffers()]:
-            if t.is_floating_point():
-                if name.endswith(("norm.weight", "ln_f.weight", "layernorm.weight")) \
-                        or "LayerNorm.weight" in name or ".ln_" in name:
-                    t.fill_(1.0)
-                elif "inv_freq" in name:
-                    dim = t.numel() * 2
-                    t.copy_(1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)))
-                else:
-                    t.copy_(torch.randn(t.shape, generator=gen) * 0.02)
-            else:
-                t.zero_()
-    return model
+    from trainfit.runtime import init_weights
+
+    return init_weights(model, "cpu", seed, zero_lora_b=False)
 
 
 def _storage_bytes(tensors: list[torch.Tensor]) -> int:

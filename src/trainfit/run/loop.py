@@ -23,7 +23,13 @@ from typing import Any
 import torch
 
 from trainfit.data.dataset import TokenData
-from trainfit.data.loader import LoaderKnobs, SampleOrder, make_loader
+from trainfit.data.loader import (
+    LoaderKnobs,
+    SampleOrder,
+    make_loader,
+    micro_batch_ids,
+    step_weights,
+)
 from trainfit.job import JobError, JobSpec
 from trainfit.model_source import resolve_model
 from trainfit.probe import LimitTracker
@@ -113,11 +119,6 @@ class _Interrupt:
             signal.signal(sig, old)
 
 
-def _label_count(data: TokenData, i: int, task: str) -> int:
-    n = len(data.labels[i]) if data.labels is not None else len(data.input_ids[i])
-    return max(n - 1, 0) if task == "causal-lm" and data.labels is None else n
-
-
 class Trainer:
     def __init__(self, job: JobSpec, opts: RunOptions, data: TokenData | None = None) -> None:
         from trainfit.tune import load_data
@@ -166,12 +167,10 @@ class Trainer:
     # --- data -------------------------------------------------------------------------------------
     def _schedule(self) -> Iterator[list[int]]:
         """Micro-batches of this rank from the current position on (a DataLoader batch sampler)."""
-        pos, micro, eff = self.state.position, self.state.micro_batch, self.job.effective_batch
+        pos, eff = self.state.position, self.job.effective_batch
         while True:
-            ids = self.order.ids(pos, eff)
-            share = eff // self.dist.world
-            mine = ids[self.dist.rank * share:(self.dist.rank + 1) * share]
-            yield from (mine[k:k + micro] for k in range(0, len(mine), micro))
+            yield from micro_batch_ids(self.order, pos, eff, self.state.micro_batch,
+                                       self.dist.rank, self.dist.world)
             pos += eff
 
     def _loader(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -182,15 +181,9 @@ class Trainer:
                                 pin=self.device.type == "cuda"))
 
     def _weights(self) -> list[float]:
-        """Per micro-batch of this rank: its label tokens / the whole effective batch's, × world
-        (DDP averages gradients over ranks)."""
-        ids = self.order.ids(self.state.position, self.job.effective_batch)
-        total = sum(_label_count(self.data, i, self.source.task) for i in ids) or 1
-        share = self.job.effective_batch // self.dist.world
-        mine = ids[self.dist.rank * share:(self.dist.rank + 1) * share]
-        m = self.state.micro_batch
-        return [sum(_label_count(self.data, i, self.source.task) for i in mine[k:k + m])
-                * self.dist.world / total for k in range(0, len(mine), m)]
+        return step_weights(self.data, self.order, self.state.position, self.job.effective_batch,
+                            self.state.micro_batch, self.source.task, self.dist.rank,
+                            self.dist.world)
 
     # --- the loop ---------------------------------------------------------------------------------
     def run(self) -> TrainResult:
