@@ -100,15 +100,45 @@ def _fit_one(args: tuple[JobSpec, ModelSource, Any]) -> Any:
     return fit_group(*args)
 
 
-def _fit_groups(jobs: list[JobSpec], source: ModelSource, target: Any) -> list[Any]:
-    """Fit every (precision, checkpointing) group; in forked worker processes when there are
-    several cores (each simulation is single-threaded Python)."""
-    workers = min(len(jobs), os.cpu_count() or 1, MAX_WORKERS)
-    if workers <= 1 or os.environ.get("TRAINFIT_WORKERS") == "1":
-        return [fit_group(j, source, target) for j in jobs]
-    ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(workers) as pool:
-        return pool.map(_fit_one, [(j, source, target) for j in jobs], chunksize=1)
+def _exact_row(args: tuple[JobSpec, ModelSource, GpuSpec | None, float]) -> PlanRow:
+    """Full-size simulation of one configuration: memory and (on a named GPU) speed."""
+    cj, source, gpu, margin = args
+    rec = OpRecorder()
+    mem = predict_memory(cj, source, gpu, margin, op_hook=rec)
+    speed = None if gpu is None else predict_speed_exact(
+        DeviceSpeed.from_gpu(gpu), rec.ops, cj.micro_batch or 1, cj.grad_accum or 1, cj.seq_len,
+        cj.ranks, _flops_per_token(source, mem, cj))
+    return PlanRow(cj.to_dict(), mem, "simulated", speed)
+
+
+class _Workers:
+    """Forked processes that run the simulations (each is single-threaded Python).
+
+    The same processes fit the groups and then re-simulate the pick, so the re-simulation runs
+    warm: the first model build in a process imports the modeling code, peft and bitsandbytes
+    (~4 s on this 2-core machine, measured).  The parent never builds a model itself before
+    forking: those imports start native threads, and children forked after that deadlocked
+    (measured).
+    """
+
+    def __init__(self, tasks: int) -> None:
+        n = min(tasks, os.cpu_count() or 1, MAX_WORKERS)
+        self._pool = None
+        self.size = 1
+        if n > 1 and os.environ.get("TRAINFIT_WORKERS") != "1":
+            self._pool = multiprocessing.get_context("fork").Pool(n)
+            self.size = n
+
+    def map(self, fn: Any, items: list[Any]) -> list[Any]:
+        if self._pool is None:
+            return [fn(x) for x in items]
+        return self._pool.map(fn, items, chunksize=1)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
 
 
 def _speed_fields(speed: dict[str, Any] | None) -> dict[str, Any]:
@@ -192,96 +222,99 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
     rows: list[PlanRow] = []
     dev = DeviceSpeed.from_gpu(gpu) if gpu is not None else None
 
-    def exact(cj: JobSpec) -> PlanRow:
-        rec = OpRecorder()
-        mem = predict_memory(cj, source, gpu, margin, op_hook=rec)
-        speed = None if dev is None else predict_speed_exact(
-            dev, rec.ops, cj.micro_batch or 1, cj.grad_accum or 1, cj.seq_len, cj.ranks,
-            _flops_per_token(source, mem, cj))
-        return PlanRow(cj.to_dict(), mem, "simulated", speed)
+    workers = _Workers(len(precisions) * len(ckpts))
+    try:
+        def exact(cj: JobSpec) -> PlanRow:
+            return workers.map(_exact_row, [(cj, source, gpu, margin)])[0]
 
-    if single:
-        rows.append(exact(_config_job(job, precisions[0], ckpts[0], micro_all[0])))
-    else:
-        groups = [(p, c) for p in precisions for c in ckpts]
-        models = _fit_groups([_config_job(job, p, c, 1) for p, c in groups], source, target)
-        for (precision, ckpt), model in zip(groups, models, strict=True):
+        if single:
+            rows.append(exact(_config_job(job, precisions[0], ckpts[0], micro_all[0])))
+        else:
+            groups = [(p, c) for p in precisions for c in ckpts]
+            models = workers.map(_fit_one, [(_config_job(job, p, c, 1), source, target)
+                                                 for p, c in groups])
+            for (precision, ckpt), model in zip(groups, models, strict=True):
 
-            def predict(micro: int, model=model, precision=precision, ckpt=ckpt
-                        ) -> tuple[JobSpec, MemoryPrediction]:
-                cj = _config_job(job, precision, ckpt, micro)
-                p = model.predict(micro, accumulating=(cj.grad_accum or 1) > 1)
-                mem = finish(cj, source, gpu, tensor_peak_bytes=p["peak_allocated_bytes"],
-                             reserved_replay_bytes=p["reserved_bytes"],
-                             breakdown=p["breakdown"], managed_bytes=p["managed_bytes"],
-                             peak_phase=p["peak_phase"], total_params=p["total_params"],
-                             trainable_params=p["trainable_params"],
-                             sdpa_kernels=model.points[-1].sim.sdpa_kernels,
-                             sim_time_s=0.0, how="extrapolated from 4 small simulations",
-                             margin=margin)
-                return cj, mem
+                def predict(micro: int, model=model, precision=precision, ckpt=ckpt
+                            ) -> tuple[JobSpec, MemoryPrediction]:
+                    cj = _config_job(job, precision, ckpt, micro)
+                    p = model.predict(micro, accumulating=(cj.grad_accum or 1) > 1)
+                    mem = finish(cj, source, gpu, tensor_peak_bytes=p["peak_allocated_bytes"],
+                                 reserved_replay_bytes=p["reserved_bytes"],
+                                 breakdown=p["breakdown"], managed_bytes=p["managed_bytes"],
+                                 peak_phase=p["peak_phase"], total_params=p["total_params"],
+                                 trainable_params=p["trainable_params"],
+                                 sdpa_kernels=model.points[-1].sim.sdpa_kernels,
+                                 sim_time_s=0.0, how="extrapolated from 4 small simulations",
+                                 margin=margin)
+                    return cj, mem
 
-            largest = None
-            if gpu is not None:
-                for micro in micro_all:  # ascending; device memory grows with the batch
-                    if predict(micro)[1].fits:
-                        largest = micro
-                    else:
-                        break
-            shown = [m for m in micro_all if m & (m - 1) == 0]
-            if largest is not None and largest not in shown:
-                shown.append(largest)
-            for micro in sorted(shown):
-                cj, mem = predict(micro)
-                speed = None if dev is None else model.speed(
-                    dev, cj, _flops_per_token(source, mem, cj))
-                rows.append(PlanRow(cj.to_dict(), mem, "extrapolated", speed,
-                                    largest_fitting=micro == largest))
-    rec = _recommend(rows)
-    for _ in range(MAX_VERIFICATIONS):
-        if rec is None or not verify or rows[rec].how == "simulated":
-            break
-        verified = exact(JobSpec(**rows[rec].job))
-        verified.largest_fitting = rows[rec].largest_fitting
-        rows[rec] = verified
-        rec = _recommend(rows)  # the exact number may not fit after all: choose again
-    reason = _reason(rows, rec, gpu)
-    if rec is not None:
-        rows[rec].recommended = True
-    ranked = sorted((i for i, r in enumerate(rows) if r.memory.fits is not False),
-                    key=lambda i: _sort_key(rows[i]))
-    for n, i in enumerate(ranked, 1):
-        rows[i].rank = n
-    first = rows[0].memory if rows else None
-    rungs = []
-    if rec is None and ladder and gpu is not None and rows:
-        from trainfit.ladder import build_ladder
+                largest = None
+                if gpu is not None:
+                    for micro in micro_all:  # ascending; device memory grows with the batch
+                        if predict(micro)[1].fits:
+                            largest = micro
+                        else:
+                            break
+                shown = [m for m in micro_all if m & (m - 1) == 0]
+                if largest is not None and largest not in shown:
+                    shown.append(largest)
+                for micro in sorted(shown):
+                    cj, mem = predict(micro)
+                    speed = None if dev is None else model.speed(
+                        dev, cj, _flops_per_token(source, mem, cj))
+                    rows.append(PlanRow(cj.to_dict(), mem, "extrapolated", speed,
+                                        largest_fitting=micro == largest))
+        rec = _recommend(rows)
+        for _ in range(MAX_VERIFICATIONS):
+            if rec is None or not verify or rows[rec].how == "simulated":
+                break
+            # In a worker, which has built a model before (warm); verifying the runner-up on
+            # the other worker at the same time slowed this one by 33 % (measured: 14.1 s against
+            # 10.6 s on 2 cores), so only the pick is re-simulated.
+            verified = exact(JobSpec(**rows[rec].job))
+            verified.largest_fitting = rows[rec].largest_fitting
+            rows[rec] = verified
+            rec = _recommend(rows)  # the exact number may not fit after all: choose again
+        reason = _reason(rows, rec, gpu)
+        if rec is not None:
+            rows[rec].recommended = True
+        ranked = sorted((i for i, r in enumerate(rows) if r.memory.fits is not False),
+                        key=lambda i: _sort_key(rows[i]))
+        for n, i in enumerate(ranked, 1):
+            rows[i].rank = n
+        first = rows[0].memory if rows else None
+        rungs = []
+        if rec is None and ladder and gpu is not None and rows:
+            from trainfit.ladder import build_ladder
 
-        def evaluate(cj: JobSpec) -> tuple[int, float | None, bool | None]:
-            r = exact(cj)
-            return (r.memory.peak_device_bytes, r.speed.tokens_per_s if r.speed else None,
-                    r.memory.fits)
-        smallest = min(rows, key=lambda r: r.memory.peak_device_bytes)
-        rungs = build_ladder(JobSpec(**smallest.job), evaluate)
-        if rungs:
-            last = rungs[-1]
-            reason += ("; the ladder below reaches a fit: " if last.fits else
-                       "; even the whole ladder below does not fit: ") + \
-                "; ".join(r.change for r in rungs)
-    return PlanResult(
-        model=source.name, model_origin=source.origin, model_note=source.note,
-        gpu=gpu.name if gpu else None, gpu_memory_bytes=gpu.memory_bytes if gpu else None,
-        margin=margin, total_params=first.total_params if first else 0,
-        trainable_params=first.trainable_params if first else 0, rows=rows,
-        recommended_index=rec, reason=reason, plan_time_s=time.perf_counter() - t0,
-        notes=[
-            "peaks are predictions (no GPU was used); GiB = 2^30 bytes",
-            "allocated = torch.cuda.max_memory_allocated, reserved = max_memory_reserved, "
-            "device = what nvidia-smi shows (reserved + CUDA context + managed memory)",
-            f"fits = device peak ≤ (1 − {margin:.0%}) × GPU memory",
-            "ranked by predicted tokens/s among configurations that fit (roofline over the "
-            "simulated step's operations, trainfit/speed/)",
-        ], ladder=rungs, dataset_tokens=dataset_tokens, epochs=epochs)
+            def evaluate(cj: JobSpec) -> tuple[int, float | None, bool | None]:
+                r = exact(cj)
+                return (r.memory.peak_device_bytes, r.speed.tokens_per_s if r.speed else None,
+                        r.memory.fits)
+            smallest = min(rows, key=lambda r: r.memory.peak_device_bytes)
+            rungs = build_ladder(JobSpec(**smallest.job), evaluate)
+            if rungs:
+                last = rungs[-1]
+                reason += ("; the ladder below reaches a fit: " if last.fits else
+                           "; even the whole ladder below does not fit: ") + \
+                    "; ".join(r.change for r in rungs)
+        return PlanResult(
+            model=source.name, model_origin=source.origin, model_note=source.note,
+            gpu=gpu.name if gpu else None, gpu_memory_bytes=gpu.memory_bytes if gpu else None,
+            margin=margin, total_params=first.total_params if first else 0,
+            trainable_params=first.trainable_params if first else 0, rows=rows,
+            recommended_index=rec, reason=reason, plan_time_s=time.perf_counter() - t0,
+            notes=[
+                "peaks are predictions (no GPU was used); GiB = 2^30 bytes",
+                "allocated = torch.cuda.max_memory_allocated, reserved = max_memory_reserved, "
+                "device = what nvidia-smi shows (reserved + CUDA context + managed memory)",
+                f"fits = device peak ≤ (1 − {margin:.0%}) × GPU memory",
+                "ranked by predicted tokens/s among configurations that fit (roofline over the "
+                "simulated step's operations, trainfit/speed/)",
+            ], ladder=rungs, dataset_tokens=dataset_tokens, epochs=epochs)
+    finally:
+        workers.close()
 
 
 _PRECISION_PREF = {"amp-bf16": 0, "amp-fp16": 1, "bf16-true": 2, "fp32": 3}

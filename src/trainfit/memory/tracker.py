@@ -51,6 +51,9 @@ class PeakSnapshot:
         return out
 
 
+_PRIM_DEVICE = torch.ops.prim.device.default
+
+
 class LiveBytesTracker(TorchDispatchMode):
     """Counts the bytes of live tensor storages and remembers the peak.
 
@@ -158,6 +161,11 @@ class LiveBytesTracker(TorchDispatchMode):
 
     # --- dispatch -------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _PRIM_DEVICE:
+            # ``tensor.device`` reaches Python dispatch only because fake tensors are a Python
+            # subclass; it allocates nothing and is no op in eager mode.  68 % of all dispatches
+            # of a Llama LoRA step (counted): skipping the bookkeeping saves ~10 % of plan time.
+            return func(*args, **(kwargs or {}))
         out = func(*args, **(kwargs or {}))
         if self.op_hook is not None:
             self.op_hook(func, args, kwargs or {}, out, self.phase, self._micro)
