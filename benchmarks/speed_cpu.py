@@ -71,7 +71,7 @@ def main() -> int:
     rows = []
     for name, kw in grid():
         job = JobSpec(model=name, seq_len=SEQ, precision="fp32", grad_accum=1, **kw)
-        rec = OpRecorder()
+        rec = OpRecorder(replay=True)
         sim = simulate_step(job, srcs[name], SimTarget(device="cpu"), op_hook=rec)
         fpt = model_flops_per_token(srcs[name].config, sim.total_params, sim.trainable_params,
                                     SEQ, job.method == "full")

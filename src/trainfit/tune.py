@@ -137,7 +137,7 @@ class CpuPredictor:
                job.grad_accum)
         if key in self._cache:
             return self._cache[key]
-        rec = OpRecorder()
+        rec = OpRecorder(replay=True)
         sim = simulate_step(job, self.source, SimTarget(device="cpu"), op_hook=rec,
                             batch_fn=self.batch_fn(job.micro_batch or 1))
         fpt = model_flops_per_token(self.source.config, sim.total_params, sim.trainable_params,

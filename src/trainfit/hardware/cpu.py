@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
+from trainfit.hardware.cpu_kernels import KernelTimer
 from trainfit.speed.roofline import DeviceSpeed
 
 CACHE = Path(os.environ.get("TRAINFIT_CACHE", Path.home() / ".cache" / "trainfit")) / "cpu_speed.json"
@@ -25,7 +28,10 @@ GEMM_SIZES = ((64, 256, 256), (256, 256, 1024), (512, 1024, 1024), (1024, 1024, 
 """(M, N, K) shapes measured: from launch-dominated to saturated."""
 BANDWIDTH_SIZES = (256 * 2**10, 2 * 2**20, 16 * 2**20, 128 * 2**20)
 """Tensor sizes (bytes) for the bandwidth curve: L2, L3, beyond."""
-CACHE_VERSION = 5
+CACHE_VERSION = 6
+VIEW_OVERHEAD_FRACTION = 0.3
+"""A view (no kernel) costs this fraction of a kernel's eager overhead (EAGER_VIEW_OVERHEAD_S /
+EAGER_OP_OVERHEAD_S of trainfit.speed.roofline)."""
 
 
 def cpu_model_name() -> str:
@@ -51,6 +57,49 @@ def _median_time(fn: Any, reps: int = 7) -> float:
     return sorted(times)[len(times) // 2]
 
 
+class _OpCounter(TorchDispatchMode):
+    """Counts kernels (an output with new storage) and views among the aten ops it sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels = 0
+        self.views = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        ins = {id(t.untyped_storage()) for t in tree_leaves((args, kwargs))
+               if isinstance(t, torch.Tensor)}
+        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if func._overloadpacket.__name__.endswith("_") or \
+                any(id(t.untyped_storage()) not in ins for t in outs):
+            self.kernels += 1
+        else:
+            self.views += 1
+        return out
+
+
+def _eager_overhead_s() -> float:
+    """Host seconds per eager kernel in a training step: forward + backward of a stack of tiny
+    Linear/GELU modules (compute negligible), divided by its kernels (views count
+    ``VIEW_OVERHEAD_FRACTION``).  It includes what a step pays per op beyond the dispatcher —
+    module calls, autograd recording and the backward engine's per-node cost — which a bare
+    ``z + 1`` loop misses (measured: 8 µs per op from such a loop; small-batch steps ran 25-31 %
+    slower than predicted with it)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[m for _ in range(32)
+                                  for m in (torch.nn.Linear(8, 8), torch.nn.GELU())])
+    x = torch.randn(4, 8)
+
+    def step() -> None:
+        model(x).sum().backward()
+        model.zero_grad(set_to_none=True)
+    counter = _OpCounter()
+    with counter:
+        step()
+    t = _median_time(step, reps=9)
+    return t / (counter.kernels + VIEW_OVERHEAD_FRACTION * counter.views)
+
+
 def measure() -> dict[str, Any]:
     curve: dict[str, list[tuple[float, float]]] = {}
     for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
@@ -60,21 +109,7 @@ def measure() -> dict[str, Any]:
             t = _median_time(lambda a=a, b=b: torch.mm(a, b))
             pts.append((2.0 * m * n * k, 2.0 * m * n * k / t))
         curve[name] = pts
-    n_ops = 2000
-    y = torch.ones(8, requires_grad=True)
-
-    def many() -> None:
-        z = y
-        for _ in range(n_ops):
-            z = z + 1.0
-    autograd_op = _median_time(many, reps=3) / n_ops
-    w = torch.ones(8)
-
-    def plain() -> None:
-        z = w
-        for _ in range(n_ops):
-            z = z + 1.0
-    op = _median_time(plain, reps=3) / n_ops
+    op = _eager_overhead_s()
     # bandwidth by working-set size: small tensors live in cache (an elementwise op reads and
     # writes: 2 × size bytes per clone)
     bw_curve = []
@@ -98,8 +133,7 @@ def measure() -> dict[str, Any]:
     return {"cpu": cpu_model_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "version": CACHE_VERSION,
             "gemm_rate_curve": curve, "bandwidth_bytes_s": bandwidth,
-            "bandwidth_curve": bw_curve, "op_overhead_s": op,
-            "autograd_op_overhead_s": autograd_op, "elementwise_rates": rates,
+            "bandwidth_curve": bw_curve, "op_overhead_s": op, "elementwise_rates": rates,
             "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
@@ -126,10 +160,10 @@ def cpu_speed(refresh: bool = False) -> DeviceSpeed:
     peaks.setdefault("fp16", None)
     return DeviceSpeed(name="cpu", peak_flops=peaks, bandwidth_bytes_s=data["bandwidth_bytes_s"],
                        sm_count=None, asynchronous=False, op_overhead_s=data["op_overhead_s"],
-                       autograd_overhead_s=data["autograd_op_overhead_s"] - data["op_overhead_s"],
-                       view_overhead_s=data["op_overhead_s"] * 0.3, gemm_efficiency=1.0,
+                       view_overhead_s=data["op_overhead_s"] * VIEW_OVERHEAD_FRACTION, gemm_efficiency=1.0,
                        bandwidth_efficiency=1.0, gemm_rate_curve=curve,
                        bandwidth_curve=[tuple(p) for p in data["bandwidth_curve"]],
                        elementwise_rates=data["elementwise_rates"],
+                       kernel_timer=KernelTimer(key),
                        source=f"measured on {data['cpu']} ({data['threads']} threads) "
                               f"at {data['measured_at']}")

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import flop_registry
 
+from trainfit.hardware.cpu_kernels import replay_key
+
 _GEMMS = {"mm", "addmm", "bmm", "baddbmm"}
 _CPU_FLASH = "_scaled_dot_product_flash_attention_for_cpu"
 RNG_OPS = {"bernoulli_", "bernoulli", "normal_", "uniform_", "native_dropout", "rand", "randn",
@@ -51,6 +53,9 @@ class OpRecord:
     """False for views and metadata ops (no GPU kernel, still eager dispatch cost)."""
     elements: float = 0.0
     """Elements of the largest tensor the op touches (per-element compute on a CPU)."""
+    replay: tuple[Any, ...] | None = None
+    """For heavy kernels: the op's argument metadata, to time it on this CPU by replay
+    (:mod:`trainfit.hardware.cpu_kernels`)."""
 
 
 def _tensors(items: Any) -> list[torch.Tensor]:
@@ -85,9 +90,12 @@ def _gemm_shape(name: str, args: tuple[Any, ...]) -> tuple[int, int, int, int] |
 class OpRecorder:
     """Collects :class:`OpRecord` for the first micro-step's forward/backward and the optimizer."""
 
-    def __init__(self) -> None:
+    def __init__(self, replay: bool = False) -> None:
         self.ops: list[OpRecord] = []
         self.active = True
+        self.replay = replay
+        """Keep each kernel's argument metadata so that a CPU prediction can time it by replay
+        (off for GPU plans: it costs simulation time and a GPU is not replayed here)."""
 
     def __call__(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
                  phase: str, micro_step: int) -> None:
@@ -126,4 +134,5 @@ class OpRecorder:
         elements = float(max((t.numel() for t in ins + outs), default=0))
         self.ops.append(OpRecord(name, phase, flops, nbytes, dtype,
                                  _gemm_shape(name, args) if name in _GEMMS else None, kernel,
-                                 elements))
+                                 elements, replay_key(f"{name}.{func._overloadname}", args, kwargs)
+                                 if kernel and self.replay else None))

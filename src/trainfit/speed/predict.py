@@ -89,6 +89,8 @@ def time_ops(dev: DeviceSpeed, ops: list[OpRecord]) -> PhaseTimes:
         host[key] += op_host_time(dev, op)
         if op.phase != "optimizer":
             flops += op.flops
+    if dev.kernel_timer is not None:
+        dev.kernel_timer.save()
     return PhaseTimes(device, host, flops, unknown)
 
 

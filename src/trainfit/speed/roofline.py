@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from trainfit.hardware.gpus import GpuSpec
 from trainfit.speed.ops import OpRecord, op_class
@@ -57,6 +58,9 @@ class DeviceSpeed:
     gemm_rate_curve: dict[str, list[tuple[float, float]]] | None = None
     """Measured (GEMM FLOPs, achieved FLOP/s) points per dtype, for devices without a wave model
     (this CPU): achieved rate interpolated in log(FLOPs)."""
+    kernel_timer: Any = field(default=None, compare=False, repr=False)
+    """This CPU: measured seconds of a heavy op replayed at its recorded shapes and layouts
+    (:class:`trainfit.hardware.cpu_kernels.KernelTimer`); None on a GPU."""
     source: str = ""
 
     @classmethod
@@ -98,6 +102,10 @@ def op_device_time(dev: DeviceSpeed, op: OpRecord) -> float | None:
     """Seconds the device spends on ``op`` (None: a needed peak is unknown)."""
     if not op.kernel:
         return 0.0
+    if dev.kernel_timer is not None and op.replay is not None:
+        t = dev.kernel_timer(op.replay)
+        if t is not None:  # measured with one eager call's overhead, which op_host_time counts
+            return max(t - dev.op_overhead_s, 0.0)
     if dev.bandwidth_curve:
         mem = op.bytes / _interp_rate(dev.bandwidth_curve, op.bytes) if op.bytes else 0.0
     else:
