@@ -11,7 +11,7 @@ from typing import Any
 
 from trainfit.job import JobError
 
-TASKS = ("causal-lm", "seq2seq-lm", "sequence-classification")
+TASKS = ("causal-lm", "seq2seq-lm", "sequence-classification", "custom-lm")
 
 
 @dataclass
@@ -23,7 +23,7 @@ class ModelSource:
     task: str
     """causal-lm, seq2seq-lm or sequence-classification."""
     origin: str
-    """catalog / local / hub."""
+    """catalog / local / hub / custom (``module:factory``)."""
     note: str = ""
 
 
@@ -51,7 +51,15 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
     from transformers import AutoConfig
 
     from trainfit.catalog.models import find_model, model_names
+    from trainfit.custom_model import CUSTOM_TASK, build_module, describe, is_factory_spec
 
+    if is_factory_spec(name):
+        import torch
+
+        with torch.device("meta"):
+            module = build_module(name)
+        return ModelSource(name, describe(module, name), CUSTOM_TASK, "custom",
+                           "your own nn.Module (module:factory), called as model(input_ids) → logits")
     entry = find_model(name)
     if entry is not None:
         # transformers edits nested dicts (rope_scaling) in place: never hand it the catalog's own

@@ -72,16 +72,31 @@ def init_weights(model: torch.nn.Module, device: torch.device | str, seed: int,
     ``zero_lora_b``: PEFT's init (the adapter starts as a no-op); the memory ground truth keeps
     them random, as it always has (values do not change its bytes)."""
     gen = torch.Generator().manual_seed(seed)
+    # to_empty gives each module its own new Parameter, untying shared ones (a custom GPT's head
+    # tied to its embedding; transformers models re-tie with tie_weights): remember who shares
+    shared: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+    for mod in model.modules():
+        for pname, prm in mod._parameters.items():
+            if prm is not None:
+                shared.setdefault(id(prm), []).append((mod, pname))
     model.to_empty(device=device)
+    for users in shared.values():
+        first_mod, first_name = users[0]
+        for mod, pname in users[1:]:
+            mod._parameters[pname] = first_mod._parameters[first_name]
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if hasattr(base, "tie_weights"):  # to_empty unties shared storage; from_pretrained keeps it
         base.tie_weights()
+    norm_params = {f"{n}.{pn}": pn for n, m in model.named_modules()
+                   if type(m).__name__.endswith("Norm") for pn in ("weight", "bias")}
     with torch.no_grad():
         for name, t in [*model.named_parameters(), *model.named_buffers()]:
             if t.is_floating_point():
                 if name.endswith(("norm.weight", "ln_f.weight", "layernorm.weight")) \
                         or "LayerNorm.weight" in name or ".ln_" in name:
                     t.fill_(1.0)
+                elif name in norm_params:  # norms the names above miss (a custom model's ln1)
+                    t.fill_(1.0 if norm_params[name] == "weight" else 0.0)
                 elif "inv_freq" in name:
                     dim = t.numel() * 2
                     t.copy_(1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)))

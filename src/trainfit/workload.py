@@ -74,6 +74,8 @@ def build_model_on_meta(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Mod
     """The model exactly as it will train (LoRA, 4-bit, dtypes, checkpointing), without data."""
     import copy
 
+    if source.task == "custom-lm":
+        return _build_custom(job, source)
     cfg = copy.deepcopy(source.config)
     cfg.use_cache = False
     if source.task == "seq2seq-lm" and getattr(cfg, "decoder_start_token_id", None) is None:
@@ -101,6 +103,12 @@ def build_model_on_meta(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Mod
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
 
+    return _finish_model(job, source, model, cfg, info, train_dtype)
+
+
+def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg: Any,
+                  info: ModelInfo, train_dtype: torch.dtype) -> tuple[torch.nn.Module, ModelInfo]:
+    """LoRA / 4-bit / trainable flags / chunked head, and the parameter counts."""
     if job.method in ("lora", "qlora"):
         from peft import LoraConfig, get_peft_model
 
@@ -144,6 +152,25 @@ def build_model_on_meta(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Mod
         if n.endswith("weight_packed"):
             info.total_params += b.numel() * 2
     return model, info
+
+
+def _build_custom(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Module, ModelInfo]:
+    """The user's own module (``module:factory``), wrapped to be called like a transformers LM."""
+    from trainfit.custom_model import CausalLMAdapter, build_module
+
+    base_dtype, train_dtype = weight_dtypes(job)
+    info = ModelInfo(attention_impl="custom")
+    with torch.device("meta"):
+        model = CausalLMAdapter(build_module(source.config.factory))
+    model.to(base_dtype if job.method != "full" else train_dtype)
+    if job.grad_ckpt == "full":
+        enable = getattr(model.inner, "gradient_checkpointing_enable", None)
+        if enable is None:
+            raise JobError(f"--grad-ckpt full: {source.name} has no gradient_checkpointing_enable()",
+                           "use --grad-ckpt off, or add the method to your module")
+        enable()
+    model.train()
+    return _finish_model(job, source, model, source.config, info, train_dtype)
 
 
 def make_optimizer(job: JobSpec, params: list[torch.nn.Parameter], *, simulate: bool,

@@ -37,8 +37,8 @@ def layer_count(source: ModelSource) -> tuple[str | None, int]:
 
 def homogeneous(source: ModelSource) -> bool:
     cfg = source.config
-    if source.task == "seq2seq-lm" or getattr(cfg, "is_encoder_decoder", False):
-        return False
+    if source.task in ("seq2seq-lm", "custom-lm") or getattr(cfg, "is_encoder_decoder", False):
+        return False  # custom-lm: its depth is the factory's, not a config field we can change
     for attr in ("layer_types", "layers_block_type", "block_types", "layer_type"):
         types = getattr(cfg, attr, None)
         if isinstance(types, (list, tuple)) and len(set(types)) > 1:
