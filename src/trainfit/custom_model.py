@@ -105,6 +105,8 @@ def describe(module: torch.nn.Module, spec: str) -> SimpleNamespace:
                            num_hidden_layers=int(max(lists, default=0)) or None,
                            max_position_embeddings=getattr(own, "max_position_embeddings", None)
                            or getattr(own, "block_size", None) or (pos[0] if pos else None),
+                           supports_grad_ckpt=callable(
+                               getattr(module, "gradient_checkpointing_enable", None)),
                            factory=spec)
 
 

@@ -75,7 +75,10 @@ def build_ladder(job: JobSpec, evaluate: Callable[[JobSpec], tuple[int, float | 
             nxt = JobSpec(**d)
         except JobError:
             continue
-        peak, tps, fits = evaluate(nxt)
+        try:
+            peak, tps, fits = evaluate(nxt)
+        except JobError:
+            continue  # a rung this model cannot take (a custom module without checkpointing)
         rungs.append(Rung(change, nxt.to_dict(), peak, tps, fits, alters))
         cur = nxt
         if fits:

@@ -216,7 +216,9 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
         raise JobError(f"--margin {margin}: must be in [0, 1)", "e.g. --margin 0.1 for 10 %")
     target = target_for(gpu)
     precisions = [job.precision] if job.precision else supported_precisions(gpu)
-    ckpts = [job.grad_ckpt] if job.grad_ckpt else ["off", "full"]
+    # a custom module without gradient_checkpointing_enable() has only "off" to offer
+    can_ckpt = getattr(source.config, "supports_grad_ckpt", True)
+    ckpts = [job.grad_ckpt] if job.grad_ckpt else (["off", "full"] if can_ckpt else ["off"])
     micro_all = _micro_candidates(job)
     single = len(precisions) == 1 and len(ckpts) == 1 and len(micro_all) == 1
     rows: list[PlanRow] = []

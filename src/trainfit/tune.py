@@ -210,7 +210,9 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
     probe_fn = _isolated_probe(source, data, opts) if opts.isolate else \
         (lambda j, timed: prober.run(j, timed_steps=timed))
     sopts = SearchOptions(margin=opts.margin, budget_s=opts.budget_s, knobs=opts.knobs,
-                          precisions=_precisions(device), fixed=opts.fixed,
+                          precisions=_precisions(device),
+                          fixed=opts.fixed if getattr(source.config, "supports_grad_ckpt", True)
+                          else opts.fixed | {"grad_ckpt"},
                           run_steps=opts.run_steps,
                           worker_counts=(0, max(1, (os.cpu_count() or 1) // 2)))
     searcher = Searcher(base, probe_fn, predict, capacity, sopts, len(data), progress,
