@@ -24,7 +24,7 @@ def main() -> int:
     import yaml
 
     from trainfit.hardware.gpus import find_gpu
-    from trainfit.job import JobSpec
+    from trainfit.job import JobSpec, job_with_current
     from trainfit.model_source import resolve_model
     from trainfit.plan import plan
 
@@ -37,9 +37,11 @@ def main() -> int:
         data = yaml.safe_load(text)
         comment = [ln[1:].strip() for ln in text.splitlines() if ln.startswith("#")]
         gpu_name, scenario = data.pop("gpu"), data.pop("scenario")
+        current = data.pop("current", None)
         job = JobSpec.from_dict(data, source=path.name)
+        cur_job = None if current is None else job_with_current(data, current, path.name)
         gpu = find_gpu(gpu_name)
-        res = plan(job, resolve_model(job.model), gpu)
+        res = plan(job, resolve_model(job.model), gpu, current=cur_job)
         (EXAMPLES / "results").mkdir(exist_ok=True)
         (EXAMPLES / "results" / f"{path.stem}.json").write_text(json.dumps(res.to_dict(), indent=1))
         lines += [f"## {scenario}", "", "> " + " ".join(comment), "",
@@ -59,6 +61,15 @@ def main() -> int:
                          f"{'yes' if m.fits else 'no'} | {_fmt(r.speed, 'tokens_per_s', '{:,.0f}')} | "
                          f"{_fmt(r.speed, 'mfu', '{:.0%}')} | {r.how} |")
         lines += ["", f"**Pick:** {res.reason}. ★ recommended, ▲ largest micro-batch that fits.", ""]
+        if res.current is not None:
+            c, cm = res.current.job, res.current.memory
+            lines += [f"**Against the seed's starting configuration** ({c['precision']}, "
+                      f"micro-batch {c['micro_batch']} × accumulation {c['grad_accum']}, "
+                      f"checkpointing {c['grad_ckpt']}: predicted "
+                      f"{_fmt(res.current.speed, 'tokens_per_s', '{:,.0f}')} tokens/s, "
+                      f"{cm.peak_device_bytes / 2**30:.2f} GiB device peak): {res.vs_current}.", ""]
+        else:
+            lines += ["The seed's notes give no starting batch configuration to compare with.", ""]
         print(f"{path.name}: {res.reason}", flush=True)
     (EXAMPLES / "README.md").write_text("\n".join(lines) + "\n")
     return 0

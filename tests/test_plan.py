@@ -94,3 +94,44 @@ def test_dataset_time_and_epochs_error(tiny_llama):
     assert c["time_for_dataset_s"] == pytest.approx(2_000_000 / c["tokens_per_s"])
     with pytest.raises(JobError, match="needs the dataset size"):
         plan(job, tiny_llama, find_gpu("a100-80gb"), epochs=2)
+
+
+def test_the_pick_is_stated_against_the_current_configuration(tiny_llama):
+    gpu = find_gpu("a10g")
+    base = JobSpec(model="t", seq_len=64, effective_batch=8, precision="amp-bf16")
+    cur = JobSpec(model="t", seq_len=64, micro_batch=1, grad_accum=8, grad_ckpt="full",
+                  precision="amp-bf16")
+    res = plan(base, tiny_llama, gpu, current=cur)
+    pick = res.rows[res.recommended_index]
+    assert res.current is not None and res.current.how == "simulated"
+    assert res.current.job["micro_batch"] == 1 and res.current.job["grad_ckpt"] == "full"
+    assert res.speedup_vs_current == pytest.approx(
+        pick.speed.tokens_per_s / res.current.speed.tokens_per_s)
+    assert res.speedup_vs_current > 1.0  # checkpointing off and a bigger micro-batch
+    assert f"micro-batch 1→{pick.job['micro_batch']}" in res.vs_current
+    assert "checkpointing full→off" in res.vs_current and "× tokens/s" in res.vs_current
+    d = res.to_dict()
+    assert d["current"]["tokens_per_s"] == pytest.approx(res.current.speed.tokens_per_s)
+
+
+def test_cli_current_flag_and_bad_current_in_a_file(tiny_config_json, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from trainfit.cli.main import app
+
+    r = CliRunner().invoke(app, ["plan", str(tiny_config_json), "--gpu", "a10g", "--seq-len", "64",
+                                 "--micro-batch", "2", "--grad-accum", "4", "--grad-ckpt", "full",
+                                 "--precision", "amp-bf16", "--current", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert (d["current"]["micro_batch"], d["current"]["grad_accum"]) == (2, 4)
+    assert len(d["configs"]) > 1  # the grid around it, not just the one configuration
+    assert all(c["micro_batch"] * c["grad_accum"] == 8 for c in d["configs"])
+    assert d["speedup_vs_current"] >= 0.99
+    bad = tmp_path / "job.yaml"
+    bad.write_text(f"model: {tiny_config_json}\nseq_len: 64\neffective_batch: 8\ngpu: a10g\n"
+                   "current: 4\n")
+    r = CliRunner().invoke(app, ["plan", str(bad)])
+    assert r.exit_code == 2 and "`current` must be a mapping" in r.output

@@ -232,9 +232,11 @@ class JobSpec:
         return cls.from_dict(fields, source=str(path))
 
 
-FILE_ONLY_KEYS = ("gpu", "scenario", "measured", "train", "device", "memory_limit", "doctor")
+FILE_ONLY_KEYS = ("gpu", "scenario", "measured", "train", "device", "memory_limit", "doctor",
+                  "current")
 """Keys a job file may carry beside the job fields: the target GPU, a description, what tune
-measured, the run settings of ``trainfit train`` and the device it was tuned on."""
+measured, the run settings of ``trainfit train``, the device it was tuned on, and ``current``: the
+configuration the user runs now (job fields overriding the file's), which ``plan`` compares with."""
 
 
 def read_job_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -253,3 +255,15 @@ def read_job_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
     extra = {k: data.pop(k) for k in FILE_ONLY_KEYS if k in data}
     data = data.get("job", data)
     return dict(data), extra
+
+
+def job_with_current(fields: dict[str, Any], current: Any, source: str) -> JobSpec:
+    """The user's current configuration: the job's fields with ``current``'s on top (a micro-batch
+    and accumulation given there set the effective batch)."""
+    if not isinstance(current, dict):
+        raise JobError(f"{source}: `current` must be a mapping of job fields",
+                       "e.g. current: {micro_batch: 2, grad_accum: 4, grad_ckpt: full}")
+    cur = {**fields, **current}
+    if "micro_batch" in current and "grad_accum" in current and "effective_batch" not in current:
+        cur.pop("effective_batch", None)
+    return JobSpec.from_dict(cur, source=f"{source} (current)")

@@ -16,7 +16,7 @@ from trainfit.cli import report as report_cli
 from trainfit.cli import train as train_cli
 from trainfit.cli import tune as tune_cli
 from trainfit.cli.jobargs import fail
-from trainfit.job import JobError, JobSpec, read_job_file
+from trainfit.job import JobError, JobSpec, job_with_current, read_job_file
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Predict, measure and choose LLM training configurations that use a GPU "
@@ -38,18 +38,23 @@ def examples_dir() -> Path:
     return Path(__file__).resolve().parents[3] / "examples"
 
 
-def _load_target(target: str | None) -> tuple[dict[str, Any], str | None]:
-    """A positional ``TARGET`` is a job YAML or a model; returns (job fields, gpu)."""
+def _load_target(target: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A positional ``TARGET`` is a job YAML or a model; returns (job fields, file-only keys)."""
     if target is None:
-        return {}, None
+        return {}, {}
     if target.endswith((".yaml", ".yml")):
         p = Path(target)
         if not p.is_file() and (examples_dir() / target).is_file():
             p = examples_dir() / target
         fields, extra = read_job_file(p if p.is_file() else target)
         JobSpec.from_dict(dict(fields), source=target)  # validates keys early, names the file
-        return fields, extra.get("gpu")
-    return {"model": target}, None
+        return fields, extra
+    return {"model": target}, {}
+
+
+CURRENT_KNOBS = ("micro_batch", "grad_accum", "grad_ckpt", "precision", "attention",
+                 "optimizer_impl")
+"""What ``--current`` takes from the flags as the configuration the user runs now."""
 
 
 JobOpt = Annotated
@@ -92,6 +97,10 @@ def plan_cmd(
     epochs: Annotated[float | None, typer.Option(help="Epochs (needs --dataset-tokens).")] = None,
     verify: Annotated[bool, typer.Option(
         help="Re-simulate the recommended configuration at full size.")] = True,
+    current: Annotated[bool, typer.Option(
+        "--current", help="The knobs given (--micro-batch, --grad-accum, --grad-ckpt, --precision, "
+                          "--attention, --optimizer-impl) are what you run now: plan the grid "
+                          "around them and state the pick against them.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Predict the peak GPU memory of each candidate configuration (no GPU needed)."""
@@ -100,7 +109,7 @@ def plan_cmd(
     from trainfit.plan import plan
 
     try:
-        fields, yaml_gpu = _load_target(target)
+        fields, extra = _load_target(target)
         flags = {"model": model, "method": method, "lora_r": lora_r, "lora_alpha": lora_alpha,
                  "lora_dropout": lora_dropout, "lora_targets": lora_targets, "quant": quant,
                  "precision": precision, "optimizer": optimizer,
@@ -116,7 +125,19 @@ def plan_cmd(
         if "model" not in fields:
             raise JobError("no model given", "trainfit plan MODEL --gpu GPU, or a job YAML")
         job = JobSpec.from_dict(fields, source=target or "flags")
-        gpu_name = gpu or yaml_gpu
+        current_job = None
+        if current:
+            # the knobs given are what the user runs now; the grid varies them around it
+            current_job = job
+            grid = {k: v for k, v in job.to_dict().items()
+                    if k not in CURRENT_KNOBS or k not in fields}
+            grid["effective_batch"] = job.effective_batch or (
+                (job.micro_batch or 1) * (job.grad_accum or 1) * job.ranks)
+            job = JobSpec.from_dict({k: v for k, v in grid.items() if v is not None},
+                                    source="flags")
+        elif "current" in extra:
+            current_job = job_with_current(fields, extra["current"], target or "flags")
+        gpu_name = gpu or extra.get("gpu")
         spec = None
         if gpu_name is not None:
             spec = find_gpu(str(gpu_name))
@@ -125,7 +146,7 @@ def plan_cmd(
                                "known: " + ", ".join(gpu_names()) + ", or generic-<N>gb")
         source = resolve_model(job.model, job.trust_remote_code)
         result = plan(job, source, spec, margin=margin, verify=verify,
-                      dataset_tokens=dataset_tokens, epochs=epochs)
+                      dataset_tokens=dataset_tokens, epochs=epochs, current=current_job)
     except JobError as err:
         _fail(err)
         return

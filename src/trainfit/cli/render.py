@@ -81,6 +81,8 @@ def render_plan(result: PlanResult) -> None:
         console.print(f"time for {result.epochs or 1:g} epoch(s) of {result.dataset_tokens:,} "
                       f"tokens: {'unknown' if t is None else f'{t / 3600:.2f} h'} (predicted)")
     console.print(f"[bold]pick:[/bold] {result.reason}")
+    if result.vs_current:
+        console.print(f"[bold]against what you run now:[/bold] {result.vs_current}")
     if result.recommended_index is not None:
         m = result.rows[result.recommended_index].memory
         parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in m.breakdown.items() if v)
