@@ -264,6 +264,7 @@ def job_with_current(fields: dict[str, Any], current: Any, source: str) -> JobSp
         raise JobError(f"{source}: `current` must be a mapping of job fields",
                        "e.g. current: {micro_batch: 2, grad_accum: 4, grad_ckpt: full}")
     cur = {**fields, **current}
+    cur.setdefault("grad_ckpt", "off")  # what a training script runs unless it turns it on
     if "micro_batch" in current and "grad_accum" in current and "effective_batch" not in current:
         cur.pop("effective_batch", None)
     return JobSpec.from_dict(cur, source=f"{source} (current)")

@@ -128,7 +128,7 @@ def plan_cmd(
         current_job = None
         if current:
             # the knobs given are what the user runs now; the grid varies them around it
-            current_job = job
+            current_job = job if job.grad_ckpt else job.replace(grad_ckpt="off")
             grid = {k: v for k, v in job.to_dict().items()
                     if k not in CURRENT_KNOBS or k not in fields}
             grid["effective_batch"] = job.effective_batch or (
