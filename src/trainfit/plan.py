@@ -119,7 +119,26 @@ def _exact_row(args: tuple[JobSpec, ModelSource, GpuSpec | None, float]) -> Plan
     speed = None if gpu is None else predict_speed_exact(
         DeviceSpeed.from_gpu(gpu), rec.ops, cj.micro_batch or 1, cj.grad_accum or 1, cj.seq_len,
         cj.ranks, _flops_per_token(source, mem, cj))
-    return PlanRow(cj.to_dict(), mem, "simulated", speed)
+    return PlanRow(cj.to_dict(), mem, "simulated", synced(speed, cj, mem, gpu))
+
+
+def synced(speed: SpeedPrediction | None, job: JobSpec, mem: MemoryPrediction,
+           gpu: GpuSpec | None) -> SpeedPrediction | None:
+    """``speed`` with the gradient synchronisation of ``ranks`` > 1 added (trainfit.speed.comm);
+    unknown when the GPU's interconnect is."""
+    from trainfit.speed.comm import sync_time, unknown_interconnect, with_sync
+
+    if speed is None or gpu is None or job.ranks <= 1 or speed.step_time_s is None:
+        return speed
+    if not gpu.interconnect_gbs:
+        return unknown_interconnect(speed, job.ranks)
+    grad_elem = 2 if job.precision == "bf16-true" else 4  # AMP keeps fp32 gradients
+    weight_elem = {"qlora": 0.5625}.get(job.method, 4 if job.precision == "fp32" or (
+        job.method == "full" and job.precision != "bf16-true") else 2)
+    return with_sync(speed, sync_time(
+        ranks=job.ranks, sharding=job.sharding, grad_accum=job.grad_accum or 1,
+        grad_bytes=mem.trainable_params * grad_elem, param_bytes=mem.total_params * weight_elem,
+        link_gbs=gpu.interconnect_gbs, micro_step_s=speed.step_time_s / (job.grad_accum or 1)))
 
 
 class _Workers:
@@ -154,7 +173,7 @@ class _Workers:
 
 def _speed_fields(speed: dict[str, Any] | None) -> dict[str, Any]:
     keys = ("step_time_s", "tokens_per_s", "samples_per_s", "mfu", "hfu", "device_busy_fraction",
-            "bound")
+            "bound", "sync_s", "sync_exposed_s", "sync_note")
     return {k: (speed or {}).get(k) for k in keys}
 
 
@@ -276,8 +295,8 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
                     shown.append(largest)
                 for micro in sorted(shown):
                     cj, mem = predict(micro)
-                    speed = None if dev is None else model.speed(
-                        dev, cj, _flops_per_token(source, mem, cj))
+                    speed = None if dev is None else synced(model.speed(
+                        dev, cj, _flops_per_token(source, mem, cj)), cj, mem, gpu)
                     rows.append(PlanRow(cj.to_dict(), mem, "extrapolated", speed,
                                         largest_fitting=micro == largest))
         rec = _recommend(rows)

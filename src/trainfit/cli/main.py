@@ -52,6 +52,20 @@ def _load_target(target: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
     return {"model": target}, {}
 
 
+def _with_interconnect(spec: Any, name: str) -> Any:
+    import dataclasses
+
+    from trainfit.speed.comm import INTERCONNECTS_GBS
+
+    if spec is None:
+        raise JobError("--interconnect needs --gpu", "name the GPU, e.g. --gpu a100-80gb")
+    key = name.lower().replace("x16", "")
+    if key not in INTERCONNECTS_GBS:
+        raise JobError(f"--interconnect {name}: unknown interconnect",
+                       "known: " + ", ".join(INTERCONNECTS_GBS))
+    return dataclasses.replace(spec, interconnect=key, interconnect_gbs=INTERCONNECTS_GBS[key])
+
+
 CURRENT_KNOBS = ("micro_batch", "grad_accum", "grad_ckpt", "precision", "attention",
                  "optimizer_impl")
 """What ``--current`` takes from the flags as the configuration the user runs now."""
@@ -97,6 +111,9 @@ def plan_cmd(
     epochs: Annotated[float | None, typer.Option(help="Epochs (needs --dataset-tokens).")] = None,
     verify: Annotated[bool, typer.Option(
         help="Re-simulate the recommended configuration at full size.")] = True,
+    interconnect: Annotated[str | None, typer.Option(
+        help="GPU-to-GPU link for ranks > 1: pcie3|pcie4|pcie5|nvlink2|nvlink3|nvlink4 "
+             "(default: the GPU catalog's)")] = None,
     current: Annotated[bool, typer.Option(
         "--current", help="The knobs given (--micro-batch, --grad-accum, --grad-ckpt, --precision, "
                           "--attention, --optimizer-impl) are what you run now: plan the grid "
@@ -144,6 +161,8 @@ def plan_cmd(
             if spec is None:
                 raise JobError(f"--gpu {gpu_name}: unknown GPU",
                                "known: " + ", ".join(gpu_names()) + ", or generic-<N>gb")
+        if interconnect is not None:
+            spec = _with_interconnect(spec, interconnect)
         source = resolve_model(job.model, job.trust_remote_code)
         result = plan(job, source, spec, margin=margin, verify=verify,
                       dataset_tokens=dataset_tokens, epochs=epochs, current=current_job)

@@ -36,6 +36,11 @@ class SpeedPrediction:
     """launch-bound / compute-bound / memory-bound (largest share of device time), unknown."""
     model_flops_per_token: float
     unknown_reason: str = ""
+    sync_s: float | None = None
+    """ranks > 1: time of the gradient collectives per step (trainfit.speed.comm), seconds."""
+    sync_exposed_s: float | None = None
+    """The part of ``sync_s`` not hidden behind compute, included in ``step_time_s``."""
+    sync_note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -127,12 +132,19 @@ def model_flops_per_token(config: Any, total_params: int, trainable_params: int,
     return 4.0 * frozen + 6.0 * trainable_params + attention
 
 
+def unknown_speed(flops_per_token: float, reason: str) -> SpeedPrediction:
+    """Speed that cannot be predicted: every time and rate unknown, with the reason."""
+    return SpeedPrediction(step_time_s=None, tokens_per_s=None, samples_per_s=None, mfu=None,
+                           hfu=None, device_busy_fraction=None, bound="unknown",
+                           model_flops_per_token=flops_per_token, unknown_reason=reason)
+
+
 def speed_from_times(dev: DeviceSpeed, times: PhaseTimes, ops_sample: list[OpRecord],
                      micro_batch: int, grad_accum: int, seq_len: int, ranks: int,
                      flops_per_token: float) -> SpeedPrediction:
     if times.unknown:
-        return SpeedPrediction(None, None, None, None, None, "unknown", flops_per_token,
-                               "the GPU's peak for this dtype or its bandwidth is unknown")
+        return unknown_speed(flops_per_token,
+                             "the GPU's peak for this dtype or its bandwidth is unknown")
     step, busy = combine(dev, times, grad_accum)
     tps = micro_batch * grad_accum * seq_len * ranks / step
     dtype_peak = _dominant_peak(dev, ops_sample)

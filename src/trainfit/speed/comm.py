@@ -1,0 +1,96 @@
+"""Gradient synchronisation for ``ranks`` > 1: collective bytes, time over the interconnect, and
+the part of it the backward does not hide.
+
+* DDP (``sharding: none``): one ring all-reduce of the gradients per optimizer step (HF Trainer and
+  accelerate skip it on accumulation micro-steps with ``no_sync``).  A ring all-reduce sends
+  2(N−1)/N × the gradient bytes per rank (Patarasuk & Yuan 2009; NCCL's "bus bandwidth"
+  definition, nccl-tests doc/PERFORMANCE.md).  DDP launches each 25 MiB bucket as soon as its
+  gradients exist, so the all-reduce runs under the rest of the last micro-step's backward; what
+  shows is max(comm − backward, the last bucket).
+* FSDP (``sharding: fsdp``, full shard): every micro-step all-gathers the parameters for the
+  forward and again for the backward ((N−1)/N × parameter bytes each) and reduce-scatters the
+  gradients ((N−1)/N × gradient bytes); prefetching overlaps them with compute, so what shows per
+  micro-step is max(0, comm − compute).
+
+Every number here is a prediction; the overlap model is stated in the output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from trainfit.speed.predict import SpeedPrediction, unknown_speed
+
+RING_BUS_EFFICIENCY = 0.75
+"""Fraction of the link's per-direction bandwidth a large NCCL ring all-reduce reaches as bus
+bandwidth (nccl-tests: ~230 of 300 GB/s on A100 NVLink3, ~22-24 of 31.5 GB/s on PCIe gen4)."""
+DDP_BUCKET_BYTES = 25 * 2**20
+"""``DistributedDataParallel(bucket_cap_mb=25)``, torch's default."""
+BACKWARD_SHARE = 2.0 / 3.0
+"""Share of a micro-step's compute that is backward: backward costs twice the forward's FLOPs
+(Kaplan et al. 2020, sec. 2.1), which the gradient all-reduce can hide under."""
+INTERCONNECTS_GBS = {"pcie3": 15.75, "pcie4": 31.5, "pcie5": 63.0, "nvlink2": 150.0,
+                     "nvlink3": 300.0, "nvlink4": 450.0}
+"""Per-direction GB/s (1e9) of an x16 PCIe link or one GPU's NVLink total (half the datasheet's
+bidirectional figure) — the same convention as the GPU catalog's ``interconnect_gbs``."""
+
+
+@dataclass(frozen=True)
+class SyncTime:
+    collective: str
+    bytes_per_rank: float
+    """Bytes each rank sends per optimizer step (bus bytes)."""
+    comm_s: float
+    """Time of the collectives per optimizer step at the modelled bus bandwidth."""
+    exposed_s: float
+    """The part not hidden behind compute: what it adds to the step."""
+    overlap: str
+
+
+def sync_time(*, ranks: int, sharding: str, grad_accum: int, grad_bytes: float,
+              param_bytes: float, link_gbs: float, micro_step_s: float) -> SyncTime | None:
+    """``grad_bytes``/``param_bytes``: the full (unsharded) trainable-gradient and parameter
+    bytes; ``micro_step_s``: one micro-step's predicted time without synchronisation."""
+    if ranks <= 1:
+        return None
+    bus = link_gbs * 1e9 * RING_BUS_EFFICIENCY
+    frac = (ranks - 1) / ranks
+    if sharding == "fsdp":
+        per_micro = frac * (2.0 * param_bytes + grad_bytes)
+        comm_micro = per_micro / bus
+        exposed = grad_accum * max(0.0, comm_micro - micro_step_s)
+        return SyncTime("all-gather ×2 + reduce-scatter per micro-step (FSDP)",
+                        per_micro * grad_accum, comm_micro * grad_accum, exposed,
+                        "prefetched: hidden under each micro-step's compute up to its length")
+    moved = 2.0 * frac * grad_bytes
+    comm = moved / bus
+    last_bucket = 2.0 * frac * min(grad_bytes, DDP_BUCKET_BYTES) / bus
+    exposed = max(comm - BACKWARD_SHARE * micro_step_s, last_bucket)
+    return SyncTime("ring all-reduce of gradients once per step (DDP, no_sync on accumulation)",
+                    moved, comm, exposed,
+                    "bucketed: hidden under the last micro-step's backward except the last "
+                    "25 MiB bucket")
+
+
+def with_sync(speed: SpeedPrediction, sync: SyncTime | None) -> SpeedPrediction:
+    """The speed with the exposed synchronisation added to the step."""
+    if sync is None or speed.step_time_s is None:
+        return speed
+    old = speed.step_time_s
+    new = old + sync.exposed_s
+    k = old / new
+    return replace(speed, step_time_s=new,
+                   tokens_per_s=None if speed.tokens_per_s is None else speed.tokens_per_s * k,
+                   samples_per_s=None if speed.samples_per_s is None else speed.samples_per_s * k,
+                   mfu=None if speed.mfu is None else speed.mfu * k,
+                   hfu=None if speed.hfu is None else speed.hfu * k,
+                   device_busy_fraction=None if speed.device_busy_fraction is None
+                   else speed.device_busy_fraction * k,
+                   sync_s=sync.comm_s, sync_exposed_s=sync.exposed_s,
+                   sync_note=f"{sync.collective}; {sync.overlap}")
+
+
+def unknown_interconnect(speed: SpeedPrediction, ranks: int) -> SpeedPrediction:
+    return unknown_speed(speed.model_flops_per_token,
+                         f"{ranks} ranks but this GPU's interconnect is unknown: give "
+                         "--interconnect (pcie3|pcie4|pcie5|nvlink2|nvlink3|nvlink4)")

@@ -1,0 +1,48 @@
+"""ranks > 1: collective bytes and the exposed synchronisation time, and unknown interconnects."""
+
+import dataclasses
+
+import pytest
+
+from trainfit.hardware.gpus import find_gpu
+from trainfit.job import JobSpec
+from trainfit.plan import plan
+from trainfit.speed.comm import DDP_BUCKET_BYTES, RING_BUS_EFFICIENCY, sync_time
+
+
+def test_ddp_ring_all_reduce_bytes_and_overlap():
+    gb = 4e9
+    s = sync_time(ranks=4, sharding="none", grad_accum=8, grad_bytes=gb, param_bytes=gb,
+                  link_gbs=100.0, micro_step_s=1.0)
+    assert s.bytes_per_rank == pytest.approx(2 * 3 / 4 * gb)  # 2(N-1)/N
+    assert s.comm_s == pytest.approx(6e9 / (100e9 * RING_BUS_EFFICIENCY))
+    # 80 ms of all-reduce hides under 667 ms of backward except the last bucket
+    assert s.exposed_s == pytest.approx(2 * 3 / 4 * DDP_BUCKET_BYTES / (100e9 * RING_BUS_EFFICIENCY))
+    slow = sync_time(ranks=4, sharding="none", grad_accum=8, grad_bytes=gb, param_bytes=gb,
+                     link_gbs=1.0, micro_step_s=1.0)
+    assert slow.exposed_s == pytest.approx(slow.comm_s - 2 / 3)  # longer than the backward
+    assert sync_time(ranks=1, sharding="none", grad_accum=1, grad_bytes=gb, param_bytes=gb,
+                     link_gbs=1.0, micro_step_s=1.0) is None
+
+
+def test_fsdp_gathers_every_micro_step():
+    s = sync_time(ranks=2, sharding="fsdp", grad_accum=4, grad_bytes=1e9, param_bytes=2e9,
+                  link_gbs=10.0, micro_step_s=0.1)
+    per_micro = 0.5 * (2 * 2e9 + 1e9)
+    assert s.bytes_per_rank == pytest.approx(4 * per_micro)
+    assert s.exposed_s == pytest.approx(4 * (per_micro / (10e9 * RING_BUS_EFFICIENCY) - 0.1))
+
+
+def test_plan_slows_a_pcie_pair_and_unknown_link_is_unknown(tiny_llama):
+    job = JobSpec(model="t", seq_len=64, micro_batch=2, grad_accum=1, grad_ckpt="off",
+                  precision="fp32", ranks=2)
+    gpu = find_gpu("rtx-3090")  # PCIe gen4
+    fast = plan(job, tiny_llama, dataclasses.replace(gpu, interconnect_gbs=1e9)).rows[0].speed
+    two = plan(job, tiny_llama, gpu).rows[0].speed
+    assert two.sync_s > 0 and two.sync_exposed_s > fast.sync_exposed_s
+    assert two.step_time_s - two.sync_exposed_s == pytest.approx(
+        fast.step_time_s - fast.sync_exposed_s)  # the same step, only the link differs
+    assert two.tokens_per_s == pytest.approx(2 * 2 * 64 / two.step_time_s)
+    no_link = dataclasses.replace(gpu, interconnect="unknown", interconnect_gbs=None)
+    unknown = plan(job, tiny_llama, no_link).rows[0].speed
+    assert unknown.tokens_per_s is None and "interconnect is unknown" in unknown.unknown_reason
