@@ -4,19 +4,26 @@ small models on this CPU with a memory limit (the CPU stand-in for a GPU's capac
 For each model: (1) the exhaustive grid over the knobs tune searches here (micro-batch dividing
 the effective batch × checkpointing × optimizer implementation × loader workers), one probe each;
 (2) ``trainfit tune`` over the same knobs; (3) accelerate's ``find_executable_batch_size`` (what
-HF ``auto_find_batch_size`` calls) on the same step with the same limit; then the pick and the
-grid's best are re-measured interleaved (A B A B A B) and their medians compared.
+HF ``auto_find_batch_size`` calls) on the same step with the same limit; (4) Lightning's
+``BatchSizeFinder`` (mode "binsearch", ``lightning_finder.py``) on the same model, step and limit,
+when Lightning is installed (``pip install -e .[bench]``; otherwise recorded as "not installed");
+then the pick and the grid's best are re-measured interleaved (A B A B A B) and their medians
+compared, and Lightning's choice interleaved with the pick and accelerate's choice.
 Precision is left out on this CPU: bf16 autocast runs ~40× slower than fp32 here (no AMX), which
 tune's prediction prunes anyway.
 
-Regenerate: ``python benchmarks/tune_targets.py`` (~30 min; one compute thread; CPU timing noise is up
+Regenerate: ``python benchmarks/tune_targets.py`` (~35 min; one compute thread; CPU timing noise is up
 to 35 % between repeats, hence the interleaved re-measurement). Writes results/tune_targets.{json,md}.
+``--lightning-only`` (~10 min) runs only step (4) and its re-measurement and merges it into the
+existing JSON, keeping the trainfit / accelerate figures of the earlier full run (the table says so).
 """
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
+import os
 import statistics
 import sys
 import time
@@ -65,6 +72,26 @@ def accelerate_finder(prober, base, start):
 
     chosen = step()
     return {"chosen_batch": chosen, "tried": tried, "probe_time_s": time.perf_counter() - t0}
+
+
+def lightning_entry(src, data, base, limit, prober, pick, acc_batch):
+    """Lightning's ``BatchSizeFinder`` on the same job and capacity (``lightning_finder.py``), then
+    its choice re-measured with the measurement used for the others (``Probe.run``, 3 timed steps),
+    interleaved with trainfit's pick and accelerate's choice (A B C A B C A B C)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from lightning_finder import find_batch_size, lightning_version
+
+    if lightning_version() is None:
+        return {"status": "not installed"}
+    load = os.getloadavg()[0]
+    lt = find_batch_size(src, data, base, limit)
+    jobs = [pick] + [base.replace(micro_batch=b, grad_accum=1, effective_batch=b)
+                     for b in (lt["chosen_batch"], acc_batch)]
+    rem = interleaved(prober, jobs)
+    return {"status": "measured", **lt, "effective_batch_kept": lt["chosen_batch"] == base.effective_batch,
+            "tokens_per_s_remeasured": rem[1], "pick_tokens_per_s_same_session": rem[0],
+            "accelerate_tokens_per_s_same_session": rem[2], "load_avg_1m_at_start": load,
+            "compute_threads": torch.get_num_threads()}
 
 
 def interleaved(prober, jobs, repeats=3):
@@ -118,8 +145,121 @@ def write_md(rows: list[dict]) -> None:
               "- accelerate's finder halves (or steps down) the micro-batch until one step fits, with "
               "no accumulation: its batch is the effective batch, so the effective batch asked for "
               "is not kept, and it never measures speed."]
+    lines += lightning_md(rows)
     (OUT / "tune_targets.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def _trials_txt(lt: dict) -> str:
+    return " → ".join(f"{t['batch_size']}{' OOM' if t['status'] == 'oom' else ''}" for t in lt["trials"])
+
+
+def lightning_md(rows: list[dict]) -> list[str]:
+    """Lightning's finder next to trainfit's pick, tokens/s from the same interleaved session."""
+    lines = ["", "## Lightning `BatchSizeFinder` (mode binsearch), measured", "",
+             "`lightning_finder.py`: the same model, optimizer, data and step (forward + loss in "
+             "`training_step`; Lightning's loop does zero_grad, backward, clipping, optimizer step) "
+             "under the same memory limit (`trainfit.probe.LimitTracker`), via "
+             "`Tuner(trainer).scale_batch_size(mode=\"binsearch\")` with Lightning's defaults (init_val 2, "
+             "3 steps per trial, margin 5 %), no accumulation. Search s = wall time of that call "
+             "(measured). Its choice, trainfit's pick and accelerate's choice are then re-measured "
+             "interleaved (A B C × 3, `Probe.run`, tokens/s median).", "",
+             "| model | effective batch asked | Lightning: batch chosen (largest that ran) | sizes tried | "
+             "search s | effective kept | tokens/s of its choice | tune pick tokens/s, same session | "
+             "Lightning / pick | repeat noise (Lightning, pick) | "
+             "accelerate's choice tokens/s, same session |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    runs = set()
+    for r in rows:
+        lt = r.get("lightning") or {"status": "not run"}
+        if lt["status"] != "measured":
+            lines.append(f"| {r['model']} | {r['effective_batch']} | {lt['status']} |" + " |" * 8)
+            continue
+        runs.add(lt.get("run", "full run"))
+        lt_tps = statistics.median(lt["tokens_per_s_remeasured"])
+        pk = statistics.median(lt["pick_tokens_per_s_same_session"])
+        ac = statistics.median(lt["accelerate_tokens_per_s_same_session"])
+        lines.append(
+            f"| {r['model']} | {r['effective_batch']} | {lt['chosen_batch']} "
+            f"({lt['largest_batch_that_ran']}) | {_trials_txt(lt)} | {lt['probe_time_s']:.0f} | "
+            f"{'yes' if lt['effective_batch_kept'] else 'no'} | {lt_tps:,.0f} | {pk:,.0f} | "
+            f"{lt_tps / pk:.0%} | {_noise(lt['tokens_per_s_remeasured']):.0%}, "
+            f"{_noise(lt['pick_tokens_per_s_same_session']):.0%} | {ac:,.0f} |")
+    measured = [r for r in rows if r.get("lightning", {}).get("status") == "measured"]
+    if measured:
+        ran = ", ".join(f"{r['model']} {r['lightning']['largest_batch_that_ran']} vs "
+                        f"{r['accelerate']['chosen_batch']}" for r in measured)
+        phases = ", ".join(f"{r['model']} {_peak_phase(r['lightning'])}" for r in measured)
+        loads = ", ".join(f"{r['lightning']['load_avg_1m_at_start']:.1f}" for r in measured)
+        lines += ["", "- Lightning's finder changes the batch size and keeps the accumulation (here 1): "
+                  "the effective batch becomes its batch, whatever the job asked for (a \"yes\" is its "
+                  "batch happening to equal the one asked); it never measures speed; its margin (5 %) "
+                  "then lowers the batch that ran: chosen = max(1, int(0.95 × batch)).",
+                  "- A Lightning / pick ratio inside the repeat noise ((max − min) / median of the three "
+                  "interleaved repeats) is not a measured difference. Load average (1 min) as each "
+                  f"model's Lightning run started: {loads} (2 cores: above ~1, other jobs shared them).",
+                  "- Lightning runs `training_step` before `zero_grad` (its `Closure`), so the previous "
+                  "step's gradients are still alive during the forward (trainfit's step, which "
+                  "accelerate's finder calls here, sets them to None at the end of the step). Largest "
+                  f"batch that ran under the same limit, Lightning vs accelerate: {ran}; phase of the "
+                  f"peak of Lightning's largest successful trial: {phases} (each trial's peak, phase and "
+                  "breakdown are in the JSON, `lightning.trials`)."]
+    for run in sorted(runs - {"full run"}):
+        lines += [f"- Lightning columns: {run}."]
+    return lines
+
+
+def _noise(v: list[float]) -> float:
+    return (max(v) - min(v)) / statistics.median(v)
+
+
+def _peak_phase(lt: dict) -> str:
+    ok = [t for t in lt["trials"] if t["status"] == "ok"]
+    return max(ok, key=lambda t: t["batch_size"]).get("peak_phase", "?") if ok else "n/a"
+
+
+def setup_case(model, data_file, seq, eff, limit_gib):
+    """The job, its model source and data, and a Probe under the case's memory limit."""
+    from trainfit.job import JobSpec
+    from trainfit.model_source import resolve_model
+    from trainfit.probe import Probe
+    from trainfit.tune import load_data
+
+    limit = int(limit_gib * GIB)
+    base = JobSpec(model=model, seq_len=seq, effective_batch=eff, precision="fp32",
+                   data=str(DATA / data_file), grad_ckpt="off")
+    src = resolve_model(model)
+    data = load_data(base, src)
+    return base, src, data, Probe(src, data, torch.device("cpu"), memory_limit_bytes=limit), limit
+
+
+def lightning_only() -> int:
+    """Step (4) alone, merged into the JSON of the last full run (its other figures kept)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from lightning_finder import lightning_version
+
+    if lightning_version() is None:
+        print("Lightning is not installed (pip install -e .[bench]): nothing measured, JSON unchanged")
+        return 1
+    path = OUT / "tune_targets.json"
+    rows = json.loads(path.read_text())
+    cases = {c[0]: c for c in CASES}
+    stamp = datetime.date.today().isoformat()
+    for row in rows:
+        base, src, data, prober, limit = setup_case(*cases[row["model"]])
+        assert limit == row["memory_limit_bytes"], "the case's limit changed since the full run"
+        pick = base.replace(**row["pick"], effective_batch=row["effective_batch"])
+        row["lightning"] = lightning_entry(src, data, base, limit, prober, pick,
+                                           row["accelerate"]["chosen_batch"])
+        if row["lightning"]["status"] == "measured":
+            row["lightning"]["run"] = (f"measured {stamp} by `python benchmarks/tune_targets.py "
+                                       "--lightning-only` and merged into the JSON; trainfit's and "
+                                       "accelerate's other figures are the earlier full run's")
+        print(json.dumps({"model": row["model"], "lightning": row["lightning"]}, default=str), flush=True)
+        del prober
+        path.write_text(json.dumps(rows, indent=1, default=str))
+    write_md(rows)
+    return 0
 
 
 def main() -> int:
@@ -132,20 +272,14 @@ def main() -> int:
     # one compute thread: this 2-core machine is shared, and OpenMP threads spinning on an
     # oversubscribed core slow steps by up to 10× (a measured artefact, not the knob)
     torch.set_num_threads(1)
-    from trainfit.job import JobSpec
-    from trainfit.model_source import resolve_model
-    from trainfit.probe import Probe
+    if "--lightning-only" in sys.argv:
+        return lightning_only()
     from trainfit.search import micro_options
-    from trainfit.tune import TuneOptions, load_data, tune
+    from trainfit.tune import TuneOptions, tune
 
     rows = []
     for model, data_file, seq, eff, limit_gib in CASES:
-        limit = int(limit_gib * GIB)
-        base = JobSpec(model=model, seq_len=seq, effective_batch=eff, precision="fp32",
-                       data=str(DATA / data_file), grad_ckpt="off")
-        src = resolve_model(model)
-        data = load_data(base, src)
-        prober = Probe(src, data, torch.device("cpu"), memory_limit_bytes=limit)
+        base, src, data, prober, limit = setup_case(model, data_file, seq, eff, limit_gib)
         micro_opts, _ = micro_options(base, len(data))
         grid = []
         t0 = time.perf_counter()
@@ -193,6 +327,7 @@ def main() -> int:
                            "tokens_per_s_remeasured": acc_rem},
             "tune_notes": res.notes,
         }
+        row["lightning"] = lightning_entry(src, data, base, limit, prober, pick, acc["chosen_batch"])
         errs = [abs(p - m) / m for p, m in row["pick_memory_predicted_vs_measured"]]
         row["memory_max_rel_error"] = max(errs) if errs else None
         rows.append(row)

@@ -82,6 +82,17 @@ def test_batch_size_and_lightning_sections(mr: ModuleType) -> None:
     else:
         assert "not yet measured — run `python benchmarks/tune_targets.py`" in batch
     light = _section(page, "### Lightning `BatchSizeFinder`")
+    rows = _json("tune_targets") if (RESULTS / "tune_targets.json").exists() else []
+    measured = [r for r in rows if (r.get("lightning") or {}).get("status") == "measured"]
+    if measured:  # measured by tune_targets.py: its numbers, not the notes'
+        assert "Measured by `tune_targets.py` (`lightning_finder.py`" in light and "| 149 |" not in light
+        for r in measured:
+            lt = r["lightning"]
+            line = next(x for x in light.splitlines() if x.startswith(f"| {r['model']} |"))
+            assert f"| {lt['chosen_batch']} ({lt['largest_batch_that_ran']}) |" in line
+            assert f"| {lt['probe_time_s']:.1f} |" in line
+            assert f"| {statistics.median(lt['tokens_per_s_remeasured']):,.0f} |" in line
+        return
     assert "measured on this machine's kind by the project's notes" in light.lower()
     assert "| 149 | 256 | no |" in light and "| 645 | 287 | no |" in light
     notes = BENCH.parents[1] / mr.NOTES
@@ -124,3 +135,20 @@ def test_missing_and_synthetic_results(mr: ModuleType, tmp_path: Path) -> None:
     assert "| 24 | 123.5 | 14% |" in batch and "| 98.7% | 21%, 10% | 1.23% |" in batch
     assert statistics.median(row["remeasured_pick_tokens_per_s"]) == 1100.0
     assert "| jobs | 3 |" in page and "| speedup | 1.5 |" in page
+    # no Lightning run in the results: the notes are quoted, and labelled so
+    assert "| 149 | 256 | no |" in _section(page, "### Lightning `BatchSizeFinder`")
+    row["lightning"] = {
+        "status": "measured", "lightning_version": "2.6.6", "chosen_batch": 5, "largest_batch_that_ran": 6,
+        "settings": {"mode": "binsearch", "init_val": 2, "max_trials": 25, "steps_per_trial": 3,
+                     "margin": 0.05},
+        "trials": [{"batch_size": b, "status": st} for b, st in ((2, "ok"), (4, "ok"), (8, "oom"),
+                                                                  (6, "ok"), (7, "oom"))],
+        "probe_time_s": 21.46, "effective_batch_kept": False,
+        "tokens_per_s_remeasured": [300.0, 310.0, 320.0], "pick_tokens_per_s_same_session": [620.0] * 3,
+        "accelerate_tokens_per_s_same_session": [200.0, 210.0, 220.0], "run": "measured 2026-01-01 by x"}
+    (tmp_path / "tune_targets.json").write_text(json.dumps([row]))
+    light = _section(mr.render(tmp_path), "### Lightning `BatchSizeFinder`")
+    assert ("| synthetic-m | 6 | 5 (6) | 2 → 4 → 8 OOM → 6 → 7 OOM | 21.5 | no | 310 | 2×3 | 620 | 50% | "
+            "6%, 0% | 28, 210 |") in light
+    assert "| 149 |" not in light and "Lightning figures measured 2026-01-01 by x." in light
+    assert "synthetic-m 6 vs 28" in light
