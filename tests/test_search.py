@@ -109,3 +109,30 @@ def test_nothing_fits_tries_checkpointing():
     assert out.best is None
     assert "full" in calls and "off" in calls
     assert any("no micro-batch fits" in n for n in out.notes)
+
+
+def test_loader_details_are_searched_only_with_workers():
+    calls = []
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=8, micro_batch=8, precision="fp32",
+                  grad_ckpt="off")
+    # deeper prefetch helps, pinned memory helps more (a GPU); both only matter with workers
+    tps = lambda j: 100.0 * (1.3 if j.num_workers else 1.0) * (  # noqa: E731
+        1.2 if j.prefetch_factor == 4 else 1.0) * (1.2 if j.pin_memory else 1.0)
+    seen = []
+
+    def probe(j, timed):
+        seen.append((j.num_workers, j.prefetch_factor, j.pin_memory))
+        return fake(GIB, GIB, tps, calls)(j, timed)
+    s = Searcher(job, probe, pred(GIB, GIB, lambda j: None), None,
+                 SearchOptions(knobs=("num_workers", "loader"), worker_counts=(0, 2), cuda=True),
+                 10_000)
+    best = s.search().best.job
+    assert (best.num_workers, best.prefetch_factor, best.pin_memory) == (2, 4, True)
+    cpu = Searcher(job, probe, pred(GIB, GIB, lambda j: None), None,
+                   SearchOptions(knobs=("num_workers", "loader"), worker_counts=(0, 2)), 10_000)
+    assert cpu.search().best.job.pin_memory is False  # no GPU: pinning is never tried
+    seen.clear()
+    none = Searcher(job, probe, pred(GIB, GIB, lambda j: None), None,
+                    SearchOptions(knobs=("loader",), cuda=True), 10_000)
+    assert none.search().best.job.prefetch_factor == 2  # no workers: nothing to tune
+    assert all(p == 2 and not pin for _, p, pin in seen)

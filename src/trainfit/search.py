@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from trainfit.job import JobSpec
 from trainfit.probe import ProbeResult
 
-KNOBS = ("grad_ckpt", "precision", "attention", "optimizer_impl", "num_workers", "compile")
+KNOBS = ("grad_ckpt", "precision", "attention", "optimizer_impl", "num_workers", "loader",
+         "compile")
 
 
 @dataclass(kw_only=True)
@@ -47,12 +48,14 @@ class SearchOptions:
     budget_s: float | None = None
     """Stop probing after this many seconds (the best so far is kept)."""
     knobs: tuple[str, ...] = ("grad_ckpt", "precision", "attention", "optimizer_impl",
-                              "num_workers")
+                              "num_workers", "loader")
     precisions: tuple[str, ...] = ("fp32",)
     """Precisions the device supports (tried unless the job fixed one)."""
     fixed: frozenset[str] = frozenset()
     """Knobs the user set explicitly: not searched."""
     worker_counts: tuple[int, ...] = (0, 1, 2)
+    cuda: bool = False
+    """The device is a GPU: pinned host memory can speed up its copies (tried as a knob)."""
     noise_floor: float = 0.03
     """Smallest relative speed gain ever called real."""
     run_steps: int | None = None
@@ -291,6 +294,18 @@ class Searcher:
                      if i != job.optimizer_impl]
         elif knob == "num_workers":
             cands = [job.replace(num_workers=w) for w in self.o.worker_counts if w != job.num_workers]
+        elif knob == "loader":
+            # only meaningful with loader processes; prefetch deeper, and on a GPU pinned memory
+            # (asynchronous host→device copies). persistent_workers is not probed: its gain is the
+            # worker restart at an epoch boundary, which short probes never reach (tune sets it
+            # on by rule when workers are used and the run has more than one epoch).
+            if job.num_workers == 0:
+                return best
+            deeper = {"prefetch_factor": 4} if job.prefetch_factor < 4 else {}
+            pinned = {"pin_memory": True} if self.o.cuda and not job.pin_memory else {}
+            cands = [job.replace(**c) for c in (deeper, pinned, {**deeper, **pinned})
+                     if c and (c is not pinned or deeper)] if (deeper or pinned) else []
+            cands = list({(c.prefetch_factor, c.pin_memory): c for c in cands}.values())
         elif knob == "compile":
             cands = [] if job.compile else [job.replace(compile=True)]
         else:
@@ -319,6 +334,8 @@ def describe(best: Trial, baseline: Trial | None) -> str:
     s = (f"micro-batch {j.micro_batch} × accumulation {j.grad_accum} × ranks {j.ranks} "
          f"(effective {j.effective_batch}), {j.precision}, checkpointing {j.grad_ckpt}, "
          f"{j.attention}, {j.optimizer_impl} {j.optimizer}, {j.num_workers} loader workers"
+         + (f" (prefetch {j.prefetch_factor}{', pinned' if j.pin_memory else ''})"
+            if j.num_workers else "")
          + (", torch.compile" if j.compile else "")
          + f": measured {m.tokens_per_s:,.0f} tokens/s")
     if baseline is not None and baseline.result.measured is not None:
@@ -330,5 +347,6 @@ def describe(best: Trial, baseline: Trial | None) -> str:
 
 def _diff(a: JobSpec, b: JobSpec) -> str:
     keys = ("micro_batch", "precision", "grad_ckpt", "attention", "optimizer_impl", "num_workers",
+            "prefetch_factor", "pin_memory",
             "compile")
     return ", ".join(f"{k} {getattr(a, k)}" for k in keys if getattr(a, k) != getattr(b, k))

@@ -34,7 +34,8 @@ class TuneOptions:
     margin: float = DEFAULT_MARGIN
     budget_s: float | None = None
     max_host_ram_bytes: int | None = None
-    knobs: tuple[str, ...] = ("grad_ckpt", "precision", "attention", "optimizer_impl", "num_workers")
+    knobs: tuple[str, ...] = ("grad_ckpt", "precision", "attention", "optimizer_impl", "num_workers",
+                              "loader")
     fixed: frozenset[str] = frozenset()
     run_steps: int | None = None
     isolate: bool = False
@@ -214,7 +215,8 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
                           fixed=opts.fixed if getattr(source.config, "supports_grad_ckpt", True)
                           else opts.fixed | {"grad_ckpt"},
                           run_steps=opts.run_steps,
-                          worker_counts=(0, max(1, (os.cpu_count() or 1) // 2)))
+                          worker_counts=(0, max(1, (os.cpu_count() or 1) // 2)),
+                          cuda=device.type == "cuda")
     searcher = Searcher(base, probe_fn, predict, capacity, sopts, len(data), progress,
                         agree=prober.dist.any)
     baseline = None
@@ -233,6 +235,10 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
     if device.type == "cpu":
         notes.append("CPU: peak = live tensor bytes (the quantity of torch.cuda.max_memory_"
                      "allocated); reserved/device do not exist on CPU (null)")
+    if out.best is not None and out.best.job.num_workers > 0 and not out.best.job.persistent_workers:
+        out.best.job = out.best.job.replace(persistent_workers=True)
+        notes.append("persistent_workers: on by rule (loader workers are used; keeping them "
+                     "saves their restart at every epoch boundary, which short probes never reach)")
     reason = describe(out.best, baseline) if out.best else "nothing fits: " + "; ".join(out.notes)
     return TuneResult(device=str(device), device_name=name,
                       memory_limit_bytes=capacity, margin=opts.margin,

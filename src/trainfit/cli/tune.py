@@ -124,7 +124,8 @@ def register(app: typer.Typer) -> None:
             job = JobSpec.from_dict(fields, source=target or "flags")
             knob_list = tuple(k.strip() for k in knobs.split(",")) if knobs else \
                 TuneOptions().knobs + (("compile",) if try_compile else ())
-            fixed = frozenset(k for k in KNOBS if k in given)
+            fixed = frozenset(k for k in KNOBS if k in given) | (
+                {"loader"} if {"prefetch_factor", "pin_memory"} & set(given) else set())
             opts = TuneOptions(device=device, memory_limit_bytes=parse_bytes(memory_limit,
                                                                               "--memory-limit"),
                                margin=margin, budget_s=budget_s,
