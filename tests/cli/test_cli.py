@@ -88,14 +88,17 @@ def test_listing_commands():
 def test_seed_examples_are_valid_jobs():
     from trainfit.cli.main import DEFAULT_EXAMPLE, _load_target, examples_dir
     from trainfit.hardware.gpus import find_gpu
-    from trainfit.job import JobSpec
+    from trainfit.job import JobSpec, job_with_current
 
     files = sorted(examples_dir().glob("seed*.yaml"))
     assert len(files) == 5 and (examples_dir() / DEFAULT_EXAMPLE).is_file()
     for f in files:
-        fields, gpu = _load_target(str(f))
+        fields, extra = _load_target(str(f))
         JobSpec.from_dict(fields)
-        assert find_gpu(gpu) is not None
+        assert find_gpu(extra["gpu"]) is not None
+        if "current" in extra:  # the seed's starting configuration is a valid job too
+            cur = job_with_current(fields, extra["current"], f.name)
+            assert cur.micro_batch and cur.grad_ckpt in ("off", "full")
 
 
 def test_plan_of_a_seed_yaml_runs_end_to_end():
