@@ -81,3 +81,15 @@ def chat_jsonl(tmp_path):
                                              {"role": "assistant", "content": "a" * (4 + i)}]})
                     + "\n")
     return p
+
+
+@pytest.fixture()
+def one_thread():
+    """One intra-op thread for the test: two threads on a shared 2-core host stall on every op
+    (OpenMP oversubscription), which makes real CPU steps slow and unsteady."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -33,15 +33,6 @@ def test_limit_error_needs_the_gpu_wording(lf) -> None:
     assert lf.limit_error_recognised() == {"limit_tracker_error": False, "wrapped_error": True}
 
 
-@pytest.fixture()
-def one_thread():
-    # a logic test: one thread keeps it fast on a loaded 2-core machine (OpenMP oversubscription)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_binsearch_under_the_limit(lf, micro_model_json, text_jsonl, one_thread) -> None:
     src = resolve_model(str(micro_model_json))
     data = tokenize_rows(read_rows(text_jsonl), builtin_tokenizer(), seq_len=48, task=src.task)

@@ -71,10 +71,9 @@ def load_factory(spec: str) -> Any:
 
 def build_module(spec: str) -> torch.nn.Module:
     """Call the factory (under whatever default device the caller set, e.g. ``meta``)."""
+    fn = load_factory(spec)
     try:
-        module = load_factory(spec)()
-    except JobError:
-        raise
+        module = fn()
     except TypeError as err:
         raise JobError(f"--model {spec}: the factory needs arguments ({err})",
                        "wrap it in a function without arguments that returns the model") from None

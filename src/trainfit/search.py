@@ -303,9 +303,8 @@ class Searcher:
                 return best
             deeper = {"prefetch_factor": 4} if job.prefetch_factor < 4 else {}
             pinned = {"pin_memory": True} if self.o.cuda and not job.pin_memory else {}
-            cands = [job.replace(**c) for c in (deeper, pinned, {**deeper, **pinned})
-                     if c and (c is not pinned or deeper)] if (deeper or pinned) else []
-            cands = list({(c.prefetch_factor, c.pin_memory): c for c in cands}.values())
+            tried = (job.replace(**c) for c in (deeper, pinned, {**deeper, **pinned}) if c)
+            cands = list({(c.prefetch_factor, c.pin_memory): c for c in tried}.values())
         elif knob == "compile":
             cands = [] if job.compile else [job.replace(compile=True)]
         else:

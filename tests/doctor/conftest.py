@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 REPO = Path(__file__).resolve().parents[2]
 TEXT = REPO / "examples" / "data" / "tiny_text.jsonl"
@@ -15,15 +14,6 @@ TEXT = REPO / "examples" / "data" / "tiny_text.jsonl"
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINFIT_CACHE", str(tmp_path / "cache"))
-
-
-@pytest.fixture()
-def one_thread():
-    # 2 intra-op threads on a shared 2-core host stall on every op: keep the tests' steps steady
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture()

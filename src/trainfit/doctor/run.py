@@ -26,7 +26,7 @@ from trainfit.doctor.findings import Finding, Observation, find
 from trainfit.doctor.inject import DoctorError, ForeignRun, run_foreign
 from trainfit.doctor.measure import JobRunner, Round, resolve_relative
 from trainfit.doctor.split import Split, calibrate_hook_cost_s, median_counter, median_split
-from trainfit.job import FILE_ONLY_KEYS, JobSpec
+from trainfit.job import JobSpec, read_job_file
 
 DOCTOR_KEYS = {"tokenize": ("lazy", "eager")}
 """The ``doctor:`` mapping a job file may carry: ``tokenize: lazy`` measures seed 003's loader."""
@@ -136,18 +136,11 @@ def _sampler_fraction(r: Round | ForeignRun) -> float:
 def read_doctor_file(path: str | Path) -> tuple[JobSpec, dict[str, Any], dict[str, Any]]:
     """A job YAML → (job, doctor options, file-only keys). Paths in it resolve from the file's
     directory when they do not exist from here."""
-    import yaml
-
     p = Path(path)
     if not p.is_file():
         raise DoctorError(f"{path}: no such file", "give a trainfit job YAML, or -- CMD for a script")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as err:
-        raise DoctorError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise DoctorError(f"{path}: expected a mapping of job fields")
-    opts = data.pop("doctor", None) or {}
+    fields, extra = read_job_file(p)  # the same parse (and errors) as every other command
+    opts = extra.pop("doctor", None) or {}
     if not isinstance(opts, dict):
         raise DoctorError(f"{path}: doctor: must be a mapping, e.g. doctor: {{tokenize: lazy}}")
     for k, v in opts.items():
@@ -155,8 +148,6 @@ def read_doctor_file(path: str | Path) -> tuple[JobSpec, dict[str, Any], dict[st
             raise DoctorError(f"{path}: doctor: unknown key {k!r}", f"known: {', '.join(DOCTOR_KEYS)}")
         if v not in DOCTOR_KEYS[k]:
             raise DoctorError(f"{path}: doctor.{k}: {v!r} must be one of {', '.join(DOCTOR_KEYS[k])}")
-    extra = {k: data.pop(k) for k in FILE_ONLY_KEYS if k in data}
-    fields = dict(data.get("job", data))
     for key in ("data", "tokenizer", "model"):
         if isinstance(fields.get(key), str):
             fields[key] = resolve_relative(fields[key], p.parent)

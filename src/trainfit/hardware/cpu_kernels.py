@@ -138,6 +138,3 @@ class KernelTimer:
             self._dirty = False
         except OSError:
             pass
-
-    def __len__(self) -> int:
-        return len(self._times)

@@ -87,6 +87,15 @@ def _gemm_shape(name: str, args: tuple[Any, ...]) -> tuple[int, int, int, int] |
     return None
 
 
+def launches_kernel(name: str, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> bool:
+    """In-place ops and ops with an output in new storage launch a kernel; an output sharing an
+    input's storage (views, and _unsafe_view, which is not marked as one) launches none."""
+    if name.endswith("_") or name.startswith("_foreach") or "fused" in name:
+        return True
+    in_storages = {id(t.untyped_storage()) for t in ins}
+    return any(id(o.untyped_storage()) not in in_storages for o in outs)
+
+
 class OpRecorder:
     """Collects :class:`OpRecord` for the first micro-step's forward/backward and the optimizer."""
 
@@ -110,12 +119,7 @@ class OpRecorder:
             out if isinstance(out, (list, tuple)) else ())
         if not ins and not outs:
             return
-        # an output sharing an input's storage (views, and _unsafe_view, which is not marked as
-        # one) launches no kernel
-        in_storages = {id(t.untyped_storage()) for t in ins}
-        new_output = any(id(o.untyped_storage()) not in in_storages for o in outs)
-        in_place = name.endswith("_") or name.startswith("_foreach") or "fused" in name
-        kernel = new_output or in_place
+        kernel = launches_kernel(name, ins, outs)
         flops = 0.0
         if packet in flop_registry:
             try:
