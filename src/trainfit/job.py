@@ -233,10 +233,11 @@ class JobSpec:
 
 
 FILE_ONLY_KEYS = ("gpu", "scenario", "measured", "train", "device", "memory_limit", "doctor",
-                  "current")
+                  "current", "backend")
 """Keys a job file may carry beside the job fields: the target GPU, a description, what tune
 measured, the run settings of ``trainfit train``, the device it was tuned on, and ``current``: the
-configuration the user runs now (job fields overriding the file's), which ``plan`` compares with."""
+configuration the user runs now (job fields overriding the file's), which ``plan`` compares with,
+and ``backend``: what ``trainfit train`` runs the job with (trainfit, hf, trl, auto)."""
 
 
 def read_job_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:

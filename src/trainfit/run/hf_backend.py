@@ -1,0 +1,420 @@
+"""``trainfit train --backend hf|trl``: the same job run by HF ``Trainer`` (causal-LM text) or TRL
+``SFTTrainer`` (chat data) instead of trainfit's own loop.
+
+What is shared with the own loop, so the run is the step ``plan`` predicted and ``tune`` measured:
+the model and optimizer come from :func:`trainfit.runtime.build_real` (same init, attention,
+checkpointing, precision, fused/foreach/8-bit optimizer) and are handed to the trainer
+(``optimizers=``); the scheduler is the own loop's linear decay; the samples are drawn in
+trainfit's (seed, epoch) order (:class:`OrderSampler`) and padded by trainfit's collator. With one
+rank the per-step losses equal the own loop's (tests/run/test_hf_backend.py).
+
+What the trainers add: their callbacks, logging and checkpoint format (``checkpoint-N`` with
+``trainer_state.json``; resume through ``resume_from_checkpoint``, which skips the batches already
+consumed). What trainfit adds to them (:class:`SplitOnOOM`): an OOM in a micro-step frees the
+partial gradients and redoes the optimizer step's micro-batches so far in halves — the loss is
+normalised by the step's label tokens (``num_items_in_batch``), so the split is exact; SIGINT /
+SIGTERM save a checkpoint and stop.
+
+Not here (use ``--backend trainfit``): OOM recovery under many ranks (one rank splitting while
+another waits in the all-reduce would hang), and ``module:factory`` models (no ``PreTrainedModel``).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from trainfit.data.dataset import TokenData
+from trainfit.data.loader import Collate, SampleOrder
+from trainfit.job import JobError, JobSpec
+
+if TYPE_CHECKING:
+    from trainfit.run.loop import RunOptions, TrainResult
+
+BACKENDS = ("trainfit", "hf", "trl", "auto")
+"""trainfit: the own loop (every guarantee, any model); hf: transformers.Trainer; trl:
+trl.SFTTrainer; auto: trainfit for a ``module:factory`` model, trl for chat data, hf for text."""
+
+
+def resolve_backend(name: str, task: str, data_kind: str) -> str:
+    if name not in BACKENDS:
+        raise JobError(f"--backend {name}: unknown", f"choose one of {', '.join(BACKENDS)}")
+    if name == "auto":
+        if task == "custom-lm":
+            return "trainfit"
+        return "trl" if data_kind == "chat" else "hf"
+    if name in ("hf", "trl") and task == "custom-lm":
+        raise JobError(f"--backend {name}: a module:factory model is not a transformers model",
+                       "use --backend trainfit (the own loop runs any nn.Module)")
+    if name in ("hf", "trl") and task != "causal-lm":
+        raise JobError(f"--backend {name}: only causal-LM models are wired ({task} given)",
+                       "use --backend trainfit")
+    return name
+
+
+class OrderSampler(torch.utils.data.Sampler[int]):
+    """trainfit's sample order for the trainers' DataLoader: epoch ``e`` yields the permutation the
+    own loop draws at positions ``[e·n, (e+1)·n)``. HF calls ``set_epoch`` at each epoch."""
+
+    def __init__(self, order: SampleOrder) -> None:
+        self.order = order
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        n = self.order.n
+        return iter(self.order.ids(self.epoch * n, n))
+
+    def __len__(self) -> int:
+        return self.order.n
+
+
+class _Rows(torch.utils.data.Dataset):
+    """TokenData rows as dicts (what HF collators receive)."""
+
+    def __init__(self, data: TokenData) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        row: dict[str, Any] = {"sample_id": i, "input_ids": self.data.input_ids[i]}
+        if self.data.labels is not None:
+            row["labels"] = self.data.labels[i]
+        return row
+
+
+class RowCollate:
+    """trainfit's :class:`Collate` (fixed ``seq_len`` padding, -100 labels, mask only if padded) for
+    dict rows — from :class:`_Rows` or from a ``datasets.Dataset`` (TRL)."""
+
+    def __init__(self, data: TokenData, task: str) -> None:
+        self.inner = Collate(data, task)
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        items = [(int(r["sample_id"]), np.asarray(r["input_ids"]),
+                  np.asarray(r["labels"]) if r.get("labels") is not None else None) for r in rows]
+        return self.inner(items)
+
+
+class _Injected(torch.OutOfMemoryError):
+    pass
+
+
+class SplitOnOOM:
+    """Mixin for ``transformers.Trainer`` subclasses: OOM → redo the optimizer step's micro-batches
+    so far in smaller pieces (micro-batch halved, accumulation doubled, effective batch and samples
+    unchanged). Keeps the step's inputs (token ids: small) to replay them."""
+
+    trainfit_split = 1
+    trainfit_inject: set[int]
+    trainfit_events: list[dict[str, Any]]
+    trainfit_ids: list[int]
+    trainfit_step_loss = 0.0
+    trainfit_world = 1
+
+    def _trainfit_init(self, inject: tuple[int, ...], world: int) -> None:
+        self.trainfit_inject = set(inject)
+        self.trainfit_events = []
+        self.trainfit_ids = []
+        self.trainfit_world = world
+        self._window: list[dict[str, Any]] = []
+        self._window_step = -1
+
+    def training_step(self, model: Any, inputs: dict[str, Any],
+                      num_items_in_batch: Any = None) -> torch.Tensor:
+        state = self.state  # type: ignore[attr-defined]
+        if state.global_step != self._window_step:
+            self._window, self._window_step = [], state.global_step
+            self._losses: list[float] = []
+            self.trainfit_ids = []
+        ids = inputs.pop("sample_ids", None)
+        if ids is not None:
+            self.trainfit_ids.extend(ids.tolist())
+        self._window.append(inputs)
+        last = len(self._window) == self.current_gradient_accumulation_steps  # type: ignore[attr-defined]
+        replay = False
+        while True:
+            try:
+                if state.global_step in self.trainfit_inject and last:
+                    self.trainfit_inject.discard(state.global_step)
+                    raise _Injected("injected OOM (fault injection)")
+                if replay:  # the earlier micro-batches' gradients were dropped: redo them
+                    for k, past in enumerate(self._window[:-1]):
+                        self._losses[k] = float(self._split_step(model, past, num_items_in_batch))
+                loss = self._split_step(model, inputs, num_items_in_batch)
+                break
+            except torch.OutOfMemoryError:
+                self._on_oom(inputs, num_items_in_batch)
+                replay = True
+        self._losses.append(float(loss))
+        # each micro-loss is its share of the step's token mean: their sum is the step's loss
+        self.trainfit_step_loss = sum(self._losses)
+        return loss
+
+    def _split_step(self, model: Any, inputs: dict[str, Any], num_items: Any) -> torch.Tensor:
+        size = int(inputs["input_ids"].shape[0])
+        parts = min(self.trainfit_split, size)
+        if parts == 1:
+            return super().training_step(model, dict(inputs), num_items)  # type: ignore[misc]
+        chunk = math.ceil(size / parts)
+        total = None
+        for k in range(0, size, chunk):
+            part = {n: v[k:k + chunk] if isinstance(v, torch.Tensor) and v.dim() else v
+                    for n, v in inputs.items()}
+            loss = super().training_step(model, part, num_items)  # type: ignore[misc]
+            total = loss if total is None else total + loss
+        assert total is not None
+        return total
+
+    def _on_oom(self, inputs: dict[str, Any], num_items: Any) -> None:
+        step = self.state.global_step  # type: ignore[attr-defined]
+        size = int(inputs["input_ids"].shape[0])
+        before = math.ceil(size / self.trainfit_split)
+        if self.trainfit_world > 1:
+            raise JobError(f"out of memory at step {step} under {self.trainfit_world} ranks "
+                           "with the hf/trl backend", "use --backend trainfit (all ranks split "
+                           "together), or a smaller micro_batch")
+        if num_items is None:
+            raise JobError(f"out of memory at step {step}: this model's loss takes no "
+                           "num_items_in_batch, so a split would change the loss weighting",
+                           "use --backend trainfit, or a smaller micro_batch")
+        if before == 1:
+            raise JobError(f"out of memory at step {step} with micro-batch 1",
+                           "enable --grad-ckpt full, use LoRA/QLoRA, or a shorter --seq-len")
+        self.model.zero_grad(set_to_none=True)  # type: ignore[attr-defined]
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self.trainfit_split *= 2
+        after = math.ceil(size / self.trainfit_split)
+        accum = self.args.gradient_accumulation_steps * self.trainfit_split  # type: ignore[attr-defined]
+        self.trainfit_events.append({"step": step, "phase": "step", "micro_batch_before": before,
+                                     "micro_batch_after": after, "grad_accum_after": accum})
+
+
+def _agree(loss: float, stop: bool, ids: list[int], world: int) -> tuple[float, bool, list[int]]:
+    """All ranks: the step's loss (HF scales each rank's token-normalised loss by the world size
+    when averaging tokens across devices, so the mean over ranks is the global token mean), the
+    stop flag (any rank interrupted), and the sample ids of all ranks."""
+    import torch.distributed as dist
+
+    t = torch.tensor([loss, 1.0 if stop else 0.0], dtype=torch.float64)
+    dist.all_reduce(t)
+    parts: list[Any] = [None] * world
+    dist.all_gather_object(parts, ids)
+    return float(t[0]) / world, bool(t[1] > 0), [i for p in parts for i in (p or [])]
+
+
+def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_len: int,
+              sampler: Any) -> Any:
+    from transformers import TrainerCallback
+
+    class _Watch(TrainerCallback):
+        """Per step: the loss, sample ids and monitor line; an interrupt → save and stop."""
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            dt = time.perf_counter() - self.t0
+            eff = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+            loss, ids = trainer.trainfit_step_loss, list(trainer.trainfit_ids)
+            stop = intr.requested or opts.inject_interrupt_at_step == state.global_step - 1
+            if args.world_size > 1:  # every rank reports the global loss and takes the same decision
+                loss, stop, ids = _agree(loss, stop, ids, args.world_size)
+            res.losses.append(loss)
+            res.samples_seen += eff
+            res.tokens_seen += eff * seq_len
+            if opts.record_samples:
+                res.samples.append(ids)
+            if sampler is not None:
+                sampler.record_step(step=state.global_step, loss=loss, tokens=eff * seq_len,
+                                    samples=eff, step_time_s=dt,
+                                    peak_allocated_bytes=torch.cuda.max_memory_allocated()
+                                    if torch.cuda.is_available() else None)
+            if stop:
+                res.interrupted = True
+                control.should_save = True
+                control.should_training_stop = True
+
+    return _Watch()
+
+
+def last_checkpoint(resume: Path) -> str:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    if (resume / "trainer_state.json").exists():
+        return str(resume)
+    last = get_last_checkpoint(str(resume)) if resume.is_dir() else None
+    if last is None:
+        raise JobError(f"--resume {resume}: no HF checkpoint (checkpoint-N/trainer_state.json) there",
+                       "give the run directory of an earlier trainfit train --backend hf|trl")
+    return last
+
+
+def _training_args(job: JobSpec, opts: RunOptions, backend: str, total: int, device: torch.device
+                   ) -> Any:
+    from trainfit.emit import hf_training_args, trl_sft_config
+
+    kw = trl_sft_config(job) if backend == "trl" else hf_training_args(job)
+    kw.pop("optim")  # the optimizer is trainfit's own, handed in (same kernel as plan/tune)
+    # build_real already enabled non-reentrant checkpointing on the model: enabling it again
+    # through the trainer would re-wrap the layers
+    kw.pop("gradient_checkpointing")
+    kw.pop("gradient_checkpointing_kwargs", None)
+    if job.precision == "bf16-true":
+        kw["bf16"] = False  # the weights are bf16 already; no autocast on top
+    save = opts.save_every_steps
+    kw.update(output_dir=str(opts.out_dir), max_steps=total, logging_steps=1, report_to=[],
+              save_strategy="steps" if save else "no", save_steps=save or total,
+              use_cpu=device.type == "cpu", dataloader_drop_last=True, remove_unused_columns=False,
+              disable_tqdm=True, logging_nan_inf_filter=False)
+    if backend == "trl":
+        from trl import SFTConfig
+
+        # the rows are tokenized, packed and padded by trainfit (the same samples as tune measured)
+        kw.update(dataset_kwargs={"skip_prepare_dataset": True}, packing=False)
+        return SFTConfig(**kw)
+    from transformers import TrainingArguments
+
+    return TrainingArguments(**kw)
+
+
+def _trainer_class(backend: str, order: SampleOrder) -> type:
+    if backend == "trl":
+        from trl import SFTTrainer as base
+    else:
+        from transformers import Trainer as base
+
+    def _get_train_sampler(self: Any, train_dataset: Any = None) -> OrderSampler:
+        return OrderSampler(order)
+
+    return type(f"Trainfit{base.__name__}", (SplitOnOOM, base),
+                {"_get_train_sampler": _get_train_sampler})
+
+
+def _dataset(data: TokenData, backend: str) -> Any:
+    if backend != "trl":
+        return _Rows(data)
+    import datasets  # SFTTrainer takes a datasets.Dataset only
+
+    cols: dict[str, Any] = {"sample_id": list(range(len(data))),
+                            "input_ids": [x.tolist() for x in data.input_ids]}
+    if data.labels is not None:
+        cols["labels"] = [x.tolist() for x in data.labels]
+    return datasets.Dataset.from_dict(cols)
+
+
+def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None = None
+           ) -> TrainResult:
+    """The job through HF Trainer / TRL SFTTrainer; the same result object as the own loop."""
+    import os
+
+    from trainfit.data.tokenizer import load_tokenizer
+    from trainfit.model_source import resolve_model
+    from trainfit.monitor import Sampler
+    from trainfit.probe import LimitTracker
+    from trainfit.run.loop import TrainResult, _Interrupt, _Null
+    from trainfit.runtime import build_real, check_no_offload, parse_device
+    from trainfit.tune import load_data
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    device = parse_device(opts.device)
+    source = resolve_model(job.model, job.trust_remote_code)
+    data = data if data is not None else load_data(job, source)
+    backend = resolve_backend(backend, source.task, data.stats.kind)
+    if job.effective_batch is None or job.micro_batch is None:
+        raise JobError("the job needs micro_batch and effective_batch (or grad_accum)",
+                       "run trainfit tune first, or set them in the YAML")
+    if job.ranks != world:
+        raise JobError(f"the job says ranks {job.ranks} but {world} process(es) run",
+                       f"use --nproc {job.ranks}, or set ranks: {world}")
+    if device.type == "cuda" and (device.index or 0) != 0 and world == 1:
+        raise JobError(f"--device {opts.device}: the hf/trl backends use the first visible GPU",
+                       f"run with CUDA_VISIBLE_DEVICES={device.index} and --device cuda")
+    resume = last_checkpoint(opts.resume) if opts.resume is not None else None
+    tok = load_tokenizer(job.tokenizer, source.name, source.origin, int(source.config.vocab_size),
+                         job.trust_remote_code)
+    wl = build_real(job, source, device, seed=job.seed, lr=job.lr)
+    check_no_offload(wl.model, opts.allow_offload)
+    total = opts.max_steps or max(1, math.floor(len(data) * opts.epochs / job.effective_batch))
+    # the own loop's schedule (HF's default: linear decay to 0, no warm-up), so both backends agree
+    sched = torch.optim.lr_scheduler.LambdaLR(wl.optimizer, lambda s: max(0.0, 1 - s / total))
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    cls = _trainer_class(backend, SampleOrder(len(data), seed=job.seed))
+    trainer = cls(model=wl.model, args=_training_args(job, opts, backend, total, device),
+                  train_dataset=_dataset(data, backend), data_collator=RowCollate(data, source.task),
+                  processing_class=tok, optimizers=(wl.optimizer, sched))
+    trainer._trainfit_init(opts.inject_oom_at_steps, world)
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)  # trainfit's monitor prints (and logs) the steps
+    main = rank == 0
+    res = TrainResult(job={**job.to_dict(), "backend": backend}, steps=0, samples_seen=0,
+                      tokens_seen=0, wall_time_s=0.0, final_loss=None, losses=[],
+                      resumed_from=resume, monitor_log="monitor.jsonl" if main else None)
+    sampler = Sampler(interval_s=opts.monitor_interval_s, live=opts.live,
+                      log_path=opts.out_dir / "monitor.jsonl",
+                      tensorboard_dir=opts.out_dir / "tensorboard") if main else None
+    tracker = LimitTracker(opts.memory_limit_bytes) if opts.memory_limit_bytes else None
+    if tracker is not None:
+        for t in [*wl.model.parameters(), *wl.model.buffers()]:
+            tracker.track(t, "parameters")
+    t0 = time.perf_counter()
+    with _Interrupt() as intr, (sampler or _Null()):
+        if sampler is not None:
+            sampler.start()
+        trainer.add_callback(_callback(trainer, res, opts, intr, data.seq_len, sampler))
+        try:
+            with (tracker or _Null()):
+                trainer.train(resume_from_checkpoint=resume)
+        except ValueError as err:  # HF refuses a checkpoint it cannot load (another model, …)
+            raise JobError(f"--resume {opts.resume}: {err}", "resume with the job that wrote it") \
+                from None
+    res.wall_time_s = time.perf_counter() - t0
+    res.steps = trainer.state.global_step
+    if not res.interrupted and res.steps and not (opts.out_dir / f"checkpoint-{res.steps}").exists():
+        trainer._save_checkpoint(trainer.model, trial=None)  # the own loop also saves at the end
+    res.oom_events = trainer.trainfit_events
+    res.final_loss = res.losses[-1] if res.losses else None
+    res.checkpoints = sorted((str(p) for p in opts.out_dir.glob("checkpoint-*")),
+                             key=lambda s: int(s.rsplit("-", 1)[1]))
+    if main:
+        import json
+
+        (opts.out_dir / "train.json").write_text(json.dumps(res.to_dict(), indent=1))
+    return res
+
+
+def run_backend(job: JobSpec, opts: RunOptions, backend: str = "trainfit") -> TrainResult:
+    """``trainfit train``'s entry: the own loop, HF Trainer or TRL SFTTrainer (``auto`` by the
+    model and the data: module:factory → trainfit, chat rows → trl, text → hf)."""
+    from trainfit.run.loop import train
+
+    if backend not in BACKENDS:
+        raise JobError(f"--backend {backend}: unknown", f"choose one of {', '.join(BACKENDS)}")
+    if backend == "trainfit":
+        return train(job, opts)
+    from trainfit.model_source import resolve_model
+    from trainfit.tune import load_data
+
+    source = resolve_model(job.model, job.trust_remote_code)
+    if backend != "auto":  # refuse a model the trainers cannot run before reading the data
+        resolve_backend(backend, source.task, "")
+    data = load_data(job, source)
+    backend = resolve_backend(backend, source.task, data.stats.kind)
+    if backend == "trainfit":
+        return train(job, opts, data)
+    return run_hf(job, opts, backend, data)

@@ -1,0 +1,35 @@
+"""TensorBoard scalars, when tensorboard is installed (the ``hf`` extra): the step metrics fed to the
+sampler come back from the event file unchanged."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from trainfit.monitor import Sampler
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None,
+                                reason="tensorboard not installed (pip install -e '.[hf]')")
+
+
+def _scalars(log_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_step_metrics_reach_tensorboard(no_nvml, tmp_path):
+    s = Sampler(tensorboard_dir=tmp_path / "tb", live=False, interval_s=10.0)
+    s.open()
+    for step, loss in ((1, 3.0), (2, 2.5)):
+        s.record_step(step=step, loss=loss, tokens=1024, samples=4, step_time_s=0.5, data_wait_s=0.25)
+        s.sample_once()
+    s.stop()
+    tags = _scalars(tmp_path / "tb")
+    assert tags["train/loss"] == [(1, 3.0), (2, 2.5)]
+    assert tags["train/tokens_per_s"] == [(1, pytest.approx(2048.0)), (2, pytest.approx(2048.0))]
+    assert tags["train/data_wait_fraction"][-1][1] == pytest.approx(0.5)
+    assert "host/host_ram_used_bytes" in tags and not any(t.startswith("gpu") for t in tags)

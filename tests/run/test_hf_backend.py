@@ -1,0 +1,132 @@
+"""train --backend hf|trl: HF Trainer / TRL SFTTrainer run the same step as the own loop (same
+losses, same samples), and keep trainfit's OOM split, interrupt and resume guarantees (fp32, CPU)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from trainfit.cli.main import app
+from trainfit.job import JobError, JobSpec
+from trainfit.run.hf_backend import resolve_backend, run_backend, run_hf
+from trainfit.run.loop import RunOptions, train
+
+runner = CliRunner()
+
+
+@pytest.fixture()
+def job(micro_model_json, chat_jsonl):
+    return JobSpec(model=str(micro_model_json), seq_len=32, effective_batch=8, micro_batch=4,
+                   precision="fp32", data=str(chat_jsonl))
+
+
+@pytest.mark.parametrize("backend", ["hf", "trl"])
+def test_same_losses_and_samples_through_oom_interrupt_resume(job, tmp_path, backend):
+    ref = train(job, RunOptions(out_dir=tmp_path / "ref", max_steps=6, record_samples=True))
+    out = tmp_path / backend
+    a = run_hf(job, RunOptions(out_dir=out, max_steps=6, record_samples=True,
+                               inject_oom_at_steps=(1,), inject_interrupt_at_step=3), backend)
+    assert a.interrupted and a.steps == 4
+    # the OOM came in the last micro-step: the first micro-step's gradients were dropped and redone
+    assert a.oom_events == [{"step": 1, "phase": "step", "micro_batch_before": 4,
+                             "micro_batch_after": 2, "grad_accum_after": 4}]
+    assert a.checkpoints == [str(out / "checkpoint-4")]
+    assert (out / "checkpoint-4" / "model.safetensors").exists()
+    # resume at another micro-batch (same effective batch): HF skips the consumed samples
+    b = run_hf(job.replace(micro_batch=1), RunOptions(out_dir=out, max_steps=6, resume=out,
+                                                      record_samples=True), backend)
+    assert b.resumed_from == str(out / "checkpoint-4") and b.steps == 6
+    assert a.losses + b.losses == pytest.approx(ref.losses, rel=1e-6)
+    assert [sorted(s) for s in a.samples + b.samples] == [sorted(s) for s in ref.samples]
+    d = json.loads((out / "train.json").read_text())
+    assert d["job"]["backend"] == backend and d["steps"] == 6
+
+
+def test_hf_memory_limit_oom_splits(job, tmp_path):
+    from trainfit.data import builtin_tokenizer, read_rows, tokenize_rows
+    from trainfit.model_source import resolve_model
+    from trainfit.tune import CpuPredictor
+
+    src = resolve_model(job.model)
+    data = tokenize_rows(read_rows(job.data), builtin_tokenizer(), seq_len=32, task=src.task)
+    pred = CpuPredictor(src, data)
+    need2 = pred(job.replace(micro_batch=2)).peak_allocated_bytes
+    need4 = pred(job.replace(micro_batch=4)).peak_allocated_bytes
+    ref = train(job.replace(micro_batch=2), RunOptions(out_dir=tmp_path / "r", max_steps=3))
+    res = run_hf(job, RunOptions(out_dir=tmp_path / "m", max_steps=3,
+                                 memory_limit_bytes=(need2 + need4) // 2), "hf")
+    assert [e["micro_batch_after"] for e in res.oom_events] == [2]
+    assert res.losses == pytest.approx(ref.losses, rel=1e-6)
+
+
+def test_text_through_hf_equals_own_loop(micro_model_json, text_jsonl, tmp_path):
+    job = JobSpec(model=str(micro_model_json), seq_len=32, effective_batch=4, micro_batch=2,
+                  precision="fp32", data=str(text_jsonl))
+    ref = train(job, RunOptions(out_dir=tmp_path / "ref", max_steps=3))
+    res = run_backend(job, RunOptions(out_dir=tmp_path / "auto", max_steps=3), "auto")
+    assert res.job["backend"] == "hf"
+    assert res.losses == pytest.approx(ref.losses, rel=1e-6)
+    assert res.tokens_seen == 3 * 4 * 32
+
+
+def test_backend_choice():
+    assert resolve_backend("auto", "causal-lm", "chat") == "trl"
+    assert resolve_backend("auto", "causal-lm", "text") == "hf"
+    assert resolve_backend("auto", "custom-lm", "text") == "trainfit"
+    with pytest.raises(JobError, match="module:factory"):
+        resolve_backend("hf", "custom-lm", "text")
+    with pytest.raises(JobError, match="only causal-LM"):
+        resolve_backend("trl", "seq2seq-lm", "text")
+    with pytest.raises(JobError, match="unknown"):
+        resolve_backend("deepspeed", "causal-lm", "text")
+
+
+def test_cli_backend_from_file_and_bad_input(job, tmp_path):
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump({**job.to_dict(), "backend": "trl"}))
+    out = tmp_path / "run"
+    r = runner.invoke(app, ["train", str(f), "--out", str(out), "--max-steps", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output[r.output.index("{"):])
+    assert d["job"]["backend"] == "trl" and d["steps"] == 2 and len(d["losses"]) == 2
+    assert (out / "checkpoint-2" / "trainer_state.json").exists()
+    r = runner.invoke(app, ["train", str(f), "--backend", "nope", "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "unknown" in r.output
+    assert not (tmp_path / "x").exists()
+    # a directory without HF checkpoints: refused before anything is written
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = runner.invoke(app, ["train", str(f), "--backend", "hf", "--out", str(tmp_path / "y"),
+                            "--resume", str(empty)])
+    assert r.exit_code == 2 and "no HF checkpoint" in r.output
+    assert not (tmp_path / "y").exists()
+
+
+def test_custom_module_refused_by_hf(tmp_path):
+    spec = f"{Path(__file__).parents[2] / 'examples' / 'custom' / 'tiny_gpt.py'}:build_model"
+    job = JobSpec(model=spec, seq_len=16, effective_batch=2, micro_batch=2, precision="fp32",
+                  data="unused.jsonl")
+    with pytest.raises(JobError, match="module:factory"):
+        run_backend(job, RunOptions(out_dir=tmp_path / "c", max_steps=1), "hf")
+
+
+def test_hf_two_ranks_gloo_match_one_rank(job, tmp_path):
+    """torchrun, 2 CPU ranks (gloo; accelerate's DDP inside HF Trainer): the global losses equal
+    one rank's with the same effective batch, and each step's samples are the same."""
+    import subprocess
+    import sys
+
+    one = train(job.replace(micro_batch=2), RunOptions(out_dir=tmp_path / "one", max_steps=3,
+                                                       record_samples=True))
+    p = tmp_path / "job2.yaml"
+    p.write_text(yaml.safe_dump({**job.replace(ranks=2, micro_batch=2).to_dict(), "backend": "hf"}))
+    out = tmp_path / "two"
+    proc = subprocess.run([sys.executable, "-m", "trainfit.cli.main", "train", str(p), "--out",
+                           str(out), "--max-steps", "3", "--nproc", "2", "--no-live"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    d = json.loads((out / "train.json").read_text())
+    assert d["job"]["backend"] == "hf" and d["samples_seen"] == 24
+    assert d["losses"] == pytest.approx(one.losses, rel=1e-5)
