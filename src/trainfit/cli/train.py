@@ -51,6 +51,17 @@ def register(app: typer.Typer) -> None:
             "--live/--no-live", help="Live view (default: on a terminal).")] = None,
         inject_oom_at: Annotated[str | None, typer.Option(
             help="Fault drill: steps (comma-separated) whose forward raises an OOM once.")] = None,
+        eval_data: Annotated[str | None, typer.Option(
+            help="Evaluation set: a file read and tokenized as the training data.")] = None,
+        eval_fraction: Annotated[float | None, typer.Option(
+            help="Hold out this fraction of the training samples (by seed) to evaluate on; they "
+                 "are not trained on.")] = None,
+        eval_every: Annotated[int | None, typer.Option(
+            help="Evaluate every N optimizer steps (and always at the end).")] = None,
+        eval_batch: Annotated[int | None, typer.Option(
+            help="Evaluation batch per rank (default: the micro-batch; halved on OOM).")] = None,
+        inject_eval_oom_at: Annotated[str | None, typer.Option(
+            help="Fault drill: steps (comma-separated) whose evaluation raises an OOM once.")] = None,
         allow_offload: Annotated[bool, typer.Option(
             help="Accept modules offloaded to cpu/disk by a device map.")] = False,
         as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -88,7 +99,13 @@ def register(app: typer.Typer) -> None:
                               memory_limit_bytes=mem, live=live if live is not None else None,
                               allow_offload=allow_offload,
                               inject_oom_at_steps=tuple(int(s) for s in inject_oom_at.split(","))
-                              if inject_oom_at else ())
+                              if inject_oom_at else (),
+                              eval_data=Path(eval_data) if eval_data else None,
+                              eval_fraction=eval_fraction, eval_every_steps=eval_every,
+                              eval_batch=eval_batch,
+                              inject_eval_oom_at_steps=tuple(
+                                  int(s) for s in inject_eval_oom_at.split(","))
+                              if inject_eval_oom_at else ())
             result = train(job, opts)
         except JobError as err:
             fail(err)
@@ -101,9 +118,18 @@ def register(app: typer.Typer) -> None:
                    f"{d['tokens_seen']:,} tokens) in {d['wall_time_s']:.1f} s measured; final loss "
                    f"{d['final_loss']:.4f}" if d["final_loss"] is not None else "no step ran")
         for e in d["oom_events"]:
+            if e.get("phase") == "eval":
+                typer.echo(f"OOM in the evaluation at step {e['step']}: eval batch "
+                           f"{e['eval_batch_before']} → {e['eval_batch_after']} (training "
+                           "micro-batch unchanged), redone from the batch that failed")
+                continue
             typer.echo(f"OOM at step {e['step']}: micro-batch {e['micro_batch_before']} → "
                        f"{e['micro_batch_after']} (accumulation {e['grad_accum_after']}), same samples "
                        "redone")
+        for e in d.get("evals", []):
+            typer.echo(f"eval at step {e['step']}: loss {e['eval_loss']:.4f}, perplexity "
+                       f"{e['eval_perplexity']:.2f} ({e['samples']} samples, {e['tokens']:,} label "
+                       f"tokens, eval batch {e['eval_batch']}, {e['eval_time_s']:.1f} s measured)")
         if d["interrupted"]:
             typer.echo(f"interrupted: checkpoint {d['checkpoints'][-1]}; resume with --resume {out}")
         typer.echo(f"run directory: {out} (train.json, monitor.jsonl, checkpoints)")

@@ -121,6 +121,7 @@ class Sampler:
         self.sample_cpu_s = 0.0  # CPU time spent in sample_once (thread CPU clock), for the overhead
         self._window = _StepWindow()
         self._window_lock = threading.Lock()
+        self._pending_eval: dict[str, Any] | None = None
         self._sample_lock = threading.Lock()
         self._last_step: dict[str, Any] = dict.fromkeys(STEP_COLUMNS)
         self._nvml = Nvml()
@@ -154,7 +155,7 @@ class Sampler:
             is_csv = self.log_path.suffix.lower() == ".csv"
             self._log = self.log_path.open("w", newline="" if is_csv else None)
             if is_csv:
-                self._csv = csv.DictWriter(self._log, fieldnames=list(COLUMNS))
+                self._csv = csv.DictWriter(self._log, fieldnames=list(COLUMNS), extrasaction="ignore")
                 self._csv.writeheader()
                 self._log.flush()
         if self.tensorboard_dir is not None:
@@ -273,6 +274,17 @@ class Sampler:
             if peak_reserved_bytes is not None:
                 w.peak_reserved = _max(w.peak_reserved, peak_reserved_bytes)
 
+    def record_eval(self, *, step: int, **metrics: float | int | None) -> None:
+        """Log one evaluation at once: a sample row taken now with extra keys ``eval_step`` and the
+        metrics, each named ``eval_*`` (``eval_loss``, ``eval_perplexity``, ...), so every evaluation
+        is in the log (HF keeps them as separate ``log_history`` entries too). Rows without an
+        evaluation keep exactly :data:`COLUMNS`; a CSV log keeps only those columns."""
+        extra = {"eval_step": step, **{k if k.startswith("eval_") else f"eval_{k}": v
+                                       for k, v in metrics.items()}}
+        with self._window_lock:
+            self._pending_eval = extra
+        self._tick()  # whichever sample runs first (this one or the thread's) carries it, once
+
     # -- sampling --------------------------------------------------------------------------------------
 
     def sample_once(self) -> list[dict[str, Any]]:
@@ -299,6 +311,10 @@ class Sampler:
                 "host_cpu_percent": host.cpu_percent,
             }
             rows = [_row(base, g) for g in gpus] or [_row(base, None)]
+            with self._window_lock:
+                extra, self._pending_eval = self._pending_eval, None
+            if extra:
+                rows = [{**r, **extra} for r in rows]
             self._write(rows)
             self.rows.extend(rows)
             self.samples += 1
@@ -362,6 +378,10 @@ class Sampler:
             if first[col] is not None:
                 self._tb.add_scalar(f"{'host' if col in HOST_COLUMNS else 'train'}/{col}", first[col],
                                     global_step)
+        if first.get("eval_step") is not None:
+            for col in ("eval_loss", "eval_perplexity"):
+                if isinstance(first.get(col), float) and first[col] == first[col]:  # not NaN
+                    self._tb.add_scalar(f"eval/{col}", first[col], first["eval_step"])
         for r in rows:
             if r["gpu_index"] is None:
                 continue

@@ -34,6 +34,7 @@ from trainfit.job import JobError, JobSpec
 from trainfit.model_source import resolve_model
 from trainfit.probe import LimitTracker
 from trainfit.run import checkpoint as ckpt
+from trainfit.run import evaluate as ev
 from trainfit.run.dist import Dist
 from trainfit.runtime import build_real, check_no_offload, parse_device
 from trainfit.step import train_step
@@ -62,6 +63,22 @@ class RunOptions:
     """Keep the sample ids of every completed step in the result (tests)."""
     allow_offload: bool = False
     """Accept modules a device map put on cpu/disk (otherwise: a clear error)."""
+    eval_data: Path | None = None
+    """Evaluation set: a file read and tokenized exactly as the training data (same tokenizer,
+    seq_len, task, packing)."""
+    eval_fraction: float | None = None
+    """Instead of ``eval_data``: hold out this fraction of the training samples (ceil, drawn by the
+    job's seed) as the evaluation set. Those samples are NOT trained on; a resume must use the same
+    fraction (it defines the training set the saved position counts in)."""
+    eval_every_steps: int | None = None
+    """Evaluate every N optimizer steps; with an evaluation set there is always one at the end
+    (not after an interrupt). HF Trainer's ``eval_strategy="steps"``, ``eval_steps=N``."""
+    eval_batch: int | None = None
+    """Evaluation batch per rank (default: the job's micro-batch). An OOM in evaluation halves it
+    and leaves the training micro-batch and accumulation as they are."""
+    inject_eval_oom_at_steps: tuple[int, ...] = ()
+    """Fault injection: raise an OOM in the last batch of the evaluation after these steps, once
+    each."""
 
     def __post_init__(self) -> None:
         if self.max_steps is not None and self.max_steps < 1:
@@ -70,6 +87,26 @@ class RunOptions:
             raise JobError(f"--save-every {self.save_every_steps}: must be ≥ 1")
         if not self.epochs > 0:
             raise JobError(f"--epochs {self.epochs}: must be > 0")
+        if self.eval_data is not None and self.eval_fraction is not None:
+            raise JobError("--eval-data and --eval-fraction both given: one evaluation set only",
+                           "keep --eval-data (a separate file) or --eval-fraction (held-out samples)")
+        if self.eval_fraction is not None and not 0 < self.eval_fraction < 1:
+            raise JobError(f"--eval-fraction {self.eval_fraction:g}: must be between 0 and 1 "
+                           "(exclusive)", "e.g. --eval-fraction 0.05 holds out 5 % of the samples")
+        if self.eval_data is not None and not Path(self.eval_data).exists():
+            raise JobError(f"--eval-data {self.eval_data}: no such file or directory",
+                           "check the path")
+        if self.eval_every_steps is not None and self.eval_every_steps < 1:
+            raise JobError(f"--eval-every {self.eval_every_steps}: must be ≥ 1",
+                           "evaluate every N optimizer steps, e.g. --eval-every 100")
+        if self.eval_batch is not None and self.eval_batch < 1:
+            raise JobError(f"--eval-batch {self.eval_batch}: must be ≥ 1",
+                           "leave it out to evaluate at the training micro-batch")
+        has_set = self.eval_data is not None or self.eval_fraction is not None
+        if not has_set and (self.eval_every_steps is not None or self.eval_batch is not None
+                            or self.inject_eval_oom_at_steps):
+            raise JobError("evaluation options without an evaluation set",
+                           "add --eval-data FILE or --eval-fraction F")
 
 
 @dataclass
@@ -87,6 +124,9 @@ class TrainResult:
     interrupted: bool = False
     monitor_log: str | None = "monitor.jsonl"
     samples: list[list[int]] = field(default_factory=list)
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    """One per evaluation: step, eval_loss (token mean), eval_perplexity, eval_batch, samples,
+    tokens (label tokens), eval_time_s."""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -131,6 +171,8 @@ class Trainer:
             self.device = torch.device("cuda", self.dist.local_rank)
         self.source = resolve_model(job.model, job.trust_remote_code)
         self.data = data if data is not None else load_data(job, self.source)
+        # the evaluation set; a held-out share replaces self.data by the samples left to train on
+        self.eval_set, self.train_ids = self._eval_setup()
         if job.effective_batch is None or job.micro_batch is None:
             raise JobError("the job needs micro_batch and effective_batch (or grad_accum)",
                            "run trainfit tune first, or set them in the YAML")
@@ -202,6 +244,7 @@ class Trainer:
             for t in [*self.wl.model.parameters(), *self.wl.model.buffers()]:
                 tracker.track(t, "parameters")
         injected = set(o.inject_oom_at_steps)
+        injected_eval = set(o.inject_eval_oom_at_steps)
         t_start = time.perf_counter()
         sampler = Sampler(interval_s=o.monitor_interval_s, live=o.live,
                           log_path=o.out_dir / "monitor.jsonl") if main else None
@@ -244,7 +287,9 @@ class Trainer:
                 res.samples_seen += self.job.effective_batch
                 tokens = self.job.effective_batch * self.data.seq_len
                 res.tokens_seen += tokens
-                if o.record_samples:
+                if o.record_samples:  # ids in the data as loaded (before any hold-out)
+                    if self.train_ids is not None:
+                        ids_done = [self.train_ids[i] for i in ids_done]
                     res.samples.append(self.dist.gather_ids(ids_done))
                 if sampler is not None:
                     sampler.record_step(step=self.state.step, loss=loss, tokens=tokens,
@@ -254,11 +299,19 @@ class Trainer:
                 if o.inject_interrupt_at_step == step:
                     intr.requested = True
                 stop = self.dist.any(intr.requested)
+                # evaluate, then save (HF Trainer's order); not on the way out of an interrupt
+                if (not stop and self.eval_set is not None and o.eval_every_steps
+                        and self.state.step % o.eval_every_steps == 0):
+                    self._evaluate(res, sampler, tracker, injected_eval)
                 if stop or (o.save_every_steps and self.state.step % o.save_every_steps == 0):
                     self._save(res)
                 if stop:
                     res.interrupted = True
                     break
+            # always one at the end (inside the sampler's block: it reaches monitor.jsonl)
+            if self.eval_set is not None and not res.interrupted and (
+                    not res.evals or res.evals[-1]["step"] != self.state.step):
+                self._evaluate(res, sampler, tracker, injected_eval)
         if not res.interrupted and (not res.checkpoints
                                     or not res.checkpoints[-1].endswith(f"-{self.state.step}")):
             self._save(res)
@@ -268,6 +321,38 @@ class Trainer:
         if main:
             (o.out_dir / "train.json").write_text(json.dumps(res.to_dict(), indent=1))
         return res
+
+    # --- evaluation -------------------------------------------------------------------------------
+    def _eval_setup(self) -> tuple[TokenData | None, list[int] | None]:
+        """(evaluation set, training sample ids in the loaded data when some were held out)."""
+        o = self.o
+        self.eval_batch = o.eval_batch or self.job.micro_batch or 1
+        if o.eval_data is not None:
+            return ev.load_eval_data(self.job, self.source, o.eval_data), None
+        if o.eval_fraction is not None:
+            self.data, eval_set, train_ids, _ = ev.hold_out(self.data, o.eval_fraction, self.job.seed,
+                                                            self.source.task)
+            return eval_set, train_ids
+        return None, None
+
+    def _evaluate(self, res: TrainResult, sampler: Any, tracker: LimitTracker | None,
+                  injected: set[int]) -> None:
+        """One evaluation on every rank; its OOM lowers the evaluation batch only."""
+        assert self.eval_set is not None
+        step = self.state.step
+        j = self.job
+        knobs = LoaderKnobs(num_workers=j.num_workers, prefetch_factor=j.prefetch_factor,
+                            pin_memory=j.pin_memory, persistent_workers=False)
+        r = ev.evaluate(ev.eval_module(self.model), self.eval_set, task=self.source.task,
+                        batch=self.eval_batch, step=step, device=self.device,
+                        autocast=self.wl.autocast, dist=self.dist, tracker=tracker,
+                        inject_oom=step in injected, knobs=knobs, pin=self.device.type == "cuda")
+        injected.discard(step)
+        self.eval_batch = r.eval_batch  # a lowered batch stays lowered for the next evaluations
+        res.oom_events.extend(r.oom_events)
+        res.evals.append(r.to_dict())
+        if sampler is not None:
+            sampler.record_eval(**r.to_dict())
 
     def _batches(self, it: Iterator[dict[str, torch.Tensor]], n_micro: int, step: int,
                  ids_done: list[int], waits: list[float], injected: set[int],
