@@ -64,10 +64,15 @@ def register(app: typer.Typer) -> None:
             help="Fault drill: steps (comma-separated) whose evaluation raises an OOM once.")] = None,
         allow_offload: Annotated[bool, typer.Option(
             help="Accept modules offloaded to cpu/disk by a device map.")] = False,
+        backend: Annotated[str | None, typer.Option(
+            help="trainfit (own loop: every guarantee, any model), hf (transformers Trainer), trl "
+                 "(SFTTrainer), auto (trl for chat rows, hf for text); default: the file's "
+                 "backend: key, else trainfit.")] = None,
         as_json: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
         """Run the job: watched live, checkpointed, surviving OOM and interruption."""
-        from trainfit.run.loop import RunOptions, train
+        from trainfit.run.hf_backend import run_backend
+        from trainfit.run.loop import RunOptions
 
         try:
             fields, extra = read_job_file(job_file)
@@ -106,7 +111,7 @@ def register(app: typer.Typer) -> None:
                               inject_eval_oom_at_steps=tuple(
                                   int(s) for s in inject_eval_oom_at.split(","))
                               if inject_eval_oom_at else ())
-            result = train(job, opts)
+            result = run_backend(job, opts, backend or str(extra.get("backend") or "trainfit"))
         except JobError as err:
             fail(err)
             return
