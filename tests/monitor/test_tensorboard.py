@@ -33,3 +33,17 @@ def test_step_metrics_reach_tensorboard(no_nvml, tmp_path):
     assert tags["train/tokens_per_s"] == [(1, pytest.approx(2048.0)), (2, pytest.approx(2048.0))]
     assert tags["train/data_wait_fraction"][-1][1] == pytest.approx(0.5)
     assert "host/host_ram_used_bytes" in tags and not any(t.startswith("gpu") for t in tags)
+
+
+def test_train_writes_tensorboard(micro_model_json, chat_jsonl, tmp_path):
+    from trainfit.job import JobSpec
+    from trainfit.run.loop import RunOptions, train
+
+    job = JobSpec(model=str(micro_model_json), seq_len=32, effective_batch=8, micro_batch=4,
+                  precision="fp32", data=str(chat_jsonl))
+    res = train(job, RunOptions(out_dir=tmp_path / "run", max_steps=2, eval_fraction=0.25,
+                                monitor_interval_s=0.05))
+    tags = _scalars(tmp_path / "run" / "tensorboard")
+    # every sample carries the last step's numbers; the last one is the run's last loss
+    assert tags["train/loss"][-1] == (2, pytest.approx(res.losses[-1]))
+    assert tags["eval/eval_loss"] == [(2, pytest.approx(res.evals[-1]["eval_loss"]))]

@@ -130,3 +130,21 @@ def test_hf_two_ranks_gloo_match_one_rank(job, tmp_path):
     d = json.loads((out / "train.json").read_text())
     assert d["job"]["backend"] == "hf" and d["samples_seen"] == 24
     assert d["losses"] == pytest.approx(one.losses, rel=1e-5)
+
+
+def test_hf_evaluation_equals_own_loop(job, tmp_path):
+    """The same evaluation code at the same moments: 8 of 24 samples held out (16 left: epochs of
+    whole steps, where both backends draw the same samples), every 2 steps and at the end; an
+    injected evaluation OOM lowers the evaluation batch only."""
+    kw = {"max_steps": 3, "eval_fraction": 0.3, "eval_every_steps": 2, "record_samples": True}
+    ref = train(job, RunOptions(out_dir=tmp_path / "ref", **kw))
+    res = run_hf(job, RunOptions(out_dir=tmp_path / "hf", inject_eval_oom_at_steps=(2,), **kw),
+                 "hf")
+    assert [e["step"] for e in res.evals] == [e["step"] for e in ref.evals] == [2, 3]
+    assert [e["eval_loss"] for e in res.evals] == pytest.approx([e["eval_loss"] for e in ref.evals],
+                                                                rel=1e-6)
+    assert res.losses == pytest.approx(ref.losses, rel=1e-6)
+    assert [(e["phase"], e["eval_batch_after"]) for e in res.oom_events] == [("eval", 2)]
+    assert res.evals[-1]["eval_batch"] == 2
+    # the held-out samples are never trained on, in the file's numbering
+    assert sorted(i for s in res.samples for i in s) == sorted(i for s in ref.samples for i in s)

@@ -8,6 +8,10 @@ checkpointing, precision, fused/foreach/8-bit optimizer) and are handed to the t
 trainfit's (seed, epoch) order (:class:`OrderSampler`) and padded by trainfit's collator. With one
 rank the per-step losses equal the own loop's (tests/run/test_hf_backend.py).
 
+One difference in the samples: the trainers' epoch is whole micro-batches (``drop_last``) and the
+next epoch starts a new permutation, where the own loop draws one stream across epochs; when the
+data size is a multiple of the effective batch both draw the same samples in every step.
+
 What the trainers add: their callbacks, logging and checkpoint format (``checkpoint-N`` with
 ``trainer_state.json``; resume through ``resume_from_checkpoint``, which skips the batches already
 consumed). What trainfit adds to them (:class:`SplitOnOOM`): an OOM in a micro-step frees the
@@ -216,8 +220,38 @@ def _agree(loss: float, stop: bool, ids: list[int], world: int) -> tuple[float, 
     return float(t[0]) / world, bool(t[1] > 0), [i for p in parts for i in (p or [])]
 
 
+class _Eval:
+    """trainfit's evaluation (:mod:`trainfit.run.evaluate`: token-mean loss, an OOM lowers the
+    evaluation batch only) at the own loop's moments: every ``eval_every_steps`` and at the end."""
+
+    def __init__(self, model: Any, data: TokenData, task: str, opts: RunOptions, job: JobSpec,
+                 autocast: Any, device: torch.device, tracker: Any) -> None:
+        self.model, self.data, self.task, self.opts = model, data, task, opts
+        self.batch = opts.eval_batch or job.micro_batch or 1
+        self.autocast, self.device, self.tracker = autocast, device, tracker
+        self.injected = set(opts.inject_eval_oom_at_steps)
+
+    def due(self, step: int, last: bool) -> bool:
+        every = self.opts.eval_every_steps
+        return last or bool(every and step % every == 0)
+
+    def __call__(self, step: int, res: TrainResult, sampler: Any) -> None:
+        from trainfit.run import evaluate as ev
+        from trainfit.run.dist import Dist
+
+        r = ev.evaluate(ev.eval_module(self.model), self.data, task=self.task, batch=self.batch,
+                        step=step, device=self.device, autocast=self.autocast, dist=Dist.from_env(),
+                        tracker=self.tracker, inject_oom=step in self.injected)
+        self.injected.discard(step)
+        self.batch = r.eval_batch  # a lowered batch stays lowered
+        res.oom_events.extend(r.oom_events)
+        res.evals.append(r.to_dict())
+        if sampler is not None:
+            sampler.record_eval(**r.to_dict())
+
+
 def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_len: int,
-              sampler: Any) -> Any:
+              sampler: Any, evaluate: _Eval | None, train_ids: list[int] | None) -> Any:
     from transformers import TrainerCallback
 
     class _Watch(TrainerCallback):
@@ -230,6 +264,8 @@ def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_l
             dt = time.perf_counter() - self.t0
             eff = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
             loss, ids = trainer.trainfit_step_loss, list(trainer.trainfit_ids)
+            if train_ids is not None:  # held-out evaluation: ids in the file's numbering
+                ids = [train_ids[i] for i in ids]
             stop = intr.requested or opts.inject_interrupt_at_step == state.global_step - 1
             if args.world_size > 1:  # every rank reports the global loss and takes the same decision
                 loss, stop, ids = _agree(loss, stop, ids, args.world_size)
@@ -243,6 +279,10 @@ def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_l
                                     samples=eff, step_time_s=dt,
                                     peak_allocated_bytes=torch.cuda.max_memory_allocated()
                                     if torch.cuda.is_available() else None)
+            # evaluate, then save (HF Trainer's order); not on the way out of an interrupt
+            if evaluate is not None and not stop and evaluate.due(state.global_step,
+                                                                  state.global_step >= state.max_steps):
+                evaluate(state.global_step, res, sampler)
             if stop:
                 res.interrupted = True
                 control.should_save = True
@@ -325,6 +365,7 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     from trainfit.model_source import resolve_model
     from trainfit.monitor import Sampler
     from trainfit.probe import LimitTracker
+    from trainfit.run import evaluate as ev
     from trainfit.run.loop import TrainResult, _Interrupt, _Null
     from trainfit.runtime import build_real, check_no_offload, parse_device
     from trainfit.tune import load_data
@@ -345,6 +386,11 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
         raise JobError(f"--device {opts.device}: the hf/trl backends use the first visible GPU",
                        f"run with CUDA_VISIBLE_DEVICES={device.index} and --device cuda")
     resume = last_checkpoint(opts.resume) if opts.resume is not None else None
+    eval_set, train_ids = None, None
+    if opts.eval_data is not None:
+        eval_set = ev.load_eval_data(job, source, opts.eval_data)
+    elif opts.eval_fraction is not None:
+        data, eval_set, train_ids, _ = ev.hold_out(data, opts.eval_fraction, job.seed, source.task)
     tok = load_tokenizer(job.tokenizer, source.name, source.origin, int(source.config.vocab_size),
                          job.trust_remote_code)
     wl = build_real(job, source, device, seed=job.seed, lr=job.lr)
@@ -376,7 +422,10 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     with _Interrupt() as intr, (sampler or _Null()):
         if sampler is not None:
             sampler.start()
-        trainer.add_callback(_callback(trainer, res, opts, intr, data.seq_len, sampler))
+        evaluate = None if eval_set is None else _Eval(wl.model, eval_set, source.task, opts, job,
+                                                       wl.autocast, device, tracker)
+        trainer.add_callback(_callback(trainer, res, opts, intr, data.seq_len, sampler, evaluate,
+                                       train_ids))
         try:
             with (tracker or _Null()):
                 trainer.train(resume_from_checkpoint=resume)
@@ -387,7 +436,8 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     res.steps = trainer.state.global_step
     if not res.interrupted and res.steps and not (opts.out_dir / f"checkpoint-{res.steps}").exists():
         trainer._save_checkpoint(trainer.model, trial=None)  # the own loop also saves at the end
-    res.oom_events = trainer.trainfit_events
+    # the step's events (the trainer's split) and the evaluations' (lowered evaluation batch)
+    res.oom_events = sorted(trainer.trainfit_events + res.oom_events, key=lambda e: e["step"])
     res.final_loss = res.losses[-1] if res.losses else None
     res.checkpoints = sorted((str(p) for p in opts.out_dir.glob("checkpoint-*")),
                              key=lambda s: int(s.rsplit("-", 1)[1]))
