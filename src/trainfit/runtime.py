@@ -196,6 +196,15 @@ def build_real(job: JobSpec, source: ModelSource, device: torch.device, *, seed:
                         info.total_params, info.trainable_params)
 
 
+def rebuild_optimizer(wl: RealWorkload, job: JobSpec, lr: float) -> torch.optim.Optimizer:
+    """The job's optimizer, as :func:`build_real` makes it, over the model's parameters as they are
+    now: FSDP's ``fully_shard`` replaced them with sharded DTensors, which the first optimizer does
+    not hold. Dropping it also frees the full tensors it kept alive. Call before any step."""
+    trainable = [p for p in wl.model.parameters() if p.requires_grad]
+    wl.optimizer = make_optimizer(job, trainable, simulate=False, lr=lr)
+    return wl.optimizer
+
+
 def check_no_offload(model: torch.nn.Module, allow_offload: bool = False) -> None:
     """Seed 001 lost days to a silent CPU offload: a ``device_map`` that put modules on ``cpu`` or
     ``disk`` trains 10–100× slower. Stop unless the user asked for it."""

@@ -181,7 +181,11 @@ class Trainer:
                            f"use --nproc {job.ranks}, or set ranks: {self.dist.world}")
         self.wl = build_real(job, self.source, self.device, seed=job.seed, lr=job.lr)
         check_no_offload(self.wl.model, opts.allow_offload)
-        self.model = self.dist.wrap(self.wl.model, self.device)
+        self.model = self.dist.wrap(self.wl.model, self.device, sharding=job.sharding)
+        if self.dist.shards(job.sharding):  # fully_shard swapped in DTensor parameters
+            from trainfit.runtime import rebuild_optimizer
+
+            rebuild_optimizer(self.wl, job, lr=job.lr)
         if job.compile:
             self.model = torch.compile(self.model)
         total = self.total_steps()
@@ -400,12 +404,15 @@ class Trainer:
                                "micro_batch_after": after, "grad_accum_after": self.state.grad_accum})
 
     def _save(self, res: TrainResult) -> None:
-        if self.dist.rank == 0:
+        # under FSDP gathering the full state is collective: every rank saves, rank 0 writes
+        main = self.dist.rank == 0
+        if main or self.dist.shards(self.job.sharding):
             job = self.job.replace(micro_batch=self.state.micro_batch,
                                    effective_batch=self.job.effective_batch).to_dict()
             p = ckpt.save(self.o.out_dir, self.state, self.wl.model, self.wl.optimizer,
-                          self.scheduler, self.wl.scaler, job)
-            res.checkpoints.append(str(p))
+                          self.scheduler, self.wl.scaler, job, write=main)
+            if main:
+                res.checkpoints.append(str(p))
         self.dist.barrier()
 
 
