@@ -251,7 +251,8 @@ class Trainer:
         injected_eval = set(o.inject_eval_oom_at_steps)
         t_start = time.perf_counter()
         sampler = Sampler(interval_s=o.monitor_interval_s, live=o.live,
-                          log_path=o.out_dir / "monitor.jsonl") if main else None
+                          log_path=o.out_dir / "monitor.jsonl",
+                          tensorboard_dir=o.out_dir / "tensorboard") if main else None
         it = self._loader()
         with _Interrupt() as intr, (sampler or _Null()):
             if sampler is not None:
