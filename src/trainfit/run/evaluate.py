@@ -83,6 +83,19 @@ def load_eval_data(job: JobSpec, source: ModelSource, path: Path) -> TokenData:
     return data
 
 
+def eval_split(data: TokenData, job: JobSpec, source: ModelSource, eval_data: Path | None,
+               eval_fraction: float | None
+               ) -> tuple[TokenData, TokenData | None, list[int] | None]:
+    """(data to train on, evaluation set or None, the training samples' ids in ``data`` when some
+    were held out): ``eval_data`` read as the training data, or ``eval_fraction`` held out."""
+    if eval_data is not None:
+        return data, load_eval_data(job, source, eval_data), None
+    if eval_fraction is not None:
+        train, eval_set, train_ids, _ = hold_out(data, eval_fraction, job.seed, source.task)
+        return train, eval_set, train_ids
+    return data, None, None
+
+
 def subset(data: TokenData, ids: list[int]) -> TokenData:
     """The samples ``ids`` of ``data`` (renumbered 0..len-1), tokenized as they were."""
     input_ids = [data.input_ids[i] for i in ids]

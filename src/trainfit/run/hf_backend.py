@@ -364,9 +364,16 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     from trainfit.data.tokenizer import load_tokenizer
     from trainfit.model_source import resolve_model
     from trainfit.monitor import Sampler
-    from trainfit.probe import LimitTracker
-    from trainfit.run import evaluate as ev
-    from trainfit.run.loop import TrainResult, _Interrupt, _Null
+    from trainfit.run.evaluate import eval_split
+    from trainfit.run.loop import (
+        TrainResult,
+        _Interrupt,
+        _Null,
+        check_runnable,
+        limit_tracker,
+        linear_decay,
+        total_steps,
+    )
     from trainfit.runtime import build_real, check_no_offload, parse_device
     from trainfit.tune import load_data
 
@@ -376,28 +383,18 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     source = resolve_model(job.model, job.trust_remote_code)
     data = data if data is not None else load_data(job, source)
     backend = resolve_backend(backend, source.task, data.stats.kind)
-    if job.effective_batch is None or job.micro_batch is None:
-        raise JobError("the job needs micro_batch and effective_batch (or grad_accum)",
-                       "run trainfit tune first, or set them in the YAML")
-    if job.ranks != world:
-        raise JobError(f"the job says ranks {job.ranks} but {world} process(es) run",
-                       f"use --nproc {job.ranks}, or set ranks: {world}")
+    check_runnable(job, world)
     if device.type == "cuda" and (device.index or 0) != 0 and world == 1:
         raise JobError(f"--device {opts.device}: the hf/trl backends use the first visible GPU",
                        f"run with CUDA_VISIBLE_DEVICES={device.index} and --device cuda")
     resume = last_checkpoint(opts.resume) if opts.resume is not None else None
-    eval_set, train_ids = None, None
-    if opts.eval_data is not None:
-        eval_set = ev.load_eval_data(job, source, opts.eval_data)
-    elif opts.eval_fraction is not None:
-        data, eval_set, train_ids, _ = ev.hold_out(data, opts.eval_fraction, job.seed, source.task)
+    data, eval_set, train_ids = eval_split(data, job, source, opts.eval_data, opts.eval_fraction)
     tok = load_tokenizer(job.tokenizer, source.name, source.origin, int(source.config.vocab_size),
                          job.trust_remote_code)
     wl = build_real(job, source, device, seed=job.seed, lr=job.lr)
     check_no_offload(wl.model, opts.allow_offload)
-    total = opts.max_steps or max(1, math.floor(len(data) * opts.epochs / job.effective_batch))
-    # the own loop's schedule (HF's default: linear decay to 0, no warm-up), so both backends agree
-    sched = torch.optim.lr_scheduler.LambdaLR(wl.optimizer, lambda s: max(0.0, 1 - s / total))
+    total = total_steps(opts, len(data), job.effective_batch or 1)
+    sched = linear_decay(wl.optimizer, total)  # the own loop's schedule, so both backends agree
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     cls = _trainer_class(backend, SampleOrder(len(data), seed=job.seed))
     trainer = cls(model=wl.model, args=_training_args(job, opts, backend, total, device),
@@ -414,10 +411,7 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     sampler = Sampler(interval_s=opts.monitor_interval_s, live=opts.live,
                       log_path=opts.out_dir / "monitor.jsonl",
                       tensorboard_dir=opts.out_dir / "tensorboard") if main else None
-    tracker = LimitTracker(opts.memory_limit_bytes) if opts.memory_limit_bytes else None
-    if tracker is not None:
-        for t in [*wl.model.parameters(), *wl.model.buffers()]:
-            tracker.track(t, "parameters")
+    tracker = limit_tracker(opts.memory_limit_bytes, wl.model)
     t0 = time.perf_counter()
     with _Interrupt() as intr, (sampler or _Null()):
         if sampler is not None:

@@ -159,6 +159,38 @@ class _Interrupt:
             signal.signal(sig, old)
 
 
+def check_runnable(job: JobSpec, world: int) -> None:
+    """What every backend needs: a chosen batch, and as many processes as the job's ranks."""
+    if job.effective_batch is None or job.micro_batch is None:
+        raise JobError("the job needs micro_batch and effective_batch (or grad_accum)",
+                       "run trainfit tune first, or set them in the YAML")
+    if job.ranks != world:
+        raise JobError(f"the job says ranks {job.ranks} but {world} process(es) run",
+                       f"use --nproc {job.ranks}, or set ranks: {world}")
+
+
+def total_steps(opts: RunOptions, n_samples: int, effective_batch: int) -> int:
+    """Optimizer steps of the run: ``max_steps``, else ``epochs`` over the data."""
+    if opts.max_steps is not None:
+        return opts.max_steps
+    return max(1, math.floor(n_samples * opts.epochs / effective_batch))
+
+
+def linear_decay(optimizer: torch.optim.Optimizer, total: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """HF Trainer's default schedule: linear decay to 0 over the run (no warm-up)."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: max(0.0, 1 - s / total))
+
+
+def limit_tracker(limit_bytes: int | None, model: torch.nn.Module) -> LimitTracker | None:
+    """The CPU stand-in for a GPU's capacity (live tensor bytes, as tune), the model counted."""
+    if not limit_bytes:
+        return None
+    tracker = LimitTracker(limit_bytes)
+    for t in [*model.parameters(), *model.buffers()]:
+        tracker.track(t, "parameters")
+    return tracker
+
+
 class Trainer:
     def __init__(self, job: JobSpec, opts: RunOptions, data: TokenData | None = None) -> None:
         from trainfit.tune import load_data
@@ -172,13 +204,10 @@ class Trainer:
         self.source = resolve_model(job.model, job.trust_remote_code)
         self.data = data if data is not None else load_data(job, self.source)
         # the evaluation set; a held-out share replaces self.data by the samples left to train on
-        self.eval_set, self.train_ids = self._eval_setup()
-        if job.effective_batch is None or job.micro_batch is None:
-            raise JobError("the job needs micro_batch and effective_batch (or grad_accum)",
-                           "run trainfit tune first, or set them in the YAML")
-        if job.ranks != self.dist.world:
-            raise JobError(f"the job says ranks {job.ranks} but {self.dist.world} process(es) run",
-                           f"use --nproc {job.ranks}, or set ranks: {self.dist.world}")
+        self.data, self.eval_set, self.train_ids = ev.eval_split(
+            self.data, job, self.source, opts.eval_data, opts.eval_fraction)
+        self.eval_batch = opts.eval_batch or job.micro_batch or 1
+        check_runnable(job, self.dist.world)
         self.wl = build_real(job, self.source, self.device, seed=job.seed, lr=job.lr)
         check_no_offload(self.wl.model, opts.allow_offload)
         self.model = self.dist.wrap(self.wl.model, self.device, sharding=job.sharding)
@@ -188,10 +217,7 @@ class Trainer:
             rebuild_optimizer(self.wl, job, lr=job.lr)
         if job.compile:
             self.model = torch.compile(self.model)
-        total = self.total_steps()
-        # HF Trainer's default schedule: linear decay to 0 (no warm-up)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.wl.optimizer, lambda s: max(0.0, 1 - s / total))
+        self.scheduler = linear_decay(self.wl.optimizer, self.total_steps())
         self.order = SampleOrder(len(self.data), seed=job.seed)
         self.state = ckpt.RunState(step=0, position=0, micro_batch=job.micro_batch,
                                    grad_accum=job.grad_accum or 1)
@@ -206,9 +232,7 @@ class Trainer:
             self.resumed_from = str(ck)
 
     def total_steps(self) -> int:
-        if self.o.max_steps is not None:
-            return self.o.max_steps
-        return max(1, math.floor(len(self.data) * self.o.epochs / self.job.effective_batch))
+        return total_steps(self.o, len(self.data), self.job.effective_batch or 1)
 
     # --- data -------------------------------------------------------------------------------------
     def _schedule(self) -> Iterator[list[int]]:
@@ -243,10 +267,7 @@ class Trainer:
                           tokens_seen=0, wall_time_s=0.0, final_loss=None, losses=[],
                           resumed_from=self.resumed_from,
                           monitor_log="monitor.jsonl" if main else None)
-        tracker = LimitTracker(o.memory_limit_bytes) if o.memory_limit_bytes else None
-        if tracker is not None:
-            for t in [*self.wl.model.parameters(), *self.wl.model.buffers()]:
-                tracker.track(t, "parameters")
+        tracker = limit_tracker(o.memory_limit_bytes, self.wl.model)
         injected = set(o.inject_oom_at_steps)
         injected_eval = set(o.inject_eval_oom_at_steps)
         t_start = time.perf_counter()
@@ -328,18 +349,6 @@ class Trainer:
         return res
 
     # --- evaluation -------------------------------------------------------------------------------
-    def _eval_setup(self) -> tuple[TokenData | None, list[int] | None]:
-        """(evaluation set, training sample ids in the loaded data when some were held out)."""
-        o = self.o
-        self.eval_batch = o.eval_batch or self.job.micro_batch or 1
-        if o.eval_data is not None:
-            return ev.load_eval_data(self.job, self.source, o.eval_data), None
-        if o.eval_fraction is not None:
-            self.data, eval_set, train_ids, _ = ev.hold_out(self.data, o.eval_fraction, self.job.seed,
-                                                            self.source.task)
-            return eval_set, train_ids
-        return None, None
-
     def _evaluate(self, res: TrainResult, sampler: Any, tracker: LimitTracker | None,
                   injected: set[int]) -> None:
         """One evaluation on every rank; its OOM lowers the evaluation batch only."""
