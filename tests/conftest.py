@@ -43,18 +43,43 @@ def tiny_config_json(tmp_path):
     return p
 
 
-@pytest.fixture()
-def micro_model_json(tmp_path):
-    """A Llama of ~0.1M parameters: real CPU steps in milliseconds (tune/train tests)."""
+def write_micro_model(d):
+    """A Llama of ~0.1M parameters (``d/micro/config.json``): real CPU steps in milliseconds."""
     import json
 
-    p = tmp_path / "micro" / "config.json"
-    p.parent.mkdir()
+    p = d / "micro" / "config.json"
+    p.parent.mkdir(parents=True)
     p.write_text(json.dumps({
         "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
         "vocab_size": 300, "max_position_embeddings": 128}))
     return p
+
+
+def write_chat_jsonl(d):
+    """24 chat rows of different lengths (``d/chat.jsonl``): padded, so token weighting matters."""
+    import json
+
+    p = d / "chat.jsonl"
+    with p.open("w") as f:
+        for i in range(24):
+            f.write(json.dumps({"messages": [{"role": "user", "content": "q" * (3 + i % 5)},
+                                             {"role": "assistant", "content": "a" * (4 + i)}]})
+                    + "\n")
+    return p
+
+
+@pytest.fixture()
+def micro_model_json(tmp_path):
+    """A Llama of ~0.1M parameters: real CPU steps in milliseconds (tune/train tests)."""
+    return write_micro_model(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def micro_chat_files(tmp_path_factory):
+    """(micro model config, chat rows) for module-scoped fixtures."""
+    d = tmp_path_factory.mktemp("micro_chat")
+    return write_micro_model(d), write_chat_jsonl(d)
 
 
 @pytest.fixture()
@@ -72,15 +97,7 @@ def text_jsonl(tmp_path):
 
 @pytest.fixture()
 def chat_jsonl(tmp_path):
-    import json
-
-    p = tmp_path / "chat.jsonl"
-    with p.open("w") as f:
-        for i in range(24):
-            f.write(json.dumps({"messages": [{"role": "user", "content": "q" * (3 + i % 5)},
-                                             {"role": "assistant", "content": "a" * (4 + i)}]})
-                    + "\n")
-    return p
+    return write_chat_jsonl(tmp_path)
 
 
 @pytest.fixture()

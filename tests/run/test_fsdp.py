@@ -86,29 +86,13 @@ def _worker(spec_path: Path) -> None:
         out_file.write_text(json.dumps(out))
 
 
-def _write_inputs(d: Path) -> tuple[Path, Path]:
-    """The micro Llama and chat rows of tests/conftest.py (module scope cannot use its fixtures)."""
-    cfg = d / "micro" / "config.json"
-    cfg.parent.mkdir(parents=True)
-    cfg.write_text(json.dumps({
-        "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
-        "vocab_size": 300, "max_position_embeddings": 128}))
-    data = d / "chat.jsonl"
-    with data.open("w") as f:
-        for i in range(24):
-            f.write(json.dumps({"messages": [{"role": "user", "content": "q" * (3 + i % 5)},
-                                             {"role": "assistant", "content": "a" * (4 + i)}]})
-                    + "\n")
-    return cfg, data
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def runs(tmp_path_factory: pytest.TempPathFactory, micro_chat_files: tuple[Path, Path]
+         ) -> dict[str, Any]:
     import trainfit
 
     work = tmp_path_factory.mktemp("fsdp")
-    cfg, data = _write_inputs(work)
+    cfg, data = micro_chat_files
     # padded chat rows of different lengths: the token weighting across ranks matters
     job = JobSpec(model=str(cfg), seq_len=32, effective_batch=8, micro_batch=2,
                   precision="fp32", data=str(data))

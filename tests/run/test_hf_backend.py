@@ -44,19 +44,11 @@ def test_same_losses_and_samples_through_oom_interrupt_resume(job, tmp_path, bac
     assert d["job"]["backend"] == backend and d["steps"] == 6
 
 
-def test_hf_memory_limit_oom_splits(job, tmp_path):
-    from trainfit.data import builtin_tokenizer, read_rows, tokenize_rows
-    from trainfit.model_source import resolve_model
-    from trainfit.tune import CpuPredictor
-
-    src = resolve_model(job.model)
-    data = tokenize_rows(read_rows(job.data), builtin_tokenizer(), seq_len=32, task=src.task)
-    pred = CpuPredictor(src, data)
-    need2 = pred(job.replace(micro_batch=2)).peak_allocated_bytes
-    need4 = pred(job.replace(micro_batch=4)).peak_allocated_bytes
+def test_hf_memory_limit_oom_splits(job, tmp_path, limit_between):
+    limit = limit_between(job, fits=2, ooms=4)
     ref = train(job.replace(micro_batch=2), RunOptions(out_dir=tmp_path / "r", max_steps=3))
-    res = run_hf(job, RunOptions(out_dir=tmp_path / "m", max_steps=3,
-                                 memory_limit_bytes=(need2 + need4) // 2), "hf")
+    res = run_hf(job, RunOptions(out_dir=tmp_path / "m", max_steps=3, memory_limit_bytes=limit),
+                 "hf")
     assert [e["micro_batch_after"] for e in res.oom_events] == [2]
     assert res.losses == pytest.approx(ref.losses, rel=1e-6)
 

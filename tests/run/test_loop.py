@@ -45,20 +45,10 @@ def test_oom_and_interrupt_lose_nothing(job, tmp_path):
     assert len(seen) == 48 and len(set(seen[:24])) == 24  # 24 samples: 2 epochs, none repeated
 
 
-def test_real_memory_limit_oom_splits(job, tmp_path):
-    from trainfit.data import builtin_tokenizer, read_rows, tokenize_rows
-    from trainfit.model_source import resolve_model
-    from trainfit.tune import CpuPredictor
-
-    src = resolve_model(job.model)
-    data = tokenize_rows(read_rows(job.data), builtin_tokenizer(), seq_len=32, task=src.task)
-    pred = CpuPredictor(src, data)
-    need2 = pred(job.replace(micro_batch=2)).peak_allocated_bytes
-    need4 = pred(job.replace(micro_batch=4)).peak_allocated_bytes
-    assert need4 > need2
+def test_real_memory_limit_oom_splits(job, tmp_path, limit_between):
+    limit = limit_between(job, fits=2, ooms=4)
     ref = train(job.replace(micro_batch=2), RunOptions(out_dir=tmp_path / "r", max_steps=3))
-    res = train(job, RunOptions(out_dir=tmp_path / "m", max_steps=3,
-                                memory_limit_bytes=(need2 + need4) // 2))
+    res = train(job, RunOptions(out_dir=tmp_path / "m", max_steps=3, memory_limit_bytes=limit))
     assert [e["micro_batch_after"] for e in res.oom_events] == [2]
     assert res.losses == pytest.approx(ref.losses, rel=1e-6)
 
