@@ -57,19 +57,30 @@ def train_step(
     obs = observer or _NoObserver()
     total: torch.Tensor | None = None
     n = 0
+    # DDP: the gradients are all-reduced once per step, in the last micro-step's backward; the
+    # earlier micro-steps accumulate locally under ``no_sync`` (what HF Trainer / accelerate do, and
+    # what plan's communication model assumes: trainfit.speed.comm)
+    no_sync = getattr(model, "no_sync", None)
+    n_micro = len(loss_weights) if loss_weights is not None else grad_accum
     for batch in micro_batches:
-        obs.set_phase("forward", n)
-        with autocast():
-            out = model(**batch)
-        if carry is not None:
-            carry["output"] = out  # drops the previous output only now
-        loss = out.loss if hasattr(out, "loss") else out
-        loss = loss * loss_weights[n] if loss_weights is not None else loss / grad_accum
-        obs.set_phase("backward", n)
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        defer = no_sync is not None and n < n_micro - 1
+        with no_sync() if defer else contextlib.nullcontext():  # type: ignore[misc]
+            obs.set_phase("forward", n)
+            with autocast():
+                out = model(**batch)
+            if carry is not None:
+                carry["output"] = out  # drops the previous output only now
+            loss = out.loss if hasattr(out, "loss") else out
+            loss = loss * loss_weights[n] if loss_weights is not None else loss / grad_accum
+            obs.set_phase("backward", n)
+            (scaler.scale(loss) if scaler is not None else loss).backward()
         total = loss.detach() if total is None else total + loss.detach()
         del out, loss
         n += 1
+    if no_sync is not None and n < n_micro:
+        # the last micro-step ran without the all-reduce: the ranks' gradients would differ
+        raise RuntimeError(f"train_step: {n} micro-batches arrived, {n_micro} announced "
+                           "(grad_accum / loss_weights): the gradients were not synchronised")
     obs.set_phase("optimizer")
     if scaler is not None:
         scaler.unscale_(optimizer)

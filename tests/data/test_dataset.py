@@ -53,6 +53,17 @@ def test_seq2seq_pairs(tok, chat_jsonl):
     assert len(d.labels[0]) == 4  # "aaaa": the last assistant turn is the target
 
 
+def test_seq2seq_truncation_counts_rows_once(tok):
+    # row 1: input and target both longer; row 2: target only; row 3: neither
+    rows = [{"messages": [{"role": "user", "content": "x" * 30},
+                          {"role": "assistant", "content": "y" * 30}]},
+            {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "z" * 30}]},
+            {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "ok"}]}]
+    d = tokenize_rows(rows, tok, seq_len=16, task="seq2seq-lm")
+    assert d.stats.truncated_rows == 2
+    assert "2 of 3 rows longer than seq_len 16 (1 inputs, 2 targets)" in d.stats.notes[0]
+
+
 @pytest.mark.parametrize("content,msg", [
     ("", "empty"),
     ('{"text": "a"}\n{"txt": "b"}\n', "row 2 has no 'text'"),

@@ -229,16 +229,19 @@ def tokenize_rows(rows: list[dict[str, Any]], tok: Any, *, seq_len: int, task: s
         stats = DataStats(rows=len(rows), kind=kind, samples=n_chunks, tokens=n_chunks * seq_len,
                           dropped_tokens=dropped, packed=True, notes=notes)
         return TokenData(ids, None, seq_len, int(pad), stats, padded=False)
-    truncated = sum(1 for s in seqs if len(s) > seq_len)
-    if targets is not None:
-        truncated += sum(1 for t in targets if len(t) > seq_len)
+    # a row counts once, whether its input, its target or both are cut
+    long_in = [len(s) > seq_len for s in seqs]
+    long_tgt = [len(t) > seq_len for t in targets] if targets is not None else [False] * len(seqs)
+    truncated = sum(a or b for a, b in zip(long_in, long_tgt, strict=True))
     ids = [np.asarray(s[:seq_len], dtype=np.int64) for s in seqs]
     labels = [np.asarray(t[:seq_len], dtype=np.int64) for t in targets] if targets is not None \
         else None
     kept = sum(len(x) for x in ids)
     if truncated:
-        notes.append(f"{truncated} of {len(rows)} rows longer than seq_len {seq_len}: truncated "
-                     "(their tail is not learned)")
+        where = (f" ({sum(long_in)} inputs, {sum(long_tgt)} targets)" if targets is not None
+                 else "")
+        notes.append(f"{truncated} of {len(rows)} rows longer than seq_len {seq_len}{where}: "
+                     "truncated (their tail is not learned)")
     stats = DataStats(rows=len(rows), kind=kind, samples=len(ids), tokens=kept,
                       truncated_rows=truncated, dropped_tokens=total_in - kept, notes=notes)
     padded = any(len(x) < seq_len for x in ids) or (

@@ -25,8 +25,11 @@ class Dist:
         d = cls(rank=int(os.environ["RANK"]), world=world,
                 local_rank=int(os.environ.get("LOCAL_RANK", "0")))
         if not dist.is_initialized():
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-            if backend == "nccl":
+            # the decisions every rank takes together (any OOM, loss sums, sample ids) travel as
+            # small CPU tensors and objects: NCCL carries CUDA tensors only, so on GPUs the group
+            # has both backends, gloo for CPU tensors and NCCL for the gradients
+            backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+            if torch.cuda.is_available():
                 torch.cuda.set_device(d.local_rank)
             dist.init_process_group(backend)
         return d
