@@ -49,6 +49,14 @@ def _err(pred: float | None, meas: float | None) -> float | None:
     return None if pred is None or not meas else pred / meas - 1
 
 
+def errors(predicted: dict, measured: dict) -> dict:
+    """predicted / measured − 1 of each compared figure (device: the probe's used memory at the end)."""
+    return {"allocated": _err(predicted["peak_allocated_bytes"], measured["peak_allocated_bytes"]),
+            "reserved": _err(predicted["peak_reserved_bytes"], measured["peak_reserved_bytes"]),
+            "device": _err(predicted["peak_device_bytes"], measured["device_used_bytes_at_end"]),
+            "tokens_per_s": _err(predicted["tokens_per_s"], measured["tokens_per_s"])}
+
+
 def run_case(case: tuple, dev: torch.device, gpu, nvml) -> dict:
     from trainfit.job import JobSpec
     from trainfit.model_source import resolve_model
@@ -87,11 +95,7 @@ def run_case(case: tuple, dev: torch.device, gpu, nvml) -> dict:
                "step_time_s": m.step_time_s, "step_time_spread_s": m.step_time_spread_s,
                "tokens_per_s": m.tokens_per_s, "data_wait_fraction": m.data_wait_fraction}}
     if m is not None:
-        out["error"] = {
-            "allocated": _err(mem.peak_allocated_bytes, m.peak_allocated_bytes),
-            "reserved": _err(mem.peak_reserved_bytes, m.peak_reserved_bytes),
-            "device": _err(mem.peak_device_bytes, m.peak_device_bytes),
-            "tokens_per_s": _err(out["predicted"]["tokens_per_s"], m.tokens_per_s)}
+        out["error"] = errors(out["predicted"], out["measured"])
     return out
 
 

@@ -46,6 +46,8 @@ CASES = [
     ("t5-small", "tiny_chat.jsonl", 64, 4, 1.256),
 ]
 KNOBS = ("grad_ckpt", "optimizer_impl", "num_workers")
+# the job fields that tell two grid points apart (what the tables print)
+POINT_FIELDS = ("micro_batch", "grad_accum", "grad_ckpt", "optimizer_impl", "num_workers")
 
 
 def grid_jobs(base, micro_opts):
@@ -106,9 +108,8 @@ def interleaved(prober, jobs, repeats=3, timed_steps=3):
     return out
 
 
-def _knobs(job) -> tuple:
-    return tuple(getattr(job, k) for k in ("micro_batch", "grad_accum", "grad_ckpt",
-                                           "optimizer_impl", "num_workers"))
+def _point(job) -> dict:
+    return {k: getattr(job, k) for k in POINT_FIELDS}
 
 
 def remeasure_finalists(prober, pick, grid, top=3, rounds=5):
@@ -116,18 +117,16 @@ def remeasure_finalists(prober, pick, grid, top=3, rounds=5):
     (itself a grid point), re-measured together in ``rounds`` rotated rounds of 5 timed steps.
     A single grid probe of a noisy CPU picks its winner partly by luck (the winner's curse);
     re-measuring the finalists side by side makes "the grid's best" the fastest finalist by median.
-    Returns the finalists (knobs, tokens/s per round, median) and the pick's index."""
+    Returns the finalists (knobs, tokens/s per round, median), the pick first."""
     fits = sorted((g for g in grid if g["fits"]), key=lambda g: -g["tokens_per_s"])
     jobs = [pick]
     for g in fits:
         if len(jobs) > top:
             break
-        if _knobs(g["job"]) not in {_knobs(j) for j in jobs}:
+        if _point(g["job"]) not in [_point(j) for j in jobs]:
             jobs.append(g["job"])
     rem = interleaved(prober, jobs, repeats=rounds, timed_steps=5)
-    return [{"knobs": dict(zip(("micro_batch", "grad_accum", "grad_ckpt", "optimizer_impl",
-                                "num_workers"), _knobs(j), strict=True)),
-             "tokens_per_s": rem[i], "median_tokens_per_s": statistics.median(rem[i])}
+    return [{"knobs": _point(j), "tokens_per_s": rem[i], "median_tokens_per_s": statistics.median(rem[i])}
             for i, j in enumerate(jobs)]
 
 
@@ -337,25 +336,23 @@ def main() -> int:
         # re-measure the pick beside the grid's finalists (and accelerate's choice)
         finals = remeasure_finalists(prober, pick, grid)
         best_final = max(finals, key=lambda f: f["median_tokens_per_s"])
-        rem = {0: finals[0]["tokens_per_s"], 1: best_final["tokens_per_s"]}
-        paired = [a / b for a, b in zip(rem[0], rem[1], strict=True)]
+        pick_tps, best_tps = finals[0]["tokens_per_s"], best_final["tokens_per_s"]
+        paired = [a / b for a, b in zip(pick_tps, best_tps, strict=True)]
         acc_job = base.replace(micro_batch=acc["chosen_batch"], grad_accum=1,
                                effective_batch=acc["chosen_batch"])
         acc_rem = interleaved(prober, [acc_job], repeats=2)[0]
-        med_pick, med_best = statistics.median(rem[0]), statistics.median(rem[1])
+        med_pick, med_best = statistics.median(pick_tps), statistics.median(best_tps)
         row = {
             "model": model, "seq_len": seq, "effective_batch": eff, "memory_limit_bytes": limit,
             "grid_probes": len(grid), "grid_probe_time_s": grid_time, "grid_wall_s": t_grid_wall,
-            "grid_best_single_probe": {k: getattr(best["job"], k) for k in (
-                "micro_batch", "grad_accum", "grad_ckpt", "optimizer_impl", "num_workers")},
+            "grid_best_single_probe": _point(best["job"]),
             "grid_best_tokens_per_s_in_grid": best["tokens_per_s"],
             "finalists": finals, "grid_best": best_final["knobs"],
             "pick_vs_best_per_round": paired,
             "tune_probes": len(res.trials), "tune_probe_time_s": tune_time,
             "tune_time_fraction_of_grid": tune_time / grid_time,
-            "pick": {k: getattr(pick, k) for k in ("micro_batch", "grad_accum", "grad_ckpt",
-                                                   "optimizer_impl", "num_workers")},
-            "remeasured_pick_tokens_per_s": rem[0], "remeasured_best_tokens_per_s": rem[1],
+            "pick": _point(pick),
+            "remeasured_pick_tokens_per_s": pick_tps, "remeasured_best_tokens_per_s": best_tps,
             "pick_vs_best": med_pick / med_best,
             "pick_memory_predicted_vs_measured": [
                 (t.predicted.peak_allocated_bytes, t.result.measured.peak_allocated_bytes)

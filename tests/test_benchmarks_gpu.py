@@ -44,11 +44,7 @@ def test_table_errors_are_predicted_over_measured(gv):
                         "device_used_bytes_at_end": 10 * GIB, "nvml_used_bytes_after": None,
                         "step_time_s": 0.4, "step_time_spread_s": 0.01, "tokens_per_s": 20480.0,
                         "data_wait_fraction": 0.0}}
-    p, m = row["predicted"], row["measured"]
-    row["error"] = {"allocated": gv._err(p["peak_allocated_bytes"], m["peak_allocated_bytes"]),
-                    "reserved": gv._err(p["peak_reserved_bytes"], m["peak_reserved_bytes"]),
-                    "device": gv._err(p["peak_device_bytes"], m["device_used_bytes_at_end"]),
-                    "tokens_per_s": gv._err(p["tokens_per_s"], m["tokens_per_s"])}
+    row["error"] = gv.errors(row["predicted"], row["measured"])
     gv.write_md({"device": "NVIDIA H100 80GB HBM3", "gpu_spec": "h100-sxm", "torch": "x",
                  "cuda": "y", "date": "d", "rows": [row]})
     md = (gv.OUT / "gpu_validate.md").read_text()

@@ -28,10 +28,10 @@ class Dist:
             # the decisions every rank takes together (any OOM, loss sums, sample ids) travel as
             # small CPU tensors and objects: NCCL carries CUDA tensors only, so on GPUs the group
             # has both backends, gloo for CPU tensors and NCCL for the gradients
-            backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
-            if torch.cuda.is_available():
+            cuda = torch.cuda.is_available()
+            if cuda:
                 torch.cuda.set_device(d.local_rank)
-            dist.init_process_group(backend)
+            dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
         return d
 
     def shards(self, sharding: str) -> bool:
