@@ -8,7 +8,7 @@ from trainfit.search import Predicted, Searcher, SearchOptions, micro_options
 GIB = 2**30
 
 
-def fake(mem_per_sample, base, tps_of, calls):
+def fake(mem_per_sample, base, tps_of, calls, wait_of=lambda j: 0.0):
     def probe(job: JobSpec, timed: int) -> ProbeResult:
         calls.append((job.micro_batch, job.attention, timed))
         peak = base + mem_per_sample * job.micro_batch
@@ -19,7 +19,7 @@ def fake(mem_per_sample, base, tps_of, calls):
             peak_allocated_bytes=peak, peak_reserved_bytes=None, peak_device_bytes=None,
             host_rss_bytes=1, step_time_s=1000 / tps if tps else None,
             step_time_spread_s=0.0 if tps else None, tokens_per_s=tps, samples_per_s=None,
-            data_wait_fraction=0.0 if tps else None))
+            data_wait_fraction=wait_of(job) if tps else None))
     return probe
 
 
@@ -122,7 +122,8 @@ def test_loader_details_are_searched_only_with_workers():
 
     def probe(j, timed):
         seen.append((j.num_workers, j.prefetch_factor, j.pin_memory))
-        return fake(GIB, GIB, tps, calls)(j, timed)
+        # without workers the step waits for data 1 − 1/1.3 of its time: what workers remove
+        return fake(GIB, GIB, tps, calls, wait_of=lambda j: 0.0 if j.num_workers else 0.23)(j, timed)
     s = Searcher(job, probe, pred(GIB, GIB, lambda j: None), None,
                  SearchOptions(knobs=("num_workers", "loader"), worker_counts=(0, 2), cuda=True),
                  10_000)
@@ -136,3 +137,20 @@ def test_loader_details_are_searched_only_with_workers():
                     SearchOptions(knobs=("loader",), cuda=True), 10_000)
     assert none.search().best.job.prefetch_factor == 2  # no workers: nothing to tune
     assert all(p == 2 and not pin for _, p, pin in seen)
+
+
+def test_workers_not_probed_when_the_step_does_not_wait_for_data():
+    """Workers can gain at most the measured data wait: below the noise floor they are not probed
+    (a probe could only measure noise); above it they are, and kept when faster."""
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=8, micro_batch=8, precision="fp32",
+                  grad_ckpt="off")
+    for wait, probed in ((0.004, False), (0.2, True)):
+        calls = []
+        tps = lambda j, w=wait: 100.0 / (1 - w) if j.num_workers else 100.0  # noqa: E731
+        s = Searcher(job, fake(GIB, GIB, tps, calls, wait_of=lambda j, w=wait: 0.0 if j.num_workers else w),
+                     pred(GIB, GIB, lambda j: None), None,
+                     SearchOptions(knobs=("num_workers",), worker_counts=(0, 2)), 10_000)
+        out = s.search()
+        assert any(t.job.num_workers == 2 for t in out.trials) is probed
+        assert out.best.job.num_workers == (2 if probed else 0)
+        assert any("loader workers: not probed" in n and "0.40%" in n for n in out.notes) is not probed

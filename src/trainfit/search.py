@@ -267,6 +267,21 @@ class Searcher:
             return True
         return False
 
+    def _loading_is_negligible(self, best: Trial) -> bool:
+        """Loader workers move batch loading off the training process: the most they can gain is
+        the time that process waited for data. When the best, without workers, waited less than
+        the noise floor of its step, a worker probe could only measure noise (and a lucky one
+        would pick workers that cost host RAM for nothing), so none is run."""
+        m = best.result.measured
+        if best.job.num_workers or m is None or m.data_wait_fraction is None:
+            return False
+        if m.data_wait_fraction >= self.o.noise_floor:
+            return False
+        self.notes.append(f"loader workers: not probed — without them the step waited for data "
+                          f"{m.data_wait_fraction:.2%} of its time (measured), the most workers "
+                          f"could gain; below the {self.o.noise_floor:.0%} noise floor")
+        return True
+
     def _try_knob(self, knob: str, best: Trial, options: list[int]) -> Trial:
         job = best.job
         if knob == "grad_ckpt":
@@ -293,6 +308,8 @@ class Searcher:
             cands = [job.replace(optimizer_impl=i) for i in ("fused", "foreach")
                      if i != job.optimizer_impl]
         elif knob == "num_workers":
+            if self._loading_is_negligible(best):
+                return best
             cands = [job.replace(num_workers=w) for w in self.o.worker_counts if w != job.num_workers]
         elif knob == "loader":
             # only meaningful with loader processes; prefetch deeper, and on a GPU pinned memory
