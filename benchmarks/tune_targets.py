@@ -142,7 +142,9 @@ def write_md(rows: list[dict]) -> None:
              "the JSON). fp32, AdamW, one compute thread, memory limit = live tensor bytes (CPU "
              "stand-in for a GPU), margin 10 %. Knobs: micro-batch (dividing the effective batch) × "
              "checkpointing × optimizer implementation × loader workers (0/1), one probe (3 timed "
-             "steps) per grid point. Then the grid's 3 fastest points by that probe and tune's "
+             "steps) per grid point (tune probes loader workers only when the step without them "
+             "waits for data ≥ 3 % of its time, measured: the most workers can gain). "
+             "Then the grid's 3 fastest points by that probe and tune's "
              "pick (a grid point too) are re-measured side by side: 5 rounds, order rotated each "
              "round, 5 timed steps each; *grid best* is the finalist with the highest median "
              "tokens/s (one noisy probe per point picks its winner partly by luck), so pick / best "
@@ -178,6 +180,12 @@ def write_md(rows: list[dict]) -> None:
               "- accelerate's finder halves (or steps down) the micro-batch until one step fits, with "
               "no accumulation: its batch is the effective batch, so the effective batch asked for "
               "is not kept, and it never measures speed."]
+    waits = [f"{r['model']}: {n.split('waited for data ')[1].split(' of')[0]}"
+             for r in rows for n in r["tune_notes"] if n.startswith("loader workers: not probed")]
+    if waits:
+        lines += ["- loader workers not probed by tune (the step without them waited for data, "
+                  f"measured: {', '.join(waits)}; the most workers could gain): where the grid's best "
+                  "has a worker and the pick none, the gap is the repeats' noise, not loading."]
     lines += lightning_md(rows)
     (OUT / "tune_targets.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

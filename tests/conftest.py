@@ -110,3 +110,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture()
+def one_rank_group(tmp_path):
+    """A real gloo process group of one rank, in this process (DDP's hooks then really run)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
+                            world_size=1)
+    yield
+    dist.destroy_process_group()

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from trainfit.step import train_step
 
@@ -14,15 +13,6 @@ class _Quadratic(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (self.lin(x) ** 2).mean()
-
-
-@pytest.fixture()
-def one_rank_group(tmp_path):
-    """A real gloo process group of one rank, in this process (DDP's hooks then really run)."""
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
-                            world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _batches(n: int):

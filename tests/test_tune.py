@@ -132,6 +132,18 @@ def test_tune_empty_dataset(tmp_path, micro_model_json):
     assert res.exit_code == 2 and "empty" in res.output
 
 
+def test_tune_refuses_fsdp_jobs(tmp_path, micro_model_json, text_jsonl):
+    """The probes wrap the model in DDP: an FSDP job is refused, not measured unsharded."""
+    job = JobSpec(model=str(micro_model_json), seq_len=32, effective_batch=4, ranks=2,
+                  sharding="fsdp", precision="fp32", grad_ckpt="off", data=str(text_jsonl))
+    p = tmp_path / "job.yaml"
+    p.write_text(yaml.safe_dump(job.to_dict()))
+    out = tmp_path / "t.yaml"
+    res = runner.invoke(app, ["tune", str(p), "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    assert "--sharding fsdp: tune probes DDP" in res.output and not out.exists()
+
+
 def test_yaml_has_comments_and_is_valid(micro_model_json):
     from trainfit.emit import job_yaml
 

@@ -33,7 +33,7 @@ from trainfit.job import JobSpec
 from trainfit.memory.tracker import LiveBytesTracker
 from trainfit.model_source import ModelSource
 from trainfit.monitor.host import process_tree_rss_bytes
-from trainfit.runtime import RealWorkload, build_real
+from trainfit.runtime import RealWorkload, build_real, scaler_for
 from trainfit.step import train_step
 from trainfit.workload import make_optimizer
 
@@ -103,6 +103,17 @@ def _own_tree_rss_bytes() -> int:
     return process_tree_rss_bytes(os.getpid()) or 0
 
 
+_AGREED = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_device_bytes", "host_rss_bytes",
+           "step_time_s", "step_time_spread_s", "data_wait_fraction", "compile_time_s")
+"""Measured fields all ranks agree on (the maximum over ranks)."""
+
+
+def _another_rank_oom() -> torch.OutOfMemoryError:
+    err = torch.OutOfMemoryError("another rank ran out of memory in the metered step")
+    err.phase = None  # type: ignore[attr-defined]
+    return err
+
+
 class Probe:
     """Holds one built workload per model structure and measures configurations on it."""
 
@@ -133,8 +144,8 @@ class Probe:
             self._wl = build_real(job, self.source, self.device, seed=self.seed)
             if self.dist.world > 1:
                 self._wl.step_model = self.dist.wrap(self._wl.model, self.device)
-            if job.compile:
-                self._wl.step_model = torch.compile(self._wl.model)
+            if job.compile:  # the DDP wrapper compiled, as train does
+                self._wl.step_model = torch.compile(self._wl.step_model)
             self._key = key
             self._snapshot = {n: p.detach().clone() for n, p in self._wl.model.named_parameters()
                               if p.requires_grad}
@@ -152,26 +163,37 @@ class Probe:
                     p.copy_(self._snapshot[n])
         wl.optimizer = make_optimizer(job, [p for p in wl.model.parameters() if p.requires_grad],
                                       simulate=False)
+        wl.scaler = scaler_for(job, self.device)  # a fresh loss scale: no probe inherits one
 
     def agree(self, res: ProbeResult) -> ProbeResult:
         """Under torchrun every rank probes; all take the same decision: an OOM anywhere is an
-        OOM everywhere, and the peak and step time are the worst rank's."""
+        OOM everywhere, and every measured field the search reads is the worst rank's."""
         if self.dist.world == 1:
             return res
-        if self.dist.any(res.status != "ok"):
-            if res.status == "ok":
-                return ProbeResult(status="oom", measured=None, probe_time_s=res.probe_time_s,
-                                   detail="another rank ran out of memory")
+        # the worst status of all ranks (ok < over-host-ram < oom) is everyone's
+        worst = ("ok", "over-host-ram", "oom")
+        code = torch.tensor([float(worst.index(res.status))])
+        torch.distributed.all_reduce(code, op=torch.distributed.ReduceOp.MAX)
+        status = worst[int(code.item())]
+        if status != "ok":
+            if res.status != status:
+                return ProbeResult(status=status, measured=None, probe_time_s=res.probe_time_s,
+                                   detail=f"another rank: {status}")
             return res
         m = res.measured
         assert m is not None
-        t = torch.tensor([float(m.peak_allocated_bytes or 0), float(m.step_time_s or 0.0)],
-                         dtype=torch.float64)
+        # every field a decision reads is the worst rank's, so all ranks take the same next step
+        # of the search (fits, faster, noisy, waits for data); None (not measured: the same on
+        # every rank) travels as -1
+        vals = [getattr(m, f) for f in _AGREED]
+        t = torch.tensor([-1.0 if v is None else float(v) for v in vals], dtype=torch.float64)
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-        m.peak_allocated_bytes = int(t[0])
-        if m.step_time_s:
-            scale = m.step_time_s / float(t[1])
-            m.step_time_s = float(t[1])
+        own_step = m.step_time_s
+        for f, v, v_max in zip(_AGREED, vals, t.tolist(), strict=True):
+            if v is not None:
+                setattr(m, f, int(v_max) if isinstance(v, int) else v_max)
+        if own_step and m.step_time_s:
+            scale = own_step / m.step_time_s
             m.tokens_per_s = (m.tokens_per_s or 0.0) * scale
             m.samples_per_s = (m.samples_per_s or 0.0) * scale
         return res
@@ -197,6 +219,13 @@ class Probe:
         res.probe_time_s = time.perf_counter() - t0
         return self.agree(res)
 
+    def _over_host_ram(self, rss: int) -> ProbeResult | None:
+        if self.max_host_ram_bytes is None or rss <= self.max_host_ram_bytes:
+            return None
+        return ProbeResult(status="over-host-ram", measured=None,
+                           detail=f"host RSS {rss / 2**30:.2f} GiB measured > "
+                                  f"--max-host-ram {self.max_host_ram_bytes / 2**30:.2f} GiB")
+
     def _batches(self, loader: torch.utils.data.DataLoader, waits: list[float],
                  tracker: LiveBytesTracker | None) -> Iterator[dict[str, torch.Tensor]]:
         it = iter(loader)
@@ -215,6 +244,38 @@ class Probe:
                     tracker.track(v, "buffers")
             yield b
 
+    def _start_meter(self, job: JobSpec, wl: RealWorkload, tracker: LimitTracker | None,
+                     hooks: list[Any], keep: list[torch.Tensor]) -> None:
+        """What exists before the step is counted (weights, buffers and, under DDP, its gradient
+        buckets), gradients are booked as such, and the optimizer states are created as the first
+        real step creates them (values restored after the probe). Can run out of memory."""
+        if tracker is None:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            seen: set[int] = set()
+            for t in [*wl.model.parameters(), *wl.model.buffers()]:
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    tracker.track(t, "parameters")
+            if wl.step_model is not wl.model and self.dist.world > 1:
+                # DDP (gradient_as_bucket_view=False) holds a flat copy of every gradient in its
+                # buckets, allocated when it wraps the model — before the tracker, which cannot see
+                # them: a meta tensor of their size stands in (what plan adds: DDP_BUCKET_FACTOR)
+                n = sum(p.numel() * p.element_size() for p in wl.model.parameters() if p.requires_grad)
+                keep.append(torch.empty(n, dtype=torch.uint8, device="meta"))
+                tracker.track(keep[-1], "data_parallel")
+            hooks += [p.register_post_accumulate_grad_hook(
+                lambda p: tracker.reclassify(p.grad, "gradients"))
+                for p in wl.model.parameters() if p.requires_grad]
+            tracker.set_phase("optimizer")
+        with tracker if tracker is not None else contextlib.nullcontext():
+            for p in wl.model.parameters():
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
+            wl.optimizer.step()
+            wl.optimizer.zero_grad(set_to_none=job.grads_to_none)
+
     def _measure(self, job: JobSpec, wl: RealWorkload, knobs: LoaderKnobs, timed_steps: int
                  ) -> ProbeResult:
         micro = job.micro_batch or 1
@@ -230,74 +291,72 @@ class Probe:
                              knobs, pin=self.device.type == "cuda")
         cuda = self.device.type == "cuda"
         tracker = None if cuda else LimitTracker(self.memory_limit_bytes)
-        if tracker is not None:
-            seen: set[int] = set()
-            for t in [*wl.model.parameters(), *wl.model.buffers()]:
-                if id(t) not in seen:
-                    seen.add(id(t))
-                    tracker.track(t, "parameters")
-            hooks = [p.register_post_accumulate_grad_hook(
-                lambda p: tracker.reclassify(p.grad, "gradients"))
-                for p in wl.model.parameters() if p.requires_grad]
-        else:
-            hooks = []
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-        # optimizer states, as the first real step creates them (values restored after the probe)
-        if tracker is not None:
-            tracker.set_phase("optimizer")
-        trainable = [p for p in wl.model.parameters() if p.requires_grad]
-        ctx = tracker if tracker is not None else contextlib.nullcontext()
-        with ctx:
-            for p in trainable:
-                p.grad = torch.zeros_like(p)
-            wl.optimizer.step()
-            wl.optimizer.zero_grad(set_to_none=job.grads_to_none)
         waits: list[float] = []
         batches = self._batches(loader, waits, tracker)
         times: list[float] = []
         step_waits: list[float] = []
         rss = _own_tree_rss_bytes()
         compile_step_s = None
+        hooks: list[Any] = []
+        keep: list[torch.Tensor] = []
+
+        def step(s: int, model: Any, observer: LimitTracker | None) -> float:
+            w = step_weights(self.data, order, s * per_step, per_step, micro,
+                             self.source.task, self.rank, ranks)
+            gen = (next(batches) for _ in steps_ids[s])
+            t = time.perf_counter()
+            train_step(model, wl.optimizer, gen, grad_accum=accum, autocast=wl.autocast,
+                       max_grad_norm=job.max_grad_norm, scaler=wl.scaler, observer=observer,
+                       grads_to_none=job.grads_to_none, loss_weights=w)
+            if cuda:
+                torch.cuda.synchronize(self.device)
+            return time.perf_counter() - t
+
+        # Under torchrun the meter's start and the metered step — where an OOM is expected — run
+        # on the unwrapped module: DDP's collectives (buffer broadcast in forward, gradient
+        # all-reduce in backward) would leave the other ranks waiting in them forever when one
+        # rank ran out of memory halfway (nothing would ever join). Without them every rank
+        # reaches the agreement that follows. The peak is DDP's: its all-reduce adds no tensor
+        # (its buckets are counted above). The timed steps then run through DDP. (A compiled model
+        # keeps its DDP wrapper — compiling a second, local copy would double the compile time —
+        # so a one-rank OOM there is not covered; stated in the README.)
+        many = self.dist.world > 1
+        metered_model = wl.model if many and not job.compile else wl.step_model
         try:
-            for s in range(n_steps):
-                metered = s == 0
-                w = step_weights(self.data, order, s * per_step, per_step, micro,
-                                 self.source.task, self.rank, ranks)
-                gen = (next(batches) for _ in steps_ids[s])
+            oom: torch.OutOfMemoryError | None = None
+            try:
+                self._start_meter(job, wl, tracker, hooks, keep)
+                with tracker if tracker is not None else contextlib.nullcontext():
+                    step(0, metered_model, tracker)
+            except torch.OutOfMemoryError as err:
+                err.phase = tracker.phase if tracker is not None else None  # type: ignore[attr-defined]
+                if not many:
+                    raise
+                oom = err
+            if many and self.dist.any(oom is not None):
+                raise oom or _another_rank_oom()
+            rss = max(rss, _own_tree_rss_bytes())
+            for s in range(1, n_steps):
                 n_wait = len(waits)
-                t = time.perf_counter()
-                if metered and tracker is not None:
-                    with tracker:
-                        train_step(wl.step_model, wl.optimizer, gen, grad_accum=accum,
-                                   autocast=wl.autocast, max_grad_norm=job.max_grad_norm,
-                                   scaler=wl.scaler, observer=tracker,
-                                   grads_to_none=job.grads_to_none, loss_weights=w)
-                else:
-                    train_step(wl.step_model, wl.optimizer, gen, grad_accum=accum,
-                               autocast=wl.autocast,
-                               max_grad_norm=job.max_grad_norm, scaler=wl.scaler,
-                               grads_to_none=job.grads_to_none, loss_weights=w)
-                if cuda:
-                    torch.cuda.synchronize(self.device)
-                dt = time.perf_counter() - t
+                dt = step(s, wl.step_model, None)
                 rss = max(rss, _own_tree_rss_bytes())
                 if s == 1 and warm:
                     compile_step_s = dt
-                elif not metered:
+                else:
                     times.append(dt)
                     step_waits.append(sum(waits[n_wait:]))
-                if self.max_host_ram_bytes is not None and rss > self.max_host_ram_bytes:
-                    return ProbeResult(status="over-host-ram", measured=None,
-                                       detail=f"host RSS {rss / 2**30:.2f} GiB measured > "
-                                              f"--max-host-ram {self.max_host_ram_bytes / 2**30:.2f} GiB")
-        except torch.OutOfMemoryError as err:
-            err.phase = tracker.phase if tracker is not None else None  # type: ignore[attr-defined]
-            raise
+                # one rank alone leaving the loop would leave the others in the next step's
+                # all-reduce: under torchrun the host RAM is judged after the steps (agree())
+                over = None if many else self._over_host_ram(rss)
+                if over is not None:
+                    return over
         finally:
             for h in hooks:
                 h.remove()
-            del batches
+            batches.close()  # the loader iterator and its workers go now, not at the next gc
+        over = self._over_host_ram(rss)
+        if over is not None:
+            return over
         if cuda:
             alloc = torch.cuda.max_memory_allocated(self.device)
             reserved: int | None = torch.cuda.max_memory_reserved(self.device)

@@ -199,6 +199,11 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
             raise JobError(f"--budget-s {opts.budget_s:g}: one probe takes ~{one_probe_s:.0f} s "
                            "(4 steps at micro-batch 1, predicted)",
                            f"use --budget-s ≥ {one_probe_s * 10:.0f} for a useful search")
+    if job.sharding != "none" and job.ranks > 1:
+        # the probes wrap the model in DDP: an FSDP job's memory would be measured unsharded
+        raise JobError(f"--sharding {job.sharding}: tune probes DDP (full replicas) only",
+                       "tune with --sharding none (an upper bound of FSDP's memory), or use "
+                       "`trainfit plan --sharding fsdp` and train's OOM recovery")
     prober = Probe(source, data, device, memory_limit_bytes=opts.memory_limit_bytes,
                    max_host_ram_bytes=opts.max_host_ram_bytes, seed=job.seed)
     if prober.dist.world != job.ranks:

@@ -16,3 +16,27 @@ def test_fsdp_shards_weights_and_states(tiny_llama):
     assert fsdp.peak_allocated_bytes < one.peak_allocated_bytes
     assert ddp.breakdown["data_parallel"] == 4 * one.trainable_params  # fp32 bucket copies
     assert any("FSDP over 4 ranks" in n for n in fsdp.model_notes)
+
+
+def test_ddp_wrap_keeps_one_copy_of_the_gradients_alive(one_rank_group):
+    """The mechanism behind DDP_BUCKET_FACTOR (and the probe's bucket stand-in under torchrun),
+    measured on CPU: what DistributedDataParallel's construction leaves allocated (the profiler's
+    allocation records, net of frees) is one flat copy of the trainable gradients — frozen
+    parameters get none."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.profiler import ProfilerActivity, profile
+
+    from trainfit.memory.predict import DDP_BUCKET_FACTOR
+
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 256))
+    model[0].weight.requires_grad_(False)
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    # init_sync=False: without the broadcast of the weights at construction, a transient whose
+    # buffer gloo may free after the window closes (then counted as live)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        ddp = DDP(model, init_sync=False)
+    live = sum(e.self_cpu_memory_usage for e in prof.key_averages())
+    # a few bytes of bookkeeping tensors (counts, flags) besides the buckets
+    assert abs(live - DDP_BUCKET_FACTOR * grad_bytes) <= 256, (live, grad_bytes)
+    del ddp
