@@ -171,6 +171,10 @@ def test_tune_two_ranks_agree(tmp_path, micro_model_json, text_jsonl):
     assert d["pick"]["ranks"] == 2
     assert d["pick"]["micro_batch"] * d["pick"]["grad_accum"] * 2 == 8
     assert out.exists()
+    # each rank's measured peak (DDP's gradient buckets included) is the predicted one
+    pairs = [(p["predicted"]["peak_allocated_bytes"], p["measured"]["peak_allocated_bytes"])
+             for p in d["probes"] if p["measured"] and p["predicted"]]
+    assert pairs and all(abs(pr - m) <= 0.01 * m for pr, m in pairs), pairs
 
 
 def test_isolated_probe_matches_in_process(micro_model_json, text_jsonl):

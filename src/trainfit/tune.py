@@ -130,6 +130,7 @@ class CpuPredictor:
 
     def __call__(self, job: JobSpec) -> Predicted | None:
         from trainfit.hardware.cpu import cpu_speed
+        from trainfit.memory.predict import data_parallel_bytes
         from trainfit.memory.simulate import SimTarget, simulate_step
         from trainfit.speed.ops import OpRecorder
         from trainfit.speed.predict import model_flops_per_token, predict_speed_exact
@@ -145,8 +146,11 @@ class CpuPredictor:
                                     job.seq_len, job.method == "full")
         sp = predict_speed_exact(cpu_speed(), rec.ops, job.micro_batch or 1, job.grad_accum or 1,
                                  job.seq_len, job.ranks, fpt)
-        p = Predicted(peak_allocated_bytes=sim.peak_allocated_bytes, step_time_s=sp.step_time_s,
-                      tokens_per_s=sp.tokens_per_s)
+        # many ranks: what data parallelism adds to the one-process step (DDP's gradient
+        # buckets), as plan adds it — the probe counts the same buckets
+        extra, _ = data_parallel_bytes(job, self.source, sim.breakdown, sim.trainable_params)
+        p = Predicted(peak_allocated_bytes=sim.peak_allocated_bytes + extra,
+                      step_time_s=sp.step_time_s, tokens_per_s=sp.tokens_per_s)
         self._cache[key] = p
         self.steady_bytes = sim.steady_bytes
         return p

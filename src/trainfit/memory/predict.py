@@ -83,7 +83,7 @@ class MemoryPrediction:
         return asdict(self)
 
 
-def _shard_adjust(job: JobSpec, breakdown: dict[str, int], per_layer_param_bytes: int,
+def shard_adjust(job: JobSpec, breakdown: dict[str, int], per_layer_param_bytes: int,
                   grad_bytes: int) -> tuple[int, list[str]]:
     """Bytes to add to the single-process peak for data parallelism (analytic, stated).
 
@@ -102,6 +102,18 @@ def _shard_adjust(job: JobSpec, breakdown: dict[str, int], per_layer_param_bytes
         f"+ {FSDP_PREFETCH_UNITS} unsharded layers in flight ({gathered / 2**30:.2f} GiB)"]
 
 
+def data_parallel_bytes(job: JobSpec, source: ModelSource, breakdown: dict[str, int],
+                        trainable_params: int) -> tuple[int, list[str]]:
+    """What data parallelism adds to the one-process step's peak (DDP buckets, FSDP shards),
+    from the one-process breakdown; 0 for one rank."""
+    from trainfit.workload import weight_dtypes
+
+    layers = max(int(getattr(source.config, "num_hidden_layers", 0)
+                     or getattr(source.config, "num_layers", 0) or 1), 1)
+    grad_bytes = trainable_params * weight_dtypes(job)[1].itemsize
+    return shard_adjust(job, breakdown, breakdown["parameters"] // layers, grad_bytes)
+
+
 def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_peak_bytes: int,
            reserved_replay_bytes: int, breakdown: dict[str, int], managed_bytes: int,
            peak_phase: str, total_params: int, trainable_params: int,
@@ -112,12 +124,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     from trainfit.hardware.gpus import EAGER_MODULE_LOADING_EXTRA_BYTES
 
     work = cublas_workspace_bytes(gpu)
-    layers = max(int(getattr(source.config, "num_hidden_layers", 0)
-                     or getattr(source.config, "num_layers", 0) or 1), 1)
-    from trainfit.workload import weight_dtypes
-
-    grad_bytes = trainable_params * weight_dtypes(job)[1].itemsize
-    extra, dp_notes = _shard_adjust(job, breakdown, breakdown["parameters"] // layers, grad_bytes)
+    extra, dp_notes = data_parallel_bytes(job, source, breakdown, trainable_params)
     allocated = tensor_peak_bytes + work + extra
     reserved = max(reserved_replay_bytes + work + extra, allocated)
     context = (gpu.cuda_context_bytes if gpu else 0) + (
