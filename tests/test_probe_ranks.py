@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 import trainfit
 from trainfit.job import JobSpec
@@ -51,15 +52,22 @@ def _worker(spec_path: Path) -> None:
     data = load_data(job, src)
     probe = Probe(src, data, torch.device("cpu"))
     out = []
-    for (m, a), limits in zip(spec["splits"], spec["limits"], strict=True):
+    all_reduces = []
+    for k, ((m, a), limits) in enumerate(zip(spec["splits"], spec["limits"], strict=True)):
         probe.memory_limit_bytes = limits[rank]
         out.append(_result(probe.run(job.replace(micro_batch=m, grad_accum=a), timed_steps=1)))
+        if k == 0:  # the DDP wrapper exists now (the probe's own, reached for the test's count)
+            def count(state, bucket):
+                all_reduces.append(1)
+                return allreduce_hook(state, bucket)
+            probe._wl.step_model.register_comm_hook(None, count)
     # rank 1 alone over the host-RAM budget (1 byte), then a probe that fits everywhere
     probe.memory_limit_bytes = None
     probe.max_host_ram_bytes = 1 if rank == 1 else None
     out.append(_result(probe.run(job.replace(micro_batch=1, grad_accum=4), timed_steps=1)))
     probe.max_host_ram_bytes = None
     out.append(_result(probe.run(job.replace(micro_batch=1, grad_accum=4), timed_steps=1)))
+    out.append({"gradient_all_reduces": len(all_reduces)})
     Path(spec["results"], f"rank{rank}.json").write_text(json.dumps(out))
 
 
@@ -119,6 +127,10 @@ def test_one_rank_oom_does_not_hang_the_other(tmp_path, micro_model_json, text_j
     assert r1[4]["status"] == "over-host-ram" and "--max-host-ram" in r1[4]["detail"]
     assert r0[4]["status"] == "over-host-ram" and "another rank" in r0[4]["detail"]
     assert r0[5]["status"] == r1[5]["status"] == "ok"
+    # DDP's gradient all-reduce (one bucket: the micro model's gradients are < 25 MB), counted from
+    # after the first probe: once per timed step of the three probes that ran (accumulation under
+    # no_sync), never in a metered step
+    assert r0[6]["gradient_all_reduces"] == r1[6]["gradient_all_reduces"] == 3
 
 
 if __name__ == "__main__":  # a torchrun rank (see the test)

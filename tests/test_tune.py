@@ -141,7 +141,7 @@ def test_tune_refuses_fsdp_jobs(tmp_path, micro_model_json, text_jsonl):
     out = tmp_path / "t.yaml"
     res = runner.invoke(app, ["tune", str(p), "--out", str(out)])
     assert res.exit_code == 2, res.output
-    assert "--sharding fsdp: tune probes DDP" in res.output and not out.exists()
+    assert "sharding: fsdp over 2 ranks: tune probes DDP" in res.output and not out.exists()
 
 
 def test_yaml_has_comments_and_is_valid(micro_model_json):

@@ -30,6 +30,7 @@ from trainfit.data.loader import (
     step_weights,
 )
 from trainfit.job import JobSpec
+from trainfit.memory.predict import DDP_BUCKET_FACTOR
 from trainfit.memory.tracker import LiveBytesTracker
 from trainfit.model_source import ModelSource
 from trainfit.monitor.host import process_tree_rss_bytes
@@ -172,9 +173,9 @@ class Probe:
             return res
         # the worst status of all ranks (ok < over-host-ram < oom) is everyone's
         worst = ("ok", "over-host-ram", "oom")
-        code = torch.tensor([float(worst.index(res.status))])
-        torch.distributed.all_reduce(code, op=torch.distributed.ReduceOp.MAX)
-        status = worst[int(code.item())]
+        status_code = torch.tensor([float(worst.index(res.status))])
+        torch.distributed.all_reduce(status_code, op=torch.distributed.ReduceOp.MAX)
+        status = worst[int(status_code.item())]
         if status != "ok":
             if res.status != status:
                 return ProbeResult(status=status, measured=None, probe_time_s=res.probe_time_s,
@@ -262,8 +263,10 @@ class Probe:
                 # DDP (gradient_as_bucket_view=False) holds a flat copy of every gradient in its
                 # buckets, allocated when it wraps the model — before the tracker, which cannot see
                 # them: a meta tensor of their size stands in (what plan adds: DDP_BUCKET_FACTOR)
-                n = sum(p.numel() * p.element_size() for p in wl.model.parameters() if p.requires_grad)
-                keep.append(torch.empty(n, dtype=torch.uint8, device="meta"))
+                grad_bytes = sum(p.numel() * p.element_size()
+                                 for p in wl.model.parameters() if p.requires_grad)
+                bucket_bytes = int(grad_bytes * DDP_BUCKET_FACTOR)
+                keep.append(torch.empty(bucket_bytes, dtype=torch.uint8, device="meta"))
                 tracker.track(keep[-1], "data_parallel")
             hooks += [p.register_post_accumulate_grad_hook(
                 lambda p: tracker.reclassify(p.grad, "gradients"))
@@ -337,6 +340,11 @@ class Probe:
                 raise oom or _another_rank_oom()
             rss = max(rss, _own_tree_rss_bytes())
             for s in range(1, n_steps):
+                # one rank alone leaving the loop would leave the others in the next step's
+                # all-reduce: under torchrun the host RAM is judged after the steps (agree())
+                over = None if many else self._over_host_ram(rss)
+                if over is not None:
+                    return over
                 n_wait = len(waits)
                 dt = step(s, wl.step_model, None)
                 rss = max(rss, _own_tree_rss_bytes())
@@ -345,15 +353,10 @@ class Probe:
                 else:
                     times.append(dt)
                     step_waits.append(sum(waits[n_wait:]))
-                # one rank alone leaving the loop would leave the others in the next step's
-                # all-reduce: under torchrun the host RAM is judged after the steps (agree())
-                over = None if many else self._over_host_ram(rss)
-                if over is not None:
-                    return over
         finally:
             for h in hooks:
                 h.remove()
-            batches.close()  # the loader iterator and its workers go now, not at the next gc
+            batches.close()  # its loader iterator goes now (workers too, unless persistent)
         over = self._over_host_ram(rss)
         if over is not None:
             return over

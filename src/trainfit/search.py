@@ -261,7 +261,9 @@ class Searcher:
         if pc is None or pb is None or not pc.tokens_per_s or not pb.tokens_per_s:
             return False
         ratio = pc.tokens_per_s / pb.tokens_per_s
-        if ratio < self.o.prune_below:
+        # the speed model reads kernel rates each rank measured itself: near the threshold ranks
+        # could decide apart (and then probe apart), so they decide together
+        if self.agree(ratio < self.o.prune_below):
             self.notes.append(f"not probed: {_diff(cand, best.job)} — predicted {ratio:.2f}× the "
                               "tokens/s of the current best")
             return True

@@ -168,6 +168,11 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
     t0 = time.perf_counter()
     source = resolve_model(job.model, job.trust_remote_code)
     device = parse_device(opts.device)
+    if job.sharding != "none" and job.ranks > 1:
+        # the probes wrap the model in DDP: an FSDP job's memory would be measured unsharded
+        raise JobError(f"sharding: {job.sharding} over {job.ranks} ranks: tune probes DDP (full "
+                       "replicas) only", "set sharding: none in the job to tune it (DDP's memory "
+                       "bounds FSDP's from above), or use `trainfit plan` and train's OOM recovery")
     data = load_data(job, source)
     if job.effective_batch is None:
         raise JobError("--effective-batch is required: tune keeps it exact",
@@ -203,11 +208,6 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
             raise JobError(f"--budget-s {opts.budget_s:g}: one probe takes ~{one_probe_s:.0f} s "
                            "(4 steps at micro-batch 1, predicted)",
                            f"use --budget-s ≥ {one_probe_s * 10:.0f} for a useful search")
-    if job.sharding != "none" and job.ranks > 1:
-        # the probes wrap the model in DDP: an FSDP job's memory would be measured unsharded
-        raise JobError(f"--sharding {job.sharding}: tune probes DDP (full replicas) only",
-                       "tune with --sharding none (an upper bound of FSDP's memory), or use "
-                       "`trainfit plan --sharding fsdp` and train's OOM recovery")
     prober = Probe(source, data, device, memory_limit_bytes=opts.memory_limit_bytes,
                    max_host_ram_bytes=opts.max_host_ram_bytes, seed=job.seed)
     if prober.dist.world != job.ranks:

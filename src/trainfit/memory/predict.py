@@ -83,7 +83,7 @@ class MemoryPrediction:
         return asdict(self)
 
 
-def shard_adjust(job: JobSpec, breakdown: dict[str, int], per_layer_param_bytes: int,
+def _shard_adjust(job: JobSpec, breakdown: dict[str, int], per_layer_param_bytes: int,
                   grad_bytes: int) -> tuple[int, list[str]]:
     """Bytes to add to the single-process peak for data parallelism (analytic, stated).
 
@@ -111,7 +111,7 @@ def data_parallel_bytes(job: JobSpec, source: ModelSource, breakdown: dict[str, 
     layers = max(int(getattr(source.config, "num_hidden_layers", 0)
                      or getattr(source.config, "num_layers", 0) or 1), 1)
     grad_bytes = trainable_params * weight_dtypes(job)[1].itemsize
-    return shard_adjust(job, breakdown, breakdown["parameters"] // layers, grad_bytes)
+    return _shard_adjust(job, breakdown, breakdown["parameters"] // layers, grad_bytes)
 
 
 def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_peak_bytes: int,
