@@ -154,3 +154,38 @@ def test_workers_not_probed_when_the_step_does_not_wait_for_data():
         assert any(t.job.num_workers == 2 for t in out.trials) is probed
         assert out.best.job.num_workers == (2 if probed else 0)
         assert any("loader workers: not probed" in n and "0.40%" in n for n in out.notes) is not probed
+
+
+def test_eight_bit_adamw_frees_memory_for_a_larger_micro_batch():
+    """8-bit AdamW states (2 B per weight instead of 8) free memory: tried at the same
+    micro-batch and at the largest larger one that then fits (memory probes), and kept when
+    faster; without bitsandbytes it is not tried (noted)."""
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=8, precision="fp32", grad_ckpt="off")
+
+    def peak(j):  # 2 GiB of weights; states 4 GiB (AdamW) or 1 GiB (8-bit); 0.5 GiB per sample
+        return int((2 + (1 if j.optimizer == "adamw-8bit" else 4) + 0.5 * j.micro_batch) * GIB)
+
+    def probe(j, timed):
+        if peak(j) > 10 * GIB:
+            return ProbeResult(status="oom", measured=None)
+        tps = 100.0 * j.micro_batch if timed else None
+        return ProbeResult(status="ok", measured=Measured(
+            peak_allocated_bytes=peak(j), peak_reserved_bytes=None, peak_device_bytes=None,
+            host_rss_bytes=1, step_time_s=1000 / tps if tps else None,
+            step_time_spread_s=0.0 if tps else None, tokens_per_s=tps, samples_per_s=None,
+            data_wait_fraction=0.0 if tps else None))
+
+    def predict(j):
+        return Predicted(peak_allocated_bytes=peak(j), tokens_per_s=None)
+
+    for bnb in (True, False):
+        s = Searcher(job, probe, predict, 10 * GIB,
+                     SearchOptions(margin=0.1, knobs=("optimizer_8bit",), bitsandbytes=bnb), 10_000)
+        out = s.search()
+        # capacity 9 GiB after the margin: AdamW 6 + m/2 → micro 4 (of 1 2 4 8); 8-bit 3 + m/2 → 8
+        tried = [(t.job.optimizer, t.job.micro_batch) for t in out.trials]
+        assert (("adamw-8bit", 4) in tried and ("adamw-8bit", 8) in tried) is bnb
+        best = out.best.job
+        assert (best.optimizer, best.micro_batch, best.grad_accum) == \
+            (("adamw-8bit", 8, 1) if bnb else ("adamw", 4, 2))
+        assert any("bitsandbytes is not installed" in n for n in out.notes) is not bnb

@@ -132,6 +132,26 @@ def test_tune_empty_dataset(tmp_path, micro_model_json):
     assert res.exit_code == 2 and "empty" in res.output
 
 
+def test_tune_tries_8bit_adamw_on_request(micro_model_json, text_jsonl):
+    """--try-8bit-optimizer: real bitsandbytes AdamW8bit probes (CPU), their memory predicted to
+    1 % (the states' stand-in of plan); an explicit --optimizer keeps the optimizer."""
+    pytest.importorskip("bitsandbytes")
+    args = ["tune", str(micro_model_json), "--data", str(text_jsonl), "--seq-len", "32",
+            "--effective-batch", "8", "--knobs", "optimizer_8bit", "--try-8bit-optimizer", "--json"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    probes = json.loads(res.output[res.output.index("{"):])["probes"]
+    eight = [p for p in probes if p["optimizer"] == "adamw-8bit" and p["measured"]]
+    assert eight
+    for p in eight:
+        pred, meas = p["predicted"]["peak_allocated_bytes"], p["measured"]["peak_allocated_bytes"]
+        assert abs(pred - meas) <= 0.01 * meas, (pred, meas)
+    res = runner.invoke(app, [*args, "--optimizer", "adamw"])
+    assert res.exit_code == 0, res.output
+    probes = json.loads(res.output[res.output.index("{"):])["probes"]
+    assert {p["optimizer"] for p in probes} == {"adamw"}
+
+
 def test_tune_refuses_fsdp_jobs(tmp_path, micro_model_json, text_jsonl):
     """The probes wrap the model in DDP: an FSDP job is refused, not measured unsharded."""
     job = JobSpec(model=str(micro_model_json), seq_len=32, effective_batch=4, ranks=2,

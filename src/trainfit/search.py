@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from trainfit.job import JobSpec
 from trainfit.probe import ProbeResult
 
-KNOBS = ("grad_ckpt", "precision", "attention", "optimizer_impl", "num_workers", "loader",
-         "compile")
+KNOBS = ("grad_ckpt", "precision", "attention", "optimizer_impl", "optimizer_8bit", "num_workers",
+         "loader", "compile")
 
 
 @dataclass(kw_only=True)
@@ -56,6 +56,8 @@ class SearchOptions:
     worker_counts: tuple[int, ...] = (0, 1, 2)
     cuda: bool = False
     """The device is a GPU: pinned host memory can speed up its copies (tried as a knob)."""
+    bitsandbytes: bool = False
+    """bitsandbytes is importable (the ``optimizer_8bit`` knob needs it)."""
     noise_floor: float = 0.03
     """Smallest relative speed gain ever called real."""
     run_steps: int | None = None
@@ -269,6 +271,21 @@ class Searcher:
             return True
         return False
 
+    def _eight_bit(self, job: JobSpec, options: list[int]) -> list[JobSpec]:
+        """AdamW with 8-bit states (bitsandbytes: 2 B per weight instead of 8): at the same
+        micro-batch (faster where the optimizer step is memory-bound), and at the largest larger
+        micro-batch the freed memory lets fit (memory probes, as for checkpointing)."""
+        if job.optimizer != "adamw":
+            return []
+        if not self.o.bitsandbytes:
+            self.notes.append("8-bit AdamW: not tried — bitsandbytes is not installed "
+                              "(pip install bitsandbytes)")
+            return []
+        eight = job.replace(optimizer="adamw-8bit")
+        bigger = [m for m in options if m > (job.micro_batch or 1)]
+        i = self.largest_fitting(eight, bigger) if bigger else None
+        return [eight] + ([eight.replace(micro_batch=bigger[i])] if i is not None else [])
+
     def _loading_is_negligible(self, best: Trial) -> bool:
         """Loader workers move batch loading off the training process: the most they can gain is
         the time that process waited for data. When the best, without workers, waited less than
@@ -309,6 +326,8 @@ class Searcher:
                 return best
             cands = [job.replace(optimizer_impl=i) for i in ("fused", "foreach")
                      if i != job.optimizer_impl]
+        elif knob == "optimizer_8bit":
+            cands = self._eight_bit(job, options)
         elif knob == "num_workers":
             if self._loading_is_negligible(best):
                 return best
@@ -364,7 +383,6 @@ def describe(best: Trial, baseline: Trial | None) -> str:
 
 
 def _diff(a: JobSpec, b: JobSpec) -> str:
-    keys = ("micro_batch", "precision", "grad_ckpt", "attention", "optimizer_impl", "num_workers",
-            "prefetch_factor", "pin_memory",
-            "compile")
+    keys = ("micro_batch", "precision", "grad_ckpt", "attention", "optimizer", "optimizer_impl",
+            "num_workers", "prefetch_factor", "pin_memory", "compile")
     return ", ".join(f"{k} {getattr(a, k)}" for k in keys if getattr(a, k) != getattr(b, k))

@@ -3,6 +3,7 @@ that fits — the job and data of the user, probes of the same step ``plan`` sim
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 from collections.abc import Callable
@@ -135,8 +136,8 @@ class CpuPredictor:
         from trainfit.speed.ops import OpRecorder
         from trainfit.speed.predict import model_flops_per_token, predict_speed_exact
 
-        key = (job.micro_batch, job.precision, job.grad_ckpt, job.attention, job.optimizer_impl,
-               job.grad_accum)
+        key = (job.micro_batch, job.precision, job.grad_ckpt, job.attention, job.optimizer,
+               job.optimizer_impl, job.grad_accum)
         if key in self._cache:
             return self._cache[key]
         rec = OpRecorder(replay=True)
@@ -220,6 +221,7 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
     probe_fn = _isolated_probe(source, data, opts) if opts.isolate else \
         (lambda j, timed: prober.run(j, timed_steps=timed))
     sopts = SearchOptions(margin=opts.margin, budget_s=opts.budget_s, knobs=opts.knobs,
+                          bitsandbytes=importlib.util.find_spec("bitsandbytes") is not None,
                           precisions=_precisions(device),
                           fixed=opts.fixed if getattr(source.config, "supports_grad_ckpt", True)
                           else opts.fixed | {"grad_ckpt"},
@@ -265,7 +267,8 @@ def _gpu_predictor(source: ModelSource, device_name: str, total: int
     cache: dict[tuple, Predicted] = {}
 
     def predict(job: JobSpec) -> Predicted | None:
-        key = (job.micro_batch, job.precision, job.grad_ckpt, job.attention, job.optimizer_impl)
+        key = (job.micro_batch, job.precision, job.grad_ckpt, job.attention, job.optimizer,
+               job.optimizer_impl, job.grad_accum)
         if key not in cache:
             m = predict_memory(job, source, gpu)
             cache[key] = Predicted(peak_allocated_bytes=m.peak_allocated_bytes,

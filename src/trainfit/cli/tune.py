@@ -84,8 +84,11 @@ def register(app: typer.Typer) -> None:
         budget_s: Annotated[float | None, typer.Option(help="Cap on the search time (s).")] = None,
         knobs: Annotated[str | None, typer.Option(
             help="Knobs to search, comma-separated: grad_ckpt,precision,attention,"
-                 "optimizer_impl,num_workers,compile")] = None,
+                 "optimizer_impl,optimizer_8bit,num_workers,loader,compile")] = None,
         try_compile: Annotated[bool, typer.Option(help="Also try torch.compile.")] = False,
+        try_8bit_optimizer: Annotated[bool, typer.Option(
+            help="Also try AdamW with 8-bit states (bitsandbytes; changes the optimizer's "
+                 "numerics slightly).")] = False,
         run_steps: Annotated[int | None, typer.Option(
             help="Planned optimizer steps of the run (amortises compile time).")] = None,
         isolate: Annotated[bool, typer.Option(help="Each probe in its own process.")] = False,
@@ -123,9 +126,11 @@ def register(app: typer.Typer) -> None:
                 raise JobError(f"--emit {emit}: unknown", "use hf, trl or accelerate")
             job = JobSpec.from_dict(fields, source=target or "flags")
             knob_list = tuple(k.strip() for k in knobs.split(",")) if knobs else \
-                TuneOptions().knobs + (("compile",) if try_compile else ())
+                TuneOptions().knobs + (("compile",) if try_compile else ()) + (
+                    ("optimizer_8bit",) if try_8bit_optimizer else ())
             fixed = frozenset(k for k in KNOBS if k in given) | (
-                {"loader"} if {"prefetch_factor", "pin_memory"} & set(given) else set())
+                {"loader"} if {"prefetch_factor", "pin_memory"} & set(given) else set()) | (
+                {"optimizer_8bit"} if "optimizer" in given else set())
             opts = TuneOptions(device=device, memory_limit_bytes=parse_bytes(memory_limit,
                                                                               "--memory-limit"),
                                margin=margin, budget_s=budget_s,
