@@ -150,6 +150,12 @@ def test_tune_tries_8bit_adamw_on_request(micro_model_json, text_jsonl):
     assert res.exit_code == 0, res.output
     probes = json.loads(res.output[res.output.index("{"):])["probes"]
     assert {p["optimizer"] for p in probes} == {"adamw"}
+    # only the states differ from torch's AdamW: no weight decay (bitsandbytes' default is 0.01)
+    from trainfit.workload import make_optimizer
+
+    w = torch.nn.Parameter(torch.zeros(8))
+    opt = make_optimizer(JobSpec(model="m", optimizer="adamw-8bit"), [w], simulate=False)
+    assert opt.param_groups[0]["weight_decay"] == 0.0
 
 
 def test_tune_refuses_fsdp_jobs(tmp_path, micro_model_json, text_jsonl):

@@ -17,7 +17,8 @@ KNOB_COMMENTS = {
     "precision": "amp-bf16/amp-fp16 halve activation memory and use tensor cores; fp32 is slowest",
     "grad_ckpt": "full reduces activation memory ~L×, ~30 % slower (forward recomputed)",
     "attention": "sdpa picks flash/memory-efficient kernels; eager materialises T×T scores",
-    "optimizer": "adamw keeps 2 fp32 states per weight (8 B); 8-bit variants keep 2 B",
+    "optimizer": "adamw keeps 2 fp32 states per weight (8 B); 8-bit variants keep 2 B "
+                 "(tensors under 4096 elements keep fp32 states)",
     "optimizer_impl": "fused = one kernel for all weights (fastest); foreach = grouped; forloop",
     "num_workers": "data-loader processes; 0 loads in the training process (GPU waits)",
     "prefetch_factor": "batches each worker prepares ahead",

@@ -276,6 +276,9 @@ class Searcher:
         micro-batch (faster where the optimizer step is memory-bound), and at the largest larger
         micro-batch the freed memory lets fit (memory probes, as for checkpointing)."""
         if job.optimizer != "adamw":
+            if not job.optimizer.endswith("8bit"):
+                self.notes.append(f"8-bit AdamW: not tried — the job's optimizer is {job.optimizer} "
+                                  "(set optimizer: adamw to let tune compare)")
             return []
         if not self.o.bitsandbytes:
             self.notes.append("8-bit AdamW: not tried — bitsandbytes is not installed "
@@ -370,7 +373,7 @@ def describe(best: Trial, baseline: Trial | None) -> str:
     assert m is not None
     s = (f"micro-batch {j.micro_batch} × accumulation {j.grad_accum} × ranks {j.ranks} "
          f"(effective {j.effective_batch}), {j.precision}, checkpointing {j.grad_ckpt}, "
-         f"{j.attention}, {j.optimizer_impl} {j.optimizer}, {j.num_workers} loader workers"
+         f"{j.attention}, {_optimizer_words(j)}, {j.num_workers} loader workers"
          + (f" (prefetch {j.prefetch_factor}{', pinned' if j.pin_memory else ''})"
             if j.num_workers else "")
          + (", torch.compile" if j.compile else "")
@@ -380,6 +383,11 @@ def describe(best: Trial, baseline: Trial | None) -> str:
         s += (f", {m.tokens_per_s / b:.2f}× your current micro-batch {baseline.job.micro_batch} × "
               f"{baseline.job.grad_accum} ({b:,.0f} tokens/s measured)")
     return s
+
+
+def _optimizer_words(j: JobSpec) -> str:
+    # the implementation choice (fused / foreach) exists for torch's AdamW and SGD only
+    return f"{j.optimizer_impl} {j.optimizer}" if j.optimizer in ("adamw", "sgd") else j.optimizer
 
 
 def _diff(a: JobSpec, b: JobSpec) -> str:

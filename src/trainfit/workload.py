@@ -203,7 +203,9 @@ def make_optimizer(job: JobSpec, params: list[torch.nn.Parameter], *, simulate: 
                        "pip install bitsandbytes") from None
     cls = {(8, False): bnb.optim.AdamW8bit, (8, True): bnb.optim.PagedAdamW8bit,
            (32, True): bnb.optim.PagedAdamW}[(bits, paged)]
-    return cls(params, lr=lr)
+    # weight decay 0 as for torch's AdamW above (bitsandbytes defaults to 0.01; HF's optim
+    # "adamw_bnb_8bit", which --emit writes, to the Trainer's 0.0): only the states differ
+    return cls(params, lr=lr, weight_decay=0.0)
 
 
 def make_batch(source: ModelSource, micro_batch: int, seq_len: int,

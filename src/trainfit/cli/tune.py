@@ -31,7 +31,9 @@ def _render(result: Any) -> None:
         def f(v: Any, scale: float = 1, fmt: str = ".3f") -> str:
             return "—" if v is None else format(v / scale, fmt)
         t.add_row(str(p["index"]), p["stage"], f"{p['micro_batch']}×{p['grad_accum']}",
-                  p["precision"], p["grad_ckpt"], p["attention"], p["optimizer_impl"],
+                  p["precision"], p["grad_ckpt"], p["attention"],
+                  p["optimizer"] if p["optimizer"] not in ("adamw", "sgd")
+                  else f"{p['optimizer']} {p['optimizer_impl']}",
                   str(p["num_workers"]), p["status"] + ("" if p["fits"] or p["status"] != "ok"
                                                         else " (over margin)"),
                   f"{f(m.get('peak_allocated_bytes'), gib)} / {f(pr.get('peak_allocated_bytes'), gib)}",
@@ -125,9 +127,10 @@ def register(app: typer.Typer) -> None:
             if emit is not None and emit not in ("hf", "trl", "accelerate"):
                 raise JobError(f"--emit {emit}: unknown", "use hf, trl or accelerate")
             job = JobSpec.from_dict(fields, source=target or "flags")
-            knob_list = tuple(k.strip() for k in knobs.split(",")) if knobs else \
-                TuneOptions().knobs + (("compile",) if try_compile else ()) + (
-                    ("optimizer_8bit",) if try_8bit_optimizer else ())
+            knob_list = tuple(k.strip() for k in knobs.split(",")) if knobs else TuneOptions().knobs
+            knob_list += tuple(k for k, on in (("compile", try_compile),
+                                               ("optimizer_8bit", try_8bit_optimizer))
+                               if on and k not in knob_list)
             fixed = frozenset(k for k in KNOBS if k in given) | (
                 {"loader"} if {"prefetch_factor", "pin_memory"} & set(given) else set()) | (
                 {"optimizer_8bit"} if "optimizer" in given else set())
