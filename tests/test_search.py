@@ -189,3 +189,24 @@ def test_eight_bit_adamw_frees_memory_for_a_larger_micro_batch():
         assert (best.optimizer, best.micro_batch, best.grad_accum) == \
             (("adamw-8bit", 8, 1) if bnb else ("adamw", 4, 2))
         assert any("bitsandbytes is not installed" in n for n in out.notes) is not bnb
+
+
+def test_prune_decision_is_taken_by_every_rank_even_without_a_prediction():
+    """Under torchrun the prune decision is all-reduced: a rank whose speed prediction is unknown
+    still takes part (else the ranks' collectives would fall out of step), and follows a rank
+    that pruned."""
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=8, micro_batch=8, precision="fp32",
+                  grad_ckpt="off")
+    flags = []
+
+    def other_rank_prunes(flag: bool) -> bool:
+        flags.append(flag)
+        return True
+
+    calls = []
+    s = Searcher(job, fake(GIB, GIB, lambda j: 100.0, calls), pred(GIB, GIB, lambda j: None), None,
+                 SearchOptions(knobs=("attention",)), 10_000, agree=other_rank_prunes)
+    out = s.search()
+    assert flags == [False]  # this rank's own view: no prediction, no prune — yet it asked
+    assert {t.job.attention for t in out.trials} == {"sdpa"}  # eager was not probed
+    assert any("not probed: attention eager" in n and "(on another rank)" in n for n in out.notes)

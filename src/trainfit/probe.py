@@ -259,7 +259,7 @@ class Probe:
                 if id(t) not in seen:
                     seen.add(id(t))
                     tracker.track(t, "parameters")
-            if wl.step_model is not wl.model and self.dist.world > 1:
+            if self.dist.world > 1:  # _workload wrapped the model in DDP
                 # DDP (gradient_as_bucket_view=False) holds a flat copy of every gradient in its
                 # buckets, allocated when it wraps the model — before the tracker, which cannot see
                 # them: a meta tensor of their size stands in (what plan adds: DDP_BUCKET_FACTOR)

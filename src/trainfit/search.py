@@ -260,16 +260,17 @@ class Searcher:
 
     def _pruned(self, cand: JobSpec, best: Trial) -> bool:
         pc, pb = self.predict(cand), best.predicted
-        if pc is None or pb is None or not pc.tokens_per_s or not pb.tokens_per_s:
+        known = pc is not None and pb is not None and pc.tokens_per_s and pb.tokens_per_s
+        ratio = pc.tokens_per_s / pb.tokens_per_s if known else None  # type: ignore[union-attr]
+        # the speed model reads kernel rates each rank measured itself (or found cached): near the
+        # threshold, or with a rate unknown on one rank only, ranks could decide apart (and then
+        # probe apart), so every rank takes part in the decision, whatever it predicted
+        if not self.agree(ratio is not None and ratio < self.o.prune_below):
             return False
-        ratio = pc.tokens_per_s / pb.tokens_per_s
-        # the speed model reads kernel rates each rank measured itself: near the threshold ranks
-        # could decide apart (and then probe apart), so they decide together
-        if self.agree(ratio < self.o.prune_below):
-            self.notes.append(f"not probed: {_diff(cand, best.job)} — predicted {ratio:.2f}× the "
-                              "tokens/s of the current best")
-            return True
-        return False
+        self.notes.append(f"not probed: {_diff(cand, best.job)} — predicted "
+                          + (f"{ratio:.2f}×" if ratio is not None else f"< {self.o.prune_below}× "
+                             "(on another rank)") + " the tokens/s of the current best")
+        return True
 
     def _eight_bit(self, job: JobSpec, options: list[int]) -> list[JobSpec]:
         """AdamW with 8-bit states (bitsandbytes: 2 B per weight instead of 8): at the same
@@ -373,7 +374,8 @@ def describe(best: Trial, baseline: Trial | None) -> str:
     assert m is not None
     s = (f"micro-batch {j.micro_batch} × accumulation {j.grad_accum} × ranks {j.ranks} "
          f"(effective {j.effective_batch}), {j.precision}, checkpointing {j.grad_ckpt}, "
-         f"{j.attention}, {_optimizer_words(j)}, {j.num_workers} loader workers"
+         f"{j.attention}, {optimizer_words(j.optimizer, j.optimizer_impl)}, "
+         f"{j.num_workers} loader workers"
          + (f" (prefetch {j.prefetch_factor}{', pinned' if j.pin_memory else ''})"
             if j.num_workers else "")
          + (", torch.compile" if j.compile else "")
@@ -385,9 +387,10 @@ def describe(best: Trial, baseline: Trial | None) -> str:
     return s
 
 
-def _optimizer_words(j: JobSpec) -> str:
-    # the implementation choice (fused / foreach) exists for torch's AdamW and SGD only
-    return f"{j.optimizer_impl} {j.optimizer}" if j.optimizer in ("adamw", "sgd") else j.optimizer
+def optimizer_words(optimizer: str, optimizer_impl: str) -> str:
+    """The optimizer as printed: its implementation (fused / foreach) exists for torch's AdamW and
+    SGD only."""
+    return f"{optimizer_impl} {optimizer}" if optimizer in ("adamw", "sgd") else optimizer
 
 
 def _diff(a: JobSpec, b: JobSpec) -> str:

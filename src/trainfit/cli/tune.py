@@ -16,6 +16,8 @@ def _render(result: Any) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from trainfit.search import optimizer_words
+
     d = result.to_dict()
     con = Console()
     gib = 2**30
@@ -32,8 +34,7 @@ def _render(result: Any) -> None:
             return "—" if v is None else format(v / scale, fmt)
         t.add_row(str(p["index"]), p["stage"], f"{p['micro_batch']}×{p['grad_accum']}",
                   p["precision"], p["grad_ckpt"], p["attention"],
-                  p["optimizer"] if p["optimizer"] not in ("adamw", "sgd")
-                  else f"{p['optimizer']} {p['optimizer_impl']}",
+                  optimizer_words(p["optimizer"], p["optimizer_impl"]),
                   str(p["num_workers"]), p["status"] + ("" if p["fits"] or p["status"] != "ok"
                                                         else " (over margin)"),
                   f"{f(m.get('peak_allocated_bytes'), gib)} / {f(pr.get('peak_allocated_bytes'), gib)}",
