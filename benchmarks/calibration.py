@@ -46,7 +46,7 @@ def _targets(lora: dict[str, Any]) -> list[str]:
 
 def case_to_job(case: dict[str, Any]) -> tuple[dict[str, Any], str, dict[str, Any]]:
     """(job fields, gpu name, options) for one published case."""
-    from trainfit.catalog.models import find_model
+    from trainfit.model.catalog.models import find_model
 
     m = case["model"]
     hf_id = m["hf_id"].split(" ")[0]
@@ -91,7 +91,7 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
     from trainfit.hardware.gpus import find_gpu
     from trainfit.job import JobSpec
     from trainfit.memory.predict import predict_memory
-    from trainfit.model_source import resolve_model
+    from trainfit.model.source import resolve_model
 
     t0 = time.perf_counter()
     fields, gpu_name, opts = case_to_job(case)

@@ -23,7 +23,7 @@ OUT = Path(__file__).resolve().parent / "results"
 def models() -> dict[str, Any]:
     from transformers import GPT2Config, LlamaConfig, T5Config
 
-    from trainfit.model_source import ModelSource
+    from trainfit.model.source import ModelSource
 
     return {
         "llama-h256-l4": ModelSource("llama-h256-l4", LlamaConfig(

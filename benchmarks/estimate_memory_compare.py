@@ -57,7 +57,7 @@ def _empty_model(model_name: str) -> Any:
     from accelerate import init_empty_weights
     from transformers import AutoModel
 
-    from trainfit.model_source import resolve_model
+    from trainfit.model.source import resolve_model
 
     config = copy.deepcopy(resolve_model(model_name).config)
     with init_empty_weights():

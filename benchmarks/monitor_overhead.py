@@ -35,7 +35,7 @@ MICRO_BATCH, SEQ_LEN, VOCAB = 4, 128, 2000
 
 
 def cpu_name() -> str:
-    from trainfit.hardware.cpu import cpu_model_name
+    from trainfit.speed.cpu import cpu_model_name
 
     return cpu_model_name()
 

@@ -26,8 +26,8 @@ def main() -> int:
     from trainfit.hardware.gpus import find_gpu
     from trainfit.job import JobSpec
     from trainfit.memory.predict import predict_memory
-    from trainfit.model_source import resolve_model
-    from trainfit.plan import plan
+    from trainfit.model.source import resolve_model
+    from trainfit.plan.grid import plan
 
     gpu = find_gpu("a10g")
     job = JobSpec(model="llama-2-7b", method="lora", lora_targets="q,k,v,o", seq_len=512,

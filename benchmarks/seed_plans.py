@@ -25,8 +25,8 @@ def main() -> int:
 
     from trainfit.hardware.gpus import find_gpu
     from trainfit.job import JobSpec, job_with_current
-    from trainfit.model_source import resolve_model
-    from trainfit.plan import plan
+    from trainfit.model.source import resolve_model
+    from trainfit.plan.grid import plan
 
     lines = ["# The seed scenarios, planned", "",
              "Regenerate: `python benchmarks/seed_plans.py`. Every number is a **prediction** "

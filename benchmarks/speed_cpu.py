@@ -1,6 +1,6 @@
 """Predicted vs measured step time of real training steps on this CPU.
 
-The CPU is measured once (GEMM rate curve, bandwidth, eager op cost: trainfit.hardware.cpu), the
+The CPU is measured once (GEMM rate curve, bandwidth, eager op cost: trainfit.speed.cpu), the
 step's operations are recorded from a full-size data-less simulation with CPU semantics, and the
 same roofline that predicts GPUs predicts the step time.  Ground truth: the real step (same
 train_step) on real tensors, 2 warm-up then 5 timed optimizer steps, median; the whole grid is run
@@ -38,9 +38,9 @@ def grid() -> list[tuple[str, dict[str, Any]]]:
 
 def measure(job: Any, source: Any, steps: int = 5, warmup: int = 2) -> float:
 
+    from trainfit.engine.step import repeat_batches, train_step
     from trainfit.memory.cpu_truth import materialize_on_cpu
-    from trainfit.step import repeat_batches, train_step
-    from trainfit.workload import build_model_on_meta, make_batch, make_optimizer
+    from trainfit.model.workload import build_model_on_meta, make_batch, make_optimizer
 
     model, _ = build_model_on_meta(job, source)
     materialize_on_cpu(model)
@@ -60,9 +60,9 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from cpu_truth import models  # the same small models as the memory benchmark
-    from trainfit.hardware.cpu import cpu_speed
     from trainfit.job import JobSpec
     from trainfit.memory.simulate import SimTarget, simulate_step
+    from trainfit.speed.cpu import cpu_speed
     from trainfit.speed.ops import OpRecorder
     from trainfit.speed.predict import model_flops_per_token, predict_speed_exact
 

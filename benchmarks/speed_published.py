@@ -27,7 +27,7 @@ OUT = ROOT / "results"
 def _mpt_source(case: dict[str, Any]) -> Any:
     from transformers import GPT2Config
 
-    from trainfit.model_source import ModelSource
+    from trainfit.model.source import ModelSource
 
     m = case["model"]
     cfg = GPT2Config(n_embd=m["hidden_size"], n_layer=m["num_hidden_layers"],
@@ -64,8 +64,8 @@ def predict_bert(case: dict[str, Any]) -> dict[str, Any]:
     from calibration import case_to_job
     from trainfit.hardware.gpus import find_gpu
     from trainfit.job import JobSpec
-    from trainfit.model_source import resolve_model
-    from trainfit.plan import plan
+    from trainfit.model.source import resolve_model
+    from trainfit.plan.grid import plan
 
     fields, gpu_name, _ = case_to_job(case)
     job = JobSpec(**fields)

@@ -13,7 +13,7 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 def tiny_llama():
     from transformers import LlamaConfig
 
-    from trainfit.model_source import ModelSource
+    from trainfit.model.source import ModelSource
 
     cfg = LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=3,
                       num_attention_heads=4, num_key_value_heads=2, vocab_size=2000,
@@ -25,7 +25,7 @@ def tiny_llama():
 def tiny_gpt2():
     from transformers import GPT2Config
 
-    from trainfit.model_source import ModelSource
+    from trainfit.model.source import ModelSource
 
     cfg = GPT2Config(n_embd=128, n_layer=2, n_head=4, vocab_size=2000, n_positions=256)
     return ModelSource("tiny-gpt2", cfg, "causal-lm", "local")

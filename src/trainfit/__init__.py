@@ -9,7 +9,7 @@ __all__ = ["JobSpec", "StepHook", "TrainfitCallback", "watch"]
 def __getattr__(name: str) -> Any:
     # lazy: `import trainfit` must not import torch/transformers (the CLI starts faster)
     if name in ("TrainfitCallback", "StepHook", "watch"):
-        from trainfit import hooks
+        from trainfit.run import hooks
 
         return getattr(hooks, name)
     if name == "JobSpec":

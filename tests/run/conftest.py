@@ -10,8 +10,8 @@ def limit_between():
     """``f(job, fits, ooms)``: a CPU memory limit halfway between the simulated peaks of the job at
     micro-batch ``fits`` and at ``ooms`` (the same step the trainer runs, so the OOM is real)."""
     from trainfit.data import builtin_tokenizer, read_rows, tokenize_rows
-    from trainfit.model_source import resolve_model
-    from trainfit.tune import CpuPredictor
+    from trainfit.model.source import resolve_model
+    from trainfit.tune.tuner import CpuPredictor
 
     def f(job, fits: int, ooms: int) -> int:
         src = resolve_model(job.model)

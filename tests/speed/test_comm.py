@@ -6,7 +6,7 @@ import pytest
 
 from trainfit.hardware.gpus import find_gpu
 from trainfit.job import JobSpec
-from trainfit.plan import plan
+from trainfit.plan.grid import plan
 from trainfit.speed.comm import DDP_BUCKET_BYTES, RING_BUS_EFFICIENCY, sync_time
 
 

@@ -122,8 +122,8 @@ def plan_cmd(
 ) -> None:
     """Predict the peak GPU memory of each candidate configuration (no GPU needed)."""
     from trainfit.hardware.gpus import find_gpu, gpu_names
-    from trainfit.model_source import resolve_model
-    from trainfit.plan import plan
+    from trainfit.model.source import resolve_model
+    from trainfit.plan.grid import plan
 
     try:
         fields, extra = _load_target(target)
@@ -180,7 +180,7 @@ def plan_cmd(
 @app.command("models")
 def models_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List the built-in model catalog."""
-    from trainfit.catalog.models import MODELS
+    from trainfit.model.catalog.models import MODELS
 
     rows = [{"name": m.name, "hf_id": m.hf_id, "task": m.task, "params": m.param_count,
              "note": m.note} for m in MODELS.values()]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from trainfit.plan import PlanResult
+from trainfit.plan.grid import PlanResult
 
 GIB = 2**30
 

@@ -1,4 +1,4 @@
-"""``trainfit tune``: parse → :func:`trainfit.tune.tune` → table / --json / trainfit.yaml / --emit."""
+"""``trainfit tune``: parse → :func:`trainfit.tune.tuner.tune` → table / --json / trainfit.yaml / --emit."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def _render(result: Any) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from trainfit.search import optimizer_words
+    from trainfit.tune.search import optimizer_words
 
     d = result.to_dict()
     con = Console()
@@ -101,9 +101,9 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
         """Measure the real job on the real device and choose the fastest configuration that fits."""
-        from trainfit.emit import accelerate_config, hf_training_args, job_yaml, trl_sft_config
-        from trainfit.search import KNOBS
-        from trainfit.tune import TuneOptions, tune
+        from trainfit.job.emit import accelerate_config, hf_training_args, job_yaml, trl_sft_config
+        from trainfit.tune.search import KNOBS
+        from trainfit.tune.tuner import TuneOptions, tune
 
         try:
             fields: dict[str, Any] = {}

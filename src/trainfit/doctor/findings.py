@@ -76,7 +76,7 @@ class Observation:
     log_calls_per_step: float = 0.0
     ops_per_step: float | None = None
     op_overhead_s: float | None = None
-    """Measured fixed cost of dispatching one op on this host (trainfit.hardware.cpu)."""
+    """Measured fixed cost of dispatching one op on this host (trainfit.speed.cpu)."""
     matmul_time_fraction: float | None = None
     mfu: float | None = None
     recompute_s: float = 0.0

@@ -39,10 +39,10 @@ from trainfit.doctor.lazy_data import LazyRows
 from trainfit.doctor.opstats import start_profile, stop_profile
 from trainfit.doctor.split import OTHER, PhaseClock, Split, StepRecord, median_split
 from trainfit.doctor.watch import HostSummary, HostWatch
+from trainfit.engine.step import train_step
 from trainfit.job import JobSpec
-from trainfit.model_source import ModelSource
-from trainfit.runtime import RealWorkload, build_real
-from trainfit.step import train_step
+from trainfit.model.runtime import RealWorkload, build_real
+from trainfit.model.source import ModelSource
 
 
 @dataclass
@@ -121,7 +121,7 @@ class JobRunner:
     def data(self, mode: str, job: JobSpec) -> DataSetup:
         if mode in self._data:
             return self._data[mode]
-        from trainfit.tune import max_positions
+        from trainfit.tune.tuner import max_positions
 
         task = self.source.task
         if mode == "lazy":

@@ -92,9 +92,9 @@ def op_overhead_s(n: int = 2000) -> float:
 
 def cpu_peak_flops(dtype: torch.dtype = torch.float32) -> float:
     """Best of 3 timings of a 1024³ GEMM on this host now (the measured ceiling MFU is relative to);
-    trainfit.hardware.cpu's cached curve when it exists."""
+    trainfit.speed.cpu's cached curve when it exists."""
     try:
-        from trainfit.hardware import cpu
+        from trainfit.speed import cpu
 
         if cpu.CACHE.is_file():
             import json
@@ -214,8 +214,8 @@ def doctor_job(path: str | Path | None = None, *, job: JobSpec | None = None, to
                memory_limit_bytes: int | None = None, log: Any = None) -> DoctorResult:
     """Measure a trainfit job, name its bottlenecks, apply the fixes and measure again."""
     from trainfit.doctor.fixes import WorkerTrial, choose_workers
-    from trainfit.model_source import resolve_model
-    from trainfit.runtime import parse_device
+    from trainfit.model.runtime import parse_device
+    from trainfit.model.source import resolve_model
 
     say = log or (lambda msg: None)
     target = str(path) if path is not None else "job"

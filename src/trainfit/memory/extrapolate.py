@@ -21,7 +21,7 @@ from typing import Any
 from trainfit.job import JobSpec
 from trainfit.memory.allocator import replay
 from trainfit.memory.simulate import SimResult, SimTarget, simulate_step
-from trainfit.model_source import ModelSource
+from trainfit.model.source import ModelSource
 
 LAYER_ATTRS = ("num_hidden_layers", "n_layer", "num_layers")
 

@@ -17,7 +17,7 @@ from trainfit.hardware.gpus import GpuSpec
 from trainfit.job import JobSpec
 from trainfit.memory.allocator import replay
 from trainfit.memory.simulate import SimTarget, simulate_step
-from trainfit.model_source import ModelSource
+from trainfit.model.source import ModelSource
 
 DEFAULT_MARGIN = 0.10
 """Fits = predicted device peak ≤ (1 − margin) × capacity.  10 % covers what is not modelled
@@ -106,7 +106,7 @@ def data_parallel_bytes(job: JobSpec, source: ModelSource, breakdown: dict[str, 
                         trainable_params: int) -> tuple[int, list[str]]:
     """What data parallelism adds to the one-process step's peak (DDP buckets, FSDP shards),
     from the one-process breakdown; 0 for one rank."""
-    from trainfit.workload import weight_dtypes
+    from trainfit.model.workload import weight_dtypes
 
     layers = max(int(getattr(source.config, "num_hidden_layers", 0)
                      or getattr(source.config, "num_layers", 0) or 1), 1)

@@ -17,12 +17,12 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from trainfit.engine.step import repeat_batches, train_step
 from trainfit.job import JobSpec
 from trainfit.memory.semantics import AttentionTarget, device_semantics
 from trainfit.memory.tracker import LiveBytesTracker
-from trainfit.model_source import ModelSource
-from trainfit.step import repeat_batches, train_step
-from trainfit.workload import build_model_on_meta, cpu_autocast, make_batch, make_optimizer
+from trainfit.model.source import ModelSource
+from trainfit.model.workload import build_model_on_meta, cpu_autocast, make_batch, make_optimizer
 
 _QUANT_STATE = {"weight_packed", "absmax", "absmax2", "code", "code2"}
 

@@ -27,9 +27,9 @@ import torch
 
 from trainfit.data.dataset import DataError, TokenData
 from trainfit.data.loader import LoaderKnobs, label_count, label_tokens, make_loader
+from trainfit.engine.dist import Dist
 from trainfit.job import JobError, JobSpec
-from trainfit.model_source import ModelSource
-from trainfit.run.dist import Dist
+from trainfit.model.source import ModelSource
 
 HOLD_OUT_STREAM = 0x65766131
 """Second seed word of the held-out split's generator: a stream of its own, so the split is a
@@ -72,7 +72,7 @@ class EvalResult:
 def load_eval_data(job: JobSpec, source: ModelSource, path: Path) -> TokenData:
     """A separate file read and tokenized exactly as the training data (same tokenizer, seq_len,
     task, packing, text field): ``load_data`` itself, on the other path."""
-    from trainfit.tune import load_data
+    from trainfit.tune.tuner import load_data
 
     try:
         data = load_data(job.replace(data=str(path)), source)

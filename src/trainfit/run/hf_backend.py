@@ -2,7 +2,7 @@
 ``SFTTrainer`` (chat data) instead of trainfit's own loop.
 
 What is shared with the own loop, so the run is the step ``plan`` predicted and ``tune`` measured:
-the model and optimizer come from :func:`trainfit.runtime.build_real` (same init, attention,
+the model and optimizer come from :func:`trainfit.model.runtime.build_real` (same init, attention,
 checkpointing, precision, fused/foreach/8-bit optimizer) and are handed to the trainer
 (``optimizers=``); the scheduler is the own loop's linear decay; the samples are drawn in
 trainfit's (seed, epoch) order (:class:`OrderSampler`) and padded by trainfit's collator. With one
@@ -236,8 +236,8 @@ class _Eval:
         return last or bool(every and step % every == 0)
 
     def __call__(self, step: int, res: TrainResult, sampler: Any) -> None:
+        from trainfit.engine.dist import Dist
         from trainfit.run import evaluate as ev
-        from trainfit.run.dist import Dist
 
         r = ev.evaluate(ev.eval_module(self.model), self.data, task=self.task, batch=self.batch,
                         step=step, device=self.device, autocast=self.autocast, dist=Dist.from_env(),
@@ -305,7 +305,7 @@ def last_checkpoint(resume: Path) -> str:
 
 def _training_args(job: JobSpec, opts: RunOptions, backend: str, total: int, device: torch.device
                    ) -> Any:
-    from trainfit.emit import hf_training_args, trl_sft_config
+    from trainfit.job.emit import hf_training_args, trl_sft_config
 
     kw = trl_sft_config(job) if backend == "trl" else hf_training_args(job)
     kw.pop("optim")  # the optimizer is trainfit's own, handed in (same kernel as plan/tune)
@@ -362,7 +362,8 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     import os
 
     from trainfit.data.tokenizer import load_tokenizer
-    from trainfit.model_source import resolve_model
+    from trainfit.model.runtime import build_real, check_no_offload, parse_device
+    from trainfit.model.source import resolve_model
     from trainfit.monitor import Sampler
     from trainfit.run.evaluate import eval_split
     from trainfit.run.loop import (
@@ -374,8 +375,7 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
         linear_decay,
         total_steps,
     )
-    from trainfit.runtime import build_real, check_no_offload, parse_device
-    from trainfit.tune import load_data
+    from trainfit.tune.tuner import load_data
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -451,8 +451,8 @@ def run_backend(job: JobSpec, opts: RunOptions, backend: str = "trainfit") -> Tr
         raise JobError(f"--backend {backend}: unknown", f"choose one of {', '.join(BACKENDS)}")
     if backend == "trainfit":
         return train(job, opts)
-    from trainfit.model_source import resolve_model
-    from trainfit.tune import load_data
+    from trainfit.model.source import resolve_model
+    from trainfit.tune.tuner import load_data
 
     source = resolve_model(job.model, job.trust_remote_code)
     if backend != "auto":  # refuse a model the trainers cannot run before reading the data

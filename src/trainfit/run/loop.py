@@ -30,14 +30,14 @@ from trainfit.data.loader import (
     micro_batch_ids,
     step_weights,
 )
+from trainfit.engine.dist import Dist
+from trainfit.engine.step import train_step
 from trainfit.job import JobError, JobSpec
-from trainfit.model_source import resolve_model
-from trainfit.probe import LimitTracker
+from trainfit.model.runtime import build_real, check_no_offload, parse_device
+from trainfit.model.source import resolve_model
 from trainfit.run import checkpoint as ckpt
 from trainfit.run import evaluate as ev
-from trainfit.run.dist import Dist
-from trainfit.runtime import build_real, check_no_offload, parse_device
-from trainfit.step import train_step
+from trainfit.tune.probe import LimitTracker
 
 
 @dataclass(kw_only=True)
@@ -193,7 +193,7 @@ def limit_tracker(limit_bytes: int | None, model: torch.nn.Module) -> LimitTrack
 
 class Trainer:
     def __init__(self, job: JobSpec, opts: RunOptions, data: TokenData | None = None) -> None:
-        from trainfit.tune import load_data
+        from trainfit.tune.tuner import load_data
 
         self.job = job
         self.o = opts
@@ -212,7 +212,7 @@ class Trainer:
         check_no_offload(self.wl.model, opts.allow_offload)
         self.model = self.dist.wrap(self.wl.model, self.device, sharding=job.sharding)
         if self.dist.shards(job.sharding):  # fully_shard swapped in DTensor parameters
-            from trainfit.runtime import rebuild_optimizer
+            from trainfit.model.runtime import rebuild_optimizer
 
             rebuild_optimizer(self.wl, job, lr=job.lr)
         if job.compile:

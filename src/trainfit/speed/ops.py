@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import flop_registry
 
-from trainfit.hardware.cpu_kernels import replay_key
+from trainfit.speed.cpu_kernels import replay_key
 
 _GEMMS = {"mm", "addmm", "bmm", "baddbmm"}
 _CPU_FLASH = "_scaled_dot_product_flash_attention_for_cpu"
@@ -55,7 +55,7 @@ class OpRecord:
     """Elements of the largest tensor the op touches (per-element compute on a CPU)."""
     replay: tuple[Any, ...] | None = None
     """For heavy kernels: the op's argument metadata, to time it on this CPU by replay
-    (:mod:`trainfit.hardware.cpu_kernels`)."""
+    (:mod:`trainfit.speed.cpu_kernels`)."""
 
 
 def _tensors(items: Any) -> list[torch.Tensor]:

@@ -60,7 +60,7 @@ class DeviceSpeed:
     (this CPU): achieved rate interpolated in log(FLOPs)."""
     kernel_timer: Any = field(default=None, compare=False, repr=False)
     """This CPU: measured seconds of a heavy op replayed at its recorded shapes and layouts
-    (:class:`trainfit.hardware.cpu_kernels.KernelTimer`); None on a GPU."""
+    (:class:`trainfit.speed.cpu_kernels.KernelTimer`); None on a GPU."""
     source: str = ""
 
     @classmethod

@@ -1,0 +1,123 @@
+"""Many ranks: torchrun's environment → a process group, DDP or FSDP, and the collective decisions
+every rank must take together (an OOM on one rank makes all ranks split; an interrupt stops all)."""
+
+from __future__ import annotations
+
+import atexit
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_env(cls) -> Dist:
+        """Set up by torchrun / accelerate launch (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR…)."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return cls()
+        d = cls(rank=int(os.environ["RANK"]), world=world,
+                local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+        if not dist.is_initialized():
+            # the decisions every rank takes together (any OOM, loss sums, sample ids) travel as
+            # small CPU tensors and objects: NCCL carries CUDA tensors only, so on GPUs the group
+            # has both backends, gloo for CPU tensors and NCCL for the gradients
+            cuda = torch.cuda.is_available()
+            if cuda:
+                torch.cuda.set_device(d.local_rank)
+            dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
+            # torch's teardown order otherwise destroys gloo's worker threads while joinable at
+            # interpreter exit ("terminate called without an active exception", SIGABRT after the
+            # work is done: seen ~1 run in 4 of two CPU ranks); torch asks for this call
+            atexit.register(dist.destroy_process_group)
+        return d
+
+    def shards(self, sharding: str) -> bool:
+        """Whether :meth:`wrap` shards the parameters (then they are DTensors: the optimizer must be
+        built over them after wrapping, and checkpoints gather collectively)."""
+        return sharding == "fsdp" and self.world > 1
+
+    def wrap(self, model: torch.nn.Module, device: torch.device,
+             sharding: str = "none") -> torch.nn.Module:
+        """DDP (``sharding: none``) or FSDP full shard (``fsdp``) over the ranks; one rank: the
+        model itself — FSDP over one rank would shard nothing and only add copies, so it is a
+        no-op there (the job's ``sharding`` then changes no number)."""
+        if self.world == 1:
+            return model
+        if sharding == "fsdp":
+            return _fully_shard(model)
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [device.index] if device.type == "cuda" else None
+        return DDP(model, device_ids=ids)
+
+    def any(self, flag: bool) -> bool:
+        if self.world == 1:
+            return flag
+        t = torch.tensor([1.0 if flag else 0.0])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item() > 0)
+
+    def sum(self, value: float) -> float:
+        if self.world == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t)
+        return float(t.item())
+
+    def gather_ids(self, ids: list[int]) -> list[int]:
+        if self.world == 1:
+            return ids
+        out: list[list[int] | None] = [None] * self.world
+        dist.all_gather_object(out, ids)
+        return [i for part in out for i in (part or [])]
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+
+def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks, each its own FSDP unit (gathered just before it runs, freed after):
+    modules whose class a transformers model names in ``_no_split_modules`` (what accelerate's
+    auto-wrap policy uses; found on any submodule, so a PEFT wrapper's inner model counts), else
+    the entries of the ``nn.ModuleList`` holding the most parameters (a custom GPT's ``blocks``, not
+    a block's list of experts), else none (the root alone: correct, only without the per-block
+    memory saving). Inner modules come before the modules holding them: ``fully_shard`` must
+    reach a nested unit before its parent claims the parameters."""
+    names: set[str] = set()
+    for m in model.modules():
+        names.update(getattr(m, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names and m is not model]
+    if blocks:
+        return blocks[::-1]  # modules() lists a parent before its children
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 1]
+    if not lists:
+        return []
+    return list(max(lists, key=lambda ml: sum(p.numel() for p in ml.parameters())))
+
+
+def _fully_shard(model: torch.nn.Module) -> torch.nn.Module:
+    """FSDP2 (``torch.distributed.fsdp.fully_shard``): per block, then the root (embeddings, final
+    norm, head). FSDP2 rather than FSDP1: its parameters stay the model's own (DTensors under the
+    same names, no flat-parameter wrapper), so state dicts, PEFT's frozen/trainable mix and gradient
+    clipping need no special case; it runs on CPU with gloo (checked on torch 2.13: all-gather,
+    reduce-scatter, DTensor grads in ``clip_grad_norm_``), so no FSDP1 fallback is needed. amp-fp16's
+    GradScaler works unchanged: DTensor reduces its inf/NaN check over the shards, so all ranks
+    skip or take a step together. It replaces the module's parameters in place: an optimizer built
+    before holds the old full tensors and must be rebuilt (:func:`trainfit.model.runtime.rebuild_optimizer`).
+    Gradients are reduce-scattered in every micro-step's backward (no accumulation unsharded: that
+    would cost the full gradient's memory FSDP is there to save)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in shard_units(model):
+        fully_shard(block)
+    fully_shard(model)
+    return model

@@ -1,0 +1,227 @@
+"""The job on a real device: device checks, the model with real weights, optimizer, autocast, scaler.
+
+The model is built by :func:`trainfit.model.workload.build_model_on_meta` — the same code ``plan``
+simulates — and then given storage on the device. Weights are random (N(0, 0.02)) for catalog
+models and bare configs, or loaded from the model's safetensors when the source has them
+(``init="pretrained"``): memory and speed do not depend on the values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainfit.job import JobError, JobSpec
+from trainfit.model.source import ModelSource
+from trainfit.model.workload import amp_dtype, build_model_on_meta, make_optimizer
+
+
+def parse_device(spec: str) -> torch.device:
+    """``cpu``, ``cuda`` or ``cuda:N``, checked against what this machine has."""
+    try:
+        dev = torch.device(spec)
+    except RuntimeError:
+        raise JobError(f"--device {spec}: not a device", "use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise JobError(f"--device {spec}: this machine has no CUDA device "
+                           "(torch.cuda.is_available() is False)",
+                           "use --device cpu (with --memory-limit to stand in for a GPU)")
+        n = torch.cuda.device_count()
+        idx = dev.index or 0
+        if idx >= n:
+            raise JobError(f"--device {spec}: only {n} CUDA device(s) visible",
+                           f"use cuda:0 … cuda:{n - 1}")
+        return torch.device("cuda", idx)
+    if dev.type != "cpu":
+        raise JobError(f"--device {spec}: unsupported device type", "use cpu or cuda:N")
+    return dev
+
+
+def check_precision_on(job: JobSpec, device: torch.device) -> None:
+    prec = job.precision or "fp32"
+    if device.type == "cuda" and prec in ("amp-bf16", "bf16-true") \
+            and not torch.cuda.is_bf16_supported():
+        raise JobError(f"--precision {prec}: {torch.cuda.get_device_name(device)} has no bf16",
+                       "use --precision amp-fp16 (with a GradScaler) or fp32")
+
+
+def autocast_for(job: JobSpec, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
+    dt = amp_dtype(job.precision or "fp32")
+    if dt is None:
+        return contextlib.nullcontext
+    return lambda: torch.autocast(device.type, dtype=dt)
+
+
+def scaler_for(job: JobSpec, device: torch.device) -> Any | None:
+    """fp16 autocast needs loss scaling (small gradients underflow fp16); bf16 does not."""
+    if job.precision == "amp-fp16":
+        return torch.amp.GradScaler(device.type)
+    return None
+
+
+def init_weights(model: torch.nn.Module, device: torch.device | str, seed: int,
+                 zero_lora_b: bool = True) -> torch.nn.Module:
+    """Real storage for a model built on ``meta``: N(0, 0.02) weights (GPT-2/Llama init), ones for
+    norm scales, the usual rotary frequencies; values drawn on CPU so every device gets the same.
+    ``zero_lora_b``: PEFT's init (the adapter starts as a no-op); the memory ground truth keeps
+    them random, as it always has (values do not change its bytes)."""
+    gen = torch.Generator().manual_seed(seed)
+    # to_empty gives each module its own new Parameter, untying shared ones (a custom GPT's head
+    # tied to its embedding; transformers models re-tie with tie_weights): remember who shares
+    shared: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+    for mod in model.modules():
+        for pname, prm in mod._parameters.items():
+            if prm is not None:
+                shared.setdefault(id(prm), []).append((mod, pname))
+    model.to_empty(device=device)
+    for users in shared.values():
+        first_mod, first_name = users[0]
+        for mod, pname in users[1:]:
+            mod._parameters[pname] = first_mod._parameters[first_name]
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if hasattr(base, "tie_weights"):  # to_empty unties shared storage; from_pretrained keeps it
+        base.tie_weights()
+    norm_params = {f"{n}.{pn}": pn for n, m in model.named_modules()
+                   if type(m).__name__.endswith("Norm") for pn in ("weight", "bias")}
+    with torch.no_grad():
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            if t.is_floating_point():
+                if name.endswith(("norm.weight", "ln_f.weight", "layernorm.weight")) \
+                        or "LayerNorm.weight" in name or ".ln_" in name:
+                    t.fill_(1.0)
+                elif name in norm_params:  # norms the names above miss (a custom model's ln1)
+                    t.fill_(1.0 if norm_params[name] == "weight" else 0.0)
+                elif "inv_freq" in name:
+                    dim = t.numel() * 2
+                    t.copy_(1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)))
+                elif zero_lora_b and "lora_B" in name:
+                    t.zero_()  # PEFT's init: the adapter starts as a no-op
+                else:
+                    t.copy_(torch.randn(t.shape, generator=gen, dtype=torch.float32) * 0.02)
+            else:
+                t.zero_()
+    return model
+
+
+def _weight_files(source: ModelSource) -> list[Path]:
+    if source.origin != "local":
+        return []
+    p = Path(source.name)
+    d = p.parent if p.is_file() else p
+    return sorted(d.glob("*.safetensors"))
+
+
+def load_pretrained_into(model: torch.nn.Module, source: ModelSource) -> int:
+    """Copy the source's safetensors weights into the built model (names matched with and without
+    PEFT's prefixes); returns how many tensors were loaded. Never unpickles (safetensors only)."""
+    from safetensors.torch import load_file
+
+    own = dict(model.named_parameters())
+    own.update(dict(model.named_buffers()))
+    by_suffix = {}
+    for n in own:
+        key = n.replace("base_model.model.", "").replace(".base_layer", "")
+        by_suffix[key] = n
+    loaded = 0
+    for f in _weight_files(source):
+        try:
+            tensors = load_file(str(f))
+        except Exception as err:  # safetensors raises its own error type for corrupt files
+            raise JobError(f"{f}: cannot read the weights ({err})",
+                           "the file is corrupt or not safetensors") from None
+        with torch.no_grad():
+            for k, v in tensors.items():
+                name = by_suffix.get(k)
+                if name is not None and own[name].shape == v.shape:
+                    own[name].copy_(v.to(own[name].dtype))
+                    loaded += 1
+    return loaded
+
+
+@dataclass
+class RealWorkload:
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    autocast: Callable[[], contextlib.AbstractContextManager]
+    scaler: Any | None
+    device: torch.device
+    total_params: int
+    trainable_params: int
+    step_model: Any = None
+    """What the step calls: the model, or its ``torch.compile`` wrapper."""
+
+    def __post_init__(self) -> None:
+        if self.step_model is None:
+            self.step_model = self.model
+
+
+def build_real(job: JobSpec, source: ModelSource, device: torch.device, *, seed: int = 0,
+               init: str = "auto", lr: float = 1e-4) -> RealWorkload:
+    """The job's model and optimizer with real storage on ``device``."""
+    if job.method == "qlora" and device.type != "cuda":
+        raise JobError("--method qlora: bitsandbytes 4-bit layers run on CUDA only",
+                       "use --device cuda:N, or --method lora on CPU")
+    if job.method == "qlora" or job.optimizer not in ("adamw", "sgd", "adafactor"):
+        try:
+            import bitsandbytes  # noqa: F401
+        except ImportError:
+            raise JobError(f"--method {job.method} --optimizer {job.optimizer} needs "
+                           "bitsandbytes", "pip install bitsandbytes") from None
+    check_precision_on(job, device)
+    torch.manual_seed(seed)
+    model, info = build_model_on_meta(job, source)
+    if job.method == "qlora":
+        raise JobError("--method qlora: real 4-bit runs are not wired in this version",
+                       "tune/train it as --method lora with --precision bf16-true, "
+                       "or use trainfit plan for its memory")
+    init_weights(model, device, seed)
+    if init in ("auto", "pretrained") and _weight_files(source):
+        n = load_pretrained_into(model, source)
+        if init == "pretrained" and n == 0:
+            raise JobError(f"{source.name}: no weight in its safetensors matches the model",
+                           "check that the weights belong to this config")
+    elif init == "pretrained":
+        raise JobError(f"{source.name}: no safetensors weights to load",
+                       "use --init random, or a model dir with *.safetensors")
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = make_optimizer(job, trainable, simulate=False, lr=lr)
+    return RealWorkload(model, opt, autocast_for(job, device), scaler_for(job, device), device,
+                        info.total_params, info.trainable_params)
+
+
+def rebuild_optimizer(wl: RealWorkload, job: JobSpec, lr: float) -> torch.optim.Optimizer:
+    """The job's optimizer, as :func:`build_real` makes it, over the model's parameters as they are
+    now: FSDP's ``fully_shard`` replaced them with sharded DTensors, which the first optimizer does
+    not hold. Dropping it also frees the full tensors it kept alive. Call before any step."""
+    trainable = [p for p in wl.model.parameters() if p.requires_grad]
+    wl.optimizer = make_optimizer(job, trainable, simulate=False, lr=lr)
+    return wl.optimizer
+
+
+def check_no_offload(model: torch.nn.Module, allow_offload: bool = False) -> None:
+    """Seed 001 lost days to a silent CPU offload: a ``device_map`` that put modules on ``cpu`` or
+    ``disk`` trains 10–100× slower. Stop unless the user asked for it."""
+    dmap = getattr(model, "hf_device_map", None) or {}
+    off = {name: dev for name, dev in dmap.items() if str(dev) in ("cpu", "disk")}
+    if not off or allow_offload:
+        return
+    missing = 0
+    for name in off:
+        try:
+            mod = model.get_submodule(name) if name else model
+        except AttributeError:
+            continue
+        missing += sum(p.numel() * p.element_size() for p in mod.parameters())
+    names = ", ".join(f"{n or '<root>'}→{d}" for n, d in list(off.items())[:5])
+    more = f" (+{len(off) - 5} more)" if len(off) > 5 else ""
+    raise JobError(f"{len(off)} module(s) were offloaded by the device map: {names}{more}; "
+                   f"{missing / 2**30:.2f} GiB of weights would not fit on the GPU",
+                   "use QLoRA / a smaller micro-batch (trainfit plan), or pass --allow-offload "
+                   "to train that slowly on purpose")

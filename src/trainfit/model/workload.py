@@ -1,0 +1,222 @@
+"""Build what a job trains — model (+LoRA, +4-bit base), optimizer, a batch — the same way for the
+data-less simulation and for real runs.
+
+Dtype policy (written down because it changes the answer by GiBs):
+* ``full``: weights fp32 for ``fp32`` and ``amp-*`` (fp32 master weights + autocast), bf16 for
+  ``bf16-true``; gradients and optimizer states follow the weights (torch AdamW).
+* ``lora``/``qlora``: the frozen base in the autocast dtype for ``amp-*`` (the usual
+  ``torch_dtype=bfloat16`` + ``bf16=True`` recipe) and adapters in fp32 (PEFT's
+  ``autocast_adapter_dtype``); everything bf16 for ``bf16-true``; fp32 for ``fp32``.
+* ``qlora``: every frozen linear layer except the output head becomes 4-bit (transformers'
+  ``BitsAndBytesConfig`` skips the output embedding), compute dtype bf16 (fp16 under amp-fp16).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from trainfit.job import JobError, JobSpec
+from trainfit.model.source import ModelSource
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def amp_dtype(precision: str) -> torch.dtype | None:
+    return {"amp-fp16": torch.float16, "amp-bf16": torch.bfloat16}.get(precision)
+
+
+def cpu_autocast(job: JobSpec) -> Any:
+    """The autocast context factory ``train_step`` takes for runs on CPU tensors (real or fake):
+    CPU autocast in the job's amp dtype, or none."""
+    import contextlib
+
+    dt = amp_dtype(job.precision or "fp32")
+    if dt is None:
+        return contextlib.nullcontext
+    return lambda: torch.autocast("cpu", dtype=dt)
+
+
+def weight_dtypes(job: JobSpec) -> tuple[torch.dtype, torch.dtype]:
+    """(frozen/base weight dtype, trainable weight dtype)."""
+    precision = job.precision or "fp32"
+    if precision == "bf16-true":
+        return torch.bfloat16, torch.bfloat16
+    if precision == "fp32":
+        return torch.float32, torch.float32
+    if job.method == "full":
+        return torch.float32, torch.float32
+    return amp_dtype(precision) or torch.float32, torch.float32
+
+
+@dataclass
+class ModelInfo:
+    total_params: int = 0
+    trainable_params: int = 0
+    quantized_linears: int = 0
+    lora_target_modules: list[str] | str = field(default_factory=list)
+    attention_impl: str = "sdpa"
+
+
+def _auto_class(task: str) -> Any:
+    import transformers as tf
+
+    return {
+        "causal-lm": tf.AutoModelForCausalLM,
+        "seq2seq-lm": tf.AutoModelForSeq2SeqLM,
+        "sequence-classification": tf.AutoModelForSequenceClassification,
+    }[task]
+
+
+def build_model_on_meta(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Module, ModelInfo]:
+    """The model exactly as it will train (LoRA, 4-bit, dtypes, checkpointing), without data."""
+    import copy
+
+    if source.task == "custom-lm":
+        return _build_custom(job, source)
+    cfg = copy.deepcopy(source.config)
+    cfg.use_cache = False
+    if source.task == "seq2seq-lm" and getattr(cfg, "decoder_start_token_id", None) is None:
+        # T5 shifts the labels right with this id; configs built from sizes alone lack it
+        cfg.decoder_start_token_id = getattr(cfg, "pad_token_id", None) or 0
+        cfg.pad_token_id = cfg.decoder_start_token_id
+    attn = "eager" if job.attention == "eager" else "sdpa"
+    cfg._attn_implementation = attn  # transformers 5 reads this at build time
+    base_dtype, train_dtype = weight_dtypes(job)
+    info = ModelInfo(attention_impl=attn)
+    with torch.device("meta"):
+        try:
+            model = _auto_class(source.task).from_config(
+                cfg, trust_remote_code=job.trust_remote_code, attn_implementation=attn)
+        except ValueError as err:
+            if "attn_implementation" in str(err) or "sdpa" in str(err).lower():
+                raise JobError(f"--attention {job.attention}: {source.name} has no SDPA "
+                               "implementation in transformers", "use --attention eager") from None
+            raise
+    model.to(base_dtype if job.method != "full" else train_dtype)
+    if job.grad_ckpt == "full":
+        if not getattr(model, "supports_gradient_checkpointing", False):
+            raise JobError(f"--grad-ckpt full: {source.name} does not support gradient "
+                           "checkpointing in transformers", "use --grad-ckpt off")
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+
+    return _finish_model(job, source, model, cfg, info, train_dtype)
+
+
+def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg: Any,
+                  info: ModelInfo, train_dtype: torch.dtype) -> tuple[torch.nn.Module, ModelInfo]:
+    """LoRA / 4-bit / trainable flags / chunked head, and the parameter counts."""
+    if job.method in ("lora", "qlora"):
+        from peft import LoraConfig, get_peft_model
+
+        from trainfit.model.lora_targets import resolve_targets
+
+        targets = resolve_targets(model, job.lora_targets, cfg.model_type)
+        info.lora_target_modules = targets
+        lcfg = LoraConfig(r=job.lora_r, lora_alpha=job.lora_alpha, lora_dropout=job.lora_dropout,
+                          target_modules=targets, bias="none")
+        model = get_peft_model(model, lcfg, autocast_adapter_dtype=False)
+        for p in model.parameters():
+            if p.requires_grad:
+                p.data = p.data.to(train_dtype)
+        if job.method == "qlora":
+            from trainfit.model.standins import quantize_linears_4bit
+
+            out_emb = model.get_output_embeddings()
+            skip = set() if job.quant_lm_head else {
+                n for n, m in model.named_modules() if m is out_emb}
+            compute = torch.float16 if job.precision == "amp-fp16" else torch.bfloat16
+            info.quantized_linears = quantize_linears_4bit(
+                model, compute, job.quant == "nf4-dq", skip, legacy=job.bnb_legacy,
+                from_fp16=job.quant_from_fp16)
+    else:
+        for p in model.parameters():
+            p.requires_grad_(True)
+    if job.lm_head_chunk is not None:
+        if source.task != "causal-lm":
+            raise JobError("--lm-head-chunk applies to causal language models only")
+        from trainfit.model.chunked_head import ChunkedHeadLM
+
+        model = ChunkedHeadLM(model, job.lm_head_chunk)
+    seen: set[int] = set()
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        info.total_params += p.numel()
+        info.trainable_params += p.numel() if p.requires_grad else 0
+    for n, b in model.named_buffers():
+        if n.endswith("weight_packed"):
+            info.total_params += b.numel() * 2
+    return model, info
+
+
+def _build_custom(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Module, ModelInfo]:
+    """The user's own module (``module:factory``), wrapped to be called like a transformers LM."""
+    from trainfit.model.custom import CausalLMAdapter, build_module
+
+    base_dtype, train_dtype = weight_dtypes(job)
+    info = ModelInfo(attention_impl="custom")
+    with torch.device("meta"):
+        model = CausalLMAdapter(build_module(source.config.factory))
+    model.to(base_dtype if job.method != "full" else train_dtype)
+    if job.grad_ckpt == "full":
+        enable = getattr(model.inner, "gradient_checkpointing_enable", None)
+        if enable is None:
+            raise JobError(f"--grad-ckpt full: {source.name} has no gradient_checkpointing_enable()",
+                           "use --grad-ckpt off, or add the method to your module")
+        enable()
+    model.train()
+    return _finish_model(job, source, model, source.config, info, train_dtype)
+
+
+def make_optimizer(job: JobSpec, params: list[torch.nn.Parameter], *, simulate: bool,
+                   lr: float = 1e-4) -> torch.optim.Optimizer:
+    """The optimizer the job names, with its implementation explicit (never torch's default,
+    which depends on the tensor type: fake tensors would get the for-loop AdamW)."""
+    if job.optimizer == "adamw":
+        impl = job.optimizer_impl
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0,
+                                 foreach=impl == "foreach", fused=True if impl == "fused" else None)
+    if job.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9,
+                               foreach=job.optimizer_impl == "foreach")
+    if job.optimizer == "adafactor":
+        from transformers.optimization import Adafactor
+
+        # HF Trainer's optim="adafactor": scale_parameter=False, relative_step=False
+        return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False,
+                         warmup_init=False)
+    bits = 8 if job.optimizer.endswith("8bit") else 32
+    paged = job.optimizer.startswith("paged")
+    if simulate:
+        from trainfit.model.standins import Adam8bitSim
+
+        return Adam8bitSim(params, bits=bits, paged=paged, lr=lr)
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        raise JobError(f"--optimizer {job.optimizer} needs bitsandbytes",
+                       "pip install bitsandbytes") from None
+    cls = {(8, False): bnb.optim.AdamW8bit, (8, True): bnb.optim.PagedAdamW8bit,
+           (32, True): bnb.optim.PagedAdamW}[(bits, paged)]
+    # weight decay 0 as for torch's AdamW above (bitsandbytes defaults to 0.01; HF's optim
+    # "adamw_bnb_8bit", which --emit writes, to the Trainer's 0.0): only the states differ
+    return cls(params, lr=lr, weight_decay=0.0)
+
+
+def make_batch(source: ModelSource, micro_batch: int, seq_len: int,
+               device: torch.device | str = "cpu", generator: torch.Generator | None = None
+               ) -> dict[str, torch.Tensor]:
+    """A training batch of token ids (no attention mask: unpadded, as packed/equal-length data
+    is — a mask of ones would only stop SDPA from using its fast kernels)."""
+    vocab = int(source.config.vocab_size)
+    ids = torch.randint(0, vocab, (micro_batch, seq_len), device=device, generator=generator)
+    if source.task == "sequence-classification":
+        labels = torch.randint(0, max(int(getattr(source.config, "num_labels", 2)), 1),
+                               (micro_batch,), device=device, generator=generator)
+        return {"input_ids": ids, "labels": labels}
+    return {"input_ids": ids, "labels": ids.clone()}

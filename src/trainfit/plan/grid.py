@@ -1,0 +1,419 @@
+"""``trainfit plan``: predicted peak memory of every candidate configuration on a named GPU.
+
+Candidates: the precisions the GPU supports × checkpointing off/on × micro-batches (powers of two
+dividing the per-rank effective batch, plus the largest that fits), each with the accumulation that
+keeps the effective batch exact.  Knobs the user fixed are not varied.  Each (precision,
+checkpointing) group costs four small simulations (:mod:`trainfit.memory.extrapolate`); the
+recommended configuration is then re-simulated at full size, so the number it is chosen on is
+exact, not extrapolated.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from trainfit.hardware.gpus import GpuSpec
+from trainfit.job import PRECISIONS, JobError, JobSpec
+from trainfit.memory.extrapolate import fit_group
+from trainfit.memory.predict import (
+    DEFAULT_MARGIN,
+    MemoryPrediction,
+    finish,
+    predict_memory,
+    target_for,
+)
+from trainfit.model.source import ModelSource
+from trainfit.speed.ops import OpRecorder
+from trainfit.speed.predict import SpeedPrediction, model_flops_per_token, predict_speed_exact
+from trainfit.speed.roofline import DeviceSpeed
+
+MAX_MICRO_BATCH_WITHOUT_EFFECTIVE = 256
+MAX_WORKERS = 8
+MAX_VERIFICATIONS = 3
+
+
+@dataclass
+class PlanRow:
+    job: dict[str, Any]
+    """The job fields of this configuration (micro_batch, grad_accum, precision, grad_ckpt ...)."""
+    memory: MemoryPrediction
+    how: str
+    """``simulated`` (full-size run of the step) or ``extrapolated`` (from four small runs)."""
+    speed: SpeedPrediction | None = None
+    largest_fitting: bool = False
+    recommended: bool = False
+    rank: int | None = None
+    """1 = fastest predicted configuration that fits."""
+
+
+@dataclass
+class PlanResult:
+    model: str
+    model_origin: str
+    model_note: str
+    gpu: str | None
+    gpu_memory_bytes: int | None
+    margin: float
+    total_params: int
+    trainable_params: int
+    rows: list[PlanRow]
+    recommended_index: int | None
+    reason: str
+    plan_time_s: float
+    notes: list[str] = field(default_factory=list)
+    ladder: list[Any] = field(default_factory=list)
+    """When nothing fits: :class:`trainfit.plan.ladder.Rung` s, cumulative, up to the first that fits."""
+    dataset_tokens: int | None = None
+    epochs: float | None = None
+    current: PlanRow | None = None
+    """The user's current configuration, simulated at full size (when one was given)."""
+    vs_current: str | None = None
+    """The pick against the current configuration, in words."""
+    speedup_vs_current: float | None = None
+    """Predicted tokens/s of the pick ÷ that of the current configuration (None: unknown)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        ladder = [r.to_dict() for r in self.ladder]
+        cur = self.current
+        d = asdict(self)
+        d["ladder"] = ladder
+        d["current"] = None if cur is None else {
+            **cur.job, **{k: getattr(cur.memory, k) for k in (
+                "peak_allocated_bytes", "peak_reserved_bytes", "peak_device_bytes", "fits")},
+            **_speed_fields(asdict(cur.speed) if cur.speed else None)}
+        configs = []
+        for row in d.pop("rows"):
+            mem = row["memory"]
+            configs.append({**row["job"], **{k: mem[k] for k in (
+                "peak_allocated_bytes", "peak_reserved_bytes", "peak_device_bytes", "breakdown",
+                "peak_phase", "fits", "headroom_bytes")}, "how": row["how"],
+                "largest_fitting": row["largest_fitting"], "recommended": row["recommended"],
+                "rank": row["rank"], **_speed_fields(row["speed"]),
+                "time_for_dataset_s": self.time_for_dataset_s(row["speed"]),
+                "model_notes": mem["model_notes"]})
+        d["configs"] = configs
+        return d
+
+    def time_for_dataset_s(self, speed: dict[str, Any] | None) -> float | None:
+        """Predicted wall time for ``epochs`` over ``dataset_tokens`` (None when either is
+        unknown)."""
+        tps = (speed or {}).get("tokens_per_s")
+        if not tps or self.dataset_tokens is None:
+            return None
+        return self.dataset_tokens * (self.epochs or 1.0) / tps
+
+
+def _fit_one(args: tuple[JobSpec, ModelSource, Any]) -> Any:
+    return fit_group(*args)
+
+
+def _exact_row(args: tuple[JobSpec, ModelSource, GpuSpec | None, float]) -> PlanRow:
+    """Full-size simulation of one configuration: memory and (on a named GPU) speed."""
+    cj, source, gpu, margin = args
+    rec = OpRecorder()
+    mem = predict_memory(cj, source, gpu, margin, op_hook=rec)
+    speed = None if gpu is None else predict_speed_exact(
+        DeviceSpeed.from_gpu(gpu), rec.ops, cj.micro_batch or 1, cj.grad_accum or 1, cj.seq_len,
+        cj.ranks, _flops_per_token(source, mem, cj))
+    return PlanRow(cj.to_dict(), mem, "simulated", synced(speed, cj, mem, gpu))
+
+
+def synced(speed: SpeedPrediction | None, job: JobSpec, mem: MemoryPrediction,
+           gpu: GpuSpec | None) -> SpeedPrediction | None:
+    """``speed`` with the gradient synchronisation of ``ranks`` > 1 added (trainfit.speed.comm);
+    unknown when the GPU's interconnect is."""
+    from trainfit.speed.comm import sync_time, unknown_interconnect, with_sync
+
+    if speed is None or gpu is None or job.ranks <= 1 or speed.step_time_s is None:
+        return speed
+    if not gpu.interconnect_gbs:
+        return unknown_interconnect(speed, job.ranks)
+    grad_elem = 2 if job.precision == "bf16-true" else 4  # AMP keeps fp32 gradients
+    weight_elem = {"qlora": 0.5625}.get(job.method, 4 if job.precision == "fp32" or (
+        job.method == "full" and job.precision != "bf16-true") else 2)
+    return with_sync(speed, sync_time(
+        ranks=job.ranks, sharding=job.sharding, grad_accum=job.grad_accum or 1,
+        grad_bytes=mem.trainable_params * grad_elem, param_bytes=mem.total_params * weight_elem,
+        link_gbs=gpu.interconnect_gbs, micro_step_s=speed.step_time_s / (job.grad_accum or 1)))
+
+
+class _Workers:
+    """Forked processes that run the simulations (each is single-threaded Python).
+
+    The same processes fit the groups and then re-simulate the pick, so the re-simulation runs
+    warm: the first model build in a process imports the modeling code, peft and bitsandbytes
+    (~4 s on this 2-core machine, measured).  The parent never builds a model itself before
+    forking: those imports start native threads, and children forked after that deadlocked
+    (measured).
+    """
+
+    def __init__(self, tasks: int) -> None:
+        n = min(tasks, os.cpu_count() or 1, MAX_WORKERS)
+        self._pool = None
+        self.size = 1
+        if n > 1 and os.environ.get("TRAINFIT_WORKERS") != "1":
+            self._pool = multiprocessing.get_context("fork").Pool(n)
+            self.size = n
+
+    def map(self, fn: Any, items: list[Any]) -> list[Any]:
+        if self._pool is None:
+            return [fn(x) for x in items]
+        return self._pool.map(fn, items, chunksize=1)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+
+def _speed_fields(speed: dict[str, Any] | None) -> dict[str, Any]:
+    keys = ("step_time_s", "tokens_per_s", "samples_per_s", "mfu", "hfu", "device_busy_fraction",
+            "bound", "sync_s", "sync_exposed_s", "sync_note")
+    return {k: (speed or {}).get(k) for k in keys}
+
+
+def _flops_per_token(source: ModelSource, mem: MemoryPrediction, job: JobSpec) -> float:
+    return model_flops_per_token(source.config, mem.total_params, mem.trainable_params,
+                                 job.seq_len, job.method == "full")
+
+
+def supported_precisions(gpu: GpuSpec | None) -> list[str]:
+    if gpu is None or gpu.bf16_supported:
+        return list(PRECISIONS)
+    return ["fp32", "amp-fp16"]
+
+
+def check_bitsandbytes(job: JobSpec) -> None:
+    """QLoRA and bnb optimizers need bitsandbytes where the job will run; say so before planning
+    (the plan itself uses data-less twins of bnb's layers and optimizers)."""
+    import importlib.util
+
+    needs = job.method == "qlora" or job.optimizer in ("adamw-8bit", "paged-adamw",
+                                                       "paged-adamw-8bit")
+    if needs and importlib.util.find_spec("bitsandbytes") is None:
+        what = "--method qlora" if job.method == "qlora" else f"--optimizer {job.optimizer}"
+        raise JobError(f"{what} needs bitsandbytes, which is not installed",
+                       "pip install bitsandbytes (or: pip install 'trainfit[qlora]')")
+
+
+def check_precision(job: JobSpec, gpu: GpuSpec | None) -> None:
+    if job.precision and gpu is not None and "bf16" in job.precision and not gpu.bf16_supported:
+        raise JobError(f"--precision {job.precision}: {gpu.display_name} has no bf16 support",
+                       "use --precision amp-fp16 (fp16 autocast with a GradScaler) or fp32")
+
+
+def _micro_candidates(job: JobSpec) -> list[int]:
+    if job.micro_batch is not None:
+        return [job.micro_batch]
+    if job.effective_batch is None:
+        out, b = [], 1
+        while b <= MAX_MICRO_BATCH_WITHOUT_EFFECTIVE:
+            out.append(b)
+            b *= 2
+        return out
+    per_rank = job.effective_batch // job.ranks
+    return [b for b in range(1, per_rank + 1) if per_rank % b == 0]
+
+
+def _config_job(job: JobSpec, precision: str, ckpt: str, micro: int) -> JobSpec:
+    changes: dict[str, Any] = {"precision": precision, "grad_ckpt": ckpt, "micro_batch": micro}
+    if job.effective_batch is not None and job.micro_batch is None:
+        changes["effective_batch"] = job.effective_batch
+    elif job.micro_batch is None:
+        changes["effective_batch"] = None
+    return job.replace(**changes)
+
+
+def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float = DEFAULT_MARGIN,
+         verify: bool = True, dataset_tokens: int | None = None, epochs: float | None = None,
+         ladder: bool = True, current: JobSpec | None = None) -> PlanResult:
+    """``current``: the configuration the user runs now; it is simulated at full size and the
+    pick is stated against it ("micro-batch 2→8, ...: predicted 3.1× tokens/s")."""
+    t0 = time.perf_counter()
+    if epochs is not None and dataset_tokens is None:
+        raise JobError(f"--epochs {epochs:g} needs the dataset size",
+                       "add --dataset-tokens N (tokens in one epoch)")
+    if epochs is not None and not epochs > 0:
+        raise JobError(f"--epochs {epochs:g}: must be > 0")
+    if dataset_tokens is not None and dataset_tokens <= 0:
+        raise JobError(f"--dataset-tokens {dataset_tokens}: must be ≥ 1")
+    check_precision(job, gpu)
+    check_bitsandbytes(job)
+    if not 0.0 <= margin < 1.0:
+        raise JobError(f"--margin {margin}: must be in [0, 1)", "e.g. --margin 0.1 for 10 %")
+    target = target_for(gpu)
+    precisions = [job.precision] if job.precision else supported_precisions(gpu)
+    # a custom module without gradient_checkpointing_enable() has only "off" to offer
+    can_ckpt = getattr(source.config, "supports_grad_ckpt", True)
+    ckpts = [job.grad_ckpt] if job.grad_ckpt else (["off", "full"] if can_ckpt else ["off"])
+    micro_all = _micro_candidates(job)
+    single = len(precisions) == 1 and len(ckpts) == 1 and len(micro_all) == 1
+    rows: list[PlanRow] = []
+    dev = DeviceSpeed.from_gpu(gpu) if gpu is not None else None
+
+    workers = _Workers(len(precisions) * len(ckpts))
+    try:
+        def exact(cj: JobSpec) -> PlanRow:
+            return workers.map(_exact_row, [(cj, source, gpu, margin)])[0]
+
+        if single:
+            rows.append(exact(_config_job(job, precisions[0], ckpts[0], micro_all[0])))
+        else:
+            groups = [(p, c) for p in precisions for c in ckpts]
+            models = workers.map(_fit_one, [(_config_job(job, p, c, 1), source, target)
+                                                 for p, c in groups])
+            for (precision, ckpt), model in zip(groups, models, strict=True):
+
+                def predict(micro: int, model=model, precision=precision, ckpt=ckpt
+                            ) -> tuple[JobSpec, MemoryPrediction]:
+                    cj = _config_job(job, precision, ckpt, micro)
+                    p = model.predict(micro, accumulating=(cj.grad_accum or 1) > 1)
+                    mem = finish(cj, source, gpu, tensor_peak_bytes=p["peak_allocated_bytes"],
+                                 reserved_replay_bytes=p["reserved_bytes"],
+                                 breakdown=p["breakdown"], managed_bytes=p["managed_bytes"],
+                                 peak_phase=p["peak_phase"], total_params=p["total_params"],
+                                 trainable_params=p["trainable_params"],
+                                 sdpa_kernels=model.points[-1].sim.sdpa_kernels,
+                                 sim_time_s=0.0, how="extrapolated from 4 small simulations",
+                                 margin=margin)
+                    return cj, mem
+
+                largest = None
+                if gpu is not None:
+                    for micro in micro_all:  # ascending; device memory grows with the batch
+                        if predict(micro)[1].fits:
+                            largest = micro
+                        else:
+                            break
+                shown = [m for m in micro_all if m & (m - 1) == 0]
+                if largest is not None and largest not in shown:
+                    shown.append(largest)
+                for micro in sorted(shown):
+                    cj, mem = predict(micro)
+                    speed = None if dev is None else synced(model.speed(
+                        dev, cj, _flops_per_token(source, mem, cj)), cj, mem, gpu)
+                    rows.append(PlanRow(cj.to_dict(), mem, "extrapolated", speed,
+                                        largest_fitting=micro == largest))
+        rec = _recommend(rows)
+        for _ in range(MAX_VERIFICATIONS):
+            if rec is None or not verify or rows[rec].how == "simulated":
+                break
+            # In a worker, which has built a model before (warm); verifying the runner-up on
+            # the other worker at the same time slowed this one by 33 % (measured: 14.1 s against
+            # 10.6 s on 2 cores), so only the pick is re-simulated.
+            verified = exact(JobSpec(**rows[rec].job))
+            verified.largest_fitting = rows[rec].largest_fitting
+            rows[rec] = verified
+            rec = _recommend(rows)  # the exact number may not fit after all: choose again
+        reason = _reason(rows, rec, gpu)
+        if rec is not None:
+            rows[rec].recommended = True
+        ranked = sorted((i for i, r in enumerate(rows) if r.memory.fits is not False),
+                        key=lambda i: _sort_key(rows[i]))
+        for n, i in enumerate(ranked, 1):
+            rows[i].rank = n
+        cur_row = exact(current) if current is not None else None
+        first = rows[0].memory if rows else None
+        rungs = []
+        if rec is None and ladder and gpu is not None and rows:
+            from trainfit.plan.ladder import build_ladder
+
+            def evaluate(cj: JobSpec) -> tuple[int, float | None, bool | None]:
+                r = exact(cj)
+                return (r.memory.peak_device_bytes, r.speed.tokens_per_s if r.speed else None,
+                        r.memory.fits)
+            smallest = min(rows, key=lambda r: r.memory.peak_device_bytes)
+            rungs = build_ladder(JobSpec(**smallest.job), evaluate)
+            if rungs:
+                last = rungs[-1]
+                reason += ("; the ladder below reaches a fit: " if last.fits else
+                           "; even the whole ladder below does not fit: ") + \
+                    "; ".join(r.change for r in rungs)
+        return PlanResult(
+            model=source.name, model_origin=source.origin, model_note=source.note,
+            gpu=gpu.name if gpu else None, gpu_memory_bytes=gpu.memory_bytes if gpu else None,
+            margin=margin, total_params=first.total_params if first else 0,
+            trainable_params=first.trainable_params if first else 0, rows=rows,
+            recommended_index=rec, reason=reason, plan_time_s=time.perf_counter() - t0,
+            notes=[
+                "peaks are predictions (no GPU was used); GiB = 2^30 bytes",
+                "allocated = torch.cuda.max_memory_allocated, reserved = max_memory_reserved, "
+                "device = what nvidia-smi shows (reserved + CUDA context + managed memory)",
+                f"fits = device peak ≤ (1 − {margin:.0%}) × GPU memory",
+                "ranked by predicted tokens/s among configurations that fit (roofline over the "
+                "simulated step's operations, trainfit/speed/)",
+            ], ladder=rungs, dataset_tokens=dataset_tokens, epochs=epochs, current=cur_row,
+            **_versus(cur_row, rows[rec] if rec is not None else None, gpu))
+    finally:
+        workers.close()
+
+
+_PRECISION_PREF = {"amp-bf16": 0, "amp-fp16": 1, "bf16-true": 2, "fp32": 3}
+
+
+def _sort_key(row: PlanRow) -> tuple[Any, ...]:
+    """Fastest predicted first; without a speed (unknown peak) prefer no recomputation, larger
+    micro-batches, mixed precision."""
+    tps = row.speed.tokens_per_s if row.speed is not None else None
+    return (tps is None, -(tps or 0.0), row.job["grad_ckpt"] != "off", -row.job["micro_batch"],
+            _PRECISION_PREF.get(row.job["precision"], 9))
+
+
+def _recommend(rows: list[PlanRow]) -> int | None:
+    fitting = [i for i, r in enumerate(rows) if r.memory.fits is not False]
+    if not fitting:
+        return None
+    return min(fitting, key=lambda i: _sort_key(rows[i]))
+
+
+def _reason(rows: list[PlanRow], rec: int | None, gpu: GpuSpec | None) -> str:
+    if not rows:
+        return "no configuration"
+    if rec is None:
+        smallest = min(rows, key=lambda r: r.memory.peak_device_bytes)
+        return (f"nothing fits on {gpu.display_name if gpu else 'the GPU'}: the smallest "
+                f"configuration needs {smallest.memory.peak_device_bytes / 2**30:.2f} GiB "
+                "(device, predicted); try --grad-ckpt full, --method lora/qlora, a shorter "
+                "--seq-len, an 8-bit optimizer or more ranks with --sharding fsdp")
+    r = rows[rec]
+    j = r.job
+    why = [f"{j['precision']}, micro-batch {j['micro_batch']} × accumulation {j['grad_accum']}"]
+    why.append("checkpointing off" if j["grad_ckpt"] == "off" else "checkpointing on")
+    if r.speed is not None and r.speed.tokens_per_s:
+        mfu = f", MFU {r.speed.mfu:.0%}" if r.speed.mfu else ""
+        why.append(f"fastest that fits: {r.speed.tokens_per_s:,.0f} tokens/s predicted{mfu}")
+    if gpu is None:
+        return ", ".join(why) + " (no GPU given: fit unknown)"
+    return ", ".join(why) + (f": predicted {r.memory.peak_device_bytes / 2**30:.2f} of "
+                             f"{gpu.memory_bytes / 2**30:.2f} GiB (device peak)")
+
+
+_COMPARED = (("micro_batch", "micro-batch"), ("grad_accum", "accumulation"),
+             ("grad_ckpt", "checkpointing"), ("precision", "precision"),
+             ("attention", "attention"), ("optimizer_impl", "optimizer implementation"))
+
+
+def _versus(cur: PlanRow | None, pick: PlanRow | None, gpu: GpuSpec | None) -> dict[str, Any]:
+    """The pick against the current configuration, in words and as a speed-up."""
+    if cur is None:
+        return {}
+    if pick is None:
+        return {"vs_current": "nothing fits, so nothing to change to"}
+    changes = [f"{label} {cur.job[k]}→{pick.job[k]}" for k, label in _COMPARED
+               if cur.job.get(k) != pick.job.get(k)]
+    ct = cur.speed.tokens_per_s if cur.speed else None
+    pt = pick.speed.tokens_per_s if pick.speed else None
+    speedup = pt / ct if ct and pt else None
+    fit = "" if cur.memory.fits is not False else " (the current configuration does not fit)"
+    words = ", ".join(changes) if changes else "no change: the current configuration is the pick"
+    words += (f": predicted {speedup:.2f}× tokens/s" if speedup is not None else
+              ": speed-up unknown (no known peak for this GPU)")
+    if gpu is not None:
+        words += (f", {pick.memory.peak_device_bytes / 2**30:.1f} of "
+                  f"{gpu.memory_bytes / 2**30:.1f} GiB (device peak, predicted)")
+    return {"vs_current": words + fit, "speedup_vs_current": speedup}

@@ -1,0 +1,140 @@
+"""This CPU's time for the heavy kernels of a step, measured at the step's own shapes and layouts.
+
+On a GPU, tile/wave quantization and a catalogued peak predict a GEMM well.  A CPU's BLAS has no
+such simple model: at equal FLOPs, the grad-weight GEMM ``mm(dyᵀ, x)`` (transposed operand, long
+K, small output) ran 1.3-2× slower than the square curve of :mod:`trainfit.speed.cpu`, and the
+CPU flash-attention kernels reached ~45 % of the GEMM rate, not 100 % (measured with
+torch.profiler on llama-h256-l4: the curve alone under-predicted the step by 25 %).  So each
+distinct heavy op of the simulated step (its name, shapes, strides, dtypes and scalar arguments,
+as recorded from the data-less run) is replayed once on random tensors and timed; results are
+cached in ``~/.cache/trainfit/cpu_kernels.json`` keyed by CPU model, torch version and thread
+count.  This is the CPU's "matmul FLOP/s measured once", made exact for the shapes that occur.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+NOT_REPLAYED = frozenset({"_local_scalar_dense", "item", "nonzero", "_to_copy", "copy_"})
+"""Kernels timed by the roofline instead: host syncs, data-dependent output sizes, and copies
+whose cost is a device transfer on the target."""
+CACHE_VERSION = 1
+REPS = 9
+WARMUP = 3
+"""Calls before timing: the first calls pay thread-pool wake-up and weight packing (measured:
+the first of 5 timed calls of a 3 ms GEMM took 4.3 ms)."""
+
+
+def _cache_path() -> Path:
+    root = Path(os.environ.get("TRAINFIT_CACHE", Path.home() / ".cache" / "trainfit"))
+    return root / "cpu_kernels.json"
+
+
+def _arg_key(a: Any) -> Any:
+    if isinstance(a, torch.Tensor):
+        return ("T", tuple(a.shape), tuple(a.stride()), str(a.dtype).removeprefix("torch."))
+    if isinstance(a, (torch.dtype, torch.layout, torch.memory_format)):
+        return ("D", str(a).removeprefix("torch."))
+    if isinstance(a, torch.device):
+        return ("V",)
+    if isinstance(a, (list, tuple)):
+        return ("L", tuple(_arg_key(x) for x in a))
+    if a is None or isinstance(a, (bool, int, float, str)):
+        return a
+    return ("?", repr(a))
+
+
+def replay_key(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+    """What a replay needs: the op and its arguments' metadata (no data)."""
+    if name.partition(".")[0] in NOT_REPLAYED:
+        return None
+    return (name, tuple(_arg_key(a) for a in args),
+            tuple(sorted((k, _arg_key(v)) for k, v in kwargs.items())))
+
+
+def _materialize(k: Any, gen: torch.Generator) -> Any:
+    if isinstance(k, tuple) and k and k[0] == "T":
+        _, shape, stride, dtype = k
+        dt = getattr(torch, dtype)
+        t = torch.empty_strided(shape, stride, dtype=dt)
+        if dt.is_floating_point:
+            t.normal_(generator=gen)
+        else:
+            t.zero_()
+        return t
+    if isinstance(k, tuple) and k and k[0] == "D":
+        return getattr(torch, k[1])
+    if isinstance(k, tuple) and k and k[0] == "V":
+        return torch.device("cpu")
+    if isinstance(k, tuple) and k and k[0] == "L":
+        return [_materialize(x, gen) for x in k[1]]
+    if isinstance(k, tuple) and k and k[0] == "?":
+        raise ValueError(f"cannot replay argument {k[1]}")
+    return k
+
+
+def time_replay(key: tuple[Any, ...], reps: int = REPS) -> float:
+    """Median seconds of one call of the op on random tensors of the recorded layout."""
+    name, arg_keys, kw_keys = key  # name: "packet.overload"
+    gen = torch.Generator().manual_seed(0)
+    args = [_materialize(k, gen) for k in arg_keys]
+    kwargs = {k: _materialize(v, gen) for k, v in kw_keys}
+    packet_name, _, overload = name.partition(".")
+    op = getattr(getattr(torch.ops.aten, packet_name), overload or "default")
+    with torch.no_grad():
+        for _ in range(WARMUP):  # first-call packing, page faults of the outputs
+            op(*args, **kwargs)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            op(*args, **kwargs)
+            times.append(time.perf_counter() - t0)
+    # the median, not the minimum: the step it predicts runs under the same noise
+    return sorted(times)[len(times) // 2]
+
+
+class KernelTimer:
+    """Measured CPU seconds per replay key, cached on disk across processes."""
+
+    def __init__(self, ident: dict[str, Any]) -> None:
+        self.ident = {**ident, "version": CACHE_VERSION}
+        self._times: dict[str, float] = {}
+        self._dirty = False
+        path = _cache_path()
+        try:
+            data = json.loads(path.read_text())
+            if data.get("ident") == self.ident:
+                self._times = {str(k): float(v) for k, v in data.get("times_s", {}).items()}
+        except (OSError, ValueError, AttributeError):
+            self._times = {}
+
+    def __call__(self, key: tuple[Any, ...]) -> float | None:
+        skey = repr(key)
+        t = self._times.get(skey)
+        if t is None:
+            try:
+                t = time_replay(key)
+            except (RuntimeError, ValueError, TypeError, AttributeError):
+                return None  # not replayable here: the caller falls back to the roofline
+            self._times[skey] = t
+            self._dirty = True
+        return t
+
+    def save(self) -> None:
+        if not self._dirty:
+            return
+        path = _cache_path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"ident": self.ident, "times_s": self._times}))
+            tmp.replace(path)
+            self._dirty = False
+        except OSError:
+            pass

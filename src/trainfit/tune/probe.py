@@ -1,0 +1,384 @@
+"""Probe: a few real training steps of the real model on the real data, measured.
+
+First the optimizer states are created by one optimizer step on zero gradients (as the simulation
+does: the first real step only matters for creating them), then one steady-state step runs under
+the memory meter — on CUDA the allocator's own peak
+statistics, on CPU the live-bytes tracker of ``plan`` with a limit that raises the same
+``torch.OutOfMemoryError`` a GPU would. The following ``timed_steps`` run unmetered and are timed
+(median, with the spread). Model weights are restored afterwards; the optimizer is rebuilt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from trainfit.data.dataset import TokenData
+from trainfit.data.loader import (
+    LoaderKnobs,
+    SampleOrder,
+    make_loader,
+    micro_batch_ids,
+    step_weights,
+)
+from trainfit.engine.step import train_step
+from trainfit.job import JobSpec
+from trainfit.memory.predict import DDP_BUCKET_FACTOR
+from trainfit.memory.tracker import LiveBytesTracker
+from trainfit.model.runtime import RealWorkload, build_real, scaler_for
+from trainfit.model.source import ModelSource
+from trainfit.model.workload import make_optimizer
+from trainfit.monitor.host import process_tree_rss_bytes
+
+
+class LimitTracker(LiveBytesTracker):
+    """Live tensor bytes with a capacity: crossing it raises ``torch.OutOfMemoryError`` (CPU stand-in
+    for a GPU of that size)."""
+
+    def __init__(self, limit_bytes: int | None) -> None:
+        super().__init__(block_bytes=1)
+        self.limit_bytes = limit_bytes
+
+    def _check_peak(self) -> None:
+        super()._check_peak()
+        if self.limit_bytes is not None and self.current_bytes > self.limit_bytes:
+            raise torch.OutOfMemoryError(
+                # worded like the GPU's message (" out of memory."): tools that match it
+                # (accelerate, Lightning) take the same path they would on a GPU
+                f"trainfit --memory-limit (CPU stand-in for a GPU) out of memory. Tried to hold "
+                f"{self.current_bytes / 2**30:.3f} GiB of "
+                f"tensors, limit {self.limit_bytes / 2**30:.3f} GiB (phase {self.phase})")
+
+
+@dataclass(kw_only=True)
+class Measured:
+    peak_allocated_bytes: int | None
+    """Measured peak of live tensor bytes (CUDA: max_memory_allocated; CPU: tracked live bytes)."""
+    peak_reserved_bytes: int | None
+    """CUDA max_memory_reserved; None on CPU (no caching allocator)."""
+    peak_device_bytes: int | None
+    """CUDA device memory in use at the end (all processes, cudaMemGetInfo); None on CPU."""
+    host_rss_bytes: int
+    """Peak resident memory of this process and its data-loader workers."""
+    step_time_s: float | None
+    """Median optimizer-step time over the timed steps (data wait included); None for a
+    memory-only probe."""
+    step_time_spread_s: float | None
+    """max − min of the timed steps."""
+    tokens_per_s: float | None
+    """Positions computed per second (micro × seq_len × accumulation × ranks / step time)."""
+    samples_per_s: float | None
+    data_wait_fraction: float | None
+    """Share of the step spent waiting for the next batch."""
+    compile_time_s: float | None = None
+    """torch.compile: first compiled step minus a steady step (None: not compiled)."""
+    step_times_s: list[float] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class ProbeResult:
+    status: str
+    """ok | oom | over-host-ram"""
+    measured: Measured | None
+    oom_phase: str | None = None
+    detail: str = ""
+    probe_time_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.measured is not None:
+            d["measured"].pop("step_times_s", None)
+        return d
+
+
+def _own_tree_rss_bytes() -> int:
+    """RSS of this process and its data-loader workers (measured)."""
+    return process_tree_rss_bytes(os.getpid()) or 0
+
+
+_AGREED = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_device_bytes", "host_rss_bytes",
+           "step_time_s", "step_time_spread_s", "data_wait_fraction", "compile_time_s")
+"""Measured fields all ranks agree on (the maximum over ranks)."""
+
+
+def _another_rank_oom() -> torch.OutOfMemoryError:
+    err = torch.OutOfMemoryError("another rank ran out of memory in the metered step")
+    err.phase = None  # type: ignore[attr-defined]
+    return err
+
+
+class Probe:
+    """Holds one built workload per model structure and measures configurations on it."""
+
+    def __init__(self, source: ModelSource, data: TokenData, device: torch.device, *,
+                 memory_limit_bytes: int | None = None, max_host_ram_bytes: int | None = None,
+                 seed: int = 0, rank: int = 0) -> None:
+        self.source = source
+        self.data = data
+        self.device = device
+        self.memory_limit_bytes = memory_limit_bytes
+        self.max_host_ram_bytes = max_host_ram_bytes
+        self.seed = seed
+        from trainfit.engine.dist import Dist
+
+        self.dist = Dist.from_env()
+        self.rank = self.dist.rank if self.dist.world > 1 else rank
+        self._key: tuple | None = None
+        self._wl: RealWorkload | None = None
+        self._snapshot: dict[str, torch.Tensor] = {}
+
+    def _workload(self, job: JobSpec) -> RealWorkload:
+        key = (job.model, job.method, job.lora_r, tuple(job.lora_targets), job.precision,
+               job.grad_ckpt, job.attention, job.lm_head_chunk, job.compile)
+        if key != self._key:
+            self._wl = None
+            self._snapshot = {}
+            gc.collect()
+            self._wl = build_real(job, self.source, self.device, seed=self.seed)
+            if self.dist.world > 1:
+                self._wl.step_model = self.dist.wrap(self._wl.model, self.device)
+            if job.compile:  # the DDP wrapper compiled, as train does
+                self._wl.step_model = torch.compile(self._wl.step_model)
+            self._key = key
+            self._snapshot = {n: p.detach().clone() for n, p in self._wl.model.named_parameters()
+                              if p.requires_grad}
+        assert self._wl is not None
+        return self._wl
+
+    def _restore(self, job: JobSpec) -> None:
+        wl = self._wl
+        if wl is None:
+            return
+        wl.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for n, p in wl.model.named_parameters():
+                if n in self._snapshot:
+                    p.copy_(self._snapshot[n])
+        wl.optimizer = make_optimizer(job, [p for p in wl.model.parameters() if p.requires_grad],
+                                      simulate=False)
+        wl.scaler = scaler_for(job, self.device)  # a fresh loss scale: no probe inherits one
+
+    def agree(self, res: ProbeResult) -> ProbeResult:
+        """Under torchrun every rank probes; all take the same decision: an OOM anywhere is an
+        OOM everywhere, and every measured field the search reads is the worst rank's."""
+        if self.dist.world == 1:
+            return res
+        # the worst status of all ranks (ok < over-host-ram < oom) is everyone's
+        worst = ("ok", "over-host-ram", "oom")
+        status_code = torch.tensor([float(worst.index(res.status))])
+        torch.distributed.all_reduce(status_code, op=torch.distributed.ReduceOp.MAX)
+        status = worst[int(status_code.item())]
+        if status != "ok":
+            if res.status != status:
+                return ProbeResult(status=status, measured=None, probe_time_s=res.probe_time_s,
+                                   detail=f"another rank: {status}")
+            return res
+        m = res.measured
+        assert m is not None
+        # every field a decision reads is the worst rank's, so all ranks take the same next step
+        # of the search (fits, faster, noisy, waits for data); None (not measured: the same on
+        # every rank) travels as -1
+        vals = [getattr(m, f) for f in _AGREED]
+        t = torch.tensor([-1.0 if v is None else float(v) for v in vals], dtype=torch.float64)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        own_step = m.step_time_s
+        for f, v, v_max in zip(_AGREED, vals, t.tolist(), strict=True):
+            if v is not None:
+                setattr(m, f, int(v_max) if isinstance(v, int) else v_max)
+        if own_step and m.step_time_s:
+            scale = own_step / m.step_time_s
+            m.tokens_per_s = (m.tokens_per_s or 0.0) * scale
+            m.samples_per_s = (m.samples_per_s or 0.0) * scale
+        return res
+
+    def run(self, job: JobSpec, timed_steps: int = 3) -> ProbeResult:
+        """``timed_steps`` 0: a memory-only probe (one metered step)."""
+        t0 = time.perf_counter()
+        loader_knobs = LoaderKnobs(num_workers=job.num_workers, prefetch_factor=job.prefetch_factor,
+                                   pin_memory=job.pin_memory,
+                                   persistent_workers=job.persistent_workers)
+        wl = self._workload(job)
+        self._restore(job)
+        try:
+            res = self._measure(job, wl, loader_knobs, timed_steps)
+        except torch.OutOfMemoryError as err:
+            res = ProbeResult(status="oom", measured=None, oom_phase=getattr(err, "phase", None),
+                              detail=str(err).splitlines()[0][:200])
+        finally:
+            self._restore(job)
+            gc.collect()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        res.probe_time_s = time.perf_counter() - t0
+        return self.agree(res)
+
+    def _over_host_ram(self, rss: int) -> ProbeResult | None:
+        if self.max_host_ram_bytes is None or rss <= self.max_host_ram_bytes:
+            return None
+        return ProbeResult(status="over-host-ram", measured=None,
+                           detail=f"host RSS {rss / 2**30:.2f} GiB measured > "
+                                  f"--max-host-ram {self.max_host_ram_bytes / 2**30:.2f} GiB")
+
+    def _batches(self, loader: torch.utils.data.DataLoader, waits: list[float],
+                 tracker: LiveBytesTracker | None) -> Iterator[dict[str, torch.Tensor]]:
+        it = iter(loader)
+        non_blocking = self.device.type == "cuda"
+        while True:
+            t = time.perf_counter()
+            try:
+                b = next(it)
+            except StopIteration:
+                return
+            b.pop("sample_ids")
+            b = {k: v.to(self.device, non_blocking=non_blocking) for k, v in b.items()}
+            waits.append(time.perf_counter() - t)
+            if tracker is not None:
+                for v in b.values():
+                    tracker.track(v, "buffers")
+            yield b
+
+    def _start_meter(self, job: JobSpec, wl: RealWorkload, tracker: LimitTracker | None,
+                     hooks: list[Any], keep: list[torch.Tensor]) -> None:
+        """What exists before the step is counted (weights, buffers and, under DDP, its gradient
+        buckets), gradients are booked as such, and the optimizer states are created as the first
+        real step creates them (values restored after the probe). Can run out of memory."""
+        if tracker is None:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            seen: set[int] = set()
+            for t in [*wl.model.parameters(), *wl.model.buffers()]:
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    tracker.track(t, "parameters")
+            if self.dist.world > 1:  # _workload wrapped the model in DDP
+                # DDP (gradient_as_bucket_view=False) holds a flat copy of every gradient in its
+                # buckets, allocated when it wraps the model — before the tracker, which cannot see
+                # them: a meta tensor of their size stands in (what plan adds: DDP_BUCKET_FACTOR)
+                grad_bytes = sum(p.numel() * p.element_size()
+                                 for p in wl.model.parameters() if p.requires_grad)
+                bucket_bytes = int(grad_bytes * DDP_BUCKET_FACTOR)
+                keep.append(torch.empty(bucket_bytes, dtype=torch.uint8, device="meta"))
+                tracker.track(keep[-1], "data_parallel")
+            hooks += [p.register_post_accumulate_grad_hook(
+                lambda p: tracker.reclassify(p.grad, "gradients"))
+                for p in wl.model.parameters() if p.requires_grad]
+            tracker.set_phase("optimizer")
+        with tracker if tracker is not None else contextlib.nullcontext():
+            for p in wl.model.parameters():
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
+            wl.optimizer.step()
+            wl.optimizer.zero_grad(set_to_none=job.grads_to_none)
+
+    def _measure(self, job: JobSpec, wl: RealWorkload, knobs: LoaderKnobs, timed_steps: int
+                 ) -> ProbeResult:
+        micro = job.micro_batch or 1
+        accum = job.grad_accum or 1
+        ranks = job.ranks
+        per_step = micro * accum * ranks
+        order = SampleOrder(len(self.data), seed=self.seed)
+        warm = 1 if (job.compile and timed_steps) else 0  # the compiling step, timed apart
+        n_steps = 1 + warm + timed_steps
+        steps_ids = [micro_batch_ids(order, s * per_step, per_step, micro, self.rank, ranks)
+                     for s in range(n_steps)]
+        loader = make_loader(self.data, self.source.task, [m for s in steps_ids for m in s],
+                             knobs, pin=self.device.type == "cuda")
+        cuda = self.device.type == "cuda"
+        tracker = None if cuda else LimitTracker(self.memory_limit_bytes)
+        waits: list[float] = []
+        batches = self._batches(loader, waits, tracker)
+        times: list[float] = []
+        step_waits: list[float] = []
+        rss = _own_tree_rss_bytes()
+        compile_step_s = None
+        hooks: list[Any] = []
+        keep: list[torch.Tensor] = []
+
+        def step(s: int, model: Any, observer: LimitTracker | None) -> float:
+            w = step_weights(self.data, order, s * per_step, per_step, micro,
+                             self.source.task, self.rank, ranks)
+            gen = (next(batches) for _ in steps_ids[s])
+            t = time.perf_counter()
+            train_step(model, wl.optimizer, gen, grad_accum=accum, autocast=wl.autocast,
+                       max_grad_norm=job.max_grad_norm, scaler=wl.scaler, observer=observer,
+                       grads_to_none=job.grads_to_none, loss_weights=w)
+            if cuda:
+                torch.cuda.synchronize(self.device)
+            return time.perf_counter() - t
+
+        # Under torchrun the meter's start and the metered step — where an OOM is expected — run
+        # on the unwrapped module: DDP's collectives (buffer broadcast in forward, gradient
+        # all-reduce in backward) would leave the other ranks waiting in them forever when one
+        # rank ran out of memory halfway (nothing would ever join). Without them every rank
+        # reaches the agreement that follows. The peak is DDP's: its all-reduce adds no tensor
+        # (its buckets are counted above). The timed steps then run through DDP. (A compiled model
+        # keeps its DDP wrapper — compiling a second, local copy would double the compile time —
+        # so a one-rank OOM there is not covered; stated in the README.)
+        many = self.dist.world > 1
+        metered_model = wl.model if many and not job.compile else wl.step_model
+        try:
+            oom: torch.OutOfMemoryError | None = None
+            try:
+                self._start_meter(job, wl, tracker, hooks, keep)
+                with tracker if tracker is not None else contextlib.nullcontext():
+                    step(0, metered_model, tracker)
+            except torch.OutOfMemoryError as err:
+                err.phase = tracker.phase if tracker is not None else None  # type: ignore[attr-defined]
+                if not many:
+                    raise
+                oom = err
+            if many and self.dist.any(oom is not None):
+                raise oom or _another_rank_oom()
+            rss = max(rss, _own_tree_rss_bytes())
+            for s in range(1, n_steps):
+                # one rank alone leaving the loop would leave the others in the next step's
+                # all-reduce: under torchrun the host RAM is judged after the steps (agree())
+                over = None if many else self._over_host_ram(rss)
+                if over is not None:
+                    return over
+                n_wait = len(waits)
+                dt = step(s, wl.step_model, None)
+                rss = max(rss, _own_tree_rss_bytes())
+                if s == 1 and warm:
+                    compile_step_s = dt
+                else:
+                    times.append(dt)
+                    step_waits.append(sum(waits[n_wait:]))
+        finally:
+            for h in hooks:
+                h.remove()
+            batches.close()  # its loader iterator goes now (workers too, unless persistent)
+        over = self._over_host_ram(rss)
+        if over is not None:
+            return over
+        if cuda:
+            alloc = torch.cuda.max_memory_allocated(self.device)
+            reserved: int | None = torch.cuda.max_memory_reserved(self.device)
+            free, total = torch.cuda.mem_get_info(self.device)
+            device_used: int | None = total - free
+        else:
+            alloc, reserved, device_used = tracker.peak.peak_bytes, None, None  # type: ignore[union-attr]
+        if not times:
+            return ProbeResult(status="ok", measured=Measured(
+                peak_allocated_bytes=alloc, peak_reserved_bytes=reserved,
+                peak_device_bytes=device_used, host_rss_bytes=rss, step_time_s=None,
+                step_time_spread_s=None, tokens_per_s=None, samples_per_s=None,
+                data_wait_fraction=None))
+        med = statistics.median(times)
+        tokens = per_step * self.data.seq_len
+        wait_frac = statistics.median([w / t for w, t in zip(step_waits, times, strict=True)])
+        return ProbeResult(status="ok", measured=Measured(
+            peak_allocated_bytes=alloc, peak_reserved_bytes=reserved, peak_device_bytes=device_used,
+            host_rss_bytes=rss, step_time_s=med, step_time_spread_s=max(times) - min(times),
+            tokens_per_s=tokens / med, samples_per_s=per_step / med,
+            data_wait_fraction=wait_frac, step_times_s=times,
+            compile_time_s=None if compile_step_s is None else max(compile_step_s - med, 0.0)))

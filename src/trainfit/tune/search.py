@@ -1,0 +1,399 @@
+"""The search ``tune`` runs over real probes: the largest micro-batch that fits, then the fastest
+knobs — starting from the prediction, keeping the effective batch exact, and calling a speed
+difference real only when it survives an interleaved re-measurement (CPU timings here move by up to
+35 % between repeats: shared/notes/cpu-timing-noise.md).
+
+Pure logic over two callables (``probe``, ``predict``), so it is tested with fake probes.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from trainfit.job import JobSpec
+from trainfit.tune.probe import ProbeResult
+
+KNOBS = ("grad_ckpt", "precision", "attention", "optimizer_impl", "optimizer_8bit", "num_workers",
+         "loader", "compile")
+
+
+@dataclass(kw_only=True)
+class Predicted:
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    peak_device_bytes: int | None = None
+    step_time_s: float | None = None
+    tokens_per_s: float | None = None
+
+
+@dataclass(kw_only=True)
+class Trial:
+    index: int
+    stage: str
+    """batch (memory bisection) | speed (micro-batch by speed) | knobs | confirm"""
+    job: JobSpec
+    result: ProbeResult
+    predicted: Predicted | None
+    fits: bool
+    note: str = ""
+
+
+@dataclass(kw_only=True)
+class SearchOptions:
+    margin: float = 0.10
+    """Fraction of the capacity kept free: a probe fits when its peak ≤ (1 − margin) × capacity."""
+    budget_s: float | None = None
+    """Stop probing after this many seconds (the best so far is kept)."""
+    knobs: tuple[str, ...] = ("grad_ckpt", "precision", "attention", "optimizer_impl",
+                              "num_workers", "loader")
+    precisions: tuple[str, ...] = ("fp32",)
+    """Precisions the device supports (tried unless the job fixed one)."""
+    fixed: frozenset[str] = frozenset()
+    """Knobs the user set explicitly: not searched."""
+    worker_counts: tuple[int, ...] = (0, 1, 2)
+    cuda: bool = False
+    """The device is a GPU: pinned host memory can speed up its copies (tried as a knob)."""
+    bitsandbytes: bool = False
+    """bitsandbytes is importable (the ``optimizer_8bit`` knob needs it)."""
+    noise_floor: float = 0.03
+    """Smallest relative speed gain ever called real."""
+    run_steps: int | None = None
+    """Planned optimizer steps of the real run (amortises compile time)."""
+    prune_below: float = 0.6
+    """Skip a candidate whose predicted tokens/s is below this fraction of the current best's
+    prediction (the speed model's median error on this CPU is ~25 %: 0.6 leaves room for it)."""
+
+
+@dataclass
+class Outcome:
+    best: Trial | None
+    trials: list[Trial] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    largest_fitting_micro: int | None = None
+    excluded_micro: list[int] = field(default_factory=list)
+    search_time_s: float = 0.0
+    stopped_by_budget: bool = False
+
+
+def micro_options(job: JobSpec, dataset_samples: int) -> tuple[list[int], list[int]]:
+    """(micro-batches that divide the per-rank effective batch — gradient accumulation then exact —,
+    those excluded because they do not divide it); capped by the per-rank batch and the dataset."""
+    per_rank = (job.effective_batch or 1) // job.ranks
+    cap = min(per_rank, max(dataset_samples // job.ranks, 1))
+    ok = [m for m in range(1, cap + 1) if per_rank % m == 0]
+    excluded = [m for m in range(1, cap + 1) if per_rank % m]
+    return ok, excluded
+
+
+def peak_of(r: ProbeResult) -> int | None:
+    m = r.measured
+    if m is None:
+        return None
+    return m.peak_reserved_bytes if m.peak_reserved_bytes is not None else m.peak_allocated_bytes
+
+
+class Searcher:
+    def __init__(self, base: JobSpec, probe: Callable[[JobSpec, int], ProbeResult],
+                 predict: Callable[[JobSpec], Predicted | None], capacity_bytes: int | None,
+                 options: SearchOptions, dataset_samples: int,
+                 progress: Callable[[str], None] | None = None,
+                 agree: Callable[[bool], bool] | None = None) -> None:
+        self.base = base
+        self.agree = agree or (lambda flag: flag)
+        """Under many ranks: a decision flag all ranks share (any rank's True)."""
+        self._probe = probe
+        self.predict = predict
+        self.capacity = capacity_bytes
+        self.o = options
+        self.n_samples = dataset_samples
+        self.trials: list[Trial] = []
+        self.notes: list[str] = []
+        self.t0 = time.perf_counter()
+        self.stopped = False
+        self.progress = progress or (lambda _s: None)
+
+    # --- probing ------------------------------------------------------------------------------
+    def limit_bytes(self) -> int | None:
+        return None if self.capacity is None else int(self.capacity * (1 - self.o.margin))
+
+    def _fits(self, r: ProbeResult) -> bool:
+        if r.status != "ok":
+            return False
+        lim = self.limit_bytes()
+        p = peak_of(r)
+        return lim is None or p is None or p <= lim
+
+    def over_budget(self) -> bool:
+        if self.o.budget_s is None:
+            return False
+        spent = time.perf_counter() - self.t0
+        last = self.trials[-1].result.probe_time_s if self.trials else 0.0
+        if self.agree(spent + last > self.o.budget_s):
+            if not self.stopped:
+                self.notes.append(f"--budget-s {self.o.budget_s:g}: stopped after {spent:.0f} s "
+                                  f"and {len(self.trials)} probes; the best so far is kept")
+            self.stopped = True
+        return self.stopped
+
+    def run(self, job: JobSpec, stage: str, timed: int, note: str = "") -> Trial:
+        self.progress(f"{stage}: micro-batch {job.micro_batch} × {job.grad_accum}, "
+                      f"{job.precision}, ckpt {job.grad_ckpt}, {job.attention}, "
+                      f"{job.optimizer_impl}, workers {job.num_workers}"
+                      + (", compiled" if job.compile else ""))
+        r = self._probe(job, timed)
+        t = Trial(index=len(self.trials), stage=stage, job=job, result=r, predicted=self.predict(job),
+                  fits=self._fits(r), note=note)
+        if r.status == "ok" and not t.fits:
+            t.note = (t.note + "; " if t.note else "") + "ran, but above the margin"
+        self.trials.append(t)
+        return t
+
+    def tps(self, t: Trial) -> float:
+        """Measured tokens/s; with torch.compile, its one-off compile time is spread over the
+        planned run (unknown run length: over 1,000 steps, stated in the notes)."""
+        m = t.result.measured
+        if m is None or not m.tokens_per_s:
+            return 0.0
+        if t.job.compile and m.compile_time_s:
+            steps = self.o.run_steps or 1000
+            step = m.step_time_s + m.compile_time_s / steps
+            return m.tokens_per_s * m.step_time_s / step
+        return m.tokens_per_s
+
+    # --- stage 1: the largest micro-batch that fits ------------------------------------------
+    def largest_fitting(self, job: JobSpec, options: list[int]) -> int | None:
+        """Index in ``options`` of the largest micro-batch that fits (memory probes: one metered
+        step each), starting at the predicted boundary and checking its neighbour first."""
+        if not options:
+            return None
+        lim = self.limit_bytes()
+        start = len(options) - 1
+        if lim is not None:
+            pred_ok = []
+            for i, m in enumerate(options):
+                p = self.predict(job.replace(micro_batch=m))
+                peak = None if p is None else (p.peak_reserved_bytes or p.peak_allocated_bytes)
+                if peak is None or peak <= lim:
+                    pred_ok.append(i)
+            start = max(pred_ok) if pred_ok else 0
+        lo, hi = -1, len(options)  # options[lo] fits, options[hi] does not (sentinels)
+        i, first = start, True
+        while lo + 1 < hi and not self.over_budget():
+            t = self.run(job.replace(micro_batch=options[i]), "batch", 0)
+            if t.fits:
+                lo = i
+            else:
+                hi = i
+            if lo + 1 >= hi:
+                break
+            # first the neighbour of the predicted boundary (confirms an exact prediction in two
+            # probes), then bisection
+            i = (lo + 1 if t.fits else hi - 1) if first else (lo + hi) // 2
+            first = False
+        return lo if lo >= 0 else None
+
+    # --- comparisons ----------------------------------------------------------------------------
+    def better(self, cand: Trial, best: Trial) -> bool:
+        """A gain is real when it beats the noise floor and the measured spreads, and still holds
+        after both are measured again, interleaved (best, candidate)."""
+        def rel_spread(t: Trial) -> float:
+            m = t.result.measured
+            return (m.step_time_spread_s / m.step_time_s) if m and m.step_time_s else 0.0
+
+        a, b = self.tps(best), self.tps(cand)
+        if not cand.fits or b <= a * (1 + self.o.noise_floor):
+            return False
+        if self.over_budget():
+            return False
+        best2 = self.run(best.job, "confirm", 3, note=f"re-measure of probe {best.index}")
+        cand2 = self.run(cand.job, "confirm", 3, note=f"re-measure of probe {cand.index}")
+        if not cand2.fits:
+            return False
+        a2, b2 = self.tps(best2), self.tps(cand2)
+        a_med, b_med = statistics.median([a, a2]), statistics.median([b, b2])
+        # the spread between repeats of the same configuration is the noise a gain must exceed
+        noise = max(self.o.noise_floor, (rel_spread(best) + rel_spread(cand)) / 2,
+                    abs(a - a2) / a_med if a_med else 0.0, abs(b - b2) / b_med if b_med else 0.0)
+        return b_med > a_med * (1 + noise)
+
+    # --- the whole search ---------------------------------------------------------------------
+    def search(self) -> Outcome:
+        base = self.base
+        options, excluded = micro_options(base, self.n_samples)
+        if excluded:
+            self.notes.append(f"micro-batches {', '.join(map(str, excluded))} excluded: they do not "
+                              f"divide the per-rank effective batch {base.effective_batch // base.ranks} "
+                              "(accumulation must be exact)")
+        job = base
+        idx = self.largest_fitting(job, options)
+        if idx is None and base.grad_ckpt != "full" and "grad_ckpt" not in self.o.fixed:
+            self.notes.append("nothing fits without checkpointing: trying with it")
+            job = base.replace(grad_ckpt="full")
+            idx = self.largest_fitting(job, options)
+        if idx is None:
+            self.notes.append("no micro-batch fits, even 1: see `trainfit plan` for the "
+                              "memory-saving ladder")
+            return self._outcome(None, None, excluded)
+        largest = options[idx]
+        best = self.run(job.replace(micro_batch=largest), "speed", 3)
+        # smaller micro-batches: usually slower (less work per kernel); stop at the first that is
+        # not faster
+        j = idx - 1
+        while j >= 0 and not self.over_budget():
+            cand = self.run(job.replace(micro_batch=options[j]), "speed", 3)
+            if self.better(cand, best):
+                best = self._latest_of(cand.job)
+                j -= 1
+            else:
+                break
+        for knob in self.o.knobs:
+            if knob in self.o.fixed or self.over_budget():
+                continue
+            best = self._try_knob(knob, best, options)
+        return self._outcome(best, largest, excluded)
+
+    def _latest_of(self, job: JobSpec) -> Trial:
+        return [t for t in self.trials if t.job == job and t.result.measured is not None][-1]
+
+    def _pruned(self, cand: JobSpec, best: Trial) -> bool:
+        pc, pb = self.predict(cand), best.predicted
+        known = pc is not None and pb is not None and pc.tokens_per_s and pb.tokens_per_s
+        ratio = pc.tokens_per_s / pb.tokens_per_s if known else None  # type: ignore[union-attr]
+        # the speed model reads kernel rates each rank measured itself (or found cached): near the
+        # threshold, or with a rate unknown on one rank only, ranks could decide apart (and then
+        # probe apart), so every rank takes part in the decision, whatever it predicted
+        if not self.agree(ratio is not None and ratio < self.o.prune_below):
+            return False
+        self.notes.append(f"not probed: {_diff(cand, best.job)} — predicted "
+                          + (f"{ratio:.2f}×" if ratio is not None else f"< {self.o.prune_below}× "
+                             "(on another rank)") + " the tokens/s of the current best")
+        return True
+
+    def _eight_bit(self, job: JobSpec, options: list[int]) -> list[JobSpec]:
+        """AdamW with 8-bit states (bitsandbytes: 2 B per weight instead of 8): at the same
+        micro-batch (faster where the optimizer step is memory-bound), and at the largest larger
+        micro-batch the freed memory lets fit (memory probes, as for checkpointing)."""
+        if job.optimizer != "adamw":
+            if not job.optimizer.endswith("8bit"):
+                self.notes.append(f"8-bit AdamW: not tried — the job's optimizer is {job.optimizer} "
+                                  "(set optimizer: adamw to let tune compare)")
+            return []
+        if not self.o.bitsandbytes:
+            self.notes.append("8-bit AdamW: not tried — bitsandbytes is not installed "
+                              "(pip install bitsandbytes)")
+            return []
+        eight = job.replace(optimizer="adamw-8bit")
+        bigger = [m for m in options if m > (job.micro_batch or 1)]
+        i = self.largest_fitting(eight, bigger) if bigger else None
+        return [eight] + ([eight.replace(micro_batch=bigger[i])] if i is not None else [])
+
+    def _loading_is_negligible(self, best: Trial) -> bool:
+        """Loader workers move batch loading off the training process: the most they can gain is
+        the time that process waited for data. When the best, without workers, waited less than
+        the noise floor of its step, a worker probe could only measure noise (and a lucky one
+        would pick workers that cost host RAM for nothing), so none is run."""
+        m = best.result.measured
+        if best.job.num_workers or m is None or m.data_wait_fraction is None:
+            return False
+        if m.data_wait_fraction >= self.o.noise_floor:
+            return False
+        self.notes.append(f"loader workers: not probed — without them the step waited for data "
+                          f"{m.data_wait_fraction:.2%} of its time (measured), the most workers "
+                          f"could gain; below the {self.o.noise_floor:.0%} noise floor")
+        return True
+
+    def _try_knob(self, knob: str, best: Trial, options: list[int]) -> Trial:
+        job = best.job
+        if knob == "grad_ckpt":
+            if job.grad_ckpt == "full" or job.micro_batch == options[-1]:
+                self.notes.append("checkpointing: not tried — the largest micro-batch already fits "
+                                  "without it, and recomputation only costs time"
+                                  if job.grad_ckpt != "full" else
+                                  "checkpointing: kept on (nothing fits without it)")
+                return best
+            ck = job.replace(grad_ckpt="full")
+            bigger = [m for m in options if m > job.micro_batch]
+            i = self.largest_fitting(ck, bigger)
+            if i is None:
+                self.notes.append("checkpointing: no larger micro-batch fits with it")
+                return best
+            cands = [ck.replace(micro_batch=bigger[i])]
+        elif knob == "precision":
+            cands = [job.replace(precision=p) for p in self.o.precisions if p != job.precision]
+        elif knob == "attention":
+            cands = [job.replace(attention=a) for a in ("sdpa", "eager") if a != job.attention]
+        elif knob == "optimizer_impl":
+            if job.optimizer not in ("adamw", "sgd"):
+                return best
+            cands = [job.replace(optimizer_impl=i) for i in ("fused", "foreach")
+                     if i != job.optimizer_impl]
+        elif knob == "optimizer_8bit":
+            cands = self._eight_bit(job, options)
+        elif knob == "num_workers":
+            if self._loading_is_negligible(best):
+                return best
+            cands = [job.replace(num_workers=w) for w in self.o.worker_counts if w != job.num_workers]
+        elif knob == "loader":
+            # only meaningful with loader processes; prefetch deeper, and on a GPU pinned memory
+            # (asynchronous host→device copies). persistent_workers is not probed: its gain is the
+            # worker restart at an epoch boundary, which short probes never reach (tune sets it
+            # on by rule when workers are used and the run has more than one epoch).
+            if job.num_workers == 0:
+                return best
+            deeper = {"prefetch_factor": 4} if job.prefetch_factor < 4 else {}
+            pinned = {"pin_memory": True} if self.o.cuda and not job.pin_memory else {}
+            tried = (job.replace(**c) for c in (deeper, pinned, {**deeper, **pinned}) if c)
+            cands = list({(c.prefetch_factor, c.pin_memory): c for c in tried}.values())
+        elif knob == "compile":
+            cands = [] if job.compile else [job.replace(compile=True)]
+        else:
+            raise ValueError(knob)
+        for c in cands:
+            if self.over_budget():
+                break
+            if self._pruned(c, best):
+                continue
+            t = self.run(c, "knobs", 3)
+            if self.better(t, best):
+                best = self._latest_of(c)
+        return best
+
+    def _outcome(self, best: Trial | None, largest: int | None, excluded: list[int]) -> Outcome:
+        return Outcome(best=best, trials=self.trials, notes=self.notes,
+                       largest_fitting_micro=largest, excluded_micro=excluded,
+                       search_time_s=time.perf_counter() - self.t0, stopped_by_budget=self.stopped)
+
+
+def describe(best: Trial, baseline: Trial | None) -> str:
+    """The pick in words, against the user's current configuration when one was measured."""
+    j = best.job
+    m = best.result.measured
+    assert m is not None
+    s = (f"micro-batch {j.micro_batch} × accumulation {j.grad_accum} × ranks {j.ranks} "
+         f"(effective {j.effective_batch}), {j.precision}, checkpointing {j.grad_ckpt}, "
+         f"{j.attention}, {optimizer_words(j.optimizer, j.optimizer_impl)}, "
+         f"{j.num_workers} loader workers"
+         + (f" (prefetch {j.prefetch_factor}{', pinned' if j.pin_memory else ''})"
+            if j.num_workers else "")
+         + (", torch.compile" if j.compile else "")
+         + f": measured {m.tokens_per_s:,.0f} tokens/s")
+    if baseline is not None and baseline.result.measured is not None:
+        b = baseline.result.measured.tokens_per_s
+        s += (f", {m.tokens_per_s / b:.2f}× your current micro-batch {baseline.job.micro_batch} × "
+              f"{baseline.job.grad_accum} ({b:,.0f} tokens/s measured)")
+    return s
+
+
+def optimizer_words(optimizer: str, optimizer_impl: str) -> str:
+    """The optimizer as printed: its implementation (fused / foreach) exists for torch's AdamW and
+    SGD only."""
+    return f"{optimizer_impl} {optimizer}" if optimizer in ("adamw", "sgd") else optimizer
+
+
+def _diff(a: JobSpec, b: JobSpec) -> str:
+    keys = ("micro_batch", "precision", "grad_ckpt", "attention", "optimizer", "optimizer_impl",
+            "num_workers", "prefetch_factor", "pin_memory", "compile")
+    return ", ".join(f"{k} {getattr(a, k)}" for k in keys if getattr(a, k) != getattr(b, k))

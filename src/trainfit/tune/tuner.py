@@ -1,0 +1,305 @@
+"""``trainfit tune``: measure the real job on the real device and choose the fastest configuration
+that fits — the job and data of the user, probes of the same step ``plan`` simulates."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import psutil
+import torch
+
+from trainfit.data import DataError, TokenData, load_tokenizer, read_rows, tokenize_rows
+from trainfit.job import JobError, JobSpec
+from trainfit.model.runtime import parse_device
+from trainfit.model.source import ModelSource, resolve_model
+from trainfit.tune.probe import Probe, ProbeResult
+from trainfit.tune.search import KNOBS, Outcome, Predicted, Searcher, SearchOptions, Trial, describe
+
+DEFAULT_MARGIN = 0.10
+"""Fraction of the capacity (GPU memory or --memory-limit) left free by the pick: the allocator's
+fragmentation and longer batches at run time need room the probes did not use."""
+
+
+@dataclass(kw_only=True)
+class TuneOptions:
+    device: str = "cpu"
+    """cpu, cuda or cuda:N"""
+    memory_limit_bytes: int | None = None
+    """Capacity to fit in (CPU: live tensor bytes, the stand-in for a GPU; CUDA: a cap below the
+    card's memory via set_per_process_memory_fraction). None on CUDA: the whole card."""
+    margin: float = DEFAULT_MARGIN
+    budget_s: float | None = None
+    max_host_ram_bytes: int | None = None
+    knobs: tuple[str, ...] = ("grad_ckpt", "precision", "attention", "optimizer_impl", "num_workers",
+                              "loader")
+    fixed: frozenset[str] = frozenset()
+    run_steps: int | None = None
+    isolate: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.margin < 1:
+            raise JobError(f"--margin {self.margin}: must be in [0, 1)")
+        if self.memory_limit_bytes is not None and self.memory_limit_bytes <= 0:
+            raise JobError(f"--memory-limit {self.memory_limit_bytes}: must be > 0",
+                           "e.g. --memory-limit 2GiB")
+        if self.budget_s is not None and self.budget_s <= 0:
+            raise JobError(f"--budget-s {self.budget_s}: must be > 0")
+        unknown = [k for k in self.knobs if k not in KNOBS]
+        if unknown:
+            raise JobError(f"--knobs {','.join(unknown)}: unknown", f"choose from {','.join(KNOBS)}")
+
+
+@dataclass
+class TuneResult:
+    device: str
+    device_name: str
+    memory_limit_bytes: int | None
+    margin: float
+    search_time_s: float
+    dataset_samples: int
+    dataset_tokens: int
+    pick: Trial | None
+    baseline: Trial | None
+    trials: list[Trial]
+    reason: str
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        def trial(t: Trial) -> dict[str, Any]:
+            d = t.job.to_dict()
+            r = t.result.to_dict()
+            d.update({"index": t.index, "stage": t.stage, "status": r["status"], "fits": t.fits,
+                      "measured": r["measured"], "predicted": asdict(t.predicted)
+                      if t.predicted else None, "probe_time_s": r["probe_time_s"],
+                      "note": "; ".join(x for x in (t.note, r["detail"]) if x)})
+            return d
+        return {"kind": "tune", "device": self.device, "device_name": self.device_name,
+                "memory_limit_bytes": self.memory_limit_bytes, "margin": self.margin,
+                "search_time_s": self.search_time_s, "dataset_samples": self.dataset_samples,
+                "dataset_tokens": self.dataset_tokens,
+                "pick": trial(self.pick) if self.pick else None,
+                "baseline": trial(self.baseline) if self.baseline else None,
+                "reason": self.reason,
+                "probes": [trial(t) for t in self.trials], "notes": self.notes}
+
+
+def max_positions(source: ModelSource) -> int | None:
+    cfg = source.config
+    for name in ("max_position_embeddings", "n_positions"):
+        v = getattr(cfg, name, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None  # relative positions (T5): no hard limit
+
+
+def load_data(job: JobSpec, source: ModelSource) -> TokenData:
+    if not job.data:
+        raise DataError("--data is required: tune measures the real job on real data",
+                        "give a JSONL of text or chat rows, e.g. --data examples/data/tiny_text.jsonl")
+    tok = load_tokenizer(job.tokenizer, source.name, source.origin, int(source.config.vocab_size),
+                         job.trust_remote_code)
+    rows = read_rows(job.data)
+    return tokenize_rows(rows, tok, seq_len=job.seq_len, task=source.task,
+                         text_field=job.text_field, packing=job.packing, path=job.data,
+                         max_positions=max_positions(source))
+
+
+class CpuPredictor:
+    """The data-less simulation of the same step with CPU semantics and the real batch's shapes,
+    plus the speed model with this CPU's measured rates (cached per configuration)."""
+
+    def __init__(self, source: ModelSource, data: TokenData) -> None:
+        self.source = source
+        self.data = data
+        self._cache: dict[tuple, Predicted] = {}
+
+    def batch_fn(self, micro: int) -> Callable[[], dict[str, torch.Tensor]]:
+        t = self.data.seq_len
+
+        def make() -> dict[str, torch.Tensor]:
+            b = {"input_ids": torch.zeros((micro, t), dtype=torch.int64),
+                 "labels": torch.zeros((micro, t), dtype=torch.int64)}
+            if self.data.padded:
+                b["attention_mask"] = torch.ones((micro, t), dtype=torch.int64)
+            return b
+        return make
+
+    def __call__(self, job: JobSpec) -> Predicted | None:
+        from trainfit.memory.predict import data_parallel_bytes
+        from trainfit.memory.simulate import SimTarget, simulate_step
+        from trainfit.speed.cpu import cpu_speed
+        from trainfit.speed.ops import OpRecorder
+        from trainfit.speed.predict import model_flops_per_token, predict_speed_exact
+
+        key = (job.micro_batch, job.precision, job.grad_ckpt, job.attention, job.optimizer,
+               job.optimizer_impl, job.grad_accum)
+        if key in self._cache:
+            return self._cache[key]
+        rec = OpRecorder(replay=True)
+        sim = simulate_step(job, self.source, SimTarget(device="cpu"), op_hook=rec,
+                            batch_fn=self.batch_fn(job.micro_batch or 1))
+        fpt = model_flops_per_token(self.source.config, sim.total_params, sim.trainable_params,
+                                    job.seq_len, job.method == "full")
+        sp = predict_speed_exact(cpu_speed(), rec.ops, job.micro_batch or 1, job.grad_accum or 1,
+                                 job.seq_len, job.ranks, fpt)
+        # many ranks: what data parallelism adds to the one-process step (DDP's gradient
+        # buckets), as plan adds it — the probe counts the same buckets
+        extra, _ = data_parallel_bytes(job, self.source, sim.breakdown, sim.trainable_params)
+        p = Predicted(peak_allocated_bytes=sim.peak_allocated_bytes + extra,
+                      step_time_s=sp.step_time_s, tokens_per_s=sp.tokens_per_s)
+        self._cache[key] = p
+        self.steady_bytes = sim.steady_bytes
+        return p
+
+
+def _precisions(device: torch.device) -> tuple[str, ...]:
+    if device.type == "cuda":
+        return ("amp-bf16", "bf16-true", "fp32") if torch.cuda.is_bf16_supported() \
+            else ("amp-fp16", "fp32")
+    return ("fp32", "amp-bf16")
+
+
+def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None = None
+         ) -> TuneResult:
+    t0 = time.perf_counter()
+    source = resolve_model(job.model, job.trust_remote_code)
+    device = parse_device(opts.device)
+    if job.sharding != "none" and job.ranks > 1:
+        # the probes wrap the model in DDP: an FSDP job's memory would be measured unsharded
+        raise JobError(f"sharding: {job.sharding} over {job.ranks} ranks: tune probes DDP (full "
+                       "replicas) only", "set sharding: none in the job to tune it (DDP's memory "
+                       "bounds FSDP's from above), or use `trainfit plan` and train's OOM recovery")
+    data = load_data(job, source)
+    if job.effective_batch is None:
+        raise JobError("--effective-batch is required: tune keeps it exact",
+                       "e.g. --effective-batch 16 (samples per optimizer step, all ranks)")
+    if data.stats.samples < job.ranks:
+        raise DataError(f"--data {job.data}: {data.stats.samples} samples for {job.ranks} ranks")
+    torch.manual_seed(job.seed)
+    capacity = opts.memory_limit_bytes
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        if capacity is not None:
+            torch.cuda.set_per_process_memory_fraction(min(capacity / total, 1.0), device)
+        else:
+            capacity = total
+        name = torch.cuda.get_device_name(device)
+        predict: Callable[[JobSpec], Predicted | None] = _gpu_predictor(source, name, total)
+    else:
+        name = f"CPU ({os.cpu_count()} cores), live tensor bytes"
+        predict = CpuPredictor(source, data)
+    base = job.replace(micro_batch=None, grad_accum=None, effective_batch=job.effective_batch) \
+        if job.micro_batch else job
+    base = base.replace(precision=job.precision or "fp32", grad_ckpt=job.grad_ckpt or "off")
+    first = predict(base.replace(micro_batch=1))
+    if first is not None and capacity is not None and isinstance(predict, CpuPredictor):
+        steady = predict.steady_bytes
+        if steady > capacity:
+            raise JobError(f"--memory-limit {capacity / 2**30:.2f} GiB is smaller than the model's "
+                           f"weights and optimizer states ({steady / 2**30:.2f} GiB predicted)",
+                           "raise the limit, or use --method lora")
+    if opts.budget_s is not None and first is not None and first.step_time_s is not None:
+        one_probe_s = first.step_time_s * 4
+        if one_probe_s > opts.budget_s:
+            raise JobError(f"--budget-s {opts.budget_s:g}: one probe takes ~{one_probe_s:.0f} s "
+                           "(4 steps at micro-batch 1, predicted)",
+                           f"use --budget-s ≥ {one_probe_s * 10:.0f} for a useful search")
+    prober = Probe(source, data, device, memory_limit_bytes=opts.memory_limit_bytes,
+                   max_host_ram_bytes=opts.max_host_ram_bytes, seed=job.seed)
+    if prober.dist.world != job.ranks:
+        raise JobError(f"--ranks {job.ranks} but {prober.dist.world} process(es) run",
+                       f"start tune under torchrun --nproc-per-node {job.ranks}, or --ranks "
+                       f"{prober.dist.world}")
+    if opts.isolate and prober.dist.world > 1:
+        raise JobError("--isolate with many ranks is not supported",
+                       "run one rank per process without --isolate")
+    probe_fn = _isolated_probe(source, data, opts) if opts.isolate else \
+        (lambda j, timed: prober.run(j, timed_steps=timed))
+    sopts = SearchOptions(margin=opts.margin, budget_s=opts.budget_s, knobs=opts.knobs,
+                          bitsandbytes=importlib.util.find_spec("bitsandbytes") is not None,
+                          precisions=_precisions(device),
+                          fixed=opts.fixed if getattr(source.config, "supports_grad_ckpt", True)
+                          else opts.fixed | {"grad_ckpt"},
+                          run_steps=opts.run_steps,
+                          worker_counts=(0, max(1, (os.cpu_count() or 1) // 2)),
+                          cuda=device.type == "cuda")
+    searcher = Searcher(base, probe_fn, predict, capacity, sopts, len(data), progress,
+                        agree=prober.dist.any)
+    baseline = None
+    if job.micro_batch:
+        baseline = searcher.run(job.replace(precision=base.precision, grad_ckpt=base.grad_ckpt),
+                                "baseline", 3, note="your current configuration")
+    out: Outcome = searcher.search()
+    notes = [*data.stats.notes, *out.notes,
+             "tokens/s counts positions computed (micro × seq_len × accumulation × ranks / step)",
+             "loss is token-weighted over the effective batch (exact for any micro-batch split)"]
+    load_1min = psutil.getloadavg()[0]
+    if device.type == "cpu" and load_1min > (os.cpu_count() or 1):
+        notes.append(f"the host was busy while probing (load average {load_1min:.1f} on "
+                     f"{os.cpu_count()} cores, measured): timings are slower and noisier than on an "
+                     "idle machine; memory is not affected")
+    if device.type == "cpu":
+        notes.append("CPU: peak = live tensor bytes (the quantity of torch.cuda.max_memory_"
+                     "allocated); reserved/device do not exist on CPU (null)")
+    if out.best is not None and out.best.job.num_workers > 0 and not out.best.job.persistent_workers:
+        out.best.job = out.best.job.replace(persistent_workers=True)
+        notes.append("persistent_workers: on by rule (loader workers are used; keeping them "
+                     "saves their restart at every epoch boundary, which short probes never reach)")
+    reason = describe(out.best, baseline) if out.best else "nothing fits: " + "; ".join(out.notes)
+    return TuneResult(device=str(device), device_name=name,
+                      memory_limit_bytes=capacity, margin=opts.margin,
+                      search_time_s=time.perf_counter() - t0, dataset_samples=len(data),
+                      dataset_tokens=data.stats.tokens, pick=out.best, baseline=baseline,
+                      trials=out.trials, reason=reason, notes=notes)
+
+
+def _gpu_predictor(source: ModelSource, device_name: str, total: int
+                   ) -> Callable[[JobSpec], Predicted | None]:
+    from trainfit.hardware.gpus import find_gpu_by_device_name
+    from trainfit.memory.predict import predict_memory
+
+    gpu = find_gpu_by_device_name(device_name, total)
+    cache: dict[tuple, Predicted] = {}
+
+    def predict(job: JobSpec) -> Predicted | None:
+        key = (job.micro_batch, job.precision, job.grad_ckpt, job.attention, job.optimizer,
+               job.optimizer_impl, job.grad_accum)
+        if key not in cache:
+            m = predict_memory(job, source, gpu)
+            cache[key] = Predicted(peak_allocated_bytes=m.peak_allocated_bytes,
+                                   peak_reserved_bytes=m.peak_reserved_bytes,
+                                   peak_device_bytes=m.peak_device_bytes)
+        return cache[key]
+    return predict
+
+
+def _isolated_probe(source: ModelSource, data: TokenData, opts: TuneOptions
+                    ) -> Callable[[JobSpec, int], ProbeResult]:
+    """Each probe in a fresh process (spawned): an OOM that poisons a CUDA context, or a crash,
+    costs that probe only."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+
+    def run(job: JobSpec, timed: int) -> ProbeResult:
+        with ctx.Pool(1) as pool:
+            try:
+                return pool.apply(_probe_in_child, (job, source.name, data, opts, timed))
+            except Exception as err:  # the child died: report it as a failed probe
+                return ProbeResult(status="oom" if "memory" in str(err).lower() else "crashed",
+                                   measured=None, detail=f"{type(err).__name__}: {err}"[:200])
+    return run
+
+
+def _probe_in_child(job: JobSpec, model: str, data: TokenData, opts: TuneOptions, timed: int
+                    ) -> ProbeResult:
+    source = resolve_model(model, job.trust_remote_code)
+    prober = Probe(source, data, parse_device(opts.device),
+                   memory_limit_bytes=opts.memory_limit_bytes,
+                   max_host_ram_bytes=opts.max_host_ram_bytes, seed=job.seed)
+    return prober.run(job, timed_steps=timed)

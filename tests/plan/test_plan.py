@@ -1,0 +1,137 @@
+"""plan over a grid: micro-batches keep the effective batch, fit decisions follow memory."""
+
+import pytest
+
+from trainfit.hardware.gpus import find_gpu, generic_gpu
+from trainfit.job import JobError, JobSpec
+from trainfit.plan.grid import plan
+
+
+def test_grid_keeps_effective_batch_and_marks_largest(tiny_llama):
+    job = JobSpec(model="t", seq_len=64, effective_batch=8)
+    res = plan(job, tiny_llama, find_gpu("a100-80gb"))
+    assert {r.job["precision"] for r in res.rows} == {"fp32", "amp-fp16", "amp-bf16", "bf16-true"}
+    for r in res.rows:
+        assert r.job["micro_batch"] * r.job["grad_accum"] == 8
+    assert sorted({r.job["micro_batch"] for r in res.rows}) == [1, 2, 4, 8]
+    rec = res.rows[res.recommended_index]
+    assert rec.how == "simulated" and rec.memory.fits
+    # every row has a predicted speed on a known GPU, and the pick is the fastest that fits
+    assert all(r.speed is not None and r.speed.tokens_per_s > 0 for r in res.rows)
+    fitting = [r for r in res.rows if r.memory.fits]
+    assert rec.speed.tokens_per_s == max(r.speed.tokens_per_s for r in fitting)
+    assert rec.rank == 1
+
+
+def test_checkpointing_lowers_the_peak(tiny_llama):
+    job = JobSpec(model="t", seq_len=128, effective_batch=4, precision="fp32")
+    res = plan(job, tiny_llama, find_gpu("a100-80gb"), verify=False)
+    by = {(r.job["grad_ckpt"], r.job["micro_batch"]): r.memory.peak_allocated_bytes
+          for r in res.rows}
+    assert by[("full", 4)] < by[("off", 4)]
+
+
+def test_nothing_fits_says_so(tiny_llama):
+    job = JobSpec(model="t", seq_len=64, effective_batch=4)
+    res = plan(job, tiny_llama, generic_gpu(0.001))
+    assert res.recommended_index is None
+    assert "nothing fits" in res.reason
+
+
+def test_bf16_on_t4_is_refused(tiny_llama):
+    with pytest.raises(JobError, match="no bf16"):
+        plan(JobSpec(model="t", precision="bf16-true"), tiny_llama, find_gpu("t4"))
+
+
+def test_t4_grid_has_no_bf16(tiny_llama):
+    res = plan(JobSpec(model="t", seq_len=64, effective_batch=2), tiny_llama, find_gpu("t4"),
+               verify=False)
+    assert {r.job["precision"] for r in res.rows} == {"fp32", "amp-fp16"}
+
+
+def test_qlora_without_bitsandbytes_is_refused(tiny_llama, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    with pytest.raises(JobError, match="needs bitsandbytes"):
+        plan(JobSpec(model="t", method="qlora"), tiny_llama, find_gpu("t4"))
+
+
+def test_ladder_when_nothing_fits():
+    """A GPU too small for a full fine-tune of GPT-2 at 1024 tokens: the ladder climbs until a rung
+    fits, each rung with its predicted memory."""
+    import dataclasses
+
+    from trainfit.model.source import resolve_model
+
+    src = resolve_model("gpt2")
+    job = JobSpec(model="gpt2", seq_len=1024, micro_batch=1, grad_accum=2, precision="fp32",
+                  grad_ckpt="off")
+    gpu = find_gpu("a100-80gb")
+    off = plan(job, src, gpu, verify=False).rows[0].memory.peak_device_bytes
+    ck = plan(job.replace(grad_ckpt="full"), src, gpu, verify=False).rows[0].memory.peak_device_bytes
+    assert ck < off
+    # between the two: only checkpointing (rung 1) makes it fit
+    small = dataclasses.replace(gpu, memory_bytes=int((off + ck) / 2 / 0.9))
+    res = plan(job, src, small, verify=False)
+    assert res.recommended_index is None
+    assert len(res.ladder) == 1 and res.ladder[0].fits
+    assert res.ladder[0].peak_device_bytes == ck
+    assert res.ladder[0].change.startswith("gradient checkpointing")
+    assert not res.ladder[0].alters_learning
+    assert "ladder below reaches a fit" in res.reason
+    d = res.to_dict()
+    assert d["ladder"][-1]["fits"] is True and "alters_learning" in d["ladder"][0]
+
+
+def test_dataset_time_and_epochs_error(tiny_llama):
+    job = JobSpec(model="tiny-llama", seq_len=128, micro_batch=2, grad_accum=2, precision="amp-bf16",
+                  grad_ckpt="off")
+    res = plan(job, tiny_llama, find_gpu("a100-80gb"), dataset_tokens=1_000_000, epochs=2)
+    c = res.to_dict()["configs"][0]
+    assert c["time_for_dataset_s"] == pytest.approx(2_000_000 / c["tokens_per_s"])
+    with pytest.raises(JobError, match="needs the dataset size"):
+        plan(job, tiny_llama, find_gpu("a100-80gb"), epochs=2)
+
+
+def test_the_pick_is_stated_against_the_current_configuration(tiny_llama):
+    gpu = find_gpu("a10g")
+    base = JobSpec(model="t", seq_len=64, effective_batch=8, precision="amp-bf16")
+    cur = JobSpec(model="t", seq_len=64, micro_batch=1, grad_accum=8, grad_ckpt="full",
+                  precision="amp-bf16")
+    res = plan(base, tiny_llama, gpu, current=cur)
+    pick = res.rows[res.recommended_index]
+    assert res.current is not None and res.current.how == "simulated"
+    assert res.current.job["micro_batch"] == 1 and res.current.job["grad_ckpt"] == "full"
+    assert res.speedup_vs_current == pytest.approx(
+        pick.speed.tokens_per_s / res.current.speed.tokens_per_s)
+    assert res.speedup_vs_current > 1.0  # checkpointing off and a bigger micro-batch
+    assert f"micro-batch 1→{pick.job['micro_batch']}" in res.vs_current
+    assert "checkpointing full→off" in res.vs_current and "× tokens/s" in res.vs_current
+    d = res.to_dict()
+    assert d["current"]["tokens_per_s"] == pytest.approx(res.current.speed.tokens_per_s)
+
+
+def test_cli_current_flag_and_bad_current_in_a_file(tiny_config_json, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from trainfit.cli.main import app
+
+    r = CliRunner().invoke(app, ["plan", str(tiny_config_json), "--gpu", "a10g", "--seq-len", "64",
+                                 "--micro-batch", "2", "--grad-accum", "4", "--grad-ckpt", "full",
+                                 "--precision", "amp-bf16", "--current", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert (d["current"]["micro_batch"], d["current"]["grad_accum"]) == (2, 4)
+    assert len(d["configs"]) > 1  # the grid around it, not just the one configuration
+    assert all(c["micro_batch"] * c["grad_accum"] == 8 for c in d["configs"])
+    assert d["speedup_vs_current"] >= 0.99
+    bad = tmp_path / "job.yaml"
+    bad.write_text(f"model: {tiny_config_json}\nseq_len: 64\neffective_batch: 8\ngpu: a10g\n"
+                   "current: 4\n")
+    r = CliRunner().invoke(app, ["plan", str(bad)])
+    assert r.exit_code == 2 and "`current` must be a mapping" in r.output

@@ -1,0 +1,68 @@
+"""CPU kernel replay: keys keep layouts, replays run the recorded op, the cache round-trips, and the
+roofline uses a measured time when there is one."""
+
+import json
+
+import pytest
+import torch
+
+from trainfit.speed import cpu_kernels
+from trainfit.speed.cpu_kernels import KernelTimer, replay_key, time_replay
+from trainfit.speed.ops import OpRecord, OpRecorder
+from trainfit.speed.roofline import DeviceSpeed, op_device_time
+
+
+def test_keys_keep_the_layout_of_each_operand():
+    a, w = torch.empty(16, 8), torch.empty(4, 8)
+    nt = replay_key("mm.default", (a, w.t()), {})
+    nn = replay_key("mm.default", (a, w.t().contiguous()), {})
+    assert nt != nn
+    assert nt[1][1] == ("T", (8, 4), (1, 8), "float32")
+    assert replay_key("_local_scalar_dense.default", (a,), {}) is None
+
+
+def test_replay_runs_the_op_with_its_scalars_and_dtypes():
+    x = torch.empty(4, 10)
+    key = replay_key("_log_softmax_backward_data.default", (x, x, 1, torch.float32), {})
+    assert time_replay(key, reps=1) > 0
+    bad = ("mm.default", (("T", (2, 3), (3, 1), "float32"), ("T", (5, 2), (2, 1), "float32")), ())
+    with pytest.raises(RuntimeError):
+        time_replay(bad, reps=1)  # shapes that do not multiply
+
+
+def test_timer_caches_on_disk_and_refuses_other_machines(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINFIT_CACHE", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(cpu_kernels, "time_replay", lambda key: calls.append(key) or 0.25)
+    key = replay_key("mm.default", (torch.empty(4, 4), torch.empty(4, 4)), {})
+    timer = KernelTimer({"cpu": "x", "threads": 2})
+    assert timer(key) == 0.25 and timer(key) == 0.25 and len(calls) == 1
+    timer.save()
+    assert json.loads((tmp_path / "cpu_kernels.json").read_text())["times_s"]
+    assert KernelTimer({"cpu": "x", "threads": 2})(key) == 0.25 and len(calls) == 1
+    assert KernelTimer({"cpu": "x", "threads": 1})(key) == 0.25 and len(calls) == 2
+
+
+def test_a_measured_kernel_time_replaces_the_roofline():
+    dev = DeviceSpeed(name="cpu", peak_flops={"fp32": 1e9}, bandwidth_bytes_s=1e9, sm_count=None,
+                      asynchronous=False, op_overhead_s=1e-5, gemm_efficiency=1.0,
+                      kernel_timer=lambda key: 0.5)
+    op = OpRecord("mm", "forward", 2e9, 0.0, "fp32", (1, 1000, 1000, 1000), True,
+                  replay=("mm.default", (), ()))
+    assert op_device_time(dev, op) == pytest.approx(0.5 - 1e-5)
+    plain = OpRecord("mm", "forward", 2e9, 0.0, "fp32", (1, 1000, 1000, 1000), True)
+    assert op_device_time(dev, plain) == pytest.approx(2.0)  # no replay key: 2 GFLOP at 1 GFLOP/s
+
+
+def test_the_recorder_keeps_replay_keys_only_when_asked(tiny_llama):
+    from trainfit.job import JobSpec
+    from trainfit.memory.simulate import SimTarget, simulate_step
+
+    job = JobSpec(model="t", seq_len=32, micro_batch=2, precision="fp32")
+    with_keys, without = OpRecorder(replay=True), OpRecorder()
+    simulate_step(job, tiny_llama, SimTarget(device="cpu"), op_hook=with_keys)
+    simulate_step(job, tiny_llama, SimTarget(device="cpu"), op_hook=without)
+    mms = [o for o in with_keys.ops if o.name == "mm"]
+    assert mms and all(o.replay and o.replay[0] == "mm.default" for o in mms)
+    assert all(o.replay is None for o in without.ops)
+    assert all(o.replay is None for o in with_keys.ops if not o.kernel)

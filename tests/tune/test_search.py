@@ -1,0 +1,212 @@
+"""The search logic over fake probes: memory bisection from the prediction, exact accumulation,
+noise-guarded speed comparisons, budget."""
+
+from trainfit.job import JobSpec
+from trainfit.tune.probe import Measured, ProbeResult
+from trainfit.tune.search import Predicted, Searcher, SearchOptions, micro_options
+
+GIB = 2**30
+
+
+def fake(mem_per_sample, base, tps_of, calls, wait_of=lambda j: 0.0):
+    def probe(job: JobSpec, timed: int) -> ProbeResult:
+        calls.append((job.micro_batch, job.attention, timed))
+        peak = base + mem_per_sample * job.micro_batch
+        if peak > 10 * GIB:
+            return ProbeResult(status="oom", measured=None)
+        tps = tps_of(job) if timed else None
+        return ProbeResult(status="ok", measured=Measured(
+            peak_allocated_bytes=peak, peak_reserved_bytes=None, peak_device_bytes=None,
+            host_rss_bytes=1, step_time_s=1000 / tps if tps else None,
+            step_time_spread_s=0.0 if tps else None, tokens_per_s=tps, samples_per_s=None,
+            data_wait_fraction=wait_of(job) if tps else None))
+    return probe
+
+
+def pred(mem_per_sample, base, tps_of):
+    def p(job):
+        return Predicted(peak_allocated_bytes=base + mem_per_sample * job.micro_batch,
+                         tokens_per_s=tps_of(job))
+    return p
+
+
+def test_micro_options_exact_accumulation():
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=24, ranks=2)
+    ok, excluded = micro_options(job, dataset_samples=1000)
+    assert ok == [1, 2, 3, 4, 6, 12]
+    assert excluded == [5, 7, 8, 9, 10, 11]
+    assert micro_options(job, dataset_samples=10)[0] == [1, 2, 3, 4]  # capped by the data
+
+
+def test_bisection_starts_at_prediction_and_confirms_in_two_probes():
+    calls = []
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=64)
+    tps = lambda j: 100.0 * min(j.micro_batch, 8)  # noqa: E731
+    s = Searcher(job, fake(GIB, 2 * GIB, tps, calls), pred(GIB, 2 * GIB, tps), 10 * GIB,
+                 SearchOptions(margin=0.1, knobs=()), 10_000)
+    out = s.search()
+    # capacity 10 GiB, margin 10 %: 2 + m ≤ 9 → m ≤ 7; divisors of 64: 1 2 4 8 16 32 64 → 4
+    assert out.largest_fitting_micro == 4
+    batch = [c for c in calls if c[2] == 0]
+    assert batch == [(4, "sdpa", 0), (8, "sdpa", 0)]  # the predicted boundary and its neighbour
+    assert out.best.job.micro_batch == 4 and out.best.job.grad_accum == 16
+    assert out.best.job.effective_batch == 64
+
+
+def test_bisection_when_prediction_is_wrong():
+    calls = []
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=64)
+    tps = lambda j: 100.0  # noqa: E731
+    # the prediction says everything fits; reality: 2 + m ≤ 9
+    s = Searcher(job, fake(GIB, 2 * GIB, tps, calls), pred(0, 0, tps), 10 * GIB,
+                 SearchOptions(margin=0.1, knobs=()), 10_000)
+    out = s.search()
+    assert out.largest_fitting_micro == 4
+    assert len([c for c in calls if c[2] == 0]) <= 4
+
+
+def test_noise_needs_confirmation():
+    calls = []
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=8)
+    seen = {"eager": 0}
+
+    def tps(j):
+        if j.attention == "eager":
+            seen["eager"] += 1
+            return 130.0 if seen["eager"] == 1 else 100.0  # a lucky first measurement
+        return 100.0
+    s = Searcher(job, fake(GIB, GIB, tps, calls), pred(GIB, GIB, lambda j: 100.0), None,
+                 SearchOptions(knobs=("attention",)), 10_000)
+    out = s.search()
+    assert out.best.job.attention == "sdpa"  # the gain did not survive the re-measurement
+    assert [t.stage for t in out.trials].count("confirm") == 2
+
+
+def test_real_gain_is_taken_and_prediction_prunes():
+    calls = []
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=8)
+    tps = lambda j: 150.0 if j.optimizer_impl == "foreach" else 100.0  # noqa: E731
+    ptps = lambda j: 10.0 if j.precision == "amp-bf16" else 100.0  # noqa: E731
+    s = Searcher(job.replace(precision="fp32", grad_ckpt="off"), fake(GIB, GIB, tps, calls),
+                 pred(GIB, GIB, ptps), None,
+                 SearchOptions(knobs=("precision", "optimizer_impl"),
+                               precisions=("fp32", "amp-bf16")), 10_000)
+    out = s.search()
+    assert out.best.job.optimizer_impl == "foreach"
+    assert not any(t.job.precision == "amp-bf16" for t in out.trials)
+    assert any("predicted 0.10×" in n for n in out.notes)
+
+
+def test_nothing_fits_tries_checkpointing():
+    calls = []
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=4, grad_ckpt="off")
+
+    def probe(j, timed):
+        calls.append(j.grad_ckpt)
+        return ProbeResult(status="oom", measured=None)
+    s = Searcher(job, probe, lambda j: None, GIB, SearchOptions(knobs=()), 100)
+    out = s.search()
+    assert out.best is None
+    assert "full" in calls and "off" in calls
+    assert any("no micro-batch fits" in n for n in out.notes)
+
+
+def test_loader_details_are_searched_only_with_workers():
+    calls = []
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=8, micro_batch=8, precision="fp32",
+                  grad_ckpt="off")
+    # deeper prefetch helps, pinned memory helps more (a GPU); both only matter with workers
+    tps = lambda j: 100.0 * (1.3 if j.num_workers else 1.0) * (  # noqa: E731
+        1.2 if j.prefetch_factor == 4 else 1.0) * (1.2 if j.pin_memory else 1.0)
+    seen = []
+
+    def probe(j, timed):
+        seen.append((j.num_workers, j.prefetch_factor, j.pin_memory))
+        # without workers the step waits for data 1 − 1/1.3 of its time: what workers remove
+        return fake(GIB, GIB, tps, calls, wait_of=lambda j: 0.0 if j.num_workers else 0.23)(j, timed)
+    s = Searcher(job, probe, pred(GIB, GIB, lambda j: None), None,
+                 SearchOptions(knobs=("num_workers", "loader"), worker_counts=(0, 2), cuda=True),
+                 10_000)
+    best = s.search().best.job
+    assert (best.num_workers, best.prefetch_factor, best.pin_memory) == (2, 4, True)
+    cpu = Searcher(job, probe, pred(GIB, GIB, lambda j: None), None,
+                   SearchOptions(knobs=("num_workers", "loader"), worker_counts=(0, 2)), 10_000)
+    assert cpu.search().best.job.pin_memory is False  # no GPU: pinning is never tried
+    seen.clear()
+    none = Searcher(job, probe, pred(GIB, GIB, lambda j: None), None,
+                    SearchOptions(knobs=("loader",), cuda=True), 10_000)
+    assert none.search().best.job.prefetch_factor == 2  # no workers: nothing to tune
+    assert all(p == 2 and not pin for _, p, pin in seen)
+
+
+def test_workers_not_probed_when_the_step_does_not_wait_for_data():
+    """Workers can gain at most the measured data wait: below the noise floor they are not probed
+    (a probe could only measure noise); above it they are, and kept when faster."""
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=8, micro_batch=8, precision="fp32",
+                  grad_ckpt="off")
+    for wait, probed in ((0.004, False), (0.2, True)):
+        calls = []
+        tps = lambda j, w=wait: 100.0 / (1 - w) if j.num_workers else 100.0  # noqa: E731
+        s = Searcher(job, fake(GIB, GIB, tps, calls, wait_of=lambda j, w=wait: 0.0 if j.num_workers else w),
+                     pred(GIB, GIB, lambda j: None), None,
+                     SearchOptions(knobs=("num_workers",), worker_counts=(0, 2)), 10_000)
+        out = s.search()
+        assert any(t.job.num_workers == 2 for t in out.trials) is probed
+        assert out.best.job.num_workers == (2 if probed else 0)
+        assert any("loader workers: not probed" in n and "0.40%" in n for n in out.notes) is not probed
+
+
+def test_eight_bit_adamw_frees_memory_for_a_larger_micro_batch():
+    """8-bit AdamW states (2 B per weight instead of 8) free memory: tried at the same
+    micro-batch and at the largest larger one that then fits (memory probes), and kept when
+    faster; without bitsandbytes it is not tried (noted)."""
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=8, precision="fp32", grad_ckpt="off")
+
+    def peak(j):  # 2 GiB of weights; states 4 GiB (AdamW) or 1 GiB (8-bit); 0.5 GiB per sample
+        return int((2 + (1 if j.optimizer == "adamw-8bit" else 4) + 0.5 * j.micro_batch) * GIB)
+
+    def probe(j, timed):
+        if peak(j) > 10 * GIB:
+            return ProbeResult(status="oom", measured=None)
+        tps = 100.0 * j.micro_batch if timed else None
+        return ProbeResult(status="ok", measured=Measured(
+            peak_allocated_bytes=peak(j), peak_reserved_bytes=None, peak_device_bytes=None,
+            host_rss_bytes=1, step_time_s=1000 / tps if tps else None,
+            step_time_spread_s=0.0 if tps else None, tokens_per_s=tps, samples_per_s=None,
+            data_wait_fraction=0.0 if tps else None))
+
+    def predict(j):
+        return Predicted(peak_allocated_bytes=peak(j), tokens_per_s=None)
+
+    for bnb in (True, False):
+        s = Searcher(job, probe, predict, 10 * GIB,
+                     SearchOptions(margin=0.1, knobs=("optimizer_8bit",), bitsandbytes=bnb), 10_000)
+        out = s.search()
+        # capacity 9 GiB after the margin: AdamW 6 + m/2 → micro 4 (of 1 2 4 8); 8-bit 3 + m/2 → 8
+        tried = [(t.job.optimizer, t.job.micro_batch) for t in out.trials]
+        assert (("adamw-8bit", 4) in tried and ("adamw-8bit", 8) in tried) is bnb
+        best = out.best.job
+        assert (best.optimizer, best.micro_batch, best.grad_accum) == \
+            (("adamw-8bit", 8, 1) if bnb else ("adamw", 4, 2))
+        assert any("bitsandbytes is not installed" in n for n in out.notes) is not bnb
+
+
+def test_prune_decision_is_taken_by_every_rank_even_without_a_prediction():
+    """Under torchrun the prune decision is all-reduced: a rank whose speed prediction is unknown
+    still takes part (else the ranks' collectives would fall out of step), and follows a rank
+    that pruned."""
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=8, micro_batch=8, precision="fp32",
+                  grad_ckpt="off")
+    flags = []
+
+    def other_rank_prunes(flag: bool) -> bool:
+        flags.append(flag)
+        return True
+
+    calls = []
+    s = Searcher(job, fake(GIB, GIB, lambda j: 100.0, calls), pred(GIB, GIB, lambda j: None), None,
+                 SearchOptions(knobs=("attention",)), 10_000, agree=other_rank_prunes)
+    out = s.search()
+    assert flags == [False]  # this rank's own view: no prediction, no prune — yet it asked
+    assert {t.job.attention for t in out.trials} == {"sdpa"}  # eager was not probed
+    assert any("not probed: attention eager" in n and "(on another rank)" in n for n in out.notes)
