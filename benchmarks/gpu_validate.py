@@ -58,11 +58,11 @@ def errors(predicted: dict, measured: dict) -> dict:
 
 
 def run_case(case: tuple, dev: torch.device, gpu, nvml) -> dict:
+    from trainfit.data.load import load_data
     from trainfit.job import JobSpec
     from trainfit.model.source import resolve_model
     from trainfit.plan.grid import DEFAULT_MARGIN, _exact_row
     from trainfit.tune.probe import Probe
-    from trainfit.tune.tuner import load_data
 
     model, method, seq, micro, accum, precision, ckpt = case
     job = JobSpec(model=model, method=method, seq_len=seq, micro_batch=micro, grad_accum=accum,

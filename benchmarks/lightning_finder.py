@@ -9,7 +9,7 @@ as it would in a user's script: its loop, ``zero_grad``, ``backward``, gradient 
 is rebuilt from the ``batch_size`` attribute the finder changes, with trainfit's sample order and
 collation (``make_loader``), one micro-batch per optimizer step (no accumulation, as accelerate's).
 
-Capacity: the same ``trainfit.tune.probe.LimitTracker`` the accelerate comparison faces (through
+Capacity: the same ``trainfit.memory.limit.LimitTracker`` the accelerate comparison faces (through
 ``Probe.run``): live tensor bytes (parameters, buffers, gradients, optimizer states, the batch,
 activations, temporaries) above the limit raise ``torch.OutOfMemoryError``. A fresh tracker per
 optimizer step registers what is alive when the step starts, then counts what the step allocates.
@@ -32,9 +32,9 @@ import torch
 from trainfit.data.dataset import TokenData
 from trainfit.data.loader import LoaderKnobs, SampleOrder, make_loader
 from trainfit.job import JobSpec
+from trainfit.memory.limit import LimitTracker
 from trainfit.model.runtime import build_real
 from trainfit.model.source import ModelSource
-from trainfit.tune.probe import LimitTracker
 
 # Lightning's defaults for the finder (Tuner.scale_batch_size in 2.6): stated in the results
 SETTINGS = {"mode": "binsearch", "init_val": 2, "max_trials": 25, "steps_per_trial": 3, "margin": 0.05}

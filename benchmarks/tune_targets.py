@@ -200,7 +200,7 @@ def lightning_md(rows: list[dict]) -> list[str]:
     lines = ["", "## Lightning `BatchSizeFinder` (mode binsearch), measured", "",
              "`lightning_finder.py`: the same model, optimizer, data and step (forward + loss in "
              "`training_step`; Lightning's loop does zero_grad, backward, clipping, optimizer step) "
-             "under the same memory limit (`trainfit.tune.probe.LimitTracker`), via "
+             "under the same memory limit (`trainfit.memory.limit.LimitTracker`), via "
              "`Tuner(trainer).scale_batch_size(mode=\"binsearch\")` with Lightning's defaults (init_val 2, "
              "3 steps per trial, margin 5 %), no accumulation. Search s = wall time of that call "
              "(measured). Its choice, trainfit's pick and accelerate's choice are then re-measured "
@@ -261,10 +261,10 @@ def _peak_phase(lt: dict) -> str:
 
 def setup_case(model, data_file, seq, eff, limit_gib):
     """The job, its model source and data, and a Probe under the case's memory limit."""
+    from trainfit.data.load import load_data
     from trainfit.job import JobSpec
     from trainfit.model.source import resolve_model
     from trainfit.tune.probe import Probe
-    from trainfit.tune.tuner import load_data
 
     limit = int(limit_gib * GIB)
     base = JobSpec(model=model, seq_len=seq, effective_batch=eff, precision="fp32",

@@ -14,16 +14,16 @@ import yaml
 from typer.testing import CliRunner
 
 from trainfit.cli.main import app
+from trainfit.data.load import load_data
 from trainfit.data.loader import SampleOrder, label_count, make_loader, micro_batch_ids, step_weights
 from trainfit.engine.step import train_step
 from trainfit.job import JobError, JobSpec
+from trainfit.memory.limit import LimitTracker
 from trainfit.memory.tracker import PeakSnapshot
 from trainfit.model.runtime import build_real
 from trainfit.model.source import resolve_model
 from trainfit.run import evaluate as ev
 from trainfit.run.loop import RunOptions, train
-from trainfit.tune.probe import LimitTracker
-from trainfit.tune.tuner import load_data
 
 runner = CliRunner()
 CPU = torch.device("cpu")

@@ -16,10 +16,11 @@ import torch
 from typer.testing import CliRunner
 
 from trainfit.cli.main import app
+from trainfit.data.load import load_data
 from trainfit.job import JobSpec
 from trainfit.model.source import resolve_model
 from trainfit.tune.probe import Probe
-from trainfit.tune.tuner import TuneOptions, _gpu_predictor, _isolated_probe, load_data
+from trainfit.tune.tuner import TuneOptions, _gpu_predictor, _isolated_probe
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -21,11 +21,11 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 import trainfit
+from trainfit.data.load import load_data
 from trainfit.job import JobSpec
 from trainfit.model.runtime import build_real
 from trainfit.model.source import resolve_model
 from trainfit.tune.probe import Probe
-from trainfit.tune.tuner import load_data
 
 # micro-batch × accumulation per rank (effective batch 8 over 2 ranks)
 SPLITS = ((4, 1), (2, 2), (1, 4))

@@ -2,7 +2,7 @@
 noise-guarded speed comparisons, budget."""
 
 from trainfit.job import JobSpec
-from trainfit.tune.probe import Measured, ProbeResult
+from trainfit.tune.result import Measured, ProbeResult
 from trainfit.tune.search import Predicted, Searcher, SearchOptions, micro_options
 
 GIB = 2**30

@@ -204,7 +204,8 @@ def test_tune_two_ranks_agree(tmp_path, micro_model_json, text_jsonl):
 
 
 def test_isolated_probe_matches_in_process(micro_model_json, text_jsonl):
-    from trainfit.tune.tuner import TuneOptions, _isolated_probe, load_data
+    from trainfit.data.load import load_data
+    from trainfit.tune.tuner import TuneOptions, _isolated_probe
 
     src = resolve_model(str(micro_model_json))
     job = JobSpec(model=str(micro_model_json), seq_len=32, effective_batch=4, micro_batch=2,

@@ -121,7 +121,7 @@ class JobRunner:
     def data(self, mode: str, job: JobSpec) -> DataSetup:
         if mode in self._data:
             return self._data[mode]
-        from trainfit.tune.tuner import max_positions
+        from trainfit.model.source import max_positions
 
         task = self.source.task
         if mode == "lazy":

@@ -107,3 +107,12 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
     hint = ("did you mean " + ", ".join(close) + "?") if close else \
         "run `trainfit models` for the catalog, or give an HF id / config.json path"
     raise JobError(f"--model {name}: unknown model", hint)
+
+
+def max_positions(source: ModelSource) -> int | None:
+    cfg = source.config
+    for name in ("max_position_embeddings", "n_positions"):
+        v = getattr(cfg, name, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None  # relative positions (T5): no hard limit

@@ -72,7 +72,7 @@ class EvalResult:
 def load_eval_data(job: JobSpec, source: ModelSource, path: Path) -> TokenData:
     """A separate file read and tokenized exactly as the training data (same tokenizer, seq_len,
     task, packing, text field): ``load_data`` itself, on the other path."""
-    from trainfit.tune.tuner import load_data
+    from trainfit.data.load import load_data
 
     try:
         data = load_data(job.replace(data=str(path)), source)

@@ -361,6 +361,7 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     """The job through HF Trainer / TRL SFTTrainer; the same result object as the own loop."""
     import os
 
+    from trainfit.data.load import load_data
     from trainfit.data.tokenizer import load_tokenizer
     from trainfit.model.runtime import build_real, check_no_offload, parse_device
     from trainfit.model.source import resolve_model
@@ -375,7 +376,6 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
         linear_decay,
         total_steps,
     )
-    from trainfit.tune.tuner import load_data
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -451,8 +451,8 @@ def run_backend(job: JobSpec, opts: RunOptions, backend: str = "trainfit") -> Tr
         raise JobError(f"--backend {backend}: unknown", f"choose one of {', '.join(BACKENDS)}")
     if backend == "trainfit":
         return train(job, opts)
+    from trainfit.data.load import load_data
     from trainfit.model.source import resolve_model
-    from trainfit.tune.tuner import load_data
 
     source = resolve_model(job.model, job.trust_remote_code)
     if backend != "auto":  # refuse a model the trainers cannot run before reading the data

@@ -33,11 +33,11 @@ from trainfit.data.loader import (
 from trainfit.engine.dist import Dist
 from trainfit.engine.step import train_step
 from trainfit.job import JobError, JobSpec
+from trainfit.memory.limit import LimitTracker
 from trainfit.model.runtime import build_real, check_no_offload, parse_device
 from trainfit.model.source import resolve_model
 from trainfit.run import checkpoint as ckpt
 from trainfit.run import evaluate as ev
-from trainfit.tune.probe import LimitTracker
 
 
 @dataclass(kw_only=True)
@@ -193,7 +193,7 @@ def limit_tracker(limit_bytes: int | None, model: torch.nn.Module) -> LimitTrack
 
 class Trainer:
     def __init__(self, job: JobSpec, opts: RunOptions, data: TokenData | None = None) -> None:
-        from trainfit.tune.tuner import load_data
+        from trainfit.data.load import load_data
 
         self.job = job
         self.o = opts

@@ -16,7 +16,6 @@ import os
 import statistics
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -31,72 +30,13 @@ from trainfit.data.loader import (
 )
 from trainfit.engine.step import train_step
 from trainfit.job import JobSpec
+from trainfit.memory.limit import LimitTracker
 from trainfit.memory.predict import DDP_BUCKET_FACTOR
-from trainfit.memory.tracker import LiveBytesTracker
 from trainfit.model.runtime import RealWorkload, build_real, scaler_for
 from trainfit.model.source import ModelSource
 from trainfit.model.workload import make_optimizer
 from trainfit.monitor.host import process_tree_rss_bytes
-
-
-class LimitTracker(LiveBytesTracker):
-    """Live tensor bytes with a capacity: crossing it raises ``torch.OutOfMemoryError`` (CPU stand-in
-    for a GPU of that size)."""
-
-    def __init__(self, limit_bytes: int | None) -> None:
-        super().__init__(block_bytes=1)
-        self.limit_bytes = limit_bytes
-
-    def _check_peak(self) -> None:
-        super()._check_peak()
-        if self.limit_bytes is not None and self.current_bytes > self.limit_bytes:
-            raise torch.OutOfMemoryError(
-                # worded like the GPU's message (" out of memory."): tools that match it
-                # (accelerate, Lightning) take the same path they would on a GPU
-                f"trainfit --memory-limit (CPU stand-in for a GPU) out of memory. Tried to hold "
-                f"{self.current_bytes / 2**30:.3f} GiB of "
-                f"tensors, limit {self.limit_bytes / 2**30:.3f} GiB (phase {self.phase})")
-
-
-@dataclass(kw_only=True)
-class Measured:
-    peak_allocated_bytes: int | None
-    """Measured peak of live tensor bytes (CUDA: max_memory_allocated; CPU: tracked live bytes)."""
-    peak_reserved_bytes: int | None
-    """CUDA max_memory_reserved; None on CPU (no caching allocator)."""
-    peak_device_bytes: int | None
-    """CUDA device memory in use at the end (all processes, cudaMemGetInfo); None on CPU."""
-    host_rss_bytes: int
-    """Peak resident memory of this process and its data-loader workers."""
-    step_time_s: float | None
-    """Median optimizer-step time over the timed steps (data wait included); None for a
-    memory-only probe."""
-    step_time_spread_s: float | None
-    """max − min of the timed steps."""
-    tokens_per_s: float | None
-    """Positions computed per second (micro × seq_len × accumulation × ranks / step time)."""
-    samples_per_s: float | None
-    data_wait_fraction: float | None
-    """Share of the step spent waiting for the next batch."""
-    compile_time_s: float | None = None
-    """torch.compile: first compiled step minus a steady step (None: not compiled)."""
-    step_times_s: list[float] = field(default_factory=list)
-
-
-@dataclass(kw_only=True)
-class ProbeResult:
-    status: str
-    """ok | oom | over-host-ram"""
-    measured: Measured | None
-    oom_phase: str | None = None
-    detail: str = ""
-    probe_time_s: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        if self.measured is not None:
-            d["measured"].pop("step_times_s", None)
-        return d
+from trainfit.tune.result import Measured, ProbeResult
 
 
 def _own_tree_rss_bytes() -> int:
@@ -228,7 +168,7 @@ class Probe:
                                   f"--max-host-ram {self.max_host_ram_bytes / 2**30:.2f} GiB")
 
     def _batches(self, loader: torch.utils.data.DataLoader, waits: list[float],
-                 tracker: LiveBytesTracker | None) -> Iterator[dict[str, torch.Tensor]]:
+                 tracker: LimitTracker | None) -> Iterator[dict[str, torch.Tensor]]:
         it = iter(loader)
         non_blocking = self.device.type == "cuda"
         while True:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trainfit.job import JobSpec
-from trainfit.tune.probe import ProbeResult
+from trainfit.tune.result import ProbeResult
 
 KNOBS = ("grad_ckpt", "precision", "attention", "optimizer_impl", "optimizer_8bit", "num_workers",
          "loader", "compile")

@@ -13,11 +13,13 @@ from typing import Any
 import psutil
 import torch
 
-from trainfit.data import DataError, TokenData, load_tokenizer, read_rows, tokenize_rows
+from trainfit.data import DataError, TokenData
+from trainfit.data.load import load_data
 from trainfit.job import JobError, JobSpec
 from trainfit.model.runtime import parse_device
 from trainfit.model.source import ModelSource, resolve_model
-from trainfit.tune.probe import Probe, ProbeResult
+from trainfit.tune.probe import Probe
+from trainfit.tune.result import ProbeResult
 from trainfit.tune.search import KNOBS, Outcome, Predicted, Searcher, SearchOptions, Trial, describe
 
 DEFAULT_MARGIN = 0.10
@@ -86,27 +88,6 @@ class TuneResult:
                 "baseline": trial(self.baseline) if self.baseline else None,
                 "reason": self.reason,
                 "probes": [trial(t) for t in self.trials], "notes": self.notes}
-
-
-def max_positions(source: ModelSource) -> int | None:
-    cfg = source.config
-    for name in ("max_position_embeddings", "n_positions"):
-        v = getattr(cfg, name, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    return None  # relative positions (T5): no hard limit
-
-
-def load_data(job: JobSpec, source: ModelSource) -> TokenData:
-    if not job.data:
-        raise DataError("--data is required: tune measures the real job on real data",
-                        "give a JSONL of text or chat rows, e.g. --data examples/data/tiny_text.jsonl")
-    tok = load_tokenizer(job.tokenizer, source.name, source.origin, int(source.config.vocab_size),
-                         job.trust_remote_code)
-    rows = read_rows(job.data)
-    return tokenize_rows(rows, tok, seq_len=job.seq_len, task=source.task,
-                         text_field=job.text_field, packing=job.packing, path=job.data,
-                         max_positions=max_positions(source))
 
 
 class CpuPredictor:

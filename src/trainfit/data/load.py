@@ -1,0 +1,20 @@
+"""The job's training data, tokenized as the model reads it (tune, train and doctor)."""
+
+from __future__ import annotations
+
+from trainfit.data.dataset import DataError, TokenData, read_rows, tokenize_rows
+from trainfit.data.tokenizer import load_tokenizer
+from trainfit.job import JobSpec
+from trainfit.model.source import ModelSource, max_positions
+
+
+def load_data(job: JobSpec, source: ModelSource) -> TokenData:
+    if not job.data:
+        raise DataError("--data is required: tune measures the real job on real data",
+                        "give a JSONL of text or chat rows, e.g. --data examples/data/tiny_text.jsonl")
+    tok = load_tokenizer(job.tokenizer, source.name, source.origin, int(source.config.vocab_size),
+                         job.trust_remote_code)
+    rows = read_rows(job.data)
+    return tokenize_rows(rows, tok, seq_len=job.seq_len, task=source.task,
+                         text_field=job.text_field, packing=job.packing, path=job.data,
+                         max_positions=max_positions(source))
