@@ -59,9 +59,9 @@ def errors(predicted: dict, measured: dict) -> dict:
 
 def run_case(case: tuple, dev: torch.device, gpu, nvml) -> dict:
     from trainfit.data.load import load_data
-    from trainfit.job import JobSpec
+    from trainfit.job import DEFAULT_MARGIN, JobSpec
     from trainfit.model.source import resolve_model
-    from trainfit.plan.grid import DEFAULT_MARGIN, _exact_row
+    from trainfit.plan.grid import _exact_row
     from trainfit.tune.probe import Probe
 
     model, method, seq, micro, accum, precision, ckpt = case

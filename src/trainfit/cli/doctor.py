@@ -78,6 +78,6 @@ def register(app: typer.Typer) -> None:
             return
         from rich.console import Console
 
-        from trainfit.doctor.render import render
+        from trainfit.render.doctor import render
 
         Console().print(render(result))

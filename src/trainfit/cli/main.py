@@ -16,7 +16,7 @@ from trainfit.cli import report as report_cli
 from trainfit.cli import train as train_cli
 from trainfit.cli import tune as tune_cli
 from trainfit.cli.jobargs import fail
-from trainfit.job import JobError, JobSpec, job_with_current, read_job_file
+from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec, job_with_current, read_job_file
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Predict, measure and choose LLM training configurations that use a GPU "
@@ -105,7 +105,7 @@ def plan_cmd(
     lm_head_chunk: Annotated[int | None, typer.Option(
         help="Output head + loss in chunks of N tokens (litgpt-style).")] = None,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
-    margin: Annotated[float, typer.Option(help="Safety margin of GPU memory kept free.")] = 0.10,
+    margin: Annotated[float, typer.Option(help="Safety margin of GPU memory kept free.")] = DEFAULT_MARGIN,
     dataset_tokens: Annotated[int | None, typer.Option(
         help="Tokens in one epoch: adds the predicted time for the dataset.")] = None,
     epochs: Annotated[float | None, typer.Option(help="Epochs (needs --dataset-tokens).")] = None,
@@ -172,7 +172,7 @@ def plan_cmd(
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=1))
     else:
-        from trainfit.cli.render import render_plan
+        from trainfit.render.plan import render_plan
 
         render_plan(result)
 
@@ -187,7 +187,7 @@ def models_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> None
     if as_json:
         typer.echo(json.dumps(rows, indent=1))
         return
-    from trainfit.cli.render import render_simple
+    from trainfit.render.plan import render_simple
 
     render_simple("model catalog", ["name", "hf_id", "task", "params (count)"],
                   [[r["name"], r["hf_id"], r["task"], f"{(r['params'] or 0) / 1e6:,.0f} M"]
@@ -204,7 +204,7 @@ def gpus_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     if as_json:
         typer.echo(json.dumps([asdict(g) for g in GPUS.values()], indent=1))
         return
-    from trainfit.cli.render import render_simple
+    from trainfit.render.plan import render_simple
 
     render_simple("GPU catalog", ["name", "memory (GiB, as CUDA reports)", "bf16 (TFLOP/s)",
                                   "bandwidth (GB/s)"],

@@ -9,46 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from trainfit.cli.jobargs import fail, parse_bytes, write_atomic
-from trainfit.job import JobError, JobSpec, read_job_file
-
-
-def _render(result: Any) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from trainfit.tune.search import optimizer_words
-
-    d = result.to_dict()
-    con = Console()
-    gib = 2**30
-    t = Table(title=f"trainfit tune — probes on {d['device_name']} (measured; predicted = "
-                    "data-less simulation of the same step)")
-    for col in ("#", "stage", "micro×accum", "precision", "ckpt", "attn", "optim", "workers",
-                "status", "peak alloc GiB meas / pred", "tokens/s meas / pred", "data wait %",
-                "probe s"):
-        t.add_column(col)
-    for p in d["probes"]:
-        m, pr = p["measured"] or {}, p["predicted"] or {}
-
-        def f(v: Any, scale: float = 1, fmt: str = ".3f") -> str:
-            return "—" if v is None else format(v / scale, fmt)
-        t.add_row(str(p["index"]), p["stage"], f"{p['micro_batch']}×{p['grad_accum']}",
-                  p["precision"], p["grad_ckpt"], p["attention"],
-                  optimizer_words(p["optimizer"], p["optimizer_impl"]),
-                  str(p["num_workers"]), p["status"] + ("" if p["fits"] or p["status"] != "ok"
-                                                        else " (over margin)"),
-                  f"{f(m.get('peak_allocated_bytes'), gib)} / {f(pr.get('peak_allocated_bytes'), gib)}",
-                  f"{f(m.get('tokens_per_s'), 1, ',.0f')} / {f(pr.get('tokens_per_s'), 1, ',.0f')}",
-                  f(None if m.get("data_wait_fraction") is None else m["data_wait_fraction"] * 100,
-                    1, ".1f"),
-                  f"{p['probe_time_s']:.1f}")
-    con.print(t)
-    lim = d["memory_limit_bytes"]
-    con.print(f"capacity: {'none' if lim is None else f'{lim / gib:.3f} GiB'}, margin "
-              f"{d['margin']:.0%}; search took {d['search_time_s']:.0f} s (measured)")
-    con.print(f"[bold]pick:[/bold] {d['reason']}")
-    for n in d["notes"]:
-        con.print(f"  note: {n}")
+from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec, read_job_file
 
 
 def register(app: typer.Typer) -> None:
@@ -83,7 +44,7 @@ def register(app: typer.Typer) -> None:
         max_host_ram: Annotated[str | None, typer.Option(
             help="Host RAM the job may use (process + loader workers), e.g. 7GiB.")] = None,
         margin: Annotated[float, typer.Option(
-            help="Fraction of the capacity left free by the pick.")] = 0.10,
+            help="Fraction of the capacity left free by the pick.")] = DEFAULT_MARGIN,
         budget_s: Annotated[float | None, typer.Option(help="Cap on the search time (s).")] = None,
         knobs: Annotated[str | None, typer.Option(
             help="Knobs to search, comma-separated: grad_ckpt,precision,attention,"
@@ -166,7 +127,9 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(d, indent=1))
         else:
-            _render(result)
+            from trainfit.render.tune import render_tune
+
+            render_tune(result)
         if emit is not None and result.pick is not None:
             j = result.pick.job
             payload = {"hf": hf_training_args, "trl": trl_sft_config,

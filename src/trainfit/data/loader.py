@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from trainfit.data.dataset import TokenData
+from trainfit.job import JobSpec
 
 
 @dataclass(kw_only=True)
@@ -30,6 +31,15 @@ class LoaderKnobs:
     """Page-locked host buffers: faster, asynchronous host→GPU copies (CUDA only)."""
     persistent_workers: bool = False
     """Keep workers alive between epochs (saves their start-up each epoch)."""
+
+    @classmethod
+    def from_job(cls, job: JobSpec, *, persistent_workers: bool | None = None) -> LoaderKnobs:
+        """The job's loader fields (``persistent_workers`` overridden: an evaluation pass is one
+        epoch, its workers need not persist)."""
+        return cls(num_workers=job.num_workers, prefetch_factor=job.prefetch_factor,
+                   pin_memory=job.pin_memory,
+                   persistent_workers=job.persistent_workers if persistent_workers is None
+                   else persistent_workers)
 
     def __post_init__(self) -> None:
         if self.num_workers < 0:

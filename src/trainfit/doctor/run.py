@@ -7,7 +7,7 @@
   bounded window of steps; fixes are printed, not applied.
 
 Both return a :class:`DoctorResult` whose ``to_dict()`` is the ``kind: "doctor"`` JSON of
-docs/json-formats.md. Rendering lives in :mod:`trainfit.doctor.render`.
+docs/json-formats.md. Rendering lives in :mod:`trainfit.render.doctor`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from trainfit.doctor.findings import Finding, Observation, find
 from trainfit.doctor.inject import DoctorError, ForeignRun, run_foreign
 from trainfit.doctor.measure import JobRunner, Round, resolve_relative
 from trainfit.doctor.split import Split, calibrate_hook_cost_s, median_counter, median_split
-from trainfit.job import JobSpec, read_job_file
+from trainfit.job import JobSpec, dividing_micro_batches, read_job_file
 
 DOCTOR_KEYS = {"tokenize": ("lazy", "eager")}
 """The ``doctor:`` mapping a job file may carry: ``tokenize: lazy`` measures seed 003's loader."""
@@ -158,11 +158,7 @@ def _largest_micro(job: JobSpec, limit: int) -> int:
     """The largest micro-batch ≤ ``limit`` × the current one that divides the per-rank batch."""
     per_rank = (job.effective_batch or job.micro_batch or 1) // job.ranks
     mb = job.micro_batch or 1
-    best = mb
-    for m in range(mb, min(per_rank, mb * limit) + 1):
-        if per_rank % m == 0:
-            best = m
-    return best
+    return max((m for m in dividing_micro_batches(per_rank, mb * limit) if m >= mb), default=mb)
 
 
 def _observation(r: Round, runner: JobRunner | None, op_s: float, *, lazy: bool,

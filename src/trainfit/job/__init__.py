@@ -2,6 +2,7 @@
 
 from trainfit.job.spec import (
     ATTENTIONS,
+    DEFAULT_MARGIN,
     FILE_ONLY_KEYS,
     GRAD_CKPT,
     LORA_ALIASES,
@@ -13,10 +14,26 @@ from trainfit.job.spec import (
     SHARDINGS,
     JobError,
     JobSpec,
+    dividing_micro_batches,
     job_with_current,
     read_job_file,
 )
 
-__all__ = ["ATTENTIONS", "FILE_ONLY_KEYS", "GRAD_CKPT", "LORA_ALIASES", "METHODS", "OPTIMIZERS",
-           "OPTIMIZER_IMPLS", "PRECISIONS", "QUANTS", "SHARDINGS", "JobError", "JobSpec",
-           "job_with_current", "read_job_file"]
+__all__ = [
+    "ATTENTIONS",
+    "DEFAULT_MARGIN",
+    "FILE_ONLY_KEYS",
+    "GRAD_CKPT",
+    "LORA_ALIASES",
+    "METHODS",
+    "OPTIMIZERS",
+    "OPTIMIZER_IMPLS",
+    "PRECISIONS",
+    "QUANTS",
+    "SHARDINGS",
+    "JobError",
+    "JobSpec",
+    "dividing_micro_batches",
+    "job_with_current",
+    "read_job_file",
+]

@@ -24,6 +24,19 @@ SHARDINGS = ("none", "fsdp")
 LORA_ALIASES = ("q", "k", "v", "o", "mlp", "lm_head", "all-linear")
 
 
+DEFAULT_MARGIN = 0.10
+"""Fraction of the capacity (GPU memory, or tune's --memory-limit) a configuration leaves free to
+count as fitting: fits = peak ≤ (1 − margin) × capacity. 10 % covers what neither the prediction nor
+a short probe sees (allocator behaviour under pressure, NCCL buffers, longer batches at run time)."""
+
+
+def dividing_micro_batches(per_rank_batch: int, upto: int | None = None) -> list[int]:
+    """The micro-batches (≤ ``upto``, default the per-rank batch) that divide the per-rank effective
+    batch: with them gradient accumulation keeps the effective batch exact."""
+    top = per_rank_batch if upto is None else min(upto, per_rank_batch)
+    return [m for m in range(1, top + 1) if per_rank_batch % m == 0]
+
+
 class JobError(ValueError):
     """Bad input: ``str(err)`` is one line naming what is wrong; ``hint`` says how to fix it."""
 

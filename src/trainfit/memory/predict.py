@@ -14,14 +14,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trainfit.hardware.gpus import GpuSpec
-from trainfit.job import JobSpec
+from trainfit.job import DEFAULT_MARGIN, JobSpec
 from trainfit.memory.allocator import replay
 from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.model.source import ModelSource
-
-DEFAULT_MARGIN = 0.10
-"""Fits = predicted device peak ≤ (1 − margin) × capacity.  10 % covers what is not modelled
-(allocator behaviour under pressure, NCCL buffers, data on the GPU outside the step)."""
 
 CUBLAS_WORKSPACE_BYTES_PRE_HOPPER = 4096 * 1024 * 2 + 16 * 1024 * 8
 """CUBLAS_WORKSPACE_CONFIG default ":4096:2:16:8" (aten/src/ATen/cuda/CublasHandlePool.cpp)."""

@@ -17,10 +17,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trainfit.hardware.gpus import GpuSpec
-from trainfit.job import PRECISIONS, JobError, JobSpec
+from trainfit.job import DEFAULT_MARGIN, PRECISIONS, JobError, JobSpec, dividing_micro_batches
 from trainfit.memory.extrapolate import fit_group
 from trainfit.memory.predict import (
-    DEFAULT_MARGIN,
     MemoryPrediction,
     finish,
     predict_memory,
@@ -216,8 +215,7 @@ def _micro_candidates(job: JobSpec) -> list[int]:
             out.append(b)
             b *= 2
         return out
-    per_rank = job.effective_batch // job.ranks
-    return [b for b in range(1, per_rank + 1) if per_rank % b == 0]
+    return dividing_micro_batches(job.effective_batch // job.ranks)
 
 
 def _config_job(job: JobSpec, precision: str, ckpt: str, micro: int) -> JobSpec:

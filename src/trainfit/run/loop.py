@@ -32,7 +32,7 @@ from trainfit.data.loader import (
 )
 from trainfit.engine.dist import Dist
 from trainfit.engine.step import train_step
-from trainfit.job import JobError, JobSpec
+from trainfit.job import JobError, JobSpec, dividing_micro_batches
 from trainfit.memory.limit import LimitTracker
 from trainfit.model.runtime import build_real, check_no_offload, parse_device
 from trainfit.model.source import resolve_model
@@ -245,8 +245,7 @@ class Trainer:
 
     def _loader(self) -> Iterator[dict[str, torch.Tensor]]:
         j = self.job
-        knobs = LoaderKnobs(num_workers=j.num_workers, prefetch_factor=j.prefetch_factor,
-                            pin_memory=j.pin_memory, persistent_workers=j.persistent_workers)
+        knobs = LoaderKnobs.from_job(j)
         return iter(make_loader(self.data, self.source.task, _Sched(self._schedule), knobs,
                                 pin=self.device.type == "cuda"))
 
@@ -355,8 +354,7 @@ class Trainer:
         assert self.eval_set is not None
         step = self.state.step
         j = self.job
-        knobs = LoaderKnobs(num_workers=j.num_workers, prefetch_factor=j.prefetch_factor,
-                            pin_memory=j.pin_memory, persistent_workers=False)
+        knobs = LoaderKnobs.from_job(j, persistent_workers=False)
         r = ev.evaluate(ev.eval_module(self.model), self.eval_set, task=self.source.task,
                         batch=self.eval_batch, step=step, device=self.device,
                         autocast=self.wl.autocast, dist=self.dist, tracker=tracker,
@@ -405,9 +403,7 @@ class Trainer:
             raise JobError(f"out of memory at step {step} with micro-batch 1",
                            "enable --grad-ckpt full, use LoRA/QLoRA, or a shorter --seq-len")
         per_rank = self.job.effective_batch // self.dist.world
-        after = before // 2
-        while per_rank % after:
-            after -= 1
+        after = max(dividing_micro_batches(per_rank, before // 2))
         self.state.micro_batch = after
         self.state.grad_accum = per_rank // after
         res.oom_events.append({"step": step, "phase": "step", "micro_batch_before": before,

@@ -142,9 +142,7 @@ class Probe:
     def run(self, job: JobSpec, timed_steps: int = 3) -> ProbeResult:
         """``timed_steps`` 0: a memory-only probe (one metered step)."""
         t0 = time.perf_counter()
-        loader_knobs = LoaderKnobs(num_workers=job.num_workers, prefetch_factor=job.prefetch_factor,
-                                   pin_memory=job.pin_memory,
-                                   persistent_workers=job.persistent_workers)
+        loader_knobs = LoaderKnobs.from_job(job)
         wl = self._workload(job)
         self._restore(job)
         try:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trainfit.job import JobSpec
+from trainfit.job import DEFAULT_MARGIN, JobSpec, dividing_micro_batches
 from trainfit.tune.result import ProbeResult
 
 KNOBS = ("grad_ckpt", "precision", "attention", "optimizer_impl", "optimizer_8bit", "num_workers",
@@ -43,7 +43,7 @@ class Trial:
 
 @dataclass(kw_only=True)
 class SearchOptions:
-    margin: float = 0.10
+    margin: float = DEFAULT_MARGIN
     """Fraction of the capacity kept free: a probe fits when its peak ≤ (1 − margin) × capacity."""
     budget_s: float | None = None
     """Stop probing after this many seconds (the best so far is kept)."""
@@ -83,9 +83,8 @@ def micro_options(job: JobSpec, dataset_samples: int) -> tuple[list[int], list[i
     those excluded because they do not divide it); capped by the per-rank batch and the dataset."""
     per_rank = (job.effective_batch or 1) // job.ranks
     cap = min(per_rank, max(dataset_samples // job.ranks, 1))
-    ok = [m for m in range(1, cap + 1) if per_rank % m == 0]
-    excluded = [m for m in range(1, cap + 1) if per_rank % m]
-    return ok, excluded
+    ok = dividing_micro_batches(per_rank, cap)
+    return ok, [m for m in range(1, cap + 1) if m not in ok]
 
 
 def peak_of(r: ProbeResult) -> int | None:

@@ -15,16 +15,12 @@ import torch
 
 from trainfit.data import DataError, TokenData
 from trainfit.data.load import load_data
-from trainfit.job import JobError, JobSpec
+from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec
 from trainfit.model.runtime import parse_device
 from trainfit.model.source import ModelSource, resolve_model
 from trainfit.tune.probe import Probe
 from trainfit.tune.result import ProbeResult
 from trainfit.tune.search import KNOBS, Outcome, Predicted, Searcher, SearchOptions, Trial, describe
-
-DEFAULT_MARGIN = 0.10
-"""Fraction of the capacity (GPU memory or --memory-limit) left free by the pick: the allocator's
-fragmentation and longer batches at run time need room the probes did not use."""
 
 
 @dataclass(kw_only=True)
