@@ -43,7 +43,7 @@ def main() -> int:
     plan_s = sorted(times)[len(times) // 2]
     checks = []
     for row in result.rows:
-        j = row.job
+        j = row.job.to_dict()
         if row.how != "extrapolated" or j["micro_batch"] not in (1, 4) or j["precision"] not in (
                 "amp-bf16", "bf16-true"):
             continue

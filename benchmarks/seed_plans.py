@@ -27,6 +27,7 @@ def main() -> int:
     from trainfit.job import JobSpec, job_with_current
     from trainfit.model.source import resolve_model
     from trainfit.plan.grid import plan
+    from trainfit.render.words import plan_json, plan_reason, plan_versus
 
     lines = ["# The seed scenarios, planned", "",
              "Regenerate: `python benchmarks/seed_plans.py`. Every number is a **prediction** "
@@ -43,7 +44,7 @@ def main() -> int:
         gpu = find_gpu(gpu_name)
         res = plan(job, resolve_model(job.model), gpu, current=cur_job)
         (EXAMPLES / "results").mkdir(exist_ok=True)
-        (EXAMPLES / "results" / f"{path.stem}.json").write_text(json.dumps(res.to_dict(), indent=1))
+        (EXAMPLES / "results" / f"{path.stem}.json").write_text(json.dumps(plan_json(res), indent=1))
         lines += [f"## {scenario}", "", "> " + " ".join(comment), "",
                   f"`trainfit plan examples/{path.name}` — {res.model} on "
                   f"{gpu.display_name} ({gpu.memory_bytes / 2**30:.2f} GiB), "
@@ -55,22 +56,22 @@ def main() -> int:
         for r in res.rows:
             j, m = r.job, r.memory
             mark = " ★" if r.recommended else (" ▲" if r.largest_fitting else "")
-            lines.append(f"| {j['precision']} | {j['grad_ckpt']} | {j['micro_batch']}×"
-                         f"{j['grad_accum']}{mark} | {m.peak_allocated_bytes / 2**30:.2f} | "
+            lines.append(f"| {j.precision} | {j.grad_ckpt} | {j.micro_batch}×"
+                         f"{j.grad_accum}{mark} | {m.peak_allocated_bytes / 2**30:.2f} | "
                          f"{m.peak_reserved_bytes / 2**30:.2f} | {m.peak_device_bytes / 2**30:.2f} | "
                          f"{'yes' if m.fits else 'no'} | {_fmt(r.speed, 'tokens_per_s', '{:,.0f}')} | "
                          f"{_fmt(r.speed, 'mfu', '{:.0%}')} | {r.how} |")
-        lines += ["", f"**Pick:** {res.reason}. ★ recommended, ▲ largest micro-batch that fits.", ""]
+        lines += ["", f"**Pick:** {plan_reason(res)}. ★ recommended, ▲ largest micro-batch that fits.", ""]
         if res.current is not None:
             c, cm = res.current.job, res.current.memory
-            lines += [f"**Against the seed's starting configuration** ({c['precision']}, "
-                      f"micro-batch {c['micro_batch']} × accumulation {c['grad_accum']}, "
-                      f"checkpointing {c['grad_ckpt']}: predicted "
+            lines += [f"**Against the seed's starting configuration** ({c.precision}, "
+                      f"micro-batch {c.micro_batch} × accumulation {c.grad_accum}, "
+                      f"checkpointing {c.grad_ckpt}: predicted "
                       f"{_fmt(res.current.speed, 'tokens_per_s', '{:,.0f}')} tokens/s, "
-                      f"{cm.peak_device_bytes / 2**30:.2f} GiB device peak): {res.vs_current}.", ""]
+                      f"{cm.peak_device_bytes / 2**30:.2f} GiB device peak): {plan_versus(res)}.", ""]
         else:
             lines += ["The seed's notes give no starting batch configuration to compare with.", ""]
-        print(f"{path.name}: {res.reason}", flush=True)
+        print(f"{path.name}: {plan_reason(res)}", flush=True)
     (EXAMPLES / "README.md").write_text("\n".join(lines) + "\n")
     return 0
 

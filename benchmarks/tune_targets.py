@@ -315,6 +315,7 @@ def main() -> int:
     torch.set_num_threads(1)
     if "--lightning-only" in sys.argv:
         return lightning_only()
+    from trainfit.render.words import tune_notes
     from trainfit.tune.search import micro_options
     from trainfit.tune.tuner import TuneOptions, tune
 
@@ -367,7 +368,7 @@ def main() -> int:
                 for t in res.trials if t.predicted and t.result.measured],
             "accelerate": {**acc, "effective_batch_kept": acc["chosen_batch"] == eff,
                            "tokens_per_s_remeasured": acc_rem},
-            "tune_notes": res.notes,
+            "tune_notes": tune_notes(res),
         }
         row["lightning"] = lightning_entry(src, data, base, limit, prober, pick, acc["chosen_batch"])
         errs = [abs(p - m) / m for p, m in row["pick_memory_predicted_vs_measured"]]

@@ -5,15 +5,16 @@ import pytest
 from trainfit.hardware.gpus import find_gpu, generic_gpu
 from trainfit.job import JobError, JobSpec
 from trainfit.plan.grid import plan
+from trainfit.render.words import plan_reason, plan_versus
 
 
 def test_grid_keeps_effective_batch_and_marks_largest(tiny_llama):
     job = JobSpec(model="t", seq_len=64, effective_batch=8)
     res = plan(job, tiny_llama, find_gpu("a100-80gb"))
-    assert {r.job["precision"] for r in res.rows} == {"fp32", "amp-fp16", "amp-bf16", "bf16-true"}
+    assert {r.job.precision for r in res.rows} == {"fp32", "amp-fp16", "amp-bf16", "bf16-true"}
     for r in res.rows:
-        assert r.job["micro_batch"] * r.job["grad_accum"] == 8
-    assert sorted({r.job["micro_batch"] for r in res.rows}) == [1, 2, 4, 8]
+        assert r.job.micro_batch * r.job.grad_accum == 8
+    assert sorted({r.job.micro_batch for r in res.rows}) == [1, 2, 4, 8]
     rec = res.rows[res.recommended_index]
     assert rec.how == "simulated" and rec.memory.fits
     # every row has a predicted speed on a known GPU, and the pick is the fastest that fits
@@ -26,7 +27,7 @@ def test_grid_keeps_effective_batch_and_marks_largest(tiny_llama):
 def test_checkpointing_lowers_the_peak(tiny_llama):
     job = JobSpec(model="t", seq_len=128, effective_batch=4, precision="fp32")
     res = plan(job, tiny_llama, find_gpu("a100-80gb"), verify=False)
-    by = {(r.job["grad_ckpt"], r.job["micro_batch"]): r.memory.peak_allocated_bytes
+    by = {(r.job.grad_ckpt, r.job.micro_batch): r.memory.peak_allocated_bytes
           for r in res.rows}
     assert by[("full", 4)] < by[("off", 4)]
 
@@ -35,7 +36,7 @@ def test_nothing_fits_says_so(tiny_llama):
     job = JobSpec(model="t", seq_len=64, effective_batch=4)
     res = plan(job, tiny_llama, generic_gpu(0.001))
     assert res.recommended_index is None
-    assert "nothing fits" in res.reason
+    assert "nothing fits" in plan_reason(res)
 
 
 def test_bf16_on_t4_is_refused(tiny_llama):
@@ -46,7 +47,7 @@ def test_bf16_on_t4_is_refused(tiny_llama):
 def test_t4_grid_has_no_bf16(tiny_llama):
     res = plan(JobSpec(model="t", seq_len=64, effective_batch=2), tiny_llama, find_gpu("t4"),
                verify=False)
-    assert {r.job["precision"] for r in res.rows} == {"fp32", "amp-fp16"}
+    assert {r.job.precision for r in res.rows} == {"fp32", "amp-fp16"}
 
 
 def test_qlora_without_bitsandbytes_is_refused(tiny_llama, monkeypatch):
@@ -81,7 +82,7 @@ def test_ladder_when_nothing_fits():
     assert res.ladder[0].peak_device_bytes == ck
     assert res.ladder[0].change.startswith("gradient checkpointing")
     assert not res.ladder[0].alters_learning
-    assert "ladder below reaches a fit" in res.reason
+    assert "ladder below reaches a fit" in plan_reason(res)
     d = res.to_dict()
     assert d["ladder"][-1]["fits"] is True and "alters_learning" in d["ladder"][0]
 
@@ -104,12 +105,12 @@ def test_the_pick_is_stated_against_the_current_configuration(tiny_llama):
     res = plan(base, tiny_llama, gpu, current=cur)
     pick = res.rows[res.recommended_index]
     assert res.current is not None and res.current.how == "simulated"
-    assert res.current.job["micro_batch"] == 1 and res.current.job["grad_ckpt"] == "full"
+    assert res.current.job.micro_batch == 1 and res.current.job.grad_ckpt == "full"
     assert res.speedup_vs_current == pytest.approx(
         pick.speed.tokens_per_s / res.current.speed.tokens_per_s)
     assert res.speedup_vs_current > 1.0  # checkpointing off and a bigger micro-batch
-    assert f"micro-batch 1→{pick.job['micro_batch']}" in res.vs_current
-    assert "checkpointing full→off" in res.vs_current and "× tokens/s" in res.vs_current
+    assert f"micro-batch 1→{pick.job.micro_batch}" in plan_versus(res)
+    assert "checkpointing full→off" in plan_versus(res) and "× tokens/s" in plan_versus(res)
     d = res.to_dict()
     assert d["current"]["tokens_per_s"] == pytest.approx(res.current.speed.tokens_per_s)
 

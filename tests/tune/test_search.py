@@ -1,7 +1,10 @@
 """The search logic over fake probes: memory bisection from the prediction, exact accumulation,
 noise-guarded speed comparisons, budget."""
 
+import pytest
+
 from trainfit.job import JobSpec
+from trainfit.render.words import note_words
 from trainfit.tune.result import Measured, ProbeResult
 from trainfit.tune.search import Predicted, Searcher, SearchOptions, micro_options
 
@@ -94,7 +97,10 @@ def test_real_gain_is_taken_and_prediction_prunes():
     out = s.search()
     assert out.best.job.optimizer_impl == "foreach"
     assert not any(t.job.precision == "amp-bf16" for t in out.trials)
-    assert any("predicted 0.10×" in n for n in out.notes)
+    assert any("predicted 0.10×" in n for n in map(note_words, out.notes))
+    pruned = [n for n in out.notes if n.kind == "pruned"]
+    assert pruned and pruned[0].data["ratio"] == pytest.approx(0.10)
+    assert pruned[0].data["changes"] == [("precision", "amp-bf16")]
 
 
 def test_nothing_fits_tries_checkpointing():
@@ -108,7 +114,7 @@ def test_nothing_fits_tries_checkpointing():
     out = s.search()
     assert out.best is None
     assert "full" in calls and "off" in calls
-    assert any("no micro-batch fits" in n for n in out.notes)
+    assert any("no micro-batch fits" in n for n in map(note_words, out.notes))
 
 
 def test_loader_details_are_searched_only_with_workers():
@@ -153,7 +159,8 @@ def test_workers_not_probed_when_the_step_does_not_wait_for_data():
         out = s.search()
         assert any(t.job.num_workers == 2 for t in out.trials) is probed
         assert out.best.job.num_workers == (2 if probed else 0)
-        assert any("loader workers: not probed" in n and "0.40%" in n for n in out.notes) is not probed
+        words = map(note_words, out.notes)
+        assert any("loader workers: not probed" in n and "0.40%" in n for n in words) is not probed
 
 
 def test_eight_bit_adamw_frees_memory_for_a_larger_micro_batch():
@@ -188,7 +195,7 @@ def test_eight_bit_adamw_frees_memory_for_a_larger_micro_batch():
         best = out.best.job
         assert (best.optimizer, best.micro_batch, best.grad_accum) == \
             (("adamw-8bit", 8, 1) if bnb else ("adamw", 4, 2))
-        assert any("bitsandbytes is not installed" in n for n in out.notes) is not bnb
+        assert any("bitsandbytes is not installed" in n for n in map(note_words, out.notes)) is not bnb
 
 
 def test_prune_decision_is_taken_by_every_rank_even_without_a_prediction():
@@ -209,4 +216,5 @@ def test_prune_decision_is_taken_by_every_rank_even_without_a_prediction():
     out = s.search()
     assert flags == [False]  # this rank's own view: no prediction, no prune — yet it asked
     assert {t.job.attention for t in out.trials} == {"sdpa"}  # eager was not probed
-    assert any("not probed: attention eager" in n and "(on another rank)" in n for n in out.notes)
+    words = list(map(note_words, out.notes))
+    assert any("not probed: attention eager" in n and "(on another rank)" in n for n in words)

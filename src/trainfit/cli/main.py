@@ -170,7 +170,9 @@ def plan_cmd(
         _fail(err)
         return
     if as_json:
-        typer.echo(json.dumps(result.to_dict(), indent=1))
+        from trainfit.render.words import plan_json
+
+        typer.echo(json.dumps(plan_json(result), indent=1))
     else:
         from trainfit.render.plan import render_plan
 

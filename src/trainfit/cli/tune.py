@@ -117,7 +117,9 @@ def register(app: typer.Typer) -> None:
 
         if os.environ.get("RANK", "0") != "0":
             return  # under torchrun: every rank probed and agreed; rank 0 reports
-        d = result.to_dict()
+        from trainfit.render.words import tune_json
+
+        d = tune_json(result)
         if out is not None and result.pick is not None:
             pick = result.pick
             write_atomic(out, job_yaml(

@@ -26,6 +26,7 @@ from trainfit.memory.predict import (
     target_for,
 )
 from trainfit.model.source import ModelSource
+from trainfit.plan.ladder import build_ladder
 from trainfit.speed.ops import OpRecorder
 from trainfit.speed.predict import SpeedPrediction, model_flops_per_token, predict_speed_exact
 from trainfit.speed.roofline import DeviceSpeed
@@ -37,16 +38,32 @@ MAX_VERIFICATIONS = 3
 
 @dataclass
 class PlanRow:
-    job: dict[str, Any]
-    """The job fields of this configuration (micro_batch, grad_accum, precision, grad_ckpt ...)."""
+    job: JobSpec
+    """This configuration (micro_batch, grad_accum, precision, grad_ckpt ... all set)."""
     memory: MemoryPrediction
     how: str
     """``simulated`` (full-size run of the step) or ``extrapolated`` (from four small runs)."""
     speed: SpeedPrediction | None = None
     largest_fitting: bool = False
+    """The largest micro-batch of its (precision, checkpointing) group that fits (▲); never set
+    on a row that does not fit."""
     recommended: bool = False
     rank: int | None = None
     """1 = fastest predicted configuration that fits."""
+
+
+@dataclass(frozen=True)
+class FieldChange:
+    """One job field that differs between two configurations (what the user would change)."""
+
+    field: str
+    before: Any
+    after: Any
+
+
+COMPARED_FIELDS = ("micro_batch", "grad_accum", "grad_ckpt", "precision", "attention",
+                   "optimizer_impl")
+"""The fields the pick is compared on against the user's current configuration."""
 
 
 @dataclass
@@ -55,25 +72,30 @@ class PlanResult:
     model_origin: str
     model_note: str
     gpu: str | None
+    gpu_display_name: str | None
     gpu_memory_bytes: int | None
     margin: float
     total_params: int
     trainable_params: int
     rows: list[PlanRow]
     recommended_index: int | None
-    reason: str
+    smallest_device_bytes: int | None
+    """The smallest predicted device peak over the rows (what "nothing fits" is measured by)."""
     plan_time_s: float
-    notes: list[str] = field(default_factory=list)
     ladder: list[Any] = field(default_factory=list)
     """When nothing fits: :class:`trainfit.plan.ladder.Rung` s, cumulative, up to the first that fits."""
     dataset_tokens: int | None = None
     epochs: float | None = None
     current: PlanRow | None = None
     """The user's current configuration, simulated at full size (when one was given)."""
-    vs_current: str | None = None
-    """The pick against the current configuration, in words."""
+    changes_vs_current: list[FieldChange] = field(default_factory=list)
+    """The pick against the current configuration: the fields to change (empty: no change)."""
     speedup_vs_current: float | None = None
     """Predicted tokens/s of the pick ÷ that of the current configuration (None: unknown)."""
+
+    @property
+    def pick(self) -> PlanRow | None:
+        return None if self.recommended_index is None else self.rows[self.recommended_index]
 
     def to_dict(self) -> dict[str, Any]:
         ladder = [r.to_dict() for r in self.ladder]
@@ -81,7 +103,7 @@ class PlanResult:
         d = asdict(self)
         d["ladder"] = ladder
         d["current"] = None if cur is None else {
-            **cur.job, **{k: getattr(cur.memory, k) for k in (
+            **cur.job.to_dict(), **{k: getattr(cur.memory, k) for k in (
                 "peak_allocated_bytes", "peak_reserved_bytes", "peak_device_bytes", "fits")},
             **_speed_fields(asdict(cur.speed) if cur.speed else None)}
         configs = []
@@ -118,7 +140,7 @@ def _exact_row(args: tuple[JobSpec, ModelSource, GpuSpec | None, float]) -> Plan
     speed = None if gpu is None else predict_speed_exact(
         DeviceSpeed.from_gpu(gpu), rec.ops, cj.micro_batch or 1, cj.grad_accum or 1, cj.seq_len,
         cj.ranks, _flops_per_token(source, mem, cj))
-    return PlanRow(cj.to_dict(), mem, "simulated", synced(speed, cj, mem, gpu))
+    return PlanRow(cj, mem, "simulated", synced(speed, cj, mem, gpu))
 
 
 def synced(speed: SpeedPrediction | None, job: JobSpec, mem: MemoryPrediction,
@@ -227,12 +249,8 @@ def _config_job(job: JobSpec, precision: str, ckpt: str, micro: int) -> JobSpec:
     return job.replace(**changes)
 
 
-def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float = DEFAULT_MARGIN,
-         verify: bool = True, dataset_tokens: int | None = None, epochs: float | None = None,
-         ladder: bool = True, current: JobSpec | None = None) -> PlanResult:
-    """``current``: the configuration the user runs now; it is simulated at full size and the
-    pick is stated against it ("micro-batch 2→8, ...: predicted 3.1× tokens/s")."""
-    t0 = time.perf_counter()
+def _check_inputs(job: JobSpec, gpu: GpuSpec | None, margin: float, dataset_tokens: int | None,
+                  epochs: float | None) -> None:
     if epochs is not None and dataset_tokens is None:
         raise JobError(f"--epochs {epochs:g} needs the dataset size",
                        "add --dataset-tokens N (tokens in one epoch)")
@@ -244,59 +262,79 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
     check_bitsandbytes(job)
     if not 0.0 <= margin < 1.0:
         raise JobError(f"--margin {margin}: must be in [0, 1)", "e.g. --margin 0.1 for 10 %")
-    target = target_for(gpu)
-    precisions = [job.precision] if job.precision else supported_precisions(gpu)
-    # a custom module without gradient_checkpointing_enable() has only "off" to offer
-    can_ckpt = getattr(source.config, "supports_grad_ckpt", True)
-    ckpts = [job.grad_ckpt] if job.grad_ckpt else (["off", "full"] if can_ckpt else ["off"])
-    micro_all = _micro_candidates(job)
-    single = len(precisions) == 1 and len(ckpts) == 1 and len(micro_all) == 1
-    rows: list[PlanRow] = []
-    dev = DeviceSpeed.from_gpu(gpu) if gpu is not None else None
 
-    workers = _Workers(len(precisions) * len(ckpts))
-    try:
-        def exact(cj: JobSpec) -> PlanRow:
-            return workers.map(_exact_row, [(cj, source, gpu, margin)])[0]
 
-        if single:
-            rows.append(exact(_config_job(job, precisions[0], ckpts[0], micro_all[0])))
-        else:
-            groups = [(p, c) for p in precisions for c in ckpts]
-            models = workers.map(_fit_one, [(_config_job(job, p, c, 1), source, target)
-                                                 for p, c in groups])
-            for (precision, ckpt), model in zip(groups, models, strict=True):
+@dataclass
+class _Grid:
+    """What one plan varies and the machinery that predicts a configuration."""
 
-                def predict(micro: int, model=model, precision=precision, ckpt=ckpt
-                            ) -> tuple[JobSpec, MemoryPrediction]:
-                    cj = _config_job(job, precision, ckpt, micro)
-                    p = model.predict(micro, accumulating=(cj.grad_accum or 1) > 1)
-                    mem = finish(cj, source, gpu, tensor_peak_bytes=p["peak_allocated_bytes"],
-                                 reserved_replay_bytes=p["reserved_bytes"],
-                                 breakdown=p["breakdown"], managed_bytes=p["managed_bytes"],
-                                 peak_phase=p["peak_phase"], total_params=p["total_params"],
-                                 trainable_params=p["trainable_params"],
-                                 sdpa_kernels=model.points[-1].sim.sdpa_kernels,
-                                 sim_time_s=0.0, how="extrapolated from 4 small simulations",
-                                 margin=margin)
-                    return cj, mem
+    job: JobSpec
+    source: ModelSource
+    gpu: GpuSpec | None
+    margin: float
+    workers: _Workers
+    precisions: list[str]
+    ckpts: list[str]
+    micro_all: list[int]
 
-                largest = None
-                if gpu is not None:
-                    for micro in micro_all:  # ascending; device memory grows with the batch
-                        if predict(micro)[1].fits:
-                            largest = micro
-                        else:
-                            break
-                shown = [m for m in micro_all if m & (m - 1) == 0]
-                if largest is not None and largest not in shown:
-                    shown.append(largest)
-                for micro in sorted(shown):
-                    cj, mem = predict(micro)
-                    speed = None if dev is None else synced(model.speed(
-                        dev, cj, _flops_per_token(source, mem, cj)), cj, mem, gpu)
-                    rows.append(PlanRow(cj.to_dict(), mem, "extrapolated", speed,
-                                        largest_fitting=micro == largest))
+    def exact(self, cj: JobSpec) -> PlanRow:
+        """Full-size simulation of one configuration (in a warm worker)."""
+        return self.workers.map(_exact_row, [(cj, self.source, self.gpu, self.margin)])[0]
+
+    def rows(self) -> list[PlanRow]:
+        """One simulated row when nothing varies, else the extrapolated grid of every group."""
+        if len(self.precisions) == 1 and len(self.ckpts) == 1 and len(self.micro_all) == 1:
+            return [self.exact(_config_job(self.job, self.precisions[0], self.ckpts[0],
+                                           self.micro_all[0]))]
+        groups = [(p, c) for p in self.precisions for c in self.ckpts]
+        target = target_for(self.gpu)
+        models = self.workers.map(_fit_one, [(_config_job(self.job, p, c, 1), self.source, target)
+                                             for p, c in groups])
+        rows: list[PlanRow] = []
+        for (precision, ckpt), model in zip(groups, models, strict=True):
+            rows += self._group_rows(precision, ckpt, model)
+        return rows
+
+    def _group_rows(self, precision: str, ckpt: str, model: Any) -> list[PlanRow]:
+        """The rows of one (precision, checkpointing) group from its fitted memory model: the
+        powers of two, and the largest micro-batch that fits."""
+        job, source, gpu = self.job, self.source, self.gpu
+
+        def predict(micro: int) -> tuple[JobSpec, MemoryPrediction]:
+            cj = _config_job(job, precision, ckpt, micro)
+            p = model.predict(micro, accumulating=(cj.grad_accum or 1) > 1)
+            mem = finish(cj, source, gpu, tensor_peak_bytes=p["peak_allocated_bytes"],
+                         reserved_replay_bytes=p["reserved_bytes"],
+                         breakdown=p["breakdown"], managed_bytes=p["managed_bytes"],
+                         peak_phase=p["peak_phase"], total_params=p["total_params"],
+                         trainable_params=p["trainable_params"],
+                         sdpa_kernels=model.points[-1].sim.sdpa_kernels,
+                         sim_time_s=0.0, how="extrapolated from 4 small simulations",
+                         margin=self.margin)
+            return cj, mem
+
+        largest = None
+        if gpu is not None:
+            for micro in self.micro_all:  # ascending; device memory grows with the batch
+                if predict(micro)[1].fits:
+                    largest = micro
+                else:
+                    break
+        shown = [m for m in self.micro_all if m & (m - 1) == 0]
+        if largest is not None and largest not in shown:
+            shown.append(largest)
+        dev = DeviceSpeed.from_gpu(gpu) if gpu is not None else None
+        rows = []
+        for micro in sorted(shown):
+            cj, mem = predict(micro)
+            speed = None if dev is None else synced(model.speed(
+                dev, cj, _flops_per_token(source, mem, cj)), cj, mem, gpu)
+            rows.append(PlanRow(cj, mem, "extrapolated", speed, largest_fitting=micro == largest))
+        return rows
+
+    def verify_pick(self, rows: list[PlanRow], verify: bool) -> int | None:
+        """Re-simulate the pick at full size (the number it is chosen on is then exact, not
+        extrapolated), and choose again if the exact number changes the answer."""
         rec = _recommend(rows)
         for _ in range(MAX_VERIFICATIONS):
             if rec is None or not verify or rows[rec].how == "simulated":
@@ -304,49 +342,57 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
             # In a worker, which has built a model before (warm); verifying the runner-up on
             # the other worker at the same time slowed this one by 33 % (measured: 14.1 s against
             # 10.6 s on 2 cores), so only the pick is re-simulated.
-            verified = exact(JobSpec(**rows[rec].job))
-            verified.largest_fitting = rows[rec].largest_fitting
+            verified = self.exact(rows[rec].job)
+            verified.largest_fitting = rows[rec].largest_fitting and verified.memory.fits is True
             rows[rec] = verified
             rec = _recommend(rows)  # the exact number may not fit after all: choose again
-        reason = _reason(rows, rec, gpu)
+        return rec
+
+    def ladder(self, rows: list[PlanRow]) -> list[Any]:
+        """Nothing fits: the memory-saving ladder from the smallest configuration."""
+        def evaluate(cj: JobSpec) -> tuple[int, float | None, bool | None]:
+            r = self.exact(cj)
+            return (r.memory.peak_device_bytes, r.speed.tokens_per_s if r.speed else None,
+                    r.memory.fits)
+        smallest = min(rows, key=lambda r: r.memory.peak_device_bytes)
+        return build_ladder(smallest.job, evaluate)
+
+
+def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float = DEFAULT_MARGIN,
+         verify: bool = True, dataset_tokens: int | None = None, epochs: float | None = None,
+         ladder: bool = True, current: JobSpec | None = None) -> PlanResult:
+    """``current``: the configuration the user runs now; it is simulated at full size and the
+    pick is stated against it (the fields to change, the predicted speed-up)."""
+    t0 = time.perf_counter()
+    _check_inputs(job, gpu, margin, dataset_tokens, epochs)
+    precisions = [job.precision] if job.precision else supported_precisions(gpu)
+    # a custom module without gradient_checkpointing_enable() has only "off" to offer
+    can_ckpt = getattr(source.config, "supports_grad_ckpt", True)
+    ckpts = [job.grad_ckpt] if job.grad_ckpt else (["off", "full"] if can_ckpt else ["off"])
+    workers = _Workers(len(precisions) * len(ckpts))
+    try:
+        grid = _Grid(job, source, gpu, margin, workers, precisions, ckpts, _micro_candidates(job))
+        rows = grid.rows()
+        rec = grid.verify_pick(rows, verify)
         if rec is not None:
             rows[rec].recommended = True
         ranked = sorted((i for i, r in enumerate(rows) if r.memory.fits is not False),
                         key=lambda i: _sort_key(rows[i]))
         for n, i in enumerate(ranked, 1):
             rows[i].rank = n
-        cur_row = exact(current) if current is not None else None
+        cur_row = grid.exact(current) if current is not None else None
+        rungs = grid.ladder(rows) if rec is None and ladder and gpu is not None and rows else []
         first = rows[0].memory if rows else None
-        rungs = []
-        if rec is None and ladder and gpu is not None and rows:
-            from trainfit.plan.ladder import build_ladder
-
-            def evaluate(cj: JobSpec) -> tuple[int, float | None, bool | None]:
-                r = exact(cj)
-                return (r.memory.peak_device_bytes, r.speed.tokens_per_s if r.speed else None,
-                        r.memory.fits)
-            smallest = min(rows, key=lambda r: r.memory.peak_device_bytes)
-            rungs = build_ladder(JobSpec(**smallest.job), evaluate)
-            if rungs:
-                last = rungs[-1]
-                reason += ("; the ladder below reaches a fit: " if last.fits else
-                           "; even the whole ladder below does not fit: ") + \
-                    "; ".join(r.change for r in rungs)
         return PlanResult(
             model=source.name, model_origin=source.origin, model_note=source.note,
-            gpu=gpu.name if gpu else None, gpu_memory_bytes=gpu.memory_bytes if gpu else None,
+            gpu=gpu.name if gpu else None, gpu_display_name=gpu.display_name if gpu else None,
+            gpu_memory_bytes=gpu.memory_bytes if gpu else None,
             margin=margin, total_params=first.total_params if first else 0,
             trainable_params=first.trainable_params if first else 0, rows=rows,
-            recommended_index=rec, reason=reason, plan_time_s=time.perf_counter() - t0,
-            notes=[
-                "peaks are predictions (no GPU was used); GiB = 2^30 bytes",
-                "allocated = torch.cuda.max_memory_allocated, reserved = max_memory_reserved, "
-                "device = what nvidia-smi shows (reserved + CUDA context + managed memory)",
-                f"fits = device peak ≤ (1 − {margin:.0%}) × GPU memory",
-                "ranked by predicted tokens/s among configurations that fit (roofline over the "
-                "simulated step's operations, trainfit/speed/)",
-            ], ladder=rungs, dataset_tokens=dataset_tokens, epochs=epochs, current=cur_row,
-            **_versus(cur_row, rows[rec] if rec is not None else None, gpu))
+            recommended_index=rec,
+            smallest_device_bytes=min((r.memory.peak_device_bytes for r in rows), default=None),
+            plan_time_s=time.perf_counter() - t0, ladder=rungs, dataset_tokens=dataset_tokens,
+            epochs=epochs, current=cur_row, **_versus(cur_row, rows[rec] if rec is not None else None))
     finally:
         workers.close()
 
@@ -358,8 +404,8 @@ def _sort_key(row: PlanRow) -> tuple[Any, ...]:
     """Fastest predicted first; without a speed (unknown peak) prefer no recomputation, larger
     micro-batches, mixed precision."""
     tps = row.speed.tokens_per_s if row.speed is not None else None
-    return (tps is None, -(tps or 0.0), row.job["grad_ckpt"] != "off", -row.job["micro_batch"],
-            _PRECISION_PREF.get(row.job["precision"], 9))
+    return (tps is None, -(tps or 0.0), row.job.grad_ckpt != "off", -(row.job.micro_batch or 1),
+            _PRECISION_PREF.get(row.job.precision or "", 9))
 
 
 def _recommend(rows: list[PlanRow]) -> int | None:
@@ -369,49 +415,12 @@ def _recommend(rows: list[PlanRow]) -> int | None:
     return min(fitting, key=lambda i: _sort_key(rows[i]))
 
 
-def _reason(rows: list[PlanRow], rec: int | None, gpu: GpuSpec | None) -> str:
-    if not rows:
-        return "no configuration"
-    if rec is None:
-        smallest = min(rows, key=lambda r: r.memory.peak_device_bytes)
-        return (f"nothing fits on {gpu.display_name if gpu else 'the GPU'}: the smallest "
-                f"configuration needs {smallest.memory.peak_device_bytes / 2**30:.2f} GiB "
-                "(device, predicted); try --grad-ckpt full, --method lora/qlora, a shorter "
-                "--seq-len, an 8-bit optimizer or more ranks with --sharding fsdp")
-    r = rows[rec]
-    j = r.job
-    why = [f"{j['precision']}, micro-batch {j['micro_batch']} × accumulation {j['grad_accum']}"]
-    why.append("checkpointing off" if j["grad_ckpt"] == "off" else "checkpointing on")
-    if r.speed is not None and r.speed.tokens_per_s:
-        mfu = f", MFU {r.speed.mfu:.0%}" if r.speed.mfu else ""
-        why.append(f"fastest that fits: {r.speed.tokens_per_s:,.0f} tokens/s predicted{mfu}")
-    if gpu is None:
-        return ", ".join(why) + " (no GPU given: fit unknown)"
-    return ", ".join(why) + (f": predicted {r.memory.peak_device_bytes / 2**30:.2f} of "
-                             f"{gpu.memory_bytes / 2**30:.2f} GiB (device peak)")
-
-
-_COMPARED = (("micro_batch", "micro-batch"), ("grad_accum", "accumulation"),
-             ("grad_ckpt", "checkpointing"), ("precision", "precision"),
-             ("attention", "attention"), ("optimizer_impl", "optimizer implementation"))
-
-
-def _versus(cur: PlanRow | None, pick: PlanRow | None, gpu: GpuSpec | None) -> dict[str, Any]:
-    """The pick against the current configuration, in words and as a speed-up."""
-    if cur is None:
+def _versus(cur: PlanRow | None, pick: PlanRow | None) -> dict[str, Any]:
+    """The pick against the current configuration: the fields that change and the speed-up."""
+    if cur is None or pick is None:
         return {}
-    if pick is None:
-        return {"vs_current": "nothing fits, so nothing to change to"}
-    changes = [f"{label} {cur.job[k]}→{pick.job[k]}" for k, label in _COMPARED
-               if cur.job.get(k) != pick.job.get(k)]
+    changes = [FieldChange(k, getattr(cur.job, k), getattr(pick.job, k)) for k in COMPARED_FIELDS
+               if getattr(cur.job, k) != getattr(pick.job, k)]
     ct = cur.speed.tokens_per_s if cur.speed else None
     pt = pick.speed.tokens_per_s if pick.speed else None
-    speedup = pt / ct if ct and pt else None
-    fit = "" if cur.memory.fits is not False else " (the current configuration does not fit)"
-    words = ", ".join(changes) if changes else "no change: the current configuration is the pick"
-    words += (f": predicted {speedup:.2f}× tokens/s" if speedup is not None else
-              ": speed-up unknown (no known peak for this GPU)")
-    if gpu is not None:
-        words += (f", {pick.memory.peak_device_bytes / 2**30:.1f} of "
-                  f"{gpu.memory_bytes / 2**30:.1f} GiB (device peak, predicted)")
-    return {"vs_current": words + fit, "speedup_vs_current": speedup}
+    return {"changes_vs_current": changes, "speedup_vs_current": pt / ct if ct and pt else None}

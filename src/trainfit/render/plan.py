@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trainfit.plan.grid import PlanResult
+from trainfit.render.words import plan_notes, plan_reason, plan_versus
 
 GIB = 2**30
 
@@ -53,7 +54,7 @@ def render_plan(result: PlanResult) -> None:
         j, m = row.job, row.memory
         mark = "★" if row.recommended else ("▲" if row.largest_fitting else "")
         fits = "unknown" if m.fits is None else ("yes" if m.fits else "[red]no[/red]")
-        table.add_row(mark, j["precision"], j["grad_ckpt"], f"{j['micro_batch']}×{j['grad_accum']}",
+        table.add_row(mark, j.precision, j.grad_ckpt, f"{j.micro_batch}×{j.grad_accum}",
                       _gib(m.peak_allocated_bytes), _gib(m.peak_reserved_bytes),
                       _gib(m.peak_device_bytes), fits,
                       _gib(m.headroom_bytes) if m.headroom_bytes is not None else "unknown",
@@ -80,15 +81,16 @@ def render_plan(result: PlanResult) -> None:
                                       if row.speed else None)
         console.print(f"time for {result.epochs or 1:g} epoch(s) of {result.dataset_tokens:,} "
                       f"tokens: {'unknown' if t is None else f'{t / 3600:.2f} h'} (predicted)")
-    console.print(f"[bold]pick:[/bold] {result.reason}")
-    if result.vs_current:
-        console.print(f"[bold]against what you run now:[/bold] {result.vs_current}")
+    console.print(f"[bold]pick:[/bold] {plan_reason(result)}")
+    versus = plan_versus(result)
+    if versus:
+        console.print(f"[bold]against what you run now:[/bold] {versus}")
     if result.recommended_index is not None:
         m = result.rows[result.recommended_index].memory
         parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in m.breakdown.items() if v)
         console.print(f"breakdown at the allocated peak (GiB, predicted): {parts}")
         for note in m.model_notes:
             console.print(f"  · {note}")
-    for note in result.notes:
+    for note in plan_notes(result):
         console.print(f"[dim]{note}[/dim]")
     console.print(f"[dim]planned in {result.plan_time_s:.1f} s (measured wall time)[/dim]")

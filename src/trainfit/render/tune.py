@@ -7,11 +7,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from trainfit.tune.search import optimizer_words
+from trainfit.render.words import optimizer_words, tune_json
 
 
 def render_tune(result: Any) -> None:
-    d = result.to_dict()
+    d = tune_json(result)
     con = Console()
     gib = 2**30
     t = Table(title=f"trainfit tune — probes on {d['device_name']} (measured; predicted = "

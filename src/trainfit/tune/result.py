@@ -45,3 +45,13 @@ class ProbeResult:
         if self.measured is not None:
             d["measured"].pop("step_times_s", None)
         return d
+
+
+@dataclass(frozen=True)
+class SearchNote:
+    """Something the search did not do, or did by rule, with the numbers that decided it. ``kind``
+    names the rule (``pruned``, ``workers_not_probed``, ``excluded_micro`` …; the renderer's
+    ``note_words`` has one sentence per kind); ``data`` holds its numbers and fields."""
+
+    kind: str
+    data: dict[str, Any] = field(default_factory=dict)

@@ -12,9 +12,10 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from trainfit.job import DEFAULT_MARGIN, JobSpec, dividing_micro_batches
-from trainfit.tune.result import ProbeResult
+from trainfit.tune.result import ProbeResult, SearchNote
 
 KNOBS = ("grad_ckpt", "precision", "attention", "optimizer_impl", "optimizer_8bit", "num_workers",
          "loader", "compile")
@@ -71,7 +72,7 @@ class SearchOptions:
 class Outcome:
     best: Trial | None
     trials: list[Trial] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    notes: list[SearchNote] = field(default_factory=list)
     largest_fitting_micro: int | None = None
     excluded_micro: list[int] = field(default_factory=list)
     search_time_s: float = 0.0
@@ -109,7 +110,7 @@ class Searcher:
         self.o = options
         self.n_samples = dataset_samples
         self.trials: list[Trial] = []
-        self.notes: list[str] = []
+        self.notes: list[SearchNote] = []
         self.t0 = time.perf_counter()
         self.stopped = False
         self.progress = progress or (lambda _s: None)
@@ -132,8 +133,8 @@ class Searcher:
         last = self.trials[-1].result.probe_time_s if self.trials else 0.0
         if self.agree(spent + last > self.o.budget_s):
             if not self.stopped:
-                self.notes.append(f"--budget-s {self.o.budget_s:g}: stopped after {spent:.0f} s "
-                                  f"and {len(self.trials)} probes; the best so far is kept")
+                self.notes.append(SearchNote("budget", {"budget_s": self.o.budget_s, "spent_s": spent,
+                                                       "probes": len(self.trials)}))
             self.stopped = True
         return self.stopped
 
@@ -223,18 +224,16 @@ class Searcher:
         base = self.base
         options, excluded = micro_options(base, self.n_samples)
         if excluded:
-            self.notes.append(f"micro-batches {', '.join(map(str, excluded))} excluded: they do not "
-                              f"divide the per-rank effective batch {base.effective_batch // base.ranks} "
-                              "(accumulation must be exact)")
+            self.notes.append(SearchNote("excluded_micro", {
+                "micro_batches": excluded, "per_rank_batch": (base.effective_batch or 1) // base.ranks}))
         job = base
         idx = self.largest_fitting(job, options)
         if idx is None and base.grad_ckpt != "full" and "grad_ckpt" not in self.o.fixed:
-            self.notes.append("nothing fits without checkpointing: trying with it")
+            self.notes.append(SearchNote("needs_ckpt"))
             job = base.replace(grad_ckpt="full")
             idx = self.largest_fitting(job, options)
         if idx is None:
-            self.notes.append("no micro-batch fits, even 1: see `trainfit plan` for the "
-                              "memory-saving ladder")
+            self.notes.append(SearchNote("nothing_fits"))
             return self._outcome(None, None, excluded)
         largest = options[idx]
         best = self.run(job.replace(micro_batch=largest), "speed", 3)
@@ -266,9 +265,8 @@ class Searcher:
         # probe apart), so every rank takes part in the decision, whatever it predicted
         if not self.agree(ratio is not None and ratio < self.o.prune_below):
             return False
-        self.notes.append(f"not probed: {_diff(cand, best.job)} — predicted "
-                          + (f"{ratio:.2f}×" if ratio is not None else f"< {self.o.prune_below}× "
-                             "(on another rank)") + " the tokens/s of the current best")
+        self.notes.append(SearchNote("pruned", {"changes": _diff(cand, best.job), "ratio": ratio,
+                                                "prune_below": self.o.prune_below}))
         return True
 
     def _eight_bit(self, job: JobSpec, options: list[int]) -> list[JobSpec]:
@@ -277,12 +275,10 @@ class Searcher:
         micro-batch the freed memory lets fit (memory probes, as for checkpointing)."""
         if job.optimizer != "adamw":
             if not job.optimizer.endswith("8bit"):
-                self.notes.append(f"8-bit AdamW: not tried — the job's optimizer is {job.optimizer} "
-                                  "(set optimizer: adamw to let tune compare)")
+                self.notes.append(SearchNote("no_8bit_other_optimizer", {"optimizer": job.optimizer}))
             return []
         if not self.o.bitsandbytes:
-            self.notes.append("8-bit AdamW: not tried — bitsandbytes is not installed "
-                              "(pip install bitsandbytes)")
+            self.notes.append(SearchNote("no_bitsandbytes"))
             return []
         eight = job.replace(optimizer="adamw-8bit")
         bigger = [m for m in options if m > (job.micro_batch or 1)]
@@ -299,25 +295,21 @@ class Searcher:
             return False
         if m.data_wait_fraction >= self.o.noise_floor:
             return False
-        self.notes.append(f"loader workers: not probed — without them the step waited for data "
-                          f"{m.data_wait_fraction:.2%} of its time (measured), the most workers "
-                          f"could gain; below the {self.o.noise_floor:.0%} noise floor")
+        self.notes.append(SearchNote("workers_not_probed", {"data_wait_fraction": m.data_wait_fraction,
+                                                              "noise_floor": self.o.noise_floor}))
         return True
 
     def _try_knob(self, knob: str, best: Trial, options: list[int]) -> Trial:
         job = best.job
         if knob == "grad_ckpt":
             if job.grad_ckpt == "full" or job.micro_batch == options[-1]:
-                self.notes.append("checkpointing: not tried — the largest micro-batch already fits "
-                                  "without it, and recomputation only costs time"
-                                  if job.grad_ckpt != "full" else
-                                  "checkpointing: kept on (nothing fits without it)")
+                self.notes.append(SearchNote("ckpt_not_needed" if job.grad_ckpt != "full" else "ckpt_kept"))
                 return best
             ck = job.replace(grad_ckpt="full")
             bigger = [m for m in options if m > job.micro_batch]
             i = self.largest_fitting(ck, bigger)
             if i is None:
-                self.notes.append("checkpointing: no larger micro-batch fits with it")
+                self.notes.append(SearchNote("ckpt_no_larger"))
                 return best
             cands = [ck.replace(micro_batch=bigger[i])]
         elif knob == "precision":
@@ -366,33 +358,8 @@ class Searcher:
                        search_time_s=time.perf_counter() - self.t0, stopped_by_budget=self.stopped)
 
 
-def describe(best: Trial, baseline: Trial | None) -> str:
-    """The pick in words, against the user's current configuration when one was measured."""
-    j = best.job
-    m = best.result.measured
-    assert m is not None
-    s = (f"micro-batch {j.micro_batch} × accumulation {j.grad_accum} × ranks {j.ranks} "
-         f"(effective {j.effective_batch}), {j.precision}, checkpointing {j.grad_ckpt}, "
-         f"{j.attention}, {optimizer_words(j.optimizer, j.optimizer_impl)}, "
-         f"{j.num_workers} loader workers"
-         + (f" (prefetch {j.prefetch_factor}{', pinned' if j.pin_memory else ''})"
-            if j.num_workers else "")
-         + (", torch.compile" if j.compile else "")
-         + f": measured {m.tokens_per_s:,.0f} tokens/s")
-    if baseline is not None and baseline.result.measured is not None:
-        b = baseline.result.measured.tokens_per_s
-        s += (f", {m.tokens_per_s / b:.2f}× your current micro-batch {baseline.job.micro_batch} × "
-              f"{baseline.job.grad_accum} ({b:,.0f} tokens/s measured)")
-    return s
-
-
-def optimizer_words(optimizer: str, optimizer_impl: str) -> str:
-    """The optimizer as printed: its implementation (fused / foreach) exists for torch's AdamW and
-    SGD only."""
-    return f"{optimizer_impl} {optimizer}" if optimizer in ("adamw", "sgd") else optimizer
-
-
-def _diff(a: JobSpec, b: JobSpec) -> str:
+def _diff(a: JobSpec, b: JobSpec) -> list[tuple[str, Any]]:
+    """The fields in which ``a`` differs from ``b``, with ``a``'s values."""
     keys = ("micro_batch", "precision", "grad_ckpt", "attention", "optimizer", "optimizer_impl",
             "num_workers", "prefetch_factor", "pin_memory", "compile")
-    return ", ".join(f"{k} {getattr(a, k)}" for k in keys if getattr(a, k) != getattr(b, k))
+    return [(k, getattr(a, k)) for k in keys if getattr(a, k) != getattr(b, k)]

@@ -19,8 +19,8 @@ from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec
 from trainfit.model.runtime import parse_device
 from trainfit.model.source import ModelSource, resolve_model
 from trainfit.tune.probe import Probe
-from trainfit.tune.result import ProbeResult
-from trainfit.tune.search import KNOBS, Outcome, Predicted, Searcher, SearchOptions, Trial, describe
+from trainfit.tune.result import ProbeResult, SearchNote
+from trainfit.tune.search import KNOBS, Outcome, Predicted, Searcher, SearchOptions, Trial
 
 
 @dataclass(kw_only=True)
@@ -64,8 +64,10 @@ class TuneResult:
     pick: Trial | None
     baseline: Trial | None
     trials: list[Trial]
-    reason: str
-    notes: list[str] = field(default_factory=list)
+    notes: list[SearchNote] = field(default_factory=list)
+    """What the search (and tune around it) decided not to do, or did by rule, and why."""
+    data_notes: list[str] = field(default_factory=list)
+    """What reading the data did to it (truncation, packing), as the data layer states it."""
 
     def to_dict(self) -> dict[str, Any]:
         def trial(t: Trial) -> dict[str, Any]:
@@ -82,8 +84,9 @@ class TuneResult:
                 "dataset_tokens": self.dataset_tokens,
                 "pick": trial(self.pick) if self.pick else None,
                 "baseline": trial(self.baseline) if self.baseline else None,
-                "reason": self.reason,
-                "probes": [trial(t) for t in self.trials], "notes": self.notes}
+                "probes": [trial(t) for t in self.trials],
+                "search_notes": [{"kind": n.kind, **n.data} for n in self.notes],
+                "data_notes": list(self.data_notes)}
 
 
 class CpuPredictor:
@@ -141,23 +144,18 @@ def _precisions(device: torch.device) -> tuple[str, ...]:
     return ("fp32", "amp-bf16")
 
 
-def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None = None
-         ) -> TuneResult:
-    t0 = time.perf_counter()
-    source = resolve_model(job.model, job.trust_remote_code)
-    device = parse_device(opts.device)
+def _check_job(job: JobSpec) -> None:
     if job.sharding != "none" and job.ranks > 1:
         # the probes wrap the model in DDP: an FSDP job's memory would be measured unsharded
         raise JobError(f"sharding: {job.sharding} over {job.ranks} ranks: tune probes DDP (full "
                        "replicas) only", "set sharding: none in the job to tune it (DDP's memory "
                        "bounds FSDP's from above), or use `trainfit plan` and train's OOM recovery")
-    data = load_data(job, source)
-    if job.effective_batch is None:
-        raise JobError("--effective-batch is required: tune keeps it exact",
-                       "e.g. --effective-batch 16 (samples per optimizer step, all ranks)")
-    if data.stats.samples < job.ranks:
-        raise DataError(f"--data {job.data}: {data.stats.samples} samples for {job.ranks} ranks")
-    torch.manual_seed(job.seed)
+
+
+def _device_side(source: ModelSource, data: TokenData, device: torch.device, opts: TuneOptions
+                 ) -> tuple[int | None, str, Callable[[JobSpec], Predicted | None]]:
+    """(capacity, device name, predictor): on CUDA the card (capped by --memory-limit through the
+    allocator's fraction), on CPU the live-bytes limit and the CPU-semantics simulation."""
     capacity = opts.memory_limit_bytes
     if device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
@@ -166,14 +164,13 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
         else:
             capacity = total
         name = torch.cuda.get_device_name(device)
-        predict: Callable[[JobSpec], Predicted | None] = _gpu_predictor(source, name, total)
-    else:
-        name = f"CPU ({os.cpu_count()} cores), live tensor bytes"
-        predict = CpuPredictor(source, data)
-    base = job.replace(micro_batch=None, grad_accum=None, effective_batch=job.effective_batch) \
-        if job.micro_batch else job
-    base = base.replace(precision=job.precision or "fp32", grad_ckpt=job.grad_ckpt or "off")
-    first = predict(base.replace(micro_batch=1))
+        return capacity, name, _gpu_predictor(source, name, total)
+    return capacity, f"CPU ({os.cpu_count()} cores), live tensor bytes", CpuPredictor(source, data)
+
+
+def _check_first_guess(first: Predicted | None, predict: Any, capacity: int | None,
+                       opts: TuneOptions) -> None:
+    """Refuse before probing what the prediction already shows cannot work."""
     if first is not None and capacity is not None and isinstance(predict, CpuPredictor):
         steady = predict.steady_bytes
         if steady > capacity:
@@ -186,6 +183,10 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
             raise JobError(f"--budget-s {opts.budget_s:g}: one probe takes ~{one_probe_s:.0f} s "
                            "(4 steps at micro-batch 1, predicted)",
                            f"use --budget-s ≥ {one_probe_s * 10:.0f} for a useful search")
+
+
+def _prober(job: JobSpec, source: ModelSource, data: TokenData, device: torch.device,
+            opts: TuneOptions) -> tuple[Probe, Callable[[JobSpec, int], ProbeResult]]:
     prober = Probe(source, data, device, memory_limit_bytes=opts.memory_limit_bytes,
                    max_host_ram_bytes=opts.max_host_ram_bytes, seed=job.seed)
     if prober.dist.world != job.ranks:
@@ -197,6 +198,43 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
                        "run one rank per process without --isolate")
     probe_fn = _isolated_probe(source, data, opts) if opts.isolate else \
         (lambda j, timed: prober.run(j, timed_steps=timed))
+    return prober, probe_fn
+
+
+def _rule_notes(out: Outcome, device: torch.device) -> list[SearchNote]:
+    """What tune states around the search: a busy host, the CPU's peak, persistent workers (set
+    on the pick by rule)."""
+    notes = []
+    load_1min = psutil.getloadavg()[0]
+    if device.type == "cpu" and load_1min > (os.cpu_count() or 1):
+        notes.append(SearchNote("host_busy", {"load_1min": load_1min, "cores": os.cpu_count()}))
+    if device.type == "cpu":
+        notes.append(SearchNote("cpu_peaks"))
+    if out.best is not None and out.best.job.num_workers > 0 and not out.best.job.persistent_workers:
+        out.best.job = out.best.job.replace(persistent_workers=True)
+        notes.append(SearchNote("persistent_workers"))
+    return notes
+
+
+def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None = None
+         ) -> TuneResult:
+    t0 = time.perf_counter()
+    source = resolve_model(job.model, job.trust_remote_code)
+    device = parse_device(opts.device)
+    _check_job(job)
+    data = load_data(job, source)
+    if job.effective_batch is None:
+        raise JobError("--effective-batch is required: tune keeps it exact",
+                       "e.g. --effective-batch 16 (samples per optimizer step, all ranks)")
+    if data.stats.samples < job.ranks:
+        raise DataError(f"--data {job.data}: {data.stats.samples} samples for {job.ranks} ranks")
+    torch.manual_seed(job.seed)
+    capacity, name, predict = _device_side(source, data, device, opts)
+    base = job.replace(micro_batch=None, grad_accum=None, effective_batch=job.effective_batch) \
+        if job.micro_batch else job
+    base = base.replace(precision=job.precision or "fp32", grad_ckpt=job.grad_ckpt or "off")
+    _check_first_guess(predict(base.replace(micro_batch=1)), predict, capacity, opts)
+    prober, probe_fn = _prober(job, source, data, device, opts)
     sopts = SearchOptions(margin=opts.margin, budget_s=opts.budget_s, knobs=opts.knobs,
                           bitsandbytes=importlib.util.find_spec("bitsandbytes") is not None,
                           precisions=_precisions(device),
@@ -212,27 +250,12 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
         baseline = searcher.run(job.replace(precision=base.precision, grad_ckpt=base.grad_ckpt),
                                 "baseline", 3, note="your current configuration")
     out: Outcome = searcher.search()
-    notes = [*data.stats.notes, *out.notes,
-             "tokens/s counts positions computed (micro × seq_len × accumulation × ranks / step)",
-             "loss is token-weighted over the effective batch (exact for any micro-batch split)"]
-    load_1min = psutil.getloadavg()[0]
-    if device.type == "cpu" and load_1min > (os.cpu_count() or 1):
-        notes.append(f"the host was busy while probing (load average {load_1min:.1f} on "
-                     f"{os.cpu_count()} cores, measured): timings are slower and noisier than on an "
-                     "idle machine; memory is not affected")
-    if device.type == "cpu":
-        notes.append("CPU: peak = live tensor bytes (the quantity of torch.cuda.max_memory_"
-                     "allocated); reserved/device do not exist on CPU (null)")
-    if out.best is not None and out.best.job.num_workers > 0 and not out.best.job.persistent_workers:
-        out.best.job = out.best.job.replace(persistent_workers=True)
-        notes.append("persistent_workers: on by rule (loader workers are used; keeping them "
-                     "saves their restart at every epoch boundary, which short probes never reach)")
-    reason = describe(out.best, baseline) if out.best else "nothing fits: " + "; ".join(out.notes)
     return TuneResult(device=str(device), device_name=name,
                       memory_limit_bytes=capacity, margin=opts.margin,
                       search_time_s=time.perf_counter() - t0, dataset_samples=len(data),
                       dataset_tokens=data.stats.tokens, pick=out.best, baseline=baseline,
-                      trials=out.trials, reason=reason, notes=notes)
+                      trials=out.trials, notes=[*out.notes, *_rule_notes(out, device)],
+                      data_notes=list(data.stats.notes))
 
 
 def _gpu_predictor(source: ModelSource, device_name: str, total: int

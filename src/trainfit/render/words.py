@@ -1,0 +1,195 @@
+"""Results in words: the sentences the terminal, ``--json`` and the YAML header show.
+
+The compute returns typed results (which row is picked, which fields change, which probe was not
+run and why); these functions turn them into text and nothing else — no number here is computed,
+only formatted — so a test asserts on the result and the wording can change without touching it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainfit.plan.grid import PlanResult
+from trainfit.tune.result import SearchNote
+
+GIB = 2**30
+
+FIELD_LABELS = {"micro_batch": "micro-batch", "grad_accum": "accumulation",
+                "grad_ckpt": "checkpointing", "precision": "precision", "attention": "attention",
+                "optimizer_impl": "optimizer implementation"}
+
+PLAN_NOTES = (
+    "peaks are predictions (no GPU was used); GiB = 2^30 bytes",
+    "allocated = torch.cuda.max_memory_allocated, reserved = max_memory_reserved, "
+    "device = what nvidia-smi shows (reserved + CUDA context + managed memory)",
+    "fits = device peak ≤ (1 − {margin:.0%}) × GPU memory",
+    "ranked by predicted tokens/s among configurations that fit (roofline over the "
+    "simulated step's operations, trainfit/speed/)",
+)
+
+
+def plan_notes(result: PlanResult) -> list[str]:
+    """What every plan's numbers are (predicted, which peak, the fit rule, the ranking)."""
+    return [n.format(margin=result.margin) for n in PLAN_NOTES]
+
+
+def plan_reason(result: PlanResult) -> str:
+    """Why this configuration: the pick, or why nothing fits and what the ladder reaches."""
+    rows, gpu = result.rows, result.gpu_display_name
+    if not rows:
+        return "no configuration"
+    pick = result.pick
+    if pick is None:
+        text = (f"nothing fits on {gpu or 'the GPU'}: the smallest configuration needs "
+                f"{(result.smallest_device_bytes or 0) / GIB:.2f} GiB (device, predicted); try "
+                "--grad-ckpt full, --method lora/qlora, a shorter --seq-len, an 8-bit optimizer or "
+                "more ranks with --sharding fsdp")
+        if result.ladder:
+            text += ("; the ladder below reaches a fit: " if result.ladder[-1].fits else
+                     "; even the whole ladder below does not fit: ")
+            text += "; ".join(r.change for r in result.ladder)
+        return text
+    j = pick.job
+    why = [f"{j.precision}, micro-batch {j.micro_batch} × accumulation {j.grad_accum}",
+           "checkpointing off" if j.grad_ckpt == "off" else "checkpointing on"]
+    if pick.speed is not None and pick.speed.tokens_per_s:
+        mfu = f", MFU {pick.speed.mfu:.0%}" if pick.speed.mfu else ""
+        why.append(f"fastest that fits: {pick.speed.tokens_per_s:,.0f} tokens/s predicted{mfu}")
+    if result.gpu_memory_bytes is None:
+        return ", ".join(why) + " (no GPU given: fit unknown)"
+    return ", ".join(why) + (f": predicted {pick.memory.peak_device_bytes / GIB:.2f} of "
+                             f"{result.gpu_memory_bytes / GIB:.2f} GiB (device peak)")
+
+
+def plan_versus(result: PlanResult) -> str | None:
+    """The pick against the configuration the user runs now (None: no current one was given)."""
+    cur, pick = result.current, result.pick
+    if cur is None:
+        return None
+    if pick is None:
+        return "nothing fits, so nothing to change to"
+    changes = [f"{FIELD_LABELS.get(c.field, c.field)} {c.before}→{c.after}"
+               for c in result.changes_vs_current]
+    words = ", ".join(changes) if changes else "no change: the current configuration is the pick"
+    speedup = result.speedup_vs_current
+    words += (f": predicted {speedup:.2f}× tokens/s" if speedup is not None else
+              ": speed-up unknown (no known peak for this GPU)")
+    if result.gpu_memory_bytes is not None:
+        words += (f", {pick.memory.peak_device_bytes / GIB:.1f} of "
+                  f"{result.gpu_memory_bytes / GIB:.1f} GiB (device peak, predicted)")
+    return words + ("" if cur.memory.fits is not False else
+                    " (the current configuration does not fit)")
+
+
+def plan_json(result: PlanResult) -> dict[str, Any]:
+    """``trainfit plan --json``: the typed result, with its sentences beside it."""
+    d = result.to_dict()
+    d.update(reason=plan_reason(result), vs_current=plan_versus(result), notes=plan_notes(result))
+    return d
+
+
+def optimizer_words(optimizer: str, optimizer_impl: str) -> str:
+    """The optimizer as printed: its implementation (fused / foreach) exists for torch's AdamW and
+    SGD only."""
+    return f"{optimizer_impl} {optimizer}" if optimizer in ("adamw", "sgd") else optimizer
+
+
+def job_words(j: Any) -> str:
+    """A tuned configuration in one line (``j``: a JobSpec)."""
+    return (f"micro-batch {j.micro_batch} × accumulation {j.grad_accum} × ranks {j.ranks} "
+            f"(effective {j.effective_batch}), {j.precision}, checkpointing {j.grad_ckpt}, "
+            f"{j.attention}, {optimizer_words(j.optimizer, j.optimizer_impl)}, "
+            f"{j.num_workers} loader workers"
+            + (f" (prefetch {j.prefetch_factor}{', pinned' if j.pin_memory else ''})"
+               if j.num_workers else "")
+            + (", torch.compile" if j.compile else ""))
+
+
+def _changes(changes: list[tuple[str, Any]]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in changes)
+
+
+def note_words(n: SearchNote) -> str:
+    """One thing the search decided not to do, or did by rule, and why."""
+    d = n.data
+    texts = {
+        "budget": lambda: f"--budget-s {d['budget_s']:g}: stopped after {d['spent_s']:.0f} s and "
+                          f"{d['probes']} probes; the best so far is kept",
+        "excluded_micro": lambda: f"micro-batches {', '.join(map(str, d['micro_batches']))} "
+                                  "excluded: they do not divide the per-rank effective batch "
+                                  f"{d['per_rank_batch']} (accumulation must be exact)",
+        "needs_ckpt": lambda: "nothing fits without checkpointing: trying with it",
+        "nothing_fits": lambda: "no micro-batch fits, even 1: see `trainfit plan` for the "
+                                "memory-saving ladder",
+        "pruned": lambda: f"not probed: {_changes(d['changes'])} — predicted "
+                          + (f"{d['ratio']:.2f}×" if d["ratio"] is not None else
+                             f"< {d['prune_below']}× (on another rank)")
+                          + " the tokens/s of the current best",
+        "no_8bit_other_optimizer": lambda: f"8-bit AdamW: not tried — the job's optimizer is "
+                                           f"{d['optimizer']} (set optimizer: adamw to let tune "
+                                           "compare)",
+        "no_bitsandbytes": lambda: "8-bit AdamW: not tried — bitsandbytes is not installed "
+                                   "(pip install bitsandbytes)",
+        "workers_not_probed": lambda: "loader workers: not probed — without them the step waited "
+                                      f"for data {d['data_wait_fraction']:.2%} of its time "
+                                      "(measured), the most workers could gain; below the "
+                                      f"{d['noise_floor']:.0%} noise floor",
+        "ckpt_not_needed": lambda: "checkpointing: not tried — the largest micro-batch already "
+                                   "fits without it, and recomputation only costs time",
+        "ckpt_kept": lambda: "checkpointing: kept on (nothing fits without it)",
+        "ckpt_no_larger": lambda: "checkpointing: no larger micro-batch fits with it",
+        "host_busy": lambda: f"the host was busy while probing (load average {d['load_1min']:.1f} "
+                             f"on {d['cores']} cores, measured): timings are slower and noisier "
+                             "than on an idle machine; memory is not affected",
+        "cpu_peaks": lambda: "CPU: peak = live tensor bytes (the quantity of torch.cuda.max_memory_"
+                             "allocated); reserved/device do not exist on CPU (null)",
+        "persistent_workers": lambda: "persistent_workers: on by rule (loader workers are used; "
+                                      "keeping them saves their restart at every epoch boundary, "
+                                      "which short probes never reach)",
+    }
+    return texts[n.kind]()
+
+
+def tune_reason(pick_job: Any, pick_tokens_per_s: float | None, baseline_job: Any | None,
+                baseline_tokens_per_s: float | None, notes: list[SearchNote]) -> str:
+    """The pick in words, against the user's current configuration when one was measured."""
+    if pick_job is None:
+        return "nothing fits: " + "; ".join(note_words(n) for n in notes)
+    s = job_words(pick_job) + f": measured {pick_tokens_per_s or 0:,.0f} tokens/s"
+    if baseline_job is not None and baseline_tokens_per_s and pick_tokens_per_s:
+        s += (f", {pick_tokens_per_s / baseline_tokens_per_s:.2f}× your current micro-batch "
+              f"{baseline_job.micro_batch} × {baseline_job.grad_accum} "
+              f"({baseline_tokens_per_s:,.0f} tokens/s measured)")
+    return s
+
+
+TUNE_NOTES = ("tokens/s counts positions computed (micro × seq_len × accumulation × ranks / step)",
+              "loss is token-weighted over the effective batch (exact for any micro-batch split)")
+
+
+def tune_pick_reason(result: Any) -> str:
+    """``result``: a TuneResult."""
+    def tps(trial: Any) -> float | None:
+        m = trial.result.measured if trial is not None else None
+        return None if m is None else m.tokens_per_s
+    return tune_reason(result.pick.job if result.pick else None, tps(result.pick),
+                       result.baseline.job if result.baseline else None, tps(result.baseline),
+                       [n for n in result.notes if n.kind not in RULE_KINDS])
+
+
+RULE_KINDS = ("host_busy", "cpu_peaks", "persistent_workers")
+"""Notes tune states around the search (not reasons a search found nothing)."""
+
+
+def tune_notes(result: Any) -> list[str]:
+    """Every note of a TuneResult in words: the data's, the search's, then the conventions."""
+    search = [note_words(n) for n in result.notes if n.kind not in RULE_KINDS]
+    rules = [note_words(n) for n in result.notes if n.kind in RULE_KINDS]
+    return [*result.data_notes, *search, *TUNE_NOTES, *rules]
+
+
+def tune_json(result: Any) -> dict[str, Any]:
+    """``trainfit tune --json``: the typed result, with its sentences beside it."""
+    d = result.to_dict()
+    d.update(reason=tune_pick_reason(result), notes=tune_notes(result))
+    return d
