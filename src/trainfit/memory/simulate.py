@@ -97,6 +97,39 @@ def _classify_states(optimizer: torch.optim.Optimizer, tracker: LiveBytesTracker
                 tracker.reclassify(v, "optimizer")
 
 
+def _track_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor],
+                  tracker: LiveBytesTracker) -> None:
+    """Count what exists before the step: parameters (shared ones once), buffers, the batch."""
+    seen: set[int] = set()
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            tracker.track(p, "parameters")
+    for name, b in model.named_buffers():
+        # the 4-bit twin keeps its frozen weights as buffers: they are parameters to a user
+        tracker.track(b, "parameters" if name.rsplit(".", 1)[-1] in _QUANT_STATE
+                      else "buffers")
+    for t in batch.values():
+        tracker.track(t, "buffers")
+
+
+def _first_step(job: JobSpec, optimizer: Any, trainable: list[torch.nn.Parameter],
+                tracker: LiveBytesTracker, full_step: Any) -> None:
+    """The step before the steady one. When the loop holds the previous output (``full_step``
+    given), it must really run. Otherwise it matters only for creating the optimizer states (its
+    forward/backward run without states, so they peak lower than the steady state): they are
+    created by one optimizer step on zero gradients, as the first real step would."""
+    if full_step is not None:
+        full_step()
+    else:
+        tracker.set_phase("optimizer")
+        for p in trainable:
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=job.grads_to_none)
+    _classify_states(optimizer, tracker)
+
+
 def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = None,
                   steps: int = 2, record_events: bool = False, op_hook: Any = None,
                   batch_fn: Any = None) -> SimResult:
@@ -123,43 +156,24 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
             optimizer.managed_ctx = tracker.managed
         batch = batch_fn() if batch_fn is not None else \
             make_batch(source, job.micro_batch or 1, job.seq_len)
-        seen: set[int] = set()
-        for p in model.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                tracker.track(p, "parameters")
-        for name, b in model.named_buffers():
-            # the 4-bit twin keeps its frozen weights as buffers: they are parameters to a user
-            tracker.track(b, "parameters" if name.rsplit(".", 1)[-1] in _QUANT_STATE
-                          else "buffers")
-        for t in batch.values():
-            tracker.track(t, "buffers")
+        _track_inputs(model, batch, tracker)
         hooks = [p.register_post_accumulate_grad_hook(
             lambda p: tracker.reclassify(p.grad, "gradients")) for p in trainable]
         with device_semantics(attn) as ops, tracker:
             carry: dict[str, Any] | None = {} if job.hold_outputs else None
-            if steps > 1 and carry is not None:
-                # the previous step's output must exist for the loop to hold it: run it fully
+
+            def run_step() -> None:
                 train_step(model, optimizer, repeat_batches(batch, micro), grad_accum=micro,
                            autocast=autocast, max_grad_norm=job.max_grad_norm,
                            grads_to_none=job.grads_to_none, observer=tracker, carry=carry)
-                _classify_states(optimizer, tracker)
-            elif steps > 1:
-                # Step 1 matters only for creating the optimizer states (its forward/backward run
-                # without states, so they peak lower than the steady state): create them by one
-                # optimizer step on zero gradients, as the first real step would.
-                tracker.set_phase("optimizer")
-                for p in trainable:
-                    p.grad = torch.zeros_like(p)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=job.grads_to_none)
-                _classify_states(optimizer, tracker)
+
+            if steps > 1:
+                _first_step(job, optimizer, trainable, tracker, run_step if carry is not None
+                            else None)
             if op_hook is not None:
                 tracker.op_hook = op_hook
                 op_hook.active = True
-            train_step(model, optimizer, repeat_batches(batch, micro), grad_accum=micro,
-                       autocast=autocast, max_grad_norm=job.max_grad_norm,
-                       grads_to_none=job.grads_to_none, observer=tracker, carry=carry)
+            run_step()
             tracker.op_hook = None
             _classify_states(optimizer, tracker)
             carry = None

@@ -219,92 +219,39 @@ class Probe:
 
     def _measure(self, job: JobSpec, wl: RealWorkload, knobs: LoaderKnobs, timed_steps: int
                  ) -> ProbeResult:
-        micro = job.micro_batch or 1
-        accum = job.grad_accum or 1
-        ranks = job.ranks
-        per_step = micro * accum * ranks
-        order = SampleOrder(len(self.data), seed=self.seed)
         warm = 1 if (job.compile and timed_steps) else 0  # the compiling step, timed apart
-        n_steps = 1 + warm + timed_steps
-        steps_ids = [micro_batch_ids(order, s * per_step, per_step, micro, self.rank, ranks)
-                     for s in range(n_steps)]
-        loader = make_loader(self.data, self.source.task, [m for s in steps_ids for m in s],
-                             knobs, pin=self.device.type == "cuda")
-        cuda = self.device.type == "cuda"
-        tracker = None if cuda else LimitTracker(self.memory_limit_bytes)
-        waits: list[float] = []
-        batches = self._batches(loader, waits, tracker)
-        times: list[float] = []
-        step_waits: list[float] = []
-        rss = _own_tree_rss_bytes()
-        compile_step_s = None
+        tracker = None if self.device.type == "cuda" else LimitTracker(self.memory_limit_bytes)
+        steps = _Steps(self, job, wl, knobs, 1 + warm + timed_steps, tracker)
         hooks: list[Any] = []
         keep: list[torch.Tensor] = []
-
-        def step(s: int, model: Any, observer: LimitTracker | None) -> float:
-            w = step_weights(self.data, order, s * per_step, per_step, micro,
-                             self.source.task, self.rank, ranks)
-            gen = (next(batches) for _ in steps_ids[s])
-            t = time.perf_counter()
-            train_step(model, wl.optimizer, gen, grad_accum=accum, autocast=wl.autocast,
-                       max_grad_norm=job.max_grad_norm, scaler=wl.scaler, observer=observer,
-                       grads_to_none=job.grads_to_none, loss_weights=w)
-            if cuda:
-                torch.cuda.synchronize(self.device)
-            return time.perf_counter() - t
-
-        # Under torchrun the meter's start and the metered step — where an OOM is expected — run
-        # on the unwrapped module: DDP's collectives (buffer broadcast in forward, gradient
-        # all-reduce in backward) would leave the other ranks waiting in them forever when one
-        # rank ran out of memory halfway (nothing would ever join). Without them every rank
-        # reaches the agreement that follows. The peak is DDP's: its all-reduce adds no tensor
-        # (its buckets are counted above). The timed steps then run through DDP. (A compiled model
-        # keeps its DDP wrapper — compiling a second, local copy would double the compile time —
-        # so a one-rank OOM there is not covered; stated in the README.)
-        many = self.dist.world > 1
-        metered_model = wl.model if many and not job.compile else wl.step_model
+        times: list[float] = []
+        step_waits: list[float] = []
+        compile_step_s = None
         try:
-            oom: torch.OutOfMemoryError | None = None
-            try:
-                self._start_meter(job, wl, tracker, hooks, keep)
-                with tracker if tracker is not None else contextlib.nullcontext():
-                    step(0, metered_model, tracker)
-            except torch.OutOfMemoryError as err:
-                err.phase = tracker.phase if tracker is not None else None  # type: ignore[attr-defined]
-                if not many:
-                    raise
-                oom = err
-            if many and self.dist.any(oom is not None):
-                raise oom or _another_rank_oom()
-            rss = max(rss, _own_tree_rss_bytes())
-            for s in range(1, n_steps):
+            rss = max(_own_tree_rss_bytes(), self._metered_step(job, wl, steps, tracker, hooks, keep))
+            many = self.dist.world > 1
+            for s in range(1, steps.count):
                 # one rank alone leaving the loop would leave the others in the next step's
                 # all-reduce: under torchrun the host RAM is judged after the steps (agree())
                 over = None if many else self._over_host_ram(rss)
                 if over is not None:
                     return over
-                n_wait = len(waits)
-                dt = step(s, wl.step_model, None)
+                n_wait = len(steps.waits)
+                dt = steps.step(s, wl.step_model, None)
                 rss = max(rss, _own_tree_rss_bytes())
                 if s == 1 and warm:
                     compile_step_s = dt
                 else:
                     times.append(dt)
-                    step_waits.append(sum(waits[n_wait:]))
+                    step_waits.append(sum(steps.waits[n_wait:]))
         finally:
             for h in hooks:
                 h.remove()
-            batches.close()  # its loader iterator goes now (workers too, unless persistent)
+            steps.close()  # its loader iterator goes now (workers too, unless persistent)
         over = self._over_host_ram(rss)
         if over is not None:
             return over
-        if cuda:
-            alloc = torch.cuda.max_memory_allocated(self.device)
-            reserved: int | None = torch.cuda.max_memory_reserved(self.device)
-            free, total = torch.cuda.mem_get_info(self.device)
-            device_used: int | None = total - free
-        else:
-            alloc, reserved, device_used = tracker.peak.peak_bytes, None, None  # type: ignore[union-attr]
+        alloc, reserved, device_used = self._peaks(tracker)
         if not times:
             return ProbeResult(status="ok", measured=Measured(
                 peak_allocated_bytes=alloc, peak_reserved_bytes=reserved,
@@ -312,11 +259,88 @@ class Probe:
                 step_time_spread_s=None, tokens_per_s=None, samples_per_s=None,
                 data_wait_fraction=None))
         med = statistics.median(times)
-        tokens = per_step * self.data.seq_len
+        tokens = steps.per_step * self.data.seq_len
         wait_frac = statistics.median([w / t for w, t in zip(step_waits, times, strict=True)])
         return ProbeResult(status="ok", measured=Measured(
             peak_allocated_bytes=alloc, peak_reserved_bytes=reserved, peak_device_bytes=device_used,
             host_rss_bytes=rss, step_time_s=med, step_time_spread_s=max(times) - min(times),
-            tokens_per_s=tokens / med, samples_per_s=per_step / med,
+            tokens_per_s=tokens / med, samples_per_s=steps.per_step / med,
             data_wait_fraction=wait_frac, step_times_s=times,
             compile_time_s=None if compile_step_s is None else max(compile_step_s - med, 0.0)))
+
+    def _metered_step(self, job: JobSpec, wl: RealWorkload, steps: _Steps,
+                      tracker: LimitTracker | None, hooks: list[Any], keep: list[torch.Tensor]
+                      ) -> int:
+        """Step 0 under the memory meter; every rank agrees on an OOM. Returns the host RSS after.
+
+        Under torchrun the meter's start and the metered step — where an OOM is expected — run
+        on the unwrapped module: DDP's collectives (buffer broadcast in forward, gradient
+        all-reduce in backward) would leave the other ranks waiting in them forever when one
+        rank ran out of memory halfway (nothing would ever join). Without them every rank
+        reaches the agreement that follows. The peak is DDP's: its all-reduce adds no tensor
+        (its buckets are counted above). The timed steps then run through DDP. (A compiled model
+        keeps its DDP wrapper — compiling a second, local copy would double the compile time —
+        so a one-rank OOM there is not covered; stated in the README.)"""
+        many = self.dist.world > 1
+        metered_model = wl.model if many and not job.compile else wl.step_model
+        oom: torch.OutOfMemoryError | None = None
+        try:
+            self._start_meter(job, wl, tracker, hooks, keep)
+            with tracker if tracker is not None else contextlib.nullcontext():
+                steps.step(0, metered_model, tracker)
+        except torch.OutOfMemoryError as err:
+            err.phase = tracker.phase if tracker is not None else None  # type: ignore[attr-defined]
+            if not many:
+                raise
+            oom = err
+        if many and self.dist.any(oom is not None):
+            raise oom or _another_rank_oom()
+        return _own_tree_rss_bytes()
+
+    def _peaks(self, tracker: LimitTracker | None) -> tuple[int, int | None, int | None]:
+        """(allocated, reserved, device) peaks: CUDA's allocator statistics and cudaMemGetInfo;
+        on CPU the tracked live bytes (no reserved or device level there)."""
+        if tracker is None:
+            alloc = torch.cuda.max_memory_allocated(self.device)
+            reserved = torch.cuda.max_memory_reserved(self.device)
+            free, total = torch.cuda.mem_get_info(self.device)
+            return alloc, reserved, total - free
+        return tracker.peak.peak_bytes, None, None
+
+
+class _Steps:
+    """A probe's optimizer steps over its own sample order: the batches in order, each step's
+    loss weights, the time of each step and the data waits inside it."""
+
+    def __init__(self, probe: Probe, job: JobSpec, wl: RealWorkload, knobs: LoaderKnobs,
+                 count: int, tracker: LimitTracker | None) -> None:
+        self.probe, self.job, self.wl, self.count = probe, job, wl, count
+        self.micro = job.micro_batch or 1
+        self.accum = job.grad_accum or 1
+        self.per_step = self.micro * self.accum * job.ranks
+        self.order = SampleOrder(len(probe.data), seed=probe.seed)
+        self.cuda = probe.device.type == "cuda"
+        self.ids = [micro_batch_ids(self.order, s * self.per_step, self.per_step, self.micro,
+                                    probe.rank, job.ranks) for s in range(count)]
+        loader = make_loader(probe.data, probe.source.task, [m for s in self.ids for m in s],
+                             knobs, pin=self.cuda)
+        self.waits: list[float] = []
+        # the batches are tensors of the step: the CPU meter counts them (as buffers)
+        self.batches = probe._batches(loader, self.waits, tracker)
+
+    def step(self, s: int, model: Any, observer: LimitTracker | None) -> float:
+        """Run step ``s`` of the order on ``model``; its wall time (CUDA: synchronised)."""
+        p, job = self.probe, self.job
+        w = step_weights(p.data, self.order, s * self.per_step, self.per_step, self.micro,
+                         p.source.task, p.rank, job.ranks)
+        gen = (next(self.batches) for _ in self.ids[s])
+        t = time.perf_counter()
+        train_step(model, self.wl.optimizer, gen, grad_accum=self.accum, autocast=self.wl.autocast,
+                   max_grad_norm=job.max_grad_norm, scaler=self.wl.scaler, observer=observer,
+                   grads_to_none=job.grads_to_none, loss_weights=w)
+        if self.cuda:
+            torch.cuda.synchronize(p.device)
+        return time.perf_counter() - t
+
+    def close(self) -> None:
+        self.batches.close()
