@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from trainfit.engine.dist import leave_together
 from trainfit.job import JobSpec
 from trainfit.run.loop import RunOptions, Trainer, train
 
@@ -212,14 +213,4 @@ def test_fsdp_corrupt_checkpoint_fails_cleanly_on_every_rank(runs):
 
 if __name__ == "__main__":  # a torchrun rank (see the fixture)
     _worker(Path(sys.argv[1]))
-    # every rank has written its results: leave together and skip the interpreter's teardown, in
-    # which gloo's threads were destroyed while joinable now and then ("terminate called without
-    # an active exception", SIGABRT after the work was done) despite destroy_process_group at exit
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_together()  # every rank has written its results

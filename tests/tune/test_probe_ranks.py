@@ -22,6 +22,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 
 import trainfit
 from trainfit.data.load import load_data
+from trainfit.engine.dist import leave_together
 from trainfit.job import JobSpec
 from trainfit.model.runtime import build_real
 from trainfit.model.source import resolve_model
@@ -135,14 +136,4 @@ def test_one_rank_oom_does_not_hang_the_other(tmp_path, micro_model_json, text_j
 
 if __name__ == "__main__":  # a torchrun rank (see the test)
     _worker(Path(sys.argv[1]))
-    # every rank has written its results: leave together and skip the interpreter's teardown, in
-    # which gloo's threads were destroyed while joinable now and then ("terminate called without
-    # an active exception", SIGABRT after the work was done) despite destroy_process_group at exit
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_together()  # every rank has written its results

@@ -13,6 +13,7 @@ import torch
 
 from trainfit.engine.step import repeat_batches, train_step
 from trainfit.job import JobSpec
+from trainfit.model.runtime import init_weights
 from trainfit.model.source import ModelSource
 from trainfit.model.workload import build_model_on_meta, cpu_autocast, make_batch, make_optimizer
 
@@ -28,7 +29,6 @@ class CpuMeasurement:
 
 def materialize_on_cpu(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     """Real CPU storage for a model built on ``meta`` (values: N(0, 0.02), as GPT-2/Llama init)."""
-    from trainfit.model.runtime import init_weights
 
     return init_weights(model, "cpu", seed, zero_lora_b=False)
 

@@ -22,6 +22,8 @@ from trainfit.job import JobSpec
 from trainfit.memory.allocator import replay
 from trainfit.memory.simulate import SimResult, SimTarget, simulate_step
 from trainfit.model.source import ModelSource
+from trainfit.speed.ops import OpRecorder
+from trainfit.speed.predict import predict_speed
 
 LAYER_ATTRS = ("num_hidden_layers", "n_layer", "num_layers")
 
@@ -79,7 +81,6 @@ class BilinearModel:
 
     def speed(self, dev: Any, job: Any, flops_per_token: float) -> Any:
         """Predicted speed of ``job`` (its micro-batch and accumulation) on ``dev``."""
-        from trainfit.speed.predict import predict_speed
 
         p = self.points
         layers = (p[0].layers, p[1].layers)
@@ -148,7 +149,6 @@ def fit_group(job: JobSpec, source: ModelSource, target: SimTarget,
         src = with_layers(source, L) if extrap else source
         for b in batches:
             j = job.replace(micro_batch=b, grad_accum=2, effective_batch=None)
-            from trainfit.speed.ops import OpRecorder
 
             rec = OpRecorder()
             sim = simulate_step(j, src, target, record_events=True, op_hook=rec)

@@ -13,11 +13,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from trainfit.hardware.gpus import GpuSpec
+from trainfit.hardware.gpus import EAGER_MODULE_LOADING_EXTRA_BYTES, GpuSpec
 from trainfit.job import DEFAULT_MARGIN, JobSpec
 from trainfit.memory.allocator import replay
 from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.model.source import ModelSource
+from trainfit.model.workload import weight_dtypes
 
 CUBLAS_WORKSPACE_BYTES_PRE_HOPPER = 4096 * 1024 * 2 + 16 * 1024 * 8
 """CUBLAS_WORKSPACE_CONFIG default ":4096:2:16:8" (aten/src/ATen/cuda/CublasHandlePool.cpp)."""
@@ -102,7 +103,6 @@ def data_parallel_bytes(job: JobSpec, source: ModelSource, breakdown: dict[str, 
                         trainable_params: int) -> tuple[int, list[str]]:
     """What data parallelism adds to the one-process step's peak (DDP buckets, FSDP shards),
     from the one-process breakdown; 0 for one rank."""
-    from trainfit.model.workload import weight_dtypes
 
     layers = max(int(getattr(source.config, "num_hidden_layers", 0)
                      or getattr(source.config, "num_layers", 0) or 1), 1)
@@ -117,7 +117,6 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
            margin: float = DEFAULT_MARGIN, eager_module_loading: bool = False
            ) -> MemoryPrediction:
     """Turn simulated tensor bytes into the allocated / reserved / device peaks and the fit."""
-    from trainfit.hardware.gpus import EAGER_MODULE_LOADING_EXTRA_BYTES
 
     work = cublas_workspace_bytes(gpu)
     extra, dp_notes = data_parallel_bytes(job, source, breakdown, trainable_params)

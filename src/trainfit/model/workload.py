@@ -19,7 +19,11 @@ from typing import Any
 import torch
 
 from trainfit.job import JobError, JobSpec
+from trainfit.model.chunked_head import ChunkedHeadLM
+from trainfit.model.custom import CausalLMAdapter, build_module
+from trainfit.model.lora_targets import resolve_targets
 from trainfit.model.source import ModelSource
+from trainfit.model.standins import Adam8bitSim, quantize_linears_4bit
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -112,7 +116,6 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
     if job.method in ("lora", "qlora"):
         from peft import LoraConfig, get_peft_model
 
-        from trainfit.model.lora_targets import resolve_targets
 
         targets = resolve_targets(model, job.lora_targets, cfg.model_type)
         info.lora_target_modules = targets
@@ -123,8 +126,6 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
             if p.requires_grad:
                 p.data = p.data.to(train_dtype)
         if job.method == "qlora":
-            from trainfit.model.standins import quantize_linears_4bit
-
             out_emb = model.get_output_embeddings()
             skip = set() if job.quant_lm_head else {
                 n for n, m in model.named_modules() if m is out_emb}
@@ -138,7 +139,6 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
     if job.lm_head_chunk is not None:
         if source.task != "causal-lm":
             raise JobError("--lm-head-chunk applies to causal language models only")
-        from trainfit.model.chunked_head import ChunkedHeadLM
 
         model = ChunkedHeadLM(model, job.lm_head_chunk)
     seen: set[int] = set()
@@ -156,7 +156,6 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
 
 def _build_custom(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Module, ModelInfo]:
     """The user's own module (``module:factory``), wrapped to be called like a transformers LM."""
-    from trainfit.model.custom import CausalLMAdapter, build_module
 
     base_dtype, train_dtype = weight_dtypes(job)
     info = ModelInfo(attention_impl="custom")
@@ -193,8 +192,6 @@ def make_optimizer(job: JobSpec, params: list[torch.nn.Parameter], *, simulate: 
     bits = 8 if job.optimizer.endswith("8bit") else 32
     paged = job.optimizer.startswith("paged")
     if simulate:
-        from trainfit.model.standins import Adam8bitSim
-
         return Adam8bitSim(params, bits=bits, paged=paged, lr=lr)
     try:
         import bitsandbytes as bnb

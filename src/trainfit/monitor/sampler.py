@@ -26,8 +26,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
+from trainfit.monitor import view
 from trainfit.monitor.host import HostProbe, process_alive, process_tree
 from trainfit.monitor.nvml import GpuReading, Nvml
+from trainfit.monitor.view import render
 
 STEP_COLUMNS = ("step", "loss", "tokens_per_s", "samples_per_s", "mfu", "data_wait_fraction",
                 "peak_allocated_bytes", "peak_reserved_bytes")
@@ -173,7 +175,6 @@ class Sampler:
             from rich.console import Console
             from rich.live import Live
 
-            from trainfit.monitor.view import render
 
             # auto_refresh off: the sampler thread redraws once per sample, no extra refresh thread.
             self._live_view = Live(render([], note=self.gpu_note, interval_s=self.interval_s),
@@ -343,8 +344,6 @@ class Sampler:
                 self.notes.append(msg)
 
     def _show(self, rows: list[dict[str, Any]]) -> None:
-        from trainfit.monitor import view
-
         if self._live_view is not None:
             self._live_view.update(view.render(rows, gpu_names=self.gpu_names, note=self.gpu_note,
                                                interval_s=self.interval_s), refresh=True)

@@ -27,6 +27,7 @@ from trainfit.memory.predict import (
 )
 from trainfit.model.source import ModelSource
 from trainfit.plan.ladder import build_ladder
+from trainfit.speed.comm import sync_time, unknown_interconnect, with_sync
 from trainfit.speed.ops import OpRecorder
 from trainfit.speed.predict import SpeedPrediction, model_flops_per_token, predict_speed_exact
 from trainfit.speed.roofline import DeviceSpeed
@@ -147,7 +148,6 @@ def synced(speed: SpeedPrediction | None, job: JobSpec, mem: MemoryPrediction,
            gpu: GpuSpec | None) -> SpeedPrediction | None:
     """``speed`` with the gradient synchronisation of ``ranks`` > 1 added (trainfit.speed.comm);
     unknown when the GPU's interconnect is."""
-    from trainfit.speed.comm import sync_time, unknown_interconnect, with_sync
 
     if speed is None or gpu is None or job.ranks <= 1 or speed.step_time_s is None:
         return speed

@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from trainfit.speed.cpu_kernels import KernelTimer
+from trainfit.speed.ops import launches_kernel
 from trainfit.speed.roofline import DeviceSpeed
 
 CACHE = Path(os.environ.get("TRAINFIT_CACHE", Path.home() / ".cache" / "trainfit")) / "cpu_speed.json"
@@ -66,8 +67,6 @@ class _OpCounter(TorchDispatchMode):
         self.views = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from trainfit.speed.ops import launches_kernel  # the rule the speed model counts by
-
         out = func(*args, **(kwargs or {}))
         ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]

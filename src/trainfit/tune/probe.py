@@ -28,6 +28,7 @@ from trainfit.data.loader import (
     micro_batch_ids,
     step_weights,
 )
+from trainfit.engine.dist import Dist
 from trainfit.engine.step import train_step
 from trainfit.job import JobSpec
 from trainfit.memory.limit import LimitTracker
@@ -67,7 +68,6 @@ class Probe:
         self.memory_limit_bytes = memory_limit_bytes
         self.max_host_ram_bytes = max_host_ram_bytes
         self.seed = seed
-        from trainfit.engine.dist import Dist
 
         self.dist = Dist.from_env()
         self.rank = self.dist.rank if self.dist.world > 1 else rank

@@ -15,9 +15,15 @@ import torch
 
 from trainfit.data import DataError, TokenData
 from trainfit.data.load import load_data
+from trainfit.hardware.gpus import find_gpu_by_device_name
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec
+from trainfit.memory.predict import data_parallel_bytes, predict_memory
+from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.model.runtime import parse_device
 from trainfit.model.source import ModelSource, resolve_model
+from trainfit.speed.cpu import cpu_speed
+from trainfit.speed.ops import OpRecorder
+from trainfit.speed.predict import model_flops_per_token, predict_speed_exact
 from trainfit.tune.probe import Probe
 from trainfit.tune.result import ProbeResult, SearchNote
 from trainfit.tune.search import KNOBS, Outcome, Predicted, Searcher, SearchOptions, Trial
@@ -110,12 +116,6 @@ class CpuPredictor:
         return make
 
     def __call__(self, job: JobSpec) -> Predicted | None:
-        from trainfit.memory.predict import data_parallel_bytes
-        from trainfit.memory.simulate import SimTarget, simulate_step
-        from trainfit.speed.cpu import cpu_speed
-        from trainfit.speed.ops import OpRecorder
-        from trainfit.speed.predict import model_flops_per_token, predict_speed_exact
-
         key = (job.micro_batch, job.precision, job.grad_ckpt, job.attention, job.optimizer,
                job.optimizer_impl, job.grad_accum)
         if key in self._cache:
@@ -260,9 +260,6 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
 
 def _gpu_predictor(source: ModelSource, device_name: str, total: int
                    ) -> Callable[[JobSpec], Predicted | None]:
-    from trainfit.hardware.gpus import find_gpu_by_device_name
-    from trainfit.memory.predict import predict_memory
-
     gpu = find_gpu_by_device_name(device_name, total)
     cache: dict[tuple, Predicted] = {}
 
