@@ -134,6 +134,11 @@ def note_words(n: SearchNote) -> str:
                                       f"for data {d['data_wait_fraction']:.2%} of its time "
                                       "(measured), the most workers could gain; below the "
                                       f"{d['noise_floor']:.0%} noise floor",
+        "undecided": lambda: f"could not decide: {_changes(d['changes'])} measured "
+                             + ", ".join(f"{r:.2f}×" for r in d["ratios"])
+                             + " the tokens/s of the current best in interleaved rounds, within "
+                             f"the noise of this run ({d['noise']:.0%}, measured): kept the simpler "
+                             "configuration",
         "ckpt_not_needed": lambda: "checkpointing: not tried — the largest micro-batch already "
                                    "fits without it, and recomputation only costs time",
         "ckpt_kept": lambda: "checkpointing: kept on (nothing fits without it)",
@@ -151,16 +156,21 @@ def note_words(n: SearchNote) -> str:
 
 
 def tune_reason(pick_job: Any, pick_tokens_per_s: float | None, baseline_job: Any | None,
-                baseline_tokens_per_s: float | None, notes: list[SearchNote]) -> str:
-    """The pick in words, against the user's current configuration when one was measured."""
+                vs_baseline: Any | None, notes: list[SearchNote]) -> str:
+    """The pick in words, against the user's current configuration when one was measured
+    (``vs_baseline``: the interleaved re-measurement, a Comparison)."""
     if pick_job is None:
         return "nothing fits: " + "; ".join(note_words(n) for n in notes)
     s = job_words(pick_job) + f": measured {pick_tokens_per_s or 0:,.0f} tokens/s"
-    if baseline_job is not None and baseline_tokens_per_s and pick_tokens_per_s:
-        s += (f", {pick_tokens_per_s / baseline_tokens_per_s:.2f}× your current micro-batch "
-              f"{baseline_job.micro_batch} × {baseline_job.grad_accum} "
-              f"({baseline_tokens_per_s:,.0f} tokens/s measured)")
-    return s
+    if baseline_job is None or vs_baseline is None or not vs_baseline.ratios:
+        return s
+    current = f"your current micro-batch {baseline_job.micro_batch} × {baseline_job.grad_accum}"
+    ratios = ", ".join(f"{r:.2f}×" for r in vs_baseline.ratios)
+    if vs_baseline.verdict == "faster":
+        return s + (f", {vs_baseline.median:.2f}× {current} (measured in {len(vs_baseline.ratios)} "
+                    f"interleaved rounds: {ratios})")
+    return s + (f"; against {current}: no speed-up this run could confirm (rounds: {ratios}, "
+                f"noise {vs_baseline.noise:.0%}, measured)")
 
 
 TUNE_NOTES = ("tokens/s counts positions computed (micro × seq_len × accumulation × ranks / step)",
@@ -173,7 +183,7 @@ def tune_pick_reason(result: Any) -> str:
         m = trial.result.measured if trial is not None else None
         return None if m is None else m.tokens_per_s
     return tune_reason(result.pick.job if result.pick else None, tps(result.pick),
-                       result.baseline.job if result.baseline else None, tps(result.baseline),
+                       result.baseline.job if result.baseline else None, result.vs_baseline,
                        [n for n in result.notes if n.kind not in RULE_KINDS])
 
 

@@ -63,6 +63,9 @@ class SearchOptions:
     """Smallest relative speed gain ever called real."""
     run_steps: int | None = None
     """Planned optimizer steps of the real run (amortises compile time)."""
+    rounds: int = 4
+    """Interleaved rounds a gain must survive (the proposing pair + re-measurements): every round
+    must show it, and no repeat of the candidate may be slower than a repeat of the incumbent."""
     prune_below: float = 0.6
     """Skip a candidate whose predicted tokens/s is below this fraction of the current best's
     prediction (the speed model's median error on this CPU is ~25 %: 0.6 leaves room for it)."""
@@ -77,6 +80,56 @@ class Outcome:
     excluded_micro: list[int] = field(default_factory=list)
     search_time_s: float = 0.0
     stopped_by_budget: bool = False
+
+
+def _rel_spread(t: Trial) -> float:
+    """max − min of a probe's timed steps over their median (its own noise)."""
+    m = t.result.measured
+    return (m.step_time_spread_s / m.step_time_s) if m and m.step_time_s and \
+        m.step_time_spread_s is not None else 0.0
+
+
+@dataclass
+class Comparison:
+    """Two configurations measured in interleaved rounds: the per-round tokens/s ratios (B ÷ A)
+    and the verdict they support."""
+
+    ratios: list[float]
+    noise: float
+    """The relative noise this comparison measured: the largest of the noise floor, the probes'
+    own step spreads, and the spread of each configuration's repeats (max − min over median)."""
+    verdict: str
+    """``faster``: every round shows B faster by more than the floor, and the slowest B beats the
+    fastest A by the floor (the repeats do not overlap); ``not_faster``: the median ratio is within the floor (or B no longer
+    fits); ``undecided``: the repeats disagree or the gain is inside the noise."""
+
+    @classmethod
+    def of(cls, a_s: list[float], b_s: list[float], spreads: list[float], floor: float,
+           rounds: int) -> Comparison:
+        ratios = [b / a for a, b in zip(a_s, b_s, strict=True) if a > 0]
+        if not ratios:
+            return cls(ratios=[], noise=1.0, verdict="undecided")
+
+        def rel_range(xs: list[float]) -> float:
+            med = statistics.median(xs)
+            return (max(xs) - min(xs)) / med if med else 0.0
+        noise = max(floor, max(spreads, default=0.0), rel_range(a_s), rel_range(b_s))
+        # every round faster, and no overlap: the slowest B beats the fastest A. For two equally
+        # fast configurations under any noise the chance of that is 1 / C(2n, n) (n = 4 rounds:
+        # 1 in 70), so a knob without an effect is not taken; a real gain larger than the noise
+        # always passes
+        if len(ratios) >= rounds and min(ratios) > 1 + floor and \
+                min(b_s) > max(a_s) * (1 + floor):
+            verdict = "faster"
+        elif statistics.median(ratios) <= 1 + floor:
+            verdict = "not_faster"
+        else:
+            verdict = "undecided"
+        return cls(ratios=ratios, noise=noise, verdict=verdict)
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.ratios) if self.ratios else None
 
 
 def micro_options(job: JobSpec, dataset_samples: int) -> tuple[list[int], list[int]]:
@@ -197,27 +250,43 @@ class Searcher:
 
     # --- comparisons ----------------------------------------------------------------------------
     def better(self, cand: Trial, best: Trial) -> bool:
-        """A gain is real when it beats the noise floor and the measured spreads, and still holds
-        after both are measured again, interleaved (best, candidate)."""
-        def rel_spread(t: Trial) -> float:
-            m = t.result.measured
-            return (m.step_time_spread_s / m.step_time_s) if m and m.step_time_s else 0.0
-
+        """Whether ``cand`` is faster than ``best`` beyond the noise this run measured; when the
+        repeats cannot decide, the simpler configuration (``best``, the incumbent) is kept and the
+        search says what it could not decide."""
+        if not cand.fits:
+            return False
         a, b = self.tps(best), self.tps(cand)
-        if not cand.fits or b <= a * (1 + self.o.noise_floor):
+        if b <= a * (1 + self.o.noise_floor) or self.over_budget():
             return False
-        if self.over_budget():
-            return False
-        best2 = self.run(best.job, "confirm", 3, note=f"re-measure of probe {best.index}")
-        cand2 = self.run(cand.job, "confirm", 3, note=f"re-measure of probe {cand.index}")
-        if not cand2.fits:
-            return False
-        a2, b2 = self.tps(best2), self.tps(cand2)
-        a_med, b_med = statistics.median([a, a2]), statistics.median([b, b2])
-        # the spread between repeats of the same configuration is the noise a gain must exceed
-        noise = max(self.o.noise_floor, (rel_spread(best) + rel_spread(cand)) / 2,
-                    abs(a - a2) / a_med if a_med else 0.0, abs(b - b2) / b_med if b_med else 0.0)
-        return b_med > a_med * (1 + noise)
+        c = self.compare(best, cand, first=(a, b))
+        if c.verdict == "undecided":
+            self.notes.append(SearchNote("undecided", {
+                "changes": _diff(cand.job, best.job), "ratios": c.ratios, "noise": c.noise}))
+        return c.verdict == "faster"
+
+    def compare(self, best: Trial, cand: Trial, first: tuple[float, float] | None = None
+                ) -> Comparison:
+        """``cand`` against ``best`` in interleaved rounds (A B, then B A, …: a drift of the host
+        load hits both alike), each round's tokens/s ratio kept. ``first``: a round already measured
+        (the probes that proposed the candidate). Stops early once a round contradicts the gain."""
+        a_s, b_s = ([first[0]], [first[1]]) if first else ([], [])
+        spreads = [_rel_spread(best), _rel_spread(cand)]
+        for k in range(self.o.rounds - len(a_s)):
+            if self.over_budget():
+                break
+            pair = [(best, "a"), (cand, "b")][:: -1 if (k + len(a_s)) % 2 else 1]
+            got: dict[str, Trial] = {}
+            for trial, side in pair:
+                got[side] = self.run(trial.job, "confirm", 3, note=f"re-measure of probe {trial.index}")
+            if not got["b"].fits:
+                return Comparison(ratios=[y / x for x, y in zip(a_s, b_s, strict=True) if x],
+                                  noise=1.0, verdict="not_faster")
+            a_s.append(self.tps(got["a"]))
+            b_s.append(self.tps(got["b"]))
+            spreads += [_rel_spread(got["a"]), _rel_spread(got["b"])]
+            if b_s[-1] <= a_s[-1] * (1 + self.o.noise_floor):
+                break  # a repeat contradicts the gain: no more rounds can make it certain
+        return Comparison.of(a_s, b_s, spreads, self.o.noise_floor, self.o.rounds)
 
     # --- the whole search ---------------------------------------------------------------------
     def search(self) -> Outcome:

@@ -26,7 +26,7 @@ from trainfit.speed.ops import OpRecorder
 from trainfit.speed.predict import model_flops_per_token, predict_speed_exact
 from trainfit.tune.probe import Probe
 from trainfit.tune.result import ProbeResult, SearchNote
-from trainfit.tune.search import KNOBS, Outcome, Predicted, Searcher, SearchOptions, Trial
+from trainfit.tune.search import KNOBS, Comparison, Outcome, Predicted, Searcher, SearchOptions, Trial
 
 
 @dataclass(kw_only=True)
@@ -70,6 +70,9 @@ class TuneResult:
     pick: Trial | None
     baseline: Trial | None
     trials: list[Trial]
+    vs_baseline: Comparison | None = None
+    """The pick against the user's current configuration, re-measured in interleaved rounds
+    (None: no current configuration given, or it is the pick)."""
     notes: list[SearchNote] = field(default_factory=list)
     """What the search (and tune around it) decided not to do, or did by rule, and why."""
     data_notes: list[str] = field(default_factory=list)
@@ -90,6 +93,8 @@ class TuneResult:
                 "dataset_tokens": self.dataset_tokens,
                 "pick": trial(self.pick) if self.pick else None,
                 "baseline": trial(self.baseline) if self.baseline else None,
+                "vs_baseline": None if self.vs_baseline is None else {
+                    **asdict(self.vs_baseline), "median_ratio": self.vs_baseline.median},
                 "probes": [trial(t) for t in self.trials],
                 "search_notes": [{"kind": n.kind, **n.data} for n in self.notes],
                 "data_notes": list(self.data_notes)}
@@ -250,11 +255,18 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
         baseline = searcher.run(job.replace(precision=base.precision, grad_ckpt=base.grad_ckpt),
                                 "baseline", 3, note="your current configuration")
     out: Outcome = searcher.search()
+    vs = None
+    if baseline is not None and out.best is not None and out.best.job != baseline.job \
+            and baseline.fits and searcher.tps(baseline) > 0:
+        # the speed-up reported against what the user runs now is measured like any gain:
+        # interleaved rounds, so no single lucky probe makes it
+        vs = searcher.compare(baseline, out.best, first=(searcher.tps(baseline),
+                                                         searcher.tps(out.best)))
     return TuneResult(device=str(device), device_name=name,
                       memory_limit_bytes=capacity, margin=opts.margin,
                       search_time_s=time.perf_counter() - t0, dataset_samples=len(data),
                       dataset_tokens=data.stats.tokens, pick=out.best, baseline=baseline,
-                      trials=out.trials, notes=[*out.notes, *_rule_notes(out, device)],
+                      trials=out.trials, vs_baseline=vs, notes=[*out.notes, *_rule_notes(out, device)],
                       data_notes=list(data.stats.notes))
 
 
