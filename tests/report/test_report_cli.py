@@ -123,3 +123,18 @@ def test_registered_in_trainfit_app():
 
     res = runner.invoke(app, ["report", "--help"])
     assert res.exit_code == 0 and "--markdown" in res.output
+
+
+def test_markdown_escapes_html_from_the_inputs(tmp_path):
+    """A model name or note carrying HTML must not reach the Markdown raw (renderers pass raw HTML
+    through): escaped as in the HTML report."""
+    tune = json.loads((FIXTURES / "tune.json").read_text())
+    evil = "<script>alert(1)</script>"
+    tune["notes"] = [*tune.get("notes", []), evil]
+    path = _write(tmp_path, "tune.json", tune)
+    out = tmp_path / "r.html"
+    res = runner.invoke(APP, ["report", path, "--out", str(out), "--markdown"])
+    assert res.exit_code == 0, res.output
+    md = out.with_suffix(".md").read_text()
+    assert "<script>" not in md and "&lt;script&gt;" in md
+    assert "<script>alert" not in out.read_text()

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+from html import escape
+
 from trainfit.report.figures import FigureImage
 from trainfit.report.layout import Bullets, Heading, Image, Para, Table, layout
 from trainfit.report.model import Report
 from trainfit.report.tables import TextTable
 
 
+def _text(text: str) -> str:
+    """Text from the input files, made inert: Markdown renderers pass raw HTML through, so a
+    ``<script>`` in a model name or a note would run where the file is shown (escaped as the HTML
+    report escapes it)."""
+    return escape(text, quote=False)
+
+
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    return _text(text).replace("|", "\\|").replace("\n", " ")
 
 
 def table_markdown(t: TextTable) -> str:
@@ -23,7 +32,7 @@ def table_markdown(t: TextTable) -> str:
                      + " |")
     if t.notes:
         lines.append("")
-        lines += [f"- {n}" for n in t.notes]
+        lines += [f"- {_text(n)}" for n in t.notes]
     return "\n".join(lines)
 
 
@@ -32,14 +41,14 @@ def render_markdown(report: Report, figures: list[FigureImage], image_paths: dic
     out = []
     for b in layout(report, figures):
         if isinstance(b, Heading):
-            out.append("#" * b.level + " " + b.text)
+            out.append("#" * b.level + " " + _text(b.text))
         elif isinstance(b, Para):
-            out.append(f"**{b.text}**" if b.warn else b.text)
+            out.append(f"**{_text(b.text)}**" if b.warn else _text(b.text))
         elif isinstance(b, Bullets):
-            out.append("\n".join(f"- {i}" for i in b.items))
+            out.append("\n".join(f"- {_text(i)}" for i in b.items))
         elif isinstance(b, Image):
             path = image_paths.get(b.figure.name, f"{b.figure.name}.png")
-            out.append(f"![{b.figure.title}]({path})\n\n*{b.figure.caption}*")
+            out.append(f"![{_text(b.figure.title)}]({path})\n\n*{_text(b.figure.caption)}*")
         elif isinstance(b, Table):
             out.append(table_markdown(b.table))
     return "\n\n".join(out) + "\n"
