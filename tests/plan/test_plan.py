@@ -82,7 +82,7 @@ def test_ladder_when_nothing_fits():
     assert res.ladder[0].peak_device_bytes == ck
     assert res.ladder[0].change.startswith("gradient checkpointing")
     assert not res.ladder[0].alters_learning
-    assert "ladder below reaches a fit" in plan_reason(res)
+    assert "the memory-saving ladder reaches a fit" in plan_reason(res)
     d = res.to_dict()
     assert d["ladder"][-1]["fits"] is True and "alters_learning" in d["ladder"][0]
 

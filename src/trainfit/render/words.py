@@ -45,8 +45,8 @@ def plan_reason(result: PlanResult) -> str:
                 "--grad-ckpt full, --method lora/qlora, a shorter --seq-len, an 8-bit optimizer or "
                 "more ranks with --sharding fsdp")
         if result.ladder:
-            text += ("; the ladder below reaches a fit: " if result.ladder[-1].fits else
-                     "; even the whole ladder below does not fit: ")
+            text += ("; the memory-saving ladder reaches a fit: " if result.ladder[-1].fits else
+                     "; even the whole memory-saving ladder does not fit: ")
             text += "; ".join(r.change for r in result.ladder)
         return text
     j = pick.job
