@@ -1,7 +1,7 @@
 """The data fixes the doctor applies to trainfit jobs (and prints for other scripts).
 
-* :func:`pretokenize` — tokenize once into a memory-mapped token file under
-  ``$TRAINFIT_CACHE/tokens`` (default ``~/.cache/trainfit/tokens``), named by the SHA-256 of the
+* :func:`pretokenize` — tokenize once into a memory-mapped token file under ``tokens/`` of the
+  cache directory (trainfit.cache; default ``~/.cache/trainfit/tokens``), named by the SHA-256 of the
   tokenizer's full serialisation, the data file's bytes, ``seq_len``, the text field, packing and
   the task: a second run (or a second job on the same data) maps the file instead of tokenizing.
 * :func:`length_grouped_batches` + :class:`DynamicPadCollate` — for padded data (chat rows):
@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainfit.cache import cache_root
 from trainfit.data.dataset import TokenData, read_rows, tokenize_rows
 
 CACHE_FORMAT = 1
@@ -33,8 +34,7 @@ TOKENIZE_CALLS = 0
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("TRAINFIT_CACHE") or str(Path.home() / ".cache" / "trainfit")
-    return Path(root) / "tokens"
+    return cache_root() / "tokens"
 
 
 def tokenizer_identity(tok: Any) -> str:

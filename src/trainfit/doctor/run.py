@@ -96,10 +96,10 @@ def cpu_peak_flops(dtype: torch.dtype = torch.float32) -> float:
     try:
         from trainfit.speed import cpu
 
-        if cpu.CACHE.is_file():
+        if cpu.cache_file().is_file():
             import json
 
-            d = json.loads(cpu.CACHE.read_text())
+            d = json.loads(cpu.cache_file().read_text())
             if d.get("threads") == torch.get_num_threads() and d.get("torch") == torch.__version__:
                 name = "bf16" if dtype == torch.bfloat16 else "fp32"
                 return max(r for _, r in d["gemm_rate_curve"][name])

@@ -1,15 +1,12 @@
 """This machine's CPU as a training device: measured once, cached.
 
-GEMM throughput (fp32, bf16) at several sizes, memory bandwidth (a large copy), and the cost of
-one eager op — the same quantities the GPU catalog gives for a GPU, but measured, because CPUs
-vary too much to tabulate.  Cached in ``~/.cache/trainfit/cpu_speed.json`` keyed by CPU model,
-torch version and thread count.
-"""
+GEMM throughput (fp32, bf16) at several sizes, memory bandwidth (a large copy), and the cost of one
+eager op — the same quantities the GPU catalog gives for a GPU, but measured, because CPUs vary too
+much to tabulate. Cached in ``cpu_speed.json`` of the cache directory (trainfit.cache:
+``~/.cache/trainfit``) keyed by CPU model, torch version and thread count."""
 
 from __future__ import annotations
 
-import json
-import os
 import platform
 import time
 from pathlib import Path
@@ -19,11 +16,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from trainfit.cache import cache_path, read_json, write_json
 from trainfit.speed.cpu_kernels import KernelTimer
 from trainfit.speed.ops import launches_kernel
 from trainfit.speed.roofline import DeviceSpeed
 
-CACHE = Path(os.environ.get("TRAINFIT_CACHE", Path.home() / ".cache" / "trainfit")) / "cpu_speed.json"
+
+def cache_file() -> Path:
+    """This CPU's measured speed, in the cache directory as it is now (trainfit.cache)."""
+    return cache_path("cpu_speed.json")
 GEMM_SIZES = ((64, 256, 256), (256, 256, 1024), (512, 1024, 1024), (1024, 1024, 1024),
               (2048, 1024, 2048))
 """(M, N, K) shapes measured: from launch-dominated to saturated."""
@@ -140,20 +141,12 @@ def cpu_speed(refresh: bool = False) -> DeviceSpeed:
     key = {"cpu": cpu_model_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
            "version": CACHE_VERSION}
     data = None
-    if CACHE.is_file() and not refresh:
-        try:
-            cached = json.loads(CACHE.read_text())
-            if all(cached.get(k) == v for k, v in key.items()):
-                data = cached
-        except (json.JSONDecodeError, OSError):
-            data = None
+    cached = None if refresh else read_json(cache_file())
+    if isinstance(cached, dict) and all(cached.get(k) == v for k, v in key.items()):
+        data = cached
     if data is None:
         data = measure()
-        try:
-            CACHE.parent.mkdir(parents=True, exist_ok=True)
-            CACHE.write_text(json.dumps(data, indent=1))
-        except OSError:
-            pass
+        write_json(cache_file(), data)  # unwritable: measured again next time, never an error
     curve = {k: [tuple(p) for p in v] for k, v in data["gemm_rate_curve"].items()}
     peaks = {k: max(r for _, r in v) for k, v in curve.items()}
     peaks.setdefault("fp16", None)

@@ -1,25 +1,24 @@
 """This CPU's time for the heavy kernels of a step, measured at the step's own shapes and layouts.
 
-On a GPU, tile/wave quantization and a catalogued peak predict a GEMM well.  A CPU's BLAS has no
-such simple model: at equal FLOPs, the grad-weight GEMM ``mm(dyᵀ, x)`` (transposed operand, long
-K, small output) ran 1.3-2× slower than the square curve of :mod:`trainfit.speed.cpu`, and the
-CPU flash-attention kernels reached ~45 % of the GEMM rate, not 100 % (measured with
-torch.profiler on llama-h256-l4: the curve alone under-predicted the step by 25 %).  So each
-distinct heavy op of the simulated step (its name, shapes, strides, dtypes and scalar arguments,
-as recorded from the data-less run) is replayed once on random tensors and timed; results are
-cached in ``~/.cache/trainfit/cpu_kernels.json`` keyed by CPU model, torch version and thread
-count.  This is the CPU's "matmul FLOP/s measured once", made exact for the shapes that occur.
-"""
+On a GPU, tile/wave quantization and a catalogued peak predict a GEMM well. A CPU's BLAS has no such
+simple model: at equal FLOPs, the grad-weight GEMM ``mm(dyᵀ, x)`` (transposed operand, long K, small
+output) ran 1.3-2× slower than the square curve of :mod:`trainfit.speed.cpu`, and the CPU flash-
+attention kernels reached ~45 % of the GEMM rate, not 100 % (measured with torch.profiler on
+llama-h256-l4: the curve alone under-predicted the step by 25 %). So each distinct heavy op of the
+simulated step (its name, shapes, strides, dtypes and scalar arguments, as recorded from the data-
+less run) is replayed once on random tensors and timed; results are cached in ``cpu_kernels.json``
+of the cache directory (trainfit.cache: ``~/.cache/trainfit``) keyed by CPU model, torch version and
+thread count. This is the CPU's "matmul FLOP/s measured once", made exact for the shapes that occur."""
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from trainfit.cache import cache_path, read_json, write_json
 
 NOT_REPLAYED = frozenset({"_local_scalar_dense", "item", "nonzero", "_to_copy", "copy_"})
 """Kernels timed by the roofline instead: host syncs, data-dependent output sizes, and copies
@@ -32,8 +31,7 @@ the first of 5 timed calls of a 3 ms GEMM took 4.3 ms)."""
 
 
 def _cache_path() -> Path:
-    root = Path(os.environ.get("TRAINFIT_CACHE", Path.home() / ".cache" / "trainfit"))
-    return root / "cpu_kernels.json"
+    return cache_path("cpu_kernels.json")
 
 
 def _arg_key(a: Any) -> Any:
@@ -106,12 +104,11 @@ class KernelTimer:
         self.ident = {**ident, "version": CACHE_VERSION}
         self._times: dict[str, float] = {}
         self._dirty = False
-        path = _cache_path()
+        data = read_json(_cache_path())
         try:
-            data = json.loads(path.read_text())
-            if data.get("ident") == self.ident:
+            if isinstance(data, dict) and data.get("ident") == self.ident:
                 self._times = {str(k): float(v) for k, v in data.get("times_s", {}).items()}
-        except (OSError, ValueError, AttributeError):
+        except (ValueError, AttributeError, TypeError):
             self._times = {}
 
     def __call__(self, key: tuple[Any, ...]) -> float | None:
@@ -129,12 +126,5 @@ class KernelTimer:
     def save(self) -> None:
         if not self._dirty:
             return
-        path = _cache_path()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"ident": self.ident, "times_s": self._times}))
-            tmp.replace(path)
+        if write_json(_cache_path(), {"ident": self.ident, "times_s": self._times}):
             self._dirty = False
-        except OSError:
-            pass

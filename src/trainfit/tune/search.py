@@ -100,8 +100,9 @@ class Comparison:
     own step spreads, and the spread of each configuration's repeats (max − min over median)."""
     verdict: str
     """``faster``: every round shows B faster by more than the floor, and the slowest B beats the
-    fastest A by the floor (the repeats do not overlap); ``not_faster``: the median ratio is within the floor (or B no longer
-    fits); ``undecided``: the repeats disagree or the gain is inside the noise."""
+    fastest A by the floor (the repeats do not overlap); ``not_faster``: the median ratio is within
+    the floor (or B no longer fits); ``undecided``: the repeats disagree or the gain is inside the
+    noise."""
 
     @classmethod
     def of(cls, a_s: list[float], b_s: list[float], spreads: list[float], floor: float,
