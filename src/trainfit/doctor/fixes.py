@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -27,6 +26,7 @@ import torch
 
 from trainfit.cache import cache_root
 from trainfit.data.dataset import TokenData, read_rows, tokenize_rows
+from trainfit.doctor.inject import DoctorError
 
 CACHE_FORMAT = 1
 TOKENIZE_CALLS = 0
@@ -97,8 +97,6 @@ def pretokenize(tok: Any, data_path: str | Path, *, seq_len: int, task: str, tex
                          tokens=m["tokens"], pad_id=m["pad_id"], packed=m["packed"], kind=m["kind"],
                          reused=True, build_time_s=0.0, notes=m["notes"])
     if task != "causal-lm":
-        from trainfit.doctor.inject import DoctorError
-
         raise DoctorError(f"pre-tokenizing for {task} models is not supported by the doctor",
                           "it writes causal-LM token files")
     t0 = time.perf_counter()
@@ -273,7 +271,3 @@ def choose_workers(measure: Callable[[int], WorkerTrial], *, cuda: bool, cpu_cou
     return WorkerChoice(num_workers=best.num_workers, prefetch_factor=2,
                         persistent_workers=best.num_workers > 0, pin_memory=cuda, trials=trials,
                         ram_budget_bytes=ram_budget_bytes, reason=reason)
-
-
-def median_or_none(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None

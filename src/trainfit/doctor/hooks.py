@@ -35,7 +35,9 @@ import time
 from typing import Any
 
 # relative: sitecustomize loads this package under a private name, whatever ``trainfit`` the
-# user's interpreter has (another version, or none)
+# user's interpreter has (another version, or none). Both import only the standard library here
+# (opstats imports torch inside its functions), so a process that never trains pays nothing.
+from .opstats import start_profile, stop_profile
 from .split import PhaseClock, StepRecord
 
 ENV_OUT = "TRAINFIT_DOCTOR_OUT"
@@ -124,16 +126,30 @@ class _TorchWatcher(importlib.abc.MetaPathFinder):
 
 
 def install(torch: Any) -> None:
+    """Hook each part of the step the moment torch is imported (each ``_hook_*`` below is one
+    part); outside the measured window every hook returns at once."""
     st = _ST
     assert st is not None
-    import torch.optim.optimizer as optim_mod
-    import torch.utils.data.dataloader as dl_mod
-
-    clock = st.clock
     st.cuda = bool(torch.cuda.is_available())
     st.write({"type": "torch", "version": torch.__version__, "cuda": st.cuda})
+    _hook_step_boundary(torch, st)
+    _hook_forward_discovery(st)
+    _hook_backward(torch, st)
+    _hook_data_wait(st.clock)
+    _hook_sync_points(torch, st)
+    _hook_logging_io(torch, st.clock)
+    _hook_clipping(st.clock)
+    atexit.register(_finish, torch, "exit")
 
-    # --- step boundary: the optimizer ------------------------------------------------------
+
+def _hook_step_boundary(torch: Any, st: _State) -> None:
+    """A step ends at ``optimizer.step()``, whose own time is the optimizer phase."""
+    # torch's submodules, here and in each _hook_* below: this module is loaded by sitecustomize
+    # before the user's script imports torch (or in a process that never does)
+    import torch.optim.optimizer as optim_mod
+
+    clock = st.clock
+
     def opt_pre(opt: Any, args: Any, kwargs: Any) -> None:
         if st.optimizer_info is None:
             d = getattr(opt, "defaults", {})
@@ -153,7 +169,12 @@ def install(torch: Any) -> None:
     optim_mod.register_optimizer_step_pre_hook(opt_pre)
     optim_mod.register_optimizer_step_post_hook(opt_post)
 
-    # --- forward: global module hooks in the first step find the top-level modules ----------
+
+def _hook_forward_discovery(st: _State) -> None:
+    """Global module hooks for the first step only: they find the top-level modules (and those
+    run again inside backward), which _end_discovery then hooks alone."""
+    from torch.nn.modules import module as module_mod  # lazy: see _hook_step_boundary
+
     def g_pre(mod: Any, args: Any) -> None:
         st.depth += 1
         if st.depth == 1:
@@ -162,50 +183,48 @@ def install(torch: Any) -> None:
     def g_post(mod: Any, args: Any, out: Any) -> None:
         st.depth -= 1
 
-    from torch.nn.modules import module as module_mod
-
     st.global_handles = [module_mod.register_module_forward_pre_hook(g_pre),
                          module_mod.register_module_forward_hook(g_post)]
 
-    # --- backward --------------------------------------------------------------------------
+
+def _hook_backward(torch: Any, st: _State) -> None:
+    """``torch.autograd.backward`` (``loss.backward()`` goes through it): the backward phase, one
+    micro-step each; ``in_backward`` tells recomputation from a forward."""
     orig_backward = torch.autograd.backward
+    timed = _timed(st.clock, "backward", orig_backward, "micro_steps")
 
     @functools.wraps(orig_backward)
     def backward(*a: Any, **k: Any) -> Any:
         st.in_backward = True
-        if not clock.active:
-            try:
-                return orig_backward(*a, **k)
-            finally:
-                st.in_backward = False
-        clock.push("backward")
-        clock.count("micro_steps")
         try:
-            return orig_backward(*a, **k)
+            return timed(*a, **k)
         finally:
             st.in_backward = False
-            clock.pop()
 
     torch.autograd.backward = backward
 
-    # --- data wait ---------------------------------------------------------------------------
+
+def _hook_data_wait(clock: PhaseClock) -> None:
+    """The DataLoader iterator's ``__next__``: the data wait, and the loader's worker count."""
+    import torch.utils.data.dataloader as dl_mod  # lazy: see _hook_step_boundary
+
     base_iter = dl_mod._BaseDataLoaderIter
     orig_next = base_iter.__next__
+    timed = _timed(clock, "data_wait", orig_next)
 
     @functools.wraps(orig_next)
     def next_(self: Any) -> Any:
-        if not clock.active:
-            return orig_next(self)
-        clock.counters["num_workers"] = self._num_workers  # the loader's setting, for the fix
-        clock.push("data_wait")
-        try:
-            return orig_next(self)
-        finally:
-            clock.pop()
+        if clock.active:
+            clock.counters["num_workers"] = self._num_workers  # the loader's setting, for the fix
+        return timed(self)
 
     base_iter.__next__ = next_
 
-    # --- sync points, logging / checkpoint I/O ----------------------------------------------
+
+def _hook_sync_points(torch: Any, st: _State) -> None:
+    """Values pulled to the host (``.item()``, ``.tolist()``, ``float(t)``, ``.cpu()`` of a device
+    tensor, ``torch.cuda.synchronize``) and, on CUDA, host→device copies."""
+    clock = st.clock
     tensor = torch.Tensor
     st.orig["item"] = tensor.item
     for name in ("item", "tolist", "__float__"):
@@ -214,20 +233,25 @@ def install(torch: Any) -> None:
     if st.cuda:
         torch.cuda.synchronize = _synced(clock, torch.cuda.synchronize, cond=lambda a: True)
         _install_h2d(torch, clock)
+
+
+def _hook_logging_io(torch: Any, clock: PhaseClock) -> None:
+    """``print``, ``logging`` and ``torch.save``: logging and checkpoint I/O."""
+    import logging  # lazy: a process that never imports torch is never charged for it
+
     builtins.print = _timed(clock, "logging_io", builtins.print, "log_calls")
     torch.save = _timed(clock, "logging_io", torch.save, "save_calls")
-    import logging
-
     logging.Logger.handle = _timed(clock, "logging_io", logging.Logger.handle, "log_calls")
 
-    # the optimizer phase includes gradient clipping, as trainfit's own step does
-    import torch.nn.utils as nn_utils
+
+def _hook_clipping(clock: PhaseClock) -> None:
+    """The optimizer phase includes gradient clipping, as trainfit's own step does."""
+    import torch.nn.utils as nn_utils  # lazy: see _hook_step_boundary
     import torch.nn.utils.clip_grad as clip_mod
 
     clip = _timed(clock, "optimizer", clip_mod.clip_grad_norm_)
     clip_mod.clip_grad_norm_ = clip
     nn_utils.clip_grad_norm_ = clip
-    atexit.register(_finish, torch, "exit")
 
 
 def _synced(clock: PhaseClock, fn: Any, cond: Any = None) -> Any:
@@ -241,11 +265,7 @@ def _synced(clock: PhaseClock, fn: Any, cond: Any = None) -> Any:
             if clock.active:
                 n = clock.sync_n = clock.sync_n + 1
                 if n <= first or not n & mask:
-                    clock.sync_timed(n)
-                    try:
-                        return fn(self)
-                    finally:
-                        clock.pop()
+                    return _timed_sync(clock, n, fn, self)
             return fn(self)
         return bare
 
@@ -254,17 +274,23 @@ def _synced(clock: PhaseClock, fn: Any, cond: Any = None) -> Any:
         if clock.active and cond(a):
             n = clock.sync_n = clock.sync_n + 1
             if n <= first or not n & mask:
-                clock.sync_timed(n)
-                try:
-                    return fn(*a, **k)
-                finally:
-                    clock.pop()
+                return _timed_sync(clock, n, fn, *a, **k)
         return fn(*a, **k)
     return wrapper
 
 
+def _timed_sync(clock: PhaseClock, n: int, fn: Any, *a: Any, **k: Any) -> Any:
+    """The ``n``-th sync point of the step, one that is timed (both of _synced's wrappers)."""
+    clock.sync_timed(n)
+    try:
+        return fn(*a, **k)
+    finally:
+        clock.pop()
+
+
 def _timed(clock: PhaseClock, phase: str, fn: Any, counter: str | None = None) -> Any:
-    """``fn`` charged to ``phase`` while the clock runs (rare calls: print, torch.save …)."""
+    """``fn`` charged to ``phase`` while the clock runs: every hook that times a call is this one
+    (print, torch.save, clipping, backward, the data wait, host→device copies)."""
     @functools.wraps(fn)
     def wrapper(*a: Any, **k: Any) -> Any:
         if not clock.active:
@@ -293,15 +319,12 @@ def _install_h2d(torch: Any, clock: PhaseClock) -> None:
     for name in ("to", "cuda"):
         fn = getattr(torch.Tensor, name)
 
-        def wrapper(*a: Any, _fn: Any = fn, _name: str = name, **k: Any) -> Any:
+        def wrapper(*a: Any, _fn: Any = fn, _timed_fn: Any = _timed(clock, "h2d_copy", fn), _name: str = name,
+                    **k: Any) -> Any:
             if (not clock.active or clock.phase in ("forward", "backward") or a[0].is_cuda
                     or (_name == "to" and not to_cuda(a, k))):
                 return _fn(*a, **k)
-            clock.push("h2d_copy")
-            try:
-                return _fn(*a, **k)
-            finally:
-                clock.pop()
+            return _timed_fn(*a, **k)
 
         setattr(torch.Tensor, name, functools.wraps(fn)(wrapper))
 
@@ -381,16 +404,12 @@ def _step_done(torch: Any, rec: StepRecord | None) -> None:
         if len(st.records) >= st.steps:
             st.clock.active = False
             if st.profile:
-                from .opstats import start_profile
-
                 st.window = "profile"
                 st.prof = start_profile(st.cuda)
             else:
                 st.window = "done"
                 _finish(torch, "window")
     elif st.window == "profile":
-        from .opstats import stop_profile
-
         st.profile_stats = stop_profile(st.prof, st.cuda)
         st.prof = None
         st.window = "done"

@@ -28,6 +28,7 @@ from trainfit.data import (
     read_rows,
     tokenize_rows,
 )
+from trainfit.data.loader import _Samples
 from trainfit.doctor.fixes import (
     DynamicPadCollate,
     MemmapTokens,
@@ -37,12 +38,22 @@ from trainfit.doctor.fixes import (
 )
 from trainfit.doctor.lazy_data import LazyRows
 from trainfit.doctor.opstats import start_profile, stop_profile
-from trainfit.doctor.split import OTHER, PhaseClock, Split, StepRecord, median_split
+from trainfit.doctor.split import (
+    OTHER,
+    PhaseClock,
+    Split,
+    StepRecord,
+    data_wait_fractions,
+    device_idle_s,
+    median_counter,
+    median_hook_calls,
+    median_split,
+)
 from trainfit.doctor.watch import HostSummary, HostWatch
 from trainfit.engine.step import train_step
 from trainfit.job import JobSpec
 from trainfit.model.runtime import RealWorkload, build_real
-from trainfit.model.source import ModelSource
+from trainfit.model.source import ModelSource, max_positions
 
 
 @dataclass
@@ -121,8 +132,6 @@ class JobRunner:
     def data(self, mode: str, job: JobSpec) -> DataSetup:
         if mode in self._data:
             return self._data[mode]
-        from trainfit.model.source import max_positions
-
         task = self.source.task
         if mode == "lazy":
             ds = LazyRows(self.data_path, self.tok, job.seq_len, job.text_field)
@@ -144,8 +153,6 @@ class JobRunner:
             td: TokenData = tokenize_rows(read_rows(self.data_path), self.tok, seq_len=job.seq_len,
                                           task=task, text_field=job.text_field, packing=job.packing,
                                           path=self.data_path, max_positions=max_positions(self.source))
-            from trainfit.data.loader import _Samples
-
             setup = DataSetup("eager", _Samples(td), Collate(td, task), td.lengths())
         self._data[mode] = setup
         return setup
@@ -217,30 +224,16 @@ class JobRunner:
                     clock.active = False
         del it, loader
         host = watch.summary()
-        split = median_split(records, idle_s=_idle(prof_stats, records))
-        tokens = _median_counter(records, "tokens") if observe else float(per_step * job.seq_len)
-        positions = _median_counter(records, "positions") if observe else float(per_step * job.seq_len)
-        waits = [(r.phases_s.get("data_wait", 0.0) + r.phases_s.get("h2d_copy", 0.0)) / r.step_time_s
-                 for r in records if r.step_time_s > 0]
+        split = median_split(records, idle_s=device_idle_s(prof_stats, records))
+        tokens = median_counter(records, "tokens") if observe else float(per_step * job.seq_len)
+        positions = median_counter(records, "positions") if observe else float(per_step * job.seq_len)
+        waits = data_wait_fractions(records)
         return Round(label=label, job=job, data_mode=data.mode, records=records, split=split,
                      tokens_per_step=tokens, positions_per_step=positions,
                      tokens_per_s=tokens / split.step_time_s if split.step_time_s > 0 else 0.0,
                      data_wait_fraction=statistics.median(waits) if waits else 0.0, host=host,
                      profile=prof_stats,
-                     hook_calls_per_step=_median_counter(records, None))
-
-
-def _median_counter(records: list[StepRecord], key: str | None) -> float:
-    vals = [float(r.hook_calls) if key is None else r.counters.get(key, 0.0) for r in records]
-    return statistics.median(vals) if vals else 0.0
-
-
-def _idle(prof: dict[str, Any] | None, records: list[StepRecord]) -> float | None:
-    """CUDA: the measured step time minus the device's busy time in the profiled step."""
-    if not prof or prof.get("device_busy_s") is None or not records:
-        return None
-    step = statistics.median(r.step_time_s for r in records)
-    return max(step - float(prof["device_busy_s"]), 0.0)
+                     hook_calls_per_step=median_hook_calls(records))
 
 
 def resolve_relative(value: str | None, base: Path) -> str | None:

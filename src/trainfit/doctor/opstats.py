@@ -30,6 +30,8 @@ SYNC_OPS = frozenset({"aten::item", "aten::_local_scalar_dense"})
 
 
 def start_profile(cuda: bool) -> Any:
+    # torch inside each function: hooks imports this module before the user's script has
+    # imported torch (or in a process that never does)
     import torch
 
     acts = [torch.profiler.ProfilerActivity.CPU]
@@ -61,7 +63,7 @@ def _quiet_stderr() -> Iterator[None]:
 
 def stop_profile(prof: Any, cuda: bool) -> dict[str, float | None]:
     """Stop ``prof`` (after one step, synchronised on CUDA) and summarise it."""
-    import torch
+    import torch  # lazy: see start_profile
 
     if cuda:
         torch.cuda.synchronize()
@@ -71,7 +73,7 @@ def stop_profile(prof: Any, cuda: bool) -> dict[str, float | None]:
 
 
 def summarize(events: Any, cuda: bool) -> dict[str, float | None]:
-    import torch
+    import torch  # lazy: see start_profile
 
     cpu_type = torch.autograd.DeviceType.CPU
     ops = 0

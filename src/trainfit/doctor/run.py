@@ -2,20 +2,26 @@
 
 * :func:`doctor_job` — a trainfit job: measured in-process with the real ``train_step``; with
   ``apply`` the fixes are applied and the job measured again, before and after interleaved
-  (B A B A …: CPU timing drifts by up to ~35 % between repeats, shared/notes/cpu-timing-noise.md).
+  (B A B A …: CPU timing drifts by up to ~35 % between repeats, docs/notes/cpu-timing-noise.md).
+  Its phases, in order: the job to examine (:func:`_job_to_examine`), the bench it is measured on
+  (:class:`_Bench`), the first diagnosis with its micro-batch probe (:func:`_diagnose`), the fixes
+  (:func:`_apply_fixes`), the interleaved rounds (:func:`_interleaved_rounds`) and the verdict on
+  the pooled 'before' rounds.
 * :func:`doctor_command` — someone else's command: run under the hooks and the sampler for a
   bounded window of steps; fixes are printed, not applied.
 
-Both return a :class:`DoctorResult` whose ``to_dict()`` is the ``kind: "doctor"`` JSON of
-docs/json-formats.md. Rendering lives in :mod:`trainfit.render.doctor`.
+Both return a :class:`~trainfit.doctor.result.DoctorResult` whose ``to_dict()`` is the
+``kind: "doctor"`` JSON of docs/json-formats.md. Rendering lives in :mod:`trainfit.render.doctor`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,55 +29,28 @@ import psutil
 import torch
 
 from trainfit.doctor.findings import Finding, Observation, find
-from trainfit.doctor.inject import DoctorError, ForeignRun, run_foreign
+from trainfit.doctor.fixes import WorkerTrial, choose_workers
+from trainfit.doctor.inject import MIN_MEASURED_STEPS, DoctorError, ForeignRun, run_foreign
 from trainfit.doctor.measure import JobRunner, Round, resolve_relative
-from trainfit.doctor.split import Split, calibrate_hook_cost_s, median_counter, median_split
+from trainfit.doctor.result import DoctorResult, Metrics
+from trainfit.doctor.split import (
+    Split,
+    calibrate_hook_cost_s,
+    data_wait_fractions,
+    device_idle_s,
+    median_counter,
+    median_or_none,
+    median_split,
+)
+from trainfit.hardware.gpus import find_gpu_by_device_name
 from trainfit.job import JobSpec, dividing_micro_batches, read_job_file
+from trainfit.model.runtime import parse_device
+from trainfit.model.source import resolve_model
+from trainfit.speed import cpu as cpu_speed
+from trainfit.speed.predict import model_flops_per_token
 
 DOCTOR_KEYS = {"tokenize": ("lazy", "eager")}
 """The ``doctor:`` mapping a job file may carry: ``tokenize: lazy`` measures seed 003's loader."""
-
-
-@dataclass(kw_only=True)
-class Metrics:
-    """The before/after row (docs/json-formats.md): medians over the rounds, all measured."""
-
-    step_time_s: float
-    tokens_per_s: float | None
-    data_wait_fraction: float | None
-    gpu_util_percent: float | None
-    step_time_spread_s: float = 0.0
-    """max − min of the rounds' median step times (0 with one round)."""
-    tokens_per_s_spread: float = 0.0
-    rounds: int = 1
-
-    def to_dict(self) -> dict[str, float | None]:
-        return {"step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
-                "data_wait_fraction": self.data_wait_fraction, "gpu_util_percent": self.gpu_util_percent}
-
-
-@dataclass(kw_only=True)
-class DoctorResult:
-    target: str
-    kind: str
-    """job | command"""
-    device: str
-    steps_measured: int
-    split: Split
-    findings: list[Finding]
-    before: Metrics
-    after: Metrics | None = None
-    after_findings: list[Finding] = field(default_factory=list)
-    applied: list[str] = field(default_factory=list)
-    overhead_fraction: float | None = None
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": "doctor", "target": self.target, "steps_measured": self.steps_measured,
-                "split": self.split.to_dict(), "findings": [f.to_dict() for f in self.findings],
-                "before": self.before.to_dict(),
-                "after": self.after.to_dict() if self.after is not None else None,
-                "applied": list(self.applied), "overhead_fraction": self.overhead_fraction}
 
 
 # --- shared measurements ---------------------------------------------------------------------
@@ -94,12 +73,8 @@ def cpu_peak_flops(dtype: torch.dtype = torch.float32) -> float:
     """Best of 3 timings of a 1024³ GEMM on this host now (the measured ceiling MFU is relative to);
     trainfit.speed.cpu's cached curve when it exists."""
     try:
-        from trainfit.speed import cpu
-
-        if cpu.cache_file().is_file():
-            import json
-
-            d = json.loads(cpu.cache_file().read_text())
+        if cpu_speed.cache_file().is_file():
+            d = json.loads(cpu_speed.cache_file().read_text())
             if d.get("threads") == torch.get_num_threads() and d.get("torch") == torch.__version__:
                 name = "bf16" if dtype == torch.bfloat16 else "fp32"
                 return max(r for _, r in d["gemm_rate_curve"][name])
@@ -117,8 +92,6 @@ def cpu_peak_flops(dtype: torch.dtype = torch.float32) -> float:
 
 def gpu_peak_flops(dtype: str) -> float | None:
     try:
-        from trainfit.hardware.gpus import find_gpu_by_device_name
-
         gpu = find_gpu_by_device_name(torch.cuda.get_device_name(),
                                       torch.cuda.get_device_properties(0).total_memory)
         return gpu.peak_flops(dtype) if gpu is not None else None
@@ -129,6 +102,17 @@ def gpu_peak_flops(dtype: str) -> float | None:
 def _sampler_fraction(r: Round | ForeignRun) -> float:
     h = r.host
     return h.sampler_cpu_s / h.wall_s if h.wall_s > 0 else 0.0
+
+
+def _check_steps(steps: int) -> None:
+    """Both targets: fewer measured steps give no median worth naming a bottleneck by."""
+    if steps < MIN_MEASURED_STEPS:
+        raise DoctorError(f"--steps {steps}: too few to measure",
+                          f"doctor needs at least {MIN_MEASURED_STEPS} measured steps")
+
+
+def _names(findings: list[Finding]) -> list[str]:
+    return [f.bottleneck for f in findings]
 
 
 # --- trainfit jobs ---------------------------------------------------------------------------
@@ -168,8 +152,6 @@ def _observation(r: Round, runner: JobRunner | None, op_s: float, *, lazy: bool,
     prof = r.profile or {}
     mfu = None
     if runner is not None and r.split.step_time_s > 0:
-        from trainfit.speed.predict import model_flops_per_token
-
         wl = runner.workload(job)
         per_token = model_flops_per_token(runner.source.config, sum(p.numel() for p in wl.model.parameters()),
                                           sum(p.numel() for p in wl.model.parameters() if p.requires_grad),
@@ -205,15 +187,10 @@ def _metrics(rounds: list[Round]) -> Metrics:
                    rounds=len(rounds))
 
 
-def doctor_job(path: str | Path | None = None, *, job: JobSpec | None = None, tokenize: str = "eager",
-               steps: int = 6, warmup: int = 2, apply: bool = True, repeats: int = 2, device: str = "cpu",
-               memory_limit_bytes: int | None = None, log: Any = None) -> DoctorResult:
-    """Measure a trainfit job, name its bottlenecks, apply the fixes and measure again."""
-    from trainfit.doctor.fixes import WorkerTrial, choose_workers
-    from trainfit.model.runtime import parse_device
-    from trainfit.model.source import resolve_model
-
-    say = log or (lambda msg: None)
+def _job_to_examine(path: str | Path | None, job: JobSpec | None, tokenize: str,
+                    memory_limit_bytes: int | None, steps: int) -> tuple[str, JobSpec, str, int | None]:
+    """(target, job, tokenize, memory limit): the job from its file where one is given (its
+    ``doctor:`` options and ``memory_limit`` apply), checked to be measurable."""
     target = str(path) if path is not None else "job"
     if path is not None:
         job, opts, extra = read_doctor_file(path)
@@ -221,126 +198,216 @@ def doctor_job(path: str | Path | None = None, *, job: JobSpec | None = None, to
         if memory_limit_bytes is None and isinstance(extra.get("memory_limit"), int):
             memory_limit_bytes = extra["memory_limit"]
     assert job is not None
-    if steps < 3:
-        raise DoctorError(f"--steps {steps}: too few to measure", "doctor needs at least 3 measured steps")
+    _check_steps(steps)
     if not job.data:
         raise DoctorError("the job has no data: doctor measures the real loader",
                           "add data: path/to/rows.jsonl to the job file")
     if job.micro_batch is None:
         job = job.replace(micro_batch=1)
-    dev = parse_device(device)
-    source = resolve_model(job.model, job.trust_remote_code)
-    runner = JobRunner(job, source, dev, data_path=job.data, seed=job.seed)
-    lazy = tokenize == "lazy"
-    before_mode = "lazy" if lazy else "eager"
-    op_s = op_overhead_s()
-    hook_cost_s = calibrate_hook_cost_s()
-    capacity = memory_limit_bytes or (torch.cuda.get_device_properties(dev).total_memory
-                                      if dev.type == "cuda" else psutil.virtual_memory().total)
+    return target, job, tokenize, memory_limit_bytes
 
-    def measure(j: JobSpec, mode: str, label: str, n: int = steps, profile: bool = True) -> Round:
-        say(f"measuring {label} ({mode} data, micro-batch {j.micro_batch} × {j.grad_accum}, "
-            f"{j.num_workers} workers) …")
-        return runner.measure(j, runner.data(mode, j), steps=n, warmup=warmup, profile=profile, label=label)
 
-    first = measure(job, before_mode, "before")
-    recompute = first.split.forward_s if job.grad_ckpt == "full" else 0.0
+@dataclass(kw_only=True)
+class _Bench:
+    """What stays fixed through one doctor run of a job: the job as given (every 'before' round
+    measures it), the runner, the host's measured costs and how a round is taken."""
+
+    job: JobSpec
+    runner: JobRunner
+    device: torch.device
+    lazy: bool
+    steps: int
+    warmup: int
+    op_s: float
+    hook_cost_s: float
+    capacity: int
+    say: Callable[[str], None]
+    recompute_s: float = 0.0
+    """The first round's forward when the job recomputes it (grad_ckpt full), else 0."""
+
+    @classmethod
+    def open(cls, job: JobSpec, device: str, *, lazy: bool, steps: int, warmup: int,
+             memory_limit_bytes: int | None, say: Callable[[str], None]) -> _Bench:
+        """The model and tokenizer loaded, the host's op and hook costs measured, the capacity."""
+        dev = parse_device(device)
+        source = resolve_model(job.model, job.trust_remote_code)
+        runner = JobRunner(job, source, dev, data_path=job.data, seed=job.seed)
+        op_s = op_overhead_s()
+        hook_cost_s = calibrate_hook_cost_s()
+        capacity = memory_limit_bytes or (torch.cuda.get_device_properties(dev).total_memory
+                                          if dev.type == "cuda" else psutil.virtual_memory().total)
+        return cls(job=job, runner=runner, device=dev, lazy=lazy, steps=steps, warmup=warmup, op_s=op_s,
+                   hook_cost_s=hook_cost_s, capacity=capacity, say=say)
+
+    @property
+    def before_mode(self) -> str:
+        return "lazy" if self.lazy else "eager"
+
+    def measure(self, j: JobSpec, mode: str, label: str, n: int | None = None, profile: bool = True) -> Round:
+        n = self.steps if n is None else n
+        self.say(f"measuring {label} ({mode} data, micro-batch {j.micro_batch} × {j.grad_accum}, "
+                 f"{j.num_workers} workers) …")
+        return self.runner.measure(j, self.runner.data(mode, j), steps=n, warmup=self.warmup,
+                                   profile=profile, label=label)
+
+    def observe_before(self, r: Round, probe: tuple[int, float] | None) -> Observation:
+        """A 'before' round as the rules read it: the job's own loader and recomputation."""
+        return _observation(r, self.runner, self.op_s, lazy=self.lazy, probe=probe,
+                            recompute_s=self.recompute_s, capacity=self.capacity)
+
+    def observe_after(self, r: Round) -> Observation:
+        return _observation(r, self.runner, self.op_s, lazy=False, probe=None, capacity=self.capacity)
+
+
+def _probe_micro_batch(bench: _Bench, first: Round, notes: list[str]) -> tuple[int, float] | None:
+    """(micro-batch, measured tokens/s gain): the largest micro-batch the effective batch allows
+    (≤ 16×), then ≤ 4× if that runs out of memory. Fewer, larger ops per token is the whole fix
+    for a launch-bound step, so it is measured rather than guessed."""
+    job = bench.job
+    for big in sorted({_largest_micro(job, 16), _largest_micro(job, 4)}, reverse=True):
+        if big <= (job.micro_batch or 1):
+            continue
+        try:
+            probe_round = bench.measure(job.replace(micro_batch=big), bench.before_mode,
+                                        f"probe micro-batch {big}", n=3, profile=False)
+        except torch.OutOfMemoryError:
+            notes.append(f"micro-batch {big} ran out of memory")
+            continue
+        return big, probe_round.tokens_per_s / first.tokens_per_s - 1
+    return None
+
+
+def _diagnose(bench: _Bench, first: Round, notes: list[str]) -> tuple[list[str], tuple[int, float] | None]:
+    """The bottlenecks the first round shows, and the micro-batch probe when dispatch overhead may
+    be one (named launch-bound, or ops × the cost of one > 15 % of the step)."""
+    obs = bench.observe_before(first, None)
+    names = _names(find(obs))
     probe = None
-    obs = _observation(first, runner, op_s, lazy=lazy, probe=None, recompute_s=recompute, capacity=capacity)
-    findings = find(obs)
-    names = [f.bottleneck for f in findings]
-    after_job, after_mode, applied, notes = job, before_mode, [], []
-    if "launch-bound" in names or (obs.ops_per_step or 0) * op_s > 0.15 * first.split.step_time_s:
-        # the largest micro-batch the effective batch allows (≤ 16×), then ≤ 4× if that runs out
-        # of memory: fewer, larger ops per token is the whole fix, so measure it rather than guess
-        for big in sorted({_largest_micro(job, 16), _largest_micro(job, 4)}, reverse=True):
-            if big <= (job.micro_batch or 1):
-                continue
-            try:
-                probe_round = measure(job.replace(micro_batch=big), before_mode,
-                                      f"probe micro-batch {big}", n=3, profile=False)
-            except torch.OutOfMemoryError:
-                notes.append(f"micro-batch {big} ran out of memory")
-                continue
-            probe = (big, probe_round.tokens_per_s / first.tokens_per_s - 1)
-            break
+    if "launch-bound" in names or (obs.ops_per_step or 0) * bench.op_s > 0.15 * first.split.step_time_s:
+        probe = _probe_micro_batch(bench, first, notes)
         if probe is not None:
-            obs = _observation(first, runner, op_s, lazy=lazy, probe=probe, recompute_s=recompute,
-                               capacity=capacity)
-            findings = find(obs)
-            names = [f.bottleneck for f in findings]
-    if apply:
-        if "input-bound" in names:
-            if lazy:
-                after_mode = "memmap"
-                setup = runner.data("memmap", job)
-                tf = setup.token_file
-                assert tf is not None
-                how = "reused from the cache" if tf.reused else f"built in {tf.build_time_s:.2f} s measured"
-                applied.append(f"pre-tokenized once into {tf.path.name} ({tf.samples} samples × "
-                               f"{tf.seq_len} tokens, memory-mapped; {how})")
-                if tf.packed:
-                    applied.append("packing: documents joined with EOS into full sequences (attention "
-                                   "crosses document boundaries inside a sequence: the trade-off)")
-            budget = int(psutil.virtual_memory().available * 0.5)
+            names = _names(find(bench.observe_before(first, probe)))
+    return names, probe
 
-            def trial(n: int) -> WorkerTrial:
-                j = after_job.replace(num_workers=n, persistent_workers=n > 0, pin_memory=dev.type == "cuda")
-                r = measure(j, after_mode, f"{n} workers", n=3, profile=False)
-                return WorkerTrial(num_workers=n, step_time_s=r.split.step_time_s,
-                                   step_time_spread_s=r.split.step_time_spread_s,
-                                   data_wait_fraction=r.data_wait_fraction,
-                                   rss_bytes=r.host.peak_rss_bytes or 0)
 
-            choice = choose_workers(trial, cuda=dev.type == "cuda", cpu_count=os.cpu_count() or 1,
-                                    ram_budget_bytes=budget)
-            after_job = after_job.replace(num_workers=choice.num_workers,
-                                          persistent_workers=choice.persistent_workers,
-                                          pin_memory=choice.pin_memory,
-                                          prefetch_factor=choice.prefetch_factor)
-            if choice.num_workers != job.num_workers:
-                applied.append(f"num_workers {job.num_workers} → {choice.num_workers} (persistent, prefetch "
-                               f"{choice.prefetch_factor}{', pinned' if choice.pin_memory else ''}): "
-                               f"{choice.reason}")
-            else:
-                notes.append(f"workers chosen by measurement: {choice.reason}")
-        if probe is not None and probe[1] > 0.10:
-            after_job = after_job.replace(micro_batch=probe[0])
-            applied.append(f"micro_batch {job.micro_batch} → {after_job.micro_batch}, grad_accum "
-                           f"{job.grad_accum} → {after_job.grad_accum} (effective batch "
-                           f"{job.effective_batch} kept): measured {probe[1]:+.0%} tokens/s on a "
-                           "3-step probe")
-        if "needless-recompute" in names:
-            after_job = after_job.replace(grad_ckpt="off")
-            applied.append("grad_ckpt full → off (the measured peak leaves room for the activations)")
+def _pretokenized(bench: _Bench) -> list[str]:
+    """The lazy loader's fix: one pass into a memory-mapped token file (or the cached one)."""
+    setup = bench.runner.data("memmap", bench.job)
+    tf = setup.token_file
+    assert tf is not None
+    how = "reused from the cache" if tf.reused else f"built in {tf.build_time_s:.2f} s measured"
+    applied = [f"pre-tokenized once into {tf.path.name} ({tf.samples} samples × "
+               f"{tf.seq_len} tokens, memory-mapped; {how})"]
+    if tf.packed:
+        applied.append("packing: documents joined with EOS into full sequences (attention "
+                       "crosses document boundaries inside a sequence: the trade-off)")
+    return applied
+
+
+def _fix_workers(bench: _Bench, after_job: JobSpec, after_mode: str, applied: list[str],
+                 notes: list[str]) -> JobSpec:
+    """The DataLoader worker count chosen by measuring a few steps at each, within half the
+    available host RAM."""
+    budget = int(psutil.virtual_memory().available * 0.5)
+    cuda = bench.device.type == "cuda"
+
+    def trial(n: int) -> WorkerTrial:
+        j = after_job.replace(num_workers=n, persistent_workers=n > 0, pin_memory=cuda)
+        r = bench.measure(j, after_mode, f"{n} workers", n=3, profile=False)
+        return WorkerTrial(num_workers=n, step_time_s=r.split.step_time_s,
+                           step_time_spread_s=r.split.step_time_spread_s,
+                           data_wait_fraction=r.data_wait_fraction,
+                           rss_bytes=r.host.peak_rss_bytes or 0)
+
+    choice = choose_workers(trial, cuda=cuda, cpu_count=os.cpu_count() or 1, ram_budget_bytes=budget)
+    fixed = after_job.replace(num_workers=choice.num_workers, persistent_workers=choice.persistent_workers,
+                              pin_memory=choice.pin_memory, prefetch_factor=choice.prefetch_factor)
+    was = bench.job.num_workers
+    if choice.num_workers != was:
+        applied.append(f"num_workers {was} → {choice.num_workers} (persistent, prefetch "
+                       f"{choice.prefetch_factor}{', pinned' if choice.pin_memory else ''}): "
+                       f"{choice.reason}")
+    else:
+        notes.append(f"workers chosen by measurement: {choice.reason}")
+    return fixed
+
+
+def _apply_fixes(bench: _Bench, names: list[str], probe: tuple[int, float] | None,
+                 notes: list[str]) -> tuple[JobSpec, str, list[str]]:
+    """(job after, its data mode, what was applied): the fix of each finding that has one a job
+    can take — the input, a larger micro-batch the probe measured faster, no recomputation."""
+    job = bench.job
+    after_job, after_mode, applied = job, bench.before_mode, []
+    if "input-bound" in names:
+        if bench.lazy:
+            after_mode = "memmap"
+            applied += _pretokenized(bench)
+        after_job = _fix_workers(bench, after_job, after_mode, applied, notes)
+    if probe is not None and probe[1] > 0.10:
+        after_job = after_job.replace(micro_batch=probe[0])
+        applied.append(f"micro_batch {job.micro_batch} → {after_job.micro_batch}, grad_accum "
+                       f"{job.grad_accum} → {after_job.grad_accum} (effective batch "
+                       f"{job.effective_batch} kept): measured {probe[1]:+.0%} tokens/s on a "
+                       "3-step probe")
+    if "needless-recompute" in names:
+        after_job = after_job.replace(grad_ckpt="off")
+        applied.append("grad_ckpt full → off (the measured peak leaves room for the activations)")
+    return after_job, after_mode, applied
+
+
+def _interleaved_rounds(bench: _Bench, first: Round, after_job: JobSpec, after_mode: str,
+                        repeats: int) -> tuple[list[Round], list[Round]]:
+    """(befores, afters): after, before, after … so that the host's drift hits both alike."""
     befores, afters = [first], []
-    if applied:
-        for k in range(max(repeats, 1)):
-            afters.append(measure(after_job, after_mode, f"after #{k + 1}"))
-            if k + 1 < repeats:
-                befores.append(measure(job, before_mode, f"before #{k + 2}"))
+    for k in range(max(repeats, 1)):
+        afters.append(bench.measure(after_job, after_mode, f"after #{k + 1}"))
+        if k + 1 < repeats:
+            befores.append(bench.measure(bench.job, bench.before_mode, f"before #{k + 2}"))
+    return befores, afters
+
+
+def _pooled(bench: _Bench, befores: list[Round]) -> Round:
+    """The 'before' rounds as one: their steps pooled, the first round's profile and host."""
+    first = befores[0]
     records = [rec for r in befores for rec in r.records]
     split = median_split(records, idle_s=first.split.idle_s)
-    pooled = Round(label="before", job=job, data_mode=before_mode, records=records, split=split,
-                   tokens_per_step=median_counter(records, "tokens"),
-                   positions_per_step=median_counter(records, "positions"),
-                   tokens_per_s=statistics.median(r.tokens_per_s for r in befores),
-                   data_wait_fraction=statistics.median(r.data_wait_fraction for r in befores),
-                   host=first.host, profile=first.profile,
-                   hook_calls_per_step=statistics.median(r.hook_calls_per_step for r in befores))
-    findings = find(_observation(pooled, runner, op_s, lazy=lazy, probe=probe, recompute_s=recompute,
-                                 capacity=capacity))
-    after_findings = []
-    if afters:
-        a = afters[0]
-        after_findings = find(_observation(a, runner, op_s, lazy=False, probe=None, capacity=capacity))
-    overhead = statistics.median(r.hook_calls_per_step * hook_cost_s / r.split.step_time_s
+    return Round(label="before", job=bench.job, data_mode=bench.before_mode, records=records, split=split,
+                 tokens_per_step=median_counter(records, "tokens"),
+                 positions_per_step=median_counter(records, "positions"),
+                 tokens_per_s=statistics.median(r.tokens_per_s for r in befores),
+                 data_wait_fraction=statistics.median(r.data_wait_fraction for r in befores),
+                 host=first.host, profile=first.profile,
+                 hook_calls_per_step=statistics.median(r.hook_calls_per_step for r in befores))
+
+
+def doctor_job(path: str | Path | None = None, *, job: JobSpec | None = None, tokenize: str = "eager",
+               steps: int = 6, warmup: int = 2, apply: bool = True, repeats: int = 2, device: str = "cpu",
+               memory_limit_bytes: int | None = None, log: Any = None) -> DoctorResult:
+    """Measure a trainfit job, name its bottlenecks, apply the fixes and measure again."""
+    target, job, tokenize, memory_limit_bytes = _job_to_examine(path, job, tokenize, memory_limit_bytes,
+                                                                steps)
+    bench = _Bench.open(job, device, lazy=tokenize == "lazy", steps=steps, warmup=warmup,
+                        memory_limit_bytes=memory_limit_bytes, say=log or (lambda msg: None))
+    first = bench.measure(job, bench.before_mode, "before")
+    bench.recompute_s = first.split.forward_s if job.grad_ckpt == "full" else 0.0
+    notes: list[str] = []
+    names, probe = _diagnose(bench, first, notes)
+    after_job, after_mode, applied = (_apply_fixes(bench, names, probe, notes) if apply
+                                      else (job, bench.before_mode, []))
+    befores, afters = ([first], [])
+    if applied:
+        befores, afters = _interleaved_rounds(bench, first, after_job, after_mode, repeats)
+    pooled = _pooled(bench, befores)
+    findings = find(bench.observe_before(pooled, probe))
+    after_findings = find(bench.observe_after(afters[0])) if afters else []
+    overhead = statistics.median(r.hook_calls_per_step * bench.hook_cost_s / r.split.step_time_s
                                  + _sampler_fraction(r) for r in befores)
-    if lazy and not apply:
+    if bench.lazy and not apply:
         notes.append("--no-apply: fixes printed, not measured")
-    return DoctorResult(target=target, kind="job", device=str(dev), steps_measured=len(records), split=split,
-                        findings=findings, before=_metrics(befores),
-                        after=_metrics(afters) if afters else None, after_findings=after_findings,
+    return DoctorResult(target=target, kind="job", device=str(bench.device),
+                        steps_measured=len(pooled.records), split=pooled.split, findings=findings,
+                        before=_metrics(befores), after=_metrics(afters) if afters else None,
+                        after_findings=after_findings,
                         applied=applied, overhead_fraction=overhead, notes=notes)
 
 
@@ -349,10 +416,7 @@ def doctor_job(path: str | Path | None = None, *, job: JobSpec | None = None, to
 def foreign_observation(run: ForeignRun, op_s: float) -> tuple[Observation, Split]:
     s = run.summary
     prof = s.get("profile") or {}
-    busy = prof.get("device_busy_s")
-    step = statistics.median(r.step_time_s for r in run.records)
-    idle = max(step - busy, 0.0) if busy is not None else None
-    split = median_split(run.records, idle_s=idle)
+    split = median_split(run.records, idle_s=device_idle_s(prof, run.records))
     recs = run.records
     tokens = median_counter(recs, "tokens") or None
     micro = median_counter(recs, "micro_steps") or None
@@ -377,14 +441,9 @@ def foreign_observation(run: ForeignRun, op_s: float) -> tuple[Observation, Spli
     return obs, split
 
 
-def doctor_command(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bool = True,
-                   timeout_s: float | None = 900.0, extra_env: dict[str, str] | None = None) -> DoctorResult:
-    """Run someone else's training command under the doctor for a window of steps."""
-    if steps < 3:
-        raise DoctorError(f"--steps {steps}: too few to measure", "doctor needs at least 3 measured steps")
-    run = run_foreign(cmd, steps=steps, warmup=warmup, stop=stop, timeout_s=timeout_s, extra_env=extra_env)
-    obs, split = foreign_observation(run, op_overhead_s())
-    findings = find(obs)
+def _command_overhead(run: ForeignRun) -> float | None:
+    """The doctor's share of a foreign step: each hook call at the cost the child timed for its
+    kind, + the sampler's CPU time."""
     calib = run.summary.get("calibration") or {}
     per_step_s = []
     for r in run.records:
@@ -396,13 +455,21 @@ def doctor_command(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bo
         plain = max(r.hook_calls - fw - c.get("sync_timed", 0.0), 0.0)
         per_step_s.append((plain * calib.get("wrapper_call_s", 0.0) + fw * calib.get("module_call_s", 0.0)
                            + syncs * calib.get("sync_call_s", 0.0)) / r.step_time_s)
-    overhead = statistics.median(per_step_s) + _sampler_fraction(run) if per_step_s else None
+    return statistics.median(per_step_s) + _sampler_fraction(run) if per_step_s else None
+
+
+def doctor_command(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bool = True,
+                   timeout_s: float | None = 900.0, extra_env: dict[str, str] | None = None) -> DoctorResult:
+    """Run someone else's training command under the doctor for a window of steps."""
+    _check_steps(steps)
+    run = run_foreign(cmd, steps=steps, warmup=warmup, stop=stop, timeout_s=timeout_s, extra_env=extra_env)
+    obs, split = foreign_observation(run, op_overhead_s())
+    findings = find(obs)
+    overhead = _command_overhead(run)
     tokens = obs.tokens_per_step
-    waits = [(r.phases_s.get("data_wait", 0.0) + r.phases_s.get("h2d_copy", 0.0)) / r.step_time_s
-             for r in run.records if r.step_time_s > 0]
     before = Metrics(step_time_s=split.step_time_s,
                      tokens_per_s=tokens / split.step_time_s if tokens else None,
-                     data_wait_fraction=statistics.median(waits) if waits else None,
+                     data_wait_fraction=median_or_none(data_wait_fractions(run.records)),
                      gpu_util_percent=run.host.gpu_util_percent,
                      step_time_spread_s=split.step_time_spread_s)
     notes = list(run.notes)

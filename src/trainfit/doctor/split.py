@@ -72,6 +72,9 @@ class PhaseClock:
         self.sync_n = 0
         self._sync_samples = []
 
+    # push, pop, set_base and end_step each charge the time since the last event to the open
+    # phase with the same two lines, written out in each: they run on every hook call of a
+    # measured step, where a shared method call would add to the overhead being measured
     def push(self, phase: str) -> None:
         now = time.perf_counter()
         self._acc[self._stack[-1]] += now - self._t
@@ -221,8 +224,36 @@ def median_split(records: Iterable[StepRecord], idle_s: float | None = None) -> 
 
 
 def median_counter(records: Iterable[StepRecord], key: str) -> float:
+    """The median per step of one counter (0 where a step did not count it, or no steps)."""
     vals = [r.counters.get(key, 0.0) for r in records]
     return statistics.median(vals) if vals else 0.0
+
+
+def median_hook_calls(records: Iterable[StepRecord]) -> float:
+    """The median hook calls per step (× the calibrated cost of one = the doctor's own overhead)."""
+    vals = [float(r.hook_calls) for r in records]
+    return statistics.median(vals) if vals else 0.0
+
+
+def median_or_none(xs: list[float]) -> float | None:
+    """The median, or None for no values: a part that was not measured is unknown, never 0."""
+    return statistics.median(xs) if xs else None
+
+
+def data_wait_fractions(records: Iterable[StepRecord]) -> list[float]:
+    """Per step, (data wait + host→device copy) / step time: the step's share spent on its input.
+    Both the in-process rounds and a foreign run read the data wait this way."""
+    return [(r.phases_s.get("data_wait", 0.0) + r.phases_s.get("h2d_copy", 0.0)) / r.step_time_s
+            for r in records if r.step_time_s > 0]
+
+
+def device_idle_s(profile: dict[str, Any] | None, records: list[StepRecord]) -> float | None:
+    """CUDA: the measured median step minus the device's busy time in the profiled step; None
+    without a device profile (a CPU has no kernel queue to run dry)."""
+    if not profile or profile.get("device_busy_s") is None or not records:
+        return None
+    step = statistics.median(r.step_time_s for r in records)
+    return max(step - float(profile["device_busy_s"]), 0.0)
 
 
 def calibrate_hook_cost_s(n: int = 2000) -> float:

@@ -16,6 +16,9 @@ from typing import Any
 
 import psutil
 
+from trainfit.monitor.host import process_tree, tree_rss_bytes
+from trainfit.monitor.nvml import Nvml
+
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -72,8 +75,6 @@ class HostWatch:
         self._swap0 = _swap_pages()
         psutil.cpu_percent(interval=None)
         try:
-            from trainfit.monitor.nvml import Nvml
-
             nv = Nvml().open()
             self._nvml = nv if nv.available else None
         except Exception:  # no NVML binding: no GPU numbers, never a failure
@@ -98,8 +99,6 @@ class HostWatch:
             self._cpu_s += time.thread_time() - t
 
     def _sample(self) -> None:
-        from trainfit.monitor.host import process_tree, tree_rss_bytes
-
         self._avail.append(int(psutil.virtual_memory().available))
         self._cpu.append(float(psutil.cpu_percent(interval=None)))
         tree = process_tree(self.pid)

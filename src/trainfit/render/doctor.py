@@ -1,4 +1,5 @@
-"""Display of a :class:`~trainfit.doctor.run.DoctorResult`: rich tables (compute lives in run.py)."""
+"""Display of a :class:`~trainfit.doctor.result.DoctorResult`: rich tables. Formatting only: every
+number shown (the ± and the after ÷ before included) and every verdict comes from the result."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from trainfit.doctor.findings import Finding
-from trainfit.doctor.run import DoctorResult, Metrics
+from trainfit.doctor.result import Compared, DoctorResult
 
 SPLIT_ROWS = (("data_wait_s", "waiting for data"), ("h2d_copy_s", "host→device copy"),
               ("forward_s", "forward"), ("backward_s", "backward"), ("optimizer_s", "optimizer (+ clipping)"),
@@ -77,44 +78,42 @@ def findings_block(findings: list[Finding], title: str) -> Group:
     return Group(*parts)
 
 
-def _pm(v: float | None, spread: float, unit: str, rounds: int) -> str:
+COMPARE_ROWS = {"step_time_s": ("step time", "s"), "tokens_per_s": ("tokens/s", ""),
+                "data_wait_fraction": ("data wait (% of step)", "fraction"),
+                "gpu_util_percent": ("GPU utilisation", "percent")}
+"""Each before/after row's label and unit, by its Metrics field."""
+
+
+def _pm(v: float | None, pm: float | None, unit: str) -> str:
     if v is None:
         return "—"
-    text = _num(v, unit)
-    return f"{text} ± {_num(spread / 2, unit)}" if rounds > 1 and spread else text
+    text = f"{v:.0f} %" if unit == "percent" else _num(v, unit)
+    return f"{text} ± {_num(pm, unit)}" if pm is not None else text
 
 
-def compare_table(before: Metrics, after: Metrics | None) -> Table:
+def _rounds(n: int) -> str:
+    return f"{n} round{'s' if n > 1 else ''}"
+
+
+def compare_table(r: DoctorResult) -> Table:
     t = Table(title="Before / after (measured; median of the rounds, ± half their spread)",
               title_justify="left")
     t.add_column("")
-    t.add_column(f"before ({before.rounds} round{'s' if before.rounds > 1 else ''})", justify="right")
-    if after is not None:
-        t.add_column(f"after ({after.rounds} round{'s' if after.rounds > 1 else ''})", justify="right")
+    t.add_column(f"before ({_rounds(r.before.rounds)})", justify="right")
+    if r.after is not None:
+        t.add_column(f"after ({_rounds(r.after.rounds)})", justify="right")
         t.add_column("change", justify="right")
-
-    def row(name: str, b: float | None, a: float | None, fmt: str, bs: float = 0.0, as_: float = 0.0) -> None:
-        cells = [name, _pm(b, bs, fmt, before.rounds)]
-        if after is not None:
-            change = f"{a / b:.2f}×" if a is not None and b else "—"
-            cells += [_pm(a, as_, fmt, after.rounds), change]
-        t.add_row(*cells)
-
-    row("step time", before.step_time_s, after.step_time_s if after else None, "s",
-        before.step_time_spread_s, after.step_time_spread_s if after else 0.0)
-    row("tokens/s", before.tokens_per_s, after.tokens_per_s if after else None, "",
-        before.tokens_per_s_spread, after.tokens_per_s_spread if after else 0.0)
-    row("data wait (% of step)", before.data_wait_fraction, after.data_wait_fraction if after else None,
-        "fraction")
-    if before.gpu_util_percent is not None:
-        gb = before.gpu_util_percent
-        ga = after.gpu_util_percent if after else None
-        cells = ["GPU utilisation", f"{gb:.0f} %"]
-        if after is not None:
-            cells += ["—" if ga is None else f"{ga:.0f} %",
-                      "—" if ga is None or not gb else f"{ga / gb:.2f}×"]
-        t.add_row(*cells)
+    for row in r.compared():
+        t.add_row(*_compare_cells(row, r.after is not None))
     return t
+
+
+def _compare_cells(row: Compared, with_after: bool) -> list[str]:
+    name, unit = COMPARE_ROWS[row.key]
+    cells = [name, _pm(row.before, row.before_pm, unit)]
+    if with_after:
+        cells += [_pm(row.after, row.after_pm, unit), "—" if row.change is None else f"{row.change:.2f}×"]
+    return cells
 
 
 def render(r: DoctorResult) -> Group:
@@ -122,14 +121,14 @@ def render(r: DoctorResult) -> Group:
     parts: list[Any] = [head, split_table(r)]
     if r.findings:
         parts.append(findings_block(r.findings, "Findings (the first is the bottleneck)"))
-    parts.append(compare_table(r.before, r.after))
+    parts.append(compare_table(r))
     if r.applied:
         parts.append(Text("applied:\n" + "\n".join(f"  • {a}" for a in r.applied)))
     elif r.kind == "command":
         parts.append(Text("fixes printed, not applied: the script is yours to change (a trainfit job "
                           "gets them applied and re-measured)", style="dim"))
-    if r.after_findings:
-        nxt = r.after_findings[0]
+    nxt = r.after_bottleneck
+    if nxt is not None:
         parts.append(Text(f"after the fixes the step is {nxt.bottleneck}: {nxt.detail}"))
     if r.overhead_fraction is not None:
         parts.append(Text(f"doctor's own overhead on the measured steps: {r.overhead_fraction:.2%} "

@@ -1,6 +1,7 @@
 """Put first on PYTHONPATH by ``trainfit doctor -- CMD``: arms the doctor's hooks in every Python
 process of the command, then runs the sitecustomize this one shadows (if any)."""
 
+import importlib.util
 import os
 import sys
 
@@ -11,8 +12,6 @@ def _arm() -> None:
     if not os.environ.get("TRAINFIT_DOCTOR_OUT"):
         return
     try:
-        import importlib.util
-
         # the doctor package of the trainfit that started this command, loaded under a private
         # name: the user's interpreter may have another trainfit, or none, and its own modules
         # must not be shadowed
@@ -23,6 +22,8 @@ def _arm() -> None:
         pkg = importlib.util.module_from_spec(spec)
         sys.modules["_trainfit_doctor"] = pkg
         spec.loader.exec_module(pkg)
+        # lazy: the package exists under this name only from the line above, and a failure to
+        # load it must land in the except below, never in the user's script
         from _trainfit_doctor.hooks import arm
 
         arm()
@@ -30,7 +31,7 @@ def _arm() -> None:
         try:
             with open(os.path.join(os.environ["TRAINFIT_DOCTOR_OUT"],
                                    f"doctor.{os.getpid()}.jsonl"), "a") as f:
-                import json
+                import json  # lazy: only a failure to report needs it
 
                 f.write(json.dumps({"type": "error", "where": "arm", "error": repr(err)[:300]}) + "\n")
         except OSError:
@@ -39,8 +40,6 @@ def _arm() -> None:
 
 def _chain() -> None:
     """The sitecustomize this file shadows (a distribution's own), run as it would have been."""
-    import importlib.util
-
     for p in sys.path:
         if not p or os.path.abspath(p) == _HERE:
             continue

@@ -1,0 +1,104 @@
+"""What a doctor run found: the split, the findings, the before/after metrics, and the numbers the
+terminal shows beside them (± half the spread, after ÷ before) — computed here so that
+:mod:`trainfit.render.doctor` only formats.
+
+``DoctorResult.to_dict()`` is the ``kind: "doctor"`` JSON of docs/json-formats.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainfit.doctor.findings import Finding
+from trainfit.doctor.split import Split
+
+
+@dataclass(kw_only=True)
+class Metrics:
+    """The before/after row (docs/json-formats.md): medians over the rounds, all measured."""
+
+    step_time_s: float
+    tokens_per_s: float | None
+    data_wait_fraction: float | None
+    gpu_util_percent: float | None
+    step_time_spread_s: float = 0.0
+    """max − min of the rounds' median step times (0 with one round)."""
+    tokens_per_s_spread: float = 0.0
+    rounds: int = 1
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {"step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
+                "data_wait_fraction": self.data_wait_fraction, "gpu_util_percent": self.gpu_util_percent}
+
+    def half_spread(self, spread: float) -> float | None:
+        """The ± beside a median: half the rounds' spread; None with one round or no spread (a
+        single round has no spread worth stating)."""
+        return spread / 2 if self.rounds > 1 and spread else None
+
+
+def ratio(after: float | None, before: float | None) -> float | None:
+    """after ÷ before; None where either is unknown or ``before`` is zero (no change to state)."""
+    return after / before if after is not None and before else None
+
+
+@dataclass(frozen=True)
+class Compared:
+    """One row of the before/after comparison, keyed by its :class:`Metrics` field."""
+
+    key: str
+    before: float | None
+    before_pm: float | None
+    """± half the before rounds' spread (None: not stated)."""
+    after: float | None = None
+    after_pm: float | None = None
+    change: float | None = None
+    """after ÷ before (None: not measured after, or no ratio)."""
+
+
+@dataclass(kw_only=True)
+class DoctorResult:
+    target: str
+    kind: str
+    """job | command"""
+    device: str
+    steps_measured: int
+    split: Split
+    findings: list[Finding]
+    before: Metrics
+    after: Metrics | None = None
+    after_findings: list[Finding] = field(default_factory=list)
+    applied: list[str] = field(default_factory=list)
+    overhead_fraction: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "doctor", "target": self.target, "steps_measured": self.steps_measured,
+                "split": self.split.to_dict(), "findings": [f.to_dict() for f in self.findings],
+                "before": self.before.to_dict(),
+                "after": self.after.to_dict() if self.after is not None else None,
+                "applied": list(self.applied), "overhead_fraction": self.overhead_fraction}
+
+    @property
+    def after_bottleneck(self) -> Finding | None:
+        """What limits the step once the fixes are in (the first finding is the bottleneck)."""
+        return self.after_findings[0] if self.after_findings else None
+
+    def compared(self) -> list[Compared]:
+        """The before/after rows: step time and tokens/s with their ± (rounds' spread), the data
+        wait, and the GPU utilisation where the sampler saw a GPU before."""
+        b, a = self.before, self.after
+        rows = [self._row("step_time_s", b.step_time_spread_s, a.step_time_spread_s if a else 0.0),
+                self._row("tokens_per_s", b.tokens_per_s_spread, a.tokens_per_s_spread if a else 0.0),
+                self._row("data_wait_fraction", 0.0, 0.0)]
+        if b.gpu_util_percent is not None:
+            rows.append(self._row("gpu_util_percent", 0.0, 0.0))
+        return rows
+
+    def _row(self, key: str, before_spread: float, after_spread: float) -> Compared:
+        b = getattr(self.before, key)
+        if self.after is None:
+            return Compared(key, b, self.before.half_spread(before_spread))
+        a = getattr(self.after, key)
+        return Compared(key, b, self.before.half_spread(before_spread), a,
+                        self.after.half_spread(after_spread), ratio(a, b))

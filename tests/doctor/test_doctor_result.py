@@ -1,0 +1,66 @@
+"""The numbers the terminal shows beside the doctor's medians are the result's (the renderer only
+formats them), and the split helpers both targets share."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from trainfit.doctor.findings import Finding
+from trainfit.doctor.result import DoctorResult, Metrics, ratio
+from trainfit.doctor.split import StepRecord, data_wait_fractions, device_idle_s, median_split
+from trainfit.render.doctor import render
+
+
+def result(after: Metrics | None, gpu: float | None = None) -> DoctorResult:
+    recs = [StepRecord({"data_wait": 0.02, "forward": 0.03, "backward": 0.05}, 0.1)]
+    before = Metrics(step_time_s=0.1, tokens_per_s=1000.0, data_wait_fraction=0.2, gpu_util_percent=gpu,
+                     step_time_spread_s=0.02, tokens_per_s_spread=100.0, rounds=2)
+    nxt = Finding("compute-bound", {}, "fix", None, "MFU 40%")
+    return DoctorResult(target="job.yaml", kind="job", device="cpu", steps_measured=1,
+                        split=median_split(recs), findings=[], before=before, after=after,
+                        after_findings=[nxt] if after else [])
+
+
+def test_compared_rows_carry_the_spread_and_the_ratio():
+    after = Metrics(step_time_s=0.05, tokens_per_s=2000.0, data_wait_fraction=0.01, gpu_util_percent=None,
+                    step_time_spread_s=0.0, tokens_per_s_spread=50.0, rounds=2)
+    rows = {c.key: c for c in result(after, gpu=40.0).compared()}
+    assert list(rows) == ["step_time_s", "tokens_per_s", "data_wait_fraction", "gpu_util_percent"]
+    assert rows["step_time_s"].before_pm == pytest.approx(0.01) and rows["step_time_s"].after_pm is None
+    assert rows["step_time_s"].change == pytest.approx(0.5)
+    assert rows["tokens_per_s"].after_pm == pytest.approx(25.0) and rows["tokens_per_s"].change == 2.0
+    assert rows["gpu_util_percent"].after is None and rows["gpu_util_percent"].change is None
+    assert result(after).after_bottleneck.bottleneck == "compute-bound"
+
+
+def test_one_round_states_no_spread_and_no_after_no_change():
+    one = Metrics(step_time_s=0.1, tokens_per_s=None, data_wait_fraction=None, gpu_util_percent=None,
+                  step_time_spread_s=0.02)
+    assert one.half_spread(one.step_time_spread_s) is None
+    rows = result(None).compared()
+    assert [c.key for c in rows] == ["step_time_s", "tokens_per_s", "data_wait_fraction"]
+    assert all(c.after is None and c.change is None for c in rows)
+    assert result(None).after_bottleneck is None
+    assert ratio(None, 1.0) is None and ratio(1.0, 0.0) is None and ratio(3.0, 2.0) == 1.5
+
+
+def test_render_prints_the_results_numbers():
+    after = Metrics(step_time_s=0.05, tokens_per_s=2000.0, data_wait_fraction=0.01, gpu_util_percent=None,
+                    step_time_spread_s=0.004, tokens_per_s_spread=50.0, rounds=2)
+    buf = io.StringIO()
+    Console(file=buf, width=140).print(render(result(after, gpu=40.0)))
+    text = buf.getvalue()
+    assert "100.00 ms ± 10.00 ms" in text and "50.00 ms ± 2.00 ms" in text and "0.50×" in text
+    assert "40 %" in text and "after the fixes the step is compute-bound: MFU 40%" in text
+
+
+def test_data_wait_and_idle_are_read_one_way_for_both_targets():
+    recs = [StepRecord({"data_wait": 0.1, "h2d_copy": 0.1}, 1.0), StepRecord({"data_wait": 0.3}, 0.6),
+            StepRecord({}, 0.0)]
+    assert data_wait_fractions(recs) == pytest.approx([0.2, 0.5])
+    assert device_idle_s({"device_busy_s": 0.4}, recs[:2]) == pytest.approx(0.4)
+    assert device_idle_s({"device_busy_s": None}, recs) is None and device_idle_s(None, recs) is None
+    assert device_idle_s({"device_busy_s": 2.0}, recs[:2]) == 0.0
