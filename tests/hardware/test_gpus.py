@@ -6,6 +6,8 @@ import dataclasses
 
 import pytest
 
+from trainfit.hardware import gpus as _gpus
+from trainfit.hardware.gpu_catalog import CATALOG
 from trainfit.hardware.gpus import (
     DTYPES,
     GIB,
@@ -16,6 +18,7 @@ from trainfit.hardware.gpus import (
     find_gpu_by_device_name,
     gpu_names,
 )
+from trainfit.hardware.spec import _ctx
 
 REQUIRED = (
     "t4", "v100-16gb", "v100-32gb", "rtx-3080-10gb", "rtx-3080-12gb",
@@ -23,10 +26,29 @@ REQUIRED = (
     "rtx-a6000", "a100-40gb-sxm", "a100-40gb-pcie", "a100-80gb-sxm",
     "a100-80gb-pcie", "h100-sxm", "h100-pcie", "h200",
 )
+# The cards people with one GPU own (issue "The GPU they actually have") and more datacenter parts.
+ADDED = (
+    "rtx-3060-12gb", "rtx-3060-ti", "rtx-3070", "rtx-3070-ti", "rtx-3080-ti", "rtx-4060-ti-8gb",
+    "rtx-4060-ti-16gb", "rtx-4070", "rtx-4070-super", "rtx-4070-ti", "rtx-4070-ti-super",
+    "rtx-4080", "rtx-4080-super", "rtx-5080", "rtx-5090", "rtx-2080-ti", "gtx-1080-ti",
+    "rtx-3050-laptop-4gb", "gtx-1650-4gb", "a2", "rtx-a4000", "rtx-a4500", "rtx-a5000", "a40",
+    "l40", "rtx-6000-ada", "h100-nvl", "gh200-96gb", "b200", "p100-16gb",
+)
+# Marketed size (GB read as GiB) of entries whose name does not carry it.
+ADVERTISED_GIB = {
+    "h200": 141, "rtx-3060-ti": 8, "rtx-3070": 8, "rtx-3070-ti": 8, "rtx-3080-ti": 12,
+    "rtx-4070": 12, "rtx-4070-super": 12, "rtx-4070-ti": 12, "rtx-4070-ti-super": 16,
+    "rtx-4080": 16, "rtx-4080-super": 16, "rtx-5080": 16, "rtx-5090": 32, "rtx-2080-ti": 11,
+    "gtx-1080-ti": 11, "a2": 16, "rtx-a4000": 16, "rtx-a4500": 20, "rtx-a5000": 24, "a40": 48,
+    "l40": 48, "rtx-6000-ada": 48, "h100-nvl": 94, "b200": 180,
+}
+# No tensor cores: fp16 matmuls with FP32 accumulate run on the FP32 units.
+NO_TENSOR_CORES = {"p100-16gb", "gtx-1080-ti", "gtx-1650-4gb"}
 
 
 def test_catalog_has_required_gpus() -> None:
     assert set(REQUIRED) <= set(gpu_names())
+    assert set(ADDED) <= set(gpu_names())
     assert gpu_names() == list(GPUS)
 
 
@@ -38,7 +60,10 @@ def test_every_spec_is_sane(spec: GpuSpec) -> None:
     assert set(spec.peak_tflops) == set(DTYPES)
     assert spec.peak_tflops["fp32"] is not None and spec.peak_tflops["fp32"] > 0
     assert spec.peak_tflops["fp16"] is not None
-    assert spec.peak_tflops["fp16"] > spec.peak_tflops["fp32"]
+    if spec.name in NO_TENSOR_CORES:
+        assert spec.peak_tflops["fp16"] == spec.peak_tflops["fp32"]
+    else:
+        assert spec.peak_tflops["fp16"] > spec.peak_tflops["fp32"]
     assert spec.memory_bandwidth_gbs is not None and spec.memory_bandwidth_gbs > 0
     assert spec.bf16_supported == (spec.peak_tflops["bf16"] is not None)
     assert spec.sm_count is not None and spec.sm_count > 0
@@ -46,7 +71,7 @@ def test_every_spec_is_sane(spec: GpuSpec) -> None:
     assert spec.interconnect_gbs is not None and spec.interconnect_gbs > 0
     assert all(a == a.lower() for a in spec.aliases)
     # The CUDA-visible total is a bit under the advertised size in GiB.
-    advertised_gib = {"h200": 141}.get(spec.name)
+    advertised_gib = ADVERTISED_GIB.get(spec.name)
     if advertised_gib is None:
         digits = [int(p[:-2]) for p in spec.name.split("-") if p.endswith("gb")]
         advertised_gib = digits[0] if digits else None
@@ -149,8 +174,9 @@ def test_generic_cards(query: str, gib: float) -> None:
 
 @pytest.mark.parametrize(
     "query",
-    ["", "unknown", "rtx-9999", "a99", "NVIDIA GeForce RTX 3080 Ti", "generic-0gb",
-     "NVIDIA H100 NVL", "NVIDIA GeForce RTX 4090 Laptop GPU", "NVIDIA L40"],
+    ["", "unknown", "rtx-9999", "a99", "NVIDIA GeForce RTX 3090 Ti", "generic-0gb",
+     "NVIDIA H200 NVL", "NVIDIA GeForce RTX 4090 Laptop GPU", "NVIDIA L20", "rtx-4060",
+     "NVIDIA GeForce RTX 3050 Ti Laptop GPU"],
 )
 def test_unknown_returns_none(query: str) -> None:
     assert find_gpu(query) is None
@@ -222,3 +248,136 @@ def test_cuda_context_scales_with_sms() -> None:
     assert GPUS["t4"].cuda_context_bytes < GPUS["a100-80gb-sxm"].cuda_context_bytes
     assert GPUS["a100-80gb-sxm"].cuda_context_bytes == 516 * MIB
     assert GPUS["h100-sxm"].cuda_context_bytes == GPUS["h200"].cuda_context_bytes
+
+
+# ---- the cards people own (issue "The GPU they actually have") ----
+
+# Max resident threads per SM by compute capability (CUDA C++ Programming Guide, "Technical
+# Specifications per Compute Capability").
+THREADS_PER_SM = {"6.0": 2048, "6.1": 2048, "7.0": 2048, "7.5": 1024, "8.0": 2048, "8.6": 1536,
+                  "8.9": 1536, "9.0": 2048, "10.0": 2048, "12.0": 1536}
+
+
+@pytest.mark.parametrize("spec", CATALOG, ids=[s.name for s in CATALOG])
+def test_every_entry_names_its_sources(spec: GpuSpec) -> None:
+    assert spec.source.strip()
+    assert spec.memory_source.strip()
+
+
+@pytest.mark.parametrize("name", ADDED)
+def test_added_memory_is_a_reading_or_says_derived(name: str) -> None:
+    text = GPUS[name].memory_source
+    reading = any(w in text for w in ("torch", "deviceQuery", "cuMemGetInfo", "totalGlobalMem"))
+    assert reading or text.startswith("DERIVED")
+    assert "measured" not in text.lower()
+
+
+def test_no_alias_names_two_gpus() -> None:
+    owner: dict[str, str] = {}
+    for spec in CATALOG:
+        for key in {_gpus._norm(k) for k in (spec.name, spec.display_name, *spec.aliases)}:
+            assert owner.setdefault(key, spec.name) == spec.name, (key, owner[key], spec.name)
+    assert len({s.name for s in CATALOG}) == len(CATALOG)
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("RTX 4090", "rtx-4090"), ("rtx-3060", "rtx-3060-12gb"), ("3060", "rtx-3060-12gb"),
+        ("rtx3060", "rtx-3060-12gb"), ("rtx-3060-12gb", "rtx-3060-12gb"),
+        ("RTX 3060 12GB", "rtx-3060-12gb"), ("NVIDIA GeForce RTX 3060", "rtx-3060-12gb"),
+        ("NVIDIA GeForce RTX 3060 Ti", "rtx-3060-ti"), ("rtx 3070", "rtx-3070"),
+        ("NVIDIA GeForce RTX 3070 Ti", "rtx-3070-ti"), ("3080 Ti", "rtx-3080-ti"),
+        ("NVIDIA GeForce RTX 3080 Ti", "rtx-3080-ti"), ("4060 Ti", "rtx-4060-ti-8gb"),
+        ("rtx-4060-ti-16gb", "rtx-4060-ti-16gb"), ("RTX 4060 Ti 16G", "rtx-4060-ti-16gb"),
+        ("NVIDIA GeForce RTX 4070", "rtx-4070"), ("rtx_4070_super", "rtx-4070-super"),
+        ("NVIDIA GeForce RTX 4070 Ti", "rtx-4070-ti"),
+        ("NVIDIA GeForce RTX 4070 Ti SUPER", "rtx-4070-ti-super"), ("4080", "rtx-4080"),
+        ("NVIDIA GeForce RTX 4080 SUPER", "rtx-4080-super"), ("RTX 5080", "rtx-5080"),
+        ("NVIDIA GeForce RTX 5090", "rtx-5090"), ("2080ti", "rtx-2080-ti"),
+        ("NVIDIA GeForce RTX 2080 Ti", "rtx-2080-ti"), ("GTX 1080 Ti", "gtx-1080-ti"),
+        ("NVIDIA GeForce GTX 1080 Ti", "gtx-1080-ti"), ("GeForce GTX 1080 Ti", "gtx-1080-ti"),
+        ("NVIDIA GeForce RTX 3050 Laptop GPU", "rtx-3050-laptop-4gb"),
+        ("rtx-3050-laptop", "rtx-3050-laptop-4gb"), ("gtx 1650", "gtx-1650-4gb"),
+        ("NVIDIA GeForce GTX 1650", "gtx-1650-4gb"), ("NVIDIA A2", "a2"),
+        ("NVIDIA RTX A4000", "rtx-a4000"), ("a4500", "rtx-a4500"), ("RTX A5000", "rtx-a5000"),
+        ("NVIDIA A40", "a40"), ("NVIDIA L40", "l40"), ("l40s", "l40s"),
+        ("NVIDIA RTX 6000 Ada Generation", "rtx-6000-ada"), ("NVIDIA H100 NVL", "h100-nvl"),
+        ("h100", "h100-sxm"), ("NVIDIA GH200 480GB", "gh200-96gb"), ("gh200", "gh200-96gb"),
+        ("NVIDIA B200", "b200"), ("Tesla P100-PCIE-16GB", "p100-16gb"), ("p100", "p100-16gb"),
+    ],
+)
+def test_find_added_gpus_by_common_spellings(query: str, expected: str) -> None:
+    spec = find_gpu(query)
+    assert spec is not None, query
+    assert spec.name == expected
+
+
+@pytest.mark.parametrize("spec", CATALOG, ids=[s.name for s in CATALOG])
+def test_no_bf16_or_tf32_before_ampere(spec: GpuSpec) -> None:
+    major = int((spec.compute_capability or "0").split(".")[0])
+    if major < 8:  # Pascal (6.x), Volta (7.0), Turing (7.5)
+        assert spec.bf16_supported is False
+        assert spec.peak_tflops["bf16"] is None
+        assert spec.peak_tflops["tf32"] is None
+    else:
+        assert spec.bf16_supported is True
+        assert spec.peak_tflops["tf32"] is not None
+
+
+@pytest.mark.parametrize("spec", CATALOG, ids=[s.name for s in CATALOG])
+def test_fp16_at_least_fp32_where_tensor_cores_exist(spec: GpuSpec) -> None:
+    fp16, fp32 = spec.peak_tflops["fp16"], spec.peak_tflops["fp32"]
+    assert fp16 is not None and fp32 is not None
+    assert fp16 >= fp32
+    if spec.name not in NO_TENSOR_CORES:
+        assert fp16 >= 2 * fp32 * 0.99  # tensor path: at least twice the FP32 units
+
+
+def test_cards_without_tensor_cores() -> None:
+    for name in NO_TENSOR_CORES:
+        spec = GPUS[name]
+        assert spec.compute_capability in ("6.0", "6.1", "7.5")
+        assert spec.peak_tflops["fp16"] == spec.peak_tflops["fp32"]
+    assert GPUS["p100-16gb"].peak_tflops["int8"] is None  # GP100: no DP4A
+
+
+GEFORCE_HALF_RATE = [
+    n for n in ADDED
+    if GPUS[n].compute_capability in ("8.6", "8.9", "12.0") and GPUS[n].display_name.startswith(
+        "NVIDIA GeForce")
+]
+
+
+@pytest.mark.parametrize("name", GEFORCE_HALF_RATE)
+def test_geforce_tensor_rates_follow_the_whitepaper_ratios(name: str) -> None:
+    # Ampere/Ada/Blackwell GeForce per SM and clock: FP32 = TF32 = 256, FP16/BF16 (FP32 acc) 512
+    # (half the FP16-acc rate), INT8 2048.
+    p = GPUS[name].peak_tflops
+    assert p["tf32"] == p["fp32"]
+    assert p["bf16"] == p["fp16"]
+    assert p["fp16"] == pytest.approx(2 * p["fp32"], rel=0.01)
+    assert p["int8"] == pytest.approx(8 * p["fp32"], rel=0.01)
+
+
+@pytest.mark.parametrize("spec", CATALOG, ids=[s.name for s in CATALOG])
+def test_context_uses_the_threads_per_sm_of_the_compute_capability(spec: GpuSpec) -> None:
+    assert spec.compute_capability is not None and spec.sm_count is not None
+    threads = THREADS_PER_SM[spec.compute_capability]
+    assert spec.cuda_context_bytes == _ctx(spec.sm_count, threads)
+
+
+def test_added_values() -> None:
+    assert GPUS["rtx-3060-12gb"].memory_bytes == GPUS["rtx-3080-12gb"].memory_bytes
+    assert GPUS["rtx-3070"].memory_bytes == 7967 * MIB
+    assert GPUS["rtx-5090"].peak_tflops["bf16"] == 209.5
+    assert GPUS["rtx-4080"].peak_tflops["fp16"] == 97.5
+    assert GPUS["rtx-2080-ti"].peak_tflops["fp16"] == 53.8
+    assert GPUS["l40"].peak_tflops["bf16"] == 181.0  # half the L40S: GeForce-like FP32 acc
+    assert GPUS["gh200-96gb"].peak_tflops == GPUS["h100-sxm"].peak_tflops
+    assert GPUS["b200"].peak_tflops["bf16"] == 2250.0
+    assert GPUS["rtx-4060-ti-8gb"].interconnect == "pcie4x8"
+    assert GPUS["rtx-4060-ti-16gb"].memory_bytes > GPUS["rtx-4060-ti-8gb"].memory_bytes
+    # seed users' 4 GB cards: under 4 GiB as CUDA reports them
+    for name in ("rtx-3050-laptop-4gb", "gtx-1650-4gb"):
+        assert 3.7 * GIB < GPUS[name].memory_bytes < 4 * GIB

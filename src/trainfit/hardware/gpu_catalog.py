@@ -1,7 +1,14 @@
-"""The GPU catalog data: one ``GpuSpec`` per GPU, with its sources (meanings: gpus.py)."""
+"""The GPU catalog data: one ``GpuSpec`` per GPU, with its sources (meanings: gpus.py).
+
+Part 1 (this module): the original datacenter/cloud cards and the RTX 3080/3090/4090/A6000.
+Part 2: GeForce desktop and laptop cards (gpu_catalog_consumer.py).  Part 3: workstation and
+datacenter cards (gpu_catalog_datacenter.py).  ``CATALOG`` is all three, in that order.
+"""
 
 from __future__ import annotations
 
+from trainfit.hardware.gpu_catalog_consumer import CONSUMER
+from trainfit.hardware.gpu_catalog_datacenter import DATACENTER
 from trainfit.hardware.spec import (
     PCIE3_X16_GBS,
     PCIE4_X16_GBS,
@@ -286,4 +293,4 @@ _CATALOG: tuple[GpuSpec, ...] = (
     ),
 )
 
-CATALOG = _CATALOG
+CATALOG: tuple[GpuSpec, ...] = _CATALOG + CONSUMER + DATACENTER
