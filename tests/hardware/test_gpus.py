@@ -229,7 +229,31 @@ def test_device_name_memory_mismatch_substitutes_reported_memory() -> None:
 
 def test_device_name_unknown() -> None:
     assert find_gpu_by_device_name("NVIDIA GeForce GTX 1080") is None
-    assert find_gpu_by_device_name("NVIDIA GeForce RTX 3080 Ti", 12 * GIB) is None
+    assert find_gpu_by_device_name("NVIDIA GeForce RTX 3090 Ti", 24 * GIB) is None
+    assert find_gpu_by_device_name("NVIDIA GeForce RTX 4060 Laptop GPU") is None
+
+
+@pytest.mark.parametrize(("device_name", "total_gib", "expected"), [
+    ("NVIDIA GeForce RTX 3080 Ti", 12, "rtx-3080-ti"),
+    ("NVIDIA GeForce RTX 3060", 12, "rtx-3060-12gb"),
+    ("NVIDIA GeForce RTX 3060 Ti", 8, "rtx-3060-ti"),
+    ("NVIDIA GeForce RTX 4060 Ti", 16, "rtx-4060-ti-16gb"),
+    ("NVIDIA GeForce RTX 4060 Ti", 8, "rtx-4060-ti-8gb"),
+    ("NVIDIA GeForce RTX 4070 Ti SUPER", 16, "rtx-4070-ti-super"),
+    ("NVIDIA GeForce RTX 4070 SUPER", 12, "rtx-4070-super"),
+    ("NVIDIA GeForce RTX 3050 Laptop GPU", 4, "rtx-3050-laptop-4gb"),
+    ("NVIDIA GeForce GTX 1650", 4, "gtx-1650-4gb"),
+    ("NVIDIA H100 NVL", 94, "h100-nvl"),
+    ("NVIDIA GH200 480GB", 95, "gh200-96gb"),
+    ("Tesla P100-PCIE-16GB", 16, "p100-16gb"),
+    ("NVIDIA L40", 45, "l40"),
+    ("NVIDIA A40", 45, "a40"),
+    ("NVIDIA RTX 6000 Ada Generation", 48, "rtx-6000-ada"),
+])
+def test_device_names_of_the_added_cards(device_name: str, total_gib: int, expected: str) -> None:
+    """The names torch / NVML report map to the catalog (tune, doctor, the local GPU)."""
+    spec = find_gpu_by_device_name(device_name, total_gib * GIB)
+    assert spec is not None and spec.name.startswith(expected), (device_name, spec)
     assert find_gpu_by_device_name("AMD Instinct MI300X") is None
 
 
