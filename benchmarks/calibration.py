@@ -1,4 +1,4 @@
-"""Predicted vs published GPU training memory (shared/calibration/published.json + our own cases).
+"""Predicted vs published GPU training memory (benchmarks/data/published.json + our own cases).
 
 Each case pins a configuration from the source's own files; we translate it into a JobSpec,
 including the quirks of the framework that measured it (read from the case's notes):
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent
-SHARED = ROOT.parent.parent / "shared" / "calibration" / "published.json"
+PUBLISHED = ROOT / "data" / "published.json"
 EXTRA = ROOT / "calibration_extra.json"
 OUT = ROOT / "results"
 
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", nargs="*", help="case ids (default: all)")
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args(argv)
-    cases = json.loads(SHARED.read_text())["cases"]
+    cases = json.loads(PUBLISHED.read_text())["cases"]
     if EXTRA.exists():
         cases += json.loads(EXTRA.read_text())["cases"]
     if args.cases:

@@ -42,7 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent
 OUT = ROOT / "results"
 CALIBRATION = OUT / "calibration.json"
-PUBLISHED = ROOT.parent.parent / "shared" / "calibration" / "published.json"
+PUBLISHED = ROOT / "data" / "published.json"
 GIB = 2**30
 
 # the CLI's dtype choices are float32/float16/int8/int4: its float16 row is its mixed-precision row
@@ -171,7 +171,7 @@ def render_md(data: dict[str, Any]) -> str:
     lines = [
         "# accelerate estimate-memory vs trainfit plan vs published GPU measurements", "",
         "Regenerate: `python benchmarks/estimate_memory_compare.py` (meta-device models, ~1 min). "
-        "Measured = published GPU peak (`shared/calibration/published.json`); trainfit = predicted "
+        "Measured = published GPU peak (`benchmarks/data/published.json`); trainfit = predicted "
         "like-for-like peak from `results/calibration.json`; accelerate = \"Training using Adam\" "
         f"as its CLI prints it (accelerate {data['accelerate_version']}, `AutoModel` built on the meta "
         "device from the same config; dtype float32 for fp32 runs, float16 — its mixed-precision row "

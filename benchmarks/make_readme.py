@@ -24,7 +24,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 README = HERE / "README.md"
-NOTES = "shared/notes/cpu-timing-noise.md"
+NOTES = "docs/notes/cpu-timing-noise.md"  # relative to the repository root
 
 # (script, what it measures, result page); the order is the regeneration order: estimate_memory_compare
 # reads calibration.json, so it runs after calibration.py
@@ -33,7 +33,7 @@ SCRIPTS: list[tuple[str, str, str]] = [
      "replay), {cpu_truth_configs} configurations: full / LoRA, fp32 / amp-bf16 / bf16-true, "
      "checkpointing, AdamW for-loop / foreach / fused, Adafactor, SGD, accumulation, chunked head, "
      "Llama / GPT-2 / T5", "results/cpu_truth.md"),
-    ("calibration.py", "predicted vs published GPU measurements (`shared/calibration/published.json`, "
+    ("calibration.py", "predicted vs published GPU measurements (`benchmarks/data/published.json`, "
      "{calibration_cases} cases: HF docs BERT-large on a V100, litgpt LoRA/QLoRA/full on an A10G), "
      "like-for-like peaks", "results/calibration.md"),
     ("planner_speed.py", "`plan` over a {planner_configs}-configuration grid of Llama-2-7B LoRA, and "
@@ -133,7 +133,7 @@ def memory_section(results: Path) -> list[str]:
     s, t, a = d["summary"], d["summary"]["trainfit"], d["summary"]["accelerate"]
     lines += [
         "Ground truth: the peaks published for real GPU runs (measured; "
-        "`shared/calibration/published.json`). trainfit: the like-for-like predicted peak of `plan`'s "
+        "`benchmarks/data/published.json`). trainfit: the like-for-like predicted peak of `plan`'s "
         "simulation (`max_memory_allocated` or "
         "nvidia-smi, as the source measured). accelerate: the \"Training using Adam\" figure its CLI prints "
         f"(accelerate {d['accelerate_version']}; float32 row for fp32 runs, float16 — its mixed-precision "

@@ -4,7 +4,7 @@ A tiny Llama (hidden 128, 2 layers, vocab 2000) trained with AdamW on random tok
 step. Arm "off": the plain loop. Arm "on": the same loop with a ``Sampler`` (interval 0.5 s, JSONL log)
 running in its thread and ``record_step`` called every step with every field. The arms alternate in pairs
 whose order flips every pair (on/off, off/on, ...) so a drift of the machine hits both alike; timing on
-this 2-core machine moves by up to ~35 % between repeats (shared/notes/cpu-timing-noise.md), so the
+this 2-core machine moves by up to ~35 % between repeats (docs/notes/cpu-timing-noise.md), so the
 overhead of the loop is reported per pair with its spread and the stable figures are the direct timings
 of ``record_step`` and ``sample_once`` (µs, median of batches) and the CPU time the sampler thread used.
 

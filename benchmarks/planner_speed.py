@@ -34,7 +34,8 @@ def main() -> int:
                   effective_batch=16)
     source = resolve_model(job.model)
     # three cold-ish runs (fresh worker processes each time): CPU timings on this shared 2-core
-    # machine vary by ±20 % run to run (shared/notes), so the median is reported with the spread
+    # machine vary by ±20 % run to run (docs/notes/cpu-timing-noise.md), so the median is reported
+    # with the spread
     times = []
     for _ in range(REPEATS):
         t0 = time.perf_counter()

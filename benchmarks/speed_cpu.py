@@ -5,7 +5,7 @@ step's operations are recorded from a full-size data-less simulation with CPU se
 same roofline that predicts GPUs predicts the step time.  Ground truth: the real step (same
 train_step) on real tensors, 2 warm-up then 5 timed optimizer steps, median; the whole grid is run
 twice, interleaved, and the median of the two medians is compared (timing noise on this 2-core
-machine reaches ~35 %, shared/notes/cpu-timing-noise.md; the spread is reported).
+machine reaches ~35 %, docs/notes/cpu-timing-noise.md; the spread is reported).
 
 Run: ``python benchmarks/speed_cpu.py`` → results/speed_cpu.{json,md} (~5 min).
 """

@@ -80,10 +80,10 @@ def predict_bert(case: dict[str, Any]) -> dict[str, Any]:
 def main() -> int:
     warnings.filterwarnings("ignore")
     sys.path.insert(0, str(ROOT))
-    from calibration import SHARED
+    from calibration import PUBLISHED
 
     results = []
-    for case in json.loads(SHARED.read_text())["cases"]:
+    for case in json.loads(PUBLISHED.read_text())["cases"]:
         if case["id"].startswith("hf_perf") and (case["measured"].get("throughput") or {}).get("value"):
             results.append(predict_bert(case))
             print(results[-1], flush=True)

@@ -176,7 +176,7 @@ def write_md(rows: list[dict]) -> None:
     lines += ["", f"- tune used {min(fr):.0%}–{max(fr):.0%} of the grid's probe time (target ≤ 25 %).",
               f"- pick / grid best, measured: {', '.join(f'{x:.1%}' for x in ratio)} (target ≥ 97 %); "
               "where below, compare with the repeat noise column: a gap smaller than the noise is "
-              "not a measured difference (shared/notes/cpu-timing-noise.md).",
+              "not a measured difference (docs/notes/cpu-timing-noise.md).",
               "- accelerate's finder halves (or steps down) the micro-batch until one step fits, with "
               "no accumulation: its batch is the effective batch, so the effective batch asked for "
               "is not kept, and it never measures speed."]

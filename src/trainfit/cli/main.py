@@ -34,7 +34,14 @@ _fail = fail  # one error exit for every command: `error:` line, `hint:` line, e
 
 
 def examples_dir() -> Path:
-    """The repository's examples/ (src/trainfit/cli/main.py → repository root)."""
+    """Where the seed job files are: ``trainfit/examples/`` inside an installed wheel (setup.py maps
+    the repository's examples/ to the package data ``trainfit.examples``), else, in a source
+    checkout (an editable install), the repository's examples/ itself."""
+    from importlib.resources import files
+
+    packaged = files("trainfit").joinpath("examples")
+    if packaged.is_dir():
+        return Path(str(packaged))
     return Path(__file__).resolve().parents[3] / "examples"
 
 

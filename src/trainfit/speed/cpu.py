@@ -49,7 +49,7 @@ def cpu_model_name() -> str:
 
 def _median_time(fn: Any, reps: int = 7) -> float:
     """Median time of ``reps`` runs after one warm-up: the median, not the minimum, because the
-    training step it predicts runs under the same noise (shared/notes/cpu-timing-noise.md)."""
+    training step it predicts runs under the same noise (docs/notes/cpu-timing-noise.md)."""
     fn()
     times = []
     for _ in range(reps):

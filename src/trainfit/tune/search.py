@@ -1,7 +1,7 @@
 """The search ``tune`` runs over real probes: the largest micro-batch that fits, then the fastest
 knobs — starting from the prediction, keeping the effective batch exact, and calling a speed
 difference real only when it survives an interleaved re-measurement (CPU timings here move by up to
-35 % between repeats: shared/notes/cpu-timing-noise.md).
+35 % between repeats: docs/notes/cpu-timing-noise.md).
 
 Pure logic over two callables (``probe``, ``predict``), so it is tested with fake probes.
 """
