@@ -16,7 +16,6 @@ Both return a :class:`~trainfit.doctor.result.DoctorResult` whose ``to_dict()`` 
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -32,6 +31,7 @@ from trainfit.doctor.findings import Finding, Observation, find
 from trainfit.doctor.fixes import WorkerTrial, choose_workers
 from trainfit.doctor.inject import MIN_MEASURED_STEPS, DoctorError, ForeignRun, run_foreign
 from trainfit.doctor.measure import JobRunner, Round, resolve_relative
+from trainfit.doctor.peaks import bounded_mfu, cpu_peak_flops, gpu_peak_flops
 from trainfit.doctor.result import DoctorResult, Metrics
 from trainfit.doctor.split import (
     Split,
@@ -42,11 +42,9 @@ from trainfit.doctor.split import (
     median_or_none,
     median_split,
 )
-from trainfit.hardware.gpus import find_gpu_by_device_name
 from trainfit.job import JobSpec, dividing_micro_batches, read_job_file
 from trainfit.model.runtime import parse_device
 from trainfit.model.source import resolve_model
-from trainfit.speed import cpu as cpu_speed
 from trainfit.speed.predict import model_flops_per_token
 
 DOCTOR_KEYS = {"tokenize": ("lazy", "eager")}
@@ -67,36 +65,6 @@ def op_overhead_s(n: int = 2000) -> float:
             z = z + 1.0
         vals.append((time.perf_counter() - t0) / n)
     return statistics.median(vals)
-
-
-def cpu_peak_flops(dtype: torch.dtype = torch.float32) -> float:
-    """Best of 3 timings of a 1024³ GEMM on this host now (the measured ceiling MFU is relative to);
-    trainfit.speed.cpu's cached curve when it exists."""
-    try:
-        if cpu_speed.cache_file().is_file():
-            d = json.loads(cpu_speed.cache_file().read_text())
-            if d.get("threads") == torch.get_num_threads() and d.get("torch") == torch.__version__:
-                name = "bf16" if dtype == torch.bfloat16 else "fp32"
-                return max(r for _, r in d["gemm_rate_curve"][name])
-    except (OSError, ValueError, KeyError):
-        pass
-    a, b = torch.randn(1024, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * 1024**3 / best
-
-
-def gpu_peak_flops(dtype: str) -> float | None:
-    try:
-        gpu = find_gpu_by_device_name(torch.cuda.get_device_name(),
-                                      torch.cuda.get_device_properties(0).total_memory)
-        return gpu.peak_flops(dtype) if gpu is not None else None
-    except Exception:  # an unknown card: MFU is then unknown, never guessed
-        return None
 
 
 def _sampler_fraction(r: Round | ForeignRun) -> float:
@@ -160,8 +128,7 @@ def _observation(r: Round, runner: JobRunner | None, op_s: float, *, lazy: bool,
         peak = (cpu_peak_flops(dt) if runner.device.type == "cpu"
                 else gpu_peak_flops("bf16" if dt == torch.bfloat16 else "fp16"
                                     if job.precision == "amp-fp16" else "fp32"))
-        if peak:
-            mfu = per_token * r.positions_per_step / r.split.step_time_s / peak
+        mfu = bounded_mfu(per_token * r.positions_per_step / r.split.step_time_s, peak)
     pad = 1 - r.tokens_per_step / r.positions_per_step if r.positions_per_step else None
     return Observation(
         split=r.split, device="cuda" if runner is not None and runner.device.type == "cuda" else "cpu",
@@ -422,7 +389,7 @@ def foreign_observation(run: ForeignRun, op_s: float) -> tuple[Observation, Spli
     micro = median_counter(recs, "micro_steps") or None
     mfu = None
     if tokens and s.get("params") and not s.get("cuda_used"):
-        mfu = 6.0 * s["params"] * tokens / split.step_time_s / cpu_peak_flops()
+        mfu = bounded_mfu(6.0 * s["params"] * tokens / split.step_time_s, cpu_peak_flops())
     params_cpu = (s["params_on_cpu"] / s["params"] if s.get("cuda_used") and s.get("params") else None)
     workers = median_counter(recs, "num_workers") if any("num_workers" in r.counters for r in recs) else None
     opt = s.get("optimizer") or {}

@@ -1,0 +1,59 @@
+"""The ceilings MFU is measured against: this host's CPU GEMM rate (measured, the best seen) or the
+GPU's published dense peak for the dtype (catalog), and the rule that an MFU above 100 % is never
+stated (the ceiling was wrong, not the step)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+
+import torch
+
+from trainfit.hardware.gpus import find_gpu_by_device_name
+from trainfit.speed import cpu as cpu_speed
+
+
+@functools.lru_cache(maxsize=4)  # once per dtype and process: the ceiling, not the moment
+def cpu_peak_flops(dtype: torch.dtype = torch.float32) -> float:
+    """This host's dense GEMM ceiling (the peak MFU is relative to): the best rate ever seen here —
+    trainfit.speed.cpu's cached curve and a fresh best of 5 timings at 1024³ and 2048³, whichever is
+    higher. A measured rate can only be below the true peak (a busy moment slows it), so the
+    maximum is the honest ceiling; a single quick timing on a busy host made MFU read 154 %."""
+    cached = 0.0
+    try:
+        if cpu_speed.cache_file().is_file():
+            d = json.loads(cpu_speed.cache_file().read_text())
+            if d.get("threads") == torch.get_num_threads() and d.get("torch") == torch.__version__:
+                name = "bf16" if dtype == torch.bfloat16 else "fp32"
+                cached = max(r for _, r in d["gemm_rate_curve"][name])
+    except (OSError, ValueError, KeyError):
+        pass
+    best_rate = 0.0
+    for n in (1024, 2048):
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        torch.mm(a, b)
+        for _ in range(5):
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            best_rate = max(best_rate, 2.0 * n**3 / (time.perf_counter() - t0))
+    return max(cached, best_rate)
+
+
+def bounded_mfu(achieved_flops_s: float, peak_flops_s: float | None) -> float | None:
+    """Model FLOPs utilisation, or None when it cannot be stated: no peak, or the step achieved
+    more than the peak — then the peak is what is wrong (a ceiling measured too low), and an MFU
+    above 100 % would be a bug printed as a measurement."""
+    if not peak_flops_s or achieved_flops_s <= 0:
+        return None
+    mfu = achieved_flops_s / peak_flops_s
+    return mfu if mfu <= 1.0 else None
+
+
+def gpu_peak_flops(dtype: str) -> float | None:
+    try:
+        gpu = find_gpu_by_device_name(torch.cuda.get_device_name(),
+                                      torch.cuda.get_device_properties(0).total_memory)
+        return gpu.peak_flops(dtype) if gpu is not None else None
+    except Exception:  # an unknown card: MFU is then unknown, never guessed
+        return None
