@@ -107,3 +107,19 @@ def test_bandwidth_bound_when_matmuls_are_a_minority():
     assert f.bottleneck == "bandwidth-bound"
     assert "length-grouped" in f.fix
     assert f.predicted_gain_fraction == pytest.approx(1 / 0.75 - 1, abs=1e-3)
+
+
+@pytest.mark.parametrize("fraction", [0.42, 0.48, 0.52, 0.58])
+def test_near_the_compute_line_the_verdict_does_not_flip(fraction):
+    """The same job measured twice gave compute-bound, then bandwidth-bound (the matmul share moves
+    by a few points between repeats): near the line both repeats get the same named verdict."""
+    obs = Observation(split=split(forward_s=0.4, backward_s=0.5, optimizer_s=0.1), device="cpu",
+                      trainfit_job=True, matmul_time_fraction=fraction)
+    assert find(obs)[0].bottleneck == "compute-and-bandwidth"
+
+
+def test_far_from_the_line_the_verdict_is_clear():
+    for fraction, name in ((0.39, "bandwidth-bound"), (0.61, "compute-bound")):
+        obs = Observation(split=split(forward_s=0.4, backward_s=0.5, optimizer_s=0.1), device="cpu",
+                          trainfit_job=True, matmul_time_fraction=fraction)
+        assert find(obs)[0].bottleneck == name

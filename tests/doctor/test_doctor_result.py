@@ -64,3 +64,15 @@ def test_data_wait_and_idle_are_read_one_way_for_both_targets():
     assert device_idle_s({"device_busy_s": 0.4}, recs[:2]) == pytest.approx(0.4)
     assert device_idle_s({"device_busy_s": None}, recs) is None and device_idle_s(None, recs) is None
     assert device_idle_s({"device_busy_s": 2.0}, recs[:2]) == 0.0
+
+
+def test_verdict_stability_across_rounds():
+    from trainfit.doctor.result import DoctorResult
+
+    def res(rounds):
+        return DoctorResult(target="t", kind="job", device="cpu", steps_measured=6,
+                            split=None, findings=[], before=None,  # type: ignore[arg-type]
+                            round_bottlenecks=rounds)
+    assert res(["compute-bound"]).verdict_stable is None
+    assert res(["compute-bound", "compute-bound"]).verdict_stable is True
+    assert res(["compute-bound", "bandwidth-bound"]).verdict_stable is False

@@ -22,7 +22,8 @@ from typing import Any
 from trainfit.doctor.split import Split
 from trainfit.doctor.watch import HostSummary
 
-BOTTLENECKS = ("input-bound", "launch-bound", "bandwidth-bound", "compute-bound", "needless-recompute",
+BOTTLENECKS = ("input-bound", "launch-bound", "bandwidth-bound", "compute-bound",
+               "compute-and-bandwidth", "needless-recompute",
                "sync-bound", "cpu-offload", "host-swapping")
 
 INPUT_BOUND_FRACTION = 0.20
@@ -38,6 +39,10 @@ MICRO_BATCH_SCALE = 4
 """The k of the launch-bound prediction when the job does not say how far the micro-batch can grow."""
 MATMUL_COMPUTE_FRACTION = 0.5
 """Matmul share of op time at or above which a step with no other bottleneck is compute-bound."""
+MATMUL_BAND = 0.1
+"""Within ± this of MATMUL_COMPUTE_FRACTION the step is named compute-and-bandwidth: the measured
+share moves by a few points between repeats of the same job (op timings on a busy host), and a hard
+line there made the same job compute-bound in one run and bandwidth-bound in the next."""
 SWAP_BYTES_PER_S = 1 << 20
 """Swap traffic above 1 MiB/s during the run: the host is paging."""
 RECOMPUTE_MEMORY_FRACTION = 0.5
@@ -282,7 +287,15 @@ def _compute_or_bandwidth(o: Observation) -> Finding:
         pad_fix = ("; length-grouped batches with padding to the batch's longest sample would skip "
                    f"{o.padding_fraction:.0%} padded positions")
         gain = _r(_gain(o.padding_fraction), 4)
-    if o.matmul_time_fraction is not None and o.matmul_time_fraction < MATMUL_COMPUTE_FRACTION:
+    frac = o.matmul_time_fraction
+    if frac is not None and abs(frac - MATMUL_COMPUTE_FRACTION) < MATMUL_BAND:
+        return Finding("compute-and-bandwidth", ev, "both matter: bf16 autocast where the device "
+                       "supports it (faster matrix multiplies, half the bytes) and fused elementwise "
+                       "work (torch.compile, a fused optimizer)" + pad_fix, gain,
+                       f"matrix multiplies are {frac:.0%} of op time (measured), within "
+                       f"{MATMUL_BAND:.0%} of the {MATMUL_COMPUTE_FRACTION:.0%} line between compute- "
+                       "and bandwidth-bound: neither dominates")
+    if frac is not None and frac < MATMUL_COMPUTE_FRACTION:
         return Finding("bandwidth-bound", ev, "fuse the elementwise work: torch.compile, a fused "
                        "optimizer, bf16 autocast where the device supports it (half the bytes)" + pad_fix,
                        gain, f"matrix multiplies are only {o.matmul_time_fraction:.0%} of op time "

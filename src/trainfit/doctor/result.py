@@ -71,13 +71,25 @@ class DoctorResult:
     applied: list[str] = field(default_factory=list)
     overhead_fraction: float | None = None
     notes: list[str] = field(default_factory=list)
+    round_bottlenecks: list[str] = field(default_factory=list)
+    """The bottleneck each 'before' round named on its own (two or more rounds: whether the verdict
+    held across the repeats of this run)."""
+
+    @property
+    def verdict_stable(self) -> bool | None:
+        """True when every 'before' round named the same bottleneck; None with one round."""
+        if len(self.round_bottlenecks) < 2:
+            return None
+        return len(set(self.round_bottlenecks)) == 1
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "doctor", "target": self.target, "steps_measured": self.steps_measured,
                 "split": self.split.to_dict(), "findings": [f.to_dict() for f in self.findings],
                 "before": self.before.to_dict(),
                 "after": self.after.to_dict() if self.after is not None else None,
-                "applied": list(self.applied), "overhead_fraction": self.overhead_fraction}
+                "applied": list(self.applied), "overhead_fraction": self.overhead_fraction,
+                "round_bottlenecks": list(self.round_bottlenecks),
+                "verdict_stable": self.verdict_stable}
 
     @property
     def after_bottleneck(self) -> Finding | None:

@@ -366,6 +366,12 @@ def doctor_job(path: str | Path | None = None, *, job: JobSpec | None = None, to
         befores, afters = _interleaved_rounds(bench, first, after_job, after_mode, repeats)
     pooled = _pooled(bench, befores)
     findings = find(bench.observe_before(pooled, probe))
+    per_round = [(find(bench.observe_before(r, probe)) or [None])[0] for r in befores]
+    rounds = [f.bottleneck if f is not None else "none" for f in per_round]
+    if len(set(rounds)) > 1:
+        notes.append(f"the verdict did not hold across the {len(rounds)} 'before' rounds of this run "
+                     f"({', '.join(rounds)}): the pooled rounds name "
+                     f"{findings[0].bottleneck if findings else 'none'}, with that uncertainty")
     after_findings = find(bench.observe_after(afters[0])) if afters else []
     overhead = statistics.median(r.hook_calls_per_step * bench.hook_cost_s / r.split.step_time_s
                                  + _sampler_fraction(r) for r in befores)
@@ -375,7 +381,8 @@ def doctor_job(path: str | Path | None = None, *, job: JobSpec | None = None, to
                         steps_measured=len(pooled.records), split=pooled.split, findings=findings,
                         before=_metrics(befores), after=_metrics(afters) if afters else None,
                         after_findings=after_findings,
-                        applied=applied, overhead_fraction=overhead, notes=notes)
+                        applied=applied, overhead_fraction=overhead, notes=notes,
+                        round_bottlenecks=rounds)
 
 
 # --- someone else's command ----------------------------------------------------------------------
