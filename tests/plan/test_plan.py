@@ -111,8 +111,20 @@ def test_the_pick_is_stated_against_the_current_configuration(tiny_llama):
     assert res.speedup_vs_current > 1.0  # checkpointing off and a bigger micro-batch
     assert f"micro-batch 1→{pick.job.micro_batch}" in plan_versus(res)
     assert "checkpointing full→off" in plan_versus(res) and "× tokens/s" in plan_versus(res)
+    assert "effective batch" not in plan_versus(res)  # both 8: not a change
     d = res.to_dict()
     assert d["current"]["tokens_per_s"] == pytest.approx(res.current.speed.tokens_per_s)
+
+
+def test_a_different_effective_batch_is_said(tiny_llama):
+    """Seeds 002/003 compared a current configuration of another effective batch (16 → 64,
+    120 → 128) without saying so: the change is named."""
+    res = plan(JobSpec(model="t", seq_len=64, effective_batch=8, precision="amp-bf16"), tiny_llama,
+               find_gpu("a10g"), current=JobSpec(model="t", seq_len=64, micro_batch=1, grad_accum=4,
+                                                 precision="amp-bf16", grad_ckpt="off"))
+    assert any(c.field == "effective_batch" and (c.before, c.after) == (4, 8)
+               for c in res.changes_vs_current)
+    assert "effective batch 4→8" in plan_versus(res)
 
 
 def test_cli_current_flag_and_bad_current_in_a_file(tiny_config_json, tmp_path):

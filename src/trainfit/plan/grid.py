@@ -62,8 +62,8 @@ class FieldChange:
     after: Any
 
 
-COMPARED_FIELDS = ("micro_batch", "grad_accum", "grad_ckpt", "precision", "attention",
-                   "optimizer_impl")
+COMPARED_FIELDS = ("effective_batch", "micro_batch", "grad_accum", "grad_ckpt", "precision",
+                   "attention", "optimizer_impl")
 """The fields the pick is compared on against the user's current configuration."""
 
 
