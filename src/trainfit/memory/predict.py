@@ -91,37 +91,98 @@ def _shard_adjust(job: JobSpec, breakdown: dict[str, int], per_layer_param_bytes
         extra = int(grad_bytes * DDP_BUCKET_FACTOR)
         return extra, [f"DDP: + gradient buckets ({extra / 2**30:.2f} GiB, "
                        "gradient_as_bucket_view=False)"]
-    shardable = breakdown["parameters"] + breakdown["gradients"] + breakdown["optimizer"]
-    saved = int(shardable * (1 - 1 / job.ranks))
+    sharded = shard_breakdown(breakdown, job.ranks)
     gathered = FSDP_PREFETCH_UNITS * per_layer_param_bytes
-    return gathered - saved, [
-        f"FSDP over {job.ranks} ranks: parameters/gradients/optimizer states ÷ {job.ranks}, "
-        f"+ {FSDP_PREFETCH_UNITS} unsharded layers in flight ({gathered / 2**30:.2f} GiB)"]
+    return gathered + sum(sharded.values()) - sum(breakdown.values()), [_fsdp_note(job, gathered)]
+
+
+SHARDED = ("parameters", "gradients", "optimizer")
+"""What FSDP FULL_SHARD splits over the ranks (torch/distributed/fsdp: flat parameters, their
+gradients after reduce-scatter, and the optimizer states built on the flat shards)."""
+
+
+def shard_breakdown(breakdown: dict[str, int], ranks: int) -> dict[str, int]:
+    """One rank's share of a one-process breakdown under FSDP: the sharded categories ÷ ranks
+    (rounded up: a flat parameter is padded to a multiple of the world size), the rest whole."""
+    return {k: -(-v // ranks) if k in SHARDED else v for k, v in breakdown.items()}
+
+
+def _fsdp_note(job: JobSpec, gathered: int) -> str:
+    return (f"FSDP over {job.ranks} ranks: parameters/gradients/optimizer states ÷ {job.ranks}, "
+            f"+ {FSDP_PREFETCH_UNITS} unsharded layers in flight ({gathered / 2**30:.2f} GiB, "
+            "breakdown term data_parallel)")
+
+
+def _layers(source: ModelSource) -> int:
+    """The FSDP units (decoder blocks; encoder + decoder blocks for T5-style models) the
+    parameters are spread over.  GPT-2 names its depth ``n_layer``: read as 1 layer, FSDP's two
+    layers in flight were twice the whole model."""
+    cfg = source.config
+    n = next((v for a in ("num_hidden_layers", "n_layer", "num_layers")
+              if isinstance(v := getattr(cfg, a, None), int) and v > 0), 1)
+    dec = getattr(cfg, "num_decoder_layers", None) if getattr(cfg, "is_encoder_decoder", False) \
+        else None
+    return n + (dec if isinstance(dec, int) and dec > 0 else 0)
 
 
 def data_parallel_bytes(job: JobSpec, source: ModelSource, breakdown: dict[str, int],
                         trainable_params: int) -> tuple[int, list[str]]:
     """What data parallelism adds to the one-process step's peak (DDP buckets, FSDP shards),
-    from the one-process breakdown; 0 for one rank."""
+    from the one-process breakdown; 0 for one rank.  Negative under FSDP (sharding frees more
+    than the gathered layers take); :func:`finish` instead states it as positive terms."""
 
-    layers = max(int(getattr(source.config, "num_hidden_layers", 0)
-                     or getattr(source.config, "num_layers", 0) or 1), 1)
     grad_bytes = trainable_params * weight_dtypes(job)[1].itemsize
-    return _shard_adjust(job, breakdown, breakdown["parameters"] // layers, grad_bytes)
+    return _shard_adjust(job, breakdown, breakdown["parameters"] // _layers(source), grad_bytes)
+
+
+def rank_peak(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int]],
+              trainable_params: int) -> tuple[str, dict[str, int], list[str]]:
+    """The per-rank allocated peak as (phase, breakdown with every term ≥ 0, notes).
+
+    ``phases``: the one-process breakdown at each phase's own peak.  Under FSDP the phase that
+    peaks on one rank need not be the one-process peak phase (sharding shrinks the optimizer
+    phase by far more than the activation-heavy backward), so every phase is sharded and the
+    largest taken; DDP's buckets live through the whole step and add to every phase alike."""
+    if job.ranks > 1 and job.sharding != "none":
+        params = max(b.get("parameters", 0) for b in phases.values())
+        gathered = FSDP_PREFETCH_UNITS * (params // _layers(source))
+        per_phase = {k: {**shard_breakdown(b, job.ranks), "data_parallel": gathered}
+                     for k, b in phases.items()}
+        notes = [_fsdp_note(job, gathered)]
+    else:
+        extra, notes = data_parallel_bytes(job, source, next(iter(phases.values())),
+                                           trainable_params)
+        per_phase = {k: {**b, **({"data_parallel": extra} if extra else {})}
+                     for k, b in phases.items()}
+    phase = max(per_phase, key=lambda k: sum(per_phase[k].values()))
+    return phase, per_phase[phase], notes
 
 
 def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_peak_bytes: int,
            reserved_replay_bytes: int, breakdown: dict[str, int], managed_bytes: int,
            peak_phase: str, total_params: int, trainable_params: int,
            sdpa_kernels: dict[str, int], sim_time_s: float, how: str,
-           margin: float = DEFAULT_MARGIN, eager_module_loading: bool = False
-           ) -> MemoryPrediction:
-    """Turn simulated tensor bytes into the allocated / reserved / device peaks and the fit."""
+           margin: float = DEFAULT_MARGIN, eager_module_loading: bool = False,
+           phase_breakdowns: dict[str, dict[str, int]] | None = None) -> MemoryPrediction:
+    """Turn simulated tensor bytes into the allocated / reserved / device peaks and the fit.
+
+    ``tensor_peak_bytes`` is the one-process allocated peak (whole blocks), ``breakdown`` what was
+    alive at it, ``reserved_replay_bytes`` the caching allocator's reserve for that trace,
+    ``phase_breakdowns`` the breakdown at every phase's peak (for data parallelism).  Every
+    breakdown term is ≥ 0 and the terms other than ``managed`` sum to the allocated peak."""
 
     work = cublas_workspace_bytes(gpu)
-    extra, dp_notes = data_parallel_bytes(job, source, breakdown, trainable_params)
-    allocated = tensor_peak_bytes + work + extra
-    reserved = max(reserved_replay_bytes + work + extra, allocated)
+    # Whole blocks the allocator hands out beyond the tensors' 512 B-rounded bytes (an unsplit
+    # remainder ≤ 1 MiB of a large block stays in it: CUDACachingAllocator.cpp, shouldSplit).
+    blocks = max(0, tensor_peak_bytes - sum(breakdown.values()))
+    # the one-process peak first (one rank, DDP: it stays the peak), then every phase's own
+    phases = {peak_phase: breakdown, **{k: v for k, v in (phase_breakdowns or {}).items()
+                                        if k != peak_phase}}
+    phase, terms, dp_notes = rank_peak(job, source, phases, trainable_params)
+    allocated = sum(terms.values()) + blocks + work
+    # The allocator's reserve above the allocated peak, from the one-process trace (what the
+    # other ranks' shards change is the size of persistent blocks, not the step's churn).
+    reserved = allocated + max(0, reserved_replay_bytes - tensor_peak_bytes)
     context = (gpu.cuda_context_bytes if gpu else 0) + (
         EAGER_MODULE_LOADING_EXTRA_BYTES if eager_module_loading else 0)
     device = reserved + context + managed_bytes
@@ -134,15 +195,19 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
            if managed_bytes else ""),
         *dp_notes,
     ]
-    full_breakdown = {**breakdown, "workspaces": work, "managed": managed_bytes}
-    if extra:
-        full_breakdown["data_parallel"] = extra
+    full_breakdown = {**{k: v for k, v in terms.items() if k != "data_parallel"},
+                      "workspaces": work, "managed": managed_bytes}
+    if blocks:
+        full_breakdown["allocator_blocks"] = blocks
+    if terms.get("data_parallel"):
+        full_breakdown["data_parallel"] = terms["data_parallel"]
     cap = gpu.memory_bytes if gpu else None
     fits = None if cap is None else device <= (1 - margin) * cap
     headroom = None if cap is None else int((1 - margin) * cap) - device
     return MemoryPrediction(
         peak_allocated_bytes=allocated, peak_reserved_bytes=reserved, peak_device_bytes=device,
-        breakdown=full_breakdown, peak_phase=peak_phase, fits=fits, headroom_bytes=headroom,
+        breakdown=full_breakdown, peak_phase=phase.split("@")[0], fits=fits,
+        headroom_bytes=headroom,
         capacity_bytes=cap, margin=margin, total_params=total_params,
         trainable_params=trainable_params, sdpa_kernels=sdpa_kernels, sim_time_s=sim_time_s,
         model_notes=notes)
@@ -163,4 +228,5 @@ def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
                   total_params=sim.total_params, trainable_params=sim.trainable_params,
                   sdpa_kernels=sim.sdpa_kernels, sim_time_s=sim.sim_time_s,
                   how="simulated at full size", margin=margin,
-                  eager_module_loading=eager_module_loading)
+                  eager_module_loading=eager_module_loading,
+                  phase_breakdowns=sim.phase_breakdowns)

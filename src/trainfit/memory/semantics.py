@@ -2,7 +2,7 @@
 
 We simulate on fake tensors of device ``cpu`` rather than fake ``cuda`` tensors: a CPU-only torch
 build aborts the process at the first autograd op on a fake ``cuda`` tensor (no CUDA device guard is
-registered, see shared/notes/memory-simulation.md), and working around it needs native code.  The
+registered, see docs/notes/memory-simulation.md), and working around it needs native code.  The
 price is that everything the CPU does differently from the GPU must be imposed here, in Python:
 
 * autocast: CUDA's op lists (aten/src/ATen/autocast_mode.h, ``AT_FORALL_*``) replace the CPU's for

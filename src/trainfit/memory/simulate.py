@@ -65,6 +65,8 @@ class SimResult:
     micro_steps_simulated: int
     sim_time_s: float
     info: dict[str, Any] = field(default_factory=dict)
+    phase_breakdowns: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Phase key → bytes by category at that phase's peak (each sums to its ``phase_peaks``)."""
     events: list[tuple[int, int]] = field(default_factory=list, repr=False)
     """The alloc/free trace when asked for (for the caching-allocator replay)."""
 
@@ -186,6 +188,7 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
         peak_phase=tracker.peak.phase,
         breakdown=tracker.peak.breakdown(),
         phase_peaks=dict(tracker.phase_peaks),
+        phase_breakdowns={k: dict(v) for k, v in tracker.phase_breakdowns.items()},
         managed_bytes=tracker.peak_managed_bytes,
         steady_bytes=steady,
         largest_block_bytes=largest,

@@ -5,7 +5,7 @@ reference; when the storage dies its bytes are released.  The maximum of the run
 peak.  This is the mechanism of ``torch.distributed._tools.mem_tracker.MemTracker`` reduced to what
 we need: the stock tracker registers grad hooks on every parameter (it crashes on frozen LoRA base
 weights) and snapshots every module (100+ s per 7B step); keeping only live bytes, the global peak
-and one snapshot per new peak costs ~5 % over the untracked step (see shared/notes).
+and one snapshot per new peak costs ~5 % over the untracked step (see docs/notes/memory-simulation.md).
 """
 
 from __future__ import annotations
@@ -86,6 +86,14 @@ class LiveBytesTracker(TorchDispatchMode):
         """Called as ``hook(func, args, kwargs, out, phase, micro_step)`` after every op (the
         speed model's recorder)."""
         self._micro = 0
+        self._cat_bytes: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+        """Live allocator bytes by category, kept up to date on every allocation and free."""
+        self.phase_breakdowns: dict[str, dict[str, int]] = {}
+        """Phase key → bytes by category at that phase's own peak (they sum to ``phase_peaks``).
+        Extrapolation and data parallelism need what was alive at *each* phase's peak: the
+        global peak's mix says nothing about the other phases, and the peak moves between
+        phases as the micro-batch grows."""
+        self._phase_peak_uid: dict[str, int] = {}
 
     @contextlib.contextmanager
     def managed(self) -> Iterator[None]:
@@ -120,6 +128,7 @@ class LiveBytesTracker(TorchDispatchMode):
         self._live[st] = blk
         self._alive[blk.uid] = blk
         self.current_bytes += nbytes
+        self._cat_bytes[category] = self._cat_bytes.get(category, 0) + nbytes
         if self.record_events:
             self.events.append((blk.uid, nbytes))
         self._refs.append(weakref.ref(st, lambda _r, b=blk: self._release(b)))
@@ -130,6 +139,7 @@ class LiveBytesTracker(TorchDispatchMode):
             self.managed_bytes -= blk.nbytes
         else:
             self.current_bytes -= blk.nbytes
+            self._cat_bytes[blk.category] -= blk.nbytes
             self._alive.pop(blk.uid, None)
             if self.record_events:
                 self.events.append((blk.uid, -blk.nbytes))
@@ -141,8 +151,20 @@ class LiveBytesTracker(TorchDispatchMode):
 
     def reclassify(self, t: torch.Tensor, category: str) -> None:
         blk = self._live.get(t.untyped_storage())
-        if blk is not None and blk.category != MANAGED:
-            blk.category = category
+        if blk is None or blk.category == MANAGED or blk.category == category:
+            return
+        # A block alive now and created before a phase's peak was alive at that peak: move it in
+        # that snapshot too, so the phase breakdowns use final categories (as the global peak's
+        # block list does: gradients are reclassified after accumulation, optimizer states
+        # after the step that created them).
+        for key, uid in self._phase_peak_uid.items():
+            if blk.uid <= uid:
+                snap = self.phase_breakdowns[key]
+                snap[blk.category] -= blk.nbytes
+                snap[category] = snap.get(category, 0) + blk.nbytes
+        self._cat_bytes[blk.category] -= blk.nbytes
+        self._cat_bytes[category] = self._cat_bytes.get(category, 0) + blk.nbytes
+        blk.category = category
 
     def set_phase(self, phase: str, micro_step: int = 0) -> None:
         """``micro_step`` 0 is the first micro-batch of a step (no gradients alive yet), ≥ 1 a
@@ -156,6 +178,8 @@ class LiveBytesTracker(TorchDispatchMode):
         cur = self.current_bytes
         if cur > self.phase_peaks.get(self._phase_key, -1):
             self.phase_peaks[self._phase_key] = cur
+            self.phase_breakdowns[self._phase_key] = dict(self._cat_bytes)
+            self._phase_peak_uid[self._phase_key] = self._next_id
         if cur > self.peak.peak_bytes:
             self.peak = PeakSnapshot(cur, self.phase, list(self._alive.values()))
 

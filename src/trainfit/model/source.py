@@ -47,6 +47,38 @@ def _check_fields(config: Any, where: str) -> None:
                        "is needed")
 
 
+def _derived_fields(cls: type, data: dict[str, Any]) -> list[str]:
+    """Keys of ``data`` the config class computes itself: read-only properties.  Falcon derives
+    ``head_dim`` as ``hidden_size // num_attention_heads`` (transformers
+    models/falcon/configuration_falcon.py, a property without a setter); a config.json that
+    also states it made ``for_model`` fail with "property 'head_dim' ... has no setter"."""
+    out = []
+    for k in data:
+        attr = getattr(cls, k, None)
+        if isinstance(attr, property) and attr.fset is None:
+            out.append(k)
+    return out
+
+
+def config_from_dict(data: dict[str, Any], where: str) -> Any:
+    """A transformers config from a config.json's fields: only what the class accepts is passed
+    to its constructor; a field it derives is checked against the derived value (never
+    silently replaced: a different value means a model transformers cannot build)."""
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    model_type = data["model_type"]
+    cls = CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None
+    derived = _derived_fields(cls, data) if cls is not None else []
+    cfg = AutoConfig.for_model(**{k: v for k, v in data.items() if k not in derived})
+    for k in derived:
+        if getattr(cfg, k) != data[k]:
+            raise JobError(f"--model {where}: {k} = {data[k]!r} in config.json, but transformers' "
+                           f"{type(cfg).__name__} derives {k} = {getattr(cfg, k)!r} from the other "
+                           "fields and cannot build the model as stated",
+                           f"remove {k} or make the fields it derives from agree with it")
+    return cfg
+
+
 def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
     from transformers import AutoConfig
 
@@ -80,7 +112,9 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
             raise JobError(f"--model {name}: config.json has no model_type",
                            "add the model_type field (e.g. \"llama\") from the original model")
         try:
-            cfg = AutoConfig.for_model(**data)
+            cfg = config_from_dict(data, name)
+        except JobError:
+            raise
         except (ValueError, KeyError, TypeError) as err:
             raise JobError(f"--model {name}: transformers cannot read this config "
                            f"({str(err).splitlines()[0]})",

@@ -3,7 +3,7 @@
 Candidates: the precisions the GPU supports × checkpointing off/on × micro-batches (powers of two
 dividing the per-rank effective batch, plus the largest that fits), each with the accumulation that
 keeps the effective batch exact.  Knobs the user fixed are not varied.  Each (precision,
-checkpointing) group costs four small simulations (:mod:`trainfit.memory.extrapolate`); the
+checkpointing) group costs 4-8 small simulations (:mod:`trainfit.memory.extrapolate`); the
 recommended configuration is then re-simulated at full size, so the number it is chosen on is
 exact, not extrapolated.
 """
@@ -129,8 +129,9 @@ class PlanResult:
         return self.dataset_tokens * (self.epochs or 1.0) / tps
 
 
-def _fit_one(args: tuple[JobSpec, ModelSource, Any]) -> Any:
-    return fit_group(*args)
+def _fit_one(args: tuple[JobSpec, ModelSource, Any, int]) -> Any:
+    job, source, target, high_batch = args
+    return fit_group(job, source, target, high_batch=high_batch)
 
 
 def _exact_row(args: tuple[JobSpec, ModelSource, GpuSpec | None, float]) -> PlanRow:
@@ -288,8 +289,8 @@ class _Grid:
                                            self.micro_all[0]))]
         groups = [(p, c) for p in self.precisions for c in self.ckpts]
         target = target_for(self.gpu)
-        models = self.workers.map(_fit_one, [(_config_job(self.job, p, c, 1), self.source, target)
-                                             for p, c in groups])
+        models = self.workers.map(_fit_one, [(_config_job(self.job, p, c, 1), self.source, target,
+                                              max(self.micro_all)) for p, c in groups])
         rows: list[PlanRow] = []
         for (precision, ckpt), model in zip(groups, models, strict=True):
             rows += self._group_rows(precision, ckpt, model)
@@ -309,8 +310,8 @@ class _Grid:
                          peak_phase=p["peak_phase"], total_params=p["total_params"],
                          trainable_params=p["trainable_params"],
                          sdpa_kernels=model.points[-1].sim.sdpa_kernels,
-                         sim_time_s=0.0, how="extrapolated from 4 small simulations",
-                         margin=self.margin)
+                         sim_time_s=0.0, how="extrapolated from small simulations",
+                         margin=self.margin, phase_breakdowns=p["phase_breakdowns"])
             return cj, mem
 
         largest = None

@@ -14,7 +14,8 @@ from trainfit.tune.result import SearchNote
 
 GIB = 2**30
 
-FIELD_LABELS = {"effective_batch": "effective batch", "micro_batch": "micro-batch", "grad_accum": "accumulation",
+FIELD_LABELS = {"effective_batch": "effective batch", "micro_batch": "micro-batch",
+                "grad_accum": "accumulation",
                 "grad_ckpt": "checkpointing", "precision": "precision", "attention": "attention",
                 "optimizer_impl": "optimizer implementation"}
 

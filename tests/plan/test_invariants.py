@@ -1,0 +1,452 @@
+"""Invariants of ``plan``'s predictions, checked over a generated sweep of configurations.
+
+Each is a property every prediction must have whatever the model, method or hardware; a
+violation is a contradiction a user can see in one table (a negative breakdown term, a bigger
+micro-batch that needs less memory, a ▲ on a row that does not fit), and was a bug in a
+mechanism each time (the fixes cite the cause: src/trainfit/memory/, plan/ladder.py).
+
+The sweep: 10 architectures as tiny transformers configs (hidden 64, 2-4 layers, vocab 512),
+full / LoRA / QLoRA, every precision, checkpointing off/on, micro-batches 1…64 (powers of two),
+gradient accumulation 1 and 4, one rank and 2 / 8 ranks with DDP and FSDP.  Each
+(architecture, method, precision, checkpointing, accumulation) group is fitted once (the
+extrapolation's own small simulations) and its rows are built for every rank setting the way
+``plan`` builds them (``_Grid._group_rows``); ``plan()`` itself runs once per architecture
+(▲ after the pick's full-size re-simulation) and a sampled subset is re-simulated at full size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from trainfit.hardware.gpus import find_gpu
+from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec
+from trainfit.memory.extrapolate import SEGMENT_SLACK_BYTES, BilinearModel, fit_group
+from trainfit.memory.predict import predict_memory, target_for
+from trainfit.model.source import ModelSource
+from trainfit.plan.grid import PlanRow, _Grid, _Workers, plan
+
+GPU = find_gpu("h100")
+
+
+@pytest.fixture(autouse=True)
+def _one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """plan() in this process, no worker pool: these tests build models here first, and a pool
+    forked after that can deadlock (plan/grid.py: _Workers)."""
+    monkeypatch.setenv("TRAINFIT_WORKERS", "1")
+MICROS = [1, 2, 4, 8, 16, 32, 64]
+RANKS = [(1, "none"), (2, "none"), (2, "fsdp"), (8, "none"), (8, "fsdp")]
+PRECISIONS = ["fp32", "amp-fp16", "amp-bf16", "bf16-true"]
+SEQ = 32
+SAMPLE_RATE = 0.06
+"""Share of (group, accumulation, ranks) row sets one row of which is re-simulated at full size."""
+EXTRAPOLATION_TOLERANCE = 0.01
+"""Extrapolated allocated peak vs the full-size simulation: the fit points are micro-batches 2
+and 3 (at micro-batch 1 a few copies are skipped, extrapolate.FIT_BATCHES), so micro-batch 1
+may be over-predicted by those copies; everywhere else the phase peaks are bilinear."""
+
+
+def _arch_configs() -> dict[str, tuple[Any, str]]:
+    import transformers as tf
+
+    common = dict(vocab_size=512)
+    return {
+        "llama": (tf.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                 num_attention_heads=4, num_key_value_heads=2,
+                                 max_position_embeddings=128, **common), "causal-lm"),
+        "mistral": (tf.MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                     num_attention_heads=4, num_key_value_heads=2,
+                                     max_position_embeddings=128, **common), "causal-lm"),
+        "qwen2": (tf.Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                 num_attention_heads=4, num_key_value_heads=2,
+                                 max_position_embeddings=128, **common), "causal-lm"),
+        "gemma": (tf.GemmaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+                                 max_position_embeddings=128, **common), "causal-lm"),
+        "phi": (tf.PhiConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, max_position_embeddings=128, **common),
+                "causal-lm"),
+        "gpt2": (tf.GPT2Config(n_embd=64, n_layer=3, n_head=4, n_positions=128, **common),
+                 "causal-lm"),
+        "gpt_neox": (tf.GPTNeoXConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, max_position_embeddings=128,
+                                      **common), "causal-lm"),
+        "t5": (tf.T5Config(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2,
+                           num_heads=4, **common), "seq2seq-lm"),
+        "falcon": (tf.FalconConfig(hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                                   new_decoder_architecture=True, num_kv_heads=2,
+                                   max_position_embeddings=128, **common), "causal-lm"),
+        "granitemoehybrid": (tf.GraniteMoeHybridConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+            shared_intermediate_size=128, layer_types=["mamba", "attention"],
+            mamba_n_heads=4, mamba_d_head=32, mamba_d_state=16, mamba_n_groups=1,
+            max_position_embeddings=128, **common), "causal-lm"),
+    }
+
+
+def groups(i: int) -> dict[str, list[tuple[str, str]]]:
+    """(precision, checkpointing) groups per method for the i-th architecture: every one for full
+    fine-tuning on every other architecture, a rotating pair elsewhere, so the sweep holds every
+    precision and both checkpointing settings for every method within ~3 minutes on 2 cores
+    (each group costs 4-8 small simulations)."""
+    if i % 2 == 0:
+        return {"full": [(p, c) for p in PRECISIONS for c in ("off", "full")],
+                "lora": [("amp-bf16", "off"), ("bf16-true", "full")],
+                "qlora": [("amp-bf16", "full"), ("amp-fp16", "off")]}
+    return {"full": [(PRECISIONS[i % 4], "off"), (PRECISIONS[(i + 1) % 4], "full")],
+            "lora": [("amp-fp16", "full"), ("fp32", "off")],
+            "qlora": [("bf16-true", "off")]}
+KNOWN_UNSUPPORTED = {("t5", "qlora")}
+"""Not simulated (outside these invariants, reported): T5's 4-bit twin fails in relative
+position bucketing ("result type Float can't be cast to ... Long")."""
+
+
+def _simulable(arch: str, method: str, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """GraniteMoE's experts run ``torch._grouped_mm``, which takes bf16 only (its meta kernel
+    checks it as the CUDA kernel does): bf16 expert weights only, i.e. bf16-true, or a LoRA
+    base frozen in bf16 under amp-bf16."""
+    if arch != "granitemoehybrid":
+        return pairs
+    ok = [(p, c) for p, c in pairs
+          if p == "bf16-true" or (p == "amp-bf16" and method != "full")]
+    return ok or [("bf16-true", "off")]
+
+
+@dataclasses.dataclass
+class Checked:
+    """Counts of configurations checked and violations by invariant, with examples."""
+
+    configurations: int = 0
+    violations: Counter = dataclasses.field(default_factory=Counter)
+    examples: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    skipped: list[str] = dataclasses.field(default_factory=list)
+    max_fragmentation_ratio: float = 0.0
+
+    def check(self, name: str, ok: bool, what: str) -> None:
+        if not ok:
+            self.violations[name] += 1
+            self.examples.setdefault(name, [])
+            if len(self.examples[name]) < 5:
+                self.examples[name].append(what)
+
+
+def _desc(r: PlanRow) -> str:
+    j = r.job
+    return (f"{j.model} {j.method} {j.precision} ckpt={j.grad_ckpt} {j.micro_batch}x"
+            f"{j.grad_accum} ranks={j.ranks}/{j.sharding} [{r.how}]")
+
+
+def check_terms(c: Checked, r: PlanRow) -> None:
+    """Every breakdown term ≥ 0, and the terms other than ``managed`` (paged states, outside the
+    allocator) sum to the allocated peak exactly: both are integers, the peak is the sum of the
+    terms at one moment (per-category fits of a phase sum to the fit of its peak, exactly up to
+    one byte of rounding per term, and the peak is defined as that sum)."""
+    m = r.memory
+    c.check("breakdown term >= 0", all(v >= 0 for v in m.breakdown.values()),
+            f"{_desc(r)}: {m.breakdown}")
+    total = sum(v for k, v in m.breakdown.items() if k != "managed")
+    c.check("terms sum to the allocated peak", total == m.peak_allocated_bytes,
+            f"{_desc(r)}: sum {total} != {m.peak_allocated_bytes}")
+
+
+def check_fits(c: Checked, rows: list[PlanRow], cap: int) -> None:
+    """``fits`` is device ≤ (1 − margin) × capacity; ▲ only on a fitting row, and on the largest
+    fitting micro-batch of its group (rows of one group differ only in the micro-batch)."""
+    for r in rows:
+        m = r.memory
+        c.check("fits == device within capacity",
+                m.fits == (m.peak_device_bytes <= (1 - m.margin) * cap), _desc(r))
+        c.check("largest_fitting only on a fitting row", not r.largest_fitting or m.fits is True,
+                _desc(r))
+    fitting = [r.job.micro_batch for r in rows if r.memory.fits]
+    marked = [r.job.micro_batch for r in rows if r.largest_fitting]
+    c.check("largest_fitting is the largest fitting micro-batch",
+            marked == ([max(fitting)] if fitting else []),
+            f"{_desc(rows[0])}: marked {marked}, fitting {fitting}")
+
+
+def check_monotone(c: Checked, rows: list[PlanRow]) -> None:
+    """Same everything but a larger micro-batch: the allocated peak (and the device peak built on
+    it) never decreases."""
+    rows = sorted(rows, key=lambda r: r.job.micro_batch)
+    for a, b in itertools.pairwise(rows):
+        c.check("allocated non-decreasing in micro-batch",
+                b.memory.peak_allocated_bytes >= a.memory.peak_allocated_bytes,
+                f"{_desc(a)} {a.memory.peak_allocated_bytes} > {_desc(b)} "
+                f"{b.memory.peak_allocated_bytes}")
+        c.check("device non-decreasing in micro-batch",
+                b.memory.peak_device_bytes >= a.memory.peak_device_bytes,
+                f"{_desc(a)} {a.memory.peak_device_bytes} > {_desc(b)} "
+                f"{b.memory.peak_device_bytes}")
+
+
+def check_reserved(c: Checked, r: PlanRow, model: BilinearModel) -> None:
+    """reserved ≥ allocated, and within the allocator model's stated bound: an extrapolated
+    row's reserve above the allocated peak is at most the group's fragmentation ratio ρ (the
+    largest (reserved − allocated) ÷ (allocated − steady) of its small simulations,
+    ``BilinearModel.fragmentation_ratio``) times the one-process transient bytes, plus one
+    20 MiB segment (``SEGMENT_SLACK_BYTES``: the reserve grows by whole segments)."""
+    m = r.memory
+    c.check("reserved >= allocated", m.peak_reserved_bytes >= m.peak_allocated_bytes, _desc(r))
+    rho = model.fragmentation_ratio()
+    c.max_fragmentation_ratio = max(c.max_fragmentation_ratio, rho)
+    one = model.predict(r.job.micro_batch, accumulating=(r.job.grad_accum or 1) > 1)
+    bound = rho * max(0, one["peak_allocated_bytes"] - one["steady_bytes"]) + \
+        SEGMENT_SLACK_BYTES + 1
+    c.check("reserved within the allocator bound",
+            m.peak_reserved_bytes - m.peak_allocated_bytes <= bound,
+            f"{_desc(r)}: {m.peak_reserved_bytes - m.peak_allocated_bytes} > {bound:.0f}")
+
+
+def fsdp_should_not_exceed(job: JobSpec, layers: int) -> bool:
+    """Where FSDP's per-rank peak must be ≤ the one-process peak.  FSDP holds 2 unsharded layers
+    in flight (predict.FSDP_PREFETCH_UNITS): on a stack of ≤ 4 layers of frozen LoRA weights over
+    2 ranks that is as much as sharding frees, so it legitimately does not pay; with trainable
+    weights (gradients and optimizer states sharded too) or 8 ranks it must."""
+    return job.method == "full" or (job.ranks >= 8 and layers >= 3)
+
+
+def _layers(src: ModelSource) -> int:
+    cfg = src.config
+    return next((v for a in ("num_hidden_layers", "n_layer", "num_layers")
+                 if isinstance(v := getattr(cfg, a, None), int) and v > 0), 1)
+
+
+def _group_rows(job: JobSpec, src: ModelSource, model: BilinearModel, gpu: Any) -> list[PlanRow]:
+    """The rows ``plan`` shows for one (precision, checkpointing) group, built by plan's own
+    code from an already fitted model (no pool: ``_Workers(1)``)."""
+    grid = _Grid(job, src, gpu, DEFAULT_MARGIN, _Workers(1), [job.precision], [job.grad_ckpt],
+                 MICROS)
+    return grid._group_rows(job.precision, job.grad_ckpt, model)
+
+
+def _capacity(job: JobSpec, src: ModelSource, model: BilinearModel) -> Any:
+    """A GPU on which the group's micro-batch 8 (one rank) just fits: rows on both sides."""
+    probe = _group_rows(job.replace(ranks=1, sharding="none", grad_accum=1), src, model, GPU)
+    dev = next(r.memory.peak_device_bytes for r in probe if r.job.micro_batch == 8)
+    return dataclasses.replace(GPU, memory_bytes=int(dev / (1 - DEFAULT_MARGIN)) + 1)
+
+
+def _check_group(c: Checked, base: JobSpec, src: ModelSource, model: BilinearModel,
+                 sampled: list[tuple[PlanRow, ModelSource]], rng: random.Random) -> None:
+    gpu = _capacity(base, src, model)
+    for accum in (1, 4):
+        one_rank: dict[int, PlanRow] = {}
+        for ranks, sharding in RANKS:
+            job = base.replace(ranks=ranks, sharding=sharding, grad_accum=accum)
+            rows = _group_rows(job, src, model, gpu)
+            c.configurations += len(rows)
+            for r in rows:
+                check_terms(c, r)
+                check_reserved(c, r, model)
+            check_fits(c, rows, gpu.memory_bytes)
+            check_monotone(c, rows)
+            if ranks == 1:
+                one_rank = {r.job.micro_batch: r for r in rows}
+            elif sharding == "fsdp" and fsdp_should_not_exceed(job, _layers(src)):
+                for r in rows:
+                    u = one_rank[r.job.micro_batch]
+                    c.check("FSDP per-rank <= unsharded",
+                            r.memory.peak_allocated_bytes <= u.memory.peak_allocated_bytes,
+                            f"{_desc(r)} {r.memory.peak_allocated_bytes} > "
+                            f"{u.memory.peak_allocated_bytes}")
+            if rng.random() < SAMPLE_RATE:
+                sampled.append((rng.choice(rows), src))
+
+
+def check_against_full_size(c: Checked, row: PlanRow, src: ModelSource) -> None:
+    """An extrapolated row against the same configuration simulated at full size: allocated
+    within :data:`EXTRAPOLATION_TOLERANCE`, and the extrapolated reserve never below the
+    full-size replay's (the ρ model is meant to be conservative)."""
+    exact = predict_memory(row.job, src, GPU)
+    a, e = row.memory.peak_allocated_bytes, exact.peak_allocated_bytes
+    c.check("extrapolated allocated within 1 % of full size",
+            abs(a - e) <= EXTRAPOLATION_TOLERANCE * e, f"{_desc(row)}: {a} vs {e}")
+    c.check("extrapolated reserved >= full-size replay",
+            row.memory.peak_reserved_bytes - a >= exact.peak_reserved_bytes - e,
+            f"{_desc(row)}: reserve {row.memory.peak_reserved_bytes - a} < "
+            f"{exact.peak_reserved_bytes - e}")
+
+
+def run_sweep(archs: list[str] | None = None) -> Checked:
+    """The whole sweep (the test and benchmarks/invariants.py share it)."""
+    c = Checked()
+    rng = random.Random(0)
+    sampled: list[tuple[PlanRow, ModelSource]] = []
+    target = target_for(GPU)
+    for i, (arch, (cfg, task)) in enumerate(_arch_configs().items()):
+        if archs is not None and arch not in archs:
+            continue
+        src = ModelSource(arch, cfg, task, "local")
+        for method, pairs in groups(i).items():
+            if (arch, method) in KNOWN_UNSUPPORTED:
+                c.skipped.append(f"{arch} {method}")
+                continue
+            for precision, ckpt in _simulable(arch, method, pairs):
+                base = JobSpec(model=arch, seq_len=SEQ, method=method, precision=precision,
+                               grad_ckpt=ckpt)
+                model = fit_group(base.replace(micro_batch=1, grad_accum=1), src, target,
+                                  high_batch=max(MICROS))
+                _check_group(c, base, src, model, sampled, rng)
+    for row, src in sampled:
+        check_against_full_size(c, row, src)
+    return c
+
+
+def check_plan(c: Checked, res: Any) -> None:
+    """A whole ``plan()``: terms and ▲ after the pick's full-size re-simulation, per group."""
+    by_group: dict[tuple[str | None, str | None], list[PlanRow]] = {}
+    for r in res.rows:
+        c.configurations += 1
+        check_terms(c, r)
+        c.check("reserved >= allocated",
+                r.memory.peak_reserved_bytes >= r.memory.peak_allocated_bytes, _desc(r))
+        by_group.setdefault((r.job.precision, r.job.grad_ckpt), []).append(r)
+    for rows in by_group.values():
+        check_fits(c, rows, res.gpu_memory_bytes)
+        check_monotone(c, [r for r in rows if r.how == "extrapolated"])
+
+
+def test_invariants_over_the_sweep() -> None:
+    """≥ 300 configurations, every invariant, no violation (the count is printed)."""
+    c = run_sweep()
+    print(f"\ninvariants: {c.configurations} configurations checked, "
+          f"violations {dict(c.violations) or 0}, not simulated {c.skipped}, "
+          f"largest fragmentation ratio {c.max_fragmentation_ratio:.2f}")
+    assert c.configurations >= 300
+    assert not c.violations, c.examples
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "falcon"])
+def test_invariants_of_whole_plans(arch: str) -> None:
+    """plan() end to end on a GPU where part of each group fits: ▲ and fits after the pick is
+    re-simulated, terms of the simulated row too."""
+    cfg, task = _arch_configs()[arch]
+    src = ModelSource(arch, cfg, task, "local")
+    job = JobSpec(model=arch, seq_len=SEQ, precision="amp-bf16", effective_batch=64)
+    probe = fit_group(job.replace(micro_batch=1, grad_accum=1, effective_batch=None), src,
+                      target_for(GPU), high_batch=64)
+    gpu = _capacity(job.replace(grad_ckpt="off"), src, probe)
+    res = plan(job, src, gpu, ladder=False)
+    c = Checked()
+    check_plan(c, res)
+    assert any(r.how == "simulated" for r in res.rows)
+    assert not c.violations, c.examples
+
+
+def test_fsdp_breakdown_has_no_negative_term_and_sums_to_the_peak() -> None:
+    """Was: ``data_parallel −36.22 GiB`` (FSDP's savings booked as one negative term, from the
+    one-process peak's mix).  Now the sharded terms are divided and the gathered layers added."""
+    cfg, task = _arch_configs()["llama"]
+    src = ModelSource("llama", cfg, task, "local")
+    job = JobSpec(model="llama", seq_len=SEQ, method="full", precision="amp-bf16", micro_batch=4,
+                  grad_accum=1, ranks=8, sharding="fsdp")
+    m = predict_memory(job, src, GPU)
+    assert all(v >= 0 for v in m.breakdown.values()), m.breakdown
+    assert sum(v for k, v in m.breakdown.items() if k != "managed") == m.peak_allocated_bytes
+    one = predict_memory(job.replace(ranks=1, sharding="none"), src, GPU)
+    assert m.peak_allocated_bytes < one.peak_allocated_bytes
+
+
+def test_extrapolation_follows_the_peak_to_large_micro_batches() -> None:
+    """Was: 11.8 MB predicted at micro-batch 64 against 20.8 MB simulated (the line through 2 and
+    3 under a convex peak), and micro-batch 2 predicted below 1."""
+    from trainfit.memory.simulate import simulate_step
+
+    cfg, task = _arch_configs()["llama"]
+    src = ModelSource("llama", cfg, task, "local")
+    job = JobSpec(model="llama", seq_len=SEQ, method="full", precision="amp-fp16",
+                  grad_ckpt="full", micro_batch=1, grad_accum=1)
+    m = fit_group(job, src, target_for(GPU), high_batch=64)
+    prev = 0
+    for b in (1, 2, 8, 64):
+        pred = m.predict(b, accumulating=False)["peak_allocated_bytes"]
+        sim = simulate_step(job.replace(micro_batch=b, effective_batch=None), src, target_for(GPU))
+        assert pred >= sim.peak_allocated_bytes and pred >= prev, (b, pred, sim.peak_allocated_bytes)
+        prev = pred
+
+
+def test_falcon_config_json_with_head_dim(tmp_path: Any) -> None:
+    """Was: AttributeError "property 'head_dim' of 'FalconConfig' object has no setter"."""
+    import json
+
+    from trainfit.model.source import resolve_model
+
+    fields = {"model_type": "falcon", "hidden_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "head_dim": 16, "vocab_size": 512,
+              "new_decoder_architecture": True, "num_kv_heads": 2}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(fields))
+    src = resolve_model(str(p))
+    assert src.config.head_dim == 16 and type(src.config).__name__ == "FalconConfig"
+    res = plan(JobSpec(model=str(p), seq_len=SEQ, micro_batch=2, grad_accum=1,
+                       precision="amp-bf16", grad_ckpt="off"), src, GPU)
+    assert res.rows[0].memory.fits
+    p.write_text(json.dumps({**fields, "head_dim": 32}))  # not what Falcon derives: refused
+    with pytest.raises(JobError, match="derives head_dim = 16"):
+        resolve_model(str(p))
+
+
+def test_ladder_measures_from_the_start_and_skips_a_rung_that_saves_nothing() -> None:
+    """Was: "gradient checkpointing on" raising the peak 54.72 → 55.37 GiB (Mistral-7B, 3090):
+    the start was an extrapolated row, the rung a full-size simulation, and checkpointing does
+    not lower a peak made of weights, gradients and optimizer states."""
+    from trainfit.plan.ladder import build_ladder
+
+    start = JobSpec(model="m", seq_len=512, micro_batch=4, grad_accum=1, precision="bf16-true",
+                    grad_ckpt="off")
+    seen: list[JobSpec] = []
+
+    def evaluate(j: JobSpec) -> tuple[int, float | None, bool | None]:
+        seen.append(j)
+        peak = 100 if j.grad_ckpt == "off" else 101  # checkpointing saves nothing here
+        if j.optimizer == "adamw-8bit":
+            peak -= 40
+        return peak, 1.0, peak <= 70
+
+    rungs = build_ladder(start, evaluate)
+    assert seen[0] is start
+    assert [r.change.split(" ")[0] for r in rungs] == ["8-bit"]
+    assert rungs[-1].fits
+
+
+def test_reported_qwen_7b_full_fsdp_8_ranks_on_h100() -> None:
+    """The report: ``data_parallel −36.22 GiB``; checkpointed amp-bf16 8×1 allocating 17.95 GiB
+    but reserving 102.28; bf16-true checkpointed 4×1 below 1×1 (catalog scale, ~25 s)."""
+    from trainfit.model.source import resolve_model
+
+    src = resolve_model("qwen2.5-7b")
+    res = plan(JobSpec(model="qwen2.5-7b", method="full", ranks=8, sharding="fsdp"), src,
+               find_gpu("h100"), ladder=False)
+    c = Checked()
+    check_plan(c, res)
+    assert not c.violations, c.examples
+    by = {(r.job.precision, r.job.grad_ckpt, r.job.micro_batch): r.memory for r in res.rows}
+    m = by[("amp-bf16", "full", 8)]
+    assert m.peak_reserved_bytes < 1.5 * m.peak_allocated_bytes
+    assert by[("bf16-true", "full", 4)].peak_allocated_bytes >= \
+        by[("bf16-true", "full", 1)].peak_allocated_bytes
+
+
+def test_reported_mistral_7b_on_3090() -> None:
+    """The report: bf16-true 1×1 needing more than 4×1, and the ladder's "checkpointing on"
+    raising the peak (catalog scale, ~20 s)."""
+    from trainfit.model.source import resolve_model
+
+    src = resolve_model("mistral-7b")
+    res = plan(JobSpec(model="mistral-7b"), src, find_gpu("3090"))
+    c = Checked()
+    check_plan(c, res)
+    assert not c.violations, c.examples
+    by = {(r.job.precision, r.job.grad_ckpt, r.job.micro_batch): r.memory for r in res.rows}
+    assert by[("bf16-true", "off", 1)].peak_device_bytes <= \
+        by[("bf16-true", "off", 4)].peak_device_bytes
+    peaks = [r.peak_device_bytes for r in res.ladder]
+    assert res.ladder and res.ladder[-1].fits
+    assert all(b < a for a, b in itertools.pairwise(peaks))
