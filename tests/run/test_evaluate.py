@@ -83,7 +83,7 @@ def test_injected_eval_oom_halves_the_eval_batch_only(job, tmp_path, chat_jsonl,
     inj = train(job, RunOptions(out_dir=tmp_path / "inj", max_steps=3, eval_data=chat_jsonl,
                                 eval_every_steps=2, inject_eval_oom_at_steps=(2,)))
     # the OOM hit the last batch (samples 20..23) of the eval at step 2: redone from it at batch 2
-    assert inj.oom_events == [{"step": 2, "phase": "eval", "eval_batch_before": 4,
+    assert [e.to_dict() for e in inj.oom_events] == [{"step": 2, "phase": "eval", "eval_batch_before": 4,
                                "eval_batch_after": 2, "redone_from_sample": 20}]
     assert [(e["step"], e["eval_batch"]) for e in ref.evals] == [(2, 4), (3, 4)]  # + the end
     assert [(e["step"], e["eval_batch"]) for e in inj.evals] == [(2, 2), (3, 2)]  # stays lowered
@@ -140,7 +140,7 @@ def test_real_memory_limit_oom_in_eval_only(job, tmp_path, chat_jsonl, one_threa
                                  eval_batch=16))
     res = train(job1, RunOptions(out_dir=tmp_path / "m", max_steps=2, eval_data=chat_jsonl,
                                  eval_batch=16, memory_limit_bytes=limit))
-    assert res.oom_events == [{"step": 2, "phase": "eval", "eval_batch_before": 16,
+    assert [e.to_dict() for e in res.oom_events] == [{"step": 2, "phase": "eval", "eval_batch_before": 16,
                                "eval_batch_after": 8, "redone_from_sample": 0}]
     assert res.losses == pytest.approx(ref.losses, rel=1e-6)
     assert res.evals[0]["eval_batch"] == 8

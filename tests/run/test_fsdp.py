@@ -80,7 +80,8 @@ def _worker(spec_path: Path) -> None:
                     for p in m.parameters())
         full = sum(p.numel() for p in m.parameters())
         res = t.run()
-        out = {"losses": res.losses, "oom_events": res.oom_events, "samples": res.samples,
+        out = {"losses": res.losses, "oom_events": [e.to_dict() for e in res.oom_events],
+               "samples": res.samples,
                "steps": res.steps, "interrupted": res.interrupted, "checkpoints": res.checkpoints,
                "resumed_from": res.resumed_from, "sharded": is_sharded(m),
                "local_params": local, "full_params": full, "wall_s": time.perf_counter() - t0}

@@ -30,7 +30,7 @@ def test_same_losses_and_samples_through_oom_interrupt_resume(job, tmp_path, bac
                                inject_oom_at_steps=(1,), inject_interrupt_at_step=3), backend)
     assert a.interrupted and a.steps == 4
     # the OOM came in the last micro-step: the first micro-step's gradients were dropped and redone
-    assert a.oom_events == [{"step": 1, "phase": "step", "micro_batch_before": 4,
+    assert [e.to_dict() for e in a.oom_events] == [{"step": 1, "phase": "step", "micro_batch_before": 4,
                              "micro_batch_after": 2, "grad_accum_after": 4}]
     assert a.checkpoints == [str(out / "checkpoint-4")]
     assert (out / "checkpoint-4" / "model.safetensors").exists()
@@ -49,7 +49,7 @@ def test_hf_memory_limit_oom_splits(job, tmp_path, limit_between):
     ref = train(job.replace(micro_batch=2), RunOptions(out_dir=tmp_path / "r", max_steps=3))
     res = run_hf(job, RunOptions(out_dir=tmp_path / "m", max_steps=3, memory_limit_bytes=limit),
                  "hf")
-    assert [e["micro_batch_after"] for e in res.oom_events] == [2]
+    assert [e["micro_batch_after"] for e in (x.to_dict() for x in res.oom_events)] == [2]
     assert res.losses == pytest.approx(ref.losses, rel=1e-6)
 
 
@@ -136,7 +136,8 @@ def test_hf_evaluation_equals_own_loop(job, tmp_path):
     assert [e["eval_loss"] for e in res.evals] == pytest.approx([e["eval_loss"] for e in ref.evals],
                                                                 rel=1e-6)
     assert res.losses == pytest.approx(ref.losses, rel=1e-6)
-    assert [(e["phase"], e["eval_batch_after"]) for e in res.oom_events] == [("eval", 2)]
+    events = [x.to_dict() for x in res.oom_events]
+    assert [(e["phase"], e["eval_batch_after"]) for e in events] == [("eval", 2)]
     assert res.evals[-1]["eval_batch"] == 2
     # the held-out samples are never trained on, in the file's numbering
     assert sorted(i for s in res.samples for i in s) == sorted(i for s in ref.samples for i in s)

@@ -32,7 +32,7 @@ def test_oom_and_interrupt_lose_nothing(job, tmp_path):
     a = train(job, RunOptions(out_dir=tmp_path / "a", max_steps=6, record_samples=True,
                               inject_oom_at_steps=(1,), inject_interrupt_at_step=3))
     assert a.interrupted and a.steps == 4
-    assert a.oom_events == [{"step": 1, "phase": "step", "micro_batch_before": 4,
+    assert [e.to_dict() for e in a.oom_events] == [{"step": 1, "phase": "step", "micro_batch_before": 4,
                              "micro_batch_after": 2, "grad_accum_after": 4}]
     # resume at another micro-batch (same effective batch)
     b = train(job.replace(micro_batch=1), RunOptions(out_dir=tmp_path / "a", max_steps=6,
@@ -49,7 +49,7 @@ def test_real_memory_limit_oom_splits(job, tmp_path, limit_between):
     limit = limit_between(job, fits=2, ooms=4)
     ref = train(job.replace(micro_batch=2), RunOptions(out_dir=tmp_path / "r", max_steps=3))
     res = train(job, RunOptions(out_dir=tmp_path / "m", max_steps=3, memory_limit_bytes=limit))
-    assert [e["micro_batch_after"] for e in res.oom_events] == [2]
+    assert [e["micro_batch_after"] for e in (x.to_dict() for x in res.oom_events)] == [2]
     assert res.losses == pytest.approx(ref.losses, rel=1e-6)
 
 

@@ -14,7 +14,6 @@ only calls :func:`evaluate` and records what it returns.
 from __future__ import annotations
 
 import contextlib
-import gc
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -30,13 +29,14 @@ from trainfit.data.loader import LoaderKnobs, label_count, label_tokens, make_lo
 from trainfit.engine.dist import Dist
 from trainfit.job import JobError, JobSpec
 from trainfit.model.source import ModelSource
+from trainfit.run.oom import InjectedOOM, OomEvent, free_after_oom
 
 HOLD_OUT_STREAM = 0x65766131
 """Second seed word of the held-out split's generator: a stream of its own, so the split is a
 function of the seed alone and never correlated with the per-epoch sample orders ([seed, epoch])."""
 
 
-class InjectedEvalOOM(torch.OutOfMemoryError):
+class InjectedEvalOOM(InjectedOOM):
     """Fault injection: an OOM raised in an evaluation batch (tests, drills)."""
 
 
@@ -59,7 +59,7 @@ class EvalResult:
     carry no label)."""
     eval_time_s: float
     """Wall time of the evaluation, any redo after an OOM included."""
-    oom_events: list[dict[str, Any]] = field(default_factory=list)
+    oom_events: list[OomEvent] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "eval_loss": self.eval_loss,
@@ -173,9 +173,8 @@ def eval_module(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _free(device: torch.device) -> None:
-    gc.collect()  # the failed batch's tensors can sit in reference cycles of the traceback
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    del device  # the failed batch's tensors can sit in reference cycles of the traceback
+    free_after_oom()
 
 
 def evaluate(model: torch.nn.Module, data: TokenData, *, task: str, batch: int, step: int,
@@ -241,8 +240,8 @@ def evaluate(model: torch.nn.Module, data: TokenData, *, task: str, batch: int, 
                                "the evaluation holds the training state plus one batch's logits: "
                                "use LoRA/QLoRA, a shorter --seq-len, or a smaller model")
             start += failed_at * batch
-            events.append({"step": step, "phase": "eval", "eval_batch_before": batch,
-                           "eval_batch_after": batch // 2, "redone_from_sample": start})
+            events.append(OomEvent(step=step, phase="eval", batch_before=batch,
+                                   batch_after=batch // 2, redone_from_sample=start))
             batch //= 2
     finally:
         model.train(was_training)

@@ -25,7 +25,6 @@ another waits in the all-reduce would hang), and ``module:factory`` models (no `
 
 from __future__ import annotations
 
-import gc
 import math
 import time
 from collections.abc import Iterator
@@ -38,6 +37,7 @@ import torch
 from trainfit.data.dataset import TokenData
 from trainfit.data.loader import Collate, SampleOrder
 from trainfit.job import JobError, JobSpec
+from trainfit.run.oom import InjectedOOM, OomEvent, cannot_split, free_after_oom, row_chunks
 
 if TYPE_CHECKING:
     from trainfit.run.loop import RunOptions, TrainResult
@@ -111,10 +111,6 @@ class RowCollate:
         return self.inner(items)
 
 
-class _Injected(torch.OutOfMemoryError):
-    pass
-
-
 class SplitOnOOM:
     """Mixin for ``transformers.Trainer`` subclasses: OOM → redo the optimizer step's micro-batches
     so far in smaller pieces (micro-batch halved, accumulation doubled, effective batch and samples
@@ -122,7 +118,7 @@ class SplitOnOOM:
 
     trainfit_split = 1
     trainfit_inject: set[int]
-    trainfit_events: list[dict[str, Any]]
+    trainfit_events: list[OomEvent]
     trainfit_ids: list[int]
     trainfit_step_loss = 0.0
     trainfit_world = 1
@@ -152,7 +148,7 @@ class SplitOnOOM:
             try:
                 if state.global_step in self.trainfit_inject and last:
                     self.trainfit_inject.discard(state.global_step)
-                    raise _Injected("injected OOM (fault injection)")
+                    raise InjectedOOM("injected OOM (fault injection)")
                 if replay:  # the earlier micro-batches' gradients were dropped: redo them
                     for k, past in enumerate(self._window[:-1]):
                         self._losses[k] = float(self._split_step(model, past, num_items_in_batch))
@@ -171,11 +167,8 @@ class SplitOnOOM:
         parts = min(self.trainfit_split, size)
         if parts == 1:
             return super().training_step(model, dict(inputs), num_items)  # type: ignore[misc]
-        chunk = math.ceil(size / parts)
         total = None
-        for k in range(0, size, chunk):
-            part = {n: v[k:k + chunk] if isinstance(v, torch.Tensor) and v.dim() else v
-                    for n, v in inputs.items()}
+        for part, _rows in row_chunks(inputs, parts):
             loss = super().training_step(model, part, num_items)  # type: ignore[misc]
             total = loss if total is None else total + loss
         assert total is not None
@@ -194,17 +187,13 @@ class SplitOnOOM:
                            "num_items_in_batch, so a split would change the loss weighting",
                            "use --backend trainfit, or a smaller micro_batch")
         if before == 1:
-            raise JobError(f"out of memory at step {step} with micro-batch 1",
-                           "enable --grad-ckpt full, use LoRA/QLoRA, or a shorter --seq-len")
-        self.model.zero_grad(set_to_none=True)  # type: ignore[attr-defined]
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+            raise cannot_split(step)
+        free_after_oom(lambda: self.model.zero_grad(set_to_none=True))  # type: ignore[attr-defined]
         self.trainfit_split *= 2
         after = math.ceil(size / self.trainfit_split)
         accum = self.args.gradient_accumulation_steps * self.trainfit_split  # type: ignore[attr-defined]
-        self.trainfit_events.append({"step": step, "phase": "step", "micro_batch_before": before,
-                                     "micro_batch_after": after, "grad_accum_after": accum})
+        self.trainfit_events.append(OomEvent(step=step, phase="step", batch_before=before,
+                                             batch_after=after, grad_accum_after=accum))
 
 
 def _agree(loss: float, stop: bool, ids: list[int], world: int) -> tuple[float, bool, list[int]]:
@@ -431,7 +420,7 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     if not res.interrupted and res.steps and not (opts.out_dir / f"checkpoint-{res.steps}").exists():
         trainer._save_checkpoint(trainer.model, trial=None)  # the own loop also saves at the end
     # the step's events (the trainer's split) and the evaluations' (lowered evaluation batch)
-    res.oom_events = sorted(trainer.trainfit_events + res.oom_events, key=lambda e: e["step"])
+    res.oom_events = sorted(trainer.trainfit_events + res.oom_events, key=lambda e: e.step)
     res.final_loss = res.losses[-1] if res.losses else None
     res.checkpoints = sorted((str(p) for p in opts.out_dir.glob("checkpoint-*")),
                              key=lambda s: int(s.rsplit("-", 1)[1]))

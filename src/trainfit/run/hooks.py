@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import contextlib
-import gc
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 
 from trainfit.monitor import Sampler
+from trainfit.run.oom import free_after_oom, row_chunks
 
 
 class StepHook:
@@ -66,10 +66,8 @@ class StepHook:
         while True:
             try:
                 total = 0.0
-                chunk = -(-size // parts)
-                for k in range(0, size, chunk):
-                    sub = {n: v[k:k + chunk] for n, v in batch.items()}
-                    out = step_fn(sub, len(next(iter(sub.values()))) / size)
+                for piece, rows in row_chunks(batch, parts):
+                    out = step_fn(piece, rows / size)
                     total += float(out) if out is not None else 0.0
                 return total
             except torch.OutOfMemoryError:
@@ -77,9 +75,7 @@ class StepHook:
                     raise
                 parts *= 2
                 self.oom_splits += 1
-                gc.collect()
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
+                free_after_oom()
 
 
 @contextlib.contextmanager

@@ -10,7 +10,6 @@ as the uninterrupted run (to float summation order).
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import signal
@@ -32,12 +31,13 @@ from trainfit.data.loader import (
 )
 from trainfit.engine.dist import Dist
 from trainfit.engine.step import train_step
-from trainfit.job import JobError, JobSpec, dividing_micro_batches
+from trainfit.job import JobError, JobSpec
 from trainfit.memory.limit import LimitTracker
 from trainfit.model.runtime import build_real, check_no_offload, parse_device
 from trainfit.model.source import resolve_model
 from trainfit.run import checkpoint as ckpt
 from trainfit.run import evaluate as ev
+from trainfit.run.oom import InjectedOOM, OomEvent, cannot_split, free_after_oom, smaller_micro_batch
 
 
 @dataclass(kw_only=True)
@@ -118,7 +118,7 @@ class TrainResult:
     wall_time_s: float
     final_loss: float | None
     losses: list[float]
-    oom_events: list[dict[str, Any]] = field(default_factory=list)
+    oom_events: list[OomEvent] = field(default_factory=list)
     checkpoints: list[str] = field(default_factory=list)
     resumed_from: str | None = None
     interrupted: bool = False
@@ -131,11 +131,8 @@ class TrainResult:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("samples")
+        d["oom_events"] = [e.to_dict() for e in self.oom_events]
         return {"kind": "train", **d}
-
-
-class _Injected(torch.OutOfMemoryError):
-    pass
 
 
 class _Interrupt:
@@ -378,7 +375,7 @@ class Trainer:
             waits.append(time.perf_counter() - t)
             if step in injected and k == n_micro - 1:
                 injected.discard(step)
-                raise _Injected("injected OOM (fault injection)")
+                raise InjectedOOM("injected OOM (fault injection)")
             if tracker is not None:
                 for v in b.values():
                     tracker.track(v, "buffers")
@@ -394,20 +391,16 @@ class Trainer:
     def _recover_oom(self, res: TrainResult, step: int) -> None:
         """Drop the partial gradients, free, halve the micro-batch, double the accumulation; the
         same samples are redone (the position did not move)."""
-        self.wl.optimizer.zero_grad(set_to_none=True)
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        free_after_oom(lambda: self.wl.optimizer.zero_grad(set_to_none=True))
         before = self.state.micro_batch
         if before == 1:
-            raise JobError(f"out of memory at step {step} with micro-batch 1",
-                           "enable --grad-ckpt full, use LoRA/QLoRA, or a shorter --seq-len")
+            raise cannot_split(step)
         per_rank = self.job.effective_batch // self.dist.world
-        after = max(dividing_micro_batches(per_rank, before // 2))
+        after = smaller_micro_batch(per_rank, before)
         self.state.micro_batch = after
         self.state.grad_accum = per_rank // after
-        res.oom_events.append({"step": step, "phase": "step", "micro_batch_before": before,
-                               "micro_batch_after": after, "grad_accum_after": self.state.grad_accum})
+        res.oom_events.append(OomEvent(step=step, phase="step", batch_before=before,
+                                       batch_after=after, grad_accum_after=self.state.grad_accum))
 
     def _save(self, res: TrainResult) -> None:
         # under FSDP gathering the full state is collective: every rank saves, rank 0 writes

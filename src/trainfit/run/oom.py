@@ -1,0 +1,86 @@
+"""Surviving an out-of-memory error: one set of pieces for the own loop (all ranks split together),
+the HF/TRL trainers (one rank), the evaluation (its batch only) and users' own loops (hooks).
+
+The rule everywhere: drop what the failed attempt built (gradients, the allocator's free blocks),
+redo the *same samples* in smaller pieces, and keep the effective batch — so the step's loss is the
+one an uninterrupted run computes (the loss weights are token shares of the whole step).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainfit.job import JobError, dividing_micro_batches
+
+
+class InjectedOOM(torch.OutOfMemoryError):
+    """Fault injection: an OOM raised on purpose (tests, ``--inject-oom-at``, drills). A subclass of
+    the real error, so every handler takes the path a GPU's OOM takes."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class OomEvent:
+    """One OOM survived: where, and the batch before and after the split."""
+
+    step: int
+    """Optimizer steps completed when it happened (the step that was redone)."""
+    phase: str
+    """``step`` (training: micro-batch halved, accumulation raised) or ``eval`` (the evaluation
+    batch halved, training untouched)."""
+    batch_before: int
+    batch_after: int
+    grad_accum_after: int | None = None
+    """Training: the accumulation that keeps the effective batch exact after the split."""
+    redone_from_sample: int | None = None
+    """Evaluation: the eval sample the redo starts from (the batches before it are kept)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON of train.json / monitor.jsonl (docs/json-formats.md): the batch keys are named
+        for the phase (``micro_batch_*`` in training, ``eval_batch_*`` in evaluation)."""
+        name = "micro_batch" if self.phase == "step" else "eval_batch"
+        d: dict[str, Any] = {"step": self.step, "phase": self.phase,
+                             f"{name}_before": self.batch_before, f"{name}_after": self.batch_after}
+        if self.grad_accum_after is not None:
+            d["grad_accum_after"] = self.grad_accum_after
+        if self.redone_from_sample is not None:
+            d["redone_from_sample"] = self.redone_from_sample
+        return d
+
+
+def free_after_oom(zero_grad: Callable[[], Any] | None = None) -> None:
+    """Drop the failed attempt's gradients (``zero_grad``: the optimizer's or the model's, set to
+    None), collect the garbage that still holds activations, and hand the caching allocator's free
+    blocks back so the smaller retry is not fragmented by the failed one."""
+    if zero_grad is not None:
+        zero_grad()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def cannot_split(step: int) -> JobError:
+    """The OOM happened at micro-batch 1: nothing left to split."""
+    return JobError(f"out of memory at step {step} with micro-batch 1",
+                    "enable --grad-ckpt full, use LoRA/QLoRA, or a shorter --seq-len")
+
+
+def smaller_micro_batch(per_rank_batch: int, before: int) -> int:
+    """The micro-batch after an OOM: the largest at most half of ``before`` that divides the
+    per-rank batch (accumulation then stays exact; 1 always does)."""
+    return max(dividing_micro_batches(per_rank_batch, max(before // 2, 1)))
+
+
+def row_chunks(batch: dict[str, Any], parts: int) -> Iterator[tuple[dict[str, Any], int]]:
+    """``batch`` (tensors with the samples on dim 0) in ``parts`` consecutive pieces, each with its
+    number of rows; non-tensor and 0-dim entries go to every piece unchanged."""
+    size = next(int(v.shape[0]) for v in batch.values() if isinstance(v, torch.Tensor) and v.dim())
+    chunk = -(-size // max(1, min(parts, size)))
+    for k in range(0, size, chunk):
+        piece = {n: v[k:k + chunk] if isinstance(v, torch.Tensor) and v.dim() else v
+                 for n, v in batch.items()}
+        yield piece, min(chunk, size - k)
