@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from trainfit.cli.main import app
 from trainfit.job import JobError, JobSpec
-from trainfit.run.hf_backend import resolve_backend, run_backend, run_hf
+from trainfit.run.backend import resolve_backend, run_backend
+from trainfit.run.hf_backend import run_hf
 from trainfit.run.loop import RunOptions, train
 
 runner = CliRunner()

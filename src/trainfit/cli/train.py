@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
         """Run the job: watched live, checkpointed, surviving OOM and interruption."""
-        from trainfit.run.hf_backend import run_backend
+        from trainfit.run.backend import run_backend
         from trainfit.run.loop import RunOptions
 
         try:

@@ -37,31 +37,11 @@ import torch
 from trainfit.data.dataset import TokenData
 from trainfit.data.loader import Collate, SampleOrder
 from trainfit.job import JobError, JobSpec
+from trainfit.run.backend import resolve_backend
 from trainfit.run.oom import InjectedOOM, OomEvent, cannot_split, free_after_oom, row_chunks
 
 if TYPE_CHECKING:
     from trainfit.run.loop import RunOptions, TrainResult
-
-BACKENDS = ("trainfit", "hf", "trl", "auto")
-"""trainfit: the own loop (every guarantee, any model); hf: transformers.Trainer; trl:
-trl.SFTTrainer; auto: trainfit for a ``module:factory`` model, trl for chat data, hf for text."""
-
-
-def resolve_backend(name: str, task: str, data_kind: str) -> str:
-    if name not in BACKENDS:
-        raise JobError(f"--backend {name}: unknown", f"choose one of {', '.join(BACKENDS)}")
-    if name == "auto":
-        if task == "custom-lm":
-            return "trainfit"
-        return "trl" if data_kind == "chat" else "hf"
-    if name in ("hf", "trl") and task == "custom-lm":
-        raise JobError(f"--backend {name}: a module:factory model is not a transformers model",
-                       "use --backend trainfit (the own loop runs any nn.Module)")
-    if name in ("hf", "trl") and task != "causal-lm":
-        raise JobError(f"--backend {name}: only causal-LM models are wired ({task} given)",
-                       "use --backend trainfit")
-    return name
-
 
 class OrderSampler(torch.utils.data.Sampler[int]):
     """trainfit's sample order for the trainers' DataLoader: epoch ``e`` yields the permutation the
@@ -429,25 +409,3 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
 
         (opts.out_dir / "train.json").write_text(json.dumps(res.to_dict(), indent=1))
     return res
-
-
-def run_backend(job: JobSpec, opts: RunOptions, backend: str = "trainfit") -> TrainResult:
-    """``trainfit train``'s entry: the own loop, HF Trainer or TRL SFTTrainer (``auto`` by the
-    model and the data: module:factory → trainfit, chat rows → trl, text → hf)."""
-    from trainfit.run.loop import train
-
-    if backend not in BACKENDS:
-        raise JobError(f"--backend {backend}: unknown", f"choose one of {', '.join(BACKENDS)}")
-    if backend == "trainfit":
-        return train(job, opts)
-    from trainfit.data.load import load_data
-    from trainfit.model.source import resolve_model
-
-    source = resolve_model(job.model, job.trust_remote_code)
-    if backend != "auto":  # refuse a model the trainers cannot run before reading the data
-        resolve_backend(backend, source.task, "")
-    data = load_data(job, source)
-    backend = resolve_backend(backend, source.task, data.stats.kind)
-    if backend == "trainfit":
-        return train(job, opts, data)
-    return run_hf(job, opts, backend, data)
