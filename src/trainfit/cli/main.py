@@ -16,6 +16,7 @@ from trainfit.cli import report as report_cli
 from trainfit.cli import train as train_cli
 from trainfit.cli import tune as tune_cli
 from trainfit.cli.jobargs import fail
+from trainfit.cli.jobflags import merge_job_fields, with_job_flags
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec, job_with_current, read_job_file
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -78,39 +79,47 @@ CURRENT_KNOBS = ("micro_batch", "grad_accum", "grad_ckpt", "precision", "attenti
 """What ``--current`` takes from the flags as the configuration the user runs now."""
 
 
-JobOpt = Annotated
+
+def _current_and_grid(job: JobSpec, fields: dict[str, Any], extra: dict[str, Any], current: bool,
+                      source: str) -> tuple[JobSpec, JobSpec | None]:
+    """(the job to plan the grid of, the user's current configuration or None)."""
+    if current:
+        # the knobs given are what the user runs now; the grid varies them around it
+        current_job = job if job.grad_ckpt else job.replace(grad_ckpt="off")
+        grid = {k: v for k, v in job.to_dict().items()
+                if k not in CURRENT_KNOBS or k not in fields}
+        grid["effective_batch"] = job.effective_batch or (
+            (job.micro_batch or 1) * (job.grad_accum or 1) * job.ranks)
+        return JobSpec.from_dict({k: v for k, v in grid.items() if v is not None},
+                                 source="flags"), current_job
+    if "current" in extra:
+        return job, job_with_current(fields, extra["current"], source)
+    return job, None
+
+
+def _gpu_spec(gpu: str | None, extra: dict[str, Any], interconnect: str | None) -> Any:
+    from trainfit.hardware.gpus import find_gpu, gpu_names
+
+    gpu_name = gpu or extra.get("gpu")
+    spec = None
+    if gpu_name is not None:
+        spec = find_gpu(str(gpu_name))
+        if spec is None:
+            raise JobError(f"--gpu {gpu_name}: unknown GPU",
+                           "known: " + ", ".join(gpu_names()) + ", or generic-<N>gb")
+    if interconnect is not None:
+        spec = _with_interconnect(spec, interconnect)
+    return spec
 
 
 @app.command("plan")
+@with_job_flags()
 def plan_cmd(
     target: Annotated[str | None, typer.Argument(
         help="Model (catalog name, HF id, dir, config.json) or a job YAML.")] = None,
-    model: Annotated[str | None, typer.Option(help="Model, when TARGET is a YAML.")] = None,
+    job_flags: dict[str, Any] | None = None,
     gpu: Annotated[str | None, typer.Option(help="GPU name (trainfit gpus), e.g. t4, a100-80gb, "
                                                   "generic-8gb.")] = None,
-    method: Annotated[str | None, typer.Option(help="full | lora | qlora")] = None,
-    lora_r: Annotated[int | None, typer.Option()] = None,
-    lora_alpha: Annotated[int | None, typer.Option()] = None,
-    lora_dropout: Annotated[float | None, typer.Option()] = None,
-    lora_targets: Annotated[str | None, typer.Option(
-        help="q,k,v,o,mlp,lm_head,all-linear or module names")] = None,
-    quant: Annotated[str | None, typer.Option(help="nf4 | nf4-dq | fp4 (qlora)")] = None,
-    precision: Annotated[str | None, typer.Option(
-        help="fp32 | amp-fp16 | amp-bf16 | bf16-true (default: all the GPU supports)")] = None,
-    optimizer: Annotated[str | None, typer.Option(
-        help="adamw | adamw-8bit | paged-adamw | paged-adamw-8bit | adafactor | sgd")] = None,
-    optimizer_impl: Annotated[str | None, typer.Option(help="fused | foreach | forloop")] = None,
-    micro_batch: Annotated[int | None, typer.Option()] = None,
-    grad_accum: Annotated[int | None, typer.Option()] = None,
-    effective_batch: Annotated[int | None, typer.Option()] = None,
-    seq_len: Annotated[int | None, typer.Option()] = None,
-    grad_ckpt: Annotated[str | None, typer.Option(help="off | full (default: both)")] = None,
-    attention: Annotated[str | None, typer.Option(
-        help="sdpa | sdpa-flash | sdpa-efficient | sdpa-math | eager")] = None,
-    ranks: Annotated[int | None, typer.Option()] = None,
-    sharding: Annotated[str | None, typer.Option(help="none | fsdp")] = None,
-    lm_head_chunk: Annotated[int | None, typer.Option(
-        help="Output head + loss in chunks of N tokens (litgpt-style).")] = None,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
     margin: Annotated[float, typer.Option(help="Safety margin of GPU memory kept free.")] = DEFAULT_MARGIN,
     dataset_tokens: Annotated[int | None, typer.Option(
@@ -128,48 +137,18 @@ def plan_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Predict the peak GPU memory of each candidate configuration (no GPU needed)."""
-    from trainfit.hardware.gpus import find_gpu, gpu_names
     from trainfit.model.source import resolve_model
     from trainfit.plan.grid import plan
 
     try:
         fields, extra = _load_target(target)
-        flags = {"model": model, "method": method, "lora_r": lora_r, "lora_alpha": lora_alpha,
-                 "lora_dropout": lora_dropout, "lora_targets": lora_targets, "quant": quant,
-                 "precision": precision, "optimizer": optimizer,
-                 "optimizer_impl": optimizer_impl, "micro_batch": micro_batch,
-                 "grad_accum": grad_accum, "effective_batch": effective_batch,
-                 "seq_len": seq_len, "grad_ckpt": grad_ckpt, "attention": attention,
-                 "ranks": ranks, "sharding": sharding, "lm_head_chunk": lm_head_chunk}
-        fields.update({k: v for k, v in flags.items() if v is not None})
+        fields = merge_job_fields(fields, job_flags or {},
+                                  "trainfit plan MODEL --gpu GPU, or a job YAML")
         if trust_remote_code:
             fields["trust_remote_code"] = True
-        if micro_batch is not None and grad_accum is None and effective_batch is None:
-            fields.pop("grad_accum", None)
-        if "model" not in fields:
-            raise JobError("no model given", "trainfit plan MODEL --gpu GPU, or a job YAML")
         job = JobSpec.from_dict(fields, source=target or "flags")
-        current_job = None
-        if current:
-            # the knobs given are what the user runs now; the grid varies them around it
-            current_job = job if job.grad_ckpt else job.replace(grad_ckpt="off")
-            grid = {k: v for k, v in job.to_dict().items()
-                    if k not in CURRENT_KNOBS or k not in fields}
-            grid["effective_batch"] = job.effective_batch or (
-                (job.micro_batch or 1) * (job.grad_accum or 1) * job.ranks)
-            job = JobSpec.from_dict({k: v for k, v in grid.items() if v is not None},
-                                    source="flags")
-        elif "current" in extra:
-            current_job = job_with_current(fields, extra["current"], target or "flags")
-        gpu_name = gpu or extra.get("gpu")
-        spec = None
-        if gpu_name is not None:
-            spec = find_gpu(str(gpu_name))
-            if spec is None:
-                raise JobError(f"--gpu {gpu_name}: unknown GPU",
-                               "known: " + ", ".join(gpu_names()) + ", or generic-<N>gb")
-        if interconnect is not None:
-            spec = _with_interconnect(spec, interconnect)
+        job, current_job = _current_and_grid(job, fields, extra, current, target or "flags")
+        spec = _gpu_spec(gpu, extra, interconnect)
         source = resolve_model(job.model, job.trust_remote_code)
         result = plan(job, source, spec, margin=margin, verify=verify,
                       dataset_tokens=dataset_tokens, epochs=epochs, current=current_job)

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainfit.job import DEFAULT_MARGIN, JobSpec, dividing_micro_batches
+from trainfit.job.fields import DEFAULT_KNOBS, KNOB_NAMES
 from trainfit.tune.result import ProbeResult, SearchNote
 
-KNOBS = ("grad_ckpt", "precision", "attention", "optimizer_impl", "optimizer_8bit", "num_workers",
-         "loader", "compile")
+KNOBS = KNOB_NAMES  # the registry of tune's knobs (trainfit.job.fields)
 
 
 @dataclass(kw_only=True)
@@ -48,8 +48,7 @@ class SearchOptions:
     """Fraction of the capacity kept free: a probe fits when its peak ≤ (1 − margin) × capacity."""
     budget_s: float | None = None
     """Stop probing after this many seconds (the best so far is kept)."""
-    knobs: tuple[str, ...] = ("grad_ckpt", "precision", "attention", "optimizer_impl",
-                              "num_workers", "loader")
+    knobs: tuple[str, ...] = DEFAULT_KNOBS
     precisions: tuple[str, ...] = ("fp32",)
     """Precisions the device supports (tried unless the job fixed one)."""
     fixed: frozenset[str] = frozenset()

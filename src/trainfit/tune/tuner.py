@@ -17,6 +17,7 @@ from trainfit.data import DataError, TokenData
 from trainfit.data.load import load_data
 from trainfit.hardware.gpus import find_gpu_by_device_name
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec
+from trainfit.job.fields import DEFAULT_KNOBS
 from trainfit.memory.predict import data_parallel_bytes, predict_memory
 from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.model.runtime import parse_device
@@ -39,8 +40,7 @@ class TuneOptions:
     margin: float = DEFAULT_MARGIN
     budget_s: float | None = None
     max_host_ram_bytes: int | None = None
-    knobs: tuple[str, ...] = ("grad_ckpt", "precision", "attention", "optimizer_impl", "num_workers",
-                              "loader")
+    knobs: tuple[str, ...] = DEFAULT_KNOBS
     fixed: frozenset[str] = frozenset()
     run_steps: int | None = None
     isolate: bool = False

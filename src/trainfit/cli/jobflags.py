@@ -1,0 +1,92 @@
+"""Every job-taking command's job flags, generated from the JobSpec fields (trainfit.job.fields):
+the same names, types, allowed values and help text everywhere, and a flag given on the command
+line overrides the job file's field.
+
+typer builds a command's options from the function's signature; :func:`with_job_flags` appends one
+keyword parameter per job field to it (``__signature__``) and hands the command the ones given as a
+dict, ``job_flags`` — so no command writes the job's flags by hand.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+from trainfit.job import JobError
+from trainfit.job.fields import COMMAND_LINE_ONLY, FieldInfo, job_fields
+
+_TYPES: dict[type, type] = {int: int, float: float, str: str, list: str}
+
+
+def _option(f: FieldInfo) -> inspect.Parameter:
+    """The typer option of one field; default None = not given (the file's value stands)."""
+    if f.kind is bool:
+        flag = f.name.replace("_", "-")
+        opt = typer.Option(f"--{flag}/--no-{flag}", help=f.help, show_default=False)
+        return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                 annotation=Annotated[bool | None, opt])
+    help_text = f.help
+    if f.choices:
+        help_text += f" [{' | '.join(f.choices)}]"
+    if f.clearable:
+        help_text += " ('none' clears a value the job file set)"
+    opt = typer.Option(help=help_text, show_default=False)
+    kind = _TYPES.get(f.kind, str)
+    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                             annotation=Annotated[kind | None, opt])  # type: ignore[valid-type]
+
+
+def _value(f: FieldInfo, v: Any) -> Any:
+    if f.clearable and isinstance(v, str) and v.strip().lower() == "none":
+        return None
+    if f.kind is list and isinstance(v, str):
+        return [t.strip() for t in v.split(",") if t.strip()]
+    return v
+
+
+def with_job_flags(exclude: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a command taking ``job_flags: dict[str, Any]`` (the job fields given on the
+    command line, values converted) with one option per JobSpec field not in ``exclude``."""
+    fields = [f for f in job_fields() if f.name not in COMMAND_LINE_ONLY + exclude]
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(fn, eval_str=True)  # the command's own annotations, resolved
+        own = [p for p in sig.parameters.values() if p.name != "job_flags"]
+        clash = {p.name for p in own} & {f.name for f in fields}
+        if clash:
+            raise TypeError(f"{fn.__name__}: parameters {clash} shadow job fields")
+
+        full = sig.replace(parameters=own + [_option(f) for f in fields])
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            bound = full.bind(*args, **kwargs)  # a direct call (quickstart) gets the defaults too
+            bound.apply_defaults()
+            values = dict(bound.arguments)
+            raw = {f.name: values.pop(f.name) for f in fields}
+            given = {f.name: _value(f, raw[f.name]) for f in fields if raw[f.name] is not None}
+            return fn(job_flags=given, **values)
+
+        wrapper.__signature__ = full  # type: ignore[attr-defined]
+        # typer reads the signature and the type hints: both must be the generated ones
+        del wrapper.__wrapped__  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in full.parameters.values()}
+        return wrapper
+    return deco
+
+
+def merge_job_fields(fields: dict[str, Any], job_flags: dict[str, Any], usage: str) -> dict[str, Any]:
+    """The job file's fields with the command line's on top. A micro-batch given without an
+    accumulation or effective batch re-derives the accumulation (the file's effective batch is
+    kept; without one, accumulation 1). ``usage``: the hint when no model is given."""
+    out = {**fields, **job_flags}
+    if "micro_batch" in job_flags and "grad_accum" not in job_flags and \
+            "effective_batch" not in job_flags:
+        out.pop("grad_accum", None)
+    if "model" not in out:
+        raise JobError("no model given", usage)
+    return out

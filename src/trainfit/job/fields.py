@@ -1,0 +1,165 @@
+"""The job's fields as data: name, flag, type, allowed values, default and the sentence that says
+what each does — read from ``JobSpec`` itself (its dataclass fields and the docstring under each),
+so every command's flags, the YAML keys and docs/job-fields.md come from one place.
+
+And the registry of tune's knobs: what tune may change, which job fields each sets, its effect
+(the comment on that knob in the YAML tune writes), and whether it is searched by default.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import itertools
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from trainfit.job import spec
+from trainfit.job.spec import JobSpec
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "method": spec.METHODS, "quant": spec.QUANTS, "precision": spec.PRECISIONS,
+    "optimizer": spec.OPTIMIZERS, "optimizer_impl": spec.OPTIMIZER_IMPLS,
+    "grad_ckpt": spec.GRAD_CKPT, "attention": spec.ATTENTIONS, "sharding": spec.SHARDINGS,
+}
+"""The fields whose value is one of a fixed set (validated in JobSpec.__post_init__)."""
+
+COMMAND_LINE_ONLY = ("trust_remote_code",)
+"""Fields never taken from a job file's flags table: remote code runs only with the explicit
+``--trust-remote-code`` every command declares itself."""
+
+
+@dataclass(frozen=True)
+class FieldInfo:
+    name: str
+    """The YAML key (and JobSpec attribute)."""
+    kind: type
+    """int, float, str, bool or list (a comma-separated list on the command line)."""
+    optional: bool
+    """None is a value: the command chooses (plan/tune), or the field is off."""
+    default: Any
+    choices: tuple[str, ...] | None
+    help: str
+    """The field's docstring in JobSpec."""
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def clearable(self) -> bool:
+        """``--FLAG none`` sets the field back to None (to clear what a YAML set)."""
+        return self.optional and self.kind is str and "none" not in (self.choices or ())
+
+
+def _docstrings() -> dict[str, str]:
+    """Each field's attribute docstring (the string literal under it in JobSpec's body)."""
+    tree = ast.parse(inspect.getsource(JobSpec))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for prev, node in itertools.pairwise(body):
+        if isinstance(prev, ast.AnnAssign) and isinstance(prev.target, ast.Name) and \
+                isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and \
+                isinstance(node.value.value, str):
+            docs[prev.target.id] = " ".join(node.value.value.split())
+    return docs
+
+
+def _kind(annotation: Any) -> tuple[type, bool]:
+    hint = typing.get_type_hints(JobSpec)[annotation] if isinstance(annotation, str) else annotation
+    args = typing.get_args(hint)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), hint) if args else hint
+    if typing.get_origin(hint) is list or typing.get_origin(base) is list:
+        return list, optional
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return base, optional
+    return hint, optional
+
+
+@functools.cache
+def job_fields() -> tuple[FieldInfo, ...]:
+    docs = _docstrings()
+    out = []
+    for f in dataclasses.fields(JobSpec):
+        kind, optional = _kind(f.name)
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        out.append(FieldInfo(name=f.name, kind=kind, optional=optional, default=default,
+                             choices=CHOICES.get(f.name), help=docs.get(f.name, "")))
+    return tuple(out)
+
+
+def field_info(name: str) -> FieldInfo:
+    return next(f for f in job_fields() if f.name == name)
+
+
+@dataclass(frozen=True)
+class Knob:
+    """Something tune may change about the job to make it faster."""
+
+    name: str
+    fields: tuple[str, ...]
+    """The job fields it sets; giving any of them on the command line fixes the knob."""
+    effect: str
+    """What it does to memory and speed (the YAML comment on the fields it sets)."""
+    default_on: bool
+    """Searched unless --knobs says otherwise (opt-in knobs change numerics or cost compile time)."""
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("grad_ckpt", ("grad_ckpt",), "full reduces activation memory (larger micro-batches fit), "
+         "~30 % slower per sample: recomputes the forward in backward", True),
+    Knob("precision", ("precision",), "amp-bf16/amp-fp16: faster matrix multiplies, half-size "
+         "activations; bf16-true also halves weights, gradients and optimizer states", True),
+    Knob("attention", ("attention",), "the attention kernel: sdpa (flash / memory-efficient on a "
+         "GPU) or eager (stores the S×S attention matrix)", True),
+    Knob("optimizer_impl", ("optimizer_impl",), "AdamW/SGD kernel: fused (one kernel), foreach "
+         "(grouped; temporaries of a parameter group), forloop", True),
+    Knob("optimizer_8bit", ("optimizer",), "AdamW with 8-bit states (bitsandbytes): 2 B per weight "
+         "instead of 8; opt-in — block-wise quantized states change the numerics slightly", False),
+    Knob("num_workers", ("num_workers",), "DataLoader worker processes: load batches beside the "
+         "step (host RAM per worker); 0 loads in the training process", True),
+    Knob("loader", ("prefetch_factor", "pin_memory", "persistent_workers"), "with workers: "
+         "batches prepared ahead, page-locked host memory for asynchronous copies (CUDA)", True),
+    Knob("compile", ("compile",), "torch.compile: fused kernels, faster steps after a one-off "
+         "compile time; opt-in", False),
+)
+
+KNOB_NAMES = tuple(k.name for k in KNOBS)
+DEFAULT_KNOBS = tuple(k.name for k in KNOBS if k.default_on)
+
+
+def fixed_knobs(given_fields: set[str]) -> frozenset[str]:
+    """The knobs a user fixed by giving one of their fields: tune does not search them."""
+    return frozenset(k.name for k in KNOBS if set(k.fields) & given_fields)
+
+
+def fields_markdown() -> str:
+    """docs/job-fields.md: every job field as a YAML key and a flag (regenerate with
+    ``python -m trainfit.job.fields > docs/job-fields.md``; a test checks it is current)."""
+    lines = ["# Job fields", "",
+             "Generated from `JobSpec` (`python -m trainfit.job.fields > docs/job-fields.md`): the "
+             "YAML key, the flag every job-taking command (`plan`, `tune`) accepts, and what it "
+             "does. A flag overrides the job file's value; `none` clears an optional text field. "
+             f"Command line only: {', '.join('--' + n.replace('_', '-') for n in COMMAND_LINE_ONLY)}.",
+             "", "| YAML key | flag | type | default | what it does |", "|---|---|---|---|---|"]
+    for f in job_fields():
+        kind = " \\| ".join(f.choices) if f.choices else f.kind.__name__
+        if f.optional:
+            kind += " or none"
+        lines.append(f"| `{f.name}` | `{f.flag}` | {kind} | `{f.default!r}` | "
+                     f"{f.help.replace('|', '/')} |")
+    lines += ["", "## tune's knobs", "", "| knob | fields it sets | searched by default | effect |",
+              "|---|---|---|---|"]
+    for k in KNOBS:
+        lines.append(f"| `{k.name}` | {', '.join(f'`{x}`' for x in k.fields)} | "
+                     f"{'yes' if k.default_on else 'no (opt-in)'} | {k.effect} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(fields_markdown(), end="")
