@@ -223,7 +223,24 @@ def main() -> None:
     try:
         app()
     except KeyboardInterrupt:
+        _leave_as_a_rank(130)
         sys.exit(130)
+    except SystemExit as done:  # typer ends every command with it
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+        _leave_as_a_rank(code)
+        raise
+
+
+def _leave_as_a_rank(code: int) -> None:
+    """Under torchrun, a rank that finished leaves with its exit code intact: gloo's threads
+    aborted the interpreter's teardown now and then (SIGABRT after a successful run, which a
+    scheduler reads as a failure). Only when the process group exists (a rank that ran a step)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    from trainfit.engine.dist import leave_together
+
+    leave_together(code, wait=code == 0)
 
 
 if __name__ == "__main__":

@@ -199,7 +199,7 @@ def evaluate(model: torch.nn.Module, data: TokenData, *, task: str, batch: int, 
     weights: list[int] = []  # their label tokens
     n_samples = 0
     start = 0  # samples of this rank's shard done (the same count on every rank while it lasts)
-    events: list[dict[str, Any]] = []
+    events: list[OomEvent] = []
     was_training = model.training
     prev_phase = tracker.phase if tracker is not None else None
     model.eval()
@@ -247,7 +247,13 @@ def evaluate(model: torch.nn.Module, data: TokenData, *, task: str, batch: int, 
         model.train(was_training)
         if tracker is not None:
             tracker.set_phase(prev_phase)
-    # Σ mean × label tokens in float64 on the host: the exact-order part of the result
+    return _result(losses, weights, n_samples, dist, step=step, batch=batch, t0=t0, events=events)
+
+
+def _result(losses: list[torch.Tensor], weights: list[int], n_samples: int, dist: Dist, *,
+            step: int, batch: int, t0: float, events: list[OomEvent]) -> EvalResult:
+    """The kept batches' means → the token-mean loss over all ranks. Σ mean × label tokens in
+    float64 on the host: the exact-order part of the result."""
     means = torch.stack(losses).cpu().double().tolist() if losses else []
     loss_sum = dist.sum(math.fsum(m * w for m, w in zip(means, weights, strict=True)))
     n_tokens = round(dist.sum(float(sum(weights))))

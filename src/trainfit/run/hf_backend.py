@@ -26,6 +26,7 @@ another waits in the all-reduce would hang), and ``module:factory`` models (no `
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,9 +36,24 @@ import numpy as np
 import torch
 
 from trainfit.data.dataset import TokenData
+from trainfit.data.load import load_data
 from trainfit.data.loader import Collate, SampleOrder
+from trainfit.data.tokenizer import load_tokenizer
 from trainfit.job import JobError, JobSpec
+from trainfit.model.runtime import build_real, check_no_offload, parse_device
+from trainfit.model.source import resolve_model
+from trainfit.monitor import Sampler
 from trainfit.run.backend import resolve_backend
+from trainfit.run.evaluate import eval_split
+from trainfit.run.loop import (
+    TrainResult,
+    _Interrupt,
+    _Null,
+    check_runnable,
+    limit_tracker,
+    linear_decay,
+    total_steps,
+)
 from trainfit.run.oom import InjectedOOM, OomEvent, cannot_split, free_after_oom, row_chunks
 
 if TYPE_CHECKING:
@@ -328,24 +344,6 @@ def _dataset(data: TokenData, backend: str) -> Any:
 def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None = None
            ) -> TrainResult:
     """The job through HF Trainer / TRL SFTTrainer; the same result object as the own loop."""
-    import os
-
-    from trainfit.data.load import load_data
-    from trainfit.data.tokenizer import load_tokenizer
-    from trainfit.model.runtime import build_real, check_no_offload, parse_device
-    from trainfit.model.source import resolve_model
-    from trainfit.monitor import Sampler
-    from trainfit.run.evaluate import eval_split
-    from trainfit.run.loop import (
-        TrainResult,
-        _Interrupt,
-        _Null,
-        check_runnable,
-        limit_tracker,
-        linear_decay,
-        total_steps,
-    )
-
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     device = parse_device(opts.device)

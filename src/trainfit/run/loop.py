@@ -278,46 +278,17 @@ class Trainer:
                 step = self.state.step
                 waits: list[float] = []
                 ids_done: list[int] = []
-                n_micro = self.job.effective_batch // self.dist.world
-                n_micro = math.ceil(n_micro / self.state.micro_batch)
-
                 t0 = time.perf_counter()
-                failed = False
-                try:
-                    with (tracker or _Null()):
-                        out = train_step(self.model, self.wl.optimizer,
-                                         self._batches(it, n_micro, step, ids_done, waits,
-                                                       injected, tracker),
-                                         grad_accum=self.state.grad_accum, autocast=self.wl.autocast,
-                                         max_grad_norm=self.job.max_grad_norm, scaler=self.wl.scaler,
-                                         grads_to_none=self.job.grads_to_none,
-                                         loss_weights=self._weights())
-                except torch.OutOfMemoryError:
-                    failed = True
-                if self.dist.any(failed):
+                out = self._attempt(it, step, ids_done, waits, injected, tracker)
+                if self.dist.any(out is None):  # every rank splits together
                     self._recover_oom(res, step)
                     it = self._loader()
                     continue
+                assert out is not None
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
-                dt = time.perf_counter() - t0
-                self.scheduler.step()
-                loss = self.dist.sum(float(out.loss)) / self.dist.world
-                self.state.step += 1
-                self.state.position += self.job.effective_batch
-                res.losses.append(loss)
-                res.samples_seen += self.job.effective_batch
-                tokens = self.job.effective_batch * self.data.seq_len
-                res.tokens_seen += tokens
-                if o.record_samples:  # ids in the data as loaded (before any hold-out)
-                    if self.train_ids is not None:
-                        ids_done = [self.train_ids[i] for i in ids_done]
-                    res.samples.append(self.dist.gather_ids(ids_done))
-                if sampler is not None:
-                    sampler.record_step(step=self.state.step, loss=loss, tokens=tokens,
-                                        samples=self.job.effective_batch, step_time_s=dt,
-                                        data_wait_s=sum(waits),
-                                        peak_allocated_bytes=self._peak(tracker))
+                self._record_step(res, out, time.perf_counter() - t0, ids_done, waits, sampler,
+                                  tracker)
                 if o.inject_interrupt_at_step == step:
                     intr.requested = True
                 stop = self.dist.any(intr.requested)
@@ -343,6 +314,43 @@ class Trainer:
         if main:
             (o.out_dir / "train.json").write_text(json.dumps(res.to_dict(), indent=1))
         return res
+
+    def _attempt(self, it: Iterator[dict[str, torch.Tensor]], step: int, ids_done: list[int],
+                 waits: list[float], injected: set[int], tracker: LimitTracker | None) -> Any:
+        """One optimizer step over this rank's micro-batches; None when it ran out of memory."""
+        n_micro = math.ceil(self.job.effective_batch // self.dist.world / self.state.micro_batch)
+        try:
+            with (tracker or _Null()):
+                return train_step(self.model, self.wl.optimizer,
+                                  self._batches(it, n_micro, step, ids_done, waits, injected,
+                                                tracker),
+                                  grad_accum=self.state.grad_accum, autocast=self.wl.autocast,
+                                  max_grad_norm=self.job.max_grad_norm, scaler=self.wl.scaler,
+                                  grads_to_none=self.job.grads_to_none,
+                                  loss_weights=self._weights())
+        except torch.OutOfMemoryError:
+            return None
+
+    def _record_step(self, res: TrainResult, out: Any, dt: float, ids_done: list[int],
+                     waits: list[float], sampler: Any, tracker: LimitTracker | None) -> None:
+        """A step done: the schedule, the position, the loss (mean over ranks), the samples and
+        tokens, the monitor's row."""
+        self.scheduler.step()
+        loss = self.dist.sum(float(out.loss)) / self.dist.world
+        self.state.step += 1
+        self.state.position += self.job.effective_batch
+        res.losses.append(loss)
+        res.samples_seen += self.job.effective_batch
+        tokens = self.job.effective_batch * self.data.seq_len
+        res.tokens_seen += tokens
+        if self.o.record_samples:  # ids in the data as loaded (before any hold-out)
+            if self.train_ids is not None:
+                ids_done = [self.train_ids[i] for i in ids_done]
+            res.samples.append(self.dist.gather_ids(ids_done))
+        if sampler is not None:
+            sampler.record_step(step=self.state.step, loss=loss, tokens=tokens,
+                                samples=self.job.effective_batch, step_time_s=dt,
+                                data_wait_s=sum(waits), peak_allocated_bytes=self._peak(tracker))
 
     # --- evaluation -------------------------------------------------------------------------------
     def _evaluate(self, res: TrainResult, sampler: Any, tracker: LimitTracker | None,
