@@ -30,6 +30,27 @@ def _check_nproc(nproc: int, device: str) -> None:
                        f"use --nproc ≤ {os.cpu_count()}")
 
 
+def _launch(nproc: int, device: str, job: JobSpec, job_file: str) -> int:
+    """``--nproc N``: the same command under torchrun, N ranks (the exit code of torchrun)."""
+    _check_nproc(nproc, device)
+    if job.ranks != nproc:
+        raise JobError(f"--nproc {nproc} but the job says ranks {job.ranks}",
+                       f"set ranks: {nproc} in {job_file} (the effective batch is "
+                       "global: micro × accumulation × ranks)")
+    args = [a for a in sys.argv[1:] if not a.startswith("--nproc")]
+    if "--nproc" in sys.argv:
+        i = sys.argv.index("--nproc")
+        args = sys.argv[1:i] + sys.argv[i + 2:]
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+           "-m", "trainfit.cli.main", *args]
+    return subprocess.call(cmd)
+
+
+def _steps(text: str | None) -> tuple[int, ...]:
+    """A fault drill's steps, comma-separated."""
+    return tuple(int(s) for s in text.split(",")) if text else ()
+
+
 def register(app: typer.Typer) -> None:
     @app.command("train")
     def train_cmd(
@@ -85,32 +106,17 @@ def register(app: typer.Typer) -> None:
                 raise JobError(f"--resume {resume}: does not exist",
                                "give the run directory of an earlier trainfit train")
             if nproc > 1 and "WORLD_SIZE" not in os.environ:
-                _check_nproc(nproc, dev)
-                if job.ranks != nproc:
-                    raise JobError(f"--nproc {nproc} but the job says ranks {job.ranks}",
-                                   f"set ranks: {nproc} in {job_file} (the effective batch is "
-                                   "global: micro × accumulation × ranks)")
-                args = [a for a in sys.argv[1:] if not a.startswith("--nproc")]
-                if "--nproc" in sys.argv:
-                    i = sys.argv.index("--nproc")
-                    args = sys.argv[1:i] + sys.argv[i + 2:]
-                cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-                       "-m", "trainfit.cli.main", *args]
-                raise typer.Exit(subprocess.call(cmd))
-            mem = parse_bytes(memory_limit, "--memory-limit")
+                raise typer.Exit(_launch(nproc, dev, job, job_file))
             opts = RunOptions(out_dir=Path(out), max_steps=max_steps, epochs=epochs,
                               save_every_steps=save_every,
                               resume=Path(resume) if resume else None, device=dev,
-                              memory_limit_bytes=mem, live=live if live is not None else None,
-                              allow_offload=allow_offload,
-                              inject_oom_at_steps=tuple(int(s) for s in inject_oom_at.split(","))
-                              if inject_oom_at else (),
+                              memory_limit_bytes=parse_bytes(memory_limit, "--memory-limit"),
+                              live=live, allow_offload=allow_offload,
+                              inject_oom_at_steps=_steps(inject_oom_at),
                               eval_data=Path(eval_data) if eval_data else None,
                               eval_fraction=eval_fraction, eval_every_steps=eval_every,
                               eval_batch=eval_batch,
-                              inject_eval_oom_at_steps=tuple(
-                                  int(s) for s in inject_eval_oom_at.split(","))
-                              if inject_eval_oom_at else ())
+                              inject_eval_oom_at_steps=_steps(inject_eval_oom_at))
             result = run_backend(job, opts, backend or str(extra.get("backend") or "trainfit"))
         except JobError as err:
             fail(err)
@@ -119,22 +125,6 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(d, indent=1))
             return
-        typer.echo(f"trained {d['steps']} steps ({d['samples_seen']} samples, "
-                   f"{d['tokens_seen']:,} tokens) in {d['wall_time_s']:.1f} s measured; final loss "
-                   f"{d['final_loss']:.4f}" if d["final_loss"] is not None else "no step ran")
-        for e in d["oom_events"]:
-            if e.get("phase") == "eval":
-                typer.echo(f"OOM in the evaluation at step {e['step']}: eval batch "
-                           f"{e['eval_batch_before']} → {e['eval_batch_after']} (training "
-                           "micro-batch unchanged), redone from the batch that failed")
-                continue
-            typer.echo(f"OOM at step {e['step']}: micro-batch {e['micro_batch_before']} → "
-                       f"{e['micro_batch_after']} (accumulation {e['grad_accum_after']}), same samples "
-                       "redone")
-        for e in d.get("evals", []):
-            typer.echo(f"eval at step {e['step']}: loss {e['eval_loss']:.4f}, perplexity "
-                       f"{e['eval_perplexity']:.2f} ({e['samples']} samples, {e['tokens']:,} label "
-                       f"tokens, eval batch {e['eval_batch']}, {e['eval_time_s']:.1f} s measured)")
-        if d["interrupted"]:
-            typer.echo(f"interrupted: checkpoint {d['checkpoints'][-1]}; resume with --resume {out}")
-        typer.echo(f"run directory: {out} (train.json, monitor.jsonl, checkpoints)")
+        from trainfit.render.train import render_train
+
+        render_train(d, out)

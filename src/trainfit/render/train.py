@@ -1,0 +1,31 @@
+"""``trainfit train``'s summary: what ran, measured, in a few lines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+
+def render_train(d: dict[str, Any], out: str) -> None:
+    """The run in a few lines: steps, samples, tokens, the final loss, each OOM survived, the
+    evaluations, and how to resume an interrupted run (``d``: train.json's content)."""
+    typer.echo(f"trained {d['steps']} steps ({d['samples_seen']} samples, "
+               f"{d['tokens_seen']:,} tokens) in {d['wall_time_s']:.1f} s measured; final loss "
+               f"{d['final_loss']:.4f}" if d["final_loss"] is not None else "no step ran")
+    for e in d["oom_events"]:
+        if e.get("phase") == "eval":
+            typer.echo(f"OOM in the evaluation at step {e['step']}: eval batch "
+                       f"{e['eval_batch_before']} → {e['eval_batch_after']} (training "
+                       "micro-batch unchanged), redone from the batch that failed")
+            continue
+        typer.echo(f"OOM at step {e['step']}: micro-batch {e['micro_batch_before']} → "
+                   f"{e['micro_batch_after']} (accumulation {e['grad_accum_after']}), same samples "
+                   "redone")
+    for e in d.get("evals", []):
+        typer.echo(f"eval at step {e['step']}: loss {e['eval_loss']:.4f}, perplexity "
+                   f"{e['eval_perplexity']:.2f} ({e['samples']} samples, {e['tokens']:,} label "
+                   f"tokens, eval batch {e['eval_batch']}, {e['eval_time_s']:.1f} s measured)")
+    if d["interrupted"]:
+        typer.echo(f"interrupted: checkpoint {d['checkpoints'][-1]}; resume with --resume {out}")
+    typer.echo(f"run directory: {out} (train.json, monitor.jsonl, checkpoints)")
