@@ -172,11 +172,6 @@ def eval_module(model: torch.nn.Module) -> torch.nn.Module:
     return inner.module if isinstance(inner, DDP) else model
 
 
-def _free(device: torch.device) -> None:
-    del device  # the failed batch's tensors can sit in reference cycles of the traceback
-    free_after_oom()
-
-
 def evaluate(model: torch.nn.Module, data: TokenData, *, task: str, batch: int, step: int,
              device: torch.device,
              autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
@@ -234,7 +229,7 @@ def evaluate(model: torch.nn.Module, data: TokenData, *, task: str, batch: int, 
             if failed_at is None:
                 break
             del loader
-            _free(device)
+            free_after_oom()  # the failed batch's tensors can sit in reference cycles
             if batch == 1:
                 raise JobError(f"out of memory in the evaluation at step {step} with eval batch 1",
                                "the evaluation holds the training state plus one batch's logits: "
