@@ -5,11 +5,11 @@ stated (the ceiling was wrong, not the step)."""
 from __future__ import annotations
 
 import functools
-import json
 import time
 
 import torch
 
+from trainfit.cache import read_json
 from trainfit.hardware.gpus import find_gpu_by_device_name
 from trainfit.speed import cpu as cpu_speed
 
@@ -21,13 +21,13 @@ def cpu_peak_flops(dtype: torch.dtype = torch.float32) -> float:
     higher. A measured rate can only be below the true peak (a busy moment slows it), so the
     maximum is the honest ceiling; a single quick timing on a busy host made MFU read 154 %."""
     cached = 0.0
+    d = read_json(cpu_speed.cache_file())  # None when missing or corrupt
     try:
-        if cpu_speed.cache_file().is_file():
-            d = json.loads(cpu_speed.cache_file().read_text())
-            if d.get("threads") == torch.get_num_threads() and d.get("torch") == torch.__version__:
-                name = "bf16" if dtype == torch.bfloat16 else "fp32"
-                cached = max(r for _, r in d["gemm_rate_curve"][name])
-    except (OSError, ValueError, KeyError):
+        if isinstance(d, dict) and d.get("threads") == torch.get_num_threads() \
+                and d.get("torch") == torch.__version__:
+            name = "bf16" if dtype == torch.bfloat16 else "fp32"
+            cached = max(r for _, r in d["gemm_rate_curve"][name])
+    except (ValueError, KeyError, TypeError):
         pass
     best_rate = 0.0
     for n in (1024, 2048):
