@@ -427,11 +427,13 @@ def test_reported_qwen_7b_full_fsdp_8_ranks_on_h100() -> None:
     c = Checked()
     check_plan(c, res)
     assert not c.violations, c.examples
-    by = {(r.job.precision, r.job.grad_ckpt, r.job.micro_batch): r.memory for r in res.rows}
-    m = by[("amp-bf16", "full", 8)]
-    assert m.peak_reserved_bytes < 1.5 * m.peak_allocated_bytes
-    assert by[("bf16-true", "full", 4)].peak_allocated_bytes >= \
-        by[("bf16-true", "full", 1)].peak_allocated_bytes
+    by = {(r.job.precision, r.job.grad_ckpt, r.job.micro_batch): r for r in res.rows}
+    # the reserve of that row simulated at full size (one rank through FSDP2, its alloc/free
+    # trace replayed per stream) — the extrapolated row's reserve is bounded by check_plan
+    exact = predict_memory(by[("amp-bf16", "full", 8)].job, src, find_gpu("h100"))
+    assert exact.peak_reserved_bytes < 1.5 * exact.peak_allocated_bytes
+    assert by[("bf16-true", "full", 4)].memory.peak_allocated_bytes >= \
+        by[("bf16-true", "full", 1)].memory.peak_allocated_bytes
 
 
 def test_reported_mistral_7b_on_3090() -> None:

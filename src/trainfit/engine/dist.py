@@ -7,7 +7,7 @@ import atexit
 import os
 import sys
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -62,14 +62,15 @@ class Dist:
         return sharding == "fsdp" and self.world > 1
 
     def wrap(self, model: torch.nn.Module, device: torch.device,
-             sharding: str = "none") -> torch.nn.Module:
-        """DDP (``sharding: none``) or FSDP full shard (``fsdp``) over the ranks; one rank: the
-        model itself — FSDP over one rank would shard nothing and only add copies, so it is a
-        no-op there (the job's ``sharding`` then changes no number)."""
+             sharding: str = "none", policy: Any = None) -> torch.nn.Module:
+        """DDP (``sharding: none``) or FSDP full shard (``fsdp``, with the mixed-precision
+        ``policy`` of :func:`mixed_precision_policy`) over the ranks; one rank: the model itself —
+        FSDP over one rank would shard nothing and only add copies, so it is a no-op there (the
+        job's ``sharding`` then changes no number)."""
         if self.world == 1:
             return model
         if sharding == "fsdp":
-            return _fully_shard(model)
+            return fully_shard_model(model, policy)
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [device.index] if device.type == "cuda" else None
@@ -121,7 +122,28 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(max(lists, key=lambda ml: sum(p.numel() for p in ml.parameters())))
 
 
-def _fully_shard(model: torch.nn.Module) -> torch.nn.Module:
+def mixed_precision_policy(precision: str | None, reduce_dtype: str = "fp32") -> Any:
+    """FSDP2's ``MixedPrecisionPolicy`` for a job's precision.
+
+    ``amp-bf16`` / ``amp-fp16`` under FSDP are FSDP's mixed precision, as accelerate
+    (``mixed_precision: bf16`` → ``MixedPrecisionPolicy(param_dtype=bf16, …)``), torchtitan
+    (``mixed_precision_param = "bfloat16"``, ``mixed_precision_reduce = "float32"``) and
+    llm-foundry (``mixed_precision: DEFAULT``) run it: fp32 master shards, parameters gathered and
+    computed in the low precision, gradients reduce-scattered in ``reduce_dtype`` (``fp32``, or
+    ``param``: the low precision).  Not autocast over gathered fp32 weights, which would gather 4
+    bytes per parameter and save a low-precision copy of every weight for the backward.  ``fp32``
+    and ``bf16-true`` need no policy (the parameters already are what is computed in)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    low = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}.get(precision or "fp32")
+    if low is None:
+        return MixedPrecisionPolicy()
+    reduce = {"fp32": torch.float32, "param": low}[reduce_dtype]
+    return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=reduce)
+
+
+def fully_shard_model(model: torch.nn.Module, policy: Any = None, mesh: Any = None
+                      ) -> torch.nn.Module:
     """FSDP2 (``torch.distributed.fsdp.fully_shard``): per block, then the root (embeddings, final
     norm, head). FSDP2 rather than FSDP1: its parameters stay the model's own (DTensors under the
     same names, no flat-parameter wrapper), so state dicts, PEFT's frozen/trainable mix and gradient
@@ -131,10 +153,12 @@ def _fully_shard(model: torch.nn.Module) -> torch.nn.Module:
     skip or take a step together. It replaces the module's parameters in place: an optimizer built
     before holds the old full tensors and must be rebuilt (:func:`trainfit.model.runtime.rebuild_optimizer`).
     Gradients are reduce-scattered in every micro-step's backward (no accumulation unsharded: that
-    would cost the full gradient's memory FSDP is there to save)."""
-    from torch.distributed.fsdp import fully_shard
+    would cost the full gradient's memory FSDP is there to save).  ``mesh``: the default group's
+    when None (plan's simulation passes the mesh of its fake process group)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    kw = {"mp_policy": policy or MixedPrecisionPolicy(), "mesh": mesh}
     for block in shard_units(model):
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, **kw)
+    fully_shard(model, **kw)
     return model

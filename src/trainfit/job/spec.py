@@ -21,6 +21,7 @@ OPTIMIZER_IMPLS = ("forloop", "foreach", "fused")
 GRAD_CKPT = ("off", "full")
 ATTENTIONS = ("sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-math", "eager")
 SHARDINGS = ("none", "fsdp")
+REDUCE_DTYPES = ("fp32", "param")
 LORA_ALIASES = ("q", "k", "v", "o", "mlp", "lm_head", "all-linear")
 
 
@@ -102,7 +103,12 @@ class JobSpec:
     ranks: int = 1
     """Data-parallel processes (GPUs)."""
     sharding: str = "none"
-    """none (DDP: every rank holds everything) or fsdp (parameters, gradients, states sharded)."""
+    """none (DDP: every rank holds everything) or fsdp (parameters, gradients, states sharded).
+    Under fsdp the amp precisions are FSDP's mixed precision (fp32 master shards, parameters
+    gathered and computed in bf16/fp16), as accelerate, torchtitan and llm-foundry run them."""
+    fsdp_reduce_dtype: str = "fp32"
+    """FSDP mixed precision: the dtype gradients are reduce-scattered in — fp32 (torchtitan's and
+    FSDP2's usual policy) or param (the low precision: half the reduce-scatter bytes)."""
     bnb_legacy: bool = False
     """Model bitsandbytes < 0.43.2, whose 4-bit matmul kept every layer's input alive until the
     autograd graph was freed (litgpt ≤ 0.5 pins bitsandbytes 0.42)."""
@@ -154,6 +160,7 @@ class JobSpec:
         _choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
         _choice("attention", self.attention, ATTENTIONS)
         _choice("sharding", self.sharding, SHARDINGS)
+        _choice("fsdp_reduce_dtype", self.fsdp_reduce_dtype, REDUCE_DTYPES)
         if self.precision is not None:
             _choice("precision", self.precision, PRECISIONS)
         if self.grad_ckpt is not None:

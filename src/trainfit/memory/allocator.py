@@ -12,8 +12,11 @@ Rules (c10/cuda/CUDACachingAllocator.cpp, defaults, no ``PYTORCH_CUDA_ALLOC_CONF
   (``kLargeBuffer``/``kMinLargeAlloc``), else the request rounded up to 2 MiB (``kRoundLarge``);
 * a request takes the smallest free block of its pool that fits (best fit);
 * a block is split when the remainder is ≥ 512 B (small pool) or > 1 MiB (large pool);
-* freed blocks merge with free neighbours in the same segment; segments are never released.
-Not modelled: multiple streams, ``expandable_segments``, the release-and-retry on OOM.
+* freed blocks merge with free neighbours in the same segment; segments are never released;
+* a free block is reused only by a request on the stream it was allocated on (``get_free_block``
+  searches the pool for the request's stream): FSDP's all-gather and reduce-scatter buffers,
+  made on streams of their own, never take the default stream's blocks nor leave holes in them.
+Not modelled: ``expandable_segments``, the release-and-retry on OOM.
 """
 
 from __future__ import annotations
@@ -58,32 +61,36 @@ class AllocatorReplay:
     segments: int
 
 
-def replay(events: list[tuple[int, int]]) -> AllocatorReplay:
-    """``events``: (uid, +bytes) for an allocation, (uid, -bytes) for its free."""
-    pools: dict[bool, list[tuple[int, int, _Blk]]] = {True: [], False: []}  # small? -> sorted
+def replay(events: list[tuple[int, int]], streams: dict[int, int] | None = None
+           ) -> AllocatorReplay:
+    """``events``: (uid, +bytes) for an allocation, (uid, -bytes) for its free; ``streams``: the
+    stream of the allocations not made on the default stream (uid → stream)."""
+    streams = streams or {}
+    pools: dict[tuple[bool, int], list[tuple[int, int, _Blk]]] = {}  # (small?, stream) → sorted
     live: dict[int, _Blk] = {}
     reserved = peak_reserved = allocated = peak_allocated = 0
     nseg = 0
     counter = 0
 
-    def add_free(b: _Blk, small: bool) -> None:
+    def add_free(b: _Blk, key: tuple[bool, int]) -> None:
         nonlocal counter
         counter += 1
-        bisect.insort(pools[small], (b.size, counter, b))
+        bisect.insort(pools.setdefault(key, []), (b.size, counter, b))
 
-    def remove_free(b: _Blk, small: bool) -> None:
-        pool = pools[small]
+    def remove_free(b: _Blk, key: tuple[bool, int]) -> None:
+        pool = pools[key]
         for i in range(bisect.bisect_left(pool, (b.size, -1)), len(pool)):
             if pool[i][2] is b:
                 del pool[i]
                 return
 
-    small_of: dict[int, bool] = {}
+    key_of: dict[int, tuple[bool, int]] = {}  # segment → its pool
     for uid, delta in events:
         if delta > 0:
             size = _round(delta)
             small = size <= K_SMALL_SIZE
-            pool = pools[small]
+            key = (small, streams.get(uid, 0))
+            pool = pools.setdefault(key, [])
             i = bisect.bisect_left(pool, (size, -1))
             if i < len(pool):
                 blk = pool.pop(i)[2]
@@ -93,7 +100,7 @@ def replay(events: list[tuple[int, int]]) -> AllocatorReplay:
                 reserved += seg
                 peak_reserved = max(peak_reserved, reserved)
                 blk = _Blk(nseg, 0, seg, True)
-                small_of[nseg] = small
+                key_of[nseg] = key
             remaining = blk.size - size
             if (small and remaining >= K_MIN_BLOCK) or (not small and remaining > K_SMALL_SIZE):
                 rest = _Blk(blk.seg, blk.offset + size, remaining, True, prev=blk, next=blk.next)
@@ -101,7 +108,7 @@ def replay(events: list[tuple[int, int]]) -> AllocatorReplay:
                     blk.next.prev = rest
                 blk.next = rest
                 blk.size = size
-                add_free(rest, small)
+                add_free(rest, key)
             blk.free = False
             live[uid] = blk
             allocated += blk.size
@@ -110,12 +117,12 @@ def replay(events: list[tuple[int, int]]) -> AllocatorReplay:
             blk = live.pop(uid, None)
             if blk is None:
                 continue
-            small = small_of[blk.seg]
+            key = key_of[blk.seg]
             allocated -= blk.size
             blk.free = True
             for nb in (blk.prev, blk.next):
                 if nb is not None and nb.free:
-                    remove_free(nb, small)
+                    remove_free(nb, key)
                     if nb is blk.prev:
                         nb.size += blk.size
                         nb.next = blk.next
@@ -127,5 +134,5 @@ def replay(events: list[tuple[int, int]]) -> AllocatorReplay:
                         blk.next = nb.next
                         if nb.next is not None:
                             nb.next.prev = blk
-            add_free(blk, small)
+            add_free(blk, key)
     return AllocatorReplay(peak_reserved, peak_allocated, nseg)

@@ -280,8 +280,9 @@ def _point(job: JobSpec, source: ModelSource, target: SimTarget, layers: int, ba
     j = job.replace(micro_batch=batch, grad_accum=2, effective_batch=None)
     rec = OpRecorder()
     sim = simulate_step(j, src, target, record_events=True, op_hook=rec)
-    rep = replay(sim.events)
+    rep = replay(sim.events, sim.event_streams)
     sim.events = []
+    sim.event_streams = {}
     return Point(layers, batch, sim, rep.peak_reserved_bytes, rep.peak_allocated_bytes, rec.ops)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from trainfit.engine.dist import mixed_precision_policy
 from trainfit.hardware.gpus import EAGER_MODULE_LOADING_EXTRA_BYTES, GpuSpec
 from trainfit.job import DEFAULT_MARGIN, JobSpec
 from trainfit.memory.allocator import replay
@@ -107,6 +108,16 @@ def shard_breakdown(breakdown: dict[str, int], ranks: int) -> dict[str, int]:
     return {k: -(-v // ranks) if k in SHARDED else v for k, v in breakdown.items()}
 
 
+def _fsdp_sim_note(job: JobSpec) -> str:
+    mp = mixed_precision_policy(job.precision, job.fsdp_reduce_dtype)
+    policy = "no mixed-precision policy" if mp.param_dtype is None else (
+        f"MixedPrecisionPolicy(param_dtype={str(mp.param_dtype).removeprefix('torch.')}, "
+        f"reduce_dtype={str(mp.reduce_dtype).removeprefix('torch.')}): fp32 master shards")
+    return (f"FSDP over {job.ranks} ranks: one rank's step run through torch's FSDP2 "
+            f"(fully_shard per block + root, {policy}) with a fake process group; "
+            "breakdown term data_parallel = gathered parameters and collective buffers")
+
+
 def _fsdp_note(job: JobSpec, gathered: int) -> str:
     return (f"FSDP over {job.ranks} ranks: parameters/gradients/optimizer states ÷ {job.ranks}, "
             f"+ {FSDP_PREFETCH_UNITS} unsharded layers in flight ({gathered / 2**30:.2f} GiB, "
@@ -136,14 +147,20 @@ def data_parallel_bytes(job: JobSpec, source: ModelSource, breakdown: dict[str, 
 
 
 def rank_peak(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int]],
-              trainable_params: int) -> tuple[str, dict[str, int], list[str]]:
+              trainable_params: int, per_rank: bool = False
+              ) -> tuple[str, dict[str, int], list[str]]:
     """The per-rank allocated peak as (phase, breakdown with every term ≥ 0, notes).
 
     ``phases``: the one-process breakdown at each phase's own peak.  Under FSDP the phase that
     peaks on one rank need not be the one-process peak phase (sharding shrinks the optimizer
     phase by far more than the activation-heavy backward), so every phase is sharded and the
-    largest taken; DDP's buckets live through the whole step and add to every phase alike."""
-    if job.ranks > 1 and job.sharding != "none":
+    largest taken; DDP's buckets live through the whole step and add to every phase alike.
+    ``per_rank``: the phases were simulated as one rank of a sharded step (FSDP through a fake
+    process group): nothing is added or divided."""
+    if per_rank:
+        per_phase = phases
+        notes = [_fsdp_sim_note(job)]
+    elif job.ranks > 1 and job.sharding != "none":
         params = max(b.get("parameters", 0) for b in phases.values())
         gathered = FSDP_PREFETCH_UNITS * (params // _layers(source))
         per_phase = {k: {**shard_breakdown(b, job.ranks), "data_parallel": gathered}
@@ -163,7 +180,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
            peak_phase: str, total_params: int, trainable_params: int,
            sdpa_kernels: dict[str, int], sim_time_s: float, how: str,
            margin: float = DEFAULT_MARGIN, eager_module_loading: bool = False,
-           phase_breakdowns: dict[str, dict[str, int]] | None = None) -> MemoryPrediction:
+           phase_breakdowns: dict[str, dict[str, int]] | None = None,
+           per_rank: bool = False) -> MemoryPrediction:
     """Turn simulated tensor bytes into the allocated / reserved / device peaks and the fit.
 
     ``tensor_peak_bytes`` is the one-process allocated peak (whole blocks), ``breakdown`` what was
@@ -178,7 +196,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     # the one-process peak first (one rank, DDP: it stays the peak), then every phase's own
     phases = {peak_phase: breakdown, **{k: v for k, v in (phase_breakdowns or {}).items()
                                         if k != peak_phase}}
-    phase, terms, dp_notes = rank_peak(job, source, phases, trainable_params)
+    phase, terms, dp_notes = rank_peak(job, source, phases, trainable_params, per_rank)
     allocated = sum(terms.values()) + blocks + work
     # The allocator's reserve above the allocated peak, from the one-process trace (what the
     # other ranks' shards change is the size of persistent blocks, not the step's churn).
@@ -219,7 +237,7 @@ def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
     """One configuration, simulated at full size (exact; seconds to tens of seconds)."""
     target = SimTarget(device="cuda", compute_capability=_cc(gpu) or (8, 0))
     sim = simulate_step(job, source, target, record_events=True, op_hook=op_hook)
-    rep = replay(sim.events)
+    rep = replay(sim.events, sim.event_streams)
     # the allocator counts whole blocks (an unsplit remainder ≤ 1 MiB stays in the block)
     return finish(job, source, gpu,
                   tensor_peak_bytes=max(sim.peak_allocated_bytes, rep.peak_allocated_bytes),
@@ -229,4 +247,4 @@ def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
                   sdpa_kernels=sim.sdpa_kernels, sim_time_s=sim.sim_time_s,
                   how="simulated at full size", margin=margin,
                   eager_module_loading=eager_module_loading,
-                  phase_breakdowns=sim.phase_breakdowns)
+                  phase_breakdowns=sim.phase_breakdowns, per_rank=sim.per_rank)

@@ -10,6 +10,7 @@ target device's allocation behaviour imposed by :mod:`trainfit.memory.semantics`
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from trainfit.engine.step import repeat_batches, train_step
 from trainfit.job import JobSpec
 from trainfit.memory.semantics import AttentionTarget, device_semantics
+from trainfit.memory.sharded import fake_world, fsdp_bookkeeping, fsdp_simulable, local, shard_model
 from trainfit.memory.tracker import LiveBytesTracker
 from trainfit.model.source import ModelSource
 from trainfit.model.workload import build_model_on_meta, cpu_autocast, make_batch, make_optimizer
@@ -69,6 +71,11 @@ class SimResult:
     """Phase key → bytes by category at that phase's peak (each sums to its ``phase_peaks``)."""
     events: list[tuple[int, int]] = field(default_factory=list, repr=False)
     """The alloc/free trace when asked for (for the caching-allocator replay)."""
+    event_streams: dict[int, int] = field(default_factory=dict, repr=False)
+    """Block id → stream of the allocations not on the default stream (FSDP's collectives)."""
+    per_rank: bool = False
+    """The step ran sharded over the job's ranks (FSDP through a fake process group): every
+    number is already one rank's."""
 
 
 def _to_fake(model: torch.nn.Module, fake_mode: FakeTensorMode) -> None:
@@ -96,7 +103,7 @@ def _classify_states(optimizer: torch.optim.Optimizer, tracker: LiveBytesTracker
     for st in optimizer.state.values():
         for v in st.values():
             if isinstance(v, torch.Tensor):
-                tracker.reclassify(v, "optimizer")
+                tracker.reclassify(local(v), "optimizer")
 
 
 def _track_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor],
@@ -106,7 +113,7 @@ def _track_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor],
     for p in model.parameters():
         if id(p) not in seen:
             seen.add(id(p))
-            tracker.track(p, "parameters")
+            tracker.track(local(p), "parameters")
     for name, b in model.named_buffers():
         # the 4-bit twin keeps its frozen weights as buffers: they are parameters to a user
         tracker.track(b, "parameters" if name.rsplit(".", 1)[-1] in _QUANT_STATE
@@ -127,6 +134,7 @@ def _first_step(job: JobSpec, optimizer: Any, trainable: list[torch.nn.Parameter
         tracker.set_phase("optimizer")
         for p in trainable:
             p.grad = torch.zeros_like(p)
+            tracker.reclassify(local(p.grad), "gradients")
         optimizer.step()
         optimizer.zero_grad(set_to_none=job.grads_to_none)
     _classify_states(optimizer, tracker)
@@ -136,13 +144,30 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
                   steps: int = 2, record_events: bool = False, op_hook: Any = None,
                   batch_fn: Any = None) -> SimResult:
     """``batch_fn``: builds the micro-batch inside the fake mode (the real data's keys and shapes,
-    e.g. with an attention mask); default: unpadded random token ids."""
-    target = target or SimTarget()
+    e.g. with an attention mask); default: unpadded random token ids.
+
+    FSDP over several ranks runs as one rank of them (:mod:`trainfit.memory.sharded`): the
+    result is that rank's (``per_rank``)."""
+    sharded = fsdp_simulable(job)
+    with fake_world(job.ranks) if sharded else contextlib.nullcontext() as mesh:
+        return _simulate(job, source, target or SimTarget(), steps, record_events, op_hook,
+                         batch_fn, mesh)
+
+
+def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
+              record_events: bool, op_hook: Any, batch_fn: Any, mesh: Any) -> SimResult:
     t0 = time.perf_counter()
     model, info = build_model_on_meta(job, source)
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
-    _to_fake(model, fake_mode)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=mesh is not None)
     tracker = LiveBytesTracker(block_bytes=target.block_bytes)
+    if mesh is None:
+        _to_fake(model, fake_mode)
+        bookkeeping: Any = contextlib.nullcontext()
+    else:  # FSDP shards the meta parameters; to_empty makes the local shards fake (ties kept)
+        shard_model(model, job, mesh)
+        with fake_mode:
+            model.to_empty(device="cpu")
+        bookkeeping = fsdp_bookkeeping(tracker)
     tracker.record_events = record_events
     if op_hook is not None:
         op_hook.active = False  # only the steady-state step is timed
@@ -161,7 +186,7 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
         _track_inputs(model, batch, tracker)
         hooks = [p.register_post_accumulate_grad_hook(
             lambda p: tracker.reclassify(p.grad, "gradients")) for p in trainable]
-        with device_semantics(attn) as ops, tracker:
+        with device_semantics(attn) as ops, bookkeeping, tracker:
             carry: dict[str, Any] | None = {} if job.hold_outputs else None
 
             def run_step() -> None:
@@ -170,8 +195,10 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
                            grads_to_none=job.grads_to_none, observer=tracker, carry=carry)
 
             if steps > 1:
-                _first_step(job, optimizer, trainable, tracker, run_step if carry is not None
-                            else None)
+                # a sharded step runs its first step in full: FSDP makes the gradients on its
+                # reduce-scatter stream, and the allocator reuses blocks within a stream only
+                _first_step(job, optimizer, trainable, tracker,
+                            run_step if carry is not None or mesh is not None else None)
             if op_hook is not None:
                 tracker.op_hook = op_hook
                 op_hook.active = True
@@ -200,4 +227,6 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
         info={"quantized_linears": info.quantized_linears,
               "lora_target_modules": info.lora_target_modules},
         events=tracker.events,
+        event_streams=tracker.event_streams,
+        per_rank=mesh is not None,
     )

@@ -21,7 +21,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary, weakref
 
-CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries", "buffers")
+CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries", "buffers",
+              "data_parallel")
+"""``data_parallel``: what FSDP allocates for its collectives (gathered parameters, all-gather and
+reduce-scatter buffers) when the step runs sharded (:mod:`trainfit.memory.sharded`)."""
 MANAGED = "managed"
 """Category of bytes in CUDA managed memory (paged optimizer states): on the device while they fit,
 but not in the caching allocator's statistics."""
@@ -94,6 +97,16 @@ class LiveBytesTracker(TorchDispatchMode):
         global peak's mix says nothing about the other phases, and the peak moves between
         phases as the micro-batch grows."""
         self._phase_peak_uid: dict[str, int] = {}
+        self.stream: int = 0
+        """The stream allocations are made on (0: the default stream).  CUDA's caching allocator
+        reuses a freed block only for requests of the stream it was allocated on, so FSDP's
+        collective buffers (made on its all-gather and reduce-scatter streams) form pools of
+        their own: :func:`trainfit.memory.sharded.fsdp_bookkeeping` sets it."""
+        self.event_streams: dict[int, int] = {}
+        """Block id → stream, for the blocks allocated on a stream other than the default."""
+        self.category_override: str | None = None
+        """When set, every tensor an op creates is booked in this category (FSDP's collectives:
+        :func:`trainfit.memory.sharded.fsdp_bookkeeping`)."""
 
     @contextlib.contextmanager
     def managed(self) -> Iterator[None]:
@@ -111,6 +124,9 @@ class LiveBytesTracker(TorchDispatchMode):
         return math.ceil(nbytes / self.block_bytes) * self.block_bytes
 
     def _register(self, t: torch.Tensor, category: str) -> _Block | None:
+        inner = getattr(t, "_local_tensor", None)  # a DTensor (FSDP): its shard holds the bytes
+        if isinstance(inner, torch.Tensor):
+            t = inner
         st = t.untyped_storage()
         blk = self._live.get(st)
         if blk is not None:
@@ -131,6 +147,8 @@ class LiveBytesTracker(TorchDispatchMode):
         self._cat_bytes[category] = self._cat_bytes.get(category, 0) + nbytes
         if self.record_events:
             self.events.append((blk.uid, nbytes))
+            if self.stream:
+                self.event_streams[blk.uid] = self.stream
         self._refs.append(weakref.ref(st, lambda _r, b=blk: self._release(b)))
         return blk
 
@@ -144,12 +162,41 @@ class LiveBytesTracker(TorchDispatchMode):
             if self.record_events:
                 self.events.append((blk.uid, -blk.nbytes))
 
+    def resize_storage(self, t: torch.Tensor, nbytes: int) -> None:
+        """``t``'s storage was resized in place to ``nbytes`` (FSDP frees and re-allocates its
+        unsharded parameters with ``untyped_storage().resize_``, which no op reports): booked as
+        a free of the old block and, when ``nbytes`` > 0, an allocation of a new one."""
+        blk = self._live.get(t.untyped_storage())
+        if blk is None or blk.category == MANAGED:
+            return
+        new = self._rounded(nbytes)
+        if new == blk.nbytes:
+            return
+        self.current_bytes += new - blk.nbytes
+        self._cat_bytes[blk.category] += new - blk.nbytes
+        if self.record_events:
+            if blk.nbytes:
+                self.events.append((blk.uid, -blk.nbytes))
+            if new:
+                self._next_id += 1
+                self._alive.pop(blk.uid, None)
+                blk.uid = self._next_id
+                self._alive[blk.uid] = blk
+                self.events.append((blk.uid, new))
+                if self.stream:
+                    self.event_streams[blk.uid] = self.stream
+        blk.nbytes = new
+        self._check_peak()
+
     def track(self, t: torch.Tensor, category: str) -> None:
         """Register a tensor created outside the tracker (parameters, buffers, the batch)."""
         self._register(t, category)
         self._check_peak()
 
     def reclassify(self, t: torch.Tensor, category: str) -> None:
+        inner = getattr(t, "_local_tensor", None)
+        if isinstance(inner, torch.Tensor):
+            t = inner
         blk = self._live.get(t.untyped_storage())
         if blk is None or blk.category == MANAGED or blk.category == category:
             return
@@ -193,7 +240,8 @@ class LiveBytesTracker(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if self.op_hook is not None:
             self.op_hook(func, args, kwargs or {}, out, self.phase, self._micro)
-        category = "activations" if self.phase == "forward" else "temporaries"
+        category = self.category_override or (
+            "activations" if self.phase == "forward" else "temporaries")
         if isinstance(out, torch.Tensor):  # the common case, without flattening
             self._register(out, category)
         else:

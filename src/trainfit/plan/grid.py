@@ -311,7 +311,8 @@ class _Grid:
                          trainable_params=p["trainable_params"],
                          sdpa_kernels=model.points[-1].sim.sdpa_kernels,
                          sim_time_s=0.0, how="extrapolated from small simulations",
-                         margin=self.margin, phase_breakdowns=p["phase_breakdowns"])
+                         margin=self.margin, phase_breakdowns=p["phase_breakdowns"],
+                         per_rank=model.points[0].sim.per_rank)
             return cj, mem
 
         largest = None

@@ -29,7 +29,7 @@ from trainfit.data.loader import (
     micro_batch_ids,
     step_weights,
 )
-from trainfit.engine.dist import Dist
+from trainfit.engine.dist import Dist, mixed_precision_policy
 from trainfit.engine.step import train_step
 from trainfit.job import JobError, JobSpec
 from trainfit.memory.limit import LimitTracker
@@ -207,7 +207,9 @@ class Trainer:
         check_runnable(job, self.dist.world)
         self.wl = build_real(job, self.source, self.device, seed=job.seed, lr=job.lr)
         check_no_offload(self.wl.model, opts.allow_offload)
-        self.model = self.dist.wrap(self.wl.model, self.device, sharding=job.sharding)
+        self.model = self.dist.wrap(self.wl.model, self.device, sharding=job.sharding,
+                                    policy=mixed_precision_policy(job.precision,
+                                                                  job.fsdp_reduce_dtype))
         if self.dist.shards(job.sharding):  # fully_shard swapped in DTensor parameters
             from trainfit.model.runtime import rebuild_optimizer
 
