@@ -62,7 +62,8 @@ class Dist:
         return sharding == "fsdp" and self.world > 1
 
     def wrap(self, model: torch.nn.Module, device: torch.device,
-             sharding: str = "none", policy: Any = None) -> torch.nn.Module:
+             sharding: str = "none", policy: Any = None, no_sync: bool = False
+             ) -> torch.nn.Module:
         """DDP (``sharding: none``) or FSDP full shard (``fsdp``, with the mixed-precision
         ``policy`` of :func:`mixed_precision_policy`) over the ranks; one rank: the model itself —
         FSDP over one rank would shard nothing and only add copies, so it is a no-op there (the
@@ -70,7 +71,7 @@ class Dist:
         if self.world == 1:
             return model
         if sharding == "fsdp":
-            return fully_shard_model(model, policy)
+            return fully_shard_model(model, policy, no_sync=no_sync)
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [device.index] if device.type == "cuda" else None
@@ -142,8 +143,8 @@ def mixed_precision_policy(precision: str | None, reduce_dtype: str = "fp32") ->
     return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=reduce)
 
 
-def fully_shard_model(model: torch.nn.Module, policy: Any = None, mesh: Any = None
-                      ) -> torch.nn.Module:
+def fully_shard_model(model: torch.nn.Module, policy: Any = None, mesh: Any = None,
+                      no_sync: bool = False) -> torch.nn.Module:
     """FSDP2 (``torch.distributed.fsdp.fully_shard``): per block, then the root (embeddings, final
     norm, head). FSDP2 rather than FSDP1: its parameters stay the model's own (DTensors under the
     same names, no flat-parameter wrapper), so state dicts, PEFT's frozen/trainable mix and gradient
@@ -161,4 +162,22 @@ def fully_shard_model(model: torch.nn.Module, policy: Any = None, mesh: Any = No
     for block in shard_units(model):
         fully_shard(block, **kw)
     fully_shard(model, **kw)
+    if no_sync:
+        # HF Trainer / accelerate accumulate without reduce-scattering (accelerate's no_sync is
+        # FSDP2's set_requires_gradient_sync(False)): train_step enters it before the last
+        # micro-step, as it does DDP's no_sync
+        model.no_sync = _gradient_sync_off(model)  # type: ignore[assignment]
     return model
+
+
+def _gradient_sync_off(model: Any) -> Any:
+    import contextlib
+
+    @contextlib.contextmanager
+    def no_sync() -> Any:
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    return no_sync

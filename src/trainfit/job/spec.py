@@ -20,7 +20,8 @@ OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "adafact
 OPTIMIZER_IMPLS = ("forloop", "foreach", "fused")
 GRAD_CKPT = ("off", "full")
 ATTENTIONS = ("sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-math", "eager")
-SHARDINGS = ("none", "fsdp")
+SHARDINGS = ("none", "fsdp", "zero2", "zero3")
+OFFLOADS = ("none", "optimizer", "all")
 REDUCE_DTYPES = ("fp32", "param")
 LORA_ALIASES = ("q", "k", "v", "o", "mlp", "lm_head", "all-linear")
 
@@ -103,9 +104,17 @@ class JobSpec:
     ranks: int = 1
     """Data-parallel processes (GPUs)."""
     sharding: str = "none"
-    """none (DDP: every rank holds everything) or fsdp (parameters, gradients, states sharded).
-    Under fsdp the amp precisions are FSDP's mixed precision (fp32 master shards, parameters
-    gathered and computed in bf16/fp16), as accelerate, torchtitan and llm-foundry run them."""
+    """none (DDP: every rank holds everything), fsdp (FSDP full shard: parameters, gradients,
+    states sharded), zero2 / zero3 (DeepSpeed ZeRO stage 2 / 3 as accelerate runs it). Under
+    fsdp and zero the amp precisions are mixed precision as those engines run it: fp32 master
+    weights sharded, parameters gathered and computed in bf16/fp16."""
+    offload: str = "none"
+    """CPU offload: optimizer (ZeRO offload_optimizer: fp32 master, states and their gradients
+    on the host) or all (also the parameters: FSDP CPUOffload, ZeRO-3 offload_param). Saves
+    GPU memory, costs host RAM and host↔GPU copies."""
+    fsdp_no_sync: bool = False
+    """FSDP gradient accumulation as HF Trainer / accelerate run it: micro-steps before the last
+    keep every unit's unsharded gradient (no_sync) instead of reduce-scattering each time."""
     fsdp_reduce_dtype: str = "fp32"
     """FSDP mixed precision: the dtype gradients are reduce-scattered in — fp32 (torchtitan's and
     FSDP2's usual policy) or param (the low precision: half the reduce-scatter bytes)."""
@@ -161,6 +170,8 @@ class JobSpec:
         _choice("attention", self.attention, ATTENTIONS)
         _choice("sharding", self.sharding, SHARDINGS)
         _choice("fsdp_reduce_dtype", self.fsdp_reduce_dtype, REDUCE_DTYPES)
+        _choice("offload", self.offload, OFFLOADS)
+        self._check_sharding()
         if self.precision is not None:
             _choice("precision", self.precision, PRECISIONS)
         if self.grad_ckpt is not None:
@@ -197,6 +208,19 @@ class JobSpec:
         if not self.lora_targets:
             raise JobError("--lora-targets is empty", "e.g. --lora-targets q,v or all-linear")
         self._resolve_batch()
+
+    def _check_sharding(self) -> None:
+        allowed = {"none": ("none",), "fsdp": ("none", "all"), "zero2": ("none", "optimizer"),
+                   "zero3": ("none", "optimizer", "all")}[self.sharding]
+        if self.offload not in allowed:
+            raise JobError(f"--offload {self.offload} with --sharding {self.sharding}: not "
+                           "something that engine offers",
+                           f"with --sharding {self.sharding} use --offload "
+                           f"{' or '.join(allowed)}" if len(allowed) > 1 else
+                           "offloading needs --sharding fsdp, zero2 or zero3")
+        if self.fsdp_no_sync and self.sharding != "fsdp":
+            raise JobError("--fsdp-no-sync applies to --sharding fsdp only",
+                           "drop --fsdp-no-sync, or use --sharding fsdp")
 
     def _resolve_batch(self) -> None:
         mb, ga, eff, ranks = self.micro_batch, self.grad_accum, self.effective_batch, self.ranks

@@ -18,6 +18,7 @@ from trainfit.hardware.gpus import EAGER_MODULE_LOADING_EXTRA_BYTES, GpuSpec
 from trainfit.job import DEFAULT_MARGIN, JobSpec
 from trainfit.memory.allocator import replay
 from trainfit.memory.simulate import SimTarget, simulate_step
+from trainfit.memory.zero import fsdp_offload_phases, zero_phases
 from trainfit.model.source import ModelSource
 from trainfit.model.workload import weight_dtypes
 
@@ -35,6 +36,34 @@ gradient: +1 × gradient bytes (torch/nn/parallel/distributed.py, reducer.cpp)."
 FSDP_PREFETCH_UNITS = 2
 """FSDP FULL_SHARD holds the unsharded parameters of the running unit plus the prefetched next one
 (forward and backward prefetch, one decoder layer per unit as HF's auto-wrap does)."""
+
+
+NCCL_BYTES_NVSWITCH = 1_060_000_000
+"""8× H100 (NVLink 4, NVSwitch): NCCL's memory after communicator init and the first collectives,
+1.06 GB (NVIDIA/nccl#1685, before any all_to_all).  Outside PyTorch's allocator: nvidia-smi only."""
+NCCL_BYTES_NVLINK = 688_000_000
+"""4× A100 NVLink: 544 MB (2-GPU groups) / 688 MB (> 2 GPUs) per GPU for one communicator and its
+all-reduce (NVIDIA/nccl#964); taken for NVLink 2/3 boxes."""
+NCCL_CHANNEL_PEER_BYTES = 12 * 2**20
+"""One ring channel's buffers per connected peer: SIMPLE 4 MiB + LL128 4.69 MiB + LL 0.5 MiB,
+rounded to 10 MiB, + 2 MiB send/control (nccl src/init.cc computeBuffSizes; allocation sizes
+10485760 and 2097152 B in nccl#1685's ALLOC log)."""
+NCCL_PCIE_CHANNELS = 4
+"""Rings NCCL builds over PCIe (2-4 on consumer boxes; the larger taken: under-predicting memory
+is the worse error).  An estimate: no published measurement for PCIe cards was found."""
+
+
+def nccl_bytes(gpu: GpuSpec | None, ranks: int) -> tuple[int, str]:
+    """NCCL's own GPU memory per rank for the one communicator DDP/FSDP use (0 for one rank)."""
+    if ranks <= 1 or gpu is None:
+        return 0, ""
+    link = gpu.interconnect or ""
+    if link.startswith("nvlink4") or link.startswith("nvlink5"):
+        return NCCL_BYTES_NVSWITCH, "NCCL (NVSwitch, published 8× H100 reading)"
+    if link.startswith("nvlink"):
+        return NCCL_BYTES_NVLINK, "NCCL (NVLink, published 4× A100 reading)"
+    n = NCCL_PCIE_CHANNELS * 2 * NCCL_CHANNEL_PEER_BYTES
+    return n, f"NCCL ({NCCL_PCIE_CHANNELS} ring channels × 2 peers × 12 MiB, estimated)"
 
 
 def cublas_workspace_bytes(gpu: GpuSpec | None) -> int:
@@ -124,6 +153,12 @@ def _fsdp_note(job: JobSpec, gathered: int) -> str:
             "breakdown term data_parallel)")
 
 
+def hidden_size(source: ModelSource) -> int:
+    cfg = source.config
+    return next((v for a in ("hidden_size", "d_model", "n_embd", "dim")
+                 if isinstance(v := getattr(cfg, a, None), int) and v > 0), 0)
+
+
 def _layers(source: ModelSource) -> int:
     """The FSDP units (decoder blocks; encoder + decoder blocks for T5-style models) the
     parameters are spread over.  GPT-2 names its depth ``n_layer``: read as 1 layer, FSDP's two
@@ -147,7 +182,7 @@ def data_parallel_bytes(job: JobSpec, source: ModelSource, breakdown: dict[str, 
 
 
 def rank_peak(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int]],
-              trainable_params: int, per_rank: bool = False
+              trainable_params: int, per_rank: bool = False, quant_state_bytes: int = 0
               ) -> tuple[str, dict[str, int], list[str]]:
     """The per-rank allocated peak as (phase, breakdown with every term ≥ 0, notes).
 
@@ -156,10 +191,19 @@ def rank_peak(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int
     phase by far more than the activation-heavy backward), so every phase is sharded and the
     largest taken; DDP's buckets live through the whole step and add to every phase alike.
     ``per_rank``: the phases were simulated as one rank of a sharded step (FSDP through a fake
-    process group): nothing is added or divided."""
-    if per_rank:
+    process group): nothing is added or divided (with FSDP's CPU offload the host's part is
+    taken out).  DeepSpeed ZeRO: :func:`trainfit.memory.zero.zero_phases`."""
+    if job.sharding in ("zero2", "zero3"):
+        per_phase, notes = zero_phases(
+            job, phases, trainable_params=trainable_params, quant_state_bytes=quant_state_bytes,
+            hidden=hidden_size(source), layers=_layers(source),
+            compute_bytes=4 if (job.precision or "fp32") == "fp32" else 2)
+    elif per_rank:
         per_phase = phases
         notes = [_fsdp_sim_note(job)]
+        if job.offload == "all":
+            per_phase, more = fsdp_offload_phases(phases)
+            notes += more
     elif job.ranks > 1 and job.sharding != "none":
         params = max(b.get("parameters", 0) for b in phases.values())
         gathered = FSDP_PREFETCH_UNITS * (params // _layers(source))
@@ -181,7 +225,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
            sdpa_kernels: dict[str, int], sim_time_s: float, how: str,
            margin: float = DEFAULT_MARGIN, eager_module_loading: bool = False,
            phase_breakdowns: dict[str, dict[str, int]] | None = None,
-           per_rank: bool = False) -> MemoryPrediction:
+           per_rank: bool = False, quant_state_bytes: int = 0) -> MemoryPrediction:
     """Turn simulated tensor bytes into the allocated / reserved / device peaks and the fit.
 
     ``tensor_peak_bytes`` is the one-process allocated peak (whole blocks), ``breakdown`` what was
@@ -196,21 +240,24 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     # the one-process peak first (one rank, DDP: it stays the peak), then every phase's own
     phases = {peak_phase: breakdown, **{k: v for k, v in (phase_breakdowns or {}).items()
                                         if k != peak_phase}}
-    phase, terms, dp_notes = rank_peak(job, source, phases, trainable_params, per_rank)
+    phase, terms, dp_notes = rank_peak(job, source, phases, trainable_params, per_rank,
+                                       quant_state_bytes)
     allocated = sum(terms.values()) + blocks + work
     # The allocator's reserve above the allocated peak, from the one-process trace (what the
     # other ranks' shards change is the size of persistent blocks, not the step's churn).
     reserved = allocated + max(0, reserved_replay_bytes - tensor_peak_bytes)
     context = (gpu.cuda_context_bytes if gpu else 0) + (
         EAGER_MODULE_LOADING_EXTRA_BYTES if eager_module_loading else 0)
-    device = reserved + context + managed_bytes
+    nccl, nccl_note = nccl_bytes(gpu, job.ranks)
+    device = reserved + context + managed_bytes + nccl
     notes = [
         f"{how}; allocated = live tensor bytes (512 B blocks) + cuBLAS workspaces "
         f"({work / 2**20:.0f} MiB)",
         "reserved: the step's alloc/free trace replayed through the caching-allocator model",
         f"device: reserved + CUDA context ({context / 2**20:.0f} MiB, GPU catalog)"
         + (f" + paged optimizer states in managed memory ({managed_bytes / 2**30:.2f} GiB)"
-           if managed_bytes else ""),
+           if managed_bytes else "")
+        + (f" + {nccl_note}: {nccl / 2**30:.2f} GiB, outside PyTorch's allocator" if nccl else ""),
         *dp_notes,
     ]
     full_breakdown = {**{k: v for k, v in terms.items() if k != "data_parallel"},
@@ -247,4 +294,5 @@ def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
                   sdpa_kernels=sim.sdpa_kernels, sim_time_s=sim.sim_time_s,
                   how="simulated at full size", margin=margin,
                   eager_module_loading=eager_module_loading,
-                  phase_breakdowns=sim.phase_breakdowns, per_rank=sim.per_rank)
+                  phase_breakdowns=sim.phase_breakdowns, per_rank=sim.per_rank,
+                  quant_state_bytes=sim.quant_state_bytes)

@@ -65,7 +65,8 @@ def shard_model(model: torch.nn.Module, job: JobSpec, mesh: Any) -> None:
     """``fully_shard`` every transformer block, then the root, with the job's mixed-precision
     policy — what ``trainfit train`` runs (:func:`trainfit.engine.dist.fully_shard_model`) —
     applied on the ``meta`` model, before its parameters become fake tensors."""
-    fully_shard_model(model, mixed_precision_policy(job.precision, job.fsdp_reduce_dtype), mesh)
+    fully_shard_model(model, mixed_precision_policy(job.precision, job.fsdp_reduce_dtype), mesh,
+                      no_sync=job.fsdp_no_sync)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

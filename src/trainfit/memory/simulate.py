@@ -23,6 +23,7 @@ from trainfit.job import JobSpec
 from trainfit.memory.semantics import AttentionTarget, device_semantics
 from trainfit.memory.sharded import fake_world, fsdp_bookkeeping, fsdp_simulable, local, shard_model
 from trainfit.memory.tracker import LiveBytesTracker
+from trainfit.memory.zero import compute_job
 from trainfit.model.source import ModelSource
 from trainfit.model.workload import build_model_on_meta, cpu_autocast, make_batch, make_optimizer
 
@@ -73,6 +74,8 @@ class SimResult:
     """The alloc/free trace when asked for (for the caching-allocator replay)."""
     event_streams: dict[int, int] = field(default_factory=dict, repr=False)
     """Block id → stream of the allocations not on the default stream (FSDP's collectives)."""
+    quant_state_bytes: int = 0
+    """bitsandbytes' quantization state (absmax, nested absmax, codes): whole on every rank."""
     per_rank: bool = False
     """The step ran sharded over the job's ranks (FSDP through a fake process group): every
     number is already one rank's."""
@@ -107,8 +110,10 @@ def _classify_states(optimizer: torch.optim.Optimizer, tracker: LiveBytesTracker
 
 
 def _track_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor],
-                  tracker: LiveBytesTracker) -> None:
-    """Count what exists before the step: parameters (shared ones once), buffers, the batch."""
+                  tracker: LiveBytesTracker) -> int:
+    """Count what exists before the step: parameters (shared ones once), buffers, the batch.
+    Returns the bytes of bitsandbytes' quantization state (booked as parameters)."""
+    quant_state = 0
     seen: set[int] = set()
     for p in model.parameters():
         if id(p) not in seen:
@@ -116,10 +121,13 @@ def _track_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor],
             tracker.track(local(p), "parameters")
     for name, b in model.named_buffers():
         # the 4-bit twin keeps its frozen weights as buffers: they are parameters to a user
-        tracker.track(b, "parameters" if name.rsplit(".", 1)[-1] in _QUANT_STATE
-                      else "buffers")
+        leaf = name.rsplit(".", 1)[-1]
+        tracker.track(b, "parameters" if leaf in _QUANT_STATE else "buffers")
+        if leaf in _QUANT_STATE and leaf != "weight_packed":
+            quant_state += b.numel() * b.element_size()
     for t in batch.values():
         tracker.track(t, "buffers")
+    return quant_state
 
 
 def _first_step(job: JobSpec, optimizer: Any, trainable: list[torch.nn.Parameter],
@@ -149,6 +157,8 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
     FSDP over several ranks runs as one rank of them (:mod:`trainfit.memory.sharded`): the
     result is that rank's (``per_rank``)."""
     sharded = fsdp_simulable(job)
+    if job.sharding in ("zero2", "zero3"):
+        job = compute_job(job)  # DeepSpeed's per-rank terms are added to this step (zero.py)
     with fake_world(job.ranks) if sharded else contextlib.nullcontext() as mesh:
         return _simulate(job, source, target or SimTarget(), steps, record_events, op_hook,
                          batch_fn, mesh)
@@ -183,7 +193,7 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
             optimizer.managed_ctx = tracker.managed
         batch = batch_fn() if batch_fn is not None else \
             make_batch(source, job.micro_batch or 1, job.seq_len)
-        _track_inputs(model, batch, tracker)
+        quant_state = _track_inputs(model, batch, tracker)
         hooks = [p.register_post_accumulate_grad_hook(
             lambda p: tracker.reclassify(p.grad, "gradients")) for p in trainable]
         with device_semantics(attn) as ops, bookkeeping, tracker:
@@ -228,5 +238,6 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
               "lora_target_modules": info.lora_target_modules},
         events=tracker.events,
         event_streams=tracker.event_streams,
+        quant_state_bytes=quant_state,
         per_rank=mesh is not None,
     )

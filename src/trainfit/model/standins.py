@@ -67,7 +67,8 @@ class Linear4bitSim(torch.nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool, compute_dtype: torch.dtype,
                  double_quant: bool, device: torch.device | str = "meta",
-                 legacy: bool = False, from_fp16: bool = False) -> None:
+                 legacy: bool = False, from_fp16: bool = False,
+                 quant_storage: torch.dtype = torch.uint8) -> None:
         super().__init__()
         self.legacy, self.from_fp16 = legacy, from_fp16
         self.in_features, self.out_features = in_features, out_features
@@ -75,7 +76,18 @@ class Linear4bitSim(torch.nn.Module):
         n = in_features * out_features
         blocks = math.ceil(n / BNB_4BIT_BLOCK)
         kw = {"device": device}
-        self.register_buffer("weight_packed", torch.empty((n + 1) // 2, 1, dtype=torch.uint8, **kw))
+        if quant_storage == torch.uint8:
+            self.register_buffer("weight_packed",
+                                 torch.empty((n + 1) // 2, 1, dtype=torch.uint8, **kw))
+        else:
+            # ``bnb_4bit_quant_storage=bfloat16`` (what FSDP/ZeRO-3 QLoRA needs): the packed bytes
+            # viewed as a frozen parameter of that dtype, which FSDP flattens and shards like
+            # any other; the quantization state below stays whole on every rank (bitsandbytes
+            # keeps it as a Python attribute, not a parameter)
+            per = torch.empty((), dtype=quant_storage).element_size()
+            self.weight_packed = torch.nn.Parameter(
+                torch.empty(-(-((n + 1) // 2) // per), 1, dtype=quant_storage, **kw),
+                requires_grad=False)
         self.register_buffer("code", torch.empty(16, dtype=torch.float32, **kw))
         if double_quant:
             self.register_buffer("absmax", torch.empty(blocks, dtype=torch.uint8, **kw))
@@ -100,7 +112,8 @@ class Linear4bitSim(torch.nn.Module):
 
 
 def quantize_linears_4bit(model: torch.nn.Module, compute_dtype: torch.dtype, double_quant: bool,
-                          skip: set[str], legacy: bool = False, from_fp16: bool = False) -> int:
+                          skip: set[str], legacy: bool = False, from_fp16: bool = False,
+                          quant_storage: torch.dtype = torch.uint8) -> int:
     """Replace every frozen ``nn.Linear`` (also PEFT base layers) except ``skip`` by the twin."""
     count = 0
     for name, mod in list(model.named_modules()):
@@ -113,7 +126,7 @@ def quantize_linears_4bit(model: torch.nn.Module, compute_dtype: torch.dtype, do
                 setattr(mod, child_name, Linear4bitSim(
                     child.in_features, child.out_features, child.bias is not None,
                     compute_dtype, double_quant, device=child.weight.device, legacy=legacy,
-                    from_fp16=from_fp16))
+                    from_fp16=from_fp16, quant_storage=quant_storage))
                 count += 1
     return count
 

@@ -130,9 +130,12 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
             skip = set() if job.quant_lm_head else {
                 n for n, m in model.named_modules() if m is out_emb}
             compute = torch.float16 if job.precision == "amp-fp16" else torch.bfloat16
+            # sharded QLoRA stores the packed weights in bf16 (bnb_4bit_quant_storage), as
+            # FSDP and ZeRO-3 need to flatten them with the other parameters
+            storage = torch.bfloat16 if job.sharding != "none" and job.ranks > 1 else torch.uint8
             info.quantized_linears = quantize_linears_4bit(
                 model, compute, job.quant == "nf4-dq", skip, legacy=job.bnb_legacy,
-                from_fp16=job.quant_from_fp16)
+                from_fp16=job.quant_from_fp16, quant_storage=storage)
     else:
         for p in model.parameters():
             p.requires_grad_(True)
@@ -142,11 +145,13 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
 
         model = ChunkedHeadLM(model, job.lm_head_chunk)
     seen: set[int] = set()
-    for p in model.parameters():
+    for n, p in model.named_parameters():
         if id(p) in seen:
             continue
         seen.add(id(p))
-        info.total_params += p.numel()
+        # a packed 4-bit weight holds two values per byte, whatever dtype stores it
+        info.total_params += p.numel() * p.element_size() * 2 if n.endswith("weight_packed") \
+            else p.numel()
         info.trainable_params += p.numel() if p.requires_grad else 0
     for n, b in model.named_buffers():
         if n.endswith("weight_packed"):

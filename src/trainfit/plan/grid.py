@@ -29,7 +29,12 @@ from trainfit.model.source import ModelSource
 from trainfit.plan.ladder import build_ladder
 from trainfit.speed.comm import sync_time, unknown_interconnect, with_sync
 from trainfit.speed.ops import OpRecorder
-from trainfit.speed.predict import SpeedPrediction, model_flops_per_token, predict_speed_exact
+from trainfit.speed.predict import (
+    SpeedPrediction,
+    model_flops_per_token,
+    predict_speed_exact,
+    unknown_speed,
+)
 from trainfit.speed.roofline import DeviceSpeed
 
 MAX_MICRO_BATCH_WITHOUT_EFFECTIVE = 256
@@ -150,15 +155,27 @@ def synced(speed: SpeedPrediction | None, job: JobSpec, mem: MemoryPrediction,
     """``speed`` with the gradient synchronisation of ``ranks`` > 1 added (trainfit.speed.comm);
     unknown when the GPU's interconnect is."""
 
+    if speed is not None and job.offload != "none":
+        return unknown_speed(speed.model_flops_per_token,
+                             f"offload {job.offload}: the host↔GPU copies and the optimizer step "
+                             "on the CPU are not modelled")
     if speed is None or gpu is None or job.ranks <= 1 or speed.step_time_s is None:
         return speed
     if not gpu.interconnect_gbs:
         return unknown_interconnect(speed, job.ranks)
-    grad_elem = 2 if job.precision == "bf16-true" else 4  # AMP keeps fp32 gradients
+    sharded = job.sharding != "none"
+    # gradients: fp32 under DDP+AMP; reduced in the compute dtype by DeepSpeed, in
+    # fsdp_reduce_dtype by FSDP
+    grad_elem = 2 if job.precision == "bf16-true" or job.sharding.startswith("zero") or (
+        job.sharding == "fsdp" and job.fsdp_reduce_dtype == "param") else 4
+    # parameters are gathered in the compute dtype under FSDP/ZeRO mixed precision
     weight_elem = {"qlora": 0.5625}.get(job.method, 4 if job.precision == "fp32" or (
-        job.method == "full" and job.precision != "bf16-true") else 2)
+        not sharded and job.method == "full" and job.precision != "bf16-true") else 2)
+    # ZeRO-3 gathers and reduce-scatters like FSDP; ZeRO-2's reduce-scatter + all-gather of the
+    # updated partitions moves what one all-reduce moves
+    pattern = {"zero3": "fsdp", "zero2": "none"}.get(job.sharding, job.sharding)
     return with_sync(speed, sync_time(
-        ranks=job.ranks, sharding=job.sharding, grad_accum=job.grad_accum or 1,
+        ranks=job.ranks, sharding=pattern, grad_accum=job.grad_accum or 1,
         grad_bytes=mem.trainable_params * grad_elem, param_bytes=mem.total_params * weight_elem,
         link_gbs=gpu.interconnect_gbs, micro_step_s=speed.step_time_s / (job.grad_accum or 1)))
 
@@ -312,7 +329,8 @@ class _Grid:
                          sdpa_kernels=model.points[-1].sim.sdpa_kernels,
                          sim_time_s=0.0, how="extrapolated from small simulations",
                          margin=self.margin, phase_breakdowns=p["phase_breakdowns"],
-                         per_rank=model.points[0].sim.per_rank)
+                         per_rank=model.points[0].sim.per_rank,
+                         quant_state_bytes=p["quant_state_bytes"])
             return cj, mem
 
         largest = None

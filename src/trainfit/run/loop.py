@@ -164,6 +164,12 @@ def check_runnable(job: JobSpec, world: int) -> None:
     if job.ranks != world:
         raise JobError(f"the job says ranks {job.ranks} but {world} process(es) run",
                        f"use --nproc {job.ranks}, or set ranks: {world}")
+    if job.sharding.startswith("zero") or job.offload != "none":
+        # trainfit runs DDP and FSDP itself; DeepSpeed and CPU offload are the engines' own
+        raise JobError(f"train runs sharding none or fsdp without offload (the job says "
+                       f"sharding {job.sharding}, offload {job.offload})",
+                       "plan predicts it; run it with accelerate launch and a DeepSpeed/FSDP "
+                       "config (trainfit emit FILE --to accelerate)")
 
 
 def total_steps(opts: RunOptions, n_samples: int, effective_batch: int) -> int:
@@ -209,7 +215,8 @@ class Trainer:
         check_no_offload(self.wl.model, opts.allow_offload)
         self.model = self.dist.wrap(self.wl.model, self.device, sharding=job.sharding,
                                     policy=mixed_precision_policy(job.precision,
-                                                                  job.fsdp_reduce_dtype))
+                                                                  job.fsdp_reduce_dtype),
+                                    no_sync=job.fsdp_no_sync)
         if self.dist.shards(job.sharding):  # fully_shard swapped in DTensor parameters
             from trainfit.model.runtime import rebuild_optimizer
 

@@ -1,0 +1,115 @@
+"""DeepSpeed ZeRO-2 / ZeRO-3 per rank, as accelerate and HF Trainer run it (deepspeed 0.14-0.16),
+and CPU offload: analytic terms over the one-process step simulated in the compute dtype.
+
+DeepSpeed cannot run on this machine's fake tensors (its partitioning hooks and fused optimizers
+need CUDA), so what it holds is written down from its code (stated per term, bytes per rank,
+Ψ = parameter bytes in the compute dtype, Ψ_t = trainable parameters, N = ranks):
+
+* ZeRO-2 (``runtime/zero/stage_1_and_2.py``): the bf16/fp16 parameters whole on every rank
+  (``bit16_groups_flat``); the fp32 master partition (``single_partition_of_fp32_groups``,
+  4Ψ_t/N) and the optimizer states on it; the gradient partition (``grads_in_partition``,
+  2Ψ_t/N); the reduce buckets (``reduce_bucket_size`` elements of the gradient dtype, two with
+  ``overlap_comm``) re-allocated in every backward; at the step a fp32 copy of the gradient
+  partition (4Ψ_t/N).
+* ZeRO-3 (``runtime/zero/stage3.py``, ``partition_parameters.py``): the parameters partitioned
+  (Ψ/N), the gathered module in flight plus the prefetch bucket (``stage3_prefetch_bucket_size``
+  elements); the same master, states and gradient partition; one reduce bucket.
+* Buckets: accelerate and the HF docs' configs write ``"auto"``, which HF fills from the hidden
+  size h: ``reduce_bucket_size = h²``, ``stage3_prefetch_bucket_size = 0.9·h²``
+  (transformers ``integrations/deepspeed.py``); ``overlap_comm: true`` as in those configs.
+* bitsandbytes' quantization state is a Python attribute of each layer, not a parameter: it is
+  whole on every rank under any sharding.
+* ``offload: optimizer`` moves the fp32 master, the states and the fp32 gradient partition to the
+  host; ``all`` (ZeRO-3 ``offload_param``, FSDP ``CPUOffload``) the parameter partitions too.
+DeepSpeed's optimizer is its own fused Adam: the simulated step's optimizer temporaries (torch's
+foreach lists) are not part of it.  Everything here is a prediction from the code, not checked
+against a run on this machine (DeepSpeed needs a GPU); the error band says so.
+"""
+
+from __future__ import annotations
+
+from trainfit.job import JobSpec
+
+OPTIMIZER_SCALES_WITH_MASTER = ("adamw", "sgd", "adafactor")
+"""Optimizers whose states have the dtype of the parameters they update (torch's; bitsandbytes'
+8-bit states are uint8 whatever the parameters are)."""
+
+
+def compute_job(job: JobSpec) -> JobSpec:
+    """The one-process step DeepSpeed runs: the module in the compute dtype (bf16/fp16 mode: no
+    autocast, no fp32 weights on the GPU besides the master partition, added here)."""
+    precision = "bf16-true" if (job.precision or "fp32").startswith("amp") else job.precision
+    return job.replace(precision=precision, sharding="none", ranks=1, offload="none")
+
+
+def master_bytes_per_param(job: JobSpec) -> int:
+    """fp32 master weights DeepSpeed keeps for the optimizer whenever the module is bf16/fp16 (its
+    ZeRO optimizers always build fp32 partitions: ``single_partition_of_fp32_groups``, stage 3's
+    ``fp32_partitioned_groups_flat``); none in fp32 mode, where the parameters are the master."""
+    return 0 if (job.precision or "fp32") == "fp32" else 4
+
+
+def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_params: int,
+                quant_state_bytes: int, hidden: int, layers: int, compute_bytes: int
+                ) -> tuple[dict[str, dict[str, int]], list[str]]:
+    """Each simulated phase's breakdown as one ZeRO rank holds it.  ``phases`` come from the
+    compute-dtype one-process step (:func:`compute_job`); ``compute_bytes``: bytes per element
+    of that dtype."""
+    n = job.ranks
+    stage3 = job.sharding == "zero3"
+    off_opt = job.offload in ("optimizer", "all")
+    off_par = job.offload == "all"
+    params = max(b.get("parameters", 0) for b in phases.values())
+    bucket = hidden * hidden * compute_bytes  # reduce_bucket_size "auto" = h² elements
+    grad_part = -(-trainable_params * compute_bytes // n)
+    master = -(-trainable_params * master_bytes_per_param(job) // n)
+    if stage3:
+        partitioned = -(-(params - quant_state_bytes) // n)
+        unit = (params - quant_state_bytes) // max(layers, 1)
+        in_flight = unit + int(0.9 * hidden * hidden) * compute_bytes
+        param_term = (0 if off_par else partitioned) + quant_state_bytes + in_flight
+        buckets = bucket
+    else:
+        param_term, buckets = params, 2 * bucket  # overlap_comm: two reduce buckets
+    out: dict[str, dict[str, int]] = {}
+    for key, b in phases.items():
+        states = b.get("optimizer", 0)
+        if job.optimizer in OPTIMIZER_SCALES_WITH_MASTER and master:
+            states = states * 4 // compute_bytes  # the states are built on the fp32 master
+        states = -(-states // n)
+        t = {"activations": b.get("activations", 0), "buffers": b.get("buffers", 0),
+             "parameters": param_term,
+             "optimizer": 0 if off_opt else master + states,
+             "gradients": 0 if off_opt else grad_part}
+        if key == "optimizer":
+            # the step: a fp32 copy of the gradient partition (DeepSpeed's fused Adam, not
+            # torch's foreach lists); on the host when offloaded
+            t["temporaries"] = 0 if off_opt else -(-trainable_params * 4 // n)
+        else:
+            t["temporaries"] = b.get("temporaries", 0)
+            t["data_parallel"] = buckets
+        out[key] = t
+    where = "host" if off_opt else "GPU"
+    held = (f"partitioned ÷ {n} + one layer and the prefetch bucket in flight" if stage3
+            else "whole")
+    notes = [f"DeepSpeed ZeRO-{3 if stage3 else 2} over {n} ranks (from its code, not simulated: "
+             f"stage{'3' if stage3 else '_1_and_2'}.py): parameters {held}"
+             f"{' (on the host)' if off_par else ''}; fp32 master, optimizer states and gradient "
+             f"partition ÷ {n} on the {where}; reduce bucket{'' if stage3 else 's ×2'} of h² "
+             f"elements ({bucket / 2**20:.0f} MiB, accelerate's 'auto')"]
+    if quant_state_bytes:
+        notes.append(f"bitsandbytes quantization state whole on every rank "
+                     f"({quant_state_bytes / 2**30:.2f} GiB)")
+    return out, notes
+
+
+def fsdp_offload_phases(phases: dict[str, dict[str, int]]) -> tuple[dict[str, dict[str, int]],
+                                                                   list[str]]:
+    """FSDP ``CPUOffload(offload_params=True)``: the sharded parameters, their gradients and the
+    optimizer (its step too) live on the host; the GPU holds the units gathered in flight, the
+    activations and the forward/backward temporaries (torch ``_fully_shard``: CPUOffloadPolicy)."""
+    out = {k: {c: (0 if c in ("parameters", "gradients", "optimizer")
+                   or (k == "optimizer" and c == "temporaries") else v) for c, v in b.items()}
+           for k, b in phases.items()}
+    return out, ["FSDP CPU offload: sharded parameters, gradients and optimizer (and its step) "
+                 "on the host; the GPU holds the gathered units, activations and temporaries"]
