@@ -11,6 +11,8 @@ CASES = [
     {"method": "full", "precision": "amp-bf16"},
     {"method": "full", "precision": "bf16-true", "optimizer_impl": "foreach"},
     {"method": "full", "precision": "fp32", "grad_ckpt": "full"},
+    {"method": "full", "precision": "fp32", "grad_ckpt": "selective"},
+    {"method": "full", "precision": "amp-bf16", "grad_ckpt": "selective"},
     {"method": "lora", "precision": "fp32", "lora_targets": "q,k,v,o"},
     {"method": "full", "precision": "fp32", "optimizer_impl": "forloop", "grad_accum": 3},
     {"method": "full", "precision": "fp32", "attention": "eager", "optimizer": "sgd"},
@@ -46,3 +48,13 @@ def test_breakdown_accounts_for_the_peak(tiny_llama):
     assert sum(sim.breakdown.values()) == sim.peak_allocated_bytes
     assert sim.breakdown["parameters"] == 4 * sim.total_params  # fp32 weights, none tied
     assert sim.peak_phase in ("forward", "backward", "optimizer")
+
+
+def test_selective_checkpointing_sits_between_off_and_full(tiny_llama):
+    """torchtitan's op-level policy keeps matmul/attention outputs: less than no checkpointing,
+    more than full (which keeps only each block's input)."""
+    peaks = {ck: simulate_step(JobSpec(model="t", seq_len=64, micro_batch=4, precision="fp32",
+                                       grad_ckpt=ck), tiny_llama,
+                               SimTarget(device="cpu")).breakdown["activations"]
+             for ck in ("off", "selective", "full")}
+    assert peaks["full"] < peaks["selective"] < peaks["off"]

@@ -18,7 +18,7 @@ QUANTS = ("nf4", "nf4-dq", "fp4")
 PRECISIONS = ("fp32", "amp-fp16", "amp-bf16", "bf16-true")
 OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "adafactor", "sgd")
 OPTIMIZER_IMPLS = ("forloop", "foreach", "fused")
-GRAD_CKPT = ("off", "full")
+GRAD_CKPT = ("off", "full", "selective")
 ATTENTIONS = ("sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-math", "eager")
 SHARDINGS = ("none", "fsdp", "zero2", "zero3")
 OFFLOADS = ("none", "optimizer", "all")
@@ -98,7 +98,9 @@ class JobSpec:
     optimizer_impl: str = "fused"
     """AdamW kernel: fused (HF Trainer's default on torch ≥ 2.8), foreach (torch's CUDA default), forloop."""
     grad_ckpt: str | None = None
-    """Activation checkpointing: off, full; None lets plan/tune choose."""
+    """Activation checkpointing: off, full (keep each block's input, recompute the block),
+    selective (torchtitan's op-level policy: keep attention and every other matmul output,
+    recompute the rest); None lets plan/tune choose between off and full."""
     attention: str = "sdpa"
     """sdpa (the kernel torch picks on the GPU), sdpa-flash, sdpa-efficient, sdpa-math, eager."""
     ranks: int = 1

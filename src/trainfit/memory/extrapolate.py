@@ -99,7 +99,8 @@ class BilinearModel:
             self._speed_cache: dict[Any, Any] = {}
         return predict_speed(dev, [p[0].ops, p[1].ops, p[2].ops, p[3].ops], layers,
                              self.batches, self.full_layers, job.micro_batch, job.grad_accum or 1,
-                             job.seq_len, job.ranks, flops_per_token, cache=self._speed_cache)
+                             job.seq_len, job.ranks, flops_per_token, cache=self._speed_cache,
+                             compiled=bool(getattr(job, "compile", False)))
 
     def _segment(self, batch: int) -> list[Point]:
         """The four points a micro-batch is predicted from: micro-batch 1 and 2 below 2, (2, 3)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from trainfit.job import JobError, JobSpec
+from trainfit.model.checkpointing import checkpoint_kwargs
 from trainfit.model.chunked_head import ChunkedHeadLM
 from trainfit.model.custom import CausalLMAdapter, build_module
 from trainfit.model.lora_targets import resolve_targets
@@ -100,11 +101,12 @@ def build_model_on_meta(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Mod
                                "implementation in transformers", "use --attention eager") from None
             raise
     model.to(base_dtype if job.method != "full" else train_dtype)
-    if job.grad_ckpt == "full":
+    if job.grad_ckpt in ("full", "selective"):
         if not getattr(model, "supports_gradient_checkpointing", False):
-            raise JobError(f"--grad-ckpt full: {source.name} does not support gradient "
-                           "checkpointing in transformers", "use --grad-ckpt off")
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            raise JobError(f"--grad-ckpt {job.grad_ckpt}: {source.name} does not support "
+                           "gradient checkpointing in transformers", "use --grad-ckpt off")
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs=checkpoint_kwargs(job.grad_ckpt))
     model.train()
 
     return _finish_model(job, source, model, cfg, info, train_dtype)
@@ -167,6 +169,9 @@ def _build_custom(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Module, M
     with torch.device("meta"):
         model = CausalLMAdapter(build_module(source.config.factory))
     model.to(base_dtype if job.method != "full" else train_dtype)
+    if job.grad_ckpt == "selective":
+        raise JobError(f"--grad-ckpt selective: {source.name} is your own module",
+                       "use --grad-ckpt full (its gradient_checkpointing_enable) or off")
     if job.grad_ckpt == "full":
         enable = getattr(model.inner, "gradient_checkpointing_enable", None)
         if enable is None:

@@ -146,7 +146,7 @@ def _exact_row(args: tuple[JobSpec, ModelSource, GpuSpec | None, float]) -> Plan
     mem = predict_memory(cj, source, gpu, margin, op_hook=rec)
     speed = None if gpu is None else predict_speed_exact(
         DeviceSpeed.from_gpu(gpu), rec.ops, cj.micro_batch or 1, cj.grad_accum or 1, cj.seq_len,
-        cj.ranks, _flops_per_token(source, mem, cj))
+        cj.ranks, _flops_per_token(source, mem, cj), compiled=cj.compile)
     return PlanRow(cj, mem, "simulated", synced(speed, cj, mem, gpu))
 
 

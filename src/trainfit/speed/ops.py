@@ -56,6 +56,11 @@ class OpRecord:
     replay: tuple[Any, ...] | None = None
     """For heavy kernels: the op's argument metadata, to time it on this CPU by replay
     (:mod:`trainfit.speed.cpu_kernels`)."""
+    seq: int = 0
+    """Attention kernels: the key/value sequence length (their efficiency rises with it)."""
+    causal: bool = False
+    """Attention kernels: causal (a flash kernel skips the masked half; the flop counter does
+    not: :func:`trainfit.speed.roofline.op_device_time` halves it)."""
 
 
 def _tensors(items: Any) -> list[torch.Tensor]:
@@ -85,6 +90,25 @@ def _gemm_shape(name: str, args: tuple[Any, ...]) -> tuple[int, int, int, int] |
         a, b = (args[0], args[1]) if name == "bmm" else (args[1], args[2])
         return a.shape[0], a.shape[1], b.shape[2], a.shape[2]
     return None
+
+
+def _attention_shape(func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+                     ) -> tuple[int, bool]:
+    """(key sequence length, is_causal) of a scaled-dot-product attention kernel, read by
+    argument name from the op's schema (positions differ between forward and backward)."""
+    if "attention" not in name:
+        return 0, False
+    names = [a.name for a in func._schema.arguments]
+
+    def arg(n: str) -> Any:
+        if n in kwargs:
+            return kwargs[n]
+        i = names.index(n) if n in names else -1
+        return args[i] if 0 <= i < len(args) else None
+
+    key = arg("key")
+    seq = int(key.shape[-2]) if isinstance(key, torch.Tensor) and key.dim() >= 2 else 0
+    return seq, bool(arg("is_causal"))
 
 
 def launches_kernel(name: str, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> bool:
@@ -136,7 +160,8 @@ class OpRecorder:
         floating = [t for t in ins + outs if t.is_floating_point()]
         dtype = _dtype_name(floating[0].dtype) if floating else "other"
         elements = float(max((t.numel() for t in ins + outs), default=0))
+        seq, causal = _attention_shape(func, name, args, kwargs) if flops else (0, False)
         self.ops.append(OpRecord(name, phase, flops, nbytes, dtype,
                                  _gemm_shape(name, args) if name in _GEMMS else None, kernel,
                                  elements, replay_key(f"{name}.{func._overloadname}", args, kwargs)
-                                 if kernel and self.replay else None))
+                                 if kernel and self.replay else None, seq, causal))

@@ -67,7 +67,42 @@ def ops_at_batch(ops1: list[OpRecord], ops2: list[OpRecord], b1: int, b2: int, b
                                                                               strict=True))
         out.append(OpRecord(x.name, x.phase, max(0.0, _scale(x.flops, y.flops, b1, b2, b)),
                             max(0.0, _scale(x.bytes, y.bytes, b1, b2, b)), x.dtype, gemm, x.kernel,
-                            max(0.0, _scale(x.elements, y.elements, b1, b2, b))))
+                            max(0.0, _scale(x.elements, y.elements, b1, b2, b)),
+                            seq=x.seq, causal=x.causal))
+    return out
+
+
+FUSED_KERNEL = "fused_elementwise"
+
+
+def fuse_elementwise(ops: list[OpRecord]) -> list[OpRecord]:
+    """The forward/backward ops as ``torch.compile`` runs them: Inductor fuses each run of
+    elementwise and reduction ops between two matmul/attention kernels into one generated kernel
+    that reads the run's inputs and writes its outputs once (torch/_inductor/scheduler.py fuses
+    pointwise and reduction nodes of the same iteration space), and launches it without eager
+    dispatch.  A run's traffic is modelled as its largest op's (a fused chain still reads and
+    writes the largest tensor it touches once); view ops vanish.  GEMMs, attention and the
+    optimizer (already a fused or foreach kernel) are kept as they are.  Upper bound of the
+    speed-up: Inductor also fuses across some matmul epilogues, which is not counted."""
+    out: list[OpRecord] = []
+    run: list[OpRecord] = []
+
+    def close() -> None:
+        if run:
+            big = max(run, key=lambda o: o.bytes)
+            out.append(OpRecord(FUSED_KERNEL, big.phase, 0.0, big.bytes, big.dtype, None, True,
+                                max(o.elements for o in run)))
+            run.clear()
+
+    for op in ops:
+        if op.phase == "optimizer" or op.gemm is not None or op.flops:
+            close()
+            out.append(op)
+        elif op.kernel:
+            if run and run[-1].phase != op.phase:
+                close()
+            run.append(op)
+    close()
     return out
 
 
@@ -156,8 +191,12 @@ def speed_from_times(dev: DeviceSpeed, times: PhaseTimes, ops_sample: list[OpRec
 
 
 def predict_speed_exact(dev: DeviceSpeed, ops: list[OpRecord], micro_batch: int, grad_accum: int,
-                        seq_len: int, ranks: int, flops_per_token: float) -> SpeedPrediction:
-    """From the ops of a full-size simulation of exactly this configuration."""
+                        seq_len: int, ranks: int, flops_per_token: float,
+                        compiled: bool = False) -> SpeedPrediction:
+    """From the ops of a full-size simulation of exactly this configuration (``compiled``: as
+    ``torch.compile`` runs them, :func:`fuse_elementwise`)."""
+    if compiled:
+        ops = fuse_elementwise(ops)
     return speed_from_times(dev, time_ops(dev, ops), ops, micro_batch, grad_accum, seq_len, ranks,
                             flops_per_token)
 
@@ -188,12 +227,15 @@ def _split(dev: DeviceSpeed, lo: list[OpRecord], hi: list[OpRecord]
 def predict_speed(dev: DeviceSpeed, op_points: list[list[OpRecord]], layers: tuple[int, int],
                   batches: tuple[int, int], full_layers: int, micro_batch: int, grad_accum: int,
                   seq_len: int, ranks: int, flops_per_token: float,
-                  cache: dict[Any, Any] | None = None) -> SpeedPrediction:
-    """``op_points``: op lists at (L1,b1), (L2,b1), (L1,b2), (L2,b2)."""
+                  cache: dict[Any, Any] | None = None, compiled: bool = False) -> SpeedPrediction:
+    """``op_points``: op lists at (L1,b1), (L2,b1), (L1,b2), (L2,b2); ``compiled``: as
+    ``torch.compile`` runs them (:func:`fuse_elementwise`)."""
     (l1, l2), (b1, b2) = layers, batches
+    if compiled:
+        op_points = [fuse_elementwise(ops) for ops in op_points]
     per_l = []
     for idx, (lo, hi) in enumerate(((op_points[0], op_points[2]), (op_points[1], op_points[3]))):
-        key = (id(dev), idx)
+        key = (id(dev), idx, compiled)
         if cache is not None and key in cache:
             shaped, bytes_sum, host = cache[key]
         else:

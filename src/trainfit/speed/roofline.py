@@ -15,18 +15,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainfit.hardware.gpus import GpuSpec
+from trainfit.speed.kernels import FamilyKernels, kernels_for
 from trainfit.speed.ops import OpRecord, op_class
 
 GEMM_TILE = 128
 """Output tile edge of cuBLAS/CUTLASS tensor-core GEMMs (NVIDIA matmul performance guide)."""
 GEMM_EFFICIENCY = 0.80
-"""Best achievable fraction of dense peak for large GEMMs ("MAMF": A100 bf16 ~87 %, H100 ~80 %,
-S. Bekman, Machine Learning Engineering, compute/accelerator/benchmarks)."""
+"""A GPU whose family is unknown (no compute capability in the catalog): A100's training GEMM
+rate (:mod:`trainfit.speed.kernels` has each family's, from published kernel benchmarks)."""
 ATTENTION_EFFICIENCY = {"flash": 0.55, "efficient": 0.35, "flash_cpu": 1.0}
-"""FlashAttention-2 reaches 50-73 % of A100 peak fwd+bwd (Dao 2023, fig. 4-6); the xformers/
-cutlass memory-efficient kernel ~half of that (same paper's baselines)."""
+"""An unknown family's attention, on the flop counter's count (causal not halved); ``flash_cpu``:
+this CPU's kernel, whose time is measured (the rate is folded into the replay)."""
 BANDWIDTH_EFFICIENCY = 0.80
-"""Achievable fraction of peak DRAM bandwidth for elementwise kernels (STREAM-like copy)."""
+"""An unknown family's elementwise kernels: A100's fraction of peak DRAM bandwidth."""
 EAGER_OP_OVERHEAD_S = 8e-6
 """CPU cost of one eager aten op with a kernel launch (dispatcher + autograd + launch: 5-10 µs;
 H. He, "Making Deep Learning Go Brrrr From First Principles", overhead section)."""
@@ -58,6 +59,8 @@ class DeviceSpeed:
     gemm_rate_curve: dict[str, list[tuple[float, float]]] | None = None
     """Measured (GEMM FLOPs, achieved FLOP/s) points per dtype, for devices without a wave model
     (this CPU): achieved rate interpolated in log(FLOPs)."""
+    kernels: FamilyKernels | None = None
+    """The GPU family's kernel rates (:mod:`trainfit.speed.kernels`); None: one rate for all."""
     kernel_timer: Any = field(default=None, compare=False, repr=False)
     """This CPU: measured seconds of a heavy op replayed at its recorded shapes and layouts
     (:class:`trainfit.speed.cpu_kernels.KernelTimer`); None on a GPU."""
@@ -66,9 +69,14 @@ class DeviceSpeed:
     @classmethod
     def from_gpu(cls, gpu: GpuSpec) -> DeviceSpeed:
         bw = gpu.memory_bandwidth_gbs * 1e9 if gpu.memory_bandwidth_gbs else None
+        k = kernels_for(gpu.compute_capability, gpu.name)
+        extra: dict[str, Any] = {} if k is None else {
+            "kernels": k, "gemm_efficiency": k.gemm_efficiency,
+            "bandwidth_efficiency": k.bandwidth_efficiency}
         return cls(name=gpu.name, peak_flops={d: gpu.peak_flops(d) for d in ("fp32", "bf16", "fp16")},
                    bandwidth_bytes_s=bw, sm_count=gpu.sm_count, asynchronous=True,
-                   source=f"GPU catalog: {gpu.source}")
+                   source=f"GPU catalog: {gpu.source}"
+                   + ("" if k is None else f"; kernel rates: {k.family} ({k.source})"), **extra)
 
 
 def gemm_time(dev: DeviceSpeed, gemm: tuple[int, int, int, int], dtype: str) -> float | None:
@@ -125,12 +133,24 @@ def op_device_time(dev: DeviceSpeed, op: OpRecord) -> float | None:
         peak = dev.peak_flops.get(op.dtype if op.dtype != "other" else "fp32")
         if not peak:
             return None
-        kind = "flash_cpu" if "for_cpu" in op.name else (
-            "flash" if "flash" in op.name else "efficient")
-        compute = op.flops / (peak * ATTENTION_EFFICIENCY[kind])
+        compute = op.flops / (peak * attention_efficiency(dev, op))
+        if dev.kernels is not None and op.causal:
+            compute /= 2.0  # a flash kernel skips the masked half the flop counter counts
     if mem is None:
         return None if not compute else compute
     return max(compute, mem)
+
+
+def attention_efficiency(dev: DeviceSpeed, op: OpRecord) -> float:
+    """The fraction of peak an attention kernel runs at (on the counted FLOPs for an unknown
+    family, on the executed ones — causal halved — for a known family)."""
+    kind = "flash_cpu" if "for_cpu" in op.name else (
+        "flash" if "flash" in op.name else "efficient")
+    k = dev.kernels
+    if k is None or kind == "flash_cpu":
+        return ATTENTION_EFFICIENCY[kind]
+    attn = k.flash if kind == "flash" and k.flash is not None else k.efficient
+    return attn.efficiency(op.seq)
 
 
 def op_host_time(dev: DeviceSpeed, op: OpRecord) -> float:

@@ -1,0 +1,57 @@
+"""Selective activation checkpointing: torchtitan's op-level policy, applied through the same
+``torch.utils.checkpoint`` call transformers uses for full checkpointing.
+
+Full checkpointing keeps only each block's input and recomputes the whole block in the backward
+(~1/3 more compute).  torchtitan's ``selective`` "op" mode
+(``torchtitan/distributed/activation_checkpoint.py``, classic policy) keeps the outputs of the
+expensive ops — attention and every other matmul (``aten.mm``), the max of a softmax-like
+reduction — and recomputes the cheap elementwise ones: most of the memory saving for a fraction
+of the recomputation.  Being a dispatch-level policy (``create_selective_checkpoint_contexts``),
+it runs unchanged on the fake tensors of a plan and on the real ones of a run.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+SAVE_OPS = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.aten.max.default,
+}
+"""torchtitan's ``_save_list`` (its reduce-scatter entry concerns async tensor parallelism), plus
+the CPU flash kernel this machine's runs use in the GPU kernel's place."""
+
+
+def _policy(meta: dict[str, int]) -> Any:
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
+        if func == torch.ops.aten.mm.default:
+            meta[key] += 1
+        # "saves output of all compute ops, except every second mm"
+        save = func in SAVE_OPS and not (func == torch.ops.aten.mm.default and meta[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+    return policy
+
+
+def selective_context_fn() -> Any:
+    """``context_fn`` for ``torch.utils.checkpoint.checkpoint``: one fresh policy (and mm
+    counter) per checkpointed region, as torchtitan builds it."""
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(_policy(defaultdict(int)))
+
+
+def checkpoint_kwargs(grad_ckpt: str) -> dict[str, Any]:
+    """``gradient_checkpointing_kwargs`` for transformers' ``gradient_checkpointing_enable``."""
+    kw: dict[str, Any] = {"use_reentrant": False}
+    if grad_ckpt == "selective":
+        kw["context_fn"] = selective_context_fn
+    return kw

@@ -1,0 +1,147 @@
+"""How fast each kind of kernel runs on each GPU family, from published kernel benchmarks.
+
+One ceiling for every GPU (the first speed model: GEMMs at 80 % of peak, flash attention at
+55 %) was right on A100 and over-predicted H100 training throughput by ~30 %, growing with the
+sequence length: Hopper runs FlashAttention-2 (what eager PyTorch's SDPA calls) at ~30 % of its
+peak against ~55 % on A100, and its large GEMMs at 80 % of peak against 87 %.  So the rates are
+per family and per kernel, each from a published measurement of that kernel alone (not fitted
+to training runs):
+
+* ``gemm_mamf``: S. Bekman's "Maximum Achievable Matmul FLOPS" (stas00/ml-engineering,
+  compute/accelerator/README.md; mamf-finder.py): the best dense bf16 GEMM over shapes, as a
+  fraction of the datasheet peak.  A training step's GEMMs reach ``GEMM_SHAPE_FACTOR`` of it.
+* ``attention``: FlashAttention-2 forward+backward, as a fraction of peak, in FlashAttention's
+  FLOP convention (causal attention counted as half the S² work — the flop counter trainfit
+  records ops with counts all of it, so causal ops are halved before timing), rising with the
+  sequence length S as ``eff_inf · S / (S + S0)`` (fitted to each source's S = 512…16k sweep).
+* ``bandwidth_stream``: a streaming copy/scale kernel's fraction of peak DRAM bandwidth
+  (te42kyfo/gpu-benches gpu-stream, xytpai/nvbench); elementwise kernels in a training step reach
+  ``BANDWIDTH_SHAPE_FACTOR`` of it.
+Sources per family in ``KERNELS``; the research notes are in docs/notes/kernel-efficiency.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+GEMM_SHAPE_FACTOR = 0.92
+"""A training step's GEMMs (skinny K, tails, epilogues) against the best shape MAMF finds:
+"real training shapes get about 80-90 % of MAMF" (Bekman).  0.92 × A100's 0.87 = 0.80, the
+rate that predicts llm-foundry's A100 runs (125M-30B, seq 512-8k) within ±2 %."""
+BANDWIDTH_SHAPE_FACTOR = 0.91
+"""Elementwise kernels of a step (short tensors, launch tails, strided reads) against a STREAM
+copy at full occupancy: 0.91 × A100's 0.88 = 0.80, the previous single value (which predicted
+A100 runs right)."""
+
+
+@dataclass(frozen=True)
+class Attention:
+    eff_inf: float
+    """Forward+backward fraction of peak at long sequences (FlashAttention's FLOP convention)."""
+    s0: float
+    """Sequence length at which half of ``eff_inf`` is reached."""
+    source: str
+
+    def efficiency(self, seq: int) -> float:
+        s = max(seq, 1)
+        return self.eff_inf * s / (s + self.s0)
+
+
+@dataclass(frozen=True)
+class FamilyKernels:
+    family: str
+    gemm_mamf: float
+    flash: Attention | None
+    """None: no flash kernel on this family (torch SDPA falls back to memory-efficient)."""
+    efficient: Attention
+    """xformers/cutlass memory-efficient attention (SDPA's fallback, and what a padded batch
+    with a mask takes)."""
+    bandwidth_stream: float
+    source: str
+
+    @property
+    def gemm_efficiency(self) -> float:
+        return self.gemm_mamf * GEMM_SHAPE_FACTOR
+
+    @property
+    def bandwidth_efficiency(self) -> float:
+        return self.bandwidth_stream * BANDWIDTH_SHAPE_FACTOR
+
+
+_FA2_PAPER = "FA2 (Dao 2023, arXiv 2307.08691) Fig. 4(c), A100 causal hd64 fwd+bwd, S=512-16k"
+_A5000 = ("gpu-mode/ring-attention notebooks/flash_attn_benchmark_results.txt @3d13c240 (RTX A5000, "
+          "FA2 causal hd128 fwd+bwd, S=512-16k)")
+_HOPPER_FA2 = ("Dao-AILab/flash-attention PR #2688 benchmark output (Hopper, FA2 fwd+bwd, S=512-16k); "
+               "PR #1791: 0.29-0.31 at 8k; FA3 paper: 'FA2 ~35 % on H100'")
+_MAMF = "stas00/ml-engineering compute/accelerator/README.md, MAMF table"
+
+KERNELS: dict[str, FamilyKernels] = {
+    "volta": FamilyKernels(
+        "volta", 0.87, None,
+        Attention(0.30, 500, "no published fwd+bwd figure: Turing's memory-efficient ~0.3 taken"),
+        0.89, "no published MAMF for V100: A100's taken; gpu-benches v100 stream 0.89"),
+    "turing": FamilyKernels(
+        "turing", 0.87, None,
+        Attention(0.30, 500, "ssiu/flash-attention-turing README: SDPA ~0.3 of peak (derived)"),
+        0.80, "no published MAMF for T4 (a 70 W card): A100's taken; bandwidthTest 0.75"),
+    "ampere_dc": FamilyKernels(
+        "ampere_dc", 0.87, Attention(0.56, 500, _FA2_PAPER),
+        Attention(0.26, 500, _FA2_PAPER + " (xformers baseline: 0.26 at 16k)"),
+        0.88, f"{_MAMF} (A100 SXM 271/312 TF); gpu-benches a100 stream 0.88"),
+    "ampere_consumer": FamilyKernels(
+        "ampere_consumer", 0.84, Attention(0.63, 410, _A5000),
+        Attention(0.30, 410, "memory-efficient ~half of flash (FA2 paper's A100 ratio)"),
+        0.94, "cuBLAS GemmEx RTX 3090 0.84 (one point); gpu-benches A40 stream 0.94"),
+    "ada": FamilyKernels(
+        "ada", 0.94, Attention(0.81, 450, "apache/tvm tl_doc/flash_perf.md (RTX 4090 FA2 causal "
+                               "hd128 0.67 at 2k) with the A5000 ramp (eff_inf derived)"),
+        Attention(0.38, 450, "memory-efficient ~half of flash (FA2 paper's A100 ratio)"),
+        0.91, "pytorch/pytorch#181718 (RTX 4090 aligned bf16 GEMM 0.94); nvbench 4090 copy 0.91"),
+    "hopper": FamilyKernels(
+        "hopper", 0.80, Attention(0.31, 260, _HOPPER_FA2),
+        Attention(0.16, 260, "memory-efficient ~half of flash (FA2 paper's A100 ratio)"),
+        0.85, f"{_MAMF} (H100 SXM 794/989 TF); gpu-benches H100 PCIe stream 0.85"),
+    "blackwell": FamilyKernels(
+        "blackwell", 0.78, Attention(0.15, 180, "Dao-AILab/flash-attention#1589: FA2 on B200"),
+        Attention(0.08, 180, "memory-efficient ~half of flash (FA2 paper's A100 ratio)"),
+        0.85, f"{_MAMF} (B200 1745/2250 TF); no published stream figure: Hopper's taken"),
+}
+
+
+def family(compute_capability: str | None, name: str = "") -> str | None:
+    """The kernel family of a GPU from its compute capability (the catalog's)."""
+    if not compute_capability:
+        return None
+    major, _, minor = compute_capability.partition(".")
+    cc = (int(major), int(minor or 0))
+    if cc < (7, 0):
+        return None
+    if cc < (7, 5):
+        return "volta"
+    if cc < (8, 0):
+        return "turing"
+    if cc == (8, 0):
+        return "ampere_dc"
+    if cc < (8, 9):
+        return "ampere_consumer"
+    if cc < (9, 0):
+        return "ada"
+    if cc < (10, 0):
+        return "hopper"
+    return "blackwell"
+
+
+A100_PCIE_MAMF = 0.81
+"""A100 PCIe (250-300 W): 253 of 312 TF in the same MAMF table (power-limited)."""
+
+
+def kernels_for(compute_capability: str | None, name: str = "") -> FamilyKernels | None:
+    fam = family(compute_capability, name)
+    if fam is None:
+        return None
+    k = KERNELS[fam]
+    if fam == "ampere_dc" and "pcie" in name.lower():
+        return dataclasses.replace(k, gemm_mamf=A100_PCIE_MAMF,
+                                   source=k.source + "; A100 PCIe 253/312 TF")
+    return k
