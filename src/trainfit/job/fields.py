@@ -25,6 +25,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "method": spec.METHODS, "quant": spec.QUANTS, "precision": spec.PRECISIONS,
     "optimizer": spec.OPTIMIZERS, "optimizer_impl": spec.OPTIMIZER_IMPLS,
     "grad_ckpt": spec.GRAD_CKPT, "attention": spec.ATTENTIONS, "sharding": spec.SHARDINGS,
+    "offload": spec.OFFLOADS, "base_dtype": spec.BASE_DTYPES,
+    "fsdp_reduce_dtype": spec.REDUCE_DTYPES,
 }
 """The fields whose value is one of a fixed set (validated in JobSpec.__post_init__)."""
 

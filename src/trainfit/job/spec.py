@@ -22,6 +22,7 @@ GRAD_CKPT = ("off", "full", "selective")
 ATTENTIONS = ("sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-math", "eager")
 SHARDINGS = ("none", "fsdp", "zero2", "zero3")
 OFFLOADS = ("none", "optimizer", "all")
+BASE_DTYPES = ("auto", "fp32", "bf16", "fp16")
 REDUCE_DTYPES = ("fp32", "param")
 LORA_ALIASES = ("q", "k", "v", "o", "mlp", "lm_head", "all-linear")
 
@@ -78,6 +79,11 @@ class JobSpec:
     """Dropout on the LoRA input: > 0 keeps a mask per adapted layer (1 byte/element on CUDA)."""
     lora_targets: list[str] = field(default_factory=lambda: ["default"])
     """Module names, or aliases q,k,v,o,mlp,lm_head,all-linear; ``default`` = PEFT's default."""
+    base_dtype: str = "auto"
+    """dtype of the frozen base weights of a LoRA/QLoRA job under AMP: auto (transformers 5's
+    from_pretrained default: the checkpoint's dtype from config.json; the autocast dtype when the
+    config names none), fp32 (loaded without a dtype on transformers < 5: twice the bytes), bf16,
+    fp16."""
     quant: str | None = None
     """4-bit format of the frozen base for ``qlora``: nf4, nf4-dq (double quantised), fp4."""
     quant_lm_head: bool = False
@@ -173,6 +179,7 @@ class JobSpec:
         _choice("sharding", self.sharding, SHARDINGS)
         _choice("fsdp_reduce_dtype", self.fsdp_reduce_dtype, REDUCE_DTYPES)
         _choice("offload", self.offload, OFFLOADS)
+        _choice("base_dtype", self.base_dtype, BASE_DTYPES)
         self._check_sharding()
         if self.precision is not None:
             _choice("precision", self.precision, PRECISIONS)

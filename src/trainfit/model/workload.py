@@ -44,8 +44,11 @@ def cpu_autocast(job: JobSpec) -> Any:
     return lambda: torch.autocast("cpu", dtype=dt)
 
 
-def weight_dtypes(job: JobSpec) -> tuple[torch.dtype, torch.dtype]:
-    """(frozen/base weight dtype, trainable weight dtype)."""
+def weight_dtypes(job: JobSpec, config: Any = None) -> tuple[torch.dtype, torch.dtype]:
+    """(frozen/base weight dtype, trainable weight dtype).  Under AMP the frozen base of a
+    LoRA/QLoRA job is ``job.base_dtype``; ``auto`` is transformers 5's ``from_pretrained``
+    default (``dtype="auto"``: the checkpoint's dtype, ``config.dtype``), and, for a config that
+    names none, the autocast dtype (the usual ``dtype=bfloat16`` + ``bf16=True`` recipe)."""
     precision = job.precision or "fp32"
     if precision == "bf16-true":
         return torch.bfloat16, torch.bfloat16
@@ -53,7 +56,19 @@ def weight_dtypes(job: JobSpec) -> tuple[torch.dtype, torch.dtype]:
         return torch.float32, torch.float32
     if job.method == "full":
         return torch.float32, torch.float32
-    return amp_dtype(precision) or torch.float32, torch.float32
+    return base_dtype(job, config), torch.float32
+
+
+def base_dtype(job: JobSpec, config: Any = None) -> torch.dtype:
+    """The frozen base's dtype under AMP (see :func:`weight_dtypes`)."""
+    if job.base_dtype != "auto":
+        return DTYPES[job.base_dtype]
+    named = getattr(config, "dtype", None) if config is not None else None
+    if isinstance(named, str):
+        named = getattr(torch, named, None)
+    if isinstance(named, torch.dtype) and named.is_floating_point:
+        return named
+    return amp_dtype(job.precision or "fp32") or torch.float32
 
 
 @dataclass
@@ -89,7 +104,7 @@ def build_model_on_meta(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Mod
         cfg.pad_token_id = cfg.decoder_start_token_id
     attn = "eager" if job.attention == "eager" else "sdpa"
     cfg._attn_implementation = attn  # transformers 5 reads this at build time
-    base_dtype, train_dtype = weight_dtypes(job)
+    base_dtype, train_dtype = weight_dtypes(job, source.config)
     info = ModelInfo(attention_impl=attn)
     with torch.device("meta"):
         try:
