@@ -29,6 +29,14 @@ GEMM_SHAPE_FACTOR = 0.92
 """A training step's GEMMs (skinny K, tails, epilogues) against the best shape MAMF finds:
 "real training shapes get about 80-90 % of MAMF" (Bekman).  0.92 × A100's 0.87 = 0.80, the
 rate that predicts llm-foundry's A100 runs (125M-30B, seq 512-8k) within ±2 %."""
+ATTENTION_STEP_FACTOR = 0.5
+"""A training step's attention against the kernel benchmark: half.  Whole-step measurements put
+in-step FlashAttention at about half its stand-alone fwd+bwd rate on both families where it can
+be read off — llm-foundry's sequence sweeps (MFU falling from 0.62 to 0.47 on A100 and from 0.46
+to 0.27 on H100 as the sequence grows from 1k to 64k, 93 runs) and torchtitan's Llama-3.1-8B at
+8k on H100 — around the kernel: layout copies (q/k/v transposes), the fp32 dq accumulation and
+its conversion, the logsumexp/softmax statistics, GQA expansion.  One factor across families and
+harnesses (a calibration, stated), not per case."""
 BANDWIDTH_SHAPE_FACTOR = 0.91
 """Elementwise kernels of a step (short tensors, launch tails, strided reads) against a STREAM
 copy at full occupancy: 0.91 × A100's 0.88 = 0.80, the previous single value (which predicted
@@ -44,8 +52,9 @@ class Attention:
     source: str
 
     def efficiency(self, seq: int) -> float:
+        """In a training step (:data:`ATTENTION_STEP_FACTOR` × the kernel benchmark's rate)."""
         s = max(seq, 1)
-        return self.eff_inf * s / (s + self.s0)
+        return ATTENTION_STEP_FACTOR * self.eff_inf * s / (s + self.s0)
 
 
 @dataclass(frozen=True)
