@@ -83,3 +83,39 @@ def _fail_with_tail(err: Any) -> None:
         for line in err.tail:
             typer.echo(f"  | {line}", err=True)
     raise typer.Exit(2)
+
+
+def tune_script_cmd(cmd: list[str], *, job_flags: dict[str, Any], opts: Any,
+                    trust_remote_code: bool, timeout_s: float, as_json: bool) -> None:
+    """``tune -- CMD``: the script's own trainer probed; the change said in its keywords."""
+    import dataclasses
+
+    from trainfit.cli.jobargs import fail
+    from trainfit.script.launch import ScriptError
+    from trainfit.script.tune import tune_script
+
+    options = {k: v for k, v in dataclasses.asdict(opts).items() if k != "isolate"}
+    options["fixed"] = sorted(options["fixed"])
+    options["knobs"] = list(options["knobs"])
+    if not as_json:
+        typer.echo(f"running {' '.join(cmd)} until its trainer would train, then probing it "
+                   f"on {opts.device} …", err=True)
+    try:
+        st = tune_script(cmd, options=options, flags=job_flags,
+                         trust_remote_code=trust_remote_code, timeout_s=timeout_s)
+    except ScriptError as err:
+        _fail_with_tail(err)
+        return
+    except JobError as err:
+        fail(err)
+        return
+    if as_json:
+        from trainfit.render.script import script_tune_json
+
+        typer.echo(json.dumps(script_tune_json(st), indent=1, default=str))
+    else:
+        from trainfit.render.script import render_script_tune
+
+        render_script_tune(st)
+    if st.result.pick is None:
+        raise typer.Exit(1)

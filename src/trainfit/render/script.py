@@ -161,3 +161,39 @@ def script_plan_json(sp: ScriptPlan) -> dict[str, Any]:
             "plan_quantile": None if sp.plan_quantile is None else plan_json(sp.plan_quantile),
             "changes": [dataclasses.asdict(c) for c in sp.changes],
             "change_lines": change_words(sp.changes)}
+
+
+def render_script_tune(st: Any) -> None:
+    """``st``: a trainfit.script.tune.ScriptTune."""
+    from trainfit.render.tune import render_tune
+
+    con = Console()
+    render_script_read(st, con)
+    render_tune(st.result)
+    pick = st.result.pick
+    if pick is None:
+        return
+    m = pick.result.measured
+    if st.changes:
+        con.print("[bold]change in the script[/bold] (measured by tune; the effective batch kept, "
+                  f"{st.current.effective_batch}):")
+        for line in change_words(st.changes):
+            con.print(f"  {line}")
+    else:
+        con.print("[bold]no change[/bold]: the script's configuration is the fastest that fits "
+                  "(measured)")
+    if m is not None and m.step_time_s:
+        con.print(f"  the pick measured: {m.peak_allocated_bytes / 2**30:.3f} GiB peak "
+                  f"allocated, {m.step_time_s:.3f} s per optimizer step, "
+                  f"{m.tokens_per_s:,.0f} tokens/s (non-padding tokens)")
+
+
+def script_tune_json(st: Any) -> dict[str, Any]:
+    from trainfit.render.words import tune_json
+
+    return {"kind": "tune-script", "command": st.command, "read": st.record,
+            "job": st.current.to_dict(), "lengths": dataclasses.asdict(st.read.lengths),
+            "where": st.read.where, "notes": [note_words(n) for n in st.read.notes],
+            "tune": tune_json(st.result),
+            "changes": [dataclasses.asdict(c) for c in st.changes],
+            "change_lines": change_words(st.changes)}

@@ -63,6 +63,8 @@ class _State:
         self.device_maps: list[dict[str, Any]] = []
         """Placements transformers computed for a ``device_map`` string, on the planned GPU."""
         self.trainers = 0
+        self.at_train = False
+        """The trainer's train() was reached: the optimizer steps from here are tune's probes."""
         self.finished = False
 
     def write(self, obj: dict[str, Any]) -> None:
@@ -181,6 +183,7 @@ def _hook_trainer(mod: Any) -> None:
 def _at_train(trainer: Any) -> None:
     """The trainer is built and would start training: read it (tune: probe it) and leave."""
     st = _st()
+    st.at_train = True
     from trainfit.job import JobError  # lazy: the whole trainfit only once a trainer exists
 
     try:
@@ -207,7 +210,7 @@ def _hook_torch(torch: Any) -> None:
 
     def pre(opt: Any, args: Any, kwargs: Any) -> None:
         st = _st()
-        if st.finished or os.getpid() != st.pid:
+        if st.finished or st.at_train or os.getpid() != st.pid:
             return
         refuse(f"the script steps a {type(opt).__name__} optimizer itself (at {_caller()}) before "
                "any transformers Trainer trains: plan and tune read Trainer / SFTTrainer scripts",
