@@ -94,6 +94,6 @@ def test_plan_says_it_plans_for_this_machines_gpu(monkeypatch, tiny_config_json)
                                    "--micro-batch", "1", "--precision", "amp-bf16",
                                    "--grad-ckpt", "off"])
     assert res.exit_code == 0, res.output
-    assert ("GPU: this machine's NVIDIA H100 80GB HBM3 (NVML) → catalog h100 — capacity 40.00 GiB "
+    assert ("GPU: this machine's NVIDIA H100 80GB HBM3 (NVML) → catalog h100-sxm — capacity 40.00 GiB "
             "free of 80.00 GiB (40.00 GiB in use by other processes and the driver, measured now)"
             ) in res.output
