@@ -13,7 +13,7 @@ from rich.table import Table
 
 from trainfit.script.diff import KeywordChange
 from trainfit.script.mapping import LengthStats, ReadJob, ScriptNote
-from trainfit.script.plan import ModelCheck, ScriptPlan
+from trainfit.script.plan import QUANTILE_PLAN_BELOW, ModelCheck, ScriptPlan
 
 NOTE_WORDS = {
     "padded": "batches are padded to their longest sample (the collator pads): planned as "
@@ -131,7 +131,7 @@ def render_script_plan(sp: ScriptPlan) -> None:
     ln = sp.read.lengths
     if q is None and ln.batch_quantile_length < ln.longest:
         con.print(f"the p{ln.quantile * 100:g} batch length ({ln.batch_quantile_length}) is within "
-                  f"10 % of the longest ({ln.longest}): not planned apart")
+                  f"{1 - QUANTILE_PLAN_BELOW:.0%} of the longest ({ln.longest}): not planned apart")
     if q is not None and q.pick is not None:
         j = q.pick.job
         con.print(f"at the p{sp.read.lengths.quantile * 100:g} batch length ({j.seq_len}) the grid's "

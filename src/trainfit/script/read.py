@@ -48,7 +48,13 @@ def read_trainer(trainer: Any, *, loads: list[dict[str, Any]], ckpt_calls: list[
             "model_id") == id(base)} for ld in loads],
         "ckpt_calls": list(ckpt_calls), "device_maps": list(device_maps), "mode": mode,
     }
-    rec["lengths"] = _lengths(trainer, rec["model"]["task"], max_samples, max_batches)
+    args = trainer.args
+    workers = (args.dataloader_num_workers, args.dataloader_persistent_workers)
+    args.dataloader_num_workers, args.dataloader_persistent_workers = 0, False  # read in-process
+    try:
+        rec["lengths"] = _lengths(trainer, rec["model"]["task"], max_samples, max_batches)
+    finally:
+        args.dataloader_num_workers, args.dataloader_persistent_workers = workers
     return rec
 
 
