@@ -11,13 +11,14 @@ import random
 from pathlib import Path
 
 SEED000 = '''
-"""fine_tune_gemma.py (seed 000's shape): Trainer + peft LoRA, bf16, 2 x 4, checkpointing on."""
+"""fine_tune_gemma.py (seed 000's shape): Trainer + peft LoRA, bf16, 2 x 4, checkpointing on;
+--qlora: a 4-bit base and prepare_model_for_kbit_training(use_gradient_checkpointing=True)."""
 import argparse, json
 import torch
 from datasets import Dataset
-from peft import LoraConfig, get_peft_model
-from transformers import (AutoModelForCausalLM, AutoTokenizer, DataCollatorForLanguageModeling,
-                          Trainer, TrainingArguments)
+from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+from transformers import (AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig,
+                          DataCollatorForLanguageModeling, Trainer, TrainingArguments)
 
 p = argparse.ArgumentParser()
 p.add_argument("--model", required=True)
@@ -25,13 +26,19 @@ p.add_argument("--data", required=True)
 p.add_argument("--out", required=True)
 p.add_argument("--args-json", default="{}")
 p.add_argument("--load-json", default="{}")
+p.add_argument("--qlora", action="store_true")
 a = p.parse_args()
 torch.set_num_threads(1)
 tokenizer = AutoTokenizer.from_pretrained(a.model)
 load = {"dtype": torch.bfloat16}
+if a.qlora:
+    load["quantization_config"] = BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
 load.update({k: getattr(torch, v.removeprefix("torch.")) if k == "dtype" else v
              for k, v in json.loads(a.load_json).items()})
 model = AutoModelForCausalLM.from_pretrained(a.model, **load)
+if a.qlora:
+    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True)
 model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05,
                                          target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
 rows = [json.loads(line) for line in open(a.data)]

@@ -91,6 +91,31 @@ def test_seed000_plan_equals_job_file_and_the_diff_gives_the_pick(seed000, tmp_p
         (pick["micro_batch"], pick["grad_accum"], pick["grad_ckpt"], pick["precision"])
 
 
+def test_seed000_qlora_after_prepare_model_for_kbit_training(seed000):
+    """seed 000's own recipe: a 4-bit base, prepare_model_for_kbit_training(use_gradient_
+    checkpointing=True) — the unquantized weights in float32, checkpointing on before the
+    Trainer."""
+    from trainfit.job import JobSpec
+    from trainfit.script.diff import keyword_diff
+    from trainfit.script.plan import model_check, script_source
+
+    rec = run_script(seed000.cmd("--qlora", "--args-json", '{"gradient_checkpointing": false}'),
+                     mode="plan")
+    read = map_record(rec)
+    f = read.fields
+    assert (f["method"], f["quant"], f["kbit_prepared"], f["grad_ckpt"]) == ("qlora", "nf4", True, "full")
+    assert read.where["grad_ckpt"] == "the model, before the trainer (fine_tune_gemma.py:29)"
+    source, name = script_source(rec, False)
+    job = JobSpec.from_dict({**f, "model": name})
+    check = model_check(rec, job, source)
+    assert check.equal, check  # the float32 embeddings and norms counted as the script holds them
+    without = model_check(rec, job.replace(kbit_prepared=False), source)
+    assert without.planned_frozen_bytes * 2 == check.script_frozen_bytes  # bf16 instead of fp32
+    change = keyword_diff(rec, job, job.replace(grad_ckpt="off", micro_batch=8, grad_accum=1))
+    assert (change[-1].where, change[-1].after) == (
+        "the call that enables it before the trainer (fine_tune_gemma.py:29)", False)
+
+
 def test_seed001_sft_qlora_read_and_plan_equals_job_file(seed001, tmp_path):
     flags = ["--gpu", "rtx-3060", "--precision", "bf16-true", "--grad-ckpt", "full"]
     got = _plan([*flags, "--", *seed001.cmd()])

@@ -124,7 +124,8 @@ def plan_cmd(
     target: Annotated[list[str] | None, typer.Argument(
         help="Model (catalog name, HF id, dir, config.json), a job YAML, or after -- your "
              "training script: -- python train.py ARGS (its Trainer/SFTTrainer is read, no "
-             "weights, no training).", show_default=False)] = None,
+             "weights, no training).", show_default=False,
+        metavar="MODEL | JOB.yaml | -- COMMAND ARGS")] = None,
     job_flags: dict[str, Any] | None = None,
     gpu: Annotated[str | None, typer.Option(help="GPU name (trainfit gpus), e.g. t4, a100-80gb, "
                                                   "generic-8gb.")] = None,

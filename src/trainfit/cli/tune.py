@@ -74,7 +74,8 @@ def register(app: typer.Typer) -> None:
     def tune_cmd(
         target: Annotated[list[str] | None, typer.Argument(
             help="Model, a job YAML, or after -- your training script: -- python train.py ARGS "
-                 "(its own Trainer/SFTTrainer is probed).", show_default=False)] = None,
+                 "(its own Trainer/SFTTrainer is probed).", show_default=False,
+            metavar="MODEL | JOB.yaml | -- COMMAND ARGS")] = None,
         job_flags: dict[str, Any] | None = None,
         device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N")] = "cpu",
         memory_limit: Annotated[str | None, typer.Option(

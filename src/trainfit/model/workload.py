@@ -133,6 +133,12 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
             info.quantized_linears = quantize_linears_4bit(
                 model, compute, job.quant == "nf4-dq", skip, legacy=job.bnb_legacy,
                 from_fp16=job.quant_from_fp16)
+            if job.kbit_prepared:
+                # peft.prepare_model_for_kbit_training: every fp16/bf16 parameter that is not a
+                # 4-bit one to float32 (peft/utils/other.py); the 4-bit weights are buffers here
+                for p in model.parameters():
+                    if not p.requires_grad and p.dtype in (torch.float16, torch.bfloat16):
+                        p.data = p.data.to(torch.float32)
     else:
         for p in model.parameters():
             p.requires_grad_(True)

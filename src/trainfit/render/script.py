@@ -76,8 +76,10 @@ def change_words(changes: list[KeywordChange]) -> list[str]:
     return [f"{w}: {', '.join(kws)}" for w, kws in by_where.items()]
 
 
-def _read_rows(read: ReadJob, rec: dict[str, Any]) -> list[tuple[str, str, str]]:
-    f, m = read.fields, rec["model"]
+def _read_rows(read: ReadJob, rec: dict[str, Any], f: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """``f``: the job as planned (what was read, with the command line's flags over it)."""
+    m = rec["model"]
+    flag = "the command line"
     load = next((ld for ld in rec["loads"] if ld["this_model"]), None)
     rows = [("model", f"{m['class']} {f['model']}", f"from_pretrained ({load['at']})" if load
              else "the trainer's model")]
@@ -92,10 +94,12 @@ def _read_rows(read: ReadJob, rec: dict[str, Any]) -> list[tuple[str, str, str]]
     rows.append(("precision", f"{f['precision']} (weights: frozen {m['frozen_dtype']}, trainable "
                  f"{m['trainable_dtype']}; bf16={rec['args']['bf16']} fp16={rec['args']['fp16']})",
                  rec["args"]["class"]))
-    rows.append(("optimizer", f"{f['optimizer']} ({f['optimizer_impl']})", read.where["optimizer"]))
+    rows.append(("optimizer", f"{f['optimizer']} ({f['optimizer_impl']})",
+                 read.where.get("optimizer", flag)))
     rows.append(("micro-batch × accumulation × ranks",
                  f"{f['micro_batch']} × {f['grad_accum']} × {f['ranks']}", rec["args"]["class"]))
-    rows.append(("checkpointing", f["grad_ckpt"], read.where["grad_ckpt"]))
+    rows.append(("checkpointing", f["grad_ckpt"], read.where["grad_ckpt"] if
+                 f["grad_ckpt"] == read.fields["grad_ckpt"] else flag))
     rows.append(("attention", f"{f['attention']} ({m['attn_implementation']})", "the model config"))
     rows.append(("sequence length", f"{f['seq_len']} (the longest batch)", "the script's data "
                  "and collator"))
@@ -111,7 +115,7 @@ def render_script_read(sp: ScriptPlan | Any, console: Console | None = None) -> 
     t = Table(title="read from the script")
     for col in ("", "as trainfit plans it", "from"):
         t.add_column(col)
-    for row in _read_rows(sp.read, rec):
+    for row in _read_rows(sp.read, rec, sp.current.to_dict()):
         t.add_row(*row)
     con.print(t)
     con.print(length_words(sp.read.lengths, sp.read.fields["micro_batch"]))

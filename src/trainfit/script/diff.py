@@ -80,7 +80,7 @@ def _checkpointing(rec: dict[str, Any], args_cls: str, on: bool) -> KeywordChang
     ``model.gradient_checkpointing_enable()``) it must be switched off at that call."""
     model_on = rec["model"]["gradient_checkpointing"] and not rec["args"]["gradient_checkpointing"]
     if model_on and not on:
-        calls = ", ".join(rec["ckpt_calls"]) or "the script"
+        calls = ", ".join(dict.fromkeys(rec["ckpt_calls"])) or "the script"
         return KeywordChange(f"the call that enables it before the trainer ({calls})",
                              "use_gradient_checkpointing / gradient_checkpointing_enable()",
                              True, False)

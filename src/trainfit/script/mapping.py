@@ -139,6 +139,8 @@ def _method(rec: dict[str, Any], notes: list[ScriptNote]) -> dict[str, Any]:
                 "trainable": m["trainable_params"], "total": m["total_params"]}))
     if out.get("method") == "qlora":
         out.update(_quant(m["quantization"] or {}, notes))
+        if m["frozen_dtype"] == "float32":  # peft's prepare_model_for_kbit_training cast them
+            out["kbit_prepared"] = True
     return out
 
 
@@ -225,7 +227,7 @@ def _checkpointing(rec: dict[str, Any]) -> tuple[str, str]:
     if a["gradient_checkpointing"]:
         return "full", f"{a['class']}(gradient_checkpointing=True)"
     if m["gradient_checkpointing"]:
-        calls = rec["ckpt_calls"]
+        calls = list(dict.fromkeys(rec["ckpt_calls"]))  # enable() and its alias: one call site
         return "full", f"the model, before the trainer ({', '.join(calls) or 'the script'})"
     return "off", f"{a['class']} (off)"
 
