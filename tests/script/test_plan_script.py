@@ -219,3 +219,10 @@ def test_script_errors_keep_the_last_lines(tmp_path):
     with pytest.raises(ScriptError) as err:
         run_script([sys.executable, str(tmp_path / "crash.py")], mode="plan")
     assert "exited with code 3" in str(err.value) and err.value.tail == ["loading"]
+
+
+def test_options_that_do_not_apply_to_a_script_say_so(seed000):
+    lines = _refused(["--gpu", "a10g", "--current", "--", *seed000.cmd()])
+    assert lines[0] == "error: --current with a script: the script's configuration is the current one"
+    res = CliRunner().invoke(app, ["tune", "--out", "x.yaml", "--", *seed000.cmd()])
+    assert res.exit_code == 2 and "error: --out/--emit apply to a job" in res.output

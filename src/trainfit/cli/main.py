@@ -156,10 +156,13 @@ def plan_cmd(
     say = (lambda msg: None) if as_json else (lambda msg: typer.echo(msg, err=True))
     try:
         if is_command(args):
+            if current:
+                raise JobError("--current with a script: the script's configuration is the "
+                               "current one", "drop --current")
             spec = _gpu_spec(gpu, {}, interconnect, say)
             plan_script_cmd(args, job_flags=job_flags or {}, gpu=spec, margin=margin, verify=verify,
                             trust_remote_code=trust_remote_code, timeout_s=timeout_s,
-                            as_json=as_json)
+                            as_json=as_json, dataset_tokens=dataset_tokens, epochs=epochs)
             return
         target = args[0] if args else None
         fields, extra = _load_target(target)

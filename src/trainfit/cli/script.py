@@ -48,7 +48,8 @@ def local_gpu_spec(say: Any) -> Any:
 
 
 def plan_script_cmd(cmd: list[str], *, job_flags: dict[str, Any], gpu: Any, margin: float,
-                    verify: bool, trust_remote_code: bool, timeout_s: float, as_json: bool) -> None:
+                    verify: bool, trust_remote_code: bool, timeout_s: float, as_json: bool,
+                    dataset_tokens: int | None = None, epochs: float | None = None) -> None:
     from trainfit.cli.jobargs import fail
     from trainfit.script.launch import ScriptError
     from trainfit.script.plan import plan_script
@@ -57,7 +58,8 @@ def plan_script_cmd(cmd: list[str], *, job_flags: dict[str, Any], gpu: Any, marg
     try:
         say(f"reading the trainer of {' '.join(cmd)} (no weights, no training) …")
         sp = plan_script(cmd, gpu=gpu, flags=job_flags, margin=margin, verify=verify,
-                         trust_remote_code=trust_remote_code, timeout_s=timeout_s)
+                         trust_remote_code=trust_remote_code, timeout_s=timeout_s,
+                         dataset_tokens=dataset_tokens, epochs=epochs)
     except ScriptError as err:
         _fail_with_tail(err)
         return

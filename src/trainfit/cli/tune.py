@@ -108,6 +108,10 @@ def register(app: typer.Typer) -> None:
         args = list(target or [])
         try:
             if is_command(args):
+                if out is not None or emit is not None:
+                    raise JobError("--out/--emit apply to a job: for a script, tune prints the "
+                                   "keywords to change in it", "drop --out/--emit, or tune a job "
+                                   "file")
                 opts = TuneOptions(device=device, memory_limit_bytes=parse_bytes(
                     memory_limit, "--memory-limit"), margin=margin, budget_s=budget_s,
                     max_host_ram_bytes=parse_bytes(max_host_ram, "--max-host-ram"),

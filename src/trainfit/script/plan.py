@@ -122,7 +122,8 @@ def check_script_precision(current: JobSpec, gpu: GpuSpec | None) -> None:
 def plan_script(cmd: list[str], *, gpu: GpuSpec | None, flags: dict[str, Any] | None = None,
                 margin: float = DEFAULT_MARGIN, verify: bool = True,
                 trust_remote_code: bool = False, timeout_s: float | None = 900.0,
-                quantile: float = QUANTILE) -> ScriptPlan:
+                quantile: float = QUANTILE, dataset_tokens: int | None = None,
+                epochs: float | None = None) -> ScriptPlan:
     flags = dict(flags or {})
     rec = run_script(cmd, mode="plan", gpu=gpu_for_hooks(gpu), trust_remote_code=trust_remote_code,
                      timeout_s=timeout_s)
@@ -134,7 +135,8 @@ def plan_script(cmd: list[str], *, gpu: GpuSpec | None, flags: dict[str, Any] | 
     current = JobSpec.from_dict(fields, source="the script")
     check_script_precision(current, gpu)
     grid = _grid_job(current, set(flags))
-    result = plan(grid, source, gpu, margin=margin, verify=verify, current=current)
+    result = plan(grid, source, gpu, margin=margin, verify=verify, current=current,
+                  dataset_tokens=dataset_tokens, epochs=epochs)
     q_len = read.lengths.batch_quantile_length
     plan_q = None
     if q_len <= QUANTILE_PLAN_BELOW * current.seq_len and "seq_len" not in flags:
