@@ -40,3 +40,60 @@ def test_unknown_card_has_no_spec(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     g = local_gpu()
     assert g is not None and g.spec is None and g.total_bytes == 80 * GIB
+
+
+def _plan_json(args: list[str]) -> tuple[dict, str]:
+    import json
+
+    from typer.testing import CliRunner
+
+    from trainfit.cli.main import app
+
+    res = CliRunner().invoke(app, ["plan", *args, "--seq-len", "32", "--micro-batch", "1",
+                                   "--precision", "amp-bf16", "--grad-ckpt", "off", "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout), res.output
+
+
+def test_plan_without_gpu_uses_this_machines_gpu(monkeypatch, tiny_config_json):
+    monkeypatch.setitem(sys.modules, "pynvml", make_fake_pynvml())
+    d, _ = _plan_json([str(tiny_config_json)])
+    assert d["gpu"] == find_gpu("h100").name
+    assert d["gpu_memory_bytes"] == 40 * GIB  # free now: the other 40 GiB are another process's
+    assert "NVML on this machine" in d["gpu_memory_source"] and "measured" in d["gpu_memory_source"]
+    assert d["configs"][0]["fits"] is True and d["configs"][0]["tokens_per_s"] is not None
+
+
+def test_plan_names_a_gpu_over_the_local_one(monkeypatch, tiny_config_json):
+    monkeypatch.setitem(sys.modules, "pynvml", make_fake_pynvml())
+    d, _ = _plan_json([str(tiny_config_json), "--gpu", "a10g"])
+    assert d["gpu"] == "a10g" and "NVML" not in d["gpu_memory_source"]
+
+
+def test_plan_without_nvml_plans_without_a_gpu(no_nvml, tiny_config_json):
+    d, _ = _plan_json([str(tiny_config_json)])
+    assert d["gpu"] is None and d["configs"][0]["fits"] is None and "gpu_memory_source" not in d
+
+
+def test_plan_on_an_unknown_card_plans_its_free_memory_speed_unknown(monkeypatch, tiny_config_json):
+    fake = make_fake_pynvml()
+    fake.nvmlDeviceGetName = lambda h: "AMD Instinct MI300X"
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    d, _ = _plan_json([str(tiny_config_json)])
+    assert d["gpu_memory_bytes"] == 40 * GIB and d["gpu_display_name"] == "AMD Instinct MI300X"
+    assert d["configs"][0]["fits"] is True and d["configs"][0]["tokens_per_s"] is None
+
+
+def test_plan_says_it_plans_for_this_machines_gpu(monkeypatch, tiny_config_json):
+    from typer.testing import CliRunner
+
+    from trainfit.cli.main import app
+
+    monkeypatch.setitem(sys.modules, "pynvml", make_fake_pynvml())
+    res = CliRunner().invoke(app, ["plan", str(tiny_config_json), "--seq-len", "32",
+                                   "--micro-batch", "1", "--precision", "amp-bf16",
+                                   "--grad-ckpt", "off"])
+    assert res.exit_code == 0, res.output
+    assert ("GPU: this machine's NVIDIA H100 80GB HBM3 (NVML) → catalog h100-sxm — capacity 40.00 GiB "
+            "free of 80.00 GiB (40.00 GiB in use by other processes and the driver, measured now)"
+            ) in res.output

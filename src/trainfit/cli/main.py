@@ -97,7 +97,11 @@ def _current_and_grid(job: JobSpec, fields: dict[str, Any], extra: dict[str, Any
     return job, None
 
 
-def _gpu_spec(gpu: str | None, extra: dict[str, Any], interconnect: str | None) -> Any:
+def _gpu_spec(gpu: str | None, extra: dict[str, Any], interconnect: str | None,
+              say: Any = None) -> Any:
+    """The GPU named (--gpu, else the job file's), else the one this machine has (NVML), else
+    none."""
+    from trainfit.cli.script import local_gpu_spec
     from trainfit.hardware.gpus import find_gpu, gpu_names
 
     gpu_name = gpu or extra.get("gpu")
@@ -107,6 +111,8 @@ def _gpu_spec(gpu: str | None, extra: dict[str, Any], interconnect: str | None) 
         if spec is None:
             raise JobError(f"--gpu {gpu_name}: unknown GPU",
                            "known: " + ", ".join(gpu_names()) + ", or generic-<N>gb")
+    else:
+        spec = local_gpu_spec(say or (lambda msg: None))
     if interconnect is not None:
         spec = _with_interconnect(spec, interconnect)
     return spec
@@ -115,8 +121,11 @@ def _gpu_spec(gpu: str | None, extra: dict[str, Any], interconnect: str | None) 
 @app.command("plan")
 @with_job_flags()
 def plan_cmd(
-    target: Annotated[str | None, typer.Argument(
-        help="Model (catalog name, HF id, dir, config.json) or a job YAML.")] = None,
+    target: Annotated[list[str] | None, typer.Argument(
+        help="Model (catalog name, HF id, dir, config.json), a job YAML, or after -- your "
+             "training script: -- python train.py ARGS (its Trainer/SFTTrainer is read, no "
+             "weights, no training).", show_default=False,
+        metavar="MODEL | JOB.yaml | -- COMMAND ARGS")] = None,
     job_flags: dict[str, Any] | None = None,
     gpu: Annotated[str | None, typer.Option(help="GPU name (trainfit gpus), e.g. t4, a100-80gb, "
                                                   "generic-8gb.")] = None,
@@ -134,13 +143,28 @@ def plan_cmd(
         "--current", help="The knobs given (--micro-batch, --grad-accum, --grad-ckpt, --precision, "
                           "--attention, --optimizer-impl) are what you run now: plan the grid "
                           "around them and state the pick against them.")] = False,
+    timeout_s: Annotated[float, typer.Option(
+        "--timeout-s", help="Script form: stop a script whose trainer has not started by then.")] = 900.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Predict the peak GPU memory of each candidate configuration (no GPU needed)."""
+    from trainfit.cli.script import is_command, plan_script_cmd
     from trainfit.model.source import resolve_model
     from trainfit.plan.grid import plan
 
+    args = [target] if isinstance(target, str) else list(target or [])  # quickstart passes a str
+    say = (lambda msg: None) if as_json else (lambda msg: typer.echo(msg, err=True))
     try:
+        if is_command(args):
+            if current:
+                raise JobError("--current with a script: the script's configuration is the "
+                               "current one", "drop --current")
+            spec = _gpu_spec(gpu, {}, interconnect, say)
+            plan_script_cmd(args, job_flags=job_flags or {}, gpu=spec, margin=margin, verify=verify,
+                            trust_remote_code=trust_remote_code, timeout_s=timeout_s,
+                            as_json=as_json, dataset_tokens=dataset_tokens, epochs=epochs)
+            return
+        target = args[0] if args else None
         fields, extra = _load_target(target)
         fields = merge_job_fields(fields, job_flags or {},
                                   "trainfit plan MODEL --gpu GPU, or a job YAML")
@@ -148,7 +172,7 @@ def plan_cmd(
             fields["trust_remote_code"] = True
         job = JobSpec.from_dict(fields, source=target or "flags")
         job, current_job = _current_and_grid(job, fields, extra, current, target or "flags")
-        spec = _gpu_spec(gpu, extra, interconnect)
+        spec = _gpu_spec(gpu, extra, interconnect, say)
         source = resolve_model(job.model, job.trust_remote_code)
         result = plan(job, source, spec, margin=margin, verify=verify,
                       dataset_tokens=dataset_tokens, epochs=epochs, current=current_job)
@@ -158,7 +182,10 @@ def plan_cmd(
     if as_json:
         from trainfit.render.words import plan_json
 
-        typer.echo(json.dumps(plan_json(result), indent=1))
+        d = plan_json(result)
+        if spec is not None:  # the catalog's (published), or NVML's reading here (measured)
+            d["gpu_memory_source"] = spec.memory_source
+        typer.echo(json.dumps(d, indent=1))
     else:
         from trainfit.render.plan import render_plan
 

@@ -72,7 +72,10 @@ def register(app: typer.Typer) -> None:
     @app.command("tune")
     @with_job_flags()
     def tune_cmd(
-        target: Annotated[str | None, typer.Argument(help="Model or a job YAML.")] = None,
+        target: Annotated[list[str] | None, typer.Argument(
+            help="Model, a job YAML, or after -- your training script: -- python train.py ARGS "
+                 "(its own Trainer/SFTTrainer is probed).", show_default=False,
+            metavar="MODEL | JOB.yaml | -- COMMAND ARGS")] = None,
         job_flags: dict[str, Any] | None = None,
         device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N")] = "cpu",
         memory_limit: Annotated[str | None, typer.Option(
@@ -94,12 +97,34 @@ def register(app: typer.Typer) -> None:
         out: Annotated[str | None, typer.Option(help="Write the tuned job here (YAML).")] = None,
         emit: Annotated[str | None, typer.Option(help="hf | trl | accelerate")] = None,
         trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
+        timeout_s: Annotated[float, typer.Option(
+            "--timeout-s", help="Script form: stop the script if tune has not ended by then.")] = 1800.0,
         as_json: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
         """Measure the real job on the real device and choose the fastest configuration that fits."""
+        from trainfit.cli.script import is_command, tune_script_cmd
         from trainfit.tune.tuner import TuneOptions, tune
 
+        args = list(target or [])
         try:
+            if is_command(args):
+                if out is not None or emit is not None:
+                    raise JobError("--out/--emit apply to a job: for a script, tune prints the "
+                                   "keywords to change in it", "drop --out/--emit, or tune a job "
+                                   "file")
+                opts = TuneOptions(device=device, memory_limit_bytes=parse_bytes(
+                    memory_limit, "--memory-limit"), margin=margin, budget_s=budget_s,
+                    max_host_ram_bytes=parse_bytes(max_host_ram, "--max-host-ram"),
+                    knobs=_knob_list(knobs, try_compile, try_8bit_optimizer),
+                    fixed=fixed_knobs(set(job_flags or {})), run_steps=run_steps)
+                tune_script_cmd(args, job_flags=job_flags or {}, opts=opts,
+                                trust_remote_code=trust_remote_code, timeout_s=timeout_s,
+                                as_json=as_json)
+                return
+            if len(args) > 1:
+                raise JobError(f"{' '.join(args)}: one model or job file", "a training command "
+                               "goes after --: trainfit tune -- python train.py ARGS")
+            target = args[0] if args else None
             if emit is not None and emit not in ("hf", "trl", "accelerate"):
                 raise JobError(f"--emit {emit}: unknown", "use hf, trl or accelerate")
             job = _job(target, job_flags or {}, trust_remote_code)

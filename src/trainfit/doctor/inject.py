@@ -9,6 +9,7 @@ with torch, and a run too short to measure (how many steps it needs).
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import shlex
@@ -58,33 +59,42 @@ class ForeignRun:
         return shlex.join(self.command)
 
 
-def check_command(cmd: list[str]) -> str:
-    """The executable ``cmd[0]`` resolves to; DoctorError when there is none."""
+def check_command(cmd: list[str], verb: str = "doctor") -> str:
+    """The executable ``cmd[0]`` resolves to; DoctorError when there is none (``verb``: the
+    trainfit command the hint names)."""
     if not cmd:
-        raise DoctorError("no command after --", "e.g. trainfit doctor -- python train.py --epochs 1")
+        raise DoctorError("no command after --", f"e.g. trainfit {verb} -- python train.py --epochs 1")
     exe = shutil.which(cmd[0])
     if exe is None:
         p = Path(cmd[0])
         if p.is_file() and not os.access(p, os.X_OK):
-            raise DoctorError(f"{cmd[0]}: not executable", f"run it as: trainfit doctor -- python {cmd[0]}")
+            raise DoctorError(f"{cmd[0]}: not executable", f"run it as: trainfit {verb} -- python {cmd[0]}")
         raise DoctorError(f"{cmd[0]}: command not found", "check the spelling and PATH; "
-                          "e.g. trainfit doctor -- python train.py")
+                          f"e.g. trainfit {verb} -- python train.py")
     return exe
 
 
-def run_foreign(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bool = True,
-                profile: bool = True, timeout_s: float | None = 900.0,
-                extra_env: dict[str, str] | None = None) -> ForeignRun:
-    """Run ``cmd`` with the hooks; measure steps ``[warmup, warmup + steps)``."""
-    check_command(cmd)
-    warmup = max(warmup, 1)  # the first step finds the top-level modules: never measured
-    out_dir = Path(tempfile.mkdtemp(prefix="trainfit-doctor-"))
+@dataclass
+class Launched:
+    """A command run with the hooks: how it ended and its last output lines."""
+
+    exit_code: int | None
+    timed_out: bool
+    tail: list[str]
+    host: HostSummary | None
+
+
+def run_with_hooks(cmd: list[str], hook_env: dict[str, str], *, timeout_s: float | None,
+                   watch_host: bool = False, extra_env: dict[str, str] | None = None) -> Launched:
+    """Run ``cmd`` with ``sitecustomize`` first on PYTHONPATH (it arms the hooks that ``hook_env``
+    names in every Python process of the command), output captured (the last lines kept), the
+    whole process group killed at the end (DataLoader workers left behind by an ``os._exit``, or a
+    timed-out run). Shared by ``doctor -- CMD`` and ``plan|tune -- CMD`` (trainfit.script)."""
     env = dict(os.environ)
     env.update(extra_env or {})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE_DIR), env.get("PYTHONPATH", "")) if p)
-    env.update({ENV_OUT: str(out_dir), ENV_WARMUP: str(warmup), ENV_STEPS: str(steps),
-                ENV_STOP: "1" if stop else "0", ENV_PROFILE: "1" if profile else "0",
-                "TRAINFIT_DOCTOR_DIR": str(DOCTOR_DIR)})
+    env.update(hook_env)
+    env["TRAINFIT_DOCTOR_DIR"] = str(DOCTOR_DIR)
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
@@ -100,19 +110,36 @@ def run_foreign(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bool 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     timed_out = False
-    with HostWatch(proc.pid) as watch:
+    with HostWatch(proc.pid) if watch_host else contextlib.nullcontext() as watch:
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-        _kill_group(proc)  # DataLoader workers left behind by an os._exit, or the timed-out run
+        _kill_group(proc)
         proc.wait()
     reader.join(timeout=5)
-    host = watch.summary()
-    lines = list(tail)
-    files = _read_files(out_dir)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    return _interpret(cmd, proc.returncode, timed_out, timeout_s, files, lines, host, steps, warmup)
+    return Launched(exit_code=proc.returncode, timed_out=timed_out, tail=list(tail),
+                    host=watch.summary() if watch is not None else None)
+
+
+def run_foreign(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bool = True,
+                profile: bool = True, timeout_s: float | None = 900.0,
+                extra_env: dict[str, str] | None = None) -> ForeignRun:
+    """Run ``cmd`` with the hooks; measure steps ``[warmup, warmup + steps)``."""
+    check_command(cmd)
+    warmup = max(warmup, 1)  # the first step finds the top-level modules: never measured
+    out_dir = Path(tempfile.mkdtemp(prefix="trainfit-doctor-"))
+    try:
+        ran = run_with_hooks(cmd, {ENV_OUT: str(out_dir), ENV_WARMUP: str(warmup),
+                                   ENV_STEPS: str(steps), ENV_STOP: "1" if stop else "0",
+                                   ENV_PROFILE: "1" if profile else "0"},
+                             timeout_s=timeout_s, watch_host=True, extra_env=extra_env)
+        files = _read_files(out_dir)
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    assert ran.host is not None
+    return _interpret(cmd, ran.exit_code, ran.timed_out, timeout_s, files, ran.tail, ran.host,
+                      steps, warmup)
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:

@@ -89,6 +89,9 @@ class JobSpec:
     quant_lm_head: bool = False
     """Quantize the output head too (Lightning Fabric/litgpt do; transformers' BitsAndBytesConfig
     leaves it in 16 bits)."""
+    kbit_prepared: bool = False
+    """QLoRA after peft's prepare_model_for_kbit_training (most QLoRA scripts call it): the
+    weights left unquantized — embeddings, norms, the output head — are held in float32."""
     seq_len: int = 512
     """Tokens per sample (padded/packed length)."""
     micro_batch: int | None = None
@@ -207,6 +210,9 @@ class JobSpec:
                                "LoRA options need --method lora or qlora")
             if self.quant is not None:
                 raise JobError("--quant given with --method full", "use --method qlora")
+        if self.kbit_prepared and self.method != "qlora":
+            raise JobError("--kbit-prepared applies to --method qlora",
+                           "a LoRA base cast to float32 is --precision fp32")
         if self.method == "qlora":
             self.quant = self.quant or "nf4-dq"
             _choice("quant", self.quant, QUANTS)

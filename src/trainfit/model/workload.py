@@ -153,6 +153,14 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
             info.quantized_linears = quantize_linears_4bit(
                 model, compute, job.quant == "nf4-dq", skip, legacy=job.bnb_legacy,
                 from_fp16=job.quant_from_fp16, quant_storage=storage)
+            if job.kbit_prepared:
+                # peft.prepare_model_for_kbit_training: every fp16/bf16 parameter that is not a
+                # 4-bit one to float32 (peft/utils/other.py); the packed 4-bit weights (buffers,
+                # or bf16-stored parameters when sharded) stay as they are
+                for n, p in model.named_parameters():
+                    if not p.requires_grad and p.dtype in (torch.float16, torch.bfloat16) \
+                            and not n.endswith("weight_packed"):
+                        p.data = p.data.to(torch.float32)
     else:
         for p in model.parameters():
             p.requires_grad_(True)

@@ -176,6 +176,11 @@ def tune_reason(pick_job: Any, pick_tokens_per_s: float | None, baseline_job: An
 
 TUNE_NOTES = ("tokens/s counts positions computed (micro × seq_len × accumulation × ranks / step)",
               "loss is token-weighted over the effective batch (exact for any micro-batch split)")
+SCRIPT_TUNE_NOTES = (
+    "tokens/s counts the non-padding tokens of the script's own batches (the same samples in "
+    "every probe's timed steps)",
+    "the loss is the trainer's own compute_loss, each micro-batch's divided by the accumulation; "
+    "the memory probe runs the dataset's longest samples")
 
 
 def tune_pick_reason(result: Any) -> str:
@@ -196,7 +201,9 @@ def tune_notes(result: Any) -> list[str]:
     """Every note of a TuneResult in words: the data's, the search's, then the conventions."""
     search = [note_words(n) for n in result.notes if n.kind not in RULE_KINDS]
     rules = [note_words(n) for n in result.notes if n.kind in RULE_KINDS]
-    return [*result.data_notes, *search, *TUNE_NOTES, *rules]
+    conventions = SCRIPT_TUNE_NOTES if getattr(result, "step_source", "job") == "script" \
+        else TUNE_NOTES
+    return [*result.data_notes, *search, *conventions, *rules]
 
 
 def tune_json(result: Any) -> dict[str, Any]:

@@ -221,7 +221,7 @@ class Probe:
                  ) -> ProbeResult:
         warm = 1 if (job.compile and timed_steps) else 0  # the compiling step, timed apart
         tracker = None if self.device.type == "cuda" else LimitTracker(self.memory_limit_bytes)
-        steps = _Steps(self, job, wl, knobs, 1 + warm + timed_steps, tracker)
+        steps = self._steps(job, wl, knobs, 1 + warm + timed_steps, tracker)
         hooks: list[Any] = []
         keep: list[torch.Tensor] = []
         times: list[float] = []
@@ -259,7 +259,7 @@ class Probe:
                 step_time_spread_s=None, tokens_per_s=None, samples_per_s=None,
                 data_wait_fraction=None))
         med = statistics.median(times)
-        tokens = steps.per_step * self.data.seq_len
+        tokens = steps.tokens_per_step()
         wait_frac = statistics.median([w / t for w, t in zip(step_waits, times, strict=True)])
         return ProbeResult(status="ok", measured=Measured(
             peak_allocated_bytes=alloc, peak_reserved_bytes=reserved, peak_device_bytes=device_used,
@@ -296,6 +296,12 @@ class Probe:
         if many and self.dist.any(oom is not None):
             raise oom or _another_rank_oom()
         return _own_tree_rss_bytes()
+
+    def _steps(self, job: JobSpec, wl: RealWorkload, knobs: LoaderKnobs, count: int,
+               tracker: LimitTracker | None) -> _Steps:
+        """The probe's ``count`` optimizer steps (a subclass probes another step source: the
+        user's own trainer, trainfit.script.probe)."""
+        return _Steps(self, job, wl, knobs, count, tracker)
 
     def _peaks(self, tracker: LimitTracker | None) -> tuple[int, int | None, int | None]:
         """(allocated, reserved, device) peaks: CUDA's allocator statistics and cudaMemGetInfo;
@@ -341,6 +347,10 @@ class _Steps:
         if self.cuda:
             torch.cuda.synchronize(p.device)
         return time.perf_counter() - t
+
+    def tokens_per_step(self) -> float:
+        """Positions computed per optimizer step (the tokens of tokens/s)."""
+        return self.per_step * self.probe.data.seq_len
 
     def close(self) -> None:
         self.batches.close()

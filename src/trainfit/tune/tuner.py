@@ -77,6 +77,9 @@ class TuneResult:
     """What the search (and tune around it) decided not to do, or did by rule, and why."""
     data_notes: list[str] = field(default_factory=list)
     """What reading the data did to it (truncation, packing), as the data layer states it."""
+    step_source: str = "job"
+    """``job``: trainfit's own step of the job (token-weighted loss, positions counted); ``script``:
+    the user's trainer (its compute_loss, its batches' non-padding tokens counted)."""
 
     def to_dict(self) -> dict[str, Any]:
         def trial(t: Trial) -> dict[str, Any]:
@@ -157,7 +160,7 @@ def _check_job(job: JobSpec) -> None:
                        "bounds FSDP's from above), or use `trainfit plan` and train's OOM recovery")
 
 
-def _device_side(source: ModelSource, data: TokenData, device: torch.device, opts: TuneOptions
+def device_side(source: ModelSource, data: TokenData, device: torch.device, opts: TuneOptions
                  ) -> tuple[int | None, str, Callable[[JobSpec], Predicted | None]]:
     """(capacity, device name, predictor): on CUDA the card (capped by --memory-limit through the
     allocator's fraction), on CPU the live-bytes limit and the CPU-semantics simulation."""
@@ -234,26 +237,58 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
     if data.stats.samples < job.ranks:
         raise DataError(f"--data {job.data}: {data.stats.samples} samples for {job.ranks} ranks")
     torch.manual_seed(job.seed)
-    capacity, name, predict = _device_side(source, data, device, opts)
+    capacity, name, predict = device_side(source, data, device, opts)
+    prober, probe_fn = _prober(job, source, data, device, opts)
+    return run_search(job, opts, Bench(source=source, device=device, capacity=capacity,
+                                       device_name=name, predict=predict, probe=probe_fn,
+                                       agree=prober.dist.any, samples=len(data),
+                                       tokens=data.stats.tokens,
+                                       data_notes=list(data.stats.notes)), t0, progress)
+
+
+@dataclass
+class Bench:
+    """What a search runs on: the device, its capacity, the probe of a configuration and the
+    prediction of one (trainfit's own job here; a user's trainer in trainfit.script.tune)."""
+
+    source: ModelSource
+    device: torch.device
+    capacity: int | None
+    device_name: str
+    predict: Callable[[JobSpec], Predicted | None]
+    probe: Callable[[JobSpec, int], ProbeResult]
+    agree: Callable[[bool], bool]
+    samples: int
+    tokens: int
+    data_notes: list[str] = field(default_factory=list)
+
+
+def run_search(job: JobSpec, opts: TuneOptions, bench: Bench, t0: float,
+               progress: Callable[[str], None] | None = None, current: JobSpec | None = None,
+               step_source: str = "job") -> TuneResult:
+    """The search from the prediction (the largest micro-batch that fits, then the knobs), the
+    user's current configuration measured as the baseline: ``current``, else the job when it
+    fixes a micro-batch (with its precision and checkpointing, or fp32 and off)."""
     base = job.replace(micro_batch=None, grad_accum=None, effective_batch=job.effective_batch) \
         if job.micro_batch else job
     base = base.replace(precision=job.precision or "fp32", grad_ckpt=job.grad_ckpt or "off")
-    _check_first_guess(predict(base.replace(micro_batch=1)), predict, capacity, opts)
-    prober, probe_fn = _prober(job, source, data, device, opts)
+    if current is None and job.micro_batch:
+        current = job.replace(precision=base.precision, grad_ckpt=base.grad_ckpt)
+    predict, device = bench.predict, bench.device
+    _check_first_guess(predict(base.replace(micro_batch=1)), predict, bench.capacity, opts)
     sopts = SearchOptions(margin=opts.margin, budget_s=opts.budget_s, knobs=opts.knobs,
                           bitsandbytes=importlib.util.find_spec("bitsandbytes") is not None,
                           precisions=_precisions(device),
-                          fixed=opts.fixed if getattr(source.config, "supports_grad_ckpt", True)
+                          fixed=opts.fixed if getattr(bench.source.config, "supports_grad_ckpt", True)
                           else opts.fixed | {"grad_ckpt"},
                           run_steps=opts.run_steps,
                           worker_counts=(0, max(1, (os.cpu_count() or 1) // 2)),
                           cuda=device.type == "cuda")
-    searcher = Searcher(base, probe_fn, predict, capacity, sopts, len(data), progress,
-                        agree=prober.dist.any)
+    searcher = Searcher(base, bench.probe, predict, bench.capacity, sopts, bench.samples, progress,
+                        agree=bench.agree)
     baseline = None
-    if job.micro_batch:
-        baseline = searcher.run(job.replace(precision=base.precision, grad_ckpt=base.grad_ckpt),
-                                "baseline", 3, note="your current configuration")
+    if current is not None:
+        baseline = searcher.run(current, "baseline", 3, note="your current configuration")
     out: Outcome = searcher.search()
     vs = None
     if baseline is not None and out.best is not None and out.best.job != baseline.job \
@@ -262,12 +297,12 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
         # interleaved rounds, so no single lucky probe makes it
         vs = searcher.compare(baseline, out.best, first=(searcher.tps(baseline),
                                                          searcher.tps(out.best)))
-    return TuneResult(device=str(device), device_name=name,
-                      memory_limit_bytes=capacity, margin=opts.margin,
-                      search_time_s=time.perf_counter() - t0, dataset_samples=len(data),
-                      dataset_tokens=data.stats.tokens, pick=out.best, baseline=baseline,
+    return TuneResult(device=str(device), device_name=bench.device_name,
+                      memory_limit_bytes=bench.capacity, margin=opts.margin,
+                      search_time_s=time.perf_counter() - t0, dataset_samples=bench.samples,
+                      dataset_tokens=bench.tokens, pick=out.best, baseline=baseline,
                       trials=out.trials, vs_baseline=vs, notes=[*out.notes, *_rule_notes(out, device)],
-                      data_notes=list(data.stats.notes))
+                      data_notes=list(bench.data_notes), step_source=step_source)
 
 
 def _gpu_predictor(source: ModelSource, device_name: str, total: int

@@ -1,5 +1,6 @@
-"""Put first on PYTHONPATH by ``trainfit doctor -- CMD``: arms the doctor's hooks in every Python
-process of the command, then runs the sitecustomize this one shadows (if any)."""
+"""Put first on PYTHONPATH by ``trainfit doctor -- CMD`` (and ``trainfit plan|tune -- CMD``): arms
+the doctor's hooks (or the script reader's, trainfit.script.hooks) in every Python process of the
+command, then runs the sitecustomize this one shadows (if any)."""
 
 import importlib.util
 import os
@@ -38,6 +39,34 @@ def _arm() -> None:
             pass
 
 
+def _arm_script() -> None:
+    """``plan|tune -- CMD``: the reader needs the whole trainfit (plan's mapping, tune's probes), so
+    the trainfit that started this command is loaded under its own name from where it lives
+    (TRAINFIT_PKG_DIR), whatever the user's interpreter would import as ``trainfit``; then the
+    hooks module TRAINFIT_SCRIPT_HOOKS names is armed."""
+    out = os.environ["TRAINFIT_SCRIPT_OUT"]
+    try:
+        pkg_dir = os.environ["TRAINFIT_PKG_DIR"]
+        if "trainfit" not in sys.modules:
+            spec = importlib.util.spec_from_file_location(
+                "trainfit", os.path.join(pkg_dir, "__init__.py"), submodule_search_locations=[pkg_dir])
+            assert spec is not None and spec.loader is not None
+            pkg = importlib.util.module_from_spec(spec)
+            sys.modules["trainfit"] = pkg
+            spec.loader.exec_module(pkg)
+        # the hooks module the parent names (trainfit.script.hooks): this file knows no room of
+        # trainfit but the doctor's
+        importlib.import_module(os.environ["TRAINFIT_SCRIPT_HOOKS"]).arm()
+    except Exception as err:  # the parent reports it: never a traceback inside the user's script
+        try:
+            with open(os.path.join(out, f"script.{os.getpid()}.json"), "w") as f:
+                import json  # lazy: only a failure to report needs it
+
+                f.write(json.dumps({"type": "error", "where": "arm", "error": repr(err)[:300]}))
+        except OSError:
+            pass
+
+
 def _chain() -> None:
     """The sitecustomize this file shadows (a distribution's own), run as it would have been."""
     for p in sys.path:
@@ -55,5 +84,8 @@ def _chain() -> None:
 
 
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
-_arm()
+if os.environ.get("TRAINFIT_SCRIPT_OUT"):
+    _arm_script()
+else:
+    _arm()
 _chain()

@@ -1,0 +1,123 @@
+"""The script form of ``plan`` and ``tune`` (``trainfit plan --gpu t4 -- python train.py ARGS``),
+and the GPU ``plan`` targets when none is named (this machine's, through NVML)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+
+from trainfit.job import JobError
+
+
+def is_command(args: list[str]) -> bool:
+    """``-- python train.py ARGS`` (more than one word, or a lone ``train.py``) rather than a model
+    or a job file."""
+    return len(args) > 1 or (len(args) == 1 and args[0].endswith(".py") and ":" not in args[0])
+
+
+def local_gpu_spec(say: Any) -> Any:
+    """The GPU this machine has (NVML: its name mapped to the catalog, capacity = free now), said on
+    stderr; None without NVML or a GPU (plan then has no GPU, as before). An unknown card is planned
+    as a generic card of its free memory (its speed unknown)."""
+    import dataclasses
+
+    from trainfit.hardware.gpus import generic_gpu
+    from trainfit.monitor.local_gpu import local_gpu
+
+    g = local_gpu()
+    if g is None:
+        return None
+    gib = 2**30
+    used = f"{g.used_bytes / gib:.2f} GiB in use by other processes and the driver"
+    if g.spec is None:
+        spec = dataclasses.replace(
+            generic_gpu(max(g.total_bytes / gib, 0.01)), memory_bytes=max(g.free_bytes, 1),
+            display_name=g.device_name,
+            memory_source=f"NVML on this machine: {g.device_name!r} (not in the catalog: speed "
+                          f"unknown), {g.free_bytes} B free (measured)")
+        say(f"GPU: this machine's {g.device_name} (NVML; not in the catalog: memory only, speed "
+            f"unknown) — capacity {g.free_bytes / gib:.2f} GiB free of {g.total_bytes / gib:.2f} "
+            f"GiB ({used}, measured); --gpu NAME plans another")
+        return spec
+    say(f"GPU: this machine's {g.device_name} (NVML) → catalog {g.spec.name} — capacity "
+        f"{g.free_bytes / gib:.2f} GiB free of {g.total_bytes / gib:.2f} GiB ({used}, "
+        "measured now); --gpu NAME plans another")
+    return g.spec
+
+
+def plan_script_cmd(cmd: list[str], *, job_flags: dict[str, Any], gpu: Any, margin: float,
+                    verify: bool, trust_remote_code: bool, timeout_s: float, as_json: bool,
+                    dataset_tokens: int | None = None, epochs: float | None = None) -> None:
+    from trainfit.cli.jobargs import fail
+    from trainfit.script.launch import ScriptError
+    from trainfit.script.plan import plan_script
+
+    say = (lambda msg: None) if as_json else (lambda msg: typer.echo(msg, err=True))
+    try:
+        say(f"reading the trainer of {' '.join(cmd)} (no weights, no training) …")
+        sp = plan_script(cmd, gpu=gpu, flags=job_flags, margin=margin, verify=verify,
+                         trust_remote_code=trust_remote_code, timeout_s=timeout_s,
+                         dataset_tokens=dataset_tokens, epochs=epochs)
+    except ScriptError as err:
+        _fail_with_tail(err)
+        return
+    except JobError as err:
+        fail(err)
+        return
+    if as_json:
+        from trainfit.render.script import script_plan_json
+
+        typer.echo(json.dumps(script_plan_json(sp), indent=1, default=str))
+    else:
+        from trainfit.render.script import render_script_plan
+
+        render_script_plan(sp)
+
+
+def _fail_with_tail(err: Any) -> None:
+    typer.echo(f"error: {err}", err=True)
+    if err.hint:
+        typer.echo(f"hint: {err.hint}", err=True)
+    if err.tail:
+        typer.echo("last lines of its output:", err=True)
+        for line in err.tail:
+            typer.echo(f"  | {line}", err=True)
+    raise typer.Exit(2)
+
+
+def tune_script_cmd(cmd: list[str], *, job_flags: dict[str, Any], opts: Any,
+                    trust_remote_code: bool, timeout_s: float, as_json: bool) -> None:
+    """``tune -- CMD``: the script's own trainer probed; the change said in its keywords."""
+    import dataclasses
+
+    from trainfit.cli.jobargs import fail
+    from trainfit.script.launch import ScriptError
+    from trainfit.script.tune import tune_script
+
+    options = {k: v for k, v in dataclasses.asdict(opts).items() if k != "isolate"}
+    options["fixed"] = sorted(options["fixed"])
+    options["knobs"] = list(options["knobs"])
+    if not as_json:
+        typer.echo(f"running {' '.join(cmd)} until its trainer would train, then probing it "
+                   f"on {opts.device} …", err=True)
+    try:
+        st = tune_script(cmd, options=options, flags=job_flags,
+                         trust_remote_code=trust_remote_code, timeout_s=timeout_s)
+    except ScriptError as err:
+        _fail_with_tail(err)
+        return
+    except JobError as err:
+        fail(err)
+        return
+    if as_json:
+        from trainfit.render.script import script_tune_json
+
+        typer.echo(json.dumps(script_tune_json(st), indent=1, default=str))
+    else:
+        from trainfit.render.script import render_script_tune
+
+        render_script_tune(st)
+    if st.result.pick is None:
+        raise typer.Exit(1)

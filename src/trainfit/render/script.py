@@ -1,0 +1,203 @@
+"""``plan|tune -- python train.py``: what was read from the script, its sequence lengths, the
+model check, and the change to make in the script's own keywords (the grid and the probes are
+drawn by render/plan.py and render/tune.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from trainfit.script.diff import KeywordChange
+from trainfit.script.mapping import LengthStats, ReadJob, ScriptNote
+from trainfit.script.plan import QUANTILE_PLAN_BELOW, ModelCheck, ScriptPlan
+
+NOTE_WORDS = {
+    "padded": "batches are padded to their longest sample (the collator pads): planned as "
+              "unpadded batches of the same shape, {seq_len} positions per sample (a GPU may run "
+              "attention with a mask through another SDPA kernel)",
+    "no_autocast": "no bf16/fp16 flag: the frozen {base} base runs in {base} and the adapters in "
+                   "float32 — planned as {precision} (the same weights)",
+    "autocast_over_bf16": "bf16=True over bfloat16 trainable weights: planned as {precision}",
+    "attention": "attn_implementation={script!r}: planned with PyTorch's {planned} (the same "
+                 "memory order)",
+    "padding_free": "padding-free batches (one row of concatenated samples): planned as "
+                    "micro-batch × {seq_len} positions",
+    "seq2seq_lengths": "encoder inputs up to {input_max} and targets up to {label_max} tokens: "
+                       "planned at the longer of the two for both (an upper bound)",
+    "frozen_by_script": "the script freezes weights itself ({trainable:,} of {total:,} "
+                        "parameters train): planned as full fine-tuning, every weight training (an "
+                        "upper bound)",
+    "lora_bias": "LoraConfig(bias={bias!r}): the trainable biases are not planned (a few KB)",
+    "fp4_double_quant": "fp4 with double quantization: planned as fp4 (the second "
+                        "quantization saves ~0.4 bits per weight)",
+    "dtype_assumed": "no dtype in the config or the call: planned in {dtype}",
+    "no_gpu": "no GPU named and none on this machine: no pick, no change (give --gpu)",
+}
+
+
+def note_words(n: ScriptNote) -> str:
+    return NOTE_WORDS[n.kind].format(**n.data)
+
+
+def length_words(ln: LengthStats, micro_batch: int) -> str:
+    samples = (f"{ln.samples_read:,} samples" + ("" if ln.all_samples_read else
+                                                 f" of {ln.dataset_samples or 'unknown'}")
+               + f" collated alone: min {ln.sample_min}, median {ln.sample_median:g}, max "
+               f"{ln.sample_max}") if ln.samples_read else "samples: not readable one by one"
+    batches = (f"{ln.batches_read:,} batches of {micro_batch} in the trainer's own order"
+               + ("" if ln.batches_total in (None, ln.batches_read) else
+                  f" (of {ln.batches_total:,})")
+               + f": p{ln.quantile * 100:g} {ln.batch_quantile_length}, max {ln.batch_max_length}")
+    return (f"sequence lengths (tokens, padding included): {samples}; {batches}. The pick is "
+            f"planned at the longest batch the data makes, {ln.longest} (every epoch reaches "
+            "it); the grid is also shown at the p"
+            f"{ln.quantile * 100:g}")
+
+
+def check_words(c: ModelCheck) -> str:
+    verdict = "equal" if c.equal else "DIFFERENT"
+    return (f"model check ({verdict}): parameters {c.script_total_params:,} in the script / "
+            f"{c.planned_total_params:,} planned; trainable {c.script_trainable_params:,} / "
+            f"{c.planned_trainable_params:,}; LoRA layers {c.script_lora_layers} / "
+            f"{c.planned_lora_layers}; frozen weights outside 4-bit layers "
+            f"{c.script_frozen_bytes:,} B / {c.planned_frozen_bytes:,} B (counts, on meta)")
+
+
+def change_words(changes: list[KeywordChange]) -> list[str]:
+    """One line per place to edit: ``TrainingArguments(per_device_train_batch_size=8, …)``."""
+    by_where: dict[str, list[str]] = {}
+    for c in changes:
+        value = c.after if isinstance(c.after, str) and c.after.startswith("torch.") else repr(c.after)
+        by_where.setdefault(c.where, []).append(f"{c.keyword}={value}")
+    return [f"{w}: {', '.join(kws)}" for w, kws in by_where.items()]
+
+
+def _read_rows(read: ReadJob, rec: dict[str, Any], f: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """``f``: the job as planned (what was read, with the command line's flags over it)."""
+    m = rec["model"]
+    flag = "the command line"
+    load = next((ld for ld in rec["loads"] if ld["this_model"]), None)
+    rows = [("model", f"{m['class']} {f['model']}", f"from_pretrained ({load['at']})" if load
+             else "the trainer's model")]
+    method = f["method"]
+    if method != "full":
+        method += (f": LoRA r={f['lora_r']} alpha={f['lora_alpha']} dropout {f['lora_dropout']} "
+                   f"on {','.join(f['lora_targets'])} ({len(rec['lora']['adapted'])} layers)")
+    if f.get("quant"):
+        method += f", 4-bit {f['quant']}"
+    rows.append(("method", method, "BitsAndBytesConfig + LoraConfig" if f.get("quant") else
+                 "LoraConfig" if rec["lora"] else "every weight trains"))
+    rows.append(("precision", f"{f['precision']} (weights: frozen {m['frozen_dtype']}, trainable "
+                 f"{m['trainable_dtype']}; bf16={rec['args']['bf16']} fp16={rec['args']['fp16']})",
+                 rec["args"]["class"]))
+    rows.append(("optimizer", f"{f['optimizer']} ({f['optimizer_impl']})",
+                 read.where.get("optimizer", flag)))
+    rows.append(("micro-batch × accumulation × ranks",
+                 f"{f['micro_batch']} × {f['grad_accum']} × {f['ranks']}", rec["args"]["class"]))
+    rows.append(("checkpointing", f["grad_ckpt"], read.where["grad_ckpt"] if
+                 f["grad_ckpt"] == read.fields["grad_ckpt"] else flag))
+    rows.append(("attention", f"{f['attention']} ({m['attn_implementation']})", "the model config"))
+    rows.append(("sequence length", f"{f['seq_len']} (the longest batch)", "the script's data "
+                 "and collator"))
+    return rows
+
+
+def render_script_read(sp: ScriptPlan | Any, console: Console | None = None) -> None:
+    """What was read; ``sp`` has ``command``, ``record``, ``read``, ``check``, ``notes``."""
+    con = console or Console()
+    rec = sp.record
+    con.print(f"[bold]{rec['trainer']}[/bold] of `{shlex.join(sp.command)}` — read "
+              + ("without weights (meta device)" if rec["mode"] == "plan" else "with its weights"))
+    t = Table(title="read from the script")
+    for col in ("", "as trainfit plans it", "from"):
+        t.add_column(col)
+    for row in _read_rows(sp.read, rec, sp.current.to_dict()):
+        t.add_row(*row)
+    con.print(t)
+    con.print(length_words(sp.read.lengths, sp.read.fields["micro_batch"]))
+    if sp.check is not None:
+        con.print(check_words(sp.check))
+    for n in [*sp.read.notes, *sp.notes]:
+        con.print(f"  note: {note_words(n)}")
+
+
+def render_script_plan(sp: ScriptPlan) -> None:
+    from trainfit.render.plan import render_plan
+
+    con = Console()
+    render_script_read(sp, con)
+    render_plan(sp.plan)
+    q = sp.plan_quantile
+    ln = sp.read.lengths
+    if q is None and ln.batch_quantile_length < ln.longest:
+        con.print(f"the p{ln.quantile * 100:g} batch length ({ln.batch_quantile_length}) is within "
+                  f"{1 - QUANTILE_PLAN_BELOW:.0%} of the longest ({ln.longest}): not planned apart")
+    if q is not None and q.pick is not None:
+        j = q.pick.job
+        con.print(f"at the p{sp.read.lengths.quantile * 100:g} batch length ({j.seq_len}) the grid's "
+                  f"pick is {j.precision}, checkpointing {j.grad_ckpt}, {j.micro_batch} × "
+                  f"{j.grad_accum} (predicted); the pick above is planned at the longest batch "
+                  f"({sp.current.seq_len}), which every epoch reaches")
+    if sp.changes:
+        con.print("[bold]change in the script[/bold] (the effective batch kept, "
+                  f"{sp.current.effective_batch}):")
+        for line in change_words(sp.changes):
+            con.print(f"  {line}")
+    elif sp.plan.pick is not None:
+        con.print("[bold]no change[/bold]: the script's configuration is the pick")
+
+
+def script_plan_json(sp: ScriptPlan) -> dict[str, Any]:
+    from trainfit.render.words import plan_json
+
+    rec = dict(sp.record)
+    return {"kind": "plan-script", "command": sp.command, "read": rec,
+            "job": sp.current.to_dict(), "lengths": dataclasses.asdict(sp.read.lengths),
+            "where": sp.read.where,
+            "notes": [note_words(n) for n in [*sp.read.notes, *sp.notes]],
+            "model_check": None if sp.check is None else {**dataclasses.asdict(sp.check),
+                                                          "equal": sp.check.equal},
+            "plan": plan_json(sp.plan),
+            "plan_quantile": None if sp.plan_quantile is None else plan_json(sp.plan_quantile),
+            "changes": [dataclasses.asdict(c) for c in sp.changes],
+            "change_lines": change_words(sp.changes)}
+
+
+def render_script_tune(st: Any) -> None:
+    """``st``: a trainfit.script.tune.ScriptTune."""
+    from trainfit.render.tune import render_tune
+
+    con = Console()
+    render_script_read(st, con)
+    render_tune(st.result)
+    pick = st.result.pick
+    if pick is None:
+        return
+    m = pick.result.measured
+    if st.changes:
+        con.print("[bold]change in the script[/bold] (measured by tune; the effective batch kept, "
+                  f"{st.current.effective_batch}):")
+        for line in change_words(st.changes):
+            con.print(f"  {line}")
+    else:
+        con.print("[bold]no change[/bold]: the script's configuration is the fastest that fits "
+                  "(measured)")
+    if m is not None and m.step_time_s:
+        con.print(f"  the pick measured: {m.peak_allocated_bytes / 2**30:.3f} GiB peak "
+                  f"allocated, {m.step_time_s:.3f} s per optimizer step, "
+                  f"{m.tokens_per_s:,.0f} tokens/s (non-padding tokens)")
+
+
+def script_tune_json(st: Any) -> dict[str, Any]:
+    from trainfit.render.words import tune_json
+
+    return {"kind": "tune-script", "command": st.command, "read": st.record,
+            "job": st.current.to_dict(), "lengths": dataclasses.asdict(st.read.lengths),
+            "where": st.read.where, "notes": [note_words(n) for n in st.read.notes],
+            "tune": tune_json(st.result),
+            "changes": [dataclasses.asdict(c) for c in st.changes],
+            "change_lines": change_words(st.changes)}

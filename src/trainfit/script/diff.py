@@ -1,0 +1,88 @@
+"""The change to make, in the script's own terms: the keywords of ``TrainingArguments`` /
+``SFTConfig`` (and of ``from_pretrained`` where the pick changes how the model is loaded) that turn
+the script's current configuration into the pick, the effective batch kept.
+
+The values come from :func:`trainfit.job.emit.hf_training_args` — the same translation ``tune
+--emit hf`` prints — so the diff and the emitted arguments cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from trainfit.job import JobSpec
+from trainfit.job.emit import hf_training_args
+
+
+@dataclass(frozen=True)
+class KeywordChange:
+    where: str
+    """``TrainingArguments``, ``SFTConfig``, ``from_pretrained`` (with its call site), or the call
+    that switched checkpointing on before the trainer."""
+    keyword: str
+    before: Any
+    after: Any
+
+
+ARG_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "optim",
+            "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers",
+            "torch_compile")
+"""The TrainingArguments keywords a pick can change (checkpointing apart: see below)."""
+
+
+def load_dtype(job: JobSpec) -> str:
+    """The dtype the model is loaded in for ``job`` (trainfit.model.workload's policy): the
+    frozen base for LoRA, every weight for full fine-tuning, the 4-bit layers' compute dtype for
+    QLoRA (``BitsAndBytesConfig(bnb_4bit_compute_dtype=…)``)."""
+    p = job.precision or "fp32"
+    if job.method == "qlora":
+        return "float16" if p == "amp-fp16" else "bfloat16"
+    if p == "bf16-true":
+        return "bfloat16"
+    if job.method == "full" or p == "fp32":
+        return "float32"
+    return "float16" if p == "amp-fp16" else "bfloat16"
+
+
+def keyword_diff(rec: dict[str, Any], current: JobSpec, pick: JobSpec) -> list[KeywordChange]:
+    """The keywords that differ between ``current`` and ``pick``; both batch keywords whenever one
+    changes (their product with the ranks is the effective batch, kept)."""
+    args_cls = rec["args"]["class"]
+    cur, new = hf_training_args(current), hf_training_args(pick)
+    out: list[KeywordChange] = []
+    batch = ("per_device_train_batch_size", "gradient_accumulation_steps")
+    batch_changed = any(cur[k] != new[k] for k in batch)
+    for k in ARG_KEYS:
+        if cur.get(k) != new.get(k) or (k in batch and batch_changed):
+            out.append(KeywordChange(args_cls, k, cur.get(k), new.get(k)))
+    if current.grad_ckpt != pick.grad_ckpt:
+        out.append(_checkpointing(rec, args_cls, pick.grad_ckpt == "full"))
+    site = next((ld for ld in rec["loads"] if ld["this_model"]), None)
+    where = f"from_pretrained ({site['at']})" if site else "from_pretrained"
+    before_dt, after_dt = load_dtype(current), load_dtype(pick)
+    if before_dt != after_dt:
+        kw = "BitsAndBytesConfig(bnb_4bit_compute_dtype)" if pick.method == "qlora" else "dtype"
+        out.append(KeywordChange(where, kw, f"torch.{before_dt}", f"torch.{after_dt}"))
+    if current.attention != pick.attention:
+        out.append(KeywordChange(where, "attn_implementation", _attn(current.attention),
+                                 _attn(pick.attention)))
+    return out
+
+
+def _attn(attention: str) -> str:
+    return {"sdpa-flash": "flash_attention_2", "eager": "eager"}.get(attention, "sdpa")
+
+
+def _checkpointing(rec: dict[str, Any], args_cls: str, on: bool) -> KeywordChange:
+    """Checkpointing switched on by the arguments is switched off there; switched on by the script
+    before the trainer (``prepare_model_for_kbit_training(use_gradient_checkpointing=True)``,
+    ``model.gradient_checkpointing_enable()``) it must be switched off at that call."""
+    model_on = rec["model"]["gradient_checkpointing"] and not rec["args"]["gradient_checkpointing"]
+    if model_on and not on:
+        calls = ", ".join(dict.fromkeys(rec["ckpt_calls"])) or "the script"
+        return KeywordChange(f"the call that enables it before the trainer ({calls})",
+                             "use_gradient_checkpointing / gradient_checkpointing_enable()",
+                             True, False)
+    # the keyword scripts write (transformers 5 also reads it as activation_checkpointing)
+    return KeywordChange(args_cls, "gradient_checkpointing", not on, on)

@@ -1,0 +1,411 @@
+"""Inside the user's process (``trainfit plan|tune -- python train.py``): hooks that let the script
+run unchanged until its trainer would start training, then read it (and, for tune, probe it).
+
+Armed by ``trainfit/doctor/_site/sitecustomize.py`` when ``TRAINFIT_SCRIPT_OUT`` is set. Each hook
+goes in the moment its transformers module has been imported (a post-import hook, as the doctor's
+torch watcher), so the script's own import order and environment are kept:
+
+* ``transformers.trainer``: ``Trainer.train`` (``SFTTrainer`` and ``Seq2SeqTrainer`` inherit it) is
+  where the script would start training: the trainer is read there (:mod:`trainfit.script.read`),
+  tune runs its probes there (:mod:`trainfit.script.tune`), and the process ends;
+* ``torch``: an optimizer step before that means the script trains in a loop of its own: refused
+  (plan/tune read Trainer scripts; ``doctor`` measures any loop);
+* ``transformers.dynamic_module_utils``: a model's own code from the hub is refused without
+  ``--trust-remote-code``;
+* plan only — no weights: ``from_pretrained`` runs as transformers wrote it (its configuration from
+  the local directory or the hub cache, the quantizer's 4-bit layers, ``dtype``, attention,
+  ``device_map``) with the model left on the meta device, where transformers builds it before
+  loading: the checkpoint files are neither resolved nor read. Moving a meta model to a device
+  keeps it where it is (the script's ``model.to("cuda")``, the Trainer's placement); bf16 flags
+  are accepted on a machine without a bf16 GPU (the GPU planned for is checked instead); a
+  ``device_map="auto"`` is placed on the planned GPU by transformers' own code and refused when it
+  would put modules on the CPU.
+
+The result is one JSON file, ``$TRAINFIT_SCRIPT_OUT/script.<pid>.json``: ``read`` (what the trainer
+holds, with tune's result), ``refused`` (message and hint), ``no_trainer`` or ``error``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import importlib.util
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+ENV_OUT = "TRAINFIT_SCRIPT_OUT"
+ENV_MODE = "TRAINFIT_SCRIPT_MODE"
+"""``plan`` (meta model, no weights) or ``tune`` (the real model, probed)."""
+ENV_TRUST = "TRAINFIT_SCRIPT_TRUST_REMOTE_CODE"
+ENV_GPU = "TRAINFIT_SCRIPT_GPU"
+"""JSON ``{"name", "free_bytes"}`` of the GPU planned for (device_map placement), or unset."""
+ENV_OPTIONS = "TRAINFIT_SCRIPT_OPTIONS"
+"""JSON of the reader's and tune's options (max_samples, the tune options)."""
+
+
+class _State:
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.out = os.environ.get(ENV_OUT, "")
+        self.mode = os.environ.get(ENV_MODE, "plan")
+        self.trust = os.environ.get(ENV_TRUST) == "1"
+        gpu = os.environ.get(ENV_GPU)
+        self.gpu: dict[str, Any] | None = json.loads(gpu) if gpu else None
+        self.options: dict[str, Any] = json.loads(os.environ.get(ENV_OPTIONS) or "{}")
+        self.loads: list[dict[str, Any]] = []
+        """One record per ``from_pretrained`` the script called (what it asked for)."""
+        self.ckpt_calls: list[str] = []
+        """Where activation checkpointing was switched on before the trainer (file:line)."""
+        self.device_maps: list[dict[str, Any]] = []
+        """Placements transformers computed for a ``device_map`` string, on the planned GPU."""
+        self.trainers = 0
+        self.at_train = False
+        """The trainer's train() was reached: the optimizer steps from here are tune's probes."""
+        self.finished = False
+
+    def write(self, obj: dict[str, Any]) -> None:
+        if not self.out or os.getpid() != self.pid:
+            return  # a forked DataLoader worker: the parent process reports
+        path = os.path.join(self.out, f"script.{self.pid}.json")
+        with open(path + ".tmp", "w") as f:
+            f.write(json.dumps(obj, default=str))
+        os.replace(path + ".tmp", path)
+
+    def leave(self, obj: dict[str, Any]) -> None:
+        """Write the result and end the process: the script's training never starts."""
+        self.finished = True
+        self.write(obj)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+_ST: _State | None = None
+
+
+def _st() -> _State:
+    assert _ST is not None
+    return _ST
+
+
+def refuse(message: str, hint: str = "") -> None:
+    """What trainfit cannot read or will not do: said by the parent as ``error:`` + ``hint:``."""
+    _st().leave({"type": "refused", "message": message, "hint": hint})
+
+
+def arm() -> None:
+    """Called from sitecustomize: the hooks wait for their modules."""
+    global _ST
+    if _ST is not None:
+        return
+    _ST = _State()
+    hooks: dict[str, Callable[[Any], None]] = {
+        "torch": _hook_torch,
+        "transformers.trainer": _hook_trainer,
+        "transformers.dynamic_module_utils": _hook_remote_code,
+        "transformers.modeling_utils": _hook_loading,
+        "transformers.training_args": _hook_training_args,
+    }
+    if _ST.mode == "plan":
+        hooks["transformers.integrations.accelerate"] = _hook_max_memory
+    sys.meta_path.insert(0, _PostImport(hooks))
+    atexit.register(_at_exit)
+
+
+class _PostImport(importlib.abc.MetaPathFinder):
+    """Runs ``hooks[name](module)`` right after ``name`` has been imported (once each)."""
+
+    def __init__(self, hooks: dict[str, Callable[[Any], None]]) -> None:
+        self.pending = dict(hooks)
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        hook = self.pending.pop(name, None)
+        if hook is None:
+            return None
+        if not self.pending:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)  # the other finders (this one no longer has it)
+        if spec is None or spec.loader is None:
+            return spec
+        orig_exec = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            orig_exec(module)
+            try:
+                hook(module)
+            except Exception as err:  # a hook that failed to go in: the parent says so
+                _st().leave({"type": "error", "where": f"hook {name}", "error": repr(err)[:500]})
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _at_exit() -> None:
+    st = _ST
+    if st is None or st.finished or os.getpid() != st.pid:
+        return
+    st.write({"type": "no_trainer", "trainers_built": st.trainers, "loads": st.loads})
+
+
+def _caller() -> str:
+    """``file:line`` of the first frame outside torch / transformers / peft / trl / trainfit."""
+    frame = sys._getframe(2)
+    skip = ("/torch/", "/transformers/", "/peft/", "/trl/", "/accelerate/", "/trainfit/")
+    while frame is not None:
+        fn = frame.f_code.co_filename
+        if not any(s in fn for s in skip) and not fn.startswith("<"):
+            return f"{os.path.basename(fn)}:{frame.f_lineno}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return "unknown"
+
+
+# --- the trainer ---------------------------------------------------------------------------------
+def _hook_trainer(mod: Any) -> None:
+    trainer_cls = mod.Trainer
+    orig_init = trainer_cls.__init__
+
+    def init(self: Any, *a: Any, **k: Any) -> None:
+        _st().trainers += 1
+        orig_init(self, *a, **k)
+
+    def train(self: Any, *a: Any, **k: Any) -> Any:
+        _at_train(self)
+
+    init.__wrapped__ = orig_init  # type: ignore[attr-defined]
+    trainer_cls.__init__ = init
+    trainer_cls.train = train
+
+
+def _at_train(trainer: Any) -> None:
+    """The trainer is built and would start training: read it (tune: probe it) and leave."""
+    st = _st()
+    st.at_train = True
+    from trainfit.job import JobError  # lazy: the whole trainfit only once a trainer exists
+
+    try:
+        from trainfit.script.read import read_trainer
+
+        rec = read_trainer(trainer, loads=st.loads, ckpt_calls=st.ckpt_calls,
+                           device_maps=st.device_maps, mode=st.mode,
+                           max_samples=int(st.options.get("max_samples", 20000)),
+                           max_batches=int(st.options.get("max_batches", 2000)))
+        if st.mode == "tune":
+            from trainfit.script.tune import tune_trainer
+
+            rec["tune"] = tune_trainer(trainer, rec, st.options.get("tune", {}))
+    except JobError as err:
+        refuse(str(err), err.hint)
+    except Exception:
+        st.leave({"type": "error", "where": "read", "error": traceback.format_exc()[-3000:]})
+    st.leave({"type": "read", **rec})
+
+
+def _hook_torch(torch: Any) -> None:
+    """An optimizer step before any Trainer.train: the script trains in a loop of its own."""
+    import torch.optim.optimizer as optim_mod  # lazy: torch has just finished importing
+
+    def pre(opt: Any, args: Any, kwargs: Any) -> None:
+        st = _st()
+        if st.finished or st.at_train or os.getpid() != st.pid:
+            return
+        refuse(f"the script steps a {type(opt).__name__} optimizer itself (at {_caller()}) before "
+               "any transformers Trainer trains: plan and tune read Trainer / SFTTrainer scripts",
+               "for your own loop: trainfit plan --model path/to/model.py:factory (your "
+               "nn.Module), or trainfit doctor -- python train.py (measures any loop)")
+
+    optim_mod.register_optimizer_step_pre_hook(pre)
+
+
+def _hook_remote_code(mod: Any) -> None:
+    """Remote model code only with ``--trust-remote-code``: every class transformers loads from a
+    repository's own files comes through ``get_class_from_dynamic_module``."""
+    orig = mod.get_class_from_dynamic_module
+
+    def guarded(class_reference: Any, pretrained_model_name_or_path: Any, *a: Any, **k: Any) -> Any:
+        if not _st().trust:
+            refuse(f"{pretrained_model_name_or_path} needs its own Python code from the hub "
+                   f"({class_reference}); trainfit does not run it unless asked",
+                   "add --trust-remote-code to the trainfit command if you trust its authors")
+        return orig(class_reference, pretrained_model_name_or_path, *a, **k)
+
+    mod.get_class_from_dynamic_module = guarded
+
+
+def _hook_training_args(mod: Any) -> None:
+    """plan (and tune on the CPU stand-in): ``bf16=True`` is the script's choice for its GPU;
+    transformers refuses it on a machine without one. The planned GPU's bf16 support is checked by
+    plan itself (trainfit.plan.grid.check_precision)."""
+    st = _st()
+    cpu_tune = st.mode == "tune" and str(st.options.get("tune", {}).get("device", "cpu")) == "cpu"
+    if st.mode == "plan" or cpu_tune:
+        mod.is_torch_bf16_gpu_available = lambda *a, **k: True
+
+
+# --- loading ---------------------------------------------------------------------------------------
+def _hook_loading(mu: Any) -> None:
+    st = _st()
+    _record_loads(mu)
+    _record_checkpointing(mu)
+    if st.mode == "plan":
+        _meta_loading(mu)
+
+
+def _record_loads(mu: Any) -> None:
+    pretrained = mu.PreTrainedModel
+    orig = pretrained.from_pretrained.__func__
+
+    def from_pretrained(cls: Any, name: Any, *a: Any, **k: Any) -> Any:
+        q = k.get("quantization_config")
+        rec = {"class": cls.__name__, "name": str(name),
+               "dtype": str(k.get("dtype", k.get("torch_dtype"))),
+               "quantization": q.to_dict() if hasattr(q, "to_dict") else q,
+               "device_map": k.get("device_map"), "max_memory": k.get("max_memory"),
+               "attn_implementation": k.get("attn_implementation"),
+               "trust_remote_code": k.get("trust_remote_code"), "at": _caller()}
+        _st().loads.append(rec)
+        model = orig(cls, name, *a, **k)
+        rec["model_id"] = id(model)
+        return model
+
+    pretrained.from_pretrained = classmethod(from_pretrained)
+
+
+def _record_checkpointing(mu: Any) -> None:
+    """Where the script (or peft's prepare_model_for_kbit_training) switches checkpointing on."""
+    pretrained = mu.PreTrainedModel
+    for name in ("gradient_checkpointing_enable", "activation_checkpointing_enable"):
+        orig = getattr(pretrained, name, None)
+        if orig is None:
+            continue
+
+        def enable(self: Any, *a: Any, _orig: Any = orig, **k: Any) -> Any:
+            _st().ckpt_calls.append(_caller())
+            return _orig(self, *a, **k)
+
+        setattr(pretrained, name, enable)
+
+
+def _meta_loading(mu: Any) -> None:
+    """from_pretrained without weights: the checkpoint is neither resolved nor read, the model stays
+    on the meta device where transformers builds it (its weights would be loaded into it next)."""
+    import torch  # lazy: transformers has imported it
+    from transformers.utils.loading_report import LoadStateDictInfo
+
+    mu._get_resolved_checkpoint_files = lambda *a, **k: (None, None)
+
+    def load(model: Any, state_dict: Any, checkpoint_files: Any, load_config: Any,
+             expected_keys: Any = None) -> Any:
+        return LoadStateDictInfo(missing_keys=set(), unexpected_keys=set(), mismatched_keys=set(),
+                                 error_msgs=[], conversion_errors={}, skipped_pp_keys=set()), None
+
+    def finalize(model: Any, load_config: Any, loading_info: Any) -> Any:
+        model.tie_weights()  # what loading does last: shared embeddings stay one parameter
+        return loading_info
+
+    mu.PreTrainedModel._load_pretrained_model = staticmethod(load)
+    mu.PreTrainedModel._finalize_model_loading = staticmethod(finalize)
+    orig_dtype = mu._get_dtype
+
+    def get_dtype(dtype: Any, checkpoint_files: Any, config: Any, *a: Any, **k: Any) -> Any:
+        if dtype == "auto" and checkpoint_files is None and getattr(config, "dtype", None) is None:
+            # transformers would read the weights' dtype from the checkpoint's header; without
+            # it, float32 (transformers' default before 5.0), stated by the reader
+            dtype = torch.float32
+        return orig_dtype(dtype, checkpoint_files, config, *a, **k)
+
+    mu._get_dtype = get_dtype
+    _place_on_planned_gpu(mu)
+    _keep_meta_models(torch)
+
+
+def _place_on_planned_gpu(mu: Any) -> None:
+    """A ``device_map`` string ("auto", "balanced", "sequential") is placed by transformers' own
+    code on the planned GPU (its free memory: _hook_max_memory); modules it puts on the CPU or
+    disk are refused — a silent offload trains 10-100× slower (seed 001)."""
+    orig = mu._get_device_map
+
+    def get_device_map(model: Any, device_map: Any, max_memory: Any, hf_quantizer: Any) -> Any:
+        st = _st()
+        if not isinstance(device_map, str):
+            return orig(model, device_map, max_memory, hf_quantizer)
+        if st.gpu is None:
+            st.device_maps.append({"asked": device_map, "checked": False})
+            return {"": 0}
+        if hf_quantizer is not None:  # bitsandbytes raises on an offload: the names are said here
+            hf_quantizer.validate_environment = lambda *a, **k: None
+        try:
+            placed = orig(model, device_map, max_memory, hf_quantizer)
+        finally:
+            if hf_quantizer is not None:
+                del hf_quantizer.validate_environment
+        off = [n for n, d in placed.items() if str(d) in ("cpu", "disk")]
+        st.device_maps.append({"asked": device_map, "checked": True, "gpu": st.gpu["name"],
+                               "offloaded": off, "max_memory": max_memory})
+        if off:
+            names = ", ".join(n or "<all>" for n in off[:6]) + (f" (+{len(off) - 6} more)"
+                                                                  if len(off) > 6 else "")
+            cap = "" if not max_memory else f", capped by the script's max_memory={max_memory}"
+            refuse(f"device_map={device_map!r} would put {len(off)} module(s) on the CPU of "
+                   f"{st.gpu['name']} (transformers' own placement, with "
+                   f"{st.gpu['free_bytes'] / 2**30:.2f} GiB free for the weights{cap}): {names}; "
+                   "the script would then train 10-100× slower, silently",
+                   "load with device_map={'': 0} (everything on the GPU, as trainfit plans it): "
+                   "the plan's pick then fits without offload, or it says that nothing fits "
+                   "and what would (QLoRA, checkpointing, a smaller batch)")
+        return {n: 0 for n in placed}
+
+    mu._get_device_map = get_device_map
+
+
+def _hook_max_memory(acc: Any) -> None:
+    """What transformers' placement sees as free memory: the planned GPU (device 0), the host's
+    available RAM for the CPU; a ``max_memory`` the script gave caps it, as on the real machine."""
+    orig = acc.accelerate_max_memory
+
+    def max_memory(asked: dict[Any, Any] | None = None) -> dict[Any, Any]:
+        st = _st()
+        if st.gpu is None:
+            return orig(asked)
+        import psutil  # lazy: only a device_map needs it
+        from accelerate.utils import convert_file_size_to_int
+
+        free = int(st.gpu["free_bytes"])
+        out: dict[Any, Any] = {0: free, "cpu": psutil.virtual_memory().available}
+        for k, v in (asked or {}).items():
+            key = 0 if k in (0, "0", "cuda", "cuda:0") else k
+            if isinstance(v, str) and v.strip().endswith("%"):
+                v = int(free * float(v.strip()[:-1]) / 100)
+            elif isinstance(v, str):
+                v = convert_file_size_to_int(v)
+            out[key] = min(int(v), free) if key == 0 else int(v)
+        return out
+
+    acc.accelerate_max_memory = max_memory
+
+
+def _keep_meta_models(torch: Any) -> None:
+    """``model.to(device)`` / ``.cuda()`` of a model on the meta device keeps it there (a dtype
+    change still applies): the script's own placement and the Trainer's, on a machine without the
+    GPU the plan is for."""
+    module = torch.nn.Module
+    orig_to, orig_cuda = module.to, module.cuda
+
+    def on_meta(m: Any) -> bool:
+        p = next(m.parameters(), None)
+        return p is not None and p.device.type == "meta"
+
+    def to(self: Any, *a: Any, **k: Any) -> Any:
+        device, dtype, _nb, _fmt = torch._C._nn._parse_to(*a, **k)
+        if device is not None and device.type != "meta" and on_meta(self):
+            return self if dtype is None else orig_to(self, dtype)
+        return orig_to(self, *a, **k)
+
+    def cuda(self: Any, *a: Any, **k: Any) -> Any:
+        return self if on_meta(self) else orig_cuda(self, *a, **k)
+
+    module.to = to
+    module.cuda = cuda

@@ -1,0 +1,281 @@
+"""A trainer's record (:mod:`trainfit.script.read`) → the :class:`~trainfit.job.JobSpec` fields of
+the same job, the sequence lengths to plan at, and what the mapping had to decide (notes).
+
+Pure Python (no torch): tested on records alone. What trainfit cannot represent without
+under-predicting memory is refused (JobError: a LoRA base in float32 under a bf16 flag, DoRA,
+``modules_to_save``, 8-bit bases, optimizers the model does not know); what it represents by the
+nearest knob is said in a note.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainfit.job import JobError
+
+QUANTILE = 0.95
+"""The high quantile of the batch lengths plan also shows (the pick is planned at the maximum)."""
+
+HF_OPTIM = {"adamw_torch_fused": ("adamw", "fused"), "adamw_torch": ("adamw", "foreach"),
+            "adamw_bnb_8bit": ("adamw-8bit", "fused"), "adamw_8bit": ("adamw-8bit", "fused"),
+            "paged_adamw_32bit": ("paged-adamw", "fused"), "paged_adamw_8bit": ("paged-adamw-8bit", "fused"),
+            "adafactor": ("adafactor", "fused"), "sgd": ("sgd", "foreach")}
+"""``TrainingArguments.optim`` → (optimizer, optimizer_impl) (the inverse of trainfit.job.emit's
+table; ``adamw_torch`` passes no implementation, and torch then takes foreach on a GPU)."""
+
+ATTENTION = {"sdpa": "sdpa", "eager": "eager", "flash_attention_2": "sdpa-flash",
+             "flash_attention_3": "sdpa-flash"}
+
+
+@dataclass(frozen=True)
+class ScriptNote:
+    """What the mapping decided, by rule: ``kind`` names the rule (render/script.py has a sentence
+    for each), ``data`` its values."""
+
+    kind: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class LengthStats:
+    """The sequence lengths of the script's own batches (token positions, padding included)."""
+
+    dataset_samples: int | None
+    samples_read: int
+    sample_min: int | None
+    sample_median: float | None
+    sample_max: int | None
+    label_max: int | None
+    """Seq2seq: the longest target (decoder) sequence."""
+    batches_read: int
+    batches_total: int | None
+    batch_quantile_length: int
+    """The ``quantile`` of the batch lengths at the script's micro-batch, in its own order."""
+    batch_max_length: int
+    quantile: float
+    padded: bool
+    """Batches carry padding (an attention mask with zeros)."""
+    padding_free: bool
+    """One row of concatenated samples per micro-batch (position_ids), as TRL's padding_free."""
+    longest: int
+    """The longest batch any order of the data makes: the length the pick is planned at."""
+    all_samples_read: bool
+
+
+@dataclass(kw_only=True)
+class ReadJob:
+    fields: dict[str, Any]
+    """JobSpec fields of the script's current configuration, at ``lengths.longest``."""
+    lengths: LengthStats
+    notes: list[ScriptNote]
+    where: dict[str, str]
+    """Where each read value came from (field → e.g. ``TrainingArguments``, ``train.py:31``)."""
+
+
+def _quantile(values: list[int], q: float) -> int:
+    """Nearest-rank quantile: a length some batch really has."""
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+def lengths(rec: dict[str, Any], quantile: float = QUANTILE) -> LengthStats:
+    ln = rec["lengths"]
+    samples = ln["sample_lengths"]
+    labels = ln["sample_label_lengths"]
+    batches = ln["batches"]
+    padding_free = all(b["position_ids"] and b["rows"] == 1 for b in batches) and \
+        bool(rec["args"].get("padding_free") or rec["args"].get("packing"))
+    blen = [max(b["length"], b["label_length"] or 0) for b in batches]
+    every = ln["dataset_samples"] is not None and ln["samples_read"] == ln["dataset_samples"]
+    per_sample = [max(a, b) for a, b in zip(samples, labels, strict=True)] if labels else samples
+    longest = max(per_sample, default=0) if every and not padding_free else max(
+        blen + per_sample)
+    if padding_free:
+        longest = rec["args"].get("max_length") or max(per_sample, default=0) or longest
+    return LengthStats(
+        dataset_samples=ln["dataset_samples"], samples_read=ln["samples_read"],
+        sample_min=min(samples, default=None), sample_max=max(samples, default=None),
+        sample_median=statistics.median(samples) if samples else None,
+        label_max=max(labels, default=None), batches_read=ln["batches_read"],
+        batches_total=ln["batches_total"], batch_quantile_length=_quantile(blen, quantile),
+        batch_max_length=max(blen), quantile=quantile, padded=any(b["padded"] for b in batches),
+        padding_free=padding_free, longest=longest, all_samples_read=every)
+
+
+def _method(rec: dict[str, Any], notes: list[ScriptNote]) -> dict[str, Any]:
+    m, lora = rec["model"], rec["lora"]
+    if m["loaded_in_8bit"]:
+        raise JobError("the script loads the model in 8 bits (load_in_8bit): trainfit models "
+                       "4-bit QLoRA bases only", "plan it as 4-bit (BitsAndBytesConfig("
+                       "load_in_4bit=True)) or full precision LoRA to compare")
+    out: dict[str, Any] = {}
+    if lora is not None:
+        if lora["type"] != "LoraConfig":
+            raise JobError(f"the script's peft adapter is {lora['type']}: trainfit models LoRA",
+                           "plan it with a LoraConfig of the same rank to compare")
+        if lora["use_dora"]:
+            raise JobError("LoraConfig(use_dora=True): DoRA's magnitude vectors and their "
+                           "activations are not modeled", "plan the same LoRA without DoRA for a "
+                           "lower bound, or measure with trainfit tune")
+        if lora["modules_to_save"]:
+            raise JobError(f"LoraConfig(modules_to_save={lora['modules_to_save']}): full trainable "
+                           "copies of these modules are not modeled",
+                           "trainfit would under-predict their weights, gradients and states")
+        out.update(method="qlora" if m["loaded_in_4bit"] else "lora", lora_r=int(lora["r"]),
+                   lora_alpha=int(lora["lora_alpha"]), lora_dropout=float(lora["lora_dropout"]),
+                   lora_targets=_targets(lora))
+        if lora["bias"] != "none":
+            notes.append(ScriptNote("lora_bias", {"bias": lora["bias"]}))
+    elif m["loaded_in_4bit"]:
+        raise JobError("the model is 4-bit quantized but has no LoRA adapters: its 4-bit weights "
+                       "cannot train", "add peft LoRA adapters (QLoRA), as transformers requires")
+    else:
+        out["method"] = "full"
+        if m["trainable_params"] < m["total_params"]:
+            notes.append(ScriptNote("frozen_by_script", {
+                "trainable": m["trainable_params"], "total": m["total_params"]}))
+    if out.get("method") == "qlora":
+        out.update(_quant(m["quantization"] or {}, notes))
+        if m["frozen_dtype"] == "float32":  # peft's prepare_model_for_kbit_training cast them
+            out["kbit_prepared"] = True
+    return out
+
+
+def _targets(lora: dict[str, Any]) -> list[str]:
+    tm = lora["target_modules"]
+    if tm == "all-linear":
+        return ["all-linear"]
+    if isinstance(tm, list) and tm:
+        return list(tm)
+    return list(lora["adapted"])  # a regex, or peft's per-architecture default: the layers it hit
+
+
+def _quant(q: dict[str, Any], notes: list[ScriptNote]) -> dict[str, Any]:
+    kind = q.get("bnb_4bit_quant_type", "nf4")
+    double = bool(q.get("bnb_4bit_use_double_quant"))
+    if kind == "fp4" and double:
+        notes.append(ScriptNote("fp4_double_quant"))
+    skip = q.get("llm_int8_skip_modules") or []
+    return {"quant": "fp4" if kind == "fp4" else ("nf4-dq" if double else "nf4"),
+            "quant_lm_head": bool(skip) and "lm_head" not in skip}
+
+
+def _precision(rec: dict[str, Any], method: str, notes: list[ScriptNote]) -> str:
+    m, a = rec["model"], rec["args"]
+    flag = "bf16" if a["bf16"] else ("fp16" if a["fp16"] else None)
+    train_dt = m["trainable_dtype"]
+    frozen_dt = m["frozen_dtype"]
+    if method == "qlora":
+        compute = str((m["quantization"] or {}).get("bnb_4bit_compute_dtype", "float32"))
+        frozen_dt = {"bfloat16": "bfloat16", "float16": "float16"}.get(
+            compute.removeprefix("torch."), "float32")
+    lo = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+    key = (method == "full", lo.get(frozen_dt or "", frozen_dt), lo.get(train_dt or "", train_dt),
+           flag)
+    table: dict[tuple[bool, Any, Any, Any], str] = {
+        (True, None, "fp32", None): "fp32", (True, None, "fp32", "bf16"): "amp-bf16",
+        (True, None, "fp32", "fp16"): "amp-fp16", (True, None, "bf16", None): "bf16-true",
+        (True, None, "bf16", "bf16"): "bf16-true",
+        (False, "fp32", "fp32", None): "fp32", (False, "bf16", "fp32", "bf16"): "amp-bf16",
+        (False, "fp16", "fp32", "fp16"): "amp-fp16", (False, "bf16", "bf16", None): "bf16-true",
+        (False, "bf16", "bf16", "bf16"): "bf16-true", (False, "bf16", "fp32", None): "amp-bf16",
+        (False, "fp16", "fp32", None): "amp-fp16",
+    }
+    if method == "full":
+        key = (True, None, key[2], flag)
+    if key not in table:
+        raise JobError(f"weights in {frozen_dt if method != 'full' else train_dt} (trainable: "
+                       f"{train_dt}) with {flag or 'no'} mixed-precision flag: a combination "
+                       "trainfit does not model", "the usual recipes: full fine-tuning in float32 "
+                       "with bf16=True or fp16=True; LoRA on a base loaded with dtype=torch.bfloat16 "
+                       "(or float16) and the same flag")
+    precision = table[key]
+    if key[0] is False and key[2] == "fp32" and flag is None:
+        notes.append(ScriptNote("no_autocast", {"base": frozen_dt, "precision": precision}))
+    if key[2] == "bf16" and flag == "bf16":
+        notes.append(ScriptNote("autocast_over_bf16", {"precision": precision}))
+    return precision
+
+
+def _optimizer(rec: dict[str, Any]) -> tuple[str, str, str]:
+    """(optimizer, implementation, where)."""
+    given = rec["optimizer"]
+    if given is not None:
+        cls = given["class"]
+        pick = {"AdamW": ("adamw", "fused" if given["fused"] else "foreach" if given["foreach"]
+                          else "forloop"), "SGD": ("sgd", "foreach"),
+                "AdamW8bit": ("adamw-8bit", "fused"), "PagedAdamW": ("paged-adamw", "fused"),
+                "PagedAdamW8bit": ("paged-adamw-8bit", "fused"), "Adafactor": ("adafactor", "fused")}
+        if cls not in pick:
+            raise JobError(f"the script's own optimizer {cls} is not modeled",
+                           "pass --optimizer adamw (or sgd, adafactor …) to plan it as one of those")
+        return (*pick[cls], "the optimizer the script built")
+    optim = rec["args"]["optim"]
+    if optim not in HF_OPTIM:
+        raise JobError(f"optim={optim!r}: an optimizer trainfit does not model",
+                       "pass --optimizer adamw (or adamw-8bit, adafactor, sgd …) to plan it as one "
+                       "of those; known: " + ", ".join(HF_OPTIM))
+    return (*HF_OPTIM[optim], f"{rec['args']['class']}(optim={optim!r})")
+
+
+def _checkpointing(rec: dict[str, Any]) -> tuple[str, str]:
+    """(grad_ckpt, where it is switched on)."""
+    a, m = rec["args"], rec["model"]
+    if a["gradient_checkpointing"]:
+        return "full", f"{a['class']}(gradient_checkpointing=True)"
+    if m["gradient_checkpointing"]:
+        calls = list(dict.fromkeys(rec["ckpt_calls"]))  # enable() and its alias: one call site
+        return "full", f"the model, before the trainer ({', '.join(calls) or 'the script'})"
+    return "off", f"{a['class']} (off)"
+
+
+def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
+               quantile: float = QUANTILE) -> ReadJob:
+    """The job of the script's current configuration. ``given``: fields the command line sets
+    (not read, and not refused when the script's value would be)."""
+    m, a = rec["model"], rec["args"]
+    if m["task"] is None:
+        raise JobError(f"the trainer's model is a {m['class']}: trainfit plans causal LMs, "
+                       "seq2seq LMs (T5) and sequence classifiers",
+                       "for another nn.Module: trainfit plan --model path/to/model.py:factory")
+    notes: list[ScriptNote] = []
+    where: dict[str, str] = {}
+    f: dict[str, Any] = {"model": m["name_or_path"] or "<the script's config>"}
+    f.update(_method(rec, notes))
+    if "precision" not in given:
+        f["precision"] = _precision(rec, f["method"], notes)
+    if not {"optimizer", "optimizer_impl"} & given:
+        f["optimizer"], f["optimizer_impl"], where["optimizer"] = _optimizer(rec)
+    f["grad_ckpt"], where["grad_ckpt"] = _checkpointing(rec)
+    attn = m["attn_implementation"] or "sdpa"
+    f["attention"] = ATTENTION.get(attn, "sdpa")
+    if attn not in ("sdpa", "eager", None):
+        notes.append(ScriptNote("attention", {"script": attn, "planned": f["attention"]}))
+    ln = lengths(rec, quantile)
+    f["seq_len"] = ln.longest
+    if ln.padding_free:
+        notes.append(ScriptNote("padding_free", {"seq_len": ln.longest}))
+    if ln.label_max is not None:
+        notes.append(ScriptNote("seq2seq_lengths", {"label_max": ln.label_max,
+                                                    "input_max": ln.sample_max}))
+    f.update(micro_batch=int(a["per_device_train_batch_size"]),
+             grad_accum=int(a["gradient_accumulation_steps"]), ranks=int(a["world_size"] or 1))
+    where["micro_batch"] = where["grad_accum"] = a["class"]
+    clip = a["max_grad_norm"]
+    f.update(max_grad_norm=float(clip) if clip else None, lr=float(a["learning_rate"]),
+             seed=int(a["seed"]), num_workers=int(a["dataloader_num_workers"] or 0),
+             pin_memory=bool(a["dataloader_pin_memory"]),
+             persistent_workers=bool(a["dataloader_persistent_workers"]),
+             prefetch_factor=int(a["dataloader_prefetch_factor"] or 2),
+             compile=bool(a["torch_compile"]))
+    if a.get("packing") is not None:
+        f["packing"] = bool(a["packing"])
+    if ln.padded:
+        notes.append(ScriptNote("padded", {"seq_len": ln.longest}))
+    for ld in rec["loads"]:
+        if ld["this_model"] and ld["dtype"] == "None" and m["config"].get("dtype") is None:
+            notes.append(ScriptNote("dtype_assumed", {"dtype": m["frozen_dtype"]}))
+    return ReadJob(fields=f, lengths=ln, notes=notes, where=where)

@@ -1,0 +1,222 @@
+"""What a built ``Trainer`` / ``SFTTrainer`` holds, read inside the user's process at the moment it
+would start training: the model as the script built it (class, configuration, dtypes, 4-bit
+layers, the LoRA adapters peft put in, checkpointing, attention), the arguments (micro-batch,
+accumulation, precision flags, optimizer, loader, sequence settings) and the batches the script's
+own dataset and collator make (the sequence lengths: every sample alone, and the batches at the
+script's micro-batch in the trainer's own order).
+
+Returns plain JSON-able dicts (the record travels to the parent as a file); the mapping to a job
+is :mod:`trainfit.script.mapping`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+import torch
+
+from trainfit.job import JobError
+
+ARG_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "world_size", "bf16",
+              "fp16", "learning_rate", "max_grad_norm", "seed", "weight_decay",
+              "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers",
+              "dataloader_prefetch_factor", "torch_compile", "gradient_checkpointing_kwargs",
+              "max_length", "max_seq_length", "packing", "padding_free", "packing_strategy",
+              "label_smoothing_factor", "predict_with_generate")
+"""TrainingArguments / SFTConfig / Seq2SeqTrainingArguments fields read (those absent: None)."""
+
+
+def read_trainer(trainer: Any, *, loads: list[dict[str, Any]], ckpt_calls: list[str],
+                 device_maps: list[dict[str, Any]], mode: str, max_samples: int,
+                 max_batches: int) -> dict[str, Any]:
+    """The record of one trainer: ``trainer``, ``args``, ``model``, ``lora``, ``optimizer``,
+    ``lengths``, and what the hooks saw (``loads``, ``ckpt_calls``, ``device_maps``)."""
+    model = trainer.model
+    if model is None:
+        raise JobError("the Trainer has no model (model_init?)",
+                       "pass model= to the Trainer; trainfit reads the model the trainer holds")
+    base = _base_model(model)
+    if mode == "tune":
+        _check_no_offload(base)
+    rec: dict[str, Any] = {
+        "trainer": type(trainer).__name__, "args": _args(trainer.args),
+        "model": _model(model, base), "lora": _lora(model),
+        "optimizer": _given_optimizer(trainer),
+        "loads": [{k: v for k, v in ld.items() if k != "model_id"} | {"this_model": ld.get(
+            "model_id") == id(base)} for ld in loads],
+        "ckpt_calls": list(ckpt_calls), "device_maps": list(device_maps), "mode": mode,
+    }
+    args = trainer.args
+    workers = (args.dataloader_num_workers, args.dataloader_persistent_workers)
+    args.dataloader_num_workers, args.dataloader_persistent_workers = 0, False  # read in-process
+    try:
+        rec["lengths"] = _lengths(trainer, rec["model"]["task"], max_samples, max_batches)
+    finally:
+        args.dataloader_num_workers, args.dataloader_persistent_workers = workers
+    return rec
+
+
+def _base_model(model: Any) -> Any:
+    if getattr(model, "peft_config", None) is not None and hasattr(model, "get_base_model"):
+        return model.get_base_model()
+    return model
+
+
+def _check_no_offload(base: Any) -> None:
+    dmap = getattr(base, "hf_device_map", None) or {}
+    off = [n or "<all>" for n, d in dmap.items() if str(d) in ("cpu", "disk")]
+    if off:
+        raise JobError(f"the script's device_map put {len(off)} module(s) on the CPU: "
+                       f"{', '.join(off[:6])}{' …' if len(off) > 6 else ''}; tune would measure an "
+                       "offloaded model (10-100× slower)",
+                       "load with device_map={'': 0}, then tune finds what fits on the GPU")
+
+
+def _args(args: Any) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(args)}
+    out: dict[str, Any] = {"class": type(args).__name__,
+                           "optim": getattr(args.optim, "value", str(args.optim)),
+                           "has_activation_checkpointing": "activation_checkpointing" in names}
+    for n in ARG_FIELDS:
+        v = getattr(args, n, None)
+        out[n] = v if isinstance(v, (int, float, str, bool, dict, type(None))) else str(v)
+    ckpt = getattr(args, "activation_checkpointing", None)
+    out["gradient_checkpointing"] = bool(ckpt if ckpt is not None else
+                                         getattr(args, "gradient_checkpointing", False))
+    return out
+
+
+TASKS = {"ForCausalLM": "causal-lm", "ForSequenceClassification": "sequence-classification"}
+
+
+def _task(base: Any) -> str | None:
+    name = type(base).__name__
+    for suffix, task in TASKS.items():
+        if name.endswith(suffix):
+            return task
+    cfg = getattr(base, "config", None)
+    if getattr(cfg, "is_encoder_decoder", False) and name.endswith("ForConditionalGeneration"):
+        return "seq2seq-lm"
+    return None
+
+
+def _model(model: Any, base: Any) -> dict[str, Any]:
+    """Counts and dtypes of the parameters as built (shared ones once; a 4-bit layer's weight by
+    its element count before packing, as transformers counts it)."""
+    numel: collections.Counter[tuple[str, bool, bool]] = collections.Counter()
+    seen: set[int] = set()
+    device = None
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        device = device or p.device.type
+        quant = type(p).__name__ == "Params4bit"
+        numel[(str(p.dtype).removeprefix("torch."), p.requires_grad, quant)] += p.numel()
+    cfg = base.config
+
+    def top(pred: Any) -> str | None:
+        cands = [(n, k[0]) for k, n in numel.items() if pred(k)]
+        return max(cands)[1] if cands else None
+
+    ckpt = getattr(base, "is_activation_checkpointing", None)
+    if ckpt is None:
+        ckpt = getattr(base, "is_gradient_checkpointing", False)
+    q = getattr(cfg, "quantization_config", None)
+    return {
+        "class": type(base).__name__, "task": _task(base),
+        "name_or_path": str(getattr(cfg, "_name_or_path", "") or ""),
+        "config": cfg.to_dict(), "device": device,
+        "attn_implementation": getattr(cfg, "_attn_implementation", None),
+        "total_params": sum(numel.values()),
+        "trainable_params": sum(n for k, n in numel.items() if k[1]),
+        "quantized_params": sum(n for k, n in numel.items() if k[2]),
+        "params_by_dtype": [{"dtype": k[0], "trainable": k[1], "quantized": k[2], "count": n}
+                            for k, n in sorted(numel.items())],
+        "frozen_dtype": top(lambda k: not k[1] and not k[2] and k[0] not in ("uint8", "int8")),
+        "trainable_dtype": top(lambda k: k[1]),
+        "gradient_checkpointing": bool(ckpt),
+        "quantization": q.to_dict() if hasattr(q, "to_dict") else q,
+        "loaded_in_4bit": bool(getattr(base, "is_loaded_in_4bit", False)),
+        "loaded_in_8bit": bool(getattr(base, "is_loaded_in_8bit", False)),
+    }
+
+
+def _lora(model: Any) -> dict[str, Any] | None:
+    cfgs = getattr(model, "peft_config", None)
+    if not cfgs:
+        return None
+    name = getattr(model, "active_adapter", None)
+    name = name[0] if isinstance(name, list) else name
+    lc = cfgs.get(name) or next(iter(cfgs.values()))
+    from peft.tuners.lora import LoraLayer  # lazy: only a peft model gets here
+
+    adapted = sorted(n.removeprefix("base_model.model.") for n, m in model.named_modules()
+                     if isinstance(m, LoraLayer))
+    tm = getattr(lc, "target_modules", None)
+    return {"type": type(lc).__name__, "r": getattr(lc, "r", None),
+            "lora_alpha": getattr(lc, "lora_alpha", None),
+            "lora_dropout": getattr(lc, "lora_dropout", None),
+            "target_modules": sorted(tm) if isinstance(tm, (set, list, tuple)) else tm,
+            "modules_to_save": sorted(getattr(lc, "modules_to_save", None) or []),
+            "use_dora": bool(getattr(lc, "use_dora", False)), "bias": getattr(lc, "bias", "none"),
+            "use_rslora": bool(getattr(lc, "use_rslora", False)), "adapted": adapted}
+
+
+def _given_optimizer(trainer: Any) -> dict[str, Any] | None:
+    """An optimizer the script built itself (``optimizers=(opt, sched)``), else None."""
+    opt = getattr(trainer, "optimizer", None)
+    if opt is None:
+        return None
+    d = getattr(opt, "defaults", {})
+    return {"class": type(opt).__name__, "fused": bool(d.get("fused")), "foreach": d.get("foreach")}
+
+
+def _shape_of(batch: dict[str, Any]) -> dict[str, Any]:
+    ids = batch.get("input_ids")
+    if not isinstance(ids, torch.Tensor):
+        raise JobError(f"the script's batches have no input_ids tensor (keys: {sorted(batch)})",
+                       "plan reads token batches of language models")
+    labels = batch.get("labels")
+    mask = batch.get("attention_mask")
+    tokens = int(mask.sum()) if isinstance(mask, torch.Tensor) else int(ids.numel())
+    return {"rows": int(ids.shape[0]), "length": int(ids.shape[-1]),
+            "label_length": int(labels.shape[-1]) if isinstance(labels, torch.Tensor)
+            and labels.dim() > 1 else None, "tokens": tokens,
+            "padded": isinstance(mask, torch.Tensor) and bool((mask == 0).any()),
+            "position_ids": "position_ids" in batch}
+
+
+def _lengths(trainer: Any, task: str | None, max_samples: int, max_batches: int) -> dict[str, Any]:
+    """Every sample collated alone (its length after the collator's truncation and rounding: the
+    longest is the longest batch any order makes), and the batches of the trainer's own loader."""
+    loader = trainer.get_train_dataloader()
+    ds, collate = loader.dataset, loader.collate_fn
+    n = len(ds) if hasattr(ds, "__len__") else None
+    samples: list[int] = []
+    label_samples: list[int] = []
+    if n is not None:
+        for i in range(min(n, max_samples)):
+            s = _shape_of(collate([ds[i]]))
+            samples.append(s["length"])
+            if s["label_length"] is not None:
+                label_samples.append(s["label_length"])
+    batches = []
+    keys: set[str] = set()
+    for k, b in enumerate(loader):
+        if k >= max_batches:
+            break
+        keys |= set(b)
+        batches.append(_shape_of(b))
+    if not batches:
+        raise JobError("the script's training data gives no batch", "check train_dataset")
+    try:
+        total = len(loader)
+    except TypeError:
+        total = None
+    return {"dataset_samples": n, "samples_read": len(samples), "sample_lengths": samples,
+            "sample_label_lengths": label_samples if task == "seq2seq-lm" else [],
+            "batches": batches, "batches_read": len(batches), "batches_total": total,
+            "keys": sorted(keys)}

@@ -1,0 +1,122 @@
+"""``trainfit tune -- python train.py ARGS``: tune's search over probes of the user's own trainer.
+
+The script runs unchanged, with its weights, until its trainer would train; there
+(:func:`tune_trainer`, inside the user's process) the trainer is read as plan reads it, the job is
+mapped, and tune's search (:func:`trainfit.tune.tuner.run_search`: the largest micro-batch that
+fits from the prediction, then the knobs, speed-ups only through interleaved rounds) runs over
+:class:`~trainfit.script.probe.ScriptProbe`; the process then ends without training.
+:func:`tune_script` (in trainfit's process) starts it and reads the result back.
+
+Knobs probed on a script: the micro-batch (the accumulation keeping the effective batch),
+checkpointing, attention, the optimizer implementation, the loader's workers and prefetch;
+precision only where it is an autocast flag (full fine-tuning of float32 weights) — elsewhere it is
+the dtype the script loads its weights in, which a probe cannot change on a loaded model.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from trainfit.job import JobError, JobSpec
+from trainfit.model.runtime import parse_device
+from trainfit.model.source import ModelSource
+from trainfit.script.diff import KeywordChange, keyword_diff
+from trainfit.script.launch import run_script
+from trainfit.script.mapping import ReadJob, map_record
+from trainfit.tune.tuner import Bench, TuneOptions, TuneResult, device_side, run_search
+
+SCRIPT_KNOBS = ("grad_ckpt", "attention", "optimizer_impl", "num_workers", "loader")
+"""What a probe can change on a loaded trainer (see the module docstring)."""
+
+
+@dataclass
+class _Shapes:
+    """What tune's CPU predictor reads of the data: the planned length, and whether batches carry
+    an attention mask."""
+
+    seq_len: int
+    padded: bool
+
+
+@dataclass
+class ScriptTune:
+    command: list[str]
+    record: dict[str, Any]
+    read: ReadJob
+    current: JobSpec
+    result: TuneResult
+    changes: list[KeywordChange]
+    check: Any = None
+    notes: list[Any] = dataclasses.field(default_factory=list)
+
+
+def _options(job: JobSpec, rec: dict[str, Any], o: dict[str, Any]) -> TuneOptions:
+    full_fp32 = job.method == "full" and rec["model"]["trainable_dtype"] == "float32"
+    allowed = SCRIPT_KNOBS + (("precision",) if full_fp32 else ())
+    knobs = tuple(k for k in o.get("knobs", SCRIPT_KNOBS) if k in allowed)
+    return TuneOptions(device=o.get("device", "cpu"), memory_limit_bytes=o.get("memory_limit_bytes"),
+                       margin=o.get("margin", 0.1), budget_s=o.get("budget_s"),
+                       max_host_ram_bytes=o.get("max_host_ram_bytes"), knobs=knobs,
+                       fixed=frozenset(o.get("fixed", ())), run_steps=o.get("run_steps"))
+
+
+def tune_trainer(trainer: Any, rec: dict[str, Any], o: dict[str, Any]) -> dict[str, Any]:
+    """Inside the user's process: the search over probes of ``trainer``; JSON for the parent."""
+    from trainfit.script.probe import ScriptProbe  # torch-heavy: only where the probes run
+    from trainfit.script.transport import tune_result_json
+
+    t0 = time.perf_counter()
+    flags = o.get("flags", {})
+    read = map_record(rec, frozenset(flags))
+    job = JobSpec.from_dict({**read.fields, **flags}, source="the script")
+    device = parse_device(o.get("device", "cpu"))
+    on = rec["model"]["device"]
+    if on != device.type:
+        raise JobError(f"the script's model is on {on}, tune was asked for --device {device}",
+                       f"run tune with --device {on}, or let the script place the model there")
+    if job.method == "qlora" and device.type != "cuda":
+        raise JobError("the script's model is 4-bit (QLoRA): bitsandbytes' 4-bit layers are "
+                       "probed on CUDA only", "run tune --device cuda:0 on the GPU, or plan it")
+    if job.effective_batch is None:
+        raise JobError("the script's effective batch is unknown")
+    opts = _options(job, rec, o)
+    base = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
+    source = ModelSource(job.model, copy.deepcopy(base.config), rec["model"]["task"], "script")
+    shapes = _Shapes(seq_len=read.lengths.longest, padded=read.lengths.padded)
+    capacity, name, predict = device_side(source, shapes, device, opts)  # type: ignore[arg-type]
+    lengths = rec["lengths"]["sample_lengths"]
+    prober = ScriptProbe(trainer, source, lengths, device, memory_limit_bytes=opts.memory_limit_bytes,
+                         max_host_ram_bytes=opts.max_host_ram_bytes, seed=job.seed)
+    bench = Bench(source=source, device=device, capacity=capacity, device_name=name,
+                  predict=predict, probe=lambda j, timed: prober.run(j, timed_steps=timed),
+                  agree=prober.dist.any, samples=rec["lengths"]["dataset_samples"] or len(lengths),
+                  tokens=sum(lengths))
+    # the search starts free of the script's checkpointing (unless the command line fixed it);
+    # the script's configuration is measured as the baseline
+    start = job if "grad_ckpt" in flags else job.replace(grad_ckpt="off")
+    try:
+        result = run_search(start, opts, bench, t0, current=job, step_source="script")
+    finally:
+        prober.restore_trainer()
+    changes = keyword_diff(rec, job, result.pick.job) if result.pick is not None else []
+    return {"result": tune_result_json(result), "job": job.to_dict(),
+            "changes": [dataclasses.asdict(c) for c in changes], "knobs": list(opts.knobs)}
+
+
+def tune_script(cmd: list[str], *, options: dict[str, Any], flags: dict[str, Any] | None = None,
+                trust_remote_code: bool = False, timeout_s: float | None = 1800.0) -> ScriptTune:
+    """In trainfit's process: run the script with the hooks in tune mode, read the result."""
+    from trainfit.script.transport import tune_result_from_json
+
+    flags = dict(flags or {})
+    rec = run_script(cmd, mode="tune", trust_remote_code=trust_remote_code, timeout_s=timeout_s,
+                     options={"tune": {**options, "flags": flags}})
+    t = rec.pop("tune")
+    read = map_record(rec, frozenset(flags))
+    return ScriptTune(command=cmd, record=rec, read=read, current=JobSpec.from_dict(t["job"]),
+                      result=tune_result_from_json(t["result"]),
+                      changes=[KeywordChange(**c) for c in t["changes"]])

@@ -1,0 +1,83 @@
+"""benchmarks/heldout_mapping.py: every held-out published case maps to a valid job (no simulation)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from trainfit.job import JobSpec
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def hm() -> ModuleType:
+    # benchmarks/ is not an installed package: load the module by path
+    spec = importlib.util.spec_from_file_location("heldout_mapping", BENCH / "heldout_mapping.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # @dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def mapped(hm: ModuleType) -> dict:
+    cases = json.loads((BENCH / "data" / "heldout_memory.json").read_text())["cases"]
+    return {c["id"]: (c, hm.map_case(c)) for c in cases}
+
+
+def test_every_case_maps_to_a_valid_job(mapped: dict) -> None:
+    assert len(mapped) == 93
+    for case, m in mapped.values():
+        job = JobSpec(**m.job)  # raises JobError on a mapping JobSpec refuses
+        assert job.ranks == case["ranks"] and job.method == case["method"]
+        assert m.compare in ("allocated", "reserved", "device")
+
+
+def test_peaks_compared_like_with_like(mapped: dict) -> None:
+    compare = {k: m.compare for k, (_, m) in mapped.items()}
+    assert compare["torchtitan_perf_llama3.1-8b_8xh100_fsdp2"] == "reserved"
+    assert compare["fsdp_qlora_bench_3090_llama2-7b_qlora_ctx512_bs1"] == "reserved"
+    assert compare["litgpt_resource_tables_1xa100-40gb_llama-2-7b_lora_none_mb1"] == "allocated"
+    assert compare["torchtune05_optflags_llama3.2-3b_a100_09_lora"] == "allocated"  # peak active
+    assert compare["peft_docs_deepspeed_llama2-70b_lora_8xh100_zero3"] == "device"
+    assert compare["litgpt_resource_tables_1xa100-40gb_llama-2-13b_lora_none_mb2"] == "device"  # OOM
+
+
+def test_framework_quirks(mapped: dict) -> None:
+    _, lit = mapped["litgpt_resource_tables_1xa100-40gb_llama-2-7b_lora_nf4_mb1"]
+    assert lit.job["quant"] == "nf4" and lit.job["bnb_legacy"] and lit.job["quant_lm_head"]
+    assert lit.job["lm_head_chunk"] == 128 and lit.job["hold_outputs"]
+    _, dq = mapped["litgpt_resource_tables_1xa100-40gb_llama-2-7b_lora_nf4-dq_mb1"]
+    assert dq.job["quant"] == "nf4-dq"
+    _, tt = mapped["torchtune05_optflags_llama3.2-3b_a100_04_chunked_ce"]
+    assert tt.job["lm_head_chunk"] == 4096 // 8 and tt.job["precision"] == "bf16-true"
+    _, plain = mapped["torchtune05_optflags_llama3.2-3b_a100_03_compile"]
+    assert "lm_head_chunk" not in plain.job
+    _, blog = mapped["hf_blog_pytorch_fsdp_gpt2-xl_ddp_fp32_1gpu_bs1_oom"]
+    assert blog.job["grads_to_none"] is False and blog.eager_modules
+    assert blog.gpu_overrides["memory_bytes"] == int(23.65 * 2**30)
+
+
+def test_missing_fields_make_a_case_unsupported(hm: ModuleType, mapped: dict) -> None:
+    fields = set(JobSpec.__dataclass_fields__)
+    for feature, case_id in (
+            ("cpu-offload", "fsdp_qlora_bench_3090_llama2-70b_qlora_cpuoffload_ctx2048_bs2"),
+            ("optimizer-in-backward", "torchtune05_optflags_llama3.2-3b_a100_06_opt_in_bwd"),
+            ("activation-offload", "torchtune05_optflags_llama3.2-3b_a100_09_lora")):
+        _, m = mapped[case_id]
+        has_field = any(f in fields for f, _ in hm.FEATURE_FIELDS[feature])
+        assert (feature in m.unsupported) is not has_field
+        field, value = next(((f, v) for f, v in hm.FEATURE_FIELDS[feature] if f in fields),
+                            (None, None))
+        assert field is None or m.job[field] == value
+    _, ok = mapped["fsdp_qlora_bench_3090_llama2-7b_qlora_ctx512_bs1"]
+    assert ok.unsupported == [] and ok.job["sharding"] == "fsdp"
+    _, bart = mapped["peft_docs_deepspeed_bart-large_lora_1gpu_zero3_offload"]
+    assert bart.skip  # no sequence length published: nothing to predict

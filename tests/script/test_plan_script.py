@@ -1,0 +1,228 @@
+"""``trainfit plan -- python train.py``: the three seed-like scripts read without weights, the plan
+read from each equal to ``trainfit plan`` of the equivalent job file (peaks to the byte), the
+printed diff applied to the script giving the pick's configuration, and the refusals."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from script_seeds import chat_rows, pair_rows, text_rows
+from typer.testing import CliRunner
+
+from trainfit.cli.main import app
+from trainfit.script.launch import ScriptError, run_script
+from trainfit.script.mapping import map_record
+
+PEAKS = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_device_bytes")
+
+
+def _plan(args: list[str]) -> dict:
+    res = CliRunner().invoke(app, ["plan", "--json", *args])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def _rows(d: dict) -> dict[tuple, tuple]:
+    return {(c["precision"], c["grad_ckpt"], c["micro_batch"], c["grad_accum"]):
+            tuple(c[k] for k in PEAKS) for c in d["configs"]}
+
+
+def _job_file(tmp_path, fields: dict, current: dict) -> str:
+    import yaml
+
+    p = tmp_path / "job.yaml"
+    p.write_text(yaml.safe_dump({**fields, "current": current}))
+    return str(p)
+
+
+def _applied(read_cmd: list[str], changes: list[dict]) -> list[str]:
+    """The script's command with the printed TrainingArguments/SFTConfig changes applied (the
+    scripts take them as --args-json, as a user edits the call)."""
+    kw = {c["keyword"]: c["after"] for c in changes if c["where"] in (
+        "TrainingArguments", "SFTConfig", "Seq2SeqTrainingArguments")}
+    assert len(kw) == len(changes), changes  # every change is an argument of the trainer here
+    return [*read_cmd, "--args-json", json.dumps(kw)]
+
+
+def test_seed000_trainer_lora_read(seed000):
+    rec = run_script(seed000.cmd(), mode="plan", gpu={"name": "A10G", "free_bytes": 20 * 2**30})
+    read = map_record(rec)
+    f = read.fields
+    assert rec["trainer"] == "Trainer" and rec["model"]["device"] == "meta"  # no weights loaded
+    assert rec["model"]["class"] == "GemmaForCausalLM" and f["model"] == str(seed000.model)
+    assert (f["method"], f["lora_r"], f["lora_alpha"], f["lora_dropout"], f["lora_targets"]) == \
+        ("lora", 8, 16, 0.05, ["q_proj", "v_proj"])
+    assert len(rec["lora"]["adapted"]) == 4  # 2 layers × q, v
+    # bf16 base + fp32 adapters + bf16=True is trainfit's amp-bf16
+    assert (rec["model"]["frozen_dtype"], rec["model"]["trainable_dtype"]) == ("bfloat16", "float32")
+    assert (f["precision"], f["optimizer"], f["optimizer_impl"]) == ("amp-bf16", "adamw", "fused")
+    assert (f["micro_batch"], f["grad_accum"], f["grad_ckpt"], f["attention"]) == (2, 4, "full", "sdpa")
+    # the real lengths: one token per character, truncated at the script's max_length=96
+    longest = min(96, max(len(r["text"]) for r in text_rows()))
+    ln = read.lengths
+    assert ln.longest == longest == ln.sample_max == ln.batch_max_length and f["seq_len"] == longest
+    assert ln.samples_read == ln.dataset_samples == 48 and ln.all_samples_read
+    assert ln.batches_read == 24 and ln.sample_min == min(len(r["text"]) for r in text_rows())
+    assert ln.padded and ln.batch_quantile_length <= longest
+
+
+def test_seed000_plan_equals_job_file_and_the_diff_gives_the_pick(seed000, tmp_path):
+    flags = ["--gpu", "a10g", "--precision", "amp-bf16"]
+    got = _plan([*flags, "--", *seed000.cmd()])
+    longest = min(96, max(len(r["text"]) for r in text_rows()))
+    job = _job_file(tmp_path, {
+        "model": str(seed000.model), "method": "lora", "lora_r": 8, "lora_alpha": 16,
+        "lora_dropout": 0.05, "lora_targets": ["q_proj", "v_proj"], "seq_len": longest,
+        "effective_batch": 8, "optimizer": "adamw", "optimizer_impl": "fused", "attention": "sdpa"},
+        {"micro_batch": 2, "grad_accum": 4, "grad_ckpt": "full"})
+    want = _plan([job, *flags])
+    assert _rows(got["plan"]) == _rows(want)  # every configuration, every peak, to the byte
+    assert [got["plan"]["current"][k] for k in PEAKS] == [want["current"][k] for k in PEAKS]
+    assert got["model_check"]["equal"], got["model_check"]
+    pick = next(c for c in got["plan"]["configs"] if c["recommended"])
+    assert pick["micro_batch"] * pick["grad_accum"] == 8  # the effective batch kept
+    changes = got["changes"]
+    assert {c["keyword"] for c in changes} >= {"per_device_train_batch_size",
+                                               "gradient_accumulation_steps"}
+    again = map_record(run_script(_applied(seed000.cmd(), changes), mode="plan")).fields
+    assert (again["micro_batch"], again["grad_accum"], again["grad_ckpt"], again["precision"]) == \
+        (pick["micro_batch"], pick["grad_accum"], pick["grad_ckpt"], pick["precision"])
+
+
+def test_seed000_qlora_after_prepare_model_for_kbit_training(seed000):
+    """seed 000's own recipe: a 4-bit base, prepare_model_for_kbit_training(use_gradient_
+    checkpointing=True) — the unquantized weights in float32, checkpointing on before the
+    Trainer."""
+    from trainfit.job import JobSpec
+    from trainfit.script.diff import keyword_diff
+    from trainfit.script.plan import model_check, script_source
+
+    rec = run_script(seed000.cmd("--qlora", "--args-json", '{"gradient_checkpointing": false}'),
+                     mode="plan")
+    read = map_record(rec)
+    f = read.fields
+    assert (f["method"], f["quant"], f["kbit_prepared"], f["grad_ckpt"]) == ("qlora", "nf4", True, "full")
+    assert read.where["grad_ckpt"] == "the model, before the trainer (fine_tune_gemma.py:29)"
+    source, name = script_source(rec, False)
+    job = JobSpec.from_dict({**f, "model": name})
+    check = model_check(rec, job, source)
+    assert check.equal, check  # the float32 embeddings and norms counted as the script holds them
+    without = model_check(rec, job.replace(kbit_prepared=False), source)
+    assert without.planned_frozen_bytes * 2 == check.script_frozen_bytes  # bf16 instead of fp32
+    change = keyword_diff(rec, job, job.replace(grad_ckpt="off", micro_batch=8, grad_accum=1))
+    assert (change[-1].where, change[-1].after) == (
+        "the call that enables it before the trainer (fine_tune_gemma.py:29)", False)
+
+
+def test_seed001_sft_qlora_read_and_plan_equals_job_file(seed001, tmp_path):
+    flags = ["--gpu", "rtx-3060", "--precision", "bf16-true", "--grad-ckpt", "full"]
+    got = _plan([*flags, "--", *seed001.cmd()])
+    rec = got["read"]
+    f = got["job"]
+    assert rec["trainer"] == "SFTTrainer" and rec["model"]["loaded_in_4bit"]
+    assert (f["method"], f["quant"], f["lora_r"], f["lora_targets"]) == \
+        ("qlora", "nf4-dq", 8, ["k_proj", "o_proj", "q_proj", "v_proj"])
+    # device_map="auto" placed by transformers on the planned card: nothing offloaded
+    assert rec["device_maps"] == [{"asked": "auto", "checked": True, "gpu": "NVIDIA GeForce RTX 3060",
+                                   "offloaded": [], "max_memory": None}]
+    assert (f["micro_batch"], f["grad_accum"], f["grad_ckpt"], f["pin_memory"], f["packing"]) == \
+        (1, 8, "full", False, False)
+    assert f["seq_len"] == 128 == got["lengths"]["longest"]  # SFTConfig(max_length=128) cut them
+    assert got["lengths"]["samples_read"] == len(chat_rows())
+    job = _job_file(tmp_path, {
+        "model": str(seed001.model), "method": "qlora", "quant": "nf4-dq", "lora_r": 8,
+        "lora_alpha": 16, "lora_dropout": 0.05, "lora_targets": ["k_proj", "o_proj", "q_proj", "v_proj"],
+        "seq_len": 128, "effective_batch": 8}, {"micro_batch": 1, "grad_accum": 8, "grad_ckpt": "full"})
+    want = _plan([job, *flags])
+    assert _rows(got["plan"]) == _rows(want)
+    assert got["model_check"]["equal"], got["model_check"]
+    pick = next(c for c in got["plan"]["configs"] if c["recommended"])
+    again = map_record(run_script(_applied(seed001.cmd(), got["changes"]), mode="plan")).fields
+    assert (again["micro_batch"], again["grad_accum"], again["grad_ckpt"]) == \
+        (pick["micro_batch"], pick["grad_accum"], pick["grad_ckpt"])
+
+
+def test_seed002_t5_seq2seq_read_and_plan_equals_job_file(seed002, tmp_path):
+    flags = ["--gpu", "rtx-3080-20gb", "--precision", "fp32", "--grad-ckpt", "off"]
+    got = _plan([*flags, "--", *seed002.cmd()])
+    f, ln = got["job"], got["lengths"]
+    assert got["read"]["trainer"] == "Seq2SeqTrainer" and got["read"]["model"]["task"] == "seq2seq-lm"
+    assert (f["method"], f["precision"], f["micro_batch"], f["grad_accum"], f["grad_ckpt"]) == \
+        ("full", "fp32", 4, 2, "off")
+    rows = pair_rows()
+    assert ln["sample_max"] == min(64, max(len(r["prompt"]) for r in rows))
+    assert ln["label_max"] == max(len(r["response"]) for r in rows)
+    assert f["seq_len"] == ln["sample_max"]  # encoder and decoder planned at the longer
+    assert any("targets up to" in n for n in got["notes"])
+    job = _job_file(tmp_path, {"model": str(seed002.model), "seq_len": f["seq_len"],
+                               "effective_batch": 8}, {"micro_batch": 4, "grad_accum": 2})
+    want = _plan([job, *flags])
+    assert _rows(got["plan"]) == _rows(want)
+    pick = next(c for c in got["plan"]["configs"] if c["recommended"])
+    again = map_record(run_script(_applied(seed002.cmd(), got["changes"]), mode="plan")).fields
+    assert (again["micro_batch"], again["grad_accum"], again["grad_ckpt"]) == \
+        (pick["micro_batch"], pick["grad_accum"], pick["grad_ckpt"])
+
+
+def _refused(args: list[str]) -> list[str]:
+    res = CliRunner().invoke(app, ["plan", *args])
+    assert res.exit_code == 2, res.output
+    return [ln for ln in res.output.splitlines() if ln.startswith(("error:", "hint:"))]
+
+
+def test_offloading_device_map_is_refused_with_the_modules_named(seed001):
+    lines = _refused(["--gpu", "rtx-3060", "--", *seed001.cmd("--max-memory", "60000")])
+    assert lines[0].startswith("error: device_map='auto' would put")
+    assert "lm_head" in lines[0] and "capped by the script's max_memory" in lines[0]
+    assert lines[1].startswith("hint: load with device_map={'': 0}")
+
+
+def test_a_script_without_a_trainer_is_refused(tmp_path):
+    (tmp_path / "loop.py").write_text(
+        "import torch\nm = torch.nn.Linear(2, 2)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "m(torch.ones(2)).sum().backward()\nopt.step()\n")
+    (tmp_path / "nothing.py").write_text("print('no training here')\n")
+    lines = _refused(["--gpu", "t4", "--", sys.executable, str(tmp_path / "loop.py")])
+    assert lines[0].startswith("error: the script steps a SGD optimizer itself (at loop.py:5)")
+    assert "--model path/to/model.py:factory" in lines[1] and "doctor" in lines[1]
+    lines = _refused(["--gpu", "t4", "--", sys.executable, str(tmp_path / "nothing.py")])
+    assert "without building a transformers Trainer or TRL SFTTrainer" in lines[0]
+    assert "--model path/to/model.py:factory" in lines[1] and "trainfit doctor --" in lines[1]
+
+
+def test_remote_code_needs_trust_remote_code(tmp_path):
+    d = tmp_path / "custom"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "tiny-custom", "auto_map": {"AutoConfig": "configuration_custom.CustomConfig",
+                                                  "AutoModelForCausalLM": "modeling_custom.Model"}}))
+    marker = tmp_path / "ran"
+    (d / "configuration_custom.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    (tmp_path / "train.py").write_text(
+        "import sys\nfrom transformers import AutoModelForCausalLM\n"
+        "AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)\n")
+    lines = _refused(["--gpu", "t4", "--", sys.executable, str(tmp_path / "train.py"), str(d)])
+    assert "needs its own Python code from the hub" in lines[0]
+    assert lines[1] == "hint: add --trust-remote-code to the trainfit command if you trust its authors"
+    assert not marker.exists()  # its code never ran
+
+
+def test_bf16_script_on_a_card_without_bf16_is_refused(seed000):
+    lines = _refused(["--gpu", "t4", "--", *seed000.cmd()])
+    assert lines[0] == "error: the script trains in bf16 (amp-bf16) but Tesla T4 has no bf16 support"
+
+
+def test_script_errors_keep_the_last_lines(tmp_path):
+    (tmp_path / "crash.py").write_text("import sys\nprint('loading', flush=True)\nsys.exit(3)\n")
+    with pytest.raises(ScriptError) as err:
+        run_script([sys.executable, str(tmp_path / "crash.py")], mode="plan")
+    assert "exited with code 3" in str(err.value) and err.value.tail == ["loading"]
+
+
+def test_options_that_do_not_apply_to_a_script_say_so(seed000):
+    lines = _refused(["--gpu", "a10g", "--current", "--", *seed000.cmd()])
+    assert lines[0] == "error: --current with a script: the script's configuration is the current one"
+    res = CliRunner().invoke(app, ["tune", "--out", "x.yaml", "--", *seed000.cmd()])
+    assert res.exit_code == 2 and "error: --out/--emit apply to a job" in res.output

@@ -1,0 +1,118 @@
+"""``trainfit tune -- python train.py``: the script's own trainer probed on the CPU stand-in — the
+pick equal to ``trainfit tune`` of the equivalent job file, the effective batch exact, a forced
+OOM survived, the trainer's weights restored between probes."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from script_seeds import text_rows, write_jsonl
+from typer.testing import CliRunner
+
+from trainfit.cli.main import app
+from trainfit.job import JobSpec
+
+LIMIT = "2.8MiB"
+"""Between the measured peaks of micro-batch 4 (1.7 MB) and 8 (3.2 MB) of these scripts' LoRA
+Gemma at 64 tokens: 8 runs out of memory (the forced OOM), 4 fits under the 10 % margin."""
+FLAGS = ["--json", "--memory-limit", LIMIT, "--grad-ckpt", "off", "--knobs", "grad_ckpt"]
+"""Checkpointing fixed: the pick is then decided by memory (the largest micro-batch that fits) and
+by interleaved speed rounds against smaller ones, not by a knob inside the CPU's noise."""
+
+
+def _tune(args: list[str]) -> dict:
+    res = CliRunner().invoke(app, ["tune", *FLAGS, *args])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def _knobs(p: dict) -> tuple:
+    return p["micro_batch"], p["grad_accum"], p["grad_ckpt"], p["precision"]
+
+
+def _pick(t: dict) -> tuple:
+    return _knobs(t["pick"])
+
+
+def test_tune_on_the_script_equals_tune_of_the_job_file(seed000, tmp_path):
+    rows = text_rows(n=32, lo=64, hi=64)  # one length: the job file's data is the same batches
+    write_jsonl(seed000.data, rows)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(seed000.model))
+    ids = write_jsonl(tmp_path / "ids.jsonl", [{"input_ids": tok(r["text"])["input_ids"]}
+                                               for r in rows])
+    job = tmp_path / "job.yaml"
+    job.write_text(json.dumps({
+        "model": str(seed000.model), "method": "lora", "lora_r": 8, "lora_alpha": 16,
+        "lora_dropout": 0.05, "lora_targets": ["q_proj", "v_proj"], "precision": "amp-bf16",
+        "seq_len": 64, "micro_batch": 4, "grad_accum": 2, "data": str(ids),
+        "tokenizer": str(seed000.model)}))
+    # both start from 4 × 2 (the script through its own arguments): the pick is then the start,
+    # and no interleaved rounds against a slower start are needed (they cost minutes here)
+    got = _tune(["--", *seed000.cmd("--args-json", json.dumps(
+        {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2}))])
+    want = _tune([str(job)])
+    t = got["tune"]
+    assert got["job"]["seq_len"] == 64 and got["job"]["effective_batch"] == 8
+    assert _pick(t) == _pick(want) == (4, 2, "off", "amp-bf16")
+    for d in (t, want):
+        assert all(p["micro_batch"] * p["grad_accum"] == 8 for p in d["probes"])  # exact
+        oom = [p for p in d["probes"] if p["status"] == "oom"]
+        assert [p["micro_batch"] for p in oom] == [8]  # the forced OOM, survived: the search went on
+        assert d["pick"]["measured"]["peak_allocated_bytes"] <= 0.9 * d["memory_limit_bytes"]
+    ours, theirs = (d["pick"]["measured"]["peak_allocated_bytes"] for d in (t, want))
+    assert 0.9 * theirs <= ours <= theirs  # the script's own step, measured: within 10 % below
+    assert t["probes"][0]["stage"] == "baseline" and _knobs(t["baseline"]) == (4, 2, "off", "amp-bf16")
+    assert got["changes"] == [] and got["change_lines"] == []  # the script's own is the pick
+
+
+def _trainer(tmp_path, model_dir):
+    """seed 000's trainer built here, in this process (the probe's unit)."""
+    from datasets import Dataset
+    from peft import LoraConfig, get_peft_model
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        DataCollatorForLanguageModeling,
+        Trainer,
+        TrainingArguments,
+    )
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16)
+    model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
+                                             task_type="CAUSAL_LM"))
+    ds = Dataset.from_list(text_rows(n=16)).map(lambda r: tok(r["text"]), remove_columns=["text"])
+    args = TrainingArguments(output_dir=str(tmp_path / "o"), per_device_train_batch_size=2,
+                             gradient_accumulation_steps=4, bf16=True, use_cpu=True, report_to=[])
+    return Trainer(model=model, args=args, train_dataset=ds,
+                   data_collator=DataCollatorForLanguageModeling(tok, mlm=False)), ds
+
+
+def test_probes_restore_the_trainers_weights_and_survive_an_oom(tmp_path, tiny_models, one_thread):
+    from trainfit.model.source import ModelSource
+    from trainfit.script.probe import ScriptProbe
+
+    tr, ds = _trainer(tmp_path, tiny_models["gemma"])
+    before = {n: p.detach().clone() for n, p in tr.model.named_parameters() if p.requires_grad}
+    lengths = [len(r["input_ids"]) for r in ds]
+    src = ModelSource("gemma", tr.model.get_base_model().config, "causal-lm", "script")
+    job = JobSpec(model="gemma", method="lora", lora_r=8, lora_alpha=16, lora_targets=["q_proj", "v_proj"],
+                  precision="amp-bf16", seq_len=max(lengths), micro_batch=2, grad_accum=2,
+                  grad_ckpt="off")
+    probe = ScriptProbe(tr, src, lengths, torch.device("cpu"), memory_limit_bytes=2**30)
+    ok = probe.run(job, timed_steps=2)
+    assert ok.status == "ok" and ok.measured.step_time_s > 0 and ok.measured.peak_allocated_bytes > 0
+    oom = ScriptProbe(tr, src, lengths, torch.device("cpu"), memory_limit_bytes=200_000).run(
+        job.replace(micro_batch=4, grad_ckpt="full"), timed_steps=2)
+    assert oom.status == "oom"
+    again = probe.run(job, timed_steps=0)  # after the OOM: the same memory, measured again
+    assert again.status == "ok"
+    assert again.measured.peak_allocated_bytes == ok.measured.peak_allocated_bytes
+    for n, p in tr.model.named_parameters():  # every probe trained from the same weights
+        if p.requires_grad:
+            assert torch.equal(p.detach(), before[n]), n
+    probe.restore_trainer()
+    assert tr.args.per_device_train_batch_size == 2 and tr._train_batch_size == 2
