@@ -58,6 +58,14 @@ def test_seed000_record():
     JobSpec.from_dict(j.fields)  # a valid job
 
 
+def test_a_float32_base_under_bf16_autocast_is_planned_as_loaded():
+    """from_pretrained without a dtype on transformers < 5 loads float32: base_dtype fp32 (the
+    frozen bytes doubled), not the autocast dtype."""
+    j = map_record(record(model__frozen_dtype="float32"))
+    assert (j.fields["precision"], j.fields["base_dtype"]) == ("amp-bf16", "fp32")
+    JobSpec.from_dict(j.fields)
+
+
 @pytest.mark.parametrize(("over", "precision", "note"), [
     ({"model__frozen_dtype": None, "model__trainable_dtype": "float32", "lora": None}, "amp-bf16", None),
     ({"model__frozen_dtype": None, "lora": None, "args__bf16": False}, "fp32", None),
@@ -77,7 +85,8 @@ def test_precision_from_the_weights_and_the_flags(over, precision, note):
 
 
 @pytest.mark.parametrize(("over", "words"), [
-    ({"model__frozen_dtype": "float32"}, "combination trainfit does not model"),  # fp32 base + bf16
+    ({"model__frozen_dtype": "float32", "model__trainable_dtype": "bfloat16"},
+     "combination trainfit does not model"),  # fp32 base, bf16 adapters, bf16 flag
     ({"lora__use_dora": True}, "DoRA"),
     ({"lora__modules_to_save": ["lm_head"]}, "modules_to_save"),
     ({"model__loaded_in_8bit": True}, "8 bits"),

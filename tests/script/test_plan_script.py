@@ -75,6 +75,7 @@ def test_seed000_plan_equals_job_file_and_the_diff_gives_the_pick(seed000, tmp_p
     job = _job_file(tmp_path, {
         "model": str(seed000.model), "method": "lora", "lora_r": 8, "lora_alpha": 16,
         "lora_dropout": 0.05, "lora_targets": ["q_proj", "v_proj"], "seq_len": longest,
+        "base_dtype": "bf16",  # the script loads from_pretrained(dtype=torch.bfloat16)
         "effective_batch": 8, "optimizer": "adamw", "optimizer_impl": "fused", "attention": "sdpa"},
         {"micro_batch": 2, "grad_accum": 4, "grad_ckpt": "full"})
     want = _plan([job, *flags])

@@ -47,6 +47,7 @@ def test_tune_on_the_script_equals_tune_of_the_job_file(seed000, tmp_path):
     job.write_text(json.dumps({
         "model": str(seed000.model), "method": "lora", "lora_r": 8, "lora_alpha": 16,
         "lora_dropout": 0.05, "lora_targets": ["q_proj", "v_proj"], "precision": "amp-bf16",
+        "base_dtype": "bf16",  # the script's from_pretrained(dtype=torch.bfloat16)
         "seq_len": 64, "micro_batch": 4, "grad_accum": 2, "data": str(ids),
         "tokenizer": str(seed000.model)}))
     # both start from 4 × 2 (the script through its own arguments): the pick is then the start,

@@ -183,6 +183,8 @@ def _precision(rec: dict[str, Any], method: str, notes: list[ScriptNote]) -> str
         (False, "fp16", "fp32", "fp16"): "amp-fp16", (False, "bf16", "bf16", None): "bf16-true",
         (False, "bf16", "bf16", "bf16"): "bf16-true", (False, "bf16", "fp32", None): "amp-bf16",
         (False, "fp16", "fp32", None): "amp-fp16",
+        # a base loaded in float32 under bf16/fp16 autocast: base_dtype fp32
+        (False, "fp32", "fp32", "bf16"): "amp-bf16", (False, "fp32", "fp32", "fp16"): "amp-fp16",
     }
     if method == "full":
         key = (True, None, key[2], flag)
@@ -247,6 +249,17 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
     f.update(_method(rec, notes))
     if "precision" not in given:
         f["precision"] = _precision(rec, f["method"], notes)
+    if f["method"] != "full" and "base_dtype" not in given:
+        # the frozen weights as the script loaded them (from_pretrained(dtype=...)), not the
+        # checkpoint's dtype that base_dtype: auto would read from config.json; after peft's
+        # prepare_model_for_kbit_training they read float32, which kbit_prepared models: the
+        # load's own dtype then
+        frozen = m["frozen_dtype"] or ""
+        if f.get("kbit_prepared"):
+            frozen = next((ld["dtype"].removeprefix("torch.") for ld in rec.get("loads", [])
+                           if ld.get("this_model")), "")
+        f["base_dtype"] = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(
+            frozen, "auto")
     if not {"optimizer", "optimizer_impl"} & given:
         f["optimizer"], f["optimizer_impl"], where["optimizer"] = _optimizer(rec)
     f["grad_ckpt"], where["grad_ckpt"] = _checkpointing(rec)
