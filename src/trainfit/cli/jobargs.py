@@ -20,20 +20,28 @@ def parse_bytes(text: str | None, flag: str) -> int | None:
     above 1 KiB so the two are never confused)."""
     if text is None:
         return None
+    examples = "e.g. 1.5GiB, 512MiB, 8GB (GB = 10^9, GiB = 2^30 bytes)"
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
     if not m or m.group(2).lower() not in _UNITS:
-        raise JobError(f"{flag} {text}: not a size", "e.g. 1.5GiB, 512MiB, 8GB (GB = 10^9, "
-                       "GiB = 2^30 bytes)")
+        raise JobError(f"{flag} {text}: not a size", examples)
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if value <= 0:
-        raise JobError(f"{flag} {text}: must be > 0")
+        raise JobError(f"{flag} {text}: must be > 0", examples)
+    if value < 1:  # int() would make it 0 bytes, which reads as "no limit"
+        raise JobError(f"{flag} {text}: less than one byte", examples)
     return int(value)
 
 
+GENERIC_HINT = "trainfit COMMAND --help lists every option and its accepted values"
+"""The hint of an error raised without one (every error of trainfit's own has one: a test reads
+the source; this covers a library's message passed through)."""
+
+
 def fail(err: JobError) -> None:
-    typer.echo(f"error: {err}", err=True)
-    if err.hint:
-        typer.echo(f"hint: {err.hint}", err=True)
+    """The one error exit of every command: ``error:`` line, ``hint:`` line, exit code 2."""
+    message = " ".join(str(err).split())  # one line, whatever the message held
+    typer.echo(f"error: {message}", err=True)
+    typer.echo(f"hint: {err.hint or GENERIC_HINT}", err=True)
     raise typer.Exit(2)
 
 

@@ -15,10 +15,12 @@ from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec, read_job_file
 from trainfit.job.fields import DEFAULT_KNOBS, KNOB_NAMES, fixed_knobs
 
 
-def _job(target: str | None, job_flags: dict[str, Any], trust_remote_code: bool) -> JobSpec:
+def _job(target: str | None, job_flags: dict[str, Any], trust_remote_code: bool,
+         allow_code: bool = False) -> JobSpec:
     fields: dict[str, Any] = {}
     if target is not None and target.endswith((".yaml", ".yml")):
-        fields, _extra = read_job_file(target)
+        fields, _extra = read_job_file(target, allow_code=allow_code or "model" in job_flags,
+                                       trust_remote_code=trust_remote_code)
     elif target is not None:
         fields["model"] = target
     fields = merge_job_fields(fields, job_flags, "trainfit tune MODEL --data FILE ...")
@@ -93,7 +95,12 @@ def register(app: typer.Typer) -> None:
         isolate: Annotated[bool, typer.Option(help="Each probe in its own process.")] = False,
         out: Annotated[str | None, typer.Option(help="Write the tuned job here (YAML).")] = None,
         emit: Annotated[str | None, typer.Option(help="hf | trl | accelerate")] = None,
-        trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
+        trust_remote_code: Annotated[bool, typer.Option(
+            "--trust-remote-code", help="Run the model's own code from the hub (never taken from "
+                                        "a job file).")] = False,
+        allow_code: Annotated[bool, typer.Option(
+            "--allow-code", help="Run a module:factory model named in the job file (a job file "
+                                 "alone never runs code).")] = False,
         as_json: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
         """Measure the real job on the real device and choose the fastest configuration that fits."""
@@ -102,7 +109,7 @@ def register(app: typer.Typer) -> None:
         try:
             if emit is not None and emit not in ("hf", "trl", "accelerate"):
                 raise JobError(f"--emit {emit}: unknown", "use hf, trl or accelerate")
-            job = _job(target, job_flags or {}, trust_remote_code)
+            job = _job(target, job_flags or {}, trust_remote_code, allow_code)
             opts = TuneOptions(device=device, memory_limit_bytes=parse_bytes(memory_limit,
                                                                               "--memory-limit"),
                                margin=margin, budget_s=budget_s,
