@@ -45,16 +45,45 @@ def fail(err: JobError) -> None:
     raise typer.Exit(2)
 
 
+def check_writable(path: str | Path, flag: str = "--out") -> None:
+    """``path`` can be written as a file — checked before the work that produces it (a search of
+    minutes must not end in a traceback): its directory exists and takes a file, it is not a
+    directory. A probe file is created and removed."""
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise JobError(f"{flag} {path}: is a directory", "give a file name, e.g. trainfit.yaml")
+        if not p.parent.is_dir():
+            raise JobError(f"{flag} {path}: directory {p.parent} does not exist",
+                           f"create it first (mkdir -p {p.parent})")
+        fd, probe = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise JobError(f"{flag} {path}: cannot write there ({err.strerror or type(err).__name__})",
+                       "choose a writable location (or fix the directory's permissions)") from None
+
+
 def write_atomic(path: str | Path, text: str) -> None:
-    """Write via a temporary file in the same directory and rename: never half-written."""
+    """Write via a temporary file in the same directory, fsync, rename: never half-written.
+    Every OS refusal is one JobError; the temporary file is removed."""
     p = Path(path)
     if not p.parent.exists():
         raise JobError(f"{path}: directory {p.parent} does not exist", "create it first")
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, p)
+    except OSError as err:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise JobError(f"{path}: cannot write it ({err.strerror or type(err).__name__})",
+                       "choose a writable location with free space") from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise

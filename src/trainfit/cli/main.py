@@ -54,7 +54,7 @@ def _load_target(target: str | None, *, allow_code: bool = False,
         return {}, {}
     if target.endswith((".yaml", ".yml")):
         p = Path(target)
-        if not _is_file(p) and (examples_dir() / target).is_file():
+        if not _is_file(p) and _is_file(examples_dir() / target):
             p = examples_dir() / target
         fields, extra = read_job_file(p if _is_file(p) else target, allow_code=allow_code,
                                       trust_remote_code=trust_remote_code)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from trainfit.cli.jobargs import fail, parse_bytes, write_atomic
+from trainfit.cli.jobargs import check_writable, fail, parse_bytes, write_atomic
 from trainfit.cli.jobflags import merge_job_fields, with_job_flags
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec, read_job_file
 from trainfit.job.fields import DEFAULT_KNOBS, KNOB_NAMES, fixed_knobs
@@ -117,8 +116,8 @@ def register(app: typer.Typer) -> None:
                                knobs=_knob_list(knobs, try_compile, try_8bit_optimizer),
                                fixed=fixed_knobs(set(job_flags or {})), run_steps=run_steps,
                                isolate=isolate)
-            if out is not None and not Path(out).resolve().parent.exists():
-                raise JobError(f"--out {out}: directory does not exist", "create it first")
+            if out is not None:
+                check_writable(out)  # before the search: its end must not be a write error
             if as_json:
                 result = tune(job, opts)
             else:
@@ -131,6 +130,9 @@ def register(app: typer.Typer) -> None:
             return
         if os.environ.get("RANK", "0") != "0":
             return  # under torchrun: every rank probed and agreed; rank 0 reports
-        _report(result, out, emit, as_json)
+        try:
+            _report(result, out, emit, as_json)
+        except JobError as err:
+            fail(err)
         if result.pick is None:
             raise typer.Exit(1)

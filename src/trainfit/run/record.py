@@ -149,6 +149,12 @@ def continue_from(res: TrainResult, history: dict[str, Any], step: int, samples:
     if len(losses) == step:
         res.losses = losses
         res.segments = [dict(s) for s in history.get("segments") or []]
+        for seg in res.segments:
+            if seg.get("stopped") is None:  # the snapshot was taken while it ran
+                seg["stopped"] = "after its checkpoint"
+                seg["notes"] = [*seg.get("notes", []), f"ended after its checkpoint at step "
+                                f"{seg['end_step']} (killed, failed or interrupted: the steps "
+                                "after it, if any, were redone by the next segment)"]
         res.oom_events = [OomEvent.from_dict(e) for e in history.get("oom_events") or []
                           if e.get("step", 0) < step]
         res.evals = [e for e in history.get("evals") or [] if e.get("step", 0) <= step]
