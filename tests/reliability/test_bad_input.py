@@ -160,3 +160,29 @@ def test_bad_input_is_one_clear_line_and_nothing_written(cli, job_file, tmp_path
     assert after == {k: v for k, v in before.items() if not k.startswith("_cache")}, name
     assert not (d / "RAN").exists(), f"{name}: code from a job file ran"
 
+
+
+def test_every_error_trainfit_raises_carries_a_hint():
+    """The source itself: every JobError / DataError / DoctorError / MonitorError /
+    ReportInputError constructed in src/ passes a hint (a non-empty second argument or hint=).
+    Before: 36 constructions without one (--seq-len 0, malformed YAML, --memory-limit 0, ...)."""
+    import ast
+
+    import trainfit
+
+    names = {"JobError", "DataError", "DoctorError", "MonitorError", "ReportInputError",
+             "CheckpointWriteError"}
+    missing = []
+    for path in sorted(Path(trainfit.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            if name not in names:
+                continue
+            hint = node.args[1] if len(node.args) > 1 else next(
+                (k.value for k in node.keywords if k.arg == "hint"), None)
+            if hint is None or (isinstance(hint, ast.Constant) and not hint.value):
+                missing.append(f"{path.name}:{node.lineno}")
+    assert not missing, missing

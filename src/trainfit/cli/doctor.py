@@ -10,9 +10,10 @@ import typer
 
 
 def _fail(message: str, hint: str = "", tail: list[str] | None = None) -> NoReturn:
+    from trainfit.cli.jobargs import GENERIC_HINT
+
     typer.echo(f"error: {message}", err=True)
-    if hint:
-        typer.echo(f"hint: {hint}", err=True)
+    typer.echo(f"hint: {hint or GENERIC_HINT}", err=True)
     if tail:
         typer.echo("last lines of its output:", err=True)
         for line in tail:

@@ -61,6 +61,20 @@ def _exit_code_of(out: Path, code: int) -> int:
             else EXIT_SIGINT}.get(d.get("stopped"), code)
 
 
+def _job_of(job_file: str, micro_batch: int | None, allow_code: bool, trust_remote_code: bool
+            ) -> tuple[JobSpec, dict[str, Any]]:
+    """The job file (code in it only with --allow-code; remote code only with
+    --trust-remote-code) with --micro-batch on top (the effective batch is kept)."""
+    fields, extra = read_job_file(job_file, allow_code=allow_code,
+                                  trust_remote_code=trust_remote_code)
+    if trust_remote_code:
+        fields["trust_remote_code"] = True
+    if micro_batch is not None:
+        fields["micro_batch"] = micro_batch
+        fields.pop("grad_accum", None)
+    return JobSpec.from_dict(fields, source=job_file), extra
+
+
 def _steps(text: str | None, flag: str) -> tuple[int, ...]:
     """A fault drill's steps, comma-separated."""
     if not text:
@@ -132,14 +146,7 @@ def register(app: typer.Typer) -> None:
         try:
             if nproc < 1:
                 _check_nproc(nproc, "cpu")
-            fields, extra = read_job_file(job_file, allow_code=allow_code,
-                                          trust_remote_code=trust_remote_code)
-            if trust_remote_code:
-                fields["trust_remote_code"] = True
-            if micro_batch is not None:
-                fields["micro_batch"] = micro_batch
-                fields.pop("grad_accum", None)
-            job = JobSpec.from_dict(fields, source=job_file)
+            job, extra = _job_of(job_file, micro_batch, allow_code, trust_remote_code)
             dev = device or str(extra.get("device") or "cpu")
             if resume is not None and not Path(resume).exists():
                 raise JobError(f"--resume {resume}: does not exist",

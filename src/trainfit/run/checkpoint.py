@@ -128,8 +128,10 @@ def save(out_dir: Path, state: RunState, model: torch.nn.Module, optimizer: Any,
         _write_files(tmp, state, model, weights, optim, scheduler, scaler, job, history)
         _publish(tmp, final)
         write_atomic(out_dir / "latest", final.name + "\n")
-    except Exception as err:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        if not isinstance(err, Exception):  # KeyboardInterrupt, SystemExit: cleaned, passed on
+            raise
         good = newest_intact(out_dir)
         keep = (f"the last good checkpoint, {good}, is intact" if good is not None
                 else "no checkpoint was written before this one")

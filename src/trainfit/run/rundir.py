@@ -236,11 +236,22 @@ def _alive_here(h: dict[str, Any]) -> bool:
 
 
 def remove_partial_saves(out: Path) -> list[str]:
-    """``.checkpoint-N.tmp`` directories a killed save left (the lock is held: no save is running)."""
+    """``.checkpoint-N.tmp`` directories a killed save left (the lock is held: no save is running),
+    and the temporary files of an atomic write it cut (``.latest.PID.tmp``, ``.train.json.PID.tmp``,
+    ``.checkpoint-N.old``): returns the checkpoint directories removed (said in a note)."""
     gone = []
     for p in out.glob(".checkpoint-*.tmp"):
         shutil.rmtree(p, ignore_errors=True)
         gone.append(p.name)
+    for p in [*out.glob(".latest.*.tmp"), *out.glob(".train.json.*.tmp")]:
+        with contextlib.suppress(OSError):
+            p.unlink()
+    for p in out.glob(".checkpoint-*.old"):  # a checkpoint moved aside for its step's new save
+        final = out / p.name[1:-len(".old")]
+        if final.is_dir():  # the new one is in place
+            shutil.rmtree(p, ignore_errors=True)
+        else:  # killed between the two renames: the old one is the checkpoint
+            p.rename(final)
     return gone
 
 
