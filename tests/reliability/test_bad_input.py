@@ -186,3 +186,37 @@ def test_every_error_trainfit_raises_carries_a_hint():
             if hint is None or (isinstance(hint, ast.Constant) and not hint.value):
                 missing.append(f"{path.name}:{node.lineno}")
     assert not missing, missing
+
+
+@pytest.mark.parametrize("what", ["job file", "config.json"])
+def test_unreadable_file_is_one_line(cli, job_file, micro_model_json, tmp_path, monkeypatch, what):
+    """A file without read permission (simulated: the tests run as root, who reads anything)."""
+    import errno
+    import os
+
+    target = Path(job_file) if what == "job file" else Path(micro_model_json)
+    real = Path.read_text
+
+    def read_text(self, *a, **k):
+        if self == target:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    before = tree(tmp_path)
+    r = cli("plan", job_file, "--gpu", "t4") if what == "job file" else \
+        cli("plan", micro_model_json, "--gpu", "t4")
+    assert r.clean_error() and "Permission denied" in r.errors[0], r.stderr
+    assert {k: v for k, v in tree(tmp_path).items() if not k.startswith("_cache")} == \
+        {k: v for k, v in before.items() if not k.startswith("_cache")}
+
+
+def test_a_yaml_field_is_cleared_from_the_command_line(cli, tmp_path):
+    """--quant none clears the file's quant: the error's hint says so, and it works."""
+    job = tmp_path / "j.yaml"
+    job.write_text("model: gpt2\nmethod: qlora\nquant: nf4\n")
+    r = cli("plan", job, "--method", "lora")
+    assert r.clean_error() and "--quant none" in r.hints[0], r.stderr
+    r = cli("plan", job, "--method", "lora", "--quant", "none", "--gpu", "t4", "--micro-batch", "1",
+            "--seq-len", "64", "--precision", "fp32", "--grad-ckpt", "off", "--no-verify", "--json")
+    assert r.code == 0, r.stderr

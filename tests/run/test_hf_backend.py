@@ -143,3 +143,29 @@ def test_hf_evaluation_equals_own_loop(job, tmp_path):
     assert res.evals[-1]["eval_batch"] == 2
     # the held-out samples are never trained on, in the file's numbering
     assert sorted(i for s in res.samples for i in s) == sorted(i for s in ref.samples for i in s)
+
+
+def test_hf_checkpoints_are_verified_before_the_trainer_loads_them(tmp_path):
+    """The trainers' checkpoint-N get digests.json at each save (on_save); a resume verifies them:
+    a flipped bit names the file and offers the newest intact one; a newer incomplete checkpoint
+    (no digests: its save was cut) is passed over with a note."""
+    from trainfit.run.checkpoint import write_digests
+    from trainfit.run.hf_backend import last_checkpoint
+
+    for n in (2, 4):
+        ck = tmp_path / f"checkpoint-{n}"
+        ck.mkdir()
+        (ck / "trainer_state.json").write_text(json.dumps({"global_step": n}))
+        (ck / "model.safetensors").write_bytes(bytes(range(256)) * 8)
+        write_digests(ck)
+    (tmp_path / "checkpoint-6").mkdir()  # a save that did not finish
+    (tmp_path / "checkpoint-6" / "trainer_state.json").write_text("{}")
+    ck, note = last_checkpoint(tmp_path)
+    assert ck == str(tmp_path / "checkpoint-4") and "checkpoint-6 is incomplete" in note
+    raw = bytearray((tmp_path / "checkpoint-4" / "model.safetensors").read_bytes())
+    raw[100] ^= 4
+    (tmp_path / "checkpoint-4" / "model.safetensors").write_bytes(bytes(raw))
+    with pytest.raises(JobError, match=r"model\.safetensors: damaged") as info:
+        last_checkpoint(tmp_path / "checkpoint-4")
+    assert info.value.hint.endswith(str(tmp_path / "checkpoint-2"))
+    assert last_checkpoint(tmp_path)[0] == str(tmp_path / "checkpoint-2")
