@@ -10,9 +10,10 @@ import typer
 
 
 def _fail(message: str, hint: str = "", tail: list[str] | None = None) -> NoReturn:
+    from trainfit.cli.jobargs import GENERIC_HINT
+
     typer.echo(f"error: {message}", err=True)
-    if hint:
-        typer.echo(f"hint: {hint}", err=True)
+    typer.echo(f"hint: {hint or GENERIC_HINT}", err=True)
     if tail:
         typer.echo("last lines of its output:", err=True)
         for line in tail:
@@ -40,6 +41,12 @@ def register(app: typer.Typer) -> None:
         keep_running: Annotated[bool, typer.Option(
             "--keep-running",
             help="Let the command run to its end (default: stop it after the window).")] = False,
+        allow_code: Annotated[bool, typer.Option(
+            "--allow-code", help="Run a module:factory model named in the job file (a job file "
+                                 "alone never runs code).")] = False,
+        trust_remote_code: Annotated[bool, typer.Option(
+            "--trust-remote-code", help="Run the model's own code from the hub (never taken from "
+                                        "a job file).")] = False,
         as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     ) -> None:
         """Measure where the step time goes (data wait, copy, forward, backward, optimizer, syncs,
@@ -58,10 +65,11 @@ def register(app: typer.Typer) -> None:
                 raise JobError(f"--steps {steps}: too few to measure",
                                "doctor needs at least 3 measured steps")
             if repeats < 1:
-                raise JobError(f"--repeats {repeats}: must be ≥ 1")
+                raise JobError(f"--repeats {repeats}: must be ≥ 1", "e.g. --repeats 2")
             if len(args) == 1 and args[0].endswith((".yaml", ".yml")):
                 result = doctor_job(args[0], steps=steps, warmup=warmup, apply=apply, repeats=repeats,
-                                    device=device, log=say)
+                                    device=device, log=say, allow_code=allow_code,
+                                    trust_remote_code=trust_remote_code)
             else:
                 check_command(args)
                 if say:

@@ -20,33 +20,70 @@ def parse_bytes(text: str | None, flag: str) -> int | None:
     above 1 KiB so the two are never confused)."""
     if text is None:
         return None
+    examples = "e.g. 1.5GiB, 512MiB, 8GB (GB = 10^9, GiB = 2^30 bytes)"
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
     if not m or m.group(2).lower() not in _UNITS:
-        raise JobError(f"{flag} {text}: not a size", "e.g. 1.5GiB, 512MiB, 8GB (GB = 10^9, "
-                       "GiB = 2^30 bytes)")
+        raise JobError(f"{flag} {text}: not a size", examples)
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if value <= 0:
-        raise JobError(f"{flag} {text}: must be > 0")
+        raise JobError(f"{flag} {text}: must be > 0", examples)
+    if value < 1:  # int() would make it 0 bytes, which reads as "no limit"
+        raise JobError(f"{flag} {text}: less than one byte", examples)
     return int(value)
 
 
+GENERIC_HINT = "trainfit COMMAND --help lists every option and its accepted values"
+"""The hint of an error raised without one (every error of trainfit's own has one: a test reads
+the source; this covers a library's message passed through)."""
+
+
 def fail(err: JobError) -> None:
-    typer.echo(f"error: {err}", err=True)
-    if err.hint:
-        typer.echo(f"hint: {err.hint}", err=True)
+    """The one error exit of every command: ``error:`` line, ``hint:`` line, exit code 2."""
+    message = " ".join(str(err).split())  # one line, whatever the message held
+    typer.echo(f"error: {message}", err=True)
+    typer.echo(f"hint: {err.hint or GENERIC_HINT}", err=True)
     raise typer.Exit(2)
 
 
+def check_writable(path: str | Path, flag: str = "--out") -> None:
+    """``path`` can be written as a file — checked before the work that produces it (a search of
+    minutes must not end in a traceback): its directory exists and takes a file, it is not a
+    directory. A probe file is created and removed."""
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise JobError(f"{flag} {path}: is a directory", "give a file name, e.g. trainfit.yaml")
+        if not p.parent.is_dir():
+            raise JobError(f"{flag} {path}: directory {p.parent} does not exist",
+                           f"create it first (mkdir -p {p.parent})")
+        fd, probe = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise JobError(f"{flag} {path}: cannot write there ({err.strerror or type(err).__name__})",
+                       "choose a writable location (or fix the directory's permissions)") from None
+
+
 def write_atomic(path: str | Path, text: str) -> None:
-    """Write via a temporary file in the same directory and rename: never half-written."""
+    """Write via a temporary file in the same directory, fsync, rename: never half-written.
+    Every OS refusal is one JobError; the temporary file is removed."""
     p = Path(path)
     if not p.parent.exists():
         raise JobError(f"{path}: directory {p.parent} does not exist", "create it first")
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, p)
+    except OSError as err:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise JobError(f"{path}: cannot write it ({err.strerror or type(err).__name__})",
+                       "choose a writable location with free space") from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise

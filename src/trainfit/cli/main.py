@@ -46,15 +46,18 @@ def examples_dir() -> Path:
     return Path(__file__).resolve().parents[3] / "examples"
 
 
-def _load_target(target: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A positional ``TARGET`` is a job YAML or a model; returns (job fields, file-only keys)."""
+def _load_target(target: str | None, *, allow_code: bool = False,
+                 trust_remote_code: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A positional ``TARGET`` is a job YAML or a model; returns (job fields, file-only keys).
+    A model named here is named on the command line: ``module:factory`` runs."""
     if target is None:
         return {}, {}
     if target.endswith((".yaml", ".yml")):
         p = Path(target)
-        if not p.is_file() and (examples_dir() / target).is_file():
+        if not _is_file(p) and _is_file(examples_dir() / target):
             p = examples_dir() / target
-        fields, extra = read_job_file(p if p.is_file() else target)
+        fields, extra = read_job_file(p if _is_file(p) else target, allow_code=allow_code,
+                                      trust_remote_code=trust_remote_code)
         JobSpec.from_dict(dict(fields), source=target)  # validates keys early, names the file
         return fields, extra
     return {"model": target}, {}
@@ -72,6 +75,13 @@ def _with_interconnect(spec: Any, name: str) -> Any:
         raise JobError(f"--interconnect {name}: unknown interconnect",
                        "known: " + ", ".join(INTERCONNECTS_GBS))
     return dataclasses.replace(spec, interconnect=key, interconnect_gbs=INTERCONNECTS_GBS[key])
+
+
+def _is_file(p: Path) -> bool:
+    try:
+        return p.is_file()
+    except OSError:  # a path too long: read_job_file says so
+        return False
 
 
 CURRENT_KNOBS = ("micro_batch", "grad_accum", "grad_ckpt", "precision", "attention",
@@ -129,7 +139,12 @@ def plan_cmd(
     job_flags: dict[str, Any] | None = None,
     gpu: Annotated[str | None, typer.Option(help="GPU name (trainfit gpus), e.g. t4, a100-80gb, "
                                                   "generic-8gb.")] = None,
-    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
+    trust_remote_code: Annotated[bool, typer.Option(
+        "--trust-remote-code", help="Run the model's own code from the hub (never taken from a "
+                                    "job file).")] = False,
+    allow_code: Annotated[bool, typer.Option(
+        "--allow-code", help="Run a module:factory model named in the job file (a job file "
+                             "alone never runs code).")] = False,
     margin: Annotated[float, typer.Option(help="Safety margin of GPU memory kept free.")] = DEFAULT_MARGIN,
     dataset_tokens: Annotated[int | None, typer.Option(
         help="Tokens in one epoch: adds the predicted time for the dataset.")] = None,
@@ -149,7 +164,7 @@ def plan_cmd(
 ) -> None:
     """Predict the peak GPU memory of each candidate configuration (no GPU needed)."""
     from trainfit.cli.script import is_command, plan_script_cmd
-    from trainfit.model.source import resolve_model
+    from trainfit.model.source import check_seq_len, resolve_model
     from trainfit.plan.grid import plan
 
     args = [target] if isinstance(target, str) else list(target or [])  # quickstart passes a str
@@ -165,7 +180,8 @@ def plan_cmd(
                             as_json=as_json, dataset_tokens=dataset_tokens, epochs=epochs)
             return
         target = args[0] if args else None
-        fields, extra = _load_target(target)
+        fields, extra = _load_target(target, allow_code=allow_code or "model" in (job_flags or {}),
+                                     trust_remote_code=trust_remote_code)
         fields = merge_job_fields(fields, job_flags or {},
                                   "trainfit plan MODEL --gpu GPU, or a job YAML")
         if trust_remote_code:
@@ -174,6 +190,7 @@ def plan_cmd(
         job, current_job = _current_and_grid(job, fields, extra, current, target or "flags")
         spec = _gpu_spec(gpu, extra, interconnect, say)
         source = resolve_model(job.model, job.trust_remote_code)
+        check_seq_len(job.seq_len, source)  # tune and train refuse it too
         result = plan(job, source, spec, margin=margin, verify=verify,
                       dataset_tokens=dataset_tokens, epochs=epochs, current=current_job)
     except JobError as err:

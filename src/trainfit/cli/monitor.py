@@ -14,9 +14,10 @@ _POLL_S = 0.1
 
 
 def _fail(message: str, hint: str | None) -> NoReturn:
+    from trainfit.cli.jobargs import GENERIC_HINT
+
     typer.echo(f"error: {message}", err=True)
-    if hint:
-        typer.echo(f"hint: {hint}", err=True)
+    typer.echo(f"hint: {hint or GENERIC_HINT}", err=True)
     raise typer.Exit(2)
 
 

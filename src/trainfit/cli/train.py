@@ -19,7 +19,8 @@ def _check_nproc(nproc: int, device: str) -> None:
     import torch
 
     if nproc < 1:
-        raise JobError(f"--nproc {nproc}: must be ≥ 1")
+        raise JobError(f"--nproc {nproc}: must be ≥ 1", "--nproc 1 runs one process (the "
+                       "default); --nproc N launches N ranks through torchrun")
     if device.startswith("cuda"):
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if nproc > n:
@@ -30,7 +31,7 @@ def _check_nproc(nproc: int, device: str) -> None:
                        f"use --nproc ≤ {os.cpu_count()}")
 
 
-def _launch(nproc: int, device: str, job: JobSpec, job_file: str) -> int:
+def _launch(nproc: int, device: str, job: JobSpec, job_file: str, out: str) -> int:
     """``--nproc N``: the same command under torchrun, N ranks (the exit code of torchrun)."""
     _check_nproc(nproc, device)
     if job.ranks != nproc:
@@ -43,12 +44,49 @@ def _launch(nproc: int, device: str, job: JobSpec, job_file: str) -> int:
         args = sys.argv[1:i] + sys.argv[i + 2:]
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
            "-m", "trainfit.cli.main", *args]
-    return subprocess.call(cmd)
+    code = subprocess.call(cmd)
+    # torchrun exits 1 whenever a rank exits non-zero: the run's record says which it was
+    return _exit_code_of(Path(out), code) if code else 0
 
 
-def _steps(text: str | None) -> tuple[int, ...]:
+def _exit_code_of(out: Path, code: int) -> int:
+    """The documented exit code of the run in ``out`` (interrupted: 130/143, diverged: 3)."""
+    from trainfit.run.record import EXIT_DIVERGED, EXIT_SIGINT, EXIT_SIGTERM
+
+    try:
+        d = json.loads((out / "train.json").read_text())
+    except (OSError, ValueError):
+        return code
+    return {"diverged": EXIT_DIVERGED, "interrupted": EXIT_SIGTERM if d.get("signal") == "SIGTERM"
+            else EXIT_SIGINT}.get(d.get("stopped"), code)
+
+
+def _job_of(job_file: str, micro_batch: int | None, allow_code: bool, trust_remote_code: bool
+            ) -> tuple[JobSpec, dict[str, Any]]:
+    """The job file (code in it only with --allow-code; remote code only with
+    --trust-remote-code) with --micro-batch on top (the effective batch is kept)."""
+    fields, extra = read_job_file(job_file, allow_code=allow_code,
+                                  trust_remote_code=trust_remote_code)
+    if trust_remote_code:
+        fields["trust_remote_code"] = True
+    if micro_batch is not None:
+        fields["micro_batch"] = micro_batch
+        fields.pop("grad_accum", None)
+    return JobSpec.from_dict(fields, source=job_file), extra
+
+
+def _steps(text: str | None, flag: str) -> tuple[int, ...]:
     """A fault drill's steps, comma-separated."""
-    return tuple(int(s) for s in text.split(",")) if text else ()
+    if not text:
+        return ()
+    try:
+        steps = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        raise JobError(f"{flag} {text}: not a list of step numbers",
+                       f"e.g. {flag} 3 or {flag} 1,5 (optimizer steps, from 0)") from None
+    if any(s < 0 for s in steps):
+        raise JobError(f"{flag} {text}: steps count from 0", f"e.g. {flag} 0,3")
+    return steps
 
 
 def register(app: typer.Typer) -> None:
@@ -85,46 +123,70 @@ def register(app: typer.Typer) -> None:
             help="Fault drill: steps (comma-separated) whose evaluation raises an OOM once.")] = None,
         allow_offload: Annotated[bool, typer.Option(
             help="Accept modules offloaded to cpu/disk by a device map.")] = False,
+        allow_code: Annotated[bool, typer.Option(
+            "--allow-code", help="Run a module:factory model named in the job file (a job file "
+                                 "alone never runs code).")] = False,
+        trust_remote_code: Annotated[bool, typer.Option(
+            "--trust-remote-code", help="Run the model's own code from the hub (never taken from "
+                                        "a job file).")] = False,
         backend: Annotated[str | None, typer.Option(
             help="trainfit (own loop: every guarantee, any model), hf (transformers Trainer), trl "
                  "(SFTTrainer), auto (trl for chat rows, hf for text); default: the file's "
                  "backend: key, else trainfit.")] = None,
         as_json: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
-        """Run the job: watched live, checkpointed, surviving OOM and interruption."""
+        """Run the job: watched live, checkpointed, surviving OOM and interruption.
+
+        Exit codes: 0 the steps ran; 2 bad input or an unusable run directory / checkpoint (one
+        error: line); 3 the loss diverged (NaN/inf: stopped, nothing saved after the last good
+        checkpoint); 130 / 143 interrupted by SIGINT / SIGTERM (a checkpoint saved: --resume)."""
         from trainfit.run.backend import run_backend
         from trainfit.run.loop import RunOptions
 
         try:
-            fields, extra = read_job_file(job_file)
-            if micro_batch is not None:
-                fields["micro_batch"] = micro_batch
-                fields.pop("grad_accum", None)
-            job = JobSpec.from_dict(fields, source=job_file)
+            if nproc < 1:
+                _check_nproc(nproc, "cpu")
+            job, extra = _job_of(job_file, micro_batch, allow_code, trust_remote_code)
             dev = device or str(extra.get("device") or "cpu")
             if resume is not None and not Path(resume).exists():
                 raise JobError(f"--resume {resume}: does not exist",
                                "give the run directory of an earlier trainfit train")
-            if nproc > 1 and "WORLD_SIZE" not in os.environ:
-                raise typer.Exit(_launch(nproc, dev, job, job_file))
             opts = RunOptions(out_dir=Path(out), max_steps=max_steps, epochs=epochs,
                               save_every_steps=save_every,
                               resume=Path(resume) if resume else None, device=dev,
                               memory_limit_bytes=parse_bytes(memory_limit, "--memory-limit"),
                               live=live, allow_offload=allow_offload,
-                              inject_oom_at_steps=_steps(inject_oom_at),
+                              inject_oom_at_steps=_steps(inject_oom_at, "--inject-oom-at"),
                               eval_data=Path(eval_data) if eval_data else None,
                               eval_fraction=eval_fraction, eval_every_steps=eval_every,
                               eval_batch=eval_batch,
-                              inject_eval_oom_at_steps=_steps(inject_eval_oom_at))
+                              inject_eval_oom_at_steps=_steps(inject_eval_oom_at,
+                                                              "--inject-eval-oom-at"))
+            if nproc > 1 and "WORLD_SIZE" not in os.environ:
+                raise typer.Exit(_launch(nproc, dev, job, job_file, out))
             result = run_backend(job, opts, backend or str(extra.get("backend") or "trainfit"))
         except JobError as err:
             fail(err)
             return
-        d: dict[str, Any] = result.to_dict()
-        if as_json:
-            typer.echo(json.dumps(d, indent=1))
-            return
+        _finish(result, out, as_json)
+
+
+def _finish(result: Any, out: str, as_json: bool) -> None:
+    """Print the run (JSON or the summary); a diverged run adds its error line; exit with the
+    run's code."""
+    d: dict[str, Any] = result.to_dict()
+    if as_json:
+        typer.echo(json.dumps(d, indent=1))
+    else:
         from trainfit.render.train import render_train
 
         render_train(d, out)
+    if result.stopped == "diverged":
+        good = result.checkpoints[-1] if result.checkpoints else None
+        typer.echo(f"error: the loss became non-finite at step {result.diverged_at_step}: "
+                   "training stopped, nothing saved after "
+                   + (f"the last good checkpoint ({good})" if good else "the start"), err=True)
+        typer.echo("hint: lower --lr, use fp32 or amp-bf16, or look at the data near that step; "
+                   + (f"then continue with --resume {out}" if good else "then run again"), err=True)
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)

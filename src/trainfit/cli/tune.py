@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from trainfit.cli.jobargs import fail, parse_bytes, write_atomic
+from trainfit.cli.jobargs import check_writable, fail, parse_bytes, write_atomic
 from trainfit.cli.jobflags import merge_job_fields, with_job_flags
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec, read_job_file
 from trainfit.job.fields import DEFAULT_KNOBS, KNOB_NAMES, fixed_knobs
 
 
-def _job(target: str | None, job_flags: dict[str, Any], trust_remote_code: bool) -> JobSpec:
+def _job(target: str | None, job_flags: dict[str, Any], trust_remote_code: bool,
+         allow_code: bool = False) -> JobSpec:
     fields: dict[str, Any] = {}
     if target is not None and target.endswith((".yaml", ".yml")):
-        fields, _extra = read_job_file(target)
+        fields, _extra = read_job_file(target, allow_code=allow_code or "model" in job_flags,
+                                       trust_remote_code=trust_remote_code)
     elif target is not None:
         fields["model"] = target
     fields = merge_job_fields(fields, job_flags, "trainfit tune MODEL --data FILE ...")
@@ -96,7 +97,12 @@ def register(app: typer.Typer) -> None:
         isolate: Annotated[bool, typer.Option(help="Each probe in its own process.")] = False,
         out: Annotated[str | None, typer.Option(help="Write the tuned job here (YAML).")] = None,
         emit: Annotated[str | None, typer.Option(help="hf | trl | accelerate")] = None,
-        trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code")] = False,
+        trust_remote_code: Annotated[bool, typer.Option(
+            "--trust-remote-code", help="Run the model's own code from the hub (never taken from "
+                                        "a job file).")] = False,
+        allow_code: Annotated[bool, typer.Option(
+            "--allow-code", help="Run a module:factory model named in the job file (a job file "
+                                 "alone never runs code).")] = False,
         timeout_s: Annotated[float, typer.Option(
             "--timeout-s", help="Script form: stop the script if tune has not ended by then.")] = 1800.0,
         as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -127,7 +133,7 @@ def register(app: typer.Typer) -> None:
             target = args[0] if args else None
             if emit is not None and emit not in ("hf", "trl", "accelerate"):
                 raise JobError(f"--emit {emit}: unknown", "use hf, trl or accelerate")
-            job = _job(target, job_flags or {}, trust_remote_code)
+            job = _job(target, job_flags or {}, trust_remote_code, allow_code)
             opts = TuneOptions(device=device, memory_limit_bytes=parse_bytes(memory_limit,
                                                                               "--memory-limit"),
                                margin=margin, budget_s=budget_s,
@@ -135,8 +141,8 @@ def register(app: typer.Typer) -> None:
                                knobs=_knob_list(knobs, try_compile, try_8bit_optimizer),
                                fixed=fixed_knobs(set(job_flags or {})), run_steps=run_steps,
                                isolate=isolate)
-            if out is not None and not Path(out).resolve().parent.exists():
-                raise JobError(f"--out {out}: directory does not exist", "create it first")
+            if out is not None:
+                check_writable(out)  # before the search: its end must not be a write error
             if as_json:
                 result = tune(job, opts)
             else:
@@ -149,6 +155,9 @@ def register(app: typer.Typer) -> None:
             return
         if os.environ.get("RANK", "0") != "0":
             return  # under torchrun: every rank probed and agreed; rank 0 reports
-        _report(result, out, emit, as_json)
+        try:
+            _report(result, out, emit, as_json)
+        except JobError as err:
+            fail(err)
         if result.pick is None:
             raise typer.Exit(1)

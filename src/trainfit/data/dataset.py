@@ -84,7 +84,8 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         try:
             rows = json.loads(text)
         except json.JSONDecodeError as err:
-            raise DataError(f"--data {path}: invalid JSON ({err})") from None
+            raise DataError(f"--data {path}: invalid JSON ({err})",
+                            "give JSON lines (one object per line, .jsonl) or one JSON array") from None
     else:
         rows = []
         for i, line in enumerate(text.splitlines(), 1):
@@ -118,7 +119,8 @@ def _read_with_datasets(p: Path) -> list[dict[str, Any]]:
                                        split="train")
     except Exception as err:  # datasets raises many types for unreadable files
         raise DataError(f"--data {p}: HF datasets cannot read it ({type(err).__name__}: "
-                        f"{str(err).splitlines()[0] if str(err) else ''})") from None
+                        f"{str(err).splitlines()[0] if str(err) else ''})",
+                        "convert the data to JSONL (text, messages or input_ids rows)") from None
     if isinstance(ds, dict):
         ds = ds["train"]
     rows = [dict(r) for r in ds]
@@ -150,7 +152,8 @@ def _field(row: dict[str, Any], name: str, i: int, path: str) -> Any:
 def _chat_ids(tok: Any, messages: Any, i: int, path: str) -> list[int]:
     if not isinstance(messages, list) or not messages:
         raise DataError(f"--data {path}: row {i}: 'messages' must be a non-empty list of "
-                        '{"role", "content"}')
+                        '{"role", "content"}', 'e.g. {"messages": [{"role": "user", "content": '
+                        '"hi"}, {"role": "assistant", "content": "hello"}]}')
     out = tok.apply_chat_template(messages, tokenize=True)
     if hasattr(out, "keys"):
         out = out["input_ids"]
@@ -179,7 +182,7 @@ def tokenize_rows(rows: list[dict[str, Any]], tok: Any, *, seq_len: int, task: s
                   max_positions: int | None = None) -> TokenData:
     """Tokenize every row (eagerly: the training loop then never waits for the tokenizer)."""
     if seq_len <= 0:
-        raise DataError(f"--seq-len {seq_len}: must be ≥ 1")
+        raise DataError(f"--seq-len {seq_len}: must be ≥ 1", "e.g. --seq-len 512")
     if max_positions is not None and seq_len > max_positions:
         raise DataError(f"--seq-len {seq_len}: longer than the model's limit of {max_positions} "
                         "positions", f"use --seq-len ≤ {max_positions}")
@@ -196,7 +199,8 @@ def tokenize_rows(rows: list[dict[str, Any]], tok: Any, *, seq_len: int, task: s
         elif kind == "pretokenized":
             ids = _field(row, "input_ids", i, path)
             if not isinstance(ids, list) or not all(isinstance(x, int) for x in ids):
-                raise DataError(f"--data {path}: row {i}: input_ids must be a list of integers")
+                raise DataError(f"--data {path}: row {i}: input_ids must be a list of integers",
+                                'e.g. {"input_ids": [1, 2, 3]} (token ids of the model\'s tokenizer)')
             seqs.append(ids)
             if targets is not None:
                 targets.append(list(row.get("labels", ids)))
@@ -205,10 +209,12 @@ def tokenize_rows(rows: list[dict[str, Any]], tok: Any, *, seq_len: int, task: s
         else:
             text = _field(row, text_field, i, path)
             if not isinstance(text, str):
-                raise DataError(f"--data {path}: row {i}: {text_field!r} must be a string")
+                raise DataError(f"--data {path}: row {i}: {text_field!r} must be a string",
+                                f'e.g. {{"{text_field}": "some text"}}, or --text-field NAME')
             seqs.append(list(tok(text)["input_ids"]) + ([eos] if eos is not None else []))
     if not any(seqs):
-        raise DataError(f"--data {path}: every row is empty after tokenization")
+        raise DataError(f"--data {path}: every row is empty after tokenization",
+                        "check that the rows hold text (--text-field names its field)")
     vocab_hi = max((max(s) for s in seqs if s), default=0)
     if vocab_hi >= len(tok) and kind == "pretokenized":
         raise DataError(f"--data {path}: token id {vocab_hi} is outside the tokenizer's "

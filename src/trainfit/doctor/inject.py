@@ -100,7 +100,8 @@ def run_with_hooks(cmd: list[str], hook_env: dict[str, str], *, timeout_s: float
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True, text=True, errors="replace")
     except OSError as err:
-        raise DoctorError(f"{cmd[0]}: cannot run it ({err.strerror or err})") from None
+        raise DoctorError(f"{cmd[0]}: cannot run it ({err.strerror or err})",
+                          "check the command after --, e.g. -- python train.py") from None
 
     def read() -> None:
         assert proc.stdout is not None

@@ -41,7 +41,7 @@ class LazyRows(torch.utils.data.Dataset):
                     self.offsets.append(pos)
                 pos += len(line)
         if not self.offsets:
-            raise DataError(f"--data {path}: the dataset is empty")
+            raise DataError(f"--data {path}: the dataset is empty", "give a JSONL with rows")
         first = json.loads(self._line(0))
         self.kind = "chat" if "messages" in first else "text"
         if self.kind == "text" and text_field not in first:

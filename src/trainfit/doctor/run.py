@@ -85,21 +85,27 @@ def _names(findings: list[Finding]) -> list[str]:
 
 # --- trainfit jobs ---------------------------------------------------------------------------
 
-def read_doctor_file(path: str | Path) -> tuple[JobSpec, dict[str, Any], dict[str, Any]]:
+def read_doctor_file(path: str | Path, *, allow_code: bool = False, trust_remote_code: bool = False
+                     ) -> tuple[JobSpec, dict[str, Any], dict[str, Any]]:
     """A job YAML → (job, doctor options, file-only keys). Paths in it resolve from the file's
-    directory when they do not exist from here."""
+    directory when they do not exist from here. ``allow_code`` / ``trust_remote_code``: the
+    command line's --allow-code / --trust-remote-code (a job file alone never runs code)."""
     p = Path(path)
     if not p.is_file():
         raise DoctorError(f"{path}: no such file", "give a trainfit job YAML, or -- CMD for a script")
-    fields, extra = read_job_file(p)  # the same parse (and errors) as every other command
+    # the same parse (and errors) as every other command
+    fields, extra = read_job_file(p, allow_code=allow_code, trust_remote_code=trust_remote_code)
+    if trust_remote_code:
+        fields["trust_remote_code"] = True
     opts = extra.pop("doctor", None) or {}
     if not isinstance(opts, dict):
-        raise DoctorError(f"{path}: doctor: must be a mapping, e.g. doctor: {{tokenize: lazy}}")
+        raise DoctorError(f"{path}: doctor: must be a mapping", "e.g. doctor: {tokenize: lazy}")
     for k, v in opts.items():
         if k not in DOCTOR_KEYS:
             raise DoctorError(f"{path}: doctor: unknown key {k!r}", f"known: {', '.join(DOCTOR_KEYS)}")
         if v not in DOCTOR_KEYS[k]:
-            raise DoctorError(f"{path}: doctor.{k}: {v!r} must be one of {', '.join(DOCTOR_KEYS[k])}")
+            raise DoctorError(f"{path}: doctor.{k}: {v!r} must be one of {', '.join(DOCTOR_KEYS[k])}",
+                              f"e.g. doctor: {{{k}: {DOCTOR_KEYS[k][0]}}}")
     for key in ("data", "tokenizer", "model"):
         if isinstance(fields.get(key), str):
             fields[key] = resolve_relative(fields[key], p.parent)
@@ -155,12 +161,14 @@ def _metrics(rounds: list[Round]) -> Metrics:
 
 
 def _job_to_examine(path: str | Path | None, job: JobSpec | None, tokenize: str,
-                    memory_limit_bytes: int | None, steps: int) -> tuple[str, JobSpec, str, int | None]:
+                    memory_limit_bytes: int | None, steps: int, allow_code: bool = False,
+                    trust_remote_code: bool = False) -> tuple[str, JobSpec, str, int | None]:
     """(target, job, tokenize, memory limit): the job from its file where one is given (its
     ``doctor:`` options and ``memory_limit`` apply), checked to be measurable."""
     target = str(path) if path is not None else "job"
     if path is not None:
-        job, opts, extra = read_doctor_file(path)
+        job, opts, extra = read_doctor_file(path, allow_code=allow_code,
+                                            trust_remote_code=trust_remote_code)
         tokenize = opts.get("tokenize", tokenize)
         if memory_limit_bytes is None and isinstance(extra.get("memory_limit"), int):
             memory_limit_bytes = extra["memory_limit"]
@@ -349,10 +357,11 @@ def _pooled(bench: _Bench, befores: list[Round]) -> Round:
 
 def doctor_job(path: str | Path | None = None, *, job: JobSpec | None = None, tokenize: str = "eager",
                steps: int = 6, warmup: int = 2, apply: bool = True, repeats: int = 2, device: str = "cpu",
-               memory_limit_bytes: int | None = None, log: Any = None) -> DoctorResult:
+               memory_limit_bytes: int | None = None, log: Any = None, allow_code: bool = False,
+               trust_remote_code: bool = False) -> DoctorResult:
     """Measure a trainfit job, name its bottlenecks, apply the fixes and measure again."""
-    target, job, tokenize, memory_limit_bytes = _job_to_examine(path, job, tokenize, memory_limit_bytes,
-                                                                steps)
+    target, job, tokenize, memory_limit_bytes = _job_to_examine(
+        path, job, tokenize, memory_limit_bytes, steps, allow_code, trust_remote_code)
     bench = _Bench.open(job, device, lazy=tokenize == "lazy", steps=steps, warmup=warmup,
                         memory_limit_bytes=memory_limit_bytes, say=log or (lambda msg: None))
     first = bench.measure(job, bench.before_mode, "before")

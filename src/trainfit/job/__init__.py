@@ -3,6 +3,7 @@
 from trainfit.job.spec import (
     ATTENTIONS,
     DEFAULT_MARGIN,
+    FACTORY_SPEC,
     FILE_ONLY_KEYS,
     GRAD_CKPT,
     LORA_ALIASES,
@@ -15,6 +16,7 @@ from trainfit.job.spec import (
     JobError,
     JobSpec,
     dividing_micro_batches,
+    is_code_spec,
     job_with_current,
     read_job_file,
 )
@@ -22,6 +24,7 @@ from trainfit.job.spec import (
 __all__ = [
     "ATTENTIONS",
     "DEFAULT_MARGIN",
+    "FACTORY_SPEC",
     "FILE_ONLY_KEYS",
     "GRAD_CKPT",
     "LORA_ALIASES",
@@ -34,6 +37,7 @@ __all__ = [
     "JobError",
     "JobSpec",
     "dividing_micro_batches",
+    "is_code_spec",
     "job_with_current",
     "read_job_file",
 ]

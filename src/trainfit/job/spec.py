@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,17 +51,47 @@ class JobError(ValueError):
         self.hint = hint
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        close = difflib.get_close_matches(str(value), allowed, n=1)
-        hint = f"did you mean {close[0]!r}?" if close else ""
-        raise JobError(f"--{name.replace('_', '-')} {value!r}: must be one of "
-                       f"{', '.join(allowed)}", hint)
+        close = difflib.get_close_matches(str(value).lower(), allowed, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"choose one of {', '.join(allowed)}"
+        raise JobError(f"{_flag(name)} {value!r}: must be one of {', '.join(allowed)}", hint)
 
 
 def _positive(name: str, value: int | None) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise JobError(f"--{name.replace('_', '-')} {value}: must be an integer ≥ 1")
+        raise JobError(f"{_flag(name)} {value}: must be an integer ≥ 1",
+                       f"e.g. {_flag(name)} {JobSpec.example(name)}")
+
+
+_KINDS = {int: "an integer", float: "a number", str: "text", bool: "true or false", list: "a list"}
+
+
+def _check_types(job: JobSpec) -> None:
+    """Each field holds its declared type (a YAML ``lr: fast`` or ``seq_len: "big"`` is one clear
+    error, not a TypeError deep inside): ints are not bools, a float field takes an int."""
+    hints = typing.get_type_hints(JobSpec)
+    for f in dataclasses.fields(job):
+        value = getattr(job, f.name)
+        if value is None:
+            continue
+        hint = hints[f.name]
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        kinds = [typing.get_origin(a) or a for a in (typing.get_args(hint) if union else (hint,))
+                 if a is not type(None)]
+        ok = any(isinstance(value, k) and not (k in (int, float) and isinstance(value, bool))
+                 for k in kinds) or (float in kinds and isinstance(value, int)
+                                     and not isinstance(value, bool)) \
+            or (list in kinds and isinstance(value, str))  # "q,v" is split below
+        if f.name == "grad_ckpt" and isinstance(value, bool):
+            ok = True  # grad_ckpt: true/false reads as full/off
+        if not ok:
+            raise JobError(f"{_flag(f.name)} {value!r}: must be {_KINDS.get(kinds[0], kinds[0])}",
+                           f"e.g. {f.name}: {JobSpec.example(f.name)}")
 
 
 @dataclass(kw_only=True)
@@ -171,10 +204,19 @@ class JobSpec:
     seed: int = 0
     """Seed of the weights' initialisation (random-init models) and of the sample order."""
 
+    @staticmethod
+    def example(name: str) -> str:
+        """A valid value of the field, for hints."""
+        return {"seq_len": "512", "micro_batch": "4", "grad_accum": "4", "effective_batch": "32",
+                "ranks": "2", "lora_r": "16", "lora_alpha": "32", "lm_head_chunk": "1024",
+                "prefetch_factor": "2", "num_workers": "2", "lr": "1e-4", "seed": "0",
+                "lora_dropout": "0.05", "max_grad_norm": "1.0"}.get(name, "(see docs/job-fields.md)")
+
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
             raise JobError("--model is empty", "give a catalog name (trainfit models), an HF id "
                            "or a path to a config.json")
+        _check_types(self)
         _choice("method", self.method, METHODS)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
@@ -194,9 +236,13 @@ class JobSpec:
                      "lora_r", "lora_alpha", "lm_head_chunk", "prefetch_factor"):
             _positive(name, getattr(self, name))
         if self.num_workers < 0:
-            raise JobError(f"--num-workers {self.num_workers}: must be ≥ 0")
-        if not self.lr > 0:
-            raise JobError(f"--lr {self.lr}: must be > 0")
+            raise JobError(f"--num-workers {self.num_workers}: must be ≥ 0",
+                           "0 loads batches in the training process; e.g. --num-workers 2")
+        if not self.lr > 0 or self.lr != self.lr or self.lr == float("inf"):
+            raise JobError(f"--lr {self.lr}: must be a finite number > 0", "e.g. --lr 1e-4")
+        if self.max_grad_norm is not None and not 0 < self.max_grad_norm < float("inf"):
+            raise JobError(f"--max-grad-norm {self.max_grad_norm}: must be > 0",
+                           "e.g. --max-grad-norm 1.0, or none to turn clipping off")
         if isinstance(self.lora_targets, str):
             self.lora_targets = [t.strip() for t in self.lora_targets.split(",") if t.strip()]
         if self.method == "full":
@@ -217,9 +263,11 @@ class JobSpec:
             self.quant = self.quant or "nf4-dq"
             _choice("quant", self.quant, QUANTS)
         elif self.quant is not None:
-            raise JobError(f"--quant {self.quant} needs --method qlora")
+            raise JobError(f"--quant {self.quant} needs --method qlora",
+                           "use --method qlora, or --quant none to clear a quant the job file set")
         if not 0.0 <= self.lora_dropout < 1.0:
-            raise JobError(f"--lora-dropout {self.lora_dropout}: must be in [0, 1)")
+            raise JobError(f"--lora-dropout {self.lora_dropout}: must be in [0, 1)",
+                           "e.g. --lora-dropout 0.05 (0 turns it off)")
         if not self.lora_targets:
             raise JobError("--lora-targets is empty", "e.g. --lora-targets q,v or all-linear")
         self._resolve_batch()
@@ -253,7 +301,9 @@ class JobSpec:
                                "the ranks")
             self.grad_accum = eff // (mb * ranks)
         elif eff is not None and eff % ranks:
-            raise JobError(f"--effective-batch {eff} is not divisible by --ranks {ranks}")
+            raise JobError(f"--effective-batch {eff} is not divisible by --ranks {ranks}",
+                           f"choose an effective batch that is a multiple of {ranks}, e.g. "
+                           f"{max(ranks, eff - eff % ranks)}")
         elif mb is not None and eff is None:
             self.grad_accum = ga or 1
             self.effective_batch = mb * self.grad_accum * ranks
@@ -299,21 +349,90 @@ configuration the user runs now (job fields overriding the file's), which ``plan
 and ``backend``: what ``trainfit train`` runs the job with (trainfit, hf, trl, auto)."""
 
 
-def read_job_file(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A job YAML → (job fields, file-only keys such as ``gpu``); JobError names what is wrong."""
+FACTORY_SPEC = re.compile(r"^(?P<module>[A-Za-z_][\w.]*|[^:]+\.py):(?P<factory>[A-Za-z_]\w*)$")
+"""``module:factory`` (or ``path/to/file.py:factory``): a model that is the user's own Python code."""
+
+
+def is_code_spec(name: Any) -> bool:
+    """True when ``name`` names Python code to import and call (``module:factory``) rather than a
+    catalog model, a config.json, a directory or a hub id."""
+    if not isinstance(name, str) or not FACTORY_SPEC.match(name):
+        return False
+    try:
+        return not Path(name).exists()
+    except OSError:  # a name too long for a path is no file either
+        return True
+
+
+def _read_text(path: str | Path) -> str:
+    """The file's text; every way a read fails (missing, a directory, no permission, a path too
+    long, not UTF-8) is one JobError naming the file."""
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise JobError(f"{path}: is a directory, not a job file",
+                           "give the job YAML file (e.g. trainfit.yaml) inside it")
+        if not p.is_file():
+            raise JobError(f"{path}: no such file",
+                           "check the path; the seed job files are in examples/ (trainfit quickstart)")
+        return p.read_text(encoding="utf-8")
+    except OSError as err:
+        raise JobError(f"{path}: cannot read it ({err.strerror or type(err).__name__})",
+                       "check the path and its permissions (ls -l)") from None
+    except UnicodeDecodeError:
+        raise JobError(f"{path}: not a text file (not UTF-8)",
+                       "give a job YAML (what trainfit tune --out writes)") from None
+
+
+def _refuse_code(path: str | Path, data: dict[str, Any], allow_code: bool,
+                 trust_remote_code: bool) -> None:
+    """A job file alone never runs code: a ``module:factory`` model in it (or in its ``current``
+    block) needs the command line's ``--allow-code`` (or the model named with ``--model``), and
+    ``trust_remote_code: true`` needs the command line's ``--trust-remote-code``. The key is
+    dropped either way: the caller sets it from its flag."""
+    blocks = [data]
+    for k in ("job", "current"):
+        if isinstance(data.get(k), dict):
+            blocks.append(data[k])
+    for block in blocks:
+        model = block.get("model")
+        if is_code_spec(model) and not allow_code:
+            raise JobError(f"{path}: model {model!r} is Python code (module:factory); a job file "
+                           "alone never runs code",
+                           f"name it on the command line (--model {model}), or add --allow-code "
+                           f"if you trust {path}")
+        if block.pop("trust_remote_code", False) and not trust_remote_code:
+            raise JobError(f"{path}: trust_remote_code: true is taken from the command line "
+                           "only (a job file alone never runs a model's remote code)",
+                           "add --trust-remote-code to the command if you trust the model's "
+                           "authors")
+
+
+def read_job_file(path: str | Path, *, allow_code: bool = False,
+                  trust_remote_code: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A job YAML → (job fields, file-only keys such as ``gpu``); JobError names what is wrong.
+
+    ``allow_code``: the command line allows a ``module:factory`` model from the file
+    (``--allow-code``, or ``--model`` naming the model itself); ``trust_remote_code``: the command
+    line's ``--trust-remote-code``. The fields returned never hold ``trust_remote_code``."""
     import yaml
 
-    p = Path(path)
-    if not p.is_file():
-        raise JobError(f"{path}: no such file")
+    text = _read_text(path)
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise JobError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+        raise JobError(f"{path}: not valid YAML ({str(err).splitlines()[0]})",
+                       "check the indentation and the `key: value` lines near it (a YAML "
+                       "linter shows the line)") from None
     if not isinstance(data, dict):
-        raise JobError(f"{path}: expected a mapping of job fields")
+        raise JobError(f"{path}: expected a mapping of job fields",
+                       "write one `field: value` per line, e.g. model: gpt2 (docs/job-fields.md)")
+    _refuse_code(path, data, allow_code, trust_remote_code)
     extra = {k: data.pop(k) for k in FILE_ONLY_KEYS if k in data}
     data = data.get("job", data)
+    if not isinstance(data, dict):
+        raise JobError(f"{path}: `job:` must be a mapping of job fields",
+                       "e.g. job: {model: gpt2, seq_len: 512}")
     return dict(data), extra
 
 

@@ -71,7 +71,10 @@ class LiveBytesTracker(TorchDispatchMode):
         self._alive: dict[int, _Block] = {}
         """uid → block of every live storage: a plain dict, so a peak snapshot is one C-level copy
         (iterating the weak-key dictionary cost ~20 % of a 7B simulation)."""
-        self._refs: list[Any] = []
+        self._refs: dict[int, Any] = {}
+        """uid → the weak reference whose callback releases the block: removed with the block, so
+        a long run (``train --memory-limit``) holds one entry per *live* storage, not one per
+        storage ever created."""
         self.current_bytes = 0
         self.phase = "setup"
         self._phase_key = "setup"
@@ -138,7 +141,7 @@ class LiveBytesTracker(TorchDispatchMode):
             self._live[st] = blk
             self.managed_bytes += nbytes
             self.peak_managed_bytes = max(self.peak_managed_bytes, self.managed_bytes)
-            self._refs.append(weakref.ref(st, lambda _r, b=blk: self._release(b)))
+            self._refs[blk.uid] = weakref.ref(st, lambda _r, b=blk: self._release(b))
             return blk
         blk = _Block(nbytes, category, self.phase, self._next_id)
         self._live[st] = blk
@@ -149,10 +152,11 @@ class LiveBytesTracker(TorchDispatchMode):
             self.events.append((blk.uid, nbytes))
             if self.stream:
                 self.event_streams[blk.uid] = self.stream
-        self._refs.append(weakref.ref(st, lambda _r, b=blk: self._release(b)))
+        self._refs[blk.uid] = weakref.ref(st, lambda _r, b=blk: self._release(b))
         return blk
 
     def _release(self, blk: _Block) -> None:
+        self._refs.pop(blk.uid, None)
         if blk.category == MANAGED:
             self.managed_bytes -= blk.nbytes
         else:
@@ -180,8 +184,11 @@ class LiveBytesTracker(TorchDispatchMode):
             if new:
                 self._next_id += 1
                 self._alive.pop(blk.uid, None)
+                ref = self._refs.pop(blk.uid, None)
                 blk.uid = self._next_id
                 self._alive[blk.uid] = blk
+                if ref is not None:  # the storage's weak reference follows its block's id
+                    self._refs[blk.uid] = ref
                 self.events.append((blk.uid, new))
                 if self.stream:
                     self.event_streams[blk.uid] = self.stream

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import re
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,14 +24,14 @@ from typing import Any
 
 import torch
 
-from trainfit.job import JobError
+from trainfit.job import FACTORY_SPEC as _SPEC
+from trainfit.job import JobError, is_code_spec
 
 CUSTOM_TASK = "custom-lm"
-_SPEC = re.compile(r"^(?P<module>[A-Za-z_][\w.]*|[^:]+\.py):(?P<factory>[A-Za-z_]\w*)$")
 
 
 def is_factory_spec(name: str) -> bool:
-    return bool(_SPEC.match(name)) and not Path(name).exists()
+    return is_code_spec(name)
 
 
 def load_factory(spec: str) -> Any:
@@ -50,7 +49,8 @@ def load_factory(spec: str) -> Any:
                                "give the path of the .py file that defines the factory")
             ispec = importlib.util.spec_from_file_location(f"trainfit_user_{path.stem}", path)
             if ispec is None or ispec.loader is None:
-                raise JobError(f"--model {spec}: cannot import {path}")
+                raise JobError(f"--model {spec}: cannot import {path}",
+                               "give a Python source file (.py) that defines the factory")
             mod = importlib.util.module_from_spec(ispec)
             sys.modules[ispec.name] = mod  # pickling (plan's worker processes) finds it
             ispec.loader.exec_module(mod)
@@ -79,7 +79,7 @@ def build_module(spec: str) -> torch.nn.Module:
                        "wrap it in a function without arguments that returns the model") from None
     if not isinstance(module, torch.nn.Module):
         raise JobError(f"--model {spec}: the factory returned {type(module).__name__}, "
-                       "not a torch.nn.Module")
+                       "not a torch.nn.Module", "return the model itself (an nn.Module instance)")
     return module
 
 

@@ -47,6 +47,81 @@ def _check_fields(config: Any, where: str) -> None:
                        "is needed")
 
 
+ARCH_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+"""What a config.json must state when its class has the attribute: transformers fills a missing one
+with the class's default (a config.json with only ``model_type: llama`` is a 6.7 B Llama-2), a
+guess trainfit does not make silently."""
+SIZE_FIELDS = ("intermediate_size", "num_key_value_heads", "max_position_embeddings", "head_dim")
+"""Checked when given; when missing, transformers' default (or derived value) is used and named in
+the model's note."""
+
+
+def _given(data: dict[str, Any], cls: Any, name: str) -> tuple[str, Any] | None:
+    """(the key, its value) under which ``data`` states ``name`` (its own name or the class's
+    ``attribute_map`` spelling: GPT-2's n_embd is hidden_size)."""
+    aliases = [name, *([cls.attribute_map[name]] if name in getattr(cls, "attribute_map", {})
+                       else [])]
+    aliases += [k for k, v in getattr(cls, "attribute_map", {}).items() if v == name]
+    for key in aliases:
+        if key in data:
+            return key, data[key]
+    return None
+
+
+def check_config_values(data: dict[str, Any], cls: Any, where: str) -> None:
+    """The sizes a config.json gives are positive integers (checked before transformers reads
+    them: ``"big"`` or ``-1`` is one clear line, not a traceback or a 0-parameter model)."""
+    if isinstance(data.get("text_config"), dict):
+        sub = getattr(cls, "sub_configs", {}).get("text_config")
+        if isinstance(sub, type):
+            check_config_values(data["text_config"], sub, f"{where} (text_config)")
+    for n in (*ARCH_FIELDS, *SIZE_FIELDS):
+        got = _given(data, cls, n)
+        if got is None or (got[1] is None and n in SIZE_FIELDS):
+            continue
+        key, v = got
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise JobError(f"--model {where}: config.json {key} = {v!r}: must be a positive "
+                           "integer", f"give {key} as a whole number ≥ 1, as in the model's "
+                           "original config.json")
+    _check_heads(data, cls, where)
+
+
+def _check_heads(data: dict[str, Any], cls: Any, where: str) -> None:
+    """The heads divide the width (unless head_dim is stated), the key/value heads the heads."""
+    def value(n: str) -> Any:
+        return (_given(data, cls, n) or (None, None))[1]
+
+    hidden, heads, kv = value("hidden_size"), value("num_attention_heads"), \
+        value("num_key_value_heads")
+    if isinstance(hidden, int) and isinstance(heads, int) and value("head_dim") is None \
+            and hidden % heads:
+        raise JobError(f"--model {where}: hidden_size {hidden} is not divisible by "
+                       f"num_attention_heads {heads}", "every head takes hidden_size / heads "
+                       "dimensions: choose sizes that divide (or state head_dim)")
+    if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
+        raise JobError(f"--model {where}: num_attention_heads {heads} is not divisible by "
+                       f"num_key_value_heads {kv}", "each key/value head serves a whole group of "
+                       "query heads: choose a divisor of the heads")
+
+
+def check_config_fields(data: dict[str, Any], cfg: Any, where: str) -> list[str]:
+    """The sizes every model of its class needs are stated in the config.json (not filled in from
+    the class's defaults; their values were checked by :func:`check_config_values`). Returns the
+    other sizes transformers filled in (for the model's note)."""
+    if isinstance(data.get("text_config"), dict) and getattr(cfg, "text_config", None) is not None:
+        return check_config_fields(data["text_config"], cfg.text_config, f"{where} (text_config)")
+    cls = type(cfg)
+    missing = [n for n in ARCH_FIELDS if hasattr(cfg, n) and _given(data, cls, n) is None]
+    if missing:
+        raise JobError(f"--model {where}: config.json does not state {', '.join(missing)} "
+                       f"(transformers would fill in {cls.__name__}'s defaults: a model nobody "
+                       "described)", "use the model's complete config.json (from its hub page or "
+                       "its directory), or add the missing fields")
+    return [f"{n} = {getattr(cfg, n)}" for n in SIZE_FIELDS
+            if getattr(cfg, n, None) is not None and _given(data, cls, n) is None]
+
+
 def _derived_fields(cls: type, data: dict[str, Any]) -> list[str]:
     """Keys of ``data`` the config class computes itself: read-only properties.  Falcon derives
     ``head_dim`` as ``hidden_size // num_attention_heads`` (transformers
@@ -68,7 +143,12 @@ def config_from_dict(data: dict[str, Any], where: str) -> Any:
 
     model_type = data["model_type"]
     cls = CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None
-    derived = _derived_fields(cls, data) if cls is not None else []
+    if cls is None:
+        raise JobError(f"--model {where}: model_type {model_type!r} is not one transformers "
+                       "knows", "check model_type (e.g. llama, gpt2, mistral), or upgrade "
+                       "transformers")
+    check_config_values(data, cls, where)
+    derived = _derived_fields(cls, data)
     cfg = AutoConfig.for_model(**{k: v for k, v in data.items() if k not in derived})
     for k in derived:
         if getattr(cfg, k) != data[k]:
@@ -107,7 +187,12 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
         try:
             data = json.loads(cfg_path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise JobError(f"--model {name}: {cfg_path.name} is not valid JSON ({err})") from None
+            raise JobError(f"--model {name}: {cfg_path.name} is not valid JSON ({err})",
+                           "use the model's config.json as published (a JSON object)") from None
+        except OSError as err:
+            raise JobError(f"--model {name}: cannot read {cfg_path.name} "
+                           f"({err.strerror or type(err).__name__})",
+                           "check the path and its permissions (ls -l)") from None
         if not isinstance(data, dict) or "model_type" not in data:
             raise JobError(f"--model {name}: config.json has no model_type",
                            "add the model_type field (e.g. \"llama\") from the original model")
@@ -115,12 +200,15 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
             cfg = config_from_dict(data, name)
         except JobError:
             raise
-        except (ValueError, KeyError, TypeError) as err:
+        except Exception as err:  # transformers' own validators raise several types
             raise JobError(f"--model {name}: transformers cannot read this config "
-                           f"({str(err).splitlines()[0]})",
-                           "upgrade transformers or check model_type") from None
+                           f"({str(err).splitlines()[0] if str(err) else type(err).__name__})",
+                           "upgrade transformers or check model_type and the field values") from None
+        defaulted = check_config_fields(data, cfg, name)
         _check_fields(cfg, name)
-        return ModelSource(str(path), cfg, _task_for(cfg), "local")
+        note = (f"not in config.json, transformers' defaults used: {', '.join(defaulted)}"
+                if defaulted else "")
+        return ModelSource(str(path), cfg, _task_for(cfg), "local", note)
 
     if "/" in name and not name.startswith((".", "/")):
         try:
@@ -129,7 +217,8 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
             if "trust_remote_code" in str(err):
                 raise JobError(f"--model {name}: needs the model's own code",
                                "add --trust-remote-code if you trust its authors") from None
-            raise JobError(f"--model {name}: {str(err).splitlines()[0]}") from None
+            raise JobError(f"--model {name}: {str(err).splitlines()[0]}",
+                           "check the hub id, or pass a local config.json") from None
         except OSError as err:
             raise JobError(f"--model {name}: cannot fetch its config.json from the hub "
                            f"({type(err).__name__})",
@@ -141,6 +230,15 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
     hint = ("did you mean " + ", ".join(close) + "?") if close else \
         "run `trainfit models` for the catalog, or give an HF id / config.json path"
     raise JobError(f"--model {name}: unknown model", hint)
+
+
+def check_seq_len(seq_len: int, source: ModelSource) -> None:
+    """A sequence longer than the model's learned positions cannot run (plan refuses it as tune
+    and train do)."""
+    limit = max_positions(source)
+    if limit is not None and seq_len > limit:
+        raise JobError(f"--seq-len {seq_len}: longer than {source.name}'s {limit} positions "
+                       "(max_position_embeddings)", f"use --seq-len ≤ {limit}")
 
 
 def max_positions(source: ModelSource) -> int | None:

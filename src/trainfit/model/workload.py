@@ -166,7 +166,8 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
             p.requires_grad_(True)
     if job.lm_head_chunk is not None:
         if source.task != "causal-lm":
-            raise JobError("--lm-head-chunk applies to causal language models only")
+            raise JobError("--lm-head-chunk applies to causal language models only",
+                           "leave --lm-head-chunk out for this model")
 
         model = ChunkedHeadLM(model, job.lm_head_chunk)
     seen: set[int] = set()

@@ -108,7 +108,8 @@ class Sampler:
                  gpu_indices: list[int] | None = None, live: bool | None = None,
                  tensorboard_dir: str | Path | None = None, print_lines: bool = False,
                  follow_process: bool = True,
-                 on_sample: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
+                 on_sample: Callable[[list[dict[str, Any]]], None] | None = None,
+                 append: bool = False) -> None:
         self.log_path = check_options(interval_s=interval_s, log_path=log_path, pid=pid)
         self.interval_s = float(interval_s)
         self.pid: int | None = (os.getpid() if pid is None else pid) if follow_process else None
@@ -116,6 +117,8 @@ class Sampler:
         self.live = sys.stdout.isatty() if live is None else live
         self.print_lines = print_lines
         self.on_sample = on_sample
+        self.append = append
+        """Add to an existing log instead of replacing it (a resumed run keeps the earlier lines)."""
         self.tensorboard_dir = None if tensorboard_dir is None else Path(tensorboard_dir)
         self.rows: list[dict[str, Any]] = []
         self.notes: list[str] = []
@@ -131,6 +134,7 @@ class Sampler:
         self._tree_cache: dict[int, Any] = {}  # psutil.Process by pid, reused between samples
         self._opened = self._closed = False
         self._t0 = self._prev_sample_t = 0.0
+        self._t_offset_s = 0.0  # appending: time_s goes on from the log's last sample
         self._log: TextIO | None = None
         self._csv: csv.DictWriter[str] | None = None
         self._tb: Any = None
@@ -155,10 +159,16 @@ class Sampler:
         if self.log_path is not None:
             # Every write is flushed (see _write) so a crash keeps every sample taken.
             is_csv = self.log_path.suffix.lower() == ".csv"
-            self._log = self.log_path.open("w", newline="" if is_csv else None)
+            size = self.log_path.stat().st_size if self.append and self.log_path.exists() else 0
+            self._log = self.log_path.open("a" if self.append else "w", newline="" if is_csv else None)
+            if size and _last_byte(self.log_path) != b"\n":
+                self._log.write("\n")  # a line cut by a killed writer stays one line of its own
+            if size and not is_csv:
+                self._t_offset_s = _last_time_s(self.log_path)
             if is_csv:
                 self._csv = csv.DictWriter(self._log, fieldnames=list(COLUMNS), extrasaction="ignore")
-                self._csv.writeheader()
+                if not size:
+                    self._csv.writeheader()
                 self._log.flush()
         if self.tensorboard_dir is not None:
             self._open_tensorboard(self.tensorboard_dir)
@@ -306,7 +316,7 @@ class Sampler:
             pids = {p.pid for p in tree} if tree and host.process_rss_bytes is not None else None
             gpus = self._nvml.read(self.gpu_indices, pids)
             base: dict[str, Any] = {
-                "time_s": round(now - self._t0, 6), **self._last_step,
+                "time_s": round(now - self._t0 + self._t_offset_s, 6), **self._last_step,
                 "host_ram_used_bytes": host.ram_used_bytes, "host_ram_total_bytes": host.ram_total_bytes,
                 "host_swap_used_bytes": host.swap_used_bytes, "process_rss_bytes": host.process_rss_bytes,
                 "host_cpu_percent": host.cpu_percent,
@@ -387,6 +397,28 @@ class Sampler:
             for col in GPU_COLUMNS[1:]:
                 if r[col] is not None:
                     self._tb.add_scalar(f"gpu{r['gpu_index']}/{col}", r[col], global_step)
+
+
+def _last_time_s(path: Path) -> float:
+    """The ``time_s`` of the log's last readable line (0 when none): an appended segment's samples
+    go on from it, so time never goes back in one log."""
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - 65536))
+        tail = f.read().decode(errors="replace").splitlines()
+    for line in reversed(tail):
+        try:
+            t = json.loads(line).get("time_s")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(t, int | float):
+            return float(t)
+    return 0.0
+
+
+def _last_byte(path: Path) -> bytes:
+    with path.open("rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1)
 
 
 def _step_metrics(w: _StepWindow, wall_s: float) -> dict[str, Any]:

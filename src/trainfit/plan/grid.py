@@ -273,9 +273,10 @@ def _check_inputs(job: JobSpec, gpu: GpuSpec | None, margin: float, dataset_toke
         raise JobError(f"--epochs {epochs:g} needs the dataset size",
                        "add --dataset-tokens N (tokens in one epoch)")
     if epochs is not None and not epochs > 0:
-        raise JobError(f"--epochs {epochs:g}: must be > 0")
+        raise JobError(f"--epochs {epochs:g}: must be > 0", "e.g. --epochs 1")
     if dataset_tokens is not None and dataset_tokens <= 0:
-        raise JobError(f"--dataset-tokens {dataset_tokens}: must be ≥ 1")
+        raise JobError(f"--dataset-tokens {dataset_tokens}: must be ≥ 1",
+                       "the tokens in one epoch, e.g. --dataset-tokens 50000000")
     check_precision(job, gpu)
     check_bitsandbytes(job)
     if not 0.0 <= margin < 1.0:

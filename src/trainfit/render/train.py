@@ -10,9 +10,21 @@ import typer
 def render_train(d: dict[str, Any], out: str) -> None:
     """The run in a few lines: steps, samples, tokens, the final loss, each OOM survived, the
     evaluations, and how to resume an interrupted run (``d``: train.json's content)."""
+    segs = d.get("segments") or []
+    seg = segs[-1] if segs else None
+    if seg is not None and len(segs) > 1:
+        typer.echo(f"this run: steps {seg['start_step'] + 1}–{seg['end_step']} ({seg['steps']} steps, "
+                   f"{seg['samples']} samples, {seg['tokens']:,} tokens) in "
+                   f"{seg['wall_time_s']:.1f} s measured, resumed from {seg['resumed_from']}")
+    whole = f" over {len(segs)} segments" if len(segs) > 1 else ""
     typer.echo(f"trained {d['steps']} steps ({d['samples_seen']} samples, "
-               f"{d['tokens_seen']:,} tokens) in {d['wall_time_s']:.1f} s measured; final loss "
-               f"{d['final_loss']:.4f}" if d["final_loss"] is not None else "no step ran")
+               f"{d['tokens_seen']:,} tokens){whole} in {d['wall_time_s']:.1f} s measured; final "
+               f"loss {d['final_loss']:.4f}" if d["final_loss"] is not None else "no step ran")
+    for note in d.get("notes") or []:
+        typer.echo(f"note: {note}")
+    if d.get("scaler_skipped_steps"):
+        typer.echo(f"the fp16 GradScaler skipped {d['scaler_skipped_steps']} step(s): gradients "
+                   "overflowed and the loss scale was lowered (normal in fp16, not divergence)")
     for e in d["oom_events"]:
         if e.get("phase") == "eval":
             typer.echo(f"OOM in the evaluation at step {e['step']}: eval batch "
@@ -27,5 +39,6 @@ def render_train(d: dict[str, Any], out: str) -> None:
                    f"{e['eval_perplexity']:.2f} ({e['samples']} samples, {e['tokens']:,} label "
                    f"tokens, eval batch {e['eval_batch']}, {e['eval_time_s']:.1f} s measured)")
     if d["interrupted"]:
-        typer.echo(f"interrupted: checkpoint {d['checkpoints'][-1]}; resume with --resume {out}")
+        by = f" by {d['signal']}" if d.get("signal") else ""
+        typer.echo(f"interrupted{by}: checkpoint {d['checkpoints'][-1]}; resume with --resume {out}")
     typer.echo(f"run directory: {out} (train.json, monitor.jsonl, checkpoints)")

@@ -1,8 +1,16 @@
 """Checkpoints that resume exactly: trainable weights (safetensors), optimizer, scheduler, GradScaler,
-RNG states and the data position. Loading never unpickles code: ``torch.load(weights_only=True)``.
+RNG states, the data position and the run's history. Loading never unpickles code:
+``torch.load(weights_only=True)``.
 
-Layout: ``<out>/checkpoint-<step>/`` written as ``.tmp`` and renamed when complete (a crash while
-saving leaves the previous checkpoint intact); ``<out>/latest`` names the newest.
+Layout: ``<out>/checkpoint-<step>/`` written as ``.checkpoint-<step>.tmp`` — every file fsync-ed,
+then ``digests.json`` (the SHA-256 of every file, and of itself), the directory fsync-ed — and
+renamed when complete, the run directory fsync-ed; ``<out>/latest`` names the newest, replaced
+atomically (:func:`trainfit.run.rundir.write_atomic`). A crash or a full disk while saving leaves the
+previous checkpoint and ``latest`` intact (the partial ``.tmp`` is removed, or by the next run).
+
+Loading verifies every file against ``digests.json`` before reading any: a flipped bit is one error
+naming the file, with the newest intact checkpoint offered. A ``latest`` that is empty, unreadable or
+names a checkpoint that is not there falls back to the newest complete checkpoint, said in a note.
 
 Under FSDP (parameters sharded as DTensors over the ranks) the files are the same: every rank takes
 part in gathering the full trainable weights and optimizer state (``torch.distributed.checkpoint``'s
@@ -24,6 +32,10 @@ import numpy as np
 import torch
 
 from trainfit.job import JobError
+from trainfit.run.rundir import fsync_dir, fsync_file, os_reason, space_hint, write_atomic
+
+DIGESTS = "digests.json"
+"""SHA-256 of every file of a checkpoint, written last (a checkpoint without it is incomplete)."""
 
 
 @dataclass
@@ -89,12 +101,18 @@ def _full_state(model: torch.nn.Module, optimizer: Any
     return weights, optim
 
 
-def save(out_dir: Path, state: RunState, model: torch.nn.Module, optimizer: Any, scheduler: Any,
-         scaler: Any | None, job: dict[str, Any], *, write: bool = True) -> Path:
-    """Write the checkpoint (``write``: this rank writes; under FSDP every rank must call this, as
-    gathering the shards is collective, and only one writes)."""
-    from safetensors.torch import save_file
+class CheckpointWriteError(JobError):
+    """A checkpoint could not be written (disk full, read-only, removed directory ...)."""
 
+
+def save(out_dir: Path, state: RunState, model: torch.nn.Module, optimizer: Any, scheduler: Any,
+         scaler: Any | None, job: dict[str, Any], *, write: bool = True,
+         history: dict[str, Any] | None = None) -> Path:
+    """Write the checkpoint (``write``: this rank writes; under FSDP every rank must call this, as
+    gathering the shards is collective, and only one writes). ``history``: the run so far (losses,
+    segments …), kept so a resume from this checkpoint continues the same record.
+    Raises CheckpointWriteError (a JobError) when the files cannot be written: the partial
+    directory is removed, the previous checkpoint and ``latest`` are untouched."""
     final = out_dir / f"checkpoint-{state.step}"
     if is_sharded(model):
         weights, optim = _full_state(model, optimizer)
@@ -103,9 +121,34 @@ def save(out_dir: Path, state: RunState, model: torch.nn.Module, optimizer: Any,
     if not write:
         return final
     tmp = out_dir / f".checkpoint-{state.step}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        _write_files(tmp, state, model, weights, optim, scheduler, scaler, job, history)
+        _publish(tmp, final)
+        write_atomic(out_dir / "latest", final.name + "\n")
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not isinstance(err, Exception):  # KeyboardInterrupt, SystemExit: cleaned, passed on
+            raise
+        good = newest_intact(out_dir)
+        keep = (f"the last good checkpoint, {good}, is intact" if good is not None
+                else "no checkpoint was written before this one")
+        raise CheckpointWriteError(
+            f"could not write {final} ({os_reason(err)}); {keep}",
+            "free space on that disk" + space_hint(out_dir) + f" or make {out_dir} writable, "
+            f"then continue with --resume {out_dir}" if good is not None else
+            "free space on that disk" + space_hint(out_dir) + " or choose a writable --out, then "
+            "run again") from None
+    return final
+
+
+def _write_files(tmp: Path, state: RunState, model: torch.nn.Module, weights: dict[str, Any],
+                 optim: dict[str, Any], scheduler: Any, scaler: Any | None, job: dict[str, Any],
+                 history: dict[str, Any] | None) -> None:
+    from safetensors.torch import save_file
+
     save_file(weights, str(tmp / "model.safetensors"))
     torch.save(optim, tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
@@ -118,28 +161,156 @@ def save(out_dir: Path, state: RunState, model: torch.nn.Module, optimizer: Any,
     meta = {"step": state.step, "position": state.position, "micro_batch": state.micro_batch,
             "grad_accum": state.grad_accum, "fingerprint": fingerprint(model), "job": job,
             "python_rng": repr(random.getstate()),
-            "numpy_rng": [np_state[0], np_state[1].tolist(), *np_state[2:]]}
+            "numpy_rng": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+            "history": history or {}}
     (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=1))
+    write_digests(tmp)
+
+
+def write_digests(ck: Path) -> None:
+    """Fsync every file of the checkpoint directory and record its SHA-256 in ``digests.json``
+    (with the manifest's own digest), written atomically. The HF/TRL backends call it on the
+    trainers' checkpoints too."""
+    files = {}
+    for p in sorted(x for x in ck.rglob("*") if x.is_file() and x.name != DIGESTS):
+        fsync_file(p)
+        files[str(p.relative_to(ck))] = _sha256(p)
+    write_atomic(ck / DIGESTS, json.dumps({"algorithm": "sha256", "files": files,
+                                           "self": _manifest_digest(files)}, indent=1))
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Rename the complete ``tmp`` to ``final``; a checkpoint of the same step (a resume that saves
+    its start again) is moved aside first and removed only after the new one is in place."""
+    fsync_dir(tmp)
+    old = None
     if final.exists():
-        shutil.rmtree(final)
+        old = final.with_name(f".{final.name}.old")
+        if old.exists():
+            shutil.rmtree(old)
+        final.rename(old)
     tmp.rename(final)
-    (out_dir / "latest").write_text(final.name + "\n")
-    return final
+    fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
-def find(resume: Path) -> Path:
-    """A checkpoint dir, or a run dir whose ``latest`` names one."""
-    if not resume.exists():
-        raise JobError(f"--resume {resume}: does not exist", "give a run directory or a checkpoint")
-    if (resume / "trainer_state.json").is_file():
-        return resume
-    latest = resume / "latest"
-    if latest.is_file():
-        ck = resume / latest.read_text().strip()
-        if (ck / "trainer_state.json").is_file():
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _manifest_digest(files: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+
+
+def damage(ck: Path) -> str | None:
+    """None when every file of the checkpoint matches the digest recorded when it was written;
+    else what is wrong, naming the first file that does not (or the missing manifest)."""
+    manifest = ck / DIGESTS
+    try:
+        d = json.loads(manifest.read_text())
+        files = d["files"]
+        ok = isinstance(files, dict) and d.get("self") == _manifest_digest(files)
+    except FileNotFoundError:
+        return (f"{ck}: incomplete checkpoint (no {DIGESTS}: its save did not finish, or an "
+                "older trainfit wrote it)")
+    except (OSError, ValueError, KeyError, TypeError):
+        ok = False
+    if not ok:
+        return f"{manifest}: damaged (it does not match its own digest)"
+    for name, digest in files.items():
+        p = ck / name
+        try:
+            actual = _sha256(p)
+        except OSError as err:
+            return f"{p}: cannot be read ({os_reason(err)})"
+        if actual != digest:
+            return f"{p}: damaged (its SHA-256 differs from the one recorded when it was written)"
+    return None
+
+
+def checkpoints(out: Path) -> list[Path]:
+    """``checkpoint-N`` directories of a run, newest (largest N) first."""
+    try:
+        found = [p for p in out.iterdir() if p.is_dir() and p.name.startswith("checkpoint-")
+                 and p.name[len("checkpoint-"):].isdigit()]
+    except OSError:
+        return []
+    return sorted(found, key=lambda p: int(p.name.rsplit("-", 1)[1]), reverse=True)
+
+
+def newest_intact(out: Path, *, skip: Path | None = None) -> Path | None:
+    """The newest checkpoint of ``out`` whose files all match their digests."""
+    for ck in checkpoints(out):
+        if skip is not None and ck.resolve() == skip.resolve():
+            continue
+        if damage(ck) is None:
             return ck
-    raise JobError(f"--resume {resume}: no checkpoint in it",
-                   "give a directory that trainfit train wrote")
+    return None
+
+
+def _offer(run: Path | None, bad: Path) -> str:
+    good = newest_intact(run, skip=bad) if run is not None else None
+    if good is not None:
+        return f"resume from the newest intact checkpoint: --resume {good}"
+    return "no intact checkpoint is left: start the run again (a new --out)"
+
+
+def find(resume: Path) -> tuple[Path, str | None]:
+    """(the checkpoint to resume from, a note when it is not the one ``latest`` names).
+
+    ``resume``: a checkpoint directory, or a run directory whose ``latest`` names one. Every file
+    is verified against its digest; a damaged file is a JobError naming it, with the newest intact
+    checkpoint offered."""
+    try:
+        exists = resume.exists()
+    except OSError as err:
+        raise JobError(f"--resume {resume}: not a usable path ({os_reason(err)})",
+                       "give the run directory of an earlier trainfit train") from None
+    if not exists:
+        raise JobError(f"--resume {resume}: does not exist", "give a run directory or a checkpoint")
+    if (resume / "trainer_state.json").exists() or (resume / DIGESTS).exists():
+        _verified(resume, resume.parent)
+        return resume, None
+    named, why = _latest(resume)
+    if named is not None:
+        _verified(named, resume)
+        return named, None
+    for ck in checkpoints(resume):
+        if damage(ck) is None:
+            return ck, f"{why}: resuming from {ck.name}, the newest complete checkpoint"
+    partial = sorted(p.name for p in resume.glob(".checkpoint-*.tmp"))
+    raise JobError(f"--resume {resume}: no complete checkpoint in it"
+                   + (f" ({', '.join(partial)} is a save that was interrupted)" if partial else ""),
+                   f"run again without --resume (into {resume}: nothing there is lost), or give a "
+                   "directory that trainfit train wrote")
+
+
+def _latest(run: Path) -> tuple[Path | None, str]:
+    """The checkpoint ``latest`` names when it is there, else (None, why not)."""
+    latest = run / "latest"
+    try:
+        name = latest.read_text().strip()
+    except FileNotFoundError:
+        return None, f"{latest} is missing"
+    except (OSError, UnicodeDecodeError):
+        return None, f"{latest} cannot be read"
+    if not name:
+        return None, f"{latest} is empty"
+    ck = run / name
+    if "/" in name or not ck.is_dir():
+        return None, f"{latest} names {name!r}, which is not there"
+    return ck, ""
+
+
+def _verified(ck: Path, run: Path | None) -> None:
+    wrong = damage(ck)
+    if wrong is not None:
+        raise JobError(f"--resume: {wrong}", _offer(run, ck))
 
 
 def load(ck: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any, scaler: Any | None,
@@ -181,6 +352,15 @@ def load(ck: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any, scale
     np.random.set_state((ns[0], np.array(ns[1], dtype=np.uint32), *ns[2:]))
     return RunState(step=meta["step"], position=meta["position"], micro_batch=meta["micro_batch"],
                     grad_accum=meta["grad_accum"])
+
+
+def history(ck: Path) -> dict[str, Any]:
+    """The run's record saved with the checkpoint (empty for checkpoints written without it)."""
+    try:
+        h = json.loads((ck / "trainer_state.json").read_text()).get("history")
+    except (OSError, ValueError):
+        return {}
+    return h if isinstance(h, dict) else {}
 
 
 def _load_sharded(ck: Path, model: torch.nn.Module, optimizer: Any) -> None:

@@ -25,6 +25,7 @@ another waits in the all-reduce would hang), and ``module:factory`` models (no `
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -49,12 +50,18 @@ from trainfit.run.loop import (
     TrainResult,
     _Interrupt,
     _Null,
+    check_data_size,
     check_runnable,
     limit_tracker,
     linear_decay,
     total_steps,
 )
 from trainfit.run.oom import InjectedOOM, OomEvent, cannot_split, free_after_oom, row_chunks
+from trainfit.run.record import continue_from, new_result, write_train_json
+from trainfit.run.rundir import RunDir
+
+HISTORY = "trainfit_history.json"
+"""The run's record at a trainer checkpoint (the own loop keeps it in trainer_state.json)."""
 
 if TYPE_CHECKING:
     from trainfit.run.loop import RunOptions, TrainResult
@@ -239,8 +246,25 @@ def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_l
               sampler: Any, evaluate: _Eval | None, train_ids: list[int] | None) -> Any:
     from transformers import TrainerCallback
 
+    t0_run = time.perf_counter()
+
     class _Watch(TrainerCallback):
-        """Per step: the loss, sample ids and monitor line; an interrupt → save and stop."""
+        """Per step: the loss, sample ids and monitor line; an interrupt → save and stop; a
+        non-finite loss → stop without saving; each save: the record and the digests."""
+
+        def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if not args.should_save:  # the trainer's main process writes
+                return
+            from trainfit.run.checkpoint import write_digests
+
+            ck = opts.out_dir / f"checkpoint-{state.global_step}"
+            history = res.snapshot(time.perf_counter() - t0_run)
+            history["checkpoints"] = [*history["checkpoints"], str(ck)]
+            history["oom_events"] += [e.to_dict() for e in trainer.trainfit_events]
+            (ck / HISTORY).write_text(json.dumps(history, indent=1))
+            write_digests(ck)
+            res.checkpoints.append(str(ck))
+            write_train_json(opts.out_dir, res)
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             self.t0 = time.perf_counter()
@@ -254,9 +278,14 @@ def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_l
             stop = intr.requested or opts.inject_interrupt_at_step == state.global_step - 1
             if args.world_size > 1:  # every rank reports the global loss and takes the same decision
                 loss, stop, ids = _agree(loss, stop, ids, args.world_size)
-            res.losses.append(loss)
-            res.samples_seen += eff
-            res.tokens_seen += eff * seq_len
+            skipped = bool(getattr(trainer.accelerator, "optimizer_step_was_skipped", False))
+            if not math.isfinite(loss) and not skipped:
+                res.diverged_at_step = state.global_step
+                control.should_save = False  # the weights took a non-finite update
+                control.should_training_stop = True
+                return
+            res.scaler_skipped_steps += skipped
+            res.add_step(loss if math.isfinite(loss) else None, eff, eff * seq_len)
             if opts.record_samples:
                 res.samples.append(ids)
             if sampler is not None:
@@ -270,22 +299,36 @@ def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_l
                 evaluate(state.global_step, res, sampler)
             if stop:
                 res.interrupted = True
+                res.signal = intr.signal
                 control.should_save = True
                 control.should_training_stop = True
 
     return _Watch()
 
 
-def last_checkpoint(resume: Path) -> str:
-    from transformers.trainer_utils import get_last_checkpoint
+def last_checkpoint(resume: Path) -> tuple[str, str | None]:
+    """(the trainer checkpoint to resume from, a note when a newer one is incomplete). A
+    checkpoint's files are verified against the digests written at its save: a damaged file is a
+    JobError naming it, with the newest intact checkpoint offered."""
+    from trainfit.run.checkpoint import checkpoints, damage, newest_intact
 
     if (resume / "trainer_state.json").exists():
-        return str(resume)
-    last = get_last_checkpoint(str(resume)) if resume.is_dir() else None
-    if last is None:
-        raise JobError(f"--resume {resume}: no HF checkpoint (checkpoint-N/trainer_state.json) there",
+        wrong = damage(resume)
+        if wrong is not None:
+            good = newest_intact(resume.parent, skip=resume)
+            raise JobError(f"--resume: {wrong}", f"resume from the newest intact checkpoint: "
+                           f"--resume {good}" if good else "no intact checkpoint is left: start "
+                           "the run again (a new --out)")
+        return str(resume), None
+    found = checkpoints(resume) if resume.is_dir() else []
+    good = newest_intact(resume) if found else None
+    if good is None:
+        raise JobError(f"--resume {resume}: no complete HF checkpoint (checkpoint-N with "
+                       "trainer_state.json and digests.json) there",
                        "give the run directory of an earlier trainfit train --backend hf|trl")
-    return last
+    note = None if good == found[0] else (f"{found[0].name} is incomplete or damaged: resuming "
+                                           f"from {good.name}, the newest intact checkpoint")
+    return str(good), note
 
 
 def _training_args(job: JobSpec, opts: RunOptions, backend: str, total: int, device: torch.device
@@ -354,15 +397,15 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     if device.type == "cuda" and (device.index or 0) != 0 and world == 1:
         raise JobError(f"--device {opts.device}: the hf/trl backends use the first visible GPU",
                        f"run with CUDA_VISIBLE_DEVICES={device.index} and --device cuda")
-    resume = last_checkpoint(opts.resume) if opts.resume is not None else None
+    resume, note = last_checkpoint(opts.resume) if opts.resume is not None else (None, None)
     data, eval_set, train_ids = eval_split(data, job, source, opts.eval_data, opts.eval_fraction)
+    check_data_size(len(data), job.effective_batch or 1, f"--data {job.data}")
     tok = load_tokenizer(job.tokenizer, source.name, source.origin, int(source.config.vocab_size),
                          job.trust_remote_code)
     wl = build_real(job, source, device, seed=job.seed, lr=job.lr)
     check_no_offload(wl.model, opts.allow_offload)
     total = total_steps(opts, len(data), job.effective_batch or 1)
     sched = linear_decay(wl.optimizer, total)  # the own loop's schedule, so both backends agree
-    opts.out_dir.mkdir(parents=True, exist_ok=True)
     cls = _trainer_class(backend, SampleOrder(len(data), seed=job.seed))
     trainer = cls(model=wl.model, args=_training_args(job, opts, backend, total, device),
                   train_dataset=_dataset(data, backend), data_collator=RowCollate(data, source.task),
@@ -372,14 +415,40 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
 
     trainer.remove_callback(PrinterCallback)  # trainfit's monitor prints (and logs) the steps
     main = rank == 0
-    res = TrainResult(job={**job.to_dict(), "backend": backend}, steps=0, samples_seen=0,
-                      tokens_seen=0, wall_time_s=0.0, final_loss=None, losses=[],
-                      resumed_from=resume, monitor_log="monitor.jsonl" if main else None)
+    res = new_result({**job.to_dict(), "backend": backend}, main=main)
+    if resume is not None:
+        step = int(Path(resume).name.rsplit("-", 1)[1])
+        history = _history(Path(resume))
+        continue_from(res, history, step, int(history.get("samples_seen", step * (
+            job.effective_batch or 1))), data.seq_len)
+    tracker = limit_tracker(opts.memory_limit_bytes, wl.model)  # bad input: before any write
+    here = resume is not None and Path(resume).parent.resolve() == opts.out_dir.resolve()
+    with RunDir(opts.out_dir, resuming=here, main=main) as claim:
+        res.resumed_from = resume
+        res.begin_segment(res.steps, resume, [n for n in (note, *claim.notes) if n])
+        _train(trainer, res, opts, job, data, source, eval_set, train_ids, wl, device, tracker,
+               resume, main, claim)
+    return res
+
+
+def _history(ck: Path) -> dict[str, Any]:
+    try:
+        h = json.loads((ck / HISTORY).read_text())
+    except (OSError, ValueError):
+        return {}
+    return h if isinstance(h, dict) else {}
+
+
+def _train(trainer: Any, res: TrainResult, opts: RunOptions, job: JobSpec, data: TokenData,
+           source: Any,
+           eval_set: Any, train_ids: Any, wl: Any, device: torch.device, tracker: Any,
+           resume: str | None, main: bool, claim: RunDir) -> None:
+    """The trainer's run inside the claimed directory, watched; the record written at the end."""
     sampler = Sampler(interval_s=opts.monitor_interval_s, live=opts.live,
-                      log_path=opts.out_dir / "monitor.jsonl",
+                      log_path=opts.out_dir / "monitor.jsonl", append=True,
                       tensorboard_dir=opts.out_dir / "tensorboard") if main else None
-    tracker = limit_tracker(opts.memory_limit_bytes, wl.model)
     t0 = time.perf_counter()
+    start_step = res.steps
     with _Interrupt() as intr, (sampler or _Null()):
         if sampler is not None:
             sampler.start()
@@ -393,17 +462,18 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
         except ValueError as err:  # HF refuses a checkpoint it cannot load (another model, …)
             raise JobError(f"--resume {opts.resume}: {err}", "resume with the job that wrote it") \
                 from None
-    res.wall_time_s = time.perf_counter() - t0
-    res.steps = trainer.state.global_step
-    if not res.interrupted and res.steps and not (opts.out_dir / f"checkpoint-{res.steps}").exists():
+        finally:
+            claim.steps_done = res.steps - start_step
+    steps = trainer.state.global_step
+    diverged = res.diverged_at_step is not None
+    if not res.interrupted and not diverged and steps and \
+            not (opts.out_dir / f"checkpoint-{steps}").exists():
         trainer._save_checkpoint(trainer.model, trial=None)  # the own loop also saves at the end
+        trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
     # the step's events (the trainer's split) and the evaluations' (lowered evaluation batch)
-    res.oom_events = sorted(trainer.trainfit_events + res.oom_events, key=lambda e: e.step)
-    res.final_loss = res.losses[-1] if res.losses else None
-    res.checkpoints = sorted((str(p) for p in opts.out_dir.glob("checkpoint-*")),
-                             key=lambda s: int(s.rsplit("-", 1)[1]))
+    res.oom_events = sorted([*res.oom_events, *trainer.trainfit_events], key=lambda e: e.step)
+    res.checkpoints = sorted(set(res.checkpoints), key=lambda s: int(s.rsplit("-", 1)[1]))
+    res.close_segment(time.perf_counter() - t0, "diverged" if diverged else
+                      "interrupted" if res.interrupted else "finished")
     if main:
-        import json
-
-        (opts.out_dir / "train.json").write_text(json.dumps(res.to_dict(), indent=1))
-    return res
+        write_train_json(opts.out_dir, res)

@@ -10,12 +10,11 @@ as the uninterrupted run (to float summation order).
 
 from __future__ import annotations
 
-import json
 import math
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,19 @@ from trainfit.model.runtime import build_real, check_no_offload, parse_device
 from trainfit.model.source import resolve_model
 from trainfit.run import checkpoint as ckpt
 from trainfit.run import evaluate as ev
+from trainfit.run.checks import (
+    check_data_size,
+    check_runnable,
+    limit_tracker,
+    linear_decay,
+    total_steps,
+)
 from trainfit.run.oom import InjectedOOM, OomEvent, cannot_split, free_after_oom, smaller_micro_batch
+from trainfit.run.record import TrainResult, continue_from, new_result, write_train_json
+from trainfit.run.rundir import RunDir
+
+__all__ = ["RunOptions", "TrainResult", "Trainer", "check_data_size", "check_runnable",
+           "limit_tracker", "linear_decay", "total_steps", "train"]
 
 
 @dataclass(kw_only=True)
@@ -82,11 +93,13 @@ class RunOptions:
 
     def __post_init__(self) -> None:
         if self.max_steps is not None and self.max_steps < 1:
-            raise JobError(f"--max-steps {self.max_steps}: must be ≥ 1")
+            raise JobError(f"--max-steps {self.max_steps}: must be ≥ 1",
+                           "leave it out to train --epochs over the data")
         if self.save_every_steps is not None and self.save_every_steps < 1:
-            raise JobError(f"--save-every {self.save_every_steps}: must be ≥ 1")
+            raise JobError(f"--save-every {self.save_every_steps}: must be ≥ 1",
+                           "e.g. --save-every 100 (a checkpoint is always saved at the end)")
         if not self.epochs > 0:
-            raise JobError(f"--epochs {self.epochs}: must be > 0")
+            raise JobError(f"--epochs {self.epochs}: must be > 0", "e.g. --epochs 1")
         if self.eval_data is not None and self.eval_fraction is not None:
             raise JobError("--eval-data and --eval-fraction both given: one evaluation set only",
                            "keep --eval-data (a separate file) or --eval-fraction (held-out samples)")
@@ -109,35 +122,13 @@ class RunOptions:
                            "add --eval-data FILE or --eval-fraction F")
 
 
-@dataclass
-class TrainResult:
-    job: dict[str, Any]
-    steps: int
-    samples_seen: int
-    tokens_seen: int
-    wall_time_s: float
-    final_loss: float | None
-    losses: list[float]
-    oom_events: list[OomEvent] = field(default_factory=list)
-    checkpoints: list[str] = field(default_factory=list)
-    resumed_from: str | None = None
-    interrupted: bool = False
-    monitor_log: str | None = "monitor.jsonl"
-    samples: list[list[int]] = field(default_factory=list)
-    evals: list[dict[str, Any]] = field(default_factory=list)
-    """One per evaluation: step, eval_loss (token mean), eval_perplexity, eval_batch, samples,
-    tokens (label tokens), eval_time_s."""
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("samples")
-        d["oom_events"] = [e.to_dict() for e in self.oom_events]
-        return {"kind": "train", **d}
-
-
 class _Interrupt:
+    """SIGINT/SIGTERM ask the loop to stop after the step (a checkpoint is saved); which one came
+    decides the exit code (130 / 143)."""
+
     def __init__(self) -> None:
         self.requested = False
+        self.signal: str | None = None
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> _Interrupt:
@@ -150,48 +141,11 @@ class _Interrupt:
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.requested = True
+        self.signal = self.signal or signal.Signals(signum).name
 
     def __exit__(self, *exc: Any) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
-
-
-def check_runnable(job: JobSpec, world: int) -> None:
-    """What every backend needs: a chosen batch, and as many processes as the job's ranks."""
-    if job.effective_batch is None or job.micro_batch is None:
-        raise JobError("the job needs micro_batch and effective_batch (or grad_accum)",
-                       "run trainfit tune first, or set them in the YAML")
-    if job.ranks != world:
-        raise JobError(f"the job says ranks {job.ranks} but {world} process(es) run",
-                       f"use --nproc {job.ranks}, or set ranks: {world}")
-    if job.sharding.startswith("zero") or job.offload != "none":
-        # trainfit runs DDP and FSDP itself; DeepSpeed and CPU offload are the engines' own
-        raise JobError(f"train runs sharding none or fsdp without offload (the job says "
-                       f"sharding {job.sharding}, offload {job.offload})",
-                       "plan predicts it; run it with accelerate launch and a DeepSpeed/FSDP "
-                       "config (trainfit emit FILE --to accelerate)")
-
-
-def total_steps(opts: RunOptions, n_samples: int, effective_batch: int) -> int:
-    """Optimizer steps of the run: ``max_steps``, else ``epochs`` over the data."""
-    if opts.max_steps is not None:
-        return opts.max_steps
-    return max(1, math.floor(n_samples * opts.epochs / effective_batch))
-
-
-def linear_decay(optimizer: torch.optim.Optimizer, total: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """HF Trainer's default schedule: linear decay to 0 over the run (no warm-up)."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: max(0.0, 1 - s / total))
-
-
-def limit_tracker(limit_bytes: int | None, model: torch.nn.Module) -> LimitTracker | None:
-    """The CPU stand-in for a GPU's capacity (live tensor bytes, as tune), the model counted."""
-    if not limit_bytes:
-        return None
-    tracker = LimitTracker(limit_bytes)
-    for t in [*model.parameters(), *model.buffers()]:
-        tracker.track(t, "parameters")
-    return tracker
 
 
 class Trainer:
@@ -211,6 +165,7 @@ class Trainer:
             self.data, job, self.source, opts.eval_data, opts.eval_fraction)
         self.eval_batch = opts.eval_batch or job.micro_batch or 1
         check_runnable(job, self.dist.world)
+        check_data_size(len(self.data), job.effective_batch or 1, f"--data {job.data}")
         self.wl = build_real(job, self.source, self.device, seed=job.seed, lr=job.lr)
         check_no_offload(self.wl.model, opts.allow_offload)
         self.model = self.dist.wrap(self.wl.model, self.device, sharding=job.sharding,
@@ -228,14 +183,22 @@ class Trainer:
         self.state = ckpt.RunState(step=0, position=0, micro_batch=job.micro_batch,
                                    grad_accum=job.grad_accum or 1)
         self.resumed_from: str | None = None
+        self.notes: list[str] = []
+        self.history: dict[str, Any] = {}
+        self.resuming_here = False
         if opts.resume is not None:
-            ck = ckpt.find(opts.resume)
+            ck, note = ckpt.find(opts.resume)
+            if note:
+                self.notes.append(note)
             saved = ckpt.load(ck, self.wl.model, self.wl.optimizer, self.scheduler, self.wl.scaler,
                               self.device)
             # the effective batch is the job's; the micro-batch may differ (another GPU, an OOM)
             self.state = ckpt.RunState(step=saved.step, position=saved.position,
                                        micro_batch=job.micro_batch, grad_accum=job.grad_accum or 1)
             self.resumed_from = str(ck)
+            self.history = ckpt.history(ck)
+            # the run continues in its own directory (a checkpoint of another run starts a new one)
+            self.resuming_here = ck.parent.resolve() == Path(opts.out_dir).resolve()
 
     def total_steps(self) -> int:
         return total_steps(self.o, len(self.data), self.job.effective_batch or 1)
@@ -262,24 +225,52 @@ class Trainer:
 
     # --- the loop ---------------------------------------------------------------------------------
     def run(self) -> TrainResult:
+        """Claim the run directory (checked, locked; every rank leaves together when it cannot
+        be), run the steps, write the record. Bad input found here writes nothing."""
+        o = self.o
+        main = self.dist.rank == 0
+        tracker = limit_tracker(o.memory_limit_bytes, self.wl.model)  # before anything is written
+        res = new_result(self.job.to_dict(), main=main)
+        if self.resumed_from is not None:
+            continue_from(res, self.history, self.state.step, self.state.position,
+                          self.data.seq_len)
+        claim = RunDir(o.out_dir, resuming=self.resuming_here, main=main)
+        err: JobError | None = None
+        try:
+            claim.__enter__()
+        except JobError as e:
+            err = e
+        if self.dist.any(err is not None):
+            raise err or JobError("rank 0 could not use the run directory",
+                                  "see rank 0's error line")
+        res.resumed_from = self.resumed_from
+        res.begin_segment(self.state.step, self.resumed_from, [*self.notes, *claim.notes])
+        try:
+            self._loop(res, claim, tracker)
+        except BaseException as exc:
+            if claim.steps_done:  # steps ran: their record is kept (else nothing is written)
+                res.note(f"failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+                self._keep_record(res, "failed")
+            claim.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        claim.__exit__(None, None, None)
+        return res
+
+    def _loop(self, res: TrainResult, claim: RunDir, tracker: LimitTracker | None) -> None:
         from trainfit.monitor import Sampler
 
         o = self.o
-        o.out_dir.mkdir(parents=True, exist_ok=True)
         main = self.dist.rank == 0
         total = self.total_steps()
-        res = TrainResult(job=self.job.to_dict(), steps=self.state.step, samples_seen=0,
-                          tokens_seen=0, wall_time_s=0.0, final_loss=None, losses=[],
-                          resumed_from=self.resumed_from,
-                          monitor_log="monitor.jsonl" if main else None)
-        tracker = limit_tracker(o.memory_limit_bytes, self.wl.model)
         injected = set(o.inject_oom_at_steps)
         injected_eval = set(o.inject_eval_oom_at_steps)
-        t_start = time.perf_counter()
+        self.t_start = time.perf_counter()
+        # monitor.jsonl is appended to: a resumed run keeps the lines of the runs before it
         sampler = Sampler(interval_s=o.monitor_interval_s, live=o.live,
-                          log_path=o.out_dir / "monitor.jsonl",
+                          log_path=o.out_dir / "monitor.jsonl", append=True,
                           tensorboard_dir=o.out_dir / "tensorboard") if main else None
         it = self._loader()
+        stopped = "finished"
         with _Interrupt() as intr, (sampler or _Null()):
             if sampler is not None:
                 sampler.start()
@@ -288,6 +279,7 @@ class Trainer:
                 waits: list[float] = []
                 ids_done: list[int] = []
                 t0 = time.perf_counter()
+                scale = self.wl.scaler.get_scale() if self.wl.scaler is not None else None
                 out = self._attempt(it, step, ids_done, waits, injected, tracker)
                 if self.dist.any(out is None):  # every rank splits together
                     self._recover_oom(res, step)
@@ -296,8 +288,16 @@ class Trainer:
                 assert out is not None
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
-                self._record_step(res, out, time.perf_counter() - t0, ids_done, waits, sampler,
-                                  tracker)
+                loss = self.dist.sum(float(out.loss)) / self.dist.world
+                skipped = scale is not None and self.wl.scaler.get_scale() < scale
+                if not math.isfinite(loss) and not skipped:
+                    # the update used non-finite gradients: nothing after the last save is kept
+                    res.diverged_at_step = step + 1
+                    stopped = "diverged"
+                    break
+                self._record_step(res, loss, skipped, time.perf_counter() - t0, ids_done, waits,
+                                  sampler, tracker)
+                claim.steps_done += 1
                 if o.inject_interrupt_at_step == step:
                     intr.requested = True
                 stop = self.dist.any(intr.requested)
@@ -309,21 +309,33 @@ class Trainer:
                     self._save(res)
                 if stop:
                     res.interrupted = True
+                    res.signal = intr.signal
+                    stopped = "interrupted"
                     break
             # always one at the end (inside the sampler's block: it reaches monitor.jsonl)
-            if self.eval_set is not None and not res.interrupted and (
+            if self.eval_set is not None and stopped == "finished" and (
                     not res.evals or res.evals[-1]["step"] != self.state.step):
                 self._evaluate(res, sampler, tracker, injected_eval)
-        if not res.interrupted and (not res.checkpoints
-                                    or not res.checkpoints[-1].endswith(f"-{self.state.step}")):
-            self._save(res)
-        res.steps = self.state.step
-        res.final_loss = res.losses[-1] if res.losses else None
-        res.wall_time_s = time.perf_counter() - t_start
-        if main:
-            (o.out_dir / "train.json").write_text(json.dumps(res.to_dict(), indent=1))
-        return res
+            # the last save, still under the signal guard: a SIGTERM now does not cut it
+            if stopped == "finished" and (not res.checkpoints or not
+                                          res.checkpoints[-1].endswith(f"-{self.state.step}")):
+                self._save(res)
+        self._keep_record(res, stopped)
 
+    def _keep_record(self, res: TrainResult, stopped: str) -> None:
+        """Close the segment and write train.json (rank 0): also after a failure, as far as it
+        can be written (a full disk may refuse it: the checkpoints' records stay)."""
+        if not res.segments or res.segments[-1]["stopped"] is not None:
+            return
+        res.close_segment(time.perf_counter() - getattr(self, "t_start", time.perf_counter()),
+                          stopped)
+        if self.dist.rank != 0:
+            return
+        try:
+            write_train_json(self.o.out_dir, res)
+        except OSError:
+            if stopped != "failed":
+                raise
     def _attempt(self, it: Iterator[dict[str, torch.Tensor]], step: int, ids_done: list[int],
                  waits: list[float], injected: set[int], tracker: LimitTracker | None) -> Any:
         """One optimizer step over this rank's micro-batches; None when it ran out of memory."""
@@ -340,24 +352,24 @@ class Trainer:
         except torch.OutOfMemoryError:
             return None
 
-    def _record_step(self, res: TrainResult, out: Any, dt: float, ids_done: list[int],
-                     waits: list[float], sampler: Any, tracker: LimitTracker | None) -> None:
+    def _record_step(self, res: TrainResult, loss: float, skipped: bool, dt: float,
+                     ids_done: list[int], waits: list[float], sampler: Any,
+                     tracker: LimitTracker | None) -> None:
         """A step done: the schedule, the position, the loss (mean over ranks), the samples and
-        tokens, the monitor's row."""
+        tokens, the monitor's row. ``skipped``: the GradScaler skipped its update (counted)."""
         self.scheduler.step()
-        loss = self.dist.sum(float(out.loss)) / self.dist.world
         self.state.step += 1
         self.state.position += self.job.effective_batch
-        res.losses.append(loss)
-        res.samples_seen += self.job.effective_batch
         tokens = self.job.effective_batch * self.data.seq_len
-        res.tokens_seen += tokens
+        res.scaler_skipped_steps += skipped
+        res.add_step(loss if math.isfinite(loss) else None, self.job.effective_batch, tokens)
         if self.o.record_samples:  # ids in the data as loaded (before any hold-out)
             if self.train_ids is not None:
                 ids_done = [self.train_ids[i] for i in ids_done]
             res.samples.append(self.dist.gather_ids(ids_done))
         if sampler is not None:
-            sampler.record_step(step=self.state.step, loss=loss, tokens=tokens,
+            sampler.record_step(step=self.state.step, loss=loss if math.isfinite(loss) else None,
+                                tokens=tokens,
                                 samples=self.job.effective_batch, step_time_s=dt,
                                 data_wait_s=sum(waits), peak_allocated_bytes=self._peak(tracker))
 
@@ -420,15 +432,31 @@ class Trainer:
                                        batch_after=after, grad_accum_after=self.state.grad_accum))
 
     def _save(self, res: TrainResult) -> None:
+        """The checkpoint (with the record so far inside it), then train.json beside it. A save
+        that fails on one rank fails on all (the error is rank 0's)."""
         # under FSDP gathering the full state is collective: every rank saves, rank 0 writes
         main = self.dist.rank == 0
+        err: JobError | None = None
         if main or self.dist.shards(self.job.sharding):
             job = self.job.replace(micro_batch=self.state.micro_batch,
                                    effective_batch=self.job.effective_batch).to_dict()
-            p = ckpt.save(self.o.out_dir, self.state, self.wl.model, self.wl.optimizer,
-                          self.scheduler, self.wl.scaler, job, write=main)
-            if main:
-                res.checkpoints.append(str(p))
+            name = str(self.o.out_dir / f"checkpoint-{self.state.step}")
+            history = res.snapshot(time.perf_counter() - self.t_start)
+            history["checkpoints"] = [*history["checkpoints"], name]
+            try:
+                p = ckpt.save(self.o.out_dir, self.state, self.wl.model, self.wl.optimizer,
+                              self.scheduler, self.wl.scaler, job, write=main, history=history)
+                if main:
+                    res.checkpoints.append(str(p))
+                    write_train_json(self.o.out_dir, res)
+            except ckpt.CheckpointWriteError as e:
+                err = e
+            except OSError as e:  # train.json beside a checkpoint that was written
+                err = JobError(f"could not write {self.o.out_dir / 'train.json'} "
+                               f"({e.strerror}); the checkpoint {name} is intact",
+                               f"free space on that disk, then --resume {self.o.out_dir}")
+        if self.dist.any(err is not None):
+            raise err or JobError("rank 0 could not write the checkpoint", "see rank 0's error")
         self.dist.barrier()
 
 

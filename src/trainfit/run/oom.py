@@ -51,6 +51,14 @@ class OomEvent:
             d["redone_from_sample"] = self.redone_from_sample
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> OomEvent:
+        """The event back from train.json / a checkpoint's history (:meth:`to_dict`'s inverse)."""
+        name = "micro_batch" if d["phase"] == "step" else "eval_batch"
+        return cls(step=d["step"], phase=d["phase"], batch_before=d[f"{name}_before"],
+                   batch_after=d[f"{name}_after"], grad_accum_after=d.get("grad_accum_after"),
+                   redone_from_sample=d.get("redone_from_sample"))
+
 
 def free_after_oom(zero_grad: Callable[[], Any] | None = None) -> None:
     """Drop the failed attempt's gradients (``zero_grad``: the optimizer's or the model's, set to

@@ -82,7 +82,9 @@ def tune_trainer(trainer: Any, rec: dict[str, Any], o: dict[str, Any]) -> dict[s
         raise JobError("the script's model is 4-bit (QLoRA): bitsandbytes' 4-bit layers are "
                        "probed on CUDA only", "run tune --device cuda:0 on the GPU, or plan it")
     if job.effective_batch is None:
-        raise JobError("the script's effective batch is unknown")
+        raise JobError("the script's effective batch is unknown",
+                       "set per_device_train_batch_size and gradient_accumulation_steps in its "
+                       "TrainingArguments, or pass --effective-batch")
     opts = _options(job, rec, o)
     base = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
     source = ModelSource(job.model, copy.deepcopy(base.config), rec["model"]["task"], "script")

@@ -47,12 +47,12 @@ class TuneOptions:
 
     def __post_init__(self) -> None:
         if not 0 <= self.margin < 1:
-            raise JobError(f"--margin {self.margin}: must be in [0, 1)")
+            raise JobError(f"--margin {self.margin}: must be in [0, 1)", "e.g. --margin 0.1")
         if self.memory_limit_bytes is not None and self.memory_limit_bytes <= 0:
             raise JobError(f"--memory-limit {self.memory_limit_bytes}: must be > 0",
                            "e.g. --memory-limit 2GiB")
         if self.budget_s is not None and self.budget_s <= 0:
-            raise JobError(f"--budget-s {self.budget_s}: must be > 0")
+            raise JobError(f"--budget-s {self.budget_s}: must be > 0", "e.g. --budget-s 600")
         unknown = [k for k in self.knobs if k not in KNOBS]
         if unknown:
             raise JobError(f"--knobs {','.join(unknown)}: unknown", f"choose from {','.join(KNOBS)}")
@@ -235,7 +235,8 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
         raise JobError("--effective-batch is required: tune keeps it exact",
                        "e.g. --effective-batch 16 (samples per optimizer step, all ranks)")
     if data.stats.samples < job.ranks:
-        raise DataError(f"--data {job.data}: {data.stats.samples} samples for {job.ranks} ranks")
+        raise DataError(f"--data {job.data}: {data.stats.samples} samples for {job.ranks} ranks",
+                        "every rank needs samples: add data or use fewer --ranks")
     torch.manual_seed(job.seed)
     capacity, name, predict = device_side(source, data, device, opts)
     prober, probe_fn = _prober(job, source, data, device, opts)

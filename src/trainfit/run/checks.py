@@ -1,0 +1,74 @@
+"""What every backend of ``trainfit train`` checks and sets up before its first step: a runnable
+job (a chosen batch, as many processes as ranks), data for at least one effective batch, the number
+of steps, the learning-rate schedule, and the CPU stand-in for a GPU's capacity."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from trainfit.job import JobError, JobSpec
+from trainfit.memory.limit import LimitTracker
+
+if TYPE_CHECKING:
+    from trainfit.run.loop import RunOptions
+
+
+def check_runnable(job: JobSpec, world: int) -> None:
+    """What every backend needs: a chosen batch, and as many processes as the job's ranks."""
+    if job.effective_batch is None or job.micro_batch is None:
+        raise JobError("the job needs micro_batch and effective_batch (or grad_accum)",
+                       "run trainfit tune first, or set them in the YAML")
+    if job.ranks != world:
+        raise JobError(f"the job says ranks {job.ranks} but {world} process(es) run",
+                       f"use --nproc {job.ranks}, or set ranks: {world}")
+    if job.sharding.startswith("zero") or job.offload != "none":
+        # trainfit runs DDP and FSDP itself; DeepSpeed and CPU offload are the engines' own
+        raise JobError(f"train runs sharding none or fsdp without offload (the job says "
+                       f"sharding {job.sharding}, offload {job.offload})",
+                       "plan predicts it; run it with accelerate launch and a DeepSpeed/FSDP "
+                       "config (trainfit emit FILE --to accelerate)")
+
+
+def total_steps(opts: RunOptions, n_samples: int, effective_batch: int) -> int:
+    """Optimizer steps of the run: ``max_steps``, else ``epochs`` over the data."""
+    if opts.max_steps is not None:
+        return opts.max_steps
+    return max(1, math.floor(n_samples * opts.epochs / effective_batch))
+
+
+def linear_decay(optimizer: torch.optim.Optimizer, total: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """HF Trainer's default schedule: linear decay to 0 over the run (no warm-up)."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: max(0.0, 1 - s / total))
+
+
+def limit_tracker(limit_bytes: int | None, model: torch.nn.Module) -> LimitTracker | None:
+    """The CPU stand-in for a GPU's capacity (live tensor bytes, as tune), the model counted. A
+    limit the model itself does not fit in is bad input (JobError), not an OOM to recover from."""
+    if limit_bytes is None:
+        return None
+    tracker = LimitTracker(limit_bytes)
+    try:
+        for t in [*model.parameters(), *model.buffers()]:
+            tracker.track(t, "parameters")
+    except torch.OutOfMemoryError:
+        need = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                    for t in [*model.parameters(), *model.buffers()]}.values())
+        raise JobError(f"--memory-limit {limit_bytes:,} bytes: the model's weights alone take "
+                       f"{need:,} bytes ({need / 2**20:.1f} MiB), more than the limit",
+                       f"give a limit well above {need / 2**20:.1f} MiB (a step also holds "
+                       "gradients, optimizer states and activations), e.g. --memory-limit "
+                       f"{max(1, math.ceil(need * 4 / 2**20))}MiB") from None
+    return tracker
+
+
+def check_data_size(n_samples: int, effective_batch: int, where: str) -> None:
+    """One optimizer step takes ``effective_batch`` distinct samples: fewer would repeat samples
+    inside a step (and ``--epochs 1`` would train on some twice) — refused."""
+    if n_samples < effective_batch:
+        raise JobError(f"{where}: {n_samples} training samples, fewer than one effective batch "
+                       f"({effective_batch}): a step would use some samples twice",
+                       f"lower --effective-batch to at most {n_samples} (with a micro-batch that "
+                       "divides it), or add data")

@@ -1,0 +1,183 @@
+"""What a run leaves behind: ``train.json`` (the record of every step of every segment), how a
+resumed run continues that record, and the exit codes a scheduler reads.
+
+A run is one or more *segments*: the first from step 0, each resume a new one from the checkpoint's
+step. The record (losses, OOM events, evaluations, checkpoints, samples and tokens seen) is saved
+inside every checkpoint; a resume from checkpoint N takes the record as it was at step N and
+appends to it — so ``train.json`` holds one loss per step from step 1 (the trajectory the weights
+followed, whatever was killed and redone), ``segments`` says which run did which steps, and the
+counts are the whole run's. ``train.json`` is rewritten (atomically) at every checkpoint and at the
+end, so a killed run leaves the record of its newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainfit.run.oom import OomEvent
+from trainfit.run.rundir import write_atomic
+
+EXIT_DONE = 0
+"""The requested steps ran (and were saved)."""
+EXIT_BAD_INPUT = 2
+"""Bad input, or the run directory / a checkpoint cannot be used: one ``error:`` line (and a hint)."""
+EXIT_DIVERGED = 3
+"""The loss became NaN or infinite: stopped, nothing saved after the last good checkpoint."""
+EXIT_SIGINT = 130
+"""Interrupted by SIGINT (Ctrl-C): a checkpoint was saved; ``--resume`` continues it (128 + 2)."""
+EXIT_SIGTERM = 143
+"""Interrupted by SIGTERM (a scheduler's stop): a checkpoint was saved; resumable (128 + 15)."""
+
+STOPPED = ("running", "finished", "interrupted", "diverged", "failed")
+
+
+@dataclass
+class TrainResult:
+    job: dict[str, Any]
+    steps: int
+    """Optimizer steps of the whole run (all segments)."""
+    samples_seen: int
+    """Samples trained on by the whole run (all segments)."""
+    tokens_seen: int
+    wall_time_s: float
+    """Measured time of all segments together."""
+    final_loss: float | None
+    losses: list[float | None]
+    """One per step of the run, from step 1 (None: a step the GradScaler skipped with a
+    non-finite loss)."""
+    oom_events: list[OomEvent] = field(default_factory=list)
+    checkpoints: list[str] = field(default_factory=list)
+    resumed_from: str | None = None
+    interrupted: bool = False
+    monitor_log: str | None = "monitor.jsonl"
+    samples: list[list[int]] = field(default_factory=list)
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    """One per evaluation: step, eval_loss (token mean), eval_perplexity, eval_batch, samples,
+    tokens (label tokens), eval_time_s."""
+    segments: list[dict[str, Any]] = field(default_factory=list)
+    """One per run that added steps (the first, then each resume): segment, start_step,
+    end_step, steps, samples, tokens, wall_time_s, resumed_from, stopped, notes."""
+    stopped: str = "finished"
+    """finished, interrupted (a signal: checkpoint saved), diverged (non-finite loss), failed;
+    running in the train.json written at a checkpoint while the run goes on."""
+    signal: str | None = None
+    """SIGINT or SIGTERM when interrupted by one."""
+    scaler_skipped_steps: int = 0
+    """Steps whose update the fp16 GradScaler skipped (gradients overflowed, the scale lowered):
+    normal in fp16 training, not divergence."""
+    diverged_at_step: int | None = None
+    notes: list[str] = field(default_factory=list)
+    """This segment's notes (also in its entry of ``segments``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("samples")
+        d["oom_events"] = [e.to_dict() for e in self.oom_events]
+        return {"kind": "train", **d}
+
+    @property
+    def exit_code(self) -> int:
+        if self.stopped == "diverged":
+            return EXIT_DIVERGED
+        if self.stopped == "interrupted":
+            return EXIT_SIGTERM if self.signal == "SIGTERM" else EXIT_SIGINT
+        return EXIT_DONE
+
+    # --- segments ---------------------------------------------------------------------------------
+    def begin_segment(self, start_step: int, resumed_from: str | None, notes: list[str]) -> None:
+        self.segments.append({"segment": len(self.segments) + 1, "start_step": start_step,
+                              "end_step": start_step, "steps": 0, "samples": 0, "tokens": 0,
+                              "wall_time_s": 0.0, "resumed_from": resumed_from,
+                              "stopped": None, "notes": list(notes)})
+        self.notes = list(notes)
+        self.stopped = "running"
+
+    def add_step(self, loss: float | None, samples: int, tokens: int) -> None:
+        self.losses.append(loss)
+        self.steps += 1
+        self.samples_seen += samples
+        self.tokens_seen += tokens
+        seg = self.segments[-1]
+        seg["end_step"] = self.steps
+        seg["steps"] += 1
+        seg["samples"] += samples
+        seg["tokens"] += tokens
+        if loss is not None:
+            self.final_loss = loss
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        if self.segments:
+            self.segments[-1]["notes"].append(text)
+
+    def close_segment(self, wall_time_s: float, stopped: str) -> None:
+        seg = self.segments[-1]
+        self.wall_time_s += wall_time_s - seg["wall_time_s"]
+        seg["wall_time_s"] = wall_time_s
+        seg["stopped"] = stopped
+        self.stopped = stopped
+
+    def snapshot(self, wall_time_s: float) -> dict[str, Any]:
+        """The record as of now, saved inside a checkpoint (the current segment open)."""
+        d = self.to_dict()
+        seg = dict(d["segments"][-1]) if d["segments"] else None
+        if seg is not None:
+            d["wall_time_s"] = self.wall_time_s + wall_time_s - seg["wall_time_s"]
+            seg["wall_time_s"] = wall_time_s
+            d["segments"] = [*d["segments"][:-1], seg]
+        for k in ("kind", "job", "resumed_from", "monitor_log", "notes", "interrupted", "stopped",
+                  "signal", "diverged_at_step"):
+            d.pop(k, None)
+        return d
+
+
+def new_result(job: dict[str, Any], *, main: bool) -> TrainResult:
+    return TrainResult(job=job, steps=0, samples_seen=0, tokens_seen=0, wall_time_s=0.0,
+                       final_loss=None, losses=[], monitor_log="monitor.jsonl" if main else None)
+
+
+def continue_from(res: TrainResult, history: dict[str, Any], step: int, samples: int,
+                  tokens_per_sample: int) -> None:
+    """Take the record a checkpoint of ``step`` saved (its losses, segments, events and counts);
+    a checkpoint without one (an older trainfit) starts the record at its step, said in a note."""
+    losses = list(history.get("losses") or [])[:step]
+    res.steps = step
+    res.samples_seen = samples
+    if len(losses) == step:
+        res.losses = losses
+        res.segments = [dict(s) for s in history.get("segments") or []]
+        for seg in res.segments:
+            if seg.get("stopped") is None:  # the snapshot was taken while it ran
+                seg["stopped"] = "after its checkpoint"
+                seg["notes"] = [*seg.get("notes", []), f"ended after its checkpoint at step "
+                                f"{seg['end_step']} (killed, failed or interrupted: the steps "
+                                "after it, if any, were redone by the next segment)"]
+        res.oom_events = [OomEvent.from_dict(e) for e in history.get("oom_events") or []
+                          if e.get("step", 0) < step]
+        res.evals = [e for e in history.get("evals") or [] if e.get("step", 0) <= step]
+        res.checkpoints = list(history.get("checkpoints") or [])
+        res.tokens_seen = int(history.get("tokens_seen", samples * tokens_per_sample))
+        res.wall_time_s = float(history.get("wall_time_s", 0.0))
+        res.scaler_skipped_steps = int(history.get("scaler_skipped_steps", 0))
+        res.final_loss = next((x for x in reversed(losses) if x is not None), None)
+    else:
+        res.losses = [None] * step
+        res.tokens_seen = samples * tokens_per_sample
+        res.segments = [{"segment": 1, "start_step": 0, "end_step": step, "steps": step,
+                         "samples": samples, "tokens": res.tokens_seen, "wall_time_s": None,
+                         "resumed_from": None, "stopped": None,
+                         "notes": ["not recorded: the checkpoint carries no history"]}]
+
+
+def finite(x: float) -> bool:
+    return math.isfinite(x)
+
+
+def write_train_json(out: Path, res: TrainResult) -> None:
+    """``<out>/train.json``, replaced atomically (a reader never sees half of it)."""
+    import json
+
+    write_atomic(out / "train.json", json.dumps(res.to_dict(), indent=1))

@@ -1,0 +1,222 @@
+"""Every bad input is one ``error:`` line and one ``hint:`` line, exit code 2, no traceback and
+nothing written — table-driven: (name, how the input is made) → the command line."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from reliability_tools import tree, write_job
+
+LLAMA = {"model_type": "llama", "hidden_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "vocab_size": 300}
+
+
+def _config(d: Path, **fields) -> str:
+    p = d / "cfg" / "config.json"
+    p.parent.mkdir(exist_ok=True)
+    data = {k: v for k, v in {**LLAMA, **fields}.items() if v is not None}
+    p.write_text(json.dumps(data) if "raw" not in fields else fields["raw"])
+    return str(p)
+
+
+def _yaml(d: Path, text: str, name: str = "j.yaml") -> str:
+    p = d / name
+    p.write_text(text)
+    return str(p)
+
+
+def _plan(model: str, *more: str) -> list[str]:
+    return ["plan", model, "--gpu", "t4", *more]
+
+
+# (name, f(dir, job file) → args, what the error line names)
+CASES: list[tuple[str, Callable[[Path, str], list[str]], str]] = [
+    # config.json: the architecture stated, never filled in from defaults
+    ("config.json with only model_type",
+     lambda d, j: _plan(_config(d, hidden_size=None, num_hidden_layers=None,
+                                num_attention_heads=None, vocab_size=None)), "does not state"),
+    ("num_hidden_layers: -1", lambda d, j: _plan(_config(d, num_hidden_layers=-1)),
+     "num_hidden_layers = -1"),
+    ("heads do not divide hidden", lambda d, j: _plan(_config(d, hidden_size=130)),
+     "not divisible"),
+    ('hidden_size: "big"', lambda d, j: _plan(_config(d, hidden_size="big")), "hidden_size = 'big'"),
+    ("kv heads do not divide heads", lambda d, j: _plan(_config(d, num_key_value_heads=3)),
+     "num_key_value_heads"),
+    ("config.json not JSON", lambda d, j: _plan(_config(d, raw="{nope")), "not valid JSON"),
+    ("unknown model_type", lambda d, j: _plan(_config(d, model_type="nope")), "model_type"),
+    # plan's flags
+    ("gpt2 --seq-len 4096 (1024 positions)", lambda d, j: _plan("gpt2", "--seq-len", "4096"),
+     "1024 positions"),
+    ("--seq-len 0", lambda d, j: _plan("gpt2", "--seq-len", "0"), "--seq-len 0"),
+    ("--method LoRA", lambda d, j: _plan("gpt2", "--method", "LoRA"), "--method 'LoRA'"),
+    ("--effective-batch 3 --ranks 2", lambda d, j: _plan("gpt2", "--effective-batch", "3",
+                                                         "--ranks", "2"), "--ranks 2"),
+    ("--lr 0", lambda d, j: _plan("gpt2", "--lr", "0"), "--lr"),
+    # job files
+    ("malformed YAML", lambda d, j: ["plan", _yaml(d, "model: [gpt2\n")], "not valid YAML"),
+    ("YAML quant nf4-dq + --method lora",
+     lambda d, j: ["plan", _yaml(d, "model: gpt2\nmethod: qlora\nquant: nf4-dq\n"),
+                   "--method", "lora"], "--quant nf4-dq needs --method qlora"),
+    ("unknown YAML key", lambda d, j: ["plan", _yaml(d, "model: gpt2\nmicro_bach: 4\n")],
+     "unknown key 'micro_bach'"),
+    ("YAML lr: fast", lambda d, j: ["plan", _yaml(d, "model: gpt2\nlr: fast\n")], "--lr 'fast'"),
+    ('YAML seq_len: "big"', lambda d, j: ["plan", _yaml(d, "model: gpt2\nseq_len: big\n")],
+     "--seq-len 'big'"),
+    ("YAML is a list", lambda d, j: ["plan", _yaml(d, "- model: gpt2\n")], "expected a mapping"),
+    ("job file is a directory", lambda d, j: ["plan", _mkdir(d / "dir.yaml")], "is a directory"),
+    ("job file not UTF-8", lambda d, j: ["plan", _bytes(d / "bin.yaml", b"\xff\xfe\x00model")],
+     "not UTF-8"),
+    ("job path too long", lambda d, j: ["plan", str(d / ("x" * 300 + ".yaml"))], "x" * 20),
+    ("job file missing", lambda d, j: ["train", str(d / "missing.yaml")], "no such file"),
+    # code in a job file: never run without the command line naming it
+    ("module:factory model in a job file",
+     lambda d, j: ["plan", _yaml(d, f"model: {d / 'evil.py'}:build\n")], "Python code"),
+    ("trust_remote_code: true in a job file",
+     lambda d, j: ["plan", _yaml(d, "model: someone/model\ntrust_remote_code: true\n")],
+     "trust_remote_code"),
+    # train's flags and data
+    ("--nproc 0", lambda d, j: ["train", j, "--out", str(d / "o"), "--nproc", "0"], "--nproc 0"),
+    ("--memory-limit 0.5", lambda d, j: ["train", j, "--out", str(d / "o"), "--memory-limit",
+                                         "0.5"], "less than one byte"),
+    ("--memory-limit 1KiB", lambda d, j: ["train", j, "--out", str(d / "o"), "--memory-limit",
+                                          "1KiB"], "weights alone"),
+    ("--memory-limit 0", lambda d, j: ["train", j, "--out", str(d / "o"), "--memory-limit", "0"],
+     "must be > 0"),
+    ("--memory-limit lots", lambda d, j: ["train", j, "--out", str(d / "o"), "--memory-limit",
+                                          "lots"], "not a size"),
+    ("--inject-oom-at abc", lambda d, j: ["train", j, "--out", str(d / "o"), "--inject-oom-at",
+                                          "abc"], "--inject-oom-at abc"),
+    ("data smaller than one effective batch",
+     lambda d, j: ["train", _small_batch(d, j), "--out", str(d / "o")], "fewer than one effective"),
+    ("--out is an existing file", lambda d, j: ["train", j, "--out", _bytes(d / "f", b"x")],
+     "is a file"),
+    ("--out under a file", lambda d, j: ["train", j, "--out", str(Path(_bytes(d / "g", b"x")) / "r")],
+     "is a file"),
+    ("--out too long", lambda d, j: ["train", j, "--out", str(d / ("r" * 300))],
+     "File name too long"),
+    ("--resume missing", lambda d, j: ["train", j, "--out", str(d / "o"), "--resume",
+                                       str(d / "none")], "does not exist"),
+    ("--max-steps 0", lambda d, j: ["train", j, "--out", str(d / "o"), "--max-steps", "0"],
+     "--max-steps 0"),
+    ("--save-every 0", lambda d, j: ["train", j, "--out", str(d / "o"), "--save-every", "0"],
+     "--save-every 0"),
+    ("--epochs 0", lambda d, j: ["train", j, "--out", str(d / "o"), "--epochs", "0"], "--epochs"),
+    ("--eval-fraction 2", lambda d, j: ["train", j, "--out", str(d / "o"), "--eval-fraction", "2"],
+     "--eval-fraction"),
+    ("--backend nope", lambda d, j: ["train", j, "--out", str(d / "o"), "--backend", "nope"],
+     "--backend nope"),
+    ("--device tpu", lambda d, j: ["train", j, "--out", str(d / "o"), "--device", "tpu"],
+     "--device tpu"),
+    ("module:factory model in train's job file",
+     lambda d, j: ["train", _yaml(d, f"model: {d / 'evil.py'}:build\n"), "--out", str(d / "o")],
+     "Python code"),
+    # tune: --out checked before the search
+    ("tune --out into a missing directory",
+     lambda d, j: ["tune", j, "--out", str(d / "nowhere" / "t.yaml")], "does not exist"),
+    ("tune --out is a directory", lambda d, j: ["tune", j, "--out", _mkdir(d / "outdir")],
+     "is a directory"),
+    ("tune --memory-limit 0", lambda d, j: ["tune", j, "--memory-limit", "0"], "must be > 0"),
+    ("tune --margin 2", lambda d, j: ["tune", j, "--margin", "2"], "--margin"),
+    ("tune --knobs nope", lambda d, j: ["tune", j, "--knobs", "nope"], "nope"),
+    # doctor
+    ("doctor --steps 1", lambda d, j: ["doctor", j, "--steps", "1"], "--steps 1"),
+]
+
+
+def _mkdir(p: Path) -> str:
+    p.mkdir()
+    return str(p)
+
+
+def _bytes(p: Path, data: bytes) -> str:
+    p.write_bytes(data)
+    return str(p)
+
+
+def _small_batch(d: Path, j: str) -> str:
+    job = yaml.safe_load(Path(j).read_text())
+    return str(write_job(d / "big_batch.yaml", job["model"], job["data"], effective_batch=32,
+                         micro_batch=4))
+
+
+@pytest.mark.parametrize("name, make, names", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_clear_line_and_nothing_written(cli, job_file, tmp_path, name, make,
+                                                         names):
+    d = tmp_path / "case"
+    d.mkdir()
+    (d / "evil.py").write_text(f"open({str(d / 'RAN')!r}, 'w').write('x')\n"
+                               "def build():\n    return None\n")
+    args = make(d, str(job_file))
+    before = tree(tmp_path)
+    r = cli(*args)
+    assert r.clean_error(), f"{name}: exit {r.code}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}"
+    assert names in r.errors[0], f"{name}: {r.errors[0]}"
+    assert r.hints[0].strip() != "hint:", name
+    after = {k: v for k, v in tree(tmp_path).items() if not k.startswith("_cache")}
+    assert after == {k: v for k, v in before.items() if not k.startswith("_cache")}, name
+    assert not (d / "RAN").exists(), f"{name}: code from a job file ran"
+
+
+
+def test_every_error_trainfit_raises_carries_a_hint():
+    """The source itself: every JobError / DataError / DoctorError / MonitorError /
+    ReportInputError constructed in src/ passes a hint (a non-empty second argument or hint=).
+    Before: 36 constructions without one (--seq-len 0, malformed YAML, --memory-limit 0, ...)."""
+    import ast
+
+    import trainfit
+
+    names = {"JobError", "DataError", "DoctorError", "MonitorError", "ReportInputError",
+             "CheckpointWriteError"}
+    missing = []
+    for path in sorted(Path(trainfit.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            if name not in names:
+                continue
+            hint = node.args[1] if len(node.args) > 1 else next(
+                (k.value for k in node.keywords if k.arg == "hint"), None)
+            if hint is None or (isinstance(hint, ast.Constant) and not hint.value):
+                missing.append(f"{path.name}:{node.lineno}")
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("what", ["job file", "config.json"])
+def test_unreadable_file_is_one_line(cli, job_file, micro_model_json, tmp_path, monkeypatch, what):
+    """A file without read permission (simulated: the tests run as root, who reads anything)."""
+    import errno
+    import os
+
+    target = Path(job_file) if what == "job file" else Path(micro_model_json)
+    real = Path.read_text
+
+    def read_text(self, *a, **k):
+        if self == target:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    before = tree(tmp_path)
+    r = cli("plan", job_file, "--gpu", "t4") if what == "job file" else \
+        cli("plan", micro_model_json, "--gpu", "t4")
+    assert r.clean_error() and "Permission denied" in r.errors[0], r.stderr
+    assert {k: v for k, v in tree(tmp_path).items() if not k.startswith("_cache")} == \
+        {k: v for k, v in before.items() if not k.startswith("_cache")}
+
+
+def test_a_yaml_field_is_cleared_from_the_command_line(cli, tmp_path):
+    """--quant none clears the file's quant: the error's hint says so, and it works."""
+    job = tmp_path / "j.yaml"
+    job.write_text("model: gpt2\nmethod: qlora\nquant: nf4\n")
+    r = cli("plan", job, "--method", "lora")
+    assert r.clean_error() and "--quant none" in r.hints[0], r.stderr
+    r = cli("plan", job, "--method", "lora", "--quant", "none", "--gpu", "t4", "--micro-batch", "1",
+            "--seq-len", "64", "--precision", "fp32", "--grad-ckpt", "off", "--no-verify", "--json")
+    assert r.code == 0, r.stderr
