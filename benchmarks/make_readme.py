@@ -38,9 +38,10 @@ SCRIPTS: list[tuple[str, str, str]] = [
      "like-for-like peaks", "results/calibration.md"),
     ("planner_speed.py", "`plan` over a {planner_configs}-configuration grid of Llama-2-7B LoRA, and "
      "extrapolated vs full-size simulation", "results/planner_speed.md"),
-    ("speed_published.py", "predicted vs published tokens/s (llm-foundry MPT on A100-80GB up to 3B, HF "
-     "docs BERT-large on V100; `throughput_published.json` holds {throughput_cases} cases with pinned "
-     "configurations)", "results/speed_published.md"),
+    ("speed_published.py", "predicted vs published tokens/s per GPU of every case it can map "
+     "(`throughput_published.json`: {throughput_cases} cases with pinned configurations, and the "
+     "held-out `data/throughput_heldout.json`; V100 to H100, 1 to 128 GPUs, split plain / "
+     "fused-compiled / unsupported)", "results/speed_published.md"),
     ("speed_cpu.py", "predicted vs measured step time of real training steps on this CPU (3 models × 8 "
      "configurations, interleaved repeats)", "results/speed_cpu.md"),
     ("seed_plans.py", "the five seed scenarios planned → `examples/README.md`", "../examples/README.md"),
@@ -332,8 +333,9 @@ def truth_section(results: Path) -> list[str]:
                      f"fit: {s['oom_predicted_not_fitting']} of {s['oom_cases']} |")
     if sp:
         s = sp["summary"]
-        lines.append(f"| [speed_published](results/speed_published.md) | published tokens/s "
-                     f"(llm-foundry A100, HF docs V100) | tokens/s | {s['cases']} | "
+        lines.append(f"| [speed_published](results/speed_published.md) | published tokens/s per GPU "
+                     f"(llm-foundry, torchtitan, torchtune, fsdp_qlora, HF docs ...) | tokens/s | "
+                     f"{s['cases']} plain ({s.get('scored', s['cases'])} scored) | "
                      f"{pct(s['median_abs_error'])} | {pct(s['max_abs_error'])} | order of pairs differing "
                      f"> 10 %: {s['order_agreement']} of {s['order_pairs_gt_10pct']}; "
                      f"`throughput_published.json` holds {n_thr} cases |")

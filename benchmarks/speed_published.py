@@ -1,129 +1,322 @@
-"""Predicted vs published training throughput (benchmarks/throughput_published.json).
+"""Predicted vs published training throughput: every case trainfit can be asked.
 
-Cases used:
-* HF docs BERT-large on a V100 (9 configurations; samples/s × 512 tokens): the same job mapping as
-  calibration.py.
-* llm-foundry MPT (GPT-2-style blocks, amp-bf16, flash attention) on 8× A100-80GB, models up to 3B
-  and sequences up to 4096: tokens/s per GPU predicted as one GPU running its micro-batch; FSDP's
-  collectives are assumed hidden behind compute (not modelled yet) and the sharded optimizer's
-  share is small at their large accumulation — stated, and a source of error.
+Cases: ``throughput_published.json`` (168) and ``data/throughput_heldout.json`` (158, collected
+later, never used to set a constant).  :mod:`speed_cases` maps each to what ``trainfit plan`` is
+given — job fields, model (catalog, or a transformers config with the case's dims), GPU, plan's
+``--interconnect`` — and says what it substituted; cases with a feature trainfit does not model
+are listed as unsupported, or scored apart as ``fused/compiled`` (see speed_cases' docstring).
 
-Run: ``python benchmarks/speed_published.py`` → results/speed_published.{json,md}
+Speed is predicted as ``plan`` predicts a grid row: four small simulations of the job
+(``trainfit.memory.extrapolate.fit_group``), re-timed at the case's micro-batch and accumulation
+(``BilinearModel.speed``) on the GPU, plus the gradient synchronisation of its ranks over the
+interconnect (``trainfit.plan.grid.synced``).  Cases that differ only in micro-batch,
+accumulation, GPU of one compute capability or interconnect share one fit.  Every number here is
+the public functions' output: a change to the speed model shows up on the next run.
+
+Tokens/s are per GPU.  Error = predicted / measured − 1.  MFU: measured as the source published it
+(its own FLOP formula and peak), predicted by trainfit's (PaLM 6N + 12·L·H·Q·T, the GPU's dense
+peak); ``measured_mfu_trainfit`` is the measured speed under trainfit's formula.
+
+Run: ``python benchmarks/speed_published.py [--workers 2] [--cases ID ...]``
+→ results/speed_published.{json,md}
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import multiprocessing
 import statistics
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent
 OUT = ROOT / "results"
+ORDER_GAP = 0.10
+"""Pairs of one group whose measured speeds differ by more than this are order-checked."""
 
 
-def _mpt_source(case: dict[str, Any]) -> Any:
-    from transformers import GPT2Config
+def _gpu(m: Any) -> Any:
+    """The catalog GPU with plan's ``--interconnect`` applied (as the CLI does)."""
+    import dataclasses
 
-    from trainfit.model.source import ModelSource
+    from trainfit.hardware.gpus import find_gpu
+    from trainfit.speed.comm import INTERCONNECTS_GBS
 
-    m = case["model"]
-    cfg = GPT2Config(n_embd=m["hidden_size"], n_layer=m["num_hidden_layers"],
-                     n_head=m["num_attention_heads"], n_inner=m["intermediate_size"],
-                     vocab_size=m["vocab_size"], n_positions=m["seq_len"], resid_pdrop=0.0,
-                     embd_pdrop=0.0, attn_pdrop=0.0, activation_function="gelu_pytorch_tanh")
-    return ModelSource(m["name"], cfg, "causal-lm", "local")
+    gpu = find_gpu(m.gpu)
+    if m.interconnect:
+        gpu = dataclasses.replace(gpu, interconnect=m.interconnect,
+                                  interconnect_gbs=INTERCONNECTS_GBS[m.interconnect])
+    return gpu
 
 
-def predict_case(case: dict[str, Any]) -> dict[str, Any]:
+_DEVICES: dict[str, Any] = {}
+"""One DeviceSpeed per GPU for the worker's life: the speed model caches by ``id(dev)``."""
+
+
+def _score(m: Any, fit: Any, src: Any) -> dict[str, Any]:
+    from types import SimpleNamespace
+
+    from trainfit.job import JobSpec
+    from trainfit.plan.grid import synced
+    from trainfit.speed.predict import model_flops_per_token
+    from trainfit.speed.roofline import DeviceSpeed
+
+    gpu = _gpu(m)
+    job = JobSpec(model=src.name, **m.job)
+    p = fit.predict(job.micro_batch, accumulating=(job.grad_accum or 1) > 1)
+    fpt = model_flops_per_token(src.config, p["total_params"], p["trainable_params"], job.seq_len,
+                                job.method == "full")
+    dev = _DEVICES.setdefault(gpu.name, DeviceSpeed.from_gpu(gpu))
+    mem = SimpleNamespace(**p, per_rank=getattr(fit.points[0].sim, "per_rank", False))
+    sp = synced(fit.speed(dev, job, fpt), job, mem, gpu)
+    notes = list(m.notes)
+    if m.n_params and abs(p["total_params"] / m.n_params - 1) > 0.02:
+        notes.append(f"planned model has {p['total_params'] / 1e6:,.0f} M parameters, the case "
+                     f"{m.n_params / 1e6:,.0f} M")
+    tps = None if sp.tokens_per_s is None else sp.tokens_per_s / job.ranks
+    return _row(m, notes, predicted_tokens_per_s=tps, predicted_mfu=sp.mfu,
+                step_time_s=sp.step_time_s, bound=sp.bound, sync_s=sp.sync_s,
+                sync_exposed_s=sp.sync_exposed_s, interconnect=gpu.interconnect,
+                unknown_reason=sp.unknown_reason)
+
+
+def _row(m: Any, notes: list[str], **pred: Any) -> dict[str, Any]:
+    tps = pred.get("predicted_tokens_per_s")
+    err = None if tps is None else tps / m.measured_tokens_per_s - 1
+    mfu = pred.get("predicted_mfu")
+    return {"id": m.id, "group": m.group, "file": m.file, "gpu": m.gpu, "gpu_text": m.gpu_text,
+            "family": m.family, "gpus": m.gpus, "scale": m.scale, "bucket": m.bucket,
+            "measured_tokens_per_s": m.measured_tokens_per_s, "predicted_tokens_per_s": tps,
+            "error": err, "measured_mfu": m.measured_mfu, "predicted_mfu": mfu,
+            "measured_mfu_trainfit": None if err is None or mfu is None else mfu / (1 + err),
+            **pred, "unsupported": m.unsupported, "approximated": m.approximated, "notes": notes,
+            "model_note": m.model_note, "job": m.job, "model": m.model}
+
+
+def predict_group(cases: list[Any]) -> tuple[list[dict[str, Any]], float]:
+    """Worker: fit the group's simulation once, then every case of it. (rows, CPU seconds)."""
+    t0 = time.process_time()
+    warnings.filterwarnings("ignore")
+    import torch
+
+    from speed_cases import build_source
     from trainfit.hardware.gpus import find_gpu
     from trainfit.job import JobSpec
     from trainfit.memory.extrapolate import fit_group
     from trainfit.memory.predict import target_for
-    from trainfit.speed.predict import model_flops_per_token
-    from trainfit.speed.roofline import DeviceSpeed
 
-    gpu = find_gpu("a100-80gb-sxm")
-    src = _mpt_source(case)
-    job = JobSpec(model=src.name, method="full", precision="amp-bf16", seq_len=case["model"]["seq_len"],
-                  micro_batch=case["micro_batch"], grad_accum=case["grad_accum"] or 1,
-                  grad_ckpt="full" if case["grad_ckpt"] else "off", optimizer_impl="foreach")
-    model = fit_group(job.replace(micro_batch=2, grad_accum=2), src, target_for(gpu))
-    p = model.predict(job.micro_batch, accumulating=True)
-    fpt = model_flops_per_token(src.config, p["total_params"], p["trainable_params"], job.seq_len,
-                                True)
-    sp = model.speed(DeviceSpeed.from_gpu(gpu), job, fpt)
-    return {"id": case["id"], "group": case["group"], "measured_tokens_per_s": case["measured"][
-        "tokens_per_s_per_gpu"], "predicted_tokens_per_s": sp.tokens_per_s,
-        "measured_mfu": case["measured"]["mfu"], "predicted_mfu": sp.mfu}
-
-
-def predict_bert(case: dict[str, Any]) -> dict[str, Any]:
-    from calibration import case_to_job
-    from trainfit.hardware.gpus import find_gpu
-    from trainfit.job import JobSpec
-    from trainfit.model.source import resolve_model
-    from trainfit.plan.grid import plan
-
-    fields, gpu_name, _ = case_to_job(case)
-    job = JobSpec(**fields)
-    res = plan(job, resolve_model(job.model), find_gpu(gpu_name), margin=0.0)
-    sp = res.rows[0].speed
-    measured = case["measured"]["throughput"]["value"] * case["seq_len"]
-    return {"id": case["id"], "group": "hf_docs_v100_bert_large",
-            "measured_tokens_per_s": measured, "predicted_tokens_per_s": sp.tokens_per_s,
-            "measured_mfu": None, "predicted_mfu": sp.mfu}
+    torch.set_num_threads(1)  # fake tensors compute nothing; two workers share two cores
+    first = cases[0]
+    try:
+        src = build_source(first.model)
+        fit = fit_group(JobSpec(model=src.name, **first.job), src, target_for(find_gpu(first.gpu)))
+    except Exception as err:  # the case is reported with the error, the run goes on
+        return [_row(m, [*m.notes, f"error: {type(err).__name__}: {err}"]) for m in cases], \
+            time.process_time() - t0
+    rows = []
+    for m in cases:
+        try:
+            rows.append(_score(m, fit, src))
+        except Exception as err:
+            rows.append(_row(m, [*m.notes, f"error: {type(err).__name__}: {err}"]))
+    return rows, time.process_time() - t0
 
 
-def main() -> int:
+def stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    errs = [r["error"] for r in rows]
+    if not errs:
+        return {"cases": 0}
+    a = sorted(abs(e) for e in errs)
+    p90 = statistics.quantiles(a, n=10, method="inclusive")[-1] if len(a) > 1 else a[0]
+    return {"cases": len(a), "median_abs_error": statistics.median(a), "p90_abs_error": p90,
+            "max_abs_error": a[-1], "median_signed_error": statistics.median(errs)}
+
+
+FAMILIES = ("V100", "A100", "H100/H200", "consumer/workstation Ampere", "Ada", "Blackwell", "other")
+SPLITS: list[tuple[str, Any]] = [
+    ("all", lambda r: True), ("plain", lambda r: r["bucket"] == "plain"),
+    ("fused/compiled", lambda r: r["bucket"] == "fused/compiled"),
+    *[(s, lambda r, s=s: r["scale"] == s) for s in ("1 GPU", "2-7 GPUs", "≥ 8 GPUs")],
+    *[(f, lambda r, f=f: r["family"] == f) for f in FAMILIES],
+    ("file: published", lambda r: r["file"] == "published"),
+    ("file: heldout", lambda r: r["file"] == "heldout")]
+
+
+def order_check(rows: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Per group: [pairs whose predicted order matches the measured, pairs measured > 10 % apart];
+    a predicted tie counts as a miss."""
+    out: dict[str, list[int]] = {}
+    for i, a in enumerate(rows):
+        for b in rows[i + 1:]:
+            ma, mb = a["measured_tokens_per_s"], b["measured_tokens_per_s"]
+            if a["group"] != b["group"] or abs(ma - mb) / min(ma, mb) <= ORDER_GAP:
+                continue
+            pa, pb = a["predicted_tokens_per_s"], b["predicted_tokens_per_s"]
+            g = out.setdefault(a["group"], [0, 0])
+            g[0] += pa != pb and (ma < mb) == (pa < pb)
+            g[1] += 1
+    return out
+
+
+def summarize(rows: list[dict[str, Any]], wall_s: float, cpu_s: float,
+              source: dict[str, Any]) -> dict[str, Any]:
+    scored = [r for r in rows if r["error"] is not None]
+    plain = [r for r in scored if r["bucket"] == "plain"]
+    order = order_check(scored)
+    reasons: dict[str, list[str]] = {}
+    for r in rows:
+        for why in r["unsupported"] or ([] if r["error"] is not None else ["error / unknown speed"]):
+            reasons.setdefault(why.split(" (")[0], []).append(r["id"])
+    return {**stats(plain), "headline": "plain cases (no approximated feature)",
+            "order_pairs_gt_10pct": sum(v[1] for v in order.values()),
+            "order_agreement": sum(v[0] for v in order.values()), "order_by_group": order,
+            "cases_total": len(rows), "scored": len(scored), "fused_compiled": len(scored) - len(plain),
+            "not_scored": {k: len(v) for k, v in reasons.items()}, "not_scored_ids": reasons,
+            "splits": {name: {"plain": stats([r for r in plain if f(r)]),
+                              "scored": stats([r for r in scored if f(r)])} for name, f in SPLITS},
+            "wall_time_s": wall_s, "worker_cpu_time_s": cpu_s, "source": source}
+
+
+def _source_state() -> dict[str, Any]:
+    """The commit and the files of src/ modified in the working tree when the workers' snapshot
+    was imported (the speed model is being changed: the numbers belong to this state)."""
+    import subprocess
+
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(["git", *a], cwd=ROOT.parent, capture_output=True, text=True,
+                                  timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"commit": git("rev-parse", "HEAD"),
+            "src_modified": git("status", "--porcelain", "src").splitlines()}
+
+
+def _pct(v: float | None, sign: str = "") -> str:
+    return "" if v is None else f"{v:{sign}.1%}"
+
+
+def _notes(r: dict[str, Any]) -> str:
+    return "; ".join([*r["approximated"], *r["unsupported"], *r["notes"]]).replace("|", "/")
+
+
+def render(rows: list[dict[str, Any]], s: dict[str, Any]) -> str:
+    def cells(st: dict[str, Any]) -> str:
+        if not st.get("cases"):
+            return "0 | | | "
+        return (f"{st['cases']} | {st['median_abs_error']:.1%} | {st['p90_abs_error']:.1%} | "
+                f"{st['median_signed_error']:+.1%}")
+
+    L = ["# Predicted vs published training throughput (tokens/s per GPU)", "",
+         "Regenerate: `python benchmarks/speed_published.py` (cases: `throughput_published.json`, "
+         "`data/throughput_heldout.json`; mapping: `speed_cases.py`). Measured = the source's "
+         "published number; predicted = trainfit `plan`'s speed model for that configuration "
+         "(small simulations re-timed at the case's micro-batch + gradient sync over the "
+         "interconnect). Error = predicted / measured − 1.", "",
+         f"- {s['cases_total']} cases: {s['scored'] - s['fused_compiled']} plain, "
+         f"{s['fused_compiled']} fused/compiled (torch.compile, fused kernels, selective AC or the "
+         "optimizer in the backward: scored apart), "
+         f"{s['cases_total'] - s['scored']} not scored ({_reasons(s)})",
+         f"- plain: median |error| {_pct(s.get('median_abs_error'))}, p90 "
+         f"{_pct(s.get('p90_abs_error'))}, max {_pct(s.get('max_abs_error'))}, median signed "
+         f"{_pct(s.get('median_signed_error'), '+')}",
+         f"- order within a group (scored pairs measured > 10 % apart): {s['order_agreement']} of "
+         f"{s['order_pairs_gt_10pct']} predicted in the measured order (a predicted tie is a miss): "
+         + ", ".join(f"{g} {a}/{n}" for g, (a, n) in sorted(s["order_by_group"].items())),
+         *[f"- **{note}**" for note in s.get("run_notes", [])],
+         f"- run: {s['wall_time_s']:.0f} s wall, {s['worker_cpu_time_s']:.0f} s CPU in the workers; "
+         f"source {s['source']['commit'][:10]} + {len(s['source']['src_modified'])} modified "
+         "file(s) under src/",
+         "", "| split | plain n | median \\|err\\| | p90 \\|err\\| | median signed | scored n | "
+         "median \\|err\\| | p90 \\|err\\| | median signed |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, v in s["splits"].items():
+        L.append(f"| {name} | {cells(v['plain'])} | {cells(v['scored'])} |")
+    scored = [r for r in rows if r["error"] is not None]
+    L += ["", "## Worst 10 per GPU family (scored cases)", ""]
+    for fam in FAMILIES:
+        worst = sorted((r for r in scored if r["family"] == fam), key=lambda r: -abs(r["error"]))[:10]
+        if worst:
+            L += [f"### {fam}", "", "| case | GPUs | measured | predicted | error | MFU measured / "
+                  "predicted (trainfit's formula) | bound | sync exposed | bucket / notes |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+            L += [f"| {r['id']} | {r['gpus']} | {r['measured_tokens_per_s']:,.0f} | "
+                  f"{r['predicted_tokens_per_s']:,.0f} | {r['error']:+.1%} | "
+                  f"{_pct(r['measured_mfu_trainfit'])} / {_pct(r['predicted_mfu'])} | {r['bound']} | "
+                  f"{_exposed(r)} | {r['bucket']}: {_notes(r)} |" for r in worst]
+            L.append("")
+    L += ["## Every case", "", "Model stand-ins: " + "; ".join(sorted({r["model_note"] for r in rows
+                                                                        if r["model_note"]})), "",
+          "| case | GPU × n | measured | predicted | error | measured MFU (source) | predicted MFU "
+          "| bucket | mapping notes |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        pred = "" if r["predicted_tokens_per_s"] is None else f"{r['predicted_tokens_per_s']:,.0f}"
+        err = "" if r["error"] is None else f"{r['error']:+.1%}"
+        L.append(f"| {r['id']} | {r['gpu'] or '—'} × {r['gpus']} | {r['measured_tokens_per_s']:,.0f} | "
+                 f"{pred} | {err} | {_pct(r['measured_mfu'])} | {_pct(r.get('predicted_mfu'))} | "
+                 f"{r['bucket']} | {_notes(r)} |")
+    return "\n".join(L) + "\n"
+
+
+def _reasons(s: dict[str, Any]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in sorted(s["not_scored"].items(), key=lambda kv: -kv[1]))
+
+
+def _exposed(r: dict[str, Any]) -> str:
+    if not r.get("sync_exposed_s") or not r.get("step_time_s"):
+        return "0"
+    return f"{r['sync_exposed_s'] / r['step_time_s']:.0%} of step"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--cases", nargs="*", help="only these case ids (a partial run writes nothing)")
+    args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     sys.path.insert(0, str(ROOT))
-    from calibration import PUBLISHED
+    # Every trainfit module the workers use, imported once here, before the pool forks: all workers
+    # then run one snapshot of the source even if it is edited during the run (a worker importing
+    # a module later got a newer one than the parent's JobSpec: AttributeError).  These imports
+    # build no model and load neither transformers nor peft, so forking after them is safe (plan
+    # does the same); the snapshot's commit and modified files go into the summary.
+    import trainfit.memory.extrapolate
+    import trainfit.plan.grid  # noqa: F401
+    from speed_cases import load_cases, map_case
 
-    results = []
-    for case in json.loads(PUBLISHED.read_text())["cases"]:
-        if case["id"].startswith("hf_perf") and (case["measured"].get("throughput") or {}).get("value"):
-            results.append(predict_bert(case))
-            print(results[-1], flush=True)
-    for case in json.loads((ROOT / "throughput_published.json").read_text())["cases"]:
-        m = case["model"]
-        if case["group"] == "llmfoundry_a100_80gb_x8" and m["n_params"] <= 3.5e9 \
-                and 1024 <= m["seq_len"] <= 4096:
-            results.append(predict_case(case))
-            print(results[-1], flush=True)
-    for r in results:
-        r["error"] = r["predicted_tokens_per_s"] / r["measured_tokens_per_s"] - 1
-    errs = [abs(r["error"]) for r in results]
-    pairs = agree = 0
-    for i, a in enumerate(results):
-        for b in results[i + 1:]:
-            if a["group"] != b["group"]:
-                continue
-            ma, mb = a["measured_tokens_per_s"], b["measured_tokens_per_s"]
-            if abs(ma - mb) / min(ma, mb) > 0.10:
-                pairs += 1
-                agree += (ma < mb) == (a["predicted_tokens_per_s"] < b["predicted_tokens_per_s"])
-    summary = {"cases": len(results), "median_abs_error": statistics.median(errs),
-               "max_abs_error": max(errs), "order_pairs_gt_10pct": pairs, "order_agreement": agree}
+    source = _source_state()
+
+    mapped = [map_case(f, c) for f, c in load_cases()]
+    if args.cases:
+        mapped = [m for m in mapped if m.id in set(args.cases)]
+    groups: dict[str, list[Any]] = {}
+    for m in mapped:
+        if not m.unsupported:
+            groups.setdefault(m.group_key(), []).append(m)
+    # the slowest fits (QLoRA's 4-bit twins, then the most cases) first: the workers end together
+    work = sorted(groups.values(), key=lambda g: (g[0].job["method"] != "qlora", -len(g)))
+    t0, cpu, rows = time.perf_counter(), 0.0, []
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(max(1, args.workers), maxtasksperchild=50) as pool:
+        for i, (got, cpu_s) in enumerate(pool.imap_unordered(predict_group, work), 1):
+            rows += got
+            cpu += cpu_s
+            print(f"[{i}/{len(work)}] " + ", ".join(f"{r['id']} {_pct(r['error'], '+') or 'n/a'}"
+                                                   for r in got), flush=True)
+    rows += [_row(m, m.notes) for m in mapped if m.unsupported]  # listed, no prediction
+    by_id = {m.id: i for i, m in enumerate(mapped)}
+    rows.sort(key=lambda r: by_id[r["id"]])
+    summary = summarize(rows, time.perf_counter() - t0, cpu, source)
+    print(render(rows, summary).split("\n| split")[0])
+    if args.cases:
+        return 0
     OUT.mkdir(exist_ok=True)
-    (OUT / "speed_published.json").write_text(json.dumps({"summary": summary, "results": results},
+    (OUT / "speed_published.json").write_text(json.dumps({"summary": summary, "results": rows},
                                                          indent=1))
-    lines = ["# Predicted vs published training throughput", "",
-             "Regenerate: `python benchmarks/speed_published.py`.", "",
-             f"- {summary['cases']} cases: median |error| {summary['median_abs_error']:.1%}, "
-             f"max {summary['max_abs_error']:.1%}",
-             f"- order within a source (pairs differing > 10 %): {agree} of {pairs} correct", "",
-             "| case | measured tokens/s (per GPU) | predicted | error | measured MFU | "
-             "predicted MFU |", "|---|---|---|---|---|---|"]
-    for r in results:
-        mm = "" if r["measured_mfu"] is None else f"{r['measured_mfu']:.1%}"
-        pm = "" if r["predicted_mfu"] is None else f"{r['predicted_mfu']:.1%}"
-        lines.append(f"| {r['id']} | {r['measured_tokens_per_s']:,.0f} | "
-                     f"{r['predicted_tokens_per_s']:,.0f} | {r['error']:+.1%} | {mm} | {pm} |")
-    (OUT / "speed_published.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines[:6]))
+    (OUT / "speed_published.md").write_text(render(rows, summary))
     return 0
 
 

@@ -156,12 +156,16 @@ def check_terms(c: Checked, r: PlanRow) -> None:
 
 
 def check_fits(c: Checked, rows: list[PlanRow], cap: int) -> None:
-    """``fits`` is device ≤ (1 − margin) × capacity; ▲ only on a fitting row, and on the largest
+    """``fits`` is device × (1 + error band) ≤ capacity and ≤ (1 − margin) × capacity; ▲ only on a
+    fitting row, and on the largest
     fitting micro-batch of its group (rows of one group differ only in the micro-batch)."""
     for r in rows:
         m = r.memory
+        # the band raises the device peak (resident part: paged states never decide it)
+        limit = int(cap * min(1 - m.margin, 1 / (1 + m.error_band_under)))
         c.check("fits == device within capacity",
-                m.fits == (m.peak_device_bytes <= (1 - m.margin) * cap), _desc(r))
+                m.fits == (m.peak_device_bytes - m.breakdown.get("managed", 0) <= limit),
+                _desc(r))
         c.check("largest_fitting only on a fitting row", not r.largest_fitting or m.fits is True,
                 _desc(r))
     fitting = [r.job.micro_batch for r in rows if r.memory.fits]
@@ -229,8 +233,9 @@ def _group_rows(job: JobSpec, src: ModelSource, model: BilinearModel, gpu: Any) 
 def _capacity(job: JobSpec, src: ModelSource, model: BilinearModel) -> Any:
     """A GPU on which the group's micro-batch 8 (one rank) just fits: rows on both sides."""
     probe = _group_rows(job.replace(ranks=1, sharding="none", grad_accum=1), src, model, GPU)
-    dev = next(r.memory.peak_device_bytes for r in probe if r.job.micro_batch == 8)
-    return dataclasses.replace(GPU, memory_bytes=int(dev / (1 - DEFAULT_MARGIN)) + 1)
+    m = next(r.memory for r in probe if r.job.micro_batch == 8)
+    room = max(1 / (1 - DEFAULT_MARGIN), 1 + m.error_band_under)  # the fit rule's larger room
+    return dataclasses.replace(GPU, memory_bytes=int(m.peak_device_bytes * room) + 1)
 
 
 def _check_group(c: Checked, base: JobSpec, src: ModelSource, model: BilinearModel,

@@ -156,6 +156,11 @@ class JobSpec:
     """CPU offload: optimizer (ZeRO offload_optimizer: fp32 master, states and their gradients
     on the host) or all (also the parameters: FSDP CPUOffload, ZeRO-3 offload_param). Saves
     GPU memory, costs host RAM and host↔GPU copies."""
+    fsdp_frozen_grads: bool = False
+    """FSDP1 with frozen and trainable weights in one flat parameter (use_orig_params=True
+    without wrapping the adapters apart — Lightning Fabric / litgpt's FSDP with LoRA): gradients,
+    their reduce-scatter and the sharded gradient cover the whole unit, frozen weights included
+    (torch's docstring: "equivalent to not freezing those parameters")."""
     fsdp_no_sync: bool = False
     """FSDP gradient accumulation as HF Trainer / accelerate run it: micro-steps before the last
     keep every unit's unsharded gradient (no_sync) instead of reduce-scattering each time."""
@@ -281,9 +286,10 @@ class JobSpec:
                            f"with --sharding {self.sharding} use --offload "
                            f"{' or '.join(allowed)}" if len(allowed) > 1 else
                            "offloading needs --sharding fsdp, zero2 or zero3")
-        if self.fsdp_no_sync and self.sharding != "fsdp":
-            raise JobError("--fsdp-no-sync applies to --sharding fsdp only",
-                           "drop --fsdp-no-sync, or use --sharding fsdp")
+        for flag in ("fsdp_no_sync", "fsdp_frozen_grads"):
+            if getattr(self, flag) and self.sharding != "fsdp":
+                raise JobError(f"--{flag.replace('_', '-')} applies to --sharding fsdp only",
+                               f"drop --{flag.replace('_', '-')}, or use --sharding fsdp")
 
     def _resolve_batch(self) -> None:
         mb, ga, eff, ranks = self.micro_batch, self.grad_accum, self.effective_batch, self.ranks

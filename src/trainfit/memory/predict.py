@@ -17,6 +17,7 @@ from trainfit.engine.dist import mixed_precision_policy
 from trainfit.hardware.gpus import EAGER_MODULE_LOADING_EXTRA_BYTES, GpuSpec
 from trainfit.job import DEFAULT_MARGIN, JobSpec
 from trainfit.memory.allocator import replay
+from trainfit.memory.bands import band_for
 from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.memory.zero import fsdp_offload_phases, zero_phases
 from trainfit.model.source import ModelSource
@@ -105,6 +106,13 @@ class MemoryPrediction:
     sim_time_s: float
     model_notes: list[str] = field(default_factory=list)
     """How reserved and device were derived, and what each number leaves out."""
+    error_band_kind: str = ""
+    """single-/multi-GPU × method: which published cases the band below was measured on."""
+    error_band_under: float = 0.0
+    """How far below published peaks predictions of this kind came (benchmarks/bands.py)."""
+    error_band_cases: int = 0
+    peak_device_upper_bytes: int = 0
+    """The device peak raised by ``error_band_under``: what the fit is decided on."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,6 +143,40 @@ def shard_breakdown(breakdown: dict[str, int], ranks: int) -> dict[str, int]:
     """One rank's share of a one-process breakdown under FSDP: the sharded categories ÷ ranks
     (rounded up: a flat parameter is padded to a multiple of the world size), the rest whole."""
     return {k: -(-v // ranks) if k in SHARDED else v for k, v in breakdown.items()}
+
+
+def frozen_grads_phases(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int]],
+                        trainable_params: int) -> tuple[dict[str, dict[str, int]], list[str]]:
+    """FSDP1 flat parameters mixing frozen and trainable weights (``fsdp_frozen_grads``): the
+    flat parameter requires a gradient when any member does, so the backward makes the whole
+    unit's unsharded gradient, reduce-scatters it and keeps a sharded gradient of the whole
+    unit (torch/distributed/fsdp/_flat_param.py; FullyShardedDataParallel's use_orig_params
+    docstring).  Added to the FSDP2 step (whose frozen weights get none): the frozen shards'
+    gradient in the parameters' dtype, and one unit's unsharded gradient in flight."""
+    params = max(b.get("parameters", 0) for b in phases.values())
+    trainable_bytes = -(-trainable_params * 4 // job.ranks)  # fp32 adapters: a small share
+    frozen = max(0, params - trainable_bytes)
+    unit = frozen * job.ranks // max(_layers(source), 1)
+    # under no_sync (HF Trainer, Fabric's no_backward_sync) the accumulating micro-steps keep
+    # every unit's unsharded gradient: the whole frozen model's, on every rank
+    held = frozen * job.ranks if job.fsdp_no_sync and (job.grad_accum or 1) > 1 else 0
+
+    def extra(k: str) -> tuple[int, int]:
+        if k.startswith("forward@first") and not held:
+            return 0, 0
+        if k == "optimizer":
+            return frozen, 0
+        if held:  # accumulating: the unsharded gradients, sharded ones only from the last sync
+            return 0, held
+        return frozen, unit
+    out = {k: {**b, "gradients": b.get("gradients", 0) + extra(k)[0],
+               "data_parallel": b.get("data_parallel", 0) + extra(k)[1]}
+           for k, b in phases.items()}
+    return out, [f"FSDP1 flat parameters with frozen weights: + their sharded gradient "
+                 f"({frozen / 2**30:.2f} GiB) and one unit's unsharded gradient "
+                 f"({unit / 2**30:.2f} GiB) in the backward"
+                 + (f"; under no_sync the whole frozen model's unsharded gradient "
+                    f"({held / 2**30:.2f} GiB) through the accumulation" if held else "")]
 
 
 def _fsdp_sim_note(job: JobSpec) -> str:
@@ -201,9 +243,14 @@ def rank_peak(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int
     elif per_rank:
         per_phase = phases
         notes = [_fsdp_sim_note(job)]
+        if job.fsdp_frozen_grads and job.method != "full":
+            per_phase, more = frozen_grads_phases(job, source, phases, trainable_params)
+            notes += more
         if job.offload == "all":
             per_phase, more = fsdp_offload_phases(phases)
             notes += more
+    elif job.sharding == "fsdp" and job.offload == "all" and job.ranks == 1:
+        per_phase, notes = fsdp_offload_phases(phases)
     elif job.ranks > 1 and job.sharding != "none":
         params = max(b.get("parameters", 0) for b in phases.values())
         gathered = FSDP_PREFETCH_UNITS * (params // _layers(source))
@@ -249,14 +296,21 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     context = (gpu.cuda_context_bytes if gpu else 0) + (
         EAGER_MODULE_LOADING_EXTRA_BYTES if eager_module_loading else 0)
     nccl, nccl_note = nccl_bytes(gpu, job.ranks)
-    device = reserved + context + managed_bytes + nccl
+    resident = reserved + context + nccl
+    # paged optimizer states live in CUDA managed memory: resident while the card has room,
+    # paged out to the host under pressure (bitsandbytes' paged optimizers exist for that), so
+    # they are counted in the device peak up to the free capacity and never decide the fit
+    on_device = managed_bytes if gpu is None else max(0, min(managed_bytes,
+                                                             gpu.memory_bytes - resident))
+    device = resident + on_device
     notes = [
         f"{how}; allocated = live tensor bytes (512 B blocks) + cuBLAS workspaces "
         f"({work / 2**20:.0f} MiB)",
         "reserved: the step's alloc/free trace replayed through the caching-allocator model",
         f"device: reserved + CUDA context ({context / 2**20:.0f} MiB, GPU catalog)"
-        + (f" + paged optimizer states in managed memory ({managed_bytes / 2**30:.2f} GiB)"
-           if managed_bytes else "")
+        + (f" + paged optimizer states in managed memory ({on_device / 2**30:.2f} of "
+           f"{managed_bytes / 2**30:.2f} GiB resident: the rest pages to the host; not part of "
+           "the fit)" if managed_bytes else "")
         + (f" + {nccl_note}: {nccl / 2**30:.2f} GiB, outside PyTorch's allocator" if nccl else ""),
         *dp_notes,
     ]
@@ -267,13 +321,24 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     if terms.get("data_parallel"):
         full_breakdown["data_parallel"] = terms["data_parallel"]
     cap = gpu.memory_bytes if gpu else None
-    fits = None if cap is None else device <= (1 - margin) * cap
-    headroom = None if cap is None else int((1 - margin) * cap) - device
+    band = band_for(job)
+    # the fit: the device peak raised by how far predictions of this kind have come below
+    # published measurements, or by the margin asked for, whichever leaves more room
+    limit = None if cap is None else int(cap * min(1 - margin, 1 / (1 + band.under)))
+    fits = None if limit is None else resident <= limit
+    headroom = None if limit is None else limit - resident
+    notes.append(f"error band ({band.kind}): predictions of this kind came up to "
+                 f"{band.under:.0%} under published peaks ({band.cases} cases"
+                 + (f", errors {band.min_error:+.0%} … {band.max_error:+.0%}" if band.cases
+                    else ": none, the widest band taken") + "); fits = device peak × "
+                 f"(1 + {band.under:.0%}) and ≤ (1 − {margin:.0%}) of the GPU")
     return MemoryPrediction(
         peak_allocated_bytes=allocated, peak_reserved_bytes=reserved, peak_device_bytes=device,
         breakdown=full_breakdown, peak_phase=phase.split("@")[0], fits=fits,
         headroom_bytes=headroom,
         capacity_bytes=cap, margin=margin, total_params=total_params,
+        error_band_kind=band.kind, error_band_under=band.under, error_band_cases=band.cases,
+        peak_device_upper_bytes=round(device * (1 + band.under)),
         trainable_params=trainable_params, sdpa_kernels=sdpa_kernels, sim_time_s=sim_time_s,
         model_notes=notes)
 

@@ -23,7 +23,9 @@ PLAN_NOTES = (
     "peaks are predictions (no GPU was used); GiB = 2^30 bytes",
     "allocated = torch.cuda.max_memory_allocated, reserved = max_memory_reserved, "
     "device = what nvidia-smi shows (reserved + CUDA context + managed memory)",
-    "fits = device peak ≤ (1 − {margin:.0%}) × GPU memory",
+    "fits = device peak × (1 + {under:.0%}) ≤ GPU memory and device peak ≤ (1 − {margin:.0%}) × "
+    "GPU memory ({under:.0%}: how far predictions of this kind of run ({kind}) came under {cases} "
+    "published peaks, benchmarks/results/bands.md)",
     "ranked by predicted tokens/s among configurations that fit (roofline over the "
     "simulated step's operations, trainfit/speed/)",
 )
@@ -31,7 +33,10 @@ PLAN_NOTES = (
 
 def plan_notes(result: PlanResult) -> list[str]:
     """What every plan's numbers are (predicted, which peak, the fit rule, the ranking)."""
-    return [n.format(margin=result.margin) for n in PLAN_NOTES]
+    m = result.rows[0].memory if result.rows else None
+    band = {"under": m.error_band_under if m else 0.0, "kind": m.error_band_kind if m else "",
+            "cases": m.error_band_cases if m else 0}
+    return [n.format(margin=result.margin, **band) for n in PLAN_NOTES]
 
 
 def plan_reason(result: PlanResult) -> str:

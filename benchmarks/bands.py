@@ -1,0 +1,96 @@
+"""The error band of memory predictions per kind of run, from the published cases the benchmarks
+scored (calibration.py's and heldout_memory.py's results, high/medium confidence only).
+
+A kind is (single-GPU or multi-GPU) × (full, LoRA, QLoRA).  For each: how many cases, the signed
+errors' range, and ``under``: how far below a measured peak a prediction of that kind has come
+(the 95th percentile of the under-predictions when there are ≥ 20 cases, else the worst one).
+``plan`` reads them (src/trainfit/memory/bands.json) to print the band beside each peak and to
+decide ``fits`` with it: a configuration fits when its predicted device peak, raised by the band's
+``under``, stays inside the GPU (or by the --margin, when that is larger).  A kind without cases
+takes the widest band of all (unsure: widen, never shrink).
+
+Run: ``python benchmarks/bands.py`` (reads benchmarks/results/{calibration,heldout_memory}.json)
+→ src/trainfit/memory/bands.json and benchmarks/results/bands.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "results"
+BANDS = ROOT.parent / "src" / "trainfit" / "memory" / "bands.json"
+KINDS = [(s, m) for s in ("single", "multi") for m in ("full", "lora", "qlora")]
+
+
+def _rows() -> list[dict[str, Any]]:
+    rows = []
+    cal = json.loads((RESULTS / "calibration.json").read_text())["results"]
+    for r in cal:
+        if r.get("error") is not None and r.get("confidence") in ("high", "medium"):
+            rows.append({"id": r["id"], "scale": "single", "method": r["job"]["method"],
+                         "error": r["error"], "file": "calibration"})
+    held = json.loads((RESULTS / "heldout_memory.json").read_text())["results"]
+    for r in held:
+        if r.get("scored") and r.get("error") is not None \
+                and r.get("confidence") in ("high", "medium"):
+            rows.append({"id": r["id"], "scale": "multi" if (r.get("ranks") or 1) > 1 else "single",
+                         "method": r["method"], "error": r["error"], "file": "heldout"})
+    return rows
+
+
+def _under(errors: list[float]) -> float:
+    unders = sorted(max(0.0, -e) for e in errors)
+    if not unders:
+        return 0.0
+    if len(unders) >= 20:
+        return unders[min(len(unders) - 1, math.ceil(0.95 * len(unders)) - 1)]
+    return unders[-1]
+
+
+def bands(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for scale, method in KINDS:
+        errs = [r["error"] for r in rows if r["scale"] == scale and r["method"] == method]
+        out[f"{scale}-{method}"] = {
+            "cases": len(errs), "under": round(_under(errs), 4),
+            "min_error": round(min(errs), 4) if errs else None,
+            "max_error": round(max(errs), 4) if errs else None,
+            "median_abs_error": round(sorted(abs(e) for e in errs)[len(errs) // 2], 4)
+            if errs else None}
+    widest = max(b["under"] for b in out.values())
+    for b in out.values():
+        if not b["cases"]:
+            b["under"] = widest
+            b["note"] = "no published case of this kind: the widest band of all"
+    return out
+
+
+def main() -> int:
+    rows = _rows()
+    b = bands(rows)
+    BANDS.write_text(json.dumps({"source": "benchmarks/bands.py over results/calibration.json and "
+                                           "results/heldout_memory.json (high/medium confidence)",
+                                 "bands": b}, indent=1) + "\n")
+    lines = ["# Memory prediction error band per kind of run", "",
+             "Regenerate: `python benchmarks/bands.py` (after calibration.py and heldout_memory.py)."
+             " `under` = how far below the measured peak a prediction of that kind has come (95th "
+             "percentile of the under-predictions with ≥ 20 cases, else the worst): plan raises "
+             "the predicted device peak by it to decide `fits`.", "",
+             "| kind | cases | under (used for fits) | error range | median \\|error\\| |",
+             "|---|---|---|---|---|"]
+    for k, v in b.items():
+        rng = "—" if v["min_error"] is None else f"{v['min_error']:+.1%} … {v['max_error']:+.1%}"
+        med = "—" if v["median_abs_error"] is None else f"{v['median_abs_error']:.1%}"
+        lines.append(f"| {k} | {v['cases']} | {v['under']:.1%} | {rng} | {med} |")
+    (RESULTS / "bands.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

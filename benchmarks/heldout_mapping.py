@@ -1,0 +1,501 @@
+"""One held-out published case (``data/heldout_memory.json``) → trainfit's job, GPU and peak.
+
+Each source ran its own framework; what that framework does to memory is read from the case's
+notes and expressed with ``JobSpec`` fields where they exist.  What ``JobSpec`` cannot express
+is handled in one of two ways, and said in the case's ``mapping_notes``:
+
+* mapped to the closest field (scored): DeepSpeed ZeRO-3 → ``sharding: fsdp`` (both shard
+  parameters, gradients and optimizer states over the ranks), FSDP ``NO_SHARD`` → ``sharding:
+  none`` (every rank holds everything), FSDP1 → trainfit's FSDP2 simulation, flex attention /
+  flash-attn 2 → SDPA, torchtune's chunked cross-entropy → ``lm_head_chunk``, ``torch.compile``
+  → ``compile`` (whether the memory model uses it is trainfit's business);
+* unsupported (listed, not scored): CPU offload, optimizer-in-backward, activation offloading,
+  selective activation checkpointing, frozen base weights kept in fp32 under amp, and sequence
+  lengths the source does not pin (data padded per batch).
+
+Fields that do not exist yet are looked up by name (:data:`FEATURE_FIELDS`, ``GRAD_CKPT``,
+``SHARDINGS``), so the benchmark uses them as soon as they land in ``trainfit.job.spec``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+FEATURE_FIELDS: dict[str, tuple[tuple[str, object], ...]] = {
+    "cpu-offload": (("offload", "all"), ("cpu_offload", True)),
+    "optimizer-in-backward": (("optimizer_in_bwd", True), ("optimizer_in_backward", True)),
+    "activation-offload": (("activation_offload", True), ("offload_activations", True),
+                           ("activation_offloading", True)),
+    "fp32-frozen-base": (("base_dtype", "fp32"), ("frozen_dtype", "fp32")),
+}
+"""Candidate JobSpec (field, value) pairs of features trainfit may not model (first field present
+wins); CPU offload here is always of parameters too (FSDP CPUOffload, ZeRO-3 offload_param)."""
+SELECTIVE_AC = ("selective", "selective-op", "sac")
+ZERO3 = ("zero3", "zero-3")
+NO_SHARD = ("fsdp-no-shard", "no-shard")
+
+
+@dataclass
+class Mapping:
+    """What one case becomes in trainfit's terms."""
+
+    job: dict[str, Any]
+    gpu: str
+    """Catalog name of the GPU (or of the card a substitute is made from)."""
+    gpu_overrides: dict[str, Any]
+    """Fields replaced in the catalog entry for a card the catalog lacks (empty: as catalogued)."""
+    compare: str
+    """Which predicted peak the published one is: allocated, reserved or device."""
+    model: dict[str, Any]
+    """kind catalog (name) or config (model_type + config fields), plus tweaks (litgpt)."""
+    framework: str
+    notes: list[str] = field(default_factory=list)
+    unsupported: list[str] = field(default_factory=list)
+    skip: str | None = None
+    """Why no prediction can be made at all (e.g. no sequence length), else None."""
+    eager_modules: bool = False
+    """CUDA < 11.7 / torch < 1.13: no lazy module loading (+ context, as calibration.py)."""
+
+
+def _spec_names() -> tuple[set[str], tuple[str, ...], tuple[str, ...]]:
+    from trainfit.job import JobSpec, spec
+
+    return (set(JobSpec.__dataclass_fields__), tuple(getattr(spec, "GRAD_CKPT", ())),
+            tuple(getattr(spec, "SHARDINGS", ())))
+
+
+class _Builder:
+    def __init__(self, case: dict[str, Any]) -> None:
+        self.case = case
+        self.fields, self.grad_ckpts, self.shardings = _spec_names()
+        self.job: dict[str, Any] = {}
+        self.notes: list[str] = []
+        self.unsupported: list[str] = []
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def feature(self, name: str, what: str) -> None:
+        """Set the field expressing ``name`` if JobSpec has one, else mark the case unsupported."""
+        present = next(((f, v) for f, v in FEATURE_FIELDS[name] if f in self.fields), None)
+        if present:
+            self.job[present[0]] = present[1]
+            self.note(f"{what}: JobSpec.{present[0]} = {present[1]!r}")
+        else:
+            self.unsupported.append(name)
+            names = " / ".join(f for f, _ in FEATURE_FIELDS[name])
+            self.note(f"{what}: no JobSpec field ({names}) → unsupported ({name})")
+
+    def sharding(self, kind: str, fsdp1: bool) -> None:
+        """kind: fsdp, zero3, no-shard (DDP-like replication under FSDP)."""
+        if kind == "zero3":
+            hit = next((s for s in ZERO3 if s in self.shardings), None)
+            self.job["sharding"] = hit or "fsdp"
+            if hit:
+                self.note(f"DeepSpeed ZeRO-3 → sharding {hit}")
+            else:
+                self.note("DeepSpeed ZeRO-3 → sharding fsdp (both shard parameters, gradients "
+                          "and optimizer states; DeepSpeed's own buckets — reduce/prefetch/"
+                          "all-gather, persistence threshold — are not FSDP's)")
+        elif kind == "no-shard":
+            hit = next((s for s in NO_SHARD if s in self.shardings), None)
+            self.job["sharding"] = hit or "none"
+            if not hit:
+                self.note("FSDP NO_SHARD → sharding none (every rank holds all weights, "
+                          "gradients, states; modelled with DDP's gradient buckets instead of "
+                          "FSDP's flat-parameter gradients — tiny for LoRA adapters)")
+        else:
+            self.job["sharding"] = "fsdp"
+        if fsdp1 and kind != "zero3":
+            if "fsdp_version" in self.fields:
+                self.job["fsdp_version"] = 1
+                self.note("FSDP1 (FullyShardedDataParallel): JobSpec.fsdp_version = 1")
+            elif kind == "fsdp":
+                self.note("FSDP1 (FullyShardedDataParallel) simulated as FSDP2 (fully_shard): "
+                          "flat parameters, FSDP1's unsharded gradient of a whole unit when a "
+                          "unit mixes frozen and trainable parameters, and its all-gather "
+                          "limits are not modelled")
+
+    def no_sync(self, who: str) -> None:
+        """Gradient accumulation under FSDP's ``no_sync`` (unsharded gradients kept)."""
+        if self.job.get("sharding") != "fsdp" or self.job.get("grad_accum", 1) <= 1:
+            return
+        if "fsdp_no_sync" in self.fields:
+            self.job["fsdp_no_sync"] = True
+            self.note(f"{who} accumulates under FSDP's no_sync (unsharded gradients kept "
+                      "between micro-steps) → fsdp_no_sync true")
+        else:
+            self.note(f"{who} accumulates under FSDP's no_sync: not modelled (no fsdp_no_sync)")
+
+    def grad_ckpt(self, selective: bool = False) -> None:
+        value = self.case["grad_ckpt"]
+        if selective:
+            hit = next((g for g in SELECTIVE_AC if g in self.grad_ckpts), None)
+            if hit:
+                self.job["grad_ckpt"] = hit
+                self.note(f"selective (per-op) activation checkpointing: grad_ckpt {hit}")
+            else:
+                self.job["grad_ckpt"] = "full"
+                self.unsupported.append("selective-ac")
+                self.note("selective per-op activation checkpointing (saves matmul/SDPA "
+                          "outputs): between off and full; no grad_ckpt choice for it → "
+                          "unsupported (predicted as full, informative only)")
+            return
+        if value is None:
+            self.note("activation checkpointing not stated: off assumed (the case notes' "
+                      "reading of the larger peak)")
+        self.job["grad_ckpt"] = "full" if value else "off"
+
+    def build(self, gpu: tuple[str, dict[str, Any]], compare: str, model: dict[str, Any],
+              framework: str, eager: bool = False) -> Mapping:
+        skip = None
+        if self.job.get("seq_len") is None:
+            skip = "no sequence length published (padded per batch)"
+            self.unsupported.append("unpinned-seq-len")
+        return Mapping(job=self.job, gpu=gpu[0], gpu_overrides=gpu[1], compare=compare,
+                       model=model, framework=framework, notes=self.notes,
+                       unsupported=sorted(set(self.unsupported)), skip=skip,
+                       eager_modules=eager)
+
+
+# --- shared pieces ----------------------------------------------------------------------------
+def _optimizer(case: dict[str, Any], default_impl: str) -> tuple[str, str]:
+    text = case["optimizer"]
+    name = {"adamw": "adamw", "paged_adamw_32bit": "paged-adamw",
+            "paged_adamw8bit": "paged-adamw-8bit"}[text.split()[0]]
+    return name, "fused" if "fused=True" in text else default_impl
+
+
+def _quant(case: dict[str, Any]) -> str:
+    text = (case["quant"] or "").lower()
+    if "not double" in text:
+        return "nf4"
+    return "nf4-dq" if ("double" in text or "nf4-dq" in text or "torchao" in text) else "nf4"
+
+
+def _attention(b: _Builder) -> str:
+    text = b.case["attention"].lower()
+    if text.startswith("eager"):
+        return "eager"
+    if "flash_attention_2" in text:
+        b.note("flash_attention_2 → attention sdpa-flash (the same flash kernel's memory)")
+        return "sdpa-flash"
+    if "flex" in text:
+        b.note("flex attention with a block-causal mask (packed samples) → sdpa (flash-like: "
+               "no S×S score matrix; flex's block mask is small)")
+    return "sdpa"
+
+
+def _base_job(b: _Builder, impl: str) -> None:
+    c = b.case
+    opt, opt_impl = _optimizer(c, impl)
+    b.job.update(method=c["method"], seq_len=c["seq_len"], micro_batch=c["micro_batch"],
+                 grad_accum=c["grad_accum"] or 1, precision=c["precision"].split()[0],
+                 optimizer=opt, optimizer_impl=opt_impl, attention=_attention(b),
+                 ranks=c["ranks"])
+    if opt.startswith("paged"):
+        b.note("paged bitsandbytes optimizer: states in CUDA managed memory (outside "
+               "torch's allocator: not in allocated/reserved; device counts them while they fit)")
+    if c.get("lora"):
+        lora = c["lora"]
+        b.job.update(lora_r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+                     lora_targets=["mlp" if t.startswith("mlp") else t for t in lora["targets"]])
+    if c["method"] == "qlora":
+        b.job["quant"] = _quant(c)
+    if c["compile"]:
+        b.job["compile"] = True
+        b.note("torch.compile → compile true (the eager step is what is simulated unless "
+               "trainfit's memory model reads it; compile's fusions usually lower the peak)")
+    if c["optimizer_in_bwd"]:
+        b.feature("optimizer-in-backward", "optimizer step fused into backward (gradients "
+                  "freed per parameter)")
+    if "cpu-offload" in c["sharding"] or "offload" in c["sharding"]:
+        b.feature("cpu-offload", "CPU offload of parameters, gradients and the optimizer step")
+
+
+def _sharding(b: _Builder) -> None:
+    s, fsdp = b.case["sharding"], b.case.get("fsdp") or {}
+    fsdp1 = "FSDP1" in str(fsdp.get("version", ""))
+    if s.startswith("zero3"):
+        b.sharding("zero3", False)
+    elif s.startswith("fsdp-no-shard"):
+        b.sharding("no-shard", fsdp1)
+    elif s.startswith("fsdp"):
+        b.sharding("fsdp", fsdp1)
+    else:
+        b.job["sharding"] = "none"
+
+
+# --- GPUs and peaks -----------------------------------------------------------------------------
+def _titan_rtx() -> dict[str, Any]:
+    from trainfit.hardware.gpus import CUDA_CONTEXT_BASE_BYTES, CUDA_STACK_BYTES_PER_THREAD
+
+    # TU102, 72 SMs × 1024 threads (Turing), the 23.65 GiB "total capacity" of the OOM message
+    return {"name": "titan-rtx (substitute)", "display_name": "NVIDIA TITAN RTX",
+            "memory_bytes": int(23.65 * 2**30), "sm_count": 72,
+            "memory_source": "the case's OOM message: 23.65 GiB total capacity",
+            "cuda_context_bytes": CUDA_CONTEXT_BASE_BYTES + 72 * 1024 * CUDA_STACK_BYTES_PER_THREAD}
+
+
+def gpu_for(b: _Builder) -> tuple[str, dict[str, Any]]:
+    text = b.case["gpu"]
+    low = text.lower()
+    if "96gb hbm2e" in low:
+        b.note("H100 96GB HBM2e is not in the catalog: h100-sxm (cc 9.0, 132 SMs) with 96 GB "
+               "(89.4 GiB, the advertised size: the CUDA total is not published)")
+        return "h100-sxm", {"name": "h100-96gb (substitute)", "memory_bytes": 96 * 10**9}
+    if "titan rtx" in low:
+        b.note("TITAN RTX is not in the catalog: rtx-2080-ti (Turing, cc 7.5) with 72 SMs and "
+               "the 23.65 GiB the OOM message states")
+        return "rtx-2080-ti", _titan_rtx()
+    rules = [("h100 80gb", "h100-sxm"), ("rtx 4090", "rtx-4090"), ("rtx 3090", "rtx-3090"),
+             ("rtx a6000", "rtx-a6000"), ("a100-sxm4-40gb", "a100-40gb-sxm"),
+             ("a100 80gb", "a100-80gb-sxm"), ("x 40gb", "a100-40gb-sxm")]
+    for key, name in rules:
+        if key in low:
+            if key == "x 40gb":
+                b.note("GPU not named (2 × 40GB): a100-40gb-sxm assumed")
+            return name, {}
+    if "40/80gb" in low:
+        b.note("A100 40/80GB variant not stated: a100-80gb-sxm assumed")
+        return "a100-80gb-sxm", {}
+    if "24gb" in low:
+        b.note("GPU not named (24 GB card, e.g. RTX 3090/4090): rtx-3090 assumed")
+        return "rtx-3090", {}
+    b.note("GPU not named: a100-80gb-sxm assumed (only the fit check depends on it)")
+    return "a100-80gb-sxm", {}
+
+
+def compare_for(b: _Builder) -> str:
+    m = b.case["measured"]
+    text = m["measure"].lower()
+    if m["outcome"] != "trained" or m.get("peak_memory_bytes") is None:
+        return "device"
+    if "device-level" in text:
+        return "device"
+    if text.startswith("not stated in the readme"):
+        b.note("peak statistic not stated (torchtune 0.3 logs active, allocated and reserved): "
+               "compared with allocated (the same README's other table reports peak active)")
+        return "allocated"
+    if "active_bytes" in text or text.startswith("peak active"):
+        b.note("peak active bytes compared with predicted allocated (active ≈ allocated: "
+               "blocks in use, rounded)")
+        return "allocated"
+    if "max_memory_reserved" in text or "reserved_bytes" in text:
+        return "reserved"
+    if "max_memory_allocated" in text:
+        return "allocated"
+    b.note("peak statistic not stated: compared as device-level (the case's reading)")
+    return "device"
+
+
+# --- models -------------------------------------------------------------------------------------
+def _config_fields(m: dict[str, Any]) -> dict[str, Any]:
+    """A transformers config dict from the case's dimensions (model types seen in the data)."""
+    ex, mt = m.get("extra", {}), m["model_type"]
+    base = {"model_type": mt, "vocab_size": m["vocab_size"], "hidden_size": m["hidden_size"],
+            "num_hidden_layers": m["num_hidden_layers"],
+            "num_attention_heads": m["num_attention_heads"],
+            "tie_word_embeddings": m["tie_word_embeddings"]}
+    if mt in ("llama", "mistral"):
+        base.update(intermediate_size=m["intermediate_size"], head_dim=m["head_dim"],
+                    num_key_value_heads=m["num_key_value_heads"], rope_theta=ex.get("rope_theta"),
+                    max_position_embeddings=ex.get("max_position_embeddings", 131072))
+        if ex.get("rope_scaling") == "llama3":
+            base["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0,
+                                    "original_max_position_embeddings": 8192}
+    elif mt == "falcon":
+        base.update(num_kv_heads=m["num_key_value_heads"], new_decoder_architecture=True,
+                    parallel_attn=True, bias=False, alibi=False,
+                    ffn_hidden_size=m["intermediate_size"])
+    elif mt == "phi":
+        base.update(intermediate_size=m["intermediate_size"], hidden_act="gelu_new",
+                    num_key_value_heads=m["num_key_value_heads"], max_position_embeddings=2048,
+                    partial_rotary_factor=ex.get("rotary_percentage", 0.5), rope_theta=10000.0)
+    elif mt == "bart":
+        base = {"model_type": "bart", "vocab_size": m["vocab_size"], "d_model": m["hidden_size"],
+                "encoder_layers": m["num_hidden_layers"], "decoder_layers": m["num_hidden_layers"],
+                "encoder_attention_heads": m["num_attention_heads"],
+                "decoder_attention_heads": m["num_attention_heads"],
+                "encoder_ffn_dim": m["intermediate_size"], "decoder_ffn_dim": m["intermediate_size"]}
+    return {k: v for k, v in base.items() if v is not None}
+
+
+def model_for(b: _Builder, litgpt: bool) -> dict[str, Any]:
+    from trainfit.model.catalog.models import find_model
+
+    m = b.case["model"]
+    entry = find_model(m["hf_id"]) or find_model(m["name"])
+    spec: dict[str, Any] = {"litgpt": litgpt, "untie": litgpt and bool(m.get(
+        "litgpt_untied_lm_head")), "dims": m}
+    if entry is not None:
+        spec.update(kind="catalog", name=entry.name)
+        b.note(f"model: catalog {entry.name}")
+    else:
+        spec.update(kind="config", config=_config_fields(m))
+        b.note(f"model: not in the catalog — transformers {m['model_type']} config built from "
+               "the case's dimensions (random weights never needed: meta/fake build)")
+    return spec
+
+
+# --- frameworks ---------------------------------------------------------------------------------
+def _torchtune(b: _Builder) -> None:
+    c = b.case
+    _base_job(b, "foreach")
+    _sharding(b)
+    b.grad_ckpt()
+    b.job["max_grad_norm"] = None
+    if b.job["sharding"] == "fsdp" and b.job["grad_accum"] > 1:
+        b.note("torchtune's distributed loop reduce-scatters every micro-step (no no_sync)")
+    b.note("torchtune: bf16 weights/states, no gradient clipping, the loop frees the logits "
+           "before backward; its own TransformerDecoder simulated as the transformers model of "
+           "the same dimensions")
+    other = c["measured"].get("other_settings") or {}
+    if "loss" in other:
+        chunked = "chunked" in other["loss"].lower()
+    else:
+        chunked = "CEWithChunkedOutputLoss" in c["notes"] and "NOT chunked" not in c["notes"]
+    if chunked:
+        chunk = c["seq_len"] // 8
+        fp32 = c["micro_batch"] * chunk * c["model"]["vocab_size"] * 4 * 2
+        b.job["lm_head_chunk"] = chunk
+        b.note(f"CEWithChunkedOutputLoss (8 chunks along the sequence) → lm_head_chunk {chunk}: "
+               "every chunk's bf16 logits stay alive as in torchtune; its per-chunk fp32 upcast "
+               f"and log-softmax (~{fp32 / 2**30:.2f} GiB transient) are not modelled")
+    if other.get("enable_activation_offloading"):
+        b.feature("activation-offload", "activation offloading to CPU")
+    if "UNPACKED" in (c["seq_len_note"] or ""):
+        b.unsupported.append("unpinned-seq-len")
+        b.note("unpacked data padded per batch: the peak batch's length is data-dependent "
+               f"(the {c['seq_len']} cap is far above it) → unsupported (unpinned-seq-len)")
+    elif "packed" in (c["seq_len_note"] or "").lower() and "pack" in c["seq_len_note"]:
+        b.note(f"packed samples of {c['seq_len']} tokens")
+    else:
+        b.note(f"padded per batch, capped at {c['seq_len']}: the peak batch is taken at the cap")
+    if c["method"] == "qlora":
+        b.job["quant_lm_head"] = False
+        b.note("torchao NF4Tensor (block 64, double-quantized scales) → quant nf4-dq (bnb's "
+               "layout of the same size; torchao's linear_nf4 saves no input); head and "
+               "embeddings bf16")
+        if b.job.get("sharding") == "fsdp":
+            b.note("torchao NF4 weights are sharded by FSDP2 together with their scales")
+
+
+def _torchtitan(b: _Builder) -> None:
+    _base_job(b, "foreach")
+    _sharding(b)
+    b.grad_ckpt(selective=True)
+    if "fsdp_reduce_dtype" in b.fields:
+        b.job["fsdp_reduce_dtype"] = "fp32"
+    b.note("torchtitan: pretraining, FSDP2 MixedPrecisionPolicy(param bf16, reduce fp32) = "
+           "amp-bf16 under sharding fsdp; gradient clipping 1.0; last block not resharded "
+           "after forward (not modelled); its own Llama simulated as transformers' Llama")
+
+
+def _fsdp_qlora(b: _Builder) -> None:
+    _base_job(b, "foreach")
+    _sharding(b)
+    b.grad_ckpt()
+    b.note("Answer.AI fsdp_qlora train.py: HF model + PEFT, pure bf16 (no FSDP mixed precision),"
+           " reentrant checkpoint_wrapper per decoder layer → grad_ckpt full (trainfit runs "
+           "HF's non-reentrant checkpointing); LoRA modules wrapped as their own FSDP units; "
+           "peak reset after loading (training only)")
+    if b.case["method"] == "qlora":
+        b.job.update(quant_lm_head=False, bnb_legacy=False)
+        b.note("bitsandbytes 0.43.0/0.43.1 (< 0.43.2) keeps 4-bit matmul inputs with the graph, "
+               "but under REENTRANT checkpointing the forward builds no graph and each layer's "
+               "recomputed graph dies with its backward: nothing retained across layers → "
+               "bnb_legacy false (with trainfit's non-reentrant checkpointing, bnb_legacy would "
+               "keep every layer's input for the whole forward)")
+        if b.job["sharding"] == "fsdp":
+            b.note("quant_storage bf16: FSDP1 shards the packed 4-bit weights (bitsandbytes' "
+                   "quantization state stays whole on every rank)")
+
+
+def _peft(b: _Builder) -> None:
+    c = b.case
+    _base_job(b, "foreach")
+    _sharding(b)
+    b.grad_ckpt()
+    b.note("PEFT example (HF Trainer / accelerate): adamw_torch, clipping 1.0")
+    b.no_sync("accelerate (Trainer)")
+    if c["precision"].startswith("amp") and "fsdp_reduce_dtype" in b.fields \
+            and b.job["sharding"] == "fsdp":
+        b.job["fsdp_reduce_dtype"] = "param"
+        b.note("accelerate's FSDP bf16 policy reduces in bf16 (assumed in the case) → "
+               "fsdp_reduce_dtype param")
+    if c["method"] in ("lora", "qlora") and c["precision"].startswith("amp") \
+            and "base_dtype" in b.fields and not (c["method"] == "lora" and c["sharding"]
+                                                  .startswith("fsdp")):
+        b.job["base_dtype"] = "bf16"
+        b.note("frozen weights in bf16 (torch_dtype = the bf16 quant storage for QLoRA; "
+               "zero.Init partitions in bf16 under ZeRO-3) → base_dtype bf16")
+    if c["method"] == "lora" and "torch.float32" in c["notes"] and c["sharding"].startswith("fsdp"):
+        b.feature("fp32-frozen-base", "frozen base weights loaded in fp32 (sharded fp32 "
+                  "storage, gathered in bf16) while trainfit keeps them in bf16 under amp")
+    if c["method"] == "qlora":
+        b.job["quant_lm_head"] = False
+        b.note("transformers BitsAndBytesConfig (bitsandbytes ≥ 0.43.3): head in 16 bits; "
+               "quant_storage bf16 lets FSDP/ZeRO-3 shard the packed weights")
+    if "32008" in c["notes"]:
+        b.note("vocabulary resized to 32008 by the script's chat template: 32000 used")
+
+
+def _hf_blog(b: _Builder) -> None:
+    _base_job(b, "forloop")
+    _sharding(b)
+    b.grad_ckpt()
+    b.job["grads_to_none"] = False
+    b.note("2022 (torch 1.12, CUDA 11.x): AdamW for-loop, zero_grad keeps zeroed gradients "
+           "(set_to_none False), no lazy CUDA module loading (+880 MiB context, as "
+           "calibration.py's 2022 cases); run_clm_no_trainer: GPT-2 with dropout 0.1")
+    if "12" in (b.case["seq_len_note"] or ""):
+        b.note("block size printed as 12 in the post: 128 taken (the case's reading)")
+    if (b.case.get("fsdp") or {}).get("auto_wrap_policy", "").startswith("default_auto_wrap"):
+        b.note("size-based auto-wrap (min_num_params 2000) makes every Linear its own FSDP "
+               "unit; trainfit wraps one unit per decoder block")
+
+
+def _litgpt(b: _Builder) -> None:
+    _base_job(b, "foreach")
+    _sharding(b)
+    b.grad_ckpt()
+    b.job.update(max_grad_norm=None, lm_head_chunk=128, hold_outputs=True)
+    b.no_sync("Fabric's no_backward_sync")
+    b.note("lit-gpt Oct 2023 (quirks as calibration.py's litgpt cases): untied lm_head, head + "
+           "cross-entropy in chunks of 128 tokens, the loop holds the logits until the next "
+           "forward, no clipping, no dropout, tanh GELU, AdamW foreach")
+    if b.case["method"] == "qlora":
+        b.job.update(quant_lm_head=True, bnb_legacy=True, quant_from_fp16=True)
+        b.note("Fabric BitsandbytesPrecision: every Linear quantized incl. the head, from fp16; "
+               "bitsandbytes 0.41.1 < 0.43.2 → bnb_legacy true")
+    b.note("max_memory_allocated is never reset (loading + validation + training): the "
+           "training step's predicted peak is compared")
+    if b.job["sharding"] == "fsdp" and b.case["method"] != "full" \
+            and "fsdp_frozen_grads" in b.fields:
+        b.job["fsdp_frozen_grads"] = True
+    if b.job["sharding"] == "fsdp":
+        b.note("Fabric FSDP1, one unit per Block with use_orig_params: frozen weights share "
+               "flat parameters with the LoRA adapters (FSDP1 then keeps gradients for them) "
+               "and the full checkpoint is loaded on every rank (loading peak)")
+
+
+FRAMEWORKS = {"torchtune": _torchtune, "torchtitan": _torchtitan, "fsdp_qlora": _fsdp_qlora,
+              "peft": _peft, "hf_blog": _hf_blog, "litgpt": _litgpt}
+
+
+def framework_of(case: dict[str, Any]) -> str:
+    return next(k for k in FRAMEWORKS if case["id"].startswith(k))
+
+
+def map_case(case: dict[str, Any]) -> Mapping:
+    """The case in trainfit's terms (pure: reads JobSpec's field names, builds nothing)."""
+    b = _Builder(case)
+    fw = framework_of(case)
+    gpu = gpu_for(b)
+    compare = compare_for(b)
+    FRAMEWORKS[fw](b)
+    model = model_for(b, litgpt=fw == "litgpt")
+    return b.build(gpu, compare, model, fw, eager=fw == "hf_blog")
