@@ -97,7 +97,11 @@ def _worker(out_dir: Path) -> None:
 
     Dist.from_env()
     rank = int(os.environ["RANK"])
-    res = {name: _measure(_job(name)) for name in CASES}
+    res: dict = {name: _measure(_job(name)) for name in CASES}
+    from trainfit.tune.link import measure_link
+
+    link = measure_link(__import__("torch").device("cpu"))
+    res["link"] = None if link is None else {"bus_gbs": link.bus_gbs, "ranks": link.ranks}
     (out_dir / f"rank{rank}.json").write_text(json.dumps(res))
     leave_together(0)
 
@@ -114,7 +118,7 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[st
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
-    return {name: [r[name] for r in ranks] for name in CASES}
+    return {name: [r[name] for r in ranks] for name in [*CASES, "link"]}
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -135,6 +139,14 @@ def test_simulated_rank_peak_matches_two_gloo_ranks(measured, name):
     # holds beyond FSDP's allocations (stated, not part of the GPU prediction)
     for r in (rank0, rank1):
         assert 0 <= r["allocator"] - r["tracked"] <= GLOO_EXTRA_MAX * r["tracked"], r
+
+
+def test_tune_measures_the_link_all_ranks_alike(measured):
+    """tune's link measurement (an all-gather of FSDP-sized buffers) under 2 gloo ranks: a
+    positive bus bandwidth, the same figure on every rank (the slowest rank's)."""
+    a, b = measured["link"]
+    assert a["ranks"] == b["ranks"] == 2
+    assert a["bus_gbs"] == b["bus_gbs"] > 0
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ def test_fsdp_gathers_every_micro_step():
 def test_plan_slows_a_pcie_pair_and_unknown_link_is_unknown(tiny_llama):
     job = JobSpec(model="t", seq_len=64, micro_batch=2, grad_accum=1, grad_ckpt="off",
                   precision="fp32", ranks=2)
-    gpu = find_gpu("rtx-3090")  # PCIe gen4
+    gpu = find_gpu("rtx-a6000")  # PCIe gen4, peer-to-peer (a GeForce card has none: see below)
     fast = plan(job, tiny_llama, dataclasses.replace(gpu, interconnect_gbs=1e9)).rows[0].speed
     two = plan(job, tiny_llama, gpu).rows[0].speed
     assert two.sync_s > 0 and two.sync_exposed_s > fast.sync_exposed_s
@@ -46,3 +46,28 @@ def test_plan_slows_a_pcie_pair_and_unknown_link_is_unknown(tiny_llama):
     no_link = dataclasses.replace(gpu, interconnect="unknown", interconnect_gbs=None)
     unknown = plan(job, tiny_llama, no_link).rows[0].speed
     assert unknown.tokens_per_s is None and "interconnect is unknown" in unknown.unknown_reason
+
+
+def test_geforce_without_p2p_makes_multi_rank_speed_unknown_until_the_link_is_given(tiny_llama):
+    """GeForce cards stage NCCL through host memory: the slot's PCIe figure is not the link.
+    Unknown (said) until a measured bus bandwidth is given, which then sets the sync time."""
+    import dataclasses
+
+    from trainfit.hardware.gpus import find_gpu
+    from trainfit.job import JobSpec
+    from trainfit.plan.grid import plan
+    from trainfit.speed.comm import RING_BUS_EFFICIENCY, peer_to_peer
+
+    gpu = find_gpu("rtx-3090")
+    assert not peer_to_peer(gpu) and peer_to_peer(find_gpu("a100-80gb"))
+    job = JobSpec(model="t", seq_len=64, micro_batch=2, grad_accum=1, ranks=2,
+                  precision="amp-bf16", grad_ckpt="off")
+    row = plan(job, tiny_llama, gpu, ladder=False).rows[0]
+    assert row.speed.step_time_s is None and "peer-to-peer" in row.speed.unknown_reason
+    slow = dataclasses.replace(gpu, interconnect="2.7 GB/s measured (given)",
+                               interconnect_gbs=2.7 / RING_BUS_EFFICIENCY)
+    fast = dataclasses.replace(gpu, interconnect="27 GB/s measured (given)",
+                               interconnect_gbs=27 / RING_BUS_EFFICIENCY)
+    t_slow, t_fast = (plan(job, tiny_llama, g, ladder=False).rows[0].speed for g in (slow, fast))
+    assert t_slow.sync_s == pytest.approx(10 * t_fast.sync_s, rel=1e-6)
+    assert t_slow.step_time_s > t_fast.step_time_s

@@ -66,15 +66,28 @@ def _load_target(target: str | None, *, allow_code: bool = False,
 def _with_interconnect(spec: Any, name: str) -> Any:
     import dataclasses
 
-    from trainfit.speed.comm import INTERCONNECTS_GBS
+    from trainfit.speed.comm import INTERCONNECTS_GBS, RING_BUS_EFFICIENCY
 
     if spec is None:
         raise JobError("--interconnect needs --gpu", "name the GPU, e.g. --gpu a100-80gb")
+    try:
+        bus = float(name)
+    except ValueError:
+        bus = None
+    if bus is not None:
+        # a measured bus bandwidth (tune under torchrun, nccl-tests' busbw): used as is
+        if not bus > 0:
+            raise JobError(f"--interconnect {name}: must be > 0 GB/s",
+                           "give the measured all-gather bus bandwidth, e.g. --interconnect 2.7")
+        return dataclasses.replace(spec, interconnect=f"{bus:g} GB/s measured (given)",
+                                   interconnect_gbs=bus / RING_BUS_EFFICIENCY)
     key = name.lower().replace("x16", "")
     if key not in INTERCONNECTS_GBS:
         raise JobError(f"--interconnect {name}: unknown interconnect",
-                       "known: " + ", ".join(INTERCONNECTS_GBS))
-    return dataclasses.replace(spec, interconnect=key, interconnect_gbs=INTERCONNECTS_GBS[key])
+                       "known: " + ", ".join(INTERCONNECTS_GBS) + ", or a measured bus "
+                       "bandwidth in GB/s (trainfit tune under torchrun measures it)")
+    return dataclasses.replace(spec, interconnect=f"{key} (given)",
+                               interconnect_gbs=INTERCONNECTS_GBS[key])
 
 
 def _is_file(p: Path) -> bool:
@@ -152,8 +165,9 @@ def plan_cmd(
     verify: Annotated[bool, typer.Option(
         help="Re-simulate the recommended configuration at full size.")] = True,
     interconnect: Annotated[str | None, typer.Option(
-        help="GPU-to-GPU link for ranks > 1: pcie3|pcie4|pcie5|nvlink2|nvlink3|nvlink4 "
-             "(default: the GPU catalog's)")] = None,
+        help="GPU-to-GPU link for ranks > 1: pcie3|pcie4|pcie5|nvlink2|nvlink3|nvlink4, or a "
+             "measured all-gather bus bandwidth in GB/s (trainfit tune under torchrun prints it); "
+             "default: the GPU catalog's")] = None,
     current: Annotated[bool, typer.Option(
         "--current", help="The knobs given (--micro-batch, --grad-accum, --grad-ckpt, --precision, "
                           "--attention, --optimizer-impl) are what you run now: plan the grid "

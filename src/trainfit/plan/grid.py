@@ -27,7 +27,7 @@ from trainfit.memory.predict import (
 )
 from trainfit.model.source import ModelSource
 from trainfit.plan.ladder import build_ladder
-from trainfit.speed.comm import sync_time, unknown_interconnect, with_sync
+from trainfit.speed.comm import peer_to_peer, sync_time, unknown_interconnect, with_sync
 from trainfit.speed.ops import OpRecorder
 from trainfit.speed.predict import (
     SpeedPrediction,
@@ -163,6 +163,10 @@ def synced(speed: SpeedPrediction | None, job: JobSpec, mem: MemoryPrediction,
         return speed
     if not gpu.interconnect_gbs:
         return unknown_interconnect(speed, job.ranks)
+    if not peer_to_peer(gpu):
+        return unknown_interconnect(speed, job.ranks, f"{gpu.display_name} has no PCIe "
+                                    "peer-to-peer: NCCL goes through host memory, at the host's "
+                                    "speed")
     sharded = job.sharding != "none"
     # gradients: fp32 under DDP+AMP; reduced in the compute dtype by DeepSpeed, in
     # fsdp_reduce_dtype by FSDP

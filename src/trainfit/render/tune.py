@@ -40,5 +40,10 @@ def render_tune(result: Any) -> None:
     con.print(f"capacity: {'none' if lim is None else f'{lim / gib:.3f} GiB'}, margin "
               f"{d['margin']:.0%}; search took {d['search_time_s']:.0f} s (measured)")
     con.print(f"[bold]pick:[/bold] {d['reason']}")
+    if d.get("link"):
+        lk = d["link"]
+        con.print(f"link between the {lk['ranks']} ranks ({lk['backend']}): all-gather bus "
+                  f"bandwidth {lk['bus_gbs']:.2f} GB/s (measured, spread {lk['spread_gbs']:.2f}); "
+                  f"plan with --interconnect {lk['bus_gbs']:.2f}")
     for n in d["notes"]:
         con.print(f"  note: {n}")

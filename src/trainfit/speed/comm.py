@@ -18,6 +18,7 @@ Every number here is a prediction; the overlap model is stated in the output.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from trainfit.speed.predict import SpeedPrediction, unknown_speed
 
@@ -90,7 +91,18 @@ def with_sync(speed: SpeedPrediction, sync: SyncTime | None) -> SpeedPrediction:
                    sync_note=f"{sync.collective}; {sync.overlap}")
 
 
-def unknown_interconnect(speed: SpeedPrediction, ranks: int) -> SpeedPrediction:
+def peer_to_peer(gpu: Any) -> bool:
+    """Whether NCCL can copy GPU to GPU over the catalog's link.  GeForce cards have PCIe
+    peer-to-peer disabled by the driver (RTX 30 series only across an NVLink bridge, RTX 40/50
+    not at all): NCCL then stages every transfer through host memory (its SHM transport), at a
+    speed set by the host — not the slot's figure.  Given or measured links are taken as is."""
+    if "given" in gpu.interconnect or gpu.interconnect.startswith("nvlink"):
+        return True
+    return "geforce" not in gpu.display_name.lower()
+
+
+def unknown_interconnect(speed: SpeedPrediction, ranks: int, why: str = "") -> SpeedPrediction:
     return unknown_speed(speed.model_flops_per_token,
-                         f"{ranks} ranks but this GPU's interconnect is unknown: give "
-                         "--interconnect (pcie3|pcie4|pcie5|nvlink2|nvlink3|nvlink4)")
+                         f"{ranks} ranks but {why or 'this GPU' + chr(39) + 's interconnect is unknown'}"
+                         ": run trainfit tune under torchrun (it measures the link) and give "
+                         "--interconnect GBPS, or name it (pcie3|pcie4|pcie5|nvlink2|nvlink3|nvlink4)")

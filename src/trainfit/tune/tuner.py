@@ -25,6 +25,7 @@ from trainfit.model.source import ModelSource, resolve_model
 from trainfit.speed.cpu import cpu_speed
 from trainfit.speed.ops import OpRecorder
 from trainfit.speed.predict import model_flops_per_token, predict_speed_exact
+from trainfit.tune.link import LinkMeasurement, measure_link
 from trainfit.tune.probe import Probe
 from trainfit.tune.result import ProbeResult, SearchNote
 from trainfit.tune.search import KNOBS, Comparison, Outcome, Predicted, Searcher, SearchOptions, Trial
@@ -77,6 +78,9 @@ class TuneResult:
     """What the search (and tune around it) decided not to do, or did by rule, and why."""
     data_notes: list[str] = field(default_factory=list)
     """What reading the data did to it (truncation, packing), as the data layer states it."""
+    link: LinkMeasurement | None = None
+    """Under torchrun: the all-gather bandwidth between the ranks, measured (plan's
+    ``--interconnect GBPS`` takes it)."""
     step_source: str = "job"
     """``job``: trainfit's own step of the job (token-weighted loss, positions counted); ``script``:
     the user's trainer (its compute_loss, its batches' non-padding tokens counted)."""
@@ -100,7 +104,8 @@ class TuneResult:
                     **asdict(self.vs_baseline), "median_ratio": self.vs_baseline.median},
                 "probes": [trial(t) for t in self.trials],
                 "search_notes": [{"kind": n.kind, **n.data} for n in self.notes],
-                "data_notes": list(self.data_notes)}
+                "data_notes": list(self.data_notes),
+                "link": None if self.link is None else asdict(self.link)}
 
 
 class CpuPredictor:
@@ -240,11 +245,14 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
     torch.manual_seed(job.seed)
     capacity, name, predict = device_side(source, data, device, opts)
     prober, probe_fn = _prober(job, source, data, device, opts)
-    return run_search(job, opts, Bench(source=source, device=device, capacity=capacity,
-                                       device_name=name, predict=predict, probe=probe_fn,
-                                       agree=prober.dist.any, samples=len(data),
-                                       tokens=data.stats.tokens,
-                                       data_notes=list(data.stats.notes)), t0, progress)
+    link = measure_link(device)  # all ranks together, before the probes
+    result = run_search(job, opts, Bench(source=source, device=device, capacity=capacity,
+                                         device_name=name, predict=predict, probe=probe_fn,
+                                         agree=prober.dist.any, samples=len(data),
+                                         tokens=data.stats.tokens,
+                                         data_notes=list(data.stats.notes)), t0, progress)
+    result.link = link
+    return result
 
 
 @dataclass
