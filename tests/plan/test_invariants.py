@@ -155,6 +155,17 @@ def check_terms(c: Checked, r: PlanRow) -> None:
             f"{_desc(r)}: sum {total} != {m.peak_allocated_bytes}")
 
 
+def check_utilisation(c: Checked, r: PlanRow) -> None:
+    """MFU and HFU are fractions of the device's peak: a predicted figure above 100 % is a bug
+    (doctor once printed 154 %), not a fast configuration."""
+    sp = r.speed
+    if sp is None:
+        return
+    for name in ("mfu", "hfu", "device_busy_fraction"):
+        v = getattr(sp, name)
+        c.check(f"{name} within [0, 1]", v is None or 0 <= v <= 1, f"{_desc(r)}: {name} {v}")
+
+
 def check_fits(c: Checked, rows: list[PlanRow], cap: int) -> None:
     """``fits`` is device × (1 + error band) ≤ capacity and ≤ (1 − margin) × capacity; ▲ only on a
     fitting row, and on the largest
@@ -250,6 +261,7 @@ def _check_group(c: Checked, base: JobSpec, src: ModelSource, model: BilinearMod
             for r in rows:
                 check_terms(c, r)
                 check_reserved(c, r, model)
+                check_utilisation(c, r)
             check_fits(c, rows, gpu.memory_bytes)
             check_monotone(c, rows)
             if ranks == 1:
@@ -310,6 +322,7 @@ def check_plan(c: Checked, res: Any) -> None:
     for r in res.rows:
         c.configurations += 1
         check_terms(c, r)
+        check_utilisation(c, r)
         c.check("reserved >= allocated",
                 r.memory.peak_reserved_bytes >= r.memory.peak_allocated_bytes, _desc(r))
         by_group.setdefault((r.job.precision, r.job.grad_ckpt), []).append(r)

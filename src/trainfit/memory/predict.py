@@ -179,6 +179,22 @@ def frozen_grads_phases(job: JobSpec, source: ModelSource, phases: dict[str, dic
                     f"({held / 2**30:.2f} GiB) through the accumulation" if held else "")]
 
 
+def loading_peak_bytes(job: JobSpec, source: ModelSource, terms: dict[str, int],
+                       quant_state_bytes: int) -> int | None:
+    """Sharded QLoRA's loading as transformers 5.23 does it (modeling_utils: a quantized model
+    is materialised on every rank, `not is_quantized` excludes it from the meta path): the whole
+    packed 4-bit model, its quantization state and the unquantized weights on each rank, plus the
+    bf16 weight being quantized (its largest: an MLP matrix).  None for other jobs."""
+    if job.method != "qlora" or job.ranks <= 1:
+        return None
+    cfg = source.config
+    h = hidden_size(source)
+    inter = next((v for a in ("intermediate_size", "ffn_dim", "n_inner")
+                  if isinstance(v := getattr(cfg, a, None), int) and v > 0), 4 * h)
+    shards = max(0, terms.get("parameters", 0) - quant_state_bytes)
+    return shards * job.ranks + quant_state_bytes + h * inter * 2
+
+
 def _fsdp_sim_note(job: JobSpec) -> str:
     mp = mixed_precision_policy(job.precision, job.fsdp_reduce_dtype)
     policy = "no mixed-precision policy" if mp.param_dtype is None else (
@@ -321,6 +337,17 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     if terms.get("data_parallel"):
         full_breakdown["data_parallel"] = terms["data_parallel"]
     cap = gpu.memory_bytes if gpu else None
+    load = loading_peak_bytes(job, source, terms, quant_state_bytes) if per_rank or (
+        job.sharding.startswith("zero") and job.ranks > 1) else None
+    if load is not None:
+        notes.append(
+            f"loading (its own peak, not in the step's): transformers 5's from_pretrained "
+            f"materialises the whole 4-bit model on every rank before the sharding: "
+            f"{load / 2**30:.2f} GiB per rank (predicted)"
+            + (" — more than the GPU: load rank 0 only (accelerate's "
+               "fsdp_cpu_ram_efficient_loading, Answer.AI's fsdp_qlora loader)"
+               if gpu is not None and load + (gpu.cuda_context_bytes or 0) > gpu.memory_bytes
+               else ""))
     band = band_for(job)
     # the fit: the device peak raised by how far predictions of this kind have come below
     # published measurements, or by the margin asked for, whichever leaves more room

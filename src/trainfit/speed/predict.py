@@ -128,7 +128,9 @@ def time_ops(dev: DeviceSpeed, ops: list[OpRecord]) -> PhaseTimes:
         device[key] += t
         host[key] += op_host_time(dev, op)
         if op.phase != "optimizer":
-            flops += op.flops
+            # what the device executes: a flash kernel skips a causal mask's half, which the
+            # flop counter counts (the same halving the roofline times it with)
+            flops += op.flops * (0.5 if op.causal and dev.kernels is not None else 1.0)
     if dev.kernel_timer is not None:
         dev.kernel_timer.save()
     return PhaseTimes(device, host, flops, unknown)
