@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from trainfit.cli import doctor as doctor_cli
+from trainfit.cli import emit as emit_cli
 from trainfit.cli import monitor as monitor_cli
 from trainfit.cli import report as report_cli
 from trainfit.cli import train as train_cli
@@ -25,6 +26,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 report_cli.register(app)
 doctor_cli.register(app)
 tune_cli.register(app)
+emit_cli.register(app)
 train_cli.register(app)
 monitor_cli.register(app)
 

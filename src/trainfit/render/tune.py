@@ -10,9 +10,10 @@ from rich.table import Table
 from trainfit.render.words import optimizer_words, tune_json
 
 
-def render_tune(result: Any) -> None:
+def render_tune(result: Any, *, stderr: bool = False) -> None:
+    """``stderr``: when stdout carries something else (``--emit``'s payload)."""
     d = tune_json(result)
-    con = Console()
+    con = Console(stderr=stderr)
     gib = 2**30
     t = Table(title=f"trainfit tune — probes on {d['device_name']} (measured; predicted = "
                     "data-less simulation of the same step)")

@@ -296,8 +296,9 @@ def _training_args(job: JobSpec, opts: RunOptions, backend: str, total: int, dev
     kw.pop("optim")  # the optimizer is trainfit's own, handed in (same kernel as plan/tune)
     # build_real already enabled non-reentrant checkpointing on the model: enabling it again
     # through the trainer would re-wrap the layers
-    kw.pop("gradient_checkpointing")
-    kw.pop("gradient_checkpointing_kwargs", None)
+    for name in ("activation_checkpointing", "gradient_checkpointing"):  # per transformers' version
+        kw.pop(name, None)
+        kw.pop(f"{name}_kwargs", None)
     if job.precision == "bf16-true":
         kw["bf16"] = False  # the weights are bf16 already; no autocast on top
     save = opts.save_every_steps
