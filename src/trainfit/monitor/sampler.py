@@ -115,6 +115,8 @@ class Sampler:
         self.gpu_indices = None if gpu_indices is None else list(gpu_indices)
         self.live = sys.stdout.isatty() if live is None else live
         self.print_lines = print_lines
+        self.progress: Any = None
+        """A trainfit.monitor.progress.StepProgress the live view shows (set by the run)."""
         self.on_sample = on_sample
         self.tensorboard_dir = None if tensorboard_dir is None else Path(tensorboard_dir)
         self.rows: list[dict[str, Any]] = []
@@ -345,8 +347,10 @@ class Sampler:
 
     def _show(self, rows: list[dict[str, Any]]) -> None:
         if self._live_view is not None:
+            line = self.progress.line() if self.progress is not None else None
             self._live_view.update(view.render(rows, gpu_names=self.gpu_names, note=self.gpu_note,
-                                               interval_s=self.interval_s), refresh=True)
+                                               interval_s=self.interval_s, progress_line=line),
+                                   refresh=True)
         elif self.print_lines:
             print(view.plain_line(rows), flush=True)
 

@@ -43,6 +43,7 @@ from trainfit.job import JobError, JobSpec
 from trainfit.model.runtime import build_real, check_no_offload, parse_device
 from trainfit.model.source import resolve_model
 from trainfit.monitor import Sampler
+from trainfit.monitor.progress import ProgressLog, StepProgress
 from trainfit.run.backend import resolve_backend
 from trainfit.run.evaluate import eval_split
 from trainfit.run.loop import (
@@ -236,7 +237,8 @@ class _Eval:
 
 
 def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_len: int,
-              sampler: Any, evaluate: _Eval | None, train_ids: list[int] | None) -> Any:
+              sampler: Any, evaluate: _Eval | None, train_ids: list[int] | None,
+              progress: tuple[StepProgress, ProgressLog | None]) -> Any:
     from transformers import TrainerCallback
 
     class _Watch(TrainerCallback):
@@ -264,6 +266,9 @@ def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_l
                                     samples=eff, step_time_s=dt,
                                     peak_allocated_bytes=torch.cuda.max_memory_allocated()
                                     if torch.cuda.is_available() else None)
+            progress[0].record(state.global_step, tokens=eff * seq_len, step_time_s=dt, loss=loss)
+            if progress[1] is not None:
+                progress[1].step()
             # evaluate, then save (HF Trainer's order); not on the way out of an interrupt
             if evaluate is not None and not stop and evaluate.due(state.global_step,
                                                                   state.global_step >= state.max_steps):
@@ -380,6 +385,10 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
                       log_path=opts.out_dir / "monitor.jsonl",
                       tensorboard_dir=opts.out_dir / "tensorboard") if main else None
     tracker = limit_tracker(opts.memory_limit_bytes, wl.model)
+    steps = StepProgress(total)
+    if sampler is not None:
+        sampler.progress = steps
+    log = ProgressLog(steps) if main and not (sampler is not None and sampler.live) else None
     t0 = time.perf_counter()
     with _Interrupt() as intr, (sampler or _Null()):
         if sampler is not None:
@@ -387,7 +396,7 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
         evaluate = None if eval_set is None else _Eval(wl.model, eval_set, source.task, opts, job,
                                                        wl.autocast, device, tracker)
         trainer.add_callback(_callback(trainer, res, opts, intr, data.seq_len, sampler, evaluate,
-                                       train_ids))
+                                       train_ids, (steps, log)))
         try:
             with (tracker or _Null()):
                 trainer.train(resume_from_checkpoint=resume)
