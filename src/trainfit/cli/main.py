@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -114,6 +115,30 @@ def _gpu_spec(gpu: str | None, extra: dict[str, Any], interconnect: str | None) 
     return spec
 
 
+def _file_checks(extra: dict[str, Any], source: str) -> dict[str, Any]:
+    """What a job file adds to a plan: the fields it assumed, a device number observed at the
+    current configuration, the host RAM free (trainfit.plan.checks.with_checks' arguments)."""
+    from trainfit.cli.jobargs import parse_bytes
+
+    out: dict[str, Any] = {}
+    assumed = extra.get("assumed")
+    if assumed is not None:
+        if not isinstance(assumed, list) or not all(isinstance(a, str) for a in assumed):
+            raise JobError(f"{source}: `assumed` must be a list of job fields",
+                           "e.g. assumed: [seq_len, method]")
+        out["assumed"] = assumed
+    observed = extra.get("observed")
+    if observed is not None:
+        if not isinstance(observed, dict) or "device" not in observed:
+            raise JobError(f"{source}: `observed` needs a device size",
+                           "e.g. observed: {device: 2667MiB, source: nvidia-smi}")
+        out["observed_device_bytes"] = parse_bytes(str(observed["device"]), "observed.device")
+        out["observed_source"] = str(observed.get("source", "observed"))
+    if extra.get("host_ram_free") is not None:
+        out["host_ram_free_bytes"] = parse_bytes(str(extra["host_ram_free"]), "host_ram_free")
+    return out
+
+
 @app.command("plan")
 @with_job_flags()
 def plan_cmd(
@@ -136,11 +161,16 @@ def plan_cmd(
         "--current", help="The knobs given (--micro-batch, --grad-accum, --grad-ckpt, --precision, "
                           "--attention, --optimizer-impl) are what you run now: plan the grid "
                           "around them and state the pick against them.")] = False,
+    all_rows: Annotated[bool, typer.Option(
+        "--all-rows", help="Show every configuration, not only those near the fitting frontier.")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Predict the peak GPU memory of each candidate configuration (no GPU needed)."""
     from trainfit.model.source import resolve_model
+    from trainfit.plan.checks import with_checks
     from trainfit.plan.grid import plan
+    from trainfit.render.progress import stage_progress
 
     try:
         fields, extra = _load_target(target)
@@ -152,19 +182,23 @@ def plan_cmd(
         job, current_job = _current_and_grid(job, fields, extra, current, target or "flags")
         spec = _gpu_spec(gpu, extra, interconnect)
         source = resolve_model(job.model, job.trust_remote_code)
-        result = plan(job, source, spec, margin=margin, verify=verify,
-                      dataset_tokens=dataset_tokens, epochs=epochs, current=current_job)
+        with stage_progress("plan") as progress:
+            result = plan(job, source, spec, margin=margin, verify=verify,
+                          dataset_tokens=dataset_tokens, epochs=epochs, current=current_job,
+                          progress=progress)
+        result = with_checks(result, **_file_checks(extra, target or "flags"))
     except JobError as err:
         _fail(err)
         return
     if as_json:
+        from trainfit.render.plan_words import plan_words
         from trainfit.render.words import plan_json
 
-        typer.echo(json.dumps(plan_json(result), indent=1))
+        typer.echo(json.dumps({**plan_json(result), **plan_words(result)}, indent=1))
     else:
         from trainfit.render.plan import render_plan
 
-        render_plan(result)
+        render_plan(result, all_rows=all_rows)
 
 
 @app.command("models")
@@ -216,6 +250,7 @@ def main() -> None:
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning, module="torch")
+    quiet_third_party()
     try:
         from transformers.utils import logging as hf_logging
 
@@ -231,6 +266,29 @@ def main() -> None:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
         _leave_as_a_rank(code)
         raise
+
+
+class _DropMessage(logging.Filter):
+    """Drops log records whose message starts with one of ``prefixes``."""
+
+    def __init__(self, *prefixes: str) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+def quiet_third_party() -> None:
+    """Keep third-party noise out of the user's output. bitsandbytes 0.50 logs "Failed to load
+    CPU gemm_4bit_forward from kernels-community" (a logging.warning at import,
+    bitsandbytes/backends/cpu/ops.py) on CPUs with AVX-512 BF16 when the optional `kernels`
+    package is absent — once per process, so twice per plan (its two simulation workers). What it
+    means: 4-bit matmuls on this CPU use bitsandbytes' slower built-in path; plan never runs them
+    (its 4-bit layers are data-less stand-ins), and tune/train on a CPU only measure that path.
+    Set on the logger before bitsandbytes is imported; forked workers inherit it."""
+    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
+        _DropMessage("Failed to load CPU gemm_4bit_forward"))
 
 
 def _leave_as_a_rank(code: int) -> None:
