@@ -130,7 +130,7 @@ def test_progress_reports_every_stage(tiny_llama):
     assert res.current is not None
     whats = [w for w, _, _ in seen]
     assert any(w.startswith("small simulations") for w in whats)
-    assert "your current configuration at full size" in whats
+    assert "your current configuration, full size" in whats
     groups = [(d, t) for w, d, t in seen if w.startswith("small simulations")]
     assert groups[-1][0] == groups[-1][1] == 8  # 4 precisions × 2 checkpointing settings
 

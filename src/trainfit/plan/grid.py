@@ -320,7 +320,7 @@ class _Grid:
                                            self.micro_all[0]))]
         groups = [(p, c) for p in self.precisions for c in self.ckpts]
         target = target_for(self.gpu)
-        what = f"small simulations of {len(groups)} precision × checkpointing group(s)"
+        what = f"small simulations, {len(groups)} precision × ckpt groups"
         self.say(what, 0, len(groups))
         models = self.workers.map(_fit_one, [(_config_job(self.job, p, c, 1), self.source, target,
                                               max(self.micro_all)) for p, c in groups],
@@ -377,7 +377,7 @@ class _Grid:
             # In a worker, which has built a model before (warm); verifying the runner-up on
             # the other worker at the same time slowed this one by 33 % (measured: 14.1 s against
             # 10.6 s on 2 cores), so only the pick is re-simulated.
-            verified = self.exact(rows[rec].job, "the pick at full size")
+            verified = self.exact(rows[rec].job, "the pick, full size")
             verified.largest_fitting = rows[rec].largest_fitting and verified.memory.fits is True
             rows[rec] = verified
             rec = _recommend(rows)  # the exact number may not fit after all: choose again
@@ -386,7 +386,7 @@ class _Grid:
     def ladder(self, rows: list[PlanRow]) -> list[Any]:
         """Nothing fits: the memory-saving ladder from the smallest configuration."""
         def evaluate(cj: JobSpec) -> tuple[int, float | None, bool | None]:
-            r = self.exact(cj, "a memory-saving ladder rung at full size")
+            r = self.exact(cj, "a ladder rung, full size")
             return (r.memory.peak_device_bytes, r.speed.tokens_per_s if r.speed else None,
                     r.memory.fits)
         smallest = min(rows, key=lambda r: r.memory.peak_device_bytes)
@@ -416,7 +416,7 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
             rows[rec].recommended = True
         rank_rows(rows, _sort_key)
         mark_shown(rows)
-        cur_row = grid.exact(current, "your current configuration at full size") \
+        cur_row = grid.exact(current, "your current configuration, full size") \
             if current is not None else None
         rungs = grid.ladder(rows) if rec is None and ladder and gpu is not None and rows else []
         first = rows[0].memory if rows else None

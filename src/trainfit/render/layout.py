@@ -54,7 +54,7 @@ def fit_table(console: Console, title: str, cols: list[Col], rows: list[list[str
     dropped: list[str] = []
     while True:
         table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
-                      padding=(0, 1), title_justify="left")
+                      padding=(0, 1), title_justify="left", show_edge=False)
         for i in keep:
             table.add_column(cols[i].header, justify=cols[i].justify, no_wrap=True)  # type: ignore[arg-type]
         for n, r in enumerate(rows):

@@ -46,7 +46,8 @@ def _rich(command: str) -> Iterator[Report]:
         TimeElapsedColumn,
     )
 
-    bar = Progress(SpinnerColumn(), TextColumn(f"{command}: {{task.description}}"), BarColumn(),
+    bar = Progress(SpinnerColumn(), TextColumn(f"{command}: {{task.description}}"),
+                   BarColumn(bar_width=20),
                    MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True),
                    transient=True)
     task = bar.add_task("starting", total=None)
