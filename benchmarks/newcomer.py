@@ -166,8 +166,13 @@ def emit_checks(clone: Path, tuned: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run_all(clone: Path) -> dict[str, Any]:
-    res: dict[str, Any] = {"clone": str(clone)}
+def _save(res: dict[str, Any]) -> None:
+    """What is measured so far (a run on a loaded host is long: nothing measured is lost)."""
+    (OUT / "newcomer.partial.json").write_text(json.dumps(res, indent=1))
+
+
+def run_all(clone: Path, tune_budget_s: float | None) -> dict[str, Any]:
+    res: dict[str, Any] = {"clone": str(clone), "tune_budget_s": tune_budget_s}
     # 1. the quick start: plan the embedded default, at 100 and 80 columns and piped
     q100 = terminal(clone, ["quickstart"], 100)
     q80 = terminal(clone, ["plan", "examples/seed000_t4_gemma_lora.yaml"], 80)
@@ -179,6 +184,7 @@ def run_all(clone: Path) -> dict[str, Any]:
                                 or [""])[0].strip()},
         "piped": {**layout_checks(qp["stdout"], None), **plan_checks(qp, qp["stdout"], qp["stderr"])},
     }
+    _save(res)
     # 2. every seed on a 100-column terminal: its answers, its layout, no noise
     res["seeds"] = {}
     for seed in SEEDS:
@@ -186,6 +192,7 @@ def run_all(clone: Path) -> dict[str, Any]:
         flat = " ".join(t["text"].split())
         res["seeds"][seed] = {**layout_checks(t["text"], 100), **plan_checks(t, t["text"], ""),
                               "answers": {a: a in flat for a in SEED_ANSWERS[seed]}}
+        _save(res)
     # 3. plan without --effective-batch: rows shown of all configurations
     nb = piped(clone, ["plan", "gpt2", "--gpu", "a100-80gb", "--seq-len", "512", "--json"])
     d = json.loads(nb["stdout"])
@@ -195,8 +202,10 @@ def run_all(clone: Path) -> dict[str, Any]:
                                                               for c in d["configs"]}),
                                  "said": bool(d.get("batch_note")),
                                  "wall_s": round(nb["wall_s"], 1)}
+    _save(res)
     # 4. the README's tune on a 100-column terminal; then emit from what it wrote; then train
-    tu = terminal(clone, README_TUNE, 100)
+    budget = [] if tune_budget_s is None else ["--budget-s", f"{tune_budget_s:g}"]
+    tu = terminal(clone, README_TUNE + budget, 100, timeout=7200)
     res["tune"] = {**layout_checks(tu["text"], 100), "rc": tu["rc"], "wall_s": round(tu["wall_s"], 1)}
     import yaml
 
@@ -204,6 +213,7 @@ def run_all(clone: Path) -> dict[str, Any]:
     res["tuned"] = {k: tuned.get(k) for k in ("micro_batch", "grad_accum", "precision", "grad_ckpt",
                                              "packing", "device", "memory_limit")}
     res["emit"] = emit_checks(clone, tuned)
+    _save(res)
     tr = piped(clone, ["train", "trainfit.yaml", "--out", "run", "--max-steps", "3"])
     lines = [ln for ln in tr["stderr"].splitlines() if ln.startswith("step ")]
     res["train_piped"] = {"rc": tr["rc"], "progress_lines": len(lines),
@@ -290,8 +300,10 @@ def write(res: dict[str, Any]) -> None:
     md += [f"| {c} | {m} | {'yes' if ok else 'NO'} |" for c, m, ok in rows]
     md += ["", "Plan wall time per seed (s, 100-column terminal): "
            + ", ".join(f"{k[:7]} {v['wall_s']:.0f}" for k, v in seeds.items())
-           + f"; the README's tune: {res['tune']['wall_s']:.0f} s; train 3 steps piped: "
-             f"{res['train_piped']['wall_s']:.0f} s.", "",
+           + f"; the README's tune: {res['tune']['wall_s']:.0f} s"
+           + ("" if res.get("tune_budget_s") is None else
+              f" (run with --budget-s {res['tune_budget_s']:g}: the host was loaded)")
+           + f"; train 3 steps piped: {res['train_piped']['wall_s']:.0f} s.", "",
            "Before (the issue, same commands): `tune trainfit.yaml --emit` searched again "
            "(205-313 s) and printed bf16 for an fp32 file; headers cut to `allo… rese… devi…` at 100 "
            "columns; every configuration a row (72 without --effective-batch); the "
@@ -303,6 +315,9 @@ def write(res: dict[str, Any]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--md-only", action="store_true", help="rewrite newcomer.md from the JSON")
+    ap.add_argument("--tune-budget-s", type=float, default=None,
+                    help="add --budget-s to the README's tune (a loaded host: the search stops and "
+                         "keeps its best so far; said in the results)")
     args = ap.parse_args()
     if args.md_only:
         d = json.loads((OUT / "newcomer.json").read_text())
@@ -312,9 +327,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         clone = Path(tmp) / "trainfit"
         subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
-        res = run_all(clone)
+        res = run_all(clone, args.tune_budget_s)
     res["clone"] = "fresh `git clone` of this repository's HEAD (PYTHONPATH=clone/src)"
     write(res)
+    (OUT / "newcomer.partial.json").unlink(missing_ok=True)
     print((OUT / "newcomer.md").read_text())
     return 0 if all(ok for _, _, ok in verdicts(res)) else 1
 
