@@ -171,9 +171,8 @@ def _save(res: dict[str, Any]) -> None:
     (OUT / "newcomer.partial.json").write_text(json.dumps(res, indent=1))
 
 
-def run_all(clone: Path, tune_budget_s: float | None) -> dict[str, Any]:
-    res: dict[str, Any] = {"clone": str(clone), "tune_budget_s": tune_budget_s}
-    # 1. the quick start: plan the embedded default, at 100 and 80 columns and piped
+def quickstart_stage(clone: Path, res: dict[str, Any]) -> None:
+    """The quick start: plan the embedded default, at 100 and 80 columns and piped."""
     q100 = terminal(clone, ["quickstart"], 100)
     q80 = terminal(clone, ["plan", "examples/seed000_t4_gemma_lora.yaml"], 80)
     qp = piped(clone, ["quickstart"])
@@ -184,8 +183,10 @@ def run_all(clone: Path, tune_budget_s: float | None) -> dict[str, Any]:
                                 or [""])[0].strip()},
         "piped": {**layout_checks(qp["stdout"], None), **plan_checks(qp, qp["stdout"], qp["stderr"])},
     }
-    _save(res)
-    # 2. every seed on a 100-column terminal: its answers, its layout, no noise
+
+
+def seeds_stage(clone: Path, res: dict[str, Any]) -> None:
+    """Every seed on a 100-column terminal: its answers, its layout, no noise."""
     res["seeds"] = {}
     for seed in SEEDS:
         t = terminal(clone, ["plan", f"examples/{seed}.yaml"], 100)
@@ -193,7 +194,10 @@ def run_all(clone: Path, tune_budget_s: float | None) -> dict[str, Any]:
         res["seeds"][seed] = {**layout_checks(t["text"], 100), **plan_checks(t, t["text"], ""),
                               "answers": {a: a in flat for a in SEED_ANSWERS[seed]}}
         _save(res)
-    # 3. plan without --effective-batch: rows shown of all configurations
+
+
+def no_effective_batch_stage(clone: Path, res: dict[str, Any]) -> None:
+    """Plan without --effective-batch: rows shown of all configurations."""
     nb = piped(clone, ["plan", "gpt2", "--gpu", "a100-80gb", "--seq-len", "512", "--json"])
     d = json.loads(nb["stdout"])
     res["no_effective_batch"] = {"configurations": len(d["configs"]),
@@ -202,13 +206,15 @@ def run_all(clone: Path, tune_budget_s: float | None) -> dict[str, Any]:
                                                               for c in d["configs"]}),
                                  "said": bool(d.get("batch_note")),
                                  "wall_s": round(nb["wall_s"], 1)}
-    _save(res)
-    # 4. the README's tune on a 100-column terminal; then emit from what it wrote; then train
-    budget = [] if tune_budget_s is None else ["--budget-s", f"{tune_budget_s:g}"]
-    tu = terminal(clone, README_TUNE + budget, 100, timeout=7200)
-    res["tune"] = {**layout_checks(tu["text"], 100), "rc": tu["rc"], "wall_s": round(tu["wall_s"], 1)}
+
+
+def tune_emit_train_stage(clone: Path, res: dict[str, Any]) -> None:
+    """The README's tune on a 100-column terminal; emit from what it wrote; train piped."""
     import yaml
 
+    budget = [] if res.get("tune_budget_s") is None else ["--budget-s", f"{res['tune_budget_s']:g}"]
+    tu = terminal(clone, README_TUNE + budget, 100, timeout=7200)
+    res["tune"] = {**layout_checks(tu["text"], 100), "rc": tu["rc"], "wall_s": round(tu["wall_s"], 1)}
     tuned = yaml.safe_load((clone / "trainfit.yaml").read_text())
     res["tuned"] = {k: tuned.get(k) for k in ("micro_batch", "grad_accum", "precision", "grad_ckpt",
                                              "packing", "device", "memory_limit")}
@@ -220,6 +226,16 @@ def run_all(clone: Path, tune_budget_s: float | None) -> dict[str, Any]:
                           "first": lines[0] if lines else None, "last": lines[-1] if lines else None,
                           "has_total_and_eta": bool(lines) and "/3 " in lines[-1] and "ETA" in lines[-1],
                           "wall_s": round(tr["wall_s"], 1)}
+
+
+STAGES = {"quickstart": quickstart_stage, "seeds": seeds_stage,
+          "no_effective_batch": no_effective_batch_stage, "tune_emit_train": tune_emit_train_stage}
+
+
+def run_all(clone: Path, res: dict[str, Any], stages: list[str]) -> dict[str, Any]:
+    for name in stages:
+        STAGES[name](clone, res)
+        _save(res)
     return res
 
 
@@ -309,6 +325,9 @@ def write(res: dict[str, Any]) -> None:
            "columns; every configuration a row (72 without --effective-batch); the "
            "kernels-community line twice per plan; plan silent for 12-94 s; train piped silent "
            "until the end.", ""]
+    if res.get("commits"):
+        md += ["Measured at commit: " + ", ".join(f"{k} {v}" for k, v in res["commits"].items())
+               + ".", ""]
     (OUT / "newcomer.md").write_text("\n".join(md))
 
 
@@ -318,17 +337,26 @@ def main() -> int:
     ap.add_argument("--tune-budget-s", type=float, default=None,
                     help="add --budget-s to the README's tune (a loaded host: the search stops and "
                          "keeps its best so far; said in the results)")
+    ap.add_argument("--redo", choices=list(STAGES), action="append",
+                    help="run only these stages again (on a fresh clone) into the existing JSON")
     args = ap.parse_args()
-    if args.md_only:
-        d = json.loads((OUT / "newcomer.json").read_text())
-        d.pop("checks", None)
-        write(d)
-        return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        clone = Path(tmp) / "trainfit"
-        subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
-        res = run_all(clone, args.tune_budget_s)
-    res["clone"] = "fresh `git clone` of this repository's HEAD (PYTHONPATH=clone/src)"
+    res: dict[str, Any] = {"tune_budget_s": args.tune_budget_s}
+    if args.md_only or args.redo:
+        res = json.loads((OUT / "newcomer.json").read_text())
+        res.pop("checks", None)
+        if args.tune_budget_s is not None:
+            res["tune_budget_s"] = args.tune_budget_s
+    if not args.md_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            clone = Path(tmp) / "trainfit"
+            subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+            head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, text=True,
+                                  capture_output=True, check=True).stdout.strip()
+            run_all(clone, res, args.redo or list(STAGES))
+        commits = dict(res.get("commits") or {})
+        commits.update({name: head for name in (args.redo or list(STAGES))})
+        res["commits"] = commits
+        res["clone"] = "fresh `git clone` of this repository's HEAD (PYTHONPATH=clone/src)"
     write(res)
     (OUT / "newcomer.partial.json").unlink(missing_ok=True)
     print((OUT / "newcomer.md").read_text())

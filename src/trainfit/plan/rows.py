@@ -6,8 +6,9 @@ step at a larger optimizer batch is not a better configuration of the same train
 
 Shown: in each (precision, checkpointing) group, the rows around the fitting frontier (the largest
 micro-batch that fits) — the fitting rows (with a fixed effective batch all of them, they are the
-memory/speed trade-off of one training; otherwise the frontier and the two below it) and at most
-two above it that do not fit (how far the next step is). The pick, the ▲ rows and every row of a
+memory/speed trade-off of one training; otherwise the frontier alone: smaller micro-batches are
+other, smaller effective batches) and at most two above it that do not fit (how far the next step
+is). The pick, the ▲ rows and every row of a
 plan without a GPU (no frontier) are always shown; the rest stays in ``--json``.
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 
 ABOVE_FRONTIER = 2
 """Rows that do not fit shown above each group's frontier."""
-BELOW_FRONTIER_VARYING = 2
+BELOW_FRONTIER_VARYING = 0
 """Fitting rows shown below the frontier when the effective batch varies between rows."""
 
 
