@@ -110,8 +110,6 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
         """Measure the real job on the real device and choose the fastest configuration that fits."""
-        from trainfit.tune.tuner import TuneOptions, tune
-
         try:
             if emit is not None and emit not in ("hf", "trl", "accelerate"):
                 raise JobError(f"--emit {emit}: unknown", "use hf, trl or accelerate")
@@ -120,6 +118,7 @@ def register(app: typer.Typer) -> None:
                 # a tuned file: its knobs are the decision; emitting them needs no probe
                 emit_job(job, emit, str(target), extra, device=device)
                 return
+            from trainfit.tune.tuner import TuneOptions, tune  # torch: only when probing
             limit = parse_bytes(memory_limit, "--memory-limit") if memory_limit is not None \
                 else _file_limit(extra)
             opts = TuneOptions(device=device or str(extra.get("device") or "cpu"),
