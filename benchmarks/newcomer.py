@@ -323,7 +323,7 @@ def write(res: dict[str, Any]) -> None:
            + ", ".join(f"{k[:7]} {v['wall_s']:.0f}" for k, v in seeds.items())
            + f"; the README's tune: {res['tune']['wall_s']:.0f} s"
            + ("" if res.get("tune_budget_s") is None else
-              f" (run with --budget-s {res['tune_budget_s']:g}: the host was loaded)")
+              f" (run with --budget-s {res['tune_budget_s']:g}, a guard against a loaded host)")
            + f"; train 3 steps piped: {res['train_piped']['wall_s']:.0f} s.", "",
            "Before (the issue, same commands): `tune trainfit.yaml --emit` searched again "
            "(205-313 s) and printed bf16 for an fp32 file; headers cut to `allo… rese… devi…` at 100 "
