@@ -94,7 +94,8 @@ class StepProgress:
         if self.loss is not None:
             parts.append(f"loss {self.loss:.4g}")
         tps = self.tokens_per_s
-        parts.append("tokens/s after the first step" if tps is None else f"{tps:,.0f} tokens/s")
+        parts.append("tokens/s after the first step" if tps is None else
+                     f"{tps:,.0f} tokens/s on average")  # the live view's step line: the latest
         parts.append(f"elapsed {duration_words(self.elapsed_s)}")
         eta = self.eta_s
         parts.append("ETA after the second step" if eta is None else f"ETA {duration_words(eta)}")
