@@ -54,6 +54,9 @@ SCRIPTS: list[tuple[str, str, str]] = [
      "GPU peaks (reads `calibration.json`; meta-device models only)", "results/estimate_memory_compare.md"),
     ("doctor_targets.py", "the doctor on the jobs in `doctor_jobs/`: diagnosis and the measured effect "
      "of its fix", "results/doctor_targets.md"),
+    ("newcomer.py", "the README's commands as a newcomer runs them on a fresh clone (80- and 100-column "
+     "terminal, piped): emit's seconds and validity, plan's header, cut numbers, rows shown, "
+     "third-party noise, progress lines, the seeds' answers", "results/newcomer.md"),
 ]
 
 # cited from the transformers source, pinned in pyproject.toml

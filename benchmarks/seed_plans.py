@@ -1,6 +1,6 @@
 """Plan the five seed scenarios (examples/*.yaml) and write examples/README.md with the answers.
 
-Run: ``python benchmarks/seed_plans.py`` (no GPU; ~2 min).
+Run: ``python benchmarks/seed_plans.py`` (no GPU; ~4 min on 2 cores).
 """
 
 from __future__ import annotations
@@ -21,12 +21,22 @@ def _fmt(speed: object, key: str, fmt: str) -> str:
 
 def main() -> int:
     warnings.filterwarnings("ignore")
-    import yaml
+    from trainfit.cli.main import quiet_third_party
 
+    quiet_third_party()  # as the CLI: bitsandbytes' kernels-community line out of the log
+    from trainfit.cli.main import _file_checks
     from trainfit.hardware.gpus import find_gpu
-    from trainfit.job import JobSpec, job_with_current
+    from trainfit.job import JobSpec, job_with_current, read_job_file
     from trainfit.model.source import resolve_model
+    from trainfit.plan.checks import with_checks
     from trainfit.plan.grid import plan
+    from trainfit.render.plan_words import (
+        host_ram_words,
+        observed_words,
+        offload_words,
+        plan_header,
+        plan_words,
+    )
     from trainfit.render.words import plan_json, plan_reason, plan_versus
 
     lines = ["# The seed scenarios, planned", "",
@@ -35,21 +45,23 @@ def main() -> int:
              "tokens/s and MFU are unknown on a generic card (no known peak).", ""]
     for path in sorted(EXAMPLES.glob("seed*.yaml")):
         text = path.read_text()
-        data = yaml.safe_load(text)
         comment = [ln[1:].strip() for ln in text.splitlines() if ln.startswith("#")]
-        gpu_name, scenario = data.pop("gpu"), data.pop("scenario")
-        current = data.pop("current", None)
+        data, extra = read_job_file(path)  # the job fields, and the file-only keys
+        scenario = extra["scenario"]
         job = JobSpec.from_dict(data, source=path.name)
-        cur_job = None if current is None else job_with_current(data, current, path.name)
-        gpu = find_gpu(gpu_name)
+        cur_job = None if "current" not in extra else \
+            job_with_current(data, extra["current"], path.name)
+        gpu = find_gpu(extra["gpu"])
         res = plan(job, resolve_model(job.model), gpu, current=cur_job)
+        res = with_checks(res, **_file_checks(extra, path.name))  # as `trainfit plan FILE`
         (EXAMPLES / "results").mkdir(exist_ok=True)
-        (EXAMPLES / "results" / f"{path.stem}.json").write_text(json.dumps(plan_json(res), indent=1))
+        (EXAMPLES / "results" / f"{path.stem}.json").write_text(
+            json.dumps({**plan_json(res), **plan_words(res)}, indent=1))
         lines += [f"## {scenario}", "", "> " + " ".join(comment), "",
                   f"`trainfit plan examples/{path.name}` — {res.model} on "
                   f"{gpu.display_name} ({gpu.memory_bytes / 2**30:.2f} GiB), "
                   f"{res.total_params / 1e6:,.0f} M parameters, {res.trainable_params / 1e6:,.2f} M "
-                  "trainable.", "",
+                  "trainable.", "", f"`{plan_header(res)}`", "",
                   "| precision | ckpt | micro×accum | allocated GiB | reserved GiB | device GiB | fits "
                   "| tokens/s | MFU | how |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
@@ -71,6 +83,8 @@ def main() -> int:
                       f"{cm.peak_device_bytes / 2**30:.2f} GiB device peak): {plan_versus(res)}.", ""]
         else:
             lines += ["The seed's notes give no starting batch configuration to compare with.", ""]
+        said = [*observed_words(res), offload_words(res), host_ram_words(res)]
+        lines += [f"- {w.strip()}" for w in said if w] + [""]
         print(f"{path.name}: {plan_reason(res)}", flush=True)
     (EXAMPLES / "README.md").write_text("\n".join(lines) + "\n")
     return 0

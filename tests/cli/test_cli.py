@@ -107,3 +107,29 @@ def test_plan_of_a_seed_yaml_runs_end_to_end():
     assert res.exit_code == 0, res.output
     (cfg,) = json.loads(res.stdout)["configs"]
     assert cfg["model"] == "gpt2" and cfg["grad_accum"] == 16 and cfg["fits"] is True
+
+
+def test_bitsandbytes_kernels_warning_is_filtered():
+    """bitsandbytes logs 'Failed to load CPU gemm_4bit_forward from kernels-community' once per
+    process (a plan showed it twice): the CLI drops that record and nothing else."""
+    import logging
+
+    from trainfit.cli.main import quiet_third_party
+
+    quiet_third_party()
+    logger = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    h = Keep()
+    logger.addHandler(h)
+    try:
+        logger.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please",
+                       "No module named 'kernels'")
+        logger.warning("something else")
+    finally:
+        logger.removeHandler(h)
+    assert seen == ["something else"]

@@ -49,7 +49,7 @@ def test_a_flag_overrides_the_file_and_none_clears(tmp_path, tiny_config_json):
     r = CliRunner().invoke(app, ["plan", str(job), "--method", "lora", "--quant", "none",
                                  "--seq-len", "32", "--json"])
     assert r.exit_code == 0, r.output
-    c = json.loads(r.output)["configs"][0]
+    c = json.loads(r.stdout)["configs"][0]
     assert (c["method"], c["quant"], c["seq_len"]) == ("lora", None, 32)
 
 

@@ -62,7 +62,7 @@ def test_plan_cli_answers_for_a_custom_module(tmp_path):
                                  "--micro-batch", "4", "--grad-ckpt", "off", "--precision",
                                  "amp-fp16", "--json"])
     assert r.exit_code == 0, r.output
-    cfg = json.loads(r.output)["configs"][0]
+    cfg = json.loads(r.stdout)["configs"][0]
     assert cfg["fits"] is True and cfg["peak_allocated_bytes"] > 0
 
 

@@ -138,7 +138,7 @@ def test_cli_current_flag_and_bad_current_in_a_file(tiny_config_json, tmp_path):
                                  "--micro-batch", "2", "--grad-accum", "4", "--grad-ckpt", "full",
                                  "--precision", "amp-bf16", "--current", "--json"])
     assert r.exit_code == 0, r.output
-    d = json.loads(r.output)
+    d = json.loads(r.stdout)
     assert (d["current"]["micro_batch"], d["current"]["grad_accum"]) == (2, 4)
     assert len(d["configs"]) > 1  # the grid around it, not just the one configuration
     assert all(c["micro_batch"] * c["grad_accum"] == 8 for c in d["configs"])

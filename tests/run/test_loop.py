@@ -98,7 +98,11 @@ def test_cli_train_bad_input(job, tmp_path):
     res = runner.invoke(app, ["train", str(p), "--out", str(tmp_path / "ok"), "--max-steps", "2",
                               "--json"])
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output)["steps"] == 2
+    assert json.loads(res.stdout)["steps"] == 2
+    # not a terminal: one progress line on stderr at the first step and at the last
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("step ")]
+    assert lines[0].startswith("step 1/2 ") and lines[-1].startswith("step 2/2 (100 %)")
+    assert "tokens/s" in lines[-1] and "ETA" in lines[-1]
 
 
 def test_two_ranks_gloo_match_one_rank(job, tmp_path):

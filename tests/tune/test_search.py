@@ -273,3 +273,19 @@ def test_comparison_verdicts():
     # every round faster, but the repeats overlap (the slowest B is slower than the fastest A)
     noisy = Comparison.of([100, 70, 130], [110, 80, 140], [0.0] * 6, 0.03, 3)
     assert noisy.verdict == "undecided" and noisy.noise == pytest.approx(60 / 100)
+
+
+def test_budget_spent_before_any_memory_probe_keeps_the_current_configuration(monkeypatch):
+    """A loaded host: --budget-s ran out during the probe of the user's own configuration. That is
+    not 'nothing fits' (tune said so and wrote no file): the measured configuration that fitted is
+    kept, and the budget is named."""
+    calls = []
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=8, precision="fp32", grad_ckpt="off")
+    s = Searcher(job, fake(GIB, GIB, lambda j: 100.0, calls), pred(GIB, GIB, lambda j: 100.0),
+                 10 * GIB, SearchOptions(knobs=(), budget_s=50.0), 10_000)
+    baseline = s.run(job.replace(micro_batch=1), "baseline", 3)
+    baseline.result.probe_time_s = 60.0  # the probe alone outlasted the budget
+    out = s.search()
+    assert out.best is baseline and out.best.job.micro_batch == 1
+    kinds = [n.kind for n in out.notes]
+    assert "budget" in kinds and "nothing_fits" not in kinds and "needs_ckpt" not in kinds

@@ -102,8 +102,9 @@ def test_tune_emit_hf(tmp_path, micro_model_json, text_jsonl):
                               "--seq-len", "32", "--effective-batch", "4", "--knobs",
                               "optimizer_impl", "--emit", "hf"])
     assert res.exit_code == 0, res.output
-    hf = json.loads(res.output[res.output.rindex("{\n"):])
+    hf = json.loads(res.stdout)  # the payload alone on stdout; the table went to stderr
     assert hf["per_device_train_batch_size"] * hf["gradient_accumulation_steps"] == 4
+    assert hf["use_cpu"] is True and "probes on" in res.stderr
 
 
 @pytest.mark.parametrize("extra,msg", [

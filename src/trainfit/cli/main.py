@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from trainfit.cli import doctor as doctor_cli
+from trainfit.cli import emit as emit_cli
 from trainfit.cli import monitor as monitor_cli
 from trainfit.cli import report as report_cli
 from trainfit.cli import train as train_cli
@@ -25,6 +27,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 report_cli.register(app)
 doctor_cli.register(app)
 tune_cli.register(app)
+emit_cli.register(app)
 train_cli.register(app)
 monitor_cli.register(app)
 
@@ -141,6 +144,30 @@ def _gpu_spec(gpu: str | None, extra: dict[str, Any], interconnect: str | None,
     return spec
 
 
+def _file_checks(extra: dict[str, Any], source: str) -> dict[str, Any]:
+    """What a job file adds to a plan: the fields it assumed, a device number observed at the
+    current configuration, the host RAM free (trainfit.plan.checks.with_checks' arguments)."""
+    from trainfit.cli.jobargs import parse_bytes
+
+    out: dict[str, Any] = {}
+    assumed = extra.get("assumed")
+    if assumed is not None:
+        if not isinstance(assumed, list) or not all(isinstance(a, str) for a in assumed):
+            raise JobError(f"{source}: `assumed` must be a list of job fields",
+                           "e.g. assumed: [seq_len, method]")
+        out["assumed"] = assumed
+    observed = extra.get("observed")
+    if observed is not None:
+        if not isinstance(observed, dict) or "device" not in observed:
+            raise JobError(f"{source}: `observed` needs a device size",
+                           "e.g. observed: {device: 2667MiB, source: nvidia-smi}")
+        out["observed_device_bytes"] = parse_bytes(str(observed["device"]), "observed.device")
+        out["observed_source"] = str(observed.get("source", "observed"))
+    if extra.get("host_ram_free") is not None:
+        out["host_ram_free_bytes"] = parse_bytes(str(extra["host_ram_free"]), "host_ram_free")
+    return out
+
+
 @app.command("plan")
 @with_job_flags()
 def plan_cmd(
@@ -174,12 +201,17 @@ def plan_cmd(
                           "around them and state the pick against them.")] = False,
     timeout_s: Annotated[float, typer.Option(
         "--timeout-s", help="Script form: stop a script whose trainer has not started by then.")] = 900.0,
+    all_rows: Annotated[bool, typer.Option(
+        "--all-rows", help="Show every configuration, not only those near the fitting frontier.")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Predict the peak GPU memory of each candidate configuration (no GPU needed)."""
     from trainfit.cli.script import is_command, plan_script_cmd
     from trainfit.model.source import check_seq_len, resolve_model
+    from trainfit.plan.checks import with_checks
     from trainfit.plan.grid import plan
+    from trainfit.render.progress import stage_progress
 
     args = [target] if isinstance(target, str) else list(target or [])  # quickstart passes a str
     say = (lambda msg: None) if as_json else (lambda msg: typer.echo(msg, err=True))
@@ -205,22 +237,26 @@ def plan_cmd(
         spec = _gpu_spec(gpu, extra, interconnect, say)
         source = resolve_model(job.model, job.trust_remote_code)
         check_seq_len(job.seq_len, source)  # tune and train refuse it too
-        result = plan(job, source, spec, margin=margin, verify=verify,
-                      dataset_tokens=dataset_tokens, epochs=epochs, current=current_job)
+        with stage_progress("plan") as progress:
+            result = plan(job, source, spec, margin=margin, verify=verify,
+                          dataset_tokens=dataset_tokens, epochs=epochs, current=current_job,
+                          progress=progress)
+        result = with_checks(result, **_file_checks(extra, target or "flags"))
     except JobError as err:
         _fail(err)
         return
     if as_json:
+        from trainfit.render.plan_words import plan_words
         from trainfit.render.words import plan_json
 
-        d = plan_json(result)
+        d = {**plan_json(result), **plan_words(result)}
         if spec is not None:  # the catalog's (published), or NVML's reading here (measured)
             d["gpu_memory_source"] = spec.memory_source
         typer.echo(json.dumps(d, indent=1))
     else:
         from trainfit.render.plan import render_plan
 
-        render_plan(result)
+        render_plan(result, all_rows=all_rows)
 
 
 @app.command("models")
@@ -272,6 +308,7 @@ def main() -> None:
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning, module="torch")
+    quiet_third_party()
     try:
         from transformers.utils import logging as hf_logging
 
@@ -287,6 +324,29 @@ def main() -> None:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
         _leave_as_a_rank(code)
         raise
+
+
+class _DropMessage(logging.Filter):
+    """Drops log records whose message starts with one of ``prefixes``."""
+
+    def __init__(self, *prefixes: str) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+def quiet_third_party() -> None:
+    """Keep third-party noise out of the user's output. bitsandbytes 0.50 logs "Failed to load
+    CPU gemm_4bit_forward from kernels-community" (a logging.warning at import,
+    bitsandbytes/backends/cpu/ops.py) on CPUs with AVX-512 BF16 when the optional `kernels`
+    package is absent — once per process, so twice per plan (its two simulation workers). What it
+    means: 4-bit matmuls on this CPU use bitsandbytes' slower built-in path; plan never runs them
+    (its 4-bit layers are data-less stand-ins), and tune/train on a CPU only measure that path.
+    Set on the logger before bitsandbytes is imported; forked workers inherit it."""
+    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
+        _DropMessage("Failed to load CPU gemm_4bit_forward"))
 
 
 def _leave_as_a_rank(code: int) -> None:

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from trainfit.cli.emit import emit_job, is_tuned
 from trainfit.cli.jobargs import check_writable, fail, parse_bytes, write_atomic
 from trainfit.cli.jobflags import merge_job_fields, with_job_flags
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec, read_job_file
@@ -15,17 +16,28 @@ from trainfit.job.fields import DEFAULT_KNOBS, KNOB_NAMES, fixed_knobs
 
 
 def _job(target: str | None, job_flags: dict[str, Any], trust_remote_code: bool,
-         allow_code: bool = False) -> JobSpec:
+         allow_code: bool = False) -> tuple[JobSpec, dict[str, Any]]:
+    """(the job, the file-only keys of a job file: device, memory_limit, measured ...)."""
     fields: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
     if target is not None and target.endswith((".yaml", ".yml")):
-        fields, _extra = read_job_file(target, allow_code=allow_code or "model" in job_flags,
-                                       trust_remote_code=trust_remote_code)
+        fields, extra = read_job_file(target, allow_code=allow_code or "model" in job_flags,
+                                      trust_remote_code=trust_remote_code)
     elif target is not None:
         fields["model"] = target
     fields = merge_job_fields(fields, job_flags, "trainfit tune MODEL --data FILE ...")
     if trust_remote_code:
         fields["trust_remote_code"] = True
-    return JobSpec.from_dict(fields, source=target or "flags")
+    return JobSpec.from_dict(fields, source=target or "flags"), extra
+
+
+def _file_limit(extra: dict[str, Any]) -> int | None:
+    """A job file's ``memory_limit`` (bytes, or a size such as 2GiB): the capacity it was tuned
+    for, kept when it is tuned again."""
+    v = extra.get("memory_limit")
+    if v is None:
+        return None
+    return int(v) if isinstance(v, int | float) else parse_bytes(str(v), "memory_limit")
 
 
 def _knob_list(knobs: str | None, try_compile: bool, try_8bit_optimizer: bool) -> tuple[str, ...]:
@@ -36,20 +48,16 @@ def _knob_list(knobs: str | None, try_compile: bool, try_8bit_optimizer: bool) -
                           if on and k not in chosen)
 
 
-def _emit(result: Any, emit: str) -> None:
-    from trainfit.job.emit import accelerate_config, hf_training_args, trl_sft_config
+def _emit(result: Any, emit: str, source: str) -> None:
+    """The pick just tuned, for ``emit``: the payload alone on stdout."""
+    from trainfit.cli.emit import emit_job
 
-    payload = {"hf": hf_training_args, "trl": trl_sft_config,
-               "accelerate": accelerate_config}[emit](result.pick.job)
-    if emit == "accelerate":
-        import yaml
-
-        typer.echo(yaml.safe_dump(payload, sort_keys=False))
-    else:
-        typer.echo(json.dumps(payload, indent=1))
+    extra = {"device": result.device, "memory_limit": result.memory_limit_bytes,
+             "measured": result.pick.result.to_dict()["measured"]}
+    emit_job(result.pick.job, emit, source, extra, device=result.device, searched=True)
 
 
-def _report(result: Any, out: str | None, emit: str | None, as_json: bool) -> None:
+def _report(result: Any, out: str | None, emit: str | None, as_json: bool, source: str) -> None:
     from trainfit.job.emit import job_yaml
     from trainfit.render.words import tune_json
 
@@ -59,14 +67,14 @@ def _report(result: Any, out: str | None, emit: str | None, as_json: bool) -> No
             result.pick.job, measured=d["pick"]["measured"], device=d["device"],
             memory_limit_bytes=d["memory_limit_bytes"],
             header=["written by trainfit tune; read by trainfit train", d["reason"]]))
-    if as_json:
-        typer.echo(json.dumps(d, indent=1))
+    if as_json:  # with --emit the payload owns stdout: the result goes to stderr
+        typer.echo(json.dumps(d, indent=1), err=emit is not None)
     else:
         from trainfit.render.tune import render_tune
 
-        render_tune(result)
+        render_tune(result, stderr=emit is not None)
     if emit is not None and result.pick is not None:
-        _emit(result, emit)
+        _emit(result, emit, source)
 
 
 def register(app: typer.Typer) -> None:
@@ -78,9 +86,11 @@ def register(app: typer.Typer) -> None:
                  "(its own Trainer/SFTTrainer is probed).", show_default=False,
             metavar="MODEL | JOB.yaml | -- COMMAND ARGS")] = None,
         job_flags: dict[str, Any] | None = None,
-        device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N")] = "cpu",
+        device: Annotated[str | None, typer.Option(
+            help="cpu, cuda or cuda:N (default: a job file's device: key, else cpu)")] = None,
         memory_limit: Annotated[str | None, typer.Option(
-            help="Capacity to fit in, e.g. 2GiB (CPU: live tensor bytes stand in for a GPU).")] = None,
+            help="Capacity to fit in, e.g. 2GiB (CPU: live tensor bytes stand in for a GPU; "
+                 "default: a job file's memory_limit: key).")] = None,
         max_host_ram: Annotated[str | None, typer.Option(
             help="Host RAM the job may use (process + loader workers), e.g. 7GiB.")] = None,
         margin: Annotated[float, typer.Option(
@@ -96,7 +106,9 @@ def register(app: typer.Typer) -> None:
             help="Planned optimizer steps of the run (amortises compile time).")] = None,
         isolate: Annotated[bool, typer.Option(help="Each probe in its own process.")] = False,
         out: Annotated[str | None, typer.Option(help="Write the tuned job here (YAML).")] = None,
-        emit: Annotated[str | None, typer.Option(help="hf | trl | accelerate")] = None,
+        emit: Annotated[str | None, typer.Option(
+            help="hf | trl | accelerate: print the pick as that tool's settings (stdout alone); "
+                 "from a tuned file (what --out wrote) without searching again")] = None,
         trust_remote_code: Annotated[bool, typer.Option(
             "--trust-remote-code", help="Run the model's own code from the hub (never taken from "
                                         "a job file).")] = False,
@@ -109,7 +121,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Measure the real job on the real device and choose the fastest configuration that fits."""
         from trainfit.cli.script import is_command, tune_script_cmd
-        from trainfit.tune.tuner import TuneOptions, tune
 
         args = list(target or [])
         try:
@@ -118,7 +129,8 @@ def register(app: typer.Typer) -> None:
                     raise JobError("--out/--emit apply to a job: for a script, tune prints the "
                                    "keywords to change in it", "drop --out/--emit, or tune a job "
                                    "file")
-                opts = TuneOptions(device=device, memory_limit_bytes=parse_bytes(
+                from trainfit.tune.tuner import TuneOptions  # torch: only when probing
+                opts = TuneOptions(device=device or "cpu", memory_limit_bytes=parse_bytes(
                     memory_limit, "--memory-limit"), margin=margin, budget_s=budget_s,
                     max_host_ram_bytes=parse_bytes(max_host_ram, "--max-host-ram"),
                     knobs=_knob_list(knobs, try_compile, try_8bit_optimizer),
@@ -133,9 +145,16 @@ def register(app: typer.Typer) -> None:
             target = args[0] if args else None
             if emit is not None and emit not in ("hf", "trl", "accelerate"):
                 raise JobError(f"--emit {emit}: unknown", "use hf, trl or accelerate")
-            job = _job(target, job_flags or {}, trust_remote_code, allow_code)
-            opts = TuneOptions(device=device, memory_limit_bytes=parse_bytes(memory_limit,
-                                                                              "--memory-limit"),
+            job, extra = _job(target, job_flags or {}, trust_remote_code, allow_code)
+            if emit is not None and is_tuned(extra) and not job_flags and memory_limit is None:
+                # a tuned file: its knobs are the decision; emitting them needs no probe
+                emit_job(job, emit, str(target), extra, device=device)
+                return
+            from trainfit.tune.tuner import TuneOptions, tune  # torch: only when probing
+            limit = parse_bytes(memory_limit, "--memory-limit") if memory_limit is not None \
+                else _file_limit(extra)
+            opts = TuneOptions(device=device or str(extra.get("device") or "cpu"),
+                               memory_limit_bytes=limit,
                                margin=margin, budget_s=budget_s,
                                max_host_ram_bytes=parse_bytes(max_host_ram, "--max-host-ram"),
                                knobs=_knob_list(knobs, try_compile, try_8bit_optimizer),
@@ -156,7 +175,7 @@ def register(app: typer.Typer) -> None:
         if os.environ.get("RANK", "0") != "0":
             return  # under torchrun: every rank probed and agreed; rank 0 reports
         try:
-            _report(result, out, emit, as_json)
+            _report(result, out, emit, as_json, target or "flags")
         except JobError as err:
             fail(err)
         if result.pick is None:

@@ -1,14 +1,23 @@
 """What ``tune`` hands on: ``trainfit.yaml`` (read by ``trainfit train``; a comment on each knob's
 effect and the measured numbers), HF ``TrainingArguments`` / TRL ``SFTConfig`` keyword arguments,
-and an accelerate config for many ranks."""
+and an accelerate config (``accelerate launch --config_file``).
+
+The translations take the job and the device it was tuned for, and nothing else: ``trainfit emit
+FILE`` reads a tuned file and prints them without importing torch (under 2 s). Each payload holds
+only settings the target library accepts as given (tests construct them with the real
+``TrainingArguments``, ``SFTConfig`` and accelerate's config loader); what the job sets that is not
+a field of the target (the attention kernel, LoRA, 4-bit loading, a bf16 model) is returned beside
+it as :class:`ScriptSetting` s, for the script to set.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
-from trainfit.job import JobSpec
+from trainfit.job.spec import JobError, JobSpec
 
 KNOB_COMMENTS = {
     "micro_batch": "samples per forward/backward; larger = faster kernels, more activation memory",
@@ -28,7 +37,17 @@ KNOB_COMMENTS = {
     "seq_len": "tokens per sample; activation memory grows with it (attention: quadratically "
                "without flash)",
     "max_grad_norm": "gradient clipping threshold (None: off)",
+    "packing": "text rows joined with EOS and cut into full seq_len sequences (as tune measured)",
 }
+
+TARGETS = ("hf", "trl", "accelerate")
+"""What ``trainfit emit --to`` and ``trainfit tune --emit`` translate a job into."""
+
+ACTIVATION_CHECKPOINTING_SINCE = (5, 23)
+"""transformers 5.23 (the version trainfit pins) names checkpointing ``activation_checkpointing``;
+``gradient_checkpointing`` is there a "Deprecated alias of `activation_checkpointing`, will be
+removed in v6" that warns (training_args.py of 5.23.0). Older versions get the old name, which all
+of them accept."""
 
 
 def job_yaml(job: JobSpec, *, measured: dict[str, Any] | None = None, device: str | None = None,
@@ -53,21 +72,102 @@ def job_yaml(job: JobSpec, *, measured: dict[str, Any] | None = None, device: st
     return "\n".join(lines) + "\n"
 
 
+@dataclass(frozen=True)
+class ScriptSetting:
+    """A job setting that is not a field of the emitted payload: where the script sets it."""
+
+    knob: str
+    """The job field (``attention``, ``method``, ``quant``, ``precision`` ...)."""
+    value: Any
+    """The job's value."""
+    where: str
+    """The call and argument that set it, e.g. ``from_pretrained(attn_implementation="sdpa")``."""
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """One translation of a job: the payload exactly as the target reads it, and the rest."""
+
+    target: str
+    """hf | trl | accelerate"""
+    payload: dict[str, Any]
+    """TrainingArguments / SFTConfig keyword arguments, or an accelerate config."""
+    device: str
+    """cpu | cuda (the device the job was tuned for; ``use_cpu`` follows it)."""
+    transformers_version: str | None
+    """The version the names are for (None: transformers not installed here)."""
+    script: list[ScriptSetting] = field(default_factory=list)
+    """What the job sets that the payload cannot carry."""
+    unstated: list[str] = field(default_factory=list)
+    """Job fields the file leaves open that the payload would need (e.g. ``packing``)."""
+
+    def text(self) -> str:
+        """What goes on stdout: JSON for hf/trl (``TrainingArguments(**json.load(f))``), YAML for
+        accelerate (``accelerate launch --config_file``)."""
+        import json
+
+        if self.target == "accelerate":
+            return yaml.safe_dump(self.payload, sort_keys=False)
+        return json.dumps(self.payload, indent=1) + "\n"
+
+
+def installed_version(dist: str) -> str | None:
+    """The installed distribution's version, read from its metadata (no import of the package)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def _version_tuple(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    parts = []
+    for p in text.split(".")[:2]:
+        digits = "".join(c for c in p if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def checkpointing_name(transformers_version: str | None) -> str:
+    """``activation_checkpointing`` for transformers ≥ 5.23 (and when it is not installed here:
+    the pinned version's name), else ``gradient_checkpointing``."""
+    v = _version_tuple(transformers_version)
+    return "gradient_checkpointing" if v is not None and v < ACTIVATION_CHECKPOINTING_SINCE \
+        else "activation_checkpointing"
+
+
+def device_kind(device: str | None) -> str:
+    """cpu | cuda: ``device`` as a tuned file states it (cpu, cuda, cuda:1 ...; None → cuda, where
+    a job without a stated device is meant to run)."""
+    if device is None or str(device).startswith("cuda"):
+        return "cuda"
+    if str(device) == "cpu":
+        return "cpu"
+    raise JobError(f"device {device!r}: unknown", "use cpu, cuda or cuda:N")
+
+
 _HF_OPTIM = {("adamw", "fused"): "adamw_torch_fused", ("adamw", "foreach"): "adamw_torch",
              ("adamw", "forloop"): "adamw_torch", ("adamw-8bit", None): "adamw_bnb_8bit",
              ("paged-adamw", None): "paged_adamw_32bit", ("paged-adamw-8bit", None): "paged_adamw_8bit",
              ("adafactor", None): "adafactor", ("sgd", None): "sgd"}
 
 
-def hf_training_args(job: JobSpec) -> dict[str, Any]:
-    """``transformers.TrainingArguments`` keyword arguments for the same knobs."""
+def hf_training_args(job: JobSpec, *, device: str = "cuda",
+                     transformers_version: str | None = None) -> dict[str, Any]:
+    """``transformers.TrainingArguments`` keyword arguments for the same knobs on ``device``
+    (cpu | cuda). ``bf16``/``fp16`` are autocast (amp-*); a bf16-true job loads its weights in
+    bf16 instead (a :class:`ScriptSetting`), with no autocast on top."""
     optim = _HF_OPTIM.get((job.optimizer, job.optimizer_impl)) or _HF_OPTIM[(job.optimizer, None)]
+    ckpt = checkpointing_name(transformers_version)
     kw: dict[str, Any] = {
         "per_device_train_batch_size": job.micro_batch,
         "gradient_accumulation_steps": job.grad_accum,
-        "bf16": job.precision in ("amp-bf16", "bf16-true"),
+        "bf16": job.precision == "amp-bf16",
         "fp16": job.precision == "amp-fp16",
-        "gradient_checkpointing": job.grad_ckpt == "full",
+        ckpt: job.grad_ckpt == "full",
         "optim": optim,
         "learning_rate": job.lr,
         "max_grad_norm": job.max_grad_norm if job.max_grad_norm is not None else 0.0,
@@ -77,33 +177,120 @@ def hf_training_args(job: JobSpec) -> dict[str, Any]:
         "torch_compile": job.compile,
         "seed": job.seed,
     }
+    if device_kind(device) == "cpu":
+        kw["use_cpu"] = True  # without it, bf16 raises "Your setup doesn't support bf16/gpu"
     if job.num_workers > 0:
         kw["dataloader_prefetch_factor"] = job.prefetch_factor
     if job.grad_ckpt == "full":
-        kw["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+        # trainfit checkpoints non-reentrantly (torch's recommended mode; what it measured)
+        kw[f"{ckpt}_kwargs"] = {"use_reentrant": False}
     return kw
 
 
-def trl_sft_config(job: JobSpec) -> dict[str, Any]:
-    """``trl.SFTConfig`` keyword arguments (TrainingArguments + sequence settings)."""
-    kw = hf_training_args(job)
+def trl_sft_config(job: JobSpec, *, device: str = "cuda",
+                   transformers_version: str | None = None) -> dict[str, Any]:
+    """``trl.SFTConfig`` keyword arguments (TrainingArguments + sequence settings). ``packing`` as
+    tune measured it: trainfit joins documents with EOS and cuts full ``seq_len`` sequences, which
+    is TRL's ``packing_strategy="wrapped"`` (its default ``bfd`` keeps documents apart and needs
+    FlashAttention for padding-free batches). Left out when the job does not state it."""
+    kw = hf_training_args(job, device=device, transformers_version=transformers_version)
     kw["max_length"] = job.seq_len
-    kw["packing"] = bool(job.packing)
+    if job.packing is not None:
+        kw["packing"] = bool(job.packing)
+        if job.packing:
+            kw["packing_strategy"] = "wrapped"
     return kw
 
 
-def accelerate_config(job: JobSpec) -> dict[str, Any]:
-    """An accelerate config (``accelerate launch --config_file``) for ``job.ranks`` processes."""
-    mp = {"amp-bf16": "bf16", "bf16-true": "bf16", "amp-fp16": "fp16"}.get(job.precision or "", "no")
+def accelerate_config(job: JobSpec, *, device: str = "cuda") -> dict[str, Any]:
+    """An accelerate config (``accelerate launch --config_file``) for ``job.ranks`` processes on
+    ``device``: one process is ``NO`` (no distribution), several are ``MULTI_CPU`` on a CPU,
+    ``MULTI_GPU`` (DDP) or ``FSDP`` on GPUs; ``use_cpu`` follows the device."""
+    cpu = device_kind(device) == "cpu"
+    mp = {"amp-bf16": "bf16", "amp-fp16": "fp16"}.get(job.precision or "", "no")
+    if job.sharding == "fsdp" and not cpu:
+        dist = "FSDP"
+    elif job.ranks > 1:
+        dist = "MULTI_CPU" if cpu else "MULTI_GPU"
+    else:
+        dist = "NO"
     cfg: dict[str, Any] = {
-        "compute_environment": "LOCAL_MACHINE",
-        "distributed_type": "FSDP" if job.sharding == "fsdp" else "MULTI_GPU",
-        "num_machines": 1, "machine_rank": 0, "num_processes": job.ranks,
-        "mixed_precision": mp, "gpu_ids": "all", "main_training_function": "main",
-        "rdzv_backend": "static", "same_network": True, "use_cpu": False,
+        "compute_environment": "LOCAL_MACHINE", "debug": False, "distributed_type": dist,
+        "downcast_bf16": "no", "enable_cpu_affinity": False, "machine_rank": 0,
+        "main_training_function": "main", "mixed_precision": mp, "num_machines": 1,
+        "num_processes": job.ranks, "rdzv_backend": "static", "same_network": True,
+        "use_cpu": cpu,
     }
-    if job.sharding == "fsdp":
+    if not cpu:
+        cfg["gpu_ids"] = "all"
+    if dist == "FSDP":
         cfg["fsdp_config"] = {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
                               "fsdp_reshard_after_forward": True,
                               "fsdp_activation_checkpointing": job.grad_ckpt == "full"}
     return cfg
+
+
+_ATTN = {"sdpa": "sdpa", "sdpa-flash": "sdpa", "sdpa-efficient": "sdpa", "sdpa-math": "sdpa",
+         "eager": "eager"}
+
+
+def script_settings(job: JobSpec, target: str) -> list[ScriptSetting]:
+    """What the job sets that ``target``'s payload has no field for."""
+    out = [ScriptSetting("attention", job.attention, f'from_pretrained(attn_implementation='
+                                                     f'"{_ATTN[job.attention]}")'
+                         + ("" if job.attention in ("sdpa", "eager") else
+                            f" and torch.nn.attention.sdpa_kernel for {job.attention}"))]
+    if job.method == "qlora":
+        dq = job.quant == "nf4-dq"
+        qtype = "fp4" if job.quant == "fp4" else "nf4"
+        out.append(ScriptSetting("quant", job.quant, "from_pretrained(quantization_config="
+                                 f'BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="{qtype}", '
+                                 f"bnb_4bit_use_double_quant={dq}))"))
+    if job.method in ("lora", "qlora"):
+        out.append(ScriptSetting("method", job.method, f"peft.LoraConfig(r={job.lora_r}, "
+                                 f"lora_alpha={job.lora_alpha}, lora_dropout={job.lora_dropout}, "
+                                 f"target_modules={job.lora_targets})"))
+    if job.precision == "bf16-true":
+        out.append(ScriptSetting("precision", job.precision,
+                                 "from_pretrained(dtype=torch.bfloat16) (no autocast on top)"))
+    if target == "accelerate":
+        out.append(ScriptSetting("grad_accum", job.grad_accum,
+                                 f"Accelerator(gradient_accumulation_steps={job.grad_accum}), "
+                                 f"DataLoader(batch_size={job.micro_batch})"))
+        if job.grad_ckpt == "full" and job.sharding != "fsdp":
+            out.append(ScriptSetting("grad_ckpt", job.grad_ckpt,
+                                     "model.gradient_checkpointing_enable("
+                                     'gradient_checkpointing_kwargs={"use_reentrant": False})'))
+    elif target == "hf":
+        out.append(ScriptSetting("seq_len", job.seq_len,
+                                 f"tokenizer(..., max_length={job.seq_len}, truncation=True)"
+                                 + (" and packed into full sequences" if job.packing else "")))
+    if job.ranks > 1 and target != "accelerate":
+        out.append(ScriptSetting("ranks", job.ranks,
+                                 f"torchrun --nproc-per-node {job.ranks} (per-device batch × "
+                                 f"accumulation × {job.ranks} = effective batch "
+                                 f"{job.effective_batch})"))
+    return out
+
+
+def emit(job: JobSpec, target: str, *, device: str | None = None) -> Emitted:
+    """The job translated for ``target`` (hf | trl | accelerate) on ``device``."""
+    if target not in TARGETS:
+        raise JobError(f"--to {target}: unknown", "use hf, trl or accelerate")
+    if job.micro_batch is None or job.grad_accum is None or job.precision is None \
+            or job.grad_ckpt is None:
+        missing = [k for k in ("micro_batch", "precision", "grad_ckpt") if getattr(job, k) is None]
+        raise JobError(f"the job leaves {', '.join(missing)} open: nothing tuned to emit",
+                       "run `trainfit tune FILE --out tuned.yaml` first and emit from tuned.yaml, "
+                       "or set them in the file")
+    kind = device_kind(device)
+    version = installed_version("transformers")
+    if target == "accelerate":
+        payload = accelerate_config(job, device=kind)
+    elif target == "trl":
+        payload = trl_sft_config(job, device=kind, transformers_version=version)
+    else:
+        payload = hf_training_args(job, device=kind, transformers_version=version)
+    unstated = ["packing"] if target == "trl" and job.packing is None else []
+    return Emitted(target=target, payload=payload, device=kind, transformers_version=version,
+                   script=script_settings(job, target), unstated=unstated)

@@ -348,11 +348,14 @@ class JobSpec:
 
 
 FILE_ONLY_KEYS = ("gpu", "scenario", "measured", "train", "device", "memory_limit", "doctor",
-                  "current", "backend")
+                  "current", "backend", "assumed", "observed", "host_ram_free")
 """Keys a job file may carry beside the job fields: the target GPU, a description, what tune
 measured, the run settings of ``trainfit train``, the device it was tuned on, and ``current``: the
 configuration the user runs now (job fields overriding the file's), which ``plan`` compares with,
-and ``backend``: what ``trainfit train`` runs the job with (trainfit, hf, trl, auto)."""
+and ``backend``: what ``trainfit train`` runs the job with (trainfit, hf, trl, auto). For ``plan``:
+``assumed`` (job fields the file guessed, not stated by the user), ``observed`` (a device number
+the user saw at the current configuration: ``{device: 2667MiB, source: nvidia-smi}``) and
+``host_ram_free`` (the host RAM the user has free, e.g. 7GB)."""
 
 
 FACTORY_SPEC = re.compile(r"^(?P<module>[A-Za-z_][\w.]*|[^:]+\.py):(?P<factory>[A-Za-z_]\w*)$")

@@ -116,6 +116,8 @@ class Sampler:
         self.gpu_indices = None if gpu_indices is None else list(gpu_indices)
         self.live = sys.stdout.isatty() if live is None else live
         self.print_lines = print_lines
+        self.progress: Any = None
+        """A trainfit.monitor.progress.StepProgress the live view shows (set by the run)."""
         self.on_sample = on_sample
         self.append = append
         """Add to an existing log instead of replacing it (a resumed run keeps the earlier lines)."""
@@ -355,8 +357,10 @@ class Sampler:
 
     def _show(self, rows: list[dict[str, Any]]) -> None:
         if self._live_view is not None:
+            line = self.progress.line() if self.progress is not None else None
             self._live_view.update(view.render(rows, gpu_names=self.gpu_names, note=self.gpu_note,
-                                               interval_s=self.interval_s), refresh=True)
+                                               interval_s=self.interval_s, progress_line=line),
+                                   refresh=True)
         elif self.print_lines:
             print(view.plain_line(rows), flush=True)
 

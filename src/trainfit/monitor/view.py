@@ -52,8 +52,10 @@ def step_line(row: dict[str, Any]) -> str | None:
 
 
 def render(rows: list[dict[str, Any]], *, gpu_names: dict[int, str | None] | None = None,
-           note: str | None = None, interval_s: float | None = None) -> Group:
-    """The live view of one sample (all rows share the host and step columns)."""
+           note: str | None = None, interval_s: float | None = None,
+           progress_line: str | None = None) -> Group:
+    """The live view of one sample (all rows share the host and step columns); ``progress_line``:
+    the run's step / total, tokens/s and time left (trainfit.monitor.progress)."""
     names = gpu_names or {}
     every = "" if interval_s is None else f" every {interval_s:g} s"
     title = f"measured{every} (GiB = 2^30 bytes)"
@@ -77,6 +79,8 @@ def render(rows: list[dict[str, Any]], *, gpu_names: dict[int, str | None] | Non
         parts.append(Text(f"host, {title}"))
     if rows:
         parts.append(Text(host_line(rows[0])))
+        if progress_line:
+            parts.append(Text(progress_line, style="bold"))
         steps = step_line(rows[0])
         if steps:
             parts.append(Text(steps))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,7 +27,10 @@ from trainfit.memory.predict import (
     target_for,
 )
 from trainfit.model.source import ModelSource
+from trainfit.plan.checks import HostRamCheck, ObservedCheck
+from trainfit.plan.context import OffloadCheck, PlanAssumptions, offload_check, plan_assumptions
 from trainfit.plan.ladder import build_ladder
+from trainfit.plan.rows import mark_shown, rank_rows
 from trainfit.speed.comm import peer_to_peer, sync_time, unknown_interconnect, with_sync
 from trainfit.speed.ops import OpRecorder
 from trainfit.speed.predict import (
@@ -55,7 +59,9 @@ class PlanRow:
     on a row that does not fit."""
     recommended: bool = False
     rank: int | None = None
-    """1 = fastest predicted configuration that fits."""
+    """1 = fastest predicted configuration that fits, among rows of the same effective batch."""
+    shown: bool = True
+    """Worth a line of the table: near its group's fitting frontier (trainfit.plan.rows)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,15 @@ class PlanResult:
     """The pick against the current configuration: the fields to change (empty: no change)."""
     speedup_vs_current: float | None = None
     """Predicted tokens/s of the pick ÷ that of the current configuration (None: unknown)."""
+    assumptions: PlanAssumptions | None = None
+    """What every row shares (method, quantisation, sequence length, effective batch, ranks ...)
+    and the library versions the simulation ran."""
+    offload: OffloadCheck | None = None
+    """Whether HF's device_map="auto" would offload the pick's weights; whether it runs on the GPU."""
+    observed: ObservedCheck | None = None
+    """A device number the user saw at the current configuration, against the prediction."""
+    host_ram: HostRamCheck | None = None
+    """The host RAM the pick needs that can be stated, against what the user has free."""
 
     @property
     def pick(self) -> PlanRow | None:
@@ -119,7 +134,7 @@ class PlanResult:
                 "peak_allocated_bytes", "peak_reserved_bytes", "peak_device_bytes", "breakdown",
                 "peak_phase", "fits", "headroom_bytes")}, "how": row["how"],
                 "largest_fitting": row["largest_fitting"], "recommended": row["recommended"],
-                "rank": row["rank"], **_speed_fields(row["speed"]),
+                "rank": row["rank"], "shown": row["shown"], **_speed_fields(row["speed"]),
                 "time_for_dataset_s": self.time_for_dataset_s(row["speed"]),
                 "model_notes": mem["model_notes"]})
         d["configs"] = configs
@@ -202,10 +217,17 @@ class _Workers:
             self._pool = multiprocessing.get_context("fork").Pool(n)
             self.size = n
 
-    def map(self, fn: Any, items: list[Any]) -> list[Any]:
-        if self._pool is None:
-            return [fn(x) for x in items]
-        return self._pool.map(fn, items, chunksize=1)
+    def map(self, fn: Any, items: list[Any], on_done: Callable[[int], None] | None = None
+            ) -> list[Any]:
+        """``on_done(n)``: called as the n-th result arrives (progress)."""
+        results = []
+        it = (fn(x) for x in items) if self._pool is None else \
+            self._pool.imap(fn, items, chunksize=1)
+        for x in it:
+            results.append(x)
+            if on_done is not None:
+                on_done(len(results))
+        return results
 
     def close(self) -> None:
         if self._pool is not None:
@@ -299,10 +321,19 @@ class _Grid:
     precisions: list[str]
     ckpts: list[str]
     micro_all: list[int]
+    progress: Callable[[str, int, int], None] | None = None
+    """Called with (what is being simulated, done, total) as the work goes."""
 
-    def exact(self, cj: JobSpec) -> PlanRow:
+    def say(self, what: str, done: int, total: int) -> None:
+        if self.progress is not None:
+            self.progress(what, done, total)
+
+    def exact(self, cj: JobSpec, what: str = "") -> PlanRow:
         """Full-size simulation of one configuration (in a warm worker)."""
-        return self.workers.map(_exact_row, [(cj, self.source, self.gpu, self.margin)])[0]
+        self.say(what or "simulating at full size", 0, 1)
+        row = self.workers.map(_exact_row, [(cj, self.source, self.gpu, self.margin)])[0]
+        self.say(what or "simulating at full size", 1, 1)
+        return row
 
     def rows(self) -> list[PlanRow]:
         """One simulated row when nothing varies, else the extrapolated grid of every group."""
@@ -311,8 +342,11 @@ class _Grid:
                                            self.micro_all[0]))]
         groups = [(p, c) for p in self.precisions for c in self.ckpts]
         target = target_for(self.gpu)
+        what = f"small simulations, {len(groups)} precision × ckpt groups"
+        self.say(what, 0, len(groups))
         models = self.workers.map(_fit_one, [(_config_job(self.job, p, c, 1), self.source, target,
-                                              max(self.micro_all)) for p, c in groups])
+                                              max(self.micro_all)) for p, c in groups],
+                                  on_done=lambda n: self.say(what, n, len(groups)))
         rows: list[PlanRow] = []
         for (precision, ckpt), model in zip(groups, models, strict=True):
             rows += self._group_rows(precision, ckpt, model)
@@ -367,7 +401,7 @@ class _Grid:
             # In a worker, which has built a model before (warm); verifying the runner-up on
             # the other worker at the same time slowed this one by 33 % (measured: 14.1 s against
             # 10.6 s on 2 cores), so only the pick is re-simulated.
-            verified = self.exact(rows[rec].job)
+            verified = self.exact(rows[rec].job, "the pick, full size")
             verified.largest_fitting = rows[rec].largest_fitting and verified.memory.fits is True
             rows[rec] = verified
             rec = _recommend(rows)  # the exact number may not fit after all: choose again
@@ -376,7 +410,7 @@ class _Grid:
     def ladder(self, rows: list[PlanRow]) -> list[Any]:
         """Nothing fits: the memory-saving ladder from the smallest configuration."""
         def evaluate(cj: JobSpec) -> tuple[int, float | None, bool | None]:
-            r = self.exact(cj)
+            r = self.exact(cj, "a ladder rung, full size")
             return (r.memory.peak_device_bytes, r.speed.tokens_per_s if r.speed else None,
                     r.memory.fits)
         smallest = min(rows, key=lambda r: r.memory.peak_device_bytes)
@@ -385,9 +419,11 @@ class _Grid:
 
 def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float = DEFAULT_MARGIN,
          verify: bool = True, dataset_tokens: int | None = None, epochs: float | None = None,
-         ladder: bool = True, current: JobSpec | None = None) -> PlanResult:
+         ladder: bool = True, current: JobSpec | None = None,
+         progress: Callable[[str, int, int], None] | None = None) -> PlanResult:
     """``current``: the configuration the user runs now; it is simulated at full size and the
-    pick is stated against it (the fields to change, the predicted speed-up)."""
+    pick is stated against it (the fields to change, the predicted speed-up). ``progress``:
+    called with (what is being simulated, done, total) as the work goes."""
     t0 = time.perf_counter()
     _check_inputs(job, gpu, margin, dataset_tokens, epochs)
     precisions = [job.precision] if job.precision else supported_precisions(gpu)
@@ -396,16 +432,16 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
     ckpts = [job.grad_ckpt] if job.grad_ckpt else (["off", "full"] if can_ckpt else ["off"])
     workers = _Workers(len(precisions) * len(ckpts))
     try:
-        grid = _Grid(job, source, gpu, margin, workers, precisions, ckpts, _micro_candidates(job))
+        grid = _Grid(job, source, gpu, margin, workers, precisions, ckpts, _micro_candidates(job),
+                     progress)
         rows = grid.rows()
         rec = grid.verify_pick(rows, verify)
         if rec is not None:
             rows[rec].recommended = True
-        ranked = sorted((i for i, r in enumerate(rows) if r.memory.fits is not False),
-                        key=lambda i: _sort_key(rows[i]))
-        for n, i in enumerate(ranked, 1):
-            rows[i].rank = n
-        cur_row = grid.exact(current) if current is not None else None
+        rank_rows(rows, _sort_key)
+        mark_shown(rows)
+        cur_row = grid.exact(current, "your current configuration, full size") \
+            if current is not None else None
         rungs = grid.ladder(rows) if rec is None and ladder and gpu is not None and rows else []
         first = rows[0].memory if rows else None
         return PlanResult(
@@ -417,7 +453,11 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
             recommended_index=rec,
             smallest_device_bytes=min((r.memory.peak_device_bytes for r in rows), default=None),
             plan_time_s=time.perf_counter() - t0, ladder=rungs, dataset_tokens=dataset_tokens,
-            epochs=epochs, current=cur_row, **_versus(cur_row, rows[rec] if rec is not None else None))
+            epochs=epochs, current=cur_row,
+            assumptions=plan_assumptions(job, (rows[rec] if rec is not None else rows[0]).memory
+                                         .sdpa_kernels if rows else {}),
+            offload=offload_check(rows[rec] if rec is not None else None, gpu),
+            **_versus(cur_row, rows[rec] if rec is not None else None))
     finally:
         workers.close()
 

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
 
-from trainfit.plan.grid import PlanResult
+from trainfit.plan.grid import PlanResult, PlanRow
+from trainfit.render.layout import Col, fit_table, out_console, say
+from trainfit.render.plan_words import (
+    batch_note,
+    host_ram_words,
+    observed_words,
+    offload_words,
+    plan_header,
+    rows_note,
+)
 from trainfit.render.words import plan_notes, plan_reason, plan_versus
 
 GIB = 2**30
@@ -20,77 +28,119 @@ def _num(v: float | None, fmt: str) -> str:
 
 
 def _console() -> Console:
-    """Wide enough for the tables when output goes to a pipe or a file (rich assumes 80)."""
-    console = Console()
-    return console if console.is_terminal else Console(width=150)
+    """The terminal, or a wide console when piped (rich assumes 80 columns there)."""
+    return out_console()
 
 
 def render_simple(title: str, columns: list[str], rows: list[list[str]]) -> None:
-    table = Table(title=title)
-    for c in columns:
-        table.add_column(c)
-    for r in rows:
-        table.add_row(*r)
-    _console().print(table)
+    console = _console()
+    table, _ = fit_table(console, title, [Col(c, "left") for c in columns], rows)
+    console.print(table)
 
 
-def render_plan(result: PlanResult) -> None:
+PLAN_COLS = [Col("", "left"), Col("precision", "left"), Col("ckpt", "left"), Col("micro×acc"),
+             Col("alloc", drop=3), Col("reserved", drop=4), Col("device"), Col("fits"),
+             Col("spare", drop=2), Col("tokens/s"), Col("MFU", drop=1), Col("how", "left", drop=5)]
+"""The plan table: 12 columns designed for 100 terminal columns; a narrower terminal leaves out
+how, reserved, alloc, spare, MFU in that order (and says so)."""
+
+
+def _row_cells(row: PlanRow) -> list[str]:
+    j, m = row.job, row.memory
+    mark = "★" if row.recommended else ("▲" if row.largest_fitting else "")
+    fits = "unknown" if m.fits is None else ("yes" if m.fits else "no")
+    return [mark, j.precision or "", j.grad_ckpt or "", f"{j.micro_batch}×{j.grad_accum}",
+            _gib(m.peak_allocated_bytes), _gib(m.peak_reserved_bytes), _gib(m.peak_device_bytes),
+            fits, _gib(m.headroom_bytes),
+            _num(row.speed.tokens_per_s if row.speed else None, "{:,.0f}"),
+            _num(row.speed.mfu if row.speed else None, "{:.0%}"), row.how]
+
+
+def plan_table(console: Console, result: PlanResult, all_rows: bool = False) -> list[str]:
+    """Print the configurations table; returns the headers a narrow terminal left out."""
+    rows = [r for r in result.rows if all_rows or r.shown]
+    cells = [_row_cells(r) for r in rows]
+    cols = list(PLAN_COLS)
+    speed_known = any(r.speed is not None and r.speed.tokens_per_s for r in result.rows)
+    if not speed_known:  # a GPU without a known peak: one statement instead of two columns
+        cols, cells = cols[:9] + cols[11:], [c[:9] + c[11:] for c in cells]
+    title = ("peak GiB per rank (predicted): alloc / reserved / device"
+             + (" · tokens/s, MFU (predicted)" if speed_known else ""))
+    table, dropped = fit_table(console, title, cols, cells,
+                               ["bold" if r.recommended else ("red" if r.memory.fits is False
+                                                              else None) for r in rows])
+    console.print(table)
+    return dropped
+
+
+def _legend(console: Console, result: PlanResult, dropped: list[str], all_rows: bool) -> None:
+    speed_known = any(r.speed is not None and r.speed.tokens_per_s for r in result.rows)
+    legend = (f"★ recommended  ▲ largest micro-batch that fits · spare: GiB left under the fit "
+              f"line ({1 - result.margin:.0%} of the GPU)")
+    if not speed_known and result.gpu is not None:
+        legend += f" · tokens/s and MFU: unknown (no known peak FLOP/s for {result.gpu})"
+    if dropped:
+        legend += f" · narrow terminal: {', '.join(dropped)} left out (widen it, or pipe/--json)"
+    say(console, legend)
+    for note in (rows_note(result, all_rows), batch_note(result)):
+        if note:
+            say(console, note, "dim")
+
+
+def _ladder(console: Console, result: PlanResult) -> None:
+    if not result.ladder:
+        return
+    cols = [Col("change", "left"), Col("device GiB"), Col("tokens/s"), Col("fits"),
+            Col("alters learning", drop=1)]
+    cells = [[r.change, _gib(r.peak_device_bytes), _num(r.tokens_per_s, "{:,.0f}"),
+              "unknown" if r.fits is None else ("yes" if r.fits else "no"),
+              "yes" if r.alters_learning else "no"] for r in result.ladder]
+    table, _ = fit_table(console, "nothing fits — memory-saving ladder, cumulative from the "
+                         "smallest configuration in the table above (predicted)", cols, cells)
+    console.print(table)
+
+
+def render_plan(result: PlanResult, all_rows: bool = False) -> None:
     console = _console()
     gpu = result.gpu or "no GPU given"
     cap = f" ({_gib(result.gpu_memory_bytes)} GiB as CUDA reports it)" \
         if result.gpu_memory_bytes else ""
-    console.print(f"[bold]trainfit plan[/bold] — {result.model} ({result.model_origin}) on "
-                  f"{gpu}{cap}")
+    a = result.assumptions
+    stand_in = ", assumed: it stands in for your model" if a and "model" in a.assumed else ""
+    say(console, f"— {result.model} ({result.model_origin}{stand_in}) on {gpu}{cap}",
+        lead="trainfit plan")
+    header = plan_header(result)
+    if header:
+        say(console, header)
     if result.model_note:
-        console.print(f"note: {result.model_note}")
-    console.print(f"parameters: {result.total_params / 1e6:,.1f} M total, "
-                  f"{result.trainable_params / 1e6:,.2f} M trainable (counts)")
-    table = Table(title="predicted peak GPU memory per rank (GiB = 2^30 B)", show_lines=False)
-    for col in ("", "precision", "ckpt", "micro×accum", "allocated\n(predicted)",
-                "reserved\n(predicted)", "device\n(predicted)", "fits", "headroom\nGiB",
-                "tokens/s\n(predicted)", "MFU\n(predicted)", "peak in", "how"):
-        table.add_column(col, justify="right" if col not in ("precision", "how", "ckpt") else "left")
-    for i, row in enumerate(result.rows):
-        j, m = row.job, row.memory
-        mark = "★" if row.recommended else ("▲" if row.largest_fitting else "")
-        fits = "unknown" if m.fits is None else ("yes" if m.fits else "[red]no[/red]")
-        table.add_row(mark, j.precision, j.grad_ckpt, f"{j.micro_batch}×{j.grad_accum}",
-                      _gib(m.peak_allocated_bytes), _gib(m.peak_reserved_bytes),
-                      _gib(m.peak_device_bytes), fits,
-                      _gib(m.headroom_bytes) if m.headroom_bytes is not None else "unknown",
-                      _num(row.speed.tokens_per_s if row.speed else None, "{:,.0f}"),
-                      _num(row.speed.mfu if row.speed else None, "{:.0%}"),
-                      m.peak_phase, row.how, style="bold" if row.recommended else None)
-        del i
-    console.print(table)
-    console.print("★ recommended  ▲ largest micro-batch that fits")
-    if result.ladder:
-        lt = Table(title="nothing fits — memory-saving ladder (cumulative, from the smallest "
-                         "configuration above, predicted)")
-        for col in ("change", "device GiB (predicted)", "tokens/s (predicted)", "fits",
-                    "alters what is learned"):
-            lt.add_column(col)
-        for r in result.ladder:
-            lt.add_row(r.change, _gib(r.peak_device_bytes), _num(r.tokens_per_s, "{:,.0f}"),
-                       "unknown" if r.fits is None else ("yes" if r.fits else "no"),
-                       "yes" if r.alters_learning else "no")
-        console.print(lt)
+        say(console, f"note: {result.model_note}")
+    say(console, f"parameters: {result.total_params / 1e6:,.1f} M total, "
+                 f"{result.trainable_params / 1e6:,.2f} M trainable (counts)")
+    dropped = plan_table(console, result, all_rows)
+    _legend(console, result, dropped, all_rows)
+    _ladder(console, result)
     if result.dataset_tokens is not None and result.recommended_index is not None:
         row = result.rows[result.recommended_index]
         t = result.time_for_dataset_s({"tokens_per_s": row.speed.tokens_per_s}
                                       if row.speed else None)
-        console.print(f"time for {result.epochs or 1:g} epoch(s) of {result.dataset_tokens:,} "
-                      f"tokens: {'unknown' if t is None else f'{t / 3600:.2f} h'} (predicted)")
-    console.print(f"[bold]pick:[/bold] {plan_reason(result)}")
+        say(console, f"time for {result.epochs or 1:g} epoch(s) of {result.dataset_tokens:,} "
+                     f"tokens: {'unknown' if t is None else f'{t / 3600:.2f} h'} (predicted)")
+    say(console, plan_reason(result), lead="pick:")
     versus = plan_versus(result)
     if versus:
-        console.print(f"[bold]against what you run now:[/bold] {versus}")
+        say(console, versus, lead="against what you run now:")
+    for line in observed_words(result):
+        say(console, line)
+    for extra in (offload_words(result), host_ram_words(result)):
+        if extra:
+            say(console, extra)
     if result.recommended_index is not None:
         m = result.rows[result.recommended_index].memory
         parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in m.breakdown.items() if v)
-        console.print(f"breakdown at the allocated peak (GiB, predicted): {parts}")
+        say(console, f"breakdown at the allocated peak (GiB, predicted, peak in the {m.peak_phase}):"
+                     f" {parts}")
         for note in m.model_notes:
-            console.print(f"  · {note}")
+            say(console, f"  · {note}")
     for note in plan_notes(result):
-        console.print(f"[dim]{note}[/dim]")
-    console.print(f"[dim]planned in {result.plan_time_s:.1f} s (measured wall time)[/dim]")
+        say(console, note, "dim")
+    say(console, f"planned in {result.plan_time_s:.1f} s (measured wall time)", "dim")

@@ -4,46 +4,65 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
+from trainfit.render.layout import Col, fit_table, out_console, say
+from trainfit.render.words import tune_json
 
-from trainfit.render.words import optimizer_words, tune_json
+GIB = 2**30
+
+TUNE_COLS = [Col("#"), Col("stage", "left", drop=3), Col("micro×acc"), Col("precision", "left"),
+             Col("ckpt", "left"), Col("attn", "left", drop=2), Col("optim", "left", drop=4),
+             Col("wk"), Col("status", "left"), Col("alloc m/p"), Col("tok/s m/p"),
+             Col("wait%", drop=1)]
+"""Designed for 100 terminal columns; a narrower one leaves out wait%, attn, stage, optim in that
+order (and says so). The probe times are in --json; the search's total is printed below."""
 
 
-def render_tune(result: Any) -> None:
-    d = tune_json(result)
-    con = Console()
-    gib = 2**30
-    t = Table(title=f"trainfit tune — probes on {d['device_name']} (measured; predicted = "
-                    "data-less simulation of the same step)")
-    for col in ("#", "stage", "micro×accum", "precision", "ckpt", "attn", "optim", "workers",
-                "status", "peak alloc GiB meas / pred", "tokens/s meas / pred", "data wait %",
-                "probe s"):
-        t.add_column(col)
-    for p in d["probes"]:
-        m, pr = p["measured"] or {}, p["predicted"] or {}
+def _f(v: Any, scale: float = 1, fmt: str = ".3f") -> str:
+    return "—" if v is None else format(v / scale, fmt)
 
-        def f(v: Any, scale: float = 1, fmt: str = ".3f") -> str:
-            return "—" if v is None else format(v / scale, fmt)
-        t.add_row(str(p["index"]), p["stage"], f"{p['micro_batch']}×{p['grad_accum']}",
-                  p["precision"], p["grad_ckpt"], p["attention"],
-                  optimizer_words(p["optimizer"], p["optimizer_impl"]),
-                  str(p["num_workers"]), p["status"] + ("" if p["fits"] or p["status"] != "ok"
-                                                        else " (over margin)"),
-                  f"{f(m.get('peak_allocated_bytes'), gib)} / {f(pr.get('peak_allocated_bytes'), gib)}",
-                  f"{f(m.get('tokens_per_s'), 1, ',.0f')} / {f(pr.get('tokens_per_s'), 1, ',.0f')}",
-                  f(None if m.get("data_wait_fraction") is None else m["data_wait_fraction"] * 100,
-                    1, ".1f"),
-                  f"{p['probe_time_s']:.1f}")
-    con.print(t)
+
+def _optim(optimizer: str, impl: str) -> str:
+    """torch's AdamW/SGD by their kernel (fused, foreach, forloop); the others by name."""
+    return impl if optimizer == "adamw" else (f"{impl} sgd" if optimizer == "sgd" else optimizer)
+
+
+def _cells(p: dict[str, Any]) -> list[str]:
+    m, pr = p["measured"] or {}, p["predicted"] or {}
+    status = "> margin" if p["status"] == "ok" and not p["fits"] else p["status"]
+    wait = m.get("data_wait_fraction")
+    return [str(p["index"]), p["stage"], f"{p['micro_batch']}×{p['grad_accum']}", p["precision"],
+            p["grad_ckpt"], p["attention"], _optim(p["optimizer"], p["optimizer_impl"]),
+            str(p["num_workers"]), status,
+            f"{_f(m.get('peak_allocated_bytes'), GIB)}/{_f(pr.get('peak_allocated_bytes'), GIB)}",
+            f"{_f(m.get('tokens_per_s'), 1, ',.0f')}/{_f(pr.get('tokens_per_s'), 1, ',.0f')}",
+            _f(None if wait is None else wait * 100, 1, ".1f")]
+
+
+def render_tune_dict(d: dict[str, Any], *, stderr: bool = False) -> None:
+    """``d``: ``trainfit tune --json``'s content."""
+    con = out_console(stderr=stderr)
+    title = (f"trainfit tune — probes on {d['device_name']}: peak allocated GiB and tokens/s, "
+             "measured / predicted (predicted = data-less simulation of the same step)")
+    table, dropped = fit_table(con, title, TUNE_COLS, [_cells(p) for p in d["probes"]])
+    con.print(table)
+    legend = ("m/p: measured / predicted · tok/s: tokens/s · wk: loader workers · wait%: data "
+              "wait, % of the step · > margin: ran within the capacity, not within its margin")
+    if dropped:
+        legend += f" · narrow terminal: {', '.join(dropped)} left out (widen it, or --json)"
+    say(con, legend, "dim")
     lim = d["memory_limit_bytes"]
-    con.print(f"capacity: {'none' if lim is None else f'{lim / gib:.3f} GiB'}, margin "
-              f"{d['margin']:.0%}; search took {d['search_time_s']:.0f} s (measured)")
-    con.print(f"[bold]pick:[/bold] {d['reason']}")
+    say(con, f"capacity: {'none' if lim is None else f'{lim / GIB:.3f} GiB'}, margin "
+             f"{d['margin']:.0%}; search took {d['search_time_s']:.0f} s (measured)")
+    say(con, d["reason"], lead="pick:")
     if d.get("link"):
         lk = d["link"]
-        con.print(f"link between the {lk['ranks']} ranks ({lk['backend']}): all-gather bus "
-                  f"bandwidth {lk['bus_gbs']:.2f} GB/s (measured, spread {lk['spread_gbs']:.2f}); "
-                  f"plan with --interconnect {lk['bus_gbs']:.2f}")
+        say(con, f"link between the {lk['ranks']} ranks ({lk['backend']}): all-gather bus "
+                 f"bandwidth {lk['bus_gbs']:.2f} GB/s (measured, spread {lk['spread_gbs']:.2f}); "
+                 f"plan with --interconnect {lk['bus_gbs']:.2f}")
     for n in d["notes"]:
-        con.print(f"  note: {n}")
+        say(con, f"  note: {n}")
+
+
+def render_tune(result: Any, *, stderr: bool = False) -> None:
+    """``stderr``: when stdout carries something else (``--emit``'s payload)."""
+    render_tune_dict(tune_json(result), stderr=stderr)

@@ -46,7 +46,6 @@ GAP_FACTOR = 2.5
 """A sampling interval longer than this × the median interval is a gap in the monitor log."""
 
 BREAKDOWN_ORDER = ("parameters", "gradients", "optimizer", "activations", "temporaries")
-OTHER_KEYS = ("buffers", "workspaces", "data_parallel")
 
 
 def _norm(v: Any) -> Any:
@@ -86,7 +85,10 @@ def memory_components_gib(c: PlanConfig) -> dict[str, float]:
     managed: trainfit/memory/predict.py adds exactly these)."""
     b = c.breakdown
     parts = {k: b.get(k, 0) for k in BREAKDOWN_ORDER}
-    parts["other (buffers, workspaces, DDP)"] = sum(b.get(k, 0) for k in OTHER_KEYS)
+    # the rest of the allocated peak, whatever the breakdown names it (memory/predict.py adds
+    # allocator_blocks, the 512-byte rounding; a term added later lands here, never lost)
+    parts["other (buffers, workspaces, DDP)"] = sum(
+        v for k, v in b.items() if k not in BREAKDOWN_ORDER and k != "managed")
     allocated = sum(v for k, v in b.items() if k != "managed")
     managed = b.get("managed", 0)
     if c.peak_reserved_bytes is not None:

@@ -44,6 +44,7 @@ from trainfit.job import JobError, JobSpec
 from trainfit.model.runtime import build_real, check_no_offload, parse_device
 from trainfit.model.source import resolve_model
 from trainfit.monitor import Sampler
+from trainfit.monitor.progress import ProgressLog, StepProgress
 from trainfit.run.backend import resolve_backend
 from trainfit.run.evaluate import eval_split
 from trainfit.run.loop import (
@@ -243,7 +244,8 @@ class _Eval:
 
 
 def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_len: int,
-              sampler: Any, evaluate: _Eval | None, train_ids: list[int] | None) -> Any:
+              sampler: Any, evaluate: _Eval | None, train_ids: list[int] | None,
+              progress: tuple[StepProgress, ProgressLog | None]) -> Any:
     from transformers import TrainerCallback
 
     t0_run = time.perf_counter()
@@ -293,6 +295,9 @@ def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_l
                                     samples=eff, step_time_s=dt,
                                     peak_allocated_bytes=torch.cuda.max_memory_allocated()
                                     if torch.cuda.is_available() else None)
+            progress[0].record(state.global_step, tokens=eff * seq_len, step_time_s=dt, loss=loss)
+            if progress[1] is not None:
+                progress[1].step()
             # evaluate, then save (HF Trainer's order); not on the way out of an interrupt
             if evaluate is not None and not stop and evaluate.due(state.global_step,
                                                                   state.global_step >= state.max_steps):
@@ -339,8 +344,9 @@ def _training_args(job: JobSpec, opts: RunOptions, backend: str, total: int, dev
     kw.pop("optim")  # the optimizer is trainfit's own, handed in (same kernel as plan/tune)
     # build_real already enabled non-reentrant checkpointing on the model: enabling it again
     # through the trainer would re-wrap the layers
-    kw.pop("gradient_checkpointing")
-    kw.pop("gradient_checkpointing_kwargs", None)
+    for name in ("activation_checkpointing", "gradient_checkpointing"):  # per transformers' version
+        kw.pop(name, None)
+        kw.pop(f"{name}_kwargs", None)
     if job.precision == "bf16-true":
         kw["bf16"] = False  # the weights are bf16 already; no autocast on top
     save = opts.save_every_steps
@@ -427,7 +433,7 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
         res.resumed_from = resume
         res.begin_segment(res.steps, resume, [n for n in (note, *claim.notes) if n])
         _train(trainer, res, opts, job, data, source, eval_set, train_ids, wl, device, tracker,
-               resume, main, claim)
+               resume, main, claim, total)
     return res
 
 
@@ -442,11 +448,15 @@ def _history(ck: Path) -> dict[str, Any]:
 def _train(trainer: Any, res: TrainResult, opts: RunOptions, job: JobSpec, data: TokenData,
            source: Any,
            eval_set: Any, train_ids: Any, wl: Any, device: torch.device, tracker: Any,
-           resume: str | None, main: bool, claim: RunDir) -> None:
+           resume: str | None, main: bool, claim: RunDir, total: int) -> None:
     """The trainer's run inside the claimed directory, watched; the record written at the end."""
     sampler = Sampler(interval_s=opts.monitor_interval_s, live=opts.live,
                       log_path=opts.out_dir / "monitor.jsonl", append=True,
                       tensorboard_dir=opts.out_dir / "tensorboard") if main else None
+    progress = StepProgress(total)
+    if sampler is not None:
+        sampler.progress = progress
+    log = ProgressLog(progress) if main and not (sampler is not None and sampler.live) else None
     t0 = time.perf_counter()
     start_step = res.steps
     with _Interrupt() as intr, (sampler or _Null()):
@@ -455,7 +465,7 @@ def _train(trainer: Any, res: TrainResult, opts: RunOptions, job: JobSpec, data:
         evaluate = None if eval_set is None else _Eval(wl.model, eval_set, source.task, opts, job,
                                                        wl.autocast, device, tracker)
         trainer.add_callback(_callback(trainer, res, opts, intr, data.seq_len, sampler, evaluate,
-                                       train_ids))
+                                       train_ids, (progress, log)))
         try:
             with (tracker or _Null()):
                 trainer.train(resume_from_checkpoint=resume)

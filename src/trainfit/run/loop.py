@@ -34,6 +34,7 @@ from trainfit.job import JobError, JobSpec
 from trainfit.memory.limit import LimitTracker
 from trainfit.model.runtime import build_real, check_no_offload, parse_device
 from trainfit.model.source import resolve_model
+from trainfit.monitor.progress import ProgressLog, StepProgress
 from trainfit.run import checkpoint as ckpt
 from trainfit.run import evaluate as ev
 from trainfit.run.checks import (
@@ -271,6 +272,11 @@ class Trainer:
                           tensorboard_dir=o.out_dir / "tensorboard") if main else None
         it = self._loader()
         stopped = "finished"
+        self.progress = StepProgress(total, start_step=self.state.step)
+        self.progress_log = None if not main or (sampler is not None and sampler.live) \
+            else ProgressLog(self.progress)  # piped: lines on stderr; live: in the view
+        if sampler is not None:
+            sampler.progress = self.progress
         with _Interrupt() as intr, (sampler or _Null()):
             if sampler is not None:
                 sampler.start()
@@ -372,6 +378,9 @@ class Trainer:
                                 tokens=tokens,
                                 samples=self.job.effective_batch, step_time_s=dt,
                                 data_wait_s=sum(waits), peak_allocated_bytes=self._peak(tracker))
+        self.progress.record(self.state.step, tokens=tokens, step_time_s=dt, loss=loss)
+        if self.progress_log is not None:
+            self.progress_log.step()
 
     # --- evaluation -------------------------------------------------------------------------------
     def _evaluate(self, res: TrainResult, sampler: Any, tracker: LimitTracker | None,

@@ -297,6 +297,10 @@ class Searcher:
                 "micro_batches": excluded, "per_rank_batch": (base.effective_batch or 1) // base.ranks}))
         job = base
         idx = self.largest_fitting(job, options)
+        if idx is None and self.stopped:
+            # the budget ran out before any memory probe: that is not "nothing fits" — keep the
+            # fastest configuration measured that fitted (the user's current one, probed first)
+            return self._outcome(self._best_measured(), None, excluded)
         if idx is None and base.grad_ckpt != "full" and "grad_ckpt" not in self.o.fixed:
             self.notes.append(SearchNote("needs_ckpt"))
             job = base.replace(grad_ckpt="full")
@@ -321,6 +325,11 @@ class Searcher:
                 continue
             best = self._try_knob(knob, best, options)
         return self._outcome(best, largest, excluded)
+
+    def _best_measured(self) -> Trial | None:
+        """The fastest trial that fitted and was timed (None: none was)."""
+        timed = [t for t in self.trials if t.fits and self.tps(t) > 0]
+        return max(timed, key=self.tps) if timed else None
 
     def _latest_of(self, job: JobSpec) -> Trial:
         return [t for t in self.trials if t.job == job and t.result.measured is not None][-1]

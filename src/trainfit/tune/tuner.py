@@ -236,6 +236,8 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
     device = parse_device(opts.device)
     _check_job(job)
     data = load_data(job, source)
+    if job.packing is None:  # what the data layer did is what is measured, and what is written
+        job = job.replace(packing=data.stats.packed)
     if job.effective_batch is None:
         raise JobError("--effective-batch is required: tune keeps it exact",
                        "e.g. --effective-batch 16 (samples per optimizer step, all ranks)")

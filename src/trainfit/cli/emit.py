@@ -1,0 +1,55 @@
+"""``trainfit emit FILE --to hf|trl|accelerate``: a tuned job file's knobs as another tool's
+settings — read from the file (no probe, no torch import), the payload alone on stdout, every
+message on stderr, so ``> args.json`` is a file the target accepts as it is."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from trainfit.cli.jobargs import fail
+from trainfit.job import JobError, JobSpec, read_job_file
+from trainfit.job.emit import TARGETS
+
+
+def emit_job(job: JobSpec, target: str, source: str, extra: dict[str, Any], *,
+             device: str | None = None, searched: bool = False) -> None:
+    """Print ``job`` for ``target``: the payload on stdout, the messages on stderr."""
+    from trainfit.job.emit import emit
+    from trainfit.render.emit import emit_messages
+
+    e = emit(job, target, device=device or extra.get("device"))
+    for line in emit_messages(e, source, extra, searched=searched):
+        typer.echo(line, err=True)
+    typer.echo(e.text(), nl=False)
+
+
+def emit_file(path: str, target: str, device: str | None = None) -> None:
+    """A job file's knobs for ``target`` (JobError when the file leaves them open)."""
+    fields, extra = read_job_file(path)
+    emit_job(JobSpec.from_dict(fields, source=path), target, path, extra, device=device)
+
+
+def is_tuned(extra: dict[str, Any]) -> bool:
+    """The file holds what tune measured (tune wrote it): its knobs are a decision, not a start."""
+    return isinstance(extra.get("measured"), dict)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("emit")
+    def emit_cmd(
+        job_file: Annotated[str, typer.Argument(help="A tuned job file (what trainfit tune --out "
+                                                     "wrote), or any job file with its knobs set.")],
+        to: Annotated[str, typer.Option("--to", help="hf (TrainingArguments JSON) | trl (SFTConfig "
+                                                     "JSON) | accelerate (config YAML)")] = "hf",
+        device: Annotated[str | None, typer.Option(
+            help="cpu or cuda (default: the file's device: key, else cuda).")] = None,
+    ) -> None:
+        """Print the file's knobs as TrainingArguments / SFTConfig / accelerate settings (no probe)."""
+        try:
+            if to not in TARGETS:
+                raise JobError(f"--to {to}: unknown", "use hf, trl or accelerate")
+            emit_file(job_file, to, device)
+        except JobError as err:
+            fail(err)

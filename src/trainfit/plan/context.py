@@ -1,0 +1,111 @@
+"""What a plan was computed under, and what its pick means for loading the model.
+
+:class:`PlanAssumptions`: the job's fixed fields (method, quantisation, sequence length, effective
+batch, ranks, sharding, optimizer, attention and the kernel the simulation chose for it) and the
+library versions the simulation ran — the plan runs the installed torch / transformers / peft /
+bitsandbytes on data-less tensors, so their versions are part of what is predicted.
+
+:class:`OffloadCheck`: whether HF's ``device_map="auto"`` would put the pick's weights anywhere but
+the GPU. transformers (integrations/accelerate.py, ``get_balanced_memory``, 5.23) gives one GPU
+90 % of the memory free at load time for the weights, and offloads the modules beyond it to host
+RAM (then disk) — at load time, from the weights' sizes alone; memory that runs out during training
+is an out-of-memory error, not an offload.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from trainfit.hardware.gpus import GpuSpec
+from trainfit.job import JobSpec
+
+STACK = ("torch", "transformers", "peft", "bitsandbytes")
+"""The libraries whose code the simulation runs (their versions change what is predicted)."""
+
+AUTO_MAP_GPU_FRACTION = 0.9
+"""transformers 5.23 ``get_balanced_memory``: with one GPU and no ``max_memory`` given, "90% is a
+good compromise" of the free memory holds the weights; the rest is left for the buffers."""
+
+
+def installed_versions() -> dict[str, str | None]:
+    """The installed versions of :data:`STACK` (None: not installed), from package metadata."""
+    out: dict[str, str | None] = {}
+    for dist in STACK:
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanAssumptions:
+    """The fields every row of a plan shares, and the stack it was simulated with."""
+
+    method: str
+    quant: str | None
+    """4-bit format of a qlora base (None otherwise)."""
+    lora_r: int | None
+    """LoRA rank (None for full fine-tuning)."""
+    seq_len: int
+    effective_batch: int | None
+    """Samples per optimizer step; None: not given, so rows differ (micro-batch × 1 × ranks)."""
+    ranks: int
+    sharding: str
+    optimizer: str
+    attention: str
+    """The job's attention setting (sdpa lets torch pick the kernel)."""
+    attention_kernels: dict[str, int] = field(default_factory=dict)
+    """The kernels the simulation of the pick (or the first row) dispatched, with call counts:
+    flash, efficient, math (what torch's SDPA picks on this GPU for these shapes and dtype)."""
+    versions: dict[str, str | None] = field(default_factory=dict)
+    """torch, transformers, peft, bitsandbytes as installed where the plan ran."""
+    assumed: list[str] = field(default_factory=list)
+    """Job fields the job file marks as assumed (not stated by the user)."""
+
+
+def plan_assumptions(job: JobSpec, kernels: dict[str, int],
+                     assumed: list[str] | None = None) -> PlanAssumptions:
+    """``job``: the planned job (its effective batch as asked); ``kernels``: the pick's SDPA
+    kernels."""
+    lora = job.method in ("lora", "qlora")
+    return PlanAssumptions(method=job.method, quant=job.quant, lora_r=job.lora_r if lora else None,
+                           seq_len=job.seq_len, effective_batch=job.effective_batch,
+                           ranks=job.ranks, sharding=job.sharding, optimizer=job.optimizer,
+                           attention=job.attention, attention_kernels=dict(kernels),
+                           versions=installed_versions(), assumed=list(assumed or []))
+
+
+@dataclass(frozen=True, kw_only=True)
+class OffloadCheck:
+    """Would ``device_map="auto"`` offload the pick's weights, and does the pick stay on the GPU."""
+
+    weights_bytes: int
+    """The weights as loaded on the GPU (predicted: the ``parameters`` term at the peak; 4-bit
+    layers counted at their packed size)."""
+    auto_map_budget_bytes: int
+    """What ``device_map="auto"`` gives the GPU for weights: 90 % of the card's memory less the
+    CUDA context (free memory on an otherwise idle card)."""
+    weights_offloaded: bool
+    """``weights_bytes`` > the budget: auto would put modules on the host."""
+    device_peak_bytes: int
+    """The pick's device peak (predicted)."""
+    capacity_bytes: int
+    runs_on_gpu: bool
+    """Weights not offloaded and the device peak within the card: the whole step runs on the GPU."""
+
+
+def offload_check(pick: Any, gpu: GpuSpec | None) -> OffloadCheck | None:
+    """``pick``: the recommended PlanRow (None → None); None without a GPU."""
+    if pick is None or gpu is None:
+        return None
+    weights = int(pick.memory.breakdown.get("parameters", 0))
+    budget = int(AUTO_MAP_GPU_FRACTION * (gpu.memory_bytes - gpu.cuda_context_bytes))
+    dev = pick.memory.peak_device_bytes
+    offloaded = weights > budget
+    return OffloadCheck(weights_bytes=weights, auto_map_budget_bytes=budget,
+                        weights_offloaded=offloaded, device_peak_bytes=dev,
+                        capacity_bytes=gpu.memory_bytes,
+                        runs_on_gpu=not offloaded and dev <= gpu.memory_bytes)

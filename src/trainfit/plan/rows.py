@@ -1,0 +1,65 @@
+"""Which rows of a plan are ranked against which, and which are worth showing.
+
+Rows are ranked by predicted tokens/s only against rows of the same effective batch: without
+``--effective-batch`` each micro-batch is its own effective batch (accumulation 1), and a faster
+step at a larger optimizer batch is not a better configuration of the same training.
+
+Shown: in each (precision, checkpointing) group, the rows around the fitting frontier (the largest
+micro-batch that fits) — the fitting rows (with a fixed effective batch all of them, they are the
+memory/speed trade-off of one training; otherwise the frontier alone: smaller micro-batches are
+other, smaller effective batches) and at most two above it that do not fit (how far the next step
+is). The pick, the ▲ rows and every row of a
+plan without a GPU (no frontier) are always shown; the rest stays in ``--json``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+ABOVE_FRONTIER = 2
+"""Rows that do not fit shown above each group's frontier."""
+BELOW_FRONTIER_VARYING = 0
+"""Fitting rows shown below the frontier when the effective batch varies between rows."""
+
+
+def rank_rows(rows: list[Any], sort_key: Callable[[Any], Any]) -> None:
+    """Set ``row.rank`` (1 = fastest that fits) among the rows of the same effective batch."""
+    by_batch: dict[int | None, list[int]] = {}
+    for i, r in enumerate(rows):
+        if r.memory.fits is not False:
+            by_batch.setdefault(r.job.effective_batch, []).append(i)
+    for idx in by_batch.values():
+        for n, i in enumerate(sorted(idx, key=lambda i: sort_key(rows[i])), 1):
+            rows[i].rank = n
+
+
+def effective_batches(rows: list[Any]) -> list[int]:
+    """The distinct effective batches of the rows, ascending."""
+    return sorted({r.job.effective_batch for r in rows if r.job.effective_batch is not None})
+
+
+def _group_shown(group: list[int], rows: list[Any], varying: bool) -> set[int]:
+    fitting = [i for i in group if rows[i].memory.fits]
+    above = [i for i in group if rows[i].memory.fits is False
+             and (not fitting or rows[i].job.micro_batch > rows[fitting[-1]].job.micro_batch)]
+    keep = fitting[-(BELOW_FRONTIER_VARYING + 1):] if varying else fitting
+    return {*keep, *above[:ABOVE_FRONTIER]}
+
+
+def mark_shown(rows: list[Any]) -> None:
+    """Set ``row.shown`` on the rows worth a line of the table (see the module docstring)."""
+    if any(r.memory.fits is None for r in rows):
+        for r in rows:
+            r.shown = True
+        return
+    varying = len(effective_batches(rows)) > 1
+    groups: dict[tuple[str | None, str | None], list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault((r.job.precision, r.job.grad_ckpt), []).append(i)
+    shown: set[int] = set()
+    for idx in groups.values():
+        idx.sort(key=lambda i: rows[i].job.micro_batch or 0)
+        shown |= _group_shown(idx, rows, varying)
+    for i, r in enumerate(rows):
+        r.shown = i in shown or r.recommended or r.largest_fitting

@@ -1,0 +1,46 @@
+"""``trainfit emit``'s messages (stderr): where the payload came from, what the file says it was
+tuned under, and what the script must set itself. The payload itself goes to stdout alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainfit.job.emit import Emitted
+
+GIB = 2**30
+
+_TARGET_WORDS = {"hf": "transformers.TrainingArguments keyword arguments (JSON)",
+                 "trl": "trl.SFTConfig keyword arguments (JSON)",
+                 "accelerate": "accelerate config (YAML)"}
+_USE = {"hf": "TrainingArguments(output_dir=..., **json.load(open(FILE)))",
+        "trl": "SFTConfig(output_dir=..., **json.load(open(FILE)))",
+        "accelerate": "accelerate launch --config_file FILE train.py"}
+
+
+def emit_messages(e: Emitted, source: str, extra: dict[str, Any], *, searched: bool) -> list[str]:
+    """The lines printed on stderr around an emitted payload (``extra``: the file-only keys of
+    the job file: device, memory_limit, measured)."""
+    version = e.transformers_version
+    names = "" if e.target == "accelerate" else (
+        f", names of transformers {version}" if version else
+        ", names of transformers 5.23 (not installed here)")
+    how = "tuned now" if searched else "read from the file, no probe run"
+    lines = [f"emit: {source} → {_TARGET_WORDS[e.target]} for {e.device}{names}; {how}"]
+    limit = extra.get("memory_limit")
+    measured = extra.get("measured") or {}
+    tuned = [f"tuned on {extra['device']}" if extra.get("device") else "no tuning device stated"]
+    tuned.append("memory limit none" if limit is None else
+                 f"memory limit {int(limit) / GIB:.2f} GiB (the knobs fit in it as tuned; no "
+                 f"{'TrainingArguments' if e.target != 'accelerate' else 'accelerate'} field holds it)")
+    if measured.get("peak_allocated_bytes") is not None:
+        tuned.append(f"peak allocated {measured['peak_allocated_bytes'] / GIB:.2f} GiB (measured)")
+    if measured.get("tokens_per_s") is not None:
+        tuned.append(f"{measured['tokens_per_s']:,.0f} tokens/s (measured)")
+    lines.append("  " + ", ".join(tuned))
+    for s in e.script:
+        lines.append(f"  set in your script: {s.knob} {s.value} → {s.where}")
+    for k in e.unstated:
+        lines.append(f"  {k}: not stated in {source} (tune writes it): the library's default "
+                     "stands")
+    lines.append(f"  use: {_USE[e.target]}")
+    return lines

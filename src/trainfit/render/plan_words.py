@@ -1,0 +1,136 @@
+"""A plan's sentences beyond the pick (render/words.py): what it was planned under, which rows
+are shown, and what the pick means for the questions people bring — offloading, a number they
+saw, host RAM. Every number is formatted here, none computed (the checks are trainfit.plan's)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainfit.plan.grid import PlanResult
+from trainfit.plan.rows import effective_batches
+
+GIB = 2**30
+
+_KERNELS = {"flash": "flash", "efficient": "memory-efficient", "math": "math",
+            "flash_cpu": "flash (CPU)"}
+
+
+def _assumed(a: Any, name: str, text: str) -> str:
+    return f"{text} (assumed)" if name in a.assumed else text
+
+
+def plan_header(result: PlanResult) -> str | None:
+    """One line: the fields every row shares and the stack the simulation ran."""
+    a = result.assumptions
+    if a is None:
+        return None
+    method = _assumed(a, "method", a.method) + (
+        " " + _assumed(a, "quant", a.quant) if a.quant else "") + (
+        ", " + _assumed(a, "lora_r", f"LoRA r {a.lora_r}") if a.lora_r is not None else "")
+    batch = f"effective batch {a.effective_batch}" if a.effective_batch is not None else \
+        "effective batch not given (= micro-batch × ranks per row)"
+    ranks = f"{a.ranks} rank{'s' if a.ranks > 1 else ''}" + (
+        f" ({'FSDP' if a.sharding == 'fsdp' else 'DDP'})" if a.ranks > 1 else "")
+    kernels = ", ".join(_KERNELS.get(k, k) for k in a.attention_kernels) or "none called"
+    versions = ", ".join(f"{k} {v or 'not installed'}" for k, v in a.versions.items())
+    parts = [method, _assumed(a, "seq_len", f"seq {a.seq_len}"),
+             _assumed(a, "effective_batch", batch), ranks, a.optimizer,
+             _assumed(a, "attention", f"attention {a.attention} → {kernels} kernel")]
+    return "planned for: " + ", ".join(parts) + f" · simulated with {versions}"
+
+
+def rows_note(result: PlanResult, all_rows: bool) -> str | None:
+    """How many rows are shown, and why the others are not."""
+    hidden = 0 if all_rows else sum(not r.shown for r in result.rows)
+    if not hidden:
+        return None
+    return (f"{len(result.rows) - hidden} of {len(result.rows)} configurations shown: near each "
+            f"precision × checkpointing group's fitting frontier; the {hidden} others are further "
+            "from it (--all-rows, or --json, shows them)")
+
+
+def batch_note(result: PlanResult) -> str | None:
+    """Rows of different effective batches: said, with what to do."""
+    batches = effective_batches(result.rows)
+    if len(batches) <= 1:
+        return None
+    return (f"effective batches differ between rows ({batches[0]:,} … {batches[-1]:,} samples "
+            "per optimizer step: no --effective-batch was given, so accumulation is 1): rows are "
+            "ranked only against rows of the same effective batch, and the pick is the fastest "
+            "step that fits — give --effective-batch N to plan the batch you train with")
+
+
+def offload_words(result: PlanResult) -> str | None:
+    """Does the pick run entirely on the GPU; what would make HF offload."""
+    o = result.offload
+    if o is None:
+        return None
+    load = (f"device_map=\"auto\" would offload: the weights ({o.weights_bytes / GIB:.2f} GiB, "
+            f"predicted) exceed the {o.auto_map_budget_bytes / GIB:.2f} GiB transformers gives "
+            "the GPU for weights (90 % of its free memory) — modules beyond go to host RAM"
+            if o.weights_offloaded else
+            f"device_map=\"auto\" keeps every module on the GPU: the weights are "
+            f"{o.weights_bytes / GIB:.2f} GiB (predicted), under the "
+            f"{o.auto_map_budget_bytes / GIB:.2f} GiB transformers gives the GPU for weights "
+            "(90 % of its free memory; it offloads modules to host RAM only when the weights "
+            "alone exceed that, at load time, e.g. when other processes hold GPU memory)")
+    run = (f"the pick runs entirely on the GPU: device peak {o.device_peak_bytes / GIB:.2f} of "
+           f"{o.capacity_bytes / GIB:.2f} GiB (predicted)" if o.runs_on_gpu else
+           "the pick does not run entirely on the GPU")
+    return (f"{run}; {load}. Running out during training is an out-of-memory error, not an "
+            "offload (on Windows, drivers ≥ 536.40 have a 'CUDA sysmem fallback policy' that pages GPU "
+            "memory to host RAM instead, slowly, when the device peak passes the card's memory)")
+
+
+def observed_words(result: PlanResult) -> list[str]:
+    """A number the user saw, against the prediction: the gap, what was assumed, what the answer
+    becomes if the gap holds, and which measurement settles it."""
+    o = result.observed
+    if o is None or result.current is None:
+        return []
+    cur = result.current.job
+    where = f"{cur.precision}, {cur.micro_batch}×{cur.grad_accum}, checkpointing {cur.grad_ckpt}"
+    lines = [f"your notes saw {o.observed_device_bytes / GIB:.2f} GiB ({o.source}) at your current "
+             f"configuration ({where}); predicted device peak {o.predicted_device_bytes / GIB:.2f} "
+             f"GiB: observed = {o.ratio:.2f}× predicted"]
+    if o.assumed:
+        lines.append(f"  assumed, not in your notes: {', '.join(o.assumed)}. Of the predicted "
+                     f"allocated peak, {o.fixed_bytes / GIB:.2f} GiB (weights, gradients, optimizer "
+                     "states, buffers) does not depend on the sequence length or micro-batch and "
+                     f"{o.seq_scaled_bytes / GIB:.2f} GiB (activations, temporaries) grows with "
+                     "micro-batch × sequence length")
+    moved = [f"{s.precision} checkpointing {s.grad_ckpt}: {s.largest_micro_predicted or 'none'} → "
+             f"{s.largest_micro_if_scaled or 'none'}" for s in o.scaled
+             if s.largest_micro_predicted != s.largest_micro_if_scaled]
+    if moved:
+        lines.append(f"  if every peak were {o.ratio:.2f}× the prediction, the largest micro-batch "
+                     "that fits would move: " + "; ".join(moved))
+    else:
+        lines.append(f"  if every peak were {o.ratio:.2f}× the prediction, the largest micro-batch "
+                     "that fits would not change in any group")
+    lines.append("  what settles it: the peak measured on the card — `trainfit tune FILE --device "
+                 "cuda` (max_memory_reserved + context per probe), or `trainfit monitor --pid PID` "
+                 "during a training step (nvidia-smi's number every second; a single reading may "
+                 "fall between steps)")
+    return lines
+
+
+def host_ram_words(result: PlanResult) -> str | None:
+    h = result.host_ram
+    if h is None:
+        return None
+    per = "per rank" if h.ranks > 1 else "in the process"
+    return (f"host RAM: {h.free_bytes / GIB:.2f} GiB free (your notes). What trainfit can state "
+            f"{per}: the weights pass through host memory while loading "
+            f"({h.weights_load_bytes_per_rank / GIB:.2f} GiB at most), and the pick's host batches "
+            f"take {h.host_batch_bytes_per_rank / 2**20:.2f} MiB — the micro-batch barely changes "
+            f"host RAM; {h.ranks} × that = {h.known_bytes / GIB:.2f} GiB of the "
+            f"{h.free_bytes / GIB:.2f} GiB free. Unknown: {h.unknown}; `trainfit tune` measures "
+            "the process tree's RSS, `trainfit monitor --pid PID` follows it")
+
+
+def plan_words(result: PlanResult) -> dict[str, Any]:
+    """The sentences --json carries beside the numbers."""
+    return {"header": plan_header(result), "batch_note": batch_note(result),
+            "offload_words": offload_words(result), "observed_words": observed_words(result),
+            "host_ram_words": host_ram_words(result)}

@@ -1,0 +1,157 @@
+"""``trainfit emit`` / ``tune FILE --emit``: the payload alone on stdout, accepted as it is by the
+real TrainingArguments, trl's SFTConfig and accelerate's config loader; exactly the file's knobs."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from trainfit.cli.main import app
+from trainfit.job import JobSpec
+from trainfit.job.emit import checkpointing_name, emit, job_yaml
+
+runner = CliRunner()
+
+
+def _tuned_file(tmp_path: Path, device: str = "cpu", **fields) -> Path:
+    """A job file as tune writes it (knobs, device, memory limit, measured)."""
+    base = dict(model="llama-tiny-58m", seq_len=64, micro_batch=2, grad_accum=4, precision="fp32",
+                grad_ckpt="off", packing=True, data="examples/data/tiny_text.jsonl")
+    job = JobSpec.from_dict({**base, **fields})
+    p = tmp_path / "tuned.yaml"
+    p.write_text(job_yaml(job, device=device, memory_limit_bytes=1_288_490_188,
+                          measured={"peak_allocated_bytes": 900_000_000, "tokens_per_s": 184.0}))
+    return p
+
+
+def _emit(path: Path, to: str, *extra: str) -> tuple[str, str]:
+    res = runner.invoke(app, ["emit", str(path), "--to", to, *extra])
+    assert res.exit_code == 0, res.output
+    return res.stdout, res.stderr
+
+
+def _strict(build):
+    """Build with every warning raised: a deprecated name must not be emitted."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        return build()
+
+
+@pytest.mark.parametrize("fields", [
+    {},
+    {"precision": "amp-bf16", "grad_ckpt": "full", "micro_batch": 1, "grad_accum": 8},
+    {"optimizer_impl": "foreach", "num_workers": 2, "packing": False},
+])
+def test_hf_payload_builds_training_arguments_on_cpu(tmp_path, fields):
+    from transformers import TrainingArguments
+
+    out, err = _emit(_tuned_file(tmp_path, **fields), "hf")
+    kw = json.loads(out)  # stdout is the payload alone
+    args = _strict(lambda: TrainingArguments(output_dir=str(tmp_path / "o"), **kw))
+    job = JobSpec.from_dict({"micro_batch": 2, "grad_accum": 4, "precision": "fp32",
+                             "grad_ckpt": "off", **fields})
+    assert args.use_cpu is True
+    assert args.per_device_train_batch_size == job.micro_batch
+    assert args.gradient_accumulation_steps == job.grad_accum
+    assert args.bf16 is (job.precision == "amp-bf16") and args.fp16 is False
+    assert args.activation_checkpointing is (job.grad_ckpt == "full")
+    if job.grad_ckpt == "full":
+        assert args.activation_checkpointing_kwargs == {"use_reentrant": False}
+    assert args.dataloader_num_workers == job.num_workers
+    assert args.optim.value == ("adamw_torch_fused" if job.optimizer_impl == "fused"
+                                else "adamw_torch")
+    assert "memory limit 1.20 GiB" in err and "no probe run" in err
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_trl_payload_builds_sft_config_with_the_measured_packing(tmp_path, packing):
+    from trl import SFTConfig
+
+    out, _ = _emit(_tuned_file(tmp_path, packing=packing, grad_ckpt="full", micro_batch=1,
+                               grad_accum=8), "trl")
+    cfg = _strict(lambda: SFTConfig(output_dir=str(tmp_path / "o"), **json.loads(out)))
+    assert cfg.packing is packing
+    assert cfg.max_length == 64
+    if packing:  # trainfit cuts full seq_len sequences across documents: TRL's "wrapped"
+        assert cfg.packing_strategy == "wrapped"
+    assert cfg.activation_checkpointing is True and cfg.use_cpu is True
+    assert cfg.bf16 is False  # SFTConfig defaults bf16 to True: the fp32 job must say False
+
+
+def test_trl_off_checkpointing_overrides_trl_default(tmp_path):
+    """TRL defaults checkpointing on: the emitted False must win."""
+    from trl import SFTConfig
+
+    out, _ = _emit(_tuned_file(tmp_path), "trl")
+    cfg = _strict(lambda: SFTConfig(output_dir=str(tmp_path / "o"), **json.loads(out)))
+    assert cfg.activation_checkpointing is False and cfg.gradient_checkpointing is False
+
+
+@pytest.mark.parametrize("device,ranks,sharding,want", [
+    ("cpu", 1, "none", ("NO", True, 1)),
+    ("cpu", 2, "none", ("MULTI_CPU", True, 2)),
+    ("cuda", 1, "none", ("NO", False, 1)),
+    ("cuda", 2, "none", ("MULTI_GPU", False, 2)),
+    ("cuda", 4, "fsdp", ("FSDP", False, 4)),
+])
+def test_accelerate_config_loads_and_matches_the_job(tmp_path, device, ranks, sharding, want):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    f = _tuned_file(tmp_path, device=device, ranks=ranks, sharding=sharding, grad_accum=None,
+                    effective_batch=2 * ranks * 2, precision="amp-bf16")
+    out, _ = _emit(f, "accelerate")
+    cfg_file = tmp_path / "accel.yaml"
+    cfg_file.write_text(out)
+    cfg = load_config_from_file(str(cfg_file))
+    assert (cfg.distributed_type.value, cfg.use_cpu, cfg.num_processes) == want
+    assert cfg.mixed_precision == "bf16"
+
+
+def test_emit_reads_the_file_without_probing(tmp_path, monkeypatch):
+    """tune FILE --emit on a tuned file emits its knobs: the tuner is never called."""
+    import trainfit.tune.tuner as tuner
+
+    def no_search(*a, **k):
+        raise AssertionError("tune searched again")
+    monkeypatch.setattr(tuner, "tune", no_search)
+    f = _tuned_file(tmp_path, micro_batch=4, grad_accum=1)
+    res = runner.invoke(app, ["tune", str(f), "--emit", "hf"])
+    assert res.exit_code == 0, res.output
+    kw = json.loads(res.stdout)
+    assert (kw["per_device_train_batch_size"], kw["gradient_accumulation_steps"]) == (4, 1)
+    assert kw["use_cpu"] is True and kw["bf16"] is False
+
+
+def test_emit_untuned_file_is_a_clear_error(tmp_path):
+    p = tmp_path / "job.yaml"
+    p.write_text(yaml.safe_dump({"model": "llama-tiny-58m", "effective_batch": 8}))
+    res = runner.invoke(app, ["emit", str(p), "--to", "hf"])
+    assert res.exit_code == 2
+    assert "nothing tuned to emit" in res.stderr and res.stdout == ""
+
+
+def test_emit_unknown_target(tmp_path):
+    res = runner.invoke(app, ["emit", str(_tuned_file(tmp_path)), "--to", "deepspeed"])
+    assert res.exit_code == 2 and "use hf, trl or accelerate" in res.stderr
+
+
+def test_script_settings_name_what_the_payload_cannot_carry():
+    job = JobSpec(model="gemma-2b", method="qlora", quant="nf4-dq", micro_batch=2, grad_accum=4,
+                  precision="bf16-true", grad_ckpt="off", attention="eager")
+    e = emit(job, "hf", device="cuda")
+    knobs = {s.knob for s in e.script}
+    assert {"attention", "quant", "method", "precision"} <= knobs
+    assert e.payload["bf16"] is False  # bf16-true loads bf16 weights; no autocast on top
+    assert "use_cpu" not in e.payload
+
+
+def test_checkpointing_name_follows_the_transformers_version():
+    assert checkpointing_name("5.23.0") == "activation_checkpointing"
+    assert checkpointing_name("4.57.1") == "gradient_checkpointing"
+    assert checkpointing_name(None) == "activation_checkpointing"

@@ -1,0 +1,174 @@
+"""What a plan says beyond its numbers: the assumptions and stack it ran under, which rows are
+ranked together and shown, the offload statement, a number the user observed, host RAM, and
+progress while it works."""
+
+from __future__ import annotations
+
+import json
+from importlib.metadata import version
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from trainfit.hardware.gpus import find_gpu, generic_gpu
+from trainfit.job import JobSpec
+from trainfit.plan.checks import host_ram_check, observed_check, with_checks
+from trainfit.plan.context import AUTO_MAP_GPU_FRACTION, offload_check
+from trainfit.plan.grid import plan
+from trainfit.plan.rows import ABOVE_FRONTIER, mark_shown, rank_rows
+
+GIB = 2**30
+
+
+def _row(precision, ckpt, micro, device_gib, fits, eff=None, tps=1.0):
+    job = SimpleNamespace(precision=precision, grad_ckpt=ckpt, micro_batch=micro,
+                          effective_batch=eff or micro, grad_accum=1)
+    mem = SimpleNamespace(fits=fits, peak_device_bytes=int(device_gib * GIB),
+                          breakdown={"parameters": GIB, "activations": 2 * GIB})
+    return SimpleNamespace(job=job, memory=mem, recommended=False, largest_fitting=False,
+                           rank=None, shown=True, speed=SimpleNamespace(tokens_per_s=tps))
+
+
+def test_plan_carries_its_assumptions_and_the_stack_versions(tiny_llama):
+    job = JobSpec(model="t", seq_len=64, effective_batch=8, method="lora", lora_r=8)
+    res = plan(job, tiny_llama, find_gpu("a10g"))
+    a = res.assumptions
+    assert (a.method, a.lora_r, a.seq_len, a.effective_batch, a.ranks) == ("lora", 8, 64, 8, 1)
+    assert a.versions["torch"] == version("torch")
+    assert a.versions["transformers"] == version("transformers")
+    assert sum(a.attention_kernels.values()) > 0  # the pick's simulation called SDPA
+    d = res.to_dict()
+    assert d["assumptions"]["versions"]["peft"] == version("peft")
+
+
+def test_without_effective_batch_rows_rank_only_against_their_own_batch(tiny_llama):
+    res = plan(JobSpec(model="t", seq_len=64), tiny_llama, find_gpu("a10g"), verify=False)
+    batches = {r.job.effective_batch for r in res.rows}
+    assert len(batches) > 1
+    for eb in batches:  # within one effective batch: ranks 1..n by speed
+        ranked = sorted((r for r in res.rows if r.job.effective_batch == eb and r.rank),
+                        key=lambda r: r.rank)
+        assert [r.rank for r in ranked] == list(range(1, len(ranked) + 1))
+        speeds = [r.speed.tokens_per_s for r in ranked]
+        assert speeds == sorted(speeds, reverse=True)
+
+
+def test_rank_rows_fixed_batch_is_one_ranking():
+    rows = [_row("fp32", "off", m, 1, True, eff=8, tps=t) for m, t in ((1, 5.0), (2, 7.0), (4, 6.0))]
+    rank_rows(rows, lambda r: -r.speed.tokens_per_s)
+    assert [r.rank for r in rows] == [3, 1, 2]
+
+
+def test_shown_rows_are_the_frontier_and_a_few_above():
+    # effective batch varies (accumulation 1): 9 micro-batches, 1..8 fit at most
+    rows = [_row("amp-bf16", "off", 2 ** k, 2 ** k, 2 ** k <= 16) for k in range(9)]
+    rows += [_row("amp-bf16", "full", 2 ** k, 2 ** k / 4, 2 ** k <= 64) for k in range(9)]
+    mark_shown(rows)
+    shown = {(r.job.grad_ckpt, r.job.micro_batch) for r in rows if r.shown}
+    assert shown == {("off", 16), ("off", 32), ("off", 64), ("full", 64), ("full", 128),
+                     ("full", 256)}
+    # with a fixed effective batch every fitting row is kept, and at most 2 above
+    rows = [_row("fp32", "off", 2 ** k, 2 ** k, 2 ** k <= 16, eff=256) for k in range(9)]
+    mark_shown(rows)
+    assert [r.job.micro_batch for r in rows if r.shown] == [1, 2, 4, 8, 16, 32, 64]
+    assert sum(not r.memory.fits and r.shown for r in rows) == ABOVE_FRONTIER
+
+
+def test_nothing_fits_in_a_group_shows_its_smallest_rows():
+    rows = [_row("fp32", "off", 2 ** k, 10 + k, False, eff=8) for k in range(4)]
+    rows[3].recommended = True  # never hidden
+    mark_shown(rows)
+    assert [r.job.micro_batch for r in rows if r.shown] == [1, 2, 8]
+
+
+def test_offload_check_follows_transformers_auto_map_budget():
+    gpu = find_gpu("t4")
+    budget = int(AUTO_MAP_GPU_FRACTION * (gpu.memory_bytes - gpu.cuda_context_bytes))
+    small = _row("amp-fp16", "off", 2, 8, True)
+    small.memory.breakdown = {"parameters": 2 * GIB}
+    o = offload_check(small, gpu)
+    assert o.auto_map_budget_bytes == budget and not o.weights_offloaded and o.runs_on_gpu
+    big = _row("amp-fp16", "off", 2, 8, True)
+    big.memory.breakdown = {"parameters": budget + 1}
+    o = offload_check(big, gpu)
+    assert o.weights_offloaded and not o.runs_on_gpu
+    assert offload_check(None, gpu) is None and offload_check(small, None) is None
+
+
+def test_observed_check_scales_the_answer():
+    rows = [_row("amp-fp16", "off", m, 4 * m, 4 * m <= 0.9 * 16) for m in (1, 2, 4, 8)]
+    cur = _row("amp-fp16", "off", 2, 8, True)
+    cur.memory.breakdown = {"parameters": 2 * GIB, "optimizer": GIB, "activations": 3 * GIB,
+                            "temporaries": GIB}
+    res = SimpleNamespace(current=cur, gpu_memory_bytes=16 * GIB, margin=0.1, rows=rows)
+    o = observed_check(res, 4 * GIB, "nvidia-smi", ["seq_len"])
+    assert o.ratio == pytest.approx(0.5)
+    assert (o.fixed_bytes, o.seq_scaled_bytes) == (3 * GIB, 4 * GIB)
+    (s,) = o.scaled
+    assert (s.largest_micro_predicted, s.largest_micro_if_scaled) == (2, 4)
+
+
+def test_host_ram_check_counts_weights_at_load_and_host_batches():
+    job = JobSpec(model="t", seq_len=320, micro_batch=32, grad_accum=1, ranks=2,
+                  precision="amp-bf16", grad_ckpt="off", num_workers=2, prefetch_factor=2)
+    h = host_ram_check(job, 100_000_000, 7 * 10**9)
+    assert h.weights_load_bytes_per_rank == 400_000_000  # full fine-tune: fp32 master weights
+    assert h.host_batch_bytes_per_rank == 32 * 320 * 8 * 3 * (1 + 2 * 2)
+    assert h.known_bytes == 2 * (400_000_000 + h.host_batch_bytes_per_rank)
+    lora = host_ram_check(job.replace(method="lora"), 100_000_000, 7 * 10**9)
+    assert lora.weights_load_bytes_per_rank == 200_000_000
+
+
+def test_progress_reports_every_stage(tiny_llama):
+    seen = []
+    cur = JobSpec(model="t", seq_len=64, micro_batch=1, grad_accum=4, precision="amp-bf16",
+                  grad_ckpt="full")
+    res = plan(JobSpec(model="t", seq_len=64, effective_batch=4), tiny_llama, find_gpu("a10g"),
+               current=cur, progress=lambda what, done, total: seen.append((what, done, total)))
+    assert res.current is not None
+    whats = [w for w, _, _ in seen]
+    assert any(w.startswith("small simulations") for w in whats)
+    assert "your current configuration, full size" in whats
+    groups = [(d, t) for w, d, t in seen if w.startswith("small simulations")]
+    assert groups[-1][0] == groups[-1][1] == 8  # 4 precisions × 2 checkpointing settings
+
+
+def test_job_file_checks_reach_the_json(tiny_config_json, tmp_path):
+    from trainfit.cli.main import app
+
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump({
+        "model": str(tiny_config_json), "gpu": "a10g", "seq_len": 64, "effective_batch": 4,
+        "precision": "amp-bf16", "current": {"micro_batch": 1, "grad_accum": 4},
+        "observed": {"device": "600MiB", "source": "nvidia-smi"}, "assumed": ["seq_len"],
+        "host_ram_free": "7GB"}))
+    r = CliRunner().invoke(app, ["plan", str(f), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    obs = d["observed"]
+    assert obs["observed_device_bytes"] == 600 * 2**20
+    assert obs["ratio"] == pytest.approx(600 * 2**20 / d["current"]["peak_device_bytes"])
+    assert d["assumptions"]["assumed"] == ["seq_len"]
+    assert d["host_ram"]["free_bytes"] == 7 * 10**9
+    assert d["offload"]["runs_on_gpu"] is True
+    assert "seq 64 (assumed)" in d["header"]
+    assert "plan: small simulations" in r.stderr  # progress on stderr, not in the JSON
+
+
+def test_bad_observed_is_a_clear_error(tiny_config_json, tmp_path):
+    from trainfit.cli.main import app
+
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump({"model": str(tiny_config_json), "gpu": "a10g",
+                                 "observed": "lots"}))
+    r = CliRunner().invoke(app, ["plan", str(f)])
+    assert r.exit_code == 2 and "`observed` needs a device size" in r.stderr
+
+
+def test_with_checks_without_a_current_configuration(tiny_llama):
+    res = plan(JobSpec(model="t", seq_len=64, effective_batch=4, precision="amp-bf16"),
+               tiny_llama, generic_gpu(8))
+    out = with_checks(res, observed_device_bytes=GIB, observed_source="x")
+    assert out.observed is None  # nothing to compare the observation with
