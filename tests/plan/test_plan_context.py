@@ -162,7 +162,7 @@ def test_bad_observed_is_a_clear_error(tiny_config_json, tmp_path):
 
     f = tmp_path / "job.yaml"
     f.write_text(yaml.safe_dump({"model": str(tiny_config_json), "gpu": "a10g",
-                                 "observed": "lots"}))
+                                 "seq_len": 128, "observed": "lots"}))
     r = CliRunner().invoke(app, ["plan", str(f)])
     assert r.exit_code == 2 and "`observed` needs a device size" in r.stderr
 
