@@ -148,3 +148,16 @@ def test_cli_current_flag_and_bad_current_in_a_file(tiny_config_json, tmp_path):
                    "current: 4\n")
     r = CliRunner().invoke(app, ["plan", str(bad)])
     assert r.exit_code == 2 and "`current` must be a mapping" in r.output
+
+
+def test_an_unknown_speed_up_says_why(tiny_llama):
+    """Seed 002 (two GeForce cards) printed 'no known peak for this GPU' though the peak is known:
+    the unknown is the link (no peer-to-peer), and the sentence names it."""
+    res = plan(JobSpec(model="t", seq_len=64, effective_batch=8, precision="amp-bf16", ranks=2),
+               tiny_llama, find_gpu("3090"),
+               current=JobSpec(model="t", seq_len=64, micro_batch=1, grad_accum=4, ranks=2,
+                               precision="amp-bf16", grad_ckpt="off"))
+    assert res.speedup_vs_current is None
+    words = plan_versus(res)
+    assert "speed-up unknown" in words and "peer-to-peer" in words
+    assert "no known peak" not in words

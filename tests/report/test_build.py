@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from report_paths import FIXTURES, SEED002
+from report_paths import FIXTURES, SEED002, SEED002_NOW
 
 from trainfit.report import build_report, load_inputs
 from trainfit.report.build import find_gaps, memory_components_gib
@@ -40,6 +40,21 @@ def test_plan_only_section_is_predicted_only():
     assert pick.device_predicted_gib == pytest.approx(17203188736 / GIB)
     assert pick.epoch_predicted_s is None  # dataset size unknown → unknown, not guessed
     assert [p.source for p in s.picks] == ["plan"]
+
+
+def test_a_plan_with_unknown_speeds_reports_them_unknown():
+    """Today's seed 002 plan: two GeForce cards, link unknown, so every speed is null; the report
+    still shows the memory and the pick, and every speed-up as unknown (None), not 0 or 1."""
+    now = json.loads(SEED002_NOW.read_text())
+    assert all(c["tokens_per_s"] is None for c in now["configs"])
+    rep = build_report(load_inputs([str(SEED002_NOW)]))
+    (s,) = rep.sections
+    assert len(s.table.rows) == len(now["configs"])
+    assert all(r.speed_up_predicted is None for r in s.table.rows)
+    pick = now["configs"][now["recommended_index"]]
+    row = _row(rep, "amp-bf16, checkpointing off", pick["micro_batch"])
+    assert row.pick == "plan"
+    assert row.device_predicted_gib == pytest.approx(pick["peak_device_bytes"] / GIB)
 
 
 def test_dataset_tokens_give_time_per_epoch():
@@ -131,7 +146,7 @@ def test_tune_alone_makes_its_own_section():
 
 
 def test_ladder_and_kindless_plan(tmp_path):
-    plan = json.loads((SEED002.parent / "seed004_4gb_gpt2_scratch.json").read_text())
+    plan = json.loads((SEED002_NOW.parent / "seed004_4gb_gpt2_scratch.json").read_text())
     assert "kind" not in plan  # written before `kind` existed: configs + gpu make it a plan
     plan["kind"] = "plan"
     plan["recommended_index"] = None

@@ -78,8 +78,10 @@ def plan_versus(result: PlanResult) -> str | None:
                for c in result.changes_vs_current]
     words = ", ".join(changes) if changes else "no change: the current configuration is the pick"
     speedup = result.speedup_vs_current
+    why = next((s.unknown_reason for s in (pick.speed, cur.speed)
+                if s is not None and s.unknown_reason), "no known peak for this GPU")
     words += (f": predicted {speedup:.2f}× tokens/s" if speedup is not None else
-              ": speed-up unknown (no known peak for this GPU)")
+              f": speed-up unknown ({why})")
     if result.gpu_memory_bytes is not None:
         words += (f", {pick.memory.peak_device_bytes / GIB:.1f} of "
                   f"{result.gpu_memory_bytes / GIB:.1f} GiB (device peak, predicted)")
