@@ -260,6 +260,12 @@ FIT_LAYERS = (2, 3)
 the moment a phase peaks moved between depth 1 and 2 (Llama, amp-fp16, checkpointing: the
 backward's slope in the micro-batch fell with depth, so micro-batch 2 extrapolated below 1 and
 micro-batch 32 to 2.7 × its full-size peak); from depth 2 on the peak is at the same layer."""
+SHARDED_FIT_LAYERS = (3, 4)
+"""Depths of the small simulations under FSDP / ZeRO.  At depth 2 the backward's peak falls at
+another moment than at any deeper stack (the root's gathered embedding and head, the prefetch of
+the next unit and the first layer's all meet): Qwen2.5-7B full, 8 ranks, fp32, micro-batch 1
+read 2.6 GiB more FSDP buffers and 1.2 GiB more temporaries at depth 2 than at 3-6, where they
+are constant, and its extrapolation came out at 2.6 × the full-size simulation."""
 FIT_BATCHES = (2, 3)
 """Micro-batches of the small simulations.  Not 1: at batch 1 some ops are skipped (a clone of an
 expanded batch dimension), so 1 → 2 is not the per-sample slope of larger batches."""
@@ -295,8 +301,9 @@ def fit_group(job: JobSpec, source: ModelSource, target: SimTarget,
     ``high_batch`` (the largest micro-batch wanted; a fake tensor costs the same time at any
     size) also at it and at micro-batch 1, at both small depths (see ``_segment``)."""
     _, full = layer_count(source)
-    extrap = homogeneous(source) and full > FIT_LAYERS[1]
-    depths = FIT_LAYERS if extrap else (full,)
+    fit_layers = SHARDED_FIT_LAYERS if job.ranks > 1 and job.sharding != "none" else FIT_LAYERS
+    extrap = homogeneous(source) and full > fit_layers[1]
+    depths = fit_layers if extrap else (full,)
     pts = {(L, b): _point(job, source, target, L, b, extrap) for L in depths for b in batches}
     high = [_point(job, source, target, L, b, extrap)
             for b in upper_batches(batches[1], high_batch) for L in (depths[0], depths[-1])]

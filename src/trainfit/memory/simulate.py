@@ -219,7 +219,7 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         for h in hooks:
             h.remove()
         steady = sum(tracker.live_breakdown().values()) - tracker.managed_bytes
-    largest = max((b.nbytes for b in tracker.peak.blocks), default=0)
+    largest = max(tracker.peak.sizes, default=0)
     return SimResult(
         peak_allocated_bytes=tracker.peak.peak_bytes,
         peak_phase=tracker.peak.phase,

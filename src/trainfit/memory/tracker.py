@@ -45,12 +45,18 @@ class PeakSnapshot:
     peak_bytes: int = 0
     phase: str = "setup"
     blocks: list[_Block] = field(default_factory=list)
+    """The blocks alive at the peak, shared with the tracker: a later reclassification (gradients
+    after accumulation, optimizer states after the step) moves them here too."""
+    sizes: list[int] = field(default_factory=list)
+    """Each block's bytes at the peak: FSDP resizes its unsharded parameters' storage in place
+    after the peak (to 0 at reshard), so the shared block's ``nbytes`` is not the peak's (the
+    breakdown of an FSDP rank summed 125 MiB short of its peak, booked as allocator blocks)."""
 
     def breakdown(self) -> dict[str, int]:
         out = dict.fromkeys(CATEGORIES, 0)
-        for b in self.blocks:
+        for b, nbytes in zip(self.blocks, self.sizes, strict=True):
             if b.category != MANAGED:
-                out[b.category] += b.nbytes
+                out[b.category] += nbytes
         return out
 
 
@@ -235,7 +241,8 @@ class LiveBytesTracker(TorchDispatchMode):
             self.phase_breakdowns[self._phase_key] = dict(self._cat_bytes)
             self._phase_peak_uid[self._phase_key] = self._next_id
         if cur > self.peak.peak_bytes:
-            self.peak = PeakSnapshot(cur, self.phase, list(self._alive.values()))
+            alive = list(self._alive.values())
+            self.peak = PeakSnapshot(cur, self.phase, alive, [b.nbytes for b in alive])
 
     # --- dispatch -------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -176,15 +176,15 @@ def unknown_speed(flops_per_token: float, reason: str) -> SpeedPrediction:
                            model_flops_per_token=flops_per_token, unknown_reason=reason)
 
 
-def speed_from_times(dev: DeviceSpeed, times: PhaseTimes, ops_sample: list[OpRecord],
+def speed_from_times(dev: DeviceSpeed, times: PhaseTimes, dtype_peak: float | None,
                      micro_batch: int, grad_accum: int, seq_len: int, ranks: int,
                      flops_per_token: float) -> SpeedPrediction:
+    """``dtype_peak``: the peak MFU and HFU are measured against (:func:`dominant_peak`)."""
     if times.unknown:
         return unknown_speed(flops_per_token,
                              "the GPU's peak for this dtype or its bandwidth is unknown")
     step, busy = combine(dev, times, grad_accum)
     tps = micro_batch * grad_accum * seq_len * ranks / step
-    dtype_peak = _dominant_peak(dev, ops_sample)
     mfu = None if not dtype_peak else flops_per_token * tps / ranks / dtype_peak
     hfu = None if not dtype_peak else times.hw_flops * grad_accum / step / dtype_peak
     bound = "launch-bound" if times.host_s["fb"] > times.device_s["fb"] else (
@@ -199,8 +199,8 @@ def predict_speed_exact(dev: DeviceSpeed, ops: list[OpRecord], micro_batch: int,
     ``torch.compile`` runs them, :func:`fuse_elementwise`)."""
     if compiled:
         ops = fuse_elementwise(ops)
-    return speed_from_times(dev, time_ops(dev, ops), ops, micro_batch, grad_accum, seq_len, ranks,
-                            flops_per_token)
+    return speed_from_times(dev, time_ops(dev, ops), dominant_peak(dev, ops), micro_batch,
+                            grad_accum, seq_len, ranks, flops_per_token)
 
 
 def _split(dev: DeviceSpeed, lo: list[OpRecord], hi: list[OpRecord]
@@ -264,16 +264,31 @@ def predict_speed(dev: DeviceSpeed, op_points: list[list[OpRecord]], layers: tup
         {k: t1.device_s[k] + f * (t2.device_s[k] - t1.device_s[k]) for k in t1.device_s},
         {k: t1.host_s[k] + f * (t2.host_s[k] - t1.host_s[k]) for k in t1.host_s},
         t1.hw_flops + f * (t2.hw_flops - t1.hw_flops), t1.unknown or t2.unknown)
-    return speed_from_times(dev, times, op_points[0], micro_batch, grad_accum, seq_len, ranks,
-                            flops_per_token)
+    return speed_from_times(dev, times, dominant_peak(dev, op_points[0], op_points[1], f),
+                            micro_batch, grad_accum, seq_len, ranks, flops_per_token)
 
 
-def _dominant_peak(dev: DeviceSpeed, ops: list[OpRecord]) -> float | None:
-    """The peak of the dtype most matmul FLOPs run in."""
+def _flops_by_dtype(ops: list[OpRecord]) -> dict[str, float]:
     by: dict[str, float] = {}
     for op in ops:
         if op.flops and op.phase != "optimizer":
             by[op.dtype] = by.get(op.dtype, 0.0) + op.flops
+    return by
+
+
+def dominant_peak(dev: DeviceSpeed, ops: list[OpRecord], deeper: list[OpRecord] | None = None,
+                  f: float = 0.0) -> float | None:
+    """The peak of the dtype most matmul FLOPs run in; with ``deeper`` (the ops of a deeper
+    small simulation) at the full depth, ``f`` = (L − L1) / (L2 − L1) layer steps beyond ``ops``.
+
+    The dtype mix moves with depth: QLoRA with fp32 LoRA weights and head runs its 4-bit base
+    matmuls in bf16, so at 2 layers the fp32 head dominates and at 28 the bf16 base does.
+    Taking the small simulation's dominant dtype put extrapolated Qwen2.5-7B QLoRA rows at MFU
+    2.2-3.8 (the fp32 peak, 1/16 of bf16's) where the full-size simulation said 0.14."""
+    by = _flops_by_dtype(ops)
+    if deeper is not None:
+        by2 = _flops_by_dtype(deeper)
+        by = {d: by.get(d, 0.0) + f * (by2.get(d, 0.0) - by.get(d, 0.0)) for d in {*by, *by2}}
     if not by:
         return None
     dtype = max(by, key=by.get)
