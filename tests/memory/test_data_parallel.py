@@ -40,3 +40,15 @@ def test_ddp_wrap_keeps_one_copy_of_the_gradients_alive(one_rank_group):
     # a few bytes of bookkeeping tensors (counts, flags) besides the buckets
     assert abs(live - DDP_BUCKET_FACTOR * grad_bytes) <= 256, (live, grad_bytes)
     del ddp
+
+
+def test_compiled_job_says_its_memory_is_the_eager_step(tiny_llama):
+    """torch.compile's memory is not simulated (its partitioner's saved set): the peak is the
+    eager step's, the same bytes, and the prediction says so."""
+
+    job = JobSpec(model="t", seq_len=64, micro_batch=2, precision="amp-bf16")
+    eager = predict_memory(job, tiny_llama, find_gpu("a10g"))
+    compiled = predict_memory(job.replace(compile=True), tiny_llama, find_gpu("a10g"))
+    assert compiled.peak_allocated_bytes == eager.peak_allocated_bytes
+    assert any("torch.compile" in n and "eager" in n for n in compiled.model_notes)
+    assert not any("torch.compile" in n for n in eager.model_notes)

@@ -330,6 +330,12 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
         + (f" + {nccl_note}: {nccl / 2**30:.2f} GiB, outside PyTorch's allocator" if nccl else ""),
         *dp_notes,
     ]
+    if job.compile:
+        # AOTAutograd's min-cut partitioner decides what the compiled forward saves for the
+        # backward (torch/_functorch/partitioners.py: it recomputes cheap elementwise ops rather
+        # than saving their outputs); the simulation runs the eager step
+        notes.append("torch.compile: memory simulated as the eager step; the compiled step's "
+                     "partitioner usually saves fewer activations (not modelled: tune measures it)")
     full_breakdown = {**{k: v for k, v in terms.items() if k != "data_parallel"},
                       "workspaces": work, "managed": managed_bytes}
     if blocks:
