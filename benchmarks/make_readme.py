@@ -36,6 +36,15 @@ SCRIPTS: list[tuple[str, str, str]] = [
     ("calibration.py", "predicted vs published GPU measurements (`benchmarks/data/published.json`, "
      "{calibration_cases} cases: HF docs BERT-large on a V100, litgpt LoRA/QLoRA/full on an A10G), "
      "like-for-like peaks", "results/calibration.md"),
+    ("heldout_memory.py", "predicted vs published peak memory of cases never used to build the model "
+     "(`data/heldout_memory.json`: litgpt, torchtune, HF + peft + bitsandbytes with FSDP and "
+     "DeepSpeed, Answer.AI fsdp_qlora; 1-8 GPUs), split single/multi-GPU × method",
+     "results/heldout_memory.md"),
+    ("bands.py", "the error band per kind of run from calibration + held-out errors "
+     "(→ `src/trainfit/memory/bands.json`, which `plan` decides `fits` with), and what each fit "
+     "rule says of the published outcomes", "results/bands.md"),
+    ("invariants.py", "the invariants of `tests/plan/test_invariants.py` on the plans users "
+     "reported, and extrapolated rows against full-size simulations", "results/invariants.md"),
     ("planner_speed.py", "`plan` over a {planner_configs}-configuration grid of Llama-2-7B LoRA, and "
      "extrapolated vs full-size simulation", "results/planner_speed.md"),
     ("speed_published.py", "predicted vs published tokens/s per GPU of every case it can map "
@@ -342,6 +351,21 @@ def truth_section(results: Path) -> list[str]:
                      f"{pct(s['median_abs_error'])} | {pct(s['max_abs_error'])} | order of pairs differing "
                      f"> 10 %: {s['order_agreement']} of {s['order_pairs_gt_10pct']}; "
                      f"`throughput_published.json` holds {n_thr} cases |")
+    held = load(results, "heldout_memory")
+    if held:
+        g = held["summary"]["groups"]
+        s, multi, single = (g["all supported, high/medium confidence"], g["multi-GPU"],
+                            g["single-GPU"])
+        lines.append(f"| [heldout_memory](results/heldout_memory.md) | published GPU peak memory "
+                     f"not used to build the model (litgpt, torchtune, HF + FSDP / DeepSpeed, "
+                     f"fsdp_qlora; 1-8 GPUs) | peak memory | {s['cases']} high/medium "
+                     f"({s['scored']} scored) | {pct(s['median_abs_error'])} | "
+                     f"{pct(-s['worst_under_error'])} under | single-GPU "
+                     f"{pct(single['median_abs_error'])}, multi-GPU "
+                     f"{pct(multi['median_abs_error'])}; under by > 5 %: "
+                     f"{s['under_by_more_than_5pct']}; OOMs predicted not to fit "
+                     f"{s['oom_predicted_not_fitting']} of {s['oom_cases']}; trained runs "
+                     f"predicted to fit {s['trained_predicted_fitting']} of {s['trained_cases']} |")
     if cpu:
         s = cpu["summary"]
         lines.append(f"| [cpu_truth](results/cpu_truth.md) | peak live bytes of the real step on this CPU | "
