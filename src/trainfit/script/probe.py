@@ -105,18 +105,6 @@ class ScriptProbe(Probe):
         tr.optimizer = None
         return tr.create_optimizer()
 
-    def _restore(self, job: JobSpec) -> None:
-        wl = self._wl
-        if wl is None:
-            return
-        wl.optimizer.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            for n, p in wl.model.named_parameters():
-                if n in self._snapshot:
-                    p.copy_(self._snapshot[n])
-        wl.optimizer = self._optimizer(job)
-        wl.scaler = scaler_for(job, self.device)
-
     def _steps(self, job: JobSpec, wl: RealWorkload, knobs: LoaderKnobs, count: int,
                tracker: LimitTracker | None) -> _ScriptSteps:
         return _ScriptSteps(self, job, wl, knobs, count, tracker)

@@ -102,9 +102,14 @@ class Probe:
             for n, p in wl.model.named_parameters():
                 if n in self._snapshot:
                     p.copy_(self._snapshot[n])
-        wl.optimizer = make_optimizer(job, [p for p in wl.model.parameters() if p.requires_grad],
-                                      simulate=False)
+        wl.optimizer = self._optimizer(job)
         wl.scaler = scaler_for(job, self.device)  # a fresh loss scale: no probe inherits one
+
+    def _optimizer(self, job: JobSpec) -> torch.optim.Optimizer:
+        """A fresh optimizer of ``job``'s kind over the workload's trainable parameters."""
+        assert self._wl is not None
+        return make_optimizer(job, [p for p in self._wl.model.parameters() if p.requires_grad],
+                              simulate=False)
 
     def agree(self, res: ProbeResult) -> ProbeResult:
         """Under torchrun every rank probes; all take the same decision: an OOM anywhere is an
