@@ -8,6 +8,8 @@ from typing import Annotated, NoReturn
 
 import typer
 
+from trainfit.cli.jobargs import AllowCode, TrustRemoteCode
+
 
 def _fail(message: str, hint: str = "", tail: list[str] | None = None) -> NoReturn:
     from trainfit.cli.jobargs import GENERIC_HINT
@@ -41,12 +43,8 @@ def register(app: typer.Typer) -> None:
         keep_running: Annotated[bool, typer.Option(
             "--keep-running",
             help="Let the command run to its end (default: stop it after the window).")] = False,
-        allow_code: Annotated[bool, typer.Option(
-            "--allow-code", help="Run a module:factory model named in the job file (a job file "
-                                 "alone never runs code).")] = False,
-        trust_remote_code: Annotated[bool, typer.Option(
-            "--trust-remote-code", help="Run the model's own code from the hub (never taken from "
-                                        "a job file).")] = False,
+        allow_code: AllowCode = False,
+        trust_remote_code: TrustRemoteCode = False,
         as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     ) -> None:
         """Measure where the step time goes (data wait, copy, forward, backward, optimizer, syncs,

@@ -6,6 +6,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -30,6 +31,16 @@ def parse_bytes(text: str | None, flag: str) -> int | None:
     if value < 1:  # int() would make it 0 bytes, which reads as "no limit"
         raise JobError(f"{flag} {text}: less than one byte", examples)
     return int(value)
+
+
+AllowCode = Annotated[bool, typer.Option(
+    "--allow-code", help="Run a module:factory model named in the job file (a job file alone "
+                         "never runs code).")]
+"""The option of every command that reads a job file: code named in it runs only with this."""
+TrustRemoteCode = Annotated[bool, typer.Option(
+    "--trust-remote-code", help="Run the model's own code from the hub (never taken from a job "
+                                "file).")]
+"""The option of every command that loads a model: remote code only with this flag."""
 
 
 GENERIC_HINT = "trainfit COMMAND --help lists every option and its accepted values"

@@ -17,7 +17,7 @@ from trainfit.cli import monitor as monitor_cli
 from trainfit.cli import report as report_cli
 from trainfit.cli import train as train_cli
 from trainfit.cli import tune as tune_cli
-from trainfit.cli.jobargs import fail
+from trainfit.cli.jobargs import AllowCode, TrustRemoteCode, fail
 from trainfit.cli.jobflags import merge_job_fields, with_job_flags
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec, job_with_current, read_job_file
 
@@ -179,12 +179,8 @@ def plan_cmd(
     job_flags: dict[str, Any] | None = None,
     gpu: Annotated[str | None, typer.Option(help="GPU name (trainfit gpus), e.g. t4, a100-80gb, "
                                                   "generic-8gb.")] = None,
-    trust_remote_code: Annotated[bool, typer.Option(
-        "--trust-remote-code", help="Run the model's own code from the hub (never taken from a "
-                                    "job file).")] = False,
-    allow_code: Annotated[bool, typer.Option(
-        "--allow-code", help="Run a module:factory model named in the job file (a job file "
-                             "alone never runs code).")] = False,
+    trust_remote_code: TrustRemoteCode = False,
+    allow_code: AllowCode = False,
     margin: Annotated[float, typer.Option(help="Safety margin of GPU memory kept free.")] = DEFAULT_MARGIN,
     dataset_tokens: Annotated[int | None, typer.Option(
         help="Tokens in one epoch: adds the predicted time for the dataset.")] = None,

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from trainfit.cli.jobargs import fail, parse_bytes
+from trainfit.cli.jobargs import AllowCode, TrustRemoteCode, fail, parse_bytes
 from trainfit.job import JobError, JobSpec, read_job_file
 
 
@@ -123,12 +123,8 @@ def register(app: typer.Typer) -> None:
             help="Fault drill: steps (comma-separated) whose evaluation raises an OOM once.")] = None,
         allow_offload: Annotated[bool, typer.Option(
             help="Accept modules offloaded to cpu/disk by a device map.")] = False,
-        allow_code: Annotated[bool, typer.Option(
-            "--allow-code", help="Run a module:factory model named in the job file (a job file "
-                                 "alone never runs code).")] = False,
-        trust_remote_code: Annotated[bool, typer.Option(
-            "--trust-remote-code", help="Run the model's own code from the hub (never taken from "
-                                        "a job file).")] = False,
+        allow_code: AllowCode = False,
+        trust_remote_code: TrustRemoteCode = False,
         backend: Annotated[str | None, typer.Option(
             help="trainfit (own loop: every guarantee, any model), hf (transformers Trainer), trl "
                  "(SFTTrainer), auto (trl for chat rows, hf for text); default: the file's "

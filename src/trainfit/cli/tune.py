@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from trainfit.cli.emit import emit_job, is_tuned
-from trainfit.cli.jobargs import check_writable, fail, parse_bytes, write_atomic
+from trainfit.cli.jobargs import AllowCode, TrustRemoteCode, check_writable, fail, parse_bytes, write_atomic
 from trainfit.cli.jobflags import merge_job_fields, with_job_flags
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec, read_job_file
 from trainfit.job.fields import DEFAULT_KNOBS, KNOB_NAMES, fixed_knobs
@@ -109,12 +109,8 @@ def register(app: typer.Typer) -> None:
         emit: Annotated[str | None, typer.Option(
             help="hf | trl | accelerate: print the pick as that tool's settings (stdout alone); "
                  "from a tuned file (what --out wrote) without searching again")] = None,
-        trust_remote_code: Annotated[bool, typer.Option(
-            "--trust-remote-code", help="Run the model's own code from the hub (never taken from "
-                                        "a job file).")] = False,
-        allow_code: Annotated[bool, typer.Option(
-            "--allow-code", help="Run a module:factory model named in the job file (a job file "
-                                 "alone never runs code).")] = False,
+        trust_remote_code: TrustRemoteCode = False,
+        allow_code: AllowCode = False,
         timeout_s: Annotated[float, typer.Option(
             "--timeout-s", help="Script form: stop the script if tune has not ended by then.")] = 1800.0,
         as_json: Annotated[bool, typer.Option("--json")] = False,
