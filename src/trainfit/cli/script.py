@@ -4,7 +4,8 @@ and the GPU ``plan`` targets when none is named (this machine's, through NVML)."
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import typer
 
@@ -50,22 +51,13 @@ def local_gpu_spec(say: Any) -> Any:
 def plan_script_cmd(cmd: list[str], *, job_flags: dict[str, Any], gpu: Any, margin: float,
                     verify: bool, trust_remote_code: bool, timeout_s: float, as_json: bool,
                     dataset_tokens: int | None = None, epochs: float | None = None) -> None:
-    from trainfit.cli.jobargs import fail
-    from trainfit.script.launch import ScriptError
     from trainfit.script.plan import plan_script
 
-    say = (lambda msg: None) if as_json else (lambda msg: typer.echo(msg, err=True))
-    try:
-        say(f"reading the trainer of {' '.join(cmd)} (no weights, no training) …")
-        sp = plan_script(cmd, gpu=gpu, flags=job_flags, margin=margin, verify=verify,
-                         trust_remote_code=trust_remote_code, timeout_s=timeout_s,
-                         dataset_tokens=dataset_tokens, epochs=epochs)
-    except ScriptError as err:
-        _fail_with_tail(err)
-        return
-    except JobError as err:
-        fail(err)
-        return
+    if not as_json:
+        typer.echo(f"reading the trainer of {' '.join(cmd)} (no weights, no training) …", err=True)
+    sp = _or_fail(lambda: plan_script(cmd, gpu=gpu, flags=job_flags, margin=margin, verify=verify,
+                                      trust_remote_code=trust_remote_code, timeout_s=timeout_s,
+                                      dataset_tokens=dataset_tokens, epochs=epochs))
     if as_json:
         from trainfit.render.script import script_plan_json
 
@@ -76,7 +68,21 @@ def plan_script_cmd(cmd: list[str], *, job_flags: dict[str, Any], gpu: Any, marg
         render_script_plan(sp)
 
 
-def _fail_with_tail(err: Any) -> None:
+def _or_fail(call: Callable[[], Any]) -> Any:
+    """``call()``, its errors as the command's error exit: a script's with the last lines of its
+    output, a job's as every command's."""
+    from trainfit.cli.jobargs import fail
+    from trainfit.script.launch import ScriptError
+
+    try:
+        return call()
+    except ScriptError as err:
+        _fail_with_tail(err)
+    except JobError as err:
+        fail(err)
+
+
+def _fail_with_tail(err: Any) -> NoReturn:
     typer.echo(f"error: {err}", err=True)
     if err.hint:
         typer.echo(f"hint: {err.hint}", err=True)
@@ -92,8 +98,6 @@ def tune_script_cmd(cmd: list[str], *, job_flags: dict[str, Any], opts: Any,
     """``tune -- CMD``: the script's own trainer probed; the change said in its keywords."""
     import dataclasses
 
-    from trainfit.cli.jobargs import fail
-    from trainfit.script.launch import ScriptError
     from trainfit.script.tune import tune_script
 
     options = {k: v for k, v in dataclasses.asdict(opts).items() if k != "isolate"}
@@ -102,15 +106,8 @@ def tune_script_cmd(cmd: list[str], *, job_flags: dict[str, Any], opts: Any,
     if not as_json:
         typer.echo(f"running {' '.join(cmd)} until its trainer would train, then probing it "
                    f"on {opts.device} …", err=True)
-    try:
-        st = tune_script(cmd, options=options, flags=job_flags,
-                         trust_remote_code=trust_remote_code, timeout_s=timeout_s)
-    except ScriptError as err:
-        _fail_with_tail(err)
-        return
-    except JobError as err:
-        fail(err)
-        return
+    st = _or_fail(lambda: tune_script(cmd, options=options, flags=job_flags,
+                                      trust_remote_code=trust_remote_code, timeout_s=timeout_s))
     if as_json:
         from trainfit.render.script import script_tune_json
 
