@@ -9,6 +9,16 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def _load_package(name: str, pkg_dir: str) -> None:
+    """Import the package in ``pkg_dir`` as ``name`` (from its files, whatever ``sys.path`` holds)."""
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(pkg_dir, "__init__.py"), submodule_search_locations=[pkg_dir])
+    assert spec is not None and spec.loader is not None
+    pkg = importlib.util.module_from_spec(spec)
+    sys.modules[name] = pkg
+    spec.loader.exec_module(pkg)
+
+
 def _arm() -> None:
     if not os.environ.get("TRAINFIT_DOCTOR_OUT"):
         return
@@ -16,13 +26,7 @@ def _arm() -> None:
         # the doctor package of the trainfit that started this command, loaded under a private
         # name: the user's interpreter may have another trainfit, or none, and its own modules
         # must not be shadowed
-        pkg_dir = os.environ.get("TRAINFIT_DOCTOR_DIR") or os.path.dirname(_HERE)
-        spec = importlib.util.spec_from_file_location(
-            "_trainfit_doctor", os.path.join(pkg_dir, "__init__.py"), submodule_search_locations=[pkg_dir])
-        assert spec is not None and spec.loader is not None
-        pkg = importlib.util.module_from_spec(spec)
-        sys.modules["_trainfit_doctor"] = pkg
-        spec.loader.exec_module(pkg)
+        _load_package("_trainfit_doctor", os.environ.get("TRAINFIT_DOCTOR_DIR") or os.path.dirname(_HERE))
         # lazy: the package exists under this name only from the line above, and a failure to
         # load it must land in the except below, never in the user's script
         from _trainfit_doctor.hooks import arm
@@ -48,12 +52,7 @@ def _arm_script() -> None:
     try:
         pkg_dir = os.environ["TRAINFIT_PKG_DIR"]
         if "trainfit" not in sys.modules:
-            spec = importlib.util.spec_from_file_location(
-                "trainfit", os.path.join(pkg_dir, "__init__.py"), submodule_search_locations=[pkg_dir])
-            assert spec is not None and spec.loader is not None
-            pkg = importlib.util.module_from_spec(spec)
-            sys.modules["trainfit"] = pkg
-            spec.loader.exec_module(pkg)
+            _load_package("trainfit", pkg_dir)
         # the hooks module the parent names (trainfit.script.hooks): this file knows no room of
         # trainfit but the doctor's
         importlib.import_module(os.environ["TRAINFIT_SCRIPT_HOOKS"]).arm()
