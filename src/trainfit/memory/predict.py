@@ -343,17 +343,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     if terms.get("data_parallel"):
         full_breakdown["data_parallel"] = terms["data_parallel"]
     cap = gpu.memory_bytes if gpu else None
-    load = loading_peak_bytes(job, source, terms, quant_state_bytes) if per_rank or (
-        job.sharding.startswith("zero") and job.ranks > 1) else None
-    if load is not None:
-        notes.append(
-            f"loading (its own peak, not in the step's): transformers 5's from_pretrained "
-            f"materialises the whole 4-bit model on every rank before the sharding: "
-            f"{load / 2**30:.2f} GiB per rank (predicted)"
-            + (" — more than the GPU: load rank 0 only (accelerate's "
-               "fsdp_cpu_ram_efficient_loading, Answer.AI's fsdp_qlora loader)"
-               if gpu is not None and load + (gpu.cuda_context_bytes or 0) > gpu.memory_bytes
-               else ""))
+    if per_rank or (job.sharding.startswith("zero") and job.ranks > 1):
+        notes += _loading_notes(job, source, gpu, terms, quant_state_bytes)
     band = band_for(job)
     # the fit: the device peak raised by how far predictions of this kind have come below
     # published measurements, or by the margin asked for, whichever leaves more room
@@ -374,6 +365,21 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
         peak_device_upper_bytes=round(device * (1 + band.under)),
         trainable_params=trainable_params, sdpa_kernels=sdpa_kernels, sim_time_s=sim_time_s,
         model_notes=notes)
+
+
+def _loading_notes(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
+                   terms: dict[str, int], quant_state_bytes: int) -> list[str]:
+    """Sharded QLoRA's loading, stated as its own peak (not the step's)."""
+    load = loading_peak_bytes(job, source, terms, quant_state_bytes)
+    if load is None:
+        return []
+    return [f"loading (its own peak, not in the step's): transformers 5's from_pretrained "
+            f"materialises the whole 4-bit model on every rank before the sharding: "
+            f"{load / 2**30:.2f} GiB per rank (predicted)"
+            + (" — more than the GPU: load rank 0 only (accelerate's "
+               "fsdp_cpu_ram_efficient_loading, Answer.AI's fsdp_qlora loader)"
+               if gpu is not None and load + (gpu.cuda_context_bytes or 0) > gpu.memory_bytes
+               else "")]
 
 
 def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
