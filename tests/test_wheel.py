@@ -51,6 +51,8 @@ def test_wheel_installs_and_plans_the_quickstart_seed_outside_the_repository(tmp
     names = zipfile.ZipFile(whl).namelist()
     seeds = sorted(n for n in names if n.startswith("trainfit/examples/"))
     assert f"trainfit/examples/{SEED}" in seeds and len(seeds) == 5, seeds
+    # the error bands plan prints beside its peaks and its tokens/s
+    assert {"trainfit/memory/bands.json", "trainfit/speed/bands.json"} <= set(names)
 
     venv = tmp_path / "venv"
     res = _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], cwd=tmp_path, env=env)

@@ -7,7 +7,7 @@ from trainfit.job import JobSpec
 from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.speed.ops import OpRecord, OpRecorder
 from trainfit.speed.predict import model_flops_per_token, ops_at_batch, predict_speed_exact
-from trainfit.speed.roofline import GEMM_TILE, DeviceSpeed, gemm_time, op_device_time
+from trainfit.speed.roofline import GEMM_TILE, DeviceSpeed, gemm_time, op_device_time, split_k
 
 
 def test_gemm_pays_for_partial_waves():
@@ -15,6 +15,22 @@ def test_gemm_pays_for_partial_waves():
     full = gemm_time(dev, (1, GEMM_TILE * 108, GEMM_TILE, 4096), "bf16")  # one full wave
     one_more = gemm_time(dev, (1, GEMM_TILE * 108 + 1, GEMM_TILE, 4096), "bf16")
     assert one_more == pytest.approx(2 * full)  # a second, almost empty wave
+
+
+def test_gemm_that_cannot_fill_a_wave_is_split_along_k():
+    dev = DeviceSpeed.from_gpu(find_gpu("v100-16gb"))  # 80 SMs
+    # BERT-large at one 512-token sample: 4 x 8 = 32 output tiles, 40 % of the SMs
+    assert split_k(32, 1024, 80) == 2
+    one_wave = gemm_time(dev, (1, 512, 1024, 1024), "fp32")
+    unsplit = 2.0 * GEMM_TILE * GEMM_TILE * 1024 / (dev.peak_flops["fp32"] / 80) \
+        / dev.gemm_efficiency
+    partials = 8.0 * 2 * 512 * 1024 / (dev.bandwidth_bytes_s * dev.bandwidth_efficiency)
+    assert one_wave == pytest.approx(unsplit / 2 + partials)
+    # a wave or more of tiles, or a K too short to slice: no split, the wave quantization stands
+    assert split_k(80, 4096, 80) == 1 and split_k(200, 4096, 80) == 1
+    assert split_k(10, GEMM_TILE, 80) == 1
+    # never more slices than free SMs, never a slice shallower than one tile
+    assert split_k(30, 100 * GEMM_TILE, 80) == 2 and split_k(1, 3 * GEMM_TILE, 80) == 3
 
 
 def test_unknown_peak_gives_unknown_time():

@@ -31,6 +31,7 @@ from trainfit.plan.checks import HostRamCheck, ObservedCheck
 from trainfit.plan.context import OffloadCheck, PlanAssumptions, offload_check, plan_assumptions
 from trainfit.plan.ladder import build_ladder
 from trainfit.plan.rows import mark_shown, rank_rows
+from trainfit.speed.bands import SpeedBand, speed_band_for
 from trainfit.speed.comm import peer_to_peer, sync_time, unknown_interconnect, with_sync
 from trainfit.speed.ops import OpRecorder
 from trainfit.speed.predict import (
@@ -113,6 +114,9 @@ class PlanResult:
     """A device number the user saw at the current configuration, against the prediction."""
     host_ram: HostRamCheck | None = None
     """The host RAM the pick needs that can be stated, against what the user has free."""
+    speed_band: SpeedBand | None = None
+    """How close speed predictions of this scale of run came to published throughputs (None: no
+    GPU named, no speed predicted)."""
 
     @property
     def pick(self) -> PlanRow | None:
@@ -457,6 +461,7 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
             assumptions=plan_assumptions(job, (rows[rec] if rec is not None else rows[0]).memory
                                          .sdpa_kernels if rows else {}),
             offload=offload_check(rows[rec] if rec is not None else None, gpu),
+            speed_band=None if gpu is None else speed_band_for(job.ranks, bool(job.compile)),
             **_versus(cur_row, rows[rec] if rec is not None else None))
     finally:
         workers.close()

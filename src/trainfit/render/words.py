@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainfit.plan.grid import PlanResult
+from trainfit.speed.bands import SpeedBand
 from trainfit.tune.result import SearchNote
 
 GIB = 2**30
@@ -18,6 +19,10 @@ FIELD_LABELS = {"effective_batch": "effective batch", "micro_batch": "micro-batc
                 "grad_accum": "accumulation",
                 "grad_ckpt": "checkpointing", "precision": "precision", "attention": "attention",
                 "optimizer_impl": "optimizer implementation"}
+
+SPEED_TRUSTED = 0.12
+"""Issue 19's throughput target (median |error| ≤ 12 %): a scale whose band is wider says that
+rows closer than the band are not ranked by the prediction."""
 
 PLAN_NOTES = (
     "peaks are predictions (no GPU was used); GiB = 2^30 bytes",
@@ -36,7 +41,23 @@ def plan_notes(result: PlanResult) -> list[str]:
     m = result.rows[0].memory if result.rows else None
     band = {"under": m.error_band_under if m else 0.0, "kind": m.error_band_kind if m else "",
             "cases": m.error_band_cases if m else 0}
-    return [n.format(margin=result.margin, **band) for n in PLAN_NOTES]
+    notes = [n.format(margin=result.margin, **band) for n in PLAN_NOTES]
+    if result.speed_band is not None:
+        notes.append(speed_note(result.speed_band))
+    return notes
+
+
+def speed_note(b: SpeedBand) -> str:
+    """How far tokens/s of this scale of run has been from published measurements."""
+    lean = "faster" if b.median_signed_error > 0 else "slower"
+    text = (f"tokens/s are predictions: on {b.cases} published {b.description} runs they came "
+            f"within {b.median_abs_error:.0%} of the measured speed (median; 9 in 10 within "
+            f"{b.p90_abs_error:.0%}), {lean} than measured by {abs(b.median_signed_error):.0%} "
+            "(median), benchmarks/results/speed_published.md")
+    if b.median_abs_error > SPEED_TRUSTED:
+        text += ("; rows closer than that are not told apart by the prediction: "
+                 "`trainfit tune` measures them")
+    return text
 
 
 def plan_reason(result: PlanResult) -> str:

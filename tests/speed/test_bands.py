@@ -1,0 +1,60 @@
+"""The speed error band plan prints: measured on the published throughputs, per scale of run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from trainfit.hardware.gpus import find_gpu
+from trainfit.job import JobSpec
+from trainfit.plan.grid import plan
+from trainfit.render.words import SPEED_TRUSTED, plan_notes, speed_note
+from trainfit.speed.bands import SpeedBand, speed_band_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_band_by_scale_and_compile():
+    assert speed_band_for(1, False).kind == "single"
+    assert speed_band_for(2, False).kind == "few" and speed_band_for(7, False).kind == "few"
+    assert speed_band_for(8, False).kind == "many" and speed_band_for(512, False).kind == "many"
+    assert speed_band_for(8, True).kind == "compiled"
+    for b in (speed_band_for(r, c) for r in (1, 2, 8) for c in (False, True)):
+        assert b.cases > 0 and 0 <= b.median_abs_error <= b.p90_abs_error
+
+
+def test_bands_file_is_what_the_committed_benchmark_results_say():
+    """src/trainfit/speed/bands.json cannot drift from benchmarks/results/speed_published.json:
+    it is recomputed here from the committed per-case results."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import speed_bands
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    rows = json.loads((ROOT / "benchmarks/results/speed_published.json").read_text())["results"]
+    shipped = json.loads((ROOT / "src/trainfit/speed/bands.json").read_text())["bands"]
+    assert shipped == json.loads(json.dumps(speed_bands.bands(rows)))
+    # the headline the README states: ≥ 8 GPUs inside the issue's target, one GPU not yet
+    assert shipped["many"]["median_abs_error"] <= SPEED_TRUSTED
+    assert shipped["many"]["cases"] >= 150 and shipped["single"]["cases"] >= 20
+
+
+def test_note_says_when_the_ranking_is_only_a_guide():
+    wide = SpeedBand("single", 26, 0.28, 0.6, 0.28)
+    narrow = SpeedBand("many", 196, 0.06, 0.13, -0.03)
+    assert "28%" in speed_note(wide) and "faster than measured" in speed_note(wide)
+    assert "trainfit tune" in speed_note(wide)
+    assert "trainfit tune" not in speed_note(narrow) and "slower than measured" in speed_note(narrow)
+
+
+def test_plan_on_a_named_gpu_states_its_speed_band(tiny_llama):
+    res = plan(JobSpec(model="t", seq_len=64, effective_batch=4), tiny_llama, find_gpu("a10g"),
+               verify=False, ladder=False)
+    assert res.speed_band == speed_band_for(1, False)
+    assert res.to_dict()["speed_band"]["kind"] == "single"
+    assert any(n.startswith("tokens/s are predictions") for n in plan_notes(res))
+    no_gpu = plan(JobSpec(model="t", seq_len=64, effective_batch=4), tiny_llama, None,
+                  verify=False, ladder=False)
+    assert no_gpu.speed_band is None
+    assert not any(n.startswith("tokens/s") for n in plan_notes(no_gpu))
