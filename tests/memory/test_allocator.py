@@ -31,3 +31,23 @@ def test_freed_neighbours_merge():
     events = [(1, 2 * MIB), (2, 2 * MIB), (1, -2 * MIB), (2, -2 * MIB), (3, 4 * MIB)]
     # both came from one 20 MiB segment: after merging, 4 MiB fits in it
     assert replay(events).segments == 1
+
+
+def test_at_the_card_limit_cached_segments_are_released_and_the_request_retried():
+    # two 100 MiB tensors freed, then 150 MiB: unbounded the cache keeps both 100 MiB segments
+    events = [(1, 100 * MIB), (2, 100 * MIB), (1, -100 * MIB), (2, -100 * MIB), (3, 150 * MIB)]
+    assert replay(events).peak_reserved_bytes == 350 * MIB
+    # under a 260 MiB limit the allocator frees both cached segments and retries once
+    r = replay(events, capacity_bytes=260 * MIB)
+    assert (r.peak_reserved_bytes, r.alloc_retries, r.out_of_memory) == (200 * MIB, 1, False)
+    # a limit the live bytes themselves pass is an out-of-memory, not a retry that succeeds
+    r = replay(events, capacity_bytes=140 * MIB)
+    assert r.out_of_memory and r.peak_reserved_bytes <= 140 * MIB
+
+
+def test_a_segment_still_partly_used_is_not_released():
+    # a 20 MiB segment holds a live 1.5 MiB block and a freed 3 MiB one: it cannot be released
+    events = [(1, 3 * MIB), (2, 3 * MIB // 2), (1, -3 * MIB), (3, 64 * MIB)]
+    r = replay(events, capacity_bytes=80 * MIB)
+    assert r.out_of_memory and r.alloc_retries == 1
+    assert not replay(events, capacity_bytes=84 * MIB).out_of_memory

@@ -16,7 +16,12 @@ Rules (c10/cuda/CUDACachingAllocator.cpp, defaults, no ``PYTORCH_CUDA_ALLOC_CONF
 * a free block is reused only by a request on the stream it was allocated on (``get_free_block``
   searches the pool for the request's stream): FSDP's all-gather and reduce-scatter buffers,
   made on streams of their own, never take the default stream's blocks nor leave holes in them.
-Not modelled: ``expandable_segments``, the release-and-retry on OOM.
+* at the card's limit (``capacity_bytes``: what cudaMalloc can still get), a request that needs
+  a new segment first releases every cached free block that is a whole segment, in every pool,
+  and retries (``release_cached_blocks`` then ``alloc_block(..., isRetry=true)``, counted in
+  ``num_alloc_retries``; ``release_available_cached_blocks`` is skipped: it acts only with
+  ``max_split_size_mb`` set); if the segment still does not fit, the step runs out of memory.
+Not modelled: ``expandable_segments``.
 """
 
 from __future__ import annotations
@@ -59,13 +64,20 @@ class AllocatorReplay:
     peak_reserved_bytes: int
     peak_allocated_bytes: int
     segments: int
+    alloc_retries: int = 0
+    """Requests that released the cache and retried at ``capacity_bytes`` (num_alloc_retries)."""
+    out_of_memory: bool = False
+    """A segment did not fit under ``capacity_bytes`` even with the cache released: the replay
+    stopped there (the peaks are those reached before)."""
 
 
-def replay(events: list[tuple[int, int]], streams: dict[int, int] | None = None
-           ) -> AllocatorReplay:
+def replay(events: list[tuple[int, int]], streams: dict[int, int] | None = None,
+           capacity_bytes: int | None = None) -> AllocatorReplay:
     """``events``: (uid, +bytes) for an allocation, (uid, -bytes) for its free; ``streams``: the
-    stream of the allocations not made on the default stream (uid → stream)."""
+    stream of the allocations not made on the default stream (uid → stream); ``capacity_bytes``:
+    the most the segments may total (None: unbounded, the reserve the trace asks for)."""
     streams = streams or {}
+    retries = 0
     pools: dict[tuple[bool, int], list[tuple[int, int, _Blk]]] = {}  # (small?, stream) → sorted
     live: dict[int, _Blk] = {}
     reserved = peak_reserved = allocated = peak_allocated = 0
@@ -96,6 +108,14 @@ def replay(events: list[tuple[int, int]], streams: dict[int, int] | None = None
                 blk = pool.pop(i)[2]
             else:
                 seg = _segment_size(size)
+                if capacity_bytes is not None and reserved + seg > capacity_bytes:
+                    retries += 1
+                    for k, entries in pools.items():  # release_cached_blocks: whole free segments
+                        keep = [e for e in entries if e[2].prev is not None or e[2].next is not None]
+                        reserved -= sum(e[2].size for e in entries) - sum(e[2].size for e in keep)
+                        pools[k] = keep
+                    if reserved + seg > capacity_bytes:
+                        return AllocatorReplay(peak_reserved, peak_allocated, nseg, retries, True)
                 nseg += 1
                 reserved += seg
                 peak_reserved = max(peak_reserved, reserved)
@@ -135,4 +155,4 @@ def replay(events: list[tuple[int, int]], streams: dict[int, int] | None = None
                         if nb.next is not None:
                             nb.next.prev = blk
             add_free(blk, key)
-    return AllocatorReplay(peak_reserved, peak_allocated, nseg)
+    return AllocatorReplay(peak_reserved, peak_allocated, nseg, retries)

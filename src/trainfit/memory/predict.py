@@ -113,6 +113,9 @@ class MemoryPrediction:
     error_band_cases: int = 0
     peak_device_upper_bytes: int = 0
     """The device peak raised by ``error_band_under``: what the fit is decided on."""
+    alloc_retries: int = 0
+    """Times the simulated step reached the card's limit, released the allocator's cached blocks
+    and retried (``num_alloc_retries``); each release synchronizes the GPU (0: never reached)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -288,13 +291,16 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
            sdpa_kernels: dict[str, int], sim_time_s: float, how: str,
            margin: float = DEFAULT_MARGIN, eager_module_loading: bool = False,
            phase_breakdowns: dict[str, dict[str, int]] | None = None,
-           per_rank: bool = False, quant_state_bytes: int = 0) -> MemoryPrediction:
+           per_rank: bool = False, quant_state_bytes: int = 0,
+           trace: tuple[list[tuple[int, int]], dict[int, int]] | None = None) -> MemoryPrediction:
     """Turn simulated tensor bytes into the allocated / reserved / device peaks and the fit.
 
     ``tensor_peak_bytes`` is the one-process allocated peak (whole blocks), ``breakdown`` what was
     alive at it, ``reserved_replay_bytes`` the caching allocator's reserve for that trace,
-    ``phase_breakdowns`` the breakdown at every phase's peak (for data parallelism).  Every
-    breakdown term is ≥ 0 and the terms other than ``managed`` sum to the allocated peak."""
+    ``phase_breakdowns`` the breakdown at every phase's peak (for data parallelism), ``trace``
+    the step's alloc/free events and streams (full-size simulations: replayed again at the card's
+    limit when the reserve would pass it).  Every breakdown term is ≥ 0 and the terms other than
+    ``managed`` sum to the allocated peak."""
 
     work = cublas_workspace_bytes(gpu)
     # Whole blocks the allocator hands out beyond the tensors' 512 B-rounded bytes (an unsplit
@@ -312,6 +318,25 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     context = (gpu.cuda_context_bytes if gpu else 0) + (
         EAGER_MODULE_LOADING_EXTRA_BYTES if eager_module_loading else 0)
     nccl, nccl_note = nccl_bytes(gpu, job.ranks)
+    retries, limit_note = 0, ""
+    if trace is not None and gpu is not None:
+        room = gpu.memory_bytes - context - nccl  # what cudaMalloc can still get
+        if reserved > room:
+            # the real allocator does not grow past the card: it releases its cached segments
+            # and retries (CUDACachingAllocator.cpp), so the run goes on while the allocated
+            # bytes and the blocks it cannot release fit
+            capped = replay(*trace, capacity_bytes=room - (allocated - tensor_peak_bytes))
+            if not capped.out_of_memory:
+                wanted = reserved
+                reserved = allocated + max(0, capped.peak_reserved_bytes - tensor_peak_bytes)
+                retries = capped.alloc_retries
+                limit_note = (
+                    f"at the card's limit: the step would reserve {wanted / 2**30:.2f} GiB; the "
+                    f"allocator releases its cached blocks and retries {retries}× a step "
+                    "(num_alloc_retries), so reserved stays at "
+                    f"{reserved / 2**30:.2f} GiB — each release synchronizes the GPU and "
+                    "re-allocates: the step is slower than a step with room (how much is not "
+                    "modelled)")
     resident = reserved + context + nccl
     # paged optimizer states live in CUDA managed memory: resident while the card has room,
     # paged out to the host under pressure (bitsandbytes' paged optimizers exist for that), so
@@ -329,6 +354,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
            "the fit)" if managed_bytes else "")
         + (f" + {nccl_note}: {nccl / 2**30:.2f} GiB, outside PyTorch's allocator" if nccl else ""),
         *dp_notes,
+        *([limit_note] if limit_note else []),
     ]
     if job.compile:
         # AOTAutograd's min-cut partitioner decides what the compiled forward saves for the
@@ -362,7 +388,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
         headroom_bytes=headroom,
         capacity_bytes=cap, margin=margin, total_params=total_params,
         error_band_kind=band.kind, error_band_under=band.under, error_band_cases=band.cases,
-        peak_device_upper_bytes=round(device * (1 + band.under)),
+        peak_device_upper_bytes=round(device * (1 + band.under)), alloc_retries=retries,
         trainable_params=trainable_params, sdpa_kernels=sdpa_kernels, sim_time_s=sim_time_s,
         model_notes=notes)
 
@@ -399,4 +425,5 @@ def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
                   how="simulated at full size", margin=margin,
                   eager_module_loading=eager_module_loading,
                   phase_breakdowns=sim.phase_breakdowns, per_rank=sim.per_rank,
-                  quant_state_bytes=sim.quant_state_bytes)
+                  quant_state_bytes=sim.quant_state_bytes,
+                  trace=(sim.events, sim.event_streams))

@@ -174,6 +174,12 @@ def synced(speed: SpeedPrediction | None, job: JobSpec, mem: MemoryPrediction,
     """``speed`` with the gradient synchronisation of ``ranks`` > 1 added (trainfit.speed.comm);
     unknown when the GPU's interconnect is."""
 
+    if speed is not None and getattr(mem, "alloc_retries", 0):
+        return unknown_speed(speed.model_flops_per_token,
+                             f"at the card's limit the allocator releases its cache and retries "
+                             f"{mem.alloc_retries}× a step (num_alloc_retries): each release "
+                             "synchronizes the GPU; the slow-down is not modelled (a smaller "
+                             "micro-batch or checkpointing gives it room)")
     if speed is not None and job.offload != "none":
         return unknown_speed(speed.model_flops_per_token,
                              f"offload {job.offload}: the host↔GPU copies and the optimizer step "
