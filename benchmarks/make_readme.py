@@ -51,6 +51,9 @@ SCRIPTS: list[tuple[str, str, str]] = [
      "(`throughput_published.json`: {throughput_cases} cases with pinned configurations, and the "
      "held-out `data/throughput_heldout.json`; V100 to H100, 1 to 128 GPUs, split plain / "
      "fused-compiled / unsupported)", "results/speed_published.md"),
+    ("speed_bands.py", "the speed error band per scale (1 / 2-7 / ≥ 8 GPUs, compiled) from "
+     "speed_published's errors (→ `src/trainfit/speed/bands.json`, which `plan` states beside its "
+     "tokens/s; speed_published.py runs it)", "results/speed_published.md"),
     ("speed_cpu.py", "predicted vs measured step time of real training steps on this CPU (3 models × 8 "
      "configurations, interleaved repeats)", "results/speed_cpu.md"),
     ("seed_plans.py", "the five seed scenarios planned → `examples/README.md`", "../examples/README.md"),

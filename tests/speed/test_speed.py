@@ -22,8 +22,10 @@ def test_gemm_that_cannot_fill_a_wave_is_split_along_k():
     # BERT-large at one 512-token sample: 4 x 8 = 32 output tiles, 40 % of the SMs
     assert split_k(32, 1024, 80) == 2
     one_wave = gemm_time(dev, (1, 512, 1024, 1024), "fp32")
+    # IEEE fp32 runs on the CUDA cores: Volta's own measured rate, not its tensor cores'
+    assert dev.gemm_efficiency_fp32 != dev.gemm_efficiency
     unsplit = 2.0 * GEMM_TILE * GEMM_TILE * 1024 / (dev.peak_flops["fp32"] / 80) \
-        / dev.gemm_efficiency
+        / dev.gemm_efficiency_fp32
     partials = 8.0 * 2 * 512 * 1024 / (dev.bandwidth_bytes_s * dev.bandwidth_efficiency)
     assert one_wave == pytest.approx(unsplit / 2 + partials)
     # a wave or more of tiles, or a K too short to slice: no split, the wave quantization stands

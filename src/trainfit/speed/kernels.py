@@ -68,10 +68,18 @@ class FamilyKernels:
     with a mask takes)."""
     bandwidth_stream: float
     source: str
+    gemm_mamf_fp32: float | None = None
+    """IEEE fp32 GEMMs run on the CUDA cores, not the tensor cores: their own fraction of the
+    fp32 peak where a source measured it (None: ``gemm_mamf``)."""
 
     @property
     def gemm_efficiency(self) -> float:
         return self.gemm_mamf * GEMM_SHAPE_FACTOR
+
+    @property
+    def gemm_efficiency_fp32(self) -> float:
+        return (self.gemm_mamf if self.gemm_mamf_fp32 is None else self.gemm_mamf_fp32) \
+            * GEMM_SHAPE_FACTOR
 
     @property
     def bandwidth_efficiency(self) -> float:
@@ -84,12 +92,15 @@ _A5000 = ("gpu-mode/ring-attention notebooks/flash_attn_benchmark_results.txt @3
 _HOPPER_FA2 = ("Dao-AILab/flash-attention PR #2688 benchmark output (Hopper, FA2 fwd+bwd, S=512-16k); "
                "PR #1791: 0.29-0.31 at 8k; FA3 paper: 'FA2 ~35 % on H100'")
 _MAMF = "stas00/ml-engineering compute/accelerator/README.md, MAMF table"
+_VOLTA_GEMM = ("Markidis et al., 'NVIDIA Tensor Core Programmability, Performance & Precision' "
+               "(IPDPSW 2018, arXiv 1803.04014): cuBLAS mixed-precision GEMM 83 of 112 TF on a "
+               "V100 PCIe (0.74), 7x its single-precision SGEMM (~11.9 of 14 TF: 0.85)")
 
 KERNELS: dict[str, FamilyKernels] = {
     "volta": FamilyKernels(
-        "volta", 0.87, None,
+        "volta", 0.74, None,
         Attention(0.30, 500, "no published fwd+bwd figure: Turing's memory-efficient ~0.3 taken"),
-        0.89, "no published MAMF for V100: A100's taken; gpu-benches v100 stream 0.89"),
+        0.89, f"{_VOLTA_GEMM}; gpu-benches v100 stream 0.89", gemm_mamf_fp32=0.85),
     "turing": FamilyKernels(
         "turing", 0.87, None,
         Attention(0.30, 500, "ssiu/flash-attention-turing README: SDPA ~0.3 of peak (derived)"),

@@ -47,6 +47,8 @@ class DeviceSpeed:
     op_overhead_s: float = EAGER_OP_OVERHEAD_S
     view_overhead_s: float = EAGER_VIEW_OVERHEAD_S
     gemm_efficiency: float = GEMM_EFFICIENCY
+    gemm_efficiency_fp32: float | None = None
+    """IEEE fp32 GEMMs (CUDA cores) where the family's rate differs (None: ``gemm_efficiency``)."""
     bandwidth_efficiency: float = BANDWIDTH_EFFICIENCY
     autograd_overhead_s: float = 0.0
     """Extra CPU cost of a forward op that records autograd history."""
@@ -72,6 +74,7 @@ class DeviceSpeed:
         k = kernels_for(gpu.compute_capability, gpu.name)
         extra: dict[str, Any] = {} if k is None else {
             "kernels": k, "gemm_efficiency": k.gemm_efficiency,
+            "gemm_efficiency_fp32": k.gemm_efficiency_fp32,
             "bandwidth_efficiency": k.bandwidth_efficiency}
         return cls(name=gpu.name, peak_flops={d: gpu.peak_flops(d) for d in ("fp32", "bf16", "fp16")},
                    bandwidth_bytes_s=bw, sm_count=gpu.sm_count, asynchronous=True,
@@ -87,13 +90,15 @@ def gemm_time(dev: DeviceSpeed, gemm: tuple[int, int, int, int], dtype: str) -> 
     flops = 2.0 * b * m * n * k
     if dev.gemm_rate_curve and dtype in dev.gemm_rate_curve:
         return flops / _interp_rate(dev.gemm_rate_curve[dtype], flops / b)
+    eff = dev.gemm_efficiency_fp32 if dtype == "fp32" and dev.gemm_efficiency_fp32 else \
+        dev.gemm_efficiency
     if not dev.sm_count:
-        return flops / (peak * dev.gemm_efficiency)
+        return flops / (peak * eff)
     tiles = b * math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE)
     waves = math.ceil(tiles / dev.sm_count)
     split = split_k(tiles, k, dev.sm_count)
     per_tile_flops = 2.0 * GEMM_TILE * GEMM_TILE * math.ceil(k / split)
-    t = waves * per_tile_flops / (peak / dev.sm_count) / dev.gemm_efficiency
+    t = waves * per_tile_flops / (peak / dev.sm_count) / eff
     if split > 1 and dev.bandwidth_bytes_s:
         # the fp32 partial sums of every slice written and read back by the reduction kernel
         t += 8.0 * split * b * m * n / (dev.bandwidth_bytes_s * dev.bandwidth_efficiency)
