@@ -46,3 +46,12 @@ def test_a_card_the_live_bytes_do_not_fit_stays_out_of_memory(tiny_llama):
     tight = predict_memory(JOB, tiny_llama, card)
     assert tight.alloc_retries == 0 and tight.fits is False
     assert tight.peak_reserved_bytes == roomy.peak_reserved_bytes  # what the step would need
+
+
+def test_plan_json_rows_carry_the_retries(tiny_llama):
+    from trainfit.plan.grid import plan
+
+    res = plan(JobSpec(model="t", seq_len=64, effective_batch=4), tiny_llama, find_gpu("a10g"),
+               verify=False, ladder=False)
+    configs = res.to_dict()["configs"]
+    assert configs and all(c["alloc_retries"] == 0 for c in configs)  # room on an A10G
