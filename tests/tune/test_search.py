@@ -289,3 +289,19 @@ def test_budget_spent_before_any_memory_probe_keeps_the_current_configuration(mo
     assert out.best is baseline and out.best.job.micro_batch == 1
     kinds = [n.kind for n in out.notes]
     assert "budget" in kinds and "nothing_fits" not in kinds and "needs_ckpt" not in kinds
+
+
+def test_a_probe_at_the_card_limit_says_the_allocator_retried():
+    def probe(job: JobSpec, timed: int) -> ProbeResult:
+        return ProbeResult(status="ok", measured=Measured(
+            peak_allocated_bytes=GIB, peak_reserved_bytes=GIB, peak_device_bytes=GIB,
+            host_rss_bytes=1, step_time_s=None, step_time_spread_s=None, tokens_per_s=None,
+            samples_per_s=None, data_wait_fraction=None,
+            alloc_retries=3 if job.micro_batch > 2 else 0))
+
+    s = Searcher(JobSpec(model="gpt2", seq_len=64, effective_batch=8), probe, lambda j: None,
+                 10 * GIB, SearchOptions(), dataset_samples=100)
+    at_limit = s.run(JobSpec(model="gpt2", seq_len=64, micro_batch=4, effective_batch=8), "batch", 0)
+    roomy = s.run(JobSpec(model="gpt2", seq_len=64, micro_batch=2, effective_batch=8), "batch", 0)
+    assert "released its cache 3×" in at_limit.note and "num_alloc_retries" in at_limit.note
+    assert "num_alloc_retries" not in roomy.note

@@ -46,8 +46,14 @@ def _own_tree_rss_bytes() -> int:
 
 
 _AGREED = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_device_bytes", "host_rss_bytes",
-           "step_time_s", "step_time_spread_s", "data_wait_fraction", "compile_time_s")
+           "step_time_s", "step_time_spread_s", "data_wait_fraction", "compile_time_s",
+           "alloc_retries")
 """Measured fields all ranks agree on (the maximum over ranks)."""
+
+
+def _alloc_retries(device: torch.device) -> int:
+    """The caching allocator's count of cudaMalloc failures it survived by releasing its cache."""
+    return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
 
 
 def _another_rank_oom() -> torch.OutOfMemoryError:
@@ -196,6 +202,7 @@ class Probe:
         if tracker is None:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
+            self._retries_at_start = _alloc_retries(self.device)
         else:
             seen: set[int] = set()
             for t in [*wl.model.parameters(), *wl.model.buffers()]:
@@ -257,12 +264,14 @@ class Probe:
         if over is not None:
             return over
         alloc, reserved, device_used = self._peaks(tracker)
+        retries = None if tracker is not None else \
+            _alloc_retries(self.device) - getattr(self, "_retries_at_start", 0)
         if not times:
             return ProbeResult(status="ok", measured=Measured(
                 peak_allocated_bytes=alloc, peak_reserved_bytes=reserved,
                 peak_device_bytes=device_used, host_rss_bytes=rss, step_time_s=None,
                 step_time_spread_s=None, tokens_per_s=None, samples_per_s=None,
-                data_wait_fraction=None))
+                data_wait_fraction=None, alloc_retries=retries))
         med = statistics.median(times)
         tokens = steps.tokens_per_step()
         wait_frac = statistics.median([w / t for w, t in zip(step_waits, times, strict=True)])
@@ -270,7 +279,7 @@ class Probe:
             peak_allocated_bytes=alloc, peak_reserved_bytes=reserved, peak_device_bytes=device_used,
             host_rss_bytes=rss, step_time_s=med, step_time_spread_s=max(times) - min(times),
             tokens_per_s=tokens / med, samples_per_s=steps.per_step / med,
-            data_wait_fraction=wait_frac, step_times_s=times,
+            data_wait_fraction=wait_frac, step_times_s=times, alloc_retries=retries,
             compile_time_s=None if compile_step_s is None else max(compile_step_s - med, 0.0)))
 
     def _metered_step(self, job: JobSpec, wl: RealWorkload, steps: _Steps,

@@ -28,6 +28,9 @@ class Measured:
     """Share of the step spent waiting for the next batch."""
     compile_time_s: float | None = None
     """torch.compile: first compiled step minus a steady step (None: not compiled)."""
+    alloc_retries: int | None = None
+    """CUDA: times the caching allocator hit the card during the probe, released its cache and
+    retried (``num_alloc_retries``: each release synchronizes the GPU); None on CPU."""
     step_times_s: list[float] = field(default_factory=list)
 
 

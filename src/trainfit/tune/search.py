@@ -201,6 +201,11 @@ class Searcher:
                   fits=self._fits(r), note=note)
         if r.status == "ok" and not t.fits:
             t.note = (t.note + "; " if t.note else "") + "ran, but above the margin"
+        retries = r.measured.alloc_retries if r.measured is not None else None
+        if retries:
+            t.note = (t.note + "; " if t.note else "") + (
+                f"at the card's limit: the allocator released its cache {retries}× "
+                "(num_alloc_retries), each a GPU synchronization")
         self.trials.append(t)
         return t
 
