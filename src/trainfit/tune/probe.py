@@ -52,7 +52,8 @@ _AGREED = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_device_bytes", "
 
 
 def _alloc_retries(device: torch.device) -> int:
-    """The caching allocator's count of cudaMalloc failures it survived by releasing its cache."""
+    """The caching allocator's count of cudaMalloc failures it survived by releasing its cache,
+    since the meter started (which resets the allocator's accumulated statistics)."""
     return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
 
 
@@ -202,7 +203,7 @@ class Probe:
         if tracker is None:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
-            self._retries_at_start = _alloc_retries(self.device)
+            torch.cuda.reset_accumulated_memory_stats(self.device)  # num_alloc_retries from 0
         else:
             seen: set[int] = set()
             for t in [*wl.model.parameters(), *wl.model.buffers()]:
@@ -264,8 +265,7 @@ class Probe:
         if over is not None:
             return over
         alloc, reserved, device_used = self._peaks(tracker)
-        retries = None if tracker is not None else \
-            _alloc_retries(self.device) - getattr(self, "_retries_at_start", 0)
+        retries = None if tracker is not None else _alloc_retries(self.device)
         if not times:
             return ProbeResult(status="ok", measured=Measured(
                 peak_allocated_bytes=alloc, peak_reserved_bytes=reserved,

@@ -197,15 +197,16 @@ class Searcher:
                       f"{job.optimizer_impl}, workers {job.num_workers}"
                       + (", compiled" if job.compile else ""))
         r = self._probe(job, timed)
-        t = Trial(index=len(self.trials), stage=stage, job=job, result=r, predicted=self.predict(job),
-                  fits=self._fits(r), note=note)
-        if r.status == "ok" and not t.fits:
-            t.note = (t.note + "; " if t.note else "") + "ran, but above the margin"
+        fits = self._fits(r)
+        said = [note] if note else []
+        if r.status == "ok" and not fits:
+            said.append("ran, but above the margin")
         retries = r.measured.alloc_retries if r.measured is not None else None
         if retries:
-            t.note = (t.note + "; " if t.note else "") + (
-                f"at the card's limit: the allocator released its cache {retries}× "
-                "(num_alloc_retries), each a GPU synchronization")
+            said.append(f"at the card's limit: the allocator released its cache {retries}× "
+                        "(num_alloc_retries), each a GPU synchronization")
+        t = Trial(index=len(self.trials), stage=stage, job=job, result=r, predicted=self.predict(job),
+                  fits=fits, note="; ".join(said))
         self.trials.append(t)
         return t
 
