@@ -71,6 +71,17 @@ class AllocatorReplay:
     stopped there (the peaks are those reached before)."""
 
 
+def _release_cached_blocks(pools: dict[tuple[bool, int], list[tuple[int, int, _Blk]]]) -> int:
+    """``release_cached_blocks``: drop every free block that is a whole segment (nothing else
+    lives in it), in every pool; the bytes given back to the driver."""
+    released = 0
+    for k, entries in pools.items():
+        keep = [e for e in entries if e[2].prev is not None or e[2].next is not None]
+        released += sum(e[2].size for e in entries) - sum(e[2].size for e in keep)
+        pools[k] = keep
+    return released
+
+
 def replay(events: list[tuple[int, int]], streams: dict[int, int] | None = None,
            capacity_bytes: int | None = None) -> AllocatorReplay:
     """``events``: (uid, +bytes) for an allocation, (uid, -bytes) for its free; ``streams``: the
@@ -110,10 +121,7 @@ def replay(events: list[tuple[int, int]], streams: dict[int, int] | None = None,
                 seg = _segment_size(size)
                 if capacity_bytes is not None and reserved + seg > capacity_bytes:
                     retries += 1
-                    for k, entries in pools.items():  # release_cached_blocks: whole free segments
-                        keep = [e for e in entries if e[2].prev is not None or e[2].next is not None]
-                        reserved -= sum(e[2].size for e in entries) - sum(e[2].size for e in keep)
-                        pools[k] = keep
+                    reserved -= _release_cached_blocks(pools)
                     if reserved + seg > capacity_bytes:
                         return AllocatorReplay(peak_reserved, peak_allocated, nseg, retries, True)
                 nseg += 1

@@ -320,23 +320,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     nccl, nccl_note = nccl_bytes(gpu, job.ranks)
     retries, limit_note = 0, ""
     if trace is not None and gpu is not None:
-        room = gpu.memory_bytes - context - nccl  # what cudaMalloc can still get
-        if reserved > room:
-            # the real allocator does not grow past the card: it releases its cached segments
-            # and retries (CUDACachingAllocator.cpp), so the run goes on while the allocated
-            # bytes and the blocks it cannot release fit
-            capped = replay(*trace, capacity_bytes=room - (allocated - tensor_peak_bytes))
-            if not capped.out_of_memory:
-                wanted = reserved
-                reserved = allocated + max(0, capped.peak_reserved_bytes - tensor_peak_bytes)
-                retries = capped.alloc_retries
-                limit_note = (
-                    f"at the card's limit: the step would reserve {wanted / 2**30:.2f} GiB; the "
-                    f"allocator releases its cached blocks and retries {retries}× a step "
-                    "(num_alloc_retries), so reserved stays at "
-                    f"{reserved / 2**30:.2f} GiB — each release synchronizes the GPU and "
-                    "re-allocates: the step is slower than a step with room (how much is not "
-                    "modelled)")
+        reserved, retries, limit_note = _at_card_limit(
+            trace, gpu.memory_bytes - context - nccl, allocated, tensor_peak_bytes, reserved)
     resident = reserved + context + nccl
     # paged optimizer states live in CUDA managed memory: resident while the card has room,
     # paged out to the host under pressure (bitsandbytes' paged optimizers exist for that), so
@@ -391,6 +376,28 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
         peak_device_upper_bytes=round(device * (1 + band.under)), alloc_retries=retries,
         trainable_params=trainable_params, sdpa_kernels=sdpa_kernels, sim_time_s=sim_time_s,
         model_notes=notes)
+
+
+def _at_card_limit(trace: tuple[list[tuple[int, int]], dict[int, int]], room_bytes: int,
+                   allocated: int, tensor_peak_bytes: int, reserved: int) -> tuple[int, int, str]:
+    """(reserved, retries, note) once the card is taken into account; ``room_bytes`` is what
+    cudaMalloc can still get.  The real allocator does not grow past the card: it releases its
+    cached segments and retries (CUDACachingAllocator.cpp), so the run goes on while the
+    allocated bytes and the blocks it cannot release fit — otherwise it is out of memory, and
+    the reserve the step asks for stands."""
+    if reserved <= room_bytes:
+        return reserved, 0, ""
+    # the trace is the one-process step's: the rank's other allocations take their room first
+    capped = replay(*trace, capacity_bytes=room_bytes - (allocated - tensor_peak_bytes))
+    if capped.out_of_memory:
+        return reserved, 0, ""
+    held = allocated + max(0, capped.peak_reserved_bytes - tensor_peak_bytes)
+    return held, capped.alloc_retries, (
+        f"at the card's limit: the step would reserve {reserved / 2**30:.2f} GiB; the allocator "
+        f"releases its cached blocks and retries {capped.alloc_retries}× a step "
+        f"(num_alloc_retries), so reserved stays at {held / 2**30:.2f} GiB — each release "
+        "synchronizes the GPU and re-allocates: the step is slower than a step with room (how "
+        "much is not modelled)")
 
 
 def _loading_notes(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
