@@ -9,7 +9,7 @@ are listed as unsupported, or scored apart as ``fused/compiled`` (see speed_case
 Speed is predicted as ``plan`` predicts a grid row: four small simulations of the job
 (``trainfit.memory.extrapolate.fit_group``), re-timed at the case's micro-batch and accumulation
 (``BilinearModel.speed``) on the GPU, plus the gradient synchronisation of its ranks over the
-interconnect (``trainfit.plan.grid.synced``).  Cases that differ only in micro-batch,
+interconnect (``trainfit.plan.row_speed.synced``).  Cases that differ only in micro-batch,
 accumulation, GPU of one compute capability or interconnect share one fit.  Every number here is
 the public functions' output: a change to the speed model shows up on the next run.
 
@@ -61,7 +61,7 @@ def _score(m: Any, fit: Any, src: Any) -> dict[str, Any]:
     from types import SimpleNamespace
 
     from trainfit.job import JobSpec
-    from trainfit.plan.grid import synced
+    from trainfit.plan.row_speed import synced
     from trainfit.speed.predict import model_flops_per_token
     from trainfit.speed.roofline import DeviceSpeed
 
@@ -71,7 +71,8 @@ def _score(m: Any, fit: Any, src: Any) -> dict[str, Any]:
     fpt = model_flops_per_token(src.config, p["total_params"], p["trainable_params"], job.seq_len,
                                 job.method == "full")
     dev = _DEVICES.setdefault(gpu.name, DeviceSpeed.from_gpu(gpu))
-    mem = SimpleNamespace(**p, per_rank=getattr(fit.points[0].sim, "per_rank", False))
+    mem = SimpleNamespace(**p, per_rank=getattr(fit.points[0].sim, "per_rank", False),
+                          alloc_retries=0)  # extrapolated: no full-size trace to replay at the card
     sp = synced(fit.speed(dev, job, fpt), job, mem, gpu)
     notes = list(m.notes)
     if m.n_params and abs(p["total_params"] / m.n_params - 1) > 0.02:

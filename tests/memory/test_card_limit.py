@@ -8,7 +8,7 @@ import dataclasses
 from trainfit.hardware.gpus import find_gpu
 from trainfit.job import JobSpec
 from trainfit.memory.predict import predict_memory
-from trainfit.plan.grid import synced
+from trainfit.plan.row_speed import synced
 from trainfit.speed.predict import SpeedPrediction
 
 JOB = JobSpec(model="t", seq_len=256, micro_batch=48, precision="bf16-true", grad_ckpt="full")

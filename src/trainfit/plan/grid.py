@@ -30,15 +30,14 @@ from trainfit.model.source import ModelSource
 from trainfit.plan.checks import HostRamCheck, ObservedCheck
 from trainfit.plan.context import OffloadCheck, PlanAssumptions, offload_check, plan_assumptions
 from trainfit.plan.ladder import build_ladder
+from trainfit.plan.row_speed import synced
 from trainfit.plan.rows import mark_shown, rank_rows
 from trainfit.speed.bands import SpeedBand, speed_band_for
-from trainfit.speed.comm import peer_to_peer, sync_time, unknown_interconnect, with_sync
 from trainfit.speed.ops import OpRecorder
 from trainfit.speed.predict import (
     SpeedPrediction,
     model_flops_per_token,
     predict_speed_exact,
-    unknown_speed,
 )
 from trainfit.speed.roofline import DeviceSpeed
 
@@ -167,46 +166,6 @@ def _exact_row(args: tuple[JobSpec, ModelSource, GpuSpec | None, float]) -> Plan
         DeviceSpeed.from_gpu(gpu), rec.ops, cj.micro_batch or 1, cj.grad_accum or 1, cj.seq_len,
         cj.ranks, _flops_per_token(source, mem, cj), compiled=cj.compile)
     return PlanRow(cj, mem, "simulated", synced(speed, cj, mem, gpu))
-
-
-def synced(speed: SpeedPrediction | None, job: JobSpec, mem: MemoryPrediction,
-           gpu: GpuSpec | None) -> SpeedPrediction | None:
-    """``speed`` with the gradient synchronisation of ``ranks`` > 1 added (trainfit.speed.comm);
-    unknown when the GPU's interconnect is."""
-
-    if speed is not None and getattr(mem, "alloc_retries", 0):
-        return unknown_speed(speed.model_flops_per_token,
-                             f"at the card's limit the allocator releases its cache and retries "
-                             f"{mem.alloc_retries}× a step (num_alloc_retries): each release "
-                             "synchronizes the GPU; the slow-down is not modelled (a smaller "
-                             "micro-batch or checkpointing gives it room)")
-    if speed is not None and job.offload != "none":
-        return unknown_speed(speed.model_flops_per_token,
-                             f"offload {job.offload}: the host↔GPU copies and the optimizer step "
-                             "on the CPU are not modelled")
-    if speed is None or gpu is None or job.ranks <= 1 or speed.step_time_s is None:
-        return speed
-    if not gpu.interconnect_gbs:
-        return unknown_interconnect(speed, job.ranks)
-    if not peer_to_peer(gpu):
-        return unknown_interconnect(speed, job.ranks, f"{gpu.display_name} has no PCIe "
-                                    "peer-to-peer: NCCL goes through host memory, at the host's "
-                                    "speed")
-    sharded = job.sharding != "none"
-    # gradients: fp32 under DDP+AMP; reduced in the compute dtype by DeepSpeed, in
-    # fsdp_reduce_dtype by FSDP
-    grad_elem = 2 if job.precision == "bf16-true" or job.sharding.startswith("zero") or (
-        job.sharding == "fsdp" and job.fsdp_reduce_dtype == "param") else 4
-    # parameters are gathered in the compute dtype under FSDP/ZeRO mixed precision
-    weight_elem = {"qlora": 0.5625}.get(job.method, 4 if job.precision == "fp32" or (
-        not sharded and job.method == "full" and job.precision != "bf16-true") else 2)
-    # ZeRO-3 gathers and reduce-scatters like FSDP; ZeRO-2's reduce-scatter + all-gather of the
-    # updated partitions moves what one all-reduce moves
-    pattern = {"zero3": "fsdp", "zero2": "none"}.get(job.sharding, job.sharding)
-    return with_sync(speed, sync_time(
-        ranks=job.ranks, sharding=pattern, grad_accum=job.grad_accum or 1,
-        grad_bytes=mem.trainable_params * grad_elem, param_bytes=mem.total_params * weight_elem,
-        link_gbs=gpu.interconnect_gbs, micro_step_s=speed.step_time_s / (job.grad_accum or 1)))
 
 
 class _Workers:
