@@ -15,10 +15,11 @@ speed_published.py runs it after each full run) → src/trainfit/speed/bands.jso
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
+
+from speed_published import stats
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results" / "speed_published.json"
@@ -26,30 +27,32 @@ BANDS = ROOT.parent / "src" / "trainfit" / "speed" / "bands.json"
 SCALES = {"1 GPU": "single", "2-7 GPUs": "few", "≥ 8 GPUs": "many"}
 
 
-def _band(errors: list[float]) -> dict[str, Any]:
-    a = sorted(abs(e) for e in errors)
-    p90 = statistics.quantiles(a, n=10, method="inclusive")[-1] if len(a) > 1 else a[0]
-    return {"cases": len(a), "median_abs_error": round(statistics.median(a), 4),
-            "p90_abs_error": round(p90, 4), "median_signed_error": round(statistics.median(errors), 4),
+def _band(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """speed_published's own statistics of these rows (the numbers its report prints), rounded,
+    with the signed range."""
+    st = stats(rows)
+    errors = [r["error"] for r in rows]
+    return {"cases": st["cases"],
+            **{k: round(st[k], 4) for k in ("median_abs_error", "p90_abs_error",
+                                            "median_signed_error")},
             "min_error": round(min(errors), 4), "max_error": round(max(errors), 4)}
 
 
 def bands(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     scored = [r for r in rows if r.get("error") is not None]
-    out = {key: _band([r["error"] for r in scored
-                       if r["bucket"] == "plain" and r["scale"] == scale])
+    out = {key: _band([r for r in scored if r["bucket"] == "plain" and r["scale"] == scale])
            for scale, key in SCALES.items()}
-    out["compiled"] = _band([r["error"] for r in scored if r["bucket"] == "fused/compiled"])
+    out["compiled"] = _band([r for r in scored if r["bucket"] == "fused/compiled"])
     return out
 
 
 def main() -> int:
-    rows = json.loads(RESULTS.read_text())["results"]
+    out = bands(json.loads(RESULTS.read_text())["results"])
     BANDS.write_text(json.dumps({
         "source": "benchmarks/speed_bands.py over results/speed_published.json (plain cases per "
                   "scale; compiled = torch.compile / fused-kernel stacks)",
-        "bands": bands(rows)}, indent=1) + "\n")
-    for k, b in bands(rows).items():
+        "bands": out}, indent=1) + "\n")
+    for k, b in out.items():
         print(f"{k:9s} {b['cases']:4d} cases  median |error| {b['median_abs_error']:.1%}  "
               f"p90 {b['p90_abs_error']:.1%}")
     return 0
