@@ -42,13 +42,15 @@ def test_ddp_wrap_keeps_one_copy_of_the_gradients_alive(one_rank_group):
     del ddp
 
 
-def test_compiled_job_says_its_memory_is_the_eager_step(tiny_llama):
-    """torch.compile's memory is not simulated (its partitioner's saved set): the peak is the
-    eager step's, the same bytes, and the prediction says so."""
+def test_compiled_job_says_what_its_memory_is(tiny_llama):
+    """torch.compile under autocast: the blocks run as AOTAutograd's partition (they trace with
+    the CUDA autocast policy), the peak is not above the eager step's, and the prediction says
+    how it was made (tests/memory/test_compiled.py checks the saved set against torch.compile)."""
 
     job = JobSpec(model="t", seq_len=64, micro_batch=2, precision="amp-bf16")
     eager = predict_memory(job, tiny_llama, find_gpu("a10g"))
     compiled = predict_memory(job.replace(compile=True), tiny_llama, find_gpu("a10g"))
-    assert compiled.peak_allocated_bytes == eager.peak_allocated_bytes
-    assert any("torch.compile" in n and "eager" in n for n in compiled.model_notes)
+    assert compiled.peak_allocated_bytes <= eager.peak_allocated_bytes
+    note = next(n for n in compiled.model_notes if "torch.compile" in n)
+    assert "min-cut partitioner" in note and "could not be traced" not in note
     assert not any("torch.compile" in n for n in eager.model_notes)

@@ -18,6 +18,7 @@ from trainfit.hardware.gpus import EAGER_MODULE_LOADING_EXTRA_BYTES, GpuSpec
 from trainfit.job import DEFAULT_MARGIN, JobSpec
 from trainfit.memory.allocator import replay
 from trainfit.memory.bands import band_for
+from trainfit.memory.compiled import compile_note
 from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.memory.zero import fsdp_offload_phases, zero_phases
 from trainfit.model.source import ModelSource
@@ -292,7 +293,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
            margin: float = DEFAULT_MARGIN, eager_module_loading: bool = False,
            phase_breakdowns: dict[str, dict[str, int]] | None = None,
            per_rank: bool = False, quant_state_bytes: int = 0,
-           trace: tuple[list[tuple[int, int]], dict[int, int]] | None = None) -> MemoryPrediction:
+           trace: tuple[list[tuple[int, int]], dict[int, int]] | None = None,
+           compile_untraced: list[str] | None = None) -> MemoryPrediction:
     """Turn simulated tensor bytes into the allocated / reserved / device peaks and the fit.
 
     ``tensor_peak_bytes`` is the one-process allocated peak (whole blocks), ``breakdown`` what was
@@ -342,11 +344,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
         *([limit_note] if limit_note else []),
     ]
     if job.compile:
-        # AOTAutograd's min-cut partitioner decides what the compiled forward saves for the
-        # backward (torch/_functorch/partitioners.py: it recomputes cheap elementwise ops rather
-        # than saving their outputs); the simulation runs the eager step
-        notes.append("torch.compile: memory simulated as the eager step; the compiled step's "
-                     "partitioner usually saves fewer activations (not modelled: tune measures it)")
+        notes.append(compile_note(job, compile_untraced or []))
     full_breakdown = {**{k: v for k, v in terms.items() if k != "data_parallel"},
                       "workspaces": work, "managed": managed_bytes}
     if blocks:
@@ -433,4 +431,5 @@ def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
                   eager_module_loading=eager_module_loading,
                   phase_breakdowns=sim.phase_breakdowns, per_rank=sim.per_rank,
                   quant_state_bytes=sim.quant_state_bytes,
-                  trace=(sim.events, sim.event_streams))
+                  trace=(sim.events, sim.event_streams),
+                  compile_untraced=sim.info.get("compile_untraced"))

@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trainfit.engine.step import repeat_batches, train_step
 from trainfit.job import JobSpec
+from trainfit.memory.compiled import partitioned_blocks, partitions
 from trainfit.memory.semantics import AttentionTarget, device_semantics
 from trainfit.memory.sharded import fake_world, fsdp_bookkeeping, fsdp_simulable, local, shard_model
 from trainfit.memory.tracker import LiveBytesTracker
@@ -196,7 +197,10 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         quant_state = _track_inputs(model, batch, tracker)
         hooks = [p.register_post_accumulate_grad_hook(
             lambda p: tracker.reclassify(p.grad, "gradients")) for p in trainable]
-        with device_semantics(attn) as ops, bookkeeping, tracker:
+        # torch.compile: each block runs as AOTAutograd's partition of it (memory/compiled.py)
+        partition = partitions(job, mesh is not None)
+        blocks = partitioned_blocks(model, tracker) if partition else contextlib.nullcontext([])
+        with device_semantics(attn) as ops, bookkeeping, tracker, blocks as untraced:
             carry: dict[str, Any] | None = {} if job.hold_outputs else None
 
             def run_step() -> None:
@@ -235,7 +239,8 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         micro_steps_simulated=micro,
         sim_time_s=time.perf_counter() - t0,
         info={"quantized_linears": info.quantized_linears,
-              "lora_target_modules": info.lora_target_modules},
+              "lora_target_modules": info.lora_target_modules,
+              "compile_partitioned": partition, "compile_untraced": list(untraced)},
         events=tracker.events,
         event_streams=tracker.event_streams,
         quant_state_bytes=quant_state,

@@ -116,6 +116,7 @@ class LiveBytesTracker(TorchDispatchMode):
         self.category_override: str | None = None
         """When set, every tensor an op creates is booked in this category (FSDP's collectives:
         :func:`trainfit.memory.sharded.fsdp_bookkeeping`)."""
+        self._paused = 0
 
     @contextlib.contextmanager
     def managed(self) -> Iterator[None]:
@@ -125,6 +126,16 @@ class LiveBytesTracker(TorchDispatchMode):
             yield
         finally:
             self._managed_depth -= 1
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Ops inside are neither booked nor passed to the op hook (a compiler tracing the step
+        on fake tensors: :mod:`trainfit.memory.compiled`)."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
 
     # --- registration ---------------------------------------------------------------------
     def _rounded(self, nbytes: int) -> int:
@@ -252,6 +263,8 @@ class LiveBytesTracker(TorchDispatchMode):
             # of a Llama LoRA step (counted): skipping the bookkeeping saves ~10 % of plan time.
             return func(*args, **(kwargs or {}))
         out = func(*args, **(kwargs or {}))
+        if self._paused:
+            return out
         if self.op_hook is not None:
             self.op_hook(func, args, kwargs or {}, out, self.phase, self._micro)
         category = self.category_override or (
