@@ -93,6 +93,12 @@ class Mapped:
     notes: list[str] = field(default_factory=list)
     cc: str = ""
     """The GPU's compute capability (the simulation's target: attention kernels, autocast)."""
+    timed_interval: tuple[int, int] | None = None
+    """(training steps, eval forwards) inside one timed interval of the source's harness, when
+    its tokens/s divides the training tokens by a time that includes evaluation forwards."""
+    confidence: str = "medium"
+    """The source's confidence (high / medium / low): the targets, like the memory ones, are
+    read on high/medium cases; low ones (derived timings, harness overheads) are shown too."""
 
     @property
     def bucket(self) -> str:
@@ -224,6 +230,24 @@ def _lora(case: dict[str, Any], job: dict[str, Any]) -> None:
         job["quant"] = "nf4"
 
 
+def _raschka_harness(case: dict[str, Any], m: Mapped) -> None:
+    """LLMs-from-scratch ch05/10: what its numbers are, from its own files.
+
+    The card: "A100" only, but row 10 raised the batch "to the largest power of 2 supported by
+    the GPU" and reserved 22.5 GB at 32 (README), so 64 (≈ 2 × 21 GB of activations + 1.3 GB of
+    weights, gradients and states) did not fit: a 40 GB A100 (both 40 GB forms have 1555 GB/s
+    and the same peaks). The interval: train_model_simple_with_timing divides the interval's
+    training tokens by a CUDA-event time that also holds evaluate_model's forwards of
+    ``eval_iter`` = 1 train and 1 val batch every ``eval_freq`` steps (15 in 00_orig.py, 10 in
+    01_opt_single_gpu.py, 5 in 02_opt_multi_gpu_ddp.py)."""
+    m.gpu = "a100-40gb-sxm"
+    m.notes.append("A100 40 GB: the README's batch 64 did not fit (22.5 GB reserved at 32)")
+    every = 15 if "_00_" in case["id"] else 5 if case["gpus"] > 1 else 10
+    m.timed_interval = (every, 2)
+    m.notes.append(f"timed interval = {every} steps + 2 eval forwards (each ⅓ of a step: "
+                   "2N of the 6N FLOPs per token)")
+
+
 def _model(case: dict[str, Any], m: Mapped) -> None:
     from trainfit.model.catalog.models import find_model
 
@@ -237,6 +261,7 @@ def _model(case: dict[str, Any], m: Mapped) -> None:
                        "positions, tied head, GELU-tanh)")
         return
     if case["group"].startswith("raschka"):
+        _raschka_harness(case, m)
         m.model = {"build": "gpt2", "hidden": 768, "layers": 12, "heads": 12, "ffn": 3072,
                    "vocab": d["vocab_size"], "positions": 1024, "tied": False, "dropout": 0.1}
         m.model_note = ("GPTModel stand-in: GPT2LMHeadModel, untied head, dropout 0.1 (qkv has a "
@@ -303,7 +328,7 @@ def map_case(file: str, case: dict[str, Any]) -> Mapped:
     m = Mapped(id=case["id"], group=case["group"], file=file, gpu_text=case["gpu"], gpu=None,
                family="other", gpus=int(case["gpus"]),
                measured_tokens_per_s=float(meas["tokens_per_s_per_gpu"]), measured_mfu=meas.get("mfu"),
-               n_params=case["model"].get("n_params"))
+               n_params=case["model"].get("n_params"), confidence=case.get("confidence") or "medium")
     if case.get("confidence") == "low":
         m.notes.append("source confidence: low")
     _gpu(case, m)
