@@ -241,6 +241,7 @@ def _raschka_harness(case: dict[str, Any], m: Mapped) -> None:
     ``eval_iter`` = 1 train and 1 val batch every ``eval_freq`` steps (15 in 00_orig.py, 10 in
     01_opt_single_gpu.py, 5 in 02_opt_multi_gpu_ddp.py)."""
     m.gpu = "a100-40gb-sxm"
+    m.notes = [n for n in m.notes if not n.startswith("A100 variant not stated")]
     m.notes.append("A100 40 GB: the README's batch 64 did not fit (22.5 GB reserved at 32)")
     every = 15 if "_00_" in case["id"] else 5 if case["gpus"] > 1 else 10
     m.timed_interval = (every, 2)

@@ -79,12 +79,15 @@ def _score(m: Any, fit: Any, src: Any) -> dict[str, Any]:
         notes.append(f"planned model has {p['total_params'] / 1e6:,.0f} M parameters, the case "
                      f"{m.n_params / 1e6:,.0f} M")
     tps = None if sp.tokens_per_s is None else sp.tokens_per_s / job.ranks
+    mfu = sp.mfu
     if tps is not None and m.timed_interval:
         # the source's time includes evaluation forwards (a third of a step each: 2N of the 6N
         # FLOPs per token, PaLM appendix B); its tokens count the training steps only
         steps, forwards = m.timed_interval
-        tps *= steps / (steps + forwards / 3)
-    return _row(m, notes, predicted_tokens_per_s=tps, predicted_mfu=sp.mfu,
+        share = steps / (steps + forwards / 3)
+        tps *= share
+        mfu = None if mfu is None else mfu * share
+    return _row(m, notes, predicted_tokens_per_s=tps, predicted_mfu=mfu,
                 step_time_s=sp.step_time_s, bound=sp.bound, sync_s=sp.sync_s,
                 sync_exposed_s=sp.sync_exposed_s, interconnect=gpu.interconnect,
                 unknown_reason=sp.unknown_reason)

@@ -13,21 +13,26 @@ from typing import Any
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from trainfit.job import JobSpec
-from trainfit.memory.compiled import compile_note, partitioned_blocks, partitions
+from trainfit.memory.compiled import compile_note, partitioned_blocks, runs_partitioned
 from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.memory.tracker import LiveBytesTracker
 from trainfit.model.source import ModelSource
 
 LLAMA = dict(hidden_size=256, intermediate_size=688, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=512, use_cache=False)
+GPT2 = dict(n_embd=128, n_layer=2, n_head=4, vocab_size=512, n_positions=256, use_cache=False)
 BATCH, SEQ = 2, 128
 
 
-def _model() -> Any:
+def _model(kind: str = "llama") -> Any:
     torch.manual_seed(0)
+    if kind == "gpt2":  # dropout and GELU: where Inductor's decompositions change the cut
+        cfg = GPT2Config(**GPT2)
+        cfg._attn_implementation = "sdpa"
+        return GPT2LMHeadModel(cfg).to(torch.bfloat16)
     cfg = LlamaConfig(**LLAMA)
     cfg._attn_implementation = "sdpa"
     return LlamaForCausalLM(cfg).to(torch.bfloat16)
@@ -50,9 +55,13 @@ def _saved_bytes(model: Any) -> int:
     return sum(seen.values())
 
 
-def _compiled(backend: str) -> int:
-    model = _model()
-    for layer in model.model.layers:
+def _blocks(model: Any) -> Any:
+    return model.transformer.h if hasattr(model, "transformer") else model.model.layers
+
+
+def _compiled(backend: str, kind: str = "llama") -> int:
+    model = _model(kind)
+    for layer in _blocks(model):
         layer.forward = torch.compile(layer.forward, backend=backend)
     try:
         return _saved_bytes(model)
@@ -60,8 +69,8 @@ def _compiled(backend: str) -> int:
         torch._dynamo.reset()
 
 
-def _partitioned() -> tuple[int, list[str]]:
-    model = _model()
+def _partitioned(kind: str = "llama") -> tuple[int, list[str]]:
+    model = _model(kind)
     with partitioned_blocks(model, LiveBytesTracker()) as untraced:
         _saved_bytes(model)  # the first call traces
         return _saved_bytes(model), untraced
@@ -74,6 +83,29 @@ def test_partitioned_blocks_save_what_torch_compile_saves() -> None:
     assert untraced == []
     assert ours == compiled == 4_520_960
     assert eager == 6_274_048  # the partitioner recomputes norms/activations: 28 % less saved
+
+
+def test_partitioned_gpt2_with_dropout_saves_what_torch_compile_saves() -> None:
+    compiled = _compiled("aot_eager_decomp_partition", "gpt2")
+    assert _partitioned("gpt2") == (compiled, [])
+    assert compiled < _saved_bytes(_model("gpt2"))
+
+
+def test_a_new_call_signature_is_traced_again() -> None:
+    torch.manual_seed(0)
+    model = _model()
+    x1 = torch.randint(0, LLAMA["vocab_size"], (BATCH, SEQ))
+    x2 = torch.randint(0, LLAMA["vocab_size"], (1, SEQ // 2))
+    want = [model(input_ids=x).logits for x in (x1, x2)]
+    with partitioned_blocks(model, LiveBytesTracker()) as untraced:
+        got = [model(input_ids=x).logits for x in (x1, x2)]
+        with torch.no_grad():  # an inference graph of its own, not the training one
+            model(input_ids=x1)
+        model(input_ids=x1).logits.float().sum().backward()
+        assert len(_blocks(model)[0].forward.traced) == 3  # 2 shapes, then the no-grad call
+    assert untraced == []
+    assert all(torch.allclose(a, b, atol=1e-2) for a, b in zip(got, want, strict=True))
+    assert all(p.grad is not None for p in _blocks(model).parameters())
 
 
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
@@ -98,13 +130,24 @@ def test_simulated_forward_peak_drops_by_what_compile_stops_saving() -> None:
     assert abs(drop - measured) <= 2048  # the one difference: 1 KiB of rounding
 
 
+def test_the_trace_keeps_no_memory_of_the_step() -> None:
+    """Between steps and across accumulation micro-steps a compiled step holds what the eager
+    one holds: nothing of the trace (its example inputs) stays counted."""
+    eager, compiled = _sim(False, grad_accum=2), _sim(True, grad_accum=2)
+    assert compiled.steady_bytes == eager.steady_bytes
+    assert compiled.phase_peaks["optimizer"] == eager.phase_peaks["optimizer"]
+    grow = {k: r.phase_peaks["forward@accum"] - r.phase_peaks["forward@first"]
+            for k, r in (("eager", eager), ("compiled", compiled))}
+    assert grow["compiled"] == grow["eager"]
+
+
 def test_checkpointed_compile_is_the_eager_step() -> None:
     eager, compiled = _sim(False, grad_ckpt="full"), _sim(True, grad_ckpt="full")
     assert not compiled.info["compile_partitioned"]
     assert compiled.phase_peaks == eager.phase_peaks
     job = JobSpec(model="m", seq_len=SEQ, micro_batch=1, compile=True, grad_ckpt="full")
-    assert not partitions(job, sharded=False)
-    assert "eager step (checkpointed blocks save only their inputs)" in compile_note(job, [])
+    assert not runs_partitioned(job, sharded=False)
+    assert "eager step (a checkpointed block's saved set is its checkpoint's)" in compile_note(job, [])
 
 
 class _Branchy(torch.nn.Module):

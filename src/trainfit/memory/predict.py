@@ -294,7 +294,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
            phase_breakdowns: dict[str, dict[str, int]] | None = None,
            per_rank: bool = False, quant_state_bytes: int = 0,
            trace: tuple[list[tuple[int, int]], dict[int, int]] | None = None,
-           compile_untraced: list[str] | None = None) -> MemoryPrediction:
+           compile_untraced: list[str] | None = None,
+           compile_partitioned: bool | None = None) -> MemoryPrediction:
     """Turn simulated tensor bytes into the allocated / reserved / device peaks and the fit.
 
     ``tensor_peak_bytes`` is the one-process allocated peak (whole blocks), ``breakdown`` what was
@@ -344,7 +345,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
         *([limit_note] if limit_note else []),
     ]
     if job.compile:
-        notes.append(compile_note(job, compile_untraced or []))
+        notes.append(compile_note(job, compile_untraced or [], compile_partitioned))
     full_breakdown = {**{k: v for k, v in terms.items() if k != "data_parallel"},
                       "workspaces": work, "managed": managed_bytes}
     if blocks:
@@ -432,4 +433,5 @@ def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
                   phase_breakdowns=sim.phase_breakdowns, per_rank=sim.per_rank,
                   quant_state_bytes=sim.quant_state_bytes,
                   trace=(sim.events, sim.event_streams),
-                  compile_untraced=sim.info.get("compile_untraced"))
+                  compile_untraced=sim.info.get("compile_untraced"),
+                  compile_partitioned=sim.info.get("compile_partitioned"))

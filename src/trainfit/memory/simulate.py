@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trainfit.engine.step import repeat_batches, train_step
 from trainfit.job import JobSpec
-from trainfit.memory.compiled import partitioned_blocks, partitions
+from trainfit.memory.compiled import partitioned_blocks, runs_partitioned
 from trainfit.memory.semantics import AttentionTarget, device_semantics
 from trainfit.memory.sharded import fake_world, fsdp_bookkeeping, fsdp_simulable, local, shard_model
 from trainfit.memory.tracker import LiveBytesTracker
@@ -198,7 +198,7 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         hooks = [p.register_post_accumulate_grad_hook(
             lambda p: tracker.reclassify(p.grad, "gradients")) for p in trainable]
         # torch.compile: each block runs as AOTAutograd's partition of it (memory/compiled.py)
-        partition = partitions(job, mesh is not None)
+        partition = runs_partitioned(job, mesh is not None)
         blocks = partitioned_blocks(model, tracker) if partition else contextlib.nullcontext([])
         with device_semantics(attn) as ops, bookkeeping, tracker, blocks as untraced:
             carry: dict[str, Any] | None = {} if job.hold_outputs else None
