@@ -186,3 +186,27 @@ def test_an_untraceable_block_runs_eager_and_says_so() -> None:
     assert "forward" not in vars(net.blocks[0])  # the class's forward is back
     job = JobSpec(model="m", seq_len=SEQ, micro_batch=1, compile=True)
     assert "ran eager (_Branchy: " in compile_note(job, untraced)
+
+
+def test_a_block_whose_backward_cannot_compile_runs_eager(capfd: Any) -> None:
+    """Falcon's decoder layer traces forward but its backward graph does not compile on fake
+    tensors (AOTAutograd compiles the backward lazily): the trace's own backward finds it
+    first, the block runs eager — the step's peaks are the eager step's — and says so, without
+    the fake-tensor kernels' error logs."""
+    from transformers import FalconConfig
+
+    cfg = FalconConfig(hidden_size=256, num_attention_heads=4, num_hidden_layers=2,
+                       vocab_size=512, new_decoder_architecture=False, multi_query=True,
+                       parallel_attn=True, bias=False, alibi=False)
+    src = ModelSource("tiny-falcon", cfg, "causal-lm", "local")
+    runs = []
+    for compile_ in (False, True):
+        job = JobSpec(model="tiny-falcon", seq_len=64, micro_batch=2, precision="bf16-true",
+                      optimizer="sgd", compile=compile_)
+        runs.append(simulate_step(job, src, SimTarget(device="cpu")))
+    eager, compiled = runs
+    assert compiled.phase_peaks == eager.phase_peaks
+    assert len(compiled.info["compile_untraced"]) == 2
+    assert all(u.startswith("FalconDecoderLayer: RuntimeError") for u in
+               compiled.info["compile_untraced"])
+    assert "failed while attempting to run meta" not in capfd.readouterr().err

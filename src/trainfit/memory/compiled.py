@@ -19,11 +19,12 @@ run eager and said so: the prediction then is the eager step's, as before.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from trainfit.engine.dist import shard_units
 from trainfit.job import JobSpec
@@ -113,16 +114,37 @@ class _Partitioned:
                           partition_fn=min_cut_rematerialization_partition,
                           decompositions=select_decomp_table())
         # the first call traces and runs once on blank inputs, untracked: what the trace keeps
-        # (its example inputs, its graphs) is not memory of the step
+        # (its example inputs, its graphs) is not memory of the step.  Its backward runs too
+        # (gradients returned, not accumulated): AOTAutograd compiles the backward graph lazily,
+        # and a failure there must send the block to eager now, not break the step's backward
         try:
-            with self.tracker.paused():
-                out = fn(params, [_blank(t) for t in tensors])
-            del out
+            # fake-tensor kernels log each failure at ERROR before raising: the fallback says it
+            with self.tracker.paused(), _quiet("torch._subclasses.fake_tensor"):
+                blanks = [_blank(t) for t in tensors]
+                out = fn(params, blanks)
+                outs = [o for o in tree_leaves(out)
+                        if isinstance(o, torch.Tensor) and o.requires_grad]
+                wrt = [t for t in (*params, *blanks) if t.requires_grad]
+                if outs and wrt:
+                    torch.autograd.grad(outs, wrt, [torch.ones_like(o) for o in outs],
+                                        allow_unused=True)
+            del out, outs, blanks
         except Exception as exc:
             first = str(exc).splitlines()[0][:160] if str(exc) else ""
             self._fail(f"{type(exc).__name__}: {first}")
             return None
         return fn
+
+
+@contextlib.contextmanager
+def _quiet(logger: str) -> Iterator[None]:
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _outermost(blocks: list[torch.nn.Module]) -> list[torch.nn.Module]:
