@@ -28,6 +28,7 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from trainfit.engine.dist import shard_units
 from trainfit.job import JobSpec
+from trainfit.memory.sharded import fsdp_simulable
 from trainfit.memory.tracker import LiveBytesTracker
 
 _CONSTANT = (type(None), bool, int, float, str, torch.dtype, torch.device)
@@ -193,16 +194,25 @@ def _bound(block: torch.nn.Module, values: dict[str, torch.Tensor]) -> Iterator[
 def runs_partitioned(job: JobSpec, sharded: bool) -> bool:
     """Whether the simulation runs the blocks as their AOTAutograd partition: compiled jobs,
     not under FSDP (its DTensor parameters are not traced here) and not with checkpointing
-    (a checkpointed block saves only its inputs either way: Dynamo traces the checkpoint as a
-    region the partitioner recomputes)."""
+    (a checkpointed block's saved set is its checkpoint's either way: Dynamo traces the
+    checkpoint as a region the partitioner recomputes)."""
     return bool(job.compile) and not sharded and job.grad_ckpt in (None, "off")
+
+
+def compiled_blocks(job: JobSpec, model: torch.nn.Module, tracker: LiveBytesTracker,
+                    sharded: bool) -> contextlib.AbstractContextManager[list[str] | None]:
+    """:func:`partitioned_blocks` when the simulation runs this job's blocks partitioned
+    (yields the untraced blocks), else nothing (yields None)."""
+    if runs_partitioned(job, sharded):
+        return partitioned_blocks(model, tracker)
+    return contextlib.nullcontext(None)
 
 
 def compile_note(job: JobSpec, untraced: list[str], partitioned: bool | None = None) -> str:
     """What the prediction of a ``torch.compile`` job is (a plan note); ``partitioned``: what
     the simulation did (None: what it does for this job on one process)."""
     if partitioned is None:
-        partitioned = runs_partitioned(job, job.sharding == "fsdp" and job.ranks > 1)
+        partitioned = runs_partitioned(job, fsdp_simulable(job))
     if not partitioned:
         why = "a checkpointed block's saved set is its checkpoint's" if job.grad_ckpt not in (
             None, "off") else "FSDP's sharded parameters are not traced"

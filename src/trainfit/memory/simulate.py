@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trainfit.engine.step import repeat_batches, train_step
 from trainfit.job import JobSpec
-from trainfit.memory.compiled import partitioned_blocks, runs_partitioned
+from trainfit.memory.compiled import compiled_blocks
 from trainfit.memory.semantics import AttentionTarget, device_semantics
 from trainfit.memory.sharded import fake_world, fsdp_bookkeeping, fsdp_simulable, local, shard_model
 from trainfit.memory.tracker import LiveBytesTracker
@@ -198,8 +198,7 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         hooks = [p.register_post_accumulate_grad_hook(
             lambda p: tracker.reclassify(p.grad, "gradients")) for p in trainable]
         # torch.compile: each block runs as AOTAutograd's partition of it (memory/compiled.py)
-        partition = runs_partitioned(job, mesh is not None)
-        blocks = partitioned_blocks(model, tracker) if partition else contextlib.nullcontext([])
+        blocks = compiled_blocks(job, model, tracker, sharded=mesh is not None)
         with device_semantics(attn) as ops, bookkeeping, tracker, blocks as untraced:
             carry: dict[str, Any] | None = {} if job.hold_outputs else None
 
@@ -240,7 +239,7 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         sim_time_s=time.perf_counter() - t0,
         info={"quantized_linears": info.quantized_linears,
               "lora_target_modules": info.lora_target_modules,
-              "compile_partitioned": partition, "compile_untraced": list(untraced)},
+              "compile_partitioned": untraced is not None, "compile_untraced": list(untraced or [])},
         events=tracker.events,
         event_streams=tracker.event_streams,
         quant_state_bytes=quant_state,
