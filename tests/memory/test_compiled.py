@@ -29,8 +29,24 @@ BATCH, SEQ = 2, 128
 
 def _model(kind: str = "llama") -> Any:
     torch.manual_seed(0)
-    if kind == "gpt2":  # dropout and GELU: where Inductor's decompositions change the cut
-        cfg = GPT2Config(**GPT2)
+    if kind == "bert":  # BertEmbeddings is a block owning buffers (position and type ids)
+        from transformers import BertConfig, BertForSequenceClassification
+
+        bcfg = BertConfig(hidden_size=128, num_attention_heads=4, num_hidden_layers=2,
+                          vocab_size=512, intermediate_size=256)
+        bcfg._attn_implementation = "sdpa"
+        return BertForSequenceClassification(bcfg).to(torch.bfloat16)
+    if kind == "falcon":  # heads split by x[..., [-2]]: a tensor constant in the graph
+        from transformers import FalconConfig, FalconForCausalLM
+
+        fcfg = FalconConfig(hidden_size=256, num_attention_heads=4, num_hidden_layers=2,
+                            vocab_size=512, new_decoder_architecture=False, multi_query=True,
+                            parallel_attn=True, bias=False, alibi=False, use_cache=False)
+        fcfg._attn_implementation = "sdpa"
+        return FalconForCausalLM(fcfg).to(torch.bfloat16)
+    if kind.startswith("gpt2"):  # dropout and GELU: where Inductor's decompositions change the cut
+        # gpt2-scaled: attention scaled by 1/(layer index + 1), a constant that differs per layer
+        cfg = GPT2Config(**GPT2, scale_attn_by_inverse_layer_idx=kind == "gpt2-scaled")
         cfg._attn_implementation = "sdpa"
         return GPT2LMHeadModel(cfg).to(torch.bfloat16)
     cfg = LlamaConfig(**LLAMA)
@@ -56,6 +72,8 @@ def _saved_bytes(model: Any) -> int:
 
 
 def _blocks(model: Any) -> Any:
+    if hasattr(model, "bert"):
+        return [model.bert.embeddings, *model.bert.encoder.layer]
     return model.transformer.h if hasattr(model, "transformer") else model.model.layers
 
 
@@ -102,7 +120,7 @@ def test_a_new_call_signature_is_traced_again() -> None:
         with torch.no_grad():  # an inference graph of its own, not the training one
             model(input_ids=x1)
         model(input_ids=x1).logits.float().sum().backward()
-        assert len(_blocks(model)[0].forward.traced) == 3  # 2 shapes, then the no-grad call
+        assert len(_blocks(model)[0].forward.keys) == 3  # 2 shapes, then the no-grad call
     assert untraced == []
     assert all(torch.allclose(a, b, atol=1e-2) for a, b in zip(got, want, strict=True))
     assert all(p.grad is not None for p in _blocks(model).parameters())
@@ -139,6 +157,11 @@ def test_the_trace_keeps_no_memory_of_the_step() -> None:
     grow = {k: r.phase_peaks["forward@accum"] - r.phase_peaks["forward@first"]
             for k, r in (("eager", eager), ("compiled", compiled))}
     assert grow["compiled"] == grow["eager"]
+    # the SDPA kernels a compiled step runs are counted per call, as the eager step's are (the
+    # trace's own calls are not the step's; a second simulation runs from the cached trace)
+    again = _sim(True, grad_accum=2)
+    assert compiled.sdpa_kernels == again.sdpa_kernels == eager.sdpa_kernels
+    assert sum(eager.sdpa_kernels.values()) == 2 * LLAMA["num_hidden_layers"]
 
 
 def test_checkpointed_compile_is_the_eager_step() -> None:
@@ -173,6 +196,36 @@ class _Net(torch.nn.Module):
         return x
 
 
+def test_blocks_of_one_structure_share_one_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Identical layers are traced once (the graphs take the parameters as inputs), and a new
+    model of the same configuration (a plan's next simulation) reuses the traces; a layer whose
+    constants differ (GPT-2 scaling attention by 1/(layer index + 1)) gets its own trace — and
+    all still save what torch.compile saves."""
+    import collections
+
+    import functorch.compile
+
+    from trainfit.memory import compiled
+
+    monkeypatch.setattr(compiled, "_TRACES", collections.OrderedDict())
+    traced = []
+    real = functorch.compile.aot_function
+
+    def counting(*a: Any, **kw: Any) -> Any:
+        traced.append(a[0])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(functorch.compile, "aot_function", counting)
+    counts: dict[str, list[int]] = {}
+    for kind in ("llama", "gpt2-scaled", "llama"):
+        traced.clear()
+        saved, untraced = _partitioned(kind)
+        assert untraced == []
+        counts.setdefault(kind, []).append(len(traced))
+        assert saved == _compiled("aot_eager_decomp_partition", kind)
+    assert counts == {"llama": [1, 0], "gpt2-scaled": [2]}
+
+
 def test_an_untraceable_block_runs_eager_and_says_so() -> None:
     torch.manual_seed(0)
     net = _Net()
@@ -188,25 +241,62 @@ def test_an_untraceable_block_runs_eager_and_says_so() -> None:
     assert "ran eager (_Branchy: " in compile_note(job, untraced)
 
 
-def test_a_block_whose_backward_cannot_compile_runs_eager(capfd: Any) -> None:
-    """Falcon's decoder layer traces forward but its backward graph does not compile on fake
-    tensors (AOTAutograd compiles the backward lazily): the trace's own backward finds it
-    first, the block runs eager — the step's peaks are the eager step's — and says so, without
-    the fake-tensor kernels' error logs."""
-    from transformers import FalconConfig
+class _Reorder(torch.nn.Module):
+    """A block whose graph holds a tensor constant too large to write as ops (a 300-long index
+    list): its forward traces, its backward graph cannot be copied inside the fake mode when
+    AOTAutograd compiles it (lazily, at the first backward)."""
 
-    cfg = FalconConfig(hidden_size=256, num_attention_heads=4, num_hidden_layers=2,
-                       vocab_size=512, new_decoder_architecture=False, multi_query=True,
-                       parallel_attn=True, bias=False, alibi=False)
-    src = ModelSource("tiny-falcon", cfg, "causal-lm", "local")
-    runs = []
-    for compile_ in (False, True):
-        job = JobSpec(model="tiny-falcon", seq_len=64, micro_batch=2, precision="bf16-true",
-                      optimizer="sgd", compile=compile_)
-        runs.append(simulate_step(job, src, SimTarget(device="cpu")))
-    eager, compiled = runs
-    assert compiled.phase_peaks == eager.phase_peaks
-    assert len(compiled.info["compile_untraced"]) == 2
-    assert all(u.startswith("FalconDecoderLayer: RuntimeError") for u in
-               compiled.info["compile_untraced"])
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 300)
+        self.out = torch.nn.Linear(300, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.lin(x)[..., list(range(299, -1, -1))])
+
+
+def test_a_block_whose_backward_cannot_compile_runs_eager(capfd: Any) -> None:
+    """The trace's own backward finds a backward graph that does not compile: the block runs
+    eager (the step goes on) and says so, without the fake-tensor kernels' error logs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([_Reorder(), _Reorder()])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for b in self.blocks:
+                x = b(x)
+            return x
+
+    with FakeTensorMode():  # the simulation's tensors
+        net = Net()
+        with partitioned_blocks(net, LiveBytesTracker()) as untraced:
+            y = net(torch.randn(4, 8))
+            y.sum().backward()
+    assert y.shape == (4, 8)
+    assert net.blocks[0].lin.weight.grad is not None
+    assert untraced and all(u.startswith("_Reorder: RuntimeError") for u in untraced)
     assert "failed while attempting to run meta" not in capfd.readouterr().err
+
+
+def test_blocks_owning_buffers_trace_with_them_as_inputs() -> None:
+    """BertEmbeddings holds its position and token-type ids as buffers: they are inputs of the
+    graph like the parameters (captured as constants they were fake tensors inside the graph,
+    and the block ran eager); the trace's own run reads zeros, valid token ids."""
+    saved, untraced = _partitioned("bert")
+    assert untraced == []
+    assert saved == _compiled("aot_eager_decomp_partition", "bert") == 4_652_544
+    assert _saved_bytes(_model("bert")) == 5_584_384
+
+
+def test_falcon_blocks_trace_with_their_index_constants() -> None:
+    """Falcon's attention splits heads with ``x[..., [-2]]``: the index list is a tensor
+    constant of the graph, written into it as ops so that AOTAutograd can copy the backward
+    graph on the simulation's fake tensors (before, every Falcon layer ran eager)."""
+    assert _partitioned("falcon") == (_compiled("aot_eager_decomp_partition", "falcon"), [])
+    src = ModelSource("tiny-falcon", _model("falcon").config, "causal-lm", "local")
+    job = JobSpec(model="tiny-falcon", seq_len=64, micro_batch=2, precision="bf16-true",
+                  optimizer="sgd", compile=True)
+    assert simulate_step(job, src, SimTarget(device="cpu")).info["compile_untraced"] == []

@@ -18,16 +18,23 @@ run eager and said so: the prediction then is the eager step's, as before.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
+import itertools
 import logging
+import types
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
+from transformers import PretrainedConfig
 
 from trainfit.engine.dist import shard_units
 from trainfit.job import JobSpec
+from trainfit.memory.semantics import active_device_ops
 from trainfit.memory.sharded import fsdp_simulable
 from trainfit.memory.tracker import LiveBytesTracker
 
@@ -41,28 +48,130 @@ def _metadata(t: torch.Tensor) -> tuple[Any, ...]:
 
 def _blank(t: torch.Tensor) -> torch.Tensor:
     """A tensor like ``t`` for the trace to hold: AOTAutograd keeps its example inputs alive in
-    the graph's metadata, which must not keep the step's own tensors (and their bytes) alive."""
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
-                               device=t.device).requires_grad_(t.requires_grad)
+    the graph's metadata, which must not keep the step's own tensors (and their bytes) alive.
+    Zeros, not uninitialised memory: the trace's own run on real tensors reads them (token ids
+    index an embedding table)."""
+    blank = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).zero_()
+    return blank.requires_grad_(t.requires_grad)
+
+
+_PER_LAYER = frozenset({"layer_idx", "training"})
+"""Module attributes that differ between a model's layers without changing what a training
+step computes: transformers' ``layer_idx`` only addresses the KV cache (not used in training;
+an attribute derived from it, as GPT-2's ``scaling`` or a layer type, is compared itself)."""
+
+
+def _compared(module: torch.nn.Module) -> Iterator[tuple[str, Any]]:
+    """The attributes of ``module`` a trace may bake in.  A peft layer's ``kwargs`` are its
+    construction arguments (the target's name, per layer), read when an adapter is added,
+    never in ``forward`` (peft/tuners/lora/layer.py).  Known by module name, not by importing
+    peft: an import inside the step would count its module-level tensors as the step's."""
+    tuner = type(module).__module__.startswith("peft.")
+    for k, v in vars(module).items():
+        if k.startswith("_") or k in _PER_LAYER or (tuner and k == "kwargs"):
+            continue
+        yield k, v
+
+
+class _Opaque(Exception):
+    """An attribute whose value cannot be compared (an arbitrary object)."""
+
+
+def _value_key(v: Any, memo: dict[int, Any]) -> Any:
+    """``v`` as a hashable value that two equal attributes share: constants, containers of
+    them, a transformers config (its JSON), a function (its qualified name), a partial."""
+    if isinstance(v, _CONSTANT):
+        return v
+    if id(v) in memo:
+        return memo[id(v)]
+    if isinstance(v, (tuple, list)):
+        key: Any = (type(v).__name__, tuple(_value_key(x, memo) for x in v))
+    elif isinstance(v, dict):
+        key = ("dict", tuple(sorted((repr(k), _value_key(x, memo)) for k, x in v.items())))
+    elif isinstance(v, PretrainedConfig):
+        key = (type(v).__qualname__, v.to_json_string(use_diff=False))
+    elif isinstance(v, functools.partial):
+        key = ("partial", _value_key(v.func, memo), _value_key(v.args, memo),
+               _value_key(v.keywords, memo))
+    elif isinstance(v, (types.FunctionType, types.BuiltinFunctionType)):
+        key = ("fn", v.__module__, v.__qualname__)
+    else:
+        raise _Opaque(type(v).__name__)
+    memo[id(v)] = key
+    return key
+
+
+_contexts = itertools.count()
+
+
+def _structure(block: torch.nn.Module, named: list[tuple[str, torch.Tensor]],
+               context: int, memo: dict[int, Any]) -> tuple[Any, ...]:
+    """What makes two blocks the same graph: every submodule's type and plain attributes (the
+    constants a trace bakes in: scaling factors, flags, window sizes, peft's per-adapter
+    dicts, the model's config) and every parameter's and buffer's name and metadata.  Blocks
+    with equal structure share one trace — the graphs take the parameters and buffers as
+    inputs — so a 32-layer model is traced once, not 32 times, and a plan's next simulation
+    (another depth, the same shapes) traces nothing.  A block holding an attribute that
+    cannot be compared shares only within its own model (``context``), by object identity."""
+    try:
+        mods = tuple((name, type(m), tuple(sorted(
+            (k, _value_key(v, memo)) for k, v in _compared(m))))
+            for name, m in block.named_modules())
+        scope: Any = None
+    except _Opaque:
+        mods = tuple((name, type(m), tuple(sorted(
+            (k, v if isinstance(v, _CONSTANT) else ("id", id(v))) for k, v in _compared(m))))
+            for name, m in block.named_modules())
+        scope = context
+    return (scope, mods, tuple((n, _metadata(t)) for n, t in named))
+
+
+_TRACES: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+"""Traces of this process, most recently used last: a plan simulates the same blocks at
+several depths and configurations.  The graphs hold no tensor of a step (traced on blanks)."""
+_TRACES_MAX = 256
+
+
+@dataclass(frozen=True)
+class _Trace:
+    """A block's partitioned graphs and the SDPA kernels one call of them runs (the trace
+    saw them dispatched; the graphs call the aten kernels directly): a call through the cache
+    counts them as the eager call would."""
+
+    fn: Callable[..., Any]
+    kernels: dict[str, int]
+
+
+class _Failed(str):
+    """A cached trace that failed (why): the blocks of that structure run eager without
+    retrying, each saying so."""
 
 
 class _Partitioned:
     """``block.forward`` replaced: the AOTAutograd-partitioned graphs of the block, traced on
     first call per call signature (tensor shapes/strides/dtypes, grad mode, autocast, training;
-    the non-tensor arguments are constants of the trace)."""
+    the non-tensor arguments are constants of the trace) and shared, through ``traces``, with
+    every block of the same structure."""
 
     def __init__(self, block: torch.nn.Module, tracker: LiveBytesTracker,
-                 failures: list[str]) -> None:
+                 failures: list[str], context: int, memo: dict[int, Any]) -> None:
         self.block = block
         self.eager = block.forward
         self.tracker = tracker
         self.failures = failures
-        self.traced: dict[Any, Callable[..., Any]] = {}
+        self.traced = _TRACES
+        self.keys: set[Any] = set()
+        """The call signatures this block ran traced."""
         self.broken = False
+        # parameters and buffers are inputs of the graphs (a buffer captured as a constant of
+        # the trace would be a fake tensor inside the graph: BertEmbeddings' position ids)
+        self.named = [*block.named_parameters(), *block.named_buffers()]
+        self.structure = _structure(block, self.named, context, memo)
 
-    def _fail(self, why: str) -> None:
+    def _fail(self, why: str) -> _Failed:
         self.broken = True
         self.failures.append(f"{type(self.block).__name__}: {why}")
+        return _Failed(why)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.broken:
@@ -75,30 +184,44 @@ class _Partitioned:
             # a mutable object (a KV cache, a module) is state a trace would capture
             self._fail(f"argument of type {type(odd).__name__} is not a constant")
             return self.eager(*args, **kwargs)
-        named = list(self.block.named_parameters())
-        params = [p for _, p in named]
+        params = [p for _, p in self.named]
         tensors = [x for x, t in zip(leaves, is_t, strict=True) if t]
-        key = (spec, statics, is_t, tuple(_metadata(t) for t in tensors),
-               torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"),
-               torch.get_autocast_dtype("cpu"), self.block.training)
+        ops = active_device_ops()
+        # the target device's semantics decide the graph's kernels (SDPA, dropout, autocast)
+        target = None if ops is None else repr(ops.target)
+        key = (self.structure, target, spec, statics, is_t,
+               tuple(_metadata(t) for t in tensors), torch.is_grad_enabled(),
+               torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
+               self.block.training)
         fn = self.traced.get(key)
         if fn is None:
-            fn = self._trace(spec, statics, is_t, [n for n, _ in named], params, tensors)
-            if fn is None:
-                return self.eager(*args, **kwargs)
+            fn = self._trace(spec, statics, is_t, [n for n, _ in self.named], params, tensors)
             self.traced[key] = fn
-        return fn(params, tensors)
+            while len(self.traced) > _TRACES_MAX:
+                self.traced.popitem(last=False)
+        else:
+            self.traced.move_to_end(key)
+            if isinstance(fn, _Failed):
+                self._fail(fn)
+        if isinstance(fn, _Failed):
+            return self.eager(*args, **kwargs)
+        self.keys.add(key)
+        for kernel, n in fn.kernels.items() if ops is not None else ():
+            ops.kernels_used[kernel] = ops.kernels_used.get(kernel, 0) + n
+        return fn.fn(params, tensors)
 
     def _trace(self, spec: Any, statics: tuple[Any, ...], is_t: tuple[bool, ...],
                names: list[str], params: list[torch.Tensor], tensors: list[torch.Tensor]
-               ) -> Callable[..., Any] | None:
+               ) -> _Trace | _Failed:
         from functorch.compile import aot_function, make_boxed_func
         from torch._functorch.partitioners import min_cut_rematerialization_partition
         from torch._inductor.decomposition import select_decomp_table
 
         block, eager = self.block, self.eager
+        calls = [0]
 
         def run(params: list[torch.Tensor], tensors: list[torch.Tensor]) -> Any:
+            calls[0] += 1
             it = iter(tensors)
             leaves = [next(it) if t else s for s, t in zip(statics, is_t, strict=True)]
             a, kw = tree_unflatten(leaves, spec)
@@ -111,13 +234,21 @@ class _Partitioned:
         # Inductor's decompositions: the partitioner cuts the graph Inductor sees (dropout,
         # GELU, layer norm decomposed), not the eager aten ops — GPT-2 with dropout saves 14 %
         # less for its backward that way, as torch.compile does
-        fn = aot_function(run, fw_compiler=boxed, bw_compiler=boxed,
-                          partition_fn=min_cut_rematerialization_partition,
+        def partition(joint: torch.fx.GraphModule, inputs: Any, **kw: Any) -> Any:
+            graphs = min_cut_rematerialization_partition(joint, inputs, **kw)
+            for gm in graphs:
+                _inline_constants(gm)
+            return graphs
+
+        fn = aot_function(run, fw_compiler=boxed, bw_compiler=boxed, partition_fn=partition,
                           decompositions=select_decomp_table())
         # the first call traces and runs once on blank inputs, untracked: what the trace keeps
         # (its example inputs, its graphs) is not memory of the step.  Its backward runs too
         # (gradients returned, not accumulated): AOTAutograd compiles the backward graph lazily,
         # and a failure there must send the block to eager now, not break the step's backward
+        ops = active_device_ops()
+        counts = None if ops is None else ops.kernels_used
+        before = dict(counts or {})
         try:
             # fake-tensor kernels log each failure at ERROR before raising: the fallback says it
             with self.tracker.paused(), _quiet("torch._subclasses.fake_tensor"):
@@ -132,9 +263,51 @@ class _Partitioned:
             del out, outs, blanks
         except Exception as exc:
             first = str(exc).splitlines()[0][:160] if str(exc) else ""
-            self._fail(f"{type(exc).__name__}: {first}")
-            return None
-        return fn
+            return self._fail(f"{type(exc).__name__}: {first}")
+        finally:
+            # the trace's own calls of the block (AOTAutograd runs it more than once) are not
+            # calls of the step: its kernels are counted per call of the graphs instead
+            seen = {k: n - before.get(k, 0) for k, n in (counts or {}).items()}
+            if counts is not None:
+                counts.clear()
+                counts.update(before)
+        return _Trace(fn, {k: -(-n // max(calls[0], 1)) for k, n in seen.items() if n > 0})
+
+
+_INLINE_MAX_NUMEL = 256
+"""Largest tensor constant written into a graph as ops (index lists, scalars)."""
+
+
+def _inline_constants(gm: torch.fx.GraphModule) -> None:
+    """A real tensor constant of a graph (``x[..., [-2]]`` makes one: Falcon's attention) made
+    by ops of the graph instead: AOTAutograd deep-copies the backward graph when it compiles
+    it, and copying a real tensor inside the simulation's fake mode fails; the ops run on fake
+    tensors like the rest (a few bytes, tracked).  A larger constant stays (the block then fails
+    to trace and runs eager, said)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "get_attr":
+            continue
+        value = getattr(gm, node.target, None)
+        if (not isinstance(value, torch.Tensor) or is_fake(value)
+                or value.numel() > _INLINE_MAX_NUMEL or value.requires_grad):
+            continue
+        graph = gm.graph
+        with graph.inserting_before(node):
+            scalars = [graph.call_function(torch.ops.aten.scalar_tensor.default, (x,),
+                                           {"dtype": value.dtype, "device": value.device})
+                       for x in value.flatten().tolist()]
+            made = graph.call_function(torch.ops.aten.view.default, (
+                graph.call_function(torch.ops.aten.stack.default, (scalars,)),
+                list(value.shape)))
+        node.replace_all_uses_with(made)
+        graph.erase_node(node)
+        delattr(gm, node.target)
+        changed = True
+    if changed:
+        gm.recompile()
 
 
 @contextlib.contextmanager
@@ -160,10 +333,11 @@ def partitioned_blocks(model: torch.nn.Module, tracker: LiveBytesTracker
     """Inside, every transformer block of ``model`` runs as its AOTAutograd partition; yields the
     list of blocks that could not be traced (they run eager)."""
     failures: list[str] = []
+    context, memo = next(_contexts), {}
     blocks = _outermost(shard_units(model))
     before = [vars(b).get("forward") for b in blocks]
     for b in blocks:
-        b.forward = _Partitioned(b, tracker, failures)  # type: ignore[method-assign]
+        b.forward = _Partitioned(b, tracker, failures, context, memo)  # type: ignore[method-assign]
     try:
         yield failures
     finally:
@@ -176,19 +350,21 @@ def partitioned_blocks(model: torch.nn.Module, tracker: LiveBytesTracker
 
 @contextlib.contextmanager
 def _bound(block: torch.nn.Module, values: dict[str, torch.Tensor]) -> Iterator[None]:
-    """The block's parameters bound to the trace's tensors (``torch.func.functional_call``
-    would do it too, but calls ``forward`` — which is the wrapper)."""
+    """The block's parameters and buffers bound to the trace's tensors
+    (``torch.func.functional_call`` would do it too, but calls ``forward`` — which is the
+    wrapper)."""
     saved = []
     try:
         for name, v in values.items():
             mod, _, leaf = name.rpartition(".")
             owner = block.get_submodule(mod) if mod else block
-            saved.append((owner, leaf, owner._parameters[leaf]))
-            owner._parameters[leaf] = v  # type: ignore[assignment]
+            slots = owner._parameters if leaf in owner._parameters else owner._buffers
+            saved.append((slots, leaf, slots[leaf]))
+            slots[leaf] = v
         yield
     finally:
-        for owner, leaf, p in reversed(saved):
-            owner._parameters[leaf] = p
+        for slots, leaf, p in reversed(saved):
+            slots[leaf] = p
 
 
 def runs_partitioned(job: JobSpec, sharded: bool) -> bool:

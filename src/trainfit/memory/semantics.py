@@ -247,6 +247,14 @@ class _DeviceOps:
                                is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
+def active_device_ops() -> _DeviceOps | None:
+    """The ``_DeviceOps`` of the :func:`device_semantics` in force (None outside one): the
+    patched ``scaled_dot_product_attention`` is its method.  Its ``target`` decides the kernels
+    a traced graph contains; its ``kernels_used`` counts them."""
+    ops = getattr(torch.nn.functional.scaled_dot_product_attention, "__self__", None)
+    return ops if isinstance(ops, _DeviceOps) else None
+
+
 @contextlib.contextmanager
 def device_semantics(target: AttentionTarget) -> Iterator[_DeviceOps]:
     """Everything inside runs with the target device's allocation behaviour (see module doc)."""
