@@ -27,6 +27,7 @@ Not modelled: ``expandable_segments``.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass
 
 K_MIN_BLOCK = 512
@@ -147,20 +148,26 @@ def replay(events: list[tuple[int, int]], streams: dict[int, int] | None = None,
                 continue
             key = key_of[blk.seg]
             allocated -= blk.size
-            blk.free = True
-            for nb in (blk.prev, blk.next):
-                if nb is not None and nb.free:
-                    remove_free(nb, key)
-                    if nb is blk.prev:
-                        nb.size += blk.size
-                        nb.next = blk.next
-                        if blk.next is not None:
-                            blk.next.prev = nb
-                        blk = nb
-                    else:
-                        blk.size += nb.size
-                        blk.next = nb.next
-                        if nb.next is not None:
-                            nb.next.prev = blk
-            add_free(blk, key)
+            add_free(_coalesce(blk, lambda nb, k=key: remove_free(nb, k)), key)
     return AllocatorReplay(peak_reserved, peak_allocated, nseg, retries)
+
+
+def _coalesce(blk: _Blk, unpool: Callable[[_Blk], None]) -> _Blk:
+    """``blk`` freed and merged with its free neighbours in the segment (each taken out of its
+    pool by ``unpool``), as ``free_block`` does (CUDACachingAllocator.cpp, try_merge_blocks)."""
+    blk.free = True
+    for nb in (blk.prev, blk.next):
+        if nb is not None and nb.free:
+            unpool(nb)
+            if nb is blk.prev:
+                nb.size += blk.size
+                nb.next = blk.next
+                if blk.next is not None:
+                    blk.next.prev = nb
+                blk = nb
+            else:
+                blk.size += nb.size
+                blk.next = nb.next
+                if nb.next is not None:
+                    nb.next.prev = blk
+    return blk

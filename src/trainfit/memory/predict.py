@@ -17,7 +17,7 @@ from trainfit.engine.dist import mixed_precision_policy
 from trainfit.hardware.gpus import EAGER_MODULE_LOADING_EXTRA_BYTES, GpuSpec
 from trainfit.job import DEFAULT_MARGIN, JobSpec
 from trainfit.memory.allocator import replay
-from trainfit.memory.bands import band_for
+from trainfit.memory.bands import ErrorBand, band_for
 from trainfit.memory.compiled import compile_note
 from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.memory.zero import fsdp_offload_phases, zero_phases
@@ -332,18 +332,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     on_device = managed_bytes if gpu is None else max(0, min(managed_bytes,
                                                              gpu.memory_bytes - resident))
     device = resident + on_device
-    notes = [
-        f"{how}; allocated = live tensor bytes (512 B blocks) + cuBLAS workspaces "
-        f"({work / 2**20:.0f} MiB)",
-        "reserved: the step's alloc/free trace replayed through the caching-allocator model",
-        f"device: reserved + CUDA context ({context / 2**20:.0f} MiB, GPU catalog)"
-        + (f" + paged optimizer states in managed memory ({on_device / 2**30:.2f} of "
-           f"{managed_bytes / 2**30:.2f} GiB resident: the rest pages to the host; not part of "
-           "the fit)" if managed_bytes else "")
-        + (f" + {nccl_note}: {nccl / 2**30:.2f} GiB, outside PyTorch's allocator" if nccl else ""),
-        *dp_notes,
-        *([limit_note] if limit_note else []),
-    ]
+    notes = [*_peak_notes(how, work, context, (on_device, managed_bytes), (nccl, nccl_note)),
+             *dp_notes, *([limit_note] if limit_note else [])]
     if job.compile:
         notes.append(compile_note(job, compile_untraced or [], compile_partitioned))
     full_breakdown = {**{k: v for k, v in terms.items() if k != "data_parallel"},
@@ -356,16 +346,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     if per_rank or (job.sharding.startswith("zero") and job.ranks > 1):
         notes += _loading_notes(job, source, gpu, terms, quant_state_bytes)
     band = band_for(job)
-    # the fit: the device peak raised by how far predictions of this kind have come below
-    # published measurements, or by the margin asked for, whichever leaves more room
-    limit = None if cap is None else int(cap * min(1 - margin, 1 / (1 + band.under)))
-    fits = None if limit is None else resident <= limit
-    headroom = None if limit is None else limit - resident
-    notes.append(f"error band ({band.kind}): predictions of this kind came up to "
-                 f"{band.under:.0%} under published peaks ({band.cases} cases"
-                 + (f", errors {band.min_error:+.0%} … {band.max_error:+.0%}" if band.cases
-                    else ": none, the widest band taken") + "); fits = device peak × "
-                 f"(1 + {band.under:.0%}) and ≤ (1 − {margin:.0%}) of the GPU")
+    fits, headroom, fit_note = _fit(band, cap, resident, margin)
+    notes.append(fit_note)
     return MemoryPrediction(
         peak_allocated_bytes=allocated, peak_reserved_bytes=reserved, peak_device_bytes=device,
         breakdown=full_breakdown, peak_phase=phase.split("@")[0], fits=fits,
@@ -375,6 +357,40 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
         peak_device_upper_bytes=round(device * (1 + band.under)), alloc_retries=retries,
         trainable_params=trainable_params, sdpa_kernels=sdpa_kernels, sim_time_s=sim_time_s,
         model_notes=notes)
+
+
+def _peak_notes(how: str, work: int, context: int, managed: tuple[int, int],
+                nccl: tuple[int, str]) -> list[str]:
+    """How the allocated, reserved and device peaks were made; ``managed``: (resident, all)
+    bytes of paged optimizer states, ``nccl``: (bytes, what)."""
+    on_device, managed_bytes = managed
+    nccl_bytes_, nccl_note = nccl
+    return [
+        f"{how}; allocated = live tensor bytes (512 B blocks) + cuBLAS workspaces "
+        f"({work / 2**20:.0f} MiB)",
+        "reserved: the step's alloc/free trace replayed through the caching-allocator model",
+        f"device: reserved + CUDA context ({context / 2**20:.0f} MiB, GPU catalog)"
+        + (f" + paged optimizer states in managed memory ({on_device / 2**30:.2f} of "
+           f"{managed_bytes / 2**30:.2f} GiB resident: the rest pages to the host; not part of "
+           "the fit)" if managed_bytes else "")
+        + (f" + {nccl_note}: {nccl_bytes_ / 2**30:.2f} GiB, outside PyTorch's allocator"
+           if nccl_bytes_ else ""),
+    ]
+
+
+def _fit(band: ErrorBand, cap: int | None, resident: int, margin: float
+         ) -> tuple[bool | None, int | None, str]:
+    """(fits, headroom, note): the device peak raised by how far predictions of this kind have
+    come below published measurements, or by the margin asked for, whichever leaves more room."""
+    limit = None if cap is None else int(cap * min(1 - margin, 1 / (1 + band.under)))
+    note = (f"error band ({band.kind}): predictions of this kind came up to "
+            f"{band.under:.0%} under published peaks ({band.cases} cases"
+            + (f", errors {band.min_error:+.0%} … {band.max_error:+.0%}" if band.cases
+               else ": none, the widest band taken") + "); fits = device peak × "
+            f"(1 + {band.under:.0%}) and ≤ (1 − {margin:.0%}) of the GPU")
+    if limit is None:
+        return None, None, note
+    return resident <= limit, limit - resident, note
 
 
 def _at_card_limit(trace: tuple[list[tuple[int, int]], dict[int, int]], room_bytes: int,
