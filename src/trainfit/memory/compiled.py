@@ -14,6 +14,10 @@ never under-counted.  Modules outside the blocks (embedding, final norm, head, l
 
 A block whose trace fails (data-dependent Python control flow, an op without a fake kernel) is
 run eager and said so: the prediction then is the eager step's, as before.
+
+A block's parameters and buffers are inputs of its graphs, so blocks of one structure (a model's
+32 identical layers, and the same layers in a plan's next simulation) share one trace per call
+signature: the trace is the slow part of a compiled plan.
 """
 
 from __future__ import annotations
@@ -396,8 +400,9 @@ def compile_note(job: JobSpec, untraced: list[str], partitioned: bool | None = N
                 "step's partitioner can only save less (tune measures it)")
     text = ("torch.compile: each block saves what AOTAutograd's min-cut partitioner keeps for "
             "its backward (traced on the simulated step, Inductor's decompositions); ops inside "
-            "a block run unfused, so its transients are upper bounds; embedding, head and loss "
-            "are the eager step's; one graph per block is assumed (torchtune, torchtitan): a "
+            "a block run unfused, so its transients are upper bounds; the modules outside the "
+            "blocks (the model's _no_split_modules: usually embedding, head and loss) are the "
+            "eager step's; one graph per block is assumed (torchtune, torchtitan): a "
             "whole-model graph under gradient accumulation also holds a second copy of the "
             "gradients at the end of each backward after the first (not counted)")
     if untraced:
