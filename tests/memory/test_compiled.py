@@ -300,3 +300,33 @@ def test_falcon_blocks_trace_with_their_index_constants() -> None:
     job = JobSpec(model="tiny-falcon", seq_len=64, micro_batch=2, precision="bf16-true",
                   optimizer="sgd", compile=True)
     assert simulate_step(job, src, SimTarget(device="cpu")).info["compile_untraced"] == []
+
+
+def test_eager_and_sdpa_attention_do_not_share_a_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config's JSON leaves out its attention implementation: the key adds it, so an eager-
+    attention job simulated after an SDPA one (tune tries both in one process) predicts what it
+    predicts alone (it read the SDPA job's peak, about half, before)."""
+    import collections
+
+    from transformers import BertConfig
+
+    from trainfit.memory import compiled
+
+    monkeypatch.setattr(compiled, "_TRACES", collections.OrderedDict())
+    src = ModelSource("tiny-bert", BertConfig(hidden_size=128, num_attention_heads=4,
+                                              num_hidden_layers=2, vocab_size=512,
+                                              intermediate_size=256),
+                      "sequence-classification", "local")
+    target = SimTarget(device="cuda", compute_capability=(8, 0))
+
+    def peak(attention: str) -> tuple[int, dict[str, int]]:
+        job = JobSpec(model="tiny-bert", seq_len=256, micro_batch=2, precision="bf16-true",
+                      optimizer="sgd", compile=True, attention=attention)
+        r = simulate_step(job, src, target)
+        return r.peak_allocated_bytes, r.sdpa_kernels
+
+    alone = peak("eager")
+    compiled._TRACES.clear()
+    sdpa = peak("sdpa")
+    assert peak("eager") == alone
+    assert sdpa[0] < alone[0] and sdpa[1] == {"flash": 2} and alone[1] == {}

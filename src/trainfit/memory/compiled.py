@@ -16,8 +16,8 @@ A block whose trace fails (data-dependent Python control flow, an op without a f
 run eager and said so: the prediction then is the eager step's, as before.
 
 A block's parameters and buffers are inputs of its graphs, so blocks of one structure (a model's
-32 identical layers, and the same layers in a plan's next simulation) share one trace per call
-signature: the trace is the slow part of a compiled plan.
+32 identical layers, and the same layers in a later simulation of that model at the same depth)
+share one trace per call signature: the trace is the slow part of a compiled plan.
 """
 
 from __future__ import annotations
@@ -93,7 +93,11 @@ def _value_key(v: Any, memo: dict[int, Any]) -> Any:
     elif isinstance(v, dict):
         key = ("dict", tuple(sorted((repr(k), _value_key(x, memo)) for k, x in v.items())))
     elif isinstance(v, PretrainedConfig):
-        key = (type(v).__qualname__, v.to_json_string(use_diff=False))
+        # the JSON leaves out the attention (and experts) implementation: eager and SDPA blocks
+        # of one config are different graphs (tune tries both in one process)
+        key = (type(v).__qualname__, v.to_json_string(use_diff=False),
+               getattr(v, "_attn_implementation", None),
+               getattr(v, "_experts_implementation", None))
     elif isinstance(v, functools.partial):
         key = ("partial", _value_key(v.func, memo), _value_key(v.args, memo),
                _value_key(v.keywords, memo))
@@ -114,8 +118,9 @@ def _structure(block: torch.nn.Module, named: list[tuple[str, torch.Tensor]],
     constants a trace bakes in: scaling factors, flags, window sizes, peft's per-adapter
     dicts, the model's config) and every parameter's and buffer's name and metadata.  Blocks
     with equal structure share one trace — the graphs take the parameters and buffers as
-    inputs — so a 32-layer model is traced once, not 32 times, and a plan's next simulation
-    (another depth, the same shapes) traces nothing.  A block holding an attribute that
+    inputs — so a 32-layer model is traced once, not 32 times, and a later simulation of the same
+    model and shapes traces nothing (the config's JSON holds the depth: a simulation at another
+    depth traces again).  A block holding an attribute that
     cannot be compared shares only within its own model (``context``), by object identity."""
     try:
         mods = tuple((name, type(m), tuple(sorted(
@@ -290,13 +295,13 @@ def _inline_constants(gm: torch.fx.GraphModule) -> None:
     to trace and runs eager, said)."""
     from torch._subclasses.fake_tensor import is_fake
 
-    changed = False
+    inlined: set[str] = set()
     for node in list(gm.graph.nodes):
         if node.op != "get_attr":
             continue
         value = getattr(gm, node.target, None)
         if (not isinstance(value, torch.Tensor) or is_fake(value)
-                or value.numel() > _INLINE_MAX_NUMEL or value.requires_grad):
+                or not 0 < value.numel() <= _INLINE_MAX_NUMEL or value.requires_grad):
             continue
         graph = gm.graph
         with graph.inserting_before(node):
@@ -308,9 +313,10 @@ def _inline_constants(gm: torch.fx.GraphModule) -> None:
                 list(value.shape)))
         node.replace_all_uses_with(made)
         graph.erase_node(node)
-        delattr(gm, node.target)
-        changed = True
-    if changed:
+        inlined.add(node.target)
+    for target in inlined:  # after the loop: two get_attr nodes may read one constant
+        delattr(gm, target)
+    if inlined:
         gm.recompile()
 
 
