@@ -148,17 +148,19 @@ def replay(events: list[tuple[int, int]], streams: dict[int, int] | None = None,
                 continue
             key = key_of[blk.seg]
             allocated -= blk.size
-            add_free(_coalesce(blk, lambda nb, k=key: remove_free(nb, k)), key)
+            add_free(_coalesce(blk, remove_free, key), key)
     return AllocatorReplay(peak_reserved, peak_allocated, nseg, retries)
 
 
-def _coalesce(blk: _Blk, unpool: Callable[[_Blk], None]) -> _Blk:
+def _coalesce(blk: _Blk, unpool: Callable[[_Blk, tuple[bool, int]], None],
+              key: tuple[bool, int]) -> _Blk:
     """``blk`` freed and merged with its free neighbours in the segment (each taken out of its
-    pool by ``unpool``), as ``free_block`` does (CUDACachingAllocator.cpp, try_merge_blocks)."""
+    pool ``key`` by ``unpool``), as ``free_block`` does (CUDACachingAllocator.cpp,
+    try_merge_blocks)."""
     blk.free = True
     for nb in (blk.prev, blk.next):
         if nb is not None and nb.free:
-            unpool(nb)
+            unpool(nb, key)
             if nb is blk.prev:
                 nb.size += blk.size
                 nb.next = blk.next
