@@ -186,9 +186,11 @@ class _Branchy(torch.nn.Module):
 
 
 class _Net(torch.nn.Module):
-    def __init__(self) -> None:
+    """Two blocks of one kind in a ModuleList (what ``shard_units`` takes for the blocks)."""
+
+    def __init__(self, block: type[torch.nn.Module] = _Branchy) -> None:
         super().__init__()
-        self.blocks = torch.nn.ModuleList([_Branchy(), _Branchy()])
+        self.blocks = torch.nn.ModuleList([block(), block()])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for b in self.blocks:
@@ -260,18 +262,8 @@ def test_a_block_whose_backward_cannot_compile_runs_eager(capfd: Any) -> None:
     eager (the step goes on) and says so, without the fake-tensor kernels' error logs."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    class Net(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.blocks = torch.nn.ModuleList([_Reorder(), _Reorder()])
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            for b in self.blocks:
-                x = b(x)
-            return x
-
     with FakeTensorMode():  # the simulation's tensors
-        net = Net()
+        net = _Net(_Reorder)
         with partitioned_blocks(net, LiveBytesTracker()) as untraced:
             y = net(torch.randn(4, 8))
             y.sum().backward()

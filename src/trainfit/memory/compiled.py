@@ -122,22 +122,21 @@ def _structure(block: torch.nn.Module, named: list[tuple[str, torch.Tensor]],
     model and shapes traces nothing (the config's JSON holds the depth: a simulation at another
     depth traces again).  A block holding an attribute that
     cannot be compared shares only within its own model (``context``), by object identity."""
+    def modules(key_of: Callable[[Any], Any]) -> tuple[Any, ...]:
+        return tuple((name, type(m), tuple(sorted((k, key_of(v)) for k, v in _compared(m))))
+                     for name, m in block.named_modules())
+
     try:
-        mods = tuple((name, type(m), tuple(sorted(
-            (k, _value_key(v, memo)) for k, v in _compared(m))))
-            for name, m in block.named_modules())
-        scope: Any = None
+        mods, scope = modules(lambda v: _value_key(v, memo)), None
     except _Opaque:
-        mods = tuple((name, type(m), tuple(sorted(
-            (k, v if isinstance(v, _CONSTANT) else ("id", id(v))) for k, v in _compared(m))))
-            for name, m in block.named_modules())
+        mods = modules(lambda v: v if isinstance(v, _CONSTANT) else ("id", id(v)))
         scope = context
     return (scope, mods, tuple((n, _metadata(t)) for n, t in named))
 
 
 _TRACES: collections.OrderedDict[Any, Any] = collections.OrderedDict()
-"""Traces of this process, most recently used last: a plan simulates the same blocks at
-several depths and configurations.  The graphs hold no tensor of a step (traced on blanks)."""
+"""Traces of this process, most recently used last: a plan simulates the same blocks in
+several configurations.  The graphs hold no tensor of a step (traced on blanks)."""
 _TRACES_MAX = 256
 
 
@@ -204,7 +203,7 @@ class _Partitioned:
                self.block.training)
         fn = self.traced.get(key)
         if fn is None:
-            fn = self._trace(spec, statics, is_t, [n for n, _ in self.named], params, tensors)
+            fn = self._trace(spec, statics, is_t, params, tensors, ops)
             self.traced[key] = fn
             while len(self.traced) > _TRACES_MAX:
                 self.traced.popitem(last=False)
@@ -220,13 +219,15 @@ class _Partitioned:
         return fn.fn(params, tensors)
 
     def _trace(self, spec: Any, statics: tuple[Any, ...], is_t: tuple[bool, ...],
-               names: list[str], params: list[torch.Tensor], tensors: list[torch.Tensor]
+               params: list[torch.Tensor], tensors: list[torch.Tensor], ops: Any
                ) -> _Trace | _Failed:
+        """``ops``: the device semantics in force (their kernel counts), None outside them."""
         from functorch.compile import aot_function, make_boxed_func
         from torch._functorch.partitioners import min_cut_rematerialization_partition
         from torch._inductor.decomposition import select_decomp_table
 
         block, eager = self.block, self.eager
+        names = [n for n, _ in self.named]
         calls = [0]
 
         def run(params: list[torch.Tensor], tensors: list[torch.Tensor]) -> Any:
@@ -255,7 +256,6 @@ class _Partitioned:
         # (its example inputs, its graphs) is not memory of the step.  Its backward runs too
         # (gradients returned, not accumulated): AOTAutograd compiles the backward graph lazily,
         # and a failure there must send the block to eager now, not break the step's backward
-        ops = active_device_ops()
         counts = None if ops is None else ops.kernels_used
         before = dict(counts or {})
         try:
