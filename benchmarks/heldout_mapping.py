@@ -356,6 +356,11 @@ def _litgpt(b: _Builder) -> None:
     b.note("lit-gpt Oct 2023 (quirks as calibration.py's litgpt cases): untied lm_head, head + "
            "cross-entropy in chunks of 128 tokens, the loop holds the logits until the next "
            "forward, no clipping, no dropout, tanh GELU, AdamW foreach")
+    if b.case["method"] in ("lora", "qlora"):
+        b.note("simulated as the transformers model + peft: lit-gpt's own LoRA model code holds "
+               "more per token (fused-qkv value views, zero_pad's saved source; phi-1.5: +2.0 "
+               "d per token and layer, +210 MB per 1044-token sample, measured by "
+               "litgpt_model_code.py) — not modelled")
     if b.case["method"] == "qlora":
         b.job.update(quant_lm_head=True, bnb_legacy=True, quant_from_fp16=True)
         b.note("Fabric BitsandbytesPrecision: every Linear quantized incl. the head, from fp16; "

@@ -40,6 +40,9 @@ SCRIPTS: list[tuple[str, str, str]] = [
      "(`data/heldout_memory.json`: litgpt, torchtune, HF + peft + bitsandbytes with FSDP and "
      "DeepSpeed, Answer.AI fsdp_qlora; 1-8 GPUs), split single/multi-GPU × method",
      "results/heldout_memory.md"),
+    ("litgpt_model_code.py", "lit-gpt's own phi-1.5 LoRA code (PyPI wheel) run on this CPU against "
+     "trainfit's stand-in for the held-out lit-gpt cases: bytes held per token and layer, and per "
+     "sample, against the published slope", "results/litgpt_model_code.md"),
     ("bands.py", "the error band per kind of run from calibration + held-out errors "
      "(→ `src/trainfit/memory/bands.json`, which `plan` decides `fits` with), and what each fit "
      "rule says of the published outcomes", "results/bands.md"),
