@@ -23,6 +23,9 @@ class ErrorBand:
     """Published cases of this kind the band was measured on (0: the widest band, unsure)."""
     min_error: float | None
     max_error: float | None
+    within: int = 0
+    """Of ``cases``, how many came no further under than ``under`` (the 95th percentile of the
+    under-predictions leaves the worst out when there are ≥ 20 cases)."""
 
 
 @lru_cache(maxsize=1)
@@ -34,4 +37,4 @@ def band_for(job: JobSpec) -> ErrorBand:
     kind = f"{'multi' if job.ranks > 1 else 'single'}-{job.method}"
     b = _bands()[kind]
     return ErrorBand(kind, float(b["under"]), int(b["cases"]), b.get("min_error"),
-                     b.get("max_error"))
+                     b.get("max_error"), int(b.get("within", b["cases"])))

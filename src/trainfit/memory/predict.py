@@ -112,6 +112,8 @@ class MemoryPrediction:
     error_band_under: float = 0.0
     """How far below published peaks predictions of this kind came (benchmarks/bands.py)."""
     error_band_cases: int = 0
+    error_band_within: int = 0
+    """Of ``error_band_cases``, how many came no further under than ``error_band_under``."""
     peak_device_upper_bytes: int = 0
     """The device peak raised by ``error_band_under``: what the fit is decided on."""
     alloc_retries: int = 0
@@ -354,6 +356,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
         headroom_bytes=headroom,
         capacity_bytes=cap, margin=margin, total_params=total_params,
         error_band_kind=band.kind, error_band_under=band.under, error_band_cases=band.cases,
+        error_band_within=band.within,
         peak_device_upper_bytes=round(device * (1 + band.under)), alloc_retries=retries,
         trainable_params=trainable_params, sdpa_kernels=sdpa_kernels, sim_time_s=sim_time_s,
         model_notes=notes)
@@ -383,11 +386,12 @@ def _fit(band: ErrorBand, cap: int | None, resident: int, margin: float
     """(fits, headroom, note): the device peak raised by how far predictions of this kind have
     come below published measurements, or by the margin asked for, whichever leaves more room."""
     limit = None if cap is None else int(cap * min(1 - margin, 1 / (1 + band.under)))
-    note = (f"error band ({band.kind}): predictions of this kind came up to "
-            f"{band.under:.0%} under published peaks ({band.cases} cases"
-            + (f", errors {band.min_error:+.0%} … {band.max_error:+.0%}" if band.cases
-               else ": none, the widest band taken") + "); fits = device peak × "
-            f"(1 + {band.under:.0%}) and ≤ (1 − {margin:.0%}) of the GPU")
+    seen = (f"predictions of this kind came at most {band.under:.0%} under the published peak "
+            f"in {band.within} of {band.cases} cases (errors {band.min_error:+.0%} … "
+            f"{band.max_error:+.0%})" if band.cases else
+            f"no published case of this kind: the widest band, {band.under:.0%}")
+    note = (f"error band ({band.kind}): {seen}; fits = device peak × (1 + {band.under:.0%}) and "
+            f"≤ (1 − {margin:.0%}) of the GPU")
     if limit is None:
         return None, None, note
     return resident <= limit, limit - resident, note

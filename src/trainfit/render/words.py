@@ -29,8 +29,8 @@ PLAN_NOTES = (
     "allocated = torch.cuda.max_memory_allocated, reserved = max_memory_reserved, "
     "device = what nvidia-smi shows (reserved + CUDA context + managed memory)",
     "fits = device peak × (1 + {under:.0%}) ≤ GPU memory and device peak ≤ (1 − {margin:.0%}) × "
-    "GPU memory ({under:.0%}: how far predictions of this kind of run ({kind}) came under {cases} "
-    "published peaks, benchmarks/results/bands.md)",
+    "GPU memory ({under:.0%}: how far predictions of this kind of run ({kind}) came under the "
+    "published peak, at most, in {within} of {cases} cases, benchmarks/results/bands.md)",
     "ranked by predicted tokens/s among configurations that fit (roofline over the "
     "simulated step's operations, trainfit/speed/)",
 )
@@ -40,7 +40,8 @@ def plan_notes(result: PlanResult) -> list[str]:
     """What every plan's numbers are (predicted, which peak, the fit rule, the ranking)."""
     m = result.rows[0].memory if result.rows else None
     band = {"under": m.error_band_under if m else 0.0, "kind": m.error_band_kind if m else "",
-            "cases": m.error_band_cases if m else 0}
+            "cases": m.error_band_cases if m else 0,
+            "within": m.error_band_within if m else 0}
     notes = [n.format(margin=result.margin, **band) for n in PLAN_NOTES]
     if result.speed_band is not None:
         notes.append(speed_note(result.speed_band))
