@@ -203,17 +203,21 @@ def check_monotone(c: Checked, rows: list[PlanRow]) -> None:
 
 def check_reserved(c: Checked, r: PlanRow, model: BilinearModel) -> None:
     """reserved ≥ allocated, and within the allocator model's stated bound: an extrapolated
-    row's reserve above the allocated peak is at most the group's fragmentation ratio ρ (the
-    largest (reserved − allocated) ÷ (allocated − steady) of its small simulations,
-    ``BilinearModel.fragmentation_ratio``) times the one-process transient bytes, plus one
-    20 MiB segment (``SEGMENT_SLACK_BYTES``: the reserve grows by whole segments)."""
+    row's reserve above the allocated peak is at most the larger of the group's fragmentation
+    ratio ρ (the largest (reserved − allocated) ÷ (allocated − steady) of its small
+    simulations, ``BilinearModel.fragmentation_ratio``) times the one-process transient bytes
+    and the largest full-depth reserve replayed at a simulated micro-batch at or under the
+    row's (``BilinearModel.trace_peaks``), plus one 20 MiB segment (``SEGMENT_SLACK_BYTES``:
+    the reserve grows by whole segments)."""
     m = r.memory
     c.check("reserved >= allocated", m.peak_reserved_bytes >= m.peak_allocated_bytes, _desc(r))
     rho = model.fragmentation_ratio()
     c.max_fragmentation_ratio = max(c.max_fragmentation_ratio, rho)
-    one = model.predict(r.job.micro_batch, accumulating=(r.job.grad_accum or 1) > 1)
-    bound = rho * max(0, one["peak_allocated_bytes"] - one["steady_bytes"]) + \
-        SEGMENT_SLACK_BYTES + 1
+    accumulating = (r.job.grad_accum or 1) > 1
+    one = model.predict(r.job.micro_batch, accumulating=accumulating)
+    traced = model.trace_peaks(r.job.micro_batch, accumulating)
+    bound = max(rho * max(0, one["peak_allocated_bytes"] - one["steady_bytes"]),
+                traced[1] if traced else 0) + SEGMENT_SLACK_BYTES + 1
     c.check("reserved within the allocator bound",
             m.peak_reserved_bytes - m.peak_allocated_bytes <= bound,
             f"{_desc(r)}: {m.peak_reserved_bytes - m.peak_allocated_bytes} > {bound:.0f}")
