@@ -10,9 +10,12 @@ terms sum to the peak.  Within a phase the peak is the largest of several moment
 not linear, in B: micro-batch 1 and the largest micro-batch the grid needs are simulated too (at
 the same small depths; a fake tensor costs the same at any size) and B is interpolated piecewise
 (``BilinearModel._segment``): at the simulated depths exact at the simulated batches and on or
-above the peak between them; extrapolated in depth, within 1 % of full-size simulations either
-way (−0.5 % to +0.15 % on 12 catalog-scale rows, benchmarks/results/invariants.md, which with
-benchmarks/planner_speed.py re-checks it against full simulations).
+above the peak between them.  Extrapolated in depth, a phase's peak can move to another moment
+at full depth than at 2-3 layers (Qwen2.5-7B, 8-rank FSDP, amp-fp16, 2×2: 20.59 GiB against
+25.46 simulated at full depth), so where the two small depths' alloc/free traces make the
+full-depth one (:mod:`trainfit.memory.depth_trace`) its replayed peak is taken at the simulated
+batches, and the chord between them: 0.00 % to +0.27 % of full-size simulations on 12
+catalog-scale rows (benchmarks/results/invariants.md; benchmarks/planner_speed.py re-checks it).
 
 Stacks that are not homogeneous (hybrid attention/Mamba layers, per-layer types, encoder-decoder)
 are not extrapolated in L; they are simulated at full depth (still extrapolated in B).
