@@ -24,6 +24,7 @@ Run: ``python benchmarks/litgpt_model_code.py`` (about 2 min; needs the package 
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.abc
 import importlib.machinery
 import json
@@ -46,6 +47,13 @@ LAYERS = 24
 D_BYTES = 2048 * 2
 """One bf16 hidden-size vector of phi-1.5 (the unit the per-token terms are given in)."""
 STUBBED = ("lightning", "lightning_utilities", "sentencepiece", "tokenizers")
+
+
+@functools.cache
+def _cases() -> dict[str, dict[str, Any]]:
+    """The held-out cases by id (read once)."""
+    data = json.loads((HERE / "data" / "heldout_memory.json").read_text())
+    return {c["id"]: c for c in data["cases"]}
 
 
 class _Empty(types.ModuleType):
@@ -128,15 +136,12 @@ def litgpt_point(layers: int, batch: int) -> int:
 def trainfit_point(layers: int, batch: int) -> int:
     """trainfit's simulated peak of the benchmark's mapping of the same case, for this CPU,
     minus what the model holds between steps (the real run above made its weights outside)."""
-    sys.path.insert(0, str(HERE))
     from heldout_mapping import map_case
     from heldout_models import build_source
     from trainfit.job import JobSpec
     from trainfit.memory.simulate import SimTarget, simulate_step
 
-    cases = json.loads((HERE / "data" / "heldout_memory.json").read_text())
-    cases = cases["cases"] if isinstance(cases, dict) else cases
-    case = copy.deepcopy(next(c for c in cases if c["id"] == CASE.format(1)))
+    case = copy.deepcopy(_cases()[CASE.format(1)])
     case["model"]["num_hidden_layers"] = layers
     case["micro_batch"] = batch
     mapping = map_case(case)
@@ -154,10 +159,7 @@ def slopes(points: dict[tuple[int, int], int]) -> dict[str, float]:
 
 
 def published_per_sample() -> list[float]:
-    cases = json.loads((HERE / "data" / "heldout_memory.json").read_text())
-    cases = cases["cases"] if isinstance(cases, dict) else cases
-    peak = {c["micro_batch"]: c["measured"]["peak_memory_bytes"] for c in cases
-            if c["id"] in {CASE.format(b) for b in (1, 2, 4)}}
+    peak = {b: _cases()[CASE.format(b)]["measured"]["peak_memory_bytes"] for b in (1, 2, 4)}
     return [peak[2] - peak[1], (peak[4] - peak[2]) / 2]
 
 
@@ -199,6 +201,7 @@ def main() -> int:
               "benchmarks/.cache", file=sys.stderr)
         return 2
     sys.meta_path.insert(0, _Stubs())
+    sys.path.insert(0, str(HERE))  # heldout_mapping / heldout_models (trainfit's side)
     grid = [(layers, batch) for layers in (2, 3) for batch in (1, 2)]
     lit = {p: litgpt_point(*p) for p in grid}
     tf = {p: trainfit_point(*p) for p in grid}

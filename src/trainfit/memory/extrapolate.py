@@ -81,7 +81,7 @@ class Point:
     """The recorded ops of the steady-state step (speed model)."""
     traces: dict[bool, Trace] = field(default_factory=dict, repr=False)
     """Accumulating (two micro-steps) or not (one) → the step's alloc/free trace, kept for
-    :meth:`BilinearModel.fragmentation_ratio` when the point is a small depth: the allocator's
+    :meth:`BilinearModel.full_depth` when the point is a small depth: the allocator's
     reserve differs between the two (Mistral-7B amp-fp16 at micro-batch 64: 10 GiB over the
     allocated peak with one micro-step, 0.8 GiB with two)."""
 
@@ -222,8 +222,9 @@ class BilinearModel:
         trace = deeper_trace(lo, hi, extra)
         if trace is None:
             return None
-        per_layer = (malformed(hi[0]) - malformed(lo[0])) / (pair[-1].layers - pair[0].layers)
-        if malformed(trace[0]) != round(malformed(hi[0]) + extra * per_layer):
+        bad_hi = malformed(hi[0])
+        per_layer = (bad_hi - malformed(lo[0])) / (pair[-1].layers - pair[0].layers)
+        if malformed(trace[0]) != round(bad_hi + extra * per_layer):
             return None
         rep = replay(*trace)
         return rep.peak_allocated_bytes, rep.peak_reserved_bytes - rep.peak_allocated_bytes
@@ -312,18 +313,17 @@ class BilinearModel:
                      for p in self.points + self.low + self.high)
         allocated = tensor_peak + block_overhead
         breakdown = by_phase[phase]
-        reserve = round(self.fragmentation_ratio() * max(0, allocated - steady))
         traced = self.trace_peaks(batch, accumulating)
         if traced is not None:
             # the full-depth trace's peak where the phase fits' moment moved with depth; what
             # it holds beyond (or short of) them is booked as temporaries (then activations)
-            traced_allocated, floor, cap = traced
-            delta = traced_allocated - allocated
+            delta = traced[0] - allocated
             breakdown = _rebooked(breakdown, delta)
             certain[phase] = _rebooked(certain[phase], delta)
             allocated = sum(breakdown.values()) + block_overhead
-            reserve = max(floor, min(cap, round(
-                self.fragmentation_ratio() * max(0, allocated - steady))))
+        reserve = round(self.fragmentation_ratio() * max(0, allocated - steady))
+        if traced is not None:
+            reserve = max(traced[1], min(traced[2], reserve))
         return {
             "peak_allocated_bytes": allocated,
             "peak_phase": phase.split("@")[0],
@@ -394,7 +394,7 @@ def _point(job: JobSpec, source: ModelSource, target: SimTarget, layers: int, ba
     sim = simulate_step(j, src, target, record_events=True, op_hook=rec)
     rep = replay(sim.events, sim.event_streams)
     traces: dict[bool, Trace] = {}
-    if extrap:  # the small depths' traces make the full depth's (fragmentation_ratio)
+    if extrap:  # the small depths' traces make the full depth's (BilinearModel.full_depth)
         traces[True] = (sim.events, sim.event_streams)
         one = simulate_step(j.replace(grad_accum=1), src, target, record_events=True)
         traces[False] = (one.events, one.event_streams)
