@@ -4,7 +4,7 @@ For each case ``plan()`` runs as the CLI runs it, and every row is checked: brea
 summing to the allocated peak, allocated and device peaks non-decreasing in the micro-batch
 within a (precision, checkpointing) group, reserved ≥ allocated, ``fits`` against the capacity,
 ▲ only on the largest fitting micro-batch of its group, and the memory ladder lowering the peak
-at every rung.  A few extrapolated rows per case are re-simulated at full size: allocated within
+at every rung.  Ten extrapolated rows per case are re-simulated at full size: allocated within
 1 %, and the extrapolated allocator reserve not below the full-size replay's.
 
 Run: ``python benchmarks/invariants.py`` → results/invariants.{json,md}
@@ -31,7 +31,7 @@ CASES = [
     {"model": "qwen2.5-7b", "gpu": "a100-80gb", "job": {"method": "qlora", "ranks": 2,
                                                         "sharding": "fsdp"}},
 ]
-FULL_SIZE_CHECKS = 3
+FULL_SIZE_CHECKS = 10
 """Extrapolated rows per case re-simulated at full size (spread over the micro-batches)."""
 
 
@@ -88,8 +88,8 @@ def _full(row: Any, src: Any, gpu: Any) -> dict[str, Any]:
 def _markdown(cases: list[dict[str, Any]], total: int, violations: int) -> str:
     lines = ["# Invariants at catalog scale", "",
              "`python benchmarks/invariants.py`: the invariants of tests/plan/test_invariants.py "
-             "on the plans users reported (every row of each plan checked; a few extrapolated "
-             "rows re-simulated at full size).", "",
+             "on the plans users reported (every row of each plan checked; "
+             f"{FULL_SIZE_CHECKS} extrapolated rows per plan re-simulated at full size).", "",
              f"**{total} configurations checked, {violations} violations.**", "",
              "| model | GPU | job | configurations | plan s | violations | ladder (GiB) |",
              "|---|---|---|---|---|---|---|"]

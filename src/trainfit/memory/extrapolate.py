@@ -12,10 +12,10 @@ the same small depths; a fake tensor costs the same at any size) and B is interp
 (``BilinearModel._segment``): at the simulated depths exact at the simulated batches and on or
 above the peak between them.  Extrapolated in depth, a phase's peak can move to another moment
 at full depth than at 2-3 layers (Qwen2.5-7B, 8-rank FSDP, amp-fp16, 2×2: 20.59 GiB against
-25.46 simulated at full depth), so where the two small depths' alloc/free traces make the
-full-depth one (:mod:`trainfit.memory.depth_trace`) its replayed peak is taken at the simulated
-batches, and the chord between them: 0.00 % to +0.27 % of full-size simulations on 12
-catalog-scale rows (benchmarks/results/invariants.md; benchmarks/planner_speed.py re-checks it).
+25.46 simulated at full depth), so where the two small depths' alloc/free traces, interpolated
+to the row's micro-batch, make the full-depth one (:mod:`trainfit.memory.depth_trace`) its
+replayed allocated peak and reserve are the row's: the full-size simulation's on the catalog-scale
+rows checked (benchmarks/results/invariants.md; benchmarks/planner_speed.py re-checks it).
 
 Stacks that are not homogeneous (hybrid attention/Mamba layers, per-layer types, encoder-decoder)
 are not extrapolated in L; they are simulated at full depth (still extrapolated in B).
@@ -30,7 +30,7 @@ from typing import Any
 
 from trainfit.job import JobSpec
 from trainfit.memory.allocator import K_LARGE_BUFFER, replay
-from trainfit.memory.depth_trace import Trace, deeper_trace, malformed
+from trainfit.memory.depth_trace import Trace, aligned_traces, full_depth_trace
 from trainfit.memory.simulate import SimResult, SimTarget, simulate_step
 from trainfit.model.source import ModelSource
 from trainfit.speed.ops import OpRecorder
@@ -98,6 +98,8 @@ class BilinearModel:
     """(L1, 1), (L2, 1): micro-batch 1 at the small depths (when the grid has it)."""
     high: list[Point] = field(default_factory=list)
     """(L1, B), (L2, B) for B in :func:`upper_batches` (ascending), at the small depths."""
+    accumulates: bool = True
+    """The points simulated two micro-steps (accumulating rows can be predicted) or one."""
 
     def speed(self, dev: Any, job: Any, flops_per_token: float) -> Any:
         """Predicted speed of ``job`` (its micro-batch and accumulation) on ``dev``."""
@@ -161,7 +163,7 @@ class BilinearModel:
         negative or larger than the peak."""
         out: dict[str, dict[str, int]] = {}
         for k in phases:
-            cats = sorted({c for p in self.points + self.low + self.high
+            cats = sorted({c for p in self._all()
                            for c in p.sim.phase_breakdowns.get(k, {})})
             out[k] = {c: max(0, self.eval_at(
                 lambda p, k=k, c=c: p.sim.phase_breakdowns.get(k, {}).get(c, 0), batch))
@@ -190,20 +192,26 @@ class BilinearModel:
         return {**breakdown, "gradients": sure,
                 "temporaries": breakdown.get("temporaries", 0) + grads - sure}
 
+    def _all(self) -> list[Point]:
+        return self.points + self.low + self.high
+
     def _batches(self) -> list[int]:
-        return sorted({p.batch for p in self.points + self.low + self.high})
+        return sorted({p.batch for p in self._all()})
 
     def full_depth(self, batch: int, accumulating: bool) -> tuple[int, int] | None:
-        """(allocated, reserved − allocated) of the full-depth step at a simulated micro-batch,
-        from the replay of its full-depth trace (:func:`deeper_trace` over the two small depths'
-        traces), for the job's kind of step (one micro-step or accumulating: the reserve differs
-        between them); None when the trace cannot be synthesized or is not well formed.
+        """(allocated, reserved − allocated) of the full-depth step at ``batch``, from the replay
+        of its full-depth trace (:func:`deeper_trace` over the two small depths' traces at that
+        micro-batch, simulated or :func:`batch_trace`-interpolated between simulated ones), for
+        the job's kind of step (one micro-step or accumulating: the reserve differs between
+        them); None when the trace cannot be synthesized or is not well formed.
 
         The replay is the full-depth simulation's to the byte on every configuration checked,
         where the depth extrapolation of the phase peaks is not: the moment a phase peaks can
         move with depth, which a line through 3 and 4 layers cannot see (Qwen2.5-7B, 8-rank
         FSDP, amp-fp16, micro-batch 2 with accumulation: 20.59 GiB extrapolated, 25.46 GiB
-        simulated at full depth and replayed from the synthesized trace)."""
+        simulated at full depth and replayed from the synthesized trace); and the reserve is
+        not proportional to anything that can be interpolated (Mistral-7B amp-bf16 checkpointed,
+        one micro-step: 16.6, 24.5, 30.4 GiB over the peak at micro-batches 32, 48, 64)."""
         cache = self.__dict__.setdefault("_full_depth", {})
         key = (batch, accumulating)
         if key not in cache:
@@ -213,49 +221,52 @@ class BilinearModel:
     def _replay_full_depth(self, batch: int, accumulating: bool) -> tuple[int, int] | None:
         if not self.layer_extrapolated:
             return None
-        pair = sorted((p for p in self.points + self.low + self.high if p.batch == batch),
-                      key=lambda p: p.layers)
-        if len(pair) < 2 or any(accumulating not in p.traces for p in pair):
-            return None
-        lo, hi = pair[0].traces[accumulating], pair[-1].traces[accumulating]
-        extra = self.full_layers - pair[-1].layers
-        trace = deeper_trace(lo, hi, extra)
+        traces = {(p.layers, p.batch): p.traces[accumulating] for p in self._all()
+                  if accumulating in p.traces}
+        cache = self.__dict__.setdefault("_aligned", {})
+        depths = (self.points[0].layers, self.points[1].layers)
+        if accumulating not in cache:
+            cache[accumulating] = aligned_traces(traces, depths)
+        trace = full_depth_trace(traces, depths, self.full_layers, batch, cache[accumulating])
         if trace is None:
             return None
-        bad_hi = malformed(hi[0])
-        per_layer = (bad_hi - malformed(lo[0])) / (pair[-1].layers - pair[0].layers)
-        if malformed(trace[0]) != round(bad_hi + extra * per_layer):
-            return None
-        rep = replay(*trace)
+        rep = replay(trace[0], trace[1])
         return rep.peak_allocated_bytes, rep.peak_reserved_bytes - rep.peak_allocated_bytes
 
     def trace_peaks(self, batch: int, accumulating: bool) -> tuple[int, int, int] | None:
         """(allocated, reserve floor, reserve cap) at ``batch`` from the full-depth traces, or
-        None.
+        None; the allocated peak and the reserved total never below those of a smaller simulated
+        micro-batch (more samples never need fewer bytes; the reserve over the peak can fall:
+        Mistral-7B amp-fp16, one micro-step, 12.7 GiB at micro-batch 12, 0.15 GiB at 16).
 
-        Allocated: exact at a simulated micro-batch, the chord between the simulated ones on
-        each side elsewhere (a phase peaks at the largest of several moments, each linear in the
-        micro-batch: convex, so the chord is on or above it), never below a smaller simulated
-        micro-batch's.  Reserve: the allocator's reserve is not proportional to anything (Mistral-7B
-        amp-fp16, one micro-step: 0.16 GiB at micro-batch 16, 9.9 GiB at 64), so between
-        simulated micro-batches it is the share model (:meth:`fragmentation_ratio`) capped by
-        the largest full-depth reserve through the next simulated micro-batch, and never below
-        a full-depth reserve at or under ``batch``: exact-or-above at the simulated ones, and
-        never falling as the micro-batch grows."""
-        batches = self._batches()
-        peaks = {b: self.full_depth(b, accumulating) for b in batches}
-        if any(v is None for v in peaks.values()):
-            return None
-        got = {b: v for b, v in peaks.items() if v is not None}
-        below = [b for b in batches if b <= batch]
-        above = [b for b in batches if b >= batch]
+        Where the trace at ``batch`` is made (:meth:`full_depth`) floor and cap are its reserve.
+        Where only the simulated micro-batches' are (the traces between them are not the same
+        sequence of blocks), the allocated peak is the chord between the simulated ones on each
+        side (a phase peaks at the largest of several moments, each linear in the micro-batch:
+        convex, so the chord is on or above it) and the reserve lies between the floor and the
+        largest full-depth reserve through the next simulated micro-batch (the cap): the
+        allocator's reserve is not proportional to anything (Mistral-7B amp-fp16, one
+        micro-step: 0.16 GiB at micro-batch 16, 9.9 GiB at 64)."""
+        traced = [b for b in self._batches()
+                  if all(accumulating in p.traces for p in self._all() if p.batch == b)]
+        sims = {b: v for b in traced if (v := self.full_depth(b, accumulating)) is not None}
+        if len(sims) < len(traced):
+            return None  # a simulated micro-batch's trace is not synthesized: trust none
+        below = [b for b in sims if b <= batch]
+        got = self.full_depth(batch, accumulating)
+        if got is not None:
+            alloc = max([got[0], *(sims[b][0] for b in below)])
+            # the reserved total, not the reserve over the peak, never falls with the batch
+            reserve = max([alloc + got[1], *(sum(sims[b]) for b in below)]) - alloc
+            return alloc, reserve, reserve
+        above = [b for b in sims if b >= batch]
         if not below or not above:
             return None
         lo, hi = below[-1], above[0]
-        a_lo, a_hi = got[lo][0], got[hi][0]
-        alloc = a_lo if hi == lo else round(a_lo + (a_hi - a_lo) * (batch - lo) / (hi - lo))
-        alloc = max(alloc, *(got[b][0] for b in below))
-        return alloc, max(got[b][1] for b in below), max(got[b][1] for b in [*below, hi])
+        a_lo, a_hi = sims[lo][0], sims[hi][0]
+        alloc = round(a_lo + (a_hi - a_lo) * (batch - lo) / (hi - lo))
+        alloc = max(alloc, *(sims[b][0] for b in below))
+        return alloc, max(sims[b][1] for b in below), max(sims[b][1] for b in [*below, hi])
 
     def fragmentation_ratio(self) -> float:
         """The largest (reserved − allocated) ÷ (allocated − steady) of the four simulations.
@@ -269,14 +280,13 @@ class BilinearModel:
         replay (benchmarks/results/invariants.md)."""
         ratios = [(p.reserved_bytes - p.allocated_blocks_bytes)
                   / (p.allocated_blocks_bytes - p.sim.steady_bytes)
-                  for p in self.points + self.low + self.high
+                  for p in self._all()
                   if p.allocated_blocks_bytes > p.sim.steady_bytes]
         return max([0.0, *ratios])
 
     def _anchors(self, batch: int) -> list[int]:
         """The simulated micro-batches up to ``batch``, and ``batch``."""
-        return sorted({p.batch for p in self.points + self.low + self.high if p.batch < batch}
-                      | {batch})
+        return sorted({p.batch for p in self._all() if p.batch < batch} | {batch})
 
     def _monotone(self, by_phase: dict[str, dict[str, int]], phases: list[str], batch: int
                   ) -> dict[str, dict[str, int]]:
@@ -296,6 +306,9 @@ class BilinearModel:
         return out
 
     def predict(self, batch: int, accumulating: bool) -> dict[str, Any]:
+        if accumulating and not self.accumulates:
+            raise ValueError("an accumulating row from one-micro-step simulations: pass the "
+                             "row to fit_group(rows=...)")
         phases = sorted({k for p in self.points for k in p.sim.phase_peaks if k != "setup"})
         if not accumulating:
             phases = [k for k in phases if not k.endswith("@accum")]
@@ -310,7 +323,7 @@ class BilinearModel:
         # of the simulated batches', so the transient bytes, and the reserve on them, never
         # shrink as the micro-batch grows
         steady = min(self.eval_at(lambda p: p.sim.steady_bytes, p.batch)
-                     for p in self.points + self.low + self.high)
+                     for p in self._all())
         allocated = tensor_peak + block_overhead
         breakdown = by_phase[phase]
         traced = self.trace_peaks(batch, accumulating)
@@ -387,40 +400,77 @@ def upper_batches(top_fit: int, high_batch: int | None) -> list[int]:
 
 
 def _point(job: JobSpec, source: ModelSource, target: SimTarget, layers: int, batch: int,
-           extrap: bool) -> Point:
+           extrap: bool, accumulates: bool, one_step_trace: bool) -> Point:
+    """The simulation at (``layers``, ``batch``): two micro-steps when ``accumulates`` (the
+    phases of an accumulating step include those of a one-step step), else one; with
+    ``one_step_trace`` an accumulating point also simulates the one-micro-step step for its
+    trace (the allocator's reserve differs between the two kinds of step)."""
     src = with_layers(source, layers) if extrap else source
-    j = job.replace(micro_batch=batch, grad_accum=2, effective_batch=None)
+    j = job.replace(micro_batch=batch, grad_accum=2 if accumulates else 1, effective_batch=None)
     rec = OpRecorder()
     sim = simulate_step(j, src, target, record_events=True, op_hook=rec)
     rep = replay(sim.events, sim.event_streams)
     traces: dict[bool, Trace] = {}
     if extrap:  # the small depths' traces make the full depth's (BilinearModel.full_depth)
-        traces[True] = (sim.events, sim.event_streams)
-        one = simulate_step(j.replace(grad_accum=1), src, target, record_events=True)
-        traces[False] = (one.events, one.event_streams)
+        traces[accumulates] = (sim.events, sim.event_streams, sim.event_phases)
+        if accumulates and one_step_trace:
+            one = simulate_step(j.replace(grad_accum=1), src, target, record_events=True)
+            traces[False] = (one.events, one.event_streams, one.event_phases)
     sim.events = []
     sim.event_streams = {}
     return Point(layers, batch, sim, rep.peak_reserved_bytes, rep.peak_allocated_bytes, rec.ops,
                  traces)
 
 
+def _one_step_batches(simulated: list[int], one_step: list[int]) -> set[int]:
+    """The simulated micro-batches whose one-micro-step traces the rows in ``one_step`` are
+    predicted from (:meth:`BilinearModel.trace_peaks`: the simulated one at or below each and
+    the one at or above), and two of them ≥ 2 at least (:meth:`BilinearModel._aligned`)."""
+    out: set[int | None] = set()
+    for m in one_step:
+        out |= {max([b for b in simulated if b <= m], default=None),
+                min([b for b in simulated if b >= m], default=None)}
+    got = {b for b in out if b is not None}
+    for b in simulated:
+        if len({x for x in got if x >= 2}) >= 2 or not any(x >= 2 for x in got):
+            break
+        if b >= 2:
+            got.add(b)
+    return got
+
+
 def fit_group(job: JobSpec, source: ModelSource, target: SimTarget,
-              batches: tuple[int, int] = FIT_BATCHES, high_batch: int | None = None
-              ) -> BilinearModel:
+              batches: tuple[int, int] = FIT_BATCHES, high_batch: int | None = None,
+              rows: list[tuple[int, bool]] | None = None) -> BilinearModel:
     """Simulate ``job`` (its micro-batch ignored) at 4 small points, accumulation included; with
     ``high_batch`` (the largest micro-batch wanted; a fake tensor costs the same time at any
-    size) also at it and at micro-batch 1, at both small depths (see ``_segment``)."""
+    size) also at it and at micro-batch 1, at both small depths (see ``_segment``).
+
+    ``rows``: the (micro-batch, accumulating) rows the model will be asked for (None: any).
+    Only the kinds of step they take are simulated: one micro-step per point when none
+    accumulates, and the one-micro-step traces only at the micro-batches a one-step row is
+    predicted from (a plan with an effective batch has one such row, the largest micro-batch)
+    — each a simulation as long as the point's own."""
     _, full = layer_count(source)
     fit_layers = SHARDED_FIT_LAYERS if job.ranks > 1 and job.sharding != "none" else FIT_LAYERS
     extrap = homogeneous(source) and full > fit_layers[1]
     depths = fit_layers if extrap else (full,)
-    pts = {(L, b): _point(job, source, target, L, b, extrap) for L in depths for b in batches}
-    high = [_point(job, source, target, L, b, extrap)
-            for b in upper_batches(batches[1], high_batch) for L in (depths[0], depths[-1])]
-    low = [_point(job, source, target, L, 1, extrap) for L in depths] \
-        if high_batch is not None and batches[0] > 1 else []
+    highs = upper_batches(batches[1], high_batch)
+    lows = [1] if high_batch is not None and batches[0] > 1 else []
+    accumulates = rows is None or any(acc for _, acc in rows)
+    one_step = _one_step_batches(sorted({*lows, *batches, *highs}),
+                                 [m for m, acc in rows if not acc]) if rows is not None \
+        else {*lows, *batches, *highs}
+
+    def point(layers: int, batch: int) -> Point:
+        return _point(job, source, target, layers, batch, extrap, accumulates, batch in one_step)
+
+    pts = {(L, b): point(L, b) for L in depths for b in batches}
+    high = [point(L, b) for b in highs for L in (depths[0], depths[-1])]
+    low = [point(L, 1) for L in depths] if lows else []
     l1, l2 = depths[0], depths[-1]
     # order: (L1,b1), (L2,b1), (L1,b2), (L2,b2); one depth: the same twice, the L terms vanish
     ordered = [pts[(l1, batches[0])], pts[(l2, batches[0])], pts[(l1, batches[1])],
                pts[(l2, batches[1])]]
-    return BilinearModel(ordered, full, extrap, batches, [low[0], low[-1]] if low else [], high)
+    return BilinearModel(ordered, full, extrap, batches, [low[0], low[-1]] if low else [], high,
+                         accumulates)

@@ -75,6 +75,8 @@ class SimResult:
     """The alloc/free trace when asked for (for the caching-allocator replay)."""
     event_streams: dict[int, int] = field(default_factory=dict, repr=False)
     """Block id → stream of the allocations not on the default stream (FSDP's collectives)."""
+    event_phases: list[tuple[int, str]] = field(default_factory=list, repr=False)
+    """(index into ``events``, phase) where each phase begins."""
     quant_state_bytes: int = 0
     """bitsandbytes' quantization state (absmax, nested absmax, codes): whole on every rank."""
     per_rank: bool = False
@@ -242,6 +244,7 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
               "compile_partitioned": untraced is not None, "compile_untraced": list(untraced or [])},
         events=tracker.events,
         event_streams=tracker.event_streams,
+        event_phases=tracker.event_phases,
         quant_state_bytes=quant_state,
         per_rank=mesh is not None,
     )

@@ -91,6 +91,8 @@ class LiveBytesTracker(TorchDispatchMode):
         self._managed_depth = 0
         self.record_events = False
         self.events: list[tuple[int, int]] = []
+        self.event_phases: list[tuple[int, str]] = []
+        """(index into ``events``, phase) where each phase of the recorded trace begins."""
         """(block id, +bytes) on allocation, (block id, -bytes) on free, in order, for replaying
         through the caching-allocator model."""
         self._next_id = 0
@@ -242,6 +244,8 @@ class LiveBytesTracker(TorchDispatchMode):
         later one under accumulation; phase peaks are kept apart for the two."""
         self.phase = phase
         self._micro = micro_step
+        if self.record_events and (not self.event_phases or self.event_phases[-1][1] != phase):
+            self.event_phases.append((len(self.events), phase))
         self._phase_key = phase if phase in ("optimizer", "idle", "setup") else \
             f"{phase}@{'accum' if micro_step else 'first'}"
 

@@ -152,9 +152,9 @@ class PlanResult:
         return self.dataset_tokens * (self.epochs or 1.0) / tps
 
 
-def _fit_one(args: tuple[JobSpec, ModelSource, Any, int]) -> Any:
-    job, source, target, high_batch = args
-    return fit_group(job, source, target, high_batch=high_batch)
+def _fit_one(args: tuple[JobSpec, ModelSource, Any, list[tuple[int, bool]]]) -> Any:
+    job, source, target, rows = args
+    return fit_group(job, source, target, high_batch=max(m for m, _ in rows), rows=rows)
 
 
 def _exact_row(args: tuple[JobSpec, ModelSource, GpuSpec | None, float]) -> PlanRow:
@@ -313,8 +313,12 @@ class _Grid:
         target = target_for(self.gpu)
         what = f"small simulations, {len(groups)} precision × ckpt groups"
         self.say(what, 0, len(groups))
+        # the kind of step each micro-batch's row takes (one micro-step or accumulating): the
+        # groups simulate only those
+        kinds = [(m, (_config_job(self.job, self.precisions[0], self.ckpts[0], m).grad_accum
+                      or 1) > 1) for m in self.micro_all]
         models = self.workers.map(_fit_one, [(_config_job(self.job, p, c, 1), self.source, target,
-                                              max(self.micro_all)) for p, c in groups],
+                                              kinds) for p, c in groups],
                                   on_done=lambda n: self.say(what, n, len(groups)))
         rows: list[PlanRow] = []
         for (precision, ckpt), model in zip(groups, models, strict=True):
