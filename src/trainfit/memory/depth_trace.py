@@ -41,6 +41,7 @@ import bisect
 import difflib
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 Trace = tuple[Any, ...]
@@ -78,25 +79,33 @@ def _backward(trace: Trace) -> Any:
     return at
 
 
-def deeper_trace(shallow: Trace, deeper: Trace, extra_layers: int, sized: Trace | None = None
-                 ) -> Trace | None:
-    """The trace of ``deeper``'s depth + ``extra_layers``, or None (see the module docstring).
-    ``shallow`` and ``deeper`` must be the same step at depths one or more layers apart.
+@dataclass
+class LayerRuns:
+    """How a deeper trace differs from a shallower one by repeated runs of events (the alignment
+    :func:`deeper_trace` extends; one per pair of traces, whatever the depth it is extended to)."""
 
-    ``sized``: ``deeper``'s blocks (the same ids in the same order) at another micro-batch, whose
-    sizes the synthesized trace takes.  The alignment, and the pairing of the blocks a layer
-    passes on, go by size, and at some micro-batches an activation is as large as a weight
-    (Mistral-7B at micro-batch 8 × 512 tokens: an fp16 (tokens, 4096) activation and the fp16
-    autocast copy of a 4096 × 4096 weight are both 32 MiB); a pairing by the wrong block leaves
-    every size in place and the allocated peak right, but frees other blocks than the step does
-    (the reserve read 1.0 GiB against 7.5 GiB simulated at full depth).  Aligned at a micro-batch
-    where sizes do not coincide by accident (:data:`ALIGN_AT`), the trace is then sized at
-    the row's."""
-    if sized is not None and [u for u, _ in sized[0]] != [u for u, _ in deeper[0]]:
-        return None
+    ops: list[tuple[str, int, int, int, int]]
+    """difflib's opcodes from the shallow trace to the deeper one (equal or insert only)."""
+    events: list[tuple[int, int]]
+    """The deeper trace's events."""
+    streams: dict[int, int]
+    """Block id → stream, numbered by first use."""
+    made_inside: dict[int, bool]
+    """Block allocated in an inserted run → whether that run is in the backward."""
+    passed: dict[int, int]
+    """Block a run frees but did not allocate → the block the run passes out in its place."""
+    chain: dict[int, tuple[bool, bool]]
+    """Passed-out block → (freed by a run going against its maker's order, freed before it)."""
+    backward: Any
+    """Event index → whether it falls in the backward."""
+
+
+def layer_runs(shallow: Trace, deeper: Trace) -> LayerRuns | None:
+    """The repeated runs between ``shallow`` and ``deeper`` (the same step at depths one or more
+    layers apart), or None when they differ by anything but insertions or a passed-on block has
+    no partner (see the module docstring)."""
     sa, sb = _streams_in_order(shallow), _streams_in_order(deeper)
     ev_b = deeper[0]
-    size = {j: d for j, (_, d) in enumerate((sized or deeper)[0])}
     ta = [(d > 0, abs(d), sa.get(u, 0)) for u, d in shallow[0]]
     tb = [(d > 0, abs(d), sb.get(u, 0)) for u, d in ev_b]
     ops = difflib.SequenceMatcher(None, ta, tb, autojunk=False).get_opcodes()
@@ -118,6 +127,33 @@ def deeper_trace(shallow: Trace, deeper: Trace, extra_layers: int, sized: Trace 
     if {k: len(v) for k, v in taken.items()} != {k: len(v) for k, v in given.items()}:
         return None
     passed = {x: y for k in taken for x, y in zip(taken[k], given[k], strict=True)}
+    backward = _backward(deeper)
+    where = {u: j for j, (u, d) in enumerate(ev_b)}  # the free's index (a free comes last)
+    made = {u: backward(j) for j, (u, d) in enumerate(ev_b) if d > 0 and inside[j]}
+    chain = {y: (backward(where[x]) != made[y], where[y] < where[x]) for x, y in passed.items()}
+    return LayerRuns(ops, ev_b, sb, made, passed, chain, backward)
+
+
+def deeper_trace(shallow: Trace, deeper: Trace, extra_layers: int, sized: Trace | None = None,
+                 runs: LayerRuns | None = None) -> Trace | None:
+    """The trace of ``deeper``'s depth + ``extra_layers``, or None (see the module docstring).
+    ``shallow`` and ``deeper`` must be the same step at depths one or more layers apart
+    (``runs``: their :func:`layer_runs`, when already made).
+
+    ``sized``: ``deeper``'s blocks (the same ids in the same order) at another micro-batch, whose
+    sizes the synthesized trace takes.  The alignment, and the pairing of the blocks a layer
+    passes on, go by size, and at some micro-batches an activation is as large as a weight
+    (Mistral-7B at micro-batch 8 × 512 tokens: an fp16 (tokens, 4096) activation and the fp16
+    autocast copy of a 4096 × 4096 weight are both 32 MiB); a pairing by the wrong block leaves
+    every size in place and the allocated peak right, but frees other blocks than the step does.
+    Aligned at a micro-batch where sizes do not coincide by accident (:data:`ALIGN_AT`), the
+    trace is then sized at the row's."""
+    r = runs or layer_runs(shallow, deeper)
+    if r is None:
+        return None
+    if sized is not None and [u for u, _ in sized[0]] != [u for u, _ in r.events]:
+        return None
+    size = [d for _, d in (sized or deeper)[0]]
     # Which copy a free takes.  Copies run in the order of their phase: the forward's from the
     # first layer up, the backward's from the last layer down, so a backward copy frees what
     # the forward copy at the other end saved (copy E − c), and within one direction copy c
@@ -125,41 +161,36 @@ def deeper_trace(shallow: Trace, deeper: Trace, extra_layers: int, sized: Trace 
     # runs) is freed by the next copy to run and, for one copy, by the rest of the step: where
     # that free comes before the taking copies it takes the first copy to run, else the last.
     last = extra_layers
-    backward = _backward(deeper)
-    where = {u: j for j, (u, d) in enumerate(ev_b)}  # the free's index (a free comes last)
-    made_rev = {u: backward(j) for j, (u, d) in enumerate(ev_b) if d > 0 and inside[j]}
-    chain: dict[int, tuple[bool, bool]] = {}  # given → (taker runs against maker, freed before)
-    for x, y in passed.items():
-        chain[y] = (backward(where[x]) != made_rev[y], where[y] < where[x])
 
     def taken_copy(y: int, c: int) -> int:
         """The copy of given block ``y`` that the taking run's copy ``c`` ≥ 1 frees."""
-        against, before = chain[y]
+        against, before = r.chain[y]
         return (last - c if before else last - c + 1) if against else (c if before else c - 1)
 
     def rest_copy(y: int) -> int:
         """The copy of given block ``y`` that the rest of the step frees."""
-        against, before = chain[y]
+        against, before = r.chain[y]
         return (last if before else 0) if against else (0 if before else last)
 
     events: list[tuple[int, int]] = []
-    for tag, _, _, j1, j2 in ops:
-        chunk = [(*ev_b[j], size[j]) for j in range(j1, j2)]
+    for tag, _, _, j1, j2 in r.ops:
+        chunk = [(*r.events[j], size[j]) for j in range(j1, j2)]
         if tag == "equal":
-            events += [(u + rest_copy(u) * _COPY if d < 0 and u in alloc_in else u, n)
+            events += [(u + rest_copy(u) * _COPY if d < 0 and u in r.made_inside else u, n)
                        for u, d, n in chunk]
             continue
-        rev = backward(j1)
+        rev = r.backward(j1)
         for c in range(extra_layers + 1):
             for u, d, n in chunk:
                 if d > 0:
-                    events.append((u + c * _COPY if u in alloc_in else u, n))
-                elif c and u in passed:  # what the copy run before passed on
-                    events.append((passed[u] + taken_copy(passed[u], c) * _COPY, n))
-                elif u in alloc_in:
-                    events.append((u + (last - c if made_rev[u] != rev else c) * _COPY, n))
+                    events.append((u + c * _COPY if u in r.made_inside else u, n))
+                elif c and u in r.passed:  # what the copy run before passed on
+                    events.append((r.passed[u] + taken_copy(r.passed[u], c) * _COPY, n))
+                elif u in r.made_inside:
+                    events.append((u + (last - c if r.made_inside[u] != rev else c) * _COPY, n))
                 else:
                     events.append((u, n))
+    sb = r.streams
     streams = {u: sb[u % _COPY] for u, d in events if d > 0 and u % _COPY in sb}
     return events, streams  # no phases: a synthesized trace is replayed, not extended again
 
@@ -230,31 +261,32 @@ def _at_depth(traces: dict[tuple[int, int], Trace], layers: int) -> dict[int, Tr
     return {b: t for (n, b), t in traces.items() if n == layers}
 
 
-def aligned_traces(traces: dict[tuple[int, int], Trace], depths: tuple[int, int]
-                   ) -> tuple[Trace, Trace] | None:
-    """The two depths' traces at an irrational micro-batch between the two smallest simulated
-    at both (≥ 2, :data:`ALIGN_AT`), where :func:`deeper_trace` aligns them for every
+def aligned_runs(traces: dict[tuple[int, int], Trace], depths: tuple[int, int]
+                 ) -> LayerRuns | None:
+    """The :func:`layer_runs` of the two depths' traces at an irrational micro-batch between the
+    two smallest simulated at both (≥ 2, :data:`ALIGN_AT`), which extend the traces of every
     micro-batch ≥ 2 (their blocks are the same); ``traces``: (layers, micro-batch) → trace."""
     both = sorted(b for (n, b) in traces if n == depths[0] and b >= 2 and (depths[1], b) in traces)
-    if len(both) < 2:
+    if len(both) < 2 or depths[0] == depths[1]:
         return None
     at = both[0] + ALIGN_AT * (both[1] - both[0])
     lo, hi = (trace_at(_at_depth(traces, n), at) for n in depths)
-    return None if lo is None or hi is None else (lo, hi)
+    return None if lo is None or hi is None else layer_runs(lo, hi)
 
 
 def full_depth_trace(traces: dict[tuple[int, int], Trace], depths: tuple[int, int],
-                     full_layers: int, batch: int, aligned: tuple[Trace, Trace] | None
+                     full_layers: int, batch: int, aligned: LayerRuns | None
                      ) -> Trace | None:
     """The full-depth trace at ``batch`` from the two small ``depths``' ``traces`` ((layers,
-    micro-batch) → trace), aligned where ``aligned`` (:func:`aligned_traces`) allows; None when
+    micro-batch) → trace), extended by ``aligned`` (:func:`aligned_runs`) where it can; None when
     it cannot be made or frees other blocks than its depth implies (:func:`malformed`: the
     frees of blocks made before the trace began are a fixed number per layer)."""
     lo, hi = (trace_at(_at_depth(traces, n), batch) for n in depths)
-    if lo is None or hi is None:
-        return None
+    if lo is None or hi is None or depths[1] == full_layers:
+        return hi  # simulated at full depth (a stack that is not homogeneous): nothing to extend
     extra = full_layers - depths[1]
-    trace = None if aligned is None or batch < 2 else deeper_trace(*aligned, extra, sized=hi)
+    trace = None if aligned is None or batch < 2 else \
+        deeper_trace(lo, hi, extra, sized=hi, runs=aligned)
     if trace is None:
         trace = deeper_trace(lo, hi, extra)
     if trace is None:

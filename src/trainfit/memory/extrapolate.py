@@ -30,7 +30,7 @@ from typing import Any
 
 from trainfit.job import JobSpec
 from trainfit.memory.allocator import K_LARGE_BUFFER, replay
-from trainfit.memory.depth_trace import Trace, aligned_traces, full_depth_trace
+from trainfit.memory.depth_trace import Trace, aligned_runs, full_depth_trace
 from trainfit.memory.simulate import SimResult, SimTarget, simulate_step
 from trainfit.model.source import ModelSource
 from trainfit.speed.ops import OpRecorder
@@ -81,8 +81,9 @@ class Point:
     """The recorded ops of the steady-state step (speed model)."""
     traces: dict[bool, Trace] = field(default_factory=dict, repr=False)
     """Accumulating (two micro-steps) or not (one) → the step's alloc/free trace, kept for
-    :meth:`BilinearModel.full_depth` when the point is a small depth: the allocator's
-    reserve differs between the two (Mistral-7B amp-fp16 at micro-batch 64: 10 GiB over the
+    :meth:`BilinearModel.full_depth` (at a small depth, or at full depth for a stack that is not
+    homogeneous, where only its micro-batch is interpolated): the allocator's reserve differs
+    between the two (Mistral-7B amp-fp16 at micro-batch 64: 10 GiB over the
     allocated peak with one micro-step, 0.8 GiB with two)."""
 
 
@@ -219,14 +220,12 @@ class BilinearModel:
         return cache[key]
 
     def _replay_full_depth(self, batch: int, accumulating: bool) -> tuple[int, int] | None:
-        if not self.layer_extrapolated:
-            return None
         traces = {(p.layers, p.batch): p.traces[accumulating] for p in self._all()
                   if accumulating in p.traces}
         cache = self.__dict__.setdefault("_aligned", {})
         depths = (self.points[0].layers, self.points[1].layers)
         if accumulating not in cache:
-            cache[accumulating] = aligned_traces(traces, depths)
+            cache[accumulating] = aligned_runs(traces, depths)
         trace = full_depth_trace(traces, depths, self.full_layers, batch, cache[accumulating])
         if trace is None:
             return None
@@ -411,11 +410,11 @@ def _point(job: JobSpec, source: ModelSource, target: SimTarget, layers: int, ba
     sim = simulate_step(j, src, target, record_events=True, op_hook=rec)
     rep = replay(sim.events, sim.event_streams)
     traces: dict[bool, Trace] = {}
-    if extrap:  # the small depths' traces make the full depth's (BilinearModel.full_depth)
-        traces[accumulates] = (sim.events, sim.event_streams, sim.event_phases)
-        if accumulates and one_step_trace:
-            one = simulate_step(j.replace(grad_accum=1), src, target, record_events=True)
-            traces[False] = (one.events, one.event_streams, one.event_phases)
+    # the traces make the full-depth one at any micro-batch (BilinearModel.full_depth)
+    traces[accumulates] = (sim.events, sim.event_streams, sim.event_phases)
+    if accumulates and one_step_trace:
+        one = simulate_step(j.replace(grad_accum=1), src, target, record_events=True)
+        traces[False] = (one.events, one.event_streams, one.event_phases)
     sim.events = []
     sim.event_streams = {}
     return Point(layers, batch, sim, rep.peak_reserved_bytes, rep.peak_allocated_bytes, rec.ops,
@@ -425,7 +424,7 @@ def _point(job: JobSpec, source: ModelSource, target: SimTarget, layers: int, ba
 def _one_step_batches(simulated: list[int], one_step: list[int]) -> set[int]:
     """The simulated micro-batches whose one-micro-step traces the rows in ``one_step`` are
     predicted from (:meth:`BilinearModel.trace_peaks`: the simulated one at or below each and
-    the one at or above), and two of them ≥ 2 at least (:meth:`BilinearModel._aligned`)."""
+    the one at or above), and two of them ≥ 2 at least (:func:`~trainfit.memory.depth_trace.aligned_runs`)."""
     out: set[int | None] = set()
     for m in one_step:
         out |= {max([b for b in simulated if b <= m], default=None),

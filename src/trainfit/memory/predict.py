@@ -297,7 +297,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
            per_rank: bool = False, quant_state_bytes: int = 0,
            trace: tuple[list[tuple[int, int]], dict[int, int]] | None = None,
            compile_untraced: list[str] | None = None,
-           compile_partitioned: bool | None = None) -> MemoryPrediction:
+           compile_partitioned: bool | None = None,
+           reserved_floor_bytes: int = 0) -> MemoryPrediction:
     """Turn simulated tensor bytes into the allocated / reserved / device peaks and the fit.
 
     ``tensor_peak_bytes`` is the one-process allocated peak (whole blocks), ``breakdown`` what was
@@ -319,7 +320,10 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     allocated = sum(terms.values()) + blocks + work
     # The allocator's reserve above the allocated peak, from the one-process trace (what the
     # other ranks' shards change is the size of persistent blocks, not the step's churn).
-    reserved = allocated + max(0, reserved_replay_bytes - tensor_peak_bytes)
+    # ``reserved_floor_bytes``: what a smaller micro-batch of the same plan group reserves (a
+    # larger one never needs less; the reserve over the peak can fall as the batch grows)
+    reserved = max(allocated + max(0, reserved_replay_bytes - tensor_peak_bytes),
+                   reserved_floor_bytes)
     context = (gpu.cuda_context_bytes if gpu else 0) + (
         EAGER_MODULE_LOADING_EXTRA_BYTES if eager_module_loading else 0)
     nccl, nccl_note = nccl_bytes(gpu, job.ranks)

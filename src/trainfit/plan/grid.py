@@ -330,9 +330,14 @@ class _Grid:
         powers of two, and the largest micro-batch that fits."""
         job, source, gpu = self.job, self.source, self.gpu
 
+        done: dict[int, MemoryPrediction] = {}
+
         def predict(micro: int) -> tuple[JobSpec, MemoryPrediction]:
             cj = _config_job(job, precision, ckpt, micro)
             p = model.predict(micro, accumulating=(cj.grad_accum or 1) > 1)
+            # the model floors the one-process reserved total by the smaller micro-batches';
+            # a rank's share of it (FSDP/ZeRO from a one-process trace) is floored here
+            floor = max((m.peak_reserved_bytes for b, m in done.items() if b < micro), default=0)
             mem = finish(cj, source, gpu, tensor_peak_bytes=p["peak_allocated_bytes"],
                          reserved_replay_bytes=p["reserved_bytes"],
                          breakdown=p["breakdown"], managed_bytes=p["managed_bytes"],
@@ -342,7 +347,8 @@ class _Grid:
                          sim_time_s=0.0, how="extrapolated from small simulations",
                          margin=self.margin, phase_breakdowns=p["phase_breakdowns"],
                          per_rank=model.points[0].sim.per_rank,
-                         quant_state_bytes=p["quant_state_bytes"])
+                         quant_state_bytes=p["quant_state_bytes"], reserved_floor_bytes=floor)
+            done[micro] = mem
             return cj, mem
 
         largest = None
