@@ -29,10 +29,11 @@ gives the trace of ``b + extra`` layers, with
 Replayed through :func:`trainfit.memory.allocator.replay`, the synthesized trace gives the
 allocated peak and the reserve of the full-depth simulation itself, to the byte on the
 catalog-scale configurations checked (Mistral-7B at every precision, Llama-2-7B LoRA, Qwen2.5-7B
-with 2- and 8-rank FSDP; benchmarks/results/invariants.md lists the exceptions: a few hundred MiB
-of reserve, over or under); when the traces do not differ by repeated runs (anything but
-insertions, or a passed-on block without a partner) there is no synthesized trace and the
-caller keeps its share model.
+with 2- and 8-rank FSDP), with exceptions of a few hundred MiB of reserve: Mistral-7B
+bf16-true 4×1 +468 MiB (benchmarks/results/invariants.md), amp-bf16 checkpointed 12×1 −204 MiB
+(0.18 % of its reserved total: an alignment choice the phase order does not resolve).  When
+the traces do not differ by repeated runs (anything but insertions, or a passed-on block
+without a partner) there is no synthesized trace and the caller keeps its share model.
 """
 
 from __future__ import annotations

@@ -91,10 +91,11 @@ class LiveBytesTracker(TorchDispatchMode):
         self._managed_depth = 0
         self.record_events = False
         self.events: list[tuple[int, int]] = []
-        self.event_phases: list[tuple[int, str]] = []
-        """(index into ``events``, phase) where each phase of the recorded trace begins."""
         """(block id, +bytes) on allocation, (block id, -bytes) on free, in order, for replaying
         through the caching-allocator model."""
+        self.event_phases: list[tuple[int, str]] = []
+        """(index into ``events``, phase) where each phase of the recorded trace begins (the
+        depth extension of a trace runs the backward's layers in reverse: depth_trace)."""
         self._next_id = 0
         self.op_hook: Any = None
         """Called as ``hook(func, args, kwargs, out, phase, micro_step)`` after every op (the
