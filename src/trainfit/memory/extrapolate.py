@@ -417,6 +417,7 @@ def _point(job: JobSpec, source: ModelSource, target: SimTarget, layers: int, ba
         traces[False] = (one.events, one.event_streams, one.event_phases)
     sim.events = []
     sim.event_streams = {}
+    sim.event_phases = []
     return Point(layers, batch, sim, rep.peak_reserved_bytes, rep.peak_allocated_bytes, rec.ops,
                  traces)
 
@@ -430,11 +431,10 @@ def _one_step_batches(simulated: list[int], one_step: list[int]) -> set[int]:
         out |= {max([b for b in simulated if b <= m], default=None),
                 min([b for b in simulated if b >= m], default=None)}
     got = {b for b in out if b is not None}
-    for b in simulated:
-        if len({x for x in got if x >= 2}) >= 2 or not any(x >= 2 for x in got):
-            break
-        if b >= 2:
-            got.add(b)
+    big = {b for b in got if b >= 2}
+    if len(big) == 1:  # the alignment needs two
+        more = min((b for b in simulated if b >= 2 and b not in big), default=None)
+        got |= {more} if more is not None else set()
     return got
 
 
