@@ -13,6 +13,7 @@ from trainfit.render.plan_words import (
     offload_words,
     plan_header,
     rows_note,
+    unaligned_words,
 )
 from trainfit.render.words import plan_notes, plan_reason, plan_versus
 
@@ -131,7 +132,7 @@ def render_plan(result: PlanResult, all_rows: bool = False) -> None:
         say(console, versus, lead="against what you run now:")
     for line in observed_words(result):
         say(console, line)
-    for extra in (offload_words(result), host_ram_words(result)):
+    for extra in (offload_words(result), host_ram_words(result), unaligned_words(result)):
         if extra:
             say(console, extra)
     if result.recommended_index is not None:

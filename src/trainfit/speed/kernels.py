@@ -37,6 +37,18 @@ to 0.27 on H100 as the sequence grows from 1k to 64k, 93 runs) and torchtitan's 
 8k on H100 — around the kernel: layout copies (q/k/v transposes), the fp32 dq accumulation and
 its conversion, the logsumexp/softmax statistics, GQA expansion.  One factor across families and
 harnesses (a calibration, stated), not per case."""
+GEMM_UNALIGNED_HALF = 0.5
+"""A 16-bit GEMM whose rows are not 16-byte aligned (:func:`trainfit.speed.ops.gemm_aligned`)
+against the aligned one: at most half.  H. He, "Solutions: What Shapes Do Matrix
+Multiplications Like?" (thonking.ai, question 1): bf16 torch.mm at 2048³ with the innermost
+dimension K or N = 2047 takes over 2× the time of M = 2047 (rows still aligned); the GPU is not
+named there, so it stands for every family without its own measurement.  The vocabulary
+padding folklore is the same mechanism seen from a training step (nanoGPT and
+LLMs-from-scratch pad GPT-2's 50,257 to 50,304)."""
+GEMM_UNALIGNED_ADA = 0.71
+"""RTX 4090 (pytorch/pytorch#181718): bf16 N = 2055/2057/2071/2073 run cuBLAS's
+``cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_nn_align1`` at 106.8-115.6 TF against
+155.9 TF for the aligned N = 2040 (mean 0.71)."""
 BANDWIDTH_SHAPE_FACTOR = 0.91
 """Elementwise kernels of a step (short tensors, launch tails, strided reads) against a STREAM
 copy at full occupancy: 0.91 × A100's 0.88 = 0.80, the previous single value (which predicted
@@ -71,6 +83,8 @@ class FamilyKernels:
     gemm_mamf_fp32: float | None = None
     """IEEE fp32 GEMMs run on the CUDA cores, not the tensor cores: their own fraction of the
     fp32 peak where a source measured it (None: ``gemm_mamf``)."""
+    gemm_unaligned: float = GEMM_UNALIGNED_HALF
+    """A 16-bit GEMM with unaligned rows, as a fraction of the aligned rate."""
 
     @property
     def gemm_efficiency(self) -> float:
@@ -117,7 +131,8 @@ KERNELS: dict[str, FamilyKernels] = {
         "ada", 0.94, Attention(0.81, 450, "apache/tvm tl_doc/flash_perf.md (RTX 4090 FA2 causal "
                                "hd128 0.67 at 2k) with the A5000 ramp (eff_inf derived)"),
         Attention(0.38, 450, "memory-efficient ~half of flash (FA2 paper's A100 ratio)"),
-        0.91, "pytorch/pytorch#181718 (RTX 4090 aligned bf16 GEMM 0.94); nvbench 4090 copy 0.91"),
+        0.91, "pytorch/pytorch#181718 (RTX 4090 aligned bf16 GEMM 0.94); nvbench 4090 copy 0.91",
+        gemm_unaligned=GEMM_UNALIGNED_ADA),
     "hopper": FamilyKernels(
         "hopper", 0.80, Attention(0.31, 260, _HOPPER_FA2),
         Attention(0.16, 260, "memory-efficient ~half of flash (FA2 paper's A100 ratio)"),

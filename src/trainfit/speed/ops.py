@@ -61,6 +61,10 @@ class OpRecord:
     causal: bool = False
     """Attention kernels: causal (a flash kernel skips the masked half; the flop counter does
     not: :func:`trainfit.speed.roofline.op_device_time` halves it)."""
+    aligned: bool = True
+    """GEMMs: every matrix's rows start on a 16-byte boundary (:func:`gemm_aligned`).  False
+    (a 16-bit GEMM with an odd leading dimension, e.g. GPT-2's 50,257-column logits): cuBLAS
+    cannot use its vectorized tensor-core kernels (:mod:`trainfit.speed.kernels`)."""
 
 
 def _tensors(items: Any) -> list[torch.Tensor]:
@@ -90,6 +94,45 @@ def _gemm_shape(name: str, args: tuple[Any, ...]) -> tuple[int, int, int, int] |
         a, b = (args[0], args[1]) if name == "bmm" else (args[1], args[2])
         return a.shape[0], a.shape[1], b.shape[2], a.shape[2]
     return None
+
+
+ALIGN_BYTES = 16
+"""cuBLAS/CUTLASS tensor-core kernels load 16 bytes (8 fp16/bf16 elements) per access
+(``..._align8`` kernels); a matrix whose leading dimension or start is not a multiple of 16
+bytes gets an ``_align1``/``_align2`` kernel (NVIDIA "Matrix Multiplication Background User's
+Guide", tensor core requirements; the kernel names in pytorch/pytorch#181718)."""
+
+
+def _rows_aligned(t: torch.Tensor) -> bool:
+    """Whether a matrix (the last two dims) as cuBLAS receives it has 16-byte aligned rows.
+
+    The leading dimension is the stride of the dimension that is not unit-stride (ATen's
+    ``prepare_matrix_for_cublas``: a row- or column-major matrix is passed as it is, any other
+    layout is first copied contiguous); a batched matrix's batch stride and the storage offset
+    must be aligned too."""
+    if t.dim() < 2:
+        return True
+    size = t.element_size()
+    (rows, cols), (s_rows, s_cols) = t.shape[-2:], t.stride()[-2:]
+    if s_cols == 1 or cols == 1:
+        ld = s_rows if rows > 1 else cols
+    elif s_rows == 1 or rows == 1:
+        ld = s_cols
+    else:
+        ld = cols  # copied contiguous first
+    batch_ok = t.dim() < 3 or t.shape[-3] == 1 or (t.stride()[-3] * size) % ALIGN_BYTES == 0
+    return (ld * size) % ALIGN_BYTES == 0 and batch_ok and \
+        (t.storage_offset() * size) % ALIGN_BYTES == 0
+
+
+def gemm_aligned(name: str, args: tuple[Any, ...], out: Any) -> bool:
+    """A 16-bit GEMM's operands and result all have 16-byte aligned rows (other dtypes: True,
+    their kernels do not use the 16-byte tensor-core loads this is about)."""
+    first, second = (args[1], args[2]) if name in ("addmm", "baddbmm") else (args[0], args[1])
+    mats = [t for t in (first, second, out) if isinstance(t, torch.Tensor)]
+    if not mats or mats[0].dtype not in (torch.float16, torch.bfloat16):
+        return True
+    return all(_rows_aligned(t) for t in mats)
 
 
 def _attention_shape(func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -161,7 +204,9 @@ class OpRecorder:
         dtype = _dtype_name(floating[0].dtype) if floating else "other"
         elements = float(max((t.numel() for t in ins + outs), default=0))
         seq, causal = _attention_shape(func, name, args, kwargs) if flops else (0, False)
+        gemm = name in _GEMMS
         self.ops.append(OpRecord(name, phase, flops, nbytes, dtype,
-                                 _gemm_shape(name, args) if name in _GEMMS else None, kernel,
+                                 _gemm_shape(name, args) if gemm else None, kernel,
                                  elements, replay_key(f"{name}.{func._overloadname}", args, kwargs)
-                                 if kernel and self.replay else None, seq, causal))
+                                 if kernel and self.replay else None, seq, causal,
+                                 gemm_aligned(name, args, out) if gemm else True))

@@ -15,6 +15,7 @@ the device actually executes (recorded matmul and attention FLOPs, recomputation
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -41,6 +42,11 @@ class SpeedPrediction:
     sync_exposed_s: float | None = None
     """The part of ``sync_s`` not hidden behind compute, included in ``step_time_s``."""
     sync_note: str = ""
+    unaligned_gemm_s: float = 0.0
+    """Seconds of the step that 16-bit GEMMs with unaligned rows take beyond their aligned time
+    (:attr:`trainfit.speed.ops.OpRecord.aligned`; predicted)."""
+    unaligned_dims: tuple[int, ...] = ()
+    """Their dimensions that are not a multiple of 8 elements (e.g. a 50,257 vocabulary)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,11 +74,12 @@ def ops_at_batch(ops1: list[OpRecord], ops2: list[OpRecord], b1: int, b2: int, b
         out.append(OpRecord(x.name, x.phase, max(0.0, _scale(x.flops, y.flops, b1, b2, b)),
                             max(0.0, _scale(x.bytes, y.bytes, b1, b2, b)), x.dtype, gemm, x.kernel,
                             max(0.0, _scale(x.elements, y.elements, b1, b2, b)),
-                            seq=x.seq, causal=x.causal))
+                            seq=x.seq, causal=x.causal, aligned=x.aligned and y.aligned))
     return out
 
 
 FUSED_KERNEL = "fused_elementwise"
+PAD_KERNEL = "pad_mm_copy"
 
 
 def fuse_elementwise(ops: list[OpRecord]) -> list[OpRecord]:
@@ -83,7 +90,12 @@ def fuse_elementwise(ops: list[OpRecord]) -> list[OpRecord]:
     dispatch.  A run's traffic is modelled as its largest op's (a fused chain still reads and
     writes the largest tensor it touches once); view ops vanish.  GEMMs, attention and the
     optimizer (already a fused or foreach kernel) are kept as they are.  Upper bound of the
-    speed-up: Inductor also fuses across some matmul epilogues, which is not counted."""
+    speed-up: Inductor also fuses across some matmul epilogues, which is not counted.
+
+    A 16-bit GEMM with unaligned rows is padded: Inductor's ``pad_mm`` pass (on by default,
+    ``torch._inductor.config.shape_padding``) copies the operands that carry the odd dimension
+    into buffers padded to the alignment and runs the aligned kernel.  The copies are counted as
+    one more pass over the GEMM's operands (a kernel reading and writing ``op.bytes``)."""
     out: list[OpRecord] = []
     run: list[OpRecord] = []
 
@@ -95,7 +107,12 @@ def fuse_elementwise(ops: list[OpRecord]) -> list[OpRecord]:
             run.clear()
 
     for op in ops:
-        if op.phase == "optimizer" or op.gemm is not None or op.flops:
+        if op.gemm is not None and not op.aligned:
+            close()
+            out.append(OpRecord(PAD_KERNEL, op.phase, 0.0, op.bytes, op.dtype, None, True,
+                                op.elements))
+            out.append(dataclasses.replace(op, aligned=True))
+        elif op.phase == "optimizer" or op.gemm is not None or op.flops:
             close()
             out.append(op)
         elif op.kernel:
@@ -112,6 +129,9 @@ class PhaseTimes:
     host_s: dict[str, float]
     hw_flops: float
     unknown: bool
+    unaligned_s: float = 0.0
+    """Device seconds of a micro-step spent by unaligned 16-bit GEMMs beyond their aligned time."""
+    unaligned_dims: frozenset[int] = frozenset()
 
 
 def time_ops(dev: DeviceSpeed, ops: list[OpRecord]) -> PhaseTimes:
@@ -119,6 +139,7 @@ def time_ops(dev: DeviceSpeed, ops: list[OpRecord]) -> PhaseTimes:
     host = {"fb": 0.0, "optimizer": 0.0}
     flops = 0.0
     unknown = False
+    unaligned_s, odd = 0.0, set[int]()
     for op in ops:
         key = "optimizer" if op.phase == "optimizer" else "fb"
         t = op_device_time(dev, op)
@@ -127,13 +148,18 @@ def time_ops(dev: DeviceSpeed, ops: list[OpRecord]) -> PhaseTimes:
             t = 0.0
         device[key] += t
         host[key] += op_host_time(dev, op)
+        if op.gemm is not None and not op.aligned and op.phase != "optimizer":
+            aligned = op_device_time(dev, dataclasses.replace(op, aligned=True)) or 0.0
+            if t > aligned:
+                unaligned_s += t - aligned
+                odd |= {d for d in op.gemm[1:] if d % 8}
         if op.phase != "optimizer":
             # what the device executes: a flash kernel skips a causal mask's half, which the
             # flop counter counts (the same halving the roofline times it with)
             flops += op.flops * (0.5 if op.causal and dev.kernels is not None else 1.0)
     if dev.kernel_timer is not None:
         dev.kernel_timer.save()
-    return PhaseTimes(device, host, flops, unknown)
+    return PhaseTimes(device, host, flops, unknown, unaligned_s, frozenset(odd))
 
 
 def combine(dev: DeviceSpeed, t: PhaseTimes, grad_accum: int) -> tuple[float, float]:
@@ -189,7 +215,9 @@ def speed_from_times(dev: DeviceSpeed, times: PhaseTimes, dtype_peak: float | No
     hfu = None if not dtype_peak else times.hw_flops * grad_accum / step / dtype_peak
     bound = "launch-bound" if times.host_s["fb"] > times.device_s["fb"] else (
         "compute-bound" if mfu and mfu > 0.3 else "memory-bound")
-    return SpeedPrediction(step, tps, tps / seq_len, mfu, hfu, busy / step, bound, flops_per_token)
+    return SpeedPrediction(step, tps, tps / seq_len, mfu, hfu, busy / step, bound, flops_per_token,
+                           unaligned_gemm_s=grad_accum * times.unaligned_s,
+                           unaligned_dims=tuple(sorted(times.unaligned_dims)))
 
 
 def predict_speed_exact(dev: DeviceSpeed, ops: list[OpRecord], micro_batch: int, grad_accum: int,
@@ -263,7 +291,9 @@ def predict_speed(dev: DeviceSpeed, op_points: list[list[OpRecord]], layers: tup
     times = PhaseTimes(
         {k: t1.device_s[k] + f * (t2.device_s[k] - t1.device_s[k]) for k in t1.device_s},
         {k: t1.host_s[k] + f * (t2.host_s[k] - t1.host_s[k]) for k in t1.host_s},
-        t1.hw_flops + f * (t2.hw_flops - t1.hw_flops), t1.unknown or t2.unknown)
+        t1.hw_flops + f * (t2.hw_flops - t1.hw_flops), t1.unknown or t2.unknown,
+        max(0.0, t1.unaligned_s + f * (t2.unaligned_s - t1.unaligned_s)),
+        t1.unaligned_dims | t2.unaligned_dims)
     return speed_from_times(dev, times, dominant_peak(dev, op_points[0], op_points[1], f),
                             micro_batch, grad_accum, seq_len, ranks, flops_per_token)
 

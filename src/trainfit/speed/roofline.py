@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainfit.hardware.gpus import GpuSpec
-from trainfit.speed.kernels import FamilyKernels, kernels_for
+from trainfit.speed.kernels import GEMM_UNALIGNED_HALF, FamilyKernels, kernels_for
 from trainfit.speed.ops import OpRecord, op_class
 
 GEMM_TILE = 128
@@ -49,6 +49,9 @@ class DeviceSpeed:
     gemm_efficiency: float = GEMM_EFFICIENCY
     gemm_efficiency_fp32: float | None = None
     """IEEE fp32 GEMMs (CUDA cores) where the family's rate differs (None: ``gemm_efficiency``)."""
+    gemm_unaligned: float = GEMM_UNALIGNED_HALF
+    """A 16-bit GEMM with unaligned rows, as a fraction of the aligned rate
+    (:data:`trainfit.speed.kernels.GEMM_UNALIGNED_HALF`)."""
     bandwidth_efficiency: float = BANDWIDTH_EFFICIENCY
     autograd_overhead_s: float = 0.0
     """Extra CPU cost of a forward op that records autograd history."""
@@ -75,6 +78,7 @@ class DeviceSpeed:
         extra: dict[str, Any] = {} if k is None else {
             "kernels": k, "gemm_efficiency": k.gemm_efficiency,
             "gemm_efficiency_fp32": k.gemm_efficiency_fp32,
+            "gemm_unaligned": k.gemm_unaligned,
             "bandwidth_efficiency": k.bandwidth_efficiency}
         return cls(name=gpu.name, peak_flops={d: gpu.peak_flops(d) for d in ("fp32", "bf16", "fp16")},
                    bandwidth_bytes_s=bw, sm_count=gpu.sm_count, asynchronous=True,
@@ -82,7 +86,10 @@ class DeviceSpeed:
                    + ("" if k is None else f"; kernel rates: {k.family} ({k.source})"), **extra)
 
 
-def gemm_time(dev: DeviceSpeed, gemm: tuple[int, int, int, int], dtype: str) -> float | None:
+def gemm_time(dev: DeviceSpeed, gemm: tuple[int, int, int, int], dtype: str,
+              aligned: bool = True) -> float | None:
+    """``aligned``: False for a GEMM cuBLAS must run with its unaligned kernels
+    (:attr:`trainfit.speed.ops.OpRecord.aligned`; 16-bit dtypes only, on a GPU)."""
     peak = dev.peak_flops.get(dtype)
     if not peak:
         return None
@@ -92,6 +99,8 @@ def gemm_time(dev: DeviceSpeed, gemm: tuple[int, int, int, int], dtype: str) -> 
         return flops / _interp_rate(dev.gemm_rate_curve[dtype], flops / b)
     eff = dev.gemm_efficiency_fp32 if dtype == "fp32" and dev.gemm_efficiency_fp32 else \
         dev.gemm_efficiency
+    if not aligned and dtype in ("bf16", "fp16"):
+        eff *= dev.gemm_unaligned
     if not dev.sm_count:
         return flops / (peak * eff)
     tiles = b * math.ceil(m / GEMM_TILE) * math.ceil(n / GEMM_TILE)
@@ -151,7 +160,7 @@ def op_device_time(dev: DeviceSpeed, op: OpRecord) -> float | None:
         if rate:
             compute = op.elements / rate
     if op.gemm is not None:
-        t = gemm_time(dev, op.gemm, op.dtype if op.dtype != "other" else "fp32")
+        t = gemm_time(dev, op.gemm, op.dtype if op.dtype != "other" else "fp32", op.aligned)
         if t is None:
             return None
         compute = t
