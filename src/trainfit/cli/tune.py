@@ -77,6 +77,38 @@ def _report(result: Any, out: str | None, emit: str | None, as_json: bool, sourc
         _emit(result, emit, source)
 
 
+def _tune_script(args: list[str], job_flags: dict[str, Any], *, out: str | None,
+                 emit: str | None, device: str | None, memory_limit: str | None,
+                 max_host_ram: str | None, margin: float, budget_s: float | None,
+                 knobs: tuple[str, ...], fixed: Any, run_steps: int | None,
+                 trust_remote_code: bool, timeout_s: float, as_json: bool) -> None:
+    """``trainfit tune -- python train.py ARGS``: probe the script's own trainer."""
+    from trainfit.cli.script import tune_script_cmd
+
+    if out is not None or emit is not None:
+        raise JobError("--out/--emit apply to a job: for a script, tune prints the "
+                       "keywords to change in it", "drop --out/--emit, or tune a job file")
+    from trainfit.tune.tuner import TuneOptions  # torch: only when probing
+    opts = TuneOptions(device=device or "cpu", memory_limit_bytes=parse_bytes(
+        memory_limit, "--memory-limit"), margin=margin, budget_s=budget_s,
+        max_host_ram_bytes=parse_bytes(max_host_ram, "--max-host-ram"), knobs=knobs,
+        fixed=fixed, run_steps=run_steps)
+    tune_script_cmd(args, job_flags=job_flags, opts=opts, trust_remote_code=trust_remote_code,
+                    timeout_s=timeout_s, as_json=as_json)
+
+
+def _search(job: Any, opts: Any, as_json: bool) -> Any:
+    """Run the search, with a status line on stderr unless the output is JSON."""
+    from trainfit.tune.tuner import tune
+
+    if as_json:
+        return tune(job, opts)
+    from rich.console import Console
+
+    with Console(stderr=True).status("probing…") as status:
+        return tune(job, opts, progress=lambda s: status.update(f"probing {s}"))
+
+
 def register(app: typer.Typer) -> None:
     @app.command("tune")
     @with_job_flags()
@@ -116,24 +148,18 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
         """Measure the real job on the real device and choose the fastest configuration that fits."""
-        from trainfit.cli.script import is_command, tune_script_cmd
-
         args = list(target or [])
+        knob_list = _knob_list(knobs, try_compile, try_8bit_optimizer)
+        fixed = fixed_knobs(set(job_flags or {}))
         try:
+            from trainfit.cli.script import is_command
+
             if is_command(args):
-                if out is not None or emit is not None:
-                    raise JobError("--out/--emit apply to a job: for a script, tune prints the "
-                                   "keywords to change in it", "drop --out/--emit, or tune a job "
-                                   "file")
-                from trainfit.tune.tuner import TuneOptions  # torch: only when probing
-                opts = TuneOptions(device=device or "cpu", memory_limit_bytes=parse_bytes(
-                    memory_limit, "--memory-limit"), margin=margin, budget_s=budget_s,
-                    max_host_ram_bytes=parse_bytes(max_host_ram, "--max-host-ram"),
-                    knobs=_knob_list(knobs, try_compile, try_8bit_optimizer),
-                    fixed=fixed_knobs(set(job_flags or {})), run_steps=run_steps)
-                tune_script_cmd(args, job_flags=job_flags or {}, opts=opts,
-                                trust_remote_code=trust_remote_code, timeout_s=timeout_s,
-                                as_json=as_json)
+                _tune_script(args, job_flags or {}, out=out, emit=emit, device=device,
+                             memory_limit=memory_limit, max_host_ram=max_host_ram,
+                             margin=margin, budget_s=budget_s, knobs=knob_list, fixed=fixed,
+                             run_steps=run_steps, trust_remote_code=trust_remote_code,
+                             timeout_s=timeout_s, as_json=as_json)
                 return
             if len(args) > 1:
                 raise JobError(f"{' '.join(args)}: one model or job file", "a training command "
@@ -146,25 +172,18 @@ def register(app: typer.Typer) -> None:
                 # a tuned file: its knobs are the decision; emitting them needs no probe
                 emit_job(job, emit, str(target), extra, device=device)
                 return
-            from trainfit.tune.tuner import TuneOptions, tune  # torch: only when probing
+            from trainfit.tune.tuner import TuneOptions  # torch: only when probing
             limit = parse_bytes(memory_limit, "--memory-limit") if memory_limit is not None \
                 else _file_limit(extra)
             opts = TuneOptions(device=device or str(extra.get("device") or "cpu"),
                                memory_limit_bytes=limit,
                                margin=margin, budget_s=budget_s,
                                max_host_ram_bytes=parse_bytes(max_host_ram, "--max-host-ram"),
-                               knobs=_knob_list(knobs, try_compile, try_8bit_optimizer),
-                               fixed=fixed_knobs(set(job_flags or {})), run_steps=run_steps,
+                               knobs=knob_list, fixed=fixed, run_steps=run_steps,
                                isolate=isolate)
             if out is not None:
                 check_writable(out)  # before the search: its end must not be a write error
-            if as_json:
-                result = tune(job, opts)
-            else:
-                from rich.console import Console
-
-                with Console(stderr=True).status("probing…") as status:
-                    result = tune(job, opts, progress=lambda s: status.update(f"probing {s}"))
+            result = _search(job, opts, as_json)
         except JobError as err:
             fail(err)
             return

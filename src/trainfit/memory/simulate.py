@@ -167,20 +167,27 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
                          batch_fn, mesh)
 
 
+def _place(model: torch.nn.Module, job: JobSpec, mesh: Any, fake_mode: FakeTensorMode,
+           tracker: LiveBytesTracker) -> Any:
+    """Give the meta model fake storage; returns the context that books FSDP's own buffers
+    (a no-op context without FSDP)."""
+    if mesh is None:
+        _to_fake(model, fake_mode)
+        return contextlib.nullcontext()
+    # FSDP shards the meta parameters; to_empty makes the local shards fake (ties kept)
+    shard_model(model, job, mesh)
+    with fake_mode:
+        model.to_empty(device="cpu")
+    return fsdp_bookkeeping(tracker)
+
+
 def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
               record_events: bool, op_hook: Any, batch_fn: Any, mesh: Any) -> SimResult:
     t0 = time.perf_counter()
     model, info = build_model_on_meta(job, source)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=mesh is not None)
     tracker = LiveBytesTracker(block_bytes=target.block_bytes)
-    if mesh is None:
-        _to_fake(model, fake_mode)
-        bookkeeping: Any = contextlib.nullcontext()
-    else:  # FSDP shards the meta parameters; to_empty makes the local shards fake (ties kept)
-        shard_model(model, job, mesh)
-        with fake_mode:
-            model.to_empty(device="cpu")
-        bookkeeping = fsdp_bookkeeping(tracker)
+    bookkeeping = _place(model, job, mesh, fake_mode, tracker)
     tracker.record_events = record_events
     if op_hook is not None:
         op_hook.active = False  # only the steady-state step is timed
