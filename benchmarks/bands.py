@@ -1,5 +1,6 @@
 """The error band of memory predictions per kind of run, from the published cases the benchmarks
-scored (calibration.py's and heldout_memory.py's results, high/medium confidence only).
+scored (calibration.py's and heldout_memory.py's results, high/medium confidence only) and the
+steps gpu_validate.py measured on a GPU here (their device peak: cudaMemGetInfo's used memory).
 
 A kind is (single-GPU or multi-GPU) × (full, LoRA, QLoRA).  For each: how many cases, the signed
 errors' range, and ``under``: how far below a measured peak a prediction of that kind has come
@@ -9,7 +10,8 @@ decide ``fits`` with it: a configuration fits when its predicted device peak, ra
 ``under``, stays inside the GPU (or by the --margin, when that is larger).  A kind without cases
 takes the widest band of all (unsure: widen, never shrink).
 
-Run: ``python benchmarks/bands.py`` (reads benchmarks/results/{calibration,heldout_memory}.json)
+Run: ``python benchmarks/bands.py`` (reads benchmarks/results/{calibration,heldout_memory,
+gpu_validate}.json)
 → src/trainfit/memory/bands.json and benchmarks/results/bands.md.
 """
 
@@ -40,6 +42,16 @@ def _rows() -> list[dict[str, Any]]:
                 and r.get("confidence") in ("high", "medium"):
             rows.append({"id": r["id"], "scale": "multi" if (r.get("ranks") or 1) > 1 else "single",
                          "method": r["method"], "error": r["error"], "file": "heldout"})
+    gpu = RESULTS / "gpu_validate.json"
+    if gpu.exists():  # the same steps measured on a GPU here (benchmarks/gpu_validate.py)
+        doc = json.loads(gpu.read_text())
+        for r in doc["rows"]:
+            err = (r.get("error") or {}).get("device")
+            if err is not None:
+                c = r["case"]
+                rows.append({"id": f"gpu_validate:{doc['device']}:" + ":".join(map(str, c.values())),
+                             "scale": "single", "method": c["method"], "error": err,
+                             "file": "gpu_validate"})
     return rows
 
 

@@ -1,26 +1,41 @@
-"""plan's predictions against the same training steps measured on a real GPU (run where CUDA is).
+"""plan's predictions against the same training steps measured on a real GPU.
 
-For each case: ``plan``'s full-size simulation of the configuration on this GPU (found by the name
-CUDA reports; memory: allocated / reserved / device peaks; speed: step time and tokens/s) beside
-trainfit's probe of the same step on the same device (``Probe.run``: ``max_memory_allocated``,
-``max_memory_reserved``, ``cudaMemGetInfo`` used at the end, the median of 10 timed steps) and
-NVML's reading of the device's used memory right after. The models are built from their
-configurations (no download); the data is the repo's ``examples/data/tiny_text.jsonl`` through the
-built-in byte tokenizer (the step's shapes are what matter, not the text).
+Two phases, so the measurements outlive the model that scores them:
 
-Without CUDA it says so, writes nothing and exits 1. Regenerate where a GPU is:
-``python benchmarks/gpu_validate.py`` (~5–10 min on an H100) → results/gpu_validate.{json,md}.
-``--quick`` runs the first three cases only.
+* **measure** (where CUDA is): trainfit's probe of each configuration on the device
+  (``Probe.run``: ``max_memory_allocated``, ``max_memory_reserved``, ``cudaMemGetInfo`` used at
+  the end, the median of 10 timed steps) and NVML's reading of the device's used memory right
+  after → ``results/gpu_measured.json`` (rewritten after every case, so a run cut short keeps
+  what it measured), with the device name, torch and CUDA versions.
+* **compare** (anywhere, no GPU): ``plan``'s full-size simulation of each measured configuration
+  on the catalog entry of the device name recorded (memory: allocated / reserved / device peaks;
+  speed: step time and tokens/s) → ``results/gpu_validate.{json,md}``, errors as
+  predicted / measured − 1. Re-run it after a change to the model: ``--compare``.
+
+The models are built from their configurations (no download; the weights are drawn on the
+device — the values change neither bytes nor FLOPs — so a 7B model is ready in seconds rather
+than the minutes ``init_weights``' CPU draw takes); the data is the repo's
+``examples/data/tiny_text.jsonl`` through the built-in byte tokenizer, packed to the sequence.
+
+Without CUDA (and without ``--compare``) it says so, writes nothing and exits 1.
+``python benchmarks/gpu_validate.py`` (~4 min on an H100) measures and compares;
+``--quick`` measures the first three cases, ``--launch`` the launch-bound ones and
+``--attention`` the long-sequence ones (both added to the file); ``--device cpu --quick`` runs
+the measuring code on this CPU as a dry run (nothing written); ``--out DIR`` writes the
+measurements there instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import json
 import statistics
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -28,10 +43,10 @@ OUT = Path(__file__).resolve().parent / "results"
 DATA = Path(__file__).resolve().parents[1] / "examples" / "data" / "tiny_text.jsonl"
 GIB = 2**30
 
-# (model, method, seq_len, micro-batch, grad accumulation, precision, checkpointing): small to
-# 1B models, full and LoRA, the three precisions, checkpointing on/off, accumulation (gradients
-# alive across micro-steps), an encoder-decoder.
+# (model, method, seq_len, micro-batch, grad accumulation, precision, checkpointing)
 CASES = [
+    # small to 1B models, full and LoRA, the three precisions, checkpointing on/off, accumulation
+    # (gradients alive across micro-steps), an encoder-decoder
     ("llama-tiny-58m", "full", 512, 8, 1, "fp32", "off"),
     ("llama-tiny-58m", "full", 512, 8, 2, "amp-bf16", "off"),
     ("llama-tiny-58m", "full", 512, 16, 1, "bf16-true", "full"),
@@ -42,6 +57,45 @@ CASES = [
     ("qwen2.5-0.5b", "lora", 1024, 8, 1, "bf16-true", "off"),
     ("llama-3.2-1b", "lora", 1024, 4, 1, "bf16-true", "full"),
     ("tinyllama-1.1b", "full", 1024, 2, 1, "bf16-true", "full"),
+    # the same tokens per step at three sequence lengths: attention's share grows with S
+    ("llama-3.2-1b", "full", 512, 16, 1, "bf16-true", "off"),
+    ("llama-3.2-1b", "full", 2048, 4, 1, "bf16-true", "off"),
+    ("llama-3.2-1b", "full", 8192, 1, 1, "bf16-true", "off"),
+    # fp16 with a GradScaler; a 256k vocabulary; full fine-tuning with fp32 master weights
+    ("gpt2-medium", "full", 1024, 8, 1, "amp-fp16", "off"),
+    ("gemma-2b", "lora", 1024, 4, 1, "bf16-true", "off"),
+    ("qwen2.5-1.5b", "full", 2048, 4, 1, "amp-bf16", "full"),
+    # 7B LoRA: long-context checkpointed, and short context where the fixed costs dominate
+    ("mistral-7b-v0.1", "lora", 2048, 4, 1, "bf16-true", "full"),
+    ("mistral-7b-v0.1", "lora", 512, 1, 1, "bf16-true", "off"),
+    ("llama-2-7b", "lora", 1024, 4, 1, "amp-bf16", "full"),
+]
+LAUNCH_CASES = [
+    # launch-bound: a few dozen tokens per step, so the step is the CPU's enqueueing of its ops
+    # (``--launch``: measured after CASES and added to the same file)
+    ("llama-tiny-58m", "full", 32, 1, 1, "fp32", "off"),
+    ("gpt2", "full", 64, 1, 1, "amp-bf16", "off"),
+    ("t5-small", "full", 32, 1, 1, "amp-bf16", "off"),
+    ("llama-3.2-1b", "lora", 32, 1, 1, "bf16-true", "off"),
+    ("qwen2.5-0.5b", "full", 64, 1, 2, "amp-bf16", "full"),
+    ("mistral-7b-v0.1", "lora", 64, 1, 1, "bf16-true", "full"),
+]
+RESERVE_CASES = [
+    # re-measured after the probe empties the allocator's cache before its meter (before, the
+    # weights' drawing on the device left cached blocks in the measured reserve)
+    ("llama-tiny-58m", "full", 512, 8, 1, "fp32", "off"),
+    ("llama-3.2-1b", "lora", 1024, 4, 1, "bf16-true", "full"),
+    ("gpt2-medium", "full", 1024, 8, 1, "amp-fp16", "off"),
+    ("llama-3.2-1b", "lora", 32, 1, 1, "bf16-true", "off"),
+    ("mistral-7b-v0.1", "lora", 64, 1, 1, "bf16-true", "full"),
+    ("llama-2-7b", "lora", 1024, 4, 1, "amp-bf16", "full"),
+]
+ATTENTION_CASES = [
+    # head_dim 128 at 8k positions per step: the attention kernel SDPA picks carries the step
+    # (``--attention``: added to the same file)
+    ("mistral-7b-v0.1", "lora", 8192, 1, 1, "bf16-true", "full"),
+    ("qwen2.5-1.5b", "full", 8192, 1, 1, "bf16-true", "full"),
+    ("qwen2.5-1.5b", "full", 1024, 8, 1, "bf16-true", "full"),
 ]
 
 
@@ -57,46 +111,120 @@ def errors(predicted: dict, measured: dict) -> dict:
             "tokens_per_s": _err(predicted["tokens_per_s"], measured["tokens_per_s"])}
 
 
-def run_case(case: tuple, dev: torch.device, gpu, nvml) -> dict:
-    from trainfit.data.load import load_data
-    from trainfit.job import DEFAULT_MARGIN, JobSpec
-    from trainfit.model.source import resolve_model
-    from trainfit.plan.grid import _exact_row
-    from trainfit.tune.probe import Probe
+def _job(case: tuple):
+    from trainfit.job import JobSpec
 
     model, method, seq, micro, accum, precision, ckpt = case
-    job = JobSpec(model=model, method=method, seq_len=seq, micro_batch=micro, grad_accum=accum,
-                  effective_batch=micro * accum, precision=precision, grad_ckpt=ckpt,
-                  data=str(DATA))
-    src = resolve_model(model)
-    row = _exact_row((job, src, gpu, DEFAULT_MARGIN))
+    return JobSpec(model=model, method=method, seq_len=seq, micro_batch=micro, grad_accum=accum,
+                   effective_batch=micro * accum, precision=precision, grad_ckpt=ckpt,
+                   data=str(DATA))
+
+
+def case_dict(case: tuple) -> dict[str, Any]:
+    model, method, seq, micro, accum, precision, ckpt = case
+    return {"model": model, "method": method, "seq_len": seq, "micro_batch": micro,
+            "grad_accum": accum, "precision": precision, "grad_ckpt": ckpt}
+
+
+def case_tuple(c: dict[str, Any]) -> tuple:
+    return (c["model"], c["method"], c["seq_len"], c["micro_batch"], c["grad_accum"],
+            c["precision"], c["grad_ckpt"])
+
+
+@contextlib.contextmanager
+def _weights_drawn_on(dev: torch.device) -> Iterator[None]:
+    """``init_weights`` draws every weight on the CPU (so that every device gets the same values):
+    ~100 s for a 7B model. Here the values do not matter (bytes and FLOPs do not depend on them),
+    so while the probe builds its model, ``torch.randn`` draws on the device instead."""
+    orig = torch.randn
+
+    def randn(*args: Any, **kw: Any) -> torch.Tensor:
+        kw.pop("generator", None)
+        kw.setdefault("device", dev)
+        return orig(*args, **kw)
+
+    torch.randn = randn  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.randn = orig  # type: ignore[assignment]
+
+
+def measure_case(case: tuple, dev: torch.device, nvml: Any) -> dict[str, Any]:
+    """The probe of ``case`` on ``dev``: trainfit's own measured step (no prediction)."""
+    import trainfit.tune.probe as probe_mod
+    from trainfit.data.load import load_data
+    from trainfit.model.source import resolve_model
+
+    job = _job(case)
+    src = resolve_model(job.model)
     data = load_data(job, src)
-    probe = Probe(src, data, dev)
-    r = probe.run(job, timed_steps=10)
-    reading = nvml.read([dev.index or 0])[0] if nvml.available else None
-    del probe
-    gc.collect()
-    torch.cuda.empty_cache()
-    mem, spd = row.memory, row.speed
+    build = probe_mod.build_real
+
+    def build_fast(*args: Any, **kw: Any) -> Any:
+        with _weights_drawn_on(dev):
+            return build(*args, **kw)
+
+    probe_mod.build_real = build_fast
+    try:
+        probe = probe_mod.Probe(src, data, dev)
+        r = probe.run(job, timed_steps=10)
+        reading = nvml.read([dev.index or 0])[0] if nvml is not None and nvml.available else None
+    except Exception as err:  # one broken case must not lose the others' measurements
+        return {"case": case_dict(case), "status": "error",
+                "detail": f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}",
+                "measured": None}
+    finally:
+        probe_mod.build_real = build
+        probe = None  # type: ignore[assignment]
+        gc.collect()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
     m = r.measured
-    out = {"case": {"model": model, "method": method, "seq_len": seq, "micro_batch": micro,
-                    "grad_accum": accum, "precision": precision, "grad_ckpt": ckpt},
-           "status": r.status, "detail": r.detail,
-           "predicted": {"peak_allocated_bytes": mem.peak_allocated_bytes,
-                         "peak_reserved_bytes": mem.peak_reserved_bytes,
-                         "peak_device_bytes": mem.peak_device_bytes, "peak_phase": mem.peak_phase,
-                         "step_time_s": spd.step_time_s if spd else None,
-                         "tokens_per_s": spd.tokens_per_s if spd else None},
-           "measured": None if m is None else {
-               "peak_allocated_bytes": m.peak_allocated_bytes,
-               "peak_reserved_bytes": m.peak_reserved_bytes,
-               "device_used_bytes_at_end": m.peak_device_bytes,
-               "nvml_used_bytes_after": reading.memory_used_bytes if reading else None,
-               "step_time_s": m.step_time_s, "step_time_spread_s": m.step_time_spread_s,
-               "tokens_per_s": m.tokens_per_s, "data_wait_fraction": m.data_wait_fraction}}
-    if m is not None:
-        out["error"] = errors(out["predicted"], out["measured"])
-    return out
+    return {"case": case_dict(case), "status": r.status, "detail": r.detail,
+            "probe_time_s": r.probe_time_s,
+            "measured": None if m is None else {
+                "peak_allocated_bytes": m.peak_allocated_bytes,
+                "peak_reserved_bytes": m.peak_reserved_bytes,
+                "device_used_bytes_at_end": m.peak_device_bytes,
+                "nvml_used_bytes_after": reading.memory_used_bytes if reading else None,
+                "step_time_s": m.step_time_s, "step_time_spread_s": m.step_time_spread_s,
+                "step_times_s": m.step_times_s,
+                "tokens_per_s": m.tokens_per_s, "data_wait_fraction": m.data_wait_fraction,
+                "alloc_retries": m.alloc_retries}}
+
+
+def predict_case(c: dict[str, Any], gpu: Any) -> dict[str, Any]:
+    """``plan``'s full-size simulation of the measured configuration on ``gpu``."""
+    from trainfit.job import DEFAULT_MARGIN
+    from trainfit.model.source import resolve_model
+    from trainfit.plan.grid import _exact_row
+
+    job = _job(case_tuple(c))
+    row = _exact_row((job, resolve_model(job.model), gpu, DEFAULT_MARGIN))
+    mem, spd = row.memory, row.speed
+    return {"peak_allocated_bytes": mem.peak_allocated_bytes,
+            "peak_reserved_bytes": mem.peak_reserved_bytes,
+            "peak_device_bytes": mem.peak_device_bytes, "peak_phase": mem.peak_phase,
+            "step_time_s": spd.step_time_s if spd else None,
+            "tokens_per_s": spd.tokens_per_s if spd else None,
+            "bound": spd.bound if spd else None}
+
+
+def compare(measured_doc: dict[str, Any]) -> dict[str, Any]:
+    """Every measured row beside its prediction on the catalog entry of the measured device."""
+    from trainfit.hardware.gpus import find_gpu_by_device_name
+
+    gpu = find_gpu_by_device_name(measured_doc["device"], measured_doc.get("total_memory_bytes"))
+    rows = []
+    for r in measured_doc["rows"]:
+        row = {**r, "predicted": predict_case(r["case"], gpu)}
+        if r["measured"] is not None:
+            row["error"] = errors(row["predicted"], r["measured"])
+        rows.append(row)
+        print(json.dumps({"case": r["case"], "error": row.get("error")}), flush=True)
+    return {**{k: v for k, v in measured_doc.items() if k != "rows"},
+            "gpu_spec": getattr(gpu, "name", None), "rows": rows}
 
 
 def _pct(x: float | None) -> str:
@@ -107,68 +235,135 @@ def _gib(x: float | None) -> str:
     return "n/a" if x is None else f"{x / GIB:.2f}"
 
 
+def group_of(c: dict[str, Any]) -> str:
+    """Which list a measured case comes from: the configurations, the launch-bound ones, the
+    long-sequence ones."""
+    t = case_tuple(c)
+    return "launch-bound" if t in LAUNCH_CASES else "long sequence" if t in ATTENTION_CASES \
+        else "configurations"
+
+
+def _summary(rows: list[dict], key: str) -> str:
+    errs = [r["error"][key] for r in rows if r.get("error") and r["error"][key] is not None]
+    if not errs:
+        return ""
+    under = sum(e < -0.05 for e in errs)
+    return (f"median |error| {statistics.median(abs(e) for e in errs):.1%}, max "
+            f"{max(abs(e) for e in errs):.1%} over {len(errs)} cases"
+            + (f", {under} predicted more than 5 % under" if key != "tokens_per_s" else ""))
+
+
 def write_md(doc: dict) -> None:
     lines = [f"# plan's predictions vs the same steps measured on a {doc['device']}", "",
              f"Measured {doc['date']} by `python benchmarks/gpu_validate.py` (torch {doc['torch']}, "
              f"CUDA {doc['cuda']}; trainfit's GPU entry: {doc['gpu_spec']}). Predicted = `plan`'s "
-             "full-size simulation; measured = `Probe.run` of the same step (allocated / reserved: "
-             "`torch.cuda.max_memory_*` peaks; device: `cudaMemGetInfo` used at the end of the probe, "
-             "all processes; tokens/s: median of 10 timed steps). GiB = 2^30 bytes; error = "
-             "predicted / measured − 1.", "",
+             "full-size simulation (`python benchmarks/gpu_validate.py --compare` re-scores the "
+             "measurements with the model as it is now); measured = `Probe.run` of the same step "
+             "(allocated / reserved: `torch.cuda.max_memory_*` peaks over the metered step and 10 "
+             "timed steps; device: `cudaMemGetInfo` used at the end of the probe, all processes; "
+             "tokens/s: median of 10 timed steps, spread = slowest − fastest). GiB = 2^30 bytes; "
+             "error = predicted / measured − 1.", "",
              "| model | method | seq | micro×accum | precision | ckpt | allocated GiB pred / meas "
              "(err) | reserved GiB pred / meas (err) | device GiB pred / meas (err) | tokens/s pred / "
-             "meas (err) |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "meas (err) | predicted bound, measured spread | group |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         c, p, m = r["case"], r["predicted"], r["measured"]
         head = (f"| {c['model']} | {c['method']} | {c['seq_len']} | {c['micro_batch']}×"
                 f"{c['grad_accum']} | {c['precision']} | {c['grad_ckpt']} |")
         if m is None:
-            lines.append(f"{head} {_gib(p['peak_allocated_bytes'])} / {r['status']} | | | |")
+            lines.append(f"{head} {_gib(p['peak_allocated_bytes'])} / {r['status']} | | | | | "
+                         f"{group_of(c)} |")
             continue
         e = r["error"]
         tps_p = "unknown" if p["tokens_per_s"] is None else f"{p['tokens_per_s']:,.0f}"
+        spread = m.get("step_time_spread_s")
+        noise = "" if spread is None or not m.get("step_time_s") else \
+            f"{spread / m['step_time_s']:.0%} of the median"
         lines.append(
             f"{head} {_gib(p['peak_allocated_bytes'])} / {_gib(m['peak_allocated_bytes'])} "
             f"({_pct(e['allocated'])}) | {_gib(p['peak_reserved_bytes'])} / "
             f"{_gib(m['peak_reserved_bytes'])} ({_pct(e['reserved'])}) | "
             f"{_gib(p['peak_device_bytes'])} / {_gib(m['device_used_bytes_at_end'])} "
-            f"({_pct(e['device'])}) | {tps_p} / {m['tokens_per_s']:,.0f} ({_pct(e['tokens_per_s'])}) |")
+            f"({_pct(e['device'])}) | {tps_p} / {m['tokens_per_s']:,.0f} ({_pct(e['tokens_per_s'])}) "
+            f"| {p.get('bound', '')}, {noise} | {group_of(c)} |")
+    groups = sorted({group_of(r["case"]) for r in doc["rows"]})
     for key in ("allocated", "reserved", "device", "tokens_per_s"):
-        errs = [abs(r["error"][key]) for r in doc["rows"] if r.get("error") and
-                r["error"][key] is not None]
-        if errs:
-            lines.append(f"\n- {key}: median |error| {statistics.median(errs):.1%}, max "
-                         f"{max(errs):.1%} over {len(errs)} cases (measured vs predicted)")
+        text = _summary(doc["rows"], key)
+        if text:
+            lines.append(f"\n- {key}: {text} (measured vs predicted)")
+            if len(groups) > 1:
+                for g in groups:
+                    sub = _summary([r for r in doc["rows"] if group_of(r["case"]) == g], key)
+                    if sub:
+                        lines.append(f"  - {g}: {sub}")
     (OUT / "gpu_validate.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
-def main() -> int:
+def measure(dev: torch.device, cases: list[tuple], out: Path | None) -> dict[str, Any]:
+    """Probe every case on ``dev``; the document is rewritten after each case (``out``)."""
+    import warnings
+
+    from trainfit.monitor.nvml import Nvml
+
+    warnings.filterwarnings("ignore")
+    nvml = Nvml().open() if dev.type == "cuda" else None
+    doc: dict[str, Any] = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+                           "total_memory_bytes": torch.cuda.get_device_properties(dev).total_memory
+                           if dev.type == "cuda" else None,
+                           "torch": torch.__version__, "cuda": torch.version.cuda,
+                           "transformers": _version("transformers"), "peft": _version("peft"),
+                           "date": datetime.date.today().isoformat(), "rows": []}
+    prior = None if out is None else out / "gpu_measured.json"
+    if prior is not None and prior.exists():  # more cases on the same device: added to its file
+        old = json.loads(prior.read_text())
+        if old.get("device") == doc["device"]:
+            mine = {json.dumps(case_dict(c), sort_keys=True) for c in cases}
+            doc["rows"] = [r for r in old["rows"] if json.dumps(r["case"], sort_keys=True) not in mine]
+    for case in cases:
+        doc["rows"].append(measure_case(case, dev, nvml))
+        print(json.dumps(doc["rows"][-1], default=str), flush=True)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "gpu_measured.json").write_text(json.dumps(doc, indent=1, default=str))
+    if nvml is not None:
+        nvml.close()
+    return doc
+
+
+def _version(pkg: str) -> str | None:
+    import importlib.metadata as md
+
+    try:
+        return md.version(pkg)
+    except md.PackageNotFoundError:
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--compare" in argv:
+        doc = compare(json.loads((OUT / "gpu_measured.json").read_text()))
+        (OUT / "gpu_validate.json").write_text(json.dumps(doc, indent=1, default=str))
+        write_md(doc)
+        return 0
+    cases = LAUNCH_CASES if "--launch" in argv else ATTENTION_CASES if "--attention" in argv \
+        else RESERVE_CASES if "--reserve" in argv else CASES[:3] if "--quick" in argv else CASES
+    if "--device" in argv and argv[argv.index("--device") + 1] == "cpu":
+        measure(torch.device("cpu"), [(m, me, 64, 2, a, "fp32", ck) for m, me, _, _, a, _, ck in cases],
+                None)
+        return 0
     if not torch.cuda.is_available():
         print("gpu_validate: no CUDA device here; nothing measured, nothing written "
               "(run it on a machine with a GPU)")
         return 1
-    import warnings
-
-    from trainfit.hardware.gpus import find_gpu_by_device_name
-    from trainfit.monitor.nvml import Nvml
-
-    warnings.filterwarnings("ignore")
-    dev = torch.device("cuda", torch.cuda.current_device())
-    name = torch.cuda.get_device_name(dev)
-    gpu = find_gpu_by_device_name(name, torch.cuda.get_device_properties(dev).total_memory)
-    nvml = Nvml().open()
-    cases = CASES[:3] if "--quick" in sys.argv else CASES
-    rows = []
-    for case in cases:
-        rows.append(run_case(case, dev, gpu, nvml))
-        print(json.dumps(rows[-1], default=str), flush=True)
-    nvml.close()
-    doc = {"device": name, "gpu_spec": getattr(gpu, "name", None), "torch": torch.__version__,
-           "cuda": torch.version.cuda, "date": datetime.date.today().isoformat(), "rows": rows}
-    OUT.mkdir(exist_ok=True)
-    (OUT / "gpu_validate.json").write_text(json.dumps(doc, indent=1, default=str))
-    write_md(doc)
+    out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else OUT
+    doc = measure(torch.device("cuda", torch.cuda.current_device()), cases, out)
+    if out == OUT:
+        doc = compare(doc)
+        (OUT / "gpu_validate.json").write_text(json.dumps(doc, indent=1, default=str))
+        write_md(doc)
     return 0
 
 

@@ -249,6 +249,25 @@ def _raschka_harness(case: dict[str, Any], m: Mapped) -> None:
                    "2N of the 6N FLOPs per token)")
 
 
+def _ladder_factory(case_id: str) -> str:
+    """The factory in benchmarks/raschka_gpt.py of a ladder row (``..._05_bf16`` → rows 01-05's
+    model): the model code changes at rows 01 (mask on the fly), 06 (torch LayerNorm/GELU), 07
+    (fused qkv + SDPA) and 09 (vocabulary 50,304; the DDP rows run the final model)."""
+    if "_ddp" in case_id:
+        return "ladder_09"
+    row = int(case_id.rsplit("a100_", 1)[1][:2])
+    return "ladder_" + next(f"{r:02d}" for r in (9, 7, 6, 1, 0) if row >= r)
+
+
+def _attention(text: str) -> str:
+    """The job's attention from the case's: a flash kernel named (FlashAttention-2, MPT's
+    flash/triton, "sdpa (flash kernel)") is ``sdpa-flash`` — on Hopper SDPA left to itself runs
+    cuDNN's kernel, which those harnesses did not (trainfit.memory.semantics.CUDNN_SDPA_CC)."""
+    if text.startswith(("eager", "from-scratch")):
+        return "eager"
+    return "sdpa-flash" if "flash" in text.lower() else "sdpa"
+
+
 def _model(case: dict[str, Any], m: Mapped) -> None:
     from trainfit.model.catalog.models import find_model
 
@@ -263,10 +282,11 @@ def _model(case: dict[str, Any], m: Mapped) -> None:
         return
     if case["group"].startswith("raschka"):
         _raschka_harness(case, m)
-        m.model = {"build": "gpt2", "hidden": 768, "layers": 12, "heads": 12, "ffn": 3072,
-                   "vocab": d["vocab_size"], "positions": 1024, "tied": False, "dropout": 0.1}
-        m.model_note = ("GPTModel stand-in: GPT2LMHeadModel, untied head, dropout 0.1 (qkv has a "
-                       "bias here; rows 00-05's hand-written LayerNorm/GELU are torch's)")
+        fn = _ladder_factory(case["id"])
+        m.model = {"factory": f"{Path(__file__).parent / 'raschka_gpt.py'}:{fn}",
+                   "positions": 1024}
+        m.model_note = (f"the ladder's own GPTModel (benchmarks/raschka_gpt.py:{fn}) through "
+                        "trainfit's --model file.py:factory")
         return
     hf_id = (d.get("hf_id") or "").split(" ")[0].replace("-128k-", "-4k-")
     entry = find_model(hf_id) if hf_id else None
@@ -310,7 +330,7 @@ def _job(case: dict[str, Any], m: Mapped, reduce_dtype_field: bool) -> None:
              "micro_batch": mb, "grad_accum": ga, "optimizer": optimizer, "optimizer_impl": impl,
              "grad_ckpt": ("selective" if _ac(case).startswith("selective op") and "selective"
                            in GRAD_CKPT else "full") if case["grad_ckpt"] else "off",
-             "attention": "eager" if att.startswith(("eager", "from-scratch")) else "sdpa",
+             "attention": _attention(att),
              "ranks": m.gpus, "sharding": sharding, "compile": bool(case.get("compile"))}
     if "Trainer default then" in opt_text or "CUDA 11.2" in case["gpu"]:
         m.job["grads_to_none"] = False  # torch < 2.0 Trainer kept zeroed gradients (calibration.py)
@@ -352,6 +372,10 @@ def build_source(spec: dict[str, Any]) -> Any:
     from trainfit.model.source import ModelSource
 
     seq = spec["positions"]
+    if "factory" in spec:  # the benchmark's own module (an own-model job: model/custom.py)
+        from trainfit.model.source import resolve_model
+
+        return resolve_model(spec["factory"])
     if "catalog" in spec:
         entry = find_model(spec["catalog"])
         cfg = AutoConfig.for_model(**copy.deepcopy(entry.config))

@@ -110,8 +110,12 @@ def test_nvml_reads_the_device_torch_uses(setup):
         readings = nv.read(None if idx is None else [idx], pids={os.getpid()})
         r = readings[0]
         assert abs(r.memory_total_bytes - total) / total < 0.05
-        # NVML's used memory and cudaMemGetInfo's total − free are the same counter
-        assert abs(r.memory_used_bytes - (total - free)) / (total - free) < 0.05
+        # NVML counts the memory the driver reserves for itself in both its total and its used
+        # (H100, driver 580: 85,520,809,984 vs CUDA's 85,017,493,504 bytes, and the 503,316,480
+        # between them in used too — measured): beyond it, NVML's used is cudaMemGetInfo's
+        driver_reserved = r.memory_total_bytes - total
+        used_by_cuda = r.memory_used_bytes - driver_reserved
+        assert abs(used_by_cuda - (total - free)) / (total - free) < 0.05
         assert r.memory_used_bytes >= hold.numel()
         assert r.util_percent is not None and 0 <= r.util_percent <= 100
     finally:

@@ -15,13 +15,17 @@
   15.75/31.5/63, NVLink2/3/4 = 150/300/450 (half the bidirectional datasheet).
 * ``cuda_context_bytes``: what nvidia-smi shows for the process beyond PyTorch's
   caching allocator after a training step, with CUDA lazy module loading (the
-  default since PyTorch 1.13 + CUDA 11.7): ``CUDA_CONTEXT_BASE_BYTES`` (300 MiB:
-  driver/runtime plus lazily loaded PyTorch/cuBLAS kernels) + the stack the
-  driver reserves for every resident thread (1 KiB x max threads/SM x SMs; 216
-  MiB on an A100).  Checked against PyTorch OOM reports (in use - allocated -
-  reserved-unallocated): ~500 MiB on A100 40/80GB (model 516), 460-500 MiB on
-  RTX 4090 (model 492); PyTorch issues #107667/#109888 quote 300-400 MiB for a
-  bare context.  Without lazy loading (CUDA < 11.7, CUDA_MODULE_LOADING=EAGER)
+  default since PyTorch 1.13 + CUDA 11.7): ``CUDA_CONTEXT_BASE_BYTES`` (515 MiB:
+  driver/runtime plus lazily loaded PyTorch/cuBLAS/cuDNN kernels, measured on an
+  H100 with torch 2.11 + CUDA 13.0) + the stack the driver reserves for every
+  resident thread (1 KiB x max threads/SM x SMs; 216 MiB on an A100, 264 on an
+  H100).  The H100 measured 751-779 MiB over 25 configurations (model 779).
+  Older stacks' PyTorch OOM reports (in use - allocated - reserved-unallocated)
+  were lower: ~500 MiB on A100 40/80GB (model now 731), 460-500 MiB on RTX 4090
+  (model now 707); PyTorch issues #107667/#109888 quote 300-400 MiB for a bare
+  context.  nvidia-smi's header counts more than the process: NVML's total and
+  used include what the driver keeps for itself (H100: 85,520,809,984 vs CUDA's
+  85,017,493,504 bytes, measured).  Without lazy loading (CUDA < 11.7, CUDA_MODULE_LOADING=EAGER)
   add ``EAGER_MODULE_LOADING_EXTRA_BYTES``: 460 + 880 MiB reproduces the 1343 MiB
   the Hugging Face docs measured on a V100 with CUDA 11.2.
 """

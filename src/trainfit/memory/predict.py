@@ -376,7 +376,9 @@ def _peak_notes(how: str, work: int, context: int, managed: tuple[int, int],
         f"{how}; allocated = live tensor bytes (512 B blocks) + cuBLAS workspaces "
         f"({work / 2**20:.0f} MiB)",
         "reserved: the step's alloc/free trace replayed through the caching-allocator model",
-        f"device: reserved + CUDA context ({context / 2**20:.0f} MiB, GPU catalog)"
+        f"device: reserved + CUDA context ({context / 2**20:.0f} MiB, GPU catalog): the "
+        "process's row in nvidia-smi (its header's 'Memory-Usage' also counts the memory the "
+        "driver keeps for itself, NVML total − CUDA total: 480 MiB on an H100, measured)"
         + (f" + paged optimizer states in managed memory ({on_device / 2**30:.2f} of "
            f"{managed_bytes / 2**30:.2f} GiB resident: the rest pages to the host; not part of "
            "the fit)" if managed_bytes else "")

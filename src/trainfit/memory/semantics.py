@@ -10,7 +10,7 @@ price is that everything the CPU does differently from the GPU must be imposed h
   ``torch.library`` — the same dispatcher level real autocast works at, so casts of ops inside
   composite functions (``einsum`` → ``bmm``) are caught, and casts are recorded by autograd exactly
   as real autocast's are;
-* SDPA: the kernel the GPU would pick (flash / memory-efficient / math) is called explicitly; on a
+* SDPA: the kernel the GPU would pick (cuDNN / flash / memory-efficient / math) is called explicitly; on a
   fake tensor the composite would fall back to the math kernel, which stores the S×S matrix;
 * dropout: CUDA's fused kernel keeps a bool mask (1 byte/element), the CPU path a mask in the input
   dtype (``is_fused_kernel_acceptable`` in aten/src/ATen/native/Dropout.cpp);
@@ -103,7 +103,16 @@ class _CudaAutocastPolicy:
             (i for i, a in enumerate(op._schema.arguments) if a.name == "dtype"), None
         )
 
+        composite = torch._C._dispatch_has_kernel_for_dispatch_key(
+            op.name(), "CompositeImplicitAutograd")
+
         def kernel(*args: Any, **kwargs: Any) -> Any:
+            if policy == "none" and composite:
+                # CUDA has no autocast kernel for it: the dispatcher falls through to its
+                # decomposition, whose inner ops are autocast (cross_entropy_loss → log_softmax
+                # in the logits' dtype, then nll_loss on fp32: the fp32 copy of the log-probs and
+                # its fp32 gradient that a bf16 T5/BERT loss allocates — measured on an H100)
+                return op.decompose(*args, **kwargs)
             with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
                 if policy == "lower":
                     dt = torch.get_autocast_dtype("cpu")
@@ -171,6 +180,14 @@ class AttentionTarget:
     """``sdpa`` (what torch picks), ``sdpa-flash``, ``sdpa-efficient``, ``sdpa-math``."""
 
 
+CUDNN_SDPA_CC = ((9, 0), (10, 0))
+"""Compute capabilities on which SDPA's own choice is cuDNN's attention where it applies:
+Hopper, measured (torch 2.11 on an H100: ``_cudnn_attention`` in profiles of plain SDPA calls,
+benchmarks/results/gpu_sdpa_choice.json, and of T5's step, whose self-attention — a bias that
+needs a gradient — took the memory-efficient kernel and its cross-attention cuDNN's). Other
+families were not measured: flash first, as before."""
+
+
 def choose_sdpa_kernel(
     target: AttentionTarget, q: torch.Tensor, k: torch.Tensor, mask: Any, dropout_p: float,
     enable_gqa: bool,
@@ -182,8 +199,19 @@ def choose_sdpa_kernel(
         ok = q.dtype in (torch.float32, torch.bfloat16, torch.float16) and dropout_p == 0.0
         return "flash_cpu" if ok and target.prefer != "sdpa-math" else "math"
     cc = target.compute_capability or (8, 0)
+    low = q.dtype in (torch.float16, torch.bfloat16)
+    # measured on an H100 (benchmarks/results/gpu_sdpa_choice.json): 16-bit inputs of head_dim
+    # 64-256, with grouped-query heads, boolean or float masks and dropout; not a float mask
+    # that needs a gradient (memory-efficient) nor fp32 inputs
+    cudnn_ok = (
+        target.prefer == "sdpa" and CUDNN_SDPA_CC[0] <= cc < CUDNN_SDPA_CC[1] and low
+        and head_dim % 8 == 0 and head_dim <= 256
+        and (mask is None or not getattr(mask, "requires_grad", False))
+    )
+    if cudnn_ok:
+        return "cudnn"
     flash_ok = (
-        q.dtype in (torch.float16, torch.bfloat16) and mask is None and head_dim % 8 == 0
+        low and mask is None and head_dim % 8 == 0
         and head_dim <= 256 and cc >= (8, 0)
     )
     eff_ok = head_dim % (8 if q.dtype != torch.float32 else 4) == 0 and not (
@@ -231,6 +259,10 @@ class _DeviceOps:
                 attn_mask = attn_mask.to(dt)
         kernel = choose_sdpa_kernel(self.target, q, k, attn_mask, dropout_p, enable_gqa)
         self.kernels_used[kernel] = self.kernels_used.get(kernel, 0) + 1
+        if kernel == "cudnn":
+            need_lse = q.requires_grad or k.requires_grad or v.requires_grad
+            return torch.ops.aten._scaled_dot_product_cudnn_attention(
+                q, k, v, attn_mask, need_lse, dropout_p, is_causal, False, scale=scale)[0]
         if kernel == "flash":
             return torch.ops.aten._scaled_dot_product_flash_attention(
                 q, k, v, dropout_p, is_causal, False, scale=scale)[0]

@@ -11,7 +11,7 @@ from trainfit.plan.rows import effective_batches
 
 GIB = 2**30
 
-_KERNELS = {"flash": "flash", "efficient": "memory-efficient", "math": "math",
+_KERNELS = {"cudnn": "cuDNN", "flash": "flash", "efficient": "memory-efficient", "math": "math",
             "flash_cpu": "flash (CPU)"}
 
 

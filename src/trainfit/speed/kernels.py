@@ -58,15 +58,30 @@ A100 runs right)."""
 @dataclass(frozen=True)
 class Attention:
     eff_inf: float
-    """Forward+backward fraction of peak at long sequences (FlashAttention's FLOP convention)."""
+    """Forward+backward fraction of peak at long sequences (FlashAttention's FLOP convention),
+    at head_dim 128 (or the source's only head_dim)."""
     s0: float
     """Sequence length at which half of ``eff_inf`` is reached."""
     source: str
+    step_factor: float = ATTENTION_STEP_FACTOR
+    """The kernel's rate in a training step against its benchmark (see
+    :data:`ATTENTION_STEP_FACTOR`; 1.0 where the step itself was measured to run it at the
+    benchmark's rate)."""
+    head64: tuple[float, float] | None = None
+    """(eff_inf, s0) at head_dim 64 where measured: with half the work per loaded tile the
+    kernel runs further below its peak; head dims between 64 and 128 are interpolated, smaller
+    ones take the 64 curve. None: one curve for every head_dim."""
 
-    def efficiency(self, seq: int) -> float:
-        """In a training step (:data:`ATTENTION_STEP_FACTOR` × the kernel benchmark's rate)."""
+    def efficiency(self, seq: int, head_dim: int = 128) -> float:
+        """In a training step (``step_factor`` × the kernel benchmark's rate)."""
         s = max(seq, 1)
-        return ATTENTION_STEP_FACTOR * self.eff_inf * s / (s + self.s0)
+        rate = self.eff_inf * s / (s + self.s0)
+        if self.head64 is not None and head_dim < 128:
+            e64, s64 = self.head64
+            small = e64 * s / (s + s64)
+            w = max(0.0, (head_dim - 64) / 64)
+            rate = small + w * (rate - small)
+        return self.step_factor * rate
 
 
 @dataclass(frozen=True)
@@ -81,6 +96,9 @@ class FamilyKernels:
     bandwidth_stream: float
     source: str
     gemm_mamf_fp32: float | None = None
+    cudnn: Attention | None = None
+    """cuDNN's attention, where SDPA picks it by itself (Hopper:
+    :data:`trainfit.memory.semantics.CUDNN_SDPA_CC`); None: the flash entry stands for it."""
     """IEEE fp32 GEMMs run on the CUDA cores, not the tensor cores: their own fraction of the
     fp32 peak where a source measured it (None: ``gemm_mamf``)."""
     gemm_unaligned: float = GEMM_UNALIGNED_HALF
@@ -106,6 +124,13 @@ _A5000 = ("gpu-mode/ring-attention notebooks/flash_attn_benchmark_results.txt @3
 _HOPPER_FA2 = ("Dao-AILab/flash-attention PR #2688 benchmark output (Hopper, FA2 fwd+bwd, S=512-16k); "
                "PR #1791: 0.29-0.31 at 8k; FA3 paper: 'FA2 ~35 % on H100'")
 _MAMF = "stas00/ml-engineering compute/accelerator/README.md, MAMF table"
+_H100_CUDNN = ("measured here: torch 2.11 SDPA on an H100 SXM (cuDNN's kernel, SDPA's own choice), "
+               "causal fwd+bwd, 16k tokens per call, S = 512-16k, head_dim 128: 0.19 / 0.32 / 0.41 "
+               "/ 0.47 / 0.51 / 0.54 of peak; head_dim 64 (S ≤ 8k): 0.10 / 0.16 / 0.22 / 0.32 / 0.39 "
+               "(benchmarks/results/gpu_kernels.md). In HF steps on the same GPU it ran at that rate: "
+               "Llama-3.2-1B at 8k positions took 206 ms against 202 predicted with it, 242 at half")
+_AMPERE_SGEMM = ("Yinghan-Li/YHs_Sample#4: IEEE fp32 cuBLAS SGEMM 18.88 of 19.49 TF on an A100 "
+                 "80GB PCIe at 5120x4096x4096 (0.97; the CUDA cores, not the tensor cores)")
 _VOLTA_GEMM = ("Markidis et al., 'NVIDIA Tensor Core Programmability, Performance & Precision' "
                "(IPDPSW 2018, arXiv 1803.04014): cuBLAS mixed-precision GEMM 83 of 112 TF on a "
                "V100 PCIe (0.74), 7x its single-precision SGEMM (~11.9 of 14 TF: 0.85)")
@@ -122,7 +147,8 @@ KERNELS: dict[str, FamilyKernels] = {
     "ampere_dc": FamilyKernels(
         "ampere_dc", 0.87, Attention(0.56, 500, _FA2_PAPER),
         Attention(0.26, 500, _FA2_PAPER + " (xformers baseline: 0.26 at 16k)"),
-        0.88, f"{_MAMF} (A100 SXM 271/312 TF); gpu-benches a100 stream 0.88"),
+        0.88, f"{_MAMF} (A100 SXM 271/312 TF); gpu-benches a100 stream 0.88; {_AMPERE_SGEMM}",
+        gemm_mamf_fp32=0.97),
     "ampere_consumer": FamilyKernels(
         "ampere_consumer", 0.84, Attention(0.63, 410, _A5000),
         Attention(0.30, 410, "memory-efficient ~half of flash (FA2 paper's A100 ratio)"),
@@ -136,7 +162,8 @@ KERNELS: dict[str, FamilyKernels] = {
     "hopper": FamilyKernels(
         "hopper", 0.80, Attention(0.31, 260, _HOPPER_FA2),
         Attention(0.16, 260, "memory-efficient ~half of flash (FA2 paper's A100 ratio)"),
-        0.85, f"{_MAMF} (H100 SXM 794/989 TF); gpu-benches H100 PCIe stream 0.85"),
+        0.85, f"{_MAMF} (H100 SXM 794/989 TF); gpu-benches H100 PCIe stream 0.85",
+        cudnn=Attention(0.568, 822, _H100_CUDNN, step_factor=1.0, head64=(0.489, 2048))),
     "blackwell": FamilyKernels(
         "blackwell", 0.78, Attention(0.15, 180, "Dao-AILab/flash-attention#1589: FA2 on B200"),
         Attention(0.08, 180, "memory-efficient ~half of flash (FA2 paper's A100 ratio)"),

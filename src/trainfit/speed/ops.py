@@ -65,6 +65,9 @@ class OpRecord:
     """GEMMs: every matrix's rows start on a 16-byte boundary (:func:`gemm_aligned`).  False
     (a 16-bit GEMM with an odd leading dimension, e.g. GPT-2's 50,257-column logits): cuBLAS
     cannot use its vectorized tensor-core kernels (:mod:`trainfit.speed.kernels`)."""
+    head_dim: int = 0
+    """Attention kernels: the query's head dimension (a kernel with half the work per tile runs
+    further below its peak: :class:`trainfit.speed.kernels.Attention`)."""
 
 
 def _tensors(items: Any) -> list[torch.Tensor]:
@@ -139,11 +142,11 @@ def gemm_aligned(name: str, args: tuple[Any, ...], out: Any) -> bool:
 
 
 def _attention_shape(func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-                     ) -> tuple[int, bool]:
-    """(key sequence length, is_causal) of a scaled-dot-product attention kernel, read by
-    argument name from the op's schema (positions differ between forward and backward)."""
+                     ) -> tuple[int, bool, int]:
+    """(key sequence length, is_causal, head_dim) of a scaled-dot-product attention kernel,
+    read by argument name from the op's schema (positions differ between forward and backward)."""
     if "attention" not in name:
-        return 0, False
+        return 0, False, 0
     names = [a.name for a in func._schema.arguments]
 
     def arg(n: str) -> Any:
@@ -152,9 +155,10 @@ def _attention_shape(func: Any, name: str, args: tuple[Any, ...], kwargs: dict[s
         i = names.index(n) if n in names else -1
         return args[i] if 0 <= i < len(args) else None
 
-    key = arg("key")
+    key, query = arg("key"), arg("query")
     seq = int(key.shape[-2]) if isinstance(key, torch.Tensor) and key.dim() >= 2 else 0
-    return seq, bool(arg("is_causal"))
+    head_dim = int(query.shape[-1]) if isinstance(query, torch.Tensor) and query.dim() >= 1 else 0
+    return seq, bool(arg("is_causal")), head_dim
 
 
 def launches_kernel(name: str, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> bool:
@@ -206,10 +210,10 @@ class OpRecorder:
         floating = [t for t in ins + outs if t.is_floating_point()]
         dtype = _dtype_name(floating[0].dtype) if floating else "other"
         elements = float(max((t.numel() for t in ins + outs), default=0))
-        seq, causal = _attention_shape(func, name, args, kwargs) if flops else (0, False)
+        seq, causal, head_dim = _attention_shape(func, name, args, kwargs) if flops else (0, False, 0)
         gemm = name in _GEMMS
         self.ops.append(OpRecord(name, phase, flops, nbytes, dtype,
                                  _gemm_shape(name, args) if gemm else None, kernel,
                                  elements, replay_key(f"{name}.{func._overloadname}", args, kwargs)
                                  if kernel and self.replay else None, seq, causal,
-                                 gemm_aligned(name, args, out) if gemm else True))
+                                 gemm_aligned(name, args, out) if gemm else True, head_dim))

@@ -74,7 +74,8 @@ def ops_at_batch(ops1: list[OpRecord], ops2: list[OpRecord], b1: int, b2: int, b
         out.append(OpRecord(x.name, x.phase, max(0.0, _scale(x.flops, y.flops, b1, b2, b)),
                             max(0.0, _scale(x.bytes, y.bytes, b1, b2, b)), x.dtype, gemm, x.kernel,
                             max(0.0, _scale(x.elements, y.elements, b1, b2, b)),
-                            seq=x.seq, causal=x.causal, aligned=x.aligned and y.aligned))
+                            seq=x.seq, causal=x.causal, aligned=x.aligned and y.aligned,
+                            head_dim=x.head_dim))
     return out
 
 

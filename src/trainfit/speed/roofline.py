@@ -23,16 +23,26 @@ GEMM_TILE = 128
 GEMM_EFFICIENCY = 0.80
 """A GPU whose family is unknown (no compute capability in the catalog): A100's training GEMM
 rate (:mod:`trainfit.speed.kernels` has each family's, from published kernel benchmarks)."""
-ATTENTION_EFFICIENCY = {"flash": 0.55, "efficient": 0.35, "flash_cpu": 1.0}
+ATTENTION_EFFICIENCY = {"cudnn": 0.55, "flash": 0.55, "efficient": 0.35, "flash_cpu": 1.0}
 """An unknown family's attention, on the flop counter's count (causal not halved); ``flash_cpu``:
 this CPU's kernel, whose time is measured (the rate is folded into the replay)."""
 BANDWIDTH_EFFICIENCY = 0.80
 """An unknown family's elementwise kernels: A100's fraction of peak DRAM bandwidth."""
-EAGER_OP_OVERHEAD_S = 8e-6
-"""CPU cost of one eager aten op with a kernel launch (dispatcher + autograd + launch: 5-10 µs;
-H. He, "Making Deep Learning Go Brrrr From First Principles", overhead section)."""
+EAGER_OP_OVERHEAD_S = 10e-6
+"""CPU cost of one eager aten op with a kernel launch (dispatcher + autograd + launch: 5-10 µs,
+H. He, "Making Deep Learning Go Brrrr From First Principles", overhead section; measured on an
+H100's host, a 2.1 GHz Xeon with torch 2.11 and Python 3.12: 10.7 µs without autograd, 8.9 µs
+recording it — benchmarks/gpu_launch_overhead.py, results/gpu_launch.json)."""
+EAGER_BACKWARD_OP_OVERHEAD_S = 15e-6
+"""A backward op with a kernel: launched by the autograd engine's device thread, one node at a
+time (measured there: 15.1 µs per node of a chain of multiplications, against 8.9 µs for the
+same op in the forward)."""
 EAGER_VIEW_OVERHEAD_S = 2.5e-6
-"""A view/metadata op (no kernel)."""
+"""A view/metadata op (no kernel): measured there, 2.5 µs.
+
+Launch-bound steps of transformers models measured on that H100 took 1.5-2.3× these op-level
+costs (the Python of the model's own code around its ops, not modelled): such rows are stated
+as launch-bound, and tune measures them."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +55,9 @@ class DeviceSpeed:
     asynchronous: bool
     """GPU: the CPU enqueues ahead of the device.  CPU: everything is sequential."""
     op_overhead_s: float = EAGER_OP_OVERHEAD_S
+    backward_op_overhead_s: float = EAGER_BACKWARD_OP_OVERHEAD_S
+    """A GPU's backward kernels (the autograd engine's device thread); a CPU device's are timed
+    with its own ``op_overhead_s``."""
     view_overhead_s: float = EAGER_VIEW_OVERHEAD_S
     gemm_efficiency: float = GEMM_EFFICIENCY
     gemm_efficiency_fp32: float | None = None
@@ -179,15 +192,21 @@ def op_device_time(dev: DeviceSpeed, op: OpRecord) -> float | None:
 def attention_efficiency(dev: DeviceSpeed, op: OpRecord) -> float:
     """The fraction of peak an attention kernel runs at (on the counted FLOPs for an unknown
     family, on the executed ones — causal halved — for a known family)."""
-    kind = "flash_cpu" if "for_cpu" in op.name else (
+    kind = "flash_cpu" if "for_cpu" in op.name else "cudnn" if "cudnn" in op.name else (
         "flash" if "flash" in op.name else "efficient")
     k = dev.kernels
     if k is None or kind == "flash_cpu":
         return ATTENTION_EFFICIENCY[kind]
-    attn = k.flash if kind == "flash" and k.flash is not None else k.efficient
-    return attn.efficiency(op.seq)
+    attn = (k.cudnn if kind == "cudnn" else None) or \
+        (k.flash if kind in ("cudnn", "flash") else None) or k.efficient
+    return attn.efficiency(op.seq, op.head_dim or 128)
 
 
 def op_host_time(dev: DeviceSpeed, op: OpRecord) -> float:
-    base = dev.op_overhead_s if op.kernel else dev.view_overhead_s
+    if not op.kernel:
+        base = dev.view_overhead_s
+    elif op.phase == "backward" and dev.asynchronous:
+        base = dev.backward_op_overhead_s
+    else:
+        base = dev.op_overhead_s
     return base + (dev.autograd_overhead_s if op.phase == "forward" else 0.0)

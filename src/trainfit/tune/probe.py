@@ -95,8 +95,10 @@ class Probe:
             if job.compile:  # the DDP wrapper compiled, as train does
                 self._wl.step_model = torch.compile(self._wl.step_model)
             self._key = key
-            self._snapshot = {n: p.detach().clone() for n, p in self._wl.model.named_parameters()
-                              if p.requires_grad}
+            # the copy the weights are restored from lives on the host: on the device it would be
+            # in every probe's measured peak (a full fine-tune's trainable weights a second time)
+            self._snapshot = {n: p.detach().to("cpu", copy=True)
+                              for n, p in self._wl.model.named_parameters() if p.requires_grad}
         assert self._wl is not None
         return self._wl
 
@@ -202,6 +204,9 @@ class Probe:
         real step creates them (values restored after the probe). Can run out of memory."""
         if tracker is None:
             torch.cuda.synchronize(self.device)
+            # the step's own reserve, as plan predicts it: not the cached blocks that building
+            # the model (or an earlier probe) left in the allocator
+            torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
             torch.cuda.reset_accumulated_memory_stats(self.device)  # num_alloc_retries from 0
         else:

@@ -1,0 +1,44 @@
+"""The mirror of SDPA's kernel choice (``choose_sdpa_kernel``) against what torch picked by itself
+on a real H100 for the inputs transformers gives it (benchmarks/gpu_sdpa_choice.py, recorded in
+benchmarks/results/gpu_sdpa_choice.json), and the rules for the families nobody measured."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainfit.memory.semantics import AttentionTarget, choose_sdpa_kernel
+
+RECORD = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu_sdpa_choice.json"
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _choice(row: dict, cc: tuple[int, int], prefer: str = "sdpa") -> str:
+    dt = DTYPES[row["dtype"]]
+    q = torch.empty(2, row["q_heads"], 16, row["head_dim"], dtype=dt, device="meta")
+    k = torch.empty(2, row["kv_heads"], 16, row["head_dim"], dtype=dt, device="meta")
+    mask = None
+    if row["mask"] == "bool":
+        mask = torch.empty(2, 1, 16, 16, dtype=torch.bool, device="meta")
+    elif row["mask"].startswith("float"):
+        mask = torch.empty(2, row["q_heads"], 16, 16, dtype=dt, device="meta",
+                           requires_grad=row["mask"] == "float_grad")
+    return choose_sdpa_kernel(AttentionTarget(device="cuda", compute_capability=cc, prefer=prefer),
+                              q, k, mask, row["dropout"], row["q_heads"] != row["kv_heads"])
+
+
+RECORDED = json.loads(RECORD.read_text())
+
+
+@pytest.mark.parametrize("row", RECORDED["rows"], ids=lambda r: "-".join(map(str, list(r.values())[:5])))
+def test_mirror_picks_what_torch_picked_on_the_h100(row):
+    cc = tuple(RECORDED["compute_capability"])
+    assert _choice(row, cc) == row["kernel"]
+
+
+def test_other_families_and_forced_kernels_keep_flash_first():
+    row = RECORDED["rows"][0]  # bf16, head_dim 128, no mask, causal
+    assert _choice(row, (8, 0)) == "flash"  # A100: not measured, flash as before
+    assert _choice(row, (9, 0), prefer="sdpa-flash") == "flash"  # a flash kernel asked for
+    assert _choice(row, (9, 0), prefer="sdpa-efficient") == "efficient"
