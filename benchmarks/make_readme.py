@@ -133,14 +133,27 @@ def scripts_table(results: Path) -> list[str]:
 
 
 def gpu_line(results: Path) -> list[str]:
-    """The one script that needs CUDA, outside the CPU regeneration loop."""
+    """The scripts that need CUDA, outside the CPU regeneration loop (``gpu_run.sh`` runs them)."""
     page = "results/gpu_validate.md"
-    done = (results / "gpu_validate.json").exists()
-    return ["`gpu_validate.py` (needs a CUDA device; run it where one is): `plan`'s predicted "
-            "allocated / reserved / device peaks and tokens/s against the same steps measured on the GPU "
-            "(10 cases, 58M–1.1B, full / LoRA, three precisions). " +
-            (f"[{page}]({page})" if done else "Not yet measured: no GPU has been lent to this project's "
-             "sessions so far; `tests/test_probe_cuda.py` holds the CUDA checks, skipped without one.")]
+    d = load(results, "gpu_validate")
+    if d is None:
+        return ["`gpu_validate.py` (needs a CUDA device): not yet measured — run "
+                "`bash benchmarks/gpu_run.sh` where one is."]
+    rows = [r for r in d["rows"] if r.get("error")]
+
+    def summary(key: str) -> str:
+        errs = [r["error"][key] for r in rows if r["error"][key] is not None]
+        return (f"median |error| {pct(statistics.median(abs(e) for e in errs))}, "
+                f"{sum(e < -0.05 for e in errs)} of {len(errs)} more than 5 % under") if errs else "n/a"
+
+    return [f"`gpu_validate.py` + `bash gpu_run.sh` (need a CUDA device; measured once on a "
+            f"{d['device']}, torch {d['torch']}; `gpu_validate.py --compare` re-scores the "
+            f"measurements anywhere): `plan`'s predicted peaks and tokens/s against trainfit's probe "
+            f"of the same steps, {len(rows)} configurations — allocated {summary('allocated')}; "
+            f"reserved {summary('reserved')}; device {summary('device')}; tokens/s median |error| "
+            f"{pct(statistics.median(abs(r['error']['tokens_per_s']) for r in rows))}. [{page}]({page}); "
+            "kernel rates, SDPA's choice and the host's cost per op: "
+            "[docs/notes/gpu-measurements.md](../docs/notes/gpu-measurements.md)."]
 
 
 def memory_section(results: Path) -> list[str]:

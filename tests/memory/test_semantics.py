@@ -65,3 +65,30 @@ def test_cuda_dropout_keeps_a_bool_mask():
 
     _run(fn, "cuda")
     assert seen == ["NativeDropoutBackward0"]
+
+
+def test_composites_without_a_cuda_autocast_kernel_keep_autocast_inside():
+    """CUDA autocast has no kernel for ``cross_entropy_loss``: its decomposition runs, and its
+    ``nll_loss`` is autocast to fp32 — the fp32 copy of bf16 log-probabilities (and its fp32
+    gradient) that a T5 step allocated on an H100 (benchmarks/results/gpu_validate.md)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: dict[str, list[torch.dtype]] = {}
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func._overloadpacket.__name__ in ("nll_loss_forward", "nll_loss_backward"):
+                seen.setdefault(func._overloadpacket.__name__, []).append(args[0].dtype)
+            return out
+
+    def fn():
+        logits = torch.empty(8, 32, dtype=torch.bfloat16, requires_grad=True)
+        labels = torch.zeros(8, dtype=torch.long)
+        with Log():
+            loss = torch.nn.functional.cross_entropy(logits, labels)
+            loss.backward()
+        return loss.dtype
+
+    assert _run(fn, "cuda") == torch.float32
+    assert seen == {"nll_loss_forward": [torch.float32], "nll_loss_backward": [torch.float32]}

@@ -75,3 +75,42 @@ def test_model_flops_follow_palm(tiny_gpt2):
     assert full == 6 * n + attn
     lora = model_flops_per_token(cfg, n, 1000, seq, False)
     assert lora == 4 * (n - 1000) + 6 * 1000 + attn
+
+
+def test_hopper_sdpa_is_timed_as_cudnn_at_its_measured_rates():
+    """SDPA left to itself runs cuDNN's attention on an H100 (the simulation records its op);
+    its rates by head_dim are those measured there (benchmarks/results/gpu_kernels.md: 0.507 of
+    the bf16 peak at 8k positions and head_dim 128, 0.391 at head_dim 64); a family without a
+    measured cuDNN entry times the op with its flash rates."""
+    import dataclasses
+
+    from trainfit.speed.kernels import KERNELS
+    from trainfit.speed.roofline import attention_efficiency
+
+    h100 = DeviceSpeed.from_gpu(find_gpu("h100"))
+    a100 = DeviceSpeed.from_gpu(find_gpu("a100-80gb"))
+    op = OpRecord("_scaled_dot_product_cudnn_attention", "forward", 1e12, 0.0, "bf16", None, True,
+                  seq=8192, causal=True, head_dim=128)
+    assert attention_efficiency(h100, op) == pytest.approx(0.507, abs=0.015)
+    assert attention_efficiency(h100, dataclasses.replace(op, head_dim=64)) == \
+        pytest.approx(0.391, abs=0.015)
+    flash = dataclasses.replace(op, name="_scaled_dot_product_flash_attention")
+    assert attention_efficiency(h100, flash) < attention_efficiency(h100, op)  # FA2's, halved
+    assert attention_efficiency(a100, op) == attention_efficiency(a100, flash) == \
+        KERNELS["ampere_dc"].flash.efficiency(8192)
+
+
+def test_backward_ops_cost_the_host_more_on_a_gpu():
+    """Measured on an H100's host: 15 µs per backward node (the autograd engine's device thread)
+    against ~10 µs per forward op; a CPU device runs both on its own measured cost."""
+    from trainfit.speed.roofline import op_host_time
+
+    gpu = DeviceSpeed.from_gpu(find_gpu("h100"))
+    fwd = OpRecord("mul", "forward", 0.0, 8.0, "bf16", None, True)
+    bwd = OpRecord("mul", "backward", 0.0, 8.0, "bf16", None, True)
+    view = OpRecord("view", "backward", 0.0, 0.0, "bf16", None, False)
+    assert (op_host_time(gpu, fwd), op_host_time(gpu, bwd), op_host_time(gpu, view)) == \
+        pytest.approx((10e-6, 15e-6, 2.5e-6))
+    cpu = DeviceSpeed(name="cpu", peak_flops={"fp32": 1e11}, bandwidth_bytes_s=1e10, sm_count=None,
+                      asynchronous=False, op_overhead_s=3e-6)
+    assert op_host_time(cpu, bwd) == op_host_time(cpu, fwd) == 3e-6
