@@ -58,3 +58,15 @@ def test_plan_on_a_named_gpu_states_its_speed_band(tiny_llama):
                   verify=False, ladder=False)
     assert no_gpu.speed_band is None
     assert not any(n.startswith("tokens/s") for n in plan_notes(no_gpu))
+
+
+def test_launch_bound_rows_are_said_to_be_an_upper_bound(tiny_llama):
+    """A tiny model at 64 positions: every row is the CPU enqueueing ops (predicted), whose
+    Python the model does not count — plan says so and sends the user to tune."""
+    res = plan(JobSpec(model="t", seq_len=64, effective_batch=4), tiny_llama, find_gpu("h100"),
+               verify=False, ladder=False)
+    bounds = [r.speed.bound for r in res.rows if r.speed is not None]
+    assert bounds and all(b == "launch-bound" for b in bounds)
+    note = next(n for n in plan_notes(res) if "launch-bound" in n)
+    assert note.startswith(f"{len(bounds)} of {len(res.rows)} rows are launch-bound")
+    assert "upper bound" in note and "trainfit tune" in note

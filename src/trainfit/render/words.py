@@ -45,7 +45,19 @@ def plan_notes(result: PlanResult) -> list[str]:
     notes = [n.format(margin=result.margin, **band) for n in PLAN_NOTES]
     if result.speed_band is not None:
         notes.append(speed_note(result.speed_band))
+    launch = [r for r in result.rows if r.speed is not None and r.speed.bound == "launch-bound"]
+    if launch:
+        notes.append(launch_note(len(launch), len(result.rows)))
     return notes
+
+
+def launch_note(n: int, total: int) -> str:
+    """Launch-bound rows: the host's Python is in their step time and the model counts only its
+    per-op cost (measured on an H100's host, benchmarks/results/gpu_validate.md)."""
+    return (f"{n} of {total} rows are launch-bound (predicted): the GPU waits for the CPU to "
+            "enqueue each op (10 µs forward, 15 µs backward, 2.5 µs a view, measured on an H100's "
+            "host); transformers' own Python made such steps 1.5-2.3× slower than that on the same "
+            "host, so their tokens/s are an upper bound — `trainfit tune` measures them")
 
 
 def speed_note(b: SpeedBand) -> str:

@@ -49,6 +49,11 @@ GEMM_UNALIGNED_ADA = 0.71
 """RTX 4090 (pytorch/pytorch#181718): bf16 N = 2055/2057/2071/2073 run cuBLAS's
 ``cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_nn_align1`` at 106.8-115.6 TF against
 155.9 TF for the aligned N = 2040 (mean 0.71)."""
+GEMM_UNALIGNED_HOPPER = 0.20
+"""H100 SXM, measured here (benchmarks/results/gpu_kernels.md): torch 2.11's bf16 GEMM of GPT-2's
+head, 8192 × 50,257 × 768, ran at 121 TFLOP/s against 626 for the aligned 50,304 (0.19; a
+repeat: 121 against 583, 0.21). Hopper's aligned kernels use TMA and wgmma, which need 16-byte aligned rows; the
+unaligned ones fall back much further than Ampere's or Ada's."""
 BANDWIDTH_SHAPE_FACTOR = 0.91
 """Elementwise kernels of a step (short tensors, launch tails, strided reads) against a STREAM
 copy at full occupancy: 0.91 × A100's 0.88 = 0.80, the previous single value (which predicted
@@ -163,7 +168,8 @@ KERNELS: dict[str, FamilyKernels] = {
         "hopper", 0.80, Attention(0.31, 260, _HOPPER_FA2),
         Attention(0.16, 260, "memory-efficient ~half of flash (FA2 paper's A100 ratio)"),
         0.85, f"{_MAMF} (H100 SXM 794/989 TF); gpu-benches H100 PCIe stream 0.85",
-        cudnn=Attention(0.568, 822, _H100_CUDNN, step_factor=1.0, head64=(0.489, 2048))),
+        cudnn=Attention(0.568, 822, _H100_CUDNN, step_factor=1.0, head64=(0.489, 2048)),
+        gemm_unaligned=GEMM_UNALIGNED_HOPPER),
     "blackwell": FamilyKernels(
         "blackwell", 0.78, Attention(0.15, 180, "Dao-AILab/flash-attention#1589: FA2 on B200"),
         Attention(0.08, 180, "memory-efficient ~half of flash (FA2 paper's A100 ratio)"),
