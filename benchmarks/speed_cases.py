@@ -259,13 +259,16 @@ def _ladder_factory(case_id: str) -> str:
     return "ladder_" + next(f"{r:02d}" for r in (9, 7, 6, 1, 0) if row >= r)
 
 
-def _attention(text: str) -> str:
+def _attention(text: str, framework: str = "") -> str:
     """The job's attention from the case's: a flash kernel named (FlashAttention-2, MPT's
-    flash/triton, "sdpa (flash kernel)") is ``sdpa-flash`` — on Hopper SDPA left to itself runs
-    cuDNN's kernel, which those harnesses did not (trainfit.memory.semantics.CUDNN_SDPA_CC)."""
+    flash/triton, "sdpa (flash kernel)"), or SDPA under a torch older than 2.9, is
+    ``sdpa-flash``: on Hopper torch ≥ 2.9 left to itself runs cuDNN's kernel
+    (trainfit.memory.semantics.CUDNN_SDPA_CC), which those runs did not."""
     if text.startswith(("eager", "from-scratch")):
         return "eager"
-    return "sdpa-flash" if "flash" in text.lower() else "sdpa"
+    version = re.search(r"torch (\d+)\.(\d+)", framework or "")
+    old_torch = version is not None and (int(version[1]), int(version[2])) < (2, 9)
+    return "sdpa-flash" if "flash" in text.lower() or old_torch else "sdpa"
 
 
 def _model(case: dict[str, Any], m: Mapped) -> None:
@@ -330,7 +333,7 @@ def _job(case: dict[str, Any], m: Mapped, reduce_dtype_field: bool) -> None:
              "micro_batch": mb, "grad_accum": ga, "optimizer": optimizer, "optimizer_impl": impl,
              "grad_ckpt": ("selective" if _ac(case).startswith("selective op") and "selective"
                            in GRAD_CKPT else "full") if case["grad_ckpt"] else "off",
-             "attention": _attention(att),
+             "attention": _attention(att, case.get("framework") or ""),
              "ranks": m.gpus, "sharding": sharding, "compile": bool(case.get("compile"))}
     if "Trainer default then" in opt_text or "CUDA 11.2" in case["gpu"]:
         m.job["grads_to_none"] = False  # torch < 2.0 Trainer kept zeroed gradients (calibration.py)

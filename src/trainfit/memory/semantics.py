@@ -184,8 +184,11 @@ CUDNN_SDPA_CC = ((9, 0), (10, 0))
 """Compute capabilities on which SDPA's own choice is cuDNN's attention where it applies:
 Hopper, measured (torch 2.11 on an H100: ``_cudnn_attention`` in profiles of plain SDPA calls,
 benchmarks/results/gpu_sdpa_choice.json, and of T5's step, whose self-attention — a bias that
-needs a gradient — took the memory-efficient kernel and its cross-attention cuDNN's). Other
-families were not measured: flash first, as before."""
+needs a gradient — took the memory-efficient kernel and its cross-attention cuDNN's). The
+simulated stack's torch (2.13) has it so since 2.9 (pytorch/pytorch#162073, "enable cuDNN SDPA by
+default for SM 9.0, SM 10.0"; 2.5.1-2.8 put flash first, pytorch/pytorch#138649): a job under an
+older torch is ``--attention sdpa-flash``. SM 10.0 was not measured: flash first there, as
+before."""
 
 
 def choose_sdpa_kernel(

@@ -52,8 +52,8 @@ GEMM_UNALIGNED_ADA = 0.71
 GEMM_UNALIGNED_HOPPER = 0.20
 """H100 SXM, measured here (benchmarks/results/gpu_kernels.md): torch 2.11's bf16 GEMM of GPT-2's
 head, 8192 × 50,257 × 768, ran at 121 TFLOP/s against 626 for the aligned 50,304 (0.19; a
-repeat: 121 against 583, 0.21). Hopper's aligned kernels use TMA and wgmma, which need 16-byte aligned rows; the
-unaligned ones fall back much further than Ampere's or Ada's."""
+repeat: 121 against 583, 0.21). Hopper's aligned kernels use TMA and wgmma, which need 16-byte
+aligned rows; the unaligned ones fall back much further than Ampere's or Ada's."""
 BANDWIDTH_SHAPE_FACTOR = 0.91
 """Elementwise kernels of a step (short tensors, launch tails, strided reads) against a STREAM
 copy at full occupancy: 0.91 × A100's 0.88 = 0.80, the previous single value (which predicted
