@@ -101,11 +101,11 @@ class FamilyKernels:
     bandwidth_stream: float
     source: str
     gemm_mamf_fp32: float | None = None
+    """IEEE fp32 GEMMs run on the CUDA cores, not the tensor cores: their own fraction of the
+    fp32 peak where a source measured it (None: ``gemm_mamf``)."""
     cudnn: Attention | None = None
     """cuDNN's attention, where SDPA picks it by itself (Hopper:
     :data:`trainfit.memory.semantics.CUDNN_SDPA_CC`); None: the flash entry stands for it."""
-    """IEEE fp32 GEMMs run on the CUDA cores, not the tensor cores: their own fraction of the
-    fp32 peak where a source measured it (None: ``gemm_mamf``)."""
     gemm_unaligned: float = GEMM_UNALIGNED_HALF
     """A 16-bit GEMM with unaligned rows, as a fraction of the aligned rate."""
 
