@@ -183,6 +183,9 @@ def _attention(b: _Builder) -> str:
     if "flash_attention_2" in text:
         b.note("flash_attention_2 → attention sdpa-flash (the same flash kernel's memory)")
         return "sdpa-flash"
+    if "flash" in text:  # SDPA said to have run its flash kernel (on Hopper torch ≥ 2.9 picks cuDNN)
+        b.note("SDPA's flash kernel → attention sdpa-flash")
+        return "sdpa-flash"
     if "flex" in text:
         b.note("flex attention with a block-causal mask (packed samples) → sdpa (flash-like: "
                "no S×S score matrix; flex's block mask is small)")
