@@ -5,4 +5,12 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh
 PY=${PYTHON:-python3}
 $PY -m ruff check src tests benchmarks
-$PY -m pytest tests
+# one pytest worker per core, at most 4 (each holds torch, transformers and tiny models: ~1-2 GB);
+# --dist worksteal: an idle worker takes pending tests from a busy one (a few tests take minutes).
+# PYTEST_WORKERS=0 runs everything in this process.
+WORKERS=${PYTEST_WORKERS:-$($PY -c 'import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))')}
+if [ "$WORKERS" -gt 0 ]; then
+  $PY -m pytest tests -n "$WORKERS" --dist worksteal
+else
+  $PY -m pytest tests
+fi

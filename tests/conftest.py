@@ -9,6 +9,18 @@ import pytest
 warnings.filterwarnings("ignore", category=FutureWarning)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (scripts/test.sh): the cores shared among the workers, so that N workers
+    do not each start as many torch threads as there are cores."""
+    import os
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+
+
 @pytest.fixture(scope="session")
 def tiny_llama():
     from transformers import LlamaConfig

@@ -49,13 +49,13 @@ def test_note_says_when_the_ranking_is_only_a_guide():
 
 
 def test_plan_on_a_named_gpu_states_its_speed_band(tiny_llama):
-    res = plan(JobSpec(model="t", seq_len=64, effective_batch=4), tiny_llama, find_gpu("a10g"),
-               verify=False, ladder=False)
+    # one (precision, checkpointing) group: the band is the plan's, not a row's
+    job = JobSpec(model="t", seq_len=64, effective_batch=4, precision="bf16-true", grad_ckpt="off")
+    res = plan(job, tiny_llama, find_gpu("a10g"), verify=False, ladder=False)
     assert res.speed_band == speed_band_for(1, False)
     assert res.to_dict()["speed_band"]["kind"] == "single"
     assert any(n.startswith("tokens/s are predictions") for n in plan_notes(res))
-    no_gpu = plan(JobSpec(model="t", seq_len=64, effective_batch=4), tiny_llama, None,
-                  verify=False, ladder=False)
+    no_gpu = plan(job, tiny_llama, None, verify=False, ladder=False)
     assert no_gpu.speed_band is None
     assert not any(n.startswith("tokens/s") for n in plan_notes(no_gpu))
 
@@ -63,8 +63,8 @@ def test_plan_on_a_named_gpu_states_its_speed_band(tiny_llama):
 def test_launch_bound_rows_are_said_to_be_an_upper_bound(tiny_llama):
     """A tiny model at 64 positions: every row is the CPU enqueueing ops (predicted), whose
     Python the model does not count — plan says so and sends the user to tune."""
-    res = plan(JobSpec(model="t", seq_len=64, effective_batch=4), tiny_llama, find_gpu("h100"),
-               verify=False, ladder=False)
+    res = plan(JobSpec(model="t", seq_len=64, effective_batch=4, precision="amp-bf16",
+                       grad_ckpt="off"), tiny_llama, find_gpu("h100"), verify=False, ladder=False)
     bounds = [r.speed.bound for r in res.rows if r.speed is not None]
     assert bounds and all(b == "launch-bound" for b in bounds)
     note = next(n for n in plan_notes(res) if "launch-bound" in n)

@@ -189,7 +189,7 @@ def test_tune_two_ranks_agree(tmp_path, micro_model_json, text_jsonl):
 
     out = tmp_path / "t.yaml"
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "-m",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
          "trainfit.cli.main", "tune", str(micro_model_json), "--data", str(text_jsonl),
          "--seq-len", "32", "--effective-batch", "8", "--ranks", "2", "--knobs", "optimizer_impl",
          "--out", str(out), "--json"], capture_output=True, text=True, timeout=300)

@@ -42,8 +42,10 @@ def _launch(nproc: int, device: str, job: JobSpec, job_file: str, out: str) -> i
     if "--nproc" in sys.argv:
         i = sys.argv.index("--nproc")
         args = sys.argv[1:i] + sys.argv[i + 2:]
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-           "-m", "trainfit.cli.main", *args]
+    # --standalone: one node, a free rendezvous port of its own (the default, 29500, makes a
+    # second run on the same machine fail to start)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", "-m", "trainfit.cli.main", *args]
     code = subprocess.call(cmd)
     # torchrun exits 1 whenever a rank exits non-zero: the run's record says which it was
     return _exit_code_of(Path(out), code) if code else 0
