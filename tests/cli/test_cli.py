@@ -25,6 +25,10 @@ runner = CliRunner()
     (["plan", "gpt2", "--gpu", "t4", "--method", "lora", "--lora-targets", "nope"],
      "--lora-targets nope"),
     (["plan", "missing.yaml"], "missing.yaml: no such file"),
+    (["plan", "gpt2", "--gpu", "t4", "--optimizer-in-backward"], "gradient clipping"),
+    (["plan", "gpt2", "--gpu", "a100-80gb", "--optimizer-in-backward", "--max-grad-norm", "none",
+      "--micro-batch", "2", "--effective-batch", "8"], "grad-accum 4"),
+    (["plan", "gpt2", "--gpu", "t4", "--max-grad-norm", "big"], "--max-grad-norm 'big'"),
 ])
 def test_bad_input_exits_2_with_one_line(args, needle):
     res = runner.invoke(app, args)

@@ -16,6 +16,16 @@ CASES = [
     {"method": "lora", "precision": "fp32", "lora_targets": "q,k,v,o"},
     {"method": "full", "precision": "fp32", "optimizer_impl": "forloop", "grad_accum": 3},
     {"method": "full", "precision": "fp32", "attention": "eager", "optimizer": "sgd"},
+    # each gradient stepped and freed in the backward (the peak then has no whole-model grads)
+    {"method": "full", "precision": "fp32", "optimizer_impl": "foreach",
+     "optimizer_in_backward": True, "max_grad_norm": None},
+    {"method": "full", "precision": "amp-bf16", "grad_ckpt": "full",
+     "optimizer_in_backward": True, "max_grad_norm": None},
+    {"method": "lora", "precision": "bf16-true", "lora_targets": "q,v",
+     "optimizer_in_backward": True, "max_grad_norm": None},
+    # small states, small activations: the first step's states made one parameter at a time
+    {"method": "full", "precision": "fp32", "optimizer": "adafactor", "grad_ckpt": "full",
+     "optimizer_in_backward": True, "max_grad_norm": None},
 ]
 
 
@@ -58,3 +68,24 @@ def test_selective_checkpointing_sits_between_off_and_full(tiny_llama):
                                SimTarget(device="cpu")).breakdown["activations"]
              for ck in ("off", "selective", "full")}
     assert peaks["full"] < peaks["selective"] < peaks["off"]
+
+
+def test_optimizer_in_backward_holds_no_whole_model_gradients(tiny_llama):
+    """The ordinary foreach step peaks in the optimizer with every gradient alive; stepped in
+    the backward, at most one parameter's gradient is alive at the peak."""
+    kw = {"model": "t", "seq_len": 64, "micro_batch": 2, "precision": "fp32",
+          "optimizer_impl": "foreach"}
+    plain = simulate_step(JobSpec(**kw), tiny_llama, SimTarget(device="cpu"))
+    fused = simulate_step(JobSpec(**kw, optimizer_in_backward=True, max_grad_norm=None),
+                          tiny_llama, SimTarget(device="cpu"))
+    largest = max(p.numel() for p in _params(tiny_llama)) * 4
+    assert plain.peak_phase == "optimizer" and plain.breakdown["gradients"] == 4 * plain.total_params
+    assert fused.breakdown.get("gradients", 0) <= largest
+    assert fused.peak_allocated_bytes < plain.peak_allocated_bytes
+
+
+def _params(source):
+    from trainfit.model.workload import build_model_on_meta
+
+    model, _ = build_model_on_meta(JobSpec(model="t"), source)
+    return list(model.parameters())

@@ -144,3 +144,24 @@ def test_reported_mistral_7b_on_3090() -> None:
     peaks = [r.peak_device_bytes for r in res.ladder]
     assert res.ladder and res.ladder[-1].fits
     assert all(b < a for a, b in itertools.pairwise(peaks))
+
+
+def test_ladder_offers_the_optimizer_step_in_backward_for_a_full_fine_tune() -> None:
+    """A full fine-tune whose peak is the gradients beside the states: the rung after the 8-bit
+    optimizer steps each parameter in the backward (clipping off: it alters the updates, said)."""
+    from trainfit.plan.ladder import build_ladder
+
+    start = JobSpec(model="m", seq_len=512, micro_batch=4, grad_accum=1, precision="bf16-true",
+                    grad_ckpt="full", optimizer="sgd")
+
+    def evaluate(j: JobSpec) -> tuple[int, float | None, bool | None]:
+        peak = 100 - (30 if j.optimizer_in_backward else 0)
+        return peak, 1.0, peak <= 70
+
+    rungs = build_ladder(start, evaluate)
+    assert len(rungs) == 1 and rungs[0].change.startswith("optimizer step in the backward pass")
+    assert rungs[0].alters_learning and rungs[0].fits and rungs[0].peak_device_bytes == 70
+    assert rungs[0].job["optimizer_in_backward"] and rungs[0].job["max_grad_norm"] is None
+    # accumulation rules it out: no such rung
+    acc = build_ladder(start.replace(micro_batch=2, grad_accum=2), evaluate)
+    assert not any(r.job["optimizer_in_backward"] for r in acc)

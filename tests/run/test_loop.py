@@ -150,3 +150,17 @@ def test_real_sigint_checkpoints_and_resumes(job, tmp_path):
     res = train(job, RunOptions(out_dir=out, max_steps=d["steps"] + 1, resume=out))
     assert res.steps == d["steps"] + 1 and len(res.losses) == d["steps"] + 1
     assert res.segments[-1]["steps"] == 1 and res.losses[:-1] == d["losses"]
+
+
+def test_optimizer_in_backward_trains_the_same_losses_and_resumes(job, tmp_path):
+    """The step fused into the backward gives the ordinary step's losses (AdamW, no clipping, one
+    micro-batch per step), and its optimizer state checkpoints and resumes to the same losses."""
+    plain = job.replace(micro_batch=8, grad_accum=1, max_grad_norm=None)
+    fused = plain.replace(optimizer_in_backward=True)
+    ref = train(plain, RunOptions(out_dir=tmp_path / "ref", max_steps=4))
+    got = train(fused, RunOptions(out_dir=tmp_path / "f", max_steps=4))
+    assert got.losses == pytest.approx(ref.losses, rel=1e-6, abs=1e-7) and len(got.losses) == 4
+    saved = train(fused, RunOptions(out_dir=tmp_path / "h", max_steps=4, save_every_steps=2))
+    ck = next(Path(c) for c in saved.checkpoints if Path(c).name == "checkpoint-2")
+    rest = train(fused, RunOptions(out_dir=tmp_path / "h2", max_steps=4, resume=ck))
+    assert rest.losses[-2:] == pytest.approx(ref.losses[-2:], rel=1e-6, abs=1e-7)

@@ -216,3 +216,21 @@ def test_isolated_probe_matches_in_process(micro_model_json, text_jsonl):
     inproc = Probe(src, data, torch.device("cpu")).run(job, timed_steps=0)
     assert iso.status == inproc.status == "ok"
     assert iso.measured.peak_allocated_bytes == inproc.measured.peak_allocated_bytes
+
+
+def test_tune_with_the_optimizer_in_backward(micro_model_json, chat_jsonl):
+    """Only the per-rank batch can be the micro-batch (no accumulation); each probe's measured
+    peak is the predicted one (the optimizer's hooks free the gradients in both)."""
+    res = runner.invoke(app, ["tune", str(micro_model_json), "--data", str(chat_jsonl),
+                              "--seq-len", "32", "--effective-batch", "8",
+                              "--optimizer-in-backward", "--max-grad-norm", "none",
+                              "--knobs", "grad_ckpt", "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout[res.stdout.index("{"):])
+    t = d.get("tune", d)
+    assert (t["pick"]["micro_batch"], t["pick"]["grad_accum"]) == (8, 1)
+    assert t["pick"]["optimizer_in_backward"] and t["pick"]["max_grad_norm"] is None
+    pairs = [(p["predicted"]["peak_allocated_bytes"], p["measured"]["peak_allocated_bytes"])
+             for p in t["probes"] if p["measured"] and p["predicted"]]
+    assert pairs and all(p["micro_batch"] == 8 for p in t["probes"])
+    assert all(abs(pr - m) <= 0.02 * m for pr, m in pairs), pairs

@@ -35,7 +35,8 @@ def _option(f: FieldInfo) -> inspect.Parameter:
     if f.clearable:
         help_text += " ('none' clears a value the job file set)"
     opt = typer.Option(help=help_text, show_default=False)
-    kind = _TYPES.get(f.kind, str)
+    # a clearable number is read as text: 'none', else converted in _value
+    kind = str if f.clearable else _TYPES.get(f.kind, str)
     return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=None,
                              annotation=Annotated[kind | None, opt])  # type: ignore[valid-type]
 
@@ -43,6 +44,11 @@ def _option(f: FieldInfo) -> inspect.Parameter:
 def _value(f: FieldInfo, v: Any) -> Any:
     if f.clearable and isinstance(v, str) and v.strip().lower() == "none":
         return None
+    if f.kind in (int, float) and isinstance(v, str):
+        try:
+            return f.kind(v)
+        except ValueError:
+            return v  # JobSpec's type check says what is wrong, with an example
     if f.kind is list and isinstance(v, str):
         return [t.strip() for t in v.split(",") if t.strip()]
     return v

@@ -17,7 +17,8 @@ from trainfit.speed import cpu as cpu_speed
 @functools.lru_cache(maxsize=4)  # once per dtype and process: the ceiling, not the moment
 def cpu_peak_flops(dtype: torch.dtype = torch.float32) -> float:
     """This host's dense GEMM ceiling (the peak MFU is relative to): the best rate ever seen here —
-    trainfit.speed.cpu's cached curve and a fresh best of 5 timings at 1024³ and 2048³, whichever is
+    trainfit.speed.cpu's cached curve and a fresh best of 5 timings at 1024³ and 2048³ (2 at the
+    first size whose call is slow, then no larger), whichever is
     higher. A measured rate can only be below the true peak (a busy moment slows it), so the
     maximum is the honest ceiling; a single quick timing on a busy host made MFU read 154 %."""
     cached = 0.0
@@ -32,11 +33,17 @@ def cpu_peak_flops(dtype: torch.dtype = torch.float32) -> float:
     best_rate = 0.0
     for n in (1024, 2048):
         a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        t0 = time.perf_counter()
         torch.mm(a, b)
-        for _ in range(5):
+        warm_s = time.perf_counter() - t0
+        # a slow call (this CPU's bf16: 2.4 s at 1024³, ~20 s at 2048³) is timed twice and ends
+        # the sizes: past cpu_speed.GEMM_CALL_CAP_S the rate has stopped rising
+        for _ in range(5 if warm_s <= cpu_speed.GEMM_CALL_CAP_S else 2):
             t0 = time.perf_counter()
             torch.mm(a, b)
             best_rate = max(best_rate, 2.0 * n**3 / (time.perf_counter() - t0))
+        if warm_s > cpu_speed.GEMM_CALL_CAP_S:
+            break
     return max(cached, best_rate)
 
 

@@ -265,6 +265,13 @@ def script_settings(job: JobSpec, target: str) -> list[ScriptSetting]:
         out.append(ScriptSetting("seq_len", job.seq_len,
                                  f"tokenizer(..., max_length={job.seq_len}, truncation=True)"
                                  + (" and packed into full sequences" if job.packing else "")))
+    if job.optimizer_in_backward:
+        # neither TrainingArguments nor accelerate has it: the script registers the hooks
+        out.append(ScriptSetting("optimizer_in_backward", True,
+                                 "one optimizer per parameter, stepped from "
+                                 "p.register_post_accumulate_grad_hook (torchtune's "
+                                 "training.register_optim_in_bwd_hooks); the Trainer's own "
+                                 "optimizer step then has nothing to do"))
     if job.ranks > 1 and target != "accelerate":
         out.append(ScriptSetting("ranks", job.ranks,
                                  f"torchrun --nproc-per-node {job.ranks} (per-device batch × "

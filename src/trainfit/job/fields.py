@@ -54,8 +54,10 @@ class FieldInfo:
 
     @property
     def clearable(self) -> bool:
-        """``--FLAG none`` sets the field back to None (to clear what a YAML set)."""
-        return self.optional and self.kind is str and "none" not in (self.choices or ())
+        """``--FLAG none`` sets the field back to None (to clear what a YAML set, or to turn
+        off what None turns off: ``--max-grad-norm none``)."""
+        return self.optional and self.kind in (str, int, float) and \
+            "none" not in (self.choices or ())
 
 
 def _docstrings() -> dict[str, str]:

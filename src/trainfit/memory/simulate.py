@@ -25,6 +25,7 @@ from trainfit.memory.semantics import AttentionTarget, device_semantics
 from trainfit.memory.sharded import fake_world, fsdp_bookkeeping, fsdp_simulable, local, shard_model
 from trainfit.memory.tracker import LiveBytesTracker
 from trainfit.memory.zero import compute_job
+from trainfit.model.in_backward import InBackwardOptimizer
 from trainfit.model.source import ModelSource
 from trainfit.model.workload import build_model_on_meta, cpu_autocast, make_batch, make_optimizer
 
@@ -143,9 +144,14 @@ def _first_step(job: JobSpec, optimizer: Any, trainable: list[torch.nn.Parameter
         full_step()
     else:
         tracker.set_phase("optimizer")
+        # stepped in the backward, the first step makes each parameter's states while only its
+        # own gradient exists: all the zero gradients at once would be a peak no run has
+        one_at_a_time = isinstance(optimizer, InBackwardOptimizer)
         for p in trainable:
             p.grad = torch.zeros_like(p)
             tracker.reclassify(local(p.grad), "gradients")
+            if one_at_a_time:
+                optimizer.step()  # steps the one parameter holding a gradient, frees it
         optimizer.step()
         optimizer.zero_grad(set_to_none=job.grads_to_none)
     _classify_states(optimizer, tracker)
@@ -198,14 +204,16 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
                            prefer=job.attention if job.attention != "eager" else "sdpa")
 
     with fake_mode:
+        # before the optimizer's: with optimizer_in_backward its hook steps and frees the gradient
+        hooks = [p.register_post_accumulate_grad_hook(
+            lambda p: tracker.reclassify(p.grad, "gradients")) for p in trainable]
         optimizer = make_optimizer(job, trainable, simulate=True)
-        if hasattr(optimizer, "managed_ctx"):
-            optimizer.managed_ctx = tracker.managed
+        for opt in getattr(optimizer, "optimizers", [optimizer]):  # one per parameter in backward
+            if hasattr(opt, "managed_ctx"):
+                opt.managed_ctx = tracker.managed
         batch = batch_fn() if batch_fn is not None else \
             make_batch(source, job.micro_batch or 1, job.seq_len)
         quant_state = _track_inputs(model, batch, tracker)
-        hooks = [p.register_post_accumulate_grad_hook(
-            lambda p: tracker.reclassify(p.grad, "gradients")) for p in trainable]
         # torch.compile: each block runs as AOTAutograd's partition of it (memory/compiled.py)
         blocks = compiled_blocks(job, model, tracker, sharded=mesh is not None)
         with device_semantics(attn) as ops, bookkeeping, tracker, blocks as untraced:

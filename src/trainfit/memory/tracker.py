@@ -220,7 +220,9 @@ class LiveBytesTracker(TorchDispatchMode):
         self._register(t, category)
         self._check_peak()
 
-    def reclassify(self, t: torch.Tensor, category: str) -> None:
+    def reclassify(self, t: torch.Tensor | None, category: str) -> None:
+        if t is None:  # a gradient an optimizer-in-backward hook already stepped and freed
+            return
         inner = getattr(t, "_local_tensor", None)
         if isinstance(inner, torch.Tensor):
             t = inner

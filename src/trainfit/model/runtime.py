@@ -201,6 +201,7 @@ def rebuild_optimizer(wl: RealWorkload, job: JobSpec, lr: float) -> torch.optim.
     now: FSDP's ``fully_shard`` replaced them with sharded DTensors, which the first optimizer does
     not hold. Dropping it also frees the full tensors it kept alive. Call before any step."""
     trainable = [p for p in wl.model.parameters() if p.requires_grad]
+    getattr(wl.optimizer, "remove_hooks", lambda: None)()  # optimizer_in_backward's hooks
     wl.optimizer = make_optimizer(job, trainable, simulate=False, lr=lr)
     return wl.optimizer
 

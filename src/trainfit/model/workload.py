@@ -22,6 +22,7 @@ from trainfit.job import JobError, JobSpec
 from trainfit.model.checkpointing import checkpoint_kwargs
 from trainfit.model.chunked_head import ChunkedHeadLM
 from trainfit.model.custom import CausalLMAdapter, build_module
+from trainfit.model.in_backward import InBackwardOptimizer
 from trainfit.model.lora_targets import resolve_targets
 from trainfit.model.source import ModelSource
 from trainfit.model.standins import Adam8bitSim, quantize_linears_4bit
@@ -209,7 +210,16 @@ def _build_custom(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Module, M
 def make_optimizer(job: JobSpec, params: list[torch.nn.Parameter], *, simulate: bool,
                    lr: float = 1e-4) -> torch.optim.Optimizer:
     """The optimizer the job names, with its implementation explicit (never torch's default,
-    which depends on the tensor type: fake tensors would get the for-loop AdamW)."""
+    which depends on the tensor type: fake tensors would get the for-loop AdamW). With
+    ``optimizer_in_backward``: one of them per parameter, stepped from the backward pass."""
+    if job.optimizer_in_backward:
+        return InBackwardOptimizer(params, lambda ps: _one_optimizer(job, ps, simulate=simulate,
+                                                                     lr=lr))
+    return _one_optimizer(job, params, simulate=simulate, lr=lr)
+
+
+def _one_optimizer(job: JobSpec, params: list[torch.nn.Parameter], *, simulate: bool,
+                   lr: float) -> torch.optim.Optimizer:
     if job.optimizer == "adamw":
         impl = job.optimizer_impl
         return torch.optim.AdamW(params, lr=lr, weight_decay=0.0,

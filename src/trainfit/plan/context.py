@@ -64,6 +64,8 @@ class PlanAssumptions:
     """torch, transformers, peft, bitsandbytes as installed where the plan ran."""
     assumed: list[str] = field(default_factory=list)
     """Job fields the job file marks as assumed (not stated by the user)."""
+    optimizer_in_backward: bool = False
+    """Each parameter's optimizer steps in the backward pass (no whole-model gradients)."""
 
 
 def plan_assumptions(job: JobSpec, kernels: dict[str, int],
@@ -75,7 +77,8 @@ def plan_assumptions(job: JobSpec, kernels: dict[str, int],
                            seq_len=job.seq_len, effective_batch=job.effective_batch,
                            ranks=job.ranks, sharding=job.sharding, optimizer=job.optimizer,
                            attention=job.attention, attention_kernels=dict(kernels),
-                           versions=installed_versions(), assumed=list(assumed or []))
+                           versions=installed_versions(), assumed=list(assumed or []),
+                           optimizer_in_backward=job.optimizer_in_backward)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -244,6 +244,8 @@ def check_precision(job: JobSpec, gpu: GpuSpec | None) -> None:
 def _micro_candidates(job: JobSpec) -> list[int]:
     if job.micro_batch is not None:
         return [job.micro_batch]
+    if job.optimizer_in_backward and job.effective_batch is not None:
+        return [job.effective_batch // job.ranks]  # no accumulation with it
     if job.effective_batch is None:
         out, b = [], 1
         while b <= MAX_MICRO_BATCH_WITHOUT_EFFECTIVE:
@@ -405,7 +407,9 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
     called with (what is being simulated, done, total) as the work goes."""
     t0 = time.perf_counter()
     _check_inputs(job, gpu, margin, dataset_tokens, epochs)
-    precisions = [job.precision] if job.precision else supported_precisions(gpu)
+    precisions = [job.precision] if job.precision else \
+        [p for p in supported_precisions(gpu)  # optimizer-in-backward: no GradScaler
+         if not (job.optimizer_in_backward and p == "amp-fp16")]
     # a custom module without gradient_checkpointing_enable() has only "off" to offer
     can_ckpt = getattr(source.config, "supports_grad_ckpt", True)
     ckpts = [job.grad_ckpt] if job.grad_ckpt else (["off", "full"] if can_ckpt else ["off"])

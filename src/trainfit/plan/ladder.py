@@ -1,9 +1,10 @@
 """The memory-saving ladder ``plan`` prints when nothing fits: one change at a time, cumulative,
 each with its predicted memory and speed, stopping at the first rung that fits.
 
-Order: what costs only time first (checkpointing, an 8-bit optimizer), then what changes what is
-learned (smaller LoRA rank, fewer LoRA targets, a shorter sequence, 4-bit base weights), then more
-hardware (FSDP over twice the ranks). Rungs that alter learning say so.
+Order: what costs only time first (checkpointing, an 8-bit optimizer, the optimizer step in the
+backward pass), then what changes what is learned (smaller LoRA rank, fewer LoRA targets, a
+shorter sequence, 4-bit base weights), then more hardware (FSDP over twice the ranks). Rungs that
+alter learning say so.
 """
 
 from __future__ import annotations
@@ -46,6 +47,14 @@ def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
     if job.optimizer in ("adamw", "paged-adamw") and importlib.util.find_spec("bitsandbytes"):
         steps.append(("8-bit AdamW (states 2 B instead of 8 B per trainable weight)",
                       {"optimizer": "adamw-8bit"}, False))
+    if job.method == "full" and not job.optimizer_in_backward and job.ranks == 1 and \
+            (job.grad_accum or 1) == 1 and job.precision != "amp-fp16":
+        # the whole model's gradients never exist at once (trainfit.model.in_backward); clipping
+        # needs them all, so it goes, which alters the updates when it was on
+        steps.append(("optimizer step in the backward pass (gradients freed as they arrive"
+                      + ("; no gradient clipping)" if job.max_grad_norm is not None else ")"),
+                      {"optimizer_in_backward": True, "max_grad_norm": None},
+                      job.max_grad_norm is not None))
     if job.method in ("lora", "qlora") and job.lora_r > 8:
         steps.append((f"LoRA rank {job.lora_r} → 8", {"lora_r": 8, "lora_alpha": 16}, True))
     if job.method in ("lora", "qlora") and job.lora_targets not in (["q", "v"],):
@@ -57,8 +66,8 @@ def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
         lora = {} if job.method != "full" else {"lora_r": 16, "lora_alpha": 32}
         steps.append(("QLoRA: 4-bit NF4 base weights, LoRA adapters",
                       {"method": "qlora", "quant": "nf4-dq", **lora}, True))
-    steps.append((f"FSDP over {job.ranks * 2} ranks", {"sharding": "fsdp",
-                                                      "ranks": job.ranks * 2}, False))
+    steps.append((f"FSDP over {job.ranks * 2} ranks", {"sharding": "fsdp", "ranks": job.ranks * 2,
+                                                      "optimizer_in_backward": False}, False))
     return steps
 
 

@@ -34,7 +34,8 @@ def plan_header(result: PlanResult) -> str | None:
     kernels = ", ".join(_KERNELS.get(k, k) for k in a.attention_kernels) or "none called"
     versions = ", ".join(f"{k} {v or 'not installed'}" for k, v in a.versions.items())
     parts = [method, _assumed(a, "seq_len", f"seq {a.seq_len}"),
-             _assumed(a, "effective_batch", batch), ranks, a.optimizer,
+             _assumed(a, "effective_batch", batch), ranks,
+             a.optimizer + (" stepped in the backward pass" if a.optimizer_in_backward else ""),
              _assumed(a, "attention", f"attention {a.attention} → {kernels} kernel")]
     return "planned for: " + ", ".join(parts) + f" · simulated with {versions}"
 

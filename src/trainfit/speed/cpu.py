@@ -30,7 +30,16 @@ GEMM_SIZES = ((64, 256, 256), (256, 256, 1024), (512, 1024, 1024), (1024, 1024, 
 """(M, N, K) shapes measured: from launch-dominated to saturated."""
 BANDWIDTH_SIZES = (256 * 2**10, 2 * 2**20, 16 * 2**20, 128 * 2**20)
 """Tensor sizes (bytes) for the bandwidth curve: L2, L3, beyond."""
-CACHE_VERSION = 6
+GEMM_CALL_CAP_S = 0.25
+"""A GEMM size whose one call takes longer than this ends the curve: larger sizes are not measured
+and the curve extends flat from it (trainfit.speed.roofline._interp_rate). Such a call is far past
+the launch-dominated range, where the rate has stopped rising. Why a cap: this CPU's bf16 GEMM runs
+at ~1 GFLOP/s (no native bf16: measured 0.7-1.3 GFLOP/s at every size), and the full curve took
+2 min of eight 11.7 s calls at 2048×1024×2048. Each user's first ``tune`` paid for that."""
+MEASURE_BUDGET_S = 1.0
+"""Seconds of timed calls per measured point, beyond its warm-up: the number of repeats is cut
+(never below 3) so that a slow call is timed fewer times."""
+CACHE_VERSION = 7
 VIEW_OVERHEAD_FRACTION = 0.3
 """A view (no kernel) costs this fraction of a kernel's eager overhead (EAGER_VIEW_OVERHEAD_S /
 EAGER_OP_OVERHEAD_S of trainfit.speed.roofline)."""
@@ -47,10 +56,15 @@ def cpu_model_name() -> str:
     return platform.processor() or "cpu"
 
 
-def _median_time(fn: Any, reps: int = 7) -> float:
+def _median_time(fn: Any, reps: int = 7, budget_s: float | None = None) -> float:
     """Median time of ``reps`` runs after one warm-up: the median, not the minimum, because the
-    training step it predicts runs under the same noise (docs/notes/cpu-timing-noise.md)."""
+    training step it predicts runs under the same noise (docs/notes/cpu-timing-noise.md).
+    ``budget_s``: fewer repeats (odd, at least 3) when the warm-up says ``reps`` would take longer."""
+    t0 = time.perf_counter()
     fn()
+    warm_s = time.perf_counter() - t0
+    if budget_s is not None and warm_s * reps > budget_s:
+        reps = max(3, int(budget_s / max(warm_s, 1e-9)) | 1)
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -106,8 +120,10 @@ def measure() -> dict[str, Any]:
         pts = []
         for m, n, k in GEMM_SIZES:
             a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-            t = _median_time(lambda a=a, b=b: torch.mm(a, b))
+            t = _median_time(lambda a=a, b=b: torch.mm(a, b), budget_s=MEASURE_BUDGET_S)
             pts.append((2.0 * m * n * k, 2.0 * m * n * k / t))
+            if t > GEMM_CALL_CAP_S:
+                break  # saturated: the curve extends flat from here (GEMM_CALL_CAP_S)
         curve[name] = pts
     op = _eager_overhead_s()
     # bandwidth by working-set size: small tensors live in cache (an elementwise op reads and

@@ -28,6 +28,10 @@ REPS = 9
 WARMUP = 3
 """Calls before timing: the first calls pay thread-pool wake-up and weight packing (measured:
 the first of 5 timed calls of a 3 ms GEMM took 4.3 ms)."""
+SLOW_CALL_S = 0.1
+"""An op whose first call takes longer than this is warmed up once and timed 3 times: its first-
+call costs are a small part of it, and 12 calls of a 1 s op (a bf16 GEMM on a CPU without native
+bf16 runs at ~1 GFLOP/s) would cost more than the step they predict."""
 
 
 def _cache_path() -> Path:
@@ -86,7 +90,13 @@ def time_replay(key: tuple[Any, ...], reps: int = REPS) -> float:
     packet_name, _, overload = name.partition(".")
     op = getattr(getattr(torch.ops.aten, packet_name), overload or "default")
     with torch.no_grad():
-        for _ in range(WARMUP):  # first-call packing, page faults of the outputs
+        t0 = time.perf_counter()
+        op(*args, **kwargs)
+        if time.perf_counter() - t0 > SLOW_CALL_S:
+            warmup, reps = 1, min(reps, 3)
+        else:
+            warmup = WARMUP
+        for _ in range(warmup - 1):  # first-call packing, page faults of the outputs
             op(*args, **kwargs)
         times = []
         for _ in range(reps):

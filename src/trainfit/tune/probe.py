@@ -111,6 +111,9 @@ class Probe:
             for n, p in wl.model.named_parameters():
                 if n in self._snapshot:
                     p.copy_(self._snapshot[n])
+        # an optimizer stepped from the backward pass must stop stepping these parameters now,
+        # not when the garbage collector gets to it
+        getattr(wl.optimizer, "remove_hooks", lambda: None)()
         wl.optimizer = self._optimizer(job)
         wl.scaler = scaler_for(job, self.device)  # a fresh loss scale: no probe inherits one
 

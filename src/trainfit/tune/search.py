@@ -138,6 +138,8 @@ def micro_options(job: JobSpec, dataset_samples: int) -> tuple[list[int], list[i
     per_rank = (job.effective_batch or 1) // job.ranks
     cap = min(per_rank, max(dataset_samples // job.ranks, 1))
     ok = dividing_micro_batches(per_rank, cap)
+    if job.optimizer_in_backward:  # no accumulation: the micro-batch is the per-rank batch
+        ok = [m for m in ok if m == per_rank]
     return ok, [m for m in range(1, cap + 1) if m not in ok]
 
 
@@ -397,7 +399,8 @@ class Searcher:
                 return best
             cands = [ck.replace(micro_batch=bigger[i])]
         elif knob == "precision":
-            cands = [job.replace(precision=p) for p in self.o.precisions if p != job.precision]
+            cands = [job.replace(precision=p) for p in self.o.precisions if p != job.precision
+                     and not (job.optimizer_in_backward and p == "amp-fp16")]  # no GradScaler
         elif knob == "attention":
             cands = [job.replace(attention=a) for a in ("sdpa", "eager") if a != job.attention]
         elif knob == "optimizer_impl":

@@ -28,7 +28,16 @@ from trainfit.speed.predict import model_flops_per_token, predict_speed_exact
 from trainfit.tune.link import LinkMeasurement, measure_link
 from trainfit.tune.probe import Probe
 from trainfit.tune.result import ProbeResult, SearchNote
-from trainfit.tune.search import KNOBS, Comparison, Outcome, Predicted, Searcher, SearchOptions, Trial
+from trainfit.tune.search import (
+    KNOBS,
+    Comparison,
+    Outcome,
+    Predicted,
+    Searcher,
+    SearchOptions,
+    Trial,
+    micro_options,
+)
 
 
 @dataclass(kw_only=True)
@@ -286,7 +295,9 @@ def run_search(job: JobSpec, opts: TuneOptions, bench: Bench, t0: float,
     if current is None and job.micro_batch:
         current = job.replace(precision=base.precision, grad_ckpt=base.grad_ckpt)
     predict, device = bench.predict, bench.device
-    _check_first_guess(predict(base.replace(micro_batch=1)), predict, bench.capacity, opts)
+    # 1, or the only micro-batch optimizer_in_backward allows (the per-rank batch)
+    smallest = (micro_options(base, bench.samples)[0] or [1])[0]
+    _check_first_guess(predict(base.replace(micro_batch=smallest)), predict, bench.capacity, opts)
     sopts = SearchOptions(margin=opts.margin, budget_s=opts.budget_s, knobs=opts.knobs,
                           bitsandbytes=importlib.util.find_spec("bitsandbytes") is not None,
                           precisions=_precisions(device),
