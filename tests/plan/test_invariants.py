@@ -397,3 +397,39 @@ def test_invariants_of_whole_plans(arch: str) -> None:
     check_plan(c, res)
     assert any(r.how == "simulated" for r in res.rows)
     assert not c.violations, c.examples
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_invariants_with_the_optimizer_in_backward(arch: str) -> None:
+    """The optimizer stepped in the backward (one rank, no accumulation: all it allows): every
+    invariant of the sweep, each row at most the ordinary step's allocated peak (fused AdamW: no
+    step temporaries), and an extrapolated row within 1 % of its full-size simulation."""
+    cfg, task = _arch_configs()[arch]
+    src = ModelSource(arch, cfg, task, "local")
+    c = Checked()
+    target = target_for(GPU)
+    for ckpt in ("off", "full"):
+        rows_of = {}
+        for inb in (False, True):
+            base = JobSpec(model=arch, seq_len=SEQ, method="full", precision="bf16-true",
+                           grad_ckpt=ckpt, optimizer_in_backward=inb, max_grad_norm=None)
+            model = fit_group(base.replace(micro_batch=1, grad_accum=1), src, target,
+                              high_batch=max(MICROS))
+            gpu = _capacity(base, src, model)
+            rows = _group_rows(base.replace(grad_accum=1), src, model, gpu)
+            c.configurations += len(rows)
+            for r in rows:
+                check_terms(c, r)
+                check_reserved(c, r, model)
+                check_utilisation(c, r)
+            check_fits(c, rows, gpu.memory_bytes)
+            check_monotone(c, rows)
+            rows_of[inb] = {r.job.micro_batch: r for r in rows}
+        for m, r in rows_of[True].items():
+            assert r.job.optimizer_in_backward and r.job.grad_accum == 1
+            c.check("in-backward <= ordinary step",
+                    r.memory.peak_allocated_bytes <= rows_of[False][m].memory.peak_allocated_bytes,
+                    _desc(r))
+        check_against_full_size(c, rows_of[True][16], src)
+    assert c.configurations >= 2 * 2 * len(MICROS)
+    assert not c.violations, c.examples

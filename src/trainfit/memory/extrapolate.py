@@ -456,7 +456,8 @@ def fit_group(job: JobSpec, source: ModelSource, target: SimTarget,
     depths = fit_layers if extrap else (full,)
     highs = upper_batches(batches[1], high_batch)
     lows = [1] if high_batch is not None and batches[0] > 1 else []
-    accumulates = rows is None or any(acc for _, acc in rows)
+    # optimizer_in_backward never accumulates (JobSpec refuses it)
+    accumulates = (rows is None or any(acc for _, acc in rows)) and not job.optimizer_in_backward
     one_step = _one_step_batches(sorted({*lows, *batches, *highs}),
                                  [m for m, acc in rows if not acc]) if rows is not None \
         else {*lows, *batches, *highs}
