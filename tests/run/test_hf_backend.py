@@ -65,6 +65,18 @@ def test_text_through_hf_equals_own_loop(micro_model_json, text_jsonl, tmp_path)
     assert res.tokens_seen == 3 * 4 * 32
 
 
+def test_optimizer_in_backward_through_hf_equals_own_loop(micro_model_json, text_jsonl, tmp_path):
+    """HF Trainer takes the optimizer stepped in the backward as its optimizer: its own step then
+    finds no gradient left, and the losses are the own loop's."""
+    job = JobSpec(model=str(micro_model_json), seq_len=32, micro_batch=4, grad_accum=1,
+                  precision="fp32", data=str(text_jsonl), optimizer_in_backward=True,
+                  max_grad_norm=None)
+    ref = train(job, RunOptions(out_dir=tmp_path / "ref", max_steps=3))
+    res = run_backend(job, RunOptions(out_dir=tmp_path / "hf", max_steps=3), "hf")
+    assert res.losses == pytest.approx(ref.losses, rel=1e-6) and len(res.losses) == 3
+    assert res.losses[0] != res.losses[-1]  # it trained
+
+
 def test_backend_choice():
     assert resolve_backend("auto", "causal-lm", "chat") == "trl"
     assert resolve_backend("auto", "causal-lm", "text") == "hf"
