@@ -10,7 +10,7 @@ $PY -m ruff check src tests benchmarks
 # PYTEST_WORKERS=0 runs everything in this process.
 WORKERS=${PYTEST_WORKERS:-$($PY -c 'import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))')}
 if [ "$WORKERS" -gt 0 ]; then
-  $PY -m pytest tests -n "$WORKERS" --dist worksteal
+  $PY -m pytest tests -n "$WORKERS" --dist worksteal --durations=25
 else
-  $PY -m pytest tests
+  $PY -m pytest tests --durations=25
 fi
