@@ -275,6 +275,21 @@ def _capacity(job: JobSpec, src: ModelSource, model: BilinearModel) -> Any:
     return dataclasses.replace(GPU, memory_bytes=int(m.peak_device_bytes * room) + 1)
 
 
+def _checked_rows(c: Checked, job: JobSpec, src: ModelSource, model: BilinearModel,
+                  gpu: Any) -> list[PlanRow]:
+    """``job``'s group rows (plan's own code), each checked: terms, reserve bound, utilisation;
+    then fits/▲ and monotonicity over the group."""
+    rows = _group_rows(job, src, model, gpu)
+    c.configurations += len(rows)
+    for r in rows:
+        check_terms(c, r)
+        check_reserved(c, r, model)
+        check_utilisation(c, r)
+    check_fits(c, rows, gpu.memory_bytes)
+    check_monotone(c, rows)
+    return rows
+
+
 def _check_group(c: Checked, base: JobSpec, src: ModelSource, model: BilinearModel,
                  sampled: list[tuple[PlanRow, ModelSource]], rng: random.Random) -> None:
     gpu = _capacity(base, src, model)
@@ -282,14 +297,7 @@ def _check_group(c: Checked, base: JobSpec, src: ModelSource, model: BilinearMod
         one_rank: dict[int, PlanRow] = {}
         for ranks, sharding in RANKS:
             job = base.replace(ranks=ranks, sharding=sharding, grad_accum=accum)
-            rows = _group_rows(job, src, model, gpu)
-            c.configurations += len(rows)
-            for r in rows:
-                check_terms(c, r)
-                check_reserved(c, r, model)
-                check_utilisation(c, r)
-            check_fits(c, rows, gpu.memory_bytes)
-            check_monotone(c, rows)
+            rows = _checked_rows(c, job, src, model, gpu)
             if ranks == 1:
                 one_rank = {r.job.micro_batch: r for r in rows}
             elif sharding == "fsdp" and fsdp_should_not_exceed(job, _layers(src)):
@@ -416,14 +424,7 @@ def test_invariants_with_the_optimizer_in_backward(arch: str) -> None:
             model = fit_group(base.replace(micro_batch=1, grad_accum=1), src, target,
                               high_batch=max(MICROS))
             gpu = _capacity(base, src, model)
-            rows = _group_rows(base.replace(grad_accum=1), src, model, gpu)
-            c.configurations += len(rows)
-            for r in rows:
-                check_terms(c, r)
-                check_reserved(c, r, model)
-                check_utilisation(c, r)
-            check_fits(c, rows, gpu.memory_bytes)
-            check_monotone(c, rows)
+            rows = _checked_rows(c, base.replace(grad_accum=1), src, model, gpu)
             rows_of[inb] = {r.job.micro_batch: r for r in rows}
         for m, r in rows_of[True].items():
             assert r.job.optimizer_in_backward and r.job.grad_accum == 1

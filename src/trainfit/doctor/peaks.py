@@ -35,14 +35,14 @@ def cpu_peak_flops(dtype: torch.dtype = torch.float32) -> float:
         a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
         t0 = time.perf_counter()
         torch.mm(a, b)
-        warm_s = time.perf_counter() - t0
         # a slow call (this CPU's bf16: 2.4 s at 1024³, ~20 s at 2048³) is timed twice and ends
         # the sizes: past cpu_speed.GEMM_CALL_CAP_S the rate has stopped rising
-        for _ in range(5 if warm_s <= cpu_speed.GEMM_CALL_CAP_S else 2):
+        slow = time.perf_counter() - t0 > cpu_speed.GEMM_CALL_CAP_S
+        for _ in range(2 if slow else 5):
             t0 = time.perf_counter()
             torch.mm(a, b)
             best_rate = max(best_rate, 2.0 * n**3 / (time.perf_counter() - t0))
-        if warm_s > cpu_speed.GEMM_CALL_CAP_S:
+        if slow:
             break
     return max(cached, best_rate)
 

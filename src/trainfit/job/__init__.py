@@ -19,6 +19,8 @@ from trainfit.job.spec import (
     is_code_spec,
     job_with_current,
     read_job_file,
+    step_micro_batches,
+    step_precisions,
 )
 
 __all__ = [
@@ -40,4 +42,6 @@ __all__ = [
     "is_code_spec",
     "job_with_current",
     "read_job_file",
+    "step_micro_batches",
+    "step_precisions",
 ]

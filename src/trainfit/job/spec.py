@@ -12,6 +12,7 @@ import difflib
 import re
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,20 @@ def dividing_micro_batches(per_rank_batch: int, upto: int | None = None) -> list
     batch: with them gradient accumulation keeps the effective batch exact."""
     top = per_rank_batch if upto is None else min(upto, per_rank_batch)
     return [m for m in range(1, top + 1) if per_rank_batch % m == 0]
+
+
+def step_micro_batches(job: JobSpec, per_rank_batch: int, upto: int | None = None) -> list[int]:
+    """The micro-batches ``job``'s step can take for this per-rank batch: those dividing it
+    (:func:`dividing_micro_batches`), and with ``optimizer_in_backward`` only the whole batch (it
+    cannot accumulate)."""
+    ok = dividing_micro_batches(per_rank_batch, upto)
+    return [m for m in ok if m == per_rank_batch] if job.optimizer_in_backward else ok
+
+
+def step_precisions(job: JobSpec, precisions: Iterable[str]) -> list[str]:
+    """The ``precisions`` ``job``'s step can run: amp-fp16's GradScaler checks the whole step's
+    gradients, which ``optimizer_in_backward`` never holds at once."""
+    return [p for p in precisions if not (job.optimizer_in_backward and p == "amp-fp16")]
 
 
 class JobError(ValueError):
@@ -285,7 +300,7 @@ class JobSpec:
             self._check_in_backward()
 
     def _check_in_backward(self) -> None:
-        """What stepping each gradient as it arrives rules out (trainfit.engine.in_backward)."""
+        """What stepping each gradient as it arrives rules out (trainfit.model.in_backward)."""
         if self.grad_accum is not None and self.grad_accum != 1:
             raise JobError(f"--optimizer-in-backward with grad-accum {self.grad_accum}: each "
                            "micro-batch's gradient would be applied on its own",

@@ -79,7 +79,7 @@ class InBackwardOptimizer(torch.optim.Optimizer):
         # the base class replaced ``state`` and the group dicts: re-share them
         for o, g in zip(self.optimizers, self.param_groups, strict=True):
             o.param_groups = [g]
-        self._link()
+            o.state = self.state
 
     def remove_hooks(self) -> None:
         for h in self._handles:
@@ -87,5 +87,5 @@ class InBackwardOptimizer(torch.optim.Optimizer):
         self._handles = []
 
     def __del__(self) -> None:
-        for h in getattr(self, "_handles", []):
-            h.remove()
+        if hasattr(self, "_handles"):  # __init__ may have failed before making them
+            self.remove_hooks()

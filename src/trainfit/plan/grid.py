@@ -18,7 +18,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trainfit.hardware.gpus import GpuSpec
-from trainfit.job import DEFAULT_MARGIN, PRECISIONS, JobError, JobSpec, dividing_micro_batches
+from trainfit.job import (
+    DEFAULT_MARGIN,
+    PRECISIONS,
+    JobError,
+    JobSpec,
+    step_micro_batches,
+    step_precisions,
+)
 from trainfit.memory.extrapolate import fit_group
 from trainfit.memory.predict import (
     MemoryPrediction,
@@ -244,15 +251,13 @@ def check_precision(job: JobSpec, gpu: GpuSpec | None) -> None:
 def _micro_candidates(job: JobSpec) -> list[int]:
     if job.micro_batch is not None:
         return [job.micro_batch]
-    if job.optimizer_in_backward and job.effective_batch is not None:
-        return [job.effective_batch // job.ranks]  # no accumulation with it
     if job.effective_batch is None:
         out, b = [], 1
         while b <= MAX_MICRO_BATCH_WITHOUT_EFFECTIVE:
             out.append(b)
             b *= 2
         return out
-    return dividing_micro_batches(job.effective_batch // job.ranks)
+    return step_micro_batches(job, job.effective_batch // job.ranks)
 
 
 def _config_job(job: JobSpec, precision: str, ckpt: str, micro: int) -> JobSpec:
@@ -407,9 +412,7 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
     called with (what is being simulated, done, total) as the work goes."""
     t0 = time.perf_counter()
     _check_inputs(job, gpu, margin, dataset_tokens, epochs)
-    precisions = [job.precision] if job.precision else \
-        [p for p in supported_precisions(gpu)  # optimizer-in-backward: no GradScaler
-         if not (job.optimizer_in_backward and p == "amp-fp16")]
+    precisions = [job.precision] if job.precision else step_precisions(job, supported_precisions(gpu))
     # a custom module without gradient_checkpointing_enable() has only "off" to offer
     can_ckpt = getattr(source.config, "supports_grad_ckpt", True)
     ckpts = [job.grad_ckpt] if job.grad_ckpt else (["off", "full"] if can_ckpt else ["off"])

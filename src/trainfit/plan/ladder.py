@@ -47,10 +47,10 @@ def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
     if job.optimizer in ("adamw", "paged-adamw") and importlib.util.find_spec("bitsandbytes"):
         steps.append(("8-bit AdamW (states 2 B instead of 8 B per trainable weight)",
                       {"optimizer": "adamw-8bit"}, False))
-    if job.method == "full" and not job.optimizer_in_backward and job.ranks == 1 and \
-            (job.grad_accum or 1) == 1 and job.precision != "amp-fp16":
+    if job.method == "full" and not job.optimizer_in_backward:
         # the whole model's gradients never exist at once (trainfit.model.in_backward); clipping
-        # needs them all, so it goes, which alters the updates when it was on
+        # needs them all, so it goes, which alters the updates when it was on. A job it cannot
+        # run (accumulation, several ranks, amp-fp16) fails JobSpec's check: the rung is skipped
         steps.append(("optimizer step in the backward pass (gradients freed as they arrive"
                       + ("; no gradient clipping)" if job.max_grad_norm is not None else ")"),
                       {"optimizer_in_backward": True, "max_grad_norm": None},

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainfit.job import DEFAULT_MARGIN, JobSpec, dividing_micro_batches
+from trainfit.job import DEFAULT_MARGIN, JobSpec, step_micro_batches, step_precisions
 from trainfit.job.fields import DEFAULT_KNOBS, KNOB_NAMES
 from trainfit.tune.result import ProbeResult, SearchNote
 
@@ -137,9 +137,7 @@ def micro_options(job: JobSpec, dataset_samples: int) -> tuple[list[int], list[i
     those excluded because they do not divide it); capped by the per-rank batch and the dataset."""
     per_rank = (job.effective_batch or 1) // job.ranks
     cap = min(per_rank, max(dataset_samples // job.ranks, 1))
-    ok = dividing_micro_batches(per_rank, cap)
-    if job.optimizer_in_backward:  # no accumulation: the micro-batch is the per-rank batch
-        ok = [m for m in ok if m == per_rank]
+    ok = step_micro_batches(job, per_rank, cap)
     return ok, [m for m in range(1, cap + 1) if m not in ok]
 
 
@@ -399,8 +397,8 @@ class Searcher:
                 return best
             cands = [ck.replace(micro_batch=bigger[i])]
         elif knob == "precision":
-            cands = [job.replace(precision=p) for p in self.o.precisions if p != job.precision
-                     and not (job.optimizer_in_backward and p == "amp-fp16")]  # no GradScaler
+            cands = [job.replace(precision=p) for p in step_precisions(job, self.o.precisions)
+                     if p != job.precision]
         elif knob == "attention":
             cands = [job.replace(attention=a) for a in ("sdpa", "eager") if a != job.attention]
         elif knob == "optimizer_impl":
