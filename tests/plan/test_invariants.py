@@ -5,7 +5,7 @@ violation is a contradiction a user can see in one table (a negative breakdown t
 micro-batch that needs less memory, a ▲ on a row that does not fit), and was a bug in a
 mechanism each time (the fixes cite the cause: src/trainfit/memory/, plan/ladder.py).
 
-The sweep: 10 architectures as tiny transformers configs (hidden 64, 2-4 layers, vocab 512),
+The sweep: 10 architectures as tiny transformers configs (hidden 64, 2-6 layers, vocab 512),
 each under full / LoRA / QLoRA, every (precision, checkpointing) pair met by every method across
 the architectures (:func:`sweep_groups`), micro-batches 1…64 (powers of two), gradient
 accumulation 1 and 4, one rank and 2 / 8 ranks with DDP and FSDP.  Each
@@ -61,7 +61,9 @@ def _arch_configs() -> dict[str, tuple[Any, str]]:
 
     common = dict(vocab_size=512)
     return {
-        "llama": (tf.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        # 6 layers: deeper than the two small stacks together, so its unsharded groups are
+        # extrapolated in depth (memory/extrapolate.py: fit_group) and the sample checks that
+        "llama": (tf.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=6,
                                  num_attention_heads=4, num_key_value_heads=2,
                                  max_position_embeddings=128, **common), "causal-lm"),
         "mistral": (tf.MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
