@@ -153,3 +153,47 @@ def test_grid_rows_between_simulated_micro_batches_are_the_full_size_replay() ->
         reserved = row["reserved_bytes"] - SEGMENT_SLACK_BYTES
         assert full.peak_reserved_bytes - work <= reserved <= full.peak_reserved_bytes - work + \
             512 * 1024
+
+
+def _canonical(events: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Block ids renumbered by first appearance (two simulations number their blocks apart)."""
+    ids: dict[int, int] = {}
+    return [(ids.setdefault(uid, len(ids)), delta) for uid, delta in events]
+
+
+@pytest.mark.parametrize("arch,method,precision,ckpt", [
+    ("llama", "full", "fp32", "off"), ("llama", "lora", "amp-bf16", "full"),
+    ("llama", "qlora", "bf16-true", "off"), ("gpt2", "full", "amp-fp16", "full"),
+    ("t5", "lora", "bf16-true", "full"), ("t5", "full", "amp-bf16", "off")])
+def test_one_micro_step_trace_cut_from_two_is_the_simulated_one(arch: str, method: str,
+                                                                precision: str, ckpt: str) -> None:
+    """The trace plan takes for a row without accumulation, cut from the accumulating point's
+    trace, is the one-micro-step step's own, event for event (and so is its replay)."""
+    import transformers as tf
+
+    from trainfit.memory.depth_trace import one_micro_step_trace
+    from trainfit.model.source import ModelSource
+
+    cfg, task = {
+        "llama": (tf.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                                 max_position_embeddings=128), "causal-lm"),
+        "gpt2": (tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=128, vocab_size=512,
+                               bos_token_id=0, eos_token_id=0), "causal-lm"),
+        "t5": (tf.T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16,
+                           vocab_size=512), "seq2seq-lm"),
+    }[arch]
+    src = ModelSource(arch, cfg, task, "local")
+    job = JobSpec(model=arch, method=method, seq_len=32, micro_batch=2, grad_accum=2,
+                  precision=precision, grad_ckpt=ckpt, **({"quant": "nf4"} if method == "qlora"
+                                                          else {}))
+    two = simulate_step(job, src, SimTarget(), record_events=True)
+    one = simulate_step(job.replace(grad_accum=1), src, SimTarget(), record_events=True)
+    cut = one_micro_step_trace((two.events, two.event_streams, two.event_phases))
+    assert cut is not None
+    assert _canonical(cut[0]) == _canonical(one.events)
+    assert cut[2] == one.event_phases
+    assert replay(cut[0], cut[1]).peak_reserved_bytes == \
+        replay(one.events, one.event_streams).peak_reserved_bytes
+    # a one-micro-step trace has nothing to cut
+    assert one_micro_step_trace((one.events, one.event_streams, one.event_phases)) is None

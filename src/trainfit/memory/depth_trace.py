@@ -295,3 +295,38 @@ def full_depth_trace(traces: dict[tuple[int, int], Trace], depths: tuple[int, in
     bad_hi = malformed(hi[0])
     per_layer = (bad_hi - malformed(lo[0])) / (depths[1] - depths[0])
     return trace if malformed(trace[0]) == round(bad_hi + extra * per_layer) else None
+
+
+def one_micro_step_trace(trace: Trace) -> Trace | None:
+    """The trace of the same step with one micro-step, cut from the trace of a step of two.
+
+    Up to the second micro-step's forward the two steps run the same ops on the same tensors, and
+    from its optimizer phase on as well (the gradients are the same tensors, accumulated in
+    place): the cut drops the second micro-step's events and everything it allocated, and moves
+    the frees it made of earlier blocks (the first micro-step's loss, kept by the step for its
+    result) to where the one-micro-step step frees them, at its end.  Checked equal, event for
+    event, to the simulated one-micro-step trace (tests/memory/test_depth_trace.py); valid only
+    for a step whose first step makes the optimizer states alone and whose loop holds no output
+    across micro-steps (the caller decides).  None when the phases are not those of two
+    micro-steps."""
+    events, streams, phases = trace[0], trace[1], trace[2] if len(trace) > 2 else []
+    forwards = [i for i, p in phases if p == "forward"]
+    cut_to = next((i for i, p in phases if p == "optimizer" and forwards and i > forwards[-1]),
+                  None)
+    if len(forwards) != 2 or cut_to is None:
+        return None
+    cut_from = forwards[1]
+    end = next((i for i, p in phases if p == "idle" and i > cut_to), len(events))
+    made = {uid for uid, delta in events[cut_from:cut_to] if delta > 0}
+    out = events[:cut_from]
+    new_index = {}  # original index of a kept event (or of a phase mark) → its index in out
+    for i in range(cut_to, len(events) + 1):
+        if i == end:  # the one-micro-step step frees its first loss here
+            new_index[i] = len(out)
+            out = out + [e for e in events[cut_from:cut_to] if e[1] < 0 and e[0] not in made]
+        new_index.setdefault(i, len(out))
+        if i < len(events) and events[i][0] not in made:
+            out.append(events[i])
+    marks = [(i, p) for i, p in phases if i < cut_from] + \
+        [(new_index[i], p) for i, p in phases if i >= cut_to]
+    return out, streams, marks
