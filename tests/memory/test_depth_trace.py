@@ -164,7 +164,8 @@ def _canonical(events: list[tuple[int, int]]) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("arch,method,precision,ckpt", [
     ("llama", "full", "fp32", "off"), ("llama", "lora", "amp-bf16", "full"),
     ("llama", "qlora", "bf16-true", "off"), ("gpt2", "full", "amp-fp16", "full"),
-    ("t5", "lora", "bf16-true", "full"), ("t5", "full", "amp-bf16", "off")])
+    ("t5", "lora", "bf16-true", "full"), ("t5", "full", "amp-bf16", "off"),
+    ("llama", "sgd", "fp32", "off")])
 def test_one_micro_step_trace_cut_from_two_is_the_simulated_one(arch: str, method: str,
                                                                 precision: str, ckpt: str) -> None:
     """The trace plan takes for a row without accumulation, cut from the accumulating point's
@@ -184,9 +185,12 @@ def test_one_micro_step_trace_cut_from_two_is_the_simulated_one(arch: str, metho
                            vocab_size=512), "seq2seq-lm"),
     }[arch]
     src = ModelSource(arch, cfg, task, "local")
+    extra: dict[str, Any] = {"quant": "nf4"} if method == "qlora" else {}
+    if method == "sgd":  # an optimizer phase with no allocation: idle marked at its own index
+        method, extra = "full", {"optimizer": "sgd", "grads_to_none": False,
+                                 "max_grad_norm": None}
     job = JobSpec(model=arch, method=method, seq_len=32, micro_batch=2, grad_accum=2,
-                  precision=precision, grad_ckpt=ckpt, **({"quant": "nf4"} if method == "qlora"
-                                                          else {}))
+                  precision=precision, grad_ckpt=ckpt, **extra)
     two = simulate_step(job, src, SimTarget(), record_events=True)
     one = simulate_step(job.replace(grad_accum=1), src, SimTarget(), record_events=True)
     cut = one_micro_step_trace((two.events, two.event_streams, two.event_phases))

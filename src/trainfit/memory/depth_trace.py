@@ -316,7 +316,8 @@ def one_micro_step_trace(trace: Trace) -> Trace | None:
     if len(forwards) != 2 or cut_to is None:
         return None
     cut_from = forwards[1]
-    end = next((i for i, p in phases if p == "idle" and i > cut_to), len(events))
+    # ≥: an optimizer phase without allocations (SGD, gradients kept) marks idle at its own index
+    end = next((i for i, p in phases if p == "idle" and i >= cut_to), len(events))
     made = {uid for uid, delta in events[cut_from:cut_to] if delta > 0}
     out = events[:cut_from]
     new_index = {}  # original index of a kept event (or of a phase mark) → its index in out

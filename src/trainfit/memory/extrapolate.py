@@ -411,8 +411,9 @@ def _point(job: JobSpec, source: ModelSource, target: SimTarget, layers: int, ba
            extrap: bool, accumulates: bool, one_step_trace: bool) -> Point:
     """The simulation at (``layers``, ``batch``): two micro-steps when ``accumulates`` (the
     phases of an accumulating step include those of a one-step step), else one; with
-    ``one_step_trace`` an accumulating point also simulates the one-micro-step step for its
-    trace (the allocator's reserve differs between the two kinds of step)."""
+    ``one_step_trace`` an accumulating point also takes the one-micro-step step's trace (the
+    allocator's reserve differs between the two kinds of step): cut from its own where
+    :func:`_cuttable`, else simulated."""
     src = with_layers(source, layers) if extrap else source
     j = job.replace(micro_batch=batch, grad_accum=2 if accumulates else 1, effective_batch=None)
     rec = OpRecorder()
@@ -463,7 +464,8 @@ def fit_group(job: JobSpec, source: ModelSource, target: SimTarget,
     Only the kinds of step they take are simulated: one micro-step per point when none
     accumulates, and the one-micro-step traces only at the micro-batches a one-step row is
     predicted from (a plan with an effective batch has one such row, the largest micro-batch)
-    — each a simulation as long as the point's own."""
+    — each cut from the point's own trace, or where it cannot be, a simulation as long as the
+    point's."""
     _, full = layer_count(source)
     fit_layers = SHARDED_FIT_LAYERS if job.ranks > 1 and job.sharding != "none" else FIT_LAYERS
     # a stack no deeper than the two small ones together costs no more to simulate whole (a

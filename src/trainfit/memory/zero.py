@@ -39,7 +39,10 @@ def compute_job(job: JobSpec) -> JobSpec:
     """The one-process step DeepSpeed runs: the module in the compute dtype (bf16/fp16 mode: no
     autocast, no fp32 weights on the GPU besides the master partition, added here)."""
     precision = "bf16-true" if (job.precision or "fp32").startswith("amp") else job.precision
-    return job.replace(precision=precision, sharding="none", ranks=1, offload="none")
+    # the rank's own micro-steps: one rank keeping the effective batch would accumulate `ranks`
+    # times as many (JobSpec.replace), and a one-micro-step row ran two
+    return job.replace(precision=precision, sharding="none", ranks=1, offload="none",
+                       grad_accum=job.grad_accum, effective_batch=None)
 
 
 def master_bytes_per_param(job: JobSpec) -> int:
