@@ -43,6 +43,16 @@ def tiny_gpt2():
     return ModelSource("tiny-gpt2", cfg, "causal-lm", "local")
 
 
+@pytest.fixture(scope="session")
+def tiny_t5():
+    from transformers import T5Config
+
+    from trainfit.model.source import ModelSource
+
+    cfg = T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16, vocab_size=512)
+    return ModelSource("tiny-t5", cfg, "seq2seq-lm", "local")
+
+
 @pytest.fixture()
 def tiny_config_json(tmp_path):
     import json

@@ -161,36 +161,25 @@ def _canonical(events: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return [(ids.setdefault(uid, len(ids)), delta) for uid, delta in events]
 
 
-@pytest.mark.parametrize("arch,method,precision,ckpt", [
-    ("llama", "full", "fp32", "off"), ("llama", "lora", "amp-bf16", "full"),
-    ("llama", "qlora", "bf16-true", "off"), ("gpt2", "full", "amp-fp16", "full"),
-    ("t5", "lora", "bf16-true", "full"), ("t5", "full", "amp-bf16", "off"),
-    ("llama", "sgd", "fp32", "off")])
-def test_one_micro_step_trace_cut_from_two_is_the_simulated_one(arch: str, method: str,
-                                                                precision: str, ckpt: str) -> None:
+_SGD_KEEPING_GRADIENTS = {"optimizer": "sgd", "grads_to_none": False, "max_grad_norm": None}
+"""An optimizer phase that allocates nothing: its idle mark falls at its own index."""
+
+
+@pytest.mark.parametrize("arch,precision,ckpt,fields", [
+    ("llama", "fp32", "off", {}), ("llama", "amp-bf16", "full", {"method": "lora"}),
+    ("llama", "bf16-true", "off", {"method": "qlora", "quant": "nf4"}),
+    ("gpt2", "amp-fp16", "full", {}), ("t5", "bf16-true", "full", {"method": "lora"}),
+    ("t5", "amp-bf16", "off", {}), ("llama", "fp32", "off", _SGD_KEEPING_GRADIENTS)])
+def test_one_micro_step_trace_cut_from_two_is_the_simulated_one(
+        request: pytest.FixtureRequest, arch: str, precision: str, ckpt: str,
+        fields: dict[str, Any]) -> None:
     """The trace plan takes for a row without accumulation, cut from the accumulating point's
     trace, is the one-micro-step step's own, event for event (and so is its replay)."""
-    import transformers as tf
-
     from trainfit.memory.depth_trace import one_micro_step_trace
-    from trainfit.model.source import ModelSource
 
-    cfg, task = {
-        "llama": (tf.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
-                                 max_position_embeddings=128), "causal-lm"),
-        "gpt2": (tf.GPT2Config(n_embd=64, n_layer=2, n_head=4, n_positions=128, vocab_size=512,
-                               bos_token_id=0, eos_token_id=0), "causal-lm"),
-        "t5": (tf.T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16,
-                           vocab_size=512), "seq2seq-lm"),
-    }[arch]
-    src = ModelSource(arch, cfg, task, "local")
-    extra: dict[str, Any] = {"quant": "nf4"} if method == "qlora" else {}
-    if method == "sgd":  # an optimizer phase with no allocation: idle marked at its own index
-        method, extra = "full", {"optimizer": "sgd", "grads_to_none": False,
-                                 "max_grad_norm": None}
-    job = JobSpec(model=arch, method=method, seq_len=32, micro_batch=2, grad_accum=2,
-                  precision=precision, grad_ckpt=ckpt, **extra)
+    src = request.getfixturevalue(f"tiny_{arch}")
+    job = JobSpec(model=arch, seq_len=32, micro_batch=2, grad_accum=2, precision=precision,
+                  grad_ckpt=ckpt, **fields)
     two = simulate_step(job, src, SimTarget(), record_events=True)
     one = simulate_step(job.replace(grad_accum=1), src, SimTarget(), record_events=True)
     cut = one_micro_step_trace((two.events, two.event_streams, two.event_phases))
@@ -201,3 +190,15 @@ def test_one_micro_step_trace_cut_from_two_is_the_simulated_one(arch: str, metho
         replay(one.events, one.event_streams).peak_reserved_bytes
     # a one-micro-step trace has nothing to cut
     assert one_micro_step_trace((one.events, one.event_streams, one.event_phases)) is None
+
+
+@pytest.mark.parametrize("fields", [{"hold_outputs": True}, {"ranks": 2, "sharding": "fsdp"}])
+def test_no_cut_where_the_first_step_ran_in_full(tiny_llama, fields: dict[str, Any]) -> None:
+    """A loop holding its outputs, and FSDP's sharded step, run their first step in full: the
+    trace holds that step's micro-steps too, and no cut is made (plan simulates those)."""
+    from trainfit.memory.depth_trace import one_micro_step_trace
+
+    job = JobSpec(model="t", seq_len=32, micro_batch=2, grad_accum=2, precision="fp32",
+                  grad_ckpt="off", **fields)
+    two = simulate_step(job, tiny_llama, SimTarget(), record_events=True)
+    assert one_micro_step_trace((two.events, two.event_streams, two.event_phases)) is None

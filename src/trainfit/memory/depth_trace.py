@@ -305,29 +305,33 @@ def one_micro_step_trace(trace: Trace) -> Trace | None:
     place): the cut drops the second micro-step's events and everything it allocated, and moves
     the frees it made of earlier blocks (the first micro-step's loss, kept by the step for its
     result) to where the one-micro-step step frees them, at its end.  Checked equal, event for
-    event, to the simulated one-micro-step trace (tests/memory/test_depth_trace.py); valid only
-    for a step whose first step makes the optimizer states alone and whose loop holds no output
-    across micro-steps (the caller decides).  None when the phases are not those of two
-    micro-steps."""
+    event, to the simulated one-micro-step trace (tests/memory/test_depth_trace.py).  None unless
+    the trace has exactly the two forwards of one such step: a simulation whose first step ran
+    in full (a loop holding its outputs, FSDP's sharded step) has four, and its cut would not be
+    the one-micro-step step's."""
     events, streams, phases = trace[0], trace[1], trace[2] if len(trace) > 2 else []
     forwards = [i for i, p in phases if p == "forward"]
-    cut_to = next((i for i, p in phases if p == "optimizer" and forwards and i > forwards[-1]),
-                  None)
-    if len(forwards) != 2 or cut_to is None:
+    if len(forwards) != 2:
         return None
     cut_from = forwards[1]
+    cut_to = next((i for i, p in phases if p == "optimizer" and i > cut_from), None)
+    if cut_to is None:
+        return None
     # ≥: an optimizer phase without allocations (SGD, gradients kept) marks idle at its own index
     end = next((i for i, p in phases if p == "idle" and i >= cut_to), len(events))
     made = {uid for uid, delta in events[cut_from:cut_to] if delta > 0}
-    out = events[:cut_from]
-    new_index = {}  # original index of a kept event (or of a phase mark) → its index in out
-    for i in range(cut_to, len(events) + 1):
-        if i == end:  # the one-micro-step step frees its first loss here
-            new_index[i] = len(out)
-            out = out + [e for e in events[cut_from:cut_to] if e[1] < 0 and e[0] not in made]
-        new_index.setdefault(i, len(out))
-        if i < len(events) and events[i][0] not in made:
-            out.append(events[i])
+
+    def kept(lo: int, hi: int) -> list[tuple[int, int]]:
+        return [e for e in events[lo:hi] if e[0] not in made]
+
+    head, step_end, after = events[:cut_from], kept(cut_to, end), kept(end, len(events))
+    moved = [e for e in events[cut_from:cut_to] if e[1] < 0 and e[0] not in made]
+
+    def new_index(i: int) -> int:  # a phase mark at i ≥ cut_to; the moved frees follow idle
+        if i <= end:
+            return len(head) + len(kept(cut_to, i))
+        return len(head) + len(step_end) + len(moved) + len(kept(end, i))
+
     marks = [(i, p) for i, p in phases if i < cut_from] + \
-        [(new_index[i], p) for i, p in phases if i >= cut_to]
-    return out, streams, marks
+        [(new_index(i), p) for i, p in phases if i >= cut_to]
+    return head + step_end + moved + after, streams, marks

@@ -31,7 +31,6 @@ from typing import Any
 from trainfit.job import JobSpec
 from trainfit.memory.allocator import K_LARGE_BUFFER, replay
 from trainfit.memory.depth_trace import Trace, aligned_runs, full_depth_trace, one_micro_step_trace
-from trainfit.memory.sharded import fsdp_simulable
 from trainfit.memory.simulate import SimResult, SimTarget, simulate_step
 from trainfit.model.source import ModelSource
 from trainfit.speed.ops import OpRecorder
@@ -399,21 +398,13 @@ def upper_batches(top_fit: int, high_batch: int | None) -> list[int]:
     return sorted({high_batch} | ({mid} if top_fit * 2 < mid < high_batch else set()))
 
 
-def _cuttable(job: JobSpec) -> bool:
-    """Whether a one-micro-step trace can be cut from this job's accumulating one: not when its
-    first step runs in full (a loop holding its outputs, FSDP's sharded step), nor for the steps
-    the cut was not checked on (DeepSpeed's, torch.compile's partitioned blocks)."""
-    return not (job.hold_outputs or fsdp_simulable(job) or job.compile
-                or job.sharding in ("zero2", "zero3"))
-
-
 def _point(job: JobSpec, source: ModelSource, target: SimTarget, layers: int, batch: int,
            extrap: bool, accumulates: bool, one_step_trace: bool) -> Point:
     """The simulation at (``layers``, ``batch``): two micro-steps when ``accumulates`` (the
     phases of an accumulating step include those of a one-step step), else one; with
     ``one_step_trace`` an accumulating point also takes the one-micro-step step's trace (the
-    allocator's reserve differs between the two kinds of step): cut from its own where
-    :func:`_cuttable`, else simulated."""
+    allocator's reserve differs between the two kinds of step): cut from its own where that is
+    exact (:func:`~trainfit.memory.depth_trace.one_micro_step_trace`), else simulated."""
     src = with_layers(source, layers) if extrap else source
     j = job.replace(micro_batch=batch, grad_accum=2 if accumulates else 1, effective_batch=None)
     rec = OpRecorder()
@@ -423,9 +414,10 @@ def _point(job: JobSpec, source: ModelSource, target: SimTarget, layers: int, ba
     # the traces make the full-depth one at any micro-batch (BilinearModel.full_depth)
     traces[accumulates] = (sim.events, sim.event_streams, sim.event_phases)
     if accumulates and one_step_trace:
-        # cut from this step's own trace where that is exact (depth_trace.one_micro_step_trace:
-        # a third of a plan's simulations were these), else simulated
-        cut = one_micro_step_trace(traces[True]) if _cuttable(j) else None
+        # cut from this step's own trace (a third of a plan's simulations were these); not for
+        # the steps the cut was not checked on: DeepSpeed's, torch.compile's partitioned blocks
+        unchecked = j.compile or j.sharding in ("zero2", "zero3")
+        cut = None if unchecked else one_micro_step_trace(traces[True])
         if cut is None:
             one = simulate_step(j.replace(grad_accum=1), src, target, record_events=True)
             cut = (one.events, one.event_streams, one.event_phases)
