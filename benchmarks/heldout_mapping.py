@@ -9,9 +9,10 @@ is handled in one of two ways, and said in the case's ``mapping_notes``:
   none`` (every rank holds everything), FSDP1 → trainfit's FSDP2 simulation, flex attention /
   flash-attn 2 → SDPA, torchtune's chunked cross-entropy → ``lm_head_chunk``, ``torch.compile``
   → ``compile`` (whether the memory model uses it is trainfit's business);
-* unsupported (listed, not scored): CPU offload, optimizer-in-backward, activation offloading,
-  selective activation checkpointing, frozen base weights kept in fp32 under amp, and sequence
-  lengths the source does not pin (data padded per batch).
+* unsupported (listed, not scored) while JobSpec has no field for them: CPU offload,
+  optimizer-in-backward, activation offloading, selective activation checkpointing, frozen base
+  weights kept in fp32 under amp (all have fields now); and sequence lengths the source does not
+  pin (data padded per batch).
 
 Fields that do not exist yet are looked up by name (:data:`FEATURE_FIELDS`, ``GRAD_CKPT``,
 ``SHARDINGS``), so the benchmark uses them as soon as they land in ``trainfit.job.spec``.
@@ -258,6 +259,11 @@ def _torchtune(b: _Builder) -> None:
                f"and log-softmax (~{fp32 / 2**30:.2f} GiB transient) are not modelled")
     if other.get("enable_activation_offloading"):
         b.feature("activation-offload", "activation offloading to CPU")
+        if "activation-offload" not in b.unsupported:
+            b.note("torchtune's OffloadActivations (the code TRL took over) around the model's "
+                   "forward only: its loss runs outside, so the loss's saved tensors stay on the "
+                   "GPU, where trainfit (as TRL, whose manager wraps the whole training step) "
+                   "offloads them")
     if "UNPACKED" in (c["seq_len_note"] or ""):
         b.unsupported.append("unpinned-seq-len")
         b.note("unpacked data padded per batch: the peak batch's length is data-dependent "

@@ -195,6 +195,8 @@ def trl_sft_config(job: JobSpec, *, device: str = "cuda",
     FlashAttention for padding-free batches). Left out when the job does not state it."""
     kw = hf_training_args(job, device=device, transformers_version=transformers_version)
     kw["max_length"] = job.seq_len
+    if job.activation_offload:
+        kw["activation_offloading"] = True  # TRL's OffloadActivations: what trainfit runs
     if job.packing is not None:
         kw["packing"] = bool(job.packing)
         if job.packing:
@@ -265,6 +267,12 @@ def script_settings(job: JobSpec, target: str) -> list[ScriptSetting]:
         out.append(ScriptSetting("seq_len", job.seq_len,
                                  f"tokenizer(..., max_length={job.seq_len}, truncation=True)"
                                  + (" and packed into full sequences" if job.packing else "")))
+    if job.activation_offload and target != "trl":
+        # TrainingArguments has no field for it; SFTConfig(activation_offloading=True) has
+        out.append(ScriptSetting("activation_offload", True,
+                                 "with trl.models.activation_offloading."
+                                 "get_act_offloading_ctx_manager(model): around the forward "
+                                 "and loss (what SFTConfig(activation_offloading=True) does)"))
     if job.optimizer_in_backward:
         # neither TrainingArguments nor accelerate has it: the script registers the hooks
         out.append(ScriptSetting("optimizer_in_backward", True,

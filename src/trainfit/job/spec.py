@@ -163,6 +163,12 @@ class JobSpec:
     """Activation checkpointing: off, full (keep each block's input, recompute the block),
     selective (torchtitan's op-level policy: keep attention and every other matmul output,
     recompute the rest); None lets plan/tune choose between off and full."""
+    activation_offload: bool = False
+    """Move the tensors the forward pass saves to host memory and bring them back in the backward
+    pass (TRL's / torchtune's activation offloading; the output head's stay): with checkpointing
+    only the blocks' inputs are saved, so it saves those (Llama-3.2-3B at 2 × 4096 tokens: ~1.3
+    GiB); costs host↔GPU copies, streamed under compute. Needs a CUDA device to run (plan predicts
+    it anywhere)."""
     attention: str = "sdpa"
     """sdpa (the kernel torch picks on the GPU), sdpa-flash, sdpa-efficient, sdpa-math, eager."""
     ranks: int = 1

@@ -342,6 +342,11 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
              *dp_notes, *([limit_note] if limit_note else [])]
     if job.compile:
         notes.append(compile_note(job, compile_untraced or [], compile_partitioned))
+    if job.activation_offload:
+        notes.append("activation offload: TRL's OffloadActivations simulated (saved tensors of "
+                     "≥ 1 KiB that are not weights, and not the output head's, wait in host "
+                     "memory; the last 5 stay on the GPU until their copy is done); the host↔GPU "
+                     "copies are assumed hidden under compute (streamed), not timed")
     full_breakdown = {**{k: v for k, v in terms.items() if k != "data_parallel"},
                       "workspaces": work, "managed": managed_bytes}
     if blocks:

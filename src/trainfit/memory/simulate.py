@@ -26,6 +26,7 @@ from trainfit.memory.sharded import fake_world, fsdp_bookkeeping, fsdp_simulable
 from trainfit.memory.tracker import LiveBytesTracker
 from trainfit.memory.zero import compute_job
 from trainfit.model.in_backward import InBackwardOptimizer
+from trainfit.model.offload import simulated_offload, with_offload
 from trainfit.model.source import ModelSource
 from trainfit.model.workload import build_model_on_meta, cpu_autocast, make_batch, make_optimizer
 
@@ -199,7 +200,9 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         op_hook.active = False  # only the steady-state step is timed
     trainable = [p for p in model.parameters() if p.requires_grad]
     micro = min(job.grad_accum or 1, 2)
-    autocast = cpu_autocast(job)
+    # activation offloading: TRL's manager as it acts on device memory (model/offload.py)
+    autocast = with_offload(cpu_autocast(job),
+                            simulated_offload(model) if job.activation_offload else None)
     attn = AttentionTarget(device=target.device, compute_capability=target.compute_capability,
                            prefer=job.attention if job.attention != "eager" else "sdpa")
 

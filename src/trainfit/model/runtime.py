@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from trainfit.job import JobError, JobSpec
+from trainfit.model.offload import trl_offload, with_offload
 from trainfit.model.source import ModelSource
 from trainfit.model.workload import amp_dtype, build_model_on_meta, make_optimizer
 
@@ -174,6 +175,11 @@ def build_real(job: JobSpec, source: ModelSource, device: torch.device, *, seed:
             raise JobError(f"--method {job.method} --optimizer {job.optimizer} needs "
                            "bitsandbytes", "pip install bitsandbytes") from None
     check_precision_on(job, device)
+    if job.activation_offload and device.type != "cuda":
+        raise JobError(f"--activation-offload on {device}: it moves activations from GPU memory "
+                       "to host memory, and this step has no GPU",
+                       "drop --activation-offload for a CPU run, or use --device cuda:N "
+                       "(trainfit plan predicts its memory on any machine)")
     torch.manual_seed(seed)
     model, info = build_model_on_meta(job, source)
     if job.method == "qlora":
@@ -192,7 +198,10 @@ def build_real(job: JobSpec, source: ModelSource, device: torch.device, *, seed:
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer(job, trainable, simulate=False, lr=lr)
-    return RealWorkload(model, opt, autocast_for(job, device), scaler_for(job, device), device,
+    # activation offloading: TRL's manager around the forward (plan simulates its twin)
+    forward = with_offload(autocast_for(job, device),
+                           trl_offload(model) if job.activation_offload else None)
+    return RealWorkload(model, opt, forward, scaler_for(job, device), device,
                         info.total_params, info.trainable_params)
 
 

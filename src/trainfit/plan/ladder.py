@@ -2,9 +2,9 @@
 each with its predicted memory and speed, stopping at the first rung that fits.
 
 Order: what costs only time first (checkpointing, an 8-bit optimizer, the optimizer step in the
-backward pass), then what changes what is learned (smaller LoRA rank, fewer LoRA targets, a
-shorter sequence, 4-bit base weights), then more hardware (FSDP over twice the ranks). Rungs that
-alter learning say so.
+backward pass, activation offloading), then what changes what is learned (smaller LoRA rank,
+fewer LoRA targets, a shorter sequence, 4-bit base weights), then more hardware (FSDP over twice
+the ranks). Rungs that alter learning say so.
 """
 
 from __future__ import annotations
@@ -55,6 +55,11 @@ def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
                       + ("; no gradient clipping)" if job.max_grad_norm is not None else ")"),
                       {"optimizer_in_backward": True, "max_grad_norm": None},
                       job.max_grad_norm is not None))
+    if not job.activation_offload and importlib.util.find_spec("trl"):
+        # TRL's OffloadActivations (trainfit.model.offload): the saved activations — with
+        # checkpointing, the blocks' inputs — wait in host memory; the copies are streamed
+        steps.append(("activation offloading (saved activations in host memory; host↔GPU "
+                      "copies streamed under compute)", {"activation_offload": True}, False))
     if job.method in ("lora", "qlora") and job.lora_r > 8:
         steps.append((f"LoRA rank {job.lora_r} → 8", {"lora_r": 8, "lora_alpha": 16}, True))
     if job.method in ("lora", "qlora") and job.lora_targets not in (["q", "v"],):

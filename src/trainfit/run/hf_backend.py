@@ -400,6 +400,10 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     data = data if data is not None else load_data(job, source)
     backend = resolve_backend(backend, source.task, data.stats.kind)
     check_runnable(job, world)
+    if job.activation_offload and backend == "hf":
+        raise JobError("--activation-offload with --backend hf: TrainingArguments has no "
+                       "activation offloading", "use --backend trl (SFTConfig's "
+                       "activation_offloading, TRL's own) or --backend trainfit")
     if device.type == "cuda" and (device.index or 0) != 0 and world == 1:
         raise JobError(f"--device {opts.device}: the hf/trl backends use the first visible GPU",
                        f"run with CUDA_VISIBLE_DEVICES={device.index} and --device cuda")
