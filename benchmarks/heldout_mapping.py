@@ -90,6 +90,13 @@ class _Builder:
             names = " / ".join(f for f, _ in FEATURE_FIELDS[name])
             self.note(f"{what}: no JobSpec field ({names}) → unsupported ({name})")
 
+    def output_held(self, loop: str) -> None:
+        """The source's loop still references the model output during backward."""
+        if "output_in_backward" in self.fields:
+            self.job["output_in_backward"] = True
+            self.note(f"{loop} keeps the model output (logits) referenced through the backward "
+                      "pass → output_in_backward true")
+
     def sharding(self, kind: str, fsdp1: bool) -> None:
         """kind: fsdp, zero3, no-shard (DDP-like replication under FSDP)."""
         if kind == "zero3":
@@ -240,10 +247,14 @@ def _torchtune(b: _Builder) -> None:
     _sharding(b)
     b.grad_ckpt()
     b.job["max_grad_norm"] = None
+    if c["framework"]["version"].startswith("0.1"):
+        b.output_held("torchtune 0.1's recipe loop (`logits = logits[..., :-1, :].contiguous()` "
+                      "kept until the step ends; `del logits` came in 0.2; its fp32 copy is twice "
+                      "the bf16 logits trainfit holds)")
     if b.job["sharding"] == "fsdp" and b.job["grad_accum"] > 1:
         b.note("torchtune's distributed loop reduce-scatters every micro-step (no no_sync)")
     b.note("torchtune: bf16 weights/states, no gradient clipping, the loop frees the logits "
-           "before backward; its own TransformerDecoder simulated as the transformers model of "
+           "before backward (≥ 0.2); its own TransformerDecoder simulated as the transformers model of "
            "the same dimensions")
     other = c["measured"].get("other_settings") or {}
     if "loss" in other:
@@ -300,6 +311,7 @@ def _fsdp_qlora(b: _Builder) -> None:
            " reentrant checkpoint_wrapper per decoder layer → grad_ckpt full (trainfit runs "
            "HF's non-reentrant checkpointing); LoRA modules wrapped as their own FSDP units; "
            "peak reset after loading (training only)")
+    b.output_held("its loop (`output = model(...); loss = output.loss; loss.backward()`)")
     if b.case["method"] == "qlora":
         b.job.update(quant_lm_head=False, bnb_legacy=False)
         b.note("bitsandbytes 0.43.0/0.43.1 (< 0.43.2) keeps 4-bit matmul inputs with the graph, "
@@ -318,6 +330,8 @@ def _peft(b: _Builder) -> None:
     _sharding(b)
     b.grad_ckpt()
     b.note("PEFT example (HF Trainer / accelerate): adamw_torch, clipping 1.0")
+    if "custom loop" in c["framework"]["name"]:
+        b.output_held("the custom accelerate loop")
     b.no_sync("accelerate (Trainer)")
     if c["precision"].startswith("amp") and "fsdp_reduce_dtype" in b.fields \
             and b.job["sharding"] == "fsdp":
@@ -346,6 +360,7 @@ def _hf_blog(b: _Builder) -> None:
     _sharding(b)
     b.grad_ckpt()
     b.job["grads_to_none"] = False
+    b.output_held("run_clm_no_trainer (`outputs = model(**batch); accelerator.backward(loss)`)")
     b.note("2022 (torch 1.12, CUDA 11.x): AdamW for-loop, zero_grad keeps zeroed gradients "
            "(set_to_none False), no lazy CUDA module loading (+880 MiB context, as "
            "calibration.py's 2022 cases); run_clm_no_trainer: GPT-2 with dropout 0.1")

@@ -84,3 +84,22 @@ def test_missing_fields_make_a_case_unsupported(hm: ModuleType, mapped: dict) ->
     assert ok.unsupported == [] and ok.job["sharding"] == "fsdp"
     _, bart = mapped["peft_docs_deepspeed_bart-large_lora_1gpu_zero3_offload"]
     assert bart.skip  # no sequence length published: nothing to predict
+
+
+def test_loops_that_keep_the_output_through_backward(mapped: dict) -> None:
+    """Which sources' loops still reference the model output during the backward pass: the
+    hand-written loops (Answer.AI's train.py, run_clm_no_trainer, a custom accelerate loop) and
+    torchtune 0.1 (``del logits`` came in 0.2); HF Trainer, torchtune ≥ 0.2 and torchtitan
+    release it first; litgpt holds it longer (hold_outputs)."""
+    kept = {cid for cid, (_, m) in mapped.items() if m.job.get("output_in_backward")}
+    by_prefix = {p: {cid for cid in mapped if cid.startswith(p)} for p in (
+        "fsdp_qlora_", "hf_blog_", "torchtune011_", "torchtune03_", "torchtune05_",
+        "torchtitan_", "peft_docs_fsdp", "peft_docs_deepspeed_llama", "litgpt_")}
+    for p in ("fsdp_qlora_", "hf_blog_", "torchtune011_"):
+        assert by_prefix[p] and by_prefix[p] <= kept, p
+    for p in ("torchtune03_", "torchtune05_", "torchtitan_", "peft_docs_fsdp",
+              "peft_docs_deepspeed_llama", "litgpt_"):
+        assert by_prefix[p] and not by_prefix[p] & kept, p
+    assert "peft_docs_deepspeed_bart-large_lora_1gpu_zero3_offload" in kept  # custom loop
+    assert all(m.job.get("hold_outputs") for cid, (_, m) in mapped.items()
+               if cid.startswith("litgpt_"))

@@ -54,3 +54,23 @@ def test_ddp_refuses_fewer_micro_batches_than_announced(one_rank_group):
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     with pytest.raises(RuntimeError, match="2 micro-batches arrived, 3 announced"):
         train_step(ddp, opt, iter(_batches(2)), grad_accum=3)
+
+
+@pytest.mark.parametrize("precision, elem", [("bf16-true", 2), ("amp-bf16", 2), ("fp32", 4)])
+def test_the_output_is_released_before_backward_unless_the_loop_keeps_it(tiny_llama, precision,
+                                                                         elem):
+    """HF Trainer's compute_loss returns the loss alone: the logits (B·S·V in the head's dtype)
+    are gone when the backward starts, and the backward peak does not hold them. A hand-written
+    loop that keeps ``out`` holds exactly them on top, and ``out.loss`` (the scalar before the
+    division by the accumulation: one 512-byte block)."""
+    from trainfit.job import JobSpec
+    from trainfit.memory.simulate import simulate_step
+
+    b, s = 4, 128
+    kw = dict(model="x", method="lora", seq_len=s, micro_batch=b, grad_accum=1,
+              precision=precision, grad_ckpt="off")
+    released = simulate_step(JobSpec(**kw), tiny_llama)
+    kept = simulate_step(JobSpec(**kw, output_in_backward=True), tiny_llama)
+    logits = b * s * tiny_llama.config.vocab_size * elem
+    assert kept.peak_phase == released.peak_phase == "backward"
+    assert kept.peak_allocated_bytes - released.peak_allocated_bytes == logits + 512

@@ -41,6 +41,7 @@ def train_step(
     observer: StepObserver | None = None,
     grads_to_none: bool = True,
     carry: dict[str, Any] | None = None,
+    keep_output: bool = False,
     loss_weights: Sequence[float] | None = None,
 ) -> StepResult:
     """Forward → backward for each micro-batch, then clip, optimizer step, zero grads (to None).
@@ -51,6 +52,11 @@ def train_step(
     instead of divided by ``grad_accum``: with weight = (its label tokens) / (the effective batch's
     label tokens), the gradient is the token mean over the whole effective batch whatever the split
     into micro-batches (what makes an OOM split or a resume at another micro-batch exact).
+    The model's output (its logits) is released before the backward pass, once the loss is
+    taken from it: what HF Trainer (``compute_loss`` returns the loss alone), TRL, torchtune and
+    torchtitan (``del logits``) do; the backward then holds only what autograd saved.
+    ``keep_output``: keep it referenced through the backward pass, as a hand-written loop does
+    (``out = model(**batch); out.loss.backward()``).
     ``carry``: when given, the last model output is kept in it until the next forward returns
     (loops that hold their outputs, e.g. litgpt's, keep the graph alive that long).
     """
@@ -72,6 +78,8 @@ def train_step(
                 carry["output"] = out  # drops the previous output only now
             loss = out.loss if hasattr(out, "loss") else out
             loss = loss * loss_weights[n] if loss_weights is not None else loss / grad_accum
+            if carry is None and not keep_output:
+                out = None  # released before backward (HF Trainer's compute_loss returns the loss)
             obs.set_phase("backward", n)
             (scaler.scale(loss) if scaler is not None else loss).backward()
         total = loss.detach() if total is None else total + loss.detach()

@@ -199,9 +199,15 @@ class JobSpec:
     quant_from_fp16: bool = False
     """The 4-bit weights were quantized from fp16 (Lightning Fabric's BitsandbytesPrecision), so
     each dequantization makes an fp16 tensor and then the compute-dtype copy."""
+    output_in_backward: bool = False
+    """The training loop still references the model's output (its logits) during the backward
+    pass, as a hand-written loop does (``out = model(**batch); out.loss.backward()``); False:
+    released before the backward, as HF Trainer (``compute_loss`` returns the loss alone), TRL,
+    torchtune, torchtitan and trainfit's own loop do. Plan models the user's loop with it."""
     hold_outputs: bool = False
     """The training loop keeps the last model output — and with it the autograd graph — alive
-    until the next forward returns (litgpt's loop; HF Trainer frees it after backward)."""
+    until the next forward returns (litgpt's loop; HF Trainer releases it before the backward).
+    Plan models the user's loop with it; trainfit's own loop never holds it."""
     lm_head_chunk: int | None = None
     """Compute the output head + cross-entropy in chunks of this many tokens (litgpt's
     lm_head_chunk_size); None: transformers' loss over fp32 logits of the whole sequence."""

@@ -64,7 +64,8 @@ def measure_cpu_step(job: JobSpec, source: ModelSource, steps: int = 2, seed: in
         for _ in range(steps):
             res = train_step(model, optimizer, repeat_batches(batch, micro), grad_accum=micro,
                              autocast=autocast, max_grad_norm=job.max_grad_norm,
-                       grads_to_none=job.grads_to_none)
+                             grads_to_none=job.grads_to_none,
+                             keep_output=job.output_in_backward)
             loss = float(res.loss) if res.loss is not None else 0.0
     events = [e for e in prof.profiler.kineto_results.events()
               if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]

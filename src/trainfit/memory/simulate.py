@@ -225,7 +225,8 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
             def run_step() -> None:
                 train_step(model, optimizer, repeat_batches(batch, micro), grad_accum=micro,
                            autocast=autocast, max_grad_norm=job.max_grad_norm,
-                           grads_to_none=job.grads_to_none, observer=tracker, carry=carry)
+                           grads_to_none=job.grads_to_none, observer=tracker, carry=carry,
+                           keep_output=job.output_in_backward)
 
             if steps > 1:
                 # a sharded step runs its first step in full: FSDP makes the gradients on its
