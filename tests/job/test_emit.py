@@ -155,3 +155,18 @@ def test_checkpointing_name_follows_the_transformers_version():
     assert checkpointing_name("5.23.0") == "activation_checkpointing"
     assert checkpointing_name("4.57.1") == "gradient_checkpointing"
     assert checkpointing_name(None) == "activation_checkpointing"
+
+
+def test_activation_offload_is_sftconfigs_own_field_and_a_script_setting_for_hf(tmp_path):
+    from trl import SFTConfig
+
+    job = JobSpec(model="gpt2", method="lora", micro_batch=2, grad_accum=2,
+                  precision="bf16-true", grad_ckpt="full", activation_offload=True)
+    trl = emit(job, "trl", device="cuda")
+    cfg = _strict(lambda: SFTConfig(output_dir=str(tmp_path / "o"), use_cpu=True,
+                                    **{k: v for k, v in trl.payload.items() if k != "bf16"}))
+    assert cfg.activation_offloading is True
+    assert "activation_offload" not in {s.knob for s in trl.script}
+    hf = emit(job, "hf", device="cuda")
+    assert "activation_offloading" not in hf.payload  # TrainingArguments has no such field
+    assert "activation_offload" in {s.knob for s in hf.script}
