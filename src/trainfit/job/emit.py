@@ -270,9 +270,10 @@ def script_settings(job: JobSpec, target: str) -> list[ScriptSetting]:
     if job.activation_offload and target != "trl":
         # TrainingArguments has no field for it; SFTConfig(activation_offloading=True) has
         out.append(ScriptSetting("activation_offload", True,
-                                 "with trl.models.activation_offloading."
-                                 "get_act_offloading_ctx_manager(model): around the forward "
-                                 "and loss (what SFTConfig(activation_offloading=True) does)"))
+                                 "ctx = trl.models.activation_offloading."
+                                 "get_act_offloading_ctx_manager(model) once, then `with ctx:` "
+                                 "around each forward + loss (SFTConfig(activation_offloading="
+                                 "True) wraps the whole training step)"))
     if job.optimizer_in_backward:
         # neither TrainingArguments nor accelerate has it: the script registers the hooks
         out.append(ScriptSetting("optimizer_in_backward", True,

@@ -345,8 +345,9 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     if job.activation_offload:
         notes.append("activation offload: TRL's OffloadActivations simulated (saved tensors of "
                      "≥ 1 KiB that are not weights, and not the output head's, wait in host "
-                     "memory; the last 5 stay on the GPU until their copy is done); the host↔GPU "
-                     "copies are assumed hidden under compute (streamed), not timed")
+                     "memory; the last 5 saved stay on the GPU until 5 more are saved or the forward "
+                     "ends); the host↔GPU copies are assumed hidden under compute (streamed), not "
+                     "timed; the host holds the offloaded bytes in pinned memory")
     full_breakdown = {**{k: v for k, v in terms.items() if k != "data_parallel"},
                       "workspaces": work, "managed": managed_bytes}
     if blocks:

@@ -29,7 +29,12 @@ default), and moves no data (the tensors are fake; the host copy is kept as shap
   The loss after the head is offloaded, as in TRL, where the manager wraps the whole
   ``training_step``.
 
-What the copies cost in time is the speed model's business (:mod:`trainfit.speed.predict`).
+Not reproduced: TRL keys its dedup on (data pointer + offset, dtype) of a storage it does not
+keep alive, so on a GPU a later tensor that reuses a freed block's address can be taken for a
+duplicate and kept on the device (allocator-dependent). The twin keys on the storage itself, held
+by a weak reference (deterministic; a dead storage is no duplicate). With checkpointing the two
+agree; without it the twin can offload a few tensors more than such a run. The copies' time is not
+modelled (the plan's memory notes say so).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from typing import Any
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
+from torch.multiprocessing.reductions import StorageWeakRef
 
 MIN_OFFLOAD_BYTES = 1024
 """TRL/torchtune ``min_offload_size`` default: smaller saved tensors stay on the device."""
@@ -87,18 +93,23 @@ class SimulatedOffload(saved_tensors_hooks):
         """TRL's ``use_streams`` (its default, True): the stashes and the dedup exist only then."""
         self.min_bytes = min_offload_size
         self.stash_size = max_fwd_stash_size
-        self.param_storages = {_storage(p) for p in model.parameters()}
+        # weights and buffers stay (trainfit's bitsandbytes stand-in saves its packed weight, a
+        # buffer, through autograd; real bitsandbytes keeps it on its ctx, unseen by the hooks)
+        self.param_storages = {_storage(p) for p in (*model.parameters(), *model.buffers())}
         self.tensor_id = 0
         self.saved: dict[int, Any] = {}
         self.fwd_stash: dict[int, torch.Tensor] = {}
         self.stash_keys: dict[tuple[int, int, torch.dtype], int] = {}
         """Dedup key → id of the pack that offloaded it, while that tensor is in the stash."""
         self.stash_key_of: dict[int, tuple[int, int, torch.dtype]] = {}
+        self.stash_refs: dict[tuple[int, int, torch.dtype], StorageWeakRef] = {}
+        """A weak reference to each tracked storage: it keeps the key's address from being reused
+        while tracked, and tells a dead storage (no duplicate) from a live one."""
         self.bwd_stash: dict[int, tuple[torch.Tensor, int]] = {}
         self.node: Any = None
         self.first_unpack = True
         self.offloaded_bytes = 0
-        """Bytes copied to the host (and back) by the last forward: what the speed model moves."""
+        """Bytes copied to the host (and back) by the last forward (pinned host memory)."""
         super().__init__(self._pack, self._unpack)
 
     # -- forward -----------------------------------------------------------------------------------
@@ -113,13 +124,15 @@ class SimulatedOffload(saved_tensors_hooks):
         self.tensor_id += 1
         tid = self.tensor_id
         key = _dedup_key(t)
-        if self.streams and key in self.stash_keys:  # offloaded, still stashed: stays
+        if self.streams and key in self.stash_keys and not self.stash_refs[key].expired():
+            # offloaded and still stashed: this reference stays on the device
             self.saved[tid] = t
-            self._track(key, tid)
+            self._track(key, tid, t)
             return tid
         if self._keep(t, t.element_size() * t.nelement()):
             self.saved[tid] = t
             return tid
+        original = t
         broadcast = 0 in t.stride()
         if not broadcast and (not t.is_contiguous() or t.storage_offset() != 0):
             t = t.clone(memory_format=torch.contiguous_format)
@@ -131,17 +144,19 @@ class SimulatedOffload(saved_tensors_hooks):
         self.offloaded_bytes += numel * t.element_size()
         if self.streams:
             self.fwd_stash[tid] = t
-            self._track(key, tid)
+            self._track(key, tid, original)
         return tid
 
-    def _track(self, key: tuple[int, int, torch.dtype], tid: int) -> None:
+    def _track(self, key: tuple[int, int, torch.dtype], tid: int, t: torch.Tensor) -> None:
         self.stash_keys[key] = tid
         self.stash_key_of[tid] = key
+        self.stash_refs[key] = StorageWeakRef(getattr(t, "_local_tensor", t).untyped_storage())
 
     def _untrack(self, tid: int) -> None:
         key = self.stash_key_of.pop(tid, None)
         if key is not None and self.stash_keys.get(key) == tid:
             del self.stash_keys[key]
+            del self.stash_refs[key]
 
     # -- backward ----------------------------------------------------------------------------------
     def _unpack(self, tid: int) -> torch.Tensor:
@@ -190,6 +205,7 @@ class SimulatedOffload(saved_tensors_hooks):
         self.bwd_stash.clear()
         self.stash_keys.clear()
         self.stash_key_of.clear()
+        self.stash_refs.clear()
         self.tensor_id = 0
         self.node = None
         self.first_unpack = True
@@ -209,10 +225,12 @@ class _NoOp(saved_tensors_hooks):
 
 
 def _head(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The module TRL's manager excludes in an HF model: ``lm_head`` (BERT's MLM head has none:
+    TRL excludes nothing there, nor does the twin)."""
     inner = getattr(model, "model", None) if not hasattr(model, "get_output_embeddings") else model
     base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
-    get = getattr(base, "get_output_embeddings", None)
-    return get() if get is not None else None
+    head = getattr(base, "lm_head", None)
+    return head if isinstance(head, torch.nn.Module) else None
 
 
 def simulated_offload(model: torch.nn.Module) -> SimulatedOffload:
@@ -226,18 +244,45 @@ def simulated_offload(model: torch.nn.Module) -> SimulatedOffload:
     return ctx
 
 
-def trl_offload(model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
+class _TrlOffload:
+    """TRL's manager, built on the first step and told the model's parameters at every entry:
+    it keeps on the device any saved tensor whose address is a parameter's, and FSDP's
+    ``fully_shard`` (after the workload is built) frees the full parameters — an activation in a
+    reused block would be kept on the device for nothing (TRL's own ``update_model_params``)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.ctx: Any = None
+
+    def __enter__(self) -> Any:
+        if self.ctx is None:
+            from trl.models.activation_offloading import get_act_offloading_ctx_manager
+
+            self.ctx = get_act_offloading_ctx_manager(self.model, warn_if_no_head=False)
+        self.ctx.update_model_params(self.model)
+        return self.ctx.__enter__()
+
+    def __exit__(self, *args: object) -> Any:
+        return self.ctx.__exit__(*args)
+
+
+def trl_offload(model: torch.nn.Module, device: torch.device) -> _TrlOffload:
     """TRL's activation-offloading manager for a model on a GPU (the head excluded by TRL)."""
     from trainfit.job import JobError
 
     try:
-        from trl.models.activation_offloading import get_act_offloading_ctx_manager
+        import trl.models.activation_offloading  # noqa: F401
     except ImportError:
         raise JobError("--activation-offload needs TRL's OffloadActivations",
                        "pip install 'trainfit[hf]' (trl)") from None
+    if (device.index or 0) != torch.cuda.current_device():
+        # its copy stream and the tensors it brings back are on the current device
+        raise JobError(f"--activation-offload on {device}: TRL's offloading works on the current "
+                       "CUDA device only", f"run with CUDA_VISIBLE_DEVICES={device.index} and "
+                       "--device cuda")
     inner = getattr(model, "model", model) if not hasattr(model, "get_output_embeddings") \
         else model  # trainfit's chunked head wraps the HF model: TRL finds lm_head on it
-    return get_act_offloading_ctx_manager(inner, warn_if_no_head=False)
+    return _TrlOffload(inner)
 
 
 def with_offload(forward: Callable[[], contextlib.AbstractContextManager[Any]],

@@ -200,7 +200,7 @@ def build_real(job: JobSpec, source: ModelSource, device: torch.device, *, seed:
     opt = make_optimizer(job, trainable, simulate=False, lr=lr)
     # activation offloading: TRL's manager around the forward (plan simulates its twin)
     forward = with_offload(autocast_for(job, device),
-                           trl_offload(model) if job.activation_offload else None)
+                           trl_offload(model, device) if job.activation_offload else None)
     return RealWorkload(model, opt, forward, scaler_for(job, device), device,
                         info.total_params, info.trainable_params)
 
