@@ -57,7 +57,7 @@ for p in $PARTS; do
             --name gpu_memory_traces_steps --out "$OUT" ;;
         trace-kernels) part trace-kernels 90 python3 benchmarks/gpu_memory_trace.py --only 0 --kernels \
             --name gpu_memory_traces_kernels --out "$OUT" ;;
-        tests) part tests 150 python3 -m pytest -q -p no:cacheprovider -W ignore tests/tune/test_probe_cuda.py ;;
+        tests) part tests 150 python3 -m pytest -q -p no:cacheprovider -W ignore tests/tune/test_probe_cuda.py tests/model/test_offload.py ;;
         *) echo "unknown part $p" ;;
     esac
 done
