@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from trainfit.engine.step import repeat_batches, train_step
-from trainfit.job import JobError, JobSpec
-from trainfit.model.runtime import init_weights
+from trainfit.job import JobSpec
+from trainfit.model.runtime import check_offload_on, init_weights
 from trainfit.model.source import ModelSource
 from trainfit.model.workload import build_model_on_meta, cpu_autocast, make_batch, make_optimizer
 
@@ -45,9 +45,7 @@ def measure_cpu_step(job: JobSpec, source: ModelSource, steps: int = 2, seed: in
                      ) -> CpuMeasurement:
     from torch.profiler import ProfilerActivity, profile
 
-    if job.activation_offload:
-        raise JobError("--activation-offload: the CPU step has no host memory apart from its "
-                       "device memory to offload to", "measure it without --activation-offload")
+    check_offload_on(job, torch.device("cpu"))
     torch.manual_seed(seed)
     model, _ = build_model_on_meta(job, source)
     materialize_on_cpu(model, seed)

@@ -47,14 +47,20 @@ import torch
 from torch.autograd.graph import saved_tensors_hooks
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from trainfit.model.chunked_head import ChunkedHeadLM
+
 MIN_OFFLOAD_BYTES = 1024
 """TRL/torchtune ``min_offload_size`` default: smaller saved tensors stay on the device."""
 FWD_STASH_SIZE = 5
 """TRL/torchtune ``max_fwd_stash_size`` default: the last packs whose device tensors stay alive."""
 
 
+def _untyped(t: torch.Tensor) -> torch.UntypedStorage:
+    return getattr(t, "_local_tensor", t).untyped_storage()  # a DTensor's local shard
+
+
 def _storage(t: torch.Tensor) -> int:
-    return getattr(t, "_local_tensor", t).untyped_storage()._cdata  # a DTensor's local shard
+    return _untyped(t)._cdata
 
 
 def _dedup_key(t: torch.Tensor) -> tuple[int, int, torch.dtype]:
@@ -64,7 +70,7 @@ def _dedup_key(t: torch.Tensor) -> tuple[int, int, torch.dtype]:
 
 def _use_count(t: torch.Tensor) -> int:
     try:
-        return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+        return torch._C._storage_Use_Count(_storage(t))
     except (RuntimeError, AttributeError):  # a tensor without a countable storage
         return 0
 
@@ -99,12 +105,11 @@ class SimulatedOffload(saved_tensors_hooks):
         self.tensor_id = 0
         self.saved: dict[int, Any] = {}
         self.fwd_stash: dict[int, torch.Tensor] = {}
-        self.stash_keys: dict[tuple[int, int, torch.dtype], int] = {}
-        """Dedup key → id of the pack that offloaded it, while that tensor is in the stash."""
+        self.stash_keys: dict[tuple[int, int, torch.dtype], tuple[int, StorageWeakRef]] = {}
+        """Dedup key → (id of the pack that tracks it, a weak reference to its storage) while that
+        tensor is in the stash; the reference keeps the key's address from being reused while
+        tracked, and tells a dead storage (no duplicate) from a live one."""
         self.stash_key_of: dict[int, tuple[int, int, torch.dtype]] = {}
-        self.stash_refs: dict[tuple[int, int, torch.dtype], StorageWeakRef] = {}
-        """A weak reference to each tracked storage: it keeps the key's address from being reused
-        while tracked, and tells a dead storage (no duplicate) from a live one."""
         self.bwd_stash: dict[int, tuple[torch.Tensor, int]] = {}
         self.node: Any = None
         self.first_unpack = True
@@ -124,7 +129,7 @@ class SimulatedOffload(saved_tensors_hooks):
         self.tensor_id += 1
         tid = self.tensor_id
         key = _dedup_key(t)
-        if self.streams and key in self.stash_keys and not self.stash_refs[key].expired():
+        if self.streams and key in self.stash_keys and not self.stash_keys[key][1].expired():
             # offloaded and still stashed: this reference stays on the device
             self.saved[tid] = t
             self._track(key, tid, t)
@@ -148,15 +153,13 @@ class SimulatedOffload(saved_tensors_hooks):
         return tid
 
     def _track(self, key: tuple[int, int, torch.dtype], tid: int, t: torch.Tensor) -> None:
-        self.stash_keys[key] = tid
+        self.stash_keys[key] = (tid, StorageWeakRef(_untyped(t)))
         self.stash_key_of[tid] = key
-        self.stash_refs[key] = StorageWeakRef(getattr(t, "_local_tensor", t).untyped_storage())
 
     def _untrack(self, tid: int) -> None:
         key = self.stash_key_of.pop(tid, None)
-        if key is not None and self.stash_keys.get(key) == tid:
+        if key is not None and self.stash_keys.get(key, (None,))[0] == tid:
             del self.stash_keys[key]
-            del self.stash_refs[key]
 
     # -- backward ----------------------------------------------------------------------------------
     def _unpack(self, tid: int) -> torch.Tensor:
@@ -205,7 +208,6 @@ class SimulatedOffload(saved_tensors_hooks):
         self.bwd_stash.clear()
         self.stash_keys.clear()
         self.stash_key_of.clear()
-        self.stash_refs.clear()
         self.tensor_id = 0
         self.node = None
         self.first_unpack = True
@@ -224,10 +226,15 @@ class _NoOp(saved_tensors_hooks):
         super().__init__(lambda t: t, lambda t: t)
 
 
+def _hf_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The HF (or PEFT) model the step runs: trainfit's chunked head wraps it."""
+    return model.model if isinstance(model, ChunkedHeadLM) else model
+
+
 def _head(model: torch.nn.Module) -> torch.nn.Module | None:
     """The module TRL's manager excludes in an HF model: ``lm_head`` (BERT's MLM head has none:
     TRL excludes nothing there, nor does the twin)."""
-    inner = getattr(model, "model", None) if not hasattr(model, "get_output_embeddings") else model
+    inner = _hf_model(model)
     base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
     head = getattr(base, "lm_head", None)
     return head if isinstance(head, torch.nn.Module) else None
@@ -250,15 +257,15 @@ class _TrlOffload:
     ``fully_shard`` (after the workload is built) frees the full parameters — an activation in a
     reused block would be kept on the device for nothing (TRL's own ``update_model_params``)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, make: Callable[..., Any]) -> None:
         self.model = model
+        self.make = make
+        """TRL's ``get_act_offloading_ctx_manager``."""
         self.ctx: Any = None
 
     def __enter__(self) -> Any:
         if self.ctx is None:
-            from trl.models.activation_offloading import get_act_offloading_ctx_manager
-
-            self.ctx = get_act_offloading_ctx_manager(self.model, warn_if_no_head=False)
+            self.ctx = self.make(self.model, warn_if_no_head=False)
         self.ctx.update_model_params(self.model)
         return self.ctx.__enter__()
 
@@ -271,7 +278,7 @@ def trl_offload(model: torch.nn.Module, device: torch.device) -> _TrlOffload:
     from trainfit.job import JobError
 
     try:
-        import trl.models.activation_offloading  # noqa: F401
+        from trl.models.activation_offloading import get_act_offloading_ctx_manager
     except ImportError:
         raise JobError("--activation-offload needs TRL's OffloadActivations",
                        "pip install 'trainfit[hf]' (trl)") from None
@@ -280,9 +287,8 @@ def trl_offload(model: torch.nn.Module, device: torch.device) -> _TrlOffload:
         raise JobError(f"--activation-offload on {device}: TRL's offloading works on the current "
                        "CUDA device only", f"run with CUDA_VISIBLE_DEVICES={device.index} and "
                        "--device cuda")
-    inner = getattr(model, "model", model) if not hasattr(model, "get_output_embeddings") \
-        else model  # trainfit's chunked head wraps the HF model: TRL finds lm_head on it
-    return _TrlOffload(inner)
+    # on the HF model under trainfit's chunked head: TRL finds lm_head there
+    return _TrlOffload(_hf_model(model), get_act_offloading_ctx_manager)
 
 
 def with_offload(forward: Callable[[], contextlib.AbstractContextManager[Any]],

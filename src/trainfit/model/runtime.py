@@ -52,6 +52,16 @@ def check_precision_on(job: JobSpec, device: torch.device) -> None:
                        "use --precision amp-fp16 (with a GradScaler) or fp32")
 
 
+def check_offload_on(job: JobSpec, device: torch.device) -> None:
+    """Activation offloading moves activations from GPU memory to host memory: a step on the CPU
+    has nothing to move them from."""
+    if job.activation_offload and device.type != "cuda":
+        raise JobError(f"--activation-offload on {device}: it moves activations from GPU memory "
+                       "to host memory, and this step has no GPU",
+                       "drop --activation-offload for a CPU run, or use --device cuda:N "
+                       "(trainfit plan predicts its memory on any machine)")
+
+
 def autocast_for(job: JobSpec, device: torch.device) -> Callable[[], contextlib.AbstractContextManager]:
     dt = amp_dtype(job.precision or "fp32")
     if dt is None:
@@ -175,11 +185,7 @@ def build_real(job: JobSpec, source: ModelSource, device: torch.device, *, seed:
             raise JobError(f"--method {job.method} --optimizer {job.optimizer} needs "
                            "bitsandbytes", "pip install bitsandbytes") from None
     check_precision_on(job, device)
-    if job.activation_offload and device.type != "cuda":
-        raise JobError(f"--activation-offload on {device}: it moves activations from GPU memory "
-                       "to host memory, and this step has no GPU",
-                       "drop --activation-offload for a CPU run, or use --device cuda:N "
-                       "(trainfit plan predicts its memory on any machine)")
+    check_offload_on(job, device)
     torch.manual_seed(seed)
     model, info = build_model_on_meta(job, source)
     if job.method == "qlora":
