@@ -1,10 +1,9 @@
 """The job: what to train and how (schema, validation, YAML) — the bottom of the package, no torch."""
 
+from trainfit.job.files import FACTORY_SPEC, FILE_ONLY_KEYS, is_code_spec, job_with_current, read_job_file
 from trainfit.job.spec import (
     ATTENTIONS,
     DEFAULT_MARGIN,
-    FACTORY_SPEC,
-    FILE_ONLY_KEYS,
     GRAD_CKPT,
     LORA_ALIASES,
     METHODS,
@@ -16,9 +15,6 @@ from trainfit.job.spec import (
     JobError,
     JobSpec,
     dividing_micro_batches,
-    is_code_spec,
-    job_with_current,
-    read_job_file,
     step_micro_batches,
     step_precisions,
 )

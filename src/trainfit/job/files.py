@@ -1,0 +1,121 @@
+"""Job files: a job YAML read into job fields and the keys a file carries beside them, a model
+named as Python code (``module:factory``) refused unless the command line allows it, and the
+user's ``current`` configuration laid over the job."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from trainfit.job.spec import JobError, JobSpec
+
+FILE_ONLY_KEYS = ("gpu", "scenario", "measured", "train", "device", "memory_limit", "doctor",
+                  "current", "backend", "assumed", "observed", "host_ram_free")
+"""Keys a job file may carry beside the job fields: the target GPU, a description, what tune
+measured, the run settings of ``trainfit train``, the device it was tuned on, and ``current``: the
+configuration the user runs now (job fields overriding the file's), which ``plan`` compares with,
+and ``backend``: what ``trainfit train`` runs the job with (trainfit, hf, trl, auto). For ``plan``:
+``assumed`` (job fields the file guessed, not stated by the user), ``observed`` (a device number
+the user saw at the current configuration: ``{device: 2667MiB, source: nvidia-smi}``) and
+``host_ram_free`` (the host RAM the user has free, e.g. 7GB)."""
+
+
+FACTORY_SPEC = re.compile(r"^(?P<module>[A-Za-z_][\w.]*|[^:]+\.py):(?P<factory>[A-Za-z_]\w*)$")
+"""``module:factory`` (or ``path/to/file.py:factory``): a model that is the user's own Python code."""
+
+
+def is_code_spec(name: Any) -> bool:
+    """True when ``name`` names Python code to import and call (``module:factory``) rather than a
+    catalog model, a config.json, a directory or a hub id."""
+    if not isinstance(name, str) or not FACTORY_SPEC.match(name):
+        return False
+    try:
+        return not Path(name).exists()
+    except OSError:  # a name too long for a path is no file either
+        return True
+
+
+def _read_text(path: str | Path) -> str:
+    """The file's text; every way a read fails (missing, a directory, no permission, a path too
+    long, not UTF-8) is one JobError naming the file."""
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise JobError(f"{path}: is a directory, not a job file",
+                           "give the job YAML file (e.g. trainfit.yaml) inside it")
+        if not p.is_file():
+            raise JobError(f"{path}: no such file",
+                           "check the path; the seed job files are in examples/ (trainfit quickstart)")
+        return p.read_text(encoding="utf-8")
+    except OSError as err:
+        raise JobError(f"{path}: cannot read it ({err.strerror or type(err).__name__})",
+                       "check the path and its permissions (ls -l)") from None
+    except UnicodeDecodeError:
+        raise JobError(f"{path}: not a text file (not UTF-8)",
+                       "give a job YAML (what trainfit tune --out writes)") from None
+
+
+def _refuse_code(path: str | Path, data: dict[str, Any], allow_code: bool,
+                 trust_remote_code: bool) -> None:
+    """A job file alone never runs code: a ``module:factory`` model in it (or in its ``current``
+    block) needs the command line's ``--allow-code`` (or the model named with ``--model``), and
+    ``trust_remote_code: true`` needs the command line's ``--trust-remote-code``. The key is
+    dropped either way: the caller sets it from its flag."""
+    blocks = [data]
+    for k in ("job", "current"):
+        if isinstance(data.get(k), dict):
+            blocks.append(data[k])
+    for block in blocks:
+        model = block.get("model")
+        if is_code_spec(model) and not allow_code:
+            raise JobError(f"{path}: model {model!r} is Python code (module:factory); a job file "
+                           "alone never runs code",
+                           f"name it on the command line (--model {model}), or add --allow-code "
+                           f"if you trust {path}")
+        if block.pop("trust_remote_code", False) and not trust_remote_code:
+            raise JobError(f"{path}: trust_remote_code: true is taken from the command line "
+                           "only (a job file alone never runs a model's remote code)",
+                           "add --trust-remote-code to the command if you trust the model's "
+                           "authors")
+
+
+def read_job_file(path: str | Path, *, allow_code: bool = False,
+                  trust_remote_code: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A job YAML → (job fields, file-only keys such as ``gpu``); JobError names what is wrong.
+
+    ``allow_code``: the command line allows a ``module:factory`` model from the file
+    (``--allow-code``, or ``--model`` naming the model itself); ``trust_remote_code``: the command
+    line's ``--trust-remote-code``. The fields returned never hold ``trust_remote_code``."""
+    import yaml
+
+    text = _read_text(path)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise JobError(f"{path}: not valid YAML ({str(err).splitlines()[0]})",
+                       "check the indentation and the `key: value` lines near it (a YAML "
+                       "linter shows the line)") from None
+    if not isinstance(data, dict):
+        raise JobError(f"{path}: expected a mapping of job fields",
+                       "write one `field: value` per line, e.g. model: gpt2 (docs/job-fields.md)")
+    _refuse_code(path, data, allow_code, trust_remote_code)
+    extra = {k: data.pop(k) for k in FILE_ONLY_KEYS if k in data}
+    data = data.get("job", data)
+    if not isinstance(data, dict):
+        raise JobError(f"{path}: `job:` must be a mapping of job fields",
+                       "e.g. job: {model: gpt2, seq_len: 512}")
+    return dict(data), extra
+
+
+def job_with_current(fields: dict[str, Any], current: Any, source: str) -> JobSpec:
+    """The user's current configuration: the job's fields with ``current``'s on top (a micro-batch
+    and accumulation given there set the effective batch)."""
+    if not isinstance(current, dict):
+        raise JobError(f"{source}: `current` must be a mapping of job fields",
+                       "e.g. current: {micro_batch: 2, grad_accum: 4, grad_ckpt: full}")
+    cur = {**fields, **current}
+    cur.setdefault("grad_ckpt", "off")  # what a training script runs unless it turns it on
+    if "micro_batch" in current and "grad_accum" in current and "effective_batch" not in current:
+        cur.pop("effective_batch", None)
+    return JobSpec.from_dict(cur, source=f"{source} (current)")
