@@ -340,14 +340,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     device = resident + on_device
     notes = [*_peak_notes(how, work, context, (on_device, managed_bytes), (nccl, nccl_note)),
              *dp_notes, *([limit_note] if limit_note else [])]
-    if job.compile:
-        notes.append(compile_note(job, compile_untraced or [], compile_partitioned))
-    if job.activation_offload:
-        notes.append("activation offload: TRL's OffloadActivations simulated (saved tensors of "
-                     "≥ 1 KiB that are not weights, and not the output head's, wait in host "
-                     "memory; the last 5 saved stay on the GPU until 5 more are saved or the forward "
-                     "ends); the host↔GPU copies are assumed hidden under compute (streamed), not "
-                     "timed; the host holds the offloaded bytes in pinned memory")
+    notes += _step_notes(job, compile_untraced, compile_partitioned)
     full_breakdown = {**{k: v for k, v in terms.items() if k != "data_parallel"},
                       "workspaces": work, "managed": managed_bytes}
     if blocks:
@@ -370,6 +363,21 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
         peak_device_upper_bytes=round(device * (1 + band.under)), alloc_retries=retries,
         trainable_params=trainable_params, sdpa_kernels=sdpa_kernels, sim_time_s=sim_time_s,
         model_notes=notes)
+
+
+def _step_notes(job: JobSpec, compile_untraced: list[str] | None,
+                compile_partitioned: bool | None) -> list[str]:
+    """What the simulated step ran that the peaks depend on: torch.compile, activation offload."""
+    notes = []
+    if job.compile:
+        notes.append(compile_note(job, compile_untraced or [], compile_partitioned))
+    if job.activation_offload:
+        notes.append("activation offload: TRL's OffloadActivations simulated (saved tensors of "
+                     "≥ 1 KiB that are not weights, and not the output head's, wait in host "
+                     "memory; the last 5 saved stay on the GPU until 5 more are saved or the forward "
+                     "ends); the host↔GPU copies are assumed hidden under compute (streamed), not "
+                     "timed; the host holds the offloaded bytes in pinned memory")
+    return notes
 
 
 def _peak_notes(how: str, work: int, context: int, managed: tuple[int, int],
