@@ -194,13 +194,15 @@ def measure_case(case: tuple, dev: torch.device, nvml: Any) -> dict[str, Any]:
                 "alloc_retries": m.alloc_retries}}
 
 
-def predict_case(c: dict[str, Any], gpu: Any) -> dict[str, Any]:
-    """``plan``'s full-size simulation of the measured configuration on ``gpu``."""
+def predict_case(c: dict[str, Any], gpu: Any, output_held: bool = False) -> dict[str, Any]:
+    """``plan``'s full-size simulation of the measured configuration on ``gpu``
+    (``output_held``: the measured step kept the model's output through its backward pass, as
+    trainfit's step did before it released it, commit e7e10aa)."""
     from trainfit.job import DEFAULT_MARGIN
     from trainfit.model.source import resolve_model
     from trainfit.plan.grid import _exact_row
 
-    job = _job(case_tuple(c))
+    job = _job(case_tuple(c)).replace(output_in_backward=output_held)
     row = _exact_row((job, resolve_model(job.model), gpu, DEFAULT_MARGIN))
     mem, spd = row.memory, row.speed
     return {"peak_allocated_bytes": mem.peak_allocated_bytes,
@@ -218,7 +220,8 @@ def compare(measured_doc: dict[str, Any]) -> dict[str, Any]:
     gpu = find_gpu_by_device_name(measured_doc["device"], measured_doc.get("total_memory_bytes"))
     rows = []
     for r in measured_doc["rows"]:
-        row = {**r, "predicted": predict_case(r["case"], gpu)}
+        held = not r.get("step_releases_output", False)  # rows measured before e7e10aa
+        row = {**r, "predicted": predict_case(r["case"], gpu, held)}
         if r["measured"] is not None:
             row["error"] = errors(row["predicted"], r["measured"])
         rows.append(row)
@@ -322,7 +325,7 @@ def measure(dev: torch.device, cases: list[tuple], out: Path | None) -> dict[str
             mine = {json.dumps(case_dict(c), sort_keys=True) for c in cases}
             doc["rows"] = [r for r in old["rows"] if json.dumps(r["case"], sort_keys=True) not in mine]
     for case in cases:
-        doc["rows"].append(measure_case(case, dev, nvml))
+        doc["rows"].append({**measure_case(case, dev, nvml), "step_releases_output": True})
         print(json.dumps(doc["rows"][-1], default=str), flush=True)
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)

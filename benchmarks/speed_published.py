@@ -62,6 +62,7 @@ def _score(m: Any, fit: Any, src: Any) -> dict[str, Any]:
 
     from trainfit.job import JobSpec
     from trainfit.plan.row_speed import synced
+    from trainfit.speed.host import host_step
     from trainfit.speed.predict import model_flops_per_token
     from trainfit.speed.roofline import DeviceSpeed
 
@@ -73,6 +74,7 @@ def _score(m: Any, fit: Any, src: Any) -> dict[str, Any]:
     dev = _DEVICES.setdefault(gpu.name, DeviceSpeed.from_gpu(gpu))
     mem = SimpleNamespace(**p, per_rank=getattr(fit.points[0].sim, "per_rank", False),
                           alloc_retries=0)  # extrapolated: no full-size trace to replay at the card
+    fit.host = host_step(job, src)  # the step's code measured on this CPU (plan does the same)
     sp = synced(fit.speed(dev, job, fpt), job, mem, gpu)
     notes = list(m.notes)
     if m.n_params and abs(p["total_params"] / m.n_params - 1) > 0.02:

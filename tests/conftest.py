@@ -11,8 +11,12 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (scripts/test.sh): the cores shared among the workers, so that N workers
-    do not each start as many torch threads as there are cores."""
+    do not each start as many torch threads as there are cores.  plan's host-time measurement
+    (trainfit.speed.host) is off: a speed a test asserts must not depend on this machine's
+    timing; tests/speed/test_host.py switches it on where it is the subject."""
     import os
+
+    os.environ["TRAINFIT_HOST_MEASURE"] = "0"
 
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1:

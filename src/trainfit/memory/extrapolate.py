@@ -101,6 +101,9 @@ class BilinearModel:
     """(L1, B), (L2, B) for B in :func:`upper_batches` (ascending), at the small depths."""
     accumulates: bool = True
     """The points simulated two micro-steps (accumulating rows can be predicted) or one."""
+    host: Any = None
+    """The step's code measured at full depth (:class:`trainfit.speed.host.HostStep`), None:
+    the op-level count alone."""
 
     def speed(self, dev: Any, job: Any, flops_per_token: float) -> Any:
         """Predicted speed of ``job`` (its micro-batch and accumulation) on ``dev``."""
@@ -112,7 +115,7 @@ class BilinearModel:
         return predict_speed(dev, [p[0].ops, p[1].ops, p[2].ops, p[3].ops], layers,
                              self.batches, self.full_layers, job.micro_batch, job.grad_accum or 1,
                              job.seq_len, job.ranks, flops_per_token, cache=self._speed_cache,
-                             compiled=bool(getattr(job, "compile", False)))
+                             compiled=bool(getattr(job, "compile", False)), host=self.host)
 
     def _segment(self, batch: int) -> list[Point]:
         """The four points a micro-batch is predicted from: micro-batch 1 and 2 below 2, (2, 3)

@@ -40,6 +40,7 @@ from trainfit.plan.ladder import build_ladder
 from trainfit.plan.row_speed import synced
 from trainfit.plan.rows import mark_shown, rank_rows
 from trainfit.speed.bands import SpeedBand, speed_band_for
+from trainfit.speed.host import host_step
 from trainfit.speed.ops import OpRecorder
 from trainfit.speed.predict import (
     SpeedPrediction,
@@ -159,9 +160,12 @@ class PlanResult:
         return self.dataset_tokens * (self.epochs or 1.0) / tps
 
 
-def _fit_one(args: tuple[JobSpec, ModelSource, Any, list[tuple[int, bool]]]) -> Any:
-    job, source, target, rows = args
-    return fit_group(job, source, target, high_batch=max(m for m, _ in rows), rows=rows)
+def _fit_one(args: tuple[JobSpec, ModelSource, Any, list[tuple[int, bool]], bool]) -> Any:
+    job, source, target, rows, timed = args
+    model = fit_group(job, source, target, high_batch=max(m for m, _ in rows), rows=rows)
+    if timed:  # the step's code measured here, in the worker: the parent builds no model
+        model.host = host_step(job, source)
+    return model
 
 
 def _exact_row(args: tuple[JobSpec, ModelSource, GpuSpec | None, float]) -> PlanRow:
@@ -171,7 +175,8 @@ def _exact_row(args: tuple[JobSpec, ModelSource, GpuSpec | None, float]) -> Plan
     mem = predict_memory(cj, source, gpu, margin, op_hook=rec)
     speed = None if gpu is None else predict_speed_exact(
         DeviceSpeed.from_gpu(gpu), rec.ops, cj.micro_batch or 1, cj.grad_accum or 1, cj.seq_len,
-        cj.ranks, _flops_per_token(source, mem, cj), compiled=cj.compile)
+        cj.ranks, _flops_per_token(source, mem, cj), compiled=cj.compile,
+        host=host_step(cj, source))
     return PlanRow(cj, mem, "simulated", synced(speed, cj, mem, gpu))
 
 
@@ -325,7 +330,7 @@ class _Grid:
         kinds = [(m, (_config_job(self.job, self.precisions[0], self.ckpts[0], m).grad_accum
                       or 1) > 1) for m in self.micro_all]
         models = self.workers.map(_fit_one, [(_config_job(self.job, p, c, 1), self.source, target,
-                                              kinds) for p, c in groups],
+                                              kinds, self.gpu is not None) for p, c in groups],
                                   on_done=lambda n: self.say(what, n, len(groups)))
         rows: list[PlanRow] = []
         for (precision, ckpt), model in zip(groups, models, strict=True):

@@ -47,17 +47,26 @@ def plan_notes(result: PlanResult) -> list[str]:
         notes.append(speed_note(result.speed_band))
     launch = [r for r in result.rows if r.speed is not None and r.speed.bound == "launch-bound"]
     if launch:
-        notes.append(launch_note(len(launch), len(result.rows)))
+        notes.append(launch_note(len(launch), len(result.rows),
+                                 all(r.speed.host_measured for r in launch)))
     return notes
 
 
-def launch_note(n: int, total: int) -> str:
-    """Launch-bound rows: the host's Python is in their step time and the model counts only its
-    per-op cost (measured on an H100's host, benchmarks/results/gpu_validate.md)."""
-    return (f"{n} of {total} rows are launch-bound (predicted): the GPU waits for the CPU to "
-            "enqueue each op (10 µs forward, 15 µs backward, 2.5 µs a view, measured on an H100's "
-            "host); transformers' own Python made such steps 1.5-2.3× slower than that on the same "
-            "host, so their tokens/s are an upper bound — `trainfit tune` measures them")
+def launch_note(n: int, total: int, measured: bool = False) -> str:
+    """Launch-bound rows: their step time is the host's.  ``measured``: the host time is the
+    step's own code run on this machine's CPU (trainfit/speed/host.py); else the per-op count
+    alone, which misses the model's Python (benchmarks/results/gpu_validate.md)."""
+    head = f"{n} of {total} rows are launch-bound (predicted): the GPU waits for the CPU to enqueue"
+    if measured:
+        return (f"{head} each op. Their host time is the step's own code, run on this machine's "
+                "CPU at a tiny width (measured: CPU time of one micro-step), plus 6 µs to launch "
+                "each kernel; on an H100's host such steps came within 17 % of it (median, "
+                "benchmarks/results/gpu_validate.md). A busier or slower host is slower: "
+                "`trainfit tune` measures them")
+    return (f"{head} each op (10 µs forward, 15 µs backward, 2.5 µs a view, measured on an "
+            "H100's host); transformers' own Python made such steps 1.5-2.3× slower than that "
+            "on the same host, so their tokens/s are an upper bound — `trainfit tune` measures "
+            "them")
 
 
 def speed_note(b: SpeedBand) -> str:

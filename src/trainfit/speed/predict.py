@@ -19,6 +19,7 @@ import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from trainfit.speed.host import HostStep
 from trainfit.speed.ops import OpRecord
 from trainfit.speed.roofline import DeviceSpeed, op_device_time, op_host_time
 
@@ -47,6 +48,11 @@ class SpeedPrediction:
     (:attr:`trainfit.speed.ops.OpRecord.aligned`; predicted)."""
     unaligned_dims: tuple[int, ...] = ()
     """Their dimensions that are not a multiple of 8 elements (e.g. a 50,257 vocabulary)."""
+    host_fb_s: float | None = None
+    """Host seconds of one micro-step's forward + backward (predicted: the larger of the
+    op-level count and the measured run of the step's code, :mod:`trainfit.speed.host`)."""
+    host_measured: bool = False
+    """``host_fb_s`` is the measured run's (the model's own Python beyond its ops counted)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -203,9 +209,28 @@ def unknown_speed(flops_per_token: float, reason: str) -> SpeedPrediction:
                            model_flops_per_token=flops_per_token, unknown_reason=reason)
 
 
+def fb_kernels(ops: list[OpRecord]) -> int:
+    """Kernels of the recorded forward + backward (the host pays a launch for each)."""
+    return sum(1 for op in ops if op.kernel and op.phase != "optimizer")
+
+
+def with_host(dev: DeviceSpeed, times: PhaseTimes, host: HostStep | None,
+              sim_kernels: float) -> bool:
+    """Raise the forward + backward's host time to the measured run's (:mod:`trainfit.speed.
+    host`) where that is larger; True when it was.  The op-level count stays the floor: it is
+    what the ops alone cost."""
+    if host is None:
+        return False
+    measured = host.host_s(sim_kernels, dev.op_overhead_s, gpu=dev.asynchronous)
+    if measured <= times.host_s["fb"]:
+        return False
+    times.host_s["fb"] = measured
+    return True
+
+
 def speed_from_times(dev: DeviceSpeed, times: PhaseTimes, dtype_peak: float | None,
                      micro_batch: int, grad_accum: int, seq_len: int, ranks: int,
-                     flops_per_token: float) -> SpeedPrediction:
+                     flops_per_token: float, host_measured: bool = False) -> SpeedPrediction:
     """``dtype_peak``: the peak MFU and HFU are measured against (:func:`dominant_peak`)."""
     if times.unknown:
         return unknown_speed(flops_per_token,
@@ -218,18 +243,22 @@ def speed_from_times(dev: DeviceSpeed, times: PhaseTimes, dtype_peak: float | No
         "compute-bound" if mfu and mfu > 0.3 else "memory-bound")
     return SpeedPrediction(step, tps, tps / seq_len, mfu, hfu, busy / step, bound, flops_per_token,
                            unaligned_gemm_s=grad_accum * times.unaligned_s,
-                           unaligned_dims=tuple(sorted(times.unaligned_dims)))
+                           unaligned_dims=tuple(sorted(times.unaligned_dims)),
+                           host_fb_s=times.host_s["fb"], host_measured=host_measured)
 
 
 def predict_speed_exact(dev: DeviceSpeed, ops: list[OpRecord], micro_batch: int, grad_accum: int,
                         seq_len: int, ranks: int, flops_per_token: float,
-                        compiled: bool = False) -> SpeedPrediction:
+                        compiled: bool = False, host: HostStep | None = None) -> SpeedPrediction:
     """From the ops of a full-size simulation of exactly this configuration (``compiled``: as
-    ``torch.compile`` runs them, :func:`fuse_elementwise`)."""
+    ``torch.compile`` runs them, :func:`fuse_elementwise`; ``host``: the step's code measured,
+    :mod:`trainfit.speed.host`)."""
     if compiled:
         ops = fuse_elementwise(ops)
-    return speed_from_times(dev, time_ops(dev, ops), dominant_peak(dev, ops), micro_batch,
-                            grad_accum, seq_len, ranks, flops_per_token)
+    times = time_ops(dev, ops)
+    measured = with_host(dev, times, host, fb_kernels(ops))
+    return speed_from_times(dev, times, dominant_peak(dev, ops), micro_batch,
+                            grad_accum, seq_len, ranks, flops_per_token, measured)
 
 
 def _split(dev: DeviceSpeed, lo: list[OpRecord], hi: list[OpRecord]
@@ -258,9 +287,11 @@ def _split(dev: DeviceSpeed, lo: list[OpRecord], hi: list[OpRecord]
 def predict_speed(dev: DeviceSpeed, op_points: list[list[OpRecord]], layers: tuple[int, int],
                   batches: tuple[int, int], full_layers: int, micro_batch: int, grad_accum: int,
                   seq_len: int, ranks: int, flops_per_token: float,
-                  cache: dict[Any, Any] | None = None, compiled: bool = False) -> SpeedPrediction:
+                  cache: dict[Any, Any] | None = None, compiled: bool = False,
+                  host: HostStep | None = None) -> SpeedPrediction:
     """``op_points``: op lists at (L1,b1), (L2,b1), (L1,b2), (L2,b2); ``compiled``: as
-    ``torch.compile`` runs them (:func:`fuse_elementwise`)."""
+    ``torch.compile`` runs them (:func:`fuse_elementwise`); ``host``: the step's code measured
+    at full depth (:mod:`trainfit.speed.host`)."""
     (l1, l2), (b1, b2) = layers, batches
     if compiled:
         op_points = [fuse_elementwise(ops) for ops in op_points]
@@ -268,11 +299,11 @@ def predict_speed(dev: DeviceSpeed, op_points: list[list[OpRecord]], layers: tup
     for idx, (lo, hi) in enumerate(((op_points[0], op_points[2]), (op_points[1], op_points[3]))):
         key = (id(dev), idx, compiled)
         if cache is not None and key in cache:
-            shaped, bytes_sum, host = cache[key]
+            shaped, bytes_sum, host_sums = cache[key]
         else:
-            shaped, bytes_sum, host = _split(dev, lo, hi)
+            shaped, bytes_sum, host_sums = _split(dev, lo, hi)
             if cache is not None:
-                cache[key] = (shaped, bytes_sum, host)
+                cache[key] = (shaped, bytes_sum, host_sums)
         rebuilt = ops_at_batch([x for x, _ in shaped], [y for _, y in shaped], b1, b2,
                                micro_batch)
         t = time_ops(dev, rebuilt)
@@ -284,7 +315,7 @@ def predict_speed(dev: DeviceSpeed, op_points: list[list[OpRecord]], layers: tup
                     t.unknown = True
                 else:
                     t.device_s[k] += max(0.0, _scale(x, y, b1, b2, micro_batch)) / bw
-        t.host_s = host
+        t.host_s = dict(host_sums)
         per_l.append(t)
     t1, t2 = per_l
     span = (l2 - l1) or 1
@@ -295,8 +326,10 @@ def predict_speed(dev: DeviceSpeed, op_points: list[list[OpRecord]], layers: tup
         t1.hw_flops + f * (t2.hw_flops - t1.hw_flops), t1.unknown or t2.unknown,
         max(0.0, t1.unaligned_s + f * (t2.unaligned_s - t1.unaligned_s)),
         t1.unaligned_dims | t2.unaligned_dims)
+    k1, k2 = fb_kernels(op_points[0]), fb_kernels(op_points[1])
+    measured = with_host(dev, times, host, k1 + f * (k2 - k1))
     return speed_from_times(dev, times, dominant_peak(dev, op_points[0], op_points[1], f),
-                            micro_batch, grad_accum, seq_len, ranks, flops_per_token)
+                            micro_batch, grad_accum, seq_len, ranks, flops_per_token, measured)
 
 
 def _flops_by_dtype(ops: list[OpRecord]) -> dict[str, float]:

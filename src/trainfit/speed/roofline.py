@@ -40,9 +40,9 @@ same op in the forward)."""
 EAGER_VIEW_OVERHEAD_S = 2.5e-6
 """A view/metadata op (no kernel): measured there, 2.5 µs.
 
-Launch-bound steps of transformers models measured on that H100 took 1.5-2.3× these op-level
-costs (the Python of the model's own code around its ops, not modelled): such rows are stated
-as launch-bound, and tune measures them."""
+Launch-bound steps of transformers models measured on that H100 took 1.5-3× these op-level
+costs: the Python of the model's own code around its ops, which :mod:`trainfit.speed.host`
+measures by running the step's code at a tiny width (the op-level count stays its floor)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,292 @@
+"""The host side of a GPU step, measured: the step's own code run at a tiny width on this CPU.
+
+Why.  The roofline charges each recorded aten op a fixed CPU cost (``roofline.EAGER_*``,
+measured on loops of single ops).  A training step pays more than its ops: the model's own Python
+between them (transformers' attention interface, mask building and output decorators, PEFT's
+loop over adapters and its dropout modules, checkpointing's saved-tensor hooks and the
+recomputation they trigger in the backward).  Launch-bound steps measured on an H100 took
+1.5-3.0× the op-level cost (benchmarks/results/gpu_validate.md: 13 rows, +45 % … +200 %
+throughput over-predicted), and the CPU's own small-batch steps 13-30 % more
+(benchmarks/results/speed_cpu.md).
+
+How.  That Python does not depend on tensor sizes, only on the code path, so it is measured where
+it runs: the job's model with the same classes, depth, LoRA, checkpointing and head, built with
+tiny widths (heads of 8 dimensions, a 128-token vocabulary; :func:`shrunk_config`), one
+micro-step of :func:`trainfit.engine.step.train_step` timed on this CPU (forward + backward: the
+thread's CPU time, the fastest of ``REPEATS``), its kernels counted as the simulation counts
+them.  At such widths a kernel's CPU
+arithmetic is ~1 µs, so the time is the host's.  On a GPU each kernel also pays its launch
+(``LAUNCH_S``), and ops the tiny fp32 run does not have (autocast's casts, 4-bit dequantization)
+pay the roofline's per-op cost (:meth:`HostStep.host_s`).  The prediction takes the larger of
+that and the op-level count, so measuring can only add host time the op count misses.
+
+Assumed and stated: the machine that plans is as fast per Python op as the one that trains (true
+when ``plan`` runs on the training machine; this CPU's op loops measured within 5 % of the H100
+host's, ``benchmarks/gpu_launch_overhead.py``).  Not measured (the op-level count stands):
+``torch.compile`` (no eager Python per op), models built by a user's factory (no config to
+shrink), state-space layers (their CPU path is not the CUDA kernels' Python), and a shrunk model
+whose module classes differ from the original's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from trainfit.cache import cache_path, read_json, write_json
+from trainfit.job import JobSpec
+from trainfit.speed.cpu import cpu_model_name
+from trainfit.speed.ops import launches_kernel
+
+LAUNCH_S = 6.0e-6
+"""What a kernel's launch adds to its op's host cost on a GPU machine: the same elementwise op,
+no autograd, costs 10.7 µs per call on the H100's host and 4.7 µs on this CPU, whose views
+(no kernel, dispatcher only) cost the same as there (2.5 vs 2.6 µs) — benchmarks/
+gpu_launch_overhead.py, results/gpu_launch.json and its ``--device cpu`` run."""
+HEAD_DIM = 8
+"""Head width of the tiny model: even (rotary embeddings rotate pairs) and a multiple of 4/2 for
+partial rotary factors of 1/2 and 1/4 (phi, gpt_neox)."""
+VOCAB = 128
+TOKENS = 16
+"""Tokens of the timed micro-batch (one sequence).  MoE models get enough for every expert."""
+REPEATS = 9
+WARMUP = 2
+CACHE_VERSION = 2
+
+_HIDDEN = ("hidden_size", "n_embd", "d_model", "dim")
+_HEADS = ("num_attention_heads", "n_head", "num_heads", "encoder_attention_heads",
+          "decoder_attention_heads", "num_decoder_heads")
+_KV = ("num_key_value_heads", "num_kv_heads", "n_head_kv")
+_INTER = ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "encoder_ffn_dim",
+          "decoder_ffn_dim", "moe_intermediate_size", "shared_expert_intermediate_size")
+_HEAD_DIM = ("head_dim", "d_kv", "kv_channels")
+_EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostStep:
+    """One micro-step's forward + backward of the job's code, run at a tiny width on this CPU."""
+
+    fb_s: float
+    """CPU seconds of the thread, the fastest of ``REPEATS`` (measured): the code path's own
+    cost; a busy machine only adds to it (cache misses, a descheduled intra-op thread)."""
+    spread_s: float
+    """Slowest − fastest of the timed repeats (measured noise)."""
+    kernels: int
+    """Kernels (aten ops with an output in new storage) of that micro-step."""
+    layers: int
+    cpu: str
+
+    def host_s(self, sim_kernels: float, op_overhead_s: float, gpu: bool) -> float:
+        """Predicted host seconds of the same micro-step on the target: the measured time, on a
+        GPU a launch per kernel, and the roofline's op cost for each kernel the simulation
+        recorded beyond the tiny run's (autocast's casts, dequantization)."""
+        return self.fb_s + (self.kernels * LAUNCH_S if gpu else 0.0) + \
+            max(0.0, sim_kernels - self.kernels) * op_overhead_s
+
+
+def _first_int(cfg: Any, names: tuple[str, ...]) -> tuple[str | None, int]:
+    for n in names:
+        v = getattr(cfg, n, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return n, v
+    return None, 0
+
+
+def shrunk_config(cfg: Any) -> Any | None:
+    """``cfg`` with tiny widths and the same structure (None: no width fields this knows)."""
+    d = cfg.to_dict()
+    if any(k.startswith(("mamba", "ssm", "conv_kernel")) for k in d) or any(
+            "mamba" in str(t) for t in d.get("layer_types") or ()):
+        return None
+    hidden_name, _ = _first_int(cfg, _HIDDEN)
+    _, heads = _first_int(cfg, _HEADS)
+    if hidden_name is None or not heads:
+        return None
+    _, kv = _first_int(cfg, _KV)
+    kv = kv or heads
+    if kv < heads and heads % kv == 0:
+        new_heads, new_kv = heads // kv, 1  # GQA / MQA: the same repeat factor
+    else:
+        new_heads, new_kv = 2, 2
+    hidden = new_heads * HEAD_DIM
+    ch: dict[str, Any] = {hidden_name: hidden, "vocab_size": VOCAB}
+    for n in _HEADS:
+        if isinstance(d.get(n), int):
+            ch[n] = new_heads
+    for n in _KV:
+        if isinstance(d.get(n), int):
+            ch[n] = new_kv
+    for n in _INTER:
+        if isinstance(d.get(n), int):
+            ch[n] = 2 * hidden
+    for n in _HEAD_DIM:
+        if isinstance(d.get(n), int):
+            ch[n] = HEAD_DIM
+    for k, v in d.items():
+        # no dropout: on a CPU it is four ops (bernoulli_, div_, mul and a buffer; aten's fused
+        # native_dropout is CUDA's only) and it sends SDPA to its math path (CPU flash attention
+        # takes no dropout), where a GPU runs one kernel each; the simulation's dropout kernels
+        # are then charged the op-level cost (HostStep.host_s)
+        if ("dropout" in k or "pdrop" in k) and isinstance(v, float) and not isinstance(v, bool):
+            ch[k] = 0.0
+        # token ids past the tiny vocabulary (an embedding's padding_idx)
+        if k.endswith("token_id") and isinstance(v, int) and v >= VOCAB:
+            ch[k] = 1
+        elif k.endswith("token_id") and isinstance(v, list):
+            ch[k] = [t if t < VOCAB else 1 for t in v if isinstance(t, int)] or None
+    try:
+        return type(cfg).from_dict({**d, **ch})
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def _structure(model: torch.nn.Module) -> Counter[str]:
+    return Counter(type(m).__name__ for m in model.modules())
+
+
+class _KernelCounter(TorchDispatchMode):
+    """Kernels of aten ops, counted as :class:`trainfit.speed.ops.OpRecorder` records them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels = 0
+        self.active = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        if self.active and func.namespace == "aten":
+            ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            if (ins or outs) and launches_kernel(func._overloadpacket.__name__, ins, outs):
+                self.kernels += 1
+        return out
+
+
+class _Clock:
+    """A step observer: this thread's CPU seconds from the first forward to the optimizer (CPU
+    time, not wall time: another process on a busy machine takes wall time from the step, not
+    CPU time; on a CPU the backward runs on the calling thread); the counter (when given)
+    counts only in between."""
+
+    def __init__(self, counter: _KernelCounter | None = None) -> None:
+        self.t0 = self.t1 = 0.0
+        self.counter = counter
+
+    def set_phase(self, phase: str, micro_step: int = 0) -> None:
+        if phase == "forward" and micro_step == 0:
+            self.t0 = time.thread_time()
+        elif phase == "optimizer":
+            self.t1 = time.thread_time()
+        if self.counter is not None:
+            self.counter.active = phase in ("forward", "backward")
+
+
+def tiny_job(job: JobSpec, tokens: int = TOKENS) -> JobSpec:
+    """The job as the tiny CPU run takes it: fp32, one sequence of ``tokens``, one process, no
+    compile, no LoRA dropout (see :func:`shrunk_config`); a chunked head cut into as many chunks
+    as at the job's length (its Python loops once per chunk)."""
+    chunk = None
+    if job.lm_head_chunk:
+        n_chunks = -(-job.seq_len // job.lm_head_chunk)
+        chunk = max(1, -(-tokens // n_chunks))
+    lora = {"method": "lora", "lora_dropout": 0.0} if job.method in ("lora", "qlora") else {}
+    return dataclasses.replace(
+        job, precision="fp32", **lora, quant=None, micro_batch=1, grad_accum=1,
+        effective_batch=None, seq_len=tokens, ranks=1, sharding="none", offload="none",
+        compile=False, activation_offload=False, fsdp_frozen_grads=False, fsdp_no_sync=False,
+        lm_head_chunk=chunk, data=None, optimizer="adamw", optimizer_impl="foreach")
+
+
+_JOB_KEYS = ("method", "lora_r", "lora_dropout", "lora_targets", "grad_ckpt", "attention",
+             "optimizer_in_backward", "hold_outputs", "output_in_backward", "kbit_prepared",
+             "lm_head_chunk", "seq_len")
+
+
+def _key(job: JobSpec, cfg: Any, task: str) -> str:
+    import peft
+    import transformers
+
+    parts = {"v": CACHE_VERSION, "cpu": cpu_model_name(), "torch": torch.__version__,
+             "transformers": transformers.__version__, "peft": peft.__version__, "task": task,
+             "config": cfg.to_json_string(use_diff=False),
+             "job": {k: getattr(job, k) for k in _JOB_KEYS}}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+_MEMO: dict[str, HostStep | None] = {}
+SWITCH = "TRAINFIT_HOST_MEASURE"
+"""``0`` in the environment: no measurement, the op-level count alone (the test suite's
+default: its speed numbers then do not depend on this machine's timing)."""
+
+
+def host_step(job: JobSpec, source: Any) -> HostStep | None:
+    """The measured host time of one micro-step of ``job`` (None where it is not measured: see
+    the module docstring).  Measured once per code path and kept in the cache directory."""
+    if os.environ.get(SWITCH) == "0" or job.compile or source.task == "custom-lm":
+        return None
+    cfg = shrunk_config(source.config)
+    if cfg is None:
+        return None
+    _, experts = _first_int(cfg, _EXPERTS)
+    tj = tiny_job(job, min(512, max(TOKENS, 4 * experts)))
+    key = _key(tj, cfg, source.task)
+    if key in _MEMO:
+        return _MEMO[key]
+    path = cache_path(f"host_step/{key[:32]}.json")
+    cached = read_json(path)
+    if isinstance(cached, dict) and cached.get("key") == key:
+        hs = None if cached.get("none") else HostStep(**cached["step"])
+    else:
+        hs = _measure(tj, source, cfg)
+        write_json(path, {"key": key, "none": hs is None,
+                          "step": None if hs is None else dataclasses.asdict(hs)})
+    _MEMO[key] = hs
+    return hs
+
+
+def _measure(tj: JobSpec, source: Any, cfg: Any) -> HostStep | None:
+    from trainfit.engine.step import repeat_batches, train_step
+    from trainfit.model.runtime import build_real
+    from trainfit.model.source import ModelSource
+    from trainfit.model.workload import build_model_on_meta, make_batch
+
+    tiny = ModelSource(source.name, cfg, source.task, source.origin, source.note)
+    try:
+        want = _structure(build_model_on_meta(tj, source)[0])
+        wl = build_real(tj, tiny, torch.device("cpu"), init="random")
+    except Exception:  # a config the tiny build cannot take: the op-level count stands
+        return None
+    if _structure(wl.model) != want:
+        return None
+    batch = make_batch(tiny, 1, tj.seq_len, generator=torch.Generator().manual_seed(0))
+    carry: dict[str, Any] | None = {} if tj.hold_outputs else None
+    counter = _KernelCounter()
+
+    def step(clock: _Clock) -> float:
+        train_step(wl.step_model, wl.optimizer, repeat_batches(batch, 1), grad_accum=1,
+                   autocast=wl.autocast, max_grad_norm=None, observer=clock, carry=carry,
+                   keep_output=tj.output_in_backward)
+        return clock.t1 - clock.t0
+
+    try:
+        for _ in range(WARMUP):
+            step(_Clock())
+        times = sorted(step(_Clock()) for _ in range(REPEATS))
+        with counter:
+            step(_Clock(counter))
+    except Exception:  # the tiny step failed where the real one may not: do not guess
+        return None
+    _, layers = _first_int(cfg, ("num_hidden_layers", "n_layer", "num_layers"))
+    return HostStep(fb_s=times[0], spread_s=times[-1] - times[0],
+                    kernels=counter.kernels, layers=layers, cpu=cpu_model_name())

@@ -1,0 +1,193 @@
+"""The host side of a GPU step measured by running the step's code at a tiny width
+(trainfit.speed.host): the shrink keeps the model's structure, the arithmetic that turns the
+measurement into a GPU host time, the floor it never goes under, and the cache."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from transformers import (
+    FalconConfig,
+    GPT2Config,
+    GPTNeoXConfig,
+    LlamaConfig,
+    MistralConfig,
+    PhiConfig,
+    Qwen2Config,
+    T5Config,
+)
+
+from trainfit.job import JobSpec
+from trainfit.memory.extrapolate import layer_count, with_layers
+from trainfit.model.source import ModelSource
+from trainfit.model.workload import build_model_on_meta
+from trainfit.speed import host
+from trainfit.speed.host import LAUNCH_S, HostStep, host_step, shrunk_config, tiny_job
+from trainfit.speed.ops import OpRecord
+from trainfit.speed.predict import PhaseTimes, with_host
+from trainfit.speed.roofline import DeviceSpeed
+
+CONFIGS = {
+    "llama-gqa": (LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=3,
+                              num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                              pad_token_id=128004), "causal-lm"),
+    "mistral": (MistralConfig(num_hidden_layers=2), "causal-lm"),
+    "qwen2": (Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=2,
+                          num_attention_heads=14, num_key_value_heads=2), "causal-lm"),
+    "gpt2": (GPT2Config(n_layer=2), "causal-lm"),
+    "neox": (GPTNeoXConfig(num_hidden_layers=2, rotary_pct=0.25), "causal-lm"),
+    "phi": (PhiConfig(num_hidden_layers=2, partial_rotary_factor=0.5), "causal-lm"),
+    "falcon-mqa": (FalconConfig(num_hidden_layers=2, hidden_size=4544, num_attention_heads=71,
+                                multi_query=True), "causal-lm"),
+    "t5": (T5Config(num_layers=2, num_decoder_layers=2), "seq2seq-lm"),
+}
+
+
+def _classes(job: JobSpec, cfg, task: str):
+    src = ModelSource("m", cfg, task, "local")
+    if layer_count(src)[0] and task != "seq2seq-lm":
+        src = with_layers(src, 2)
+    return host._structure(build_model_on_meta(job, src)[0])
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_the_tiny_model_has_the_originals_classes(name: str) -> None:
+    cfg, task = CONFIGS[name]
+    tiny = shrunk_config(cfg)
+    assert tiny is not None
+    job = tiny_job(JobSpec(model="m", method="lora"))
+    assert _classes(job, tiny, task) == _classes(job, cfg, task)
+    width = next(getattr(tiny, a) for a in ("hidden_size", "n_embd", "d_model")
+                 if isinstance(getattr(tiny, a, None), int))
+    assert width <= 71 * host.HEAD_DIM and tiny.vocab_size == host.VOCAB
+    # the grouped-query repeat factor is kept (its Python is the same), heads are 8 wide
+    if name == "llama-gqa":
+        assert (tiny.num_attention_heads, tiny.num_key_value_heads, tiny.hidden_size) == (4, 1, 32)
+        assert tiny.pad_token_id < host.VOCAB
+
+
+def test_state_space_layers_are_not_shrunk() -> None:
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model("granitemoehybrid", num_hidden_layers=2,
+                               layer_types=["mamba", "attention"])
+    assert shrunk_config(cfg) is None
+
+
+def test_the_gpu_host_time_adds_launches_and_the_ops_the_tiny_run_lacks() -> None:
+    hs = HostStep(fb_s=0.050, spread_s=0.0, kernels=2000, layers=16, cpu="x")
+    # GPU: 50 ms + 2000 launches + 500 kernels more in the simulation (autocast's casts) at 10 µs
+    assert hs.host_s(2500, 10e-6, gpu=True) == pytest.approx(0.050 + 2000 * LAUNCH_S + 0.005)
+    # CPU: no launch; fewer simulated kernels than measured add nothing
+    assert hs.host_s(1500, 10e-6, gpu=False) == pytest.approx(0.050)
+
+
+def _dev() -> DeviceSpeed:
+    return DeviceSpeed(name="g", peak_flops={"bf16": 1e15}, bandwidth_bytes_s=1e12, sm_count=None,
+                       asynchronous=True)
+
+
+def test_the_op_count_is_the_floor() -> None:
+    dev = _dev()
+    slow = HostStep(fb_s=0.040, spread_s=0.0, kernels=1000, layers=2, cpu="x")
+    fast = HostStep(fb_s=0.001, spread_s=0.0, kernels=1000, layers=2, cpu="x")
+    times = PhaseTimes({"fb": 0.010, "optimizer": 0.0}, {"fb": 0.020, "optimizer": 0.0}, 0.0, False)
+    assert with_host(dev, times, slow, 1000.0)
+    assert times.host_s["fb"] == pytest.approx(0.040 + 1000 * LAUNCH_S)
+    times = PhaseTimes({"fb": 0.010, "optimizer": 0.0}, {"fb": 0.020, "optimizer": 0.0}, 0.0, False)
+    assert not with_host(dev, times, fast, 1000.0)
+    assert times.host_s["fb"] == 0.020
+    assert not with_host(dev, times, None, 1000.0)
+
+
+def test_a_measured_host_makes_a_small_step_launch_bound() -> None:
+    from trainfit.speed.predict import predict_speed_exact
+
+    dev = _dev()
+    ops = [OpRecord("mm", "forward", 2e9, 1e6, "bf16", (1, 1024, 1024, 1024), True, 1e6)] * 10
+    base = predict_speed_exact(dev, ops, 1, 1, 128, 1, 1e6)
+    hs = HostStep(fb_s=0.020, spread_s=0.0, kernels=10, layers=1, cpu="x")
+    timed = predict_speed_exact(dev, ops, 1, 1, 128, 1, 1e6, host=hs)
+    assert not base.host_measured and timed.host_measured
+    assert timed.bound == "launch-bound"
+    assert timed.step_time_s == pytest.approx(0.020 + 10 * LAUNCH_S)
+    assert timed.host_fb_s == pytest.approx(timed.step_time_s)
+
+
+@pytest.fixture()
+def measuring(monkeypatch, tmp_path):
+    monkeypatch.setenv(host.SWITCH, "1")
+    monkeypatch.setenv("TRAINFIT_CACHE", str(tmp_path))
+    monkeypatch.setattr(host, "_MEMO", {})
+    monkeypatch.setattr(host, "REPEATS", 3)
+    monkeypatch.setattr(host, "WARMUP", 1)
+
+
+def test_measured_once_then_read_from_the_cache(measuring, tiny_llama, monkeypatch) -> None:
+    job = JobSpec(model="tiny-llama", method="lora", precision="bf16-true", grad_ckpt="full")
+    hs = host_step(job, tiny_llama)
+    assert hs is not None and hs.fb_s > 0 and hs.layers == 3
+    # the same code path at another micro-batch, precision and length: not measured again
+    monkeypatch.setattr(host, "_MEMO", {})
+    monkeypatch.setattr(host, "_measure", lambda *a: pytest.fail("measured twice"))
+    again = host_step(job.replace(micro_batch=8, precision="amp-bf16", seq_len=256), tiny_llama)
+    assert again == hs
+
+
+def test_checkpointing_and_lora_add_kernels(measuring, tiny_llama) -> None:
+    full = host_step(JobSpec(model="tiny-llama", method="full", grad_ckpt="off"), tiny_llama)
+    ckpt = host_step(JobSpec(model="tiny-llama", method="full", grad_ckpt="full"), tiny_llama)
+    lora = host_step(JobSpec(model="tiny-llama", method="lora", grad_ckpt="off"), tiny_llama)
+    assert full is not None and ckpt is not None and lora is not None
+    assert ckpt.kernels > full.kernels  # the recomputed forward
+    assert lora.kernels > full.kernels - 3 * 7  # adapters' matmuls; no weight gradients of the base
+
+
+def test_not_measured_where_the_code_path_differs(measuring, tiny_llama) -> None:
+    assert host_step(JobSpec(model="tiny-llama", compile=True), tiny_llama) is None
+    custom = dataclasses.replace(tiny_llama, task="custom-lm")
+    assert host_step(JobSpec(model="tiny-llama"), custom) is None
+
+
+def test_switched_off(monkeypatch, tiny_llama) -> None:
+    monkeypatch.setenv(host.SWITCH, "0")
+    assert host_step(JobSpec(model="tiny-llama"), tiny_llama) is None
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_a_tiny_run_counts_the_kernels_the_simulation_records(measuring, method: str) -> None:
+    """Same job, fp32, no dropout: the tiny CPU run has the kernels the simulation records for
+    a GPU, one for one (attention: CPU flash for the GPU's efficient kernel), but for the few
+    ops transformers runs on a real mask (cumsum, eq, all, ...: once per step, not per layer)."""
+    from trainfit.memory.simulate import simulate_step
+    from trainfit.speed.ops import OpRecorder
+    from trainfit.speed.predict import fb_kernels
+
+    cfg = GPT2Config(n_embd=128, n_layer=3, n_head=4, vocab_size=2000, n_positions=256,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    src = ModelSource("g", cfg, "causal-lm", "local")
+    lora = {"lora_dropout": 0.0} if method == "lora" else {}
+    job = JobSpec(model="g", method=method, **lora, precision="fp32", grad_ckpt="off",
+                  micro_batch=1, grad_accum=1, seq_len=host.TOKENS)
+    hs = host_step(job, src)
+    rec = OpRecorder()
+    simulate_step(job, src, op_hook=rec)
+    assert hs is not None and hs.kernels > 100
+    assert abs(hs.kernels - fb_kernels(rec.ops)) <= 8
+
+
+def test_plan_times_its_rows_with_the_measured_host(measuring, tiny_llama, monkeypatch) -> None:
+    """Through ``plan`` (extrapolated rows and the re-simulated pick): the rows of a small model at
+    short sequences are host-bound, and their host time is the measured one, above the op count."""
+    from trainfit.hardware.gpus import find_gpu
+    from trainfit.plan.grid import plan
+
+    monkeypatch.setenv("TRAINFIT_WORKERS", "1")
+    job = JobSpec(model="tiny-llama", method="lora", precision="bf16-true", seq_len=64)
+    res = plan(job, tiny_llama, find_gpu("h100"), ladder=False)
+    timed = [r for r in res.rows if r.speed is not None and r.speed.tokens_per_s]
+    assert timed and all(r.speed.host_measured for r in timed if r.job.micro_batch == 1)
+    one = next(r for r in timed if r.job.micro_batch == 1)
+    assert one.speed.bound == "launch-bound"
+    assert one.speed.step_time_s >= one.speed.host_fb_s * (one.job.grad_accum or 1)
