@@ -63,6 +63,7 @@ def main() -> int:
     from trainfit.job import JobSpec
     from trainfit.memory.simulate import SimTarget, simulate_step
     from trainfit.speed.cpu import cpu_speed
+    from trainfit.speed.host import host_step
     from trainfit.speed.ops import OpRecorder
     from trainfit.speed.predict import model_flops_per_token, predict_speed_exact
 
@@ -75,7 +76,8 @@ def main() -> int:
         sim = simulate_step(job, srcs[name], SimTarget(device="cpu"), op_hook=rec)
         fpt = model_flops_per_token(srcs[name].config, sim.total_params, sim.trainable_params,
                                     SEQ, job.method == "full")
-        pred = predict_speed_exact(dev, rec.ops, job.micro_batch, 1, SEQ, 1, fpt)
+        pred = predict_speed_exact(dev, rec.ops, job.micro_batch, 1, SEQ, 1, fpt,
+                                   host=host_step(job, srcs[name]))
         rows.append({"model": name, "config": kw, "job": job, "predicted_step_s": pred.step_time_s,
                      "measured": []})
     for _ in range(2):  # interleaved repeats

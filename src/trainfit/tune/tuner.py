@@ -23,6 +23,7 @@ from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.model.runtime import parse_device
 from trainfit.model.source import ModelSource, resolve_model
 from trainfit.speed.cpu import cpu_speed
+from trainfit.speed.host import host_step
 from trainfit.speed.ops import OpRecorder
 from trainfit.speed.predict import model_flops_per_token, predict_speed_exact
 from trainfit.tune.link import LinkMeasurement, measure_link
@@ -148,7 +149,7 @@ class CpuPredictor:
         fpt = model_flops_per_token(self.source.config, sim.total_params, sim.trainable_params,
                                     job.seq_len, job.method == "full")
         sp = predict_speed_exact(cpu_speed(), rec.ops, job.micro_batch or 1, job.grad_accum or 1,
-                                 job.seq_len, job.ranks, fpt)
+                                 job.seq_len, job.ranks, fpt, host=host_step(job, self.source))
         # many ranks: what data parallelism adds to the one-process step (DDP's gradient
         # buckets), as plan adds it — the probe counts the same buckets
         extra, _ = data_parallel_bytes(job, self.source, sim.breakdown, sim.trainable_params)
