@@ -109,6 +109,24 @@ def _row(m: Any, notes: list[str], **pred: Any) -> dict[str, Any]:
             "model_note": m.model_note, "job": m.job, "model": m.model}
 
 
+def _measure_hosts(cases: list[Any]) -> None:
+    """Worker: the host step of every case (trainfit.speed.host), into the cache."""
+    warnings.filterwarnings("ignore")
+    from speed_cases import build_source
+    from trainfit.job import JobSpec
+    from trainfit.speed.host import host_step
+
+    sources: dict[str, Any] = {}
+    for m in cases:
+        try:
+            key = json.dumps(m.model, sort_keys=True, default=str)
+            src = sources.get(key) or build_source(m.model)
+            sources[key] = src
+            host_step(JobSpec(model=src.name, **m.job), src)
+        except Exception:  # reported by the case's own prediction
+            continue
+
+
 def predict_group(cases: list[Any]) -> tuple[list[dict[str, Any]], float]:
     """Worker: fit the group's simulation once, then every case of it. (rows, CPU seconds)."""
     t0 = time.process_time()
@@ -196,6 +214,15 @@ def summarize(rows: list[dict[str, Any]], wall_s: float, cpu_s: float,
             "wall_time_s": wall_s, "worker_cpu_time_s": cpu_s, "source": source}
 
 
+def _merged(source: dict[str, Any]) -> str:
+    m = source.get("merged")
+    if not m:
+        return ""
+    return (f"; {len(m['cases'])} case(s) re-run since (`--cases … --merge`) at "
+            f"{m['source']['commit'][:10]} + {len(m['source']['src_modified'])} modified file(s): "
+            + ", ".join(m["cases"]))
+
+
 def _source_state() -> dict[str, Any]:
     """The commit and the files of src/ modified in the working tree when the workers' snapshot
     was imported (the speed model is being changed: the numbers belong to this state)."""
@@ -245,7 +272,7 @@ def render(rows: list[dict[str, Any]], s: dict[str, Any]) -> str:
          *[f"- **{note}**" for note in s.get("run_notes", [])],
          f"- run: {s['wall_time_s']:.0f} s wall, {s['worker_cpu_time_s']:.0f} s CPU in the workers; "
          f"source {s['source']['commit'][:10]} + {len(s['source']['src_modified'])} modified "
-         "file(s) under src/",
+         "file(s) under src/" + _merged(s['source']),
          "", "| split | plain n | median \\|err\\| | p90 \\|err\\| | median signed | scored n | "
          "median \\|err\\| | p90 \\|err\\| | median signed |", "|---|---|---|---|---|---|---|---|---|"]
     for name, v in s["splits"].items():
@@ -290,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--cases", nargs="*", help="only these case ids (a partial run writes nothing)")
+    ap.add_argument("--merge", action="store_true",
+                    help="with --cases: replace those cases' rows in the committed results and "
+                         "rewrite the summary (the run line says which cases were re-run)")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     sys.path.insert(0, str(ROOT))
@@ -315,6 +345,11 @@ def main(argv: list[str] | None = None) -> int:
     work = sorted(groups.values(), key=lambda g: (g[0].job["method"] != "qlora", -len(g)))
     t0, cpu, rows = time.perf_counter(), 0.0, []
     ctx = multiprocessing.get_context("fork")
+    # plan's host side, measured first, one case after the other, alone (a step's CPU time
+    # measured beside a simulation on the other core came out 2-4× its own): the workers then
+    # read it from the cache
+    with ctx.Pool(1) as pool:
+        pool.map(_measure_hosts, [[m for g in work for m in g]])
     with ctx.Pool(max(1, args.workers), maxtasksperchild=50) as pool:
         for i, (got, cpu_s) in enumerate(pool.imap_unordered(predict_group, work), 1):
             rows += got
@@ -322,11 +357,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{i}/{len(work)}] " + ", ".join(f"{r['id']} {_pct(r['error'], '+') or 'n/a'}"
                                                    for r in got), flush=True)
     rows += [_row(m, m.notes) for m in mapped if m.unsupported]  # listed, no prediction
-    by_id = {m.id: i for i, m in enumerate(mapped)}
-    rows.sort(key=lambda r: by_id[r["id"]])
+    if args.cases and args.merge:
+        old = json.loads((OUT / "speed_published.json").read_text())
+        new = {r["id"]: r for r in rows}
+        rows = [new.get(r["id"], r) for r in old["results"]]
+        source = {**old["summary"]["source"], "merged": {"cases": sorted(new),
+                                                         "source": source}}
+        t0 -= old["summary"]["wall_time_s"]
+        cpu += old["summary"]["worker_cpu_time_s"]
+    else:
+        by_id = {m.id: i for i, m in enumerate(mapped)}
+        rows.sort(key=lambda r: by_id[r["id"]])
     summary = summarize(rows, time.perf_counter() - t0, cpu, source)
     print(render(rows, summary).split("\n| split")[0])
-    if args.cases:
+    if args.cases and not args.merge:
         return 0
     OUT.mkdir(exist_ok=True)
     (OUT / "speed_published.json").write_text(json.dumps({"summary": summary, "results": rows},

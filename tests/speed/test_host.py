@@ -38,6 +38,8 @@ CONFIGS = {
     "gpt2": (GPT2Config(n_layer=2), "causal-lm"),
     "neox": (GPTNeoXConfig(num_hidden_layers=2, rotary_pct=0.25), "causal-lm"),
     "phi": (PhiConfig(num_hidden_layers=2, partial_rotary_factor=0.5), "causal-lm"),
+    "phi-2": (PhiConfig(num_hidden_layers=2, hidden_size=2560, intermediate_size=10240,
+                        num_attention_heads=32, partial_rotary_factor=0.4), "causal-lm"),
     "falcon-mqa": (FalconConfig(num_hidden_layers=2, hidden_size=4544, num_attention_heads=71,
                                 multi_query=True), "causal-lm"),
     "t5": (T5Config(num_layers=2, num_decoder_layers=2), "seq2seq-lm"),
@@ -65,6 +67,16 @@ def test_the_tiny_model_has_the_originals_classes(name: str) -> None:
     if name == "llama-gqa":
         assert (tiny.num_attention_heads, tiny.num_key_value_heads, tiny.hidden_size) == (4, 1, 32)
         assert tiny.pad_token_id < host.VOCAB
+
+
+def test_a_partial_rotary_head_keeps_an_even_rotated_part(measuring) -> None:
+    """phi-2 rotates 0.4 of each head: 8 dimensions would rotate 3.2 (the tiny step failed and
+    nothing was measured); 10 rotate 4.  The tiny step then runs."""
+    cfg, task = CONFIGS["phi-2"]
+    assert host.head_dim_for(cfg.to_dict()) == 10
+    assert host.head_dim_for(GPTNeoXConfig(rotary_pct=0.25).to_dict()) == 8
+    src = ModelSource("phi-2", cfg, task, "local")
+    assert host_step(JobSpec(model="phi-2", method="lora"), src) is not None
 
 
 def test_state_space_layers_are_not_shrunk() -> None:
@@ -178,16 +190,56 @@ def test_a_tiny_run_counts_the_kernels_the_simulation_records(measuring, method:
 
 
 def test_plan_times_its_rows_with_the_measured_host(measuring, tiny_llama, monkeypatch) -> None:
-    """Through ``plan`` (extrapolated rows and the re-simulated pick): the rows of a small model at
-    short sequences are host-bound, and their host time is the measured one, above the op count."""
+    """Through ``plan`` (extrapolated rows and the re-simulated pick), with a host step of known
+    size: every timed row's forward + backward host time is the measured one plus a launch per
+    kernel, so the small rows are launch-bound and their step is that host time."""
     from trainfit.hardware.gpus import find_gpu
     from trainfit.plan.grid import plan
 
     monkeypatch.setenv("TRAINFIT_WORKERS", "1")
+    slow = HostStep(fb_s=0.5, spread_s=0.0, kernels=400, layers=3, cpu="x")
+    monkeypatch.setattr(host, "_measure", lambda *a: slow)
     job = JobSpec(model="tiny-llama", method="lora", precision="bf16-true", seq_len=64)
     res = plan(job, tiny_llama, find_gpu("h100"), ladder=False)
     timed = [r for r in res.rows if r.speed is not None and r.speed.tokens_per_s]
-    assert timed and all(r.speed.host_measured for r in timed if r.job.micro_batch == 1)
-    one = next(r for r in timed if r.job.micro_batch == 1)
-    assert one.speed.bound == "launch-bound"
-    assert one.speed.step_time_s >= one.speed.host_fb_s * (one.job.grad_accum or 1)
+    assert timed and all(r.speed.host_measured and r.speed.bound == "launch-bound" for r in timed)
+    for r in timed:
+        assert r.speed.host_fb_s >= slow.fb_s + slow.kernels * LAUNCH_S
+        assert r.speed.host_fb_s < slow.fb_s + 0.05  # + the launches and the casts' op cost
+        opt = r.speed.step_time_s - (r.job.grad_accum or 1) * r.speed.host_fb_s
+        assert 0 <= opt < 0.05  # the rest is the optimizer's step
+
+
+def test_a_job_the_tiny_run_cannot_take_keeps_the_op_count(measuring, tiny_llama,
+                                                           monkeypatch) -> None:
+    """QLoRA with k-bit preparation is measured as its LoRA twin (the preparation flag belongs to
+    4-bit jobs only); an error inside the measurement never reaches plan."""
+    job = JobSpec(model="tiny-llama", method="qlora", kbit_prepared=True)
+    assert host.tiny_job(job).kbit_prepared is False
+    assert host_step(job, tiny_llama) is not None
+
+    def boom(*a: object) -> None:
+        raise RuntimeError("unforeseen")
+    monkeypatch.setattr(host, "_measure", boom)
+    monkeypatch.setattr(host, "_MEMO", {})
+    assert host_step(JobSpec(model="tiny-llama", grad_ckpt="full", method="full"),
+                     tiny_llama) is None
+
+
+def test_mixture_of_experts_is_not_measured(measuring) -> None:
+    """A tiny MoE step is arithmetic, not host time (the experts' matmuls loop on a CPU)."""
+    from transformers import Qwen2MoeConfig
+
+    cfg = Qwen2MoeConfig(num_hidden_layers=2, num_experts=8)
+    assert host_step(JobSpec(model="m", method="lora"), ModelSource("m", cfg, "causal-lm",
+                                                                     "local")) is None
+
+
+def test_the_callers_random_stream_is_left_as_it_was(measuring, tiny_llama) -> None:
+    import torch
+
+    torch.manual_seed(1234)
+    expected = torch.rand(3)
+    torch.manual_seed(1234)
+    assert host_step(JobSpec(model="tiny-llama", method="full"), tiny_llama) is not None
+    assert torch.equal(torch.rand(3), expected)
