@@ -157,9 +157,13 @@ def test_job_file_checks_reach_the_json(tiny_config_json, tmp_path):
     assert "plan: small simulations" in r.stderr  # progress on stderr, not in the JSON
 
 
-def test_bad_observed_is_a_clear_error(tiny_config_json, tmp_path):
+def test_bad_observed_is_a_clear_error(tiny_config_json, tmp_path, monkeypatch):
     from trainfit.cli.main import app
 
+    def no_plan(*args, **kwargs):
+        raise AssertionError("planned before the job file was checked")
+
+    monkeypatch.setattr("trainfit.plan.grid.plan", no_plan)  # bad input fails before the work
     f = tmp_path / "job.yaml"
     f.write_text(yaml.safe_dump({"model": str(tiny_config_json), "gpu": "a10g",
                                  "seq_len": 128, "observed": "lots"}))

@@ -19,8 +19,8 @@ from transformers import (
 )
 
 from trainfit.job import JobSpec
-from trainfit.memory.extrapolate import layer_count, with_layers
-from trainfit.model.source import ModelSource
+from trainfit.memory.extrapolate import with_layers
+from trainfit.model.source import ModelSource, layer_count
 from trainfit.model.workload import build_model_on_meta
 from trainfit.speed import host
 from trainfit.speed.host import LAUNCH_S, HostStep, host_step, shrunk_config, tiny_job

@@ -230,6 +230,7 @@ def plan_cmd(
             fields["trust_remote_code"] = True
         job = JobSpec.from_dict(fields, source=target or "flags")
         job, current_job = _current_and_grid(job, fields, extra, current, target or "flags")
+        checks = _file_checks(extra, target or "flags")  # bad input fails before the work
         spec = _gpu_spec(gpu, extra, interconnect, say)
         source = resolve_model(job.model, job.trust_remote_code)
         check_seq_len(job.seq_len, source)  # tune and train refuse it too
@@ -237,7 +238,7 @@ def plan_cmd(
             result = plan(job, source, spec, margin=margin, verify=verify,
                           dataset_tokens=dataset_tokens, epochs=epochs, current=current_job,
                           progress=progress)
-        result = with_checks(result, **_file_checks(extra, target or "flags"))
+        result = with_checks(result, **checks)
     except JobError as err:
         _fail(err)
         return

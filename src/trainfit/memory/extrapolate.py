@@ -32,20 +32,9 @@ from trainfit.job import JobSpec
 from trainfit.memory.allocator import K_LARGE_BUFFER, replay
 from trainfit.memory.depth_trace import Trace, aligned_runs, full_depth_trace, one_micro_step_trace
 from trainfit.memory.simulate import SimResult, SimTarget, simulate_step
-from trainfit.model.source import ModelSource
+from trainfit.model.source import ModelSource, layer_count
 from trainfit.speed.ops import OpRecorder
 from trainfit.speed.predict import predict_speed
-
-LAYER_ATTRS = ("num_hidden_layers", "n_layer", "num_layers")
-
-
-def layer_count(source: ModelSource) -> tuple[str | None, int]:
-    cfg = source.config
-    for attr in LAYER_ATTRS:
-        n = getattr(cfg, attr, None)
-        if isinstance(n, int) and n > 0:
-            return attr, n
-    return None, 0
 
 
 def homogeneous(source: ModelSource) -> bool:

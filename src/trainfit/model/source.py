@@ -27,6 +27,20 @@ class ModelSource:
     note: str = ""
 
 
+LAYER_ATTRS = ("num_hidden_layers", "n_layer", "num_layers")
+"""The config fields that give a model's depth (transformers' usual name, GPT-2's, T5's)."""
+
+
+def layer_count(source: ModelSource) -> tuple[str | None, int]:
+    """(the config field holding the depth, the depth); (None, 0) when no field gives it."""
+    cfg = source.config
+    for attr in LAYER_ATTRS:
+        n = getattr(cfg, attr, None)
+        if isinstance(n, int) and n > 0:
+            return attr, n
+    return None, 0
+
+
 def _task_for(config: Any) -> str:
     archs = getattr(config, "architectures", None) or []
     if any("SequenceClassification" in a for a in archs):

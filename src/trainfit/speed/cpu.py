@@ -13,12 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from trainfit.cache import cache_path, read_json, write_json
 from trainfit.speed.cpu_kernels import KernelTimer
-from trainfit.speed.ops import launches_kernel
+from trainfit.speed.ops import KernelCounter
 from trainfit.speed.roofline import DeviceSpeed
 
 
@@ -73,25 +71,6 @@ def _median_time(fn: Any, reps: int = 7, budget_s: float | None = None) -> float
     return sorted(times)[len(times) // 2]
 
 
-class _OpCounter(TorchDispatchMode):
-    """Counts kernels (an output with new storage) and views among the aten ops it sees."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.kernels = 0
-        self.views = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        if launches_kernel(func._overloadpacket.__name__, ins, outs):
-            self.kernels += 1
-        else:
-            self.views += 1
-        return out
-
-
 def _eager_overhead_s() -> float:
     """Host seconds per eager kernel in a training step: forward + backward of a stack of tiny
     Linear/GELU modules (compute negligible), divided by its kernels (views count
@@ -107,7 +86,7 @@ def _eager_overhead_s() -> float:
     def step() -> None:
         model(x).sum().backward()
         model.zero_grad(set_to_none=True)
-    counter = _OpCounter()
+    counter = KernelCounter()
     with counter:
         step()
     t = _median_time(step, reps=9)

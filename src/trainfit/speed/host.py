@@ -47,13 +47,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from trainfit.cache import cache_path, read_json, write_json
 from trainfit.job import JobSpec
 from trainfit.speed.cpu import cpu_model_name
-from trainfit.speed.ops import launches_kernel
+from trainfit.speed.ops import KernelCounter
 
 LAUNCH_S = 6.0e-6
 """What a kernel's launch adds to its op's host cost on a GPU machine: the same elementwise op,
@@ -186,31 +184,13 @@ def _structure(model: torch.nn.Module) -> Counter[str]:
     return Counter(type(m).__name__ for m in model.modules())
 
 
-class _KernelCounter(TorchDispatchMode):
-    """Kernels of aten ops, counted as :class:`trainfit.speed.ops.OpRecorder` records them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.kernels = 0
-        self.active = False
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        out = func(*args, **(kwargs or {}))
-        if self.active and func.namespace == "aten":
-            ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-            outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-            if (ins or outs) and launches_kernel(func._overloadpacket.__name__, ins, outs):
-                self.kernels += 1
-        return out
-
-
 class _Clock:
     """A step observer: this thread's CPU seconds from the first forward to the optimizer (CPU
     time, not wall time: another process on a busy machine takes wall time from the step, not
     CPU time; on a CPU the backward runs on the calling thread); the counter (when given)
     counts only in between."""
 
-    def __init__(self, counter: _KernelCounter | None = None) -> None:
+    def __init__(self, counter: KernelCounter | None = None) -> None:
         self.t0 = self.t1 = 0.0
         self.counter = counter
 
@@ -309,7 +289,7 @@ def _measure(tj: JobSpec, source: Any, cfg: Any) -> HostStep | None:
 def _run_tiny(tj: JobSpec, source: Any, cfg: Any) -> HostStep | None:
     from trainfit.engine.step import repeat_batches, train_step
     from trainfit.model.runtime import build_real
-    from trainfit.model.source import ModelSource
+    from trainfit.model.source import ModelSource, layer_count
     from trainfit.model.workload import build_model_on_meta, make_batch
 
     tiny = ModelSource(source.name, cfg, source.task, source.origin, source.note)
@@ -322,7 +302,7 @@ def _run_tiny(tj: JobSpec, source: Any, cfg: Any) -> HostStep | None:
         return None
     batch = make_batch(tiny, 1, tj.seq_len, generator=torch.Generator().manual_seed(0))
     carry: dict[str, Any] | None = {} if tj.hold_outputs else None
-    counter = _KernelCounter()
+    counter = KernelCounter(active=False)  # the clock turns it on for forward + backward
 
     def step(clock: _Clock) -> float:
         train_step(wl.step_model, wl.optimizer, repeat_batches(batch, 1), grad_accum=1,
@@ -340,6 +320,6 @@ def _run_tiny(tj: JobSpec, source: Any, cfg: Any) -> HostStep | None:
             step(_Clock(counter))
     except Exception:  # the tiny step failed where the real one may not: do not guess
         return None
-    _, layers = _first_int(cfg, ("num_hidden_layers", "n_layer", "num_layers"))
+    _, layers = layer_count(tiny)
     return HostStep(fb_s=times[0], spread_s=times[-1] - times[0],
                     kernels=counter.kernels, layers=layers, cpu=cpu_model_name())

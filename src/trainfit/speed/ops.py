@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
 from trainfit.speed.cpu_kernels import replay_key
@@ -168,6 +170,31 @@ def launches_kernel(name: str, ins: list[torch.Tensor], outs: list[torch.Tensor]
         return True
     in_storages = {id(t.untyped_storage()) for t in ins}
     return any(id(o.untyped_storage()) not in in_storages for o in outs)
+
+
+class KernelCounter(TorchDispatchMode):
+    """Counts the aten ops run under it as kernels or views (:func:`launches_kernel`, the rule
+    :class:`OpRecorder` records by), while ``active``.  The host measurement
+    (:mod:`trainfit.speed.host`) and the CPU's per-op cost (:mod:`trainfit.speed.cpu`) both count
+    with it, so their kernel counts and the simulation's are the same kind of number."""
+
+    def __init__(self, active: bool = True) -> None:
+        super().__init__()
+        self.kernels = 0
+        self.views = 0
+        self.active = active
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        if self.active and func.namespace == "aten":
+            ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            if ins or outs:
+                if launches_kernel(func._overloadpacket.__name__, ins, outs):
+                    self.kernels += 1
+                else:
+                    self.views += 1
+        return out
 
 
 class OpRecorder:
