@@ -176,3 +176,21 @@ def test_with_checks_without_a_current_configuration(tiny_llama):
                tiny_llama, generic_gpu(8))
     out = with_checks(res, observed_device_bytes=GIB, observed_source="x")
     assert out.observed is None  # nothing to compare the observation with
+
+
+@pytest.mark.parametrize("ranks,sharding,offload,said", [
+    (1, "none", "none", "1 rank, "),
+    (2, "none", "none", "2 ranks (DDP)"),
+    (8, "fsdp", "none", "8 ranks (FSDP)"),
+    (2, "zero3", "optimizer", "2 ranks (DeepSpeed ZeRO-3, optimizer states on the CPU)"),
+    (1, "zero3", "all", "1 rank (DeepSpeed ZeRO-3, parameters and optimizer states on the CPU)"),
+    (4, "zero2", "none", "4 ranks (DeepSpeed ZeRO-2)"),
+])
+def test_header_names_how_the_ranks_share_the_model(ranks, sharding, offload, said):
+    """A ZeRO-3 plan's header said "2 ranks (DDP)": every engine is named as planned."""
+    from trainfit.plan.context import plan_assumptions
+    from trainfit.render.plan_words import plan_header
+
+    job = JobSpec(model="t", seq_len=64, ranks=ranks, sharding=sharding, offload=offload)
+    res = SimpleNamespace(assumptions=plan_assumptions(job, {"flash": 1}))
+    assert said in plan_header(res)

@@ -165,3 +165,24 @@ def test_ladder_offers_the_optimizer_step_in_backward_for_a_full_fine_tune() -> 
     # accumulation rules it out: no such rung
     acc = build_ladder(start.replace(micro_batch=2, grad_accum=2), evaluate)
     assert not any(r.job["optimizer_in_backward"] for r in acc)
+
+
+def test_ladder_offers_lora_before_a_shorter_sequence_or_4_bit_weights() -> None:
+    """Gemma-2B full on a T4: the ladder went from the optimizer rungs straight to a shorter
+    sequence and QLoRA; LoRA over the 16-bit base — the usual first answer — was never tried."""
+    from trainfit.plan.ladder import build_ladder
+
+    start = JobSpec(model="m", seq_len=1024, micro_batch=1, grad_accum=1, precision="amp-fp16",
+                    grad_ckpt="full", max_grad_norm=1.0)
+
+    def evaluate(j: JobSpec) -> tuple[int, float | None, bool | None]:
+        peak = 100 - (20 if j.optimizer == "adamw-8bit" else 0)
+        peak -= 40 if j.method == "lora" else 0
+        return peak, 1.0, peak <= 45
+
+    rungs = build_ladder(start, evaluate)
+    changes = [r.change.split(" ")[0] for r in rungs]
+    assert changes[-1] == "LoRA" and rungs[-1].fits and rungs[-1].alters_learning
+    assert not any(c in ("sequence", "QLoRA:") for c in changes)
+    lora = rungs[-1].job
+    assert (lora["method"], lora["lora_r"], lora["max_grad_norm"]) == ("lora", 16, 1.0)

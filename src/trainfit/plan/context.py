@@ -66,6 +66,8 @@ class PlanAssumptions:
     """Job fields the job file marks as assumed (not stated by the user)."""
     optimizer_in_backward: bool = False
     """Each parameter's optimizer steps in the backward pass (no whole-model gradients)."""
+    offload: str = "none"
+    """CPU offload under sharding: none, optimizer, all (JobSpec.offload)."""
 
 
 def plan_assumptions(job: JobSpec, kernels: dict[str, int],
@@ -78,7 +80,8 @@ def plan_assumptions(job: JobSpec, kernels: dict[str, int],
                            ranks=job.ranks, sharding=job.sharding, optimizer=job.optimizer,
                            attention=job.attention, attention_kernels=dict(kernels),
                            versions=installed_versions(), assumed=list(assumed or []),
-                           optimizer_in_backward=job.optimizer_in_backward)
+                           optimizer_in_backward=job.optimizer_in_backward,
+                           offload=job.offload)
 
 
 @dataclass(frozen=True, kw_only=True)

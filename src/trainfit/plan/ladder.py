@@ -60,6 +60,14 @@ def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
         # checkpointing, the blocks' inputs — wait in host memory; the copies are streamed
         steps.append(("activation offloading (saved activations in host memory; host↔GPU "
                       "copies streamed under compute)", {"activation_offload": True}, False))
+    if job.method == "full":
+        # the usual first answer to a full fine-tune that does not fit, before anything that
+        # shortens the data or quantizes the weights: frozen base, rank-16 adapters (the
+        # gradients and optimizer states of the adapters only; the base weights as before)
+        steps.append(("LoRA instead of a full fine-tune (rank-16 adapters; base weights frozen)",
+                      {"method": "lora", "lora_r": 16, "lora_alpha": 32,
+                       "optimizer_in_backward": job.optimizer_in_backward,
+                       "max_grad_norm": job.max_grad_norm}, True))
     if job.method in ("lora", "qlora") and job.lora_r > 8:
         steps.append((f"LoRA rank {job.lora_r} → 8", {"lora_r": 8, "lora_alpha": 16}, True))
     if job.method in ("lora", "qlora") and job.lora_targets not in (["q", "v"],):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainfit.plan.context import PlanAssumptions
 from trainfit.plan.grid import PlanResult
 from trainfit.plan.rows import effective_batches
 
@@ -19,6 +20,21 @@ def _assumed(a: Any, name: str, text: str) -> str:
     return f"{text} (assumed)" if name in a.assumed else text
 
 
+_SHARDING = {"none": "DDP", "fsdp": "FSDP", "zero2": "DeepSpeed ZeRO-2",
+             "zero3": "DeepSpeed ZeRO-3"}
+_OFFLOAD = {"optimizer": "optimizer states on the CPU",
+            "all": "parameters and optimizer states on the CPU"}
+
+
+def _engine(a: PlanAssumptions) -> str:
+    """" (FSDP)", " (DeepSpeed ZeRO-3, optimizer states on the CPU)": how the ranks share the
+    model; nothing for one rank without sharding."""
+    if a.ranks == 1 and a.sharding == "none":
+        return ""
+    return f" ({_SHARDING.get(a.sharding, a.sharding)}" + (
+        f", {_OFFLOAD[a.offload]}" if a.offload in _OFFLOAD else "") + ")"
+
+
 def plan_header(result: PlanResult) -> str | None:
     """One line: the fields every row shares and the stack the simulation ran."""
     a = result.assumptions
@@ -29,8 +45,7 @@ def plan_header(result: PlanResult) -> str | None:
         ", " + _assumed(a, "lora_r", f"LoRA r {a.lora_r}") if a.lora_r is not None else "")
     batch = f"effective batch {a.effective_batch}" if a.effective_batch is not None else \
         "effective batch not given (= micro-batch × ranks per row)"
-    ranks = f"{a.ranks} rank{'s' if a.ranks > 1 else ''}" + (
-        f" ({'FSDP' if a.sharding == 'fsdp' else 'DDP'})" if a.ranks > 1 else "")
+    ranks = f"{a.ranks} rank{'s' if a.ranks > 1 else ''}" + _engine(a)
     kernels = ", ".join(_KERNELS.get(k, k) for k in a.attention_kernels) or "none called"
     versions = ", ".join(f"{k} {v or 'not installed'}" for k, v in a.versions.items())
     parts = [method, _assumed(a, "seq_len", f"seq {a.seq_len}"),

@@ -148,7 +148,8 @@ KERNELS: dict[str, FamilyKernels] = {
     "turing": FamilyKernels(
         "turing", 0.87, None,
         Attention(0.30, 500, "ssiu/flash-attention-turing README: SDPA ~0.3 of peak (derived)"),
-        0.80, "no published MAMF for T4 (a 70 W card): A100's taken; bandwidthTest 0.75"),
+        0.80, "no published MAMF for Turing: A100's taken (an RTX 2080 reads 0.97 of its "
+              "datasheet in zzc0721/torch-performance-test-data); bandwidthTest 0.75"),
     "ampere_dc": FamilyKernels(
         "ampere_dc", 0.87, Attention(0.56, 500, _FA2_PAPER),
         Attention(0.26, 500, _FA2_PAPER + " (xformers baseline: 0.26 at 16k)"),
@@ -202,6 +203,15 @@ def family(compute_capability: str | None, name: str = "") -> str | None:
 
 A100_PCIE_MAMF = 0.81
 """A100 PCIe (250-300 W): 253 of 312 TF in the same MAMF table (power-limited)."""
+T4_MAMF = 0.66
+"""Tesla T4 (70 W): the best torch.matmul of five squares (1024-10240) reached 41.91 TF fp16 on
+Colab (PyTorch 2.8) and 42.71 on Kaggle (PyTorch 2.6) of the datasheet's 65 — 0.64-0.66
+(zzc0721/torch-performance-test-data database.md, two independent entries).  The card's power
+cap holds its clock far below the 1590 MHz boost the datasheet's figure assumes: the same table
+has a 250 W Turing card (RTX 2080) at 0.97 of its datasheet, and A100 / H100 / V100 at 0.79-0.85
+/ 0.77 / 0.68-0.78 (near MAMF's 0.87 / 0.80 / 0.74), so the table reads MAMF-like figures."""
+T4_MAMF_FP32 = 0.55
+"""Tesla T4 IEEE fp32 (CUDA cores): 4.17 and 4.43 of 8.1 TF in the same two entries (0.51-0.55)."""
 
 
 def kernels_for(compute_capability: str | None, name: str = "") -> FamilyKernels | None:
@@ -212,4 +222,9 @@ def kernels_for(compute_capability: str | None, name: str = "") -> FamilyKernels
     if fam == "ampere_dc" and "pcie" in name.lower():
         return dataclasses.replace(k, gemm_mamf=A100_PCIE_MAMF,
                                    source=k.source + "; A100 PCIe 253/312 TF")
+    if fam == "turing" and name.lower() == "t4":
+        return dataclasses.replace(
+            k, gemm_mamf=T4_MAMF, gemm_mamf_fp32=T4_MAMF_FP32,
+            source="T4 (70 W): torch.matmul 42.7 of 65 TF fp16, 4.4 of 8.1 TF fp32 "
+                   "(zzc0721/torch-performance-test-data); bandwidthTest 0.75")
     return k
