@@ -85,7 +85,7 @@ def test_a_peak_moment_that_moves_between_the_small_depths_keeps_the_total_fit()
     shows it at test size (+33 % before the fix)."""
     from transformers import LlamaConfig
 
-    from trainfit.memory.extrapolate import _nonnegative
+    from trainfit.memory.rebook import nonnegative
     from trainfit.model.source import ModelSource
 
     cfg = LlamaConfig(hidden_size=512, intermediate_size=2048, num_hidden_layers=8,
@@ -105,7 +105,7 @@ def test_a_peak_moment_that_moves_between_the_small_depths_keeps_the_total_fit()
     assert pred["peak_allocated_bytes"] == pytest.approx(full.peak_allocated_bytes, rel=0.002)
     assert all(v >= 0 for v in pred["breakdown"].values())
     # the helper: no category below 0, the total kept, parameters and states untouched
-    fixed = _nonnegative({"parameters": 10, "optimizer": 20, "gradients": 50, "activations": -40,
+    fixed = nonnegative({"parameters": 10, "optimizer": 20, "gradients": 50, "activations": -40,
                           "temporaries": 5})
     assert fixed == {"parameters": 10, "optimizer": 20, "gradients": 15, "activations": 0,
                      "temporaries": 0}

@@ -242,6 +242,11 @@ def plan_cmd(
     except JobError as err:
         _fail(err)
         return
+    _print_plan(result, spec, as_json, all_rows)
+
+
+def _print_plan(result: Any, spec: Any, as_json: bool, all_rows: bool) -> None:
+    """The plan as JSON (with where the GPU's memory figure came from) or as rich tables."""
     if as_json:
         from trainfit.render.plan_words import plan_words
         from trainfit.render.words import plan_json

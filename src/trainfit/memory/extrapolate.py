@@ -31,6 +31,7 @@ from typing import Any
 from trainfit.job import JobSpec
 from trainfit.memory.allocator import K_LARGE_BUFFER, replay
 from trainfit.memory.depth_trace import Trace, aligned_runs, full_depth_trace, one_micro_step_trace
+from trainfit.memory.rebook import nonnegative, rebooked
 from trainfit.memory.simulate import SimResult, SimTarget, simulate_step
 from trainfit.model.source import ModelSource, layer_count
 from trainfit.speed.ops import OpRecorder
@@ -158,7 +159,7 @@ class BilinearModel:
         for k in phases:
             cats = sorted({c for p in self._all()
                            for c in p.sim.phase_breakdowns.get(k, {})})
-            out[k] = _nonnegative({c: self.eval_at(
+            out[k] = nonnegative({c: self.eval_at(
                 lambda p, k=k, c=c: p.sim.phase_breakdowns.get(k, {}).get(c, 0), batch)
                 for c in cats})
         return out
@@ -322,8 +323,8 @@ class BilinearModel:
             # the full-depth trace's peak where the phase fits' moment moved with depth; what
             # it holds beyond (or short of) them is booked as temporaries (then activations)
             delta = traced[0] - allocated
-            breakdown = _rebooked(breakdown, delta)
-            certain[phase] = _rebooked(certain[phase], delta)
+            breakdown = rebooked(breakdown, delta)
+            certain[phase] = rebooked(certain[phase], delta)
             allocated = sum(breakdown.values()) + block_overhead
         reserve = round(self.fragmentation_ratio() * max(0, allocated - steady))
         if traced is not None:
@@ -347,38 +348,6 @@ SEGMENT_SLACK_BYTES = K_LARGE_BUFFER
 c10/cuda/CUDACachingAllocator.cpp), which a share of bytes cannot resolve: a full-depth step
 needed one 20 MiB segment more than the share predicted (tiny Llama, bf16-true)."""
 
-
-def _nonnegative(fits: dict[str, int]) -> dict[str, int]:
-    """Category fits with none below 0 and the same total: a category fitted negative is 0,
-    and what it took is taken from the others (temporaries, activations, gradients first).
-
-    The moment a phase peaks can move between the two small depths (Llama-3.2-1B amp-fp16,
-    checkpointed, micro-batch 1: the backward peaked at its start at 2 layers, activations
-    whole, and at its end at 3, gradients complete), so one category falls with depth and
-    another rises; fitted on their own, the falling one goes negative at full depth and the
-    rising one grows by as much.  Clipping only the negative one at 0 kept the other's rise:
-    39.0 GiB against 23.5 simulated at full size, checkpointing above no checkpointing.  The
-    total's fit (the sum of the unclipped fits, the fit being linear) is kept instead."""
-    out = {c: max(0, v) for c, v in fits.items()}
-    return _rebooked(out, sum(fits.values()) - sum(out.values()),
-                     order=("temporaries", "activations", "gradients"))
-
-
-def _rebooked(breakdown: dict[str, int], delta: int,
-              order: tuple[str, ...] = ("temporaries", "activations")) -> dict[str, int]:
-    """``breakdown`` with ``delta`` bytes added to temporaries, or taken from the terms in
-    ``order`` (temporaries, then activations), then the other terms (none below 0)."""
-    out = dict(breakdown)
-    if delta >= 0:
-        out["temporaries"] = out.get("temporaries", 0) + delta
-        return out
-    need = -delta
-    for k in (*order, *sorted(out)):
-        take = min(need, out.get(k, 0))
-        if take:
-            out[k] -= take
-            need -= take
-    return out
 
 FIT_LAYERS = (2, 3)
 """Depths of the small simulations.  Not 1: a one-layer stack's first layer is also its last, and

@@ -16,6 +16,8 @@ from typing import Any
 
 from trainfit.job import JobError, JobSpec
 
+LORA_FOR_FULL = {"lora_r": 16, "lora_alpha": 32}
+"""The adapters a full fine-tune's rungs switch to (LoRA, then QLoRA)."""
 MIN_RUNG_SAVING = 0.01
 """A rung must lower the device peak by at least 1 % (the extrapolation's own tolerance) to be
 taken: halving Mistral-7B's sequence under bf16-true saved 2 MiB of 41 GiB (the peak is the
@@ -65,7 +67,7 @@ def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
         # shortens the data or quantizes the weights: frozen base, rank-16 adapters (the
         # gradients and optimizer states of the adapters only; the base weights as before)
         steps.append(("LoRA instead of a full fine-tune (rank-16 adapters; base weights frozen)",
-                      {"method": "lora", "lora_r": 16, "lora_alpha": 32,
+                      {"method": "lora", **LORA_FOR_FULL,
                        "optimizer_in_backward": job.optimizer_in_backward,
                        "max_grad_norm": job.max_grad_norm}, True))
     if job.method in ("lora", "qlora") and job.lora_r > 8:
@@ -76,7 +78,7 @@ def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
         steps.append((f"sequence {job.seq_len} → {job.seq_len // 2} tokens",
                       {"seq_len": job.seq_len // 2}, True))
     if job.method != "qlora" and importlib.util.find_spec("bitsandbytes"):
-        lora = {} if job.method != "full" else {"lora_r": 16, "lora_alpha": 32}
+        lora = LORA_FOR_FULL if job.method == "full" else {}
         steps.append(("QLoRA: 4-bit NF4 base weights, LoRA adapters",
                       {"method": "qlora", "quant": "nf4-dq", **lora}, True))
     steps.append((f"FSDP over {job.ranks * 2} ranks", {"sharding": "fsdp", "ranks": job.ranks * 2,

@@ -203,14 +203,16 @@ class _Clock:
             self.counter.active = phase in ("forward", "backward")
 
 
+def head_chunks(job: JobSpec) -> int:
+    """How many chunks the job's head runs in (1 without ``lm_head_chunk``)."""
+    return -(-job.seq_len // job.lm_head_chunk) if job.lm_head_chunk else 1
+
+
 def tiny_job(job: JobSpec, tokens: int = TOKENS) -> JobSpec:
     """The job as the tiny CPU run takes it: fp32, one sequence of ``tokens``, one process, no
     compile, no LoRA dropout (see :func:`shrunk_config`); a chunked head cut into as many chunks
     as at the job's length (its Python loops once per chunk)."""
-    chunk = None
-    if job.lm_head_chunk:
-        n_chunks = -(-job.seq_len // job.lm_head_chunk)
-        chunk = max(1, -(-tokens // n_chunks))
+    chunk = max(1, -(-tokens // head_chunks(job))) if job.lm_head_chunk else None
     lora = {"method": "lora", "lora_dropout": 0.0} if job.method in ("lora", "qlora") else {}
     return dataclasses.replace(
         job, precision="fp32", **lora, quant=None, micro_batch=1, grad_accum=1,
@@ -263,8 +265,7 @@ def _host_step(job: JobSpec, source: Any) -> HostStep | None:
         # matmuls and the routed tokens are real arithmetic (a 128-expert tiny run: 1.7 s of
         # compute for 0.09 s of ops), so the time would not be the host's
         return None
-    n_chunks = -(-job.seq_len // job.lm_head_chunk) if job.lm_head_chunk else 1
-    tj = tiny_job(job, max(TOKENS, n_chunks))
+    tj = tiny_job(job, max(TOKENS, head_chunks(job)))
     key = _key(tj, cfg, source.task)
     if key in _MEMO:
         return _MEMO[key]
