@@ -21,19 +21,23 @@ gives the trace of ``b + extra`` layers, with
   ``event_phases``; freeing them first-in-first-out left every size and the allocated peak
   right but freed other blocks than the step does: Mistral-7B amp-fp16 at micro-batch 8 read a
   reserve of 1.0 GiB against 7.5 GiB simulated at full depth);
-* the blocks a layer passes on chained: a block the layer frees but did not allocate (the
-  previous layer's output, the next layer's input gradient) is, for the second copy on, the
-  block the copy run before passed out (paired by size and stream, in order), and the one copy
-  left over is the one the rest of the step frees.
+* the blocks a layer passes on chained (:func:`_chains`): a block made on one side of a run's
+  boundary and freed on the other (the previous layer's output, what the forward saved for the
+  backward) is taken by the frees of its chain in the order the deeper trace's frees take them,
+  an inserted allocation standing for all its copies (a queue, a stack, or a rotation of one).
 
 Replayed through :func:`trainfit.memory.allocator.replay`, the synthesized trace gives the
-allocated peak and the reserve of the full-depth simulation itself, to the byte on the
-catalog-scale configurations checked (Mistral-7B at every precision, Llama-2-7B LoRA, Qwen2.5-7B
-with 2- and 8-rank FSDP), with exceptions of a few hundred MiB of reserve: Mistral-7B
-bf16-true 4×1 +468 MiB (benchmarks/results/invariants.md), amp-bf16 checkpointed 12×1 −204 MiB
-(0.18 % of its reserved total: an alignment choice the phase order does not resolve).  When
-the traces do not differ by repeated runs (anything but insertions, or a passed-on block
-without a partner) there is no synthesized trace and the caller keeps its share model.
+allocated peak and the reserve of the full-depth simulation itself, to the byte, and frees the
+same blocks at the same moments (but for one per-step block of a few hundred bytes whose size
+grows with the depth), on every catalog-scale configuration checked: Mistral-7B bf16-true 1×1,
+1×2, 4×1, amp-bf16 1×2, 2×2, checkpointed 2×1 and 12×1, amp-fp16 8×1; Llama-2-7B LoRA 1×1;
+Llama-3.2-1B bf16-true 1×1, 2×1; Qwen2.5-7B 8-rank FSDP bf16-true 2×2.  Pairing each run's
+frees with the copy run before instead read those reserves up to 224 MiB over and 176 MiB under
+(Mistral-7B bf16-true 1×1: 1,052 MiB against 1,228).  When the traces do not differ by repeated
+runs (anything but insertions), or a chain's frees take its blocks in an order the shallow
+trace contradicts, there is no synthesized trace and the caller keeps its share model: the
+accumulating checkpointed amp step, whose last layer's output lives until the backward where
+the others' die in the next layer.
 """
 
 from __future__ import annotations
@@ -41,7 +45,6 @@ from __future__ import annotations
 import bisect
 import difflib
 import math
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,18 +96,133 @@ class LayerRuns:
     """Block id → stream, numbered by first use."""
     made_inside: dict[int, bool]
     """Block allocated in an inserted run → whether that run is in the backward."""
-    passed: dict[int, int]
-    """Block a run frees but did not allocate → the block the run passes out in its place."""
-    chain: dict[int, tuple[bool, bool]]
-    """Passed-out block → (freed by a run going against its maker's order, freed before it)."""
+    chains: dict[int, int]
+    """Event index of a free of a block a layer passes on → its chain (see :func:`_chains`)."""
+    takes: dict[int, list[tuple[int, bool]]]
+    """Chain → the allocations its frees take, in order, an inserted one standing for its
+    copies, with whether those go last copy first (:func:`_takes`)."""
     backward: Any
     """Event index → whether it falls in the backward."""
 
 
+def _makers(events: list[tuple[int, int]]) -> list[int | None]:
+    """Event index → for a free, the index of its block's allocation (None: made before the
+    trace began, or the event is an allocation)."""
+    at: dict[int, int] = {}
+    out: list[int | None] = []
+    for j, (u, d) in enumerate(events):
+        if d > 0:
+            at[u] = j
+        out.append(None if d > 0 else at.get(u))
+    return out
+
+
+class _Sets:
+    """Union-find over event indices (the chains)."""
+
+    def __init__(self) -> None:
+        self.up: dict[int, int] = {}
+
+    def find(self, x: int) -> int:
+        self.up.setdefault(x, x)
+        while self.up[x] != x:
+            self.up[x] = self.up[self.up[x]]
+            x = self.up[x]
+        return x
+
+    def join(self, a: int, b: int) -> None:
+        self.up[self.find(a)] = self.find(b)
+
+
+def _takes(sites: list[int]) -> list[tuple[int, bool]]:
+    """A chain's allocations (``sites``: their indices, in the order the deeper trace's frees
+    take them), each with whether its copies, where it is an inserted one, are taken last copy
+    first.  They go the way the frees go around it: against the step's order where the
+    allocation taken just before it was made after it (for the first: the one taken just after
+    it was made before it): a stack's frees take the deepest layer's block first."""
+    return [(s, sites[k - 1] > s if k else len(sites) > 1 and sites[1] < s)
+            for k, s in enumerate(sites)]
+
+
+def _chains(shallow: Trace, deeper: Trace, inside: list[bool],
+            ops: list[tuple[str, int, int, int, int]]
+            ) -> tuple[dict[int, int], dict[int, list[tuple[int, bool]]]] | None:
+    """The chains of passed-on blocks: each free's event index (deeper) → its chain, and each
+    chain → the allocations its frees take, in order (:func:`_takes`).
+
+    A layer passes blocks on: its output is freed by a later layer, what its forward saved by
+    its backward.  Where the inserted run does not begin at a layer's boundary (the alignment
+    picks one rotation of the repeated events) a block can be freed one layer or two after the
+    one that made it: Mistral-7B bf16-true, 512 tokens, one micro-step: the hidden state a run
+    makes last is freed two runs on, so the block made just before the first run is freed by
+    the second copy (pairing each run's free with the copy before it left every size right but
+    read the reserve 156 MiB under the full-depth simulation at micro-batch 1).  Which blocks a
+    chain holds is read from both traces: in the deeper one, each free of a block made on the
+    other side of a run's boundary; in the shallow one, each free outside the runs that takes
+    another block than its counterpart in the deeper trace.  The order in which the deeper
+    trace's frees take the chain's allocations, with each inserted allocation standing for all
+    its copies, is the order at any depth: a queue (a layer's output, freed by the layers
+    after), a stack (what the forward saved, freed by the backward deepest layer first), or
+    neither (the block made after a loop freed first, then the loop's in order: Llama-3.2-1B
+    amp-bf16 checkpointed).  It must also give the shallow trace's own pairs; None when not."""
+    ev = deeper[0]
+    maker = _makers(ev)
+    to_deep = {i1 + k: j1 + k for tag, i1, i2, j1, _ in ops if tag == "equal"
+               for k in range(i2 - i1)}
+    sets = _Sets()
+    for j, p in enumerate(maker):
+        if p is not None and inside[j] != inside[p]:
+            sets.join(j, p)
+    low_pairs: dict[int, int] = {}
+    for i, p in enumerate(_makers(shallow[0])):
+        if shallow[0][i][1] > 0:
+            continue
+        j = to_deep[i]
+        if (p is None) != (maker[j] is None):
+            return None  # one frees a block made before the trace began, the other not
+        if p is not None:
+            low_pairs[j] = to_deep[p]
+            if maker[j] != to_deep[p]:
+                sets.join(j, to_deep[p])
+                sets.join(j, maker[j])
+    chain = {j: sets.find(j) for j in sets.up if ev[j][1] < 0}
+    takes: dict[int, list[tuple[int, bool]]] = {}
+    for c in set(chain.values()):
+        frees = sorted(j for j in chain if chain[j] == c)
+        takes[c] = _takes([maker[j] for j in frees])
+        kept = [s for s, _ in takes[c] if not inside[s]]
+        low = [j for j in frees if not inside[j]]
+        if [low_pairs[j] for j in low] != kept[:len(low)]:
+            return None
+    return chain, takes
+
+
+def _split_junctions(ops: list[tuple[str, int, int, int, int]], ta: list[Any], tb: list[Any]
+                     ) -> list[tuple[str, int, int, int, int]]:
+    """Each inserted run A + B that sits where the shallow trace has A A before and B B after
+    split in two (A repeated, then B repeated).  One foreach op over every layer's tensors makes
+    them all, then frees them all: the shallow trace holds two layers' allocations then two
+    layers' frees, and the alignment may insert the third layer's at the junction as one run;
+    repeated whole it would alternate one layer's allocations and frees (Mistral-7B AdamW's
+    per-tensor scalars: 676 events in another order than the 32-layer simulation's).  A
+    layer's own run A B rotated to a junction has B A, not A A, before it."""
+    out: list[tuple[str, int, int, int, int]] = []
+    for tag, i1, i2, j1, j2 in ops:
+        run = tb[j1:j2]
+        cut = next((k for k in range(1, len(run)) if tag == "insert"
+                    and ta[max(0, i1 - 2 * k):i1] == run[:k] * 2
+                    and ta[i1:i1 + 2 * (len(run) - k)] == run[k:] * 2), None)
+        if cut is None:
+            out.append((tag, i1, i2, j1, j2))
+        else:
+            out += [("insert", i1, i1, j1, j1 + cut), ("insert", i1, i1, j1 + cut, j2)]
+    return out
+
+
 def layer_runs(shallow: Trace, deeper: Trace) -> LayerRuns | None:
     """The repeated runs between ``shallow`` and ``deeper`` (the same step at depths one or more
-    layers apart), or None when they differ by anything but insertions or a passed-on block has
-    no partner (see the module docstring)."""
+    layers apart), or None when they differ by anything but insertions or the blocks a layer
+    passes on do not chain (see :func:`_chains`)."""
     sa, sb = _streams_in_order(shallow), _streams_in_order(deeper)
     ev_b = deeper[0]
     ta = [(d > 0, abs(d), sa.get(u, 0)) for u, d in shallow[0]]
@@ -112,27 +230,17 @@ def layer_runs(shallow: Trace, deeper: Trace) -> LayerRuns | None:
     ops = difflib.SequenceMatcher(None, ta, tb, autojunk=False).get_opcodes()
     if any(tag not in ("equal", "insert") for tag, *_ in ops):
         return None
+    ops = _split_junctions(ops, ta, tb)
     inside = [False] * len(ev_b)
     for tag, _, _, j1, j2 in ops:
         if tag == "insert":
             inside[j1:j2] = [True] * (j2 - j1)
-    alloc_in = {u for (u, d), ins in zip(ev_b, inside, strict=True) if d > 0 and ins}
-    alloc_out = {u for (u, d), ins in zip(ev_b, inside, strict=True) if d > 0 and not ins}
-    taken: dict[tuple[int, int], list[int]] = defaultdict(list)  # freed inside, made outside
-    given: dict[tuple[int, int], list[int]] = defaultdict(list)  # made inside, freed outside
-    for (u, d), ins in zip(ev_b, inside, strict=True):
-        if d < 0 and ins and u in alloc_out:
-            taken[(-d, sb.get(u, 0))].append(u)
-        elif d < 0 and not ins and u in alloc_in:
-            given[(-d, sb.get(u, 0))].append(u)
-    if {k: len(v) for k, v in taken.items()} != {k: len(v) for k, v in given.items()}:
+    got = _chains(shallow, deeper, inside, ops)
+    if got is None:
         return None
-    passed = {x: y for k in taken for x, y in zip(taken[k], given[k], strict=True)}
     backward = _backward(deeper)
-    where = {u: j for j, (u, d) in enumerate(ev_b)}  # the free's index (a free comes last)
     made = {u: backward(j) for j, (u, d) in enumerate(ev_b) if d > 0 and inside[j]}
-    chain = {y: (backward(where[x]) != made[y], where[y] < where[x]) for x, y in passed.items()}
-    return LayerRuns(ops, ev_b, sb, made, passed, chain, backward)
+    return LayerRuns(ops, ev_b, sb, made, *got, backward)
 
 
 def deeper_trace(shallow: Trace, deeper: Trace, extra_layers: int, sized: Trace | None = None,
@@ -158,42 +266,47 @@ def deeper_trace(shallow: Trace, deeper: Trace, extra_layers: int, sized: Trace 
     # Which copy a free takes.  Copies run in the order of their phase: the forward's from the
     # first layer up, the backward's from the last layer down, so a backward copy frees what
     # the forward copy at the other end saved (copy E − c), and within one direction copy c
-    # frees copy c's.  A block one copy passes on (made inside, freed outside the repeated
-    # runs) is freed by the next copy to run and, for one copy, by the rest of the step: where
-    # that free comes before the taking copies it takes the first copy to run, else the last.
+    # frees copy c's.  A free of a passed-on block (a chain's) takes its block from the chain
+    # when the whole trace is laid out (below).
     last = extra_layers
-
-    def taken_copy(y: int, c: int) -> int:
-        """The copy of given block ``y`` that the taking run's copy ``c`` ≥ 1 frees."""
-        against, before = r.chain[y]
-        return (last - c if before else last - c + 1) if against else (c if before else c - 1)
-
-    def rest_copy(y: int) -> int:
-        """The copy of given block ``y`` that the rest of the step frees."""
-        against, before = r.chain[y]
-        return (last if before else 0) if against else (0 if before else last)
-
     events: list[tuple[int, int]] = []
+    site: list[int] = []  # each event's index in the deeper trace
     for tag, _, _, j1, j2 in r.ops:
-        chunk = [(*r.events[j], size[j]) for j in range(j1, j2)]
         if tag == "equal":
-            events += [(u + rest_copy(u) * _COPY if d < 0 and u in r.made_inside else u, n)
-                       for u, d, n in chunk]
+            events += [r.events[j] for j in range(j1, j2)]
+            site += range(j1, j2)
             continue
         rev = r.backward(j1)
         for c in range(extra_layers + 1):
-            for u, d, n in chunk:
-                if d > 0:
-                    events.append((u + c * _COPY if u in r.made_inside else u, n))
-                elif c and u in r.passed:  # what the copy run before passed on
-                    events.append((r.passed[u] + taken_copy(r.passed[u], c) * _COPY, n))
-                elif u in r.made_inside:
-                    events.append((u + (last - c if r.made_inside[u] != rev else c) * _COPY, n))
-                else:
-                    events.append((u, n))
+            for j in range(j1, j2):
+                u, d = r.events[j]
+                if d > 0 and u in r.made_inside:
+                    u += c * _COPY
+                elif d < 0 and u in r.made_inside and j not in r.chains:
+                    u += (last - c if r.made_inside[u] != rev else c) * _COPY
+                events.append((u, d))
+                site.append(j)
+    queue = {c: [r.events[s][0] + k * _COPY
+                 for s, rev in order
+                 for k in (range(last, -1, -1) if rev else range(last + 1))
+                 if k == 0 or r.events[s][0] in r.made_inside]
+             for c, order in r.takes.items()}
+    live: set[int] = set()
+    out: list[tuple[int, int]] = []
+    for (u, d), j in zip(events, site, strict=True):
+        if d < 0 and j in r.chains:
+            taken = queue[r.chains[j]]
+            if not taken or taken[0] not in live:
+                return None  # the chain's next block is not made yet: not this order
+            u = taken.pop(0)
+        if d > 0:
+            live.add(u)
+        else:
+            live.discard(u)
+        out.append((u, size[j]))  # signed: an allocation's bytes, or a free's negated
     sb = r.streams
-    streams = {u: sb[u % _COPY] for u, d in events if d > 0 and u % _COPY in sb}
-    return events, streams  # no phases: a synthesized trace is replayed, not extended again
+    streams = {u: sb[u % _COPY] for u, d in out if d > 0 and u % _COPY in sb}
+    return out, streams  # no phases: a synthesized trace is replayed, not extended again
 
 
 ALIGN_AT = 1 / math.sqrt(2)
