@@ -259,3 +259,38 @@ def test_no_cut_where_the_first_step_ran_in_full(tiny_llama, fields: dict[str, A
                   grad_ckpt="off", **fields)
     two = simulate_step(job, tiny_llama, SimTarget(), record_events=True)
     assert one_micro_step_trace((two.events, two.event_streams, two.event_phases)) is None
+
+
+def test_an_extrapolated_row_at_the_cards_limit_is_the_full_size_simulation() -> None:
+    """Past the card the allocator releases its cache and retries: an extrapolated plan row
+    replays its full-depth trace at the card's limit, as the full-size simulation does (Qwen2.5-7B
+    QLoRA, 2-rank FSDP, amp-bf16 checkpointed, micro-batch 64 on an A100-80GB: the row read
+    15.7 GiB over its allocated peak, the full-size simulation 2.8 GiB after one retry)."""
+    import dataclasses
+
+    from trainfit.hardware.gpus import find_gpu
+    from trainfit.plan.grid import plan
+
+    job = JOBS["LoRA bf16, one micro-step"].replace(micro_batch=None, effective_batch=8,
+                                                     grad_ckpt="off")
+    src = _qwen(8)
+    roomy_gpu = find_gpu("a10g")
+
+    def row(gpu: Any) -> Any:
+        got = plan(job, src, gpu)
+        return next(r for r in got.rows if r.job.micro_batch == 4 and r.how == "extrapolated")
+
+    roomy = row(roomy_gpu).memory
+    gap = roomy.peak_reserved_bytes - roomy.peak_allocated_bytes
+    assert gap > 20 * 2**20
+    card = dataclasses.replace(roomy_gpu, memory_bytes=roomy_gpu.memory_bytes
+                               - (roomy_gpu.memory_bytes - roomy.peak_device_bytes)
+                               - int(gap * 0.4))
+    tight = row(card).memory
+    full = predict_memory(job.replace(micro_batch=4, effective_batch=None, grad_accum=2), src,
+                          card)
+    assert full.alloc_retries >= 1
+    assert tight.alloc_retries == full.alloc_retries
+    assert tight.peak_allocated_bytes == full.peak_allocated_bytes
+    assert tight.peak_reserved_bytes == full.peak_reserved_bytes  # the same trace, capped
+    assert tight.peak_reserved_bytes < roomy.peak_reserved_bytes

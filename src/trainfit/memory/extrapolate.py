@@ -212,14 +212,19 @@ class BilinearModel:
             cache[key] = self._replay_full_depth(batch, accumulating)
         return cache[key]
 
-    def _replay_full_depth(self, batch: int, accumulating: bool) -> tuple[int, int] | None:
+    def full_trace(self, batch: int, accumulating: bool) -> Trace | None:
+        """The full-depth trace :meth:`full_depth` replays (made again at each call: a
+        catalog-scale trace holds tens of thousands of events), or None."""
         traces = {(p.layers, p.batch): p.traces[accumulating] for p in self._all()
                   if accumulating in p.traces}
         cache = self.__dict__.setdefault("_aligned", {})
         depths = (self.points[0].layers, self.points[1].layers)
         if accumulating not in cache:
             cache[accumulating] = aligned_runs(traces, depths)
-        trace = full_depth_trace(traces, depths, self.full_layers, batch, cache[accumulating])
+        return full_depth_trace(traces, depths, self.full_layers, batch, cache[accumulating])
+
+    def _replay_full_depth(self, batch: int, accumulating: bool) -> tuple[int, int] | None:
+        trace = self.full_trace(batch, accumulating)
         if trace is None:
             return None
         rep = replay(trace[0], trace[1])

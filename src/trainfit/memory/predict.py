@@ -295,7 +295,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
            margin: float = DEFAULT_MARGIN, eager_module_loading: bool = False,
            phase_breakdowns: dict[str, dict[str, int]] | None = None,
            per_rank: bool = False, quant_state_bytes: int = 0,
-           trace: tuple[list[tuple[int, int]], dict[int, int]] | None = None,
+           trace: Any = None,
            compile_untraced: list[str] | None = None,
            compile_partitioned: bool | None = None,
            reserved_floor_bytes: int = 0) -> MemoryPrediction:
@@ -304,9 +304,9 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     ``tensor_peak_bytes`` is the one-process allocated peak (whole blocks), ``breakdown`` what was
     alive at it, ``reserved_replay_bytes`` the caching allocator's reserve for that trace,
     ``phase_breakdowns`` the breakdown at every phase's peak (for data parallelism), ``trace``
-    the step's alloc/free events and streams (full-size simulations: replayed again at the card's
-    limit when the reserve would pass it).  Every breakdown term is ≥ 0 and the terms other than
-    ``managed`` sum to the allocated peak."""
+    the step's alloc/free events and streams, or a function that makes them (None where it
+    cannot): replayed again at the card's limit when the reserve would pass it.  Every breakdown
+    term is ≥ 0 and the terms other than ``managed`` sum to the allocated peak."""
 
     work = cublas_workspace_bytes(gpu)
     # Whole blocks the allocator hands out beyond the tensors' 512 B-rounded bytes (an unsplit
@@ -417,17 +417,21 @@ def _fit(band: ErrorBand, cap: int | None, resident: int, margin: float
     return resident <= limit, limit - resident, note
 
 
-def _at_card_limit(trace: tuple[list[tuple[int, int]], dict[int, int]], room_bytes: int,
-                   allocated: int, tensor_peak_bytes: int, reserved: int) -> tuple[int, int, str]:
+def _at_card_limit(trace: Any, room_bytes: int, allocated: int, tensor_peak_bytes: int,
+                   reserved: int) -> tuple[int, int, str]:
     """(reserved, retries, note) once the card is taken into account; ``room_bytes`` is what
     cudaMalloc can still get.  The real allocator does not grow past the card: it releases its
     cached segments and retries (CUDACachingAllocator.cpp), so the run goes on while the
     allocated bytes and the blocks it cannot release fit — otherwise it is out of memory, and
     the reserve the step asks for stands."""
-    if reserved <= room_bytes:
-        return reserved, 0, ""
+    if reserved <= room_bytes or allocated > room_bytes:
+        return reserved, 0, ""  # room enough, or the live bytes alone pass the card: no replay
+    if callable(trace):  # an extrapolated row's full-depth trace, made only when needed
+        trace = trace()
+        if trace is None:
+            return reserved, 0, ""
     # the trace is the one-process step's: the rank's other allocations take their room first
-    capped = replay(*trace, capacity_bytes=room_bytes - (allocated - tensor_peak_bytes))
+    capped = replay(trace[0], trace[1], capacity_bytes=room_bytes - (allocated - tensor_peak_bytes))
     if capped.out_of_memory:
         return reserved, 0, ""
     held = allocated + max(0, capped.peak_reserved_bytes - tensor_peak_bytes)

@@ -354,7 +354,8 @@ class _Grid:
 
         def predict(micro: int) -> tuple[JobSpec, MemoryPrediction]:
             cj = _config_job(job, precision, ckpt, micro)
-            p = model.predict(micro, accumulating=(cj.grad_accum or 1) > 1)
+            accumulating = (cj.grad_accum or 1) > 1
+            p = model.predict(micro, accumulating=accumulating)
             # the model floors the one-process reserved total by the smaller micro-batches';
             # a rank's share of it (FSDP/ZeRO from a one-process trace) is floored here
             floor = max((m.peak_reserved_bytes for b, m in done.items() if b < micro), default=0)
@@ -367,7 +368,10 @@ class _Grid:
                          sim_time_s=0.0, how="extrapolated from small simulations",
                          margin=self.margin, phase_breakdowns=p["phase_breakdowns"],
                          per_rank=model.points[0].sim.per_rank,
-                         quant_state_bytes=p["quant_state_bytes"], reserved_floor_bytes=floor)
+                         quant_state_bytes=p["quant_state_bytes"], reserved_floor_bytes=floor,
+                         # past the card the allocator releases its cache and retries: the row's
+                         # full-depth trace replayed at the card's limit, as a simulated row's
+                         trace=lambda: model.full_trace(micro, accumulating))
             done[micro] = mem
             return cj, mem
 
