@@ -30,14 +30,14 @@ Replayed through :func:`trainfit.memory.allocator.replay`, the synthesized trace
 allocated peak and the reserve of the full-depth simulation itself, to the byte, and frees the
 same blocks at the same moments (but for one per-step block of a few hundred bytes whose size
 grows with the depth), on every catalog-scale configuration checked: Mistral-7B bf16-true 1×1,
-1×2, 4×1, amp-bf16 1×2, 2×2, checkpointed 2×1 and 12×1, amp-fp16 8×1; Llama-2-7B LoRA 1×1;
-Llama-3.2-1B bf16-true 1×1, 2×1; Qwen2.5-7B 8-rank FSDP bf16-true 2×2.  Pairing each run's
+1×2, 4×1, amp-bf16 1×2, 2×2, checkpointed 2×1, 12×1, 1×2 and 2×2, amp-fp16 8×1; Llama-2-7B
+LoRA 1×1; Llama-3.2-1B bf16-true 1×1, 2×1, amp-bf16 checkpointed 1×2, 2×2; Qwen2.5-7B 8-rank
+FSDP bf16-true 2×2.  Pairing each run's
 frees with the copy run before instead read those reserves up to 224 MiB over and 176 MiB under
 (Mistral-7B bf16-true 1×1: 1,052 MiB against 1,228).  When the traces do not differ by repeated
 runs (anything but insertions), or a chain's frees take its blocks in an order the shallow
-trace contradicts, there is no synthesized trace and the caller keeps its share model: the
-accumulating checkpointed amp step, whose last layer's output lives until the backward where
-the others' die in the next layer.
+trace contradicts, there is no synthesized trace and the caller keeps its share model.  Each
+inserted run is first moved to a middle layer (:func:`_centred`): the last layer's differs.
 """
 
 from __future__ import annotations
@@ -197,6 +197,41 @@ def _chains(shallow: Trace, deeper: Trace, inside: list[bool],
     return chain, takes
 
 
+def _centred(ops: list[tuple[str, int, int, int, int]], tb: list[Any]
+             ) -> list[tuple[str, int, int, int, int]]:
+    """Each inserted run moved, where it can be, to where the deeper trace has a copy of it on
+    each side: a layer in the middle of the stack.  The alignment may insert the last layer's
+    run (or the first's), and the last layer differs from the others: the accumulating
+    checkpointed amp step keeps its output until the backward, where every other layer's dies
+    in the next layer's forward; repeated, that run had no order its chains could follow
+    (Mistral-7B amp-bf16 checkpointed 2×2: no trace; from a middle layer's run, the 32-layer
+    simulation's reserve to the byte).  A run moves by ``d`` events only where the events it
+    leaves behind equal those it takes on (another rotation of the same insertion)."""
+    out = [list(o) for o in ops]
+    for k, (tag, _, _, j1, j2) in enumerate(ops):
+        if tag != "insert" or not 0 < k < len(ops) - 1 or \
+                out[k - 1][0] != "equal" or out[k + 1][0] != "equal":
+            continue
+        n, first, end = j2 - j1, out[k - 1][3], out[k + 1][4]
+
+        def middle(d: int, n: int = n, j1: int = j1, j2: int = j2, first: int = first,
+                   end: int = end) -> bool:
+            a, b = j1 + d, j2 + d
+            if a - n < first or b + n > end:
+                return False
+            same = tb[j1:j1 + d] == tb[j2:j2 + d] if d > 0 else tb[j1 + d:j1] == tb[j2 + d:j2]
+            return same and tb[a - n:a] == tb[a:b] == tb[b:b + n]
+
+        d = min((d for d in range(-n, n + 1) if middle(d)), key=abs, default=0)
+        if d:
+            out[k - 1][2] += d
+            out[k - 1][4] += d
+            out[k][1:] = [x + d for x in out[k][1:]]
+            out[k + 1][1] += d
+            out[k + 1][3] += d
+    return [(str(t), int(a), int(b), int(c), int(e)) for t, a, b, c, e in out]
+
+
 def _split_junctions(ops: list[tuple[str, int, int, int, int]], ta: list[Any], tb: list[Any]
                      ) -> list[tuple[str, int, int, int, int]]:
     """Each inserted run A + B that sits where the shallow trace has A A before and B B after
@@ -230,7 +265,7 @@ def layer_runs(shallow: Trace, deeper: Trace) -> LayerRuns | None:
     ops = difflib.SequenceMatcher(None, ta, tb, autojunk=False).get_opcodes()
     if any(tag not in ("equal", "insert") for tag, *_ in ops):
         return None
-    ops = _split_junctions(ops, ta, tb)
+    ops = _split_junctions(_centred(ops, tb), ta, tb)
     inside = [False] * len(ev_b)
     for tag, _, _, j1, j2 in ops:
         if tag == "insert":
