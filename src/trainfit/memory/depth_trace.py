@@ -32,12 +32,12 @@ same blocks at the same moments (but for one per-step block of a few hundred byt
 grows with the depth), on every catalog-scale configuration checked: Mistral-7B bf16-true 1×1,
 1×2, 4×1, amp-bf16 1×2, 2×2, checkpointed 2×1, 12×1, 1×2 and 2×2, amp-fp16 8×1; Llama-2-7B
 LoRA 1×1; Llama-3.2-1B bf16-true 1×1, 2×1, amp-bf16 checkpointed 1×2, 2×2; Qwen2.5-7B 8-rank
-FSDP bf16-true 2×2.  Pairing each run's
-frees with the copy run before instead read those reserves up to 224 MiB over and 176 MiB under
-(Mistral-7B bf16-true 1×1: 1,052 MiB against 1,228).  When the traces do not differ by repeated
-runs (anything but insertions), or a chain's frees take its blocks in an order the shallow
-trace contradicts, there is no synthesized trace and the caller keeps its share model.  Each
-inserted run is first moved to a middle layer (:func:`_centred`): the last layer's differs.
+FSDP bf16-true 2×2.  Pairing each run's frees with the copy run before instead read those
+reserves up to 224 MiB over and 176 MiB under (Mistral-7B bf16-true 1×1: 1,052 MiB against
+1,228).  Each inserted run is first moved to a middle layer (:func:`_centred`): the last layer's
+differs.  When the traces do not differ by repeated runs (anything but insertions), or a chain's
+frees take its blocks in an order the shallow trace contradicts, there is no synthesized trace
+and the caller keeps its share model.
 """
 
 from __future__ import annotations
