@@ -72,8 +72,10 @@ def _score(m: Any, fit: Any, src: Any) -> dict[str, Any]:
     fpt = model_flops_per_token(src.config, p["total_params"], p["trainable_params"], job.seq_len,
                                 job.method == "full")
     dev = _DEVICES.setdefault(gpu.name, DeviceSpeed.from_gpu(gpu))
+    # the speed of a run that fits without the allocator's retries: these runs ran; plan would
+    # replay the row's full-depth trace at the card's limit and call a step that retries unknown
     mem = SimpleNamespace(**p, per_rank=getattr(fit.points[0].sim, "per_rank", False),
-                          alloc_retries=0)  # extrapolated: no full-size trace to replay at the card
+                          alloc_retries=0)
     fit.host = host_step(job, src)  # the step's code measured on this CPU (plan does the same)
     sp = synced(fit.speed(dev, job, fpt), job, mem, gpu)
     notes = list(m.notes)
