@@ -45,6 +45,7 @@ from __future__ import annotations
 import bisect
 import difflib
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,24 +213,28 @@ def _centred(ops: list[tuple[str, int, int, int, int]], tb: list[Any]
         if tag != "insert" or not 0 < k < len(ops) - 1 or \
                 out[k - 1][0] != "equal" or out[k + 1][0] != "equal":
             continue
-        n, first, end = j2 - j1, out[k - 1][3], out[k + 1][4]
-
-        def middle(d: int, n: int = n, j1: int = j1, j2: int = j2, first: int = first,
-                   end: int = end) -> bool:
-            a, b = j1 + d, j2 + d
-            if a - n < first or b + n > end:
-                return False
-            same = tb[j1:j1 + d] == tb[j2:j2 + d] if d > 0 else tb[j1 + d:j1] == tb[j2 + d:j2]
-            return same and tb[a - n:a] == tb[a:b] == tb[b:b + n]
-
-        d = min((d for d in range(-n, n + 1) if middle(d)), key=abs, default=0)
+        room = (out[k - 1][3], out[k + 1][4])
+        d = min((d for d in range(j1 - j2, j2 - j1 + 1) if _surrounded(tb, j1, j2, d, room)),
+                key=abs, default=0)
         if d:
             out[k - 1][2] += d
             out[k - 1][4] += d
             out[k][1:] = [x + d for x in out[k][1:]]
             out[k + 1][1] += d
             out[k + 1][3] += d
-    return [(str(t), int(a), int(b), int(c), int(e)) for t, a, b, c, e in out]
+    return [(t, a, b, c, e) for t, a, b, c, e in out]
+
+
+def _surrounded(tb: list[Any], j1: int, j2: int, d: int, room: tuple[int, int]) -> bool:
+    """Whether the inserted run ``tb[j1:j2]`` moved by ``d`` events is another rotation of the
+    same insertion (the events it leaves behind equal those it takes on) with a copy of itself
+    on each side, inside ``room`` (the first event of the equal run before it, the end of the
+    one after)."""
+    n, a, b = j2 - j1, j1 + d, j2 + d
+    if a - n < room[0] or b + n > room[1]:
+        return False
+    same = tb[j1:j1 + d] == tb[j2:j2 + d] if d > 0 else tb[j1 + d:j1] == tb[j2 + d:j2]
+    return same and tb[a - n:a] == tb[a:b] == tb[b:b + n]
 
 
 def _split_junctions(ops: list[tuple[str, int, int, int, int]], ta: list[Any], tb: list[Any]
@@ -317,14 +322,14 @@ def deeper_trace(shallow: Trace, deeper: Trace, extra_layers: int, sized: Trace 
                 u, d = r.events[j]
                 if d > 0 and u in r.made_inside:
                     u += c * _COPY
-                elif d < 0 and u in r.made_inside and j not in r.chains:
+                elif d < 0 and u in r.made_inside:  # made and freed by runs: no chain's
                     u += (last - c if r.made_inside[u] != rev else c) * _COPY
                 events.append((u, d))
                 site.append(j)
-    queue = {c: [r.events[s][0] + k * _COPY
-                 for s, rev in order
-                 for k in (range(last, -1, -1) if rev else range(last + 1))
-                 if k == 0 or r.events[s][0] in r.made_inside]
+    queue = {c: deque(r.events[s][0] + k * _COPY
+                      for s, rev in order
+                      for k in (range(last, -1, -1) if rev else range(last + 1))
+                      if k == 0 or r.events[s][0] in r.made_inside)
              for c, order in r.takes.items()}
     live: set[int] = set()
     out: list[tuple[int, int]] = []
@@ -333,7 +338,7 @@ def deeper_trace(shallow: Trace, deeper: Trace, extra_layers: int, sized: Trace 
             taken = queue[r.chains[j]]
             if not taken or taken[0] not in live:
                 return None  # the chain's next block is not made yet: not this order
-            u = taken.pop(0)
+            u = taken.popleft()
         if d > 0:
             live.add(u)
         else:

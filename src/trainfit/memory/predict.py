@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ from trainfit.job import DEFAULT_MARGIN, JobSpec
 from trainfit.memory.allocator import replay
 from trainfit.memory.bands import ErrorBand, band_for
 from trainfit.memory.compiled import compile_note
+from trainfit.memory.depth_trace import Trace
 from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.memory.zero import fsdp_offload_phases, zero_phases
 from trainfit.model.source import ModelSource
@@ -295,7 +297,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
            margin: float = DEFAULT_MARGIN, eager_module_loading: bool = False,
            phase_breakdowns: dict[str, dict[str, int]] | None = None,
            per_rank: bool = False, quant_state_bytes: int = 0,
-           trace: Any = None,
+           trace: Trace | Callable[[], Trace | None] | None = None,
            compile_untraced: list[str] | None = None,
            compile_partitioned: bool | None = None,
            reserved_floor_bytes: int = 0) -> MemoryPrediction:
@@ -417,8 +419,8 @@ def _fit(band: ErrorBand, cap: int | None, resident: int, margin: float
     return resident <= limit, limit - resident, note
 
 
-def _at_card_limit(trace: Any, room_bytes: int, allocated: int, tensor_peak_bytes: int,
-                   reserved: int) -> tuple[int, int, str]:
+def _at_card_limit(trace: Trace | Callable[[], Trace | None], room_bytes: int, allocated: int,
+                   tensor_peak_bytes: int, reserved: int) -> tuple[int, int, str]:
     """(reserved, retries, note) once the card is taken into account; ``room_bytes`` is what
     cudaMalloc can still get.  The real allocator does not grow past the card: it releases its
     cached segments and retries (CUDACachingAllocator.cpp), so the run goes on while the
