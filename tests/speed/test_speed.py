@@ -133,3 +133,20 @@ def test_the_70_w_t4_runs_its_gemms_at_its_measured_rate():
     fp32 = 2 * 4096**3 / gemm_time(t4, shape, "fp32")
     assert 0.55 * 65e12 < fp16 < 0.66 * 65e12  # at most what the card measured
     assert 0.45 * 8.1e12 < fp32 < 0.55 * 8.1e12
+
+
+def test_an_mfu_above_100_percent_is_unknown_not_printed() -> None:
+    """A step whose model FLOPs exceed what the peak allows in its time is a modelling error
+    (the MoE case: counting experts a token never runs); it is stated as unknown."""
+    from trainfit.speed.predict import PhaseTimes, speed_from_times
+    from trainfit.speed.roofline import DeviceSpeed
+
+    dev = DeviceSpeed(name="g", peak_flops={"bf16": 1e15}, bandwidth_bytes_s=1e12,
+                      sm_count=None, asynchronous=True)
+    times = PhaseTimes({"fb": 0.010, "optimizer": 0.0}, {"fb": 0.001, "optimizer": 0.0},
+                       5e12, False)
+    # 1,000 tokens in 10 ms at 1e10 FLOPs each = 1e15 FLOP/s: exactly the peak
+    at_peak = speed_from_times(dev, times, 1e15, 1, 1, 1000, 1, 1e10)
+    assert at_peak.mfu == pytest.approx(1.0)
+    over = speed_from_times(dev, times, 1e15, 1, 1, 1000, 1, 2e10)
+    assert over.mfu is None and over.tokens_per_s == at_peak.tokens_per_s

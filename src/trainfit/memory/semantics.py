@@ -15,7 +15,13 @@ price is that everything the CPU does differently from the GPU must be imposed h
 * dropout: CUDA's fused kernel keeps a bool mask (1 byte/element), the CPU path a mask in the input
   dtype (``is_fused_kernel_acceptable`` in aten/src/ATen/native/Dropout.cpp);
 * transformers: its packed-sequence check reads position ids, which fake tensors do not have;
-  the simulated batch is unpacked, so the check's real answer (``None``) is returned.
+  the simulated batch is unpacked, so the check's real answer (``None``) is returned;
+* grouped GEMMs of mixture-of-experts layers (transformers' ``grouped_mm`` experts): torch's
+  fake kernel of ``_grouped_mm`` accepts bf16 only, while the CUDA and CPU kernels run any other
+  dtype through ``_grouped_mm_fallback`` (aten/src/ATen/native/cuda/GroupedBlas.cpp,
+  GroupedMMUtils.h: one output tensor, a GEMM per expert into its rows); a non-bf16 call is
+  routed to transformers' own fallback op, which allocates the same output and saves the same
+  two inputs for its backward, and has a fake kernel.
 """
 
 from __future__ import annotations
@@ -246,6 +252,7 @@ class _DeviceOps:
         self.kernels_used: dict[str, int] = {}
         self._orig_dropout = torch.nn.functional.dropout
         self._orig_sdpa = torch.nn.functional.scaled_dot_product_attention
+        self._orig_grouped_mm = getattr(torch.nn.functional, "grouped_mm", None)
 
     def dropout(self, x: torch.Tensor, p: float = 0.5, training: bool = True,
                 inplace: bool = False) -> torch.Tensor:
@@ -282,6 +289,28 @@ class _DeviceOps:
                                is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
+    def grouped_mm(self, mat_a: torch.Tensor, mat_b: torch.Tensor, *,
+                   offs: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                   out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """``torch.nn.functional.grouped_mm`` as the device runs it (see the module doc)."""
+        fallback = _grouped_mm_fallback()
+        if (fallback is not None and offs is not None and bias is None and out_dtype is None
+                and mat_a.dim() == 2 and mat_b.dim() == 3 and mat_a.dtype == mat_b.dtype
+                and mat_a.dtype != torch.bfloat16):
+            return fallback(mat_a, mat_b, offs)
+        assert self._orig_grouped_mm is not None  # only installed where torch has it
+        return self._orig_grouped_mm(mat_a, mat_b, offs=offs, bias=bias, out_dtype=out_dtype)
+
+
+def _grouped_mm_fallback() -> Any:
+    """transformers' ``grouped_mm_fallback`` op (registered when its MoE integration is
+    imported, which every grouped-experts model does), or None."""
+    try:
+        return torch.ops.transformers.grouped_mm_fallback
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def active_device_ops() -> _DeviceOps | None:
     """The ``_DeviceOps`` of the :func:`device_semantics` in force (None outside one): the
     patched ``scaled_dot_product_attention`` is its method.  Its ``target`` decides the kernels
@@ -315,4 +344,7 @@ def device_semantics(target: AttentionTarget) -> Iterator[_DeviceOps]:
         stack.enter_context(mock.patch.object(torch.nn.functional, "scaled_dot_product_attention",
                                               ops.sdpa))
         stack.enter_context(mock.patch.object(torch.nn.functional, "dropout", ops.dropout))
+        if ops._orig_grouped_mm is not None:
+            stack.enter_context(mock.patch.object(torch.nn.functional, "grouped_mm",
+                                                  ops.grouped_mm))
         yield ops

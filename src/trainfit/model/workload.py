@@ -81,7 +81,7 @@ class ModelInfo:
     attention_impl: str = "sdpa"
 
 
-def _auto_class(task: str) -> Any:
+def auto_model_class(task: str) -> Any:
     import transformers as tf
 
     return {
@@ -109,13 +109,17 @@ def build_model_on_meta(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Mod
     info = ModelInfo(attention_impl=attn)
     with torch.device("meta"):
         try:
-            model = _auto_class(source.task).from_config(
+            model = auto_model_class(source.task).from_config(
                 cfg, trust_remote_code=job.trust_remote_code, attn_implementation=attn)
         except ValueError as err:
             if "attn_implementation" in str(err) or "sdpa" in str(err).lower():
                 raise JobError(f"--attention {job.attention}: {source.name} has no SDPA "
                                "implementation in transformers", "use --attention eager") from None
-            raise
+            raise _unbuildable(source, err) from None
+        except (AssertionError, AttributeError, IndexError, KeyError, TypeError) as err:
+            # raised inside transformers' model classes by a configuration they cannot build
+            # (a pad_token_id past the vocabulary asserts in nn.Embedding): the config's fault
+            raise _unbuildable(source, err) from None
     model.to(base_dtype if job.method != "full" else train_dtype)
     if job.grad_ckpt in ("full", "selective"):
         if not getattr(model, "supports_gradient_checkpointing", False):
@@ -126,6 +130,16 @@ def build_model_on_meta(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Mod
     model.train()
 
     return _finish_model(job, source, model, cfg, info, train_dtype)
+
+
+def _unbuildable(source: ModelSource, err: Exception) -> JobError:
+    import transformers
+
+    why = (str(err).splitlines() or [""])[0][:200] or type(err).__name__
+    return JobError(f"{source.name}: transformers {transformers.__version__} cannot build this "
+                    f"model from its configuration ({type(err).__name__}: {why})",
+                    "check the config.json's sizes and token ids (pad_token_id must be below "
+                    "vocab_size), or plan a catalog model (trainfit models)")
 
 
 def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg: Any,

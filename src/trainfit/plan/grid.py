@@ -33,6 +33,7 @@ from trainfit.memory.predict import (
     predict_memory,
     target_for,
 )
+from trainfit.model.experts import inactive_expert_params_of
 from trainfit.model.source import ModelSource
 from trainfit.plan.checks import HostRamCheck, ObservedCheck
 from trainfit.plan.context import OffloadCheck, PlanAssumptions, offload_check, plan_assumptions
@@ -229,7 +230,8 @@ def _speed_fields(speed: dict[str, Any] | None) -> dict[str, Any]:
 
 def _flops_per_token(source: ModelSource, mem: MemoryPrediction, job: JobSpec) -> float:
     return model_flops_per_token(source.config, mem.total_params, mem.trainable_params,
-                                 job.seq_len, job.method == "full")
+                                 job.seq_len, job.method == "full",
+                                 inactive_params=inactive_expert_params_of(source))
 
 
 def supported_precisions(gpu: GpuSpec | None) -> list[str]:

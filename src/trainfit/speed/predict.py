@@ -182,8 +182,10 @@ def combine(dev: DeviceSpeed, t: PhaseTimes, grad_accum: int) -> tuple[float, fl
 
 
 def model_flops_per_token(config: Any, total_params: int, trainable_params: int, seq_len: int,
-                          full_finetune: bool) -> float:
-    """PaLM's 6N + 12·L·H·Q·T with N = matmul parameters (see the module docstring)."""
+                          full_finetune: bool, inactive_params: int = 0) -> float:
+    """PaLM's 6N + 12·L·H·Q·T with N = matmul parameters (see the module docstring) a token
+    runs through: ``inactive_params``, the routed experts it does not use, are not in N
+    (:mod:`trainfit.model.experts`)."""
     hidden = getattr(config, "hidden_size", None) or getattr(config, "d_model", None) \
         or getattr(config, "n_embd", 0)
     vocab = int(getattr(config, "vocab_size", 0))
@@ -194,7 +196,7 @@ def model_flops_per_token(config: Any, total_params: int, trainable_params: int,
     head_dim = int(getattr(config, "head_dim", None) or (hidden // max(heads, 1)))
     tied = bool(getattr(config, "tie_word_embeddings", False))
     # the input embedding is a lookup, not a matmul; when tied it is also the output head
-    n_matmul = max(total_params if tied else total_params - vocab * hidden, 0)
+    n_matmul = max((total_params if tied else total_params - vocab * hidden) - inactive_params, 0)
     attention = 12.0 * layers * heads * head_dim * seq_len
     if full_finetune:
         return 6.0 * n_matmul + attention
@@ -241,6 +243,10 @@ def speed_from_times(dev: DeviceSpeed, times: PhaseTimes, dtype_peak: float | No
     hfu = None if not dtype_peak else times.hw_flops * grad_accum / step / dtype_peak
     bound = "launch-bound" if times.host_s["fb"] > times.device_s["fb"] else (
         "compute-bound" if mfu and mfu > 0.3 else "memory-bound")
+    # a utilisation above 100 % is a modelling error, never a prediction: stated as unknown
+    # (doctor.peaks.bounded_mfu does the same with measured steps)
+    mfu = None if mfu is not None and mfu > 1.0 else mfu
+    hfu = None if hfu is not None and hfu > 1.0 else hfu
     return SpeedPrediction(step, tps, tps / seq_len, mfu, hfu, busy / step, bound, flops_per_token,
                            unaligned_gemm_s=grad_accum * times.unaligned_s,
                            unaligned_dims=tuple(sorted(times.unaligned_dims)),

@@ -20,6 +20,7 @@ from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec
 from trainfit.job.fields import DEFAULT_KNOBS
 from trainfit.memory.predict import data_parallel_bytes, predict_memory
 from trainfit.memory.simulate import SimTarget, simulate_step
+from trainfit.model.experts import inactive_expert_params_of
 from trainfit.model.runtime import parse_device
 from trainfit.model.source import ModelSource, resolve_model
 from trainfit.speed.cpu import cpu_speed
@@ -147,7 +148,8 @@ class CpuPredictor:
         sim = simulate_step(job, self.source, SimTarget(device="cpu"), op_hook=rec,
                             batch_fn=self.batch_fn(job.micro_batch or 1))
         fpt = model_flops_per_token(self.source.config, sim.total_params, sim.trainable_params,
-                                    job.seq_len, job.method == "full")
+                                    job.seq_len, job.method == "full",
+                                    inactive_params=inactive_expert_params_of(self.source))
         sp = predict_speed_exact(cpu_speed(), rec.ops, job.micro_batch or 1, job.grad_accum or 1,
                                  job.seq_len, job.ranks, fpt, host=host_step(job, self.source))
         # many ranks: what data parallelism adds to the one-process step (DDP's gradient

@@ -1,0 +1,78 @@
+"""Mixture-of-experts layers: the routed experts' weights a token does not run through.
+
+Model FLOPs (PaLM's 6N per token, :func:`trainfit.speed.predict.model_flops_per_token`) count
+the matmul parameters a token's forward and backward use.  In a mixture-of-experts layer a token
+runs through the top-k of the E routed experts, so only k/E of those experts' parameters are in
+its N — the "active parameters" MoE models are described by (Mixtral-8x7B: 12.9 B of 46.7 B;
+DeepSeek-V3: 37 B of 671 B).  Counting all of them made a plan of a small Mixtral print MFU
+147 %, a figure above its physical limit.
+
+transformers 5 keeps each layer's routed experts in one module whose class name ends in
+``Experts`` (``MixtralExperts``, ``Qwen3MoeExperts``, ``GptOssExperts``: the classes its
+``use_experts_implementation`` decorates), every parameter stacked along a first dimension of E;
+shared experts are ordinary MLPs (``shared_expert``) that every token runs, so they stay in N.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import torch
+
+TOP_K_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k")
+"""Config attributes that hold how many routed experts each token runs through."""
+
+
+def top_k(config: Any) -> int | None:
+    for key in TOP_K_KEYS:
+        k = getattr(config, key, None)
+        if isinstance(k, int) and k > 0:
+            return k
+    return None
+
+
+def inactive_expert_params(model: torch.nn.Module, config: Any) -> int:
+    """Parameters of the routed experts that one token does not use: (1 − k/E) of each
+    experts module's stacked parameters (0 for a dense model)."""
+    k = top_k(config)
+    if k is None:
+        return 0
+    inactive = 0
+    for module in model.modules():
+        if not type(module).__name__.endswith("Experts"):
+            continue
+        stacked = [p for p in module.parameters(recurse=False) if p.dim() >= 2]
+        if not stacked:
+            continue
+        n_experts = stacked[0].shape[0]
+        if n_experts <= k or any(p.shape[0] != n_experts for p in stacked):
+            continue  # not a stack of E experts: count it whole (the safe side of MFU)
+        inactive += sum(p.numel() for p in stacked) * (n_experts - k) // n_experts
+    return inactive
+
+
+@functools.lru_cache(maxsize=32)
+def _inactive_from_json(task: str, config_json: str, config_class: type) -> int:
+    from trainfit.model.workload import auto_model_class
+
+    config = config_class.from_dict(json.loads(config_json))
+    with torch.device("meta"):
+        model = auto_model_class(task).from_config(config)
+    return inactive_expert_params(model, config)
+
+
+def inactive_expert_params_of(source: Any) -> int:
+    """:func:`inactive_expert_params` of the source's model, built once on the meta device
+    (cached per configuration); 0 for a dense model, the user's own module, or a configuration
+    transformers cannot build without its remote code."""
+    config = source.config
+    if top_k(config) is None or source.task == "custom-lm" or \
+            not hasattr(config, "to_json_string"):
+        return 0
+    try:
+        return _inactive_from_json(source.task, config.to_json_string(use_diff=False),
+                                   type(config))
+    except Exception:  # an unbuildable config counts every parameter (as before)
+        return 0
