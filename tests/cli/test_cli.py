@@ -137,3 +137,29 @@ def test_bitsandbytes_kernels_warning_is_filtered():
     finally:
         logger.removeHandler(h)
     assert seen == ["something else"]
+
+
+def _tiny_gemma2(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({
+        "model_type": "gemma2", "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "vocab_size": 512, "max_position_embeddings": 256,
+        "layer_types": ["sliding_attention", "full_attention"]}))
+    return p
+
+
+def test_a_model_without_sdpa_is_planned_with_its_eager_attention(tmp_path):
+    """Gemma-2 (and gpt-oss, Mamba, BLOOM ...) have no SDPA in transformers: the default
+    attention falls back to eager, said; an explicit --attention sdpa is one clear error."""
+    cfg = _tiny_gemma2(tmp_path)
+    args = ["plan", str(cfg), "--gpu", "generic-1gb", "--micro-batch", "2", "--seq-len", "64",
+            "--precision", "bf16-true", "--grad-ckpt", "off", "--json"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)  # (the table form says it on stderr too)
+    assert out["assumptions"]["attention"] == "eager"
+    assert out["configs"][0]["peak_allocated_bytes"] > 0
+    res = runner.invoke(app, [*args, "--attention", "sdpa"])
+    assert res.exit_code == 2
+    assert "has no SDPA implementation" in res.stderr and "--attention eager" in res.stderr

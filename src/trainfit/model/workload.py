@@ -91,6 +91,18 @@ def auto_model_class(task: str) -> Any:
     }[task]
 
 
+def has_sdpa(source: ModelSource) -> bool | None:
+    """Whether transformers' class for this model implements SDPA attention (None: not known
+    without building it — the user's own module, remote code)."""
+    if source.task == "custom-lm":
+        return None
+    try:
+        cls = auto_model_class(source.task)._model_mapping[type(source.config)]
+    except (KeyError, ValueError):
+        return None
+    return bool(getattr(cls, "_supports_sdpa", False))
+
+
 def build_model_on_meta(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Module, ModelInfo]:
     """The model exactly as it will train (LoRA, 4-bit, dtypes, checkpointing), without data."""
     import copy
