@@ -6,11 +6,11 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from trainfit.job import JobError
+from trainfit.job import JobError, JobSpec, is_code_spec
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -98,3 +98,23 @@ def write_atomic(path: str | Path, text: str) -> None:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def default_attention(job: JobSpec, fields: dict[str, Any], say: Any = None) -> JobSpec:
+    """The job with its attention as transformers runs the model by default: SDPA where the
+    model's class implements it, else its eager attention (Gemma-2, gpt-oss, Mamba, BLOOM ...),
+    said through ``say``. An ``attention`` the user gave is kept (SDPA on such a model then fails
+    with a hint), as is the user's own module (its code is not imported here)."""
+    from trainfit.model.source import resolve_model
+    from trainfit.model.workload import has_sdpa
+
+    if "attention" in fields or job.attention != "sdpa" or not job.model or \
+            is_code_spec(job.model):
+        return job
+    source = resolve_model(job.model, job.trust_remote_code)
+    if has_sdpa(source) is not False:
+        return job
+    if say is not None:
+        say(f"attention: {source.name} has no SDPA implementation in transformers: its eager "
+            "attention is used (--attention eager)")
+    return job.replace(attention="eager")

@@ -17,7 +17,7 @@ from trainfit.cli import monitor as monitor_cli
 from trainfit.cli import report as report_cli
 from trainfit.cli import train as train_cli
 from trainfit.cli import tune as tune_cli
-from trainfit.cli.jobargs import AllowCode, TrustRemoteCode, fail
+from trainfit.cli.jobargs import AllowCode, TrustRemoteCode, default_attention, fail
 from trainfit.cli.jobflags import merge_job_fields, with_job_flags
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec, job_with_current, read_job_file
 
@@ -205,7 +205,6 @@ def plan_cmd(
     """Predict the peak GPU memory of each candidate configuration (no GPU needed)."""
     from trainfit.cli.script import is_command, plan_script_cmd
     from trainfit.model.source import check_seq_len, resolve_model
-    from trainfit.model.workload import has_sdpa
     from trainfit.plan.checks import with_checks
     from trainfit.plan.grid import plan
     from trainfit.render.progress import stage_progress
@@ -235,15 +234,9 @@ def plan_cmd(
         spec = _gpu_spec(gpu, extra, interconnect, say)
         source = resolve_model(job.model, job.trust_remote_code)
         check_seq_len(job.seq_len, source)  # tune and train refuse it too
-        if "attention" not in fields and job.attention == "sdpa" and has_sdpa(source) is False:
-            # the default meets a model without SDPA (Gemma-2, gpt-oss, Mamba, BLOOM ...): plan
-            # it as transformers runs it by default, with its eager attention; an --attention
-            # sdpa the user gave still fails with a hint
-            say(f"attention: {source.name} has no SDPA implementation in transformers: planned "
-                "with its eager attention (--attention eager)")
-            job = job.replace(attention="eager")
-            if current_job is not None and current_job.attention == "sdpa":
-                current_job = current_job.replace(attention="eager")
+        job = default_attention(job, fields, say)
+        if current_job is not None:
+            current_job = default_attention(current_job, fields)
         with stage_progress("plan") as progress:
             result = plan(job, source, spec, margin=margin, verify=verify,
                           dataset_tokens=dataset_tokens, epochs=epochs, current=current_job,

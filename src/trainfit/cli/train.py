@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from trainfit.cli.jobargs import AllowCode, TrustRemoteCode, fail, parse_bytes
+from trainfit.cli.jobargs import AllowCode, TrustRemoteCode, default_attention, fail, parse_bytes
 from trainfit.job import JobError, JobSpec, read_job_file
 
 
@@ -74,7 +74,8 @@ def _job_of(job_file: str, micro_batch: int | None, allow_code: bool, trust_remo
     if micro_batch is not None:
         fields["micro_batch"] = micro_batch
         fields.pop("grad_accum", None)
-    return JobSpec.from_dict(fields, source=job_file), extra
+    job = JobSpec.from_dict(fields, source=job_file)
+    return default_attention(job, fields, lambda msg: typer.echo(msg, err=True)), extra
 
 
 def _steps(text: str | None, flag: str) -> tuple[int, ...]:

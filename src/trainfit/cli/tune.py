@@ -9,7 +9,15 @@ from typing import Annotated, Any
 import typer
 
 from trainfit.cli.emit import emit_job, is_tuned
-from trainfit.cli.jobargs import AllowCode, TrustRemoteCode, check_writable, fail, parse_bytes, write_atomic
+from trainfit.cli.jobargs import (
+    AllowCode,
+    TrustRemoteCode,
+    check_writable,
+    default_attention,
+    fail,
+    parse_bytes,
+    write_atomic,
+)
 from trainfit.cli.jobflags import merge_job_fields, with_job_flags
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec, read_job_file
 from trainfit.job.fields import DEFAULT_KNOBS, KNOB_NAMES, fixed_knobs
@@ -28,7 +36,8 @@ def _job(target: str | None, job_flags: dict[str, Any], trust_remote_code: bool,
     fields = merge_job_fields(fields, job_flags, "trainfit tune MODEL --data FILE ...")
     if trust_remote_code:
         fields["trust_remote_code"] = True
-    return JobSpec.from_dict(fields, source=target or "flags"), extra
+    job = JobSpec.from_dict(fields, source=target or "flags")
+    return default_attention(job, fields, lambda msg: typer.echo(msg, err=True)), extra
 
 
 def _file_limit(extra: dict[str, Any]) -> int | None:

@@ -4,7 +4,8 @@ Architectures name their projections differently (Llama ``q_proj``, BERT ``query
 GPT-2's fused ``c_attn`` Conv1D, Falcon/NeoX ``query_key_value``).  We classify every linear layer
 of the built model by where it sits (inside an attention block or not) and its leaf name, so a new
 architecture works without a table entry.  A fused q/k/v projection is adapted when any of q, k, v
-is asked for (PEFT cannot adapt a third of a fused matrix).
+is asked for (PEFT cannot adapt a third of a fused matrix); likewise the shared k/v projections
+of multi-head latent attention when k or v is.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ _K = {"k_proj", "key", "k", "wk", "k_lin"}
 _V = {"v_proj", "value", "v", "wv", "v_lin"}
 _O = {"o_proj", "out_proj", "dense", "o", "c_proj", "wo", "out_lin", "dense_out"}
 _QKV = {"c_attn", "query_key_value", "qkv_proj", "wqkv", "qkv", "in_proj"}
+# multi-head latent attention (DeepSeek-V2/V3, Kimi): q through a low-rank pair, k and v both
+# from one compressed projection and its up-projection
+_Q_LATENT = {"q_a_proj", "q_b_proj"}
+_KV = {"kv_a_proj_with_mqa", "kv_b_proj"}
 
 
 def _linear_types() -> tuple[type, ...]:
@@ -33,7 +38,7 @@ def _linear_types() -> tuple[type, ...]:
 
 
 def classify_linears(model: torch.nn.Module) -> dict[str, str]:
-    """Full module name → one of q,k,v,o,qkv,mlp,lm_head,other."""
+    """Full module name → one of q,k,v,o,qkv,kv,mlp,lm_head,other."""
     out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     kinds: dict[str, str] = {}
     for name, mod in model.named_modules():
@@ -47,7 +52,9 @@ def classify_linears(model: torch.nn.Module) -> dict[str, str]:
         in_attn = any(p in _ATTN_PARTS or "attention" in p or p.endswith("attn") for p in parts[:-1])
         if in_attn and leaf in _QKV:
             kinds[name] = "qkv"
-        elif in_attn and leaf in _Q:
+        elif in_attn and leaf in _KV:
+            kinds[name] = "kv"
+        elif in_attn and (leaf in _Q or leaf in _Q_LATENT):
             kinds[name] = "q"
         elif in_attn and leaf in _K:
             kinds[name] = "k"
@@ -78,7 +85,8 @@ def resolve_targets(model: torch.nn.Module, targets: list[str], model_type: str)
     literal = [t for t in targets if t not in LORA_ALIASES]
     for name, kind in kinds.items():
         want = ("all-linear" in aliases and kind != "lm_head") or kind in aliases or (
-            kind == "qkv" and any(a in aliases for a in ("q", "k", "v")))
+            kind == "qkv" and any(a in aliases for a in ("q", "k", "v"))) or (
+            kind == "kv" and any(a in aliases for a in ("k", "v")))
         if want:
             names.append(name)
     for lit in literal:
