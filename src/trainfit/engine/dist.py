@@ -116,11 +116,24 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
         names.update(getattr(m, "_no_split_modules", None) or ())
     blocks = [m for m in model.modules() if type(m).__name__ in names and m is not model]
     if blocks:
+        # a unit holding a weight tied to one outside it (BERT's word embeddings, also its
+        # output decoder) is left to the root: fully_shard refuses a parameter shared between
+        # two groups, and the root holds both of its users
+        tied = _tied_parameter_ids(model)
+        blocks = [b for b in blocks if not any(id(p) in tied for p in b.parameters())]
         return blocks[::-1]  # modules() lists a parent before its children
     lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 1]
     if not lists:
         return []
     return list(max(lists, key=lambda ml: sum(p.numel() for p in ml.parameters())))
+
+
+def _tied_parameter_ids(model: torch.nn.Module) -> set[int]:
+    """Parameters reachable under more than one name (tied weights)."""
+    seen: dict[int, int] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        seen[id(p)] = seen.get(id(p), 0) + 1
+    return {i for i, n in seen.items() if n > 1}
 
 
 def mixed_precision_policy(precision: str | None, reduce_dtype: str = "fp32") -> Any:

@@ -197,7 +197,8 @@ class JobSpec:
     autograd graph was freed (litgpt ≤ 0.5 pins bitsandbytes 0.42)."""
     quant_from_fp16: bool = False
     """The 4-bit weights were quantized from fp16 (Lightning Fabric's BitsandbytesPrecision), so
-    each dequantization makes an fp16 tensor and then the compute-dtype copy."""
+    each dequantization makes an fp16 tensor and then the compute-dtype copy; Fabric also converts
+    subclasses of nn.Linear, which transformers leaves 16-bit (Falcon's FalconLinear)."""
     output_in_backward: bool = False
     """The training loop still references the model's output (its logits) during the backward
     pass, as a hand-written loop does (``out = model(**batch); out.loss.backward()``); False:

@@ -199,10 +199,14 @@ before."""
 
 def choose_sdpa_kernel(
     target: AttentionTarget, q: torch.Tensor, k: torch.Tensor, mask: Any, dropout_p: float,
-    enable_gqa: bool,
+    enable_gqa: bool, v: torch.Tensor | None = None,
 ) -> str:
-    """Mirror of ``select_sdp_backend`` (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp)."""
+    """Mirror of ``select_sdp_backend`` (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp).
+    ``v``: the value heads, whose size may differ from the query's (multi-head latent attention:
+    DeepSeek-V3's 192-wide q/k against 128-wide v): flash (``check_head_dim_size_flash``) and
+    cuDNN need all three equal, the memory-efficient kernel only q and k."""
     head_dim = q.shape[-1]
+    same_v = v is None or v.shape[-1] == head_dim
     if target.device == "cpu":
         # sdp_utils_cpp.cpp: the CPU flash kernel takes masks, no dropout
         ok = q.dtype in (torch.float32, torch.bfloat16, torch.float16) and dropout_p == 0.0
@@ -213,14 +217,14 @@ def choose_sdpa_kernel(
     # 64-256, with grouped-query heads, boolean or float masks and dropout; not a float mask
     # that needs a gradient (memory-efficient) nor fp32 inputs
     cudnn_ok = (
-        target.prefer == "sdpa" and CUDNN_SDPA_CC[0] <= cc < CUDNN_SDPA_CC[1] and low
+        target.prefer == "sdpa" and CUDNN_SDPA_CC[0] <= cc < CUDNN_SDPA_CC[1] and low and same_v
         and head_dim % 8 == 0 and head_dim <= 256
         and (mask is None or not getattr(mask, "requires_grad", False))
     )
     if cudnn_ok:
         return "cudnn"
     flash_ok = (
-        low and mask is None and head_dim % 8 == 0
+        low and mask is None and head_dim % 8 == 0 and same_v
         and head_dim <= 256 and cc >= (8, 0)
     )
     eff_ok = head_dim % (8 if q.dtype != torch.float32 else 4) == 0 and not (
@@ -267,7 +271,7 @@ class _DeviceOps:
             q, k, v = (t.to(dt) if _eligible(t) else t for t in (q, k, v))
             if attn_mask is not None and attn_mask.is_floating_point():
                 attn_mask = attn_mask.to(dt)
-        kernel = choose_sdpa_kernel(self.target, q, k, attn_mask, dropout_p, enable_gqa)
+        kernel = choose_sdpa_kernel(self.target, q, k, attn_mask, dropout_p, enable_gqa, v)
         self.kernels_used[kernel] = self.kernels_used.get(kernel, 0) + 1
         if kernel == "cudnn":
             need_lse = q.requires_grad or k.requires_grad or v.requires_grad

@@ -119,8 +119,14 @@ def quantize_linears_4bit(model: torch.nn.Module, compute_dtype: torch.dtype, do
     for name, mod in list(model.named_modules()):
         for child_name, child in list(mod.named_children()):
             full = f"{name}.{child_name}" if name else child_name
-            # isinstance: architectures subclass nn.Linear (FalconLinear); bnb replaces them too
-            if isinstance(child, torch.nn.Linear) and full not in skip and not any(
+            # transformers 5 converts exactly nn.Linear (integrations/bitsandbytes.py
+            # replace_with_bnb_linear: ``type(module) is nn.Linear``): a subclass stays as it is
+            # — Falcon's FalconLinear layers stay 16-bit, Llama-4's router (a Linear returning
+            # scores and logits) keeps its own forward.  Lightning Fabric's BitsandbytesPrecision
+            # (the fp16-quantizing stack, ``from_fp16``) converts every isinstance(nn.Linear)
+            linear = isinstance(child, torch.nn.Linear) if from_fp16 else \
+                type(child) is torch.nn.Linear
+            if linear and full not in skip and not any(
                     full.endswith("." + s) or full == s for s in skip) \
                     and not child.weight.requires_grad:
                 setattr(mod, child_name, Linear4bitSim(

@@ -173,6 +173,11 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
             out_emb = model.get_output_embeddings()
             skip = set() if job.quant_lm_head else {
                 n for n, m in model.named_modules() if m is out_emb}
+            # transformers leaves a model's keep-in-fp32 modules unquantized (its quantizer's
+            # get_modules_to_not_convert adds them): T5's feed-forward output `wo`
+            base = model.get_base_model()
+            skip |= set(getattr(base, "_keep_in_fp32_modules", None) or [])
+            skip |= set(getattr(base, "_keep_in_fp32_modules_strict", None) or [])
             compute = torch.float16 if job.precision == "amp-fp16" else torch.bfloat16
             # sharded QLoRA stores the packed weights in bf16 (bnb_4bit_quant_storage), as
             # FSDP and ZeRO-3 need to flatten them with the other parameters

@@ -1,0 +1,59 @@
+"""Which linear layers a 4-bit (QLoRA) build quantizes: the ones the user's stack converts."""
+
+import torch
+
+from trainfit.job import JobSpec
+from trainfit.memory.simulate import simulate_step
+from trainfit.model.source import ModelSource
+from trainfit.model.standins import Linear4bitSim
+from trainfit.model.workload import build_model_on_meta
+
+
+def _source(config, task="causal-lm"):
+    return ModelSource("tiny", config, task, "local")
+
+
+def _quantized(model):
+    """Leaf names of the 4-bit layers (a LoRA-wrapped one by the name of its wrapper)."""
+    return sorted({n.removesuffix(".base_layer").split(".")[-1]
+                   for n, m in model.named_modules() if isinstance(m, Linear4bitSim)})
+
+
+def test_falcons_linear_subclass_stays_16_bit_under_transformers_but_not_fabric():
+    """transformers 5 converts ``type(m) is nn.Linear`` only (FalconLinear stays bf16);
+    Lightning Fabric's BitsandbytesPrecision (quant_from_fp16) converts every subclass too."""
+    from transformers import FalconConfig
+
+    src = _source(FalconConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
+                               vocab_size=256))
+    hf, _ = build_model_on_meta(JobSpec(model="t", seq_len=32, method="qlora"), src)
+    fabric, _ = build_model_on_meta(JobSpec(model="t", seq_len=32, method="qlora",
+                                            quant_from_fp16=True), src)
+    assert _quantized(hf) == []
+    assert _quantized(fabric) == ["dense", "dense_4h_to_h", "dense_h_to_4h", "query_key_value"]
+
+
+def test_t5_keeps_its_fp32_module_unquantized_and_simulates():
+    """transformers' quantizer skips a model's _keep_in_fp32_modules (T5's ``wo``): quantized,
+    T5's feed-forward cast its activations to the packed weight's uint8 and dropout failed."""
+    from transformers import T5Config
+
+    src = _source(T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4, d_kv=16,
+                           vocab_size=256), "seq2seq-lm")
+    job = JobSpec(model="t", seq_len=32, micro_batch=2, method="qlora", precision="bf16-true")
+    model, _ = build_model_on_meta(job, src)
+    assert "wo" not in _quantized(model) and "wi" in _quantized(model)
+    assert simulate_step(job, src).peak_allocated_bytes > 0
+
+
+def test_llama4s_router_keeps_its_own_forward():
+    from transformers import Llama4TextConfig
+
+    cfg = Llama4TextConfig(hidden_size=64, intermediate_size=128, intermediate_size_mlp=128,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           head_dim=16, vocab_size=256, num_local_experts=4,
+                           num_experts_per_tok=1)
+    model, _ = build_model_on_meta(JobSpec(model="t", seq_len=32, method="qlora"), _source(cfg))
+    routers = [m for n, m in model.named_modules() if n.endswith("router")]
+    assert routers and not any(isinstance(r, Linear4bitSim) for r in routers)
+    assert torch.get_default_device().type == "cpu"
