@@ -54,3 +54,17 @@ def test_a_target_that_matches_nothing_is_one_clear_error(tiny_llama):
     with pytest.raises(JobError, match="no linear layer of this model is named so") as e:
         resolve_targets(model, ["query_key"], "llama")
     assert "q_proj" in e.value.hint
+
+
+def test_an_architecture_without_attention_and_without_a_peft_default_says_what_to_give():
+    """Mamba: peft has no default target list and there is no q/v to fall back on; the error
+    names what was not given and lists the model's linear layers."""
+    from transformers import MambaConfig
+
+    model = _meta(MambaConfig(hidden_size=64, num_hidden_layers=2, vocab_size=256,
+                              state_size=8))
+    with pytest.raises(JobError, match="peft has no default for mamba") as e:
+        resolve_targets(model, ["default"], "mamba")
+    assert "in_proj" in e.value.hint and "x_proj" in e.value.hint
+    with pytest.raises(JobError, match="--lora-targets q,v: matches no layer"):
+        resolve_targets(model, ["q", "v"], "mamba")

@@ -71,7 +71,8 @@ def classify_linears(model: torch.nn.Module) -> dict[str, str]:
 
 def resolve_targets(model: torch.nn.Module, targets: list[str], model_type: str) -> list[str] | str:
     """Turn the job's ``lora_targets`` into what ``peft.LoraConfig(target_modules=...)`` takes."""
-    if targets == ["default"]:
+    defaulted = targets == ["default"]
+    if defaulted:
         from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as M
 
         if model_type in M:
@@ -98,6 +99,13 @@ def resolve_targets(model: torch.nn.Module, targets: list[str], model_type: str)
                            "lm_head,all-linear)")
         names.extend(hits)
     if not names:
+        leafs = ", ".join(sorted({n.split(".")[-1] for n, k in kinds.items() if k != "lm_head"}))
+        if defaulted:
+            # no --lora-targets given: peft has no default for this architecture and it has no
+            # attention projections to take instead (Mamba)
+            raise JobError(f"LoRA targets: peft has no default for {model_type} and it has no "
+                           "query/value projections", f"give --lora-targets: all-linear, or some "
+                           f"of its linear layers: {leafs}")
         raise JobError(f"--lora-targets {','.join(targets)}: matches no layer of this model",
-                       "use all-linear or name the modules")
+                       f"use all-linear or name the modules (its linear layers: {leafs})")
     return sorted(set(names))
