@@ -163,3 +163,22 @@ def test_a_model_without_sdpa_is_planned_with_its_eager_attention(tmp_path):
     res = runner.invoke(app, [*args, "--attention", "sdpa"])
     assert res.exit_code == 2
     assert "has no SDPA implementation" in res.stderr and "--attention eager" in res.stderr
+
+
+def test_default_attention_is_shared_by_plan_tune_and_train(tmp_path):
+    """cli.jobargs.default_attention: the default falls back to eager on a model without SDPA,
+    a given attention is kept, a model with SDPA keeps it, the user's own module is not
+    imported to find out."""
+    from trainfit.cli.jobargs import default_attention
+    from trainfit.job import JobSpec
+
+    cfg = str(_tiny_gemma2(tmp_path))
+    said = []
+    job = JobSpec(model=cfg, seq_len=64)
+    assert default_attention(job, {"model": cfg}, said.append).attention == "eager"
+    assert said and "no SDPA implementation" in said[0]
+    assert default_attention(job, {"model": cfg, "attention": "sdpa"}).attention == "sdpa"
+    llama = JobSpec(model="llama-3.2-1b", seq_len=64)
+    assert default_attention(llama, {"model": "llama-3.2-1b"}).attention == "sdpa"
+    own = JobSpec(model="nowhere_module:build", seq_len=64)
+    assert default_attention(own, {"model": own.model}).attention == "sdpa"
