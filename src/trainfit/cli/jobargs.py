@@ -100,18 +100,21 @@ def write_atomic(path: str | Path, text: str) -> None:
         raise
 
 
-def default_attention(job: JobSpec, fields: dict[str, Any], say: Any = None) -> JobSpec:
+def default_attention(job: JobSpec, fields: dict[str, Any], say: Any = None,
+                      source: Any = None) -> JobSpec:
     """The job with its attention as transformers runs the model by default: SDPA where the
     model's class implements it, else its eager attention (Gemma-2, gpt-oss, Mamba, BLOOM ...),
     said through ``say``. An ``attention`` the user gave is kept (SDPA on such a model then fails
-    with a hint), as is the user's own module (its code is not imported here)."""
+    with a hint), as is the user's own module (its code is not imported here). ``source``: the
+    job's model when the caller has resolved it already (else it is resolved here)."""
     from trainfit.model.source import resolve_model
     from trainfit.model.workload import has_sdpa
 
     if "attention" in fields or job.attention != "sdpa" or not job.model or \
             is_code_spec(job.model):
         return job
-    source = resolve_model(job.model, job.trust_remote_code)
+    if source is None:
+        source = resolve_model(job.model, job.trust_remote_code)
     if has_sdpa(source) is not False:
         return job
     if say is not None:

@@ -234,9 +234,9 @@ def plan_cmd(
         spec = _gpu_spec(gpu, extra, interconnect, say)
         source = resolve_model(job.model, job.trust_remote_code)
         check_seq_len(job.seq_len, source)  # tune and train refuse it too
-        job = default_attention(job, fields, say)
+        job = default_attention(job, fields, say, source)
         if current_job is not None:
-            current_job = default_attention(current_job, fields)
+            current_job = default_attention(current_job, fields, source=source)
         with stage_progress("plan") as progress:
             result = plan(job, source, spec, margin=margin, verify=verify,
                           dataset_tokens=dataset_tokens, epochs=epochs, current=current_job,

@@ -118,6 +118,21 @@ def _search(job: Any, opts: Any, as_json: bool) -> Any:
         return tune(job, opts, progress=lambda s: status.update(f"probing {s}"))
 
 
+def _options(extra: dict[str, Any], *, device: str | None, memory_limit: str | None,
+             margin: float, budget_s: float | None, max_host_ram: str | None,
+             knobs: tuple[str, ...], fixed: frozenset[str], run_steps: int | None,
+             isolate: bool) -> Any:
+    """The search's options: the flags, else the job file's keys (device, memory_limit)."""
+    from trainfit.tune.tuner import TuneOptions  # torch: only when probing
+
+    limit = parse_bytes(memory_limit, "--memory-limit") if memory_limit is not None \
+        else _file_limit(extra)
+    return TuneOptions(device=device or str(extra.get("device") or "cpu"),
+                       memory_limit_bytes=limit, margin=margin, budget_s=budget_s,
+                       max_host_ram_bytes=parse_bytes(max_host_ram, "--max-host-ram"),
+                       knobs=knobs, fixed=fixed, run_steps=run_steps, isolate=isolate)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("tune")
     @with_job_flags()
@@ -181,15 +196,9 @@ def register(app: typer.Typer) -> None:
                 # a tuned file: its knobs are the decision; emitting them needs no probe
                 emit_job(job, emit, str(target), extra, device=device)
                 return
-            from trainfit.tune.tuner import TuneOptions  # torch: only when probing
-            limit = parse_bytes(memory_limit, "--memory-limit") if memory_limit is not None \
-                else _file_limit(extra)
-            opts = TuneOptions(device=device or str(extra.get("device") or "cpu"),
-                               memory_limit_bytes=limit,
-                               margin=margin, budget_s=budget_s,
-                               max_host_ram_bytes=parse_bytes(max_host_ram, "--max-host-ram"),
-                               knobs=knob_list, fixed=fixed, run_steps=run_steps,
-                               isolate=isolate)
+            opts = _options(extra, device=device, memory_limit=memory_limit, margin=margin,
+                            budget_s=budget_s, max_host_ram=max_host_ram, knobs=knob_list,
+                            fixed=fixed, run_steps=run_steps, isolate=isolate)
             if out is not None:
                 check_writable(out)  # before the search: its end must not be a write error
             result = _search(job, opts, as_json)

@@ -292,7 +292,6 @@ class _DeviceOps:
         return self._orig_sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                                is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
-
     def grouped_mm(self, mat_a: torch.Tensor, mat_b: torch.Tensor, *,
                    offs: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                    out_dtype: torch.dtype | None = None) -> torch.Tensor:

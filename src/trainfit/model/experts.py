@@ -15,8 +15,6 @@ shared experts are ordinary MLPs (``shared_expert``) that every token runs, so t
 
 from __future__ import annotations
 
-import functools
-import json
 from typing import Any
 
 import torch
@@ -53,14 +51,8 @@ def inactive_expert_params(model: torch.nn.Module, config: Any) -> int:
     return inactive
 
 
-@functools.lru_cache(maxsize=32)
-def _inactive_from_json(task: str, config_json: str, config_class: type) -> int:
-    from trainfit.model.workload import auto_model_class
-
-    config = config_class.from_dict(json.loads(config_json))
-    with torch.device("meta"):
-        model = auto_model_class(task).from_config(config)
-    return inactive_expert_params(model, config)
+_INACTIVE: dict[tuple[str, str], int] = {}
+"""Counts already made, by (task, the configuration's JSON): a plan asks once per row."""
 
 
 def inactive_expert_params_of(source: Any) -> int:
@@ -71,8 +63,14 @@ def inactive_expert_params_of(source: Any) -> int:
     if top_k(config) is None or source.task == "custom-lm" or \
             not hasattr(config, "to_json_string"):
         return 0
-    try:
-        return _inactive_from_json(source.task, config.to_json_string(use_diff=False),
-                                   type(config))
-    except Exception:  # an unbuildable config counts every parameter (as before)
-        return 0
+    key = (source.task, config.to_json_string(use_diff=False))
+    if key not in _INACTIVE:
+        from trainfit.model.workload import auto_model_class
+
+        try:
+            with torch.device("meta"):
+                model = auto_model_class(source.task).from_config(config)
+            _INACTIVE[key] = inactive_expert_params(model, config)
+        except Exception:  # an unbuildable config counts every parameter (as before)
+            _INACTIVE[key] = 0
+    return _INACTIVE[key]

@@ -10,6 +10,8 @@ of multi-head latent attention when k or v is.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from trainfit.job import LORA_ALIASES, JobError
@@ -69,6 +71,11 @@ def classify_linears(model: torch.nn.Module) -> dict[str, str]:
     return kinds
 
 
+def _leafs(names: Iterable[str]) -> str:
+    """The distinct last components of module names, sorted, comma-separated."""
+    return ", ".join(sorted({n.split(".")[-1] for n in names}))
+
+
 def resolve_targets(model: torch.nn.Module, targets: list[str], model_type: str) -> list[str] | str:
     """Turn the job's ``lora_targets`` into what ``peft.LoraConfig(target_modules=...)`` takes."""
     defaulted = targets == ["default"]
@@ -93,13 +100,12 @@ def resolve_targets(model: torch.nn.Module, targets: list[str], model_type: str)
     for lit in literal:
         hits = [n for n in kinds if n == lit or n.endswith("." + lit)]
         if not hits:
-            leafs = sorted({n.split(".")[-1] for n in kinds})
             raise JobError(f"--lora-targets {lit}: no linear layer of this model is named so",
-                           f"its linear layers are: {', '.join(leafs)} (or use q,k,v,o,mlp,"
+                           f"its linear layers are: {_leafs(kinds)} (or use q,k,v,o,mlp,"
                            "lm_head,all-linear)")
         names.extend(hits)
     if not names:
-        leafs = ", ".join(sorted({n.split(".")[-1] for n, k in kinds.items() if k != "lm_head"}))
+        leafs = _leafs(n for n, k in kinds.items() if k != "lm_head")
         if defaulted:
             # no --lora-targets given: peft has no default for this architecture and it has no
             # attention projections to take instead (Mamba)
