@@ -97,8 +97,9 @@ class _Builder:
             self.note(f"{loop} keeps the model output (logits) referenced through the backward "
                       "pass → output_in_backward true")
 
-    def sharding(self, kind: str, fsdp1: bool) -> None:
-        """kind: fsdp, zero3, no-shard (DDP-like replication under FSDP)."""
+    def sharding(self, kind: str, fsdp1: bool, sync: bool = False) -> None:
+        """kind: fsdp, zero3, no-shard (DDP-like replication under FSDP); ``sync``: FSDP1's
+        sync_module_states."""
         if kind == "zero3":
             hit = next((s for s in ZERO3 if s in self.shardings), None)
             self.job["sharding"] = hit or "fsdp"
@@ -117,6 +118,11 @@ class _Builder:
                           "FSDP's flat-parameter gradients — tiny for LoRA adapters)")
         else:
             self.job["sharding"] = "fsdp"
+        if fsdp1 and kind != "zero3" and "fsdp_init" in self.fields:
+            self.job["fsdp_init"] = "wrap-sync" if sync else "wrap"
+            self.note(f"FSDP1 builds each unit on the GPU (moved or materialised at full size, "
+                      f"{'broadcast from rank 0, ' if sync else ''}flattened, sharded): "
+                      f"fsdp_init {self.job['fsdp_init']}")
         if fsdp1 and kind != "zero3":
             if "fsdp_version" in self.fields:
                 self.job["fsdp_version"] = 1
@@ -230,12 +236,13 @@ def _base_job(b: _Builder, impl: str) -> None:
 def _sharding(b: _Builder) -> None:
     s, fsdp = b.case["sharding"], b.case.get("fsdp") or {}
     fsdp1 = "FSDP1" in str(fsdp.get("version", ""))
+    sync = fsdp.get("sync_module_states") is True
     if s.startswith("zero3"):
         b.sharding("zero3", False)
     elif s.startswith("fsdp-no-shard"):
-        b.sharding("no-shard", fsdp1)
+        b.sharding("no-shard", fsdp1, sync)
     elif s.startswith("fsdp"):
-        b.sharding("fsdp", fsdp1)
+        b.sharding("fsdp", fsdp1, sync)
     else:
         b.job["sharding"] = "none"
 

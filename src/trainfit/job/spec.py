@@ -27,6 +27,7 @@ SHARDINGS = ("none", "fsdp", "zero2", "zero3")
 OFFLOADS = ("none", "optimizer", "all")
 BASE_DTYPES = ("auto", "fp32", "bf16", "fp16")
 REDUCE_DTYPES = ("fp32", "param")
+FSDP_INITS = ("sharded", "wrap", "wrap-sync")
 LORA_ALIASES = ("q", "k", "v", "o", "mlp", "lm_head", "all-linear")
 
 
@@ -192,6 +193,14 @@ class JobSpec:
     fsdp_reduce_dtype: str = "fp32"
     """FSDP mixed precision: the dtype gradients are reduce-scattered in — fp32 (torchtitan's and
     FSDP2's usual policy) or param (the low precision: half the reduce-scatter bytes)."""
+    fsdp_init: str = "sharded"
+    """How the weights reach the GPUs before the first step under data parallelism: sharded
+    (they arrive as this rank's shards, nothing is left in the allocator's cache: FSDP2 on a meta
+    model, torchtitan), wrap (FSDP1 given a model on the host and a device_id: each unit is moved
+    to the GPU, flattened and sharded there; the full-size blocks it frees stay reserved, the
+    reserve a run's reserved peak starts from) or wrap-sync (also sync_module_states' broadcast
+    from rank 0 in 250 MiB buckets: accelerate's fsdp_cpu_ram_efficient_loading, Answer.AI's
+    fsdp_qlora). With sharding none: FSDP's NO_SHARD, whose flat parameter is the whole unit."""
     bnb_legacy: bool = False
     """Model bitsandbytes < 0.43.2, whose 4-bit matmul kept every layer's input alive until the
     autograd graph was freed (litgpt ≤ 0.5 pins bitsandbytes 0.42)."""
@@ -260,6 +269,7 @@ class JobSpec:
         _choice("attention", self.attention, ATTENTIONS)
         _choice("sharding", self.sharding, SHARDINGS)
         _choice("fsdp_reduce_dtype", self.fsdp_reduce_dtype, REDUCE_DTYPES)
+        _choice("fsdp_init", self.fsdp_init, FSDP_INITS)
         _choice("offload", self.offload, OFFLOADS)
         _choice("base_dtype", self.base_dtype, BASE_DTYPES)
         self._check_sharding()
@@ -340,6 +350,10 @@ class JobSpec:
                            f"with --sharding {self.sharding} use --offload "
                            f"{' or '.join(allowed)}" if len(allowed) > 1 else
                            "offloading needs --sharding fsdp, zero2 or zero3")
+        if self.fsdp_init != "sharded" and self.sharding not in ("fsdp", "none"):
+            raise JobError(f"--fsdp-init {self.fsdp_init} with --sharding {self.sharding}: "
+                           "it describes FSDP's wrapping", "use --sharding fsdp (or none for "
+                           "FSDP's NO_SHARD), or drop --fsdp-init")
         for flag in ("fsdp_no_sync", "fsdp_frozen_grads"):
             if getattr(self, flag) and self.sharding != "fsdp":
                 raise JobError(f"--{flag.replace('_', '-')} applies to --sharding fsdp only",

@@ -21,6 +21,11 @@ Rules (c10/cuda/CUDACachingAllocator.cpp, defaults, no ``PYTORCH_CUDA_ALLOC_CONF
   and retries (``release_cached_blocks`` then ``alloc_block(..., isRetry=true)``, counted in
   ``num_alloc_retries``; ``release_available_cached_blocks`` is skipped: it acts only with
   ``max_split_size_mb`` set); if the segment still does not fit, the step runs out of memory.
+* blocks with ids ≥ :data:`HISTORY_UID` were made and freed before the step (FSDP1's wrapping,
+  :mod:`trainfit.memory.wrap`): they take and leave segments like any other, but the step's
+  ``max_memory_allocated`` is measured after ``reset_peak_memory_stats``, so they never count in
+  the allocated bytes (a reserve kept from before the reset is what ``max_memory_reserved`` then
+  starts from).
 Not modelled: ``expandable_segments``.
 """
 
@@ -36,6 +41,10 @@ K_SMALL_BUFFER = 2 << 20
 K_LARGE_BUFFER = 20 << 20
 K_MIN_LARGE_ALLOC = 10 << 20
 K_ROUND_LARGE = 2 << 20
+HISTORY_UID = 1 << 52
+"""Block ids from here on are the history before the step (see the module docstring); far above
+the trace's sequence numbers and the layer copies' offsets of :mod:`trainfit.memory.depth_trace`
+(2^42 per copy)."""
 
 
 @dataclass
@@ -140,14 +149,16 @@ def replay(events: list[tuple[int, int]], streams: dict[int, int] | None = None,
                 add_free(rest, key)
             blk.free = False
             live[uid] = blk
-            allocated += blk.size
-            peak_allocated = max(peak_allocated, allocated)
+            if uid < HISTORY_UID:
+                allocated += blk.size
+                peak_allocated = max(peak_allocated, allocated)
         else:
             blk = live.pop(uid, None)
             if blk is None:
                 continue
             key = key_of[blk.seg]
-            allocated -= blk.size
+            if uid < HISTORY_UID:
+                allocated -= blk.size
             add_free(_coalesce(blk, remove_free, key), key)
     return AllocatorReplay(peak_reserved, peak_allocated, nseg, retries)
 

@@ -24,6 +24,7 @@ from trainfit.memory.compiled import compiled_blocks
 from trainfit.memory.semantics import AttentionTarget, device_semantics
 from trainfit.memory.sharded import fake_world, fsdp_bookkeeping, fsdp_simulable, local, shard_model
 from trainfit.memory.tracker import LiveBytesTracker
+from trainfit.memory.wrap import record_wrap, records_wrap
 from trainfit.memory.zero import compute_job
 from trainfit.model.in_backward import InBackwardOptimizer
 from trainfit.model.offload import simulated_offload, with_offload
@@ -116,7 +117,8 @@ def _classify_states(optimizer: torch.optim.Optimizer, tracker: LiveBytesTracker
 
 def _track_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor],
                   tracker: LiveBytesTracker) -> int:
-    """Count what exists before the step: parameters (shared ones once), buffers, the batch.
+    """Count what exists before the step: parameters (shared ones once; those FSDP1's wrap
+    flattened are already booked as their unit's flat shard), buffers, the batch.
     Returns the bytes of bitsandbytes' quantization state (booked as parameters)."""
     quant_state = 0
     seen: set[int] = set()
@@ -216,6 +218,8 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
                 opt.managed_ctx = tracker.managed
         batch = batch_fn() if batch_fn is not None else \
             make_batch(source, job.micro_batch or 1, job.seq_len)
+        # FSDP1's wrap: its history in the allocator trace, the parameters as flat shards
+        flats = record_wrap(job, model, tracker) if records_wrap(job) else []
         quant_state = _track_inputs(model, batch, tracker)
         # torch.compile: each block runs as AOTAutograd's partition of it (memory/compiled.py)
         blocks = compiled_blocks(job, model, tracker, sharded=mesh is not None)
@@ -243,6 +247,7 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         for h in hooks:
             h.remove()
         steady = sum(tracker.live_breakdown().values()) - tracker.managed_bytes
+        del flats  # kept alive through the step: the parameters' bytes
     largest = max(tracker.peak.sizes, default=0)
     return SimResult(
         peak_allocated_bytes=tracker.peak.peak_bytes,

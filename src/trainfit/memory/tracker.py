@@ -21,6 +21,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary, weakref
 
+from trainfit.memory.allocator import HISTORY_UID
+
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries", "buffers",
               "data_parallel")
 """``data_parallel``: what FSDP allocates for its collectives (gathered parameters, all-gather and
@@ -219,6 +221,29 @@ class LiveBytesTracker(TorchDispatchMode):
         """Register a tensor created outside the tracker (parameters, buffers, the batch)."""
         self._register(t, category)
         self._check_peak()
+
+    def adopt(self, t: torch.Tensor, category: str) -> None:
+        """Know ``t``'s storage without booking its bytes: a view into a block booked on its own
+        (FSDP1's parameters are views into their unit's flat parameter, booked by
+        :mod:`trainfit.memory.wrap`), so an op writing into it in place books nothing new."""
+        inner = getattr(t, "_local_tensor", None)
+        st = (inner if isinstance(inner, torch.Tensor) else t).untyped_storage()
+        if self._live.get(st) is None:
+            self._next_id += 1
+            self._live[st] = _Block(0, category, self.phase, self._next_id)
+
+    def history(self, nbytes: int, uid: int | None = None) -> int:
+        """Record, in the trace only, an allocation of ``nbytes`` (``uid`` None; returns its id)
+        or the free of block ``uid``, made before the step: it takes and leaves segments in the
+        allocator replay, never counts in the step's allocated bytes (ids ≥ ``HISTORY_UID``)."""
+        if uid is None:
+            self._next_id += 1
+            uid = HISTORY_UID + self._next_id
+            if self.record_events:
+                self.events.append((uid, self._rounded(nbytes)))
+        elif self.record_events:
+            self.events.append((uid, -self._rounded(nbytes)))
+        return uid
 
     def reclassify(self, t: torch.Tensor | None, category: str) -> None:
         if t is None:  # a gradient an optimizer-in-backward hook already stepped and freed

@@ -1,0 +1,146 @@
+"""What FSDP1's wrapping leaves in the CUDA caching allocator before the first step.
+
+``FullyShardedDataParallel`` given a model on the host (or on ``meta`` with a ``param_init_fn``)
+and a ``device_id`` builds its units one at a time (torch/distributed/fsdp/_init_utils.py,
+``_init_param_handle_from_module``), in the order ``_recursive_wrap`` reaches them — the blocks
+from the first to the last, then the root:
+
+1. ``_move_module_to_device`` copies the unit's parameters (those no nested unit holds) to the
+   GPU one by one: a block of each parameter's full size;
+2. with ``sync_module_states``, ``_sync_module_params_and_buffers`` broadcasts them from rank 0
+   through ``_broadcast_coalesced`` (``PARAM_BROADCAST_BUCKET_SIZE``, 250 MiB): each bucket of
+   several tensors is flattened into a tensor of its own (a bucket of one tensor is a view of
+   it: ``flatten_dense_tensors``), two buckets in flight (c10d ``broadcast_coalesced``);
+3. ``FlatParamHandle`` concatenates the parameters into the unit's flat parameter (its full size,
+   one per dtype);
+4. ``shard()`` clones this rank's chunk (``ceil(numel / ranks)`` elements) and frees the full
+   flat parameter; the parameters copied in 1 die when the handle is built.  NO_SHARD keeps the
+   flat parameter whole; with CPU offload the shard then moves to the host.
+
+All of it is on the default stream, and the allocator keeps every freed block in its segment:
+after the wrap the reserve holds each shard and the segments the largest transients made — the
+root's embedding and head, copied and then flattened, above all.  Answer.AI's fsdp_qlora logs it
+(``reserved_after_model_wrap``): 3.72 GiB for Llama-2-7B QLoRA on 2 ranks, whose shards are
+about 1.9 GiB; the reserved peak of its training starts there (``reset_peak_memory_stats`` does
+not release segments).
+
+In the simulation the step's parameters are then views into their unit's flat shard (booked once,
+as FSDP1 holds them), and the wrap's own blocks go into the trace as history (ids ≥
+:data:`trainfit.memory.allocator.HISTORY_UID`: they shape the reserve, never the step's allocated
+bytes).  Not modelled: the buffers and bitsandbytes' quantization state are copied in step 1 too;
+they are booked where the step begins, whole on every rank, before the history.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import torch
+
+from trainfit.engine.dist import shard_units
+from trainfit.job import JobSpec
+from trainfit.memory.allocator import HISTORY_UID, replay
+
+BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024
+"""torch/distributed/fsdp/_init_utils.py ``PARAM_BROADCAST_BUCKET_SIZE``."""
+BROADCASTS_IN_FLIGHT = 2
+"""torch/csrc/distributed/c10d/comm.cpp ``broadcast_coalesced``: ``max_in_flight``."""
+
+
+def records_wrap(job: JobSpec) -> bool:
+    """Whether the job's weights reach the GPU through FSDP1's wrap (``fsdp_init``), over more
+    than one rank (FSDP over one rank is not run: :meth:`trainfit.engine.dist.Dist.wrap`)."""
+    return job.fsdp_init != "sharded" and job.ranks > 1 and job.sharding in ("fsdp", "none")
+
+
+def wrap_units(model: torch.nn.Module) -> list[list[torch.nn.Parameter]]:
+    """Each FSDP unit's own parameters, in the order the wrap builds them: the blocks of
+    :func:`trainfit.engine.dist.shard_units` (a parameter belongs to the innermost block holding
+    it) in the model's order, then the root's (every parameter no block holds), each once."""
+    claimed: set[int] = set()
+    owned: list[tuple[torch.nn.Module, list[torch.nn.Parameter]]] = []
+    for block in shard_units(model):  # innermost first
+        own = [p for p in block.parameters() if id(p) not in claimed]
+        claimed.update(id(p) for p in own)
+        owned.append((block, own))
+    order = {id(m): i for i, m in enumerate(model.modules())}
+    owned.sort(key=lambda e: order[id(e[0])])
+    root = [p for p in model.parameters() if id(p) not in claimed]
+    return [own for _, own in owned if own] + ([root] if root else [])
+
+
+def _nbytes(p: torch.Tensor) -> int:
+    return p.numel() * p.element_size()  # a DTensor's numel is the whole parameter's
+
+
+def _broadcast(tracker: Any, params: list[torch.nn.Parameter]) -> None:
+    """``_broadcast_coalesced``'s flattened buckets, two in flight (bucketed per dtype, a bucket
+    closed once it reaches the size: c10d ``compute_bucket_assignment_by_size``)."""
+    buckets: list[list[int]] = []
+    open_: dict[torch.dtype, list[int]] = {}
+    for p in params:
+        b = open_.setdefault(p.dtype, [])
+        b.append(_nbytes(p))
+        if sum(b) >= BROADCAST_BUCKET_BYTES:
+            buckets.append(open_.pop(p.dtype))
+    buckets += list(open_.values())
+    flight: deque[tuple[int, int]] = deque()
+    for b in buckets:
+        if len(b) < 2:
+            continue  # one tensor: broadcast in place
+        if len(flight) >= BROADCASTS_IN_FLIGHT:
+            uid, n = flight.popleft()
+            tracker.history(n, uid)
+        flight.append((tracker.history(sum(b)), sum(b)))
+    while flight:
+        uid, n = flight.popleft()
+        tracker.history(n, uid)
+
+
+def record_wrap(job: JobSpec, model: torch.nn.Module, tracker: Any) -> list[torch.Tensor]:
+    """Record the wrap's history in ``tracker`` (before the step's inputs are tracked) and book
+    each unit's flat shard (NO_SHARD: its flat parameter) as the parameters' bytes; returns those
+    flat tensors, which the caller keeps alive through the step.  Called inside the simulation's
+    FakeTensorMode (the flat tensors are fake)."""
+    ranks = job.ranks if job.sharding == "fsdp" else 1
+    offload = job.offload == "all"
+    kept: list[torch.Tensor] = []
+    for params in wrap_units(model):
+        moved = [(tracker.history(_nbytes(p)), _nbytes(p)) for p in params]
+        if job.fsdp_init == "wrap-sync":
+            _broadcast(tracker, params)
+        numel: dict[torch.dtype, int] = {}
+        for p in params:
+            numel[p.dtype] = numel.get(p.dtype, 0) + p.numel()
+        for dtype, n in numel.items():
+            size = torch.empty((), dtype=dtype).element_size()
+            flat_bytes, shard_bytes = n * size, -(-n // ranks) * size
+            if offload:  # the shard goes to the host: every block here is transient
+                flat = tracker.history(flat_bytes)
+                shard = tracker.history(shard_bytes)
+                tracker.history(flat_bytes, flat)
+                tracker.history(shard_bytes, shard)
+                continue
+            flat = tracker.history(flat_bytes) if ranks > 1 else None
+            kept.append(torch.empty(shard_bytes, dtype=torch.uint8))
+            tracker.track(kept[-1], "parameters")
+            if flat is not None:
+                tracker.history(flat_bytes, flat)
+        if not offload:
+            for p in params:
+                tracker.adopt(p, "parameters")
+        for uid, n in moved:
+            tracker.history(n, uid)
+    return kept
+
+
+def reserve_after_wrap(events: list[tuple[int, int]], streams: dict[int, int]
+                       ) -> tuple[int, int] | None:
+    """(reserved, allocated) bytes when the wrap's history ends — Answer.AI's
+    ``reserved_after_model_wrap`` / ``allocated_after_model_wrap`` — or None without one."""
+    end = max((i for i, (u, _) in enumerate(events) if u >= HISTORY_UID), default=-1)
+    if end < 0:
+        return None
+    rep = replay(events[:end + 1], streams)
+    return rep.peak_reserved_bytes, sum(d for u, d in events[:end + 1] if u < HISTORY_UID)

@@ -1,0 +1,126 @@
+"""FSDP1's wrap as history in the allocator trace (trainfit.memory.wrap)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from trainfit.job import JobError, JobSpec
+from trainfit.memory.allocator import HISTORY_UID, replay
+from trainfit.memory.wrap import BROADCAST_BUCKET_BYTES, wrap_units
+
+MIB = 2**20
+LLAMA = dict(vocab_size=4096, hidden_size=256, intermediate_size=688, num_hidden_layers=3,
+             num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+             tie_word_embeddings=False)
+JOB = dict(model="tiny-llama", method="full", precision="bf16-true", seq_len=64, micro_batch=2,
+           grad_accum=1, ranks=2, sharding="fsdp", optimizer_impl="foreach")
+
+
+def _source():
+    from transformers import LlamaConfig
+
+    from trainfit.model.source import ModelSource
+
+    return ModelSource("tiny-llama", LlamaConfig(**LLAMA), "causal-lm", "local")
+
+
+def test_history_blocks_take_segments_but_never_count_as_allocated():
+    h = HISTORY_UID + 1
+    # the wrap copies a 30 MiB weight, keeps its 15 MiB shard, frees the copy; the step then
+    # allocates 12 MiB, which the freed block serves: no new segment
+    r = replay([(h, 30 * MIB), (2, 15 * MIB), (h, -30 * MIB), (3, 12 * MIB)])
+    assert r.peak_reserved_bytes == 30 * MIB + 16 * MIB
+    assert r.peak_allocated_bytes == 16 * MIB + 12 * MIB  # the shard's block + the step's
+    assert r.segments == 2
+
+
+def test_every_parameter_is_in_exactly_one_unit_blocks_first_root_last():
+    from trainfit.model.workload import build_model_on_meta
+
+    model, _ = build_model_on_meta(JobSpec(**JOB), _source())
+    units = wrap_units(model)
+    assert len(units) == LLAMA["num_hidden_layers"] + 1
+    ids = [id(p) for u in units for p in u]
+    assert sorted(ids) == sorted({id(p) for p in model.parameters()})
+    root = {id(p) for p in units[-1]}
+    assert id(model.lm_head.weight) in root and id(model.model.embed_tokens.weight) in root
+    first = {id(p) for p in model.model.layers[0].parameters()}
+    assert {id(p) for p in units[0]} == first
+
+
+def _sim(**kw):
+    from trainfit.memory.simulate import SimTarget, simulate_step
+
+    job = JobSpec(**{**JOB, **kw})
+    return job, simulate_step(job, _source(), SimTarget(), record_events=True)
+
+
+@pytest.fixture(scope="module")
+def sims():
+    return {init: _sim(fsdp_init=init) for init in ("sharded", "wrap", "wrap-sync")}
+
+
+def _history_end(events):
+    return max(i for i, (u, _) in enumerate(events) if u >= HISTORY_UID) + 1
+
+
+def test_the_wrap_leaves_each_units_flat_shard_and_changes_no_step_allocation(sims):
+    from trainfit.memory.wrap import wrap_units as units_of
+    from trainfit.model.workload import build_model_on_meta
+
+    _, plain = sims["sharded"]
+    job, wrapped = sims["wrap"]
+    assert not any(u >= HISTORY_UID for u, _ in plain.events)
+    model, _ = build_model_on_meta(job, _source())
+    # bf16 parameters: each unit's shard is ceil(numel / 2) elements of 2 bytes, in 512 B blocks
+    shards = sum(-(-(-(-sum(p.numel() for p in u) // 2) * 2) // 512) * 512
+                 for u in units_of(model))
+    end = _history_end(wrapped.events)
+    before = replay(wrapped.events[:end], wrapped.event_streams)
+    # before the step's inputs, the only blocks the step keeps are the flat shards
+    assert sum(d for u, d in wrapped.events[:end] if u < HISTORY_UID) == shards
+    assert before.peak_allocated_bytes == shards
+    # the reserve holds the shards and the full-size blocks the wrap freed
+    assert before.peak_reserved_bytes > before.peak_allocated_bytes
+    # the step is the same step: FSDP1's flat shard pads once per unit, FSDP2 per parameter
+    assert wrapped.peak_allocated_bytes == pytest.approx(plain.peak_allocated_bytes, rel=0.01)
+    step = replay(wrapped.events, wrapped.event_streams)
+    assert step.peak_allocated_bytes <= wrapped.peak_allocated_bytes + 64 * 1024
+    assert step.peak_reserved_bytes >= before.peak_reserved_bytes
+
+
+def test_sync_module_states_adds_the_broadcast_buckets(sims):
+    _, wrap = sims["wrap"]
+    _, sync = sims["wrap-sync"]
+    hist = [d for u, d in wrap.events if u >= HISTORY_UID]
+    hist_sync = [d for u, d in sync.events if u >= HISTORY_UID]
+    # one flattened bucket per block (its several weights), none for a bucket of one tensor
+    extra = sorted(d for d in hist_sync if d > 0)
+    for d in hist:
+        if d > 0:
+            extra.remove(d)
+    assert len(extra) == LLAMA["num_hidden_layers"] + 1  # each block's and the root's
+    assert all(0 < d < BROADCAST_BUCKET_BYTES for d in extra)
+
+
+def test_fsdp_init_is_checked():
+    with pytest.raises(JobError, match="fsdp-init"):
+        JobSpec(**{**JOB, "sharding": "zero3", "fsdp_init": "wrap"})
+    with pytest.raises(JobError):
+        JobSpec(**{**JOB, "fsdp_init": "eager"})
+    assert dataclasses.replace(JobSpec(**JOB), fsdp_init="wrap").fsdp_init == "wrap"
+
+
+def test_the_prediction_states_the_reserve_before_the_step():
+    from trainfit.hardware.gpus import find_gpu
+    from trainfit.memory.predict import predict_memory
+
+    gpu = find_gpu("a100-80gb")
+    wrapped = predict_memory(JobSpec(**{**JOB, "fsdp_init": "wrap-sync"}), _source(), gpu)
+    plain = predict_memory(JobSpec(**JOB), _source(), gpu)
+    assert plain.reserved_before_step_bytes is None
+    before = wrapped.reserved_before_step_bytes
+    assert before is not None and 0 < before <= wrapped.peak_reserved_bytes
+    assert any(n.startswith("FSDP1's wrap (fsdp_init wrap-sync)") for n in wrapped.model_notes)
