@@ -22,3 +22,36 @@ def test_cuda_without_cuda():
     with pytest.raises(JobError, match="no CUDA device"):
         parse_device("cuda:0")
     assert parse_device("cpu").type == "cpu"
+
+
+def test_fsdp_build_holds_only_this_ranks_shards_with_the_one_rank_values():
+    """build_real(shard=...) shards on meta, so no rank ever holds a full weight; each rank's
+    rows are the one-rank model's (the same draw, cut as FSDP2's Shard(0) cuts it)."""
+    import torch
+    from transformers import LlamaConfig
+
+    from trainfit.engine.dist import fully_shard_model
+    from trainfit.job import JobSpec
+    from trainfit.memory.sharded import fake_world
+    from trainfit.model.runtime import build_real
+    from trainfit.model.source import ModelSource
+
+    cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)
+    source = ModelSource("tiny", cfg, "causal-lm", "local")
+    job = JobSpec(model="tiny", method="full", seq_len=16, micro_batch=1, ranks=2,
+                  sharding="fsdp")
+    whole = build_real(JobSpec(model="tiny", method="full", seq_len=16, micro_batch=1),
+                       source, torch.device("cpu"), seed=3)
+    full = dict(whole.model.named_parameters())
+    with fake_world(2) as mesh:
+        wl = build_real(job, source, torch.device("cpu"), seed=3,
+                        shard=lambda m: fully_shard_model(m, mesh=mesh))
+        for name, p in wl.model.named_parameters():
+            local = p.to_local()
+            ref = torch.chunk(full[name].detach(), 2, dim=0)[0]
+            assert local.shape == ref.shape and local.numel() < full[name].numel(), name
+            assert torch.equal(local.detach(), ref), name
+        # the optimizer was built over the shards (no full tensor kept alive by it)
+        held = [q for g in wl.optimizer.param_groups for q in g["params"]]
+        assert all(hasattr(q, "to_local") for q in held)

@@ -164,8 +164,8 @@ def fully_shard_model(model: torch.nn.Module, policy: Any = None, mesh: Any = No
     clipping need no special case; it runs on CPU with gloo (checked on torch 2.13: all-gather,
     reduce-scatter, DTensor grads in ``clip_grad_norm_``), so no FSDP1 fallback is needed. amp-fp16's
     GradScaler works unchanged: DTensor reduces its inf/NaN check over the shards, so all ranks
-    skip or take a step together. It replaces the module's parameters in place: an optimizer built
-    before holds the old full tensors and must be rebuilt (:func:`trainfit.model.runtime.rebuild_optimizer`).
+    skip or take a step together. It replaces the module's parameters in place, so it runs on the
+    ``meta`` model before any weight or optimizer exists (:func:`trainfit.model.runtime.build_real`).
     Gradients are reduce-scattered in every micro-step's backward (no accumulation unsharded: that
     would cost the full gradient's memory FSDP is there to save).  ``mesh``: the default group's
     when None (plan's simulation passes the mesh of its fake process group)."""

@@ -114,10 +114,27 @@ def init_weights(model: torch.nn.Module, device: torch.device | str, seed: int,
                 elif zero_lora_b and "lora_B" in name:
                     t.zero_()  # PEFT's init: the adapter starts as a no-op
                 else:
-                    t.copy_(torch.randn(t.shape, generator=gen, dtype=torch.float32) * 0.02)
+                    assign(t, torch.randn(t.shape, generator=gen, dtype=torch.float32) * 0.02)
             else:
                 t.zero_()
     return model
+
+
+def assign(t: torch.Tensor, value: torch.Tensor) -> None:
+    """``t.copy_(value)`` for a whole tensor ``value`` (drawn or read on the host), also when ``t``
+    is a sharded parameter (a DTensor of FSDP2's ``fully_shard``): each rank then copies its own
+    chunk, the rows ``torch.chunk(value, world, dim)[rank]`` that FSDP2's ``Shard(dim)`` gives it
+    (a rank past the last chunk holds none) — no collective, and no full copy on the GPU."""
+    to_local = getattr(t, "to_local", None)
+    if to_local is None:
+        t.copy_(value)
+        return
+    (placement,) = t.placements
+    mesh = t.device_mesh
+    chunks = torch.chunk(value, mesh.size(), dim=placement.dim)
+    rank = mesh.get_local_rank()
+    if rank < len(chunks):
+        to_local().copy_(chunks[rank])
 
 
 def _weight_files(source: ModelSource) -> list[Path]:
@@ -150,7 +167,7 @@ def load_pretrained_into(model: torch.nn.Module, source: ModelSource) -> int:
             for k, v in tensors.items():
                 name = by_suffix.get(k)
                 if name is not None and own[name].shape == v.shape:
-                    own[name].copy_(v.to(own[name].dtype))
+                    assign(own[name], v.to(own[name].dtype))
                     loaded += 1
     return loaded
 
@@ -173,8 +190,16 @@ class RealWorkload:
 
 
 def build_real(job: JobSpec, source: ModelSource, device: torch.device, *, seed: int = 0,
-               init: str = "auto", lr: float = 1e-4) -> RealWorkload:
-    """The job's model and optimizer with real storage on ``device``."""
+               init: str = "auto", lr: float = 1e-4,
+               shard: Callable[[torch.nn.Module], Any] | None = None) -> RealWorkload:
+    """The job's model and optimizer with real storage on ``device``.
+
+    ``shard``: applied to the model while it is still on ``meta`` (FSDP2's ``fully_shard``, as
+    torchtitan does), so each rank's device only ever holds its shards: the weights are drawn or
+    read on the host and each rank copies its own rows (:func:`assign`).  Materialising the
+    whole model first and sharding it after would put the full model on every GPU at load — the
+    size FSDP is there to split — and leave its freed blocks in the allocator's cache
+    (``fsdp_init sharded`` is what plan predicts)."""
     if job.method == "qlora" and device.type != "cuda":
         raise JobError("--method qlora: bitsandbytes 4-bit layers run on CUDA only",
                        "use --device cuda:N, or --method lora on CPU")
@@ -192,6 +217,8 @@ def build_real(job: JobSpec, source: ModelSource, device: torch.device, *, seed:
         raise JobError("--method qlora: real 4-bit runs are not wired in this version",
                        "tune/train it as --method lora with --precision bf16-true, "
                        "or use trainfit plan for its memory")
+    if shard is not None:
+        shard(model)
     init_weights(model, device, seed)
     if init in ("auto", "pretrained") and _weight_files(source):
         n = load_pretrained_into(model, source)
@@ -209,16 +236,6 @@ def build_real(job: JobSpec, source: ModelSource, device: torch.device, *, seed:
                            trl_offload(model, device) if job.activation_offload else None)
     return RealWorkload(model, opt, forward, scaler_for(job, device), device,
                         info.total_params, info.trainable_params)
-
-
-def rebuild_optimizer(wl: RealWorkload, job: JobSpec, lr: float) -> torch.optim.Optimizer:
-    """The job's optimizer, as :func:`build_real` makes it, over the model's parameters as they are
-    now: FSDP's ``fully_shard`` replaced them with sharded DTensors, which the first optimizer does
-    not hold. Dropping it also frees the full tensors it kept alive. Call before any step."""
-    trainable = [p for p in wl.model.parameters() if p.requires_grad]
-    getattr(wl.optimizer, "remove_hooks", lambda: None)()  # optimizer_in_backward's hooks
-    wl.optimizer = make_optimizer(job, trainable, simulate=False, lr=lr)
-    return wl.optimizer
 
 
 def check_no_offload(model: torch.nn.Module, allow_offload: bool = False) -> None:

@@ -167,16 +167,18 @@ class Trainer:
         self.eval_batch = opts.eval_batch or job.micro_batch or 1
         check_runnable(job, self.dist.world)
         check_data_size(len(self.data), job.effective_batch or 1, f"--data {job.data}")
-        self.wl = build_real(job, self.source, self.device, seed=job.seed, lr=job.lr)
-        check_no_offload(self.wl.model, opts.allow_offload)
-        self.model = self.dist.wrap(self.wl.model, self.device, sharding=job.sharding,
-                                    policy=mixed_precision_policy(job.precision,
-                                                                  job.fsdp_reduce_dtype),
-                                    no_sync=job.fsdp_no_sync)
-        if self.dist.shards(job.sharding):  # fully_shard swapped in DTensor parameters
-            from trainfit.model.runtime import rebuild_optimizer
+        def wrap(model: torch.nn.Module) -> torch.nn.Module:
+            return self.dist.wrap(model, self.device, sharding=job.sharding,
+                                  policy=mixed_precision_policy(job.precision,
+                                                                job.fsdp_reduce_dtype),
+                                  no_sync=job.fsdp_no_sync)
 
-            rebuild_optimizer(self.wl, job, lr=job.lr)
+        # FSDP shards the model on meta, before any weight reaches the device (build_real)
+        sharded = self.dist.shards(job.sharding)
+        self.wl = build_real(job, self.source, self.device, seed=job.seed, lr=job.lr,
+                             shard=wrap if sharded else None)
+        check_no_offload(self.wl.model, opts.allow_offload)
+        self.model = self.wl.model if sharded else wrap(self.wl.model)
         if job.compile:
             self.model = torch.compile(self.model)
         self.scheduler = linear_decay(self.wl.optimizer, self.total_steps())
