@@ -29,3 +29,17 @@ def test_a_unit_holding_a_tied_weight_is_left_to_the_root():
     names = [type(u).__name__ for u in shard_units(model)]
     assert "BertEmbeddings" not in names
     assert names.count("BertLayer") == 2
+
+
+def test_a_module_reachable_under_two_names_ties_nothing(tiny_llama):
+    """The chunked-head wrapper holds the decoder as ``model`` and ``_decoder``: the same module
+    twice, not a weight shared by two modules. Counted by names, every weight looked tied and
+    the whole model became one FSDP unit (gathered at once)."""
+    from trainfit.job import JobSpec
+    from trainfit.model.workload import build_model_on_meta
+
+    job = JobSpec(model="tiny-llama", method="lora", seq_len=64, micro_batch=1,
+                  lm_head_chunk=16)
+    model, _ = build_model_on_meta(job, tiny_llama)
+    assert type(model).__name__ == "ChunkedHeadLM"
+    assert [type(u).__name__ for u in shard_units(model)] == ["LlamaDecoderLayer"] * 3

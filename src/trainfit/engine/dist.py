@@ -129,10 +129,15 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def _tied_parameter_ids(model: torch.nn.Module) -> set[int]:
-    """Parameters reachable under more than one name (tied weights)."""
+    """Parameters held by more than one module slot (tied weights).  Counted over distinct
+    modules: one module reachable under two names (trainfit's chunked-head wrapper keeps the
+    decoder as ``model`` and ``_decoder``) ties nothing — by names, every weight looked tied,
+    no block was a unit and FSDP gathered the whole model at once."""
     seen: dict[int, int] = {}
-    for _, p in model.named_parameters(remove_duplicate=False):
-        seen[id(p)] = seen.get(id(p), 0) + 1
+    for mod in model.modules():  # each module once
+        for p in mod._parameters.values():
+            if p is not None:
+                seen[id(p)] = seen.get(id(p), 0) + 1
     return {i for i, n in seen.items() if n > 1}
 
 

@@ -195,12 +195,13 @@ class JobSpec:
     FSDP2's usual policy) or param (the low precision: half the reduce-scatter bytes)."""
     fsdp_init: str = "sharded"
     """How the weights reach the GPUs before the first step under data parallelism: sharded
-    (they arrive as this rank's shards, nothing is left in the allocator's cache: FSDP2 on a meta
-    model — trainfit train, torchtitan, torchtune ≥ 0.3), wrap (FSDP1 given a model on the host and a device_id: each unit is moved
-    to the GPU, flattened and sharded there; the full-size blocks it frees stay reserved, the
-    reserve a run's reserved peak starts from) or wrap-sync (also sync_module_states' broadcast
-    from rank 0 in 250 MiB buckets: accelerate's fsdp_cpu_ram_efficient_loading, Answer.AI's
-    fsdp_qlora). With sharding none: FSDP's NO_SHARD, whose flat parameter is the whole unit."""
+    (they arrive as this rank's shards, nothing is left in the allocator's cache: FSDP2 on a
+    meta model — trainfit train, torchtitan, torchtune ≥ 0.3), wrap (FSDP1 given a model on the
+    host and a device_id: each unit is moved to the GPU, flattened and sharded there; the
+    full-size blocks it frees stay reserved, the reserve a run's reserved peak starts from) or
+    wrap-sync (also sync_module_states' broadcast from rank 0 in 250 MiB buckets: accelerate's
+    fsdp_cpu_ram_efficient_loading, Answer.AI's fsdp_qlora). With sharding none: FSDP's
+    NO_SHARD, whose flat parameter is the whole unit."""
     bnb_legacy: bool = False
     """Model bitsandbytes < 0.43.2, whose 4-bit matmul kept every layer's input alive until the
     autograd graph was freed (litgpt ≤ 0.5 pins bitsandbytes 0.42)."""
