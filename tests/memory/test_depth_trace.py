@@ -48,11 +48,16 @@ JOBS = {
     "8-rank FSDP amp-bf16 (collective streams)": JobSpec(
         model="q", method="full", ranks=8, sharding="fsdp", seq_len=256, micro_batch=2,
         grad_accum=2, precision="amp-bf16"),
+    "2-rank FSDP1 LoRA after its wrap (history before the step)": JobSpec(
+        model="q", method="lora", lora_targets="q,v", ranks=2, sharding="fsdp",
+        fsdp_init="wrap-sync", seq_len=256, micro_batch=2, grad_accum=1,
+        precision="bf16-true"),
 }
 
 
 @pytest.mark.parametrize("name", ["LoRA bf16, one micro-step",
-                                  "8-rank FSDP amp-bf16 (collective streams)"])
+                                  "8-rank FSDP amp-bf16 (collective streams)",
+                                  "2-rank FSDP1 LoRA after its wrap (history before the step)"])
 def test_synthesized_trace_replays_as_the_deeper_step(name: str) -> None:
     job = JOBS[name]
     lo, hi, deep = (_trace(job, n) for n in (3, 4, 7))
