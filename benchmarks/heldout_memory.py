@@ -235,11 +235,11 @@ def render(rows: list[dict[str, Any]], summary: dict[str, Any], wall_s: float) -
                   "Predicted `memory_reserved` once FSDP1 has built every unit on the GPU "
                   "(`fsdp_init`, src/trainfit/memory/wrap.py); published where the source "
                   "logged it.", "",
-                  "| case | predicted (GiB) | published (GiB) | reserved peak: measured / "
-                  "predicted (GiB) |", "|---|---|---|---|"]
+                  "| case | predicted (GiB) | published (GiB) | the case's peak | measured / "
+                  "predicted (GiB) |", "|---|---|---|---|---|"]
         lines += [f"| {r['id']} | {_gib(r['predicted_reserved_before_step_bytes'])} | "
-                  f"{PUBLISHED_AFTER_WRAP_GIB.get(r['id'], '—')} | "
-                  f"{_gib(r['measured_bytes'])} / {_gib(r['predicted_reserved_bytes'])} |"
+                  f"{PUBLISHED_AFTER_WRAP_GIB.get(r['id'], '—')} | {r['compare']} | "
+                  f"{_gib(r['measured_bytes'])} / {_gib(r['predicted_bytes'])} |"
                   for r in wrapped]
     lines += ["", "## Every case", "",
               "| case | GPU | ranks | method | sharding | peak | measured | pred. allocated | "
