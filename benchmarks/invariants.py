@@ -7,7 +7,8 @@ within a (precision, checkpointing) group, reserved ≥ allocated, ``fits`` agai
 at every rung.  Ten extrapolated rows per case are re-simulated at full size: allocated within
 1 %, and the extrapolated allocator reserve not below the full-size replay's.
 
-Run: ``python benchmarks/invariants.py`` → results/invariants.{json,md}
+Run: ``python benchmarks/invariants.py`` → results/invariants.{json,md}; ``--cases 5 6``: only
+those entries of CASES (by index), merged into the previous results.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ CASES = [
     # 39.0 GiB against 23.5 simulated (a peak moment moving between the small depths)
     {"model": "llama-3.2-1b", "gpu": "rtx-3060-12gb",
      "job": {"method": "full", "seq_len": 2048, "effective_batch": 32}},
+    # Answer.AI's fsdp_qlora as a user plans it: FSDP1's wrap replayed before the step
+    # (fsdp_init, memory/wrap.py) must keep every invariant and extrapolate in depth
+    {"model": "llama-2-7b", "gpu": "3090",
+     "job": {"method": "qlora", "ranks": 2, "sharding": "fsdp", "fsdp_init": "wrap-sync"}},
 ]
 FULL_SIZE_CHECKS = 12
 """Extrapolated rows per case re-simulated at full size: each (precision, checkpointing) group's
@@ -128,7 +133,8 @@ def _markdown(cases: list[dict[str, Any]], total: int, violations: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     warnings.filterwarnings("ignore")
     # one process: the full-size checks build models in this process, and a worker pool forked
     # after that deadlocks (plan/grid.py: _Workers)
@@ -136,7 +142,25 @@ def main() -> int:
     sys.path.insert(0, str(ROOT / "tests" / "plan"))
     import test_invariants as T  # the checks themselves, shared with the test
 
-    cases = [run_case(case, T) for case in CASES]
+    only = [int(a) for a in argv[argv.index("--cases") + 1:]] if "--cases" in argv else None
+    if only is not None and not (OUT / "invariants.json").exists():
+        print("error: --cases merges into a previous full run's results\n"
+              "hint: run python benchmarks/invariants.py once without --cases", file=sys.stderr)
+        return 2
+    if only is not None and any(not 0 <= i < len(CASES) for i in only):
+        print(f"error: --cases {only}: CASES has {len(CASES)} entries (0 … {len(CASES) - 1})",
+              file=sys.stderr)
+        return 2
+    if only is None:
+        cases = [run_case(case, T) for case in CASES]
+    else:
+        done = {json.dumps([c["model"], c["gpu"], c["job"]], sort_keys=True): c
+                for c in json.loads((OUT / "invariants.json").read_text())["cases"]}
+        for i in only:
+            c = run_case(CASES[i], T)
+            done[json.dumps([c["model"], c["gpu"], c["job"]], sort_keys=True)] = c
+        cases = [done[k] for k in (json.dumps([c["model"], c["gpu"], c["job"]], sort_keys=True)
+                                   for c in CASES) if k in done]
     total = sum(c["configurations"] for c in cases)
     violations = sum(sum(c["violations"].values()) for c in cases)
     OUT.mkdir(exist_ok=True)

@@ -43,3 +43,13 @@ def test_a_module_reachable_under_two_names_ties_nothing(tiny_llama):
     model, _ = build_model_on_meta(job, tiny_llama)
     assert type(model).__name__ == "ChunkedHeadLM"
     assert [type(u).__name__ for u in shard_units(model)] == ["LlamaDecoderLayer"] * 3
+
+
+def test_a_submodule_shared_by_two_blocks_keeps_both_with_the_root(tiny_llama):
+    """One MLP object held by two layers: its weights have two owners, so neither layer is a
+    unit of its own (fully_shard would refuse a parameter in two groups)."""
+    model = _meta(tiny_llama.config)
+    layers = model.model.layers
+    layers[1].mlp = layers[0].mlp
+    assert [type(u).__name__ for u in shard_units(model)] == ["LlamaDecoderLayer"]
+    assert shard_units(model)[0] is layers[2]

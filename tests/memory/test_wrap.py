@@ -124,3 +124,37 @@ def test_the_prediction_states_the_reserve_before_the_step():
     before = wrapped.reserved_before_step_bytes
     assert before is not None and 0 < before <= wrapped.peak_reserved_bytes
     assert any(n.startswith("FSDP1's wrap (fsdp_init wrap-sync)") for n in wrapped.model_notes)
+
+
+class _Calls:
+    """A tracker that logs the history it is given."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, int]] = []
+        self.n = 0
+
+    def history(self, nbytes: int, uid: int | None = None) -> int:
+        if uid is None:
+            self.n += 1
+            self.log.append(("alloc", nbytes))
+            return self.n
+        self.log.append(("free", nbytes))
+        return uid
+
+
+def test_broadcast_buckets_two_in_flight_a_single_tensor_bucket_takes_a_turn():
+    import torch
+
+    from trainfit.memory.wrap import _broadcast
+
+    mib = 2**20
+    big = BROADCAST_BUCKET_BYTES // 2 + mib  # two of these fill a bucket
+    # buckets: [A: 2 tensors] [B: 1 tensor ≥ the size, in place] [C: 2 tensors]
+    ps = [torch.empty(big // 2, dtype=torch.bfloat16, device="meta") for _ in range(2)]
+    ps.append(torch.empty(BROADCAST_BUCKET_BYTES // 2, dtype=torch.bfloat16, device="meta"))
+    ps += [torch.empty(big // 2, dtype=torch.bfloat16, device="meta") for _ in range(2)]
+    t = _Calls()
+    _broadcast(t, ps)
+    # c10d finishes A (frees its flat copy) before C is flattened: B held the second slot
+    assert t.log == [("alloc", 2 * big), ("free", 2 * big), ("alloc", 2 * big),
+                     ("free", 2 * big)]

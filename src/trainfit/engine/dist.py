@@ -119,7 +119,7 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
         # a unit holding a weight tied to one outside it (BERT's word embeddings, also its
         # output decoder) is left to the root: fully_shard refuses a parameter shared between
         # two groups, and the root holds both of its users
-        tied = _tied_parameter_ids(model)
+        tied = _tied_parameter_ids(model, blocks)
         blocks = [b for b in blocks if not any(id(p) in tied for p in b.parameters())]
         return blocks[::-1]  # modules() lists a parent before its children
     lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 1]
@@ -128,17 +128,34 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(max(lists, key=lambda ml: sum(p.numel() for p in ml.parameters())))
 
 
-def _tied_parameter_ids(model: torch.nn.Module) -> set[int]:
-    """Parameters held by more than one module slot (tied weights).  Counted over distinct
-    modules: one module reachable under two names (trainfit's chunked-head wrapper keeps the
-    decoder as ``model`` and ``_decoder``) ties nothing — by names, every weight looked tied,
-    no block was a unit and FSDP gathered the whole model at once."""
-    seen: dict[int, int] = {}
-    for mod in model.modules():  # each module once
-        for p in mod._parameters.values():
-            if p is not None:
-                seen[id(p)] = seen.get(id(p), 0) + 1
-    return {i for i, n in seen.items() if n > 1}
+def _tied_parameter_ids(model: torch.nn.Module, blocks: list[torch.nn.Module]) -> set[int]:
+    """Parameters with more than one owner, an owner being the innermost of ``blocks`` holding
+    the parameter, or the root for one reachable without entering a block: a weight tied across
+    blocks (one submodule shared by two layers) or between a block and the root (BERT's word
+    embeddings and output decoder).  Owners, not names: one module reachable under two names
+    (trainfit's chunked-head wrapper keeps the decoder as ``model`` and ``_decoder``) ties
+    nothing — counted by names every weight looked tied, no block was a unit and FSDP gathered
+    the whole model at once."""
+    owner: dict[int, int] = {}
+    tied: set[int] = set()
+    for b in blocks[::-1]:  # modules() lists a parent before its children: innermost first
+        inside = {id(m) for m in b.modules()}
+        for p in b.parameters():
+            o = owner.setdefault(id(p), id(b))
+            if o != id(b) and o not in inside:  # held by a block that is not nested in b
+                tied.add(id(p))
+    ids = {id(b) for b in blocks}
+    stack, seen = [model], set()
+    while stack:  # the root's own: every module reached without entering a block
+        m = stack.pop()
+        if id(m) in seen or id(m) in ids:
+            continue
+        seen.add(id(m))
+        for p in m._parameters.values():
+            if p is not None and id(p) in owner:
+                tied.add(id(p))
+        stack.extend(c for c in m._modules.values() if c is not None)
+    return tied
 
 
 def mixed_precision_policy(precision: str | None, reduce_dtype: str = "fp32") -> Any:

@@ -22,7 +22,7 @@ from trainfit.memory.bands import ErrorBand, band_for
 from trainfit.memory.compiled import compile_note
 from trainfit.memory.depth_trace import Trace
 from trainfit.memory.simulate import SimTarget, simulate_step
-from trainfit.memory.wrap import records_wrap, reserve_after_wrap
+from trainfit.memory.wrap import reserve_after_wrap
 from trainfit.memory.zero import fsdp_offload_phases, zero_phases
 from trainfit.model.source import ModelSource
 from trainfit.model.workload import weight_dtypes
@@ -347,8 +347,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     notes = [*_peak_notes(how, work, context, (on_device, managed_bytes), (nccl, nccl_note)),
              *dp_notes, *([limit_note] if limit_note else [])]
     notes += _step_notes(job, compile_untraced, compile_partitioned)
-    after = reserve_after_wrap(trace[0], trace[1]) \
-        if records_wrap(job) and isinstance(trace, tuple) else None
+    after = reserve_after_wrap(trace[0], trace[1]) if isinstance(trace, tuple) else None
     if after is not None:
         notes.append(f"FSDP1's wrap (fsdp_init {job.fsdp_init}): {after[0] / 2**30:.2f} GiB "
                      f"reserved before the first step, {after[1] / 2**30:.2f} GiB of it in use "

@@ -48,10 +48,15 @@ BROADCASTS_IN_FLIGHT = 2
 """torch/csrc/distributed/c10d/comm.cpp ``broadcast_coalesced``: ``max_in_flight``."""
 
 
-def records_wrap(job: JobSpec) -> bool:
+def records_wrap(job: JobSpec, sharded: bool) -> bool:
     """Whether the job's weights reach the GPU through FSDP1's wrap (``fsdp_init``), over more
-    than one rank (FSDP over one rank is not run: :meth:`trainfit.engine.dist.Dist.wrap`)."""
-    return job.fsdp_init != "sharded" and job.ranks > 1 and job.sharding in ("fsdp", "none")
+    than one rank (FSDP over one rank is not run: :meth:`trainfit.engine.dist.Dist.wrap`).
+    ``sharded``: the step runs as one rank of it (through the fake process group); FSDP's
+    analytic per-rank model (a real process group exists) divides whole-model bytes itself, so it
+    gets no history. NO_SHARD's flat parameters are whole on every rank."""
+    if job.fsdp_init == "sharded" or job.ranks <= 1:
+        return False
+    return job.sharding == "none" or (job.sharding == "fsdp" and sharded)
 
 
 def wrap_units(model: torch.nn.Module) -> list[list[torch.nn.Parameter]]:
@@ -64,8 +69,9 @@ def wrap_units(model: torch.nn.Module) -> list[list[torch.nn.Parameter]]:
         own = [p for p in block.parameters() if id(p) not in claimed]
         claimed.update(id(p) for p in own)
         owned.append((block, own))
+    # post-order, as _recursive_wrap builds them: a unit after every unit nested in it
     order = {id(m): i for i, m in enumerate(model.modules())}
-    owned.sort(key=lambda e: order[id(e[0])])
+    owned.sort(key=lambda e: (max(order[id(m)] for m in e[0].modules()), -order[id(e[0])]))
     root = [p for p in model.parameters() if id(p) not in claimed]
     return [own for _, own in owned if own] + ([root] if root else [])
 
@@ -77,25 +83,26 @@ def _nbytes(p: torch.Tensor) -> int:
 def _broadcast(tracker: Any, params: list[torch.nn.Parameter]) -> None:
     """``_broadcast_coalesced``'s flattened buckets, two in flight (bucketed per dtype, a bucket
     closed once it reaches the size: c10d ``compute_bucket_assignment_by_size``)."""
-    buckets: list[list[int]] = []
-    open_: dict[torch.dtype, list[int]] = {}
-    for p in params:
-        b = open_.setdefault(p.dtype, [])
+    buckets: list[tuple[int, list[int]]] = []  # (index of its first tensor, sizes)
+    open_: dict[torch.dtype, tuple[int, list[int]]] = {}
+    for i, p in enumerate(params):
+        _, b = open_.setdefault(p.dtype, (i, []))
         b.append(_nbytes(p))
         if sum(b) >= BROADCAST_BUCKET_BYTES:
             buckets.append(open_.pop(p.dtype))
-    buckets += list(open_.values())
-    flight: deque[tuple[int, int]] = deque()
-    for b in buckets:
-        if len(b) < 2:
-            continue  # one tensor: broadcast in place
+    buckets = sorted(buckets + list(open_.values()))  # by their first tensor, as c10d sorts
+    flight: deque[tuple[int | None, int]] = deque()
+    for _, b in buckets:
         if len(flight) >= BROADCASTS_IN_FLIGHT:
             uid, n = flight.popleft()
-            tracker.history(n, uid)
-        flight.append((tracker.history(sum(b)), sum(b)))
+            if uid is not None:
+                tracker.history(n, uid)
+        # a bucket of one tensor is broadcast in place (a view), but takes its turn in flight
+        flight.append((tracker.history(sum(b)), sum(b)) if len(b) > 1 else (None, 0))
     while flight:
         uid, n = flight.popleft()
-        tracker.history(n, uid)
+        if uid is not None:
+            tracker.history(n, uid)
 
 
 def record_wrap(job: JobSpec, model: torch.nn.Module, tracker: Any) -> list[torch.Tensor]:
