@@ -27,23 +27,58 @@ def test_cuda_without_cuda():
 def test_fsdp_build_holds_only_this_ranks_shards_with_the_one_rank_values():
     """build_real(shard=...) shards on meta, so no rank ever holds a full weight; each rank's
     rows are the one-rank model's (the same draw, cut as FSDP2's Shard(0) cuts it)."""
-    import torch
     from transformers import LlamaConfig
 
-    from trainfit.engine.dist import fully_shard_model
-    from trainfit.job import JobSpec
-    from trainfit.memory.sharded import fake_world
-    from trainfit.model.runtime import build_real
     from trainfit.model.source import ModelSource
 
     cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)
     source = ModelSource("tiny", cfg, "causal-lm", "local")
-    job = JobSpec(model="tiny", method="full", seq_len=16, micro_batch=1, ranks=2,
+    _check_sharded_build(source)
+
+
+def test_fsdp_build_loads_pretrained_weights_into_the_shards(tmp_path):
+    """The same with weights read from a model directory's safetensors (each rank copies its
+    rows of each tensor read on the host)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+
+    from trainfit.model.source import ModelSource
+
+    # an odd vocabulary: FSDP2's Shard(0) gives rank 0 the larger half (48 of 95 rows)
+    cfg = LlamaConfig(vocab_size=95, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)
+    gen = torch.Generator().manual_seed(7)
+    with torch.device("meta"):
+        from transformers import AutoModelForCausalLM
+
+        shapes = {n: p.shape for n, p in AutoModelForCausalLM.from_config(cfg).named_parameters()}
+    save_file({n: torch.randn(s, generator=gen) for n, s in shapes.items()},
+              str(tmp_path / "model.safetensors"))
+    cfg.save_pretrained(tmp_path)
+    _check_sharded_build(ModelSource(str(tmp_path), cfg, "causal-lm", "local"), loaded=True)
+
+
+def _check_sharded_build(source, loaded: bool = False) -> None:
+    from pathlib import Path
+
+    import torch
+    from safetensors.torch import load_file
+
+    from trainfit.engine.dist import fully_shard_model
+    from trainfit.job import JobSpec
+    from trainfit.memory.sharded import fake_world
+    from trainfit.model.runtime import build_real
+
+    job = JobSpec(model=source.name, method="full", seq_len=16, micro_batch=1, ranks=2,
                   sharding="fsdp")
-    whole = build_real(JobSpec(model="tiny", method="full", seq_len=16, micro_batch=1),
+    whole = build_real(JobSpec(model=source.name, method="full", seq_len=16, micro_batch=1),
                        source, torch.device("cpu"), seed=3)
     full = dict(whole.model.named_parameters())
+    if loaded:  # the one-rank build read the file too
+        saved = load_file(str(Path(source.name) / "model.safetensors"))
+        assert all(torch.equal(full[n].detach(), saved[n]) for n in saved)
     with fake_world(2) as mesh:
         wl = build_real(job, source, torch.device("cpu"), seed=3,
                         shard=lambda m: fully_shard_model(m, mesh=mesh))
