@@ -158,3 +158,18 @@ def test_broadcast_buckets_two_in_flight_a_single_tensor_bucket_takes_a_turn():
     # c10d finishes A (frees its flat copy) before C is flattened: B held the second slot
     assert t.log == [("alloc", 2 * big), ("free", 2 * big), ("alloc", 2 * big),
                      ("free", 2 * big)]
+
+
+def test_no_shard_all_reduces_in_place_where_ddp_keeps_gradient_buckets():
+    """FSDP1's NO_SHARD (sharding none + a wrap) all-reduces the flat gradient in place
+    (_runtime_utils._reduce_grad_no_shard): no DDP bucket copy of the gradients."""
+    from trainfit.hardware.gpus import find_gpu
+    from trainfit.memory.predict import predict_memory
+
+    gpu = find_gpu("a100-80gb")
+    base = {**JOB, "sharding": "none", "precision": "fp32"}
+    ddp = predict_memory(JobSpec(**base), _source(), gpu)
+    no_shard = predict_memory(JobSpec(**base, fsdp_init="wrap"), _source(), gpu)
+    assert ddp.breakdown.get("data_parallel", 0) > 0
+    assert no_shard.breakdown.get("data_parallel", 0) == 0
+    assert any(n.startswith("FSDP NO_SHARD") for n in no_shard.model_notes)

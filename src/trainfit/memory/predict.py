@@ -137,6 +137,9 @@ def _shard_adjust(job: JobSpec, breakdown: dict[str, int], per_layer_param_bytes
     ``grad_bytes``: all gradients of one step (trainable parameters × their dtype's size)."""
     if job.ranks <= 1:
         return 0, []
+    if job.sharding == "none" and job.fsdp_init != "sharded":
+        # FSDP1's NO_SHARD: the flat gradient is all-reduced in place (no DDP bucket copies)
+        return 0, ["FSDP NO_SHARD: every rank holds everything; gradients all-reduced in place"]
     if job.sharding == "none":
         extra = int(grad_bytes * DDP_BUCKET_FACTOR)
         return extra, [f"DDP: + gradient buckets ({extra / 2**30:.2f} GiB, "
