@@ -30,6 +30,11 @@ def check_runnable(job: JobSpec, world: int) -> None:
                        f"sharding {job.sharding}, offload {job.offload})",
                        "plan predicts it; run it with accelerate launch and a DeepSpeed/FSDP "
                        "config (trainfit emit FILE --to accelerate)")
+    if job.fsdp_init != "sharded":
+        # train builds FSDP on meta (build_real): FSDP1's wrap of a host model is other stacks'
+        raise JobError(f"--fsdp-init {job.fsdp_init} describes FSDP1's wrap in other stacks; "
+                       "train shards the model on meta (fsdp_init sharded)",
+                       "drop --fsdp-init for train (plan predicts the wrap's reserve)")
 
 
 def total_steps(opts: RunOptions, n_samples: int, effective_batch: int) -> int:

@@ -1,0 +1,23 @@
+"""What train refuses before building anything (trainfit.run.checks)."""
+
+import pytest
+
+from trainfit.job import JobError, JobSpec
+from trainfit.run.checks import check_runnable
+
+JOB = dict(model="llama-3.2-1b", seq_len=64, micro_batch=1, grad_accum=1, ranks=2)
+
+
+def test_the_engines_train_does_not_run_are_refused_with_a_hint():
+    with pytest.raises(JobError, match="sharding zero3") as err:
+        check_runnable(JobSpec(**JOB, sharding="zero3"), 2)
+    assert "accelerate" in err.value.hint
+    with pytest.raises(JobError, match="fsdp-init wrap-sync") as err:
+        check_runnable(JobSpec(**JOB, sharding="fsdp", fsdp_init="wrap-sync"), 2)
+    assert "drop --fsdp-init" in err.value.hint
+    check_runnable(JobSpec(**JOB, sharding="fsdp"), 2)  # FSDP built on meta: runs
+
+
+def test_the_process_count_must_be_the_jobs_ranks():
+    with pytest.raises(JobError, match="ranks 2 but 1 process"):
+        check_runnable(JobSpec(**JOB), 1)
