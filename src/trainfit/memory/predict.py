@@ -350,7 +350,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     notes = [*_peak_notes(how, work, context, (on_device, managed_bytes), (nccl, nccl_note)),
              *dp_notes, *([limit_note] if limit_note else [])]
     notes += _step_notes(job, compile_untraced, compile_partitioned)
-    after = reserve_after_wrap(trace[0], trace[1]) if isinstance(trace, tuple) else None
+    after = reserve_after_wrap(trace[0], trace[1]) \
+        if job.fsdp_init != "sharded" and isinstance(trace, tuple) else None
     if after is not None:
         notes.append(f"FSDP1's wrap (fsdp_init {job.fsdp_init}): {after[0] / 2**30:.2f} GiB "
                      f"reserved before the first step, {after[1] / 2**30:.2f} GiB of it in use "

@@ -160,6 +160,20 @@ def _first_step(job: JobSpec, optimizer: Any, trainable: list[torch.nn.Parameter
     _classify_states(optimizer, tracker)
 
 
+def _observed_optimizer(job: JobSpec, trainable: list[torch.nn.Parameter],
+                        tracker: LiveBytesTracker) -> tuple[list[Any], Any]:
+    """The job's optimizer, with each gradient booked as such once accumulated (hooks registered
+    before the optimizer's own: with optimizer_in_backward its hook steps and frees the gradient)
+    and paged states in the tracker's managed memory; returns (hooks, optimizer)."""
+    hooks = [p.register_post_accumulate_grad_hook(
+        lambda p: tracker.reclassify(p.grad, "gradients")) for p in trainable]
+    optimizer = make_optimizer(job, trainable, simulate=True)
+    for opt in getattr(optimizer, "optimizers", [optimizer]):  # one per parameter in backward
+        if hasattr(opt, "managed_ctx"):
+            opt.managed_ctx = tracker.managed
+    return hooks, optimizer
+
+
 def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = None,
                   steps: int = 2, record_events: bool = False, op_hook: Any = None,
                   batch_fn: Any = None) -> SimResult:
@@ -209,13 +223,7 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
                            prefer=job.attention if job.attention != "eager" else "sdpa")
 
     with fake_mode:
-        # before the optimizer's: with optimizer_in_backward its hook steps and frees the gradient
-        hooks = [p.register_post_accumulate_grad_hook(
-            lambda p: tracker.reclassify(p.grad, "gradients")) for p in trainable]
-        optimizer = make_optimizer(job, trainable, simulate=True)
-        for opt in getattr(optimizer, "optimizers", [optimizer]):  # one per parameter in backward
-            if hasattr(opt, "managed_ctx"):
-                opt.managed_ctx = tracker.managed
+        hooks, optimizer = _observed_optimizer(job, trainable, tracker)
         batch = batch_fn() if batch_fn is not None else \
             make_batch(source, job.micro_batch or 1, job.seq_len)
         # FSDP1's wrap: its history in the allocator trace, the parameters as flat shards

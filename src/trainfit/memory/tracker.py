@@ -32,6 +32,12 @@ MANAGED = "managed"
 but not in the caching allocator's statistics."""
 
 
+def _storage(t: torch.Tensor) -> Any:
+    """The storage holding ``t``'s bytes: a DTensor's (FSDP's) local shard's, else its own."""
+    inner = getattr(t, "_local_tensor", None)
+    return (inner if isinstance(inner, torch.Tensor) else t).untyped_storage()
+
+
 @dataclass
 class _Block:
     nbytes: int
@@ -149,10 +155,7 @@ class LiveBytesTracker(TorchDispatchMode):
         return math.ceil(nbytes / self.block_bytes) * self.block_bytes
 
     def _register(self, t: torch.Tensor, category: str) -> _Block | None:
-        inner = getattr(t, "_local_tensor", None)  # a DTensor (FSDP): its shard holds the bytes
-        if isinstance(inner, torch.Tensor):
-            t = inner
-        st = t.untyped_storage()
+        st = _storage(t)
         blk = self._live.get(st)
         if blk is not None:
             return blk
@@ -226,8 +229,7 @@ class LiveBytesTracker(TorchDispatchMode):
         """Know ``t``'s storage without booking its bytes: a view into a block booked on its own
         (FSDP1's parameters are views into their unit's flat parameter, booked by
         :mod:`trainfit.memory.wrap`), so an op writing into it in place books nothing new."""
-        inner = getattr(t, "_local_tensor", None)
-        st = (inner if isinstance(inner, torch.Tensor) else t).untyped_storage()
+        st = _storage(t)
         if self._live.get(st) is None:
             self._next_id += 1
             self._live[st] = _Block(0, category, self.phase, self._next_id)
@@ -248,10 +250,7 @@ class LiveBytesTracker(TorchDispatchMode):
     def reclassify(self, t: torch.Tensor | None, category: str) -> None:
         if t is None:  # a gradient an optimizer-in-backward hook already stepped and freed
             return
-        inner = getattr(t, "_local_tensor", None)
-        if isinstance(inner, torch.Tensor):
-            t = inner
-        blk = self._live.get(t.untyped_storage())
+        blk = self._live.get(_storage(t))
         if blk is None or blk.category == MANAGED or blk.category == category:
             return
         # A block alive now and created before a phase's peak was alive at that peak: move it in

@@ -121,8 +121,7 @@ def record_wrap(job: JobSpec, model: torch.nn.Module, tracker: Any) -> list[torc
         for p in params:
             numel[p.dtype] = numel.get(p.dtype, 0) + p.numel()
         for dtype, n in numel.items():
-            size = torch.empty((), dtype=dtype).element_size()
-            flat_bytes, shard_bytes = n * size, -(-n // ranks) * size
+            flat_bytes, shard_bytes = n * dtype.itemsize, -(-n // ranks) * dtype.itemsize
             if offload:  # the shard goes to the host: every block here is transient
                 flat = tracker.history(flat_bytes)
                 shard = tracker.history(shard_bytes)
