@@ -74,6 +74,8 @@ def case_to_job(case: dict[str, Any]) -> tuple[dict[str, Any], str, dict[str, An
     if litgpt:
         job["lm_head_chunk"] = 128
         job["hold_outputs"] = True  # litgpt's loop holds `logits` until the next forward
+        # Fabric's module wrapper converts the returned chunks to fp32 (convert_output)
+        job["fp32_outputs"] = True
         job["bnb_legacy"] = bool(case.get("quant"))  # litgpt pins bitsandbytes 0.42
         job["quant_from_fp16"] = bool(case.get("quant"))  # Fabric quantizes from weight.half()
     gpu = next(v for k, v in GPUS.items() if case["gpu"].startswith(k))

@@ -256,8 +256,10 @@ def _torchtune(b: _Builder) -> None:
     b.job["max_grad_norm"] = None
     if c["framework"]["version"].startswith("0.1"):
         b.output_held("torchtune 0.1's recipe loop (`logits = logits[..., :-1, :].contiguous()` "
-                      "kept until the step ends; `del logits` came in 0.2; its fp32 copy is twice "
-                      "the bf16 logits trainfit holds)")
+                      "kept until the step ends; `del logits` came in 0.2)")
+        b.job["fp32_outputs"] = True
+        b.note("torchtune 0.1's TransformerDecoder returns `self.output(h).float()`: the logits "
+               "the loop holds are fp32 → fp32_outputs true")
     if b.job["sharding"] == "fsdp" and b.job["grad_accum"] > 1:
         b.note("torchtune's distributed loop reduce-scatters every micro-step (no no_sync)")
     b.note("torchtune: bf16 weights/states, no gradient clipping, the loop frees the logits "
@@ -319,6 +321,12 @@ def _fsdp_qlora(b: _Builder) -> None:
            "HF's non-reentrant checkpointing); LoRA modules wrapped as their own FSDP units; "
            "peak reset after loading (training only)")
     b.output_held("its loop (`output = model(...); loss = output.loss; loss.backward()`)")
+    b.job["fp32_outputs"] = True
+    b.note("transformers < 4.46 (fsdp_qlora asks for !=4.38/4.39, spring 2024): "
+           "LlamaForCausalLM / MistralForCausalLM return `logits.float()`, which the loop holds "
+           "through the backward (transformers 5 returns 16-bit logits and upcasts inside its "
+           "loss) → fp32_outputs true; its loss's contiguous fp32 copy of the shifted logits, a "
+           "transient at the end of the forward, is not modelled")
     if b.case["method"] == "qlora":
         b.job.update(quant_lm_head=False, bnb_legacy=False)
         b.note("bitsandbytes 0.43.0/0.43.1 (< 0.43.2) keeps 4-bit matmul inputs with the graph, "
@@ -382,11 +390,14 @@ def _litgpt(b: _Builder) -> None:
     _base_job(b, "foreach")
     _sharding(b)
     b.grad_ckpt()
-    b.job.update(max_grad_norm=None, lm_head_chunk=128, hold_outputs=True)
+    b.job.update(max_grad_norm=None, lm_head_chunk=128, hold_outputs=True, fp32_outputs=True)
     b.no_sync("Fabric's no_backward_sync")
     b.note("lit-gpt Oct 2023 (quirks as calibration.py's litgpt cases): untied lm_head, head + "
            "cross-entropy in chunks of 128 tokens, the loop holds the logits until the next "
            "forward, no clipping, no dropout, tanh GELU, AdamW foreach")
+    b.note("Fabric's _FabricModule.forward returns precision.convert_output(output): the "
+           "16-bit logit chunks become fp32 copies (torch.get_default_dtype()) before the "
+           "loop's loss → fp32_outputs true")
     if b.case["method"] in ("lora", "qlora"):
         b.note("simulated as the transformers model + peft: lit-gpt's own LoRA model code holds "
                "more per token (fused-qkv value views, zero_pad's saved source; phi-1.5: +2.0 "
@@ -396,6 +407,10 @@ def _litgpt(b: _Builder) -> None:
         b.job.update(quant_lm_head=True, bnb_legacy=True, quant_from_fp16=True)
         b.note("Fabric BitsandbytesPrecision: every Linear quantized incl. the head, from fp16; "
                "bitsandbytes 0.41.1 < 0.43.2 → bnb_legacy true")
+        b.note("held logits + bnb_legacy keep the previous step's 4-bit matmul inputs alive "
+               "through the next forward, modelled at the longest batch; but the longest batch "
+               "is iteration 1, which has no previous step, and the random batches after it are "
+               "shorter: this over-states the peak (kept: never shrink on a guess)")
     b.note("max_memory_allocated is never reset (loading + validation + training): the "
            "training step's predicted peak is compared")
     if b.job["sharding"] == "fsdp" and b.case["method"] != "full" \

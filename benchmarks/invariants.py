@@ -39,6 +39,11 @@ CASES = [
     # (fsdp_init, memory/wrap.py) must keep every invariant and extrapolate in depth
     {"model": "llama-2-7b", "gpu": "3090",
      "job": {"method": "qlora", "ranks": 2, "sharding": "fsdp", "fsdp_init": "wrap-sync"}},
+    # litgpt's loop as a user plans it: chunked head, logits held to the next forward and
+    # converted to fp32 by Fabric (fp32_outputs) — a head-side term that must extrapolate
+    {"model": "llama-2-7b", "gpu": "a100-40gb",
+     "job": {"method": "lora", "lora_targets": "q,v", "lm_head_chunk": 128,
+             "hold_outputs": True, "fp32_outputs": True, "max_grad_norm": None}},
 ]
 FULL_SIZE_CHECKS = 12
 """Extrapolated rows per case re-simulated at full size: each (precision, checkpointing) group's

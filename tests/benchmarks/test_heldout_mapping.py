@@ -57,6 +57,7 @@ def test_framework_quirks(mapped: dict) -> None:
     _, lit = mapped["litgpt_resource_tables_1xa100-40gb_llama-2-7b_lora_nf4_mb1"]
     assert lit.job["quant"] == "nf4" and lit.job["bnb_legacy"] and lit.job["quant_lm_head"]
     assert lit.job["lm_head_chunk"] == 128 and lit.job["hold_outputs"]
+    assert lit.job["fp32_outputs"]  # Fabric converts the returned chunks to fp32
     _, dq = mapped["litgpt_resource_tables_1xa100-40gb_llama-2-7b_lora_nf4-dq_mb1"]
     assert dq.job["quant"] == "nf4-dq"
     _, tt = mapped["torchtune05_optflags_llama3.2-3b_a100_04_chunked_ce"]

@@ -23,6 +23,13 @@ CASES = [
      "optimizer_in_backward": True, "max_grad_norm": None},
     {"method": "lora", "precision": "bf16-true", "lora_targets": "q,v",
      "optimizer_in_backward": True, "max_grad_norm": None},
+    # Lightning Fabric's fp32 copy of the outputs: of a chunked head's chunks (one chunk: the
+    # CPU's bf16 bmm of a sliced chunk allocates inside its kernel, which no GPU kernel does) and
+    # of a transformers output the loop keeps through the backward
+    {"method": "lora", "precision": "bf16-true", "lora_targets": "q,v", "lm_head_chunk": 64,
+     "fp32_outputs": True, "max_grad_norm": None},
+    {"method": "lora", "precision": "bf16-true", "lora_targets": "q,v", "fp32_outputs": True,
+     "output_in_backward": True, "max_grad_norm": None},
     # small states, small activations: the first step's states made one parameter at a time
     {"method": "full", "precision": "fp32", "optimizer": "adafactor", "grad_ckpt": "full",
      "optimizer_in_backward": True, "max_grad_norm": None},
@@ -89,3 +96,19 @@ def _params(source):
 
     model, _ = build_model_on_meta(JobSpec(model="t"), source)
     return list(model.parameters())
+
+
+def test_fabric_fp32_outputs_add_their_copy(tiny_llama):
+    """``fp32_outputs`` (Fabric's convert_output): the chunked head's logits and their
+    log-softmax become fp32, and the step peaks while the 16-bit chunks and their fp32 copy are
+    both alive: 6 bytes per logit more than the 16-bit loss, in the simulation as on the CPU."""
+    kw = {"model": "t", "seq_len": 64, "micro_batch": 2, "method": "lora",
+          "lora_targets": "q,v", "precision": "bf16-true", "lm_head_chunk": 64,
+          "max_grad_norm": None}
+    plain, fp32 = (JobSpec(**kw), JobSpec(**kw, fp32_outputs=True))
+    logits = 2 * 63 * tiny_llama.config.vocab_size  # the shifted chunk's elements
+    sim = [simulate_step(j, tiny_llama, SimTarget(device="cpu")).peak_allocated_bytes
+           for j in (plain, fp32)]
+    real = [measure_cpu_step(j, tiny_llama).peak_allocated_bytes for j in (plain, fp32)]
+    assert sim[1] - sim[0] == pytest.approx(real[1] - real[0], abs=64)
+    assert sim[1] - sim[0] >= 6 * logits

@@ -30,3 +30,25 @@ def test_explicit_base_dtype_wins(tiny_llama):
     # adapters stay fp32 (PEFT's autocast_adapter_dtype) whatever the base
     model, _ = build_model_on_meta(job, tiny_llama)
     assert {p.dtype for p in model.parameters() if p.requires_grad} == {torch.float32}
+
+
+def test_fp32_outputs_upcast_the_heads_logits(tiny_llama):
+    """``fp32_outputs`` (transformers < 4.46, torchtune 0.1): the head's logits become fp32
+    before the loss; without it transformers 5 returns them in the weights' dtype."""
+    import pytest
+
+    from trainfit.job import JobError
+    from trainfit.model.runtime import init_weights
+
+    ids = torch.randint(0, tiny_llama.config.vocab_size, (1, 8))
+    for fp32, want in ((False, torch.bfloat16), (True, torch.float32)):
+        job = JobSpec(model="t", method="lora", precision="bf16-true", fp32_outputs=fp32)
+        model, _ = build_model_on_meta(job, tiny_llama)
+        init_weights(model, "cpu", 0)
+        out = model(input_ids=ids, labels=ids)
+        assert out.logits.dtype == want and out.loss.dtype == torch.float32
+    # a module without an output head (a user's own nn.Module may have none): one clear error
+    from trainfit.model.workload import _upcast_logits
+
+    with pytest.raises(JobError, match="--fp32-outputs"):
+        _upcast_logits(torch.nn.Linear(2, 2), tiny_llama)

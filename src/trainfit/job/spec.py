@@ -218,6 +218,13 @@ class JobSpec:
     """The training loop keeps the last model output — and with it the autograd graph — alive
     until the next forward returns (litgpt's loop; HF Trainer releases it before the backward).
     Plan models the user's loop with it; trainfit's own loop never holds it."""
+    fp32_outputs: bool = False
+    """The model's output carries fp32 logits: Lightning Fabric's wrapper converts what the
+    model returns (``convert_output`` → the default dtype), so litgpt's loss runs on fp32
+    chunks; transformers < 4.46 returned Llama/Mistral logits upcast (``logits.float()``),
+    where 5.x returns them 16-bit and upcasts inside its loss. A loop that holds the output
+    (output_in_backward, hold_outputs) holds that fp32 copy. For plan to model the user's
+    stack; tune and train run it as set."""
     lm_head_chunk: int | None = None
     """Compute the output head + cross-entropy in chunks of this many tokens (litgpt's
     lm_head_chunk_size); None: transformers' loss over fp32 logits of the whole sequence."""

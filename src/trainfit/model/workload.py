@@ -201,7 +201,9 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
             raise JobError("--lm-head-chunk applies to causal language models only",
                            "leave --lm-head-chunk out for this model")
 
-        model = ChunkedHeadLM(model, job.lm_head_chunk)
+        model = ChunkedHeadLM(model, job.lm_head_chunk, fp32_logits=job.fp32_outputs)
+    elif job.fp32_outputs:
+        _upcast_logits(model, source)
     seen: set[int] = set()
     for n, p in model.named_parameters():
         if id(p) in seen:
@@ -215,6 +217,24 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
         if n.endswith("weight_packed"):
             info.total_params += b.numel() * 2
     return model, info
+
+
+def _to_fp32(_module: torch.nn.Module, _inputs: Any, output: torch.Tensor) -> torch.Tensor:
+    return output.float()
+
+
+def _upcast_logits(model: torch.nn.Module, source: ModelSource) -> None:
+    """``fp32_outputs`` without a chunked head: the output head's logits become fp32 before the
+    loss, as transformers < 4.46's ``logits = self.lm_head(...); logits = logits.float()`` did
+    (the 16-bit logits die at once: nothing saves a frozen head's output) and torchtune 0.1's
+    ``self.output(h).float()``; the loss's own ``.float()`` is then a no-op."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    getter = getattr(base, "get_output_embeddings", None)
+    head = getter() if callable(getter) else None
+    if head is None:
+        raise JobError(f"--fp32-outputs: {source.name} has no output head trainfit can find",
+                       "leave --fp32-outputs out for this model")
+    head.register_forward_hook(_to_fp32)
 
 
 def _build_custom(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Module, ModelInfo]:
