@@ -48,6 +48,18 @@ def test_a_card_the_live_bytes_do_not_fit_stays_out_of_memory(tiny_llama):
     assert tight.peak_reserved_bytes == roomy.peak_reserved_bytes  # what the step would need
 
 
+def test_a_replay_that_runs_out_while_the_live_bytes_fit_says_so(tiny_llama):
+    """Room for the live bytes but not for the fragments the replay leaves: the reserve the
+    step asks for stands (not fitting), and the note says why and what measures it."""
+    roomy = predict_memory(JOB, tiny_llama, find_gpu("a10g"))
+    gap = roomy.peak_reserved_bytes - roomy.peak_allocated_bytes
+    tight = predict_memory(JOB, tiny_llama, _card(roomy.peak_allocated_bytes + gap // 10))
+    assert tight.alloc_retries == 0 and tight.fits is False
+    assert tight.peak_reserved_bytes == roomy.peak_reserved_bytes
+    note = next(n for n in tight.model_notes if n.startswith("at the card's limit"))
+    assert "runs out even after releasing its cache" in note and "trainfit tune" in note
+
+
 def test_plan_json_rows_carry_the_retries(tiny_llama):
     from trainfit.plan.grid import plan
 

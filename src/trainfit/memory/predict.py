@@ -448,7 +448,15 @@ def _at_card_limit(trace: Trace | Callable[[], Trace | None], room_bytes: int, a
     # the trace is the one-process step's: the rank's other allocations take their room first
     capped = replay(trace[0], trace[1], capacity_bytes=room_bytes - (allocated - tensor_peak_bytes))
     if capped.out_of_memory:
-        return reserved, 0, ""
+        # measured on a held-out trace (Mistral-7B QLoRA, benchmarks/results/heldout_memory.md):
+        # the replay ran out at 23.5-25.5 GiB but not at 23.0 or 25.75 — which moment the cache
+        # is released decides what is split later, so the verdict is not monotonic in capacity
+        return reserved, 0, (
+            f"at the card's limit: the allocated peak fits ({allocated / 2**30:.2f} GiB) but, "
+            "replayed at this capacity, the allocator runs out even after releasing its cache "
+            "(segments split by live tensors cannot be returned); that outcome turns on the "
+            "exact order of allocations, a few hundred MiB of capacity either way can reverse "
+            "it: called not fitting — `trainfit tune` on the card measures it")
     held = allocated + max(0, capped.peak_reserved_bytes - tensor_peak_bytes)
     return held, capped.alloc_retries, (
         f"at the card's limit: the step would reserve {reserved / 2**30:.2f} GiB; the allocator "
