@@ -112,3 +112,20 @@ def test_fabric_fp32_outputs_add_their_copy(tiny_llama):
     real = [measure_cpu_step(j, tiny_llama).peak_allocated_bytes for j in (plain, fp32)]
     assert sim[1] - sim[0] == pytest.approx(real[1] - real[0], abs=64)
     assert sim[1] - sim[0] >= 6 * logits
+
+
+def test_upcast_logits_a_loop_holds_cost_two_bytes_each(tiny_llama):
+    """``fp32_outputs`` without a chunked head (transformers < 4.46's ``logits.float()``): a loop
+    that holds its output through the backward holds fp32 logits, 2 bytes per logit more than
+    the 16-bit ones transformers 5 returns; released before the backward, nothing more."""
+    kw = {"model": "t", "seq_len": 64, "micro_batch": 2, "method": "lora",
+          "lora_targets": "q,v", "precision": "bf16-true", "max_grad_norm": None}
+    logits = 2 * 64 * tiny_llama.config.vocab_size
+
+    def peak(**more):
+        return simulate_step(JobSpec(**kw, **more), tiny_llama,
+                             SimTarget(device="cpu")).peak_allocated_bytes
+
+    held = peak(fp32_outputs=True, output_in_backward=True) - peak(output_in_backward=True)
+    assert held == 2 * logits
+    assert peak(fp32_outputs=True) == peak()

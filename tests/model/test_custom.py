@@ -43,6 +43,19 @@ def test_predicted_peak_matches_the_cpu_step_within_1_percent(source, kw):
     assert sim.peak_allocated_bytes == pytest.approx(real.peak_allocated_bytes, rel=0.01)
 
 
+def test_fp32_outputs_upcast_what_the_module_returns(source):
+    """``--fp32-outputs`` on a user's own module: the adapter upcasts the logits it returns, and
+    the simulation holds the same bytes as the CPU step (the copy a held output keeps)."""
+    kw = {"method": "full", "micro_batch": 2, "seq_len": 64, "precision": "bf16-true",
+          "output_in_backward": True, "max_grad_norm": None}
+    plain, fp32 = JobSpec(model=SPEC, **kw), JobSpec(model=SPEC, **kw, fp32_outputs=True)
+    sim = [simulate_step(j, source, SimTarget(device="cpu")).peak_allocated_bytes
+           for j in (plain, fp32)]
+    real = measure_cpu_step(fp32, source)
+    assert sim[1] == pytest.approx(real.peak_allocated_bytes, rel=0.01)
+    assert sim[1] - sim[0] >= 2 * 2 * 64 * source.config.vocab_size  # +2 B per held logit
+
+
 def test_train_runs_it_and_the_first_loss_is_that_of_a_uniform_guess(tmp_path):
     from trainfit.run.loop import RunOptions, train
 

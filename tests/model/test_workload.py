@@ -2,6 +2,7 @@
 
 import copy
 
+import pytest
 import torch
 
 from trainfit.job import JobSpec
@@ -35,8 +36,6 @@ def test_explicit_base_dtype_wins(tiny_llama):
 def test_fp32_outputs_upcast_the_heads_logits(tiny_llama):
     """``fp32_outputs`` (transformers < 4.46, torchtune 0.1): the head's logits become fp32
     before the loss; without it transformers 5 returns them in the weights' dtype."""
-    import pytest
-
     from trainfit.job import JobError
     from trainfit.model.runtime import init_weights
 
@@ -47,7 +46,7 @@ def test_fp32_outputs_upcast_the_heads_logits(tiny_llama):
         init_weights(model, "cpu", 0)
         out = model(input_ids=ids, labels=ids)
         assert out.logits.dtype == want and out.loss.dtype == torch.float32
-    # a module without an output head (a user's own nn.Module may have none): one clear error
+    # a module with no output head and no adapter around it (e.g. a classifier): one clear error
     from trainfit.model.workload import _upcast_logits
 
     with pytest.raises(JobError, match="--fp32-outputs"):

@@ -23,11 +23,11 @@ class ChunkedOutput:
 
 
 class ChunkedHeadLM(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module, chunk: int, fp32_logits: bool = False) -> None:
+    def __init__(self, model: torch.nn.Module, chunk: int, fp32_outputs: bool = False) -> None:
         super().__init__()
         self.model = model
         self.chunk = chunk
-        self.fp32_logits = fp32_logits
+        self.fp32_outputs = fp32_outputs
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self._decoder = base.get_decoder()
         self._head = base.get_output_embeddings()
@@ -36,7 +36,7 @@ class ChunkedHeadLM(torch.nn.Module):
                 **kwargs: object) -> ChunkedOutput:
         hidden = self._decoder(input_ids=input_ids, use_cache=False).last_hidden_state
         logits = [self._head(h) for h in hidden.split(self.chunk, dim=1)]
-        if self.fp32_logits:
+        if self.fp32_outputs:
             # Lightning Fabric's convert_output on the returned list (JobSpec.fp32_outputs): a new
             # list of fp32 copies while the 16-bit chunks are alive, then those are dropped; the
             # loop's shift and loss then run on the fp32 chunks

@@ -127,6 +127,8 @@ class CausalLMAdapter(torch.nn.Module):
     def __init__(self, inner: torch.nn.Module) -> None:
         super().__init__()
         self.inner = inner
+        self.fp32_outputs = False
+        """``JobSpec.fp32_outputs``: the logits the module returns are upcast at once."""
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, **_: Any) -> Any:
@@ -135,6 +137,8 @@ class CausalLMAdapter(torch.nn.Module):
         # attention_mask is not passed on: a plain GPT takes token ids only; padded positions
         # carry label -100 and so add nothing to the loss
         logits = _logits(self.inner(input_ids))
+        if self.fp32_outputs:
+            logits = logits.float()
         loss = None
         if labels is not None:
             # transformers' ForCausalLMLoss: upcast, shift by one, mean over labelled tokens

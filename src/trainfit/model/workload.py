@@ -201,7 +201,7 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
             raise JobError("--lm-head-chunk applies to causal language models only",
                            "leave --lm-head-chunk out for this model")
 
-        model = ChunkedHeadLM(model, job.lm_head_chunk, fp32_logits=job.fp32_outputs)
+        model = ChunkedHeadLM(model, job.lm_head_chunk, fp32_outputs=job.fp32_outputs)
     elif job.fp32_outputs:
         _upcast_logits(model, source)
     seen: set[int] = set()
@@ -227,7 +227,12 @@ def _upcast_logits(model: torch.nn.Module, source: ModelSource) -> None:
     """``fp32_outputs`` without a chunked head: the output head's logits become fp32 before the
     loss, as transformers < 4.46's ``logits = self.lm_head(...); logits = logits.float()`` did
     (the 16-bit logits die at once: nothing saves a frozen head's output) and torchtune 0.1's
-    ``self.output(h).float()``; the loss's own ``.float()`` is then a no-op."""
+    ``self.output(h).float()``; the loss's own ``.float()`` is then a no-op. A soft-capping
+    or logit scale that follows the head (Gemma 2/3, Cohere) then runs in fp32 too, where
+    transformers < 4.46 upcast after it: more bytes per logit, never fewer."""
+    if isinstance(model, CausalLMAdapter):  # a user's own module: the adapter holds its logits
+        model.fp32_outputs = True
+        return
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     getter = getattr(base, "get_output_embeddings", None)
     head = getter() if callable(getter) else None
