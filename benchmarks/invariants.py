@@ -138,6 +138,11 @@ def _markdown(cases: list[dict[str, Any]], total: int, violations: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _key(case: dict[str, Any]) -> str:
+    """A case's identity in the results: its model, GPU and job."""
+    return json.dumps([case["model"], case["gpu"], case["job"]], sort_keys=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     warnings.filterwarnings("ignore")
@@ -159,13 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     if only is None:
         cases = [run_case(case, T) for case in CASES]
     else:
-        done = {json.dumps([c["model"], c["gpu"], c["job"]], sort_keys=True): c
-                for c in json.loads((OUT / "invariants.json").read_text())["cases"]}
+        done = {_key(c): c for c in json.loads((OUT / "invariants.json").read_text())["cases"]}
         for i in only:
             c = run_case(CASES[i], T)
-            done[json.dumps([c["model"], c["gpu"], c["job"]], sort_keys=True)] = c
-        cases = [done[k] for k in (json.dumps([c["model"], c["gpu"], c["job"]], sort_keys=True)
-                                   for c in CASES) if k in done]
+            done[_key(c)] = c
+        cases = [done[_key(c)] for c in CASES if _key(c) in done]
     total = sum(c["configurations"] for c in cases)
     violations = sum(sum(c["violations"].values()) for c in cases)
     OUT.mkdir(exist_ok=True)

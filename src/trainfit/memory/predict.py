@@ -22,7 +22,7 @@ from trainfit.memory.bands import ErrorBand, band_for
 from trainfit.memory.compiled import compile_note
 from trainfit.memory.depth_trace import Trace
 from trainfit.memory.simulate import SimTarget, simulate_step
-from trainfit.memory.wrap import reserve_after_wrap
+from trainfit.memory.wrap import wrap_reserve
 from trainfit.memory.zero import fsdp_offload_phases, zero_phases
 from trainfit.model.source import ModelSource
 from trainfit.model.workload import weight_dtypes
@@ -350,12 +350,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     notes = [*_peak_notes(how, work, context, (on_device, managed_bytes), (nccl, nccl_note)),
              *dp_notes, *([limit_note] if limit_note else [])]
     notes += _step_notes(job, compile_untraced, compile_partitioned)
-    after = reserve_after_wrap(trace[0], trace[1]) \
-        if job.fsdp_init != "sharded" and isinstance(trace, tuple) else None
-    if after is not None:
-        notes.append(f"FSDP1's wrap (fsdp_init {job.fsdp_init}): {after[0] / 2**30:.2f} GiB "
-                     f"reserved before the first step, {after[1] / 2**30:.2f} GiB of it in use "
-                     "(the flat shards), predicted; the step's reserved peak starts from it")
+    before_step, wrap_notes = wrap_reserve(job, trace)
+    notes += wrap_notes
     full_breakdown = {**{k: v for k, v in terms.items() if k != "data_parallel"},
                       "workspaces": work, "managed": managed_bytes}
     if blocks:
@@ -377,7 +373,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
         error_band_within=band.within,
         peak_device_upper_bytes=round(device * (1 + band.under)), alloc_retries=retries,
         trainable_params=trainable_params, sdpa_kernels=sdpa_kernels, sim_time_s=sim_time_s,
-        model_notes=notes, reserved_before_step_bytes=None if after is None else after[0])
+        model_notes=notes, reserved_before_step_bytes=before_step)
 
 
 def _step_notes(job: JobSpec, compile_untraced: list[str] | None,

@@ -34,6 +34,7 @@ they are booked where the step begins, whole on every rank, before the history.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -41,6 +42,7 @@ import torch
 from trainfit.engine.dist import shard_units
 from trainfit.job import JobSpec
 from trainfit.memory.allocator import HISTORY_UID, replay
+from trainfit.memory.depth_trace import Trace
 
 BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024
 """torch/distributed/fsdp/_init_utils.py ``PARAM_BROADCAST_BUCKET_SIZE``."""
@@ -150,3 +152,16 @@ def reserve_after_wrap(events: list[tuple[int, int]], streams: dict[int, int]
         return None
     rep = replay(events[:end + 1], streams)
     return rep.peak_reserved_bytes, sum(d for u, d in events[:end + 1] if u < HISTORY_UID)
+
+
+def wrap_reserve(job: JobSpec, trace: Trace | Callable[[], Trace | None] | None
+                 ) -> tuple[int | None, list[str]]:
+    """(reserved bytes before the first step, its note) of a job with an ``fsdp_init`` wrap
+    whose full trace (events, streams) is at hand; (None, []) otherwise."""
+    after = reserve_after_wrap(trace[0], trace[1]) \
+        if job.fsdp_init != "sharded" and isinstance(trace, tuple) else None
+    if after is None:
+        return None, []
+    return after[0], [f"FSDP1's wrap (fsdp_init {job.fsdp_init}): {after[0] / 2**30:.2f} GiB "
+                      f"reserved before the first step, {after[1] / 2**30:.2f} GiB of it in use "
+                      "(the flat shards), predicted; the step's reserved peak starts from it"]

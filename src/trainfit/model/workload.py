@@ -233,8 +233,7 @@ def _upcast_logits(model: torch.nn.Module, source: ModelSource) -> None:
     if isinstance(model, CausalLMAdapter):  # a user's own module: the adapter holds its logits
         model.fp32_outputs = True
         return
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    getter = getattr(base, "get_output_embeddings", None)
+    getter = getattr(model, "get_output_embeddings", None)  # a PeftModel answers for its base
     head = getter() if callable(getter) else None
     if head is None:
         raise JobError(f"--fp32-outputs: {source.name} has no output head trainfit can find",
