@@ -260,6 +260,13 @@ def _torchtune(b: _Builder) -> None:
         b.job["fp32_outputs"] = True
         b.note("torchtune 0.1's TransformerDecoder returns `self.output(h).float()`: the logits "
                "the loop holds are fp32 → fp32_outputs true")
+    if b.job["method"] == "qlora":
+        old = c["framework"]["version"].startswith("0.1")
+        b.job["quant_load"] = "torchao-0.1" if old else "torchao"
+        b.note("torchtune builds the 4-bit weights on the GPU with torchao's NF4Tensor"
+               + (" (torchao 0.1, pinned by torchtune 0.1.x: its nearest-code search holds 64 B "
+                  "per element of the weight at once)" if old else "")
+               + f" → quant_load {b.job['quant_load']}")
     if b.job["sharding"] == "fsdp" and b.job["grad_accum"] > 1:
         b.note("torchtune's distributed loop reduce-scatters every micro-step (no no_sync)")
     b.note("torchtune: bf16 weights/states, no gradient clipping, the loop frees the logits "

@@ -231,10 +231,11 @@ def render(rows: list[dict[str, Any]], summary: dict[str, Any], wall_s: float) -
               for r in worst[:10]]
     wrapped = [r for r in rows if r.get("predicted_reserved_before_step_bytes")]
     if wrapped:
-        lines += ["", "## FSDP1's wrap: the reserve left before the first step", "",
-                  "Predicted `memory_reserved` once FSDP1 has built every unit on the GPU "
-                  "(`fsdp_init`, src/trainfit/memory/wrap.py); published where the source "
-                  "logged it.", "",
+        lines += ["", "## The reserve left before the first step: FSDP1's wrap, QLoRA's loading",
+                  "", "Predicted `memory_reserved` once FSDP1 has built every unit on the GPU "
+                  "(`fsdp_init`, src/trainfit/memory/wrap.py) or, on one rank's QLoRA, once the "
+                  "4-bit weights are made (`quant_load`, src/trainfit/memory/loading.py); "
+                  "published where the source logged it.", "",
                   "| case | predicted (GiB) | published (GiB) | the case's peak | measured / "
                   "predicted (GiB) |", "|---|---|---|---|---|"]
         lines += [f"| {r['id']} | {_gib(r['predicted_reserved_before_step_bytes'])} | "

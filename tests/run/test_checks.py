@@ -16,6 +16,11 @@ def test_the_engines_train_does_not_run_are_refused_with_a_hint():
         check_runnable(JobSpec(**JOB, sharding="fsdp", fsdp_init="wrap-sync"), 2)
     assert "drop --fsdp-init" in err.value.hint
     check_runnable(JobSpec(**JOB, sharding="fsdp"), 2)  # FSDP built on meta: runs
+    qlora = {**JOB, "method": "qlora"}
+    with pytest.raises(JobError, match=r"quant-load torchao-0\.1") as err:
+        check_runnable(JobSpec(**qlora, quant_load="torchao-0.1"), 2)
+    assert "drop --quant-load" in err.value.hint
+    check_runnable(JobSpec(**qlora), 2)  # bitsandbytes' loading: what train runs
 
 
 def test_the_process_count_must_be_the_jobs_ranks():

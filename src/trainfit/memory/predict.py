@@ -21,10 +21,11 @@ from trainfit.memory.allocator import replay
 from trainfit.memory.bands import ErrorBand, band_for
 from trainfit.memory.compiled import compile_note
 from trainfit.memory.depth_trace import Trace
+from trainfit.memory.loading import load_reserve, loading_notes
 from trainfit.memory.simulate import SimTarget, simulate_step
-from trainfit.memory.wrap import wrap_reserve
+from trainfit.memory.wrap import records_wrap, wrap_reserve
 from trainfit.memory.zero import fsdp_offload_phases, zero_phases
-from trainfit.model.source import ModelSource
+from trainfit.model.source import ModelSource, hidden_size
 from trainfit.model.workload import weight_dtypes
 
 CUBLAS_WORKSPACE_BYTES_PRE_HOPPER = 4096 * 1024 * 2 + 16 * 1024 * 8
@@ -123,8 +124,9 @@ class MemoryPrediction:
     """Times the simulated step reached the card's limit, released the allocator's cached blocks
     and retried (``num_alloc_retries``); each release synchronizes the GPU (0: never reached)."""
     reserved_before_step_bytes: int | None = None
-    """Predicted ``memory_reserved`` when FSDP1's wrap is done, before the first step (the job's
-    ``fsdp_init``: :mod:`trainfit.memory.wrap`); None without a wrap history."""
+    """Predicted ``memory_reserved`` before the first step, when FSDP1's wrap is done (the job's
+    ``fsdp_init``: :mod:`trainfit.memory.wrap`) or a QLoRA model's 4-bit weights are made
+    (``quant_load``: :mod:`trainfit.memory.loading`); None without either history."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -194,22 +196,6 @@ def frozen_grads_phases(job: JobSpec, source: ModelSource, phases: dict[str, dic
                     f"({held / 2**30:.2f} GiB) through the accumulation" if held else "")]
 
 
-def loading_peak_bytes(job: JobSpec, source: ModelSource, terms: dict[str, int],
-                       quant_state_bytes: int) -> int | None:
-    """Sharded QLoRA's loading as transformers 5.23 does it (modeling_utils: a quantized model
-    is materialised on every rank, `not is_quantized` excludes it from the meta path): the whole
-    packed 4-bit model, its quantization state and the unquantized weights on each rank, plus the
-    bf16 weight being quantized (its largest: an MLP matrix).  None for other jobs."""
-    if job.method != "qlora" or job.ranks <= 1:
-        return None
-    cfg = source.config
-    h = hidden_size(source)
-    inter = next((v for a in ("intermediate_size", "ffn_dim", "n_inner")
-                  if isinstance(v := getattr(cfg, a, None), int) and v > 0), 4 * h)
-    shards = max(0, terms.get("parameters", 0) - quant_state_bytes)
-    return shards * job.ranks + quant_state_bytes + h * inter * 2
-
-
 def _fsdp_sim_note(job: JobSpec) -> str:
     mp = mixed_precision_policy(job.precision, job.fsdp_reduce_dtype)
     policy = "no mixed-precision policy" if mp.param_dtype is None else (
@@ -224,12 +210,6 @@ def _fsdp_note(job: JobSpec, gathered: int) -> str:
     return (f"FSDP over {job.ranks} ranks: parameters/gradients/optimizer states ÷ {job.ranks}, "
             f"+ {FSDP_PREFETCH_UNITS} unsharded layers in flight ({gathered / 2**30:.2f} GiB, "
             "breakdown term data_parallel)")
-
-
-def hidden_size(source: ModelSource) -> int:
-    cfg = source.config
-    return next((v for a in ("hidden_size", "d_model", "n_embd", "dim")
-                 if isinstance(v := getattr(cfg, a, None), int) and v > 0), 0)
 
 
 def _layers(source: ModelSource) -> int:
@@ -351,6 +331,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
              *dp_notes, *([limit_note] if limit_note else [])]
     notes += _step_notes(job, compile_untraced, compile_partitioned)
     before_step, wrap_notes = wrap_reserve(job, trace)
+    if before_step is None:
+        before_step, wrap_notes = load_reserve(job, trace, records_wrap(job, per_rank))
     notes += wrap_notes
     full_breakdown = {**{k: v for k, v in terms.items() if k != "data_parallel"},
                       "workspaces": work, "managed": managed_bytes}
@@ -360,7 +342,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
         full_breakdown["data_parallel"] = terms["data_parallel"]
     cap = gpu.memory_bytes if gpu else None
     if per_rank or (job.sharding.startswith("zero") and job.ranks > 1):
-        notes += _loading_notes(job, source, gpu, terms, quant_state_bytes)
+        notes += loading_notes(job, source, gpu, terms, quant_state_bytes)
     band = band_for(job)
     fits, headroom, fit_note = _fit(band, cap, resident, margin)
     notes.append(fit_note)
@@ -460,21 +442,6 @@ def _at_card_limit(trace: Trace | Callable[[], Trace | None], room_bytes: int, a
         f"(num_alloc_retries), so reserved stays at {held / 2**30:.2f} GiB — each release "
         "synchronizes the GPU and re-allocates: the step is slower than a step with room (how "
         "much is not modelled)")
-
-
-def _loading_notes(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
-                   terms: dict[str, int], quant_state_bytes: int) -> list[str]:
-    """Sharded QLoRA's loading, stated as its own peak (not the step's)."""
-    load = loading_peak_bytes(job, source, terms, quant_state_bytes)
-    if load is None:
-        return []
-    return [f"loading (its own peak, not in the step's): transformers 5's from_pretrained "
-            f"materialises the whole 4-bit model on every rank before the sharding: "
-            f"{load / 2**30:.2f} GiB per rank (predicted)"
-            + (" — more than the GPU: load rank 0 only (accelerate's "
-               "fsdp_cpu_ram_efficient_loading, Answer.AI's fsdp_qlora loader)"
-               if gpu is not None and load + (gpu.cuda_context_bytes or 0) > gpu.memory_bytes
-               else "")]
 
 
 def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,

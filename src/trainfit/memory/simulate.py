@@ -21,6 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from trainfit.engine.step import repeat_batches, train_step
 from trainfit.job import JobSpec
 from trainfit.memory.compiled import compiled_blocks
+from trainfit.memory.loading import book_loaded, records_loading
 from trainfit.memory.semantics import AttentionTarget, device_semantics
 from trainfit.memory.sharded import fake_world, fsdp_bookkeeping, fsdp_simulable, local, shard_model
 from trainfit.memory.tracker import LiveBytesTracker
@@ -116,22 +117,34 @@ def _classify_states(optimizer: torch.optim.Optimizer, tracker: LiveBytesTracker
 
 
 def _track_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor],
-                  tracker: LiveBytesTracker) -> int:
+                  tracker: LiveBytesTracker, job: JobSpec, loads: bool) -> int:
     """Count what exists before the step: parameters (shared ones once; those FSDP1's wrap
-    flattened are already booked as their unit's flat shard), buffers, the batch.
+    flattened are already booked as their unit's flat shard), buffers, the batch.  A QLoRA job's
+    loading (:mod:`trainfit.memory.loading`) books them module by module, each 4-bit weight
+    inside its quantizer's history; otherwise all parameters, then all buffers.
     Returns the bytes of bitsandbytes' quantization state (booked as parameters)."""
     quant_state = 0
     seen: set[int] = set()
-    for p in model.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            tracker.track(local(p), "parameters")
-    for name, b in model.named_buffers():
-        # the 4-bit twin keeps its frozen weights as buffers: they are parameters to a user
-        leaf = name.rsplit(".", 1)[-1]
-        tracker.track(b, "parameters" if leaf in _QUANT_STATE else "buffers")
-        if leaf in _QUANT_STATE and leaf != "weight_packed":
-            quant_state += b.numel() * b.element_size()
+
+    def book(module: torch.nn.Module, recurse: bool) -> None:
+        nonlocal quant_state
+        for p in module.parameters(recurse=recurse):
+            if id(p) not in seen:
+                seen.add(id(p))
+                tracker.track(local(p), "parameters")
+        for name, b in module.named_buffers(recurse=recurse):
+            if id(b) in seen:
+                continue
+            seen.add(id(b))
+            # the 4-bit twin keeps its frozen weights as buffers: they are parameters to a user
+            leaf = name.rsplit(".", 1)[-1]
+            tracker.track(b, "parameters" if leaf in _QUANT_STATE else "buffers")
+            if leaf in _QUANT_STATE and leaf != "weight_packed":
+                quant_state += b.numel() * b.element_size()
+
+    if loads:
+        book_loaded(job, model, tracker, lambda module: book(module, recurse=False))
+    book(model, recurse=True)
     for t in batch.values():
         tracker.track(t, "buffers")
     return quant_state
@@ -183,11 +196,13 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
     FSDP over several ranks runs as one rank of them (:mod:`trainfit.memory.sharded`): the
     result is that rank's (``per_rank``)."""
     sharded = fsdp_simulable(job)
+    # the user's job decides the loading: ZeRO's one-process step below is not how it loads
+    loads = records_loading(job, records_wrap(job, sharded))
     if job.sharding in ("zero2", "zero3"):
         job = compute_job(job)  # DeepSpeed's per-rank terms are added to this step (zero.py)
     with fake_world(job.ranks) if sharded else contextlib.nullcontext() as mesh:
         return _simulate(job, source, target or SimTarget(), steps, record_events, op_hook,
-                         batch_fn, mesh)
+                         batch_fn, mesh, loads)
 
 
 def _place(model: torch.nn.Module, job: JobSpec, mesh: Any, fake_mode: FakeTensorMode,
@@ -205,7 +220,8 @@ def _place(model: torch.nn.Module, job: JobSpec, mesh: Any, fake_mode: FakeTenso
 
 
 def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
-              record_events: bool, op_hook: Any, batch_fn: Any, mesh: Any) -> SimResult:
+              record_events: bool, op_hook: Any, batch_fn: Any, mesh: Any,
+              loads: bool) -> SimResult:
     t0 = time.perf_counter()
     model, info = build_model_on_meta(job, source)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=mesh is not None)
@@ -227,8 +243,9 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         batch = batch_fn() if batch_fn is not None else \
             make_batch(source, job.micro_batch or 1, job.seq_len)
         # FSDP1's wrap: its history in the allocator trace, the parameters as flat shards
-        flats = record_wrap(job, model, tracker) if records_wrap(job, mesh is not None) else []
-        quant_state = _track_inputs(model, batch, tracker)
+        wrapped = records_wrap(job, mesh is not None)
+        flats = record_wrap(job, model, tracker) if wrapped else []
+        quant_state = _track_inputs(model, batch, tracker, job, loads)
         # torch.compile: each block runs as AOTAutograd's partition of it (memory/compiled.py)
         blocks = compiled_blocks(job, model, tracker, sharded=mesh is not None)
         with device_semantics(attn) as ops, bookkeeping, tracker, blocks as untraced:

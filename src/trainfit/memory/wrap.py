@@ -41,7 +41,7 @@ import torch
 
 from trainfit.engine.dist import shard_units
 from trainfit.job import JobSpec
-from trainfit.memory.allocator import HISTORY_UID, replay
+from trainfit.memory.allocator import reserve_after_history
 from trainfit.memory.depth_trace import Trace
 
 BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024
@@ -143,22 +143,11 @@ def record_wrap(job: JobSpec, model: torch.nn.Module, tracker: Any) -> list[torc
     return kept
 
 
-def reserve_after_wrap(events: list[tuple[int, int]], streams: dict[int, int]
-                       ) -> tuple[int, int] | None:
-    """(reserved, allocated) bytes when the wrap's history ends — Answer.AI's
-    ``reserved_after_model_wrap`` / ``allocated_after_model_wrap`` — or None without one."""
-    end = max((i for i, (u, _) in enumerate(events) if u >= HISTORY_UID), default=-1)
-    if end < 0:
-        return None
-    rep = replay(events[:end + 1], streams)
-    return rep.peak_reserved_bytes, sum(d for u, d in events[:end + 1] if u < HISTORY_UID)
-
-
 def wrap_reserve(job: JobSpec, trace: Trace | Callable[[], Trace | None] | None
                  ) -> tuple[int | None, list[str]]:
     """(reserved bytes before the first step, its note) of a job with an ``fsdp_init`` wrap
     whose full trace (events, streams) is at hand; (None, []) otherwise."""
-    after = reserve_after_wrap(trace[0], trace[1]) \
+    after = reserve_after_history(trace[0], trace[1]) \
         if job.fsdp_init != "sharded" and isinstance(trace, tuple) else None
     if after is None:
         return None, []

@@ -41,6 +41,14 @@ def layer_count(source: ModelSource) -> tuple[str | None, int]:
     return None, 0
 
 
+def hidden_size(source: ModelSource) -> int:
+    """The model's width (transformers' ``hidden_size``, T5's ``d_model``, GPT-2's ``n_embd``,
+    Llama-reference ``dim``); 0 when no field gives it."""
+    cfg = source.config
+    return next((v for a in ("hidden_size", "d_model", "n_embd", "dim")
+                 if isinstance(v := getattr(cfg, a, None), int) and v > 0), 0)
+
+
 def _task_for(config: Any) -> str:
     archs = getattr(config, "architectures", None) or []
     if any("SequenceClassification" in a for a in archs):

@@ -1,0 +1,183 @@
+"""Loading a QLoRA model: what quantizing its base weights on the GPU leaves behind.
+
+The 4-bit weights are made on the GPU one checkpoint tensor at a time: the tensor arrives in 16
+bits and the quantizer packs it there.  Its working tensors are freed into the caching
+allocator, which keeps their segments reserved.  The stacks modelled here do not empty the cache
+between loading and the first step (transformers' ``from_pretrained`` and Trainer; torchtune
+0.1's single-device recipe — its distributed recipes call ``cleanup_before_training``), so the
+step's reserved peak starts from that reserve, and the loading can be the run's reserved peak.
+
+The simulation records the loading as history before the step
+(:meth:`trainfit.memory.tracker.LiveBytesTracker.history`: it takes and leaves segments in the
+allocator replay and never counts in the step's allocated bytes): the base weights in module
+order, each one's transients around its packed bytes.  The blocks of one weight of n elements,
+per quantizer (the job's ``quant_load``):
+
+* ``bnb`` — bitsandbytes' ``quantize_4bit`` (bitsandbytes 0.50, backends/cuda/ops.py): one
+  kernel writes the packed bytes (n/2) and the fp32 absmax (4 B per block of 64); double
+  quantization (functional.quantize_4bit, ``compress_statistics``) subtracts its mean (a second
+  fp32 copy) and quantizes that, then drops both.  transformers 5 hands it the checkpoint tensor
+  already on the GPU (integrations/bitsandbytes.py ``Bnb4bitQuantize``:
+  ``Params4bit(value).to(value.device)``): a 16-bit copy (2n), freed once packed.
+* ``torchao`` — torchao ≥ 0.2's ``NF4Tensor.from_tensor`` (torchtune ≥ 0.2): the 16-bit weight;
+  ``get_block_absmax`` twice (``blocks.abs()``: 2n, then ``max(dim=1)``'s values and int64
+  indices); the scaled blocks (2n); the uint8 codes (n); per chunk of 2^20 elements the
+  nearest-code search ``(value - nf4).abs()`` — two (chunk × 16) 16-bit tensors — and
+  ``min(dim=-1)``'s values and indices; the packing's two n/2 halves.
+* ``torchao-0.1`` — torchao 0.1 (torchtune 0.1.x pins it): the same search without chunks, over
+  the whole weight: two (n × 16) 16-bit tensors, 64 B per element (2.9 GB for a Llama-2-7B MLP
+  matrix), then ``min``'s values (2n) and int64 indices (8n), and the packing in int64 (4n each).
+
+Not modelled: the weights that stay 16-bit (embeddings, norms, the output head) are placed as the
+simulation books them, after the quantized ones' history; torchtune 0.1 quantizes twice (the
+model is built on the GPU from random weights, then ``load_state_dict`` quantizes the checkpoint
+into it): the second pass, with every other weight already made, is the one modelled.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from trainfit.hardware.gpus import GpuSpec
+from trainfit.job import JobSpec
+from trainfit.memory.allocator import reserve_after_history
+from trainfit.memory.depth_trace import Trace
+from trainfit.model.source import ModelSource, hidden_size
+from trainfit.model.standins import BNB_4BIT_BLOCK, Linear4bitSim
+
+TORCHAO_CHUNK = 1 << 20
+"""torchao ≥ 0.2 ``CHUNK_SIZE``: elements per nearest-code search ("Note: Quantize in Chunks")."""
+NF4_CODES = 16
+PACKED = ("packed", 0)
+"""Where the weight's own packed bytes and quantization state are booked (as parameters)."""
+
+
+def quantizer_events(quant_load: str, n: int, double_quant: bool) -> list[tuple[str, int]]:
+    """One weight of ``n`` elements quantized from 16 bits: ``(name, bytes)`` allocates a
+    transient, ``(name, 0)`` frees it, :data:`PACKED` books the weight's own bytes."""
+    scalers = math.ceil(n / BNB_4BIT_BLOCK)
+    if quant_load == "bnb":
+        absmax = [("absmax_fp32", scalers * 4)] if double_quant else []
+        centred = [("absmax_centred", scalers * 4)] if double_quant else []
+        return [("copy16", 2 * n), *absmax, *centred, PACKED,
+                *[(k, 0) for k, _ in centred + absmax], ("copy16", 0)]
+    # NF4Tensor.from_tensor: double_quantize_scalers, then convert_to_norm_float_weight
+    absmax = [("abs", 2 * n), ("max_values", scalers * 2), ("max_indices", scalers * 8),
+              ("abs", 0), ("max_indices", 0)]
+    head = [("copy16", 2 * n), *absmax, ("max_values", 0),
+            *[(k.replace("max", "scaler"), b) for k, b in absmax], ("scaled", 2 * n)]
+    tail = [("scaled", 0), ("scaler_values", 0), ("copy16", 0)]
+    if quant_load == "torchao-0.1":
+        return [*head, *_search(n), ("high", 4 * n), ("packed64", 4 * n), ("high", 0), PACKED,
+                ("scaled", 0), ("indices", 0), ("packed64", 0), ("scaler_values", 0),
+                ("copy16", 0)]
+    c = min(n, TORCHAO_CHUNK)
+    return [*head, ("codes", n), *_search(c), ("chunk_u8", c), ("indices", 0), ("chunk_u8", 0),
+            ("high", (n + 1) // 2), PACKED, ("high", 0), ("codes", 0), *tail]
+
+
+def _search(n: int) -> list[tuple[str, int]]:
+    """``quantize_tensor_nearest``: ``(value - nf4).abs()`` then ``.min(dim=-1).indices``; the
+    int64 indices are left allocated (the caller frees them)."""
+    wide = n * NF4_CODES * 2
+    return [("difference", wide), ("absolute", wide), ("difference", 0), ("min_values", 2 * n),
+            ("indices", 8 * n), ("min_values", 0), ("absolute", 0)]
+
+
+def records_loading(job: JobSpec, wrapped: bool) -> bool:
+    """The simulation books this job's loading history: QLoRA on every rank whole (no FSDP or
+    ZeRO, whose loading :func:`loading_peak_bytes` states apart, and no FSDP1 wrap, whose own
+    history :mod:`trainfit.memory.wrap` records)."""
+    return job.method == "qlora" and job.sharding == "none" and not wrapped
+
+
+def book_loaded(job: JobSpec, model: torch.nn.Module, tracker: Any,
+                book: Callable[[torch.nn.Module], None]) -> None:
+    """Book every module's own tensors (``book``) in module order, each 4-bit weight inside its
+    quantizer's history.  torchtune (``torchao*``) quantizes twice: the model is built on the
+    GPU, each weight made from a random 16-bit one, and ``load_state_dict`` then quantizes the
+    checkpoint's tensor into it (torchtune's ``inplace_copy``: ``to_nf4(src.to(device))``, the
+    new packed tensors replacing the first ones), so the first pass books history stand-ins of
+    the packed tensors and the second books them and frees the stand-ins."""
+    twice = job.quant_load.startswith("torchao")
+    first: list[tuple[Linear4bitSim, list[tuple[int, int]]]] = []  # (module, its stand-ins)
+    for module in model.modules():
+        if not isinstance(module, Linear4bitSim):
+            book(module)
+        elif twice:
+            own = [b.numel() * b.element_size() for b in module.buffers(recurse=False)]
+            first.append((module, []))
+            _quantize(job, module, tracker, lambda own=own, ids=first[-1][1]: ids.extend(
+                (tracker.history(n), n) for n in own))
+        else:
+            _quantize(job, module, tracker, lambda m=module: book(m))
+    for module, stand_ins in first:
+        _quantize(job, module, tracker, lambda m=module: book(m))
+        for uid, n in stand_ins:
+            tracker.history(n, uid)
+
+
+def _quantize(job: JobSpec, module: Linear4bitSim, tracker: Any,
+              packed: Callable[[], None]) -> None:
+    """One weight's quantizer history, ``packed`` booking its packed tensors where they are
+    made."""
+    live: dict[str, tuple[int, int]] = {}
+    for name, nbytes in quantizer_events(job.quant_load, module.in_features * module.out_features,
+                                         hasattr(module, "absmax2")):
+        if (name, nbytes) == PACKED:
+            packed()
+        elif nbytes:
+            live[name] = (tracker.history(nbytes), nbytes)
+        else:
+            uid, size = live.pop(name)
+            tracker.history(size, uid)
+
+
+def load_reserve(job: JobSpec, trace: Trace | Callable[[], Trace | None] | None,
+                 wrapped: bool) -> tuple[int | None, list[str]]:
+    """(reserved bytes when the loading is done, its note) of a job whose loading history is in
+    its full trace (events, streams); (None, []) otherwise."""
+    if not records_loading(job, wrapped) or not isinstance(trace, tuple):
+        return None, []
+    after = reserve_after_history(trace[0], trace[1])
+    if after is None:
+        return None, []
+    return after[0], [f"loading ({job.quant_load} quantizes each base weight on the GPU): "
+                      f"{after[0] / 2**30:.2f} GiB reserved when the 4-bit weights are made, "
+                      f"{after[1] / 2**30:.2f} GiB of it in use, predicted; the quantizer's freed "
+                      "working memory stays cached and the step's reserved peak starts from it"]
+
+
+def loading_peak_bytes(job: JobSpec, source: ModelSource, terms: dict[str, int],
+                       quant_state_bytes: int) -> int | None:
+    """Sharded QLoRA's loading as transformers 5.23 does it (modeling_utils: a quantized model
+    is materialised on every rank, `not is_quantized` excludes it from the meta path): the whole
+    packed 4-bit model, its quantization state and the unquantized weights on each rank, plus the
+    bf16 weight being quantized (its largest: an MLP matrix).  None for other jobs."""
+    if job.method != "qlora" or job.ranks <= 1:
+        return None
+    cfg = source.config
+    h = hidden_size(source)
+    inter = next((v for a in ("intermediate_size", "ffn_dim", "n_inner")
+                  if isinstance(v := getattr(cfg, a, None), int) and v > 0), 4 * h)
+    shards = max(0, terms.get("parameters", 0) - quant_state_bytes)
+    return shards * job.ranks + quant_state_bytes + h * inter * 2
+
+
+def loading_notes(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
+                  terms: dict[str, int], quant_state_bytes: int) -> list[str]:
+    """Sharded QLoRA's loading, stated as its own peak (not the step's)."""
+    load = loading_peak_bytes(job, source, terms, quant_state_bytes)
+    if load is None:
+        return []
+    return [f"loading (its own peak, not in the step's): transformers 5's from_pretrained "
+            f"materialises the whole 4-bit model on every rank before the sharding: "
+            f"{load / 2**30:.2f} GiB per rank (predicted)"
+            + (" — more than the GPU: load rank 0 only (accelerate's "
+               "fsdp_cpu_ram_efficient_loading, Answer.AI's fsdp_qlora loader)"
+               if gpu is not None and load + (gpu.cuda_context_bytes or 0) > gpu.memory_bytes
+               else "")]

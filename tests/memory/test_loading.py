@@ -1,0 +1,129 @@
+"""A QLoRA model's loading: the quantizer's working memory, as history the step starts from."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import LlamaConfig
+
+from trainfit.hardware.gpus import find_gpu
+from trainfit.job import JobError, JobSpec
+from trainfit.memory.loading import PACKED, TORCHAO_CHUNK, quantizer_events
+from trainfit.memory.predict import predict_memory
+from trainfit.model.source import ModelSource
+
+REFERENCE = Path(__file__).resolve().parents[2] / "build" / "reference"
+"""Where scripts/test.sh installs the quantizers these models are checked against, apart from
+the environment (never imported by trainfit)."""
+
+PROBE = """
+import json, sys, torch
+from torch.profiler import ProfilerActivity, profile
+from {module} import to_nf4
+w = torch.randn({rows}, {cols}, dtype=torch.bfloat16)  # the 16-bit weight, there before
+to_nf4(torch.randn(64, 256, dtype=torch.bfloat16))  # warm-up
+with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    q = to_nf4(w)
+ev = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+            key=lambda e: e.start_ns())
+cur = peak = 0
+for e in ev:
+    cur += e.nbytes()
+    peak = max(peak, cur)
+print(json.dumps({{"peak": peak, "final": cur, "sizes": [e.nbytes() for e in ev]}}))
+"""
+
+
+def _modelled(kind: str, n: int, packed: int) -> tuple[int, list[int]]:
+    """(peak, signed sizes) of the modelled events above the 16-bit weight, which the real call
+    is given rather than making (``copy16`` left out); ``packed`` = the packed bytes.  torchao's
+    search runs once per chunk of 2^20 elements: the model's one chunk is repeated."""
+    events = quantizer_events(kind, n, double_quant=True)
+    if kind == "torchao":
+        first = events.index(("codes", n)) + 1
+        last = events.index(("high", (n + 1) // 2))
+        events = events[:first] + events[first:last] * (n // TORCHAO_CHUNK) + events[last:]
+    cur = peak = 0
+    sizes, live = [], {}
+    for name, nbytes in events:
+        if name == "copy16":
+            continue
+        if (name, nbytes) == PACKED:
+            d = packed
+        elif nbytes:
+            live[name] = nbytes
+            d = nbytes
+        else:
+            d = -live.pop(name)
+        cur += d
+        peak = max(peak, cur)
+        sizes.append(d)
+    return peak, sizes
+
+
+@pytest.mark.parametrize(("kind", "version", "module"), [
+    ("torchao-0.1", "0.1", "torchao.dtypes.nf4tensor"),
+    ("torchao", "0.18.0", "torchao.quantization.quantize_.workflows.nf4.nf4_tensor"),
+])
+def test_quantizer_events_match_the_real_quantizer_on_cpu(kind, version, module):
+    where = REFERENCE / f"torchao-{version}"
+    if not where.is_dir():
+        pytest.skip(f"torchao {version} is not in {where} (scripts/test.sh installs it there)")
+    rows, cols = 1024, 4096  # 4 chunks of torchao's search
+    env = {**os.environ, "PYTHONPATH": str(where)}
+    out = subprocess.run([sys.executable, "-c", PROBE.format(module=module, rows=rows, cols=cols)],
+                         env=env, capture_output=True, text=True, timeout=600, check=True)
+    real = json.loads(out.stdout.strip().splitlines()[-1])
+    n = rows * cols
+    peak, sizes = _modelled(kind, n, n // 2)
+    # the peak: within the small tensors the model leaves out (absmax values, the 16 codes)
+    assert real["peak"] == pytest.approx(peak, rel=0.01)
+    assert real["peak"] > (64 if kind == "torchao-0.1" else 2) * n
+    # every block of n/8 bytes or more, in the order the quantizer makes and frees them
+    assert [s for s in real["sizes"] if abs(s) >= n // 8] == [s for s in sizes if abs(s) >= n // 8]
+    # what stays: the packed tensor and its scalers (the model books them as parameters)
+    assert n // 2 <= real["final"] < n // 2 + n // 16
+
+
+@pytest.fixture(scope="module")
+def wide_llama():
+    """MLP matrices of 2^21 elements (two of torchao's chunks): the search's blocks are in the
+    large pool, as on a GPU."""
+    cfg = LlamaConfig(hidden_size=512, intermediate_size=4096, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, vocab_size=2000,
+                      max_position_embeddings=256)
+    return ModelSource("wide-llama", cfg, "causal-lm", "local")
+
+
+def _predict(source, quant_load):
+    job = JobSpec(model="wide", method="qlora", quant_load=quant_load, precision="bf16-true",
+                  seq_len=128, micro_batch=1, max_grad_norm=None)
+    return predict_memory(job, source, find_gpu("rtx-4090"))
+
+
+def test_torchao_01_loading_is_the_reserve_the_step_starts_from(wide_llama):
+    bnb, old, new = (_predict(wide_llama, k) for k in ("bnb", "torchao-0.1", "torchao"))
+    n = 512 * 4096  # the largest quantized weight
+    params = old.breakdown["parameters"]
+    # the search's two (n × 16) bf16 tensors were reserved while every weight was in use
+    assert old.reserved_before_step_bytes >= params + 64 * n
+    assert old.peak_reserved_bytes >= old.reserved_before_step_bytes
+    # torchao ≥ 0.2 searches in chunks of 2^20 elements: 64 MiB at most, not 64 B per element
+    assert new.reserved_before_step_bytes < old.reserved_before_step_bytes - 16 * n
+    # bitsandbytes' kernel needs only the 16-bit copy
+    assert bnb.reserved_before_step_bytes < new.reserved_before_step_bytes
+    assert bnb.reserved_before_step_bytes >= params + 2 * n
+    # the loading never counts in the step's allocated bytes
+    for p in (old, new):
+        assert p.peak_allocated_bytes == pytest.approx(bnb.peak_allocated_bytes, rel=0.01)
+    assert any("loading (torchao-0.1" in note for note in old.model_notes)
+
+
+def test_quant_load_needs_qlora():
+    with pytest.raises(JobError, match=r"--quant-load torchao-0\.1 needs --method qlora"):
+        JobSpec(model="m", method="lora", quant_load="torchao-0.1")
+    with pytest.raises(JobError, match="--quant-load"):
+        JobSpec(model="m", method="qlora", quant_load="torchao-2")
