@@ -262,11 +262,12 @@ def _torchtune(b: _Builder) -> None:
                "the loop holds are fp32 → fp32_outputs true")
     if b.job["method"] == "qlora":
         old = c["framework"]["version"].startswith("0.1")
-        b.job["quant_load"] = "torchao-0.1" if old else "torchao"
-        b.note("torchtune builds the 4-bit weights on the GPU with torchao's NF4Tensor"
+        b.job["quant_lib"] = "torchao-0.1" if old else "torchao"
+        b.note("torchtune's 4-bit weights are torchao NF4Tensors, made on the GPU"
                + (" (torchao 0.1, pinned by torchtune 0.1.x: its nearest-code search holds 64 B "
                   "per element of the weight at once)" if old else "")
-               + f" → quant_load {b.job['quant_load']}")
+               + " and dequantized through int64 codes in each matmul (linear_nf4: 14 B per "
+               f"element at its peak) → quant_lib {b.job['quant_lib']}")
     if b.job["sharding"] == "fsdp" and b.job["grad_accum"] > 1:
         b.note("torchtune's distributed loop reduce-scatters every micro-step (no no_sync)")
     b.note("torchtune: bf16 weights/states, no gradient clipping, the loop frees the logits "

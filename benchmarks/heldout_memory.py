@@ -234,7 +234,7 @@ def render(rows: list[dict[str, Any]], summary: dict[str, Any], wall_s: float) -
         lines += ["", "## The reserve left before the first step: FSDP1's wrap, QLoRA's loading",
                   "", "Predicted `memory_reserved` once FSDP1 has built every unit on the GPU "
                   "(`fsdp_init`, src/trainfit/memory/wrap.py) or, on one rank's QLoRA, once the "
-                  "4-bit weights are made (`quant_load`, src/trainfit/memory/loading.py); "
+                  "4-bit weights are made (`quant_lib`, src/trainfit/memory/loading.py); "
                   "published where the source logged it.", "",
                   "| case | predicted (GiB) | published (GiB) | the case's peak | measured / "
                   "predicted (GiB) |", "|---|---|---|---|---|"]

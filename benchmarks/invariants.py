@@ -45,9 +45,9 @@ CASES = [
      "job": {"method": "lora", "lora_targets": "q,v", "lm_head_chunk": 128,
              "hold_outputs": True, "fp32_outputs": True, "max_grad_norm": None}},
     # torchtune 0.1's QLoRA as a user plans it: torchao 0.1's quantizer history before the step
-    # (quant_load, memory/loading.py), one per base weight, must extrapolate in depth
+    # (quant_lib, memory/loading.py), one per base weight, must extrapolate in depth
     {"model": "llama-2-7b", "gpu": "rtx-4090",
-     "job": {"method": "qlora", "quant_load": "torchao-0.1", "precision": "bf16-true",
+     "job": {"method": "qlora", "quant_lib": "torchao-0.1", "precision": "bf16-true",
              "max_grad_norm": None}},
 ]
 FULL_SIZE_CHECKS = 12

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import LlamaConfig
 
 from trainfit.hardware.gpus import find_gpu
@@ -14,6 +15,7 @@ from trainfit.job import JobError, JobSpec
 from trainfit.memory.loading import PACKED, TORCHAO_CHUNK, quantizer_events
 from trainfit.memory.predict import predict_memory
 from trainfit.model.source import ModelSource
+from trainfit.model.standins import Linear4bitSim, _dequantize_torchao
 
 REFERENCE = Path(__file__).resolve().parents[2] / "build" / "reference"
 """Where scripts/test.sh installs the quantizers these models are checked against, apart from
@@ -84,8 +86,61 @@ def test_quantizer_events_match_the_real_quantizer_on_cpu(kind, version, module)
     assert real["peak"] > (64 if kind == "torchao-0.1" else 2) * n
     # every block of n/8 bytes or more, in the order the quantizer makes and frees them
     assert [s for s in real["sizes"] if abs(s) >= n // 8] == [s for s in sizes if abs(s) >= n // 8]
-    # what stays: the packed tensor and its scalers (the model books them as parameters)
-    assert n // 2 <= real["final"] < n // 2 + n // 16
+    # what stays is what the stand-in books: packed bytes and scalers (torchao 0.1: its factor
+    # too), within the codebooks (bnb's 256-entry second code: 1 KiB)
+    booked = Linear4bitSim(cols, rows, False, torch.bfloat16, True, lib=kind)
+    assert abs(real["final"] - sum(b.numel() * b.element_size() for b in booked.buffers())) < 4096
+
+
+DEQUANT = """
+import json, sys, torch
+from torch.profiler import ProfilerActivity, profile
+from {module} import to_nf4
+q = to_nf4(torch.randn({rows}, {cols}, dtype=torch.bfloat16))
+q.to(torch.bfloat16)  # warm-up
+def peak(fn):
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        w = fn()
+    ev = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                key=lambda e: e.start_ns())
+    cur = top = 0
+    for e in ev:
+        cur += e.nbytes()
+        top = max(top, cur)
+    return top, cur
+print(json.dumps(peak(lambda: q.to(torch.bfloat16))))  # what linear_nf4 runs
+"""
+
+
+@pytest.mark.parametrize(("version", "module"), [
+    ("0.1", "torchao.dtypes.nf4tensor"),
+    ("0.18.0", "torchao.quantization.quantize_.workflows.nf4.nf4_tensor"),
+])
+def test_torchao_dequantization_matches_the_real_one_on_cpu(version, module):
+    where = REFERENCE / f"torchao-{version}"
+    if not where.is_dir():
+        pytest.skip(f"torchao {version} is not in {where} (scripts/test.sh installs it there)")
+    rows, cols = 1024, 4096
+    env = {**os.environ, "PYTHONPATH": str(where)}
+    out = subprocess.run([sys.executable, "-c", DEQUANT.format(module=module, rows=rows, cols=cols)],
+                         env=env, capture_output=True, text=True, timeout=600, check=True)
+    real_peak, real_left = json.loads(out.stdout.strip().splitlines()[-1])
+    n = rows * cols
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                profile_memory=True) as prof:
+        w = _dequantize_torchao((rows, cols), torch.empty(1, dtype=torch.bfloat16))
+    cur = peak = 0
+    for e in sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns()):
+        cur += e.nbytes()
+        peak = max(peak, cur)
+    assert w.shape == (rows, cols) and cur == real_left == 2 * n  # the bf16 weight
+    assert peak == pytest.approx(real_peak, rel=0.01)  # the scalers' few KiB apart
+    assert real_peak > 13 * n  # 14 B per element, where bitsandbytes' kernel needs 2
+    # under torch.compile one fused kernel writes the weight: the eager codes are not made
+    layer = {c: Linear4bitSim(cols, rows, False, torch.bfloat16, True, lib="torchao", compiled=c)
+             for c in (False, True)}
+    assert layer[False].codes_dequant and not layer[True].codes_dequant
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +153,16 @@ def wide_llama():
     return ModelSource("wide-llama", cfg, "causal-lm", "local")
 
 
-def _predict(source, quant_load):
-    job = JobSpec(model="wide", method="qlora", quant_load=quant_load, precision="bf16-true",
+def _quantized(source):
+    from trainfit.model.workload import build_model_on_meta
+
+    job = JobSpec(model="wide", method="qlora", seq_len=128, micro_batch=1)
+    return [m for m in build_model_on_meta(job, source)[0].modules()
+            if isinstance(m, Linear4bitSim)]
+
+
+def _predict(source, quant_lib):
+    job = JobSpec(model="wide", method="qlora", quant_lib=quant_lib, precision="bf16-true",
                   seq_len=128, micro_batch=1, max_grad_norm=None)
     return predict_memory(job, source, find_gpu("rtx-4090"))
 
@@ -116,14 +179,20 @@ def test_torchao_01_loading_is_the_reserve_the_step_starts_from(wide_llama):
     # bitsandbytes' kernel needs only the 16-bit copy
     assert bnb.reserved_before_step_bytes < new.reserved_before_step_bytes
     assert bnb.reserved_before_step_bytes >= params + 2 * n
-    # the loading never counts in the step's allocated bytes
-    for p in (old, new):
-        assert p.peak_allocated_bytes == pytest.approx(bnb.peak_allocated_bytes, rel=0.01)
+    # the loading never counts in the step's allocated bytes; what does: torchao 0.1 keeps a bf16
+    # factor per block of 64, and torchao's matmul dequantizes at 14 B per element against 2
+    factors = 2 * sum(-(-m.in_features * m.out_features // 64) for m in _quantized(wide_llama))
+    assert old.breakdown["parameters"] - bnb.breakdown["parameters"] == factors
+    assert old.peak_allocated_bytes - new.peak_allocated_bytes == factors
+    assert new.peak_allocated_bytes - bnb.peak_allocated_bytes == pytest.approx(12 * n, rel=0.01)
     assert any("loading (torchao-0.1" in note for note in old.model_notes)
 
 
-def test_quant_load_needs_qlora():
-    with pytest.raises(JobError, match=r"--quant-load torchao-0\.1 needs --method qlora"):
-        JobSpec(model="m", method="lora", quant_load="torchao-0.1")
-    with pytest.raises(JobError, match="--quant-load"):
-        JobSpec(model="m", method="qlora", quant_load="torchao-2")
+def test_quant_lib_needs_qlora():
+    with pytest.raises(JobError, match=r"--quant-lib torchao-0\.1 needs --method qlora"):
+        JobSpec(model="m", method="lora", quant_lib="torchao-0.1")
+    with pytest.raises(JobError, match="--quant-lib"):
+        JobSpec(model="m", method="qlora", quant_lib="torchao-2")
+    with pytest.raises(JobError, match="always double-quantizes") as err:
+        JobSpec(model="m", method="qlora", quant="nf4", quant_lib="torchao")
+    assert err.value.hint == "use --quant nf4-dq"

@@ -17,9 +17,9 @@ def test_the_engines_train_does_not_run_are_refused_with_a_hint():
     assert "drop --fsdp-init" in err.value.hint
     check_runnable(JobSpec(**JOB, sharding="fsdp"), 2)  # FSDP built on meta: runs
     qlora = {**JOB, "method": "qlora"}
-    with pytest.raises(JobError, match=r"quant-load torchao-0\.1") as err:
-        check_runnable(JobSpec(**qlora, quant_load="torchao-0.1"), 2)
-    assert "drop --quant-load" in err.value.hint
+    with pytest.raises(JobError, match=r"quant-lib torchao-0\.1") as err:
+        check_runnable(JobSpec(**qlora, quant_lib="torchao-0.1"), 2)
+    assert "drop --quant-lib" in err.value.hint
     check_runnable(JobSpec(**qlora), 2)  # bitsandbytes' loading: what train runs
 
 

@@ -22,7 +22,7 @@ from trainfit.job import spec
 from trainfit.job.spec import JobSpec
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "method": spec.METHODS, "quant": spec.QUANTS, "quant_load": spec.QUANT_LOADS,
+    "method": spec.METHODS, "quant": spec.QUANTS, "quant_lib": spec.QUANT_LIBS,
     "precision": spec.PRECISIONS,
     "optimizer": spec.OPTIMIZERS, "optimizer_impl": spec.OPTIMIZER_IMPLS,
     "grad_ckpt": spec.GRAD_CKPT, "attention": spec.ATTENTIONS, "sharding": spec.SHARDINGS,

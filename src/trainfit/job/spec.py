@@ -18,7 +18,7 @@ from typing import Any
 
 METHODS = ("full", "lora", "qlora")
 QUANTS = ("nf4", "nf4-dq", "fp4")
-QUANT_LOADS = ("bnb", "torchao", "torchao-0.1")
+QUANT_LIBS = ("bnb", "torchao", "torchao-0.1")
 PRECISIONS = ("fp32", "amp-fp16", "amp-bf16", "bf16-true")
 OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "adafactor", "sgd")
 OPTIMIZER_IMPLS = ("forloop", "foreach", "fused")
@@ -135,13 +135,15 @@ class JobSpec:
     fp16."""
     quant: str | None = None
     """4-bit format of the frozen base for ``qlora``: nf4, nf4-dq (double quantised), fp4."""
-    quant_load: str = "bnb"
-    """How the 4-bit weights are made on the GPU at load, which decides what the allocator keeps
-    cached when the step starts: bnb (bitsandbytes' quantize_4bit — transformers, peft, litgpt:
-    each weight's 16-bit copy, 2 B per element, freed once packed), torchao (torchao ≥ 0.2's
-    NF4Tensor, torchtune ≥ 0.2: 16-bit copies and a search in chunks of 2^20 elements) or
-    torchao-0.1 (torchtune 0.1.x: its nearest-code search holds 64 B per element of the weight at
-    once — 2.9 GB for a Llama-2-7B MLP matrix — and the cache keeps it)."""
+    quant_lib: str = "bnb"
+    """The library that holds the 4-bit weights, which decides what loading them leaves in the
+    allocator's cache, their quantization state and what each matmul dequantizes: bnb
+    (bitsandbytes — transformers, peft, litgpt: a 16-bit copy per weight at load, 2 B per
+    element), torchao (torchao ≥ 0.2's NF4Tensor, torchtune ≥ 0.2: the search in chunks of 2^20
+    elements at load) or torchao-0.1 (torchtune 0.1.x: its nearest-code search holds 64 B per
+    element of a weight at once — 2.9 GB for a Llama-2-7B MLP matrix — and the cache keeps it).
+    torchao's matmul dequantizes through int64 codes: 14 B per element at its peak, bnb's 2.
+    The loading is replayed where every rank loads the whole model (sharding none)."""
     quant_lm_head: bool = False
     """Quantize the output head too (Lightning Fabric/litgpt do; transformers' BitsAndBytesConfig
     leaves it in 16 bits)."""
@@ -325,13 +327,16 @@ class JobSpec:
         if self.method == "qlora":
             self.quant = self.quant or "nf4-dq"
             _choice("quant", self.quant, QUANTS)
-            _choice("quant_load", self.quant_load, QUANT_LOADS)
+            _choice("quant_lib", self.quant_lib, QUANT_LIBS)
+            if self.quant_lib != "bnb" and self.quant != "nf4-dq":
+                raise JobError(f"--quant-lib {self.quant_lib} with --quant {self.quant}: torchao's "
+                               "NF4 always double-quantizes its scales", "use --quant nf4-dq")
         elif self.quant is not None:
             raise JobError(f"--quant {self.quant} needs --method qlora",
                            "use --method qlora, or --quant none to clear a quant the job file set")
-        elif self.quant_load != "bnb":
-            raise JobError(f"--quant-load {self.quant_load} needs --method qlora",
-                           "use --method qlora, or drop --quant-load")
+        elif self.quant_lib != "bnb":
+            raise JobError(f"--quant-lib {self.quant_lib} needs --method qlora",
+                           "use --method qlora, or drop --quant-lib")
         if not 0.0 <= self.lora_dropout < 1.0:
             raise JobError(f"--lora-dropout {self.lora_dropout}: must be in [0, 1)",
                            "e.g. --lora-dropout 0.05 (0 turns it off)")

@@ -11,7 +11,7 @@ The simulation records the loading as history before the step
 (:meth:`trainfit.memory.tracker.LiveBytesTracker.history`: it takes and leaves segments in the
 allocator replay and never counts in the step's allocated bytes): the base weights in module
 order, each one's transients around its packed bytes.  The blocks of one weight of n elements,
-per quantizer (the job's ``quant_load``):
+per quantizer (the job's ``quant_lib``):
 
 * ``bnb`` — bitsandbytes' ``quantize_4bit`` (bitsandbytes 0.50, backends/cuda/ops.py): one
   kernel writes the packed bytes (n/2) and the fp32 absmax (4 B per block of 64); double
@@ -28,10 +28,12 @@ per quantizer (the job's ``quant_load``):
   the whole weight: two (n × 16) 16-bit tensors, 64 B per element (2.9 GB for a Llama-2-7B MLP
   matrix), then ``min``'s values (2n) and int64 indices (8n), and the packing in int64 (4n each).
 
-Not modelled: the weights that stay 16-bit (embeddings, norms, the output head) are placed as the
-simulation books them, after the quantized ones' history; torchtune 0.1 quantizes twice (the
-model is built on the GPU from random weights, then ``load_state_dict`` quantizes the checkpoint
-into it): the second pass, with every other weight already made, is the one modelled.
+Not modelled: torchtune builds its layers as deep copies of one (``_get_clones``), and a copy of
+an NF4 weight dequantizes and quantizes it again (up to 14 B per element more, briefly); a 16-bit
+checkpoint in another dtype than the model's (an fp16 Llama-2 into bf16) is converted on the GPU
+(2 B per element more); transformers loads in checkpoint order (the output head first) and may
+warm its allocator with one segment the model's size (``caching_allocator_warmup``, with a
+``device_map``).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ import torch
 
 from trainfit.hardware.gpus import GpuSpec
 from trainfit.job import JobSpec
-from trainfit.memory.allocator import reserve_after_history
+from trainfit.memory.allocator import HISTORY_UID, replay
 from trainfit.memory.depth_trace import Trace
 from trainfit.model.source import ModelSource, hidden_size
 from trainfit.model.standins import BNB_4BIT_BLOCK, Linear4bitSim
@@ -56,11 +58,11 @@ PACKED = ("packed", 0)
 """Where the weight's own packed bytes and quantization state are booked (as parameters)."""
 
 
-def quantizer_events(quant_load: str, n: int, double_quant: bool) -> list[tuple[str, int]]:
+def quantizer_events(quant_lib: str, n: int, double_quant: bool) -> list[tuple[str, int]]:
     """One weight of ``n`` elements quantized from 16 bits: ``(name, bytes)`` allocates a
     transient, ``(name, 0)`` frees it, :data:`PACKED` books the weight's own bytes."""
     scalers = math.ceil(n / BNB_4BIT_BLOCK)
-    if quant_load == "bnb":
+    if quant_lib == "bnb":
         absmax = [("absmax_fp32", scalers * 4)] if double_quant else []
         centred = [("absmax_centred", scalers * 4)] if double_quant else []
         return [("copy16", 2 * n), *absmax, *centred, PACKED,
@@ -71,7 +73,7 @@ def quantizer_events(quant_load: str, n: int, double_quant: bool) -> list[tuple[
     head = [("copy16", 2 * n), *absmax, ("max_values", 0),
             *[(k.replace("max", "scaler"), b) for k, b in absmax], ("scaled", 2 * n)]
     tail = [("scaled", 0), ("scaler_values", 0), ("copy16", 0)]
-    if quant_load == "torchao-0.1":
+    if quant_lib == "torchao-0.1":
         return [*head, *_search(n), ("high", 4 * n), ("packed64", 4 * n), ("high", 0), PACKED,
                 ("scaled", 0), ("indices", 0), ("packed64", 0), ("scaler_values", 0),
                 ("copy16", 0)]
@@ -99,25 +101,38 @@ def book_loaded(job: JobSpec, model: torch.nn.Module, tracker: Any,
                 book: Callable[[torch.nn.Module], None]) -> None:
     """Book every module's own tensors (``book``) in module order, each 4-bit weight inside its
     quantizer's history.  torchtune (``torchao*``) quantizes twice: the model is built on the
-    GPU, each weight made from a random 16-bit one, and ``load_state_dict`` then quantizes the
-    checkpoint's tensor into it (torchtune's ``inplace_copy``: ``to_nf4(src.to(device))``, the
-    new packed tensors replacing the first ones), so the first pass books history stand-ins of
-    the packed tensors and the second books them and frees the stand-ins."""
-    twice = job.quant_load.startswith("torchao")
-    first: list[tuple[Linear4bitSim, list[tuple[int, int]]]] = []  # (module, its stand-ins)
+    GPU, each weight quantized from a random 16-bit one, then ``load_state_dict`` quantizes the
+    checkpoint's tensor (``.to(device)`` first) into it.  With torchao 0.1, torchtune's
+    ``inplace_copy`` makes the new packed tensors the weight's (the first ones are freed: the
+    first pass books history stand-ins); torchao ≥ 0.2's own ``copy_`` copies the new pieces into
+    the first ones and drops them (the second pass's pieces are history)."""
+    lib = job.quant_lib
+    second: list[Linear4bitSim] = []
+    stand_ins: dict[int, list[tuple[int, int]]] = {}  # torchao 0.1: id(module) → (uid, bytes)
+
+    def history_of(module: Linear4bitSim, ids: list[tuple[int, int]]) -> Callable[[], None]:
+        own = [b.numel() * b.element_size() for b in module.buffers(recurse=False)]
+        return lambda: ids.extend((tracker.history(n), n) for n in own)
+
     for module in model.modules():
         if not isinstance(module, Linear4bitSim):
             book(module)
-        elif twice:
-            own = [b.numel() * b.element_size() for b in module.buffers(recurse=False)]
-            first.append((module, []))
-            _quantize(job, module, tracker, lambda own=own, ids=first[-1][1]: ids.extend(
-                (tracker.history(n), n) for n in own))
+            continue
+        if lib == "torchao-0.1":
+            stand_ins[id(module)] = []
+            _quantize(job, module, tracker, history_of(module, stand_ins[id(module)]))
         else:
             _quantize(job, module, tracker, lambda m=module: book(m))
-    for module, stand_ins in first:
-        _quantize(job, module, tracker, lambda m=module: book(m))
-        for uid, n in stand_ins:
+        if lib.startswith("torchao"):
+            second.append(module)
+    for module in second:
+        if lib == "torchao-0.1":
+            _quantize(job, module, tracker, lambda m=module: book(m))
+            dropped = stand_ins[id(module)]
+        else:
+            dropped = []
+            _quantize(job, module, tracker, history_of(module, dropped))
+        for uid, n in dropped:
             tracker.history(n, uid)
 
 
@@ -126,7 +141,7 @@ def _quantize(job: JobSpec, module: Linear4bitSim, tracker: Any,
     """One weight's quantizer history, ``packed`` booking its packed tensors where they are
     made."""
     live: dict[str, tuple[int, int]] = {}
-    for name, nbytes in quantizer_events(job.quant_load, module.in_features * module.out_features,
+    for name, nbytes in quantizer_events(job.quant_lib, module.in_features * module.out_features,
                                          hasattr(module, "absmax2")):
         if (name, nbytes) == PACKED:
             packed()
@@ -138,18 +153,20 @@ def _quantize(job: JobSpec, module: Linear4bitSim, tracker: Any,
 
 
 def load_reserve(job: JobSpec, trace: Trace | Callable[[], Trace | None] | None,
-                 wrapped: bool) -> tuple[int | None, list[str]]:
-    """(reserved bytes when the loading is done, its note) of a job whose loading history is in
-    its full trace (events, streams); (None, []) otherwise."""
-    if not records_loading(job, wrapped) or not isinstance(trace, tuple):
+                 setup_events: int | None) -> tuple[int | None, list[str]]:
+    """(reserved bytes when the model is loaded, its note) of a job whose loading history is in
+    its full trace (events, streams), the first ``setup_events`` of which come before the step;
+    (None, []) otherwise."""
+    if not records_loading(job, False) or not isinstance(trace, tuple) or not setup_events:
         return None, []
-    after = reserve_after_history(trace[0], trace[1])
-    if after is None:
-        return None, []
-    return after[0], [f"loading ({job.quant_load} quantizes each base weight on the GPU): "
-                      f"{after[0] / 2**30:.2f} GiB reserved when the 4-bit weights are made, "
-                      f"{after[1] / 2**30:.2f} GiB of it in use, predicted; the quantizer's freed "
-                      "working memory stays cached and the step's reserved peak starts from it"]
+    events = trace[0][:setup_events]
+    rep = replay(events, trace[1])
+    used = sum(d for u, d in events if u < HISTORY_UID)
+    return rep.peak_reserved_bytes, [
+        f"loading ({job.quant_lib} quantizes each base weight on the GPU): "
+        f"{rep.peak_reserved_bytes / 2**30:.2f} GiB reserved when the model is loaded, "
+        f"{used / 2**30:.2f} GiB of it in use, predicted; the quantizer's freed working memory "
+        "stays cached and the step's reserved peak starts from it"]
 
 
 def loading_peak_bytes(job: JobSpec, source: ModelSource, terms: dict[str, int],

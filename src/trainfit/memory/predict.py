@@ -126,7 +126,7 @@ class MemoryPrediction:
     reserved_before_step_bytes: int | None = None
     """Predicted ``memory_reserved`` before the first step, when FSDP1's wrap is done (the job's
     ``fsdp_init``: :mod:`trainfit.memory.wrap`) or a QLoRA model's 4-bit weights are made
-    (``quant_load``: :mod:`trainfit.memory.loading`); None without either history."""
+    (``quant_lib``: :mod:`trainfit.memory.loading`); None without either history."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -287,14 +287,15 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
            trace: Trace | Callable[[], Trace | None] | None = None,
            compile_untraced: list[str] | None = None,
            compile_partitioned: bool | None = None,
-           reserved_floor_bytes: int = 0) -> MemoryPrediction:
+           reserved_floor_bytes: int = 0, setup_events: int | None = None) -> MemoryPrediction:
     """Turn simulated tensor bytes into the allocated / reserved / device peaks and the fit.
 
     ``tensor_peak_bytes`` is the one-process allocated peak (whole blocks), ``breakdown`` what was
     alive at it, ``reserved_replay_bytes`` the caching allocator's reserve for that trace,
     ``phase_breakdowns`` the breakdown at every phase's peak (for data parallelism), ``trace``
     the step's alloc/free events and streams, or a function that makes them (None where it
-    cannot): replayed again at the card's limit when the reserve would pass it.  Every breakdown
+    cannot): replayed again at the card's limit when the reserve would pass it; its first
+    ``setup_events`` come before the step (the model's loading).  Every breakdown
     term is ≥ 0 and the terms other than ``managed`` sum to the allocated peak."""
 
     work = cublas_workspace_bytes(gpu)
@@ -330,10 +331,9 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     notes = [*_peak_notes(how, work, context, (on_device, managed_bytes), (nccl, nccl_note)),
              *dp_notes, *([limit_note] if limit_note else [])]
     notes += _step_notes(job, compile_untraced, compile_partitioned)
-    before_step, wrap_notes = wrap_reserve(job, trace)
-    if before_step is None:
-        before_step, wrap_notes = load_reserve(job, trace, records_wrap(job, per_rank))
-    notes += wrap_notes
+    before_step, reserve_notes = wrap_reserve(job, trace) if records_wrap(job, per_rank) else \
+        load_reserve(job, trace, setup_events)
+    notes += reserve_notes
     full_breakdown = {**{k: v for k, v in terms.items() if k != "data_parallel"},
                       "workspaces": work, "managed": managed_bytes}
     if blocks:
@@ -463,5 +463,6 @@ def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
                   phase_breakdowns=sim.phase_breakdowns, per_rank=sim.per_rank,
                   quant_state_bytes=sim.quant_state_bytes,
                   trace=(sim.events, sim.event_streams),
+                  setup_events=sim.event_phases[0][0] if sim.event_phases else None,
                   compile_untraced=sim.info.get("compile_untraced"),
                   compile_partitioned=sim.info.get("compile_partitioned"))

@@ -32,7 +32,7 @@ from trainfit.model.offload import simulated_offload, with_offload
 from trainfit.model.source import ModelSource
 from trainfit.model.workload import build_model_on_meta, cpu_autocast, make_batch, make_optimizer
 
-_QUANT_STATE = {"weight_packed", "absmax", "absmax2", "code", "code2"}
+_QUANT_STATE = {"weight_packed", "absmax", "absmax2", "code", "code2", "quantization_factor"}
 
 CUDA_BLOCK_BYTES = 512
 """c10/cuda/CUDACachingAllocator.cpp ``kMinBlockSize``: every block is a multiple of 512 bytes."""

@@ -10,6 +10,10 @@ simulation we replace them by modules/optimizers that allocate exactly what bits
 * ``MatMul4Bit``: forward dequantises the whole weight to the compute dtype (a transient
   ``out×in`` tensor), multiplies and frees it; it saves only the quantised weight; backward
   dequantises again to compute the input gradient.
+* torchao's NF4 (torchtune, ``lib`` torchao / torchao-0.1): the same packed bytes and double
+  quantised scalers (torchao 0.1 also keeps its bf16 per-block factor); ``linear_nf4``
+  dequantises through int64 codes (``get_original_weight``: 14 B per element at its peak;
+  under torch.compile one fused kernel writes the weight, as bitsandbytes' does).
 * 8-bit Adam: two uint8 states + fp32 absmax per block of 256 for tensors of ≥ 4096 elements
   (``min_8bit_size``), fp32 states below; paged optimizers put states of tensors with ≥ 1e5
   elements in CUDA managed memory (``cget_managed_ptr``), invisible to torch's allocator stats.
@@ -40,15 +44,43 @@ def _dequantize(shape: tuple[int, int], like: torch.Tensor, from_fp16: bool) -> 
     return torch.empty(shape, dtype=like.dtype, device=like.device)
 
 
+def _dequantize_torchao(shape: tuple[int, int], like: torch.Tensor) -> torch.Tensor:
+    """torchao's ``NF4Tensor.get_original_weight`` (what ``linear_nf4``'s ``weight.to(dtype)``
+    runs, torchao 0.1 to 0.18): the packed bytes' two halves as int64 codes, looked up in bf16,
+    scaled by the block scalers expanded, stacked — 14 B per element at its peak, the bf16
+    weight (2 B) left; checked against torchao run on this CPU (tests/memory/test_loading.py)."""
+    n = shape[0] * shape[1]
+    half, dev, bf16 = n // 2, like.device, torch.bfloat16
+    codes = []
+    for _ in range(2):  # (quantized_data >> 4).to(long), (quantized_data & 0b1111).to(long)
+        nibble = torch.empty(half, dtype=torch.uint8, device=dev)
+        codes.append(torch.empty(half, dtype=torch.int64, device=dev))
+        del nibble
+    looked_up = [torch.empty(half, dtype=bf16, device=dev) for _ in range(2)]  # nf4[codes]
+    scaled = []
+    for _ in range(2):  # dequantized * repeated.flatten(): the expanded scalers materialised
+        repeated = torch.empty(half, dtype=bf16, device=dev)
+        scaled.append(torch.empty(half, dtype=bf16, device=dev))
+        del repeated
+    w = torch.empty(shape, dtype=bf16, device=dev)  # torch.stack(..., dim=-1).reshape(shape)
+    del codes, looked_up, scaled
+    if like.dtype != bf16:
+        w = w.to(like.dtype)
+    return w
+
+
 class _MatMul4BitSim(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
-                out_features: int, in_features: int, legacy: bool, from_fp16: bool) -> torch.Tensor:
-        w = _dequantize((out_features, in_features), x, from_fp16)
+                out_features: int, in_features: int, legacy: bool, from_fp16: bool,
+                torchao: bool) -> torch.Tensor:
+        shape = (out_features, in_features)
+        w = _dequantize_torchao(shape, x) if torchao else _dequantize(shape, x, from_fp16)
         y = torch.nn.functional.linear(x, w, bias)
         del w
-        ctx.shape = (out_features, in_features)
+        ctx.shape = shape
         ctx.from_fp16 = from_fp16
+        ctx.torchao = torchao
         ctx.save_for_backward(packed)
         if legacy and x.requires_grad:
             # bnb < 0.43.2: ``ctx.tensors = (A, B)`` — a plain attribute, never used in backward
@@ -58,8 +90,9 @@ class _MatMul4BitSim(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        w = _dequantize(ctx.shape, grad, ctx.from_fp16)
-        return grad @ w, None, None, None, None, None, None
+        w = _dequantize_torchao(ctx.shape, grad) if ctx.torchao else \
+            _dequantize(ctx.shape, grad, ctx.from_fp16)
+        return grad @ w, None, None, None, None, None, None, None
 
 
 class Linear4bitSim(torch.nn.Module):
@@ -68,9 +101,13 @@ class Linear4bitSim(torch.nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool, compute_dtype: torch.dtype,
                  double_quant: bool, device: torch.device | str = "meta",
                  legacy: bool = False, from_fp16: bool = False,
-                 quant_storage: torch.dtype = torch.uint8) -> None:
+                 quant_storage: torch.dtype = torch.uint8, lib: str = "bnb",
+                 compiled: bool = False) -> None:
         super().__init__()
-        self.legacy, self.from_fp16 = legacy, from_fp16
+        self.legacy, self.from_fp16, self.lib = legacy, from_fp16, lib
+        # torch.compile fuses torchao's dequantization into one kernel writing the weight: the
+        # int64 codes of the eager one are never made
+        self.codes_dequant = lib != "bnb" and not compiled
         self.in_features, self.out_features = in_features, out_features
         self.compute_dtype = compute_dtype
         n = in_features * out_features
@@ -96,6 +133,11 @@ class Linear4bitSim(torch.nn.Module):
             self.register_buffer("code2", torch.empty(256, dtype=torch.float32, **kw))
         else:
             self.register_buffer("absmax", torch.empty(blocks, dtype=torch.float32, **kw))
+        if lib == "torchao-0.1":
+            # torchao 0.1's double_quantize_scalers keeps ``quantization_factor[:, 0]``, a view
+            # of the factor expanded to every block: bf16 per block of 64 stays allocated
+            self.register_buffer("quantization_factor",
+                                 torch.empty(blocks, dtype=torch.bfloat16, **kw))
         self.bias = torch.nn.Parameter(torch.empty(out_features, dtype=compute_dtype, **kw),
                                        requires_grad=False) if bias else None
 
@@ -107,13 +149,15 @@ class Linear4bitSim(torch.nn.Module):
         inp_dtype = x.dtype
         x = x.to(self.compute_dtype)  # bnb Linear4bit.forward casts to compute_dtype
         y = _MatMul4BitSim.apply(x, self.weight_packed, self.bias, self.out_features,
-                                 self.in_features, self.legacy, self.from_fp16)
+                                 self.in_features, self.legacy, self.from_fp16,
+                                 self.codes_dequant)
         return y.to(inp_dtype)
 
 
 def quantize_linears_4bit(model: torch.nn.Module, compute_dtype: torch.dtype, double_quant: bool,
                           skip: set[str], legacy: bool = False, from_fp16: bool = False,
-                          quant_storage: torch.dtype = torch.uint8) -> int:
+                          quant_storage: torch.dtype = torch.uint8, lib: str = "bnb",
+                          compiled: bool = False) -> int:
     """Replace every frozen ``nn.Linear`` (also PEFT base layers) except ``skip`` by the twin."""
     count = 0
     for name, mod in list(model.named_modules()):
@@ -132,7 +176,8 @@ def quantize_linears_4bit(model: torch.nn.Module, compute_dtype: torch.dtype, do
                 setattr(mod, child_name, Linear4bitSim(
                     child.in_features, child.out_features, child.bias is not None,
                     compute_dtype, double_quant, device=child.weight.device, legacy=legacy,
-                    from_fp16=from_fp16, quant_storage=quant_storage))
+                    from_fp16=from_fp16, quant_storage=quant_storage, lib=lib,
+                    compiled=compiled))
                 count += 1
     return count
 

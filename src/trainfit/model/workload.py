@@ -184,7 +184,8 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
             storage = torch.bfloat16 if job.sharding != "none" and job.ranks > 1 else torch.uint8
             info.quantized_linears = quantize_linears_4bit(
                 model, compute, job.quant == "nf4-dq", skip, legacy=job.bnb_legacy,
-                from_fp16=job.quant_from_fp16, quant_storage=storage)
+                from_fp16=job.quant_from_fp16, quant_storage=storage, lib=job.quant_lib,
+                compiled=job.compile)
             if job.kbit_prepared:
                 # peft.prepare_model_for_kbit_training: every fp16/bf16 parameter that is not a
                 # 4-bit one to float32 (peft/utils/other.py); the packed 4-bit weights (buffers,

@@ -35,12 +35,12 @@ def check_runnable(job: JobSpec, world: int) -> None:
         raise JobError(f"--fsdp-init {job.fsdp_init} describes FSDP1's wrap in other stacks; "
                        "train shards the model on meta (fsdp_init sharded)",
                        "drop --fsdp-init for train (plan predicts the wrap's reserve)")
-    if job.quant_load != "bnb":
+    if job.quant_lib != "bnb":
         # train quantizes with bitsandbytes (transformers' BitsAndBytesConfig): torchao's NF4
         # loading is torchtune's, modelled by plan only
-        raise JobError(f"--quant-load {job.quant_load} describes torchtune's NF4 loading; "
-                       "train quantizes with bitsandbytes (quant_load bnb)",
-                       "drop --quant-load for train (plan predicts torchao's loading reserve)")
+        raise JobError(f"--quant-lib {job.quant_lib} describes torchtune's NF4 loading; "
+                       "train quantizes with bitsandbytes (quant_lib bnb)",
+                       "drop --quant-lib for train (plan predicts torchao's loading reserve)")
 
 
 def total_steps(opts: RunOptions, n_samples: int, effective_batch: int) -> int:
