@@ -1,5 +1,6 @@
 """A QLoRA model's loading: the quantizer's working memory, as history the step starts from."""
 
+import inspect
 import json
 import os
 import subprocess
@@ -21,22 +22,44 @@ REFERENCE = Path(__file__).resolve().parents[2] / "build" / "reference"
 """Where scripts/test.sh installs the quantizers these models are checked against, apart from
 the environment (never imported by trainfit)."""
 
-PROBE = """
-import json, sys, torch
-from torch.profiler import ProfilerActivity, profile
+def profiled(fn):
+    """(peak, bytes left, signed sizes) of the CPU allocator's allocations and frees while ``fn``
+    runs (``torch.profiler``'s memory events), and what ``fn`` returned."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+    sizes = [e.nbytes() for e in sorted(
+        (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+        key=lambda e: e.start_ns())]
+    cur = peak = 0
+    for d in sizes:
+        cur += d
+        peak = max(peak, cur)
+    return peak, cur, sizes, out
+
+
+PROBE = inspect.getsource(profiled) + """
+import json, torch
 from {module} import to_nf4
 w = torch.randn({rows}, {cols}, dtype=torch.bfloat16)  # the 16-bit weight, there before
-to_nf4(torch.randn(64, 256, dtype=torch.bfloat16))  # warm-up
-with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-    q = to_nf4(w)
-ev = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-            key=lambda e: e.start_ns())
-cur = peak = 0
-for e in ev:
-    cur += e.nbytes()
-    peak = max(peak, cur)
-print(json.dumps({{"peak": peak, "final": cur, "sizes": [e.nbytes() for e in ev]}}))
+q = to_nf4(torch.randn(64, 256, dtype=torch.bfloat16))  # warm-up
+q.to(torch.bfloat16)
+q = to_nf4(w)
+print(json.dumps({{"quantize": profiled(lambda: to_nf4(w))[:3],
+                  "dequantize": profiled(lambda: q.to(torch.bfloat16))[:3]}}))  # linear_nf4's
 """
+
+
+def _reference(version: str, module: str, rows: int, cols: int) -> dict:
+    """The real torchao's quantizer and dequantization, profiled in a process of their own."""
+    where = REFERENCE / f"torchao-{version}"
+    if not where.is_dir():
+        pytest.skip(f"torchao {version} is not in {where} (scripts/test.sh installs it there)")
+    env = {**os.environ, "PYTHONPATH": str(where)}
+    out = subprocess.run([sys.executable, "-c", PROBE.format(module=module, rows=rows, cols=cols)],
+                         env=env, capture_output=True, text=True, timeout=600, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _modelled(kind: str, n: int, packed: int) -> tuple[int, list[int]]:
@@ -71,14 +94,9 @@ def _modelled(kind: str, n: int, packed: int) -> tuple[int, list[int]]:
     ("torchao", "0.18.0", "torchao.quantization.quantize_.workflows.nf4.nf4_tensor"),
 ])
 def test_quantizer_events_match_the_real_quantizer_on_cpu(kind, version, module):
-    where = REFERENCE / f"torchao-{version}"
-    if not where.is_dir():
-        pytest.skip(f"torchao {version} is not in {where} (scripts/test.sh installs it there)")
     rows, cols = 1024, 4096  # 4 chunks of torchao's search
-    env = {**os.environ, "PYTHONPATH": str(where)}
-    out = subprocess.run([sys.executable, "-c", PROBE.format(module=module, rows=rows, cols=cols)],
-                         env=env, capture_output=True, text=True, timeout=600, check=True)
-    real = json.loads(out.stdout.strip().splitlines()[-1])
+    real_peak, real_final, real_sizes = _reference(version, module, rows, cols)["quantize"]
+    real = {"peak": real_peak, "final": real_final, "sizes": real_sizes}
     n = rows * cols
     peak, sizes = _modelled(kind, n, n // 2)
     # the peak: within the small tensors the model leaves out (absmax values, the 16 codes)
@@ -92,49 +110,17 @@ def test_quantizer_events_match_the_real_quantizer_on_cpu(kind, version, module)
     assert abs(real["final"] - sum(b.numel() * b.element_size() for b in booked.buffers())) < 4096
 
 
-DEQUANT = """
-import json, sys, torch
-from torch.profiler import ProfilerActivity, profile
-from {module} import to_nf4
-q = to_nf4(torch.randn({rows}, {cols}, dtype=torch.bfloat16))
-q.to(torch.bfloat16)  # warm-up
-def peak(fn):
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        w = fn()
-    ev = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                key=lambda e: e.start_ns())
-    cur = top = 0
-    for e in ev:
-        cur += e.nbytes()
-        top = max(top, cur)
-    return top, cur
-print(json.dumps(peak(lambda: q.to(torch.bfloat16))))  # what linear_nf4 runs
-"""
-
-
 @pytest.mark.parametrize(("version", "module"), [
     ("0.1", "torchao.dtypes.nf4tensor"),
     ("0.18.0", "torchao.quantization.quantize_.workflows.nf4.nf4_tensor"),
 ])
 def test_torchao_dequantization_matches_the_real_one_on_cpu(version, module):
-    where = REFERENCE / f"torchao-{version}"
-    if not where.is_dir():
-        pytest.skip(f"torchao {version} is not in {where} (scripts/test.sh installs it there)")
     rows, cols = 1024, 4096
-    env = {**os.environ, "PYTHONPATH": str(where)}
-    out = subprocess.run([sys.executable, "-c", DEQUANT.format(module=module, rows=rows, cols=cols)],
-                         env=env, capture_output=True, text=True, timeout=600, check=True)
-    real_peak, real_left = json.loads(out.stdout.strip().splitlines()[-1])
+    real_peak, real_left, _ = _reference(version, module, rows, cols)["dequantize"]
     n = rows * cols
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                profile_memory=True) as prof:
-        w = _dequantize_torchao((rows, cols), torch.empty(1, dtype=torch.bfloat16))
-    cur = peak = 0
-    for e in sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns()):
-        cur += e.nbytes()
-        peak = max(peak, cur)
-    assert w.shape == (rows, cols) and cur == real_left == 2 * n  # the bf16 weight
+    peak, left, _, w = profiled(
+        lambda: _dequantize_torchao((rows, cols), torch.empty(1, dtype=torch.bfloat16)))
+    assert w.shape == (rows, cols) and left == real_left == 2 * n  # the bf16 weight
     assert peak == pytest.approx(real_peak, rel=0.01)  # the scalers' few KiB apart
     assert real_peak > 13 * n  # 14 B per element, where bitsandbytes' kernel needs 2
     # under torch.compile one fused kernel writes the weight: the eager codes are not made
