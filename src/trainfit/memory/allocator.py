@@ -186,13 +186,14 @@ def _coalesce(blk: _Blk, unpool: Callable[[_Blk, tuple[bool, int]], None],
     return blk
 
 
-def reserve_after_history(events: list[tuple[int, int]], streams: dict[int, int]
-                          ) -> tuple[int, int] | None:
-    """(reserved, allocated) bytes when the history before the step ends (FSDP1's wrap:
-    Answer.AI's ``reserved_after_model_wrap`` / ``allocated_after_model_wrap``; a QLoRA model's
-    loading), or None without one."""
-    end = max((i for i, (u, _) in enumerate(events) if u >= HISTORY_UID), default=-1)
-    if end < 0:
+def reserve_after_history(events: list[tuple[int, int]], streams: dict[int, int],
+                          end: int | None = None) -> tuple[int, int] | None:
+    """(reserved, allocated) bytes after the first ``end`` events, by default where the history
+    before the step ends (FSDP1's wrap: Answer.AI's ``reserved_after_model_wrap`` /
+    ``allocated_after_model_wrap``); None without one."""
+    if end is None:
+        end = 1 + max((i for i, (u, _) in enumerate(events) if u >= HISTORY_UID), default=-1)
+    if end <= 0:
         return None
-    rep = replay(events[:end + 1], streams)
-    return rep.peak_reserved_bytes, sum(d for u, d in events[:end + 1] if u < HISTORY_UID)
+    rep = replay(events[:end], streams)
+    return rep.peak_reserved_bytes, sum(d for u, d in events[:end] if u < HISTORY_UID)

@@ -46,7 +46,7 @@ import torch
 
 from trainfit.hardware.gpus import GpuSpec
 from trainfit.job import JobSpec
-from trainfit.memory.allocator import HISTORY_UID, replay
+from trainfit.memory.allocator import reserve_after_history
 from trainfit.memory.depth_trace import Trace
 from trainfit.model.source import ModelSource, hidden_size
 from trainfit.model.standins import BNB_4BIT_BLOCK, Linear4bitSim
@@ -107,8 +107,8 @@ def book_loaded(job: JobSpec, model: torch.nn.Module, tracker: Any,
     first pass books history stand-ins); torchao ≥ 0.2's own ``copy_`` copies the new pieces into
     the first ones and drops them (the second pass's pieces are history)."""
     lib = job.quant_lib
-    second: list[Linear4bitSim] = []
-    stand_ins: dict[int, list[tuple[int, int]]] = {}  # torchao 0.1: id(module) → (uid, bytes)
+    # torchao's second pass: (module, the first pass's stand-ins to free: torchao 0.1 only)
+    second: list[tuple[Linear4bitSim, list[tuple[int, int]]]] = []
 
     def history_of(module: Linear4bitSim, ids: list[tuple[int, int]]) -> Callable[[], None]:
         own = [b.numel() * b.element_size() for b in module.buffers(recurse=False)]
@@ -118,20 +118,15 @@ def book_loaded(job: JobSpec, model: torch.nn.Module, tracker: Any,
         if not isinstance(module, Linear4bitSim):
             book(module)
             continue
-        if lib == "torchao-0.1":
-            stand_ins[id(module)] = []
-            _quantize(job, module, tracker, history_of(module, stand_ins[id(module)]))
-        else:
-            _quantize(job, module, tracker, lambda m=module: book(m))
+        stand_ins: list[tuple[int, int]] = []
+        _quantize(job, module, tracker, history_of(module, stand_ins) if lib == "torchao-0.1"
+                  else lambda m=module: book(m))
         if lib.startswith("torchao"):
-            second.append(module)
-    for module in second:
-        if lib == "torchao-0.1":
-            _quantize(job, module, tracker, lambda m=module: book(m))
-            dropped = stand_ins[id(module)]
-        else:
-            dropped = []
-            _quantize(job, module, tracker, history_of(module, dropped))
+            second.append((module, stand_ins))
+    for module, dropped in second:
+        # torchao 0.1: the new tensors are the weight's; ≥ 0.2: copied in, then dropped
+        _quantize(job, module, tracker, (lambda m=module: book(m)) if lib == "torchao-0.1"
+                  else history_of(module, dropped))
         for uid, n in dropped:
             tracker.history(n, uid)
 
@@ -157,16 +152,15 @@ def load_reserve(job: JobSpec, trace: Trace | Callable[[], Trace | None] | None,
     """(reserved bytes when the model is loaded, its note) of a job whose loading history is in
     its full trace (events, streams), the first ``setup_events`` of which come before the step;
     (None, []) otherwise."""
-    if not records_loading(job, False) or not isinstance(trace, tuple) or not setup_events:
+    after = reserve_after_history(trace[0], trace[1], setup_events) if (
+        records_loading(job, False) and isinstance(trace, tuple) and setup_events) else None
+    if after is None:
         return None, []
-    events = trace[0][:setup_events]
-    rep = replay(events, trace[1])
-    used = sum(d for u, d in events if u < HISTORY_UID)
-    return rep.peak_reserved_bytes, [
+    return after[0], [
         f"loading ({job.quant_lib} quantizes each base weight on the GPU): "
-        f"{rep.peak_reserved_bytes / 2**30:.2f} GiB reserved when the model is loaded, "
-        f"{used / 2**30:.2f} GiB of it in use, predicted; the quantizer's freed working memory "
-        "stays cached and the step's reserved peak starts from it"]
+        f"{after[0] / 2**30:.2f} GiB reserved when the model is loaded, "
+        f"{after[1] / 2**30:.2f} GiB of it in use, predicted; the quantizer's freed working "
+        "memory stays cached and the step's reserved peak starts from it"]
 
 
 def loading_peak_bytes(job: JobSpec, source: ModelSource, terms: dict[str, int],

@@ -73,14 +73,14 @@ class _MatMul4BitSim(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
                 out_features: int, in_features: int, legacy: bool, from_fp16: bool,
-                torchao: bool) -> torch.Tensor:
+                codes_dequant: bool) -> torch.Tensor:
         shape = (out_features, in_features)
-        w = _dequantize_torchao(shape, x) if torchao else _dequantize(shape, x, from_fp16)
+        w = _dequantize_torchao(shape, x) if codes_dequant else _dequantize(shape, x, from_fp16)
         y = torch.nn.functional.linear(x, w, bias)
         del w
         ctx.shape = shape
         ctx.from_fp16 = from_fp16
-        ctx.torchao = torchao
+        ctx.codes_dequant = codes_dequant
         ctx.save_for_backward(packed)
         if legacy and x.requires_grad:
             # bnb < 0.43.2: ``ctx.tensors = (A, B)`` — a plain attribute, never used in backward
@@ -90,7 +90,7 @@ class _MatMul4BitSim(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        w = _dequantize_torchao(ctx.shape, grad) if ctx.torchao else \
+        w = _dequantize_torchao(ctx.shape, grad) if ctx.codes_dequant else \
             _dequantize(ctx.shape, grad, ctx.from_fp16)
         return grad @ w, None, None, None, None, None, None, None
 
@@ -104,7 +104,7 @@ class Linear4bitSim(torch.nn.Module):
                  quant_storage: torch.dtype = torch.uint8, lib: str = "bnb",
                  compiled: bool = False) -> None:
         super().__init__()
-        self.legacy, self.from_fp16, self.lib = legacy, from_fp16, lib
+        self.legacy, self.from_fp16 = legacy, from_fp16
         # torch.compile fuses torchao's dequantization into one kernel writing the weight: the
         # int64 codes of the eager one are never made
         self.codes_dequant = lib != "bnb" and not compiled
