@@ -67,6 +67,8 @@ def _row(case: dict[str, Any], mapping: Any) -> dict[str, Any]:
         "predicted_device_bytes": None, "predicted_bytes": None, "error": None,
         "capacity_bytes": None, "predicted_fits": None, "predicted_fits_with_margin": None,
         "outcome_predicted_correctly": None, "scored": False,
+        "published_reserved_before_step_bytes": case["measured"].get(
+            "reserved_after_model_init_bytes") or PUBLISHED_AFTER_WRAP.get(case["id"]),
     }
 
 
@@ -184,9 +186,10 @@ def _outcome_cell(r: dict[str, Any]) -> str:
     return f"{r['outcome']}: predicted {'fits' if r['predicted_fits'] else 'OOM'} {verdict}"
 
 
-PUBLISHED_AFTER_WRAP_GIB = {"fsdp_qlora_bench_3090_llama2-7b_qlora_ctx512_bs1": 3.72}
-"""``reserved_after_model_wrap`` where the source states it (Answer.AI's benchmarks_03_2024.md:
-"It's actually about 3.72GiB (see reserved_after_model_wrap)")."""
+PUBLISHED_AFTER_WRAP = {"fsdp_qlora_bench_3090_llama2-7b_qlora_ctx512_bs1": round(3.72 * 2**30)}
+"""``reserved_after_model_wrap`` where the source states it in prose (Answer.AI's
+benchmarks_03_2024.md: "It's actually about 3.72GiB (see reserved_after_model_wrap)"); a case's
+``measured.reserved_after_model_init_bytes`` otherwise (torchtune 0.1's tutorials)."""
 
 
 def render(rows: list[dict[str, Any]], summary: dict[str, Any], wall_s: float) -> str:
@@ -231,15 +234,16 @@ def render(rows: list[dict[str, Any]], summary: dict[str, Any], wall_s: float) -
               for r in worst[:10]]
     wrapped = [r for r in rows if r.get("predicted_reserved_before_step_bytes")]
     if wrapped:
-        lines += ["", "## The reserve left before the first step: FSDP1's wrap, QLoRA's loading",
+        lines += ["", "## The reserve left before the first step: FSDP1's wrap, the loading",
                   "", "Predicted `memory_reserved` once FSDP1 has built every unit on the GPU "
-                  "(`fsdp_init`, src/trainfit/memory/wrap.py) or, on one rank's QLoRA, once the "
-                  "4-bit weights are made (`quant_lib`, src/trainfit/memory/loading.py); "
+                  "(`fsdp_init`, src/trainfit/memory/wrap.py) or, on one rank, once the model "
+                  "is loaded: QLoRA's 4-bit weights made (`quant_lib`), torchtune's layers "
+                  "deep-copied from one (`clone_layers`) (src/trainfit/memory/loading.py); "
                   "published where the source logged it.", "",
                   "| case | predicted (GiB) | published (GiB) | the case's peak | measured / "
                   "predicted (GiB) |", "|---|---|---|---|---|"]
         lines += [f"| {r['id']} | {_gib(r['predicted_reserved_before_step_bytes'])} | "
-                  f"{PUBLISHED_AFTER_WRAP_GIB.get(r['id'], '—')} | {r['compare']} | "
+                  f"{_gib(r.get('published_reserved_before_step_bytes'))} | {r['compare']} | "
                   f"{_gib(r['measured_bytes'])} / {_gib(r['predicted_bytes'])} |"
                   for r in wrapped]
     lines += ["", "## Every case", "",
@@ -296,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-unsupported", action="store_true",
                     help="do not simulate unsupported cases (they are still listed)")
     ap.add_argument("--update", action="store_true",
-                    help="re-run --cases and replace just them in results/heldout_memory.json")
+                    help="re-run --cases and replace (or add) just them in results/heldout_memory.json")
     args = ap.parse_args(argv)
     previous = OUT / "heldout_memory.json"
     if args.update and (not args.cases or not previous.exists()):
@@ -331,8 +335,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.update:  # the re-run cases replace theirs; every row says which trainfit it ran
         old = json.loads(previous.read_text())
         new = {r["id"]: r for r in rows}
-        rows = [new.get(r["id"], r) for r in old["results"]]
-        order = {r["id"]: i for i, r in enumerate(rows)}
+        kept = {r["id"] for r in old["results"]}
+        rows = [new.get(r["id"], r) for r in old["results"]] + [
+            r for r in rows if r["id"] not in kept]  # cases new in the data file join in its order
+        order = {c["id"]: i for i, c in enumerate(json.loads(DATA.read_text())["cases"])}
         wall += old["summary"].get("wall_time_s", 0.0)
     rows.sort(key=lambda r: order[r["id"]])
     summary = summarize(rows)

@@ -45,10 +45,16 @@ CASES = [
      "job": {"method": "lora", "lora_targets": "q,v", "lm_head_chunk": 128,
              "hold_outputs": True, "fp32_outputs": True, "max_grad_norm": None}},
     # torchtune 0.1's QLoRA as a user plans it: torchao 0.1's quantizer history before the step
-    # (quant_lib, memory/loading.py), one per base weight, must extrapolate in depth
+    # (quant_lib, memory/loading.py), one per base weight, and its layers deep-copied from a
+    # template (clone_layers), each copy quantized again, must extrapolate in depth
     {"model": "llama-2-7b", "gpu": "rtx-4090",
      "job": {"method": "qlora", "quant_lib": "torchao-0.1", "precision": "bf16-true",
-             "max_grad_norm": None}},
+             "max_grad_norm": None, "clone_layers": True}},
+    # torchtune 0.1's bf16 LoRA on one GPU: the template layer freed into the cache before the
+    # step, its copies in the trace (clone_layers)
+    {"model": "llama-2-7b", "gpu": "rtx-4090",
+     "job": {"method": "lora", "lora_targets": "q,v", "lora_r": 8, "lora_alpha": 16,
+             "precision": "bf16-true", "max_grad_norm": None, "clone_layers": True}},
 ]
 FULL_SIZE_CHECKS = 12
 """Extrapolated rows per case re-simulated at full size: each (precision, checkpointing) group's

@@ -6,11 +6,12 @@ bash scripts/install.sh
 PY=${PYTHON:-python3}
 $PY -m ruff check src tests benchmarks
 # reference code the tests check trainfit's models against, installed apart under build/reference
-# (never imported by trainfit): torchao 0.1's and 0.18's NF4 quantizers (tests/memory/test_loading.py)
-for v in 0.1 0.18.0; do
-  ref=build/reference/torchao-$v
-  [ -d "$ref" ] || $PY -m pip install -q --no-deps --target "$ref" "torchao==$v" 2>&1 \
-    | sed -u '/^WARNING: /d' || echo "warning: torchao $v not installed in $ref: its test is skipped" >&2
+# (never imported by trainfit): torchao 0.1's and 0.18's NF4 quantizers and torchtune 0.1.1's
+# model builders and LoRA step (tests/memory/test_loading.py)
+for pkg in torchao==0.1 torchao==0.18.0 torchtune==0.1.1; do
+  ref=build/reference/${pkg/==/-}
+  [ -d "$ref" ] || $PY -m pip install -q --no-deps --target "$ref" "$pkg" 2>&1 \
+    | sed -u '/^WARNING: /d' || echo "warning: $pkg not installed in $ref: its test is skipped" >&2
 done
 # one pytest worker per core, at most 4 (each holds torch, transformers and tiny models: ~1-2 GB);
 # --dist worksteal: an idle worker takes pending tests from a busy one (a few tests take minutes).

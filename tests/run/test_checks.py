@@ -21,6 +21,11 @@ def test_the_engines_train_does_not_run_are_refused_with_a_hint():
         check_runnable(JobSpec(**qlora, quant_lib="torchao-0.1"), 2)
     assert "drop --quant-lib" in err.value.hint
     check_runnable(JobSpec(**qlora), 2)  # bitsandbytes' loading: what train runs
+    one = {**JOB, "ranks": 1}
+    with pytest.raises(JobError, match="clone-layers describes torchtune") as err:
+        check_runnable(JobSpec(**one, clone_layers=True), 1)
+    assert "drop --clone-layers" in err.value.hint
+    check_runnable(JobSpec(**one), 1)
 
 
 def test_the_process_count_must_be_the_jobs_ranks():

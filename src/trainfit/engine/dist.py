@@ -128,6 +128,15 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(max(lists, key=lambda ml: sum(p.numel() for p in ml.parameters())))
 
 
+def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The blocks of :func:`shard_units` not inside another one, in the model's module order
+    (the layers' order in a decoder)."""
+    units = shard_units(model)
+    inner = {id(m) for b in units for m in b.modules() if m is not b}
+    outer = {id(b) for b in units if id(b) not in inner}
+    return [m for m in model.modules() if id(m) in outer]
+
+
 def _tied_parameter_ids(model: torch.nn.Module, blocks: list[torch.nn.Module]) -> set[int]:
     """Parameters with more than one owner, an owner being the innermost of ``blocks`` holding
     the parameter, or the root for one reachable without entering a block: a weight tied across

@@ -144,6 +144,11 @@ class JobSpec:
     element of a weight at once — 2.9 GB for a Llama-2-7B MLP matrix — and the cache keeps it).
     torchao's matmul dequantizes through int64 codes: 14 B per element at its peak, bnb's 2.
     The loading is replayed where every rank loads the whole model (sharding none)."""
+    clone_layers: bool = False
+    """The model is built on the GPU from one decoder block deep-copied once per layer
+    (torchtune ≤ 0.3's ``_get_clones``, in its single-device recipes): the template block is
+    freed into the allocator's cache before the step (Llama-2-7B in bf16: 0.4 GB), and a copy of
+    an NF4 weight dequantizes it and quantizes it again.  Needs sharding none."""
     quant_lm_head: bool = False
     """Quantize the output head too (Lightning Fabric/litgpt do; transformers' BitsAndBytesConfig
     leaves it in 16 bits)."""
@@ -337,6 +342,14 @@ class JobSpec:
         elif self.quant_lib != "bnb":
             raise JobError(f"--quant-lib {self.quant_lib} needs --method qlora",
                            "use --method qlora, or drop --quant-lib")
+        if self.clone_layers and self.sharding != "none":
+            raise JobError(f"--clone-layers with --sharding {self.sharding}: the copies are "
+                           "made on the GPU by one process holding the whole model",
+                           "drop --clone-layers (torchtune's distributed recipes build on meta)")
+        if self.clone_layers and self.method == "qlora" and self.quant_lib == "bnb":
+            raise JobError("--clone-layers with --quant-lib bnb: the deep copies are torchtune's, "
+                           "whose 4-bit weights are torchao's", "add --quant-lib torchao or "
+                           "torchao-0.1")
         if not 0.0 <= self.lora_dropout < 1.0:
             raise JobError(f"--lora-dropout {self.lora_dropout}: must be in [0, 1)",
                            "e.g. --lora-dropout 0.05 (0 turns it off)")

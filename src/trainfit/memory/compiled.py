@@ -36,7 +36,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 from transformers import PretrainedConfig
 
-from trainfit.engine.dist import shard_units
+from trainfit.engine.dist import transformer_blocks
 from trainfit.job import JobSpec
 from trainfit.memory.semantics import active_device_ops
 from trainfit.memory.sharded import fsdp_simulable
@@ -331,12 +331,6 @@ def _quiet(logger: str) -> Iterator[None]:
         log.setLevel(level)
 
 
-def _outermost(blocks: list[torch.nn.Module]) -> list[torch.nn.Module]:
-    """The blocks not inside another block (a nested one is traced within its parent)."""
-    inner = {id(m) for b in blocks for m in b.modules() if m is not b}
-    return [b for b in blocks if id(b) not in inner]
-
-
 @contextlib.contextmanager
 def partitioned_blocks(model: torch.nn.Module, tracker: LiveBytesTracker
                        ) -> Iterator[list[str]]:
@@ -344,7 +338,7 @@ def partitioned_blocks(model: torch.nn.Module, tracker: LiveBytesTracker
     list of blocks that could not be traced (they run eager)."""
     failures: list[str] = []
     context, memo = next(_contexts), {}
-    blocks = _outermost(shard_units(model))
+    blocks = transformer_blocks(model)
     before = [vars(b).get("forward") for b in blocks]
     for b in blocks:
         b.forward = _Partitioned(b, tracker, failures, context, memo)  # type: ignore[method-assign]

@@ -1,4 +1,5 @@
-"""Loading a QLoRA model: what quantizing its base weights on the GPU leaves behind.
+"""Loading a model on the GPU: what quantizing its base weights, or building its layers as copies
+of one, leaves behind.
 
 The 4-bit weights are made on the GPU one checkpoint tensor at a time: the tensor arrives in 16
 bits and the quantizer packs it there.  Its working tensors are freed into the caching
@@ -28,11 +29,16 @@ per quantizer (the job's ``quant_lib``):
   the whole weight: two (n × 16) 16-bit tensors, 64 B per element (2.9 GB for a Llama-2-7B MLP
   matrix), then ``min``'s values (2n) and int64 indices (8n), and the packing in int64 (4n each).
 
-Not modelled: torchtune builds its layers as deep copies of one (``_get_clones``), and a copy of
-an NF4 weight dequantizes and quantizes it again (up to 14 B per element more, briefly); a 16-bit
-checkpoint in another dtype than the model's (an fp16 Llama-2 into bf16) is converted on the GPU
-(2 B per element more); transformers loads in checkpoint order (the output head first) and may
-warm its allocator with one segment the model's size (``caching_allocator_warmup``, with a
+torchtune ≤ 0.3 builds its layers as deep copies of one (``_get_clones``): with ``clone_layers``
+the template block is booked first and freed once the copies exist (its blocks stay cached, in
+16 bits as well), and each copy of an NF4 weight dequantizes it (14 B per element at the peak)
+and quantizes it again.
+
+Not modelled: torchtune's per-layer RoPE cache (fp32, max_seq_len × head_dim × 4 B: 2 MiB per
+Llama-2-7B layer at 4096 positions; transformers keeps one per model); a 16-bit checkpoint in
+another dtype than the model's (an fp16 Llama-2 into bf16) is converted on the GPU (2 B per
+element more); transformers loads in checkpoint order (the output head first) and may warm its
+allocator with one segment the model's size (``caching_allocator_warmup``, with a
 ``device_map``).
 """
 
@@ -44,12 +50,13 @@ from typing import Any
 
 import torch
 
+from trainfit.engine.dist import transformer_blocks
 from trainfit.hardware.gpus import GpuSpec
 from trainfit.job import JobSpec
 from trainfit.memory.allocator import reserve_after_history
 from trainfit.memory.depth_trace import Trace
 from trainfit.model.source import ModelSource, hidden_size
-from trainfit.model.standins import BNB_4BIT_BLOCK, Linear4bitSim
+from trainfit.model.standins import BNB_4BIT_BLOCK, Linear4bitSim, torchao_dequant_events
 
 TORCHAO_CHUNK = 1 << 20
 """torchao ≥ 0.2 ``CHUNK_SIZE``: elements per nearest-code search ("Note: Quantize in Chunks")."""
@@ -91,10 +98,11 @@ def _search(n: int) -> list[tuple[str, int]]:
 
 
 def records_loading(job: JobSpec, wrapped: bool) -> bool:
-    """The simulation books this job's loading history: QLoRA on every rank whole (no FSDP or
-    ZeRO, whose loading :func:`loading_peak_bytes` states apart, and no FSDP1 wrap, whose own
-    history :mod:`trainfit.memory.wrap` records)."""
-    return job.method == "qlora" and job.sharding == "none" and not wrapped
+    """The simulation books this job's loading history: QLoRA, or a model built from copies of
+    one block (``clone_layers``), on every rank whole (no FSDP or ZeRO, whose loading
+    :func:`loading_peak_bytes` states apart, and no FSDP1 wrap, whose own history
+    :mod:`trainfit.memory.wrap` records)."""
+    return (job.method == "qlora" or job.clone_layers) and job.sharding == "none" and not wrapped
 
 
 def book_loaded(job: JobSpec, model: torch.nn.Module, tracker: Any,
@@ -105,24 +113,49 @@ def book_loaded(job: JobSpec, model: torch.nn.Module, tracker: Any,
     checkpoint's tensor (``.to(device)`` first) into it.  With torchao 0.1, torchtune's
     ``inplace_copy`` makes the new packed tensors the weight's (the first ones are freed: the
     first pass books history stand-ins); torchao ≥ 0.2's own ``copy_`` copies the new pieces into
-    the first ones and drops them (the second pass's pieces are history)."""
-    lib = job.quant_lib
+    the first ones and drops them (the second pass's pieces are history).
+
+    ``clone_layers`` (torchtune ≤ 0.3's builders, ``TransformerDecoder(layer, num_layers)``):
+    one block is built first (the template, as history), then the embeddings, head and norm, then
+    ``_get_clones`` deep-copies the template once per layer — a 16-bit tensor is copied, an NF4
+    weight is dequantized and quantized again (torchtune's ``clone`` dispatch:
+    ``to_nf4(get_original_weight())``) — and the template is freed when the builder returns.
+    Checked against torchtune 0.1.1's builder run on this CPU (tests/memory/test_loading.py)."""
+    lib = job.quant_lib if job.method == "qlora" else None
     # torchao's second pass: (module, the first pass's stand-ins to free: torchao 0.1 only)
     second: list[tuple[Linear4bitSim, list[tuple[int, int]]]] = []
+    layers = transformer_blocks(model) if job.clone_layers else []
+    in_layers = {id(m) for b in layers for m in b.modules()}
+    template: list[tuple[int, int]] = []
 
-    def history_of(module: Linear4bitSim, ids: list[tuple[int, int]]) -> Callable[[], None]:
-        own = [b.numel() * b.element_size() for b in module.buffers(recurse=False)]
+    def history_of(module: torch.nn.Module, ids: list[tuple[int, int]]) -> Callable[[], None]:
+        own = [t.numel() * t.element_size() for t in
+               [*module.parameters(recurse=False), *module.buffers(recurse=False)]]
         return lambda: ids.extend((tracker.history(n), n) for n in own)
 
-    for module in model.modules():
+    def load(module: torch.nn.Module, cloned: bool) -> None:
         if not isinstance(module, Linear4bitSim):
             book(module)
-            continue
+            return
         stand_ins: list[tuple[int, int]] = []
         _quantize(job, module, tracker, history_of(module, stand_ins) if lib == "torchao-0.1"
-                  else lambda m=module: book(m))
-        if lib.startswith("torchao"):
+                  else lambda m=module: book(m), cloned)
+        if lib is not None and lib.startswith("torchao"):
             second.append((module, stand_ins))
+
+    for module in layers[0].modules() if layers else ():  # the template
+        if isinstance(module, Linear4bitSim):
+            _quantize(job, module, tracker, history_of(module, template))
+        else:
+            history_of(module, template)()
+    for module in model.modules():
+        if id(module) not in in_layers:
+            load(module, False)
+    for layer in layers:
+        for module in layer.modules():
+            load(module, True)
+    for uid, n in template:
+        tracker.history(n, uid)
     for module, dropped in second:
         # torchao 0.1: the new tensors are the weight's; ≥ 0.2: copied in, then dropped
         _quantize(job, module, tracker, (lambda m=module: book(m)) if lib == "torchao-0.1"
@@ -132,12 +165,16 @@ def book_loaded(job: JobSpec, model: torch.nn.Module, tracker: Any,
 
 
 def _quantize(job: JobSpec, module: Linear4bitSim, tracker: Any,
-              packed: Callable[[], None]) -> None:
+              packed: Callable[[], None], cloned: bool = False) -> None:
     """One weight's quantizer history, ``packed`` booking its packed tensors where they are
-    made."""
+    made; ``cloned``: quantized from the template's weight dequantized (its 16-bit copy)."""
+    n = module.in_features * module.out_features
+    events = quantizer_events(job.quant_lib, n, hasattr(module, "absmax2"))
+    if cloned:  # the dequantized weight is the 16-bit copy the quantizer frees at its end
+        events = [("copy16" if k == "weight" else k, b) for k, b in torchao_dequant_events(n)
+                  ] + events[1:]
     live: dict[str, tuple[int, int]] = {}
-    for name, nbytes in quantizer_events(job.quant_lib, module.in_features * module.out_features,
-                                         hasattr(module, "absmax2")):
+    for name, nbytes in events:
         if (name, nbytes) == PACKED:
             packed()
         elif nbytes:
@@ -156,11 +193,16 @@ def load_reserve(job: JobSpec, trace: Trace | Callable[[], Trace | None] | None,
         records_loading(job, False) and isinstance(trace, tuple) and setup_events) else None
     if after is None:
         return None, []
+    what = (f"{job.quant_lib} quantizes each base weight on the GPU" if job.method == "qlora"
+            else "built on the GPU")
+    if job.clone_layers:
+        what += ", the layers deep-copied from one block that is then freed"
     return after[0], [
-        f"loading ({job.quant_lib} quantizes each base weight on the GPU): "
+        f"loading ({what}): "
         f"{after[0] / 2**30:.2f} GiB reserved when the model is loaded, "
-        f"{after[1] / 2**30:.2f} GiB of it in use, predicted; the quantizer's freed working "
-        "memory stays cached and the step's reserved peak starts from it"]
+        f"{after[1] / 2**30:.2f} GiB of it in use, predicted; the "
+        f"{'loading' if job.clone_layers else 'quantizer'}'s freed working memory stays cached "
+        "and the step's reserved peak starts from it"]
 
 
 def loading_peak_bytes(job: JobSpec, source: ModelSource, terms: dict[str, int],

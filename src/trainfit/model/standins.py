@@ -44,27 +44,39 @@ def _dequantize(shape: tuple[int, int], like: torch.Tensor, from_fp16: bool) -> 
     return torch.empty(shape, dtype=like.dtype, device=like.device)
 
 
-def _dequantize_torchao(shape: tuple[int, int], like: torch.Tensor) -> torch.Tensor:
+def torchao_dequant_events(n: int) -> list[tuple[str, int]]:
     """torchao's ``NF4Tensor.get_original_weight`` (what ``linear_nf4``'s ``weight.to(dtype)``
-    runs, torchao 0.1 to 0.18): the packed bytes' two halves as int64 codes, looked up in bf16,
-    scaled by the block scalers expanded, stacked — 14 B per element at its peak, the bf16
-    weight (2 B) left; checked against torchao run on this CPU (tests/memory/test_loading.py)."""
-    n = shape[0] * shape[1]
-    half, dev, bf16 = n // 2, like.device, torch.bfloat16
-    codes = []
-    for _ in range(2):  # (quantized_data >> 4).to(long), (quantized_data & 0b1111).to(long)
-        nibble = torch.empty(half, dtype=torch.uint8, device=dev)
-        codes.append(torch.empty(half, dtype=torch.int64, device=dev))
-        del nibble
-    looked_up = [torch.empty(half, dtype=bf16, device=dev) for _ in range(2)]  # nf4[codes]
-    scaled = []
-    for _ in range(2):  # dequantized * repeated.flatten(): the expanded scalers materialised
-        repeated = torch.empty(half, dtype=bf16, device=dev)
-        scaled.append(torch.empty(half, dtype=bf16, device=dev))
-        del repeated
-    w = torch.empty(shape, dtype=bf16, device=dev)  # torch.stack(..., dim=-1).reshape(shape)
-    del codes, looked_up, scaled
-    if like.dtype != bf16:
+    runs, and torchtune's NF4 ``clone``; torchao 0.1 to 0.18) on a weight of ``n`` elements, as
+    ``(name, bytes)`` allocations and ``(name, 0)`` frees: the packed bytes' two halves as int64
+    codes, looked up in bf16, scaled by the block scalers expanded, stacked — 14 B per element at
+    its peak; ``weight``, the bf16 weight (2 B per element), is left.  Checked against torchao
+    run on this CPU (tests/memory/test_loading.py)."""
+    half = n // 2
+    events: list[tuple[str, int]] = []
+    for i in range(2):  # (quantized_data >> 4).to(long), (quantized_data & 0b1111).to(long)
+        events += [("nibble", half), (f"codes{i}", 8 * half), ("nibble", 0)]
+    events += [("looked_up0", 2 * half), ("looked_up1", 2 * half)]  # nf4[codes]
+    for i in range(2):  # dequantized * repeated.flatten(): the expanded scalers materialised
+        events += [("repeated", 2 * half), (f"scaled{i}", 2 * half), ("repeated", 0)]
+    events.append(("weight", 2 * n))  # torch.stack(..., dim=-1).reshape(shape)
+    return events + [(k, 0) for k in ("codes0", "codes1", "looked_up0", "looked_up1",
+                                      "scaled0", "scaled1")]
+
+
+def _dequantize_torchao(shape: tuple[int, int], like: torch.Tensor) -> torch.Tensor:
+    """:func:`torchao_dequant_events` made on ``like``'s device; returns the weight in
+    ``like``'s dtype (a copy when that is not bf16)."""
+    live: dict[str, torch.Tensor] = {}
+    w = None
+    for name, nbytes in torchao_dequant_events(shape[0] * shape[1]):
+        if name == "weight":
+            w = torch.empty(shape, dtype=torch.bfloat16, device=like.device)
+        elif nbytes:
+            live[name] = torch.empty(nbytes, dtype=torch.uint8, device=like.device)
+        else:
+            del live[name]
+    assert w is not None
+    if like.dtype != torch.bfloat16:
         w = w.to(like.dtype)
     return w
 

@@ -41,6 +41,11 @@ def check_runnable(job: JobSpec, world: int) -> None:
         raise JobError(f"--quant-lib {job.quant_lib} describes torchtune's NF4 loading; "
                        "train quantizes with bitsandbytes (quant_lib bnb)",
                        "drop --quant-lib for train (plan predicts torchao's loading reserve)")
+    if job.clone_layers:
+        # train builds each layer from the configuration (build_real): the copies are torchtune's
+        raise JobError("--clone-layers describes torchtune's deep-copied layers; train builds "
+                       "each layer itself", "drop --clone-layers for train (plan predicts the "
+                       "copies' reserve)")
 
 
 def total_steps(opts: RunOptions, n_samples: int, effective_batch: int) -> int:
