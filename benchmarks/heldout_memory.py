@@ -338,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
         kept = {r["id"] for r in old["results"]}
         rows = [new.get(r["id"], r) for r in old["results"]] + [
             r for r in rows if r["id"] not in kept]  # cases new in the data file join in its order
-        order = {c["id"]: i for i, c in enumerate(json.loads(DATA.read_text())["cases"])}
+        listed = [c["id"] for c in json.loads(DATA.read_text())["cases"]]
+        rows = [r for r in rows if r["id"] in listed]  # a case dropped from the data file goes
+        order = {cid: i for i, cid in enumerate(listed)}
         wall += old["summary"].get("wall_time_s", 0.0)
     rows.sort(key=lambda r: order[r["id"]])
     summary = summarize(rows)

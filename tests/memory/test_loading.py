@@ -249,15 +249,15 @@ def _torchtune(probe: str, **kw) -> list:
 
 def _torchtune_source(layers: int) -> ModelSource:
     return ModelSource("tt-llama", LlamaConfig(
-        hidden_size=512, intermediate_size=4096, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=4, vocab_size=2000, max_position_embeddings=128,
+        hidden_size=1024, intermediate_size=4096, num_hidden_layers=layers, num_attention_heads=8,
+        num_key_value_heads=8, vocab_size=2000, max_position_embeddings=128,
         tie_word_embeddings=False), "causal-lm", "local")
 
 
 def _tt_kw(quant: bool, layers: int) -> dict:
     return dict(lora_attn_modules=["q_proj", "k_proj", "v_proj", "output_proj"] if quant else
                 ["q_proj", "v_proj"], apply_lora_to_mlp=quant, apply_lora_to_output=False,
-                vocab_size=2000, num_layers=layers, num_heads=4, num_kv_heads=4, embed_dim=512,
+                vocab_size=2000, num_layers=layers, num_heads=8, num_kv_heads=8, embed_dim=1024,
                 max_seq_len=128, intermediate_dim=4096, lora_rank=8, lora_alpha=16,
                 quantize_base=quant)
 
@@ -286,19 +286,22 @@ def test_clone_layers_books_torchtune_01_builder_as_run_on_cpu(quant):
     sim = simulate_step(job, _torchtune_source(layers), SimTarget(device="cpu"),
                         record_events=True)
     setup = [d for _, d in sim.events[:sim.event_phases[0][0]]]
-    # every block of 200 kB or more (n/8 of the smallest weight, 512 × 512; left out: torchtune's
-    # per-layer RoPE caches and the quantizer's scaler-sized tensors, n/16 of an MLP matrix), in
-    # the order the builder makes and frees them: the template block, the embeddings and head,
-    # each copy (an NF4 copy dequantized and quantized again), the template freed; then
-    # (modelled only) load_state_dict's second pass
-    # (a block freed as soon as made is dropped on both sides: this torch's deepcopy of an NF4
-    # weight copies its packed bytes once more first, which the torch torchtune 0.1 ran on may not)
-    big = _settled([d for d in real_sizes if abs(d) >= 200_000])
-    assert _settled([d for d in setup if abs(d) >= 200_000])[:len(big)] == big
-    assert sum(d < 0 for d in big) > 0 and len(big) > 4 * layers
-    # the template block's 16-bit or 4-bit tensors are freed when the builder returns
-    template = 2 * (4 * 512 * 512 + 3 * 512 * 4096)
-    assert real_peak - real_left >= (template // 4 if quant else template)
+    # every block of 300 kB or more (the smallest: a 1024 × 1024 weight's packed bytes; left
+    # out: torchtune's per-layer RoPE caches and the quantizer's scaler-sized tensors, n/16 of an
+    # MLP matrix), in the order the builder makes and frees them: the template block, the
+    # embeddings and head, each copy (an NF4 copy dequantized and quantized again), the template
+    # freed; then (modelled only) load_state_dict's second pass.  A block freed as soon as made
+    # is dropped on both sides (this torch's deepcopy of an NF4 weight copies its packed bytes
+    # once more first, which the torch torchtune 0.1 ran on may not).
+    big = _settled([d for d in real_sizes if abs(d) >= 300_000])
+    assert _settled([d for d in setup if abs(d) >= 300_000])[:len(big)] == big
+    # the template block's tensors (16-bit, or the 4-bit weights' packed bytes) are the last
+    # blocks the builder frees
+    template = 4 * 1024 * 1024 + 3 * 1024 * 4096
+    weights = [n * 2 for n in (1024 * 1024,) * 4 + (1024 * 4096,) * 3]
+    frees = [-n // 4 if quant else -n for n in weights]
+    assert sorted(big[-len(frees):]) == sorted(frees)
+    assert real_peak - real_left >= (template // 2 if quant else 2 * template)
 
 
 def test_torchtune_01_lora_step_matches_its_simulation_on_cpu():
@@ -309,20 +312,43 @@ def test_torchtune_01_lora_step_matches_its_simulation_on_cpu():
     job = JobSpec(model="tt-llama", method="lora", lora_targets=["q", "v"], lora_r=8,
                   lora_alpha=16, lora_dropout=0.05, precision="bf16-true", micro_batch=2,
                   seq_len=256, grad_ckpt="full", optimizer_impl="forloop", max_grad_norm=None,
-                  output_in_backward=True, fp32_outputs=True, clone_layers=True)
+                  output_in_backward=True, fp32_outputs=True)
     from trainfit.memory.simulate import SimTarget, simulate_step
 
     sim = simulate_step(job, ModelSource("tt-llama", cfg, "causal-lm", "local"),
                         SimTarget(device="cpu"), steps=3)
     # torchtune's own decoder (fp32 RMSNorm and RoPE, its LoRALinear, the loop holding fp32
-    # logits) against the transformers model of its dimensions; the 0.8 MB apart are torchtune's
-    # per-layer RoPE caches
+    # logits) against the transformers model of its dimensions, which plan simulates for it; the
+    # ~0.8 MB apart are torchtune's per-layer RoPE caches
     assert sim.peak_allocated_bytes == pytest.approx(real_peak, rel=0.02)
     assert sim.peak_allocated_bytes < real_peak
 
 
-def test_clone_layers_needs_one_process_and_torchao():
-    with pytest.raises(JobError, match="--clone-layers with --sharding fsdp"):
-        JobSpec(model="m", method="lora", clone_layers=True, ranks=2, sharding="fsdp")
+def test_clone_layers_leaves_the_template_cached_before_the_step():
+    src = _torchtune_source(3)
+    job = dict(model="tt-llama", method="lora", lora_targets=["q", "v"], precision="bf16-true",
+               seq_len=64, micro_batch=1, max_grad_norm=None)
+    built = predict_memory(JobSpec(**job), src, find_gpu("rtx-4090"))
+    cloned = predict_memory(JobSpec(**job, clone_layers=True), src, find_gpu("rtx-4090"))
+    assert built.reserved_before_step_bytes is None  # nothing is made on the GPU at load
+    params = cloned.breakdown["parameters"]
+    template = 2 * (4 * 1024 * 1024 + 3 * 1024 * 4096)  # one layer's bf16 weights
+    assert cloned.reserved_before_step_bytes >= params + template
+    assert cloned.reserved_before_step_bytes < params + 2 * template
+    assert cloned.peak_allocated_bytes == built.peak_allocated_bytes  # history only
+    assert cloned.peak_reserved_bytes >= cloned.reserved_before_step_bytes
+    assert any("deep-copied from one block" in n for n in cloned.model_notes)
+
+
+def test_clone_layers_needs_one_process_torchao_and_copies_of_one_layer(tiny_t5):
+    for kw, what in ((dict(ranks=2, sharding="fsdp"), "--sharding fsdp"),
+                     (dict(ranks=2), "--ranks 2"), (dict(fsdp_init="wrap"), "--fsdp-init wrap")):
+        with pytest.raises(JobError, match=f"--clone-layers with {what}"):
+            JobSpec(model="m", method="lora", clone_layers=True, **kw)
     with pytest.raises(JobError, match="--clone-layers with --quant-lib bnb"):
         JobSpec(model="m", method="qlora", clone_layers=True)
+    # an encoder-decoder's two stacks of T5Block (the first with its relative attention bias)
+    job = JobSpec(model="t", method="lora", clone_layers=True, seq_len=32, micro_batch=1)
+    with pytest.raises(JobError, match="not copies of one layer") as err:
+        predict_memory(job, tiny_t5, find_gpu("rtx-4090"))
+    assert "T5Block" in str(err.value) and "drop --clone-layers" in err.value.hint

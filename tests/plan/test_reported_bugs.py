@@ -186,3 +186,24 @@ def test_ladder_offers_lora_before_a_shorter_sequence_or_4_bit_weights() -> None
     assert not any(c in ("sequence", "QLoRA:") for c in changes)
     lora = rungs[-1].job
     assert (lora["method"], lora["lora_r"], lora["max_grad_norm"]) == ("lora", 16, 1.0)
+
+
+def test_ladder_keeps_its_qlora_and_fsdp_rungs_for_a_torchtune_build() -> None:
+    """A job built as torchtune builds (clone_layers): the QLoRA rung takes torchtune's 4-bit
+    weights (torchao), the FSDP rung torchtune's distributed build (no copies on the GPU); both
+    were refused by JobSpec's checks and silently left out (review of the clone_layers change)."""
+    from trainfit.plan.ladder import build_ladder
+
+    start = JobSpec(model="m", method="lora", seq_len=512, micro_batch=1, grad_accum=2,
+                    precision="bf16-true", grad_ckpt="full", lora_r=8, lora_targets=["q", "v"],
+                    clone_layers=True)
+
+    def evaluate(j: JobSpec) -> tuple[int, float | None, bool | None]:
+        peak = 100 - (30 if j.method == "qlora" else 0) - (60 if j.sharding == "fsdp" else 0)
+        return peak, 1.0, peak <= 30
+
+    rungs = build_ladder(start, evaluate)
+    qlora = next(r.job for r in rungs if r.change.startswith("QLoRA"))
+    assert (qlora["quant_lib"], qlora["clone_layers"]) == ("torchao", True)
+    fsdp = next(r.job for r in rungs if r.change.startswith("FSDP"))
+    assert (fsdp["sharding"], fsdp["clone_layers"]) == ("fsdp", False)

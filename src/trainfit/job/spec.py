@@ -148,7 +148,8 @@ class JobSpec:
     """The model is built on the GPU from one decoder block deep-copied once per layer
     (torchtune ≤ 0.3's ``_get_clones``, in its single-device recipes): the template block is
     freed into the allocator's cache before the step (Llama-2-7B in bf16: 0.4 GB), and a copy of
-    an NF4 weight dequantizes it and quantizes it again.  Needs sharding none."""
+    an NF4 weight dequantizes it and quantizes it again.  Needs one rank (sharding none) and a
+    decoder whose blocks are copies of one."""
     quant_lm_head: bool = False
     """Quantize the output head too (Lightning Fabric/litgpt do; transformers' BitsAndBytesConfig
     leaves it in 16 bits)."""
@@ -342,9 +343,12 @@ class JobSpec:
         elif self.quant_lib != "bnb":
             raise JobError(f"--quant-lib {self.quant_lib} needs --method qlora",
                            "use --method qlora, or drop --quant-lib")
-        if self.clone_layers and self.sharding != "none":
-            raise JobError(f"--clone-layers with --sharding {self.sharding}: the copies are "
-                           "made on the GPU by one process holding the whole model",
+        if self.clone_layers and (self.sharding != "none" or self.ranks > 1
+                                  or self.fsdp_init != "sharded"):
+            what = (f"--sharding {self.sharding}" if self.sharding != "none" else
+                    f"--ranks {self.ranks}" if self.ranks > 1 else f"--fsdp-init {self.fsdp_init}")
+            raise JobError(f"--clone-layers with {what}: torchtune builds its layers as copies on "
+                           "the GPU in its single-device recipes only",
                            "drop --clone-layers (torchtune's distributed recipes build on meta)")
         if self.clone_layers and self.method == "qlora" and self.quant_lib == "bnb":
             raise JobError("--clone-layers with --quant-lib bnb: the deep copies are torchtune's, "

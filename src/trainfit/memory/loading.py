@@ -52,7 +52,7 @@ import torch
 
 from trainfit.engine.dist import transformer_blocks
 from trainfit.hardware.gpus import GpuSpec
-from trainfit.job import JobSpec
+from trainfit.job import JobError, JobSpec
 from trainfit.memory.allocator import reserve_after_history
 from trainfit.memory.depth_trace import Trace
 from trainfit.model.source import ModelSource, hidden_size
@@ -124,13 +124,17 @@ def book_loaded(job: JobSpec, model: torch.nn.Module, tracker: Any,
     lib = job.quant_lib if job.method == "qlora" else None
     # torchao's second pass: (module, the first pass's stand-ins to free: torchao 0.1 only)
     second: list[tuple[Linear4bitSim, list[tuple[int, int]]]] = []
-    layers = transformer_blocks(model) if job.clone_layers else []
+    layers = copies_of_one(model) if job.clone_layers else []
     in_layers = {id(m) for b in layers for m in b.modules()}
     template: list[tuple[int, int]] = []
 
-    def history_of(module: torch.nn.Module, ids: list[tuple[int, int]]) -> Callable[[], None]:
+    def history_of(module: torch.nn.Module, ids: list[tuple[int, int]], params: bool = False,
+                   buffers: bool = True) -> Callable[[], None]:
+        """Books the module's own buffers (a 4-bit weight's packed bytes and state) and, with
+        ``params``, its parameters, as history blocks whose ids go into ``ids``."""
         own = [t.numel() * t.element_size() for t in
-               [*module.parameters(recurse=False), *module.buffers(recurse=False)]]
+               [*(module.parameters(recurse=False) if params else ()),
+                *(module.buffers(recurse=False) if buffers else ())]]
         return lambda: ids.extend((tracker.history(n), n) for n in own)
 
     def load(module: torch.nn.Module, cloned: bool) -> None:
@@ -146,8 +150,9 @@ def book_loaded(job: JobSpec, model: torch.nn.Module, tracker: Any,
     for module in layers[0].modules() if layers else ():  # the template
         if isinstance(module, Linear4bitSim):
             _quantize(job, module, tracker, history_of(module, template))
+            history_of(module, template, params=True, buffers=False)()  # its bias
         else:
-            history_of(module, template)()
+            history_of(module, template, params=True)()
     for module in model.modules():
         if id(module) not in in_layers:
             load(module, False)
@@ -162,6 +167,27 @@ def book_loaded(job: JobSpec, model: torch.nn.Module, tracker: Any,
                   else history_of(module, dropped))
         for uid, n in dropped:
             tracker.history(n, uid)
+
+
+def copies_of_one(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's transformer blocks (:func:`transformer_blocks`) when they are copies of one —
+    one class, the same tensors' shapes and dtypes, as torchtune's ``_get_clones`` makes them;
+    a :class:`JobError` otherwise (an encoder-decoder's two stacks, BERT's embeddings block, a
+    hybrid's two kinds of layer)."""
+    blocks = transformer_blocks(model)
+
+    def layout(b: torch.nn.Module) -> tuple[Any, ...]:
+        return (type(b), tuple((n, tuple(t.shape), t.dtype) for n, t in
+                               [*b.named_parameters(), *b.named_buffers()]))
+
+    kinds = {layout(b) for b in blocks}
+    if not blocks or len(kinds) != 1:
+        names = sorted({type(b).__name__ for b in blocks}) or ["none found"]
+        raise JobError(f"--clone-layers: the model's transformer blocks are not copies of one "
+                       f"layer ({len(blocks)} blocks, {len(kinds)} kinds: {', '.join(names)}); "
+                       "torchtune builds decoders of identical layers",
+                       "drop --clone-layers for this model")
+    return blocks
 
 
 def _quantize(job: JobSpec, module: Linear4bitSim, tracker: Any,

@@ -187,17 +187,6 @@ def _observed_optimizer(job: JobSpec, trainable: list[torch.nn.Parameter],
     return hooks, optimizer
 
 
-def _import_peft(job: JobSpec) -> None:
-    """peft imported before any simulated tensor exists.  Imported inside the simulation (where
-    the model is wrapped), it imports bitsandbytes, which logs a failed optional import with the
-    exception as the record's argument: a logging handler that keeps its records (pytest's log
-    capture does) then keeps the traceback's frames alive — the simulation's own, with its model
-    and tracker — and their frees go missing from the trace (a plan row's depth extrapolation
-    then failed under pytest only)."""
-    if job.method != "full":
-        import peft  # noqa: F401
-
-
 def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = None,
                   steps: int = 2, record_events: bool = False, op_hook: Any = None,
                   batch_fn: Any = None) -> SimResult:
@@ -206,7 +195,6 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
 
     FSDP over several ranks runs as one rank of them (:mod:`trainfit.memory.sharded`): the
     result is that rank's (``per_rank``)."""
-    _import_peft(job)
     sharded = fsdp_simulable(job)
     # the user's job decides the loading: ZeRO's one-process step below is not how it loads
     loads = records_loading(job, records_wrap(job, sharded))

@@ -10,6 +10,10 @@ of multi-head latent attention when k or v is.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import sys
+import threading
 from collections.abc import Iterable
 
 import torch
@@ -76,10 +80,30 @@ def _leafs(names: Iterable[str]) -> str:
     return ", ".join(sorted({n.split(".")[-1] for n in names}))
 
 
+def import_peft() -> None:
+    """Import peft — and through it bitsandbytes — in a thread of its own, whose stack holds
+    nothing of the caller's.  bitsandbytes logs a failed optional import with the exception as
+    the record's argument; a logging handler that keeps its records (pytest's log capture does)
+    then keeps the traceback's frames alive and, imported in the caller's thread, every frame
+    above them too: a simulation's model and tracker stayed alive, their frees went missing from
+    the allocator trace, and a plan row's depth extrapolation failed under pytest only.  An
+    import error is raised again by the caller's own import."""
+    if "peft" not in sys.modules:
+        worker = threading.Thread(target=_import_quietly, args=("peft",), name="import-peft")
+        worker.start()
+        worker.join()
+
+
+def _import_quietly(name: str) -> None:
+    with contextlib.suppress(ImportError):
+        importlib.import_module(name)
+
+
 def resolve_targets(model: torch.nn.Module, targets: list[str], model_type: str) -> list[str] | str:
     """Turn the job's ``lora_targets`` into what ``peft.LoraConfig(target_modules=...)`` takes."""
     defaulted = targets == ["default"]
     if defaulted:
+        import_peft()
         from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as M
 
         if model_type in M:

@@ -23,7 +23,7 @@ from trainfit.model.checkpointing import checkpoint_kwargs
 from trainfit.model.chunked_head import ChunkedHeadLM
 from trainfit.model.custom import CausalLMAdapter, build_module
 from trainfit.model.in_backward import InBackwardOptimizer
-from trainfit.model.lora_targets import resolve_targets
+from trainfit.model.lora_targets import import_peft, resolve_targets
 from trainfit.model.source import ModelSource
 from trainfit.model.standins import Adam8bitSim, quantize_linears_4bit
 
@@ -158,6 +158,7 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
                   info: ModelInfo, train_dtype: torch.dtype) -> tuple[torch.nn.Module, ModelInfo]:
     """LoRA / 4-bit / trainable flags / chunked head, and the parameter counts."""
     if job.method in ("lora", "qlora"):
+        import_peft()
         from peft import LoraConfig, get_peft_model
 
 

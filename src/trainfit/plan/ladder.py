@@ -79,10 +79,14 @@ def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
                       {"seq_len": job.seq_len // 2}, True))
     if job.method != "qlora" and importlib.util.find_spec("bitsandbytes"):
         lora = LORA_FOR_FULL if job.method == "full" else {}
+        # a job built as torchtune builds (clone_layers) keeps torchtune's 4-bit weights
+        torchtune = {"quant_lib": "torchao"} if job.clone_layers else {}
         steps.append(("QLoRA: 4-bit NF4 base weights, LoRA adapters",
-                      {"method": "qlora", "quant": "nf4-dq", **lora}, True))
+                      {"method": "qlora", "quant": "nf4-dq", **lora, **torchtune}, True))
+    # torchtune's distributed recipes build on meta: no copies of a template on the GPU
     steps.append((f"FSDP over {job.ranks * 2} ranks", {"sharding": "fsdp", "ranks": job.ranks * 2,
-                                                      "optimizer_in_backward": False}, False))
+                                                      "optimizer_in_backward": False,
+                                                      "clone_layers": False}, False))
     return steps
 
 
