@@ -270,13 +270,17 @@ def _torchtune(b: _Builder) -> None:
                + " and dequantized through int64 codes in each matmul (linear_nf4: 14 B per "
                f"element at its peak) → quant_lib {b.job['quant_lib']}")
     version = tuple(int(v) for v in re.findall(r"\d+", c["framework"]["version"])[:2])
-    if version and version <= (0, 3) and b.job["sharding"] == "none":
+    # read in the wheels: the llama2 builders pass one layer to TransformerDecoder in 0.1.1 to
+    # 0.5.0; llama3_1's build a list from 0.3.1 on (torchtune PR #1554), llama3_2's in 0.5.0
+    llama2 = c["model"]["model_type"] == "llama" and "llama-2" in c["model"]["name"].lower()
+    if (llama2 or (version and version <= (0, 2))) and b.job["sharding"] == "none":
         b.job["clone_layers"] = True
-        b.note("torchtune ≤ 0.3's builders pass one decoder layer to TransformerDecoder, which "
-               "deep-copies it num_layers times (_get_clones), on the GPU in the single-device "
-               "recipe (`with self._device: config.instantiate(...)`; read in the 0.1.1, 0.2.1 "
-               "and 0.3.0 wheels' llama2 / llama3_1 builders); the template layer is freed into "
-               "the cache → clone_layers true")
+        b.note("torchtune's Llama-2 builder passes one decoder layer to TransformerDecoder, which "
+               "deep-copies it num_layers times (_get_clones; read in the 0.1.1 to 0.5.0 "
+               "wheels), on the GPU in the single-device recipe (`with self._device: "
+               "config.instantiate(...)`): the template layer is freed into the cache, and each "
+               "layer holds its own fp32 RoPE cache (2 MiB at 4,096 positions) → clone_layers "
+               "true")
     if b.job["sharding"] == "fsdp" and b.job["grad_accum"] > 1:
         b.note("torchtune's distributed loop reduce-scatters every micro-step (no no_sync)")
     b.note("torchtune: bf16 weights/states, no gradient clipping, the loop frees the logits "

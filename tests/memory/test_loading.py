@@ -312,16 +312,15 @@ def test_torchtune_01_lora_step_matches_its_simulation_on_cpu():
     job = JobSpec(model="tt-llama", method="lora", lora_targets=["q", "v"], lora_r=8,
                   lora_alpha=16, lora_dropout=0.05, precision="bf16-true", micro_batch=2,
                   seq_len=256, grad_ckpt="full", optimizer_impl="forloop", max_grad_norm=None,
-                  output_in_backward=True, fp32_outputs=True)
+                  output_in_backward=True, fp32_outputs=True, clone_layers=True)
     from trainfit.memory.simulate import SimTarget, simulate_step
 
     sim = simulate_step(job, ModelSource("tt-llama", cfg, "causal-lm", "local"),
                         SimTarget(device="cpu"), steps=3)
     # torchtune's own decoder (fp32 RMSNorm and RoPE, its LoRALinear, the loop holding fp32
-    # logits) against the transformers model of its dimensions, which plan simulates for it; the
-    # ~0.8 MB apart are torchtune's per-layer RoPE caches
-    assert sim.peak_allocated_bytes == pytest.approx(real_peak, rel=0.02)
-    assert sim.peak_allocated_bytes < real_peak
+    # logits) against the transformers model of its dimensions, which plan simulates for it, with
+    # torchtune's per-layer RoPE caches (clone_layers): 155.6 MB against 155.2 measured
+    assert sim.peak_allocated_bytes == pytest.approx(real_peak, rel=0.005)
 
 
 def test_clone_layers_leaves_the_template_cached_before_the_step():
@@ -335,7 +334,9 @@ def test_clone_layers_leaves_the_template_cached_before_the_step():
     template = 2 * (4 * 1024 * 1024 + 3 * 1024 * 4096)  # one layer's bf16 weights
     assert cloned.reserved_before_step_bytes >= params + template
     assert cloned.reserved_before_step_bytes < params + 2 * template
-    assert cloned.peak_allocated_bytes == built.peak_allocated_bytes  # history only
+    # the loading is history; what the step holds more is torchtune's RoPE cache in each layer
+    # (128 positions × 64 × 2 fp32)
+    assert cloned.peak_allocated_bytes - built.peak_allocated_bytes == 3 * 128 * 64 * 2 * 4
     assert cloned.peak_reserved_bytes >= cloned.reserved_before_step_bytes
     assert any("deep-copied from one block" in n for n in cloned.model_notes)
 

@@ -34,12 +34,12 @@ the template block is booked first and freed once the copies exist (its blocks s
 16 bits as well), and each copy of an NF4 weight dequantizes it (14 B per element at the peak)
 and quantizes it again.
 
-Not modelled: torchtune's per-layer RoPE cache (fp32, max_seq_len × head_dim × 4 B: 2 MiB per
-Llama-2-7B layer at 4096 positions; transformers keeps one per model); a 16-bit checkpoint in
-another dtype than the model's (an fp16 Llama-2 into bf16) is converted on the GPU (2 B per
-element more); transformers loads in checkpoint order (the output head first) and may warm its
-allocator with one segment the model's size (``caching_allocator_warmup``, with a
-``device_map``).
+Each copied layer also holds its own RoPE cache (:func:`add_rope_caches`).
+
+Not modelled: a 16-bit checkpoint in another dtype than the model's (an fp16 Llama-2 into
+bf16) is converted on the GPU (2 B per element more); transformers loads in checkpoint order (the
+output head first) and may warm its allocator with one segment the model's size
+(``caching_allocator_warmup``, with a ``device_map``).
 """
 
 from __future__ import annotations
@@ -188,6 +188,30 @@ def copies_of_one(model: torch.nn.Module) -> list[torch.nn.Module]:
                        "torchtune builds decoders of identical layers",
                        "drop --clone-layers for this model")
     return blocks
+
+
+ROPE_CACHE = "torchtune_rope_cache"
+"""The buffer :func:`add_rope_caches` gives each block."""
+
+
+def add_rope_caches(model: torch.nn.Module, source: ModelSource) -> None:
+    """torchtune's RoPE module lives in each layer's attention, and its cache is a buffer of
+    ``(max_seq_len, head_dim // 2, 2)`` fp32 values (cos and sin, built in ``rope_init`` whatever
+    the default dtype): copied with the layer (``clone_layers``), every layer holds one — 2 MiB a
+    layer for Llama-2 (4,096 positions), 64 MiB for Llama-3.1 (131,072: torchtune 0.3.1 shared
+    one across layers to save those 2 GiB, PR #1554).  transformers computes cos and sin per
+    forward from one small ``inv_freq``, so the model simulated has no such buffer: each block
+    gets it here (on meta; booked with the block's own tensors)."""
+    cfg = source.config
+    positions = getattr(cfg, "max_position_embeddings", None)
+    heads = getattr(cfg, "num_attention_heads", None)
+    head_dim = getattr(cfg, "head_dim", None) or (hidden_size(source) // heads if heads else None)
+    if not (isinstance(positions, int) and positions > 0 and head_dim):
+        return
+    for block in copies_of_one(model):
+        block.register_buffer(ROPE_CACHE, torch.empty(positions, head_dim // 2, 2,
+                                                      dtype=torch.float32, device="meta"),
+                              persistent=False)
 
 
 def _quantize(job: JobSpec, module: Linear4bitSim, tracker: Any,

@@ -21,7 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from trainfit.engine.step import repeat_batches, train_step
 from trainfit.job import JobSpec
 from trainfit.memory.compiled import compiled_blocks
-from trainfit.memory.loading import book_loaded, records_loading
+from trainfit.memory.loading import add_rope_caches, book_loaded, records_loading
 from trainfit.memory.semantics import AttentionTarget, device_semantics
 from trainfit.memory.sharded import fake_world, fsdp_bookkeeping, fsdp_simulable, local, shard_model
 from trainfit.memory.tracker import LiveBytesTracker
@@ -224,6 +224,8 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
               loads: bool) -> SimResult:
     t0 = time.perf_counter()
     model, info = build_model_on_meta(job, source)
+    if job.clone_layers:
+        add_rope_caches(model, source)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=mesh is not None)
     tracker = LiveBytesTracker(block_bytes=target.block_bytes)
     bookkeeping = _place(model, job, mesh, fake_mode, tracker)
