@@ -36,7 +36,7 @@ def mapped(hm: ModuleType) -> dict:
 
 
 def test_every_case_maps_to_a_valid_job(mapped: dict) -> None:
-    assert len(mapped) == 93
+    assert len(mapped) == 95
     for case, m in mapped.values():
         job = JobSpec(**m.job)  # raises JobError on a mapping JobSpec refuses
         assert job.ranks == case["ranks"] and job.method == case["method"]
@@ -104,3 +104,15 @@ def test_loops_that_keep_the_output_through_backward(mapped: dict) -> None:
     assert "peft_docs_deepspeed_bart-large_lora_1gpu_zero3_offload" in kept  # custom loop
     assert all(m.job.get("hold_outputs") for cid, (_, m) in mapped.items()
                if cid.startswith("litgpt_"))
+
+
+def test_torchtune_builds_from_copies_where_its_builder_does(mapped: dict) -> None:
+    """Llama-2's builder deep-copies one layer (0.1.1 … 0.5.0 wheels), on the GPU in the
+    single-device recipes; Llama-3.1's builds a list from 0.3.1, Llama-3.2's in 0.5.0; the
+    distributed recipes build on meta."""
+    clones = {k: m.job.get("clone_layers", False) for k, (_, m) in mapped.items()}
+    assert clones["torchtune011_readme_llama2-7b_lora_1x4090"]
+    assert clones["torchtune01_tutorial_llama2-7b_qlora_1dev"]
+    assert not clones["torchtune011_readme_llama2-7b_lora_2x4090_fsdp"]
+    assert not clones["torchtune03_readme_llama3.1-8b_lora_1x4090"]
+    assert not clones["torchtune05_optflags_llama3.2-3b_a100_09_lora"]
