@@ -146,7 +146,8 @@ class JobSpec:
     The loading is replayed where every rank loads the whole model (sharding none)."""
     clone_layers: bool = False
     """The model is built on the GPU from one decoder block deep-copied once per layer
-    (torchtune ≤ 0.3's ``_get_clones``, in its single-device recipes): the template block is
+    (torchtune's ``_get_clones`` in its single-device recipes: the Llama-2 builders of 0.1 to
+    0.5, Llama-3.1's up to 0.3.0): the template block is
     freed into the allocator's cache before the step (Llama-2-7B in bf16: 0.4 GB), a copy of an
     NF4 weight dequantizes it and quantizes it again, and every layer holds its own fp32 RoPE
     cache (2 MiB a Llama-2 layer; 64 MiB a Llama-3.1 one).  Needs one rank (sharding none) and a

@@ -29,10 +29,10 @@ per quantizer (the job's ``quant_lib``):
   the whole weight: two (n × 16) 16-bit tensors, 64 B per element (2.9 GB for a Llama-2-7B MLP
   matrix), then ``min``'s values (2n) and int64 indices (8n), and the packing in int64 (4n each).
 
-torchtune ≤ 0.3 builds its layers as deep copies of one (``_get_clones``): with ``clone_layers``
-the template block is booked first and freed once the copies exist (its blocks stay cached, in
-16 bits as well), and each copy of an NF4 weight dequantizes it (14 B per element at the peak)
-and quantizes it again.
+torchtune's builders (Llama-2's in the 0.1 to 0.5 wheels, Llama-3.1's up to 0.3.0) build the
+layers as deep copies of one (``_get_clones``): with ``clone_layers`` the template block is
+booked first and freed once the copies exist (its blocks stay cached, in 16 bits as well), and
+each copy of an NF4 weight dequantizes it (14 B per element at the peak) and quantizes it again.
 
 Each copied layer also holds its own RoPE cache (:func:`add_rope_caches`).
 
@@ -115,7 +115,7 @@ def book_loaded(job: JobSpec, model: torch.nn.Module, tracker: Any,
     first pass books history stand-ins); torchao ≥ 0.2's own ``copy_`` copies the new pieces into
     the first ones and drops them (the second pass's pieces are history).
 
-    ``clone_layers`` (torchtune ≤ 0.3's builders, ``TransformerDecoder(layer, num_layers)``):
+    ``clone_layers`` (torchtune's ``TransformerDecoder(layer, num_layers)``):
     one block is built first (the template, as history), then the embeddings, head and norm, then
     ``_get_clones`` deep-copies the template once per layer — a 16-bit tensor is copied, an NF4
     weight is dequantized and quantized again (torchtune's ``clone`` dispatch:
