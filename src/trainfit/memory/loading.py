@@ -184,7 +184,7 @@ def copies_of_one(model: torch.nn.Module) -> list[torch.nn.Module]:
     if not blocks or len(kinds) != 1:
         names = sorted({type(b).__name__ for b in blocks}) or ["none found"]
         raise JobError(f"--clone-layers: the model's transformer blocks are not copies of one "
-                       f"layer ({len(blocks)} blocks, {len(kinds)} kinds: {', '.join(names)}); "
+                       f"layer ({len(kinds)} kinds: {', '.join(names)}); "
                        "torchtune builds decoders of identical layers",
                        "drop --clone-layers for this model")
     return blocks
