@@ -334,12 +334,11 @@ def main(argv: list[str] | None = None) -> int:
         r["trainfit"] = version
     if args.update:  # the re-run cases replace theirs; every row says which trainfit it ran
         old = json.loads(previous.read_text())
-        new = {r["id"]: r for r in rows}
-        kept = {r["id"] for r in old["results"]}
-        rows = [new.get(r["id"], r) for r in old["results"]] + [
-            r for r in rows if r["id"] not in kept]  # cases new in the data file join in its order
+        merged = {r["id"]: r for r in old["results"]} | {r["id"]: r for r in rows}
         listed = [c["id"] for c in json.loads(DATA.read_text())["cases"]]
-        rows = [r for r in rows if r["id"] in listed]  # a case dropped from the data file goes
+        # the data file's cases in its order: a re-run one replaces its row, a new one joins, a
+        # case no longer listed goes
+        rows = [merged[cid] for cid in listed if cid in merged]
         order = {cid: i for i, cid in enumerate(listed)}
         wall += old["summary"].get("wall_time_s", 0.0)
     rows.sort(key=lambda r: order[r["id"]])

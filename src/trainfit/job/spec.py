@@ -147,11 +147,11 @@ class JobSpec:
     clone_layers: bool = False
     """The model is built on the GPU from one decoder block deep-copied once per layer
     (torchtune's ``_get_clones`` in its single-device recipes: the Llama-2 builders of 0.1 to
-    0.5, Llama-3.1's up to 0.3.0): the template block is
-    freed into the allocator's cache before the step (Llama-2-7B in bf16: 0.4 GB), a copy of an
-    NF4 weight dequantizes it and quantizes it again, and every layer holds its own fp32 RoPE
-    cache (2 MiB a Llama-2 layer; 64 MiB a Llama-3.1 one).  Needs one rank (sharding none) and a
-    decoder whose blocks are copies of one."""
+    0.5, Llama-3.1's up to 0.3.0): the template block is freed into the allocator's cache before
+    the step (Llama-2-7B in bf16: 0.4 GB), a copy of an NF4 weight dequantizes it and quantizes
+    it again, and every layer holds its own fp32 RoPE cache (2 MiB a Llama-2 layer; 64 MiB a
+    Llama-3.1 one).  Needs one rank (sharding none) and a decoder whose blocks are copies of
+    one."""
     quant_lm_head: bool = False
     """Quantize the output head too (Lightning Fabric/litgpt do; transformers' BitsAndBytesConfig
     leaves it in 16 bits)."""

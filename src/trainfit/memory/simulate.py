@@ -245,8 +245,7 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         batch = batch_fn() if batch_fn is not None else \
             make_batch(source, job.micro_batch or 1, job.seq_len)
         # FSDP1's wrap: its history in the allocator trace, the parameters as flat shards
-        wrapped = records_wrap(job, mesh is not None)
-        flats = record_wrap(job, model, tracker) if wrapped else []
+        flats = record_wrap(job, model, tracker) if records_wrap(job, mesh is not None) else []
         quant_state = _track_inputs(model, batch, tracker, job, loads)
         # torch.compile: each block runs as AOTAutograd's partition of it (memory/compiled.py)
         blocks = compiled_blocks(job, model, tracker, sharded=mesh is not None)
