@@ -94,7 +94,8 @@ def _score(m: Any, fit: Any, src: Any) -> dict[str, Any]:
     return _row(m, notes, predicted_tokens_per_s=tps, predicted_mfu=mfu,
                 step_time_s=sp.step_time_s, bound=sp.bound, sync_s=sp.sync_s,
                 sync_exposed_s=sp.sync_exposed_s, interconnect=gpu.interconnect,
-                unknown_reason=sp.unknown_reason)
+                unknown_reason=sp.unknown_reason, host_busy_cores=sp.host_busy_cores,
+                host_busy=sp.host_busy)
 
 
 def _row(m: Any, notes: list[str], **pred: Any) -> dict[str, Any]:
@@ -213,6 +214,8 @@ def summarize(rows: list[dict[str, Any]], wall_s: float, cpu_s: float,
             "not_scored": {k: len(v) for k, v in reasons.items()}, "not_scored_ids": reasons,
             "splits": {name: {"plain": stats([r for r in plain if f(r)]),
                               "scored": stats([r for r in scored if f(r)])} for name, f in SPLITS},
+            "host_set_time": sum(1 for r in scored if r.get("host_busy_cores") is not None),
+            "host_busy_ids": [r["id"] for r in scored if r.get("host_busy")],
             "wall_time_s": wall_s, "worker_cpu_time_s": cpu_s, "source": source}
 
 
@@ -272,6 +275,10 @@ def render(rows: list[dict[str, Any]], s: dict[str, Any]) -> str:
          f"{s['order_pairs_gt_10pct']} predicted in the measured order (a predicted tie is a miss): "
          + ", ".join(f"{g} {a}/{n}" for g, (a, n) in sorted(s["order_by_group"].items())),
          *[f"- **{note}**" for note in s.get("run_notes", [])],
+         f"- host time measured (plan's run of the step's code on this CPU, trainfit/speed/host.py)"
+         f" set the forward + backward of {s.get('host_set_time', 0)} scored cases; measured "
+         f"while other processes kept this CPU busy: {len(s.get('host_busy_ids', []))}"
+         + "".join(f" {i}" for i in s.get("host_busy_ids", [])),
          f"- run: {s['wall_time_s']:.0f} s wall, {s['worker_cpu_time_s']:.0f} s CPU in the workers; "
          f"source {s['source']['commit'][:10]} + {len(s['source']['src_modified'])} modified "
          "file(s) under src/" + _merged(s['source']),

@@ -53,6 +53,11 @@ class SpeedPrediction:
     op-level count and the measured run of the step's code, :mod:`trainfit.speed.host`)."""
     host_measured: bool = False
     """``host_fb_s`` is the measured run's (the model's own Python beyond its ops counted)."""
+    host_busy_cores: float | None = None
+    """The measured run's :attr:`trainfit.speed.host.HostStep.busy_cores`: CPU cores other
+    processes used while it was timed (None: not measured)."""
+    host_busy: bool = False
+    """That was above :data:`trainfit.speed.host.BUSY_CORES`: the host time may be too slow."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -232,8 +237,10 @@ def with_host(dev: DeviceSpeed, times: PhaseTimes, host: HostStep | None,
 
 def speed_from_times(dev: DeviceSpeed, times: PhaseTimes, dtype_peak: float | None,
                      micro_batch: int, grad_accum: int, seq_len: int, ranks: int,
-                     flops_per_token: float, host_measured: bool = False) -> SpeedPrediction:
-    """``dtype_peak``: the peak MFU and HFU are measured against (:func:`dominant_peak`)."""
+                     flops_per_token: float, host: HostStep | None = None) -> SpeedPrediction:
+    """``dtype_peak``: the peak MFU and HFU are measured against (:func:`dominant_peak`);
+    ``host``: the measured run that set the host time (:func:`with_host`), None where the
+    op-level count did."""
     if times.unknown:
         return unknown_speed(flops_per_token,
                              "the GPU's peak for this dtype or its bandwidth is unknown")
@@ -250,7 +257,9 @@ def speed_from_times(dev: DeviceSpeed, times: PhaseTimes, dtype_peak: float | No
     return SpeedPrediction(step, tps, tps / seq_len, mfu, hfu, busy / step, bound, flops_per_token,
                            unaligned_gemm_s=grad_accum * times.unaligned_s,
                            unaligned_dims=tuple(sorted(times.unaligned_dims)),
-                           host_fb_s=times.host_s["fb"], host_measured=host_measured)
+                           host_fb_s=times.host_s["fb"], host_measured=host is not None,
+                           host_busy_cores=None if host is None else host.busy_cores,
+                           host_busy=host is not None and host.busy)
 
 
 def predict_speed_exact(dev: DeviceSpeed, ops: list[OpRecord], micro_batch: int, grad_accum: int,
@@ -264,7 +273,8 @@ def predict_speed_exact(dev: DeviceSpeed, ops: list[OpRecord], micro_batch: int,
     times = time_ops(dev, ops)
     measured = with_host(dev, times, host, fb_kernels(ops))
     return speed_from_times(dev, times, dominant_peak(dev, ops), micro_batch,
-                            grad_accum, seq_len, ranks, flops_per_token, measured)
+                            grad_accum, seq_len, ranks, flops_per_token,
+                            host if measured else None)
 
 
 def _split(dev: DeviceSpeed, lo: list[OpRecord], hi: list[OpRecord]
@@ -335,7 +345,8 @@ def predict_speed(dev: DeviceSpeed, op_points: list[list[OpRecord]], layers: tup
     k1, k2 = fb_kernels(op_points[0]), fb_kernels(op_points[1])
     measured = with_host(dev, times, host, k1 + f * (k2 - k1))
     return speed_from_times(dev, times, dominant_peak(dev, op_points[0], op_points[1], f),
-                            micro_batch, grad_accum, seq_len, ranks, flops_per_token, measured)
+                            micro_batch, grad_accum, seq_len, ranks, flops_per_token,
+                            host if measured else None)
 
 
 def _flops_by_dtype(ops: list[OpRecord]) -> dict[str, float]:
