@@ -22,7 +22,7 @@ from trainfit.job import JobSpec
 from trainfit.memory.extrapolate import with_layers
 from trainfit.model.source import ModelSource, layer_count
 from trainfit.model.workload import build_model_on_meta
-from trainfit.speed import host
+from trainfit.speed import host, host_timing
 from trainfit.speed.host import LAUNCH_S, HostStep, host_step, shrunk_config, tiny_job
 from trainfit.speed.ops import OpRecord
 from trainfit.speed.predict import PhaseTimes, with_host
@@ -127,26 +127,19 @@ def test_a_measured_host_makes_a_small_step_launch_bound() -> None:
     assert timed.host_fb_s == pytest.approx(timed.step_time_s)
 
 
-def _others_at(cores: float):
-    """A fake ``others_cpu_s``: other processes use ``cores`` of CPU per second of wall time."""
-    import time
-
-    def fake() -> tuple[float, float]:
-        own = time.process_time()
-        return own + cores * time.perf_counter(), own
-    return fake
-
-
 @pytest.fixture()
-def measuring(monkeypatch, tmp_path):
+def measuring(monkeypatch, tmp_path, load_at):
     """Measurement on, a fresh cache, and a quiet machine (the test suite's other worker would
     otherwise mark every measurement busy: the busy path has its own test)."""
-    monkeypatch.setattr(host, "others_cpu_s", _others_at(0.0))
+    monkeypatch.setattr(host_timing, "others_cpu_s", load_at(0.0))
     monkeypatch.setenv(host.SWITCH, "1")
     monkeypatch.setenv("TRAINFIT_CACHE", str(tmp_path))
     monkeypatch.setattr(host, "_MEMO", {})
-    monkeypatch.setattr(host, "REPEATS", 3)
+    monkeypatch.setattr(host_timing, "_BEST", {})
+    monkeypatch.setattr(host_timing, "REPEATS", 3)
     monkeypatch.setattr(host, "WARMUP", 1)
+    monkeypatch.setattr(host_timing, "LOAD_WINDOW_S", 0.0)
+    return tmp_path
 
 
 def test_measured_once_then_read_from_the_cache(measuring, tiny_llama, monkeypatch) -> None:
@@ -258,73 +251,71 @@ def test_the_callers_random_stream_is_left_as_it_was(measuring, tiny_llama) -> N
     assert torch.equal(torch.rand(3), expected)
 
 
-def test_a_busy_machine_is_timed_again_marked_and_measured_again_next_time(
-        measuring, tiny_llama, monkeypatch) -> None:
-    """Other processes at a whole core: the repeats are timed BUSY_ROUNDS times and the result
-    is marked busy; the next plan measures again and keeps a quiet run, which is then final."""
+def test_a_busy_machine_is_marked_and_measured_again_by_plans_host_phase(
+        measuring, tiny_llama, monkeypatch, load_at) -> None:
+    """Other processes at a whole core of two: every round busy, the result marked busy; a
+    caller beside the simulations does not measure it again, plan's host phase (``again``) does
+    and keeps the lower cost, quiet from then on."""
     job = JobSpec(model="tiny-llama", method="full", grad_ckpt="off")
-    rounds: list[float] = []
-    real_round = host._timed_round
-
-    def counted(step):
-        out = real_round(step)
-        rounds.append(out[1])
-        return out
-    monkeypatch.setattr(host, "_timed_round", counted)
-    monkeypatch.setattr(host, "others_cpu_s", _others_at(1.0))
+    monkeypatch.setattr(host_timing, "allowed_cpus", lambda: [0, 1])
+    monkeypatch.setattr(host_timing, "others_cpu_s", load_at(1.0))
     busy = host_step(job, tiny_llama)
-    assert busy is not None and busy.busy
-    assert len(rounds) == host.BUSY_ROUNDS
+    assert busy is not None and busy.busy and busy.cpus == 2 and busy.step_ops > 0
     assert busy.busy_cores == pytest.approx(1.0, abs=0.05)
 
-    # next plan (a new process: no memo), the machine now quiet: measured again, kept, final
     monkeypatch.setattr(host, "_MEMO", {})
-    monkeypatch.setattr(host, "others_cpu_s", _others_at(0.0))
-    rounds.clear()
-    quiet = host_step(job, tiny_llama)
+    with monkeypatch.context() as m:
+        m.setattr(host, "_measure", lambda *a: pytest.fail("measured beside the simulations"))
+        assert host_step(job, tiny_llama) == busy  # the cached one stands
+
+    monkeypatch.setattr(host, "_MEMO", {})
+    monkeypatch.setattr(host_timing, "others_cpu_s", load_at(0.0))
+    quiet = host_step(job, tiny_llama, again=True)
     assert quiet is not None and not quiet.busy and quiet.busy_cores < 0.05
-    assert len(rounds) == 1
+    assert quiet.step_ops <= busy.step_ops
     monkeypatch.setattr(host, "_MEMO", {})
     monkeypatch.setattr(host, "_measure", lambda *a: pytest.fail("a quiet run is measured once"))
-    assert host_step(job, tiny_llama) == quiet
+    assert host_step(job, tiny_llama, again=True) == quiet
 
 
-def test_of_two_busy_runs_the_faster_is_kept() -> None:
-    old = HostStep(fb_s=0.08, spread_s=0.0, kernels=10, layers=1, cpu="x", busy_cores=1.0)
-    slower = dataclasses.replace(old, fb_s=0.12)
-    faster = dataclasses.replace(old, fb_s=0.05, busy_cores=0.6)
-    quiet = dataclasses.replace(old, fb_s=0.09, busy_cores=0.0)
-    assert host.quieter(old, slower) is old
-    assert host.quieter(old, faster) is faster
-    assert host.quieter(old, quiet) is quiet  # a quiet run is the truth, even if slower
-    assert host.quieter(old, None) is old
-    assert old.busy and not quiet.busy and host.BUSY_CORES == 0.25
+def test_two_measurements_keep_the_lower_cost_and_the_quieter_load() -> None:
+    old = HostStep(fb_s=0.08, spread_s=0.0, kernels=10, layers=1, cpu="x", step_ops=8000,
+                   busy_cores=1.0, cpus=2)
+    higher = dataclasses.replace(old, step_ops=12000)
+    lower = dataclasses.replace(old, step_ops=5000, busy_cores=0.6)
+    quiet = dataclasses.replace(old, step_ops=9000, busy_cores=0.0)
+    assert host.merged(old, higher) == old
+    assert host.merged(old, lower) == lower
+    both = host.merged(old, quiet)  # a busy machine only adds: 8000 ops stand, now quiet
+    assert both.step_ops == 8000 and not both.busy
+    assert host.merged(old, None) is old
+    # busy is a share of the CPUs: a quarter of a core of 2, 8 cores of 64
+    assert old.busy and not dataclasses.replace(old, busy_cores=0.25).busy
+    assert not dataclasses.replace(old, busy_cores=8.0, cpus=64).busy
+    assert dataclasses.replace(old, busy_cores=8.1, cpus=64).busy
 
 
-def test_another_process_using_the_cpu_is_seen() -> None:
-    """A process spinning beside this one (which sleeps) shows as other processes' CPU use."""
-    import subprocess
-    import sys
-    import time
-
-    spin = subprocess.Popen([sys.executable, "-c",
-                             "import time\nt = time.time()\nwhile time.time() - t < 3: pass"])
-    try:
-        time.sleep(0.3)  # its interpreter started
-        busy0, own0 = host.others_cpu_s()
-        t0 = time.perf_counter()
-        time.sleep(0.8)
-        busy1, own1 = host.others_cpu_s()
-        others = ((busy1 - busy0) - (own1 - own0)) / (time.perf_counter() - t0)
-    finally:
-        spin.kill()
-        spin.wait()
-    assert others > 0.3
+def test_the_step_is_read_in_seconds_at_the_machines_fastest_reference(
+        measuring, tiny_llama, monkeypatch) -> None:
+    """A measurement taken while the machine ran at half speed gives the same seconds as one
+    at full speed once the machine has been seen at full speed: cost in reference ops ×
+    the fastest reference op seen here."""
+    slow = HostStep(fb_s=0.2, spread_s=0.0, kernels=10, layers=1, cpu="x", step_ops=10000,
+                    reference_op_s=20e-6)
+    assert slow.at_machine_speed().fb_s == pytest.approx(0.2)  # the only speed seen
+    fast = dataclasses.replace(slow, fb_s=0.1, reference_op_s=10e-6)
+    assert fast.at_machine_speed().fb_s == pytest.approx(0.1)
+    assert slow.at_machine_speed().fb_s == pytest.approx(0.1)  # the machine's best now known
+    monkeypatch.setattr(host_timing, "_BEST", {})  # a new process reads it from the cache
+    assert slow.at_machine_speed().fb_s == pytest.approx(0.1)
+    assert HostStep(fb_s=0.05, spread_s=0.0, kernels=1, layers=1,
+                    cpu="x").at_machine_speed().fb_s == 0.05  # not measured in reference ops
 
 
-def test_the_launch_note_says_a_measurement_was_busy() -> None:
-    from trainfit.render.words import launch_note
+def test_the_busy_note_says_how_busy() -> None:
+    from trainfit.render.words import busy_note, launch_note
 
     assert "other processes" not in launch_note(3, 10, measured=True)
-    text = launch_note(3, 10, measured=True, busy_cores=1.04)
-    assert "other processes used 1.0 CPU cores (measured)" in text
+    text = busy_note(2, 1.04)
+    assert text.startswith("2 launch-bound row(s)")
+    assert "used up to 1.0 CPU cores (measured)" in text

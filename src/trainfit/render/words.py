@@ -47,33 +47,36 @@ def plan_notes(result: PlanResult) -> list[str]:
         notes.append(speed_note(result.speed_band))
     launch = [r for r in result.rows if r.speed is not None and r.speed.bound == "launch-bound"]
     if launch:
+        notes.append(launch_note(len(launch), len(result.rows),
+                                 all(r.speed.host_measured for r in launch)))
         busy = [r.speed.host_busy_cores for r in launch
                 if r.speed.host_busy and r.speed.host_busy_cores is not None]
-        notes.append(launch_note(len(launch), len(result.rows),
-                                 all(r.speed.host_measured for r in launch),
-                                 max(busy) if busy else None))
+        if busy:
+            notes.append(busy_note(sum(1 for r in launch if r.speed.host_busy), max(busy)))
     return notes
 
 
-def launch_note(n: int, total: int, measured: bool = False,
-                busy_cores: float | None = None) -> str:
+def busy_note(n: int, busy_cores: float) -> str:
+    """Launch-bound rows whose host time was measured while the machine was busy
+    (:attr:`trainfit.speed.host.HostStep.busy`)."""
+    return (f"{n} launch-bound row(s) had their host time measured while other processes (or the "
+            f"hypervisor) used up to {busy_cores:.1f} CPU cores (measured): one such neighbour "
+            "raised a step's measured cost 2.0-2.7× on a 2-core VM (benchmarks/results/"
+            "host_busy.md), so their tokens/s may be too low; the next plan measures again and "
+            "keeps the lower cost")
+
+
+def launch_note(n: int, total: int, measured: bool = False) -> str:
     """Launch-bound rows: their step time is the host's.  ``measured``: the host time is the
     step's own code run on this machine's CPU (trainfit/speed/host.py); else the per-op count
-    alone, which misses the model's Python (benchmarks/results/gpu_validate.md).
-    ``busy_cores``: other processes' CPU use while a measurement ran, where it was busy."""
+    alone, which misses the model's Python (benchmarks/results/gpu_validate.md)."""
     head = f"{n} of {total} rows are launch-bound (predicted): the GPU waits for the CPU to enqueue"
     if measured:
-        text = (f"{head} each op. Their host time is the step's own code, run on this machine's "
+        return (f"{head} each op. Their host time is the step's own code, run on this machine's "
                 "CPU at a tiny width (measured: CPU time of one micro-step), plus 6 µs to launch "
                 "each kernel; on an H100's host such steps came within 23 % of it (median, "
                 "benchmarks/results/gpu_validate.md; the measurement moves ±20 % run to run). "
                 "A busier or slower host is slower: `trainfit tune` measures them")
-        if busy_cores is not None:
-            text += (f". Measured while other processes used {busy_cores:.1f} CPU cores "
-                     "(measured): a busy CPU made such a step 1.6-3.7× slower on a 2-core VM, "
-                     "so these rows' tokens/s may be too low; the next plan measures again and "
-                     "keeps the faster run")
-        return text
     return (f"{head} each op (10 µs forward, 15 µs backward, 2.5 µs a view, measured on an "
             "H100's host); transformers' own Python made such steps 1.5-2.3× slower than that "
             "on the same host, so their tokens/s are an upper bound — `trainfit tune` measures "

@@ -13,7 +13,8 @@ How.  That Python does not depend on tensor sizes, only on the code path, so it 
 it runs: the job's model with the same classes, depth, LoRA, checkpointing and head, built with
 tiny widths (heads of 8 dimensions, a 128-token vocabulary; :func:`shrunk_config`), one
 micro-step of :func:`trainfit.engine.step.train_step` timed on this CPU (forward + backward: the
-thread's CPU time, the fastest of ``REPEATS``), its kernels counted as the simulation counts
+thread's CPU time, in units of a reference op and turned into seconds at this machine's fastest
+reference: :mod:`trainfit.speed.host_timing`), its kernels counted as the simulation counts
 them.  At such widths a kernel's CPU
 arithmetic is ~1 µs, so the time is the host's.  On a GPU each kernel also pays its launch
 (``LAUNCH_S``), and ops the tiny fp32 run does not have (autocast's casts, 4-bit dequantization)
@@ -24,18 +25,10 @@ Assumed and stated: the machine that plans is as fast per Python op as the one t
 when ``plan`` runs on the training machine; this CPU's op loops measured within 5 % of the H100
 host's, ``benchmarks/gpu_launch_overhead.py``).  Measured alone: beside a simulation on the
 other core a step's CPU time came out 2-4× its own, so ``plan`` measures its groups one after
-the other in one worker; repeats spread over ``NOISY`` are timed again.  On this VM the fastest
-repeat still moved by ±20 % between runs.
-
-A busy machine.  Another process on this 2-core VM (one matmul loop on the other core) made the
-same tiny BERT-large step 1.6-3.7× slower in CPU time (47 ms quiet, 77-176 ms beside it), and a
-reference loop of single ops timed around each repeat slowed only 1.5×, so no ratio cancels it:
-the step's larger working set loses more to a neighbour than a loop of tiny ops does.  So the
-measurement states the machine's load instead: the CPU time other processes (and a hypervisor's
-steal) used while the repeats ran (``busy_cores``, from ``psutil.cpu_times``).  Above
-``BUSY_CORES`` the repeats are timed again, up to ``BUSY_ROUNDS`` rounds; a measurement still
-busy is kept but marked, measured again by the next ``plan`` (the faster of the two kept), and
-``plan`` says so beside its launch-bound rows.  A cached quiet measurement is final.
+the other in one worker.  The machine's drifting speed and other processes on its CPUs are
+:mod:`trainfit.speed.host_timing`'s: a measurement whose every round was busy is kept but
+marked (:attr:`HostStep.busy`), measured again by the next ``plan``'s host phase (the lower
+cost kept: a busy machine only adds), and ``plan`` says so beside its launch-bound rows.
 
 Not measured (the op-level count stands): ``torch.compile`` (no eager Python per op), models
 built by a user's factory (no config to shrink), state-space layers and mixtures of experts
@@ -56,12 +49,12 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-import psutil
 import torch
 
 from trainfit.cache import cache_path, read_json, write_json
 from trainfit.job import JobSpec
 from trainfit.speed.cpu import cpu_model_name
+from trainfit.speed.host_timing import BUSY_SHARE, machine_reference_op_s, time_step
 from trainfit.speed.ops import KernelCounter
 
 LAUNCH_S = 6.0e-6
@@ -75,17 +68,10 @@ rotary factor needs it (:func:`head_dim_for`)."""
 VOCAB = 128
 TOKENS = 16
 """Tokens of the timed micro-batch (one sequence).  MoE models get enough for every expert."""
-REPEATS = 9
 WARMUP = 2
-NOISY = 1.5
-"""Repeats spread wider than this (slowest / fastest) are timed once more."""
-BUSY_CORES = 0.25
-"""Other processes' CPU use during the repeats (cores) above which the measurement is busy: a
-quarter of a core is 25 ms of every 100 ms, about the step time a neighbour takes from it."""
-BUSY_ROUNDS = 3
-"""Rounds of ``REPEATS`` timed while the machine stays busy (the fastest repeat of all kept)."""
-CACHE_VERSION = 3
-"""3: measurements carry ``busy_cores`` (older ones are measured again)."""
+CACHE_VERSION = 4
+"""4: measurements are in reference ops and carry the load they were timed under
+(:mod:`trainfit.speed.host_timing`); older ones are measured again."""
 
 _HIDDEN = ("hidden_size", "n_embd", "d_model", "dim")
 _HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
@@ -102,22 +88,40 @@ class HostStep:
     """One micro-step's forward + backward of the job's code, run at a tiny width on this CPU."""
 
     fb_s: float
-    """CPU seconds of the thread, the fastest of ``REPEATS`` (measured): the code path's own
-    cost; a busy machine only adds to it (cache misses, a descheduled intra-op thread)."""
+    """CPU seconds of the thread for one micro-step at this machine's unhindered speed
+    (``step_ops`` × :func:`~trainfit.speed.host_timing.machine_reference_op_s`; measured): the
+    code path's own cost."""
     spread_s: float
-    """Slowest − fastest of the timed repeats (measured noise)."""
+    """Slowest − fastest of the timed repeats (measured noise, CPU seconds as timed)."""
     kernels: int
     """Kernels (aten ops with an output in new storage) of that micro-step."""
     layers: int
     cpu: str
+    step_ops: float = 0.0
+    """The micro-step's cost in reference ops (measured; 0: not measured so, ``fb_s`` as given)."""
+    fastest_s: float = 0.0
+    """The fastest repeat as timed (CPU seconds, at the machine's speed then)."""
+    reference_op_s: float = 0.0
+    """The fastest reference op of the measurement (CPU seconds)."""
     busy_cores: float = 0.0
-    """CPU time other processes used while the fastest round ran, per second of it (measured,
-    cores; a VM's steal time included): above ``BUSY_CORES`` the time is a busy machine's."""
+    """CPU time other processes (and a hypervisor's steal) used on this process's CPUs while
+    the quietest round ran, per second of it (measured, cores)."""
+    cpus: int = 1
+    """CPUs this process may run on (its affinity)."""
 
     @property
     def busy(self) -> bool:
-        """Measured while other processes kept this CPU busy (the time may be too slow)."""
-        return self.busy_cores > BUSY_CORES
+        """Every round was timed while other processes took more than ``BUSY_SHARE`` of the
+        CPUs: the cost may be a busy machine's (too high)."""
+        return self.busy_cores > BUSY_SHARE * self.cpus
+
+    def at_machine_speed(self) -> HostStep:
+        """``fb_s`` at the fastest reference this machine has run (the cache's, or this
+        measurement's where faster)."""
+        if self.step_ops <= 0 or self.reference_op_s <= 0:
+            return self
+        return dataclasses.replace(
+            self, fb_s=self.step_ops * machine_reference_op_s(self.reference_op_s))
 
     def host_s(self, sim_kernels: float, op_overhead_s: float, gpu: bool) -> float:
         """Predicted host seconds of the same micro-step on the target: the measured time, on a
@@ -272,19 +276,21 @@ SWITCH = "TRAINFIT_HOST_MEASURE"
 default: its speed numbers then do not depend on this machine's timing)."""
 
 
-def host_step(job: JobSpec, source: Any) -> HostStep | None:
+def host_step(job: JobSpec, source: Any, again: bool = False) -> HostStep | None:
     """The measured host time of one micro-step of ``job`` (None where it is not measured: see
-    the module docstring).  Measured once per code path and kept in the cache directory.  Never
-    raises: a path it cannot measure keeps the op-level count."""
+    the module docstring).  Measured once per code path and kept in the cache directory;
+    ``again``: a cached busy machine's measurement is measured once more — only by a caller that
+    measures alone (plan's host phase), not beside its simulations.  Never raises: a path it
+    cannot measure keeps the op-level count."""
     if os.environ.get(SWITCH) == "0" or job.compile or source.task == "custom-lm":
         return None
     try:
-        return _host_step(job, source)
+        return _host_step(job, source, again)
     except Exception:  # an unforeseen config or job: the op-level count stands, plan goes on
         return None
 
 
-def _host_step(job: JobSpec, source: Any) -> HostStep | None:
+def _host_step(job: JobSpec, source: Any, again: bool) -> HostStep | None:
     cfg = shrunk_config(source.config)
     if cfg is None or _first_int(cfg, _EXPERTS)[1]:
         # mixture of experts: on a CPU the experts' grouped matmuls fall back to a loop of
@@ -300,51 +306,29 @@ def _host_step(job: JobSpec, source: Any) -> HostStep | None:
     hs: HostStep | None
     if isinstance(cached, dict) and cached.get("key") == key:
         hs = None if cached.get("none") else HostStep(**cached["step"])
-        if hs is not None and hs.busy:  # measured on a busy machine: try again, keep the faster
-            hs = quieter(hs, _measure(tj, source, cfg))
+        if hs is not None and hs.busy and again:  # a busy machine's: once more, the lower kept
+            hs = merged(hs, _measure(tj, source, cfg))
             _write(path, key, hs)
     else:
         hs = _measure(tj, source, cfg)
         _write(path, key, hs)
+    hs = None if hs is None else hs.at_machine_speed()
     _MEMO[key] = hs
     return hs
 
 
-def quieter(old: HostStep, new: HostStep | None) -> HostStep:
-    """Of a busy machine's measurement and a new one: a quiet one, else the faster."""
+def merged(old: HostStep, new: HostStep | None) -> HostStep:
+    """Two measurements of one code path: the lower cost (a busy machine only adds to it), the
+    quieter load (busy only if both were)."""
     if new is None:
         return old
-    if not new.busy or new.fb_s < old.fb_s:
-        return new
-    return old
+    low = new if new.step_ops < old.step_ops else old
+    return dataclasses.replace(low, busy_cores=min(old.busy_cores, new.busy_cores), cpus=new.cpus)
 
 
 def _write(path: Any, key: str, hs: HostStep | None) -> None:
     write_json(path, {"key": key, "none": hs is None,
                       "step": None if hs is None else dataclasses.asdict(hs)})
-
-
-def others_cpu_s() -> tuple[float, float]:
-    """(CPU seconds every CPU has been busy or stolen, of which this process's own): their
-    difference over an interval is what other processes took."""
-    t = psutil.cpu_times()
-    busy = sum(getattr(t, f, 0.0) for f in t._fields if f not in ("idle", "iowait", "guest",
-                                                                   "guest_nice"))
-    own = psutil.Process().cpu_times()
-    return busy, own.user + own.system
-
-
-def _timed_round(step: Any) -> tuple[list[float], float]:
-    """``REPEATS`` timed steps (again when their spread says disturbed) and the cores other
-    processes used meanwhile."""
-    busy0, own0 = others_cpu_s()
-    wall0 = time.perf_counter()
-    times = sorted(step(_Clock()) for _ in range(REPEATS))
-    if times[-1] > NOISY * times[0]:  # disturbed: time it again, keep the fastest of all
-        times = sorted(times + [step(_Clock()) for _ in range(REPEATS)])
-    busy1, own1 = others_cpu_s()
-    wall = max(time.perf_counter() - wall0, 1e-9)
-    return times, max(0.0, (busy1 - busy0) - (own1 - own0)) / wall
 
 
 def _measure(tj: JobSpec, source: Any, cfg: Any) -> HostStep | None:
@@ -377,22 +361,19 @@ def _run_tiny(tj: JobSpec, source: Any, cfg: Any) -> HostStep | None:
                    keep_output=tj.output_in_backward)
         return clock.t1 - clock.t0
 
+    def timed() -> float:
+        return step(_Clock())
+
     try:
         for _ in range(WARMUP):
-            step(_Clock())
-        times, busy_cores = _timed_round(step)
-        for _ in range(BUSY_ROUNDS - 1):
-            if busy_cores <= BUSY_CORES:
-                break
-            more, more_busy = _timed_round(step)
-            if more[0] < times[0]:
-                busy_cores = more_busy
-            times = sorted(times + more)
+            timed()
+        t = time_step(timed)
         with counter:
             step(_Clock(counter))
     except Exception:  # the tiny step failed where the real one may not: do not guess
         return None
     _, layers = layer_count(tiny)
-    return HostStep(fb_s=times[0], spread_s=times[-1] - times[0],
+    return HostStep(fb_s=t.step_ops * t.reference_op_s, spread_s=t.spread_s,
                     kernels=counter.kernels, layers=layers, cpu=cpu_model_name(),
-                    busy_cores=busy_cores)
+                    step_ops=t.step_ops, fastest_s=t.fastest_s, reference_op_s=t.reference_op_s,
+                    busy_cores=t.busy_cores, cpus=t.cpus)

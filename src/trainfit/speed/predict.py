@@ -57,7 +57,8 @@ class SpeedPrediction:
     """The measured run's :attr:`trainfit.speed.host.HostStep.busy_cores`: CPU cores other
     processes used while it was timed (None: not measured)."""
     host_busy: bool = False
-    """That was above :data:`trainfit.speed.host.BUSY_CORES`: the host time may be too slow."""
+    """Every round of it was busy (:attr:`trainfit.speed.host.HostStep.busy`): the host time may
+    be too slow."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

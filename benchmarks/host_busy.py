@@ -1,0 +1,155 @@
+"""plan's host measurement on a shared machine: the machine's drift, a neighbour, and what it says.
+
+``trainfit.speed.host`` times one micro-step of the job's code at a tiny width on this CPU (the
+host side of a launch-bound GPU step; ``trainfit.speed.host_timing``: the step in reference ops,
+the load read).  This measures, for two code paths of the throughput benchmark
+(``speed_cases``: BERT-large AMP fp16 with checkpointing, the V100 rows; Llama-2-7B LoRA with
+checkpointing), the same measurement (``host._measure``) in two conditions that alternate
+``PAIRS`` times:
+
+* **quiet**: nothing else running (run it on an otherwise idle machine);
+* **neighbour**: one other process multiplying 512 × 512 fp32 matrices on one thread.
+
+Per measurement: the fastest repeat as timed (CPU seconds, at the machine's speed then), the
+step's cost in reference ops, the fastest reference op, the load the measurement read
+(``busy_cores`` of ``cpus``) and whether it marked itself busy.  The quiet rows show the
+machine's own drift (seconds move, reference ops do not); the neighbour rows show that a
+neighbour raises the cost in reference ops too (no ratio cancels it) and is read as load.
+
+Run: ``python benchmarks/host_busy.py`` → results/host_busy.{json,md} (~3 min, idle machine).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent
+OUT = ROOT / "results"
+CASES = ("hf_perf_gpu_one_bert_large_bs1_ga4_gc_fp16_adamw",
+         "katheryne_1xrtx3090_llama2-7b_lora_bs2_s512")
+PAIRS = 4
+NEIGHBOUR = ("import torch, time\ntorch.set_num_threads(1)\na = torch.randn(512, 512)\n"
+             "t = time.time()\nwhile time.time() - t < 600: a @ a\n")
+
+
+def _case(case_id: str) -> tuple[Any, Any, Any, Any]:
+    sys.path.insert(0, str(ROOT))
+    from speed_cases import build_source, load_cases, map_case
+    from trainfit.job import JobSpec
+    from trainfit.speed import host
+
+    for file, c in load_cases():
+        if c["id"] == case_id:
+            m = map_case(file, c)
+            src = build_source(m.model)
+            job = JobSpec(model=src.name, **m.job)
+            return host.tiny_job(job, host.TOKENS), src, host.shrunk_config(src.config), job
+    raise SystemExit(f"host_busy: no case {case_id}")
+
+
+def measure_once(tj: Any, src: Any, cfg: Any) -> dict[str, Any]:
+    from trainfit.speed import host
+
+    hs = host._measure(tj, src, cfg)
+    assert hs is not None, "the tiny step did not run"
+    return {"fastest_s": hs.fastest_s, "step_ops": hs.step_ops,
+            "reference_op_s": hs.reference_op_s, "busy_cores": hs.busy_cores, "cpus": hs.cpus,
+            "busy": hs.busy, "kernels": hs.kernels, "at": time.strftime("%H:%M:%S")}
+
+
+def run() -> dict[str, Any]:
+    warnings.filterwarnings("ignore")
+    from trainfit.speed import host_timing as ht
+    from trainfit.speed.cpu import cpu_model_name
+
+    out: dict[str, Any] = {"cpu": cpu_model_name(), "cpus": len(ht.allowed_cpus()),
+                           "busy_share": ht.BUSY_SHARE, "load_window_s": ht.LOAD_WINDOW_S,
+                           "busy_rounds": ht.BUSY_ROUNDS, "pairs": PAIRS, "cases": {}}
+    for case_id in CASES:
+        tj, src, cfg, job = _case(case_id)
+        runs: dict[str, list[dict[str, Any]]] = {"quiet": [], "neighbour": []}
+        for _ in range(PAIRS):
+            runs["quiet"].append(measure_once(tj, src, cfg))
+            spin = subprocess.Popen([sys.executable, "-c", NEIGHBOUR])
+            try:
+                time.sleep(1.0)  # its interpreter and torch imported, the loop running
+                runs["neighbour"].append(measure_once(tj, src, cfg))
+            finally:
+                spin.kill()
+                spin.wait()
+            time.sleep(0.5)
+        med = {k: {c: statistics.median(r[k] for r in runs[c]) for c in runs}
+               for k in ("fastest_s", "step_ops", "reference_op_s")}
+        out["cases"][case_id] = {
+            "job": {k: getattr(job, k) for k in ("method", "precision", "grad_ckpt")},
+            "runs": runs, "medians": med,
+            "quiet_fastest_s_range": [min(r["fastest_s"] for r in runs["quiet"]),
+                                      max(r["fastest_s"] for r in runs["quiet"])],
+            "quiet_step_ops_range": [min(r["step_ops"] for r in runs["quiet"]),
+                                     max(r["step_ops"] for r in runs["quiet"])],
+            "neighbour_step_ops_over_quiet": med["step_ops"]["neighbour"]
+            / med["step_ops"]["quiet"],
+            "neighbour_fastest_over_quiet": med["fastest_s"]["neighbour"]
+            / med["fastest_s"]["quiet"],
+            "quiet_marked_busy": sum(r["busy"] for r in runs["quiet"]),
+            "neighbour_marked_busy": sum(r["busy"] for r in runs["neighbour"]),
+        }
+        print(case_id, json.dumps({k: v for k, v in out["cases"][case_id].items()
+                                   if k not in ("runs", "job")}), flush=True)
+    return out
+
+
+def render(doc: dict[str, Any]) -> str:
+    L = ["# plan's host measurement on a shared machine", "",
+         "Regenerate: `python benchmarks/host_busy.py` (idle machine, ~3 min). The host time of a "
+         "launch-bound step is the step's own code run at a tiny width on this CPU "
+         "(`trainfit/speed/host.py`, `host_timing.py`): CPU time of the thread per repeat, over "
+         "the reference loops timed before and after it (cost in reference ops, the median), "
+         "read in seconds at the fastest reference this machine has run. Here it is measured "
+         f"{doc['pairs']} times quiet and {doc['pairs']} times beside a neighbour (one process "
+         "multiplying 512 × 512 fp32 matrices on one thread), alternating. busy = other "
+         f"processes took more than {doc['busy_share']:.1%} of the {doc['cpus']} CPUs over "
+         f"≥ {doc['load_window_s']} s in every one of up to {doc['busy_rounds']} rounds. "
+         f"CPU: {doc['cpu']}. All figures measured.", "",
+         "| case | condition | time | fastest repeat (ms, as timed) | cost (reference ops) | "
+         "fastest reference op (µs) | load read (cores) | marked busy |",
+         "|---|---|---|---|---|---|---|---|"]
+    for cid, c in doc["cases"].items():
+        j = c["job"]
+        for cond in ("quiet", "neighbour"):
+            for r in c["runs"][cond]:
+                L.append(f"| {cid} ({j['method']} {j['precision']} ckpt {j['grad_ckpt']}) | "
+                         f"{cond} | {r['at']} | {r['fastest_s'] * 1e3:.1f} | "
+                         f"{r['step_ops']:,.0f} | {r['reference_op_s'] * 1e6:.2f} | "
+                         f"{r['busy_cores']:.2f} | {'yes' if r['busy'] else 'no'} |")
+    L += ["", "| case | quiet: fastest repeat (ms), lowest … highest | quiet: cost (reference "
+          "ops), lowest … highest | neighbour / quiet: fastest repeat | neighbour / quiet: cost | "
+          "marked busy: quiet / neighbour |", "|---|---|---|---|---|---|"]
+    for cid, c in doc["cases"].items():
+        lo, hi = c["quiet_fastest_s_range"]
+        olo, ohi = c["quiet_step_ops_range"]
+        L.append(f"| {cid} | {lo * 1e3:.1f} … {hi * 1e3:.1f} | {olo:,.0f} … {ohi:,.0f} | "
+                 f"{c['neighbour_fastest_over_quiet']:.2f}× | "
+                 f"{c['neighbour_step_ops_over_quiet']:.2f}× | {c['quiet_marked_busy']} of "
+                 f"{doc['pairs']} / {c['neighbour_marked_busy']} of {doc['pairs']} |")
+    return "\n".join(L) + "\n"
+
+
+def main() -> int:
+    doc = run()
+    OUT.mkdir(exist_ok=True)
+    (OUT / "host_busy.json").write_text(json.dumps(doc, indent=1))
+    (OUT / "host_busy.md").write_text(render(doc))
+    print(render(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

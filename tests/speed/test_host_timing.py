@@ -1,0 +1,161 @@
+"""Timing a step on a shared machine (trainfit.speed.host_timing): the step in reference ops
+cancels the machine's own drift, the load read says when another process shares its CPUs, and
+the fastest reference seen is kept per machine."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections import namedtuple
+
+import pytest
+
+from trainfit.speed import host_timing
+from trainfit.speed.host_timing import machine_reference_op_s, others_cpu_s, time_step
+
+
+class Drifting:
+    """A fake machine whose speed changes from repeat to repeat: a step of ``ops`` reference ops
+    and the reference loop both take ``speed`` × their cost; ``neighbour`` slows the step alone
+    (cache contention: the reference loop's tiny working set does not feel it)."""
+
+    def __init__(self, ops: float, speeds: list[float], neighbour: float = 1.0) -> None:
+        self.ops, self.speeds, self.neighbour, self.i = ops, speeds, neighbour, 0
+
+    def speed(self) -> float:
+        return self.speeds[self.i % len(self.speeds)]
+
+    def step(self) -> float:
+        self.i += 1
+        return self.ops * 10e-6 * self.speed() * self.neighbour
+
+    def reference(self) -> float:
+        return 10e-6 * self.speed()
+
+
+@pytest.fixture()
+def quick(monkeypatch, load_at):
+    monkeypatch.setattr(host_timing, "LOAD_WINDOW_S", 0.0)
+    monkeypatch.setattr(host_timing, "allowed_cpus", lambda: [0, 1])
+    monkeypatch.setattr(host_timing, "others_cpu_s", load_at(0.0))
+
+
+def test_the_machines_drift_cancels_in_reference_ops(quick) -> None:
+    """The machine at full, half and a third of its speed in turn: the fastest repeat is the
+    full-speed one, but the cost in reference ops is the same whatever the speed was."""
+    m = Drifting(5000, [1.0, 2.0, 3.0])
+    t = time_step(m.step, m.reference)
+    assert t.step_ops == pytest.approx(5000, rel=0.35)  # neighbours of a repeat differ in speed
+    slow = Drifting(5000, [2.0])
+    assert time_step(slow.step, slow.reference).step_ops == pytest.approx(5000)
+    assert time_step(slow.step, slow.reference).fastest_s == pytest.approx(0.1)
+    assert time_step(slow.step, slow.reference).reference_op_s == pytest.approx(20e-6)
+
+
+def test_a_neighbour_is_not_cancelled_but_read_as_load(monkeypatch, quick, load_at) -> None:
+    """A neighbour slows the step 2× and not the reference loop: the ratio rises, so the load
+    decides — three busy rounds, the result's load the quietest round's."""
+    monkeypatch.setattr(host_timing, "others_cpu_s", load_at(1.0))
+    rounds = []
+    real = host_timing.timed_round
+    monkeypatch.setattr(host_timing, "timed_round",
+                        lambda *a: rounds.append(real(*a)) or rounds[-1])
+    m = Drifting(5000, [1.0], neighbour=2.0)
+    t = time_step(m.step, m.reference)
+    assert len(rounds) == host_timing.BUSY_ROUNDS
+    assert t.step_ops == pytest.approx(10000)
+    assert t.busy_cores == pytest.approx(1.0, abs=0.05) and t.cpus == 2
+    assert t.busy_cores > host_timing.BUSY_SHARE * t.cpus
+
+
+def test_a_quiet_round_ends_the_rounds_and_alone_gives_the_cost(monkeypatch, quick) -> None:
+    """Busy (the step slowed 2×), then quiet: two rounds; the cost is the quiet round's."""
+    loads = iter([1.5, 0.0])
+    neighbour = iter([2.0, 1.0])
+    real = host_timing.timed_round
+
+    def round_(step, cpus, reference):
+        m.neighbour = next(neighbour)
+        r = real(step, cpus, reference)
+        r.load = next(loads)
+        return r
+    monkeypatch.setattr(host_timing, "timed_round", round_)
+    m = Drifting(5000, [1.0])
+    t = time_step(m.step, m.reference)
+    assert t.step_ops == pytest.approx(5000) and t.busy_cores == 0.0
+
+
+def test_a_round_fills_the_load_window(monkeypatch, quick) -> None:
+    """A short step is repeated until the load has been read over LOAD_WINDOW_S of wall time."""
+    monkeypatch.setattr(host_timing, "LOAD_WINDOW_S", 0.05)
+
+    def step() -> float:
+        time.sleep(0.002)
+        return 0.002
+    r = host_timing.timed_round(step, [0], lambda: 1e-5)
+    assert len(r.times) > host_timing.REPEATS
+    assert len(r.refs) == len(r.times) + 1  # a reference before and after every repeat
+
+
+def test_a_load_that_cannot_be_read_counts_as_quiet(monkeypatch) -> None:
+    def broken(cpus: list[int]) -> tuple[float, float]:
+        raise PermissionError("/proc/stat")
+    monkeypatch.setattr(host_timing, "others_cpu_s", broken)
+    monkeypatch.setattr(host_timing, "LOAD_WINDOW_S", 0.0)
+    r = host_timing.timed_round(lambda: 0.01, [0], lambda: 1e-5)
+    assert r.load == 0.0 and len(r.times) == host_timing.REPEATS
+
+
+def test_other_processes_cpu_is_read_on_this_process_cpus_only(monkeypatch) -> None:
+    """Busy = every state but idle and iowait on the allowed CPUs (guest is inside user on
+    Linux: not counted twice); this process's own CPU time is returned apart."""
+    T = namedtuple("T", "user nice system idle iowait irq softirq steal guest guest_nice")
+    per_cpu = [T(10, 1, 5, 100, 7, 1, 1, 2, 3, 1), T(20, 0, 10, 50, 9, 0, 0, 0, 0, 0),
+               T(1000, 0, 0, 0, 0, 0, 0, 0, 0, 0)]
+    own = namedtuple("P", "user system children_user children_system")(4.0, 1.0, 99.0, 99.0)
+    monkeypatch.setattr(host_timing.psutil, "cpu_times", lambda percpu=False: per_cpu)
+    monkeypatch.setattr(host_timing.psutil, "Process",
+                        lambda: type("P", (), {"cpu_times": lambda self: own})())
+    busy, mine = others_cpu_s([0, 1])
+    assert busy == (10 + 1 + 5 + 1 + 1 + 2) + (20 + 10)  # CPU 2 is not this process's
+    assert mine == 5.0
+
+
+def test_another_process_spinning_is_seen() -> None:
+    """A process spinning beside this one (which sleeps), read over 0.8 s, takes a share of
+    this process's CPUs well above what a stray tick adds."""
+    cpus = host_timing.allowed_cpus()
+    spin = subprocess.Popen([sys.executable, "-c",
+                             "import time\nt = time.time()\nwhile time.time() - t < 3: pass"])
+    try:
+        time.sleep(0.3)  # its interpreter started
+        busy0, own0 = others_cpu_s(cpus)
+        t0 = time.perf_counter()
+        time.sleep(0.8)
+        busy1, own1 = others_cpu_s(cpus)
+        others = ((busy1 - busy0) - (own1 - own0)) / (time.perf_counter() - t0)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert others > 0.5  # the spinner alone: a core, or its share of two busy ones
+
+
+def test_the_machines_fastest_reference_is_kept_and_only_lowered(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("TRAINFIT_CACHE", str(tmp_path))
+    monkeypatch.setattr(host_timing, "_BEST", {})
+    assert machine_reference_op_s(20e-6) == 20e-6
+    assert machine_reference_op_s(30e-6) == 20e-6
+    assert machine_reference_op_s(8e-6) == 8e-6
+    monkeypatch.setattr(host_timing, "_BEST", {})  # another process: from the cache
+    assert machine_reference_op_s(12e-6) == 8e-6
+
+
+def test_the_reference_loop_leaves_the_random_stream_alone() -> None:
+    import torch
+
+    torch.manual_seed(7)
+    expected = torch.rand(2)
+    torch.manual_seed(7)
+    assert host_timing.reference_op_s(10) > 0
+    assert torch.equal(torch.rand(2), expected)
