@@ -135,7 +135,6 @@ def measuring(monkeypatch, tmp_path, load_at):
     monkeypatch.setenv(host.SWITCH, "1")
     monkeypatch.setenv("TRAINFIT_CACHE", str(tmp_path))
     monkeypatch.setattr(host, "_MEMO", {})
-    monkeypatch.setattr(host_timing, "_BEST", {})
     monkeypatch.setattr(host_timing, "REPEATS", 3)
     monkeypatch.setattr(host, "WARMUP", 1)
     monkeypatch.setattr(host_timing, "LOAD_WINDOW_S", 0.0)
@@ -295,21 +294,35 @@ def test_two_measurements_keep_the_lower_cost_and_the_quieter_load() -> None:
     assert dataclasses.replace(old, busy_cores=8.1, cpus=64).busy
 
 
-def test_the_step_is_read_in_seconds_at_the_machines_fastest_reference(
-        measuring, tiny_llama, monkeypatch) -> None:
-    """A measurement taken while the machine ran at half speed gives the same seconds as one
-    at full speed once the machine has been seen at full speed: cost in reference ops ×
-    the fastest reference op seen here."""
+def test_the_step_is_read_in_seconds_at_the_machines_reference(measuring) -> None:
+    """Measured while the machine ran at half speed, a step reads the same seconds as one
+    measured at full speed once a quiet measurement has seen the machine at full speed (cost in
+    reference ops × the machine's reference); a busy measurement never sets that reference."""
     slow = HostStep(fb_s=0.2, spread_s=0.0, kernels=10, layers=1, cpu="x", step_ops=10000,
                     reference_op_s=20e-6)
     assert slow.at_machine_speed().fb_s == pytest.approx(0.2)  # the only speed seen
+    busy_fast = dataclasses.replace(slow, fb_s=0.05, reference_op_s=5e-6, busy_cores=1.0)
+    assert busy_fast.at_machine_speed().fb_s == pytest.approx(0.2)  # read, not lowered
     fast = dataclasses.replace(slow, fb_s=0.1, reference_op_s=10e-6)
     assert fast.at_machine_speed().fb_s == pytest.approx(0.1)
-    assert slow.at_machine_speed().fb_s == pytest.approx(0.1)  # the machine's best now known
-    monkeypatch.setattr(host_timing, "_BEST", {})  # a new process reads it from the cache
-    assert slow.at_machine_speed().fb_s == pytest.approx(0.1)
+    assert slow.at_machine_speed().fb_s == pytest.approx(0.1)  # the machine's reference now
     assert HostStep(fb_s=0.05, spread_s=0.0, kernels=1, layers=1,
                     cpu="x").at_machine_speed().fb_s == 0.05  # not measured in reference ops
+
+
+def test_plan_gets_the_cost_at_the_machines_reference(measuring, tiny_llama) -> None:
+    """host_step returns the measured cost × the machine's reference, also from its memo once a
+    later quiet measurement has lowered the reference."""
+    job = JobSpec(model="tiny-llama", method="full", grad_ckpt="off")
+    hs = host_step(job, tiny_llama)
+    assert hs is not None and hs.step_ops > 100
+    ref = host_timing.machine_reference_op_s()
+    assert ref == hs.reference_op_s
+    assert hs.fb_s == pytest.approx(hs.step_ops * ref)
+    host_timing.machine_reference_op_s(ref / 2)  # a later quiet measurement, twice as fast
+    again = host_step(job, tiny_llama)
+    assert again.fb_s == pytest.approx(hs.step_ops * ref / 2)
+    assert again.step_ops == hs.step_ops
 
 
 def test_the_busy_note_says_how_busy() -> None:

@@ -141,14 +141,24 @@ def test_another_process_spinning_is_seen() -> None:
     assert others > 0.5  # the spinner alone: a core, or its share of two busy ones
 
 
-def test_the_machines_fastest_reference_is_kept_and_only_lowered(monkeypatch, tmp_path) -> None:
+def test_the_machines_reference_is_kept_and_only_lowered(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("TRAINFIT_CACHE", str(tmp_path))
-    monkeypatch.setattr(host_timing, "_BEST", {})
+    assert machine_reference_op_s() is None  # no quiet measurement yet
     assert machine_reference_op_s(20e-6) == 20e-6
     assert machine_reference_op_s(30e-6) == 20e-6
+    assert machine_reference_op_s() == 20e-6
     assert machine_reference_op_s(8e-6) == 8e-6
-    monkeypatch.setattr(host_timing, "_BEST", {})  # another process: from the cache
-    assert machine_reference_op_s(12e-6) == 8e-6
+    assert machine_reference_op_s(12e-6) == 8e-6  # read from the cache: another process alike
+
+
+def test_the_reference_is_the_median_of_the_quiet_rounds(monkeypatch, quick) -> None:
+    """One reference loop far below the rest (this VM: 1 in 2,000 at 37 % below the median)
+    moves neither the cost nor the reference; a busy round's references are not used."""
+    refs = iter([10e-6] * 5 + [6e-6] + [10e-6] * 1000)
+    m = Drifting(5000, [1.0])
+    t = time_step(m.step, lambda: next(refs))
+    assert t.reference_op_s == pytest.approx(10e-6)
+    assert t.step_ops == pytest.approx(5000, rel=0.01)
 
 
 def test_the_reference_loop_leaves_the_random_stream_alone() -> None:

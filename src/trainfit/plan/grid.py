@@ -170,7 +170,10 @@ def _host_steps(jobs: list[tuple[JobSpec, ModelSource]]) -> list[Any]:
     """The groups' host steps, measured one after the other in one worker while the others
     idle: measured beside a simulation on the other core, a step's CPU time came out 2-4× its
     own (a review's measurement: gpt2-xl LoRA 42-59 ms alone, 126 ms inside a plan)."""
-    return [host_step(job, source, again=True) for job, source in jobs]
+    steps = [host_step(job, source, again=True) for job, source in jobs]
+    # read again at the machine's reference as it stands after the last of them (a quiet one
+    # may have lowered it): every group alike
+    return [None if hs is None else hs.at_machine_speed() for hs in steps]
 
 
 def _exact_row(args: tuple[JobSpec, ModelSource, GpuSpec | None, float]) -> PlanRow:
@@ -181,7 +184,7 @@ def _exact_row(args: tuple[JobSpec, ModelSource, GpuSpec | None, float]) -> Plan
     speed = None if gpu is None else predict_speed_exact(
         DeviceSpeed.from_gpu(gpu), rec.ops, cj.micro_batch or 1, cj.grad_accum or 1, cj.seq_len,
         cj.ranks, _flops_per_token(source, mem, cj), compiled=cj.compile,
-        host=host_step(cj, source))
+        host=host_step(cj, source, again=True))  # alone: the other workers wait
     return PlanRow(cj, mem, "simulated", synced(speed, cj, mem, gpu))
 
 

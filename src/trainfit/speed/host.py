@@ -44,6 +44,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import platform
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -69,9 +70,10 @@ VOCAB = 128
 TOKENS = 16
 """Tokens of the timed micro-batch (one sequence).  MoE models get enough for every expert."""
 WARMUP = 2
-CACHE_VERSION = 4
-"""4: measurements are in reference ops and carry the load they were timed under
-(:mod:`trainfit.speed.host_timing`); older ones are measured again."""
+CACHE_VERSION = 5
+"""5: measurements are in reference ops (with the median reference of their quiet rounds) and
+carry the load they were timed under (:mod:`trainfit.speed.host_timing`); older ones are
+measured again."""
 
 _HIDDEN = ("hidden_size", "n_embd", "d_model", "dim")
 _HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
@@ -116,12 +118,13 @@ class HostStep:
         return self.busy_cores > BUSY_SHARE * self.cpus
 
     def at_machine_speed(self) -> HostStep:
-        """``fb_s`` at the fastest reference this machine has run (the cache's, or this
-        measurement's where faster)."""
+        """``fb_s`` at this machine's reference op (:func:`~trainfit.speed.host_timing.
+        machine_reference_op_s`, which a quiet measurement may lower), so measurements taken
+        while the machine ran at different speeds are read alike."""
         if self.step_ops <= 0 or self.reference_op_s <= 0:
             return self
-        return dataclasses.replace(
-            self, fb_s=self.step_ops * machine_reference_op_s(self.reference_op_s))
+        ref = machine_reference_op_s(None if self.busy else self.reference_op_s)
+        return dataclasses.replace(self, fb_s=self.step_ops * (ref or self.reference_op_s))
 
     def host_s(self, sim_kernels: float, op_overhead_s: float, gpu: bool) -> float:
         """Predicted host seconds of the same micro-step on the target: the measured time, on a
@@ -263,6 +266,7 @@ def _key(job: JobSpec, cfg: Any, task: str) -> str:
     import transformers
 
     parts = {"v": CACHE_VERSION, "cpu": cpu_model_name(), "torch": torch.__version__,
+             "python": platform.python_version(),
              "transformers": transformers.__version__, "peft": peft.__version__, "task": task,
              "config": cfg.to_json_string(use_diff=False),
              "attention": "eager" if job.attention == "eager" else "sdpa",
@@ -299,8 +303,8 @@ def _host_step(job: JobSpec, source: Any, again: bool) -> HostStep | None:
         return None
     tj = tiny_job(job, max(TOKENS, head_chunks(job)))
     key = _key(tj, cfg, source.task)
-    if key in _MEMO:
-        return _MEMO[key]
+    if key in _MEMO:  # the measurement as taken; read at the machine's reference now
+        return None if _MEMO[key] is None else _MEMO[key].at_machine_speed()
     path = cache_path(f"host_step/{key[:32]}.json")
     cached = read_json(path)
     hs: HostStep | None
@@ -312,18 +316,18 @@ def _host_step(job: JobSpec, source: Any, again: bool) -> HostStep | None:
     else:
         hs = _measure(tj, source, cfg)
         _write(path, key, hs)
-    hs = None if hs is None else hs.at_machine_speed()
     _MEMO[key] = hs
-    return hs
+    return None if hs is None else hs.at_machine_speed()
 
 
 def merged(old: HostStep, new: HostStep | None) -> HostStep:
-    """Two measurements of one code path: the lower cost (a busy machine only adds to it), the
-    quieter load (busy only if both were)."""
+    """Two measurements of one code path: the lower cost (a busy machine only adds to it), and
+    the load of the quieter one (busy only if both were)."""
     if new is None:
         return old
     low = new if new.step_ops < old.step_ops else old
-    return dataclasses.replace(low, busy_cores=min(old.busy_cores, new.busy_cores), cpus=new.cpus)
+    quiet = min((old, new), key=lambda h: h.busy_cores / max(h.cpus, 1))
+    return dataclasses.replace(low, busy_cores=quiet.busy_cores, cpus=quiet.cpus)
 
 
 def _write(path: Any, key: str, hs: HostStep | None) -> None:
@@ -371,6 +375,8 @@ def _run_tiny(tj: JobSpec, source: Any, cfg: Any) -> HostStep | None:
         with counter:
             step(_Clock(counter))
     except Exception:  # the tiny step failed where the real one may not: do not guess
+        return None
+    if t.step_ops <= 0 or t.reference_op_s <= 0:  # a clock too coarse to time the reference
         return None
     _, layers = layer_count(tiny)
     return HostStep(fb_s=t.step_ops * t.reference_op_s, spread_s=t.spread_s,

@@ -6,23 +6,25 @@ that the step's own code does not, both measured on this 2-core VM
 (``benchmarks/host_busy.py``, benchmarks/results/host_busy.md):
 
 * **The machine's own speed.**  With nothing else running, the fastest repeat of the same tiny
-  Llama-2 LoRA step was 90 ms and, 25 s later, 152 ms (BERT-large: 51-76 ms) — a VM's host or its
-  clock, which no load reading shows.  A reference loop of single autograd-recorded ops
-  (:func:`reference_op_s`) moves with it, so the step is measured in reference ops (the median
-  over repeats of the step's time over the mean of the reference loops timed just before and
-  after it: 8,411-8,832 and 4,315-5,041 over the same runs) and turned into seconds at the
-  fastest the reference has run on this machine (:func:`machine_reference_op_s`, cached per
-  CPU, torch and Python): the speed of this machine when nothing holds it back.
+  BERT-large step was 61 ms at one moment and 113 ms a few seconds before (Llama-2 LoRA: 77-109
+  ms) — a VM's host or its clock, which no load reading shows.  A reference loop of single
+  autograd-recorded ops (:func:`reference_op_s`) moves with it, so the step is measured in
+  reference ops (the median over repeats of the step's time over the mean of the reference loops
+  timed just before and after it: 4,644-5,013 and 8,395-10,075 over the same runs, ±4 % and
+  ±9 % where the seconds moved ±30 % and ±17 %) and turned into seconds at the machine's
+  reference (:func:`machine_reference_op_s`: the lowest median reference of a quiet
+  measurement, cached per CPU, torch and Python) — one conversion for every measurement,
+  whenever it was taken.
 * **Other processes on the same CPUs.**  One process multiplying matrices on the other core
-  raised the step's cost in reference ops 2.0-2.7× (the step's larger working set loses more of
-  the shared caches than the reference loop does), so no ratio cancels it.  The load is read
-  instead: the CPU time other processes (and a hypervisor's steal) used on the CPUs this process
-  may run on while the repeats ran (``psutil.cpu_times``), over at least ``LOAD_WINDOW_S`` (the
-  kernel counts in 10 ms ticks): 0.66-0.72 cores beside that neighbour, 0.00-0.02 without, so
-  all 8 measurements beside it and none of the 8 without were marked busy.  Above
-  ``BUSY_SHARE`` of those CPUs the round is timed again, up to ``BUSY_ROUNDS`` rounds; the quiet
-  rounds give the result, and where none was quiet it is marked busy (the caller measures it
-  again later and keeps the lower cost: a busy machine only adds).
+  raised the step's cost in reference ops 2.0-2.5× (the reference loop is not slowed as much as
+  the step; why is not established), so no ratio cancels it.  The load is read instead: the CPU
+  time other processes (and a hypervisor's steal) used on the CPUs this process may run on while
+  the repeats ran (``psutil.cpu_times``), over at least ``LOAD_WINDOW_S`` (the kernel counts in
+  10 ms ticks): 0.60-0.70 cores beside that neighbour, 0.00-0.05 without, so all 8 measurements
+  beside it and none of the 8 without were marked busy.  Above ``BUSY_SHARE`` of those CPUs the
+  round is timed again, up to ``BUSY_ROUNDS`` rounds; the quiet rounds give the result, and
+  where none was quiet it is marked busy (the caller measures it again later and keeps the lower
+  cost: a busy machine only adds), and it never sets the machine's reference.
 """
 
 from __future__ import annotations
@@ -42,17 +44,15 @@ from trainfit.cache import cache_path, read_json, write_json
 from trainfit.speed.cpu import cpu_model_name
 
 REPEATS = 9
-"""Timed repeats of a round (more until the round has lasted ``LOAD_WINDOW_S``)."""
-NOISY = 1.5
-"""Repeats whose ratios spread wider than this (highest / lowest) are timed once more."""
+"""Timed repeats of a round at least (more until the round has lasted ``LOAD_WINDOW_S``)."""
 BUSY_SHARE = 0.125
 """Other processes' CPU use during a round, as a share of the CPUs this process may run on,
-above which the round is busy: a quarter of a core on a 2-core machine (where any neighbour
-shares the core's caches), 8 cores of 64 (where it shares them as often as the machine is that
-full)."""
+above which the round is busy: a quarter of a core on a 2-core machine, where a neighbour
+measurably slows the step (benchmarks/results/host_busy.md); on a larger machine the same share
+(8 cores of 64) is assumed, not measured."""
 LOAD_WINDOW_S = 0.5
 """Shortest wall time a round's load is read over: ``/proc/stat`` counts in 10 ms ticks, so a
-stray tick at each end of 0.5 s is 0.04 of a CPU (over 40 ms it read 0.25-0.5 on an idle CPU)."""
+stray tick at each end of 0.5 s is 0.04 of a CPU."""
 MAX_REPEATS = 400
 """Most repeats a round times to fill ``LOAD_WINDOW_S`` (a step of a few milliseconds)."""
 BUSY_ROUNDS = 3
@@ -73,13 +73,10 @@ class Timing:
     spread_s: float
     """Slowest − fastest repeat (CPU seconds)."""
     reference_op_s: float
-    """Fastest reference loop of the measurement, CPU seconds per op."""
+    """Median reference loop of the rounds the cost is taken from, CPU seconds per op."""
     busy_cores: float
     """Other processes' CPU use during the quietest round (cores; 0 where unreadable)."""
     cpus: int
-
-
-_REF_X = torch.ones(64, requires_grad=True)  # no draw: the caller's random stream is left alone
 
 
 def reference_op_s(n: int = REFERENCE_OPS) -> float:
@@ -87,12 +84,12 @@ def reference_op_s(n: int = REFERENCE_OPS) -> float:
     its backward: what a Python op costs this thread now (the dispatcher and autograd, no
     arithmetic to speak of — the same loop ``benchmarks/gpu_launch_overhead.py`` times on a GPU
     host as ``backward_per_node``)."""
+    x = torch.ones(64, requires_grad=True)  # no draw: the caller's random stream is left alone
     t0 = time.thread_time()
-    y = _REF_X
+    y = x
     for _ in range(n):
         y = y * 1.0001
     y.sum().backward()
-    _REF_X.grad = None
     return (time.thread_time() - t0) / n
 
 
@@ -107,14 +104,12 @@ def allowed_cpus() -> list[int]:
 def others_cpu_s(cpus: list[int]) -> tuple[float, float]:
     """(CPU seconds the CPUs ``cpus`` have been busy or stolen, of which this process's own):
     their difference over an interval is what other processes took.  Linux already counts guest
-    time inside user time, and iowait is idle."""
+    time inside user time, and iowait is idle.  Where the per-CPU list does not reach an id in
+    ``cpus`` (a container's renumbered ``/proc/stat``), every CPU listed is read."""
     per_cpu = psutil.cpu_times(percpu=True)
-    busy = 0.0
-    for i in cpus:
-        if i < len(per_cpu):
-            t = per_cpu[i]
-            busy += sum(getattr(t, f) for f in t._fields
-                        if f not in ("idle", "iowait", "guest", "guest_nice"))
+    rows = [per_cpu[i] for i in cpus] if cpus and max(cpus) < len(per_cpu) else per_cpu
+    busy = sum(getattr(t, f) for t in rows for f in t._fields
+               if f not in ("idle", "iowait", "guest", "guest_nice"))
     own = psutil.Process().cpu_times()
     return busy, own.user + own.system
 
@@ -136,25 +131,18 @@ class Round:
 
 def timed_round(step: Callable[[], float], cpus: list[int],
                 reference: Callable[[], float] = reference_op_s) -> Round:
-    """``REPEATS`` timed steps, more until ``LOAD_WINDOW_S`` has passed (and again when their
-    ratios spread wide), each between two reference loops; the cores other processes used."""
+    """``REPEATS`` timed steps, more until ``LOAD_WINDOW_S`` has passed, each between two
+    reference loops; the cores other processes used meanwhile."""
     start = _load(cpus)
     wall0 = time.perf_counter()
     r = Round([], [], [reference()], 0.0)
-
-    def one() -> None:
+    while len(r.times) < REPEATS or (time.perf_counter() - wall0 < LOAD_WINDOW_S
+                                     and len(r.times) < MAX_REPEATS):
         t = step()
         ref = reference()
         r.times.append(t)
         r.ratios.append(t / max((r.refs[-1] + ref) / 2, 1e-12))
         r.refs.append(ref)
-    for _ in range(REPEATS):
-        one()
-    while time.perf_counter() - wall0 < LOAD_WINDOW_S and len(r.times) < MAX_REPEATS:
-        one()
-    if max(r.ratios) > NOISY * min(r.ratios):  # disturbed: time it again
-        for _ in range(REPEATS):
-            one()
     end = _load(cpus)
     wall = max(time.perf_counter() - wall0, 1e-9)
     if start is not None and end is not None:
@@ -170,11 +158,11 @@ def time_step(step: Callable[[], float],
     rounds = [timed_round(step, cpus, reference)]
     while rounds[-1].load > limit and len(rounds) < BUSY_ROUNDS:
         rounds.append(timed_round(step, cpus, reference))
-    quiet = [r for r in rounds if r.load <= limit]
+    use = [r for r in rounds if r.load <= limit] or rounds
     times = sorted(t for r in rounds for t in r.times)
-    return Timing(step_ops=statistics.median(x for r in quiet or rounds for x in r.ratios),
+    return Timing(step_ops=statistics.median(x for r in use for x in r.ratios),
                   fastest_s=times[0], spread_s=times[-1] - times[0],
-                  reference_op_s=min(x for r in rounds for x in r.refs),
+                  reference_op_s=statistics.median(x for r in use for x in r.refs),
                   busy_cores=min(r.load for r in rounds), cpus=len(cpus))
 
 
@@ -183,23 +171,19 @@ def _machine_key() -> str:
     return hashlib.sha256(parts.encode()).hexdigest()[:24]
 
 
-_BEST: dict[str, float] = {}
-
-
-def machine_reference_op_s(seen_s: float) -> float:
-    """The fastest the reference loop has run on this machine (CPU, torch and Python version),
-    kept in the cache directory and lowered by ``seen_s``, a time just measured."""
+def machine_reference_op_s(quiet_s: float | None = None) -> float | None:
+    """This machine's reference op (CPU, torch and Python version): the lowest median reference
+    of a quiet measurement, kept in the cache directory and lowered by ``quiet_s`` (a quiet
+    measurement's; None: read only).  None where no quiet measurement has been made here.  A
+    measurement's median, not the fastest single loop: one loop in 2,000 ran 37 % below the
+    median on this VM, and a lowest-ever single value would only creep down."""
     key = _machine_key()
     path = cache_path(f"host_step/reference-{key}.json")
-    best = _BEST.get(key)
-    if best is None:
-        cached = read_json(path)
-        ok = isinstance(cached, dict) and isinstance(cached.get("best_op_s"), float) \
-            and cached["best_op_s"] > 0
-        best = cached["best_op_s"] if ok else None
-    if best is None or seen_s < best:
-        best = seen_s
+    cached = read_json(path)
+    best = cached.get("op_s") if isinstance(cached, dict) else None
+    best = best if isinstance(best, float) and best > 0 else None
+    if quiet_s is not None and quiet_s > 0 and (best is None or quiet_s < best):
+        best = quiet_s
         write_json(path, {"cpu": cpu_model_name(), "torch": torch.__version__,
-                          "python": platform.python_version(), "best_op_s": best})
-    _BEST[key] = best
+                          "python": platform.python_version(), "op_s": best})
     return best
