@@ -12,6 +12,8 @@ the median over ``ROUNDS`` rounds of ``N`` calls on tiny tensors (the GPU finish
 * ``backward_per_node``: ``backward()`` through a chain of ``N`` such ops, per node (the C++
   autograd engine launches each backward kernel, no Python);
 * ``linear_module``: an ``nn.Linear`` call (Python module dispatch + addmm), no autograd;
+* ``reference_op_cpu``: trainfit's reference op on CPU tensors (``speed/host_timing.py``), and a
+  view op timed beside it;
 * ``fused_adamw_param``: ``torch.optim.AdamW(fused=True)`` over ``N`` tiny parameters, per
   parameter; ``foreach_adamw_param``: the same with ``foreach=True``.
 
@@ -94,6 +96,23 @@ def optimizer_per_param(dev: torch.device, impl: str, n: int = 500) -> dict[str,
     return {k: v / n for k, v in r.items()}
 
 
+def reference_loop() -> dict[str, float]:
+    """trainfit's reference op (``trainfit.speed.host_timing.reference_op_s``: CPU tensors, so
+    this host's dispatcher and autograd alone) and a view op beside it, medians of ROUNDS × 20
+    interleaved pairs: the training host's ``H100_HOST_REFERENCE_OP_S``, measured."""
+    from trainfit.speed.host_timing import reference_op_s
+
+    m = torch.randn(8, 8)
+    refs, views = [], []
+    for _ in range(ROUNDS * 20):
+        refs.append(reference_op_s())
+        t0 = time.thread_time()
+        for _ in range(N):
+            m.transpose(0, 1)
+        views.append((time.thread_time() - t0) / N)
+    return {"reference_op_s": statistics.median(refs), "view_cpu_s": statistics.median(views)}
+
+
 def cpu_info() -> dict[str, Any]:
     info: dict[str, Any] = {}
     try:
@@ -123,6 +142,7 @@ def measure(dev: torch.device) -> dict[str, Any]:
     with torch.no_grad():
         rows["linear_module"] = per_call(dev, lambda: lin(x))
     rows["backward_per_node"] = backward_chain(dev)
+    rows["reference_op_cpu"] = reference_loop()
     rows["fused_adamw_param"] = optimizer_per_param(dev, "fused")
     rows["foreach_adamw_param"] = optimizer_per_param(dev, "foreach")
     return {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",

@@ -40,6 +40,32 @@ NEIGHBOUR = ("import torch, time\ntorch.set_num_threads(1)\na = torch.randn(512,
              "t = time.time()\nwhile time.time() - t < 600: a @ a\n")
 
 
+def reference_over_view(pairs: int = 200) -> dict[str, float]:
+    """The reference op over a view op (a dispatcher call, no kernel), timed in interleaved
+    pairs: how ``H100_HOST_REFERENCE_OP_S`` is derived from the H100 host's view op."""
+    import torch
+
+    from trainfit.speed.host_timing import reference_op_s
+
+    m = torch.randn(8, 8)
+
+    def view_s(n: int = 2000) -> float:
+        t0 = time.thread_time()
+        for _ in range(n):
+            m.transpose(0, 1)
+        return (time.thread_time() - t0) / n
+    ratios, refs, views = [], [], []
+    for _ in range(pairs):
+        v0, r, v1 = view_s(), reference_op_s(), view_s()
+        ratios.append(r / ((v0 + v1) / 2))
+        refs.append(r)
+        views.append(v0)
+    q = statistics.quantiles(ratios, n=10)
+    return {"pairs": pairs, "median": statistics.median(ratios), "p10": q[0], "p90": q[-1],
+            "reference_op_s_median": statistics.median(refs),
+            "view_s_median": statistics.median(views)}
+
+
 def _case(case_id: str) -> tuple[Any, Any, Any, Any]:
     sys.path.insert(0, str(ROOT))
     from speed_cases import build_source, load_cases, map_case
@@ -105,6 +131,7 @@ def run() -> dict[str, Any]:
         }
         print(case_id, json.dumps({k: v for k, v in out["cases"][case_id].items()
                                    if k not in ("runs", "job")}), flush=True)
+    out["reference_over_view"] = reference_over_view()
     ref = ht.machine_reference_op_s()
     out["machine_reference_op_s"] = ref
     for c in out["cases"].values():
@@ -135,6 +162,12 @@ def render(doc: dict[str, Any]) -> str:
                          f"{cond} | {r['at']} | {r['fastest_s'] * 1e3:.1f} | "
                          f"{r['step_ops']:,.0f} | {r['reference_op_s'] * 1e6:.2f} | "
                          f"{r['busy_cores']:.2f} | {'yes' if r['busy'] else 'no'} |")
+    rv = doc["reference_over_view"]
+    L += ["", f"Reference op over a view op (`m.transpose`, a dispatcher call with no kernel), "
+          f"{rv['pairs']} interleaved pairs: median {rv['median']:.2f}, p10 {rv['p10']:.2f}, p90 "
+          f"{rv['p90']:.2f} (reference {rv['reference_op_s_median'] * 1e6:.2f} µs, view "
+          f"{rv['view_s_median'] * 1e6:.2f} µs, medians): × the H100 host's view op (2.50 µs, "
+          "results/gpu_launch.json) gives its reference op, `H100_HOST_REFERENCE_OP_S`."]
     L += ["", f"Machine reference after the run (the lowest median reference of a quiet "
           f"measurement here): {doc['machine_reference_op_s'] * 1e6:.2f} µs per op.", "",
           "| case | quiet: fastest repeat (ms), lowest … highest | quiet: cost (reference "

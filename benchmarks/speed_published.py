@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import statistics
 import sys
 import time
@@ -216,6 +217,7 @@ def summarize(rows: list[dict[str, Any]], wall_s: float, cpu_s: float,
                               "scored": stats([r for r in scored if f(r)])} for name, f in SPLITS},
             "host_set_time": sum(1 for r in scored if r.get("host_busy_cores") is not None),
             "host_busy_ids": [r["id"] for r in scored if r.get("host_busy")],
+            "host_reference_op_s": float(os.environ.get("TRAINFIT_HOST_REFERENCE_OP_S") or 0),
             "wall_time_s": wall_s, "worker_cpu_time_s": cpu_s, "source": source}
 
 
@@ -276,7 +278,9 @@ def render(rows: list[dict[str, Any]], s: dict[str, Any]) -> str:
          + ", ".join(f"{g} {a}/{n}" for g, (a, n) in sorted(s["order_by_group"].items())),
          *[f"- **{note}**" for note in s.get("run_notes", [])],
          f"- host time measured (plan's run of the step's code on this CPU, trainfit/speed/host.py)"
-         f" set the forward + backward of {s.get('host_set_time', 0)} scored cases; measured "
+         f" set the forward + backward of {s.get('host_set_time', 0)} scored cases, read at a "
+         f"GPU host's reference op of {s.get('host_reference_op_s', 0) * 1e6:.1f} µs "
+         "(`H100_HOST_REFERENCE_OP_S`, trainfit/speed/host_timing.py); measured "
          f"while other processes kept this CPU busy: {len(s.get('host_busy_ids', []))}"
          + "".join(f" {i}" for i in s.get("host_busy_ids", [])),
          f"- run: {s['wall_time_s']:.0f} s wall, {s['worker_cpu_time_s']:.0f} s CPU in the workers; "
@@ -340,6 +344,11 @@ def main(argv: list[str] | None = None) -> int:
     import trainfit.memory.extrapolate
     import trainfit.plan.grid  # noqa: F401
     from speed_cases import load_cases, map_case
+    from trainfit.speed.host_timing import H100_HOST_REFERENCE_OP_S, HOST_ENV
+
+    # the published runs' hosts are not this VM: every measured host step is read at one stated
+    # GPU host's speed (the H100 host's reference op), not at whatever speed this VM ran at
+    os.environ.setdefault(HOST_ENV, repr(H100_HOST_REFERENCE_OP_S))
 
     source = _source_state()
 

@@ -59,6 +59,17 @@ BUSY_ROUNDS = 3
 """Rounds timed while the machine stays busy."""
 REFERENCE_OPS = 200
 """Ops of the reference chain timed between repeats (~2-4 ms here)."""
+HOST_ENV = "TRAINFIT_HOST_REFERENCE_OP_S"
+"""Environment: the training host's reference op in seconds, where ``plan`` runs on another
+machine (the benchmarks set :data:`H100_HOST_REFERENCE_OP_S`); unset: this machine's."""
+H100_HOST_REFERENCE_OP_S = 18.3e-6
+"""The reference op on the H100 host of benchmarks/results/gpu_launch.json (a 2.1 GHz Xeon,
+torch 2.11, Python 3.12), derived, not measured there: its view op (a dispatcher call, no kernel)
+took 2.50 µs, and on this CPU the reference loop costs 7.3× a view op (p10-p90 7.0-7.9 over 200
+interleaved pairs, benchmarks/results/host_busy.md) — 18.3 µs.  This VM's own reference ran at
+9-23 µs over one afternoon.  The benchmarks read every measured step at this host's speed, so
+their numbers do not depend on the state this VM was in (``benchmarks/gpu_launch_overhead.py``
+now times the reference loop itself, for the next GPU session)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,9 +185,17 @@ def _machine_key() -> str:
 def machine_reference_op_s(quiet_s: float | None = None) -> float | None:
     """This machine's reference op (CPU, torch and Python version): the lowest median reference
     of a quiet measurement, kept in the cache directory and lowered by ``quiet_s`` (a quiet
-    measurement's; None: read only).  None where no quiet measurement has been made here.  A
-    measurement's median, not the fastest single loop: one loop in 2,000 ran 37 % below the
-    median on this VM, and a lowest-ever single value would only creep down."""
+    measurement's; None: read only); ``HOST_ENV`` where set.  None where no quiet measurement
+    has been made here.  A measurement's median, not the fastest single loop: one loop in 2,000
+    ran 37 % below the median on this VM, and a lowest-ever single value would only creep
+    down."""
+    given = os.environ.get(HOST_ENV)
+    if given:
+        try:
+            if float(given) > 0:
+                return float(given)
+        except ValueError:
+            pass  # not a number: this machine's, as if unset
     key = _machine_key()
     path = cache_path(f"host_step/reference-{key}.json")
     cached = read_json(path)
