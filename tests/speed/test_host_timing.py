@@ -169,3 +169,15 @@ def test_the_reference_loop_leaves_the_random_stream_alone() -> None:
     torch.manual_seed(7)
     assert host_timing.reference_op_s(10) > 0
     assert torch.equal(torch.rand(2), expected)
+
+
+def test_another_hosts_reference_can_be_given(monkeypatch, tmp_path) -> None:
+    """Planning on one machine for another: the given reference op is the one used, and the
+    machine's own is neither read nor written."""
+    monkeypatch.setenv("TRAINFIT_CACHE", str(tmp_path))
+    monkeypatch.setenv(host_timing.HOST_ENV, "1.83e-05")
+    assert machine_reference_op_s(9e-6) == 1.83e-05
+    assert not list(tmp_path.rglob("reference-*.json"))
+    monkeypatch.setenv(host_timing.HOST_ENV, "fast")  # not a number: this machine's
+    assert machine_reference_op_s(9e-6) == 9e-6
+    assert host_timing.H100_HOST_REFERENCE_OP_S == pytest.approx(7.3 * 2.50e-6, rel=0.01)

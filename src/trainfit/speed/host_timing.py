@@ -6,21 +6,20 @@ that the step's own code does not, both measured on this 2-core VM
 (``benchmarks/host_busy.py``, benchmarks/results/host_busy.md):
 
 * **The machine's own speed.**  With nothing else running, the fastest repeat of the same tiny
-  BERT-large step was 61 ms at one moment and 113 ms a few seconds before (Llama-2 LoRA: 77-109
-  ms) — a VM's host or its clock, which no load reading shows.  A reference loop of single
-  autograd-recorded ops (:func:`reference_op_s`) moves with it, so the step is measured in
-  reference ops (the median over repeats of the step's time over the mean of the reference loops
-  timed just before and after it: 4,644-5,013 and 8,395-10,075 over the same runs, ±4 % and
-  ±9 % where the seconds moved ±30 % and ±17 %) and turned into seconds at the machine's
-  reference (:func:`machine_reference_op_s`: the lowest median reference of a quiet
-  measurement, cached per CPU, torch and Python) — one conversion for every measurement,
-  whenever it was taken.
+  BERT-large step was 51 ms at one moment and 90 ms 20 s later, while the reference loop
+  (:func:`reference_op_s`: single autograd-recorded ops) went from 10.3 to 18.9 µs an op — a
+  VM's host or its clock, which no load reading shows.  So the step is measured in reference ops
+  (the median over repeats of the step's time over the mean of the reference loops timed just
+  before and after it: 4,741-5,188 over those runs, ±5 % where the seconds moved ±28 %) and
+  turned into seconds at the machine's reference (:func:`machine_reference_op_s`: the lowest
+  median reference of a quiet measurement, cached per CPU, torch and Python) — one conversion
+  for every measurement, whenever it was taken.
 * **Other processes on the same CPUs.**  One process multiplying matrices on the other core
-  raised the step's cost in reference ops 2.0-2.5× (the reference loop is not slowed as much as
+  raised the step's cost in reference ops 2.2-2.4× (the reference loop is not slowed as much as
   the step; why is not established), so no ratio cancels it.  The load is read instead: the CPU
   time other processes (and a hypervisor's steal) used on the CPUs this process may run on while
   the repeats ran (``psutil.cpu_times``), over at least ``LOAD_WINDOW_S`` (the kernel counts in
-  10 ms ticks): 0.60-0.70 cores beside that neighbour, 0.00-0.05 without, so all 8 measurements
+  10 ms ticks): 0.64-0.71 cores beside that neighbour, 0.00-0.01 without, so all 8 measurements
   beside it and none of the 8 without were marked busy.  Above ``BUSY_SHARE`` of those CPUs the
   round is timed again, up to ``BUSY_ROUNDS`` rounds; the quiet rounds give the result, and
   where none was quiet it is marked busy (the caller measures it again later and keeps the lower
