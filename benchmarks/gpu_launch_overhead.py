@@ -98,19 +98,12 @@ def optimizer_per_param(dev: torch.device, impl: str, n: int = 500) -> dict[str,
 
 def reference_loop() -> dict[str, float]:
     """trainfit's reference op (``trainfit.speed.host_timing.reference_op_s``: CPU tensors, so
-    this host's dispatcher and autograd alone) and a view op beside it, medians of ROUNDS × 20
-    interleaved pairs: the training host's ``H100_HOST_REFERENCE_OP_S``, measured."""
-    from trainfit.speed.host_timing import reference_op_s
+    this host's dispatcher and autograd alone) and a view op beside it, in ROUNDS × 20
+    interleaved pairs (``host_busy.reference_over_view``): the training host's
+    ``H100_HOST_REFERENCE_OP_S``, measured."""
+    from host_busy import reference_over_view
 
-    m = torch.randn(8, 8)
-    refs, views = [], []
-    for _ in range(ROUNDS * 20):
-        refs.append(reference_op_s())
-        t0 = time.thread_time()
-        for _ in range(N):
-            m.transpose(0, 1)
-        views.append((time.thread_time() - t0) / N)
-    return {"reference_op_s": statistics.median(refs), "view_cpu_s": statistics.median(views)}
+    return reference_over_view(ROUNDS * 20)
 
 
 def cpu_info() -> dict[str, Any]:

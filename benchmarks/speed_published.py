@@ -201,6 +201,8 @@ def order_check(rows: list[dict[str, Any]]) -> dict[str, list[int]]:
 
 def summarize(rows: list[dict[str, Any]], wall_s: float, cpu_s: float,
               source: dict[str, Any]) -> dict[str, Any]:
+    from trainfit.speed.host_timing import HOST_ENV
+
     scored = [r for r in rows if r["error"] is not None]
     plain = [r for r in scored if r["bucket"] == "plain"]
     order = order_check(scored)
@@ -217,7 +219,7 @@ def summarize(rows: list[dict[str, Any]], wall_s: float, cpu_s: float,
                               "scored": stats([r for r in scored if f(r)])} for name, f in SPLITS},
             "host_set_time": sum(1 for r in scored if r.get("host_busy_cores") is not None),
             "host_busy_ids": [r["id"] for r in scored if r.get("host_busy")],
-            "host_reference_op_s": float(os.environ.get("TRAINFIT_HOST_REFERENCE_OP_S") or 0),
+            "host_reference_op_s": float(os.environ.get(HOST_ENV) or 0),
             "wall_time_s": wall_s, "worker_cpu_time_s": cpu_s, "source": source}
 
 

@@ -52,7 +52,7 @@ def plan_notes(result: PlanResult) -> list[str]:
         busy = [r.speed.host_busy_cores for r in launch
                 if r.speed.host_busy and r.speed.host_busy_cores is not None]
         if busy:
-            notes.append(busy_note(sum(1 for r in launch if r.speed.host_busy), max(busy)))
+            notes.append(busy_note(len(busy), max(busy)))
     return notes
 
 

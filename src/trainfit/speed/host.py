@@ -13,17 +13,18 @@ How.  That Python does not depend on tensor sizes, only on the code path, so it 
 it runs: the job's model with the same classes, depth, LoRA, checkpointing and head, built with
 tiny widths (heads of 8 dimensions, a 128-token vocabulary; :func:`shrunk_config`), one
 micro-step of :func:`trainfit.engine.step.train_step` timed on this CPU (forward + backward: the
-thread's CPU time, in units of a reference op and turned into seconds at this machine's fastest
-reference: :mod:`trainfit.speed.host_timing`), its kernels counted as the simulation counts
-them.  At such widths a kernel's CPU
+thread's CPU time, in units of a reference op and turned into seconds at this machine's
+reference or a given host's: :mod:`trainfit.speed.host_timing`), its kernels counted as the
+simulation counts them.  At such widths a kernel's CPU
 arithmetic is ~1 µs, so the time is the host's.  On a GPU each kernel also pays its launch
 (``LAUNCH_S``), and ops the tiny fp32 run does not have (autocast's casts, 4-bit dequantization)
 pay the roofline's per-op cost (:meth:`HostStep.host_s`).  The prediction takes the larger of
 that and the op-level count, so measuring can only add host time the op count misses.
 
 Assumed and stated: the machine that plans is as fast per Python op as the one that trains (true
-when ``plan`` runs on the training machine; this CPU's op loops measured within 5 % of the H100
-host's, ``benchmarks/gpu_launch_overhead.py``).  Measured alone: beside a simulation on the
+when ``plan`` runs on the training machine; otherwise ``TRAINFIT_HOST_REFERENCE_OP_S`` gives the
+training host's reference op — this VM's view op ran at 2.6 µs one day and 1.4 µs another, the
+H100 host's at 2.5, ``benchmarks/gpu_launch_overhead.py``).  Measured alone: beside a simulation on the
 other core a step's CPU time came out 2-4× its own, so ``plan`` measures its groups one after
 the other in one worker.  The machine's drifting speed and other processes on its CPUs are
 :mod:`trainfit.speed.host_timing`'s: a measurement whose every round was busy is kept but
@@ -104,7 +105,7 @@ class HostStep:
     fastest_s: float = 0.0
     """The fastest repeat as timed (CPU seconds, at the machine's speed then)."""
     reference_op_s: float = 0.0
-    """The fastest reference op of the measurement (CPU seconds)."""
+    """The median reference op of the measurement's quiet rounds (CPU seconds)."""
     busy_cores: float = 0.0
     """CPU time other processes (and a hypervisor's steal) used on this process's CPUs while
     the quietest round ran, per second of it (measured, cores)."""
