@@ -43,6 +43,10 @@ SCRIPTS: list[tuple[str, str, str]] = [
     ("litgpt_model_code.py", "lit-gpt's own phi-1.5 LoRA code (PyPI wheel) run on this CPU against "
      "trainfit's stand-in for the held-out lit-gpt cases: bytes held per token and layer, and per "
      "sample, against the published slope", "results/litgpt_model_code.md"),
+    ("variable_length.py", "the reserve a step leaves when its micro-batches are padded to "
+     "different lengths (torchtune 0.1's padded alpaca cases, full size, replayed through the "
+     "allocator model) against the same step with every micro-batch at the cap",
+     "results/variable_length.md"),
     ("bands.py", "the error band per kind of run from calibration + held-out errors "
      "(→ `src/trainfit/memory/bands.json`, which `plan` decides `fits` with), and what each fit "
      "rule says of the published outcomes", "results/bands.md"),

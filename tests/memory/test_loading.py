@@ -212,10 +212,12 @@ from torchtune.modules import TransformerDecoderLayer
 from torchtune.modules.peft.peft_utils import get_adapter_params, set_trainable_params
 
 def run():  # lora_finetune_single_device's setup and loop (torchtune 0.1.1), three micro-steps
+    checkpointed = kw.pop("enable_activation_checkpointing", True)
     model = lora_llama2(**kw)
     set_trainable_params(model, get_adapter_params(model))
-    apply_activation_checkpointing(model, auto_wrap_policy=ModuleWrapPolicy(
-        {TransformerDecoderLayer}))
+    if checkpointed:
+        apply_activation_checkpointing(model, auto_wrap_policy=ModuleWrapPolicy(
+            {TransformerDecoderLayer}))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01, foreach=False)
     loss_fn = torch.nn.CrossEntropyLoss()
     for _ in range(3):
@@ -304,15 +306,18 @@ def test_clone_layers_books_torchtune_01_builder_as_run_on_cpu(quant):
     assert real_peak - real_left >= (template // 2 if quant else 2 * template)
 
 
-def test_torchtune_01_lora_step_matches_its_simulation_on_cpu():
-    kw = {**_tt_kw(False, 3), "intermediate_dim": 1376, "vocab_size": 8000, "max_seq_len": 512}
+@pytest.mark.parametrize("checkpointed", [True, False], ids=["checkpointed", "no-checkpointing"])
+def test_torchtune_01_lora_step_matches_its_simulation_on_cpu(checkpointed):
+    kw = {**_tt_kw(False, 3), "intermediate_dim": 1376, "vocab_size": 8000, "max_seq_len": 512,
+          "enable_activation_checkpointing": checkpointed}
     real_peak, _ = _torchtune(STEP, **kw)
     cfg = _torchtune_source(3).config
     cfg.intermediate_size, cfg.vocab_size, cfg.max_position_embeddings = 1376, 8000, 512
     job = JobSpec(model="tt-llama", method="lora", lora_targets=["q", "v"], lora_r=8,
                   lora_alpha=16, lora_dropout=0.05, precision="bf16-true", micro_batch=2,
-                  seq_len=256, grad_ckpt="full", optimizer_impl="forloop", max_grad_norm=None,
-                  output_in_backward=True, fp32_outputs=True, clone_layers=True)
+                  seq_len=256, grad_ckpt="full" if checkpointed else "off",
+                  optimizer_impl="forloop", max_grad_norm=None, output_in_backward=True,
+                  fp32_outputs=True, clone_layers=True)
     from trainfit.memory.simulate import SimTarget, simulate_step
 
     sim = simulate_step(job, ModelSource("tt-llama", cfg, "causal-lm", "local"),
@@ -320,7 +325,14 @@ def test_torchtune_01_lora_step_matches_its_simulation_on_cpu():
     # torchtune's own decoder (fp32 RMSNorm and RoPE, its LoRALinear, the loop holding fp32
     # logits) against the transformers model of its dimensions, which plan simulates for it, with
     # torchtune's per-layer RoPE caches (clone_layers): 155.6 MB against 155.2 measured
-    assert sim.peak_allocated_bytes == pytest.approx(real_peak, rel=0.005)
+    # checkpointed; without checkpointing (torchtune 0.1's distributed LoRA recipe) 198.8 MB
+    # against 191.1: the stand-in holds more per layer than torchtune's decoder, never less (so
+    # the 2 × RTX 4090 LoRA row's 29.6 % under-prediction, heldout_memory.md, is not its
+    # activations)
+    if checkpointed:
+        assert sim.peak_allocated_bytes == pytest.approx(real_peak, rel=0.005)
+    else:
+        assert real_peak <= sim.peak_allocated_bytes <= 1.06 * real_peak
 
 
 def test_clone_layers_leaves_the_template_cached_before_the_step():

@@ -129,3 +129,28 @@ def test_upcast_logits_a_loop_holds_cost_two_bytes_each(tiny_llama):
     held = peak(fp32_outputs=True, output_in_backward=True) - peak(output_in_backward=True)
     assert held == 2 * logits
     assert peak(fp32_outputs=True) == peak()
+
+
+def test_micro_batches_of_their_own_lengths(tiny_llama):
+    """A list of micro-batches runs one micro-step each (batches padded per batch): the longest
+    sets the allocated peak, and the blocks cached at the shorter lengths leave the replayed
+    reserve at or above the all-longest step's (benchmarks/variable_length.py)."""
+    from trainfit.memory.allocator import replay
+    from trainfit.model.workload import make_batch
+
+    job = JobSpec(model="t", seq_len=64, micro_batch=2, precision="fp32", grad_accum=3)
+
+    def run(lengths: list[int]) -> tuple[object, object]:
+        sim = simulate_step(job, tiny_llama, SimTarget(device="cpu"), record_events=True,
+                            batch_fn=lambda: [make_batch(tiny_llama, 2, n) for n in lengths])
+        return sim, replay(sim.events, sim.event_streams)
+
+    fixed, fixed_rep = run([64, 64, 64])
+    varied, varied_rep = run([16, 40, 64])
+    shorter, _ = run([16, 16, 16])
+    assert varied.micro_steps_simulated == 3
+    # to the byte, less the token ids (all batches are booked before the step: kilobytes)
+    assert varied.peak_allocated_bytes - varied.breakdown["buffers"] == \
+        fixed.peak_allocated_bytes - fixed.breakdown["buffers"]
+    assert shorter.peak_allocated_bytes < fixed.peak_allocated_bytes
+    assert varied_rep.peak_reserved_bytes >= fixed_rep.peak_reserved_bytes

@@ -116,10 +116,12 @@ def _classify_states(optimizer: torch.optim.Optimizer, tracker: LiveBytesTracker
                 tracker.reclassify(local(v), "optimizer")
 
 
-def _track_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor],
+def _track_inputs(model: torch.nn.Module,
+                  batch: dict[str, torch.Tensor] | list[dict[str, torch.Tensor]],
                   tracker: LiveBytesTracker, job: JobSpec, loads: bool) -> int:
     """Count what exists before the step: parameters (shared ones once; those FSDP1's wrap
-    flattened are already booked as their unit's flat shard), buffers, the batch.  A QLoRA job's
+    flattened are already booked as their unit's flat shard), buffers, the batch (or batches:
+    token ids, kilobytes).  A QLoRA job's
     loading (:mod:`trainfit.memory.loading`) books them module by module, each 4-bit weight
     inside its quantizer's history; otherwise all parameters, then all buffers.
     Returns the bytes of bitsandbytes' quantization state (booked as parameters)."""
@@ -145,8 +147,9 @@ def _track_inputs(model: torch.nn.Module, batch: dict[str, torch.Tensor],
     if loads:
         book_loaded(job, model, tracker, lambda module: book(module, recurse=False))
     book(model, recurse=True)
-    for t in batch.values():
-        tracker.track(t, "buffers")
+    for one in batch if isinstance(batch, list) else [batch]:
+        for t in one.values():
+            tracker.track(t, "buffers")
     return quant_state
 
 
@@ -191,7 +194,9 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
                   steps: int = 2, record_events: bool = False, op_hook: Any = None,
                   batch_fn: Any = None) -> SimResult:
     """``batch_fn``: builds the micro-batch inside the fake mode (the real data's keys and shapes,
-    e.g. with an attention mask); default: unpadded random token ids.
+    e.g. with an attention mask); default: unpadded random token ids.  A list of micro-batches
+    instead makes each simulated step run them in turn, one micro-step each (batches padded to
+    different lengths: benchmarks/variable_length.py replays the reserve they leave).
 
     FSDP over several ranks runs as one rank of them (:mod:`trainfit.memory.sharded`): the
     result is that rank's (``per_rank``)."""
@@ -244,6 +249,8 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         hooks, optimizer = _observed_optimizer(job, trainable, tracker)
         batch = batch_fn() if batch_fn is not None else \
             make_batch(source, job.micro_batch or 1, job.seq_len)
+        if isinstance(batch, list):  # micro-batches of their own shapes, one micro-step each
+            micro = len(batch)
         # FSDP1's wrap: its history in the allocator trace, the parameters as flat shards
         flats = record_wrap(job, model, tracker) if records_wrap(job, mesh is not None) else []
         quant_state = _track_inputs(model, batch, tracker, job, loads)
@@ -253,7 +260,8 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
             carry: dict[str, Any] | None = {} if job.hold_outputs else None
 
             def run_step() -> None:
-                train_step(model, optimizer, repeat_batches(batch, micro), grad_accum=micro,
+                train_step(model, optimizer, iter(batch) if isinstance(batch, list) else
+                           repeat_batches(batch, micro), grad_accum=micro,
                            autocast=autocast, max_grad_norm=job.max_grad_norm,
                            grads_to_none=job.grads_to_none, observer=tracker, carry=carry,
                            keep_output=job.output_in_backward)
