@@ -116,12 +116,11 @@ def _classify_states(optimizer: torch.optim.Optimizer, tracker: LiveBytesTracker
                 tracker.reclassify(local(v), "optimizer")
 
 
-def _track_inputs(model: torch.nn.Module,
-                  batch: dict[str, torch.Tensor] | list[dict[str, torch.Tensor]],
+def _track_inputs(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]],
                   tracker: LiveBytesTracker, job: JobSpec, loads: bool) -> int:
     """Count what exists before the step: parameters (shared ones once; those FSDP1's wrap
-    flattened are already booked as their unit's flat shard), buffers, the batch (or batches:
-    token ids, kilobytes).  A QLoRA job's
+    flattened are already booked as their unit's flat shard), buffers, the distinct micro-batches
+    (token ids, kilobytes).  A QLoRA job's
     loading (:mod:`trainfit.memory.loading`) books them module by module, each 4-bit weight
     inside its quantizer's history; otherwise all parameters, then all buffers.
     Returns the bytes of bitsandbytes' quantization state (booked as parameters)."""
@@ -147,10 +146,22 @@ def _track_inputs(model: torch.nn.Module,
     if loads:
         book_loaded(job, model, tracker, lambda module: book(module, recurse=False))
     book(model, recurse=True)
-    for one in batch if isinstance(batch, list) else [batch]:
-        for t in one.values():
+    for batch in batches:
+        for t in batch.values():
             tracker.track(t, "buffers")
     return quant_state
+
+
+def _step_batches(job: JobSpec, source: ModelSource, batch_fn: Any
+                  ) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, torch.Tensor]]]:
+    """(the distinct micro-batches, the micro-batches one simulated step runs, in order): what
+    ``batch_fn`` builds — one micro-batch, run ``min(grad_accum, 2)`` times, or a list of them
+    with their own shapes, one micro-step each — or unpadded random token ids."""
+    got = batch_fn() if batch_fn is not None else \
+        make_batch(source, job.micro_batch or 1, job.seq_len)
+    if isinstance(got, list):
+        return got, got
+    return [got], list(repeat_batches(got, min(job.grad_accum or 1, 2)))
 
 
 def _first_step(job: JobSpec, optimizer: Any, trainable: list[torch.nn.Parameter],
@@ -238,7 +249,6 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
     if op_hook is not None:
         op_hook.active = False  # only the steady-state step is timed
     trainable = [p for p in model.parameters() if p.requires_grad]
-    micro = min(job.grad_accum or 1, 2)
     # activation offloading: TRL's manager as it acts on device memory (model/offload.py)
     autocast = with_offload(cpu_autocast(job),
                             simulated_offload(model) if job.activation_offload else None)
@@ -247,21 +257,18 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
 
     with fake_mode:
         hooks, optimizer = _observed_optimizer(job, trainable, tracker)
-        batch = batch_fn() if batch_fn is not None else \
-            make_batch(source, job.micro_batch or 1, job.seq_len)
-        if isinstance(batch, list):  # micro-batches of their own shapes, one micro-step each
-            micro = len(batch)
+        batches, step_batches = _step_batches(job, source, batch_fn)
+        micro = len(step_batches)
         # FSDP1's wrap: its history in the allocator trace, the parameters as flat shards
         flats = record_wrap(job, model, tracker) if records_wrap(job, mesh is not None) else []
-        quant_state = _track_inputs(model, batch, tracker, job, loads)
+        quant_state = _track_inputs(model, batches, tracker, job, loads)
         # torch.compile: each block runs as AOTAutograd's partition of it (memory/compiled.py)
         blocks = compiled_blocks(job, model, tracker, sharded=mesh is not None)
         with device_semantics(attn) as ops, bookkeeping, tracker, blocks as untraced:
             carry: dict[str, Any] | None = {} if job.hold_outputs else None
 
             def run_step() -> None:
-                train_step(model, optimizer, iter(batch) if isinstance(batch, list) else
-                           repeat_batches(batch, micro), grad_accum=micro,
+                train_step(model, optimizer, iter(step_batches), grad_accum=micro,
                            autocast=autocast, max_grad_norm=job.max_grad_norm,
                            grads_to_none=job.grads_to_none, observer=tracker, carry=carry,
                            keep_output=job.output_in_backward)
