@@ -66,7 +66,7 @@ def test_a_replay_that_runs_out_while_the_live_bytes_fit_says_so(tiny_llama):
 def test_plan_json_rows_carry_the_retries(tiny_llama):
     from trainfit.plan.grid import plan
 
-    res = plan(JobSpec(model="t", seq_len=64, effective_batch=4), tiny_llama, find_gpu("a10g"),
-               verify=False, ladder=False)
+    res = plan(JobSpec(model="t", seq_len=64, effective_batch=4, precision="amp-bf16",
+                       grad_ckpt="off"), tiny_llama, find_gpu("a10g"), verify=False, ladder=False)
     configs = res.to_dict()["configs"]
     assert configs and all(c["alloc_retries"] == 0 for c in configs)  # room on an A10G

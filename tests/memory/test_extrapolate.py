@@ -62,13 +62,16 @@ def test_fsdp_and_qlora_grid_rows_equal_full_size_simulations(monkeypatch):
     src, gpu = _small_qwen(), find_gpu("a100-80gb")
     full = JobSpec(model="q", method="full", ranks=8, sharding="fsdp", seq_len=512,
                    precision="fp32", grad_ckpt="off", effective_batch=32)
-    rows = [r for r in plan(full, src, gpu).rows if r.how == "extrapolated"][:3]
+    # verify=False: the pick's full-size re-simulation is not what is checked here (test_plan)
+    rows = [r for r in plan(full, src, gpu, verify=False).rows if r.how == "extrapolated"][:3]
     assert rows
     for r in rows:
         exact = predict_memory(r.job, src, gpu).peak_allocated_bytes
         assert abs(r.memory.peak_allocated_bytes / exact - 1) <= 0.01, r.job.micro_batch
-    qlora = full.replace(method="qlora", quant="nf4", ranks=2)
-    rows = [r for r in plan(qlora, src, gpu).rows if r.how == "extrapolated"][:2]
+    # micro-batches 1 and 2 only: fewer small simulations, the same dtype mix
+    qlora = full.replace(method="qlora", quant="nf4", ranks=2, effective_batch=4)
+    rows = [r for r in plan(qlora, src, gpu, verify=False).rows if r.how == "extrapolated"][:1]
+    assert rows
     for r in rows:
         one = plan(r.job, src, gpu).rows[0]
         assert one.how == "simulated"

@@ -9,7 +9,9 @@ from trainfit.render.words import plan_reason, plan_versus
 
 
 def test_grid_keeps_effective_batch_and_marks_largest(tiny_llama):
-    job = JobSpec(model="t", seq_len=64, effective_batch=8)
+    # checkpointing fixed: every precision's group, half the simulations (the whole default
+    # grid: test_cli_current_flag_and_bad_current_in_a_file)
+    job = JobSpec(model="t", seq_len=64, effective_batch=8, grad_ckpt="off")
     res = plan(job, tiny_llama, find_gpu("a100-80gb"))
     assert {r.job.precision for r in res.rows} == {"fp32", "amp-fp16", "amp-bf16", "bf16-true"}
     for r in res.rows:
@@ -33,7 +35,7 @@ def test_checkpointing_lowers_the_peak(tiny_llama):
 
 
 def test_nothing_fits_says_so(tiny_llama):
-    job = JobSpec(model="t", seq_len=64, effective_batch=4)
+    job = JobSpec(model="t", seq_len=64, effective_batch=4, precision="fp32", grad_ckpt="off")
     res = plan(job, tiny_llama, generic_gpu(0.001))
     assert res.recommended_index is None
     assert "nothing fits" in plan_reason(res)
@@ -45,8 +47,8 @@ def test_bf16_on_t4_is_refused(tiny_llama):
 
 
 def test_t4_grid_has_no_bf16(tiny_llama):
-    res = plan(JobSpec(model="t", seq_len=64, effective_batch=2), tiny_llama, find_gpu("t4"),
-               verify=False)
+    res = plan(JobSpec(model="t", seq_len=64, effective_batch=2, grad_ckpt="off"), tiny_llama,
+               find_gpu("t4"), verify=False)
     assert {r.job.precision for r in res.rows} == {"fp32", "amp-fp16"}
 
 
@@ -119,7 +121,8 @@ def test_the_pick_is_stated_against_the_current_configuration(tiny_llama):
 def test_a_different_effective_batch_is_said(tiny_llama):
     """Seeds 002/003 compared a current configuration of another effective batch (16 → 64,
     120 → 128) without saying so: the change is named."""
-    res = plan(JobSpec(model="t", seq_len=64, effective_batch=8, precision="amp-bf16"), tiny_llama,
+    res = plan(JobSpec(model="t", seq_len=64, effective_batch=8, precision="amp-bf16",
+                       grad_ckpt="off"), tiny_llama,
                find_gpu("a10g"), current=JobSpec(model="t", seq_len=64, micro_batch=1, grad_accum=4,
                                                  precision="amp-bf16", grad_ckpt="off"))
     assert any(c.field == "effective_batch" and (c.before, c.after) == (4, 8)
@@ -134,13 +137,21 @@ def test_cli_current_flag_and_bad_current_in_a_file(tiny_config_json, tmp_path):
 
     from trainfit.cli.main import app
 
-    r = CliRunner().invoke(app, ["plan", str(tiny_config_json), "--gpu", "a10g", "--seq-len", "64",
+    # --current plans the whole grid around the knobs given (32 simulations): at 2 layers
+    two = tmp_path / "two" / "config.json"
+    two.parent.mkdir()
+    two.write_text(json.dumps({**json.loads(tiny_config_json.read_text()),
+                               "num_hidden_layers": 2}))
+    r = CliRunner().invoke(app, ["plan", str(two), "--gpu", "a10g", "--seq-len", "64",
                                  "--micro-batch", "2", "--grad-accum", "4", "--grad-ckpt", "full",
                                  "--precision", "amp-bf16", "--current", "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert (d["current"]["micro_batch"], d["current"]["grad_accum"]) == (2, 4)
     assert len(d["configs"]) > 1  # the grid around it, not just the one configuration
+    # the whole default grid: every precision of the A10G with checkpointing off and on
+    assert {(c["precision"], c["grad_ckpt"]) for c in d["configs"]} == {
+        (p, c) for p in ("fp32", "amp-fp16", "amp-bf16", "bf16-true") for c in ("off", "full")}
     assert all(c["micro_batch"] * c["grad_accum"] == 8 for c in d["configs"])
     assert d["speedup_vs_current"] >= 0.99
     bad = tmp_path / "job.yaml"
@@ -153,8 +164,8 @@ def test_cli_current_flag_and_bad_current_in_a_file(tiny_config_json, tmp_path):
 def test_an_unknown_speed_up_says_why(tiny_llama):
     """Seed 002 (two GeForce cards) printed 'no known peak for this GPU' though the peak is known:
     the unknown is the link (no peer-to-peer), and the sentence names it."""
-    res = plan(JobSpec(model="t", seq_len=64, effective_batch=8, precision="amp-bf16", ranks=2),
-               tiny_llama, find_gpu("3090"),
+    res = plan(JobSpec(model="t", seq_len=64, effective_batch=8, precision="amp-bf16", ranks=2,
+                       grad_ckpt="off"), tiny_llama, find_gpu("3090"),
                current=JobSpec(model="t", seq_len=64, micro_batch=1, grad_accum=4, ranks=2,
                                precision="amp-bf16", grad_ckpt="off"))
     assert res.speedup_vs_current is None

@@ -114,7 +114,7 @@ def test_reported_qwen_7b_full_fsdp_8_ranks_on_h100() -> None:
     for precision in ("amp-bf16", "bf16-true"):
         res = plan(JobSpec(model="qwen2.5-7b", method="full", ranks=8, sharding="fsdp",
                            precision=precision, grad_ckpt="full"), src, find_gpu("h100"),
-                   ladder=False)
+                   ladder=False, verify=False)  # the pick's re-simulation: test_plan
         c = Checked()
         check_plan(c, res)
         assert not c.violations, c.examples
