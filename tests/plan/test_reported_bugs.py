@@ -129,7 +129,7 @@ def test_reported_qwen_7b_full_fsdp_8_ranks_on_h100() -> None:
 
 def test_reported_mistral_7b_on_3090() -> None:
     """The report: bf16-true 1×1 needing more than 4×1, and the ladder's "checkpointing on"
-    raising the peak (catalog scale: the reported bf16-true group, ~20 s)."""
+    raising the peak (catalog scale: the reported bf16-true group and its ladder, ~1 min)."""
     from trainfit.model.source import resolve_model
 
     src = resolve_model("mistral-7b")
