@@ -23,3 +23,25 @@ from speed_cases import _attention
 ])
 def test_attention_maps_to_the_kernel_the_run_used(text, framework, job):
     assert _attention(text, framework) == job
+
+
+def test_a_published_figure_above_the_gpus_peak_is_not_scored():
+    """A published tokens/s that would need more than the card's dense peak (MFU > 100 % under
+    the configuration's FLOP count) is an inconsistent source or pinning: listed, not scored."""
+    from speed_cases import Mapped
+    from speed_published import _row, summarize
+
+    def case(cid: str, measured: float) -> Mapped:
+        return Mapped(id=cid, group="g", file="published", gpu_text="RTX A6000", gpu="rtx-a6000",
+                      family="consumer/workstation Ampere", gpus=1, measured_tokens_per_s=measured,
+                      measured_mfu=None)
+
+    # predicted 2,600 tokens/s at 56 % MFU: the published 4,699 implies 101 %
+    over = _row(case("over", 4699.0), [], predicted_tokens_per_s=2600.0, predicted_mfu=0.56)
+    ok = _row(case("ok", 2579.0), [], predicted_tokens_per_s=2000.0, predicted_mfu=0.62)
+    assert over["error"] is None and over["bucket"] == "unsupported"
+    assert over["measured_mfu_trainfit"] == pytest.approx(0.56 * 4699 / 2600)
+    assert "implies MFU 101%" in over["unsupported"][0]
+    assert ok["error"] == pytest.approx(2000 / 2579 - 1) and ok["bucket"] == "plain"
+    s = summarize([over, ok], 0.0, 0.0, {"commit": "x", "src_modified": []})
+    assert s["scored"] == 1 and s["not_scored"] == {"published figure above the GPU's peak": 1}
