@@ -216,9 +216,31 @@ def _short(kernels: list[str]) -> str:
     return kernels[0][:30]
 
 
+def shape_model(gpu: Any, row: dict[str, Any]) -> str:
+    """The speed model's time for a measured GEMM's shape against the measured time ("0.78":
+    predicted 22 % faster than it ran); "—" where the model has no rate for it (TF32, an unknown
+    GPU)."""
+    r = shape_ratio(gpu, row)
+    if r is None:
+        return "—"
+    return f"{r * row['time_s'] * 1e6:,.1f} µs / {row['time_s'] * 1e6:,.1f} µs = {r:.2f}"
+
+
+def shape_ratio(gpu: Any, row: dict[str, Any]) -> float | None:
+    """:func:`shape_model`'s figure: the model's time over the measured one (None: no rate)."""
+    from trainfit.speed.roofline import DeviceSpeed, gemm_time
+
+    if gpu is None or row["mode"] not in ("bf16", "fp32"):
+        return None
+    t = gemm_time(DeviceSpeed.from_gpu(gpu), (1, row["m"], row["n"], row["k"]), row["mode"],
+                  aligned="unaligned" not in row["label"])
+    return None if t is None else t / row["time_s"]
+
+
 def render(doc: dict[str, Any]) -> str:
     """The markdown table: each measured rate as a fraction of the datasheet peak, beside the rate
-    trainfit's speed model assumes for the family (kernel benchmark, before its step factors)."""
+    trainfit's speed model assumes for the family (kernel benchmark, before its step factors) and,
+    for a GEMM, what the model predicts for that very shape (:func:`shape_model`)."""
     from trainfit.speed.kernels import GEMM_SHAPE_FACTOR
 
     gpu, fam = _spec(doc)
@@ -232,7 +254,12 @@ def render(doc: dict[str, Any]) -> str:
              + (f", family {fam.family}" if fam else "") + ". Median of "
              f"{REPS} CUDA-event timings after 3 warm-ups; fraction = measured / datasheet dense "
              "peak (TFLOP/s = 1e12 FLOP/s, GB/s = 1e9 B/s).", "",
-             "| kernel | measured | fraction of peak | trainfit assumes |", "|---|---|---|---|"]
+             "The last column is the speed model's own time for each GEMM's shape "
+             "(`trainfit.speed.roofline.gemm_time`: the family's rate, its wave quantization over "
+             "128 × 128 output tiles, split-K, the unaligned-row factor), as predicted / measured "
+             "time: below 1 the model is too fast for that shape, above 1 too slow.", "",
+             "| kernel | measured | fraction of peak | trainfit assumes | trainfit's time for the "
+             "shape / measured |", "|---|---|---|---|---|"]
 
     def frac(x: float, peak: float | None) -> str:
         return f"{x / peak:.3f}" if peak else "unknown"
@@ -242,7 +269,7 @@ def render(doc: dict[str, Any]) -> str:
             assumed = f"stream {fam.bandwidth_stream:.2f}, in a step {fam.bandwidth_efficiency:.2f}" \
                 if fam else "unknown"
             lines.append(f"| {r['kernel']} ({r['bytes'] / 2**30:.0f} GiB moved) | {r['gbs']:,.0f} GB/s "
-                         f"| {frac(r['gbs'], bw)} | {assumed} |")
+                         f"| {frac(r['gbs'], bw)} | {assumed} | — |")
         elif r["kernel"] == "gemm":
             peak = {"bf16": bf16, "fp32": fp32, "tf32": tf32}[r["mode"]]
             if fam is None:
@@ -258,10 +285,10 @@ def render(doc: dict[str, Any]) -> str:
             else:
                 assumed = "—"
             lines.append(f"| GEMM {r['mode']} {r['label']} | {r['tflops']:,.1f} TFLOP/s | "
-                         f"{frac(r['tflops'], peak)} | {assumed} |")
+                         f"{frac(r['tflops'], peak)} | {assumed} | {shape_model(gpu, r)} |")
         elif "error" in r:
             lines.append(f"| SDPA {r['backend']} hd{r['head_dim']} S={r['seq']} | not run: "
-                         f"{r['error']} | | |")
+                         f"{r['error']} | | | |")
         else:
             if fam is None:
                 att = None
@@ -277,9 +304,15 @@ def render(doc: dict[str, Any]) -> str:
                        f"{att.efficiency(r['seq'], hd):.3f}")
             lines.append(f"| SDPA {r['backend']} causal hd{r['head_dim']} S={r['seq']} ×{r['batch']} "
                          f"fwd+bwd | {r['fwd_bwd_tflops']:,.1f} TFLOP/s (fwd {r['fwd_tflops']:,.1f}) | "
-                         f"{frac(r['fwd_bwd_tflops'], bf16)} | {assumed} |")
+                         f"{frac(r['fwd_bwd_tflops'], bf16)} | {assumed} | — |")
             if r["backend"] == "default" and r.get("kernels"):
                 lines[-1] = lines[-1].replace("| SDPA default", f"| SDPA default ({_short(r['kernels'])})", 1)
+    ratios = sorted(shape_ratio(gpu, r) for r in doc["rows"] if r["kernel"] == "gemm"
+                    and shape_ratio(gpu, r) is not None)
+    if ratios:
+        lines += ["", f"trainfit's time for the shape / measured, over the {len(ratios)} GEMMs it "
+                      f"times: median {statistics.median(ratios):.2f}, range {ratios[0]:.2f} … "
+                      f"{ratios[-1]:.2f}."]
     return "\n".join(lines) + "\n"
 
 
