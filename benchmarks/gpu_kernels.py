@@ -216,18 +216,9 @@ def _short(kernels: list[str]) -> str:
     return kernels[0][:30]
 
 
-def shape_model(gpu: Any, row: dict[str, Any]) -> str:
-    """The speed model's time for a measured GEMM's shape against the measured time ("0.78":
-    predicted 22 % faster than it ran); "—" where the model has no rate for it (TF32, an unknown
-    GPU)."""
-    r = shape_ratio(gpu, row)
-    if r is None:
-        return "—"
-    return f"{r * row['time_s'] * 1e6:,.1f} µs / {row['time_s'] * 1e6:,.1f} µs = {r:.2f}"
-
-
 def shape_ratio(gpu: Any, row: dict[str, Any]) -> float | None:
-    """:func:`shape_model`'s figure: the model's time over the measured one (None: no rate)."""
+    """The speed model's time for a measured GEMM's shape over the measured time (0.78: predicted
+    22 % faster than it ran); None where the model has no rate for it (TF32, an unknown GPU)."""
     from trainfit.speed.roofline import DeviceSpeed, gemm_time
 
     if gpu is None or row["mode"] not in ("bf16", "fp32"):
@@ -240,7 +231,7 @@ def shape_ratio(gpu: Any, row: dict[str, Any]) -> float | None:
 def render(doc: dict[str, Any]) -> str:
     """The markdown table: each measured rate as a fraction of the datasheet peak, beside the rate
     trainfit's speed model assumes for the family (kernel benchmark, before its step factors) and,
-    for a GEMM, what the model predicts for that very shape (:func:`shape_model`)."""
+    for a GEMM, what the model predicts for that very shape (:func:`shape_ratio`)."""
     from trainfit.speed.kernels import GEMM_SHAPE_FACTOR
 
     gpu, fam = _spec(doc)
@@ -264,6 +255,8 @@ def render(doc: dict[str, Any]) -> str:
     def frac(x: float, peak: float | None) -> str:
         return f"{x / peak:.3f}" if peak else "unknown"
 
+    ratios: list[float] = []
+
     for r in doc["rows"]:
         if r["kernel"] in ("copy", "add"):
             assumed = f"stream {fam.bandwidth_stream:.2f}, in a step {fam.bandwidth_efficiency:.2f}" \
@@ -284,8 +277,12 @@ def render(doc: dict[str, Any]) -> str:
                 assumed = f"in a step {fam.gemm_efficiency_fp32:.2f}"
             else:
                 assumed = "—"
+            ratio = shape_ratio(gpu, r)
+            shape = "—" if ratio is None else (f"{ratio * r['time_s'] * 1e6:,.1f} µs / "
+                                               f"{r['time_s'] * 1e6:,.1f} µs = {ratio:.2f}")
+            ratios += [] if ratio is None else [ratio]
             lines.append(f"| GEMM {r['mode']} {r['label']} | {r['tflops']:,.1f} TFLOP/s | "
-                         f"{frac(r['tflops'], peak)} | {assumed} | {shape_model(gpu, r)} |")
+                         f"{frac(r['tflops'], peak)} | {assumed} | {shape} |")
         elif "error" in r:
             lines.append(f"| SDPA {r['backend']} hd{r['head_dim']} S={r['seq']} | not run: "
                          f"{r['error']} | | | |")
@@ -307,9 +304,8 @@ def render(doc: dict[str, Any]) -> str:
                          f"{frac(r['fwd_bwd_tflops'], bf16)} | {assumed} | — |")
             if r["backend"] == "default" and r.get("kernels"):
                 lines[-1] = lines[-1].replace("| SDPA default", f"| SDPA default ({_short(r['kernels'])})", 1)
-    ratios = sorted(shape_ratio(gpu, r) for r in doc["rows"] if r["kernel"] == "gemm"
-                    and shape_ratio(gpu, r) is not None)
     if ratios:
+        ratios.sort()
         lines += ["", f"trainfit's time for the shape / measured, over the {len(ratios)} GEMMs it "
                       f"times: median {statistics.median(ratios):.2f}, range {ratios[0]:.2f} … "
                       f"{ratios[-1]:.2f}."]

@@ -24,6 +24,7 @@ Run: ``python benchmarks/speed_published.py [--workers 2] [--cases ID ...]``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -42,8 +43,6 @@ ORDER_GAP = 0.10
 
 def _gpu(m: Any) -> Any:
     """The catalog GPU with plan's ``--interconnect`` applied (as the CLI does)."""
-    import dataclasses
-
     from trainfit.hardware.gpus import find_gpu
     from trainfit.speed.comm import INTERCONNECTS_GBS
 
@@ -104,23 +103,22 @@ def _row(m: Any, notes: list[str], **pred: Any) -> dict[str, Any]:
     err = None if tps is None else tps / m.measured_tokens_per_s - 1
     mfu = pred.get("predicted_mfu")
     measured_mfu = None if err is None or mfu is None else mfu / (1 + err)
-    unsupported = list(m.unsupported)
     if measured_mfu is not None and measured_mfu > 1.0:
         # the published tokens/s would need more FLOP/s than the card's dense peak under the
         # FLOP count of the configuration as pinned: a figure above its physical limit is an
         # inconsistency of the source or of the pinning (a shorter sequence, another model, a
         # different card), not a measurement to score a prediction against
-        unsupported.append(f"published figure above the GPU's peak (it implies MFU "
-                           f"{measured_mfu:.0%} under trainfit's FLOP count of the configuration "
-                           "as pinned)")
+        m = dataclasses.replace(m, unsupported=[
+            *m.unsupported, f"published figure above the GPU's peak (it implies MFU "
+            f"{measured_mfu:.0%} under trainfit's FLOP count of the configuration as pinned)"])
         err = None
     return {"id": m.id, "group": m.group, "file": m.file, "gpu": m.gpu, "gpu_text": m.gpu_text,
-            "family": m.family, "gpus": m.gpus, "scale": m.scale,
-            "bucket": "unsupported" if unsupported else m.bucket, "confidence": m.confidence,
+            "family": m.family, "gpus": m.gpus, "scale": m.scale, "bucket": m.bucket,
+            "confidence": m.confidence,
             "measured_tokens_per_s": m.measured_tokens_per_s, "predicted_tokens_per_s": tps,
             "error": err, "measured_mfu": m.measured_mfu, "predicted_mfu": mfu,
             "measured_mfu_trainfit": measured_mfu,
-            **pred, "unsupported": unsupported, "approximated": m.approximated, "notes": notes,
+            **pred, "unsupported": m.unsupported, "approximated": m.approximated, "notes": notes,
             "model_note": m.model_note, "job": m.job, "model": m.model}
 
 
