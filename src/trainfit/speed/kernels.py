@@ -115,8 +115,19 @@ class FamilyKernels:
 
     @property
     def gemm_efficiency_fp32(self) -> float:
-        return (self.gemm_mamf if self.gemm_mamf_fp32 is None else self.gemm_mamf_fp32) \
-            * GEMM_SHAPE_FACTOR
+        """IEEE fp32 at the family's measured CUDA-core fraction, without ``GEMM_SHAPE_FACTOR``
+        (a family with no such measurement takes its tensor-core rate, factor included).
+
+        The factor's costs (operand loads at a skinny K, tails, epilogue writes) are memory
+        traffic, hidden behind CUDA-core math that runs at 1/8-1/16 of the tensor cores' rate.
+        The H100 measured here (benchmarks/results/gpu_kernels.md) ran fp32 at 0.771 of peak at
+        8192³ and 0.736 at 8192×4096×4096: 0.955, the wave model's 0.97; bf16 fell from 0.777
+        to 0.672 there (0.865 = waves × 0.89).  With the factor, fp32 steps were predicted slow
+        on every family that has one: V100 BERT-large −8 to −13 %, A100 GPT-2 −6 / −8 %, the
+        H100 llama-tiny step −18 %."""
+        if self.gemm_mamf_fp32 is None:
+            return self.gemm_mamf * GEMM_SHAPE_FACTOR
+        return self.gemm_mamf_fp32
 
     @property
     def bandwidth_efficiency(self) -> float:
@@ -136,6 +147,8 @@ _H100_CUDNN = ("measured here: torch 2.11 SDPA on an H100 SXM (cuDNN's kernel, S
                "Llama-3.2-1B at 8k positions took 206 ms against 202 predicted with it, 242 at half")
 _AMPERE_SGEMM = ("Yinghan-Li/YHs_Sample#4: IEEE fp32 cuBLAS SGEMM 18.88 of 19.49 TF on an A100 "
                  "80GB PCIe at 5120x4096x4096 (0.97; the CUDA cores, not the tensor cores)")
+_HOPPER_SGEMM = ("measured here: torch 2.11 IEEE fp32 GEMM 8192^3 on an H100 SXM, 51.6 of 66.9 TF "
+                 "(0.771; benchmarks/results/gpu_kernels.md)")
 _VOLTA_GEMM = ("Markidis et al., 'NVIDIA Tensor Core Programmability, Performance & Precision' "
                "(IPDPSW 2018, arXiv 1803.04014): cuBLAS mixed-precision GEMM 83 of 112 TF on a "
                "V100 PCIe (0.74), 7x its single-precision SGEMM (~11.9 of 14 TF: 0.85)")
@@ -168,7 +181,9 @@ KERNELS: dict[str, FamilyKernels] = {
     "hopper": FamilyKernels(
         "hopper", 0.80, Attention(0.31, 260, _HOPPER_FA2),
         Attention(0.16, 260, "memory-efficient ~half of flash (FA2 paper's A100 ratio)"),
-        0.85, f"{_MAMF} (H100 SXM 794/989 TF); gpu-benches H100 PCIe stream 0.85",
+        0.85, f"{_MAMF} (H100 SXM 794/989 TF); gpu-benches H100 PCIe stream 0.85; "
+              f"{_HOPPER_SGEMM}",
+        gemm_mamf_fp32=0.771,
         cudnn=Attention(0.568, 822, _H100_CUDNN, step_factor=1.0, head64=(0.489, 2048)),
         gemm_unaligned=GEMM_UNALIGNED_HOPPER),
     "blackwell": FamilyKernels(
