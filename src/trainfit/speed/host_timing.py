@@ -67,8 +67,11 @@ torch 2.11, Python 3.12), derived, not measured there: its view op (a dispatcher
 took 2.50 µs, and on this CPU the reference loop costs 7.3× a view op (p10-p90 7.0-7.9 over 200
 interleaved pairs, benchmarks/results/host_busy.md) — 18.3 µs.  This VM's own reference ran at
 9-23 µs over one afternoon.  The benchmarks read every measured step at this host's speed, so
-their numbers do not depend on the state this VM was in (``benchmarks/gpu_launch_overhead.py``
-now times the reference loop itself, for the next GPU session)."""
+their numbers depend less on the state this VM was in — not at all only if a step's cost in
+reference ops were the same in every state, which it is not: on 2026-11-29 the VM ran the loop
+at 19-33 µs and the BERT-large checkpointed fp16 step at 5,380-6,350 reference ops, where the
+day before gave 4,741-5,188 (docs/notes/gpu-measurements.md).  ``benchmarks/
+gpu_launch_overhead.py`` now times the reference loop itself, for the next GPU session."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,7 +9,8 @@ to training runs):
 
 * ``gemm_mamf``: S. Bekman's "Maximum Achievable Matmul FLOPS" (stas00/ml-engineering,
   compute/accelerator/README.md; mamf-finder.py): the best dense bf16 GEMM over shapes, as a
-  fraction of the datasheet peak.  A training step's GEMMs reach ``GEMM_SHAPE_FACTOR`` of it.
+  fraction of the datasheet peak.  A training step's GEMMs reach ``GEMM_SHAPE_FACTOR`` of it;
+  IEEE fp32 ones (CUDA cores) their own measured fraction (``gemm_mamf_fp32``), without it.
 * ``attention``: FlashAttention-2 forward+backward, as a fraction of peak, in FlashAttention's
   FLOP convention (causal attention counted as half the S² work — the flop counter trainfit
   records ops with counts all of it, so causal ops are halved before timing), rising with the
@@ -122,9 +123,9 @@ class FamilyKernels:
         traffic, hidden behind CUDA-core math that runs at 1/8-1/16 of the tensor cores' rate.
         The H100 measured here (benchmarks/results/gpu_kernels.md) ran fp32 at 0.771 of peak at
         8192³ and 0.736 at 8192×4096×4096: 0.955, the wave model's 0.97; bf16 fell from 0.777
-        to 0.672 there (0.865 = waves × 0.89).  With the factor, fp32 steps were predicted slow
-        on every family that has one: V100 BERT-large −8 to −13 %, A100 GPT-2 −6 / −8 %, the
-        H100 llama-tiny step −18 %."""
+        to 0.672 there (0.865 = waves × 0.89).  With the factor, the GEMM-bound fp32 steps
+        published were predicted slow on both families: V100 BERT-large −8 to −13 %, A100 GPT-2
+        −6 / −8 % (now −2 to −7 % and −0.2 / −2.3 %, benchmarks/results/speed_published.md)."""
         if self.gemm_mamf_fp32 is None:
             return self.gemm_mamf * GEMM_SHAPE_FACTOR
         return self.gemm_mamf_fp32
