@@ -61,7 +61,7 @@ def busy_note(n: int, busy_cores: float) -> str:
     (:attr:`trainfit.speed.host.HostStep.busy`)."""
     return (f"{n} launch-bound row(s) had their host time measured while other processes (or the "
             f"hypervisor) used up to {busy_cores:.1f} CPU cores (measured): one such neighbour "
-            "raised a step's measured cost 2.2-2.4× on a 2-core VM (benchmarks/results/"
+            "raised a step's measured cost 1.9-2.4× on a 2-core VM (benchmarks/results/"
             "host_busy.md), so their tokens/s may be too low; the next plan measures again and "
             "keeps the lower cost")
 

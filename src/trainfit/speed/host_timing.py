@@ -10,17 +10,19 @@ that the step's own code does not, both measured on this 2-core VM
   (:func:`reference_op_s`: single autograd-recorded ops) went from 10.3 to 18.9 µs an op — a
   VM's host or its clock, which no load reading shows.  So the step is measured in reference ops
   (the median over repeats of the step's time over the mean of the reference loops timed just
-  before and after it: 4,741-5,188 over those runs, ±5 % where the seconds moved ±28 %) and
+  before and after it: 4,741-5,188 over those runs of 2026-11-28, ±5 % where the seconds moved
+  ±28 %; 5,150-6,348 on 2026-11-29, with the VM 1.5-2× slower: the ratio holds in part) and
   turned into seconds at the machine's reference (:func:`machine_reference_op_s`: the lowest
   median reference of a quiet measurement, cached per CPU, torch and Python) — one conversion
   for every measurement, whenever it was taken.
 * **Other processes on the same CPUs.**  One process multiplying matrices on the other core
-  raised the step's cost in reference ops 2.2-2.4× (the reference loop is not slowed as much as
-  the step; why is not established), so no ratio cancels it.  The load is read instead: the CPU
-  time other processes (and a hypervisor's steal) used on the CPUs this process may run on while
-  the repeats ran (``psutil.cpu_times``), over at least ``LOAD_WINDOW_S`` (the kernel counts in
-  10 ms ticks): 0.64-0.71 cores beside that neighbour, 0.00-0.01 without, so all 8 measurements
-  beside it and none of the 8 without were marked busy.  Above ``BUSY_SHARE`` of those CPUs the
+  raised the step's cost in reference ops 2.2-2.4× (1.9-2.2× on 2026-11-29; the reference loop
+  is not slowed as much as the step; why is not established), so no ratio cancels it.  The load
+  is read instead: the CPU time other processes (and a hypervisor's steal) used on the CPUs this
+  process may run on while the repeats ran (``psutil.cpu_times``), over at least
+  ``LOAD_WINDOW_S`` (the kernel counts in 10 ms ticks): 0.64-0.71 cores beside that neighbour,
+  0.00-0.01 without, so all 8 measurements beside it and none of the 8 without were marked busy
+  (0.65-0.70 and 0.00-0.01 on 2026-11-29: the same split).  Above ``BUSY_SHARE`` of those CPUs the
   round is timed again, up to ``BUSY_ROUNDS`` rounds; the quiet rounds give the result, and
   where none was quiet it is marked busy (the caller measures it again later and keeps the lower
   cost: a busy machine only adds), and it never sets the machine's reference.
@@ -64,14 +66,15 @@ machine (the benchmarks set :data:`H100_HOST_REFERENCE_OP_S`); unset: this machi
 H100_HOST_REFERENCE_OP_S = 18.3e-6
 """The reference op on the H100 host of benchmarks/results/gpu_launch.json (a 2.1 GHz Xeon,
 torch 2.11, Python 3.12), derived, not measured there: its view op (a dispatcher call, no kernel)
-took 2.50 µs, and on this CPU the reference loop costs 7.3× a view op (p10-p90 7.0-7.9 over 200
-interleaved pairs, benchmarks/results/host_busy.md) — 18.3 µs.  This VM's own reference ran at
-9-23 µs over one afternoon.  The benchmarks read every measured step at this host's speed, so
-their numbers depend less on the state this VM was in — not at all only if a step's cost in
-reference ops were the same in every state, which it is not: on 2026-11-29 the VM ran the loop
-at 19-33 µs and the BERT-large checkpointed fp16 step at 5,380-6,350 reference ops, where the
-day before gave 4,741-5,188 (docs/notes/gpu-measurements.md).  ``benchmarks/
-gpu_launch_overhead.py`` now times the reference loop itself, for the next GPU session."""
+took 2.50 µs, and on this CPU the reference loop cost 7.3× a view op (p10-p90 7.0-7.9 over 200
+interleaved pairs, benchmarks/results/host_busy.md as of 22d4457) — 18.3 µs; the 2026-11-29
+run's 7.9 would give 19.8.  This VM's own reference ran at 9-23 µs over one afternoon.  The
+benchmarks read every measured step at this host's speed, so their numbers depend less on the
+state this VM was in — not at all only if a step's cost in reference ops were the same in every
+state, which it is not: on 2026-11-29 the VM ran the loop at 18.6-38.3 µs and the BERT-large
+checkpointed fp16 step at 5,150-6,348 reference ops, where the 2026-11-28 run gave 4,741-5,188
+(docs/notes/gpu-measurements.md).  ``benchmarks/gpu_launch_overhead.py`` now times the
+reference loop itself, for the next GPU session."""
 
 
 @dataclass(frozen=True, kw_only=True)

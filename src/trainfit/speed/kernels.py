@@ -103,7 +103,8 @@ class FamilyKernels:
     source: str
     gemm_mamf_fp32: float | None = None
     """IEEE fp32 GEMMs run on the CUDA cores, not the tensor cores: their own fraction of the
-    fp32 peak where a source measured it (None: ``gemm_mamf``)."""
+    fp32 peak where a source measured it (None: ``gemm_mamf`` × ``GEMM_SHAPE_FACTOR``, see
+    :attr:`gemm_efficiency_fp32`)."""
     cudnn: Attention | None = None
     """cuDNN's attention, where SDPA picks it by itself (Hopper:
     :data:`trainfit.memory.semantics.CUDNN_SDPA_CC`); None: the flash entry stands for it."""
@@ -120,12 +121,14 @@ class FamilyKernels:
         (a family with no such measurement takes its tensor-core rate, factor included).
 
         The factor's costs (operand loads at a skinny K, tails, epilogue writes) are memory
-        traffic, hidden behind CUDA-core math that runs at 1/8-1/16 of the tensor cores' rate.
-        The H100 measured here (benchmarks/results/gpu_kernels.md) ran fp32 at 0.771 of peak at
-        8192³ and 0.736 at 8192×4096×4096: 0.955, the wave model's 0.97; bf16 fell from 0.777
-        to 0.672 there (0.865 = waves × 0.89).  With the factor, the GEMM-bound fp32 steps
-        published were predicted slow on both families: V100 BERT-large −8 to −13 %, A100 GPT-2
-        −6 / −8 % (now −2 to −7 % and −0.2 / −2.3 %, benchmarks/results/speed_published.md)."""
+        traffic, mostly hidden behind CUDA-core math that runs at 1/8-1/16 of the tensor cores'
+        rate: the H100 measured here (benchmarks/results/gpu_kernels.md) kept 0.955 of its fp32
+        8192³ rate at 8192×4096×4096 where bf16 kept 0.865 (both shapes fill 0.97 of their last
+        wave, so neither drop is waves).  Those two rows alone do not decide (2 % fast now, 3 %
+        slow at the tensor-core rate × factor used before); the published GEMM-bound fp32
+        steps do: with the factor V100 BERT-large ran −8 to −13 % and A100 GPT-2 −6 / −8 %,
+        without it −2 to −7 % and −0.2 / −2.3 %, all still slow
+        (benchmarks/results/speed_published.md)."""
         if self.gemm_mamf_fp32 is None:
             return self.gemm_mamf * GEMM_SHAPE_FACTOR
         return self.gemm_mamf_fp32
@@ -148,8 +151,8 @@ _H100_CUDNN = ("measured here: torch 2.11 SDPA on an H100 SXM (cuDNN's kernel, S
                "Llama-3.2-1B at 8k positions took 206 ms against 202 predicted with it, 242 at half")
 _AMPERE_SGEMM = ("Yinghan-Li/YHs_Sample#4: IEEE fp32 cuBLAS SGEMM 18.88 of 19.49 TF on an A100 "
                  "80GB PCIe at 5120x4096x4096 (0.97; the CUDA cores, not the tensor cores)")
-_HOPPER_SGEMM = ("measured here: torch 2.11 IEEE fp32 GEMM 8192^3 on an H100 SXM, 51.6 of 66.9 TF "
-                 "(0.771; benchmarks/results/gpu_kernels.md)")
+_HOPPER_SGEMM = ("measured here: torch 2.11 IEEE fp32 GEMM 8192^3 on an H100 SXM, 51.6 TF, 0.771 of "
+                 "its datasheet peak (benchmarks/results/gpu_kernels.md)")
 _VOLTA_GEMM = ("Markidis et al., 'NVIDIA Tensor Core Programmability, Performance & Precision' "
                "(IPDPSW 2018, arXiv 1803.04014): cuBLAS mixed-precision GEMM 83 of 112 TF on a "
                "V100 PCIe (0.74), 7x its single-precision SGEMM (~11.9 of 14 TF: 0.85)")
