@@ -280,7 +280,8 @@ def render(doc: dict[str, Any]) -> str:
             ratio = shape_ratio(gpu, r)
             shape = "—" if ratio is None else (f"{ratio * r['time_s'] * 1e6:,.1f} µs / "
                                                f"{r['time_s'] * 1e6:,.1f} µs = {ratio:.2f}")
-            ratios += [] if ratio is None else [ratio]
+            if ratio is not None:
+                ratios.append(ratio)
             lines.append(f"| GEMM {r['mode']} {r['label']} | {r['tflops']:,.1f} TFLOP/s | "
                          f"{frac(r['tflops'], peak)} | {assumed} | {shape} |")
         elif "error" in r:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import statistics
@@ -16,13 +15,8 @@ RESULTS = BENCH / "results"
 
 
 @pytest.fixture(scope="module")
-def mr() -> ModuleType:
-    # benchmarks/ is not an installed package: load the script by path
-    spec = importlib.util.spec_from_file_location("make_readme", BENCH / "make_readme.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def mr(load_bench) -> ModuleType:
+    return load_bench("make_readme")
 
 
 def _json(name: str) -> dict:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -16,17 +14,8 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
-def hm() -> ModuleType:
-    # benchmarks/ is not an installed package: load the module by path (its sibling
-    # heldout_gpu_model is imported by name, as the benchmark scripts do with benchmarks/ on the path)
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("heldout_mapping", BENCH / "heldout_mapping.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # @dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+def hm(load_bench) -> ModuleType:
+    return load_bench("heldout_mapping")
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,6 @@ CPU memory limit (skipped where Lightning is not installed: it is a benchmark ex
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -16,16 +13,10 @@ from trainfit.job import JobSpec
 from trainfit.model.source import resolve_model
 from trainfit.tune.probe import Probe
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture(scope="module")
-def lf():
-    spec = importlib.util.spec_from_file_location("lightning_finder", BENCH / "lightning_finder.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def lf(load_bench):
+    return load_bench("lightning_finder")
 
 
 def test_limit_error_needs_the_gpu_wording(lf) -> None:
