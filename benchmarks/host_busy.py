@@ -10,14 +10,19 @@ checkpointing), the same measurement (``host._measure``) in two conditions that 
 * **quiet**: nothing else running (run it on an otherwise idle machine);
 * **neighbour**: one other process multiplying 512 × 512 fp32 matrices on one thread.
 
+Each condition is measured twice per pair: as plan measures (torch's intra-op pool at one
+thread, ``host.one_thread``) and with the pool at the machine's thread count (what plan did
+before: some of the tiny step's ops open an OpenMP parallel region whose join waits for the
+pool's thread on the core the neighbour holds).
+
 Per measurement: the fastest repeat as timed (CPU seconds, at the machine's speed then), the
 step's cost in reference ops, the median reference op, the load the measurement read
 (``busy_cores`` of ``cpus``) and whether it marked itself busy.  The quiet rows show the
-machine's own drift (the seconds move far more than the reference ops); the neighbour rows show that a
-neighbour raises the cost in reference ops too (no ratio cancels it) and is read as load; and
-what plan reads (the cost × the machine's reference after the run).
+machine's own drift (the seconds move far more than the reference ops); the neighbour rows show
+what a neighbour adds to the cost in reference ops at either pool size, and that it is read as
+load; and what plan reads (the cost × the machine's reference after the run).
 
-Run: ``python benchmarks/host_busy.py`` → results/host_busy.{json,md} (~3 min, idle machine).
+Run: ``python benchmarks/host_busy.py`` → results/host_busy.{json,md} (~8 min, idle machine).
 """
 
 from __future__ import annotations
@@ -81,10 +86,23 @@ def _case(case_id: str) -> tuple[Any, Any, Any, Any]:
     raise SystemExit(f"host_busy: no case {case_id}")
 
 
-def measure_once(tj: Any, src: Any, cfg: Any) -> dict[str, Any]:
+def measure_once(tj: Any, src: Any, cfg: Any, pool: int | None = None) -> dict[str, Any]:
+    """plan's measurement (``pool`` None: one intra-op thread), or the same with torch's pool
+    at ``pool`` threads (its seed fork and restore as ``host._measure`` has them)."""
+    import torch
+
     from trainfit.speed import host
 
-    hs = host._measure(tj, src, cfg)
+    if pool is None:
+        hs = host._measure(tj, src, cfg)
+    else:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(pool)
+        try:
+            with torch.random.fork_rng(devices=[]):
+                hs = host._run_tiny(tj, src, cfg)
+        finally:
+            torch.set_num_threads(threads)
     assert hs is not None, "the tiny step did not run"
     hs.at_machine_speed()  # as plan reads it: a quiet measurement may lower the reference
     return {"fastest_s": hs.fastest_s, "step_ops": hs.step_ops,
@@ -94,30 +112,41 @@ def measure_once(tj: Any, src: Any, cfg: Any) -> dict[str, Any]:
 
 def run() -> dict[str, Any]:
     warnings.filterwarnings("ignore")
+    import torch
+
     from trainfit.speed import host_timing as ht
     from trainfit.speed.cpu import cpu_model_name
 
+    pool = torch.get_num_threads()
     out: dict[str, Any] = {"cpu": cpu_model_name(), "cpus": len(ht.allowed_cpus()),
                            "busy_share": ht.BUSY_SHARE, "load_window_s": ht.LOAD_WINDOW_S,
-                           "busy_rounds": ht.BUSY_ROUNDS, "pairs": PAIRS, "cases": {}}
+                           "busy_rounds": ht.BUSY_ROUNDS, "pairs": PAIRS, "pool_threads": pool,
+                           "cases": {}}
     for case_id in CASES:
         tj, src, cfg, job = _case(case_id)
         runs: dict[str, list[dict[str, Any]]] = {"quiet": [], "neighbour": []}
+        pooled: dict[str, list[dict[str, Any]]] = {"quiet": [], "neighbour": []}
         for _ in range(PAIRS):
             runs["quiet"].append(measure_once(tj, src, cfg))
+            pooled["quiet"].append(measure_once(tj, src, cfg, pool))
             spin = subprocess.Popen([sys.executable, "-c", NEIGHBOUR])
             try:
                 time.sleep(1.0)  # its interpreter and torch imported, the loop running
                 runs["neighbour"].append(measure_once(tj, src, cfg))
+                pooled["neighbour"].append(measure_once(tj, src, cfg, pool))
             finally:
                 spin.kill()
                 spin.wait()
             time.sleep(0.5)
+        pmed = {c: statistics.median(r["step_ops"] for r in pooled[c]) for c in pooled}
         med = {k: {c: statistics.median(r[k] for r in runs[c]) for c in runs}
                for k in ("fastest_s", "step_ops", "reference_op_s")}
         out["cases"][case_id] = {
             "job": {k: getattr(job, k) for k in ("method", "precision", "grad_ckpt")},
-            "runs": runs, "medians": med,
+            "runs": runs, "medians": med, "pool_runs": pooled,
+            "pool_step_ops_medians": pmed,
+            "pool_neighbour_step_ops_over_quiet": pmed["neighbour"] / pmed["quiet"],
+            "one_thread_over_pool_quiet_step_ops": med["step_ops"]["quiet"] / pmed["quiet"],
             "quiet_fastest_s_range": [min(r["fastest_s"] for r in runs["quiet"]),
                                       max(r["fastest_s"] for r in runs["quiet"])],
             "quiet_step_ops_range": [min(r["step_ops"] for r in runs["quiet"]),
@@ -130,7 +159,7 @@ def run() -> dict[str, Any]:
             "neighbour_marked_busy": sum(r["busy"] for r in runs["neighbour"]),
         }
         print(case_id, json.dumps({k: v for k, v in out["cases"][case_id].items()
-                                   if k not in ("runs", "job")}), flush=True)
+                                   if k not in ("runs", "pool_runs", "job")}), flush=True)
     out["reference_over_view"] = reference_over_view()
     ref = ht.machine_reference_op_s()
     out["machine_reference_op_s"] = ref
@@ -147,21 +176,25 @@ def render(doc: dict[str, Any]) -> str:
          "the reference loops timed before and after it (cost in reference ops, the median), "
          "read in seconds at the fastest reference this machine has run. Here it is measured "
          f"{doc['pairs']} times quiet and {doc['pairs']} times beside a neighbour (one process "
-         "multiplying 512 × 512 fp32 matrices on one thread), alternating. busy = other "
+         "multiplying 512 × 512 fp32 matrices on one thread), alternating; each time as plan "
+         "measures (torch's intra-op pool at 1 thread) and with the pool at the machine's "
+         f"{doc.get('pool_threads', '?')} threads (plan before one_thread). busy = other "
          f"processes took more than {doc['busy_share']:.1%} of the {doc['cpus']} CPUs over "
          f"≥ {doc['load_window_s']} s in every one of up to {doc['busy_rounds']} rounds. "
          f"CPU: {doc['cpu']}. All figures measured.", "",
-         "| case | condition | time | fastest repeat (ms, as timed) | cost (reference ops) | "
-         "median reference op (µs) | load read (cores) | marked busy |",
-         "|---|---|---|---|---|---|---|---|"]
+         "| case | condition | pool threads | time | fastest repeat (ms, as timed) | "
+         "cost (reference ops) | median reference op (µs) | load read (cores) | marked busy |",
+         "|---|---|---|---|---|---|---|---|---|"]
     for cid, c in doc["cases"].items():
         j = c["job"]
-        for cond in ("quiet", "neighbour"):
-            for r in c["runs"][cond]:
-                L.append(f"| {cid} ({j['method']} {j['precision']} ckpt {j['grad_ckpt']}) | "
-                         f"{cond} | {r['at']} | {r['fastest_s'] * 1e3:.1f} | "
-                         f"{r['step_ops']:,.0f} | {r['reference_op_s'] * 1e6:.2f} | "
-                         f"{r['busy_cores']:.2f} | {'yes' if r['busy'] else 'no'} |")
+        for runs, threads in ((c["runs"], "1 (plan)"),
+                              (c.get("pool_runs", {}), str(doc.get("pool_threads")))):
+            for cond in ("quiet", "neighbour"):
+                for r in runs.get(cond, []):
+                    L.append(f"| {cid} ({j['method']} {j['precision']} ckpt {j['grad_ckpt']}) | "
+                             f"{cond} | {threads} | {r['at']} | {r['fastest_s'] * 1e3:.1f} | "
+                             f"{r['step_ops']:,.0f} | {r['reference_op_s'] * 1e6:.2f} | "
+                             f"{r['busy_cores']:.2f} | {'yes' if r['busy'] else 'no'} |")
     rv = doc["reference_over_view"]
     L += ["", f"Reference op over a view op (`m.transpose`, a dispatcher call with no kernel), "
           f"{rv['pairs']} interleaved pairs: median {rv['median']:.2f}, p10 {rv['p10']:.2f}, p90 "
@@ -173,7 +206,8 @@ def render(doc: dict[str, Any]) -> str:
           "| case | quiet: fastest repeat (ms), lowest … highest | quiet: cost (reference "
           "ops), lowest … highest | quiet: what plan reads (ms: cost × machine reference) | "
           "neighbour / quiet: fastest repeat | neighbour / quiet: cost | "
-          "marked busy: quiet / neighbour |", "|---|---|---|---|---|---|---|"]
+          "marked busy: quiet / neighbour | pool at the machine's threads: neighbour / quiet "
+          "cost | quiet cost: 1 thread / the pool |", "|---|---|---|---|---|---|---|---|---|"]
     for cid, c in doc["cases"].items():
         lo, hi = c["quiet_fastest_s_range"]
         olo, ohi = c["quiet_step_ops_range"]
@@ -182,7 +216,9 @@ def render(doc: dict[str, Any]) -> str:
                  f"{min(fb) * 1e3:.1f} … {max(fb) * 1e3:.1f} | "
                  f"{c['neighbour_fastest_over_quiet']:.2f}× | "
                  f"{c['neighbour_step_ops_over_quiet']:.2f}× | {c['quiet_marked_busy']} of "
-                 f"{doc['pairs']} / {c['neighbour_marked_busy']} of {doc['pairs']} |")
+                 f"{doc['pairs']} / {c['neighbour_marked_busy']} of {doc['pairs']} | "
+                 f"{c['pool_neighbour_step_ops_over_quiet']:.2f}× | "
+                 f"{c['one_thread_over_pool_quiet_step_ops']:.2f} |")
     return "\n".join(L) + "\n"
 
 

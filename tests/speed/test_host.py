@@ -250,6 +250,39 @@ def test_the_callers_random_stream_is_left_as_it_was(measuring, tiny_llama) -> N
     assert torch.equal(torch.rand(3), expected)
 
 
+def test_the_step_is_timed_on_one_thread_and_the_pool_is_restored(measuring, tiny_llama,
+                                                                   monkeypatch) -> None:
+    """A GPU step's ops use no CPU thread pool: the tiny step is timed with torch's intra-op pool
+    at one thread (no OpenMP fork/join, which waits on a core another process holds), and the
+    caller's thread count is back afterwards, also when the step fails."""
+    import torch
+
+    seen: list[int] = []
+    real = host._run_tiny
+
+    def spy(*args):
+        seen.append(torch.get_num_threads())
+        return real(*args)
+
+    monkeypatch.setattr(host, "_run_tiny", spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert host_step(JobSpec(model="tiny-llama", method="full"), tiny_llama) is not None
+        assert seen == [1]
+        assert torch.get_num_threads() == 2
+
+        def fails(*args):
+            raise RuntimeError("the tiny step failed")
+
+        monkeypatch.setattr(host, "_run_tiny", fails)
+        with pytest.raises(RuntimeError):
+            host._measure(None, None, None)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_busy_machine_is_marked_and_measured_again_by_plans_host_phase(
         measuring, tiny_llama, monkeypatch, load_at) -> None:
     """Other processes at a whole core of two: every round busy, the result marked busy; a

@@ -60,10 +60,11 @@ def busy_note(n: int, busy_cores: float) -> str:
     """Launch-bound rows whose host time was measured while the machine was busy
     (:attr:`trainfit.speed.host.HostStep.busy`)."""
     return (f"{n} launch-bound row(s) had their host time measured while other processes (or the "
-            f"hypervisor) used up to {busy_cores:.1f} CPU cores (measured): one such neighbour "
-            "raised a step's measured cost 1.9-2.4× on a 2-core VM (benchmarks/results/"
-            "host_busy.md), so their tokens/s may be too low; the next plan measures again and "
-            "keeps the lower cost")
+            f"hypervisor) used up to {busy_cores:.1f} CPU cores (measured): timed on one thread, "
+            "a neighbour on the other core did not raise a step's cost on a 2-core VM "
+            "(benchmarks/results/host_busy.md), but one sharing a core or its caches may, so "
+            "their tokens/s may be too low; the next plan measures again and keeps the lower "
+            "cost")
 
 
 def launch_note(n: int, total: int, measured: bool = False) -> str:

@@ -24,12 +24,14 @@ that and the op-level count, so measuring can only add host time the op count mi
 Assumed and stated: the machine that plans is as fast per Python op as the one that trains (true
 when ``plan`` runs on the training machine; otherwise ``TRAINFIT_HOST_REFERENCE_OP_S`` gives the
 training host's reference op — this VM's view op ran at 2.6 µs one day and 1.4 µs another, the
-H100 host's at 2.5, ``benchmarks/gpu_launch_overhead.py``).  Measured alone: beside a simulation on the
-other core a step's CPU time came out 2-4× its own, so ``plan`` measures its groups one after
-the other in one worker.  The machine's drifting speed and other processes on its CPUs are
-:mod:`trainfit.speed.host_timing`'s: a measurement whose every round was busy is kept but
-marked (:attr:`HostStep.busy`), measured again by the next ``plan``'s host phase (the lower
-cost kept: a busy machine only adds), and ``plan`` says so beside its launch-bound rows.
+H100 host's at 2.5, ``benchmarks/gpu_launch_overhead.py``). Timed on one intra-op thread
+(:func:`one_thread`): with torch's pool at 2 threads, a simulation or any process on the other
+core raised a step's CPU time 2-4×, its ops' OpenMP joins waiting for that core; at one thread a
+neighbour left it within 0.94-0.97× (benchmarks/results/host_busy.md). ``plan`` still measures
+its groups one after the other in one worker. The machine's drifting speed and other processes
+on its CPUs are :mod:`trainfit.speed.host_timing`'s: a measurement whose every round was busy is
+kept but marked (:attr:`HostStep.busy`), measured again by the next ``plan``'s host phase (the
+lower cost kept: a busy machine only adds), and ``plan`` says so beside its launch-bound rows.
 
 Not measured (the op-level count stands): ``torch.compile`` (no eager Python per op), models
 built by a user's factory (no config to shrink), state-space layers and mixtures of experts
@@ -41,6 +43,7 @@ pay the op-level cost), FSDP's and DDP's hooks.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -48,6 +51,7 @@ import os
 import platform
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,10 +75,10 @@ VOCAB = 128
 TOKENS = 16
 """Tokens of the timed micro-batch (one sequence).  MoE models get enough for every expert."""
 WARMUP = 2
-CACHE_VERSION = 5
+CACHE_VERSION = 6
 """5: measurements are in reference ops (with the median reference of their quiet rounds) and
-carry the load they were timed under (:mod:`trainfit.speed.host_timing`); older ones are
-measured again."""
+carry the load they were timed under (:mod:`trainfit.speed.host_timing`); 6: timed on one
+intra-op thread (:func:`one_thread`); older ones are measured again."""
 
 _HIDDEN = ("hidden_size", "n_embd", "d_model", "dim")
 _HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
@@ -336,9 +340,30 @@ def _write(path: Any, key: str, hs: HostStep | None) -> None:
                       "step": None if hs is None else dataclasses.asdict(hs)})
 
 
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch's intra-op pool at one thread while the tiny step is timed, as it was before after.
+
+    Why: on a GPU the step's ops are CUDA kernels, and no CPU thread pool takes part in them.  On
+    the CPU some of the tiny step's ops still open an OpenMP parallel region (fork, then a join
+    that waits for every thread of the pool), which is CPU-only cost; and when another process
+    holds a core the join waits for the scheduler to run the pool's thread there.  Measured on
+    this 2-core VM (benchmarks/results/host_busy.md, BERT-large AMP fp16 with checkpointing at a
+    tiny width, in reference ops): beside one process multiplying matrices on the other core the
+    step cost 2.1-2.5× its quiet cost with the pool at 2 threads and 1.05-1.10× at 1 thread; quiet,
+    1 thread cost 5-20 % less than 2.  The reference loop's 64-float ops never open a region, so
+    the thread count does not move it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _measure(tj: JobSpec, source: Any, cfg: Any) -> HostStep | None:
     # build_real seeds torch's generator: the caller's random stream is left as it was
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), one_thread():
         return _run_tiny(tj, source, cfg)
 
 

@@ -11,21 +11,28 @@ that the step's own code does not, both measured on this 2-core VM
   VM's host or its clock, which no load reading shows.  So the step is measured in reference ops
   (the median over repeats of the step's time over the mean of the reference loops timed just
   before and after it: 4,741-5,188 over those runs of 2026-11-28, ±5 % where the seconds moved
-  ±28 %; 5,150-6,348 on 2026-11-29, with the VM 1.5-2× slower: the ratio holds in part) and
+  ±28 %; 5,150-6,348 on 2026-11-29, with the VM 1.5-2× slower, and 5,196-6,443 timed on one thread
+  later that day: the ratio holds in part) and
   turned into seconds at the machine's reference (:func:`machine_reference_op_s`: the lowest
   median reference of a quiet measurement, cached per CPU, torch and Python) — one conversion
   for every measurement, whenever it was taken.
-* **Other processes on the same CPUs.**  One process multiplying matrices on the other core
-  raised the step's cost in reference ops 2.2-2.4× (1.9-2.2× on 2026-11-29; the reference loop
-  is not slowed as much as the step; why is not established), so no ratio cancels it.  The load
-  is read instead: the CPU time other processes (and a hypervisor's steal) used on the CPUs this
-  process may run on while the repeats ran (``psutil.cpu_times``), over at least
-  ``LOAD_WINDOW_S`` (the kernel counts in 10 ms ticks): 0.64-0.71 cores beside that neighbour,
-  0.00-0.01 without, so all 8 measurements beside it and none of the 8 without were marked busy
-  (0.65-0.70 and 0.00-0.01 on 2026-11-29: the same split).  Above ``BUSY_SHARE`` of those CPUs the
-  round is timed again, up to ``BUSY_ROUNDS`` rounds; the quiet rounds give the result, and
-  where none was quiet it is marked busy (the caller measures it again later and keeps the lower
-  cost: a busy machine only adds), and it never sets the machine's reference.
+* **Other processes on the same CPUs.** One process multiplying matrices on the other core
+  raised the step's cost in reference ops 2.1-2.4× while torch's intra-op pool had 2 threads:
+  some of the tiny step's ops open an OpenMP parallel region, whose join waits for the pool's
+  thread on the core the neighbour holds (the reference loop's 64-float ops open none, so it did
+  not move). The step is now timed on one thread (:func:`trainfit.speed.host.one_thread`: a GPU
+  step's ops use no CPU pool either), and the same neighbour left its cost at 0.94-0.97× the
+  quiet one (benchmarks/results/host_busy.md, 2026-11-29, 4 pairs per case). A neighbour can
+  still slow a step in ways a ratio does not cancel (a shared core's caches, an SMT sibling: not
+  measured here), so the load is still read: the CPU time other processes (and a hypervisor's
+  steal) used on the CPUs this process may run on while the repeats ran (``psutil.cpu_times``),
+  over at least ``LOAD_WINDOW_S`` (the kernel counts in 10 ms ticks): 1.00-1.01 cores beside
+  that neighbour at one thread (0.64-0.75 with the pool at 2, whose waiting thread took the rest
+  of that core), 0.00-0.02 without, so all 8 measurements beside it and none of the 8 without
+  were marked busy, at either pool size. Above ``BUSY_SHARE`` of those CPUs the round is timed
+  again, up to ``BUSY_ROUNDS`` rounds; the quiet rounds give the result, and where none was
+  quiet it is marked busy (the caller measures it again later and keeps the lower cost: a busy
+  machine only adds), and it never sets the machine's reference.
 """
 
 from __future__ import annotations
@@ -49,8 +56,9 @@ REPEATS = 9
 BUSY_SHARE = 0.125
 """Other processes' CPU use during a round, as a share of the CPUs this process may run on,
 above which the round is busy: a quarter of a core on a 2-core machine, where a neighbour
-measurably slows the step (benchmarks/results/host_busy.md); on a larger machine the same share
-(8 cores of 64) is assumed, not measured."""
+slowed the step 2.1-2.4× while it was timed with torch's pool at 2 threads and not at all at one
+(benchmarks/results/host_busy.md) — kept as a safeguard for what one thread does not remove; on
+a larger machine the same share (8 cores of 64) is assumed, not measured."""
 LOAD_WINDOW_S = 0.5
 """Shortest wall time a round's load is read over: ``/proc/stat`` counts in 10 ms ticks, so a
 stray tick at each end of 0.5 s is 0.04 of a CPU."""
