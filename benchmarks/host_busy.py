@@ -126,14 +126,18 @@ def run() -> dict[str, Any]:
         tj, src, cfg, job = _case(case_id)
         runs: dict[str, list[dict[str, Any]]] = {"quiet": [], "neighbour": []}
         pooled: dict[str, list[dict[str, Any]]] = {"quiet": [], "neighbour": []}
-        for _ in range(PAIRS):
-            runs["quiet"].append(measure_once(tj, src, cfg))
-            pooled["quiet"].append(measure_once(tj, src, cfg, pool))
+        for i in range(PAIRS):
+            # the two pool sizes in alternating order (ABBA), so the machine's drift within a
+            # pair does not fall on one of them
+            order = ((runs, None), (pooled, pool)) if i % 2 == 0 else \
+                ((pooled, pool), (runs, None))
+            for into, threads in order:
+                into["quiet"].append(measure_once(tj, src, cfg, threads))
             spin = subprocess.Popen([sys.executable, "-c", NEIGHBOUR])
             try:
                 time.sleep(1.0)  # its interpreter and torch imported, the loop running
-                runs["neighbour"].append(measure_once(tj, src, cfg))
-                pooled["neighbour"].append(measure_once(tj, src, cfg, pool))
+                for into, threads in order:
+                    into["neighbour"].append(measure_once(tj, src, cfg, threads))
             finally:
                 spin.kill()
                 spin.wait()
@@ -147,6 +151,11 @@ def run() -> dict[str, Any]:
             "pool_step_ops_medians": pmed,
             "pool_neighbour_step_ops_over_quiet": pmed["neighbour"] / pmed["quiet"],
             "one_thread_over_pool_quiet_step_ops": med["step_ops"]["quiet"] / pmed["quiet"],
+            "one_thread_over_pool_quiet_by_pair": [
+                a["step_ops"] / b["step_ops"]
+                for a, b in zip(runs["quiet"], pooled["quiet"], strict=True)],
+            "pool_quiet_reference_op_s_median": statistics.median(
+                r["reference_op_s"] for r in pooled["quiet"]),
             "quiet_fastest_s_range": [min(r["fastest_s"] for r in runs["quiet"]),
                                       max(r["fastest_s"] for r in runs["quiet"])],
             "quiet_step_ops_range": [min(r["step_ops"] for r in runs["quiet"]),
@@ -170,7 +179,7 @@ def run() -> dict[str, Any]:
 
 def render(doc: dict[str, Any]) -> str:
     L = ["# plan's host measurement on a shared machine", "",
-         "Regenerate: `python benchmarks/host_busy.py` (idle machine, ~3 min). The host time of a "
+         "Regenerate: `python benchmarks/host_busy.py` (idle machine, ~8 min). The host time of a "
          "launch-bound step is the step's own code run at a tiny width on this CPU "
          "(`trainfit/speed/host.py`, `host_timing.py`): CPU time of the thread per repeat, over "
          "the reference loops timed before and after it (cost in reference ops, the median), "
@@ -207,7 +216,8 @@ def render(doc: dict[str, Any]) -> str:
           "ops), lowest … highest | quiet: what plan reads (ms: cost × machine reference) | "
           "neighbour / quiet: fastest repeat | neighbour / quiet: cost | "
           "marked busy: quiet / neighbour | pool at the machine's threads: neighbour / quiet "
-          "cost | quiet cost: 1 thread / the pool |", "|---|---|---|---|---|---|---|---|---|"]
+          "cost | quiet cost: 1 thread / the pool (median; by pair) | quiet median reference op "
+          "(µs): 1 thread / the pool |", "|---|---|---|---|---|---|---|---|---|---|"]
     for cid, c in doc["cases"].items():
         lo, hi = c["quiet_fastest_s_range"]
         olo, ohi = c["quiet_step_ops_range"]
@@ -218,7 +228,10 @@ def render(doc: dict[str, Any]) -> str:
                  f"{c['neighbour_step_ops_over_quiet']:.2f}× | {c['quiet_marked_busy']} of "
                  f"{doc['pairs']} / {c['neighbour_marked_busy']} of {doc['pairs']} | "
                  f"{c['pool_neighbour_step_ops_over_quiet']:.2f}× | "
-                 f"{c['one_thread_over_pool_quiet_step_ops']:.2f} |")
+                 f"{c['one_thread_over_pool_quiet_step_ops']:.2f}; "
+                 + ", ".join(f"{x:.2f}" for x in c.get("one_thread_over_pool_quiet_by_pair", []))
+                 + f" | {c['medians']['reference_op_s']['quiet'] * 1e6:.1f} / "
+                 f"{c.get('pool_quiet_reference_op_s_median', 0) * 1e6:.1f} |")
     return "\n".join(L) + "\n"
 
 

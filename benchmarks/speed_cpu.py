@@ -77,7 +77,7 @@ def main() -> int:
         fpt = model_flops_per_token(srcs[name].config, sim.total_params, sim.trainable_params,
                                     SEQ, job.method == "full")
         pred = predict_speed_exact(dev, rec.ops, job.micro_batch, 1, SEQ, 1, fpt,
-                                   host=host_step(job, srcs[name]))
+                                   host=host_step(job, srcs[name], pool=True))
         rows.append({"model": name, "config": kw, "job": job, "predicted_step_s": pred.step_time_s,
                      "measured": []})
     for _ in range(2):  # interleaved repeats

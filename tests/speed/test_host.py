@@ -253,8 +253,9 @@ def test_the_callers_random_stream_is_left_as_it_was(measuring, tiny_llama) -> N
 def test_the_step_is_timed_on_one_thread_and_the_pool_is_restored(measuring, tiny_llama,
                                                                    monkeypatch) -> None:
     """A GPU step's ops use no CPU thread pool: the tiny step is timed with torch's intra-op pool
-    at one thread (no OpenMP fork/join, which waits on a core another process holds), and the
-    caller's thread count is back afterwards, also when the step fails."""
+    at one thread (no OpenMP fork/join, which waits on a core another process holds) unless the
+    step runs on this CPU, and the caller's thread count is back afterwards, also when the step
+    fails."""
     import torch
 
     seen: list[int] = []
@@ -268,9 +269,15 @@ def test_the_step_is_timed_on_one_thread_and_the_pool_is_restored(measuring, tin
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        assert host_step(JobSpec(model="tiny-llama", method="full"), tiny_llama) is not None
+        job = JobSpec(model="tiny-llama", method="full")
+        assert host_step(job, tiny_llama) is not None
         assert seen == [1]
         assert torch.get_num_threads() == 2
+        # a step run on this CPU (tune's CPU target) opens the pool's regions: timed with it, and
+        # kept apart from the one-thread measurement
+        assert host_step(job, tiny_llama, pool=True) is not None
+        assert seen == [1, 2]
+        assert host_step(job, tiny_llama) is not None and seen == [1, 2]  # both cached
 
         def fails(*args):
             raise RuntimeError("the tiny step failed")

@@ -25,10 +25,11 @@ Assumed and stated: the machine that plans is as fast per Python op as the one t
 when ``plan`` runs on the training machine; otherwise ``TRAINFIT_HOST_REFERENCE_OP_S`` gives the
 training host's reference op — this VM's view op ran at 2.6 µs one day and 1.4 µs another, the
 H100 host's at 2.5, ``benchmarks/gpu_launch_overhead.py``). Timed on one intra-op thread
-(:func:`one_thread`): with torch's pool at 2 threads, a simulation or any process on the other
-core raised a step's CPU time 2-4×, its ops' OpenMP joins waiting for that core; at one thread a
-neighbour left it within 0.94-0.97× (benchmarks/results/host_busy.md). ``plan`` still measures
-its groups one after the other in one worker. The machine's drifting speed and other processes
+(:func:`one_thread`): with torch's pool at 2 threads, a simulation or another process on the
+other core raised a step's CPU time 2-4×; at one thread a matrix-multiplying neighbour left it
+at 0.89-0.97× (medians, benchmarks/results/host_busy.md); a step that runs on this CPU (tune's
+CPU target) is timed with the pool, which its ops do use. ``plan`` still measures its groups
+one after the other in one worker. The machine's drifting speed and other processes
 on its CPUs are :mod:`trainfit.speed.host_timing`'s: a measurement whose every round was busy is
 kept but marked (:attr:`HostStep.busy`), measured again by the next ``plan``'s host phase (the
 lower cost kept: a busy machine only adds), and ``plan`` says so beside its launch-bound rows.
@@ -266,7 +267,7 @@ _JOB_KEYS = ("method", "lora_dropout", "lora_targets", "grad_ckpt", "optimizer_i
 rung reads the same measurement; SDPA's kernel choices all build as ``sdpa``)."""
 
 
-def _key(job: JobSpec, cfg: Any, task: str) -> str:
+def _key(job: JobSpec, cfg: Any, task: str, threads: int = 1) -> str:
     import peft
     import transformers
 
@@ -274,7 +275,7 @@ def _key(job: JobSpec, cfg: Any, task: str) -> str:
              "python": platform.python_version(),
              "transformers": transformers.__version__, "peft": peft.__version__, "task": task,
              "config": cfg.to_json_string(use_diff=False),
-             "attention": "eager" if job.attention == "eager" else "sdpa",
+             "attention": "eager" if job.attention == "eager" else "sdpa", "threads": threads,
              "job": {k: getattr(job, k) for k in _JOB_KEYS}}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -285,21 +286,24 @@ SWITCH = "TRAINFIT_HOST_MEASURE"
 default: its speed numbers then do not depend on this machine's timing)."""
 
 
-def host_step(job: JobSpec, source: Any, again: bool = False) -> HostStep | None:
+def host_step(job: JobSpec, source: Any, again: bool = False,
+              pool: bool = False) -> HostStep | None:
     """The measured host time of one micro-step of ``job`` (None where it is not measured: see
     the module docstring).  Measured once per code path and kept in the cache directory;
     ``again``: a cached busy machine's measurement is measured once more — only by a caller that
-    measures alone (plan's host phase), not beside its simulations.  Never raises: a path it
-    cannot measure keeps the op-level count."""
+    measures alone (plan's host phase), not beside its simulations.  ``pool``: timed with torch's
+    intra-op pool as the caller has it, for a step that runs on this CPU (its ops do open the
+    pool's parallel regions); otherwise on one thread, as a GPU step's host side
+    (:func:`one_thread`).  Never raises: a path it cannot measure keeps the op-level count."""
     if os.environ.get(SWITCH) == "0" or job.compile or source.task == "custom-lm":
         return None
     try:
-        return _host_step(job, source, again)
+        return _host_step(job, source, again, pool)
     except Exception:  # an unforeseen config or job: the op-level count stands, plan goes on
         return None
 
 
-def _host_step(job: JobSpec, source: Any, again: bool) -> HostStep | None:
+def _host_step(job: JobSpec, source: Any, again: bool, pool: bool = False) -> HostStep | None:
     cfg = shrunk_config(source.config)
     if cfg is None or _first_int(cfg, _EXPERTS)[1]:
         # mixture of experts: on a CPU the experts' grouped matmuls fall back to a loop of
@@ -307,7 +311,8 @@ def _host_step(job: JobSpec, source: Any, again: bool) -> HostStep | None:
         # compute for 0.09 s of ops), so the time would not be the host's
         return None
     tj = tiny_job(job, max(TOKENS, head_chunks(job)))
-    key = _key(tj, cfg, source.task)
+    threads = torch.get_num_threads() if pool else 1
+    key = _key(tj, cfg, source.task, threads)
     if key in _MEMO:  # the measurement as taken; read at the machine's reference now
         return None if _MEMO[key] is None else _MEMO[key].at_machine_speed()
     path = cache_path(f"host_step/{key[:32]}.json")
@@ -316,10 +321,10 @@ def _host_step(job: JobSpec, source: Any, again: bool) -> HostStep | None:
     if isinstance(cached, dict) and cached.get("key") == key:
         hs = None if cached.get("none") else HostStep(**cached["step"])
         if hs is not None and hs.busy and again:  # a busy machine's: once more, the lower kept
-            hs = merged(hs, _measure(tj, source, cfg))
+            hs = merged(hs, _measure(tj, source, cfg, pool))
             _write(path, key, hs)
     else:
-        hs = _measure(tj, source, cfg)
+        hs = _measure(tj, source, cfg, pool)
         _write(path, key, hs)
     _MEMO[key] = hs
     return None if hs is None else hs.at_machine_speed()
@@ -342,17 +347,21 @@ def _write(path: Any, key: str, hs: HostStep | None) -> None:
 
 @contextlib.contextmanager
 def one_thread() -> Iterator[None]:
-    """torch's intra-op pool at one thread while the tiny step is timed, as it was before after.
+    """torch's intra-op pool at one thread while the tiny step is timed; the caller's thread
+    count restored afterwards, also on an exception.
 
     Why: on a GPU the step's ops are CUDA kernels, and no CPU thread pool takes part in them.  On
     the CPU some of the tiny step's ops still open an OpenMP parallel region (fork, then a join
-    that waits for every thread of the pool), which is CPU-only cost; and when another process
-    holds a core the join waits for the scheduler to run the pool's thread there.  Measured on
-    this 2-core VM (benchmarks/results/host_busy.md, BERT-large AMP fp16 with checkpointing at a
-    tiny width, in reference ops): beside one process multiplying matrices on the other core the
-    step cost 2.1-2.5× its quiet cost with the pool at 2 threads and 1.05-1.10× at 1 thread; quiet,
-    1 thread cost 5-20 % less than 2.  The reference loop's 64-float ops never open a region, so
-    the thread count does not move it."""
+    that waits for every thread of the pool).  Measured on this 2-core VM
+    (benchmarks/results/host_busy.md: BERT-large AMP fp16 and Llama-2-7B LoRA, both
+    checkpointed, at a tiny width, in reference ops, two runs of 4 pairs on 2026-11-29): beside
+    one process multiplying matrices on the other core the step cost 1.9-2.4× its quiet cost
+    with the pool at 2 threads (medians), and 0.89-0.97× at one thread (single pairs 0.82-1.14×);
+    the load read beside that neighbour was 0.64-0.75 cores with the pool and a whole core at one
+    thread — consistent with the joins waiting for the pool's thread on the core the neighbour
+    holds (no profile of the regions was taken).  Quiet, the two pool sizes differed by no more
+    than the pairs' own spread (medians 0.94-0.99, pairs 0.85-1.19).  Not for a step that runs
+    on this CPU: its ops do use the pool (``host_step(..., pool=True)``)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -361,9 +370,10 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def _measure(tj: JobSpec, source: Any, cfg: Any) -> HostStep | None:
+def _measure(tj: JobSpec, source: Any, cfg: Any, pool: bool = False) -> HostStep | None:
     # build_real seeds torch's generator: the caller's random stream is left as it was
-    with torch.random.fork_rng(devices=[]), one_thread():
+    with torch.random.fork_rng(devices=[]), \
+            contextlib.nullcontext() if pool else one_thread():
         return _run_tiny(tj, source, cfg)
 
 

@@ -11,28 +11,30 @@ that the step's own code does not, both measured on this 2-core VM
   VM's host or its clock, which no load reading shows.  So the step is measured in reference ops
   (the median over repeats of the step's time over the mean of the reference loops timed just
   before and after it: 4,741-5,188 over those runs of 2026-11-28, ±5 % where the seconds moved
-  ±28 %; 5,150-6,348 on 2026-11-29, with the VM 1.5-2× slower, and 5,196-6,443 timed on one thread
-  later that day: the ratio holds in part) and
+  ±28 %; 5,150-6,348 on 2026-11-29, with the VM 1.5-2× slower, and 5,196-6,443 and 5,225-6,334
+  timed on one thread later that day: the ratio holds in part) and
   turned into seconds at the machine's reference (:func:`machine_reference_op_s`: the lowest
   median reference of a quiet measurement, cached per CPU, torch and Python) — one conversion
   for every measurement, whenever it was taken.
-* **Other processes on the same CPUs.** One process multiplying matrices on the other core
-  raised the step's cost in reference ops 2.1-2.4× while torch's intra-op pool had 2 threads:
-  some of the tiny step's ops open an OpenMP parallel region, whose join waits for the pool's
-  thread on the core the neighbour holds (the reference loop's 64-float ops open none, so it did
-  not move). The step is now timed on one thread (:func:`trainfit.speed.host.one_thread`: a GPU
-  step's ops use no CPU pool either), and the same neighbour left its cost at 0.94-0.97× the
-  quiet one (benchmarks/results/host_busy.md, 2026-11-29, 4 pairs per case). A neighbour can
-  still slow a step in ways a ratio does not cancel (a shared core's caches, an SMT sibling: not
-  measured here), so the load is still read: the CPU time other processes (and a hypervisor's
-  steal) used on the CPUs this process may run on while the repeats ran (``psutil.cpu_times``),
-  over at least ``LOAD_WINDOW_S`` (the kernel counts in 10 ms ticks): 1.00-1.01 cores beside
-  that neighbour at one thread (0.64-0.75 with the pool at 2, whose waiting thread took the rest
-  of that core), 0.00-0.02 without, so all 8 measurements beside it and none of the 8 without
-  were marked busy, at either pool size. Above ``BUSY_SHARE`` of those CPUs the round is timed
-  again, up to ``BUSY_ROUNDS`` rounds; the quiet rounds give the result, and where none was
-  quiet it is marked busy (the caller measures it again later and keeps the lower cost: a busy
-  machine only adds), and it never sets the machine's reference.
+* **Other processes on the same CPUs.**  One process multiplying matrices on the other core
+  raised the step's cost in reference ops 1.9-2.4× (medians) while torch's intra-op pool had 2
+  threads, and the reference loop not at all.  Some of the tiny step's ops open an OpenMP
+  parallel region, and the load read beside the neighbour (0.64-0.75 cores with the pool, a whole
+  core without) is consistent with their joins waiting for the pool's thread on the core the
+  neighbour holds; the reference loop's 64-float ops are below the size at which torch's kernels
+  parallelise.  The step is now timed on one thread (:func:`trainfit.speed.host.one_thread`: a
+  GPU step's ops use no CPU pool either), and the same neighbour left its cost at 0.89-0.97×
+  the quiet one (medians; single pairs 0.82-1.14×; benchmarks/results/host_busy.md, two runs
+  of 4 pairs per case on 2026-11-29).  A neighbour can still slow a step in ways a ratio does
+  not cancel (a shared core's caches, an SMT sibling: not measured here), so the load is still
+  read: the CPU time other processes (and a hypervisor's steal) used on the CPUs this process
+  may run on while the repeats ran (``psutil.cpu_times``), over at least ``LOAD_WINDOW_S`` (the
+  kernel counts in 10 ms ticks): 0.99-1.01 cores beside that neighbour at one thread, 0.00-0.03
+  without, so all 8 measurements beside it and none of the 8 without were marked busy in each
+  run, at either pool size.  Above ``BUSY_SHARE`` of those CPUs the round is timed again, up to
+  ``BUSY_ROUNDS`` rounds; the quiet rounds give the result, and where none was quiet it is
+  marked busy (the caller measures it again later and keeps the lower cost: a busy machine only
+  adds), and it never sets the machine's reference.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ REPEATS = 9
 BUSY_SHARE = 0.125
 """Other processes' CPU use during a round, as a share of the CPUs this process may run on,
 above which the round is busy: a quarter of a core on a 2-core machine, where a neighbour
-slowed the step 2.1-2.4× while it was timed with torch's pool at 2 threads and not at all at one
+slowed the step 1.9-2.4× while it was timed with torch's pool at 2 threads and not at one
 (benchmarks/results/host_busy.md) — kept as a safeguard for what one thread does not remove; on
 a larger machine the same share (8 cores of 64) is assumed, not measured."""
 LOAD_WINDOW_S = 0.5
@@ -72,17 +74,18 @@ HOST_ENV = "TRAINFIT_HOST_REFERENCE_OP_S"
 """Environment: the training host's reference op in seconds, where ``plan`` runs on another
 machine (the benchmarks set :data:`H100_HOST_REFERENCE_OP_S`); unset: this machine's."""
 H100_HOST_REFERENCE_OP_S = 18.3e-6
-"""The reference op on the H100 host of benchmarks/results/gpu_launch.json (a 2.1 GHz Xeon,
-torch 2.11, Python 3.12), derived, not measured there: its view op (a dispatcher call, no kernel)
-took 2.50 µs, and on this CPU the reference loop cost 7.3× a view op (p10-p90 7.0-7.9 over 200
+"""The reference op on the H100 host of benchmarks/results/gpu_launch.json (a 2.1 GHz Xeon, torch
+2.11, Python 3.12), derived, not measured there: its view op (a dispatcher call, no kernel) took
+2.50 µs, and on this CPU the reference loop cost 7.3× a view op (p10-p90 7.0-7.9 over 200
 interleaved pairs, benchmarks/results/host_busy.md as of 22d4457) — 18.3 µs; the 2026-11-29
-run's 7.9 would give 19.8.  This VM's own reference ran at 9-23 µs over one afternoon.  The
-benchmarks read every measured step at this host's speed, so their numbers depend less on the
-state this VM was in — not at all only if a step's cost in reference ops were the same in every
-state, which it is not: on 2026-11-29 the VM ran the loop at 18.6-38.3 µs and the BERT-large
-checkpointed fp16 step at 5,150-6,348 reference ops, where the 2026-11-28 run gave 4,741-5,188
-(docs/notes/gpu-measurements.md).  ``benchmarks/gpu_launch_overhead.py`` now times the
-reference loop itself, for the next GPU session."""
+runs' 7.9 and 8.2 (host_busy.md at 1a4e2ff^ and 1a4e2ff) would give 19.8 and 20.5. This VM's own
+reference ran at 9-23 µs over one afternoon. The benchmarks read every measured step at this
+host's speed, so their numbers depend less on the state this VM was in — not at all only if a
+step's cost in reference ops were the same in every state, which it is not: on 2026-11-29
+(host_busy.md at 1a4e2ff^) the VM ran the loop at 18.6-38.3 µs and the BERT-large checkpointed
+fp16 step at 5,150-6,348 reference ops, where the 2026-11-28 run gave 4,741-5,188
+(docs/notes/gpu-measurements.md). ``benchmarks/gpu_launch_overhead.py`` now times the reference
+loop itself, for the next GPU session."""
 
 
 @dataclass(frozen=True, kw_only=True)

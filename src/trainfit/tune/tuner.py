@@ -151,7 +151,8 @@ class CpuPredictor:
                                     job.seq_len, job.method == "full",
                                     inactive_params=inactive_expert_params_of(self.source))
         sp = predict_speed_exact(cpu_speed(), rec.ops, job.micro_batch or 1, job.grad_accum or 1,
-                                 job.seq_len, job.ranks, fpt, host=host_step(job, self.source))
+                                 job.seq_len, job.ranks, fpt,
+                                 host=host_step(job, self.source, pool=True))
         # many ranks: what data parallelism adds to the one-process step (DDP's gradient
         # buckets), as plan adds it — the probe counts the same buckets
         extra, _ = data_parallel_bytes(job, self.source, sim.breakdown, sim.trainable_params)
