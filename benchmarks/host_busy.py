@@ -86,23 +86,12 @@ def _case(case_id: str) -> tuple[Any, Any, Any, Any]:
     raise SystemExit(f"host_busy: no case {case_id}")
 
 
-def measure_once(tj: Any, src: Any, cfg: Any, pool: int | None = None) -> dict[str, Any]:
-    """plan's measurement (``pool`` None: one intra-op thread), or the same with torch's pool
-    at ``pool`` threads (its seed fork and restore as ``host._measure`` has them)."""
-    import torch
-
+def measure_once(tj: Any, src: Any, cfg: Any, pool: bool = False) -> dict[str, Any]:
+    """plan's measurement: on one intra-op thread, or (``pool``) with torch's pool at the
+    machine's thread count, as ``host._measure`` takes either."""
     from trainfit.speed import host
 
-    if pool is None:
-        hs = host._measure(tj, src, cfg)
-    else:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(pool)
-        try:
-            with torch.random.fork_rng(devices=[]):
-                hs = host._run_tiny(tj, src, cfg)
-        finally:
-            torch.set_num_threads(threads)
+    hs = host._measure(tj, src, cfg, pool)
     assert hs is not None, "the tiny step did not run"
     hs.at_machine_speed()  # as plan reads it: a quiet measurement may lower the reference
     return {"fastest_s": hs.fastest_s, "step_ops": hs.step_ops,
@@ -129,15 +118,15 @@ def run() -> dict[str, Any]:
         for i in range(PAIRS):
             # the two pool sizes in alternating order (ABBA), so the machine's drift within a
             # pair does not fall on one of them
-            order = ((runs, None), (pooled, pool)) if i % 2 == 0 else \
-                ((pooled, pool), (runs, None))
-            for into, threads in order:
-                into["quiet"].append(measure_once(tj, src, cfg, threads))
+            order = ((runs, False), (pooled, True)) if i % 2 == 0 else \
+                ((pooled, True), (runs, False))
+            for into, use_pool in order:
+                into["quiet"].append(measure_once(tj, src, cfg, use_pool))
             spin = subprocess.Popen([sys.executable, "-c", NEIGHBOUR])
             try:
                 time.sleep(1.0)  # its interpreter and torch imported, the loop running
-                for into, threads in order:
-                    into["neighbour"].append(measure_once(tj, src, cfg, threads))
+                for into, use_pool in order:
+                    into["neighbour"].append(measure_once(tj, src, cfg, use_pool))
             finally:
                 spin.kill()
                 spin.wait()

@@ -168,11 +168,8 @@ def _fit_one(args: tuple[JobSpec, ModelSource, Any, list[tuple[int, bool]]]) -> 
 
 def _host_steps(jobs: list[tuple[JobSpec, ModelSource]]) -> list[Any]:
     """The groups' host steps, measured one after the other in one worker while the others
-    idle: measured beside a simulation on the other core, a step's CPU time came out 2-4× its
-    own (a review's measurement: gpt2-xl LoRA 42-59 ms alone, 126 ms inside a plan), when the
-    step was timed with torch's intra-op pool at 2 threads; it is now timed on one
-    (``host.one_thread``), beside which a neighbour no longer raised it (host_busy.md), and
-    still measured alone."""
+    idle: beside a simulation a step's CPU time came out 2-4× its own (gpt2-xl LoRA 42-59 ms
+    alone, 126 ms in a plan) on torch's 2-thread pool; now timed on one (``host.one_thread``)."""
     steps = [host_step(job, source, again=True) for job, source in jobs]
     # read again at the machine's reference as it stands after the last of them (a quiet one
     # may have lowered it): every group alike
