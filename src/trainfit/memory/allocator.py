@@ -10,7 +10,9 @@ Rules (c10/cuda/CUDACachingAllocator.cpp, defaults, no ``PYTORCH_CUDA_ALLOC_CONF
 * requests ≤ 1 MiB (``kSmallSize``) use the small pool, larger ones the large pool;
 * a new segment is 2 MiB for small requests (``kSmallBuffer``), 20 MiB for requests < 10 MiB
   (``kLargeBuffer``/``kMinLargeAlloc``), else the request rounded up to 2 MiB (``kRoundLarge``);
-* a request takes the smallest free block of its pool that fits (best fit);
+* a request takes the smallest free block of its pool that fits (best fit); of free blocks of
+  one size, the one that entered the pool first (the allocator's ``BlockComparatorSize`` takes
+  the lowest address, which is not known here: docs/memory-model.md §4 says what trying it gave);
 * a block is split when the remainder is ≥ 512 B (small pool) or > 1 MiB (large pool);
 * freed blocks merge with free neighbours in the same segment; segments are never released;
 * a free block is reused only by a request on the stream it was allocated on (``get_free_block``
