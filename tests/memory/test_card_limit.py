@@ -61,6 +61,7 @@ def test_a_replay_that_runs_out_while_the_live_bytes_fit_says_so(tiny_llama):
     assert tight.peak_reserved_bytes == roomy.peak_reserved_bytes
     note = next(n for n in tight.model_notes if n.startswith("at the card's limit"))
     assert "runs out even after releasing its cache" in note and "trainfit tune" in note
+    assert "expandable_segments:True" in note  # the setting that returns split segments' pages
 
 
 def test_plan_json_rows_carry_the_retries(tiny_llama):

@@ -434,7 +434,10 @@ def _at_card_limit(trace: Trace | Callable[[], Trace | None], room_bytes: int, a
             "replayed at this capacity, the allocator runs out even after releasing its cache "
             "(segments split by live tensors cannot be returned); that outcome turns on the "
             "exact order of allocations, a few hundred MiB of capacity either way can reverse "
-            "it: called not fitting — `trainfit tune` on the card measures it")
+            "it: called not fitting — `trainfit tune` on the card measures it; "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets the allocator unmap the free "
+            "pages of segments that live tensors split (the fragmentation this runs out on; "
+            "c10/cuda/CUDACachingAllocator.cpp, Note [Expandable Segments]; not modelled here)")
     held = allocated + max(0, capped.peak_reserved_bytes - tensor_peak_bytes)
     return held, capped.alloc_retries, (
         f"at the card's limit: the step would reserve {reserved / 2**30:.2f} GiB; the allocator "
