@@ -437,7 +437,9 @@ def _at_card_limit(trace: Trace | Callable[[], Trace | None], room_bytes: int, a
             "it: called not fitting — `trainfit tune` on the card measures it; "
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets the allocator unmap the free "
             "pages of segments that live tensors split (the fragmentation this runs out on; "
-            "c10/cuda/CUDACachingAllocator.cpp, Note [Expandable Segments]; not modelled here)")
+            "c10/cuda/CUDACachingAllocator.cpp, Note [Expandable Segments]; not modelled here; "
+            "torch ≥ 2.9 calls that name deprecated, but its new name PYTORCH_ALLOC_CONF was "
+            "ignored for this setting on CUDA in 2.9.1: pytorch/pytorch#183387)")
     held = allocated + max(0, capped.peak_reserved_bytes - tensor_peak_bytes)
     return held, capped.alloc_retries, (
         f"at the card's limit: the step would reserve {reserved / 2**30:.2f} GiB; the allocator "
