@@ -203,7 +203,8 @@ def render(rows: list[dict[str, Any]], summary: dict[str, Any], wall_s: float) -
         "nvidia-smi); GiB = 2^30 bytes. Fits = predicted device peak ≤ the card's capacity (no "
         "margin; `fits_with_margin` in the JSON uses plan's 10 %). Unsupported cases are listed "
         "but not scored.", "",
-        f"trainfit {summary.get('trainfit', '?')}; wall time of this run: {wall_s / 60:.1f} min.",
+        f"trainfit {summary.get('trainfit', '?')}; wall time of the runs behind these rows (a "
+        f"full run, plus any `--update` of some cases): {wall_s / 60:.1f} min.",
         "",
         "| group | scored | median \\|error\\| | median error | worst under-prediction | "
         "under by > 5 % | OOM runs predicted OOM | trained runs predicted to fit |",
