@@ -123,3 +123,31 @@ def test_far_from_the_line_the_verdict_is_clear():
         obs = Observation(split=split(forward_s=0.4, backward_s=0.5, optimizer_s=0.1), device="cpu",
                           trainfit_job=True, matmul_time_fraction=fraction)
         assert find(obs)[0].bottleneck == name
+
+
+def test_a_gpu_round_is_judged_by_the_cards_peak_not_the_hosts_rss():
+    """A trainfit job with checkpointing on a GPU whose 80 GiB are 70 full, its host process at
+    4 GiB: read against the card's capacity, the host's RSS (5 %) called checkpointing needless,
+    and turning it off would not fit."""
+    import dataclasses
+
+    from trainfit.doctor.measure import Round
+    from trainfit.doctor.run import _observation
+    from trainfit.job import JobSpec
+
+    s = split(forward_s=0.2, backward_s=0.6, optimizer_s=0.2)
+    job = JobSpec(model="t", seq_len=64, micro_batch=1, grad_accum=1, grad_ckpt="full")
+    gpu = Round(label="before", job=job, data_mode="eager", records=[], split=s,
+                tokens_per_step=64.0, positions_per_step=64.0, tokens_per_s=64.0 / s.step_time_s,
+                data_wait_fraction=0.0, host=dataclasses.replace(host(), peak_rss_bytes=4 * 2**30),
+                profile=None, hook_calls_per_step=0.0, device_peak_reserved_bytes=70 * 2**30)
+    obs = _observation(gpu, None, 1e-5, lazy=False, probe=None, recompute_s=0.2,
+                       capacity=80 * 2**30)
+    assert obs.peak_memory_bytes == 70 * 2**30
+    assert "needless-recompute" not in [f.bottleneck for f in find(obs)]
+    # on the CPU (no device peak) the process's RSS is the peak, against the host's RAM
+    cpu = dataclasses.replace(gpu, device_peak_reserved_bytes=None)
+    obs = _observation(cpu, None, 1e-5, lazy=False, probe=None, recompute_s=0.2,
+                       capacity=80 * 2**30)
+    assert obs.peak_memory_bytes == 4 * 2**30
+    assert "needless-recompute" in [f.bottleneck for f in find(obs)]

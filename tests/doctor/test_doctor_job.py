@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+import torch
 from typer.testing import CliRunner
 
 from trainfit.doctor import fixes
@@ -50,3 +52,21 @@ def test_bad_job_files(tmp_path):
     nodata.write_text("model: llama-tiny-58m\n")
     res = runner.invoke(app, ["doctor", str(nodata)])
     assert res.exit_code == 2 and "no data" in res.output
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_round_carries_the_cards_reserved_peak(input_bound_yaml, tmp_path):
+    """On a GPU the round measures the card's own peak (what needless-recompute reads against
+    the card's capacity), from its first step: not the host's RSS, not an earlier round's."""
+    from trainfit.doctor.measure import JobRunner
+    from trainfit.doctor.run import _job_to_examine
+    from trainfit.model.source import resolve_model
+
+    _, job, _, _ = _job_to_examine(input_bound_yaml, None, "eager", None, 2)
+    runner = JobRunner(job, resolve_model(job.model), torch.device("cuda"), data_path=job.data)
+    first = runner.measure(job, runner.data("eager", job), steps=2, warmup=1, profile=False)
+    assert first.device_peak_reserved_bytes is not None
+    assert first.device_peak_reserved_bytes >= torch.cuda.max_memory_allocated() > 0
+    torch.cuda.empty_cache()
+    again = runner.measure(job, runner.data("eager", job), steps=2, warmup=1, profile=False)
+    assert 0 < again.device_peak_reserved_bytes <= 2 * first.device_peak_reserved_bytes

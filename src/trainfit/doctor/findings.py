@@ -86,6 +86,9 @@ class Observation:
     mfu: float | None = None
     recompute_s: float = 0.0
     peak_memory_bytes: int | None = None
+    """The measured peak read against ``memory_capacity_bytes``: on a GPU the card's (a trainfit
+    job's reserved peak over the round; another command's allocated peak, from its hooks), on the
+    CPU the process's RSS."""
     memory_capacity_bytes: int | None = None
     params_on_cpu_fraction: float | None = None
     num_workers: int | None = None

@@ -86,6 +86,9 @@ class Round:
     host: HostSummary
     profile: dict[str, Any] | None
     hook_calls_per_step: float
+    device_peak_reserved_bytes: int | None = None
+    """On a GPU: ``torch.cuda.max_memory_reserved`` over the round (what the card held for the
+    tensors, measured); None on the CPU, where the process's peak RSS is the memory peak."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -199,6 +202,8 @@ class JobRunner:
 
         records: list[StepRecord] = []
         prof_stats = None
+        if cuda:  # the round's own peak, not the model loading's or an earlier round's
+            torch.cuda.reset_peak_memory_stats(self.device)
         it = iter(loader)
         with HostWatch(interval_s=1.0) as watch:
             for s in range(n_steps):
@@ -224,6 +229,7 @@ class JobRunner:
                     clock.active = False
         del it, loader
         host = watch.summary()
+        device_peak = int(torch.cuda.max_memory_reserved(self.device)) if cuda else None
         split = median_split(records, idle_s=device_idle_s(prof_stats, records))
         tokens = median_counter(records, "tokens") if observe else float(per_step * job.seq_len)
         positions = median_counter(records, "positions") if observe else float(per_step * job.seq_len)
@@ -233,7 +239,8 @@ class JobRunner:
                      tokens_per_s=tokens / split.step_time_s if split.step_time_s > 0 else 0.0,
                      data_wait_fraction=statistics.median(waits) if waits else 0.0, host=host,
                      profile=prof_stats,
-                     hook_calls_per_step=median_hook_calls(records))
+                     hook_calls_per_step=median_hook_calls(records),
+                     device_peak_reserved_bytes=device_peak)
 
 
 def resolve_relative(value: str | None, base: Path) -> str | None:

@@ -120,6 +120,15 @@ def _largest_micro(job: JobSpec, limit: int) -> int:
     return max((m for m in dividing_micro_batches(per_rank, mb * limit) if m >= mb), default=mb)
 
 
+def _memory_peak(r: Round) -> int | None:
+    """The measured peak that the capacity (the GPU's memory, or the host's RAM on the CPU) is
+    compared with: on a GPU its reserved peak over the round — the host process's RSS there says
+    nothing of the card, and read against the card's capacity it called a nearly full GPU's
+    checkpointing needless."""
+    return r.device_peak_reserved_bytes if r.device_peak_reserved_bytes is not None \
+        else r.host.peak_rss_bytes
+
+
 def _observation(r: Round, runner: JobRunner | None, op_s: float, *, lazy: bool,
                  probe: tuple[int, float] | None, recompute_s: float = 0.0,
                  capacity: int | None = None) -> Observation:
@@ -144,7 +153,7 @@ def _observation(r: Round, runner: JobRunner | None, op_s: float, *, lazy: bool,
         trainfit_job=True, tokens_per_step=r.tokens_per_step,
         micro_steps_per_step=float(job.grad_accum or 1), ops_per_step=prof.get("ops_per_step"),
         op_overhead_s=op_s, matmul_time_fraction=prof.get("matmul_time_fraction"), mfu=mfu,
-        recompute_s=recompute_s, peak_memory_bytes=r.host.peak_rss_bytes,
+        recompute_s=recompute_s, peak_memory_bytes=_memory_peak(r),
         memory_capacity_bytes=capacity, num_workers=job.num_workers, cpu_count=os.cpu_count() or 1,
         lazy_tokenization=lazy, micro_batch=job.micro_batch,
         max_micro_batch=probe[0] if probe else _largest_micro(job, 16),
@@ -355,7 +364,10 @@ def _pooled(bench: _Bench, befores: list[Round]) -> Round:
                  tokens_per_s=statistics.median(r.tokens_per_s for r in befores),
                  data_wait_fraction=statistics.median(r.data_wait_fraction for r in befores),
                  host=first.host, profile=first.profile,
-                 hook_calls_per_step=statistics.median(r.hook_calls_per_step for r in befores))
+                 hook_calls_per_step=statistics.median(r.hook_calls_per_step for r in befores),
+                 device_peak_reserved_bytes=max(
+                     (r.device_peak_reserved_bytes for r in befores
+                      if r.device_peak_reserved_bytes is not None), default=None))
 
 
 def doctor_job(path: str | Path | None = None, *, job: JobSpec | None = None, tokenize: str = "eager",
