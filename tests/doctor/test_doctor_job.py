@@ -55,7 +55,7 @@ def test_bad_job_files(tmp_path):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_cuda_round_carries_the_cards_reserved_peak(input_bound_yaml, tmp_path):
+def test_a_cuda_round_carries_the_cards_reserved_peak(input_bound_yaml):
     """On a GPU the round measures the card's own peak (what needless-recompute reads against
     the card's capacity), from its first step: not the host's RSS, not an earlier round's."""
     from trainfit.doctor.measure import JobRunner

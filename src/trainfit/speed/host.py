@@ -26,13 +26,13 @@ when ``plan`` runs on the training machine; otherwise ``TRAINFIT_HOST_REFERENCE_
 training host's reference op — this VM's view op ran at 2.6 µs one day and 1.4 µs another, the
 H100 host's at 2.5, ``benchmarks/gpu_launch_overhead.py``). Timed on one intra-op thread
 (:func:`one_thread`): with torch's pool at 2 threads, a simulation or another process on the
-other core raised a step's CPU time 2-4×; at one thread a matrix-multiplying neighbour left it
-at 0.89-0.97× (medians, benchmarks/results/host_busy.md); a step that runs on this CPU (tune's
-CPU target) is timed with the pool, which its ops do use. ``plan`` still measures its groups
-one after the other in one worker. The machine's drifting speed and other processes
-on its CPUs are :mod:`trainfit.speed.host_timing`'s: a measurement whose every round was busy is
-kept but marked (:attr:`HostStep.busy`), measured again by the next ``plan``'s host phase (the
-lower cost kept: a busy machine only adds), and ``plan`` says so beside its launch-bound rows.
+other core raised a step's CPU time 2-4× (the figures at one thread:
+:mod:`trainfit.speed.host_timing`); a step that runs on this CPU (tune's CPU target) is timed
+with the pool, which its ops do use. ``plan`` still measures its groups one after the other in
+one worker. The machine's drifting speed and other processes on its CPUs are
+:mod:`trainfit.speed.host_timing`'s: a measurement whose every round was busy is kept but marked
+(:attr:`HostStep.busy`), measured again by the next ``plan``'s host phase (the lower cost kept: a
+busy machine only adds), and ``plan`` says so beside its launch-bound rows.
 
 Not measured (the op-level count stands): ``torch.compile`` (no eager Python per op), models
 built by a user's factory (no config to shrink), state-space layers and mixtures of experts
@@ -352,16 +352,11 @@ def one_thread() -> Iterator[None]:
 
     Why: on a GPU the step's ops are CUDA kernels, and no CPU thread pool takes part in them.  On
     the CPU some of the tiny step's ops still open an OpenMP parallel region (fork, then a join
-    that waits for every thread of the pool).  Measured on this 2-core VM
-    (benchmarks/results/host_busy.md: BERT-large AMP fp16 and Llama-2-7B LoRA, both
-    checkpointed, at a tiny width, in reference ops, two runs of 4 pairs on 2026-11-29): beside
-    one process multiplying matrices on the other core the step cost 1.9-2.4× its quiet cost
-    with the pool at 2 threads (medians), and 0.89-0.97× at one thread (single pairs 0.82-1.14×);
-    the load read beside that neighbour was 0.64-0.75 cores with the pool and a whole core at one
-    thread — consistent with the joins waiting for the pool's thread on the core the neighbour
-    holds (no profile of the regions was taken).  Quiet, the two pool sizes differed by no more
-    than the pairs' own spread (medians 0.94-0.99, pairs 0.85-1.19).  Not for a step that runs
-    on this CPU: its ops do use the pool (``host_step(..., pool=True)``)."""
+    that waits for every thread of the pool), and beside another process the pool's join made
+    the step cost ~2× (measured: :mod:`trainfit.speed.host_timing`, "Other processes on the same
+    CPUs"; benchmarks/results/host_busy.md; quiet, the two pool sizes differed by no more than
+    the noise there).  Not for a step that runs on this CPU: its ops do use the pool
+    (``host_step(..., pool=True)``)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
