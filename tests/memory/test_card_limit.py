@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from trainfit.hardware.gpus import find_gpu
 from trainfit.job import JobSpec
 from trainfit.memory.predict import predict_memory
@@ -71,3 +73,44 @@ def test_plan_json_rows_carry_the_retries(tiny_llama):
                        grad_ckpt="off"), tiny_llama, find_gpu("a10g"), verify=False, ladder=False)
     configs = res.to_dict()["configs"]
     assert configs and all(c["alloc_retries"] == 0 for c in configs)  # room on an A10G
+
+
+def test_the_run_out_note_gives_the_expandable_allocators_verdict_and_the_flag_predicts_it(
+        tiny_llama):
+    """Where the default allocator runs out on fragments, the note replays the same trace with
+    expandable segments; a job with ``expandable_segments`` is predicted by that replay."""
+    roomy = predict_memory(JOB, tiny_llama, find_gpu("a10g"))
+    gap = roomy.peak_reserved_bytes - roomy.peak_allocated_bytes
+    card, tight = next((c, t) for f in (20, 10, 5) if (t := predict_memory(
+        JOB, tiny_llama, c := _card(roomy.peak_allocated_bytes + gap // f))).alloc_retries == 0)
+    note = next(n for n in tight.model_notes if n.startswith("at the card's limit"))
+    grown = predict_memory(JOB.replace(expandable_segments=True), tiny_llama, card)
+    # every block split to its own size (should_split: a rest ≥ 512 B in both pools), where the
+    # default keeps a large block's rest ≤ 1 MiB in it
+    assert 0 <= roomy.peak_allocated_bytes - grown.peak_allocated_bytes <= 2**20
+    if "replayed so, it runs out too" in note:
+        assert grown.fits is False
+    else:
+        said = float(note.split("replayed so, the step runs, reserving ")[1].split(" GiB")[0])
+        assert grown.peak_reserved_bytes / 2**30 == pytest.approx(said, abs=0.006)
+        assert grown.peak_reserved_bytes <= card.memory_bytes - card.cuda_context_bytes
+    # with room, the expandable allocator's reserve: pages of 20 MiB over what the step holds
+    free = predict_memory(JOB.replace(expandable_segments=True), tiny_llama, find_gpu("a10g"))
+    assert grown.peak_allocated_bytes <= free.peak_reserved_bytes < roomy.peak_reserved_bytes
+
+
+def test_a_segment_pinned_by_a_small_tensor_runs_out_by_default_and_runs_with_expandable():
+    """60 MiB freed, 2 MiB placed in its front, then 70 MiB, on 100 MiB of room: the default
+    allocator needs a new 70 MiB segment and cannot return the split 60 (out of memory); with
+    expandable segments the free 58 MiB at the end grows by one 20 MiB page (80 reserved)."""
+    from trainfit.memory.predict import _at_card_limit
+
+    mib = 2**20
+    trace = ([(1, 60 * mib), (1, -60 * mib), (2, 2 * mib), (3, 70 * mib)], {})
+    reserved, retries, note = _at_card_limit(trace, 100 * mib, 72 * mib, 72 * mib, 130 * mib)
+    assert (reserved, retries) == (130 * mib, 0)  # what the step asks for: not fitting
+    assert "replayed so, the step runs, reserving 0.08 GiB (predicted, 0 release(s)" in note
+    # a job with expandable segments: the same replay made its reserve, 80 — room enough
+    got = _at_card_limit(trace, 100 * mib, 72 * mib, 72 * mib, 80 * mib,
+                         expandable=True)
+    assert got == (80 * mib, 0, "")

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from trainfit.job import JobError
-from trainfit.model.runtime import check_no_offload, parse_device
+from trainfit.model.runtime import check_no_offload, parse_device, use_job_allocator
 
 
 def test_offload_is_refused_with_names_and_bytes():
@@ -22,6 +22,34 @@ def test_cuda_without_cuda():
     with pytest.raises(JobError, match="no CUDA device"):
         parse_device("cuda:0")
     assert parse_device("cpu").type == "cpu"
+
+
+def test_a_job_planned_with_expandable_segments_runs_with_them(monkeypatch):
+    from trainfit.job import JobSpec
+
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", calls.append)
+    job = JobSpec(model="m", expandable_segments=True)
+    assert use_job_allocator(job, torch.device("cuda", 0))
+    assert calls == ["expandable_segments:True"]
+    # on the CPU, or for a job planned with the default segments, nothing is changed (a job
+    # without the field leaves the environment's PYTORCH_CUDA_ALLOC_CONF as it is)
+    assert not use_job_allocator(job, torch.device("cpu"))
+    assert not use_job_allocator(job.replace(expandable_segments=False), torch.device("cuda", 0))
+    assert calls == ["expandable_segments:True"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_expandable_segments_reach_the_cuda_allocator():
+    from trainfit.job import JobSpec
+
+    use_job_allocator(JobSpec(model="m", expandable_segments=True), torch.device("cuda", 0))
+    x = torch.empty(3 * 2**20, device="cuda")
+    # the large pool's segment grows by 20 MiB pages: a 12 MiB tensor maps one
+    segments = [s for s in torch.cuda.memory_snapshot() if s.get("is_expandable")]
+    assert segments and all(s["total_size"] % (20 * 2**20) == 0 for s in segments
+                            if s["segment_type"] == "large")
+    del x
 
 
 def test_fsdp_build_holds_only_this_ranks_shards_with_the_one_rank_values():

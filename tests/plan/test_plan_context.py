@@ -197,3 +197,34 @@ def test_header_names_how_the_ranks_share_the_model(ranks, sharding, offload, sa
     job = JobSpec(model="t", seq_len=64, ranks=ranks, sharding=sharding, offload=offload)
     res = SimpleNamespace(assumptions=plan_assumptions(job, {"flash": 1}))
     assert said in plan_header(res)
+
+
+@pytest.mark.parametrize("env,on", [
+    ({}, False),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, True),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128, expandable_segments:True"}, True),
+    ({"PYTORCH_ALLOC_CONF": "expandable_segments:True"}, True),
+    # which name wins where both are set has changed between torch releases: either may
+    ({"PYTORCH_ALLOC_CONF": "expandable_segments:True",
+      "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}, True),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,expandable_segments:False"}, False),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6"}, False),
+])
+def test_the_shells_allocator_setting_is_read(env, on):
+    from trainfit.memory.expandable import env_expandable_segments
+
+    assert env_expandable_segments(env) is on
+
+
+def test_header_names_the_allocator_and_a_shell_that_sets_another(monkeypatch):
+    from trainfit.plan.context import plan_assumptions
+    from trainfit.render.plan_words import plan_header
+
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    job = JobSpec(model="t", seq_len=64)
+    said = plan_header(SimpleNamespace(assumptions=plan_assumptions(job, {})))
+    assert "allocator: PyTorch's default segments (this shell sets expandable_segments:True" in said
+    planned = plan_assumptions(job.replace(expandable_segments=True), {})
+    assert planned.expandable_segments and planned.shell_expandable_segments
+    assert "allocator: expandable segments" in plan_header(SimpleNamespace(assumptions=planned))

@@ -58,6 +58,17 @@ def test_seed000_record():
     JobSpec.from_dict(j.fields)  # a valid job
 
 
+def test_the_scripts_allocator_setting_is_planned_for():
+    """A script that sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (in its shell or its
+    own os.environ before the trainer) is planned with that allocator; a flag given wins."""
+    assert map_record(record()).fields["expandable_segments"] is False  # an older record: none
+    j = map_record(record(expandable_segments=True))
+    assert j.fields["expandable_segments"] is True
+    assert j.where["expandable_segments"] == "the script's environment (PYTORCH_CUDA_ALLOC_CONF)"
+    given = map_record(record(expandable_segments=True), given=frozenset({"expandable_segments"}))
+    assert "expandable_segments" not in given.fields
+
+
 def test_a_float32_base_under_bf16_autocast_is_planned_as_loaded():
     """from_pretrained without a dtype on transformers < 5 loads float32: base_dtype fp32 (the
     frozen bytes doubled), not the autocast dtype."""

@@ -253,6 +253,12 @@ class JobSpec:
     """Gradient clipping as HF Trainer does by default (None: off)."""
     compile: bool = False
     """``torch.compile`` the model: faster steps after a one-off compile time (measured by tune)."""
+    expandable_segments: bool = False
+    """The run sets ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (torchtitan's and
+    axolotl's launchers do): PyTorch's allocator grows one segment per stream by 20 MiB pages
+    instead of a cudaMalloc per segment, and at the card's limit unmaps free pages that live
+    tensors split: reserved memory closer to allocated, fewer fragmentation OOMs; train and tune
+    on a GPU run with it.  False: PyTorch's default segments."""
     num_workers: int = 0
     """DataLoader worker processes; 0 loads batches in the training process."""
     prefetch_factor: int = 2

@@ -28,7 +28,7 @@ Rules (c10/cuda/CUDACachingAllocator.cpp, defaults, no ``PYTORCH_CUDA_ALLOC_CONF
   ``max_memory_allocated`` is measured after ``reset_peak_memory_stats``, so they never count in
   the allocated bytes (a reserve kept from before the reset is what ``max_memory_reserved`` then
   starts from).
-Not modelled: ``expandable_segments``.
+With ``expandable_segments:True`` the rules differ: :mod:`trainfit.memory.expandable`.
 """
 
 from __future__ import annotations
@@ -95,10 +95,17 @@ def _release_cached_blocks(pools: dict[tuple[bool, int], list[tuple[int, int, _B
 
 
 def replay(events: list[tuple[int, int]], streams: dict[int, int] | None = None,
-           capacity_bytes: int | None = None) -> AllocatorReplay:
+           capacity_bytes: int | None = None, expandable: bool = False) -> AllocatorReplay:
     """``events``: (uid, +bytes) for an allocation, (uid, -bytes) for its free; ``streams``: the
     stream of the allocations not made on the default stream (uid → stream); ``capacity_bytes``:
-    the most the segments may total (None: unbounded, the reserve the trace asks for)."""
+    the most the segments may total (None: unbounded, the reserve the trace asks for);
+    ``expandable``: the allocator with ``expandable_segments:True``
+    (:mod:`trainfit.memory.expandable`)."""
+    if expandable:
+        # imported here: that module builds on this one's constants and result type
+        from trainfit.memory.expandable import replay_expandable
+
+        return replay_expandable(events, streams, capacity_bytes)
     streams = streams or {}
     retries = 0
     pools: dict[tuple[bool, int], list[tuple[int, int, _Blk]]] = {}  # (small?, stream) → sorted
@@ -189,7 +196,8 @@ def _coalesce(blk: _Blk, unpool: Callable[[_Blk, tuple[bool, int]], None],
 
 
 def reserve_after_history(events: list[tuple[int, int]], streams: dict[int, int],
-                          end: int | None = None) -> tuple[int, int] | None:
+                          end: int | None = None, expandable: bool = False
+                          ) -> tuple[int, int] | None:
     """(reserved, allocated) bytes after the first ``end`` events, by default where the history
     before the step ends (FSDP1's wrap: Answer.AI's ``reserved_after_model_wrap`` /
     ``allocated_after_model_wrap``); None without one."""
@@ -197,5 +205,5 @@ def reserve_after_history(events: list[tuple[int, int]], streams: dict[int, int]
         end = 1 + max((i for i, (u, _) in enumerate(events) if u >= HISTORY_UID), default=-1)
     if end <= 0:
         return None
-    rep = replay(events[:end], streams)
+    rep = replay(events[:end], streams, expandable=expandable)
     return rep.peak_reserved_bytes, sum(d for u, d in events[:end] if u < HISTORY_UID)

@@ -91,6 +91,8 @@ class BilinearModel:
     """(L1, B), (L2, B) for B in :func:`upper_batches` (ascending), at the small depths."""
     accumulates: bool = True
     """The points simulated two micro-steps (accumulating rows can be predicted) or one."""
+    expandable: bool = False
+    """The job's allocator has expandable segments (the full-depth traces are replayed so)."""
     host: Any = None
     """The step's code measured at full depth (:class:`trainfit.speed.host.HostStep`), None:
     the op-level count alone."""
@@ -227,7 +229,7 @@ class BilinearModel:
         trace = self.full_trace(batch, accumulating)
         if trace is None:
             return None
-        rep = replay(trace[0], trace[1])
+        rep = replay(trace[0], trace[1], expandable=self.expandable)
         return rep.peak_allocated_bytes, rep.peak_reserved_bytes - rep.peak_allocated_bytes
 
     def trace_peaks(self, batch: int, accumulating: bool) -> tuple[int, int, int] | None:
@@ -392,7 +394,7 @@ def _point(job: JobSpec, source: ModelSource, target: SimTarget, layers: int, ba
     j = job.replace(micro_batch=batch, grad_accum=2 if accumulates else 1, effective_batch=None)
     rec = OpRecorder()
     sim = simulate_step(j, src, target, record_events=True, op_hook=rec)
-    rep = replay(sim.events, sim.event_streams)
+    rep = replay(sim.events, sim.event_streams, expandable=job.expandable_segments)
     traces: dict[bool, Trace] = {}
     # the traces make the full-depth one at any micro-batch (BilinearModel.full_depth)
     traces[accumulates] = (sim.events, sim.event_streams, sim.event_phases)
@@ -474,4 +476,4 @@ def fit_group(job: JobSpec, source: ModelSource, target: SimTarget,
     ordered = [pts[(l1, batches[0])], pts[(l2, batches[0])], pts[(l1, batches[1])],
                pts[(l2, batches[1])]]
     return BilinearModel(ordered, full, extrap, batches, [low[0], low[-1]] if low else [], high,
-                         accumulates)
+                         accumulates, expandable=job.expandable_segments)

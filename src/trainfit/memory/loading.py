@@ -239,7 +239,8 @@ def load_reserve(job: JobSpec, trace: Trace | Callable[[], Trace | None] | None,
     """(reserved bytes when the model is loaded, its note) of a job whose loading history is in
     its full trace (events, streams), the first ``setup_events`` of which come before the step;
     (None, []) otherwise."""
-    after = reserve_after_history(trace[0], trace[1], setup_events) if (
+    after = reserve_after_history(trace[0], trace[1], setup_events,
+                                  expandable=job.expandable_segments) if (
         records_loading(job, False) and isinstance(trace, tuple) and setup_events) else None
     if after is None:
         return None, []

@@ -320,7 +320,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     retries, limit_note = 0, ""
     if trace is not None and gpu is not None:
         reserved, retries, limit_note = _at_card_limit(
-            trace, gpu.memory_bytes - context - nccl, allocated, tensor_peak_bytes, reserved)
+            trace, gpu.memory_bytes - context - nccl, allocated, tensor_peak_bytes, reserved,
+            job.expandable_segments)
     resident = reserved + context + nccl
     # paged optimizer states live in CUDA managed memory: resident while the card has room,
     # paged out to the host under pressure (bitsandbytes' paged optimizers exist for that), so
@@ -411,12 +412,14 @@ def _fit(band: ErrorBand, cap: int | None, resident: int, margin: float
 
 
 def _at_card_limit(trace: Trace | Callable[[], Trace | None], room_bytes: int, allocated: int,
-                   tensor_peak_bytes: int, reserved: int) -> tuple[int, int, str]:
+                   tensor_peak_bytes: int, reserved: int, expandable: bool = False
+                   ) -> tuple[int, int, str]:
     """(reserved, retries, note) once the card is taken into account; ``room_bytes`` is what
     cudaMalloc can still get.  The real allocator does not grow past the card: it releases its
-    cached segments and retries (CUDACachingAllocator.cpp), so the run goes on while the
-    allocated bytes and the blocks it cannot release fit — otherwise it is out of memory, and
-    the reserve the step asks for stands."""
+    cached segments (with ``expandable``: unmaps its free pages) and retries
+    (CUDACachingAllocator.cpp), so the run goes on while the allocated bytes and the blocks it
+    cannot release fit — otherwise it is out of memory, and the reserve the step asks for
+    stands."""
     if reserved <= room_bytes or allocated > room_bytes:
         return reserved, 0, ""  # room enough, or the live bytes alone pass the card: no replay
     if callable(trace):  # an extrapolated row's full-depth trace, made only when needed
@@ -424,29 +427,39 @@ def _at_card_limit(trace: Trace | Callable[[], Trace | None], room_bytes: int, a
         if trace is None:
             return reserved, 0, ""
     # the trace is the one-process step's: the rank's other allocations take their room first
-    capped = replay(trace[0], trace[1], capacity_bytes=room_bytes - (allocated - tensor_peak_bytes))
+    capacity = room_bytes - (allocated - tensor_peak_bytes)
+    capped = replay(trace[0], trace[1], capacity_bytes=capacity, expandable=expandable)
     if capped.out_of_memory:
         # measured on a held-out trace (Mistral-7B QLoRA, benchmarks/results/heldout_memory.md):
         # the replay ran out at 23.5-25.5 GiB but not at 23.0 or 25.75 — which moment the cache
         # is released decides what is split later, so the verdict is not monotonic in capacity
-        return reserved, 0, (
-            f"at the card's limit: the allocated peak fits ({allocated / 2**30:.2f} GiB) but, "
-            "replayed at this capacity, the allocator runs out even after releasing its cache "
-            "(segments split by live tensors cannot be returned); that outcome turns on the "
-            "exact order of allocations, a few hundred MiB of capacity either way can reverse "
-            "it: called not fitting — `trainfit tune` on the card measures it; "
-            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets the allocator unmap the free "
-            "pages of segments that live tensors split (the fragmentation this runs out on; "
-            "c10/cuda/CUDACachingAllocator.cpp, Note [Expandable Segments]; not modelled here; "
-            "torch ≥ 2.9 calls that name deprecated, but its new name PYTORCH_ALLOC_CONF was "
+        head = (f"at the card's limit: the allocated peak fits ({allocated / 2**30:.2f} GiB) but, "
+                "replayed at this capacity, the allocator runs out even after ")
+        tail = ("; that outcome turns on the exact order of allocations, a few hundred MiB of "
+                "capacity either way can reverse it: called not fitting — `trainfit tune` on the "
+                "card measures it")
+        if expandable:
+            return reserved, 0, head + (
+                "unmapping every free page (expandable segments: the pages live tensors partly "
+                "cover stay mapped)") + tail
+        alt = replay(trace[0], trace[1], capacity_bytes=capacity, expandable=True)
+        alt_held = allocated + max(0, alt.peak_reserved_bytes - tensor_peak_bytes)
+        return reserved, 0, head + (
+            "releasing its cache (segments split by live tensors cannot be returned)") + tail + (
+            "; with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (--expandable-segments) "
+            "the allocator can unmap the free pages of those segments: " + (
+                "replayed so, it runs out too" if alt.out_of_memory else
+                f"replayed so, the step runs, reserving {alt_held / 2**30:.2f} GiB (predicted, "
+                f"{alt.alloc_retries} release(s) a step)") +
+            " (torch ≥ 2.9 calls that name deprecated, but its new name PYTORCH_ALLOC_CONF was "
             "ignored for this setting on CUDA in 2.9.1: pytorch/pytorch#183387)")
     held = allocated + max(0, capped.peak_reserved_bytes - tensor_peak_bytes)
     return held, capped.alloc_retries, (
         f"at the card's limit: the step would reserve {reserved / 2**30:.2f} GiB; the allocator "
-        f"releases its cached blocks and retries {capped.alloc_retries}× a step "
-        f"(num_alloc_retries), so reserved stays at {held / 2**30:.2f} GiB — each release "
-        "synchronizes the GPU and re-allocates: the step is slower than a step with room (how "
-        "much is not modelled)")
+        f"{'unmaps its free pages' if expandable else 'releases its cached blocks'} and retries "
+        f"{capped.alloc_retries}× a step (num_alloc_retries), so reserved stays at "
+        f"{held / 2**30:.2f} GiB — each release synchronizes the GPU and re-allocates: the step "
+        "is slower than a step with room (how much is not modelled)")
 
 
 def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
@@ -455,7 +468,7 @@ def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
     """One configuration, simulated at full size (exact; seconds to tens of seconds)."""
     target = SimTarget(device="cuda", compute_capability=_cc(gpu) or (8, 0))
     sim = simulate_step(job, source, target, record_events=True, op_hook=op_hook)
-    rep = replay(sim.events, sim.event_streams)
+    rep = replay(sim.events, sim.event_streams, expandable=job.expandable_segments)
     # the allocator counts whole blocks (an unsplit remainder ≤ 1 MiB stays in the block)
     return finish(job, source, gpu,
                   tensor_peak_bytes=max(sim.peak_allocated_bytes, rep.peak_allocated_bytes),

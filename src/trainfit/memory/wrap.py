@@ -147,7 +147,7 @@ def wrap_reserve(job: JobSpec, trace: Trace | Callable[[], Trace | None] | None
                  ) -> tuple[int | None, list[str]]:
     """(reserved bytes before the first step, its note) of a job with an ``fsdp_init`` wrap
     whose full trace (events, streams) is at hand; (None, []) otherwise."""
-    after = reserve_after_history(trace[0], trace[1]) \
+    after = reserve_after_history(trace[0], trace[1], expandable=job.expandable_segments) \
         if job.fsdp_init != "sharded" and isinstance(trace, tuple) else None
     if after is None:
         return None, []

@@ -44,6 +44,18 @@ def parse_device(spec: str) -> torch.device:
     return dev
 
 
+def use_job_allocator(job: JobSpec, device: torch.device) -> bool:
+    """Run with the caching allocator the job was planned for: ``expandable_segments`` turns
+    PyTorch's expandable segments on before the model reaches the GPU
+    (``torch.cuda.memory._set_allocator_settings``, which applies PYTORCH_CUDA_ALLOC_CONF's
+    syntax to a running process: torch/cuda/memory.py); a job without it leaves the
+    environment's setting as it is.  Whether it was set."""
+    if device.type != "cuda" or not job.expandable_segments:
+        return False
+    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    return True
+
+
 def check_precision_on(job: JobSpec, device: torch.device) -> None:
     prec = job.precision or "fp32"
     if device.type == "cuda" and prec in ("amp-bf16", "bf16-true") \

@@ -20,6 +20,7 @@ from typing import Any
 
 from trainfit.hardware.gpus import GpuSpec
 from trainfit.job import JobSpec
+from trainfit.memory.expandable import env_expandable_segments
 
 STACK = ("torch", "transformers", "peft", "bitsandbytes")
 """The libraries whose code the simulation runs (their versions change what is predicted)."""
@@ -68,6 +69,11 @@ class PlanAssumptions:
     """Each parameter's optimizer steps in the backward pass (no whole-model gradients)."""
     offload: str = "none"
     """CPU offload under sharding: none, optimizer, all (JobSpec.offload)."""
+    expandable_segments: bool = False
+    """The caching allocator planned for: expandable segments (True) or PyTorch's default."""
+    shell_expandable_segments: bool = False
+    """The environment the plan ran in sets expandable_segments:True (PYTORCH_CUDA_ALLOC_CONF or
+    PYTORCH_ALLOC_CONF): a run started from it uses that allocator, whatever was planned."""
 
 
 def plan_assumptions(job: JobSpec, kernels: dict[str, int],
@@ -81,7 +87,8 @@ def plan_assumptions(job: JobSpec, kernels: dict[str, int],
                            attention=job.attention, attention_kernels=dict(kernels),
                            versions=installed_versions(), assumed=list(assumed or []),
                            optimizer_in_backward=job.optimizer_in_backward,
-                           offload=job.offload)
+                           offload=job.offload, expandable_segments=job.expandable_segments,
+                           shell_expandable_segments=env_expandable_segments())
 
 
 @dataclass(frozen=True, kw_only=True)

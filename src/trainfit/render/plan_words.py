@@ -51,7 +51,12 @@ def plan_header(result: PlanResult) -> str | None:
     parts = [method, _assumed(a, "seq_len", f"seq {a.seq_len}"),
              _assumed(a, "effective_batch", batch), ranks,
              a.optimizer + (" stepped in the backward pass" if a.optimizer_in_backward else ""),
-             _assumed(a, "attention", f"attention {a.attention} → {kernels} kernel")]
+             _assumed(a, "attention", f"attention {a.attention} → {kernels} kernel"),
+             "allocator: " + ("expandable segments" if a.expandable_segments else
+                              "PyTorch's default segments" + (
+                                  " (this shell sets expandable_segments:True: a run started "
+                                  "here uses it; --expandable-segments plans for it)"
+                                  if a.shell_expandable_segments else ""))]
     return "planned for: " + ", ".join(parts) + f" · simulated with {versions}"
 
 

@@ -32,7 +32,7 @@ from trainfit.engine.dist import Dist, mixed_precision_policy
 from trainfit.engine.step import train_step
 from trainfit.job import JobError, JobSpec
 from trainfit.memory.limit import LimitTracker
-from trainfit.model.runtime import build_real, check_no_offload, parse_device
+from trainfit.model.runtime import build_real, check_no_offload, parse_device, use_job_allocator
 from trainfit.model.source import resolve_model
 from trainfit.monitor.progress import ProgressLog, StepProgress
 from trainfit.run import checkpoint as ckpt
@@ -159,6 +159,7 @@ class Trainer:
         self.device = parse_device(opts.device)
         if self.dist.world > 1 and self.device.type == "cuda":
             self.device = torch.device("cuda", self.dist.local_rank)
+        use_job_allocator(job, self.device)
         self.source = resolve_model(job.model, job.trust_remote_code)
         self.data = data if data is not None else load_data(job, self.source)
         # the evaluation set; a held-out share replaces self.data by the samples left to train on

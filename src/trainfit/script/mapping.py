@@ -286,6 +286,9 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
              compile=bool(a["torch_compile"]))
     if a.get("packing") is not None:
         f["packing"] = bool(a["packing"])
+    if "expandable_segments" not in given:
+        f["expandable_segments"] = bool(rec.get("expandable_segments"))
+        where["expandable_segments"] = "the script's environment (PYTORCH_CUDA_ALLOC_CONF)"
     if ln.padded:
         notes.append(ScriptNote("padded", {"seq_len": ln.longest}))
     for ld in rec["loads"]:

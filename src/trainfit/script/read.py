@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from trainfit.job import JobError
+from trainfit.memory.expandable import env_expandable_segments
 
 ARG_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "world_size", "bf16",
               "fp16", "learning_rate", "max_grad_norm", "seed", "weight_decay",
@@ -47,6 +48,8 @@ def read_trainer(trainer: Any, *, loads: list[dict[str, Any]], ckpt_calls: list[
         "loads": [{k: v for k, v in ld.items() if k != "model_id"} | {"this_model": ld.get(
             "model_id") == id(base)} for ld in loads],
         "ckpt_calls": list(ckpt_calls), "device_maps": list(device_maps), "mode": mode,
+        # read once the script has built its trainer: after any os.environ it set itself
+        "expandable_segments": env_expandable_segments(),
     }
     args = trainer.args
     workers = (args.dataloader_num_workers, args.dataloader_persistent_workers)

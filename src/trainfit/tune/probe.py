@@ -33,7 +33,7 @@ from trainfit.engine.step import train_step
 from trainfit.job import JobSpec
 from trainfit.memory.limit import LimitTracker
 from trainfit.memory.predict import DDP_BUCKET_FACTOR
-from trainfit.model.runtime import RealWorkload, build_real, scaler_for
+from trainfit.model.runtime import RealWorkload, build_real, scaler_for, use_job_allocator
 from trainfit.model.source import ModelSource
 from trainfit.model.workload import make_optimizer
 from trainfit.monitor.host import process_tree_rss_bytes
@@ -89,6 +89,7 @@ class Probe:
             self._wl = None
             self._snapshot = {}
             gc.collect()
+            use_job_allocator(job, self.device)
             self._wl = build_real(job, self.source, self.device, seed=self.seed)
             if self.dist.world > 1:
                 self._wl.step_model = self.dist.wrap(self._wl.model, self.device)
