@@ -76,14 +76,20 @@ def test_ladder_when_nothing_fits():
     off = plan(job, src, gpu, verify=False).rows[0].memory.peak_device_bytes
     ck = plan(job.replace(grad_ckpt="full"), src, gpu, verify=False).rows[0].memory.peak_device_bytes
     assert ck < off
-    # between the two: only checkpointing (rung 1) makes it fit
+    # between the two: the allocator's setting (rung 1) lowers the peak (4.49 → 4.21 GiB: the
+    # unused rests of the default segments) but not enough; checkpointing (rung 2) makes it fit
+    grown = job.replace(expandable_segments=True)
+    offx = plan(grown, src, gpu, verify=False).rows[0].memory.peak_device_bytes
+    ckx = plan(grown.replace(grad_ckpt="full"), src, gpu, verify=False).rows[0].memory
     small = dataclasses.replace(gpu, memory_bytes=int((off + ck) / 2 / 0.9))
     res = plan(job, src, small, verify=False)
     assert res.recommended_index is None
-    assert len(res.ladder) == 1 and res.ladder[0].fits
-    assert res.ladder[0].peak_device_bytes == ck
-    assert res.ladder[0].change.startswith("gradient checkpointing")
-    assert not res.ladder[0].alters_learning
+    assert [r.change.split("=")[0] for r in res.ladder][:1] == ["PYTORCH_CUDA_ALLOC_CONF"]
+    assert [r.peak_device_bytes for r in res.ladder] == [offx, ckx.peak_device_bytes]
+    assert [r.fits for r in res.ladder] == [False, True]
+    assert res.ladder[1].change.startswith("gradient checkpointing")
+    assert not any(r.alters_learning for r in res.ladder)
+    assert ckx.peak_allocated_bytes <= ckx.peak_reserved_bytes < ck  # pages over the live blocks
     assert "the memory-saving ladder reaches a fit" in plan_reason(res)
     d = res.to_dict()
     assert d["ladder"][-1]["fits"] is True and "alters_learning" in d["ladder"][0]

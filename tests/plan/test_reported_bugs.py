@@ -207,3 +207,25 @@ def test_ladder_keeps_its_qlora_and_fsdp_rungs_for_a_torchtune_build() -> None:
     assert (qlora["quant_lib"], qlora["clone_layers"]) == ("torchao", True)
     fsdp = next(r.job for r in rungs if r.change.startswith("FSDP"))
     assert (fsdp["sharding"], fsdp["clone_layers"]) == ("fsdp", False)
+
+
+def test_ladder_tries_the_expandable_allocator_first_and_keeps_it():
+    """Where the default segments' unused rests are the excess, the allocator's setting is the
+    first rung (it alters neither speed nor what is learned) and the rungs after it keep it."""
+    from trainfit.plan.ladder import build_ladder
+
+    start = JobSpec(model="m", seq_len=512, micro_batch=4, grad_accum=1, precision="bf16-true",
+                    grad_ckpt="off")
+
+    def evaluate(j: JobSpec) -> tuple[int, float | None, bool | None]:
+        peak = 100 - (8 if j.expandable_segments else 0) - (20 if j.grad_ckpt == "full" else 0)
+        return peak, 1.0, peak <= 75
+
+    rungs = build_ladder(start, evaluate)
+    assert [r.change.split("=")[0] for r in rungs[:1]] == ["PYTORCH_CUDA_ALLOC_CONF"]
+    assert [r.peak_device_bytes for r in rungs] == [92, 72]
+    assert not rungs[0].alters_learning and rungs[-1].fits
+    assert rungs[-1].job["expandable_segments"] and rungs[-1].job["grad_ckpt"] == "full"
+    # a job already planned with it gets no such rung
+    again = build_ladder(start.replace(expandable_segments=True), evaluate)
+    assert not any(r.change.startswith("PYTORCH_CUDA_ALLOC_CONF") for r in again)

@@ -1,7 +1,8 @@
 """The memory-saving ladder ``plan`` prints when nothing fits: one change at a time, cumulative,
 each with its predicted memory and speed, stopping at the first rung that fits.
 
-Order: what costs only time first (checkpointing, an 8-bit optimizer, the optimizer step in the
+Order: the allocator's setting first (expandable segments: what is learned stays, and mapping
+pages costs time only while the segment grows), then what costs only time (checkpointing, an 8-bit optimizer, the optimizer step in the
 backward pass, activation offloading), then what changes what is learned (smaller LoRA rank,
 fewer LoRA targets, a shorter sequence, 4-bit base weights), then more hardware (FSDP over twice
 the ranks). Rungs that alter learning say so.
@@ -44,6 +45,12 @@ class Rung:
 
 def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
     steps: list[tuple[str, dict[str, Any], bool]] = []
+    if not job.expandable_segments:
+        # the same step through the other allocator (memory/expandable.py): taken only where it
+        # lowers the device peak, i.e. where the default segments' unused rests are the excess
+        steps.append(("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (one segment per stream "
+                      "grown by 20 MiB pages: less reserved beyond the live tensors)",
+                      {"expandable_segments": True}, False))
     if job.grad_ckpt != "full":
         steps.append(("gradient checkpointing on (~30 % slower)", {"grad_ckpt": "full"}, False))
     if job.optimizer in ("adamw", "paged-adamw") and importlib.util.find_spec("bitsandbytes"):
