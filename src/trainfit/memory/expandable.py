@@ -115,12 +115,7 @@ class _Pool:
         pages = min(b.size, -(-size // self.page) * self.page)
         self._remove_unmapped(b)
         if pages < b.size:
-            rest = _Blk(b.off + pages, b.size - pages, mapped=False, prev=b, next=b.next)
-            if b.next is not None:
-                b.next.prev = rest
-            b.next = rest
-            b.size = pages
-            self._add_unmapped(rest)
+            self._add_unmapped(_split(b, pages, mapped=False))
         b.mapped = True
         b = self._merge(b, b.prev)
         b = self._merge(b, b.next)
@@ -187,6 +182,17 @@ def env_expandable_segments(env: dict[str, str] | None = None) -> bool:
     return "True" in said
 
 
+def _split(b: _Blk, size: int, mapped: bool) -> _Blk:
+    """Cut ``b`` to its first ``size`` bytes; the rest, a free block (``mapped`` or not) linked
+    after it, is returned for its set."""
+    rest = _Blk(b.off + size, b.size - size, mapped=mapped, prev=b, next=b.next)
+    if b.next is not None:
+        b.next.prev = rest
+    b.next = rest
+    b.size = size
+    return rest
+
+
 def _growable(b: _Blk) -> int:
     """``expandable_size``: a free block's size plus the unmapped range right after it."""
     return b.size + (b.next.size if b.next is not None and not b.next.mapped else 0)
@@ -238,12 +244,7 @@ def replay_expandable(events: list[tuple[int, int]], streams: dict[int, int] | N
                 if blk is None:
                     return AllocatorReplay(peak_reserved, peak_allocated, len(pools), retries, True)
             if blk.size - size >= K_MIN_BLOCK:  # should_split: the low part is handed out
-                rest = _Blk(blk.off + size, blk.size - size, prev=blk, next=blk.next)
-                if blk.next is not None:
-                    blk.next.prev = rest
-                blk.next = rest
-                blk.size = size
-                pool.add_free(rest)
+                pool.add_free(_split(blk, size, mapped=True))
             blk.free = False
             live[uid] = (blk, pool)
             if uid < HISTORY_UID:

@@ -2,10 +2,10 @@
 each with its predicted memory and speed, stopping at the first rung that fits.
 
 Order: the allocator's setting first (expandable segments: what is learned stays, and mapping
-pages costs time only while the segment grows), then what costs only time (checkpointing, an 8-bit optimizer, the optimizer step in the
-backward pass, activation offloading), then what changes what is learned (smaller LoRA rank,
-fewer LoRA targets, a shorter sequence, 4-bit base weights), then more hardware (FSDP over twice
-the ranks). Rungs that alter learning say so.
+pages costs time only while the segment grows), then what costs only time (checkpointing, an
+8-bit optimizer, the optimizer step in the backward pass, activation offloading), then what
+changes what is learned (smaller LoRA rank, fewer LoRA targets, a shorter sequence, 4-bit base
+weights), then more hardware (FSDP over twice the ranks). Rungs that alter learning say so.
 """
 
 from __future__ import annotations
