@@ -149,6 +149,12 @@ def test_script_settings_name_what_the_payload_cannot_carry():
     assert {"attention", "quant", "method", "precision"} <= knobs
     assert e.payload["bf16"] is False  # bf16-true loads bf16 weights; no autocast on top
     assert "use_cpu" not in e.payload
+    assert "expandable_segments" not in knobs
+    # an allocator setting no payload carries: every target names it, in the environment
+    for target in ("hf", "trl", "accelerate"):
+        got = {s.knob: s for s in emit(job.replace(expandable_segments=True), target,
+                                       device="cuda").script}
+        assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in got["expandable_segments"].where
 
 
 def test_checkpointing_name_follows_the_transformers_version():

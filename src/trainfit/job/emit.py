@@ -34,6 +34,8 @@ KNOB_COMMENTS = {
     "pin_memory": "True: page-locked batches, asynchronous host→GPU copies (more host RAM)",
     "persistent_workers": "True keeps workers between epochs (no restart cost, RAM held)",
     "compile": "True: torch.compile — faster steps after a one-off compile",
+    "expandable_segments": "True: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True — less "
+                           "memory reserved beyond the live tensors, fewer fragmentation OOMs",
     "seq_len": "tokens per sample; activation memory grows with it (attention: quadratically "
                "without flash)",
     "max_grad_norm": "gradient clipping threshold (None: off)",
@@ -281,6 +283,11 @@ def script_settings(job: JobSpec, target: str) -> list[ScriptSetting]:
                                  "p.register_post_accumulate_grad_hook (torchtune's "
                                  "training.register_optim_in_bwd_hooks); the Trainer's own "
                                  "optimizer step then has nothing to do"))
+    if job.expandable_segments:
+        # an allocator setting, read from the environment before CUDA starts: no payload has it
+        out.append(ScriptSetting("expandable_segments", True,
+                                 "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch "
+                                 "environment (before CUDA starts)"))
     if job.ranks > 1 and target != "accelerate":
         out.append(ScriptSetting("ranks", job.ranks,
                                  f"torchrun --nproc-per-node {job.ranks} (per-device batch × "
