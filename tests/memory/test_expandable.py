@@ -84,6 +84,18 @@ def test_at_the_limit_free_pages_are_unmapped_and_the_request_retried():
     assert short.out_of_memory and short.alloc_retries == 1
 
 
+def test_a_free_block_keeps_the_part_of_its_first_page_a_live_tensor_shares():
+    # 1: 5 MiB (one 20 MiB page), 2: 55 MiB grows the free 5-20 by 2 pages (5-60), 3: 2 MiB at
+    # 60-62 (free 62-80); 2 freed: 5-60 free between two live blocks.  4: 70 MiB fits nowhere;
+    # the end would grow by 3 pages (140 > 110): release unmaps 20-60 (the whole pages of 5-60)
+    # and keeps 5-20 mapped (page 0-20 is shared with 1): 40 reserved; the hole 20-60 with 5-20
+    # before it holds 55 < 70, so the end grows (100).  1 freed: 0-5 merges with the kept 5-20
+    ev = _trace(("a", 5), ("a", 55), ("a", 2), "f2", ("a", 70), "f1")
+    rep = replay(ev, capacity_bytes=110 * MIB, expandable=True)
+    assert (rep.out_of_memory, rep.alloc_retries) == (False, 1)
+    assert rep.peak_reserved_bytes == 100 * MIB
+
+
 def test_an_unmapped_hole_is_filled_before_the_end():
     # 1: 40 MiB (2 pages), 2: 40 (2 pages: 80), 3: 0.5 MiB in the small pool (a 2 MiB page: 82);
     # 1 freed (0-40 free).  4: 50 MiB fits in no free block; the end grows by 3 pages → 142.

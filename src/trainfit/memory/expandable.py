@@ -89,8 +89,11 @@ class _Pool:
             return None
         while i + 1 < len(self.free) and _growable(self.free[i + 1][2]) < _growable(self.free[i][2]):
             i += 1
-        b = self.free.pop(i)[2]
-        return b
+        return self.free.pop(i)[2]
+
+    def pages(self, size: int) -> int:
+        """``size`` rounded up to whole pages (what mapping it takes)."""
+        return -(-size // self.page) * self.page
 
     def _merge(self, dst: _Blk, src: _Blk | None) -> _Blk:
         """``try_merge_blocks``: ``src`` (a neighbour, taken out of its set) into ``dst``."""
@@ -109,16 +112,20 @@ class _Pool:
         dst.size += src.size
         return dst
 
+    def coalesce(self, b: _Blk) -> _Blk:
+        """``b`` merged with its free neighbours of the same kind (mapped or not): the block
+        that holds it now."""
+        return self._merge(self._merge(b, b.prev), b.next)
+
     def map(self, b: _Blk, size: int) -> tuple[int, _Blk]:
         """``map_block``: back the first ``size`` bytes of unmapped ``b`` (rounded up to pages)
         and merge them with free mapped neighbours; (the bytes mapped, the free block made)."""
-        pages = min(b.size, -(-size // self.page) * self.page)
+        pages = min(b.size, self.pages(size))
         self._remove_unmapped(b)
         if pages < b.size:
             self._add_unmapped(_split(b, pages, mapped=False))
         b.mapped = True
-        b = self._merge(b, b.prev)
-        b = self._merge(b, b.next)
+        b = self.coalesce(b)
         self.add_free(b)
         return pages, b
 
@@ -140,28 +147,20 @@ class _Pool:
         block; the bytes unmapped."""
         released = 0
         for _, _, b in list(self.free):
-            first = -(-b.off // self.page) * self.page
+            first = self.pages(b.off)
             last = (b.off + b.size) // self.page * self.page
             if first >= last:
                 continue
             self.remove_free(b)
-            if first > b.off:  # prev? -> before -> b
-                before = _Blk(b.off, first - b.off, prev=b.prev, next=b)
-                if b.prev is not None:
-                    b.prev.next = before
-                b.prev = before
-                self.add_free(before)
-            if last < b.off + b.size:  # b -> after -> next?
-                after = _Blk(last, b.off + b.size - last, prev=b, next=b.next)
-                if b.next is not None:
-                    b.next.prev = after
-                b.next = after
-                self.add_free(after)
-            b.off, b.size, b.mapped = first, last - first, False
+            if last < b.off + b.size:  # b -> after (mapped, free) -> next?
+                self.add_free(_split(b, last - b.off, mapped=True))
+            if first > b.off:  # prev? -> before (b, mapped, free) -> the unmapped pages
+                pages = _split(b, first - b.off, mapped=False)
+                self.add_free(b)
+                b = pages
+            b.mapped = False
             released += b.size
-            b = self._merge(b, b.prev)
-            b = self._merge(b, b.next)
-            self._add_unmapped(b)
+            self._add_unmapped(self.coalesce(b))
         return released
 
 
@@ -217,7 +216,7 @@ def replay_expandable(events: list[tuple[int, int]], streams: dict[int, int] | N
             assert u is not None and not u.mapped
             want = min(u.size, size - (0 if u is c else c.size))
             if capacity_bytes is not None and \
-                    reserved + -(-want // pool.page) * pool.page > capacity_bytes:
+                    reserved + min(u.size, pool.pages(want)) > capacity_bytes:
                 return None
             mapped, c = pool.map(u, want)
             reserved += mapped
@@ -258,7 +257,5 @@ def replay_expandable(events: list[tuple[int, int]], streams: dict[int, int] | N
             if uid < HISTORY_UID:
                 allocated -= blk.size
             blk.free = True
-            blk = pool._merge(blk, blk.prev)
-            blk = pool._merge(blk, blk.next)
-            pool.add_free(blk)
+            pool.add_free(pool.coalesce(blk))
     return AllocatorReplay(peak_reserved, peak_allocated, len(pools), retries)
