@@ -47,6 +47,7 @@ GEMMS = [
     ("head unaligned: 8192×50257×768", 8192, 50257, 768),
 ]
 SEQS = [512, 1024, 2048, 4096, 8192, 16384]
+SWEEP_MIB = [0.25, 1, 4, 16, 64, 256, 1024]  # one operand's size, MiB (bf16 add: 3 moved)
 
 
 def _time(fn, reps: int = REPS, warm: int = 3) -> tuple[float, float]:
@@ -176,6 +177,18 @@ def bandwidth(dev: torch.device, scale: int) -> list[dict[str, Any]]:
     t, sp = _time(lambda: torch.add(x, z, alpha=2.0, out=y))
     rows.append({"kernel": "add", "bytes": 3 * x.numel() * 4, "time_s": t, "spread_s": sp,
                  "gbs": 3 * x.numel() * 4 / t / 1e9})
+    # the same elementwise kernel by size (bf16, as a training step's activations are): a step's
+    # elementwise kernels move 0.1-100 MB each, and a kernel that small pays its start and its
+    # tail at any bandwidth; on an H200 the memory-bound steps gained 4-16 % over an H100 where
+    # 4.8 / 3.35 TB/s would give 43 % (gpu_validate_h200.md). The curve measures that ramp.
+    for mib in SWEEP_MIB:
+        n = int(mib * 2**20) // 2 // scale
+        a, b = torch.randn(n, device=dev, dtype=torch.bfloat16), torch.randn(
+            n, device=dev, dtype=torch.bfloat16)
+        out = torch.empty_like(a)
+        t, sp = _time(lambda a=a, b=b, out=out: torch.add(a, b, out=out), reps=50)
+        rows.append({"kernel": "add-by-size", "bytes": 3 * n * 2, "time_s": t, "spread_s": sp,
+                     "gbs": 3 * n * 2 / t / 1e9})
     return rows
 
 
@@ -263,6 +276,10 @@ def render(doc: dict[str, Any]) -> str:
                 if fam else "unknown"
             lines.append(f"| {r['kernel']} ({r['bytes'] / 2**30:.0f} GiB moved) | {r['gbs']:,.0f} GB/s "
                          f"| {frac(r['gbs'], bw)} | {assumed} | — |")
+        elif r["kernel"] == "add-by-size":
+            assumed = f"in a step {fam.bandwidth_efficiency:.2f}" if fam else "unknown"
+            lines.append(f"| add, bf16 ({r['bytes'] / 2**20:,.2f} MiB moved) | {r['gbs']:,.0f} GB/s "
+                         f"({r['time_s'] * 1e6:,.1f} µs) | {frac(r['gbs'], bw)} | {assumed} | — |")
         elif r["kernel"] == "gemm":
             peak = {"bf16": bf16, "fp32": fp32, "tf32": tf32}[r["mode"]]
             if fam is None:

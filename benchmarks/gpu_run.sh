@@ -7,11 +7,15 @@
 #   launch    benchmarks/gpu_validate.py --launch the launch-bound configurations (added to the file)
 #   overhead  benchmarks/gpu_launch_overhead.py   the CPU cost of one eager op on this host
 #   attention benchmarks/gpu_validate.py --attention  long sequences (added to the file)
+#   expandable benchmarks/gpu_validate.py --expandable  steps run with expandable segments (added)
 #   sdpa      benchmarks/gpu_sdpa_choice.py       the kernel SDPA picks for transformers' inputs
 #   trace     benchmarks/gpu_memory_trace.py      the allocator's event record of chosen probes
 #   trace-steps / trace-kernels  the same over 4 more steps / with the kernels run (profiler)
-#   tests     tests/tune/test_probe_cuda.py       the CUDA-only tests (skipped without CUDA)
-# Results go to $OUT (default benchmarks/results), the logs to $OUT/run.log. Wheels in .whl/ (the
+#   tests     the CUDA-only tests (skipped without CUDA): tune's probe, offload, the allocator
+#             setting, doctor's CUDA round
+# Results go to $OUT (default benchmarks/results), the logs to $OUT/run.log; NAME=h200 keeps
+# another device's measurements in gpu_measured_h200.json. LIMIT_<PART>=S overrides a part's
+# time limit (LIMIT_VALIDATE=200). Wheels in .whl/ (the
 # versions trainfit pins: transformers, peft) are installed to /tmp/site first when present; if
 # they do not import there, the machine's own versions are used and the log says so. Each part has
 # its own time limit, so one that hangs cannot take the others' time.
@@ -19,6 +23,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
 PARTS=${PARTS:-kernels validate tests}
+NAMEARG=${NAME:+--name $NAME}
 mkdir -p "$OUT"
 LOG=$OUT/run.log
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit,pcie.link.gen.max \
@@ -37,7 +42,9 @@ if ! python3 -c "$versions"; then
     python3 -c "$versions"
 fi
 part() {  # part NAME LIMIT_S COMMAND...
-    local name=$1 limit=$2 t0=$SECONDS
+    local name=$1 limit=$2 t0=$SECONDS over
+    over=LIMIT_$(echo "$1" | tr 'a-z-' 'A-Z_')
+    limit=${!over:-$limit}
     shift 2
     echo "=== $name" >> "$LOG"
     timeout "$limit" "$@" >> "$LOG" 2>&1
@@ -46,18 +53,25 @@ part() {  # part NAME LIMIT_S COMMAND...
 for p in $PARTS; do
     case $p in
         kernels) part kernels 100 python3 benchmarks/gpu_kernels.py --out "$OUT" ;;
-        validate) part validate 300 python3 benchmarks/gpu_validate.py --out "$OUT" ;;
-        launch) part launch 120 python3 benchmarks/gpu_validate.py --launch --out "$OUT" ;;
+        validate) part validate 300 python3 benchmarks/gpu_validate.py --out "$OUT" $NAMEARG ;;
+        launch) part launch 120 python3 benchmarks/gpu_validate.py --launch --out "$OUT" $NAMEARG ;;
         overhead) part overhead 60 python3 benchmarks/gpu_launch_overhead.py --out "$OUT" ;;
         sdpa) part sdpa 60 python3 benchmarks/gpu_sdpa_choice.py --out "$OUT" ;;
         reserve) part reserve 150 python3 benchmarks/gpu_validate.py --reserve --out "$OUT" ;;
-        attention) part attention 120 python3 benchmarks/gpu_validate.py --attention --out "$OUT" ;;
+        attention) part attention 120 python3 benchmarks/gpu_validate.py --attention --out "$OUT" \
+            $NAMEARG ;;
+        expandable) part expandable 200 python3 benchmarks/gpu_validate.py --expandable --out "$OUT" \
+            $NAMEARG ;;
         trace) part trace 120 python3 benchmarks/gpu_memory_trace.py --out "$OUT" ;;
         trace-steps) part trace-steps 90 python3 benchmarks/gpu_memory_trace.py --only 2,3 --steps 4 \
             --name gpu_memory_traces_steps --out "$OUT" ;;
         trace-kernels) part trace-kernels 90 python3 benchmarks/gpu_memory_trace.py --only 0 --kernels \
             --name gpu_memory_traces_kernels --out "$OUT" ;;
-        tests) part tests 150 python3 -m pytest -q -p no:cacheprovider -W ignore tests/tune/test_probe_cuda.py tests/model/test_offload.py ;;
+        # test_runtime last: its test turns expandable segments on for the rest of the process
+        tests) part tests 150 python3 -m pytest -q -p no:cacheprovider -W ignore -rs \
+            tests/tune/test_probe_cuda.py tests/model/test_offload.py \
+            tests/doctor/test_doctor_job.py::test_a_cuda_round_carries_the_cards_reserved_peak \
+            tests/model/test_runtime.py ;;
         *) echo "unknown part $p" ;;
     esac
 done

@@ -19,8 +19,10 @@ than the minutes ``init_weights``' CPU draw takes); the data is the repo's
 
 Without CUDA (and without ``--compare``) it says so, writes nothing and exits 1.
 ``python benchmarks/gpu_validate.py`` (~4 min on an H100) measures and compares;
-``--quick`` measures the first three cases, ``--launch`` the launch-bound ones and
-``--attention`` the long-sequence ones (both added to the file); ``--device cpu --quick`` runs
+``--quick`` measures the first three cases; ``--launch`` the launch-bound ones, ``--attention``
+the long-sequence ones and ``--expandable`` steps run with expandable segments (each added to the
+file); ``--name h200`` keeps another device's measurements in files of their own
+(gpu_measured_h200.json, gpu_validate_h200.*); ``--device cpu --quick`` runs
 the measuring code on this CPU as a dry run (nothing written); ``--out DIR`` writes the
 measurements there instead.
 """
@@ -98,6 +100,23 @@ ATTENTION_CASES = [
     ("qwen2.5-1.5b", "full", 8192, 1, 1, "bf16-true", "full"),
     ("qwen2.5-1.5b", "full", 1024, 8, 1, "bf16-true", "full"),
 ]
+EXPANDABLE = "expandable"
+EXPANDABLE_CASES = [
+    # the same steps run with PyTorch's expandable segments (the job's ``expandable_segments``,
+    # which the probe turns on through ``use_job_allocator``), so the reserve that
+    # memory/expandable.py replays is checked against the allocator's own (``--expandable``)
+    (*case, EXPANDABLE) for case in [
+        ("llama-tiny-58m", "full", 512, 8, 1, "fp32", "off"),
+        ("gpt2", "full", 1024, 8, 1, "amp-bf16", "off"),
+        ("t5-small", "full", 256, 16, 1, "amp-bf16", "off"),
+        ("qwen2.5-0.5b", "full", 1024, 4, 2, "amp-bf16", "full"),
+        ("gpt2-medium", "full", 1024, 8, 1, "amp-fp16", "off"),
+        ("llama-3.2-1b", "full", 2048, 4, 1, "bf16-true", "off"),
+        ("qwen2.5-1.5b", "full", 2048, 4, 1, "amp-bf16", "full"),
+        ("mistral-7b-v0.1", "lora", 512, 1, 1, "bf16-true", "off"),
+        ("llama-2-7b", "lora", 1024, 4, 1, "amp-bf16", "full"),
+    ]
+]
 
 
 def _err(pred: float | None, meas: float | None) -> float | None:
@@ -115,21 +134,22 @@ def errors(predicted: dict, measured: dict) -> dict:
 def _job(case: tuple):
     from trainfit.job import JobSpec
 
-    model, method, seq, micro, accum, precision, ckpt = case
+    model, method, seq, micro, accum, precision, ckpt, *allocator = case
     return JobSpec(model=model, method=method, seq_len=seq, micro_batch=micro, grad_accum=accum,
                    effective_batch=micro * accum, precision=precision, grad_ckpt=ckpt,
-                   data=str(DATA))
+                   data=str(DATA), expandable_segments=allocator == [EXPANDABLE])
 
 
 def case_dict(case: tuple) -> dict[str, Any]:
-    model, method, seq, micro, accum, precision, ckpt = case
+    model, method, seq, micro, accum, precision, ckpt, *allocator = case
     return {"model": model, "method": method, "seq_len": seq, "micro_batch": micro,
-            "grad_accum": accum, "precision": precision, "grad_ckpt": ckpt}
+            "grad_accum": accum, "precision": precision, "grad_ckpt": ckpt,
+            **({"expandable_segments": True} if allocator == [EXPANDABLE] else {})}
 
 
 def case_tuple(c: dict[str, Any]) -> tuple:
     return (c["model"], c["method"], c["seq_len"], c["micro_batch"], c["grad_accum"],
-            c["precision"], c["grad_ckpt"])
+            c["precision"], c["grad_ckpt"]) + ((EXPANDABLE,) if c.get("expandable_segments") else ())
 
 
 @contextlib.contextmanager
@@ -170,6 +190,9 @@ def measure_case(case: tuple, dev: torch.device, nvml: Any) -> dict[str, Any]:
     try:
         probe = probe_mod.Probe(src, data, dev)
         r = probe.run(job, timed_steps=10)
+        # whether the step really ran on expandable segments (the allocator's own record)
+        expandable_seen = dev.type == "cuda" and any(
+            s.get("is_expandable") for s in torch.cuda.memory_snapshot())
         reading = nvml.read([dev.index or 0])[0] if nvml is not None and nvml.available else None
     except Exception as err:  # one broken case must not lose the others' measurements
         return {"case": case_dict(case), "status": "error",
@@ -184,6 +207,7 @@ def measure_case(case: tuple, dev: torch.device, nvml: Any) -> dict[str, Any]:
     m = r.measured
     return {"case": case_dict(case), "status": r.status, "detail": r.detail,
             "probe_time_s": r.probe_time_s,
+            **({"expandable_segments_seen": expandable_seen} if job.expandable_segments else {}),
             "measured": None if m is None else {
                 "peak_allocated_bytes": m.peak_allocated_bytes,
                 "peak_reserved_bytes": m.peak_reserved_bytes,
@@ -244,7 +268,7 @@ def group_of(c: dict[str, Any]) -> str:
     long-sequence ones."""
     t = case_tuple(c)
     return "launch-bound" if t in LAUNCH_CASES else "long sequence" if t in ATTENTION_CASES \
-        else "configurations"
+        else "expandable segments" if t in EXPANDABLE_CASES else "configurations"
 
 
 def _summary(rows: list[dict], key: str) -> str:
@@ -257,8 +281,8 @@ def _summary(rows: list[dict], key: str) -> str:
             + (f", {under} predicted more than 5 % under" if key != "tokens_per_s" else ""))
 
 
-def write_md(doc: dict) -> None:
-    from trainfit.speed.host_timing import HOST_ENV
+def write_md(doc: dict, name: str = "") -> None:
+    from trainfit.speed.host_timing import H100_HOST_REFERENCE_OP_S, HOST_ENV
 
     lines = [f"# plan's predictions vs the same steps measured on a {doc['device']}", "",
              f"Measured {doc['date']} by `python benchmarks/gpu_validate.py` (torch {doc['torch']}, "
@@ -271,7 +295,9 @@ def write_md(doc: dict) -> None:
              "error = predicted / measured − 1. Launch-bound rows: the step's code is timed on "
              "the machine that predicts, in reference ops, and read at "
              + (f"the GPU host's reference op, {float(os.environ[HOST_ENV]) * 1e6:.1f} µs "
-                "(`H100_HOST_REFERENCE_OP_S`, derived: trainfit/speed/host_timing.py)"
+                + ("(`H100_HOST_REFERENCE_OP_S`, derived: trainfit/speed/host_timing.py)"
+                   if float(os.environ[HOST_ENV]) == H100_HOST_REFERENCE_OP_S else
+                   f"(timed on that host by `gpu_launch_overhead.py`: gpu_launch{name}.json)")
                 if os.environ.get(HOST_ENV) else "that machine's own reference op") + ".", "",
              "| model | method | seq | micro×accum | precision | ckpt | allocated GiB pred / meas "
              "(err) | reserved GiB pred / meas (err) | device GiB pred / meas (err) | tokens/s pred / "
@@ -307,11 +333,12 @@ def write_md(doc: dict) -> None:
                     sub = _summary([r for r in doc["rows"] if group_of(r["case"]) == g], key)
                     if sub:
                         lines.append(f"  - {g}: {sub}")
-    (OUT / "gpu_validate.md").write_text("\n".join(lines) + "\n")
+    (OUT / f"gpu_validate{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
-def measure(dev: torch.device, cases: list[tuple], out: Path | None) -> dict[str, Any]:
+def measure(dev: torch.device, cases: list[tuple], out: Path | None,
+            name: str = "") -> dict[str, Any]:
     """Probe every case on ``dev``; the document is rewritten after each case (``out``)."""
     import warnings
 
@@ -325,7 +352,7 @@ def measure(dev: torch.device, cases: list[tuple], out: Path | None) -> dict[str
                            "torch": torch.__version__, "cuda": torch.version.cuda,
                            "transformers": _version("transformers"), "peft": _version("peft"),
                            "date": datetime.date.today().isoformat(), "rows": []}
-    prior = None if out is None else out / "gpu_measured.json"
+    prior = None if out is None else out / f"gpu_measured{name}.json"
     if prior is not None and prior.exists():  # more cases on the same device: added to its file
         old = json.loads(prior.read_text())
         if old.get("device") == doc["device"]:
@@ -336,7 +363,7 @@ def measure(dev: torch.device, cases: list[tuple], out: Path | None) -> dict[str
         print(json.dumps(doc["rows"][-1], default=str), flush=True)
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
-            (out / "gpu_measured.json").write_text(json.dumps(doc, indent=1, default=str))
+            (out / f"gpu_measured{name}.json").write_text(json.dumps(doc, indent=1, default=str))
     if nvml is not None:
         nvml.close()
     return doc
@@ -351,34 +378,49 @@ def _version(pkg: str) -> str | None:
         return None
 
 
+def host_reference_op_s(name: str = "") -> float | None:
+    """The reference op (speed/host_timing.py) as ``gpu_launch_overhead.py`` timed it on the GPU's
+    own host, in seconds (None: that run did not time it)."""
+    path = OUT / f"gpu_launch{name}.json"
+    if not path.exists():
+        return None
+    ref = json.loads(path.read_text())["rows"].get("reference_op_cpu") or {}
+    return ref.get("reference_op_s_median")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # ``--name h200``: another device's measurements, in gpu_measured_h200.json and
+    # gpu_validate_h200.{json,md} (the H100's stay in the unsuffixed files)
+    name = f"_{argv[argv.index('--name') + 1]}" if "--name" in argv else ""
     if "--compare" in argv:
         from trainfit.speed.host_timing import H100_HOST_REFERENCE_OP_S, HOST_ENV
 
         # re-scored away from the GPU's host: its measured host steps are read at that host's
-        # reference op (derived, trainfit/speed/host_timing.py), not at this machine's
-        os.environ.setdefault(HOST_ENV, repr(H100_HOST_REFERENCE_OP_S))
-        doc = compare(json.loads((OUT / "gpu_measured.json").read_text()))
-        (OUT / "gpu_validate.json").write_text(json.dumps(doc, indent=1, default=str))
-        write_md(doc)
+        # reference op, not at this machine's: measured there where gpu_launch_overhead.py timed
+        # it (gpu_launch{name}.json), else the H100 host's (derived, speed/host_timing.py)
+        os.environ.setdefault(HOST_ENV, repr(host_reference_op_s(name) or H100_HOST_REFERENCE_OP_S))
+        doc = compare(json.loads((OUT / f"gpu_measured{name}.json").read_text()))
+        (OUT / f"gpu_validate{name}.json").write_text(json.dumps(doc, indent=1, default=str))
+        write_md(doc, name)
         return 0
     cases = LAUNCH_CASES if "--launch" in argv else ATTENTION_CASES if "--attention" in argv \
-        else RESERVE_CASES if "--reserve" in argv else CASES[:3] if "--quick" in argv else CASES
+        else RESERVE_CASES if "--reserve" in argv else EXPANDABLE_CASES if "--expandable" in argv \
+        else CASES[:3] if "--quick" in argv else CASES
     if "--device" in argv and argv[argv.index("--device") + 1] == "cpu":
-        measure(torch.device("cpu"), [(m, me, 64, 2, a, "fp32", ck) for m, me, _, _, a, _, ck in cases],
-                None)
+        measure(torch.device("cpu"), [(m, me, 64, 2, a, "fp32", ck, *al)
+                                      for m, me, _, _, a, _, ck, *al in cases], None)
         return 0
     if not torch.cuda.is_available():
         print("gpu_validate: no CUDA device here; nothing measured, nothing written "
               "(run it on a machine with a GPU)")
         return 1
     out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else OUT
-    doc = measure(torch.device("cuda", torch.cuda.current_device()), cases, out)
+    doc = measure(torch.device("cuda", torch.cuda.current_device()), cases, out, name)
     if out == OUT:
         doc = compare(doc)
-        (OUT / "gpu_validate.json").write_text(json.dumps(doc, indent=1, default=str))
-        write_md(doc)
+        (OUT / f"gpu_validate{name}.json").write_text(json.dumps(doc, indent=1, default=str))
+        write_md(doc, name)
     return 0
 
 

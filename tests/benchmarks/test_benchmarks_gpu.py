@@ -49,6 +49,28 @@ def test_table_errors_are_predicted_over_measured(gv):
     assert "allocated: median |error| 10.0%" in md
 
 
+def test_an_expandable_case_keeps_its_allocator_through_the_file(gv):
+    """A case measured with expandable segments is written with the flag, read back as the same
+    case, planned with the job field, and grouped apart; the default cases' keys are unchanged."""
+    case = gv.EXPANDABLE_CASES[0]
+    d = gv.case_dict(case)
+    assert d["expandable_segments"] is True and gv.case_tuple(d) == case
+    assert gv._job(case).expandable_segments and gv.group_of(d) == "expandable segments"
+    plain = gv.CASES[0]
+    assert "expandable_segments" not in gv.case_dict(plain)
+    assert not gv._job(plain).expandable_segments and gv.group_of(gv.case_dict(plain)) == "configurations"
+
+
+def test_compare_reads_the_gpu_hosts_own_reference_op_when_it_was_timed(gv):
+    gv.OUT.mkdir()
+    assert gv.host_reference_op_s("_h200") is None  # not timed: the caller takes the H100's
+    (gv.OUT / "gpu_launch_h200.json").write_text(
+        '{"rows": {"reference_op_cpu": {"reference_op_s_median": 1.5e-05}}}')
+    (gv.OUT / "gpu_launch.json").write_text('{"rows": {"view": {"host_s": 2.5e-06}}}')
+    assert gv.host_reference_op_s("_h200") == 1.5e-05
+    assert gv.host_reference_op_s("") is None
+
+
 @pytest.fixture()
 def gk(load_bench) -> ModuleType:
     return load_bench("gpu_kernels")

@@ -58,15 +58,17 @@ def test_bad_job_files(tmp_path):
 def test_a_cuda_round_carries_the_cards_reserved_peak(input_bound_yaml):
     """On a GPU the round measures the card's own peak (what needless-recompute reads against
     the card's capacity), from its first step: not the host's RSS, not an earlier round's."""
+    from trainfit.doctor.inject import MIN_MEASURED_STEPS
     from trainfit.doctor.measure import JobRunner
     from trainfit.doctor.run import _job_to_examine
     from trainfit.model.source import resolve_model
 
-    _, job, _, _ = _job_to_examine(input_bound_yaml, None, "eager", None, 2)
+    steps = MIN_MEASURED_STEPS  # the fewest doctor measures (a run on an H200 found 2 refused)
+    _, job, _, _ = _job_to_examine(input_bound_yaml, None, "eager", None, steps)
     runner = JobRunner(job, resolve_model(job.model), torch.device("cuda"), data_path=job.data)
-    first = runner.measure(job, runner.data("eager", job), steps=2, warmup=1, profile=False)
+    first = runner.measure(job, runner.data("eager", job), steps=steps, warmup=1, profile=False)
     assert first.device_peak_reserved_bytes is not None
     assert first.device_peak_reserved_bytes >= torch.cuda.max_memory_allocated() > 0
     torch.cuda.empty_cache()
-    again = runner.measure(job, runner.data("eager", job), steps=2, warmup=1, profile=False)
+    again = runner.measure(job, runner.data("eager", job), steps=steps, warmup=1, profile=False)
     assert 0 < again.device_peak_reserved_bytes <= 2 * first.device_peak_reserved_bytes

@@ -29,27 +29,42 @@ def test_a_job_planned_with_expandable_segments_runs_with_them(monkeypatch):
 
     calls: list[str] = []
     monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", calls.append)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
     job = JobSpec(model="m", expandable_segments=True)
     assert use_job_allocator(job, torch.device("cuda", 0))
-    assert calls == ["expandable_segments:True"]
+    # the cache goes after the switch: blocks cached in default segments would serve the job
+    assert calls == ["expandable_segments:True", "empty_cache"]
     # on the CPU, or for a job planned with the default segments, nothing is changed (a job
     # without the field leaves the environment's PYTORCH_CUDA_ALLOC_CONF as it is)
     assert not use_job_allocator(job, torch.device("cpu"))
     assert not use_job_allocator(job.replace(expandable_segments=False), torch.device("cuda", 0))
-    assert calls == ["expandable_segments:True"]
+    assert calls == ["expandable_segments:True", "empty_cache"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_expandable_segments_reach_the_cuda_allocator():
     from trainfit.job import JobSpec
 
-    use_job_allocator(JobSpec(model="m", expandable_segments=True), torch.device("cuda", 0))
-    x = torch.empty(3 * 2**20, device="cuda")
-    # the large pool's segment grows by 20 MiB pages: a 12 MiB tensor maps one
-    segments = [s for s in torch.cuda.memory_snapshot() if s.get("is_expandable")]
-    assert segments and all(s["total_size"] % (20 * 2**20) == 0 for s in segments
-                            if s["segment_type"] == "large")
-    del x
+    mib = 2**20
+    y = torch.empty(3 * mib, device="cuda")
+    del y  # a default segment's block, cached: the job's tensors must not land in it
+    try:
+        use_job_allocator(JobSpec(model="m", expandable_segments=True), torch.device("cuda", 0))
+        # free space inside default segments that earlier tests left partly live still serves
+        # requests that fit it (empty_cache releases whole segments only): ask for more
+        free = [b["size"] for s in torch.cuda.memory_snapshot() for b in s["blocks"]
+                if b["state"] == "inactive"]
+        x = torch.empty((max(free, default=0) + 12 * mib) // 4, device="cuda")
+        # the large pool's segment grows by 20 MiB pages
+        segments = [s for s in torch.cuda.memory_snapshot() if s.get("is_expandable")]
+        assert segments and all(s["total_size"] % (20 * mib) == 0 for s in segments
+                                if s["segment_type"] == "large"), \
+            [(s["total_size"], s.get("is_expandable")) for s in torch.cuda.memory_snapshot()]
+        assert any(b["address"] == x.data_ptr() for s in segments for b in s["blocks"])
+        del x
+    finally:  # the tests after this one run on the default allocator again
+        torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+        torch.cuda.empty_cache()
 
 
 def test_fsdp_build_holds_only_this_ranks_shards_with_the_one_rank_values():

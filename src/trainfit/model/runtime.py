@@ -53,6 +53,10 @@ def use_job_allocator(job: JobSpec, device: torch.device) -> bool:
     if device.type != "cuda" or not job.expandable_segments:
         return False
     torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    # the setting shapes only segments made from now on: blocks cached in the default
+    # allocator's segments would still serve requests that fit them (seen on an H200, where a
+    # test's tensor landed in a segment an earlier test left), so the cache goes first
+    torch.cuda.empty_cache()
     return True
 
 
