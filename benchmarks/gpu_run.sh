@@ -8,6 +8,8 @@
 #   overhead  benchmarks/gpu_launch_overhead.py   the CPU cost of one eager op on this host
 #   attention benchmarks/gpu_validate.py --attention  long sequences (added to the file)
 #   expandable benchmarks/gpu_validate.py --expandable  steps run with expandable segments (added)
+#   here      benchmarks/gpu_validate.py --compare --here  plan made on the GPU's own host, of this
+#             run's measurements (put it after the measuring parts) or else the committed ones
 #   sdpa      benchmarks/gpu_sdpa_choice.py       the kernel SDPA picks for transformers' inputs
 #   trace     benchmarks/gpu_memory_trace.py      the allocator's event record of chosen probes
 #   trace-steps / trace-kernels  the same over 4 more steps / with the kernels run (profiler)
@@ -15,10 +17,10 @@
 #             setting, doctor's CUDA round
 # Results go to $OUT (default benchmarks/results), the logs to $OUT/run.log; NAME=h200 keeps
 # another device's measurements in gpu_measured_h200.json. LIMIT_<PART>=S overrides a part's
-# time limit (LIMIT_VALIDATE=200). Wheels in .whl/ (the
-# versions trainfit pins: transformers, peft) are installed to /tmp/site first when present; if
-# they do not import there, the machine's own versions are used and the log says so. Each part has
-# its own time limit, so one that hangs cannot take the others' time.
+# time limit (LIMIT_VALIDATE=200). Wheels in .whl/ (the versions trainfit pins: transformers,
+# peft; trl and datasets for the offload test) are installed to /tmp/site first when present;
+# if they do not import there, the machine's own versions are used and the log says so. Each
+# part has its own time limit, so one that hangs cannot take the others' time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
@@ -68,6 +70,13 @@ for p in $PARTS; do
         trace-kernels) part trace-kernels 90 python3 benchmarks/gpu_memory_trace.py --only 0 --kernels \
             --name gpu_memory_traces_kernels --out "$OUT" ;;
         # test_runtime last: its test turns expandable segments on for the rest of the process
+        # plan's prediction made on the GPU's own host, as a user's plan there is (its host steps
+        # timed on that CPU), of this run's measurements or else the committed ones
+        here) measured="gpu_measured${NAME:+_$NAME}.json"
+            [ -f "$OUT/$measured" ] || cp "benchmarks/results/$measured" "$OUT/"
+            part here 300 python3 -c "import sys, runpy; sys.argv = ['gpu_validate', \
+            '--compare', '--here'] + ('$NAMEARG'.split()); import pathlib; sys.path.insert(0, 'benchmarks'); \
+            import gpu_validate as g; g.OUT = pathlib.Path('$OUT'); sys.exit(g.main(sys.argv[1:]))" ;;
         tests) part tests 150 python3 -m pytest -q -p no:cacheprovider -W ignore -rs \
             tests/tune/test_probe_cuda.py tests/model/test_offload.py \
             tests/doctor/test_doctor_job.py::test_a_cuda_round_carries_the_cards_reserved_peak \

@@ -22,7 +22,9 @@ Without CUDA (and without ``--compare``) it says so, writes nothing and exits 1.
 ``--quick`` measures the first three cases; ``--launch`` the launch-bound ones, ``--attention``
 the long-sequence ones and ``--expandable`` steps run with expandable segments (each added to the
 file); ``--name h200`` keeps another device's measurements in files of their own
-(gpu_measured_h200.json, gpu_validate_h200.*); ``--device cpu --quick`` runs
+(gpu_measured_h200.json, gpu_validate_h200.*); ``--compare --here`` on the GPU's host scores
+the measurements with host steps timed on that CPU, as a user's plan there would
+(gpu_validate*_here.*); ``--device cpu --quick`` runs
 the measuring code on this CPU as a dry run (nothing written); ``--out DIR`` writes the
 measurements there instead.
 """
@@ -399,10 +401,16 @@ def main(argv: list[str] | None = None) -> int:
         # re-scored away from the GPU's host: its measured host steps are read at that host's
         # reference op, not at this machine's: measured there where gpu_launch_overhead.py timed
         # it (gpu_launch{name}.json), else the H100 host's (derived, speed/host_timing.py)
-        os.environ.setdefault(HOST_ENV, repr(host_reference_op_s(name) or H100_HOST_REFERENCE_OP_S))
+        # ``--here``: on the GPU's own host, as a user's plan runs — its host steps measured at
+        # this CPU's own speed, no reference op carried between machines (gpu_validate*_here.*)
+        here = "--here" in argv
+        if not here:
+            os.environ.setdefault(HOST_ENV, repr(host_reference_op_s(name) or
+                                                 H100_HOST_REFERENCE_OP_S))
         doc = compare(json.loads((OUT / f"gpu_measured{name}.json").read_text()))
-        (OUT / f"gpu_validate{name}.json").write_text(json.dumps(doc, indent=1, default=str))
-        write_md(doc, name)
+        out_name = name + ("_here" if here else "")
+        (OUT / f"gpu_validate{out_name}.json").write_text(json.dumps(doc, indent=1, default=str))
+        write_md(doc, out_name)
         return 0
     cases = LAUNCH_CASES if "--launch" in argv else ATTENTION_CASES if "--attention" in argv \
         else RESERVE_CASES if "--reserve" in argv else EXPANDABLE_CASES if "--expandable" in argv \
