@@ -114,3 +114,31 @@ def test_a_segment_pinned_by_a_small_tensor_runs_out_by_default_and_runs_with_ex
     got = _at_card_limit(trace, 100 * mib, 72 * mib, 72 * mib, 80 * mib,
                          expandable=True)
     assert got == (80 * mib, 0, "")
+
+
+def test_a_default_plan_gives_the_expandable_reserve_a_plan_with_the_setting_predicts(tiny_llama):
+    """The reserve a default-segment plan states for expandable segments is the reserve a plan
+    made with the setting predicts for the same step (the same trace, the same composition)."""
+    default = predict_memory(JOB, tiny_llama, find_gpu("a10g"))
+    grown = predict_memory(JOB.replace(expandable_segments=True), tiny_llama, find_gpu("a10g"))
+    assert default.alloc_retries == 0 and grown.reserved_expandable_bytes is None
+    assert default.reserved_expandable_bytes == grown.peak_reserved_bytes
+    assert default.peak_allocated_bytes <= default.reserved_expandable_bytes
+    # the note appears only where the saving is one the GPU check could tell apart
+    saved = default.peak_reserved_bytes - default.reserved_expandable_bytes
+    noted = any("expandable_segments:True (--expandable-segments) the step would reserve" in n
+                for n in default.model_notes)
+    assert noted == (saved >= max(256 * 2**20, 0.02 * default.peak_reserved_bytes))
+
+
+def test_the_saving_note_names_the_reserve_only_past_both_thresholds():
+    from trainfit.memory.expandable import saving_note
+
+    gib = 2**30
+    assert saving_note(18 * gib, int(16.8 * gib)).startswith(
+        "with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    assert "16.80 GiB instead of 18.00 (predicted, 1.20 GiB less" in saving_note(
+        18 * gib, int(16.8 * gib))
+    assert saving_note(40 * gib, int(39.4 * gib)) == ""  # 0.6 GiB: 1.5 % of the reserve
+    assert saving_note(4 * gib, 4 * gib - 200 * 2**20) == ""  # 5 %, but 200 MiB
+    assert saving_note(4 * gib, 5 * gib) == ""  # more with expandable: nothing to name

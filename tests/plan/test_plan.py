@@ -160,6 +160,12 @@ def test_cli_current_flag_and_bad_current_in_a_file(tiny_config_json, tmp_path):
         (p, c) for p in ("fp32", "amp-fp16", "amp-bf16", "bf16-true") for c in ("off", "full")}
     assert all(c["micro_batch"] * c["grad_accum"] == 8 for c in d["configs"])
     assert d["speedup_vs_current"] >= 0.99
+    # simulated rows state the expandable allocator's reserve, extrapolated ones null
+    exact = [c for c in d["configs"] if c["how"] == "simulated"]
+    assert exact and all(c["reserved_expandable_bytes"] >= c["peak_allocated_bytes"]
+                         for c in exact)
+    assert all(c["reserved_expandable_bytes"] is None for c in d["configs"]
+               if c["how"] != "simulated")
     bad = tmp_path / "job.yaml"
     bad.write_text(f"model: {tiny_config_json}\nseq_len: 64\neffective_batch: 8\ngpu: a10g\n"
                    "current: 4\n")

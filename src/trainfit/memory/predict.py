@@ -21,6 +21,7 @@ from trainfit.memory.allocator import replay
 from trainfit.memory.bands import ErrorBand, band_for
 from trainfit.memory.compiled import compile_note
 from trainfit.memory.depth_trace import Trace
+from trainfit.memory.expandable import reserve_with_expandable, saving_note
 from trainfit.memory.loading import load_reserve, loading_notes
 from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.memory.wrap import records_wrap, wrap_reserve
@@ -127,6 +128,10 @@ class MemoryPrediction:
     """Predicted ``memory_reserved`` before the first step, when FSDP1's wrap is done (the job's
     ``fsdp_init``: :mod:`trainfit.memory.wrap`) or a QLoRA model's 4-bit weights are made
     (``quant_lib``: :mod:`trainfit.memory.loading`); None without either history."""
+    reserved_expandable_bytes: int | None = None
+    """The step's reserve with ``expandable_segments:True`` for a job planned without it
+    (:mod:`trainfit.memory.expandable`); None where not replayed (the job has it, an
+    extrapolated row, or the card's limit was reached: its note gives that allocator's verdict)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -322,6 +327,9 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
         reserved, retries, limit_note = _at_card_limit(
             trace, gpu.memory_bytes - context - nccl, allocated, tensor_peak_bytes, reserved,
             job.expandable_segments)
+    with_expandable = None if job.expandable_segments or limit_note or not isinstance(
+        trace, tuple) else reserve_with_expandable(trace[0], trace[1], allocated,
+                                                   tensor_peak_bytes, reserved_floor_bytes)
     resident = reserved + context + nccl
     # paged optimizer states live in CUDA managed memory: resident while the card has room,
     # paged out to the host under pressure (bitsandbytes' paged optimizers exist for that), so
@@ -330,7 +338,9 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
                                                              gpu.memory_bytes - resident))
     device = resident + on_device
     notes = [*_peak_notes(how, work, context, (on_device, managed_bytes), (nccl, nccl_note)),
-             *dp_notes, *([limit_note] if limit_note else [])]
+             *dp_notes, *([limit_note] if limit_note else []),
+             *([saving_note(reserved, with_expandable)] if with_expandable else [])]
+    notes = [n for n in notes if n]
     notes += _step_notes(job, compile_untraced, compile_partitioned)
     before_step, reserve_notes = wrap_reserve(job, trace) if records_wrap(job, per_rank) else \
         load_reserve(job, trace, setup_events)
@@ -356,7 +366,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
         error_band_within=band.within,
         peak_device_upper_bytes=round(device * (1 + band.under)), alloc_retries=retries,
         trainable_params=trainable_params, sdpa_kernels=sdpa_kernels, sim_time_s=sim_time_s,
-        model_notes=notes, reserved_before_step_bytes=before_step)
+        model_notes=notes, reserved_before_step_bytes=before_step,
+        reserved_expandable_bytes=with_expandable)
 
 
 def _step_notes(job: JobSpec, compile_untraced: list[str] | None,
