@@ -331,9 +331,11 @@ def render(doc: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    # ``--name h200``: another device's rates, in gpu_kernels_h200.{json,md}
+    name = f"_{argv[argv.index('--name') + 1]}" if "--name" in argv else ""
     if "--render" in argv:
-        doc = json.loads((OUT / "gpu_kernels.json").read_text())
-        (OUT / "gpu_kernels.md").write_text(render(doc))
+        doc = json.loads((OUT / f"gpu_kernels{name}.json").read_text())
+        (OUT / f"gpu_kernels{name}.md").write_text(render(doc))
         print(render(doc))
         return 0
     out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else OUT
@@ -347,8 +349,8 @@ def main(argv: list[str]) -> int:
         return 1
     doc = measure(torch.device("cuda", torch.cuda.current_device()))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu_kernels.json").write_text(json.dumps(doc, indent=1))
-    (out / "gpu_kernels.md").write_text(render(doc))
+    (out / f"gpu_kernels{name}.json").write_text(json.dumps(doc, indent=1))
+    (out / f"gpu_kernels{name}.md").write_text(render(doc))
     print(render(doc))
     return 0
 

@@ -18,7 +18,7 @@ the median over ``ROUNDS`` rounds of ``N`` calls on tiny tensors (the GPU finish
   parameter; ``foreach_adamw_param``: the same with ``foreach=True``.
 
 Also the CPU's model name and clock (``/proc/cpuinfo``). ``--device cpu`` is a dry run.
-``python benchmarks/gpu_launch_overhead.py --out DIR`` → DIR/gpu_launch.json.
+``python benchmarks/gpu_launch_overhead.py --out DIR [--name N]`` → DIR/gpu_launch[_N].json.
 """
 
 from __future__ import annotations
@@ -154,7 +154,9 @@ def main(argv: list[str]) -> int:
     if not cpu and "--out" in argv:
         out = Path(argv[argv.index("--out") + 1])
         out.mkdir(parents=True, exist_ok=True)
-        (out / "gpu_launch.json").write_text(json.dumps(doc, indent=1))
+        # ``--name h200``: another host's costs, in gpu_launch_h200.json
+        name = f"_{argv[argv.index('--name') + 1]}" if "--name" in argv else ""
+        (out / f"gpu_launch{name}.json").write_text(json.dumps(doc, indent=1))
     return 0
 
 

@@ -54,10 +54,10 @@ part() {  # part NAME LIMIT_S COMMAND...
 }
 for p in $PARTS; do
     case $p in
-        kernels) part kernels 100 python3 benchmarks/gpu_kernels.py --out "$OUT" ;;
+        kernels) part kernels 100 python3 benchmarks/gpu_kernels.py --out "$OUT" $NAMEARG ;;
         validate) part validate 300 python3 benchmarks/gpu_validate.py --out "$OUT" $NAMEARG ;;
         launch) part launch 120 python3 benchmarks/gpu_validate.py --launch --out "$OUT" $NAMEARG ;;
-        overhead) part overhead 60 python3 benchmarks/gpu_launch_overhead.py --out "$OUT" ;;
+        overhead) part overhead 60 python3 benchmarks/gpu_launch_overhead.py --out "$OUT" $NAMEARG ;;
         sdpa) part sdpa 60 python3 benchmarks/gpu_sdpa_choice.py --out "$OUT" ;;
         reserve) part reserve 150 python3 benchmarks/gpu_validate.py --reserve --out "$OUT" ;;
         attention) part attention 120 python3 benchmarks/gpu_validate.py --attention --out "$OUT" \
@@ -69,14 +69,11 @@ for p in $PARTS; do
             --name gpu_memory_traces_steps --out "$OUT" ;;
         trace-kernels) part trace-kernels 90 python3 benchmarks/gpu_memory_trace.py --only 0 --kernels \
             --name gpu_memory_traces_kernels --out "$OUT" ;;
-        # test_runtime last: its test turns expandable segments on for the rest of the process
         # plan's prediction made on the GPU's own host, as a user's plan there is (its host steps
         # timed on that CPU), of this run's measurements or else the committed ones
         here) measured="gpu_measured${NAME:+_$NAME}.json"
             [ -f "$OUT/$measured" ] || cp "benchmarks/results/$measured" "$OUT/"
-            part here 300 python3 -c "import sys, runpy; sys.argv = ['gpu_validate', \
-            '--compare', '--here'] + ('$NAMEARG'.split()); import pathlib; sys.path.insert(0, 'benchmarks'); \
-            import gpu_validate as g; g.OUT = pathlib.Path('$OUT'); sys.exit(g.main(sys.argv[1:]))" ;;
+            part here 540 python3 benchmarks/gpu_validate.py --compare --here --out "$OUT" $NAMEARG ;;
         tests) part tests 150 python3 -m pytest -q -p no:cacheprovider -W ignore -rs \
             tests/tune/test_probe_cuda.py tests/model/test_offload.py \
             tests/doctor/test_doctor_job.py::test_a_cuda_round_carries_the_cards_reserved_peak \

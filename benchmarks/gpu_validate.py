@@ -240,21 +240,24 @@ def predict_case(c: dict[str, Any], gpu: Any, output_held: bool = False) -> dict
             "bound": spd.bound if spd else None}
 
 
-def compare(measured_doc: dict[str, Any]) -> dict[str, Any]:
-    """Every measured row beside its prediction on the catalog entry of the measured device."""
+def compare(measured_doc: dict[str, Any], path: Path | None = None) -> dict[str, Any]:
+    """Every measured row beside its prediction on the catalog entry of the measured device
+    (``path``: the document is written there after every row, so a run cut short keeps them)."""
     from trainfit.hardware.gpus import find_gpu_by_device_name
 
     gpu = find_gpu_by_device_name(measured_doc["device"], measured_doc.get("total_memory_bytes"))
-    rows = []
+    doc = {**{k: v for k, v in measured_doc.items() if k != "rows"},
+           "gpu_spec": getattr(gpu, "name", None), "rows": []}
     for r in measured_doc["rows"]:
         held = not r.get("step_releases_output", False)  # rows measured before e7e10aa
         row = {**r, "predicted": predict_case(r["case"], gpu, held)}
         if r["measured"] is not None:
             row["error"] = errors(row["predicted"], r["measured"])
-        rows.append(row)
+        doc["rows"].append(row)
         print(json.dumps({"case": r["case"], "error": row.get("error")}), flush=True)
-    return {**{k: v for k, v in measured_doc.items() if k != "rows"},
-            "gpu_spec": getattr(gpu, "name", None), "rows": rows}
+        if path is not None:
+            path.write_text(json.dumps(doc, indent=1, default=str))
+    return doc
 
 
 def _pct(x: float | None) -> str:
@@ -283,7 +286,7 @@ def _summary(rows: list[dict], key: str) -> str:
             + (f", {under} predicted more than 5 % under" if key != "tokens_per_s" else ""))
 
 
-def write_md(doc: dict, name: str = "") -> None:
+def write_md(doc: dict, name: str = "", out: Path | None = None) -> None:
     from trainfit.speed.host_timing import H100_HOST_REFERENCE_OP_S, HOST_ENV
 
     lines = [f"# plan's predictions vs the same steps measured on a {doc['device']}", "",
@@ -335,7 +338,7 @@ def write_md(doc: dict, name: str = "") -> None:
                     sub = _summary([r for r in doc["rows"] if group_of(r["case"]) == g], key)
                     if sub:
                         lines.append(f"  - {g}: {sub}")
-    (OUT / f"gpu_validate{name}.md").write_text("\n".join(lines) + "\n")
+    (out or OUT).joinpath(f"gpu_validate{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
@@ -380,10 +383,10 @@ def _version(pkg: str) -> str | None:
         return None
 
 
-def host_reference_op_s(name: str = "") -> float | None:
+def host_reference_op_s(name: str = "", out: Path | None = None) -> float | None:
     """The reference op (speed/host_timing.py) as ``gpu_launch_overhead.py`` timed it on the GPU's
     own host, in seconds (None: that run did not time it)."""
-    path = OUT / f"gpu_launch{name}.json"
+    path = (out or OUT) / f"gpu_launch{name}.json"
     if not path.exists():
         return None
     ref = json.loads(path.read_text())["rows"].get("reference_op_cpu") or {}
@@ -404,13 +407,14 @@ def main(argv: list[str] | None = None) -> int:
         # ``--here``: on the GPU's own host, as a user's plan runs — its host steps measured at
         # this CPU's own speed, no reference op carried between machines (gpu_validate*_here.*)
         here = "--here" in argv
+        out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else OUT
         if not here:
-            os.environ.setdefault(HOST_ENV, repr(host_reference_op_s(name) or
+            os.environ.setdefault(HOST_ENV, repr(host_reference_op_s(name, out) or
                                                  H100_HOST_REFERENCE_OP_S))
-        doc = compare(json.loads((OUT / f"gpu_measured{name}.json").read_text()))
         out_name = name + ("_here" if here else "")
-        (OUT / f"gpu_validate{out_name}.json").write_text(json.dumps(doc, indent=1, default=str))
-        write_md(doc, out_name)
+        doc = compare(json.loads((out / f"gpu_measured{name}.json").read_text()),
+                      out / f"gpu_validate{out_name}.json")
+        write_md(doc, out_name, out)
         return 0
     cases = LAUNCH_CASES if "--launch" in argv else ATTENTION_CASES if "--attention" in argv \
         else RESERVE_CASES if "--reserve" in argv else EXPANDABLE_CASES if "--expandable" in argv \
@@ -426,8 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else OUT
     doc = measure(torch.device("cuda", torch.cuda.current_device()), cases, out, name)
     if out == OUT:
-        doc = compare(doc)
-        (OUT / f"gpu_validate{name}.json").write_text(json.dumps(doc, indent=1, default=str))
+        doc = compare(doc, OUT / f"gpu_validate{name}.json")
         write_md(doc, name)
     return 0
 

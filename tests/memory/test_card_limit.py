@@ -116,7 +116,8 @@ def test_a_segment_pinned_by_a_small_tensor_runs_out_by_default_and_runs_with_ex
     assert got == (80 * mib, 0, "")
 
 
-def test_a_default_plan_gives_the_expandable_reserve_a_plan_with_the_setting_predicts(tiny_llama):
+def test_a_default_plan_gives_the_expandable_reserve_a_plan_with_the_setting_predicts(
+        tiny_llama, monkeypatch):
     """The reserve a default-segment plan states for expandable segments is the reserve a plan
     made with the setting predicts for the same step (the same trace, the same composition)."""
     default = predict_memory(JOB, tiny_llama, find_gpu("a10g"))
@@ -124,16 +125,34 @@ def test_a_default_plan_gives_the_expandable_reserve_a_plan_with_the_setting_pre
     assert default.alloc_retries == 0 and grown.reserved_expandable_bytes is None
     assert default.reserved_expandable_bytes == grown.peak_reserved_bytes
     assert default.peak_allocated_bytes <= default.reserved_expandable_bytes
-    # the note appears only where the saving is one the GPU check could tell apart
+    # the note appears only where the saving is one the GPU check could tell apart: not this
+    # tiny step's few MiB, unless the thresholds are lowered to it
+    import trainfit.memory.expandable as expandable
+
     saved = default.peak_reserved_bytes - default.reserved_expandable_bytes
-    noted = any("expandable_segments:True (--expandable-segments) the step would reserve" in n
-                for n in default.model_notes)
-    assert noted == (saved >= max(256 * 2**20, 0.02 * default.peak_reserved_bytes))
+    assert 0 < saved < expandable.SAVING_NOTE_MIN_BYTES
+
+    def noted(m) -> bool:
+        return any("expandable_segments:True (--expandable-segments) the step would reserve" in n
+                   for n in m.model_notes)
+
+    assert not noted(default)
+    monkeypatch.setattr(expandable, "SAVING_NOTE_MIN_BYTES", saved)
+    monkeypatch.setattr(expandable, "SAVING_NOTE_MIN_FRACTION", 0.0)
+    assert noted(predict_memory(JOB, tiny_llama, find_gpu("a10g")))
+    # a card the live bytes alone pass: no allocator setting helps, none is named
+    small = predict_memory(JOB, tiny_llama, _card(default.peak_allocated_bytes - 2**20))
+    assert small.reserved_expandable_bytes is None and not noted(small)
 
 
 def test_the_saving_note_names_the_reserve_only_past_both_thresholds():
-    from trainfit.memory.expandable import saving_note
+    from trainfit.memory.expandable import (
+        SAVING_NOTE_MIN_BYTES,
+        SAVING_NOTE_MIN_FRACTION,
+        saving_note,
+    )
 
+    assert (SAVING_NOTE_MIN_BYTES, SAVING_NOTE_MIN_FRACTION) == (256 * 2**20, 0.02)
     gib = 2**30
     assert saving_note(18 * gib, int(16.8 * gib)).startswith(
         "with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")

@@ -62,8 +62,11 @@ def test_expandable_segments_reach_the_cuda_allocator():
             [(s["total_size"], s.get("is_expandable")) for s in torch.cuda.memory_snapshot()]
         assert any(b["address"] == x.data_ptr() for s in segments for b in s["blocks"])
         del x
-    finally:  # the tests after this one run on the default allocator again
-        torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+    finally:  # the tests after this one run on the allocator the environment asks for again
+        from trainfit.memory.expandable import env_expandable_segments
+
+        torch.cuda.memory._set_allocator_settings(
+            f"expandable_segments:{env_expandable_segments()}")
         torch.cuda.empty_cache()
 
 

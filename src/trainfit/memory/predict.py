@@ -327,9 +327,11 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
         reserved, retries, limit_note = _at_card_limit(
             trace, gpu.memory_bytes - context - nccl, allocated, tensor_peak_bytes, reserved,
             job.expandable_segments)
+    # the other allocator's reserve, where it could matter: not past the card by the live bytes
+    # alone, not at its limit (whose note gives that verdict), for a fully simulated trace
     with_expandable = None if job.expandable_segments or limit_note or not isinstance(
-        trace, tuple) else reserve_with_expandable(trace[0], trace[1], allocated,
-                                                   tensor_peak_bytes, reserved_floor_bytes)
+        trace, tuple) or (gpu is not None and allocated > gpu.memory_bytes - context - nccl) \
+        else reserve_with_expandable(trace[0], trace[1], allocated, tensor_peak_bytes)
     resident = reserved + context + nccl
     # paged optimizer states live in CUDA managed memory: resident while the card has room,
     # paged out to the host under pressure (bitsandbytes' paged optimizers exist for that), so

@@ -76,10 +76,10 @@ def launch_note(n: int, total: int, measured: bool = False) -> str:
         return (f"{head} each op. Their host time is the step's own code, run on this machine's "
                 "CPU at a tiny width (measured: CPU time of one micro-step), plus 6 µs to launch "
                 "each kernel. Measured on one machine and read on another's GPU host, such "
-                "steps came within 20 % (median) on an H100's host and ran 16-73 % slower than "
-                "predicted on an H200's (benchmarks/results/gpu_validate*.md; the measurement "
-                "moves ±20 % run to run). A busier or slower host is slower: `trainfit tune` "
-                "measures them")
+                "steps came within 20 % (median) on an H100's host and ran up to 73 % slower "
+                "than predicted on an H200's (median 42 %; benchmarks/results/gpu_validate*.md; "
+                "the measurement moves ±20 % run to run). A busier or slower host is slower: "
+                "`trainfit tune` measures them")
     return (f"{head} each op (10 µs forward, 15 µs backward, 2.5 µs a view, measured on an "
             "H100's host); transformers' own Python made such steps 1.5-2.3× slower than that "
             "on the same host, so their tokens/s are an upper bound — `trainfit tune` measures "
