@@ -398,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     # ``--name h200``: another device's measurements, in gpu_measured_h200.json and
     # gpu_validate_h200.{json,md} (the H100's stay in the unsuffixed files)
     name = f"_{argv[argv.index('--name') + 1]}" if "--name" in argv else ""
+    out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else OUT
     if "--compare" in argv:
         from trainfit.speed.host_timing import H100_HOST_REFERENCE_OP_S, HOST_ENV
 
@@ -407,7 +408,6 @@ def main(argv: list[str] | None = None) -> int:
         # ``--here``: on the GPU's own host, as a user's plan runs — its host steps measured at
         # this CPU's own speed, no reference op carried between machines (gpu_validate*_here.*)
         here = "--here" in argv
-        out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else OUT
         if not here:
             os.environ.setdefault(HOST_ENV, repr(host_reference_op_s(name, out) or
                                                  H100_HOST_REFERENCE_OP_S))
@@ -427,7 +427,6 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_validate: no CUDA device here; nothing measured, nothing written "
               "(run it on a machine with a GPU)")
         return 1
-    out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else OUT
     doc = measure(torch.device("cuda", torch.cuda.current_device()), cases, out, name)
     if out == OUT:
         doc = compare(doc, OUT / f"gpu_validate{name}.json")

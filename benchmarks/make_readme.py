@@ -136,38 +136,36 @@ def scripts_table(results: Path) -> list[str]:
     return lines
 
 
+def _error_summary(rows: list[dict], key: str) -> str:
+    errs = [r["error"][key] for r in rows if r["error"][key] is not None]
+    return (f"median |error| {pct(statistics.median(abs(e) for e in errs))}, "
+            f"{sum(e < -0.05 for e in errs)} of {len(errs)} more than 5 % under") if errs else "n/a"
+
+
 def gpu_line(results: Path) -> list[str]:
     """The scripts that need CUDA, outside the CPU regeneration loop (``gpu_run.sh`` runs them):
-    a line per device measured (``gpu_validate.json``, ``gpu_validate_<name>.json``)."""
-    files = sorted(results.glob("gpu_validate*.json"))
-    if not files:
-        return ["`gpu_validate.py` (needs a CUDA device): not yet measured — run "
-                "`bash benchmarks/gpu_run.sh` where one is."]
-    lines = []
-    for path in files:
-        d = load(results, path.stem)
-        page = f"results/{path.stem}.md"
+    a paragraph per device measured (``gpu_validate.json``, ``gpu_validate_<name>.json``)."""
+    lines: list[str] = []
+    for path in sorted(results.glob("gpu_validate*.json")):
+        d, page = load(results, path.stem), f"results/{path.stem}.md"
         rows = [r for r in d["rows"] if r.get("error")]
-
-        def summary(key: str, rows: list = rows) -> str:
-            errs = [r["error"][key] for r in rows if r["error"][key] is not None]
-            return (f"median |error| {pct(statistics.median(abs(e) for e in errs))}, "
-                    f"{sum(e < -0.05 for e in errs)} of {len(errs)} more than 5 % under") \
-                if errs else "n/a"
-
-        name = path.stem.removeprefix("gpu_validate")
-        lines.append(
-            f"`gpu_validate.py{' --name ' + name[1:] if name else ''}` + `bash gpu_run.sh` (need a "
-            f"CUDA device; measured once on a {d['device']}, torch {d['torch']}; `--compare` "
-            f"re-scores the measurements anywhere): `plan`'s predicted peaks and tokens/s against "
-            f"trainfit's probe of the same steps, {len(rows)} rows — allocated "
-            f"{summary('allocated')}; reserved {summary('reserved')}; device {summary('device')}; "
+        name = path.stem.removeprefix("gpu_validate_")
+        lines += [
+            f"`gpu_validate.py{' --name ' + name if name != path.stem else ''}` + `bash "
+            f"gpu_run.sh` (need a CUDA device; measured once on a {d['device']}, torch "
+            f"{d['torch']}; `--compare` re-scores the measurements anywhere): `plan`'s predicted "
+            f"peaks and tokens/s against trainfit's probe of the same steps, {len(rows)} rows — "
+            f"allocated {_error_summary(rows, 'allocated')}; reserved "
+            f"{_error_summary(rows, 'reserved')}; device {_error_summary(rows, 'device')}; "
             f"tokens/s median |error| "
             f"{pct(statistics.median(abs(r['error']['tokens_per_s']) for r in rows))}. "
-            f"[{page}]({page}).")
-    lines[-1] += (" Kernel rates, SDPA's choice and the host's cost per op: "
+            f"[{page}]({page}).", ""]
+    if not lines:
+        return ["`gpu_validate.py` (needs a CUDA device): not yet measured — run "
+                "`bash benchmarks/gpu_run.sh` where one is."]
+    lines[-2] += (" Kernel rates, SDPA's choice and the host's cost per op: "
                   "[docs/notes/gpu-measurements.md](../docs/notes/gpu-measurements.md).")
-    return [line for pair in zip(lines, [""] * len(lines), strict=True) for line in pair][:-1]
+    return lines[:-1]
 
 
 def memory_section(results: Path) -> list[str]:

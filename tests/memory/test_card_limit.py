@@ -103,15 +103,15 @@ def test_a_segment_pinned_by_a_small_tensor_runs_out_by_default_and_runs_with_ex
     """60 MiB freed, 2 MiB placed in its front, then 70 MiB, on 100 MiB of room: the default
     allocator needs a new 70 MiB segment and cannot return the split 60 (out of memory); with
     expandable segments the free 58 MiB at the end grows by one 20 MiB page (80 reserved)."""
-    from trainfit.memory.predict import _at_card_limit
+    from trainfit.memory.card_limit import at_card_limit
 
     mib = 2**20
     trace = ([(1, 60 * mib), (1, -60 * mib), (2, 2 * mib), (3, 70 * mib)], {})
-    reserved, retries, note = _at_card_limit(trace, 100 * mib, 72 * mib, 72 * mib, 130 * mib)
+    reserved, retries, note = at_card_limit(trace, 100 * mib, 72 * mib, 72 * mib, 130 * mib)
     assert (reserved, retries) == (130 * mib, 0)  # what the step asks for: not fitting
     assert "replayed so, the step runs, reserving 0.08 GiB (predicted, 0 release(s)" in note
     # a job with expandable segments: the same replay made its reserve, 80 — room enough
-    got = _at_card_limit(trace, 100 * mib, 72 * mib, 72 * mib, 80 * mib,
+    got = at_card_limit(trace, 100 * mib, 72 * mib, 72 * mib, 80 * mib,
                          expandable=True)
     assert got == (80 * mib, 0, "")
 

@@ -268,16 +268,6 @@ replay came within 0.1 GiB of the reserve an H200 measured with the setting on 8
 (benchmarks/results/gpu_validate_h200.md), so a smaller saving is not told apart."""
 
 
-def reserve_with_expandable(events: list[tuple[int, int]], streams: dict[int, int] | None,
-                            allocated: int, tensor_peak_bytes: int) -> int:
-    """The step's reserve with expandable segments, composed as :func:`trainfit.memory.predict.
-    finish` composes the default one: the rank's allocated peak + what the replay reserves
-    above the one-process trace's tensors (the default replay's: never less than this one's,
-    which splits off every remainder, so the figure errs high, not low)."""
-    rep = replay_expandable(events, streams)
-    return allocated + max(0, rep.peak_reserved_bytes - tensor_peak_bytes)
-
-
 def saving_note(reserved: int, with_expandable: int) -> str:
     """What a plan made with default segments says when expandable ones reserve clearly less."""
     saved = reserved - with_expandable

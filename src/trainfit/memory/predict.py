@@ -19,9 +19,9 @@ from trainfit.hardware.gpus import EAGER_MODULE_LOADING_EXTRA_BYTES, GpuSpec
 from trainfit.job import DEFAULT_MARGIN, JobSpec
 from trainfit.memory.allocator import replay
 from trainfit.memory.bands import ErrorBand, band_for
+from trainfit.memory.card_limit import at_card_limit, expandable_reserve, held_reserve
 from trainfit.memory.compiled import compile_note
 from trainfit.memory.depth_trace import Trace
-from trainfit.memory.expandable import reserve_with_expandable, saving_note
 from trainfit.memory.loading import load_reserve, loading_notes
 from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.memory.wrap import records_wrap, wrap_reserve
@@ -313,25 +313,21 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     phase, terms, dp_notes = rank_peak(job, source, phases, trainable_params, per_rank,
                                        quant_state_bytes)
     allocated = sum(terms.values()) + blocks + work
-    # The allocator's reserve above the allocated peak, from the one-process trace (what the
-    # other ranks' shards change is the size of persistent blocks, not the step's churn).
+    # The allocator's reserve above the allocated peak, from the one-process trace.
     # ``reserved_floor_bytes``: what a smaller micro-batch of the same plan group reserves (a
     # larger one never needs less; the reserve over the peak can fall as the batch grows)
-    reserved = max(allocated + max(0, reserved_replay_bytes - tensor_peak_bytes),
+    reserved = max(held_reserve(allocated, reserved_replay_bytes, tensor_peak_bytes),
                    reserved_floor_bytes)
     context = (gpu.cuda_context_bytes if gpu else 0) + (
         EAGER_MODULE_LOADING_EXTRA_BYTES if eager_module_loading else 0)
     nccl, nccl_note = nccl_bytes(gpu, job.ranks)
+    room = None if gpu is None else gpu.memory_bytes - context - nccl  # what cudaMalloc can get
     retries, limit_note = 0, ""
-    if trace is not None and gpu is not None:
-        reserved, retries, limit_note = _at_card_limit(
-            trace, gpu.memory_bytes - context - nccl, allocated, tensor_peak_bytes, reserved,
-            job.expandable_segments)
-    # the other allocator's reserve, where it could matter: not past the card by the live bytes
-    # alone, not at its limit (whose note gives that verdict), for a fully simulated trace
-    with_expandable = None if job.expandable_segments or limit_note or not isinstance(
-        trace, tuple) or (gpu is not None and allocated > gpu.memory_bytes - context - nccl) \
-        else reserve_with_expandable(trace[0], trace[1], allocated, tensor_peak_bytes)
+    if trace is not None and room is not None:
+        reserved, retries, limit_note = at_card_limit(
+            trace, room, allocated, tensor_peak_bytes, reserved, job.expandable_segments)
+    with_expandable, saving = (None, "") if job.expandable_segments or limit_note else \
+        expandable_reserve(trace, room, allocated, tensor_peak_bytes, reserved)
     resident = reserved + context + nccl
     # paged optimizer states live in CUDA managed memory: resident while the card has room,
     # paged out to the host under pressure (bitsandbytes' paged optimizers exist for that), so
@@ -340,19 +336,11 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
                                                              gpu.memory_bytes - resident))
     device = resident + on_device
     notes = [*_peak_notes(how, work, context, (on_device, managed_bytes), (nccl, nccl_note)),
-             *dp_notes, *([limit_note] if limit_note else []),
-             *([saving_note(reserved, with_expandable)] if with_expandable else [])]
-    notes = [n for n in notes if n]
+             *dp_notes, *([limit_note] if limit_note else []), *([saving] if saving else [])]
     notes += _step_notes(job, compile_untraced, compile_partitioned)
     before_step, reserve_notes = wrap_reserve(job, trace) if records_wrap(job, per_rank) else \
         load_reserve(job, trace, setup_events)
     notes += reserve_notes
-    full_breakdown = {**{k: v for k, v in terms.items() if k != "data_parallel"},
-                      "workspaces": work, "managed": managed_bytes}
-    if blocks:
-        full_breakdown["allocator_blocks"] = blocks
-    if terms.get("data_parallel"):
-        full_breakdown["data_parallel"] = terms["data_parallel"]
     cap = gpu.memory_bytes if gpu else None
     if per_rank or (job.sharding.startswith("zero") and job.ranks > 1):
         notes += loading_notes(job, source, gpu, terms, quant_state_bytes)
@@ -361,7 +349,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     notes.append(fit_note)
     return MemoryPrediction(
         peak_allocated_bytes=allocated, peak_reserved_bytes=reserved, peak_device_bytes=device,
-        breakdown=full_breakdown, peak_phase=phase.split("@")[0], fits=fits,
+        breakdown=_full_breakdown(terms, work, managed_bytes, blocks),
+        peak_phase=phase.split("@")[0], fits=fits,
         headroom_bytes=headroom,
         capacity_bytes=cap, margin=margin, total_params=total_params,
         error_band_kind=band.kind, error_band_under=band.under, error_band_cases=band.cases,
@@ -370,6 +359,19 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
         trainable_params=trainable_params, sdpa_kernels=sdpa_kernels, sim_time_s=sim_time_s,
         model_notes=notes, reserved_before_step_bytes=before_step,
         reserved_expandable_bytes=with_expandable)
+
+
+def _full_breakdown(terms: dict[str, int], work: int, managed_bytes: int, blocks: int
+                    ) -> dict[str, int]:
+    """The breakdown a prediction states: the rank's terms, the workspaces, managed memory, and
+    where present the allocator's whole-block rounding and the data-parallel extra (last)."""
+    out = {**{k: v for k, v in terms.items() if k != "data_parallel"},
+           "workspaces": work, "managed": managed_bytes}
+    if blocks:
+        out["allocator_blocks"] = blocks
+    if terms.get("data_parallel"):
+        out["data_parallel"] = terms["data_parallel"]
+    return out
 
 
 def _step_notes(job: JobSpec, compile_untraced: list[str] | None,
@@ -422,57 +424,6 @@ def _fit(band: ErrorBand, cap: int | None, resident: int, margin: float
     if limit is None:
         return None, None, note
     return resident <= limit, limit - resident, note
-
-
-def _at_card_limit(trace: Trace | Callable[[], Trace | None], room_bytes: int, allocated: int,
-                   tensor_peak_bytes: int, reserved: int, expandable: bool = False
-                   ) -> tuple[int, int, str]:
-    """(reserved, retries, note) once the card is taken into account; ``room_bytes`` is what
-    cudaMalloc can still get.  The real allocator does not grow past the card: it releases its
-    cached segments (with ``expandable``: unmaps its free pages) and retries
-    (CUDACachingAllocator.cpp), so the run goes on while the allocated bytes and the blocks it
-    cannot release fit — otherwise it is out of memory, and the reserve the step asks for
-    stands."""
-    if reserved <= room_bytes or allocated > room_bytes:
-        return reserved, 0, ""  # room enough, or the live bytes alone pass the card: no replay
-    if callable(trace):  # an extrapolated row's full-depth trace, made only when needed
-        trace = trace()
-        if trace is None:
-            return reserved, 0, ""
-    # the trace is the one-process step's: the rank's other allocations take their room first
-    capacity = room_bytes - (allocated - tensor_peak_bytes)
-    capped = replay(trace[0], trace[1], capacity_bytes=capacity, expandable=expandable)
-    if capped.out_of_memory:
-        # measured on a held-out trace (Mistral-7B QLoRA, benchmarks/results/heldout_memory.md):
-        # the replay ran out at 23.5-25.5 GiB but not at 23.0 or 25.75 — which moment the cache
-        # is released decides what is split later, so the verdict is not monotonic in capacity
-        head = (f"at the card's limit: the allocated peak fits ({allocated / 2**30:.2f} GiB) but, "
-                "replayed at this capacity, the allocator runs out even after ")
-        tail = ("; that outcome turns on the exact order of allocations, a few hundred MiB of "
-                "capacity either way can reverse it: called not fitting — `trainfit tune` on the "
-                "card measures it")
-        if expandable:
-            return reserved, 0, head + (
-                "unmapping every free page (expandable segments: the pages live tensors partly "
-                "cover stay mapped)") + tail
-        alt = replay(trace[0], trace[1], capacity_bytes=capacity, expandable=True)
-        alt_held = allocated + max(0, alt.peak_reserved_bytes - tensor_peak_bytes)
-        return reserved, 0, head + (
-            "releasing its cache (segments split by live tensors cannot be returned)") + tail + (
-            "; with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (--expandable-segments) "
-            "the allocator can unmap the free pages of those segments: " + (
-                "replayed so, it runs out too" if alt.out_of_memory else
-                f"replayed so, the step runs, reserving {alt_held / 2**30:.2f} GiB (predicted, "
-                f"{alt.alloc_retries} release(s) a step)") +
-            " (torch ≥ 2.9 calls that name deprecated, but its new name PYTORCH_ALLOC_CONF was "
-            "ignored for this setting on CUDA in 2.9.1: pytorch/pytorch#183387)")
-    held = allocated + max(0, capped.peak_reserved_bytes - tensor_peak_bytes)
-    return held, capped.alloc_retries, (
-        f"at the card's limit: the step would reserve {reserved / 2**30:.2f} GiB; the allocator "
-        f"{'unmaps its free pages' if expandable else 'releases its cached blocks'} and retries "
-        f"{capped.alloc_retries}× a step (num_alloc_retries), so reserved stays at "
-        f"{held / 2**30:.2f} GiB — each release synchronizes the GPU and re-allocates: the step "
-        "is slower than a step with room (how much is not modelled)")
 
 
 def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
