@@ -20,8 +20,6 @@ from typing import Any
 from trainfit.hardware.gpus import GpuSpec
 from trainfit.job import (
     DEFAULT_MARGIN,
-    PRECISIONS,
-    JobError,
     JobSpec,
     step_micro_batches,
     step_precisions,
@@ -37,6 +35,7 @@ from trainfit.model.experts import inactive_expert_params_of
 from trainfit.model.source import ModelSource
 from trainfit.plan.checks import HostRamCheck, ObservedCheck
 from trainfit.plan.context import OffloadCheck, PlanAssumptions, offload_check, plan_assumptions
+from trainfit.plan.inputs import check_inputs, supported_precisions
 from trainfit.plan.ladder import build_ladder
 from trainfit.plan.row_speed import synced
 from trainfit.plan.rows import mark_shown, rank_rows
@@ -238,31 +237,6 @@ def _flops_per_token(source: ModelSource, mem: MemoryPrediction, job: JobSpec) -
                                  inactive_params=inactive_expert_params_of(source))
 
 
-def supported_precisions(gpu: GpuSpec | None) -> list[str]:
-    if gpu is None or gpu.bf16_supported:
-        return list(PRECISIONS)
-    return ["fp32", "amp-fp16"]
-
-
-def check_bitsandbytes(job: JobSpec) -> None:
-    """QLoRA and bnb optimizers need bitsandbytes where the job will run; say so before planning
-    (the plan itself uses data-less twins of bnb's layers and optimizers)."""
-    import importlib.util
-
-    needs = job.method == "qlora" or job.optimizer in ("adamw-8bit", "paged-adamw",
-                                                       "paged-adamw-8bit")
-    if needs and importlib.util.find_spec("bitsandbytes") is None:
-        what = "--method qlora" if job.method == "qlora" else f"--optimizer {job.optimizer}"
-        raise JobError(f"{what} needs bitsandbytes, which is not installed",
-                       "pip install bitsandbytes (or: pip install 'trainfit[qlora]')")
-
-
-def check_precision(job: JobSpec, gpu: GpuSpec | None) -> None:
-    if job.precision and gpu is not None and "bf16" in job.precision and not gpu.bf16_supported:
-        raise JobError(f"--precision {job.precision}: {gpu.display_name} has no bf16 support",
-                       "use --precision amp-fp16 (fp16 autocast with a GradScaler) or fp32")
-
-
 def _micro_candidates(job: JobSpec) -> list[int]:
     if job.micro_batch is not None:
         return [job.micro_batch]
@@ -282,22 +256,6 @@ def _config_job(job: JobSpec, precision: str, ckpt: str, micro: int) -> JobSpec:
     elif job.micro_batch is None:
         changes["effective_batch"] = None
     return job.replace(**changes)
-
-
-def _check_inputs(job: JobSpec, gpu: GpuSpec | None, margin: float, dataset_tokens: int | None,
-                  epochs: float | None) -> None:
-    if epochs is not None and dataset_tokens is None:
-        raise JobError(f"--epochs {epochs:g} needs the dataset size",
-                       "add --dataset-tokens N (tokens in one epoch)")
-    if epochs is not None and not epochs > 0:
-        raise JobError(f"--epochs {epochs:g}: must be > 0", "e.g. --epochs 1")
-    if dataset_tokens is not None and dataset_tokens <= 0:
-        raise JobError(f"--dataset-tokens {dataset_tokens}: must be ≥ 1",
-                       "the tokens in one epoch, e.g. --dataset-tokens 50000000")
-    check_precision(job, gpu)
-    check_bitsandbytes(job)
-    if not 0.0 <= margin < 1.0:
-        raise JobError(f"--margin {margin}: must be in [0, 1)", "e.g. --margin 0.1 for 10 %")
 
 
 @dataclass
@@ -434,7 +392,7 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
     pick is stated against it (the fields to change, the predicted speed-up). ``progress``:
     called with (what is being simulated, done, total) as the work goes."""
     t0 = time.perf_counter()
-    _check_inputs(job, gpu, margin, dataset_tokens, epochs)
+    check_inputs(job, gpu, margin, dataset_tokens, epochs)
     precisions = [job.precision] if job.precision else step_precisions(job, supported_precisions(gpu))
     # a custom module without gradient_checkpointing_enable() has only "off" to offer
     can_ckpt = getattr(source.config, "supports_grad_ckpt", True)

@@ -238,7 +238,7 @@ def _hook_remote_code(mod: Any) -> None:
 def _hook_training_args(mod: Any) -> None:
     """plan (and tune on the CPU stand-in): ``bf16=True`` is the script's choice for its GPU;
     transformers refuses it on a machine without one. The planned GPU's bf16 support is checked by
-    plan itself (trainfit.plan.grid.check_precision)."""
+    plan itself (trainfit.plan.inputs.check_precision)."""
     st = _st()
     cpu_tune = st.mode == "tune" and str(st.options.get("tune", {}).get("device", "cpu")) == "cpu"
     if st.mode == "plan" or cpu_tune:

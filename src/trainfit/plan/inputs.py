@@ -1,0 +1,49 @@
+"""What ``plan`` checks before it predicts anything: the precisions a GPU supports, bitsandbytes
+where the job needs it, and the plan's own options (epochs, dataset size, margin) — each failure a
+:class:`~trainfit.job.JobError` that names the fix."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from trainfit.hardware.gpus import GpuSpec
+from trainfit.job import PRECISIONS, JobError, JobSpec
+
+
+def supported_precisions(gpu: GpuSpec | None) -> list[str]:
+    if gpu is None or gpu.bf16_supported:
+        return list(PRECISIONS)
+    return ["fp32", "amp-fp16"]
+
+
+def check_bitsandbytes(job: JobSpec) -> None:
+    """QLoRA and bnb optimizers need bitsandbytes where the job will run; say so before planning
+    (the plan itself uses data-less twins of bnb's layers and optimizers)."""
+    needs = job.method == "qlora" or job.optimizer in ("adamw-8bit", "paged-adamw",
+                                                       "paged-adamw-8bit")
+    if needs and importlib.util.find_spec("bitsandbytes") is None:
+        what = "--method qlora" if job.method == "qlora" else f"--optimizer {job.optimizer}"
+        raise JobError(f"{what} needs bitsandbytes, which is not installed",
+                       "pip install bitsandbytes (or: pip install 'trainfit[qlora]')")
+
+
+def check_precision(job: JobSpec, gpu: GpuSpec | None) -> None:
+    if job.precision and gpu is not None and "bf16" in job.precision and not gpu.bf16_supported:
+        raise JobError(f"--precision {job.precision}: {gpu.display_name} has no bf16 support",
+                       "use --precision amp-fp16 (fp16 autocast with a GradScaler) or fp32")
+
+
+def check_inputs(job: JobSpec, gpu: GpuSpec | None, margin: float, dataset_tokens: int | None,
+                  epochs: float | None) -> None:
+    if epochs is not None and dataset_tokens is None:
+        raise JobError(f"--epochs {epochs:g} needs the dataset size",
+                       "add --dataset-tokens N (tokens in one epoch)")
+    if epochs is not None and not epochs > 0:
+        raise JobError(f"--epochs {epochs:g}: must be > 0", "e.g. --epochs 1")
+    if dataset_tokens is not None and dataset_tokens <= 0:
+        raise JobError(f"--dataset-tokens {dataset_tokens}: must be ≥ 1",
+                       "the tokens in one epoch, e.g. --dataset-tokens 50000000")
+    check_precision(job, gpu)
+    check_bitsandbytes(job)
+    if not 0.0 <= margin < 1.0:
+        raise JobError(f"--margin {margin}: must be in [0, 1)", "e.g. --margin 0.1 for 10 %")
