@@ -25,8 +25,9 @@ def test_a_rank_runs_its_own_micro_steps(tiny_llama):
 
 def test_zero_terms_per_rank(tiny_llama):
     """ZeRO-2 keeps the bf16 parameters whole and partitions the gradients (2 Ψ_t / N bytes),
-    the fp32 master and the states; ZeRO-3 partitions the parameters too; both hold less per
-    rank than DDP's whole copies."""
+    the fp32 master and the states; ZeRO-3 partitions the parameters too, but a model this small
+    (far under the reuse distance) stays gathered from forward to backward on top of its
+    partition; both hold less per rank than DDP's whole copies."""
     gpu = find_gpu("a100-80gb")
     base = dict(model="t", seq_len=32, micro_batch=2, grad_accum=1, precision="amp-bf16",
                 grad_ckpt="off", ranks=4)
@@ -35,6 +36,39 @@ def test_zero_terms_per_rank(tiny_llama):
     z3 = predict_memory(JobSpec(**base, sharding="zero3"), tiny_llama, gpu)
     n = z2.trainable_params
     assert z2.breakdown["gradients"] == -(-n * 2 // 4)
-    assert z3.breakdown["parameters"] < z2.breakdown["parameters"]
-    assert z3.peak_allocated_bytes < z2.peak_allocated_bytes < ddp.peak_allocated_bytes
+    whole = z2.breakdown["parameters"]
+    assert z3.breakdown["parameters"] == -(-whole // 4) + whole
+    assert z2.peak_allocated_bytes < ddp.peak_allocated_bytes
+    assert z3.peak_allocated_bytes < ddp.peak_allocated_bytes
     assert any("ZeRO-2 over 4 ranks" in note for note in z2.model_notes)
+
+
+GIB = 2**30
+
+
+def test_zero3_keeps_what_is_reused_within_the_distance():
+    """DeepSpeed's release rule over a forward → backward trace (bf16, 2 bytes per element):
+    a module stays gathered when 2 × the elements after it stay under 1e9.  Llama-2-7B (32
+    layers of 202 M, untied head of 131 M): the head and the last two layers; Llama-2-70B (80 ×
+    856 M, head 262 M): the head and the last layer; a small model: everything."""
+    from trainfit.memory.zero import zero3_gathered_bytes
+
+    def gathered(layer_numel, layers, vocab_numel, tied=False, prefetch=0):
+        ends = (0, vocab_numel * 2) if tied else (vocab_numel * 2, vocab_numel * 2)
+        return zero3_gathered_bytes(layer_numel * 2 * layers + sum(ends), layers=layers,
+                                    end_bytes=ends, compute_bytes=2, prefetch_bytes=prefetch)
+
+    l7, v7 = 202_383_360, 32000 * 4096
+    assert gathered(l7, 32, v7) == v7 * 2 + 2 * l7 * 2
+    l70, v70 = 855_654_400, 32000 * 8192
+    assert gathered(l70, 80, v70) == v70 * 2 + l70 * 2
+    # a head past half the distance (256 k × 8192): no layer comes back in reach, only the head
+    assert gathered(l70, 80, 256_000 * 8192) == 256_000 * 8192 * 2
+    # only a head smaller than a layer kept (Qwen's 152 k vocabulary at 4096, 70B layers): the
+    # layer in flight is the larger
+    assert gathered(l70, 80, 152_064 * 4096) == l70 * 2
+    # Llama-3.2-1B-like (16 × 60 M, tied 263 M embedding): the tied head and the last 4 layers
+    tied = gathered(60_000_000, 16, 128256 * 2048, tied=True, prefetch=10)
+    assert tied == (4 * 60_000_000 + 128256 * 2048) * 2 + 10
+    # under half the distance, all of it (the prefetch capped by the whole)
+    assert gathered(1_000_000, 4, 100_000, prefetch=10**9) == (4_000_000 + 200_000) * 2

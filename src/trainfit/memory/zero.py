@@ -1,9 +1,10 @@
-"""DeepSpeed ZeRO-2 / ZeRO-3 per rank, as accelerate and HF Trainer run it (deepspeed 0.14-0.16),
+"""DeepSpeed ZeRO-2 / ZeRO-3 per rank, as accelerate and HF Trainer run it (deepspeed 0.14-0.19),
 and CPU offload: analytic terms over the one-process step simulated in the compute dtype.
 
-DeepSpeed cannot run on this machine's fake tensors (its partitioning hooks and fused optimizers
-need CUDA), so what it holds is written down from its code (stated per term, bytes per rank,
-Ψ = parameter bytes in the compute dtype, Ψ_t = trainable parameters, N = ranks):
+DeepSpeed's partitioning hooks do not run on this machine's fake tensors, so what it holds is
+written down from its code (stated per term, bytes per rank, Ψ = parameter bytes in the compute
+dtype, Ψ_t = trainable parameters, N = ranks) and checked against DeepSpeed itself run by 2 gloo
+ranks on this CPU (its CPU accelerator; ``tests/memory/test_zero_vs_gloo.py``):
 
 * ZeRO-2 (``runtime/zero/stage_1_and_2.py``): the bf16/fp16 parameters whole on every rank
   (``bit16_groups_flat``); the fp32 master partition (``single_partition_of_fp32_groups``,
@@ -12,8 +13,12 @@ need CUDA), so what it holds is written down from its code (stated per term, byt
   ``overlap_comm``) re-allocated in every backward; at the step a fp32 copy of the gradient
   partition (4Ψ_t/N).
 * ZeRO-3 (``runtime/zero/stage3.py``, ``partition_parameters.py``): the parameters partitioned
-  (Ψ/N), the gathered module in flight plus the prefetch bucket (``stage3_prefetch_bucket_size``
-  elements); the same master, states and gradient partition; one reduce bucket.
+  (Ψ/N); the same master, states and gradient partition; one reduce bucket; and the gathered
+  parameters, :func:`zero3_gathered_bytes`: the module in flight plus the prefetch bucket
+  (``stage3_prefetch_bucket_size`` elements), or, once the first step has recorded the trace,
+  every module DeepSpeed keeps gathered from its forward to its backward because it is used
+  again within ``stage3_max_reuse_distance`` (1e9 elements, DeepSpeed's default and the HF
+  docs' configs) — all of a model under 0.5 B parameters.
 * Buckets: accelerate and the HF docs' configs write ``"auto"``, which HF fills from the hidden
   size h: ``reduce_bucket_size = h²``, ``stage3_prefetch_bucket_size = 0.9·h²``
   (transformers ``integrations/deepspeed.py``); ``overlap_comm: true`` as in those configs.
@@ -29,6 +34,7 @@ against a run on this machine (DeepSpeed needs a GPU); the error band says so.
 from __future__ import annotations
 
 from trainfit.job import JobSpec
+from trainfit.model.source import ModelSource, hidden_size
 
 OPTIMIZER_SCALES_WITH_MASTER = ("adamw", "sgd", "adafactor")
 """Optimizers whose states have the dtype of the parameters they update (torch's; bitsandbytes'
@@ -52,12 +58,64 @@ def master_bytes_per_param(job: JobSpec) -> int:
     return 0 if (job.precision or "fp32") == "fp32" else 4
 
 
+def end_parameter_bytes(job: JobSpec, source: ModelSource) -> tuple[int, int]:
+    """(input embedding, output head) parameter bytes in the compute dtype: vocabulary × width
+    each, 4-bit packed (half a byte per weight) when QLoRA quantizes the head too.  A head tied
+    to the embedding is one parameter, booked at its last use in the forward, the head: (0,
+    embedding)."""
+    cfg = source.config
+    vocab = int(getattr(cfg, "vocab_size", 0) or 0)
+    cb = 4 if (job.precision or "fp32") == "fp32" else 2
+    embed = vocab * hidden_size(source) * cb
+    if getattr(cfg, "tie_word_embeddings", False):
+        return 0, embed
+    head = vocab * hidden_size(source) // 2 if job.quant_lm_head else embed
+    return embed, head
+
+
+MAX_REUSE_DISTANCE = 1_000_000_000
+"""``stage3_max_reuse_distance``, in elements: DeepSpeed's default (``runtime/zero/config.py``)
+and the value the HF DeepSpeed docs' ZeRO-3 configs write."""
+
+
+def zero3_gathered_bytes(param_bytes: int, *, layers: int, end_bytes: tuple[int, int],
+                         compute_bytes: int, prefetch_bytes: int,
+                         max_reuse_distance: int = MAX_REUSE_DISTANCE) -> int:
+    """Parameters one ZeRO-3 rank holds gathered at the backward's start (its activation peak).
+
+    After a module's forward, DeepSpeed releases its gathered parameters unless they are used
+    again within ``stage3_max_reuse_distance`` elements of the recorded trace
+    (``PartitionedParameterCoordinator.__params_to_release``: it walks the trace after the
+    module, adding each visited module's elements, and keeps every parameter it meets before the
+    sum reaches the distance).  In the forward → backward trace the next use of module i comes
+    after every later module's forward and backward: kept when 2 × (elements of the modules after
+    it) < the distance — the output head always (and with it a tied embedding), then layers from
+    the last, and all of a model under half the distance.  The first step (no trace yet) releases
+    every module; the optimizer step starts by releasing all (``stage3.py``:
+    ``_partition_all_parameters``).  The module in flight (one layer when nothing is kept) and
+    the prefetch bucket come on top.  ``param_bytes`` excludes bitsandbytes' quantization state
+    (not a parameter); packed 4-bit weights count in elements of their storage dtype, as
+    DeepSpeed's ``ds_numel`` does (read at ``compute_bytes`` per element: uint8 storage counts
+    half its elements, keeping more layers — the safe side)."""
+    embed, head = end_bytes
+    layer = max(param_bytes - embed - head, 0) // max(layers, 1)
+    modules = [embed, *([layer] * max(layers, 1)), head]  # forward order
+    kept, after = 0, 0
+    for nbytes in reversed(modules):
+        if 2 * after // compute_bytes < max_reuse_distance:
+            kept += nbytes
+        after += nbytes
+    return min(param_bytes, max(kept, layer) + prefetch_bytes)
+
+
 def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_params: int,
-                quant_state_bytes: int, hidden: int, layers: int, compute_bytes: int
+                quant_state_bytes: int, hidden: int, layers: int, compute_bytes: int,
+                end_bytes: tuple[int, int] = (0, 0)
                 ) -> tuple[dict[str, dict[str, int]], list[str]]:
     """Each simulated phase's breakdown as one ZeRO rank holds it.  ``phases`` come from the
     compute-dtype one-process step (:func:`compute_job`); ``compute_bytes``: bytes per element
-    of that dtype."""
+    of that dtype; ``end_bytes``: (input embedding, output head) parameter bytes outside the
+    layers (:func:`end_parameter_bytes`; ZeRO-3's reuse distance)."""
     n = job.ranks
     stage3 = job.sharding == "zero3"
     off_opt = job.offload in ("optimizer", "all")
@@ -68,9 +126,10 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
     master = -(-trainable_params * master_bytes_per_param(job) // n)
     if stage3:
         partitioned = -(-(params - quant_state_bytes) // n)
-        unit = (params - quant_state_bytes) // max(layers, 1)
-        in_flight = unit + int(0.9 * hidden * hidden) * compute_bytes
-        param_term = (0 if off_par else partitioned) + quant_state_bytes + in_flight
+        gathered = zero3_gathered_bytes(params - quant_state_bytes, layers=layers,
+                                        end_bytes=end_bytes, compute_bytes=compute_bytes,
+                                        prefetch_bytes=int(0.9 * hidden * hidden) * compute_bytes)
+        param_term = (0 if off_par else partitioned) + quant_state_bytes + gathered
         buckets = bucket
     else:
         param_term, buckets = params, 2 * bucket  # overlap_comm: two reduce buckets
@@ -93,8 +152,9 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
             t["data_parallel"] = buckets
         out[key] = t
     where = "host" if off_opt else "GPU"
-    held = (f"partitioned ÷ {n} + one layer and the prefetch bucket in flight" if stage3
-            else "whole")
+    held = (f"partitioned ÷ {n} + {gathered / 2**20:,.0f} MiB gathered (the modules reused within "
+            f"stage3_max_reuse_distance = {MAX_REUSE_DISTANCE:.0e} elements, or one layer, and the "
+            f"prefetch bucket)" if stage3 else "whole")
     notes = [f"DeepSpeed ZeRO-{3 if stage3 else 2} over {n} ranks (from its code, not simulated: "
              f"stage{'3' if stage3 else '_1_and_2'}.py): parameters {held}"
              f"{' (on the host)' if off_par else ''}; fp32 master, optimizer states and gradient "

@@ -1,0 +1,156 @@
+"""DeepSpeed ZeRO-2 / ZeRO-3 per rank: plan's terms (:mod:`trainfit.memory.zero`) against
+DeepSpeed itself, run by 2 gloo ranks on this CPU (its CPU accelerator, ``DS_ACCELERATOR=cpu``).
+
+DeepSpeed is installed apart by scripts/test.sh (``build/reference/deepspeed-*``, never imported
+by trainfit); without it the test is skipped.  One torchrun launch (this file as a script)
+measures both stages on both ranks: two optimizer steps of two micro-steps each, the live bytes
+of every tensor the run creates through torch's dispatcher (the tracker plan uses), the peak over
+both steps (ZeRO-3 keeps modules gathered only once its first step has recorded the trace).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainfit.job import JobSpec
+
+REFERENCE = Path(__file__).resolve().parents[2] / "build" / "reference"
+DEEPSPEED = sorted(REFERENCE.glob("deepspeed-*"))
+LLAMA = dict(hidden_size=128, intermediate_size=344, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=2000, max_position_embeddings=256)
+BASE = dict(model="tiny-llama", seq_len=64, micro_batch=2, grad_accum=2, ranks=2,
+            precision="amp-bf16", grad_ckpt="off", attention="sdpa-math", max_grad_norm=1.0)
+STAGES = {"zero2": 2, "zero3": 3}
+
+pytestmark = pytest.mark.skipif(not DEEPSPEED, reason="DeepSpeed not installed in build/reference "
+                                "(scripts/test.sh installs it)")
+
+
+def _source() -> Any:
+    from transformers import LlamaConfig
+
+    from trainfit.model.source import ModelSource
+
+    return ModelSource("tiny-llama", LlamaConfig(**LLAMA), "causal-lm", "local")
+
+
+def _job(sharding: str) -> JobSpec:
+    return JobSpec(**BASE, sharding=sharding)
+
+
+def _ds_config(job: JobSpec, stage: int) -> dict[str, Any]:
+    """What accelerate / HF Trainer hand DeepSpeed for this job: bf16 mode, its AdamW (torch's on
+    this CPU: DeepSpeed's fused Adam needs CUDA), the "auto" buckets HF fills from the hidden
+    size h (transformers integrations/deepspeed.py), overlap_comm as in the HF docs' configs."""
+    h = LLAMA["hidden_size"]
+    return {"train_micro_batch_size_per_gpu": job.micro_batch,
+            "gradient_accumulation_steps": job.grad_accum,
+            "bf16": {"enabled": True}, "gradient_clipping": job.max_grad_norm,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+            "zero_optimization": {"stage": stage, "overlap_comm": True,
+                                  "contiguous_gradients": True, "reduce_bucket_size": h * h,
+                                  "stage3_prefetch_bucket_size": int(0.9 * h * h),
+                                  "stage3_param_persistence_threshold": 10 * h},
+            "steps_per_print": 10**9}
+
+
+def _measure(sharding: str) -> int:
+    """One rank's peak live bytes over two DeepSpeed optimizer steps."""
+    import deepspeed
+    import torch
+
+    from trainfit.memory.cpu_truth import materialize_on_cpu
+    from trainfit.memory.tracker import LiveBytesTracker
+    from trainfit.memory.zero import compute_job
+    from trainfit.model.workload import build_model_on_meta, make_batch
+
+    class RealBytes(LiveBytesTracker):
+        """DeepSpeed keeps shape records as meta tensors (``round_robin_bit16_meta``): no bytes
+        on any device, so not booked (plan's own simulation books its meta tensors)."""
+
+        def _register(self, t: torch.Tensor, category: str) -> Any:
+            return None if t.device.type == "meta" else super()._register(t, category)
+
+    job, source = _job(sharding), _source()
+    model, _ = build_model_on_meta(compute_job(job), source)
+    materialize_on_cpu(model, 0)
+    batch = make_batch(source, job.micro_batch, job.seq_len,
+                       generator=torch.Generator().manual_seed(0))
+    tracker = RealBytes()
+    for t in [*model.parameters(), *model.buffers(), *batch.values()]:
+        tracker.track(t, "parameters")
+    with tracker:
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                          config=_ds_config(job, STAGES[sharding]))
+        for _step in range(2):
+            for micro in range(job.grad_accum):
+                tracker.set_phase("forward", micro)
+                loss = engine(**batch).loss
+                tracker.set_phase("backward", micro)
+                engine.backward(loss)
+                tracker.set_phase("optimizer", micro)
+                engine.step()
+    return tracker.peak.peak_bytes
+
+
+def _worker(out_dir: Path) -> None:
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank = int(os.environ["RANK"])
+    res = {name: _measure(name) for name in STAGES}
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(res))
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[int]]:
+    import trainfit
+
+    out = tmp_path_factory.mktemp("zero_mem")
+    path = [str(Path(trainfit.__file__).parents[1]), str(DEEPSPEED[-1]),
+            os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "DS_ACCELERATOR": "cpu",
+           "DS_BUILD_OPS": "0"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node=2", __file__, str(out)],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return {name: [r[name] for r in ranks] for name in STAGES}
+
+
+@pytest.mark.parametrize("sharding", list(STAGES))
+def test_zero_rank_peak_matches_deepspeed_on_two_gloo_ranks(measured, sharding):
+    """plan's ZeRO terms over the one-process step against the real per-rank peak: never under,
+    within 1 % (measured here: ZeRO-2 +0.04 % over the higher rank, ZeRO-3 +0.16 %).  Before
+    ZeRO-3's reuse distance was modelled (the module in flight only), its rank was predicted
+    8.5 % under: this model's 1 M parameters all stay gathered from forward to backward."""
+    from trainfit.memory.predict import predict_memory
+
+    pred = predict_memory(_job(sharding), _source(), None)
+    # the CPU run has no cuBLAS workspace (plan books one for a GPU it does not know)
+    predicted = pred.peak_allocated_bytes - pred.breakdown.get("workspaces", 0)
+    worst = max(measured[sharding])
+    assert worst <= predicted <= worst * 1.01, (sharding, measured[sharding], predicted)
+
+
+def test_zero3_holds_more_than_zero2_on_a_small_model(measured):
+    """The mechanism, seen in the run: under the reuse distance ZeRO-3 keeps every module
+    gathered besides its partitions, so a rank holds more than under ZeRO-2 (whole bf16
+    parameters, no partition copy) — as plan predicts."""
+    from trainfit.memory.predict import predict_memory
+
+    z2, z3 = (predict_memory(_job(s), _source(), None) for s in STAGES)
+    assert min(measured["zero3"]) > max(measured["zero2"])
+    assert z3.breakdown["parameters"] > z2.breakdown["parameters"]
+
+
+if __name__ == "__main__":
+    _worker(Path(sys.argv[1]))
