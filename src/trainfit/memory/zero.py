@@ -155,8 +155,9 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
     held = (f"partitioned ÷ {n} + {gathered / 2**20:,.0f} MiB gathered (the modules reused within "
             f"stage3_max_reuse_distance = {MAX_REUSE_DISTANCE:.0e} elements, or one layer, and the "
             f"prefetch bucket)" if stage3 else "whole")
-    notes = [f"DeepSpeed ZeRO-{3 if stage3 else 2} over {n} ranks (from its code, not simulated: "
-             f"stage{'3' if stage3 else '_1_and_2'}.py): parameters {held}"
+    notes = [f"DeepSpeed ZeRO-{3 if stage3 else 2} over {n} ranks (terms from its code, "
+             f"stage{'3' if stage3 else '_1_and_2'}.py, checked against DeepSpeed 0.19 on 2 CPU "
+             f"ranks within −0.3 … +1.0 %): parameters {held}"
              f"{' (on the host)' if off_par else ''}; fp32 master, optimizer states and gradient "
              f"partition ÷ {n} on the {where}; reduce bucket{'' if stage3 else 's ×2'} of h² "
              f"elements ({bucket / 2**20:.0f} MiB, accelerate's 'auto')"]
