@@ -70,5 +70,41 @@ def test_zero3_keeps_what_is_reused_within_the_distance():
     # Llama-3.2-1B-like (16 × 60 M, tied 263 M embedding): the tied head and the last 4 layers
     tied = gathered(60_000_000, 16, 128256 * 2048, tied=True, prefetch=10)
     assert tied == (4 * 60_000_000 + 128256 * 2048) * 2 + 10
+    # a frozen embedding whose output needs no gradient has no backward: released after its
+    # forward (LoRA without checkpointing)
+    assert zero3_gathered_bytes(4_200_000, layers=4, end_bytes=(200_000, 0), compute_bytes=2,
+                                prefetch_bytes=0, embed_in_backward=False) == 4_000_000
     # under half the distance, all of it (the prefetch capped by the whole)
     assert gathered(1_000_000, 4, 100_000, prefetch=10**9) == (4_000_000 + 200_000) * 2
+
+
+def test_zero3_linear_keeps_a_frozen_projections_input():
+    """ZeRO-3's linear (DeepSpeed's LinearFunctionForZeroStage3, as zero.py writes it) keeps the
+    input of a frozen projection alive for the backward, which plain autograd frees; its
+    gradients are F.linear's, and F.linear is restored after."""
+    import weakref
+
+    import torch
+
+    from trainfit.memory.zero import zero3_linear
+
+    torch.manual_seed(0)
+    frozen = torch.nn.Linear(64, 32).requires_grad_(False)
+    x = torch.randn(4, 8, 64, requires_grad=True)
+
+    def run() -> tuple[bool, torch.Tensor]:
+        h = x * 2.0  # the projection's input: an intermediate only the graph can keep
+        alive = weakref.ref(h)
+        y = frozen(h)
+        del h
+        kept = alive() is not None
+        (grad,) = torch.autograd.grad(y.square().sum(), x)
+        return kept, grad
+
+    original = torch.nn.functional.linear
+    kept_plain, grad_plain = run()
+    with zero3_linear():
+        kept_zero3, grad_zero3 = run()
+    assert (kept_plain, kept_zero3) == (False, True)
+    torch.testing.assert_close(grad_zero3, grad_plain)
+    assert torch.nn.functional.linear is original

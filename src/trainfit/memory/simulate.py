@@ -26,7 +26,7 @@ from trainfit.memory.semantics import AttentionTarget, device_semantics
 from trainfit.memory.sharded import fake_world, fsdp_bookkeeping, fsdp_simulable, local, shard_model
 from trainfit.memory.tracker import LiveBytesTracker
 from trainfit.memory.wrap import record_wrap, records_wrap
-from trainfit.memory.zero import compute_job
+from trainfit.memory.zero import compute_job, zero3_linear
 from trainfit.model.in_backward import InBackwardOptimizer
 from trainfit.model.offload import simulated_offload, with_offload
 from trainfit.model.source import ModelSource
@@ -214,9 +214,11 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
     sharded = fsdp_simulable(job)
     # the user's job decides the loading: ZeRO's one-process step below is not how it loads
     loads = records_loading(job, records_wrap(job, sharded))
+    # ZeRO-3's linear keeps every input for the backward (zero.py: zero3_linear)
+    linear = zero3_linear() if job.sharding == "zero3" else contextlib.nullcontext()
     if job.sharding in ("zero2", "zero3"):
         job = compute_job(job)  # DeepSpeed's per-rank terms are added to this step (zero.py)
-    with fake_world(job.ranks) if sharded else contextlib.nullcontext() as mesh:
+    with fake_world(job.ranks) if sharded else contextlib.nullcontext() as mesh, linear:
         return _simulate(job, source, target or SimTarget(), steps, record_events, op_hook,
                          batch_fn, mesh, loads)
 

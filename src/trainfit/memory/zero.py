@@ -22,6 +22,12 @@ ranks on this CPU (its CPU accelerator; ``tests/memory/test_zero_vs_gloo.py``):
 * Buckets: accelerate and the HF docs' configs write ``"auto"``, which HF fills from the hidden
   size h: ``reduce_bucket_size = h²``, ``stage3_prefetch_bucket_size = 0.9·h²``
   (transformers ``integrations/deepspeed.py``); ``overlap_comm: true`` as in those configs.
+* ZeRO-3's ``memory_efficient_linear`` (``true`` by default; the HF docs' configs leave it so):
+  ``torch.nn.functional.linear`` becomes ``LinearFunctionForZeroStage3`` (``runtime/zero/
+  linear.py``), installed by ``zero.Init`` and left installed for the rest of the process, which
+  saves every call's input for the backward even where the weight is frozen (plain autograd
+  keeps a frozen linear's weight, not its input): a LoRA rank keeps each frozen projection's
+  input.  The one-process step is simulated with the same function (:func:`zero3_linear`).
 * bitsandbytes' quantization state is a Python attribute of each layer, not a parameter: it is
   whole on every rank under any sharding.
 * ``offload: optimizer`` moves the fp32 master, the states and the fp32 gradient partition to the
@@ -33,12 +39,68 @@ against a run on this machine (DeepSpeed needs a GPU); the error band says so.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
 from trainfit.job import JobSpec
 from trainfit.model.source import ModelSource, hidden_size
 
 OPTIMIZER_SCALES_WITH_MASTER = ("adamw", "sgd", "adafactor")
 """Optimizers whose states have the dtype of the parameters they update (torch's; bitsandbytes'
 8-bit states are uint8 whatever the parameters are)."""
+
+
+class _KeepInputLinear(torch.autograd.Function):
+    """DeepSpeed's ``LinearFunctionForZeroStage3`` (deepspeed 0.19.8 ``runtime/zero/linear.py``)
+    as memory sees it: the forward's ``input.matmul(weight.t())`` (+ bias) and
+    ``save_for_backward(input, weight, bias)`` whatever needs a gradient; the backward's
+    products only for the inputs that need one.  Written here, not imported: trainfit does not
+    depend on DeepSpeed, and its function asks DeepSpeed's accelerator for the autocast state."""
+
+    @staticmethod
+    def forward(ctx: Any, input: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+        ctx.save_for_backward(input, weight, bias)
+        if input.dim() == 2 and bias is not None:
+            return torch.addmm(bias, input, weight.t())
+        out = input.matmul(weight.t())
+        if bias is not None:
+            out += bias
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        input, weight, bias = ctx.saved_tensors
+        grad_input = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_input = grad_output.matmul(weight)
+        if ctx.needs_input_grad[1]:
+            grad_weight = grad_output.reshape(-1, grad_output.shape[-1]).t().matmul(
+                input.reshape(-1, input.shape[-1]))
+        if bias is not None and ctx.needs_input_grad[2]:
+            grad_bias = grad_output.sum(list(range(grad_output.dim() - 1)))
+        return grad_input, grad_weight, grad_bias
+
+
+def _zero3_linear(input: torch.Tensor, weight: torch.Tensor,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    return _KeepInputLinear.apply(input, weight, bias)
+
+
+@contextlib.contextmanager
+def zero3_linear() -> Iterator[None]:
+    """``torch.nn.functional.linear`` as a ZeRO-3 process has it (``memory_efficient_linear``),
+    for the one-process step simulated for a ZeRO-3 job; restored after (DeepSpeed leaves its own
+    installed: each plan worker process simulates one step at a time)."""
+    original = torch.nn.functional.linear
+    torch.nn.functional.linear = _zero3_linear
+    try:
+        yield
+    finally:
+        torch.nn.functional.linear = original
 
 
 def compute_job(job: JobSpec) -> JobSpec:
@@ -79,7 +141,7 @@ and the value the HF DeepSpeed docs' ZeRO-3 configs write."""
 
 
 def zero3_gathered_bytes(param_bytes: int, *, layers: int, end_bytes: tuple[int, int],
-                         compute_bytes: int, prefetch_bytes: int,
+                         compute_bytes: int, prefetch_bytes: int, embed_in_backward: bool = True,
                          max_reuse_distance: int = MAX_REUSE_DISTANCE) -> int:
     """Parameters one ZeRO-3 rank holds gathered at the backward's start (its activation peak).
 
@@ -93,16 +155,20 @@ def zero3_gathered_bytes(param_bytes: int, *, layers: int, end_bytes: tuple[int,
     the last, and all of a model under half the distance.  The first step (no trace yet) releases
     every module; the optimizer step starts by releasing all (``stage3.py``:
     ``_partition_all_parameters``).  The module in flight (one layer when nothing is kept) and
-    the prefetch bucket come on top.  ``param_bytes`` excludes bitsandbytes' quantization state
-    (not a parameter); packed 4-bit weights count in elements of their storage dtype, as
-    DeepSpeed's ``ds_numel`` does (read at ``compute_bytes`` per element: uint8 storage counts
-    half its elements, keeping more layers — the safe side)."""
+    the prefetch bucket come on top.  The window is the one iteration's trace: a module with no
+    backward (``embed_in_backward`` False: a frozen embedding whose output needs no gradient —
+    LoRA without checkpointing; transformers' checkpointing makes that output require one) is
+    not met again and is released after its forward.  ``param_bytes`` excludes bitsandbytes'
+    quantization state (not a parameter); packed 4-bit weights count in elements of their
+    storage dtype, as DeepSpeed's ``ds_numel`` does (read at ``compute_bytes`` per element: uint8
+    storage counts half its elements, keeping more layers — the safe side)."""
     embed, head = end_bytes
     layer = max(param_bytes - embed - head, 0) // max(layers, 1)
     modules = [embed, *([layer] * max(layers, 1)), head]  # forward order
     kept, after = 0, 0
-    for nbytes in reversed(modules):
-        if 2 * after // compute_bytes < max_reuse_distance:
+    for i, nbytes in reversed(list(enumerate(modules))):
+        reused = embed_in_backward or i > 0
+        if reused and 2 * after // compute_bytes < max_reuse_distance:
             kept += nbytes
         after += nbytes
     return min(param_bytes, max(kept, layer) + prefetch_bytes)
@@ -126,9 +192,10 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
     master = -(-trainable_params * master_bytes_per_param(job) // n)
     if stage3:
         partitioned = -(-(params - quant_state_bytes) // n)
-        gathered = zero3_gathered_bytes(params - quant_state_bytes, layers=layers,
-                                        end_bytes=end_bytes, compute_bytes=compute_bytes,
-                                        prefetch_bytes=int(0.9 * hidden * hidden) * compute_bytes)
+        gathered = zero3_gathered_bytes(
+            params - quant_state_bytes, layers=layers, end_bytes=end_bytes,
+            compute_bytes=compute_bytes, prefetch_bytes=int(0.9 * hidden * hidden) * compute_bytes,
+            embed_in_backward=job.method == "full" or job.grad_ckpt != "off")
         param_term = (0 if off_par else partitioned) + quant_state_bytes + gathered
         buckets = bucket
     else:
@@ -157,7 +224,7 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
             f"prefetch bucket)" if stage3 else "whole")
     notes = [f"DeepSpeed ZeRO-{3 if stage3 else 2} over {n} ranks (terms from its code, "
              f"stage{'3' if stage3 else '_1_and_2'}.py, checked against DeepSpeed 0.19 on 2 CPU "
-             f"ranks within −0.3 … +1.0 %): parameters {held}"
+             f"ranks within +0.04 … +1.3 %): parameters {held}"
              f"{' (on the host)' if off_par else ''}; fp32 master, optimizer states and gradient "
              f"partition ÷ {n} on the {where}; reduce bucket{'' if stage3 else 's ×2'} of h² "
              f"elements ({bucket / 2**20:.0f} MiB, accelerate's 'auto')"]
