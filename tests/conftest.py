@@ -147,3 +147,29 @@ def one_rank_group(tmp_path):
                             world_size=1)
     yield
     dist.destroy_process_group()
+
+
+def _launch_two_gloo_ranks(script: str, *args: str, env: dict[str, str] | None = None,
+                           path: tuple[str, ...] = ()) -> None:
+    """Run ``script`` (a test file run as a script) as 2 ranks under torchrun on this CPU, with
+    trainfit's source (and ``path``) importable; fails the test with the ranks' output tails."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import trainfit
+
+    pythonpath = [str(Path(trainfit.__file__).parents[1]), *path, os.environ.get("PYTHONPATH", "")]
+    full_env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join(pythonpath)}
+    # --standalone: a free port of its own (no clash with another torchrun on 29500)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node=2", script, *args],
+                          capture_output=True, text=True, timeout=600, env=full_env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="session")
+def two_gloo_ranks():
+    """``launch(script, *args, env=None, path=())``: the script as 2 gloo ranks (torchrun)."""
+    return _launch_two_gloo_ranks

@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -120,16 +119,9 @@ def _worker(out_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[int]]:
-    import trainfit
-
+def measured(tmp_path_factory: pytest.TempPathFactory, two_gloo_ranks: Any) -> dict[str, list[int]]:
     out = tmp_path_factory.mktemp("fsdp1_mem")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(Path(trainfit.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node=2", __file__, str(out)],
-                          capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    two_gloo_ranks(__file__, str(out))
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     return {name: [r[name] for r in ranks] for name in CASES}
 

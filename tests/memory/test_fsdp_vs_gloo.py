@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -144,16 +143,10 @@ def _worker(out_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, int]]]:
-    import trainfit
-
+def measured(tmp_path_factory: pytest.TempPathFactory,
+             two_gloo_ranks: Any) -> dict[str, list[dict[str, int]]]:
     out = tmp_path_factory.mktemp("fsdp_mem")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(Path(trainfit.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node=2", __file__, str(out)],
-                          capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    two_gloo_ranks(__file__, str(out))
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     return {name: [r[name] for r in ranks] for name in [*CASES, "link"]}
 

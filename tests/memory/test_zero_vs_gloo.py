@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -125,19 +124,11 @@ def _worker(name: str, out_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[int]]:
-    import trainfit
-
+def measured(tmp_path_factory: pytest.TempPathFactory, two_gloo_ranks: Any) -> dict[str, list[int]]:
     out = tmp_path_factory.mktemp("zero_mem")
-    path = [str(Path(trainfit.__file__).parents[1]), str(DEEPSPEED[-1]),
-            os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "DS_ACCELERATOR": "cpu",
-           "DS_BUILD_OPS": "0"}
     for name in CASES:
-        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                               "--nproc-per-node=2", __file__, name, str(out)],
-                              capture_output=True, text=True, timeout=600, env=env)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        two_gloo_ranks(__file__, name, str(out), path=(str(DEEPSPEED[-1]),),
+                       env={"DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0"})
     return {name: [json.loads((out / f"{name}-rank{r}.json").read_text()) for r in (0, 1)]
             for name in CASES}
 

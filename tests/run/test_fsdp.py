@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -89,9 +88,9 @@ def _worker(spec_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory, micro_chat_files: tuple[Path, Path]
+def runs(tmp_path_factory: pytest.TempPathFactory, micro_chat_files: tuple[Path, Path],
+         two_gloo_ranks: Any
          ) -> dict[str, Any]:
-    import trainfit
 
     work = tmp_path_factory.mktemp("fsdp")
     cfg, data = micro_chat_files
@@ -119,13 +118,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, micro_chat_files: tuple[Path,
         {**r, "job": r["job"].to_dict(), "opts": {k: str(v) if isinstance(v, Path) else v
                                                   for k, v in r["opts"].items()}}
         for r in _runs(work, job, lora, work / "one_a", bad)]}))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(Path(trainfit.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
-    # --standalone: a free port of its own (no clash with another torchrun on 29500)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node=2", __file__, str(spec)],
-                          capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    two_gloo_ranks(__file__, str(spec))
     two = {p.name.removesuffix(".json"): json.loads(p.read_text()) for p in results.iterdir()}
     return {"work": work, "job": job, "one": one, "two": two}
 
