@@ -41,6 +41,9 @@ def test_zero_terms_per_rank(tiny_llama):
     assert z2.peak_allocated_bytes < ddp.peak_allocated_bytes
     assert z3.peak_allocated_bytes < ddp.peak_allocated_bytes
     assert any("ZeRO-2 over 4 ranks" in note for note in z2.model_notes)
+    lora = predict_memory(JobSpec(**base, sharding="zero3", method="lora"), tiny_llama, gpu)
+    assert any("memory_efficient_linear" in note for note in lora.model_notes)
+    assert not any("memory_efficient_linear" in note for note in z3.model_notes)
 
 
 GIB = 2**30

@@ -228,6 +228,9 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
              f"{' (on the host)' if off_par else ''}; fp32 master, optimizer states and gradient "
              f"partition ÷ {n} on the {where}; reduce bucket{'' if stage3 else 's ×2'} of h² "
              f"elements ({bucket / 2**20:.0f} MiB, accelerate's 'auto')"]
+    if stage3 and job.method != "full":
+        notes.append("ZeRO-3's linear (memory_efficient_linear, DeepSpeed's default) keeps every "
+                     "projection's input for the backward, frozen weight or not: simulated so")
     if quant_state_bytes:
         notes.append(f"bitsandbytes quantization state whole on every rank "
                      f"({quant_state_bytes / 2**30:.2f} GiB)")
