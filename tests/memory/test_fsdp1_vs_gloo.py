@@ -5,11 +5,11 @@ ranks on this CPU, FSDP1 wrapping each decoder layer and the root, ``use_orig_pa
 
 Where the two hold the same bytes, to within a scalar (52 B measured): full fine-tuning without
 accumulation (fp32, pure bf16) and with a ``MixedPrecision`` policy under accumulation.  Where
-they do not (measured 2026-11-29, docs/notes/multi-gpu-memory-mechanisms.md §3): pure bf16 or fp32
-*with* accumulation — FSDP1 keeps each unit's unsharded, autograd-made gradient into the next
-micro-step's backward, 8.8-10.3 % above plan here — and LoRA sharing flat parameters with frozen
-weights (``fsdp_frozen_grads``), which plan's analytic term over-predicts without accumulation.
-Those are stated, not asserted.
+they do not (measured 2026-11-29, docs/notes/multi-gpu-memory-mechanisms.md §1.5): pure bf16 or
+fp32 *with* accumulation, 8.8-10.3 % above plan here, of which part or all may be gloo's (its
+reduce-scatter clones its input, which NCCL does not) — not established — and LoRA sharing flat
+parameters with frozen weights (``fsdp_frozen_grads``), which plan's analytic term over-predicts
+without accumulation.  Those are stated, not asserted.
 """
 
 from __future__ import annotations
