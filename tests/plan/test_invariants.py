@@ -8,7 +8,8 @@ mechanism each time (the fixes cite the cause: src/trainfit/memory/, plan/ladder
 The sweep: 10 architectures as tiny transformers configs (hidden 64, 2-6 layers, vocab 512),
 each under full / LoRA / QLoRA, every (precision, checkpointing) pair met by every method across
 the architectures (:func:`sweep_groups`), micro-batches 1…64 (powers of two), gradient
-accumulation 1 and 4, one rank and 2 / 8 ranks with DDP and FSDP.  Each
+accumulation 1 and 4, one rank and 2 / 8 ranks with DDP and FSDP, DeepSpeed ZeRO-2 over 2 ranks
+and ZeRO-3 over 8 (their terms: memory/zero.py).  Each
 (architecture, method, precision, checkpointing) group is fitted once (the
 extrapolation's own small simulations) and its rows are built for every rank setting the way
 ``plan`` builds them (``_Grid._group_rows``); ``plan()`` itself runs once per architecture
@@ -41,7 +42,7 @@ def _one_process(monkeypatch: pytest.MonkeyPatch) -> None:
     forked after that can deadlock (plan/grid.py: _Workers)."""
     monkeypatch.setenv("TRAINFIT_WORKERS", "1")
 MICROS = [1, 2, 4, 8, 16, 32, 64]
-RANKS = [(1, "none"), (2, "none"), (2, "fsdp"), (8, "none"), (8, "fsdp")]
+RANKS = [(1, "none"), (2, "none"), (2, "fsdp"), (8, "none"), (8, "fsdp"), (2, "zero2"), (8, "zero3")]
 PRECISIONS = ["fp32", "amp-fp16", "amp-bf16", "bf16-true"]
 SEQ = 32
 SAMPLE_RATE = 0.1
