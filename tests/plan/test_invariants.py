@@ -296,11 +296,16 @@ def _checked_rows(c: Checked, job: JobSpec, src: ModelSource, model: BilinearMod
 def _check_group(c: Checked, base: JobSpec, src: ModelSource, model: BilinearModel,
                  sampled: list[tuple[PlanRow, ModelSource]], rng: random.Random) -> None:
     gpu = _capacity(base, src, model)
+    # DeepSpeed runs its own one-process step (zero.compute_job: the compute dtype, ZeRO-3's
+    # linear), which plan fits for a ZeRO job: one fit per stage, as plan does
+    zero_models = {s: fit_group(base.replace(sharding=s, ranks=r, micro_batch=1, grad_accum=1),
+                                src, target_for(GPU), high_batch=max(MICROS))
+                   for r, s in RANKS if s.startswith("zero")}
     for accum in (1, 4):
         one_rank: dict[int, PlanRow] = {}
         for ranks, sharding in RANKS:
             job = base.replace(ranks=ranks, sharding=sharding, grad_accum=accum)
-            rows = _checked_rows(c, job, src, model, gpu)
+            rows = _checked_rows(c, job, src, zero_models.get(sharding, model), gpu)
             if ranks == 1:
                 one_rank = {r.job.micro_batch: r for r in rows}
             elif sharding == "fsdp" and fsdp_should_not_exceed(job, _layers(src)):
