@@ -6,10 +6,11 @@ ranks on this CPU, FSDP1 wrapping each decoder layer and the root, ``use_orig_pa
 Where the two hold the same bytes, to within a scalar (52 B measured): full fine-tuning without
 accumulation (fp32, pure bf16) and with a ``MixedPrecision`` policy under accumulation.  Where
 they do not (measured 2026-11-29, docs/notes/multi-gpu-memory-mechanisms.md §1.5): pure bf16 or
-fp32 *with* accumulation, 8.8-10.3 % above plan here, of which part or all may be gloo's (its
-reduce-scatter clones its input, which NCCL does not) — not established — and LoRA sharing flat
-parameters with frozen weights (``fsdp_frozen_grads``), which plan's analytic term over-predicts
-without accumulation.  Those are stated, not asserted.
+fp32 *with* accumulation, 8.8-10.3 % above plan here (not gloo's input clone: replacing the
+reduce-scatter by an in-place all-reduce left it unchanged; FSDP1 keeps unsharded-size gradient
+blocks from C++, not traced yet), and LoRA sharing flat parameters with frozen weights
+(``fsdp_frozen_grads``), which plan's analytic term over-predicts without accumulation.  Those
+are stated, not asserted.
 """
 
 from __future__ import annotations
