@@ -25,7 +25,12 @@ from trainfit.memory.depth_trace import Trace
 from trainfit.memory.loading import load_reserve, loading_notes
 from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.memory.wrap import records_wrap, wrap_reserve
-from trainfit.memory.zero import end_parameter_bytes, fsdp_offload_phases, zero_phases
+from trainfit.memory.zero import (
+    compute_dtype_bytes,
+    end_parameter_bytes,
+    fsdp_offload_phases,
+    zero_phases,
+)
 from trainfit.model.source import ModelSource, hidden_size
 from trainfit.model.workload import weight_dtypes
 
@@ -255,8 +260,7 @@ def rank_peak(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int
         per_phase, notes = zero_phases(
             job, phases, trainable_params=trainable_params, quant_state_bytes=quant_state_bytes,
             hidden=hidden_size(source), layers=_layers(source),
-            compute_bytes=4 if (job.precision or "fp32") == "fp32" else 2,
-            end_bytes=end_parameter_bytes(job, source))
+            compute_bytes=compute_dtype_bytes(job), end_bytes=end_parameter_bytes(job, source))
     elif per_rank:
         per_phase = phases
         notes = [_fsdp_sim_note(job)]

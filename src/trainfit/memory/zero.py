@@ -115,6 +115,12 @@ def compute_job(job: JobSpec) -> JobSpec:
                        grad_accum=job.grad_accum, effective_batch=None)
 
 
+def compute_dtype_bytes(job: JobSpec) -> int:
+    """Bytes per element of the dtype DeepSpeed's module computes in (:func:`compute_job`): 4 in
+    fp32 mode, 2 in bf16/fp16 mode."""
+    return 4 if (job.precision or "fp32") == "fp32" else 2
+
+
 def master_bytes_per_param(job: JobSpec) -> int:
     """fp32 master weights DeepSpeed keeps for the optimizer whenever the module is bf16/fp16 (its
     ZeRO optimizers always build fp32 partitions: ``single_partition_of_fp32_groups``, stage 3's
@@ -128,13 +134,11 @@ def end_parameter_bytes(job: JobSpec, source: ModelSource) -> tuple[int, int]:
     to the embedding is one parameter, booked at its last use in the forward, the head: (0,
     embedding)."""
     cfg = source.config
-    vocab = int(getattr(cfg, "vocab_size", 0) or 0)
-    cb = 4 if (job.precision or "fp32") == "fp32" else 2
-    embed = vocab * hidden_size(source) * cb
+    weights = int(getattr(cfg, "vocab_size", 0) or 0) * hidden_size(source)
+    embed = weights * compute_dtype_bytes(job)
     if getattr(cfg, "tie_word_embeddings", False):
         return 0, embed
-    head = vocab * hidden_size(source) // 2 if job.quant_lm_head else embed
-    return embed, head
+    return embed, (weights // 2 if job.quant_lm_head else embed)
 
 
 MAX_REUSE_DISTANCE = 1_000_000_000

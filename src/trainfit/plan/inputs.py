@@ -34,7 +34,7 @@ def check_precision(job: JobSpec, gpu: GpuSpec | None) -> None:
 
 
 def check_inputs(job: JobSpec, gpu: GpuSpec | None, margin: float, dataset_tokens: int | None,
-                  epochs: float | None) -> None:
+                 epochs: float | None) -> None:
     if epochs is not None and dataset_tokens is None:
         raise JobError(f"--epochs {epochs:g} needs the dataset size",
                        "add --dataset-tokens N (tokens in one epoch)")
