@@ -54,3 +54,24 @@ def test_compiled_job_says_what_its_memory_is(tiny_llama):
     note = next(n for n in compiled.model_notes if "torch.compile" in n)
     assert "min-cut partitioner" in note and "could not be traced" not in note
     assert not any("torch.compile" in n for n in eager.model_notes)
+
+
+def test_fsdp_cpu_offload_leaves_the_quantization_state_on_the_gpu(tiny_llama):
+    """FSDP's CPU offload moves parameters; bitsandbytes' quantization state is an attribute of
+    the 4-bit weight (absmax: one byte per block of 64 after double quantization), so it stays
+    on the GPU, whole on every rank: the offloaded rank's parameter term is that state alone."""
+    gpu = find_gpu("a100-80gb")
+    base = dict(model="t", method="qlora", seq_len=64, micro_batch=2, precision="bf16-true",
+                ranks=2, sharding="fsdp", max_grad_norm=None)
+    kept = predict_memory(JobSpec(**base), tiny_llama, gpu)
+    off = predict_memory(JobSpec(**base, offload="all"), tiny_llama, gpu)
+    cfg = tiny_llama.config
+    h, kv = cfg.hidden_size, cfg.num_key_value_heads * cfg.hidden_size // cfg.num_attention_heads
+    quantized = cfg.num_hidden_layers * (2 * h * h + 2 * h * kv + 3 * h * cfg.intermediate_size)
+    state = off.breakdown["parameters"]
+    assert quantized // 64 <= state < quantized // 64 + 2048 * 7 * cfg.num_hidden_layers
+    assert state < kept.breakdown["parameters"] // 10
+    assert off.breakdown["optimizer"] == 0 < kept.breakdown["optimizer"]
+    assert off.peak_allocated_bytes == kept.peak_allocated_bytes - (
+        kept.breakdown["parameters"] - state) - kept.breakdown["optimizer"]
+    assert any("quantization state on the GPU" in n for n in off.model_notes)

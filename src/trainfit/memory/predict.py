@@ -244,6 +244,13 @@ def data_parallel_bytes(job: JobSpec, source: ModelSource, breakdown: dict[str, 
     return _shard_adjust(job, breakdown, breakdown["parameters"] // _layers(source), grad_bytes)
 
 
+def _gpu_quant_state(job: JobSpec, quant_state_bytes: int) -> int:
+    """The quantization state FSDP's CPU offload leaves on the GPU: bitsandbytes' (an attribute
+    beside the weight); torchao's NF4 weight is one tensor subclass parameter whose scales
+    FSDP moves with it."""
+    return quant_state_bytes if job.quant_lib == "bnb" else 0
+
+
 def rank_peak(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int]],
               trainable_params: int, per_rank: bool = False, quant_state_bytes: int = 0
               ) -> tuple[str, dict[str, int], list[str]]:
@@ -268,10 +275,11 @@ def rank_peak(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int
             per_phase, more = frozen_grads_phases(job, source, phases, trainable_params)
             notes += more
         if job.offload == "all":
-            per_phase, more = fsdp_offload_phases(phases)
+            per_phase, more = fsdp_offload_phases(phases, _gpu_quant_state(job, quant_state_bytes))
             notes += more
     elif job.sharding == "fsdp" and job.offload == "all" and job.ranks == 1:
-        per_phase, notes = fsdp_offload_phases(phases)
+        per_phase, notes = fsdp_offload_phases(phases,
+                                               _gpu_quant_state(job, quant_state_bytes))
     elif job.ranks > 1 and job.sharding != "none":
         params = max(b.get("parameters", 0) for b in phases.values())
         gathered = FSDP_PREFETCH_UNITS * (params // _layers(source))

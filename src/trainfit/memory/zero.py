@@ -243,13 +243,25 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
     return out, notes
 
 
-def fsdp_offload_phases(phases: dict[str, dict[str, int]]) -> tuple[dict[str, dict[str, int]],
-                                                                   list[str]]:
+def fsdp_offload_phases(phases: dict[str, dict[str, int]], quant_state_bytes: int = 0
+                        ) -> tuple[dict[str, dict[str, int]], list[str]]:
     """FSDP ``CPUOffload(offload_params=True)``: the sharded parameters, their gradients and the
     optimizer (its step too) live on the host; the GPU holds the units gathered in flight, the
-    activations and the forward/backward temporaries (torch ``_fully_shard``: CPUOffloadPolicy)."""
-    out = {k: {c: (0 if c in ("parameters", "gradients", "optimizer")
+    activations and the forward/backward temporaries (torch ``_fully_shard``: CPUOffloadPolicy).
+
+    ``quant_state_bytes``: bitsandbytes' quantization state (absmax, its nested statistics and
+    code tables) stays on the GPU, whole on every rank.  It is an attribute of the ``Params4bit``
+    and of its ``Linear4bit`` (``module.quant_state``), neither a parameter nor a buffer, so
+    FSDP's offload never moves it: it remains where the weight was quantized (Answer.AI's
+    train.py, ``load_and_quantize``: "FSDP only syncs parameters and buffers, so the quant_state
+    isn't copied" — every rank quantizes on its GPU to make it).  Llama-2-70B's is 1.0 GiB."""
+    out = {k: {c: (min(v, quant_state_bytes) if c == "parameters" else
+                   0 if c in ("gradients", "optimizer")
                    or (k == "optimizer" and c == "temporaries") else v) for c, v in b.items()}
            for k, b in phases.items()}
-    return out, ["FSDP CPU offload: sharded parameters, gradients and optimizer (and its step) "
-                 "on the host; the GPU holds the gathered units, activations and temporaries"]
+    notes = ["FSDP CPU offload: sharded parameters, gradients and optimizer (and its step) on the "
+             "host; the GPU holds the gathered units, activations and temporaries"]
+    if quant_state_bytes:
+        notes.append(f"bitsandbytes quantization state on the GPU, whole on every rank (not a "
+                     f"parameter: FSDP's offload leaves it): {quant_state_bytes / 2**20:,.1f} MiB")
+    return out, notes
