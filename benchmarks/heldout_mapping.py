@@ -348,6 +348,14 @@ def _fsdp_qlora(b: _Builder) -> None:
            "through the backward (transformers 5 returns 16-bit logits and upcasts inside its "
            "loss) → fp32_outputs true; its loss's contiguous fp32 copy of the shifted logits, a "
            "transient at the end of the forward, is not modelled")
+    b.job["rope_cache"] = "fp32" if b.case["method"] == "qlora" else "bf16"
+    b.note("transformers of Feb-Mar 2024 (4.37-4.39, before 4.40; which one is not stated): each "
+           "attention layer's rotary embedding holds cos and sin tables of "
+           "max_position_embeddings × head_dim (cos_cached/sin_cached; 4.38.2-4.39 keep them "
+           "as buffers for compatibility), built in the default dtype: fp32 for the QLoRA model "
+           "made from its config, bf16 under LoRA's from_pretrained(torch_dtype=bf16) → "
+           f"rope_cache {b.job['rope_cache']} (buffers: whole on every rank; 4.38.0/4.38.1 "
+           "had none)")
     if b.case["method"] == "qlora":
         b.job.update(quant_lm_head=False, bnb_legacy=False)
         b.note("bitsandbytes 0.43.0/0.43.1 (< 0.43.2) keeps 4-bit matmul inputs with the graph, "

@@ -365,3 +365,28 @@ def test_clone_layers_needs_one_process_torchao_and_copies_of_one_layer(tiny_t5)
     with pytest.raises(JobError, match="not copies of one layer") as err:
         predict_memory(job, tiny_t5, find_gpu("rtx-4090"))
     assert "T5Block" in str(err.value) and "drop --clone-layers" in err.value.hint
+
+
+@pytest.mark.parametrize(("rope_cache", "itemsize"), [("fp32", 4), ("bf16", 2)])
+def test_legacy_rope_tables_are_per_layer_and_whole_on_every_rank(tiny_llama, rope_cache,
+                                                                  itemsize):
+    """transformers < 4.40: each layer's rotary embedding holds cos and sin tables of
+    max_position_embeddings × head_dim in the dtype the model was built in; buffers, which FSDP
+    does not shard — the same bytes on one rank and on each of two."""
+    from trainfit.memory.simulate import SimTarget, simulate_step
+
+    cfg = tiny_llama.config
+    tables = (cfg.num_hidden_layers * 2 * cfg.max_position_embeddings
+              * (cfg.hidden_size // cfg.num_attention_heads) * itemsize)
+    for extra in ({}, {"ranks": 2, "sharding": "fsdp"}):
+        base = dict(model="t", method="lora", precision="bf16-true", seq_len=64, micro_batch=2,
+                    max_grad_norm=None, **extra)
+        none, legacy = (simulate_step(JobSpec(**base, rope_cache=r), tiny_llama,
+                                      SimTarget(device="cpu")) for r in ("none", rope_cache))
+        assert legacy.breakdown["buffers"] - none.breakdown["buffers"] == tables
+        assert legacy.peak_allocated_bytes - none.peak_allocated_bytes == tables
+
+
+def test_rope_cache_is_a_dtype_or_none():
+    with pytest.raises(JobError, match="--rope-cache 'float32': must be one of"):
+        JobSpec(model="m", rope_cache="float32")

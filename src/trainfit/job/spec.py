@@ -29,6 +29,7 @@ OFFLOADS = ("none", "optimizer", "all")
 BASE_DTYPES = ("auto", "fp32", "bf16", "fp16")
 REDUCE_DTYPES = ("fp32", "param")
 FSDP_INITS = ("sharded", "wrap", "wrap-sync")
+ROPE_CACHES = ("none", "fp32", "bf16", "fp16")
 LORA_ALIASES = ("q", "k", "v", "o", "mlp", "lm_head", "all-linear")
 
 
@@ -227,6 +228,15 @@ class JobSpec:
     """The 4-bit weights were quantized from fp16 (Lightning Fabric's BitsandbytesPrecision), so
     each dequantization makes an fp16 tensor and then the compute-dtype copy; Fabric also converts
     subclasses of nn.Linear, which transformers leaves 16-bit (Falcon's FalconLinear)."""
+    rope_cache: str = "none"
+    """The rotary embedding of transformers < 4.40 (Llama ≤ 4.37 and 4.38.2-4.39's buffers kept
+    for compatibility; Mistral, Qwen2, Mixtral of that time): every attention layer builds cos
+    and sin tables of max_position_embeddings × head_dim at construction (``_set_cos_sin_cache``),
+    in the default dtype then — fp32 for a model built from its config, the 16-bit dtype given
+    to ``from_pretrained(torch_dtype=...)`` — held on every rank whole (buffers: FSDP does not
+    shard them). 1 GiB in fp32 for Mistral-7B v0.2's 32,768 positions. none: one small inv_freq
+    per model (transformers ≥ 4.40). Plan models the user's stack with it; tune and train run
+    the installed transformers, whose model holds none."""
     output_in_backward: bool = False
     """The training loop still references the model's output (its logits) during the backward
     pass, as a hand-written loop does (``out = model(**batch); out.loss.backward()``); False:
@@ -358,6 +368,7 @@ class JobSpec:
             raise JobError(f"--clone-layers with {what}: torchtune builds its layers as copies on "
                            "the GPU in its single-device recipes only",
                            "drop --clone-layers (torchtune's distributed recipes build on meta)")
+        _choice("rope_cache", self.rope_cache, ROPE_CACHES)
         if self.clone_layers and self.method == "qlora" and self.quant_lib == "bnb":
             raise JobError("--clone-layers with --quant-lib bnb: the deep copies are torchtune's, "
                            "whose 4-bit weights are torchao's", "add --quant-lib torchao or "

@@ -194,6 +194,40 @@ ROPE_CACHE = "torchtune_rope_cache"
 """The buffer :func:`add_rope_caches` gives each block."""
 
 
+def _rope_shape(source: ModelSource) -> tuple[int, int] | None:
+    """(max_position_embeddings, head_dim) of the config, None where either is unknown."""
+    cfg = source.config
+    positions = getattr(cfg, "max_position_embeddings", None)
+    heads = getattr(cfg, "num_attention_heads", None)
+    head_dim = getattr(cfg, "head_dim", None) or (hidden_size(source) // heads if heads else None)
+    if not (isinstance(positions, int) and positions > 0 and head_dim):
+        return None
+    return positions, head_dim
+
+
+LEGACY_ROPE = ("legacy_rope_cos", "legacy_rope_sin")
+"""The buffers :func:`add_legacy_rope_caches` gives each block."""
+
+
+def add_legacy_rope_caches(model: torch.nn.Module, source: ModelSource, dtype: torch.dtype
+                           ) -> None:
+    """transformers < 4.40 (``JobSpec.rope_cache``): each attention layer's rotary embedding
+    registers ``cos_cached`` and ``sin_cached`` (4.38.2-4.39: ``_cos_cached``/``_sin_cached``) of
+    ``(max_position_embeddings, head_dim)`` in ``__init__`` (``_set_cos_sin_cache``), in the
+    default dtype of that moment (llama/modeling_llama.py v4.37.2 ``LlamaRotaryEmbedding``;
+    Mistral's is a copy).  transformers 5, which the simulation runs, computes cos and sin per
+    forward from one ``inv_freq``: each block gets the two tables here (on meta; booked with the
+    block's own tensors).  Not modelled: the forward's ``cos_cached[:seq_len].to(x.dtype)`` copy
+    per layer (seq_len × head_dim, transient)."""
+    shape = _rope_shape(source)
+    if shape is None:
+        return
+    for block in transformer_blocks(model):
+        for name in LEGACY_ROPE:
+            block.register_buffer(name, torch.empty(*shape, dtype=dtype, device="meta"),
+                                  persistent=False)
+
+
 def add_rope_caches(model: torch.nn.Module, source: ModelSource) -> None:
     """torchtune's RoPE module lives in each layer's attention, and its cache is a buffer of
     ``(max_seq_len, head_dim // 2, 2)`` fp32 values (cos and sin, built in ``rope_init`` whatever
@@ -202,12 +236,10 @@ def add_rope_caches(model: torch.nn.Module, source: ModelSource) -> None:
     one across layers to save those 2 GiB, PR #1554).  transformers computes cos and sin per
     forward from one small ``inv_freq``, so the model simulated has no such buffer: each block
     gets it here (on meta; booked with the block's own tensors)."""
-    cfg = source.config
-    positions = getattr(cfg, "max_position_embeddings", None)
-    heads = getattr(cfg, "num_attention_heads", None)
-    head_dim = getattr(cfg, "head_dim", None) or (hidden_size(source) // heads if heads else None)
-    if not (isinstance(positions, int) and positions > 0 and head_dim):
+    shape = _rope_shape(source)
+    if shape is None:
         return
+    positions, head_dim = shape
     for block in copies_of_one(model):
         block.register_buffer(ROPE_CACHE, torch.empty(positions, head_dim // 2, 2,
                                                       dtype=torch.float32, device="meta"),

@@ -21,7 +21,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from trainfit.engine.step import repeat_batches, train_step
 from trainfit.job import JobSpec
 from trainfit.memory.compiled import compiled_blocks
-from trainfit.memory.loading import add_rope_caches, book_loaded, records_loading
+from trainfit.memory.loading import (
+    add_legacy_rope_caches,
+    add_rope_caches,
+    book_loaded,
+    records_loading,
+)
 from trainfit.memory.semantics import AttentionTarget, device_semantics
 from trainfit.memory.sharded import fake_world, fsdp_bookkeeping, fsdp_simulable, local, shard_model
 from trainfit.memory.tracker import LiveBytesTracker
@@ -30,7 +35,13 @@ from trainfit.memory.zero import compute_job, zero3_linear
 from trainfit.model.in_backward import InBackwardOptimizer
 from trainfit.model.offload import simulated_offload, with_offload
 from trainfit.model.source import ModelSource
-from trainfit.model.workload import build_model_on_meta, cpu_autocast, make_batch, make_optimizer
+from trainfit.model.workload import (
+    DTYPES,
+    build_model_on_meta,
+    cpu_autocast,
+    make_batch,
+    make_optimizer,
+)
 
 _QUANT_STATE = {"weight_packed", "absmax", "absmax2", "code", "code2", "quantization_factor"}
 
@@ -244,6 +255,8 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
     model, info = build_model_on_meta(job, source)
     if job.clone_layers:
         add_rope_caches(model, source)
+    if job.rope_cache != "none":
+        add_legacy_rope_caches(model, source, DTYPES[job.rope_cache])
     fake_mode = FakeTensorMode(allow_non_fake_inputs=mesh is not None)
     tracker = LiveBytesTracker(block_bytes=target.block_bytes)
     bookkeeping = _place(model, job, mesh, fake_mode, tracker)
