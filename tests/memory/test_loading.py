@@ -390,3 +390,9 @@ def test_legacy_rope_tables_are_per_layer_and_whole_on_every_rank(tiny_llama, ro
 def test_rope_cache_is_a_dtype_or_none():
     with pytest.raises(JobError, match="--rope-cache 'float32': must be one of"):
         JobSpec(model="m", rope_cache="float32")
+
+
+def test_plan_says_it_simulated_the_legacy_rope_tables(tiny_llama):
+    job = JobSpec(model="t", seq_len=64, micro_batch=2, rope_cache="bf16", max_grad_norm=None)
+    notes = predict_memory(job, tiny_llama, find_gpu("a100-80gb")).model_notes
+    assert any(n.startswith("rope_cache bf16: each layer holds") for n in notes)

@@ -389,7 +389,8 @@ def _full_breakdown(terms: dict[str, int], work: int, managed_bytes: int, blocks
 
 def _step_notes(job: JobSpec, compile_untraced: list[str] | None,
                 compile_partitioned: bool | None) -> list[str]:
-    """What the simulated step ran that the peaks depend on: torch.compile, activation offload."""
+    """What the simulated step ran that the peaks depend on: torch.compile, activation offload,
+    the legacy RoPE tables."""
     notes = []
     if job.compile:
         notes.append(compile_note(job, compile_untraced or [], compile_partitioned))
@@ -399,6 +400,9 @@ def _step_notes(job: JobSpec, compile_untraced: list[str] | None,
                      "memory; the last 5 saved stay on the GPU until 5 more are saved or the forward "
                      "ends); the host↔GPU copies are assumed hidden under compute (streamed), not "
                      "timed; the host holds the offloaded bytes in pinned memory")
+    if job.rope_cache != "none":
+        notes.append(f"rope_cache {job.rope_cache}: each layer holds transformers < 4.40's cos "
+                     "and sin tables (max_position_embeddings × head_dim), booked as buffers")
     return notes
 
 
