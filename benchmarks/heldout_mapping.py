@@ -20,6 +20,7 @@ Fields that do not exist yet are looked up by name (:data:`FEATURE_FIELDS`, ``GR
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -337,9 +338,11 @@ def _fsdp_qlora(b: _Builder) -> None:
     _base_job(b, "foreach")
     _sharding(b)
     b.grad_ckpt()
+    if b.job.get("grad_ckpt") == "full":
+        b.job["ckpt_reentrant"] = True
     b.note("Answer.AI fsdp_qlora train.py: HF model + PEFT, pure bf16 (no FSDP mixed precision),"
-           " reentrant checkpoint_wrapper per decoder layer → grad_ckpt full (trainfit runs "
-           "HF's non-reentrant checkpointing); LoRA modules wrapped as their own FSDP units; "
+           " checkpoint_wrapper(CheckpointImpl.REENTRANT) per decoder layer → grad_ckpt full, "
+           "ckpt_reentrant true; LoRA modules wrapped as their own FSDP units; "
            "peak reset after loading (training only)")
     b.output_held("its loop (`output = model(...); loss = output.loss; loss.backward()`)")
     b.job["fp32_outputs"] = True
@@ -357,12 +360,11 @@ def _fsdp_qlora(b: _Builder) -> None:
            f"rope_cache {b.job['rope_cache']} (buffers: whole on every rank; 4.38.0/4.38.1 "
            "had none)")
     if b.case["method"] == "qlora":
-        b.job.update(quant_lm_head=False, bnb_legacy=False)
-        b.note("bitsandbytes 0.43.0/0.43.1 (< 0.43.2) keeps 4-bit matmul inputs with the graph, "
-               "but under REENTRANT checkpointing the forward builds no graph and each layer's "
-               "recomputed graph dies with its backward: nothing retained across layers → "
-               "bnb_legacy false (with trainfit's non-reentrant checkpointing, bnb_legacy would "
-               "keep every layer's input for the whole forward)")
+        b.job.update(quant_lm_head=False, bnb_legacy=True)
+        b.note("bitsandbytes 0.43.0 (the first with quant_storage; < 0.43.2): its 4-bit matmul "
+               "keeps each input with the graph (the bug the README's --reentrant_checkpointing "
+               "avoids) → bnb_legacy true; under reentrant checkpointing the forward builds no "
+               "graph, so a layer's inputs live only through its recomputation and backward")
         if b.job["sharding"] == "fsdp":
             b.note("quant_storage bf16: FSDP1 shards the packed 4-bit weights (bitsandbytes' "
                    "quantization state stays whole on every rank)")
@@ -391,6 +393,9 @@ def _peft(b: _Builder) -> None:
     if c["method"] == "lora" and "torch.float32" in c["notes"] and c["sharding"].startswith("fsdp"):
         b.feature("fp32-frozen-base", "frozen base weights loaded in fp32 (sharded fp32 "
                   "storage, gathered in bf16) while trainfit keeps them in bf16 under amp")
+    if b.job.get("grad_ckpt") == "full" and "use_reentrant true" in json.dumps(c).lower():
+        b.job["ckpt_reentrant"] = True
+        b.note("gradient_checkpointing_kwargs use_reentrant true → ckpt_reentrant true")
     if c["method"] == "qlora":
         b.job["quant_lm_head"] = False
         b.note("transformers BitsAndBytesConfig (bitsandbytes ≥ 0.43.3): head in 16 bits; "

@@ -12,6 +12,10 @@ CASES = [
     {"method": "full", "precision": "bf16-true", "optimizer_impl": "foreach"},
     {"method": "full", "precision": "fp32", "grad_ckpt": "full"},
     {"method": "full", "precision": "fp32", "grad_ckpt": "selective"},
+    # reentrant checkpointing (transformers 4.x's default, Answer.AI's fsdp_qlora)
+    {"method": "full", "precision": "fp32", "grad_ckpt": "full", "ckpt_reentrant": True},
+    {"method": "lora", "precision": "bf16-true", "lora_targets": "q,v", "grad_ckpt": "full",
+     "ckpt_reentrant": True},
     {"method": "full", "precision": "amp-bf16", "grad_ckpt": "selective"},
     {"method": "lora", "precision": "fp32", "lora_targets": "q,k,v,o"},
     {"method": "full", "precision": "fp32", "optimizer_impl": "forloop", "grad_accum": 3},
@@ -154,3 +158,31 @@ def test_micro_batches_of_their_own_lengths(tiny_llama):
         fixed.peak_allocated_bytes - fixed.breakdown["buffers"]
     assert shorter.peak_allocated_bytes < fixed.peak_allocated_bytes
     assert varied_rep.peak_reserved_bytes >= fixed_rep.peak_reserved_bytes
+
+
+def test_reentrant_checkpointing_recomputes_each_blocks_output_too():
+    """The reentrant mode re-runs a block's whole forward in its backward, output included; the
+    non-reentrant one stops once the saved tensors are back: one hidden state (B·S·h, fp32 here)
+    more at the backward peak (a small vocabulary, so a block's backward is the peak)."""
+    from transformers import LlamaConfig
+
+    from trainfit.model.source import ModelSource
+
+    cfg = LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
+                      max_position_embeddings=256)
+    source = ModelSource("narrow-vocab", cfg, "causal-lm", "local")
+    base = dict(model="t", seq_len=256, micro_batch=4, precision="fp32", grad_ckpt="full",
+                max_grad_norm=None)
+    peaks = [simulate_step(JobSpec(**base, ckpt_reentrant=r), source,
+                           SimTarget(device="cpu")) for r in (False, True)]
+    hidden = 4 * 256 * cfg.hidden_size * 4
+    assert peaks[1].peak_allocated_bytes - peaks[0].peak_allocated_bytes == hidden
+    assert peaks[0].peak_phase == peaks[1].peak_phase == "backward"
+
+
+def test_reentrant_checkpointing_is_full_checkpointing():
+    from trainfit.job import JobError
+
+    with pytest.raises(JobError, match="--ckpt-reentrant with --grad-ckpt selective"):
+        JobSpec(model="m", grad_ckpt="selective", ckpt_reentrant=True)

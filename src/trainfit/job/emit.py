@@ -184,8 +184,8 @@ def hf_training_args(job: JobSpec, *, device: str = "cuda",
     if job.num_workers > 0:
         kw["dataloader_prefetch_factor"] = job.prefetch_factor
     if job.grad_ckpt == "full":
-        # trainfit checkpoints non-reentrantly (torch's recommended mode; what it measured)
-        kw[f"{ckpt}_kwargs"] = {"use_reentrant": False}
+        # non-reentrant unless the job says otherwise (torch's recommended mode; what it measured)
+        kw[f"{ckpt}_kwargs"] = {"use_reentrant": job.ckpt_reentrant}
     return kw
 
 
@@ -264,7 +264,8 @@ def script_settings(job: JobSpec, target: str) -> list[ScriptSetting]:
         if job.grad_ckpt == "full" and job.sharding != "fsdp":
             out.append(ScriptSetting("grad_ckpt", job.grad_ckpt,
                                      "model.gradient_checkpointing_enable("
-                                     'gradient_checkpointing_kwargs={"use_reentrant": False})'))
+                                     'gradient_checkpointing_kwargs={"use_reentrant": '
+                                     f'{job.ckpt_reentrant}}})'))
     elif target == "hf":
         out.append(ScriptSetting("seq_len", job.seq_len,
                                  f"tokenizer(..., max_length={job.seq_len}, truncation=True)"

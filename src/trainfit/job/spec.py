@@ -182,6 +182,13 @@ class JobSpec:
     """Activation checkpointing: off, full (keep each block's input, recompute the block),
     selective (torchtitan's op-level policy: keep attention and every other matmul output,
     recompute the rest); None lets plan/tune choose between off and full."""
+    ckpt_reentrant: bool = False
+    """Full checkpointing through torch.utils.checkpoint's reentrant implementation
+    (``use_reentrant=True``: transformers 4.35-4.4x's default for ``gradient_checkpointing_enable()``,
+    ``checkpoint_wrapper(CheckpointImpl.REENTRANT)`` as Answer.AI's fsdp_qlora uses it): each
+    block's forward is recomputed whole inside its backward, its output too, where the
+    non-reentrant mode (torch's recommendation, transformers 5's default, False) stops once the
+    saved tensors are back. No effect without checkpointing; selective needs non-reentrant."""
     activation_offload: bool = False
     """Move the tensors the forward pass saves to host memory and bring them back in the backward
     pass (TRL's / torchtune's activation offloading; the output head's stay): with checkpointing
@@ -369,6 +376,10 @@ class JobSpec:
                            "the GPU in its single-device recipes only",
                            "drop --clone-layers (torchtune's distributed recipes build on meta)")
         _choice("rope_cache", self.rope_cache, ROPE_CACHES)
+        if self.ckpt_reentrant and self.grad_ckpt == "selective":
+            raise JobError("--ckpt-reentrant with --grad-ckpt selective: torch's selective policy "
+                           "(context_fn) runs only in non-reentrant checkpointing",
+                           "use --grad-ckpt full, or drop --ckpt-reentrant")
         if self.clone_layers and self.method == "qlora" and self.quant_lib == "bnb":
             raise JobError("--clone-layers with --quant-lib bnb: the deep copies are torchtune's, "
                            "whose 4-bit weights are torchao's", "add --quant-lib torchao or "

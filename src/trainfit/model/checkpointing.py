@@ -49,9 +49,11 @@ def selective_context_fn() -> Any:
     return create_selective_checkpoint_contexts(_policy(defaultdict(int)))
 
 
-def checkpoint_kwargs(grad_ckpt: str) -> dict[str, Any]:
-    """``gradient_checkpointing_kwargs`` for transformers' ``gradient_checkpointing_enable``."""
-    kw: dict[str, Any] = {"use_reentrant": False}
+def checkpoint_kwargs(grad_ckpt: str, reentrant: bool = False) -> dict[str, Any]:
+    """``gradient_checkpointing_kwargs`` for transformers' ``gradient_checkpointing_enable``
+    (``reentrant``: the job's ``ckpt_reentrant``; transformers then makes the embeddings' output
+    require grad, which the reentrant mode needs to reach the weights inside a block)."""
+    kw: dict[str, Any] = {"use_reentrant": reentrant}
     if grad_ckpt == "selective":
         kw["context_fn"] = selective_context_fn
     return kw

@@ -138,7 +138,7 @@ def build_model_on_meta(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Mod
             raise JobError(f"--grad-ckpt {job.grad_ckpt}: {source.name} does not support "
                            "gradient checkpointing in transformers", "use --grad-ckpt off")
         model.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs=checkpoint_kwargs(job.grad_ckpt))
+            gradient_checkpointing_kwargs=checkpoint_kwargs(job.grad_ckpt, job.ckpt_reentrant))
     model.train()
 
     return _finish_model(job, source, model, cfg, info, train_dtype)
