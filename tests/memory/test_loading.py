@@ -396,3 +396,12 @@ def test_plan_says_it_simulated_the_legacy_rope_tables(tiny_llama):
     job = JobSpec(model="t", seq_len=64, micro_batch=2, rope_cache="bf16", max_grad_norm=None)
     notes = predict_memory(job, tiny_llama, find_gpu("a100-80gb")).model_notes
     assert any(n.startswith("rope_cache bf16: each layer holds") for n in notes)
+
+
+def test_rope_cache_needs_a_rotary_model(tiny_gpt2):
+    from trainfit.memory.simulate import SimTarget, simulate_step
+
+    job = JobSpec(model="t", seq_len=64, micro_batch=2, rope_cache="fp32", precision="fp32")
+    with pytest.raises(JobError, match="has no rotary position embedding") as err:
+        simulate_step(job, tiny_gpt2, SimTarget(device="cpu"))
+    assert err.value.hint == "drop --rope-cache (--rope-cache none)"

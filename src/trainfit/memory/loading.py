@@ -219,13 +219,19 @@ def add_legacy_rope_caches(model: torch.nn.Module, source: ModelSource, dtype: t
     forward from one ``inv_freq``: each block gets the two tables here (on meta; booked with the
     block's own tensors).  Not modelled: the forward's ``cos_cached[:seq_len].to(x.dtype)`` copy
     per layer (seq_len × head_dim, transient)."""
+    rope = getattr(source.config, "rope_parameters", None)
     shape = _rope_shape(source)
-    if shape is None:
-        return
+    if not isinstance(rope, dict) or getattr(source.config, "alibi", False) or shape is None:
+        raise JobError(f"--rope-cache: {source.name} has no rotary position embedding (or its "
+                       "config lacks max_position_embeddings / head_dim), so no tables to model",
+                       "drop --rope-cache (--rope-cache none)")
+    positions, head_dim = shape
+    # partial rotary (GPT-NeoX's rotary_pct, Phi's partial_rotary_factor): tables that wide
+    width = int(head_dim * rope.get("partial_rotary_factor", 1.0))
     for block in transformer_blocks(model):
         for name in LEGACY_ROPE:
-            block.register_buffer(name, torch.empty(*shape, dtype=dtype, device="meta"),
-                                  persistent=False)
+            block.register_buffer(name, torch.empty(positions, width, dtype=dtype,
+                                                     device="meta"), persistent=False)
 
 
 def add_rope_caches(model: torch.nn.Module, source: ModelSource) -> None:
