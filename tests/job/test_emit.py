@@ -47,6 +47,7 @@ def _strict(build):
     {},
     {"precision": "amp-bf16", "grad_ckpt": "full", "micro_batch": 1, "grad_accum": 8},
     {"optimizer_impl": "foreach", "num_workers": 2, "packing": False},
+    {"grad_ckpt": "full", "ckpt_reentrant": True},
 ])
 def test_hf_payload_builds_training_arguments_on_cpu(tmp_path, fields):
     from transformers import TrainingArguments
@@ -62,7 +63,7 @@ def test_hf_payload_builds_training_arguments_on_cpu(tmp_path, fields):
     assert args.bf16 is (job.precision == "amp-bf16") and args.fp16 is False
     assert args.activation_checkpointing is (job.grad_ckpt == "full")
     if job.grad_ckpt == "full":
-        assert args.activation_checkpointing_kwargs == {"use_reentrant": False}
+        assert args.activation_checkpointing_kwargs == {"use_reentrant": job.ckpt_reentrant}
     assert args.dataloader_num_workers == job.num_workers
     assert args.optim.value == ("adamw_torch_fused" if job.optimizer_impl == "fused"
                                 else "adamw_torch")
@@ -111,6 +112,15 @@ def test_accelerate_config_loads_and_matches_the_job(tmp_path, device, ranks, sh
     cfg = load_config_from_file(str(cfg_file))
     assert (cfg.distributed_type.value, cfg.use_cpu, cfg.num_processes) == want
     assert cfg.mixed_precision == "bf16"
+
+
+def test_accelerate_fsdp_cannot_say_reentrant(tmp_path):
+    """accelerate's fsdp_activation_checkpointing is non-reentrant: a reentrant job is refused."""
+    f = _tuned_file(tmp_path, device="cuda", ranks=2, sharding="fsdp", grad_accum=None,
+                    effective_batch=8, grad_ckpt="full", ckpt_reentrant=True)
+    res = runner.invoke(app, ["emit", str(f), "--to", "accelerate"])
+    assert res.exit_code == 2
+    assert "checkpoints non-reentrantly" in res.output and "use_reentrant" in res.output
 
 
 def test_emit_reads_the_file_without_probing(tmp_path, monkeypatch):

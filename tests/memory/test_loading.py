@@ -405,3 +405,19 @@ def test_rope_cache_needs_a_rotary_model(tiny_gpt2):
     with pytest.raises(JobError, match="has no rotary position embedding") as err:
         simulate_step(job, tiny_gpt2, SimTarget(device="cpu"))
     assert err.value.hint == "drop --rope-cache (--rope-cache none)"
+
+
+def test_legacy_rope_tables_of_a_partial_rotary_model():
+    """GPT-NeoX rotates a quarter of each head (rotary_pct): its tables are that wide."""
+    from transformers import GPTNeoXConfig
+
+    from trainfit.memory.simulate import SimTarget, simulate_step
+
+    cfg = GPTNeoXConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                        num_attention_heads=4, vocab_size=500, max_position_embeddings=256,
+                        rotary_pct=0.25)
+    src = ModelSource("neox", cfg, "causal-lm", "local")
+    base = dict(model="t", seq_len=32, micro_batch=1, precision="fp32", max_grad_norm=None)
+    none, fp32 = (simulate_step(JobSpec(**base, rope_cache=r), src, SimTarget(device="cpu"))
+                  for r in ("none", "fp32"))
+    assert fp32.breakdown["buffers"] - none.breakdown["buffers"] == 2 * 2 * 256 * (32 // 4) * 4

@@ -43,6 +43,13 @@ def test_predicted_peak_matches_the_cpu_step_within_1_percent(source, kw):
     assert sim.peak_allocated_bytes == pytest.approx(real.peak_allocated_bytes, rel=0.01)
 
 
+def test_the_modules_own_checkpointing_picks_its_mode(source):
+    job = JobSpec(model=SPEC, seq_len=64, micro_batch=2, grad_ckpt="full", ckpt_reentrant=True)
+    with pytest.raises(JobError, match="picks its checkpointing mode") as err:
+        simulate_step(job, source, SimTarget(device="cpu"))
+    assert err.value.hint == "drop --ckpt-reentrant"
+
+
 def test_fp32_outputs_upcast_what_the_module_returns(source):
     """``--fp32-outputs`` on a user's own module: the adapter upcasts the logits it returns, and
     the simulation holds the same bytes as the CPU step (the copy a held output keeps)."""

@@ -26,8 +26,20 @@ def test_the_engines_train_does_not_run_are_refused_with_a_hint():
         check_runnable(JobSpec(**one, clone_layers=True), 1)
     assert "drop --clone-layers" in err.value.hint
     check_runnable(JobSpec(**one), 1)
+    with pytest.raises(JobError, match=r"rope-cache fp32 describes transformers < 4\.40") as err:
+        check_runnable(JobSpec(**one, rope_cache="fp32"), 1)
+    assert "drop --rope-cache" in err.value.hint
+    check_runnable(JobSpec(**one, grad_ckpt="full", ckpt_reentrant=True), 1)  # runs as asked
 
 
 def test_the_process_count_must_be_the_jobs_ranks():
     with pytest.raises(JobError, match="ranks 2 but 1 process"):
         check_runnable(JobSpec(**JOB), 1)
+
+
+def test_tune_refuses_what_only_plan_models():
+    from trainfit.tune.tuner import _check_job
+
+    with pytest.raises(JobError, match="tune measures the installed transformers") as err:
+        _check_job(JobSpec(**{**JOB, "ranks": 1}, rope_cache="bf16"))
+    assert "drop --rope-cache" in err.value.hint

@@ -58,6 +58,19 @@ def test_seed000_record():
     JobSpec.from_dict(j.fields)  # a valid job
 
 
+def test_the_scripts_reentrant_checkpointing_is_planned_for():
+    """use_reentrant=True in the Trainer's gradient_checkpointing_kwargs, or in the model's own
+    enable() before the trainer (read from its layers' checkpoint function): ckpt_reentrant."""
+    assert "ckpt_reentrant" not in map_record(record()).fields  # None: transformers 5's default
+    args = map_record(record(args__gradient_checkpointing_kwargs={"use_reentrant": True}))
+    assert args.fields["ckpt_reentrant"] is True
+    model = map_record(record(args__gradient_checkpointing=False,
+                              model__gradient_checkpointing=True,
+                              model__checkpoint_reentrant=True))
+    assert (model.fields["grad_ckpt"], model.fields["ckpt_reentrant"]) == ("full", True)
+    JobSpec.from_dict(model.fields)
+
+
 def test_the_scripts_allocator_setting_is_planned_for():
     """A script that sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (in its shell or its
     own os.environ before the trainer) is planned with that allocator; a flag given wins."""
@@ -157,3 +170,19 @@ def test_keyword_diff_in_the_scripts_terms():
     }
     # the effective batch stays 8; the same micro-batch: no batch keyword at all
     assert keyword_diff(r, cur, cur) == []
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_the_model_record_reads_the_layers_checkpointing_mode(tiny_llama, reentrant):
+    """What the record reads off a real model whose checkpointing the script enabled."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trainfit.script.read import _model
+
+    with torch.device("meta"):
+        m = AutoModelForCausalLM.from_config(tiny_llama.config)
+    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    rec = _model(m, m)
+    assert rec["gradient_checkpointing"] is True
+    assert rec["checkpoint_reentrant"] is reentrant

@@ -228,6 +228,14 @@ def accelerate_config(job: JobSpec, *, device: str = "cuda") -> dict[str, Any]:
     if not cpu:
         cfg["gpu_ids"] = "all"
     if dist == "FSDP":
+        if job.ckpt_reentrant and job.grad_ckpt == "full":
+            # accelerate's fsdp_activation_checkpointing wraps each block in checkpoint_wrapper,
+            # non-reentrant: the config cannot say reentrant
+            raise JobError("--ckpt-reentrant with FSDP: accelerate's fsdp_activation_checkpointing"
+                           " checkpoints non-reentrantly", "drop --ckpt-reentrant, or set "
+                           "fsdp_activation_checkpointing: false and call model."
+                           "gradient_checkpointing_enable(gradient_checkpointing_kwargs="
+                           "{'use_reentrant': True}) in the script")
         cfg["fsdp_config"] = {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
                               "fsdp_reshard_after_forward": True,
                               "fsdp_activation_checkpointing": job.grad_ckpt == "full"}

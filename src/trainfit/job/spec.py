@@ -184,9 +184,10 @@ class JobSpec:
     recompute the rest); None lets plan/tune choose between off and full."""
     ckpt_reentrant: bool = False
     """Full checkpointing through torch.utils.checkpoint's reentrant implementation
-    (``use_reentrant=True``: transformers 4.35-4.4x's default for ``gradient_checkpointing_enable()``,
-    ``checkpoint_wrapper(CheckpointImpl.REENTRANT)`` as Answer.AI's fsdp_qlora uses it): each
-    block's forward is recomputed whole inside its backward, its output too, where the
+    (``use_reentrant=True``: transformers 4.35-4.5x's default for
+    ``gradient_checkpointing_enable()``, ``checkpoint_wrapper(CheckpointImpl.REENTRANT)`` as
+    Answer.AI's fsdp_qlora uses it): each block's forward is recomputed whole inside its
+    backward, its output too, where the
     non-reentrant mode (torch's recommendation, transformers 5's default, False) stops once the
     saved tensors are back. No effect without checkpointing; selective needs non-reentrant."""
     activation_offload: bool = False

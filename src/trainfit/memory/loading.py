@@ -207,6 +207,10 @@ def _rope_shape(source: ModelSource) -> tuple[int, int] | None:
 
 LEGACY_ROPE = ("legacy_rope_cos", "legacy_rope_sin")
 """The buffers :func:`add_legacy_rope_caches` gives each block."""
+LEGACY_ROPE_MODELS = ("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "gpt_neox", "phi",
+                      "falcon", "stablelm", "starcoder2", "persimmon")
+"""Model types whose transformers < 4.40 rotary embedding built the tables (Llama's class or a
+copy of it); Gemma, added in 4.38, computed them per forward."""
 
 
 def add_legacy_rope_caches(model: torch.nn.Module, source: ModelSource, dtype: torch.dtype
@@ -225,6 +229,11 @@ def add_legacy_rope_caches(model: torch.nn.Module, source: ModelSource, dtype: t
         raise JobError(f"--rope-cache: {source.name} has no rotary position embedding (or its "
                        "config lacks max_position_embeddings / head_dim), so no tables to model",
                        "drop --rope-cache (--rope-cache none)")
+    kind = getattr(source.config, "model_type", "")
+    if kind not in LEGACY_ROPE_MODELS:
+        raise JobError(f"--rope-cache: {kind or source.name}'s rotary embedding kept no tables "
+                       "in transformers < 4.40 (or is not known to have)",
+                       f"drop --rope-cache; it models {', '.join(LEGACY_ROPE_MODELS)}")
     positions, head_dim = shape
     # partial rotary (GPT-NeoX's rotary_pct, Phi's partial_rotary_factor): tables that wide
     width = int(head_dim * rope.get("partial_rotary_factor", 1.0))

@@ -275,7 +275,8 @@ def rank_peak(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int
             per_phase, more = frozen_grads_phases(job, source, phases, trainable_params)
             notes += more
         if job.offload == "all":
-            per_phase, more = fsdp_offload_phases(phases, _gpu_quant_state(job, quant_state_bytes))
+            per_phase, more = fsdp_offload_phases(per_phase,
+                                                  _gpu_quant_state(job, quant_state_bytes))
             notes += more
     elif job.sharding == "fsdp" and job.offload == "all" and job.ranks == 1:
         per_phase, notes = fsdp_offload_phases(phases,

@@ -51,8 +51,8 @@ def selective_context_fn() -> Any:
 
 def checkpoint_kwargs(grad_ckpt: str, reentrant: bool = False) -> dict[str, Any]:
     """``gradient_checkpointing_kwargs`` for transformers' ``gradient_checkpointing_enable``
-    (``reentrant``: the job's ``ckpt_reentrant``; transformers then makes the embeddings' output
-    require grad, which the reentrant mode needs to reach the weights inside a block)."""
+    (``reentrant``: the job's ``ckpt_reentrant``; the reentrant mode needs the block's input to
+    require grad, which transformers arranges for ``input_ids`` models and PEFT models)."""
     kw: dict[str, Any] = {"use_reentrant": reentrant}
     if grad_ckpt == "selective":
         kw["context_fn"] = selective_context_fn

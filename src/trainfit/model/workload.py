@@ -256,6 +256,9 @@ def _build_custom(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Module, M
                        "use --grad-ckpt full (its gradient_checkpointing_enable) or off")
     if job.grad_ckpt == "full":
         enable = getattr(model.inner, "gradient_checkpointing_enable", None)
+        if job.ckpt_reentrant:
+            raise JobError(f"--ckpt-reentrant: {source.name}'s own gradient_checkpointing_enable()"
+                           " picks its checkpointing mode", "drop --ckpt-reentrant")
         if enable is None:
             raise JobError(f"--grad-ckpt full: {source.name} has no gradient_checkpointing_enable()",
                            "use --grad-ckpt off, or add the method to your module")

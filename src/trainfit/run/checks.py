@@ -41,6 +41,11 @@ def check_runnable(job: JobSpec, world: int) -> None:
         raise JobError(f"--quant-lib {job.quant_lib} describes torchtune's NF4 loading; "
                        "train quantizes with bitsandbytes (quant_lib bnb)",
                        "drop --quant-lib for train (plan predicts torchao's loading reserve)")
+    if job.rope_cache != "none":
+        # train runs the installed transformers, whose model holds no per-layer RoPE tables
+        raise JobError(f"--rope-cache {job.rope_cache} describes transformers < 4.40's RoPE "
+                       "tables; train runs the installed transformers, which has none",
+                       "drop --rope-cache for train (plan predicts the tables)")
     if job.clone_layers:
         # train builds each layer from the configuration (build_real): the copies are torchtune's
         raise JobError("--clone-layers describes torchtune's deep-copied layers; train builds "

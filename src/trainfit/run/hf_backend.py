@@ -342,7 +342,7 @@ def _training_args(job: JobSpec, opts: RunOptions, backend: str, total: int, dev
 
     kw = trl_sft_config(job) if backend == "trl" else hf_training_args(job)
     kw.pop("optim")  # the optimizer is trainfit's own, handed in (same kernel as plan/tune)
-    # build_real already enabled non-reentrant checkpointing on the model: enabling it again
+    # build_real already enabled checkpointing on the model (the job's mode): enabling it again
     # through the trainer would re-wrap the layers
     for name in ("activation_checkpointing", "gradient_checkpointing"):  # per transformers' version
         kw.pop(name, None)

@@ -223,15 +223,20 @@ def _optimizer(rec: dict[str, Any]) -> tuple[str, str, str]:
     return (*HF_OPTIM[optim], f"{rec['args']['class']}(optim={optim!r})")
 
 
-def _checkpointing(rec: dict[str, Any]) -> tuple[str, str]:
-    """(grad_ckpt, where it is switched on)."""
+def _checkpointing(rec: dict[str, Any]) -> tuple[str, bool, str]:
+    """(grad_ckpt, reentrant, where it is switched on): the Trainer's
+    ``gradient_checkpointing_kwargs`` (None: transformers 5's non-reentrant default), or the
+    mode the model's layers were given when the script enabled it itself."""
     a, m = rec["args"], rec["model"]
     if a["gradient_checkpointing"]:
-        return "full", f"{a['class']}(gradient_checkpointing=True)"
+        kw = a.get("gradient_checkpointing_kwargs") or {}
+        return "full", bool(kw.get("use_reentrant", False)), \
+            f"{a['class']}(gradient_checkpointing=True)"
     if m["gradient_checkpointing"]:
         calls = list(dict.fromkeys(rec["ckpt_calls"]))  # enable() and its alias: one call site
-        return "full", f"the model, before the trainer ({', '.join(calls) or 'the script'})"
-    return "off", f"{a['class']} (off)"
+        return "full", bool(m.get("checkpoint_reentrant")), \
+            f"the model, before the trainer ({', '.join(calls) or 'the script'})"
+    return "off", False, f"{a['class']} (off)"
 
 
 def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
@@ -262,7 +267,9 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
             frozen, "auto")
     if not {"optimizer", "optimizer_impl"} & given:
         f["optimizer"], f["optimizer_impl"], where["optimizer"] = _optimizer(rec)
-    f["grad_ckpt"], where["grad_ckpt"] = _checkpointing(rec)
+    f["grad_ckpt"], reentrant, where["grad_ckpt"] = _checkpointing(rec)
+    if reentrant:
+        f["ckpt_reentrant"] = True
     attn = m["attn_implementation"] or "sdpa"
     f["attention"] = ATTENTION.get(attn, "sdpa")
     if attn not in ("sdpa", "eager", None):

@@ -127,6 +127,9 @@ def _model(model: Any, base: Any) -> dict[str, Any]:
     ckpt = getattr(base, "is_activation_checkpointing", None)
     if ckpt is None:
         ckpt = getattr(base, "is_gradient_checkpointing", False)
+    # the layers' checkpoint function: functools.partial(checkpoint, use_reentrant=...)
+    fn = next((getattr(m, "_gradient_checkpointing_func", None) for m in base.modules()
+               if getattr(m, "_gradient_checkpointing_func", None) is not None), None)
     q = getattr(cfg, "quantization_config", None)
     return {
         "class": type(base).__name__, "task": _task(base),
@@ -141,6 +144,7 @@ def _model(model: Any, base: Any) -> dict[str, Any]:
         "frozen_dtype": top(lambda k: not k[1] and not k[2] and k[0] not in ("uint8", "int8")),
         "trainable_dtype": top(lambda k: k[1]),
         "gradient_checkpointing": bool(ckpt),
+        "checkpoint_reentrant": bool(getattr(fn, "keywords", {}).get("use_reentrant", False)),
         "quantization": q.to_dict() if hasattr(q, "to_dict") else q,
         "loaded_in_4bit": bool(getattr(base, "is_loaded_in_4bit", False)),
         "loaded_in_8bit": bool(getattr(base, "is_loaded_in_8bit", False)),

@@ -171,6 +171,12 @@ def _precisions(device: torch.device) -> tuple[str, ...]:
 
 
 def _check_job(job: JobSpec) -> None:
+    if job.rope_cache != "none":
+        # the probes run the installed transformers (no per-layer tables): the predictions that
+        # guide them must describe the same model
+        raise JobError(f"--rope-cache {job.rope_cache} describes transformers < 4.40's RoPE "
+                       "tables; tune measures the installed transformers, which has none",
+                       "drop --rope-cache for tune (plan predicts the tables)")
     if job.sharding != "none" and job.ranks > 1:
         # the probes wrap the model in DDP: an FSDP job's memory would be measured unsharded
         raise JobError(f"sharding: {job.sharding} over {job.ranks} ranks: tune probes DDP (full "
