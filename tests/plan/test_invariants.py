@@ -442,3 +442,24 @@ def test_invariants_with_the_optimizer_in_backward(arch: str) -> None:
         check_against_full_size(c, rows_of[True][16], src)
     assert c.configurations >= 2 * 2 * len(MICROS)
     assert not c.violations, c.examples
+
+
+@pytest.mark.parametrize(("arch", "method"), [("llama", "lora"), ("mistral", "full")])
+def test_invariants_of_the_legacy_stack(arch: str, method: str) -> None:
+    """transformers 4.x's stack (reentrant checkpointing, per-layer RoPE tables): every
+    invariant over the rank settings and accumulations, and a sampled extrapolated row against
+    its full-size simulation (the tables are per-layer buffers the depth fit must carry)."""
+    cfg, task = _arch_configs()[arch]
+    src = ModelSource(arch, cfg, task, "local")
+    c = Checked()
+    sampled: list[tuple[PlanRow, ModelSource]] = []
+    base = JobSpec(model=arch, seq_len=SEQ, method=method, precision="amp-bf16",
+                   grad_ckpt="full", ckpt_reentrant=True, rope_cache="fp32")
+    model = fit_group(base.replace(micro_batch=1, grad_accum=1), src, target_for(GPU),
+                      high_batch=max(MICROS))
+    _check_group(c, base, src, model, sampled, random.Random(1))
+    assert sampled  # the seed samples at least one row set
+    for row, s in sampled[:2]:
+        check_against_full_size(c, row, s)
+    assert c.configurations >= len(MICROS) * 2 * len(RANKS)
+    assert not c.violations, c.examples
