@@ -75,3 +75,30 @@ def test_fsdp_cpu_offload_leaves_the_quantization_state_on_the_gpu(tiny_llama):
     assert off.peak_allocated_bytes == kept.peak_allocated_bytes - (
         kept.breakdown["parameters"] - state) - kept.breakdown["optimizer"]
     assert any("quantization state on the GPU" in n for n in off.model_notes)
+
+
+def test_the_quantization_state_is_neither_a_parameter_nor_a_buffer_of_bitsandbytes_layer():
+    """Why FSDP (which shards, offloads and broadcasts a module's parameters and buffers) leaves
+    the quantization state whole where it was made: on a real bitsandbytes 4-bit layer it is an
+    attribute of the weight.  The simulation's twin holds the same tensors (shapes, dtypes)."""
+    import bitsandbytes as bnb
+    import torch
+
+    from trainfit.model.standins import Linear4bitSim
+
+    bf16 = torch.bfloat16
+    lin = bnb.nn.Linear4bit(256, 512, bias=False, compute_dtype=bf16, quant_storage=bf16,
+                            compress_statistics=True)
+    lin.weight = bnb.nn.Params4bit(torch.randn(512, 256, dtype=bf16), requires_grad=False,
+                                   quant_type="nf4", quant_storage=bf16,
+                                   compress_statistics=True, module=lin).to("cpu")
+    qs = lin.weight.quant_state
+    state = {"absmax": qs.absmax, "code": qs.code, "absmax2": qs.state2.absmax,
+             "code2": qs.state2.code}
+    held = {t.untyped_storage().data_ptr() for t in [*lin.parameters(), *lin.buffers()]}
+    assert not any(t.untyped_storage().data_ptr() in held for t in state.values())
+    assert [n for n, _ in lin.named_parameters()] == ["weight"] and not list(lin.buffers())
+    twin = dict(Linear4bitSim(256, 512, False, bf16, True, device="cpu",
+                              quant_storage=bf16).named_buffers())
+    assert {k: (tuple(t.shape), t.dtype) for k, t in state.items()} == \
+        {k: (tuple(twin[k].shape), twin[k].dtype) for k in state}
