@@ -282,6 +282,12 @@ def _torchtune(b: _Builder) -> None:
                "config.instantiate(...)`): the template layer is freed into the cache, and each "
                "layer holds its own fp32 RoPE cache (2 MiB at 4,096 positions) → clone_layers "
                "true")
+    if b.job.get("fsdp_init", "sharded") != "sharded":
+        b.job["empty_cache_before_step"] = True
+        b.note("torchtune's distributed recipes start train() with cleanup_before_training() "
+               "(gc.collect, torch.cuda.empty_cache, reset_peak_memory_stats; read in 0.1.1's "
+               "lora_/full_finetune_distributed.py): FSDP1's wrap reserve is given back → "
+               "empty_cache_before_step true")
     if b.job["sharding"] == "fsdp" and b.job["grad_accum"] > 1:
         b.note("torchtune's distributed loop reduce-scatters every micro-step (no no_sync)")
     b.note("torchtune: bf16 weights/states, no gradient clipping, the loop frees the logits "

@@ -51,3 +51,20 @@ def test_a_segment_still_partly_used_is_not_released():
     r = replay(events, capacity_bytes=80 * MIB)
     assert r.out_of_memory and r.alloc_retries == 1
     assert not replay(events, capacity_bytes=84 * MIB).out_of_memory
+
+
+def test_empty_cache_gives_back_whole_free_segments_and_restarts_the_peak():
+    from trainfit.memory.allocator import EMPTY_CACHE_UID, HISTORY_UID
+
+    h = HISTORY_UID
+    # before the step: a 100 MiB block freed (a whole segment), and a 20 MiB segment a live
+    # 1.5 MiB block splits next to a freed 3 MiB one; then empty_cache and the step's 40 MiB
+    events = [(h + 1, 100 * MIB), (h + 2, 3 * MIB), (5, 3 * MIB // 2), (h + 1, -100 * MIB),
+              (h + 2, -3 * MIB), (EMPTY_CACHE_UID, 0), (6, 40 * MIB)]
+    r = replay(events)
+    # the split segment stays, the 100 MiB one is given back: the step's 40 MiB needs its own
+    assert r.peak_reserved_bytes == 20 * MIB + 40 * MIB
+    without = replay([e for e in events if e[0] != EMPTY_CACHE_UID])
+    assert without.peak_reserved_bytes == 100 * MIB + 20 * MIB  # the step reuses the cache
+    assert replay(events, expandable=True).peak_reserved_bytes < \
+        replay([e for e in events if e[0] != EMPTY_CACHE_UID], expandable=True).peak_reserved_bytes

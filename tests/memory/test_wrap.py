@@ -173,3 +173,30 @@ def test_no_shard_all_reduces_in_place_where_ddp_keeps_gradient_buckets():
     assert ddp.breakdown.get("data_parallel", 0) > 0
     assert no_shard.breakdown.get("data_parallel", 0) == 0
     assert any(n.startswith("FSDP NO_SHARD") for n in no_shard.model_notes)
+
+
+def test_emptying_the_cache_before_the_step_gives_the_wraps_reserve_back():
+    """torchtune 0.1's distributed recipes empty the cache after FSDP1's wrap: the reserve before
+    the step falls to the segments the flat shards live in, never below the shards."""
+    from transformers import LlamaConfig
+
+    from trainfit.hardware.gpus import find_gpu
+    from trainfit.memory.predict import predict_memory
+    from trainfit.model.source import ModelSource
+
+    # units of tens of MiB (a 20 MiB segment shared by small blocks is rarely whole and free)
+    wide = ModelSource("wide-llama", LlamaConfig(**{**LLAMA, "vocab_size": 32000,
+                                                    "hidden_size": 1024,
+                                                    "intermediate_size": 2752}),
+                       "causal-lm", "local")
+    gpu = find_gpu("a100-80gb")
+    kept = predict_memory(JobSpec(**{**JOB, "fsdp_init": "wrap-sync"}), wide, gpu)
+    emptied = predict_memory(JobSpec(**{**JOB, "fsdp_init": "wrap-sync",
+                                        "empty_cache_before_step": True}), wide, gpu)
+    # the same tensors (whole blocks may round differently in other segments)
+    assert emptied.peak_allocated_bytes == pytest.approx(kept.peak_allocated_bytes, rel=0.01)
+    assert emptied.reserved_before_step_bytes < kept.reserved_before_step_bytes / 2
+    assert emptied.reserved_before_step_bytes >= kept.breakdown["parameters"]  # the shards
+    # the step's reserve is its own replay again (the cache it would have reused is gone: not
+    # necessarily less)
+    assert emptied.peak_reserved_bytes >= emptied.peak_allocated_bytes

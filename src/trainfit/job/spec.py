@@ -229,6 +229,11 @@ class JobSpec:
     wrap-sync (also sync_module_states' broadcast from rank 0 in 250 MiB buckets: accelerate's
     fsdp_cpu_ram_efficient_loading, Answer.AI's fsdp_qlora). With sharding none: FSDP's
     NO_SHARD, whose flat parameter is the whole unit."""
+    empty_cache_before_step: bool = False
+    """The run calls ``torch.cuda.empty_cache()`` and resets the peak between building the model
+    and the first step (torchtune's ``cleanup_before_training``): the reserve FSDP1's wrap or a
+    QLoRA loading left is given back, all but the segments live tensors split, and the reserved
+    peak restarts there. No effect where nothing is recorded before the step."""
     bnb_legacy: bool = False
     """Model bitsandbytes < 0.43.2, whose 4-bit matmul kept every layer's input alive until the
     autograd graph was freed (litgpt ≤ 0.5 pins bitsandbytes 0.42)."""

@@ -47,6 +47,11 @@ HISTORY_UID = 1 << 52
 """Block ids from here on are the history before the step (see the module docstring); far above
 the trace's sequence numbers and the layer copies' offsets of :mod:`trainfit.memory.depth_trace`
 (2^42 per copy)."""
+EMPTY_CACHE_UID = 1 << 60
+"""The event ``(EMPTY_CACHE_UID, 0)``: ``torch.cuda.empty_cache()`` then
+``reset_peak_memory_stats()`` — every cached free block that is a whole segment is given back
+(``release_cached_blocks``, as at the card's limit; a segment a live tensor splits stays), and
+the reserved peak restarts from what is left (torchtune's ``cleanup_before_training``)."""
 
 
 @dataclass
@@ -128,6 +133,10 @@ def replay(events: list[tuple[int, int]], streams: dict[int, int] | None = None,
 
     key_of: dict[int, tuple[bool, int]] = {}  # segment → its pool
     for uid, delta in events:
+        if uid == EMPTY_CACHE_UID:
+            reserved -= _release_cached_blocks(pools)
+            peak_reserved = reserved
+            continue
         if delta > 0:
             size = _round(delta)
             small = size <= K_SMALL_SIZE
@@ -201,7 +210,7 @@ def reserve_after_history(events: list[tuple[int, int]], streams: dict[int, int]
     """(reserved, allocated) bytes after the first ``end`` events, by default where the history
     before the step ends (FSDP1's wrap: Answer.AI's ``reserved_after_model_wrap`` /
     ``allocated_after_model_wrap``); None without one."""
-    if end is None:
+    if end is None:  # the emptying of the cache, if any, belongs to the history
         end = 1 + max((i for i, (u, _) in enumerate(events) if u >= HISTORY_UID), default=-1)
     if end <= 0:
         return None

@@ -33,6 +33,7 @@ import bisect
 from dataclasses import dataclass
 
 from trainfit.memory.allocator import (
+    EMPTY_CACHE_UID,
     HISTORY_UID,
     K_LARGE_BUFFER,
     K_MIN_BLOCK,
@@ -226,6 +227,10 @@ def replay_expandable(events: list[tuple[int, int]], streams: dict[int, int] | N
         return c
 
     for uid, delta in events:
+        if uid == EMPTY_CACHE_UID:  # empty_cache: every free page unmapped, the peak reset
+            reserved -= sum(p.unmap_free() for p in pools.values())
+            peak_reserved = reserved
+            continue
         if delta > 0:
             size = max(K_MIN_BLOCK, -(-delta // K_MIN_BLOCK) * K_MIN_BLOCK)
             small = size <= K_SMALL_SIZE

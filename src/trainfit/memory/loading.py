@@ -295,12 +295,15 @@ def load_reserve(job: JobSpec, trace: Trace | Callable[[], Trace | None] | None,
             else "built on the GPU")
     if job.clone_layers:
         what += ", the layers deep-copied from one block that is then freed"
+    kept = ("the cache is emptied before the first step (empty_cache_before_step): only the "
+            "segments live tensors split stay" if job.empty_cache_before_step else
+            f"the {'loading' if job.clone_layers else 'quantizer'}'s freed working memory stays "
+            "cached")
     return after[0], [
         f"loading ({what}): "
         f"{after[0] / 2**30:.2f} GiB reserved when the model is loaded, "
-        f"{after[1] / 2**30:.2f} GiB of it in use, predicted; the "
-        f"{'loading' if job.clone_layers else 'quantizer'}'s freed working memory stays cached "
-        "and the step's reserved peak starts from it"]
+        f"{after[1] / 2**30:.2f} GiB of it in use, predicted; {kept} and the step's reserved "
+        "peak starts from it"]
 
 
 def loading_peak_bytes(job: JobSpec, source: ModelSource, terms: dict[str, int],

@@ -157,6 +157,8 @@ def _track_inputs(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]]
     if loads:
         book_loaded(job, model, tracker, lambda module: book(module, recurse=False))
     book(model, recurse=True)
+    if job.empty_cache_before_step:
+        tracker.empty_cache()  # after the loading / the wrap, before the first batch
     for batch in batches:
         for t in batch.values():
             tracker.track(t, "buffers")

@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary, weakref
 
-from trainfit.memory.allocator import HISTORY_UID
+from trainfit.memory.allocator import EMPTY_CACHE_UID, HISTORY_UID
 
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries", "buffers",
               "data_parallel")
@@ -246,6 +246,13 @@ class LiveBytesTracker(TorchDispatchMode):
         elif self.record_events:
             self.events.append((uid, -self._rounded(nbytes)))
         return uid
+
+    def empty_cache(self) -> None:
+        """Record ``torch.cuda.empty_cache()`` + ``reset_peak_memory_stats()`` before the step
+        (:data:`trainfit.memory.allocator.EMPTY_CACHE_UID`): the replay gives back the cached
+        segments nothing lives in."""
+        if self.record_events:
+            self.events.append((EMPTY_CACHE_UID, 0))
 
     def reclassify(self, t: torch.Tensor | None, category: str) -> None:
         if t is None:  # a gradient an optimizer-in-backward hook already stepped and freed

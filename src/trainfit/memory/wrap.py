@@ -151,6 +151,9 @@ def wrap_reserve(job: JobSpec, trace: Trace | Callable[[], Trace | None] | None
         if job.fsdp_init != "sharded" and isinstance(trace, tuple) else None
     if after is None:
         return None, []
+    emptied = (" once the cache is emptied (empty_cache_before_step: the segments the shards "
+               "split stay)") if job.empty_cache_before_step else ""
     return after[0], [f"FSDP1's wrap (fsdp_init {job.fsdp_init}): {after[0] / 2**30:.2f} GiB "
-                      f"reserved before the first step, {after[1] / 2**30:.2f} GiB of it in use "
-                      "(the flat shards), predicted; the step's reserved peak starts from it"]
+                      f"reserved before the first step{emptied}, {after[1] / 2**30:.2f} GiB of it "
+                      "in use (the flat shards), predicted; the step's reserved peak starts from "
+                      "it"]
