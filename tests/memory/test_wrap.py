@@ -77,11 +77,13 @@ def test_the_wrap_leaves_each_units_flat_shard_and_changes_no_step_allocation(si
     # bf16 parameters: each unit's shard is ceil(numel / 2) elements of 2 bytes, in 512 B blocks
     shards = sum(-(-(-(-sum(p.numel() for p in u) // 2) * 2) // 512) * 512
                  for u in units_of(model))
+    # the buffers move to the GPU with their unit (_move_states_to_device), whole
+    buffers = sum(-(-b.numel() * b.element_size() // 512) * 512 for b in model.buffers())
     end = _history_end(wrapped.events)
     before = replay(wrapped.events[:end], wrapped.event_streams)
-    # before the step's inputs, the only blocks the step keeps are the flat shards
-    assert sum(d for u, d in wrapped.events[:end] if u < HISTORY_UID) == shards
-    assert before.peak_allocated_bytes == shards
+    # before the step's inputs, the only blocks the step keeps are the flat shards and buffers
+    assert sum(d for u, d in wrapped.events[:end] if u < HISTORY_UID) == shards + buffers
+    assert before.peak_allocated_bytes == shards + buffers
     # the reserve holds the shards and the full-size blocks the wrap freed
     assert before.peak_reserved_bytes > before.peak_allocated_bytes
     # the step is the same step: FSDP1's flat shard pads once per unit, FSDP2 per parameter
@@ -160,6 +162,23 @@ def test_broadcast_buckets_two_in_flight_a_single_tensor_bucket_takes_a_turn():
                      ("free", 2 * big)]
 
 
+def test_a_units_buffers_are_broadcast_first_in_a_bucket_of_their_dtype():
+    """FSDP1's sync_module_states broadcasts the unit's buffers, then its parameters: fp32 RoPE
+    tables (transformers < 4.40) make a flattened bucket of their own before the 16-bit
+    weights' — a copy per unit that takes its place among the wrap's segments."""
+    import torch
+
+    from trainfit.memory.wrap import _broadcast
+
+    mib = 2**20
+    tables = [torch.empty(mib // 2, dtype=torch.float32, device="meta") for _ in range(2)]
+    weights = [torch.empty(mib, dtype=torch.bfloat16, device="meta") for _ in range(3)]
+    t = _Calls()
+    _broadcast(t, [*tables, *weights])
+    assert t.log == [("alloc", 4 * mib), ("alloc", 6 * mib), ("free", 4 * mib),
+                     ("free", 6 * mib)]
+
+
 def test_no_shard_all_reduces_in_place_where_ddp_keeps_gradient_buckets():
     """FSDP1's NO_SHARD (sharding none + a wrap) all-reduces the flat gradient in place
     (_runtime_utils._reduce_grad_no_shard): no DDP bucket copy of the gradients."""
@@ -200,3 +219,28 @@ def test_emptying_the_cache_before_the_step_gives_the_wraps_reserve_back():
     # the step's reserve is its own replay again (the cache it would have reused is gone: not
     # necessarily less)
     assert emptied.peak_reserved_bytes >= emptied.peak_allocated_bytes
+
+
+def test_each_unit_moves_its_own_buffers_the_quantization_state_stays_out():
+    """FSDP1 moves a unit's buffers with its parameters (the per-layer RoPE tables of
+    transformers < 4.40 in each block's turn, the rotary inv_freq with the root); the 4-bit
+    twin's quantization state is not a buffer to bitsandbytes and exists before the wrap."""
+    import torch
+
+    from trainfit.memory.loading import LEGACY_ROPE, add_legacy_rope_caches
+    from trainfit.memory.wrap import units_and_buffers
+    from trainfit.model.standins import QUANT_STATE_BUFFERS
+    from trainfit.model.workload import build_model_on_meta
+
+    job = JobSpec(**{**JOB, "method": "qlora", "fsdp_init": "wrap-sync"})
+    model, _ = build_model_on_meta(job, _source())
+    add_legacy_rope_caches(model, _source(), torch.float32)
+    units = units_and_buffers(model)
+    names = {id(b): n.rsplit(".", 1)[-1] for n, b in model.named_buffers()}
+    blocks = [b for _, b in units[:-1] if any(names[id(t)] in LEGACY_ROPE for t in b)]
+    assert len(blocks) == LLAMA["num_hidden_layers"]
+    assert all(sorted(names[id(t)] for t in b) == sorted(LEGACY_ROPE) for b in blocks)
+    assert "inv_freq" in {names[id(t)] for t in units[-1][1]}  # the root's rotary embedding
+    moved = {id(t) for _, b in units for t in b}
+    assert not any(names[i] in QUANT_STATE_BUFFERS for i in moved)
+    assert len(moved) == len([n for n in names.values() if n not in QUANT_STATE_BUFFERS])

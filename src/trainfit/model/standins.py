@@ -107,6 +107,10 @@ class _MatMul4BitSim(torch.autograd.Function):
         return grad @ w, None, None, None, None, None, None, None
 
 
+QUANT_STATE_BUFFERS = ("absmax", "absmax2", "code", "code2", "quantization_factor")
+"""The twin's buffers that are the quantization state (bitsandbytes: attributes of the weight)."""
+
+
 class Linear4bitSim(torch.nn.Module):
     """Memory twin of ``bnb.nn.Linear4bit`` (frozen, packed 4-bit weight)."""
 
