@@ -10,7 +10,9 @@ tensors of the simulation with that same partitioner and the two graphs run op b
 live-bytes tracker: the saved set is the compiled step's; the ops inside each graph run unfused,
 so transients inside a block can only be over-counted (Inductor fuses them into fewer buffers),
 never under-counted.  Modules outside the blocks (embedding, final norm, head, loss) run eager
-— the same regions Dynamo would compile too, whose savings are not counted (upper bound).
+— the same regions Dynamo would compile too, whose savings are not counted (upper bound) — but
+for a chunked head's loss, which runs as its partition keeps it (model/chunked_head.py:
+the chunk and two values per row, no fp32 log-softmax).
 
 A block whose trace fails (data-dependent Python control flow, an op without a fake kernel) is
 run eager and said so: the prediction then is the eager step's, as before.

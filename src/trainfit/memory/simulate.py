@@ -32,6 +32,7 @@ from trainfit.memory.sharded import fake_world, fsdp_bookkeeping, fsdp_simulable
 from trainfit.memory.tracker import LiveBytesTracker
 from trainfit.memory.wrap import record_wrap, records_wrap
 from trainfit.memory.zero import compute_job, zero3_linear
+from trainfit.model.chunked_head import ChunkedHeadLM
 from trainfit.model.in_backward import InBackwardOptimizer
 from trainfit.model.offload import simulated_offload, with_offload
 from trainfit.model.source import ModelSource
@@ -259,6 +260,8 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         add_rope_caches(model, source)
     if job.rope_cache != "none":
         add_legacy_rope_caches(model, source, DTYPES[job.rope_cache])
+    if job.compile and isinstance(model, ChunkedHeadLM):
+        model.partitioned_loss = True  # a compiled step's chunked loss (model/chunked_head.py)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=mesh is not None)
     tracker = LiveBytesTracker(block_bytes=target.block_bytes)
     bookkeeping = _place(model, job, mesh, fake_mode, tracker)
