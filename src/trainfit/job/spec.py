@@ -327,6 +327,7 @@ class JobSpec:
         _choice("fsdp_init", self.fsdp_init, FSDP_INITS)
         _choice("offload", self.offload, OFFLOADS)
         _choice("base_dtype", self.base_dtype, BASE_DTYPES)
+        _choice("rope_cache", self.rope_cache, ROPE_CACHES)
         self._check_sharding()
         if self.precision is not None:
             _choice("precision", self.precision, PRECISIONS)
@@ -334,6 +335,10 @@ class JobSpec:
             if isinstance(self.grad_ckpt, bool):
                 self.grad_ckpt = "full" if self.grad_ckpt else "off"
             _choice("grad_ckpt", self.grad_ckpt, GRAD_CKPT)
+        if self.ckpt_reentrant and self.grad_ckpt == "selective":
+            raise JobError("--ckpt-reentrant with --grad-ckpt selective: torch's selective policy "
+                           "(context_fn) runs only in non-reentrant checkpointing",
+                           "use --grad-ckpt full, or drop --ckpt-reentrant")
         for name in ("seq_len", "micro_batch", "grad_accum", "effective_batch", "ranks",
                      "lora_r", "lora_alpha", "lm_head_chunk", "prefetch_factor"):
             _positive(name, getattr(self, name))
@@ -358,6 +363,19 @@ class JobSpec:
                                "LoRA options need --method lora or qlora")
             if self.quant is not None:
                 raise JobError("--quant given with --method full", "use --method qlora")
+        self._check_quantization()
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise JobError(f"--lora-dropout {self.lora_dropout}: must be in [0, 1)",
+                           "e.g. --lora-dropout 0.05 (0 turns it off)")
+        if not self.lora_targets:
+            raise JobError("--lora-targets is empty", "e.g. --lora-targets q,v or all-linear")
+        self._resolve_batch()
+        if self.optimizer_in_backward:
+            self._check_in_backward()
+
+    def _check_quantization(self) -> None:
+        """What the method allows of 4-bit weights and their library, and torchtune's copied
+        layers (single-device, torchao's NF4)."""
         if self.kbit_prepared and self.method != "qlora":
             raise JobError("--kbit-prepared applies to --method qlora",
                            "a LoRA base cast to float32 is --precision fp32")
@@ -381,23 +399,10 @@ class JobSpec:
             raise JobError(f"--clone-layers with {what}: torchtune builds its layers as copies on "
                            "the GPU in its single-device recipes only",
                            "drop --clone-layers (torchtune's distributed recipes build on meta)")
-        _choice("rope_cache", self.rope_cache, ROPE_CACHES)
-        if self.ckpt_reentrant and self.grad_ckpt == "selective":
-            raise JobError("--ckpt-reentrant with --grad-ckpt selective: torch's selective policy "
-                           "(context_fn) runs only in non-reentrant checkpointing",
-                           "use --grad-ckpt full, or drop --ckpt-reentrant")
         if self.clone_layers and self.method == "qlora" and self.quant_lib == "bnb":
             raise JobError("--clone-layers with --quant-lib bnb: the deep copies are torchtune's, "
                            "whose 4-bit weights are torchao's", "add --quant-lib torchao or "
                            "torchao-0.1")
-        if not 0.0 <= self.lora_dropout < 1.0:
-            raise JobError(f"--lora-dropout {self.lora_dropout}: must be in [0, 1)",
-                           "e.g. --lora-dropout 0.05 (0 turns it off)")
-        if not self.lora_targets:
-            raise JobError("--lora-targets is empty", "e.g. --lora-targets q,v or all-linear")
-        self._resolve_batch()
-        if self.optimizer_in_backward:
-            self._check_in_backward()
 
     def _check_in_backward(self) -> None:
         """What stepping each gradient as it arrives rules out (trainfit.model.in_backward)."""

@@ -36,6 +36,7 @@ from trainfit.model.chunked_head import ChunkedHeadLM
 from trainfit.model.in_backward import InBackwardOptimizer
 from trainfit.model.offload import simulated_offload, with_offload
 from trainfit.model.source import ModelSource
+from trainfit.model.standins import is_quant_state
 from trainfit.model.workload import (
     DTYPES,
     build_model_on_meta,
@@ -43,8 +44,6 @@ from trainfit.model.workload import (
     make_batch,
     make_optimizer,
 )
-
-_QUANT_STATE = {"weight_packed", "absmax", "absmax2", "code", "code2", "quantization_factor"}
 
 CUDA_BLOCK_BYTES = 512
 """c10/cuda/CUDACachingAllocator.cpp ``kMinBlockSize``: every block is a multiple of 512 bytes."""
@@ -150,9 +149,10 @@ def _track_inputs(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]]
                 continue
             seen.add(id(b))
             # the 4-bit twin keeps its frozen weights as buffers: they are parameters to a user
-            leaf = name.rsplit(".", 1)[-1]
-            tracker.track(b, "parameters" if leaf in _QUANT_STATE else "buffers")
-            if leaf in _QUANT_STATE and leaf != "weight_packed":
+            state = is_quant_state(name)
+            packed = name.rsplit(".", 1)[-1] == "weight_packed"
+            tracker.track(b, "parameters" if state or packed else "buffers")
+            if state:
                 quant_state += b.numel() * b.element_size()
 
     if loads:
@@ -251,10 +251,9 @@ def _place(model: torch.nn.Module, job: JobSpec, mesh: Any, fake_mode: FakeTenso
     return fsdp_bookkeeping(tracker)
 
 
-def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
-              record_events: bool, op_hook: Any, batch_fn: Any, mesh: Any,
-              loads: bool) -> SimResult:
-    t0 = time.perf_counter()
+def _stack_model(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Module, Any]:
+    """The model on meta as the user's stack holds it: torchtune's per-layer RoPE caches,
+    transformers < 4.40's RoPE tables, a compiled step's chunked loss."""
     model, info = build_model_on_meta(job, source)
     if job.clone_layers:
         add_rope_caches(model, source)
@@ -262,6 +261,14 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         add_legacy_rope_caches(model, source, DTYPES[job.rope_cache])
     if job.compile and isinstance(model, ChunkedHeadLM):
         model.partitioned_loss = True  # a compiled step's chunked loss (model/chunked_head.py)
+    return model, info
+
+
+def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
+              record_events: bool, op_hook: Any, batch_fn: Any, mesh: Any,
+              loads: bool) -> SimResult:
+    t0 = time.perf_counter()
+    model, info = _stack_model(job, source)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=mesh is not None)
     tracker = LiveBytesTracker(block_bytes=target.block_bytes)
     bookkeeping = _place(model, job, mesh, fake_mode, tracker)

@@ -47,7 +47,7 @@ from trainfit.engine.dist import shard_units
 from trainfit.job import JobSpec
 from trainfit.memory.allocator import reserve_after_history
 from trainfit.memory.depth_trace import Trace
-from trainfit.model.standins import QUANT_STATE_BUFFERS
+from trainfit.model.standins import is_quant_state
 
 BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024
 """torch/distributed/fsdp/_init_utils.py ``PARAM_BROADCAST_BUCKET_SIZE``."""
@@ -82,8 +82,7 @@ def units_and_buffers(model: torch.nn.Module
     owned: list[tuple[torch.nn.Module, list[torch.nn.Parameter], list[torch.Tensor]]] = []
 
     def bufs(m: torch.nn.Module) -> list[torch.Tensor]:
-        return [b for n, b in m.named_buffers() if id(b) not in claimed
-                and n.rsplit(".", 1)[-1] not in QUANT_STATE_BUFFERS]
+        return [b for n, b in m.named_buffers() if id(b) not in claimed and not is_quant_state(n)]
 
     for block in shard_units(model):  # innermost first
         own = [p for p in block.parameters() if id(p) not in claimed]
@@ -138,7 +137,7 @@ def record_wrap(job: JobSpec, model: torch.nn.Module, tracker: Any) -> list[torc
     kept: list[torch.Tensor] = []
     # the quantization state exists before the wrap: each weight was quantized on the GPU
     for n, b in model.named_buffers():
-        if n.rsplit(".", 1)[-1] in QUANT_STATE_BUFFERS:
+        if is_quant_state(n):
             tracker.track(b, "parameters")
     for params, buffers in units_and_buffers(model):
         moved = [(tracker.history(_nbytes(p)), _nbytes(p)) for p in params]

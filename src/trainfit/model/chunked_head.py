@@ -79,12 +79,12 @@ class ChunkedHeadLM(torch.nn.Module):
         logits[-1] = logits[-1][..., :-1, :]
         targets = (labels if labels is not None else input_ids)[..., 1:]
         vocab = logits[0].size(-1)
-        if self.partitioned_loss:
-            losses = [_PartitionedCrossEntropy.apply(lg.reshape(-1, vocab), t.reshape(-1), -100)
-                      for lg, t in zip(logits, targets.split(self.chunk, dim=1), strict=True)]
-        else:
-            losses = [torch.nn.functional.cross_entropy(lg.reshape(-1, vocab), t.reshape(-1),
-                                                        ignore_index=-100, reduction="sum")
-                      for lg, t in zip(logits, targets.split(self.chunk, dim=1), strict=True)]
+        def chunk_loss(lg: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            if self.partitioned_loss:
+                return _PartitionedCrossEntropy.apply(lg, t, -100)
+            return torch.nn.functional.cross_entropy(lg, t, ignore_index=-100, reduction="sum")
+
+        losses = [chunk_loss(lg.reshape(-1, vocab), t.reshape(-1))
+                  for lg, t in zip(logits, targets.split(self.chunk, dim=1), strict=True)]
         n = (targets != -100).sum().clamp(min=1)
         return ChunkedOutput(torch.stack(losses).sum() / n, logits)

@@ -111,6 +111,12 @@ QUANT_STATE_BUFFERS = ("absmax", "absmax2", "code", "code2", "quantization_facto
 """The twin's buffers that are the quantization state (bitsandbytes: attributes of the weight)."""
 
 
+def is_quant_state(name: str) -> bool:
+    """Whether the buffer named ``name`` (dotted, as ``named_buffers`` gives it) is a 4-bit
+    twin's quantization state."""
+    return name.rsplit(".", 1)[-1] in QUANT_STATE_BUFFERS
+
+
 class Linear4bitSim(torch.nn.Module):
     """Memory twin of ``bnb.nn.Linear4bit`` (frozen, packed 4-bit weight)."""
 
