@@ -125,7 +125,7 @@ def master_bytes_per_param(job: JobSpec) -> int:
     """fp32 master weights DeepSpeed keeps for the optimizer whenever the module is bf16/fp16 (its
     ZeRO optimizers always build fp32 partitions: ``single_partition_of_fp32_groups``, stage 3's
     ``fp32_partitioned_groups_flat``); none in fp32 mode, where the parameters are the master."""
-    return 0 if (job.precision or "fp32") == "fp32" else 4
+    return 0 if compute_dtype_bytes(job) == 4 else 4
 
 
 def end_parameter_bytes(job: JobSpec, source: ModelSource) -> tuple[int, int]:
