@@ -337,6 +337,8 @@ def _job(case: dict[str, Any], m: Mapped, reduce_dtype_field: bool) -> None:
              "ranks": m.gpus, "sharding": sharding, "compile": bool(case.get("compile"))}
     if "Trainer default then" in opt_text or "CUDA 11.2" in case["gpu"]:
         m.job["grads_to_none"] = False  # torch < 2.0 Trainer kept zeroed gradients (calibration.py)
+        if case["grad_ckpt"]:  # transformers < 4.35 checkpointed with torch's reentrant default
+            m.job["ckpt_reentrant"] = True  # (the page is of Jan 2022: transformers ~4.16)
     if "loss=CEWithChunkedOutputLoss" in _row_notes(case):
         m.job["lm_head_chunk"] = round(seq) // 8  # torchtune: 8 chunks of the sequence
     if reduce_dtype_field and sharding == "fsdp" and "PURE" in case.get("notes", ""):

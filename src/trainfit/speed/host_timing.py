@@ -84,8 +84,12 @@ host's speed, so their numbers depend less on the state this VM was in — not a
 step's cost in reference ops were the same in every state, which it is not: on 2026-11-29
 (host_busy.md at 1a4e2ff^) the VM ran the loop at 18.6-38.3 µs and the BERT-large checkpointed
 fp16 step at 5,150-6,348 reference ops, where the 2026-11-28 run gave 4,741-5,188
-(docs/notes/gpu-measurements.md). ``benchmarks/gpu_launch_overhead.py`` now times the reference
-loop itself, for the next GPU session."""
+(docs/notes/gpu-measurements.md). On 2026-11-30 another VM (an AMD EPYC, reference loop 6.0-7.1
+µs) costed the same step, checkpointed reentrantly as those rows now map, at 3,952 reference ops:
+the ratio of a Python-heavy step to the reference loop differs between CPUs by ~25 %, and the
+launch-bound V100 rows moved from −25 … −28 % to −8 … −13 % with it
+(benchmarks/results/speed_published.md). ``benchmarks/gpu_launch_overhead.py`` now times the
+reference loop itself, for the next GPU session."""
 
 
 @dataclass(frozen=True, kw_only=True)
