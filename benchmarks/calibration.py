@@ -78,6 +78,10 @@ def case_to_job(case: dict[str, Any]) -> tuple[dict[str, Any], str, dict[str, An
         job["fp32_outputs"] = True
         job["bnb_legacy"] = bool(case.get("quant"))  # litgpt pins bitsandbytes 0.42
         job["quant_from_fp16"] = bool(case.get("quant"))  # Fabric quantizes from weight.half()
+        from heldout_mapping import LITGPT_FUSES
+
+        # litgpt's CausalSelfAttention: one q/k/v projection split into views, LoRAQKVLinear
+        job["fused_qkv"] = m.get("model_type") in LITGPT_FUSES
     gpu = next(v for k, v in GPUS.items() if case["gpu"].startswith(k))
     opts = {"untie": litgpt and bool(m.get("litgpt_untied_lm_head")), "litgpt": litgpt,
             "eager_modules": "CUDA 11.2" in case["gpu"] or "CUDA 11.2" in case.get("notes", ""),

@@ -426,6 +426,11 @@ def _hf_blog(b: _Builder) -> None:
                "unit; trainfit wraps one unit per decoder block")
 
 
+LITGPT_FUSES = ("llama", "phi", "mistral", "gemma", "gemma2", "qwen2")
+"""Architectures whose transformers attention has separate q/k/v projections, which lit-gpt's
+model code computes fused (GPT-NeoX, Falcon and Phi-3 are fused in transformers too)."""
+
+
 def _litgpt(b: _Builder) -> None:
     _base_job(b, "foreach")
     _sharding(b)
@@ -438,11 +443,15 @@ def _litgpt(b: _Builder) -> None:
     b.note("Fabric's _FabricModule.forward returns precision.convert_output(output): the "
            "16-bit logit chunks become fp32 copies (torch.get_default_dtype()) before the "
            "loop's loss → fp32_outputs true")
-    if b.case["method"] in ("lora", "qlora"):
-        b.note("simulated as the transformers model + peft: lit-gpt's own LoRA model code holds "
-               "more per token (fused-qkv value views, zero_pad's saved source; phi-1.5: +2.0 "
-               "d per token and layer, +210 MB per 1044-token sample, measured by "
-               "litgpt_model_code.py) — not modelled")
+    if b.case["model"].get("model_type") in LITGPT_FUSES:
+        b.job["fused_qkv"] = True
+        b.note("lit-gpt's CausalSelfAttention computes q, k, v with one projection and splits it "
+               "into views, its LoRAQKVLinear adapts it (one dropout, zero-padded update): "
+               "fused_qkv true (litgpt_model_code.py compares it with lit-gpt's code)")
+    elif b.case["method"] in ("lora", "qlora"):
+        b.note("simulated as the transformers model + peft, whose fused query_key_value LoRA "
+               "adapts all of q, k and v: lit-gpt's zero-padded LoRA on part of it is not "
+               "modelled for this architecture")
     if b.case["method"] == "qlora":
         b.job.update(quant_lm_head=True, bnb_legacy=True, quant_from_fp16=True)
         b.note("Fabric BitsandbytesPrecision: every Linear quantized incl. the head, from fp16; "

@@ -2,9 +2,10 @@
 
 The held-out lit-gpt LoRA cases (``data/heldout_memory.json``, phi-1.5 / StableLM-3B / Llama-2-7B on
 an A100, Oct 2023) are predicted by simulating the transformers model of the same dimensions with
-lit-gpt's loop quirks (chunked head, held logits: :mod:`heldout_mapping`), and come out 4-15 %
-under the published peaks, more with each sample.  This script measures how much of that is
-lit-gpt's *model code*: its phi-1.5 with LoRA on query and value (the cases' settings) is run for
+lit-gpt's loop quirks (chunked head, held logits: :mod:`heldout_mapping`) and its fused q/k/v
+projection and LoRA (``fused_qkv``); without the last they came out 4-15 % under the published
+peaks, more with each sample.  This script checks the simulation against lit-gpt's *model code*:
+its phi-1.5 with LoRA on query and value (the cases' settings) is run for
 real on this CPU under trainfit's live-bytes tracker, and the same job as the benchmark maps it is
 simulated by trainfit for the same CPU (both on CPU semantics, so the kernels' saved tensors are
 the same kind), at depths 2 and 3 and micro-batches 1 and 2 of the cases' 1044 tokens.  The
@@ -183,16 +184,19 @@ def render(r: dict[str, Any]) -> str:
         "| | per token and layer (d) | per sample at 24 layers (MB) |", "|---|---|---|",
         f"| lit-gpt code, measured on CPU | {lit['per_token_layer_d']:.2f} | "
         f"{lit['per_sample_full_depth_bytes'] / 1e6:,.0f} |",
-        f"| trainfit's stand-in, simulated for the CPU | {tf['per_token_layer_d']:.2f} | "
+        f"| trainfit, simulated for the CPU (fused_qkv) | {tf['per_token_layer_d']:.2f} | "
         f"{tf['per_sample_full_depth_bytes'] / 1e6:,.0f} |",
         f"| published on the A100, measured (mb1→2, mb2→4) | | "
         f"{pub[0] / 1e6:,.0f}, {pub[1] / 1e6:,.0f} |", "",
-        f"lit-gpt's own code holds {code / 1e6:,.0f} MB more per sample than the stand-in "
-        f"({code / gap:.0%} of the {gap / 1e6:,.0f} MB per sample the stand-in is short of the "
-        "smaller published slope): its value heads are views of the fused qkv output (the "
-        "attention kernel's saved value keeps all of qkv alive), LoRAQKVLinear.zero_pad's "
-        "index_copy saves its (tokens, 2d) source, against one LoRA dropout where peft has two. "
-        "The rest of the gap is outside the model code: Lightning Fabric's module wrapper "
+        f"lit-gpt's own code holds {code / 1e6:,.0f} MB more per sample than trainfit's "
+        "simulation of it (the mapping sets `fused_qkv`: "
+        "src/trainfit/model/fused_qkv.py). Without it — the transformers model with peft on "
+        "separate q and v projections — the simulation held 210 MB less per sample (13.04 d per "
+        "token and layer): lit-gpt's value heads are views of the fused qkv output (the "
+        "attention kernel's saved value keeps all of qkv alive), and LoRAQKVLinear zero-pads its "
+        "update into the fused width, against one LoRA dropout where peft has two. "
+        f"The {gap / 1e6:,.0f} MB per sample left to the smaller published slope is outside the "
+        "model code: Lightning Fabric's module wrapper "
         "converts the returned logit chunks to fp32 (`convert_output`; litgpt issue #1508), so "
         "the loop holds fp32 logits and their fp32 log-softmax, "
         f"{4 * SEQ * VOCAB / 1e6:,.0f} MB per sample more than 16-bit ones (4 bytes × {SEQ:,} "

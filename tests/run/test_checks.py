@@ -29,6 +29,9 @@ def test_the_engines_train_does_not_run_are_refused_with_a_hint():
     with pytest.raises(JobError, match=r"rope-cache fp32 describes transformers < 4\.40") as err:
         check_runnable(JobSpec(**one, rope_cache="fp32"), 1)
     assert "drop --rope-cache" in err.value.hint
+    with pytest.raises(JobError, match="fused-qkv describes model code that fuses") as err:
+        check_runnable(JobSpec(**one, fused_qkv=True), 1)
+    assert "drop --fused-qkv" in err.value.hint
     check_runnable(JobSpec(**one, grad_ckpt="full", ckpt_reentrant=True), 1)  # runs as asked
 
 
@@ -43,3 +46,6 @@ def test_tune_refuses_what_only_plan_models():
     with pytest.raises(JobError, match="tune measures the installed transformers") as err:
         _check_job(JobSpec(**{**JOB, "ranks": 1}, rope_cache="bf16"))
     assert "drop --rope-cache" in err.value.hint
+    with pytest.raises(JobError, match="tune measures the transformers model") as err:
+        _check_job(JobSpec(**{**JOB, "ranks": 1}, fused_qkv=True))
+    assert "drop --fused-qkv" in err.value.hint

@@ -250,6 +250,11 @@ class JobSpec:
     shard them). 1 GiB in fp32 for Mistral-7B v0.2's 32,768 positions. none: one small inv_freq
     per model (transformers ≥ 4.40). Plan models the user's stack with it; tune and train run
     the installed transformers, whose model holds none."""
+    fused_qkv: bool = False
+    """The model code computes query, key and value with one projection and splits its output
+    into views (lit-gpt; nanoGPT-style code): with multi-head attention the attention's saved
+    values keep the whole fused output alive, and LoRA on q/k/v runs as lit-gpt's LoRAQKVLinear
+    (one dropout, a zero-padded update). Plan models the user's model code with it."""
     output_in_backward: bool = False
     """The training loop still references the model's output (its logits) during the backward
     pass, as a hand-written loop does (``out = model(**batch); out.loss.backward()``); False:

@@ -404,6 +404,10 @@ def _step_notes(job: JobSpec, compile_untraced: list[str] | None,
     if job.rope_cache != "none":
         notes.append(f"rope_cache {job.rope_cache}: each layer holds transformers < 4.40's cos "
                      "and sin tables (max_position_embeddings × head_dim), booked as buffers")
+    if job.fused_qkv:
+        notes.append("fused_qkv: q, k and v simulated as one projection split into views, as "
+                     "lit-gpt's model code computes them (with multi-head attention the saved "
+                     "values keep the whole output alive); LoRA on them as its LoRAQKVLinear")
     return notes
 
 

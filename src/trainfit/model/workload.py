@@ -170,6 +170,8 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
         for p in model.parameters():
             if p.requires_grad:
                 p.data = p.data.to(train_dtype)
+        if job.fused_qkv:
+            _fuse(job, source, model, train_dtype)
         if job.method == "qlora":
             out_emb = model.get_output_embeddings()
             skip = set() if job.quant_lm_head else {
@@ -198,6 +200,8 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
     else:
         for p in model.parameters():
             p.requires_grad_(True)
+        if job.fused_qkv:
+            _fuse(job, source, model, None)
     if job.lm_head_chunk is not None:
         if source.task != "causal-lm":
             raise JobError("--lm-head-chunk applies to causal language models only",
@@ -219,6 +223,15 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
         if n.endswith("weight_packed"):
             info.total_params += b.numel() * 2
     return model, info
+
+
+def _fuse(job: JobSpec, source: ModelSource, model: torch.nn.Module,
+          lora_dtype: torch.dtype | None) -> None:
+    """lit-gpt's fused q/k/v projection and its LoRA (``JobSpec.fused_qkv``)."""
+    from trainfit.model.fused_qkv import fuse_qkv
+
+    fuse_qkv(model, name=source.name, r=job.lora_r, alpha=job.lora_alpha,
+             dropout=job.lora_dropout, lora_dtype=lora_dtype)
 
 
 def _to_fp32(_module: torch.nn.Module, _inputs: Any, output: torch.Tensor) -> torch.Tensor:

@@ -46,6 +46,11 @@ def check_runnable(job: JobSpec, world: int) -> None:
         raise JobError(f"--rope-cache {job.rope_cache} describes transformers < 4.40's RoPE "
                        "tables; train runs the installed transformers, which has none",
                        "drop --rope-cache for train (plan predicts the tables)")
+    if job.fused_qkv:
+        # train runs the installed transformers model, whose attention has three projections
+        raise JobError("--fused-qkv describes model code that fuses q/k/v (lit-gpt); train runs "
+                       "the transformers model", "drop --fused-qkv for train (plan predicts "
+                       "what the fused code holds)")
     if job.clone_layers:
         # train builds each layer from the configuration (build_real): the copies are torchtune's
         raise JobError("--clone-layers describes torchtune's deep-copied layers; train builds "

@@ -177,6 +177,10 @@ def _check_job(job: JobSpec) -> None:
         raise JobError(f"--rope-cache {job.rope_cache} describes transformers < 4.40's RoPE "
                        "tables; tune measures the installed transformers, which has none",
                        "drop --rope-cache for tune (plan predicts the tables)")
+    if job.fused_qkv:
+        raise JobError("--fused-qkv describes model code that fuses q/k/v (lit-gpt); tune "
+                       "measures the transformers model", "drop --fused-qkv for tune (plan "
+                       "predicts what the fused code holds)")
     if job.sharding != "none" and job.ranks > 1:
         # the probes wrap the model in DDP: an FSDP job's memory would be measured unsharded
         raise JobError(f"sharding: {job.sharding} over {job.ranks} ranks: tune probes DDP (full "

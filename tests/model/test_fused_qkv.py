@@ -1,0 +1,114 @@
+"""lit-gpt's fused q/k/v projection and its LoRA (trainfit.model.fused_qkv, ``--fused-qkv``)."""
+
+import copy
+
+import pytest
+import torch
+
+from trainfit.job import JobError, JobSpec
+from trainfit.model.fused_qkv import fuse_qkv
+
+
+def _peft_llama(kv_heads: int, targets: list[str]):
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=kv_heads, vocab_size=100)
+    model = get_peft_model(LlamaForCausalLM(cfg), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                                             target_modules=targets))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:  # peft starts B at zero: a non-zero update tests the fused B
+            torch.nn.init.normal_(p)
+    return model
+
+
+@pytest.mark.parametrize(("kv_heads", "targets"), [(4, ["q_proj", "v_proj"]),
+                                                   (2, ["q_proj", "k_proj", "v_proj"])])
+def test_the_fused_projection_computes_what_the_three_did(kv_heads, targets):
+    """lit-gpt's LoRAQKVLinear (grouped conv1d for equal widths, one conv per part for grouped
+    queries; zero padding where a part is not adapted) is the same function as peft's LoRA on
+    the separate projections, with the same parameters and gradients."""
+    model = _peft_llama(kv_heads, targets)
+    ref = copy.deepcopy(model)
+    assert fuse_qkv(model, name="tiny", r=4, alpha=8, dropout=0.0,
+                    lora_dtype=torch.float32) == 2
+    ids = torch.randint(0, 100, (2, 16))
+    loss, ref_loss = (m(input_ids=ids, labels=ids).loss for m in (model, ref))
+    assert loss.item() == pytest.approx(ref_loss.item(), abs=1e-6)
+    loss.backward()
+    ref_loss.backward()
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in ref.parameters())
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert len(trainable) == 4 and all(".qkv_proj.lora_" in n for n in trainable)
+    fused = model.base_model.model.model.layers[0].self_attn.qkv_proj
+    sep = ref.base_model.model.model.layers[0].self_attn
+    grads = [getattr(sep, t).lora_A["default"].weight.grad for t in targets]
+    torch.testing.assert_close(fused.lora_A.grad, torch.cat(grads))
+
+
+def test_the_saved_values_keep_the_whole_fused_output_alive():
+    """Multi-head attention: the attention saves its value heads, which are views of the fused
+    output, so each layer holds 3 d per token where the separate projections hold d — exactly
+    2 d more (full fine-tuning: no LoRA terms), counted over the storages saved for backward."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=4, vocab_size=100,
+                      use_cache=False)  # a cache's concatenation would copy k and v (training
+    ref = LlamaForCausalLM(cfg)  # runs without one: trainfit builds use_cache=False)
+    model = copy.deepcopy(ref)
+    fuse_qkv(model, name="tiny", r=4, alpha=8, dropout=0.0, lora_dtype=None)
+    ids = torch.randint(0, 100, (2, 16))
+
+    def saved_bytes(m: torch.nn.Module) -> int:
+        params = {p.untyped_storage().data_ptr() for p in m.parameters()}
+        storages: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            s = t.untyped_storage()
+            if s.data_ptr() not in params:
+                storages[s.data_ptr()] = s.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = m(input_ids=ids, labels=ids)
+        assert out.loss.item() == pytest.approx(ref_loss, abs=1e-6)
+        return sum(storages.values())
+
+    ref_loss = ref(input_ids=ids, labels=ids).loss.item()
+    tokens, d, fp32 = 2 * 16, 64, 4
+    assert saved_bytes(model) - saved_bytes(ref) == 2 * d * tokens * cfg.num_hidden_layers * fp32
+
+
+def test_simulated_lora_step_holds_more_with_the_fused_code(tiny_llama):
+    """The simulation builds the fused stand-in (CPU target): same parameters, a higher peak."""
+    from trainfit.memory.simulate import SimTarget, simulate_step
+
+    base = dict(model="t", method="lora", lora_targets=["q", "v"], precision="bf16-true",
+                seq_len=64, micro_batch=2, max_grad_norm=None)
+    sep, fused = (simulate_step(JobSpec(**base, fused_qkv=f), tiny_llama, SimTarget(device="cpu"))
+                  for f in (False, True))
+    assert fused.breakdown["parameters"] == sep.breakdown["parameters"]
+    assert fused.peak_allocated_bytes > sep.peak_allocated_bytes
+
+
+def test_a_model_whose_attention_is_fused_already_is_refused(tiny_gpt2):
+    from trainfit.hardware.gpus import find_gpu
+    from trainfit.memory.predict import predict_memory
+
+    job = JobSpec(model="t", seq_len=32, micro_batch=1, fused_qkv=True)
+    with pytest.raises(JobError, match="no attention with separate q_proj") as err:
+        predict_memory(job, tiny_gpt2, find_gpu("a100-80gb"))
+    assert "drop --fused-qkv" in err.value.hint
+
+
+def test_plan_says_it_simulated_the_fused_code(tiny_llama):
+    from trainfit.hardware.gpus import find_gpu
+    from trainfit.memory.predict import predict_memory
+
+    job = JobSpec(model="t", method="lora", seq_len=64, micro_batch=2, fused_qkv=True)
+    notes = predict_memory(job, tiny_llama, find_gpu("a100-80gb")).model_notes
+    assert any(n.startswith("fused_qkv: q, k and v simulated as one projection") for n in notes)
