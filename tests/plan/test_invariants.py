@@ -463,3 +463,26 @@ def test_invariants_of_the_legacy_stack(arch: str, method: str) -> None:
         check_against_full_size(c, row, s)
     assert c.configurations >= len(MICROS) * 2 * len(RANKS)
     assert not c.violations, c.examples
+
+
+@pytest.mark.parametrize(("arch", "method"), [("llama", "lora"), ("phi", "qlora"),
+                                              ("qwen2", "full")])
+def test_invariants_of_the_litgpt_stack(arch: str, method: str) -> None:
+    """lit-gpt's model code and loop (fused q/k/v with its zero-padded LoRA, the head in chunks
+    of fp32 logits held until the next forward): every invariant over the rank settings and
+    accumulations, and sampled extrapolated rows against their full-size simulation."""
+    cfg, task = _arch_configs()[arch]
+    src = ModelSource(arch, cfg, task, "local")
+    c = Checked()
+    sampled: list[tuple[PlanRow, ModelSource]] = []
+    base = JobSpec(model=arch, seq_len=SEQ, method=method, precision="bf16-true",
+                   grad_ckpt="off", fused_qkv=True, lm_head_chunk=SEQ // 4, hold_outputs=True,
+                   fp32_outputs=True, max_grad_norm=None)
+    model = fit_group(base.replace(micro_batch=1, grad_accum=1), src, target_for(GPU),
+                      high_batch=max(MICROS))
+    _check_group(c, base, src, model, sampled, random.Random(2))
+    assert sampled
+    for row, s in sampled[:2]:
+        check_against_full_size(c, row, s)
+    assert c.configurations >= len(MICROS) * 2 * len(RANKS)
+    assert not c.violations, c.examples
