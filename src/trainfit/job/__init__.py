@@ -14,10 +14,8 @@ from trainfit.job.spec import (
     SHARDINGS,
     JobError,
     JobSpec,
-    dividing_micro_batches,
-    step_micro_batches,
-    step_precisions,
 )
+from trainfit.job.step_options import dividing_micro_batches, step_micro_batches, step_precisions
 
 __all__ = [
     "ATTENTIONS",
