@@ -70,3 +70,26 @@ def test_launch_bound_rows_are_said_to_be_an_upper_bound(tiny_llama):
     note = next(n for n in plan_notes(res) if "launch-bound" in n)
     assert note.startswith(f"{len(bounds)} of {len(res.rows)} rows are launch-bound")
     assert "upper bound" in note and "trainfit tune" in note
+
+
+def test_plan_says_which_link_it_timed_the_sync_over(tiny_llama):
+    """Ranks > 1: the gradient synchronisation is timed over the catalog's theoretical slot
+    bandwidth unless the link is given or measured — plan names it and says which."""
+    import dataclasses
+
+    job = JobSpec(model="t", seq_len=64, effective_batch=8, precision="bf16-true",
+                  grad_ckpt="off", ranks=2)
+    gpu = find_gpu("a10g")
+    res = plan(job, tiny_llama, gpu, verify=False, ladder=False)
+    assert (res.link, res.link_gbs) == (gpu.interconnect, gpu.interconnect_gbs)
+    note = next(n for n in plan_notes(res) if n.startswith("gradient sync timed over"))
+    assert "theoretical" in note and "trainfit tune" in note
+    pick = res.pick.speed
+    assert pick.sync_s is not None and f"{pick.sync_s:.3f} s of communication" in note
+    given = dataclasses.replace(gpu, interconnect="2.7 GB/s measured (given)",
+                                interconnect_gbs=3.0)
+    note = next(n for n in plan_notes(plan(job, tiny_llama, given, verify=False, ladder=False))
+                if n.startswith("gradient sync timed over"))
+    assert "(as given)" in note and "theoretical" not in note
+    one = plan(job.replace(ranks=1), tiny_llama, gpu, verify=False, ladder=False)
+    assert one.link is None and not any(n.startswith("gradient sync") for n in plan_notes(one))

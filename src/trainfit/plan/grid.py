@@ -124,6 +124,11 @@ class PlanResult:
     speed_band: SpeedBand | None = None
     """How close speed predictions of this scale of run came to published throughputs (None: no
     GPU named, no speed predicted)."""
+    link: str | None = None
+    """The link the rows' gradient synchronisation was timed over: its name as given, measured or
+    taken from the GPU catalog (None: one rank, or no GPU named)."""
+    link_gbs: float | None = None
+    """That link's bandwidth per GPU and direction, GB/s (None: unknown)."""
 
     @property
     def pick(self) -> PlanRow | None:
@@ -425,6 +430,8 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
                                          .sdpa_kernels if rows else {}),
             offload=offload_check(rows[rec] if rec is not None else None, gpu),
             speed_band=None if gpu is None else speed_band_for(job.ranks, bool(job.compile)),
+            link=gpu.interconnect if gpu is not None and job.ranks > 1 else None,
+            link_gbs=gpu.interconnect_gbs if gpu is not None and job.ranks > 1 else None,
             **_versus(cur_row, rows[rec] if rec is not None else None))
     finally:
         workers.close()

@@ -45,6 +45,8 @@ def plan_notes(result: PlanResult) -> list[str]:
     notes = [n.format(margin=result.margin, **band) for n in PLAN_NOTES]
     if result.speed_band is not None:
         notes.append(speed_note(result.speed_band))
+    if result.link is not None:
+        notes.append(link_note(result))
     launch = [r for r in result.rows if r.speed is not None and r.speed.bound == "launch-bound"]
     if launch:
         notes.append(launch_note(len(launch), len(result.rows),
@@ -65,6 +67,27 @@ def busy_note(n: int, busy_cores: float) -> str:
             "(benchmarks/results/host_busy.md), but one sharing a core or its caches may, so "
             "their tokens/s may be too low; the next plan measures again and keeps the lower "
             "cost")
+
+
+def link_note(result: PlanResult) -> str:
+    """Which link the ranks' gradient synchronisation was timed over, and whether anyone measured
+    it: the catalog's figure is the slot's theoretical bandwidth."""
+    link, gbs = result.link or "unknown", result.link_gbs
+    if gbs is None:
+        return (f"gradient sync: {link} link, speed unknown: run `trainfit tune` under torchrun "
+                "(it measures the link) and give --interconnect GBPS")
+    given = "given" in link
+    text = f"gradient sync timed over {link} at {gbs:g} GB/s per GPU and direction"
+    text += (" (as given)" if given else
+             ": the GPU catalog's theoretical figure for its slot, not measured (fewer lanes, a "
+             "PCIe switch, a second CPU socket or a VM's host-routed copies are slower; "
+             "`trainfit tune` under torchrun measures the link, --interconnect GBPS gives it)")
+    pick = result.pick
+    if pick is not None and pick.speed is not None and pick.speed.sync_s is not None:
+        text += (f"; the pick: {pick.speed.sync_s:.3f} s of communication per step, "
+                 f"{pick.speed.sync_exposed_s or 0.0:.3f} s of it not hidden under compute "
+                 "(predicted)")
+    return text
 
 
 def launch_note(n: int, total: int, measured: bool = False) -> str:
