@@ -48,15 +48,18 @@ def test_the_fused_projection_computes_what_the_three_did(kv_heads, targets):
     torch.testing.assert_close(fused.lora_A.grad, torch.cat(grads))
 
 
-def test_the_saved_values_keep_the_whole_fused_output_alive():
-    """Multi-head attention: the attention saves its value heads, which are views of the fused
-    output, so each layer holds 3 d per token where the separate projections hold d — exactly
-    2 d more (full fine-tuning: no LoRA terms), counted over the storages saved for backward."""
+@pytest.mark.parametrize("kv_heads", [4, 1])
+def test_what_the_attention_saves_is_lit_gpts(kv_heads):
+    """Full fine-tuning (no LoRA terms), counted over the storages saved for backward.  Multi-head
+    attention: the saved value heads are views of the fused output, so each layer holds 3 d per
+    token where the separate projections hold d — exactly 2 d more.  Grouped queries: lit-gpt
+    saves k and v expanded to every head (copies, d each) where transformers 5 hands the kernel
+    the unrepeated ones (kv each) — exactly 2 (d − kv) more."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=4, vocab_size=100,
+                      num_attention_heads=4, num_key_value_heads=kv_heads, vocab_size=100,
                       use_cache=False)  # a cache's concatenation would copy k and v (training
     ref = LlamaForCausalLM(cfg)  # runs without one: trainfit builds use_cache=False)
     model = copy.deepcopy(ref)
@@ -80,7 +83,19 @@ def test_the_saved_values_keep_the_whole_fused_output_alive():
 
     ref_loss = ref(input_ids=ids, labels=ids).loss.item()
     tokens, d, fp32 = 2 * 16, 64, 4
-    assert saved_bytes(model) - saved_bytes(ref) == 2 * d * tokens * cfg.num_hidden_layers * fp32
+    kv = d * kv_heads // 4
+    extra = 2 * d if kv == d else 2 * (d - kv)
+    assert saved_bytes(model) - saved_bytes(ref) == extra * tokens * cfg.num_hidden_layers * fp32
+
+
+def test_cross_attention_and_encoder_decoders_are_left_alone(tiny_t5):
+    from trainfit.hardware.gpus import find_gpu
+    from trainfit.memory.predict import predict_memory
+
+    job = JobSpec(model="t", seq_len=32, micro_batch=1, fused_qkv=True)
+    with pytest.raises(JobError, match="seq2seq-lm model; lit-gpt's fused attention") as err:
+        predict_memory(job, tiny_t5, find_gpu("a100-80gb"))
+    assert "drop --fused-qkv" in err.value.hint
 
 
 def test_simulated_lora_step_holds_more_with_the_fused_code(tiny_llama):
@@ -112,3 +127,23 @@ def test_plan_says_it_simulated_the_fused_code(tiny_llama):
     job = JobSpec(model="t", method="lora", seq_len=64, micro_batch=2, fused_qkv=True)
     notes = predict_memory(job, tiny_llama, find_gpu("a100-80gb")).model_notes
     assert any(n.startswith("fused_qkv: q, k and v simulated as one projection") for n in notes)
+
+
+def test_cross_attention_is_not_fused_and_mixed_biases_are_refused():
+    """A cross-attention's q reads other states than its k and v (Mllama's layers in a causal
+    LM); one fused projection of one input cannot stand for it."""
+
+    class Attn(torch.nn.Module):
+        def __init__(self, cross: bool, k_bias: bool = False) -> None:
+            super().__init__()
+            self.head_dim, self.is_cross_attention = 8, cross
+            self.q_proj = torch.nn.Linear(16, 16, bias=False)
+            self.k_proj = torch.nn.Linear(16, 16, bias=k_bias)
+            self.v_proj = torch.nn.Linear(16, 16, bias=False)
+
+    model = torch.nn.Sequential(Attn(False), Attn(True))
+    assert fuse_qkv(model, name="m", r=4, alpha=8, dropout=0.0, lora_dtype=None) == 1
+    assert hasattr(model[0], "qkv_proj") and not hasattr(model[1], "qkv_proj")
+    with pytest.raises(JobError, match="differ in having a bias"):
+        fuse_qkv(torch.nn.Sequential(Attn(False, k_bias=True)), name="m", r=4, alpha=8,
+                 dropout=0.0, lora_dtype=None)

@@ -8,12 +8,14 @@ Two things then differ in what a training step holds, and the stand-in reproduce
 
 * The value heads are views of the fused output.  The attention kernel saves its value for the
   backward, so with multi-head attention every layer keeps all of q, k and v alive (3 d per token
-  instead of d).  With grouped queries lit-gpt expands k and v and ``reshape`` copies them, so the
-  kernel saves copies — as transformers' ``repeat_kv`` does; the stand-in's views then keep the
-  fused output alive only where transformers' attention saves the value as given.
+  instead of d).  With grouped queries lit-gpt expands k and v to every query head and
+  ``reshape`` copies them (3 d saved: q and the two copies; the fused output is freed); the
+  stand-in does the same and tells transformers' attention not to repeat them again
+  (``num_key_value_groups`` 1), where transformers 5 would hand the kernel the unrepeated value.
 * LoRA on the fused projection is lit-gpt's ``LoRAQKVLinear``: one dropout and one ``lora_A``
-  for every enabled target (peft has one of each per projection), ``lora_B`` applied as a grouped
-  ``conv1d``, and the update zero-padded to the fused width (``new_zeros`` + ``index_copy``) and
+  for every enabled target (peft has one of each per projection), ``lora_B`` applied as one grouped
+  ``conv1d`` with multi-head attention (one per part, concatenated, with grouped queries), and the
+  update zero-padded to the fused width (``new_zeros`` + ``index_copy``) and
   added to the frozen projection's output.
 
 Mirrors ``LoRAQKVLinear.forward`` / ``zero_pad`` / ``conv1d`` of lit_gpt/lora.py (litgpt
@@ -21,6 +23,9 @@ Mirrors ``LoRAQKVLinear.forward`` / ``zero_pad`` / ``conv1d`` of lit_gpt/lora.py
 tables).  The fused columns are laid out [q | k | v] where lit-gpt interleaves them per query
 group: the same bytes, held as long.  ``benchmarks/litgpt_model_code.py`` runs lit-gpt's own code
 on this CPU beside trainfit's simulation of it and compares what each step holds.
+
+lit-gpt's models are decoder-only: a job of another kind, a cross-attention (its q and k/v read
+different inputs) and projections that differ in having a bias are refused or left as they are.
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ class FusedQKV(torch.nn.Module):
     on the enabled ones.  :class:`_Part` modules stand where the three projections were."""
 
     def __init__(self, parts: list[torch.nn.Linear], enable: tuple[bool, bool, bool], *, r: int,
-                 alpha: int, dropout: float, lora_dtype: torch.dtype | None) -> None:
+                 alpha: int, dropout: float, lora_dtype: torch.dtype | None,
+                 head_dim: int) -> None:
         super().__init__()
         first = parts[0]
         self.sizes = tuple(p.out_features for p in parts)
@@ -52,6 +58,9 @@ class FusedQKV(torch.nn.Module):
         if self.linear.bias is not None:
             self.linear.bias.requires_grad_(w.requires_grad)
         self.enable = enable
+        self.head_dim = head_dim
+        self.repeat = self.sizes[0] // self.sizes[1]
+        """Query heads per key/value head (1: multi-head attention)."""
         self.scaling = alpha / r
         self.lora_dropout: Any = torch.nn.Dropout(dropout) if dropout > 0 else torch.nn.Identity()
         self.lora_ind: list[int] = []
@@ -83,7 +92,7 @@ class FusedQKV(torch.nn.Module):
         else one per part, concatenated."""
         n = sum(self.enable)
         widths = [s for s, on in zip(self.sizes, self.enable, strict=True) if on]
-        if len(set(widths)) == 1:
+        if self.repeat == 1:  # lit-gpt: n_head == n_query_groups
             return F.conv1d(a, b, groups=n)
         return torch.cat([F.conv1d(x, w) for x, w in zip(a.chunk(n, dim=1), b.split(widths),
                                                            strict=True)], dim=1)
@@ -120,7 +129,14 @@ class FusedQKV(torch.nn.Module):
         if len(taken) == len(self.sizes):
             self._cache = None  # the three views hold the output from here on, as lit-gpt's do
         start = sum(self.sizes[:index])
-        return fused[..., start:start + self.sizes[index]]
+        part = fused[..., start:start + self.sizes[index]]
+        if index == 0 or self.repeat == 1:
+            return part
+        # lit-gpt: k and v expanded to every query head, and ``reshape`` copies them
+        heads = self.sizes[index] // self.head_dim
+        shape = (*part.shape[:-1], heads, 1, self.head_dim)
+        return part.reshape(shape).expand(*shape[:-2], self.repeat, self.head_dim).reshape(
+            *part.shape[:-1], self.sizes[0])
 
 
 class _Part(torch.nn.Module):
@@ -163,25 +179,34 @@ def _copy_weights(fused: FusedQKV, projections: list[torch.nn.Module],
 
 def fuse_qkv(model: torch.nn.Module, *, name: str, r: int, alpha: int, dropout: float,
              lora_dtype: torch.dtype | None) -> int:
-    """Replace every attention's separate q/k/v projections by one :class:`FusedQKV`; peft's
-    LoRA on any of them becomes lit-gpt's fused LoRA.  Returns the number of attentions fused;
-    a model without separate projections is a :class:`JobError`."""
+    """Replace every self-attention's separate q/k/v projections by one :class:`FusedQKV`;
+    peft's LoRA on any of them becomes lit-gpt's fused LoRA.  Returns the number of attentions
+    fused; a model without separate projections is a :class:`JobError`."""
     count = 0
     for mod in list(model.modules()):
         projections = [getattr(mod, p, None) for p in PROJECTIONS]
-        if any(p is None for p in projections):
+        if any(p is None for p in projections) or getattr(mod, "is_cross_attention", False):
             continue
         bases = [_base(p) for p in projections]
         if any(b is None for b in bases):
             continue
+        if len({b.bias is None for b in bases}) > 1:  # type: ignore[union-attr]
+            raise JobError(f"--fused-qkv: {name}'s q/k/v projections differ in having a bias; "
+                           "one fused projection cannot", "drop --fused-qkv for this model")
+        head_dim = getattr(mod, "head_dim", None)
+        sizes = [b.out_features for b in bases]  # type: ignore[union-attr]
+        if not head_dim or sizes[1] != sizes[2] or sizes[0] % sizes[1] or sizes[1] % head_dim:
+            continue
         enable = tuple(_has_lora(p) for p in projections)
         fused = FusedQKV(bases, enable, r=r, alpha=alpha, dropout=dropout,  # type: ignore[arg-type]
-                         lora_dtype=lora_dtype if any(enable) else None)
+                         lora_dtype=lora_dtype if any(enable) else None, head_dim=head_dim)
         if fused.linear.weight.device.type != "meta":
             _copy_weights(fused, projections, bases)  # type: ignore[arg-type]
         mod.qkv_proj = fused
         for index, p in enumerate(PROJECTIONS):
             setattr(mod, p, _Part(fused, index))
+        if fused.repeat > 1:
+            mod.num_key_value_groups = 1  # the parts return k and v repeated, as lit-gpt's do
         count += 1
     if count == 0:
         raise JobError(f"--fused-qkv: {name} has no attention with separate q_proj, k_proj and "

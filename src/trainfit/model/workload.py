@@ -230,6 +230,10 @@ def _fuse(job: JobSpec, source: ModelSource, model: torch.nn.Module,
     """lit-gpt's fused q/k/v projection and its LoRA (``JobSpec.fused_qkv``)."""
     from trainfit.model.fused_qkv import fuse_qkv
 
+    if source.task != "causal-lm":
+        raise JobError(f"--fused-qkv: {source.name} is a {source.task} model; lit-gpt's fused "
+                       "attention is a decoder-only language model's",
+                       "drop --fused-qkv for this model")
     fuse_qkv(model, name=source.name, r=job.lora_r, alpha=job.lora_alpha,
              dropout=job.lora_dropout, lora_dtype=lora_dtype)
 

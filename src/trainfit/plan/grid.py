@@ -40,6 +40,7 @@ from trainfit.plan.ladder import build_ladder
 from trainfit.plan.row_speed import synced
 from trainfit.plan.rows import mark_shown, rank_rows
 from trainfit.speed.bands import SpeedBand, speed_band_for
+from trainfit.speed.comm import peer_to_peer
 from trainfit.speed.host import host_step
 from trainfit.speed.ops import OpRecorder
 from trainfit.speed.predict import (
@@ -430,11 +431,18 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
                                          .sdpa_kernels if rows else {}),
             offload=offload_check(rows[rec] if rec is not None else None, gpu),
             speed_band=None if gpu is None else speed_band_for(job.ranks, bool(job.compile)),
-            link=gpu.interconnect if gpu is not None and job.ranks > 1 else None,
-            link_gbs=gpu.interconnect_gbs if gpu is not None and job.ranks > 1 else None,
+            **_link(gpu, job.ranks),
             **_versus(cur_row, rows[rec] if rec is not None else None))
     finally:
         workers.close()
+
+
+def _link(gpu: GpuSpec | None, ranks: int) -> dict[str, Any]:
+    """The link the rows' synchronisation was timed over; none where it was not timed (one rank,
+    no GPU, or GeForce cards without peer-to-peer, whose rows say why their speed is unknown)."""
+    if gpu is None or ranks <= 1 or not peer_to_peer(gpu):
+        return {}
+    return {"link": gpu.interconnect, "link_gbs": gpu.interconnect_gbs}
 
 
 _PRECISION_PREF = {"amp-bf16": 0, "amp-fp16": 1, "bf16-true": 2, "fp32": 3}

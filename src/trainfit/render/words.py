@@ -71,21 +71,24 @@ def busy_note(n: int, busy_cores: float) -> str:
 
 def link_note(result: PlanResult) -> str:
     """Which link the ranks' gradient synchronisation was timed over, and whether anyone measured
-    it: the catalog's figure is the slot's theoretical bandwidth."""
+    it: a link named by the catalog (or by ``--interconnect pcie4``) is the slot's theoretical
+    bandwidth; a number given to ``--interconnect`` is a measured bus bandwidth."""
     link, gbs = result.link or "unknown", result.link_gbs
     if gbs is None:
         return (f"gradient sync: {link} link, speed unknown: run `trainfit tune` under torchrun "
                 "(it measures the link) and give --interconnect GBPS")
-    given = "given" in link
-    text = f"gradient sync timed over {link} at {gbs:g} GB/s per GPU and direction"
-    text += (" (as given)" if given else
-             ": the GPU catalog's theoretical figure for its slot, not measured (fewer lanes, a "
-             "PCIe switch, a second CPU socket or a VM's host-routed copies are slower; "
-             "`trainfit tune` under torchrun measures the link, --interconnect GBPS gives it)")
+    if "measured" in link:
+        text = f"gradient sync timed from the all-gather bus bandwidth given: {link}"
+    else:
+        named = " (named)" if "given" in link else " (the GPU catalog's)"
+        text = (f"gradient sync timed over {link.replace(' (given)', '')}{named} at {gbs:g} GB/s "
+                "per GPU and direction: the slot's theoretical figure, not measured (fewer lanes, "
+                "a PCIe switch, a second CPU socket or a VM's host-routed copies are slower; "
+                "`trainfit tune` under torchrun measures the link, --interconnect GBPS gives it)")
     pick = result.pick
     if pick is not None and pick.speed is not None and pick.speed.sync_s is not None:
-        text += (f"; the pick: {pick.speed.sync_s:.3f} s of communication per step, "
-                 f"{pick.speed.sync_exposed_s or 0.0:.3f} s of it not hidden under compute "
+        text += (f"; the pick: {pick.speed.sync_s:.3g} s of communication per step, "
+                 f"{pick.speed.sync_exposed_s or 0.0:.3g} s of it not hidden under compute "
                  "(predicted)")
     return text
 
