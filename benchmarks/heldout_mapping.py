@@ -271,6 +271,11 @@ def _torchtune(b: _Builder) -> None:
                + " and dequantized through int64 codes in each matmul (linear_nf4: 14 B per "
                f"element at its peak) → quant_lib {b.job['quant_lib']}")
     version = tuple(int(v) for v in re.findall(r"\d+", c["framework"]["version"])[:2])
+    if version >= (0, 3) and c["optimizer"].startswith("adamw") and "inferred" in c["optimizer"]:
+        b.job["optimizer_impl"] = "fused"
+        b.note("an AdamW the source does not pin, in torchtune ≥ 0.3: every torch.optim.AdamW "
+               "block of its configs sets fused: True (read in the 0.5.0 wheel, "
+               "llama3_2/3B_full.yaml among them) → optimizer_impl fused")
     # read in the wheels: the llama2 builders pass one layer to TransformerDecoder in 0.1.1 to
     # 0.5.0; llama3_1's build a list from 0.3.1 on (torchtune PR #1554), llama3_2's in 0.5.0
     llama2 = c["model"]["model_type"] == "llama" and "llama-2" in c["model"]["name"].lower()
