@@ -88,13 +88,17 @@ def test_what_the_attention_saves_is_lit_gpts(kv_heads):
     assert saved_bytes(model) - saved_bytes(ref) == extra * tokens * cfg.num_hidden_layers * fp32
 
 
-def test_cross_attention_and_encoder_decoders_are_left_alone(tiny_t5):
+@pytest.mark.parametrize(("fixture", "why"), [
+    ("tiny_t5", "seq2seq-lm model; lit-gpt's fused attention"),  # an encoder-decoder
+    ("tiny_gpt2", "no attention with separate q_proj"),  # its attention is fused already
+])
+def test_models_the_fused_code_cannot_stand_for_are_refused(request, fixture, why):
     from trainfit.hardware.gpus import find_gpu
     from trainfit.memory.predict import predict_memory
 
     job = JobSpec(model="t", seq_len=32, micro_batch=1, fused_qkv=True)
-    with pytest.raises(JobError, match="seq2seq-lm model; lit-gpt's fused attention") as err:
-        predict_memory(job, tiny_t5, find_gpu("a100-80gb"))
+    with pytest.raises(JobError, match=why) as err:
+        predict_memory(job, request.getfixturevalue(fixture), find_gpu("a100-80gb"))
     assert "drop --fused-qkv" in err.value.hint
 
 
@@ -108,16 +112,6 @@ def test_simulated_lora_step_holds_more_with_the_fused_code(tiny_llama):
                   for f in (False, True))
     assert fused.breakdown["parameters"] == sep.breakdown["parameters"]
     assert fused.peak_allocated_bytes > sep.peak_allocated_bytes
-
-
-def test_a_model_whose_attention_is_fused_already_is_refused(tiny_gpt2):
-    from trainfit.hardware.gpus import find_gpu
-    from trainfit.memory.predict import predict_memory
-
-    job = JobSpec(model="t", seq_len=32, micro_batch=1, fused_qkv=True)
-    with pytest.raises(JobError, match="no attention with separate q_proj") as err:
-        predict_memory(job, tiny_gpt2, find_gpu("a100-80gb"))
-    assert "drop --fused-qkv" in err.value.hint
 
 
 def test_plan_says_it_simulated_the_fused_code(tiny_llama):

@@ -1,9 +1,12 @@
-"""Which micro-batches and precisions a job's step can take (tune's and doctor's search space)."""
+"""What a job's step can take when a command runs it: the micro-batches and precisions (tune's and
+doctor's search space), and which switches only plan can honour."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
+
+from trainfit.job.spec import JobError
 
 if TYPE_CHECKING:
     from trainfit.job.spec import JobSpec
@@ -28,3 +31,18 @@ def step_precisions(job: JobSpec, precisions: Iterable[str]) -> list[str]:
     """The ``precisions`` ``job``'s step can run: amp-fp16's GradScaler checks the whole step's
     gradients, which ``optimizer_in_backward`` never holds at once."""
     return [p for p in precisions if not (job.optimizer_in_backward and p == "amp-fp16")]
+
+
+def refuse_other_model_code(job: JobSpec, command: str) -> None:
+    """``train`` and ``tune`` run the installed transformers model: a job whose switches describe
+    other model code (transformers < 4.40's per-layer RoPE tables, lit-gpt's fused q/k/v) is for
+    ``plan``, which models it, and is refused with the hint to drop the switch."""
+    does = {"train": "runs", "tune": "measures"}[command]
+    if job.rope_cache != "none":
+        raise JobError(f"--rope-cache {job.rope_cache} describes transformers < 4.40's RoPE "
+                       f"tables; {command} {does} the installed transformers, which has none",
+                       f"drop --rope-cache for {command} (plan predicts the tables)")
+    if job.fused_qkv:
+        raise JobError(f"--fused-qkv describes model code that fuses q/k/v (lit-gpt); {command} "
+                       f"{does} the transformers model", f"drop --fused-qkv for {command} (plan "
+                       "predicts what the fused code holds)")

@@ -63,23 +63,19 @@ class FusedQKV(torch.nn.Module):
         """Query heads per key/value head (1: multi-head attention)."""
         self.scaling = alpha / r
         self.lora_dropout: Any = torch.nn.Dropout(dropout) if dropout > 0 else torch.nn.Identity()
-        self.lora_ind: list[int] = []
-        if any(enable) and lora_dtype is not None:
-            enabled = [s for s, on in zip(self.sizes, enable, strict=True) if on]
-            self.lora_A = torch.nn.Parameter(torch.zeros(r * len(enabled), first.in_features,
-                                                         device=w.device, dtype=lora_dtype))
-            self.lora_B = torch.nn.Parameter(torch.zeros(sum(enabled), r, device=w.device,
-                                                         dtype=lora_dtype))
-            start = 0
-            for size, on in zip(self.sizes, enable, strict=True):
-                if on:
-                    self.lora_ind.extend(range(start, start + size))
-                start += size
+        self.lora_widths: tuple[int, ...] = () if lora_dtype is None else tuple(
+            s for s, on in zip(self.sizes, enable, strict=True) if on)
+        """The adapted parts' widths (none: no LoRA on this projection)."""
+        if self.lora_widths:
+            self.lora_A = torch.nn.Parameter(torch.zeros(
+                r * len(self.lora_widths), first.in_features, device=w.device, dtype=lora_dtype))
+            self.lora_B = torch.nn.Parameter(torch.zeros(
+                sum(self.lora_widths), r, device=w.device, dtype=lora_dtype))
         self._cache: tuple[torch.Tensor, torch.Tensor, set[int]] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pretrained = self.linear(x)
-        if not self.lora_ind:
+        if not self.lora_widths:
             return pretrained
         after_a = F.linear(self.lora_dropout(x), self.lora_A)
         after_b = self._conv1d(after_a.transpose(-2, -1),
@@ -88,13 +84,13 @@ class FusedQKV(torch.nn.Module):
         return pretrained + lora
 
     def _conv1d(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """lit-gpt's ``conv1d``: one grouped convolution when the enabled parts are equally wide,
-        else one per part, concatenated."""
-        n = sum(self.enable)
-        widths = [s for s, on in zip(self.sizes, self.enable, strict=True) if on]
-        if self.repeat == 1:  # lit-gpt: n_head == n_query_groups
+        """lit-gpt's ``conv1d``: one grouped convolution with multi-head attention (lit-gpt:
+        n_head == n_query_groups), else one per adapted part, concatenated."""
+        n = len(self.lora_widths)
+        if self.repeat == 1:
             return F.conv1d(a, b, groups=n)
-        return torch.cat([F.conv1d(x, w) for x, w in zip(a.chunk(n, dim=1), b.split(widths),
+        return torch.cat([F.conv1d(x, w) for x, w in zip(a.chunk(n, dim=1),
+                                                           b.split(self.lora_widths),
                                                            strict=True)], dim=1)
 
     def _zero_pad(self, x: torch.Tensor) -> torch.Tensor:
@@ -104,7 +100,8 @@ class FusedQKV(torch.nn.Module):
         x = x.transpose(0, 1)
         out = sum(self.sizes)
         result = x.new_zeros((*x.shape[:-1], out)).view(-1, out)
-        result = result.index_copy(1, self._index(result.device), x.reshape(-1, len(self.lora_ind)))
+        result = result.index_copy(1, self._index(result.device),
+                                   x.reshape(-1, sum(self.lora_widths)))
         return result.view((*x.shape[:-1], out)).transpose(0, 1)
 
     def _index(self, device: torch.device) -> torch.Tensor:
@@ -172,7 +169,7 @@ def _copy_weights(fused: FusedQKV, projections: list[torch.nn.Module],
     if fused.linear.bias is not None:
         fused.linear.bias.copy_(torch.cat([b.bias for b in bases]))
     adapted = [p for p in projections if _has_lora(p)]
-    if fused.lora_ind:
+    if fused.lora_widths:
         fused.lora_A.copy_(torch.cat([p.lora_A["default"].weight for p in adapted]))
         fused.lora_B.copy_(torch.cat([p.lora_B["default"].weight for p in adapted]))
 

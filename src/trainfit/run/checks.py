@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from trainfit.job import JobError, JobSpec
+from trainfit.job.step_options import refuse_other_model_code
 from trainfit.memory.limit import LimitTracker
 
 if TYPE_CHECKING:
@@ -41,16 +42,8 @@ def check_runnable(job: JobSpec, world: int) -> None:
         raise JobError(f"--quant-lib {job.quant_lib} describes torchtune's NF4 loading; "
                        "train quantizes with bitsandbytes (quant_lib bnb)",
                        "drop --quant-lib for train (plan predicts torchao's loading reserve)")
-    if job.rope_cache != "none":
-        # train runs the installed transformers, whose model holds no per-layer RoPE tables
-        raise JobError(f"--rope-cache {job.rope_cache} describes transformers < 4.40's RoPE "
-                       "tables; train runs the installed transformers, which has none",
-                       "drop --rope-cache for train (plan predicts the tables)")
-    if job.fused_qkv:
-        # train runs the installed transformers model, whose attention has three projections
-        raise JobError("--fused-qkv describes model code that fuses q/k/v (lit-gpt); train runs "
-                       "the transformers model", "drop --fused-qkv for train (plan predicts "
-                       "what the fused code holds)")
+    # train runs the installed transformers model: no per-layer RoPE tables, three projections
+    refuse_other_model_code(job, "train")
     if job.clone_layers:
         # train builds each layer from the configuration (build_real): the copies are torchtune's
         raise JobError("--clone-layers describes torchtune's deep-copied layers; train builds "

@@ -18,6 +18,7 @@ from trainfit.data.load import load_data
 from trainfit.hardware.gpus import find_gpu_by_device_name
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec
 from trainfit.job.fields import DEFAULT_KNOBS
+from trainfit.job.step_options import refuse_other_model_code
 from trainfit.memory.predict import data_parallel_bytes, predict_memory
 from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.model.experts import inactive_expert_params_of
@@ -171,16 +172,9 @@ def _precisions(device: torch.device) -> tuple[str, ...]:
 
 
 def _check_job(job: JobSpec) -> None:
-    if job.rope_cache != "none":
-        # the probes run the installed transformers (no per-layer tables): the predictions that
-        # guide them must describe the same model
-        raise JobError(f"--rope-cache {job.rope_cache} describes transformers < 4.40's RoPE "
-                       "tables; tune measures the installed transformers, which has none",
-                       "drop --rope-cache for tune (plan predicts the tables)")
-    if job.fused_qkv:
-        raise JobError("--fused-qkv describes model code that fuses q/k/v (lit-gpt); tune "
-                       "measures the transformers model", "drop --fused-qkv for tune (plan "
-                       "predicts what the fused code holds)")
+    # the probes run the installed transformers model: the predictions that guide them must
+    # describe the same model
+    refuse_other_model_code(job, "tune")
     if job.sharding != "none" and job.ranks > 1:
         # the probes wrap the model in DDP: an FSDP job's memory would be measured unsharded
         raise JobError(f"sharding: {job.sharding} over {job.ranks} ranks: tune probes DDP (full "
