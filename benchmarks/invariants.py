@@ -55,6 +55,16 @@ CASES = [
     {"model": "llama-2-7b", "gpu": "rtx-4090",
      "job": {"method": "lora", "lora_targets": "q,v", "lora_r": 8, "lora_alpha": 16,
              "precision": "bf16-true", "max_grad_norm": None, "clone_layers": True}},
+    # lit-gpt's QLoRA as a user plans it: q/k/v as views of one fused projection with lit-gpt's
+    # LoRA (fused_qkv), every Linear 4-bit incl. the head, and bitsandbytes < 0.43.2 keeping
+    # each 4-bit matmul's input with the logits held to the next forward (bnb_legacy)
+    {"model": "llama-2-7b", "gpu": "a100-40gb",
+     "job": {"method": "qlora", "lora_targets": "q,v", "fused_qkv": True, "lm_head_chunk": 128,
+             "hold_outputs": True, "fp32_outputs": True, "quant_lm_head": True,
+             "bnb_legacy": True, "quant_from_fp16": True, "max_grad_norm": None}},
+    # a 70B QLoRA over two cards, the users' scenario (catalog entry added 2026-11-30)
+    {"model": "llama-3.1-70b", "gpu": "a100-80gb",
+     "job": {"method": "qlora", "ranks": 2, "sharding": "fsdp"}},
 ]
 FULL_SIZE_CHECKS = 12
 """Extrapolated rows per case re-simulated at full size: each (precision, checkpointing) group's

@@ -232,13 +232,17 @@ def summarize(rows: list[dict[str, Any]], wall_s: float, cpu_s: float,
             "wall_time_s": wall_s, "worker_cpu_time_s": cpu_s, "source": source}
 
 
+def _merges(source: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every ``--cases … --merge`` since the full run, oldest first (an older file kept one)."""
+    m = source.get("merged") or []
+    return [m] if isinstance(m, dict) else list(m)
+
+
 def _merged(source: dict[str, Any]) -> str:
-    m = source.get("merged")
-    if not m:
-        return ""
-    return (f"; {len(m['cases'])} case(s) re-run since (`--cases … --merge`) at "
-            f"{m['source']['commit'][:10]} + {len(m['source']['src_modified'])} modified file(s): "
-            + ", ".join(m["cases"]))
+    return "".join(
+        f"; {len(m['cases'])} case(s) re-run since (`--cases … --merge`) at "
+        f"{m['source']['commit'][:10]} + {len(m['source']['src_modified'])} modified file(s): "
+        + ", ".join(m["cases"]) for m in _merges(source))
 
 
 def _source_state() -> dict[str, Any]:
@@ -390,8 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         old = json.loads((OUT / "speed_published.json").read_text())
         new = {r["id"]: r for r in rows}
         rows = [new.get(r["id"], r) for r in old["results"]]
-        source = {**old["summary"]["source"], "merged": {"cases": sorted(new),
-                                                         "source": source}}
+        was = old["summary"]["source"]
+        source = {**was, "merged": [*_merges(was), {"cases": sorted(new), "source": source}]}
         t0 -= old["summary"]["wall_time_s"]
         cpu += old["summary"]["worker_cpu_time_s"]
     else:

@@ -228,3 +228,22 @@ def test_header_names_the_allocator_and_a_shell_that_sets_another(monkeypatch):
     planned = plan_assumptions(job.replace(expandable_segments=True), {})
     assert planned.expandable_segments and planned.shell_expandable_segments
     assert "allocator: expandable segments" in plan_header(SimpleNamespace(assumptions=planned))
+
+
+def test_header_names_each_precisions_attention_kernel(tiny_llama):
+    """SDPA picks by dtype: on an A10G a grouped-query model's fp32 rows take the math kernel
+    (the memory-efficient one takes no grouped heads) and its 16-bit rows flash; the header says
+    both instead of one row's."""
+    from trainfit.render.plan_words import plan_header
+
+    res = plan(JobSpec(model="t", seq_len=64, effective_batch=2, grad_ckpt="off"), tiny_llama,
+               find_gpu("a10g"), verify=False)
+    by = res.assumptions.attention_kernels_by_precision
+    assert by["fp32"] == ["math"]
+    assert by["bf16-true"] == by["amp-bf16"] == ["flash"]
+    said = plan_header(res)
+    assert "math kernel (fp32)" in said and "flash kernel (" in said
+    one = SimpleNamespace(assumptions=SimpleNamespace(**{
+        **vars(res.assumptions), "attention_kernels": {"flash": 6},
+        "attention_kernels_by_precision": {"bf16-true": ["flash"], "amp-bf16": ["flash"]}}))
+    assert "attention sdpa → flash kernel," in plan_header(one)  # one kernel: said once

@@ -61,6 +61,10 @@ class PlanAssumptions:
     attention_kernels: dict[str, int] = field(default_factory=dict)
     """The kernels the simulation of the pick (or the first row) dispatched, with call counts:
     flash, efficient, math (what torch's SDPA picks on this GPU for these shapes and dtype)."""
+    attention_kernels_by_precision: dict[str, list[str]] = field(default_factory=dict)
+    """Every row's kernels, by precision: SDPA picks by dtype (an fp32 row of a grouped-query model
+    takes the math kernel where its 16-bit rows take flash), so one row's kernels need not be
+    every row's."""
     versions: dict[str, str | None] = field(default_factory=dict)
     """torch, transformers, peft, bitsandbytes as installed where the plan ran."""
     assumed: list[str] = field(default_factory=list)
@@ -77,14 +81,16 @@ class PlanAssumptions:
 
 
 def plan_assumptions(job: JobSpec, kernels: dict[str, int],
-                     assumed: list[str] | None = None) -> PlanAssumptions:
+                     assumed: list[str] | None = None,
+                     kernels_by_precision: dict[str, list[str]] | None = None) -> PlanAssumptions:
     """``job``: the planned job (its effective batch as asked); ``kernels``: the pick's SDPA
-    kernels."""
+    kernels; ``kernels_by_precision``: every row's, by precision."""
     lora = job.method in ("lora", "qlora")
     return PlanAssumptions(method=job.method, quant=job.quant, lora_r=job.lora_r if lora else None,
                            seq_len=job.seq_len, effective_batch=job.effective_batch,
                            ranks=job.ranks, sharding=job.sharding, optimizer=job.optimizer,
                            attention=job.attention, attention_kernels=dict(kernels),
+                           attention_kernels_by_precision=dict(kernels_by_precision or {}),
                            versions=installed_versions(), assumed=list(assumed or []),
                            optimizer_in_backward=job.optimizer_in_backward,
                            offload=job.offload, expandable_segments=job.expandable_segments,

@@ -427,14 +427,32 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
             smallest_device_bytes=min((r.memory.peak_device_bytes for r in rows), default=None),
             plan_time_s=time.perf_counter() - t0, ladder=rungs, dataset_tokens=dataset_tokens,
             epochs=epochs, current=cur_row,
-            assumptions=plan_assumptions(job, (rows[rec] if rec is not None else rows[0]).memory
-                                         .sdpa_kernels if rows else {}),
+            assumptions=plan_assumptions(job, _kernel_row(rows, rec).memory.sdpa_kernels
+                                         if rows else {},
+                                         kernels_by_precision=_kernels_by_precision(rows)),
             offload=offload_check(rows[rec] if rec is not None else None, gpu),
             speed_band=None if gpu is None else speed_band_for(job.ranks, bool(job.compile)),
             **_link(gpu, job.ranks),
             **_versus(cur_row, rows[rec] if rec is not None else None))
     finally:
         workers.close()
+
+
+def _kernel_row(rows: list[PlanRow], rec: int | None) -> PlanRow:
+    """The row whose SDPA kernels the header names: the pick, or where nothing fits the smallest
+    configuration (the one the "nothing fits" line sizes)."""
+    if rec is not None:
+        return rows[rec]
+    return min(rows, key=lambda r: r.memory.peak_device_bytes)
+
+
+def _kernels_by_precision(rows: list[PlanRow]) -> dict[str, list[str]]:
+    """Every row's SDPA kernels, by precision, in the order the rows first call them."""
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        seen = out.setdefault(r.job.precision, [])
+        seen.extend(k for k in r.memory.sdpa_kernels if k not in seen)
+    return out
 
 
 def _link(gpu: GpuSpec | None, ranks: int) -> dict[str, Any]:

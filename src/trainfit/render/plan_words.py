@@ -35,6 +35,21 @@ def _engine(a: PlanAssumptions) -> str:
         f", {_OFFLOAD[a.offload]}" if a.offload in _OFFLOAD else "") + ")"
 
 
+def _kernels_words(a: Any) -> str:
+    """"flash kernel", or where precisions differ "flash kernel (bf16-true, amp-bf16), math
+    kernel (fp32)": SDPA picks by dtype, so one row's kernel is not every row's."""
+    def named(kernels: Any) -> str:
+        return ", ".join(_KERNELS.get(k, k) for k in kernels) or "none called"
+
+    by = {p: tuple(k) for p, k in getattr(a, "attention_kernels_by_precision", {}).items()}
+    if len(set(by.values())) <= 1:
+        return named(a.attention_kernels) + " kernel"
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for precision, kernels in by.items():
+        groups.setdefault(kernels, []).append(precision)
+    return ", ".join(f"{named(k)} kernel ({', '.join(p)})" for k, p in groups.items())
+
+
 def plan_header(result: PlanResult) -> str | None:
     """One line: the fields every row shares and the stack the simulation ran."""
     a = result.assumptions
@@ -46,12 +61,12 @@ def plan_header(result: PlanResult) -> str | None:
     batch = f"effective batch {a.effective_batch}" if a.effective_batch is not None else \
         "effective batch not given (= micro-batch × ranks per row)"
     ranks = f"{a.ranks} rank{'s' if a.ranks > 1 else ''}" + _engine(a)
-    kernels = ", ".join(_KERNELS.get(k, k) for k in a.attention_kernels) or "none called"
+    kernels = _kernels_words(a)
     versions = ", ".join(f"{k} {v or 'not installed'}" for k, v in a.versions.items())
     parts = [method, _assumed(a, "seq_len", f"seq {a.seq_len}"),
              _assumed(a, "effective_batch", batch), ranks,
              a.optimizer + (" stepped in the backward pass" if a.optimizer_in_backward else ""),
-             _assumed(a, "attention", f"attention {a.attention} → {kernels} kernel"),
+             _assumed(a, "attention", f"attention {a.attention} → {kernels}"),
              "allocator: " + ("expandable segments" if a.expandable_segments else
                               "PyTorch's default segments" + (
                                   " (this shell sets expandable_segments:True: a run started "

@@ -18,6 +18,20 @@ from typing import Any
 
 Config = dict[str, Any]
 
+# the Qwen families live in qwen_configs.py (this file's size); re-exported for models.py
+from trainfit.model.catalog.qwen_configs import (  # noqa: E402, F401
+    QWEN2_5_0_5B,
+    QWEN2_5_1_5B,
+    QWEN2_5_7B,
+    QWEN2_5_14B,
+    QWEN2_5_32B,
+    QWEN2_5_72B,
+    QWEN3_4B,
+    QWEN3_8B,
+    QWEN3_14B,
+    QWEN3_32B,
+)
+
 # ---------------------------------------------------------------------------
 # Llama family
 # ---------------------------------------------------------------------------
@@ -85,6 +99,22 @@ LLAMA_3_1_8B: Config = {
     "rope_scaling": {**_LLAMA3_ROPE_SCALING_32X, "factor": 8.0},
 }
 
+# 70B: the 8B's block at 8192 wide, 80 deep, 64 query heads over 8 key/value heads
+LLAMA_3_70B: Config = {
+    **LLAMA_3_8B,
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+}
+
+LLAMA_3_1_70B: Config = {
+    **LLAMA_3_70B,
+    "max_position_embeddings": 131072,
+    "rope_scaling": {**_LLAMA3_ROPE_SCALING_32X, "factor": 8.0},
+}
+
 LLAMA_2_7B: Config = {
     "model_type": "llama",
     "vocab_size": 32000,
@@ -109,6 +139,16 @@ LLAMA_2_13B: Config = {
     "num_hidden_layers": 40,
     "num_attention_heads": 40,
     "num_key_value_heads": 40,
+}
+
+# Llama-2-70B is the first Llama with grouped-query attention (8 key/value heads)
+LLAMA_2_70B: Config = {
+    **LLAMA_2_7B,
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
 }
 
 TINYLLAMA_1_1B: Config = {
@@ -152,47 +192,6 @@ MISTRAL_7B_V0_2: Config = {
     **MISTRAL_7B_V0_1,
     "rope_theta": 1000000.0,
     "sliding_window": None,
-}
-
-# ---------------------------------------------------------------------------
-# Qwen2.5
-# ---------------------------------------------------------------------------
-
-QWEN2_5_0_5B: Config = {
-    "model_type": "qwen2",
-    "vocab_size": 151936,
-    "hidden_size": 896,
-    "intermediate_size": 4864,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 14,
-    "num_key_value_heads": 2,
-    "hidden_act": "silu",
-    "max_position_embeddings": 32768,
-    "rms_norm_eps": 1e-06,
-    "rope_theta": 1000000.0,
-    "use_sliding_window": False,
-    "tie_word_embeddings": True,
-}
-
-QWEN2_5_1_5B: Config = {
-    **QWEN2_5_0_5B,
-    "hidden_size": 1536,
-    "intermediate_size": 8960,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 12,
-    "num_key_value_heads": 2,
-}
-
-QWEN2_5_7B: Config = {
-    **QWEN2_5_0_5B,
-    "vocab_size": 152064,
-    "hidden_size": 3584,
-    "intermediate_size": 18944,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 28,
-    "num_key_value_heads": 4,
-    "max_position_embeddings": 131072,
-    "tie_word_embeddings": False,
 }
 
 # ---------------------------------------------------------------------------
