@@ -39,6 +39,17 @@ def test_nothing_fits_says_so(tiny_llama):
     res = plan(job, tiny_llama, generic_gpu(0.001))
     assert res.recommended_index is None
     assert "nothing fits" in plan_reason(res)
+    # what to try: only what the smallest configuration does not use yet
+    said = plan_reason(res)
+    assert "try --grad-ckpt full, --method lora/qlora, a shorter --seq-len, an 8-bit optimizer " \
+        "or more ranks with --sharding fsdp" in said
+    from trainfit.render.words import _what_to_try
+
+    sharded = JobSpec(model="t", seq_len=64, method="qlora", grad_ckpt="full", ranks=2,
+                      sharding="fsdp", optimizer="adamw-8bit")
+    assert _what_to_try(sharded) == "a shorter --seq-len, more ranks or --offload all"
+    assert "--offload optimizer" in _what_to_try(sharded.replace(
+        method="lora", quant=None, sharding="zero2"))
 
 
 def test_bf16_on_t4_is_refused(tiny_llama):
@@ -184,3 +195,14 @@ def test_an_unknown_speed_up_says_why(tiny_llama):
     words = plan_versus(res)
     assert "speed-up unknown" in words and "peer-to-peer" in words
     assert "no known peak" not in words
+    # the table's legend said the same wrong thing (a 70B QLoRA over two RTX 4090s, 2026-11-30)
+    from io import StringIO
+
+    from rich.console import Console
+
+    from trainfit.render.plan import _legend
+
+    out = StringIO()
+    _legend(Console(file=out, width=400), res, [], False)
+    assert "tokens/s and MFU: unknown (2 ranks but" in out.getvalue()
+    assert "peer-to-peer" in out.getvalue() and "no known peak" not in out.getvalue()

@@ -3,9 +3,10 @@ each with its predicted memory and speed, stopping at the first rung that fits.
 
 Order: the allocator's setting first (expandable segments: what is learned stays, and mapping
 pages costs time only while the segment grows), then what costs only time (checkpointing, an
-8-bit optimizer, the optimizer step in the backward pass, activation offloading), then what
-changes what is learned (smaller LoRA rank, fewer LoRA targets, a shorter sequence, 4-bit base
-weights), then more hardware (FSDP over twice the ranks). Rungs that alter learning say so.
+8-bit optimizer, the optimizer step in the backward pass, activation offloading, a sharded
+job's CPU offload), then what changes what is learned (smaller LoRA rank, fewer LoRA targets, a
+shorter sequence, 4-bit base weights), then more hardware (FSDP over twice the ranks). Rungs
+that alter learning say so.
 """
 
 from __future__ import annotations
@@ -69,6 +70,16 @@ def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
         # checkpointing, the blocks' inputs — wait in host memory; the copies are streamed
         steps.append(("activation offloading (saved activations in host memory; host↔GPU "
                       "copies streamed under compute)", {"activation_offload": True}, False))
+    offload = {"fsdp": "all", "zero3": "all", "zero2": "optimizer"}.get(job.sharding)
+    if offload is not None and job.offload != offload:
+        # what the engine offers (JobSpec._check_sharding): FSDP's CPUOffload / ZeRO-3's
+        # offload_param keep the shards and the optimizer step on the host (Answer.AI's 70B QLoRA
+        # on two 24 GB cards); ZeRO-2 only the optimizer. Costs time only, much of it: the speed
+        # of such rows is unknown (plan/row_speed.py)
+        steps.append(("CPU offload of " + ("the optimizer states and step" if offload ==
+                                           "optimizer" else "the parameters' shards, gradients "
+                                           "and optimizer step") + " (host memory; the step "
+                      "waits on host↔GPU copies: much slower)", {"offload": offload}, False))
     if job.method == "full":
         # the usual first answer to a full fine-tune that does not fit, before anything that
         # shortens the data or quantizes the weights: frozen base, rank-16 adapters (the
@@ -97,10 +108,14 @@ def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
     return steps
 
 
-def build_ladder(job: JobSpec, evaluate: Callable[[JobSpec], tuple[int, float | None, bool | None]]
-                 ) -> list[Rung]:
+def build_ladder(job: JobSpec, evaluate: Callable[[JobSpec], tuple[int, float | None, bool | None]],
+                 fixed_batch: bool = True) -> list[Rung]:
     """``evaluate(job) → (peak device bytes, tokens/s or None, fits)``; ``job`` is the grid's
-    smallest configuration, and each rung keeps its micro-batch and effective batch.
+    smallest configuration, and each rung keeps its micro-batch, and its effective batch where
+    the user gave one (``fixed_batch``); without one, more ranks make a larger effective batch
+    (micro-batch × accumulation × ranks, as every row of such a plan), rather than no rung: a
+    70B QLoRA over two cards at micro-batch 1 had no "more ranks" rung, since an effective batch
+    of 2 does not split over 4 ranks.
 
     The start is evaluated the way every rung is (at full size), and a change that does not
     lower the peak is left out: the grid's smallest row is extrapolated, so measuring the first
@@ -117,7 +132,9 @@ def build_ladder(job: JobSpec, evaluate: Callable[[JobSpec], tuple[int, float | 
         try:
             d = cur.to_dict()
             d.update(fields)
-            if "ranks" in fields and cur.effective_batch is not None:
+            if "ranks" in fields and not fixed_batch:
+                d["effective_batch"] = None  # micro-batch × accumulation × the new ranks
+            elif "ranks" in fields and cur.effective_batch is not None:
                 eff = cur.effective_batch
                 if eff % fields["ranks"]:
                     continue

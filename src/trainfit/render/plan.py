@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from rich.console import Console
 
 from trainfit.plan.grid import PlanResult, PlanRow
@@ -74,12 +76,20 @@ def plan_table(console: Console, result: PlanResult, all_rows: bool = False) -> 
     return dropped
 
 
+def _unknown_speed_why(result: PlanResult) -> str:
+    """Why no row has a speed: the rows' own reason (most rows'), e.g. a multi-GPU plan on cards
+    without peer-to-peer, not always a missing peak."""
+    reasons = Counter(r.speed.unknown_reason for r in result.rows
+                      if r.speed is not None and r.speed.unknown_reason)
+    return reasons.most_common(1)[0][0] if reasons else f"no known peak FLOP/s for {result.gpu}"
+
+
 def _legend(console: Console, result: PlanResult, dropped: list[str], all_rows: bool) -> None:
     speed_known = any(r.speed is not None and r.speed.tokens_per_s for r in result.rows)
     legend = (f"★ recommended  ▲ largest micro-batch that fits · spare: GiB left under the fit "
               f"line ({1 - result.margin:.0%} of the GPU)")
     if not speed_known and result.gpu is not None:
-        legend += f" · tokens/s and MFU: unknown (no known peak FLOP/s for {result.gpu})"
+        legend += f" · tokens/s and MFU: unknown ({_unknown_speed_why(result)})"
     if dropped:
         legend += f" · narrow terminal: {', '.join(dropped)} left out (widen it, or pipe/--json)"
     say(console, legend)

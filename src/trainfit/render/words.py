@@ -125,6 +125,26 @@ def speed_note(b: SpeedBand) -> str:
     return text
 
 
+def _what_to_try(job: Any) -> str:
+    """The memory savers the smallest configuration does not use yet (a 70B QLoRA already
+    checkpointed over two ranks was told to try checkpointing and QLoRA)."""
+    tries = []
+    if job.grad_ckpt != "full":
+        tries.append("--grad-ckpt full")
+    if job.method != "qlora":
+        tries.append("--method " + ("lora/qlora" if job.method == "full" else "qlora"))
+    tries.append("a shorter --seq-len")
+    if job.optimizer in ("adamw", "paged-adamw"):
+        tries.append("an 8-bit optimizer")
+    if job.sharding == "none":
+        tries.append("more ranks with --sharding fsdp")
+    else:
+        tries.append("more ranks")
+        if job.offload == "none":
+            tries.append("--offload " + ("optimizer" if job.sharding == "zero2" else "all"))
+    return ", ".join(tries[:-1]) + " or " + tries[-1]
+
+
 def plan_reason(result: PlanResult) -> str:
     """Why this configuration: the pick, or why nothing fits and what the ladder reaches."""
     rows, gpu = result.rows, result.gpu_display_name
@@ -132,10 +152,10 @@ def plan_reason(result: PlanResult) -> str:
         return "no configuration"
     pick = result.pick
     if pick is None:
+        smallest = min(rows, key=lambda r: r.memory.peak_device_bytes).job
         text = (f"nothing fits on {gpu or 'the GPU'}: the smallest configuration needs "
                 f"{(result.smallest_device_bytes or 0) / GIB:.2f} GiB (device, predicted); try "
-                "--grad-ckpt full, --method lora/qlora, a shorter --seq-len, an 8-bit optimizer or "
-                "more ranks with --sharding fsdp")
+                + _what_to_try(smallest))
         if result.ladder:
             text += ("; the memory-saving ladder reaches a fit: " if result.ladder[-1].fits else
                      "; even the whole memory-saving ladder does not fit: ")
