@@ -76,3 +76,28 @@ def test_a_configuration_transformers_cannot_build_is_one_clear_error(tiny_llama
         build_model_on_meta(JobSpec(model="t", seq_len=32), bad)
     assert "pad_token_id" in e.value.hint
     assert torch.get_default_device().type == "cpu"  # the meta device context was left
+
+
+def test_qlora_keeps_stacked_experts_16_bit_as_transformers_5_and_says_so(tiny_mixtral):
+    """transformers 5's 4-bit conversion replaces nn.Linear layers only; Mixtral's experts are
+    stacked 3-D tensors and stay bf16 — a Mixtral-8x7B QLoRA plan read 86 GiB on an A100-80GB
+    with nothing saying why (2026-11-30)."""
+    from trainfit.hardware.gpus import find_gpu
+    from trainfit.model.experts import stacked_expert_params_of
+    from trainfit.plan.grid import plan
+    from trainfit.render.words import plan_notes
+
+    stacked = LAYERS * EXPERTS * 3 * HIDDEN * FFN
+    assert stacked_expert_params_of(tiny_mixtral) == stacked
+    job = JobSpec(model="t", seq_len=32, micro_batch=1, grad_accum=1, precision="bf16-true",
+                  method="qlora", grad_ckpt="off")
+    res = plan(job, tiny_mixtral, find_gpu("a10g"), verify=False, ladder=False)
+    assert res.assumptions.experts_16bit_params == stacked
+    note = plan_notes(res)[0]
+    assert note.startswith("QLoRA of a mixture-of-experts model") and "stay 16-bit" in note
+    # the simulated weights hold them at 2 bytes each, beside the 4-bit attention projections
+    sim = simulate_step(job, tiny_mixtral)
+    assert sim.breakdown["parameters"] >= 2 * stacked
+    lora = plan(job.replace(method="lora", quant=None), tiny_mixtral, find_gpu("a10g"),
+                verify=False, ladder=False)
+    assert lora.assumptions.experts_16bit_params == 0

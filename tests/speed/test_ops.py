@@ -38,3 +38,36 @@ def test_a_first_training_step_counts_each_kernel_once():
     with off:
         model(x).sum().backward()
     assert (off.kernels, off.views) == (0, 0)
+
+
+def test_routed_experts_matmuls_are_counted_in_every_precision():
+    """transformers 5 runs a Mixtral layer's experts through ``torch._grouped_mm`` in bf16 and
+    through its own opaque ``grouped_mm_fallback`` loop otherwise; neither reached the flop
+    counter, so an fp16 Mixtral plan read MFU 96 % (2026-11-30). Every precision now records the
+    same expert FLOPs: 2 × routed rows × K × N per projection, ×3 with the backward."""
+    from transformers import MixtralConfig
+
+    from trainfit.job import JobSpec
+    from trainfit.memory.simulate import simulate_step
+    from trainfit.model.source import ModelSource
+    from trainfit.speed.ops import OpRecorder
+
+    hidden, ffn, layers, experts, top_k, tokens = 64, 128, 2, 4, 2, 64
+    cfg = MixtralConfig(hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+                        num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                        num_local_experts=experts, num_experts_per_tok=top_k,
+                        max_position_embeddings=256)
+    src = ModelSource("tiny-mixtral", cfg, "causal-lm", "local")
+    routed = tokens * top_k
+    # gate+up (hidden → 2·ffn) and down (ffn → hidden), forward + 2 backward matmuls each
+    expected = 3 * layers * 2.0 * routed * hidden * (2 * ffn + ffn)
+    flops = {}
+    for precision in ("fp32", "amp-fp16", "bf16-true"):
+        rec = OpRecorder()
+        simulate_step(JobSpec(model="t", seq_len=32, micro_batch=2, precision=precision), src,
+                      op_hook=rec)
+        grouped = [o for o in rec.ops if "grouped_mm" in o.name]
+        assert sum(o.flops for o in grouped) == expected, precision
+        assert all(o.gemm is not None and o.kernel for o in grouped)
+        flops[precision] = sum(o.flops for o in rec.ops)
+    assert len(set(flops.values())) == 1  # the same step's FLOPs, whatever the kernels

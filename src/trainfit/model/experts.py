@@ -51,26 +51,46 @@ def inactive_expert_params(model: torch.nn.Module, config: Any) -> int:
     return inactive
 
 
-_INACTIVE: dict[tuple[str, str], int] = {}
-"""Counts already made, by (task, the configuration's JSON): a plan asks once per row."""
+def stacked_expert_params(model: torch.nn.Module) -> int:
+    """Parameters of the ``*Experts`` modules' stacked tensors: what transformers 5's 4-bit
+    conversion leaves in 16 bits — ``replace_with_bnb_linear`` converts ``nn.Linear`` layers only,
+    and of the stacked experts it first unstacks only Llama-4's
+    (``quantizers/base.py`` ``MODULES_TO_PATCH_FOR_QUANTIZATION``, read in transformers 5.23)."""
+    return sum(p.numel() for m in model.modules() if type(m).__name__.endswith("Experts")
+               and type(m).__name__ != "Llama4TextExperts"
+               for p in m.parameters(recurse=False) if p.dim() >= 3)
+
+
+_COUNTS: dict[tuple[str, str], tuple[int, int]] = {}
+"""(inactive, stacked) expert parameters already counted, by (task, the configuration's JSON): a
+plan asks once per row."""
+
+
+def _counts_of(source: Any) -> tuple[int, int]:
+    config = source.config
+    if top_k(config) is None or source.task == "custom-lm" or \
+            not hasattr(config, "to_json_string"):
+        return 0, 0
+    key = (source.task, config.to_json_string(use_diff=False))
+    if key not in _COUNTS:
+        from trainfit.model.workload import auto_model_class
+
+        try:
+            with torch.device("meta"):
+                model = auto_model_class(source.task).from_config(config)
+            _COUNTS[key] = inactive_expert_params(model, config), stacked_expert_params(model)
+        except Exception:  # an unbuildable config counts every parameter (as before)
+            _COUNTS[key] = 0, 0
+    return _COUNTS[key]
 
 
 def inactive_expert_params_of(source: Any) -> int:
     """:func:`inactive_expert_params` of the source's model, built once on the meta device
     (cached per configuration); 0 for a dense model, the user's own module, or a configuration
     transformers cannot build without its remote code."""
-    config = source.config
-    if top_k(config) is None or source.task == "custom-lm" or \
-            not hasattr(config, "to_json_string"):
-        return 0
-    key = (source.task, config.to_json_string(use_diff=False))
-    if key not in _INACTIVE:
-        from trainfit.model.workload import auto_model_class
+    return _counts_of(source)[0]
 
-        try:
-            with torch.device("meta"):
-                model = auto_model_class(source.task).from_config(config)
-            _INACTIVE[key] = inactive_expert_params(model, config)
-        except Exception:  # an unbuildable config counts every parameter (as before)
-            _INACTIVE[key] = 0
-    return _INACTIVE[key]
+
+def stacked_expert_params_of(source: Any) -> int:
+    """:func:`stacked_expert_params` of the source's model (cached as above; 0 likewise)."""
+    return _counts_of(source)[1]

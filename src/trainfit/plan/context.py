@@ -61,6 +61,10 @@ class PlanAssumptions:
     attention_kernels: dict[str, int] = field(default_factory=dict)
     """The kernels the simulation of the pick (or the first row) dispatched, with call counts:
     flash, efficient, math (what torch's SDPA picks on this GPU for these shapes and dtype)."""
+    experts_16bit_params: int = 0
+    """QLoRA of a mixture-of-experts model: the routed experts' parameters kept in stacked tensors,
+    which transformers 5's 4-bit conversion (``nn.Linear`` layers only) leaves in 16 bits, as the
+    simulation does (:func:`trainfit.model.experts.stacked_expert_params`); 0 otherwise."""
     attention_kernels_by_precision: dict[str, list[str]] = field(default_factory=dict)
     """Every row's kernels, by precision: SDPA picks by dtype (an fp32 row of a grouped-query model
     takes the math kernel where its 16-bit rows take flash), so one row's kernels need not be
@@ -82,7 +86,8 @@ class PlanAssumptions:
 
 def plan_assumptions(job: JobSpec, kernels: dict[str, int],
                      assumed: list[str] | None = None,
-                     kernels_by_precision: dict[str, list[str]] | None = None) -> PlanAssumptions:
+                     kernels_by_precision: dict[str, list[str]] | None = None,
+                     experts_16bit_params: int = 0) -> PlanAssumptions:
     """``job``: the planned job (its effective batch as asked); ``kernels``: the pick's SDPA
     kernels; ``kernels_by_precision``: every row's, by precision."""
     lora = job.method in ("lora", "qlora")
@@ -91,6 +96,7 @@ def plan_assumptions(job: JobSpec, kernels: dict[str, int],
                            ranks=job.ranks, sharding=job.sharding, optimizer=job.optimizer,
                            attention=job.attention, attention_kernels=dict(kernels),
                            attention_kernels_by_precision=dict(kernels_by_precision or {}),
+                           experts_16bit_params=experts_16bit_params,
                            versions=installed_versions(), assumed=list(assumed or []),
                            optimizer_in_backward=job.optimizer_in_backward,
                            offload=job.offload, expandable_segments=job.expandable_segments,

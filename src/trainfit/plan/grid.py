@@ -31,7 +31,7 @@ from trainfit.memory.predict import (
     predict_memory,
     target_for,
 )
-from trainfit.model.experts import inactive_expert_params_of
+from trainfit.model.experts import inactive_expert_params_of, stacked_expert_params_of
 from trainfit.model.source import ModelSource
 from trainfit.plan.checks import HostRamCheck, ObservedCheck
 from trainfit.plan.context import OffloadCheck, PlanAssumptions, offload_check, plan_assumptions
@@ -430,7 +430,9 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
             epochs=epochs, current=cur_row,
             assumptions=plan_assumptions(job, _kernel_row(rows, rec).memory.sdpa_kernels
                                          if rows else {},
-                                         kernels_by_precision=_kernels_by_precision(rows)),
+                                         kernels_by_precision=_kernels_by_precision(rows),
+                                         experts_16bit_params=stacked_expert_params_of(source)
+                                         if job.method == "qlora" else 0),
             offload=offload_check(rows[rec] if rec is not None else None, gpu),
             speed_band=None if gpu is None else speed_band_for(job.ranks, bool(job.compile)),
             **_link(gpu, job.ranks),

@@ -43,6 +43,9 @@ def plan_notes(result: PlanResult) -> list[str]:
             "cases": m.error_band_cases if m else 0,
             "within": m.error_band_within if m else 0}
     notes = [n.format(margin=result.margin, **band) for n in PLAN_NOTES]
+    experts = result.assumptions.experts_16bit_params if result.assumptions else 0
+    if experts:
+        notes.insert(0, experts_note(experts, result.total_params))
     if result.speed_band is not None:
         notes.append(speed_note(result.speed_band))
     if result.link is not None:
@@ -56,6 +59,15 @@ def plan_notes(result: PlanResult) -> list[str]:
         if busy:
             notes.append(busy_note(len(busy), max(busy)))
     return notes
+
+
+def experts_note(experts: int, total: int) -> str:
+    """QLoRA of a mixture-of-experts model under transformers 5: the stacked experts stay 16-bit."""
+    return (f"QLoRA of a mixture-of-experts model: transformers 5 converts nn.Linear layers to "
+            f"4 bits and this model's routed experts are stacked tensors, so {experts / 1e9:.1f} B "
+            f"of its {total / 1e9:.1f} B parameters stay 16-bit ({experts * 2 / GIB:.1f} GiB in "
+            "bf16), as planned: 4-bit weights save little here; sharding (--sharding fsdp) or "
+            "more memory per GPU is what fits it")
 
 
 def busy_note(n: int, busy_cores: float) -> str:

@@ -9,6 +9,7 @@ ops whose output is a view of an input launch no kernel.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,6 +173,49 @@ def launches_kernel(name: str, ins: list[torch.Tensor], outs: list[torch.Tensor]
     return any(id(o.untyped_storage()) not in in_storages for o in outs)
 
 
+FALLBACK_NAMESPACE = "transformers"
+"""transformers 5's custom ops for routed experts whose weights ``torch._grouped_mm`` does not
+take (not bf16): ``grouped_mm_fallback`` and its backward, opaque to the dispatcher (their Python
+loops of ``torch.mm`` never reach it), so their matmuls are recorded from their arguments."""
+
+
+def grouped_gemms(namespace: str, name: str, args: tuple[Any, ...], out: Any
+                  ) -> list[tuple[int, int, int, int]] | None:
+    """The (batch, M, N, K) matmuls a grouped matmul runs, None for any other op.
+
+    ``aten::_grouped_mm`` (mat_a, mat_b, offs): one grouped kernel over E experts, rows split
+    unevenly between them, modelled as E equal groups (the tile model then sees E × the
+    tiles of one expert's share).  Layouts (torch's ``_grouped_mm`` docs): 2-D × 3-D (tokens
+    through their expert), 3-D × 2-D, 2-D × 2-D (the weight gradient: a 3-D output, K split
+    by offs) and 3-D × 3-D.  The flop counter registers none of them.
+    ``transformers::grouped_mm_fallback`` (input [S, K], weight [E, K, N], offs): E separate
+    ``torch.mm`` kernels of S/E rows; its backward 2E (grad input and grad weight per expert)."""
+    if namespace == FALLBACK_NAMESPACE and name in ("grouped_mm_fallback",
+                                                    "grouped_mm_fallback_backward"):
+        x, w = args[0], args[1]
+        n_exp, k, n = (int(d) for d in w.shape)
+        rows = max(1, math.ceil(int(x.shape[0]) / n_exp))
+        if name == "grouped_mm_fallback":
+            return [(1, rows, n, k)] * n_exp
+        return [(1, rows, k, n), (1, k, n, rows)] * n_exp  # grad input, grad weight
+    if namespace != "aten" or name != "_grouped_mm" or not isinstance(out, torch.Tensor):
+        return None
+    a, b = args[0], args[1]
+    if a.dim() == 2 and b.dim() == 3:
+        n_exp = int(b.shape[0])
+        return [(n_exp, max(1, math.ceil(int(a.shape[0]) / n_exp)), int(b.shape[2]),
+                 int(a.shape[1]))]
+    if a.dim() == 3 and b.dim() == 2:
+        n_exp = int(a.shape[0])
+        return [(n_exp, int(a.shape[1]), max(1, math.ceil(int(b.shape[1]) / n_exp)),
+                 int(a.shape[2]))]
+    if a.dim() == 2 and b.dim() == 2:
+        n_exp = int(out.shape[0])
+        return [(n_exp, int(a.shape[0]), int(b.shape[1]),
+                 max(1, math.ceil(int(a.shape[1]) / n_exp)))]
+    return [(int(a.shape[0]), int(a.shape[1]), int(b.shape[2]), int(a.shape[2]))]
+
+
 class KernelCounter(TorchDispatchMode):
     """Counts the aten ops run under it as kernels or views (:func:`launches_kernel`, the rule
     :class:`OpRecorder` records by), while ``active``.  The host measurement
@@ -213,6 +257,10 @@ class OpRecorder:
             return
         packet = func._overloadpacket
         name = packet.__name__
+        grouped = grouped_gemms(func.namespace, name, args, out)
+        if grouped is not None:
+            self._grouped(name, phase, grouped, args)
+            return
         if func.namespace != "aten":
             return  # prim.device & co. are not dispatched ops in eager mode
         ins = _tensors(args) + _tensors(kwargs.values())
@@ -244,3 +292,14 @@ class OpRecorder:
                                  elements, replay_key(f"{name}.{func._overloadname}", args, kwargs)
                                  if kernel and self.replay else None, seq, causal,
                                  gemm_aligned(name, args, out) if gemm else True, head_dim))
+
+    def _grouped(self, name: str, phase: str, gemms: list[tuple[int, int, int, int]],
+                 args: tuple[Any, ...]) -> None:
+        """A grouped matmul's GEMMs (:func:`grouped_gemms`), each a kernel with its operands'
+        bytes: the dispatcher sees one op for them all, or none of the fallback's loop."""
+        size = args[1].element_size()
+        dtype = _dtype_name(args[1].dtype)
+        for b, m, n, k in gemms:
+            self.ops.append(OpRecord(name, phase,
+                                     2.0 * b * m * n * k, float(size * b * (m * k + k * n + m * n)),
+                                     dtype, (b, m, n, k), True, float(b * max(m * k, k * n, m * n))))

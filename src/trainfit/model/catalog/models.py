@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainfit.model.catalog import model_configs as cfg
+from trainfit.model.catalog import moe_configs as moe
 
 __all__ = ["MODELS", "CatalogModel", "find_model", "model_names"]
 
@@ -273,6 +274,22 @@ _ENTRIES: tuple[CatalogModel, ...] = (
         name="qwen3-32b", hf_id="Qwen/Qwen3-32B", config=cfg.QWEN3_32B,
         param_count=32_762_123_264,
         source=f"{_HF}/Qwen/Qwen3-32B config.json (copy in citsjtu2020/LLM-Prof "
+        "sglang/Model_Config.md)",
+    ),
+    # -- mixture-of-experts models (routed experts as stacked tensors: model/experts.py)
+    CatalogModel(
+        name="mixtral-8x7b", hf_id="mistralai/Mixtral-8x7B-v0.1", config=moe.MIXTRAL_8X7B,
+        aliases=("mixtral-8x7b-v0.1", "mixtral-8x7b-instruct", "mixtral-8x7b-instruct-v0.1",
+                 "mistralai/mixtral-8x7b-instruct-v0.1"),
+        param_count=46_702_792_704,
+        source=f"{_HF}/mistralai/Mixtral-8x7B-v0.1 config.json (Mistral-7B's attention, 8 "
+        "experts of width 14336, 2 routed per token, 32768 positions, no sliding window)",
+    ),
+    CatalogModel(
+        name="qwen3-30b-a3b", hf_id="Qwen/Qwen3-30B-A3B", config=moe.QWEN3_30B_A3B,
+        aliases=("qwen/qwen3-30b-a3b-base", "qwen3-30b-a3b-base"),
+        param_count=30_532_122_624,
+        source=f"{_HF}/Qwen/Qwen3-30B-A3B config.json (copy in citsjtu2020/LLM-Prof "
         "sglang/Model_Config.md)",
     ),
     CatalogModel(

@@ -1,0 +1,60 @@
+"""Published ``config.json`` architecture values of the mixture-of-experts catalog models.
+
+Pure data, as ``model_configs.py`` (read-only dicts; pass a ``copy.deepcopy`` to transformers);
+where each value comes from is in ``CatalogModel.source`` (``models.py``).  transformers 5 keeps
+each layer's routed experts as stacked tensors (``MixtralExperts``, ``Qwen3MoeExperts``): see
+:mod:`trainfit.model.experts` for what that means for FLOPs and for 4-bit QLoRA.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Config = dict[str, Any]
+
+MIXTRAL_8X7B: Config = {
+    "model_type": "mixtral",
+    "vocab_size": 32000,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_act": "silu",
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "router_aux_loss_coef": 0.02,
+    "tie_word_embeddings": False,
+}
+
+# 128 experts of width 768, 8 routed per token; every layer sparse (decoder_sparse_step 1)
+QWEN3_30B_A3B: Config = {
+    "model_type": "qwen3_moe",
+    "vocab_size": 151936,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "rope_scaling": None,
+    "attention_bias": False,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "norm_topk_prob": True,
+    "router_aux_loss_coef": 0.001,
+    "use_sliding_window": False,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+}
