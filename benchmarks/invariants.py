@@ -65,6 +65,10 @@ CASES = [
     # a 70B QLoRA over two cards, the users' scenario (catalog entry added 2026-11-30)
     {"model": "llama-3.1-70b", "gpu": "a100-80gb",
      "job": {"method": "qlora", "ranks": 2, "sharding": "fsdp"}},
+    # a mixture of experts: grouped matmuls (bf16) or transformers' fallback loop (fp32/fp16),
+    # experts 16-bit under QLoRA, sharded (catalog entry added 2026-11-30)
+    {"model": "mixtral-8x7b", "gpu": "a100-80gb",
+     "job": {"method": "qlora", "ranks": 2, "sharding": "fsdp"}},
 ]
 FULL_SIZE_CHECKS = 12
 """Extrapolated rows per case re-simulated at full size: each (precision, checkpointing) group's
