@@ -247,3 +247,8 @@ def test_header_names_each_precisions_attention_kernel(tiny_llama):
         **vars(res.assumptions), "attention_kernels": {"flash": 6},
         "attention_kernels_by_precision": {"bf16-true": ["flash"], "amp-bf16": ["flash"]}}))
     assert "attention sdpa → flash kernel," in plan_header(one)  # one kernel: said once
+    eager = SimpleNamespace(assumptions=SimpleNamespace(**{
+        **vars(res.assumptions), "attention": "eager", "attention_kernels": {},
+        "attention_kernels_by_precision": {"bf16-true": []}}))
+    assert "attention eager → no SDPA kernel (the model's own matmul + softmax" in \
+        plan_header(eager)  # was "→ none called kernel"

@@ -43,6 +43,8 @@ def _kernels_words(a: Any) -> str:
 
     by = {p: tuple(k) for p, k in getattr(a, "attention_kernels_by_precision", {}).items()}
     if len(set(by.values())) <= 1:
+        if not a.attention_kernels:  # eager attention: the model's own matmuls and softmax
+            return "no SDPA kernel (the model's own matmul + softmax, its S×S scores kept)"
         return named(a.attention_kernels) + " kernel"
     groups: dict[tuple[str, ...], list[str]] = {}
     for precision, kernels in by.items():

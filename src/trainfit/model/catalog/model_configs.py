@@ -188,6 +188,12 @@ MISTRAL_7B_V0_1: Config = {
     "tie_word_embeddings": False,
 }
 
+# Mistral-Nemo (12B): head_dim 128 set apart from hidden 5120 / 32 heads, 131,072-token vocabulary
+MISTRAL_NEMO_12B: Config = {**MISTRAL_7B_V0_1, "vocab_size": 131072, "hidden_size": 5120,
+                            "num_hidden_layers": 40, "head_dim": 128,
+                            "max_position_embeddings": 1024000, "rope_theta": 1000000.0,
+                            "sliding_window": None}
+
 MISTRAL_7B_V0_2: Config = {
     **MISTRAL_7B_V0_1,
     "rope_theta": 1000000.0,
@@ -233,6 +239,13 @@ PHI_3_MINI_4K: Config = {
     "sliding_window": 2047,
     "tie_word_embeddings": False,
 }
+
+# Phi-4 (14B): Phi-3's block, 100,352-token vocabulary, full attention (no sliding window)
+PHI_4: Config = {**PHI_3_MINI_4K, "vocab_size": 100352, "hidden_size": 5120,
+                 "intermediate_size": 17920, "num_hidden_layers": 40, "num_attention_heads": 40,
+                 "num_key_value_heads": 10, "max_position_embeddings": 16384,
+                 "original_max_position_embeddings": 16384, "rope_theta": 250000.0,
+                 "sliding_window": None}
 
 # ---------------------------------------------------------------------------
 # Gemma
