@@ -5,7 +5,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from newcomer import layout_checks  # noqa: E402
+from newcomer import layout_checks
 
 
 def test_a_cut_cell_counts_and_a_range_does_not():

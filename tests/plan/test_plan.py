@@ -50,6 +50,9 @@ def test_nothing_fits_says_so(tiny_llama):
     assert _what_to_try(sharded) == "a shorter --seq-len, more ranks or --offload all"
     assert "--offload optimizer" in _what_to_try(sharded.replace(
         method="lora", quant=None, sharding="zero2"))
+    z3 = sharded.replace(sharding="zero3", offload="optimizer")
+    assert _what_to_try(z3).endswith("more ranks or --offload all")
+    assert "--offload" not in _what_to_try(z3.replace(offload="all"))
 
 
 def test_bf16_on_t4_is_refused(tiny_llama):

@@ -231,10 +231,11 @@ def test_ladder_tries_the_expandable_allocator_first_and_keeps_it():
     assert not any(r.change.startswith("PYTORCH_CUDA_ALLOC_CONF") for r in again)
 
 
-def test_sharded_ladder_offers_cpu_offload_and_more_ranks_without_an_effective_batch() -> None:
+def test_sharded_ladder_offers_cpu_offload_and_more_ranks_that_change_the_batch() -> None:
     """A 70B QLoRA over two RTX 4090s (2026-11-30): the ladder offered no CPU offload — how
-    Answer.AI fits it on two 24 GB cards — and no "more ranks" rung, since the row's implied
-    effective batch of 2 does not split over 4 ranks though the user never fixed one."""
+    Answer.AI fits it on two 24 GB cards — and no "more ranks" rung, since the row's effective
+    batch of 2 does not split over 4 ranks. Now the rung grows the batch, says so, and is marked
+    as altering learning; a batch that splits is kept with less accumulation."""
     from trainfit.plan.ladder import build_ladder
 
     start = JobSpec(model="m", seq_len=2048, micro_batch=1, grad_accum=1, precision="bf16-true",
@@ -244,14 +245,20 @@ def test_sharded_ladder_offers_cpu_offload_and_more_ranks_without_an_effective_b
         peak = 100 - (45 if j.offload != "none" else 0) - (30 if j.ranks == 4 else 0)
         return peak, None, peak <= 25
 
-    rungs = build_ladder(start, evaluate, fixed_batch=False)
+    rungs = build_ladder(start, evaluate)
     assert [r.change.split(" ")[0] for r in rungs] == ["CPU", "FSDP"]
     assert rungs[0].job["offload"] == "all" and not rungs[0].alters_learning
-    assert (rungs[1].job["ranks"], rungs[1].job["effective_batch"]) == (4, 4) and rungs[1].fits
-    # an effective batch the user gave stays: 2 samples cannot split over 4 ranks, no such rung
-    fixed = build_ladder(start, evaluate, fixed_batch=True)
-    assert [r.change.split(" ")[0] for r in fixed] == ["CPU"]
-    # ZeRO-2 offers only the optimizer's offload
-    z2 = build_ladder(start.replace(method="lora", quant=None, sharding="zero2"), evaluate, fixed_batch=False)
+    assert rungs[1].change == "FSDP over 4 ranks (effective batch 2 → 4)"
+    assert (rungs[1].job["ranks"], rungs[1].job["effective_batch"]) == (4, 4)
+    assert rungs[1].alters_learning and rungs[1].fits and rungs[1].job["offload"] == "all"
+    # an effective batch that splits over the new ranks is kept, with less accumulation
+    kept = build_ladder(start.replace(grad_accum=4, effective_batch=None), evaluate)
+    assert (kept[1].job["effective_batch"], kept[1].job["grad_accum"]) == (8, 2)
+    assert kept[1].change == "FSDP over 4 ranks" and not kept[1].alters_learning
+    # ZeRO-2 offers only the optimizer's offload, and more ranks of ZeRO-2 after it (a rung
+    # switching to FSDP kept offload=optimizer, which FSDP does not take, and vanished)
+    z2 = build_ladder(start.replace(method="lora", quant=None, sharding="zero2"), evaluate)
     assert z2[0].job["offload"] == "optimizer" and z2[0].change.startswith(
         "CPU offload of the optimizer")
+    assert z2[1].change.startswith("DeepSpeed ZeRO-2 over 4 ranks")
+    assert (z2[1].job["sharding"], z2[1].job["offload"]) == ("zero2", "optimizer")

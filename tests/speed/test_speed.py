@@ -144,34 +144,12 @@ def test_an_mfu_above_100_percent_is_unknown_not_printed() -> None:
     dev = DeviceSpeed(name="g", peak_flops={"bf16": 1e15}, bandwidth_bytes_s=1e12,
                       sm_count=None, asynchronous=True)
     times = PhaseTimes({"fb": 0.010, "optimizer": 0.0}, {"fb": 0.001, "optimizer": 0.0},
-                       1.7e13, False)
+                       5e12, False)
     # 1,000 tokens in 10 ms at 1e10 FLOPs each = 1e15 FLOP/s: exactly the peak
     at_peak = speed_from_times(dev, times, 1e15, 1, 1, 1000, 1, 1e10)
     assert at_peak.mfu == pytest.approx(1.0)
     over = speed_from_times(dev, times, 1e15, 1, 1, 1000, 1, 2e10)
     assert over.mfu is None and over.tokens_per_s == at_peak.tokens_per_s
-
-
-def test_a_step_whose_kernels_miss_the_models_flops_has_no_speed() -> None:
-    """Kernels doing less than 80 % of the model's FLOPs mean an op whose cost is not counted
-    (transformers' opaque grouped_mm_fallback: a Mixtral plan read MFU 96 %): the time is not
-    predicted, with the reason, rather than printed too fast."""
-    from trainfit.speed.predict import MIN_COUNTED_FLOPS, PhaseTimes, speed_from_times
-    from trainfit.speed.roofline import DeviceSpeed
-
-    dev = DeviceSpeed(name="g", peak_flops={"bf16": 1e15}, bandwidth_bytes_s=1e12,
-                      sm_count=None, asynchronous=True)
-    model = 1e10 * 1000  # FLOPs per token × tokens of the micro-step
-
-    def at(share: float):
-        times = PhaseTimes({"fb": 0.010, "optimizer": 0.0}, {"fb": 0.001, "optimizer": 0.0},
-                           share * model, False)
-        return speed_from_times(dev, times, 1e15, 1, 1, 1000, 1, 1e10)
-
-    assert at(MIN_COUNTED_FLOPS).tokens_per_s is not None
-    missed = at(0.3)
-    assert missed.tokens_per_s is None and missed.mfu is None and missed.bound == "unknown"
-    assert "30% of the model's FLOPs" in missed.unknown_reason
 
 
 def test_fp32_gemms_run_at_the_cuda_cores_measured_rate_without_the_shape_factor():

@@ -387,8 +387,7 @@ class _Grid:
             return (r.memory.peak_device_bytes, r.speed.tokens_per_s if r.speed else None,
                     r.memory.fits)
         smallest = min(rows, key=lambda r: r.memory.peak_device_bytes)
-        return build_ladder(smallest.job, evaluate,
-                            fixed_batch=self.job.effective_batch is not None)
+        return build_ladder(smallest.job, evaluate)
 
 
 def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float = DEFAULT_MARGIN,

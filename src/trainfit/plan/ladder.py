@@ -101,21 +101,26 @@ def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
         torchtune = {"quant_lib": "torchao"} if job.clone_layers else {}
         steps.append(("QLoRA: 4-bit NF4 base weights, LoRA adapters",
                       {"method": "qlora", "quant": "nf4-dq", **lora, **torchtune}, True))
+    # more GPUs of the engine the job shards with (FSDP for an unsharded one), its offload kept;
     # torchtune's distributed recipes build on meta: no copies of a template on the GPU
-    steps.append((f"FSDP over {job.ranks * 2} ranks", {"sharding": "fsdp", "ranks": job.ranks * 2,
-                                                      "optimizer_in_backward": False,
-                                                      "clone_layers": False}, False))
+    engine = job.sharding if job.sharding != "none" else "fsdp"
+    steps.append((f"{_ENGINES[engine]} over {job.ranks * 2} ranks",
+                  {"sharding": engine, "ranks": job.ranks * 2, "optimizer_in_backward": False,
+                   "clone_layers": False}, False))
     return steps
 
 
-def build_ladder(job: JobSpec, evaluate: Callable[[JobSpec], tuple[int, float | None, bool | None]],
-                 fixed_batch: bool = True) -> list[Rung]:
+_ENGINES = {"fsdp": "FSDP", "zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3"}
+
+
+def build_ladder(job: JobSpec, evaluate: Callable[[JobSpec], tuple[int, float | None, bool | None]]
+                 ) -> list[Rung]:
     """``evaluate(job) → (peak device bytes, tokens/s or None, fits)``; ``job`` is the grid's
-    smallest configuration, and each rung keeps its micro-batch, and its effective batch where
-    the user gave one (``fixed_batch``); without one, more ranks make a larger effective batch
-    (micro-batch × accumulation × ranks, as every row of such a plan), rather than no rung: a
-    70B QLoRA over two cards at micro-batch 1 had no "more ranks" rung, since an effective batch
-    of 2 does not split over 4 ranks.
+    smallest configuration, and each rung keeps its micro-batch and effective batch.  More ranks
+    keep the effective batch with less accumulation where it divides; where it does not (a 70B
+    QLoRA over two cards at micro-batch 1: an effective batch of 2 over 4 ranks), the rung takes
+    micro-batch × accumulation × the new ranks, says so, and is marked as altering learning —
+    before, it was left out and the ladder ended without the one change that fits.
 
     The start is evaluated the way every rung is (at full size), and a change that does not
     lower the peak is left out: the grid's smallest row is extrapolated, so measuring the first
@@ -132,13 +137,17 @@ def build_ladder(job: JobSpec, evaluate: Callable[[JobSpec], tuple[int, float | 
         try:
             d = cur.to_dict()
             d.update(fields)
-            if "ranks" in fields and not fixed_batch:
-                d["effective_batch"] = None  # micro-batch × accumulation × the new ranks
-            elif "ranks" in fields and cur.effective_batch is not None:
-                eff = cur.effective_batch
-                if eff % fields["ranks"]:
-                    continue
-                d["grad_accum"] = None
+            step_alters = alters
+            if "ranks" in fields and cur.effective_batch is not None:
+                eff, micro = cur.effective_batch, cur.micro_batch or 1
+                if eff % (fields["ranks"] * micro):  # the batch cannot be kept: it grows
+                    d["effective_batch"] = None  # micro-batch × accumulation × the new ranks
+                    d["grad_accum"] = cur.grad_accum or 1
+                    change = (f"{change} (effective batch {eff} → "
+                              f"{micro * d['grad_accum'] * fields['ranks']})")
+                    step_alters = True
+                else:
+                    d["grad_accum"] = None
             nxt = JobSpec(**d)
         except JobError:
             continue
@@ -148,7 +157,7 @@ def build_ladder(job: JobSpec, evaluate: Callable[[JobSpec], tuple[int, float | 
             continue  # a rung this model cannot take (a custom module without checkpointing)
         if cur_peak is not None and peak > (1 - MIN_RUNG_SAVING) * cur_peak and not fits:
             continue  # saves (almost) nothing here: not worth its cost (time, or what is learned)
-        rungs.append(Rung(change, nxt.to_dict(), peak, tps, fits, alters))
+        rungs.append(Rung(change, nxt.to_dict(), peak, tps, fits, step_alters))
         cur, cur_peak = nxt, peak
         if fits:
             break

@@ -43,8 +43,10 @@ def _kernels_words(a: Any) -> str:
 
     by = {p: tuple(k) for p, k in getattr(a, "attention_kernels_by_precision", {}).items()}
     if len(set(by.values())) <= 1:
-        if not a.attention_kernels:  # eager attention: the model's own matmuls and softmax
+        if not a.attention_kernels and a.attention == "eager":  # the model's own attention
             return "no SDPA kernel (the model's own matmul + softmax, its S×S scores kept)"
+        if not a.attention_kernels:
+            return "no SDPA call in the step"
         return named(a.attention_kernels) + " kernel"
     groups: dict[tuple[str, ...], list[str]] = {}
     for precision, kernels in by.items():

@@ -45,7 +45,8 @@ def plan_notes(result: PlanResult) -> list[str]:
     notes = [n.format(margin=result.margin, **band) for n in PLAN_NOTES]
     experts = result.assumptions.experts_16bit_params if result.assumptions else 0
     if experts:
-        notes.insert(0, experts_note(experts, result.total_params))
+        notes.insert(0, experts_note(experts, result.total_params,
+                                     result.assumptions.sharding != "none"))
     if result.speed_band is not None:
         notes.append(speed_note(result.speed_band))
     if result.link is not None:
@@ -61,13 +62,14 @@ def plan_notes(result: PlanResult) -> list[str]:
     return notes
 
 
-def experts_note(experts: int, total: int) -> str:
+def experts_note(experts: int, total: int, sharded: bool) -> str:
     """QLoRA of a mixture-of-experts model under transformers 5: the stacked experts stay 16-bit."""
+    room = "more ranks" if sharded else "sharding over several GPUs (--sharding fsdp)"
     return (f"QLoRA of a mixture-of-experts model: transformers 5 converts nn.Linear layers to "
             f"4 bits and this model's routed experts are stacked tensors, so {experts / 1e9:.1f} B "
             f"of its {total / 1e9:.1f} B parameters stay 16-bit ({experts * 2 / GIB:.1f} GiB in "
-            "bf16), as planned: 4-bit weights save little here; sharding (--sharding fsdp) or "
-            "more memory per GPU is what fits it")
+            f"bf16, whole model), as planned: 4-bit weights save little here; {room} or more "
+            "memory per GPU is what makes room for them")
 
 
 def busy_note(n: int, busy_cores: float) -> str:
@@ -152,8 +154,9 @@ def _what_to_try(job: Any) -> str:
         tries.append("more ranks with --sharding fsdp")
     else:
         tries.append("more ranks")
-        if job.offload == "none":
-            tries.append("--offload " + ("optimizer" if job.sharding == "zero2" else "all"))
+        most = "optimizer" if job.sharding == "zero2" else "all"  # what the engine offers
+        if job.offload != most:
+            tries.append(f"--offload {most}")
     return ", ".join(tries[:-1]) + " or " + tries[-1]
 
 

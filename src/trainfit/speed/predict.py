@@ -136,14 +136,6 @@ def fuse_elementwise(ops: list[OpRecord]) -> list[OpRecord]:
     return out
 
 
-MIN_COUNTED_FLOPS = 0.8
-"""Least share of the model's FLOPs (:func:`model_flops_per_token`) the recorded kernels of a
-micro-step must do for its time to be predicted.  Every catalog model's full-size step does
-0.91-1.42 of them (BERT-large's classifier pooler and position embeddings count as matmul
-parameters; T5 and Mamba layers do more than 6N); an opaque op does less — transformers'
-grouped_mm_fallback made a Mixtral step 0.3 of them and its MFU read 96 % (2026-11-30)."""
-
-
 @dataclass
 class PhaseTimes:
     device_s: dict[str, float]
@@ -253,12 +245,6 @@ def speed_from_times(dev: DeviceSpeed, times: PhaseTimes, dtype_peak: float | No
     if times.unknown:
         return unknown_speed(flops_per_token,
                              "the GPU's peak for this dtype or its bandwidth is unknown")
-    counted = times.hw_flops / max(flops_per_token * micro_batch * seq_len, 1.0)
-    if flops_per_token and counted < MIN_COUNTED_FLOPS:
-        return unknown_speed(flops_per_token, (
-            f"the simulated step's kernels do {counted:.0%} of the model's FLOPs (6N + "
-            "attention): part of its work runs in an op whose cost is not counted, so its time "
-            "is not predicted"))
     step, busy = combine(dev, times, grad_accum)
     tps = micro_batch * grad_accum * seq_len * ranks / step
     mfu = None if not dtype_peak else flops_per_token * tps / ranks / dtype_peak
