@@ -10,26 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainfit.model.catalog.model_configs import MISTRAL_7B_V0_1
+
 Config = dict[str, Any]
 
-MIXTRAL_8X7B: Config = {
-    "model_type": "mixtral",
-    "vocab_size": 32000,
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "hidden_act": "silu",
-    "max_position_embeddings": 32768,
-    "rms_norm_eps": 1e-05,
-    "rope_theta": 1000000.0,
-    "sliding_window": None,
-    "num_local_experts": 8,
-    "num_experts_per_tok": 2,
-    "router_aux_loss_coef": 0.02,
-    "tie_word_embeddings": False,
-}
+# Mistral-7B's attention and width, 8 experts of width 14336 (2 routed per token), RoPE θ 1e6,
+# no sliding window
+MIXTRAL_8X7B: Config = {**MISTRAL_7B_V0_1, "model_type": "mixtral", "rope_theta": 1000000.0,
+                        "sliding_window": None, "num_local_experts": 8, "num_experts_per_tok": 2,
+                        "router_aux_loss_coef": 0.02}
 
 # 128 experts of width 768, 8 routed per token; every layer sparse (decoder_sparse_step 1)
 QWEN3_30B_A3B: Config = {
