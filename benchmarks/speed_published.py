@@ -233,9 +233,8 @@ def summarize(rows: list[dict[str, Any]], wall_s: float, cpu_s: float,
 
 
 def _merges(source: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every ``--cases … --merge`` since the full run, oldest first (an older file kept one)."""
-    m = source.get("merged") or []
-    return [m] if isinstance(m, dict) else list(m)
+    """Every ``--cases … --merge`` since the full run, oldest first."""
+    return list(source.get("merged") or [])
 
 
 def _merged(source: dict[str, Any]) -> str:

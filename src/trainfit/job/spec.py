@@ -25,6 +25,12 @@ GRAD_CKPT = ("off", "full", "selective")
 ATTENTIONS = ("sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-math", "eager")
 SHARDINGS = ("none", "fsdp", "zero2", "zero3")
 OFFLOADS = ("none", "optimizer", "all")
+ENGINE_OFFLOADS = {"none": ("none",), "fsdp": ("none", "all"), "zero2": ("none", "optimizer"),
+                   "zero3": ("none", "optimizer", "all")}
+"""The offloads each sharding engine offers, least first: FSDP's CPUOffload moves the
+parameters with the optimizer step, ZeRO-2 only the optimizer, ZeRO-3 either."""
+ENGINE_NAMES = {"none": "DDP", "fsdp": "FSDP", "zero2": "DeepSpeed ZeRO-2",
+                "zero3": "DeepSpeed ZeRO-3"}
 BASE_DTYPES = ("auto", "fp32", "bf16", "fp16")
 REDUCE_DTYPES = ("fp32", "param")
 FSDP_INITS = ("sharded", "wrap", "wrap-sync")
@@ -408,8 +414,7 @@ class JobSpec:
                            "use --precision bf16-true or amp-bf16")
 
     def _check_sharding(self) -> None:
-        allowed = {"none": ("none",), "fsdp": ("none", "all"), "zero2": ("none", "optimizer"),
-                   "zero3": ("none", "optimizer", "all")}[self.sharding]
+        allowed = ENGINE_OFFLOADS[self.sharding]
         if self.offload not in allowed:
             raise JobError(f"--offload {self.offload} with --sharding {self.sharding}: not "
                            "something that engine offers",

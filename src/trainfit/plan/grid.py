@@ -386,8 +386,7 @@ class _Grid:
             r = self.exact(cj, "a ladder rung, full size")
             return (r.memory.peak_device_bytes, r.speed.tokens_per_s if r.speed else None,
                     r.memory.fits)
-        smallest = min(rows, key=lambda r: r.memory.peak_device_bytes)
-        return build_ladder(smallest.job, evaluate)
+        return build_ladder(smallest_row(rows).job, evaluate)
 
 
 def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float = DEFAULT_MARGIN,
@@ -440,12 +439,15 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
         workers.close()
 
 
-def _kernel_row(rows: list[PlanRow], rec: int | None) -> PlanRow:
-    """The row whose SDPA kernels the header names: the pick, or where nothing fits the smallest
-    configuration (the one the "nothing fits" line sizes)."""
-    if rec is not None:
-        return rows[rec]
+def smallest_row(rows: list[PlanRow]) -> PlanRow:
+    """The configuration with the smallest predicted device peak: where nothing fits, the one the
+    "nothing fits" line sizes, the ladder starts from and the header names the kernels of."""
     return min(rows, key=lambda r: r.memory.peak_device_bytes)
+
+
+def _kernel_row(rows: list[PlanRow], rec: int | None) -> PlanRow:
+    """The row whose SDPA kernels the header names: the pick, or the smallest configuration."""
+    return rows[rec] if rec is not None else smallest_row(rows)
 
 
 def _kernels_by_precision(rows: list[PlanRow]) -> dict[str, list[str]]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainfit.job import JobError, JobSpec
+from trainfit.job.spec import ENGINE_NAMES, ENGINE_OFFLOADS
 
 LORA_FOR_FULL = {"lora_r": 16, "lora_alpha": 32}
 """The adapters a full fine-tune's rungs switch to (LoRA, then QLoRA)."""
@@ -70,9 +71,9 @@ def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
         # checkpointing, the blocks' inputs — wait in host memory; the copies are streamed
         steps.append(("activation offloading (saved activations in host memory; host↔GPU "
                       "copies streamed under compute)", {"activation_offload": True}, False))
-    offload = {"fsdp": "all", "zero3": "all", "zero2": "optimizer"}.get(job.sharding)
-    if offload is not None and job.offload != offload:
-        # what the engine offers (JobSpec._check_sharding): FSDP's CPUOffload / ZeRO-3's
+    offload = ENGINE_OFFLOADS[job.sharding][-1]
+    if offload != "none" and job.offload != offload:
+        # the most the engine offers (JobSpec._check_sharding): FSDP's CPUOffload / ZeRO-3's
         # offload_param keep the shards and the optimizer step on the host (Answer.AI's 70B QLoRA
         # on two 24 GB cards); ZeRO-2 only the optimizer. Costs time only, much of it: the speed
         # of such rows is unknown (plan/row_speed.py)
@@ -104,13 +105,11 @@ def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
     # more GPUs of the engine the job shards with (FSDP for an unsharded one), its offload kept;
     # torchtune's distributed recipes build on meta: no copies of a template on the GPU
     engine = job.sharding if job.sharding != "none" else "fsdp"
-    steps.append((f"{_ENGINES[engine]} over {job.ranks * 2} ranks",
+    steps.append((f"{ENGINE_NAMES[engine]} over {job.ranks * 2} ranks",
                   {"sharding": engine, "ranks": job.ranks * 2, "optimizer_in_backward": False,
                    "clone_layers": False}, False))
     return steps
 
-
-_ENGINES = {"fsdp": "FSDP", "zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3"}
 
 
 def build_ladder(job: JobSpec, evaluate: Callable[[JobSpec], tuple[int, float | None, bool | None]]

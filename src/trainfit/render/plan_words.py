@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainfit.job.spec import ENGINE_NAMES
 from trainfit.plan.context import PlanAssumptions
 from trainfit.plan.grid import PlanResult
 from trainfit.plan.rows import effective_batches
@@ -20,8 +21,6 @@ def _assumed(a: Any, name: str, text: str) -> str:
     return f"{text} (assumed)" if name in a.assumed else text
 
 
-_SHARDING = {"none": "DDP", "fsdp": "FSDP", "zero2": "DeepSpeed ZeRO-2",
-             "zero3": "DeepSpeed ZeRO-3"}
 _OFFLOAD = {"optimizer": "optimizer states on the CPU",
             "all": "parameters and optimizer states on the CPU"}
 
@@ -31,7 +30,7 @@ def _engine(a: PlanAssumptions) -> str:
     model; nothing for one rank without sharding."""
     if a.ranks == 1 and a.sharding == "none":
         return ""
-    return f" ({_SHARDING.get(a.sharding, a.sharding)}" + (
+    return f" ({ENGINE_NAMES.get(a.sharding, a.sharding)}" + (
         f", {_OFFLOAD[a.offload]}" if a.offload in _OFFLOAD else "") + ")"
 
 

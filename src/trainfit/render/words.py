@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainfit.plan.grid import PlanResult
+from trainfit.job.spec import ENGINE_OFFLOADS
+from trainfit.plan.grid import PlanResult, smallest_row
 from trainfit.speed.bands import SpeedBand
 from trainfit.tune.result import SearchNote
 
@@ -154,7 +155,7 @@ def _what_to_try(job: Any) -> str:
         tries.append("more ranks with --sharding fsdp")
     else:
         tries.append("more ranks")
-        most = "optimizer" if job.sharding == "zero2" else "all"  # what the engine offers
+        most = ENGINE_OFFLOADS[job.sharding][-1]  # the most the engine offers
         if job.offload != most:
             tries.append(f"--offload {most}")
     return ", ".join(tries[:-1]) + " or " + tries[-1]
@@ -167,10 +168,9 @@ def plan_reason(result: PlanResult) -> str:
         return "no configuration"
     pick = result.pick
     if pick is None:
-        smallest = min(rows, key=lambda r: r.memory.peak_device_bytes).job
         text = (f"nothing fits on {gpu or 'the GPU'}: the smallest configuration needs "
                 f"{(result.smallest_device_bytes or 0) / GIB:.2f} GiB (device, predicted); try "
-                + _what_to_try(smallest))
+                + _what_to_try(smallest_row(rows).job))
         if result.ladder:
             text += ("; the memory-saving ladder reaches a fit: " if result.ladder[-1].fits else
                      "; even the whole memory-saving ladder does not fit: ")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainfit.model.catalog.model_configs import MISTRAL_7B_V0_1
+from trainfit.model.catalog.qwen_configs import QWEN3_8B
 
 Config = dict[str, Any]
 
@@ -21,29 +22,9 @@ MIXTRAL_8X7B: Config = {**MISTRAL_7B_V0_1, "model_type": "mixtral", "rope_theta"
                         "router_aux_loss_coef": 0.02}
 
 # 128 experts of width 768, 8 routed per token; every layer sparse (decoder_sparse_step 1)
-QWEN3_30B_A3B: Config = {
-    "model_type": "qwen3_moe",
-    "vocab_size": 151936,
-    "hidden_size": 2048,
-    "intermediate_size": 6144,
-    "moe_intermediate_size": 768,
-    "num_hidden_layers": 48,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 4,
-    "head_dim": 128,
-    "hidden_act": "silu",
-    "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-06,
-    "rope_theta": 1000000.0,
-    "rope_scaling": None,
-    "attention_bias": False,
-    "num_experts": 128,
-    "num_experts_per_tok": 8,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": [],
-    "norm_topk_prob": True,
-    "router_aux_loss_coef": 0.001,
-    "use_sliding_window": False,
-    "sliding_window": None,
-    "tie_word_embeddings": False,
-}
+QWEN3_30B_A3B: Config = {**QWEN3_8B, "model_type": "qwen3_moe", "hidden_size": 2048,
+                         "intermediate_size": 6144, "moe_intermediate_size": 768,
+                         "num_hidden_layers": 48, "num_attention_heads": 32,
+                         "num_key_value_heads": 4, "num_experts": 128, "num_experts_per_tok": 8,
+                         "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
+                         "router_aux_loss_coef": 0.001}
