@@ -113,3 +113,40 @@ def test_value_heads_narrower_than_the_query_rule_out_flash():
         qf, vf = fake.from_tensor(q), fake.from_tensor(v)
         out = torch.nn.functional.scaled_dot_product_attention(qf, qf, vf, is_causal=True)
     assert out.shape[-1] == 16
+
+
+def test_the_gpu_math_kernel_keeps_its_scores_on_fake_tensors():
+    """Where the GPU takes SDPA's math kernel (fp16 grouped-query heads on a T4, fp32 ones
+    anywhere), the simulation called the public composite, which on fake CPU tensors takes the
+    CPU flash kernel: no S×S scores kept, memory under-predicted, and the attention timed at the
+    CPU kernel's rate (an fp32 Llama-3.1-8B on an A100 read MFU 99 %, 2026-11-30).  The math
+    kernel runs as its bmm's, and the backward keeps its fp32 scores (16-bit inputs upcast,
+    autocast not applied inside)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[tuple[str, tuple[int, ...], torch.dtype]] = []
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor):
+                seen.append((func._overloadpacket.__name__, tuple(out.shape), out.dtype))
+            return out
+
+    b, h, kv, s, d = 2, 8, 2, 64, 32
+    t4 = AttentionTarget(device="cuda", compute_capability=(7, 5))
+    with FakeTensorMode(), device_semantics(t4) as ops, \
+            torch.autocast("cpu", dtype=torch.float16), Ops():
+        q = torch.empty(b, h, s, d, requires_grad=True)
+        k = torch.empty(b, kv, s, d, requires_grad=True)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, k, is_causal=True,
+                                                               enable_gqa=True)
+    assert ops.kernels_used == {"math": 1} and out.shape == (b, h, s, d)
+    names = [n for n, _, _ in seen]
+    assert not any("flash" in n or "attention" in n for n in names)
+    scores = [(n, shape) for n, shape, dt in seen if shape == (b, h, s, s) and dt == torch.float32]
+    assert ("_safe_softmax", (b, h, s, s)) in scores  # what the backward keeps, fp32
+    # QKᵀ and PV, in fp32 as CUDA's autocast wrapper runs the kernel (its inputs cast to fp16
+    # first, then upcast by the kernel)
+    assert [dt for n, _, dt in seen if n == "bmm"] == [torch.float32] * 2
+    assert out.dtype == torch.float16

@@ -209,3 +209,30 @@ def test_an_unknown_speed_up_says_why(tiny_llama):
     _legend(Console(file=out, width=400), res, [], False)
     assert "tokens/s and MFU: unknown (2 ranks but" in out.getvalue()
     assert "peer-to-peer" in out.getvalue() and "no known peak" not in out.getvalue()
+
+
+def test_a_row_without_speed_among_rows_with_one_says_why(tiny_llama):
+    """Seed 000's quickstart printed 'unknown' on one row (the allocator retrying at the T4's
+    limit) with no word of why, since other rows had a speed: the legend names the row and the
+    reason."""
+    import dataclasses
+    from io import StringIO
+
+    from rich.console import Console
+
+    from trainfit.render.plan import _legend
+    from trainfit.speed.predict import unknown_speed
+
+    res = plan(JobSpec(model="t", seq_len=64, effective_batch=4, precision="amp-bf16",
+                       grad_ckpt="off"), tiny_llama, find_gpu("a10g"))
+    assert all(r.speed is not None and r.speed.tokens_per_s for r in res.rows)
+    out = StringIO()
+    _legend(Console(file=out, width=400), res, [], True)
+    assert "tokens/s unknown" not in out.getvalue()
+    row = res.rows[0]
+    res.rows[0] = dataclasses.replace(row, speed=unknown_speed(1.0, "the allocator retries"))
+    out = StringIO()
+    _legend(Console(file=out, width=400), res, [], True)
+    j = row.job
+    assert (f"tokens/s unknown on {j.precision} {j.grad_ckpt} {j.micro_batch}×{j.grad_accum}: "
+            "the allocator retries") in out.getvalue()

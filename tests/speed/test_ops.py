@@ -70,7 +70,10 @@ def test_routed_experts_matmuls_are_counted_in_every_precision():
         grouped = [o for o in rec.ops if "grouped_mm" in o.name]
         assert sum(o.flops for o in grouped) == expected, precision
         assert all(o.gemm is not None and o.kernel for o in grouped)
-        flops[precision] = sum(o.flops for o in rec.ops)
+        # attention aside: fp32 with grouped-query heads takes the math kernel (bmm's, a
+        # 4-matmul backward), 16-bit the flash kernel (its backward recomputes QKᵀ: 5)
+        flops[precision] = sum(o.flops for o in rec.ops
+                               if o.name != "bmm" and "attention" not in o.name)
     assert len(set(flops.values())) == 1  # the same step's FLOPs, whatever the kernels
 
 

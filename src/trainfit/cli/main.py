@@ -303,7 +303,7 @@ def gpus_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
 
 @app.command("quickstart")
 def quickstart_cmd() -> None:
-    """Plan the embedded default: seed 000 (Gemma-2B LoRA on a Tesla T4)."""
+    """Plan the embedded default: seed 000 (Gemma-2B QLoRA, assumed from its notes, on a Tesla T4)."""
     plan_cmd(str(examples_dir() / DEFAULT_EXAMPLE))
 
 

@@ -287,8 +287,20 @@ class _DeviceOps:
         if kernel == "flash_cpu":
             return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 q, k, v, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
-        # math: the composite itself (on fake tensors it always takes the math path), so its
-        # internal upcasts and dropout follow torch exactly
+        if self.target.device == "cuda":
+            # math on the GPU: torch's math kernel itself (a composite of bmm, softmax, and
+            # 16-bit inputs upcast to fp32), whose S×S scores the backward keeps.  Not the
+            # public composite: on this machine's fake CPU tensors it takes the CPU flash
+            # kernel, which keeps no scores (an fp32 GQA Llama planned for an A100 recorded
+            # `_scaled_dot_product_flash_attention_for_cpu`, 2026-11-30).  Its dropout is the
+            # CPU's (a mask in the scores' dtype, not CUDA's bool mask: more, never less).
+            # Autocast off inside, as CUDA's SDPA wrapper runs it (the inputs cast above, then
+            # the kernel with the autocast key excluded): its bmm's stay fp32
+            with torch.autocast("cpu", enabled=False):
+                return torch.ops.aten._scaled_dot_product_attention_math(
+                    q, k, v, attn_mask, dropout_p, is_causal, None, scale=scale,
+                    enable_gqa=enable_gqa)[0]
+        # math on the CPU target: the composite, as the real CPU step calls it
         return self._orig_sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                                is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 

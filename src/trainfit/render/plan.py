@@ -84,12 +84,27 @@ def _unknown_speed_why(result: PlanResult) -> str:
     return reasons.most_common(1)[0][0] if reasons else f"no known peak FLOP/s for {result.gpu}"
 
 
+def _some_unknown_why(result: PlanResult, all_rows: bool) -> str:
+    """Why the shown rows whose speed is unknown have none, while other rows have one (e.g. the
+    allocator retrying at the card's limit), named by row; "" when every shown row has one."""
+    by_reason: dict[str, list[str]] = {}
+    for r in result.rows:
+        if (all_rows or r.shown) and r.speed is not None and r.speed.unknown_reason:
+            j = r.job
+            by_reason.setdefault(r.speed.unknown_reason, []).append(
+                f"{j.precision} {j.grad_ckpt} {j.micro_batch}×{j.grad_accum}")
+    return "".join(f" · tokens/s unknown on {', '.join(names)}: {why}"
+                   for why, names in by_reason.items())
+
+
 def _legend(console: Console, result: PlanResult, dropped: list[str], all_rows: bool) -> None:
     speed_known = any(r.speed is not None and r.speed.tokens_per_s for r in result.rows)
     legend = (f"★ recommended  ▲ largest micro-batch that fits · spare: GiB left under the fit "
               f"line ({1 - result.margin:.0%} of the GPU)")
     if not speed_known and result.gpu is not None:
         legend += f" · tokens/s and MFU: unknown ({_unknown_speed_why(result)})"
+    elif speed_known:
+        legend += _some_unknown_why(result, all_rows)
     if dropped:
         legend += f" · narrow terminal: {', '.join(dropped)} left out (widen it, or pipe/--json)"
     say(console, legend)
