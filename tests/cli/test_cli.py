@@ -43,6 +43,12 @@ def test_unknown_model_suggests_close_names():
     assert "hint: did you mean llama-3.2-1b" in res.stderr
 
 
+def test_unknown_gpu_suggests_close_names():
+    res = runner.invoke(app, ["plan", "gpt2", "--gpu", "h1000"])
+    assert res.exit_code == 2
+    assert "hint: did you mean h200, h100-sxm, h100-nvl?" in res.stderr
+
+
 def test_config_json_without_fields(tmp_path):
     p = tmp_path / "config.json"
     p.write_text('{"model_type": "llama", "hidden_size": 0}')

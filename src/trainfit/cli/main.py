@@ -135,8 +135,14 @@ def _gpu_spec(gpu: str | None, extra: dict[str, Any], interconnect: str | None,
     if gpu_name is not None:
         spec = find_gpu(str(gpu_name))
         if spec is None:
+            import difflib
+
+            close = difflib.get_close_matches(str(gpu_name).lower(), gpu_names(), n=3,
+                                              cutoff=0.6)
             raise JobError(f"--gpu {gpu_name}: unknown GPU",
-                           "known: " + ", ".join(gpu_names()) + ", or generic-<N>gb")
+                           (f"did you mean {', '.join(close)}? " if close else "")
+                           + "known: " + ", ".join(gpu_names()) + ", or generic-<N>gb "
+                           "(`trainfit gpus` lists them with their memory)")
     else:
         spec = local_gpu_spec(say or (lambda msg: None))
     if interconnect is not None:
