@@ -209,6 +209,8 @@ def test_an_unknown_speed_up_says_why(tiny_llama):
     _legend(Console(file=out, width=400), res, [], False)
     assert "tokens/s and MFU: unknown (2 ranks but" in out.getvalue()
     assert "peer-to-peer" in out.getvalue() and "no known peak" not in out.getvalue()
+    # --json carries each row's reason
+    assert all("peer-to-peer" in c["speed_unknown_reason"] for c in res.to_dict()["configs"])
 
 
 def test_a_row_without_speed_among_rows_with_one_says_why(tiny_llama):
