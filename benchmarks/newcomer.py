@@ -186,8 +186,9 @@ def quickstart_stage(clone: Path, res: dict[str, Any]) -> None:
     res["quickstart"] = {
         "cols100": {**layout_checks(q100["text"], 100), **plan_checks(q100, q100["text"], "")},
         "cols80": {**layout_checks(q80["text"], 80),
-                   "left_out": (re.findall(r"narrow terminal: ([^(]*) left out", q80["text"])
-                                or [""])[0].strip()},
+                   # the legend wraps at 80 columns, possibly inside these words
+                   "left_out": " ".join((re.findall(r"narrow\s+terminal:\s+([^(]*?)\s+left\s+out",
+                                                    q80["text"]) or [""])[0].split())},
         "piped": {**layout_checks(qp["stdout"], None), **plan_checks(qp, qp["stdout"], qp["stderr"])},
     }
 
