@@ -150,3 +150,28 @@ def test_the_gpu_math_kernel_keeps_its_scores_on_fake_tensors():
     # first, then upcast by the kernel)
     assert [dt for n, _, dt in seen if n == "bmm"] == [torch.float32] * 2
     assert out.dtype == torch.float16
+
+
+def test_the_gpu_math_kernel_gets_a_boolean_mask_as_the_composite_gives_it():
+    """The composite turns a boolean mask into a float one in q's dtype before the math kernel
+    (convert_boolean_attn_mask); the kernel called directly would add the booleans, and the
+    float copy the GPU holds during the attention would be missing."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[tuple[str, tuple[int, ...], torch.dtype]] = []
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor):
+                seen.append((func._overloadpacket.__name__, tuple(out.shape), out.dtype))
+            return out
+
+    b, h, s, d = 2, 4, 32, 30  # head_dim 30: no flash, no memory-efficient (needs % 8 in fp16)
+    t4 = AttentionTarget(device="cuda", compute_capability=(7, 5))
+    with FakeTensorMode(), device_semantics(t4) as ops, Ops():
+        q = torch.empty(b, h, s, d, dtype=torch.float16)
+        mask = torch.ones(b, 1, s, s, dtype=torch.bool)
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    assert ops.kernels_used == {"math": 1}
+    assert ("masked_fill", (b, 1, s, s), torch.float16) in seen

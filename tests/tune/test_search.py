@@ -320,7 +320,8 @@ def test_an_undecided_note_says_when_the_budget_cut_the_rounds():
     data = {"changes": [("precision", "amp-bf16")], "ratios": [1.31, 1.36], "noise": 0.08,
             "rounds": 4}
     cut = note_words(SearchNote("undecided", {**data, "budget": True}))
-    assert "2 of the 4 a gain must survive before --budget-s ran out" in cut
+    assert ("only 2 of the 4 rounds ran before --budget-s ran out (a gain needs all of them, "
+            "or 2 each beyond 5× the noise of this run, 8%, measured)") in cut
     assert "within the noise" not in cut
     noisy = note_words(SearchNote("undecided", {**data, "budget": False}))
     assert "within the noise of this run (8%, measured)" in noisy

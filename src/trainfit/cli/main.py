@@ -128,17 +128,14 @@ def _gpu_spec(gpu: str | None, extra: dict[str, Any], interconnect: str | None,
     """The GPU named (--gpu, else the job file's), else the one this machine has (NVML), else
     none."""
     from trainfit.cli.script import local_gpu_spec
-    from trainfit.hardware.gpus import find_gpu, gpu_names
+    from trainfit.hardware.gpus import close_gpu_names, find_gpu, gpu_names
 
     gpu_name = gpu or extra.get("gpu")
     spec = None
     if gpu_name is not None:
         spec = find_gpu(str(gpu_name))
         if spec is None:
-            import difflib
-
-            close = difflib.get_close_matches(str(gpu_name).lower(), gpu_names(), n=3,
-                                              cutoff=0.6)
+            close = close_gpu_names(str(gpu_name))
             raise JobError(f"--gpu {gpu_name}: unknown GPU",
                            (f"did you mean {', '.join(close)}? " if close else "")
                            + "known: " + ", ".join(gpu_names()) + ", or generic-<N>gb "

@@ -230,3 +230,16 @@ def find_gpu_by_device_name(
 def gpu_names() -> list[str]:
     """Canonical names of the catalog entries (generic cards not included)."""
     return list(GPUS)
+
+
+def close_gpu_names(name: str, n: int = 3) -> list[str]:
+    """Canonical names of the catalog entries whose name or alias is closest to ``name``,
+    compared as :func:`find_gpu` reads names (case, separators and GB spelling ignored)."""
+    import difflib
+
+    out: list[str] = []
+    for key in difflib.get_close_matches(_norm(name), list(_INDEX), n=4 * n, cutoff=0.6):
+        canonical = _INDEX[key].name
+        if canonical not in out:
+            out.append(canonical)
+    return out[:n]

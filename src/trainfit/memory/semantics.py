@@ -296,6 +296,11 @@ class _DeviceOps:
             # CPU's (a mask in the scores' dtype, not CUDA's bool mask: more, never less).
             # Autocast off inside, as CUDA's SDPA wrapper runs it (the inputs cast above, then
             # the kernel with the autocast key excluded): its bmm's stay fp32
+            if attn_mask is not None and attn_mask.dtype == torch.bool:
+                # what the composite does before calling the kernel (convert_boolean_attn_mask,
+                # aten/src/ATen/native/transformers/attention.cpp): a float copy in q's dtype
+                attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(
+                    attn_mask.logical_not(), float("-inf"))
             with torch.autocast("cpu", enabled=False):
                 return torch.ops.aten._scaled_dot_product_attention_math(
                     q, k, v, attn_mask, dropout_p, is_causal, None, scale=scale,

@@ -21,7 +21,7 @@ def synced(speed: SpeedPrediction | None, job: JobSpec, mem: MemoryPrediction,
                              f"at the card's limit the allocator releases its cache and retries "
                              f"{mem.alloc_retries}× a step (num_alloc_retries): each release "
                              "synchronizes the GPU; the slow-down is not modelled (a smaller "
-                             "micro-batch" + (" or checkpointing" if job.grad_ckpt == "off" else "")
+                             "micro-batch" + (" or full checkpointing" if job.grad_ckpt != "full" else "")
                              + " gives it room)")
     if speed is not None and job.offload != "none":
         return unknown_speed(speed.model_flops_per_token,

@@ -266,11 +266,12 @@ def note_words(n: SearchNote) -> str:
         "undecided": lambda: f"could not decide: {_changes(d['changes'])} measured "
                              + ", ".join(f"{r:.2f}×" for r in d["ratios"])
                              + " the tokens/s of the current best in interleaved rounds, "
-                             + (f"{len(d['ratios'])} of the {d['rounds']} a gain must survive "
-                                "before --budget-s ran out, not enough at the noise of this run "
+                             + (f"only {len(d['ratios'])} of the {d['rounds']} rounds ran before "
+                                "--budget-s ran out (a gain needs all of them, or 2 each beyond "
+                                "5× the noise of this run, "
                                 if d.get("budget") and len(d["ratios"]) < d.get("rounds", 0)
-                                else "within the noise of this run ")
-                             + f"({d['noise']:.0%}, measured): kept the simpler configuration",
+                                else "within the noise of this run (")
+                             + f"{d['noise']:.0%}, measured): kept the simpler configuration",
         "ckpt_not_needed": lambda: "checkpointing: not tried — the largest micro-batch already "
                                    "fits without it, and recomputation only costs time",
         "ckpt_kept": lambda: "checkpointing: kept on (nothing fits without it)",

@@ -89,8 +89,12 @@ def _rel_spread(t: Trial) -> float:
 
 
 DECISIVE_NOISE = 5.0
-"""A gain this many times the measured noise, in each of at least two interleaved rounds and
-between every repeat, is decided with fewer than :attr:`SearchOptions.rounds` rounds."""
+"""A gain this many times the measured noise, in each of at least two rounds (the proposing pair
+and one interleaved re-measure) and between every repeat, is decided with fewer than
+:attr:`SearchOptions.rounds` rounds.  Not monotonic in the rounds: where the budget cuts decides
+whether a third, weaker round is measured (2.2×, 2.4× decide; 2.2×, 2.4×, 1.3× do not until all
+rounds agree), so two runs cut at different points can differ on a gain that is real but
+noisy."""
 
 
 @dataclass
