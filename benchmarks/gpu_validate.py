@@ -101,6 +101,10 @@ ATTENTION_CASES = [
     ("mistral-7b-v0.1", "lora", 8192, 1, 1, "bf16-true", "full"),
     ("qwen2.5-1.5b", "full", 8192, 1, 1, "bf16-true", "full"),
     ("qwen2.5-1.5b", "full", 1024, 8, 1, "bf16-true", "full"),
+    # fp32 with grouped-query heads and no mask: transformers passes enable_gqa, the
+    # memory-efficient kernel cannot take it, SDPA runs its math kernel and keeps the S×S
+    # scores (simulated as that kernel since 2026-11-30; not yet measured on a GPU)
+    ("llama-3.2-1b", "full", 1024, 2, 1, "fp32", "off"),
 ]
 EXPANDABLE = "expandable"
 EXPANDABLE_CASES = [
