@@ -161,3 +161,29 @@ def test_ladder_and_kindless_plan(tmp_path):
     (s,) = build_report(load_inputs([str(p)])).sections
     assert [x.peak_device_bytes for x in s.ladder] == [5 * GIB, 3 * GIB]
     assert s.picks == [] and s.throughput_unknown_reason is not None  # generic GPU: no tokens/s
+
+
+def test_the_plans_own_reasons_for_unknown_tokens_per_s(tmp_path):
+    """The report said 'no known peak throughput for its dtype' of every plan without tokens/s
+    (a 2 × RTX 3090 plan has a known peak: its unknown is the link), and nothing of a single row
+    without them (the allocator at the card's limit): plan --json's speed_unknown_reason is
+    used for both."""
+    plan = json.loads((SEED002_NOW.parent / "seed004_4gb_gpt2_scratch.json").read_text())
+    plan["kind"] = "plan"
+    p2p = "2 ranks but the GPU has no PCIe peer-to-peer"
+    for c in plan["configs"]:
+        c["tokens_per_s"], c["speed_unknown_reason"] = None, p2p
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps(plan))
+    (s,) = build_report(load_inputs([str(p)])).sections
+    assert p2p in s.throughput_unknown_reason and "no known peak" not in s.throughput_unknown_reason
+    one = plan["configs"][0]
+    for c in plan["configs"]:
+        c["tokens_per_s"], c["speed_unknown_reason"] = 1000.0, ""
+    one["tokens_per_s"], one["speed_unknown_reason"] = None, "at the card's limit"
+    p.write_text(json.dumps(plan))
+    (s,) = build_report(load_inputs([str(p)])).sections
+    assert s.throughput_unknown_reason is None
+    assert [n for n in s.notes if n.startswith("tokens/s unknown on ")] == [
+        f"tokens/s unknown on {one['precision']}, checkpointing {one['grad_ckpt']}, "
+        f"{one['micro_batch']} × {one['grad_accum']} (predicted): at the card's limit"]

@@ -70,6 +70,17 @@ def setting_label(job: dict[str, Any], varying: set[str] | None = None) -> str:
     return ", ".join(parts)
 
 
+def _unknown_speed_reasons(plan: PlanInput | None) -> dict[str, list[str]]:
+    """The plan's reasons for rows without tokens/s → those rows ("amp-fp16, checkpointing
+    full, 8 × 1"), in the plan's order."""
+    out: dict[str, list[str]] = {}
+    for c in plan.configs if plan else []:
+        if c.tokens_per_s is None and c.speed_unknown_reason:
+            out.setdefault(c.speed_unknown_reason, []).append(
+                f"{setting_label(c.job)}, {c.micro_batch} × {c.grad_accum}")
+    return out
+
+
 def slugify(text: str, taken: set[str]) -> str:
     base = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "section"
     slug, n = base, 2
@@ -249,10 +260,16 @@ def build_section(plan: PlanInput | None, tune: TuneInput | None, dataset_tokens
     else:
         where = (tune.device_name or tune.device) if tune is not None else "no GPU given"
     notes = list(plan.notes) if plan else []
+    reasons = _unknown_speed_reasons(plan)
     throughput_unknown = None
     if not any(f.tokens_per_s_predicted or f.tokens_per_s_measured for f in b.families):
-        throughput_unknown = (f"no tokens/s: the plan predicts none on {where} (no known peak "
-                              "throughput for its dtype) and nothing was measured")
+        why = (max(reasons, key=lambda r: len(reasons[r])) if reasons
+               else "no known peak throughput for its dtype")
+        throughput_unknown = (f"no tokens/s: the plan predicts none on {where} ({why}) and "
+                              "nothing was measured")
+    else:
+        notes += [f"tokens/s unknown on {', '.join(rows)} (predicted): {why}"
+                  for why, rows in reasons.items()]
     return Section(
         slug=slugify(f"{model} {where}", taken), title=f"{model} on {where}",
         sources=[x.path for x in (plan, tune) if x is not None], capacity_gib=capacity_gib,

@@ -180,7 +180,7 @@ def _plan_config(o: _Obj, index: int) -> PlanConfig:
     result_keys = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_device_bytes", "breakdown",
                    "peak_phase", "fits", "headroom_bytes", "how", "largest_fitting", "recommended",
                    "rank", "step_time_s", "tokens_per_s", "samples_per_s", "mfu", "hfu",
-                   "device_busy_fraction", "bound", "model_notes")
+                   "device_busy_fraction", "bound", "model_notes", "speed_unknown_reason")
     return PlanConfig(
         index=index, job=_job_fields(o, result_keys),
         micro_batch=o.int_("micro_batch", nullable=False),
@@ -193,7 +193,8 @@ def _plan_config(o: _Obj, index: int) -> PlanConfig:
         tokens_per_s=o.num("tokens_per_s", required=False),
         mfu=o.num("mfu", required=False), rank=o.int_("rank", required=False),
         recommended=bool(o.bool_("recommended", required=False)),
-        how=o.str_("how", required=False))
+        how=o.str_("how", required=False),
+        speed_unknown_reason=o.str_("speed_unknown_reason", required=False) or None)
 
 
 def _plan(o: _Obj, path: str) -> PlanInput:

@@ -31,6 +31,8 @@ class PlanConfig:
     rank: int | None
     recommended: bool
     how: str | None
+    speed_unknown_reason: str | None = None
+    """Why the plan has no tokens/s for this row (plan --json's; None: not given or known)."""
 
 
 @dataclass(frozen=True)
