@@ -2,6 +2,7 @@
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainfit.memory.semantics import AttentionTarget, choose_sdpa_kernel, device_semantics
 
@@ -115,6 +116,20 @@ def test_value_heads_narrower_than_the_query_rule_out_flash():
     assert out.shape[-1] == 16
 
 
+class _Outputs(TorchDispatchMode):
+    """Records (op, output shape, output dtype) of every op that returns one tensor."""
+
+    def __init__(self, seen: list[tuple[str, tuple[int, ...], torch.dtype]]) -> None:
+        super().__init__()
+        self.seen = seen
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor):
+            self.seen.append((func._overloadpacket.__name__, tuple(out.shape), out.dtype))
+        return out
+
+
 def test_the_gpu_math_kernel_keeps_its_scores_on_fake_tensors():
     """Where the GPU takes SDPA's math kernel (fp16 grouped-query heads on a T4, fp32 ones
     anywhere), the simulation called the public composite, which on fake CPU tensors takes the
@@ -122,21 +137,11 @@ def test_the_gpu_math_kernel_keeps_its_scores_on_fake_tensors():
     CPU kernel's rate (an fp32 Llama-3.1-8B on an A100 read MFU 99 %, 2026-11-30).  The math
     kernel runs as its bmm's, and the backward keeps its fp32 scores (16-bit inputs upcast,
     autocast not applied inside)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     seen: list[tuple[str, tuple[int, ...], torch.dtype]] = []
-
-    class Ops(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if isinstance(out, torch.Tensor):
-                seen.append((func._overloadpacket.__name__, tuple(out.shape), out.dtype))
-            return out
-
     b, h, kv, s, d = 2, 8, 2, 64, 32
     t4 = AttentionTarget(device="cuda", compute_capability=(7, 5))
     with FakeTensorMode(), device_semantics(t4) as ops, \
-            torch.autocast("cpu", dtype=torch.float16), Ops():
+            torch.autocast("cpu", dtype=torch.float16), _Outputs(seen):
         q = torch.empty(b, h, s, d, requires_grad=True)
         k = torch.empty(b, kv, s, d, requires_grad=True)
         out = torch.nn.functional.scaled_dot_product_attention(q, k, k, is_causal=True,
@@ -156,20 +161,10 @@ def test_the_gpu_math_kernel_gets_a_boolean_mask_as_the_composite_gives_it():
     """The composite turns a boolean mask into a float one in q's dtype before the math kernel
     (convert_boolean_attn_mask); the kernel called directly would add the booleans, and the
     float copy the GPU holds during the attention would be missing."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     seen: list[tuple[str, tuple[int, ...], torch.dtype]] = []
-
-    class Ops(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if isinstance(out, torch.Tensor):
-                seen.append((func._overloadpacket.__name__, tuple(out.shape), out.dtype))
-            return out
-
     b, h, s, d = 2, 4, 32, 30  # head_dim 30: no flash, no memory-efficient (needs % 8 in fp16)
     t4 = AttentionTarget(device="cuda", compute_capability=(7, 5))
-    with FakeTensorMode(), device_semantics(t4) as ops, Ops():
+    with FakeTensorMode(), device_semantics(t4) as ops, _Outputs(seen):
         q = torch.empty(b, h, s, d, dtype=torch.float16)
         mask = torch.ones(b, 1, s, s, dtype=torch.bool)
         torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)

@@ -212,20 +212,20 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
         if job.optimizer in OPTIMIZER_SCALES_WITH_MASTER and master:
             states = states * 4 // compute_bytes  # the states are built on the fp32 master
         states = -(-states // n)
+        step = key == "optimizer"
+        # in the tracker's order (CATEGORIES), as every other breakdown
         t = {"parameters": param_term,
              "gradients": 0 if off_opt else grad_part,
              "optimizer": 0 if off_opt else master + states,
-             "activations": b.get("activations", 0)}
-        if key == "optimizer":
-            # the step: a fp32 copy of the gradient partition (DeepSpeed's fused Adam, not
-            # torch's foreach lists); on the host when offloaded
-            t["temporaries"] = 0 if off_opt else -(-trainable_params * 4 // n)
-            t["buffers"] = b.get("buffers", 0)
-        else:
-            t["temporaries"] = b.get("temporaries", 0)
-            t["buffers"] = b.get("buffers", 0)
+             "activations": b.get("activations", 0),
+             # the step: a fp32 copy of the gradient partition (DeepSpeed's fused Adam, not
+             # torch's foreach lists); on the host when offloaded
+             "temporaries": (0 if off_opt else -(-trainable_params * 4 // n)) if step
+             else b.get("temporaries", 0),
+             "buffers": b.get("buffers", 0)}
+        if not step:
             t["data_parallel"] = buckets
-        out[key] = t  # in the tracker's order (CATEGORIES), as every other breakdown
+        out[key] = t
     where = "host" if off_opt else "GPU"
     held = (f"partitioned ÷ {n} + {gathered / 2**20:,.0f} MiB gathered (the modules reused within "
             f"stage3_max_reuse_distance = {MAX_REUSE_DISTANCE:.0e} elements, or one layer, and the "

@@ -111,7 +111,6 @@ def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
     return steps
 
 
-
 def build_ladder(job: JobSpec, evaluate: Callable[[JobSpec], tuple[int, float | None, bool | None]]
                  ) -> list[Rung]:
     """``evaluate(job) → (peak device bytes, tokens/s or None, fits)``; ``job`` is the grid's

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 from rich.console import Console
 
 from trainfit.plan.grid import PlanResult, PlanRow
@@ -76,25 +74,31 @@ def plan_table(console: Console, result: PlanResult, all_rows: bool = False) -> 
     return dropped
 
 
-def _unknown_speed_why(result: PlanResult) -> str:
-    """Why no row has a speed: the rows' own reason (most rows'), e.g. a multi-GPU plan on cards
-    without peer-to-peer, not always a missing peak."""
-    reasons = Counter(r.speed.unknown_reason for r in result.rows
-                      if r.speed is not None and r.speed.unknown_reason)
-    return reasons.most_common(1)[0][0] if reasons else f"no known peak FLOP/s for {result.gpu}"
-
-
-def _some_unknown_why(result: PlanResult, all_rows: bool) -> str:
-    """Why the shown rows whose speed is unknown have none, while other rows have one (e.g. the
-    allocator retrying at the card's limit), named by row; "" when every shown row has one."""
+def _unknown_speed_rows(result: PlanResult, all_rows: bool = True) -> dict[str, list[str]]:
+    """The rows' own reasons for an unknown speed → those rows ("amp-fp16 full 8×1"), in the
+    plan's order (``all_rows``: every row, else the shown ones)."""
     by_reason: dict[str, list[str]] = {}
     for r in result.rows:
         if (all_rows or r.shown) and r.speed is not None and r.speed.unknown_reason:
             j = r.job
             by_reason.setdefault(r.speed.unknown_reason, []).append(
                 f"{j.precision} {j.grad_ckpt} {j.micro_batch}×{j.grad_accum}")
+    return by_reason
+
+
+def _unknown_speed_why(result: PlanResult) -> str:
+    """Why no row has a speed: the rows' own reason (most rows'), e.g. a multi-GPU plan on cards
+    without peer-to-peer, not always a missing peak."""
+    reasons = _unknown_speed_rows(result)
+    return max(reasons, key=lambda why: len(reasons[why])) if reasons else \
+        f"no known peak FLOP/s for {result.gpu}"
+
+
+def _some_unknown_why(result: PlanResult, all_rows: bool) -> str:
+    """Why the shown rows whose speed is unknown have none, while other rows have one (e.g. the
+    allocator retrying at the card's limit), named by row; "" when every shown row has one."""
     return "".join(f" · tokens/s unknown on {', '.join(names)}: {why}"
-                   for why, names in by_reason.items())
+                   for why, names in _unknown_speed_rows(result, all_rows).items())
 
 
 def _legend(console: Console, result: PlanResult, dropped: list[str], all_rows: bool) -> None:
