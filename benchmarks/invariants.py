@@ -69,6 +69,13 @@ CASES = [
     # experts 16-bit under QLoRA, sharded (catalog entry added 2026-11-30)
     {"model": "mixtral-8x7b", "gpu": "a100-80gb",
      "job": {"method": "qlora", "ranks": 2, "sharding": "fsdp"}},
+    # sliding and global attention layers alternating: extrapolated in pairs (model/depth.py,
+    # 2026-11-30; they were simulated at full depth), one GPU and 8-rank FSDP
+    {"model": "gemma-2-9b", "gpu": "rtx-4090",
+     "job": {"method": "qlora", "seq_len": 2048, "effective_batch": 16, "attention": "eager"}},
+    {"model": "gemma-2-2b", "gpu": "a100-80gb",
+     "job": {"method": "full", "ranks": 8, "sharding": "fsdp", "effective_batch": 64,
+             "attention": "eager"}},
 ]
 FULL_SIZE_CHECKS = 12
 """Extrapolated rows per case re-simulated at full size: each (precision, checkpointing) group's

@@ -9,9 +9,10 @@ import pytest
 from trainfit.job import JobSpec
 from trainfit.memory.allocator import replay
 from trainfit.memory.depth_trace import batch_trace, deeper_trace, malformed
-from trainfit.memory.extrapolate import SEGMENT_SLACK_BYTES, fit_group, with_layers
+from trainfit.memory.extrapolate import SEGMENT_SLACK_BYTES, fit_group
 from trainfit.memory.predict import predict_memory
 from trainfit.memory.simulate import SimTarget, simulate_step
+from trainfit.model.depth import with_layers
 
 
 def _qwen(layers: int) -> Any:

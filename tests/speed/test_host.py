@@ -19,7 +19,7 @@ from transformers import (
 )
 
 from trainfit.job import JobSpec
-from trainfit.memory.extrapolate import with_layers
+from trainfit.model.depth import with_layers
 from trainfit.model.source import ModelSource, layer_count
 from trainfit.model.workload import build_model_on_meta
 from trainfit.speed import host, host_timing

@@ -245,11 +245,15 @@ def _split_junctions(ops: list[tuple[str, int, int, int, int]], ta: list[Any], t
     layers' frees, and the alignment may insert the third layer's at the junction as one run;
     repeated whole it would alternate one layer's allocations and frees (Mistral-7B AdamW's
     per-tensor scalars: 676 events in another order than the 32-layer simulation's).  A
-    layer's own run A B rotated to a junction has B A, not A A, before it."""
+    layer's own run A B rotated to a junction has B A, not A A, before it.  Nor is a run A A
+    split: two layers alike inserted together (a repeat of Gemma-2's sliding and global layers,
+    whose events are the same) are a layer passing its output to the next, and split, each
+    half's copies would run apart (no trace: the second half's first copy frees the output the
+    first half's last copy made)."""
     out: list[tuple[str, int, int, int, int]] = []
     for tag, i1, i2, j1, j2 in ops:
         run = tb[j1:j2]
-        cut = next((k for k in range(1, len(run)) if tag == "insert"
+        cut = next((k for k in range(1, len(run)) if tag == "insert" and run[:k] != run[k:]
                     and ta[max(0, i1 - 2 * k):i1] == run[:k] * 2
                     and ta[i1:i1 + 2 * (len(run) - k)] == run[k:] * 2), None)
         if cut is None:
@@ -283,11 +287,12 @@ def layer_runs(shallow: Trace, deeper: Trace) -> LayerRuns | None:
     return LayerRuns(ops, ev_b, sb, made, *got, backward)
 
 
-def deeper_trace(shallow: Trace, deeper: Trace, extra_layers: int, sized: Trace | None = None,
+def deeper_trace(shallow: Trace, deeper: Trace, extra_runs: int, sized: Trace | None = None,
                  runs: LayerRuns | None = None) -> Trace | None:
-    """The trace of ``deeper``'s depth + ``extra_layers``, or None (see the module docstring).
-    ``shallow`` and ``deeper`` must be the same step at depths one or more layers apart
-    (``runs``: their :func:`layer_runs`, when already made).
+    """The trace of ``deeper`` with ``extra_runs`` more copies of what it has beyond ``shallow``,
+    or None (see the module docstring).  ``shallow`` and ``deeper`` must be the same step at
+    depths one layer, or one repeat of the stack's pattern, apart (``runs``: their
+    :func:`layer_runs`, when already made).
 
     ``sized``: ``deeper``'s blocks (the same ids in the same order) at another micro-batch, whose
     sizes the synthesized trace takes.  The alignment, and the pairing of the blocks a layer
@@ -308,7 +313,7 @@ def deeper_trace(shallow: Trace, deeper: Trace, extra_layers: int, sized: Trace 
     # the forward copy at the other end saved (copy E − c), and within one direction copy c
     # frees copy c's.  A free of a passed-on block (a chain's) takes its block from the chain
     # when the whole trace is laid out (below).
-    last = extra_layers
+    last = extra_runs
     events: list[tuple[int, int]] = []
     site: list[int] = []  # each event's index in the deeper trace
     for tag, _, _, j1, j2 in r.ops:
@@ -317,7 +322,7 @@ def deeper_trace(shallow: Trace, deeper: Trace, extra_layers: int, sized: Trace 
             site += range(j1, j2)
             continue
         rev = r.backward(j1)
-        for c in range(extra_layers + 1):
+        for c in range(extra_runs + 1):
             for j in range(j1, j2):
                 u, d = r.events[j]
                 if d > 0 and u in r.made_inside:
@@ -439,10 +444,15 @@ def full_depth_trace(traces: dict[tuple[int, int], Trace], depths: tuple[int, in
     if lo is None or hi is None or depths[1] == full_layers:
         return hi  # simulated at full depth (a stack that is not homogeneous): nothing to extend
     extra = full_layers - depths[1]
+    # the inserted run is the layers the two depths differ by: one, or a repeat of the stack's
+    # pattern (Gemma-2's sliding + global pair, trainfit.model.depth); copied once per repeat
+    span = depths[1] - depths[0]
+    if extra % span:
+        return None
     trace = None if aligned is None or batch < 2 else \
-        deeper_trace(lo, hi, extra, sized=hi, runs=aligned)
+        deeper_trace(lo, hi, extra // span, sized=hi, runs=aligned)
     if trace is None:
-        trace = deeper_trace(lo, hi, extra)
+        trace = deeper_trace(lo, hi, extra // span)
     if trace is None:
         return None
     bad_hi = malformed(hi[0])

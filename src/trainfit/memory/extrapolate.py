@@ -17,13 +17,15 @@ to the row's micro-batch, make the full-depth one (:mod:`trainfit.memory.depth_t
 replayed allocated peak and reserve are the row's: the full-size simulation's on the catalog-scale
 rows checked (benchmarks/results/invariants.md; benchmarks/planner_speed.py re-checks it).
 
-Stacks that are not homogeneous (hybrid attention/Mamba layers, per-layer types, encoder-decoder)
-are not extrapolated in L; they are simulated at full depth (still extrapolated in B).
+A stack of layers that are not all alike is homogeneous in its repeating pattern (Gemma-2's
+sliding + global pair, DeepSeek-V3's dense prefix then expert layers, :mod:`trainfit.model.depth`):
+L then counts whole repeats, the small stacks being 2 and 3 of them.  A stack without one whose
+small stacks are shallower than itself (a hybrid with one global layer in ten, an encoder-decoder)
+is simulated at full depth (still extrapolated in B).
 """
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,31 +35,10 @@ from trainfit.memory.allocator import K_LARGE_BUFFER, replay
 from trainfit.memory.depth_trace import Trace, aligned_runs, full_depth_trace, one_micro_step_trace
 from trainfit.memory.rebook import nonnegative, rebooked
 from trainfit.memory.simulate import SimResult, SimTarget, simulate_step
+from trainfit.model.depth import layer_pattern, with_layers
 from trainfit.model.source import ModelSource, layer_count
 from trainfit.speed.ops import OpRecorder
 from trainfit.speed.predict import predict_speed
-
-
-def homogeneous(source: ModelSource) -> bool:
-    cfg = source.config
-    if source.task in ("seq2seq-lm", "custom-lm") or getattr(cfg, "is_encoder_decoder", False):
-        return False  # custom-lm: its depth is the factory's, not a config field we can change
-    for attr in ("layer_types", "layers_block_type", "block_types", "layer_type"):
-        types = getattr(cfg, attr, None)
-        if isinstance(types, (list, tuple)) and len(set(types)) > 1:
-            return False
-    return layer_count(source)[0] is not None
-
-
-def with_layers(source: ModelSource, n: int) -> ModelSource:
-    attr, _ = layer_count(source)
-    cfg = copy.deepcopy(source.config)
-    setattr(cfg, attr, n)
-    for list_attr in ("layer_types",):
-        types = getattr(cfg, list_attr, None)
-        if isinstance(types, list):
-            setattr(cfg, list_attr, types[:n])
-    return ModelSource(source.name, cfg, source.task, source.origin, source.note)
 
 
 @dataclass
@@ -356,17 +337,19 @@ c10/cuda/CUDACachingAllocator.cpp), which a share of bytes cannot resolve: a ful
 needed one 20 MiB segment more than the share predicted (tiny Llama, bf16-true)."""
 
 
-FIT_LAYERS = (2, 3)
-"""Depths of the small simulations.  Not 1: a one-layer stack's first layer is also its last, and
+FIT_REPEATS = (2, 3)
+"""Depths of the small simulations, in repeats of the stack's pattern (layers, for a stack of one
+layer repeated; :mod:`trainfit.model.depth`).  Not 1: a one-layer stack's first layer is also its last, and
 the moment a phase peaks moved between depth 1 and 2 (Llama, amp-fp16, checkpointing: the
 backward's slope in the micro-batch fell with depth, so micro-batch 2 extrapolated below 1 and
 micro-batch 32 to 2.7 × its full-size peak); from depth 2 on the peak is at the same layer."""
-SHARDED_FIT_LAYERS = (3, 4)
-"""Depths of the small simulations under FSDP / ZeRO.  At depth 2 the backward's peak falls at
-another moment than at any deeper stack (the root's gathered embedding and head, the prefetch of
-the next unit and the first layer's all meet): Qwen2.5-7B full, 8 ranks, fp32, micro-batch 1
-read 2.6 GiB more FSDP buffers and 1.2 GiB more temporaries at depth 2 than at 3-6, where they
-are constant, and its extrapolation came out at 2.6 × the full-size simulation."""
+SHARDED_FIT_REPEATS = (3, 4)
+"""Depths of the small simulations under FSDP / ZeRO (in repeats, as above).  At depth 2 the
+backward's peak falls at another moment than at any deeper stack (the root's gathered embedding
+and head, the prefetch of the next unit and the first layer's all meet): Qwen2.5-7B full, 8 ranks,
+fp32, micro-batch 1 read 2.6 GiB more FSDP buffers and 1.2 GiB more temporaries at depth 2 than
+at 3-6, where they are constant, and its extrapolation came out at 2.6 × the full-size
+simulation."""
 FIT_BATCHES = (2, 3)
 """Micro-batches of the small simulations.  Not 1: at batch 1 some ops are skipped (a clone of an
 expanded batch dimension), so 1 → 2 is not the per-sample slope of larger batches."""
@@ -444,12 +427,16 @@ def fit_group(job: JobSpec, source: ModelSource, target: SimTarget,
     — each cut from the point's own trace, or where it cannot be, a simulation as long as the
     point's."""
     _, full = layer_count(source)
-    fit_layers = SHARDED_FIT_LAYERS if job.ranks > 1 and job.sharding != "none" else FIT_LAYERS
-    # a stack no deeper than the two small ones together costs no more to simulate whole (a
-    # simulation's time is a fixed part — build, embedding, head, optimizer — plus one per
-    # layer), and whole it is exact: 4-layer Llama plan 71 → 52 s, the same allocated peaks
-    extrap = homogeneous(source) and full > sum(fit_layers)
-    depths = fit_layers if extrap else (full,)
+    repeats = SHARDED_FIT_REPEATS if job.ranks > 1 and job.sharding != "none" else FIT_REPEATS
+    # the small stacks are 2 and 3 (sharded: 3 and 4) repeats of the stack's pattern: layers
+    # for Llama, sliding + global pairs for Gemma-2 (trainfit.model.depth); None where there is
+    # none, or where the two small stacks together are no shallower than the full one, which
+    # then costs no more to simulate whole (a simulation's time is a fixed part — build,
+    # embedding, head, optimizer — plus one per layer), and whole it is exact: 4-layer Llama
+    # plan 71 → 52 s, the same allocated peaks
+    pattern = layer_pattern(source, repeats, job.trust_remote_code)
+    extrap = pattern is not None
+    depths = (pattern.depth(repeats[0]), pattern.depth(repeats[1])) if pattern else (full,)
     highs = upper_batches(batches[1], high_batch)
     lows = [1] if high_batch is not None and batches[0] > 1 else []
     # optimizer_in_backward never accumulates (JobSpec refuses it)

@@ -181,6 +181,24 @@ def config_from_dict(data: dict[str, Any], where: str) -> Any:
     return cfg
 
 
+def quantization_note(config: Any) -> str:
+    """What the plan does with a checkpoint published quantized (gpt-oss's MXFP4, DeepSeek-V3's
+    and Qwen3-FP8's fp8 blocks: ``quantization_config`` in config.json): ``from_config`` builds
+    the model unquantized, so the weights are planned in each row's precision, which is what
+    fine-tuning loads (gpt-oss: ``Mxfp4Config(dequantize=True)``; fp8 checkpoints are
+    dequantized to train them with peft).  Said, so that a plan of a 13 GB download is not read
+    as wrong; "" when the config has none."""
+    q = getattr(config, "quantization_config", None)
+    if not q:
+        return ""
+    method = (q.get("quant_method") if isinstance(q, dict) else
+              getattr(q, "quant_method", None)) or "its own"
+    return (f"config.json's quantization_config ({method}) describes how the checkpoint is "
+            "stored; the plan loads the weights unquantized (in each row's precision), as "
+            "fine-tuning does (e.g. Mxfp4Config(dequantize=True) for gpt-oss); --method qlora "
+            "plans 4-bit bitsandbytes weights instead")
+
+
 def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
     from transformers import AutoConfig
 
@@ -228,9 +246,11 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
                            "upgrade transformers or check model_type and the field values") from None
         defaulted = check_config_fields(data, cfg, name)
         _check_fields(cfg, name)
-        note = (f"not in config.json, transformers' defaults used: {', '.join(defaulted)}"
-                if defaulted else "")
-        return ModelSource(str(path), cfg, _task_for(cfg), "local", note)
+        notes = [f"not in config.json, transformers' defaults used: {', '.join(defaulted)}"
+                 ] if defaulted else []
+        notes.append(quantization_note(cfg))
+        return ModelSource(str(path), cfg, _task_for(cfg), "local",
+                           "; ".join(n for n in notes if n))
 
     if "/" in name and not name.startswith((".", "/")):
         try:
@@ -246,7 +266,7 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
                            f"({type(err).__name__})",
                            "check the id and the network, or pass a local config.json") from None
         _check_fields(cfg, name)
-        return ModelSource(name, cfg, _task_for(cfg), "hub")
+        return ModelSource(name, cfg, _task_for(cfg), "hub", quantization_note(cfg))
 
     close = difflib.get_close_matches(name.lower(), model_names(), n=3, cutoff=0.5)
     hint = ("did you mean " + ", ".join(close) + "?") if close else \

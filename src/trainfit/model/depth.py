@@ -1,0 +1,208 @@
+"""The layer stack's repeating pattern: which smaller stacks a simulation can stand on.
+
+The simulation extrapolates a step in depth from two small stacks (:mod:`trainfit.memory.extrapolate`),
+which is exact only where the layers the full stack has beyond the small ones are copies of
+layers the small ones differ by.  Models are not all one layer repeated:
+
+* Gemma-2 alternates a sliding-window and a global attention layer, Gemma-3 five sliding ones
+  and a global one, gpt-oss sliding and full ones (``layer_types``);
+* DeepSeek-V3 and GLM-4.5 keep their first ``first_k_dense_replace`` layers dense and route the
+  rest through experts; Llama-4 Maverick alternates dense and expert layers
+  (``interleave_moe_layer_step``); Qwen2-MoE keeps ``mlp_only_layers`` dense;
+* hybrid stacks (Granite-4.0-H, Jamba, Qwen3-Next) interleave attention with Mamba or linear
+  attention layers.
+
+A stack truncated to 2 and 3 layers of such a model is not two stacks one repeat apart: DeepSeek-V3
+at 2-3 layers is all dense, and extrapolated it would have no experts at all.  So the pattern is
+read from the model itself, built on the meta device: each layer's signature (its modules'
+classes, parameter and buffer shapes, their scalar settings such as a sliding window, and the
+config's per-layer entries such as ``layer_types``), and the shortest description "a prefix of
+``prefix`` layers, then a period of ``period`` layers repeated, then the first ``tail`` layers of
+one more period" that reproduces every layer.  The small stacks are then ``prefix + k·period +
+tail`` layers deep, checked to build into the full stack's first layers, and the full stack is
+the same with more repeats: what grows with the depth is a whole period.  No pattern found (or a
+truncated stack that builds differently): simulated at full depth, as before.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainfit.model.source import ModelSource, layer_count
+
+_SCALARS = (bool, int, float, str, type(None))
+
+
+@dataclass(frozen=True)
+class LayerPattern:
+    """A stack of ``full`` layers = ``prefix`` layers, ``repeats`` × ``period`` layers, then the
+    first ``tail`` layers of a period."""
+
+    full: int
+    prefix: int
+    """Leading layers outside the repeat (DeepSeek-V3's three dense layers)."""
+    period: int
+    """Layers per repeat: 1 for Llama, 2 for Gemma-2, 6 for Gemma-3."""
+    tail: int
+    """Layers after the last whole repeat (Gemma-3-1B's 26 = 4 × 6 + 2)."""
+
+    @property
+    def repeats(self) -> int:
+        return (self.full - self.prefix - self.tail) // self.period
+
+    def depth(self, repeats: int) -> int:
+        """The depth of the same stack with ``repeats`` periods."""
+        return self.prefix + repeats * self.period + self.tail
+
+
+def _index_like(values: list[Any]) -> bool:
+    """A setting that is each layer's own position (``layer_idx`` and its kin, whatever their
+    name): it tells the layers apart without changing what they compute or allocate."""
+    n = len(values)
+    return n > 1 and (values == list(range(n)) or values == list(range(1, n + 1)))
+
+
+def _module_records(layer: torch.nn.Module) -> list[dict[str, Any]]:
+    """Per submodule of one layer: its class, its parameters' and buffers' shapes and dtypes,
+    whether they train, and its scalar settings."""
+    out = []
+    for name, m in layer.named_modules():
+        rec: dict[str, Any] = {
+            "": (name, type(m).__name__),
+            "params": tuple((n, tuple(p.shape), str(p.dtype), p.requires_grad)
+                            for n, p in m.named_parameters(recurse=False)),
+            "buffers": tuple((n, tuple(b.shape), str(b.dtype))
+                             for n, b in m.named_buffers(recurse=False)),
+        }
+        for k, v in vars(m).items():
+            if k.startswith("_") or k == "training":
+                continue
+            if isinstance(v, _SCALARS) or (isinstance(v, (tuple, list))
+                                           and all(isinstance(x, _SCALARS) for x in v)):
+                rec["." + k] = tuple(v) if isinstance(v, list) else v
+        out.append(rec)
+    return out
+
+
+def per_layer_keys(config: Any, n: int) -> list[str]:
+    """The config's per-layer lists (``layer_types``, Llama-4's ``no_rope_layers``): those of
+    the stack's length, but for a list of every layer's index (Llama-4 Scout's ``moe_layers``,
+    every layer an expert layer)."""
+    return sorted(k for k, v in vars(config).items()
+                  if isinstance(v, (list, tuple)) and len(v) == n and not k.startswith("_")
+                  and not _index_like(list(v)))
+
+
+def _signatures(model: torch.nn.Module, config: Any, n: int, keys: list[str]
+                ) -> list[Any] | None:
+    """One signature (a JSON string) per layer of the ``n``-layer stack (``keys``: the config's
+    per-layer lists, read at each layer), or None when the model has no module list of ``n``
+    layers (its stack cannot be found)."""
+    stacks = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n]
+    if not stacks:
+        return None
+    per_layer = [[_module_records(stack[i]) for stack in stacks] for i in range(n)]
+    # drop the settings that are a layer's position (they differ in every layer)
+    settings = {(s, j, k) for layer in per_layer for s, recs in enumerate(layer)
+                for j, rec in enumerate(recs) for k in rec if k.startswith(".")}
+    for s, j, k in settings:
+        try:
+            values = [per_layer[i][s][j].get(k) for i in range(n)]
+        except IndexError:
+            continue  # the layers have different submodules: they differ anyway
+        if _index_like(values):
+            for i in range(n):
+                per_layer[i][s][j].pop(k, None)
+    lists = {k: getattr(config, k) for k in keys}
+    return [json.dumps([per_layer[i], {k: repr(v[i]) for k, v in lists.items()}],
+                       sort_keys=True, default=repr) for i in range(n)]
+
+
+def _numbered(sigs: list[str]) -> list[int]:
+    """Each signature as the number of its first occurrence (the search compares numbers)."""
+    first: dict[str, int] = {}
+    return [first.setdefault(x, len(first)) for x in sigs]
+
+
+def _build(source: ModelSource, trust_remote_code: bool) -> torch.nn.Module:
+    from trainfit.model.workload import auto_model_class
+
+    cfg = copy.deepcopy(source.config)
+    cfg.use_cache = False
+    with torch.device("meta"):
+        return auto_model_class(source.task).from_config(cfg, trust_remote_code=trust_remote_code)
+
+
+def with_layers(source: ModelSource, n: int) -> ModelSource:
+    """The same model with an ``n``-layer stack (the config's per-layer lists cut to ``n``)."""
+    attr, _ = layer_count(source)
+    cfg = copy.deepcopy(source.config)
+    setattr(cfg, attr, n)
+    types = getattr(cfg, "layer_types", None)
+    if isinstance(types, list):  # checked against the depth by some configs
+        cfg.layer_types = types[:n]
+    return ModelSource(source.name, cfg, source.task, source.origin, source.note)
+
+
+def _shortest(sigs: list[int], repeats: tuple[int, int]) -> LayerPattern | None:
+    """The pattern with the shallowest small stacks (``repeats`` periods) that reproduces the
+    signatures, or None when the small stacks would be no shallower than the full one."""
+    n = len(sigs)
+    best: tuple[int, LayerPattern] | None = None
+    for period in range(1, n // 3 + 1):
+        for prefix in range(0, n - 3 * period + 1):
+            if all(sigs[i] == sigs[prefix + (i - prefix) % period] for i in range(prefix, n)):
+                tail = (n - prefix) % period
+                pat = LayerPattern(n, prefix, period, tail)
+                cost = pat.depth(repeats[0]) + pat.depth(repeats[1])
+                if pat.repeats > repeats[1] and cost < n and (best is None or cost < best[0]):
+                    best = (cost, pat)
+                break  # a longer prefix with this period only costs more
+    return None if best is None else best[1]
+
+
+_PATTERNS: dict[tuple[str, tuple[int, int]], LayerPattern | None] = {}
+"""Pattern by (the configuration's JSON, repeats): a plan asks once per group."""
+
+
+def layer_pattern(source: ModelSource, repeats: tuple[int, int],
+                  trust_remote_code: bool = False) -> LayerPattern | None:
+    """The stack's repeating pattern, checked: stacks of ``repeats[0]`` and ``repeats[1]``
+    periods build into the full stack's first layers.  None (simulate the full stack) when the
+    model is not a decoder stack trainfit can cut, has no pattern whose small stacks are
+    shallower than the full one together, or does not build."""
+    cfg = source.config
+    if source.task in ("seq2seq-lm", "custom-lm") or getattr(cfg, "is_encoder_decoder", False):
+        return None  # custom-lm: its depth is the factory's, not a config field we can change
+    attr, n = layer_count(source)
+    if attr is None or not hasattr(cfg, "to_json_string"):
+        return None
+    key = (source.task + cfg.to_json_string(use_diff=False), repeats)
+    if key not in _PATTERNS:
+        _PATTERNS[key] = _find(source, n, repeats, trust_remote_code)
+    return _PATTERNS[key]
+
+
+def _find(source: ModelSource, n: int, repeats: tuple[int, int],
+          trust_remote_code: bool) -> LayerPattern | None:
+    try:
+        keys = per_layer_keys(source.config, n)
+        sigs = _signatures(_build(source, trust_remote_code), source.config, n, keys)
+        if sigs is None:
+            return None
+        pat = _shortest(_numbered(sigs), repeats)
+        if pat is None:
+            return None
+        for k in repeats:
+            small = with_layers(source, pat.depth(k))
+            got = _signatures(_build(small, trust_remote_code), small.config, pat.depth(k), keys)
+            if got != sigs[:pat.depth(k)]:
+                return None  # the cut stack builds otherwise (a per-layer list it recomputes)
+    except Exception:  # a config transformers cannot build: the full stack
+        return None  # is simulated, and that simulation reports the error to the user
+    return pat

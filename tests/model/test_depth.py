@@ -1,0 +1,98 @@
+"""The layer stack's repeating pattern, read from the model built on the meta device."""
+
+import pytest
+import transformers as tf
+
+from trainfit.model.depth import LayerPattern, layer_pattern, with_layers
+from trainfit.model.source import ModelSource
+
+SMALL = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=1000)
+
+
+def _src(cfg, name: str = "m") -> ModelSource:
+    return ModelSource(name, cfg, "causal-lm", "config", "")
+
+
+def _pattern(cfg, repeats=(2, 3)):
+    return layer_pattern(_src(cfg), repeats)
+
+
+def test_one_layer_repeated():
+    pat = _pattern(tf.LlamaConfig(**SMALL, num_hidden_layers=16))
+    assert pat == LayerPattern(full=16, prefix=0, period=1, tail=0)
+    assert (pat.depth(2), pat.depth(3)) == (2, 3)  # the depths the extrapolation always used
+
+
+def test_alternating_attention_layers_repeat_in_pairs():
+    """Gemma-2 and gpt-oss alternate sliding-window and global attention (``layer_types``):
+    the modules are alike but for their window, so the repeat is the pair."""
+    gemma2 = _pattern(tf.Gemma2Config(**SMALL, num_hidden_layers=26, head_dim=32))
+    assert gemma2 == LayerPattern(full=26, prefix=0, period=2, tail=0)
+    assert (gemma2.depth(2), gemma2.depth(3)) == (4, 6)
+    oss = _pattern(tf.GptOssConfig(**SMALL, num_hidden_layers=24, num_local_experts=4,
+                                   head_dim=32))
+    assert oss.period == 2 and oss.prefix == 0
+
+
+def test_gemma3_five_local_one_global():
+    pat = _pattern(tf.Gemma3TextConfig(**SMALL, num_hidden_layers=48, head_dim=32))
+    assert pat == LayerPattern(full=48, prefix=0, period=6, tail=0)
+    # 26 layers: 2 and 3 repeats are 14 and 20 layers, 34 together: the full stack is cheaper
+    assert _pattern(tf.Gemma3TextConfig(**SMALL, num_hidden_layers=26, head_dim=32)) is None
+
+
+def test_dense_prefix_before_the_expert_layers():
+    """DeepSeek-V3's first ``first_k_dense_replace`` layers are dense: 2-3 layer stacks would be
+    all dense and the experts would vanish from the extrapolation."""
+    cfg = tf.DeepseekV3Config(**SMALL, num_hidden_layers=20, first_k_dense_replace=3,
+                              n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
+                              n_group=1, topk_group=1, q_lora_rank=64, kv_lora_rank=32,
+                              qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32)
+    pat = _pattern(cfg)
+    assert pat == LayerPattern(full=20, prefix=3, period=1, tail=0)
+    assert (pat.depth(2), pat.depth(3)) == (5, 6)
+    qwen_moe = tf.Qwen2MoeConfig(**SMALL, num_hidden_layers=24, mlp_only_layers=[0, 1, 2, 3],
+                                 num_experts=4, moe_intermediate_size=64,
+                                 shared_expert_intermediate_size=128)
+    assert _pattern(qwen_moe).prefix == 4
+
+
+def test_llama4_interleaved_experts_and_nope_layers():
+    """Maverick: experts every 2nd layer, no RoPE every 4th (``no_rope_layers``); Scout:
+    experts in every layer, whose ``moe_layers`` (every layer's index) is not a per-layer
+    setting."""
+    common = dict(**SMALL, num_hidden_layers=24, num_local_experts=4,
+                  intermediate_size_mlp=256, head_dim=32)
+    assert _pattern(tf.Llama4TextConfig(**common, interleave_moe_layer_step=2)).period == 4
+    assert _pattern(tf.Llama4TextConfig(**common, interleave_moe_layer_step=1)).period == 4
+
+
+def test_tail_of_a_partial_repeat():
+    # Gemma-3 with 62 layers (27B): 10 repeats of six, then two sliding layers
+    pat = _pattern(tf.Gemma3TextConfig(**SMALL, num_hidden_layers=62, head_dim=32))
+    assert pat == LayerPattern(full=62, prefix=0, period=6, tail=2)
+    assert pat.repeats == 10 and (pat.depth(2), pat.depth(3)) == (14, 20)
+    cut = with_layers(_src(tf.Gemma3TextConfig(**SMALL, num_hidden_layers=62, head_dim=32)), 14)
+    assert cut.config.num_hidden_layers == 14 and len(cut.config.layer_types) == 14
+    assert cut.config.layer_types[-2:] == ["sliding_attention"] * 2
+
+
+@pytest.mark.parametrize("cfg", [
+    # a hybrid whose repeat is too long for small stacks shallower than the full one
+    tf.JambaConfig(**SMALL, num_hidden_layers=24, num_experts=4),
+    # an encoder-decoder: not one stack
+    tf.T5Config(d_model=64, d_ff=128, num_layers=6, num_heads=4, vocab_size=1000,
+                is_encoder_decoder=True),
+])
+def test_no_pattern_simulates_the_full_stack(cfg):
+    src = ModelSource("m", cfg, "seq2seq-lm" if cfg.is_encoder_decoder else "causal-lm",
+                      "config", "")
+    assert layer_pattern(src, (2, 3)) is None
+
+
+def test_a_stack_too_shallow_for_the_sharded_depths():
+    cfg = tf.LlamaConfig(**SMALL, num_hidden_layers=6)
+    assert _pattern(cfg, (2, 3)) is not None  # 2 + 3 < 6
+    assert _pattern(cfg, (3, 4)) is None  # 3 + 4 > 6: whole is cheaper
+
