@@ -127,6 +127,46 @@ def _check_heads(data: dict[str, Any], cls: Any, where: str) -> None:
                        "query heads: choose a divisor of the heads")
 
 
+def _tower_params(cfg: Any) -> int | None:
+    """Parameters of a sub-model built from ``cfg`` on the meta device (None: not buildable)."""
+    import torch
+    from transformers import AutoModel
+
+    try:
+        with torch.device("meta"):
+            return sum(p.numel() for p in AutoModel.from_config(cfg).parameters())
+    except Exception:  # a tower transformers cannot build alone: its size is not told
+        return None
+
+
+def check_not_multimodal(cfg: Any, where: str) -> None:
+    """A multimodal checkpoint (Gemma-3 4B+, Llama-4, Mistral-3: a language model in
+    ``text_config`` beside a vision or audio tower) is one clear line: trainfit plans language
+    models, and planning the text model alone would leave the tower's weights (and, trained,
+    its gradients and optimizer states) out, an under-prediction.  The hint names the sizes the
+    published ``text_config`` leaves to transformers' defaults, so that it can be planned alone,
+    and the tower's parameters, so that the user knows what is left out."""
+    text = getattr(cfg, "text_config", None)
+    towers = [(k, getattr(cfg, k)) for k in ("vision_config", "audio_config")
+              if getattr(cfg, k, None) is not None]
+    if text is None or not towers or getattr(cfg, "hidden_size", None):
+        return
+    archs = getattr(cfg, "architectures", None) or [type(cfg).__name__]
+    fields = [f"{k}: {getattr(text, k)}" for k in ("model_type", *ARCH_FIELDS, *SIZE_FIELDS)
+              if getattr(text, k, None) is not None]
+    left = []
+    for k, sub in towers:
+        n = _tower_params(sub)
+        size = f", {n:,} parameters" if n else ""
+        left.append(f"its {k.removesuffix('_config')} tower ({getattr(sub, 'model_type', k)}{size})")
+    raise JobError(f"--model {where}: {archs[0]} is a multimodal model (a language model in "
+                   f"text_config beside {' and '.join(left)}); trainfit plans language models",
+                   "to plan text-only fine-tuning of its language model, write its text_config "
+                   f"as a config.json of its own ({', '.join(fields)}) and plan that; the tower is "
+                   "then not counted (add its weights by hand, and its gradients and optimizer "
+                   "states if it trains)")
+
+
 def check_config_fields(data: dict[str, Any], cfg: Any, where: str) -> list[str]:
     """The sizes every model of its class needs are stated in the config.json (not filled in from
     the class's defaults; their values were checked by :func:`check_config_values`). Returns the
@@ -244,6 +284,7 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
             raise JobError(f"--model {name}: transformers cannot read this config "
                            f"({str(err).splitlines()[0] if str(err) else type(err).__name__})",
                            "upgrade transformers or check model_type and the field values") from None
+        check_not_multimodal(cfg, name)
         defaulted = check_config_fields(data, cfg, name)
         _check_fields(cfg, name)
         notes = [f"not in config.json, transformers' defaults used: {', '.join(defaulted)}"
@@ -265,6 +306,7 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
             raise JobError(f"--model {name}: cannot fetch its config.json from the hub "
                            f"({type(err).__name__})",
                            "check the id and the network, or pass a local config.json") from None
+        check_not_multimodal(cfg, name)
         _check_fields(cfg, name)
         return ModelSource(name, cfg, _task_for(cfg), "hub", quantization_note(cfg))
 
