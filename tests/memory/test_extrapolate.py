@@ -174,3 +174,24 @@ def test_a_dense_prefix_is_not_extrapolated_into_the_expert_layers():
     pred = model.predict(4, accumulating=False)
     assert pred["total_params"] == full.total_params
     assert pred["peak_allocated_bytes"] == _replayed(full)[0]
+
+
+def test_a_repeat_whose_traces_do_not_align_is_simulated_whole():
+    """Gemma-3's sixes (five sliding layers, one global): the 14- and 20-layer stacks' traces do
+    not align into the 38-layer one, and without that trace the phase fits alone could miss a
+    peak moment moving with depth: the stack is simulated whole, as before repeats were
+    extrapolated."""
+    from transformers import Gemma3TextConfig
+
+    from trainfit.model.source import ModelSource
+
+    cfg = Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=38,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                           vocab_size=1000, sliding_window=32)
+    src = ModelSource("g3", cfg, "causal-lm", "config", "")
+    assert layer_pattern(src, (2, 3)).period == 6
+    job = JobSpec(model="g3", seq_len=64, micro_batch=2, grad_accum=2, precision="amp-bf16",
+                  method="full")
+    model = fit_group(job, src, SimTarget(device="cuda"))
+    assert not model.layer_extrapolated
+    assert [p.layers for p in model.points] == [38] * 4

@@ -20,7 +20,7 @@ def _pattern(cfg, repeats=(2, 3)):
 
 def test_one_layer_repeated():
     pat = _pattern(tf.LlamaConfig(**SMALL, num_hidden_layers=16))
-    assert pat == LayerPattern(full=16, prefix=0, period=1, tail=0)
+    assert pat == LayerPattern(full=16, prefix=0, period=1)
     assert (pat.depth(2), pat.depth(3)) == (2, 3)  # the depths the extrapolation always used
 
 
@@ -28,7 +28,7 @@ def test_alternating_attention_layers_repeat_in_pairs():
     """Gemma-2 and gpt-oss alternate sliding-window and global attention (``layer_types``):
     the modules are alike but for their window, so the repeat is the pair."""
     gemma2 = _pattern(tf.Gemma2Config(**SMALL, num_hidden_layers=26, head_dim=32))
-    assert gemma2 == LayerPattern(full=26, prefix=0, period=2, tail=0)
+    assert gemma2 == LayerPattern(full=26, prefix=0, period=2)
     assert (gemma2.depth(2), gemma2.depth(3)) == (4, 6)
     oss = _pattern(tf.GptOssConfig(**SMALL, num_hidden_layers=24, num_local_experts=4,
                                    head_dim=32))
@@ -37,7 +37,7 @@ def test_alternating_attention_layers_repeat_in_pairs():
 
 def test_gemma3_five_local_one_global():
     pat = _pattern(tf.Gemma3TextConfig(**SMALL, num_hidden_layers=48, head_dim=32))
-    assert pat == LayerPattern(full=48, prefix=0, period=6, tail=0)
+    assert pat == LayerPattern(full=48, prefix=0, period=6)
     # 26 layers: 2 and 3 repeats are 14 and 20 layers, 34 together: the full stack is cheaper
     assert _pattern(tf.Gemma3TextConfig(**SMALL, num_hidden_layers=26, head_dim=32)) is None
 
@@ -50,7 +50,7 @@ def test_dense_prefix_before_the_expert_layers():
                               n_group=1, topk_group=1, q_lora_rank=64, kv_lora_rank=32,
                               qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32)
     pat = _pattern(cfg)
-    assert pat == LayerPattern(full=20, prefix=3, period=1, tail=0)
+    assert pat == LayerPattern(full=20, prefix=3, period=1)
     assert (pat.depth(2), pat.depth(3)) == (5, 6)
     qwen_moe = tf.Qwen2MoeConfig(**SMALL, num_hidden_layers=24, mlp_only_layers=[0, 1, 2, 3],
                                  num_experts=4, moe_intermediate_size=64,
@@ -68,14 +68,29 @@ def test_llama4_interleaved_experts_and_nope_layers():
     assert _pattern(tf.Llama4TextConfig(**common, interleave_moe_layer_step=1)).period == 4
 
 
-def test_tail_of_a_partial_repeat():
-    # Gemma-3 with 62 layers (27B): 10 repeats of six, then two sliding layers
-    pat = _pattern(tf.Gemma3TextConfig(**SMALL, num_hidden_layers=62, head_dim=32))
-    assert pat == LayerPattern(full=62, prefix=0, period=6, tail=2)
+def test_a_stack_ending_inside_a_period_counts_those_layers_first():
+    """Gemma-3-27B's 62 layers are 10 sixes and 2 sliding layers: the repeats are counted to the
+    end (2 + 10 × 6), so the small stacks differ from the full one by whole periods."""
+    cfg = tf.Gemma3TextConfig(**SMALL, num_hidden_layers=62, head_dim=32)
+    pat = _pattern(cfg)
+    assert pat == LayerPattern(full=62, prefix=2, period=6)
     assert pat.repeats == 10 and (pat.depth(2), pat.depth(3)) == (14, 20)
-    cut = with_layers(_src(tf.Gemma3TextConfig(**SMALL, num_hidden_layers=62, head_dim=32)), 14)
-    assert cut.config.num_hidden_layers == 14 and len(cut.config.layer_types) == 14
-    assert cut.config.layer_types[-2:] == ["sliding_attention"] * 2
+    cut = with_layers(_src(cfg), 14)
+    assert cut.config.num_hidden_layers == 14
+    assert cut.config.layer_types == cfg.layer_types[:14]
+
+
+def test_every_per_layer_list_is_cut_but_a_derived_one():
+    """Llama-4's ``no_rope_layers`` is cut with ``layer_types``; Mamba's ``layer_types`` is a
+    read-only property derived from the depth (setting it raised, and the stack was simulated
+    whole)."""
+    cfg = tf.Llama4TextConfig(**SMALL, num_hidden_layers=24, num_local_experts=4,
+                              intermediate_size_mlp=256, head_dim=32)
+    cut = with_layers(_src(cfg), 8).config
+    assert len(cut.no_rope_layers) == 8 and cut.no_rope_layers == cfg.no_rope_layers[:8]
+    mamba = tf.MambaConfig(hidden_size=64, num_hidden_layers=12, vocab_size=1000)
+    assert with_layers(_src(mamba), 3).config.num_hidden_layers == 3
+    assert _pattern(mamba) == LayerPattern(full=12, prefix=0, period=1)
 
 
 @pytest.mark.parametrize("cfg", [

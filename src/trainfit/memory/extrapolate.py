@@ -413,6 +413,15 @@ def _one_step_batches(simulated: list[int], one_step: list[int]) -> set[int]:
     return got
 
 
+def _traces_extend(points: list[Point], depths: tuple[int, int], full: int,
+                   accumulates: bool) -> bool:
+    """Whether the two small depths' traces (at the fit's micro-batches) make the full-depth
+    trace (:func:`~trainfit.memory.depth_trace.full_depth_trace`)."""
+    traces = {(p.layers, p.batch): p.traces[accumulates] for p in points}
+    batch = min(b for _, b in traces)
+    return full_depth_trace(traces, depths, full, batch, aligned_runs(traces, depths)) is not None
+
+
 def fit_group(job: JobSpec, source: ModelSource, target: SimTarget,
               batches: tuple[int, int] = FIT_BATCHES, high_batch: int | None = None,
               rows: list[tuple[int, bool]] | None = None) -> BilinearModel:
@@ -456,6 +465,16 @@ def fit_group(job: JobSpec, source: ModelSource, target: SimTarget,
         return done[(layers, batch)]
 
     pts = {(L, b): point(L, b) for L in depths for b in batches}
+    if pattern is not None and (pattern.period > 1 or pattern.prefix) and \
+            not _traces_extend(list(pts.values()), depths, full, accumulates):
+        # a repeat of unlike layers whose small stacks' traces do not align into the full
+        # one (Gemma-3's sixes under SDPA): without the full-depth trace the phase fits alone
+        # can miss a peak moment that moves with depth, so the stack is simulated whole, as
+        # it was before repeats were extrapolated (a stack of one layer repeated keeps its
+        # phase fits, checked on the catalog: benchmarks/results/invariants.md)
+        extrap, depths = False, (full,)
+        done.clear()
+        pts = {(full, b): point(full, b) for b in batches}
     high = [point(L, b) for b in highs for L in (depths[0], depths[-1])]
     low = [point(L, 1) for L in depths] if lows else []
     l1, l2 = depths[0], depths[-1]

@@ -16,12 +16,12 @@ A stack truncated to 2 and 3 layers of such a model is not two stacks one repeat
 at 2-3 layers is all dense, and extrapolated it would have no experts at all.  So the pattern is
 read from the model itself, built on the meta device: each layer's signature (its modules'
 classes, parameter and buffer shapes, their scalar settings such as a sliding window, and the
-config's per-layer entries such as ``layer_types``), and the shortest description "a prefix of
-``prefix`` layers, then a period of ``period`` layers repeated, then the first ``tail`` layers of
-one more period" that reproduces every layer.  The small stacks are then ``prefix + k·period +
-tail`` layers deep, checked to build into the full stack's first layers, and the full stack is
-the same with more repeats: what grows with the depth is a whole period.  No pattern found (or a
-truncated stack that builds differently): simulated at full depth, as before.
+config's per-layer entries such as ``layer_types``), and the description "a prefix of ``prefix``
+layers, then a period of ``period`` layers repeated to the end" with the shallowest small stacks
+that reproduces every layer.  The small stacks are then ``prefix + k·period`` layers deep,
+checked to build into the full stack's first layers, and the full stack is the same with more
+repeats: what grows with the depth is a whole period.  No pattern found (or a truncated stack
+that builds differently): simulated at full depth, as before.
 """
 
 from __future__ import annotations
@@ -40,24 +40,24 @@ _SCALARS = (bool, int, float, str, type(None))
 
 @dataclass(frozen=True)
 class LayerPattern:
-    """A stack of ``full`` layers = ``prefix`` layers, ``repeats`` × ``period`` layers, then the
-    first ``tail`` layers of a period."""
+    """A stack of ``full`` layers = ``prefix`` layers, then ``repeats`` × ``period`` layers."""
 
     full: int
     prefix: int
-    """Leading layers outside the repeat (DeepSeek-V3's three dense layers)."""
+    """Leading layers outside the repeat: DeepSeek-V3's three dense layers, or the first layers
+    of a period where the stack ends inside one (Gemma-3-27B's 62 = 2 + 10 × 6: the repeats are
+    counted from the end, as the small stacks keep the full one's first layers)."""
     period: int
     """Layers per repeat: 1 for Llama, 2 for Gemma-2, 6 for Gemma-3."""
-    tail: int
-    """Layers after the last whole repeat (Gemma-3-1B's 26 = 4 × 6 + 2)."""
 
     @property
     def repeats(self) -> int:
-        return (self.full - self.prefix - self.tail) // self.period
+        """How many periods the full stack has after its prefix."""
+        return (self.full - self.prefix) // self.period
 
     def depth(self, repeats: int) -> int:
         """The depth of the same stack with ``repeats`` periods."""
-        return self.prefix + repeats * self.period + self.tail
+        return self.prefix + repeats * self.period
 
 
 def _index_like(values: list[Any]) -> bool:
@@ -67,13 +67,13 @@ def _index_like(values: list[Any]) -> bool:
     return n > 1 and (values == list(range(n)) or values == list(range(1, n + 1)))
 
 
-def _module_records(layer: torch.nn.Module) -> list[dict[str, Any]]:
-    """Per submodule of one layer: its class, its parameters' and buffers' shapes and dtypes,
-    whether they train, and its scalar settings."""
-    out = []
+def _module_records(layer: torch.nn.Module) -> dict[str, dict[str, Any]]:
+    """Per submodule of one layer, by its name in the layer: its class, its parameters' and
+    buffers' shapes and dtypes, whether they train, and its scalar settings."""
+    out = {}
     for name, m in layer.named_modules():
         rec: dict[str, Any] = {
-            "": (name, type(m).__name__),
+            "": type(m).__name__,
             "params": tuple((n, tuple(p.shape), str(p.dtype), p.requires_grad)
                             for n, p in m.named_parameters(recurse=False)),
             "buffers": tuple((n, tuple(b.shape), str(b.dtype))
@@ -85,7 +85,7 @@ def _module_records(layer: torch.nn.Module) -> list[dict[str, Any]]:
             if isinstance(v, _SCALARS) or (isinstance(v, (tuple, list))
                                            and all(isinstance(x, _SCALARS) for x in v)):
                 rec["." + k] = tuple(v) if isinstance(v, list) else v
-        out.append(rec)
+        out[name] = rec
     return out
 
 
@@ -99,7 +99,7 @@ def per_layer_keys(config: Any, n: int) -> list[str]:
 
 
 def _signatures(model: torch.nn.Module, config: Any, n: int, keys: list[str]
-                ) -> list[Any] | None:
+                ) -> list[str] | None:
     """One signature (a JSON string) per layer of the ``n``-layer stack (``keys``: the config's
     per-layer lists, read at each layer), or None when the model has no module list of ``n``
     layers (its stack cannot be found)."""
@@ -107,17 +107,16 @@ def _signatures(model: torch.nn.Module, config: Any, n: int, keys: list[str]
     if not stacks:
         return None
     per_layer = [[_module_records(stack[i]) for stack in stacks] for i in range(n)]
-    # drop the settings that are a layer's position (they differ in every layer)
-    settings = {(s, j, k) for layer in per_layer for s, recs in enumerate(layer)
-                for j, rec in enumerate(recs) for k in rec if k.startswith(".")}
-    for s, j, k in settings:
-        try:
-            values = [per_layer[i][s][j].get(k) for i in range(n)]
-        except IndexError:
-            continue  # the layers have different submodules: they differ anyway
+    # drop the settings that are a layer's position (they differ in every layer), compared by
+    # submodule name: a layer with a module the others lack (RWKV's first, with its pre_ln)
+    # does not hide the others' layer_id
+    settings = {(s, name, k) for layer in per_layer for s, recs in enumerate(layer)
+                for name, rec in recs.items() for k in rec if k.startswith(".")}
+    for s, name, k in settings:
+        values = [per_layer[i][s].get(name, {}).get(k) for i in range(n)]
         if _index_like(values):
             for i in range(n):
-                per_layer[i][s][j].pop(k, None)
+                per_layer[i][s].get(name, {}).pop(k, None)
     lists = {k: getattr(config, k) for k in keys}
     return [json.dumps([per_layer[i], {k: repr(v[i]) for k, v in lists.items()}],
                        sort_keys=True, default=repr) for i in range(n)]
@@ -130,6 +129,7 @@ def _numbered(sigs: list[str]) -> list[int]:
 
 
 def _build(source: ModelSource, trust_remote_code: bool) -> torch.nn.Module:
+    """The plain model of ``source`` on the meta device (no LoRA, quantization or dtypes)."""
     from trainfit.model.workload import auto_model_class
 
     cfg = copy.deepcopy(source.config)
@@ -139,35 +139,44 @@ def _build(source: ModelSource, trust_remote_code: bool) -> torch.nn.Module:
 
 
 def with_layers(source: ModelSource, n: int) -> ModelSource:
-    """The same model with an ``n``-layer stack (the config's per-layer lists cut to ``n``)."""
-    attr, _ = layer_count(source)
+    """The same model with an ``n``-layer stack, the config's per-layer lists
+    (:func:`per_layer_keys`: ``layer_types``, ``no_rope_layers``) cut to ``n`` — some configs
+    check them against the depth — but for a read-only one (Mamba's ``layer_types``, derived)."""
+    attr, full = layer_count(source)
     cfg = copy.deepcopy(source.config)
     setattr(cfg, attr, n)
-    types = getattr(cfg, "layer_types", None)
-    if isinstance(types, list):  # checked against the depth by some configs
-        cfg.layer_types = types[:n]
+    for k in per_layer_keys(cfg, full):
+        if not isinstance(getattr(type(cfg), k, None), property):
+            setattr(cfg, k, list(getattr(cfg, k))[:n])
     return ModelSource(source.name, cfg, source.task, source.origin, source.note)
 
 
 def _shortest(sigs: list[int], repeats: tuple[int, int]) -> LayerPattern | None:
     """The pattern with the shallowest small stacks (``repeats`` periods) that reproduces the
-    signatures, or None when the small stacks would be no shallower than the full one."""
+    signatures, or None when the small stacks would be no shallower than the full one.
+
+    The repeats end where the stack ends: a stack ending inside a period (Gemma-3-27B's 62 =
+    10 × 6 + 2) counts the extra layers in its prefix (2 + 10 × 6), so that the small stacks and
+    the full one differ by whole periods at the same place.  Cut after a partial period instead,
+    the small stacks' alloc/free traces did not align (no full-depth trace)."""
     n = len(sigs)
     best: tuple[int, LayerPattern] | None = None
     for period in range(1, n // 3 + 1):
-        for prefix in range(0, n - 3 * period + 1):
-            if all(sigs[i] == sigs[prefix + (i - prefix) % period] for i in range(prefix, n)):
-                tail = (n - prefix) % period
-                pat = LayerPattern(n, prefix, period, tail)
-                cost = pat.depth(repeats[0]) + pat.depth(repeats[1])
-                if pat.repeats > repeats[1] and cost < n and (best is None or cost < best[0]):
-                    best = (cost, pat)
-                break  # a longer prefix with this period only costs more
+        # the first layer from which the signatures repeat with this period
+        start = next((q for q in range(n - 3 * period + 1)
+                      if all(sigs[i] == sigs[q + (i - q) % period] for i in range(q, n))), None)
+        if start is None:
+            continue
+        pat = LayerPattern(n, start + (n - start) % period, period)
+        cost = pat.depth(repeats[0]) + pat.depth(repeats[1])
+        if pat.repeats > repeats[1] and cost < n and (best is None or cost < best[0]):
+            best = (cost, pat)
     return None if best is None else best[1]
 
 
-_PATTERNS: dict[tuple[str, tuple[int, int]], LayerPattern | None] = {}
-"""Pattern by (the configuration's JSON, repeats): a plan asks once per group."""
+_PATTERNS: dict[tuple[Any, ...], LayerPattern | None] = {}
+"""Pattern by (task, the configuration's JSON, repeats, remote code trusted): a plan asks once
+per group."""
 
 
 def layer_pattern(source: ModelSource, repeats: tuple[int, int],
@@ -180,9 +189,10 @@ def layer_pattern(source: ModelSource, repeats: tuple[int, int],
     if source.task in ("seq2seq-lm", "custom-lm") or getattr(cfg, "is_encoder_decoder", False):
         return None  # custom-lm: its depth is the factory's, not a config field we can change
     attr, n = layer_count(source)
-    if attr is None or not hasattr(cfg, "to_json_string"):
+    if attr is None or not hasattr(cfg, "to_dict"):
         return None
-    key = (source.task + cfg.to_json_string(use_diff=False), repeats)
+    key = (source.task, json.dumps(cfg.to_dict(), sort_keys=True, default=repr), repeats,
+           trust_remote_code)
     if key not in _PATTERNS:
         _PATTERNS[key] = _find(source, n, repeats, trust_remote_code)
     return _PATTERNS[key]
@@ -190,6 +200,7 @@ def layer_pattern(source: ModelSource, repeats: tuple[int, int],
 
 def _find(source: ModelSource, n: int, repeats: tuple[int, int],
           trust_remote_code: bool) -> LayerPattern | None:
+    """:func:`layer_pattern`, uncached."""
     try:
         keys = per_layer_keys(source.config, n)
         sigs = _signatures(_build(source, trust_remote_code), source.config, n, keys)
@@ -203,6 +214,10 @@ def _find(source: ModelSource, n: int, repeats: tuple[int, int],
             got = _signatures(_build(small, trust_remote_code), small.config, pat.depth(k), keys)
             if got != sigs[:pat.depth(k)]:
                 return None  # the cut stack builds otherwise (a per-layer list it recomputes)
-    except Exception:  # a config transformers cannot build: the full stack
-        return None  # is simulated, and that simulation reports the error to the user
+    except (AssertionError, AttributeError, ImportError, IndexError, KeyError, OSError,
+            RuntimeError, TypeError, ValueError):
+        # what transformers' model classes raise on a config they cannot build (the set
+        # build_model_on_meta turns into one line, and a missing kernel package or remote
+        # code): the full stack is simulated, and that simulation reports the error
+        return None
     return pat

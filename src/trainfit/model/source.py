@@ -127,25 +127,13 @@ def _check_heads(data: dict[str, Any], cls: Any, where: str) -> None:
                        "query heads: choose a divisor of the heads")
 
 
-def _tower_params(cfg: Any) -> int | None:
-    """Parameters of a sub-model built from ``cfg`` on the meta device (None: not buildable)."""
-    import torch
-    from transformers import AutoModel
-
-    try:
-        with torch.device("meta"):
-            return sum(p.numel() for p in AutoModel.from_config(cfg).parameters())
-    except Exception:  # a tower transformers cannot build alone: its size is not told
-        return None
-
-
 def check_not_multimodal(cfg: Any, where: str) -> None:
     """A multimodal checkpoint (Gemma-3 4B+, Llama-4, Mistral-3: a language model in
     ``text_config`` beside a vision or audio tower) is one clear line: trainfit plans language
     models, and planning the text model alone would leave the tower's weights (and, trained,
     its gradients and optimizer states) out, an under-prediction.  The hint names the sizes the
     published ``text_config`` leaves to transformers' defaults, so that it can be planned alone,
-    and the tower's parameters, so that the user knows what is left out."""
+    and the tower's sizes, so that the user knows what is left out."""
     text = getattr(cfg, "text_config", None)
     towers = [(k, getattr(cfg, k)) for k in ("vision_config", "audio_config")
               if getattr(cfg, k, None) is not None]
@@ -156,9 +144,13 @@ def check_not_multimodal(cfg: Any, where: str) -> None:
               if getattr(text, k, None) is not None]
     left = []
     for k, sub in towers:
-        n = _tower_params(sub)
-        size = f", {n:,} parameters" if n else ""
-        left.append(f"its {k.removesuffix('_config')} tower ({getattr(sub, 'model_type', k)}{size})")
+        # its size from its config: building it here, in the process that forks the plan's
+        # workers, is what deadlocked those workers (plan/grid.py _Workers)
+        sizes = ", ".join(f"{a} {getattr(sub, a)}" for a in ("num_hidden_layers", "hidden_size",
+                                                             "intermediate_size")
+                          if isinstance(getattr(sub, a, None), int))
+        left.append(f"its {k.removesuffix('_config')} tower ({getattr(sub, 'model_type', k)}"
+                    f"{': ' + sizes if sizes else ''})")
     raise JobError(f"--model {where}: {archs[0]} is a multimodal model (a language model in "
                    f"text_config beside {' and '.join(left)}); trainfit plans language models",
                    "to plan text-only fine-tuning of its language model, write its text_config "
