@@ -141,13 +141,13 @@ def _build(source: ModelSource, trust_remote_code: bool) -> torch.nn.Module:
 def with_layers(source: ModelSource, n: int) -> ModelSource:
     """The same model with an ``n``-layer stack, the config's per-layer lists
     (:func:`per_layer_keys`: ``layer_types``, ``no_rope_layers``) cut to ``n`` — some configs
-    check them against the depth — but for a read-only one (Mamba's ``layer_types``, derived)."""
+    check them against the depth.  Only the config's own attributes are cut: a read-only
+    property derived from the depth (Mamba's ``layer_types``) is not one, and follows it."""
     attr, full = layer_count(source)
     cfg = copy.deepcopy(source.config)
     setattr(cfg, attr, n)
     for k in per_layer_keys(cfg, full):
-        if not isinstance(getattr(type(cfg), k, None), property):
-            setattr(cfg, k, list(getattr(cfg, k))[:n])
+        setattr(cfg, k, list(getattr(cfg, k))[:n])
     return ModelSource(source.name, cfg, source.task, source.origin, source.note)
 
 

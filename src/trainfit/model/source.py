@@ -144,8 +144,9 @@ def check_not_multimodal(cfg: Any, where: str) -> None:
               if getattr(text, k, None) is not None]
     left = []
     for k, sub in towers:
-        # its size from its config: building it here, in the process that forks the plan's
-        # workers, is what deadlocked those workers (plan/grid.py _Workers)
+        # its size from its config, not from building it: this process may go on to fork the
+        # plan's workers, and children forked after the parent built a model deadlocked
+        # (plan/grid.py _Workers)
         sizes = ", ".join(f"{a} {getattr(sub, a)}" for a in ("num_hidden_layers", "hidden_size",
                                                              "intermediate_size")
                           if isinstance(getattr(sub, a, None), int))
