@@ -76,6 +76,10 @@ CASES = [
     {"model": "gemma-2-2b", "gpu": "a100-80gb",
      "job": {"method": "full", "ranks": 8, "sharding": "fsdp", "effective_batch": 64,
              "attention": "eager"}},
+    # a multimodal checkpoint (2026-11-30): Gemma-3-4B as AutoModelForCausalLM builds it, its
+    # vision tower held (4-bit under QLoRA) but not run, on seed 000's card
+    {"model": "gemma-3-4b", "gpu": "t4",
+     "job": {"method": "qlora", "seq_len": 1024, "effective_batch": 8}},
 ]
 FULL_SIZE_CHECKS = 12
 """Extrapolated rows per case re-simulated at full size: each (precision, checkpointing) group's

@@ -17,18 +17,10 @@ def test_a_checkpoint_stored_quantized_is_said_to_be_planned_unquantized(tiny_co
     assert note.startswith("not in config.json, transformers' defaults used: head_dim")
 
 
-def test_a_multimodal_config_is_one_clear_line_naming_what_planning_its_text_would_leave_out(
-        tmp_path):
-    """Gemma-3-4B's config.json as published: a language model in text_config (its heads and
-    vocabulary left to Gemma3TextConfig's defaults) beside a SigLIP vision tower.  Planning the
-    text model alone would leave the tower out (an under-prediction): refused, with the text
-    model's full sizes in the hint, the tower's in the error."""
+def _gemma3_json(tmp_path):
+    """Gemma-3-4B's config.json as published, at test size: a language model in text_config (its
+    heads and vocabulary left to Gemma3TextConfig's defaults) beside a SigLIP vision tower."""
     import json
-
-    import pytest
-
-    from trainfit.job import JobError
-    from trainfit.model.source import resolve_model
 
     p = tmp_path / "config.json"
     p.write_text(json.dumps({
@@ -38,11 +30,77 @@ def test_a_multimodal_config_is_one_clear_line_naming_what_planning_its_text_wou
         "vision_config": {"hidden_size": 64, "image_size": 224, "intermediate_size": 128,
                           "model_type": "siglip_vision_model", "num_attention_heads": 4,
                           "num_hidden_layers": 2, "patch_size": 14}}))
+    return p
+
+
+def test_a_multimodal_config_plans_what_auto_model_for_causal_lm_builds(tmp_path):
+    """Gemma-3-4B's published config.json was refused ("does not state num_attention_heads,
+    vocab_size"), then refused as multimodal.  AutoModelForCausalLM builds it as
+    Gemma3ForConditionalGeneration, the tower held: that is what is planned, the sizes read
+    from text_config, the defaults transformers fills in (the published model's) named."""
+    from transformers import Gemma3Config, Gemma3TextConfig
+
+    from trainfit.model.source import build_config, resolve_model
+
+    src = resolve_model(str(_gemma3_json(tmp_path)))
+    assert type(src.config) is Gemma3TextConfig and src.config.hidden_size == 256
+    assert type(src.composite) is Gemma3Config and build_config(src) is src.composite
+    assert src.composite.text_config is src.config
+    assert src.task == "causal-lm"
+    assert src.note.startswith("Gemma3ForConditionalGeneration, as AutoModelForCausalLM builds it")
+    assert "siglip_vision_model: num_hidden_layers 2, hidden_size 64, intermediate_size 128" \
+        in src.note and "not run" in src.note
+    assert "text_config.num_attention_heads = 8" in src.note
+    assert "text_config.vocab_size = 262208" in src.note
+
+
+def test_a_multimodal_config_auto_model_for_causal_lm_builds_alone_is_its_language_model(
+        tmp_path):
+    """Llama-4 (and Qwen3.5, Llama-3.2-Vision): AutoModelForCausalLM builds the language model
+    alone and loads only its weights; said so."""
+    import json
+
+    from trainfit.model.source import resolve_model
+
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({
+        "architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+        "text_config": {"hidden_size": 128, "intermediate_size": 256, "intermediate_size_mlp": 256,
+                        "num_hidden_layers": 2, "num_attention_heads": 4,
+                        "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 1000,
+                        "num_local_experts": 4, "model_type": "llama4_text"},
+        "vision_config": {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+                          "model_type": "llama4_vision_model"}}))
+    src = resolve_model(str(p))
+    assert src.config.hidden_size == 128 and src.composite is not None
+    assert src.note.startswith("Llama4ForConditionalGeneration's language model, as "
+                               "AutoModelForCausalLM builds and loads it (Llama4ForCausalLM")
+    assert "is not loaded" in src.note
+
+
+def test_a_multimodal_config_auto_model_for_causal_lm_cannot_load_is_one_clear_line(tmp_path):
+    """LLaVA, Qwen2-VL, Mistral-3: AutoModelForCausalLM has no class for them.  Refused, with the
+    text model's full sizes in the hint, the tower's in the error."""
+    import json
+
+    import pytest
+
+    from trainfit.job import JobError
+    from trainfit.model.source import resolve_model
+
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({
+        "architectures": ["LlavaForConditionalGeneration"], "model_type": "llava",
+        "text_config": {"hidden_size": 256, "intermediate_size": 512, "model_type": "llama",
+                        "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 1000},
+        "vision_config": {"hidden_size": 64, "image_size": 224, "intermediate_size": 128,
+                          "model_type": "clip_vision_model", "num_attention_heads": 4,
+                          "num_hidden_layers": 2, "patch_size": 14}}))
     with pytest.raises(JobError) as err:
         resolve_model(str(p))
-    assert "Gemma3ForConditionalGeneration is a multimodal model" in str(err.value)
-    assert "siglip_vision_model: num_hidden_layers 2, hidden_size 64, intermediate_size 128" \
+    assert "LlavaForConditionalGeneration is a multimodal model" in str(err.value)
+    assert "AutoModelForCausalLM cannot load" in str(err.value)
+    assert "clip_vision_model: num_hidden_layers 2, hidden_size 64, intermediate_size 128" \
         in str(err.value)
     hint = err.value.hint
-    assert "num_attention_heads: 8" in hint and "vocab_size: 262208" in hint  # the defaults
-    assert "model_type: gemma3_text" in hint
+    assert "hidden_size: 256" in hint and "model_type: llama" in hint

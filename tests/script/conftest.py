@@ -21,7 +21,7 @@ from script_seeds import (
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny_models")
-    return {name: write_model(root, name) for name in ("gemma", "llama", "t5")}
+    return {name: write_model(root, name) for name in ("gemma", "llama", "t5", "gemma3")}
 
 
 @pytest.fixture(autouse=True)
@@ -59,3 +59,10 @@ def seed001(tmp_path, tiny_models) -> Seed:
 def seed002(tmp_path, tiny_models) -> Seed:
     return Seed(tmp_path, "train_sft.py", SEED002, tiny_models["t5"],
                 write_jsonl(tmp_path / "pairs.jsonl", pair_rows()))
+
+
+@pytest.fixture()
+def seed000_gemma3(tmp_path, tiny_models) -> Seed:
+    """Seed 000's script on a Gemma-3 4B-shaped model (a vision tower beside the language model)."""
+    return Seed(tmp_path, "fine_tune_gemma.py", SEED000, tiny_models["gemma3"],
+                write_jsonl(tmp_path / "text.jsonl", text_rows()))

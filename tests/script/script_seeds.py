@@ -134,6 +134,17 @@ CONFIGS = {
     "llama": dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
                   max_position_embeddings=256),
+    # Gemma-3 4B+'s shape: the language model in text_config beside a SigLIP vision tower
+    "gemma3": dict(model_type="gemma3", architectures=["Gemma3ForConditionalGeneration"],
+                   text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+                                    vocab_size=128, max_position_embeddings=256,
+                                    sliding_window=32),
+                   vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=2, image_size=28, patch_size=14,
+                                      vision_use_head=False),
+                   mm_tokens_per_image=4, image_token_index=127, boi_token_index=125,
+                   eoi_token_index=126),
     "t5": dict(model_type="t5", d_model=64, d_ff=128, num_layers=2, num_decoder_layers=2,
                num_heads=4, d_kv=16, vocab_size=128, decoder_start_token_id=0),
 }

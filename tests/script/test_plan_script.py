@@ -92,6 +92,31 @@ def test_seed000_plan_equals_job_file_and_the_diff_gives_the_pick(seed000, tmp_p
         (pick["micro_batch"], pick["grad_accum"], pick["grad_ckpt"], pick["precision"])
 
 
+def test_seed000_on_gemma3_plans_the_tower_as_the_job_file_does(seed000_gemma3, tmp_path):
+    """Seed 000's script on a Gemma-3 4B-shaped checkpoint: AutoModelForCausalLM builds
+    Gemma3ForConditionalGeneration (a causal LM with a vision tower), the script's model and
+    trainfit's are the same (LoRA on the tower's q/v too, as peft matches them), and the plan
+    equals that of the job file naming the model directory, to the byte."""
+    seed = seed000_gemma3
+    flags = ["--gpu", "a10g", "--precision", "amp-bf16"]
+    got = _plan([*flags, "--", *seed.cmd()])
+    assert got["model_check"]["equal"], got["model_check"]
+    longest = min(96, max(len(r["text"]) for r in text_rows()))
+    job = _job_file(tmp_path, {
+        "model": str(seed.model), "method": "lora", "lora_r": 8, "lora_alpha": 16,
+        "lora_dropout": 0.05, "lora_targets": ["q_proj", "v_proj"], "seq_len": longest,
+        "base_dtype": "bf16", "effective_batch": 8, "optimizer": "adamw",
+        "optimizer_impl": "fused", "attention": "sdpa"},
+        {"micro_batch": 2, "grad_accum": 4, "grad_ckpt": "full"})
+    want = _plan([job, *flags])
+    assert _rows(got["plan"]) == _rows(want)
+    assert "its vision tower" in want["model_note"] and "not run" in want["model_note"]
+    rec = run_script(seed.cmd(), mode="plan")
+    assert rec["model"]["class"] == "Gemma3ForConditionalGeneration"
+    assert map_record(rec).fields["model"] == str(seed.model)
+    assert len(rec["lora"]["adapted"]) == 8  # q, v of 2 text layers and of 2 tower layers
+
+
 def test_seed000_qlora_after_prepare_model_for_kbit_training(seed000):
     """seed 000's own recipe: a 4-bit base, prepare_model_for_kbit_training(use_gradient_
     checkpointing=True) — the unquantized weights in float32, checkpointing on before the

@@ -37,6 +37,7 @@ from trainfit.model.in_backward import InBackwardOptimizer
 from trainfit.model.offload import simulated_offload, with_offload
 from trainfit.model.source import ModelSource
 from trainfit.model.standins import is_quant_state
+from trainfit.model.towers import tower_parameters
 from trainfit.model.workload import (
     DTYPES,
     build_model_on_meta,
@@ -178,15 +179,21 @@ def _step_batches(job: JobSpec, source: ModelSource, batch_fn: Any
     return [got], list(repeat_batches(got, min(job.grad_accum or 1, 2)))
 
 
-def _first_step(job: JobSpec, optimizer: Any, trainable: list[torch.nn.Parameter],
-                tracker: LiveBytesTracker, full_step: Any) -> None:
+def _first_step(job: JobSpec, model: torch.nn.Module, optimizer: Any,
+                trainable: list[torch.nn.Parameter], tracker: LiveBytesTracker,
+                full_step: Any) -> None:
     """The step before the steady one. When the loop holds the previous output (``full_step``
     given), it must really run. Otherwise it matters only for creating the optimizer states (its
     forward/backward run without states, so they peak lower than the steady state): they are
-    created by one optimizer step on zero gradients, as the first real step would."""
+    created by one optimizer step on zero gradients, as the first real step would — for the
+    parameters a gradient reaches: a multimodal model's tower takes no part in a text step, and
+    the optimizer makes no state for a parameter without a gradient (torch's AdamW skips
+    ``p.grad is None``)."""
     if full_step is not None:
         full_step()
     else:
+        unused = {id(p) for p in tower_parameters(model)}
+        trainable = [p for p in trainable if id(p) not in unused]
         tracker.set_phase("optimizer")
         # stepped in the backward, the first step makes each parameter's states while only its
         # own gradient exists: all the zero gradients at once would be a peak no run has
@@ -303,7 +310,7 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
             if steps > 1:
                 # a sharded step runs its first step in full: FSDP makes the gradients on its
                 # reduce-scatter stream, and the allocator reuses blocks within a stream only
-                _first_step(job, optimizer, trainable, tracker,
+                _first_step(job, model, optimizer, trainable, tracker,
                             run_step if carry is not None or mesh is not None else None)
             if op_hook is not None:
                 tracker.op_hook = op_hook

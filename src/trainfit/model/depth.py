@@ -27,13 +27,14 @@ that builds differently): simulated at full depth, as before.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from trainfit.model.source import ModelSource, layer_count
+from trainfit.model.source import ModelSource, build_config, layer_count, no_cache
 
 _SCALARS = (bool, int, float, str, type(None))
 
@@ -132,8 +133,8 @@ def _build(source: ModelSource, trust_remote_code: bool) -> torch.nn.Module:
     """The plain model of ``source`` on the meta device (no LoRA, quantization or dtypes)."""
     from trainfit.model.workload import auto_model_class
 
-    cfg = copy.deepcopy(source.config)
-    cfg.use_cache = False
+    cfg = copy.deepcopy(build_config(source))
+    no_cache(cfg)
     with torch.device("meta"):
         return auto_model_class(source.task).from_config(cfg, trust_remote_code=trust_remote_code)
 
@@ -142,13 +143,18 @@ def with_layers(source: ModelSource, n: int) -> ModelSource:
     """The same model with an ``n``-layer stack, the config's per-layer lists
     (:func:`per_layer_keys`: ``layer_types``, ``no_rope_layers``) cut to ``n`` — some configs
     check them against the depth.  Only the config's own attributes are cut: a read-only
-    property derived from the depth (Mamba's ``layer_types``) is not one, and follows it."""
+    property derived from the depth (Mamba's ``layer_types``) is not one, and follows it.  A
+    multimodal model's language model is cut inside its configuration (its towers kept)."""
     attr, full = layer_count(source)
-    cfg = copy.deepcopy(source.config)
+    if source.composite is not None:
+        composite = copy.deepcopy(source.composite)
+        cfg = composite.text_config
+    else:
+        composite, cfg = None, copy.deepcopy(source.config)
     setattr(cfg, attr, n)
     for k in per_layer_keys(cfg, full):
         setattr(cfg, k, list(getattr(cfg, k))[:n])
-    return ModelSource(source.name, cfg, source.task, source.origin, source.note)
+    return dataclasses.replace(source, config=cfg, composite=composite)
 
 
 def _shortest(sigs: list[int], repeats: tuple[int, int]) -> LayerPattern | None:
@@ -191,7 +197,8 @@ def layer_pattern(source: ModelSource, repeats: tuple[int, int],
     attr, n = layer_count(source)
     if attr is None or not hasattr(cfg, "to_dict"):
         return None
-    key = (source.task, json.dumps(cfg.to_dict(), sort_keys=True, default=repr), repeats,
+    key = (source.task, json.dumps(build_config(source).to_dict(), sort_keys=True, default=repr),
+           repeats,
            trust_remote_code)
     if key not in _PATTERNS:
         _PATTERNS[key] = _find(source, n, repeats, trust_remote_code)

@@ -15,6 +15,7 @@ shared experts are ordinary MLPs (``shared_expert``) that every token runs, so t
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -71,13 +72,16 @@ def _counts_of(source: Any) -> tuple[int, int]:
     if top_k(config) is None or source.task == "custom-lm" or \
             not hasattr(config, "to_json_string"):
         return 0, 0
-    key = (source.task, config.to_json_string(use_diff=False))
+    # a multimodal model (Llama-4) is built from its whole configuration, top-k read from its
+    # language model's
+    built = getattr(source, "composite", None) or config
+    key = (source.task, built.to_json_string(use_diff=False))
     if key not in _COUNTS:
         from trainfit.model.workload import auto_model_class
 
         try:
             with torch.device("meta"):
-                model = auto_model_class(source.task).from_config(config)
+                model = auto_model_class(source.task).from_config(copy.deepcopy(built))
             _COUNTS[key] = inactive_expert_params(model, config), stacked_expert_params(model)
         except Exception:  # an unbuildable config counts every parameter (as before)
             _COUNTS[key] = 0, 0

@@ -25,6 +25,27 @@ class ModelSource:
     origin: str
     """catalog / local / hub / custom (``module:factory``)."""
     note: str = ""
+    composite: Any = None
+    """The whole multimodal configuration the model is built from when ``config`` is its language
+    model's (``text_config``, which every size is read from); None for a language model's own
+    configuration.  What ``AutoModelForCausalLM`` builds from it is what is planned and run:
+    Gemma-3 4B+ the language model beside its vision tower (held, not run on text batches),
+    Llama-4 and Qwen3.5 the language model alone (:func:`split_multimodal`)."""
+
+
+def build_config(source: ModelSource) -> Any:
+    """The configuration the model is built from (``from_config``): the multimodal one when
+    there is one, else ``source.config``."""
+    return source.composite if source.composite is not None else source.config
+
+
+def no_cache(cfg: Any) -> None:
+    """``use_cache = False`` on a configuration and on its language model's (a multimodal
+    model's language model reads its own ``text_config``)."""
+    cfg.use_cache = False
+    text = getattr(cfg, "text_config", None)
+    if text is not None and hasattr(text, "use_cache"):
+        text.use_cache = False
 
 
 LAYER_ATTRS = ("num_hidden_layers", "n_layer", "num_layers")
@@ -127,37 +148,91 @@ def _check_heads(data: dict[str, Any], cls: Any, where: str) -> None:
                        "query heads: choose a divisor of the heads")
 
 
-def check_not_multimodal(cfg: Any, where: str) -> None:
-    """A multimodal checkpoint (Gemma-3 4B+, Llama-4, Mistral-3: a language model in
-    ``text_config`` beside a vision or audio tower) is one clear line: trainfit plans language
-    models, and planning the text model alone would leave the tower's weights (and, trained,
-    its gradients and optimizer states) out, an under-prediction.  The hint names the sizes the
-    published ``text_config`` leaves to transformers' defaults, so that it can be planned alone,
-    and the tower's sizes, so that the user knows what is left out."""
-    text = getattr(cfg, "text_config", None)
-    towers = [(k, getattr(cfg, k)) for k in ("vision_config", "audio_config")
-              if getattr(cfg, k, None) is not None]
-    if text is None or not towers or getattr(cfg, "hidden_size", None):
-        return
-    archs = getattr(cfg, "architectures", None) or [type(cfg).__name__]
-    fields = [f"{k}: {getattr(text, k)}" for k in ("model_type", *ARCH_FIELDS, *SIZE_FIELDS)
-              if getattr(text, k, None) is not None]
-    left = []
-    for k, sub in towers:
-        # its size from its config, not from building it: this process may go on to fork the
-        # plan's workers, and children forked after the parent built a model deadlocked
-        # (plan/grid.py _Workers)
+def _towers(cfg: Any) -> list[tuple[str, Any]]:
+    return [(k, getattr(cfg, k)) for k in ("vision_config", "audio_config")
+            if getattr(cfg, k, None) is not None]
+
+
+def is_multimodal(cfg: Any) -> bool:
+    """A language model in ``text_config`` beside a vision or audio tower (Gemma-3 4B+,
+    Llama-4, Qwen3.5, Mistral-3), its sizes not at the top level."""
+    return getattr(cfg, "text_config", None) is not None and bool(_towers(cfg)) \
+        and not getattr(cfg, "hidden_size", None)
+
+
+def _tower_sizes(cfg: Any) -> str:
+    """Each tower, its sizes from its config (not from building it: this process may go on to
+    fork the plan's workers, and children forked after the parent built a model deadlocked,
+    plan/grid.py _Workers)."""
+    out = []
+    for k, sub in _towers(cfg):
         sizes = ", ".join(f"{a} {getattr(sub, a)}" for a in ("num_hidden_layers", "hidden_size",
                                                              "intermediate_size")
                           if isinstance(getattr(sub, a, None), int))
-        left.append(f"its {k.removesuffix('_config')} tower ({getattr(sub, 'model_type', k)}"
-                    f"{': ' + sizes if sizes else ''})")
-    raise JobError(f"--model {where}: {archs[0]} is a multimodal model (a language model in "
-                   f"text_config beside {' and '.join(left)}); trainfit plans language models",
-                   "to plan text-only fine-tuning of its language model, write its text_config "
-                   f"as a config.json of its own ({', '.join(fields)}) and plan that; the tower is "
-                   "then not counted (add its weights by hand, and its gradients and optimizer "
-                   "states if it trains)")
+        out.append(f"its {k.removesuffix('_config')} tower ({getattr(sub, 'model_type', k)}"
+                   f"{': ' + sizes if sizes else ''})")
+    return " and ".join(out)
+
+
+def split_multimodal(cfg: Any, where: str, task: str = "causal-lm") -> tuple[Any, Any, str]:
+    """(the language model's configuration, the multimodal one or None, what is planned).
+
+    trainfit plans what ``AutoModelForCausalLM.from_pretrained`` loads, as a text fine-tuning
+    script does (TRL's SFT of Gemma-3 calls it so):
+
+    * Gemma-3 4B+ (and Gemma-3n, Gemma-4): ``Gemma3ForConditionalGeneration``, the language model
+      beside its vision tower.  The tower's weights are held (quantized with the rest under
+      QLoRA: transformers' BitsAndBytesConfig skips only the output head, quantizers/base.py
+      ``get_keys_to_not_convert``) but not run, as the batches are text: no activations, no
+      gradients (a parameter that took no part in the loss has none, and AdamW keeps no state
+      for it), and no model FLOPs.
+    * Llama-4, Llama-3.2-Vision, Qwen3.5: ``Llama4ForCausalLM`` and its kin, the language model
+      alone (the checkpoint's tower weights are not loaded).
+    * Qwen2-VL, LLaVA, Mistral-3: ``AutoModelForCausalLM`` has no class for them — one clear line.
+
+    Planning the language model alone where the class holds the tower would leave the tower's
+    weights out: an under-prediction."""
+    if not is_multimodal(cfg):
+        return cfg, None, ""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    text = cfg.text_config
+    cls_name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(cfg, "model_type", ""))
+    archs = getattr(cfg, "architectures", None) or [cls_name or type(cfg).__name__]
+    cls = getattr(transformers, cls_name, None) if cls_name and task == "causal-lm" else None
+    if cls is None:
+        fields = [f"{k}: {getattr(text, k)}" for k in ("model_type", *ARCH_FIELDS, *SIZE_FIELDS)
+                  if getattr(text, k, None) is not None]
+        why = ("that AutoModelForCausalLM cannot load; trainfit plans what it loads"
+               if task == "causal-lm" else f"planned as a {task}; trainfit plans a multimodal "
+               "model only as AutoModelForCausalLM loads it")
+        raise JobError(f"--model {where}: {archs[0]} is a multimodal model (a language model in "
+                       f"text_config beside {_tower_sizes(cfg)}) {why}",
+                       "to plan text-only fine-tuning of its language model, write its text_config "
+                       f"as a config.json of its own ({', '.join(fields)}) and plan that; the tower "
+                       "is then not counted (add its weights by hand, and its gradients and "
+                       "optimizer states if it trains)")
+    config_class = getattr(cls, "config_class", None)
+    if isinstance(config_class, type) and isinstance(text, config_class):
+        return text, cfg, (f"{archs[0]}'s language model, as AutoModelForCausalLM builds and "
+                           f"loads it ({cls_name}, sizes from text_config); {_tower_sizes(cfg)} "
+                           "is not loaded")
+    built = cls_name if cls_name == archs[0] else f"{archs[0]} as {cls_name}"
+    return text, cfg, (f"{built}, as AutoModelForCausalLM builds it: the language model (sizes "
+                       f"from text_config) and {_tower_sizes(cfg)}, held in memory "
+                       "(quantized with the rest under qlora) and not run — the batches are "
+                       "text: no activations, gradients or optimizer states for the tower, and "
+                       "its parameters are not in the model FLOPs")
+
+
+def source_of(name: str, cfg: Any, task: str, origin: str, note: str = "",
+              where: str | None = None) -> ModelSource:
+    """A :class:`ModelSource` whose ``config`` is the language model's (a multimodal
+    configuration split by :func:`split_multimodal`, its note first)."""
+    text, composite, what = split_multimodal(cfg, where or name, task)
+    return ModelSource(name, text, task, origin, "; ".join(n for n in (what, note) if n),
+                       composite)
 
 
 def check_config_fields(data: dict[str, Any], cfg: Any, where: str) -> list[str]:
@@ -165,7 +240,14 @@ def check_config_fields(data: dict[str, Any], cfg: Any, where: str) -> list[str]
     the class's defaults; their values were checked by :func:`check_config_values`). Returns the
     other sizes transformers filled in (for the model's note)."""
     if isinstance(data.get("text_config"), dict) and getattr(cfg, "text_config", None) is not None:
-        return check_config_fields(data["text_config"], cfg.text_config, f"{where} (text_config)")
+        # a multimodal config.json's text_config leaves to its class's defaults what the
+        # published model has (Gemma-3-4B's heads and vocabulary): transformers loads the
+        # published file so, and they are named in the note, not refused
+        inner = data["text_config"]
+        return [f"text_config.{n} = {getattr(cfg.text_config, n)}"
+                for n in (*ARCH_FIELDS, *SIZE_FIELDS)
+                if getattr(cfg.text_config, n, None) is not None
+                and _given(inner, type(cfg.text_config), n) is None]
     cls = type(cfg)
     missing = [n for n in ARCH_FIELDS if hasattr(cfg, n) and _given(data, cls, n) is None]
     if missing:
@@ -249,7 +331,7 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
     if entry is not None:
         # transformers edits nested dicts (rope_scaling) in place: never hand it the catalog's own
         cfg = AutoConfig.for_model(**copy.deepcopy(entry.config))
-        return ModelSource(entry.name, cfg, entry.task, "catalog", entry.note)
+        return source_of(entry.name, cfg, entry.task, "catalog", entry.note)
 
     path = Path(name).expanduser()
     if path.exists():
@@ -277,14 +359,15 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
             raise JobError(f"--model {name}: transformers cannot read this config "
                            f"({str(err).splitlines()[0] if str(err) else type(err).__name__})",
                            "upgrade transformers or check model_type and the field values") from None
-        check_not_multimodal(cfg, name)
         defaulted = check_config_fields(data, cfg, name)
-        _check_fields(cfg, name)
-        notes = [f"not in config.json, transformers' defaults used: {', '.join(defaulted)}"
-                 ] if defaulted else []
+        src = source_of(str(path), cfg, _task_for(cfg), "local", where=name)
+        _check_fields(src.config, name)
+        notes = [src.note]
+        if defaulted:
+            notes.append(f"not in config.json, transformers' defaults used: {', '.join(defaulted)}")
         notes.append(quantization_note(cfg))
-        return ModelSource(str(path), cfg, _task_for(cfg), "local",
-                           "; ".join(n for n in notes if n))
+        src.note = "; ".join(n for n in notes if n)
+        return src
 
     if "/" in name and not name.startswith((".", "/")):
         try:
@@ -299,9 +382,9 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
             raise JobError(f"--model {name}: cannot fetch its config.json from the hub "
                            f"({type(err).__name__})",
                            "check the id and the network, or pass a local config.json") from None
-        check_not_multimodal(cfg, name)
-        _check_fields(cfg, name)
-        return ModelSource(name, cfg, _task_for(cfg), "hub", quantization_note(cfg))
+        src = source_of(name, cfg, _task_for(cfg), "hub", quantization_note(cfg))
+        _check_fields(src.config, name)
+        return src
 
     close = difflib.get_close_matches(name.lower(), model_names(), n=3, cutoff=0.5)
     hint = ("did you mean " + ", ".join(close) + "?") if close else \

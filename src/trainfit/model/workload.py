@@ -24,7 +24,7 @@ from trainfit.model.chunked_head import ChunkedHeadLM
 from trainfit.model.custom import CausalLMAdapter, build_module
 from trainfit.model.in_backward import InBackwardOptimizer
 from trainfit.model.lora_targets import import_peft, resolve_targets
-from trainfit.model.source import ModelSource
+from trainfit.model.source import ModelSource, build_config, no_cache
 from trainfit.model.standins import Adam8bitSim, quantize_linears_4bit
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -97,7 +97,7 @@ def has_sdpa(source: ModelSource) -> bool | None:
     if source.task == "custom-lm":
         return None
     try:
-        cls = auto_model_class(source.task)._model_mapping[type(source.config)]
+        cls = auto_model_class(source.task)._model_mapping[type(build_config(source))]
     except (KeyError, ValueError):
         return None
     return bool(getattr(cls, "_supports_sdpa", False))
@@ -109,15 +109,15 @@ def build_model_on_meta(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Mod
 
     if source.task == "custom-lm":
         return _build_custom(job, source)
-    cfg = copy.deepcopy(source.config)
-    cfg.use_cache = False
+    cfg = copy.deepcopy(build_config(source))
+    no_cache(cfg)
     if source.task == "seq2seq-lm" and getattr(cfg, "decoder_start_token_id", None) is None:
         # T5 shifts the labels right with this id; configs built from sizes alone lack it
         cfg.decoder_start_token_id = getattr(cfg, "pad_token_id", None) or 0
         cfg.pad_token_id = cfg.decoder_start_token_id
     attn = "eager" if job.attention == "eager" else "sdpa"
     cfg._attn_implementation = attn  # transformers 5 reads this at build time
-    base_dtype, train_dtype = weight_dtypes(job, source.config)
+    base_dtype, train_dtype = weight_dtypes(job, cfg)
     info = ModelInfo(attention_impl=attn)
     with torch.device("meta"):
         try:
@@ -132,6 +132,12 @@ def build_model_on_meta(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Mod
             # raised inside transformers' model classes by a configuration they cannot build
             # (a pad_token_id past the vocabulary asserts in nn.Embedding): the config's fault
             raise _unbuildable(source, err) from None
+        except ImportError as err:
+            # transformers' requires_backends: Gemma-3n's vision tower is a timm model
+            why = " ".join(str(err).split())[:200]
+            raise JobError(f"{source.name}: transformers needs a package it cannot import to "
+                           f"build this model ({why})", "install the package it names (e.g. "
+                           "pip install timm) and plan again") from None
     model.to(base_dtype if job.method != "full" else train_dtype)
     if job.grad_ckpt in ("full", "selective"):
         if not getattr(model, "supports_gradient_checkpointing", False):

@@ -9,6 +9,7 @@ quantile of the batch lengths, for comparison, and said to be that.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,13 @@ from typing import Any
 
 from trainfit.hardware.gpus import GpuSpec
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec
-from trainfit.model.source import ModelSource, config_from_dict, resolve_model
+from trainfit.model.source import (
+    ModelSource,
+    build_config,
+    config_from_dict,
+    resolve_model,
+    source_of,
+)
 from trainfit.plan.grid import PlanResult, plan
 from trainfit.script.diff import KeywordChange, keyword_diff
 from trainfit.script.launch import run_script
@@ -79,11 +86,18 @@ def gpu_for_hooks(gpu: GpuSpec | None) -> dict[str, Any] | None:
     return {"name": gpu.display_name, "free_bytes": max(gpu.memory_bytes - gpu.cuda_context_bytes, 0)}
 
 
+def _without_noise(d: dict[str, Any]) -> dict[str, Any]:
+    """``d`` without :data:`CONFIG_NOISE`, also in its sub-configurations (a multimodal model's
+    ``text_config``: ``from_pretrained(dtype=...)`` sets the dtype in each)."""
+    return {k: _without_noise(v) if isinstance(v, dict) and "model_type" in v else v
+            for k, v in d.items() if k not in CONFIG_NOISE}
+
+
 def script_source(rec: dict[str, Any], trust_remote_code: bool) -> tuple[ModelSource, str]:
     """(the model source, the job's ``model`` string): what the script's model name resolves to
     when its configuration is the script's, else the script's configuration itself."""
     m = rec["model"]
-    cfg_dict = {k: v for k, v in m["config"].items() if k not in CONFIG_NOISE}
+    cfg_dict = _without_noise(m["config"])
     name = m["name_or_path"]
     if name and (Path(name).exists() or ("/" in name and not name.startswith((".", "/")))):
         try:
@@ -92,14 +106,14 @@ def script_source(rec: dict[str, Any], trust_remote_code: bool) -> tuple[ModelSo
             src = None
         if src is not None:
             # as the record travelled: through JSON (integer keys of id2label become strings)
-            theirs = json.loads(json.dumps({k: v for k, v in src.config.to_dict().items()
-                                            if k not in CONFIG_NOISE}, default=str))
+            theirs = json.loads(json.dumps(_without_noise(build_config(src).to_dict()),
+                                           default=str))
             if theirs == cfg_dict:
-                return ModelSource(src.name, src.config, m["task"], src.origin, src.note), name
+                return dataclasses.replace(src, task=m["task"]), name
     cfg = config_from_dict(cfg_dict, name or "the script's config")
-    return ModelSource(name or "the script's config", cfg, m["task"], "script",
-                       "the configuration the script built (it differs from what its name "
-                       "resolves to, or it has no name)"), name or "<the script's config>"
+    return source_of(name or "the script's config", cfg, m["task"], "script",
+                     "the configuration the script built (it differs from what its name "
+                     "resolves to, or it has no name)"), name or "<the script's config>"
 
 
 def _grid_job(current: JobSpec, given: set[str]) -> JobSpec:

@@ -102,6 +102,12 @@ def _task(base: Any) -> str | None:
     cfg = getattr(base, "config", None)
     if getattr(cfg, "is_encoder_decoder", False) and name.endswith("ForConditionalGeneration"):
         return "seq2seq-lm"
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    # the class AutoModelForCausalLM builds for this config: Gemma-3 4B+'s
+    # Gemma3ForConditionalGeneration (its language model beside its vision tower)
+    if MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(cfg, "model_type", None)) == name:
+        return "causal-lm"
     return None
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from trainfit.job import JobError, JobSpec
 from trainfit.model.runtime import parse_device
-from trainfit.model.source import ModelSource
+from trainfit.model.source import source_of
 from trainfit.script.diff import KeywordChange, keyword_diff
 from trainfit.script.launch import run_script
 from trainfit.script.mapping import ReadJob, map_record
@@ -87,7 +87,7 @@ def tune_trainer(trainer: Any, rec: dict[str, Any], o: dict[str, Any]) -> dict[s
                        "TrainingArguments, or pass --effective-batch")
     opts = _options(job, rec, o)
     base = trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model") else trainer.model
-    source = ModelSource(job.model, copy.deepcopy(base.config), rec["model"]["task"], "script")
+    source = source_of(job.model, copy.deepcopy(base.config), rec["model"]["task"], "script")
     shapes = _Shapes(seq_len=read.lengths.longest, padded=read.lengths.padded)
     capacity, name, predict = device_side(source, shapes, device, opts)  # type: ignore[arg-type]
     lengths = rec["lengths"]["sample_lengths"]

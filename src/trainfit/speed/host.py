@@ -304,6 +304,10 @@ def host_step(job: JobSpec, source: Any, again: bool = False,
 
 
 def _host_step(job: JobSpec, source: Any, again: bool, pool: bool = False) -> HostStep | None:
+    if getattr(source, "composite", None) is not None:
+        # a multimodal model's text step runs its language model alone (the towers take no
+        # part): timed as the language model, without building a tower on this CPU
+        source = dataclasses.replace(source, composite=None)
     cfg = shrunk_config(source.config)
     if cfg is None or _first_int(cfg, _EXPERTS)[1]:
         # mixture of experts: on a CPU the experts' grouped matmuls fall back to a loop of

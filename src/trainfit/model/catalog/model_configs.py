@@ -312,6 +312,40 @@ GEMMA_2_9B: Config = {
     "num_key_value_heads": 8,
 }
 
+# Gemma-3 4B: google/gemma-3-4b-it's config.json as published (multimodal: the language model in
+# text_config, its heads, vocabulary and head_dim left to Gemma3TextConfig's defaults — 8 heads,
+# 4 key/value heads, 262,208 tokens, 256 — beside a SigLIP vision tower).  AutoModelForCausalLM
+# builds Gemma3ForConditionalGeneration from it: 4.30 B parameters, as its model card says.
+GEMMA_3_4B: Config = {
+    "architectures": ["Gemma3ForConditionalGeneration"],
+    "boi_token_index": 255999,
+    "eoi_token_index": 256000,
+    "eos_token_id": [1, 106],
+    "image_token_index": 262144,
+    "initializer_range": 0.02,
+    "mm_tokens_per_image": 256,
+    "model_type": "gemma3",
+    "text_config": {
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 34,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024,
+    },
+    "torch_dtype": "bfloat16",
+    "vision_config": {
+        "hidden_size": 1152,
+        "image_size": 896,
+        "intermediate_size": 4304,
+        "model_type": "siglip_vision_model",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 27,
+        "patch_size": 14,
+        "vision_use_head": False,
+    },
+}
+
 # ---------------------------------------------------------------------------
 # Falcon / GPT-NeoX (StableLM alpha)
 # ---------------------------------------------------------------------------

@@ -323,6 +323,16 @@ _ENTRIES: tuple[CatalogModel, ...] = (
         f"{_HF}/ashercn97/blanked-v011 and hfhugs/gemma-2-9b-it)",
     ),
     CatalogModel(
+        name="gemma-3-4b",
+        hf_id="google/gemma-3-4b-it",
+        config=cfg.GEMMA_3_4B,
+        aliases=("gemma3-4b", "gemma-3-4b-it", "gemma-3-4b-pt", "google/gemma-3-4b-pt"),
+        param_count=4_300_079_472,
+        source=f"{_HF}/google/gemma-3-4b-it config.json, as quoted verbatim in public test "
+        "suites that pin it (\"the original gemma-3-4b-it's config.json\"; the 4.30e9 "
+        "parameters its model card advertises are reproduced)",
+    ),
+    CatalogModel(
         name="phi-3-mini-4k",
         hf_id="microsoft/Phi-3-mini-4k-instruct",
         config=cfg.PHI_3_MINI_4K,
