@@ -104,3 +104,22 @@ def test_a_multimodal_config_auto_model_for_causal_lm_cannot_load_is_one_clear_l
         in str(err.value)
     hint = err.value.hint
     assert "hidden_size: 256" in hint and "model_type: llama" in hint
+
+
+def test_a_multimodal_text_config_must_state_its_width_and_depth(tmp_path):
+    """Its heads and vocabulary may be left to the class's defaults (the published Gemma-3-4B
+    file does), its width and depth not: a text_config of only a model_type is refused."""
+    import json
+
+    import pytest
+
+    from trainfit.job import JobError
+    from trainfit.model.source import resolve_model
+
+    p = _gemma3_json(tmp_path)
+    data = json.loads(p.read_text())
+    del data["text_config"]["num_hidden_layers"]
+    p.write_text(json.dumps(data))
+    with pytest.raises(JobError) as err:
+        resolve_model(str(p))
+    assert "text_config does not state num_hidden_layers" in str(err.value)

@@ -143,3 +143,95 @@ def test_the_language_model_is_cut_inside_the_multimodal_config_and_extrapolates
     pred = model.predict(4, accumulating=False)
     assert pred["total_params"] == full.total_params
     assert pred["peak_allocated_bytes"] == rep.peak_allocated_bytes
+
+
+def test_a_language_models_own_parameters_are_no_tower(tiny_t5):
+    """T5's encoder is outside get_decoder(), a classifier's head outside
+    get_output_embeddings(): both run, neither is a tower."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification, BertConfig
+
+    from trainfit.model.towers import tower_parameters
+
+    with torch.device("meta"):
+        t5 = AutoModelForSeq2SeqLM.from_config(tiny_t5.config)
+        bert = AutoModelForSequenceClassification.from_config(BertConfig(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+            vocab_size=500))
+    assert tower_parameters(t5) == [] and tower_parameters(bert) == []
+    assert tower_parameters(_built(_gemma3()))  # the check above can fail
+
+
+def test_zero_makes_states_for_the_tower_too():
+    """DeepSpeed's ZeRO steps one flat fp32 partition of every trainable parameter, zero-filled
+    where no gradient came: the tower's states are made (per rank, 1/n of fp32 master + two
+    fp32 Adam states), where torch's AdamW makes none."""
+    from trainfit.memory.predict import predict_memory
+    from trainfit.model.towers import tower_params_of
+
+    src = _gemma3()
+    job = JobSpec(model="g3", seq_len=64, micro_batch=2, method="full", precision="amp-bf16",
+                  ranks=2, sharding="zero2")
+    whole = predict_memory(job, src, None)
+    text = predict_memory(job, _text_only(src), None)
+    # two bf16 states and the step count per tower tensor in the one-process step (512-byte
+    # blocks), built on the fp32 master (× 2), ÷ 2 ranks; the fp32 master partition, ÷ 2 ranks
+    from trainfit.model.towers import tower_parameters
+
+    sizes = [p.numel() for p in tower_parameters(_built(src))]
+    states = sum(2 * -(-n * 2 // 512) * 512 + 512 for n in sizes) * 2 // 2
+    master = 4 * tower_params_of(src) // 2
+    got = whole.breakdown["optimizer"] - text.breakdown["optimizer"]
+    assert got == pytest.approx(states + master, rel=0.001)
+    assert got / tower_params_of(src) > 5.9  # not the master alone (2 bytes a parameter)
+    # a single process: no state for it
+    one = JobSpec(model="g3", seq_len=64, micro_batch=2, method="full", precision="amp-bf16")
+    assert predict_memory(one, src, None).breakdown["optimizer"] == \
+        predict_memory(one, _text_only(src), None).breakdown["optimizer"]
+
+
+def test_ddp_over_a_tower_that_gets_no_gradient_says_how_to_run_it():
+    from trainfit.memory.predict import predict_memory
+
+    src = _gemma3()
+    job = JobSpec(model="g3", seq_len=64, micro_batch=2, method="full", precision="bf16-true",
+                  ranks=2)
+    notes = " ".join(predict_memory(job, src, None).model_notes)
+    assert "find_unused_parameters=True" in notes
+    notes = " ".join(predict_memory(job, _text_only(src), None).model_notes)
+    assert "find_unused_parameters" not in notes
+
+
+def test_lora_default_targets_are_the_language_models():
+    """peft's table has no entry for the multimodal config (gemma3): its language model's
+    (gemma3_text: q_proj, v_proj) are the defaults, which peft matches in the tower too."""
+    from trainfit.model.workload import build_model_on_meta
+
+    model, info = build_model_on_meta(JobSpec(model="g3", method="lora"), _gemma3())
+    assert info.lora_target_modules == ["q_proj", "v_proj"]
+    adapted = [n for n, m in model.named_modules() if hasattr(m, "lora_A")]
+    assert any("vision_tower" in n for n in adapted)
+    assert any("language_model" in n for n in adapted)
+
+
+def test_a_language_model_alone_holds_no_tower():
+    """Llama-4: AutoModelForCausalLM builds the language model alone from the multimodal
+    config: the same parameters as from its text_config, no tower."""
+    import torch
+    from transformers import AutoModelForCausalLM, Llama4Config
+
+    from trainfit.model.source import source_of
+    from trainfit.model.towers import holds_towers, tower_params_of
+
+    cfg = Llama4Config(
+        text_config={"hidden_size": 128, "intermediate_size": 256, "intermediate_size_mlp": 256,
+                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                     "head_dim": 32, "vocab_size": 1000, "num_local_experts": 4},
+        vision_config={"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128})
+    src = source_of("l4", cfg, "causal-lm", "local")
+    assert src.composite is cfg and not holds_towers(src) and tower_params_of(src) == 0
+    with torch.device("meta"):
+        whole = AutoModelForCausalLM.from_config(cfg)
+        text = AutoModelForCausalLM.from_config(cfg.text_config)
+    assert type(whole) is type(text)
+    assert sum(p.numel() for p in whole.parameters()) == sum(p.numel() for p in text.parameters())

@@ -32,6 +32,7 @@ from trainfit.memory.zero import (
     zero_phases,
 )
 from trainfit.model.source import ModelSource, hidden_size
+from trainfit.model.towers import unused_parameter_note
 from trainfit.model.workload import weight_dtypes
 
 CUBLAS_WORKSPACE_BYTES_PRE_HOPPER = 4096 * 1024 * 2 + 16 * 1024 * 8
@@ -290,6 +291,7 @@ def rank_peak(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int
     else:
         extra, notes = data_parallel_bytes(job, source, next(iter(phases.values())),
                                            trainable_params)
+        notes = [*notes, *filter(None, [unused_parameter_note(source, job.ranks, job.sharding)])]
         per_phase = {k: {**b, **({"data_parallel": extra} if extra else {})}
                      for k, b in phases.items()}
     phase = max(per_phase, key=lambda k: sum(per_phase[k].values()))

@@ -181,19 +181,22 @@ def _step_batches(job: JobSpec, source: ModelSource, batch_fn: Any
 
 def _first_step(job: JobSpec, model: torch.nn.Module, optimizer: Any,
                 trainable: list[torch.nn.Parameter], tracker: LiveBytesTracker,
-                full_step: Any) -> None:
+                full_step: Any, flat_states: bool) -> None:
     """The step before the steady one. When the loop holds the previous output (``full_step``
     given), it must really run. Otherwise it matters only for creating the optimizer states (its
     forward/backward run without states, so they peak lower than the steady state): they are
     created by one optimizer step on zero gradients, as the first real step would — for the
     parameters a gradient reaches: a multimodal model's tower takes no part in a text step, and
     the optimizer makes no state for a parameter without a gradient (torch's AdamW skips
-    ``p.grad is None``)."""
+    ``p.grad is None``).  DeepSpeed's ZeRO does make them (``flat_states``): its optimizer steps
+    one flat fp32 partition of every trainable parameter, zero-filled where no gradient came
+    (``initialize_optimizer_states``)."""
     if full_step is not None:
         full_step()
     else:
-        unused = {id(p) for p in tower_parameters(model)}
-        trainable = [p for p in trainable if id(p) not in unused]
+        if not flat_states:
+            unused = {id(p) for p in tower_parameters(model)}
+            trainable = [p for p in trainable if id(p) not in unused]
         tracker.set_phase("optimizer")
         # stepped in the backward, the first step makes each parameter's states while only its
         # own gradient exists: all the zero gradients at once would be a peak no run has
@@ -237,11 +240,12 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
     loads = records_loading(job, records_wrap(job, sharded))
     # ZeRO-3's linear keeps every input for the backward (zero.py: zero3_linear)
     linear = zero3_linear() if job.sharding == "zero3" else contextlib.nullcontext()
-    if job.sharding in ("zero2", "zero3"):
+    flat_states = job.sharding in ("zero2", "zero3")
+    if flat_states:
         job = compute_job(job)  # DeepSpeed's per-rank terms are added to this step (zero.py)
     with fake_world(job.ranks) if sharded else contextlib.nullcontext() as mesh, linear:
         return _simulate(job, source, target or SimTarget(), steps, record_events, op_hook,
-                         batch_fn, mesh, loads)
+                         batch_fn, mesh, loads, flat_states)
 
 
 def _place(model: torch.nn.Module, job: JobSpec, mesh: Any, fake_mode: FakeTensorMode,
@@ -273,7 +277,7 @@ def _stack_model(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Module, An
 
 def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
               record_events: bool, op_hook: Any, batch_fn: Any, mesh: Any,
-              loads: bool) -> SimResult:
+              loads: bool, flat_states: bool = False) -> SimResult:
     t0 = time.perf_counter()
     model, info = _stack_model(job, source)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=mesh is not None)
@@ -311,7 +315,8 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
                 # a sharded step runs its first step in full: FSDP makes the gradients on its
                 # reduce-scatter stream, and the allocator reuses blocks within a stream only
                 _first_step(job, model, optimizer, trainable, tracker,
-                            run_step if carry is not None or mesh is not None else None)
+                            run_step if carry is not None or mesh is not None else None,
+                            flat_states)
             if op_hook is not None:
                 tracker.op_hook = op_hook
                 op_hook.active = True

@@ -94,6 +94,9 @@ ARCH_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab
 """What a config.json must state when its class has the attribute: transformers fills a missing one
 with the class's default (a config.json with only ``model_type: llama`` is a 6.7 B Llama-2), a
 guess trainfit does not make silently."""
+TEXT_FIELDS = ("hidden_size", "num_hidden_layers")
+"""What a multimodal config.json's ``text_config`` must state: its heads and vocabulary may be
+left to the class's defaults (Gemma-3-4B's published file does), its width and depth not."""
 SIZE_FIELDS = ("intermediate_size", "num_key_value_heads", "max_position_embeddings", "head_dim")
 """Checked when given; when missing, transformers' default (or derived value) is used and named in
 the model's note."""
@@ -223,7 +226,9 @@ def split_multimodal(cfg: Any, where: str, task: str = "causal-lm") -> tuple[Any
                        f"from text_config) and {_tower_sizes(cfg)}, held in memory "
                        "(quantized with the rest under qlora) and not run — the batches are "
                        "text: no activations, gradients or optimizer states for the tower, and "
-                       "its parameters are not in the model FLOPs")
+                       "its parameters are not in the model FLOPs; LoRA targets named by leaf "
+                       "(q_proj, v_proj, all-linear) adapt the tower's layers too, as peft "
+                       "matches them, and those adapters get no gradient")
 
 
 def source_of(name: str, cfg: Any, task: str, origin: str, note: str = "",
@@ -243,11 +248,18 @@ def check_config_fields(data: dict[str, Any], cfg: Any, where: str) -> list[str]
         # a multimodal config.json's text_config leaves to its class's defaults what the
         # published model has (Gemma-3-4B's heads and vocabulary): transformers loads the
         # published file so, and they are named in the note, not refused
-        inner = data["text_config"]
-        return [f"text_config.{n} = {getattr(cfg.text_config, n)}"
-                for n in (*ARCH_FIELDS, *SIZE_FIELDS)
-                if getattr(cfg.text_config, n, None) is not None
-                and _given(inner, type(cfg.text_config), n) is None]
+        inner, text = data["text_config"], cfg.text_config
+        # but its width and depth: every published one states them
+        missing = [n for n in TEXT_FIELDS if hasattr(text, n)
+                   and _given(inner, type(text), n) is None]
+        if missing:
+            raise JobError(f"--model {where}: config.json's text_config does not state "
+                           f"{', '.join(missing)} (transformers would fill in "
+                           f"{type(text).__name__}'s defaults: a model nobody described)",
+                           "use the model's complete config.json (from its hub page or its "
+                           "directory), or add the missing fields to text_config")
+        return [f"text_config.{n} = {getattr(text, n)}" for n in (*ARCH_FIELDS, *SIZE_FIELDS)
+                if getattr(text, n, None) is not None and _given(inner, type(text), n) is None]
     cls = type(cfg)
     missing = [n for n in ARCH_FIELDS if hasattr(cfg, n) and _given(data, cls, n) is None]
     if missing:

@@ -17,7 +17,7 @@ import copy
 
 import torch
 
-from trainfit.model.source import ModelSource
+from trainfit.model.source import ModelSource, is_multimodal
 
 
 def tower_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -29,6 +29,10 @@ def tower_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     base = model.model if isinstance(model, ChunkedHeadLM) else model
     unwrap = getattr(base, "get_base_model", None)
     base = unwrap() if callable(unwrap) else base
+    if not is_multimodal(getattr(base, "config", None)):
+        # a language model's own parameters all run: T5's encoder is outside get_decoder(), a
+        # classifier's head outside get_output_embeddings(), and both take part in the loss
+        return []
     get_decoder = getattr(base, "get_decoder", None)
     decoder = get_decoder() if callable(get_decoder) else None
     if decoder is None or decoder is base:
@@ -50,17 +54,36 @@ def tower_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in tower_parameters(model))
 
 
-def _builds_composite(source: ModelSource) -> bool:
-    """Whether ``AutoModelForCausalLM`` builds the whole multimodal model (Gemma-3 4B+), not its
+def holds_towers(source: ModelSource) -> bool:
+    """Whether the model built for ``source`` holds a tower beside its language model: a
+    multimodal configuration that ``AutoModelForCausalLM`` builds whole (Gemma-3 4B+), not its
     language model alone (Llama-4, Qwen3.5)."""
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    if source.composite is None or source.task != "causal-lm":
+        return False
     name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(source.composite, "model_type", ""))
     cls = getattr(transformers, name, None) if name else None
     config_class = getattr(cls, "config_class", None)
     return cls is not None and not (isinstance(config_class, type)
                                     and isinstance(source.config, config_class))
+
+
+def unused_parameter_note(source: ModelSource, ranks: int, sharding: str) -> str:
+    """DDP over a model whose tower holds trainable parameters that get no gradient (full
+    fine-tuning, or LoRA adapters peft put on the tower's q_proj/v_proj): its reducer raises
+    "Expected to have finished reduction in the prior iteration" unless it looks for unused
+    parameters; "" where that cannot happen."""
+    if ranks < 2 or sharding != "none" or not holds_towers(source):
+        return ""
+    return ("DDP: the tower's trainable parameters (its weights under full fine-tuning, LoRA "
+            "adapters peft matched in it) get no gradient from text batches, and DDP stops with "
+            "'Expected to have finished reduction in the prior iteration' unless "
+            "find_unused_parameters=True (TrainingArguments(ddp_find_unused_parameters=True); "
+            "the HF Trainer turns it off under gradient checkpointing) or the tower is frozen "
+            "(requires_grad_(False)); its gradient buckets are counted for every trainable "
+            "parameter, as DDP allocates them")
 
 
 _COUNTS: dict[tuple[str, str], int] = {}
@@ -70,7 +93,7 @@ _COUNTS: dict[tuple[str, str], int] = {}
 def tower_params_of(source: ModelSource) -> int:
     """:func:`tower_params` of the source's model, built once on the meta device (cached per
     configuration); 0 for a language model or one transformers cannot build."""
-    if source.composite is None or source.task != "causal-lm" or not _builds_composite(source):
+    if not holds_towers(source):
         return 0
     key = (source.task, source.composite.to_json_string(use_diff=False))
     if key not in _COUNTS:

@@ -168,7 +168,9 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
         from peft import LoraConfig, get_peft_model
 
 
-        targets = resolve_targets(model, job.lora_targets, cfg.model_type)
+        # peft's default targets by the language model's type (a multimodal config's own,
+        # gemma3, has none in peft's table: peft asks for target_modules)
+        targets = resolve_targets(model, job.lora_targets, source.config.model_type)
         info.lora_target_modules = targets
         lcfg = LoraConfig(r=job.lora_r, lora_alpha=job.lora_alpha, lora_dropout=job.lora_dropout,
                           target_modules=targets, bias="none")
