@@ -147,6 +147,47 @@ def test_the_block_a_layer_passes_two_layers_on_is_chained() -> None:
     assert want.peak_reserved_bytes - want.peak_allocated_bytes > 1200 * 2**20
 
 
+def _synthetic(layers: int, stack_bytes: int) -> tuple[list[tuple[int, int]], dict, list]:
+    """A step of ``layers`` layers: each makes an activation (4 KiB) kept to the backward,
+    then a per-tensor norm each (512 B) and their stacked list (``stack_bytes``), as
+    clip_grad_norm makes them, all freed."""
+    ev: list[tuple[int, int]] = []
+    uid = iter(range(1, 10_000))
+    acts = [next(uid) for _ in range(layers)]
+    ev += [(a, 4096) for a in acts]
+    ev += [(a, -4096) for a in reversed(acts)]
+    norms = [next(uid) for _ in range(layers)]
+    ev += [(n, 512) for n in norms]
+    stack = next(uid)
+    ev += [(stack, stack_bytes), (stack, -stack_bytes)]
+    ev += [(n, -512) for n in reversed(norms)]
+    return ev, {}, [(0, "forward"), (layers, "backward"), (2 * layers, "optimizer")]
+
+
+def test_a_block_of_one_value_per_tensor_grows_with_the_depth() -> None:
+    """clip_grad_norm's stacked per-tensor norms cross a 512-byte block between depths (Gemma-3
+    at 14 and 20 layers: 1,024 and 1,536 bytes): the traces differ by more than the inserted
+    layers, and they were not aligned (Gemma-3's stacks were simulated whole).  The block is
+    resized in the shallow trace, the rest aligns, and the synthesized trace makes it grown by
+    a bound on its growth per run (the difference + 512: both sizes are rounded up to 512-byte
+    blocks) — never smaller than the deeper step's.  A block that shrinks, or
+    larger than a per-tensor list can be, still stops the alignment."""
+    from trainfit.memory.depth_trace import layer_runs
+
+    lo, hi = _synthetic(4, 1024), _synthetic(5, 1536)
+    runs = layer_runs(lo, hi)
+    # 1,024 → 1,536 bytes: it grew by less than 1,024 a run (both sizes rounded up to 512)
+    assert runs is not None and list(runs.grown.values()) == [1024]
+    trace = deeper_trace(lo, hi, 3)
+    assert trace is not None
+    sizes = sorted({d for _, d in trace[0] if d > 0})
+    assert sizes == [512, 4096, 1536 + 3 * 1024]
+    want = _synthetic(8, 2048)
+    assert replay(*trace[:2]).peak_allocated_bytes >= replay(want[0], {}).peak_allocated_bytes
+    assert layer_runs(_synthetic(4, 1536), _synthetic(5, 1024)) is None  # shrinks
+    assert layer_runs(_synthetic(4, 128 * 1024), _synthetic(5, 256 * 1024)) is None
+
+
 def test_traces_of_different_steps_are_not_synthesized() -> None:
     job = JOBS["LoRA bf16, one micro-step"]
     other = job.replace(micro_batch=5, effective_batch=None)

@@ -176,11 +176,13 @@ def test_a_dense_prefix_is_not_extrapolated_into_the_expert_layers():
     assert pred["peak_allocated_bytes"] == _replayed(full)[0]
 
 
-def test_a_repeat_whose_traces_do_not_align_is_simulated_whole():
-    """Gemma-3's sixes (five sliding layers, one global): the 14- and 20-layer stacks' traces do
-    not align into the 38-layer one, and without that trace the phase fits alone could miss a
-    peak moment moving with depth: the stack is simulated whole, as before repeats were
-    extrapolated."""
+def test_gemma3_sixes_extrapolate_to_the_byte():
+    """Gemma-3's sixes (five sliding layers, one global): the 14- and 20-layer stacks' traces
+    differ by six layers and by clip_grad_norm's stacked per-tensor norms, 1,024 bytes at 14
+    layers and 1,536 at 20 (memory.depth_trace._grown_block).  They were simulated whole (48 s
+    for this group on 2 cores); resized, they align, and the 38-layer trace made from them
+    replays to the 38-layer simulation's allocated peak and reserve, to the byte, at
+    micro-batches 1, 2 and 4, with and without accumulation."""
     from transformers import Gemma3TextConfig
 
     from trainfit.model.source import ModelSource
@@ -192,6 +194,12 @@ def test_a_repeat_whose_traces_do_not_align_is_simulated_whole():
     assert layer_pattern(src, (2, 3)).period == 6
     job = JobSpec(model="g3", seq_len=64, micro_batch=2, grad_accum=2, precision="amp-bf16",
                   method="full")
-    model = fit_group(job, src, SimTarget(device="cuda"))
-    assert not model.layer_extrapolated
-    assert [p.layers for p in model.points] == [38] * 4
+    target = SimTarget(device="cuda")
+    model = fit_group(job, src, target, high_batch=4)
+    assert model.layer_extrapolated
+    assert [p.layers for p in model.points] == [14, 20, 14, 20]
+    for b, acc in ((1, True), (2, True), (4, True), (4, False)):
+        full = simulate_step(job.replace(micro_batch=b, grad_accum=2 if acc else 1,
+                                         effective_batch=None), src, target, record_events=True)
+        assert model.full_depth(b, acc) == _replayed(full), (b, acc)
+        assert model.predict(b, accumulating=acc)["peak_allocated_bytes"] == _replayed(full)[0]

@@ -29,7 +29,9 @@ gives the trace of ``b + extra`` layers, with
 Replayed through :func:`trainfit.memory.allocator.replay`, the synthesized trace gives the
 allocated peak and the reserve of the full-depth simulation itself, to the byte, and frees the
 same blocks at the same moments (but for one per-step block of a few hundred bytes whose size
-grows with the depth), on every catalog-scale configuration checked: Mistral-7B bf16-true 1×1,
+grows with the depth: where it crosses a 512-byte block between the two depths, the alignment
+resizes it and the synthesized trace grows it per run, :func:`_grown_block` — Gemma-3's sixes),
+on every catalog-scale configuration checked: Mistral-7B bf16-true 1×1,
 1×2, 4×1, amp-bf16 1×2, 2×2, checkpointed 2×1, 12×1, 1×2 and 2×2, amp-fp16 8×1; Llama-2-7B
 LoRA 1×1; Llama-3.2-1B bf16-true 1×1, 2×1, amp-bf16 checkpointed 1×2, 2×2; Qwen2.5-7B 8-rank
 FSDP bf16-true 2×2.  Pairing each run's frees with the copy run before instead read those
@@ -43,6 +45,7 @@ and the caller keeps its share model.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import difflib
 import math
 from collections import deque
@@ -104,6 +107,9 @@ class LayerRuns:
     copies, with whether those go last copy first (:func:`_takes`)."""
     backward: Any
     """Event index → whether it falls in the backward."""
+    grown: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Block id (deeper trace) → the bytes it grows by per inserted run, at most: a block of one
+    value per tensor (:func:`_grown_block`), made at each depth at that depth's size."""
 
 
 def _makers(events: list[tuple[int, int]]) -> list[int | None]:
@@ -263,16 +269,58 @@ def _split_junctions(ops: list[tuple[str, int, int, int, int]], ta: list[Any], t
     return out
 
 
+GROWN_MAX_BYTES = 64 * 1024
+"""The largest block :func:`_grown_block` takes for one whose size grows with the depth: a list
+of one scalar per tensor (tens of thousands of tensors at 4 bytes), never an activation."""
+GROWN_BLOCKS = 4
+"""How many such blocks one alignment may resize before it gives up (a Gemma-3 step has one)."""
+
+
+def _grown_block(ops: list[tuple[str, int, int, int, int]], k: int, shallow: Trace,
+                 ta: list[Any], tb: list[Any]) -> tuple[int, int] | None:
+    """(block id in ``shallow``, its size in the deeper trace) for a block the two traces make
+    at different sizes, found where the alignment could not match (``ops[k]``, a delete or a
+    replace): a list of one value per tensor grows with the depth, and crosses a 512-byte
+    block boundary between some depths — clip_grad_norm's stacked per-tensor norms, 4 bytes a
+    tensor: 1,024 bytes at Gemma-3's 14 layers (13 tensors each), 1,536 at 20.  The shallow
+    trace's first unmatched event names the block; the deeper trace's allocations there and in
+    the replaced runs up to two opcodes on either side (the block's allocation and its free come
+    apart, with an event that did match between them; an inserted run is a layer's, not this
+    block's) must offer one larger size (≤ :data:`GROWN_MAX_BYTES`) on
+    the same stream, or None."""
+    _, i1, _, _, _ = ops[k]
+    uid = shallow[0][i1][0]
+    _, size, stream = ta[i1]
+    near = [j for tag, _, _, j1, j2 in ops[max(0, k - 2):k + 3]
+            if tag in ("delete", "replace") for j in range(j1, j2)]
+    sizes = {tb[j][1] for j in near
+             if tb[j][0] and tb[j][2] == stream and size < tb[j][1] <= GROWN_MAX_BYTES}
+    if len(sizes) != 1 or size > GROWN_MAX_BYTES:
+        return None
+    return uid, sizes.pop()
+
+
 def layer_runs(shallow: Trace, deeper: Trace) -> LayerRuns | None:
     """The repeated runs between ``shallow`` and ``deeper`` (the same step at depths one or more
-    layers apart), or None when they differ by anything but insertions or the blocks a layer
-    passes on do not chain (see :func:`_chains`)."""
+    layers apart), or None when they differ by anything but insertions (and blocks whose size
+    grows with the depth, :func:`_grown_block`) or the blocks a layer passes on do not chain
+    (see :func:`_chains`)."""
     sa, sb = _streams_in_order(shallow), _streams_in_order(deeper)
     ev_b = deeper[0]
-    ta = [(d > 0, abs(d), sa.get(u, 0)) for u, d in shallow[0]]
+    resized: dict[int, int] = {}  # shallow block id → its size in the deeper trace
     tb = [(d > 0, abs(d), sb.get(u, 0)) for u, d in ev_b]
-    ops = difflib.SequenceMatcher(None, ta, tb, autojunk=False).get_opcodes()
-    if any(tag not in ("equal", "insert") for tag, *_ in ops):
+    for _ in range(GROWN_BLOCKS + 1):
+        ta = [(d > 0, resized.get(u, abs(d)), sa.get(u, 0)) for u, d in shallow[0]]
+        ops = difflib.SequenceMatcher(None, ta, tb, autojunk=False).get_opcodes()
+        bad = next((k for k, (tag, *_) in enumerate(ops) if tag not in ("equal", "insert")),
+                   None)
+        if bad is None:
+            break
+        got = _grown_block(ops, bad, shallow, ta, tb)
+        if got is None or got[0] in resized:
+            return None
+        resized[got[0]] = got[1]
+    else:
         return None
     ops = _split_junctions(_centred(ops, tb), ta, tb)
     inside = [False] * len(ev_b)
@@ -284,7 +332,16 @@ def layer_runs(shallow: Trace, deeper: Trace) -> LayerRuns | None:
         return None
     backward = _backward(deeper)
     made = {u: backward(j) for j, (u, d) in enumerate(ev_b) if d > 0 and inside[j]}
-    return LayerRuns(ops, ev_b, sb, made, *got, backward)
+    # each resized block's id in the deeper trace (its allocation's counterpart), and its growth
+    # per run: the two sizes are rounded up to 512-byte blocks, so the bytes it grows by per run
+    # are less than their difference + 512 — that bound, never smaller than the step's block
+    grown = {ev_b[j1 + i - i1][0]: resized[u] - d + 512
+             for tag, i1, i2, j1, _ in ops if tag == "equal"
+             for i in range(i1, i2) if (u := shallow[0][i][0]) in resized
+             and (d := shallow[0][i][1]) > 0}
+    if len(grown) != len(resized):
+        return None  # a resized block whose allocation went unmatched
+    return LayerRuns(ops, ev_b, sb, made, *got, backward, grown)
 
 
 def deeper_trace(shallow: Trace, deeper: Trace, extra_runs: int, sized: Trace | None = None,
@@ -348,7 +405,10 @@ def deeper_trace(shallow: Trace, deeper: Trace, extra_runs: int, sized: Trace | 
             live.add(u)
         else:
             live.discard(u)
-        out.append((u, size[j]))  # signed: an allocation's bytes, or a free's negated
+        grow = r.grown.get(r.events[j][0], 0) * extra_runs
+        # signed: an allocation's bytes, or a free's negated; a block of one value per tensor
+        # grown by its growth per run (a bound: never smaller than the step's own)
+        out.append((u, size[j] + (grow if size[j] > 0 else -grow)))
     sb = r.streams
     streams = {u: sb[u % _COPY] for u, d in out if d > 0 and u % _COPY in sb}
     return out, streams  # no phases: a synthesized trace is replayed, not extended again

@@ -468,7 +468,9 @@ def fit_group(job: JobSpec, source: ModelSource, target: SimTarget,
     if pattern is not None and (pattern.period > 1 or pattern.prefix) and \
             not _traces_extend(list(pts.values()), depths, full, accumulates):
         # a repeat of unlike layers whose small stacks' traces do not align into the full
-        # one (Gemma-3's sixes under SDPA): without the full-depth trace the phase fits alone
+        # one (Gemma-3's sixes did, until a block whose size grows with the depth was
+        # resized in the alignment, depth_trace._grown_block): without the full-depth trace
+        # the phase fits alone
         # can miss a peak moment that moves with depth, so the stack is simulated whole, as
         # it was before repeats were extrapolated (a stack of one layer repeated keeps its
         # phase fits, checked on the catalog: benchmarks/results/invariants.md)
