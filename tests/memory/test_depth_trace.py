@@ -8,7 +8,8 @@ import pytest
 
 from trainfit.job import JobSpec
 from trainfit.memory.allocator import replay
-from trainfit.memory.depth_trace import batch_trace, deeper_trace, malformed
+from trainfit.memory.batch_trace import batch_trace
+from trainfit.memory.depth_trace import deeper_trace, malformed
 from trainfit.memory.extrapolate import SEGMENT_SLACK_BYTES, fit_group
 from trainfit.memory.predict import predict_memory
 from trainfit.memory.simulate import SimTarget, simulate_step
@@ -282,7 +283,7 @@ def test_one_micro_step_trace_cut_from_two_is_the_simulated_one(
         fields: dict[str, Any]) -> None:
     """The trace plan takes for a row without accumulation, cut from the accumulating point's
     trace, is the one-micro-step step's own, event for event (and so is its replay)."""
-    from trainfit.memory.depth_trace import one_micro_step_trace
+    from trainfit.memory.batch_trace import one_micro_step_trace
 
     src = request.getfixturevalue(f"tiny_{arch}")
     job = JobSpec(model=arch, seq_len=32, micro_batch=2, grad_accum=2, precision=precision,
@@ -303,7 +304,7 @@ def test_one_micro_step_trace_cut_from_two_is_the_simulated_one(
 def test_no_cut_where_the_first_step_ran_in_full(tiny_llama, fields: dict[str, Any]) -> None:
     """A loop holding its outputs, and FSDP's sharded step, run their first step in full: the
     trace holds that step's micro-steps too, and no cut is made (plan simulates those)."""
-    from trainfit.memory.depth_trace import one_micro_step_trace
+    from trainfit.memory.batch_trace import one_micro_step_trace
 
     job = JobSpec(model="t", seq_len=32, micro_batch=2, grad_accum=2, precision="fp32",
                   grad_ckpt="off", **fields)

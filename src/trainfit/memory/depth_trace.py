@@ -52,6 +52,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from trainfit.memory.batch_trace import streams_in_order, trace_at
+
 Trace = tuple[Any, ...]
 """(events, streams[, phases]): (block id, +bytes) allocations and (block id, −bytes) frees in
 order; the stream of each block not on the default one; and (event index, phase) where each
@@ -61,19 +63,6 @@ the forward order)."""
 
 _COPY = 1 << 42
 """Id offset between copies of the inserted layer (block ids are sequence numbers far below it)."""
-
-
-def _streams_in_order(trace: Trace) -> dict[int, int]:
-    """Block id → stream as 1, 2, … by first appearance: the streams are Python objects whose
-    ids differ from one simulation to the next; their order of use does not."""
-    events, streams = trace[0], trace[1]
-    order: dict[int, int] = {}
-    out: dict[int, int] = {}
-    for uid, _ in events:
-        s = streams.get(uid)
-        if s:
-            out[uid] = order.setdefault(s, len(order) + 1)
-    return out
 
 
 def _backward(trace: Trace) -> Any:
@@ -305,7 +294,7 @@ def layer_runs(shallow: Trace, deeper: Trace) -> LayerRuns | None:
     layers apart), or None when they differ by anything but insertions (and blocks whose size
     grows with the depth, :func:`_grown_block`) or the blocks a layer passes on do not chain
     (see :func:`_chains`)."""
-    sa, sb = _streams_in_order(shallow), _streams_in_order(deeper)
+    sa, sb = streams_in_order(shallow), streams_in_order(deeper)
     ev_b = deeper[0]
     resized: dict[int, int] = {}  # shallow block id → its size in the deeper trace
     tb = [(d > 0, abs(d), sb.get(u, 0)) for u, d in ev_b]
@@ -415,7 +404,8 @@ def deeper_trace(shallow: Trace, deeper: Trace, extra_runs: int, sized: Trace | 
 
 
 ALIGN_AT = 1 / math.sqrt(2)
-"""Where between two traced micro-batches the traces are aligned (:func:`batch_trace` at
+"""Where between two traced micro-batches the traces are aligned (:func:`~trainfit.memory.
+batch_trace.batch_trace` at
 ``b1 + ALIGN_AT·(b2 − b1)``): an irrational micro-batch, at which an activation's bytes
 (proportional to it) cannot equal a weight's by accident."""
 
@@ -435,45 +425,6 @@ def malformed(events: list[tuple[int, int]]) -> int:
         else:
             bad += 1
     return bad
-
-
-def batch_trace(lo: Trace, lo_batch: int, hi: Trace, hi_batch: int, batch: int) -> Trace | None:
-    """The trace at micro-batch ``batch`` from those of the same step at ``lo_batch`` and
-    ``hi_batch`` (same depth, both ≥ 2), or None when they are not the same sequence of blocks.
-
-    At a fixed sequence length every block is a weight-sized one (the same at any micro-batch) or
-    an activation-sized one (proportional to it), so where the two traces allocate and free the
-    same blocks in the same order (the same ids, streams and order: the program does not branch
-    on the micro-batch) each block's bytes are affine in the micro-batch and the trace between is
-    the interpolation, rounded up.  Replayed at full depth it gave the allocated peak and the
-    reserve of the full-size simulation to 0.001 GiB at micro-batches 16, 48, 64 and 128 from
-    traces at 3 and 256 (Mistral-7B amp-bf16, checkpointed, one micro-step), where the reserve
-    is far from linear in the micro-batch (0.8, 24.5, 30.4 and 46.3 GiB over the peak).  At
-    micro-batch 1 a few copies of an expanded batch dimension are skipped, so the traces differ
-    from 2's in their blocks and are never interpolated from."""
-    ev_lo, st_lo, ev_hi = lo[0], lo[1], hi[0]
-    if len(ev_lo) != len(ev_hi) or _streams_in_order(lo) != _streams_in_order(hi):
-        return None
-    if any(u != v or (a > 0) != (b > 0) for (u, a), (v, b) in zip(ev_lo, ev_hi, strict=True)):
-        return None
-    t = (batch - lo_batch) / (hi_batch - lo_batch)
-    events = []
-    for (u, a), (_, b) in zip(ev_lo, ev_hi, strict=True):
-        n = math.ceil(abs(a) + (abs(b) - abs(a)) * t)  # alloc and free: the same bytes
-        events.append((u, n if a > 0 else -n))
-    return events, st_lo, *lo[2:]
-
-
-def trace_at(traces: dict[int, Trace], batch: float) -> Trace | None:
-    """The trace at ``batch`` of one depth's ``traces`` (micro-batch → trace): simulated, or
-    interpolated between the simulated micro-batches (≥ 2) on each side."""
-    if batch in traces:
-        return traces[batch]
-    lo = max((b for b in traces if 2 <= b < batch), default=None)
-    hi = min((b for b in traces if b > batch), default=None)
-    if lo is None or hi is None:
-        return None
-    return batch_trace(traces[lo], lo, traces[hi], hi, batch)
 
 
 def _at_depth(traces: dict[tuple[int, int], Trace], layers: int) -> dict[int, Trace]:
@@ -518,43 +469,3 @@ def full_depth_trace(traces: dict[tuple[int, int], Trace], depths: tuple[int, in
     bad_hi = malformed(hi[0])
     per_layer = (bad_hi - malformed(lo[0])) / (depths[1] - depths[0])
     return trace if malformed(trace[0]) == round(bad_hi + extra * per_layer) else None
-
-
-def one_micro_step_trace(trace: Trace) -> Trace | None:
-    """The trace of the same step with one micro-step, cut from the trace of a step of two.
-
-    Up to the second micro-step's forward the two steps run the same ops on the same tensors, and
-    from its optimizer phase on as well (the gradients are the same tensors, accumulated in
-    place): the cut drops the second micro-step's events and everything it allocated, and moves
-    the frees it made of earlier blocks (the first micro-step's loss, kept by the step for its
-    result) to where the one-micro-step step frees them, at its end.  Checked equal, event for
-    event, to the simulated one-micro-step trace (tests/memory/test_depth_trace.py).  None unless
-    the trace has exactly the two forwards of one such step: a simulation whose first step ran
-    in full (a loop holding its outputs, FSDP's sharded step) has four, and its cut would not be
-    the one-micro-step step's."""
-    events, streams, phases = trace[0], trace[1], trace[2] if len(trace) > 2 else []
-    forwards = [i for i, p in phases if p == "forward"]
-    if len(forwards) != 2:
-        return None
-    cut_from = forwards[1]
-    cut_to = next((i for i, p in phases if p == "optimizer" and i > cut_from), None)
-    if cut_to is None:
-        return None
-    # ≥: an optimizer phase without allocations (SGD, gradients kept) marks idle at its own index
-    end = next((i for i, p in phases if p == "idle" and i >= cut_to), len(events))
-    made = {uid for uid, delta in events[cut_from:cut_to] if delta > 0}
-
-    def kept(lo: int, hi: int) -> list[tuple[int, int]]:
-        return [e for e in events[lo:hi] if e[0] not in made]
-
-    head, step_end, after = events[:cut_from], kept(cut_to, end), kept(end, len(events))
-    moved = [e for e in events[cut_from:cut_to] if e[1] < 0 and e[0] not in made]
-
-    def new_index(i: int) -> int:  # a phase mark at i ≥ cut_to; the moved frees follow idle
-        if i <= end:
-            return len(head) + len(kept(cut_to, i))
-        return len(head) + len(step_end) + len(moved) + len(kept(end, i))
-
-    marks = [(i, p) for i, p in phases if i < cut_from] + \
-        [(new_index(i), p) for i, p in phases if i >= cut_to]
-    return head + step_end + moved + after, streams, marks

@@ -32,7 +32,8 @@ from typing import Any
 
 from trainfit.job import JobSpec
 from trainfit.memory.allocator import K_LARGE_BUFFER, replay
-from trainfit.memory.depth_trace import Trace, aligned_runs, full_depth_trace, one_micro_step_trace
+from trainfit.memory.batch_trace import one_micro_step_trace
+from trainfit.memory.depth_trace import Trace, aligned_runs, full_depth_trace
 from trainfit.memory.rebook import nonnegative, rebooked
 from trainfit.memory.simulate import SimResult, SimTarget, simulate_step
 from trainfit.model.depth import layer_pattern, with_layers
@@ -372,7 +373,7 @@ def _point(job: JobSpec, source: ModelSource, target: SimTarget, layers: int, ba
     phases of an accumulating step include those of a one-step step), else one; with
     ``one_step_trace`` an accumulating point also takes the one-micro-step step's trace (the
     allocator's reserve differs between the two kinds of step): cut from its own where that is
-    exact (:func:`~trainfit.memory.depth_trace.one_micro_step_trace`), else simulated."""
+    exact (:func:`~trainfit.memory.batch_trace.one_micro_step_trace`), else simulated."""
     src = with_layers(source, layers) if extrap else source
     j = job.replace(micro_batch=batch, grad_accum=2 if accumulates else 1, effective_batch=None)
     rec = OpRecorder()

@@ -198,8 +198,7 @@ def layer_pattern(source: ModelSource, repeats: tuple[int, int],
     if attr is None or not hasattr(cfg, "to_dict"):
         return None
     key = (source.task, json.dumps(build_config(source).to_dict(), sort_keys=True, default=repr),
-           repeats,
-           trust_remote_code)
+           repeats, trust_remote_code)
     if key not in _PATTERNS:
         _PATTERNS[key] = _find(source, n, repeats, trust_remote_code)
     return _PATTERNS[key]

@@ -177,6 +177,24 @@ def _tower_sizes(cfg: Any) -> str:
     return " and ".join(out)
 
 
+def causal_lm_class(cfg: Any) -> Any:
+    """The class ``AutoModelForCausalLM`` builds for ``cfg``'s model type (None: it has none,
+    as for LLaVA and Qwen2-VL); looked up by name, nothing built."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(cfg, "model_type", ""))
+    return getattr(transformers, name, None) if name else None
+
+
+def builds_language_model_alone(cls: Any, text: Any) -> bool:
+    """Whether ``cls``, the causal-LM class of a multimodal configuration, is built from its
+    language model's configuration ``text`` alone (Llama-4's ``Llama4ForCausalLM``), not from
+    the whole one with its towers (Gemma-3's ``Gemma3ForConditionalGeneration``)."""
+    config_class = getattr(cls, "config_class", None)
+    return isinstance(config_class, type) and isinstance(text, config_class)
+
+
 def split_multimodal(cfg: Any, where: str, task: str = "causal-lm") -> tuple[Any, Any, str]:
     """(the language model's configuration, the multimodal one or None, what is planned).
 
@@ -197,14 +215,11 @@ def split_multimodal(cfg: Any, where: str, task: str = "causal-lm") -> tuple[Any
     weights out: an under-prediction."""
     if not is_multimodal(cfg):
         return cfg, None, ""
-    import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
     text = cfg.text_config
-    cls_name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(cfg, "model_type", ""))
+    cls = causal_lm_class(cfg)
+    cls_name = cls.__name__ if cls is not None else None
     archs = getattr(cfg, "architectures", None) or [cls_name or type(cfg).__name__]
-    cls = getattr(transformers, cls_name, None) if cls_name and task == "causal-lm" else None
-    if cls is None:
+    if cls is None or task != "causal-lm":
         fields = [f"{k}: {getattr(text, k)}" for k in ("model_type", *ARCH_FIELDS, *SIZE_FIELDS)
                   if getattr(text, k, None) is not None]
         why = ("that AutoModelForCausalLM cannot load; trainfit plans what it loads"
@@ -216,8 +231,7 @@ def split_multimodal(cfg: Any, where: str, task: str = "causal-lm") -> tuple[Any
                        f"as a config.json of its own ({', '.join(fields)}) and plan that; the tower "
                        "is then not counted (add its weights by hand, and its gradients and "
                        "optimizer states if it trains)")
-    config_class = getattr(cls, "config_class", None)
-    if isinstance(config_class, type) and isinstance(text, config_class):
+    if builds_language_model_alone(cls, text):
         return text, cfg, (f"{archs[0]}'s language model, as AutoModelForCausalLM builds and "
                            f"loads it ({cls_name}, sizes from text_config); {_tower_sizes(cfg)} "
                            "is not loaded")
@@ -372,13 +386,12 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
                            f"({str(err).splitlines()[0] if str(err) else type(err).__name__})",
                            "upgrade transformers or check model_type and the field values") from None
         defaulted = check_config_fields(data, cfg, name)
-        src = source_of(str(path), cfg, _task_for(cfg), "local", where=name)
-        _check_fields(src.config, name)
-        notes = [src.note]
-        if defaulted:
-            notes.append(f"not in config.json, transformers' defaults used: {', '.join(defaulted)}")
+        notes = [f"not in config.json, transformers' defaults used: {', '.join(defaulted)}"
+                 ] if defaulted else []
         notes.append(quantization_note(cfg))
-        src.note = "; ".join(n for n in notes if n)
+        src = source_of(str(path), cfg, _task_for(cfg), "local",
+                        "; ".join(n for n in notes if n), where=name)
+        _check_fields(src.config, name)
         return src
 
     if "/" in name and not name.startswith((".", "/")):

@@ -17,7 +17,13 @@ import copy
 
 import torch
 
-from trainfit.model.source import ModelSource, is_multimodal
+from trainfit.model.experts import inactive_expert_params_of
+from trainfit.model.source import (
+    ModelSource,
+    builds_language_model_alone,
+    causal_lm_class,
+    is_multimodal,
+)
 
 
 def tower_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -58,16 +64,10 @@ def holds_towers(source: ModelSource) -> bool:
     """Whether the model built for ``source`` holds a tower beside its language model: a
     multimodal configuration that ``AutoModelForCausalLM`` builds whole (Gemma-3 4B+), not its
     language model alone (Llama-4, Qwen3.5)."""
-    import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
     if source.composite is None or source.task != "causal-lm":
         return False
-    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(source.composite, "model_type", ""))
-    cls = getattr(transformers, name, None) if name else None
-    config_class = getattr(cls, "config_class", None)
-    return cls is not None and not (isinstance(config_class, type)
-                                    and isinstance(source.config, config_class))
+    cls = causal_lm_class(source.composite)
+    return cls is not None and not builds_language_model_alone(cls, source.config)
 
 
 def unused_parameter_note(source: ModelSource, ranks: int, sharding: str) -> str:
@@ -106,3 +106,10 @@ def tower_params_of(source: ModelSource) -> int:
         except Exception:  # an unbuildable config: the simulation reports it; count nothing
             _COUNTS[key] = 0
     return _COUNTS[key]
+
+
+def inactive_params_of(source: ModelSource) -> int:
+    """Parameters a token does not run through, left out of model FLOPs: the routed experts it
+    skips (:func:`trainfit.model.experts.inactive_expert_params_of`) and a multimodal model's
+    towers (:func:`tower_params_of`)."""
+    return inactive_expert_params_of(source) + tower_params_of(source)

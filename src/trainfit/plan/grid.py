@@ -31,9 +31,9 @@ from trainfit.memory.predict import (
     predict_memory,
     target_for,
 )
-from trainfit.model.experts import inactive_expert_params_of, stacked_expert_params_of
+from trainfit.model.experts import stacked_expert_params_of
 from trainfit.model.source import ModelSource
-from trainfit.model.towers import tower_params_of
+from trainfit.model.towers import inactive_params_of
 from trainfit.plan.checks import HostRamCheck, ObservedCheck
 from trainfit.plan.context import OffloadCheck, PlanAssumptions, offload_check, plan_assumptions
 from trainfit.plan.inputs import check_inputs, supported_precisions
@@ -244,8 +244,7 @@ def _speed_fields(speed: dict[str, Any] | None) -> dict[str, Any]:
 def _flops_per_token(source: ModelSource, mem: MemoryPrediction, job: JobSpec) -> float:
     return model_flops_per_token(source.config, mem.total_params, mem.trainable_params,
                                  job.seq_len, job.method == "full",
-                                 inactive_params=inactive_expert_params_of(source)
-                                 + tower_params_of(source))
+                                 inactive_params=inactive_params_of(source))
 
 
 def _micro_candidates(job: JobSpec) -> list[int]:

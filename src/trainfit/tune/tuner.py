@@ -21,10 +21,9 @@ from trainfit.job.fields import DEFAULT_KNOBS
 from trainfit.job.step_options import refuse_other_model_code
 from trainfit.memory.predict import data_parallel_bytes, predict_memory
 from trainfit.memory.simulate import SimTarget, simulate_step
-from trainfit.model.experts import inactive_expert_params_of
 from trainfit.model.runtime import parse_device
 from trainfit.model.source import ModelSource, resolve_model
-from trainfit.model.towers import tower_params_of
+from trainfit.model.towers import inactive_params_of
 from trainfit.speed.cpu import cpu_speed
 from trainfit.speed.host import host_step
 from trainfit.speed.ops import OpRecorder
@@ -151,8 +150,7 @@ class CpuPredictor:
                             batch_fn=self.batch_fn(job.micro_batch or 1))
         fpt = model_flops_per_token(self.source.config, sim.total_params, sim.trainable_params,
                                     job.seq_len, job.method == "full",
-                                    inactive_params=inactive_expert_params_of(self.source)
-                                    + tower_params_of(self.source))
+                                    inactive_params=inactive_params_of(self.source))
         sp = predict_speed_exact(cpu_speed(), rec.ops, job.micro_batch or 1, job.grad_accum or 1,
                                  job.seq_len, job.ranks, fpt,
                                  host=host_step(job, self.source, pool=True))
