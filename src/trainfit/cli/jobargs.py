@@ -100,6 +100,22 @@ def write_atomic(path: str | Path, text: str) -> None:
         raise
 
 
+def job_for_model(job: JobSpec, fields: dict[str, Any], say: Any = None,
+                  source: Any = None) -> JobSpec:
+    """The job as the model's loading makes it: a checkpoint stored 4-bit turns LoRA into QLoRA
+    in its format (:func:`trainfit.model.stored_quant.job_for_checkpoint`), then the attention
+    transformers runs it with (:func:`default_attention`). ``source``: the resolved model, when
+    the caller has it."""
+    from trainfit.model.source import resolve_model
+    from trainfit.model.stored_quant import job_for_checkpoint
+
+    if not job.model or is_code_spec(job.model):
+        return job
+    if source is None:
+        source = resolve_model(job.model, job.trust_remote_code)
+    return default_attention(job_for_checkpoint(job, source, fields, say), fields, say, source)
+
+
 def default_attention(job: JobSpec, fields: dict[str, Any], say: Any = None,
                       source: Any = None) -> JobSpec:
     """The job with its attention as transformers runs the model by default: SDPA where the

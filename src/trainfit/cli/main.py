@@ -17,7 +17,7 @@ from trainfit.cli import monitor as monitor_cli
 from trainfit.cli import report as report_cli
 from trainfit.cli import train as train_cli
 from trainfit.cli import tune as tune_cli
-from trainfit.cli.jobargs import AllowCode, TrustRemoteCode, default_attention, fail
+from trainfit.cli.jobargs import AllowCode, TrustRemoteCode, fail, job_for_model
 from trainfit.cli.jobflags import merge_job_fields, with_job_flags
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec, job_with_current, read_job_file
 
@@ -237,9 +237,9 @@ def plan_cmd(
         spec = _gpu_spec(gpu, extra, interconnect, say)
         source = resolve_model(job.model, job.trust_remote_code)
         check_seq_len(job.seq_len, source)  # tune and train refuse it too
-        job = default_attention(job, fields, say, source)
+        job = job_for_model(job, fields, say, source)
         if current_job is not None:
-            current_job = default_attention(current_job, fields, source=source)
+            current_job = job_for_model(current_job, fields, source=source)
         with stage_progress("plan") as progress:
             result = plan(job, source, spec, margin=margin, verify=verify,
                           dataset_tokens=dataset_tokens, epochs=epochs, current=current_job,

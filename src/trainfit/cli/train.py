@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from trainfit.cli.jobargs import AllowCode, TrustRemoteCode, default_attention, fail, parse_bytes
+from trainfit.cli.jobargs import AllowCode, TrustRemoteCode, fail, job_for_model, parse_bytes
 from trainfit.job import JobError, JobSpec, read_job_file
 
 
@@ -75,7 +75,7 @@ def _job_of(job_file: str, micro_batch: int | None, allow_code: bool, trust_remo
         fields["micro_batch"] = micro_batch
         fields.pop("grad_accum", None)
     job = JobSpec.from_dict(fields, source=job_file)
-    return default_attention(job, fields, lambda msg: typer.echo(msg, err=True)), extra
+    return job_for_model(job, fields, lambda msg: typer.echo(msg, err=True)), extra
 
 
 def _steps(text: str | None, flag: str) -> tuple[int, ...]:

@@ -13,8 +13,8 @@ from trainfit.cli.jobargs import (
     AllowCode,
     TrustRemoteCode,
     check_writable,
-    default_attention,
     fail,
+    job_for_model,
     parse_bytes,
     write_atomic,
 )
@@ -37,7 +37,7 @@ def _job(target: str | None, job_flags: dict[str, Any], trust_remote_code: bool,
     if trust_remote_code:
         fields["trust_remote_code"] = True
     job = JobSpec.from_dict(fields, source=target or "flags")
-    return default_attention(job, fields, lambda msg: typer.echo(msg, err=True)), extra
+    return job_for_model(job, fields, lambda msg: typer.echo(msg, err=True)), extra
 
 
 def _file_limit(extra: dict[str, Any]) -> int | None:

@@ -266,7 +266,10 @@ def _quantize(job: JobSpec, module: Linear4bitSim, tracker: Any,
     """One weight's quantizer history, ``packed`` booking its packed tensors where they are
     made; ``cloned``: quantized from the template's weight dequantized (its 16-bit copy)."""
     n = module.in_features * module.out_features
-    events = quantizer_events(job.quant_lib, n, hasattr(module, "absmax2"))
+    # a checkpoint stored 4-bit arrives packed: bitsandbytes' Params4bit.from_prequantized moves
+    # the packed bytes and builds the quantization state, no 16-bit copy is ever made
+    events = [PACKED] if module.stored else \
+        quantizer_events(job.quant_lib, n, hasattr(module, "absmax2"))
     if cloned:  # the dequantized weight is the 16-bit copy the quantizer frees at its end
         events = [("copy16" if k == "weight" else k, b) for k, b in torchao_dequant_events(n)
                   ] + events[1:]
@@ -282,21 +285,23 @@ def _quantize(job: JobSpec, module: Linear4bitSim, tracker: Any,
 
 
 def load_reserve(job: JobSpec, trace: Trace | Callable[[], Trace | None] | None,
-                 setup_events: int | None) -> tuple[int | None, list[str]]:
+                 setup_events: int | None, stored: bool = False) -> tuple[int | None, list[str]]:
     """(reserved bytes when the model is loaded, its note) of a job whose loading history is in
     its full trace (events, streams), the first ``setup_events`` of which come before the step;
-    (None, []) otherwise."""
+    (None, []) otherwise. ``stored``: the checkpoint's weights are 4-bit as published."""
     after = reserve_after_history(trace[0], trace[1], setup_events,
                                   expandable=job.expandable_segments) if (
         records_loading(job, False) and isinstance(trace, tuple) and setup_events) else None
     if after is None:
         return None, []
-    what = (f"{job.quant_lib} quantizes each base weight on the GPU" if job.method == "qlora"
+    what = ("the 4-bit weights loaded as stored, packed" if stored else
+            f"{job.quant_lib} quantizes each base weight on the GPU" if job.method == "qlora"
             else "built on the GPU")
     if job.clone_layers:
         what += ", the layers deep-copied from one block that is then freed"
     kept = ("the cache is emptied before the first step (empty_cache_before_step): only the "
             "segments live tensors split stay" if job.empty_cache_before_step else
+            "no quantizer transient is left cached" if stored else
             f"the {'loading' if job.clone_layers else 'quantizer'}'s freed working memory stays "
             "cached")
     return after[0], [
@@ -311,7 +316,8 @@ def loading_peak_bytes(job: JobSpec, source: ModelSource, terms: dict[str, int],
     """Sharded QLoRA's loading as transformers 5.23 does it (modeling_utils: a quantized model
     is materialised on every rank, `not is_quantized` excludes it from the meta path): the whole
     packed 4-bit model, its quantization state and the unquantized weights on each rank, plus the
-    bf16 weight being quantized (its largest: an MLP matrix).  None for other jobs."""
+    bf16 weight being quantized (its largest: an MLP matrix; none for a checkpoint stored 4-bit,
+    which arrives packed).  None for other jobs."""
     if job.method != "qlora" or job.ranks <= 1:
         return None
     cfg = source.config
@@ -319,7 +325,8 @@ def loading_peak_bytes(job: JobSpec, source: ModelSource, terms: dict[str, int],
     inter = next((v for a in ("intermediate_size", "ffn_dim", "n_inner")
                   if isinstance(v := getattr(cfg, a, None), int) and v > 0), 4 * h)
     shards = max(0, terms.get("parameters", 0) - quant_state_bytes)
-    return shards * job.ranks + quant_state_bytes + h * inter * 2
+    copy16 = 0 if getattr(source, "stored_quant", None) is not None else h * inter * 2
+    return shards * job.ranks + quant_state_bytes + copy16
 
 
 def loading_notes(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,

@@ -355,7 +355,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
              *dp_notes, *([limit_note] if limit_note else []), *([saving] if saving else [])]
     notes += _step_notes(job, compile_untraced, compile_partitioned)
     before_step, reserve_notes = wrap_reserve(job, trace) if records_wrap(job, per_rank) else \
-        load_reserve(job, trace, setup_events)
+        load_reserve(job, trace, setup_events, getattr(source, "stored_quant", None) is not None)
     notes += reserve_notes
     cap = gpu.memory_bytes if gpu else None
     if per_rank or (job.sharding.startswith("zero") and job.ranks > 1):

@@ -52,39 +52,46 @@ def inactive_expert_params(model: torch.nn.Module, config: Any) -> int:
     return inactive
 
 
-def stacked_expert_params(model: torch.nn.Module) -> int:
+def stacked_expert_params(model: torch.nn.Module,
+                          unstacked: frozenset[str] = frozenset()) -> int:
     """Parameters of the ``*Experts`` modules' stacked tensors: what transformers 5's 4-bit
-    conversion leaves in 16 bits — ``replace_with_bnb_linear`` converts ``nn.Linear`` layers only,
-    and of the stacked experts it first unstacks only Llama-4's
-    (``quantizers/base.py`` ``MODULES_TO_PATCH_FOR_QUANTIZATION``, read in transformers 5.23)."""
+    conversion leaves in 16 bits — ``replace_with_bnb_linear`` converts ``nn.Linear`` layers only.
+    ``unstacked``: the expert classes it first turns into ``nn.Linear`` layers, which happens for
+    a checkpoint stored 4-bit only (Llama-4's, :func:`trainfit.model.stored_quant
+    .patched_expert_classes`); quantized on the fly, Llama-4's experts stay 16-bit too."""
     return sum(p.numel() for m in model.modules() if type(m).__name__.endswith("Experts")
-               and type(m).__name__ != "Llama4TextExperts"
+               and type(m).__name__ not in unstacked
                for p in m.parameters(recurse=False) if p.dim() >= 3)
 
 
-_COUNTS: dict[tuple[str, str], tuple[int, int]] = {}
-"""(inactive, stacked) expert parameters already counted, by (task, the configuration's JSON): a
-plan asks once per row."""
+_COUNTS: dict[tuple[str, str, bool], tuple[int, int, int]] = {}
+"""(inactive, stacked, stacked even from a checkpoint stored 4-bit) expert parameters already
+counted, by (task, the configuration's JSON, stored 4-bit): a plan asks once per row."""
 
 
-def _counts_of(source: Any) -> tuple[int, int]:
+def _counts_of(source: Any) -> tuple[int, int, int]:
     config = source.config
     if top_k(config) is None or source.task == "custom-lm" or \
             not hasattr(config, "to_json_string"):
-        return 0, 0
+        return 0, 0, 0
     # a multimodal model (Llama-4) is built from its whole configuration, top-k read from its
     # language model's
     built = getattr(source, "composite", None) or config
-    key = (source.task, built.to_json_string(use_diff=False))
+    key = (source.task, built.to_json_string(use_diff=False),
+           getattr(source, "stored_quant", None) is not None)
     if key not in _COUNTS:
+        from trainfit.model.stored_quant import patched_expert_classes, unstacked_when_stored
         from trainfit.model.workload import auto_model_class
 
         try:
             with torch.device("meta"):
                 model = auto_model_class(source.task).from_config(copy.deepcopy(built))
-            _COUNTS[key] = inactive_expert_params(model, config), stacked_expert_params(model)
+            stacked = stacked_expert_params(model, patched_expert_classes(source, "qlora"))
+            # what a checkpoint stored 4-bit would leave 16-bit (Llama-4's: none)
+            stored = stacked_expert_params(model, unstacked_when_stored())
+            _COUNTS[key] = inactive_expert_params(model, config), stacked, stored
         except Exception:  # an unbuildable config counts every parameter (as before)
-            _COUNTS[key] = 0, 0
+            _COUNTS[key] = 0, 0, 0
     return _COUNTS[key]
 
 
@@ -98,3 +105,9 @@ def inactive_expert_params_of(source: Any) -> int:
 def stacked_expert_params_of(source: Any) -> int:
     """:func:`stacked_expert_params` of the source's model (cached as above; 0 likewise)."""
     return _counts_of(source)[1]
+
+
+def stacked_when_stored_params_of(source: Any) -> int:
+    """The stacked expert parameters that stay 16-bit even in a checkpoint stored 4-bit (all of
+    them but Llama-4's, which transformers unstacks for it; cached as above)."""
+    return _counts_of(source)[2]

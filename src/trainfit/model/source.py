@@ -31,6 +31,10 @@ class ModelSource:
     configuration.  What ``AutoModelForCausalLM`` builds from it is what is planned and run:
     Gemma-3 4B+ the language model beside its vision tower (held, not run on text batches),
     Llama-4 and Qwen3.5 the language model alone (:func:`split_multimodal`)."""
+    stored_quant: Any = None
+    """A :class:`trainfit.model.stored_quant.StoredQuant` when the checkpoint is published 4-bit
+    (bitsandbytes ``quantization_config``): ``from_pretrained`` loads it so, LoRA on it is QLoRA;
+    None otherwise."""
 
 
 def build_config(source: ModelSource) -> Any:
@@ -249,9 +253,12 @@ def source_of(name: str, cfg: Any, task: str, origin: str, note: str = "",
               where: str | None = None) -> ModelSource:
     """A :class:`ModelSource` whose ``config`` is the language model's (a multimodal
     configuration split by :func:`split_multimodal`, its note first)."""
+    from trainfit.model.stored_quant import stored_quant
+
+    stored = stored_quant(cfg, where or name)
     text, composite, what = split_multimodal(cfg, where or name, task)
     return ModelSource(name, text, task, origin, "; ".join(n for n in (what, note) if n),
-                       composite)
+                       composite, stored)
 
 
 def check_config_fields(data: dict[str, Any], cfg: Any, where: str) -> list[str]:
@@ -322,18 +329,27 @@ def config_from_dict(data: dict[str, Any], where: str) -> Any:
     return cfg
 
 
-def quantization_note(config: Any) -> str:
-    """What the plan does with a checkpoint published quantized (gpt-oss's MXFP4, DeepSeek-V3's
-    and Qwen3-FP8's fp8 blocks: ``quantization_config`` in config.json): ``from_config`` builds
-    the model unquantized, so the weights are planned in each row's precision, which is what
-    fine-tuning loads (gpt-oss: ``Mxfp4Config(dequantize=True)``; fp8 checkpoints are
-    dequantized to train them with peft).  Said, so that a plan of a 13 GB download is not read
-    as wrong; "" when the config has none."""
+def quantization_note(config: Any, where: str = "config.json") -> str:
+    """What the plan does with a checkpoint published quantized (``quantization_config`` in
+    config.json). bitsandbytes 4-bit (unsloth's ``*-bnb-4bit``): ``from_pretrained`` loads the
+    weights 4-bit as stored, so they are planned 4-bit and LoRA on them is QLoRA
+    (:mod:`trainfit.model.stored_quant`). Other methods (gpt-oss's MXFP4, DeepSeek-V3's and
+    Qwen3-FP8's fp8 blocks): ``from_config`` builds the model unquantized, so the weights are
+    planned in each row's precision, which is what fine-tuning loads (gpt-oss:
+    ``Mxfp4Config(dequantize=True)``; fp8 checkpoints are dequantized to train them with peft).
+    Said, so that a plan of a 13 GB download is not read as wrong; "" when the config has none."""
+    from trainfit.model.stored_quant import stored_quant
+
     q = getattr(config, "quantization_config", None)
     if not q:
         return ""
     method = (q.get("quant_method") if isinstance(q, dict) else
               getattr(q, "quant_method", None)) or "its own"
+    stored = stored_quant(config, where)
+    if stored is not None:
+        return (f"config.json's quantization_config ({stored.describe()}): from_pretrained "
+                "loads the weights 4-bit, as stored, so the plan holds them 4-bit: LoRA on them "
+                "is QLoRA, and full fine-tuning cannot run")
     return (f"config.json's quantization_config ({method}) describes how the checkpoint is "
             "stored; the plan loads the weights unquantized (in each row's precision), as "
             "fine-tuning does (e.g. Mxfp4Config(dequantize=True) for gpt-oss); --method qlora "
@@ -388,7 +404,7 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
         defaulted = check_config_fields(data, cfg, name)
         notes = [f"not in config.json, transformers' defaults used: {', '.join(defaulted)}"
                  ] if defaulted else []
-        notes.append(quantization_note(cfg))
+        notes.append(quantization_note(cfg, name))
         src = source_of(str(path), cfg, _task_for(cfg), "local",
                         "; ".join(n for n in notes if n), where=name)
         _check_fields(src.config, name)
@@ -407,7 +423,7 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
             raise JobError(f"--model {name}: cannot fetch its config.json from the hub "
                            f"({type(err).__name__})",
                            "check the id and the network, or pass a local config.json") from None
-        src = source_of(name, cfg, _task_for(cfg), "hub", quantization_note(cfg))
+        src = source_of(name, cfg, _task_for(cfg), "hub", quantization_note(cfg, name))
         _check_fields(src.config, name)
         return src
 

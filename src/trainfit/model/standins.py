@@ -124,9 +124,11 @@ class Linear4bitSim(torch.nn.Module):
                  double_quant: bool, device: torch.device | str = "meta",
                  legacy: bool = False, from_fp16: bool = False,
                  quant_storage: torch.dtype = torch.uint8, lib: str = "bnb",
-                 compiled: bool = False) -> None:
+                 compiled: bool = False, stored: bool = False) -> None:
         super().__init__()
         self.legacy, self.from_fp16 = legacy, from_fp16
+        # loaded packed from a checkpoint stored 4-bit: its loading quantizes nothing
+        self.stored = stored
         # torch.compile fuses torchao's dequantization into one kernel writing the weight: the
         # int64 codes of the eager one are never made
         self.codes_dequant = lib != "bnb" and not compiled
@@ -179,8 +181,13 @@ class Linear4bitSim(torch.nn.Module):
 def quantize_linears_4bit(model: torch.nn.Module, compute_dtype: torch.dtype, double_quant: bool,
                           skip: set[str], legacy: bool = False, from_fp16: bool = False,
                           quant_storage: torch.dtype = torch.uint8, lib: str = "bnb",
-                          compiled: bool = False) -> int:
-    """Replace every frozen ``nn.Linear`` (also PEFT base layers) except ``skip`` by the twin."""
+                          compiled: bool = False, patterns: list[str] | None = None,
+                          stored: bool = False) -> int:
+    """Replace every frozen ``nn.Linear`` (also PEFT base layers) except ``skip`` by the twin;
+    with ``patterns`` (a checkpoint's ``llm_int8_skip_modules``) those decide what stays 16-bit,
+    matched as transformers matches them, instead of ``skip``."""
+    from trainfit.model.stored_quant import keeps_16bit
+
     count = 0
     for name, mod in list(model.named_modules()):
         for child_name, child in list(mod.named_children()):
@@ -192,14 +199,16 @@ def quantize_linears_4bit(model: torch.nn.Module, compute_dtype: torch.dtype, do
             # (the fp16-quantizing stack, ``from_fp16``) converts every isinstance(nn.Linear)
             linear = isinstance(child, torch.nn.Linear) if from_fp16 else \
                 type(child) is torch.nn.Linear
-            if linear and full not in skip and not any(
-                    full.endswith("." + s) or full == s for s in skip) \
-                    and not child.weight.requires_grad:
+            if patterns is not None:
+                kept = keeps_16bit(full, patterns)
+            else:
+                kept = full in skip or any(full.endswith("." + s) or full == s for s in skip)
+            if linear and not kept and not child.weight.requires_grad:
                 setattr(mod, child_name, Linear4bitSim(
                     child.in_features, child.out_features, child.bias is not None,
                     compute_dtype, double_quant, device=child.weight.device, legacy=legacy,
                     from_fp16=from_fp16, quant_storage=quant_storage, lib=lib,
-                    compiled=compiled))
+                    compiled=compiled, stored=stored))
                 count += 1
     return count
 

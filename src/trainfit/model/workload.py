@@ -26,6 +26,7 @@ from trainfit.model.in_backward import InBackwardOptimizer
 from trainfit.model.lora_targets import import_peft, resolve_targets
 from trainfit.model.source import ModelSource, build_config, no_cache
 from trainfit.model.standins import Adam8bitSim, quantize_linears_4bit
+from trainfit.model.stored_quant import check_job, patched_expert_classes, unstack_experts
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -138,6 +139,10 @@ def build_model_on_meta(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Mod
             raise JobError(f"{source.name}: transformers needs a package it cannot import to "
                            f"build this model ({why})", "install the package it names (e.g. "
                            "pip install timm) and plan again") from None
+    check_job(job, source)
+    # a checkpoint stored 4-bit: Llama-4's stacked experts unstacked into nn.Linear layers before
+    # the weights load, as transformers' quantizer does for it (then 4-bit below)
+    unstack_experts(model, patched_expert_classes(source, job.method))
     model.to(base_dtype if job.method != "full" else train_dtype)
     if job.grad_ckpt in ("full", "selective"):
         if not getattr(model, "supports_gradient_checkpointing", False):
@@ -187,8 +192,14 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
             # transformers leaves a model's keep-in-fp32 modules unquantized (its quantizer's
             # get_modules_to_not_convert adds them): T5's feed-forward output `wo`
             base = model.get_base_model()
-            skip |= set(getattr(base, "_keep_in_fp32_modules", None) or [])
-            skip |= set(getattr(base, "_keep_in_fp32_modules_strict", None) or [])
+            keep32 = set(getattr(base, "_keep_in_fp32_modules", None) or [])
+            keep32 |= set(getattr(base, "_keep_in_fp32_modules_strict", None) or [])
+            skip |= keep32
+            stored = source.stored_quant
+            # a checkpoint that states its 16-bit modules: those (transformers' matcher) and the
+            # keep-in-fp32 ones, no default skips (get_modules_to_not_convert)
+            patterns = None if stored is None or stored.skip_modules is None else \
+                [*stored.skip_modules, *sorted(keep32)]
             compute = torch.float16 if job.precision == "amp-fp16" else torch.bfloat16
             # sharded QLoRA stores the packed weights in bf16 (bnb_4bit_quant_storage), as
             # FSDP and ZeRO-3 need to flatten them with the other parameters
@@ -196,7 +207,7 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
             info.quantized_linears = quantize_linears_4bit(
                 model, compute, job.quant == "nf4-dq", skip, legacy=job.bnb_legacy,
                 from_fp16=job.quant_from_fp16, quant_storage=storage, lib=job.quant_lib,
-                compiled=job.compile)
+                compiled=job.compile, patterns=patterns, stored=stored is not None)
             if job.kbit_prepared:
                 # peft.prepare_model_for_kbit_training: every fp16/bf16 parameter that is not a
                 # 4-bit one to float32 (peft/utils/other.py); the packed 4-bit weights (buffers,

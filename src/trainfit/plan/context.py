@@ -65,6 +65,9 @@ class PlanAssumptions:
     """QLoRA of a mixture-of-experts model: the routed experts' parameters kept in stacked tensors,
     which transformers 5's 4-bit conversion (``nn.Linear`` layers only) leaves in 16 bits, as the
     simulation does (:func:`trainfit.model.experts.stacked_expert_params`); 0 otherwise."""
+    experts_4bit_if_stored: bool = False
+    """Those experts would be 4-bit in a checkpoint published 4-bit (transformers unstacks
+    Llama-4's into ``nn.Linear`` layers before it loads one): the note names the way out."""
     attention_kernels_by_precision: dict[str, list[str]] = field(default_factory=dict)
     """Every row's kernels, by precision: SDPA picks by dtype (an fp32 row of a grouped-query model
     takes the math kernel where its 16-bit rows take flash), so one row's kernels need not be
@@ -87,7 +90,8 @@ class PlanAssumptions:
 def plan_assumptions(job: JobSpec, kernels: dict[str, int],
                      assumed: list[str] | None = None,
                      kernels_by_precision: dict[str, list[str]] | None = None,
-                     experts_16bit_params: int = 0) -> PlanAssumptions:
+                     experts_16bit_params: int = 0,
+                     experts_4bit_if_stored: bool = False) -> PlanAssumptions:
     """``job``: the planned job (its effective batch as asked); ``kernels``: the pick's SDPA
     kernels; ``kernels_by_precision``: every row's, by precision."""
     lora = job.method in ("lora", "qlora")
@@ -97,6 +101,7 @@ def plan_assumptions(job: JobSpec, kernels: dict[str, int],
                            attention=job.attention, attention_kernels=dict(kernels),
                            attention_kernels_by_precision=dict(kernels_by_precision or {}),
                            experts_16bit_params=experts_16bit_params,
+                           experts_4bit_if_stored=experts_4bit_if_stored,
                            versions=installed_versions(), assumed=list(assumed or []),
                            optimizer_in_backward=job.optimizer_in_backward,
                            offload=job.offload, expandable_segments=job.expandable_segments,

@@ -31,7 +31,7 @@ from trainfit.memory.predict import (
     predict_memory,
     target_for,
 )
-from trainfit.model.experts import stacked_expert_params_of
+from trainfit.model.experts import stacked_expert_params_of, stacked_when_stored_params_of
 from trainfit.model.source import ModelSource
 from trainfit.model.towers import inactive_params_of
 from trainfit.plan.checks import HostRamCheck, ObservedCheck
@@ -434,7 +434,9 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
                                          if rows else {},
                                          kernels_by_precision=_kernels_by_precision(rows),
                                          experts_16bit_params=stacked_expert_params_of(source)
-                                         if job.method == "qlora" else 0),
+                                         if job.method == "qlora" else 0,
+                                         experts_4bit_if_stored=stacked_when_stored_params_of(
+                                             source) < stacked_expert_params_of(source)),
             offload=offload_check(rows[rec] if rec is not None else None, gpu),
             speed_band=None if gpu is None else speed_band_for(job.ranks, bool(job.compile)),
             **_link(gpu, job.ranks),

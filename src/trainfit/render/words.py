@@ -47,7 +47,8 @@ def plan_notes(result: PlanResult) -> list[str]:
     experts = result.assumptions.experts_16bit_params if result.assumptions else 0
     if experts:
         notes.insert(0, experts_note(experts, result.total_params,
-                                     result.assumptions.sharding != "none"))
+                                     result.assumptions.sharding != "none",
+                                     result.assumptions.experts_4bit_if_stored))
     if result.speed_band is not None:
         notes.append(speed_note(result.speed_band))
     if result.link is not None:
@@ -63,9 +64,14 @@ def plan_notes(result: PlanResult) -> list[str]:
     return notes
 
 
-def experts_note(experts: int, total: int, sharded: bool) -> str:
-    """QLoRA of a mixture-of-experts model under transformers 5: the stacked experts stay 16-bit."""
+def experts_note(experts: int, total: int, sharded: bool, if_stored: bool = False) -> str:
+    """QLoRA of a mixture-of-experts model under transformers 5: the stacked experts stay 16-bit
+    (``if_stored``: a checkpoint published 4-bit would have them 4-bit, Llama-4's)."""
     room = "more ranks" if sharded else "sharding over several GPUs (--sharding fsdp)"
+    if if_stored:
+        room = ("a checkpoint published 4-bit (bitsandbytes quantization_config, e.g. a "
+                "*-bnb-4bit upload: transformers unstacks these experts into nn.Linear layers "
+                f"before it loads one, so they are 4-bit; plan its config.json), {room}")
     return (f"QLoRA of a mixture-of-experts model: transformers 5 converts nn.Linear layers to "
             f"4 bits and this model's routed experts are stacked tensors, so {experts / 1e9:.1f} B "
             f"of its {total / 1e9:.1f} B parameters stay 16-bit ({experts * 2 / GIB:.1f} GiB in "

@@ -379,10 +379,10 @@ def _measure(tj: JobSpec, source: Any, cfg: Any, pool: bool = False) -> HostStep
 def _run_tiny(tj: JobSpec, source: Any, cfg: Any) -> HostStep | None:
     from trainfit.engine.step import repeat_batches, train_step
     from trainfit.model.runtime import build_real
-    from trainfit.model.source import ModelSource, layer_count
+    from trainfit.model.source import layer_count
     from trainfit.model.workload import build_model_on_meta, make_batch
 
-    tiny = ModelSource(source.name, cfg, source.task, source.origin, source.note)
+    tiny = dataclasses.replace(source, config=cfg, composite=None)
     try:
         want = _structure(build_model_on_meta(tj, source)[0])
         wl = build_real(tj, tiny, torch.device("cpu"), init="random")
