@@ -188,3 +188,43 @@ def test_default_attention_is_shared_by_plan_tune_and_train(tmp_path):
     assert default_attention(llama, {"model": "llama-3.2-1b"}).attention == "sdpa"
     own = JobSpec(model="nowhere_module:build", seq_len=64)
     assert default_attention(own, {"model": own.model}).attention == "sdpa"
+
+
+def test_the_breakdown_line_sums_to_the_allocated_peak_and_names_managed_memory_apart():
+    """A paged optimizer's states live in CUDA managed memory, outside the allocator: listed
+    among the terms, the line summed to more than the allocated peak it is 'at'."""
+    r = runner.invoke(app, ["plan", "llama-tiny-58m", "--gpu", "a10g", "--method", "full",
+                            "--optimizer", "paged-adamw", "--micro-batch", "1", "--grad-accum",
+                            "1", "--seq-len", "64", "--precision", "bf16-true", "--grad-ckpt",
+                            "off"])
+    assert r.exit_code == 0, r.output
+    line = " ".join(r.output.split("breakdown at the allocated peak")[1].split("\n  ·")[0].split())
+    terms, beside = line.split("; beside it, outside PyTorch's allocator: ")
+    assert "managed" not in terms and beside.startswith("managed 0.44 (paged optimizer states")
+
+
+def test_the_header_says_the_accumulation_every_row_has_without_an_effective_batch():
+    r = runner.invoke(app, ["plan", "llama-tiny-58m", "--gpu", "a10g", "--seq-len", "64",
+                            "--grad-accum", "4", "--precision", "bf16-true", "--grad-ckpt", "off"])
+    assert r.exit_code == 0, r.output
+    assert "effective batch not given (= micro-batch × 4 × ranks per row)" in " ".join(
+        r.output.split())
+
+
+def test_a_plan_without_any_speed_does_not_say_it_ranked_by_speed():
+    """Two GeForce cards (no PCIe peer-to-peer): no row has a tokens/s, so the notes say what the
+    pick preferred instead of 'ranked by predicted tokens/s'."""
+    r = runner.invoke(app, ["plan", "llama-tiny-58m", "--gpu", "rtx-3080", "--ranks", "2",
+                            "--seq-len", "64", "--micro-batch", "1", "--grad-accum", "1",
+                            "--precision", "bf16-true", "--grad-ckpt", "off"])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "ranked by predicted tokens/s" not in text
+    assert "no row has a predicted tokens/s, so the pick" in text
+
+
+@pytest.mark.parametrize("gpu", ["generic-0gb", "generic--1gb"])
+def test_a_generic_card_without_a_size_is_one_clear_line(gpu):
+    r = runner.invoke(app, ["plan", "gpt2", "--gpu", gpu])
+    assert r.exit_code == 2
+    assert f"--gpu {gpu}: a generic card is generic-<N>gb" in r.output

@@ -176,6 +176,7 @@ def test_generic_cards(query: str, gib: float) -> None:
 @pytest.mark.parametrize(
     "query",
     ["", "unknown", "rtx-9999", "a99", "NVIDIA GeForce RTX 3090 Ti", "generic-0gb",
+     "generic--1gb",
      "NVIDIA H200 NVL", "NVIDIA GeForce RTX 4090 Laptop GPU", "NVIDIA L20", "rtx-4060",
      "NVIDIA GeForce RTX 3050 Ti Laptop GPU"],
 )

@@ -111,3 +111,24 @@ def test_zero3_linear_keeps_a_frozen_projections_input():
     assert (kept_plain, kept_zero3) == (False, True)
     torch.testing.assert_close(grad_zero3, grad_plain)
     assert torch.nn.functional.linear is original
+
+
+def test_deepspeeds_fp16_mode_is_timed_in_fp16(tiny_llama):
+    """DeepSpeed's fp16 mode halves the module; its simulated twin is bf16-true (the same bytes),
+    whose matmuls were recorded as bf16: on a T4, which has no bf16, every ZeRO amp-fp16 row's
+    speed came out unknown. The ops are now fp16, as the GPU runs them; bf16 mode stays bf16."""
+    from trainfit.speed.ops import OpRecorder
+    from trainfit.speed.predict import predict_speed_exact
+    from trainfit.speed.roofline import DeviceSpeed
+
+    gpu = find_gpu("t4")
+    for precision, want, not_want in (("amp-fp16", "fp16", "bf16"), ("amp-bf16", "bf16", "fp16")):
+        job = JobSpec(model="t", seq_len=32, micro_batch=2, grad_accum=1, precision=precision,
+                      grad_ckpt="off", ranks=2, sharding="zero2")
+        rec = OpRecorder()
+        predict_memory(job, tiny_llama, gpu, op_hook=rec)
+        gemms = {op.dtype for op in rec.ops if op.gemm is not None and op.phase != "optimizer"}
+        assert want in gemms and not_want not in gemms
+        if precision == "amp-fp16":
+            speed = predict_speed_exact(DeviceSpeed.from_gpu(gpu), rec.ops, 2, 1, 32, 2, 1e6)
+            assert speed.tokens_per_s is not None and speed.tokens_per_s > 0

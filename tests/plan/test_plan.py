@@ -168,6 +168,12 @@ def test_cli_current_flag_and_bad_current_in_a_file(tiny_config_json, tmp_path):
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert (d["current"]["micro_batch"], d["current"]["grad_accum"]) == (2, 4)
+    # without the knobs of the current run there is no baseline: refused, not made up
+    bare = CliRunner().invoke(app, ["plan", str(two), "--gpu", "a10g", "--seq-len", "64",
+                                    "--effective-batch", "8", "--current"])
+    assert bare.exit_code == 2
+    assert "--current: the configuration you run now needs --micro-batch and --precision" \
+        in bare.output
     assert len(d["configs"]) > 1  # the grid around it, not just the one configuration
     # the whole default grid: every precision of the A10G with checkpointing off and on
     assert {(c["precision"], c["grad_ckpt"]) for c in d["configs"]} == {

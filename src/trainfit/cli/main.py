@@ -110,7 +110,15 @@ def _current_and_grid(job: JobSpec, fields: dict[str, Any], extra: dict[str, Any
                       source: str) -> tuple[JobSpec, JobSpec | None]:
     """(the job to plan the grid of, the user's current configuration or None)."""
     if current:
-        # the knobs given are what the user runs now; the grid varies them around it
+        # the knobs given are what the user runs now; the grid varies them around it. One not
+        # given would be a baseline nobody runs (a None micro-batch planned as the grid's own)
+        missing = [flag for flag, value in (("--micro-batch", job.micro_batch),
+                                            ("--precision", job.precision)) if value is None]
+        if missing:
+            raise JobError(f"--current: the configuration you run now needs "
+                           f"{' and '.join(missing)}",
+                           "give the knobs of your current run (--micro-batch, --grad-accum, "
+                           "--precision, --grad-ckpt), or drop --current")
         current_job = job if job.grad_ckpt else job.replace(grad_ckpt="off")
         grid = {k: v for k, v in job.to_dict().items()
                 if k not in CURRENT_KNOBS or k not in fields}
@@ -134,6 +142,9 @@ def _gpu_spec(gpu: str | None, extra: dict[str, Any], interconnect: str | None,
     spec = None
     if gpu_name is not None:
         spec = find_gpu(str(gpu_name))
+        if spec is None and str(gpu_name).strip().lower().startswith("generic"):
+            raise JobError(f"--gpu {gpu_name}: a generic card is generic-<N>gb with N its memory, "
+                           "more than 0 and at most 4096", "e.g. --gpu generic-24gb")
         if spec is None:
             close = close_gpu_names(str(gpu_name))
             raise JobError(f"--gpu {gpu_name}: unknown GPU",

@@ -21,6 +21,7 @@ from trainfit.cli.jobargs import (
 from trainfit.cli.jobflags import merge_job_fields, with_job_flags
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec, read_job_file
 from trainfit.job.fields import DEFAULT_KNOBS, KNOB_NAMES, fixed_knobs
+from trainfit.job.files import PATH_FIELDS, absolute_paths
 
 
 def _job(target: str | None, job_flags: dict[str, Any], trust_remote_code: bool,
@@ -72,8 +73,11 @@ def _report(result: Any, out: str | None, emit: str | None, as_json: bool, sourc
 
     d = tune_json(result)
     if out is not None and result.pick is not None:
+        # a path the job names from here works from wherever the file is read (trainfit train)
+        picked = result.pick.job.replace(**absolute_paths(
+            {k: getattr(result.pick.job, k) for k in PATH_FIELDS}))
         write_atomic(out, job_yaml(
-            result.pick.job, measured=d["pick"]["measured"], device=d["device"],
+            picked, measured=d["pick"]["measured"], device=d["device"],
             memory_limit_bytes=d["memory_limit_bytes"],
             header=["written by trainfit tune; read by trainfit train", d["reason"]]))
     if as_json:  # with --emit the payload owns stdout: the result goes to stderr

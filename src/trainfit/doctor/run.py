@@ -47,6 +47,7 @@ from trainfit.model.experts import inactive_expert_params
 from trainfit.model.runtime import parse_device
 from trainfit.model.source import resolve_model
 from trainfit.model.towers import tower_params
+from trainfit.model.workload import matmul_params
 from trainfit.speed.predict import model_flops_per_token
 
 DOCTOR_KEYS = {"tokenize": ("lazy", "eager")}
@@ -143,7 +144,8 @@ def _observation(r: Round, runner: JobRunner | None, op_s: float, *, lazy: bool,
                                           job.seq_len, job.method == "full",
                                           inactive_params=inactive_expert_params(
                                               wl.model, runner.source.config)
-                                          + tower_params(wl.model))
+                                          + tower_params(wl.model),
+                                          matmul_params=matmul_params(wl.model))
         dt = torch.bfloat16 if (job.precision or "fp32") in ("amp-bf16", "bf16-true") else torch.float32
         peak = (cpu_peak_flops(dt) if runner.device.type == "cpu"
                 else gpu_peak_flops("bf16" if dt == torch.bfloat16 else "fp16"

@@ -75,7 +75,7 @@ def _build_index() -> dict[str, GpuSpec]:
 _INDEX = _build_index()
 
 _GENERIC_RE = re.compile(
-    r"^(?:generic[\s:_-]*(?P<a>\d+(?:\.\d+)?)\s*(?:gib|gb|g)?"
+    r"^(?:generic[\s:_-]?(?P<a>\d+(?:\.\d+)?)\s*(?:gib|gb|g)?"
     r"|(?P<b>\d+(?:\.\d+)?)\s*(?:gib|gb|g))$"
 )
 

@@ -105,7 +105,36 @@ def read_job_file(path: str | Path, *, allow_code: bool = False,
     if not isinstance(data, dict):
         raise JobError(f"{path}: `job:` must be a mapping of job fields",
                        "e.g. job: {model: gpt2, seq_len: 512}")
-    return dict(data), extra
+    return beside_the_file(dict(data), path), extra
+
+
+PATH_FIELDS = ("data", "model")
+"""Job fields that may name a local file or directory."""
+
+
+def beside_the_file(fields: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """A relative ``data``/``model`` path that does not exist from the working directory but
+    does beside the job file is taken from there (a job file kept next to its data works from
+    any directory); one that exists from here is kept as written."""
+    folder = Path(path).parent
+    for key in PATH_FIELDS:
+        value = fields.get(key)
+        if isinstance(value, str) and value and not Path(value).is_absolute() \
+                and not is_code_spec(value) and not Path(value).exists() \
+                and (folder / value).exists():
+            fields[key] = str(folder / value)
+    return fields
+
+
+def absolute_paths(fields: dict[str, Any]) -> dict[str, Any]:
+    """The ``data``/``model`` paths that exist from the working directory made absolute, for a
+    job file written here and read from anywhere (tune --out)."""
+    for key in PATH_FIELDS:
+        value = fields.get(key)
+        if isinstance(value, str) and value and not is_code_spec(value) \
+                and not Path(value).is_absolute() and Path(value).exists():
+            fields[key] = str(Path(value).resolve())
+    return fields
 
 
 def job_with_current(fields: dict[str, Any], current: Any, source: str) -> JobSpec:

@@ -328,6 +328,8 @@ class BilinearModel:
             "managed_bytes": self.eval([p.sim.managed_bytes for p in self.points], batch),
             "total_params": self.eval([p.sim.total_params for p in self.points], batch),
             "trainable_params": self.eval([p.sim.trainable_params for p in self.points], batch),
+            "matmul_params": self.eval([p.sim.info.get("matmul_params", 0) for p in self.points],
+                                       batch),
             "quant_state_bytes": self.eval([p.sim.quant_state_bytes for p in self.points], batch),
         }
 

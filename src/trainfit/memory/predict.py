@@ -138,6 +138,9 @@ class MemoryPrediction:
     """The step's reserve with ``expandable_segments:True`` for a job planned without it
     (:mod:`trainfit.memory.expandable`); None where not replayed (the job has it, an
     extrapolated row, or the card's limit was reached: its note gives that allocator's verdict)."""
+    matmul_params: int = 0
+    """Weights the step's matmuls use, counted on the simulated model (MFU's N:
+    :func:`trainfit.model.workload.matmul_params`); 0 where not counted (the formula's N then)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -308,7 +311,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
            trace: Trace | Callable[[], Trace | None] | None = None,
            compile_untraced: list[str] | None = None,
            compile_partitioned: bool | None = None,
-           reserved_floor_bytes: int = 0, setup_events: int | None = None) -> MemoryPrediction:
+           reserved_floor_bytes: int = 0, setup_events: int | None = None,
+           matmul_params: int = 0) -> MemoryPrediction:
     """Turn simulated tensor bytes into the allocated / reserved / device peaks and the fit.
 
     ``tensor_peak_bytes`` is the one-process allocated peak (whole blocks), ``breakdown`` what was
@@ -374,7 +378,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
         peak_device_upper_bytes=round(device * (1 + band.under)), alloc_retries=retries,
         trainable_params=trainable_params, sdpa_kernels=sdpa_kernels, sim_time_s=sim_time_s,
         model_notes=notes, reserved_before_step_bytes=before_step,
-        reserved_expandable_bytes=with_expandable)
+        reserved_expandable_bytes=with_expandable, matmul_params=matmul_params)
 
 
 def _full_breakdown(terms: dict[str, int], work: int, managed_bytes: int, blocks: int
@@ -471,4 +475,5 @@ def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
                   trace=(sim.events, sim.event_streams),
                   setup_events=sim.event_phases[0][0] if sim.event_phases else None,
                   compile_untraced=sim.info.get("compile_untraced"),
-                  compile_partitioned=sim.info.get("compile_partitioned"))
+                  compile_partitioned=sim.info.get("compile_partitioned"),
+                  matmul_params=sim.info.get("matmul_params", 0))

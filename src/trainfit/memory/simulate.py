@@ -242,6 +242,10 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
     linear = zero3_linear() if job.sharding == "zero3" else contextlib.nullcontext()
     flat_states = job.sharding in ("zero2", "zero3")
     if flat_states:
+        if job.precision == "amp-fp16" and hasattr(op_hook, "dtype_alias"):
+            # DeepSpeed's fp16 mode halves the module (engine: module.half()); its twin below
+            # is bf16-true, the same bytes, but the GPU runs fp16 kernels (a T4 has no bf16)
+            op_hook.dtype_alias = {"bf16": "fp16"}
         job = compute_job(job)  # DeepSpeed's per-rank terms are added to this step (zero.py)
     with fake_world(job.ranks) if sharded else contextlib.nullcontext() as mesh, linear:
         return _simulate(job, source, target or SimTarget(), steps, record_events, op_hook,
@@ -343,7 +347,7 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         sdpa_kernels=dict(ops.kernels_used),
         micro_steps_simulated=micro,
         sim_time_s=time.perf_counter() - t0,
-        info={"quantized_linears": info.quantized_linears,
+        info={"quantized_linears": info.quantized_linears, "matmul_params": info.matmul_params,
               "lora_target_modules": info.lora_target_modules,
               "compile_partitioned": untraced is not None, "compile_untraced": list(untraced or [])},
         events=tracker.events,

@@ -25,7 +25,7 @@ from trainfit.model.custom import CausalLMAdapter, build_module
 from trainfit.model.in_backward import InBackwardOptimizer
 from trainfit.model.lora_targets import import_peft, resolve_targets
 from trainfit.model.source import ModelSource, build_config, no_cache
-from trainfit.model.standins import Adam8bitSim, quantize_linears_4bit
+from trainfit.model.standins import Adam8bitSim, Linear4bitSim, quantize_linears_4bit
 from trainfit.model.stored_quant import check_job, patched_expert_classes, unstack_experts
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -77,6 +77,8 @@ def base_dtype(job: JobSpec, config: Any = None) -> torch.dtype:
 class ModelInfo:
     total_params: int = 0
     trainable_params: int = 0
+    matmul_params: int = 0
+    """Weights a token's matmuls use (MFU's N, :func:`matmul_params`)."""
     quantized_linears: int = 0
     lora_target_modules: list[str] | str = field(default_factory=list)
     attention_impl: str = "sdpa"
@@ -241,7 +243,30 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
     for n, b in model.named_buffers():
         if n.endswith("weight_packed"):
             info.total_params += b.numel() * 2
+    info.matmul_params = matmul_params(model)
     return model, info
+
+
+def matmul_params(model: torch.nn.Module) -> int:
+    """The weights a token's matmuls use: every parameter of two or more dimensions (linear,
+    Conv1D, stacked experts, LoRA A/B) and every 4-bit weight (in × out), but not a lookup table
+    (an ``nn.Embedding``'s weight, unless a head also multiplies by it: tied) nor a norm's or
+    bias's vector — PaLM's N as MFU counts it (:func:`trainfit.speed.predict
+    .model_flops_per_token`), so HFU, which counts the executed matmuls, is never below MFU."""
+    count, seen = 0, set[int]()
+    for module in model.modules():
+        if isinstance(module, Linear4bitSim):
+            count += module.in_features * module.out_features
+        lookup = isinstance(module, torch.nn.Embedding)
+        for p in module.parameters(recurse=False):
+            if lookup or p.dim() < 2 or id(p) in seen:
+                continue
+            seen.add(id(p))
+            # bitsandbytes' Params4bit (a real run's 4-bit weight) packs two values per byte of
+            # whatever dtype stores them
+            count += p.numel() * p.element_size() * 2 if type(p).__name__ == "Params4bit" \
+                else p.numel()
+    return count
 
 
 def _fuse(job: JobSpec, source: ModelSource, model: torch.nn.Module,

@@ -244,7 +244,8 @@ def _speed_fields(speed: dict[str, Any] | None) -> dict[str, Any]:
 def _flops_per_token(source: ModelSource, mem: MemoryPrediction, job: JobSpec) -> float:
     return model_flops_per_token(source.config, mem.total_params, mem.trainable_params,
                                  job.seq_len, job.method == "full",
-                                 inactive_params=inactive_params_of(source))
+                                 inactive_params=inactive_params_of(source),
+                                 matmul_params=mem.matmul_params)
 
 
 def _micro_candidates(job: JobSpec) -> list[int]:
@@ -337,6 +338,7 @@ class _Grid:
                          reserved_replay_bytes=p["reserved_bytes"],
                          breakdown=p["breakdown"], managed_bytes=p["managed_bytes"],
                          peak_phase=p["peak_phase"], total_params=p["total_params"],
+                         matmul_params=p["matmul_params"],
                          trainable_params=p["trainable_params"],
                          sdpa_kernels=model.points[-1].sim.sdpa_kernels,
                          sim_time_s=0.0, how="extrapolated from small simulations",

@@ -166,9 +166,15 @@ def render_plan(result: PlanResult, all_rows: bool = False) -> None:
             say(console, extra)
     if result.recommended_index is not None:
         m = result.rows[result.recommended_index].memory
-        parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in m.breakdown.items() if v)
+        # the terms sum to the allocated peak; paged optimizer states live in CUDA managed
+        # memory, outside the allocator (counted in the device peak), so they are named apart
+        parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in m.breakdown.items()
+                          if v and k != "managed")
+        managed = m.breakdown.get("managed", 0)
+        beside = f"; beside it, outside PyTorch's allocator: managed {managed / GIB:.2f} " \
+            "(paged optimizer states, in the device peak)" if managed else ""
         say(console, f"breakdown at the allocated peak (GiB, predicted, peak in the {m.peak_phase}):"
-                     f" {parts}")
+                     f" {parts}{beside}")
         for note in m.model_notes:
             say(console, f"  · {note}")
     for note in plan_notes(result):

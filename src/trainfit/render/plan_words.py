@@ -61,8 +61,16 @@ def plan_header(result: PlanResult) -> str | None:
     method = _assumed(a, "method", a.method) + (
         " " + _assumed(a, "quant", a.quant) if a.quant else "") + (
         ", " + _assumed(a, "lora_r", f"LoRA r {a.lora_r}") if a.lora_r is not None else "")
+    # --grad-accum without an effective batch: every row accumulates that many micro-batches
+    accums = sorted({r.job.grad_accum or 1 for r in result.rows})
+    if accums == [1] or not accums:
+        per_row = "micro-batch × ranks"
+    elif len(accums) == 1:
+        per_row = f"micro-batch × {accums[0]} × ranks"
+    else:
+        per_row = "micro-batch × accumulation × ranks"
     batch = f"effective batch {a.effective_batch}" if a.effective_batch is not None else \
-        "effective batch not given (= micro-batch × ranks per row)"
+        f"effective batch not given (= {per_row} per row)"
     ranks = f"{a.ranks} rank{'s' if a.ranks > 1 else ''}" + _engine(a)
     kernels = _kernels_words(a)
     versions = ", ".join(f"{k} {v or 'not installed'}" for k, v in a.versions.items())

@@ -43,7 +43,9 @@ def note_words(n: ScriptNote) -> str:
     return NOTE_WORDS[n.kind].format(**n.data)
 
 
-def length_words(ln: LengthStats, micro_batch: int) -> str:
+def length_words(ln: LengthStats, micro_batch: int, quantile_grid: bool | None = None) -> str:
+    """``quantile_grid``: whether the grid at the quantile is shown (a plan shows it when that
+    length is ≥ 10 % shorter than the longest); None where no grid follows (tune)."""
     samples = (f"{ln.samples_read:,} samples" + ("" if ln.all_samples_read else
                                                  f" of {ln.dataset_samples or 'unknown'}")
                + f" collated alone: min {ln.sample_min}, median {ln.sample_median:g}, max "
@@ -52,10 +54,13 @@ def length_words(ln: LengthStats, micro_batch: int) -> str:
                + ("" if ln.batches_total in (None, ln.batches_read) else
                   f" (of {ln.batches_total:,})")
                + f": p{ln.quantile * 100:g} {ln.batch_quantile_length}, max {ln.batch_max_length}")
+    q = f"p{ln.quantile * 100:g}"
+    grid = "" if quantile_grid is None else f"; the grid is also shown at the {q}" \
+        if quantile_grid else (f"; no second grid at the {q} (shown when it is ≥ 10 % shorter "
+                               "than the longest and --seq-len is not given)")
     return (f"sequence lengths (tokens, padding included): {samples}; {batches}. The pick is "
             f"planned at the longest batch the data makes, {ln.longest} (every epoch reaches "
-            "it); the grid is also shown at the p"
-            f"{ln.quantile * 100:g}")
+            f"it){grid}")
 
 
 def check_words(c: ModelCheck) -> str:
@@ -91,8 +96,11 @@ def _read_rows(read: ReadJob, rec: dict[str, Any], f: dict[str, Any]) -> list[tu
         method += f", 4-bit {f['quant']}"
     rows.append(("method", method, "BitsAndBytesConfig + LoraConfig" if f.get("quant") else
                  "LoraConfig" if rec["lora"] else "every weight trains"))
-    rows.append(("precision", f"{f['precision']} (weights: frozen {m['frozen_dtype']}, trainable "
-                 f"{m['trainable_dtype']}; bf16={rec['args']['bf16']} fp16={rec['args']['fp16']})",
+    # a full fine-tune has no frozen weight (and a frozen model no trainable one): not "None"
+    weights = ", ".join(f"{kind} {m[kind + '_dtype']}" for kind in ("frozen", "trainable")
+                        if m.get(kind + "_dtype")) or "none"
+    rows.append(("precision", f"{f['precision']} (weights: {weights}; "
+                 f"bf16={rec['args']['bf16']} fp16={rec['args']['fp16']})",
                  rec["args"]["class"]))
     rows.append(("optimizer", f"{f['optimizer']} ({f['optimizer_impl']})",
                  read.where.get("optimizer", flag)))
@@ -118,7 +126,9 @@ def render_script_read(sp: ScriptPlan | Any, console: Console | None = None) -> 
     for row in _read_rows(sp.read, rec, sp.current.to_dict()):
         t.add_row(*row)
     con.print(t)
-    con.print(length_words(sp.read.lengths, sp.read.fields["micro_batch"]))
+    # a plan (not tune's read) says whether its grid at the quantile follows
+    grid = sp.plan_quantile is not None if hasattr(sp, "plan_quantile") else None
+    con.print(length_words(sp.read.lengths, sp.read.fields["micro_batch"], grid))
     if sp.check is not None:
         con.print(check_words(sp.check))
     for n in [*sp.read.notes, *sp.notes]:

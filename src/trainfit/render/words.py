@@ -44,6 +44,11 @@ def plan_notes(result: PlanResult) -> list[str]:
             "cases": m.error_band_cases if m else 0,
             "within": m.error_band_within if m else 0}
     notes = [n.format(margin=result.margin, **band) for n in PLAN_NOTES]
+    if not any(r.speed is not None and r.speed.tokens_per_s for r in result.rows):
+        # no row has a speed: the pick is made without one (plan.grid._sort_key)
+        notes[-1] = ("no row has a predicted tokens/s, so the pick among configurations that fit "
+                     "prefers no recomputation, then the largest micro-batch, then mixed "
+                     "precision")
     experts = result.assumptions.experts_16bit_params if result.assumptions else 0
     if experts:
         notes.insert(0, experts_note(experts, result.total_params,

@@ -250,6 +250,10 @@ class OpRecorder:
         self.replay = replay
         """Keep each kernel's argument metadata so that a CPU prediction can time it by replay
         (off for GPU plans: it costs simulation time and a GPU is not replayed here)."""
+        self.dtype_alias: dict[str, str] = {}
+        """Dtype names recorded as another: DeepSpeed's fp16 mode is simulated by its bf16 twin
+        (the same bytes), whose ops run in fp16 on the GPU (:func:`trainfit.memory.simulate
+        .simulate_step`)."""
 
     def __call__(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
                  phase: str, micro_step: int) -> None:
@@ -284,6 +288,7 @@ class OpRecorder:
         nbytes = float(sum(t.numel() * t.element_size() for t in ins + outs)) if kernel else 0.0
         floating = [t for t in ins + outs if t.is_floating_point()]
         dtype = _dtype_name(floating[0].dtype) if floating else "other"
+        dtype = self.dtype_alias.get(dtype, dtype)
         elements = float(max((t.numel() for t in ins + outs), default=0))
         seq, causal, head_dim = _attention_shape(func, name, args, kwargs) if flops else (0, False, 0)
         gemm = name in _GEMMS
@@ -299,6 +304,7 @@ class OpRecorder:
         bytes: the dispatcher sees one op for them all, or none of the fallback's loop."""
         size = args[1].element_size()
         dtype = _dtype_name(args[1].dtype)
+        dtype = self.dtype_alias.get(dtype, dtype)
         for b, m, n, k in gemms:
             self.ops.append(OpRecord(name, phase,
                                      2.0 * b * m * n * k, float(size * b * (m * k + k * n + m * n)),

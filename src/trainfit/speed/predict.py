@@ -167,9 +167,10 @@ def time_ops(dev: DeviceSpeed, ops: list[OpRecord]) -> PhaseTimes:
                 unaligned_s += t - aligned
                 odd |= {d for d in op.gemm[1:] if d % 8}
         if op.phase != "optimizer":
-            # what the device executes: a flash kernel skips a causal mask's half, which the
-            # flop counter counts (the same halving the roofline times it with)
-            flops += op.flops * (0.5 if op.causal and dev.kernels is not None else 1.0)
+            # counted as MFU's model FLOPs count them (PaLM's 12·L·H·Q·T: attention as if
+            # unmasked), so that HFU = MFU + the recomputation and never falls below MFU; the
+            # roofline still times a flash kernel's causal half skipped (op_device_time)
+            flops += op.flops
     if dev.kernel_timer is not None:
         dev.kernel_timer.save()
     return PhaseTimes(device, host, flops, unknown, unaligned_s, frozenset(odd))
@@ -188,10 +189,13 @@ def combine(dev: DeviceSpeed, t: PhaseTimes, grad_accum: int) -> tuple[float, fl
 
 
 def model_flops_per_token(config: Any, total_params: int, trainable_params: int, seq_len: int,
-                          full_finetune: bool, inactive_params: int = 0) -> float:
+                          full_finetune: bool, inactive_params: int = 0,
+                          matmul_params: int = 0) -> float:
     """PaLM's 6N + 12·L·H·Q·T with N = matmul parameters (see the module docstring) a token
     runs through: ``inactive_params``, the routed experts it does not use, are not in N
-    (:mod:`trainfit.model.experts`)."""
+    (:mod:`trainfit.model.experts`). ``matmul_params``: N counted on the built model (lookup
+    tables, norms and biases left out: :func:`trainfit.model.workload.matmul_params`); without
+    it, every parameter but the untied input embedding."""
     hidden = getattr(config, "hidden_size", None) or getattr(config, "d_model", None) \
         or getattr(config, "n_embd", 0)
     vocab = int(getattr(config, "vocab_size", 0))
@@ -202,7 +206,8 @@ def model_flops_per_token(config: Any, total_params: int, trainable_params: int,
     head_dim = int(getattr(config, "head_dim", None) or (hidden // max(heads, 1)))
     tied = bool(getattr(config, "tie_word_embeddings", False))
     # the input embedding is a lookup, not a matmul; when tied it is also the output head
-    n_matmul = max((total_params if tied else total_params - vocab * hidden) - inactive_params, 0)
+    whole = matmul_params or (total_params if tied else total_params - vocab * hidden)
+    n_matmul = max(whole - inactive_params, 0)
     attention = 12.0 * layers * heads * head_dim * seq_len
     if full_finetune:
         return 6.0 * n_matmul + attention

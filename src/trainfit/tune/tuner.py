@@ -150,7 +150,8 @@ class CpuPredictor:
                             batch_fn=self.batch_fn(job.micro_batch or 1))
         fpt = model_flops_per_token(self.source.config, sim.total_params, sim.trainable_params,
                                     job.seq_len, job.method == "full",
-                                    inactive_params=inactive_params_of(self.source))
+                                    inactive_params=inactive_params_of(self.source),
+                                    matmul_params=sim.info.get("matmul_params", 0))
         sp = predict_speed_exact(cpu_speed(), rec.ops, job.micro_batch or 1, job.grad_accum or 1,
                                  job.seq_len, job.ranks, fpt,
                                  host=host_step(job, self.source, pool=True))

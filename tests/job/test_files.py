@@ -1,0 +1,21 @@
+
+
+def test_a_job_files_relative_paths_work_from_any_directory(tmp_path, monkeypatch):
+    """tune --out wrote `data: data.jsonl` as typed, and `trainfit train` of that file from
+    another directory failed with 'no such file'. Written absolute now; and read, a relative
+    path that exists beside the job file (not from here) is taken from beside it."""
+    from trainfit.job.files import absolute_paths, read_job_file
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "data.jsonl").write_text('{"text": "x"}\n')
+    job = tmp_path / "run" / "job.yaml"
+    job.write_text("model: gpt2\ndata: data.jsonl\nseq_len: 32\n")
+    monkeypatch.chdir(tmp_path)
+    fields, _ = read_job_file(job)
+    assert fields["data"] == str(tmp_path / "run" / "data.jsonl")
+    assert fields["model"] == "gpt2"  # a catalog name, no file of that name anywhere
+    # one that exists from the working directory is kept as written
+    (tmp_path / "data.jsonl").write_text('{"text": "y"}\n')
+    assert read_job_file(job)[0]["data"] == "data.jsonl"
+    assert absolute_paths({"data": "data.jsonl", "model": "gpt2"}) == {
+        "data": str(tmp_path / "data.jsonl"), "model": "gpt2"}
