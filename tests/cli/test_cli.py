@@ -228,3 +228,30 @@ def test_a_generic_card_without_a_size_is_one_clear_line(gpu):
     r = runner.invoke(app, ["plan", "gpt2", "--gpu", gpu])
     assert r.exit_code == 2
     assert f"--gpu {gpu}: a generic card is generic-<N>gb" in r.output
+
+
+def test_the_spare_legend_names_the_fit_line_the_spare_is_measured_from():
+    """With --margin 0 the line is GPU ÷ (1 + error band), not 100 % of the GPU."""
+    r = runner.invoke(app, ["plan", "llama-tiny-58m", "--gpu", "a10g", "--seq-len", "64",
+                            "--micro-batch", "1", "--grad-accum", "1", "--precision", "bf16-true",
+                            "--grad-ckpt", "off", "--margin", "0", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    row = d["configs"][0]
+    text = runner.invoke(app, ["plan", "llama-tiny-58m", "--gpu", "a10g", "--seq-len", "64",
+                               "--micro-batch", "1", "--grad-accum", "1", "--precision",
+                               "bf16-true", "--grad-ckpt", "off", "--margin", "0"]).output
+    line_bytes = row["headroom_bytes"] + row["peak_device_bytes"]
+    assert line_bytes < 0.95 * d["gpu_memory_bytes"]  # below the GPU: the band's line
+    assert f"fit line ({line_bytes / d['gpu_memory_bytes']:.0%} of the GPU: GPU ÷ (1 + its" \
+        in " ".join(text.split())
+
+
+def test_an_interconnect_for_one_rank_is_refused():
+    r = runner.invoke(app, ["plan", "gpt2", "--gpu", "t4", "--interconnect", "nvlink4"])
+    assert r.exit_code == 2 and "--interconnect nvlink4 with 1 rank" in r.output
+
+
+def test_two_models_are_not_run_as_a_command():
+    r = runner.invoke(app, ["plan", "gpt2", "gpt2-medium", "--gpu", "t4"])
+    assert r.exit_code == 2 and "gpt2 gpt2-medium: plan takes one model or job file" in r.output

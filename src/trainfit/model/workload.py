@@ -179,8 +179,11 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
         # gemma3, has none in peft's table: peft asks for target_modules)
         targets = resolve_targets(model, job.lora_targets, source.config.model_type)
         info.lora_target_modules = targets
+        # GPT-2's projections are transformers' Conv1D (weight stored in × out): peft sets
+        # fan_in_fan_out itself and warns on every build; said up front, as its docs ask
+        conv1d = any(type(m).__name__ == "Conv1D" for m in model.modules())
         lcfg = LoraConfig(r=job.lora_r, lora_alpha=job.lora_alpha, lora_dropout=job.lora_dropout,
-                          target_modules=targets, bias="none")
+                          target_modules=targets, bias="none", fan_in_fan_out=conv1d)
         model = get_peft_model(model, lcfg, autocast_adapter_dtype=False)
         for p in model.parameters():
             if p.requires_grad:

@@ -103,8 +103,13 @@ def _some_unknown_why(result: PlanResult, all_rows: bool) -> str:
 
 def _legend(console: Console, result: PlanResult, dropped: list[str], all_rows: bool) -> None:
     speed_known = any(r.speed is not None and r.speed.tokens_per_s for r in result.rows)
+    # the fit line is the lower of (1 − margin) × GPU and GPU ÷ (1 + the error band)
+    # (memory.predict._fit); every row of a plan is one kind of run, so one band
+    under = result.rows[0].memory.error_band_under if result.rows else 0.0
+    line = min(1 - result.margin, 1 / (1 + under))
     legend = (f"★ recommended  ▲ largest micro-batch that fits · spare: GiB left under the fit "
-              f"line ({1 - result.margin:.0%} of the GPU)")
+              f"line ({line:.0%} of the GPU" + (f": GPU ÷ (1 + its {under:.0%} error band)"
+                                                if line < 1 - result.margin else "") + ")")
     if not speed_known and result.gpu is not None:
         legend += f" · tokens/s and MFU: unknown ({_unknown_speed_why(result)})"
     elif speed_known:

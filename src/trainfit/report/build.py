@@ -36,7 +36,7 @@ from trainfit.report.model import (
     TrainSummary,
     TuneInput,
 )
-from trainfit.report.tables import RowAcc, reference_for, seed_table
+from trainfit.report.tables import RowAcc, judged_peak, reference_for, seed_table
 
 FAMILY_KEYS = ("method", "precision", "grad_ckpt", "seq_len", "effective_batch", "ranks", "sharding",
                "optimizer", "attention", "lora_r", "quant", "lm_head_chunk")
@@ -163,21 +163,21 @@ class _SectionBuilder:
             q, m = p.predicted, p.measured
             planned = any(b.micro_batch == p.micro_batch for b in fam.bars)
             if q is not None and not planned:  # the plan's prediction of the same step wins
-                if _peak(q) is not None:
-                    fam.memory_predicted_gib.append(Point(p.micro_batch, _peak(q) / GIB,
+                if judged_peak(q) is not None:
+                    fam.memory_predicted_gib.append(Point(p.micro_batch, judged_peak(q) / GIB,
                                                           f"probe {p.index}"))
                 if q.tokens_per_s is not None:
                     fam.tokens_per_s_predicted.append(Point(p.micro_batch, q.tokens_per_s,
                                                             f"probe {p.index}"))
                 if r.device_predicted_bytes is None:
-                    r.device_predicted_bytes = _peak(q)
+                    r.device_predicted_bytes = judged_peak(q)
                     r.tokens_per_s_predicted = q.tokens_per_s
             if p.status == "oom" and capacity_gib is not None:
                 fam.memory_measured_gib.append(Point(p.micro_batch, capacity_gib, f"probe {p.index}",
                                                      "oom"))
             if m is not None and p.status == "ok":
-                if _peak(m) is not None:
-                    fam.memory_measured_gib.append(Point(p.micro_batch, _peak(m) / GIB,
+                if judged_peak(m) is not None:
+                    fam.memory_measured_gib.append(Point(p.micro_batch, judged_peak(m) / GIB,
                                                          f"probe {p.index}"))
                 if m.tokens_per_s is not None:
                     fam.tokens_per_s_measured.append(Point(p.micro_batch, m.tokens_per_s,
@@ -186,10 +186,10 @@ class _SectionBuilder:
                 if m.tokens_per_s is not None and (r.tokens_per_s_measured is None
                                                    or m.tokens_per_s > r.tokens_per_s_measured):
                     r.tokens_per_s_measured = m.tokens_per_s
-                    r.device_measured_bytes, r.host_ram_measured_bytes = (_peak(m),
+                    r.device_measured_bytes, r.host_ram_measured_bytes = (judged_peak(m),
                                                                           m.host_rss_bytes)
                 elif r.tokens_per_s_measured is None and r.device_measured_bytes is None:
-                    r.device_measured_bytes, r.host_ram_measured_bytes = (_peak(m),
+                    r.device_measured_bytes, r.host_ram_measured_bytes = (judged_peak(m),
                                                                           m.host_rss_bytes)
             if r.status_measured != "ok":
                 r.status_measured = p.status
@@ -417,10 +417,3 @@ def build_report(inputs: Inputs, dataset_tokens: int | None = None) -> Report:
     return Report(title="trainfit report: " + "; ".join(names), sources=sources, sections=sections,
                   trains=[build_train(t) for t in inputs.trains], timelines=timelines,
                   doctors=doctors, warnings=list(inputs.warnings))
-
-
-def _peak(x: object) -> int | None:
-    """The peak a probe is judged by: the device peak on a GPU; on CPU (no device peak) the live
-    tensor bytes, which is what --memory-limit caps."""
-    dev = getattr(x, "peak_device_bytes", None)
-    return dev if dev is not None else getattr(x, "peak_allocated_bytes", None)

@@ -172,6 +172,13 @@ def fmt_duration(s: float | None) -> str:
     return f"{days} d {text}" if days else text
 
 
+def judged_peak(x: object) -> int | None:
+    """The peak a probe is judged by: the device peak on a GPU; on CPU (no device peak) the live
+    tensor bytes, which is what --memory-limit caps."""
+    dev = getattr(x, "peak_device_bytes", None)
+    return dev if dev is not None else getattr(x, "peak_allocated_bytes", None)
+
+
 def _fits(v: bool | None) -> str:
     return UNKNOWN if v is None else ("fits" if v else "over")
 
@@ -220,7 +227,9 @@ def ladder_text(steps: list[LadderStep]) -> TextTable:
 
 
 def probes_text(probes: list[Probe]) -> TextTable:
-    groups = [("", 7), ("status", 1), ("peak device (GiB)", 2), ("host RSS (GiB)", 1), ("tokens/s", 2),
+    # on CPU there is no device peak: the live tensor bytes --memory-limit caps (judged_peak)
+    groups = [("", 7), ("status", 1), ("peak device (GiB; CPU: live tensors)", 2),
+              ("host RSS (GiB)", 1), ("tokens/s", 2),
               ("data wait (%)", 1), ("probe time (s)", 1)]
     cols = ["probe", "stage", "micro-batch × accumulation", "precision", "checkpointing", "workers",
             "compile", "measured", "predicted", "measured", "measured", "predicted", "measured",
@@ -233,8 +242,8 @@ def probes_text(probes: list[Probe]) -> TextTable:
             str(p.job.get("precision", UNKNOWN)), str(p.job.get("grad_ckpt", UNKNOWN)),
             UNKNOWN if p.num_workers is None else str(p.num_workers),
             UNKNOWN if p.compile is None else ("on" if p.compile else "off"), p.status,
-            fmt_bytes_gib(q.peak_device_bytes if q else None),
-            fmt_bytes_gib(m.peak_device_bytes if m else None),
+            fmt_bytes_gib(judged_peak(q) if q else None),
+            fmt_bytes_gib(judged_peak(m) if m else None),
             fmt_bytes_gib(m.host_rss_bytes if m else None),
             fmt_num(q.tokens_per_s if q else None), fmt_num(m.tokens_per_s if m else None),
             fmt_pct(m.data_wait_fraction if m else None),

@@ -1,0 +1,22 @@
+"""The probes table judges a CPU probe by the bytes its pick was judged by."""
+
+from trainfit.report.model import Measured, Predicted, Probe
+from trainfit.report.tables import probes_text
+
+GIB = 2**30
+
+
+def test_a_cpu_probes_peak_is_its_live_tensor_bytes_as_in_the_pick_table():
+    """On CPU there is no device peak: the probes table said unknown/unknown where the pick
+    table gave the same probe's live tensor bytes (what --memory-limit caps)."""
+    probe = Probe(index=0, stage="batch", job={"precision": "fp32", "grad_ckpt": "off"},
+                  micro_batch=8, grad_accum=1, num_workers=0, compile=False, status="ok",
+                  measured=Measured(peak_allocated_bytes=1.35 * GIB, tokens_per_s=600.0),
+                  predicted=Predicted(peak_allocated_bytes=1.34 * GIB, tokens_per_s=650.0),
+                  probe_time_s=2.0)
+    table = probes_text([probe])
+    row = table.rows[0]
+    assert row[8:10] == ["1.34", "1.35"]
+    gpu = Probe(**{**probe.__dict__, "measured": Measured(peak_allocated_bytes=1.0 * GIB,
+                                                          peak_device_bytes=2.0 * GIB)})
+    assert probes_text([gpu]).rows[0][9] == "2.00"
