@@ -19,3 +19,21 @@ def test_a_job_files_relative_paths_work_from_any_directory(tmp_path, monkeypatc
     assert read_job_file(job)[0]["data"] == "data.jsonl"
     assert absolute_paths({"data": "data.jsonl", "model": "gpt2"}) == {
         "data": str(tmp_path / "data.jsonl"), "model": "gpt2"}
+
+
+def test_a_catalog_name_is_never_taken_for_a_folder(tmp_path, monkeypatch):
+    """`model: gpt2` beside a `gpt2/` folder (an output directory) stays the catalog's model, as
+    resolve_model takes it; a model written as a path to a model dir is found beside the file."""
+    from trainfit.job.files import absolute_paths, read_job_file
+
+    (tmp_path / "run" / "gpt2").mkdir(parents=True)
+    (tmp_path / "run" / "gpt2" / "config.json").write_text("{}")
+    job = tmp_path / "run" / "job.yaml"
+    job.write_text("model: gpt2\n")
+    monkeypatch.chdir(tmp_path)
+    assert read_job_file(job)[0]["model"] == "gpt2"
+    job.write_text("model: ./gpt2\n")
+    assert read_job_file(job)[0]["model"] == str(tmp_path / "run" / "./gpt2")
+    monkeypatch.chdir(tmp_path / "run")
+    assert absolute_paths({"model": "gpt2"}) == {"model": "gpt2"}
+    assert absolute_paths({"model": "./gpt2"}) == {"model": str(tmp_path / "run" / "gpt2")}

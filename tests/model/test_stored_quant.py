@@ -202,3 +202,34 @@ def test_sharded_loading_of_a_stored_checkpoint_has_no_16bit_weight_in_flight(tm
     assert loading_peak_bytes(job, fly, terms, 1_000) - loading_peak_bytes(
         job, stored, terms, 1_000) == 64 * 128 * 2
     assert loading_peak_bytes(job, stored, terms, 1_000) == 9_000 * 2 + 1_000
+
+
+def test_a_tied_head_stays_16bit_whatever_the_skip_list_says(tmp_path):
+    """transformers' preprocess_model makes a tied head Linear4bit when the stated skip list
+    lacks it, but tie_weights() after loading puts the 16-bit embedding back into it."""
+    src = _checkpoint(tmp_path, {**TINY_LLAMA, "tie_word_embeddings": True},
+                      _bnb(skip=["model.layers.0.mlp"]))
+    job = JobSpec(model=str(tmp_path), seq_len=32, method="qlora", lora_targets=["q", "v"])
+    assert "lm_head" in _transformers_4bit(src, True, skip=["model.layers.0.mlp"])
+    simulated = _simulated_4bit(job, src)
+    assert "lm_head" not in simulated and "model.layers.1.mlp.up_proj" in simulated
+
+
+def test_a_packed_weight_stored_as_a_parameter_is_counted_once_in_mfus_n():
+    """Sharded QLoRA keeps the packed bytes as a bf16 parameter: counted beside in × out, N
+    was 1.25 × too large on every FSDP-QLoRA row."""
+    from trainfit.model.workload import matmul_params
+
+    for storage in (torch.uint8, torch.bfloat16):
+        layer = Linear4bitSim(1024, 512, True, torch.bfloat16, True, quant_storage=storage)
+        assert matmul_params(layer) == 1024 * 512
+
+
+def test_a_real_run_of_a_stored_checkpoint_is_one_clear_refusal(tmp_path):
+    from trainfit.model.runtime import build_real
+
+    src = _checkpoint(tmp_path, TINY_LLAMA, _bnb())
+    job = JobSpec(model=str(tmp_path), seq_len=32, method="qlora", quant="nf4-dq")
+    with pytest.raises(JobError, match=r"stored 4-bit .* real 4-bit runs are not wired") as err:
+        build_real(job, src, torch.device("cpu"), init="random")
+    assert "16-bit original" in err.value.hint

@@ -168,6 +168,11 @@ def test_cli_current_flag_and_bad_current_in_a_file(tiny_config_json, tmp_path):
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert (d["current"]["micro_batch"], d["current"]["grad_accum"]) == (2, 4)
+    # the table's row of the current configuration is its full-size simulation: one number
+    same = [c for c in d["configs"] if (c["precision"], c["grad_ckpt"], c["micro_batch"],
+                                        c["grad_accum"]) == ("amp-bf16", "full", 2, 4)]
+    assert len(same) == 1 and same[0]["how"] == "simulated"
+    assert same[0]["peak_device_bytes"] == d["current"]["peak_device_bytes"]
     # without the knobs of the current run there is no baseline: refused, not made up
     bare = CliRunner().invoke(app, ["plan", str(two), "--gpu", "a10g", "--seq-len", "64",
                                     "--effective-batch", "8", "--current"])

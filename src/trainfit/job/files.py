@@ -112,6 +112,18 @@ PATH_FIELDS = ("data", "model")
 """Job fields that may name a local file or directory."""
 
 
+def _relative(value: Any) -> bool:
+    return isinstance(value, str) and bool(value) and not is_code_spec(value) \
+        and not Path(value).is_absolute()
+
+
+def _model_path(value: str, p: Path) -> bool:
+    """A ``model`` written as a path (``./m``, ``runs/m``, ``config.json``: a bare ``gpt2`` is the
+    catalog's even where a folder of that name exists) to a model dir or config file."""
+    written = value.startswith(".") or value.endswith(".json") or "/" in value
+    return written and (p.is_file() or (p / "config.json").is_file())
+
+
 def beside_the_file(fields: dict[str, Any], path: str | Path) -> dict[str, Any]:
     """A relative ``data``/``model`` path that does not exist from the working directory but
     does beside the job file is taken from there (a job file kept next to its data works from
@@ -119,10 +131,11 @@ def beside_the_file(fields: dict[str, Any], path: str | Path) -> dict[str, Any]:
     folder = Path(path).parent
     for key in PATH_FIELDS:
         value = fields.get(key)
-        if isinstance(value, str) and value and not Path(value).is_absolute() \
-                and not is_code_spec(value) and not Path(value).exists() \
-                and (folder / value).exists():
-            fields[key] = str(folder / value)
+        if not _relative(value) or Path(value).exists():
+            continue
+        beside = folder / value
+        if beside.exists() if key == "data" else _model_path(value, beside):
+            fields[key] = str(beside)
     return fields
 
 
@@ -131,8 +144,8 @@ def absolute_paths(fields: dict[str, Any]) -> dict[str, Any]:
     job file written here and read from anywhere (tune --out)."""
     for key in PATH_FIELDS:
         value = fields.get(key)
-        if isinstance(value, str) and value and not is_code_spec(value) \
-                and not Path(value).is_absolute() and Path(value).exists():
+        if _relative(value) and (Path(value).exists() if key == "data"
+                                 else _model_path(value, Path(value))):
             fields[key] = str(Path(value).resolve())
     return fields
 

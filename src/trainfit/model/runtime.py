@@ -216,6 +216,12 @@ def build_real(job: JobSpec, source: ModelSource, device: torch.device, *, seed:
     whole model first and sharding it after would put the full model on every GPU at load — the
     size FSDP is there to split — and leave its freed blocks in the allocator's cache
     (``fsdp_init sharded`` is what plan predicts)."""
+    stored = getattr(source, "stored_quant", None)
+    if stored is not None:
+        raise JobError(f"{source.name}: its weights are stored 4-bit ({stored.describe()}), and "
+                       "real 4-bit runs are not wired in this version",
+                       "tune/train the 16-bit original with --method lora, or plan this "
+                       "checkpoint (trainfit plan) for its memory")
     if job.method == "qlora" and device.type != "cuda":
         raise JobError("--method qlora: bitsandbytes 4-bit layers run on CUDA only",
                        "use --device cuda:N, or --method lora on CPU")

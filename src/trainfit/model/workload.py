@@ -26,7 +26,12 @@ from trainfit.model.in_backward import InBackwardOptimizer
 from trainfit.model.lora_targets import import_peft, resolve_targets
 from trainfit.model.source import ModelSource, build_config, no_cache
 from trainfit.model.standins import Adam8bitSim, Linear4bitSim, quantize_linears_4bit
-from trainfit.model.stored_quant import check_job, patched_expert_classes, unstack_experts
+from trainfit.model.stored_quant import (
+    check_job,
+    hf_module_name,
+    patched_expert_classes,
+    unstack_experts,
+)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -205,6 +210,12 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
             # keep-in-fp32 ones, no default skips (get_modules_to_not_convert)
             patterns = None if stored is None or stored.skip_modules is None else \
                 [*stored.skip_modules, *sorted(keep32)]
+            inp = model.get_input_embeddings()
+            if patterns is not None and out_emb is not None and inp is not None \
+                    and out_emb.weight is inp.weight:
+                # a tied head: tie_weights() after loading puts the 16-bit embedding back into
+                # it, whatever the skip list says
+                patterns += [hf_module_name(n) for n, m in model.named_modules() if m is out_emb]
             compute = torch.float16 if job.precision == "amp-fp16" else torch.bfloat16
             # sharded QLoRA stores the packed weights in bf16 (bnb_4bit_quant_storage), as
             # FSDP and ZeRO-3 need to flatten them with the other parameters
@@ -259,7 +270,10 @@ def matmul_params(model: torch.nn.Module) -> int:
     count, seen = 0, set[int]()
     for module in model.modules():
         if isinstance(module, Linear4bitSim):
+            # in × out once: sharded QLoRA stores the packed bytes as a bf16 parameter, which
+            # is this weight again (its bias is a vector)
             count += module.in_features * module.out_features
+            continue
         lookup = isinstance(module, torch.nn.Embedding)
         for p in module.parameters(recurse=False):
             if lookup or p.dim() < 2 or id(p) in seen:

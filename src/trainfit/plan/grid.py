@@ -413,13 +413,15 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
         grid = _Grid(job, source, gpu, margin, workers, precisions, ckpts, _micro_candidates(job),
                      progress)
         rows = grid.rows()
+        cur_row = grid.exact(current, "your current configuration, full size") \
+            if current is not None else None
+        if cur_row is not None:
+            _with_current(rows, cur_row)
         rec = grid.verify_pick(rows, verify)
         if rec is not None:
             rows[rec].recommended = True
         rank_rows(rows, _sort_key)
         mark_shown(rows)
-        cur_row = grid.exact(current, "your current configuration, full size") \
-            if current is not None else None
         rungs = grid.ladder(rows) if rec is None and ladder and gpu is not None and rows else []
         first = rows[0].memory if rows else None
         return PlanResult(
@@ -484,6 +486,17 @@ def _sort_key(row: PlanRow) -> tuple[Any, ...]:
     tps = row.speed.tokens_per_s if row.speed is not None else None
     return (tps is None, -(tps or 0.0), row.job.grad_ckpt != "off", -(row.job.micro_batch or 1),
             _PRECISION_PREF.get(row.job.precision or "", 9))
+
+
+def _with_current(rows: list[PlanRow], current: PlanRow) -> None:
+    """The grid's row of the current configuration takes its full-size simulation, so that the
+    table and the line 'against what you run now' give one number for one configuration (the
+    extrapolated row had said 6.24 GiB beside the simulated 6.22)."""
+    key = ("precision", "grad_ckpt", "micro_batch", "grad_accum")
+    for i, r in enumerate(rows):
+        if r.how != "simulated" and all(getattr(r.job, k) == getattr(current.job, k) for k in key):
+            rows[i] = PlanRow(r.job, current.memory, current.how, current.speed,
+                              largest_fitting=r.largest_fitting and current.memory.fits is True)
 
 
 def _recommend(rows: list[PlanRow]) -> int | None:

@@ -62,7 +62,7 @@ def plan_header(result: PlanResult) -> str | None:
         " " + _assumed(a, "quant", a.quant) if a.quant else "") + (
         ", " + _assumed(a, "lora_r", f"LoRA r {a.lora_r}") if a.lora_r is not None else "")
     # --grad-accum without an effective batch: every row accumulates that many micro-batches
-    accums = sorted({r.job.grad_accum or 1 for r in result.rows})
+    accums = sorted({r.job.grad_accum or 1 for r in getattr(result, "rows", [])})
     if accums == [1] or not accums:
         per_row = "micro-batch × ranks"
     elif len(accums) == 1:

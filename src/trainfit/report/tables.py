@@ -199,7 +199,8 @@ def seed_text(t: SeedTable) -> TextTable:
     tokens = ("unknown, so time per epoch is unknown" if t.dataset_tokens is None
               else f"{t.dataset_tokens:,} tokens ({t.dataset_tokens_source})")
     notes = [f"speed-up is relative to {t.reference}", f"dataset: {tokens}",
-             "GiB = 2^30 bytes; peak device = what nvidia-smi shows (reserved + CUDA context)",
+             "GiB = 2^30 bytes; peak device = what nvidia-smi shows (reserved + CUDA context); "
+             "on CPU, which has none, the live tensor bytes (what --memory-limit caps)",
              "host RAM is only measured (the plan does not predict it)"]
     return TextTable("Micro-batch table (seed-002 style)", cols, rows, notes,
                      [bool(r.pick) for r in t.rows], groups)
