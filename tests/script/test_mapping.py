@@ -170,6 +170,11 @@ def test_keyword_diff_in_the_scripts_terms():
     }
     # the effective batch stays 8; the same micro-batch: no batch keyword at all
     assert keyword_diff(r, cur, cur) == []
+    # a model built without from_pretrained (from_config): the change is at its build
+    built = {**r, "loads": []}
+    where = {c.where for c in keyword_diff(built, cur, pick) if c.keyword == "dtype"}
+    assert where == {"the model's build (no from_pretrained call was read: "
+                     "from_config(..., dtype=...) or model.to(dtype))"}
 
 
 @pytest.mark.parametrize("reentrant", [False, True])

@@ -43,6 +43,44 @@ def test_timer_caches_on_disk_and_refuses_other_machines(tmp_path, monkeypatch):
     assert KernelTimer({"cpu": "x", "threads": 1})(key) == 0.25 and len(calls) == 2
 
 
+def test_a_kernel_timed_on_a_busy_machine_is_timed_again_and_the_lower_kept(tmp_path,
+                                                                          monkeypatch):
+    """Other processes on the CPUs while a kernel was replayed: the time is kept but marked busy,
+    and the next process times it once more (lower kept), until a quiet timing clears the mark;
+    a quiet timing is never repeated."""
+    from trainfit.speed import host_timing
+
+    monkeypatch.setenv("TRAINFIT_CACHE", str(tmp_path))
+    timings = iter([0.9, 0.5, 0.7, 0.6])  # busy, busy, quiet, (never asked)
+    busy = iter([True, True, False])
+    # other processes' CPU seconds: a million more over a busy replay, none over a quiet one
+    clock = {"t": 0.0}
+
+    def others(cpus):
+        return clock["t"], 0.0
+
+    def replay(key):
+        t = next(timings)
+        clock["t"] += 1e6 if next(busy) else 0.0
+        return t
+
+    monkeypatch.setattr(host_timing, "others_cpu_s", others)
+    monkeypatch.setattr(cpu_kernels, "time_replay", replay)
+    key = replay_key("mm.default", (torch.empty(4, 4), torch.empty(4, 4)), {})
+    ident = {"cpu": "x", "threads": 2}
+    first = KernelTimer(ident)
+    assert first(key) == 0.9 and first(key) == 0.9  # once per process
+    first.save()
+    assert json.loads((tmp_path / "cpu_kernels.json").read_text())["busy"] == [repr(key)]
+    second = KernelTimer(ident)
+    assert second(key) == 0.5 and second.busy_keys() == {repr(key)}
+    second.save()
+    third = KernelTimer(ident)
+    assert third(key) == 0.5 and third.busy_keys() == set()  # quiet 0.7: the lower 0.5 kept
+    third.save()
+    assert KernelTimer(ident)(key) == 0.5  # quiet now: not timed again (0.6 never asked)
+
+
 def test_a_measured_kernel_time_replaces_the_roofline():
     dev = DeviceSpeed(name="cpu", peak_flops={"fp32": 1e9}, bandwidth_bytes_s=1e9, sm_count=None,
                       asynchronous=False, op_overhead_s=1e-5, gemm_efficiency=1.0,

@@ -149,7 +149,7 @@ def render_plan(result: PlanResult, all_rows: bool = False) -> None:
         say(console, header)
     if result.model_note:
         say(console, f"note: {result.model_note}")
-    say(console, f"parameters: {result.total_params / 1e6:,.1f} M total, "
+    say(console, f"parameters: {result.total_params / 1e6:,.2f} M total, "
                  f"{result.trainable_params / 1e6:,.2f} M trainable (counts)")
     dropped = plan_table(console, result, all_rows)
     _legend(console, result, dropped, all_rows)

@@ -189,7 +189,7 @@ def plan_reason(result: PlanResult) -> str:
         return text
     j = pick.job
     why = [f"{j.precision}, micro-batch {j.micro_batch} × accumulation {j.grad_accum}",
-           "checkpointing off" if j.grad_ckpt == "off" else "checkpointing on"]
+           f"checkpointing {j.grad_ckpt}"]
     if pick.speed is not None and pick.speed.tokens_per_s:
         mfu = f", MFU {pick.speed.mfu:.0%}" if pick.speed.mfu else ""
         why.append(f"fastest that fits: {pick.speed.tokens_per_s:,.0f} tokens/s predicted{mfu}")

@@ -59,7 +59,11 @@ def keyword_diff(rec: dict[str, Any], current: JobSpec, pick: JobSpec) -> list[K
     if current.grad_ckpt != pick.grad_ckpt:
         out.append(_checkpointing(rec, args_cls, pick.grad_ckpt == "full"))
     site = next((ld for ld in rec["loads"] if ld["this_model"]), None)
-    where = f"from_pretrained ({site['at']})" if site else "from_pretrained"
+    # a model the script builds otherwise (from_config, its own module): no from_pretrained
+    # call to change, the build is where its dtype and attention are set
+    where = f"from_pretrained ({site['at']})" if site else \
+        "the model's build (no from_pretrained call was read: from_config(..., dtype=...) or " \
+        "model.to(dtype))"
     before_dt, after_dt = load_dtype(current), load_dtype(pick)
     if before_dt != after_dt:
         kw = "BitsAndBytesConfig(bnb_4bit_compute_dtype)" if pick.method == "qlora" else "dtype"

@@ -107,34 +107,79 @@ def time_replay(key: tuple[Any, ...], reps: int = REPS) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def timed_under_load(key: tuple[Any, ...]) -> tuple[float, bool]:
+    """(:func:`time_replay` of ``key``, whether other processes used more than
+    ``BUSY_SHARE`` of this process's CPUs meanwhile)."""
+    from trainfit.speed.host_timing import BUSY_SHARE, allowed_cpus, others_cpu_s
+
+    cpus = allowed_cpus()
+    try:
+        start = others_cpu_s(cpus)
+    except Exception:  # the load cannot be read: counted as quiet
+        start = None
+    wall0 = time.perf_counter()
+    t = time_replay(key)
+    wall = max(time.perf_counter() - wall0, 1e-9)
+    try:
+        end = others_cpu_s(cpus) if start is not None else None
+    except Exception:
+        end = None
+    if start is None or end is None:
+        return t, False
+    others = max(0.0, (end[0] - start[0]) - (end[1] - start[1])) / wall
+    return t, others > BUSY_SHARE * len(cpus)
+
+
 class KernelTimer:
-    """Measured CPU seconds per replay key, cached on disk across processes."""
+    """Measured CPU seconds per replay key, cached on disk across processes.
+
+    A timing taken while other processes used the CPUs (``others_cpu_s`` over the replay, as
+    the host step measures its rounds: :mod:`trainfit.speed.host_timing`) is kept but marked busy,
+    and timed once more by the next process that needs it, the lower time kept: a busy machine
+    only adds, and a cache filled under load would otherwise keep every later CPU prediction
+    pessimistic (a tune's budget refused on a probe predicted 5-17x too slow)."""
 
     def __init__(self, ident: dict[str, Any]) -> None:
         self.ident = {**ident, "version": CACHE_VERSION}
         self._times: dict[str, float] = {}
+        self._busy: set[str] = set()
+        self._retimed: set[str] = set()
         self._dirty = False
         data = read_json(_cache_path())
         try:
             if isinstance(data, dict) and data.get("ident") == self.ident:
                 self._times = {str(k): float(v) for k, v in data.get("times_s", {}).items()}
+                self._busy = {str(k) for k in data.get("busy", [])} & set(self._times)
         except (ValueError, AttributeError, TypeError):
-            self._times = {}
+            self._times, self._busy = {}, set()
 
     def __call__(self, key: tuple[Any, ...]) -> float | None:
         skey = repr(key)
         t = self._times.get(skey)
-        if t is None:
+        if t is None or (skey in self._busy and skey not in self._retimed):
             try:
-                t = time_replay(key)
+                measured, busy = timed_under_load(key)
             except (RuntimeError, ValueError, TypeError, AttributeError):
-                return None  # not replayable here: the caller falls back to the roofline
+                return t  # not replayable here: the caller falls back to the roofline
+            self._retimed.add(skey)
+            t = measured if t is None else min(t, measured)
             self._times[skey] = t
+            # both measurements busy: the kept one is still a busy machine's; one quiet: the
+            # kept time is at most a quiet one
+            if busy:
+                self._busy.add(skey)
+            else:
+                self._busy.discard(skey)
             self._dirty = True
         return t
+
+    def busy_keys(self) -> set[str]:
+        """Keys whose kept time was measured on a busy machine."""
+        return set(self._busy)
 
     def save(self) -> None:
         if not self._dirty:
             return
-        if write_json(_cache_path(), {"ident": self.ident, "times_s": self._times}):
+        if write_json(_cache_path(), {"ident": self.ident, "times_s": self._times,
+                                      "busy": sorted(self._busy)}):
             self._dirty = False
