@@ -3,9 +3,10 @@
 For each case ``plan()`` runs as the CLI runs it, and every row is checked: breakdown terms ≥ 0
 summing to the allocated peak, allocated and device peaks non-decreasing in the micro-batch
 within a (precision, checkpointing) group, reserved ≥ allocated, ``fits`` against the capacity,
-▲ only on the largest fitting micro-batch of its group, and the memory ladder lowering the peak
-at every rung.  Ten extrapolated rows per case are re-simulated at full size: allocated within
-1 %, and the extrapolated allocator reserve not below the full-size replay's.
+▲ only on the largest fitting micro-batch of its group, MFU and HFU within [0, 1] and HFU ≥ MFU
+on full fine-tuning, and the memory ladder lowering the peak at every rung.  Ten extrapolated
+rows per case are re-simulated at full size: allocated within 1 %, and the extrapolated allocator
+reserve not below the full-size replay's.
 
 Run: ``python benchmarks/invariants.py`` → results/invariants.{json,md}; ``--cases 5 6``: only
 those entries of CASES (by index), merged into the previous results.
