@@ -132,9 +132,12 @@ def _current_and_grid(job: JobSpec, fields: dict[str, Any], extra: dict[str, Any
 
 
 def _gpu_spec(gpu: str | None, extra: dict[str, Any], interconnect: str | None,
-              say: Any = None) -> Any:
+              say: Any = None, ranks: int | None = None) -> Any:
     """The GPU named (--gpu, else the job file's), else the one this machine has (NVML), else
-    none."""
+    none; ``ranks``: the job's, when known (a link for one rank is refused)."""
+    if interconnect is not None and ranks is not None and ranks <= 1:
+        raise JobError(f"--interconnect {interconnect} with 1 rank: one GPU syncs nothing "
+                       "over a link", "add --ranks N (N ≥ 2), or drop --interconnect")
     from trainfit.cli.script import local_gpu_spec
     from trainfit.hardware.gpus import close_gpu_names, find_gpu, gpu_names
 
@@ -217,10 +220,7 @@ def plan_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Predict the peak GPU memory of each candidate configuration (no GPU needed)."""
-    import shutil
-
-    from trainfit.cli.script import is_command, plan_script_cmd
-    from trainfit.model.catalog.models import find_model
+    from trainfit.cli.script import is_command, plan_script_cmd, refuse_two_models
     from trainfit.model.source import check_seq_len, resolve_model
     from trainfit.plan.checks import with_checks
     from trainfit.plan.grid import plan
@@ -229,11 +229,7 @@ def plan_cmd(
     args = [target] if isinstance(target, str) else list(target or [])  # quickstart passes a str
     say = (lambda msg: None) if as_json else (lambda msg: typer.echo(msg, err=True))
     try:
-        if len(args) > 1 and find_model(args[0]) is not None and shutil.which(args[0]) is None:
-            # `plan gpt2 gpt2-medium`: two models, not a command (its first word runs nothing)
-            raise JobError(f"{' '.join(args)}: plan takes one model or job file",
-                           "plan them one at a time; a training script goes after --, e.g. "
-                           "trainfit plan --gpu t4 -- python train.py")
+        refuse_two_models(args)
         if is_command(args):
             if current:
                 raise JobError("--current with a script: the script's configuration is the "
@@ -253,10 +249,7 @@ def plan_cmd(
         job = JobSpec.from_dict(fields, source=target or "flags")
         job, current_job = _current_and_grid(job, fields, extra, current, target or "flags")
         checks = _file_checks(extra, target or "flags")  # bad input fails before the work
-        if interconnect is not None and job.ranks <= 1:
-            raise JobError(f"--interconnect {interconnect} with 1 rank: one GPU syncs nothing "
-                           "over a link", "add --ranks N (N ≥ 2), or drop --interconnect")
-        spec = _gpu_spec(gpu, extra, interconnect, say)
+        spec = _gpu_spec(gpu, extra, interconnect, say, ranks=job.ranks)
         source = resolve_model(job.model, job.trust_remote_code)
         check_seq_len(job.seq_len, source)  # tune and train refuse it too
         job = job_for_model(job, fields, say, source)

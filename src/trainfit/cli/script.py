@@ -18,6 +18,19 @@ def is_command(args: list[str]) -> bool:
     return len(args) > 1 or (len(args) == 1 and args[0].endswith(".py") and ":" not in args[0])
 
 
+def refuse_two_models(args: list[str]) -> None:
+    """``plan gpt2 gpt2-medium``: two words whose first is a catalog model and no program are two
+    models, not a command (run as one, the first word was 'command not found')."""
+    import shutil
+
+    from trainfit.model.catalog.models import find_model
+
+    if len(args) > 1 and find_model(args[0]) is not None and shutil.which(args[0]) is None:
+        raise JobError(f"{' '.join(args)}: plan takes one model or job file",
+                       "plan them one at a time; a training script goes after --, e.g. "
+                       "trainfit plan --gpu t4 -- python train.py")
+
+
 def local_gpu_spec(say: Any) -> Any:
     """The GPU this machine has (NVML: its name mapped to the catalog, capacity = free now), said on
     stderr; None without NVML or a GPU (plan then has no GPU, as before). An unknown card is planned

@@ -59,16 +59,10 @@ def tower_params(model: torch.nn.Module) -> int:
     """The tower's matmul weights among :func:`tower_parameters` (0 for a language model): what
     MFU's N counts of the model and the tower takes no part in — as N
     (:func:`trainfit.model.workload.matmul_params`), no lookup table, norm or bias."""
-    ids = {id(p) for p in tower_parameters(model)}
-    count = 0
-    for module in model.modules():
-        if isinstance(module, torch.nn.Embedding):
-            continue
-        for p in module.parameters(recurse=False):
-            if id(p) in ids and p.dim() >= 2:
-                ids.discard(id(p))
-                count += p.numel()
-    return count
+    from trainfit.model.workload import matmul_params
+
+    tower = tower_parameters(model)
+    return matmul_params(model, only={id(p) for p in tower}) if tower else 0
 
 
 def holds_towers(source: ModelSource) -> bool:

@@ -196,42 +196,7 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
         if job.fused_qkv:
             _fuse(job, source, model, train_dtype)
         if job.method == "qlora":
-            out_emb = model.get_output_embeddings()
-            skip = set() if job.quant_lm_head else {
-                n for n, m in model.named_modules() if m is out_emb}
-            # transformers leaves a model's keep-in-fp32 modules unquantized (its quantizer's
-            # get_modules_to_not_convert adds them): T5's feed-forward output `wo`
-            base = model.get_base_model()
-            keep32 = set(getattr(base, "_keep_in_fp32_modules", None) or [])
-            keep32 |= set(getattr(base, "_keep_in_fp32_modules_strict", None) or [])
-            skip |= keep32
-            stored = source.stored_quant
-            # a checkpoint that states its 16-bit modules: those (transformers' matcher) and the
-            # keep-in-fp32 ones, no default skips (get_modules_to_not_convert)
-            patterns = None if stored is None or stored.skip_modules is None else \
-                [*stored.skip_modules, *sorted(keep32)]
-            inp = model.get_input_embeddings()
-            if patterns is not None and out_emb is not None and inp is not None \
-                    and out_emb.weight is inp.weight:
-                # a tied head: tie_weights() after loading puts the 16-bit embedding back into
-                # it, whatever the skip list says
-                patterns += [hf_module_name(n) for n, m in model.named_modules() if m is out_emb]
-            compute = torch.float16 if job.precision == "amp-fp16" else torch.bfloat16
-            # sharded QLoRA stores the packed weights in bf16 (bnb_4bit_quant_storage), as
-            # FSDP and ZeRO-3 need to flatten them with the other parameters
-            storage = torch.bfloat16 if job.sharding != "none" and job.ranks > 1 else torch.uint8
-            info.quantized_linears = quantize_linears_4bit(
-                model, compute, job.quant == "nf4-dq", skip, legacy=job.bnb_legacy,
-                from_fp16=job.quant_from_fp16, quant_storage=storage, lib=job.quant_lib,
-                compiled=job.compile, patterns=patterns, stored=stored is not None)
-            if job.kbit_prepared:
-                # peft.prepare_model_for_kbit_training: every fp16/bf16 parameter that is not a
-                # 4-bit one to float32 (peft/utils/other.py); the packed 4-bit weights (buffers,
-                # or bf16-stored parameters when sharded) stay as they are
-                for n, p in model.named_parameters():
-                    if not p.requires_grad and p.dtype in (torch.float16, torch.bfloat16) \
-                            and not n.endswith("weight_packed"):
-                        p.data = p.data.to(torch.float32)
+            info.quantized_linears = _quantize_base(job, source, model)
     else:
         for p in model.parameters():
             p.requires_grad_(True)
@@ -261,22 +226,67 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
     return model, info
 
 
-def matmul_params(model: torch.nn.Module) -> int:
+def _quantize_base(job: JobSpec, source: ModelSource, model: torch.nn.Module) -> int:
+    """The frozen base made 4-bit as the job's stack loads it (what transformers' quantizer
+    converts, or a checkpoint stored 4-bit keeps); returns how many layers."""
+    out_emb = model.get_output_embeddings()
+    skip = set() if job.quant_lm_head else {
+        n for n, m in model.named_modules() if m is out_emb}
+    # transformers leaves a model's keep-in-fp32 modules unquantized (its quantizer's
+    # get_modules_to_not_convert adds them): T5's feed-forward output `wo`
+    base = model.get_base_model()
+    keep32 = set(getattr(base, "_keep_in_fp32_modules", None) or [])
+    keep32 |= set(getattr(base, "_keep_in_fp32_modules_strict", None) or [])
+    skip |= keep32
+    stored = source.stored_quant
+    # a checkpoint that states its 16-bit modules: those (transformers' matcher) and the
+    # keep-in-fp32 ones, no default skips (get_modules_to_not_convert)
+    patterns = None if stored is None or stored.skip_modules is None else \
+        [*stored.skip_modules, *sorted(keep32)]
+    inp = model.get_input_embeddings()
+    if patterns is not None and out_emb is not None and inp is not None \
+            and out_emb.weight is inp.weight:
+        # a tied head: tie_weights() after loading puts the 16-bit embedding back into
+        # it, whatever the skip list says
+        patterns += [hf_module_name(n) for n, m in model.named_modules() if m is out_emb]
+    compute = torch.float16 if job.precision == "amp-fp16" else torch.bfloat16
+    # sharded QLoRA stores the packed weights in bf16 (bnb_4bit_quant_storage), as
+    # FSDP and ZeRO-3 need to flatten them with the other parameters
+    storage = torch.bfloat16 if job.sharding != "none" and job.ranks > 1 else torch.uint8
+    count = quantize_linears_4bit(
+        model, compute, job.quant == "nf4-dq", skip, legacy=job.bnb_legacy,
+        from_fp16=job.quant_from_fp16, quant_storage=storage, lib=job.quant_lib,
+        compiled=job.compile, patterns=patterns, stored=stored is not None)
+    if job.kbit_prepared:
+        # peft.prepare_model_for_kbit_training: every fp16/bf16 parameter that is not a
+        # 4-bit one to float32 (peft/utils/other.py); the packed 4-bit weights (buffers,
+        # or bf16-stored parameters when sharded) stay as they are
+        for n, p in model.named_parameters():
+            if not p.requires_grad and p.dtype in (torch.float16, torch.bfloat16) \
+                    and not n.endswith("weight_packed"):
+                p.data = p.data.to(torch.float32)
+    return count
+
+
+def matmul_params(model: torch.nn.Module, only: set[int] | None = None) -> int:
     """The weights a token's matmuls use: every parameter of two or more dimensions (linear,
     Conv1D, stacked experts, LoRA A/B) and every 4-bit weight (in × out), but not a lookup table
     (an ``nn.Embedding``'s weight, unless a head also multiplies by it: tied) nor a norm's or
     bias's vector — PaLM's N as MFU counts it (:func:`trainfit.speed.predict
-    .model_flops_per_token`), so HFU, which counts the executed matmuls, is never below MFU."""
+    .model_flops_per_token`), so HFU, which counts the executed matmuls, is never below MFU.
+    ``only``: count just these parameters (by id; a 4-bit twin by its packed weight's), e.g. a
+    tower's (:func:`trainfit.model.towers.tower_params`)."""
     count, seen = 0, set[int]()
     for module in model.modules():
         if isinstance(module, Linear4bitSim):
             # in × out once: sharded QLoRA stores the packed bytes as a bf16 parameter, which
             # is this weight again (its bias is a vector)
-            count += module.in_features * module.out_features
+            if only is None or id(module.weight_packed) in only:
+                count += module.in_features * module.out_features
             continue
         lookup = isinstance(module, torch.nn.Embedding)
         for p in module.parameters(recurse=False):
-            if lookup or p.dim() < 2 or id(p) in seen:
+            if lookup or p.dim() < 2 or id(p) in seen or (only is not None and id(p) not in only):
                 continue
             seen.add(id(p))
             # bitsandbytes' Params4bit (a real run's 4-bit weight) packs two values per byte of

@@ -21,6 +21,7 @@ from typing import Any
 from trainfit.hardware.gpus import GpuSpec
 from trainfit.job import JobSpec
 from trainfit.memory.expandable import env_expandable_segments
+from trainfit.model.experts import stacked_expert_params_of, stacked_when_stored_params_of
 
 STACK = ("torch", "transformers", "peft", "bitsandbytes")
 """The libraries whose code the simulation runs (their versions change what is predicted)."""
@@ -90,18 +91,20 @@ class PlanAssumptions:
 def plan_assumptions(job: JobSpec, kernels: dict[str, int],
                      assumed: list[str] | None = None,
                      kernels_by_precision: dict[str, list[str]] | None = None,
-                     experts_16bit_params: int = 0,
-                     experts_4bit_if_stored: bool = False) -> PlanAssumptions:
+                     source: Any = None) -> PlanAssumptions:
     """``job``: the planned job (its effective batch as asked); ``kernels``: the pick's SDPA
-    kernels; ``kernels_by_precision``: every row's, by precision."""
+    kernels; ``kernels_by_precision``: every row's, by precision; ``source``: the model (its
+    stacked experts, for QLoRA's 16-bit-experts note)."""
     lora = job.method in ("lora", "qlora")
+    stacked = stacked_expert_params_of(source) if source is not None else 0
     return PlanAssumptions(method=job.method, quant=job.quant, lora_r=job.lora_r if lora else None,
                            seq_len=job.seq_len, effective_batch=job.effective_batch,
                            ranks=job.ranks, sharding=job.sharding, optimizer=job.optimizer,
                            attention=job.attention, attention_kernels=dict(kernels),
                            attention_kernels_by_precision=dict(kernels_by_precision or {}),
-                           experts_16bit_params=experts_16bit_params,
-                           experts_4bit_if_stored=experts_4bit_if_stored,
+                           experts_16bit_params=stacked if job.method == "qlora" else 0,
+                           experts_4bit_if_stored=source is not None and
+                           stacked_when_stored_params_of(source) < stacked,
                            versions=installed_versions(), assumed=list(assumed or []),
                            optimizer_in_backward=job.optimizer_in_backward,
                            offload=job.offload, expandable_segments=job.expandable_segments,

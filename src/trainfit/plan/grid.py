@@ -31,7 +31,6 @@ from trainfit.memory.predict import (
     predict_memory,
     target_for,
 )
-from trainfit.model.experts import stacked_expert_params_of, stacked_when_stored_params_of
 from trainfit.model.source import ModelSource
 from trainfit.model.towers import inactive_params_of
 from trainfit.plan.checks import HostRamCheck, ObservedCheck
@@ -39,7 +38,7 @@ from trainfit.plan.context import OffloadCheck, PlanAssumptions, offload_check, 
 from trainfit.plan.inputs import check_inputs, supported_precisions
 from trainfit.plan.ladder import build_ladder
 from trainfit.plan.row_speed import synced
-from trainfit.plan.rows import mark_shown, rank_rows
+from trainfit.plan.rows import mark_shown, rank_rows, take_exact_row
 from trainfit.speed.bands import SpeedBand, speed_band_for
 from trainfit.speed.comm import peer_to_peer
 from trainfit.speed.host import host_step
@@ -416,7 +415,7 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
         cur_row = grid.exact(current, "your current configuration, full size") \
             if current is not None else None
         if cur_row is not None:
-            _with_current(rows, cur_row)
+            take_exact_row(rows, cur_row)
         rec = grid.verify_pick(rows, verify)
         if rec is not None:
             rows[rec].recommended = True
@@ -437,10 +436,7 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
             assumptions=plan_assumptions(job, _kernel_row(rows, rec).memory.sdpa_kernels
                                          if rows else {},
                                          kernels_by_precision=_kernels_by_precision(rows),
-                                         experts_16bit_params=stacked_expert_params_of(source)
-                                         if job.method == "qlora" else 0,
-                                         experts_4bit_if_stored=stacked_when_stored_params_of(
-                                             source) < stacked_expert_params_of(source)),
+                                         source=source),
             offload=offload_check(rows[rec] if rec is not None else None, gpu),
             speed_band=None if gpu is None else speed_band_for(job.ranks, bool(job.compile)),
             **_link(gpu, job.ranks),
@@ -486,17 +482,6 @@ def _sort_key(row: PlanRow) -> tuple[Any, ...]:
     tps = row.speed.tokens_per_s if row.speed is not None else None
     return (tps is None, -(tps or 0.0), row.job.grad_ckpt != "off", -(row.job.micro_batch or 1),
             _PRECISION_PREF.get(row.job.precision or "", 9))
-
-
-def _with_current(rows: list[PlanRow], current: PlanRow) -> None:
-    """The grid's row of the current configuration takes its full-size simulation, so that the
-    table and the line 'against what you run now' give one number for one configuration (the
-    extrapolated row had said 6.24 GiB beside the simulated 6.22)."""
-    key = ("precision", "grad_ckpt", "micro_batch", "grad_accum")
-    for i, r in enumerate(rows):
-        if r.how != "simulated" and all(getattr(r.job, k) == getattr(current.job, k) for k in key):
-            rows[i] = PlanRow(r.job, current.memory, current.how, current.speed,
-                              largest_fitting=r.largest_fitting and current.memory.fits is True)
 
 
 def _recommend(rows: list[PlanRow]) -> int | None:

@@ -14,6 +14,7 @@ plan without a GPU (no frontier) are always shown; the rest stays in ``--json``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,19 @@ ABOVE_FRONTIER = 2
 """Rows that do not fit shown above each group's frontier."""
 BELOW_FRONTIER_VARYING = 0
 """Fitting rows shown below the frontier when the effective batch varies between rows."""
+
+
+def take_exact_row(rows: list[Any], exact: Any) -> None:
+    """The grid's row of ``exact``'s configuration (precision, checkpointing, micro-batch,
+    accumulation) takes its full-size simulation, so that the table and the line 'against what
+    you run now' give one number for one configuration (the extrapolated row had said 6.24 GiB
+    beside the simulated 6.22); ▲ stays only where the simulation fits."""
+    key = ("precision", "grad_ckpt", "micro_batch", "grad_accum")
+    for i, r in enumerate(rows):
+        if r.how != "simulated" and all(getattr(r.job, k) == getattr(exact.job, k) for k in key):
+            rows[i] = dataclasses.replace(r, memory=exact.memory, how=exact.how,
+                                          speed=exact.speed, largest_fitting=r.largest_fitting
+                                          and exact.memory.fits is True)
 
 
 def rank_rows(rows: list[Any], sort_key: Callable[[Any], Any]) -> None:

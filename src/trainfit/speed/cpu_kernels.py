@@ -110,24 +110,12 @@ def time_replay(key: tuple[Any, ...], reps: int = REPS) -> float:
 def timed_under_load(key: tuple[Any, ...]) -> tuple[float, bool]:
     """(:func:`time_replay` of ``key``, whether other processes used more than
     ``BUSY_SHARE`` of this process's CPUs meanwhile)."""
-    from trainfit.speed.host_timing import BUSY_SHARE, allowed_cpus, others_cpu_s
+    from trainfit.speed.host_timing import BUSY_SHARE, LoadMeter, allowed_cpus
 
     cpus = allowed_cpus()
-    try:
-        start = others_cpu_s(cpus)
-    except Exception:  # the load cannot be read: counted as quiet
-        start = None
-    wall0 = time.perf_counter()
+    meter = LoadMeter(cpus)
     t = time_replay(key)
-    wall = max(time.perf_counter() - wall0, 1e-9)
-    try:
-        end = others_cpu_s(cpus) if start is not None else None
-    except Exception:
-        end = None
-    if start is None or end is None:
-        return t, False
-    others = max(0.0, (end[0] - start[0]) - (end[1] - start[1])) / wall
-    return t, others > BUSY_SHARE * len(cpus)
+    return t, meter.cores() > BUSY_SHARE * len(cpus)
 
 
 class KernelTimer:

@@ -152,6 +152,24 @@ def _load(cpus: list[int]) -> tuple[float, float] | None:
         return None
 
 
+class LoadMeter:
+    """The cores other processes used on ``cpus`` from its making to :meth:`cores` (0.0 where
+    the load cannot be read): around a timed round here, around a kernel's replay in
+    :mod:`trainfit.speed.cpu_kernels`."""
+
+    def __init__(self, cpus: list[int]) -> None:
+        self.cpus = cpus
+        self.start = _load(cpus)
+        self.wall0 = time.perf_counter()
+
+    def cores(self) -> float:
+        end = _load(self.cpus)
+        wall = max(time.perf_counter() - self.wall0, 1e-9)
+        if self.start is None or end is None:
+            return 0.0
+        return max(0.0, (end[0] - self.start[0]) - (end[1] - self.start[1])) / wall
+
+
 @dataclass
 class Round:
     times: list[float]
@@ -164,20 +182,16 @@ def timed_round(step: Callable[[], float], cpus: list[int],
                 reference: Callable[[], float] = reference_op_s) -> Round:
     """``REPEATS`` timed steps, more until ``LOAD_WINDOW_S`` has passed, each between two
     reference loops; the cores other processes used meanwhile."""
-    start = _load(cpus)
-    wall0 = time.perf_counter()
+    meter = LoadMeter(cpus)
     r = Round([], [], [reference()], 0.0)
-    while len(r.times) < REPEATS or (time.perf_counter() - wall0 < LOAD_WINDOW_S
+    while len(r.times) < REPEATS or (time.perf_counter() - meter.wall0 < LOAD_WINDOW_S
                                      and len(r.times) < MAX_REPEATS):
         t = step()
         ref = reference()
         r.times.append(t)
         r.ratios.append(t / max((r.refs[-1] + ref) / 2, 1e-12))
         r.refs.append(ref)
-    end = _load(cpus)
-    wall = max(time.perf_counter() - wall0, 1e-9)
-    if start is not None and end is not None:
-        r.load = max(0.0, (end[0] - start[0]) - (end[1] - start[1])) / wall
+    r.load = meter.cores()
     return r
 
 
