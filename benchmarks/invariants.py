@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     warnings.filterwarnings("ignore")
     # one process: the full-size checks build models in this process, and a worker pool forked
-    # after that deadlocks (plan/grid.py: _Workers)
+    # after that deadlocks (plan/workers.py: SimulationWorkers)
     os.environ["TRAINFIT_WORKERS"] = "1"
     sys.path.insert(0, str(ROOT / "tests" / "plan"))
     import test_invariants as T  # the checks themselves, shared with the test

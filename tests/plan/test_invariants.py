@@ -31,7 +31,8 @@ from trainfit.job import DEFAULT_MARGIN, JobSpec
 from trainfit.memory.extrapolate import SEGMENT_SLACK_BYTES, BilinearModel, fit_group
 from trainfit.memory.predict import predict_memory, target_for
 from trainfit.model.source import ModelSource
-from trainfit.plan.grid import PlanRow, _Grid, _Workers, plan
+from trainfit.plan.grid import PlanRow, _Grid, plan
+from trainfit.plan.workers import SimulationWorkers
 
 GPU = find_gpu("h100")
 
@@ -39,7 +40,7 @@ GPU = find_gpu("h100")
 @pytest.fixture(autouse=True)
 def _one_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """plan() in this process, no worker pool: these tests build models here first, and a pool
-    forked after that can deadlock (plan/grid.py: _Workers)."""
+    forked after that can deadlock (plan/workers.py: SimulationWorkers)."""
     monkeypatch.setenv("TRAINFIT_WORKERS", "1")
 MICROS = [1, 2, 4, 8, 16, 32, 64]
 RANKS = [(1, "none"), (2, "none"), (2, "fsdp"), (8, "none"), (8, "fsdp"), (2, "zero2"), (8, "zero3")]
@@ -269,8 +270,8 @@ def _layers(src: ModelSource) -> int:
 
 def _group_rows(job: JobSpec, src: ModelSource, model: BilinearModel, gpu: Any) -> list[PlanRow]:
     """The rows ``plan`` shows for one (precision, checkpointing) group, built by plan's own
-    code from an already fitted model (no pool: ``_Workers(1)``)."""
-    grid = _Grid(job, src, gpu, DEFAULT_MARGIN, _Workers(1), [job.precision], [job.grad_ckpt],
+    code from an already fitted model (no pool: ``SimulationWorkers(1)``)."""
+    grid = _Grid(job, src, gpu, DEFAULT_MARGIN, SimulationWorkers(1), [job.precision], [job.grad_ckpt],
                  MICROS)
     return grid._group_rows(job.precision, job.grad_ckpt, model)
 

@@ -170,7 +170,7 @@ def is_multimodal(cfg: Any) -> bool:
 def _tower_sizes(cfg: Any) -> str:
     """Each tower, its sizes from its config (not from building it: this process may go on to
     fork the plan's workers, and children forked after the parent built a model deadlocked,
-    plan/grid.py _Workers)."""
+    plan/workers.py SimulationWorkers)."""
     out = []
     for k, sub in _towers(cfg):
         sizes = ", ".join(f"{a} {getattr(sub, a)}" for a in ("num_hidden_layers", "hidden_size",

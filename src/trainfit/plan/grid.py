@@ -10,8 +10,6 @@ exact, not extrapolated.
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -39,6 +37,7 @@ from trainfit.plan.inputs import check_inputs, supported_precisions
 from trainfit.plan.ladder import build_ladder
 from trainfit.plan.row_speed import synced
 from trainfit.plan.rows import mark_shown, rank_rows, take_exact_row
+from trainfit.plan.workers import SimulationWorkers
 from trainfit.speed.bands import SpeedBand, speed_band_for
 from trainfit.speed.comm import peer_to_peer
 from trainfit.speed.host import host_step
@@ -51,7 +50,6 @@ from trainfit.speed.predict import (
 from trainfit.speed.roofline import DeviceSpeed
 
 MAX_MICRO_BATCH_WITHOUT_EFFECTIVE = 256
-MAX_WORKERS = 8
 MAX_VERIFICATIONS = 3
 
 
@@ -194,43 +192,6 @@ def _exact_row(args: tuple[JobSpec, ModelSource, GpuSpec | None, float]) -> Plan
     return PlanRow(cj, mem, "simulated", synced(speed, cj, mem, gpu))
 
 
-class _Workers:
-    """Forked processes that run the simulations (each is single-threaded Python).
-
-    The same processes fit the groups and then re-simulate the pick, so the re-simulation runs
-    warm: the first model build in a process imports the modeling code, peft and bitsandbytes
-    (~4 s on this 2-core machine, measured).  The parent never builds a model itself before
-    forking: those imports start native threads, and children forked after that deadlocked
-    (measured).
-    """
-
-    def __init__(self, tasks: int) -> None:
-        n = min(tasks, os.cpu_count() or 1, MAX_WORKERS)
-        self._pool = None
-        self.size = 1
-        if n > 1 and os.environ.get("TRAINFIT_WORKERS") != "1":
-            self._pool = multiprocessing.get_context("fork").Pool(n)
-            self.size = n
-
-    def map(self, fn: Any, items: list[Any], on_done: Callable[[int], None] | None = None
-            ) -> list[Any]:
-        """``on_done(n)``: called as the n-th result arrives (progress)."""
-        results = []
-        it = (fn(x) for x in items) if self._pool is None else \
-            self._pool.imap(fn, items, chunksize=1)
-        for x in it:
-            results.append(x)
-            if on_done is not None:
-                on_done(len(results))
-        return results
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
-
-
 def _speed_fields(speed: dict[str, Any] | None) -> dict[str, Any]:
     """A row's speed for --json; ``speed_unknown_reason``: why the speed is unknown ("" when it is
     known; None without a GPU)."""
@@ -276,7 +237,7 @@ class _Grid:
     source: ModelSource
     gpu: GpuSpec | None
     margin: float
-    workers: _Workers
+    workers: SimulationWorkers
     precisions: list[str]
     ckpts: list[str]
     micro_all: list[int]
@@ -407,7 +368,7 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
     # a custom module without gradient_checkpointing_enable() has only "off" to offer
     can_ckpt = getattr(source.config, "supports_grad_ckpt", True)
     ckpts = [job.grad_ckpt] if job.grad_ckpt else (["off", "full"] if can_ckpt else ["off"])
-    workers = _Workers(len(precisions) * len(ckpts))
+    workers = SimulationWorkers(len(precisions) * len(ckpts))
     try:
         grid = _Grid(job, source, gpu, margin, workers, precisions, ckpts, _micro_candidates(job),
                      progress)

@@ -160,7 +160,7 @@ def plan_script(cmd: list[str], *, gpu: GpuSpec | None, flags: dict[str, Any] | 
     changes = keyword_diff(rec, current, pick.job) if pick is not None and gpu is not None else []
     notes = [] if gpu is not None else [ScriptNote("no_gpu")]
     # built after the plans: the plan's workers are forked, and a parent that has built a model
-    # first deadlocked its children (trainfit.plan.grid._Workers)
+    # first deadlocked its children (trainfit.plan.workers.SimulationWorkers)
     return ScriptPlan(command=cmd, record=rec, read=read, current=current, plan=result,
                       plan_quantile=plan_q, changes=changes, check=model_check(rec, current, source),
                       notes=notes)
