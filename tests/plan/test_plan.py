@@ -5,7 +5,7 @@ import pytest
 from trainfit.hardware.gpus import find_gpu, generic_gpu
 from trainfit.job import JobError, JobSpec
 from trainfit.plan.grid import plan
-from trainfit.render.words import plan_reason, plan_versus
+from trainfit.render.words import plan_notes, plan_reason, plan_versus
 
 
 def test_grid_keeps_effective_batch_and_marks_largest(tiny_llama):
@@ -13,7 +13,10 @@ def test_grid_keeps_effective_batch_and_marks_largest(tiny_llama):
     # grid: test_cli_current_flag_and_bad_current_in_a_file)
     job = JobSpec(model="t", seq_len=64, effective_batch=8, grad_ckpt="off")
     res = plan(job, tiny_llama, find_gpu("a100-80gb"))
-    assert {r.job.precision for r in res.rows} == {"fp32", "amp-fp16", "amp-bf16", "bf16-true"}
+    # amp-fp16 is left out on a card with bf16 (the same tensors and rate as amp-bf16), and said
+    assert {r.job.precision for r in res.rows} == {"fp32", "amp-bf16", "bf16-true"}
+    assert res.precisions_not_planned == ["amp-fp16"]
+    assert any(n.startswith("amp-fp16 not planned: on ") for n in plan_notes(res))
     for r in res.rows:
         assert r.job.micro_batch * r.job.grad_accum == 8
     assert sorted({r.job.micro_batch for r in res.rows}) == [1, 2, 4, 8]
@@ -64,6 +67,7 @@ def test_t4_grid_has_no_bf16(tiny_llama):
     res = plan(JobSpec(model="t", seq_len=64, effective_batch=2, grad_ckpt="off"), tiny_llama,
                find_gpu("t4"), verify=False)
     assert {r.job.precision for r in res.rows} == {"fp32", "amp-fp16"}
+    assert res.precisions_not_planned == []  # no bf16 here: amp-fp16 is the 16-bit choice
 
 
 def test_qlora_without_bitsandbytes_is_refused(tiny_llama, monkeypatch):
@@ -182,7 +186,7 @@ def test_cli_current_flag_and_bad_current_in_a_file(tiny_config_json, tmp_path):
     assert len(d["configs"]) > 1  # the grid around it, not just the one configuration
     # the whole default grid: every precision of the A10G with checkpointing off and on
     assert {(c["precision"], c["grad_ckpt"]) for c in d["configs"]} == {
-        (p, c) for p in ("fp32", "amp-fp16", "amp-bf16", "bf16-true") for c in ("off", "full")}
+        (p, c) for p in ("fp32", "amp-bf16", "bf16-true") for c in ("off", "full")}
     assert all(c["micro_batch"] * c["grad_accum"] == 8 for c in d["configs"])
     assert d["speedup_vs_current"] >= 0.99
     # simulated rows state the expandable allocator's reserve, extrapolated ones null
@@ -249,3 +253,18 @@ def test_a_row_without_speed_among_rows_with_one_says_why(tiny_llama):
     j = row.job
     assert (f"tokens/s unknown on {j.precision} {j.grad_ckpt} {j.micro_batch}×{j.grad_accum}: "
             "the allocator retries") in out.getvalue()
+
+
+def test_amp_fp16_left_out_on_bf16_cards_is_amp_bf16s_twin(tiny_llama):
+    """Why the grid may leave amp-fp16 out on a card with bf16 (plan.inputs.grid_precisions):
+    planned on its own it comes out as amp-bf16 does — the same peaks to the byte, the same
+    tokens/s."""
+    got = {}
+    for p in ("amp-fp16", "amp-bf16"):
+        res = plan(JobSpec(model="t", seq_len=64, micro_batch=4, grad_accum=2, precision=p,
+                           grad_ckpt="off"), tiny_llama, find_gpu("a100-80gb"), ladder=False)
+        assert res.precisions_not_planned == []  # fixed by the user: planned, nothing left out
+        row = res.rows[0]
+        got[p] = (row.memory.peak_allocated_bytes, row.memory.peak_reserved_bytes,
+                  row.memory.peak_device_bytes, row.speed.tokens_per_s)
+    assert got["amp-fp16"] == got["amp-bf16"]

@@ -152,7 +152,8 @@ class JobSpec:
     effective_batch: int | None = None
     """Samples per optimizer step over all ranks = micro_batch × grad_accum × ranks."""
     precision: str | None = None
-    """fp32, amp-fp16 (+GradScaler), amp-bf16 (fp32 master weights), bf16-true; None: choose."""
+    """fp32, amp-fp16 (+GradScaler), amp-bf16 (fp32 master weights), bf16-true; None: choose
+    (plan leaves amp-fp16 out on a card with bf16, where it matches amp-bf16)."""
     optimizer: str = "adamw"
     """adamw, adamw-8bit, paged-adamw, paged-adamw-8bit, adafactor, sgd."""
     optimizer_impl: str = "fused"

@@ -33,7 +33,7 @@ from trainfit.model.source import ModelSource
 from trainfit.model.towers import inactive_params_of
 from trainfit.plan.checks import HostRamCheck, ObservedCheck
 from trainfit.plan.context import OffloadCheck, PlanAssumptions, offload_check, plan_assumptions
-from trainfit.plan.inputs import check_inputs, supported_precisions
+from trainfit.plan.inputs import check_inputs, grid_precisions
 from trainfit.plan.ladder import build_ladder
 from trainfit.plan.row_speed import synced
 from trainfit.plan.rows import mark_shown, rank_rows, take_exact_row
@@ -128,6 +128,9 @@ class PlanResult:
     taken from the GPU catalog (None: one rank, or no GPU named)."""
     link_gbs: float | None = None
     """That link's bandwidth per GPU and direction, GB/s (None: unknown)."""
+    precisions_not_planned: list[str] = field(default_factory=list)
+    """Precisions the grid left out because another planned one matches them on this GPU
+    (:func:`trainfit.plan.inputs.grid_precisions`: amp-fp16 on a card with bf16)."""
 
     @property
     def pick(self) -> PlanRow | None:
@@ -364,7 +367,9 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
     called with (what is being simulated, done, total) as the work goes."""
     t0 = time.perf_counter()
     check_inputs(job, gpu, margin, dataset_tokens, epochs)
-    precisions = [job.precision] if job.precision else step_precisions(job, supported_precisions(gpu))
+    planned, not_planned = grid_precisions(gpu)
+    precisions = [job.precision] if job.precision else step_precisions(job, planned)
+    not_planned = [] if job.precision else not_planned
     # a custom module without gradient_checkpointing_enable() has only "off" to offer
     can_ckpt = getattr(source.config, "supports_grad_ckpt", True)
     ckpts = [job.grad_ckpt] if job.grad_ckpt else (["off", "full"] if can_ckpt else ["off"])
@@ -393,7 +398,7 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
             recommended_index=rec,
             smallest_device_bytes=min((r.memory.peak_device_bytes for r in rows), default=None),
             plan_time_s=time.perf_counter() - t0, ladder=rungs, dataset_tokens=dataset_tokens,
-            epochs=epochs, current=cur_row,
+            epochs=epochs, current=cur_row, precisions_not_planned=not_planned,
             assumptions=plan_assumptions(job, _kernel_row(rows, rec).memory.sdpa_kernels
                                          if rows else {},
                                          kernels_by_precision=_kernels_by_precision(rows),

@@ -16,6 +16,22 @@ def supported_precisions(gpu: GpuSpec | None) -> list[str]:
     return ["fp32", "amp-fp16"]
 
 
+def grid_precisions(gpu: GpuSpec | None) -> tuple[list[str], list[str]]:
+    """The precisions plan's grid varies when the user fixed none, and those it leaves out.
+
+    On a GPU with bf16 (Ampere and later) amp-fp16 is left out: autocast casts the same
+    operations to 2 bytes as amp-bf16 does (torch's CUDA autocast op lists are one list for both
+    dtypes), so the two hold the same tensors — GradScaler adds its scale and found-inf scalars —
+    and the tensor cores run fp16 and bf16 at the same rate on these cards (NVIDIA's A100/H100/
+    L40S datasheets), so the rows came out equal to the hundredth of a GiB and the token, while
+    amp-fp16 adds loss scaling's skipped steps.  Planned, its groups cost a quarter of the plan's
+    time for rows no ranking could tell apart; ``--precision amp-fp16`` still plans it."""
+    got = supported_precisions(gpu)
+    if gpu is not None and gpu.bf16_supported:
+        return [p for p in got if p != "amp-fp16"], ["amp-fp16"]
+    return got, []
+
+
 def check_bitsandbytes(job: JobSpec) -> None:
     """QLoRA and bnb optimizers need bitsandbytes where the job will run; say so before planning
     (the plan itself uses data-less twins of bnb's layers and optimizers)."""

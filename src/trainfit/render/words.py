@@ -54,6 +54,11 @@ def plan_notes(result: PlanResult) -> list[str]:
         notes.insert(0, experts_note(experts, result.total_params,
                                      result.assumptions.sharding != "none",
                                      result.assumptions.experts_4bit_if_stored))
+    if "amp-fp16" in result.precisions_not_planned:
+        notes.append(f"amp-fp16 not planned: on {result.gpu_display_name} it holds the same "
+                     "tensors as amp-bf16 (the same autocast casts to 2 bytes, plus GradScaler's "
+                     "scalars) at the same tensor-core rate, with loss scaling on top; "
+                     "--precision amp-fp16 plans it")
     if result.speed_band is not None:
         notes.append(speed_note(result.speed_band))
     if result.link is not None:
