@@ -37,6 +37,20 @@ def test_packing_counts(tok, text_jsonl):
     assert all(len(x) == 32 for x in d.input_ids)
 
 
+def test_custom_lm_text_is_packed_like_a_causal_lm(tok, text_jsonl):
+    """A module:factory model is trained with the shifted next-token loss (model/custom.py): its
+    text is packed as a causal LM's, not cut to seq_len one row each (which dropped ~90 % of a
+    text file); packing asked of a model whose samples are pairs is refused."""
+    rows = read_rows(text_jsonl)
+    causal = tokenize_rows(rows, tok, seq_len=32, task="causal-lm")
+    custom = tokenize_rows(rows, tok, seq_len=32, task="custom-lm")
+    assert custom.stats.packed and custom.stats.samples == causal.stats.samples
+    assert [x.tolist() for x in custom.input_ids] == [x.tolist() for x in causal.input_ids]
+    assert custom.stats.notes[0].startswith("packed: ")
+    with pytest.raises(DataError, match="packing: true: a seq2seq-lm model's samples"):
+        tokenize_rows(rows, tok, seq_len=32, task="seq2seq-lm", packing=True)
+
+
 def test_chat_truncation_is_counted(tok, chat_jsonl):
     rows = read_rows(chat_jsonl)
     d = tokenize_rows(rows, tok, seq_len=40, task="causal-lm")

@@ -47,6 +47,23 @@ def test_unknown_yaml_key_suggests(tmp_path):
     assert "micro_batch" in info.value.hint
 
 
+def test_a_key_given_twice_is_refused(tmp_path):
+    """YAML keeps the last of two keys silently: a second seq_len appended to a tuned file
+    would change the job unseen. Refused with its line; nested mappings checked too."""
+    from trainfit.job import read_job_file
+
+    p = tmp_path / "job.yaml"
+    p.write_text("model: gpt2\nseq_len: 64\nmicro_batch: 2\nseq_len: 128\n")
+    with pytest.raises(JobError, match="line 4: 'seq_len' is given twice") as info:
+        read_job_file(p)
+    assert info.value.hint == "keep one `seq_len:` line"
+    p.write_text("job:\n  model: gpt2\n  lora_r: 8\n  lora_r: 16\n")
+    with pytest.raises(JobError, match="'lora_r' is given twice"):
+        read_job_file(p)
+    p.write_text("model: gpt2\nseq_len: 64\n")
+    assert read_job_file(p)[0]["seq_len"] == 64
+
+
 def test_qlora_defaults_to_double_quant():
     assert JobSpec(model="gpt2", method="qlora").quant == "nf4-dq"
 

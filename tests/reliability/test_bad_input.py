@@ -124,6 +124,10 @@ CASES: list[tuple[str, Callable[[Path, str], list[str]], str]] = [
     ("tune --knobs nope", lambda d, j: ["tune", j, "--knobs", "nope"], "nope"),
     # doctor
     ("doctor --steps 1", lambda d, j: ["doctor", j, "--steps", "1"], "--steps 1"),
+    ("doctor --warmup -1", lambda d, j: ["doctor", j, "--warmup", "-1"], "--warmup -1: must be ≥ 0"),
+    ("resume at another seq_len", lambda d, j: ["train", _other_seq_len(d, j), "--out",
+                                                str(d / "run"), "--resume", _run(d, j)],
+     "seq_len 16 differs from the checkpoint's 32"),
 ]
 
 
@@ -135,6 +139,22 @@ def _mkdir(p: Path) -> str:
 def _bytes(p: Path, data: bytes) -> str:
     p.write_bytes(data)
     return str(p)
+
+
+def _run(d: Path, j: str) -> str:
+    """A run of one step of the job file (its checkpoint to resume from)."""
+    from trainfit.job import JobSpec
+    from trainfit.run.loop import RunOptions, train
+
+    out = d / "run"
+    train(JobSpec.from_dict(yaml.safe_load(Path(j).read_text())),
+          RunOptions(out_dir=out, max_steps=1))
+    return str(out)
+
+
+def _other_seq_len(d: Path, j: str) -> str:
+    job = yaml.safe_load(Path(j).read_text())
+    return _yaml(d, yaml.safe_dump({**job, "seq_len": 16}))
 
 
 def _small_batch(d: Path, j: str) -> str:

@@ -143,6 +143,21 @@ def test_tune_alone_makes_its_own_section():
     # predictions come from the probes (hollow markers), one per micro-batch
     assert sorted(p.micro_batch for p in fam.memory_predicted_gib) == [1, 4, 16, 16, 32]
     assert not fam.bars
+    # with no plan, a row's predicted fit is tune's rule on its probe's prediction (not unknown):
+    # micro-batch 32, 16.02 GiB predicted, is within 90 % of 19.71 GiB (it then OOMed, measured)
+    fit = {r.micro_batch: r.fits_predicted for r in s.table.rows}
+    assert fit == {1: True, 4: True, 16: True, 32: True}
+    assert s.capacity_label == "GPU memory"
+
+
+def test_tune_on_a_cpu_names_its_memory_limit(tmp_path):
+    tune = json.loads((FIXTURES / "tune.json").read_text())
+    tune["device"], tune["memory_limit_bytes"] = "cpu", int(0.5 * GIB)
+    p = tmp_path / "tune.json"
+    p.write_text(json.dumps(tune))
+    (s,) = build_report(load_inputs([str(p)])).sections
+    assert s.capacity_label == "memory limit"
+    assert {r.fits_predicted for r in s.table.rows} == {False}  # GiBs predicted over 0.45 usable
 
 
 def test_ladder_and_kindless_plan(tmp_path):

@@ -138,3 +138,27 @@ def test_markdown_escapes_html_from_the_inputs(tmp_path):
     md = out.with_suffix(".md").read_text()
     assert "<script>" not in md and "&lt;script&gt;" in md
     assert "<script>alert" not in out.read_text()
+
+
+def test_train_configuration_says_where_the_run_went(tmp_path):
+    """An OOM split leaves the job's micro-batch behind: the configuration row names both (the
+    job's, then each micro-batch × accumulation the run moved to); a null checkpointing field
+    is 'unknown', never 'None'."""
+    train = json.loads((FIXTURES / "train.json").read_text())
+    train["job"] = {**train["job"], "micro_batch": 32, "grad_accum": 1, "ranks": 2,
+                    "grad_ckpt": None}
+    train["oom_events"] = [
+        {"step": 0, "phase": "step", "micro_batch_before": 32, "micro_batch_after": 16,
+         "grad_accum_after": 2},
+        {"step": 0, "phase": "step", "micro_batch_before": 16, "micro_batch_after": 8,
+         "grad_accum_after": 4}]
+    train["segments"] = [{"segment": 1, "start_step": 0, "end_step": 400, "steps": 400,
+                          "micro_batch": 8, "grad_accum": 4}]
+    path = _write(tmp_path, "train.json", train)
+    out = tmp_path / "r.html"
+    res = runner.invoke(APP, ["report", path, "--out", str(out), "--markdown"])
+    assert res.exit_code == 0, res.output
+    md = out.with_suffix(".md").read_text()
+    assert ("checkpointing unknown, micro-batch 32 × 1 (the job's); ran at 16 × 2 → 8 × 4"
+            in md)
+    assert "checkpointing None" not in md

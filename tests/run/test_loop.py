@@ -95,6 +95,16 @@ def test_cli_train_bad_input(job, tmp_path):
     assert res.exit_code == 2 and "does not exist" in res.output
     res = runner.invoke(app, ["train", str(p), "--nproc", "999"])
     assert res.exit_code == 2 and "--nproc 999" in res.output
+    # a tuned file's memory_limit is the CPU run's stand-in capacity (as tune keeps it); a bad
+    # one is refused before anything is written
+    lim = tmp_path / "lim.yaml"
+    lim.write_text(yaml.safe_dump({**d, "memory_limit": "lots"}))
+    res = runner.invoke(app, ["train", str(lim), "--out", str(tmp_path / "lim")])
+    assert res.exit_code == 2 and "memory_limit lots" in res.output
+    assert not (tmp_path / "lim").exists()
+    lim.write_text(yaml.safe_dump({**d, "memory_limit": 1000}))
+    res = runner.invoke(app, ["train", str(lim), "--out", str(tmp_path / "lim"), "--max-steps", "1"])
+    assert res.exit_code == 2 and "the model's weights alone take" in res.output
     res = runner.invoke(app, ["train", str(p), "--out", str(tmp_path / "ok"), "--max-steps", "2",
                               "--json"])
     assert res.exit_code == 0, res.output
@@ -164,3 +174,25 @@ def test_optimizer_in_backward_trains_the_same_losses_and_resumes(job, tmp_path)
     ck = next(Path(c) for c in saved.checkpoints if Path(c).name == "checkpoint-2")
     rest = train(fused, RunOptions(out_dir=tmp_path / "h2", max_steps=4, resume=ck))
     assert rest.losses[-2:] == pytest.approx(ref.losses[-2:], rel=1e-6, abs=1e-7)
+
+
+def test_resume_keeps_a_finished_segment_and_refuses_another_sample_stream(job, tmp_path):
+    """A run that finished at its checkpoint keeps 'finished' and its whole wall time when it is
+    resumed (train.json, written after the checkpoint, is the record); a resume that changes
+    what a sample is (seq_len) is refused with the fix; the record names the micro-batch each
+    segment ran at."""
+    out = tmp_path / "r"
+    first = train(job, RunOptions(out_dir=out, max_steps=2))
+    d1 = json.loads((out / "train.json").read_text())
+    assert d1["segments"][0]["stopped"] == "finished"
+    assert d1["segments"][0]["micro_batch"] == 4 and d1["segments"][0]["grad_accum"] == 2
+    assert d1["job"]["grad_ckpt"] == "off"  # left to be chosen: ran without, recorded so
+    with pytest.raises(JobError, match="seq_len 64 differs from the checkpoint's 32") as info:
+        train(job.replace(seq_len=64), RunOptions(out_dir=out, max_steps=3, resume=out))
+    assert "resume with seq_len: 32" in info.value.hint
+    again = train(job.replace(micro_batch=2), RunOptions(out_dir=out, max_steps=3, resume=out))
+    seg0 = again.segments[0]
+    assert seg0["stopped"] == "finished" and seg0["notes"] == d1["segments"][0]["notes"]
+    assert seg0["wall_time_s"] == pytest.approx(d1["segments"][0]["wall_time_s"])
+    assert again.wall_time_s >= first.wall_time_s
+    assert [(s["micro_batch"], s["grad_accum"]) for s in again.segments] == [(4, 2), (2, 4)]

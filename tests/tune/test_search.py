@@ -325,3 +325,44 @@ def test_an_undecided_note_says_when_the_budget_cut_the_rounds():
     assert "within the noise" not in cut
     noisy = note_words(SearchNote("undecided", {**data, "budget": False}))
     assert "within the noise of this run (8%, measured)" in noisy
+
+
+@pytest.mark.parametrize("later_tps, kept", [(90.0, True), (200.0, False)])
+def test_a_change_is_written_only_when_confirmed_faster_than_the_current(tiny_llama, later_tps,
+                                                                       kept):
+    """Micro-batch 8 measured once at 130 tokens/s against the current configuration's 100
+    (micro-batch 1), then at ``later_tps`` on every repeat. Slower on a repeat: the search's
+    best is not confirmed faster than the current configuration in interleaved rounds, and the
+    current one is the pick (kept, the candidate reported as unconfirmed), as a busy host made
+    it in a QA run; faster in every round: the change."""
+    import time
+
+    import torch
+
+    from trainfit.render.words import tune_pick_reason
+    from trainfit.tune.tuner import Bench, TuneOptions, run_search
+
+    seen = {"big": 0}
+
+    def tps(j):
+        if j.micro_batch == 8:
+            seen["big"] += 1
+            return 130.0 if seen["big"] == 1 else later_tps
+        return 100.0
+    calls = []
+    bench = Bench(source=tiny_llama, device=torch.device("cpu"), capacity=10 * GIB,
+                  device_name="cpu", predict=pred(GIB // 2, 2 * GIB, tps),
+                  probe=fake(GIB // 2, 2 * GIB, tps, calls), agree=lambda x: x, samples=1000,
+                  tokens=64_000)
+    job = JobSpec(model="t", seq_len=64, effective_batch=8, micro_batch=1, precision="fp32",
+                  grad_ckpt="off")
+    res = run_search(job, TuneOptions(knobs=()), bench, time.perf_counter())
+    assert res.baseline.job.micro_batch == 1
+    if kept:
+        assert res.vs_baseline.verdict != "faster"
+        assert res.pick is res.baseline and res.unconfirmed.job.micro_batch > 1
+        assert tune_pick_reason(res).startswith("your current micro-batch 1 × 8 kept (")
+        assert res.to_dict()["unconfirmed"]["micro_batch"] == res.unconfirmed.job.micro_batch
+    else:
+        assert res.vs_baseline.verdict == "faster" and res.unconfirmed is None
+        assert res.pick.job.micro_batch == 8 and res.pick is not res.baseline

@@ -81,7 +81,13 @@ def test_tune_cli_end_to_end(tmp_path, micro_model_json, chat_jsonl):
     d = json.loads(res.output)
     assert d["kind"] == "tune"
     pick = d["pick"]
-    assert pick["micro_batch"] == 2 and pick["grad_accum"] == 4 and pick["effective_batch"] == 8
+    # the largest that fits is 2; it replaces the current 1 only when interleaved rounds
+    # confirm it faster (a busy CI host may not): else the current is kept, 2 reported beside it
+    want = 2 if d["vs_baseline"]["verdict"] == "faster" else 1
+    if want == 1:
+        assert d["unconfirmed"]["micro_batch"] == 2
+    assert pick["micro_batch"] == want and pick["grad_accum"] == 8 // want
+    assert pick["effective_batch"] == 8
     assert pick["measured"]["peak_allocated_bytes"] <= 0.9 * limit
     assert d["baseline"]["micro_batch"] == 1
     over = [p for p in d["probes"] if p["micro_batch"] == 4 and p["stage"] == "batch"]
@@ -92,7 +98,7 @@ def test_tune_cli_end_to_end(tmp_path, micro_model_json, chat_jsonl):
             assert abs(m - q) / m < 0.02
     fields, extra = read_job_file(out)
     job = JobSpec.from_dict(fields)
-    assert job.micro_batch == 2 and job.grad_accum == 4
+    assert job.micro_batch == want and job.grad_accum == 8 // want
     assert extra["measured"]["peak_allocated_bytes"] == pick["measured"]["peak_allocated_bytes"]
     assert "# micro-batches per optimizer step" in out.read_text()
 

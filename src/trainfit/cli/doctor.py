@@ -52,6 +52,7 @@ def register(app: typer.Typer) -> None:
         from trainfit.doctor.inject import DoctorError, check_command
         from trainfit.doctor.run import doctor_command, doctor_job
         from trainfit.job import JobError
+        from trainfit.job.fields import in_file_words
 
         args = list(target or [])
         say = None if as_json else (lambda msg: typer.echo(msg, err=True))
@@ -62,6 +63,9 @@ def register(app: typer.Typer) -> None:
             if steps < 3:
                 raise JobError(f"--steps {steps}: too few to measure",
                                "doctor needs at least 3 measured steps")
+            if warmup < 0:
+                raise JobError(f"--warmup {warmup}: must be ≥ 0",
+                               "e.g. --warmup 2 (steps run before measuring: first-step costs)")
             if repeats < 1:
                 raise JobError(f"--repeats {repeats}: must be ≥ 1", "e.g. --repeats 2")
             if len(args) == 1 and args[0].endswith((".yaml", ".yml")):
@@ -78,6 +82,9 @@ def register(app: typer.Typer) -> None:
         except DoctorError as err:
             _fail(str(err), err.hint, err.tail)
         except JobError as err:
+            if len(args) == 1 and args[0].endswith((".yaml", ".yml")):
+                # the job is the file's: a job field is named by its YAML key, not a flag
+                err = in_file_words(err, args[0], keep=("trust_remote_code",))
             _fail(str(err), err.hint)
         if as_json:
             typer.echo(json.dumps(result.to_dict(), indent=1))

@@ -137,3 +137,12 @@ def default_attention(job: JobSpec, fields: dict[str, Any], say: Any = None,
         say(f"attention: {source.name} has no SDPA implementation in transformers: its eager "
             "attention is used (--attention eager)")
     return job.replace(attention="eager")
+
+
+def file_memory_limit(extra: dict[str, Any]) -> int | None:
+    """A job file's ``memory_limit`` (bytes, or a size such as 2GiB): the capacity it was tuned
+    for, kept when it is tuned again and when it is trained (``--memory-limit`` overrides)."""
+    v = extra.get("memory_limit")
+    if v is None:
+        return None
+    return int(v) if isinstance(v, int | float) else parse_bytes(str(v), "memory_limit")

@@ -11,8 +11,16 @@ from typing import Annotated, Any
 
 import typer
 
-from trainfit.cli.jobargs import AllowCode, TrustRemoteCode, fail, job_for_model, parse_bytes
+from trainfit.cli.jobargs import (
+    AllowCode,
+    TrustRemoteCode,
+    fail,
+    file_memory_limit,
+    job_for_model,
+    parse_bytes,
+)
 from trainfit.job import JobError, JobSpec, read_job_file
+from trainfit.job.fields import in_file_words
 
 
 def _check_nproc(nproc: int, device: str) -> None:
@@ -147,13 +155,21 @@ def register(app: typer.Typer) -> None:
                 _check_nproc(nproc, "cpu")
             job, extra = _job_of(job_file, micro_batch, allow_code, trust_remote_code)
             dev = device or str(extra.get("device") or "cpu")
+            # on the CPU the capacity a tuned file's pick had to fit in (tune --memory-limit) is
+            # the run's stand-in too, as its device is; on a GPU the card is the limit
+            file_limit = file_memory_limit(extra)  # read (and checked) on any device
+            limit = parse_bytes(memory_limit, "--memory-limit") if memory_limit is not None \
+                else file_limit if dev == "cpu" else None
+            if memory_limit is None and limit is not None and not as_json:
+                typer.echo(f"memory limit {limit / 2**30:.2f} GiB from {job_file}'s memory_limit "
+                           "(what its pick was tuned to fit; --memory-limit overrides)", err=True)
             if resume is not None and not Path(resume).exists():
                 raise JobError(f"--resume {resume}: does not exist",
                                "give the run directory of an earlier trainfit train")
             opts = RunOptions(out_dir=Path(out), max_steps=max_steps, epochs=epochs,
                               save_every_steps=save_every,
                               resume=Path(resume) if resume else None, device=dev,
-                              memory_limit_bytes=parse_bytes(memory_limit, "--memory-limit"),
+                              memory_limit_bytes=limit,
                               live=live, allow_offload=allow_offload,
                               inject_oom_at_steps=_steps(inject_oom_at, "--inject-oom-at"),
                               eval_data=Path(eval_data) if eval_data else None,
@@ -165,7 +181,8 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(_launch(nproc, dev, job, job_file, out))
             result = run_backend(job, opts, backend or str(extra.get("backend") or "trainfit"))
         except JobError as err:
-            fail(err)
+            # train takes the job from its file: a job field is named by its YAML key
+            fail(in_file_words(err, job_file, keep=("micro_batch", "trust_remote_code")))
             return
         _finish(result, out, as_json)
 

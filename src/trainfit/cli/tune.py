@@ -14,6 +14,7 @@ from trainfit.cli.jobargs import (
     TrustRemoteCode,
     check_writable,
     fail,
+    file_memory_limit,
     job_for_model,
     parse_bytes,
     write_atomic,
@@ -39,15 +40,6 @@ def _job(target: str | None, job_flags: dict[str, Any], trust_remote_code: bool,
         fields["trust_remote_code"] = True
     job = JobSpec.from_dict(fields, source=target or "flags")
     return job_for_model(job, fields, lambda msg: typer.echo(msg, err=True)), extra
-
-
-def _file_limit(extra: dict[str, Any]) -> int | None:
-    """A job file's ``memory_limit`` (bytes, or a size such as 2GiB): the capacity it was tuned
-    for, kept when it is tuned again."""
-    v = extra.get("memory_limit")
-    if v is None:
-        return None
-    return int(v) if isinstance(v, int | float) else parse_bytes(str(v), "memory_limit")
 
 
 def _knob_list(knobs: str | None, try_compile: bool, try_8bit_optimizer: bool) -> tuple[str, ...]:
@@ -130,7 +122,7 @@ def _options(extra: dict[str, Any], *, device: str | None, memory_limit: str | N
     from trainfit.tune.tuner import TuneOptions  # torch: only when probing
 
     limit = parse_bytes(memory_limit, "--memory-limit") if memory_limit is not None \
-        else _file_limit(extra)
+        else file_memory_limit(extra)
     return TuneOptions(device=device or str(extra.get("device") or "cpu"),
                        memory_limit_bytes=limit, margin=margin, budget_s=budget_s,
                        max_host_ram_bytes=parse_bytes(max_host_ram, "--max-host-ram"),

@@ -68,6 +68,12 @@ class TokenData:
         return np.array([len(x) for x in self.input_ids], dtype=np.int64)
 
 
+NEXT_TOKEN_TASKS = ("causal-lm", "custom-lm")
+"""Tasks whose loss predicts token t+1 from tokens ≤ t: transformers' causal LMs, and a
+``module:factory`` model, trained with the same shifted cross-entropy
+(:mod:`trainfit.model.custom`). Their text is packed, and a sample's first token has no label."""
+
+
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """JSON lines read here (exact line numbers in errors); other formats through HF datasets."""
     p = Path(path)
@@ -219,10 +225,14 @@ def tokenize_rows(rows: list[dict[str, Any]], tok: Any, *, seq_len: int, task: s
     if vocab_hi >= len(tok) and kind == "pretokenized":
         raise DataError(f"--data {path}: token id {vocab_hi} is outside the tokenizer's "
                         f"vocabulary ({len(tok)})", "re-tokenize with the model's tokenizer")
-    pack = (kind == "text" and task == "causal-lm") if packing is None else packing
+    if packing and task not in NEXT_TOKEN_TASKS:
+        raise DataError(f"packing: true: a {task} model's samples are not one token stream "
+                        "(packing joins documents for next-token prediction)",
+                        "drop packing (or set packing: false)")
+    pack = (kind == "text" and task in NEXT_TOKEN_TASKS) if packing is None else packing
     notes: list[str] = []
     total_in = sum(len(s) for s in seqs)
-    if pack and task == "causal-lm":
+    if pack:
         flat = np.fromiter((t for s in seqs for t in s), dtype=np.int64, count=total_in)
         n_chunks = len(flat) // seq_len
         if n_chunks == 0:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainfit.data.dataset import TokenData
+from trainfit.data.dataset import NEXT_TOKEN_TASKS, TokenData
 from trainfit.job import JobSpec
 
 
@@ -120,7 +120,7 @@ class Collate:
 def label_tokens(batch: dict[str, torch.Tensor], task: str) -> int:
     """Tokens that carry a loss: causal LMs predict position t+1 from t (HF shifts the labels)."""
     labels = batch["labels"]
-    if task == "causal-lm":
+    if task in NEXT_TOKEN_TASKS:
         return int((labels[:, 1:] != -100).sum())
     return int((labels != -100).sum())
 
@@ -128,7 +128,7 @@ def label_tokens(batch: dict[str, torch.Tensor], task: str) -> int:
 def label_count(data: TokenData, i: int, task: str) -> int:
     """Label tokens of sample ``i`` before padding (a causal LM's first token has no label)."""
     n = len(data.labels[i]) if data.labels is not None else len(data.input_ids[i])
-    return max(n - 1, 0) if task == "causal-lm" and data.labels is None else n
+    return max(n - 1, 0) if task in NEXT_TOKEN_TASKS and data.labels is None else n
 
 
 def step_weights(data: TokenData, order: SampleOrder, start: int, effective: int, micro: int,

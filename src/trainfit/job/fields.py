@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainfit.job import spec
-from trainfit.job.spec import JobSpec
+from trainfit.job.spec import JobError, JobSpec
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "method": spec.METHODS, "quant": spec.QUANTS, "quant_lib": spec.QUANT_LIBS,
@@ -169,3 +169,25 @@ def fields_markdown() -> str:
 
 if __name__ == "__main__":
     print(fields_markdown(), end="")
+
+
+def in_file_words(err: JobError, path: str, keep: tuple[str, ...] = ()) -> JobError:
+    """``err`` as a command that takes its job from a file alone says it (train, doctor): a
+    job field named by its flag (``--lr -1: must be …``, hint ``e.g. --lr 1e-4``) is named by
+    its YAML key (``lr: -1: …``, ``e.g. lr: 1e-4``), as the user has no such flag to pass;
+    ``keep``: fields the command also takes as flags (train's ``--micro-batch``), left as
+    they are. The same class, so callers catching DataError still do."""
+    import re
+
+    names = {f.flag: f.name for f in job_fields() if f.name not in keep}
+
+    def words(text: str) -> str:
+        return re.sub(r"--[a-z][a-z0-9-]*",
+                      lambda m: f"{names[m.group(0)]}:" if m.group(0) in names else m.group(0),
+                      text)
+    msg, hint = words(str(err)), words(err.hint)
+    if msg == str(err) and hint == err.hint:
+        return err
+    out = type(err)(msg, f"{hint} (in {path})" if hint else f"see {path}")
+    out.__cause__ = err.__cause__
+    return out

@@ -71,13 +71,37 @@ def _refuse_code(path: str | Path, data: dict[str, Any], allow_code: bool,
         if is_code_spec(model) and not allow_code:
             raise JobError(f"{path}: model {model!r} is Python code (module:factory); a job file "
                            "alone never runs code",
-                           f"name it on the command line (--model {model}), or add --allow-code "
-                           f"if you trust {path}")
+                           f"add --allow-code if you trust {path} (plan and tune also run it "
+                           "when their command line names it as the model)")
         if block.pop("trust_remote_code", False) and not trust_remote_code:
             raise JobError(f"{path}: trust_remote_code: true is taken from the command line "
                            "only (a job file alone never runs a model's remote code)",
                            "add --trust-remote-code to the command if you trust the model's "
                            "authors")
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, line: int) -> None:
+        super().__init__(key)
+        self.key, self.line = key, line
+
+
+def _unique_key_loader() -> Any:
+    """PyYAML's SafeLoader refusing a key given twice in one mapping: ``safe_load`` keeps the
+    last, so a second ``seq_len:`` appended to a tuned file would change the job unseen."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise _DuplicateKey(key, key_node.start_mark.line + 1)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
 
 
 def read_job_file(path: str | Path, *, allow_code: bool = False,
@@ -91,7 +115,11 @@ def read_job_file(path: str | Path, *, allow_code: bool = False,
 
     text = _read_text(path)
     try:
-        data = yaml.safe_load(text)
+        # a SafeLoader subclass: plain data only, never a Python object
+        data = yaml.load(text, Loader=_unique_key_loader())
+    except _DuplicateKey as dup:
+        raise JobError(f"{path}: line {dup.line}: {dup.key!r} is given twice (YAML keeps the last "
+                       "silently)", f"keep one `{dup.key}:` line") from None
     except yaml.YAMLError as err:
         raise JobError(f"{path}: not valid YAML ({str(err).splitlines()[0]})",
                        "check the indentation and the `key: value` lines near it (a YAML "
@@ -105,7 +133,26 @@ def read_job_file(path: str | Path, *, allow_code: bool = False,
     if not isinstance(data, dict):
         raise JobError(f"{path}: `job:` must be a mapping of job fields",
                        "e.g. job: {model: gpt2, seq_len: 512}")
+    _known_keys(path, data)
     return beside_the_file(dict(data), path), extra
+
+
+def _known_keys(path: str | Path, data: dict[str, Any]) -> None:
+    """A key that is neither a job field nor a file key: the closest of either suggested (a
+    tuned file's ``memory_limt`` is a misspelt file key, not a job field)."""
+    import dataclasses
+    import difflib
+
+    fields = sorted(f.name for f in dataclasses.fields(JobSpec))
+    for key in data:
+        k = str(key).replace("-", "_")
+        if k in fields:
+            continue
+        close = difflib.get_close_matches(k, [*fields, *FILE_ONLY_KEYS], n=1)
+        raise JobError(f"{path}: unknown key {key!r}",
+                       f"did you mean {close[0]!r}?" if close else
+                       f"job fields: {', '.join(fields)}; file keys: {', '.join(FILE_ONLY_KEYS)} "
+                       "(docs/job-fields.md)")
 
 
 PATH_FIELDS = ("data", "model")

@@ -305,9 +305,11 @@ def note_words(n: SearchNote) -> str:
 
 
 def tune_reason(pick_job: Any, pick_tokens_per_s: float | None, baseline_job: Any | None,
-                vs_baseline: Any | None, notes: list[SearchNote]) -> str:
+                vs_baseline: Any | None, notes: list[SearchNote],
+                unconfirmed_job: Any | None = None) -> str:
     """The pick in words, against the user's current configuration when one was measured
-    (``vs_baseline``: the interleaved re-measurement, a Comparison)."""
+    (``vs_baseline``: the interleaved re-measurement, a Comparison; ``unconfirmed_job``: the
+    search's best when those rounds did not confirm it, the current configuration then kept)."""
     if pick_job is None:
         return "nothing fits: " + "; ".join(note_words(n) for n in notes)
     s = job_words(pick_job) + f": measured {pick_tokens_per_s or 0:,.0f} tokens/s"
@@ -315,6 +317,10 @@ def tune_reason(pick_job: Any, pick_tokens_per_s: float | None, baseline_job: An
         return s
     current = f"your current micro-batch {baseline_job.micro_batch} × {baseline_job.grad_accum}"
     ratios = ", ".join(f"{r:.2f}×" for r in vs_baseline.ratios)
+    if unconfirmed_job is not None:
+        return (f"{current} kept ({s}): the search's best, {job_words(unconfirmed_job)}, was not "
+                f"confirmed faster in interleaved rounds (its tokens/s over yours: {ratios}; "
+                f"noise {vs_baseline.noise:.0%}, measured)")
     if vs_baseline.verdict == "faster":
         return s + (f", {vs_baseline.median:.2f}× {current} (measured in {len(vs_baseline.ratios)} "
                     f"interleaved rounds: {ratios})")
@@ -338,7 +344,8 @@ def tune_pick_reason(result: Any) -> str:
         return None if m is None else m.tokens_per_s
     return tune_reason(result.pick.job if result.pick else None, tps(result.pick),
                        result.baseline.job if result.baseline else None, result.vs_baseline,
-                       [n for n in result.notes if n.kind not in RULE_KINDS])
+                       [n for n in result.notes if n.kind not in RULE_KINDS],
+                       result.unconfirmed.job if result.unconfirmed else None)
 
 
 RULE_KINDS = ("host_busy", "cpu_peaks", "persistent_workers")

@@ -62,8 +62,9 @@ def _matches(key: tuple[Any, ...], job: dict[str, Any]) -> bool:
 
 
 def setting_label(job: dict[str, Any], varying: set[str] | None = None) -> str:
-    parts = [str(job.get("precision", "precision unknown")),
-             f"checkpointing {job.get('grad_ckpt', 'unknown')}"]
+    # a field present but null (a job that left it to be chosen) is unknown, not "None"
+    parts = [str(job.get("precision") or "precision unknown"),
+             f"checkpointing {job.get('grad_ckpt') or 'unknown'}"]
     for k in FAMILY_KEYS:
         if varying and k in varying and k not in ("precision", "grad_ckpt"):
             parts.append(f"{k} {job.get(k)}")
@@ -157,6 +158,8 @@ class _SectionBuilder:
                 r.pick.add("plan")
 
     def add_tune(self, tune: TuneInput, capacity_gib: float | None) -> None:
+        usable = None if capacity_gib is None or tune.margin is None \
+            else capacity_gib * (1 - tune.margin) * GIB
         for p in tune.probes:
             fam = self.family(p.job)
             r = self.row(fam, p.micro_batch, p.grad_accum)
@@ -172,6 +175,11 @@ class _SectionBuilder:
                 if r.device_predicted_bytes is None:
                     r.device_predicted_bytes = judged_peak(q)
                     r.tokens_per_s_predicted = q.tokens_per_s
+                if r.fits_predicted is None and usable is not None and \
+                        judged_peak(q) is not None:
+                    # tune's own rule on its prediction: the peak within the capacity less
+                    # the margin (a plan's row, when there is one, keeps the plan's verdict)
+                    r.fits_predicted = judged_peak(q) <= usable
             if p.status == "oom" and capacity_gib is not None:
                 fam.memory_measured_gib.append(Point(p.micro_batch, capacity_gib, f"probe {p.index}",
                                                      "oom"))
@@ -229,12 +237,14 @@ def build_section(plan: PlanInput | None, tune: TuneInput | None, dataset_tokens
                   taken: set[str]) -> Section:
     assert plan is not None or tune is not None
     b = _SectionBuilder(plan, tune)
-    capacity_bytes, capacity_source = None, "unknown"
+    capacity_bytes, capacity_source, capacity_label = None, "unknown", "GPU memory"
     if plan is not None and plan.gpu_memory_bytes:
         capacity_bytes, capacity_source = plan.gpu_memory_bytes, f"{plan.gpu} (GPU catalog)"
     elif tune is not None and tune.memory_limit_bytes:
         capacity_bytes = tune.memory_limit_bytes
         capacity_source = f"{tune.device_name or tune.device} (tune's memory limit)"
+        if not str(tune.device).startswith("cuda"):
+            capacity_label = "memory limit"  # a CPU's stand-in for a GPU's capacity
     capacity_gib = None if capacity_bytes is None else capacity_bytes / GIB
     if plan is not None:
         b.add_plan(plan)
@@ -273,7 +283,7 @@ def build_section(plan: PlanInput | None, tune: TuneInput | None, dataset_tokens
     return Section(
         slug=slugify(f"{model} {where}", taken), title=f"{model} on {where}",
         sources=[x.path for x in (plan, tune) if x is not None], capacity_gib=capacity_gib,
-        capacity_source=capacity_source,
+        capacity_source=capacity_source, capacity_label=capacity_label,
         margin=plan.margin if plan and plan.margin is not None else (tune.margin if tune else None),
         families=b.families, table=seed_table(accs, ref, tokens, source), picks=_picks(b),
         ladder=list(plan.ladder) if plan else [], probes=list(tune.probes) if tune else [],
@@ -375,7 +385,22 @@ def build_train(t: TrainInput) -> TrainSummary:
                         samples_seen=t.samples_seen, tokens_seen=t.tokens_seen,
                         wall_time_s=t.wall_time_s, tokens_per_s_measured=tps,
                         final_loss=t.final_loss, oom_events=t.oom_events,
-                        checkpoints=t.checkpoints, resumed_from=t.resumed_from)
+                        checkpoints=t.checkpoints, resumed_from=t.resumed_from,
+                        ran_at=_ran_at(t, mb, ga))
+
+
+def _ran_at(t: TrainInput, mb: Any, ga: Any) -> list[str]:
+    """Where the run's micro-batch went after the job's: each OOM split (at its step) and each
+    segment's last step, in step order, repeats dropped; empty when it never left the job's."""
+    moves: list[tuple[int, int, int | None]] = [
+        (e.step, e.micro_batch_after, e.grad_accum_after) for e in t.oom_events
+        if e.phase != "eval" and e.step is not None and e.micro_batch_after is not None]
+    moves += t.segment_ends
+    seq: list[tuple[int, int | None]] = [(mb, ga)]
+    for _, m, a in sorted(moves, key=lambda x: x[0]):  # stable: a split before its segment's end
+        if (m, a) != seq[-1] and not (a is None and m == seq[-1][0]):
+            seq.append((m, a))
+    return [f"{m} × {'?' if a is None else a}" for m, a in seq[1:]]
 
 
 DOCTOR_METRICS = (("step time", "s", "step_time_s", 1.0), ("throughput", "tokens/s", "tokens_per_s", 1.0),

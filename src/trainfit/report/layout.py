@@ -62,7 +62,8 @@ def _section_blocks(s: Section, figs: dict[str, FigureImage]) -> list[Block]:
     usable = ("usable: unknown" if s.capacity_gib is None or s.margin is None
               else f"{fmt_gib(s.capacity_gib * (1 - s.margin))} GiB usable with a {s.margin:.0%} margin")
     out: list[Block] = [Heading(2, s.title, s.slug),
-                        Para(f"From {', '.join(s.sources)}. GPU memory: {cap}; {usable}.")]
+                        Para(f"From {', '.join(s.sources)}. {s.capacity_label.capitalize()}: "
+                             f"{cap}; {usable}.")]
     if s.picks:
         out.append(Table(picks_text(s.picks)))
     else:

@@ -283,8 +283,12 @@ def _train(o: _Obj, path: str) -> TrainInput:
     assert job is not None
     events = [OomEvent(step=e.int_("step"), phase=e.str_("phase", required=False),
                        micro_batch_before=e.int_("micro_batch_before"),
-                       micro_batch_after=e.int_("micro_batch_after"))
+                       micro_batch_after=e.int_("micro_batch_after"),
+                       grad_accum_after=e.int_("grad_accum_after", required=False))
               for e in o.objs("oom_events", required=False)]
+    ends = [(s.int_("end_step"), s.int_("micro_batch"), s.int_("grad_accum", required=False))
+            for s in o.objs("segments", required=False)
+            if "micro_batch" in s.data and s.data.get("end_step") is not None]
     return TrainInput(
         path=path, job=dict(job.data), steps=o.int_("steps"),
         samples_seen=o.int_("samples_seen", required=False),
@@ -292,7 +296,7 @@ def _train(o: _Obj, path: str) -> TrainInput:
         wall_time_s=o.num("wall_time_s"), final_loss=o.num("final_loss", required=False),
         oom_events=events, checkpoints=o.strs("checkpoints", required=False),
         resumed_from=o.str_("resumed_from", required=False),
-        monitor_log=o.str_("monitor_log", required=False))
+        monitor_log=o.str_("monitor_log", required=False), segment_ends=ends)
 
 
 def _doctor(o: _Obj, path: str) -> DoctorInput:

@@ -138,6 +138,7 @@ class OomEvent:
     phase: str | None
     micro_batch_before: int | None
     micro_batch_after: int | None
+    grad_accum_after: int | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,9 @@ class TrainInput:
     checkpoints: list[str]
     resumed_from: str | None
     monitor_log: str | None
+    segment_ends: list[tuple[int, int, int | None]] = field(default_factory=list)
+    """(step, micro-batch, accumulation) each segment's last step ran at (train.json's segments;
+    empty for a record written before they were kept)."""
 
 
 @dataclass(frozen=True)
@@ -297,6 +301,9 @@ class Section:
     probes: list[Probe]
     notes: list[str]
     throughput_unknown_reason: str | None = None
+    capacity_label: str = "GPU memory"
+    """What the capacity is: a GPU's memory, or (tune on a CPU) the memory limit standing in
+    for one."""
 
 
 @dataclass(frozen=True)
@@ -314,6 +321,9 @@ class TrainSummary:
     oom_events: list[OomEvent]
     checkpoints: list[str]
     resumed_from: str | None
+    ran_at: list[str] = field(default_factory=list)
+    """The micro-batch × accumulation the run moved to, in order, when it left the job's own
+    (an OOM split, a resume at another micro-batch); empty when it ran at the job's."""
 
 
 @dataclass(frozen=True)

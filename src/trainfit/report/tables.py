@@ -206,6 +206,12 @@ def seed_text(t: SeedTable) -> TextTable:
                      [bool(r.pick) for r in t.rows], groups)
 
 
+def _sentences(parts: list[str]) -> str:
+    """Notes as one cell: each its own sentence (the notes carry no end stop of their own)."""
+    return " ".join(p if p.rstrip().endswith((".", ":", ";")) else p.rstrip() + "."
+                    for p in parts if p.strip())
+
+
 def picks_text(picks: list[Pick]) -> TextTable:
     groups = [("", 3), ("peak device (GiB)", 2), ("tokens/s", 2), ("", 1)]
     cols = ["from", "setting", "micro-batch × accumulation", "predicted", "measured", "predicted",
@@ -213,7 +219,7 @@ def picks_text(picks: list[Pick]) -> TextTable:
     rows = [[f"{p.source} ({'measured' if p.source == 'tune' else 'predicted'})", p.setting,
              f"{p.micro_batch} × {p.grad_accum}", fmt_gib(p.device_predicted_gib),
              fmt_gib(p.device_measured_gib), fmt_num(p.tokens_per_s_predicted),
-             fmt_num(p.tokens_per_s_measured), " ".join(p.why) or UNKNOWN] for p in picks]
+             fmt_num(p.tokens_per_s_measured), _sentences(p.why) or UNKNOWN] for p in picks]
     return TextTable("The pick and why", cols, rows, groups=groups)
 
 
@@ -254,7 +260,9 @@ def probes_text(probes: list[Probe]) -> TextTable:
 
 def train_text(t: TrainSummary) -> TextTable:
     cols = ["quantity", "value (measured)"]
-    rows = [["configuration", f"{t.setting}, micro-batch {t.micro_batch} × {t.grad_accum}"],
+    ran = f"; ran at {' → '.join(t.ran_at)}" if t.ran_at else ""
+    rows = [["configuration", f"{t.setting}, micro-batch {t.micro_batch} × {t.grad_accum} (the "
+             f"job's){ran}"],
             ["steps", fmt_num(t.steps)], ["samples seen", fmt_num(t.samples_seen)],
             ["tokens seen", fmt_num(t.tokens_seen)],
             ["wall time (h:mm:ss)", fmt_duration(t.wall_time_s)],

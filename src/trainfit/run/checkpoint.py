@@ -313,8 +313,27 @@ def _verified(ck: Path, run: Path | None) -> None:
         raise JobError(f"--resume: {wrong}", _offer(run, ck))
 
 
+SAMPLE_FIELDS = ("seq_len", "packing", "text_field", "tokenizer", "seed")
+"""Job fields that make the samples and their order: the checkpoint's position counts samples of
+its job's data, so a resume that changes one of them would continue another stream (a 128-token
+packing read at a 64-token position).  The micro-batch may change (another GPU, an OOM); the data
+path may too (the same file moved: its content is not compared)."""
+
+
+def _same_samples(ck: Path, saved: dict[str, Any] | None, job: dict[str, Any] | None) -> None:
+    if not saved or job is None:
+        return  # an older checkpoint without its job: nothing to compare
+    for k in SAMPLE_FIELDS:
+        if k in saved and saved.get(k) != job.get(k):
+            raise JobError(f"--resume {ck}: {k} {job.get(k)!r} differs from the checkpoint's "
+                           f"{saved.get(k)!r}: the run's position counts that job's samples",
+                           f"resume with {k}: {saved.get(k)!r}, or start a new run (no --resume)")
+
+
 def load(ck: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any, scaler: Any | None,
-         device: torch.device) -> RunState:
+         device: torch.device, job: dict[str, Any] | None = None) -> RunState:
+    """``job``: the resuming job, whose sample fields (:data:`SAMPLE_FIELDS`) must be the
+    checkpoint's."""
     from safetensors.torch import load_file
 
     try:
@@ -322,6 +341,7 @@ def load(ck: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any, scale
         if meta.get("fingerprint") != fingerprint(model):
             raise JobError(f"--resume {ck}: the checkpoint belongs to another model (its trainable "
                            "tensors differ in names or shapes)", "resume with the job that wrote it")
+        _same_samples(ck, meta.get("job"), job)
         if is_sharded(model):
             _load_sharded(ck, model, optimizer)
         else:

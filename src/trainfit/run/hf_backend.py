@@ -287,7 +287,8 @@ def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_l
                 control.should_training_stop = True
                 return
             res.scaler_skipped_steps += skipped
-            res.add_step(loss if math.isfinite(loss) else None, eff, eff * seq_len)
+            res.add_step(loss if math.isfinite(loss) else None, eff, eff * seq_len,
+                         args.per_device_train_batch_size, args.gradient_accumulation_steps)
             if opts.record_samples:
                 res.samples.append(ids)
             if sampler is not None:

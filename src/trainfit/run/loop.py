@@ -45,7 +45,13 @@ from trainfit.run.checks import (
     total_steps,
 )
 from trainfit.run.oom import InjectedOOM, OomEvent, cannot_split, free_after_oom, smaller_micro_batch
-from trainfit.run.record import TrainResult, continue_from, new_result, write_train_json
+from trainfit.run.record import (
+    TrainResult,
+    closed_record,
+    continue_from,
+    new_result,
+    write_train_json,
+)
 from trainfit.run.rundir import RunDir
 
 __all__ = ["RunOptions", "TrainResult", "Trainer", "check_data_size", "check_runnable",
@@ -195,12 +201,13 @@ class Trainer:
             if note:
                 self.notes.append(note)
             saved = ckpt.load(ck, self.wl.model, self.wl.optimizer, self.scheduler, self.wl.scaler,
-                              self.device)
+                              self.device, job=job.to_dict())
             # the effective batch is the job's; the micro-batch may differ (another GPU, an OOM)
             self.state = ckpt.RunState(step=saved.step, position=saved.position,
                                        micro_batch=job.micro_batch, grad_accum=job.grad_accum or 1)
             self.resumed_from = str(ck)
-            self.history = ckpt.history(ck)
+            self.history = closed_record(ck.parent / "train.json", saved.step) or \
+                ckpt.history(ck)
             # the run continues in its own directory (a checkpoint of another run starts a new one)
             self.resuming_here = ck.parent.resolve() == Path(opts.out_dir).resolve()
 
@@ -248,7 +255,10 @@ class Trainer:
             raise err or JobError("rank 0 could not use the run directory",
                                   "see rank 0's error line")
         res.resumed_from = self.resumed_from
-        res.begin_segment(self.state.step, self.resumed_from, [*self.notes, *claim.notes])
+        # then what the data became (packed; rows truncated: their tail is not learned), said
+        # as tune and doctor say it
+        res.begin_segment(self.state.step, self.resumed_from,
+                          [*self.notes, *claim.notes, *self.data.stats.notes])
         try:
             self._loop(res, claim, tracker)
         except BaseException as exc:
@@ -371,7 +381,8 @@ class Trainer:
         self.state.position += self.job.effective_batch
         tokens = self.job.effective_batch * self.data.seq_len
         res.scaler_skipped_steps += skipped
-        res.add_step(loss if math.isfinite(loss) else None, self.job.effective_batch, tokens)
+        res.add_step(loss if math.isfinite(loss) else None, self.job.effective_batch, tokens,
+                     self.state.micro_batch, self.state.grad_accum)
         if self.o.record_samples:  # ids in the data as loaded (before any hold-out)
             if self.train_ids is not None:
                 ids_done = [self.train_ids[i] for i in ids_done]

@@ -95,7 +95,11 @@ class TrainResult:
         self.notes = list(notes)
         self.stopped = "running"
 
-    def add_step(self, loss: float | None, samples: int, tokens: int) -> None:
+    def add_step(self, loss: float | None, samples: int, tokens: int,
+                 micro_batch: int | None = None, grad_accum: int | None = None) -> None:
+        """One optimizer step done; ``micro_batch`` × ``grad_accum``: what it ran at (an OOM
+        split or a resume at another micro-batch leaves the job's own figures behind), kept
+        in the segment as its last step's."""
         self.losses.append(loss)
         self.steps += 1
         self.samples_seen += samples
@@ -105,6 +109,8 @@ class TrainResult:
         seg["steps"] += 1
         seg["samples"] += samples
         seg["tokens"] += tokens
+        if micro_batch is not None:
+            seg["micro_batch"], seg["grad_accum"] = micro_batch, grad_accum
         if loss is not None:
             self.final_loss = loss
 
@@ -135,8 +141,30 @@ class TrainResult:
 
 
 def new_result(job: dict[str, Any], *, main: bool) -> TrainResult:
+    # a job that leaves checkpointing to be chosen runs without it (model/workload.py turns it
+    # on for full and selective only): the record says what ran
+    job = {**job, "grad_ckpt": job.get("grad_ckpt") or "off"}
     return TrainResult(job=job, steps=0, samples_seen=0, tokens_seen=0, wall_time_s=0.0,
                        final_loss=None, losses=[], monitor_log="monitor.jsonl" if main else None)
+
+
+def closed_record(train_json: Path, step: int) -> dict[str, Any] | None:
+    """The run's ``train.json`` when it ends at the checkpoint of ``step`` with its last segment
+    closed (finished, interrupted, stopped): the record written after that checkpoint, which the
+    checkpoint's own snapshot (taken while the segment ran) predates — resumed from it, the
+    segment keeps how it stopped and its whole wall time.  None otherwise (steps ran after the
+    checkpoint, or the file is missing or unreadable): the snapshot is the record."""
+    import json
+
+    try:
+        d = json.loads(train_json.read_text())
+    except (OSError, ValueError):
+        return None
+    segs = d.get("segments") if isinstance(d, dict) else None
+    if not segs or d.get("steps") != step or not segs[-1].get("stopped") \
+            or segs[-1].get("end_step") != step:
+        return None
+    return d
 
 
 def continue_from(res: TrainResult, history: dict[str, Any], step: int, samples: int,

@@ -26,6 +26,7 @@ def tune_result_json(r: TuneResult) -> dict[str, Any]:
             "dataset_tokens": r.dataset_tokens, "trials": [_trial_json(t) for t in r.trials],
             "pick": None if r.pick is None else r.pick.index,
             "baseline": None if r.baseline is None else r.baseline.index,
+            "unconfirmed": None if r.unconfirmed is None else r.unconfirmed.index,
             "vs_baseline": None if r.vs_baseline is None else dataclasses.asdict(r.vs_baseline),
             "notes": [{"kind": n.kind, "data": n.data} for n in r.notes],
             "data_notes": list(r.data_notes), "step_source": r.step_source}
@@ -50,6 +51,8 @@ def tune_result_from_json(d: dict[str, Any]) -> TuneResult:
                       dataset_tokens=d["dataset_tokens"],
                       pick=by_index.get(d["pick"]) if d["pick"] is not None else None,
                       baseline=by_index.get(d["baseline"]) if d["baseline"] is not None else None,
+                      unconfirmed=by_index.get(d["unconfirmed"])
+                      if d.get("unconfirmed") is not None else None,
                       trials=trials, vs_baseline=None if vs is None else Comparison(**vs),
                       notes=[SearchNote(n["kind"], n["data"]) for n in d["notes"]],
                       data_notes=list(d["data_notes"]), step_source=d["step_source"])

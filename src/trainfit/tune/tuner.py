@@ -96,6 +96,10 @@ class TuneResult:
     step_source: str = "job"
     """``job``: trainfit's own step of the job (token-weighted loss, positions counted); ``script``:
     the user's trainer (its compute_loss, its batches' non-padding tokens counted)."""
+    unconfirmed: Trial | None = None
+    """The search's best when the interleaved rounds did not confirm it faster than the user's
+    current configuration (``vs_baseline``): the pick is then the current one, kept — a change
+    is written only for a gain the repeats support."""
 
     def to_dict(self) -> dict[str, Any]:
         def trial(t: Trial) -> dict[str, Any]:
@@ -112,6 +116,7 @@ class TuneResult:
                 "dataset_tokens": self.dataset_tokens,
                 "pick": trial(self.pick) if self.pick else None,
                 "baseline": trial(self.baseline) if self.baseline else None,
+                "unconfirmed": trial(self.unconfirmed) if self.unconfirmed else None,
                 "vs_baseline": None if self.vs_baseline is None else {
                     **asdict(self.vs_baseline), "median_ratio": self.vs_baseline.median},
                 "probes": [trial(t) for t in self.trials],
@@ -328,11 +333,17 @@ def run_search(job: JobSpec, opts: TuneOptions, bench: Bench, t0: float,
         # interleaved rounds, so no single lucky probe makes it
         vs = searcher.compare(baseline, out.best, first=(searcher.tps(baseline),
                                                          searcher.tps(out.best)))
+    pick, unconfirmed = out.best, None
+    if vs is not None and vs.verdict != "faster":
+        # not confirmed faster than what the user runs (slower in a round, or inside the noise):
+        # the current configuration is kept and written, the candidate reported beside it
+        pick, unconfirmed = baseline, out.best
     return TuneResult(device=str(device), device_name=bench.device_name,
                       memory_limit_bytes=bench.capacity, margin=opts.margin,
                       search_time_s=time.perf_counter() - t0, dataset_samples=bench.samples,
-                      dataset_tokens=bench.tokens, pick=out.best, baseline=baseline,
-                      trials=out.trials, vs_baseline=vs, notes=[*out.notes, *_rule_notes(out, device)],
+                      dataset_tokens=bench.tokens, pick=pick, baseline=baseline,
+                      unconfirmed=unconfirmed, trials=out.trials, vs_baseline=vs,
+                      notes=[*out.notes, *_rule_notes(out, device)],
                       data_notes=list(bench.data_notes), step_source=step_source)
 
 
