@@ -162,3 +162,5 @@ def test_train_configuration_says_where_the_run_went(tmp_path):
     assert ("checkpointing unknown, micro-batch 32 × 1 (the job's); ran at 16 × 2 → 8 × 4"
             in md)
     assert "checkpointing None" not in md
+    # train.json's step 0 is the run's first step: numbered from 1, as the progress line does
+    assert "step 1 (step): micro-batch 32 → 16; step 1 (step): micro-batch 16 → 8" in md

@@ -111,6 +111,10 @@ def test_tune_emit_hf(tmp_path, micro_model_json, text_jsonl):
     hf = json.loads(res.stdout)  # the payload alone on stdout; the table went to stderr
     assert hf["per_device_train_batch_size"] * hf["gradient_accumulation_steps"] == 4
     assert hf["use_cpu"] is True and "probes on" in res.stderr
+    # stderr is not a terminal here: the progress is one line per probe, not rich's status
+    # (which draws nothing off a terminal: minutes of silence in a log)
+    assert any(ln.startswith("tune: probing ") and ln.endswith(" s)")
+               for ln in res.stderr.splitlines())
 
 
 @pytest.mark.parametrize("extra,msg", [

@@ -108,6 +108,17 @@ def _search(job: Any, opts: Any, as_json: bool) -> Any:
 
     if as_json:
         return tune(job, opts)
+    import sys
+    import time
+
+    if not sys.stderr.isatty():
+        # piped (a log, CI): rich's status line draws nothing there; one line per probe
+        t0 = time.monotonic()
+
+        def line(s: str) -> None:
+            print(f"tune: probing {s} ({time.monotonic() - t0:.0f} s)", file=sys.stderr,
+                  flush=True)
+        return tune(job, opts, progress=line)
     from rich.console import Console
 
     with Console(stderr=True).status("probing…") as status:

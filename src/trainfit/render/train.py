@@ -31,7 +31,9 @@ def render_train(d: dict[str, Any], out: str) -> None:
                        f"{e['eval_batch_before']} → {e['eval_batch_after']} (training "
                        "micro-batch unchanged), redone from the batch that failed")
             continue
-        typer.echo(f"OOM at step {e['step']}: micro-batch {e['micro_batch_before']} → "
+        # train.json counts the steps done before it (0-based); the progress line numbers the
+        # step being run from 1
+        typer.echo(f"OOM in step {e['step'] + 1}: micro-batch {e['micro_batch_before']} → "
                    f"{e['micro_batch_after']} (accumulation {e['grad_accum_after']}), same samples "
                    "redone")
     for e in d.get("evals", []):

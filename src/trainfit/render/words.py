@@ -258,8 +258,10 @@ def note_words(n: SearchNote) -> str:
     """One thing the search decided not to do, or did by rule, and why."""
     d = n.data
     texts = {
-        "budget": lambda: f"--budget-s {d['budget_s']:g}: stopped after {d['spent_s']:.0f} s and "
-                          f"{d['probes']} probes; the best so far is kept",
+        "budget": lambda: f"--budget-s {d['budget_s']:g}: no probe started after "
+                          f"{d['spent_s']:.0f} s ({d['probes']} probes; one that would end past "
+                          "the budget is not started, one running finishes); the best so far is "
+                          "kept",
         "excluded_micro": lambda: f"micro-batches {', '.join(map(str, d['micro_batches']))} "
                                   "excluded: they do not divide the per-rank effective batch "
                                   f"{d['per_rank_batch']} (accumulation must be exact)",

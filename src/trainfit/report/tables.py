@@ -14,6 +14,7 @@ from trainfit.report.model import (
     GIB,
     DoctorSection,
     LadderStep,
+    OomEvent,
     Pick,
     Probe,
     SeedRow,
@@ -258,6 +259,16 @@ def probes_text(probes: list[Probe]) -> TextTable:
     return TextTable("Probes (tune)", cols, rows, groups=groups)
 
 
+def _oom_words(e: OomEvent) -> str:
+    """One OOM event as train prints it: a training step numbered from 1 (train.json counts the
+    steps done before it), an evaluation by the step it followed."""
+    if e.phase == "eval":
+        return f"evaluation after step {e.step}"
+    where = "unknown step" if e.step is None else f"step {e.step + 1}"
+    return (f"{where} ({e.phase or 'unknown phase'}): micro-batch {e.micro_batch_before} → "
+            f"{e.micro_batch_after}")
+
+
 def train_text(t: TrainSummary) -> TextTable:
     cols = ["quantity", "value (measured)"]
     ran = f"; ran at {' → '.join(t.ran_at)}" if t.ran_at else ""
@@ -269,8 +280,7 @@ def train_text(t: TrainSummary) -> TextTable:
             ["tokens/s, average over the run", fmt_num(t.tokens_per_s_measured)],
             ["final loss", fmt_num(t.final_loss, 4)],
             ["OOM events", "none" if not t.oom_events else "; ".join(
-                f"step {e.step} ({e.phase or 'unknown phase'}): micro-batch {e.micro_batch_before} → "
-                f"{e.micro_batch_after}" for e in t.oom_events)],
+                _oom_words(e) for e in t.oom_events)],
             ["checkpoints", str(len(t.checkpoints))],
             ["resumed from", t.resumed_from or "—"]]
     return TextTable(f"Training run ({t.path})", cols, rows)

@@ -321,7 +321,7 @@ def run_search(job: JobSpec, opts: TuneOptions, bench: Bench, t0: float,
                           worker_counts=(0, max(1, (os.cpu_count() or 1) // 2)),
                           cuda=device.type == "cuda")
     searcher = Searcher(base, bench.probe, predict, bench.capacity, sopts, bench.samples, progress,
-                        agree=bench.agree)
+                        agree=bench.agree, t0=t0)
     baseline = None
     if current is not None:
         baseline = searcher.run(current, "baseline", 3, note="your current configuration")
@@ -338,6 +338,8 @@ def run_search(job: JobSpec, opts: TuneOptions, bench: Bench, t0: float,
         # not confirmed faster than what the user runs (slower in a round, or inside the noise):
         # the current configuration is kept and written, the candidate reported beside it
         pick, unconfirmed = baseline, out.best
+    if pick is not None:
+        pick = searcher.median_of(pick)  # reported with its repeats' median, not one probe
     return TuneResult(device=str(device), device_name=bench.device_name,
                       memory_limit_bytes=bench.capacity, margin=opts.margin,
                       search_time_s=time.perf_counter() - t0, dataset_samples=bench.samples,
