@@ -68,6 +68,10 @@ def test_t4_grid_has_no_bf16(tiny_llama):
                find_gpu("t4"), verify=False)
     assert {r.job.precision for r in res.rows} == {"fp32", "amp-fp16"}
     assert res.precisions_not_planned == []  # no bf16 here: amp-fp16 is the 16-bit choice
+    from trainfit.plan.inputs import grid_precisions
+
+    # a generic card: rates unknown, so amp-fp16 is not known to match amp-bf16: kept
+    assert grid_precisions(generic_gpu(16)) == (["fp32", "amp-fp16", "amp-bf16", "bf16-true"], [])
 
 
 def test_qlora_without_bitsandbytes_is_refused(tiny_llama, monkeypatch):

@@ -202,3 +202,21 @@ def test_the_plans_own_reasons_for_unknown_tokens_per_s(tmp_path):
     assert [n for n in s.notes if n.startswith("tokens/s unknown on ")] == [
         f"tokens/s unknown on {one['precision']}, checkpointing {one['grad_ckpt']}, "
         f"{one['micro_batch']} × {one['grad_accum']} (predicted): at the card's limit"]
+
+
+def test_ran_at_orders_a_resumed_segments_first_split_after_the_previous_end(tmp_path):
+    """A run at 8 × 1 for 2 steps, resumed and split 8 → 4 in its first step (train.json's
+    step 2: the steps done before it, the previous segment's end): 'ran at 4 × 2', not
+    '4 × 2 → 8 × 1 → 4 × 2' (a review's case)."""
+    train = json.loads((FIXTURES / "train.json").read_text())
+    train["job"] = {**train["job"], "micro_batch": 8, "grad_accum": 1, "ranks": 1}
+    train["oom_events"] = [{"step": 2, "phase": "step", "micro_batch_before": 8,
+                            "micro_batch_after": 4, "grad_accum_after": 2}]
+    train["segments"] = [{"segment": 1, "start_step": 0, "end_step": 2, "micro_batch": 8,
+                          "grad_accum": 1},
+                         {"segment": 2, "start_step": 2, "end_step": 4, "micro_batch": 4,
+                          "grad_accum": 2}]
+    p = tmp_path / "train.json"
+    p.write_text(json.dumps(train))
+    (t,) = build_report(load_inputs([str(p)])).trains
+    assert t.ran_at == ["4 × 2"]

@@ -190,7 +190,14 @@ def test_resume_keeps_a_finished_segment_and_refuses_another_sample_stream(job, 
     with pytest.raises(JobError, match="seq_len 64 differs from the checkpoint's 32") as info:
         train(job.replace(seq_len=64), RunOptions(out_dir=out, max_steps=3, resume=out))
     assert "resume with seq_len: 32" in info.value.hint
-    again = train(job.replace(micro_batch=2), RunOptions(out_dir=out, max_steps=3, resume=out))
+    # chat rows are not packed: the run records packing false (what the data layer did), so a
+    # packed resume is another stream, while spelling out false is the same one
+    assert d1["job"]["packing"] is False
+    with pytest.raises(JobError, match="packing True differs from the checkpoint's False") as info:
+        train(job.replace(packing=True), RunOptions(out_dir=out, max_steps=3, resume=out))
+    assert "resume with packing: false" in info.value.hint
+    again = train(job.replace(micro_batch=2, packing=False),
+                  RunOptions(out_dir=out, max_steps=3, resume=out))
     seg0 = again.segments[0]
     assert seg0["stopped"] == "finished" and seg0["notes"] == d1["segments"][0]["notes"]
     assert seg0["wall_time_s"] == pytest.approx(d1["segments"][0]["wall_time_s"])

@@ -1,6 +1,8 @@
 """The search logic over fake probes: memory bisection from the prediction, exact accumulation,
 noise-guarded speed comparisons, budget."""
 
+import dataclasses
+
 import pytest
 
 from trainfit.job import JobSpec
@@ -368,3 +370,61 @@ def test_a_change_is_written_only_when_confirmed_faster_than_the_current(tiny_ll
         assert res.pick.job.micro_batch == 8
         # reported with the median of its timed probes (130 once, 200 on the repeats)
         assert res.pick.result.measured.tokens_per_s == 200.0
+
+
+def test_persistent_workers_are_set_on_the_pick_that_is_written(tiny_llama):
+    """The pick is reported by its median probe (another Trial of the same configuration):
+    the rule that turns persistent_workers on must reach that one, not the search's own best
+    (a review found the note said so while the written file did not)."""
+    import time
+
+    import torch
+
+    from trainfit.tune.tuner import Bench, TuneOptions, run_search
+
+    tps = lambda j: 200.0 if j.num_workers else 100.0  # noqa: E731
+    calls = []
+    bench = Bench(source=tiny_llama, device=torch.device("cpu"), capacity=10 * GIB,
+                  device_name="cpu", predict=pred(GIB // 2, 2 * GIB, tps),
+                  probe=fake(GIB // 2, 2 * GIB, tps, calls, wait_of=lambda j: 0.3),
+                  agree=lambda x: x, samples=1000, tokens=64_000)
+    job = JobSpec(model="t", seq_len=64, effective_batch=8, precision="fp32", grad_ckpt="off")
+    res = run_search(job, TuneOptions(knobs=("num_workers",)), bench, time.perf_counter())
+    assert res.pick.job.num_workers > 0
+    assert res.pick.job.persistent_workers
+    assert "persistent_workers" in [n.kind for n in res.notes]
+    assert res.to_dict()["pick"]["persistent_workers"] is True
+
+
+def test_rounds_cut_by_the_budget_keep_the_searchs_best(tiny_llama, monkeypatch):
+    """Rounds against the current configuration that the budget stopped decide nothing: the
+    search's best stays the pick, said as unconfirmed because of the budget (the review's case:
+    a candidate measured 8× faster was dropped for the current one)."""
+    import time
+
+    import torch
+
+    from trainfit.render.words import tune_pick_reason
+    from trainfit.tune import search as search_mod
+    from trainfit.tune.tuner import Bench, TuneOptions, run_search
+
+    tps = lambda j: 800.0 if j.micro_batch == 8 else 100.0  # noqa: E731
+    calls = []
+    bench = Bench(source=tiny_llama, device=torch.device("cpu"), capacity=10 * GIB,
+                  device_name="cpu", predict=pred(GIB // 2, 2 * GIB, tps),
+                  probe=fake(GIB // 2, 2 * GIB, tps, calls), agree=lambda x: x, samples=1000,
+                  tokens=64_000)
+    # the budget runs out once the search is done: the rounds against the current one stop
+    real = search_mod.Searcher.search
+
+    def search_then_out_of_time(self):
+        out = real(self)
+        self.o = dataclasses.replace(self.o, budget_s=0.0)
+        return out
+    monkeypatch.setattr(search_mod.Searcher, "search", search_then_out_of_time)
+    job = JobSpec(model="t", seq_len=64, effective_batch=8, micro_batch=1, precision="fp32",
+                  grad_ckpt="off")
+    res = run_search(job, TuneOptions(knobs=()), bench, time.perf_counter())
+    assert res.vs_baseline is not None and res.vs_baseline.verdict == "undecided"
+    assert res.unconfirmed is None and res.pick.job.micro_batch == 8
+    assert "--budget-s stopped the rounds" in tune_pick_reason(res)

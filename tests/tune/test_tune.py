@@ -83,9 +83,13 @@ def test_tune_cli_end_to_end(tmp_path, micro_model_json, chat_jsonl):
     pick = d["pick"]
     # the largest that fits is 2; it replaces the current 1 only when interleaved rounds
     # confirm it faster (a busy CI host may not): else the current is kept, 2 reported beside it
-    want = 2 if d["vs_baseline"]["verdict"] == "faster" else 1
-    if want == 1:
+    # (no comparison at all when the search itself kept 1, measured faster than 2)
+    verdict = (d["vs_baseline"] or {}).get("verdict")
+    want = 2 if verdict == "faster" else 1
+    if verdict is not None and want == 1:
         assert d["unconfirmed"]["micro_batch"] == 2
+    if verdict is None:
+        assert d["unconfirmed"] is None
     assert pick["micro_batch"] == want and pick["grad_accum"] == 8 // want
     assert pick["effective_batch"] == 8
     assert pick["measured"]["peak_allocated_bytes"] <= 0.9 * limit

@@ -120,7 +120,9 @@ def register(app: typer.Typer) -> None:
         live: Annotated[bool | None, typer.Option(
             "--live/--no-live", help="Live view (default: on a terminal).")] = None,
         inject_oom_at: Annotated[str | None, typer.Option(
-            help="Fault drill: steps (comma-separated) whose forward raises an OOM once.")] = None,
+            help="Fault drill: steps (comma-separated, counted from 0 as train.json's "
+                 "oom_events: 0 is the progress line's step 1) whose forward raises an OOM "
+                 "once.")] = None,
         eval_data: Annotated[str | None, typer.Option(
             help="Evaluation set: a file read and tokenized as the training data.")] = None,
         eval_fraction: Annotated[float | None, typer.Option(
@@ -158,8 +160,9 @@ def register(app: typer.Typer) -> None:
             # on the CPU the capacity a tuned file's pick had to fit in (tune --memory-limit) is
             # the run's stand-in too, as its device is; on a GPU the card is the limit
             file_limit = file_memory_limit(extra)  # read (and checked) on any device
+            tuned_on_cpu = str(extra.get("device") or "cpu") == "cpu"  # not a card's capacity
             limit = parse_bytes(memory_limit, "--memory-limit") if memory_limit is not None \
-                else file_limit if dev == "cpu" else None
+                else file_limit if dev == "cpu" and tuned_on_cpu else None
             if memory_limit is None and limit is not None and not as_json:
                 typer.echo(f"memory limit {limit / 2**30:.2f} GiB from {job_file}'s memory_limit "
                            "(what its pick was tuned to fit; --memory-limit overrides)", err=True)

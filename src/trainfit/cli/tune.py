@@ -26,8 +26,10 @@ from trainfit.job.files import PATH_FIELDS, absolute_paths
 
 
 def _job(target: str | None, job_flags: dict[str, Any], trust_remote_code: bool,
-         allow_code: bool = False) -> tuple[JobSpec, dict[str, Any]]:
-    """(the job, the file-only keys of a job file: device, memory_limit, measured ...)."""
+         allow_code: bool = False, as_tuned: bool = False) -> tuple[JobSpec, dict[str, Any]]:
+    """(the job, the file-only keys of a job file: device, memory_limit, measured ...).
+    ``as_tuned``: a file tune wrote is read as written — its job was adapted to the model when
+    it was tuned — without resolving the model (emitting it stays under a second)."""
     fields: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     if target is not None and target.endswith((".yaml", ".yml")):
@@ -39,6 +41,8 @@ def _job(target: str | None, job_flags: dict[str, Any], trust_remote_code: bool,
     if trust_remote_code:
         fields["trust_remote_code"] = True
     job = JobSpec.from_dict(fields, source=target or "flags")
+    if as_tuned and is_tuned(extra) and not job_flags:
+        return job, extra
     return job_for_model(job, fields, lambda msg: typer.echo(msg, err=True)), extra
 
 
@@ -111,6 +115,8 @@ def _search(job: Any, opts: Any, as_json: bool) -> Any:
     import sys
     import time
 
+    if os.environ.get("RANK", "0") != "0":
+        return tune(job, opts)  # under torchrun rank 0 says the progress
     if not sys.stderr.isatty():
         # piped (a log, CI): rich's status line draws nothing there; one line per probe
         t0 = time.monotonic()
@@ -198,7 +204,8 @@ def register(app: typer.Typer) -> None:
             target = args[0] if args else None
             if emit is not None and emit not in ("hf", "trl", "accelerate"):
                 raise JobError(f"--emit {emit}: unknown", "use hf, trl or accelerate")
-            job, extra = _job(target, job_flags or {}, trust_remote_code, allow_code)
+            job, extra = _job(target, job_flags or {}, trust_remote_code, allow_code,
+                              as_tuned=emit is not None and memory_limit is None)
             if emit is not None and is_tuned(extra) and not job_flags and memory_limit is None:
                 # a tuned file: its knobs are the decision; emitting them needs no probe
                 emit_job(job, emit, str(target), extra, device=device)

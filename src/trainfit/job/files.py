@@ -93,12 +93,14 @@ def _unique_key_loader() -> Any:
 
     class UniqueKeyLoader(yaml.SafeLoader):
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            seen: set[Any] = set()
+            seen: set[str] = set()
             for key_node, _ in node.value:
                 key = self.construct_object(key_node, deep=deep)
-                if key in seen:
+                # seq_len and seq-len are one field (JobSpec.from_dict reads both)
+                norm = str(key).replace("-", "_")
+                if norm in seen:
                     raise _DuplicateKey(key, key_node.start_mark.line + 1)
-                seen.add(key)
+                seen.add(norm)
             return super().construct_mapping(node, deep=deep)
 
     return UniqueKeyLoader
@@ -148,6 +150,9 @@ def _known_keys(path: str | Path, data: dict[str, Any]) -> None:
         k = str(key).replace("-", "_")
         if k in fields:
             continue
+        if k in FILE_ONLY_KEYS:
+            raise JobError(f"{path}: {key!r} is a file key, not a job field, so it cannot be "
+                           "inside `job:`", f"move `{key}:` to the top level of {path}")
         close = difflib.get_close_matches(k, [*fields, *FILE_ONLY_KEYS], n=1)
         raise JobError(f"{path}: unknown key {key!r}",
                        f"did you mean {close[0]!r}?" if close else

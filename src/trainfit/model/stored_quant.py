@@ -25,12 +25,13 @@ outlier columns, which trainfit does not simulate, so they are refused with the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from trainfit.job import JobError
 from trainfit.job.spec import JobSpec
+
+if TYPE_CHECKING:  # torch only where a model is built: `emit` of a job file reads this module
+    import torch
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,6 +151,7 @@ def unstack_experts(model: torch.nn.Module, classes: frozenset[str]) -> int:
     from the model's text config as ``_convert_model_for_quantization`` does; returns how many."""
     if not classes:
         return 0
+    import torch
     from transformers.quantizers.base import MODULES_TO_PATCH_FOR_QUANTIZATION
 
     text = model.config.get_text_config()

@@ -19,15 +19,18 @@ def supported_precisions(gpu: GpuSpec | None) -> list[str]:
 def grid_precisions(gpu: GpuSpec | None) -> tuple[list[str], list[str]]:
     """The precisions plan's grid varies when the user fixed none, and those it leaves out.
 
-    On a GPU with bf16 (Ampere and later) amp-fp16 is left out: autocast casts the same
-    operations to 2 bytes as amp-bf16 does (torch's CUDA autocast op lists are one list for both
-    dtypes), so the two hold the same tensors — GradScaler adds its scale and found-inf scalars —
-    and the tensor cores run fp16 and bf16 at the same rate on these cards (NVIDIA's A100/H100/
-    L40S datasheets), so the rows came out equal to the hundredth of a GiB and the token, while
-    amp-fp16 adds loss scaling's skipped steps.  Planned, its groups cost a quarter of the plan's
-    time for rows no ranking could tell apart; ``--precision amp-fp16`` still plans it."""
+    On a catalog GPU with bf16 whose fp16 and bf16 tensor-core rates are the same known figure
+    (every Ampere, Ada and Hopper card: NVIDIA's datasheets, the GPU catalog) amp-fp16 is left
+    out: autocast casts the same operations to 2 bytes as amp-bf16 does (torch's CUDA autocast
+    op lists are one list for both dtypes), so the rows hold the same tensors — equal to the
+    byte and the token on dense models (tests/plan/test_plan.py); a tiny Mixtral's came out
+    6.6 % above amp-bf16's, never below — while amp-fp16 adds loss scaling's skipped steps.
+    Planned, its groups cost a quarter of the plan's time for rows that could not win;
+    ``--precision amp-fp16`` still plans it.  A generic card (rates unknown) keeps it."""
     got = supported_precisions(gpu)
-    if gpu is not None and gpu.bf16_supported:
+    rates = gpu.peak_tflops if gpu is not None else {}
+    same_rate = rates.get("fp16") is not None and rates.get("fp16") == rates.get("bf16")
+    if gpu is not None and gpu.bf16_supported and same_rate:
         return [p for p in got if p != "amp-fp16"], ["amp-fp16"]
     return got, []
 

@@ -193,6 +193,9 @@ def render_script_tune(st: Any) -> None:
                   f"{st.current.effective_batch}):")
         for line in change_words(st.changes):
             con.print(f"  {line}")
+    elif st.result.unconfirmed is not None:
+        con.print("[bold]no change[/bold]: the script's configuration is kept — the search's "
+                  "best was not confirmed faster than it (measured, above)")
     else:
         con.print("[bold]no change[/bold]: the script's configuration is the fastest that fits "
                   "(measured)")

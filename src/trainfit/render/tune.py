@@ -52,7 +52,7 @@ def render_tune_dict(d: dict[str, Any], *, stderr: bool = False) -> None:
     say(con, legend, "dim")
     lim = d["memory_limit_bytes"]
     say(con, f"capacity: {'none' if lim is None else f'{lim / GIB:.3f} GiB'}, margin "
-             f"{d['margin']:.0%}; search took {d['search_time_s']:.0f} s (measured)")
+             f"{d['margin']:.0%}; tune took {d['search_time_s']:.0f} s in all, loading included (measured)")
     say(con, d["reason"], lead="pick:")
     if d.get("link"):
         lk = d["link"]

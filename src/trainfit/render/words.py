@@ -55,10 +55,10 @@ def plan_notes(result: PlanResult) -> list[str]:
                                      result.assumptions.sharding != "none",
                                      result.assumptions.experts_4bit_if_stored))
     if "amp-fp16" in result.precisions_not_planned:
-        notes.append(f"amp-fp16 not planned: on {result.gpu_display_name} it holds the same "
-                     "tensors as amp-bf16 (the same autocast casts to 2 bytes, plus GradScaler's "
-                     "scalars) at the same tensor-core rate, with loss scaling on top; "
-                     "--precision amp-fp16 plans it")
+        notes.append(f"amp-fp16 not planned: on {result.gpu_display_name} autocast casts the "
+                     "same operations to 2 bytes as amp-bf16, at the same tensor-core rate "
+                     "(the GPU catalog's), with loss scaling on top: its rows cannot beat "
+                     "amp-bf16's; --precision amp-fp16 plans it")
     if result.speed_band is not None:
         notes.append(speed_note(result.speed_band))
     if result.link is not None:
@@ -258,10 +258,11 @@ def note_words(n: SearchNote) -> str:
     """One thing the search decided not to do, or did by rule, and why."""
     d = n.data
     texts = {
-        "budget": lambda: f"--budget-s {d['budget_s']:g}: no probe started after "
-                          f"{d['spent_s']:.0f} s ({d['probes']} probes; one that would end past "
-                          "the budget is not started, one running finishes); the best so far is "
-                          "kept",
+        "budget": lambda: f"--budget-s {d['budget_s']:g} (the search's, from its first probe; "
+                          f"loading the model and data not counted): no probe started after "
+                          f"{d['spent_s']:.0f} s of search ({d['probes']} probes; one that would "
+                          "end past the budget is not started, one running finishes); the best "
+                          "so far is kept",
         "excluded_micro": lambda: f"micro-batches {', '.join(map(str, d['micro_batches']))} "
                                   "excluded: they do not divide the per-rank effective batch "
                                   f"{d['per_rank_batch']} (accumulation must be exact)",
@@ -326,8 +327,10 @@ def tune_reason(pick_job: Any, pick_tokens_per_s: float | None, baseline_job: An
     if vs_baseline.verdict == "faster":
         return s + (f", {vs_baseline.median:.2f}× {current} (measured in {len(vs_baseline.ratios)} "
                     f"interleaved rounds: {ratios})")
+    cut = any(n.kind == "budget" for n in notes) and vs_baseline.verdict == "undecided"
+    why = "--budget-s stopped the rounds; kept as the search's best" if cut else "measured"
     return s + (f"; against {current}: no speed-up this run could confirm (rounds: {ratios}, "
-                f"noise {vs_baseline.noise:.0%}, measured)")
+                f"noise {vs_baseline.noise:.0%}, {why})")
 
 
 TUNE_NOTES = ("tokens/s counts positions computed (micro × seq_len × accumulation × ranks / step)",

@@ -158,8 +158,10 @@ class _SectionBuilder:
                 r.pick.add("plan")
 
     def add_tune(self, tune: TuneInput, capacity_gib: float | None) -> None:
-        usable = None if capacity_gib is None or tune.margin is None \
-            else capacity_gib * (1 - tune.margin) * GIB
+        # tune's own rule (tune/search.py peak_of): its capacity less its margin, judged by the
+        # reserved peak where there is one, else the live tensor bytes
+        usable = None if not tune.memory_limit_bytes or tune.margin is None \
+            else tune.memory_limit_bytes * (1 - tune.margin)
         for p in tune.probes:
             fam = self.family(p.job)
             r = self.row(fam, p.micro_batch, p.grad_accum)
@@ -175,11 +177,11 @@ class _SectionBuilder:
                 if r.device_predicted_bytes is None:
                     r.device_predicted_bytes = judged_peak(q)
                     r.tokens_per_s_predicted = q.tokens_per_s
-                if r.fits_predicted is None and usable is not None and \
-                        judged_peak(q) is not None:
-                    # tune's own rule on its prediction: the peak within the capacity less
-                    # the margin (a plan's row, when there is one, keeps the plan's verdict)
-                    r.fits_predicted = judged_peak(q) <= usable
+                tune_peak = q.peak_reserved_bytes if q.peak_reserved_bytes is not None \
+                    else q.peak_allocated_bytes
+                if r.fits_predicted is None and usable is not None and tune_peak is not None:
+                    # a plan's row, when there is one, keeps the plan's verdict
+                    r.fits_predicted = tune_peak <= usable
             if p.status == "oom" and capacity_gib is not None:
                 fam.memory_measured_gib.append(Point(p.micro_batch, capacity_gib, f"probe {p.index}",
                                                      "oom"))
@@ -392,12 +394,14 @@ def build_train(t: TrainInput) -> TrainSummary:
 def _ran_at(t: TrainInput, mb: Any, ga: Any) -> list[str]:
     """Where the run's micro-batch went after the job's: each OOM split (at its step) and each
     segment's last step, in step order, repeats dropped; empty when it never left the job's."""
-    moves: list[tuple[int, int, int | None]] = [
-        (e.step, e.micro_batch_after, e.grad_accum_after) for e in t.oom_events
+    # (step, order, micro, accum): an OOM's step counts the steps done before it, so a split in
+    # a resumed segment's first step has the previous segment's end step: the end comes first
+    moves: list[tuple[int, int, int, int | None]] = [
+        (e.step, 1, e.micro_batch_after, e.grad_accum_after) for e in t.oom_events
         if e.phase != "eval" and e.step is not None and e.micro_batch_after is not None]
-    moves += t.segment_ends
+    moves += [(s, 0, m, a) for s, m, a in t.segment_ends]
     seq: list[tuple[int, int | None]] = [(mb, ga)]
-    for _, m, a in sorted(moves, key=lambda x: x[0]):  # stable: a split before its segment's end
+    for _, _, m, a in sorted(moves, key=lambda x: x[:2]):
         if (m, a) != seq[-1] and not (a is None and m == seq[-1][0]):
             seq.append((m, a))
     return [f"{m} × {'?' if a is None else a}" for m, a in seq[1:]]

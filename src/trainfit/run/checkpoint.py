@@ -320,14 +320,29 @@ packing read at a 64-token position).  The micro-batch may change (another GPU, 
 path may too (the same file moved: its content is not compared)."""
 
 
-def _same_samples(ck: Path, saved: dict[str, Any] | None, job: dict[str, Any] | None) -> None:
+CHOSEN_WHEN_NONE = ("packing", "tokenizer")
+"""Sample fields whose None means "chosen from the data or the model": the model's own
+tokenizer, or (a checkpoint written before runs recorded what the data layer did) packing as
+the data made it. A checkpoint's None matches a value spelt out; the runs resolve packing
+before they save and compare (run/loop.py)."""
+
+
+def same_samples(ck: Path | str, saved: dict[str, Any] | None, job: dict[str, Any] | None
+                 ) -> None:
+    """Refuse a resume whose job makes other samples than the checkpoint's (:data:`SAMPLE_FIELDS`)."""
+    import yaml
+
     if not saved or job is None:
         return  # an older checkpoint without its job: nothing to compare
     for k in SAMPLE_FIELDS:
-        if k in saved and saved.get(k) != job.get(k):
-            raise JobError(f"--resume {ck}: {k} {job.get(k)!r} differs from the checkpoint's "
-                           f"{saved.get(k)!r}: the run's position counts that job's samples",
-                           f"resume with {k}: {saved.get(k)!r}, or start a new run (no --resume)")
+        a, b = saved.get(k), job.get(k)
+        if k not in saved or a == b or (k in CHOSEN_WHEN_NONE and a is None) or \
+                (k == "tokenizer" and b is None):
+            continue
+        was = yaml.safe_dump(a, default_flow_style=True).strip().removesuffix("...").strip()
+        raise JobError(f"--resume {ck}: {k} {b!r} differs from the checkpoint's {a!r}: the run's "
+                       "position counts that job's samples",
+                       f"resume with {k}: {was}, or start a new run (no --resume)")
 
 
 def load(ck: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any, scaler: Any | None,
@@ -341,7 +356,7 @@ def load(ck: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any, scale
         if meta.get("fingerprint") != fingerprint(model):
             raise JobError(f"--resume {ck}: the checkpoint belongs to another model (its trainable "
                            "tensors differ in names or shapes)", "resume with the job that wrote it")
-        _same_samples(ck, meta.get("job"), job)
+        same_samples(ck, meta.get("job"), job)
         if is_sharded(model):
             _load_sharded(ck, model, optimizer)
         else:

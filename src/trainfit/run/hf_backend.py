@@ -46,6 +46,7 @@ from trainfit.model.source import resolve_model
 from trainfit.monitor import Sampler
 from trainfit.monitor.progress import ProgressLog, StepProgress
 from trainfit.run.backend import resolve_backend
+from trainfit.run.checkpoint import same_samples
 from trainfit.run.evaluate import eval_split
 from trainfit.run.loop import (
     TrainResult,
@@ -58,7 +59,7 @@ from trainfit.run.loop import (
     total_steps,
 )
 from trainfit.run.oom import InjectedOOM, OomEvent, cannot_split, free_after_oom, row_chunks
-from trainfit.run.record import continue_from, new_result, write_train_json
+from trainfit.run.record import closed_record, continue_from, new_result, write_train_json
 from trainfit.run.rundir import RunDir
 
 HISTORY = "trainfit_history.json"
@@ -183,11 +184,11 @@ class SplitOnOOM:
         size = int(inputs["input_ids"].shape[0])
         before = math.ceil(size / self.trainfit_split)
         if self.trainfit_world > 1:
-            raise JobError(f"out of memory at step {step} under {self.trainfit_world} ranks "
+            raise JobError(f"out of memory in step {step + 1} under {self.trainfit_world} ranks "
                            "with the hf/trl backend", "use --backend trainfit (all ranks split "
                            "together), or a smaller micro_batch")
         if num_items is None:
-            raise JobError(f"out of memory at step {step}: this model's loss takes no "
+            raise JobError(f"out of memory in step {step + 1}: this model's loss takes no "
                            "num_items_in_batch, so a split would change the loss weighting",
                            "use --backend trainfit, or a smaller micro_batch")
         if before == 1:
@@ -287,8 +288,10 @@ def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_l
                 control.should_training_stop = True
                 return
             res.scaler_skipped_steps += skipped
+            split = trainer.trainfit_split  # an OOM split runs each batch in this many parts
             res.add_step(loss if math.isfinite(loss) else None, eff, eff * seq_len,
-                         args.per_device_train_batch_size, args.gradient_accumulation_steps)
+                         math.ceil(args.per_device_train_batch_size / split),
+                         args.gradient_accumulation_steps * split)
             if opts.record_samples:
                 res.samples.append(ids)
             if sampler is not None:
@@ -426,20 +429,38 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
 
     trainer.remove_callback(PrinterCallback)  # trainfit's monitor prints (and logs) the steps
     main = rank == 0
-    res = new_result({**job.to_dict(), "backend": backend}, main=main)
+    res = new_result({**job.to_dict(), "backend": backend, "packing": data.stats.packed
+                      if job.packing is None else job.packing}, main=main)
     if resume is not None:
         step = int(Path(resume).name.rsplit("-", 1)[1])
-        history = _history(Path(resume))
+        # the run's own record when it ended at this checkpoint (a finished segment stays
+        # finished), else the checkpoint's snapshot; a job that makes other samples refused
+        closed = closed_record(Path(resume).parent / "train.json", step, resume)
+        history = closed or _history(Path(resume))
+        same_samples(resume, _run_job(Path(resume).parent),
+                     {**job.to_dict(), "packing": data.stats.packed if job.packing is None
+                      else job.packing})
         continue_from(res, history, step, int(history.get("samples_seen", step * (
             job.effective_batch or 1))), data.seq_len)
     tracker = limit_tracker(opts.memory_limit_bytes, wl.model)  # bad input: before any write
     here = resume is not None and Path(resume).parent.resolve() == opts.out_dir.resolve()
     with RunDir(opts.out_dir, resuming=here, main=main) as claim:
         res.resumed_from = resume
-        res.begin_segment(res.steps, resume, [n for n in (note, *claim.notes) if n])
+        res.begin_segment(res.steps, resume,
+                          [n for n in (note, *claim.notes, *data.stats.notes) if n])
         _train(trainer, res, opts, job, data, source, eval_set, train_ids, wl, device, tracker,
                resume, main, claim, total)
     return res
+
+
+def _run_job(run_dir: Path) -> dict[str, Any] | None:
+    """The job of the run in ``run_dir`` (its train.json's; None when there is none to read):
+    an HF checkpoint does not carry trainfit's job."""
+    try:
+        job = json.loads((run_dir / "train.json").read_text()).get("job")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return job if isinstance(job, dict) else None
 
 
 def _history(ck: Path) -> dict[str, Any]:

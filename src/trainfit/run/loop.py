@@ -168,6 +168,10 @@ class Trainer:
         use_job_allocator(job, self.device)
         self.source = resolve_model(job.model, job.trust_remote_code)
         self.data = data if data is not None else load_data(job, self.source)
+        if job.packing is None:
+            # what the data layer did is the run's (and its checkpoints') packing, as tune
+            # writes it: a resume compares what the samples are, not how the job spelt it
+            job = self.job = job.replace(packing=self.data.stats.packed)
         # the evaluation set; a held-out share replaces self.data by the samples left to train on
         self.data, self.eval_set, self.train_ids = ev.eval_split(
             self.data, job, self.source, opts.eval_data, opts.eval_fraction)
@@ -206,7 +210,7 @@ class Trainer:
             self.state = ckpt.RunState(step=saved.step, position=saved.position,
                                        micro_batch=job.micro_batch, grad_accum=job.grad_accum or 1)
             self.resumed_from = str(ck)
-            self.history = closed_record(ck.parent / "train.json", saved.step) or \
+            self.history = closed_record(ck.parent / "train.json", saved.step, ck) or \
                 ckpt.history(ck)
             # the run continues in its own directory (a checkpoint of another run starts a new one)
             self.resuming_here = ck.parent.resolve() == Path(opts.out_dir).resolve()

@@ -72,8 +72,9 @@ def free_after_oom(zero_grad: Callable[[], Any] | None = None) -> None:
 
 
 def cannot_split(step: int) -> JobError:
-    """The OOM happened at micro-batch 1: nothing left to split."""
-    return JobError(f"out of memory at step {step} with micro-batch 1",
+    """The OOM happened at micro-batch 1: nothing left to split (``step``: the steps done before
+    it; said from 1, as the progress line numbers the step being run)."""
+    return JobError(f"out of memory in step {step + 1} with micro-batch 1",
                     "enable --grad-ckpt full, use LoRA/QLoRA, or a shorter --seq-len")
 
 

@@ -148,12 +148,13 @@ def new_result(job: dict[str, Any], *, main: bool) -> TrainResult:
                        final_loss=None, losses=[], monitor_log="monitor.jsonl" if main else None)
 
 
-def closed_record(train_json: Path, step: int) -> dict[str, Any] | None:
+def closed_record(train_json: Path, step: int, checkpoint: Path | str) -> dict[str, Any] | None:
     """The run's ``train.json`` when it ends at the checkpoint of ``step`` with its last segment
     closed (finished, interrupted, stopped): the record written after that checkpoint, which the
     checkpoint's own snapshot (taken while the segment ran) predates — resumed from it, the
     segment keeps how it stopped and its whole wall time.  None otherwise (steps ran after the
-    checkpoint, or the file is missing or unreadable): the snapshot is the record."""
+    checkpoint, the record does not list ``checkpoint`` — another run's file beside a copied
+    one —, or the file is missing or unreadable): the snapshot is the record."""
     import json
 
     try:
@@ -163,6 +164,8 @@ def closed_record(train_json: Path, step: int) -> dict[str, Any] | None:
     segs = d.get("segments") if isinstance(d, dict) else None
     if not segs or d.get("steps") != step or not segs[-1].get("stopped") \
             or segs[-1].get("end_step") != step:
+        return None
+    if not any(Path(str(c)).name == Path(checkpoint).name for c in d.get("checkpoints") or []):
         return None
     return d
 

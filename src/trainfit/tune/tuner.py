@@ -237,7 +237,7 @@ def _prober(job: JobSpec, source: ModelSource, data: TokenData, device: torch.de
     return prober, probe_fn
 
 
-def _rule_notes(out: Outcome, device: torch.device) -> list[SearchNote]:
+def _rule_notes(pick: Trial | None, device: torch.device) -> list[SearchNote]:
     """What tune states around the search: a busy host, the CPU's peak, persistent workers (set
     on the pick by rule)."""
     notes = []
@@ -246,8 +246,8 @@ def _rule_notes(out: Outcome, device: torch.device) -> list[SearchNote]:
         notes.append(SearchNote("host_busy", {"load_1min": load_1min, "cores": os.cpu_count()}))
     if device.type == "cpu":
         notes.append(SearchNote("cpu_peaks"))
-    if out.best is not None and out.best.job.num_workers > 0 and not out.best.job.persistent_workers:
-        out.best.job = out.best.job.replace(persistent_workers=True)
+    if pick is not None and pick.job.num_workers > 0 and not pick.job.persistent_workers:
+        pick.job = pick.job.replace(persistent_workers=True)
         notes.append(SearchNote("persistent_workers"))
     return notes
 
@@ -320,8 +320,10 @@ def run_search(job: JobSpec, opts: TuneOptions, bench: Bench, t0: float,
                           run_steps=opts.run_steps,
                           worker_counts=(0, max(1, (os.cpu_count() or 1) // 2)),
                           cuda=device.type == "cuda")
+    # the budget is the search's (from its first probe): counted from tune's start, a slow
+    # model load left no probe at all (a review's check)
     searcher = Searcher(base, bench.probe, predict, bench.capacity, sopts, bench.samples, progress,
-                        agree=bench.agree, t0=t0)
+                        agree=bench.agree)
     baseline = None
     if current is not None:
         baseline = searcher.run(current, "baseline", 3, note="your current configuration")
@@ -334,18 +336,23 @@ def run_search(job: JobSpec, opts: TuneOptions, bench: Bench, t0: float,
         vs = searcher.compare(baseline, out.best, first=(searcher.tps(baseline),
                                                          searcher.tps(out.best)))
     pick, unconfirmed = out.best, None
-    if vs is not None and vs.verdict != "faster":
-        # not confirmed faster than what the user runs (slower in a round, or inside the noise):
-        # the current configuration is kept and written, the candidate reported beside it
+    cut = vs is not None and searcher.stopped and len(vs.ratios) < sopts.rounds \
+        and vs.verdict == "undecided"
+    if vs is not None and vs.verdict != "faster" and not cut:
+        # not confirmed faster than what the user runs (slower in a round, or inside the noise
+        # over every round): the current configuration is kept and written, the candidate
+        # reported beside it. Rounds the budget cut short decide nothing either way: the
+        # search's best stays the pick, said unconfirmed (tune_reason)
         pick, unconfirmed = baseline, out.best
     if pick is not None:
         pick = searcher.median_of(pick)  # reported with its repeats' median, not one probe
+    rule_notes = _rule_notes(pick, device)  # persistent workers set on the pick written
     return TuneResult(device=str(device), device_name=bench.device_name,
                       memory_limit_bytes=bench.capacity, margin=opts.margin,
                       search_time_s=time.perf_counter() - t0, dataset_samples=bench.samples,
                       dataset_tokens=bench.tokens, pick=pick, baseline=baseline,
                       unconfirmed=unconfirmed, trials=out.trials, vs_baseline=vs,
-                      notes=[*out.notes, *_rule_notes(out, device)],
+                      notes=[*out.notes, *rule_notes],
                       data_notes=list(bench.data_notes), step_source=step_source)
 
 
