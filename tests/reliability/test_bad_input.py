@@ -60,12 +60,13 @@ CASES: list[tuple[str, Callable[[Path, str], list[str]], str]] = [
     ("malformed YAML", lambda d, j: ["plan", _yaml(d, "model: [gpt2\n")], "not valid YAML"),
     ("YAML quant nf4-dq + --method lora",
      lambda d, j: ["plan", _yaml(d, "model: gpt2\nmethod: qlora\nquant: nf4-dq\n"),
-                   "--method", "lora"], "--quant nf4-dq needs --method qlora"),
+                   "--method", "lora"], "quant: nf4-dq needs --method qlora"),
     ("unknown YAML key", lambda d, j: ["plan", _yaml(d, "model: gpt2\nmicro_bach: 4\n")],
      "unknown key 'micro_bach'"),
-    ("YAML lr: fast", lambda d, j: ["plan", _yaml(d, "model: gpt2\nlr: fast\n")], "--lr 'fast'"),
+    # a value from the file is named by its YAML key (the hint may offer a flag that fixes it)
+    ("YAML lr: fast", lambda d, j: ["plan", _yaml(d, "model: gpt2\nlr: fast\n")], "lr: 'fast'"),
     ('YAML seq_len: "big"', lambda d, j: ["plan", _yaml(d, "model: gpt2\nseq_len: big\n")],
-     "--seq-len 'big'"),
+     "seq_len: 'big'"),
     ("YAML is a list", lambda d, j: ["plan", _yaml(d, "- model: gpt2\n")], "expected a mapping"),
     ("job file is a directory", lambda d, j: ["plan", _mkdir(d / "dir.yaml")], "is a directory"),
     ("job file not UTF-8", lambda d, j: ["plan", _bytes(d / "bin.yaml", b"\xff\xfe\x00model")],
@@ -125,6 +126,10 @@ CASES: list[tuple[str, Callable[[Path, str], list[str]], str]] = [
     # doctor
     ("doctor --steps 1", lambda d, j: ["doctor", j, "--steps", "1"], "--steps 1"),
     ("doctor --warmup -1", lambda d, j: ["doctor", j, "--warmup", "-1"], "--warmup -1: must be ≥ 0"),
+    # train takes the job from its file alone: the field is named by its key, not a flag
+    ("train lr: -1 in the file", lambda d, j: ["train", _yaml(d, yaml.safe_dump(
+        {**yaml.safe_load(Path(j).read_text()), "lr": -1})), "--out", str(d / "o")],
+     "lr: -1: must be a finite number > 0"),
     ("resume at another seq_len", lambda d, j: ["train", _other_seq_len(d, j), "--out",
                                                 str(d / "run"), "--resume", _run(d, j)],
      "seq_len 16 differs from the checkpoint's 32"),

@@ -146,3 +146,19 @@ def file_memory_limit(extra: dict[str, Any]) -> int | None:
     if v is None:
         return None
     return int(v) if isinstance(v, int | float) else parse_bytes(str(v), "memory_limit")
+
+
+def job_of_fields(fields: dict[str, Any], target: str | None, job_flags: dict[str, Any]
+                  ) -> JobSpec:
+    """The job of a job file's fields merged with the command line's flags; an error about a
+    field the file gave (not a flag) names it by its YAML key and the file
+    (:func:`trainfit.job.fields.in_file_words`)."""
+    from trainfit.job.fields import in_file_words
+
+    try:
+        return JobSpec.from_dict(fields, source=target or "flags")
+    except JobError as err:
+        if target is None or not target.endswith((".yaml", ".yml")):
+            raise
+        raise in_file_words(err, target, keep=(*job_flags, "trust_remote_code"),
+                            hint_too=False) from None

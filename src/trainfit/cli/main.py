@@ -17,9 +17,10 @@ from trainfit.cli import monitor as monitor_cli
 from trainfit.cli import report as report_cli
 from trainfit.cli import train as train_cli
 from trainfit.cli import tune as tune_cli
-from trainfit.cli.jobargs import AllowCode, TrustRemoteCode, fail, job_for_model
+from trainfit.cli.jobargs import AllowCode, TrustRemoteCode, fail, job_for_model, job_of_fields
 from trainfit.cli.jobflags import merge_job_fields, with_job_flags
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec, job_with_current, read_job_file
+from trainfit.job.fields import in_file_words
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Predict, measure and choose LLM training configurations that use a GPU "
@@ -61,7 +62,10 @@ def _load_target(target: str | None, *, allow_code: bool = False,
             p = examples_dir() / target
         fields, extra = read_job_file(p if _is_file(p) else target, allow_code=allow_code,
                                       trust_remote_code=trust_remote_code)
-        JobSpec.from_dict(dict(fields), source=target)  # validates keys early, names the file
+        try:  # validates the file's own fields early, named by their YAML keys
+            JobSpec.from_dict(dict(fields), source=target)
+        except JobError as err:
+            raise in_file_words(err, target, hint_too=False) from None
         return fields, extra
     return {"model": target}, {}
 
@@ -246,7 +250,7 @@ def plan_cmd(
                                   "trainfit plan MODEL --gpu GPU, or a job YAML")
         if trust_remote_code:
             fields["trust_remote_code"] = True
-        job = JobSpec.from_dict(fields, source=target or "flags")
+        job = job_of_fields(fields, target, job_flags or {})
         job, current_job = _current_and_grid(job, fields, extra, current, target or "flags")
         checks = _file_checks(extra, target or "flags")  # bad input fails before the work
         spec = _gpu_spec(gpu, extra, interconnect, say, ranks=job.ranks)

@@ -16,6 +16,7 @@ from trainfit.cli.jobargs import (
     fail,
     file_memory_limit,
     job_for_model,
+    job_of_fields,
     parse_bytes,
     write_atomic,
 )
@@ -40,7 +41,7 @@ def _job(target: str | None, job_flags: dict[str, Any], trust_remote_code: bool,
     fields = merge_job_fields(fields, job_flags, "trainfit tune MODEL --data FILE ...")
     if trust_remote_code:
         fields["trust_remote_code"] = True
-    job = JobSpec.from_dict(fields, source=target or "flags")
+    job = job_of_fields(fields, target, job_flags)
     if as_tuned and is_tuned(extra) and not job_flags:
         return job, extra
     return job_for_model(job, fields, lambda msg: typer.echo(msg, err=True)), extra

@@ -171,12 +171,15 @@ if __name__ == "__main__":
     print(fields_markdown(), end="")
 
 
-def in_file_words(err: JobError, path: str, keep: tuple[str, ...] = ()) -> JobError:
+def in_file_words(err: JobError, path: str, keep: tuple[str, ...] = (),
+                  hint_too: bool = True) -> JobError:
     """``err`` as a command that takes its job from a file alone says it (train, doctor): a
     job field named by its flag (``--lr -1: must be …``, hint ``e.g. --lr 1e-4``) is named by
     its YAML key (``lr: -1: …``, ``e.g. lr: 1e-4``), as the user has no such flag to pass;
     ``keep``: fields the command also takes as flags (train's ``--micro-batch``), left as
-    they are. The same class, so callers catching DataError still do."""
+    they are. ``hint_too=False`` (plan, tune: their flags can fix a file's value, ``--quant
+    none`` clears it): the message says where the value came from, the hint keeps its flags.
+    The same class, so callers catching DataError still do."""
     import re
 
     names = {f.flag: f.name for f in job_fields() if f.name not in keep}
@@ -185,9 +188,10 @@ def in_file_words(err: JobError, path: str, keep: tuple[str, ...] = ()) -> JobEr
         return re.sub(r"--[a-z][a-z0-9-]*",
                       lambda m: f"{names[m.group(0)]}:" if m.group(0) in names else m.group(0),
                       text)
-    msg, hint = words(str(err)), words(err.hint)
+    msg, hint = words(str(err)), words(err.hint) if hint_too else err.hint
     if msg == str(err) and hint == err.hint:
         return err
-    out = type(err)(msg, f"{hint} (in {path})" if hint else f"see {path}")
+    out = type(err)(msg, (f"{hint} (in {path})" if hint else f"see {path}") if hint_too
+                    else hint)
     out.__cause__ = err.__cause__
     return out
