@@ -23,6 +23,23 @@ from trainfit.job import JobError, JobSpec, read_job_file
 from trainfit.job.fields import in_file_words
 
 
+def _memory_limit(flag: str | None, extra: dict[str, Any], device: str, job_file: str,
+                  quiet: bool) -> int | None:
+    """``--memory-limit``, else on the CPU the capacity a CPU-tuned file's pick had to fit in
+    (tune --memory-limit): the run's stand-in too, as the file's device is (said unless
+    ``quiet``). On a GPU the card is the limit; the file's value is checked either way."""
+    file_limit = file_memory_limit(extra)
+    if flag is not None:
+        return parse_bytes(flag, "--memory-limit")
+    tuned_on_cpu = str(extra.get("device") or "cpu") == "cpu"  # not a card's capacity
+    if file_limit is None or device != "cpu" or not tuned_on_cpu:
+        return None
+    if not quiet:
+        typer.echo(f"memory limit {file_limit / 2**30:.2f} GiB from {job_file}'s memory_limit "
+                   "(what its pick was tuned to fit; --memory-limit overrides)", err=True)
+    return file_limit
+
+
 def _check_nproc(nproc: int, device: str) -> None:
     import torch
 
@@ -157,15 +174,7 @@ def register(app: typer.Typer) -> None:
                 _check_nproc(nproc, "cpu")
             job, extra = _job_of(job_file, micro_batch, allow_code, trust_remote_code)
             dev = device or str(extra.get("device") or "cpu")
-            # on the CPU the capacity a tuned file's pick had to fit in (tune --memory-limit) is
-            # the run's stand-in too, as its device is; on a GPU the card is the limit
-            file_limit = file_memory_limit(extra)  # read (and checked) on any device
-            tuned_on_cpu = str(extra.get("device") or "cpu") == "cpu"  # not a card's capacity
-            limit = parse_bytes(memory_limit, "--memory-limit") if memory_limit is not None \
-                else file_limit if dev == "cpu" and tuned_on_cpu else None
-            if memory_limit is None and limit is not None and not as_json:
-                typer.echo(f"memory limit {limit / 2**30:.2f} GiB from {job_file}'s memory_limit "
-                           "(what its pick was tuned to fit; --memory-limit overrides)", err=True)
+            limit = _memory_limit(memory_limit, extra, dev, job_file, quiet=as_json)
             if resume is not None and not Path(resume).exists():
                 raise JobError(f"--resume {resume}: does not exist",
                                "give the run directory of an earlier trainfit train")

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from trainfit.data.dataset import TokenData
-from trainfit.data.load import load_data
+from trainfit.data.load import load_data, with_data_packing
 from trainfit.data.loader import Collate, SampleOrder
 from trainfit.data.tokenizer import load_tokenizer
 from trainfit.job import JobError, JobSpec
@@ -59,7 +59,13 @@ from trainfit.run.loop import (
     total_steps,
 )
 from trainfit.run.oom import InjectedOOM, OomEvent, cannot_split, free_after_oom, row_chunks
-from trainfit.run.record import closed_record, continue_from, new_result, write_train_json
+from trainfit.run.record import (
+    closed_record,
+    continue_from,
+    new_result,
+    read_record,
+    write_train_json,
+)
 from trainfit.run.rundir import RunDir
 
 HISTORY = "trainfit_history.json"
@@ -402,6 +408,7 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     device = parse_device(opts.device)
     source = resolve_model(job.model, job.trust_remote_code)
     data = data if data is not None else load_data(job, source)
+    job = with_data_packing(job, data)  # recorded, and compared on resume, as the own loop
     backend = resolve_backend(backend, source.task, data.stats.kind)
     check_runnable(job, world)
     if job.activation_offload and backend == "hf":
@@ -429,17 +436,14 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
 
     trainer.remove_callback(PrinterCallback)  # trainfit's monitor prints (and logs) the steps
     main = rank == 0
-    res = new_result({**job.to_dict(), "backend": backend, "packing": data.stats.packed
-                      if job.packing is None else job.packing}, main=main)
+    res = new_result({**job.to_dict(), "backend": backend}, main=main)
     if resume is not None:
         step = int(Path(resume).name.rsplit("-", 1)[1])
         # the run's own record when it ended at this checkpoint (a finished segment stays
         # finished), else the checkpoint's snapshot; a job that makes other samples refused
-        closed = closed_record(Path(resume).parent / "train.json", step, resume)
-        history = closed or _history(Path(resume))
-        same_samples(resume, _run_job(Path(resume).parent),
-                     {**job.to_dict(), "packing": data.stats.packed if job.packing is None
-                      else job.packing})
+        run_record = read_record(Path(resume).parent)  # an HF checkpoint carries no job
+        history = closed_record(run_record, step, resume) or _history(Path(resume))
+        same_samples(resume, (run_record or {}).get("job"), job.to_dict())
         continue_from(res, history, step, int(history.get("samples_seen", step * (
             job.effective_batch or 1))), data.seq_len)
     tracker = limit_tracker(opts.memory_limit_bytes, wl.model)  # bad input: before any write
@@ -451,16 +455,6 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
         _train(trainer, res, opts, job, data, source, eval_set, train_ids, wl, device, tracker,
                resume, main, claim, total)
     return res
-
-
-def _run_job(run_dir: Path) -> dict[str, Any] | None:
-    """The job of the run in ``run_dir`` (its train.json's; None when there is none to read):
-    an HF checkpoint does not carry trainfit's job."""
-    try:
-        job = json.loads((run_dir / "train.json").read_text()).get("job")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return job if isinstance(job, dict) else None
 
 
 def _history(ck: Path) -> dict[str, Any]:

@@ -50,6 +50,7 @@ from trainfit.run.record import (
     closed_record,
     continue_from,
     new_result,
+    read_record,
     write_train_json,
 )
 from trainfit.run.rundir import RunDir
@@ -157,7 +158,7 @@ class _Interrupt:
 
 class Trainer:
     def __init__(self, job: JobSpec, opts: RunOptions, data: TokenData | None = None) -> None:
-        from trainfit.data.load import load_data
+        from trainfit.data.load import load_data, with_data_packing
 
         self.job = job
         self.o = opts
@@ -168,10 +169,8 @@ class Trainer:
         use_job_allocator(job, self.device)
         self.source = resolve_model(job.model, job.trust_remote_code)
         self.data = data if data is not None else load_data(job, self.source)
-        if job.packing is None:
-            # what the data layer did is the run's (and its checkpoints') packing, as tune
-            # writes it: a resume compares what the samples are, not how the job spelt it
-            job = self.job = job.replace(packing=self.data.stats.packed)
+        # a resume compares what the samples are, not how the job spelt them
+        job = self.job = with_data_packing(job, self.data)
         # the evaluation set; a held-out share replaces self.data by the samples left to train on
         self.data, self.eval_set, self.train_ids = ev.eval_split(
             self.data, job, self.source, opts.eval_data, opts.eval_fraction)
@@ -210,7 +209,7 @@ class Trainer:
             self.state = ckpt.RunState(step=saved.step, position=saved.position,
                                        micro_batch=job.micro_batch, grad_accum=job.grad_accum or 1)
             self.resumed_from = str(ck)
-            self.history = closed_record(ck.parent / "train.json", saved.step, ck) or \
+            self.history = closed_record(read_record(ck.parent), saved.step, ck) or \
                 ckpt.history(ck)
             # the run continues in its own directory (a checkpoint of another run starts a new one)
             self.resuming_here = ck.parent.resolve() == Path(opts.out_dir).resolve()

@@ -148,20 +148,26 @@ def new_result(job: dict[str, Any], *, main: bool) -> TrainResult:
                        final_loss=None, losses=[], monitor_log="monitor.jsonl" if main else None)
 
 
-def closed_record(train_json: Path, step: int, checkpoint: Path | str) -> dict[str, Any] | None:
-    """The run's ``train.json`` when it ends at the checkpoint of ``step`` with its last segment
-    closed (finished, interrupted, stopped): the record written after that checkpoint, which the
-    checkpoint's own snapshot (taken while the segment ran) predates — resumed from it, the
-    segment keeps how it stopped and its whole wall time.  None otherwise (steps ran after the
-    checkpoint, the record does not list ``checkpoint`` — another run's file beside a copied
-    one —, or the file is missing or unreadable): the snapshot is the record."""
+def read_record(run_dir: Path) -> dict[str, Any] | None:
+    """``<run_dir>/train.json`` as written (None when missing, unreadable or not a mapping)."""
     import json
 
     try:
-        d = json.loads(train_json.read_text())
+        d = json.loads((run_dir / "train.json").read_text())
     except (OSError, ValueError):
         return None
-    segs = d.get("segments") if isinstance(d, dict) else None
+    return d if isinstance(d, dict) else None
+
+
+def closed_record(d: dict[str, Any] | None, step: int, checkpoint: Path | str
+                  ) -> dict[str, Any] | None:
+    """``d`` (the run's ``train.json``, :func:`read_record`) when it ends at the checkpoint of
+    ``step`` with its last segment closed (finished, interrupted, stopped): the record written
+    after that checkpoint, which the checkpoint's own snapshot (taken while the segment ran)
+    predates — resumed from it, the segment keeps how it stopped and its whole wall time.  None
+    otherwise (steps ran after the checkpoint, the record does not list ``checkpoint`` — another
+    run's file beside a copied one —, or there is no record): the snapshot is the record."""
+    segs = d.get("segments") if d is not None else None
     if not segs or d.get("steps") != step or not segs[-1].get("stopped") \
             or segs[-1].get("end_step") != step:
         return None

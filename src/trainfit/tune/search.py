@@ -168,9 +168,7 @@ class Searcher:
                  predict: Callable[[JobSpec], Predicted | None], capacity_bytes: int | None,
                  options: SearchOptions, dataset_samples: int,
                  progress: Callable[[str], None] | None = None,
-                 agree: Callable[[bool], bool] | None = None, t0: float | None = None) -> None:
-        """``t0``: when the user's wait began (``time.perf_counter``): the budget counts from it,
-        the data's tokenization and the model's first build included (default: now)."""
+                 agree: Callable[[bool], bool] | None = None) -> None:
         self.base = base
         self.agree = agree or (lambda flag: flag)
         """Under many ranks: a decision flag all ranks share (any rank's True)."""
@@ -181,7 +179,7 @@ class Searcher:
         self.n_samples = dataset_samples
         self.trials: list[Trial] = []
         self.notes: list[SearchNote] = []
-        self.t0 = time.perf_counter() if t0 is None else t0
+        self.t0 = time.perf_counter()  # the budget is the search's (tune/tuner.py run_search)
         self.stopped = False
         self.progress = progress or (lambda _s: None)
 

@@ -14,7 +14,7 @@ import psutil
 import torch
 
 from trainfit.data import DataError, TokenData
-from trainfit.data.load import load_data
+from trainfit.data.load import load_data, with_data_packing
 from trainfit.hardware.gpus import find_gpu_by_device_name
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec
 from trainfit.job.fields import DEFAULT_KNOBS
@@ -259,8 +259,7 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
     device = parse_device(opts.device)
     _check_job(job)
     data = load_data(job, source)
-    if job.packing is None:  # what the data layer did is what is measured, and what is written
-        job = job.replace(packing=data.stats.packed)
+    job = with_data_packing(job, data)  # what is measured is what is written
     if job.effective_batch is None:
         raise JobError("--effective-batch is required: tune keeps it exact",
                        "e.g. --effective-batch 16 (samples per optimizer step, all ranks)")
