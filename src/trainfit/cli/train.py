@@ -167,7 +167,7 @@ def register(app: typer.Typer) -> None:
         error: line); 3 the loss diverged (NaN/inf: stopped, nothing saved after the last good
         checkpoint); 130 / 143 interrupted by SIGINT / SIGTERM (a checkpoint saved: --resume)."""
         from trainfit.run.backend import run_backend
-        from trainfit.run.loop import RunOptions
+        from trainfit.run.options import RunOptions
 
         try:
             if nproc < 1:

@@ -14,7 +14,7 @@ from trainfit.job.step_options import refuse_other_model_code
 from trainfit.memory.limit import LimitTracker
 
 if TYPE_CHECKING:
-    from trainfit.run.loop import RunOptions
+    from trainfit.run.options import RunOptions
 
 
 def check_runnable(job: JobSpec, world: int) -> None:

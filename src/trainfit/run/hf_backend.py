@@ -25,20 +25,19 @@ another waits in the all-reduce would hang), and ``module:factory`` models (no `
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
 import torch
 
 from trainfit.data.dataset import TokenData
 from trainfit.data.load import load_data, with_data_packing
-from trainfit.data.loader import Collate, SampleOrder
+from trainfit.data.loader import SampleOrder
 from trainfit.data.tokenizer import load_tokenizer
 from trainfit.job import JobError, JobSpec
 from trainfit.model.runtime import build_real, check_no_offload, parse_device
@@ -47,19 +46,19 @@ from trainfit.monitor import Sampler
 from trainfit.monitor.progress import ProgressLog, StepProgress
 from trainfit.run.backend import resolve_backend
 from trainfit.run.checkpoint import same_samples
-from trainfit.run.evaluate import eval_split
-from trainfit.run.loop import (
-    TrainResult,
-    _Interrupt,
-    _Null,
+from trainfit.run.checks import (
     check_data_size,
     check_runnable,
     limit_tracker,
     linear_decay,
     total_steps,
 )
+from trainfit.run.evaluate import eval_split
+from trainfit.run.hf_data import OrderSampler, RowCollate, train_dataset
 from trainfit.run.oom import InjectedOOM, OomEvent, cannot_split, free_after_oom, row_chunks
+from trainfit.run.options import Interrupt, RunOptions
 from trainfit.run.record import (
+    TrainResult,
     closed_record,
     continue_from,
     new_result,
@@ -70,57 +69,6 @@ from trainfit.run.rundir import RunDir
 
 HISTORY = "trainfit_history.json"
 """The run's record at a trainer checkpoint (the own loop keeps it in trainer_state.json)."""
-
-if TYPE_CHECKING:
-    from trainfit.run.loop import RunOptions, TrainResult
-
-class OrderSampler(torch.utils.data.Sampler[int]):
-    """trainfit's sample order for the trainers' DataLoader: epoch ``e`` yields the permutation the
-    own loop draws at positions ``[e·n, (e+1)·n)``. HF calls ``set_epoch`` at each epoch."""
-
-    def __init__(self, order: SampleOrder) -> None:
-        self.order = order
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self) -> Iterator[int]:
-        n = self.order.n
-        return iter(self.order.ids(self.epoch * n, n))
-
-    def __len__(self) -> int:
-        return self.order.n
-
-
-class _Rows(torch.utils.data.Dataset):
-    """TokenData rows as dicts (what HF collators receive)."""
-
-    def __init__(self, data: TokenData) -> None:
-        self.data = data
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        row: dict[str, Any] = {"sample_id": i, "input_ids": self.data.input_ids[i]}
-        if self.data.labels is not None:
-            row["labels"] = self.data.labels[i]
-        return row
-
-
-class RowCollate:
-    """trainfit's :class:`Collate` (fixed ``seq_len`` padding, -100 labels, mask only if padded) for
-    dict rows — from :class:`_Rows` or from a ``datasets.Dataset`` (TRL)."""
-
-    def __init__(self, data: TokenData, task: str) -> None:
-        self.inner = Collate(data, task)
-
-    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        items = [(int(r["sample_id"]), np.asarray(r["input_ids"]),
-                  np.asarray(r["labels"]) if r.get("labels") is not None else None) for r in rows]
-        return self.inner(items)
-
 
 class SplitOnOOM:
     """Mixin for ``transformers.Trainer`` subclasses: OOM → redo the optimizer step's micro-batches
@@ -388,18 +336,6 @@ def _trainer_class(backend: str, order: SampleOrder) -> type:
                 {"_get_train_sampler": _get_train_sampler})
 
 
-def _dataset(data: TokenData, backend: str) -> Any:
-    if backend != "trl":
-        return _Rows(data)
-    import datasets  # SFTTrainer takes a datasets.Dataset only
-
-    cols: dict[str, Any] = {"sample_id": list(range(len(data))),
-                            "input_ids": [x.tolist() for x in data.input_ids]}
-    if data.labels is not None:
-        cols["labels"] = [x.tolist() for x in data.labels]
-    return datasets.Dataset.from_dict(cols)
-
-
 def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None = None
            ) -> TrainResult:
     """The job through HF Trainer / TRL SFTTrainer; the same result object as the own loop."""
@@ -429,7 +365,7 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     sched = linear_decay(wl.optimizer, total)  # the own loop's schedule, so both backends agree
     cls = _trainer_class(backend, SampleOrder(len(data), seed=job.seed))
     trainer = cls(model=wl.model, args=_training_args(job, opts, backend, total, device),
-                  train_dataset=_dataset(data, backend), data_collator=RowCollate(data, source.task),
+                  train_dataset=train_dataset(data, backend), data_collator=RowCollate(data, source.task),
                   processing_class=tok, optimizers=(wl.optimizer, sched))
     trainer._trainfit_init(opts.inject_oom_at_steps, world)
     from transformers.trainer_callback import PrinterCallback
@@ -479,7 +415,7 @@ def _train(trainer: Any, res: TrainResult, opts: RunOptions, job: JobSpec, data:
     log = ProgressLog(progress) if main and not (sampler is not None and sampler.live) else None
     t0 = time.perf_counter()
     start_step = res.steps
-    with _Interrupt() as intr, (sampler or _Null()):
+    with Interrupt() as intr, (sampler or contextlib.nullcontext()):
         if sampler is not None:
             sampler.start()
         evaluate = None if eval_set is None else _Eval(wl.model, eval_set, source.task, opts, job,
@@ -487,7 +423,7 @@ def _train(trainer: Any, res: TrainResult, opts: RunOptions, job: JobSpec, data:
         trainer.add_callback(_callback(trainer, res, opts, intr, data.seq_len, sampler, evaluate,
                                        train_ids, (progress, log)))
         try:
-            with (tracker or _Null()):
+            with (tracker or contextlib.nullcontext()):
                 trainer.train(resume_from_checkpoint=resume)
         except ValueError as err:  # HF refuses a checkpoint it cannot load (another model, …)
             raise JobError(f"--resume {opts.resume}: {err}", "resume with the job that wrote it") \

@@ -10,11 +10,10 @@ as the uninterrupted run (to float summation order).
 
 from __future__ import annotations
 
+import contextlib
 import math
-import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,7 @@ from trainfit.run.checks import (
     total_steps,
 )
 from trainfit.run.oom import InjectedOOM, OomEvent, cannot_split, free_after_oom, smaller_micro_batch
+from trainfit.run.options import Interrupt, RunOptions
 from trainfit.run.record import (
     TrainResult,
     closed_record,
@@ -57,103 +57,6 @@ from trainfit.run.rundir import RunDir
 
 __all__ = ["RunOptions", "TrainResult", "Trainer", "check_data_size", "check_runnable",
            "limit_tracker", "linear_decay", "total_steps", "train"]
-
-
-@dataclass(kw_only=True)
-class RunOptions:
-    out_dir: Path
-    """Checkpoints, train.json and monitor.jsonl go here."""
-    max_steps: int | None = None
-    """Optimizer steps to run (default: ``epochs`` over the data)."""
-    epochs: float = 1.0
-    save_every_steps: int | None = None
-    """Checkpoint every N steps (and always at the end and on SIGINT/SIGTERM)."""
-    resume: Path | None = None
-    device: str = "cpu"
-    memory_limit_bytes: int | None = None
-    """CPU stand-in for a GPU's capacity (live tensor bytes, as tune): crossing it is an OOM."""
-    monitor_interval_s: float = 1.0
-    live: bool | None = False
-    inject_oom_at_steps: tuple[int, ...] = ()
-    """Fault injection (tests, drills): raise an OOM in the forward of these steps, once each."""
-    inject_interrupt_at_step: int | None = None
-    """Fault injection: act as if SIGINT arrived during this step."""
-    record_samples: bool = False
-    """Keep the sample ids of every completed step in the result (tests)."""
-    allow_offload: bool = False
-    """Accept modules a device map put on cpu/disk (otherwise: a clear error)."""
-    eval_data: Path | None = None
-    """Evaluation set: a file read and tokenized exactly as the training data (same tokenizer,
-    seq_len, task, packing)."""
-    eval_fraction: float | None = None
-    """Instead of ``eval_data``: hold out this fraction of the training samples (ceil, drawn by the
-    job's seed) as the evaluation set. Those samples are NOT trained on; a resume must use the same
-    fraction (it defines the training set the saved position counts in)."""
-    eval_every_steps: int | None = None
-    """Evaluate every N optimizer steps; with an evaluation set there is always one at the end
-    (not after an interrupt). HF Trainer's ``eval_strategy="steps"``, ``eval_steps=N``."""
-    eval_batch: int | None = None
-    """Evaluation batch per rank (default: the job's micro-batch). An OOM in evaluation halves it
-    and leaves the training micro-batch and accumulation as they are."""
-    inject_eval_oom_at_steps: tuple[int, ...] = ()
-    """Fault injection: raise an OOM in the last batch of the evaluation after these steps, once
-    each."""
-
-    def __post_init__(self) -> None:
-        if self.max_steps is not None and self.max_steps < 1:
-            raise JobError(f"--max-steps {self.max_steps}: must be ≥ 1",
-                           "leave it out to train --epochs over the data")
-        if self.save_every_steps is not None and self.save_every_steps < 1:
-            raise JobError(f"--save-every {self.save_every_steps}: must be ≥ 1",
-                           "e.g. --save-every 100 (a checkpoint is always saved at the end)")
-        if not self.epochs > 0:
-            raise JobError(f"--epochs {self.epochs}: must be > 0", "e.g. --epochs 1")
-        if self.eval_data is not None and self.eval_fraction is not None:
-            raise JobError("--eval-data and --eval-fraction both given: one evaluation set only",
-                           "keep --eval-data (a separate file) or --eval-fraction (held-out samples)")
-        if self.eval_fraction is not None and not 0 < self.eval_fraction < 1:
-            raise JobError(f"--eval-fraction {self.eval_fraction:g}: must be between 0 and 1 "
-                           "(exclusive)", "e.g. --eval-fraction 0.05 holds out 5 % of the samples")
-        if self.eval_data is not None and not Path(self.eval_data).exists():
-            raise JobError(f"--eval-data {self.eval_data}: no such file or directory",
-                           "check the path")
-        if self.eval_every_steps is not None and self.eval_every_steps < 1:
-            raise JobError(f"--eval-every {self.eval_every_steps}: must be ≥ 1",
-                           "evaluate every N optimizer steps, e.g. --eval-every 100")
-        if self.eval_batch is not None and self.eval_batch < 1:
-            raise JobError(f"--eval-batch {self.eval_batch}: must be ≥ 1",
-                           "leave it out to evaluate at the training micro-batch")
-        has_set = self.eval_data is not None or self.eval_fraction is not None
-        if not has_set and (self.eval_every_steps is not None or self.eval_batch is not None
-                            or self.inject_eval_oom_at_steps):
-            raise JobError("evaluation options without an evaluation set",
-                           "add --eval-data FILE or --eval-fraction F")
-
-
-class _Interrupt:
-    """SIGINT/SIGTERM ask the loop to stop after the step (a checkpoint is saved); which one came
-    decides the exit code (130 / 143)."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.signal: str | None = None
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> _Interrupt:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self._old[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread: signals stay with the caller
-                pass
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.requested = True
-        self.signal = self.signal or signal.Signals(signum).name
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
 
 
 class Trainer:
@@ -293,7 +196,7 @@ class Trainer:
             else ProgressLog(self.progress)  # piped: lines on stderr; live: in the view
         if sampler is not None:
             sampler.progress = self.progress
-        with _Interrupt() as intr, (sampler or _Null()):
+        with Interrupt() as intr, (sampler or contextlib.nullcontext()):
             if sampler is not None:
                 sampler.start()
             while self.state.step < total:
@@ -363,7 +266,7 @@ class Trainer:
         """One optimizer step over this rank's micro-batches; None when it ran out of memory."""
         n_micro = math.ceil(self.job.effective_batch // self.dist.world / self.state.micro_batch)
         try:
-            with (tracker or _Null()):
+            with (tracker or contextlib.nullcontext()):
                 return train_step(self.model, self.wl.optimizer,
                                   self._batches(it, n_micro, step, ids_done, waits, injected,
                                                 tracker),
@@ -494,14 +397,6 @@ class _Sched:
 
     def __iter__(self) -> Iterator[list[int]]:
         return self.factory()
-
-
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 def train(job: JobSpec, opts: RunOptions, data: TokenData | None = None) -> TrainResult:
