@@ -409,3 +409,17 @@ def test_added_values() -> None:
     # seed users' 4 GB cards: under 4 GiB as CUDA reports them
     for name in ("rtx-3050-laptop-4gb", "gtx-1650-4gb"):
         assert 3.7 * GIB < GPUS[name].memory_bytes < 4 * GIB
+
+
+def test_a_bare_family_name_names_its_other_memory_sizes():
+    """"a100" plans the 80 GB SXM card: the 40 GB ones are named beside it (a QA run read
+    "fits" for 80 GB as an A100-40GB owner); an exact name, or a family of one size, none."""
+    from trainfit.hardware.gpus import find_gpu, memory_variants
+
+    a100 = find_gpu("a100")
+    assert a100.name == "a100-80gb-sxm"
+    assert {"a100-40gb-sxm", "a100-40gb-pcie"} <= {g.name for g in memory_variants("a100", a100)}
+    assert [g.name for g in memory_variants("v100", find_gpu("v100"))] == ["v100-32gb"]
+    assert memory_variants("a100-40gb", find_gpu("a100-40gb")) == []
+    assert memory_variants("h100", find_gpu("h100")) == []  # SXM, PCIe: both 80 GB
+    assert memory_variants("t4", find_gpu("t4")) == []

@@ -123,3 +123,63 @@ def test_a_multimodal_text_config_must_state_its_width_and_depth(tmp_path):
     with pytest.raises(JobError) as err:
         resolve_model(str(p))
     assert "text_config does not state num_hidden_layers" in str(err.value)
+
+
+def test_a_missing_mlp_width_derived_from_the_others_stays_a_note(tmp_path):
+    """Mamba fills intermediate_size = expand × hidden: the model the fields describe, named in
+    the note (a constant default is refused: tests/reliability/test_bad_input.py)."""
+    import json
+
+    from trainfit.model.source import resolve_model
+
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"model_type": "mamba", "hidden_size": 64, "num_hidden_layers": 2,
+                             "vocab_size": 128, "state_size": 8, "expand": 2}))
+    assert "intermediate_size = 128" in resolve_model(str(p)).note
+
+
+def test_a_value_the_config_class_overrides_is_said(tmp_path):
+    """transformers 5's T5Config ties the output head whatever config.json says (Flan-T5's
+    ``tie_word_embeddings: false``): planned as built — the tied parameter count — and said."""
+    import json
+
+    import torch
+
+    from trainfit.model.source import resolve_model
+
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"model_type": "t5", "d_model": 32, "d_ff": 64, "d_kv": 8,
+                             "num_heads": 4, "num_layers": 2, "vocab_size": 100,
+                             "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}))
+    src = resolve_model(str(p))
+    assert "config.json says tie_word_embeddings false, but transformers' T5Config sets it " \
+           "true" in src.note
+    from transformers import T5ForConditionalGeneration
+    with torch.device("meta"):
+        m = T5ForConditionalGeneration(src.config)
+    assert m.lm_head.weight is m.shared.weight  # what the plan counts is what is built
+
+
+def test_kernels_simulated_as_their_pytorch_fallback_are_said(tmp_path):
+    """Mamba's selective scan comes from mamba_ssm on a GPU that has it, from transformers'
+    PyTorch loop here: the plan says its numbers are the fallback's (a QA run saw 54 s per step
+    for a 130 M model without a word). A model without such kernels says nothing."""
+    import importlib.util
+    import json
+
+    import pytest
+
+    from trainfit.model.kernels import fallback_kernels
+
+    if importlib.util.find_spec("mamba_ssm") is not None:
+        pytest.skip("mamba_ssm is installed: its kernels are no fallback here")
+    from trainfit.model.source import resolve_model
+
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"model_type": "mamba", "hidden_size": 64, "num_hidden_layers": 2,
+                             "vocab_size": 128, "state_size": 8, "expand": 2}))
+    note = resolve_model(str(p)).note
+    assert "mamba: transformers takes some of its kernels from causal_conv1d / mamba_ssm" in note
+    assert "simulated with transformers' PyTorch fallbacks" in note
+    assert ("mamba_inner_fn", "mamba_ssm") in fallback_kernels("mamba")
+    assert fallback_kernels("llama") == ()

@@ -56,6 +56,18 @@ def test_nothing_fits_says_so(tiny_llama):
     z3 = sharded.replace(sharding="zero3", offload="optimizer")
     assert _what_to_try(z3).endswith("more ranks or --offload all")
     assert "--offload" not in _what_to_try(z3.replace(offload="all"))
+    # what dominates the smallest row's peak is cut first: a 1B LoRA at 8,192 tokens (weights
+    # 2.3 of 37 GiB) was told to try QLoRA before a shorter sequence
+    from types import SimpleNamespace
+
+    GIB = 2**30
+    lora = JobSpec(model="t", seq_len=8192, method="lora", grad_ckpt="full")
+    long_row = SimpleNamespace(job=lora, memory=SimpleNamespace(breakdown={
+        "parameters": 2 * GIB, "optimizer": GIB // 10, "activations": 10 * GIB,
+        "temporaries": 20 * GIB}))
+    assert _what_to_try(long_row).startswith("a shorter --seq-len, --method qlora")
+    long_row.memory.breakdown["parameters"] = 40 * GIB
+    assert _what_to_try(long_row).startswith("--method qlora, a shorter --seq-len")
 
 
 def test_bf16_on_t4_is_refused(tiny_llama):

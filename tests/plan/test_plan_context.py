@@ -185,6 +185,8 @@ def test_with_checks_without_a_current_configuration(tiny_llama):
     (1, "none", "none", "1 rank, "),
     (2, "none", "none", "2 ranks (DDP)"),
     (8, "fsdp", "none", "8 ranks (FSDP)"),
+    (1, "fsdp", "none", "1 rank (--sharding fsdp over one rank shards nothing: planned without "
+                        "FSDP, as train runs it)"),
     (2, "zero3", "optimizer", "2 ranks (DeepSpeed ZeRO-3, optimizer states on the CPU)"),
     (1, "zero3", "all", "1 rank (DeepSpeed ZeRO-3, parameters and optimizer states on the CPU)"),
     (4, "zero2", "none", "4 ranks (DeepSpeed ZeRO-2)"),

@@ -39,6 +39,11 @@ CASES: list[tuple[str, Callable[[Path, str], list[str]], str]] = [
     ("config.json with only model_type",
      lambda d, j: _plan(_config(d, hidden_size=None, num_hidden_layers=None,
                                 num_attention_heads=None, vocab_size=None)), "does not state"),
+    # Llama's default MLP width (11008) is a constant, not derived from the width given
+    ("config.json without intermediate_size",
+     lambda d, j: _plan(_config(d, intermediate_size=None)),
+     "does not state intermediate_size (transformers would fill in LlamaConfig's default "
+     "intermediate_size = 11008, a constant"),
     ("num_hidden_layers: -1", lambda d, j: _plan(_config(d, num_hidden_layers=-1)),
      "num_hidden_layers = -1"),
     ("heads do not divide hidden", lambda d, j: _plan(_config(d, hidden_size=130)),

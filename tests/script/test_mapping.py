@@ -177,6 +177,33 @@ def test_keyword_diff_in_the_scripts_terms():
                      "from_config(..., dtype=...) or model.to(dtype))"}
 
 
+def test_a_bf16_pick_for_lora_on_a_float32_base_says_every_edit():
+    """LoRA on a base loaded in float32 (``dtype="auto"`` of a float32 checkpoint) under
+    bf16=True: amp-bf16, base_dtype fp32. A bf16-true pick was advised as ``bf16=False`` alone,
+    which trains in float32 (a QA run): the load's dtype and peft's adapter dtype are said too —
+    and the edited script reads back as bf16-true."""
+    r = record(model__frozen_dtype="float32", model__config={"dtype": "float32"},
+               loads=[{"this_model": True, "dtype": "torch.float32", "at": "train.py:19"}])
+    cur = JobSpec.from_dict(map_record(r).fields)
+    assert (cur.precision, cur.base_dtype) == ("amp-bf16", "fp32")
+    got = {(c.where.split(" (")[0], c.keyword): (c.before, c.after)
+           for c in keyword_diff(r, cur, cur.replace(precision="bf16-true"))}
+    assert got == {
+        ("TrainingArguments", "bf16"): (True, False),
+        ("from_pretrained", "dtype"): ("torch.float32", "torch.bfloat16"),
+        ("get_peft_model", "autocast_adapter_dtype"): (True, False),
+    }
+    edited = record(model__frozen_dtype="bfloat16", model__trainable_dtype="bfloat16",
+                    args__bf16=False,
+                    loads=[{"this_model": True, "dtype": "torch.bfloat16", "at": "train.py:19"}])
+    assert map_record(edited).fields["precision"] == "bf16-true"
+    # a base already loaded in bf16: no dtype edit, the adapters' still
+    bf16_base = JobSpec.from_dict(map_record(record()).fields)
+    kws = {c.keyword for c in keyword_diff(record(), bf16_base,
+                                           bf16_base.replace(precision="bf16-true"))}
+    assert kws == {"bf16", "autocast_adapter_dtype"}
+
+
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_the_model_record_reads_the_layers_checkpointing_mode(tiny_llama, reentrant):
     """What the record reads off a real model whose checkpointing the script enabled."""

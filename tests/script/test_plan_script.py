@@ -48,6 +48,8 @@ def _applied(read_cmd: list[str], changes: list[dict]) -> list[str]:
 
 def test_seed000_trainer_lora_read(seed000):
     rec = run_script(seed000.cmd(), mode="plan", gpu={"name": "A10G", "free_bytes": 20 * 2**30})
+    # the output_dir its Trainer made (should_save) is removed, empty: nothing left on disk
+    assert not seed000.out.exists()
     read = map_record(rec)
     f = read.fields
     assert rec["trainer"] == "Trainer" and rec["model"]["device"] == "meta"  # no weights loaded
@@ -218,6 +220,32 @@ def test_a_script_without_a_trainer_is_refused(tmp_path):
     assert "--model path/to/model.py:factory" in lines[1] and "trainfit doctor --" in lines[1]
 
 
+def test_an_own_loop_over_a_pretrained_model_is_refused_as_one(tmp_path, tiny_models):
+    """plan's model has no weights: the loop's first forward fails (``Tensor.item()`` on a meta
+    tensor, in transformers' mask code) before its optimizer step could be seen. Refused as the
+    loop it is, not blamed on the script (a QA run); a computation before the trainer trains
+    (no optimizer of its own) is said as such."""
+    head = ("import sys, torch\nfrom transformers import AutoModelForCausalLM\n"
+            "m = AutoModelForCausalLM.from_pretrained(sys.argv[1])\n")
+    (tmp_path / "loop.py").write_text(
+        head + "opt = torch.optim.AdamW(m.parameters(), lr=1e-4)\n"
+        "ids = torch.ones(2, 8, dtype=torch.long)\n"
+        "print(m(input_ids=ids, labels=ids).loss.item())\nopt.step()\n")
+    (tmp_path / "peek.py").write_text(
+        head + "ids = torch.ones(2, 8, dtype=torch.long)\n"
+        "print(m(input_ids=ids, labels=ids).loss.item())\n")
+    model = str(tiny_models["llama"])
+    lines = _refused(["--gpu", "t4", "--", sys.executable, str(tmp_path / "loop.py"), model])
+    assert lines[0].startswith("error: the script builds an AdamW optimizer itself (at loop.py:4) "
+                               "and no transformers Trainer: it trains in a loop of its own "
+                               "(it stopped at loop.py:6: ")
+    assert "--model path/to/model.py:factory" in lines[1]
+    lines = _refused(["--gpu", "t4", "--", sys.executable, str(tmp_path / "peek.py"), model])
+    assert lines[0].startswith("error: the script computes with the model before its trainer "
+                               "trains (at peek.py:5: ")
+    assert lines[1].startswith("hint: move that code after trainer.train()")
+
+
 def test_remote_code_needs_trust_remote_code(tmp_path):
     d = tmp_path / "custom"
     d.mkdir()
@@ -230,7 +258,8 @@ def test_remote_code_needs_trust_remote_code(tmp_path):
         "import sys\nfrom transformers import AutoModelForCausalLM\n"
         "AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)\n")
     lines = _refused(["--gpu", "t4", "--", sys.executable, str(tmp_path / "train.py"), str(d)])
-    assert "needs its own Python code from the hub" in lines[0]
+    assert "needs its own Python code (configuration_custom.CustomConfig, from its directory)" \
+        in lines[0]
     assert lines[1] == "hint: add --trust-remote-code to the trainfit command if you trust its authors"
     assert not marker.exists()  # its code never ran
 
@@ -238,6 +267,10 @@ def test_remote_code_needs_trust_remote_code(tmp_path):
 def test_bf16_script_on_a_card_without_bf16_is_refused(seed000):
     lines = _refused(["--gpu", "t4", "--", *seed000.cmd()])
     assert lines[0] == "error: the script trains in bf16 (amp-bf16) but Tesla T4 has no bf16 support"
+    assert not seed000.out.exists()
+    seed000.out.mkdir()  # one the user made stays, empty or not
+    _refused(["--gpu", "t4", "--", *seed000.cmd()])
+    assert seed000.out.is_dir()
 
 
 def test_script_errors_keep_the_last_lines(tmp_path):

@@ -237,7 +237,10 @@ def test_gain_the_repeats_contradict_is_not_taken_and_said():
     assert out.best.job.attention == "sdpa"
     undecided = [n for n in out.notes if n.kind == "undecided"]
     assert len(undecided) == 1 and undecided[0].data["changes"] == [("attention", "eager")]
-    assert undecided[0].data["ratios"] == pytest.approx([1.4, 1.3, 0.9])
+    # the probe that proposed it (1.4×) is said, not counted as a round
+    assert undecided[0].data["ratios"] == pytest.approx([1.3, 0.9])
+    assert undecided[0].data["proposal"] == pytest.approx(1.4)
+    assert "1.40× when first probed (not a round), then 1.30×, 0.90×" in note_words(undecided[0])
     assert "could not decide: attention eager" in note_words(undecided[0])
 
 
@@ -428,3 +431,59 @@ def test_rounds_cut_by_the_budget_keep_the_searchs_best(tiny_llama, monkeypatch)
     assert res.vs_baseline is not None and res.vs_baseline.verdict == "undecided"
     assert res.unconfirmed is None and res.pick.job.micro_batch == 8
     assert "--budget-s stopped the rounds" in tune_pick_reason(res)
+
+
+def test_a_busy_moment_in_the_proposing_probes_does_not_decide(tiny_llama):
+    """A QA run beside another job: the current configuration's first probe at 132 tokens/s and
+    4,831-5,501 on every repeat, the candidate's first at 292 and 12,851-14,843 after: faster in
+    every interleaved round, yet kept "undecided" because the proposing probes counted as a
+    round. They are said (the proposal), not counted; the unsteady timings are said, with the
+    knob dropped on one slow probe named."""
+    import time
+
+    import torch
+
+    from trainfit.render.words import tune_pick_reason
+    from trainfit.tune.tuner import Bench, TuneOptions, run_search
+
+    seen = {1: 0, 8: 0, "eager": 0}
+
+    def tps(j):
+        if j.attention == "eager":  # its only probe is taken while the host is busy
+            seen["eager"] += 1
+            return 20.0
+        seen[j.micro_batch] = seen.get(j.micro_batch, 0) + 1
+        first = seen[j.micro_batch] == 1
+        if j.micro_batch == 8:
+            return 29.0 if first else 130.0
+        return 13.0 if first else 50.0
+    calls = []
+    bench = Bench(source=tiny_llama, device=torch.device("cpu"), capacity=10 * GIB,
+                  device_name="cpu", predict=pred(GIB // 2, 2 * GIB, lambda j: 100.0),
+                  probe=fake(GIB // 2, 2 * GIB, tps, calls), agree=lambda x: x, samples=1000,
+                  tokens=64_000)
+    job = JobSpec(model="t", seq_len=64, effective_batch=8, micro_batch=1, precision="fp32",
+                  grad_ckpt="off")
+    res = run_search(job, TuneOptions(knobs=("attention",)), bench, time.perf_counter())
+    assert res.pick.job.micro_batch == 8 and res.unconfirmed is None
+    assert res.vs_baseline.verdict == "faster"
+    assert res.vs_baseline.proposal == pytest.approx(29 / 13)
+    assert res.vs_baseline.ratios == pytest.approx([2.6] * 4)
+    assert "(measured in 4 interleaved rounds: 2.60×, 2.60×, 2.60×, 2.60×)" in tune_pick_reason(res)
+    unsteady = [n for n in res.notes if n.kind == "unsteady"]
+    assert len(unsteady) == 1 and unsteady[0].data["spread"] == pytest.approx(130 / 29)
+    assert ([("attention", "eager")], pytest.approx(20 / 29)) in unsteady[0].data["one_probe"]
+    words = note_words(unsteady[0])
+    assert "4.5× apart (fastest ÷ slowest, measured)" in words
+    assert "so not shown slower: " in words and "attention eager (0.69×)" in words
+
+
+def test_steady_timings_say_nothing_of_unsteadiness():
+    calls = []
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=8)
+    tps = lambda j: 90.0 if j.attention == "eager" else 100.0  # noqa: E731
+    s = Searcher(job, fake(GIB, GIB, tps, calls), pred(GIB, GIB, lambda j: 100.0), None,
+                 SearchOptions(knobs=("attention",)), 10_000)
+    s.search()
+    assert ([("attention", "eager")], pytest.approx(0.9)) in s.one_probe
+    assert s.repeat_spread_note() is None

@@ -143,7 +143,7 @@ def _gpu_spec(gpu: str | None, extra: dict[str, Any], interconnect: str | None,
         raise JobError(f"--interconnect {interconnect} with 1 rank: one GPU syncs nothing "
                        "over a link", "add --ranks N (N ≥ 2), or drop --interconnect")
     from trainfit.cli.script import local_gpu_spec
-    from trainfit.hardware.gpus import close_gpu_names, find_gpu, gpu_names
+    from trainfit.hardware.gpus import close_gpu_names, find_gpu, gpu_names, memory_variants
 
     gpu_name = gpu or extra.get("gpu")
     spec = None
@@ -158,6 +158,12 @@ def _gpu_spec(gpu: str | None, extra: dict[str, Any], interconnect: str | None,
                            (f"did you mean {', '.join(close)}? " if close else "")
                            + "known: " + ", ".join(gpu_names()) + ", or generic-<N>gb "
                            "(`trainfit gpus` lists them with their memory)")
+        others = memory_variants(str(gpu_name), spec)
+        if others and say is not None:
+            say(f"note: --gpu {gpu_name} is planned as {spec.display_name} "
+                f"({spec.memory_bytes / 2**30:.2f} GiB); the name also covers "
+                + ", ".join(f"{g.name} ({g.memory_bytes / 2**30:.2f} GiB)" for g in others)
+                + ": name the card you have to plan for it")
     else:
         spec = local_gpu_spec(say or (lambda msg: None))
     if interconnect is not None:

@@ -125,6 +125,16 @@ def find_gpu(name: str) -> GpuSpec | None:
     return find_gpu_by_device_name(name)
 
 
+def memory_variants(name: str, spec: GpuSpec) -> list[GpuSpec]:
+    """Other catalog cards a bare family name also names, with another memory size: "a100" is
+    planned as the A100 80GB SXM, and an A100-40GB owner must be told so (a QA run read "fits"
+    for the 80 GB card); "rtx-3080" has 12 and 20 GB variants. Empty for an exact name."""
+    family = re.sub(r"[\s_]+", "-", name.strip().lower())
+    pattern = re.compile(re.escape(family) + r"-\d+gb(?:-.*)?")
+    return [g for g in GPUS.values() if g is not spec and pattern.fullmatch(g.name)
+            and g.memory_bytes != spec.memory_bytes]
+
+
 # (pattern on the space-separated lower-case device name, candidates); an empty
 # candidate tuple marks a known card that is deliberately not in the catalog.
 _DEVICE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (

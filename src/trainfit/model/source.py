@@ -253,11 +253,13 @@ def source_of(name: str, cfg: Any, task: str, origin: str, note: str = "",
               where: str | None = None) -> ModelSource:
     """A :class:`ModelSource` whose ``config`` is the language model's (a multimodal
     configuration split by :func:`split_multimodal`, its note first)."""
+    from trainfit.model.kernels import fallback_note
     from trainfit.model.stored_quant import stored_quant
 
     stored = stored_quant(cfg, where or name)
     text, composite, what = split_multimodal(cfg, where or name, task)
-    return ModelSource(name, text, task, origin, "; ".join(n for n in (what, note) if n),
+    return ModelSource(name, text, task, origin,
+                       "; ".join(n for n in (what, note, fallback_note(text)) if n),
                        composite, stored)
 
 
@@ -288,8 +290,53 @@ def check_config_fields(data: dict[str, Any], cfg: Any, where: str) -> list[str]
                        f"(transformers would fill in {cls.__name__}'s defaults: a model nobody "
                        "described)", "use the model's complete config.json (from its hub page or "
                        "its directory), or add the missing fields")
-    return [f"{n} = {getattr(cfg, n)}" for n in SIZE_FIELDS
-            if getattr(cfg, n, None) is not None and _given(data, cls, n) is None]
+    filled = [n for n in SIZE_FIELDS
+              if getattr(cfg, n, None) is not None and _given(data, cls, n) is None]
+    fixed = [n for n in filled if n in SHAPE_FIELDS and _constant_default(data, cfg, n, where)]
+    if fixed:
+        raise JobError(f"--model {where}: config.json does not state {', '.join(fixed)} "
+                       f"(transformers would fill in {cls.__name__}'s default "
+                       f"{', '.join(f'{n} = {getattr(cfg, n)}' for n in fixed)}, a constant that "
+                       "does not follow from the fields given: a model nobody described)",
+                       "use the model's complete config.json (from its hub page or its "
+                       "directory), or add the missing fields")
+    return [f"{n} = {getattr(cfg, n)}" for n in filled]
+
+
+def overridden_note(data: dict[str, Any], cfg: Any) -> str:
+    """What the config class changed of the file's own values that changes the model: T5Config
+    (transformers 5) sets ``tie_word_embeddings = True`` whatever the file says — Flan-T5-base's
+    ``false`` then plans 222.9 M parameters, not the checkpoint's 247.6 M (a QA run): planned as
+    transformers builds it, said."""
+    given = data.get("tie_word_embeddings")
+    built = getattr(cfg, "tie_word_embeddings", None)
+    if isinstance(given, bool) and isinstance(built, bool) and given != built:
+        return (f"config.json says tie_word_embeddings {str(given).lower()}, but transformers' "
+                f"{type(cfg).__name__} sets it {str(built).lower()}: planned as transformers "
+                "builds the model (its output head " + ("shares" if built else "does not share")
+                + " the input embedding's weights)")
+    return ""
+
+
+SHAPE_FIELDS = ("intermediate_size",)
+"""Missing sizes refused when the class fills them with a constant: the MLP width sets about two
+thirds of a decoder's parameters (a Qwen3-0.6B config.json without it was planned as 2.2 B
+parameters, with a note, in a QA run); a default derived from the width (Mamba's expand ×
+hidden) describes the model given and stays a note.  ``head_dim`` is not one: a class's constant
+is its family's (Qwen3's 128), and MLA models (DeepSeek-V2) leave it unused."""
+
+
+def _constant_default(data: dict[str, Any], cfg: Any, name: str, where: str) -> bool:
+    """Whether ``cfg``'s filled-in ``name`` stays the same when the config's width doubles (the
+    class's constant, not a value derived from the fields given)."""
+    key = (_given(data, type(cfg), "hidden_size") or (None, None))[0]
+    if key is None or not isinstance(data.get(key), int):
+        return False
+    try:
+        wider = config_from_dict({**data, key: data[key] * 2}, where)
+    except Exception:  # a width the class refuses to double (its own checks): cannot tell
+        return False
+    return getattr(wider, name, None) == getattr(cfg, name)
 
 
 def _derived_fields(cls: type, data: dict[str, Any]) -> list[str]:
@@ -404,6 +451,7 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
         defaulted = check_config_fields(data, cfg, name)
         notes = [f"not in config.json, transformers' defaults used: {', '.join(defaulted)}"
                  ] if defaulted else []
+        notes.append(overridden_note(data, cfg))
         notes.append(quantization_note(cfg, name))
         src = source_of(str(path), cfg, _task_for(cfg), "local",
                         "; ".join(n for n in notes if n), where=name)

@@ -149,7 +149,9 @@ def render_plan(result: PlanResult, all_rows: bool = False) -> None:
         say(console, header)
     if result.model_note:
         say(console, f"note: {result.model_note}")
-    say(console, f"parameters: {result.total_params / 1e6:,.2f} M total, "
+    method = result.assumptions.method if result.assumptions else None
+    adapters = " (the model's and its LoRA adapters')" if method in ("lora", "qlora") else ""
+    say(console, f"parameters: {result.total_params / 1e6:,.2f} M total{adapters}, "
                  f"{result.trainable_params / 1e6:,.2f} M trainable (counts)")
     dropped = plan_table(console, result, all_rows)
     _legend(console, result, dropped, all_rows)

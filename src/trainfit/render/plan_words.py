@@ -30,6 +30,12 @@ def _engine(a: PlanAssumptions) -> str:
     model; nothing for one rank without sharding."""
     if a.ranks == 1 and a.sharding == "none":
         return ""
+    if a.ranks == 1 and a.sharding == "fsdp":
+        # engine.dist.Dist.wrap: FSDP over one rank shards nothing and only adds copies, so train
+        # does not wrap it, and the plan's numbers are the unwrapped model's (a QA run read the
+        # header's "(FSDP)" as FSDP planned)
+        return " (--sharding fsdp over one rank shards nothing: planned without FSDP, as train " \
+               "runs it)"
     return f" ({ENGINE_NAMES.get(a.sharding, a.sharding)}" + (
         f", {_OFFLOAD[a.offload]}" if a.offload in _OFFLOAD else "") + ")"
 
@@ -110,13 +116,20 @@ def batch_note(result: PlanResult) -> str | None:
 def offload_words(result: PlanResult) -> str | None:
     """Does the pick run entirely on the GPU; what would make HF offload."""
     o = result.offload
-    if o is None:
+    a = result.assumptions
+    if o is None or (a is not None and a.ranks > 1):
+        # device_map="auto" is one process's placement: DDP, FSDP and ZeRO load each rank's
+        # model (or shard) onto its own GPU, so the sentence would not apply (a QA run)
         return None
-    load = (f"device_map=\"auto\" would offload: the weights ({o.weights_bytes / GIB:.2f} GiB, "
+    # said of device_map="auto" whether or not the model is loaded so: a script or job that
+    # never names it is told what would happen if it did, not that it does (a QA run)
+    load = (f"loaded with device_map=\"auto\", transformers would offload: the weights "
+            f"({o.weights_bytes / GIB:.2f} GiB, "
             f"predicted) exceed the {o.auto_map_budget_bytes / GIB:.2f} GiB transformers gives "
             "the GPU for weights (90 % of its free memory) — modules beyond go to host RAM"
             if o.weights_offloaded else
-            f"device_map=\"auto\" keeps every module on the GPU: the weights are "
+            f"loaded with device_map=\"auto\", transformers would keep every module on the "
+            f"GPU: the weights are "
             f"{o.weights_bytes / GIB:.2f} GiB (predicted), under the "
             f"{o.auto_map_budget_bytes / GIB:.2f} GiB transformers gives the GPU for weights "
             "(90 % of its free memory; it offloads modules to host RAM only when the weights "

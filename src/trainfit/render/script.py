@@ -53,13 +53,16 @@ def length_words(ln: LengthStats, micro_batch: int, quantile_grid: bool | None =
     batches = (f"{ln.batches_read:,} batches of {micro_batch} in the trainer's own order"
                + ("" if ln.batches_total in (None, ln.batches_read) else
                   f" (of {ln.batches_total:,})")
+               + (" (each one row of its samples concatenated)" if ln.padding_free else "")
                + f": p{ln.quantile * 100:g} {ln.batch_quantile_length}, max {ln.batch_max_length}")
+    longest = (f"{ln.longest} positions per sample (a row of {micro_batch} × {ln.longest} "
+               "positions)" if ln.padding_free else f"{ln.longest}")
     q = f"p{ln.quantile * 100:g}"
     grid = "" if quantile_grid is None else f"; the grid is also shown at the {q}" \
         if quantile_grid else (f"; no second grid at the {q} (shown when it is ≥ 10 % shorter "
                                "than the longest and --seq-len is not given)")
     return (f"sequence lengths (tokens, padding included): {samples}; {batches}. The pick is "
-            f"planned at the longest batch the data makes, {ln.longest} (every epoch reaches "
+            f"planned at the longest batch the data makes, {longest} (every epoch reaches "
             f"it){grid}")
 
 
@@ -102,7 +105,10 @@ def _read_rows(read: ReadJob, rec: dict[str, Any], f: dict[str, Any]) -> list[tu
     rows.append(("precision", f"{f['precision']} (weights: {weights}; "
                  f"bf16={rec['args']['bf16']} fp16={rec['args']['fp16']})",
                  rec["args"]["class"]))
-    rows.append(("optimizer", f"{f['optimizer']} ({f['optimizer_impl']})",
+    # fused / foreach / for-loop are torch's AdamW and SGD implementations; Adafactor and the
+    # bitsandbytes optimizers have one each
+    impl = f" ({f['optimizer_impl']})" if f["optimizer"] in ("adamw", "sgd") else ""
+    rows.append(("optimizer", f"{f['optimizer']}{impl}",
                  read.where.get("optimizer", flag)))
     rows.append(("micro-batch × accumulation × ranks",
                  f"{f['micro_batch']} × {f['grad_accum']} × {f['ranks']}", rec["args"]["class"]))
@@ -196,6 +202,11 @@ def render_script_tune(st: Any) -> None:
     elif st.result.unconfirmed is not None:
         con.print("[bold]no change[/bold]: the script's configuration is kept — the search's "
                   "best was not confirmed faster than it (measured, above)")
+    elif undecided := sum(n.kind == "undecided" for n in st.result.notes):
+        # nothing was confirmed either way: "the fastest" would claim what the rounds did not show
+        con.print("[bold]no change[/bold]: nothing measured was confirmed faster than the "
+                  f"script's configuration; {undecided} comparison(s) could not be decided "
+                  "(measured, above)")
     else:
         con.print("[bold]no change[/bold]: the script's configuration is the fastest that fits "
                   "(measured)")

@@ -156,15 +156,24 @@ def speed_note(b: SpeedBand) -> str:
     return text
 
 
-def _what_to_try(job: Any) -> str:
+def _what_to_try(row: Any) -> str:
     """The memory savers the smallest configuration does not use yet (a 70B QLoRA already
-    checkpointed over two ranks was told to try checkpointing and QLoRA)."""
+    checkpointed over two ranks was told to try checkpointing and QLoRA), the one that cuts
+    what dominates its peak first: a 1B LoRA at 8,192 tokens on a T4 (weights 2.3 of 37 GiB)
+    was told to try QLoRA before a shorter sequence (a QA run)."""
+    job, m = getattr(row, "job", row), getattr(row, "memory", None)  # a plan row, or a job
+    terms = m.breakdown if m is not None else {}
+    weights = terms.get("parameters", 0) + terms.get("optimizer", 0) + terms.get("gradients", 0)
+    by_length = sum(terms.get(k, 0) for k in ("activations", "temporaries"))
     tries = []
     if job.grad_ckpt != "full":
         tries.append("--grad-ckpt full")
+    if by_length > weights:
+        tries.append("a shorter --seq-len")
     if job.method != "qlora":
         tries.append("--method " + ("lora/qlora" if job.method == "full" else "qlora"))
-    tries.append("a shorter --seq-len")
+    if by_length <= weights:
+        tries.append("a shorter --seq-len")
     if job.optimizer in ("adamw", "paged-adamw"):
         tries.append("an 8-bit optimizer")
     if job.sharding == "none":
@@ -186,10 +195,13 @@ def plan_reason(result: PlanResult) -> str:
     if pick is None:
         text = (f"nothing fits on {gpu or 'the GPU'}: the smallest configuration needs "
                 f"{(result.smallest_device_bytes or 0) / GIB:.2f} GiB (device, predicted); try "
-                + _what_to_try(smallest_row(rows).job))
+                + _what_to_try(smallest_row(rows)))
         if result.ladder:
-            text += ("; the memory-saving ladder reaches a fit: " if result.ladder[-1].fits else
-                     "; even the whole memory-saving ladder does not fit: ")
+            # the steps are cumulative: each one on top of those before it
+            text += ("; the memory-saving ladder reaches a fit at its last step (each step on "
+                     "top of those before it): " if result.ladder[-1].fits else
+                     "; even the whole memory-saving ladder (each step on top of those before "
+                     "it) does not fit: ")
             text += "; ".join(r.change for r in result.ladder)
         return text
     j = pick.job
@@ -254,6 +266,17 @@ def _changes(changes: list[tuple[str, Any]]) -> str:
     return ", ".join(f"{k} {v}" for k, v in changes)
 
 
+def _proposal_words(proposal: float | None) -> str:
+    """The ratio of the probes that proposed a candidate, said apart from the rounds: they ran
+    at different moments of the search (tune.search.Comparison.proposal)."""
+    return "" if proposal is None else f"{proposal:.2f}× when first probed (not a round), then "
+
+
+def _rounds_words(c: Any) -> str:
+    rounds = ", ".join(f"{r:.2f}×" for r in c.ratios) or "none ran"
+    return _proposal_words(getattr(c, "proposal", None)) + rounds
+
+
 def note_words(n: SearchNote) -> str:
     """One thing the search decided not to do, or did by rule, and why."""
     d = n.data
@@ -283,7 +306,8 @@ def note_words(n: SearchNote) -> str:
                                       "(measured), the most workers could gain; below the "
                                       f"{d['noise_floor']:.0%} noise floor",
         "undecided": lambda: f"could not decide: {_changes(d['changes'])} measured "
-                             + ", ".join(f"{r:.2f}×" for r in d["ratios"])
+                             + _proposal_words(d.get("proposal"))
+                             + (", ".join(f"{r:.2f}×" for r in d["ratios"]) or "no round")
                              + " the tokens/s of the current best in interleaved rounds, "
                              + (f"only {len(d['ratios'])} of the {d['rounds']} rounds ran before "
                                 "--budget-s ran out (a gain needs all of them, or 2 each beyond "
@@ -291,6 +315,14 @@ def note_words(n: SearchNote) -> str:
                                 if d.get("budget") and len(d["ratios"]) < d.get("rounds", 0)
                                 else "within the noise of this run (")
                              + f"{d['noise']:.0%}, measured): kept the simpler configuration",
+        "unsteady": lambda: "timings unsteady: one configuration's probes in this run lie "
+                            f"{d['spread']:.1f}× apart (fastest ÷ slowest, measured), so a "
+                            "single probe may be the host's, not the configuration's"
+                            + ("; dropped on one probe no faster than the current best, so not "
+                               "shown slower: " + "; ".join(f"{_changes(c)} ({r:.2f}×)"
+                                                            for c, r in d["one_probe"])
+                               if d["one_probe"] else "")
+                            + " — rerun tune when the machine is quieter",
         "ckpt_not_needed": lambda: "checkpointing: not tried — the largest micro-batch already "
                                    "fits without it, and recomputation only costs time",
         "ckpt_kept": lambda: "checkpointing: kept on (nothing fits without it)",
@@ -316,17 +348,18 @@ def tune_reason(pick_job: Any, pick_tokens_per_s: float | None, baseline_job: An
     if pick_job is None:
         return "nothing fits: " + "; ".join(note_words(n) for n in notes)
     s = job_words(pick_job) + f": measured {pick_tokens_per_s or 0:,.0f} tokens/s"
-    if baseline_job is None or vs_baseline is None or not vs_baseline.ratios:
+    if baseline_job is None or vs_baseline is None or \
+            not (vs_baseline.ratios or vs_baseline.proposal is not None):
         return s
     current = f"your current micro-batch {baseline_job.micro_batch} × {baseline_job.grad_accum}"
-    ratios = ", ".join(f"{r:.2f}×" for r in vs_baseline.ratios)
+    ratios = _rounds_words(vs_baseline)
     if unconfirmed_job is not None:
         return (f"{current} kept ({s}): the search's best, {job_words(unconfirmed_job)}, was not "
                 f"confirmed faster in interleaved rounds (its tokens/s over yours: {ratios}; "
                 f"noise {vs_baseline.noise:.0%}, measured)")
     if vs_baseline.verdict == "faster":
         return s + (f", {vs_baseline.median:.2f}× {current} (measured in {len(vs_baseline.ratios)} "
-                    f"interleaved rounds: {ratios})")
+                    f"interleaved rounds: {', '.join(f'{r:.2f}×' for r in vs_baseline.ratios)})")
     cut = any(n.kind == "budget" for n in notes) and vs_baseline.verdict == "undecided"
     why = "--budget-s stopped the rounds; kept as the search's best" if cut else "measured"
     return s + (f"; against {current}: no speed-up this run could confirm (rounds: {ratios}, "

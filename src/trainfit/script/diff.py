@@ -42,6 +42,11 @@ def load_dtype(job: JobSpec) -> str:
         return "bfloat16"
     if job.method == "full" or p == "fp32":
         return "float32"
+    if job.base_dtype != "auto":
+        # the base as the script loaded it (script.mapping reads it): a float32 base under bf16
+        # autocast is loaded in float32, and the change to a bf16 pick must say so (a QA run's
+        # advice was bf16=False alone, i.e. fp32 training)
+        return {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[job.base_dtype]
     return "float16" if p == "amp-fp16" else "bfloat16"
 
 
@@ -68,6 +73,13 @@ def keyword_diff(rec: dict[str, Any], current: JobSpec, pick: JobSpec) -> list[K
     if before_dt != after_dt:
         kw = "BitsAndBytesConfig(bnb_4bit_compute_dtype)" if pick.method == "qlora" else "dtype"
         out.append(KeywordChange(where, kw, f"torch.{before_dt}", f"torch.{after_dt}"))
+    if pick.method != "full" and pick.precision == "bf16-true" and \
+            current.precision != "bf16-true":
+        # trainfit's bf16-true LoRA keeps the adapters in bf16 (model.workload); peft's
+        # get_peft_model makes bf16 adapters float32 unless told otherwise, and bf16=False
+        # would then train them in float32 without autocast
+        out.append(KeywordChange("get_peft_model (its default autocast_adapter_dtype=True makes "
+                                 "the adapters float32)", "autocast_adapter_dtype", True, False))
     if current.attention != pick.attention:
         out.append(KeywordChange(where, "attn_implementation", _attn(current.attention),
                                  _attn(pick.attention)))

@@ -28,6 +28,7 @@ holds, with tune's result), ``refused`` (message and hint), ``no_trainer`` or ``
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.abc
 import importlib.util
 import json
@@ -63,6 +64,13 @@ class _State:
         self.device_maps: list[dict[str, Any]] = []
         """Placements transformers computed for a ``device_map`` string, on the planned GPU."""
         self.trainers = 0
+        self.optimizers: list[tuple[str, str]] = []
+        """Optimizers the script built itself before any Trainer existed: (class name,
+        ``file:line``) — a loop of its own, when no Trainer follows."""
+        self.made_dirs: list[str] = []
+        """Output directories the script's Trainer created (``os.makedirs(output_dir)`` in its
+        ``__init__``): trainfit stops the script before it writes anything there, so an empty one
+        is removed when the process leaves — a plan or a refusal leaves nothing on disk."""
         self.at_train = False
         """The trainer's train() was reached: the optimizer steps from here are tune's probes."""
         self.finished = False
@@ -75,10 +83,18 @@ class _State:
             f.write(json.dumps(obj, default=str))
         os.replace(path + ".tmp", path)
 
+    def remove_empty_dirs(self) -> None:
+        if os.getpid() != self.pid:
+            return
+        for d in self.made_dirs:
+            with contextlib.suppress(OSError):  # not empty (the script wrote there), or gone
+                os.rmdir(d)
+
     def leave(self, obj: dict[str, Any]) -> None:
         """Write the result and end the process: the script's training never starts."""
         self.finished = True
         self.write(obj)
+        self.remove_empty_dirs()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
@@ -114,6 +130,57 @@ def arm() -> None:
         hooks["transformers.integrations.accelerate"] = _hook_max_memory
     sys.meta_path.insert(0, _PostImport(hooks))
     atexit.register(_at_exit)
+    prev_hook = sys.excepthook
+
+    def excepthook(kind: type[BaseException], err: BaseException, tb: Any) -> None:
+        _why_it_stopped(err, tb)  # ends the process when it can say why (refused)
+        prev_hook(kind, err, tb)
+
+    sys.excepthook = excepthook
+
+
+def _why_it_stopped(err: BaseException, tb: Any) -> None:
+    """The script died of an exception before any trainer trained: refused with the reason
+    when it is one trainfit knows — a loop of its own (an optimizer built with no Trainer; in
+    plan the loop's first forward fails on the weightless meta model before the step hook can
+    say so), or, in plan, the model used for a computation before its trainer started (the
+    meta model has no values). Anything else: the script's own error, shown by the parent."""
+    st = _ST
+    if st is None or st.finished or st.at_train or os.getpid() != st.pid:
+        return
+    where = _frame_of(tb)
+    if st.trainers == 0 and st.optimizers:
+        name, built_at = st.optimizers[0]
+        refuse(f"the script builds {_a(name)} optimizer itself (at {built_at}) and no "
+               f"transformers Trainer: it trains in a loop of its own (it stopped at {where}: "
+               f"{type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}); "
+               "plan and tune read Trainer / SFTTrainer scripts",
+               "for your own loop: trainfit plan --model path/to/model.py:factory (your "
+               "nn.Module), or trainfit doctor -- python train.py (measures any loop)")
+    if st.mode == "plan" and "meta tensor" in str(err):
+        refuse(f"the script computes with the model before its trainer trains (at {where}: "
+               f"{str(err).splitlines()[0][:160]}); plan loads no weights (the model is on the "
+               "meta device), so nothing can be computed with it",
+               "move that code after trainer.train(), or run trainfit tune -- … (it loads the "
+               "weights)")
+
+
+def _frame_of(tb: Any) -> str:
+    """``file:line`` of the innermost traceback frame in the script's own code."""
+    skip = ("/torch/", "/transformers/", "/peft/", "/trl/", "/accelerate/", "/trainfit/",
+            "/site-packages/", "/lib/python")
+    where = "unknown"
+    while tb is not None:
+        fn = tb.tb_frame.f_code.co_filename
+        if not any(s in fn for s in skip) and not fn.startswith("<"):
+            where = f"{os.path.basename(fn)}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where
+
+
+def _a(name: str) -> str:
+    """The indefinite article before an optimizer's name (an AdamW, a SGD)."""
+    return ("an " if name[:1].upper() in "AEIOU" else "a ") + name
 
 
 class _PostImport(importlib.abc.MetaPathFinder):
@@ -149,6 +216,7 @@ def _at_exit() -> None:
     if st is None or st.finished or os.getpid() != st.pid:
         return
     st.write({"type": "no_trainer", "trainers_built": st.trainers, "loads": st.loads})
+    st.remove_empty_dirs()
 
 
 def _caller() -> str:
@@ -169,8 +237,15 @@ def _hook_trainer(mod: Any) -> None:
     orig_init = trainer_cls.__init__
 
     def init(self: Any, *a: Any, **k: Any) -> None:
-        _st().trainers += 1
+        st = _st()
+        st.trainers += 1
+        args = k.get("args", a[1] if len(a) > 1 else None)
+        out = getattr(args, "output_dir", None)
+        existed = out is None or os.path.exists(out)
         orig_init(self, *a, **k)
+        out = getattr(self.args, "output_dir", None)
+        if not existed and out and os.path.isdir(out):
+            st.made_dirs.append(out)  # the Trainer made it (should_save): removed if left empty
 
     def train(self: Any, *a: Any, **k: Any) -> Any:
         _at_train(self)
@@ -212,12 +287,21 @@ def _hook_torch(torch: Any) -> None:
         st = _st()
         if st.finished or st.at_train or os.getpid() != st.pid:
             return
-        refuse(f"the script steps a {type(opt).__name__} optimizer itself (at {_caller()}) before "
+        refuse(f"the script steps {_a(type(opt).__name__)} optimizer itself (at {_caller()}) before "
                "any transformers Trainer trains: plan and tune read Trainer / SFTTrainer scripts",
                "for your own loop: trainfit plan --model path/to/model.py:factory (your "
                "nn.Module), or trainfit doctor -- python train.py (measures any loop)")
 
     optim_mod.register_optimizer_step_pre_hook(pre)
+    orig_init = optim_mod.Optimizer.__init__
+
+    def init(self: Any, *a: Any, **k: Any) -> None:
+        st = _st()
+        if not (st.finished or st.at_train or st.trainers) and os.getpid() == st.pid:
+            st.optimizers.append((type(self).__name__, _caller()))
+        orig_init(self, *a, **k)
+
+    optim_mod.Optimizer.__init__ = init  # every torch optimizer's __init__ calls it
 
 
 def _hook_remote_code(mod: Any) -> None:
@@ -227,8 +311,10 @@ def _hook_remote_code(mod: Any) -> None:
 
     def guarded(class_reference: Any, pretrained_model_name_or_path: Any, *a: Any, **k: Any) -> Any:
         if not _st().trust:
-            refuse(f"{pretrained_model_name_or_path} needs its own Python code from the hub "
-                   f"({class_reference}); trainfit does not run it unless asked",
+            origin = "from its directory" if os.path.isdir(str(pretrained_model_name_or_path)) \
+                else "from the hub"
+            refuse(f"{pretrained_model_name_or_path} needs its own Python code ({class_reference}, "
+                   f"{origin}); trainfit does not run it unless asked",
                    "add --trust-remote-code to the trainfit command if you trust its authors")
         return orig(class_reference, pretrained_model_name_or_path, *a, **k)
 

@@ -63,8 +63,9 @@ class SearchOptions:
     run_steps: int | None = None
     """Planned optimizer steps of the real run (amortises compile time)."""
     rounds: int = 4
-    """Interleaved rounds a gain must survive (the proposing pair + re-measurements): every round
-    must show it, and no repeat of the candidate may be slower than a repeat of the incumbent."""
+    """Interleaved rounds (A B, then B A, …) a gain must survive: every round must show it, and no
+    repeat of the candidate may be slower than a repeat of the incumbent.  The probes that
+    proposed the candidate are not one of them (measured minutes apart, not back to back)."""
     prune_below: float = 0.6
     """Skip a candidate whose predicted tokens/s is below this fraction of the current best's
     prediction (the speed model's median error on this CPU is ~25 %: 0.6 leaves room for it)."""
@@ -89,12 +90,19 @@ def _rel_spread(t: Trial) -> float:
 
 
 DECISIVE_NOISE = 5.0
-"""A gain this many times the measured noise, in each of at least two rounds (the proposing pair
-and one interleaved re-measure) and between every repeat, is decided with fewer than
+"""A gain this many times the measured noise, in each of at least two interleaved rounds and
+between every repeat, is decided with fewer than
 :attr:`SearchOptions.rounds` rounds.  Not monotonic in the rounds: where the budget cuts decides
 whether a third, weaker round is measured (2.2×, 2.4× decide; 2.2×, 2.4×, 1.3× do not until all
 rounds agree), so two runs cut at different points can differ on a gain that is real but
 noisy."""
+
+
+UNSTEADY_SPREAD = 1.5
+"""Fastest ÷ slowest timed probe of one configuration beyond which a run's timings are called
+unsteady (:meth:`Searcher.repeat_spread_note`): this machine's kind repeats within ±35 %
+(docs/notes/cpu-timing-noise.md), a CPU tune beside another job measured one configuration at
+132 and 5,501 tokens/s."""
 
 
 @dataclass
@@ -103,6 +111,7 @@ class Comparison:
     and the verdict they support."""
 
     ratios: list[float]
+    """B ÷ A of each interleaved round (A and B measured back to back)."""
     noise: float
     """The relative noise this comparison measured: the largest of the noise floor, the probes'
     own step spreads, and the spread of each configuration's repeats (max − min over median)."""
@@ -111,13 +120,18 @@ class Comparison:
     fastest A by the floor (the repeats do not overlap); ``not_faster``: the median ratio is within
     the floor (or B no longer fits); ``undecided``: the repeats disagree or the gain is inside the
     noise."""
+    proposal: float | None = None
+    """B ÷ A of the probes that proposed the candidate: not a round — they ran at different
+    moments of the search, so a host busy during one of them (a CPU tune beside another job
+    measured a configuration at 132 tokens/s, then at 4,831-5,501 on every repeat) would make
+    the round's ratio and the repeats' spread the host's, not the knob's.  Said, never counted."""
 
     @classmethod
     def of(cls, a_s: list[float], b_s: list[float], spreads: list[float], floor: float,
-           rounds: int) -> Comparison:
+           rounds: int, proposal: float | None = None) -> Comparison:
         ratios = [b / a for a, b in zip(a_s, b_s, strict=True) if a > 0]
         if not ratios:
-            return cls(ratios=[], noise=1.0, verdict="undecided")
+            return cls(ratios=[], noise=1.0, verdict="undecided", proposal=proposal)
 
         def rel_range(xs: list[float]) -> float:
             med = statistics.median(xs)
@@ -140,7 +154,7 @@ class Comparison:
             verdict = "not_faster"
         else:
             verdict = "undecided"
-        return cls(ratios=ratios, noise=noise, verdict=verdict)
+        return cls(ratios=ratios, noise=noise, verdict=verdict, proposal=proposal)
 
     @property
     def median(self) -> float | None:
@@ -179,6 +193,8 @@ class Searcher:
         self.n_samples = dataset_samples
         self.trials: list[Trial] = []
         self.notes: list[SearchNote] = []
+        self.one_probe: list[tuple[list[tuple[str, Any]], float]] = []
+        """Candidates dropped on one probe no faster than the incumbent: (changes, ratio)."""
         self.t0 = time.perf_counter()  # the budget is the search's (tune/tuner.py run_search)
         self.stopped = False
         self.progress = progress or (lambda _s: None)
@@ -276,39 +292,46 @@ class Searcher:
         search says what it could not decide."""
         if not cand.fits:
             return False
-        a, b = self.tps(best), self.tps(cand)
+        # the incumbent by the median of its timed probes: one taken while the host was busy
+        # would wave every candidate through to the rounds
+        a, b = self.tps(self.median_of(best)), self.tps(cand)
         if b <= a * (1 + self.o.noise_floor) or self.over_budget():
+            if a > 0 and b > 0 and not self.over_budget():
+                self.one_probe.append((_diff(cand.job, best.job), b / a))
             return False
         c = self.compare(best, cand, first=(a, b))
         if c.verdict == "undecided":
             self.notes.append(SearchNote("undecided", {
                 "changes": _diff(cand.job, best.job), "ratios": c.ratios, "noise": c.noise,
-                "rounds": self.o.rounds, "budget": self.stopped}))
+                "proposal": c.proposal, "rounds": self.o.rounds, "budget": self.stopped}))
         return c.verdict == "faster"
 
     def compare(self, best: Trial, cand: Trial, first: tuple[float, float] | None = None
                 ) -> Comparison:
         """``cand`` against ``best`` in interleaved rounds (A B, then B A, …: a drift of the host
-        load hits both alike), each round's tokens/s ratio kept. ``first``: a round already measured
-        (the probes that proposed the candidate). Stops early once a round contradicts the gain."""
-        a_s, b_s = ([first[0]], [first[1]]) if first else ([], [])
-        spreads = [_rel_spread(best), _rel_spread(cand)]
-        for k in range(self.o.rounds - len(a_s)):
+        load hits both alike), each round's tokens/s ratio kept. ``first``: the tokens/s of the
+        probes that proposed the candidate — said beside the rounds, not one of them
+        (:attr:`Comparison.proposal`). Stops early once a round contradicts the gain."""
+        proposal = first[1] / first[0] if first and first[0] > 0 else None
+        a_s: list[float] = []
+        b_s: list[float] = []
+        spreads: list[float] = []
+        for k in range(self.o.rounds):
             if self.over_budget():
                 break
-            pair = [(best, "a"), (cand, "b")][:: -1 if (k + len(a_s)) % 2 else 1]
+            pair = [(best, "a"), (cand, "b")][:: -1 if k % 2 else 1]
             got: dict[str, Trial] = {}
             for trial, side in pair:
                 got[side] = self.run(trial.job, "confirm", 3, note=f"re-measure of probe {trial.index}")
             if not got["b"].fits:
                 return Comparison(ratios=[y / x for x, y in zip(a_s, b_s, strict=True) if x],
-                                  noise=1.0, verdict="not_faster")
+                                  noise=1.0, verdict="not_faster", proposal=proposal)
             a_s.append(self.tps(got["a"]))
             b_s.append(self.tps(got["b"]))
             spreads += [_rel_spread(got["a"]), _rel_spread(got["b"])]
             if b_s[-1] <= a_s[-1] * (1 + self.o.noise_floor):
                 break  # a repeat contradicts the gain: no more rounds can make it certain
-        return Comparison.of(a_s, b_s, spreads, self.o.noise_floor, self.o.rounds)
+        return Comparison.of(a_s, b_s, spreads, self.o.noise_floor, self.o.rounds, proposal)
 
     # --- the whole search ---------------------------------------------------------------------
     def search(self) -> Outcome:
@@ -361,6 +384,21 @@ class Searcher:
         same = sorted((t for t in self.trials if t.job == trial.job and t.fits and self.tps(t) > 0),
                       key=self.tps)
         return same[(len(same) - 1) // 2] if same else trial
+
+    def repeat_spread_note(self) -> SearchNote | None:
+        """A note when one configuration's timed probes in this run lie further apart than
+        :data:`UNSTEADY_SPREAD` (fastest ÷ slowest, measured): the rounds decide nothing then
+        (said per comparison), and a candidate dropped on one slower probe may not be slower —
+        those are named.  None on a steady run."""
+        timed = [t for t in self.trials if t.fits and self.tps(t) > 0]
+        spreads = []
+        for t in timed:  # JobSpec is not hashable: grouped by equality
+            same = [self.tps(u) for u in timed if u.job == t.job]
+            if len(same) > 1:
+                spreads.append(max(same) / min(same))
+        if not spreads or max(spreads) <= UNSTEADY_SPREAD:
+            return None
+        return SearchNote("unsteady", {"spread": max(spreads), "one_probe": self.one_probe})
 
     def _latest_of(self, job: JobSpec) -> Trial:
         return [t for t in self.trials if t.job == job and t.result.measured is not None][-1]

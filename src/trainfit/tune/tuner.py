@@ -345,6 +345,9 @@ def run_search(job: JobSpec, opts: TuneOptions, bench: Bench, t0: float,
         pick, unconfirmed = baseline, out.best
     if pick is not None:
         pick = searcher.median_of(pick)  # reported with its repeats' median, not one probe
+    unsteady = searcher.repeat_spread_note()
+    if unsteady is not None:
+        out.notes.append(unsteady)
     rule_notes = _rule_notes(pick, device)  # persistent workers set on the pick written
     return TuneResult(device=str(device), device_name=bench.device_name,
                       memory_limit_bytes=bench.capacity, margin=opts.margin,
