@@ -183,3 +183,5 @@ def test_kernels_simulated_as_their_pytorch_fallback_are_said(tmp_path):
     assert "simulated with transformers' PyTorch fallbacks" in note
     assert ("mamba_inner_fn", "mamba_ssm") in fallback_kernels("mamba")
     assert fallback_kernels("llama") == ()
+    # a text config's type: its model's module (Qwen3.5's gated delta rule from fla)
+    assert ("chunk_gated_delta_rule", "fla") in fallback_kernels("qwen3_5_text")

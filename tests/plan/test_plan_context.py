@@ -187,6 +187,7 @@ def test_with_checks_without_a_current_configuration(tiny_llama):
     (8, "fsdp", "none", "8 ranks (FSDP)"),
     (1, "fsdp", "none", "1 rank (--sharding fsdp over one rank shards nothing: planned without "
                         "FSDP, as train runs it)"),
+    (1, "fsdp", "all", "1 rank (FSDP, parameters and optimizer states on the CPU)"),
     (2, "zero3", "optimizer", "2 ranks (DeepSpeed ZeRO-3, optimizer states on the CPU)"),
     (1, "zero3", "all", "1 rank (DeepSpeed ZeRO-3, parameters and optimizer states on the CPU)"),
     (4, "zero2", "none", "4 ranks (DeepSpeed ZeRO-2)"),
@@ -254,3 +255,19 @@ def test_header_names_each_precisions_attention_kernel(tiny_llama):
         "attention_kernels_by_precision": {"bf16-true": []}}))
     assert "attention eager → no SDPA kernel (the model's own matmul + softmax" in \
         plan_header(eager)  # was "→ none called kernel"
+
+
+@pytest.mark.parametrize("ranks,sharding", [(1, "none"), (8, "fsdp")])
+def test_the_device_map_clause_is_said_for_one_process_only(ranks, sharding):
+    """device_map="auto" is one process's placement: said (as a condition) for one rank; over
+    many ranks only whether the pick stays on the GPU (a QA run saw the clause under FSDP × 8)."""
+    from trainfit.plan.context import OffloadCheck, plan_assumptions
+    from trainfit.render.plan_words import offload_words
+
+    job = JobSpec(model="t", seq_len=64, ranks=ranks, sharding=sharding)
+    o = OffloadCheck(weights_bytes=GIB, auto_map_budget_bytes=20 * GIB, weights_offloaded=False,
+                     device_peak_bytes=10 * GIB, capacity_bytes=24 * GIB, runs_on_gpu=True)
+    said = offload_words(SimpleNamespace(offload=o, assumptions=plan_assumptions(job, {})))
+    assert said.startswith("the pick runs entirely on the GPU: device peak 10.00 of 24.00 GiB")
+    assert ('loaded with device_map="auto", transformers would keep every module' in said) == \
+        (ranks == 1)

@@ -202,6 +202,11 @@ def test_a_bf16_pick_for_lora_on_a_float32_base_says_every_edit():
     kws = {c.keyword for c in keyword_diff(record(), bf16_base,
                                            bf16_base.replace(precision="bf16-true"))}
     assert kws == {"bf16", "autocast_adapter_dtype"}
+    # and back: a bf16-true script picked to amp-bf16 is told peft's default again
+    back = {c.keyword: (c.before, c.after) for c in keyword_diff(
+        edited, JobSpec.from_dict(map_record(edited).fields),
+        JobSpec.from_dict(map_record(edited).fields).replace(precision="amp-bf16"))}
+    assert back["autocast_adapter_dtype"] == (False, True)
 
 
 @pytest.mark.parametrize("reentrant", [False, True])

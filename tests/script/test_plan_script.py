@@ -236,14 +236,22 @@ def test_an_own_loop_over_a_pretrained_model_is_refused_as_one(tmp_path, tiny_mo
         "print(m(input_ids=ids, labels=ids).loss.item())\n")
     model = str(tiny_models["llama"])
     lines = _refused(["--gpu", "t4", "--", sys.executable, str(tmp_path / "loop.py"), model])
-    assert lines[0].startswith("error: the script builds an AdamW optimizer itself (at loop.py:4) "
-                               "and no transformers Trainer: it trains in a loop of its own "
-                               "(it stopped at loop.py:6: ")
-    assert "--model path/to/model.py:factory" in lines[1]
+    assert lines[0].startswith("error: the script computes with the model before its trainer "
+                               "trains (at loop.py:6: ")
+    assert "it had built an AdamW optimizer (at loop.py:4) and no transformers Trainer — a loop " \
+        "of its own?" in lines[0]
+    assert "--model path/to/model.py:factory" in lines[1] and "after trainer.train()" in lines[1]
     lines = _refused(["--gpu", "t4", "--", sys.executable, str(tmp_path / "peek.py"), model])
     assert lines[0].startswith("error: the script computes with the model before its trainer "
                                "trains (at peek.py:5: ")
-    assert lines[1].startswith("hint: move that code after trainer.train()")
+    assert "optimizer" not in lines[0]
+    # the script's own error (not a meta-tensor one) stays its own, traceback and all
+    (tmp_path / "typo.py").write_text(head + "opt = torch.optim.AdamW(m.parameters())\n"
+                                      "open('missing-data.jsonl')\n")
+    res = CliRunner().invoke(app, ["plan", "--gpu", "t4", "--", sys.executable,
+                                   str(tmp_path / "typo.py"), model])
+    assert res.exit_code == 2 and "exited with code 1 before its trainer started" in res.output
+    assert "FileNotFoundError" in res.output and "loop of its own" not in res.output
 
 
 def test_remote_code_needs_trust_remote_code(tmp_path):

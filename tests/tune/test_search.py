@@ -430,7 +430,19 @@ def test_rounds_cut_by_the_budget_keep_the_searchs_best(tiny_llama, monkeypatch)
     res = run_search(job, TuneOptions(knobs=()), bench, time.perf_counter())
     assert res.vs_baseline is not None and res.vs_baseline.verdict == "undecided"
     assert res.unconfirmed is None and res.pick.job.micro_batch == 8
-    assert "--budget-s stopped the rounds" in tune_pick_reason(res)
+    said = tune_pick_reason(res)
+    assert "--budget-s stopped the rounds" in said
+    assert "8.00× when first probed (not a round), then no interleaved round ran" in said
+    assert "noise" not in said  # none was measured
+
+    # the search's best slower than the current configuration in its one probe: a cut that ran
+    # no round keeps the current one (a review: 0.12× became the pick)
+    tps = lambda j: 800.0 if j.micro_batch == 1 else 100.0  # noqa: E731
+    bench.predict, bench.probe = pred(GIB // 2, 2 * GIB, tps), fake(GIB // 2, 2 * GIB, tps, calls)
+    res = run_search(job, TuneOptions(knobs=()), bench, time.perf_counter())
+    assert res.vs_baseline.verdict == "not_faster" and res.vs_baseline.ratios == []
+    assert res.vs_baseline.proposal == pytest.approx(0.125)
+    assert res.pick.job.micro_batch == 1
 
 
 def test_a_busy_moment_in_the_proposing_probes_does_not_decide(tiny_llama):

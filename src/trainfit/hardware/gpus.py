@@ -130,9 +130,11 @@ def memory_variants(name: str, spec: GpuSpec) -> list[GpuSpec]:
     planned as the A100 80GB SXM, and an A100-40GB owner must be told so (a QA run read "fits"
     for the 80 GB card); "rtx-3080" has 12 and 20 GB variants. Empty for an exact name."""
     family = re.sub(r"[\s_]+", "-", name.strip().lower())
-    pattern = re.compile(re.escape(family) + r"-\d+gb(?:-.*)?")
-    return [g for g in GPUS.values() if g is not spec and pattern.fullmatch(g.name)
-            and g.memory_bytes != spec.memory_bytes]
+    pattern = re.compile(re.escape(family) + r"-(\d+)gb(?:-.*)?")
+    own = pattern.fullmatch(spec.name)
+    # by the size in the name: the 80 GB PCIe card reports a few MiB less than the SXM one
+    return [g for g in GPUS.values() if g is not spec and (m := pattern.fullmatch(g.name))
+            and (own is None or m.group(1) != own.group(1))]
 
 
 # (pattern on the space-separated lower-case device name, candidates); an empty

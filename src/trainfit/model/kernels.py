@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.util
 import inspect
 import re
 from typing import Any
@@ -28,21 +27,28 @@ _FALLBACK_RE = re.compile(
 def fallback_kernels(model_type: str) -> tuple[tuple[str, str], ...]:
     """(function, package) pairs of ``model_type``'s modeling code whose package does not import
     here: the functions run as their PyTorch fallback in the simulation."""
-    module_name = f"transformers.models.{model_type.replace('-', '_')}.modeling_" \
-                  f"{model_type.replace('-', '_')}"
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    # a text config's type names its model's module (qwen3_5_text → models/qwen3_5)
+    module = model_type_to_module_name(model_type)
     try:
-        source = inspect.getsource(importlib.import_module(module_name))
+        source = inspect.getsource(importlib.import_module(
+            f"transformers.models.{module}.modeling_{module}"))
     except (ImportError, OSError, TypeError):  # another layout, remote code: nothing to say
         return ()
-    out = []
-    for func, package in dict.fromkeys(_FALLBACK_RE.findall(source)):
-        try:
-            missing = importlib.util.find_spec(package.split(".")[0]) is None
-        except (ImportError, ValueError):
-            missing = True
-        if missing:
-            out.append((func, package))
-    return tuple(out)
+    return tuple((func, package) for func, package in dict.fromkeys(_FALLBACK_RE.findall(source))
+                 if not _imports(package))
+
+
+@functools.lru_cache(maxsize=16)
+def _imports(package: str) -> bool:
+    """Whether ``package`` imports here — as transformers tries it (``import_module``): one
+    installed but failing to import (mamba_ssm without CUDA) is a fallback too."""
+    try:
+        importlib.import_module(package)
+    except Exception:  # any failure to import is transformers' fallback
+        return False
+    return True
 
 
 def fallback_note(config: Any) -> str:

@@ -30,7 +30,7 @@ def _engine(a: PlanAssumptions) -> str:
     model; nothing for one rank without sharding."""
     if a.ranks == 1 and a.sharding == "none":
         return ""
-    if a.ranks == 1 and a.sharding == "fsdp":
+    if a.ranks == 1 and a.sharding == "fsdp" and a.offload == "none":
         # engine.dist.Dist.wrap: FSDP over one rank shards nothing and only adds copies, so train
         # does not wrap it, and the plan's numbers are the unwrapped model's (a QA run read the
         # header's "(FSDP)" as FSDP planned)
@@ -116,11 +116,9 @@ def batch_note(result: PlanResult) -> str | None:
 def offload_words(result: PlanResult) -> str | None:
     """Does the pick run entirely on the GPU; what would make HF offload."""
     o = result.offload
-    a = result.assumptions
-    if o is None or (a is not None and a.ranks > 1):
-        # device_map="auto" is one process's placement: DDP, FSDP and ZeRO load each rank's
-        # model (or shard) onto its own GPU, so the sentence would not apply (a QA run)
+    if o is None:
         return None
+    a = result.assumptions
     # said of device_map="auto" whether or not the model is loaded so: a script or job that
     # never names it is told what would happen if it did, not that it does (a QA run)
     load = (f"loaded with device_map=\"auto\", transformers would offload: the weights "
@@ -137,9 +135,14 @@ def offload_words(result: PlanResult) -> str | None:
     run = (f"the pick runs entirely on the GPU: device peak {o.device_peak_bytes / GIB:.2f} of "
            f"{o.capacity_bytes / GIB:.2f} GiB (predicted)" if o.runs_on_gpu else
            "the pick does not run entirely on the GPU")
-    return (f"{run}; {load}. Running out during training is an out-of-memory error, not an "
-            "offload (on Windows, drivers ≥ 536.40 have a 'CUDA sysmem fallback policy' that pages GPU "
-            "memory to host RAM instead, slowly, when the device peak passes the card's memory)")
+    if a is not None and a.ranks > 1:
+        # device_map="auto" is one process's placement: DDP, FSDP and ZeRO put each rank's
+        # model (or shard) on its own GPU, so that clause would not apply (a QA run)
+        load = ""
+    return (f"{run}{'; ' + load if load else ''}. Running out during training is an "
+            "out-of-memory error, not an offload (on Windows, drivers ≥ 536.40 have a 'CUDA "
+            "sysmem fallback policy' that pages GPU memory to host RAM instead, slowly, when the "
+            "device peak passes the card's memory)")
 
 
 def observed_words(result: PlanResult) -> list[str]:

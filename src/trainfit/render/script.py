@@ -202,11 +202,15 @@ def render_script_tune(st: Any) -> None:
     elif st.result.unconfirmed is not None:
         con.print("[bold]no change[/bold]: the script's configuration is kept — the search's "
                   "best was not confirmed faster than it (measured, above)")
-    elif undecided := sum(n.kind == "undecided" for n in st.result.notes):
-        # nothing was confirmed either way: "the fastest" would claim what the rounds did not show
+    elif (undecided := sum(n.kind == "undecided" for n in st.result.notes)) or \
+            any(n.kind == "budget" for n in st.result.notes):
+        # nothing was confirmed either way, or not everything was tried: "the fastest" would
+        # claim what the search did not show
+        why = [f"{undecided} comparison(s) could not be decided"] if undecided else []
+        if any(n.kind == "budget" for n in st.result.notes):
+            why.append("--budget-s stopped the search before it tried everything")
         con.print("[bold]no change[/bold]: nothing measured was confirmed faster than the "
-                  f"script's configuration; {undecided} comparison(s) could not be decided "
-                  "(measured, above)")
+                  f"script's configuration; {'; '.join(why)} (measured, above)")
     else:
         con.print("[bold]no change[/bold]: the script's configuration is the fastest that fits "
                   "(measured)")

@@ -273,8 +273,15 @@ def _proposal_words(proposal: float | None) -> str:
 
 
 def _rounds_words(c: Any) -> str:
-    rounds = ", ".join(f"{r:.2f}×" for r in c.ratios) or "none ran"
-    return _proposal_words(getattr(c, "proposal", None)) + rounds
+    """The proposal, the interleaved rounds and the noise they measured — or why none ran."""
+    ended = getattr(c, "ended", None)
+    rounds = ", ".join(f"{r:.2f}×" for r in c.ratios)
+    if ended == "no_longer_fits":
+        rounds = (rounds + "; then " if rounds else "") + "a re-measure ran out of memory"
+    elif not rounds:
+        rounds = "no interleaved round ran"
+    noise = f"; noise {c.noise:.0%}, measured" if c.ratios else ""
+    return _proposal_words(getattr(c, "proposal", None)) + rounds + noise
 
 
 def note_words(n: SearchNote) -> str:
@@ -355,15 +362,13 @@ def tune_reason(pick_job: Any, pick_tokens_per_s: float | None, baseline_job: An
     ratios = _rounds_words(vs_baseline)
     if unconfirmed_job is not None:
         return (f"{current} kept ({s}): the search's best, {job_words(unconfirmed_job)}, was not "
-                f"confirmed faster in interleaved rounds (its tokens/s over yours: {ratios}; "
-                f"noise {vs_baseline.noise:.0%}, measured)")
+                f"confirmed faster in interleaved rounds (its tokens/s over yours: {ratios})")
     if vs_baseline.verdict == "faster":
         return s + (f", {vs_baseline.median:.2f}× {current} (measured in {len(vs_baseline.ratios)} "
                     f"interleaved rounds: {', '.join(f'{r:.2f}×' for r in vs_baseline.ratios)})")
     cut = any(n.kind == "budget" for n in notes) and vs_baseline.verdict == "undecided"
-    why = "--budget-s stopped the rounds; kept as the search's best" if cut else "measured"
-    return s + (f"; against {current}: no speed-up this run could confirm (rounds: {ratios}, "
-                f"noise {vs_baseline.noise:.0%}, {why})")
+    why = "; --budget-s stopped the rounds; kept as the search's best" if cut else ""
+    return s + f"; against {current}: no speed-up this run could confirm ({ratios}{why})"
 
 
 TUNE_NOTES = ("tokens/s counts positions computed (micro × seq_len × accumulation × ranks / step)",

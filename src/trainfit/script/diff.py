@@ -73,13 +73,16 @@ def keyword_diff(rec: dict[str, Any], current: JobSpec, pick: JobSpec) -> list[K
     if before_dt != after_dt:
         kw = "BitsAndBytesConfig(bnb_4bit_compute_dtype)" if pick.method == "qlora" else "dtype"
         out.append(KeywordChange(where, kw, f"torch.{before_dt}", f"torch.{after_dt}"))
-    if pick.method != "full" and pick.precision == "bf16-true" and \
-            current.precision != "bf16-true":
+    to_bf16 = pick.precision == "bf16-true"
+    if pick.method != "full" and to_bf16 != (current.precision == "bf16-true"):
         # trainfit's bf16-true LoRA keeps the adapters in bf16 (model.workload); peft's
         # get_peft_model makes bf16 adapters float32 unless told otherwise, and bf16=False
-        # would then train them in float32 without autocast
-        out.append(KeywordChange("get_peft_model (its default autocast_adapter_dtype=True makes "
-                                 "the adapters float32)", "autocast_adapter_dtype", True, False))
+        # would then train them in float32 without autocast — and back for a mixed-precision
+        # pick. SFTTrainer(peft_config=...) calls get_peft_model itself, without the keyword
+        out.append(KeywordChange(
+            "get_peft_model (the adapters' dtype: False keeps them bf16, peft's default True "
+            "makes them float32; with SFTTrainer(peft_config=...) call get_peft_model yourself "
+            "and pass the model)", "autocast_adapter_dtype", to_bf16, not to_bf16))
     if current.attention != pick.attention:
         out.append(KeywordChange(where, "attn_implementation", _attn(current.attention),
                                  _attn(pick.attention)))

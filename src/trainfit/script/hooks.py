@@ -140,39 +140,37 @@ def arm() -> None:
 
 
 def _why_it_stopped(err: BaseException, tb: Any) -> None:
-    """The script died of an exception before any trainer trained: refused with the reason
-    when it is one trainfit knows — a loop of its own (an optimizer built with no Trainer; in
-    plan the loop's first forward fails on the weightless meta model before the step hook can
-    say so), or, in plan, the model used for a computation before its trainer started (the
-    meta model has no values). Anything else: the script's own error, shown by the parent."""
+    """In plan, the script died computing with the weightless meta model before any trainer
+    trained — its own loop's first forward (which fails before the step hook could say so), or a
+    check before training: refused with that reason rather than "fix the script" (a QA run).
+    Anything else — KeyboardInterrupt, a missing file, an error in tune with real weights — is
+    the script's own error, its traceback shown by the parent."""
     st = _ST
     if st is None or st.finished or st.at_train or os.getpid() != st.pid:
         return
+    if not isinstance(err, Exception) or st.mode != "plan" or "meta tensor" not in str(err):
+        return
     where = _frame_of(tb)
+    what = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+    built = ""
     if st.trainers == 0 and st.optimizers:
         name, built_at = st.optimizers[0]
-        refuse(f"the script builds {_a(name)} optimizer itself (at {built_at}) and no "
-               f"transformers Trainer: it trains in a loop of its own (it stopped at {where}: "
-               f"{type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}); "
-               "plan and tune read Trainer / SFTTrainer scripts",
-               "for your own loop: trainfit plan --model path/to/model.py:factory (your "
-               "nn.Module), or trainfit doctor -- python train.py (measures any loop)")
-    if st.mode == "plan" and "meta tensor" in str(err):
-        refuse(f"the script computes with the model before its trainer trains (at {where}: "
-               f"{str(err).splitlines()[0][:160]}); plan loads no weights (the model is on the "
-               "meta device), so nothing can be computed with it",
-               "move that code after trainer.train(), or run trainfit tune -- … (it loads the "
-               "weights)")
+        built = (f"; it had built {_a(name)} optimizer (at {built_at}) and no transformers "
+                 "Trainer — a loop of its own?")
+    refuse(f"the script computes with the model before its trainer trains (at {where}: {what})"
+           f"{built}; plan loads no weights (the model is on the meta device), so nothing can be "
+           "computed with it before trainer.train()",
+           "a check before training: move it after trainer.train(), or run trainfit tune -- … "
+           "(it loads the weights); a loop of your own: trainfit plan --model "
+           "path/to/model.py:factory (your nn.Module), or trainfit doctor -- python train.py")
 
 
 def _frame_of(tb: Any) -> str:
     """``file:line`` of the innermost traceback frame in the script's own code."""
-    skip = ("/torch/", "/transformers/", "/peft/", "/trl/", "/accelerate/", "/trainfit/",
-            "/site-packages/", "/lib/python")
     where = "unknown"
     while tb is not None:
         fn = tb.tb_frame.f_code.co_filename
-        if not any(s in fn for s in skip) and not fn.startswith("<"):
+        if not any(s in fn for s in _LIBRARIES) and not fn.startswith("<"):
             where = f"{os.path.basename(fn)}:{tb.tb_lineno}"
         tb = tb.tb_next
     return where
@@ -219,13 +217,17 @@ def _at_exit() -> None:
     st.remove_empty_dirs()
 
 
+_LIBRARIES = ("/torch/", "/transformers/", "/peft/", "/trl/", "/accelerate/", "/trainfit/",
+              "/bitsandbytes/", "/site-packages/", "/dist-packages/", "/lib/python3.")
+"""Paths of library code: a ``file:line`` said to the user is the first frame outside them."""
+
+
 def _caller() -> str:
-    """``file:line`` of the first frame outside torch / transformers / peft / trl / trainfit."""
+    """``file:line`` of the first frame outside the libraries (:data:`_LIBRARIES`)."""
     frame = sys._getframe(2)
-    skip = ("/torch/", "/transformers/", "/peft/", "/trl/", "/accelerate/", "/trainfit/")
     while frame is not None:
         fn = frame.f_code.co_filename
-        if not any(s in fn for s in skip) and not fn.startswith("<"):
+        if not any(s in fn for s in _LIBRARIES) and not fn.startswith("<"):
             return f"{os.path.basename(fn)}:{frame.f_lineno}"
         frame = frame.f_back  # type: ignore[assignment]
     return "unknown"
@@ -240,7 +242,8 @@ def _hook_trainer(mod: Any) -> None:
         st = _st()
         st.trainers += 1
         args = k.get("args", a[1] if len(a) > 1 else None)
-        out = getattr(args, "output_dir", None)
+        # no args: transformers makes TrainingArguments(output_dir="tmp_trainer") itself
+        out = getattr(args, "output_dir", None) if args is not None else "tmp_trainer"
         existed = out is None or os.path.exists(out)
         orig_init(self, *a, **k)
         out = getattr(self.args, "output_dir", None)

@@ -100,10 +100,10 @@ noisy."""
 
 UNSTEADY_SPREAD = 2.0
 """Fastest ÷ slowest timed probe of one configuration beyond which a run's timings are called
-unsteady (:meth:`Searcher.repeat_spread_note`): this machine's kind repeats within ±35 % on a
-quiet host, up to 1.5× between the fastest and slowest of three (docs/notes/cpu-timing-noise.md,
-3,543 against 2,362 tokens/s), where a CPU tune beside another job measured one configuration at
-132 and 5,501."""
+unsteady (:meth:`Searcher.repeat_spread_note`): on a quiet host this machine's kind moved a
+configuration's tokens/s by up to ~35 % between repeats, 1.5× between the fastest and slowest of
+three (docs/notes/cpu-timing-noise.md: 3,543 against 2,362), where a CPU tune beside another job
+measured one configuration at 132 and 5,501."""
 
 
 @dataclass
@@ -126,13 +126,21 @@ class Comparison:
     moments of the search, so a host busy during one of them (a CPU tune beside another job
     measured a configuration at 132 tokens/s, then at 4,831-5,501 on every repeat) would make
     the round's ratio and the repeats' spread the host's, not the knob's.  Said, never counted."""
+    ended: str | None = None
+    """Why the rounds stopped before deciding: ``no_longer_fits`` (a re-measure of B ran out of
+    memory), ``budget`` (no round ran: ``--budget-s`` was spent); None otherwise."""
 
     @classmethod
     def of(cls, a_s: list[float], b_s: list[float], spreads: list[float], floor: float,
            rounds: int, proposal: float | None = None) -> Comparison:
         ratios = [b / a for a, b in zip(a_s, b_s, strict=True) if a > 0]
         if not ratios:
-            return cls(ratios=[], noise=1.0, verdict="undecided", proposal=proposal)
+            # no round ran (the budget): nothing is decided, but a proposal that was not faster
+            # keeps the incumbent, as it proposed nothing (a review: the search's best, 0.12×
+            # the current configuration in its one probe, became the pick after a budget cut)
+            slower = proposal is not None and proposal <= 1 + floor
+            return cls(ratios=[], noise=0.0, verdict="not_faster" if slower else "undecided",
+                       proposal=proposal, ended="budget")
 
         def rel_range(xs: list[float]) -> float:
             med = statistics.median(xs)
@@ -326,7 +334,8 @@ class Searcher:
                 got[side] = self.run(trial.job, "confirm", 3, note=f"re-measure of probe {trial.index}")
             if not got["b"].fits:
                 return Comparison(ratios=[y / x for x, y in zip(a_s, b_s, strict=True) if x],
-                                  noise=1.0, verdict="not_faster", proposal=proposal)
+                                  noise=0.0, verdict="not_faster", proposal=proposal,
+                                  ended="no_longer_fits")
             a_s.append(self.tps(got["a"]))
             b_s.append(self.tps(got["b"]))
             spreads += [_rel_spread(got["a"]), _rel_spread(got["b"])]
@@ -391,10 +400,15 @@ class Searcher:
         :data:`UNSTEADY_SPREAD` (fastest ÷ slowest, measured): the rounds decide nothing then
         (said per comparison), and a candidate dropped on one slower probe may not be slower —
         those are named.  None on a steady run."""
-        timed = [t for t in self.trials if t.fits and self.tps(t) > 0]
+        def raw(t: Trial) -> float:
+            # the probe's own tokens/s: tps() spreads a compile over the run, and a re-probe
+            # finds dynamo's cache warm (a review: a compiled winner read as unsteady timings)
+            m = t.result.measured
+            return (m.tokens_per_s or 0.0) if m is not None else 0.0
+        timed = [t for t in self.trials if t.fits and raw(t) > 0]
         spreads = []
         for t in timed:  # JobSpec is not hashable: grouped by equality
-            same = [self.tps(u) for u in timed if u.job == t.job]
+            same = [raw(u) for u in timed if u.job == t.job]
             if len(same) > 1:
                 spreads.append(max(same) / min(same))
         if not spreads or max(spreads) <= UNSTEADY_SPREAD:

@@ -332,8 +332,9 @@ def run_search(job: JobSpec, opts: TuneOptions, bench: Bench, t0: float,
             and baseline.fits and searcher.tps(baseline) > 0:
         # the speed-up reported against what the user runs now is measured like any gain:
         # interleaved rounds, so no single lucky probe makes it
-        vs = searcher.compare(baseline, out.best, first=(searcher.tps(baseline),
-                                                         searcher.tps(out.best)))
+        vs = searcher.compare(baseline, out.best,
+                              first=(searcher.tps(searcher.median_of(baseline)),
+                                     searcher.tps(searcher.median_of(out.best))))
     pick, unconfirmed = out.best, None
     cut = vs is not None and searcher.stopped and len(vs.ratios) < sopts.rounds \
         and vs.verdict == "undecided"
