@@ -1,0 +1,84 @@
+"""The verdict of two configurations measured in interleaved rounds (:class:`Comparison`): the
+rule that decides whether a measured gain is real, apart from the search that proposes and
+measures the candidates (search.py). Pure: no torch, no timing."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+DECISIVE_NOISE = 5.0
+"""A gain this many times the measured noise, in each of at least two interleaved rounds and
+between every repeat, is decided with fewer than
+:attr:`SearchOptions.rounds` rounds.  Not monotonic in the rounds: where the budget cuts decides
+whether a third, weaker round is measured (2.2×, 2.4× decide; 2.2×, 2.4×, 1.3× do not until all
+rounds agree), so two runs cut at different points can differ on a gain that is real but
+noisy."""
+
+
+@dataclass
+class Comparison:
+    """Two configurations measured in interleaved rounds: the per-round tokens/s ratios (B ÷ A)
+    and the verdict they support."""
+
+    ratios: list[float]
+    """B ÷ A of each interleaved round (A and B measured back to back)."""
+    noise: float
+    """The relative noise this comparison measured: the largest of the noise floor, the probes'
+    own step spreads, and the spread of each configuration's repeats (max − min over median)."""
+    verdict: str
+    """``faster``: every round shows B faster by more than the floor, the slowest B beats the
+    fastest A by the floor (the repeats do not overlap), and the median gain is beyond ``noise``;
+    ``not_faster``: the median ratio is within
+    the floor (or B no longer fits); ``undecided``: the repeats disagree or the gain is inside the
+    noise."""
+    proposal: float | None = None
+    """B ÷ A of the probes that proposed the candidate: not a round — they ran at different
+    moments of the search, so a host busy during one of them (a CPU tune beside another job
+    measured a configuration at 132 tokens/s, then at 4,831-5,501 on every repeat) would make
+    the round's ratio and the repeats' spread the host's, not the knob's.  Said, never counted."""
+    ended: str | None = None
+    """Why the rounds stopped before deciding: ``no_longer_fits`` (a re-measure of B ran out of
+    memory), ``budget`` (no round ran: ``--budget-s`` was spent); None otherwise."""
+
+    @classmethod
+    def of(cls, a_s: list[float], b_s: list[float], spreads: list[float], floor: float,
+           rounds: int, proposal: float | None = None) -> Comparison:
+        ratios = [b / a for a, b in zip(a_s, b_s, strict=True) if a > 0]
+        if not ratios:
+            # no round ran (the budget): nothing is decided, but a proposal that was not faster
+            # keeps the incumbent, as it proposed nothing (a review: the search's best, 0.12×
+            # the current configuration in its one probe, became the pick after a budget cut)
+            slower = proposal is not None and proposal <= 1 + floor
+            return cls(ratios=[], noise=0.0, verdict="not_faster" if slower else "undecided",
+                       proposal=proposal, ended="budget")
+
+        def rel_range(xs: list[float]) -> float:
+            med = statistics.median(xs)
+            return (max(xs) - min(xs)) / med if med else 0.0
+        noise = max(floor, max(spreads, default=0.0), rel_range(a_s), rel_range(b_s))
+        # every round faster, and no overlap: the slowest B beats the fastest A. For two equally
+        # fast configurations under any noise the chance of that is 1 / C(2n, n) (n = 4 rounds:
+        # 1 in 70), so a knob without an effect is not taken. And the gain beyond the noise this
+        # run measured: a real gain inside it passes in some runs and not in others (eager
+        # attention, 5-10 % over sdpa at 5-14 % noise on this CPU, was the pick in 2 of 5 runs
+        # of the same tune), so such a gain is left undecided in every run; one beyond the
+        # noise always passes
+        full = len(ratios) >= rounds and min(ratios) > 1 + floor and \
+            min(b_s) > max(a_s) * (1 + floor) and statistics.median(ratios) > 1 + noise
+        # fewer rounds (the budget stopped them): a gain beyond DECISIVE_NOISE × the noise this
+        # run measured in every round and between the repeats (bf16 autocast 2.2× and 2.5× the
+        # tokens/s of fp32 at 8 % noise, a CPU tune of llama-tiny-58m, was left "undecided")
+        margin = 1 + DECISIVE_NOISE * noise
+        decisive = len(ratios) >= 2 and min(ratios) > margin and min(b_s) > max(a_s) * margin
+        if full or decisive:
+            verdict = "faster"
+        elif statistics.median(ratios) <= 1 + floor:
+            verdict = "not_faster"
+        else:
+            verdict = "undecided"
+        return cls(ratios=ratios, noise=noise, verdict=verdict, proposal=proposal)
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.ratios) if self.ratios else None
