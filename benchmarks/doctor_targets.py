@@ -37,7 +37,9 @@ os.environ["OMP_NUM_THREADS"] = "1"  # before torch: this process and every chil
 
 import torch
 
-from trainfit.doctor.run import DoctorResult, doctor_command, doctor_job
+from trainfit.doctor.command import doctor_command
+from trainfit.doctor.result import DoctorResult
+from trainfit.doctor.run import doctor_job
 
 HERE = Path(__file__).resolve().parent
 JOBS = HERE / "doctor_jobs"

@@ -6,6 +6,7 @@ import json
 import sys
 import textwrap
 
+import pytest
 from typer.testing import CliRunner
 
 from trainfit.cli.main import app
@@ -89,3 +90,48 @@ def test_too_short_run_says_how_many_steps_it_needs(tmp_path):
 def test_no_target():
     res = CliRunner().invoke(app, ["doctor"])
     assert res.exit_code == 2 and "nothing to examine" in res.output
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--timeout-s", "-5", "--", "python", "x.py"], "--timeout-s -5: must be > 0 seconds"),
+    (["--timeout-s", "0", "--", "python", "x.py"], "--timeout-s 0: must be > 0 seconds"),
+    (["--device", "cuda", "--", "python", "x.py"], "--device: for a trainfit job only"),
+    (["--repeats", "3", "--no-apply", "--", "python", "x.py"],
+     "--apply, --repeats: for a trainfit job only"),
+    (["ok.yaml", "extra"], "extra: after the job file ok.yaml, which is examined alone"),
+])
+def test_options_a_command_cannot_take_are_refused(args, needle):
+    """Before anything runs: a non-positive timeout (it reported a finished script as 'still
+    running after --timeout-s -5'), job-only options given with a command (ignored before)."""
+    res = CliRunner().invoke(app, ["doctor", *args])
+    assert res.exit_code == 2
+    err = res.stderr.splitlines()
+    assert err[0].startswith("error: ") and needle in err[0], res.stderr
+    assert err[1].startswith("hint: ")
+
+
+def test_a_sigterm_to_trainfit_kills_the_command_it_runs(tmp_path):
+    """The command runs in its own session (the terminal's Ctrl-C never reaches it): trainfit
+    interrupted — SIGTERM here, raised as Ctrl-C's KeyboardInterrupt — kills its group on the
+    way out instead of leaving it training, orphaned."""
+    import os
+    import signal
+    import threading
+    import time
+
+    import pytest
+
+    from trainfit.doctor.inject import run_with_hooks
+
+    pid_file = tmp_path / "pid"
+    child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    before = signal.getsignal(signal.SIGTERM)
+    threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run_with_hooks([sys.executable, "-c", child], {}, timeout_s=60)
+    assert time.monotonic() - t0 < 30
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler was put back

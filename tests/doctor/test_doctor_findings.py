@@ -151,3 +151,44 @@ def test_a_gpu_round_is_judged_by_the_cards_peak_not_the_hosts_rss():
                        capacity=80 * 2**30)
     assert obs.peak_memory_bytes == 4 * 2**30
     assert "needless-recompute" in [f.bottleneck for f in find(obs)]
+
+
+def test_a_minor_data_wait_is_never_the_bottleneck():
+    """A wait under the input-bound line (here 15 %, a predicted +18 %) is listed after what the
+    step is mostly doing, not named its bottleneck with "— minor" beside it."""
+    obs = Observation(split=split(data_wait_s=0.15, forward_s=0.35, backward_s=0.45, optimizer_s=0.05),
+                      device="cpu", trainfit_job=True, matmul_time_fraction=0.8, mfu=0.3,
+                      num_workers=0, cpu_count=2)
+    names = [f.bottleneck for f in find(obs)]
+    assert names == ["compute-bound", "input-bound"]
+
+
+def test_a_step_far_below_the_peak_is_not_called_good():
+    """MFU 0.2 % on a host where other processes used 1.5 of 2 cores: compute-bound, but the
+    fix says why it is slow, not "good: the step computes"; the headline keeps a decimal."""
+    busy = host()
+    busy.others_cores, busy.cpus = 1.5, 2
+    obs = Observation(split=split(forward_s=0.4, backward_s=0.5, optimizer_s=0.1), device="cpu",
+                      trainfit_job=True, matmul_time_fraction=0.8, mfu=0.002, host=busy)
+    f = find(obs)[0]
+    assert f.bottleneck == "compute-bound"
+    assert f.fix.startswith("not good: the matrix multiplies run at 0.2% of the device's peak")
+    assert "other processes used 1.5 of 2 CPU cores" in f.fix
+    assert f.detail.startswith("MFU 0.2%, far below the peak")
+    healthy = Observation(split=split(forward_s=0.4, backward_s=0.5, optimizer_s=0.1), device="cpu",
+                          trainfit_job=True, matmul_time_fraction=0.8, mfu=0.3)
+    assert find(healthy)[0].fix.startswith("good: the step computes")
+
+
+def test_launch_bound_without_accumulation_says_the_effective_batch_grows():
+    """A command with one micro-step per optimizer step has no accumulation to divide: the fix
+    says the effective batch grows; and a dispatch count × cost above the compute is said, not
+    printed as "= 100 %"."""
+    obs = Observation(split=split(forward_s=0.03, backward_s=0.045, optimizer_s=0.0135),
+                      device="cpu", trainfit_job=False, ops_per_step=7542, op_overhead_s=16.1e-6,
+                      micro_steps_per_step=1, tokens_per_step=64)
+    f = find(obs)[0]
+    assert f.bottleneck == "launch-bound"
+    assert "no gradient accumulation to divide, so the effective batch grows 4× too" in f.fix
+    assert "grad_accum divided" not in f.fix
+    assert "= 121.4 ms, more than the 88.5 ms of compute measured" in f.detail

@@ -76,3 +76,65 @@ def test_verdict_stability_across_rounds():
     assert res(["compute-bound"]).verdict_stable is None
     assert res(["compute-bound", "compute-bound"]).verdict_stable is True
     assert res(["compute-bound", "bandwidth-bound"]).verdict_stable is False
+
+
+def _round(step_s: float, spread_s: float = 0.0, tokens: float = 1024.0):
+    from types import SimpleNamespace as NS
+
+    return NS(split=NS(step_time_s=step_s, step_time_spread_s=spread_s), tokens_per_step=tokens,
+              tokens_per_s=tokens / step_s, data_wait_fraction=0.0,
+              host=NS(gpu_util_percent=None))
+
+
+def test_tokens_per_s_is_the_median_step_times_rate():
+    """Two rounds at 45.85 and 462.97 ms: the median step is their mean, and tokens/s is the
+    tokens of a step over it — not the mean of the two rates (a QA run printed step time 0.52×
+    beside tokens/s 5.89× for the same steps)."""
+    from trainfit.doctor.run import _metrics
+
+    before = _metrics([_round(0.4875), _round(0.4959)])
+    after = _metrics([_round(0.04585), _round(0.46297)])
+    assert after.tokens_per_s / before.tokens_per_s == pytest.approx(
+        before.step_time_s / after.step_time_s)
+
+
+@pytest.mark.parametrize("befores, afters, words", [
+    # a busy host (the QA run): before 1,038 / 353 / 525 ms, after 998 / 996 / 1,000 ms — not
+    # faster; not called slower either, the before repeats 98 % apart
+    ([1.038, 0.353, 0.525], [0.998, 0.996, 1.000], "not_faster"),
+    ([1.0, 1.01], [2.0, 2.02], "slower"),
+    ([1.0, 0.36], [0.5, 0.9], "undecided"),             # one round faster, one slower
+    ([1.0, 1.01], [0.5, 0.49], "faster"),               # 2× in both rounds, repeats 1 % apart
+    ([1.0], [0.5], "undecided"),                        # one round cannot decide
+    ([1.0, 1.0], [1.0, 1.01], "not_faster"),
+])
+def test_the_fix_is_called_faster_only_when_the_rounds_agree(befores, afters, words):
+    from trainfit.doctor.run import _gain
+
+    g = _gain([_round(t) for t in befores], [_round(t) for t in afters])
+    r = result(None)
+    r.gain = g
+    r.applied = ["a fix"]
+    assert r.gain_words == words
+    assert r.to_dict()["gain"]["verdict"] == words
+    buf = io.StringIO()
+    Console(file=buf, width=200).print(render(r))
+    text = buf.getvalue()
+    heading = "applied (measured faster):" if words == "faster" else "tried (not confirmed"
+    assert heading in text
+    assert {"faster": "faster in every round", "slower": "made the step slower",
+            "undecided": "could not decide", "not_faster": "did not make the step faster"}[words] \
+        in text
+
+
+def test_the_split_of_a_noisy_run_sums_to_its_step():
+    """Medians taken part by part summed to 108 % of the median step on a busy host: the parts
+    are scaled to the step, in their medians' proportions."""
+    recs = [StepRecord({"data_wait": 0.2, "forward": 0.3, "backward": 0.4}, 0.9),
+            StepRecord({"data_wait": 0.1, "forward": 0.35, "backward": 0.45}, 0.5),
+            StepRecord({"data_wait": 0.15, "forward": 0.2, "backward": 0.5}, 0.7)]
+    s = median_split(recs)
+    assert s.step_time_s == pytest.approx(0.7)
+    parts = s.data_wait_s + s.forward_s + s.backward_s
+    assert parts == pytest.approx(0.7) and s.other_s == 0.0
+    assert s.forward_s / s.backward_s == pytest.approx(0.3 / 0.45)

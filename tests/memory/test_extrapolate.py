@@ -203,3 +203,49 @@ def test_gemma3_sixes_extrapolate_to_the_byte():
                                          effective_batch=None), src, target, record_events=True)
         assert model.full_depth(b, acc) == _replayed(full), (b, acc)
         assert model.predict(b, accumulating=acc)["peak_allocated_bytes"] == _replayed(full)[0]
+
+
+def test_gemma3_4b_depth_extrapolates_from_one_and_two_sixes():
+    """Gemma-3-4B's 34 layers = 4 + 5 sixes: 2 and 3 sixes (16 and 22 layers) are deeper
+    together than the stack, so it was simulated whole (15 min for a 2-rank FSDP plan); 1 and 2
+    sixes (10 and 16 layers, each at least the 2 layers a stack of one layer needs) extrapolate
+    to the 34-layer simulation's replayed allocated peak and reserve, to the byte."""
+    from transformers import Gemma3TextConfig
+
+    from trainfit.model.depth import small_stacks
+    from trainfit.model.source import ModelSource
+
+    cfg = Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=34,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                           vocab_size=1000, sliding_window=32)
+    src = ModelSource("g3", cfg, "causal-lm", "config", "")
+    assert layer_pattern(src, (2, 3)) is None
+    pat, repeats = small_stacks(src, (2, 3), False)
+    assert (pat.prefix, pat.period, repeats) == (4, 6, (1, 2))
+    assert small_stacks(src, (3, 4), False)[1] == (1, 2)  # sharded: 10 layers ≥ 3
+    job = JobSpec(model="g3", seq_len=64, micro_batch=2, grad_accum=2, precision="amp-bf16",
+                  method="lora")
+    target = SimTarget(device="cuda")
+    model = fit_group(job, src, target, high_batch=4)
+    assert model.layer_extrapolated
+    assert [p.layers for p in model.points] == [10, 16, 10, 16]
+    for b, acc in ((1, True), (4, True), (4, False)):
+        full = simulate_step(job.replace(micro_batch=b, grad_accum=2 if acc else 1,
+                                         effective_batch=None), src, target, record_events=True)
+        assert model.full_depth(b, acc) == _replayed(full), (b, acc)
+        assert model.predict(b, accumulating=acc)["peak_allocated_bytes"] == _replayed(full)[0]
+
+
+def test_a_stack_of_one_layer_keeps_its_repeats():
+    """Llama's small stacks stay 2 and 3 layers (3 and 4 sharded): fewer would be the one-layer
+    stack whose first layer is also its last."""
+    from transformers import LlamaConfig
+
+    from trainfit.model.depth import small_stacks
+    from trainfit.model.source import ModelSource
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=5,
+                      num_attention_heads=2, num_key_value_heads=1, vocab_size=1000)
+    src = ModelSource("l5", cfg, "causal-lm", "config", "")
+    assert small_stacks(src, (2, 3), False) == (layer_pattern(src, (2, 3)), (2, 3))
+    assert small_stacks(src, (3, 4), False) == (None, (3, 4))  # 3 + 4 > 5: simulated whole

@@ -58,6 +58,9 @@ def test_duration_plain_lines_and_log(no_nvml, tmp_path):
     (["--interval", "0"], "--interval 0: must be > 0"),
     (["--interval", "-2"], "--interval -2: must be > 0"),
     (["--duration", "0"], "--duration 0: must be > 0"),
+    (["--pid", "-5"], "--pid -5: must be a process id"),
+    (["--interval", "inf"], "--interval inf: must be > 0 and ≤ 86400"),
+    (["--duration", "inf"], "--duration inf: must be > 0 seconds (finite)"),
     (["--log", "{tmp}/nodir/m.csv"], "does not exist"),
     (["--log", "{tmp}/m.txt"], "unknown log format '.txt'"),
 ])
@@ -72,3 +75,13 @@ def test_bad_input_exit_2_nothing_written(args, needle, tmp_path, no_nvml):
     assert err[1].startswith("hint: ")
     assert res.stdout == ""
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_existing_log_is_appended_to_not_overwritten(no_nvml, tmp_path):
+    log = tmp_path / "m.jsonl"
+    for _ in range(2):
+        res = runner.invoke(app, ["monitor", "--once", "--json", "--log", str(log)])
+        assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(rows) == 2 and rows[1]["time_s"] >= rows[0]["time_s"]
+    assert f"--log {log}: exists, appending to it" in res.stderr

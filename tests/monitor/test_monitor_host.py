@@ -76,3 +76,25 @@ def test_tree_walk_matches_psutil_and_prunes_exited(child_process, monkeypatch, 
     child_process.wait()
     assert child_process.pid not in {p.pid for p in process_tree(me, cache)}
     assert child_process.pid not in cache
+
+
+def test_the_cpu_window_read_in_another_thread_is_the_hosts(monkeypatch):
+    """psutil 7 keeps ``cpu_percent(interval=None)``'s window per thread: opened in the main
+    thread and read in a sampler thread it said 0 % on a busy host.  CpuWindow's is its own:
+    fake cpu times of a host at 75 % read 75 % from any thread."""
+    import threading
+    from collections import namedtuple
+
+    import psutil
+
+    from trainfit.monitor.host import CpuWindow
+
+    T = namedtuple("T", "user nice system idle iowait irq softirq steal guest guest_nice")
+    times = iter([T(100, 0, 0, 100, 0, 0, 0, 0, 0, 0), T(175, 0, 0, 125, 0, 0, 0, 0, 5, 0)])
+    monkeypatch.setattr(psutil, "cpu_times", lambda: next(times))
+    win = CpuWindow()
+    got = []
+    t = threading.Thread(target=lambda: got.append(win.read()))
+    t.start()
+    t.join()
+    assert got == [75.0]  # busy 75 of 100 ticks (guest is inside user)

@@ -28,6 +28,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("doctor")
     def doctor_cmd(
+        ctx: typer.Context,
         target: Annotated[list[str] | None, typer.Argument(
             help="A trainfit job YAML, or after -- the command to run: -- python train.py ARGS.",
             show_default=False)] = None,
@@ -49,13 +50,15 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Measure where the step time goes (data wait, copy, forward, backward, optimizer, syncs,
         logging, idle), name the bottleneck with its numbers, apply the fix and measure again."""
+        from trainfit.doctor.command import doctor_command
         from trainfit.doctor.inject import DoctorError, check_command
-        from trainfit.doctor.run import doctor_command, doctor_job
+        from trainfit.doctor.run import doctor_job
         from trainfit.job import JobError
         from trainfit.job.fields import in_file_words
 
         args = list(target or [])
         say = None if as_json else (lambda msg: typer.echo(msg, err=True))
+        is_job = False
         try:
             if not args:
                 raise JobError("nothing to examine",
@@ -68,7 +71,26 @@ def register(app: typer.Typer) -> None:
                                "e.g. --warmup 2 (steps run before measuring: first-step costs)")
             if repeats < 1:
                 raise JobError(f"--repeats {repeats}: must be ≥ 1", "e.g. --repeats 2")
-            if len(args) == 1 and args[0].endswith((".yaml", ".yml")):
+            if not 0 < timeout_s < float("inf"):
+                raise JobError(f"--timeout-s {timeout_s:g}: must be > 0 seconds",
+                               "e.g. --timeout-s 900 (stop a command that has not finished its "
+                               "window by then)")
+            is_job = len(args) == 1 and args[0].endswith((".yaml", ".yml"))
+            if len(args) > 1 and args[0].endswith((".yaml", ".yml")):
+                raise JobError(f"{' '.join(args[1:])}: after the job file {args[0]}, which is "
+                               "examined alone", "options go before it: trainfit doctor "
+                               f"--steps 8 {args[0]}")
+            if not is_job:
+                # a script's own code picks its device, and doctor applies no fix to it: these
+                # options were silently ignored (a QA run: --device cuda on a machine without)
+                given = [f"--{name.replace('_', '-')}" for name in ("device", "apply", "repeats")
+                         # by name: typer's click may not be the installed click's module
+                         if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") != "DEFAULT"]
+                if given:
+                    raise JobError(f"{', '.join(given)}: for a trainfit job only; a command "
+                                   "picks its own device and doctor measures it as it runs",
+                                   "drop it, or doctor a job file: trainfit doctor JOB.yaml")
+            if is_job:
                 result = doctor_job(args[0], steps=steps, warmup=warmup, apply=apply, repeats=repeats,
                                     device=device, log=say, allow_code=allow_code,
                                     trust_remote_code=trust_remote_code)
@@ -82,7 +104,7 @@ def register(app: typer.Typer) -> None:
         except DoctorError as err:
             _fail(str(err), err.hint, err.tail)
         except JobError as err:
-            if len(args) == 1 and args[0].endswith((".yaml", ".yml")):
+            if is_job:
                 # the job is the file's: a job field is named by its YAML key, not a flag
                 err = in_file_words(err, args[0], keep=("trust_remote_code",))
             _fail(str(err), err.hint)

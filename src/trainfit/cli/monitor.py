@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
@@ -30,7 +31,8 @@ def register(app: typer.Typer) -> None:
             help="Follow this process and its children (RSS, GPU memory); stop when it exits.")] = None,
         interval: Annotated[float, typer.Option(help="Seconds between samples.")] = 1.0,
         log: Annotated[str | None, typer.Option(
-            help="Write every sample to FILE.csv or FILE.jsonl (columns: docs/json-formats.md).")] = None,
+            help="Write every sample to FILE.csv or FILE.jsonl (columns: docs/json-formats.md); an "
+                 "existing file is appended to, time_s going on from its last sample.")] = None,
         once: Annotated[bool, typer.Option("--once", help="One sample, then exit.")] = False,
         as_json: Annotated[bool, typer.Option(
             "--json", help="Rows as JSON (with --once a list; otherwise one object per line).")] = False,
@@ -46,18 +48,22 @@ def run_monitor(*, pid: int | None, interval_s: float, log: str | None, once: bo
     from trainfit.monitor.host import process_alive
     from trainfit.monitor.sampler import MonitorError, Sampler
 
-    if duration_s is not None and not duration_s > 0:
-        _fail(f"--duration {duration_s:g}: must be > 0 seconds", "omit it to run until Ctrl-C")
+    if duration_s is not None and not 0 < duration_s < float("inf"):
+        _fail(f"--duration {duration_s:g}: must be > 0 seconds (finite)", "omit it to run until Ctrl-C")
 
     def emit_json_lines(rows: list[dict]) -> None:
         typer.echo("".join(json.dumps(r) + "\n" for r in rows), nl=False)
 
     try:
         # Validates --pid/--interval/--log before anything starts or is written.
+        # an existing log is appended to, never overwritten (a QA run lost a log to a rerun)
+        existing = log is not None and Path(log).is_file() and Path(log).stat().st_size > 0
         sampler = Sampler(interval_s=interval_s, log_path=log, pid=pid, follow_process=pid is not None,
                           live=False if (once or as_json) else None, print_lines=not (once or as_json),
-                          on_sample=emit_json_lines if as_json and not once else None)
+                          on_sample=emit_json_lines if as_json and not once else None, append=True)
         sampler.open()
+        if existing:
+            typer.echo(f"--log {log}: exists, appending to it", err=True)
     except MonitorError as e:
         _fail(str(e), e.hint)
     except OSError as e:

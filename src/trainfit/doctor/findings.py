@@ -47,6 +47,10 @@ SWAP_BYTES_PER_S = 1 << 20
 """Swap traffic above 1 MiB/s during the run: the host is paging."""
 RECOMPUTE_MEMORY_FRACTION = 0.5
 """Peak memory at or below this share of the capacity: checkpointing is not what makes it fit."""
+LOW_MFU = 0.05
+"""Below this share of the device's peak FLOP/s a step whose time is in its matrix multiplies is
+not 'good: the step computes': they run far from the peak (a QA run on a busy 2-core host: MFU
+0.1-0.2 % called compute-bound and good, where one thread made the same job launch-bound)."""
 
 
 @dataclass
@@ -119,12 +123,20 @@ def find(obs: Observation) -> list[Finding]:
         f = rule(obs)
         if f is not None:
             out.append(f)
-    big = [f for f in out if (f.predicted_gain_fraction or 0.0) >= 0.10]
+    big = [f for f in out if (f.predicted_gain_fraction or 0.0) >= 0.10 and not _minor(f)]
     if not big and not any(f.bottleneck in ("cpu-offload", "host-swapping") for f in out):
         out.append(_compute_or_bandwidth(obs))
-    out.sort(key=lambda f: -(f.predicted_gain_fraction if f.predicted_gain_fraction is not None
-                             else 0.05))
+    # the first finding is called the bottleneck: a minor one (a data wait under the input-bound
+    # line) goes after the others, whatever its gain (a QA run named "input-bound … 6 % — minor"
+    # the bottleneck of a step 94 % in compute)
+    out.sort(key=lambda f: (_minor(f), -(f.predicted_gain_fraction
+                                         if f.predicted_gain_fraction is not None else 0.05)))
     return out
+
+
+def _minor(f: Finding) -> bool:
+    frac = f.evidence.get("data_wait_fraction")
+    return f.bottleneck == "input-bound" and frac is not None and frac < INPUT_BOUND_FRACTION
 
 
 def _input(o: Observation) -> Finding | None:
@@ -185,9 +197,10 @@ def _launch(o: Observation) -> Finding | None:
     if compute <= 0:
         return None
     ev: dict[str, float | None] = {"step_time_s": _r(s.step_time_s), "compute_s": _r(compute)}
-    overhead = None
+    overhead = counted = None
     if o.ops_per_step is not None and o.op_overhead_s is not None:
-        overhead = min(o.ops_per_step * o.op_overhead_s, compute)
+        counted = o.ops_per_step * o.op_overhead_s
+        overhead = min(counted, compute)  # dispatch cannot take more than the compute it is in
         ev.update(ops_per_step=o.ops_per_step, op_overhead_s=_r(o.op_overhead_s, 9),
                   launch_overhead_fraction=_r(overhead / compute, 4))
     if o.tokens_per_step and o.micro_steps_per_step:
@@ -204,6 +217,9 @@ def _launch(o: Observation) -> Finding | None:
     k = MICRO_BATCH_SCALE
     if o.micro_batch and o.max_micro_batch:
         k = max(o.max_micro_batch // o.micro_batch, 1)
+    # a loop without accumulation has none to divide: a k× micro-batch is a k× effective batch
+    no_accum = o.max_micro_batch is None and o.micro_steps_per_step is not None \
+        and o.micro_steps_per_step <= 1
     gain = None
     if measured is not None:
         ev["probe_micro_batch"] = measured[0]
@@ -219,6 +235,11 @@ def _launch(o: Observation) -> Finding | None:
           else f"a {k}× larger micro-batch")
     fix = (f"{mb} with grad_accum divided by {k} (same effective batch, same learning): "
            f"{k}× fewer op dispatches per token")
+    if no_accum:
+        fix = (f"{mb}: {k}× fewer op dispatches per token, but this loop has no gradient "
+               f"accumulation to divide, so the effective batch grows {k}× too (it changes the "
+               "learning: scale the learning rate, or accept it); where the run accumulates, "
+               f"divide its accumulation by {k} instead")
     if o.optimizer_fused is False and s.optimizer_s > 0.15 * s.step_time_s:
         fix += "; a fused optimizer (torch.optim.AdamW(..., fused=True)) dispatches one op per step"
     if o.device == "cuda":
@@ -226,6 +247,12 @@ def _launch(o: Observation) -> Finding | None:
     detail = (f"{o.ops_per_step:.0f} ops per step × {o.op_overhead_s * 1e6:.1f} µs each = "
               f"{overhead / compute:.0%} of the compute time (measured count × measured cost)"
               if overhead is not None else "device idle between kernels")
+    if counted is not None and overhead is not None and counted > compute:
+        # said, not clamped silently: 7,542 × 16.1 µs = 121 ms printed as "= 100 %" of 88.5 ms
+        detail = (f"{o.ops_per_step:.0f} ops per step × {o.op_overhead_s * 1e6:.1f} µs each = "
+                  f"{counted * 1e3:.1f} ms, more than the {compute * 1e3:.1f} ms of compute measured "
+                  "(the per-op cost, timed on this host on its own, overstates this step's: "
+                  "counted as all of the compute, so the predicted gain is an upper bound)")
     if measured is not None:
         detail += f"; micro-batch {measured[0]} measured {measured[1]:+.0%} tokens/s"
     return Finding("launch-bound", ev, fix, _r(gain, 4), detail)
@@ -303,7 +330,20 @@ def _compute_or_bandwidth(o: Observation) -> Finding:
                        "optimizer, bf16 autocast where the device supports it (half the bytes)" + pad_fix,
                        gain, f"matrix multiplies are only {o.matmul_time_fraction:.0%} of op time "
                        "(measured): the rest moves memory")
-    mfu = f"MFU {o.mfu:.0%}" if o.mfu is not None else "MFU unknown"
+    mfu = (f"MFU {o.mfu:.1%}" if o.mfu < 0.01 else f"MFU {o.mfu:.0%}") if o.mfu is not None \
+        else "MFU unknown"
+    if o.mfu is not None and o.mfu < LOW_MFU:
+        busy = o.host is not None and o.host.busy and o.host.others_cores is not None
+        why = (f"other processes used {o.host.others_cores:.1f} of {o.host.cpus} CPU cores meanwhile "
+               "(measured): the multiplies shared the cores" if busy and o.host is not None else
+               "the matrices may be too small to fill the device (micro-batch × sequence), or "
+               "its threads contend")
+        fix = (f"not good: the matrix multiplies run at {o.mfu:.1%} of the device's peak — {why}. "
+               + ("On a CPU give torch no more threads than free cores (torch.set_num_threads / "
+                  "OMP_NUM_THREADS) and measure when the host is quiet; " if o.device == "cpu"
+                  else "") + "a larger micro-batch gives each multiply more work" + pad_fix)
+        return Finding("compute-bound", ev, fix, gain,
+                       f"{mfu}, far below the peak (measured time, counted FLOPs, measured peak)")
     return Finding("compute-bound", ev, "good: the step computes. More throughput needs less work per "
                    "token (bf16/fp16 where supported, a smaller model) or a faster device" + pad_fix, gain,
                    f"{mfu} (measured time, counted FLOPs, measured peak)")

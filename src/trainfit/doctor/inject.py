@@ -18,6 +18,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,13 +112,18 @@ def run_with_hooks(cmd: list[str], hook_env: dict[str, str], *, timeout_s: float
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     timed_out = False
-    with HostWatch(proc.pid) if watch_host else contextlib.nullcontext() as watch:
+    with HostWatch(proc.pid) if watch_host else contextlib.nullcontext() as watch, \
+            _terminate_as_interrupt():
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-        _kill_group(proc)
-        proc.wait()
+        finally:
+            # also on Ctrl-C or a SIGTERM to trainfit: the command runs in its own session, so
+            # the terminal's SIGINT never reaches it, and left alone it trained on, orphaned
+            # (a QA run: doctor exited 130, the script still ran 6 s later)
+            _kill_group(proc)
+            proc.wait()
     reader.join(timeout=5)
     return Launched(exit_code=proc.returncode, timed_out=timed_out, tail=list(tail),
                     host=watch.summary() if watch is not None else None)
@@ -141,6 +147,25 @@ def run_foreign(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bool 
     assert ran.host is not None
     return _interpret(cmd, ran.exit_code, ran.timed_out, timeout_s, files, ran.tail, ran.host,
                       steps, warmup)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """While the command runs, a SIGTERM to trainfit raises KeyboardInterrupt as Ctrl-C does,
+    so that the command's group is killed on the way out (Python's default SIGTERM ends the
+    process without unwinding).  Only in the main thread, where signal handlers can be set."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:

@@ -249,3 +249,22 @@ def resolve_relative(value: str | None, base: Path) -> str | None:
         return value
     alt = base / value
     return str(alt) if alt.exists() else value
+
+
+def op_overhead_s(n: int = 2000) -> float:
+    """Measured fixed cost of one eager op on this host (an add on an 8-element tensor, no autograd),
+    median of 5: the cheapest thing a dispatch can be, so ops × this is a floor of the overhead."""
+    z0 = torch.ones(8)
+    vals = []
+    for _ in range(5):
+        z = z0
+        t0 = time.perf_counter()
+        for _ in range(n):
+            z = z + 1.0
+        vals.append((time.perf_counter() - t0) / n)
+    return statistics.median(vals)
+
+
+def sampler_fraction(h: HostSummary) -> float:
+    """The host sampler's own CPU time over the wall time it watched (part of doctor's overhead)."""
+    return h.sampler_cpu_s / h.wall_s if h.wall_s > 0 else 0.0

@@ -12,6 +12,7 @@ from typing import Any
 
 from trainfit.doctor.findings import Finding
 from trainfit.doctor.split import Split
+from trainfit.speed.compare import Comparison
 
 
 @dataclass(kw_only=True)
@@ -74,6 +75,20 @@ class DoctorResult:
     round_bottlenecks: list[str] = field(default_factory=list)
     """The bottleneck each 'before' round named on its own (two or more rounds: whether the verdict
     held across the repeats of this run)."""
+    gain: Comparison | None = None
+    """Whether the applied fixes made the step faster, decided from the interleaved rounds
+    (``faster`` / ``not_faster`` / ``undecided``; None: nothing applied)."""
+
+    @property
+    def gain_words(self) -> str | None:
+        """``faster`` | ``slower`` (not faster, and the median round slower beyond the noise) |
+        ``not_faster`` | ``undecided``; None without a comparison."""
+        g = self.gain
+        if g is None:
+            return None
+        if g.verdict == "not_faster" and g.median is not None and g.median < 1 - g.noise:
+            return "slower"
+        return g.verdict
 
     @property
     def verdict_stable(self) -> bool | None:
@@ -89,7 +104,18 @@ class DoctorResult:
                 "after": self.after.to_dict() if self.after is not None else None,
                 "applied": list(self.applied), "overhead_fraction": self.overhead_fraction,
                 "round_bottlenecks": list(self.round_bottlenecks),
-                "verdict_stable": self.verdict_stable}
+                "verdict_stable": self.verdict_stable,
+                "gain": None if self.gain is None else {
+                    "verdict": self.gain_words, "ratios": list(self.gain.ratios),
+                    "noise": self.gain.noise},
+                "before_spread": {"step_time_s": self.before.step_time_spread_s,
+                                  "tokens_per_s": self.before.tokens_per_s_spread,
+                                  "rounds": self.before.rounds},
+                "after_spread": None if self.after is None else {
+                    "step_time_s": self.after.step_time_spread_s,
+                    "tokens_per_s": self.after.tokens_per_s_spread, "rounds": self.after.rounds},
+                "after_findings": [f.to_dict() for f in self.after_findings],
+                "notes": list(self.notes)}
 
     @property
     def after_bottleneck(self) -> Finding | None:

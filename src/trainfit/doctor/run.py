@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,17 +28,13 @@ import torch
 
 from trainfit.doctor.findings import Finding, Observation, find
 from trainfit.doctor.fixes import WorkerTrial, choose_workers
-from trainfit.doctor.inject import MIN_MEASURED_STEPS, DoctorError, ForeignRun, run_foreign
-from trainfit.doctor.measure import JobRunner, Round, resolve_relative
+from trainfit.doctor.inject import MIN_MEASURED_STEPS, DoctorError
+from trainfit.doctor.measure import JobRunner, Round, op_overhead_s, resolve_relative, sampler_fraction
 from trainfit.doctor.peaks import bounded_mfu, cpu_peak_flops, gpu_peak_flops
 from trainfit.doctor.result import DoctorResult, Metrics
 from trainfit.doctor.split import (
-    Split,
     calibrate_hook_cost_s,
-    data_wait_fractions,
-    device_idle_s,
     median_counter,
-    median_or_none,
     median_split,
 )
 from trainfit.job import JobSpec, dividing_micro_batches, read_job_file
@@ -48,34 +43,18 @@ from trainfit.model.runtime import parse_device
 from trainfit.model.source import resolve_model
 from trainfit.model.towers import tower_params
 from trainfit.model.workload import matmul_params
+from trainfit.speed.compare import Comparison
 from trainfit.speed.predict import model_flops_per_token
 
 DOCTOR_KEYS = {"tokenize": ("lazy", "eager")}
 """The ``doctor:`` mapping a job file may carry: ``tokenize: lazy`` measures seed 003's loader."""
+GAIN_FLOOR = 0.03
+"""The smallest gain a round must show to count as faster: tune's noise floor (SearchOptions)."""
+MIN_ROUNDS = 2
+"""Interleaved before/after rounds the full rule asks for (:func:`_gain`)."""
 
 
-# --- shared measurements ---------------------------------------------------------------------
-
-def op_overhead_s(n: int = 2000) -> float:
-    """Measured fixed cost of one eager op on this host (an add on an 8-element tensor, no autograd),
-    median of 5: the cheapest thing a dispatch can be, so ops × this is a floor of the overhead."""
-    z0 = torch.ones(8)
-    vals = []
-    for _ in range(5):
-        z = z0
-        t0 = time.perf_counter()
-        for _ in range(n):
-            z = z + 1.0
-        vals.append((time.perf_counter() - t0) / n)
-    return statistics.median(vals)
-
-
-def _sampler_fraction(r: Round | ForeignRun) -> float:
-    h = r.host
-    return h.sampler_cpu_s / h.wall_s if h.wall_s > 0 else 0.0
-
-
-def _check_steps(steps: int) -> None:
+def check_steps(steps: int) -> None:
     """Both targets: fewer measured steps give no median worth naming a bottleneck by."""
     if steps < MIN_MEASURED_STEPS:
         raise DoctorError(f"--steps {steps}: too few to measure",
@@ -169,7 +148,12 @@ def _metrics(rounds: list[Round]) -> Metrics:
     steps = [r.split.step_time_s for r in rounds]
     tps = [r.tokens_per_s for r in rounds]
     gpu = [r.host.gpu_util_percent for r in rounds if r.host.gpu_util_percent is not None]
-    return Metrics(step_time_s=statistics.median(steps), tokens_per_s=statistics.median(tps),
+    # tokens/s from the same median step time the row beside it states: the median of the rounds'
+    # rates is not the rate of the median time (two rounds: the mean of 1/t), and a QA run read
+    # step time 0.52× beside tokens/s 5.89× for the same 1,024-token steps
+    step_s = statistics.median(steps)
+    per_step = statistics.median(r.tokens_per_step for r in rounds)
+    return Metrics(step_time_s=step_s, tokens_per_s=per_step / step_s if step_s > 0 else 0.0,
                    data_wait_fraction=statistics.median(r.data_wait_fraction for r in rounds),
                    gpu_util_percent=statistics.median(gpu) if gpu else None,
                    step_time_spread_s=max(steps) - min(steps), tokens_per_s_spread=max(tps) - min(tps),
@@ -189,7 +173,7 @@ def _job_to_examine(path: str | Path | None, job: JobSpec | None, tokenize: str,
         if memory_limit_bytes is None and isinstance(extra.get("memory_limit"), int):
             memory_limit_bytes = extra["memory_limit"]
     assert job is not None
-    _check_steps(steps)
+    check_steps(steps)
     if not job.data:
         raise DoctorError("the job has no data: doctor measures the real loader",
                           "add data: path/to/rows.jsonl to the job file")
@@ -357,6 +341,34 @@ def _interleaved_rounds(bench: _Bench, first: Round, after_job: JobSpec, after_m
     return befores, afters
 
 
+def _gain(befores: list[Round], afters: list[Round]) -> Comparison:
+    """Whether the fixes made the step faster, by the rule tune's pick obeys (speed/compare.py):
+    the interleaved rounds (before k, after k) must all agree beyond the noise this run measured
+    — the rounds' own step spreads and each side's spread over its repeats.  One round cannot
+    tell a fix from the host's noise: at least two are asked for (``--repeats``).  A QA run on
+    a busy host had before 1,038 / 353 / 525 ms against after 998 / 996 / 1,000 ms, and the
+    fix was printed as applied with its median ratio."""
+    spreads = [r.split.step_time_spread_s / r.split.step_time_s for r in (*befores, *afters)
+               if r.split.step_time_s > 0]
+    return Comparison.of([r.tokens_per_s for r in befores], [r.tokens_per_s for r in afters],
+                         spreads, GAIN_FLOOR, max(MIN_ROUNDS, len(afters)))
+
+
+def _busy_note(bench: _Bench, rounds: list[Round]) -> str | None:
+    """Said when other processes took a share of the CPUs a CPU step ran on (HostSummary.busy):
+    the timings are then the contention's as much as the step's (a QA run: the same launch-bound
+    job named compute-bound at 2 torch threads beside two busy loops, launch-bound at one)."""
+    busy = [r.host.others_cores for r in rounds if r.host.busy and r.host.others_cores is not None]
+    if bench.device.type != "cpu" or not busy:
+        return None
+    threads = torch.get_num_threads()
+    return (f"the host was busy: other processes used up to {max(busy):.1f} of "
+            f"{rounds[0].host.cpus} CPU cores during {len(busy)} of the {len(rounds)} rounds "
+            "(measured), so the step shared its cores: the bottleneck named and any gain may "
+            f"differ on a quiet machine. torch ran {threads} thread{'s' if threads > 1 else ''}; "
+            "no more than the free cores (torch.set_num_threads / OMP_NUM_THREADS) steadies the timings")
+
+
 def _pooled(bench: _Bench, befores: list[Round]) -> Round:
     """The 'before' rounds as one: their steps pooled, the first round's profile and host."""
     first = befores[0]
@@ -390,8 +402,10 @@ def doctor_job(path: str | Path | None = None, *, job: JobSpec | None = None, to
     after_job, after_mode, applied = (_apply_fixes(bench, names, probe, notes) if apply
                                       else (job, bench.before_mode, []))
     befores, afters = ([first], [])
+    gain = None
     if applied:
         befores, afters = _interleaved_rounds(bench, first, after_job, after_mode, repeats)
+        gain = _gain(befores, afters)
     pooled = _pooled(bench, befores)
     findings = find(bench.observe_before(pooled, probe))
     per_round = [(find(bench.observe_before(r, probe)) or [None])[0] for r in befores]
@@ -400,9 +414,12 @@ def doctor_job(path: str | Path | None = None, *, job: JobSpec | None = None, to
         notes.append(f"the verdict did not hold across the {len(rounds)} 'before' rounds of this run "
                      f"({', '.join(rounds)}): the pooled rounds name "
                      f"{findings[0].bottleneck if findings else 'none'}, with that uncertainty")
+    busy_note = _busy_note(bench, [*befores, *afters])
+    if busy_note:
+        notes.append(busy_note)
     after_findings = find(bench.observe_after(afters[0])) if afters else []
     overhead = statistics.median(r.hook_calls_per_step * bench.hook_cost_s / r.split.step_time_s
-                                 + _sampler_fraction(r) for r in befores)
+                                 + sampler_fraction(r.host) for r in befores)
     if bench.lazy and not apply:
         notes.append("--no-apply: fixes printed, not measured")
     return DoctorResult(target=target, kind="job", device=str(bench.device),
@@ -410,77 +427,4 @@ def doctor_job(path: str | Path | None = None, *, job: JobSpec | None = None, to
                         before=_metrics(befores), after=_metrics(afters) if afters else None,
                         after_findings=after_findings,
                         applied=applied, overhead_fraction=overhead, notes=notes,
-                        round_bottlenecks=rounds)
-
-
-# --- someone else's command ----------------------------------------------------------------------
-
-def foreign_observation(run: ForeignRun, op_s: float) -> tuple[Observation, Split]:
-    s = run.summary
-    prof = s.get("profile") or {}
-    split = median_split(run.records, idle_s=device_idle_s(prof, run.records))
-    recs = run.records
-    tokens = median_counter(recs, "tokens") or None
-    micro = median_counter(recs, "micro_steps") or None
-    mfu = None
-    if tokens and s.get("params") and not s.get("cuda_used"):
-        mfu = bounded_mfu(6.0 * s["params"] * tokens / split.step_time_s, cpu_peak_flops())
-    params_cpu = (s["params_on_cpu"] / s["params"] if s.get("cuda_used") and s.get("params") else None)
-    workers = median_counter(recs, "num_workers") if any("num_workers" in r.counters for r in recs) else None
-    opt = s.get("optimizer") or {}
-    obs = Observation(
-        split=split, device="cuda" if s.get("cuda_used") else "cpu", trainfit_job=False,
-        tokens_per_step=tokens, micro_steps_per_step=micro,
-        sync_calls_per_step=median_counter(recs, "sync_calls"),
-        model_sync_calls_per_step=median_counter(recs, "model_sync_calls"),
-        log_calls_per_step=median_counter(recs, "log_calls"), ops_per_step=prof.get("ops_per_step"),
-        op_overhead_s=op_s, matmul_time_fraction=prof.get("matmul_time_fraction"), mfu=mfu,
-        recompute_s=median_counter(recs, "recompute_s"),
-        peak_memory_bytes=s.get("peak_allocated_bytes") or s.get("max_rss_bytes"),
-        memory_capacity_bytes=s.get("device_total_bytes") or psutil.virtual_memory().total,
-        params_on_cpu_fraction=params_cpu, num_workers=None if workers is None else int(workers),
-        cpu_count=os.cpu_count() or 1, optimizer_fused=opt.get("fused") if opt else None, host=run.host)
-    return obs, split
-
-
-def _command_overhead(run: ForeignRun) -> float | None:
-    """The doctor's share of a foreign step: each hook call at the cost the child timed for its
-    kind, + the sampler's CPU time."""
-    calib = run.summary.get("calibration") or {}
-    per_step_s = []
-    for r in run.records:
-        c = r.counters
-        fw = c.get("forwards", 0.0)
-        syncs = c.get("sync_calls", 0.0) + c.get("model_sync_calls", 0.0)
-        # push/pop hooks (their calls include the timed syncs), module hooks, and every sync's
-        # wrapper at its measured mean cost (sampling included)
-        plain = max(r.hook_calls - fw - c.get("sync_timed", 0.0), 0.0)
-        per_step_s.append((plain * calib.get("wrapper_call_s", 0.0) + fw * calib.get("module_call_s", 0.0)
-                           + syncs * calib.get("sync_call_s", 0.0)) / r.step_time_s)
-    return statistics.median(per_step_s) + _sampler_fraction(run) if per_step_s else None
-
-
-def doctor_command(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bool = True,
-                   timeout_s: float | None = 900.0, extra_env: dict[str, str] | None = None) -> DoctorResult:
-    """Run someone else's training command under the doctor for a window of steps."""
-    _check_steps(steps)
-    run = run_foreign(cmd, steps=steps, warmup=warmup, stop=stop, timeout_s=timeout_s, extra_env=extra_env)
-    obs, split = foreign_observation(run, op_overhead_s())
-    findings = find(obs)
-    overhead = _command_overhead(run)
-    tokens = obs.tokens_per_step
-    before = Metrics(step_time_s=split.step_time_s,
-                     tokens_per_s=tokens / split.step_time_s if tokens else None,
-                     data_wait_fraction=median_or_none(data_wait_fractions(run.records)),
-                     gpu_util_percent=run.host.gpu_util_percent,
-                     step_time_spread_s=split.step_time_spread_s)
-    notes = list(run.notes)
-    if run.stopped_by_doctor:
-        notes.append(f"the command was stopped after the measured window ({warmup} warm-up + "
-                     f"{len(run.records)} measured + 1 profiled steps)")
-    if obs.model_sync_calls_per_step:
-        notes.append(f"{obs.model_sync_calls_per_step:.0f} sync points per step inside the model's or the "
-                     "optimizer's own code (measured count)")
-    return DoctorResult(target=run.target, kind="command", device=obs.device, steps_measured=len(run.records),
-                        split=split, findings=findings, before=before, after=None, applied=[],
-                        overhead_fraction=overhead, notes=notes)
+                        round_bottlenecks=rounds, gain=gain)

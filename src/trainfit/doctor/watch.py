@@ -16,8 +16,9 @@ from typing import Any
 
 import psutil
 
-from trainfit.monitor.host import process_tree, tree_rss_bytes
+from trainfit.monitor.host import CpuWindow, process_tree, tree_rss_bytes
 from trainfit.monitor.nvml import Nvml
+from trainfit.speed.host_timing import BUSY_SHARE, allowed_cpus, others_cpu_s
 
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -53,6 +54,18 @@ class HostSummary:
     """Mean host CPU use, 100 = every core busy."""
     sampler_cpu_s: float
     """CPU seconds the sampler itself used (part of the doctor's overhead)."""
+    others_cores: float | None = None
+    """Cores other processes (and a hypervisor's steal) used on this process's CPUs over the
+    run, per second of it (measured: the CPUs' busy time less the watched tree's own); None
+    where it could not be read (a command's tree gone before the end)."""
+    cpus: int = 1
+    """CPUs this process may run on (its affinity)."""
+
+    @property
+    def busy(self) -> bool:
+        """Other processes took more than ``BUSY_SHARE`` of the CPUs (speed/host_timing.py: a
+        quarter of a core on 2 cores slowed a step 1.9-2.4× with torch's pool at 2 threads)."""
+        return self.others_cores is not None and self.others_cores > BUSY_SHARE * self.cpus
 
 
 class HostWatch:
@@ -72,13 +85,16 @@ class HostWatch:
 
     def __enter__(self) -> HostWatch:
         self._t0 = time.perf_counter()
+        self._cpus = allowed_cpus()
+        self._load0 = self._load()
         self._swap0 = _swap_pages()
-        psutil.cpu_percent(interval=None)
+        self._cpu_window = CpuWindow()
         try:
             nv = Nvml().open()
             self._nvml = nv if nv.available else None
         except Exception:  # no NVML binding: no GPU numbers, never a failure
             self._nvml = None
+        self._memory_sample()  # a watch shorter than its interval still has memory readings
         self._thread = threading.Thread(target=self._run, name="trainfit-doctor-watch", daemon=True)
         self._thread.start()
         return self
@@ -87,10 +103,38 @@ class HostWatch:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        # and one at the end: a doctor round shorter than the interval had no RSS reading, and
+        # the needless-recompute finding, which needs the peak, was dropped (a QA run)
+        self._memory_sample()
+        self._load1 = self._load()
         self._wall_s = time.perf_counter() - self._t0
         self._swap1 = _swap_pages()
         if self._nvml is not None:
             self._nvml.close()
+
+    def _load(self) -> tuple[float, float] | None:
+        """(busy CPU seconds of the allowed CPUs, the watched tree's own CPU seconds — exited
+        children that were waited for included); None when either cannot be read."""
+        try:
+            busy, _ = others_cpu_s(self._cpus)
+            root = psutil.Process(self.pid)
+            t = root.cpu_times()
+            own = t.user + t.system + t.children_user + t.children_system
+            for child in root.children(recursive=True):
+                try:
+                    c = child.cpu_times()
+                    own += c.user + c.system
+                except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+                    pass
+            return busy, own
+        except Exception:  # unreadable: the busy share is unknown, never a failure
+            return None
+
+    def _others_cores(self, wall: float) -> float | None:
+        a, b = self._load0, getattr(self, "_load1", None)
+        if a is None or b is None or wall <= 0:
+            return None
+        return max(0.0, (b[0] - a[0]) - (b[1] - a[1])) / wall
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -98,13 +142,18 @@ class HostWatch:
             self._sample()
             self._cpu_s += time.thread_time() - t
 
-    def _sample(self) -> None:
+    def _memory_sample(self) -> list[Any]:
+        """Available RAM and the tree's RSS now; returns the tree."""
         self._avail.append(int(psutil.virtual_memory().available))
-        self._cpu.append(float(psutil.cpu_percent(interval=None)))
         tree = process_tree(self.pid)
         rss = tree_rss_bytes(tree)
         if rss is not None:
             self._rss.append(rss)
+        return tree
+
+    def _sample(self) -> None:
+        self._cpu.append(self._cpu_window.read())
+        tree = self._memory_sample()
         if self._nvml is not None:
             pids = {p.pid for p in tree}
             readings = self._nvml.read(pids=pids)
@@ -128,4 +177,5 @@ class HostWatch:
                            peak_rss_bytes=max(self._rss) if self._rss else None,
                            gpu_util_percent=statistics.fmean(self._gpu) if self._gpu else None,
                            cpu_percent=statistics.fmean(self._cpu) if self._cpu else None,
-                           sampler_cpu_s=self._cpu_s)
+                           sampler_cpu_s=self._cpu_s,
+                           others_cores=self._others_cores(wall), cpus=len(self._cpus) or 1)

@@ -6,12 +6,13 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
-# psutil.cpu_percent(interval=None) measures since its previous call; a window of a few milliseconds
-# gives a number dominated by clock-tick rounding (the kernel counts in 10 ms ticks), so the first read
-# waits until at least this much time has passed since the priming call.
+# CpuWindow measures since its previous read; a window of a few milliseconds gives a number
+# dominated by clock-tick rounding (the kernel counts in 10 ms ticks), so the first read waits
+# until at least this much time has passed since the window opened.
 MIN_CPU_WINDOW_S = 0.1
 
 _GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
@@ -127,12 +128,37 @@ def tree_rss_bytes(procs: list[psutil.Process]) -> int | None:
     return total
 
 
+class CpuWindow:
+    """The whole host's CPU use (100 % = every core busy) since the previous read, from
+    ``psutil.cpu_times()`` deltas as ``psutil.cpu_percent`` computes it (busy = total − idle −
+    iowait; guest time is already in user time).  Not ``psutil.cpu_percent(interval=None)``
+    itself: psutil 7 keeps that window per thread, so one opened in the main thread and read
+    in a sampler thread read 0 % on a host at 100 % (a QA run: monitor's first streamed
+    sample, doctor's host watch)."""
+
+    def __init__(self) -> None:
+        self._last = psutil.cpu_times()
+
+    @staticmethod
+    def _busy_total(t: Any) -> tuple[float, float]:
+        total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+        return total - t.idle - getattr(t, "iowait", 0.0), total
+
+    def read(self) -> float:
+        now = psutil.cpu_times()
+        (b0, t0), (b1, t1) = self._busy_total(self._last), self._busy_total(now)
+        self._last = now
+        if t1 <= t0:
+            return 0.0
+        return max(0.0, min(100.0, 100.0 * (b1 - b0) / (t1 - t0)))
+
+
 class HostProbe:
     """Reads the host each sample; keeps the CPU-percent window between samples."""
 
     def __init__(self, pid: int | None = None) -> None:
         self.pid = pid
-        psutil.cpu_percent(interval=None)  # primes the window; the first real value comes from read()
+        self._cpu = CpuWindow()  # opens the window; the first real value comes from read()
         self._primed_at = time.monotonic()
         self._first = True
 
@@ -155,7 +181,7 @@ class HostProbe:
             ram_used_bytes=int(vm.total - vm.available),
             ram_total_bytes=int(vm.total),
             swap_used_bytes=int(psutil.swap_memory().used),
-            cpu_percent=float(psutil.cpu_percent(interval=None)),
+            cpu_percent=self._cpu.read(),
             process_rss_bytes=rss,
         )
 

@@ -39,6 +39,9 @@ HOST_COLUMNS = ("host_ram_used_bytes", "host_ram_total_bytes", "host_swap_used_b
                 "host_cpu_percent")
 COLUMNS: tuple[str, ...] = ("time_s", *STEP_COLUMNS, *GPU_COLUMNS, *HOST_COLUMNS)
 LOG_SUFFIXES = (".jsonl", ".csv")
+MAX_INTERVAL_S = 86400.0
+"""A day: a longer wait overflows the sampler's timer (``--interval inf`` raised OverflowError
+in its thread and the command exited 0 with no sample)."""
 
 
 class MonitorError(ValueError):
@@ -52,9 +55,12 @@ class MonitorError(ValueError):
 def check_options(*, interval_s: float, log_path: str | Path | None = None,
                   pid: int | None = None) -> Path | None:
     """Validate before anything is started or written; returns the log path as a Path."""
-    if not interval_s > 0:  # also rejects NaN
-        raise MonitorError(f"--interval {interval_s:g}: must be > 0 seconds",
+    if not 0 < interval_s <= MAX_INTERVAL_S:  # also rejects NaN and inf
+        raise MonitorError(f"--interval {interval_s:g}: must be > 0 and ≤ {MAX_INTERVAL_S:g} seconds",
                            "e.g. --interval 1.0 (one sample per second)")
+    if pid is not None and pid <= 0:
+        raise MonitorError(f"--pid {pid}: must be a process id (≥ 1)",
+                           "find it with `ps -ef` or `pgrep -f train`")
     if pid is not None and not process_alive(pid):
         raise MonitorError(f"--pid {pid}: no such process", "find it with `ps -ef` or `pgrep -f train`")
     if log_path is None:

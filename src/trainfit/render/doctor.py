@@ -48,8 +48,9 @@ def evidence_text(f: Finding) -> str:
 
 def split_table(r: DoctorResult) -> Table:
     s = r.split
-    t = Table(title=f"Step time split — median per step over {r.steps_measured} steps (measured)",
-              title_justify="left")
+    pooled = f", the {r.before.rounds} 'before' rounds pooled" if r.before.rounds > 1 else ""
+    t = Table(title=f"Step time split — median per step over {r.steps_measured} steps{pooled} "
+              "(measured)", title_justify="left")
     t.add_column("part")
     t.add_column("time / step", justify="right")
     t.add_column("% of step", justify="right")
@@ -116,6 +117,26 @@ def _compare_cells(row: Compared, with_after: bool) -> list[str]:
     return cells
 
 
+def gain_sentence(r: DoctorResult) -> str:
+    """The verdict of the interleaved before/after rounds, with the ratios it rests on."""
+    g = r.gain
+    assert g is not None
+    rounds = ", ".join(f"{x:.2f}×" for x in g.ratios)
+    what = (f"tokens/s after ÷ before in each interleaved round (measured): {rounds}; noise "
+            f"this run measured {g.noise:.0%}")
+    words = r.gain_words
+    if words == "faster":
+        return f"the fix is faster in every round, beyond the noise — {what}"
+    if words == "slower":
+        return f"the fix made the step slower — {what}; keep your configuration"
+    if words == "not_faster":
+        return f"the fix did not make the step faster — {what}; keep your configuration"
+    why = ("one round cannot separate a fix from the host's noise" if len(g.ratios) < 2 else
+           "the rounds disagree, or the gain is inside the noise")
+    return (f"could not decide: {why} — {what}; rerun on a quieter machine or with more "
+            "--repeats")
+
+
 def render(r: DoctorResult) -> Group:
     head = Text.assemble(("trainfit doctor ", "bold"), r.target, f"  ({r.device}, {r.kind})")
     parts: list[Any] = [head, split_table(r)]
@@ -123,7 +144,11 @@ def render(r: DoctorResult) -> Group:
         parts.append(findings_block(r.findings, "Findings (the first is the bottleneck)"))
     parts.append(compare_table(r))
     if r.applied:
-        parts.append(Text("applied:\n" + "\n".join(f"  • {a}" for a in r.applied)))
+        heading = "applied (measured faster):" if r.gain_words == "faster" else \
+            "tried (not confirmed: keep your configuration unless a rerun confirms it):"
+        parts.append(Text(heading + "\n" + "\n".join(f"  • {a}" for a in r.applied)))
+        if r.gain is not None:
+            parts.append(Text(gain_sentence(r), style="bold" if r.gain_words == "faster" else ""))
     elif r.kind == "command":
         parts.append(Text("fixes printed, not applied: the script is yours to change (a trainfit job "
                           "gets them applied and re-measured)", style="dim"))

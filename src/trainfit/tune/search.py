@@ -15,7 +15,7 @@ from typing import Any
 
 from trainfit.job import DEFAULT_MARGIN, JobSpec, step_micro_batches, step_precisions
 from trainfit.job.fields import DEFAULT_KNOBS, KNOB_NAMES
-from trainfit.tune.compare import Comparison
+from trainfit.speed.compare import Comparison
 from trainfit.tune.result import ProbeResult, SearchNote
 
 KNOBS = KNOB_NAMES  # the registry of tune's knobs (trainfit.job.fields)

@@ -1,9 +1,9 @@
 """The rule that decides whether a gain measured in interleaved rounds is real
-(trainfit.tune.compare)."""
+(trainfit.speed.compare)."""
 
 import pytest
 
-from trainfit.tune.compare import Comparison
+from trainfit.speed.compare import Comparison
 
 
 def test_comparison_verdicts():

@@ -1,0 +1,95 @@
+"""``trainfit doctor -- CMD``: someone else's training command run under the doctor's hooks for a
+window of steps, its step split and findings (the fixes printed: the script is the user's)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+import psutil
+
+from trainfit.doctor.findings import Observation, find
+from trainfit.doctor.inject import ForeignRun, run_foreign
+from trainfit.doctor.measure import op_overhead_s, sampler_fraction
+from trainfit.doctor.peaks import bounded_mfu, cpu_peak_flops
+from trainfit.doctor.result import DoctorResult, Metrics
+from trainfit.doctor.run import check_steps
+from trainfit.doctor.split import (
+    Split,
+    data_wait_fractions,
+    device_idle_s,
+    median_counter,
+    median_or_none,
+    median_split,
+)
+
+
+def foreign_observation(run: ForeignRun, op_s: float) -> tuple[Observation, Split]:
+    s = run.summary
+    prof = s.get("profile") or {}
+    split = median_split(run.records, idle_s=device_idle_s(prof, run.records))
+    recs = run.records
+    tokens = median_counter(recs, "tokens") or None
+    micro = median_counter(recs, "micro_steps") or None
+    mfu = None
+    if tokens and s.get("params") and not s.get("cuda_used"):
+        mfu = bounded_mfu(6.0 * s["params"] * tokens / split.step_time_s, cpu_peak_flops())
+    params_cpu = (s["params_on_cpu"] / s["params"] if s.get("cuda_used") and s.get("params") else None)
+    workers = median_counter(recs, "num_workers") if any("num_workers" in r.counters for r in recs) else None
+    opt = s.get("optimizer") or {}
+    obs = Observation(
+        split=split, device="cuda" if s.get("cuda_used") else "cpu", trainfit_job=False,
+        tokens_per_step=tokens, micro_steps_per_step=micro,
+        sync_calls_per_step=median_counter(recs, "sync_calls"),
+        model_sync_calls_per_step=median_counter(recs, "model_sync_calls"),
+        log_calls_per_step=median_counter(recs, "log_calls"), ops_per_step=prof.get("ops_per_step"),
+        op_overhead_s=op_s, matmul_time_fraction=prof.get("matmul_time_fraction"), mfu=mfu,
+        recompute_s=median_counter(recs, "recompute_s"),
+        peak_memory_bytes=s.get("peak_allocated_bytes") or s.get("max_rss_bytes"),
+        memory_capacity_bytes=s.get("device_total_bytes") or psutil.virtual_memory().total,
+        params_on_cpu_fraction=params_cpu, num_workers=None if workers is None else int(workers),
+        cpu_count=os.cpu_count() or 1, optimizer_fused=opt.get("fused") if opt else None, host=run.host)
+    return obs, split
+
+
+def _command_overhead(run: ForeignRun) -> float | None:
+    """The doctor's share of a foreign step: each hook call at the cost the child timed for its
+    kind, + the sampler's CPU time."""
+    calib = run.summary.get("calibration") or {}
+    per_step_s = []
+    for r in run.records:
+        c = r.counters
+        fw = c.get("forwards", 0.0)
+        syncs = c.get("sync_calls", 0.0) + c.get("model_sync_calls", 0.0)
+        # push/pop hooks (their calls include the timed syncs), module hooks, and every sync's
+        # wrapper at its measured mean cost (sampling included)
+        plain = max(r.hook_calls - fw - c.get("sync_timed", 0.0), 0.0)
+        per_step_s.append((plain * calib.get("wrapper_call_s", 0.0) + fw * calib.get("module_call_s", 0.0)
+                           + syncs * calib.get("sync_call_s", 0.0)) / r.step_time_s)
+    return statistics.median(per_step_s) + sampler_fraction(run.host) if per_step_s else None
+
+
+def doctor_command(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bool = True,
+                   timeout_s: float | None = 900.0, extra_env: dict[str, str] | None = None) -> DoctorResult:
+    """Run someone else's training command under the doctor for a window of steps."""
+    check_steps(steps)
+    run = run_foreign(cmd, steps=steps, warmup=warmup, stop=stop, timeout_s=timeout_s, extra_env=extra_env)
+    obs, split = foreign_observation(run, op_overhead_s())
+    findings = find(obs)
+    overhead = _command_overhead(run)
+    tokens = obs.tokens_per_step
+    before = Metrics(step_time_s=split.step_time_s,
+                     tokens_per_s=tokens / split.step_time_s if tokens else None,
+                     data_wait_fraction=median_or_none(data_wait_fractions(run.records)),
+                     gpu_util_percent=run.host.gpu_util_percent,
+                     step_time_spread_s=split.step_time_spread_s)
+    notes = list(run.notes)
+    if run.stopped_by_doctor:
+        notes.append(f"the command was stopped after the measured window ({warmup} warm-up + "
+                     f"{len(run.records)} measured + 1 profiled steps)")
+    if obs.model_sync_calls_per_step:
+        notes.append(f"{obs.model_sync_calls_per_step:.0f} sync points per step inside the model's or the "
+                     "optimizer's own code (measured count)")
+    return DoctorResult(target=run.target, kind="command", device=obs.device, steps_measured=len(run.records),
+                        split=split, findings=findings, before=before, after=None, applied=[],
+                        overhead_fraction=overhead, notes=notes)
