@@ -186,3 +186,13 @@ def test_activation_offload_is_sftconfigs_own_field_and_a_script_setting_for_hf(
     hf = emit(job, "hf", device="cuda")
     assert "activation_offloading" not in hf.payload  # TrainingArguments has no such field
     assert "activation_offload" in {s.knob for s in hf.script}
+
+
+def test_emit_a_tuned_module_factory_job(tmp_path):
+    """tune's file for a ``module:factory`` model: emit prints its knobs (it never imports the
+    model), where it asked for an --allow-code it does not have."""
+    p = _tuned_file(tmp_path, model="examples/custom/tiny_gpt.py:build_model", micro_batch=4,
+                    grad_accum=2)
+    out, _ = _emit(p, "hf")
+    kw = json.loads(out)
+    assert (kw["per_device_train_batch_size"], kw["gradient_accumulation_steps"]) == (4, 2)

@@ -138,7 +138,24 @@ CASES: list[tuple[str, Callable[[Path, str], list[str]], str]] = [
     ("resume at another seq_len", lambda d, j: ["train", _other_seq_len(d, j), "--out",
                                                 str(d / "run"), "--resume", _run(d, j)],
      "seq_len 16 differs from the checkpoint's 32"),
+    # the optimizer's and scheduler's states are the checkpoint's: another optimizer raised
+    # KeyError at its first step, another lr was silently the checkpoint's
+    ("resume with another optimizer", lambda d, j: ["train", _changed(d, j, optimizer="sgd"),
+                                                   "--out", str(d / "run"), "--resume", _run(d, j)],
+     "optimizer 'sgd' differs from the checkpoint's 'adamw': its optimizer and learning-rate "
+     "schedule continue"),
+    ("resume at or past --max-steps", lambda d, j: ["train", j, "--out", str(d / "run2"),
+                                                    "--resume", _run(d, j), "--max-steps", "1"],
+     "--max-steps 1: the checkpoint"),
+    ("resume with another lr", lambda d, j: ["train", _changed(d, j, lr=0.1), "--out",
+                                            str(d / "run"), "--resume", _run(d, j)],
+     "lr 0.1 differs from the checkpoint's"),
 ]
+
+
+def _changed(d: Path, j: str, **fields: object) -> str:
+    job = yaml.safe_load(Path(j).read_text())
+    return _yaml(d, yaml.safe_dump({**job, **fields}))
 
 
 def _mkdir(p: Path) -> str:

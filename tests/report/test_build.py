@@ -79,16 +79,18 @@ def test_tune_measurements_merge_into_plan_rows(full_report):
     s = full_report.sections[0]
     assert len(full_report.sections) == 1  # tune of the same model joins the plan's section
     r16 = _row(full_report, "amp-bf16, checkpointing off", 16)
-    # two ok probes of 16 × 2 (33,000 and 34,500 tokens/s): the row shows the faster one
-    assert r16.tokens_per_s_measured == 34500.0
+    # two ok probes of 16 × 2 (33,000 and 34,500 tokens/s): the row shows their median, as tune
+    # states a pick's (the fastest one was shown: a busy host's baseline read 9.83× over itself)
+    assert r16.tokens_per_s_measured == 33750.0
     assert r16.device_measured_gib == pytest.approx(12.1, abs=1e-6)
     assert r16.host_ram_measured_gib == pytest.approx(13.9, abs=1e-6)
     assert r16.pick == "tune"
-    # baseline (1 × 32, 14,000 tokens/s measured) is the speed-up reference, predicted ref = plan row 1 × 32
-    assert r16.speed_up_measured == pytest.approx(34500 / 14000)
+    # baseline (1 × 32) is the speed-up reference, at its row's median probe (14,800 tokens/s;
+    # the baseline entry's own 14,000 is one measurement), predicted ref = plan row 1 × 32
+    assert r16.speed_up_measured == pytest.approx(33750 / 14800)
     tps = {(c["grad_ckpt"], c["micro_batch"]): c["tokens_per_s"] for c in PLAN["configs"]}
     assert r16.speed_up_predicted == pytest.approx(tps[("off", 16)] / tps[("off", 1)])
-    assert r16.epoch_measured_s == pytest.approx(25_600_000 / 34500)
+    assert r16.epoch_measured_s == pytest.approx(25_600_000 / 33750)
     assert _row(full_report, "amp-bf16, checkpointing off", 32).status_measured == "oom"
     assert _row(full_report, "amp-bf16, checkpointing off", 2).status_measured is None
     assert "baseline" in s.table.reference
@@ -220,3 +222,35 @@ def test_ran_at_orders_a_resumed_segments_first_split_after_the_previous_end(tmp
     p.write_text(json.dumps(train))
     (t,) = build_report(load_inputs([str(p)])).trains
     assert t.ran_at == ["4 × 2"]
+
+
+def test_a_gpu_plan_and_a_cpu_tune_are_shown_apart(tmp_path):
+    """A plan for a GPU and a tune of the same model measured on the CPU: two sections and a
+    warning, not one table with a T4's prediction beside the CPU's live bytes."""
+    tune = json.loads((FIXTURES / "tune.json").read_text())
+    tune["device"], tune["device_name"] = "cpu", "CPU (2 cores), live tensor bytes"
+    p = tmp_path / "tune_cpu.json"
+    p.write_text(json.dumps(tune))
+    r = build_report(load_inputs([str(SEED002), str(p)]))
+    assert len(r.sections) == 2
+    assert any("was measured on CPU (2 cores), live tensor bytes" in w and "shown apart" in w
+               for w in r.warnings)
+    same = build_report(load_inputs([str(SEED002), str(FIXTURES / "tune.json")]))
+    assert len(same.sections) == 1 and not any("shown apart" in w for w in same.warnings)
+
+
+def test_an_interrupted_run_reads_as_one(tmp_path):
+    """train.json's ``stopped``/``signal`` and its segments reach the report's table (an
+    interrupted run was shown like a finished one)."""
+    from trainfit.report.tables import train_text
+
+    d = json.loads((FIXTURES / "train.json").read_text())
+    d.update(stopped="interrupted", signal="SIGINT",
+             segments=[{"start_step": 0, "end_step": 3}, {"start_step": 3, "end_step": d["steps"]}])
+    p = tmp_path / "train.json"
+    p.write_text(json.dumps(d))
+    (t,) = build_report(load_inputs([str(p)])).trains
+    assert t.ended == f"interrupted (SIGINT) after step {d['steps']}: resume with --resume on its directory"
+    assert t.segments == 2
+    rows = dict(train_text(t).rows)
+    assert rows["ended"] == t.ended and rows["segments (runs into this directory)"] == "2"

@@ -49,3 +49,25 @@ def test_tune_refuses_what_only_plan_models():
     with pytest.raises(JobError, match="tune measures the transformers model") as err:
         _check_job(JobSpec(**{**JOB, "ranks": 1}, fused_qkv=True))
     assert "drop --fused-qkv" in err.value.hint
+
+
+def test_a_resume_of_a_directory_in_use_names_the_run(tmp_path):
+    """--resume of a run still writing its directory, before its first checkpoint: the run
+    holding it is named (it said "no complete checkpoint in it"); a free directory passes."""
+    import os
+
+    import pytest
+
+    from trainfit.job import JobError
+    from trainfit.run.rundir import RunLock, check_not_in_use
+
+    check_not_in_use(tmp_path)  # no lock file
+    lock = RunLock(tmp_path)
+    lock.acquire()
+    try:
+        with pytest.raises(JobError, match=f"another trainfit run is using this directory "
+                                           f"\\(pid {os.getpid()} on"):
+            check_not_in_use(tmp_path)
+    finally:
+        lock.release()
+    check_not_in_use(tmp_path)  # released: free again

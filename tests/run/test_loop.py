@@ -124,10 +124,12 @@ def test_two_ranks_gloo_match_one_rank(job, tmp_path):
     out = tmp_path / "two"
     proc = subprocess.run([sys.executable, "-m", "trainfit.cli.main", "train", str(p), "--out",
                            str(out), "--max-steps", "3", "--nproc", "2", "--inject-oom-at", "1",
-                           "--no-live"], capture_output=True, text=True, timeout=300)
+                           "--no-live", "--json"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     d = json.loads((out / "train.json").read_text())
     assert d["losses"] == pytest.approx(one.losses, rel=1e-5)
+    # rank 0 alone prints the run: one JSON document (every rank printed its own before)
+    assert json.loads(proc.stdout)["losses"] == d["losses"]
     assert [e["micro_batch_after"] for e in d["oom_events"]] == [1]
 
 

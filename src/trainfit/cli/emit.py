@@ -27,7 +27,11 @@ def emit_job(job: JobSpec, target: str, source: str, extra: dict[str, Any], *,
 
 def emit_file(path: str, target: str, device: str | None = None) -> None:
     """A job file's knobs for ``target`` (JobError when the file leaves them open)."""
-    fields, extra = read_job_file(path)
+    # emit never imports or builds the model (its knobs are the payload): a module:factory
+    # model, or remote code, runs nothing here, so the file is read without those refusals
+    # (tune's own output for a module:factory job could not be emitted, and the hint named an
+    # --allow-code that emit does not have)
+    fields, extra = read_job_file(path, allow_code=True, trust_remote_code=True)
     emit_job(JobSpec.from_dict(fields, source=path), target, path, extra, device=device)
 
 

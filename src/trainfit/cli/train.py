@@ -203,6 +203,12 @@ def _finish(result: Any, out: str, as_json: bool) -> None:
     """Print the run (JSON or the summary); a diverged run adds its error line; exit with the
     run's code."""
     d: dict[str, Any] = result.to_dict()
+    # under torchrun every rank returns the run: rank 0 alone prints it (--nproc 2 --json
+    # printed two JSON documents, invalid together; the summary twice)
+    if int(os.environ.get("RANK", "0")) != 0:
+        if result.exit_code:
+            raise typer.Exit(result.exit_code)
+        return
     if as_json:
         typer.echo(json.dumps(d, indent=1))
     else:

@@ -16,7 +16,9 @@ def with_data_packing(job: JobSpec, data: TokenData) -> JobSpec:
 
 def load_data(job: JobSpec, source: ModelSource) -> TokenData:
     if not job.data:
-        raise DataError("--data is required: tune measures the real job on real data",
+        # said for whichever command asked (train read "tune measures …"); in a job file the
+        # caller names the key (in_file_words)
+        raise DataError("--data is required: the job runs on real data",
                         "give a JSONL of text or chat rows, e.g. --data examples/data/tiny_text.jsonl")
     tok = load_tokenizer(job.tokenizer, source.name, source.origin, int(source.config.vocab_size),
                          job.trust_remote_code)

@@ -192,17 +192,16 @@ class _SectionBuilder:
                 if m.tokens_per_s is not None:
                     fam.tokens_per_s_measured.append(Point(p.micro_batch, m.tokens_per_s,
                                                            f"probe {p.index}"))
-                # several probes of one row (knob stage): the row shows the fastest one
-                if m.tokens_per_s is not None and (r.tokens_per_s_measured is None
-                                                   or m.tokens_per_s > r.tokens_per_s_measured):
-                    r.tokens_per_s_measured = m.tokens_per_s
-                    r.device_measured_bytes, r.host_ram_measured_bytes = (judged_peak(m),
-                                                                          m.host_rss_bytes)
+                # several probes of one row (knob stage, rounds): settled to their median
+                if m.tokens_per_s is not None:
+                    r.probes.append((m.tokens_per_s, judged_peak(m), m.host_rss_bytes))
                 elif r.tokens_per_s_measured is None and r.device_measured_bytes is None:
                     r.device_measured_bytes, r.host_ram_measured_bytes = (judged_peak(m),
                                                                           m.host_rss_bytes)
             if r.status_measured != "ok":
                 r.status_measured = p.status
+        for r in self.rows.values():
+            r.settle()
         if tune.pick is not None:
             fam = self.family(tune.pick.job)
             self.row(fam, tune.pick.micro_batch, tune.pick.grad_accum).pick.add("tune")
@@ -257,6 +256,8 @@ def build_section(plan: PlanInput | None, tune: TuneInput | None, dataset_tokens
     base = b.baseline_row()
     base_tps = (tune.baseline.measured.tokens_per_s if tune and tune.baseline and tune.baseline.measured
                 else None)
+    if base is not None and base.probes:
+        base_tps = base.tokens_per_s_measured  # the same statistic as every row: the median
     order = {f.key: i for i, f in enumerate(b.families)}
     accs = [b.rows[k] for k in sorted(b.rows, key=lambda k: (order[k[0]], k[1], k[2]))]
     ref = reference_for(accs, base, base_tps)
@@ -388,7 +389,17 @@ def build_train(t: TrainInput) -> TrainSummary:
                         wall_time_s=t.wall_time_s, tokens_per_s_measured=tps,
                         final_loss=t.final_loss, oom_events=t.oom_events,
                         checkpoints=t.checkpoints, resumed_from=t.resumed_from,
-                        ran_at=_ran_at(t, mb, ga))
+                        ran_at=_ran_at(t, mb, ga), ended=_ended(t), segments=t.segments)
+
+
+def _ended(t: TrainInput) -> str:
+    """train.json's ``stopped`` in words."""
+    if t.stopped is None:
+        return "not recorded"
+    if t.stopped == "interrupted":
+        return (f"interrupted ({t.signal or 'a signal'}) after step {t.steps}: resume with "
+                "--resume on its directory")
+    return t.stopped
 
 
 def _ran_at(t: TrainInput, mb: Any, ga: Any) -> list[str]:
@@ -426,12 +437,27 @@ def build_doctor(d: DoctorInput, slug: str) -> DoctorSection:
                          rows=rows, applied=d.applied, overhead_fraction=d.overhead_fraction)
 
 
+def _same_device(plan: PlanInput, tune: TuneInput) -> bool:
+    """A plan for a GPU pairs with a tune measured on a CUDA device (which card is not compared:
+    a tune names its device as NVML does, a plan by the catalog); a plan without a GPU with any."""
+    return plan.gpu is None or tune.device.startswith("cuda")
+
+
 def build_report(inputs: Inputs, dataset_tokens: int | None = None) -> Report:
     taken: set[str] = set()
     tunes = list(inputs.tunes)
     sections = []
+    warnings = list(inputs.warnings)
     for plan in inputs.plans:
-        tune = next((t for t in tunes if _tune_model(t) in (None, plan.model)), None)
+        same_model = [t for t in tunes if _tune_model(t) in (None, plan.model)]
+        tune = next((t for t in same_model if _same_device(plan, t)), None)
+        for t in same_model:
+            if t is not tune and not _same_device(plan, t):
+                # a T4 plan's rows beside a CPU tune's read "predicted 0.57 GiB, measured 0.01"
+                # and speed-ups of 0.00× (a QA run): shown apart, and said
+                warnings.append(f"{t.path} was measured on {t.device_name or t.device}, "
+                                f"{plan.path} predicts a {plan.gpu}: shown apart (their numbers "
+                                "are of different devices)")
         if tune is not None:
             tunes.remove(tune)
         sections.append(build_section(plan, tune, dataset_tokens, taken))
@@ -445,4 +471,4 @@ def build_report(inputs: Inputs, dataset_tokens: int | None = None) -> Report:
     names = [s.title for s in sections] or [d.target for d in doctors] or ["training run"]
     return Report(title="trainfit report: " + "; ".join(names), sources=sources, sections=sections,
                   trains=[build_train(t) for t in inputs.trains], timelines=timelines,
-                  doctors=doctors, warnings=list(inputs.warnings))
+                  doctors=doctors, warnings=warnings)

@@ -296,7 +296,9 @@ def _train(o: _Obj, path: str) -> TrainInput:
         wall_time_s=o.num("wall_time_s"), final_loss=o.num("final_loss", required=False),
         oom_events=events, checkpoints=o.strs("checkpoints", required=False),
         resumed_from=o.str_("resumed_from", required=False),
-        monitor_log=o.str_("monitor_log", required=False), segment_ends=ends)
+        monitor_log=o.str_("monitor_log", required=False), segment_ends=ends,
+        stopped=o.str_("stopped", required=False), signal=o.str_("signal", required=False),
+        segments=len(o.objs("segments", required=False)) or 1)
 
 
 def _doctor(o: _Obj, path: str) -> DoctorInput:

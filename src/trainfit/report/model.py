@@ -157,6 +157,11 @@ class TrainInput:
     segment_ends: list[tuple[int, int, int | None]] = field(default_factory=list)
     """(step, micro-batch, accumulation) each segment's last step ran at (train.json's segments;
     empty for a record written before they were kept)."""
+    stopped: str | None = None
+    """train.json's ``stopped``: completed | interrupted | diverged | failed | …"""
+    signal: str | None = None
+    segments: int = 1
+    """Runs the record joins (a resume into the same directory appends a segment)."""
 
 
 @dataclass(frozen=True)
@@ -324,6 +329,10 @@ class TrainSummary:
     ran_at: list[str] = field(default_factory=list)
     """The micro-batch × accumulation the run moved to, in order, when it left the job's own
     (an OOM split, a resume at another micro-batch); empty when it ran at the job's."""
+    ended: str = "unknown"
+    """How the run ended, in words (an interrupted run reads as one: a QA run's report showed
+    it like a finished run)."""
+    segments: int = 1
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ print the same cells, so a number reads the same in both.
 from __future__ import annotations
 
 import re
+import statistics
 from dataclasses import dataclass, field
 
 from trainfit.report.model import (
@@ -40,6 +41,21 @@ class RowAcc:
     tokens_per_s_measured: float | None = None
     status_measured: str | None = None
     pick: set[str] = field(default_factory=set)
+    probes: list[tuple[float, float | None, float | None]] = field(default_factory=list)
+    """(tokens/s, judged peak, host RSS) of each timed probe of this row (tune's knob stage and
+    its interleaved rounds probe a row several times)."""
+
+    def settle(self) -> None:
+        """The row's measured numbers from its probes: the median tokens/s, as tune states a
+        pick's (the fastest probe was shown, and on a busy host a baseline row read 9.83× over
+        itself), and the largest peaks (a measured peak is a fact about the step)."""
+        if not self.probes:
+            return
+        self.tokens_per_s_measured = statistics.median(t for t, _, _ in self.probes)
+        peaks = [p for _, p, _ in self.probes if p is not None]
+        rss = [h for _, _, h in self.probes if h is not None]
+        self.device_measured_bytes = max(peaks) if peaks else self.device_measured_bytes
+        self.host_ram_measured_bytes = max(rss) if rss else self.host_ram_measured_bytes
 
 
 @dataclass(frozen=True)
@@ -282,6 +298,8 @@ def train_text(t: TrainSummary) -> TextTable:
             ["OOM events", "none" if not t.oom_events else "; ".join(
                 _oom_words(e) for e in t.oom_events)],
             ["checkpoints", str(len(t.checkpoints))],
+            ["ended", t.ended],
+            ["segments (runs into this directory)", str(t.segments)],
             ["resumed from", t.resumed_from or "—"]]
     return TextTable(f"Training run ({t.path})", cols, rows)
 

@@ -327,21 +327,30 @@ the data made it. A checkpoint's None matches a value spelt out; the runs resolv
 before they save and compare (run/loop.py)."""
 
 
+OPTIMIZER_FIELDS = ("optimizer", "lr")
+"""Job fields the checkpoint's optimizer and scheduler states carry: a resume loads them over
+the job's, so another optimizer failed at its first step (SGD given AdamW's state: KeyError
+'momentum', a traceback) and another learning rate was silently the checkpoint's while
+train.json recorded the new one (a QA run: the same losses to every digit)."""
+
+
 def same_samples(ck: Path | str, saved: dict[str, Any] | None, job: dict[str, Any] | None
                  ) -> None:
-    """Refuse a resume whose job makes other samples than the checkpoint's (:data:`SAMPLE_FIELDS`)."""
+    """Refuse a resume whose job makes other samples than the checkpoint's (:data:`SAMPLE_FIELDS`)
+    or steps another optimizer (:data:`OPTIMIZER_FIELDS`)."""
     import yaml
 
     if not saved or job is None:
         return  # an older checkpoint without its job: nothing to compare
-    for k in SAMPLE_FIELDS:
+    for k in (*SAMPLE_FIELDS, *OPTIMIZER_FIELDS):
         a, b = saved.get(k), job.get(k)
         if k not in saved or a == b or (k in CHOSEN_WHEN_NONE and a is None) or \
                 (k == "tokenizer" and b is None):
             continue
+        why = ("the run's position counts that job's samples" if k in SAMPLE_FIELDS else
+               "its optimizer and learning-rate schedule continue from the checkpoint's states")
         was = yaml.safe_dump(a, default_flow_style=True).strip().removesuffix("...").strip()
-        raise JobError(f"--resume {ck}: {k} {b!r} differs from the checkpoint's {a!r}: the run's "
-                       "position counts that job's samples",
+        raise JobError(f"--resume {ck}: {k} {b!r} differs from the checkpoint's {a!r}: {why}",
                        f"resume with {k}: {was}, or start a new run (no --resume)")
 
 

@@ -53,7 +53,7 @@ from trainfit.run.record import (
     read_record,
     write_train_json,
 )
-from trainfit.run.rundir import RunDir
+from trainfit.run.rundir import RunDir, check_not_in_use
 
 __all__ = ["RunOptions", "TrainResult", "Trainer", "check_data_size", "check_runnable",
            "limit_tracker", "linear_decay", "total_steps", "train"]
@@ -103,11 +103,20 @@ class Trainer:
         self.history: dict[str, Any] = {}
         self.resuming_here = False
         if opts.resume is not None:
-            ck, note = ckpt.find(opts.resume)
+            try:
+                ck, note = ckpt.find(opts.resume)
+            except JobError:
+                check_not_in_use(Path(opts.resume))  # a run still writing it: say that instead
+                raise
             if note:
                 self.notes.append(note)
             saved = ckpt.load(ck, self.wl.model, self.wl.optimizer, self.scheduler, self.wl.scaler,
                               self.device, job=job.to_dict())
+            if opts.max_steps is not None and saved.step >= opts.max_steps:
+                # it printed "steps 9–8 (0 steps …)" and exited 0
+                raise JobError(f"--max-steps {opts.max_steps}: the checkpoint {ck} is already at "
+                               f"step {saved.step}",
+                               f"give --max-steps above {saved.step} to train on from it")
             # the effective batch is the job's; the micro-batch may differ (another GPU, an OOM)
             self.state = ckpt.RunState(step=saved.step, position=saved.position,
                                        micro_batch=job.micro_batch, grad_accum=job.grad_accum or 1)

@@ -205,6 +205,32 @@ class RunLock:
         self.fd = None
 
 
+def check_not_in_use(out: Path) -> None:
+    """JobError when a live run holds ``out``'s lock (a probe: a shared ``flock`` taken and
+    dropped, nothing created).  For ``--resume`` of a running run's directory: before, its
+    missing checkpoint was reported ("no complete checkpoint in it") instead of the run."""
+    path = Path(out) / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # no lock file: no run has claimed it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        holder = None
+    except BlockingIOError:
+        holder = _read_holder(fd)
+    except OSError:  # no flock on this filesystem: the recorded pid decides
+        holder = _read_holder(fd)
+        holder = holder if _alive_here(holder) else None
+    finally:
+        os.close(fd)
+    if holder is not None:
+        raise JobError(f"--resume {out}: another trainfit run is using this directory "
+                       f"({_who(holder)})",
+                       f"wait for it to finish or stop it{_kill_hint(holder)}, then resume")
+
+
 def _read_holder(fd: int) -> dict[str, Any]:
     try:
         return json.loads(os.pread(fd, 4096, 0) or b"{}")
