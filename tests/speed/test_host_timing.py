@@ -181,3 +181,28 @@ def test_another_hosts_reference_can_be_given(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv(host_timing.HOST_ENV, "fast")  # not a number: this machine's
     assert machine_reference_op_s(9e-6) == 9e-6
     assert host_timing.H100_HOST_REFERENCE_OP_S == pytest.approx(7.3 * 2.50e-6, rel=0.01)
+
+
+def test_threads_fitted_to_a_busy_host(monkeypatch):
+    """Other processes on 1.5 of 2 cores: torch's pool goes from 2 threads to 1 (the cores left);
+    a quiet host, or OMP_NUM_THREADS set by the user, keeps it."""
+    import torch
+
+    from trainfit.speed import host_timing as ht
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(ht, "allowed_cpus", lambda: [0, 1])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.setattr(ht.LoadMeter, "cores", lambda self: 1.5)
+        assert ht.threads_for_load(window_s=0.0) == (1, 2, 1.5, 2)
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        monkeypatch.setattr(ht.LoadMeter, "cores", lambda self: 0.1)
+        assert ht.threads_for_load(window_s=0.0) is None and torch.get_num_threads() == 2
+        monkeypatch.setattr(ht.LoadMeter, "cores", lambda self: 1.5)
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        assert ht.threads_for_load(window_s=0.0) is None and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -481,3 +481,12 @@ def test_steady_timings_say_nothing_of_unsteadiness():
     s.search()
     assert ([("attention", "eager")], pytest.approx(0.9)) in s.one_probe
     assert s.repeat_spread_note() is None
+
+
+def test_the_threads_note_says_what_was_measured_and_set():
+    from trainfit.tune.result import SearchNote
+
+    words = note_words(SearchNote("threads_for_load", {"threads": 1, "was": 2, "others": 1.5,
+                                                       "cpus": 2}))
+    assert words.startswith("other processes used 1.5 of 2 CPU cores when tune started "
+                            "(measured): the probes ran torch at 1 thread instead of 2")

@@ -152,8 +152,12 @@ def _input(o: Observation) -> Finding | None:
         "compute_s": _r(compute), "num_workers": o.num_workers,
         "step_time_spread_s": _r(s.step_time_spread_s)}
     fixes = []
+    # what a script's loader waits on is not seen (a sleeping collate read "pre-tokenize")
+    first = ("find what the loader waits on (the dataset's __getitem__, the collate function, "
+             "reading files); if it is tokenizing, " if o.trainfit_job is False else "")
     if o.lazy_tokenization or o.trainfit_job is False:
-        fixes.append("pre-tokenize once into a memory-mapped token file keyed by a hash of tokenizer + data "
+        fixes.append(first + "pre-tokenize once into a memory-mapped token file keyed by a hash "
+                     "of tokenizer + data "
                      "+ seq_len and reused across runs, packing documents into full sequences (EOS between "
                      "them; attention then crosses document boundaries inside a sequence — the usual "
                      "pre-training trade-off)")
@@ -162,7 +166,10 @@ def _input(o: Observation) -> Finding | None:
     need = max(1, min(spare, int(-(-wait // max(compute, 1e-9)))))
     fixes.append(f"then DataLoader(num_workers={need}, persistent_workers=True, prefetch_factor=2"
                  + (", pin_memory=True" if o.device == "cuda" else "") + ") if a wait remains "
-                 "(trainfit doctor --apply chooses the count by measurement within the host RAM budget)")
+                 + ("(trainfit doctor --apply chooses the count by measurement within the host RAM "
+                    "budget)" if o.trainfit_job else
+                    f"(measure it: more workers than the {spare} spare core"
+                    f"{'s' if spare > 1 else ''} take them from the compute)"))
     if o.device == "cuda" and s.h2d_copy_s > 0.02 * s.step_time_s:
         fixes.append("copy with .to(device, non_blocking=True) from pinned memory")
     return Finding("input-bound", ev, "; ".join(fixes), _r(_gain(frac), 4),

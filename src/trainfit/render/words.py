@@ -337,6 +337,11 @@ def note_words(n: SearchNote) -> str:
         "host_busy": lambda: f"the host was busy while probing (load average {d['load_1min']:.1f} "
                              f"on {d['cores']} cores, measured): timings are slower and noisier "
                              "than on an idle machine; memory is not affected",
+        "threads_for_load": lambda: (
+            f"other processes used {d['others']:.1f} of {d['cpus']} CPU cores when tune started "
+            f"(measured): the probes ran torch at {d['threads']} thread"
+            f"{'s' if d['threads'] > 1 else ''} instead of {d['was']}, so that its parallel "
+            "regions do not wait on busy cores (OMP_NUM_THREADS, when you set it, is kept)"),
         "cpu_peaks": lambda: "CPU: peak = live tensor bytes (the quantity of torch.cuda.max_memory_"
                              "allocated); reserved/device do not exist on CPU (null)",
         "persistent_workers": lambda: "persistent_workers: on by rule (loader workers are used; "
@@ -391,7 +396,7 @@ def tune_pick_reason(result: Any) -> str:
                        result.unconfirmed.job if result.unconfirmed else None)
 
 
-RULE_KINDS = ("host_busy", "cpu_peaks", "persistent_workers")
+RULE_KINDS = ("host_busy", "threads_for_load", "cpu_peaks", "persistent_workers")
 """Notes tune states around the search (not reasons a search found nothing)."""
 
 

@@ -152,6 +152,29 @@ def _load(cpus: list[int]) -> tuple[float, float] | None:
         return None
 
 
+def threads_for_load(window_s: float = 0.5) -> tuple[int, int, float, int] | None:
+    """(threads set, threads before, other processes' cores, CPUs) when other processes took
+    more than ``BUSY_SHARE`` of this process's CPUs over ``window_s`` (measured) and torch's
+    intra-op pool had more threads than the cores left free: the pool is then lowered to those.
+    None, and nothing changed, on a quiet host or where ``OMP_NUM_THREADS`` says the user's own
+    choice.  Why: a pool of 2 threads on 2 cores beside busy neighbours waits for both at every
+    parallel region — a CPU tune of the README's job ran past 15 min under a load of 5-6 (a QA
+    run; 94 s quiet), and a neighbour slowed a step 1.9-2.4× at 2 threads, not at one
+    (benchmarks/results/host_busy.md)."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return None
+    cpus = allowed_cpus()
+    meter = LoadMeter(cpus)
+    time.sleep(window_s)
+    others = meter.cores()
+    before = torch.get_num_threads()
+    free = max(1, int(len(cpus) - others + 0.5))
+    if others <= BUSY_SHARE * len(cpus) or before <= free:
+        return None
+    torch.set_num_threads(free)
+    return free, before, others, len(cpus)
+
+
 class LoadMeter:
     """The cores other processes used on ``cpus`` from its making to :meth:`cores` (0.0 where
     the load cannot be read): around a timed round here, around a kernel's replay in

@@ -26,6 +26,7 @@ from trainfit.model.source import ModelSource, resolve_model
 from trainfit.model.towers import inactive_params_of
 from trainfit.speed.cpu import cpu_speed
 from trainfit.speed.host import host_step
+from trainfit.speed.host_timing import threads_for_load
 from trainfit.speed.ops import OpRecorder
 from trainfit.speed.predict import model_flops_per_token, predict_speed_exact
 from trainfit.tune.link import LinkMeasurement, measure_link
@@ -267,6 +268,7 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
         raise DataError(f"--data {job.data}: {data.stats.samples} samples for {job.ranks} ranks",
                         "every rank needs samples: add data or use fewer --ranks")
     torch.manual_seed(job.seed)
+    fitted = threads_for_load() if device.type == "cpu" and job.ranks == 1 else None
     capacity, name, predict = device_side(source, data, device, opts)
     prober, probe_fn = _prober(job, source, data, device, opts)
     link = measure_link(device)  # all ranks together, before the probes
@@ -276,6 +278,9 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
                                          tokens=data.stats.tokens,
                                          data_notes=list(data.stats.notes)), t0, progress)
     result.link = link
+    if fitted is not None:
+        result.notes.append(SearchNote("threads_for_load", {
+            "threads": fitted[0], "was": fitted[1], "others": fitted[2], "cpus": fitted[3]}))
     return result
 
 
