@@ -81,10 +81,6 @@ CASES = [
     # vision tower held (4-bit under QLoRA) but not run, on seed 000's card
     {"model": "gemma-3-4b", "gpu": "t4",
      "job": {"method": "qlora", "seq_len": 1024, "effective_batch": 8}},
-    # its 34 layers = 4 + 5 sixes, extrapolated from 1 and 2 sixes (model/depth.py small_stacks,
-    # 2026-12-01; whole before: 15 min for this plan), sharded over two cards
-    {"model": "gemma-3-4b", "gpu": "h100",
-     "job": {"method": "lora", "ranks": 2, "sharding": "fsdp", "seq_len": 2048}},
 ]
 FULL_SIZE_CHECKS = 12
 """Extrapolated rows per case re-simulated at full size: each (precision, checkpointing) group's

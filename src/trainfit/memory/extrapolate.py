@@ -36,7 +36,7 @@ from trainfit.memory.batch_trace import one_micro_step_trace
 from trainfit.memory.depth_trace import Trace, aligned_runs, full_depth_trace
 from trainfit.memory.rebook import nonnegative, rebooked
 from trainfit.memory.simulate import SimResult, SimTarget, simulate_step
-from trainfit.model.depth import small_stacks, with_layers
+from trainfit.model.depth import layer_pattern, with_layers
 from trainfit.model.source import ModelSource, layer_count
 from trainfit.speed.ops import OpRecorder
 from trainfit.speed.predict import predict_speed
@@ -445,9 +445,8 @@ def fit_group(job: JobSpec, source: ModelSource, target: SimTarget,
     # none, or where the two small stacks together are no shallower than the full one, which
     # then costs no more to simulate whole (a simulation's time is a fixed part — build,
     # embedding, head, optimizer — plus one per layer), and whole it is exact: 4-layer Llama
-    # plan 71 → 52 s, the same allocated peaks; a long period takes fewer repeats of as many
-    # layers first (Gemma-3-4B: 1 and 2 sixes, model.depth.small_stacks)
-    pattern, repeats = small_stacks(source, repeats, job.trust_remote_code)
+    # plan 71 → 52 s, the same allocated peaks
+    pattern = layer_pattern(source, repeats, job.trust_remote_code)
     extrap = pattern is not None
     depths = (pattern.depth(repeats[0]), pattern.depth(repeats[1])) if pattern else (full,)
     highs = upper_batches(batches[1], high_batch)

@@ -227,26 +227,3 @@ def _find(source: ModelSource, n: int, repeats: tuple[int, int],
         # code): the full stack is simulated, and that simulation reports the error
         return None
     return pat
-
-
-def small_stacks(source: ModelSource, repeats: tuple[int, int], trust_remote_code: bool
-                 ) -> tuple[LayerPattern | None, tuple[int, int]]:
-    """The stack's pattern and the repeats its small stacks take.  ``repeats`` counts layers'
-    worth of depth for a stack of one layer repeated (the reasons of ``FIT_REPEATS`` and
-    ``SHARDED_FIT_REPEATS`` in :mod:`trainfit.memory.extrapolate` are about layers: the first
-    layer also the last, the root's buffers meeting the first unit's); a longer period reaches
-    that depth in fewer repeats.  So where ``repeats`` give no small stacks shallower than the
-    full one (Gemma-3-4B's 34 layers = 4 + 5 × 6: 2 and 3 repeats are 16 and 22 layers, 38
-    together, and it was simulated whole: 15 min for a 2-rank FSDP plan on 2 busy cores), fewer
-    repeats are taken while the smaller stack keeps at least ``repeats[0]`` layers (1 and 2
-    repeats: 10 and 16 layers).  Whether their traces make the full one is checked as for any
-    pattern (``extrapolate._traces_extend``; the stack is simulated whole where they do not)."""
-    pattern = layer_pattern(source, repeats, trust_remote_code)
-    k = repeats[0] - 1
-    while pattern is None and k >= 1:
-        fewer = (k, k + 1)
-        pat = layer_pattern(source, fewer, trust_remote_code)
-        if pat is not None and pat.depth(k) >= repeats[0]:
-            return pat, fewer
-        k -= 1
-    return pattern, repeats
