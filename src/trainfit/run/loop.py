@@ -103,11 +103,15 @@ class Trainer:
         self.history: dict[str, Any] = {}
         self.resuming_here = False
         if opts.resume is not None:
-            try:
-                ck, note = ckpt.find(opts.resume)
-            except JobError:
-                check_not_in_use(Path(opts.resume))  # a run still writing it: say that instead
-                raise
+            # a run still writing the directory is what to say first: before, its missing
+            # checkpoint ("no complete checkpoint in it") or its step were reported instead
+            # (rank 0 alone: another rank may get here after rank 0 has claimed the directory)
+            resume = Path(opts.resume)
+            if self.dist.rank == 0:
+                check_not_in_use(resume)
+                if resume.name.startswith("checkpoint-"):
+                    check_not_in_use(resume.parent)
+            ck, note = ckpt.find(opts.resume)
             if note:
                 self.notes.append(note)
             saved = ckpt.load(ck, self.wl.model, self.wl.optimizer, self.scheduler, self.wl.scaler,
