@@ -206,3 +206,25 @@ def test_threads_fitted_to_a_busy_host(monkeypatch):
         assert ht.threads_for_load(window_s=0.0) is None and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_load_meter_around_a_tree_counts_its_children_as_its_own():
+    """doctor's watch: a child's CPU time is the watched tree's own (tree_cpu_s counts the
+    children it waited for), not another process's; a tree gone before the end reads unknown
+    (None), where :meth:`cores` reads quiet (0.0)."""
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    from trainfit.speed.host_timing import LoadMeter, allowed_cpus, tree_cpu_s
+
+    before, kids0 = tree_cpu_s(os.getpid()), resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, "-c", "sum(range(10**7))"], check=True)
+    after, kids1 = tree_cpu_s(os.getpid()), resource.getrusage(resource.RUSAGE_CHILDREN)
+    child_s = (kids1.ru_utime + kids1.ru_stime) - (kids0.ru_utime + kids0.ru_stime)
+    assert child_s > 0.1 and after - before >= 0.9 * child_s
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    around_gone = LoadMeter(allowed_cpus(), tree_of=gone.pid)
+    gone.wait()
+    assert around_gone.measured() is None and around_gone.cores() == 0.0

@@ -18,7 +18,7 @@ import psutil
 
 from trainfit.monitor.host import CpuWindow, process_tree, tree_rss_bytes
 from trainfit.monitor.nvml import Nvml
-from trainfit.speed.host_timing import BUSY_SHARE, allowed_cpus, others_cpu_s
+from trainfit.speed.host_timing import BUSY_SHARE, LoadMeter, allowed_cpus
 
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -86,7 +86,7 @@ class HostWatch:
     def __enter__(self) -> HostWatch:
         self._t0 = time.perf_counter()
         self._cpus = allowed_cpus()
-        self._load0 = self._load()
+        self._others = LoadMeter(self._cpus, tree_of=self.pid)  # the watched tree is not "other"
         self._swap0 = _swap_pages()
         self._cpu_window = CpuWindow()
         try:
@@ -106,35 +106,11 @@ class HostWatch:
         # and one at the end: a doctor round shorter than the interval had no RSS reading, and
         # the needless-recompute finding, which needs the peak, was dropped (a QA run)
         self._memory_sample()
-        self._load1 = self._load()
+        self._others_cores = self._others.measured()
         self._wall_s = time.perf_counter() - self._t0
         self._swap1 = _swap_pages()
         if self._nvml is not None:
             self._nvml.close()
-
-    def _load(self) -> tuple[float, float] | None:
-        """(busy CPU seconds of the allowed CPUs, the watched tree's own CPU seconds — exited
-        children that were waited for included); None when either cannot be read."""
-        try:
-            busy, _ = others_cpu_s(self._cpus)
-            root = psutil.Process(self.pid)
-            t = root.cpu_times()
-            own = t.user + t.system + t.children_user + t.children_system
-            for child in root.children(recursive=True):
-                try:
-                    c = child.cpu_times()
-                    own += c.user + c.system
-                except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-                    pass
-            return busy, own
-        except Exception:  # unreadable: the busy share is unknown, never a failure
-            return None
-
-    def _others_cores(self, wall: float) -> float | None:
-        a, b = self._load0, getattr(self, "_load1", None)
-        if a is None or b is None or wall <= 0:
-            return None
-        return max(0.0, (b[0] - a[0]) - (b[1] - a[1])) / wall
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -178,4 +154,5 @@ class HostWatch:
                            gpu_util_percent=statistics.fmean(self._gpu) if self._gpu else None,
                            cpu_percent=statistics.fmean(self._cpu) if self._cpu else None,
                            sampler_cpu_s=self._cpu_s,
-                           others_cores=self._others_cores(wall), cpus=len(self._cpus) or 1)
+                           others_cores=getattr(self, "_others_cores", None),
+                           cpus=len(self._cpus) or 1)

@@ -145,9 +145,26 @@ def others_cpu_s(cpus: list[int]) -> tuple[float, float]:
     return busy, own.user + own.system
 
 
-def _load(cpus: list[int]) -> tuple[float, float] | None:
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds process ``pid`` and its children used: the live ones', and those of the
+    children it has waited for (psutil raises when ``pid`` is gone)."""
+    root = psutil.Process(pid)
+    t = root.cpu_times()
+    own = t.user + t.system + t.children_user + t.children_system
+    for child in root.children(recursive=True):
+        try:
+            c = child.cpu_times()
+            own += c.user + c.system
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            pass
+    return own
+
+
+def _load(cpus: list[int], tree_of: int | None = None) -> tuple[float, float] | None:
     try:
-        return others_cpu_s(cpus)
+        if tree_of is None:
+            return others_cpu_s(cpus)
+        return others_cpu_s(cpus)[0], tree_cpu_s(tree_of)
     except Exception:  # the load cannot be read: the round counts as quiet (stated: unknown)
         return None
 
@@ -178,19 +195,25 @@ def threads_for_load(window_s: float = 0.5) -> tuple[int, int, float, int] | Non
 class LoadMeter:
     """The cores other processes used on ``cpus`` from its making to :meth:`cores` (0.0 where
     the load cannot be read): around a timed round here, around a kernel's replay in
-    :mod:`trainfit.speed.cpu_kernels`."""
+    :mod:`trainfit.speed.cpu_kernels`, around a doctor round (doctor/watch.py).  ``tree_of``: the
+    process whose tree is not "other" (default: this process alone)."""
 
-    def __init__(self, cpus: list[int]) -> None:
+    def __init__(self, cpus: list[int], tree_of: int | None = None) -> None:
         self.cpus = cpus
-        self.start = _load(cpus)
+        self.tree_of = tree_of
+        self.start = _load(cpus, tree_of)
         self.wall0 = time.perf_counter()
 
-    def cores(self) -> float:
-        end = _load(self.cpus)
+    def measured(self) -> float | None:
+        """As :meth:`cores`, None where the load could not be read (at the start or now)."""
+        end = _load(self.cpus, self.tree_of)
         wall = max(time.perf_counter() - self.wall0, 1e-9)
         if self.start is None or end is None:
-            return 0.0
+            return None
         return max(0.0, (end[0] - self.start[0]) - (end[1] - self.start[1])) / wall
+
+    def cores(self) -> float:
+        return self.measured() or 0.0
 
 
 @dataclass
