@@ -171,23 +171,13 @@ class RunLock:
         except OSError as err:
             raise JobError(f"--out {self.path.parent}: cannot create its lock file "
                            f"({os_reason(err)})", _write_hint(err, self.path.parent)) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(fd)
+        holder = _held_by(fd, fcntl.LOCK_EX)
+        if holder is not None:
             os.close(fd)
             raise JobError(f"--out {self.path.parent}: another trainfit run is using this "
                            f"directory ({_who(holder)})",
                            f"wait for it to finish or stop it{_kill_hint(holder)}; or choose "
-                           "another --out") from None
-        except OSError:  # no flock on this filesystem: the recorded pid decides
-            holder = _read_holder(fd)
-            if _alive_here(holder):
-                os.close(fd)
-                raise JobError(f"--out {self.path.parent}: another trainfit run is using this "
-                               f"directory ({_who(holder)})",
-                               f"wait for it to finish or stop it{_kill_hint(holder)}; or "
-                               "choose another --out") from None
+                           "another --out")
         self.fd = fd
         me = {"pid": os.getpid(), "host": socket.gethostname(),
               "started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:8]}
@@ -215,20 +205,27 @@ def check_not_in_use(out: Path) -> None:
     except OSError:
         return  # no lock file: no run has claimed it
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        holder = None
-    except BlockingIOError:
-        holder = _read_holder(fd)
-    except OSError:  # no flock on this filesystem: the recorded pid decides
-        holder = _read_holder(fd)
-        holder = holder if _alive_here(holder) else None
+        holder = _held_by(fd, fcntl.LOCK_SH)
     finally:
-        os.close(fd)
+        os.close(fd)  # closing drops the shared lock the probe took
     if holder is not None:
         raise JobError(f"--resume {out}: another trainfit run is using this directory "
                        f"({_who(holder)})",
                        f"wait for it to finish or stop it{_kill_hint(holder)}, then resume")
+
+
+def _held_by(fd: int, mode: int) -> dict[str, Any] | None:
+    """The description of the live run holding the lock file open as ``fd``, or None after
+    taking it in ``mode`` (``LOCK_EX`` to claim, ``LOCK_SH`` to probe).  On a filesystem without
+    ``flock`` the recorded pid decides: a live process on this host holds it, a dead one not."""
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _read_holder(fd)
+    except OSError:
+        holder = _read_holder(fd)
+        return holder if _alive_here(holder) else None
+    return None
 
 
 def _read_holder(fd: int) -> dict[str, Any]:
