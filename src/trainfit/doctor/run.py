@@ -43,13 +43,11 @@ from trainfit.model.runtime import parse_device
 from trainfit.model.source import resolve_model
 from trainfit.model.towers import tower_params
 from trainfit.model.workload import matmul_params
-from trainfit.speed.compare import Comparison
+from trainfit.speed.compare import NOISE_FLOOR, Comparison
 from trainfit.speed.predict import model_flops_per_token
 
 DOCTOR_KEYS = {"tokenize": ("lazy", "eager")}
 """The ``doctor:`` mapping a job file may carry: ``tokenize: lazy`` measures seed 003's loader."""
-GAIN_FLOOR = 0.03
-"""The smallest gain a round must show to count as faster: tune's noise floor (SearchOptions)."""
 MIN_ROUNDS = 2
 """Interleaved before/after rounds the full rule asks for (:func:`_gain`)."""
 
@@ -351,7 +349,7 @@ def _gain(befores: list[Round], afters: list[Round]) -> Comparison:
     spreads = [r.split.step_time_spread_s / r.split.step_time_s for r in (*befores, *afters)
                if r.split.step_time_s > 0]
     return Comparison.of([r.tokens_per_s for r in befores], [r.tokens_per_s for r in afters],
-                         spreads, GAIN_FLOOR, max(MIN_ROUNDS, len(afters)))
+                         spreads, NOISE_FLOOR, max(MIN_ROUNDS, len(afters)))
 
 
 def _busy_note(bench: _Bench, rounds: list[Round]) -> str | None:

@@ -7,6 +7,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+NOISE_FLOOR = 0.03
+"""Smallest relative speed gain ever called real: tune's default (SearchOptions.noise_floor)
+and doctor's before/after."""
 DECISIVE_NOISE = 5.0
 """A gain this many times the measured noise, in each of at least two interleaved rounds and
 between every repeat, is decided with fewer than

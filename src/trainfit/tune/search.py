@@ -15,7 +15,7 @@ from typing import Any
 
 from trainfit.job import DEFAULT_MARGIN, JobSpec, step_micro_batches, step_precisions
 from trainfit.job.fields import DEFAULT_KNOBS, KNOB_NAMES
-from trainfit.speed.compare import Comparison
+from trainfit.speed.compare import NOISE_FLOOR, Comparison
 from trainfit.tune.result import ProbeResult, SearchNote
 
 KNOBS = KNOB_NAMES  # the registry of tune's knobs (trainfit.job.fields)
@@ -58,7 +58,7 @@ class SearchOptions:
     """The device is a GPU: pinned host memory can speed up its copies (tried as a knob)."""
     bitsandbytes: bool = False
     """bitsandbytes is importable (the ``optimizer_8bit`` knob needs it)."""
-    noise_floor: float = 0.03
+    noise_floor: float = NOISE_FLOOR
     """Smallest relative speed gain ever called real."""
     run_steps: int | None = None
     """Planned optimizer steps of the real run (amortises compile time)."""
