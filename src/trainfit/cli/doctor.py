@@ -23,6 +23,44 @@ def _fail(message: str, hint: str = "", tail: list[str] | None = None) -> NoRetu
     raise typer.Exit(2)
 
 
+def _checked(ctx: typer.Context, args: list[str], steps: int, warmup: int, repeats: int,
+             timeout_s: float) -> bool:
+    """The options checked before anything runs (JobError names the bad one); True when the
+    target is a job file, False for a command."""
+    from trainfit.doctor.run import check_steps
+    from trainfit.job import JobError
+
+    if not args:
+        raise JobError("nothing to examine",
+                       "trainfit doctor JOB.yaml, or trainfit doctor -- python train.py ARGS")
+    check_steps(steps)  # doctor's own minimum (MIN_MEASURED_STEPS), said as before
+    if warmup < 0:
+        raise JobError(f"--warmup {warmup}: must be ≥ 0",
+                       "e.g. --warmup 2 (steps run before measuring: first-step costs)")
+    if repeats < 1:
+        raise JobError(f"--repeats {repeats}: must be ≥ 1", "e.g. --repeats 2")
+    if not 0 < timeout_s < float("inf"):
+        raise JobError(f"--timeout-s {timeout_s:g}: must be > 0 seconds",
+                       "e.g. --timeout-s 900 (stop a command that has not finished its "
+                       "window by then)")
+    if len(args) > 1 and args[0].endswith((".yaml", ".yml")):
+        raise JobError(f"{' '.join(args[1:])}: after the job file {args[0]}, which is "
+                       "examined alone", "options go before it: trainfit doctor "
+                       f"--steps 8 {args[0]}")
+    is_job = len(args) == 1 and args[0].endswith((".yaml", ".yml"))
+    if not is_job:
+        # a script's own code picks its device, and doctor applies no fix to it: these
+        # options were silently ignored (a QA run: --device cuda on a machine without)
+        given = [f"--{name.replace('_', '-')}" for name in ("device", "apply", "repeats")
+                 # by name: typer's click may not be the installed click's module
+                 if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") != "DEFAULT"]
+        if given:
+            raise JobError(f"{', '.join(given)}: for a trainfit job only; a command "
+                           "picks its own device and doctor measures it as it runs",
+                           "drop it, or doctor a job file: trainfit doctor JOB.yaml")
+    return is_job
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``doctor`` command to the trainfit app."""
 
@@ -60,36 +98,7 @@ def register(app: typer.Typer) -> None:
         say = None if as_json else (lambda msg: typer.echo(msg, err=True))
         is_job = False
         try:
-            if not args:
-                raise JobError("nothing to examine",
-                               "trainfit doctor JOB.yaml, or trainfit doctor -- python train.py ARGS")
-            if steps < 3:
-                raise JobError(f"--steps {steps}: too few to measure",
-                               "doctor needs at least 3 measured steps")
-            if warmup < 0:
-                raise JobError(f"--warmup {warmup}: must be ≥ 0",
-                               "e.g. --warmup 2 (steps run before measuring: first-step costs)")
-            if repeats < 1:
-                raise JobError(f"--repeats {repeats}: must be ≥ 1", "e.g. --repeats 2")
-            if not 0 < timeout_s < float("inf"):
-                raise JobError(f"--timeout-s {timeout_s:g}: must be > 0 seconds",
-                               "e.g. --timeout-s 900 (stop a command that has not finished its "
-                               "window by then)")
-            is_job = len(args) == 1 and args[0].endswith((".yaml", ".yml"))
-            if len(args) > 1 and args[0].endswith((".yaml", ".yml")):
-                raise JobError(f"{' '.join(args[1:])}: after the job file {args[0]}, which is "
-                               "examined alone", "options go before it: trainfit doctor "
-                               f"--steps 8 {args[0]}")
-            if not is_job:
-                # a script's own code picks its device, and doctor applies no fix to it: these
-                # options were silently ignored (a QA run: --device cuda on a machine without)
-                given = [f"--{name.replace('_', '-')}" for name in ("device", "apply", "repeats")
-                         # by name: typer's click may not be the installed click's module
-                         if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") != "DEFAULT"]
-                if given:
-                    raise JobError(f"{', '.join(given)}: for a trainfit job only; a command "
-                                   "picks its own device and doctor measures it as it runs",
-                                   "drop it, or doctor a job file: trainfit doctor JOB.yaml")
+            is_job = _checked(ctx, args, steps, warmup, repeats, timeout_s)
             if is_job:
                 result = doctor_job(args[0], steps=steps, warmup=warmup, apply=apply, repeats=repeats,
                                     device=device, log=say, allow_code=allow_code,
