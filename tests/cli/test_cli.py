@@ -25,6 +25,8 @@ runner = CliRunner()
     (["plan", "gpt2", "--gpu", "t4", "--method", "lora", "--lora-targets", "nope"],
      "--lora-targets nope"),
     (["plan", "missing.yaml"], "missing.yaml: no such file"),
+    (["plan", "/nonexistent/config.json", "--gpu", "t4"], "no such file or directory"),
+    (["plan", "./missing-model-dir", "--gpu", "t4"], "no such file or directory"),
     (["plan", "gpt2", "--gpu", "t4", "--optimizer-in-backward"], "gradient clipping"),
     (["plan", "gpt2", "--gpu", "a100-80gb", "--optimizer-in-backward", "--max-grad-norm", "none",
       "--micro-batch", "2", "--effective-batch", "8"], "grad-accum 4"),
@@ -112,11 +114,11 @@ def test_seed_examples_are_valid_jobs():
 
 
 def test_plan_of_a_seed_yaml_runs_end_to_end():
-    res = runner.invoke(app, ["plan", "seed004_4gb_gpt2_scratch.yaml", "--micro-batch", "2",
+    res = runner.invoke(app, ["plan", "seed004_4gb_gpt2_scratch.yaml", "--micro-batch", "1",
                               "--grad-ckpt", "full", "--json"])
     assert res.exit_code == 0, res.output
     (cfg,) = json.loads(res.stdout)["configs"]
-    assert cfg["model"] == "gpt2" and cfg["grad_accum"] == 16 and cfg["fits"] is True
+    assert cfg["model"] == "gpt2" and cfg["grad_accum"] == 32 and cfg["fits"] is True
 
 
 def test_bitsandbytes_kernels_warning_is_filtered():

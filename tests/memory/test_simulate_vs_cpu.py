@@ -34,6 +34,10 @@ CASES = [
      "fp32_outputs": True, "max_grad_norm": None},
     {"method": "lora", "precision": "bf16-true", "lora_targets": "q,v", "fp32_outputs": True,
      "output_in_backward": True, "max_grad_norm": None},
+    # trl 1.16's SFTTrainer loss (add_fused_lm_head): its own function on the CPU, tiles of
+    # 4,096 tokens × 32,768 vocabulary entries (a 16 MiB buffer even for this 512-entry vocab)
+    {"method": "full", "precision": "fp32", "trl_logprob_head": True},
+    {"method": "lora", "precision": "amp-bf16", "lora_targets": "q,v", "trl_logprob_head": True},
     # small states, small activations: the first step's states made one parameter at a time
     {"method": "full", "precision": "fp32", "optimizer": "adafactor", "grad_ckpt": "full",
      "optimizer_in_backward": True, "max_grad_norm": None},
@@ -199,3 +203,25 @@ def test_reentrant_checkpointing_is_full_checkpointing():
 
     with pytest.raises(JobError, match="--ckpt-reentrant with --grad-ckpt selective"):
         JobSpec(model="m", grad_ckpt="selective", ckpt_reentrant=True)
+
+
+def test_trl_logprob_head_on_cuda_holds_tiles_not_logits():
+    """On a GPU trl folds each [4096, 32768] tile in Triton (no fp32 temporaries) and never holds
+    the (B, S, V) logits: at a 131,072-entry vocabulary and 4 × 512 tokens the simulated step
+    holds less than transformers' loss over the whole logits, and the difference is at least the
+    fp32 logits (1 GiB) less the tile buffer (4096 × 32768 × 2 B in bf16: 256 MiB)."""
+    from transformers import LlamaConfig
+
+    from trainfit.model.source import ModelSource
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=131072,
+                      max_position_embeddings=1024)
+    src = ModelSource("big-vocab", cfg, "causal-lm", "config", "")
+    peaks = {}
+    for head in (False, True):
+        job = JobSpec(model="big-vocab", seq_len=512, micro_batch=4, method="lora",
+                      precision="amp-bf16", lora_targets="q,v", trl_logprob_head=head)
+        peaks[head] = simulate_step(job, src, SimTarget(device="cuda")).peak_allocated_bytes
+    logits_fp32 = 4 * 512 * 131072 * 4
+    assert peaks[False] - peaks[True] >= logits_fp32 - 4096 * 32768 * 2

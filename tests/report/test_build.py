@@ -164,7 +164,10 @@ def test_tune_on_a_cpu_names_its_memory_limit(tmp_path):
 
 def test_ladder_and_kindless_plan(tmp_path):
     plan = json.loads((SEED002_NOW.parent / "seed004_4gb_gpt2_scratch.json").read_text())
-    assert "kind" not in plan  # written before `kind` existed: configs + gpu make it a plan
+    plan.pop("kind", None)  # as written before `kind` existed: configs + gpu make it a plan
+    kindless = tmp_path / "kindless.json"
+    kindless.write_text(json.dumps(plan))
+    assert len(load_inputs([str(kindless)]).plans) == 1
     plan["kind"] = "plan"
     plan["recommended_index"] = None
     for c in plan["configs"]:

@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from trainfit.job import JobError, JobSpec
-from trainfit.script.diff import keyword_diff
+from trainfit.script.diff import SWITCH_OFF, keyword_diff
 from trainfit.script.mapping import map_record
 
 
@@ -139,8 +139,14 @@ def test_the_scripts_own_optimizer_and_checkpointing_on_the_model():
     pick = JobSpec.from_dict({**j.fields, "grad_ckpt": "off", "micro_batch": 8, "grad_accum": 1})
     ch = keyword_diff(r, JobSpec.from_dict(j.fields), pick)
     assert [(c.where, c.keyword, c.after) for c in ch][-1] == (
-        "the call that enables it before the trainer (train.py:31)",
-        "use_gradient_checkpointing / gradient_checkpointing_enable()", False)
+        "the call that enables it before the trainer (train.py:31)", SWITCH_OFF, False)
+    # said as the instruction it is (QA: "...gradient_checkpointing_enable()=False" is no code)
+    from trainfit.render.script import change_words
+
+    assert change_words(ch[-1:]) == [
+        "the call that enables it before the trainer (train.py:31): checkpointing off: drop "
+        "model.gradient_checkpointing_enable() there, or pass prepare_model_for_kbit_training"
+        "(..., use_gradient_checkpointing=False)"]
 
 
 def test_lengths_planned_at_the_longest_and_a_quantile():
@@ -223,3 +229,70 @@ def test_the_model_record_reads_the_layers_checkpointing_mode(tiny_llama, reentr
     rec = _model(m, m)
     assert rec["gradient_checkpointing"] is True
     assert rec["checkpoint_reentrant"] is reentrant
+
+
+def test_flags_over_the_script_keep_its_effective_batch():
+    """QA: --micro-batch 2 on a 2 × 4 script planned 2 × 1 (the accumulation dropped) and said no
+    change; --effective-batch 16 was refused as three flags. The script's effective batch is kept
+    unless the command line sets it (--effective-batch, or --micro-batch with --grad-accum)."""
+    from trainfit.script.mapping import with_flags
+
+    read = map_record(record()).fields  # 2 × 4 × 1
+    assert (lambda f: (f["micro_batch"], f["grad_accum"]))(with_flags(read, {"micro_batch": 2})) \
+        == (2, 4)
+    got = {k: with_flags(read, flags) for k, flags in {
+        "mb1": {"micro_batch": 1}, "eff16": {"effective_batch": 16}, "ga8": {"grad_accum": 8},
+        "ranks2": {"ranks": 2}, "both": {"micro_batch": 4, "grad_accum": 4}}.items()}
+    assert {k: (f["micro_batch"], f["grad_accum"], f.get("ranks"), f.get("effective_batch"))
+            for k, f in got.items()} == {
+        "mb1": (1, 8, 1, 8), "eff16": (2, 8, 1, 16), "ga8": (1, 8, 1, 8),
+        "ranks2": (2, 2, 2, 8), "both": (4, 4, 1, None)}
+    assert JobSpec.from_dict(got["both"]).effective_batch == 16  # the two flags' product
+    with pytest.raises(JobError, match=r"--micro-batch 3 does not divide the script's effective "
+                                       r"batch 8 \(2 × 4 × 1\)") as err:
+        with_flags(read, {"micro_batch": 3})
+    assert "--grad-accum too" in err.value.hint
+    with pytest.raises(JobError, match="not divisible by --ranks 3"):
+        with_flags(read, {"ranks": 3})
+
+
+def test_method_flag_drops_the_scripts_lora_fields():
+    """QA: --method full on a LoRA script was refused as '--lora-r given with --method full'
+    (no --lora-r was given: the rank came from the script's LoraConfig)."""
+    from trainfit.script.mapping import with_flags
+
+    read = map_record(record()).fields
+    fields = with_flags(read, {"method": "full"})
+    assert not {"lora_r", "lora_alpha", "lora_targets", "base_dtype"} & set(fields)
+    assert JobSpec.from_dict(fields).method == "full"  # no refusal
+
+
+def test_the_change_is_said_from_what_the_script_runs():
+    """QA: flags that set a knob (--precision amp-fp16 --micro-batch 16 on an fp32 4 × 4 script)
+    made 'current' equal the pick and the plan said 'no change'. The script as read (only setting
+    flags over it) is what the keywords change."""
+    from trainfit.script.mapping import script_as_read, with_flags
+
+    rec = record(lora=None, model__frozen_dtype=None, model__trainable_dtype="float32",
+                 args__bf16=False, args__per_device_train_batch_size=4,
+                 args__gradient_accumulation_steps=4)
+    flags = {"precision": "amp-fp16", "micro_batch": 16, "grad_accum": 1, "seq_len": 64}
+    read = map_record(rec, frozenset(flags))
+    current = JobSpec.from_dict(with_flags(read.fields, flags))
+    as_read = script_as_read(rec, read.fields, flags)
+    assert (as_read.precision, as_read.micro_batch, as_read.grad_accum, as_read.seq_len) == \
+        ("fp32", 4, 4, 64)  # --seq-len is a setting: over the script's own reading too
+    changed = {(c.keyword, c.before, c.after) for c in keyword_diff(rec, as_read, current)}
+    assert {("fp16", False, True), ("per_device_train_batch_size", 4, 16),
+            ("gradient_accumulation_steps", 4, 1)} <= changed
+
+
+def test_a_script_that_asks_for_cuda_is_told_what_that_means():
+    """QA: fp16=torch.cuda.is_available() read False on this machine and planned as fp32, with
+    nothing said. The hooks record where the script itself asked; the plan says it."""
+    from trainfit.render.script import note_words
+
+    notes = map_record(record(cuda_asked=["train.py:12"])).notes
+    (n,) = [n for n in notes if n.kind == "cuda_asked"]
+    assert "torch.cuda.is_available() (train.py:12)" in note_words(n)
+    assert not [n for n in map_record(record()).notes if n.kind == "cuda_asked"]

@@ -84,6 +84,8 @@ def test_seed000_plan_equals_job_file_and_the_diff_gives_the_pick(seed000, tmp_p
     assert _rows(got["plan"]) == _rows(want)  # every configuration, every peak, to the byte
     assert [got["plan"]["current"][k] for k in PEAKS] == [want["current"][k] for k in PEAKS]
     assert got["model_check"]["equal"], got["model_check"]
+    # transformers and accelerate ask torch.cuda.is_available() themselves: not the script's ask
+    assert got["read"]["cuda_asked"] == []
     pick = next(c for c in got["plan"]["configs"] if c["recommended"])
     assert pick["micro_batch"] * pick["grad_accum"] == 8  # the effective batch kept
     changes = got["changes"]
@@ -150,6 +152,8 @@ def test_seed001_sft_qlora_read_and_plan_equals_job_file(seed001, tmp_path):
     rec = got["read"]
     f = got["job"]
     assert rec["trainer"] == "SFTTrainer" and rec["model"]["loaded_in_4bit"]
+    # trl 1.16's SFTTrainer computes its loss through add_fused_lm_head's tiles, not the logits
+    assert rec["model"]["loss_head"] == "trl-logprob" and f["trl_logprob_head"] is True
     assert (f["method"], f["quant"], f["lora_r"], f["lora_targets"]) == \
         ("qlora", "nf4-dq", 8, ["k_proj", "o_proj", "q_proj", "v_proj"])
     # device_map="auto" placed by transformers on the planned card: nothing offloaded
@@ -162,7 +166,8 @@ def test_seed001_sft_qlora_read_and_plan_equals_job_file(seed001, tmp_path):
     job = _job_file(tmp_path, {
         "model": str(seed001.model), "method": "qlora", "quant": "nf4-dq", "lora_r": 8,
         "lora_alpha": 16, "lora_dropout": 0.05, "lora_targets": ["k_proj", "o_proj", "q_proj", "v_proj"],
-        "seq_len": 128, "effective_batch": 8}, {"micro_batch": 1, "grad_accum": 8, "grad_ckpt": "full"})
+        "seq_len": 128, "effective_batch": 8, "trl_logprob_head": True},
+        {"micro_batch": 1, "grad_accum": 8, "grad_ckpt": "full"})
     want = _plan([job, *flags])
     assert _rows(got["plan"]) == _rows(want)
     assert got["model_check"]["equal"], got["model_check"]

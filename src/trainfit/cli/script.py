@@ -111,8 +111,10 @@ def tune_script_cmd(cmd: list[str], *, job_flags: dict[str, Any], opts: Any,
     """``tune -- CMD``: the script's own trainer probed; the change said in its keywords."""
     import dataclasses
 
+    from trainfit.model.runtime import parse_device
     from trainfit.script.tune import tune_script
 
+    _or_fail(lambda: parse_device(str(opts.device)))  # before the script runs (minutes), not after
     options = {k: v for k, v in dataclasses.asdict(opts).items() if k != "isolate"}
     options["fixed"] = sorted(options["fixed"])
     options["knobs"] = list(options["knobs"])

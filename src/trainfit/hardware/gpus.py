@@ -80,21 +80,28 @@ _GENERIC_RE = re.compile(
 )
 
 
-def generic_gpu(gigabytes: float) -> GpuSpec:
-    """A card known only by its advertised size: ``gigabytes`` GiB of memory.
+GENERIC_CUDA_SHARE = 0.952
+"""What CUDA reports of a card sold as "N GB", at the least, as a share of N GiB: the catalog's
+smallest (GTX 1650 and RTX 3050 laptop 4 GB: 3.81 GiB; RTX 4060 Ti 8 GB: 7.63 GiB; the others
+0.975-0.99). A generic card is taken at it, so its capacity is never over-stated (an over-stated
+card is the user's OOM)."""
 
-    A card sold as "N GB" reports a little under N GiB to CUDA (e.g. "4.00 GiB"
-    or "3.94 GiB" total capacity for 4 GB cards), so N GiB is the closest single
-    figure.  Peaks, bandwidth, SMs and compute capability are unknown (None);
-    bf16 is assumed supported so a dtype choice is not blocked.
+
+def generic_gpu(gigabytes: float) -> GpuSpec:
+    """A card known only by its advertised size: ``gigabytes`` GB sold, taken as
+    :data:`GENERIC_CUDA_SHARE` of that many GiB (a card sold as "N GB" reports less than N GiB to
+    CUDA: 3.81-4.00 GiB for 4 GB cards).  Peaks, bandwidth, SMs and compute capability are
+    unknown (None); bf16 is assumed supported so a dtype choice is not blocked.
     """
     if not 0 < gigabytes <= 4096:
         raise ValueError(f"generic GPU size must be in (0, 4096] GB, got {gigabytes}")
     size = f"{gigabytes:g}"
     return GpuSpec(
         name=f"generic-{size}gb", display_name=f"Generic {size} GB GPU", aliases=(),
-        memory_bytes=int(gigabytes * GIB),
-        memory_source=f"ESTIMATE: generic card, {size} GiB (advertised GB read as GiB)",
+        memory_bytes=int(gigabytes * GENERIC_CUDA_SHARE * GIB),
+        memory_source=f"ESTIMATE: generic card sold as {size} GB, taken as "
+                      f"{gigabytes * GENERIC_CUDA_SHARE:.2f} GiB as CUDA would report it (the "
+                      "least share of the sold size the catalog's cards report)",
         peak_tflops=dict.fromkeys(DTYPES),
         memory_bandwidth_gbs=None, bf16_supported=True, compute_capability=None,
         sm_count=None, cuda_context_bytes=GENERIC_CUDA_CONTEXT_BYTES,

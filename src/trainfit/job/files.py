@@ -123,9 +123,11 @@ def read_job_file(path: str | Path, *, allow_code: bool = False,
         raise JobError(f"{path}: line {dup.line}: {dup.key!r} is given twice (YAML keeps the last "
                        "silently)", f"keep one `{dup.key}:` line") from None
     except yaml.YAMLError as err:
-        raise JobError(f"{path}: not valid YAML ({str(err).splitlines()[0]})",
-                       "check the indentation and the `key: value` lines near it (a YAML "
-                       "linter shows the line)") from None
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        what = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise JobError(f"{path}: not valid YAML ({at}{what})",
+                       "check the indentation and the `key: value` lines near it") from None
     if not isinstance(data, dict):
         raise JobError(f"{path}: expected a mapping of job fields",
                        "write one `field: value` per line, e.g. model: gpt2 (docs/job-fields.md)")

@@ -259,6 +259,11 @@ class JobSpec:
     lm_head_chunk: int | None = None
     """Compute the output head + cross-entropy in chunks of this many tokens (litgpt's
     lm_head_chunk_size); None: transformers' loss over fp32 logits of the whole sequence."""
+    trl_logprob_head: bool = False
+    """TRL's SFTTrainer loss (trl 1.16: ``add_fused_lm_head``): the head applied in tiles of
+    4,096 tokens × 32,768 vocabulary entries with an online log-sum-exp, never the whole logits;
+    the backward recomputes each tile. Read from an SFTTrainer script; needs trl to run on
+    real tensors."""
     grads_to_none: bool = True
     """Free gradients after each optimizer step (``zero_grad(set_to_none=True)``, torch ≥ 2.0's
     default); False keeps zeroed gradients alive between steps (torch < 2.0, many old scripts)."""
@@ -393,6 +398,9 @@ class JobSpec:
             raise JobError("--clone-layers with --quant-lib bnb: the deep copies are torchtune's, "
                            "whose 4-bit weights are torchao's", "add --quant-lib torchao or "
                            "torchao-0.1")
+        if self.trl_logprob_head and (self.lm_head_chunk is not None or self.fp32_outputs):
+            raise JobError("--trl-logprob-head with --lm-head-chunk / --fp32-outputs: each "
+                           "replaces the loss head", "keep one of them")
 
     def _check_in_backward(self) -> None:
         """What stepping each gradient as it arrives rules out (trainfit.model.in_backward)."""

@@ -475,6 +475,11 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
         _check_fields(src.config, name)
         return src
 
+    if name.startswith((".", "/", "~")) or name.endswith(".json"):
+        # written as a path: say the path is missing, not that the name is unknown (QA)
+        raise JobError(f"--model {name}: no such file or directory",
+                       "check the path (a model directory with a config.json, or the config.json "
+                       "itself), or give a catalog name (trainfit models) or an HF id")
     close = difflib.get_close_matches(name.lower(), model_names(), n=3, cutoff=0.5)
     hint = ("did you mean " + ", ".join(close) + "?") if close else \
         "run `trainfit models` for the catalog, or give an HF id / config.json path"

@@ -20,7 +20,7 @@ import torch
 
 from trainfit.job import JobError, JobSpec
 from trainfit.model.checkpointing import checkpoint_kwargs
-from trainfit.model.chunked_head import ChunkedHeadLM
+from trainfit.model.chunked_head import ChunkedHeadLM, TrlLogProbHeadLM
 from trainfit.model.custom import CausalLMAdapter, build_module
 from trainfit.model.in_backward import InBackwardOptimizer
 from trainfit.model.lora_targets import import_peft, resolve_targets
@@ -208,6 +208,11 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
                            "leave --lm-head-chunk out for this model")
 
         model = ChunkedHeadLM(model, job.lm_head_chunk, fp32_outputs=job.fp32_outputs)
+    elif job.trl_logprob_head:
+        if source.task != "causal-lm":
+            raise JobError("--trl-logprob-head applies to causal language models only",
+                           "leave --trl-logprob-head out for this model")
+        model = TrlLogProbHeadLM(model)
     elif job.fp32_outputs:
         _upcast_logits(model, source)
     seen: set[int] = set()

@@ -151,7 +151,8 @@ class PlanResult:
             configs.append({**row["job"], **{k: mem[k] for k in (
                 "peak_allocated_bytes", "peak_reserved_bytes", "peak_device_bytes", "breakdown",
                 "peak_phase", "fits", "headroom_bytes", "alloc_retries",
-                "reserved_expandable_bytes")}, "how": row["how"],
+                "reserved_expandable_bytes", "error_band_kind", "error_band_under",
+                "error_band_cases", "peak_device_upper_bytes")}, "how": row["how"],
                 "largest_fitting": row["largest_fitting"], "recommended": row["recommended"],
                 "rank": row["rank"], "shown": row["shown"], **_speed_fields(row["speed"]),
                 "time_for_dataset_s": self.time_for_dataset_s(row["speed"]),

@@ -43,10 +43,7 @@ def synced(speed: SpeedPrediction | None, job: JobSpec, mem: MemoryPrediction,
     # parameters are gathered in the compute dtype under FSDP/ZeRO mixed precision
     weight_elem = {"qlora": 0.5625}.get(job.method, 4 if job.precision == "fp32" or (
         not sharded and job.method == "full" and job.precision != "bf16-true") else 2)
-    # ZeRO-3 gathers and reduce-scatters like FSDP; ZeRO-2's reduce-scatter + all-gather of the
-    # updated partitions moves what one all-reduce moves
-    pattern = {"zero3": "fsdp", "zero2": "none"}.get(job.sharding, job.sharding)
     return with_sync(speed, sync_time(
-        ranks=job.ranks, sharding=pattern, grad_accum=job.grad_accum or 1,
+        ranks=job.ranks, sharding=job.sharding, grad_accum=job.grad_accum or 1,
         grad_bytes=mem.trainable_params * grad_elem, param_bytes=mem.total_params * weight_elem,
         link_gbs=gpu.interconnect_gbs, micro_step_s=speed.step_time_s / (job.grad_accum or 1)))

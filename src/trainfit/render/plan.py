@@ -15,7 +15,7 @@ from trainfit.render.plan_words import (
     rows_note,
     unaligned_words,
 )
-from trainfit.render.words import plan_notes, plan_reason, plan_versus
+from trainfit.render.words import numerics_words, plan_notes, plan_reason, plan_versus
 
 GIB = 2**30
 
@@ -138,7 +138,9 @@ def _ladder(console: Console, result: PlanResult) -> None:
 def render_plan(result: PlanResult, all_rows: bool = False) -> None:
     console = _console()
     gpu = result.gpu or "no GPU given"
-    cap = f" ({_gib(result.gpu_memory_bytes)} GiB as CUDA reports it)" \
+    estimate = (result.gpu or "").startswith("generic-")  # hardware.gpus.generic_gpu
+    cap = (f" ({_gib(result.gpu_memory_bytes)} GiB as CUDA " + (
+        "would report it, an estimate" if estimate else "reports it") + ")") \
         if result.gpu_memory_bytes else ""
     a = result.assumptions
     stand_in = ", assumed: it stands in for your model" if a and "model" in a.assumed else ""
@@ -166,6 +168,9 @@ def render_plan(result: PlanResult, all_rows: bool = False) -> None:
     versus = plan_versus(result)
     if versus:
         say(console, versus, lead="against what you run now:")
+    numerics = numerics_words(result)
+    if numerics:
+        say(console, numerics, "bold yellow", lead="warning:")
     for line in observed_words(result):
         say(console, line)
     for extra in (offload_words(result), host_ram_words(result), unaligned_words(result)):

@@ -11,7 +11,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from trainfit.script.diff import KeywordChange
+from trainfit.render.layout import out_console
+from trainfit.script.diff import SWITCH_OFF, KeywordChange
 from trainfit.script.mapping import LengthStats, ReadJob, ScriptNote
 from trainfit.script.plan import QUANTILE_PLAN_BELOW, ModelCheck, ScriptPlan
 
@@ -35,7 +36,12 @@ NOTE_WORDS = {
     "fp4_double_quant": "fp4 with double quantization: planned as fp4 (the second "
                         "quantization saves ~0.4 bits per weight)",
     "dtype_assumed": "no dtype in the config or the call: planned in {dtype}",
-    "no_gpu": "no GPU named and none on this machine: no pick, no change (give --gpu)",
+    "cuda_asked": "the script asked torch.cuda.is_available() ({where}) and was told False (no "
+                  "GPU here); on the GPU it is True, so what the script sets from it (e.g. "
+                  "fp16=torch.cuda.is_available()) was read as it would run without one — write "
+                  "those values out in the script, or give them as flags (--precision …)",
+    "no_gpu": "no GPU named and none on this machine: what fits is unknown, so no change to the "
+              "script is said (give --gpu)",
 }
 
 
@@ -43,9 +49,11 @@ def note_words(n: ScriptNote) -> str:
     return NOTE_WORDS[n.kind].format(**n.data)
 
 
-def length_words(ln: LengthStats, micro_batch: int, quantile_grid: bool | None = None) -> str:
+def length_words(ln: LengthStats, micro_batch: int, quantile_grid: bool | None = None,
+                 seq_len_flag: int | None = None) -> str:
     """``quantile_grid``: whether the grid at the quantile is shown (a plan shows it when that
-    length is ≥ 10 % shorter than the longest); None where no grid follows (tune)."""
+    length is ≥ 10 % shorter than the longest); None where no grid follows (tune).
+    ``seq_len_flag``: the length ``--seq-len`` set (planned at it instead)."""
     samples = (f"{ln.samples_read:,} samples" + ("" if ln.all_samples_read else
                                                  f" of {ln.dataset_samples or 'unknown'}")
                + f" collated alone: min {ln.sample_min}, median {ln.sample_median:g}, max "
@@ -61,6 +69,10 @@ def length_words(ln: LengthStats, micro_batch: int, quantile_grid: bool | None =
     grid = "" if quantile_grid is None else f"; the grid is also shown at the {q}" \
         if quantile_grid else (f"; no second grid at the {q} (shown when it is ≥ 10 % shorter "
                                "than the longest and --seq-len is not given)")
+    if seq_len_flag is not None:
+        return (f"sequence lengths (tokens, padding included): {samples}; {batches}. The pick is "
+                f"planned at --seq-len {seq_len_flag} (the command line); the longest batch the "
+                f"data makes is {longest}")
     return (f"sequence lengths (tokens, padding included): {samples}; {batches}. The pick is "
             f"planned at the longest batch the data makes, {longest} (every epoch reaches "
             f"it){grid}")
@@ -80,14 +92,23 @@ def change_words(changes: list[KeywordChange]) -> list[str]:
     by_where: dict[str, list[str]] = {}
     for c in changes:
         value = c.after if isinstance(c.after, str) and c.after.startswith("torch.") else repr(c.after)
-        by_where.setdefault(c.where, []).append(f"{c.keyword}={value}")
+        by_where.setdefault(c.where, []).append(c.keyword if c.keyword == SWITCH_OFF else
+                                                f"{c.keyword}={value}")
     return [f"{w}: {', '.join(kws)}" for w, kws in by_where.items()]
 
 
-def _read_rows(read: ReadJob, rec: dict[str, Any], f: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """``f``: the job as planned (what was read, with the command line's flags over it)."""
+def _read_rows(read: ReadJob, rec: dict[str, Any], f: dict[str, Any],
+               given: frozenset[str] = frozenset()) -> list[tuple[str, str, str]]:
+    """``f``: the job as planned (what was read, with the command line's flags over it);
+    ``given``: the fields the command line set (credited to it, the script's value beside)."""
     m = rec["model"]
     flag = "the command line"
+    r = read.fields
+
+    def src(keys: tuple[str, ...], script_from: str, script_value: str) -> str:
+        if not set(keys) & given:
+            return script_from
+        return f"{flag} (the script: {script_value})" if script_value else flag
     load = next((ld for ld in rec["loads"] if ld["this_model"]), None)
     rows = [("model", f"{m['class']} {f['model']}", f"from_pretrained ({load['at']})" if load
              else "the trainer's model")]
@@ -97,44 +118,55 @@ def _read_rows(read: ReadJob, rec: dict[str, Any], f: dict[str, Any]) -> list[tu
                    f"on {','.join(f['lora_targets'])} ({len(rec['lora']['adapted'])} layers)")
     if f.get("quant"):
         method += f", 4-bit {f['quant']}"
-    rows.append(("method", method, "BitsAndBytesConfig + LoraConfig" if f.get("quant") else
-                 "LoraConfig" if rec["lora"] else "every weight trains"))
+    rows.append(("method", method, src(
+        ("method", *(k for k in given if k.startswith(("lora_", "quant")))),
+        "BitsAndBytesConfig + LoraConfig" if f.get("quant") else
+        "LoraConfig" if rec["lora"] else "every weight trains", r["method"])))
     # a full fine-tune has no frozen weight (and a frozen model no trainable one): not "None"
     weights = ", ".join(f"{kind} {m[kind + '_dtype']}" for kind in ("frozen", "trainable")
                         if m.get(kind + "_dtype")) or "none"
     rows.append(("precision", f"{f['precision']} (weights: {weights}; "
                  f"bf16={rec['args']['bf16']} fp16={rec['args']['fp16']})",
-                 rec["args"]["class"]))
+                 src(("precision", "base_dtype"), rec["args"]["class"], r.get("precision", ""))))
     # fused / foreach / for-loop are torch's AdamW and SGD implementations; Adafactor and the
     # bitsandbytes optimizers have one each
     impl = f" ({f['optimizer_impl']})" if f["optimizer"] in ("adamw", "sgd") else ""
     rows.append(("optimizer", f"{f['optimizer']}{impl}",
                  read.where.get("optimizer", flag)))
     rows.append(("micro-batch × accumulation × ranks",
-                 f"{f['micro_batch']} × {f['grad_accum']} × {f['ranks']}", rec["args"]["class"]))
-    rows.append(("checkpointing", f["grad_ckpt"], read.where["grad_ckpt"] if
-                 f["grad_ckpt"] == read.fields["grad_ckpt"] else flag))
-    rows.append(("attention", f"{f['attention']} ({m['attn_implementation']})", "the model config"))
-    rows.append(("sequence length", f"{f['seq_len']} (the longest batch)", "the script's data "
-                 "and collator"))
+                 f"{f['micro_batch']} × {f['grad_accum']} × {f['ranks']}",
+                 src(("micro_batch", "grad_accum", "ranks", "effective_batch"), rec["args"]["class"],
+                     f"{r['micro_batch']} × {r['grad_accum']} × {r['ranks']}")))
+    rows.append(("checkpointing", f["grad_ckpt"],
+                 src(("grad_ckpt",), read.where["grad_ckpt"], r["grad_ckpt"])))
+    rows.append(("loss", "trl's chunked log-prob head (tiles of 4,096 tokens × 32,768 "
+                 "vocabulary entries)" if f.get("trl_logprob_head") else
+                 "whole logits (transformers' loss)", read.where.get("loss", rec["trainer"])))
+    rows.append(("attention", f"{f['attention']} ({m['attn_implementation']})",
+                 src(("attention",), "the model config", r["attention"])))
+    rows.append(("sequence length", f"{f['seq_len']}" + ("" if "seq_len" in given else
+                                                         " (the longest batch)"),
+                 src(("seq_len",), "the script's data and collator", str(r["seq_len"]))))
     return rows
 
 
 def render_script_read(sp: ScriptPlan | Any, console: Console | None = None) -> None:
     """What was read; ``sp`` has ``command``, ``record``, ``read``, ``check``, ``notes``."""
-    con = console or Console()
+    con = console or out_console()
     rec = sp.record
     con.print(f"[bold]{rec['trainer']}[/bold] of `{shlex.join(sp.command)}` — read "
               + ("without weights (meta device)" if rec["mode"] == "plan" else "with its weights"))
     t = Table(title="read from the script")
     for col in ("", "as trainfit plans it", "from"):
         t.add_column(col)
-    for row in _read_rows(sp.read, rec, sp.current.to_dict()):
+    for row in _read_rows(sp.read, rec, sp.current.to_dict(), getattr(sp, "given", frozenset())):
         t.add_row(*row)
     con.print(t)
     # a plan (not tune's read) says whether its grid at the quantile follows
     grid = sp.plan_quantile is not None if hasattr(sp, "plan_quantile") else None
-    con.print(length_words(sp.read.lengths, sp.read.fields["micro_batch"], grid))
+    given = getattr(sp, "given", frozenset())
+    con.print(length_words(sp.read.lengths, sp.read.fields["micro_batch"], grid,
+                           sp.current.seq_len if "seq_len" in given else None))
     if sp.check is not None:
         con.print(check_words(sp.check))
     for n in [*sp.read.notes, *sp.notes]:
@@ -144,7 +176,7 @@ def render_script_read(sp: ScriptPlan | Any, console: Console | None = None) -> 
 def render_script_plan(sp: ScriptPlan) -> None:
     from trainfit.render.plan import render_plan
 
-    con = Console()
+    con = out_console()
     render_script_read(sp, con)
     render_plan(sp.plan)
     q = sp.plan_quantile
@@ -162,8 +194,8 @@ def render_script_plan(sp: ScriptPlan) -> None:
         con.print("[bold]change in the script[/bold] (the effective batch kept, "
                   f"{sp.current.effective_batch}):")
         for line in change_words(sp.changes):
-            con.print(f"  {line}")
-    elif sp.plan.pick is not None:
+            con.print(f"  {line}", markup=False, highlight=False)
+    elif sp.plan.pick is not None and sp.plan.gpu:
         con.print("[bold]no change[/bold]: the script's configuration is the pick")
 
 
@@ -172,7 +204,9 @@ def script_plan_json(sp: ScriptPlan) -> dict[str, Any]:
 
     rec = dict(sp.record)
     return {"kind": "plan-script", "command": sp.command, "read": rec,
-            "job": sp.current.to_dict(), "lengths": dataclasses.asdict(sp.read.lengths),
+            "job": sp.current.to_dict(),
+            "script_job": None if sp.as_read is None else sp.as_read.to_dict(),
+            "given": sorted(sp.given), "lengths": dataclasses.asdict(sp.read.lengths),
             "where": sp.read.where,
             "notes": [note_words(n) for n in [*sp.read.notes, *sp.notes]],
             "model_check": None if sp.check is None else {**dataclasses.asdict(sp.check),
@@ -187,7 +221,7 @@ def render_script_tune(st: Any) -> None:
     """``st``: a trainfit.script.tune.ScriptTune."""
     from trainfit.render.tune import render_tune
 
-    con = Console()
+    con = out_console()
     render_script_read(st, con)
     render_tune(st.result)
     pick = st.result.pick
@@ -198,7 +232,7 @@ def render_script_tune(st: Any) -> None:
         con.print("[bold]change in the script[/bold] (measured by tune; the effective batch kept, "
                   f"{st.current.effective_batch}):")
         for line in change_words(st.changes):
-            con.print(f"  {line}")
+            con.print(f"  {line}", markup=False, highlight=False)
     elif st.result.unconfirmed is not None:
         con.print("[bold]no change[/bold]: the script's configuration is kept — the search's "
                   "best was not confirmed faster than it (measured, above)")

@@ -65,8 +65,9 @@ def plan_notes(result: PlanResult) -> list[str]:
         notes.append(link_note(result))
     launch = [r for r in result.rows if r.speed is not None and r.speed.bound == "launch-bound"]
     if launch:
-        notes.append(launch_note(len(launch), len(result.rows),
-                                 all(r.speed.host_measured for r in launch)))
+        measured = sum(bool(r.speed.host_measured) for r in launch)
+        notes.append(launch_note(len(launch), len(result.rows), measured == len(launch),
+                                 measured))
         busy = [r.speed.host_busy_cores for r in launch
                 if r.speed.host_busy and r.speed.host_busy_cores is not None]
         if busy:
@@ -124,11 +125,19 @@ def link_note(result: PlanResult) -> str:
     return text
 
 
-def launch_note(n: int, total: int, measured: bool = False) -> str:
+def launch_note(n: int, total: int, measured: bool = False, measured_rows: int = 0) -> str:
     """Launch-bound rows: their step time is the host's.  ``measured``: the host time is the
     step's own code run on this machine's CPU (trainfit/speed/host.py); else the per-op count
-    alone, which misses the model's Python (benchmarks/results/gpu_validate.md)."""
+    alone, which misses the model's Python (benchmarks/results/gpu_validate.md).
+    ``measured_rows``: how many were measured when not all were (each part said apart)."""
     head = f"{n} of {total} rows are launch-bound (predicted): the GPU waits for the CPU to enqueue"
+    if not measured and measured_rows:
+        return (f"{head} each op. {measured_rows} of them have their host time measured (the "
+                "step's own code run on this machine's CPU at a tiny width, plus 6 µs a kernel: "
+                "within 20 % on an H100's host, up to 73 % slow on an H200's); the other "
+                f"{n - measured_rows} are timed by the per-op count alone (10 µs forward, 15 µs "
+                "backward, 2.5 µs a view, an H100 host's), which transformers' Python exceeds "
+                "1.5-2.3×, so their tokens/s are an upper bound — `trainfit tune` measures them")
     if measured:
         return (f"{head} each op. Their host time is the step's own code, run on this machine's "
                 "CPU at a tiny width (measured: CPU time of one micro-step), plus 6 µs to launch "
@@ -238,10 +247,35 @@ def plan_versus(result: PlanResult) -> str | None:
                     " (the current configuration does not fit)")
 
 
+def numerics_words(result: PlanResult) -> str | None:
+    """A pick that trains in pure bf16 where the current configuration keeps fp32 weights (or
+    master weights under autocast) changes how the model learns, not only its speed: said, with
+    the fastest fitting row that keeps the current precision (None: no such change)."""
+    cur, pick = result.current, result.pick
+    if cur is None or pick is None or pick.job.precision != "bf16-true" or \
+            cur.job.precision == "bf16-true":
+        return None
+    what = "every weight" if pick.job.method == "full" else "the LoRA adapters"
+    words = (f"bf16-true trains {what} in bf16 with no fp32 copy: optimizer updates below "
+             "bf16's resolution (~0.4 % of a weight) are lost, which changes how the model "
+             "learns, not only its speed")
+    keep = [r for r in result.rows if r.job.precision != "bf16-true" and r.memory.fits
+            and r.job.effective_batch == pick.job.effective_batch and r.job.ranks == pick.job.ranks
+            and r.speed is not None and r.speed.tokens_per_s]
+    if keep:
+        best = max(keep, key=lambda r: r.speed.tokens_per_s or 0.0)
+        b = best.job
+        words += (f"; keeping fp32 weights, the fastest that fits is {b.precision}, "
+                  f"micro-batch {b.micro_batch} × accumulation {b.grad_accum}, checkpointing "
+                  f"{b.grad_ckpt} ({best.speed.tokens_per_s:,.0f} tokens/s, predicted)")
+    return words
+
+
 def plan_json(result: PlanResult) -> dict[str, Any]:
     """``trainfit plan --json``: the typed result, with its sentences beside it."""
-    d = result.to_dict()
-    d.update(reason=plan_reason(result), vs_current=plan_versus(result), notes=plan_notes(result))
+    d = {"kind": "plan", **result.to_dict()}
+    d.update(reason=plan_reason(result), vs_current=plan_versus(result), notes=plan_notes(result),
+             numerics_change=numerics_words(result))
     return d
 
 

@@ -399,7 +399,7 @@ def detect_kind(data: dict[str, Any], shown: str) -> str:
             return "plan"  # plans written before `kind` existed
         raise ReportInputError(f"{shown}: kind: missing (and no configs + gpu, so not an older plan)",
                                KINDS_HINT)
-    if kind not in ("plan", "tune", "train", "doctor"):
+    if kind not in ("plan", "tune", "train", "doctor", "plan-script", "tune-script"):
         raise ReportInputError(f"{shown}: kind: unknown kind {kind!r}", KINDS_HINT)
     return str(kind)
 
@@ -435,6 +435,12 @@ def load_inputs(paths: list[str]) -> Inputs:
             raise ReportInputError(f"{p}: top level: expected a JSON object, got {_short(data)}",
                                    KINDS_HINT)
         kind = detect_kind(data, p)
+        if kind in ("plan-script", "tune-script"):
+            # `plan|tune -- CMD`: the plan or tune of the script's configuration inside
+            kind, data = kind.removesuffix("-script"), data.get(kind.removesuffix("-script"))
+            if not isinstance(data, dict):
+                raise ReportInputError(f"{p}: {kind}: expected a JSON object", KINDS_HINT)
+            data = {"kind": kind, **data}
         o = _Obj(p, "", data)
         if kind == "plan":
             c.inputs.plans.append(_plan(o, p))

@@ -89,6 +89,12 @@ def keyword_diff(rec: dict[str, Any], current: JobSpec, pick: JobSpec) -> list[K
     return out
 
 
+SWITCH_OFF = ("checkpointing off: drop model.gradient_checkpointing_enable() there, or pass "
+              "prepare_model_for_kbit_training(..., use_gradient_checkpointing=False)")
+"""The change where the script switched checkpointing on itself: an instruction, not a keyword
+(printed without ``=value``)."""
+
+
 def _attn(attention: str) -> str:
     return {"sdpa-flash": "flash_attention_2", "eager": "eager"}.get(attention, "sdpa")
 
@@ -101,7 +107,6 @@ def _checkpointing(rec: dict[str, Any], args_cls: str, on: bool) -> KeywordChang
     if model_on and not on:
         calls = ", ".join(dict.fromkeys(rec["ckpt_calls"])) or "the script"
         return KeywordChange(f"the call that enables it before the trainer ({calls})",
-                             "use_gradient_checkpointing / gradient_checkpointing_enable()",
-                             True, False)
+                             SWITCH_OFF, True, False)
     # the keyword scripts write (transformers 5 also reads it as activation_checkpointing)
     return KeywordChange(args_cls, "gradient_checkpointing", not on, on)

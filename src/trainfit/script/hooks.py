@@ -71,6 +71,9 @@ class _State:
         """Output directories the script's Trainer created (``os.makedirs(output_dir)`` in its
         ``__init__``): trainfit stops the script before it writes anything there, so an empty one
         is removed when the process leaves — a plan or a refusal leaves nothing on disk."""
+        self.cuda_asked: list[str] = []
+        """Where the script asked ``torch.cuda.is_available()`` before its trainer and was told
+        False (plan reads it on a machine without the GPU planned for)."""
         self.at_train = False
         """The trainer's train() was reached: the optimizer steps from here are tune's probes."""
         self.finished = False
@@ -271,6 +274,7 @@ def _at_train(trainer: Any) -> None:
                            device_maps=st.device_maps, mode=st.mode,
                            max_samples=int(st.options.get("max_samples", 20000)),
                            max_batches=int(st.options.get("max_batches", 2000)))
+        rec["cuda_asked"] = list(dict.fromkeys(st.cuda_asked))
         if st.mode == "tune":
             from trainfit.script.tune import tune_trainer
 
@@ -305,6 +309,18 @@ def _hook_torch(torch: Any) -> None:
         orig_init(self, *a, **k)
 
     optim_mod.Optimizer.__init__ = init  # every torch optimizer's __init__ calls it
+    orig_available = torch.cuda.is_available
+
+    def is_available() -> bool:  # what the script decides from it differs on the GPU (a note)
+        got = orig_available()
+        st = _st()
+        asker = sys._getframe(1).f_code.co_filename  # the script's own call, not a library's
+        if not got and st.mode == "plan" and not any(x in asker for x in _LIBRARIES) and \
+                not asker.startswith("<"):
+            st.cuda_asked.append(_caller())
+        return got
+
+    torch.cuda.is_available = is_available
 
 
 def _hook_remote_code(mod: Any) -> None:

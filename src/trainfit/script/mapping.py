@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainfit.job import JobError
+from trainfit.job import JobError, JobSpec
 
 QUANTILE = 0.95
 """The high quantile of the batch lengths plan also shows (the pick is planned at the maximum)."""
@@ -270,6 +270,9 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
     f["grad_ckpt"], reentrant, where["grad_ckpt"] = _checkpointing(rec)
     if reentrant:
         f["ckpt_reentrant"] = True
+    if m.get("loss_head") == "trl-logprob":
+        f["trl_logprob_head"] = True
+        where["loss"] = f"{rec['trainer']} (trl's chunked log-prob head: never the whole logits)"
     attn = m["attn_implementation"] or "sdpa"
     f["attention"] = ATTENTION.get(attn, "sdpa")
     if attn not in ("sdpa", "eager", None):
@@ -298,7 +301,84 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
         where["expandable_segments"] = "the script's environment (PYTORCH_CUDA_ALLOC_CONF)"
     if ln.padded:
         notes.append(ScriptNote("padded", {"seq_len": ln.longest}))
+    if rec.get("cuda_asked"):
+        notes.append(ScriptNote("cuda_asked", {"where": ", ".join(rec["cuda_asked"])}))
     for ld in rec["loads"]:
         if ld["this_model"] and ld["dtype"] == "None" and m["config"].get("dtype") is None:
             notes.append(ScriptNote("dtype_assumed", {"dtype": m["frozen_dtype"]}))
     return ReadJob(fields=f, lengths=ln, notes=notes, where=where)
+
+
+LORA_FIELDS = ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")
+QUANT_FIELDS = ("quant", "quant_lm_head", "kbit_prepared")
+SETTING_FLAGS = frozenset({"seq_len", "ranks", "sharding", "effective_batch", "model",
+                           "trust_remote_code", "expandable_segments", "fsdp_init",
+                           "fsdp_no_sync", "fsdp_frozen_grads", "offload"})
+"""Command-line fields that describe where and on what the script runs rather than a keyword of
+the script to change: applied to the script's configuration as read too (the baseline the pick
+is compared with and the keyword change is said from)."""
+
+
+def with_flags(read: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
+    """The script's fields with the command line's over them, the effective batch the script
+    trains with kept unless the command line sets it (``--effective-batch``, or both
+    ``--micro-batch`` and ``--grad-accum``): ``--micro-batch 2`` on a 2 × 4 script plans 2 × 4,
+    not 2 × 1. A ``--method`` other than the script's drops the script's LoRA / 4-bit fields
+    (they describe a method not planned)."""
+    f = dict(read)
+    method = flags.get("method")
+    if method is not None and method != read.get("method"):
+        drop = (*LORA_FIELDS, *QUANT_FIELDS, "base_dtype") if method == "full" else \
+            QUANT_FIELDS if method == "lora" else ()
+        for k in drop:
+            f.pop(k, None)
+    f.update(flags)
+    mb, ga = flags.get("micro_batch"), flags.get("grad_accum")
+    if mb is not None and ga is not None:
+        return f  # the product is the command line's (JobSpec checks --effective-batch with it)
+    ranks = int(f.get("ranks") or 1)
+    script_eff = read["micro_batch"] * read["grad_accum"] * int(read.get("ranks") or 1)
+    eff = flags.get("effective_batch") or script_eff
+    said = f"--effective-batch {eff}" if "effective_batch" in flags else \
+        f"the script's effective batch {eff} ({read['micro_batch']} × {read['grad_accum']} × " \
+        f"{int(read.get('ranks') or 1)})"
+    if eff % ranks:
+        raise JobError(f"{said} is not divisible by --ranks {ranks}",
+                       "give --effective-batch N, a multiple of the ranks")
+    per_rank = eff // ranks
+    if mb is not None:
+        if per_rank % mb:
+            raise JobError(f"--micro-batch {mb} does not divide {said} over {ranks} rank(s)",
+                           f"give a micro-batch dividing {per_rank}, or --grad-accum too (the "
+                           "effective batch then follows from the two)")
+        f.update(grad_accum=per_rank // mb, effective_batch=eff)
+    elif ga is not None:
+        if per_rank % ga:
+            raise JobError(f"--grad-accum {ga} does not divide {said} over {ranks} rank(s)",
+                           f"give an accumulation dividing {per_rank}, or --micro-batch too")
+        f.update(micro_batch=per_rank // ga, effective_batch=eff)
+    else:
+        # the script's micro-batch where it divides the batch per rank, else the largest one
+        # below it that does (the grid varies the micro-batch around it anyway)
+        mb0 = next(m for m in range(min(read["micro_batch"], per_rank), 0, -1)
+                   if per_rank % m == 0)
+        f.update(micro_batch=mb0, grad_accum=per_rank // mb0, effective_batch=eff)
+    return f
+
+
+def script_as_read(rec: dict[str, Any], base: dict[str, Any], flags: dict[str, Any],
+                   quantile: float = QUANTILE) -> JobSpec | None:
+    """The script's configuration as it runs, with only the command line's setting flags over it
+    (:data:`SETTING_FLAGS`): what the user edits. ``base`` is what was read with ``flags`` given
+    (fields the script had but trainfit could not read are the flags' then); None when the script
+    read without the flags is refused (a precision trainfit does not model: the flags stand)."""
+    try:
+        own = map_record(rec, frozenset(), quantile).fields if set(flags) - SETTING_FLAGS else {}
+    except JobError:
+        return None
+    settings = {k: v for k, v in flags.items() if k in SETTING_FLAGS}
+    try:
+        return JobSpec.from_dict(with_flags({**base, **own, "model": base["model"]}, settings),
+                                 source="the script")
+    except JobError:
+        return None

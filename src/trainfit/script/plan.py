@@ -20,6 +20,7 @@ from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec
 from trainfit.model.source import (
     ModelSource,
     build_config,
+    check_seq_len,
     config_from_dict,
     resolve_model,
     source_of,
@@ -27,7 +28,14 @@ from trainfit.model.source import (
 from trainfit.plan.grid import PlanResult, plan
 from trainfit.script.diff import KeywordChange, keyword_diff
 from trainfit.script.launch import run_script
-from trainfit.script.mapping import QUANTILE, ReadJob, ScriptNote, map_record
+from trainfit.script.mapping import (
+    QUANTILE,
+    ReadJob,
+    ScriptNote,
+    map_record,
+    script_as_read,
+    with_flags,
+)
 
 QUANTILE_PLAN_BELOW = 0.9
 """The grid is planned again at the quantile's batch length when that is at most this fraction of
@@ -76,6 +84,12 @@ class ScriptPlan:
     changes: list[KeywordChange]
     check: ModelCheck | None
     notes: list[ScriptNote] = field(default_factory=list)
+    as_read: JobSpec | None = None
+    """The script's own configuration (the command line's setting flags over it: seq_len,
+    ranks, …), the one the pick is compared with and the keyword change is said from; ``current``
+    is it with every flag over it (the grid's base)."""
+    given: frozenset[str] = frozenset()
+    """The fields the command line set."""
 
 
 def gpu_for_hooks(gpu: GpuSpec | None) -> dict[str, Any] | None:
@@ -143,13 +157,14 @@ def plan_script(cmd: list[str], *, gpu: GpuSpec | None, flags: dict[str, Any] | 
                      timeout_s=timeout_s)
     read = map_record(rec, frozenset(flags), quantile)
     source, model = script_source(rec, trust_remote_code)
-    fields = {**read.fields, "model": model, **flags, "trust_remote_code": trust_remote_code}
-    if "micro_batch" in flags and "grad_accum" not in flags:
-        fields.pop("grad_accum", None)
-    current = JobSpec.from_dict(fields, source="the script")
+    base = {**read.fields, "model": model, "trust_remote_code": trust_remote_code}
+    current = JobSpec.from_dict(with_flags(base, flags), source="the script")
+    if "seq_len" in flags:  # the data's own length runs as the script runs it (a note if long)
+        check_seq_len(current.seq_len, source)
     check_script_precision(current, gpu)
+    as_read = script_as_read(rec, base, flags, quantile) or current
     grid = _grid_job(current, set(flags))
-    result = plan(grid, source, gpu, margin=margin, verify=verify, current=current,
+    result = plan(grid, source, gpu, margin=margin, verify=verify, current=as_read,
                   dataset_tokens=dataset_tokens, epochs=epochs)
     q_len = read.lengths.batch_quantile_length
     plan_q = None
@@ -157,13 +172,13 @@ def plan_script(cmd: list[str], *, gpu: GpuSpec | None, flags: dict[str, Any] | 
         plan_q = plan(grid.replace(seq_len=q_len), source, gpu, margin=margin, verify=verify,
                       ladder=False, current=current.replace(seq_len=q_len))
     pick = result.pick
-    changes = keyword_diff(rec, current, pick.job) if pick is not None and gpu is not None else []
+    changes = keyword_diff(rec, as_read, pick.job) if pick is not None and gpu is not None else []
     notes = [] if gpu is not None else [ScriptNote("no_gpu")]
     # built after the plans: the plan's workers are forked, and a parent that has built a model
     # first deadlocked its children (trainfit.plan.workers.SimulationWorkers)
     return ScriptPlan(command=cmd, record=rec, read=read, current=current, plan=result,
                       plan_quantile=plan_q, changes=changes, check=model_check(rec, current, source),
-                      notes=notes)
+                      notes=notes, as_read=as_read, given=frozenset(flags))
 
 
 def model_check(rec: dict[str, Any], job: JobSpec, source: ModelSource) -> ModelCheck:

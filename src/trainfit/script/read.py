@@ -43,7 +43,8 @@ def read_trainer(trainer: Any, *, loads: list[dict[str, Any]], ckpt_calls: list[
         _check_no_offload(base)
     rec: dict[str, Any] = {
         "trainer": type(trainer).__name__, "args": _args(trainer.args),
-        "model": _model(model, base), "lora": _lora(model),
+        "model": {**_model(model, base), "loss_head": _loss_head(trainer, base)},
+        "lora": _lora(model),
         "optimizer": _given_optimizer(trainer),
         "loads": [{k: v for k, v in ld.items() if k != "model_id"} | {"this_model": ld.get(
             "model_id") == id(base)} for ld in loads],
@@ -59,6 +60,21 @@ def read_trainer(trainer: Any, *, loads: list[dict[str, Any]], ckpt_calls: list[
     finally:
         args.dataloader_num_workers, args.dataloader_persistent_workers = workers
     return rec
+
+
+def _loss_head(trainer: Any, base: Any) -> str:
+    """``trl-logprob`` when the trainer's loss runs TRL's chunked log-prob head: trl 1.16's
+    SFTTrainer patches the base model's forward (``add_fused_lm_head``, found by its code, since
+    ``functools.wraps`` gives it the model's name) and calls it with ``fused_lm_head=True``, unless
+    a ``compute_loss_func`` or label smoothing takes the whole logits; else ``logits``."""
+    fn = getattr(vars(base).get("forward"), "__func__", None)
+    code = getattr(fn, "__code__", None)
+    if code is None or code.co_name != "_fused_forward" or "trl" not in code.co_filename:
+        return "logits"
+    if getattr(trainer, "compute_loss_func", None) is not None or \
+            getattr(trainer, "label_smoother", None) is not None:
+        return "logits"
+    return "trl-logprob"
 
 
 def _base_model(model: Any) -> Any:

@@ -26,7 +26,7 @@ from trainfit.model.runtime import parse_device
 from trainfit.model.source import source_of
 from trainfit.script.diff import KeywordChange, keyword_diff
 from trainfit.script.launch import run_script
-from trainfit.script.mapping import ReadJob, map_record
+from trainfit.script.mapping import ReadJob, map_record, script_as_read, with_flags
 from trainfit.tune.tuner import Bench, TuneOptions, TuneResult, device_side, run_search
 
 SCRIPT_KNOBS = ("grad_ckpt", "attention", "optimizer_impl", "num_workers", "loader")
@@ -72,7 +72,8 @@ def tune_trainer(trainer: Any, rec: dict[str, Any], o: dict[str, Any]) -> dict[s
     t0 = time.perf_counter()
     flags = o.get("flags", {})
     read = map_record(rec, frozenset(flags))
-    job = JobSpec.from_dict({**read.fields, **flags}, source="the script")
+    job = JobSpec.from_dict(with_flags(read.fields, flags), source="the script")
+    as_read = script_as_read(rec, read.fields, flags) or job
     device = parse_device(o.get("device", "cpu"))
     on = rec["model"]["device"]
     if on != device.type:
@@ -104,7 +105,8 @@ def tune_trainer(trainer: Any, rec: dict[str, Any], o: dict[str, Any]) -> dict[s
         result = run_search(start, opts, bench, t0, current=job, step_source="script")
     finally:
         prober.restore_trainer()
-    changes = keyword_diff(rec, job, result.pick.job) if result.pick is not None else []
+    # said from what the script runs (a flag that set a knob is a change to make in it too)
+    changes = keyword_diff(rec, as_read, result.pick.job) if result.pick is not None else []
     return {"result": tune_result_json(result), "job": job.to_dict(),
             "changes": [dataclasses.asdict(c) for c in changes], "knobs": list(opts.knobs)}
 

@@ -261,7 +261,8 @@ def tiny_job(job: JobSpec, tokens: int = TOKENS) -> JobSpec:
 
 
 _JOB_KEYS = ("method", "lora_dropout", "lora_targets", "grad_ckpt", "optimizer_in_backward",
-             "hold_outputs", "output_in_backward", "fp32_outputs", "lm_head_chunk", "seq_len",
+             "hold_outputs", "output_in_backward", "fp32_outputs", "lm_head_chunk",
+             "trl_logprob_head", "seq_len",
              "trust_remote_code")
 """The tiny job's fields that change the step's Python (its rank does not: the ladder's rank-8
 rung reads the same measurement; SDPA's kernel choices all build as ``sdpa``)."""
