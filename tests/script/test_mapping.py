@@ -285,6 +285,21 @@ def test_the_change_is_said_from_what_the_script_runs():
     changed = {(c.keyword, c.before, c.after) for c in keyword_diff(rec, as_read, current)}
     assert {("fp16", False, True), ("per_device_train_batch_size", 4, 16),
             ("gradient_accumulation_steps", 4, 1)} <= changed
+    # review: --ranks / --effective-batch keep the script's own batch in what it runs now
+    on_two = script_as_read(rec, read.fields, {"ranks": 2})
+    assert (on_two.micro_batch, on_two.grad_accum, on_two.ranks, on_two.effective_batch) == \
+        (4, 4, 2, 32)
+    bigger = script_as_read(rec, read.fields, {"effective_batch": 32})
+    assert (bigger.micro_batch, bigger.grad_accum) == (4, 4)
+    # review: a script trainfit cannot read without a flag keeps the other flags' changes
+    lion = record(args__optim="lion_32bit")
+    flags = {"optimizer": "adamw", "optimizer_impl": "fused", "micro_batch": 8}
+    read = map_record(lion, frozenset(flags))
+    as_read = script_as_read(lion, read.fields, flags)
+    assert (as_read.micro_batch, as_read.grad_accum, as_read.optimizer) == (2, 4, "adamw")
+    pick = JobSpec.from_dict(with_flags(read.fields, flags))
+    assert {c.keyword for c in keyword_diff(lion, as_read, pick)} >= {
+        "per_device_train_batch_size", "gradient_accumulation_steps"}
 
 
 def test_a_script_that_asks_for_cuda_is_told_what_that_means():

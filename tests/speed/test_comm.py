@@ -35,16 +35,18 @@ def test_fsdp_gathers_every_micro_step():
 
 def test_zero2_reduces_every_micro_step_and_gathers_once():
     """QA: ZeRO-2 was timed as DDP (one all-reduce per step under no_sync), but DeepSpeed refuses
-    no_sync under ZeRO-2: every micro-step reduce-scatters the gradients, the updated partitions
-    are all-gathered once, and (overlap_comm false by default below stage 3) none of it hides."""
+    no_sync under ZeRO-2: every micro-step all-reduces the gradients' buckets (DeepSpeed 0.19.8's
+    defaults), the updated partitions are all-gathered once, and (overlap_comm false by default
+    below stage 3) none of it hides."""
     bus = 10e9 * RING_BUS_EFFICIENCY
     s = sync_time(ranks=2, sharding="zero2", grad_accum=8, grad_bytes=3e9, param_bytes=3e9,
                   link_gbs=10.0, micro_step_s=0.05)
-    assert s.bytes_per_rank == pytest.approx(8 * 0.5 * 3e9 + 0.5 * 3e9)
+    # each bucket all-reduced (use_multi_rank_bucket_allreduce: true), every micro-step
+    assert s.bytes_per_rank == pytest.approx(8 * 2 * 0.5 * 3e9 + 0.5 * 3e9)
     assert s.exposed_s == s.comm_s == pytest.approx(s.bytes_per_rank / bus)
     ddp = sync_time(ranks=2, sharding="none", grad_accum=8, grad_bytes=3e9, param_bytes=3e9,
                     link_gbs=10.0, micro_step_s=0.05)
-    assert s.bytes_per_rank == pytest.approx(4.5 * ddp.bytes_per_rank)  # the QA's estimate
+    assert s.bytes_per_rank == pytest.approx(8.5 * ddp.bytes_per_rank)
     z3 = sync_time(ranks=2, sharding="zero3", grad_accum=1, grad_bytes=1e9, param_bytes=2e9,
                    link_gbs=10.0, micro_step_s=0.1)
     assert "ZeRO-3" in z3.collective and "FSDP" not in z3.collective

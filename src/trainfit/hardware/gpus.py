@@ -75,8 +75,8 @@ def _build_index() -> dict[str, GpuSpec]:
 _INDEX = _build_index()
 
 _GENERIC_RE = re.compile(
-    r"^(?:generic[\s:_-]?(?P<a>\d+(?:\.\d+)?)\s*(?:gib|gb|g)?"
-    r"|(?P<b>\d+(?:\.\d+)?)\s*(?:gib|gb|g))$"
+    r"^(?:generic[\s:_-]?(?P<a>\d+(?:\.\d+)?)\s*(?P<ua>gib|gb|g)?"
+    r"|(?P<b>\d+(?:\.\d+)?)\s*(?P<ub>gib|gb|g))$"
 )
 
 
@@ -87,21 +87,23 @@ smallest (GTX 1650 and RTX 3050 laptop 4 GB: 3.81 GiB; RTX 4060 Ti 8 GB: 7.63 Gi
 card is the user's OOM)."""
 
 
-def generic_gpu(gigabytes: float) -> GpuSpec:
+def generic_gpu(gigabytes: float, as_gib: bool = False) -> GpuSpec:
     """A card known only by its advertised size: ``gigabytes`` GB sold, taken as
     :data:`GENERIC_CUDA_SHARE` of that many GiB (a card sold as "N GB" reports less than N GiB to
     CUDA: 3.81-4.00 GiB for 4 GB cards).  Peaks, bandwidth, SMs and compute capability are
-    unknown (None); bf16 is assumed supported so a dtype choice is not blocked.
+    unknown (None); bf16 is assumed supported so a dtype choice is not blocked. ``as_gib``:
+    the size was given in GiB (``generic-8GiB``), a capacity taken as it is.
     """
     if not 0 < gigabytes <= 4096:
         raise ValueError(f"generic GPU size must be in (0, 4096] GB, got {gigabytes}")
     size = f"{gigabytes:g}"
+    share = 1.0 if as_gib else GENERIC_CUDA_SHARE
     return GpuSpec(
         name=f"generic-{size}gb", display_name=f"Generic {size} GB GPU", aliases=(),
-        memory_bytes=int(gigabytes * GENERIC_CUDA_SHARE * GIB),
-        memory_source=f"ESTIMATE: generic card sold as {size} GB, taken as "
-                      f"{gigabytes * GENERIC_CUDA_SHARE:.2f} GiB as CUDA would report it (the "
-                      "least share of the sold size the catalog's cards report)",
+        memory_bytes=int(gigabytes * share * GIB),
+        memory_source=f"given: {size} GiB" if as_gib else
+        f"ESTIMATE: generic card sold as {size} GB, taken as {gigabytes * share:.2f} GiB as "
+        "CUDA would report it (the least share of the sold size the catalog's cards report)",
         peak_tflops=dict.fromkeys(DTYPES),
         memory_bandwidth_gbs=None, bf16_supported=True, compute_capability=None,
         sm_count=None, cuda_context_bytes=GENERIC_CUDA_CONTEXT_BYTES,
@@ -125,7 +127,8 @@ def find_gpu(name: str) -> GpuSpec | None:
     match = _GENERIC_RE.match(text)
     if match:
         size = float(match.group("a") or match.group("b"))
-        return generic_gpu(size) if 0 < size <= 4096 else None
+        gib = (match.group("ua") or match.group("ub")) == "gib"  # a capacity given in GiB: as is
+        return generic_gpu(size, as_gib=gib) if 0 < size <= 4096 else None
     spec = _INDEX.get(_norm(text))
     if spec is not None:
         return spec

@@ -80,8 +80,8 @@ class FieldChange:
     after: Any
 
 
-COMPARED_FIELDS = ("effective_batch", "micro_batch", "grad_accum", "grad_ckpt", "precision",
-                   "attention", "optimizer_impl")
+COMPARED_FIELDS = ("method", "effective_batch", "micro_batch", "grad_accum", "grad_ckpt",
+                   "precision", "attention", "optimizer", "optimizer_impl")
 """The fields the pick is compared on against the user's current configuration."""
 
 
@@ -131,6 +131,9 @@ class PlanResult:
     precisions_not_planned: list[str] = field(default_factory=list)
     """Precisions the grid left out because another planned one matches them on this GPU
     (:func:`trainfit.plan.inputs.grid_precisions`: amp-fp16 on a card with bf16)."""
+    gpu_memory_source: str | None = None
+    """Where the GPU's capacity comes from (the catalog's source; ``ESTIMATE: …`` for a generic
+    card known by its sold size)."""
 
     @property
     def pick(self) -> PlanRow | None:
@@ -393,6 +396,7 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
         return PlanResult(
             model=source.name, model_origin=source.origin, model_note=source.note,
             gpu=gpu.name if gpu else None, gpu_display_name=gpu.display_name if gpu else None,
+            gpu_memory_source=gpu.memory_source if gpu else None,
             gpu_memory_bytes=gpu.memory_bytes if gpu else None,
             margin=margin, total_params=first.total_params if first else 0,
             trainable_params=first.trainable_params if first else 0, rows=rows,

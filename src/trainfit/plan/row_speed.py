@@ -38,12 +38,16 @@ def synced(speed: SpeedPrediction | None, job: JobSpec, mem: MemoryPrediction,
     sharded = job.sharding != "none"
     # gradients: fp32 under DDP+AMP; reduced in the compute dtype by DeepSpeed, in
     # fsdp_reduce_dtype by FSDP
-    grad_elem = 2 if job.precision == "bf16-true" or job.sharding.startswith("zero") or (
+    grad_elem = 2 if job.precision == "bf16-true" or (
+        job.sharding.startswith("zero") and job.precision != "fp32") or (
         job.sharding == "fsdp" and job.fsdp_reduce_dtype == "param") else 4
     # parameters are gathered in the compute dtype under FSDP/ZeRO mixed precision
     weight_elem = {"qlora": 0.5625}.get(job.method, 4 if job.precision == "fp32" or (
         not sharded and job.method == "full" and job.precision != "bf16-true") else 2)
     return with_sync(speed, sync_time(
         ranks=job.ranks, sharding=job.sharding, grad_accum=job.grad_accum or 1,
-        grad_bytes=mem.trainable_params * grad_elem, param_bytes=mem.total_params * weight_elem,
+        grad_bytes=mem.trainable_params * grad_elem,
+        # ZeRO-2 gathers the updated partitions of what trains; FSDP / ZeRO-3 every parameter
+        param_bytes=(mem.trainable_params if job.sharding == "zero2" else mem.total_params)
+        * weight_elem,
         link_gbs=gpu.interconnect_gbs, micro_step_s=speed.step_time_s / (job.grad_accum or 1)))

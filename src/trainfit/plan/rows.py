@@ -29,7 +29,12 @@ def take_exact_row(rows: list[Any], exact: Any) -> None:
     accumulation) takes its full-size simulation, so that the table and the line 'against what
     you run now' give one number for one configuration (the extrapolated row had said 6.24 GiB
     beside the simulated 6.22); ▲ stays only where the simulation fits."""
-    key = ("precision", "grad_ckpt", "micro_batch", "grad_accum")
+    # every field that shapes the step: a script's current configuration may differ from the
+    # grid's in more than the four knobs (a --method or --optimizer given over the script), and
+    # its simulation must then not stand for a grid row
+    key = ("precision", "grad_ckpt", "micro_batch", "grad_accum", "method", "lora_r", "lora_alpha",
+           "lora_targets", "lora_dropout", "quant", "base_dtype", "optimizer", "optimizer_impl",
+           "attention", "ranks", "sharding", "seq_len", "trl_logprob_head", "compile")
     for i, r in enumerate(rows):
         if r.how != "simulated" and all(getattr(r.job, k) == getattr(exact.job, k) for k in key):
             rows[i] = dataclasses.replace(r, memory=exact.memory, how=exact.how,

@@ -107,7 +107,9 @@ def _legend(console: Console, result: PlanResult, dropped: list[str], all_rows: 
     # (memory.predict._fit); every row of a plan is one kind of run, so one band
     under = result.rows[0].memory.error_band_under if result.rows else 0.0
     line = min(1 - result.margin, 1 / (1 + under))
-    legend = (f"★ recommended  ▲ largest micro-batch that fits · spare: GiB left under the fit "
+    marks = "★ recommended  ▲ largest micro-batch that fits · " \
+        if any(r.memory.fits for r in result.rows) else "no row fits · "
+    legend = (f"{marks}spare: GiB left under the fit "
               f"line ({line:.0%} of the GPU" + (f": GPU ÷ (1 + its {under:.0%} error band)"
                                                 if line < 1 - result.margin else "") + ")")
     if not speed_known and result.gpu is not None:
@@ -138,7 +140,7 @@ def _ladder(console: Console, result: PlanResult) -> None:
 def render_plan(result: PlanResult, all_rows: bool = False) -> None:
     console = _console()
     gpu = result.gpu or "no GPU given"
-    estimate = (result.gpu or "").startswith("generic-")  # hardware.gpus.generic_gpu
+    estimate = "ESTIMATE" in (result.gpu_memory_source or "")  # hardware.gpus.generic_gpu
     cap = (f" ({_gib(result.gpu_memory_bytes)} GiB as CUDA " + (
         "would report it, an estimate" if estimate else "reports it") + ")") \
         if result.gpu_memory_bytes else ""

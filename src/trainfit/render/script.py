@@ -114,8 +114,9 @@ def _read_rows(read: ReadJob, rec: dict[str, Any], f: dict[str, Any],
              else "the trainer's model")]
     method = f["method"]
     if method != "full":
+        layers = f" ({len(rec['lora']['adapted'])} layers)" if rec["lora"] else ""
         method += (f": LoRA r={f['lora_r']} alpha={f['lora_alpha']} dropout {f['lora_dropout']} "
-                   f"on {','.join(f['lora_targets'])} ({len(rec['lora']['adapted'])} layers)")
+                   f"on {','.join(f['lora_targets'])}{layers}")
     if f.get("quant"):
         method += f", 4-bit {f['quant']}"
     rows.append(("method", method, src(

@@ -61,6 +61,9 @@ def keyword_diff(rec: dict[str, Any], current: JobSpec, pick: JobSpec) -> list[K
     for k in ARG_KEYS:
         if cur.get(k) != new.get(k) or (k in batch and batch_changed):
             out.append(KeywordChange(args_cls, k, cur.get(k), new.get(k)))
+    if current.method != pick.method:  # a --method given over the script's
+        out.append(KeywordChange("the model's adapters (LoraConfig / BitsAndBytesConfig / "
+                                 "get_peft_model)", "method", current.method, pick.method))
     if current.grad_ckpt != pick.grad_ckpt:
         out.append(_checkpointing(rec, args_cls, pick.grad_ckpt == "full"))
     site = next((ld for ld in rec["loads"] if ld["this_model"]), None)

@@ -311,7 +311,7 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
 
 LORA_FIELDS = ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")
 QUANT_FIELDS = ("quant", "quant_lm_head", "kbit_prepared")
-SETTING_FLAGS = frozenset({"seq_len", "ranks", "sharding", "effective_batch", "model",
+SETTING_FLAGS = frozenset({"seq_len", "ranks", "sharding", "model",
                            "trust_remote_code", "expandable_segments", "fsdp_init",
                            "fsdp_no_sync", "fsdp_frozen_grads", "offload"})
 """Command-line fields that describe where and on what the script runs rather than a keyword of
@@ -366,19 +366,32 @@ def with_flags(read: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
     return f
 
 
+READ_WHEN_NOT_GIVEN = frozenset({"precision", "base_dtype", "optimizer", "optimizer_impl",
+                                 "expandable_segments"})
+"""The fields :func:`map_record` leaves unread when the command line gives them (reading them
+may refuse the script: an optimizer or a precision trainfit does not model)."""
+
+
 def script_as_read(rec: dict[str, Any], base: dict[str, Any], flags: dict[str, Any],
                    quantile: float = QUANTILE) -> JobSpec | None:
-    """The script's configuration as it runs, with only the command line's setting flags over it
-    (:data:`SETTING_FLAGS`): what the user edits. ``base`` is what was read with ``flags`` given
-    (fields the script had but trainfit could not read are the flags' then); None when the script
-    read without the flags is refused (a precision trainfit does not model: the flags stand)."""
-    try:
-        own = map_record(rec, frozenset(), quantile).fields if set(flags) - SETTING_FLAGS else {}
-    except JobError:
+    """The script's configuration as it runs — its own micro-batch and accumulation, with only
+    the command line's setting flags over it (:data:`SETTING_FLAGS`: on 2 ranks the script's
+    2 × 4 is 2 × 4 × 2) — what the keyword change is said from. A field the script has that
+    trainfit cannot read is the flag's (its change is then not said); None only when the script
+    cannot be read even so."""
+    own = None
+    for given in (frozenset(), frozenset(flags) & READ_WHEN_NOT_GIVEN):
+        try:
+            own = map_record(rec, given, quantile).fields
+            break
+        except JobError:
+            continue
+    if own is None:
         return None
-    settings = {k: v for k, v in flags.items() if k in SETTING_FLAGS}
+    over = {k: v for k, v in flags.items() if k in SETTING_FLAGS or
+            (k in READ_WHEN_NOT_GIVEN and k not in own)}
     try:
-        return JobSpec.from_dict(with_flags({**base, **own, "model": base["model"]}, settings),
-                                 source="the script")
+        return JobSpec.from_dict({**base, **own, "model": base["model"], **over,
+                                  "effective_batch": None}, source="the script")
     except JobError:
         return None

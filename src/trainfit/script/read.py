@@ -71,8 +71,14 @@ def _loss_head(trainer: Any, base: Any) -> str:
     code = getattr(fn, "__code__", None)
     if code is None or code.co_name != "_fused_forward" or "trl" not in code.co_filename:
         return "logits"
-    if getattr(trainer, "compute_loss_func", None) is not None or \
-            getattr(trainer, "label_smoother", None) is not None:
+    # a subclass's own compute_loss (trl's deprecation advice) may take the whole logits
+    loss_code = getattr(type(trainer).compute_loss, "__code__", None)
+    if loss_code is None or "trl" not in loss_code.co_filename:
+        return "logits"
+    # trl takes the logits path for a compute_loss_func, or label smoothing with the nll loss
+    if getattr(trainer, "compute_loss_func", None) is not None or (
+            getattr(trainer, "label_smoother", None) is not None
+            and getattr(trainer.args, "loss_type", "nll") == "nll"):
         return "logits"
     return "trl-logprob"
 

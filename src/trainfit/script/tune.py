@@ -52,6 +52,8 @@ class ScriptTune:
     changes: list[KeywordChange]
     check: Any = None
     notes: list[Any] = dataclasses.field(default_factory=list)
+    given: frozenset[str] = frozenset()
+    """The fields the command line set (credited to it in the read table)."""
 
 
 def _options(job: JobSpec, rec: dict[str, Any], o: dict[str, Any]) -> TuneOptions:
@@ -123,4 +125,4 @@ def tune_script(cmd: list[str], *, options: dict[str, Any], flags: dict[str, Any
     read = map_record(rec, frozenset(flags))
     return ScriptTune(command=cmd, record=rec, read=read, current=JobSpec.from_dict(t["job"]),
                       result=tune_result_from_json(t["result"]),
-                      changes=[KeywordChange(**c) for c in t["changes"]])
+                      changes=[KeywordChange(**c) for c in t["changes"]], given=frozenset(flags))

@@ -8,11 +8,13 @@ the part of it the backward does not hide.
   gradients exist, so the all-reduce runs under the rest of the last micro-step's backward; what
   shows is max(comm − backward, the last bucket).
 * DeepSpeed ZeRO-2 (``sharding: zero2``): every micro-step's backward reduces the gradients
-  into their owners' partitions (``reduce_ready_partitions_and_remove_grads``; ``no_sync`` is
-  refused under ZeRO-2, deepspeed/runtime/engine.py) — (N−1)/N × the gradient bytes per
-  micro-step — and after the optimizer step the updated partitions are all-gathered once
-  ((N−1)/N × the 16-bit parameter bytes). DeepSpeed's default ``overlap_comm`` is false below
-  stage 3 (runtime/zero/config.py ``overlap_comm_valid``): the reductions are not hidden.
+  (``reduce_ready_partitions_and_remove_grads``; ``no_sync`` is refused under ZeRO-2,
+  deepspeed/runtime/engine.py), each bucket all-reduced (``use_multi_rank_bucket_allreduce``
+  defaults to true: stage_1_and_2.py ``average_tensor``) — 2(N−1)/N × the gradient bytes per
+  micro-step — and after the optimizer step the updated partitions of the trainable
+  parameters are all-gathered once ((N−1)/N × their bytes). DeepSpeed 0.19.8's default
+  ``overlap_comm`` is false below stage 3 (runtime/zero/config.py ``overlap_comm_valid``): the
+  reductions are not hidden.
 * FSDP (``sharding: fsdp``, full shard): every micro-step all-gathers the parameters for the
   forward and again for the backward ((N−1)/N × parameter bytes each) and reduce-scatters the
   gradients ((N−1)/N × gradient bytes); prefetching overlaps them with compute, so what shows per
@@ -70,11 +72,11 @@ def sync_time(*, ranks: int, sharding: str, grad_accum: int, grad_bytes: float,
         return SyncTime(f"all-gather ×2 + reduce-scatter per micro-step ({who})",
                         per_micro * grad_accum, comm_micro * grad_accum, exposed,
                         "prefetched: hidden under each micro-step's compute up to its length")
-    if sharding == "zero2":
-        per_micro = frac * grad_bytes
+    if sharding == "zero2":  # param_bytes: the trainable parameters' (what is gathered)
+        per_micro = 2.0 * frac * grad_bytes
         gather = frac * param_bytes
         comm = (per_micro * grad_accum + gather) / bus
-        return SyncTime("reduce-scatter of gradients per micro-step + all-gather of the updated "
+        return SyncTime("all-reduce of gradients per micro-step + all-gather of the updated "
                         "partitions per step (DeepSpeed ZeRO-2)", per_micro * grad_accum + gather,
                         comm, comm, "not hidden (DeepSpeed's default overlap_comm: false below "
                         "ZeRO-3)")
