@@ -368,7 +368,7 @@ def test_plan_gets_the_cost_at_the_machines_reference(measuring, tiny_llama) -> 
 def test_the_busy_note_says_how_busy() -> None:
     from trainfit.render.words import busy_note, launch_note
 
-    assert "other processes" not in launch_note(3, 10, measured=True)
+    assert "other processes" not in launch_note(3, 10, measured_rows=3)
     text = busy_note(2, 1.04)
     assert text.startswith("2 launch-bound row(s)")
     assert "used up to 1.0 CPU cores (measured)" in text
@@ -379,7 +379,7 @@ def test_the_launch_note_says_which_rows_were_measured() -> None:
     while the next said 8 had their host time measured. Mixed rows are said apart."""
     from trainfit.render.words import launch_note
 
-    mixed = launch_note(16, 30, measured=False, measured_rows=8)
+    mixed = launch_note(16, 30, measured_rows=8)
     assert "8 of them have their host time measured" in mixed and "the other 8" in mixed
     assert "measured" not in launch_note(16, 30).split("(10 µs")[0]  # none measured: per-op
-    assert "Their host time is the step's own code" in launch_note(16, 30, measured=True)
+    assert "Their host time is the step's own code" in launch_note(16, 30, measured_rows=16)

@@ -152,7 +152,8 @@ def _read_rows(read: ReadJob, rec: dict[str, Any], f: dict[str, Any],
 
 
 def render_script_read(sp: ScriptPlan | Any, console: Console | None = None) -> None:
-    """What was read; ``sp`` has ``command``, ``record``, ``read``, ``check``, ``notes``."""
+    """What was read; ``sp`` (a plan's or tune's) has ``command``, ``record``, ``read``,
+    ``current``, ``given``, ``check``, ``notes``."""
     con = console or out_console()
     rec = sp.record
     con.print(f"[bold]{rec['trainer']}[/bold] of `{shlex.join(sp.command)}` — read "
@@ -160,12 +161,12 @@ def render_script_read(sp: ScriptPlan | Any, console: Console | None = None) -> 
     t = Table(title="read from the script")
     for col in ("", "as trainfit plans it", "from"):
         t.add_column(col)
-    for row in _read_rows(sp.read, rec, sp.current.to_dict(), getattr(sp, "given", frozenset())):
+    given = sp.given
+    for row in _read_rows(sp.read, rec, sp.current.to_dict(), given):
         t.add_row(*row)
     con.print(t)
     # a plan (not tune's read) says whether its grid at the quantile follows
     grid = sp.plan_quantile is not None if hasattr(sp, "plan_quantile") else None
-    given = getattr(sp, "given", frozenset())
     con.print(length_words(sp.read.lengths, sp.read.fields["micro_batch"], grid,
                            sp.current.seq_len if "seq_len" in given else None))
     if sp.check is not None:

@@ -66,8 +66,7 @@ def plan_notes(result: PlanResult) -> list[str]:
     launch = [r for r in result.rows if r.speed is not None and r.speed.bound == "launch-bound"]
     if launch:
         measured = sum(bool(r.speed.host_measured) for r in launch)
-        notes.append(launch_note(len(launch), len(result.rows), measured == len(launch),
-                                 measured))
+        notes.append(launch_note(len(launch), len(result.rows), measured))
         busy = [r.speed.host_busy_cores for r in launch
                 if r.speed.host_busy and r.speed.host_busy_cores is not None]
         if busy:
@@ -125,12 +124,13 @@ def link_note(result: PlanResult) -> str:
     return text
 
 
-def launch_note(n: int, total: int, measured: bool = False, measured_rows: int = 0) -> str:
-    """Launch-bound rows: their step time is the host's.  ``measured``: the host time is the
-    step's own code run on this machine's CPU (trainfit/speed/host.py); else the per-op count
-    alone, which misses the model's Python (benchmarks/results/gpu_validate.md).
-    ``measured_rows``: how many were measured when not all were (each part said apart)."""
+def launch_note(n: int, total: int, measured_rows: int = 0) -> str:
+    """Launch-bound rows: their step time is the host's.  ``measured_rows`` of the ``n``: the
+    host time is the step's own code run on this machine's CPU (trainfit/speed/host.py); the
+    others: the per-op count alone, which misses the model's Python
+    (benchmarks/results/gpu_validate.md).  Some but not all measured: each part said apart."""
     head = f"{n} of {total} rows are launch-bound (predicted): the GPU waits for the CPU to enqueue"
+    measured = measured_rows >= n
     if not measured and measured_rows:
         return (f"{head} each op. {measured_rows} of them have their host time measured (the "
                 "step's own code run on this machine's CPU at a tiny width, plus 6 µs a kernel: "
@@ -250,7 +250,8 @@ def plan_versus(result: PlanResult) -> str | None:
 def numerics_words(result: PlanResult) -> str | None:
     """A pick that trains in pure bf16 where the current configuration keeps fp32 weights (or
     master weights under autocast) changes how the model learns, not only its speed: said, with
-    the fastest fitting row that keeps the current precision (None: no such change)."""
+    the fastest fitting row that keeps fp32 weights (any precision but bf16-true, at the pick's
+    effective batch and ranks; None: no such change)."""
     cur, pick = result.current, result.pick
     if cur is None or pick is None or pick.job.precision != "bf16-true" or \
             cur.job.precision == "bf16-true":

@@ -336,12 +336,12 @@ def with_flags(read: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
     mb, ga = flags.get("micro_batch"), flags.get("grad_accum")
     if mb is not None and ga is not None:
         return f  # the product is the command line's (JobSpec checks --effective-batch with it)
-    ranks = int(f.get("ranks") or 1)
-    script_eff = read["micro_batch"] * read["grad_accum"] * int(read.get("ranks") or 1)
+    ranks, script_ranks = int(f.get("ranks") or 1), int(read.get("ranks") or 1)
+    script_eff = read["micro_batch"] * read["grad_accum"] * script_ranks
     eff = flags.get("effective_batch") or script_eff
     said = f"--effective-batch {eff}" if "effective_batch" in flags else \
         f"the script's effective batch {eff} ({read['micro_batch']} × {read['grad_accum']} × " \
-        f"{int(read.get('ranks') or 1)})"
+        f"{script_ranks})"
     if eff % ranks:
         raise JobError(f"{said} is not divisible by --ranks {ranks}",
                        "give --effective-batch N, a multiple of the ranks")
@@ -373,14 +373,17 @@ may refuse the script: an optimizer or a precision trainfit does not model)."""
 
 
 def script_as_read(rec: dict[str, Any], base: dict[str, Any], flags: dict[str, Any],
-                   quantile: float = QUANTILE) -> JobSpec | None:
+                   quantile: float = QUANTILE, read: ReadJob | None = None) -> JobSpec | None:
     """The script's configuration as it runs — its own micro-batch and accumulation, with only
     the command line's setting flags over it (:data:`SETTING_FLAGS`: on 2 ranks the script's
     2 × 4 is 2 × 4 × 2) — what the keyword change is said from. A field the script has that
     trainfit cannot read is the flag's (its change is then not said); None only when the script
-    cannot be read even so."""
+    cannot be read even so. ``read``: :func:`map_record` of ``flags`` already computed (reused
+    when no flag is in :data:`READ_WHEN_NOT_GIVEN`: it then read every field)."""
     own = None
-    for given in (frozenset(), frozenset(flags) & READ_WHEN_NOT_GIVEN):
+    if read is not None and not set(flags) & READ_WHEN_NOT_GIVEN:
+        own = read.fields
+    for given in (() if own is not None else (frozenset(), frozenset(flags) & READ_WHEN_NOT_GIVEN)):
         try:
             own = map_record(rec, given, quantile).fields
             break

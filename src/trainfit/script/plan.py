@@ -162,7 +162,7 @@ def plan_script(cmd: list[str], *, gpu: GpuSpec | None, flags: dict[str, Any] | 
     if "seq_len" in flags:  # the data's own length runs as the script runs it (a note if long)
         check_seq_len(current.seq_len, source)
     check_script_precision(current, gpu)
-    as_read = script_as_read(rec, base, flags, quantile) or current
+    as_read = script_as_read(rec, base, flags, quantile, read) or current
     grid = _grid_job(current, set(flags))
     result = plan(grid, source, gpu, margin=margin, verify=verify, current=as_read,
                   dataset_tokens=dataset_tokens, epochs=epochs)

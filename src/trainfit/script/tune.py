@@ -75,7 +75,7 @@ def tune_trainer(trainer: Any, rec: dict[str, Any], o: dict[str, Any]) -> dict[s
     flags = o.get("flags", {})
     read = map_record(rec, frozenset(flags))
     job = JobSpec.from_dict(with_flags(read.fields, flags), source="the script")
-    as_read = script_as_read(rec, read.fields, flags) or job
+    as_read = script_as_read(rec, read.fields, flags, read=read) or job
     device = parse_device(o.get("device", "cpu"))
     on = rec["model"]["device"]
     if on != device.type:
