@@ -17,11 +17,11 @@ from typing import Any
 
 from trainfit.hardware.gpus import GpuSpec
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec
+from trainfit.model.config_file import config_from_dict
 from trainfit.model.source import (
     ModelSource,
     build_config,
     check_seq_len,
-    config_from_dict,
     resolve_model,
     source_of,
 )
