@@ -40,6 +40,32 @@ def test_bad_input_exits_2_with_one_line(args, needle):
     assert len(first) == 1 and needle in first[0], err
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["plan", "gpt2", "--gpu", "t4", "--seq-len", "abc"], "invalid value for '--seq-len'"),
+    (["plan", "gpt2", "--gpux", "t4"], "no such option: --gpux"),
+    (["bogus"], "no such command 'bogus'"),
+])
+def test_unparsable_flags_are_one_line_too(args, needle):
+    """QA: click's usage errors (a flag's type, an unknown option) were typer's boxed screen;
+    trainfit.cli.main.main() makes them one error line and a hint, exit code 2."""
+    from trainfit.cli.main import one_line_usage_errors
+
+    one_line_usage_errors()
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2, res.output
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
+    assert len(lines) == 2 and lines[0].startswith("error: ") and needle in lines[0], lines
+    assert lines[1].startswith("hint: ") and "--help" in lines[1]
+
+
+def test_a_job_files_unknown_gpu_names_the_file(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("model: gpt2\ngpu: bogus\n")
+    res = runner.invoke(app, ["plan", str(job)])
+    assert res.exit_code == 2
+    assert f"error: gpu: bogus (in {job}): unknown GPU" in res.stderr
+
+
 def test_unknown_model_suggests_close_names():
     res = runner.invoke(app, ["plan", "llama-3.2-1bb", "--gpu", "t4"])
     assert "hint: did you mean llama-3.2-1b" in res.stderr

@@ -136,9 +136,10 @@ def _current_and_grid(job: JobSpec, fields: dict[str, Any], extra: dict[str, Any
 
 
 def _gpu_spec(gpu: str | None, extra: dict[str, Any], interconnect: str | None,
-              say: Any = None, ranks: int | None = None) -> Any:
+              say: Any = None, ranks: int | None = None, where: str | None = None) -> Any:
     """The GPU named (--gpu, else the job file's), else the one this machine has (NVML), else
-    none; ``ranks``: the job's, when known (a link for one rank is refused)."""
+    none; ``ranks``: the job's, when known (a link for one rank is refused); ``where``: the job
+    file, named when its ``gpu:`` is wrong."""
     if interconnect is not None and ranks is not None and ranks <= 1:
         raise JobError(f"--interconnect {interconnect} with 1 rank: one GPU syncs nothing "
                        "over a link", "add --ranks N (N ≥ 2), or drop --interconnect")
@@ -146,21 +147,22 @@ def _gpu_spec(gpu: str | None, extra: dict[str, Any], interconnect: str | None,
     from trainfit.hardware.gpus import close_gpu_names, find_gpu, gpu_names, memory_variants
 
     gpu_name = gpu or extra.get("gpu")
+    said = f"--gpu {gpu_name}" if gpu or not where else f"gpu: {gpu_name} (in {where})"
     spec = None
     if gpu_name is not None:
         spec = find_gpu(str(gpu_name))
         if spec is None and str(gpu_name).strip().lower().startswith("generic"):
-            raise JobError(f"--gpu {gpu_name}: a generic card is generic-<N>gb with N its memory, "
+            raise JobError(f"{said}: a generic card is generic-<N>gb with N its memory, "
                            "more than 0 and at most 4096", "e.g. --gpu generic-24gb")
         if spec is None:
             close = close_gpu_names(str(gpu_name))
-            raise JobError(f"--gpu {gpu_name}: unknown GPU",
+            raise JobError(f"{said}: unknown GPU",
                            (f"did you mean {', '.join(close)}? " if close else "")
                            + "known: " + ", ".join(gpu_names()) + ", or generic-<N>gb "
                            "(`trainfit gpus` lists them with their memory)")
         others = memory_variants(str(gpu_name), spec)
         if others and say is not None:
-            say(f"note: --gpu {gpu_name} is planned as {spec.display_name} "
+            say(f"note: {said} is planned as {spec.display_name} "
                 f"({spec.memory_bytes / 2**30:.2f} GiB); the name also covers "
                 + ", ".join(f"{g.name} ({g.memory_bytes / 2**30:.2f} GiB)" for g in others)
                 + ": name the card you have to plan for it")
@@ -259,7 +261,7 @@ def plan_cmd(
         job = job_of_fields(fields, target, job_flags or {})
         job, current_job = _current_and_grid(job, fields, extra, current, target or "flags")
         checks = _file_checks(extra, target or "flags")  # bad input fails before the work
-        spec = _gpu_spec(gpu, extra, interconnect, say, ranks=job.ranks)
+        spec = _gpu_spec(gpu, extra, interconnect, say, ranks=job.ranks, where=target)
         source = resolve_model(job.model, job.trust_remote_code)
         check_seq_len(job.seq_len, source)  # tune and train refuse it too
         job = job_for_model(job, fields, say, source)
@@ -348,6 +350,7 @@ def main() -> None:
         hf_logging.set_verbosity_error()
     except ImportError:  # pragma: no cover
         pass
+    one_line_usage_errors()
     try:
         app()
     except KeyboardInterrupt:
@@ -357,6 +360,35 @@ def main() -> None:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
         _leave_as_a_rank(code)
         raise
+
+
+def one_line_usage_errors() -> None:
+    """A flag click cannot parse (``--seq-len abc``, an unknown option) is bad input like any
+    other: one ``error:`` line and a ``hint:``, exit code 2 — not typer's boxed usage screen.
+    Typer has no setting for how it shows a click usage error (typer/core.py ``_main`` calls
+    ``rich_utils.rich_format_error``), so that function is wrapped; anything else (the help a
+    bare command prints) is typer's own."""
+    from typer import rich_utils
+
+    orig = rich_utils.rich_format_error
+    if getattr(orig, "one_line", False):
+        return
+
+    def format_error(err: Any) -> None:
+        # typer ≥ 0.24 raises its vendored click's exceptions (typer._click, private), so a
+        # usage error is told by what it is — click's UsageError has exit code 2 — not its class
+        if getattr(err, "exit_code", None) != 2 or \
+                type(err).__name__ == "NoArgsIsHelpError":  # a bare command: typer prints help
+            orig(err)
+            return
+        msg = " ".join(err.format_message().split())
+        ctx = getattr(err, "ctx", None)
+        where = ctx.command_path if ctx is not None else "trainfit"
+        typer.echo(f"error: {msg[:1].lower() + msg[1:]}", err=True)
+        typer.echo(f"hint: {where} --help lists the options and what each takes", err=True)
+
+    format_error.one_line = True  # type: ignore[attr-defined]
+    rich_utils.rich_format_error = format_error
 
 
 class _DropMessage(logging.Filter):
