@@ -115,10 +115,17 @@ def _measure(name: str) -> int:
 
 
 def _worker(name: str, out_dir: Path) -> None:
+    import importlib
+
     import deepspeed
 
     from trainfit.engine.dist import leave_together
 
+    # DeepSpeed JIT-compiles its shared-memory all-reduce op when the backend starts (comm/
+    # torch.py: build_shm_op); only inference_all_reduce uses it, never a training step, and the
+    # compile took 30 s of a fresh machine's first launch (up to 3 min under a loaded CI)
+    # (by its module's name: deepspeed.comm's attribute "torch" is torch itself)
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend="gloo")
     rank = int(os.environ["RANK"])
     (out_dir / f"{name}-rank{rank}.json").write_text(json.dumps(_measure(name)))
