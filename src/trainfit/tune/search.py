@@ -147,8 +147,8 @@ class Searcher:
         return lim is None or p is None or p <= lim
 
     def over_budget(self) -> bool:
-        if self.o.budget_s is None:
-            return False
+        if self.o.budget_s is None or not self.trials:
+            return False  # the first probe always runs: with none there is nothing to report
         spent = time.perf_counter() - self.t0
         last = self.trials[-1].result.probe_time_s if self.trials else 0.0
         if self.agree(spent + last > self.o.budget_s):
