@@ -66,6 +66,15 @@ def test_a_job_files_unknown_gpu_names_the_file(tmp_path):
     assert f"error: gpu: bogus (in {job}): unknown GPU" in res.stderr
 
 
+def test_a_job_files_bad_value_is_named_by_its_key_then_the_flag(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("model: gpt2\ngpu: t4\nseq_len: -3\n")
+    res = runner.invoke(app, ["plan", str(job)])
+    assert res.exit_code == 2
+    assert "error: seq_len: -3: must be an integer ≥ 1" in res.stderr
+    assert f"hint: e.g. seq_len: 512 in {job}, or --seq-len 512 on the command line" in res.stderr
+
+
 def test_unknown_model_suggests_close_names():
     res = runner.invoke(app, ["plan", "llama-3.2-1bb", "--gpu", "t4"])
     assert "hint: did you mean llama-3.2-1b" in res.stderr

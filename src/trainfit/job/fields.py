@@ -189,6 +189,9 @@ def in_file_words(err: JobError, path: str, keep: tuple[str, ...] = (),
                       lambda m: f"{names[m.group(0)]}:" if m.group(0) in names else m.group(0),
                       text)
     msg, hint = words(str(err)), words(err.hint) if hint_too else err.hint
+    if not hint_too and hint.startswith("e.g. --") and words(hint) != hint:
+        # an example value: the file's key first (where the value came from), then the flag
+        hint = f"{words(hint)} in {path}, or {hint[len('e.g. '):]} on the command line"
     if msg == str(err) and hint == err.hint:
         return err
     out = type(err)(msg, (f"{hint} (in {path})" if hint else f"see {path}") if hint_too
