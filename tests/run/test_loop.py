@@ -48,6 +48,25 @@ def test_oom_and_interrupt_lose_nothing(job, tmp_path):
     assert len(seen) == 48 and len(set(seen[:24])) == 24  # 24 samples: 2 epochs, none repeated
 
 
+def test_a_resume_without_a_length_keeps_the_checkpoints_schedule(job, tmp_path):
+    """QA: the README's `--resume run --micro-batch 2` without --max-steps went on to the epoch's
+    end and rebuilt the linear decay over it: the losses left the uninterrupted run's at the
+    next step, with nothing said. The checkpoint records its run's length; a resume that gives
+    none keeps it, one that gives another says the schedule changed."""
+    ref = train(job, RunOptions(out_dir=tmp_path / "ref", max_steps=5))
+    train(job, RunOptions(out_dir=tmp_path / "a", max_steps=5, inject_interrupt_at_step=2))
+    ck = json.loads((tmp_path / "a" / "checkpoint-3" / "trainer_state.json").read_text())
+    assert ck["schedule_steps"] == 5
+    b = train(job.replace(micro_batch=2), RunOptions(out_dir=tmp_path / "a", resume=tmp_path / "a"))
+    assert b.steps == 5 and b.losses == pytest.approx(ref.losses, rel=1e-6)
+    assert not any("decays to 0" in n for s in b.segments for n in s.get("notes", []))
+    c = train(job, RunOptions(out_dir=tmp_path / "c", max_steps=7,
+                              resume=tmp_path / "a" / "checkpoint-3"))
+    said = [n for s in c.segments for n in s.get("notes", []) if "decays to 0" in n]
+    assert said and "at step 7, not at the checkpoint's 5: from step 4 on, the updates" in said[0]
+    assert c.losses[:4] == pytest.approx(ref.losses[:4], rel=1e-6)
+
+
 def test_real_memory_limit_oom_splits(job, tmp_path, limit_between):
     limit = limit_between(job, fits=2, ooms=4)
     ref = train(job.replace(micro_batch=2), RunOptions(out_dir=tmp_path / "r", max_steps=3))

@@ -124,7 +124,9 @@ def register(app: typer.Typer) -> None:
         out: Annotated[str, typer.Option(help="Run directory: checkpoints, train.json, "
                                               "monitor.jsonl.")] = "trainfit-run",
         max_steps: Annotated[int | None, typer.Option(help="Optimizer steps to run.")] = None,
-        epochs: Annotated[float, typer.Option(help="Epochs when --max-steps is not given.")] = 1.0,
+        epochs: Annotated[float | None, typer.Option(
+            help="Epochs when --max-steps is not given (default 1; on a resume, the length of "
+                 "the run that wrote the checkpoint).")] = None,
         save_every: Annotated[int | None, typer.Option(help="Checkpoint every N steps.")] = None,
         resume: Annotated[str | None, typer.Option(
             help="Run directory or checkpoint to resume from (another micro-batch is allowed).")] = None,

@@ -107,7 +107,7 @@ class CheckpointWriteError(JobError):
 
 def save(out_dir: Path, state: RunState, model: torch.nn.Module, optimizer: Any, scheduler: Any,
          scaler: Any | None, job: dict[str, Any], *, write: bool = True,
-         history: dict[str, Any] | None = None) -> Path:
+         history: dict[str, Any] | None = None, schedule_steps: int | None = None) -> Path:
     """Write the checkpoint (``write``: this rank writes; under FSDP every rank must call this, as
     gathering the shards is collective, and only one writes). ``history``: the run so far (losses,
     segments …), kept so a resume from this checkpoint continues the same record.
@@ -125,7 +125,8 @@ def save(out_dir: Path, state: RunState, model: torch.nn.Module, optimizer: Any,
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        _write_files(tmp, state, model, weights, optim, scheduler, scaler, job, history)
+        _write_files(tmp, state, model, weights, optim, scheduler, scaler, job, history,
+                     schedule_steps)
         _publish(tmp, final)
         write_atomic(out_dir / "latest", final.name + "\n")
     except BaseException as err:
@@ -146,7 +147,7 @@ def save(out_dir: Path, state: RunState, model: torch.nn.Module, optimizer: Any,
 
 def _write_files(tmp: Path, state: RunState, model: torch.nn.Module, weights: dict[str, Any],
                  optim: dict[str, Any], scheduler: Any, scaler: Any | None, job: dict[str, Any],
-                 history: dict[str, Any] | None) -> None:
+                 history: dict[str, Any] | None, run_steps: int | None) -> None:
     from safetensors.torch import save_file
 
     save_file(weights, str(tmp / "model.safetensors"))
@@ -160,6 +161,7 @@ def _write_files(tmp: Path, state: RunState, model: torch.nn.Module, weights: di
     np_state = np.random.get_state()
     meta = {"step": state.step, "position": state.position, "micro_batch": state.micro_batch,
             "grad_accum": state.grad_accum, "fingerprint": fingerprint(model), "job": job,
+            "schedule_steps": run_steps,
             "python_rng": repr(random.getstate()),
             "numpy_rng": [np_state[0], np_state[1].tolist(), *np_state[2:]],
             "history": history or {}}
@@ -396,6 +398,16 @@ def load(ck: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any, scale
     np.random.set_state((ns[0], np.array(ns[1], dtype=np.uint32), *ns[2:]))
     return RunState(step=meta["step"], position=meta["position"], micro_batch=meta["micro_batch"],
                     grad_accum=meta["grad_accum"])
+
+
+def schedule_steps(ck: Path) -> int | None:
+    """The length of the run that wrote ``ck`` (its linear decay reaches 0 there); None for a
+    checkpoint written before trainfit recorded it."""
+    try:
+        n = json.loads((ck / "trainer_state.json").read_text()).get("schedule_steps")
+    except (OSError, ValueError):
+        return None
+    return n if isinstance(n, int) and n > 0 else None
 
 
 def history(ck: Path) -> dict[str, Any]:

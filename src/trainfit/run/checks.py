@@ -51,11 +51,28 @@ def check_runnable(job: JobSpec, world: int) -> None:
                        "copies' reserve)")
 
 
-def total_steps(opts: RunOptions, n_samples: int, effective_batch: int) -> int:
-    """Optimizer steps of the run: ``max_steps``, else ``epochs`` over the data."""
+def total_steps(opts: RunOptions, n_samples: int, effective_batch: int,
+                saved_steps: int | None = None) -> int:
+    """Optimizer steps of the run: ``max_steps``, else ``epochs`` over the data; neither given
+    on a resume, the length of the run that wrote the checkpoint (``saved_steps``: the linear
+    decay it was on ends there), else one epoch."""
     if opts.max_steps is not None:
         return opts.max_steps
-    return max(1, math.floor(n_samples * opts.epochs / effective_batch))
+    if opts.epochs is None and saved_steps:
+        return saved_steps
+    return max(1, math.floor(n_samples * (opts.epochs or 1.0) / effective_batch))
+
+
+def schedule_note(total: int, saved_steps: int | None, at_step: int) -> str | None:
+    """A resume whose length differs from the checkpoint's run: its linear decay is rebuilt over
+    the new length, so every step from here on has another learning rate (a QA run: a resume
+    without --max-steps went on to the epoch's end, 1,040 steps instead of 150, and its losses
+    left the uninterrupted run's from step 103 with nothing said)."""
+    if not saved_steps or total == saved_steps:
+        return None
+    return (f"the learning rate now decays to 0 at step {total}, not at the checkpoint's "
+            f"{saved_steps}: from step {at_step + 1} on, the updates differ from that run's "
+            f"(leave out --max-steps and --epochs to keep its schedule)")
 
 
 def linear_decay(optimizer: torch.optim.Optimizer, total: int) -> torch.optim.lr_scheduler.LambdaLR:

@@ -51,6 +51,7 @@ from trainfit.run.checks import (
     check_runnable,
     limit_tracker,
     linear_decay,
+    schedule_note,
     total_steps,
 )
 from trainfit.run.evaluate import eval_split
@@ -269,6 +270,15 @@ def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_l
     return _Watch()
 
 
+def _hf_max_steps(ck: str) -> int | None:
+    """The length of the run that wrote an HF checkpoint (TrainerState's ``max_steps``)."""
+    try:
+        n = json.loads((Path(ck) / "trainer_state.json").read_text()).get("max_steps")
+    except (OSError, ValueError):
+        return None
+    return n if isinstance(n, int) and n > 0 else None
+
+
 def last_checkpoint(resume: Path) -> tuple[str, str | None]:
     """(the trainer checkpoint to resume from, a note when a newer one is incomplete). A
     checkpoint's files are verified against the digests written at its save: a damaged file is a
@@ -361,7 +371,8 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
                          job.trust_remote_code)
     wl = build_real(job, source, device, seed=job.seed, lr=job.lr)
     check_no_offload(wl.model, opts.allow_offload)
-    total = total_steps(opts, len(data), job.effective_batch or 1)
+    saved_steps = _hf_max_steps(resume) if resume is not None else None
+    total = total_steps(opts, len(data), job.effective_batch or 1, saved_steps)
     sched = linear_decay(wl.optimizer, total)  # the own loop's schedule, so both backends agree
     cls = _trainer_class(backend, SampleOrder(len(data), seed=job.seed))
     trainer = cls(model=wl.model, args=_training_args(job, opts, backend, total, device),
@@ -386,8 +397,9 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     here = resume is not None and Path(resume).parent.resolve() == opts.out_dir.resolve()
     with RunDir(opts.out_dir, resuming=here, main=main) as claim:
         res.resumed_from = resume
+        changed = schedule_note(total, saved_steps, res.steps) if resume is not None else None
         res.begin_segment(res.steps, resume,
-                          [n for n in (note, *claim.notes, *data.stats.notes) if n])
+                          [n for n in (note, changed, *claim.notes, *data.stats.notes) if n])
         _train(trainer, res, opts, job, data, source, eval_set, train_ids, wl, device, tracker,
                resume, main, claim, total)
     return res

@@ -41,6 +41,7 @@ from trainfit.run.checks import (
     check_runnable,
     limit_tracker,
     linear_decay,
+    schedule_note,
     total_steps,
 )
 from trainfit.run.oom import InjectedOOM, OomEvent, cannot_split, free_after_oom, smaller_micro_batch
@@ -94,14 +95,7 @@ class Trainer:
         self.model = self.wl.model if sharded else wrap(self.wl.model)
         if job.compile:
             self.model = torch.compile(self.model)
-        self.scheduler = linear_decay(self.wl.optimizer, self.total_steps())
-        self.order = SampleOrder(len(self.data), seed=job.seed)
-        self.state = ckpt.RunState(step=0, position=0, micro_batch=job.micro_batch,
-                                   grad_accum=job.grad_accum or 1)
-        self.resumed_from: str | None = None
-        self.notes: list[str] = []
-        self.history: dict[str, Any] = {}
-        self.resuming_here = False
+        ck, note, saved_steps = None, None, None
         if opts.resume is not None:
             # a run still writing the directory is what to say first: before, its missing
             # checkpoint ("no complete checkpoint in it") or its step were reported instead
@@ -112,6 +106,18 @@ class Trainer:
                 if resume.name.startswith("checkpoint-"):
                     check_not_in_use(resume.parent)
             ck, note = ckpt.find(opts.resume)
+            saved_steps = ckpt.schedule_steps(ck)
+        # the run's length, once: a resume without --max-steps / --epochs keeps its schedule
+        self.run_steps = total_steps(opts, len(self.data), job.effective_batch or 1, saved_steps)
+        self.scheduler = linear_decay(self.wl.optimizer, self.run_steps)
+        self.order = SampleOrder(len(self.data), seed=job.seed)
+        self.state = ckpt.RunState(step=0, position=0, micro_batch=job.micro_batch,
+                                   grad_accum=job.grad_accum or 1)
+        self.resumed_from: str | None = None
+        self.notes: list[str] = []
+        self.history: dict[str, Any] = {}
+        self.resuming_here = False
+        if ck is not None:
             if note:
                 self.notes.append(note)
             saved = ckpt.load(ck, self.wl.model, self.wl.optimizer, self.scheduler, self.wl.scaler,
@@ -121,6 +127,9 @@ class Trainer:
                 raise JobError(f"--max-steps {opts.max_steps}: the checkpoint {ck} is already at "
                                f"step {saved.step}",
                                f"give --max-steps above {saved.step} to train on from it")
+            changed = schedule_note(self.run_steps, saved_steps, saved.step)
+            if changed:
+                self.notes.append(changed)
             # the effective batch is the job's; the micro-batch may differ (another GPU, an OOM)
             self.state = ckpt.RunState(step=saved.step, position=saved.position,
                                        micro_batch=job.micro_batch, grad_accum=job.grad_accum or 1)
@@ -131,7 +140,7 @@ class Trainer:
             self.resuming_here = ck.parent.resolve() == Path(opts.out_dir).resolve()
 
     def total_steps(self) -> int:
-        return total_steps(self.o, len(self.data), self.job.effective_batch or 1)
+        return self.run_steps
 
     # --- data -------------------------------------------------------------------------------------
     def _schedule(self) -> Iterator[list[int]]:
@@ -387,7 +396,8 @@ class Trainer:
             history["checkpoints"] = [*history["checkpoints"], name]
             try:
                 p = ckpt.save(self.o.out_dir, self.state, self.wl.model, self.wl.optimizer,
-                              self.scheduler, self.wl.scaler, job, write=main, history=history)
+                              self.scheduler, self.wl.scaler, job, write=main, history=history,
+                              schedule_steps=self.run_steps)
                 if main:
                     res.checkpoints.append(str(p))
                     write_train_json(self.o.out_dir, res)

@@ -18,8 +18,9 @@ class RunOptions:
     """Checkpoints, train.json and monitor.jsonl go here."""
     max_steps: int | None = None
     """Optimizer steps to run (default: ``epochs`` over the data)."""
-    epochs: float = 1.0
-    """Passes over the training set when ``max_steps`` is not given (fractions allowed)."""
+    epochs: float | None = None
+    """Passes over the training set when ``max_steps`` is not given (fractions allowed); None:
+    one, or on a resume the length of the run that wrote the checkpoint (its schedule)."""
     save_every_steps: int | None = None
     """Checkpoint every N steps (and always at the end and on SIGINT/SIGTERM)."""
     resume: Path | None = None
@@ -64,7 +65,7 @@ class RunOptions:
         if self.save_every_steps is not None and self.save_every_steps < 1:
             raise JobError(f"--save-every {self.save_every_steps}: must be ≥ 1",
                            "e.g. --save-every 100 (a checkpoint is always saved at the end)")
-        if not self.epochs > 0:
+        if self.epochs is not None and not self.epochs > 0:
             raise JobError(f"--epochs {self.epochs}: must be > 0", "e.g. --epochs 1")
         if self.eval_data is not None and self.eval_fraction is not None:
             raise JobError("--eval-data and --eval-fraction both given: one evaluation set only",
