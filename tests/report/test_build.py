@@ -136,6 +136,30 @@ def test_train_and_doctor(full_report):
     assert d.step_time_s == 0.70 and len(d.split_s) == 9
 
 
+def test_doctors_verdict_and_a_measured_gain_are_said(tmp_path):
+    """QA: a doctor JSON whose interleaved rounds could not decide was reported as 'applied' with
+    its +12 % median change and nothing else; a gain a probe measured was headed 'predicted'."""
+    from trainfit.report.tables import doctor_texts
+
+    doc = json.loads((FIXTURES / "doctor.json").read_text())
+    doc["gain"] = {"verdict": "undecided", "ratios": [1.16, 1.10], "noise": 0.65}
+    doc["findings"][0]["evidence"]["probe_measured_gain_fraction"] = 0.28
+    doc["findings"][0]["gain_measured"] = True
+    p = tmp_path / "doctor.json"
+    p.write_text(json.dumps(doc))
+    (d,) = build_report(load_inputs([str(p)])).doctors
+    assert d.verdict == "undecided" and d.verdict_ratios == [1.16, 1.10] and d.verdict_noise == 0.65
+    _, before_after, findings = doctor_texts(d)
+    said = " ".join(before_after.notes)
+    assert "doctor's verdict: could not decide" in said and "1.16×, 1.10×" in said
+    assert "noise measured 65%" in said
+    assert findings.rows[0][3] == "28.0 (measured, a short probe)"
+    assert findings.rows[1][3] == "unknown"
+    # a file from before the verdict was written: said unknown, never implied
+    (old,) = build_report(load_inputs([str(FIXTURES / "doctor.json")])).doctors
+    assert "doctor's verdict: unknown" in " ".join(doctor_texts(old)[1].notes)
+
+
 def test_tune_alone_makes_its_own_section():
     rep = build_report(load_inputs([str(FIXTURES / "tune.json")]))
     (s,) = rep.sections

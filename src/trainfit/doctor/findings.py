@@ -62,9 +62,16 @@ class Finding:
     detail: str = ""
     """One line of prose for the table (the JSON carries the numbers)."""
 
+    @property
+    def gain_measured(self) -> bool:
+        """The gain is a probe's measurement (the larger micro-batch run for a few steps), not the
+        rule's prediction: ``predicted_gain_fraction`` then holds the measured figure."""
+        return self.evidence.get("probe_measured_gain_fraction") is not None
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("detail")
+        d["gain_measured"] = self.gain_measured
         return d
 
 

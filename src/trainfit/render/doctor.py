@@ -70,7 +70,9 @@ def findings_block(findings: list[Finding], title: str) -> Group:
     parts: list[Text] = [Text(title, style="italic")]
     for i, f in enumerate(findings, 1):
         g = f.predicted_gain_fraction
-        gain = "gain unknown" if g is None else f"predicted gain {g:+.0%} tokens/s"
+        gain = "gain unknown" if g is None else \
+            f"{'measured' if f.gain_measured else 'predicted'} gain {g:+.0%} tokens/s" + \
+            (", a short probe" if f.gain_measured else "")
         parts.append(Text.assemble(f"{i}. ", (f.bottleneck, "bold red" if i == 1 else "bold"),
                                    f"  ({gain})"))
         parts.append(Text(f"   {f.detail}"))

@@ -434,7 +434,9 @@ def build_doctor(d: DoctorInput, slug: str) -> DoctorSection:
     split = [(k.removesuffix("_s").replace("_", " "), v) for k, v in d.split.items() if k != "step_time_s"]
     return DoctorSection(slug=slug, path=d.path, target=d.target, steps_measured=d.steps_measured,
                          split_s=split, step_time_s=d.split.get("step_time_s"), findings=d.findings,
-                         rows=rows, applied=d.applied, overhead_fraction=d.overhead_fraction)
+                         rows=rows, applied=d.applied, overhead_fraction=d.overhead_fraction,
+                         verdict=d.verdict, verdict_ratios=d.verdict_ratios,
+                         verdict_noise=d.verdict_noise)
 
 
 def _same_device(plan: PlanInput, tune: TuneInput) -> bool:

@@ -309,8 +309,13 @@ def _doctor(o: _Obj, path: str) -> DoctorInput:
         findings.append(Finding(bottleneck=f.str_("bottleneck", nullable=False), evidence=evidence,
                                 fix=f.str_("fix", required=False) or "",
                                 predicted_gain_fraction=f.num("predicted_gain_fraction",
-                                                              required=False)))
+                                                              required=False),
+                                gain_measured=f.data.get("gain_measured") is True))
     after_obj = o.obj("after", required=False, nullable=True)
+    gain = o.obj("gain", required=False, nullable=True)
+    verdict = None if gain is None else gain.str_("verdict", required=False)
+    ratios = [] if gain is None else [r for r in (gain.data.get("ratios") or [])
+                                      if isinstance(r, int | float) and not isinstance(r, bool)]
     return DoctorInput(
         path=path, target=o.str_("target", required=False) or "unknown",
         steps_measured=o.int_("steps_measured", required=False),
@@ -318,7 +323,9 @@ def _doctor(o: _Obj, path: str) -> DoctorInput:
         before=o.numbers("before", BEFORE_KEYS),
         after=None if after_obj is None else {k: after_obj.num(k) for k in BEFORE_KEYS},
         applied=o.strs("applied", required=False),
-        overhead_fraction=o.num("overhead_fraction", required=False))
+        overhead_fraction=o.num("overhead_fraction", required=False),
+        verdict=verdict, verdict_ratios=[float(r) for r in ratios],
+        verdict_noise=None if gain is None else gain.num("noise", required=False))
 
 
 # --- monitor logs ---------------------------------------------------------------------------------

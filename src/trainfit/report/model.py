@@ -182,6 +182,8 @@ class Finding:
     evidence: dict[str, float | None]
     fix: str
     predicted_gain_fraction: float | None
+    gain_measured: bool = False
+    """``predicted_gain_fraction`` is a probe's measurement, not a prediction."""
 
 
 @dataclass(frozen=True)
@@ -195,6 +197,13 @@ class DoctorInput:
     after: dict[str, float | None] | None
     applied: list[str]
     overhead_fraction: float | None
+    verdict: str | None = None
+    """Doctor's verdict on the applied fixes from its interleaved rounds: faster | slower |
+    not_faster | undecided; None: nothing applied (or a file from before it was written)."""
+    verdict_ratios: list[float] = field(default_factory=list)
+    """tokens/s after ÷ before in each interleaved round (measured)."""
+    verdict_noise: float | None = None
+    """The noise the run measured, as a fraction."""
 
 
 @dataclass
@@ -384,6 +393,13 @@ class DoctorSection:
     rows: list[DoctorRow]
     applied: list[str]
     overhead_fraction: float | None
+    verdict: str | None = None
+    """Doctor's verdict on the applied fixes from its interleaved rounds: faster | slower |
+    not_faster | undecided; None: nothing applied (or a file from before it was written)."""
+    verdict_ratios: list[float] = field(default_factory=list)
+    """tokens/s after ÷ before in each interleaved round (measured)."""
+    verdict_noise: float | None = None
+    """The noise the run measured, as a fraction."""
 
 
 @dataclass

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from trainfit.report.model import (
     GIB,
     DoctorSection,
+    Finding,
     LadderStep,
     OomEvent,
     Pick,
@@ -304,6 +305,32 @@ def train_text(t: TrainSummary) -> TextTable:
     return TextTable(f"Training run ({t.path})", cols, rows)
 
 
+VERDICT_WORDS = {"faster": "faster in every round, beyond the noise",
+                 "slower": "slower: keep the configuration as it was",
+                 "not_faster": "not faster: keep the configuration as it was",
+                 "undecided": "could not decide (the rounds disagree, or the gain is inside the "
+                              "noise): the change above is not established"}
+
+
+def _gain_cell(f: Finding) -> str:
+    if f.predicted_gain_fraction is None:
+        return UNKNOWN
+    how = "measured, a short probe" if f.gain_measured else "predicted"
+    return f"{fmt_pct(f.predicted_gain_fraction)} ({how})"
+
+
+def verdict_words(d: DoctorSection) -> str:
+    """Doctor's verdict on what it applied, as doctor said it: a change of the medians above is
+    not a gain unless the interleaved rounds agree beyond the noise (a QA run's report showed
+    +12 % where doctor had said it could not decide)."""
+    if d.verdict is None:
+        return "doctor's verdict: unknown (not in this file)"
+    rounds = ", ".join(f"{r:.2f}×" for r in d.verdict_ratios) or "none"
+    noise = "unknown" if d.verdict_noise is None else f"{d.verdict_noise:.0%}"
+    return (f"doctor's verdict: {VERDICT_WORDS.get(d.verdict, d.verdict)} — tokens/s after ÷ "
+            f"before per interleaved round (measured): {rounds}; noise measured {noise}")
+
+
 def doctor_texts(d: DoctorSection) -> list[TextTable]:
     step = d.step_time_s
     split = TextTable(
@@ -318,9 +345,10 @@ def doctor_texts(d: DoctorSection) -> list[TextTable]:
           "not re-measured" if r.after is None else fmt_num(r.after, 3 if r.unit == "s" else 1),
           fmt_pct(r.change_fraction)] for r in d.rows],
         [f"applied: {', '.join(d.applied) or 'nothing'}",
+         *([verdict_words(d)] if d.applied else []),
          f"doctor's own overhead: {fmt_pct(d.overhead_fraction)} % of a step (measured)"])
     findings = TextTable(
-        "Findings", ["bottleneck", "evidence (measured)", "fix", "gain, predicted (%)"],
+        "Findings", ["bottleneck", "evidence (measured)", "fix", "gain (%)"],
         [[f.bottleneck, ", ".join(f"{k} = {fmt_num(v, 3)}" for k, v in f.evidence.items()) or "—",
-          f.fix or "—", fmt_pct(f.predicted_gain_fraction)] for f in d.findings])
+          f.fix or "—", _gain_cell(f)] for f in d.findings])
     return [split, before_after, findings]
