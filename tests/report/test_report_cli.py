@@ -80,6 +80,19 @@ def test_bad_monitor_log(tmp_path, name, text, needles):
     _fails([_write(tmp_path, name, text), "--out", str(tmp_path / "r.html")], *needles)
 
 
+def test_a_monitor_line_cut_by_a_killed_writer_is_skipped_and_said(tmp_path):
+    """QA: a log whose writer was killed mid-line (the sampler then starts its next row on a line
+    of its own) made the whole log unreadable. A cut object is skipped, with a warning; a line
+    that is not JSON at all stays an error (test_bad_monitor_log)."""
+    log = _write(tmp_path, "m.jsonl", '{"time_s": 0, "step": 1}\n{"time_s": 3.1, "step": 15\n'
+                 '{"time_s": 4, "step": 16}\n{"time_s": 5, "st')
+    out = tmp_path / "r.html"
+    res = runner.invoke(APP, ["report", log, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "line 2 is cut off" in res.stderr and "line 4 is cut off" in res.stderr
+    assert out.exists()
+
+
 def test_monitor_gaps_are_not_an_error(tmp_path):
     out = tmp_path / "r.html"
     res = runner.invoke(APP, ["report", str(FIXTURES / "monitor.csv"), "--out", str(out)])

@@ -345,8 +345,18 @@ def _cell(file: str, where: str, key: str, v: Any) -> float | None:
     return float(v)
 
 
-def load_monitor(path: Path, shown: str) -> MonitorLog:
-    """A monitor log (.jsonl or .csv); rows missing ``time_s`` or going back in time are errors."""
+def _cut_off(line: str, err: json.JSONDecodeError) -> bool:
+    """A JSON object cut at the end of its line: what a writer killed mid-line leaves (the
+    sampler starts its next row on a line of its own, monitor/sampler.py); anything else that
+    does not parse is an error."""
+    return line.lstrip().startswith("{") and (err.pos >= len(line.rstrip())
+                                              or err.msg.startswith("Unterminated string"))
+
+
+def load_monitor(path: Path, shown: str, warnings: list[str] | None = None) -> MonitorLog:
+    """A monitor log (.jsonl or .csv); rows missing ``time_s`` or going back in time are errors.
+    A row cut off by a killed writer is skipped, said in ``warnings`` (a QA run: one cut last
+    line made a whole training's log unreadable)."""
     rows: list[tuple[str, dict[str, Any]]] = []
     text = _read_text(path, shown)
     if path.suffix.lower() == ".csv":
@@ -363,6 +373,11 @@ def load_monitor(path: Path, shown: str) -> MonitorLog:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
+                if _cut_off(line, e):
+                    if warnings is not None:
+                        warnings.append(f"{shown}: line {i + 1} is cut off (its writer was killed "
+                                        "mid-line): skipped")
+                    continue
                 raise ReportInputError(f"{shown}: line {i + 1}: not JSON ({e.msg})",
                                        "each line of a monitor log is one JSON object") from None
             if not isinstance(obj, dict):
@@ -421,7 +436,7 @@ def _add_monitor(c: _Collect, path: Path, shown: str) -> None:
     key = path.resolve()
     if key not in c.seen_logs:
         c.seen_logs.add(key)
-        c.inputs.monitors.append(load_monitor(path, shown))
+        c.inputs.monitors.append(load_monitor(path, shown, c.inputs.warnings))
 
 
 def load_inputs(paths: list[str]) -> Inputs:
