@@ -75,6 +75,16 @@ def test_a_job_files_bad_value_is_named_by_its_key_then_the_flag(tmp_path):
     assert f"hint: e.g. seq_len: 512 in {job}, or --seq-len 512 on the command line" in res.stderr
 
 
+def test_train_names_a_job_files_micro_batch_by_its_key(tmp_path):
+    """QA: train's own --micro-batch flag made a job file's bad micro_batch read as the flag."""
+    job = tmp_path / "job.yaml"
+    job.write_text("model: gpt2\nseq_len: 32\nmicro_batch: -2\neffective_batch: 4\n")
+    res = runner.invoke(app, ["train", str(job), "--out", str(tmp_path / "run")])
+    assert res.exit_code == 2
+    assert "error: micro_batch: -2: must be an integer ≥ 1" in res.stderr
+    assert f"(in {job})" in res.stderr and not (tmp_path / "run").exists()
+
+
 def test_unknown_model_suggests_close_names():
     res = runner.invoke(app, ["plan", "llama-3.2-1bb", "--gpu", "t4"])
     assert "hint: did you mean llama-3.2-1b" in res.stderr

@@ -195,8 +195,10 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(_launch(nproc, dev, job, job_file, out))
             result = run_backend(job, opts, backend or str(extra.get("backend") or "trainfit"))
         except JobError as err:
-            # train takes the job from its file: a job field is named by its YAML key
-            fail(in_file_words(err, job_file, keep=("micro_batch", "trust_remote_code")))
+            # train takes the job from its file: a job field is named by its YAML key (the
+            # micro-batch by its flag when --micro-batch gave it)
+            flags = ("micro_batch",) if micro_batch is not None else ()
+            fail(in_file_words(err, job_file, keep=(*flags, "trust_remote_code")))
             return
         _finish(result, out, as_json)
 

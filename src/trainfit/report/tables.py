@@ -289,8 +289,9 @@ def _oom_words(e: OomEvent) -> str:
 def train_text(t: TrainSummary) -> TextTable:
     cols = ["quantity", "value (measured)"]
     ran = f"; ran at {' → '.join(t.ran_at)}" if t.ran_at else ""
+    # train.json's job is the last run's (a resume at another micro-batch rewrites it)
     rows = [["configuration", f"{t.setting}, micro-batch {t.micro_batch} × {t.grad_accum} (the "
-             f"job's){ran}"],
+             f"job as last run){ran}"],
             ["steps", fmt_num(t.steps)], ["samples seen", fmt_num(t.samples_seen)],
             ["tokens seen", fmt_num(t.tokens_seen)],
             ["wall time (h:mm:ss)", fmt_duration(t.wall_time_s)],
