@@ -192,3 +192,22 @@ def test_launch_bound_without_accumulation_says_the_effective_batch_grows():
     assert "no gradient accumulation to divide, so the effective batch grows 4× too" in f.fix
     assert "grad_accum divided" not in f.fix
     assert "= 121.4 ms, more than the 88.5 ms of compute measured" in f.detail
+
+
+def test_a_step_mostly_outside_the_named_parts_is_loop_code():
+    """QA: a loop sleeping 5 ms a step (83 % of it) was called bandwidth-bound from its
+    multiplies' 25 % share of op time. The loop's own code is the bottleneck; the gain if it
+    all went, 1 / (1 − 0.83) − 1, is said as an upper bound."""
+    obs = Observation(split=split(forward_s=0.0004, backward_s=0.0006, optimizer_s=0.0001,
+                                  other_s=0.0055), device="cpu", trainfit_job=False,
+                      matmul_time_fraction=0.25, mfu=0.01)
+    found = find(obs)
+    f = found[0]
+    assert f.bottleneck == "loop-code"
+    assert f.evidence["other_fraction"] == pytest.approx(0.0055 / 0.0066, abs=1e-4)
+    assert f.predicted_gain_fraction == pytest.approx(1 / (1 - 0.0055 / 0.0066) - 1, rel=1e-3)
+    assert "upper bound" in f.detail and "py-spy" in f.fix
+    # under half of the step: not a finding
+    obs = Observation(split=split(forward_s=0.4, backward_s=0.5, optimizer_s=0.09, other_s=0.3),
+                      device="cpu", trainfit_job=True, matmul_time_fraction=0.8, mfu=0.4)
+    assert "loop-code" not in [f.bottleneck for f in find(obs)]

@@ -11,7 +11,9 @@ Predicted gains (each assumes the named cost disappears and nothing else changes
   gain = 1 / (1 − their fraction) − 1 (on a GPU each sync also drains the kernel queue: more);
 * launch-bound: a k× larger micro-batch (same effective batch) dispatches k× fewer ops per token →
   gain = step / (step − overhead · (1 − 1/k)) − 1, overhead = ops × measured cost of one op;
-* needless-recompute: the recomputed forward disappears → gain = 1 / (1 − recompute fraction) − 1.
+* needless-recompute: the recomputed forward disappears → gain = 1 / (1 − recompute fraction) − 1;
+* loop-code: the time outside every named part (the loop's own code) disappears → gain =
+  1 / (1 − its fraction) − 1, an upper bound (some of it is needed work).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from trainfit.doctor.watch import HostSummary
 
 BOTTLENECKS = ("input-bound", "launch-bound", "bandwidth-bound", "compute-bound",
                "compute-and-bandwidth", "needless-recompute",
-               "sync-bound", "cpu-offload", "host-swapping")
+               "sync-bound", "cpu-offload", "host-swapping", "loop-code")
 
 INPUT_BOUND_FRACTION = 0.20
 """Data wait (+ host→device copy) at or above this share of the step: input-bound (the issue's
@@ -126,7 +128,7 @@ def _r(x: float | None, nd: int = 6) -> float | None:
 
 def find(obs: Observation) -> list[Finding]:
     out: list[Finding] = []
-    for rule in (_input, _sync, _launch, _recompute, _offload, _swap):
+    for rule in (_input, _sync, _launch, _recompute, _offload, _swap, _loop_code):
         f = rule(obs)
         if f is not None:
             out.append(f)
@@ -182,6 +184,29 @@ def _input(o: Observation) -> Finding | None:
     return Finding("input-bound", ev, "; ".join(fixes), _r(_gain(frac), 4),
                    f"waiting for data {frac:.0%} of the step (measured)"
                    + ("" if frac >= INPUT_BOUND_FRACTION else " — minor"))
+
+
+LOOP_CODE_FRACTION = 0.5
+"""The step's time outside every named part (``other_s``: step − forward, backward, optimizer,
+data, sync, logging …) at or above this share: the loop's own code is the bottleneck."""
+
+
+def _loop_code(o: Observation) -> Finding | None:
+    """Most of the step outside the model's work and the data: a QA loop with a 5 ms sleep was
+    called bandwidth-bound (its multiplies 25 % of op time) while 83 % of its step was that
+    sleep; no fix to the model's step could gain more than 17 %."""
+    s = o.split
+    frac = s.other_s / s.step_time_s if s.step_time_s > 0 else 0.0
+    if frac < LOOP_CODE_FRACTION:
+        return None
+    ev = {"other_s": _r(s.other_s), "step_time_s": _r(s.step_time_s),
+          "other_fraction": _r(frac, 4)}
+    return Finding("loop-code", ev, "profile the loop's own Python between the steps (py-spy "
+                   "top --pid, or cProfile): logging, metrics, checkpoint writes, sleeps or waits "
+                   "it runs every step; do them every N steps, or on the device", _r(_gain(frac), 4),
+                   f"{frac:.0%} of the step is outside the forward, backward, optimizer, data and "
+                   "sync (measured: the step less those parts); the gain if it all went is an "
+                   "upper bound")
 
 
 def _sync(o: Observation) -> Finding | None:
