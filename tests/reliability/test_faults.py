@@ -296,6 +296,24 @@ def test_bad_latest_resumes_from_the_newest_complete_checkpoint(cli, files, two_
     assert d["losses"] == pytest.approx(ref, rel=1e-6)
 
 
+def test_an_empty_latest_names_the_damaged_checkpoint_it_passes_over(cli, files, two_checkpoints,
+                                                                     tmp_path):
+    """QA: with ``latest`` empty and the newest checkpoint damaged, the resume fell back one
+    checkpoint and said only that ``latest`` was empty: the damaged one, whose steps are trained
+    again, is named."""
+    job, ref = files
+    run = tmp_path / "run"
+    shutil.copytree(two_checkpoints, run)
+    (run / "latest").write_text("")
+    opt = run / "checkpoint-2" / "optimizer.pt"
+    opt.write_bytes(opt.read_bytes()[:-7])
+    r = cli("train", job, "--out", run, "--max-steps", STEPS, "--resume", run, "--no-live")
+    assert r.code == 0, r.stderr
+    assert "resuming from checkpoint-1, the newest complete checkpoint" in r.stdout
+    assert "checkpoint-2/optimizer.pt" in r.stdout and "trained again" in r.stdout
+    assert json.loads((run / "train.json").read_text())["losses"] == pytest.approx(ref, rel=1e-6)
+
+
 def test_killed_during_the_first_checkpoint(cli, files, tmp_path):
     """Only a partial ``.checkpoint-1.tmp``: resuming says so; a new start removes it."""
     job, ref = files

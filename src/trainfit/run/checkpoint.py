@@ -282,9 +282,14 @@ def find(resume: Path) -> tuple[Path, str | None]:
     if named is not None:
         _verified(named, resume)
         return named, None
+    skipped: list[str] = []
     for ck in checkpoints(resume):
-        if damage(ck) is None:
-            return ck, f"{why}: resuming from {ck.name}, the newest complete checkpoint"
+        wrong = damage(ck)
+        if wrong is None:
+            # the newer ones passed over are named: their steps are trained again (QA)
+            past = (f" ({'; '.join(skipped)}: its steps are trained again)" if skipped else "")
+            return ck, f"{why}: resuming from {ck.name}, the newest complete checkpoint{past}"
+        skipped.append(wrong)
     partial = sorted(p.name for p in resume.glob(".checkpoint-*.tmp"))
     raise JobError(f"--resume {resume}: no complete checkpoint in it"
                    + (f" ({', '.join(partial)} is a save that was interrupted)" if partial else ""),
