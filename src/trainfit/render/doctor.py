@@ -89,7 +89,7 @@ COMPARE_ROWS = {"step_time_s": ("step time", "s"), "tokens_per_s": ("tokens/s", 
 
 def _pm(v: float | None, pm: float | None, unit: str) -> str:
     if v is None:
-        return "—"
+        return "unknown"
     text = f"{v:.0f} %" if unit == "percent" else _num(v, unit)
     return f"{text} ± {_num(pm, unit)}" if pm is not None else text
 

@@ -15,7 +15,13 @@ from trainfit.render.plan_words import (
     rows_note,
     unaligned_words,
 )
-from trainfit.render.words import numerics_words, plan_notes, plan_reason, plan_versus
+from trainfit.render.words import (
+    numerics_words,
+    plan_notes,
+    plan_reason,
+    plan_versus,
+    share_words,
+)
 
 GIB = 2**30
 
@@ -54,7 +60,8 @@ def _row_cells(row: PlanRow) -> list[str]:
             _gib(m.peak_allocated_bytes), _gib(m.peak_reserved_bytes), _gib(m.peak_device_bytes),
             fits, _gib(m.headroom_bytes),
             _num(row.speed.tokens_per_s if row.speed else None, "{:,.0f}"),
-            _num(row.speed.mfu if row.speed else None, "{:.0%}"), row.how]
+            "unknown" if row.speed is None or row.speed.mfu is None else share_words(row.speed.mfu),
+            row.how]
 
 
 def plan_table(console: Console, result: PlanResult, all_rows: bool = False) -> list[str]:

@@ -217,7 +217,7 @@ def plan_reason(result: PlanResult) -> str:
     why = [f"{j.precision}, micro-batch {j.micro_batch} × accumulation {j.grad_accum}",
            f"checkpointing {j.grad_ckpt}"]
     if pick.speed is not None and pick.speed.tokens_per_s:
-        mfu = f", MFU {pick.speed.mfu:.0%}" if pick.speed.mfu else ""
+        mfu = f", MFU {share_words(pick.speed.mfu)}" if pick.speed.mfu else ""
         why.append(f"fastest that fits: {pick.speed.tokens_per_s:,.0f} tokens/s predicted{mfu}")
     if result.gpu_memory_bytes is None:
         return ", ".join(why) + " (no GPU given: fit unknown)"
@@ -245,6 +245,13 @@ def plan_versus(result: PlanResult) -> str | None:
                   f"{result.gpu_memory_bytes / GIB:.1f} GiB (device peak, predicted)")
     return words + ("" if cur.memory.fits is not False else
                     " (the current configuration does not fit)")
+
+
+def share_words(fraction: float) -> str:
+    """A share of a peak as a percentage with the digits it needs: 12 %, 2.5 %, 0.25 % (an MFU
+    of 0.25 % printed as "0%" reads as nothing at all)."""
+    return f"{fraction:.0%}" if fraction >= 0.1 else f"{fraction:.1%}" if fraction >= 0.01 \
+        else f"{fraction:.2%}"
 
 
 def numerics_words(result: PlanResult) -> str | None:

@@ -239,6 +239,9 @@ def build_section(plan: PlanInput | None, tune: TuneInput | None, dataset_tokens
     assert plan is not None or tune is not None
     b = _SectionBuilder(plan, tune)
     capacity_bytes, capacity_source, capacity_label = None, "unknown", "GPU memory"
+    on_cpu = plan is None and tune is not None and not str(tune.device).startswith("cuda")
+    if on_cpu:
+        capacity_label = "memory limit"  # a CPU's stand-in for a GPU's capacity
     if plan is not None and plan.gpu_memory_bytes:
         capacity_bytes, capacity_source = plan.gpu_memory_bytes, f"{plan.gpu} (GPU catalog)"
     elif tune is not None and tune.memory_limit_bytes:
@@ -286,7 +289,7 @@ def build_section(plan: PlanInput | None, tune: TuneInput | None, dataset_tokens
     return Section(
         slug=slugify(f"{model} {where}", taken), title=f"{model} on {where}",
         sources=[x.path for x in (plan, tune) if x is not None], capacity_gib=capacity_gib,
-        capacity_source=capacity_source, capacity_label=capacity_label,
+        capacity_source=capacity_source, capacity_label=capacity_label, on_cpu=on_cpu,
         margin=plan.margin if plan and plan.margin is not None else (tune.margin if tune else None),
         families=b.families, table=seed_table(accs, ref, tokens, source), picks=_picks(b),
         ladder=list(plan.ladder) if plan else [], probes=list(tune.probes) if tune else [],
@@ -436,7 +439,7 @@ def build_doctor(d: DoctorInput, slug: str) -> DoctorSection:
                          split_s=split, step_time_s=d.split.get("step_time_s"), findings=d.findings,
                          rows=rows, applied=d.applied, overhead_fraction=d.overhead_fraction,
                          verdict=d.verdict, verdict_ratios=d.verdict_ratios,
-                         verdict_noise=d.verdict_noise)
+                         verdict_noise=d.verdict_noise, device=d.device)
 
 
 def _same_device(plan: PlanInput, tune: TuneInput) -> bool:

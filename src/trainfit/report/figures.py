@@ -101,7 +101,8 @@ def _memory_panel(ax: Axes, fam: Family, s: Section, used: list[str], top: float
         ax.set_ylim(bottom=0)  # memory from zero: a cut axis makes small differences look large
     ax.set_title(fam.label, fontsize=10)
     ax.set_xlabel("micro-batch (samples per rank)")
-    ax.set_ylabel("peak GPU memory (GiB = 2^30 B)")
+    ax.set_ylabel("peak live tensor bytes, CPU (GiB = 2^30 B)" if s.on_cpu else
+                  "peak GPU memory (GiB = 2^30 B)")
     ax.grid(axis="y", alpha=0.3)
 
 

@@ -57,12 +57,14 @@ Block = Heading | Para | Bullets | Image | Table
 
 
 def _section_blocks(s: Section, figs: dict[str, FigureImage]) -> list[Block]:
-    cap = ("unknown (no GPU named)" if s.capacity_gib is None
+    cap = (("none (tune ran without --memory-limit)" if s.on_cpu else "unknown (no GPU named)")
+           if s.capacity_gib is None
            else f"{fmt_gib(s.capacity_gib)} GiB ({s.capacity_source})")
     usable = ("usable: unknown" if s.capacity_gib is None or s.margin is None
               else f"{fmt_gib(s.capacity_gib * (1 - s.margin))} GiB usable with a {s.margin:.0%} margin")
     out: list[Block] = [Heading(2, s.title, s.slug),
-                        Para(f"From {', '.join(s.sources)}. {s.capacity_label.capitalize()}: "
+                        Para(f"From {', '.join(s.sources)}. {s.capacity_label[:1].upper()}"
+                             f"{s.capacity_label[1:]}: "
                              f"{cap}; {usable}.")]
     if s.picks:
         out.append(Table(picks_text(s.picks)))

@@ -325,6 +325,7 @@ def _doctor(o: _Obj, path: str) -> DoctorInput:
         applied=o.strs("applied", required=False),
         overhead_fraction=o.num("overhead_fraction", required=False),
         verdict=verdict, verdict_ratios=[float(r) for r in ratios],
+        device=o.str_("device", required=False),
         verdict_noise=None if gain is None else gain.num("noise", required=False))
 
 

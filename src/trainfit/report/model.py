@@ -200,6 +200,8 @@ class DoctorInput:
     verdict: str | None = None
     """Doctor's verdict on the applied fixes from its interleaved rounds: faster | slower |
     not_faster | undecided; None: nothing applied (or a file from before it was written)."""
+    device: str | None = None
+    """Where doctor measured (cpu | cuda…); None in a file from before it was written."""
     verdict_ratios: list[float] = field(default_factory=list)
     """tokens/s after ÷ before in each interleaved round (measured)."""
     verdict_noise: float | None = None
@@ -318,6 +320,8 @@ class Section:
     capacity_label: str = "GPU memory"
     """What the capacity is: a GPU's memory, or (tune on a CPU) the memory limit standing in
     for one."""
+    on_cpu: bool = False
+    """Measured on a CPU (tune without a plan): its peaks are live tensor bytes, not a GPU's."""
 
 
 @dataclass(frozen=True)
@@ -396,6 +400,8 @@ class DoctorSection:
     verdict: str | None = None
     """Doctor's verdict on the applied fixes from its interleaved rounds: faster | slower |
     not_faster | undecided; None: nothing applied (or a file from before it was written)."""
+    device: str | None = None
+    """Where doctor measured (cpu | cuda…); None in a file from before it was written."""
     verdict_ratios: list[float] = field(default_factory=list)
     """tokens/s after ÷ before in each interleaved round (measured)."""
     verdict_noise: float | None = None

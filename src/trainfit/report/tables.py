@@ -159,11 +159,15 @@ NUMERIC_CELL = re.compile(r"^(unknown|[-+]?[\d,]*\.?\d+×?|(\d+ d )?\d+:\d\d:\d\
 
 
 def fmt_gib(v: float | None) -> str:
-    return UNKNOWN if v is None else f"{v:.2f}"
+    """GiB to 2 decimals; under 0.1 GiB to 3 significant digits (a tiny model's peaks of a few
+    MiB read "0.00 GiB" in a QA run)."""
+    if v is None:
+        return UNKNOWN
+    return f"{v:.3g}" if 0 < abs(v) < 0.1 else f"{v:.2f}"
 
 
 def fmt_bytes_gib(b: float | None) -> str:
-    return UNKNOWN if b is None else f"{b / GIB:.2f}"
+    return UNKNOWN if b is None else fmt_gib(b / GIB)
 
 
 def fmt_num(v: float | None, digits: int = 0) -> str:
@@ -313,6 +317,14 @@ VERDICT_WORDS = {"faster": "faster in every round, beyond the noise",
                               "noise): the change above is not established"}
 
 
+def _evidence_value(v: float | None) -> str:
+    """A whole number as one (949 ops, not 949.000), anything else to 4 significant digits (an
+    op's 5.5 µs read 0.000 at 3 decimals)."""
+    if v is None:
+        return UNKNOWN
+    return f"{v:,.0f}" if float(v).is_integer() else f"{v:.4g}"
+
+
 def _gain_cell(f: Finding) -> str:
     if f.predicted_gain_fraction is None:
         return UNKNOWN
@@ -334,22 +346,27 @@ def verdict_words(d: DoctorSection) -> str:
 
 def doctor_texts(d: DoctorSection) -> list[TextTable]:
     step = d.step_time_s
+    # what a CPU has no reading of (no kernel timeline, no GPU), as doctor says it
+    na = "n/a on CPU" if d.device == "cpu" else UNKNOWN
     split = TextTable(
         "Where a step's time goes (measured, median per step)", ["part", "seconds (measured)",
                                                                  "share of step (%)"],
-        [[name, fmt_num(v, 4), fmt_pct(None if v is None or not step else v / step)]
+        [[name, na if v is None and name == "idle" else fmt_num(v, 4),
+          na if v is None and name == "idle" else fmt_pct(None if v is None or not step else v / step)]
          for name, v in d.split_s] + [["step", fmt_num(step, 4), "100.0" if step else UNKNOWN]])
     before_after = TextTable(
         "Before / after the fixes (measured)", ["metric", "before (measured)", "after (measured)",
                                                 "change (%)"],
         [[f"{r.metric} ({r.unit})", fmt_num(r.before, 3 if r.unit == "s" else 1),
           "not re-measured" if r.after is None else fmt_num(r.after, 3 if r.unit == "s" else 1),
-          fmt_pct(r.change_fraction)] for r in d.rows],
+          fmt_pct(r.change_fraction)] if not (r.metric == "GPU utilisation" and d.device == "cpu")
+         else [f"{r.metric} ({r.unit})", na, na, na] for r in d.rows],
         [f"applied: {', '.join(d.applied) or 'nothing'}",
          *([verdict_words(d)] if d.applied else []),
          f"doctor's own overhead: {fmt_pct(d.overhead_fraction)} % of a step (measured)"])
     findings = TextTable(
         "Findings", ["bottleneck", "evidence (measured)", "fix", "gain (%)"],
-        [[f.bottleneck, ", ".join(f"{k} = {fmt_num(v, 3)}" for k, v in f.evidence.items()) or "—",
+        [[f.bottleneck, ", ".join(f"{k} = {_evidence_value(v)}" for k, v in f.evidence.items())
+          or "—",
           f.fix or "—", _gain_cell(f)] for f in d.findings])
     return [split, before_after, findings]
