@@ -380,6 +380,11 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
                   processing_class=tok, optimizers=(wl.optimizer, sched))
     trainer._trainfit_init(opts.inject_oom_at_steps, world)
     from transformers.trainer_callback import PrinterCallback
+    from transformers.utils import logging as hf_logging
+
+    # disable_tqdm covers the Trainer's own bars, not save_pretrained's "Writing model shards"
+    # (transformers' logging.tqdm): it went into piped output at every checkpoint (a QA run)
+    hf_logging.disable_progress_bar()
 
     trainer.remove_callback(PrinterCallback)  # trainfit's monitor prints (and logs) the steps
     main = rank == 0
