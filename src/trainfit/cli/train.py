@@ -161,7 +161,8 @@ def register(app: typer.Typer) -> None:
             help="trainfit (own loop: every guarantee, any model), hf (transformers Trainer), trl "
                  "(SFTTrainer), auto (trl for chat rows, hf for text); default: the file's "
                  "backend: key, else trainfit.")] = None,
-        as_json: Annotated[bool, typer.Option("--json")] = False,
+        as_json: Annotated[bool, typer.Option(
+            "--json", help="The run's result (train.json's content) as JSON on stdout.")] = False,
     ) -> None:
         """Run the job: watched live, checkpointed, surviving OOM and interruption.
 
