@@ -45,11 +45,15 @@ def test_bad_input_exits_2_with_one_line(args, needle):
     (["plan", "gpt2", "--gpux", "t4"], "no such option: --gpux"),
     (["bogus"], "no such command 'bogus'"),
 ])
-def test_unparsable_flags_are_one_line_too(args, needle):
+def test_unparsable_flags_are_one_line_too(args, needle, monkeypatch):
     """QA: click's usage errors (a flag's type, an unknown option) were typer's boxed screen;
     trainfit.cli.main.main() makes them one error line and a hint, exit code 2."""
+    from typer import rich_utils
+
     from trainfit.cli.main import one_line_usage_errors
 
+    # typer's own function comes back after the test (main() installs this for the process)
+    monkeypatch.setattr(rich_utils, "rich_format_error", rich_utils.rich_format_error)
     one_line_usage_errors()
     res = runner.invoke(app, args)
     assert res.exit_code == 2, res.output

@@ -35,8 +35,9 @@ def test_same_losses_and_samples_through_oom_interrupt_resume(job, tmp_path, bac
                              "micro_batch_after": 2, "grad_accum_after": 4}]
     assert a.checkpoints == [str(out / "checkpoint-4")]
     assert (out / "checkpoint-4" / "model.safetensors").exists()
-    # resume at another micro-batch (same effective batch): HF skips the consumed samples
-    b = run_hf(job.replace(micro_batch=1), RunOptions(out_dir=out, max_steps=6, resume=out,
+    # resume at another micro-batch (same effective batch): HF skips the consumed samples; no
+    # length given, the checkpoint's (TrainerState.max_steps) and its schedule are kept
+    b = run_hf(job.replace(micro_batch=1), RunOptions(out_dir=out, resume=out,
                                                       record_samples=True), backend)
     assert b.resumed_from == str(out / "checkpoint-4") and b.steps == 6
     assert b.losses[:4] == a.losses  # the record holds both segments
@@ -44,6 +45,9 @@ def test_same_losses_and_samples_through_oom_interrupt_resume(job, tmp_path, bac
     assert [sorted(s) for s in a.samples + b.samples] == [sorted(s) for s in ref.samples]
     d = json.loads((out / "train.json").read_text())
     assert d["job"]["backend"] == backend and d["steps"] == 6
+    assert not any("decays to 0" in n for seg in d["segments"] for n in seg.get("notes", []))
+    with pytest.raises(JobError, match="already at step 6: no step is left"):
+        run_hf(job, RunOptions(out_dir=out, resume=out), backend)
 
 
 def test_hf_memory_limit_oom_splits(job, tmp_path, limit_between):

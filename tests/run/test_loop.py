@@ -63,8 +63,14 @@ def test_a_resume_without_a_length_keeps_the_checkpoints_schedule(job, tmp_path)
     c = train(job, RunOptions(out_dir=tmp_path / "c", max_steps=7,
                               resume=tmp_path / "a" / "checkpoint-3"))
     said = [n for s in c.segments for n in s.get("notes", []) if "decays to 0" in n]
-    assert said and "at step 7, not at the checkpoint's 5: from step 4 on, the updates" in said[0]
-    assert c.losses[:4] == pytest.approx(ref.losses[:4], rel=1e-6)
+    assert said and "at step 7, not at the checkpoint's 5: from step 5 on, the updates" in said[0]
+    # step 4 runs at the rate the checkpoint's optimizer state carries: its update is the
+    # uninterrupted run's, so the loss after it (step 5's) is too
+    assert c.losses[:5] == pytest.approx(ref.losses[:5], rel=1e-6)
+    # the finished run resumed with no length keeps its own, which ended there: refused
+    with pytest.raises(JobError, match=r"the run that wrote .*checkpoint-5 \(its length, 5 steps\)"
+                       r".*already at step 5: no step is left"):
+        train(job, RunOptions(out_dir=tmp_path / "a", resume=tmp_path / "a"))
 
 
 def test_real_memory_limit_oom_splits(job, tmp_path, limit_between):

@@ -202,10 +202,13 @@ def _loop_code(o: Observation) -> Finding | None:
     ev = {"other_s": _r(s.other_s), "step_time_s": _r(s.step_time_s),
           "other_fraction": _r(frac, 4)}
     return Finding("loop-code", ev, "profile the loop's own Python between the steps (py-spy "
-                   "top --pid, or cProfile): logging, metrics, checkpoint writes, sleeps or waits "
-                   "it runs every step; do them every N steps, or on the device", _r(_gain(frac), 4),
-                   f"{frac:.0%} of the step is outside the forward, backward, optimizer, data and "
-                   "sync (measured: the step less those parts); the gain if it all went is an "
+                   "top --pid, or cProfile): what doctor's hooks do not time — metrics computed "
+                   "on the host, sleeps or waits, writes other than print/logging/torch.save, "
+                   "third-party loggers; do it every N steps, or on the device",
+                   _r(_gain(frac), 4),
+                   f"{frac:.0%} of the step is outside every part doctor times (data wait, "
+                   "host→device copy, forward, backward, optimizer, sync, logging and checkpoint "
+                   "I/O; measured: the step less those parts); the gain if it all went is an "
                    "upper bound")
 
 

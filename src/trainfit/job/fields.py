@@ -178,7 +178,9 @@ def in_file_words(err: JobError, path: str, keep: tuple[str, ...] = (),
     its YAML key (``lr: -1: …``, ``e.g. lr: 1e-4``), as the user has no such flag to pass;
     ``keep``: fields the command also takes as flags (train's ``--micro-batch``), left as
     they are. ``hint_too=False`` (plan, tune: their flags can fix a file's value, ``--quant
-    none`` clears it): the message says where the value came from, the hint keeps its flags.
+    none`` clears it): the message says where the value came from; an example hint gives the
+    file's key first, then the flag (``e.g. seq_len: 512 in job.yaml, or --seq-len 512 on the
+    command line``), any other hint keeps its flags.
     The same class, so callers catching DataError still do."""
     import re
 

@@ -333,10 +333,12 @@ def note_words(n: SearchNote) -> str:
     d = n.data
     texts = {
         "budget": lambda: f"--budget-s {d['budget_s']:g} (the search's, from its first probe; "
-                          f"loading the model and data not counted): no probe started after "
-                          f"{d['spent_s']:.0f} s of search ({d['probes']} probes; one that would "
-                          "end past the budget is not started, one running finishes); the best "
-                          "so far is kept",
+                          f"loading the model and data not counted) was spent after "
+                          f"{d['spent_s']:.0f} s of search and {d['probes']} "
+                          f"probe{'' if d['probes'] == 1 else 's'}: no search probe started after "
+                          "that (one that would end past the budget is not started, one running "
+                          "finishes; the first memory probe and the timed probe of the largest "
+                          "micro-batch found always run); the best so far is kept",
         "excluded_micro": lambda: f"micro-batches {', '.join(map(str, d['micro_batches']))} "
                                   "excluded: they do not divide the per-rank effective batch "
                                   f"{d['per_rank_batch']} (accumulation must be exact)",
@@ -402,6 +404,12 @@ def tune_reason(pick_job: Any, pick_tokens_per_s: float | None, baseline_job: An
     (``vs_baseline``: the interleaved re-measurement, a Comparison; ``unconfirmed_job``: the
     search's best when those rounds did not confirm it, the current configuration then kept)."""
     if pick_job is None:
+        if any(n.kind == "budget" for n in notes) and \
+                not any(n.kind == "nothing_fits" for n in notes):
+            # the budget stopped the search before any micro-batch was measured to fit: not
+            # "nothing fits"
+            return "nothing measured to fit within the budget: " + \
+                "; ".join(note_words(n) for n in notes)
         return "nothing fits: " + "; ".join(note_words(n) for n in notes)
     s = job_words(pick_job) + f": measured {pick_tokens_per_s or 0:,.0f} tokens/s"
     if baseline_job is None or vs_baseline is None or \

@@ -239,7 +239,7 @@ def build_section(plan: PlanInput | None, tune: TuneInput | None, dataset_tokens
     assert plan is not None or tune is not None
     b = _SectionBuilder(plan, tune)
     capacity_bytes, capacity_source, capacity_label = None, "unknown", "GPU memory"
-    on_cpu = plan is None and tune is not None and not str(tune.device).startswith("cuda")
+    on_cpu = plan is None and tune is not None and tune.device == "cpu"
     if on_cpu:
         capacity_label = "memory limit"  # a CPU's stand-in for a GPU's capacity
     if plan is not None and plan.gpu_memory_bytes:

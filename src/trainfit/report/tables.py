@@ -7,6 +7,7 @@ print the same cells, so a number reads the same in both.
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -163,7 +164,9 @@ def fmt_gib(v: float | None) -> str:
     MiB read "0.00 GiB" in a QA run)."""
     if v is None:
         return UNKNOWN
-    return f"{v:.3g}" if 0 < abs(v) < 0.1 else f"{v:.2f}"
+    if 0 < abs(v) < 0.1:  # fixed point, never 9.54e-05: the digits 3 significant ones need
+        return f"{v:.{2 - math.floor(math.log10(abs(v)))}f}"
+    return f"{v:.2f}"
 
 
 def fmt_bytes_gib(b: float | None) -> str:

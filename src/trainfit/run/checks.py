@@ -63,6 +63,23 @@ def total_steps(opts: RunOptions, n_samples: int, effective_batch: int,
     return max(1, math.floor(n_samples * (opts.epochs or 1.0) / effective_batch))
 
 
+def check_steps_left(total: int, at_step: int, ck: object, opts: RunOptions,
+                     saved_steps: int | None) -> None:
+    """A resume with no step left to train is refused, whatever set the run's length: it
+    printed "steps 9–8 (0 steps …)" and exited 0 (a QA run), and a finished run resumed with no
+    length keeps its own, which ended at its checkpoint."""
+    if total > at_step:
+        return
+    if opts.max_steps is not None:
+        said = f"--max-steps {opts.max_steps}"
+    elif opts.epochs is not None:
+        said = f"--epochs {opts.epochs:g} ({total} steps over this data)"
+    else:
+        said = f"the run that wrote {ck} (its length, {saved_steps or total} steps)"
+    raise JobError(f"{said}: the checkpoint {ck} is already at step {at_step}: no step is left",
+                   f"give --max-steps above {at_step} to train on from it")
+
+
 def schedule_note(total: int, saved_steps: int | None, at_step: int) -> str | None:
     """A resume whose length differs from the checkpoint's run: its linear decay is rebuilt over
     the new length, so every step from here on has another learning rate (a QA run: a resume
@@ -71,8 +88,9 @@ def schedule_note(total: int, saved_steps: int | None, at_step: int) -> str | No
     if not saved_steps or total == saved_steps:
         return None
     return (f"the learning rate now decays to 0 at step {total}, not at the checkpoint's "
-            f"{saved_steps}: from step {at_step + 1} on, the updates differ from that run's "
-            f"(leave out --max-steps and --epochs to keep its schedule)")
+            f"{saved_steps}: from step {at_step + 2} on, the updates differ from that run's (step "
+            f"{at_step + 1} keeps the learning rate the checkpoint's optimizer state carries; "
+            f"leave out --max-steps and --epochs to keep its schedule)")
 
 
 def linear_decay(optimizer: torch.optim.Optimizer, total: int) -> torch.optim.lr_scheduler.LambdaLR:

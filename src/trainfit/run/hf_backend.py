@@ -49,6 +49,7 @@ from trainfit.run.checkpoint import same_samples
 from trainfit.run.checks import (
     check_data_size,
     check_runnable,
+    check_steps_left,
     limit_tracker,
     linear_decay,
     schedule_note,
@@ -391,6 +392,7 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     res = new_result({**job.to_dict(), "backend": backend}, main=main)
     if resume is not None:
         step = int(Path(resume).name.rsplit("-", 1)[1])
+        check_steps_left(total, step, resume, opts, saved_steps)
         # the run's own record when it ended at this checkpoint (a finished segment stays
         # finished), else the checkpoint's snapshot; a job that makes other samples refused
         run_record = read_record(Path(resume).parent)  # an HF checkpoint carries no job

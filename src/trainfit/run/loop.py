@@ -39,6 +39,7 @@ from trainfit.run import evaluate as ev
 from trainfit.run.checks import (
     check_data_size,
     check_runnable,
+    check_steps_left,
     limit_tracker,
     linear_decay,
     schedule_note,
@@ -122,11 +123,7 @@ class Trainer:
                 self.notes.append(note)
             saved = ckpt.load(ck, self.wl.model, self.wl.optimizer, self.scheduler, self.wl.scaler,
                               self.device, job=job.to_dict())
-            if opts.max_steps is not None and saved.step >= opts.max_steps:
-                # it printed "steps 9–8 (0 steps …)" and exited 0
-                raise JobError(f"--max-steps {opts.max_steps}: the checkpoint {ck} is already at "
-                               f"step {saved.step}",
-                               f"give --max-steps above {saved.step} to train on from it")
+            check_steps_left(self.run_steps, saved.step, ck, opts, saved_steps)
             changed = schedule_note(self.run_steps, saved_steps, saved.step)
             if changed:
                 self.notes.append(changed)
