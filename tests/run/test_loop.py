@@ -68,6 +68,13 @@ def test_a_resume_without_a_length_keeps_the_checkpoints_schedule(job, tmp_path)
     # uninterrupted run's, so the loss after it (step 5's) is too
     assert c.losses[:5] == pytest.approx(ref.losses[:5], rel=1e-6)
     # the finished run resumed with no length keeps its own, which ended there: refused
+    # resumed in its own directory from an older checkpoint: the later ones are said
+    s = train(job, RunOptions(out_dir=tmp_path / "s", max_steps=4, save_every_steps=2))
+    assert [Path(p).name for p in s.checkpoints] == ["checkpoint-2", "checkpoint-4"]
+    r = train(job, RunOptions(out_dir=tmp_path / "s", resume=tmp_path / "s" / "checkpoint-2"))
+    assert any(n.startswith("checkpoint-4 in ") and "replaced when this run saves" in n
+               for n in r.segments[-1]["notes"])
+    assert r.losses == pytest.approx(s.losses, rel=1e-6)
     with pytest.raises(JobError, match=r"the run that wrote .*checkpoint-5 \(its length, 5 steps\)"
                        r".*already at step 5: no step is left"):
         train(job, RunOptions(out_dir=tmp_path / "a", resume=tmp_path / "a"))
