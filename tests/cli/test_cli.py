@@ -31,6 +31,11 @@ runner = CliRunner()
     (["plan", "gpt2", "--gpu", "a100-80gb", "--optimizer-in-backward", "--max-grad-norm", "none",
       "--micro-batch", "2", "--effective-batch", "8"], "grad-accum 4"),
     (["plan", "gpt2", "--gpu", "t4", "--max-grad-norm", "big"], "--max-grad-norm 'big'"),
+    # a size the card does not have is another card (a QA run planned these as the catalog's)
+    (["plan", "gpt2", "--gpu", "a100-99gb"], "--gpu a100-99gb: unknown GPU"),
+    (["plan", "gpt2", "--gpu", "l40s-24gb"], "--gpu l40s-24gb: unknown GPU"),
+    (["plan", "gpt2", "--gpu", "a100", "--ranks", "2", "--interconnect", "0GB/s"],
+     "must be > 0 GB/s"),
 ])
 def test_bad_input_exits_2_with_one_line(args, needle):
     res = runner.invoke(app, args)
@@ -306,3 +311,13 @@ def test_an_interconnect_for_one_rank_is_refused():
 def test_two_models_are_not_run_as_a_command():
     r = runner.invoke(app, ["plan", "gpt2", "gpt2-medium", "--gpu", "t4"])
     assert r.exit_code == 2 and "gpt2 gpt2-medium: plan takes one model or job file" in r.output
+
+
+def test_a_measured_link_is_taken_with_or_without_its_unit():
+    """The README writes `--interconnect 2.7GB/s`; it was refused as an unknown interconnect."""
+    from trainfit.cli.main import _with_interconnect
+    from trainfit.hardware.gpus import find_gpu
+
+    gpu = find_gpu("rtx-3090")
+    for given in ("2.7", "2.7GB/s", "2.7 GB/s", "2.7gbps"):
+        assert _with_interconnect(gpu, given).interconnect == "2.7 GB/s measured (given)", given

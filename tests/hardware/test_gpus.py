@@ -430,3 +430,15 @@ def test_a_bare_family_name_names_its_other_memory_sizes():
     assert memory_variants("a100-40gb", find_gpu("a100-40gb")) == []
     assert memory_variants("h100", find_gpu("h100")) == []  # SXM, PCIe: both 80 GB
     assert memory_variants("t4", find_gpu("t4")) == []
+
+
+def test_a_size_the_card_does_not_have_names_no_card():
+    """QA: "a100-99gb", "h100-40gb", "l40s-24gb" were planned as the catalog's 80/80/48 GB
+    cards; a size a card is sold at, or the one its NVML name states, still finds it."""
+    from trainfit.hardware.gpus import find_gpu
+
+    for wrong in ("a100-99gb", "h100-40gb", "l40s-24gb", "rtx-4090-48gb", "t4-32gb"):
+        assert find_gpu(wrong) is None, wrong
+    for right, name in (("t4-16gb", "t4"), ("l40s-48gb", "l40s"), ("rtx-4090-24gb", "rtx-4090"),
+                        ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA A10G", "a10g")):
+        assert find_gpu(right).name == name, right

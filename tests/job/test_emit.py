@@ -196,3 +196,24 @@ def test_emit_a_tuned_module_factory_job(tmp_path):
     out, _ = _emit(p, "hf")
     kw = json.loads(out)
     assert (kw["per_device_train_batch_size"], kw["gradient_accumulation_steps"]) == (4, 2)
+
+
+def test_what_the_payloads_cannot_carry_is_said_not_dropped():
+    """QA: a ZeRO-3 + optimizer-offload job came out as plain DDP with nothing said, and the
+    peft line read target_modules=['default'], which peft rejects."""
+    job = JobSpec(model="gpt2", method="lora", micro_batch=2, grad_accum=2, precision="amp-bf16",
+                  grad_ckpt="full", ranks=8, sharding="zero3", offload="optimizer")
+    for target in ("hf", "trl", "accelerate"):
+        said = {s.knob: s.where for s in emit(job, target, device="cuda").script}
+        assert "DeepSpeed ZeRO-3, optimizer states offloaded to CPU: not in this payload" in \
+            said["sharding"], target
+        assert "zero_stage: 3, offload_optimizer_device: cpu" in said["sharding"]
+        assert "target_modules=None (peft's default" in said["method"]
+    fsdp = job.replace(sharding="fsdp", offload="all")
+    assert emit(fsdp, "accelerate", device="cuda").payload["fsdp_config"]["fsdp_offload_params"]
+    said = {s.knob: s.where for s in emit(fsdp, "hf", device="cuda").script}
+    assert 'TrainingArguments(fsdp="full_shard auto_wrap offload")' in said["sharding"]
+    assert "sharding" not in {s.knob for s in emit(job.replace(sharding="none", offload="none"),
+                                                      "hf", device="cuda").script}
+    lin = {s.knob: s.where for s in emit(job.replace(lora_targets=["all-linear"]), "hf").script}
+    assert 'target_modules="all-linear"' in lin["method"]

@@ -77,22 +77,28 @@ def _with_interconnect(spec: Any, name: str) -> Any:
 
     if spec is None:
         raise JobError("--interconnect needs --gpu", "name the GPU, e.g. --gpu a100-80gb")
+    import re
+
+    # a number, with or without its unit (the README writes 2.7GB/s): GB/s = 10^9 bytes/s
+    m = re.fullmatch(r"\s*([-+0-9.eE]+)\s*(gb/s|gbps|gb/sec)?\s*", name, flags=re.IGNORECASE)
     try:
-        bus = float(name)
+        bus = float(m.group(1)) if m else None
     except ValueError:
         bus = None
     if bus is not None:
         # a measured bus bandwidth (tune under torchrun, nccl-tests' busbw): used as is
         if not bus > 0:
             raise JobError(f"--interconnect {name}: must be > 0 GB/s",
-                           "give the measured all-gather bus bandwidth, e.g. --interconnect 2.7")
+                           "give the measured all-gather bus bandwidth, e.g. --interconnect "
+                           "2.7GB/s")
         return dataclasses.replace(spec, interconnect=f"{bus:g} GB/s measured (given)",
                                    interconnect_gbs=bus / RING_BUS_EFFICIENCY)
     key = name.lower().replace("x16", "")
     if key not in INTERCONNECTS_GBS:
         raise JobError(f"--interconnect {name}: unknown interconnect",
                        "known: " + ", ".join(INTERCONNECTS_GBS) + ", or a measured bus "
-                       "bandwidth in GB/s (trainfit tune under torchrun measures it)")
+                       "bandwidth in GB/s, e.g. 2.7GB/s (trainfit tune under torchrun measures "
+                       "it)")
     return dataclasses.replace(spec, interconnect=f"{key} (given)",
                                interconnect_gbs=INTERCONNECTS_GBS[key])
 

@@ -132,7 +132,19 @@ def find_gpu(name: str) -> GpuSpec | None:
     spec = _INDEX.get(_norm(text))
     if spec is not None:
         return spec
-    return find_gpu_by_device_name(name)
+    found = find_gpu_by_device_name(name)
+    sized = re.search(r"(\d+)\s*gi?b\b", text)
+    if found is not None and sized is not None:
+        # a size the card does not have is another card, not this one: "a100-99gb" and
+        # "l40s-24gb" were planned as the 79.25 and 44.5 GiB cards in a QA run
+        said = int(sized.group(1))
+        named = {int(x) for k in (found.name, found.display_name, *found.aliases)
+                 for x in re.findall(r"(\d+)\s*gi?b", k.lower())}
+        gib, gb = found.memory_bytes / 2**30, found.memory_bytes / 1e9
+        if said not in named if named else \
+                not any(0.92 * said <= x <= 1.08 * said for x in (gib, gb)):
+            return None
+    return found
 
 
 def memory_variants(name: str, spec: GpuSpec) -> list[GpuSpec]:

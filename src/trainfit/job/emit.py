@@ -238,7 +238,8 @@ def accelerate_config(job: JobSpec, *, device: str = "cuda") -> dict[str, Any]:
                            "{'use_reentrant': True}) in the script")
         cfg["fsdp_config"] = {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
                               "fsdp_reshard_after_forward": True,
-                              "fsdp_activation_checkpointing": job.grad_ckpt == "full"}
+                              "fsdp_activation_checkpointing": job.grad_ckpt == "full",
+                              "fsdp_offload_params": job.offload == "all"}
     return cfg
 
 
@@ -261,7 +262,7 @@ def script_settings(job: JobSpec, target: str) -> list[ScriptSetting]:
     if job.method in ("lora", "qlora"):
         out.append(ScriptSetting("method", job.method, f"peft.LoraConfig(r={job.lora_r}, "
                                  f"lora_alpha={job.lora_alpha}, lora_dropout={job.lora_dropout}, "
-                                 f"target_modules={job.lora_targets})"))
+                                 f"target_modules={_peft_targets(job.lora_targets)})"))
     if job.precision == "bf16-true":
         out.append(ScriptSetting("precision", job.precision,
                                  "from_pretrained(dtype=torch.bfloat16) (no autocast on top)"))
@@ -297,12 +298,48 @@ def script_settings(job: JobSpec, target: str) -> list[ScriptSetting]:
         out.append(ScriptSetting("expandable_segments", True,
                                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch "
                                  "environment (before CUDA starts)"))
+    sharded = job.sharding in ("zero2", "zero3") or (job.sharding == "fsdp" and target != "accelerate")
+    if sharded or job.offload != "none":
+        # neither payload carries DeepSpeed or FSDP's settings yet: said, never dropped (a QA
+        # run's ZeRO-3 + offload job came out as plain DDP, 172.5 GiB a rank predicted)
+        stage = {"zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3",
+                 "fsdp": "FSDP FULL_SHARD"}.get(job.sharding, job.sharding)
+        off = "" if job.offload == "none" else (
+            f", {'optimizer states' if job.offload == 'optimizer' else 'parameters and optimizer states'}"
+            " offloaded to CPU")
+        how = ("an accelerate config with distributed_type: DEEPSPEED and deepspeed_config: "
+               f"{{zero_stage: {job.sharding[-1]}" + (
+                   ", offload_optimizer_device: cpu" if job.offload != "none" else "") + (
+                   ", offload_param_device: cpu" if job.offload == "all" else "") + "}"
+               if job.sharding.startswith("zero") else
+               "TrainingArguments(fsdp=\"full_shard auto_wrap" + (
+                   " offload" if job.offload == "all" else "") + "\")"
+               if job.sharding == "fsdp" else "the launcher's sharding config")
+        out.append(ScriptSetting("sharding", f"{job.sharding}, offload {job.offload}",
+                                 f"{stage}{off}: not in this payload — set it with {how}"))
     if job.ranks > 1 and target != "accelerate":
         out.append(ScriptSetting("ranks", job.ranks,
                                  f"torchrun --nproc-per-node {job.ranks} (per-device batch × "
                                  f"accumulation × {job.ranks} = effective batch "
                                  f"{job.effective_batch})"))
     return out
+
+
+def _peft_targets(targets: list[str]) -> str:
+    """``target_modules=`` as peft takes it: None for peft's own default of the architecture,
+    the string "all-linear", module names as given; trainfit's aliases (q, v, mlp …) name
+    layers by role, which peft does not read (a QA run: target_modules=['default'] failed)."""
+    if targets == ["default"]:
+        return "None (peft's default for the architecture)"
+    if targets == ["all-linear"]:
+        return '"all-linear"'
+    roles = [t for t in targets if t in ("q", "k", "v", "o", "mlp", "lm_head")]
+    if roles:
+        return (f"[the module names of {', '.join(roles)} in this model, e.g. q_proj, v_proj, "
+                "gate_proj, up_proj, down_proj for Llama]" + (
+                    f" + {[t for t in targets if t not in roles]}" if len(roles) < len(targets)
+                    else ""))
+    return str(targets)
 
 
 def emit(job: JobSpec, target: str, *, device: str | None = None) -> Emitted:
