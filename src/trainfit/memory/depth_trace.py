@@ -46,13 +46,13 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import difflib
 import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from trainfit.memory.batch_trace import streams_in_order, trace_at
+from trainfit.memory.trace_align import TraceMatcher
 
 Trace = tuple[Any, ...]
 """(events, streams[, phases]): (block id, +bytes) allocations and (block id, −bytes) frees in
@@ -300,7 +300,7 @@ def layer_runs(shallow: Trace, deeper: Trace) -> LayerRuns | None:
     tb = [(d > 0, abs(d), sb.get(u, 0)) for u, d in ev_b]
     for _ in range(GROWN_BLOCKS + 1):
         ta = [(d > 0, resized.get(u, abs(d)), sa.get(u, 0)) for u, d in shallow[0]]
-        ops = difflib.SequenceMatcher(None, ta, tb, autojunk=False).get_opcodes()
+        ops = TraceMatcher(ta, tb).get_opcodes()
         bad = next((k for k, (tag, *_) in enumerate(ops) if tag not in ("equal", "insert")),
                    None)
         if bad is None:
