@@ -217,3 +217,27 @@ def test_what_the_payloads_cannot_carry_is_said_not_dropped():
                                                       "hf", device="cuda").script}
     lin = {s.knob: s.where for s in emit(job.replace(lora_targets=["all-linear"]), "hf").script}
     assert 'target_modules="all-linear"' in lin["method"]
+
+
+@pytest.mark.parametrize("sharding, ranks, storage", [("none", 1, None), ("fsdp", 2, "bfloat16"),
+                                                      ("zero3", 4, "bfloat16")])
+def test_the_quant_setting_is_the_bitsandbytes_config_the_plan_simulated(sharding, ranks,
+                                                                        storage):
+    """Its keywords build transformers' BitsAndBytesConfig; sharded QLoRA stores the packed
+    weights in bf16 (FSDP/ZeRO flatten them with the 16-bit parameters), as simulated."""
+    import ast
+
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    job = JobSpec(model="gemma-2b", method="qlora", quant="nf4", micro_batch=2, grad_accum=4,
+                  precision="amp-bf16", grad_ckpt="full", ranks=ranks, sharding=sharding)
+    where = {s.knob: s for s in emit(job, "hf", device="cuda").script}["quant"].where
+    call = ast.parse(where.split("quantization_config=", 1)[1][:-1], mode="eval").body
+    assert isinstance(call, ast.Call) and call.func.id == "BitsAndBytesConfig"
+    kw = {k.arg: (getattr(torch, k.value.attr) if isinstance(k.value, ast.Attribute)
+                  else ast.literal_eval(k.value)) for k in call.keywords}
+    cfg = BitsAndBytesConfig(**kw)
+    assert cfg.load_in_4bit and cfg.bnb_4bit_quant_type == "nf4"
+    assert cfg.bnb_4bit_compute_dtype == torch.bfloat16
+    assert cfg.bnb_4bit_quant_storage == (getattr(torch, storage) if storage else torch.uint8)
