@@ -24,9 +24,11 @@ GIB = 2**30
 
 def _row(precision, ckpt, micro, device_gib, fits, eff=None, tps=1.0):
     job = SimpleNamespace(precision=precision, grad_ckpt=ckpt, micro_batch=micro,
-                          effective_batch=eff or micro, grad_accum=1)
+                          effective_batch=eff or micro, grad_accum=1, offload="none",
+                          activation_offload=False, ranks=1)
     mem = SimpleNamespace(fits=fits, peak_device_bytes=int(device_gib * GIB),
-                          breakdown={"parameters": GIB, "activations": 2 * GIB})
+                          breakdown={"parameters": GIB, "activations": 2 * GIB},
+                          host_offload_bytes=0)
     return SimpleNamespace(job=job, memory=mem, recommended=False, largest_fitting=False,
                            rank=None, shown=True, speed=SimpleNamespace(tokens_per_s=tps))
 
@@ -97,6 +99,37 @@ def test_offload_check_follows_transformers_auto_map_budget():
     o = offload_check(big, gpu)
     assert o.weights_offloaded and not o.runs_on_gpu
     assert offload_check(None, gpu) is None and offload_check(small, None) is None
+    # the pick's own CPU offload, or its activations' offload: not "entirely on the GPU"
+    small.job.offload, small.job.ranks, small.memory.host_offload_bytes = "optimizer", 2, 3 * GIB
+    o = offload_check(small, gpu)
+    assert not o.runs_on_gpu and (o.offload, o.host_offload_bytes, o.ranks) == ("optimizer",
+                                                                                3 * GIB, 2)
+    from trainfit.render.plan_words import host_held_words
+    assert "3.00 GiB per rank, 2 × that = 6.00 GiB on the machine" in host_held_words(o)
+    small.job.offload, small.job.activation_offload = "none", True
+    assert not offload_check(small, gpu).runs_on_gpu
+
+
+@pytest.mark.parametrize("sharding, offload, ranks", [("zero3", "optimizer", 2),
+                                                      ("zero2", "optimizer", 4),
+                                                      ("zero3", "all", 2), ("fsdp", "all", 2)])
+def test_a_cpu_offload_holds_in_host_ram_what_it_takes_off_the_gpu(tiny_llama, sharding, offload,
+                                                                   ranks):
+    """Per rank, for its 1/ranks of the parameters: the fp32 weights (ZeRO's master, FSDP's
+    shard: 4 B), AdamW's two states (8 B) and the gradient partition (FSDP: 4 B; ZeRO: 2 B + the
+    step's fp32 copy, 4 B; ZeRO-3 with the parameters: + their 16-bit partition) — measured
+    16, 18 and 20 B — and the GPU holds less."""
+    from trainfit.memory.predict import predict_memory
+
+    job = JobSpec(model="t", seq_len=64, micro_batch=2, grad_accum=1, precision="amp-bf16",
+                  grad_ckpt="off", ranks=ranks, sharding=sharding, offload=offload)
+    gpu = find_gpu("a10g")
+    off = predict_memory(job, tiny_llama, gpu, 0.1)
+    on = predict_memory(job.replace(offload="none"), tiny_llama, gpu, 0.1)
+    assert on.host_offload_bytes == 0
+    per_param = off.host_offload_bytes * ranks / off.trainable_params
+    assert 16 <= per_param <= 26, per_param
+    assert off.peak_allocated_bytes < on.peak_allocated_bytes
 
 
 def test_observed_check_scales_the_answer():

@@ -138,6 +138,10 @@ class MemoryPrediction:
     """The step's reserve with ``expandable_segments:True`` for a job planned without it
     (:mod:`trainfit.memory.expandable`); None where not replayed (the job has it, an
     extrapolated row, or the card's limit was reached: its note gives that allocator's verdict)."""
+    host_offload_bytes: int = 0
+    """Host RAM the job's CPU offload (``offload``: FSDP CPUOffload, ZeRO offload_optimizer /
+    offload_param) holds per rank, pinned: the terms it moves off the GPU
+    (:func:`host_offload_bytes`); 0 without one."""
     matmul_params: int = 0
     """Weights the step's matmuls use, counted on the simulated model (MFU's N:
     :func:`trainfit.model.workload.matmul_params`); 0 where not counted (the formula's N then)."""
@@ -258,7 +262,32 @@ def _gpu_quant_state(job: JobSpec, quant_state_bytes: int) -> int:
 def rank_peak(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int]],
               trainable_params: int, per_rank: bool = False, quant_state_bytes: int = 0
               ) -> tuple[str, dict[str, int], list[str]]:
-    """The per-rank allocated peak as (phase, breakdown with every term ≥ 0, notes).
+    """The per-rank allocated peak as (phase, breakdown with every term ≥ 0, notes): the largest
+    phase of :func:`rank_phases`."""
+    per_phase, notes = rank_phases(job, source, phases, trainable_params, per_rank,
+                                   quant_state_bytes)
+    phase = max(per_phase, key=lambda k: sum(per_phase[k].values()))
+    return phase, per_phase[phase], notes
+
+
+def host_offload_bytes(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int]],
+                       trainable_params: int, per_rank: bool = False,
+                       quant_state_bytes: int = 0) -> int:
+    """Host RAM one rank's CPU offload holds (pinned): what the rank keeps on the GPU without
+    the offload less what it keeps with it, at the phase they differ most — the parameter
+    shards, gradients, fp32 master and optimizer states the offload moved (0 without one)."""
+    if job.offload == "none":
+        return 0
+    on_gpu, _ = rank_phases(job.replace(offload="none"), source, phases, trainable_params,
+                            per_rank, quant_state_bytes)
+    off, _ = rank_phases(job, source, phases, trainable_params, per_rank, quant_state_bytes)
+    return max(0, *(sum(on_gpu[k].values()) - sum(off[k].values()) for k in off))
+
+
+def rank_phases(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int]],
+                trainable_params: int, per_rank: bool = False, quant_state_bytes: int = 0
+                ) -> tuple[dict[str, dict[str, int]], list[str]]:
+    """Each phase's per-rank breakdown (every term ≥ 0), and the notes.
 
     ``phases``: the one-process breakdown at each phase's own peak.  Under FSDP the phase that
     peaks on one rank need not be the one-process peak phase (sharding shrinks the optimizer
@@ -297,8 +326,7 @@ def rank_peak(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int
         notes = [*notes, *filter(None, [unused_parameter_note(source, job.ranks, job.sharding)])]
         per_phase = {k: {**b, **({"data_parallel": extra} if extra else {})}
                      for k, b in phases.items()}
-    phase = max(per_phase, key=lambda k: sum(per_phase[k].values()))
-    return phase, per_phase[phase], notes
+    return per_phase, notes
 
 
 def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_peak_bytes: int,
@@ -332,6 +360,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
                                         if k != peak_phase}}
     phase, terms, dp_notes = rank_peak(job, source, phases, trainable_params, per_rank,
                                        quant_state_bytes)
+    host = host_offload_bytes(job, source, phases, trainable_params, per_rank, quant_state_bytes)
     allocated = sum(terms.values()) + blocks + work
     # The allocator's reserve above the allocated peak, from the one-process trace.
     # ``reserved_floor_bytes``: what a smaller micro-batch of the same plan group reserves (a
@@ -378,7 +407,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
         peak_device_upper_bytes=round(device * (1 + band.under)), alloc_retries=retries,
         trainable_params=trainable_params, sdpa_kernels=sdpa_kernels, sim_time_s=sim_time_s,
         model_notes=notes, reserved_before_step_bytes=before_step,
-        reserved_expandable_bytes=with_expandable, matmul_params=matmul_params)
+        reserved_expandable_bytes=with_expandable, matmul_params=matmul_params,
+        host_offload_bytes=host)
 
 
 def _full_breakdown(terms: dict[str, int], work: int, managed_bytes: int, blocks: int

@@ -67,7 +67,9 @@ class HostRamCheck:
     """The pick's collated host batches: micro × seq_len × 8 B × 3 tensors × (1 + workers ×
     prefetch)."""
     known_bytes: int
-    """ranks × (weights at load + host batches)."""
+    """ranks × (weights at load + host batches + the CPU offload's pinned bytes)."""
+    offload_bytes_per_rank: int = 0
+    """What the pick's CPU offload holds in host RAM per rank (predicted, pinned; 0 without)."""
     unknown: str = "the CUDA libraries' and Python's own host memory per process (not modelled)"
 
 
@@ -100,14 +102,18 @@ def observed_check(result: Any, observed_device_bytes: int, source: str,
                          seq_scaled_bytes=seq, scaled=scaled, assumed=list(assumed or []))
 
 
-def host_ram_check(job: JobSpec, total_params: int, free_bytes: int) -> HostRamCheck:
-    """``job``: the pick's configuration."""
+def host_ram_check(job: JobSpec, total_params: int, free_bytes: int,
+                   offload_bytes: int = 0) -> HostRamCheck:
+    """``job``: the pick's configuration; ``offload_bytes``: its CPU offload's host bytes per
+    rank (``MemoryPrediction.host_offload_bytes``)."""
     load_b = 4 if job.method == "full" and job.precision != "bf16-true" else 2
     weights = total_params * load_b
     batches = (job.micro_batch or 1) * job.seq_len * 8 * HOST_BATCH_TENSORS * (
         1 + job.num_workers * job.prefetch_factor)
     return HostRamCheck(free_bytes=free_bytes, ranks=job.ranks, weights_load_bytes_per_rank=weights,
-                        host_batch_bytes_per_rank=batches, known_bytes=job.ranks * (weights + batches))
+                        host_batch_bytes_per_rank=batches,
+                        known_bytes=job.ranks * (weights + batches + offload_bytes),
+                        offload_bytes_per_rank=offload_bytes)
 
 
 def with_checks(result: Any, *, observed_device_bytes: int | None = None,
@@ -123,5 +129,6 @@ def with_checks(result: Any, *, observed_device_bytes: int | None = None,
                                              assumed)
     if host_ram_free_bytes is not None and result.pick is not None:
         changes["host_ram"] = host_ram_check(result.pick.job, result.total_params,
-                                             host_ram_free_bytes)
+                                             host_ram_free_bytes,
+                                             result.pick.memory.host_offload_bytes)
     return dataclasses.replace(result, **changes) if changes else result

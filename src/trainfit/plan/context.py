@@ -127,7 +127,15 @@ class OffloadCheck:
     """The pick's device peak (predicted)."""
     capacity_bytes: int
     runs_on_gpu: bool
-    """Weights not offloaded and the device peak within the card: the whole step runs on the GPU."""
+    """Weights not offloaded, the device peak within the card and nothing of the step kept in
+    host RAM (no CPU offload, no activation offload): the whole step runs on the GPU."""
+    offload: str = "none"
+    """The pick's own CPU offload (``offload``: optimizer / all), as its job sets it."""
+    host_offload_bytes: int = 0
+    """Host RAM that offload holds per rank (predicted, pinned; 0 without one)."""
+    ranks: int = 1
+    activation_offload: bool = False
+    """The pick's saved activations wait in host RAM (TRL's manager; not sized here)."""
 
 
 def offload_check(pick: Any, gpu: GpuSpec | None) -> OffloadCheck | None:
@@ -138,7 +146,11 @@ def offload_check(pick: Any, gpu: GpuSpec | None) -> OffloadCheck | None:
     budget = int(AUTO_MAP_GPU_FRACTION * (gpu.memory_bytes - gpu.cuda_context_bytes))
     dev = pick.memory.peak_device_bytes
     offloaded = weights > budget
+    job = pick.job
     return OffloadCheck(weights_bytes=weights, auto_map_budget_bytes=budget,
                         weights_offloaded=offloaded, device_peak_bytes=dev,
                         capacity_bytes=gpu.memory_bytes,
-                        runs_on_gpu=not offloaded and dev <= gpu.memory_bytes)
+                        runs_on_gpu=(not offloaded and dev <= gpu.memory_bytes
+                                     and job.offload == "none" and not job.activation_offload),
+                        offload=job.offload, host_offload_bytes=pick.memory.host_offload_bytes,
+                        ranks=job.ranks, activation_offload=job.activation_offload)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainfit.job.spec import ENGINE_NAMES
-from trainfit.plan.context import PlanAssumptions
+from trainfit.plan.context import OffloadCheck, PlanAssumptions
 from trainfit.plan.grid import PlanResult
 from trainfit.plan.rows import effective_batches
 
@@ -134,7 +134,7 @@ def offload_words(result: PlanResult) -> str | None:
             "alone exceed that, at load time, e.g. when other processes hold GPU memory)")
     run = (f"the pick runs entirely on the GPU: device peak {o.device_peak_bytes / GIB:.2f} of "
            f"{o.capacity_bytes / GIB:.2f} GiB (predicted)" if o.runs_on_gpu else
-           "the pick does not run entirely on the GPU")
+           "the pick does not run entirely on the GPU" + host_held_words(o))
     if a is not None and a.ranks > 1:
         # device_map="auto" is one process's placement: DDP, FSDP and ZeRO put each rank's
         # model (or shard) on its own GPU, so that clause would not apply (a QA run)
@@ -143,6 +143,23 @@ def offload_words(result: PlanResult) -> str | None:
             "out-of-memory error, not an offload (on Windows, drivers ≥ 536.40 have a 'CUDA "
             "sysmem fallback policy' that pages GPU memory to host RAM instead, slowly, when the "
             "device peak passes the card's memory)")
+
+
+def host_held_words(o: OffloadCheck) -> str:
+    """What the pick itself keeps in host RAM (its CPU / activation offload), with the bytes."""
+    held = []
+    if o.offload != "none":
+        what = ("optimizer states, fp32 master and gradient partitions" if o.offload == "optimizer"
+                else "parameter shards, gradients and optimizer states")
+        machine = (f", {o.ranks} × that = {o.ranks * o.host_offload_bytes / GIB:.2f} GiB on the "
+                   "machine" if o.ranks > 1 else "")
+        held.append(f"--offload {o.offload} keeps its {what} in host RAM: "
+                    f"{o.host_offload_bytes / GIB:.2f} GiB per rank{machine} (predicted, pinned "
+                    "memory), and the optimizer step runs on the CPU")
+    if o.activation_offload:
+        held.append("--activation-offload keeps the saved activations in host RAM between the "
+                    "forward and the backward (host bytes: unknown, not sized)")
+    return ": " + "; ".join(held) if held else ""
 
 
 def observed_words(result: PlanResult) -> list[str]:
@@ -185,9 +202,12 @@ def host_ram_words(result: PlanResult) -> str | None:
     per = "per rank" if h.ranks > 1 else "in the process"
     return (f"host RAM: {h.free_bytes / GIB:.2f} GiB free (your notes). What trainfit can state "
             f"{per}: the weights pass through host memory while loading "
-            f"({h.weights_load_bytes_per_rank / GIB:.2f} GiB at most), and the pick's host batches "
+            f"({h.weights_load_bytes_per_rank / GIB:.2f} GiB at most), the pick's host batches "
             f"take {h.host_batch_bytes_per_rank / 2**20:.2f} MiB — the micro-batch barely changes "
-            f"host RAM; {h.ranks} × that = {h.known_bytes / GIB:.2f} GiB of the "
+            f"host RAM"
+            + (f" — and its CPU offload holds {h.offload_bytes_per_rank / GIB:.2f} GiB pinned "
+               "(predicted)" if h.offload_bytes_per_rank else "")
+            + f"; {h.ranks} × that = {h.known_bytes / GIB:.2f} GiB of the "
             f"{h.free_bytes / GIB:.2f} GiB free. Unknown: {h.unknown}; `trainfit tune` measures "
             "the process tree's RSS, `trainfit monitor --pid PID` follows it")
 
