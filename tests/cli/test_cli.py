@@ -149,6 +149,11 @@ def test_listing_commands():
     assert runner.invoke(app, ["models"]).exit_code == 0
     res = runner.invoke(app, ["gpus", "--json"])
     assert res.exit_code == 0 and any(g["name"] == "t4" for g in json.loads(res.stdout))
+    wide = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["gpus"])
+    t4 = next(line for line in wide.stdout.splitlines() if line.startswith("t4 "))
+    assert "no bf16" in t4 and "pcie3x16 15.75" in t4  # the link plan times gradients over
+    assert "pcie4x16 31.5, no peer-to-peer" in next(
+        line for line in wide.stdout.splitlines() if line.startswith("rtx-4090 "))
 
 
 def test_seed_examples_are_valid_jobs():

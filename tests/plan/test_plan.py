@@ -284,3 +284,19 @@ def test_amp_fp16_left_out_on_bf16_cards_is_amp_bf16s_twin(tiny_llama):
         got[p] = (row.memory.peak_allocated_bytes, row.memory.peak_reserved_bytes,
                   row.memory.peak_device_bytes, row.speed.tokens_per_s)
     assert got["amp-fp16"] == got["amp-bf16"]
+
+
+def test_a_multi_rank_plans_tokens_per_second_say_they_are_all_ranks_together(tiny_llama):
+    from rich.console import Console
+
+    from trainfit.render.plan import plan_table
+
+    job = JobSpec(model="t", seq_len=64, micro_batch=2, grad_accum=1, precision="amp-bf16",
+                  grad_ckpt="off", ranks=2)
+    res = plan(job, tiny_llama, find_gpu("a100-80gb"), verify=False)
+    pick = res.rows[res.recommended_index]
+    assert pick.speed.step_time_s == pytest.approx(2 * 2 * 64 / pick.speed.tokens_per_s)
+    assert f"(2 ranks together: {pick.speed.tokens_per_s / 2:,.0f} per GPU)" in plan_reason(res)
+    con = Console(record=True, width=200)
+    plan_table(con, res)
+    assert "tokens/s of the 2 ranks together," in con.export_text()  # the title wraps

@@ -328,12 +328,22 @@ def gpus_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
         typer.echo(json.dumps([asdict(g) for g in GPUS.values()], indent=1))
         return
     from trainfit.render.plan import render_simple
+    from trainfit.speed.comm import peer_to_peer
+
+    def link(g: Any) -> str:
+        if g.interconnect_gbs is None:
+            return "unknown"
+        # GeForce cards: the driver disables PCIe peer-to-peer, NCCL goes through host memory
+        p2p = "" if peer_to_peer(g) else ", no peer-to-peer"
+        return f"{g.interconnect} {g.interconnect_gbs:g}{p2p}"
 
     render_simple("GPU catalog", ["name", "memory (GiB, as CUDA reports)", "bf16 (TFLOP/s)",
-                                  "bandwidth (GB/s)"],
+                                  "bandwidth (GB/s)", "GPU-to-GPU link (GB/s per direction)"],
                   [[g.name, f"{g.memory_bytes / 2**30:.2f}",
-                    "—" if g.peak_tflops.get("bf16") is None else f"{g.peak_tflops['bf16']:g}",
-                    "unknown" if g.memory_bandwidth_gbs is None else f"{g.memory_bandwidth_gbs:g}"]
+                    "no bf16" if g.peak_tflops.get("bf16") is None
+                    else f"{g.peak_tflops['bf16']:g}",
+                    "unknown" if g.memory_bandwidth_gbs is None else f"{g.memory_bandwidth_gbs:g}",
+                    link(g)]
                    for g in GPUS.values()])
 
 

@@ -72,8 +72,10 @@ def plan_table(console: Console, result: PlanResult, all_rows: bool = False) -> 
     speed_known = any(r.speed is not None and r.speed.tokens_per_s for r in result.rows)
     if not speed_known:  # a GPU without a known peak: one statement instead of two columns
         cols, cells = cols[:9] + cols[11:], [c[:9] + c[11:] for c in cells]
+    ranks = max((r.job.ranks for r in result.rows), default=1)
+    together = f" of the {ranks} ranks together" if ranks > 1 else ""
     title = ("peak GiB per rank (predicted): alloc / reserved / device"
-             + (" · tokens/s, MFU (predicted)" if speed_known else ""))
+             + (f" · tokens/s{together}, MFU (predicted)" if speed_known else ""))
     table, dropped = fit_table(console, title, cols, cells,
                                ["bold" if r.recommended else ("red" if r.memory.fits is False
                                                               else None) for r in rows])

@@ -218,7 +218,10 @@ def plan_reason(result: PlanResult) -> str:
            f"checkpointing {j.grad_ckpt}"]
     if pick.speed is not None and pick.speed.tokens_per_s:
         mfu = f", MFU {share_words(pick.speed.mfu)}" if pick.speed.mfu else ""
-        why.append(f"fastest that fits: {pick.speed.tokens_per_s:,.0f} tokens/s predicted{mfu}")
+        tps = pick.speed.tokens_per_s
+        per_gpu = (f" ({j.ranks} ranks together: {tps / j.ranks:,.0f} per GPU)" if j.ranks > 1
+                   else "")
+        why.append(f"fastest that fits: {tps:,.0f} tokens/s predicted{per_gpu}{mfu}")
     if result.gpu_memory_bytes is None:
         return ", ".join(why) + " (no GPU given: fit unknown)"
     return ", ".join(why) + (f": predicted {pick.memory.peak_device_bytes / GIB:.2f} of "
