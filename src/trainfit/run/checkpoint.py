@@ -235,14 +235,20 @@ def damage(ck: Path) -> str | None:
     return None
 
 
+def step_of(ck: Path) -> int | None:
+    """N of a ``checkpoint-N`` directory (the update step it was saved after); None for any
+    other name."""
+    digits = ck.name[len("checkpoint-"):]
+    return int(digits) if ck.name.startswith("checkpoint-") and digits.isdigit() else None
+
+
 def checkpoints(out: Path) -> list[Path]:
     """``checkpoint-N`` directories of a run, newest (largest N) first."""
     try:
-        found = [p for p in out.iterdir() if p.is_dir() and p.name.startswith("checkpoint-")
-                 and p.name[len("checkpoint-"):].isdigit()]
+        found = [p for p in out.iterdir() if p.is_dir() and step_of(p) is not None]
     except OSError:
         return []
-    return sorted(found, key=lambda p: int(p.name.rsplit("-", 1)[1]), reverse=True)
+    return sorted(found, key=lambda p: step_of(p) or 0, reverse=True)
 
 
 def newest_intact(out: Path, *, skip: Path | None = None) -> Path | None:
@@ -405,14 +411,20 @@ def load(ck: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any, scale
                     grad_accum=meta["grad_accum"])
 
 
+def state_count(ck: Path, key: str) -> int | None:
+    """A positive integer field of ``ck``'s ``trainer_state.json`` (trainfit's and HF
+    TrainerState's file alike); None where the file, the field or a count ≥ 1 is missing."""
+    try:
+        n = json.loads((ck / "trainer_state.json").read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
 def schedule_steps(ck: Path) -> int | None:
     """The length of the run that wrote ``ck`` (its linear decay reaches 0 there); None for a
     checkpoint written before trainfit recorded it."""
-    try:
-        n = json.loads((ck / "trainer_state.json").read_text()).get("schedule_steps")
-    except (OSError, ValueError):
-        return None
-    return n if isinstance(n, int) and n > 0 else None
+    return state_count(ck, "schedule_steps")
 
 
 def history(ck: Path) -> dict[str, Any]:

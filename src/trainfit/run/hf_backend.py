@@ -273,11 +273,9 @@ def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_l
 
 def _hf_max_steps(ck: str) -> int | None:
     """The length of the run that wrote an HF checkpoint (TrainerState's ``max_steps``)."""
-    try:
-        n = json.loads((Path(ck) / "trainer_state.json").read_text()).get("max_steps")
-    except (OSError, ValueError):
-        return None
-    return n if isinstance(n, int) and n > 0 else None
+    from trainfit.run.checkpoint import state_count
+
+    return state_count(Path(ck), "max_steps")
 
 
 def last_checkpoint(resume: Path) -> tuple[str, str | None]:

@@ -136,15 +136,12 @@ class Trainer:
             # the run continues in its own directory (a checkpoint of another run starts a new one)
             self.resuming_here = ck.parent.resolve() == Path(opts.out_dir).resolve()
             later = [c.name for c in ckpt.checkpoints(ck.parent)
-                     if int(c.name.rsplit("-", 1)[1]) > saved.step] if self.resuming_here else []
+                     if (ckpt.step_of(c) or 0) > saved.step] if self.resuming_here else []
             if later:  # a QA run: left as they were, a later --resume could pick the wrong one
                 self.notes.append(
                     f"{', '.join(sorted(later))} in {ck.parent} hold the run as it went on from "
                     f"{ck.name} before: each is replaced when this run saves that step; resume "
                     f"from this run's own checkpoints")
-
-    def total_steps(self) -> int:
-        return self.run_steps
 
     # --- data -------------------------------------------------------------------------------------
     def _schedule(self) -> Iterator[list[int]]:
@@ -207,7 +204,7 @@ class Trainer:
 
         o = self.o
         main = self.dist.rank == 0
-        total = self.total_steps()
+        total = self.run_steps
         injected = set(o.inject_oom_at_steps)
         injected_eval = set(o.inject_eval_oom_at_steps)
         self.t_start = time.perf_counter()
