@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     # after that deadlocks (plan/workers.py: SimulationWorkers)
     os.environ["TRAINFIT_WORKERS"] = "1"
     sys.path.insert(0, str(ROOT / "tests" / "plan"))
-    import test_invariants as T  # the checks themselves, shared with the test
+    import invariant_checks as T  # the checks themselves, shared with the test
 
     only = [int(a) for a in argv[argv.index("--cases") + 1:]] if "--cases" in argv else None
     if only is not None and not (OUT / "invariants.json").exists():
