@@ -233,10 +233,15 @@ def test_the_quant_setting_is_the_bitsandbytes_config_the_plan_simulated(shardin
     job = JobSpec(model="gemma-2b", method="qlora", quant="nf4", micro_batch=2, grad_accum=4,
                   precision="amp-bf16", grad_ckpt="full", ranks=ranks, sharding=sharding)
     where = {s.knob: s for s in emit(job, "hf", device="cuda").script}["quant"].where
-    call = ast.parse(where.split("quantization_config=", 1)[1][:-1], mode="eval").body
+    loading = ast.parse(where, mode="eval").body
+    assert isinstance(loading, ast.Call) and loading.func.id == "from_pretrained"
+    args = {k.arg: k.value for k in loading.keywords}
+    call = args["quantization_config"]
     assert isinstance(call, ast.Call) and call.func.id == "BitsAndBytesConfig"
     kw = {k.arg: (getattr(torch, k.value.attr) if isinstance(k.value, ast.Attribute)
                   else ast.literal_eval(k.value)) for k in call.keywords}
+    # sharded: loaded in the storage dtype, as HF pairs them (FSDP/ZeRO flatten one dtype)
+    assert (args["dtype"].attr if "dtype" in args else None) == storage
     cfg = BitsAndBytesConfig(**kw)
     assert cfg.load_in_4bit and cfg.bnb_4bit_quant_type == "nf4"
     assert cfg.bnb_4bit_compute_dtype == torch.bfloat16

@@ -90,3 +90,47 @@ def test_geforce_without_p2p_makes_multi_rank_speed_unknown_until_the_link_is_gi
     t_slow, t_fast = (plan(job, tiny_llama, g, ladder=False).rows[0].speed for g in (slow, fast))
     assert t_slow.sync_s == pytest.approx(10 * t_fast.sync_s, rel=1e-6)
     assert t_slow.step_time_s > t_fast.step_time_s
+
+
+def test_hidden_traffic_takes_memory_bandwidth_from_compute():
+    """NCCL stores what it receives and reads it back (2× an all-gather's bus bytes, 3× a
+    reduction's: NVIDIA/nccl#1428): the hidden part of the traffic costs the step that much of
+    the card's memory bandwidth; what is exposed is already serial and costs nothing more."""
+    from trainfit.speed.comm import GATHER_HBM_FACTOR, REDUCE_HBM_FACTOR
+
+    hbm = 2000.0  # GB/s
+    hidden = sync_time(ranks=8, sharding="fsdp", grad_accum=3, grad_bytes=52e9, param_bytes=26e9,
+                       link_gbs=300.0, micro_step_s=2.0, hbm_gbs=hbm)
+    assert hidden.exposed_s == 0.0
+    gathered, reduced = 7 / 8 * 2 * 26e9, 7 / 8 * 52e9
+    assert hidden.contention_s == pytest.approx(
+        3 * (GATHER_HBM_FACTOR * gathered + REDUCE_HBM_FACTOR * reduced) / (hbm * 1e9))
+    assert f"slows compute by {hidden.contention_s:.3g} s per step" in hidden.overlap
+    # comm twice the compute: the collective is the longer, the slowed compute (+ its half of
+    # the traffic) still ends first, nothing is added
+    comm_micro = (gathered + reduced) / (300e9 * RING_BUS_EFFICIENCY)
+    half = sync_time(ranks=8, sharding="fsdp", grad_accum=3, grad_bytes=52e9, param_bytes=26e9,
+                     link_gbs=300.0, micro_step_s=comm_micro / 2, hbm_gbs=hbm)
+    assert half.exposed_s == pytest.approx(3 * comm_micro / 2) and half.contention_s == 0.0
+    # comm just under the compute: the micro-step ends when the slowed compute does
+    near = sync_time(ranks=8, sharding="fsdp", grad_accum=3, grad_bytes=52e9, param_bytes=26e9,
+                     link_gbs=300.0, micro_step_s=comm_micro * 1.01, hbm_gbs=hbm)
+    assert near.contention_s == pytest.approx(hidden.contention_s)
+    # a host-bound step: the idle device absorbs the traffic first
+    idle = sync_time(ranks=8, sharding="fsdp", grad_accum=3, grad_bytes=52e9, param_bytes=26e9,
+                     link_gbs=300.0, micro_step_s=2.0, hbm_gbs=hbm, device_share=0.5)
+    assert idle.contention_s == pytest.approx(3 * max(0.0, 1.0 + hidden.contention_s / 3 - 2.0))
+    assert sync_time(ranks=8, sharding="fsdp", grad_accum=3, grad_bytes=52e9, param_bytes=26e9,
+                     link_gbs=300.0, micro_step_s=2.0).contention_s == 0.0  # bandwidth unknown
+    # ZeRO-2 (overlap_comm off) hides nothing, so nothing contends; DDP's hidden all-reduce does
+    assert sync_time(ranks=2, sharding="zero2", grad_accum=8, grad_bytes=3e9, param_bytes=3e9,
+                     link_gbs=10.0, micro_step_s=0.05, hbm_gbs=hbm).contention_s == 0.0
+    ddp = sync_time(ranks=4, sharding="none", grad_accum=1, grad_bytes=4e9, param_bytes=4e9,
+                    link_gbs=100.0, micro_step_s=1.0, hbm_gbs=hbm)
+    moved = 2 * 3 / 4 * 4e9
+    share = 1 - ddp.exposed_s / ddp.comm_s
+    assert ddp.contention_s == pytest.approx(
+        share * (GATHER_HBM_FACTOR + REDUCE_HBM_FACTOR) * moved / 2 / (hbm * 1e9))
+    assert sync_time(ranks=4, sharding="none", grad_accum=1, grad_bytes=4e9, param_bytes=4e9,
+                     link_gbs=100.0, micro_step_s=1.0, hbm_gbs=hbm,
+                     device_share=0.5).contention_s == 0.0  # its idle half absorbs ~7 ms

@@ -116,3 +116,39 @@ def test_every_op_outside_aten_is_recorded_or_costs_nothing(family):
     assert all(seen.values()), seen
     if family in ("mixtral", "qwen3_moe"):
         assert "transformers::grouped_mm_fallback" in seen  # the fp32 / fp16 steps' experts
+
+
+def _optimizer_ops(source, **knobs):
+    from trainfit.job import JobSpec
+    from trainfit.memory.simulate import SimTarget, simulate_step
+    from trainfit.speed.ops import OpRecorder
+
+    job = JobSpec(model="t", seq_len=32, micro_batch=2, grad_accum=1, method="full",
+                  grad_ckpt="off", **knobs)
+    rec = OpRecorder()
+    res = simulate_step(job, source, SimTarget(device="cuda"), op_hook=rec)
+    return [op for op in rec.ops if op.phase == "optimizer"], res.trainable_params
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_a_sharded_optimizer_step_is_timed_on_its_shard(tiny_llama, ranks):
+    """FSDP2's parameters are DTensors, dispatched with their global shape: the rank's fused
+    AdamW reads its local shard (1/ranks of the bytes, padding aside); DeepSpeed's ZeRO steps its
+    fp32 partition (simulated by a bf16 twin of every parameter) and converts twice."""
+    whole, params = _optimizer_ops(tiny_llama, precision="amp-bf16")
+    adam = next(op for op in whole if op.name == "_fused_adamw_")
+    # param, grad, exp_avg, exp_avg_sq in fp32 (+ a 4-byte step count per tensor)
+    assert adam.dtype == "fp32" and adam.bytes == pytest.approx(16 * params, rel=1e-4)
+    fsdp, _ = _optimizer_ops(tiny_llama, precision="amp-bf16", ranks=ranks, sharding="fsdp")
+    shard = next(op for op in fsdp if op.name == "_fused_adamw_")
+    assert adam.bytes / ranks <= shard.bytes <= adam.bytes / ranks * 1.01
+    for stage in ("zero2", "zero3"):
+        zero, _ = _optimizer_ops(tiny_llama, precision="amp-bf16", ranks=ranks, sharding=stage)
+        part = next(op for op in zero if op.name == "_fused_adamw_")
+        assert part.dtype == "fp32" and part.bytes == pytest.approx(adam.bytes / ranks, rel=1e-4)
+        copies = [op for op in zero if op.name == "_to_copy"][-2:]
+        assert [op.bytes for op in copies] == [pytest.approx(6 * params / ranks)] * 2
+    fp32, _ = _optimizer_ops(tiny_llama, precision="fp32", ranks=ranks, sharding="zero3")
+    assert next(op for op in fp32 if op.name == "_fused_adamw_").bytes == pytest.approx(
+        adam.bytes / ranks, rel=1e-4)  # the fp32 module is the master: no widening, no conversions
+    assert not [op for op in fp32 if op.name == "_to_copy"]

@@ -259,12 +259,14 @@ def script_settings(job: JobSpec, target: str) -> list[ScriptSetting]:
         compute = "float16" if job.precision == "amp-fp16" else "bfloat16"
         # sharded QLoRA: FSDP and ZeRO flatten the packed weights with the 16-bit parameters,
         # so they are stored as bf16 (as the plan simulated them: model/workload.py)
-        storage = (", bnb_4bit_quant_storage=torch.bfloat16"
-                   if job.sharding != "none" and job.ranks > 1 else "")
+        # (and loaded in bf16: the storage dtype is the other parameters' dtype, HF's pairing)
+        sharded = job.sharding != "none" and job.ranks > 1
+        storage = ", bnb_4bit_quant_storage=torch.bfloat16" if sharded else ""
         out.append(ScriptSetting("quant", job.quant, "from_pretrained(quantization_config="
                                  f'BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="{qtype}", '
                                  f"bnb_4bit_use_double_quant={dq}, "
-                                 f"bnb_4bit_compute_dtype=torch.{compute}{storage}))"))
+                                 f"bnb_4bit_compute_dtype=torch.{compute}{storage})"
+                                 + (", dtype=torch.bfloat16)" if sharded else ")")))
     if job.method in ("lora", "qlora"):
         out.append(ScriptSetting("method", job.method, f"peft.LoraConfig(r={job.lora_r}, "
                                  f"lora_alpha={job.lora_alpha}, lora_dropout={job.lora_dropout}, "

@@ -140,8 +140,7 @@ class MemoryPrediction:
     extrapolated row, or the card's limit was reached: its note gives that allocator's verdict)."""
     host_offload_bytes: int = 0
     """Host RAM the job's CPU offload (``offload``: FSDP CPUOffload, ZeRO offload_optimizer /
-    offload_param) holds per rank, pinned: the terms it moves off the GPU
-    (:func:`host_offload_bytes`); 0 without one."""
+    offload_param) holds per rank (:func:`host_offload_bytes`); 0 without one."""
     matmul_params: int = 0
     """Weights the step's matmuls use, counted on the simulated model (MFU's N:
     :func:`trainfit.model.workload.matmul_params`); 0 where not counted (the formula's N then)."""
@@ -273,15 +272,22 @@ def rank_peak(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int
 def host_offload_bytes(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int]],
                        trainable_params: int, per_rank: bool = False,
                        quant_state_bytes: int = 0) -> int:
-    """Host RAM one rank's CPU offload holds (pinned): what the rank keeps on the GPU without
-    the offload less what it keeps with it, at the phase they differ most — the parameter
-    shards, gradients, fp32 master and optimizer states the offload moved (0 without one)."""
+    """Host RAM one rank's CPU offload holds: what the rank keeps on the GPU without the offload
+    less what it keeps with it, at the phase they differ most — the parameter shards, fp32
+    master, optimizer states and gradients the offload moved (0 without one).  ZeRO-2's host
+    gradient is its fp32 partition (the step's fp32 copy, a temporary on the GPU without
+    offload), not the 16-bit partition the GPU stops holding, which is left out: 16 B per
+    partitioned parameter; ZeRO-3 keeps its 16-bit ``grad_partitions_flat_buffer`` on the host
+    as well: 18 B, 20 with ``offload_param`` (docs/notes/multi-gpu-memory-mechanisms.md §5);
+    FSDP's CPUOffload: 16 (fp32 shard, gradient, two states)."""
     if job.offload == "none":
         return 0
     on_gpu, _ = rank_phases(job.replace(offload="none"), source, phases, trainable_params,
                             per_rank, quant_state_bytes)
     off, _ = rank_phases(job, source, phases, trainable_params, per_rank, quant_state_bytes)
-    return max(0, *(sum(on_gpu[k].values()) - sum(off[k].values()) for k in off))
+    skip = ("gradients",) if job.sharding == "zero2" else ()
+    return max(0, *(sum(v - off[k].get(c, 0) for c, v in on_gpu[k].items() if c not in skip)
+                    for k in off))
 
 
 def rank_phases(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int]],

@@ -31,7 +31,7 @@ from trainfit.memory.semantics import AttentionTarget, device_semantics
 from trainfit.memory.sharded import fake_world, fsdp_bookkeeping, fsdp_simulable, local, shard_model
 from trainfit.memory.tracker import LiveBytesTracker
 from trainfit.memory.wrap import record_wrap, records_wrap
-from trainfit.memory.zero import compute_job, zero3_linear
+from trainfit.memory.zero import compute_job, master_bytes_per_param, zero3_linear
 from trainfit.model.chunked_head import ChunkedHeadLM
 from trainfit.model.in_backward import InBackwardOptimizer
 from trainfit.model.offload import simulated_offload, with_offload
@@ -241,15 +241,25 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
     # ZeRO-3's linear keeps every input for the backward (zero.py: zero3_linear)
     linear = zero3_linear() if job.sharding == "zero3" else contextlib.nullcontext()
     flat_states = job.sharding in ("zero2", "zero3")
+    if hasattr(op_hook, "optimizer_partition"):
+        op_hook.optimizer_partition = None  # a recorder used again: set below for ZeRO only
+        op_hook.dtype_alias = {}
     if flat_states:
         if job.precision == "amp-fp16" and hasattr(op_hook, "dtype_alias"):
             # DeepSpeed's fp16 mode halves the module (engine: module.half()); its twin below
             # is bf16-true, the same bytes, but the GPU runs fp16 kernels (a T4 has no bf16)
             op_hook.dtype_alias = {"bf16": "fp16"}
+        ranks = job.ranks
         job = compute_job(job)  # DeepSpeed's per-rank terms are added to this step (zero.py)
+        if hasattr(op_hook, "optimizer_partition"):
+            # its optimizer steps this rank's fp32 partition, not the twin's every parameter
+            op_hook.optimizer_partition = (ranks, 1 + (master_bytes_per_param(job) > 0))
     with fake_world(job.ranks) if sharded else contextlib.nullcontext() as mesh, linear:
-        return _simulate(job, source, target or SimTarget(), steps, record_events, op_hook,
-                         batch_fn, mesh, loads, flat_states)
+        result = _simulate(job, source, target or SimTarget(), steps, record_events, op_hook,
+                           batch_fn, mesh, loads, flat_states)
+    if flat_states and hasattr(op_hook, "add_partition_copies"):
+        op_hook.add_partition_copies(result.trainable_params)
+    return result
 
 
 def _place(model: torch.nn.Module, job: JobSpec, mesh: Any, fake_mode: FakeTensorMode,

@@ -39,6 +39,19 @@ class TraceMatcher(difflib.SequenceMatcher):
         # each value → its positions in b, ascending (difflib's b2j as arrays)
         self._b_at = [order[starts[v]:starts[v + 1]] for v in range(len(ids))]
 
+    def set_seq1(self, a: Sequence[Hashable]) -> None:
+        """Made once: the value ids are built for the sequences given to ``__init__``."""
+        self._made_once()
+        super().set_seq1(a)
+
+    def set_seq2(self, b: Sequence[Hashable]) -> None:
+        self._made_once()
+        super().set_seq2(b)
+
+    def _made_once(self) -> None:
+        if hasattr(self, "_b_at"):
+            raise TypeError("TraceMatcher: make a new matcher for other sequences")
+
     def find_longest_match(self, alo: int = 0, ahi: int | None = None, blo: int = 0,
                            bhi: int | None = None) -> difflib.Match:
         """The longest a[i:i+k] == b[j:j+k] inside the ranges: the one ending first in ``a``,

@@ -67,9 +67,9 @@ class HostRamCheck:
     """The pick's collated host batches: micro × seq_len × 8 B × 3 tensors × (1 + workers ×
     prefetch)."""
     known_bytes: int
-    """ranks × (weights at load + host batches + the CPU offload's pinned bytes)."""
+    """ranks × (weights at load + host batches + the CPU offload's bytes)."""
     offload_bytes_per_rank: int = 0
-    """What the pick's CPU offload holds in host RAM per rank (predicted, pinned; 0 without)."""
+    """What the pick's CPU offload holds in host RAM per rank (predicted; 0 without)."""
     unknown: str = "the CUDA libraries' and Python's own host memory per process (not modelled)"
 
 
@@ -113,7 +113,10 @@ def host_ram_check(job: JobSpec, total_params: int, free_bytes: int,
     return HostRamCheck(free_bytes=free_bytes, ranks=job.ranks, weights_load_bytes_per_rank=weights,
                         host_batch_bytes_per_rank=batches,
                         known_bytes=job.ranks * (weights + batches + offload_bytes),
-                        offload_bytes_per_rank=offload_bytes)
+                        offload_bytes_per_rank=offload_bytes,
+                        **({"unknown": f"{HostRamCheck.unknown}, and the saved activations "
+                                       "--activation-offload keeps in host RAM (not sized)"}
+                           if job.activation_offload else {}))
 
 
 def with_checks(result: Any, *, observed_device_bytes: int | None = None,

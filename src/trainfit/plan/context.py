@@ -132,7 +132,7 @@ class OffloadCheck:
     offload: str = "none"
     """The pick's own CPU offload (``offload``: optimizer / all), as its job sets it."""
     host_offload_bytes: int = 0
-    """Host RAM that offload holds per rank (predicted, pinned; 0 without one)."""
+    """Host RAM that offload holds per rank (predicted; 0 without one)."""
     ranks: int = 1
     activation_offload: bool = False
     """The pick's saved activations wait in host RAM (TRL's manager; not sized here)."""

@@ -50,4 +50,6 @@ def synced(speed: SpeedPrediction | None, job: JobSpec, mem: MemoryPrediction,
         # ZeRO-2 gathers the updated partitions of what trains; FSDP / ZeRO-3 every parameter
         param_bytes=(mem.trainable_params if job.sharding == "zero2" else mem.total_params)
         * weight_elem,
-        link_gbs=gpu.interconnect_gbs, micro_step_s=speed.step_time_s / (job.grad_accum or 1)))
+        link_gbs=gpu.interconnect_gbs, micro_step_s=speed.step_time_s / (job.grad_accum or 1),
+        hbm_gbs=gpu.memory_bandwidth_gbs,
+        device_share=speed.device_busy_fraction if speed.device_busy_fraction else 1.0))

@@ -154,8 +154,8 @@ def host_held_words(o: OffloadCheck) -> str:
         machine = (f", {o.ranks} × that = {o.ranks * o.host_offload_bytes / GIB:.2f} GiB on the "
                    "machine" if o.ranks > 1 else "")
         held.append(f"--offload {o.offload} keeps its {what} in host RAM: "
-                    f"{o.host_offload_bytes / GIB:.2f} GiB per rank{machine} (predicted, pinned "
-                    "memory), and the optimizer step runs on the CPU")
+                    f"{o.host_offload_bytes / GIB:.2f} GiB per rank{machine} (predicted), and "
+                    "the optimizer step runs on the CPU")
     if o.activation_offload:
         held.append("--activation-offload keeps the saved activations in host RAM between the "
                     "forward and the backward (host bytes: unknown, not sized)")
@@ -205,7 +205,7 @@ def host_ram_words(result: PlanResult) -> str | None:
             f"({h.weights_load_bytes_per_rank / GIB:.2f} GiB at most), the pick's host batches "
             f"take {h.host_batch_bytes_per_rank / 2**20:.2f} MiB — the micro-batch barely changes "
             f"host RAM"
-            + (f" — and its CPU offload holds {h.offload_bytes_per_rank / GIB:.2f} GiB pinned "
+            + (f" — and its CPU offload holds {h.offload_bytes_per_rank / GIB:.2f} GiB "
                "(predicted)" if h.offload_bytes_per_rank else "")
             + f"; {h.ranks} × that = {h.known_bytes / GIB:.2f} GiB of the "
             f"{h.free_bytes / GIB:.2f} GiB free. Unknown: {h.unknown}; `trainfit tune` measures "

@@ -119,8 +119,9 @@ def link_note(result: PlanResult) -> str:
     pick = result.pick
     if pick is not None and pick.speed is not None and pick.speed.sync_s is not None:
         text += (f"; the pick: {pick.speed.sync_s:.3g} s of communication per step, "
-                 f"{pick.speed.sync_exposed_s or 0.0:.3g} s of it not hidden under compute "
-                 "(predicted)")
+                 f"{pick.speed.sync_exposed_s or 0.0:.3g} s of it not hidden under compute, "
+                 f"and {pick.speed.sync_contention_s or 0.0:.3g} s added by the memory "
+                 "bandwidth its hidden traffic takes from compute (predicted)")
     return text
 
 

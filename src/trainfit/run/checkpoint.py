@@ -239,7 +239,8 @@ def step_of(ck: Path) -> int | None:
     """N of a ``checkpoint-N`` directory (the update step it was saved after); None for any
     other name."""
     digits = ck.name[len("checkpoint-"):]
-    return int(digits) if ck.name.startswith("checkpoint-") and digits.isdigit() else None
+    ok = ck.name.startswith("checkpoint-") and digits.isascii() and digits.isdecimal()
+    return int(digits) if ok else None  # isdigit() alone takes "²", which int() refuses
 
 
 def checkpoints(out: Path) -> list[Path]:

@@ -20,6 +20,18 @@ the part of it the backward does not hide.
   gradients ((N−1)/N × gradient bytes); prefetching overlaps them with compute, so what shows per
   micro-step is max(0, comm − compute).
 
+Hidden is not free: NCCL's kernels move what they send and receive through the GPU's memory,
+"at least 2x [the link's bytes] ... as we need to store to memory, then read back from it. If you
+add reading from or writing to user data, it can be 3x" (NCCL's maintainer, NVIDIA/nccl#1428,
+where an A100's GEMMs ran 1.18 → 2.08 ms under an overlapped all-gather).  While a collective
+runs under compute, that traffic takes the memory bandwidth the compute kernels would have had:
+the hidden part's HBM bytes (2× an all-gather's bus bytes: stored, then read back to forward;
+3× a reduction's: its received chunk and the local one read, the sum written) at the card's
+peak bandwidth are added to the step (``contention_s``), less what a longer collective or a
+host-bound step's idle device absorbs.  Below what nccl#1428 measured: there the GEMMs slowed
+76 % where the traffic took a third of the A100's 2,039 GB/s (~3 × 230 GB/s); the SMs NCCL's
+kernels occupy are not counted.
+
 Every number here is a prediction; the overlap model is stated in the output.
 """
 
@@ -38,6 +50,12 @@ DDP_BUCKET_BYTES = 25 * 2**20
 BACKWARD_SHARE = 2.0 / 3.0
 """Share of a micro-step's compute that is backward: backward costs twice the forward's FLOPs
 (Kaplan et al. 2020, sec. 2.1), which the gradient all-reduce can hide under."""
+GATHER_HBM_FACTOR = 2.0
+"""HBM bytes per bus byte of a ring all-gather (received chunks stored, then read back to be
+forwarded: NVIDIA/nccl#1428)."""
+REDUCE_HBM_FACTOR = 3.0
+"""HBM bytes per bus byte of a ring reduction step (the received and the local chunk read, the
+sum written: NVIDIA/nccl#1428's "can be 3x" with user data)."""
 INTERCONNECTS_GBS = {"pcie3": 15.75, "pcie4": 31.5, "pcie5": 63.0, "nvlink2": 150.0,
                      "nvlink3": 300.0, "nvlink4": 450.0}
 """Per-direction GB/s (1e9) of an x16 PCIe link or one GPU's NVLink total (half the datasheet's
@@ -54,12 +72,30 @@ class SyncTime:
     exposed_s: float
     """The part not hidden behind compute: what it adds to the step."""
     overlap: str
+    contention_s: float = 0.0
+    """What the hidden part's traffic through the GPU's memory adds to the step, per optimizer
+    step: its HBM bytes at the card's peak bandwidth, less what a longer collective or an idle
+    device absorbs (see the module docstring)."""
+
+
+def _hidden_hbm_s(hidden_share: float, gathered: float, reduced: float,
+                  hbm_gbs: float | None) -> float:
+    """Seconds of the card's memory bandwidth the hidden share of ``gathered`` all-gather and
+    ``reduced`` reduction bus bytes takes from compute (0 where the bandwidth is unknown)."""
+    if not hbm_gbs or hidden_share <= 0:
+        return 0.0
+    hbm_bytes = GATHER_HBM_FACTOR * gathered + REDUCE_HBM_FACTOR * reduced
+    return hidden_share * hbm_bytes / (hbm_gbs * 1e9)
 
 
 def sync_time(*, ranks: int, sharding: str, grad_accum: int, grad_bytes: float,
-              param_bytes: float, link_gbs: float, micro_step_s: float) -> SyncTime | None:
+              param_bytes: float, link_gbs: float, micro_step_s: float,
+              hbm_gbs: float | None = None, device_share: float = 1.0) -> SyncTime | None:
     """``grad_bytes``/``param_bytes``: the full (unsharded) trainable-gradient and parameter
-    bytes; ``micro_step_s``: one micro-step's predicted time without synchronisation."""
+    bytes; ``micro_step_s``: one micro-step's predicted time without synchronisation;
+    ``hbm_gbs``: the card's memory bandwidth (GB/s), for what hidden traffic takes from compute
+    (None: not counted); ``device_share``: the share of the micro-step the GPU is busy (a
+    host-bound step's idle device absorbs the contention first)."""
     if ranks <= 1:
         return None
     bus = link_gbs * 1e9 * RING_BUS_EFFICIENCY
@@ -68,10 +104,17 @@ def sync_time(*, ranks: int, sharding: str, grad_accum: int, grad_bytes: float,
         per_micro = frac * (2.0 * param_bytes + grad_bytes)
         comm_micro = per_micro / bus
         exposed = grad_accum * max(0.0, comm_micro - micro_step_s)
+        hidden = min(comm_micro, micro_step_s) / comm_micro if comm_micro else 0.0
+        taken = _hidden_hbm_s(hidden, frac * 2.0 * param_bytes, frac * grad_bytes, hbm_gbs)
+        # the micro-step ends when both the collectives and the slowed device are done: a
+        # longer collective, or an idle device (host-bound), absorbs the slow-down first
+        base = max(comm_micro, micro_step_s)
+        contention = grad_accum * (max(base, device_share * micro_step_s + taken) - base)
         who = "DeepSpeed ZeRO-3" if sharding == "zero3" else "FSDP"
         return SyncTime(f"all-gather ×2 + reduce-scatter per micro-step ({who})",
                         per_micro * grad_accum, comm_micro * grad_accum, exposed,
-                        "prefetched: hidden under each micro-step's compute up to its length")
+                        "prefetched: hidden under each micro-step's compute up to its length"
+                        + _contention_words(contention), contention)
     if sharding == "zero2":  # param_bytes: the trainable parameters' (what is gathered)
         per_micro = 2.0 * frac * grad_bytes
         gather = frac * param_bytes
@@ -83,11 +126,22 @@ def sync_time(*, ranks: int, sharding: str, grad_accum: int, grad_bytes: float,
     moved = 2.0 * frac * grad_bytes
     comm = moved / bus
     last_bucket = 2.0 * frac * min(grad_bytes, DDP_BUCKET_BYTES) / bus
-    exposed = max(comm - BACKWARD_SHARE * micro_step_s, last_bucket)
+    window = BACKWARD_SHARE * micro_step_s  # the last micro-step's backward hides it
+    exposed = min(comm, max(comm - window, last_bucket))
+    # a ring all-reduce is a reduce-scatter then an all-gather, half its bus bytes each; what
+    # runs hidden (≤ the window) slows the window's device time, unless the device idles
+    taken = _hidden_hbm_s(1.0 - exposed / comm if comm else 0.0, moved / 2, moved / 2, hbm_gbs)
+    contention = max(0.0, device_share * window + taken - window)
     return SyncTime("ring all-reduce of gradients once per step (DDP, no_sync on accumulation)",
                     moved, comm, exposed,
                     "bucketed: hidden under the last micro-step's backward except the last "
-                    "25 MiB bucket")
+                    "25 MiB bucket" + _contention_words(contention), contention)
+
+
+def _contention_words(contention_s: float) -> str:
+    return (f"; its hidden traffic through the GPU's memory (2× an all-gather's bytes, 3× a "
+            f"reduction's) slows compute by {contention_s:.3g} s per step"
+            if contention_s > 0 else "")
 
 
 def with_sync(speed: SpeedPrediction, sync: SyncTime | None) -> SpeedPrediction:
@@ -95,7 +149,7 @@ def with_sync(speed: SpeedPrediction, sync: SyncTime | None) -> SpeedPrediction:
     if sync is None or speed.step_time_s is None:
         return speed
     old = speed.step_time_s
-    new = old + sync.exposed_s
+    new = old + sync.exposed_s + sync.contention_s
     k = old / new
     return replace(speed, step_time_s=new,
                    tokens_per_s=None if speed.tokens_per_s is None else speed.tokens_per_s * k,
@@ -105,6 +159,7 @@ def with_sync(speed: SpeedPrediction, sync: SyncTime | None) -> SpeedPrediction:
                    device_busy_fraction=None if speed.device_busy_fraction is None
                    else speed.device_busy_fraction * k,
                    sync_s=sync.comm_s, sync_exposed_s=sync.exposed_s,
+                   sync_contention_s=sync.contention_s,
                    sync_note=f"{sync.collective}; {sync.overlap}")
 
 

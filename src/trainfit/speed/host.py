@@ -76,10 +76,12 @@ VOCAB = 128
 TOKENS = 16
 """Tokens of the timed micro-batch (one sequence).  MoE models get enough for every expert."""
 WARMUP = 2
-CACHE_VERSION = 6
+CACHE_VERSION = 7
 """5: measurements are in reference ops (with the median reference of their quiet rounds) and
 carry the load they were timed under (:mod:`trainfit.speed.host_timing`); 6: timed on one
-intra-op thread (:func:`one_thread`); older ones are measured again."""
+intra-op thread (:func:`one_thread`); 7: the empty-family ops launch no kernel
+(:data:`trainfit.speed.ops.ALLOCATING_ONLY`), so the kernel counts changed; older ones are
+measured again."""
 
 _HIDDEN = ("hidden_size", "n_embd", "d_model", "dim")
 _HEADS = ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",

@@ -73,16 +73,34 @@ class OpRecord:
     further below its peak: :class:`trainfit.speed.kernels.Attention`)."""
 
 
+try:
+    from torch.distributed.tensor import DTensor as _DTensor
+except ImportError:  # a torch built without torch.distributed: no FSDP2, no DTensor
+    _DTensor = None
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor a kernel runs on: a DTensor (an FSDP2 parameter, its gradient and optimizer
+    state, sharded over the ranks) reaches the dispatch with its global shape, while each rank's
+    kernel reads its local shard — the optimizer step and gradient clipping of 8-rank FSDP were
+    timed on the whole model (a 7B model's fused AdamW: 112 GB read instead of 14)."""
+    return t._local_tensor if _DTensor is not None and isinstance(t, _DTensor) else t
+
+
 def _tensors(items: Any) -> list[torch.Tensor]:
-    """Tensors among the arguments, one level of lists deep (aten ops nest no further); a flat
-    loop instead of a pytree walk: this runs for every op of every simulation."""
+    """Tensors among the arguments (DTensors as their local shard, :func:`_local`), one level of
+    lists deep (aten ops nest no further); a flat loop instead of a pytree walk: this runs for
+    every op of every simulation."""
     out: list[torch.Tensor] = []
     for a in items:
         if isinstance(a, torch.Tensor):
-            out.append(a)
+            out.append(_local(a))
         elif isinstance(a, (list, tuple)):
-            out.extend(t for t in a if isinstance(t, torch.Tensor))
+            out.extend(_local(t) for t in a if isinstance(t, torch.Tensor))
     return out
+
+
+_HALF = (torch.bfloat16, torch.float16)
 
 
 def _dtype_name(dt: torch.dtype) -> str:
@@ -164,9 +182,19 @@ def _attention_shape(func: Any, name: str, args: tuple[Any, ...], kwargs: dict[s
     return seq, bool(arg("is_causal")), head_dim
 
 
+ALLOCATING_ONLY = frozenset({"empty", "empty_like", "empty_strided", "new_empty",
+                             "new_empty_strided", "empty_permuted"})
+"""Ops that take new storage and write nothing: the caching allocator's work, no kernel
+(FSDP2's all-gather and reduce-scatter buffers are ``torch.empty``: timed as a write of their
+bytes they added 1.4 ms to a 2-layer step's backward)."""
+
+
 def launches_kernel(name: str, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> bool:
     """In-place ops and ops with an output in new storage launch a kernel; an output sharing an
-    input's storage (views, and _unsafe_view, which is not marked as one) launches none."""
+    input's storage (views, and _unsafe_view, which is not marked as one) and an uninitialised
+    allocation (:data:`ALLOCATING_ONLY`) launch none."""
+    if name in ALLOCATING_ONLY:
+        return False
     if name.endswith("_") or name.startswith("_foreach") or "fused" in name:
         return True
     in_storages = {id(t.untyped_storage()) for t in ins}
@@ -254,6 +282,14 @@ class OpRecorder:
         """Dtype names recorded as another: DeepSpeed's fp16 mode is simulated by its bf16 twin
         (the same bytes), whose ops run in fp16 on the GPU (:func:`trainfit.memory.simulate
         .simulate_step`)."""
+        self.optimizer_partition: tuple[int, int] | None = None
+        """(ranks, widening): DeepSpeed's ZeRO steps the optimizer on this rank's flat partition,
+        1/ranks of every trainable parameter, in fp32 (its master weights), where the one-process
+        twin it is simulated by (:func:`trainfit.memory.simulate.simulate_step`) steps every
+        parameter in the module's dtype: the optimizer phase's ops are recorded at the
+        partition's size, their 16-bit tensors read as fp32 (widening 2; 1 in fp32 mode, where
+        the module is the master).  Without it a 2-rank ZeRO-3 step's optimizer read as much as
+        8 ranks'."""
 
     def __call__(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
                  phase: str, micro_step: int) -> None:
@@ -290,6 +326,16 @@ class OpRecorder:
         dtype = _dtype_name(floating[0].dtype) if floating else "other"
         dtype = self.dtype_alias.get(dtype, dtype)
         elements = float(max((t.numel() for t in ins + outs), default=0))
+        if phase == "optimizer" and self.optimizer_partition is not None:
+            ranks, widen = self.optimizer_partition
+            if kernel and widen > 1:
+                # the twin's 16-bit tensors are fp32 on the partition; an 8-bit optimizer's
+                # uint8 states and fp32 statistics are what they are
+                nbytes = float(sum(t.numel() * (4 if t.dtype in _HALF else t.element_size())
+                                   for t in ins + outs))
+                if dtype in ("bf16", "fp16"):
+                    dtype = "fp32"
+            flops, nbytes, elements = flops / ranks, nbytes / ranks, elements / ranks
         seq, causal, head_dim = _attention_shape(func, name, args, kwargs) if flops else (0, False, 0)
         gemm = name in _GEMMS
         self.ops.append(OpRecord(name, phase, flops, nbytes, dtype,
@@ -297,6 +343,20 @@ class OpRecorder:
                                  elements, replay_key(f"{name}.{func._overloadname}", args, kwargs)
                                  if kernel and self.replay else None, seq, causal,
                                  gemm_aligned(name, args, out) if gemm else True, head_dim))
+
+    def add_partition_copies(self, params: int) -> None:
+        """The two dtype conversions DeepSpeed's ZeRO adds to each step of a 16-bit module, over
+        this rank's partition of ``params`` trainable parameters (:attr:`optimizer_partition`):
+        the reduced 16-bit gradients into the fp32 master's, and the updated fp32 master weights
+        back into the module's 16-bit ones (stage 1/2: ``single_partition_of_fp32_groups`` and
+        ``bit16_groups_flat``; stage 3: ``fp32_partitioned_groups_flat`` and
+        ``fp16_partitioned_groups_flat``) — 2 + 4 bytes per element each."""
+        if self.optimizer_partition is None or self.optimizer_partition[1] == 1:
+            return
+        elements = params / self.optimizer_partition[0]
+        for _ in range(2):
+            self.ops.append(OpRecord("_to_copy", "optimizer", 0.0, 6.0 * elements, "fp32", None,
+                                     True, elements))
 
     def _grouped(self, name: str, phase: str, gemms: list[tuple[int, int, int, int]],
                  args: tuple[Any, ...]) -> None:

@@ -46,6 +46,9 @@ class SpeedPrediction:
     """ranks > 1: time of the gradient collectives per step (trainfit.speed.comm), seconds."""
     sync_exposed_s: float | None = None
     """The part of ``sync_s`` not hidden behind compute, included in ``step_time_s``."""
+    sync_contention_s: float | None = None
+    """What the hidden part of ``sync_s`` adds by taking memory bandwidth from compute, included
+    in ``step_time_s`` (:mod:`trainfit.speed.comm`), seconds per step (None: one rank)."""
     sync_note: str = ""
     unaligned_gemm_s: float = 0.0
     """Seconds of the step that 16-bit GEMMs with unaligned rows take beyond their aligned time
