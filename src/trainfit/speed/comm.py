@@ -129,9 +129,11 @@ def sync_time(*, ranks: int, sharding: str, grad_accum: int, grad_bytes: float,
     window = BACKWARD_SHARE * micro_step_s  # the last micro-step's backward hides it
     exposed = min(comm, max(comm - window, last_bucket))
     # a ring all-reduce is a reduce-scatter then an all-gather, half its bus bytes each; what
-    # runs hidden (≤ the window) slows the window's device time, unless the device idles
+    # runs hidden (≤ the window) slows the window's device time, unless the device idles; the
+    # last bucket goes after the (slowed) backward, a longer all-reduce ends on its own
     taken = _hidden_hbm_s(1.0 - exposed / comm if comm else 0.0, moved / 2, moved / 2, hbm_gbs)
-    contention = max(0.0, device_share * window + taken - window)
+    base = window + exposed
+    contention = max(base, max(window, device_share * window + taken) + last_bucket) - base
     return SyncTime("ring all-reduce of gradients once per step (DDP, no_sync on accumulation)",
                     moved, comm, exposed,
                     "bucketed: hidden under the last micro-step's backward except the last "
