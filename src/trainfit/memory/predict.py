@@ -258,22 +258,12 @@ def _gpu_quant_state(job: JobSpec, quant_state_bytes: int) -> int:
     return quant_state_bytes if job.quant_lib == "bnb" else 0
 
 
-def rank_peak(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int]],
-              trainable_params: int, per_rank: bool = False, quant_state_bytes: int = 0
-              ) -> tuple[str, dict[str, int], list[str]]:
-    """The per-rank allocated peak as (phase, breakdown with every term ≥ 0, notes): the largest
-    phase of :func:`rank_phases`."""
-    per_phase, notes = rank_phases(job, source, phases, trainable_params, per_rank,
-                                   quant_state_bytes)
-    phase = max(per_phase, key=lambda k: sum(per_phase[k].values()))
-    return phase, per_phase[phase], notes
-
-
 def host_offload_bytes(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int]],
-                       trainable_params: int, per_rank: bool = False,
-                       quant_state_bytes: int = 0) -> int:
+                       off: dict[str, dict[str, int]], trainable_params: int,
+                       per_rank: bool = False, quant_state_bytes: int = 0) -> int:
     """Host RAM one rank's CPU offload holds: what the rank keeps on the GPU without the offload
-    less what it keeps with it, at the phase they differ most — the parameter shards, fp32
+    less what it keeps with it (``off``: the job's :func:`rank_phases`, made from ``phases``),
+    at the phase they differ most — the parameter shards, fp32
     master, optimizer states and gradients the offload moved (0 without one).  ZeRO-2's host
     gradient is its fp32 partition (the step's fp32 copy, a temporary on the GPU without
     offload), not the 16-bit partition the GPU stops holding, which is left out: 16 B per
@@ -284,7 +274,6 @@ def host_offload_bytes(job: JobSpec, source: ModelSource, phases: dict[str, dict
         return 0
     on_gpu, _ = rank_phases(job.replace(offload="none"), source, phases, trainable_params,
                             per_rank, quant_state_bytes)
-    off, _ = rank_phases(job, source, phases, trainable_params, per_rank, quant_state_bytes)
     skip = ("gradients",) if job.sharding == "zero2" else ()
     return max(0, *(sum(v - off[k].get(c, 0) for c, v in on_gpu[k].items() if c not in skip)
                     for k in off))
@@ -293,7 +282,8 @@ def host_offload_bytes(job: JobSpec, source: ModelSource, phases: dict[str, dict
 def rank_phases(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int]],
                 trainable_params: int, per_rank: bool = False, quant_state_bytes: int = 0
                 ) -> tuple[dict[str, dict[str, int]], list[str]]:
-    """Each phase's per-rank breakdown (every term ≥ 0), and the notes.
+    """Each phase's per-rank breakdown (every term ≥ 0), and the notes; the largest phase is the
+    per-rank allocated peak.
 
     ``phases``: the one-process breakdown at each phase's own peak.  Under FSDP the phase that
     peaks on one rank need not be the one-process peak phase (sharding shrinks the optimizer
@@ -364,9 +354,12 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     # the one-process peak first (one rank, DDP: it stays the peak), then every phase's own
     phases = {peak_phase: breakdown, **{k: v for k, v in (phase_breakdowns or {}).items()
                                         if k != peak_phase}}
-    phase, terms, dp_notes = rank_peak(job, source, phases, trainable_params, per_rank,
-                                       quant_state_bytes)
-    host = host_offload_bytes(job, source, phases, trainable_params, per_rank, quant_state_bytes)
+    per_phase, dp_notes = rank_phases(job, source, phases, trainable_params, per_rank,
+                                      quant_state_bytes)
+    phase = max(per_phase, key=lambda k: sum(per_phase[k].values()))
+    terms = per_phase[phase]
+    host = host_offload_bytes(job, source, phases, per_phase, trainable_params, per_rank,
+                              quant_state_bytes)
     allocated = sum(terms.values()) + blocks + work
     # The allocator's reserve above the allocated peak, from the one-process trace.
     # ``reserved_floor_bytes``: what a smaller micro-batch of the same plan group reserves (a

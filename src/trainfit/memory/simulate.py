@@ -253,7 +253,7 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
         job = compute_job(job)  # DeepSpeed's per-rank terms are added to this step (zero.py)
         if hasattr(op_hook, "optimizer_partition"):
             # its optimizer steps this rank's fp32 partition, not the twin's every parameter
-            op_hook.optimizer_partition = (ranks, 1 + (master_bytes_per_param(job) > 0))
+            op_hook.optimizer_partition = (ranks, master_bytes_per_param(job) > 0)
     with fake_world(job.ranks) if sharded else contextlib.nullcontext() as mesh, linear:
         result = _simulate(job, source, target or SimTarget(), steps, record_events, op_hook,
                            batch_fn, mesh, loads, flat_states)

@@ -282,14 +282,14 @@ class OpRecorder:
         """Dtype names recorded as another: DeepSpeed's fp16 mode is simulated by its bf16 twin
         (the same bytes), whose ops run in fp16 on the GPU (:func:`trainfit.memory.simulate
         .simulate_step`)."""
-        self.optimizer_partition: tuple[int, int] | None = None
-        """(ranks, widening): DeepSpeed's ZeRO steps the optimizer on this rank's flat partition,
-        1/ranks of every trainable parameter, in fp32 (its master weights), where the one-process
-        twin it is simulated by (:func:`trainfit.memory.simulate.simulate_step`) steps every
-        parameter in the module's dtype: the optimizer phase's ops are recorded at the
-        partition's size, their 16-bit tensors read as fp32 (widening 2; 1 in fp32 mode, where
-        the module is the master).  Without it a 2-rank ZeRO-3 step's optimizer read as much as
-        8 ranks'."""
+        self.optimizer_partition: tuple[int, bool] | None = None
+        """(ranks, fp32 master): DeepSpeed's ZeRO steps the optimizer on this rank's flat
+        partition, 1/ranks of every trainable parameter, in fp32 (its master weights), where the
+        one-process twin it is simulated by (:func:`trainfit.memory.simulate.simulate_step`)
+        steps every parameter in the module's dtype: the optimizer phase's ops are recorded at
+        the partition's size, their 16-bit tensors read as fp32 when a master is kept (not in
+        fp32 mode, where the module is the master).  Without it a 2-rank ZeRO-3 step's optimizer
+        read as much as 8 ranks'."""
 
     def __call__(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
                  phase: str, micro_step: int) -> None:
@@ -327,8 +327,8 @@ class OpRecorder:
         dtype = self.dtype_alias.get(dtype, dtype)
         elements = float(max((t.numel() for t in ins + outs), default=0))
         if phase == "optimizer" and self.optimizer_partition is not None:
-            ranks, widen = self.optimizer_partition
-            if kernel and widen > 1:
+            ranks, master = self.optimizer_partition
+            if kernel and master:
                 # the twin's 16-bit tensors are fp32 on the partition; an 8-bit optimizer's
                 # uint8 states and fp32 statistics are what they are
                 nbytes = float(sum(t.numel() * (4 if t.dtype in _HALF else t.element_size())
@@ -351,7 +351,7 @@ class OpRecorder:
         back into the module's 16-bit ones (stage 1/2: ``single_partition_of_fp32_groups`` and
         ``bit16_groups_flat``; stage 3: ``fp32_partitioned_groups_flat`` and
         ``fp16_partitioned_groups_flat``) — 2 + 4 bytes per element each."""
-        if self.optimizer_partition is None or self.optimizer_partition[1] == 1:
+        if self.optimizer_partition is None or not self.optimizer_partition[1]:
             return
         elements = params / self.optimizer_partition[0]
         for _ in range(2):
