@@ -254,19 +254,7 @@ def script_settings(job: JobSpec, target: str) -> list[ScriptSetting]:
                          + ("" if job.attention in ("sdpa", "eager") else
                             f" and torch.nn.attention.sdpa_kernel for {job.attention}"))]
     if job.method == "qlora":
-        dq = job.quant == "nf4-dq"
-        qtype = "fp4" if job.quant == "fp4" else "nf4"
-        compute = "float16" if job.precision == "amp-fp16" else "bfloat16"
-        # sharded QLoRA: FSDP and ZeRO flatten the packed weights with the 16-bit parameters,
-        # so they are stored as bf16 (as the plan simulated them: model/workload.py)
-        # (and loaded in bf16: the storage dtype is the other parameters' dtype, HF's pairing)
-        sharded = job.sharding != "none" and job.ranks > 1
-        storage = ", bnb_4bit_quant_storage=torch.bfloat16" if sharded else ""
-        out.append(ScriptSetting("quant", job.quant, "from_pretrained(quantization_config="
-                                 f'BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="{qtype}", '
-                                 f"bnb_4bit_use_double_quant={dq}, "
-                                 f"bnb_4bit_compute_dtype=torch.{compute}{storage})"
-                                 + (", dtype=torch.bfloat16)" if sharded else ")")))
+        out.append(_quant_setting(job))
     if job.method in ("lora", "qlora"):
         out.append(ScriptSetting("method", job.method, f"peft.LoraConfig(r={job.lora_r}, "
                                  f"lora_alpha={job.lora_alpha}, lora_dropout={job.lora_dropout}, "
@@ -306,31 +294,57 @@ def script_settings(job: JobSpec, target: str) -> list[ScriptSetting]:
         out.append(ScriptSetting("expandable_segments", True,
                                  "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the launch "
                                  "environment (before CUDA starts)"))
-    sharded = job.sharding in ("zero2", "zero3") or (job.sharding == "fsdp" and target != "accelerate")
-    if sharded or job.offload != "none":
-        # neither payload carries DeepSpeed or FSDP's settings yet: said, never dropped (a QA
-        # run's ZeRO-3 + offload job came out as plain DDP, 172.5 GiB a rank predicted)
-        stage = {"zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3",
-                 "fsdp": "FSDP FULL_SHARD"}.get(job.sharding, job.sharding)
-        off = "" if job.offload == "none" else (
-            f", {'optimizer states' if job.offload == 'optimizer' else 'parameters and optimizer states'}"
-            " offloaded to CPU")
-        how = ("an accelerate config with distributed_type: DEEPSPEED and deepspeed_config: "
-               f"{{zero_stage: {job.sharding[-1]}" + (
-                   ", offload_optimizer_device: cpu" if job.offload != "none" else "") + (
-                   ", offload_param_device: cpu" if job.offload == "all" else "") + "}"
-               if job.sharding.startswith("zero") else
-               "TrainingArguments(fsdp=\"full_shard auto_wrap" + (
-                   " offload" if job.offload == "all" else "") + "\")"
-               if job.sharding == "fsdp" else "the launcher's sharding config")
-        out.append(ScriptSetting("sharding", f"{job.sharding}, offload {job.offload}",
-                                 f"{stage}{off}: not in this payload — set it with {how}"))
+    sharding = _sharding_setting(job, target)
+    if sharding is not None:
+        out.append(sharding)
     if job.ranks > 1 and target != "accelerate":
         out.append(ScriptSetting("ranks", job.ranks,
                                  f"torchrun --nproc-per-node {job.ranks} (per-device batch × "
                                  f"accumulation × {job.ranks} = effective batch "
                                  f"{job.effective_batch})"))
     return out
+
+
+def _quant_setting(job: JobSpec) -> ScriptSetting:
+    """QLoRA's BitsAndBytesConfig, as the plan simulated the 4-bit weights."""
+    dq = job.quant == "nf4-dq"
+    qtype = "fp4" if job.quant == "fp4" else "nf4"
+    compute = "float16" if job.precision == "amp-fp16" else "bfloat16"
+    # sharded QLoRA: FSDP and ZeRO flatten the packed weights with the 16-bit parameters,
+    # so they are stored as bf16 (as the plan simulated them: model/workload.py)
+    # (and loaded in bf16: the storage dtype is the other parameters' dtype, HF's pairing)
+    sharded = job.sharding != "none" and job.ranks > 1
+    storage = ", bnb_4bit_quant_storage=torch.bfloat16" if sharded else ""
+    return ScriptSetting("quant", job.quant, "from_pretrained(quantization_config="
+                         f'BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="{qtype}", '
+                         f"bnb_4bit_use_double_quant={dq}, "
+                         f"bnb_4bit_compute_dtype=torch.{compute}{storage})"
+                         + (", dtype=torch.bfloat16)" if sharded else ")"))
+
+
+def _sharding_setting(job: JobSpec, target: str) -> ScriptSetting | None:
+    """The sharding engine and CPU offload, which ``target``'s payload cannot carry (None where
+    it has nothing to carry: no sharding, or accelerate's own FSDP config)."""
+    sharded = job.sharding in ("zero2", "zero3") or (job.sharding == "fsdp" and target != "accelerate")
+    if not sharded and job.offload == "none":
+        return None
+    # neither payload carries DeepSpeed or FSDP's settings yet: said, never dropped (a QA
+    # run's ZeRO-3 + offload job came out as plain DDP, 172.5 GiB a rank predicted)
+    stage = {"zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3",
+             "fsdp": "FSDP FULL_SHARD"}.get(job.sharding, job.sharding)
+    off = "" if job.offload == "none" else (
+        f", {'optimizer states' if job.offload == 'optimizer' else 'parameters and optimizer states'}"
+        " offloaded to CPU")
+    how = ("an accelerate config with distributed_type: DEEPSPEED and deepspeed_config: "
+           f"{{zero_stage: {job.sharding[-1]}" + (
+               ", offload_optimizer_device: cpu" if job.offload != "none" else "") + (
+               ", offload_param_device: cpu" if job.offload == "all" else "") + "}"
+           if job.sharding.startswith("zero") else
+           "TrainingArguments(fsdp=\"full_shard auto_wrap" + (
+               " offload" if job.offload == "all" else "") + "\")"
+           if job.sharding == "fsdp" else "the launcher's sharding config")
+    return ScriptSetting("sharding", f"{job.sharding}, offload {job.offload}",
+                         f"{stage}{off}: not in this payload — set it with {how}")
 
 
 def _peft_targets(targets: list[str]) -> str:
