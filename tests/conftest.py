@@ -13,10 +13,18 @@ def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist (scripts/test.sh): the cores shared among the workers, so that N workers
     do not each start as many torch threads as there are cores.  plan's host-time measurement
     (trainfit.speed.host) is off: a speed a test asserts must not depend on this machine's
-    timing; tests/speed/test_host.py switches it on where it is the subject."""
+    timing; tests/speed/test_host.py switches it on where it is the subject.  plan's simulation
+    pool is off: a test process has built models before it plans, and a process forked after
+    that can deadlock (plan/workers.py: SimulationWorkers); tests/plan/test_workers.py runs the
+    pool on work that builds nothing.  The cache (trainfit.cache) is this run's own, shared by its
+    workers: what a test reads cannot come from an earlier run or the user's ~/.cache."""
     import os
+    import tempfile
 
     os.environ["TRAINFIT_HOST_MEASURE"] = "0"
+    os.environ["TRAINFIT_WORKERS"] = "1"
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+    os.environ["TRAINFIT_CACHE"] = os.path.join(tempfile.gettempdir(), f"trainfit-tests-{run}")
 
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1:

@@ -27,7 +27,7 @@ def test_ddp_wrap_keeps_one_copy_of_the_gradients_alive(one_rank_group):
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.profiler import ProfilerActivity, profile
 
-    from trainfit.memory.predict import DDP_BUCKET_FACTOR
+    from trainfit.memory.ranks import DDP_BUCKET_FACTOR
 
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 256))
     model[0].weight.requires_grad_(False)

@@ -131,7 +131,7 @@ def check_reserved(c: Checked, r: PlanRow, model: BilinearModel) -> None:
 
 def fsdp_should_not_exceed(job: JobSpec, layers: int) -> bool:
     """Where FSDP's per-rank peak must be ≤ the one-process peak.  FSDP holds 2 unsharded layers
-    in flight (predict.FSDP_PREFETCH_UNITS): on a stack of ≤ 4 layers of frozen LoRA weights over
+    in flight (ranks.FSDP_PREFETCH_UNITS): on a stack of ≤ 4 layers of frozen LoRA weights over
     2 ranks that is as much as sharding frees, so it legitimately does not pay; with trainable
     weights (gradients and optimizer states sharded too) or 8 ranks it must."""
     return job.method == "full" or (job.ranks >= 8 and layers >= 3)

@@ -32,7 +32,7 @@ from trainfit.engine.dist import Dist
 from trainfit.engine.step import train_step
 from trainfit.job import JobSpec
 from trainfit.memory.limit import LimitTracker
-from trainfit.memory.predict import DDP_BUCKET_FACTOR
+from trainfit.memory.ranks import DDP_BUCKET_FACTOR
 from trainfit.model.runtime import RealWorkload, build_real, scaler_for, use_job_allocator
 from trainfit.model.source import ModelSource
 from trainfit.model.workload import make_optimizer

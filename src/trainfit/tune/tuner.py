@@ -19,7 +19,8 @@ from trainfit.hardware.gpus import find_gpu_by_device_name
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec
 from trainfit.job.fields import DEFAULT_KNOBS
 from trainfit.job.step_options import refuse_other_model_code
-from trainfit.memory.predict import data_parallel_bytes, predict_memory
+from trainfit.memory.predict import predict_memory
+from trainfit.memory.ranks import data_parallel_bytes
 from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.model.runtime import parse_device
 from trainfit.model.source import ModelSource, resolve_model
