@@ -137,8 +137,9 @@ def test_a_sharded_optimizer_step_is_timed_on_its_shard(tiny_llama, ranks):
     fp32 partition (simulated by a bf16 twin of every parameter) and converts twice."""
     whole, params = _optimizer_ops(tiny_llama, precision="amp-bf16")
     adam = next(op for op in whole if op.name == "_fused_adamw_")
-    # param, grad, exp_avg, exp_avg_sq in fp32 (+ a 4-byte step count per tensor)
-    assert adam.dtype == "fp32" and adam.bytes == pytest.approx(16 * params, rel=1e-4)
+    # read: param, grad, exp_avg, exp_avg_sq in fp32 (+ a 4-byte step count per tensor);
+    # written back: param, exp_avg, exp_avg_sq (the gradient only when unscaling it)
+    assert adam.dtype == "fp32" and adam.bytes == pytest.approx(28 * params, rel=1e-4)
     fsdp, _ = _optimizer_ops(tiny_llama, precision="amp-bf16", ranks=ranks, sharding="fsdp")
     shard = next(op for op in fsdp if op.name == "_fused_adamw_")
     assert adam.bytes / ranks <= shard.bytes <= adam.bytes / ranks * 1.01
@@ -152,3 +153,42 @@ def test_a_sharded_optimizer_step_is_timed_on_its_shard(tiny_llama, ranks):
     assert next(op for op in fp32 if op.name == "_fused_adamw_").bytes == pytest.approx(
         adam.bytes / ranks, rel=1e-4)  # the fp32 module is the master: no widening, no conversions
     assert not [op for op in fp32 if op.name == "_to_copy"]
+
+
+@pytest.mark.parametrize("grad_scale", [False, True])
+def test_an_in_place_op_that_returns_nothing_is_counted_with_its_writes(grad_scale):
+    """``_foreach_*_`` and the fused optimizers return nothing: the tensors their schema marks
+    written are counted as written (``add_`` returns ``self``: counted once as its output); the
+    fused AdamW writes the gradient back only when it unscales it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from trainfit.speed.ops import OpRecorder
+
+    class Record(TorchDispatchMode):
+        def __init__(self, rec):
+            super().__init__()
+            self.rec = rec
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            self.rec(func, args, kwargs, out, "optimizer", 0)
+            return out
+
+    n = 1000
+    a, b = torch.zeros(n), torch.ones(n)
+    ps, gs, ms, vs = ([torch.rand(n) for _ in range(2)] for _ in range(4))
+    steps = [torch.tensor(1.0) for _ in range(2)]
+    scale = torch.tensor(1.0) if grad_scale else None
+    rec = OpRecorder()
+    with Record(rec):
+        a.add_(b)
+        torch._foreach_add_([a, b], [b, a])
+        torch._fused_adamw_(ps, gs, ms, vs, [], steps, lr=1e-3, beta1=0.9, beta2=0.999,
+                            weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False,
+                            grad_scale=scale)
+    add, foreach, adam = (op.bytes for op in rec.ops)
+    assert add == 3 * 4 * n  # read a, b; write a
+    assert foreach == 6 * 4 * n  # read 2 + 2 lists; write the first
+    written = 4 if grad_scale else 3
+    assert adam == pytest.approx(2 * (4 + written) * 4 * n, abs=64)  # + the step counts, scale

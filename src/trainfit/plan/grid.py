@@ -203,7 +203,7 @@ def _speed_fields(speed: dict[str, Any] | None) -> dict[str, Any]:
     """A row's speed for --json; ``speed_unknown_reason``: why the speed is unknown ("" when it is
     known; None without a GPU)."""
     keys = ("step_time_s", "tokens_per_s", "samples_per_s", "mfu", "hfu", "device_busy_fraction",
-            "bound", "sync_s", "sync_exposed_s", "sync_contention_s", "sync_note")
+            "bound", "sync_s", "sync_exposed_s", "sync_contention_s", "sync_note", "optimizer_s")
     return {**{k: (speed or {}).get(k) for k in keys},
             "speed_unknown_reason": (speed or {}).get("unknown_reason")}
 

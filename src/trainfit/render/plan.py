@@ -13,6 +13,7 @@ from trainfit.render.plan_words import (
     offload_words,
     plan_header,
     rows_note,
+    step_time_words,
     unaligned_words,
 )
 from trainfit.render.words import (
@@ -184,7 +185,8 @@ def render_plan(result: PlanResult, all_rows: bool = False) -> None:
         say(console, numerics, "bold yellow", lead="warning:")
     for line in observed_words(result):
         say(console, line)
-    for extra in (offload_words(result), host_ram_words(result), unaligned_words(result)):
+    for extra in (offload_words(result), host_ram_words(result), step_time_words(result),
+                  unaligned_words(result)):
         if extra:
             say(console, extra)
     if result.recommended_index is not None:

@@ -232,8 +232,40 @@ def unaligned_words(result: PlanResult) -> str | None:
             "dimension to a multiple of 64 (e.g. a vocabulary of 50,257 to 50,304) removes it")
 
 
+def step_time_words(result: PlanResult) -> str | None:
+    """Where the pick's step time goes: the micro-steps' forward + backward, the optimizer step
+    (once per step: accumulation spreads it over more tokens), and the ranks' synchronisation;
+    under data parallelism, whose parameters each rank's optimizer steps — every one under DDP,
+    its 1/N shard under FSDP and ZeRO (why a sharded step can be faster than DDP's)."""
+    if result.recommended_index is None:
+        return None
+    row = result.rows[result.recommended_index]
+    sp, job = row.speed, row.job
+    if sp is None or not sp.step_time_s or sp.optimizer_s is None:
+        return None
+    accum = job.grad_accum or 1
+    sync = (sp.sync_exposed_s or 0.0) + (sp.sync_contention_s or 0.0)
+    fb = max(0.0, sp.step_time_s - sp.optimizer_s - sync)
+    text = (f"the pick's step (predicted): {sp.step_time_s:.3g} s = {accum} micro-step(s) of "
+            f"forward + backward ({fb:.3g} s) + the optimizer step ({sp.optimizer_s:.3g} s, "
+            f"{sp.optimizer_s / sp.step_time_s:.0%})")
+    if sync:
+        text += f" + synchronisation not hidden or slowing compute ({sync:.3g} s)"
+    if job.ranks > 1 and job.sharding != "none":
+        text += (f"; each rank's optimizer steps its 1/{job.ranks} shard of the trainable "
+                 f"parameters ({job.sharding})")
+    elif job.ranks > 1:
+        text += ("; each rank's optimizer steps every trainable parameter (DDP: --sharding "
+                 f"fsdp, zero2 or zero3 would step 1/{job.ranks} of them on each)")
+        if job.precision.startswith("amp") and job.method == "full":
+            text += (", and autocast casts every fp32 weight to 16 bits in each micro-step "
+                     "(FSDP's mixed precision casts the rank's shard, before gathering it)")
+    return text
+
+
 def plan_words(result: PlanResult) -> dict[str, Any]:
     """The sentences --json carries beside the numbers."""
     return {"header": plan_header(result), "batch_note": batch_note(result),
             "offload_words": offload_words(result), "observed_words": observed_words(result),
-            "host_ram_words": host_ram_words(result), "unaligned_words": unaligned_words(result)}
+            "host_ram_words": host_ram_words(result), "unaligned_words": unaligned_words(result),
+            "step_time_words": step_time_words(result)}

@@ -102,6 +102,33 @@ def _tensors(items: Any) -> list[torch.Tensor]:
 
 _HALF = (torch.bfloat16, torch.float16)
 
+_FUSED_ADAM = {"_fused_adam_", "_fused_adamw_"}
+
+
+def written_in_place(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     outs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors an in-place op writes and does not return: the arguments its schema marks
+    written (``Tensor(a!)``).  ``add_`` returns ``self``, already an output; the ``_foreach_*_``
+    ops and the fused optimizers return nothing, so their writes were not counted — a fused
+    AdamW was read 4 × the parameter bytes (parameter, gradient, two states) and written 0,
+    where it writes 3 of them back.  The fused Adam kernels write the gradient back only when
+    unscaling it (``grad_scale`` given; aten/src/ATen/native/cuda/fused_adam_utils.cuh stores
+    every operand but the gradient otherwise), though the schema marks it written."""
+    name = func._overloadpacket.__name__
+    if not name.endswith("_"):
+        return []
+    returned = {id(t) for t in outs}
+    written: list[torch.Tensor] = []
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        if name in _FUSED_ADAM and a.name == "grads" and kwargs.get(
+                "grad_scale", args[13] if len(args) > 13 else None) is None:
+            continue
+        v = args[i] if i < len(args) else kwargs.get(a.name)
+        written.extend(t for t in _tensors([v]) if id(t) not in returned)
+    return written
+
 
 def _dtype_name(dt: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dt, "other")
@@ -321,6 +348,7 @@ class OpRecorder:
             b, h, s, d = q.shape
             # forward: QK^T and PV (2 matmuls); backward: 5 matmuls (FlashAttention-2, Dao 2023)
             flops = 4.0 * b * h * s * k.shape[-2] * d * (1.0 if name == _CPU_FLASH else 2.5)
+        outs = outs + (written_in_place(func, args, kwargs, outs) if kernel else [])
         nbytes = float(sum(t.numel() * t.element_size() for t in ins + outs)) if kernel else 0.0
         floating = [t for t in ins + outs if t.is_floating_point()]
         dtype = _dtype_name(floating[0].dtype) if floating else "other"

@@ -66,6 +66,10 @@ class SpeedPrediction:
     host_busy: bool = False
     """Every round of it was busy (:attr:`trainfit.speed.host.HostStep.busy`): the host time may
     be too slow."""
+    optimizer_s: float | None = None
+    """Seconds of ``step_time_s`` the optimizer step takes, once per step whatever the
+    accumulation (predicted; one rank's: its shard under FSDP and ZeRO, every parameter
+    under DDP)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -183,16 +187,18 @@ def time_ops(dev: DeviceSpeed, ops: list[OpRecord]) -> PhaseTimes:
     return PhaseTimes(device, host, flops, unknown, unaligned_s, frozenset(odd))
 
 
+def phase_time(dev: DeviceSpeed, t: PhaseTimes, phase: str) -> float:
+    """One phase's seconds (``fb``: one micro-step's forward + backward; ``optimizer``): the
+    host and the device overlap on a GPU (asynchronous launches) and add up on a CPU."""
+    if dev.asynchronous:
+        return max(t.device_s[phase], t.host_s[phase])
+    return t.device_s[phase] + t.host_s[phase]
+
+
 def combine(dev: DeviceSpeed, t: PhaseTimes, grad_accum: int) -> tuple[float, float]:
     """(step time, device busy time) for ``grad_accum`` micro-steps + the optimizer."""
-    if dev.asynchronous:
-        fb = max(t.device_s["fb"], t.host_s["fb"])
-        opt = max(t.device_s["optimizer"], t.host_s["optimizer"])
-    else:
-        fb = t.device_s["fb"] + t.host_s["fb"]
-        opt = t.device_s["optimizer"] + t.host_s["optimizer"]
     busy = grad_accum * t.device_s["fb"] + t.device_s["optimizer"]
-    return grad_accum * fb + opt, busy
+    return grad_accum * phase_time(dev, t, "fb") + phase_time(dev, t, "optimizer"), busy
 
 
 def model_flops_per_token(config: Any, total_params: int, trainable_params: int, seq_len: int,
@@ -272,7 +278,8 @@ def speed_from_times(dev: DeviceSpeed, times: PhaseTimes, dtype_peak: float | No
                            unaligned_dims=tuple(sorted(times.unaligned_dims)),
                            host_fb_s=times.host_s["fb"], host_measured=host is not None,
                            host_busy_cores=None if host is None else host.busy_cores,
-                           host_busy=host is not None and host.busy)
+                           host_busy=host is not None and host.busy,
+                           optimizer_s=phase_time(dev, times, "optimizer"))
 
 
 def predict_speed_exact(dev: DeviceSpeed, ops: list[OpRecord], micro_batch: int, grad_accum: int,
