@@ -346,6 +346,10 @@ def _job(case: dict[str, Any], m: Mapped, reduce_dtype_field: bool) -> None:
             m.job["ckpt_reentrant"] = True  # (the page is of Jan 2022: transformers ~4.16)
     if "loss=CEWithChunkedOutputLoss" in _row_notes(case):
         m.job["lm_head_chunk"] = round(seq) // 8  # torchtune: 8 chunks of the sequence
+    if sharding == "fsdp":
+        # torchtitan's / torchao's runs name FSDP2 (fully_shard); llm-foundry (Composer),
+        # fsdp_qlora and HF Trainer + accelerate ran FullyShardedDataParallel: flat parameters
+        m.job["fsdp_version"] = "2" if "FSDP2" in str(case["sharding"]) else "1"
     if reduce_dtype_field and sharding == "fsdp" and "PURE" in case.get("notes", ""):
         m.job["fsdp_reduce_dtype"] = "param"  # Composer FSDP 'PURE': bf16 gradient reduce
     _lora(case, m.job)

@@ -28,6 +28,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "grad_ckpt": spec.GRAD_CKPT, "attention": spec.ATTENTIONS, "sharding": spec.SHARDINGS,
     "offload": spec.OFFLOADS, "base_dtype": spec.BASE_DTYPES,
     "fsdp_reduce_dtype": spec.REDUCE_DTYPES, "fsdp_init": spec.FSDP_INITS,
+    "fsdp_version": spec.FSDP_VERSIONS,
     "rope_cache": spec.ROPE_CACHES,
 }
 """The fields whose value is one of a fixed set (validated in JobSpec.__post_init__)."""

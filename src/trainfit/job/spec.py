@@ -34,6 +34,7 @@ ENGINE_NAMES = {"none": "DDP", "fsdp": "FSDP", "zero2": "DeepSpeed ZeRO-2",
 BASE_DTYPES = ("auto", "fp32", "bf16", "fp16")
 REDUCE_DTYPES = ("fp32", "param")
 FSDP_INITS = ("sharded", "wrap", "wrap-sync")
+FSDP_VERSIONS = ("auto", "1", "2")
 ROPE_CACHES = ("none", "fp32", "bf16", "fp16")
 LORA_ALIASES = ("q", "k", "v", "o", "mlp", "lm_head", "all-linear")
 
@@ -214,6 +215,14 @@ class JobSpec:
     wrap-sync (also sync_module_states' broadcast from rank 0 in 250 MiB buckets: accelerate's
     fsdp_cpu_ram_efficient_loading, Answer.AI's fsdp_qlora). With sharding none: FSDP's
     NO_SHARD, whose flat parameter is the whole unit."""
+    fsdp_version: str = "auto"
+    """Which FSDP runs the step's copies around its collectives: 2 (torch's ``fully_shard``:
+    trainfit train, torchtitan, torchtune ≥ 0.3, accelerate's fsdp_version 2), whose every
+    all-gather is copied out into the unsharded parameters; 1 (``FullyShardedDataParallel``:
+    llm-foundry/Composer, accelerate's default, Answer.AI's fsdp_qlora, Lightning), whose
+    parameters are views of the gathered flat buffer, no copy; auto: 1 where fsdp_init is wrap
+    or wrap-sync (FSDP1's wraps), else 2. Speed only: the memory model is FSDP2's with FSDP1's
+    reserve (fsdp_init)."""
     empty_cache_before_step: bool = False
     """The run calls ``torch.cuda.empty_cache()`` and resets the peak between building the model
     and the first step (torchtune's ``cleanup_before_training``): the reserve FSDP1's wrap or a
@@ -320,6 +329,7 @@ class JobSpec:
         _choice("sharding", self.sharding, SHARDINGS)
         _choice("fsdp_reduce_dtype", self.fsdp_reduce_dtype, REDUCE_DTYPES)
         _choice("fsdp_init", self.fsdp_init, FSDP_INITS)
+        _choice("fsdp_version", self.fsdp_version, FSDP_VERSIONS)
         _choice("offload", self.offload, OFFLOADS)
         _choice("base_dtype", self.base_dtype, BASE_DTYPES)
         _choice("rope_cache", self.rope_cache, ROPE_CACHES)
@@ -422,6 +432,13 @@ class JobSpec:
                            "checks the whole step's gradients for inf before any step",
                            "use --precision bf16-true or amp-bf16")
 
+    @property
+    def fsdp_flat(self) -> bool:
+        """FSDP1's flat parameters (:attr:`fsdp_version`): its gathered buffer is the parameters,
+        no copy-out after an all-gather."""
+        return self.sharding == "fsdp" and (self.fsdp_version == "1" or (
+            self.fsdp_version == "auto" and self.fsdp_init != "sharded"))
+
     def _check_sharding(self) -> None:
         allowed = ENGINE_OFFLOADS[self.sharding]
         if self.offload not in allowed:
@@ -434,6 +451,12 @@ class JobSpec:
             raise JobError(f"--fsdp-init {self.fsdp_init} with --sharding {self.sharding}: "
                            "it describes FSDP's wrapping", "use --sharding fsdp (or none for "
                            "FSDP's NO_SHARD), or drop --fsdp-init")
+        if self.fsdp_version != "auto" and self.sharding != "fsdp":
+            raise JobError(f"--fsdp-version {self.fsdp_version} applies to --sharding fsdp only",
+                           "drop --fsdp-version, or use --sharding fsdp")
+        if self.fsdp_version == "2" and self.fsdp_init != "sharded":
+            raise JobError(f"--fsdp-version 2 with --fsdp-init {self.fsdp_init}: that wrap is "
+                           "FSDP1's", "use --fsdp-version 1 (or auto), or --fsdp-init sharded")
         for flag in ("fsdp_no_sync", "fsdp_frozen_grads"):
             if getattr(self, flag) and self.sharding != "fsdp":
                 raise JobError(f"--{flag.replace('_', '-')} applies to --sharding fsdp only",

@@ -244,6 +244,9 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
     if hasattr(op_hook, "optimizer_partition"):
         op_hook.optimizer_partition = None  # a recorder used again: set below for ZeRO only
         op_hook.dtype_alias = {}
+        # FSDP1's parameters are views of its gathered flat buffer: FSDP2's copy-out, which the
+        # simulated step runs, is no kernel there (JobSpec.fsdp_version)
+        op_hook.fsdp_copy_out = not job.fsdp_flat
     if flat_states:
         if job.precision == "amp-fp16" and hasattr(op_hook, "dtype_alias"):
             # DeepSpeed's fp16 mode halves the module (engine: module.half()); its twin below

@@ -102,23 +102,34 @@ def _tensors(items: Any) -> list[torch.Tensor]:
 
 _HALF = (torch.bfloat16, torch.float16)
 
+KERNEL_NAMESPACES = ("aten", "fsdp")
+"""Dispatched ops that are kernels: aten's, and FSDP2's custom copies around its collectives
+(``fsdp::split_with_sizes_copy``: the gathered buffer into each unsharded parameter, after every
+all-gather; ``fsdp::chunk_cat``: the unsharded gradients into the reduce-scatter buffer; torch/
+distributed/fsdp/_fully_shard/_fsdp_collectives.py) — opaque to the dispatcher beneath, so they
+were not timed at all."""
+
 _FUSED_ADAM = {"_fused_adam_", "_fused_adamw_"}
 
 
 def written_in_place(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                     outs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The tensors an in-place op writes and does not return: the arguments its schema marks
-    written (``Tensor(a!)``).  ``add_`` returns ``self``, already an output; the ``_foreach_*_``
-    ops and the fused optimizers return nothing, so their writes were not counted — a fused
-    AdamW was read 4 × the parameter bytes (parameter, gradient, two states) and written 0,
-    where it writes 3 of them back.  The fused Adam kernels write the gradient back only when
-    unscaling it (``grad_scale`` given; aten/src/ATen/native/cuda/fused_adam_utils.cuh stores
-    every operand but the gradient otherwise), though the schema marks it written."""
+                     outs: list[torch.Tensor]) -> tuple[list[torch.Tensor], set[int]]:
+    """The tensors an op writes in place and does not return — the arguments its schema marks
+    written (``Tensor(a!)``) — and the ids of those it only writes (keyword-only, as ``out=``:
+    not read; such an op also looked like a view of its inputs).  ``add_`` returns ``self``,
+    already an output; the ``_foreach_*_`` ops, the fused optimizers and FSDP2's copies
+    (``fsdp::split_with_sizes_copy`` after each all-gather, ``fsdp::chunk_cat`` before each
+    reduce-scatter) return nothing, so their writes were not counted — a fused AdamW was read
+    4 × the parameter bytes (parameter, gradient, two states) and written 0, where it writes 3
+    of them back.  The fused Adam kernels write the gradient back only when unscaling it
+    (``grad_scale`` given; aten/src/ATen/native/cuda/fused_adam_utils.cuh stores every operand
+    but the gradient otherwise), though the schema marks it written."""
+    if not func._schema.is_mutable:
+        return [], set()
     name = func._overloadpacket.__name__
-    if not name.endswith("_"):
-        return []
     returned = {id(t) for t in outs}
     written: list[torch.Tensor] = []
+    write_only: set[int] = set()
     for i, a in enumerate(func._schema.arguments):
         if a.alias_info is None or not a.alias_info.is_write:
             continue
@@ -126,8 +137,11 @@ def written_in_place(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                 "grad_scale", args[13] if len(args) > 13 else None) is None:
             continue
         v = args[i] if i < len(args) else kwargs.get(a.name)
-        written.extend(t for t in _tensors([v]) if id(t) not in returned)
-    return written
+        ts = _tensors([v])
+        written.extend(t for t in ts if id(t) not in returned)
+        if a.kwarg_only:  # out=, values=, ...: written, not read
+            write_only.update(id(t) for t in ts)
+    return written, write_only
 
 
 def _dtype_name(dt: torch.dtype) -> str:
@@ -285,7 +299,7 @@ class KernelCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = func(*args, **(kwargs or {}))
-        if self.active and func.namespace == "aten":
+        if self.active and func.namespace in KERNEL_NAMESPACES:
             ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
             outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
             if ins or outs:
@@ -309,6 +323,12 @@ class OpRecorder:
         """Dtype names recorded as another: DeepSpeed's fp16 mode is simulated by its bf16 twin
         (the same bytes), whose ops run in fp16 on the GPU (:func:`trainfit.memory.simulate
         .simulate_step`)."""
+        self.fsdp_copy_out = True
+        """FSDP2's copy of each all-gather into the unsharded parameters
+        (``fsdp::split_with_sizes_copy``) is a kernel; off for FSDP1 (``JobSpec.fsdp_flat``),
+        whose parameters are views of the gathered flat buffer.  FSDP1's gradient flatten
+        (autograd's ``cat`` over those views) stands where FSDP2's ``fsdp::chunk_cat`` is; its
+        cast of that flat gradient to a wider reduce dtype, a further pass, is not counted."""
         self.optimizer_partition: tuple[int, bool] | None = None
         """(ranks, fp32 master): DeepSpeed's ZeRO steps the optimizer on this rank's flat
         partition, 1/ranks of every trainable parameter, in fp32 (its master weights), where the
@@ -328,13 +348,19 @@ class OpRecorder:
         if grouped is not None:
             self._grouped(name, phase, grouped, args)
             return
-        if func.namespace != "aten":
+        if func.namespace not in KERNEL_NAMESPACES:
             return  # prim.device & co. are not dispatched ops in eager mode
+        if func.namespace == "fsdp" and name == "split_with_sizes_copy" and not self.fsdp_copy_out:
+            return
         ins = _tensors(args) + _tensors(kwargs.values())
         outs = [out] if isinstance(out, torch.Tensor) else _tensors(
             out if isinstance(out, (list, tuple)) else ())
         if not ins and not outs:
             return
+        written, write_only = written_in_place(func, args, kwargs, outs)
+        if write_only:
+            ins = [t for t in ins if id(t) not in write_only]
+        outs = outs + written
         kernel = launches_kernel(name, ins, outs)
         flops = 0.0
         if packet in flop_registry:
@@ -348,7 +374,6 @@ class OpRecorder:
             b, h, s, d = q.shape
             # forward: QK^T and PV (2 matmuls); backward: 5 matmuls (FlashAttention-2, Dao 2023)
             flops = 4.0 * b * h * s * k.shape[-2] * d * (1.0 if name == _CPU_FLASH else 2.5)
-        outs = outs + (written_in_place(func, args, kwargs, outs) if kernel else [])
         nbytes = float(sum(t.numel() * t.element_size() for t in ins + outs)) if kernel else 0.0
         floating = [t for t in ins + outs if t.is_floating_point()]
         dtype = _dtype_name(floating[0].dtype) if floating else "other"
