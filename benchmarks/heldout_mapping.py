@@ -125,11 +125,11 @@ class _Builder:
             self.note(f"FSDP1 builds each unit on the GPU (moved or materialised at full size, "
                       f"{'broadcast from rank 0, ' if sync else ''}flattened, sharded): "
                       f"fsdp_init {self.job['fsdp_init']}")
-        if fsdp1 and kind != "zero3":
+        if fsdp1 and kind != "zero3" and self.job["sharding"] == "fsdp":
             if "fsdp_version" in self.fields:
-                self.job["fsdp_version"] = 1
-                self.note("FSDP1 (FullyShardedDataParallel): JobSpec.fsdp_version = 1")
-            elif kind == "fsdp":
+                self.job["fsdp_version"] = "1"
+                self.note("FSDP1 (FullyShardedDataParallel): JobSpec.fsdp_version = '1'")
+            else:
                 self.note("FSDP1 (FullyShardedDataParallel) simulated as FSDP2 (fully_shard): "
                           "flat parameters, FSDP1's unsharded gradient of a whole unit when a "
                           "unit mixes frozen and trainable parameters, and its all-gather "

@@ -72,3 +72,15 @@ def test_replace_keeps_effective_batch():
     job = JobSpec(model="gpt2", micro_batch=2, effective_batch=16)
     assert job.replace(micro_batch=8).grad_accum == 2
     assert job.replace(micro_batch=4, grad_accum=1).effective_batch == 4
+
+
+@pytest.mark.parametrize("given", [1, "1", 2, "2"])
+def test_fsdp_version_reads_accelerates_number(given):
+    """accelerate's config writes ``fsdp_version: 2`` (a YAML number); JobSpec reads it as the
+    choice '2', and a version it does not know is still one clear error."""
+    job = JobSpec(model="llama-3.2-1b", sharding="fsdp", ranks=2, fsdp_version=given,
+                  fsdp_init="sharded" if str(given) == "2" else "wrap")
+    assert job.fsdp_version == str(given)
+    assert job.fsdp_flat is (str(given) == "1")
+    with pytest.raises(JobError, match=r"--fsdp-version '3': must be one of auto, 1, 2"):
+        JobSpec(model="llama-3.2-1b", sharding="fsdp", ranks=2, fsdp_version=3)

@@ -321,6 +321,8 @@ class JobSpec:
         if not isinstance(self.model, str) or not self.model.strip():
             raise JobError("--model is empty", "give a catalog name (trainfit models), an HF id "
                            "or a path to a config.json")
+        if type(self.fsdp_version) is int:  # accelerate's YAML writes fsdp_version: 2, a number
+            self.fsdp_version = str(self.fsdp_version)
         _check_types(self)
         _choice("method", self.method, METHODS)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
