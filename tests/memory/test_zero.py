@@ -152,10 +152,11 @@ def test_extrapolated_zero3_rows_do_not_keep_the_whole_gradient():
     gpu = find_gpu("h100-sxm")
     job = JobSpec(model="z", seq_len=256, effective_batch=64, method="full",
                   precision="amp-bf16", grad_ckpt="full", ranks=8, sharding="zero3")
-    rows = [r for r in plan(job, src, gpu, verify=False).rows if r.how == "extrapolated"]
-    assert {r.job.micro_batch for r in rows} >= {1, 2, 4}
+    rows = [r for r in plan(job, src, gpu, verify=False, ladder=False).rows
+            if r.how == "extrapolated"]
+    assert {r.job.micro_batch for r in rows} >= {1, 2}
     for r in rows:
-        if r.job.micro_batch > 4:
+        if r.job.micro_batch > 2:  # 1 peaks at backward's end, 2 at its start
             continue
         full = predict_memory(r.job, src, gpu)
         # the twin's whole-block rounding at its own peak, not the rank's: up to 1.3 % under
