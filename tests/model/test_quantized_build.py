@@ -33,6 +33,31 @@ def test_falcons_linear_subclass_stays_16_bit_under_transformers_but_not_fabric(
     assert _quantized(fabric) == ["dense", "dense_4h_to_h", "dense_h_to_4h", "query_key_value"]
 
 
+def test_the_plan_says_which_linear_subclasses_stay_16_bit():
+    """The kept FalconLinear layers are stated with their parameter count (the plan's weights are
+    mostly 16-bit: a user expecting 4-bit weights learns why), not under Fabric's conversion."""
+    from transformers import FalconConfig
+
+    from trainfit.model.standins import linear_subclass_params_of
+    from trainfit.plan.context import plan_assumptions
+    from trainfit.render.words import linear_subclass_note
+
+    src = _source(FalconConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=2,
+                               vocab_size=256))
+    # per layer: query_key_value 64 × (64 + 2·16) (multi-query), dense 64 × 64, the MLP 2 × 64 × 256
+    per_layer = 64 * 96 + 64 * 64 + 2 * 64 * 256
+    assert linear_subclass_params_of(src) == {"FalconLinear": 2 * per_layer}
+    qlora = plan_assumptions(JobSpec(model="t", seq_len=32, method="qlora"), {}, source=src)
+    assert qlora.linear_subclasses_16bit_params == {"FalconLinear": 2 * per_layer}
+    for job in (JobSpec(model="t", seq_len=32, method="lora"),
+                JobSpec(model="t", seq_len=32, method="qlora", quant_from_fp16=True)):
+        assert plan_assumptions(job, {}, source=src).linear_subclasses_16bit_params == {}
+    # falcon-7b's count: 6.63 B parameters of 6.92 B, 2 bytes each
+    note = linear_subclass_note({"FalconLinear": 6_625_951_744}, 6_921_720_704)
+    assert "FalconLinear layers subclass it, so 6.63 B of its 6.92 B" in note
+    assert "(12.34 GiB in bf16)" in note
+
+
 def test_t5_keeps_its_fp32_module_unquantized_and_simulates():
     """transformers' quantizer skips a model's _keep_in_fp32_modules (T5's ``wo``): quantized,
     T5's feed-forward cast its activations to the packed weight's uint8 and dropout failed."""

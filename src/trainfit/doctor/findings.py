@@ -23,6 +23,7 @@ from typing import Any
 
 from trainfit.doctor.split import Split
 from trainfit.doctor.watch import HostSummary
+from trainfit.speed.predict import MATMUL_BOUND_FRACTION
 
 BOTTLENECKS = ("input-bound", "launch-bound", "bandwidth-bound", "compute-bound",
                "compute-and-bandwidth", "needless-recompute",
@@ -39,8 +40,9 @@ LAUNCH_BOUND_FRACTION = 0.30
 """Dispatch overhead (ops × cost of one op) at or above this share of the compute phases."""
 MICRO_BATCH_SCALE = 4
 """The k of the launch-bound prediction when the job does not say how far the micro-batch can grow."""
-MATMUL_COMPUTE_FRACTION = 0.5
-"""Matmul share of op time at or above which a step with no other bottleneck is compute-bound."""
+MATMUL_COMPUTE_FRACTION = MATMUL_BOUND_FRACTION
+"""Matmul share of op time at or above which a step with no other bottleneck is compute-bound
+(plan's line for a predicted step: one step, one name)."""
 MATMUL_BAND = 0.1
 """Within ± this of MATMUL_COMPUTE_FRACTION the step is named compute-and-bandwidth: the measured
 share moves by a few points between repeats of the same job (op timings on a busy host), and a hard

@@ -242,8 +242,8 @@ def _step_notes(job: JobSpec, compile_untraced: list[str] | None,
         notes.append("activation offload: TRL's OffloadActivations simulated (saved tensors of "
                      "≥ 1 KiB that are not weights, and not the output head's, wait in host "
                      "memory; the last 5 saved stay on the GPU until 5 more are saved or the forward "
-                     "ends); the host↔GPU copies are assumed hidden under compute (streamed), not "
-                     "timed; the host holds the offloaded bytes in pinned memory")
+                     "ends); the host↔GPU copies are not timed (the rows' speed: unknown); the host "
+                     "holds the offloaded bytes in pinned memory")
     if job.rope_cache != "none":
         notes.append(f"rope_cache {job.rope_cache}: each layer holds transformers < 4.40's cos "
                      "and sin tables (max_position_embeddings × head_dim), booked as buffers")

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from trainfit.job import JobSpec
+from trainfit.memory.allocator import K_MIN_BLOCK
 from trainfit.model.source import ModelSource, hidden_size
 
 OPTIMIZER_SCALES_WITH_MASTER = ("adamw", "sgd", "adafactor")
@@ -225,7 +226,9 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
              "buffers": b.get("buffers", 0)}
         if not step:
             t["data_parallel"] = buckets
-        out[key] = t
+        # each term is whole flat buffers, and the caching allocator hands out 512-byte blocks
+        # (CUDACachingAllocator kMinBlockSize): a partition of P/N bytes takes the next multiple
+        out[key] = {c: -(-v // K_MIN_BLOCK) * K_MIN_BLOCK for c, v in t.items()}
     where = "host" if off_opt else "GPU"
     held = (f"partitioned ÷ {n} + {gathered / 2**20:,.0f} MiB gathered (the modules reused within "
             f"stage3_max_reuse_distance = {MAX_REUSE_DISTANCE:.0e} elements, or one layer, and the "

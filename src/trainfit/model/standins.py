@@ -257,3 +257,41 @@ class Adam8bitSim(torch.optim.Optimizer):
             if not self._qmaps:
                 self._qmaps = [torch.zeros(256, dtype=torch.float32, device=p.device)
                                for _ in range(2)]
+
+
+def linear_subclass_params(model: torch.nn.Module) -> dict[str, int]:
+    """Parameters of the layers that subclass ``nn.Linear`` (Falcon's ``FalconLinear``), by class
+    name: transformers 5's 4-bit conversion replaces ``type(module) is nn.Linear`` only
+    (integrations/bitsandbytes.py ``replace_with_bnb_linear``), so under QLoRA these load, and
+    are planned, in 16 bits (:func:`quantize_linears_4bit`)."""
+    out: dict[str, int] = {}
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear) and type(m) is not torch.nn.Linear:
+            name = type(m).__name__
+            out[name] = out.get(name, 0) + sum(p.numel() for p in m.parameters(recurse=False))
+    return out
+
+
+_SUBCLASSES: dict[tuple[str, str], dict[str, int]] = {}
+""":func:`linear_subclass_params` already counted, by (task, the configuration's JSON)."""
+
+
+def linear_subclass_params_of(source: Any) -> dict[str, int]:
+    """:func:`linear_subclass_params` of the source's model, built once on the meta device
+    (cached); empty for the user's own module or a configuration transformers cannot build."""
+    import copy
+
+    config = getattr(source, "composite", None) or source.config
+    if source.task == "custom-lm" or not hasattr(config, "to_json_string"):
+        return {}
+    key = (source.task, config.to_json_string(use_diff=False))
+    if key not in _SUBCLASSES:
+        from trainfit.model.workload import auto_model_class
+
+        try:
+            with torch.device("meta"):
+                model = auto_model_class(source.task).from_config(copy.deepcopy(config))
+            _SUBCLASSES[key] = linear_subclass_params(model)
+        except Exception:  # unbuildable: nothing to say (the plan itself reports why)
+            _SUBCLASSES[key] = {}
+    return _SUBCLASSES[key]

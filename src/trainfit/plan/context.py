@@ -22,6 +22,7 @@ from trainfit.hardware.gpus import GpuSpec
 from trainfit.job import JobSpec
 from trainfit.memory.expandable import env_expandable_segments
 from trainfit.model.experts import stacked_expert_params_of, stacked_when_stored_params_of
+from trainfit.model.standins import linear_subclass_params_of
 
 STACK = ("torch", "transformers", "peft", "bitsandbytes")
 """The libraries whose code the simulation runs (their versions change what is predicted)."""
@@ -69,6 +70,10 @@ class PlanAssumptions:
     experts_4bit_if_stored: bool = False
     """Those experts would be 4-bit in a checkpoint published 4-bit (transformers unstacks
     Llama-4's into ``nn.Linear`` layers before it loads one): the note names the way out."""
+    linear_subclasses_16bit_params: dict[str, int] = field(default_factory=dict)
+    """QLoRA through transformers: the parameters of layers that subclass ``nn.Linear``
+    (Falcon's ``FalconLinear``), by class name, which its 4-bit conversion leaves 16-bit, as the
+    simulation does (:func:`trainfit.model.standins.linear_subclass_params`); empty otherwise."""
     attention_kernels_by_precision: dict[str, list[str]] = field(default_factory=dict)
     """Every row's kernels, by precision: SDPA picks by dtype (an fp32 row of a grouped-query model
     takes the math kernel where its 16-bit rows take flash), so one row's kernels need not be
@@ -97,12 +102,16 @@ def plan_assumptions(job: JobSpec, kernels: dict[str, int],
     stacked experts, for QLoRA's 16-bit-experts note)."""
     lora = job.method in ("lora", "qlora")
     stacked = stacked_expert_params_of(source) if source is not None else 0
+    # Lightning's fp16-quantizing stack converts every isinstance(nn.Linear): nothing kept
+    kept = linear_subclass_params_of(source) if source is not None and \
+        job.method == "qlora" and not job.quant_from_fp16 else {}
     return PlanAssumptions(method=job.method, quant=job.quant, lora_r=job.lora_r if lora else None,
                            seq_len=job.seq_len, effective_batch=job.effective_batch,
                            ranks=job.ranks, sharding=job.sharding, optimizer=job.optimizer,
                            attention=job.attention, attention_kernels=dict(kernels),
                            attention_kernels_by_precision=dict(kernels_by_precision or {}),
                            experts_16bit_params=stacked if job.method == "qlora" else 0,
+                           linear_subclasses_16bit_params=kept,
                            experts_4bit_if_stored=source is not None and
                            stacked_when_stored_params_of(source) < stacked,
                            versions=installed_versions(), assumed=list(assumed or []),

@@ -70,7 +70,8 @@ def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
         # TRL's OffloadActivations (trainfit.model.offload): the saved activations — with
         # checkpointing, the blocks' inputs — wait in host memory; the copies are streamed
         steps.append(("activation offloading (saved activations in host memory; host↔GPU "
-                      "copies streamed under compute)", {"activation_offload": True}, False))
+                      "copies streamed beside compute, their time not predicted)",
+                      {"activation_offload": True}, False))
     offload = ENGINE_OFFLOADS[job.sharding][-1]
     if offload != "none" and job.offload != offload:
         # the most the engine offers (JobSpec._check_sharding): FSDP's CPUOffload / ZeRO-3's

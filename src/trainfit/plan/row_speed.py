@@ -1,6 +1,6 @@
 """A plan row's speed beyond the step's own ops: the gradient synchronisation of its ranks over
 the GPU's link, or unknown with the cause (an unknown or host-routed link, the allocator
-retrying at the card's limit, CPU offload)."""
+retrying at the card's limit, CPU or activation offload)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def synced(speed: SpeedPrediction | None, job: JobSpec, mem: MemoryPrediction,
            gpu: GpuSpec | None) -> SpeedPrediction | None:
     """``speed`` with the gradient synchronisation of ``ranks`` > 1 added (trainfit.speed.comm);
     unknown, with the cause, when the GPU's interconnect is, when the allocator retries at the
-    card's limit, or when the job offloads to the host."""
+    card's limit, or when the job offloads to the host (its states or its activations)."""
     if speed is not None and mem.alloc_retries:
         return unknown_speed(speed.model_flops_per_token,
                              f"at the card's limit the allocator releases its cache and retries "
@@ -27,6 +27,15 @@ def synced(speed: SpeedPrediction | None, job: JobSpec, mem: MemoryPrediction,
         return unknown_speed(speed.model_flops_per_token,
                              f"offload {job.offload}: the host↔GPU copies and the optimizer step "
                              "on the CPU are not modelled")
+    if speed is not None and job.activation_offload:
+        # each micro-step's saved activations cross the host link twice (TRL's manager): on a
+        # PCIe 4 x16 (~25 GB/s) a few GiB each way take as long as many models' whole step, so
+        # whether the copy stream keeps up with compute is not a rounding error; untimed here
+        return unknown_speed(speed.model_flops_per_token,
+                             "activation offload: the saved activations' copies to the host and "
+                             "back (every micro-step, over the host's PCIe link) are not timed; "
+                             "streamed beside compute they are hidden only while the link keeps "
+                             "up")
     if speed is None or gpu is None or job.ranks <= 1 or speed.step_time_s is None:
         return speed
     if not gpu.interconnect_gbs:

@@ -125,13 +125,25 @@ def _legend(console: Console, result: PlanResult, dropped: list[str], all_rows: 
     if not speed_known and result.gpu is not None:
         legend += f" · tokens/s and MFU: unknown ({_unknown_speed_why(result)})"
     elif speed_known:
-        legend += _some_unknown_why(result, all_rows)
+        legend += _some_unknown_why(result, all_rows) + _mfu_peaks(result, all_rows)
     if dropped:
         legend += f" · narrow terminal: {', '.join(dropped)} left out (widen it, or pipe/--json)"
     say(console, legend)
     for note in (rows_note(result, all_rows), batch_note(result)):
         if note:
             say(console, note, "dim")
+
+
+def _mfu_peaks(result: PlanResult, all_rows: bool) -> str:
+    """Where fp32 rows stand beside 16-bit ones, what each MFU is a share of: the peak of the
+    dtype the row's matmuls run in (speed.predict.dominant_peak), so a fp32 row's higher MFU is
+    not a faster step — tokens/s compares rows."""
+    shown = {r.job.precision for r in result.rows if (all_rows or r.shown)
+             and r.speed is not None and r.speed.mfu}
+    if "fp32" not in shown or len(shown) < 2:
+        return ""
+    return (" · MFU: a share of the peak FLOP/s of the dtype each row's matmuls run in (fp32 "
+            "rows: the fp32 peak, 16-bit rows: the bf16/fp16 one), so compare rows by tokens/s")
 
 
 def _ladder(console: Console, result: PlanResult) -> None:

@@ -54,6 +54,9 @@ def plan_notes(result: PlanResult) -> list[str]:
         notes.insert(0, experts_note(experts, result.total_params,
                                      result.assumptions.sharding != "none",
                                      result.assumptions.experts_4bit_if_stored))
+    kept = result.assumptions.linear_subclasses_16bit_params if result.assumptions else {}
+    if sum(kept.values()):
+        notes.insert(0, linear_subclass_note(kept, result.total_params))
     if "amp-fp16" in result.precisions_not_planned:
         notes.append(f"amp-fp16 not planned: on {result.gpu_display_name} autocast casts the "
                      "same operations to 2 bytes as amp-bf16, at the same tensor-core rate "
@@ -87,6 +90,18 @@ def experts_note(experts: int, total: int, sharded: bool, if_stored: bool = Fals
             f"of its {total / 1e9:.1f} B parameters stay 16-bit ({experts * 2 / GIB:.1f} GiB in "
             f"bf16, whole model), as planned: 4-bit weights save little here; {room} or more "
             "memory per GPU is what makes room for them")
+
+
+def linear_subclass_note(kept: dict[str, int], total: int) -> str:
+    """QLoRA through transformers 5 of a model whose layers subclass ``nn.Linear``: they stay
+    16-bit (:func:`trainfit.model.standins.linear_subclass_params`)."""
+    n = sum(kept.values())
+    names = ", ".join(sorted(kept))
+    return (f"QLoRA: transformers 5 converts exactly nn.Linear layers to 4 bits, and this "
+            f"model's {names} layers subclass it, so {n / 1e9:.2f} B of its {total / 1e9:.2f} B "
+            f"parameters load, and are planned, 16-bit ({n * 2 / GIB:.2f} GiB in bf16): 4-bit "
+            "weights save little here; a loader that quantizes every linear layer (Lightning's "
+            "BitsandbytesPrecision: quant_from_fp16 in a job file) or more memory per GPU is what saves it")
 
 
 def busy_note(n: int, busy_cores: float) -> str:
@@ -170,21 +185,28 @@ def _what_to_try(row: Any) -> str:
     """The memory savers the smallest configuration does not use yet (a 70B QLoRA already
     checkpointed over two ranks was told to try checkpointing and QLoRA), the one that cuts
     what dominates its peak first: a 1B LoRA at 8,192 tokens on a T4 (weights 2.3 of 37 GiB)
-    was told to try QLoRA before a shorter sequence (a QA run)."""
+    was told to try QLoRA before a shorter sequence (a QA run). A saver whose term is under
+    :data:`USEFUL_SHARE` of the peak is left out: Mixtral QLoRA (16-bit experts) was told to
+    try an 8-bit optimizer for adapters whose states are a few MiB, and a shorter sequence."""
     job, m = getattr(row, "job", row), getattr(row, "memory", None)  # a plan row, or a job
     terms = m.breakdown if m is not None else {}
+    total = sum(terms.values())
+
+    def useful(nbytes: int) -> bool:  # without a breakdown (a job alone), every saver is
+        return not total or nbytes >= USEFUL_SHARE * total
+
     weights = terms.get("parameters", 0) + terms.get("optimizer", 0) + terms.get("gradients", 0)
     by_length = sum(terms.get(k, 0) for k in ("activations", "temporaries"))
     tries = []
-    if job.grad_ckpt != "full":
+    if job.grad_ckpt != "full" and useful(terms.get("activations", 0)):
         tries.append("--grad-ckpt full")
-    if by_length > weights:
+    if by_length > weights and useful(by_length):
         tries.append("a shorter --seq-len")
-    if job.method != "qlora":
+    if job.method != "qlora" and useful(weights):
         tries.append("--method " + ("lora/qlora" if job.method == "full" else "qlora"))
-    if by_length <= weights:
+    if by_length <= weights and useful(by_length):
         tries.append("a shorter --seq-len")
-    if job.optimizer in ("adamw", "paged-adamw"):
+    if job.optimizer in ("adamw", "paged-adamw") and useful(terms.get("optimizer", 0)):
         tries.append("an 8-bit optimizer")
     if job.sharding == "none":
         tries.append("more ranks with --sharding fsdp")
@@ -193,7 +215,12 @@ def _what_to_try(row: Any) -> str:
         most = ENGINE_OFFLOADS[job.sharding][-1]  # the most the engine offers
         if job.offload != most:
             tries.append(f"--offload {most}")
-    return ", ".join(tries[:-1]) + " or " + tries[-1]
+    return ", ".join(tries[:-1]) + " or " + tries[-1] if len(tries) > 1 else tries[0]
+
+
+USEFUL_SHARE = 0.10
+"""A memory saver is suggested when what it cuts is at least this share of the smallest
+configuration's allocated peak (below, it cannot close a gap worth a plan)."""
 
 
 def plan_reason(result: PlanResult) -> str:
@@ -264,10 +291,14 @@ def numerics_words(result: PlanResult) -> str | None:
     """A pick that trains in pure bf16 where the current configuration keeps fp32 weights (or
     master weights under autocast) changes how the model learns, not only its speed: said, with
     the fastest fitting row that keeps fp32 weights (any precision but bf16-true, at the pick's
-    effective batch and ranks; None: no such change)."""
+    effective batch and ranks; None: no such change). Without a current configuration a bf16-true
+    pick is said too — a newcomer's default is fp32 weights — unless every row is bf16-true (the
+    user asked for it: --precision bf16-true)."""
     cur, pick = result.current, result.pick
-    if cur is None or pick is None or pick.job.precision != "bf16-true" or \
-            cur.job.precision == "bf16-true":
+    if pick is None or pick.job.precision != "bf16-true" or (
+            cur is not None and cur.job.precision == "bf16-true"):
+        return None
+    if cur is None and all(r.job.precision == "bf16-true" for r in result.rows):
         return None
     what = "every weight" if pick.job.method == "full" else "the LoRA adapters"
     words = (f"bf16-true trains {what} in bf16 with no fp32 copy: optimizer updates below "

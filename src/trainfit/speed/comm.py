@@ -160,6 +160,9 @@ def with_sync(speed: SpeedPrediction, sync: SyncTime | None) -> SpeedPrediction:
                    hfu=None if speed.hfu is None else speed.hfu * k,
                    device_busy_fraction=None if speed.device_busy_fraction is None
                    else speed.device_busy_fraction * k,
+                   # waiting on the link is over half the step: its largest share
+                   bound="communication-bound" if sync.exposed_s + sync.contention_s > old
+                   else speed.bound,
                    sync_s=sync.comm_s, sync_exposed_s=sync.exposed_s,
                    sync_contention_s=sync.contention_s,
                    sync_note=f"{sync.collective}; {sync.overlap}")

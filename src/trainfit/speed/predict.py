@@ -39,7 +39,11 @@ class SpeedPrediction:
     device_busy_fraction: float | None
     """Fraction of the step a kernel runs (what nvidia-smi "GPU-Util" approximates)."""
     bound: str
-    """launch-bound / compute-bound / memory-bound (largest share of device time), unknown."""
+    """launch-bound (the host's launches outlast the device's forward + backward), compute-bound
+    (matmuls and attention hold ≥ half the device time: :data:`MATMUL_BOUND_FRACTION`),
+    memory-bound (the rest: elementwise, norms, copies, the optimizer), communication-bound (the
+    exposed gradient exchange is over half the step: :func:`trainfit.speed.comm.with_sync`), or
+    unknown."""
     model_flops_per_token: float
     unknown_reason: str = ""
     sync_s: float | None = None
@@ -156,6 +160,17 @@ class PhaseTimes:
     unaligned_s: float = 0.0
     """Device seconds of a micro-step spent by unaligned 16-bit GEMMs beyond their aligned time."""
     unaligned_dims: frozenset[int] = frozenset()
+    matmul_s: float = 0.0
+    """Device seconds of a micro-step's forward + backward in matmuls and attention kernels (the
+    ops with FLOPs): its share of the step's device time names the step compute-bound."""
+
+
+MATMUL_BOUND_FRACTION = 0.5
+"""Matmul share of the step's device time at or above which a step that is not launch-bound is
+compute-bound (below: memory-bound) — doctor's line for a measured step
+(:data:`trainfit.doctor.findings.MATMUL_COMPUTE_FRACTION`), so plan and doctor name one step
+alike. The largest share, not an MFU threshold: a 30 % MFU line called a step whose time went to
+its gradient exchange or its elementwise kernels compute-bound."""
 
 
 def time_ops(dev: DeviceSpeed, ops: list[OpRecord]) -> PhaseTimes:
@@ -164,6 +179,7 @@ def time_ops(dev: DeviceSpeed, ops: list[OpRecord]) -> PhaseTimes:
     flops = 0.0
     unknown = False
     unaligned_s, odd = 0.0, set[int]()
+    matmul_s = 0.0
     for op in ops:
         key = "optimizer" if op.phase == "optimizer" else "fb"
         t = op_device_time(dev, op)
@@ -177,6 +193,8 @@ def time_ops(dev: DeviceSpeed, ops: list[OpRecord]) -> PhaseTimes:
             if t > aligned:
                 unaligned_s += t - aligned
                 odd |= {d for d in op.gemm[1:] if d % 8}
+        if op.phase != "optimizer" and (op.gemm is not None or op.flops):
+            matmul_s += t
         if op.phase != "optimizer":
             # counted as MFU's model FLOPs count them (PaLM's 12·L·H·Q·T: attention as if
             # unmasked), so that HFU = MFU + the recomputation in full fine-tuning; the
@@ -184,7 +202,7 @@ def time_ops(dev: DeviceSpeed, ops: list[OpRecord]) -> PhaseTimes:
             flops += op.flops
     if dev.kernel_timer is not None:
         dev.kernel_timer.save()
-    return PhaseTimes(device, host, flops, unknown, unaligned_s, frozenset(odd))
+    return PhaseTimes(device, host, flops, unknown, unaligned_s, frozenset(odd), matmul_s)
 
 
 def phase_time(dev: DeviceSpeed, t: PhaseTimes, phase: str) -> float:
@@ -268,7 +286,8 @@ def speed_from_times(dev: DeviceSpeed, times: PhaseTimes, dtype_peak: float | No
     mfu = None if not dtype_peak else flops_per_token * tps / ranks / dtype_peak
     hfu = None if not dtype_peak else times.hw_flops * grad_accum / step / dtype_peak
     bound = "launch-bound" if times.host_s["fb"] > times.device_s["fb"] else (
-        "compute-bound" if mfu and mfu > 0.3 else "memory-bound")
+        "compute-bound" if busy and grad_accum * times.matmul_s / busy >= MATMUL_BOUND_FRACTION
+        else "memory-bound")
     # a utilisation above 100 % is a modelling error, never a prediction: stated as unknown
     # (doctor.peaks.bounded_mfu does the same with measured steps)
     mfu = None if mfu is not None and mfu > 1.0 else mfu
@@ -361,7 +380,8 @@ def predict_speed(dev: DeviceSpeed, op_points: list[list[OpRecord]], layers: tup
         {k: t1.host_s[k] + f * (t2.host_s[k] - t1.host_s[k]) for k in t1.host_s},
         t1.hw_flops + f * (t2.hw_flops - t1.hw_flops), t1.unknown or t2.unknown,
         max(0.0, t1.unaligned_s + f * (t2.unaligned_s - t1.unaligned_s)),
-        t1.unaligned_dims | t2.unaligned_dims)
+        t1.unaligned_dims | t2.unaligned_dims,
+        max(0.0, t1.matmul_s + f * (t2.matmul_s - t1.matmul_s)))
     k1, k2 = fb_kernels(op_points[0]), fb_kernels(op_points[1])
     measured = with_host(dev, times, host, k1 + f * (k2 - k1))
     return speed_from_times(dev, times, dominant_peak(dev, op_points[0], op_points[1], f),

@@ -1,0 +1,50 @@
+"""A bf16-true pick says what it changes in training, with or without a current configuration."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+from trainfit.render.words import numerics_words
+
+
+def _row(precision: str, tokens_per_s: float, fits: bool = True):
+    job = NS(precision=precision, method="full", effective_batch=8, ranks=1, micro_batch=2,
+             grad_accum=4, grad_ckpt="full")
+    return NS(job=job, memory=NS(fits=fits), speed=NS(tokens_per_s=tokens_per_s))
+
+
+def _result(rows, current=None):
+    return NS(rows=rows, pick=rows[0], current=current)
+
+
+def test_a_bf16_true_pick_warns_without_a_current_configuration():
+    """The audit's gap: the warning came only with --current, so a newcomer planning from
+    scratch was handed pure-bf16 training as if it were only faster."""
+    rows = [_row("bf16-true", 2000.0), _row("amp-bf16", 1500.0), _row("amp-bf16", 1700.0, False)]
+    words = numerics_words(_result(rows))
+    assert words and "every weight in bf16 with no fp32 copy" in words
+    assert "the fastest that fits is amp-bf16" in words and "(1,500 tokens/s, predicted)" in words
+    # against a current configuration that keeps fp32 weights: the same warning
+    assert numerics_words(_result(rows, current=_row("amp-bf16", 1.0))) == words
+
+
+def test_no_warning_where_the_user_chose_bf16_true_or_the_pick_keeps_fp32():
+    only = [_row("bf16-true", 2000.0), _row("bf16-true", 1000.0)]
+    assert numerics_words(_result(only)) is None  # --precision bf16-true: all rows
+    mixed = [_row("bf16-true", 2000.0), _row("amp-bf16", 1500.0)]
+    assert numerics_words(_result(mixed, current=_row("bf16-true", 1.0))) is None
+    assert numerics_words(_result([_row("amp-bf16", 1500.0), *mixed])) is None
+
+
+def test_mfu_legend_names_each_rows_peak_where_fp32_sits_beside_16_bit():
+    """An fp32 row's MFU is a share of the fp32 peak (1/16 of bf16's on an A100), so 40 % there
+    is slower than 20 % of bf16's; the legend says so only where both kinds are shown."""
+    from trainfit.render.plan import _mfu_peaks
+
+    def row(precision, mfu):
+        return NS(job=NS(precision=precision), shown=True, speed=NS(mfu=mfu))
+
+    mixed = NS(rows=[row("fp32", 0.4), row("amp-bf16", 0.2)])
+    assert "the fp32 peak" in _mfu_peaks(mixed, all_rows=False)
+    assert _mfu_peaks(NS(rows=[row("amp-bf16", 0.2), row("bf16-true", 0.3)]), False) == ""
+    assert _mfu_peaks(NS(rows=[row("fp32", 0.4), row("amp-bf16", None)]), False) == ""
