@@ -58,6 +58,12 @@ def test_plan_on_a_named_gpu_states_its_speed_band(tiny_llama):
     no_gpu = plan(job, tiny_llama, None, verify=False, ladder=False)
     assert no_gpu.speed_band is None
     assert not any(n.startswith("tokens/s") for n in plan_notes(no_gpu))
+    # rows whose speed is unknown (activation offload's copies are not timed): no accuracy note
+    # about tokens/s nobody was shown
+    off = plan(job.replace(activation_offload=True), tiny_llama, find_gpu("a10g"), verify=False,
+               ladder=False)
+    assert off.speed_band is not None and not any(r.speed.tokens_per_s for r in off.rows)
+    assert not any(n.startswith("tokens/s are predictions") for n in plan_notes(off))
 
 
 def test_launch_bound_rows_are_said_to_be_an_upper_bound(tiny_llama):

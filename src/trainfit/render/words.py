@@ -62,7 +62,9 @@ def plan_notes(result: PlanResult) -> list[str]:
                      "same operations to 2 bytes as amp-bf16, at the same tensor-core rate "
                      "(the GPU catalog's), with loss scaling on top: its rows cannot beat "
                      "amp-bf16's; --precision amp-fp16 plans it")
-    if result.speed_band is not None:
+    if result.speed_band is not None and any(r.speed is not None and r.speed.tokens_per_s
+                                             for r in result.rows):
+        # how close such speeds came to published ones: said only where a row has one
         notes.append(speed_note(result.speed_band))
     if result.link is not None:
         notes.append(link_note(result))
