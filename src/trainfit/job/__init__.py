@@ -1,7 +1,6 @@
 """The job: what to train and how (schema, validation, YAML) — the bottom of the package, no torch."""
 
-from trainfit.job.files import FACTORY_SPEC, FILE_ONLY_KEYS, is_code_spec, job_with_current, read_job_file
-from trainfit.job.spec import (
+from trainfit.job.choices import (
     ATTENTIONS,
     DEFAULT_MARGIN,
     GRAD_CKPT,
@@ -13,8 +12,9 @@ from trainfit.job.spec import (
     QUANTS,
     SHARDINGS,
     JobError,
-    JobSpec,
 )
+from trainfit.job.files import FACTORY_SPEC, FILE_ONLY_KEYS, is_code_spec, job_with_current, read_job_file
+from trainfit.job.spec import JobSpec
 from trainfit.job.step_options import dividing_micro_batches, step_micro_batches, step_precisions
 
 __all__ = [

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainfit.job import JobError, JobSpec
-from trainfit.job.spec import ENGINE_NAMES, ENGINE_OFFLOADS
+from trainfit.job.choices import ENGINE_NAMES, ENGINE_OFFLOADS
 
 LORA_FOR_FULL = {"lora_r": 16, "lora_alpha": 32}
 """The adapters a full fine-tune's rungs switch to (LoRA, then QLoRA)."""

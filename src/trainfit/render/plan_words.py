@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainfit.job.spec import ENGINE_NAMES
+from trainfit.job.choices import ENGINE_NAMES
 from trainfit.plan.context import OffloadCheck, PlanAssumptions
 from trainfit.plan.grid import PlanResult
 from trainfit.plan.rows import effective_batches

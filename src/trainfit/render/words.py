@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainfit.job.spec import ENGINE_OFFLOADS
+from trainfit.job.choices import ENGINE_OFFLOADS
 from trainfit.plan.grid import PlanResult, smallest_row
 from trainfit.speed.bands import SpeedBand
 from trainfit.tune.result import SearchNote
