@@ -103,7 +103,7 @@ def linear_subclass_note(kept: dict[str, int], total: int) -> str:
             f"model's {names} layers subclass it, so {n / 1e9:.2f} B of its {total / 1e9:.2f} B "
             f"parameters load, and are planned, 16-bit ({n * 2 / GIB:.2f} GiB in bf16): 4-bit "
             "weights save little here; a loader that quantizes every linear layer (Lightning's "
-            "BitsandbytesPrecision: quant_from_fp16 in a job file) or more memory per GPU is what saves it")
+            "BitsandbytesPrecision: --quant-from-fp16) or more memory per GPU is what saves it")
 
 
 def busy_note(n: int, busy_cores: float) -> str:
