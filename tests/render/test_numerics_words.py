@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace as NS
 
-from trainfit.render.words import numerics_words
+from trainfit.render.plan_words import numerics_words
 
 
 def _row(precision: str, tokens_per_s: float, fits: bool = True):

@@ -9,6 +9,7 @@ from trainfit.render.layout import Col, fit_table, out_console, say
 from trainfit.render.plan_words import (
     batch_note,
     host_ram_words,
+    numerics_words,
     observed_words,
     offload_words,
     plan_header,
@@ -17,7 +18,6 @@ from trainfit.render.plan_words import (
     unaligned_words,
 )
 from trainfit.render.words import (
-    numerics_words,
     plan_notes,
     plan_reason,
     plan_versus,

@@ -1,6 +1,7 @@
 """A plan's sentences beyond the pick (render/words.py): what it was planned under, which rows
 are shown, and what the pick means for the questions people bring — offloading, a number they
-saw, host RAM. Every number is formatted here, none computed (the checks are trainfit.plan's)."""
+saw, host RAM, a pick that trains in pure bf16. Every number is formatted here, none computed
+(the checks are trainfit.plan's)."""
 
 from __future__ import annotations
 
@@ -269,3 +270,32 @@ def plan_words(result: PlanResult) -> dict[str, Any]:
             "offload_words": offload_words(result), "observed_words": observed_words(result),
             "host_ram_words": host_ram_words(result), "unaligned_words": unaligned_words(result),
             "step_time_words": step_time_words(result)}
+
+
+def numerics_words(result: PlanResult) -> str | None:
+    """A pick that trains in pure bf16 where the current configuration keeps fp32 weights (or
+    master weights under autocast) changes how the model learns, not only its speed: said, with
+    the fastest fitting row that keeps fp32 weights (any precision but bf16-true, at the pick's
+    effective batch and ranks; None: no such change). Without a current configuration a bf16-true
+    pick is said too — a newcomer's default is fp32 weights — unless every row is bf16-true (the
+    user asked for it: --precision bf16-true)."""
+    cur, pick = result.current, result.pick
+    if pick is None or pick.job.precision != "bf16-true" or (
+            cur is not None and cur.job.precision == "bf16-true"):
+        return None
+    if cur is None and all(r.job.precision == "bf16-true" for r in result.rows):
+        return None
+    what = "every weight" if pick.job.method == "full" else "the LoRA adapters"
+    words = (f"bf16-true trains {what} in bf16 with no fp32 copy: optimizer updates below "
+             "bf16's resolution (~0.4 % of a weight) are lost, which changes how the model "
+             "learns, not only its speed")
+    keep = [r for r in result.rows if r.job.precision != "bf16-true" and r.memory.fits
+            and r.job.effective_batch == pick.job.effective_batch and r.job.ranks == pick.job.ranks
+            and r.speed is not None and r.speed.tokens_per_s]
+    if keep:
+        best = max(keep, key=lambda r: r.speed.tokens_per_s or 0.0)
+        b = best.job
+        words += (f"; keeping fp32 weights, the fastest that fits is {b.precision}, "
+                  f"micro-batch {b.micro_batch} × accumulation {b.grad_accum}, checkpointing "
+                  f"{b.grad_ckpt} ({best.speed.tokens_per_s:,.0f} tokens/s, predicted)")
+    return words

@@ -11,6 +11,7 @@ from typing import Any
 
 from trainfit.job.choices import ENGINE_OFFLOADS
 from trainfit.plan.grid import PlanResult, smallest_row
+from trainfit.render.plan_words import numerics_words
 from trainfit.speed.bands import SpeedBand
 from trainfit.tune.result import SearchNote
 
@@ -287,35 +288,6 @@ def share_words(fraction: float) -> str:
     of 0.25 % printed as "0%" reads as nothing at all)."""
     return f"{fraction:.0%}" if fraction >= 0.1 else f"{fraction:.1%}" if fraction >= 0.01 \
         else f"{fraction:.2%}"
-
-
-def numerics_words(result: PlanResult) -> str | None:
-    """A pick that trains in pure bf16 where the current configuration keeps fp32 weights (or
-    master weights under autocast) changes how the model learns, not only its speed: said, with
-    the fastest fitting row that keeps fp32 weights (any precision but bf16-true, at the pick's
-    effective batch and ranks; None: no such change). Without a current configuration a bf16-true
-    pick is said too — a newcomer's default is fp32 weights — unless every row is bf16-true (the
-    user asked for it: --precision bf16-true)."""
-    cur, pick = result.current, result.pick
-    if pick is None or pick.job.precision != "bf16-true" or (
-            cur is not None and cur.job.precision == "bf16-true"):
-        return None
-    if cur is None and all(r.job.precision == "bf16-true" for r in result.rows):
-        return None
-    what = "every weight" if pick.job.method == "full" else "the LoRA adapters"
-    words = (f"bf16-true trains {what} in bf16 with no fp32 copy: optimizer updates below "
-             "bf16's resolution (~0.4 % of a weight) are lost, which changes how the model "
-             "learns, not only its speed")
-    keep = [r for r in result.rows if r.job.precision != "bf16-true" and r.memory.fits
-            and r.job.effective_batch == pick.job.effective_batch and r.job.ranks == pick.job.ranks
-            and r.speed is not None and r.speed.tokens_per_s]
-    if keep:
-        best = max(keep, key=lambda r: r.speed.tokens_per_s or 0.0)
-        b = best.job
-        words += (f"; keeping fp32 weights, the fastest that fits is {b.precision}, "
-                  f"micro-batch {b.micro_batch} × accumulation {b.grad_accum}, checkpointing "
-                  f"{b.grad_ckpt} ({best.speed.tokens_per_s:,.0f} tokens/s, predicted)")
-    return words
 
 
 def plan_json(result: PlanResult) -> dict[str, Any]:
