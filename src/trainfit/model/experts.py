@@ -15,7 +15,6 @@ shared experts are ordinary MLPs (``shared_expert``) that every token runs, so t
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -81,17 +80,15 @@ def _counts_of(source: Any) -> tuple[int, int, int]:
            getattr(source, "stored_quant", None) is not None)
     if key not in _COUNTS:
         from trainfit.model.stored_quant import patched_expert_classes, unstacked_when_stored
-        from trainfit.model.workload import auto_model_class
+        from trainfit.model.workload import bare_model_on_meta
 
-        try:
-            with torch.device("meta"):
-                model = auto_model_class(source.task).from_config(copy.deepcopy(built))
+        model = bare_model_on_meta(source)
+        _COUNTS[key] = 0, 0, 0  # an unbuildable config counts every parameter (as before)
+        if model is not None:
             stacked = stacked_expert_params(model, patched_expert_classes(source, "qlora"))
             # what a checkpoint stored 4-bit would leave 16-bit (Llama-4's: none)
             stored = stacked_expert_params(model, unstacked_when_stored())
             _COUNTS[key] = inactive_expert_params(model, config), stacked, stored
-        except Exception:  # an unbuildable config counts every parameter (as before)
-            _COUNTS[key] = 0, 0, 0
     return _COUNTS[key]
 
 

@@ -272,26 +272,11 @@ def linear_subclass_params(model: torch.nn.Module) -> dict[str, int]:
     return out
 
 
-_SUBCLASSES: dict[tuple[str, str], dict[str, int]] = {}
-""":func:`linear_subclass_params` already counted, by (task, the configuration's JSON)."""
-
-
 def linear_subclass_params_of(source: Any) -> dict[str, int]:
-    """:func:`linear_subclass_params` of the source's model, built once on the meta device
-    (cached); empty for the user's own module or a configuration transformers cannot build."""
-    import copy
+    """:func:`linear_subclass_params` of the source's model as its configuration builds it
+    (:func:`trainfit.model.workload.bare_model_on_meta`); empty for the user's own module or a
+    configuration transformers cannot build."""
+    from trainfit.model.workload import bare_model_on_meta
 
-    config = getattr(source, "composite", None) or source.config
-    if source.task == "custom-lm" or not hasattr(config, "to_json_string"):
-        return {}
-    key = (source.task, config.to_json_string(use_diff=False))
-    if key not in _SUBCLASSES:
-        from trainfit.model.workload import auto_model_class
-
-        try:
-            with torch.device("meta"):
-                model = auto_model_class(source.task).from_config(copy.deepcopy(config))
-            _SUBCLASSES[key] = linear_subclass_params(model)
-        except Exception:  # unbuildable: nothing to say (the plan itself reports why)
-            _SUBCLASSES[key] = {}
-    return _SUBCLASSES[key]
+    model = bare_model_on_meta(source)
+    return {} if model is None else linear_subclass_params(model)

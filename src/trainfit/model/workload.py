@@ -13,6 +13,7 @@ Dtype policy (written down because it changes the answer by GiBs):
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,6 +98,32 @@ def auto_model_class(task: str) -> Any:
         "seq2seq-lm": tf.AutoModelForSeq2SeqLM,
         "sequence-classification": tf.AutoModelForSequenceClassification,
     }[task]
+
+
+_BARE: dict[tuple[str, str], torch.nn.Module | None] = {}
+"""Bare models already built, by (task, the configuration's JSON): the last few only."""
+BARE_MODELS_KEPT = 4
+
+
+def bare_model_on_meta(source: ModelSource) -> torch.nn.Module | None:
+    """The source's model as its configuration alone builds it (no adapters, no quantization),
+    on the meta device: what counts of its modules read (the stacked experts, the ``nn.Linear``
+    subclasses) — built once for them all. None for the user's own module, or a configuration
+    transformers cannot build without its remote code. A multimodal model (Llama-4) is built
+    from its whole configuration."""
+    config = getattr(source, "composite", None) or source.config
+    if source.task == "custom-lm" or not hasattr(config, "to_json_string"):
+        return None
+    key = (source.task, config.to_json_string(use_diff=False))
+    if key not in _BARE:
+        if len(_BARE) >= BARE_MODELS_KEPT:
+            del _BARE[next(iter(_BARE))]
+        try:
+            with torch.device("meta"):
+                _BARE[key] = auto_model_class(source.task).from_config(copy.deepcopy(config))
+        except Exception:  # unbuildable: the counts are empty (the plan itself reports why)
+            _BARE[key] = None
+    return _BARE[key]
 
 
 def has_sdpa(source: ModelSource) -> bool | None:
