@@ -69,6 +69,10 @@ def test_twin_offloads_what_trl_offloads(monkeypatch, ckpt, streams):
     theirs = [(bool(v[1]), tuple(v[4] if v[1] else v[0].shape)) for _, v in sorted(trl.tracker.items())]
     ours = [(isinstance(v, _Offloaded), tuple(v.shape)) for _, v in sorted(twin.saved.items())]
     assert ours == theirs
+    # each host copy TRL makes is one the twin counts, byte for byte (memory/host_offload.py
+    # rounds these to PyTorch's pinned blocks)
+    assert twin.offloaded_sizes == [v[0].nbytes for _, v in sorted(trl.tracker.items()) if v[1]]
+    assert twin.offloaded_bytes == sum(twin.offloaded_sizes) > 0
     n_off = sum(off for off, _ in ours)
     assert 0 < n_off < len(ours)
     if streams:

@@ -28,7 +28,8 @@ def _row(precision, ckpt, micro, device_gib, fits, eff=None, tps=1.0):
                           activation_offload=False, ranks=1)
     mem = SimpleNamespace(fits=fits, peak_device_bytes=int(device_gib * GIB),
                           breakdown={"parameters": GIB, "activations": 2 * GIB},
-                          host_offload_bytes=0)
+                          host_offload_bytes=0, host_activation_bytes=0,
+                          host_activation_exact=True)
     return SimpleNamespace(job=job, memory=mem, recommended=False, largest_fitting=False,
                            rank=None, shown=True, speed=SimpleNamespace(tokens_per_s=tps))
 
@@ -107,7 +108,12 @@ def test_offload_check_follows_transformers_auto_map_budget():
     from trainfit.render.plan_words import host_held_words
     assert "3.00 GiB per rank, 2 × that = 6.00 GiB on the machine" in host_held_words(o)
     small.job.offload, small.job.activation_offload = "none", True
-    assert not offload_check(small, gpu).runs_on_gpu
+    small.memory.host_activation_bytes, small.memory.host_activation_exact = 5 * GIB, True
+    o = offload_check(small, gpu)
+    assert not o.runs_on_gpu and o.host_activation_bytes == 5 * GIB
+    assert "5.00 GiB of pinned memory per rank, 2 × that = 10.00 GiB" in host_held_words(o)
+    small.memory.host_activation_exact = False  # the bound: said so
+    assert ": at most 5.00 GiB of pinned memory" in host_held_words(offload_check(small, gpu))
 
 
 @pytest.mark.parametrize("sharding, offload, ranks", [("zero3", "optimizer", 2),
@@ -155,6 +161,10 @@ def test_host_ram_check_counts_weights_at_load_and_host_batches():
     assert h.known_bytes == 2 * (400_000_000 + h.host_batch_bytes_per_rank)
     lora = host_ram_check(job.replace(method="lora"), 100_000_000, 7 * 10**9)
     assert lora.weights_load_bytes_per_rank == 200_000_000
+    # an activation offload's pinned bytes (memory/host_offload.py) count on every rank
+    act = host_ram_check(job, 100_000_000, 7 * 10**9, offload_bytes=10**8, activation_bytes=3 * GIB)
+    assert act.activation_offload_bytes_per_rank == 3 * GIB
+    assert act.known_bytes == h.known_bytes + 2 * (10**8 + 3 * GIB)
 
 
 def test_progress_reports_every_stage(tiny_llama):

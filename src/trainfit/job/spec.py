@@ -155,7 +155,9 @@ class JobSpec:
     pass (TRL's / torchtune's activation offloading; the output head's stay): with checkpointing
     only the blocks' inputs are saved, so it saves those (Llama-3.2-3B at 2 × 4096 tokens: ~1.3
     GiB); costs host↔GPU copies, streamed beside compute, which plan does not time (its rows'
-    speed is unknown). Needs a CUDA device to run (plan predicts its memory anywhere)."""
+    speed is unknown); the host holds them in pinned memory, each rounded up to a power of two
+    (plan predicts those bytes per rank). Needs a CUDA device to run (plan predicts its memory
+    anywhere)."""
     attention: str = "sdpa"
     """sdpa (the kernel torch picks on the GPU), sdpa-flash, sdpa-efficient, sdpa-math, eager."""
     ranks: int = 1

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 K_MIN_BLOCK = 512
+"""c10/cuda/CUDACachingAllocator.cpp ``kMinBlockSize``: every block is a multiple of 512 bytes."""
 K_SMALL_SIZE = 1 << 20
 K_SMALL_BUFFER = 2 << 20
 K_LARGE_BUFFER = 20 << 20

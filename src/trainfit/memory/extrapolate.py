@@ -9,7 +9,7 @@ optimizer to the backward), and each phase's breakdown is fitted category by cat
 terms sum to the peak.  Within a phase the peak is the largest of several moments, so it is convex,
 not linear, in B: micro-batch 1 and the largest micro-batch the grid needs are simulated too (at
 the same small depths; a fake tensor costs the same at any size) and B is interpolated piecewise
-(``BilinearModel._segment``): at the simulated depths exact at the simulated batches and on or
+(``BilinearModel.segment``): at the simulated depths exact at the simulated batches and on or
 above the peak between them.  Extrapolated in depth, a phase's peak can move to another moment
 at full depth than at 2-3 layers (Qwen2.5-7B, 8-rank FSDP, amp-fp16, 2×2: 20.59 GiB against
 25.46 simulated at full depth), so where the two small depths' alloc/free traces, interpolated
@@ -95,7 +95,7 @@ class BilinearModel:
                              job.seq_len, job.ranks, flops_per_token, cache=self._speed_cache,
                              compiled=bool(getattr(job, "compile", False)), host=self.host)
 
-    def _segment(self, batch: int) -> list[Point]:
+    def segment(self, batch: int) -> list[Point]:
         """The four points a micro-batch is predicted from: micro-batch 1 and 2 below 2, (2, 3)
         up to 3, then the chord from 3 to the largest micro-batch the grid asks for.  A phase
         peaks at the largest of several moments, each linear in the micro-batch, so its peak is
@@ -132,7 +132,7 @@ class BilinearModel:
 
     def eval_at(self, value: Any, batch: int) -> int:
         """``value(point)`` over the points of ``batch``'s segment, evaluated there."""
-        pts = self._segment(batch)
+        pts = self.segment(batch)
         return round(self._bilinear(pts, [value(p) for p in pts], batch))
 
     def _phase_breakdowns(self, phases: list[str], batch: int) -> dict[str, dict[str, int]]:
@@ -164,7 +164,7 @@ class BilinearModel:
         not activations: Qwen2.5-7B full, 8 ranks, amp-fp16, micro-batch 32 came out 5.3 %
         under its full-size simulation.  Parameters and optimizer states are alive throughout
         the step, the same at every batch; gradients are not."""
-        pts = self._segment(batch)
+        pts = self.segment(batch)
         ends = [round(self._bilinear(pts, [p.sim.phase_breakdowns.get(phase, {}).get(
             "gradients", 0) for p in pts], b)) for b in (pts[0].batch, pts[2].batch)]
         grads = breakdown.get("gradients", 0)

@@ -21,6 +21,7 @@ from trainfit.memory.bands import ErrorBand, band_for
 from trainfit.memory.card_limit import at_card_limit, expandable_reserve, held_reserve
 from trainfit.memory.compiled import compile_note
 from trainfit.memory.depth_trace import Trace
+from trainfit.memory.host_offload import HostActivations, host_words, of_sizes
 from trainfit.memory.loading import load_reserve, loading_notes
 from trainfit.memory.ranks import host_offload_bytes, rank_phases
 from trainfit.memory.simulate import SimTarget, simulate_step
@@ -125,6 +126,15 @@ class MemoryPrediction:
     host_offload_bytes: int = 0
     """Host RAM the job's CPU offload (``offload``: FSDP CPUOffload, ZeRO offload_optimizer /
     offload_param) holds per rank (:func:`host_offload_bytes`); 0 without one."""
+    host_activation_bytes: int = 0
+    """Pinned host RAM the job's activation offload holds per rank: each saved tensor it copies,
+    rounded up to a power of two (:mod:`trainfit.memory.host_offload`); 0 without one."""
+    host_activation_copied_bytes: int = 0
+    """Bytes one micro-batch's forward pass copies to the host with activation offload (and its
+    backward copies back); 0 without one."""
+    host_activation_exact: bool = True
+    """``host_activation_bytes`` rounds each offloaded tensor; False: its bound, twice the bytes
+    copied (the tensors were not extrapolated: :mod:`trainfit.memory.host_offload`)."""
     matmul_params: int = 0
     """Weights the step's matmuls use, counted on the simulated model (MFU's N:
     :func:`trainfit.model.workload.matmul_params`); 0 where not counted (the formula's N then)."""
@@ -144,7 +154,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
            compile_untraced: list[str] | None = None,
            compile_partitioned: bool | None = None,
            reserved_floor_bytes: int = 0, setup_events: int | None = None,
-           matmul_params: int = 0) -> MemoryPrediction:
+           matmul_params: int = 0,
+           host_activations: HostActivations | None = None) -> MemoryPrediction:
     """Turn simulated tensor bytes into the allocated / reserved / device peaks and the fit.
 
     ``tensor_peak_bytes`` is the one-process allocated peak (whole blocks), ``breakdown`` what was
@@ -152,7 +163,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     ``phase_breakdowns`` the breakdown at every phase's peak (for data parallelism), ``trace``
     the step's alloc/free events and streams, or a function that makes them (None where it
     cannot): replayed again at the card's limit when the reserve would pass it; its first
-    ``setup_events`` come before the step (the model's loading).  Every breakdown
+    ``setup_events`` come before the step (the model's loading); ``host_activations``: what an
+    activation offload holds in host RAM (None without one).  Every breakdown
     term is ≥ 0 and the terms other than ``managed`` sum to the allocated peak."""
 
     work = cublas_workspace_bytes(gpu)
@@ -193,7 +205,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     device = resident + on_device
     notes = [*_peak_notes(how, work, context, (on_device, managed_bytes), (nccl, nccl_note)),
              *dp_notes, *([limit_note] if limit_note else []), *([saving] if saving else [])]
-    notes += _step_notes(job, compile_untraced, compile_partitioned)
+    notes += _step_notes(job, compile_untraced, compile_partitioned, host_activations)
     before_step, reserve_notes = wrap_reserve(job, trace) if records_wrap(job, per_rank) else \
         load_reserve(job, trace, setup_events, getattr(source, "stored_quant", None) is not None)
     notes += reserve_notes
@@ -215,7 +227,10 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
         trainable_params=trainable_params, sdpa_kernels=sdpa_kernels, sim_time_s=sim_time_s,
         model_notes=notes, reserved_before_step_bytes=before_step,
         reserved_expandable_bytes=with_expandable, matmul_params=matmul_params,
-        host_offload_bytes=host)
+        host_offload_bytes=host,
+        host_activation_bytes=host_activations.pinned_bytes if host_activations else 0,
+        host_activation_copied_bytes=host_activations.copied_bytes if host_activations else 0,
+        host_activation_exact=host_activations.exact if host_activations else True)
 
 
 def _full_breakdown(terms: dict[str, int], work: int, managed_bytes: int, blocks: int
@@ -232,9 +247,10 @@ def _full_breakdown(terms: dict[str, int], work: int, managed_bytes: int, blocks
 
 
 def _step_notes(job: JobSpec, compile_untraced: list[str] | None,
-                compile_partitioned: bool | None) -> list[str]:
-    """What the simulated step ran that the peaks depend on: torch.compile, activation offload,
-    the legacy RoPE tables."""
+                compile_partitioned: bool | None, host: HostActivations | None = None
+                ) -> list[str]:
+    """What the simulated step ran that the peaks depend on: torch.compile, activation offload
+    (``host``: what it holds in host RAM), the legacy RoPE tables."""
     notes = []
     if job.compile:
         notes.append(compile_note(job, compile_untraced or [], compile_partitioned))
@@ -242,8 +258,8 @@ def _step_notes(job: JobSpec, compile_untraced: list[str] | None,
         notes.append("activation offload: TRL's OffloadActivations simulated (saved tensors of "
                      "≥ 1 KiB that are not weights, and not the output head's, wait in host "
                      "memory; the last 5 saved stay on the GPU until 5 more are saved or the forward "
-                     "ends); the host↔GPU copies are not timed (the rows' speed: unknown); the host "
-                     "holds the offloaded bytes in pinned memory")
+                     "ends); the host↔GPU copies are not timed (the rows' speed: unknown)"
+                     + (f"; {host_words(host)}" if host else ""))
     if job.rope_cache != "none":
         notes.append(f"rope_cache {job.rope_cache}: each layer holds transformers < 4.40's cos "
                      "and sin tables (max_position_embeddings × head_dim), booked as buffers")
@@ -313,4 +329,6 @@ def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
                   setup_events=sim.event_phases[0][0] if sim.event_phases else None,
                   compile_untraced=sim.info.get("compile_untraced"),
                   compile_partitioned=sim.info.get("compile_partitioned"),
-                  matmul_params=sim.info.get("matmul_params", 0))
+                  matmul_params=sim.info.get("matmul_params", 0),
+                  host_activations=of_sizes(sim.info["offloaded_sizes"])
+                  if "offloaded_sizes" in sim.info else None)

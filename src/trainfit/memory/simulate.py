@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trainfit.engine.step import repeat_batches, train_step
 from trainfit.job import JobSpec
+from trainfit.memory.allocator import K_MIN_BLOCK
 from trainfit.memory.compiled import compiled_blocks
 from trainfit.memory.loading import (
     add_legacy_rope_caches,
@@ -46,9 +47,6 @@ from trainfit.model.workload import (
     make_optimizer,
 )
 
-CUDA_BLOCK_BYTES = 512
-"""c10/cuda/CUDACachingAllocator.cpp ``kMinBlockSize``: every block is a multiple of 512 bytes."""
-
 
 @dataclass(frozen=True, kw_only=True)
 class SimTarget:
@@ -61,7 +59,8 @@ class SimTarget:
 
     @property
     def block_bytes(self) -> int:
-        return CUDA_BLOCK_BYTES if self.device == "cuda" else 1
+        # every block the CUDA caching allocator hands out is a multiple of kMinBlockSize
+        return K_MIN_BLOCK if self.device == "cuda" else 1
 
 
 @dataclass
@@ -305,8 +304,8 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         op_hook.active = False  # only the steady-state step is timed
     trainable = [p for p in model.parameters() if p.requires_grad]
     # activation offloading: TRL's manager as it acts on device memory (model/offload.py)
-    autocast = with_offload(cpu_autocast(job),
-                            simulated_offload(model) if job.activation_offload else None)
+    offload = simulated_offload(model) if job.activation_offload else None
+    autocast = with_offload(cpu_autocast(job), offload)
     attn = AttentionTarget(device=target.device, compute_capability=target.compute_capability,
                            prefer=job.attention if job.attention != "eager" else "sdpa")
 
@@ -362,7 +361,9 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         sim_time_s=time.perf_counter() - t0,
         info={"quantized_linears": info.quantized_linears, "matmul_params": info.matmul_params,
               "lora_target_modules": info.lora_target_modules,
-              "compile_partitioned": untraced is not None, "compile_untraced": list(untraced or [])},
+              "compile_partitioned": untraced is not None, "compile_untraced": list(untraced or []),
+              # the tensors the last forward copied to the host (memory/host_offload.py)
+              **({"offloaded_sizes": list(offload.offloaded_sizes)} if offload else {})},
         events=tracker.events,
         event_streams=tracker.event_streams,
         event_phases=tracker.event_phases,

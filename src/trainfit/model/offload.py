@@ -115,6 +115,9 @@ class SimulatedOffload(saved_tensors_hooks):
         self.first_unpack = True
         self.offloaded_bytes = 0
         """Bytes copied to the host (and back) by the last forward (pinned host memory)."""
+        self.offloaded_sizes: list[int] = []
+        """The bytes of each tensor the last forward copied to the host, in the order packed
+        (each its own pinned host tensor: :mod:`trainfit.memory.host_offload`)."""
         super().__init__(self._pack, self._unpack)
 
     # -- forward -----------------------------------------------------------------------------------
@@ -147,6 +150,7 @@ class SimulatedOffload(saved_tensors_hooks):
         numel = t.untyped_storage().nbytes() // t.element_size() if broadcast else t.nelement()
         self.saved[tid] = _Offloaded(t, numel)
         self.offloaded_bytes += numel * t.element_size()
+        self.offloaded_sizes.append(numel * t.element_size())
         if self.streams:
             self.fwd_stash[tid] = t
             self._track(key, tid, original)
@@ -212,6 +216,7 @@ class SimulatedOffload(saved_tensors_hooks):
         self.node = None
         self.first_unpack = True
         self.offloaded_bytes = 0
+        self.offloaded_sizes = []
         return super().__enter__()
 
     def __exit__(self, *args: object) -> None:

@@ -67,9 +67,13 @@ class HostRamCheck:
     """The pick's collated host batches: micro × seq_len × 8 B × 3 tensors × (1 + workers ×
     prefetch)."""
     known_bytes: int
-    """ranks × (weights at load + host batches + the CPU offload's bytes)."""
+    """ranks × (weights at load + host batches + the CPU offload's bytes + the activation
+    offload's pinned bytes)."""
     offload_bytes_per_rank: int = 0
     """What the pick's CPU offload holds in host RAM per rank (predicted; 0 without)."""
+    activation_offload_bytes_per_rank: int = 0
+    """The pinned host RAM the pick's activation offload holds per rank (predicted; 0 without:
+    :mod:`trainfit.memory.host_offload`)."""
     unknown: str = "the CUDA libraries' and Python's own host memory per process (not modelled)"
 
 
@@ -103,20 +107,20 @@ def observed_check(result: Any, observed_device_bytes: int, source: str,
 
 
 def host_ram_check(job: JobSpec, total_params: int, free_bytes: int,
-                   offload_bytes: int = 0) -> HostRamCheck:
+                   offload_bytes: int = 0, activation_bytes: int = 0) -> HostRamCheck:
     """``job``: the pick's configuration; ``offload_bytes``: its CPU offload's host bytes per
-    rank (``MemoryPrediction.host_offload_bytes``)."""
+    rank (``MemoryPrediction.host_offload_bytes``), ``activation_bytes`` its activation
+    offload's pinned bytes per rank (``MemoryPrediction.host_activation_bytes``)."""
     load_b = 4 if job.method == "full" and job.precision != "bf16-true" else 2
     weights = total_params * load_b
     batches = (job.micro_batch or 1) * job.seq_len * 8 * HOST_BATCH_TENSORS * (
         1 + job.num_workers * job.prefetch_factor)
     return HostRamCheck(free_bytes=free_bytes, ranks=job.ranks, weights_load_bytes_per_rank=weights,
                         host_batch_bytes_per_rank=batches,
-                        known_bytes=job.ranks * (weights + batches + offload_bytes),
+                        known_bytes=job.ranks * (weights + batches + offload_bytes
+                                                 + activation_bytes),
                         offload_bytes_per_rank=offload_bytes,
-                        **({"unknown": f"{HostRamCheck.unknown}, and the saved activations "
-                                       "--activation-offload keeps in host RAM (not sized)"}
-                           if job.activation_offload else {}))
+                        activation_offload_bytes_per_rank=activation_bytes)
 
 
 def with_checks(result: Any, *, observed_device_bytes: int | None = None,
@@ -133,5 +137,6 @@ def with_checks(result: Any, *, observed_device_bytes: int | None = None,
     if host_ram_free_bytes is not None and result.pick is not None:
         changes["host_ram"] = host_ram_check(result.pick.job, result.total_params,
                                              host_ram_free_bytes,
-                                             result.pick.memory.host_offload_bytes)
+                                             result.pick.memory.host_offload_bytes,
+                                             result.pick.memory.host_activation_bytes)
     return dataclasses.replace(result, **changes) if changes else result

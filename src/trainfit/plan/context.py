@@ -144,7 +144,13 @@ class OffloadCheck:
     """Host RAM that offload holds per rank (predicted; 0 without one)."""
     ranks: int = 1
     activation_offload: bool = False
-    """The pick's saved activations wait in host RAM (TRL's manager; not sized here)."""
+    """The pick's saved activations wait in host RAM (TRL's manager)."""
+    host_activation_bytes: int = 0
+    """Pinned host RAM those activations hold per rank (predicted; 0 without activation
+    offload: ``MemoryPrediction.host_activation_bytes``)."""
+    host_activation_exact: bool = True
+    """Each offloaded tensor's power-of-two block was predicted; False: the bound, twice the bytes
+    copied."""
 
 
 def offload_check(pick: Any, gpu: GpuSpec | None) -> OffloadCheck | None:
@@ -162,4 +168,6 @@ def offload_check(pick: Any, gpu: GpuSpec | None) -> OffloadCheck | None:
                         runs_on_gpu=(not offloaded and dev <= gpu.memory_bytes
                                      and job.offload == "none" and not job.activation_offload),
                         offload=job.offload, host_offload_bytes=pick.memory.host_offload_bytes,
-                        ranks=job.ranks, activation_offload=job.activation_offload)
+                        ranks=job.ranks, activation_offload=job.activation_offload,
+                        host_activation_bytes=pick.memory.host_activation_bytes,
+                        host_activation_exact=pick.memory.host_activation_exact)

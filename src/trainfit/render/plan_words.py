@@ -158,8 +158,12 @@ def host_held_words(o: OffloadCheck) -> str:
                     f"{o.host_offload_bytes / GIB:.2f} GiB per rank{machine} (predicted), and "
                     "the optimizer step runs on the CPU")
     if o.activation_offload:
+        machine = (f", {o.ranks} × that = {o.ranks * o.host_activation_bytes / GIB:.2f} GiB on "
+                   "the machine" if o.ranks > 1 else "")
         held.append("--activation-offload keeps the saved activations in host RAM between the "
-                    "forward and the backward (host bytes: unknown, not sized)")
+                    f"forward and the backward: {'' if o.host_activation_exact else 'at most '}"
+                    f"{o.host_activation_bytes / GIB:.2f} GiB of pinned memory per rank{machine} "
+                    "(predicted)")
     return ": " + "; ".join(held) if held else ""
 
 
@@ -208,6 +212,8 @@ def host_ram_words(result: PlanResult) -> str | None:
             f"host RAM"
             + (f" — and its CPU offload holds {h.offload_bytes_per_rank / GIB:.2f} GiB "
                "(predicted)" if h.offload_bytes_per_rank else "")
+            + (f" — and its activation offload pins {h.activation_offload_bytes_per_rank / GIB:.2f}"
+               " GiB (predicted)" if h.activation_offload_bytes_per_rank else "")
             + f"; {h.ranks} × that = {h.known_bytes / GIB:.2f} GiB of the "
             f"{h.free_bytes / GIB:.2f} GiB free. Unknown: {h.unknown}; `trainfit tune` measures "
             "the process tree's RSS, `trainfit monitor --pid PID` follows it")

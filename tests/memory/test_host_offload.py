@@ -1,0 +1,92 @@
+"""What activation offloading holds in host RAM (memory/host_offload.py): each tensor the twin
+offloads, rounded up to a power of two as PyTorch's pinned-memory cache does; an extrapolated
+plan row gives what the full-size simulation of the same row gives."""
+
+import pytest
+from transformers import LlamaConfig
+
+from trainfit.job import JobSpec
+from trainfit.memory.extrapolate import fit_group
+from trainfit.memory.host_offload import at_batch, deeper, extrapolated, of_model, of_sizes, pow2_ceil
+from trainfit.memory.predict import predict_memory
+from trainfit.memory.simulate import SimTarget
+from trainfit.model.source import ModelSource
+
+
+def test_pow2_ceil_is_pytorchs_power_of_two():
+    assert [pow2_ceil(n) for n in (0, 1, 2, 3, 1024, 1025, 3 * 2**20)] == \
+        [0, 1, 2, 4, 1024, 2048, 4 * 2**20]
+    h = of_sizes([1024, 1536, 5000])
+    assert (h.copied_bytes, h.pinned_bytes, h.tensors, h.exact) == (7560, 1024 + 2048 + 8192, 3,
+                                                                    True)
+
+
+def test_deeper_repeats_what_the_last_layers_added():
+    # TRL's dedup: the second layer offloads the RoPE tables again (r), the later ones do not
+    first, second, later, tail = [8, 4, 4], [8, 2, 2, 4, 4], [8, 4, 4], [99]
+    small = first + second + tail  # 2 layers
+    large = first + second + later + tail  # 3
+    assert deeper(small, large, 2, 3, 5) == first + second + later * 3 + tail
+    assert deeper(small, large, 2, 3, 2) == small
+    assert deeper(small, large, 2, 3, 4) == first + second + later * 2 + tail
+    # a step of 2 layers: 9 is not a whole number of steps more
+    assert deeper(small, large, 2, 4, 9) is None
+    # not an insert: a tensor of the small stack changed
+    assert deeper(small, [7, *large[1:]], 2, 3, 5) is None
+
+
+def test_deeper_takes_the_largest_rounding_where_the_insert_could_sit_anywhere():
+    # [3, 5] inserted after [3, 5] or [5, 3] after [3]: the same multiset here, so the same
+    small, large = [3, 5, 3, 5], [3, 5, 3, 5, 3, 5]
+    made = deeper(small, large, 2, 3, 4)
+    assert sorted(made) == [3, 3, 3, 3, 5, 5, 5, 5]
+
+
+def test_at_batch_is_affine_per_tensor_and_drops_what_falls_under_trls_threshold():
+    lo, hi = [2048, 1024, 4096], [6144, 3072, 4096]  # at micro-batch 2 and 6
+    assert at_batch(lo, hi, 2, 6, 4) == [4096, 2048, 4096]
+    assert at_batch(lo, hi, 2, 6, 1) == [1024, 4096]  # 512 B stays on the device
+    assert at_batch(lo, hi, 2, 6, 6) == hi
+    assert at_batch(lo, hi[:2], 2, 6, 4) is None  # not the same tensors
+    assert at_batch(lo, hi[:2], 2, 6, 2) == lo  # a simulated micro-batch: its own list
+
+
+def test_lists_that_do_not_line_up_give_the_stated_bound():
+    class P:
+        def __init__(self, layers, batch, sizes):
+            self.layers, self.batch = layers, batch
+            self.sim = type("S", (), {"info": {"offloaded_sizes": sizes}})()
+
+    pts = [P(2, 2, [2048]), P(3, 2, [2048, 2048]), P(2, 3, [3072, 5000]),
+           P(3, 3, [3072, 3072, 5000])]
+    h = extrapolated(pts, 8, 4, copied_bytes=10_000)
+    assert (h.exact, h.copied_bytes, h.pinned_bytes, h.tensors) == (False, 10_000, 20_000, 0)
+
+
+@pytest.fixture(scope="module")
+def small_llama():
+    cfg = LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=8,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)
+    return ModelSource("small", cfg, "causal-lm", "local")
+
+
+@pytest.mark.parametrize("ckpt", ["off", "full"])
+def test_extrapolated_rows_hold_what_the_full_size_step_holds(small_llama, ckpt):
+    """Plan's rows from 2- and 3-layer simulations at micro-batches 1, 2, 3 and 16 against the
+    8-layer step simulated whole: the same tensors, byte for byte, at a micro-batch simulated
+    (1, 16) and at ones between (5: 1.6 × rounding with checkpointing — the blocks' inputs of
+    5 × 128 × 256 × 2 B round up to a power of two)."""
+    kw = dict(model="x", method="lora", seq_len=128, grad_accum=1, precision="bf16-true",
+              grad_ckpt=ckpt, activation_offload=True)
+    model = fit_group(JobSpec(micro_batch=4, **kw), small_llama,
+                      SimTarget(device="cuda", compute_capability=(8, 0)), high_batch=16)
+    assert model.layer_extrapolated
+    for b in (1, 5, 16):
+        full = predict_memory(JobSpec(micro_batch=b, **kw), small_llama, None)
+        row = of_model(model, b)
+        assert row.exact
+        assert (row.pinned_bytes, row.copied_bytes) == (full.host_activation_bytes,
+                                                        full.host_activation_copied_bytes)
+        assert full.host_activation_copied_bytes < full.host_activation_bytes < \
+            2 * full.host_activation_copied_bytes
+    assert "pinned memory" in " ".join(full.model_notes)
