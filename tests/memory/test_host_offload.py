@@ -7,7 +7,14 @@ from transformers import LlamaConfig
 
 from trainfit.job import JobSpec
 from trainfit.memory.extrapolate import fit_group
-from trainfit.memory.host_offload import at_batch, deeper, extrapolated, of_model, of_sizes, pow2_ceil
+from trainfit.memory.host_offload import (
+    at_batch,
+    deeper,
+    extrapolated,
+    host_activations_of_row,
+    host_activations_of_sizes,
+    pow2_ceil,
+)
 from trainfit.memory.predict import predict_memory
 from trainfit.memory.simulate import SimTarget
 from trainfit.model.source import ModelSource
@@ -16,7 +23,7 @@ from trainfit.model.source import ModelSource
 def test_pow2_ceil_is_pytorchs_power_of_two():
     assert [pow2_ceil(n) for n in (0, 1, 2, 3, 1024, 1025, 3 * 2**20)] == \
         [0, 1, 2, 4, 1024, 2048, 4 * 2**20]
-    h = of_sizes([1024, 1536, 5000])
+    h = host_activations_of_sizes([1024, 1536, 5000])
     assert (h.copied_bytes, h.pinned_bytes, h.tensors, h.exact) == (7560, 1024 + 2048 + 8192, 3,
                                                                     True)
 
@@ -35,11 +42,14 @@ def test_deeper_repeats_what_the_last_layers_added():
     assert deeper(small, [7, *large[1:]], 2, 3, 5) is None
 
 
-def test_deeper_takes_the_largest_rounding_where_the_insert_could_sit_anywhere():
-    # [3, 5] inserted after [3, 5] or [5, 3] after [3]: the same multiset here, so the same
-    small, large = [3, 5, 3, 5], [3, 5, 3, 5, 3, 5]
-    made = deeper(small, large, 2, 3, 4)
-    assert sorted(made) == [3, 3, 3, 3, 5, 5, 5, 5]
+def test_deeper_inserts_between_the_common_head_and_tail():
+    # a periodic run: the insert could sit at any of three places; each makes this list
+    small, large = [9, 3, 5, 3, 5, 7], [9, 3, 5, 3, 5, 3, 5, 7]
+    assert deeper(small, large, 2, 3, 4) == [9, 3, 5, 3, 5, 3, 5, 3, 5, 7]
+    # extra layers that offload nothing: the list as it is, at any depth (exact, not a bound)
+    assert deeper([4, 4], [4, 4], 2, 3, 30) == [4, 4]
+    # one tensor changed beside the insert: not an insert
+    assert deeper([1, 2, 3], [1, 2, 2, 4], 2, 3, 5) is None
 
 
 def test_at_batch_is_affine_per_tensor_and_drops_what_falls_under_trls_threshold():
@@ -51,16 +61,43 @@ def test_at_batch_is_affine_per_tensor_and_drops_what_falls_under_trls_threshold
     assert at_batch(lo, hi[:2], 2, 6, 2) == lo  # a simulated micro-batch: its own list
 
 
-def test_lists_that_do_not_line_up_give_the_stated_bound():
+def test_lists_that_do_not_line_up_give_a_bound_from_the_upper_micro_batch():
+    """A tensor under TRL's 1 KiB at micro-batch 2 and copied at 4: the row at 3 cannot pair
+    them; its pinned bytes are bounded by the list at 4 (each tensor at least as large), or by
+    twice the bytes copied there, whichever is less."""
     class P:
         def __init__(self, layers, batch, sizes):
             self.layers, self.batch = layers, batch
             self.sim = type("S", (), {"info": {"offloaded_sizes": sizes}})()
 
-    pts = [P(2, 2, [2048]), P(3, 2, [2048, 2048]), P(2, 3, [3072, 5000]),
-           P(3, 3, [3072, 3072, 5000])]
-    h = extrapolated(pts, 8, 4, copied_bytes=10_000)
-    assert (h.exact, h.copied_bytes, h.pinned_bytes, h.tensors) == (False, 10_000, 20_000, 0)
+    pts = [P(2, 2, [2048, 2048]), P(3, 2, [2048, 2048, 2048]),
+           P(2, 4, [4096, 4096, 1500]), P(3, 4, [4096, 4096, 4096, 1500])]
+    copied = {3: 30_000, 4: 30_172}.__getitem__
+    h = extrapolated(pts, 8, 3, copied)
+    hi = 8 * 4096 + 2048  # the full stack's list at 4: 8 layers' tensors and the 1500
+    assert (h.exact, h.copied_bytes, h.pinned_bytes, h.tensors) == (False, 30_000, hi, None)
+    # at a simulated micro-batch the row is its own list, exact
+    assert extrapolated(pts, 8, 4, copied).pinned_bytes == hi
+    assert extrapolated(pts, 8, 4, copied).exact
+
+
+def test_reentrant_checkpointing_leaves_the_host_bytes_unknown(tiny_llama):
+    """TRL's trainer offloads the re-run forward's tensors too under reentrant checkpointing:
+    the host bytes are unknown, said so, and the host-RAM check keeps them among the unknowns."""
+    from trainfit.plan.checks import host_ram_check
+
+    job = JobSpec(model="x", method="lora", seq_len=64, micro_batch=2, grad_accum=1,
+                  precision="bf16-true", grad_ckpt="full", activation_offload=True,
+                  ckpt_reentrant=True)
+    mem = predict_memory(job, tiny_llama, None)
+    assert mem.host_activation_bytes is None
+    assert "host bytes unknown" in " ".join(mem.model_notes)
+    h = host_ram_check(job, 10**6, 10**10, activation_bytes=mem.host_activation_bytes)
+    assert "reentrant checkpointing: not sized" in h.unknown
+    assert h.activation_offload_bytes_per_rank == 0
+    # non-reentrant: sized
+    sized = predict_memory(job.replace(ckpt_reentrant=False), tiny_llama, None)
+    assert sized.host_activation_bytes > sized.host_activation_copied_bytes > 0
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +120,7 @@ def test_extrapolated_rows_hold_what_the_full_size_step_holds(small_llama, ckpt)
     assert model.layer_extrapolated
     for b in (1, 5, 16):
         full = predict_memory(JobSpec(micro_batch=b, **kw), small_llama, None)
-        row = of_model(model, b)
+        row = host_activations_of_row(model, b)
         assert row.exact
         assert (row.pinned_bytes, row.copied_bytes) == (full.host_activation_bytes,
                                                         full.host_activation_copied_bytes)

@@ -14,20 +14,30 @@ forward's offloaded tensors, from the first step on.
 
 The simulation's twin (:class:`trainfit.model.offload.SimulatedOffload`) lists those tensors'
 bytes in the order they are packed.  A plan row extrapolated from small simulations
-(:mod:`trainfit.memory.extrapolate`) has no list of its own: it is made from the small ones,
-tensor by tensor, since a power of two is not linear in anything — in depth, the larger small
-stack's list is the smaller one with its extra layers' tensors inserted at one place, and the
-full stack's has that insert once for every further step of layers (:func:`deeper`); in the
-micro-batch each tensor's bytes are affine (activations scale with it), so they are
-interpolated index by index between the two simulated micro-batches.  Where the lists do not
-line up so (a tensor offloaded at one micro-batch and under TRL's 1 KiB threshold at the
-other), the pinned bytes are stated as their bound: twice the bytes copied (a power of two is
-less than twice what it rounds).
+(:mod:`trainfit.memory.extrapolate`) has no list of its own: it is made from the small ones.  In
+depth, the larger small stack's list is the smaller one with its extra layers' tensors inserted
+at one place, and the full stack's has that insert once for every further step of layers
+(:func:`deeper`; the rounded total alone would be linear there too).  In the micro-batch each
+tensor's bytes are affine (activations scale with it) but its power of two is not, so the lists
+are paired tensor by tensor and each is interpolated between the two simulated micro-batches
+(:func:`at_batch`).  Where the lists do not line up so (a tensor offloaded at one micro-batch and
+under TRL's 1 KiB threshold at the other), the pinned bytes are stated as a bound: those of the
+upper simulated micro-batch's list (each of its tensors at least as large as the row's), or twice
+its bytes copied (a power of two is less than twice what it rounds).
+
+Premises, stated with the figure: the batch shape is fixed (trainfit's collator pads to
+``seq_len``; batches padded to their longest sample request blocks of other sizes, which stay
+cached, up to twice the figure), PyTorch's defaults for ``pinned_max_round_threshold`` and
+``pinned_max_cached_size`` (unlimited: every block rounded and cached; ``PYTORCH_ALLOC_CONF``
+can lower them, not read here), and the offload hooks around the forward only, as trainfit's
+step sets them.  TRL's ``SFTTrainer`` keeps them through the backward: with reentrant
+checkpointing each block's re-run forward then offloads its own tensors, in blocks of other sizes
+(2.3 × the forward's pinned bytes with TRL's manager at test size) — not sized (:func:`unsized`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,11 +52,11 @@ class HostActivations:
     """Bytes one micro-batch's forward pass copies to the host (and its backward copies back)."""
     pinned_bytes: int
     """Pinned host memory held: each copied tensor's bytes rounded up to a power of two by
-    PyTorch's host caching allocator, or twice ``copied_bytes`` where not ``exact``."""
-    tensors: int
-    """How many tensors one forward pass copies (0 where not ``exact``)."""
+    PyTorch's host caching allocator (where not ``exact``: at most)."""
+    tensors: int | None
+    """How many tensors one forward pass copies (None where not ``exact``: not known)."""
     exact: bool
-    """``pinned_bytes`` rounds each tensor; False: the bound ``2 × copied_bytes``."""
+    """``pinned_bytes`` rounds each tensor; False: a bound on them (:func:`extrapolated`)."""
 
 
 def pow2_ceil(n: int) -> int:
@@ -54,17 +64,10 @@ def pow2_ceil(n: int) -> int:
     return 0 if n <= 0 else 1 << (n - 1).bit_length()
 
 
-def of_sizes(sizes: Sequence[int]) -> HostActivations:
+def host_activations_of_sizes(sizes: Sequence[int]) -> HostActivations:
     """The host side of one forward pass that offloaded tensors of ``sizes`` bytes."""
     return HostActivations(copied_bytes=sum(sizes), pinned_bytes=sum(map(pow2_ceil, sizes)),
                            tensors=len(sizes), exact=True)
-
-
-def bound(copied_bytes: int) -> HostActivations:
-    """Where the tensors themselves are not known: ``copied_bytes`` and the bound on their
-    pinned blocks."""
-    return HostActivations(copied_bytes=copied_bytes, pinned_bytes=2 * copied_bytes, tensors=0,
-                           exact=False)
 
 
 def deeper(small: list[int], large: list[int], small_layers: int, large_layers: int,
@@ -78,28 +81,32 @@ def deeper(small: list[int], large: list[int], small_layers: int, large_layers: 
     (the RoPE tables it passes to every layer are offloaded again by the second, then kept
     on the device as duplicates).  None where ``large`` is not ``small`` with one insert, or
     ``layers`` is not a whole number of inserts more.  Where the insert could sit at several
-    places (a periodic run), the one whose rounded total is largest is taken (the safe side)."""
+    places (a periodic run) every place makes the same list: the first is taken."""
+    if large == small:  # the extra layers offload nothing
+        return list(small)
     step, extra = large_layers - small_layers, layers - small_layers
     n = len(large) - len(small)
-    if extra == 0:
-        return list(small)
     if step <= 0 or extra < 0 or extra % step or n <= 0:
         return None
-    copies = extra // step
-    best: list[int] | None = None
-    for q in range(len(small) + 1):
-        if large[:q] == small[:q] and large[q + n:] == small[q:]:
-            made = small[:q] + large[q:q + n] * copies + small[q:]
-            if best is None or sum(map(pow2_ceil, made)) > sum(map(pow2_ceil, best)):
-                best = made
-    return best
+    # the common prefix and suffix must cover ``small``: the insert sits between them
+    pairs = zip(small, large, strict=False)  # ``large`` is the longer
+    head = next((i for i, (a, b) in enumerate(pairs) if a != b), len(small))
+    back = zip(reversed(small), reversed(large), strict=False)
+    tail = next((i for i, (a, b) in enumerate(back) if a != b), len(small))
+    if head + tail < len(small):
+        return None
+    q = head  # any q in [len(small) - tail, head] makes the same list
+    return small[:q] + large[q:q + n] * (extra // step) + small[q:]
 
 
 def at_batch(lo: list[int], hi: list[int], lo_batch: int, hi_batch: int,
              batch: int) -> list[int] | None:
     """Each tensor's bytes at ``batch``, affine between its bytes at two micro-batches (None where
     the two lists are not the same tensors: another length); those that come out under TRL's
-    ``min_offload_size`` stay on the device."""
+    ``min_offload_size`` stay on the device (TRL tests a tensor's logical size, the list holds
+    what is copied: a broadcast tensor's storage, smaller — such a tensor near the threshold
+    could be kept where TRL copies it; plan's rows interpolate between micro-batches ≥ 2, where
+    none was seen)."""
     if batch in (lo_batch, hi_batch):  # a simulated micro-batch: its own list
         return list(lo if batch == lo_batch else hi)
     if len(lo) != len(hi):
@@ -111,41 +118,68 @@ def at_batch(lo: list[int], hi: list[int], lo_batch: int, hi_batch: int,
     return [s for s in sizes if s >= MIN_OFFLOAD_BYTES]
 
 
+def _full_depth(small: Any, large: Any, full_layers: int) -> list[int] | None:
+    """The full stack's list at one simulated micro-batch, from the points at its two depths
+    (the same point twice for a stack simulated at full depth)."""
+    a, b = small.sim.info.get("offloaded_sizes"), large.sim.info.get("offloaded_sizes")
+    if a is None or b is None:
+        return None
+    if small.layers == large.layers:
+        return list(a) if small.layers == full_layers else None
+    return deeper(a, b, small.layers, large.layers, full_layers)
+
+
 def extrapolated(points: Sequence[Any], full_layers: int, batch: int,
-                 copied_bytes: int) -> HostActivations:
+                 copied_at: Callable[[int], int]) -> HostActivations:
     """A row extrapolated from small simulations: ``points`` are its four
     (:meth:`trainfit.memory.extrapolate.BilinearModel.segment`), ordered (L1, b1), (L2, b1),
-    (L1, b2), (L2, b2), each with its ``sim.info["offloaded_sizes"]``; ``copied_bytes``: their
-    sums fitted as every other term (the bound's basis where the lists do not line up)."""
-    lists = [p.sim.info.get("offloaded_sizes") for p in points]
-    if any(s is None for s in lists):
-        return bound(copied_bytes)
-    full = []
-    for small, large in ((points[0], points[1]), (points[2], points[3])):
-        made = deeper(small.sim.info["offloaded_sizes"], large.sim.info["offloaded_sizes"],
-                      small.layers, large.layers, full_layers) \
-            if large.layers != small.layers else small.sim.info["offloaded_sizes"]
-        if made is None:
-            return bound(copied_bytes)
-        full.append(made)
-    sizes = at_batch(full[0], full[1], points[0].batch, points[2].batch, batch)
-    return bound(copied_bytes) if sizes is None else of_sizes(sizes)
+    (L1, b2), (L2, b2), each with its ``sim.info["offloaded_sizes"]``; ``copied_at(b)``: the
+    bytes copied at micro-batch ``b``, fitted as every other term (where the lists do not line
+    up)."""
+    lo_batch, hi_batch = points[0].batch, points[2].batch
+    lo = _full_depth(points[0], points[1], full_layers) if batch != hi_batch else None
+    hi = _full_depth(points[2], points[3], full_layers)
+    if batch == lo_batch and lo is not None:
+        return host_activations_of_sizes(lo)
+    sizes = hi if batch == hi_batch else (
+        None if lo is None or hi is None else at_batch(lo, hi, lo_batch, hi_batch, batch))
+    if sizes is not None:
+        return host_activations_of_sizes(sizes)
+    # the bound: the upper micro-batch's tensors hold the row's, each at least as large
+    top = 2 * copied_at(hi_batch)
+    return HostActivations(copied_bytes=max(0, copied_at(batch)), tensors=None, exact=False,
+                           pinned_bytes=min(top, sum(map(pow2_ceil, hi))) if hi else top)
+
+
+def unsized(job: Any) -> str | None:
+    """Why the host bytes of ``job``'s activation offload are not predicted (None: they are)."""
+    if job.activation_offload and job.ckpt_reentrant and job.grad_ckpt != "off":
+        return ("with reentrant checkpointing TRL's SFTTrainer keeps the offload hooks on "
+                "through the backward, where each block's re-run forward offloads its own "
+                "tensors into pinned blocks of other sizes (2.3 × the forward's with TRL's "
+                "manager at test size): host bytes unknown")
+    return None
 
 
 def host_words(host: HostActivations) -> str:
     """One clause: what the host holds, predicted, in GiB."""
     gib = 2**30
     copied = f"{host.copied_bytes / gib:.2f} GiB copied each way per micro-batch"
+    shape = ("; for batches of one shape: batches padded to their own longest sample take "
+             "blocks of other sizes too, which stay cached, up to twice that")
     if host.exact:
         return (f"the host holds them in pinned memory: {host.pinned_bytes / gib:.2f} GiB per "
                 f"rank (predicted: {host.tensors} tensors, {copied}, each rounded up to a power "
-                "of two by PyTorch's pinned-memory cache)")
+                f"of two by PyTorch's pinned-memory cache{shape})")
     return (f"the host holds them in pinned memory: at most {host.pinned_bytes / gib:.2f} GiB "
             f"per rank (predicted: {copied}; PyTorch's pinned-memory cache rounds each tensor up "
-            "to a power of two, under twice its bytes — which tensors was not extrapolated)")
+            f"to a power of two — which tensors was not extrapolated{shape})")
 
 
-def of_model(model: Any, batch: int) -> HostActivations:
+def host_activations_of_row(model: Any, batch: int) -> HostActivations:
     """A row of a :class:`~trainfit.memory.extrapolate.BilinearModel` at micro-batch ``batch``."""
-    copied = model.eval_at(lambda p: sum(p.sim.info.get("offloaded_sizes", ())), batch)
-    return extrapolated(model.segment(batch), model.full_layers, batch, max(0, copied))
+
+    def copied_at(b: int) -> int:
+        return model.eval_at(lambda p: sum(p.sim.info.get("offloaded_sizes", ())), b)
+
+    return extrapolated(model.segment(batch), model.full_layers, batch, copied_at)

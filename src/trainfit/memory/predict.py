@@ -21,7 +21,12 @@ from trainfit.memory.bands import ErrorBand, band_for
 from trainfit.memory.card_limit import at_card_limit, expandable_reserve, held_reserve
 from trainfit.memory.compiled import compile_note
 from trainfit.memory.depth_trace import Trace
-from trainfit.memory.host_offload import HostActivations, host_words, of_sizes
+from trainfit.memory.host_offload import (
+    HostActivations,
+    host_activations_of_sizes,
+    host_words,
+    unsized,
+)
 from trainfit.memory.loading import load_reserve, loading_notes
 from trainfit.memory.ranks import host_offload_bytes, rank_phases
 from trainfit.memory.simulate import SimTarget, simulate_step
@@ -126,9 +131,10 @@ class MemoryPrediction:
     host_offload_bytes: int = 0
     """Host RAM the job's CPU offload (``offload``: FSDP CPUOffload, ZeRO offload_optimizer /
     offload_param) holds per rank (:func:`host_offload_bytes`); 0 without one."""
-    host_activation_bytes: int = 0
+    host_activation_bytes: int | None = 0
     """Pinned host RAM the job's activation offload holds per rank: each saved tensor it copies,
-    rounded up to a power of two (:mod:`trainfit.memory.host_offload`); 0 without one."""
+    rounded up to a power of two (:mod:`trainfit.memory.host_offload`); 0 without one, None where
+    not known (:func:`trainfit.memory.host_offload.unsized` says why, in the notes)."""
     host_activation_copied_bytes: int = 0
     """Bytes one micro-batch's forward pass copies to the host with activation offload (and its
     backward copies back); 0 without one."""
@@ -205,6 +211,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     device = resident + on_device
     notes = [*_peak_notes(how, work, context, (on_device, managed_bytes), (nccl, nccl_note)),
              *dp_notes, *([limit_note] if limit_note else []), *([saving] if saving else [])]
+    if unsized(job):  # the host bytes' premises do not hold: unknown, said why
+        host_activations = None
     notes += _step_notes(job, compile_untraced, compile_partitioned, host_activations)
     before_step, reserve_notes = wrap_reserve(job, trace) if records_wrap(job, per_rank) else \
         load_reserve(job, trace, setup_events, getattr(source, "stored_quant", None) is not None)
@@ -228,7 +236,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
         model_notes=notes, reserved_before_step_bytes=before_step,
         reserved_expandable_bytes=with_expandable, matmul_params=matmul_params,
         host_offload_bytes=host,
-        host_activation_bytes=host_activations.pinned_bytes if host_activations else 0,
+        host_activation_bytes=host_activations.pinned_bytes if host_activations else
+        None if unsized(job) else 0,
         host_activation_copied_bytes=host_activations.copied_bytes if host_activations else 0,
         host_activation_exact=host_activations.exact if host_activations else True)
 
@@ -259,7 +268,8 @@ def _step_notes(job: JobSpec, compile_untraced: list[str] | None,
                      "≥ 1 KiB that are not weights, and not the output head's, wait in host "
                      "memory; the last 5 saved stay on the GPU until 5 more are saved or the forward "
                      "ends); the host↔GPU copies are not timed (the rows' speed: unknown)"
-                     + (f"; {host_words(host)}" if host else ""))
+                     + (f"; {host_words(host)}" if host else "")
+                     + (f"; {unsized(job)}" if unsized(job) else ""))
     if job.rope_cache != "none":
         notes.append(f"rope_cache {job.rope_cache}: each layer holds transformers < 4.40's cos "
                      "and sin tables (max_position_embeddings × head_dim), booked as buffers")
@@ -330,5 +340,5 @@ def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
                   compile_untraced=sim.info.get("compile_untraced"),
                   compile_partitioned=sim.info.get("compile_partitioned"),
                   matmul_params=sim.info.get("matmul_params", 0),
-                  host_activations=of_sizes(sim.info["offloaded_sizes"])
+                  host_activations=host_activations_of_sizes(sim.info["offloaded_sizes"])
                   if "offloaded_sizes" in sim.info else None)

@@ -72,8 +72,10 @@ class HostRamCheck:
     offload_bytes_per_rank: int = 0
     """What the pick's CPU offload holds in host RAM per rank (predicted; 0 without)."""
     activation_offload_bytes_per_rank: int = 0
-    """The pinned host RAM the pick's activation offload holds per rank (predicted; 0 without:
-    :mod:`trainfit.memory.host_offload`)."""
+    """The pinned host RAM the pick's activation offload holds per rank (predicted; 0 without
+    one, or where not known — ``unknown`` says so: :mod:`trainfit.memory.host_offload`)."""
+    activation_offload_exact: bool = True
+    """False: ``activation_offload_bytes_per_rank`` is a bound (at most)."""
     unknown: str = "the CUDA libraries' and Python's own host memory per process (not modelled)"
 
 
@@ -107,10 +109,12 @@ def observed_check(result: Any, observed_device_bytes: int, source: str,
 
 
 def host_ram_check(job: JobSpec, total_params: int, free_bytes: int,
-                   offload_bytes: int = 0, activation_bytes: int = 0) -> HostRamCheck:
+                   offload_bytes: int = 0, activation_bytes: int | None = 0,
+                   activation_exact: bool = True) -> HostRamCheck:
     """``job``: the pick's configuration; ``offload_bytes``: its CPU offload's host bytes per
     rank (``MemoryPrediction.host_offload_bytes``), ``activation_bytes`` its activation
-    offload's pinned bytes per rank (``MemoryPrediction.host_activation_bytes``)."""
+    offload's pinned bytes per rank (``MemoryPrediction.host_activation_bytes``; None: not
+    known, said in ``unknown``), ``activation_exact``: False where those are a bound."""
     load_b = 4 if job.method == "full" and job.precision != "bf16-true" else 2
     weights = total_params * load_b
     batches = (job.micro_batch or 1) * job.seq_len * 8 * HOST_BATCH_TENSORS * (
@@ -118,9 +122,14 @@ def host_ram_check(job: JobSpec, total_params: int, free_bytes: int,
     return HostRamCheck(free_bytes=free_bytes, ranks=job.ranks, weights_load_bytes_per_rank=weights,
                         host_batch_bytes_per_rank=batches,
                         known_bytes=job.ranks * (weights + batches + offload_bytes
-                                                 + activation_bytes),
+                                                 + (activation_bytes or 0)),
                         offload_bytes_per_rank=offload_bytes,
-                        activation_offload_bytes_per_rank=activation_bytes)
+                        activation_offload_bytes_per_rank=activation_bytes or 0,
+                        activation_offload_exact=activation_exact,
+                        **({"unknown": f"{HostRamCheck.unknown}, and the saved activations "
+                                       "--activation-offload keeps in host RAM (reentrant "
+                                       "checkpointing: not sized)"}
+                           if activation_bytes is None else {}))
 
 
 def with_checks(result: Any, *, observed_device_bytes: int | None = None,
@@ -138,5 +147,6 @@ def with_checks(result: Any, *, observed_device_bytes: int | None = None,
         changes["host_ram"] = host_ram_check(result.pick.job, result.total_params,
                                              host_ram_free_bytes,
                                              result.pick.memory.host_offload_bytes,
-                                             result.pick.memory.host_activation_bytes)
+                                             result.pick.memory.host_activation_bytes,
+                                             result.pick.memory.host_activation_exact)
     return dataclasses.replace(result, **changes) if changes else result

@@ -145,9 +145,9 @@ class OffloadCheck:
     ranks: int = 1
     activation_offload: bool = False
     """The pick's saved activations wait in host RAM (TRL's manager)."""
-    host_activation_bytes: int = 0
+    host_activation_bytes: int | None = 0
     """Pinned host RAM those activations hold per rank (predicted; 0 without activation
-    offload: ``MemoryPrediction.host_activation_bytes``)."""
+    offload, None: not known — ``MemoryPrediction.host_activation_bytes``)."""
     host_activation_exact: bool = True
     """Each offloaded tensor's power-of-two block was predicted; False: the bound, twice the bytes
     copied."""

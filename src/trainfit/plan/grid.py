@@ -23,7 +23,7 @@ from trainfit.job import (
     step_precisions,
 )
 from trainfit.memory.extrapolate import fit_group
-from trainfit.memory.host_offload import of_model as host_activations_of
+from trainfit.memory.host_offload import host_activations_of_row
 from trainfit.memory.predict import (
     MemoryPrediction,
     finish,
@@ -316,7 +316,7 @@ class _Grid:
                          # past the card the allocator releases its cache and retries: the row's
                          # full-depth trace replayed at the card's limit, as a simulated row's
                          trace=lambda: model.full_trace(micro, accumulating),
-                         host_activations=host_activations_of(model, micro)
+                         host_activations=host_activations_of_row(model, micro)
                          if cj.activation_offload else None)
             done[micro] = mem
             return cj, mem

@@ -146,24 +146,29 @@ def offload_words(result: PlanResult) -> str | None:
             "device peak passes the card's memory)")
 
 
+def _on_machine(ranks: int, per_rank_bytes: int) -> str:
+    return (f", {ranks} × that = {ranks * per_rank_bytes / GIB:.2f} GiB on the machine"
+            if ranks > 1 else "")
+
+
 def host_held_words(o: OffloadCheck) -> str:
     """What the pick itself keeps in host RAM (its CPU / activation offload), with the bytes."""
     held = []
     if o.offload != "none":
         what = ("optimizer states, fp32 master and gradient partitions" if o.offload == "optimizer"
                 else "parameter shards, gradients and optimizer states")
-        machine = (f", {o.ranks} × that = {o.ranks * o.host_offload_bytes / GIB:.2f} GiB on the "
-                   "machine" if o.ranks > 1 else "")
         held.append(f"--offload {o.offload} keeps its {what} in host RAM: "
-                    f"{o.host_offload_bytes / GIB:.2f} GiB per rank{machine} (predicted), and "
+                    f"{o.host_offload_bytes / GIB:.2f} GiB per rank"
+                    f"{_on_machine(o.ranks, o.host_offload_bytes)} (predicted), and "
                     "the optimizer step runs on the CPU")
     if o.activation_offload:
-        machine = (f", {o.ranks} × that = {o.ranks * o.host_activation_bytes / GIB:.2f} GiB on "
-                   "the machine" if o.ranks > 1 else "")
+        pinned = o.host_activation_bytes
         held.append("--activation-offload keeps the saved activations in host RAM between the "
-                    f"forward and the backward: {'' if o.host_activation_exact else 'at most '}"
-                    f"{o.host_activation_bytes / GIB:.2f} GiB of pinned memory per rank{machine} "
-                    "(predicted)")
+                    "forward and the backward: " + (
+                        "host bytes unknown (reentrant checkpointing: see the memory notes)"
+                        if pinned is None else
+                        f"{'' if o.host_activation_exact else 'at most '}{pinned / GIB:.2f} GiB "
+                        f"of pinned memory per rank{_on_machine(o.ranks, pinned)} (predicted)"))
     return ": " + "; ".join(held) if held else ""
 
 
@@ -212,8 +217,10 @@ def host_ram_words(result: PlanResult) -> str | None:
             f"host RAM"
             + (f" — and its CPU offload holds {h.offload_bytes_per_rank / GIB:.2f} GiB "
                "(predicted)" if h.offload_bytes_per_rank else "")
-            + (f" — and its activation offload pins {h.activation_offload_bytes_per_rank / GIB:.2f}"
-               " GiB (predicted)" if h.activation_offload_bytes_per_rank else "")
+            + (" — and its activation offload pins "
+               f"{'' if h.activation_offload_exact else 'at most '}"
+               f"{h.activation_offload_bytes_per_rank / GIB:.2f} GiB (predicted)"
+               if h.activation_offload_bytes_per_rank else "")
             + f"; {h.ranks} × that = {h.known_bytes / GIB:.2f} GiB of the "
             f"{h.free_bytes / GIB:.2f} GiB free. Unknown: {h.unknown}; `trainfit tune` measures "
             "the process tree's RSS, `trainfit monitor --pid PID` follows it")
