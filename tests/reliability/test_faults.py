@@ -346,6 +346,27 @@ def test_nan_loss_stops_with_the_last_good_checkpoint(cli, micro_model_json, cha
     assert d["stopped"] == "diverged" and d["diverged_at_step"] == 2 and len(d["losses"]) == 1
     _intact(run, 1)
     assert not (run / "checkpoint-2").exists()
+    # what it says to do can be done: the job file's lr, a new run (train has no --lr, and a
+    # resume keeps the checkpoint's lr), not a resume of checkpoint-1, which led to the step
+    assert "lr" in r.hints[0] and "new --out" in r.hints[0] and "--resume" not in r.hints[0]
+
+
+def test_a_run_stopped_before_its_first_save_is_not_sent_to_resume(cli, micro_model_json,
+                                                                    chat_jsonl, tmp_path):
+    """The same divergence with no checkpoint yet: running into the directory again is refused
+    (its train.json stays), and the hint names what works — a new --out or removing it — where
+    it named --resume, which refuses a directory without a checkpoint."""
+    job = write_job(tmp_path / "job.yaml", micro_model_json, chat_jsonl, lr=1e30)
+    run = tmp_path / "run"
+    assert cli("train", job, "--out", run, "--max-steps", STEPS, "--save-every", 100,
+               "--no-live").code == 3
+    assert not list(run.glob("checkpoint-*"))
+    r = cli("train", job, "--out", run, "--max-steps", STEPS, "--no-live")
+    assert r.clean_error() and "already holds a run" in r.errors[0], r.stderr
+    assert "no checkpoint to continue from" in r.hints[0] and "--resume" not in r.hints[0]
+    r = cli("train", job, "--out", run, "--max-steps", STEPS, "--no-live", "--resume", run)
+    assert r.clean_error() and "no complete checkpoint" in r.errors[0], r.stderr
+    assert "new --out" in r.hints[0]
 
 
 def test_gradscaler_skipped_steps_are_counted_not_divergence(micro_model_json, chat_jsonl,

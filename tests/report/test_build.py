@@ -176,6 +176,29 @@ def test_tune_alone_makes_its_own_section():
     assert s.capacity_label == "GPU memory"
 
 
+def test_a_probe_of_another_knob_setting_is_its_own_row(tmp_path):
+    """A probe that differs from the pick only in a knob tune searched (here the optimizer's
+    kernel) is not merged into the pick's row: a foreach probe at 231 tokens/s set the median of
+    the pick's row and made a slower micro-batch read faster (a QA run)."""
+    tune = json.loads((FIXTURES / "tune.json").read_text())
+    (s0,) = build_report(load_inputs([str(FIXTURES / "tune.json")])).sections
+    before = next(r for r in s0.table.rows if r.pick).tokens_per_s_measured
+    slow = {**tune["probes"][4], "index": 6, "optimizer_impl": "foreach",
+            "measured": {**tune["probes"][4]["measured"], "tokens_per_s": 231.0}}
+    for p in tune["probes"]:
+        p.setdefault("optimizer_impl", "fused")
+    tune["pick"]["optimizer_impl"] = "fused"
+    tune["probes"].append(slow)
+    f = tmp_path / "tune.json"
+    f.write_text(json.dumps(tune))
+    (s,) = build_report(load_inputs([str(f)])).sections
+    rows = {(r.setting, r.micro_batch): r for r in s.table.rows}
+    pick = next(r for r in s.table.rows if r.pick)
+    assert pick.tokens_per_s_measured == before > 30_000  # its own probes only
+    foreach = [r for (setting, _), r in rows.items() if "optimizer_impl foreach" in setting]
+    assert [r.tokens_per_s_measured for r in foreach] == [231.0]
+
+
 def test_tune_on_a_cpu_names_its_memory_limit(tmp_path):
     tune = json.loads((FIXTURES / "tune.json").read_text())
     tune["device"], tune["memory_limit_bytes"] = "cpu", int(0.5 * GIB)

@@ -17,7 +17,7 @@ def render_train(d: dict[str, Any], out: str) -> None:
                    f"{seg['samples']} samples, {seg['tokens']:,} tokens) in "
                    f"{seg['wall_time_s']:.1f} s measured, resumed from {seg['resumed_from']}")
     whole = f" over {len(segs)} segments" if len(segs) > 1 else ""
-    typer.echo(f"trained {d['steps']} steps ({d['samples_seen']} samples, "
+    typer.echo(f"trained {d['steps']} step{'' if d['steps'] == 1 else 's'} ({d['samples_seen']} samples, "
                f"{d['tokens_seen']:,} tokens){whole} in {d['wall_time_s']:.1f} s measured; final "
                f"loss {d['final_loss']:.4f}" if d["final_loss"] is not None else "no step ran")
     for note in d.get("notes") or []:

@@ -300,8 +300,9 @@ def find(resume: Path) -> tuple[Path, str | None]:
     partial = sorted(p.name for p in resume.glob(".checkpoint-*.tmp"))
     raise JobError(f"--resume {resume}: no complete checkpoint in it"
                    + (f" ({', '.join(partial)} is a save that was interrupted)" if partial else ""),
-                   f"run again without --resume (into {resume}: nothing there is lost), or give a "
-                   "directory that trainfit train wrote")
+                   "run again without --resume into a new --out (or remove "
+                   f"{resume} first: it holds no checkpoint), or give a directory that trainfit "
+                   "train wrote")
 
 
 def _latest(run: Path) -> tuple[Path | None, str]:

@@ -303,9 +303,15 @@ class RunDir:
             self.lock.acquire()
             found = holds_run(self.out)
             if found and not self.resuming:
+                saved = any(n.startswith("checkpoint-") for n in found)
+                # a run that stopped before its first save has nothing to continue from: the
+                # hint must not send the user to --resume, which refuses it (a QA run)
                 raise JobError(f"--out {self.out}: already holds a run ({', '.join(found[:4])}"
                                f"{' …' if len(found) > 4 else ''}); it is not overwritten",
-                               f"continue it with --resume {self.out}, or choose a new --out")
+                               f"continue it with --resume {self.out}, or choose a new --out"
+                               if saved else
+                               "it has no checkpoint to continue from (the run stopped before "
+                               f"its first save): choose a new --out, or remove {self.out} first")
             gone = remove_partial_saves(self.out)
             if gone:
                 self.notes.append(f"removed {', '.join(gone)}: a save that was interrupted "
