@@ -120,7 +120,8 @@ def test_the_fix_is_called_faster_only_when_the_rounds_agree(befores, afters, wo
     buf = io.StringIO()
     Console(file=buf, width=200).print(render(r))
     text = buf.getvalue()
-    heading = "applied (measured faster):" if words == "faster" else "tried (not confirmed"
+    heading = "applied to the re-measured run (measured faster; your job file is unchanged" \
+        if words == "faster" else "tried (not confirmed"
     assert heading in text
     assert {"faster": "faster in every round", "slower": "made the step slower",
             "undecided": "could not decide", "not_faster": "did not make the step faster"}[words] \

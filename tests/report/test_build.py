@@ -207,6 +207,9 @@ def test_tune_on_a_cpu_names_its_memory_limit(tmp_path):
     (s,) = build_report(load_inputs([str(p)])).sections
     assert s.capacity_label == "memory limit"
     assert {r.fits_predicted for r in s.table.rows} == {False}  # GiBs predicted over 0.45 usable
+    from trainfit.report.figures import memory_title
+
+    assert memory_title(s).startswith("Peak live tensor bytes (CPU)")  # not "GPU memory"
 
 
 def test_ladder_and_kindless_plan(tmp_path):

@@ -237,3 +237,43 @@ def test_resume_keeps_a_finished_segment_and_refuses_another_sample_stream(job, 
     assert seg0["wall_time_s"] == pytest.approx(d1["segments"][0]["wall_time_s"])
     assert again.wall_time_s >= first.wall_time_s
     assert [(s["micro_batch"], s["grad_accum"]) for s in again.segments] == [(4, 2), (2, 4)]
+
+
+def test_a_busy_host_fits_torchs_threads_and_says_so(job, tmp_path, monkeypatch):
+    """Beside a busy neighbour train runs torch at the cores left free, as tune's probes do (it
+    kept 2 threads and ran 4x slower than quiet, saying nothing: a QA run); the run says so."""
+    import torch
+
+    import trainfit.run.loop as loop
+
+    before = torch.get_num_threads()
+    seen = []
+
+    def busy(window_s):
+        seen.append(window_s)
+        return 1, before, 1.4, 2
+
+    monkeypatch.setattr(loop, "threads_for_load", busy)
+    res = train(job, RunOptions(out_dir=tmp_path / "r", max_steps=1))
+    assert seen == [0.25]
+    (note,) = [n for n in res.notes if "other processes used 1.4 of 2 CPU cores" in n]
+    assert f"torch runs at 1 thread instead of {before}" in note
+    record = json.loads((tmp_path / "r" / "train.json").read_text())
+    assert note in record["notes"]
+
+
+def test_an_oom_at_micro_batch_1_says_what_this_job_can_still_change(job, tmp_path):
+    """After the splits 4 → 2 → 1 the hint offers the job file's fields this job can change:
+    checkpointing (the tiny HF model has it), LoRA for a full fine-tune, QLoRA not on a CPU."""
+    with pytest.raises(JobError) as e:
+        train(job, RunOptions(out_dir=tmp_path / "r", max_steps=4, inject_oom_at_steps=(0, 1, 2)))
+    assert "with micro-batch 1 (after splitting micro-batch 4 → 2 → 1)" in str(e.value)
+    hint = e.value.hint
+    assert hint.startswith("in the job file: grad_ckpt: full, method: lora, or a shorter seq_len "
+                           "(now 32)")
+    assert "qlora" not in hint and "--" not in hint
+    # checkpointed already, and LoRA: only the sequence is left
+    with pytest.raises(JobError) as e:
+        train(job.replace(grad_ckpt="full", method="lora"),
+              RunOptions(out_dir=tmp_path / "l", max_steps=4, inject_oom_at_steps=(0, 1, 2)))
+    assert e.value.hint.startswith("in the job file: a shorter seq_len (now 32)")

@@ -26,3 +26,20 @@ def test_comparison_verdicts():
     # every round faster, but the repeats overlap (the slowest B is slower than the fastest A)
     noisy = Comparison.of([100, 70, 130], [110, 80, 140], [0.0] * 6, 0.03, 3)
     assert noisy.verdict == "undecided" and noisy.noise == pytest.approx(60 / 100)
+
+
+def test_an_undecided_verdict_names_the_rule_it_failed():
+    """The QA run's tune: every round faster (1.26, 1.22, 1.11, 1.19×), yet undecided — the
+    repeats overlapped, which the verdict did not say; it now names the rule."""
+    a, b = [17_000, 17_600, 19_300, 20_917], [21_475, 21_500, 21_450, 24_900]
+    c = Comparison.of(a, b, [0.19] * 8, 0.03, 4)
+    assert c.verdict == "undecided" and min(c.ratios) > 1.1
+    assert c.why.startswith("the repeats overlap: the slowest repeat of the candidate (21,450")
+    assert Comparison.of([100, 100, 100], [112, 111, 113], [0.01] * 6, 0.03, 4).why.startswith(
+        "only 3 of 4 rounds ran")
+    a2, b2 = [1287, 1302, 1290, 1296], [1360, 1385, 1370, 1378]
+    assert "inside the noise (10%)" in Comparison.of(a2, b2, [0.10] * 8, 0.03, 4).why
+    assert Comparison.of([100, 100, 100], [112, 111, 113], [0.01] * 6, 0.03, 3).why is None
+    from trainfit.render.words import _rounds_words
+
+    assert "; not decided because the repeats overlap" in _rounds_words(c)

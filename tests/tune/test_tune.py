@@ -125,6 +125,7 @@ def test_tune_emit_hf(tmp_path, micro_model_json, text_jsonl):
     (["--device", "cuda:0"], "no CUDA device"),
     (["--memory-limit", "10KiB"], "smaller than the model's weights"),
     (["--memory-limit", "two"], "not a size"),
+    (["--method", "qlora", "--device", "cpu"], "4-bit layers run on CUDA only"),
 ])
 def test_tune_bad_input(tmp_path, micro_model_json, text_jsonl, extra, msg):
     if extra[0] == "--device" and torch.cuda.is_available():
@@ -136,6 +137,7 @@ def test_tune_bad_input(tmp_path, micro_model_json, text_jsonl, extra, msg):
     assert res.exit_code == 2, res.output
     assert msg in res.output and "error:" in res.output
     assert not out.exists()
+    assert "tune: probing" not in res.output  # refused before any probe (QLoRA on CPU began one)
 
 
 def test_a_budget_below_one_probe(tmp_path, micro_model_json, text_jsonl):

@@ -73,7 +73,9 @@ def register(app: typer.Typer) -> None:
         steps: Annotated[int, typer.Option(help="Optimizer steps measured (after the warm-up).")] = 8,
         warmup: Annotated[int, typer.Option(help="Steps run before measuring (first-step costs).")] = 2,
         apply: Annotated[bool, typer.Option(
-            "--apply/--no-apply", help="Apply the fixes to a trainfit job and measure again.")] = True,
+            "--apply/--no-apply",
+            help="Apply the fixes to a copy of a trainfit job and measure again (the file is not "
+                 "changed).")] = True,
         repeats: Annotated[int, typer.Option(
             help="Before/after rounds, interleaved (B A B A …): CPU timing drifts between repeats.")] = 2,
         device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N (trainfit jobs).")] = "cpu",

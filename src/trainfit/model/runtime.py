@@ -68,6 +68,14 @@ def check_precision_on(job: JobSpec, device: torch.device) -> None:
                        "use --precision amp-fp16 (with a GradScaler) or fp32")
 
 
+def check_method_on(job: JobSpec, device: torch.device) -> None:
+    """QLoRA's 4-bit layers (bitsandbytes) need a GPU: refused before anything loads (tune
+    loaded the model and began a probe first, then refused it: a QA run)."""
+    if job.method == "qlora" and device.type != "cuda":
+        raise JobError("--method qlora: bitsandbytes 4-bit layers run on CUDA only",
+                       "use --device cuda:N, or --method lora on CPU")
+
+
 def check_offload_on(job: JobSpec, device: torch.device) -> None:
     """Activation offloading moves activations from GPU memory to host memory: a step on the CPU
     has nothing to move them from."""
@@ -222,9 +230,7 @@ def build_real(job: JobSpec, source: ModelSource, device: torch.device, *, seed:
                        "real 4-bit runs are not wired in this version",
                        "tune/train the 16-bit original with --method lora, or plan this "
                        "checkpoint (trainfit plan) for its memory")
-    if job.method == "qlora" and device.type != "cuda":
-        raise JobError("--method qlora: bitsandbytes 4-bit layers run on CUDA only",
-                       "use --device cuda:N, or --method lora on CPU")
+    check_method_on(job, device)
     if job.method == "qlora" or job.optimizer not in ("adamw", "sgd", "adafactor"):
         try:
             import bitsandbytes  # noqa: F401

@@ -146,7 +146,9 @@ def render(r: DoctorResult) -> Group:
         parts.append(findings_block(r.findings, "Findings (the first is the bottleneck)"))
     parts.append(compare_table(r))
     if r.applied:
-        heading = "applied (measured faster):" if r.gain_words == "faster" else \
+        # the job file is never written (a QA run read "applied" as done): say where it went
+        heading = ("applied to the re-measured run (measured faster; your job file is unchanged: "
+                   "set these in it to keep them):") if r.gain_words == "faster" else \
             "tried (not confirmed: keep your configuration unless a rerun confirms it):"
         parts.append(Text(heading + "\n" + "\n".join(f"  • {a}" for a in r.applied)))
         if r.gain is not None:

@@ -334,15 +334,17 @@ def _rounds_words(c: Any) -> str:
     elif not rounds:
         rounds = "no interleaved round ran"
     noise = f"; noise {c.noise:.0%}, measured" if c.ratios else ""
-    return _proposal_words(getattr(c, "proposal", None)) + rounds + noise
+    why = getattr(c, "why", None)
+    return _proposal_words(getattr(c, "proposal", None)) + rounds + noise + (
+        f"; not decided because {why}" if why else "")
 
 
 def note_words(n: SearchNote) -> str:
     """One thing the search decided not to do, or did by rule, and why."""
     d = n.data
     texts = {
-        "budget": lambda: f"--budget-s {d['budget_s']:g} (the search's, from its first probe; "
-                          f"loading the model and data not counted) was spent after "
+        "budget": lambda: f"--budget-s {d['budget_s']:g} (the search's: its predictions and "
+                          "probes; loading the model and data not counted) was spent after "
                           f"{d['spent_s']:.0f} s of search and {d['probes']} "
                           f"probe{'' if d['probes'] == 1 else 's'}: no search probe started after "
                           "that (one that would end past the budget is not started, one running "

@@ -106,6 +106,11 @@ def _memory_panel(ax: Axes, fam: Family, s: Section, used: list[str], top: float
     ax.grid(axis="y", alpha=0.3)
 
 
+def memory_title(s: Section) -> str:
+    return ("Peak live tensor bytes (CPU) vs micro-batch" if s.on_cpu else
+            "Peak GPU memory vs micro-batch")
+
+
 def memory_figure(s: Section) -> bytes:
     fams = s.families
     used = [n for n in COMPONENT_COLOURS
@@ -129,14 +134,16 @@ def memory_figure(s: Section) -> bytes:
         _empty(axes[0], "no configurations")
     handles: list[Patch | Line2D] = [Patch(color=COMPONENT_COLOURS[n], label=f"{n} (predicted)")
                                      for n in used]
+    # a CPU section's peaks are live tensor bytes, not a device's (a QA run read "GPU")
+    peak = "peak live tensor bytes" if s.on_cpu else "device peak"
     handles.append(Line2D([], [], ls="", marker="o", mfc="white", mec="black",
-                          label="device peak, predicted (plan)"))
+                          label=f"{peak}, predicted (plan)"))
     if any(f.memory_predicted_gib for f in fams):
         handles.append(Line2D([], [], ls="", marker="D", mfc="white", mec="#1f77b4",
-                              label="device peak, predicted (tune)"))
+                              label=f"{peak}, predicted (tune)"))
     if any(p.status != "oom" for f in fams for p in f.memory_measured_gib):
         handles.append(Line2D([], [], ls="", marker="s", color=MEASURED_COLOUR,
-                              label="device peak, measured (tune probe)"))
+                              label=f"{peak}, measured (tune probe)"))
     if any(p.status == "oom" for f in fams for p in f.memory_measured_gib):
         handles.append(Line2D([], [], ls="", marker="X", color=MEASURED_COLOUR, ms=9,
                               label="out of memory, measured"))
@@ -150,7 +157,7 @@ def memory_figure(s: Section) -> bytes:
     legend_in = 0.2 * math.ceil(len(handles) / 3) + 0.2
     fig.set_size_inches(6.2 * cols, 4.3 * rows + 0.5 + legend_in)
     fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
-    fig.suptitle(f"Peak GPU memory vs micro-batch — {s.title}", fontsize=12)
+    fig.suptitle(f"{memory_title(s)} — {s.title}", fontsize=12)
     fig.tight_layout(rect=(0, legend_in / (4.3 * rows + 0.5 + legend_in), 1, 0.97))
     return _png(fig)
 
@@ -253,7 +260,7 @@ def render_figures(report: Report) -> list[FigureImage]:
     out = []
     for s in report.sections:
         out.append(FigureImage(
-            f"{s.slug}-memory", f"Peak GPU memory vs micro-batch — {s.title}",
+            f"{s.slug}-memory", f"{memory_title(s)} — {s.title}",
             "Stacked bars: the predicted device peak split into its parts; hollow markers: predicted "
             "device peak; filled markers: measured. Lines: GPU capacity and capacity minus the safety "
             "margin. GiB = 2^30 bytes.", memory_figure(s)))

@@ -56,6 +56,7 @@ from trainfit.run.record import (
     write_train_json,
 )
 from trainfit.run.rundir import RunDir, check_not_in_use
+from trainfit.speed.host_timing import threads_for_load
 
 __all__ = ["RunOptions", "TrainResult", "Trainer", "check_data_size", "check_runnable",
            "limit_tracker", "linear_decay", "total_steps", "train"]
@@ -72,6 +73,10 @@ class Trainer:
         if self.dist.world > 1 and self.device.type == "cuda":
             self.device = torch.device("cuda", self.dist.local_rank)
         use_job_allocator(job, self.device)
+        # torch's pool fitted to the cores other processes leave, as tune's probes ran: a train
+        # beside a busy neighbour ran 4x slower than quiet at 2 threads, not at 1 (a QA run)
+        fitted = threads_for_load(0.25) if self.device.type == "cpu" and self.dist.world == 1 \
+            else None
         self.source = resolve_model(job.model, job.trust_remote_code)
         self.data = data if data is not None else load_data(job, self.source)
         # a resume compares what the samples are, not how the job spelt them
@@ -115,7 +120,12 @@ class Trainer:
         self.state = ckpt.RunState(step=0, position=0, micro_batch=job.micro_batch,
                                    grad_accum=job.grad_accum or 1)
         self.resumed_from: str | None = None
-        self.notes: list[str] = []
+        self.notes: list[str] = [] if fitted is None else [
+            f"other processes used {fitted[2]:.1f} of {fitted[3]} CPU cores when train started "
+            f"(measured): torch runs at {fitted[0]} thread{'s' if fitted[0] > 1 else ''} instead "
+            f"of {fitted[1]}, as tune's probes did, so that its parallel regions do not wait on "
+            "busy cores (OMP_NUM_THREADS, when you set it, is kept); steps are slower than on a "
+            "quiet host"]
         self.history: dict[str, Any] = {}
         self.resuming_here = False
         if ck is not None:
@@ -375,7 +385,10 @@ class Trainer:
         free_after_oom(lambda: self.wl.optimizer.zero_grad(set_to_none=True))
         before = self.state.micro_batch
         if before == 1:
-            raise cannot_split(step)
+            splits = [e.batch_before for e in res.oom_events] + [1]
+            raise cannot_split(step, self.job, cuda=self.device.type == "cuda", splits=splits,
+                               can_checkpoint=getattr(self.source.config, "supports_grad_ckpt",
+                                                      True))
         per_rank = self.job.effective_batch // self.dist.world
         after = smaller_micro_batch(per_rank, before)
         self.state.micro_batch = after

@@ -71,11 +71,25 @@ def free_after_oom(zero_grad: Callable[[], Any] | None = None) -> None:
         torch.cuda.empty_cache()
 
 
-def cannot_split(step: int) -> JobError:
+def cannot_split(step: int, job: Any = None, *, can_checkpoint: bool = True,
+                 cuda: bool = True, splits: list[int] | None = None) -> JobError:
     """The OOM happened at micro-batch 1: nothing left to split (``step``: the steps done before
-    it; said from 1, as the progress line numbers the step being run)."""
-    return JobError(f"out of memory in step {step + 1} with micro-batch 1",
-                    "enable --grad-ckpt full, use LoRA/QLoRA, or a shorter --seq-len")
+    it; said from 1, as the progress line numbers the step being run).  The hint offers what
+    this job can still change — checkpointing where it is off and the model has it, LoRA for a
+    full fine-tune (QLoRA only on CUDA: bitsandbytes) — in the job file's words (train takes the
+    job from a file; it offered checkpointing to a module without it and QLoRA on a CPU, which
+    train then refused: a QA run); ``splits``: the micro-batches it went through."""
+    fixes = []
+    if job is None or (job.grad_ckpt != "full" and can_checkpoint):
+        fixes.append("grad_ckpt: full")
+    if job is None or job.method == "full":
+        fixes.append("method: lora" + (" (or qlora)" if cuda else ""))
+    fixes.append("a shorter seq_len" + (f" (now {job.seq_len})" if job is not None else ""))
+    went = (f" (after splitting micro-batch {' → '.join(map(str, splits))})"
+            if splits and len(splits) > 1 else "")
+    ways = ", ".join(fixes[:-1]) + (", or " if len(fixes) > 1 else "") + fixes[-1]
+    return JobError(f"out of memory in step {step + 1} with micro-batch 1{went}",
+                    f"in the job file: {ways}; or give the step more memory")
 
 
 def smaller_micro_batch(per_rank_batch: int, before: int) -> int:

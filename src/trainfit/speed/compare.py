@@ -43,6 +43,9 @@ class Comparison:
     ended: str | None = None
     """Why the rounds stopped before deciding: ``no_longer_fits`` (a re-measure of B ran out of
     memory), ``budget`` (no round ran: ``--budget-s`` was spent); None otherwise."""
+    why: str | None = None
+    """For ``undecided``: the rule the rounds did not pass, in words (every round faster and
+    the median beyond the noise read as a contradiction when the repeats overlapped: a QA run)."""
 
     @classmethod
     def of(cls, a_s: list[float], b_s: list[float], spreads: list[float], floor: float,
@@ -74,14 +77,31 @@ class Comparison:
         # tokens/s of fp32 at 8 % noise, a CPU tune of llama-tiny-58m, was left "undecided")
         margin = 1 + DECISIVE_NOISE * noise
         decisive = len(ratios) >= 2 and min(ratios) > margin and min(b_s) > max(a_s) * margin
+        why = None
         if full or decisive:
             verdict = "faster"
         elif statistics.median(ratios) <= 1 + floor:
             verdict = "not_faster"
         else:
             verdict = "undecided"
-        return cls(ratios=ratios, noise=noise, verdict=verdict, proposal=proposal)
+            why = _undecided_why(ratios, a_s, b_s, floor, noise, rounds)
+        return cls(ratios=ratios, noise=noise, verdict=verdict, proposal=proposal, why=why)
 
     @property
     def median(self) -> float | None:
         return statistics.median(self.ratios) if self.ratios else None
+
+
+def _undecided_why(ratios: list[float], a_s: list[float], b_s: list[float], floor: float,
+                   noise: float, rounds: int) -> str:
+    """The first rule of :meth:`Comparison.of`'s ``faster`` the rounds did not pass."""
+    if len(ratios) < rounds:
+        return f"only {len(ratios)} of {rounds} rounds ran, and the gain is not decisive"
+    if min(ratios) <= 1 + floor:
+        return (f"a round was not faster by more than {floor:.0%} "
+                f"({min(ratios):.2f}×)")
+    if min(b_s) <= max(a_s) * (1 + floor):
+        return (f"the repeats overlap: the slowest repeat of the candidate ({min(b_s):,.0f} "
+                f"tokens/s) does not beat the fastest of the other ({max(a_s):,.0f}) by "
+                f"{floor:.0%}")
+    return f"the median gain, {statistics.median(ratios):.2f}×, is inside the noise ({noise:.0%})"

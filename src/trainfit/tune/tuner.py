@@ -22,7 +22,7 @@ from trainfit.job.step_options import refuse_other_model_code
 from trainfit.memory.predict import predict_memory
 from trainfit.memory.ranks import data_parallel_bytes
 from trainfit.memory.simulate import SimTarget, simulate_step
-from trainfit.model.runtime import parse_device
+from trainfit.model.runtime import check_method_on, parse_device
 from trainfit.model.source import ModelSource, resolve_model
 from trainfit.model.towers import inactive_params_of
 from trainfit.speed.cpu import cpu_speed
@@ -254,8 +254,9 @@ def _rule_notes(pick: Trial | None, device: torch.device) -> list[SearchNote]:
 def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None = None
          ) -> TuneResult:
     t0 = time.perf_counter()
-    source = resolve_model(job.model, job.trust_remote_code)
     device = parse_device(opts.device)
+    check_method_on(job, device)  # before the model loads
+    source = resolve_model(job.model, job.trust_remote_code)
     _check_job(job)
     data = load_data(job, source)
     job = with_data_packing(job, data)  # what is measured is what is written
@@ -322,7 +323,7 @@ def run_search(job: JobSpec, opts: TuneOptions, bench: Bench, t0: float,
                           run_steps=opts.run_steps,
                           worker_counts=(0, max(1, (os.cpu_count() or 1) // 2)),
                           cuda=device.type == "cuda")
-    # the budget is the search's (from its first probe): counted from tune's start, a slow
+    # the budget is the search's (its predictions and probes): counted from tune's start, a slow
     # model load left no probe at all (a review's check)
     searcher = Searcher(base, bench.probe, predict, bench.capacity, sopts, bench.samples, progress,
                         agree=bench.agree)
