@@ -216,7 +216,9 @@ def test_prune_decision_is_taken_by_every_rank_even_without_a_prediction():
     s = Searcher(job, fake(GIB, GIB, lambda j: 100.0, calls), pred(GIB, GIB, lambda j: None), None,
                  SearchOptions(knobs=("attention",)), 10_000, agree=other_rank_prunes)
     out = s.search()
-    assert flags == [False]  # this rank's own view: no prediction, no prune — yet it asked
+    # this rank's own view of every decision it asked (the prune, a probe's re-measure): no
+    # prediction, so False — yet it asked, and followed the other rank
+    assert flags and not any(flags)
     assert {t.job.attention for t in out.trials} == {"sdpa"}  # eager was not probed
     words = list(map(note_words, out.notes))
     assert any("not probed: attention eager" in n and "(on another rank)" in n for n in words)
@@ -490,3 +492,32 @@ def test_the_threads_note_says_what_was_measured_and_set():
                                                        "cpus": 2}))
     assert words.startswith("other processes used 1.5 of 2 CPU cores when tune started "
                             "(measured): the probes ran torch at 1 thread instead of 2")
+
+
+def test_a_probe_far_below_its_prediction_is_measured_again_before_it_is_dropped():
+    """A QA run's tune dropped foreach AdamW on one probe at 231 tokens/s, 1/60 of what its
+    prediction gave (a busy neighbour; 14,625 in the run before), and said nothing. Such a probe
+    is measured again, and a note says so; a probe merely slower is dropped as before."""
+    calls = []
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=8, precision="fp32", grad_ckpt="off")
+    seen = {"foreach": 0}
+
+    def tps(j):
+        if j.optimizer_impl == "foreach":
+            seen["foreach"] += 1
+            return 231.0 if seen["foreach"] == 1 else 13_300.0
+        return 13_345.0
+    s = Searcher(job, fake(GIB, GIB, tps, calls), pred(GIB, GIB, lambda j: 13_969.0), None,
+                 SearchOptions(knobs=("optimizer_impl",)), 10_000)
+    out = s.search()
+    (note,) = [n for n in out.notes if n.kind == "outlier"]
+    assert note.data["first_tokens_per_s"] == 231.0 and note.data["again_tokens_per_s"] == 13_300.0
+    assert "measured again at 13,300 tokens/s" in note_words(note)
+    assert seen["foreach"] == 2 and out.best.job.optimizer_impl != "foreach"
+    # merely slower (0.9× its prediction's pace): one probe, no re-measure, no note
+    seen["foreach"] = 0
+    slower = Searcher(job, fake(GIB, GIB, lambda j: 12_000.0 if j.optimizer_impl == "foreach"
+                                else 13_345.0, []),
+                      pred(GIB, GIB, lambda j: 13_969.0), None,
+                      SearchOptions(knobs=("optimizer_impl",)), 10_000).search()
+    assert not [n for n in slower.notes if n.kind == "outlier"]

@@ -356,6 +356,14 @@ def note_words(n: SearchNote) -> str:
         "needs_ckpt": lambda: "nothing fits without checkpointing: trying with it",
         "nothing_fits": lambda: "no micro-batch fits, even 1: see `trainfit plan` for the "
                                 "memory-saving ladder",
+        "outlier": lambda: (
+            f"{_changes(d['changes'])}: its probe ran at {d['first_tokens_per_s']:,.0f} tokens/s, "
+            + (f"{d['first_tokens_per_s'] / d['expected_tokens_per_s']:.2f}× "
+               if d["expected_tokens_per_s"] else "far below ")
+            + "what its prediction gives at the current best's measured pace — the host's, most "
+            "likely: measured again"
+            + (f" at {d['again_tokens_per_s']:,.0f} tokens/s" if d["again_tokens_per_s"]
+               else " (it no longer fit)")),
         "pruned": lambda: f"not probed: {_changes(d['changes'])} — predicted "
                           + (f"{d['ratio']:.2f}×" if d["ratio"] is not None else
                              f"< {d['prune_below']}× (on another rank)")
