@@ -162,6 +162,10 @@ def test_host_ram_check_counts_weights_at_load_and_host_batches():
     lora = host_ram_check(job.replace(method="lora"), 100_000_000, 7 * 10**9)
     assert lora.weights_load_bytes_per_rank == 200_000_000
     # an activation offload's pinned bytes (memory/host_offload.py) count on every rank
+    assert "rounding" not in h.unknown  # no offload: nothing pinned to round
+    off = host_ram_check(job.replace(offload="all", sharding="fsdp"), 100_000_000, 7 * 10**9,
+                         offload_bytes=10**8)
+    assert "power-of-two rounding of the offload's pinned shards" in off.unknown
     act = host_ram_check(job, 100_000_000, 7 * 10**9, offload_bytes=10**8, activation_bytes=3 * GIB)
     assert act.activation_offload_bytes_per_rank == 3 * GIB
     assert act.known_bytes == h.known_bytes + 2 * (10**8 + 3 * GIB)

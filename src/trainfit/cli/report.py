@@ -17,7 +17,8 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path, typer.Option("--out", "-o", help="The HTML file to write.")] = Path(
             "report.html"),
         markdown: Annotated[bool, typer.Option(
-            "--markdown", help="Also write <out>.md (for pasting into an issue).")] = False,
+            "--markdown", help="Also write the report as markdown beside it (--out r.html → r.md; "
+                               "for pasting into an issue).")] = False,
         png_dir: Annotated[Path | None, typer.Option(
             "--png-dir", help="Where the PNGs go (default: next to --out).")] = None,
         dataset_tokens: Annotated[int | None, typer.Option(

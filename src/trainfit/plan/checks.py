@@ -126,10 +126,24 @@ def host_ram_check(job: JobSpec, total_params: int, free_bytes: int,
                         offload_bytes_per_rank=offload_bytes,
                         activation_offload_bytes_per_rank=activation_bytes or 0,
                         activation_offload_exact=activation_exact,
-                        **({"unknown": f"{HostRamCheck.unknown}, and the saved activations "
-                                       "--activation-offload keeps in host RAM (reentrant "
-                                       "checkpointing: not sized)"}
-                           if activation_bytes is None else {}))
+                        unknown=HostRamCheck.unknown + "".join(_host_unknowns(job,
+                                                                             activation_bytes)))
+
+
+def _host_unknowns(job: JobSpec, activation_bytes: int | None) -> list[str]:
+    """What the known host bytes leave out for this job, each a clause."""
+    out = []
+    if activation_bytes is None:
+        out.append(", and the saved activations --activation-offload keeps in host RAM "
+                   "(reentrant checkpointing: not sized)")
+    if job.offload != "none":
+        # FSDP pins each parameter's (FSDP2) or each unit's (FSDP1) shard and its gradient,
+        # and DeepSpeed its partitions where the config says pin_memory: true, through
+        # PyTorch's pinned-memory cache, which rounds each up to a power of two
+        # (memory/host_offload.py): Llama-7B's MLP shards on 8 ranks, 22.5 MB, take 32 MiB
+        out.append(", and the power-of-two rounding of the offload's pinned shards (up to "
+                   "twice the parameters' and gradients' host bytes; not modelled)")
+    return out
 
 
 def with_checks(result: Any, *, observed_device_bytes: int | None = None,
