@@ -127,3 +127,35 @@ def test_extrapolated_rows_hold_what_the_full_size_step_holds(small_llama, ckpt)
         assert full.host_activation_copied_bytes < full.host_activation_bytes < \
             2 * full.host_activation_copied_bytes
     assert "pinned memory" in " ".join(full.model_notes)
+
+
+def test_fsdp_offload_pins_its_shards_in_power_of_two_blocks():
+    """FSDP's CPU offload: FSDP2's per-parameter shards and FSDP1's per-unit flat shards (and
+    their gradients) are pinned, each a power-of-two block. FSDP1's, counted from its units,
+    equal the flat shards its simulated wrap makes; an extrapolated plan row's extra equals the
+    full-size step's."""
+    from trainfit.memory.host_offload import pinned_extra_bytes
+    from trainfit.memory.simulate import simulate_step
+
+    cfg = LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=8,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)
+    src = ModelSource("small", cfg, "causal-lm", "local")
+    kw = dict(model="x", method="full", seq_len=32, micro_batch=2, grad_accum=1,
+              precision="amp-bf16", grad_ckpt="off", ranks=8, sharding="fsdp", offload="all")
+    target = SimTarget(device="cuda")
+
+    def sizes(**more):
+        return simulate_step(JobSpec(**kw, **more), src, target).info["pinned_shards"]
+
+    per_param = sizes(fsdp_version="2")
+    units = sizes(fsdp_version="1")
+    assert units == sizes(fsdp_init="wrap")  # the wrap's own flat shards
+    assert len(units) == 2 * (8 + 1)  # 8 blocks and the root, each with its gradient
+    assert sum(per_param) == sum(units)  # the same bytes, in other blocks
+    assert 0 < pinned_extra_bytes(per_param) != pinned_extra_bytes(units)
+    model = fit_group(JobSpec(**kw), src, target)
+    assert model.layer_extrapolated
+    assert model.eval([pinned_extra_bytes(p.sim.info["pinned_shards"]) for p in model.points],
+                      2) == pinned_extra_bytes(per_param)
+    assert "pinned_shards" not in simulate_step(JobSpec(**{**kw, "offload": "none"}), src,
+                                                target).info

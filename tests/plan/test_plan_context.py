@@ -133,7 +133,21 @@ def test_a_cpu_offload_holds_in_host_ram_what_it_takes_off_the_gpu(tiny_llama, s
     off = predict_memory(job, tiny_llama, gpu, 0.1)
     on = predict_memory(job.replace(offload="none"), tiny_llama, gpu, 0.1)
     assert on.host_offload_bytes == 0
-    per_param = off.host_offload_bytes * ranks / off.trainable_params
+    pinned = 0
+    if sharding == "fsdp":
+        # FSDP2 pins each parameter's shard and its gradient's: power-of-two blocks, counted
+        # here from the model's own shapes (dim 0 split over the ranks, fp32)
+        import torch
+        from transformers import LlamaForCausalLM
+
+        from trainfit.memory.host_offload import pow2_ceil
+
+        with torch.device("meta"):
+            shapes = [p.shape for p in LlamaForCausalLM(tiny_llama.config).parameters()]
+        shard = [-(-s[0] // ranks) * (s[1:].numel() if len(s) > 1 else 1) * 4 for s in shapes]
+        pinned = 2 * sum(pow2_ceil(b) - b for b in shard)
+        assert pinned > 0
+    per_param = (off.host_offload_bytes - pinned) * ranks / off.trainable_params
     want = {"zero2": 16, "zero3": 18 + 2 * (offload == "all"), "fsdp": 16}[sharding]
     assert per_param == pytest.approx(want, abs=0.15)
     assert off.peak_allocated_bytes < on.peak_allocated_bytes
@@ -163,9 +177,12 @@ def test_host_ram_check_counts_weights_at_load_and_host_batches():
     assert lora.weights_load_bytes_per_rank == 200_000_000
     # an activation offload's pinned bytes (memory/host_offload.py) count on every rank
     assert "rounding" not in h.unknown  # no offload: nothing pinned to round
-    off = host_ram_check(job.replace(offload="all", sharding="fsdp"), 100_000_000, 7 * 10**9,
-                         offload_bytes=10**8)
-    assert "power-of-two rounding of the offload's pinned shards" in off.unknown
+    zero = host_ram_check(job.replace(offload="optimizer", sharding="zero2"), 100_000_000,
+                          7 * 10**9, offload_bytes=10**8)
+    assert "power-of-two rounding of its pinned partitions" in zero.unknown
+    fsdp = host_ram_check(job.replace(offload="all", sharding="fsdp"), 100_000_000, 7 * 10**9,
+                          offload_bytes=10**8)
+    assert "rounding" not in fsdp.unknown  # modelled: memory/host_offload.py pinned_shards
     act = host_ram_check(job, 100_000_000, 7 * 10**9, offload_bytes=10**8, activation_bytes=3 * GIB)
     assert act.activation_offload_bytes_per_rank == 3 * GIB
     assert act.known_bytes == h.known_bytes + 2 * (10**8 + 3 * GIB)

@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trainfit.memory.sharded import local
 from trainfit.model.offload import MIN_OFFLOAD_BYTES
 
 
@@ -183,3 +184,35 @@ def host_activations_of_row(model: Any, batch: int) -> HostActivations:
         return model.eval_at(lambda p: sum(p.sim.info.get("offloaded_sizes", ())), b)
 
     return extrapolated(model.segment(batch), model.full_layers, batch, copied_at)
+
+
+def pinned_shards(job: Any, model: Any, flats: list[Any]) -> list[int] | None:
+    """The bytes of each pinned host tensor FSDP's CPU offload (``offload: all``) makes on one
+    rank, or None without it: FSDP2 pins each parameter's padded shard (``_fsdp_param.py``:
+    ``padded_sharded_param.pin_memory()``) and copies each gradient shard to the host with
+    ``non_blocking=True``, into a pinned tensor (``_fsdp_collectives.py``: ``foreach_reduce``);
+    FSDP1 pins each unit's flat shard and its ``_cpu_grad`` (``_flat_param.py``).  Both through
+    PyTorch's pinned-memory cache (``at::getHostAllocator``), which rounds each up to a power of
+    two; the optimizer's states are made on the host by ``zeros_like``, not pinned.  ``flats``:
+    FSDP1's flat shards where its wrap was simulated."""
+    if job.offload != "all" or job.sharding != "fsdp":
+        return None
+    if flats:
+        return [f.untyped_storage().nbytes() for f in flats] + [
+            f.untyped_storage().nbytes() for f in flats if f.requires_grad]
+    if job.fsdp_flat:  # FSDP1 without its wrap simulated: each unit's flat shard, from its sizes
+        from trainfit.memory.wrap import wrap_units
+
+        ranks = max(job.ranks, 1)
+        units = [(-(-sum(p.numel() for p in u) // ranks) * u[0].element_size(),
+                  any(p.requires_grad for p in u)) for u in wrap_units(model) if u]
+        return [b for b, _ in units] + [b for b, grad in units if grad]
+    params = list(model.parameters())
+    storage = [local(p) for p in params]
+    return [t.untyped_storage().nbytes() for t in storage] + [
+        t.nbytes for p, t in zip(params, storage, strict=True) if p.requires_grad]
+
+
+def pinned_extra_bytes(sizes: Sequence[int] | None) -> int:
+    """What the power-of-two blocks of ``sizes`` take beyond their bytes."""
+    return sum(pow2_ceil(s) - s for s in sizes or ())

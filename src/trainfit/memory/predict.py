@@ -27,6 +27,7 @@ from trainfit.memory.host_offload import (
     host_words,
     unsized,
 )
+from trainfit.memory.host_offload import pinned_extra_bytes as pinned_extra
 from trainfit.memory.loading import load_reserve, loading_notes
 from trainfit.memory.ranks import host_offload_bytes, rank_phases
 from trainfit.memory.simulate import SimTarget, simulate_step
@@ -130,7 +131,9 @@ class MemoryPrediction:
     extrapolated row, or the card's limit was reached: its note gives that allocator's verdict)."""
     host_offload_bytes: int = 0
     """Host RAM the job's CPU offload (``offload``: FSDP CPUOffload, ZeRO offload_optimizer /
-    offload_param) holds per rank (:func:`host_offload_bytes`); 0 without one."""
+    offload_param) holds per rank (:func:`host_offload_bytes`; FSDP's pinned shards in the
+    power-of-two blocks PyTorch's pinned-memory cache gives them:
+    :func:`trainfit.memory.host_offload.pinned_shards`); 0 without one."""
     host_activation_bytes: int | None = 0
     """Pinned host RAM the job's activation offload holds per rank: each saved tensor it copies,
     rounded up to a power of two (:mod:`trainfit.memory.host_offload`); 0 without one, None where
@@ -161,7 +164,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
            compile_partitioned: bool | None = None,
            reserved_floor_bytes: int = 0, setup_events: int | None = None,
            matmul_params: int = 0,
-           host_activations: HostActivations | None = None) -> MemoryPrediction:
+           host_activations: HostActivations | None = None,
+           pinned_extra_bytes: int = 0) -> MemoryPrediction:
     """Turn simulated tensor bytes into the allocated / reserved / device peaks and the fit.
 
     ``tensor_peak_bytes`` is the one-process allocated peak (whole blocks), ``breakdown`` what was
@@ -170,7 +174,9 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     the step's alloc/free events and streams, or a function that makes them (None where it
     cannot): replayed again at the card's limit when the reserve would pass it; its first
     ``setup_events`` come before the step (the model's loading); ``host_activations``: what an
-    activation offload holds in host RAM (None without one).  Every breakdown
+    activation offload holds in host RAM (None without one); ``pinned_extra_bytes``: what the
+    power-of-two blocks of FSDP's pinned offloaded shards take beyond them
+    (:func:`trainfit.memory.host_offload.pinned_shards`).  Every breakdown
     term is ≥ 0 and the terms other than ``managed`` sum to the allocated peak."""
 
     work = cublas_workspace_bytes(gpu)
@@ -186,6 +192,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     terms = per_phase[phase]
     host = host_offload_bytes(job, source, phases, per_phase, trainable_params, per_rank,
                               quant_state_bytes)
+    host += pinned_extra_bytes if host else 0
     allocated = sum(terms.values()) + blocks + work
     # The allocator's reserve above the allocated peak, from the one-process trace.
     # ``reserved_floor_bytes``: what a smaller micro-batch of the same plan group reserves (a
@@ -341,4 +348,5 @@ def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
                   compile_partitioned=sim.info.get("compile_partitioned"),
                   matmul_params=sim.info.get("matmul_params", 0),
                   host_activations=host_activations_of_sizes(sim.info["offloaded_sizes"])
-                  if "offloaded_sizes" in sim.info else None)
+                  if "offloaded_sizes" in sim.info else None,
+                  pinned_extra_bytes=pinned_extra(sim.info.get("pinned_shards")))

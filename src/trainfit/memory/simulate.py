@@ -22,6 +22,7 @@ from trainfit.engine.step import repeat_batches, train_step
 from trainfit.job import JobSpec
 from trainfit.memory.allocator import K_MIN_BLOCK
 from trainfit.memory.compiled import compiled_blocks
+from trainfit.memory.host_offload import pinned_shards
 from trainfit.memory.loading import (
     add_legacy_rope_caches,
     add_rope_caches,
@@ -316,6 +317,7 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         # FSDP1's wrap: its history in the allocator trace, the parameters as flat shards
         flats = record_wrap(job, model, tracker) if records_wrap(job, mesh is not None) else []
         quant_state = _track_inputs(model, batches, tracker, job, loads)
+        pinned = pinned_shards(job, model, flats)
         # torch.compile: each block runs as AOTAutograd's partition of it (memory/compiled.py)
         blocks = compiled_blocks(job, model, tracker, sharded=mesh is not None)
         with device_semantics(attn) as ops, bookkeeping, tracker, blocks as untraced:
@@ -363,7 +365,9 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
               "lora_target_modules": info.lora_target_modules,
               "compile_partitioned": untraced is not None, "compile_untraced": list(untraced or []),
               # the tensors the last forward copied to the host (memory/host_offload.py)
-              **({"offloaded_sizes": list(offload.offloaded_sizes)} if offload else {})},
+              **({"offloaded_sizes": list(offload.offloaded_sizes)} if offload else {}),
+              # FSDP CPU offload's pinned host tensors (memory/host_offload.py)
+              **({"pinned_shards": pinned} if pinned is not None else {})},
         events=tracker.events,
         event_streams=tracker.event_streams,
         event_phases=tracker.event_phases,

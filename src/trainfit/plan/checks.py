@@ -136,13 +136,12 @@ def _host_unknowns(job: JobSpec, activation_bytes: int | None) -> list[str]:
     if activation_bytes is None:
         out.append(", and the saved activations --activation-offload keeps in host RAM "
                    "(reentrant checkpointing: not sized)")
-    if job.offload != "none":
-        # FSDP pins each parameter's (FSDP2) or each unit's (FSDP1) shard and its gradient,
-        # and DeepSpeed its partitions where the config says pin_memory: true, through
-        # PyTorch's pinned-memory cache, which rounds each up to a power of two
-        # (memory/host_offload.py): Llama-7B's MLP shards on 8 ranks, 22.5 MB, take 32 MiB
-        out.append(", and the power-of-two rounding of the offload's pinned shards (up to "
-                   "twice the parameters' and gradients' host bytes; not modelled)")
+    if job.offload != "none" and job.sharding in ("zero2", "zero3"):
+        # DeepSpeed pins its partitions where the config says pin_memory: true (default false),
+        # through PyTorch's pinned-memory cache, which rounds each up to a power of two; FSDP's
+        # pinned shards are modelled so (memory/host_offload.py: pinned_shards)
+        out.append(", and, with pin_memory: true in the DeepSpeed config, the power-of-two "
+                   "rounding of its pinned partitions (up to twice their bytes; not modelled)")
     return out
 
 

@@ -23,7 +23,7 @@ from trainfit.job import (
     step_precisions,
 )
 from trainfit.memory.extrapolate import fit_group
-from trainfit.memory.host_offload import host_activations_of_row
+from trainfit.memory.host_offload import host_activations_of_row, pinned_extra_bytes
 from trainfit.memory.predict import (
     MemoryPrediction,
     finish,
@@ -317,7 +317,10 @@ class _Grid:
                          # full-depth trace replayed at the card's limit, as a simulated row's
                          trace=lambda: model.full_trace(micro, accumulating),
                          host_activations=host_activations_of_row(model, micro)
-                         if cj.activation_offload else None)
+                         if cj.activation_offload else None,
+                         # affine in depth, the same at any micro-batch: fitted as the rest
+                         pinned_extra_bytes=model.eval([pinned_extra_bytes(
+                             p.sim.info.get("pinned_shards")) for p in model.points], micro))
             done[micro] = mem
             return cj, mem
 
