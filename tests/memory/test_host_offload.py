@@ -130,10 +130,9 @@ def test_extrapolated_rows_hold_what_the_full_size_step_holds(small_llama, ckpt)
 
 
 def test_fsdp_offload_pins_its_shards_in_power_of_two_blocks():
-    """FSDP's CPU offload: FSDP2's per-parameter shards and FSDP1's per-unit flat shards (and
-    their gradients) are pinned, each a power-of-two block. FSDP1's, counted from its units,
-    equal the flat shards its simulated wrap makes; an extrapolated plan row's extra equals the
-    full-size step's."""
+    """FSDP's CPU offload pins FSDP2's per-parameter shards and FSDP1's per-unit flat shards,
+    with their gradients (FSDP1: a ``_cpu_grad`` for every flat parameter, frozen or not), each
+    a power-of-two block; an extrapolated plan row's extra equals the full-size step's."""
     from trainfit.memory.host_offload import pinned_extra_bytes
     from trainfit.memory.simulate import simulate_step
 
@@ -144,18 +143,24 @@ def test_fsdp_offload_pins_its_shards_in_power_of_two_blocks():
               precision="amp-bf16", grad_ckpt="off", ranks=8, sharding="fsdp", offload="all")
     target = SimTarget(device="cuda")
 
-    def sizes(**more):
-        return simulate_step(JobSpec(**kw, **more), src, target).info["pinned_shards"]
+    def pinned(**more):
+        return simulate_step(JobSpec(**{**kw, **more}), src, target).info["pinned_shards"]
 
-    per_param = sizes(fsdp_version="2")
-    units = sizes(fsdp_version="1")
-    assert units == sizes(fsdp_init="wrap")  # the wrap's own flat shards
-    assert len(units) == 2 * (8 + 1)  # 8 blocks and the root, each with its gradient
-    assert sum(per_param) == sum(units)  # the same bytes, in other blocks
-    assert 0 < pinned_extra_bytes(per_param) != pinned_extra_bytes(units)
+    per_param, uncounted = pinned(fsdp_version="2")
+    n_params = 9 * 8 + 3  # per block q k v o gate up down and 2 norms; embed, norm, head
+    assert len(per_param) == 2 * n_params and uncounted == 0
+    # FSDP2's shards: dim 0 over the ranks, fp32 — gate and up's 344 rows → 43 × 128 × 4 B,
+    # down's 128 → 16 × 344 × 4 B, the same 22,016 B (a 32 KiB block each), with the gradients
+    assert per_param.count(43 * 128 * 4) == 3 * 2 * 8
+    units, uncounted = pinned(fsdp_version="1")
+    assert len(units) == 2 * (8 + 1) and uncounted == 0  # 8 blocks and the root, each its grad
+    assert sum(units) == sum(per_param)  # the same bytes (no unit needs padding here)
+    # LoRA under FSDP1: the frozen root's flat parameter gets its _cpu_grad too, uncounted on
+    # the GPU side (its gradient is no gradient there)
+    assert pinned(fsdp_version="1", method="lora")[1] > 0
     model = fit_group(JobSpec(**kw), src, target)
     assert model.layer_extrapolated
     assert model.eval([pinned_extra_bytes(p.sim.info["pinned_shards"]) for p in model.points],
-                      2) == pinned_extra_bytes(per_param)
+                      2) == pinned_extra_bytes((per_param, 0)) > 0
     assert "pinned_shards" not in simulate_step(JobSpec(**{**kw, "offload": "none"}), src,
                                                 target).info

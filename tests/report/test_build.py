@@ -197,6 +197,11 @@ def test_a_probe_of_another_knob_setting_is_its_own_row(tmp_path):
     assert pick.tokens_per_s_measured == before > 30_000  # its own probes only
     foreach = [r for (setting, _), r in rows.items() if "optimizer_impl foreach" in setting]
     assert [r.tokens_per_s_measured for r in foreach] == [231.0]
+    # the pick's persistent_workers, set by rule and never measured, splits nothing (a review)
+    tune["pick"]["persistent_workers"] = True
+    f.write_text(json.dumps(tune))
+    (s,) = build_report(load_inputs([str(f)])).sections
+    assert next(r for r in s.table.rows if r.pick).tokens_per_s_measured == before
 
 
 def test_tune_on_a_cpu_names_its_memory_limit(tmp_path):

@@ -253,9 +253,14 @@ def test_a_busy_host_fits_torchs_threads_and_says_so(job, tmp_path, monkeypatch)
         seen.append(window_s)
         return 1, before, 1.4, 2
 
-    monkeypatch.setattr(loop, "threads_for_load", busy)
+    def busy_and_fitted(window_s):
+        torch.set_num_threads(1)  # as threads_for_load does
+        return busy(window_s)
+
+    monkeypatch.setattr(loop, "threads_for_load", busy_and_fitted)
     res = train(job, RunOptions(out_dir=tmp_path / "r", max_steps=1))
     assert seen == [0.25]
+    assert torch.get_num_threads() == before  # given back after the run
     (note,) = [n for n in res.notes if "other processes used 1.4 of 2 CPU cores" in n]
     assert f"torch runs at 1 thread instead of {before}" in note
     record = json.loads((tmp_path / "r" / "train.json").read_text())
@@ -271,7 +276,7 @@ def test_an_oom_at_micro_batch_1_says_what_this_job_can_still_change(job, tmp_pa
     hint = e.value.hint
     assert hint.startswith("in the job file: grad_ckpt: full, method: lora, or a shorter seq_len "
                            "(now 32)")
-    assert "qlora" not in hint and "--" not in hint
+    assert "qlora" not in hint and "--grad-ckpt" not in hint and "into a new --out" in hint
     # checkpointed already, and LoRA: only the sequence is left
     with pytest.raises(JobError) as e:
         train(job.replace(grad_ckpt="full", method="lora"),

@@ -313,7 +313,11 @@ def test_an_undecided_note_says_when_the_budget_cut_the_rounds():
             "or 2 each beyond 5× the noise of this run, 8%, measured)") in cut
     assert "within the noise" not in cut
     noisy = note_words(SearchNote("undecided", {**data, "budget": False}))
-    assert "within the noise of this run (8%, measured)" in noisy
+    assert "noise of this run (8%, measured); kept" in noisy
+    # the rule the rounds failed, where the comparison named it (speed.compare._undecided_why)
+    why = note_words(SearchNote("undecided", {**data, "budget": False,
+                                              "why": "the repeats overlap: …"}))
+    assert "noise of this run (8%, measured): the repeats overlap: …; kept" in why
 
 
 @pytest.mark.parametrize("later_tps, kept", [(90.0, True), (200.0, False)])
@@ -512,7 +516,9 @@ def test_a_probe_far_below_its_prediction_is_measured_again_before_it_is_dropped
     out = s.search()
     (note,) = [n for n in out.notes if n.kind == "outlier"]
     assert note.data["first_tokens_per_s"] == 231.0 and note.data["again_tokens_per_s"] == 13_300.0
-    assert "measured again at 13,300 tokens/s" in note_words(note)
+    assert "measured again at 13,300 tokens/s; then dropped" in note_words(note)
+    # measured twice: not among those "dropped on one probe"
+    assert not [c for c, _ in s.one_probe if ("optimizer_impl", "foreach") in c]
     assert seen["foreach"] == 2 and out.best.job.optimizer_impl != "foreach"
     # merely slower (0.9× its prediction's pace): one probe, no re-measure, no note
     seen["foreach"] = 0

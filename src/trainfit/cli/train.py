@@ -222,14 +222,14 @@ def _finish(result: Any, out: str, as_json: bool) -> None:
         render_train(d, out)
     if result.stopped == "diverged":
         # the checkpoints before the step hold the weights that led to it (the last one is the
-        # update that made the loss non-finite), and a resume keeps the checkpoint's lr and
-        # precision (checkpoint.same_samples refuses others): the fix is a new run (a QA run)
+        # update that made the loss non-finite), and a resume refuses another lr
+        # (checkpoint.OPTIMIZER_FIELDS): the fix is a new run (a QA run)
         saved = (f"; the checkpoints ({', '.join(Path(c).name for c in result.checkpoints)}) "
                  "hold the weights that led there" if result.checkpoints else "")
         typer.echo(f"error: the loss became non-finite at step {result.diverged_at_step}: "
                    f"training stopped, nothing saved after it{saved}", err=True)
         typer.echo("hint: set a lower lr (or precision: amp-bf16 / fp32) in the job file, or "
-                   "look at the data near that step; then run again into a new --out (a resumed "
-                   "run keeps the checkpoint's lr)", err=True)
+                   "look at the data near that step; then run again into a new --out (a resume "
+                   "refuses another lr)", err=True)
     if result.exit_code:
         raise typer.Exit(result.exit_code)

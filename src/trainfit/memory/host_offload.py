@@ -186,33 +186,52 @@ def host_activations_of_row(model: Any, batch: int) -> HostActivations:
     return extrapolated(model.segment(batch), model.full_layers, batch, copied_at)
 
 
-def pinned_shards(job: Any, model: Any, flats: list[Any]) -> list[int] | None:
+def pinned_shards(job: Any, model: Any) -> tuple[list[int], int] | None:
     """The bytes of each pinned host tensor FSDP's CPU offload (``offload: all``) makes on one
-    rank, or None without it: FSDP2 pins each parameter's padded shard (``_fsdp_param.py``:
-    ``padded_sharded_param.pin_memory()``) and copies each gradient shard to the host with
-    ``non_blocking=True``, into a pinned tensor (``_fsdp_collectives.py``: ``foreach_reduce``);
-    FSDP1 pins each unit's flat shard and its ``_cpu_grad`` (``_flat_param.py``).  Both through
-    PyTorch's pinned-memory cache (``at::getHostAllocator``), which rounds each up to a power of
-    two; the optimizer's states are made on the host by ``zeros_like``, not pinned.  ``flats``:
-    FSDP1's flat shards where its wrap was simulated."""
+    rank, and those of them the GPU-side difference (:func:`trainfit.memory.ranks.host_offload_bytes`)
+    does not count; None without the offload.  FSDP2 pins each parameter's padded shard
+    (``_fsdp_param.py``: ``padded_sharded_param.pin_memory()``) and copies each gradient shard
+    to the host with ``non_blocking=True``, into a pinned tensor (``_fsdp_collectives.py``:
+    ``foreach_reduce``); FSDP1 pins each unit's flat shard, one per dtype, and a ``_cpu_grad``
+    of its size for every flat parameter, frozen or not (``_flat_param.py``: a frozen unit's is
+    the uncounted part).  All through PyTorch's pinned-memory cache (``at::getHostAllocator``),
+    which rounds each up to a power of two; the optimizer's states are made on the host by
+    ``zeros_like``, not pinned.  On one rank of the simulated step (FSDP2 through the fake
+    process group) a parameter is its shard; otherwise (a real process group exists: the
+    analytic per-rank model) the shard is its ``ceil(dim0 / ranks)`` rows."""
     if job.offload != "all" or job.sharding != "fsdp":
         return None
-    if flats:
-        return [f.untyped_storage().nbytes() for f in flats] + [
-            f.untyped_storage().nbytes() for f in flats if f.requires_grad]
-    if job.fsdp_flat:  # FSDP1 without its wrap simulated: each unit's flat shard, from its sizes
+    ranks = max(job.ranks, 1)
+    if job.fsdp_flat:
         from trainfit.memory.wrap import wrap_units
 
-        ranks = max(job.ranks, 1)
-        units = [(-(-sum(p.numel() for p in u) // ranks) * u[0].element_size(),
-                  any(p.requires_grad for p in u)) for u in wrap_units(model) if u]
-        return [b for b, _ in units] + [b for b, grad in units if grad]
+        flats: list[tuple[int, bool]] = []
+        for unit in wrap_units(model):
+            by_dtype: dict[Any, list[Any]] = {}
+            for p in unit:
+                by_dtype.setdefault(p.dtype, []).append(p)
+            flats += [(-(-sum(p.numel() for p in ps) // ranks) * ps[0].element_size(),
+                       any(p.requires_grad for p in ps)) for ps in by_dtype.values()]
+        return ([b for b, _ in flats] * 2,
+                sum(b for b, grad in flats if not grad))
     params = list(model.parameters())
-    storage = [local(p) for p in params]
-    return [t.untyped_storage().nbytes() for t in storage] + [
-        t.nbytes for p, t in zip(params, storage, strict=True) if p.requires_grad]
+    sharded = any(local(p) is not p for p in params)
+
+    def shard(p: Any, padded: bool) -> int:
+        t = local(p)
+        if sharded:
+            return t.untyped_storage().nbytes() if padded else t.nbytes
+        rows = p.shape[0] if p.dim() else 1
+        return -(-rows // ranks) * (p.numel() // max(rows, 1)) * p.element_size()
+
+    return ([shard(p, True) for p in params] + [shard(p, False) for p in params
+                                                if p.requires_grad], 0)
 
 
-def pinned_extra_bytes(sizes: Sequence[int] | None) -> int:
-    """What the power-of-two blocks of ``sizes`` take beyond their bytes."""
-    return sum(pow2_ceil(s) - s for s in sizes or ())
+def pinned_extra_bytes(pinned: tuple[list[int], int] | None) -> int:
+    """What :func:`pinned_shards`' power-of-two blocks hold beyond the host bytes already
+    counted: each block's rounding, and the tensors not counted at all."""
+    if pinned is None:
+        return 0
+    sizes, uncounted = pinned
+    return sum(pow2_ceil(s) - s for s in sizes) + uncounted

@@ -317,7 +317,7 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         # FSDP1's wrap: its history in the allocator trace, the parameters as flat shards
         flats = record_wrap(job, model, tracker) if records_wrap(job, mesh is not None) else []
         quant_state = _track_inputs(model, batches, tracker, job, loads)
-        pinned = pinned_shards(job, model, flats)
+        pinned = pinned_shards(job, model)
         # torch.compile: each block runs as AOTAutograd's partition of it (memory/compiled.py)
         blocks = compiled_blocks(job, model, tracker, sharded=mesh is not None)
         with device_semantics(attn) as ops, bookkeeping, tracker, blocks as untraced:

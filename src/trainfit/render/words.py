@@ -363,7 +363,9 @@ def note_words(n: SearchNote) -> str:
             + "what its prediction gives at the current best's measured pace — the host's, most "
             "likely: measured again"
             + (f" at {d['again_tokens_per_s']:,.0f} tokens/s" if d["again_tokens_per_s"]
-               else " (it no longer fit)")),
+               else " (it no longer fit)")
+            + ("; then dropped: no faster than the current best" if d.get("dropped") else
+               "; then compared in interleaved rounds" if d["again_tokens_per_s"] else "")),
         "pruned": lambda: f"not probed: {_changes(d['changes'])} — predicted "
                           + (f"{d['ratio']:.2f}×" if d["ratio"] is not None else
                              f"< {d['prune_below']}× (on another rank)")
@@ -385,8 +387,10 @@ def note_words(n: SearchNote) -> str:
                                 "--budget-s ran out (a gain needs all of them, or 2 each beyond "
                                 "5× the noise of this run, "
                                 if d.get("budget") and len(d["ratios"]) < d.get("rounds", 0)
-                                else "within the noise of this run (")
-                             + f"{d['noise']:.0%}, measured): kept the simpler configuration",
+                                else "noise of this run (")
+                             + f"{d['noise']:.0%}, measured)"
+                             + (f": {d['why']}" if d.get("why") else "")
+                             + "; kept the simpler configuration",
         "unsteady": lambda: "timings unsteady: one configuration's probes in this run lie "
                             f"{d['spread']:.1f}× apart (fastest ÷ slowest, measured), so a "
                             "single probe may be the host's, not the configuration's"

@@ -14,7 +14,6 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from trainfit.job.fields import KNOBS
 from trainfit.report.model import (
     GIB,
     DoctorInput,
@@ -39,13 +38,18 @@ from trainfit.report.model import (
 )
 from trainfit.report.tables import RowAcc, judged_peak, reference_for, seed_table
 
-FAMILY_KEYS = tuple(dict.fromkeys((
-    "method", "precision", "grad_ckpt", "seq_len", "effective_batch", "ranks", "sharding",
-    "optimizer", "attention", "lora_r", "quant", "lm_head_chunk",
-    *(f for k in KNOBS for f in k.fields))))
-"""Job fields that make a setting; micro-batch and accumulation vary inside one.  Every field a
-tune knob sets is one: a probe of foreach AdamW measured at 231 tokens/s was merged into the
-fused pick's row (a QA run), whose median it then set."""
+FAMILY_KEYS = ("method", "precision", "grad_ckpt", "seq_len", "effective_batch", "ranks",
+               "sharding", "optimizer", "attention", "lora_r", "quant", "lm_head_chunk",
+               "optimizer_impl")
+"""Job fields that make a setting; micro-batch and accumulation vary inside one.  The optimizer's
+kernel, a knob tune tries, is one: a probe of foreach AdamW measured at 231 tokens/s was merged
+into the fused pick's row (a QA run), whose median it then set.  Not yet: ``compile`` and the
+loader's settings (num_workers, pin_memory, prefetch_factor, persistent_workers), which the
+report's loader keeps beside a probe's job, not in it — plan's rows do not state the loader's (a
+row is its step's, whatever feeds it), and tune sets persistent_workers on its pick by rule."""
+
+_ANY = object()
+"""A family key's value for a field its first job did not state: any value matches it."""
 
 GAP_FACTOR = 2.5
 """A sampling interval longer than this × the median interval is a gap in the monitor log."""
@@ -58,12 +62,13 @@ def _norm(v: Any) -> Any:
 
 
 def family_key(job: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(_norm(job.get(k)) for k in FAMILY_KEYS)
+    return tuple(_norm(job[k]) if k in job else _ANY for k in FAMILY_KEYS)
 
 
 def _matches(key: tuple[Any, ...], job: dict[str, Any]) -> bool:
     """Fields the job does not state do not count against a match."""
-    return all(k not in job or _norm(job[k]) == v for k, v in zip(FAMILY_KEYS, key, strict=True))
+    return all(v is _ANY or k not in job or _norm(job[k]) == v
+               for k, v in zip(FAMILY_KEYS, key, strict=True))
 
 
 def setting_label(job: dict[str, Any], varying: set[str] | None = None) -> str:

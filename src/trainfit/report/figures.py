@@ -261,9 +261,12 @@ def render_figures(report: Report) -> list[FigureImage]:
     for s in report.sections:
         out.append(FigureImage(
             f"{s.slug}-memory", f"{memory_title(s)} — {s.title}",
-            "Stacked bars: the predicted device peak split into its parts; hollow markers: predicted "
-            "device peak; filled markers: measured. Lines: GPU capacity and capacity minus the safety "
-            "margin. GiB = 2^30 bytes.", memory_figure(s)))
+            ("Hollow markers: predicted peak live tensor bytes; filled markers: measured. Lines: "
+             "the CPU memory limit tune stood in for a GPU with, and that limit minus the safety "
+             "margin. GiB = 2^30 bytes." if s.on_cpu else
+             "Stacked bars: the predicted device peak split into its parts; hollow markers: "
+             "predicted device peak; filled markers: measured. Lines: GPU capacity and capacity "
+             "minus the safety margin. GiB = 2^30 bytes."), memory_figure(s)))
         out.append(FigureImage(
             f"{s.slug}-throughput", f"Throughput vs micro-batch — {s.title}",
             "Lines with hollow markers: predicted tokens/s (all ranks); filled squares: measured.",

@@ -301,7 +301,8 @@ def find(resume: Path) -> tuple[Path, str | None]:
     raise JobError(f"--resume {resume}: no complete checkpoint in it"
                    + (f" ({', '.join(partial)} is a save that was interrupted)" if partial else ""),
                    "run again without --resume into a new --out (or remove "
-                   f"{resume} first: it holds no checkpoint), or give a directory that trainfit "
+                   f"{resume} first: it holds no complete checkpoint), or give a directory that "
+                   "trainfit "
                    "train wrote")
 
 

@@ -113,7 +113,8 @@ def limit_tracker(limit_bytes: int | None, model: torch.nn.Module) -> LimitTrack
         raise JobError(f"--memory-limit {limit_bytes:,} bytes: the model's weights alone take "
                        f"{need:,} bytes ({need / 2**20:.1f} MiB), more than the limit",
                        # not "e.g. 4 × the weights": that fits no micro-batch (a QA run)
-                       "give more: with a full fine-tune's gradients and AdamW's two states it is "
+                       "give --memory-limit more: with a full fine-tune's gradients and AdamW's two "
+                       "states it is "
                        f"~{max(1, math.ceil(need * 4 / 2**20))} MiB before any activation "
                        "(trainfit plan predicts a micro-batch's whole step)"
                        ) from None

@@ -57,7 +57,7 @@ from trainfit.run.checks import (
 )
 from trainfit.run.evaluate import eval_split
 from trainfit.run.hf_data import OrderSampler, RowCollate, train_dataset
-from trainfit.run.oom import InjectedOOM, OomEvent, cannot_split, free_after_oom, row_chunks
+from trainfit.run.oom import InjectedOOM, OomEvent, cannot_split, free_after_oom, oom_chain, row_chunks
 from trainfit.run.options import Interrupt, RunOptions
 from trainfit.run.record import (
     TrainResult,
@@ -83,8 +83,12 @@ class SplitOnOOM:
     trainfit_ids: list[int]
     trainfit_step_loss = 0.0
     trainfit_world = 1
+    trainfit_hint: dict[str, Any] = {}  # noqa: RUF012 - replaced per trainer by _trainfit_init
+    """What :func:`~trainfit.run.oom.cannot_split` may offer: the job, its device, its model."""
 
-    def _trainfit_init(self, inject: tuple[int, ...], world: int) -> None:
+    def _trainfit_init(self, inject: tuple[int, ...], world: int,
+                       hint: dict[str, Any] | None = None) -> None:
+        self.trainfit_hint = dict(hint or {})
         self.trainfit_inject = set(inject)
         self.trainfit_events = []
         self.trainfit_ids = []
@@ -148,7 +152,7 @@ class SplitOnOOM:
                            "num_items_in_batch, so a split would change the loss weighting",
                            "use --backend trainfit, or a smaller micro_batch")
         if before == 1:
-            raise cannot_split(step)
+            raise cannot_split(step, splits=oom_chain(self.trainfit_events), **self.trainfit_hint)
         free_after_oom(lambda: self.model.zero_grad(set_to_none=True))  # type: ignore[attr-defined]
         self.trainfit_split *= 2
         after = math.ceil(size / self.trainfit_split)
@@ -377,7 +381,9 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     trainer = cls(model=wl.model, args=_training_args(job, opts, backend, total, device),
                   train_dataset=train_dataset(data, backend), data_collator=RowCollate(data, source.task),
                   processing_class=tok, optimizers=(wl.optimizer, sched))
-    trainer._trainfit_init(opts.inject_oom_at_steps, world)
+    trainer._trainfit_init(opts.inject_oom_at_steps, world, hint={
+        "job": job, "cuda": device.type == "cuda",
+        "can_checkpoint": getattr(source.config, "supports_grad_ckpt", True)})
     from transformers.trainer_callback import PrinterCallback
     from transformers.utils import logging as hf_logging
 

@@ -45,7 +45,14 @@ from trainfit.run.checks import (
     schedule_note,
     total_steps,
 )
-from trainfit.run.oom import InjectedOOM, OomEvent, cannot_split, free_after_oom, smaller_micro_batch
+from trainfit.run.oom import (
+    InjectedOOM,
+    OomEvent,
+    cannot_split,
+    free_after_oom,
+    oom_chain,
+    smaller_micro_batch,
+)
 from trainfit.run.options import Interrupt, RunOptions
 from trainfit.run.record import (
     TrainResult,
@@ -385,8 +392,8 @@ class Trainer:
         free_after_oom(lambda: self.wl.optimizer.zero_grad(set_to_none=True))
         before = self.state.micro_batch
         if before == 1:
-            splits = [e.batch_before for e in res.oom_events] + [1]
-            raise cannot_split(step, self.job, cuda=self.device.type == "cuda", splits=splits,
+            raise cannot_split(step, self.job, cuda=self.device.type == "cuda",
+                               splits=oom_chain(res.oom_events),
                                can_checkpoint=getattr(self.source.config, "supports_grad_ckpt",
                                                       True))
         per_rank = self.job.effective_batch // self.dist.world
@@ -437,4 +444,10 @@ class _Sched:
 
 
 def train(job: JobSpec, opts: RunOptions, data: TokenData | None = None) -> TrainResult:
-    return Trainer(job, opts, data).run()
+    # the thread count a busy host made the Trainer lower is the process's: given back after
+    # the run (an in-process caller — a test, a notebook — would keep one thread; a review)
+    threads = torch.get_num_threads()
+    try:
+        return Trainer(job, opts, data).run()
+    finally:
+        torch.set_num_threads(threads)

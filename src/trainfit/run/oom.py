@@ -88,8 +88,22 @@ def cannot_split(step: int, job: Any = None, *, can_checkpoint: bool = True,
     went = (f" (after splitting micro-batch {' → '.join(map(str, splits))})"
             if splits and len(splits) > 1 else "")
     ways = ", ".join(fixes[:-1]) + (", or " if len(fixes) > 1 else "") + fixes[-1]
+    # a resume keeps the samples and the parameters (checkpoint.same_samples): a changed
+    # seq_len or method is a new run
     return JobError(f"out of memory in step {step + 1} with micro-batch 1{went}",
-                    f"in the job file: {ways}; or give the step more memory")
+                    f"in the job file: {ways}, and run it into a new --out; or give the step "
+                    "more memory")
+
+
+def oom_chain(events: list[Any]) -> list[int]:
+    """The micro-batches the training steps split through to reach 1 (8 → 4 → 2 → 1): the step
+    splits' chain that ends at 1, back from the last — not an evaluation's batches, nor an
+    earlier segment's splits that a resume reset (a review)."""
+    chain = [1]
+    for e in reversed([e for e in events if getattr(e, "phase", "step") == "step"]):
+        if e.batch_after == chain[0] and e.batch_before > chain[0]:
+            chain.insert(0, e.batch_before)
+    return chain
 
 
 def smaller_micro_batch(per_rank_batch: int, before: int) -> int:

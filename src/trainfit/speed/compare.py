@@ -95,11 +95,13 @@ class Comparison:
 def _undecided_why(ratios: list[float], a_s: list[float], b_s: list[float], floor: float,
                    noise: float, rounds: int) -> str:
     """The first rule of :meth:`Comparison.of`'s ``faster`` the rounds did not pass."""
-    if len(ratios) < rounds:
-        return f"only {len(ratios)} of {rounds} rounds ran, and the gain is not decisive"
+    # a round that contradicts the gain first: the rounds stop at it, so "only 2 of 4 rounds
+    # ran" would read as the budget's doing (a review)
     if min(ratios) <= 1 + floor:
         return (f"a round was not faster by more than {floor:.0%} "
                 f"({min(ratios):.2f}×)")
+    if len(ratios) < rounds:
+        return f"only {len(ratios)} of {rounds} rounds ran, and the gain is not decisive"
     if min(b_s) <= max(a_s) * (1 + floor):
         return (f"the repeats overlap: the slowest repeat of the candidate ({min(b_s):,.0f} "
                 f"tokens/s) does not beat the fastest of the other ({max(a_s):,.0f}) by "

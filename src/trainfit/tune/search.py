@@ -236,14 +236,17 @@ class Searcher:
         # the incumbent by the median of its timed probes: one taken while the host was busy
         # would wave every candidate through to the rounds
         a, b = self.tps(self.median_of(best)), self.tps(cand)
+        again = None
         if b <= a * (1 + self.o.noise_floor):
             again = self._outlier_again(cand, best, a, b)
             if again is not None:
                 cand, b = again, self.tps(again)
         if b <= a * (1 + self.o.noise_floor):
+            if again is not None:  # measured twice: not "dropped on one probe"; said dropped
+                self.notes[-1].data["dropped"] = True
             # over_budget() is a collective under many ranks and notes the budget: asked where
             # it always was, once
-            if a > 0 and b > 0 and not self.over_budget():
+            elif a > 0 and b > 0 and not self.over_budget():
                 self.one_probe.append((_diff(cand.job, best.job), b / a))
             return False
         if self.over_budget():
@@ -252,7 +255,8 @@ class Searcher:
         if c.verdict == "undecided":
             self.notes.append(SearchNote("undecided", {
                 "changes": _diff(cand.job, best.job), "ratios": c.ratios, "noise": c.noise,
-                "proposal": c.proposal, "rounds": self.o.rounds, "budget": self.stopped}))
+                "proposal": c.proposal, "rounds": self.o.rounds, "budget": self.stopped,
+                "why": c.why}))
         return c.verdict == "faster"
 
     def _outlier_again(self, cand: Trial, best: Trial, a: float, b: float) -> Trial | None:

@@ -3,6 +3,7 @@ that fits — the job and data of the user, probes of the same step ``plan`` sim
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import time
@@ -353,7 +354,10 @@ def run_search(job: JobSpec, opts: TuneOptions, bench: Bench, t0: float,
     unsteady = searcher.repeat_spread_note()
     if unsteady is not None:
         out.notes.append(unsteady)
-    rule_notes = _rule_notes(pick, device)  # persistent workers set on the pick written
+    # persistent workers set on the pick written — on a copy: the probe it is (median_of may
+    # return one) keeps the job it ran (a review: its record read persistent_workers true)
+    pick = dataclasses.replace(pick) if pick is not None else None
+    rule_notes = _rule_notes(pick, device)
     return TuneResult(device=str(device), device_name=bench.device_name,
                       memory_limit_bytes=bench.capacity, margin=opts.margin,
                       search_time_s=time.perf_counter() - t0, dataset_samples=bench.samples,
