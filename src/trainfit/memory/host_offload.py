@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainfit.memory.sharded import local
+from trainfit.memory.wrap import flat_parameters, wrap_units
 from trainfit.model.offload import MIN_OFFLOAD_BYTES
 
 
@@ -162,6 +163,24 @@ def unsized(job: Any) -> str | None:
     return None
 
 
+def host_fields(job: Any, host: HostActivations | None) -> dict[str, Any]:
+    """MemoryPrediction's ``host_activation_*`` fields for ``job``: None bytes where they are
+    not predicted (:func:`unsized`), the defaults without an activation offload."""
+    if unsized(job):
+        return {"host_activation_bytes": None}
+    if host is None:
+        return {}
+    return {"host_activation_bytes": host.pinned_bytes,
+            "host_activation_copied_bytes": host.copied_bytes,
+            "host_activation_exact": host.exact}
+
+
+def host_clause(job: Any, host: HostActivations | None) -> str:
+    """The memory note's clause on the host side of ``job``'s activation offload."""
+    why = unsized(job)
+    return f"; {why}" if why else f"; {host_words(host)}" if host else ""
+
+
 def host_words(host: HostActivations) -> str:
     """One clause: what the host holds, predicted, in GiB."""
     gib = 2**30
@@ -203,17 +222,9 @@ def pinned_shards(job: Any, model: Any) -> tuple[list[int], int] | None:
         return None
     ranks = max(job.ranks, 1)
     if job.fsdp_flat:
-        from trainfit.memory.wrap import wrap_units
-
-        flats: list[tuple[int, bool]] = []
-        for unit in wrap_units(model):
-            by_dtype: dict[Any, list[Any]] = {}
-            for p in unit:
-                by_dtype.setdefault(p.dtype, []).append(p)
-            flats += [(-(-sum(p.numel() for p in ps) // ranks) * ps[0].element_size(),
-                       any(p.requires_grad for p in ps)) for ps in by_dtype.values()]
-        return ([b for b, _ in flats] * 2,
-                sum(b for b, grad in flats if not grad))
+        flats = [(shard, grad) for unit in wrap_units(model)
+                 for _, shard, grad in flat_parameters(unit, ranks)]
+        return [b for b, _ in flats] * 2, sum(b for b, grad in flats if not grad)
     params = list(model.parameters())
     sharded = any(local(p) is not p for p in params)
 

@@ -24,8 +24,8 @@ from trainfit.memory.depth_trace import Trace
 from trainfit.memory.host_offload import (
     HostActivations,
     host_activations_of_sizes,
-    host_words,
-    unsized,
+    host_clause,
+    host_fields,
 )
 from trainfit.memory.host_offload import pinned_extra_bytes as pinned_extra
 from trainfit.memory.loading import load_reserve, loading_notes
@@ -218,8 +218,6 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     device = resident + on_device
     notes = [*_peak_notes(how, work, context, (on_device, managed_bytes), (nccl, nccl_note)),
              *dp_notes, *([limit_note] if limit_note else []), *([saving] if saving else [])]
-    if unsized(job):  # the host bytes' premises do not hold: unknown, said why
-        host_activations = None
     notes += _step_notes(job, compile_untraced, compile_partitioned, host_activations)
     before_step, reserve_notes = wrap_reserve(job, trace) if records_wrap(job, per_rank) else \
         load_reserve(job, trace, setup_events, getattr(source, "stored_quant", None) is not None)
@@ -242,11 +240,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
         trainable_params=trainable_params, sdpa_kernels=sdpa_kernels, sim_time_s=sim_time_s,
         model_notes=notes, reserved_before_step_bytes=before_step,
         reserved_expandable_bytes=with_expandable, matmul_params=matmul_params,
-        host_offload_bytes=host,
-        host_activation_bytes=host_activations.pinned_bytes if host_activations else
-        None if unsized(job) else 0,
-        host_activation_copied_bytes=host_activations.copied_bytes if host_activations else 0,
-        host_activation_exact=host_activations.exact if host_activations else True)
+        host_offload_bytes=host, **host_fields(job, host_activations))
 
 
 def _full_breakdown(terms: dict[str, int], work: int, managed_bytes: int, blocks: int
@@ -275,8 +269,7 @@ def _step_notes(job: JobSpec, compile_untraced: list[str] | None,
                      "≥ 1 KiB that are not weights, and not the output head's, wait in host "
                      "memory; the last 5 saved stay on the GPU until 5 more are saved or the forward "
                      "ends); the host↔GPU copies are not timed (the rows' speed: unknown)"
-                     + (f"; {host_words(host)}" if host else "")
-                     + (f"; {unsized(job)}" if unsized(job) else ""))
+                     + host_clause(job, host))
     if job.rope_cache != "none":
         notes.append(f"rope_cache {job.rope_cache}: each layer holds transformers < 4.40's cos "
                      "and sin tables (max_position_embeddings × head_dim), booked as buffers")

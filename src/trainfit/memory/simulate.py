@@ -292,6 +292,19 @@ def _stack_model(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Module, An
     return model, info
 
 
+def _info(job: JobSpec, model: torch.nn.Module, info: Any, untraced: list[str] | None,
+          offload: Any) -> dict[str, Any]:
+    """SimResult.info: what the model build found, torch.compile's partition, and what the host
+    holds (memory/host_offload.py): the tensors the last forward's activation offload copied,
+    FSDP CPU offload's pinned shards."""
+    pinned = pinned_shards(job, model)
+    return {"quantized_linears": info.quantized_linears, "matmul_params": info.matmul_params,
+            "lora_target_modules": info.lora_target_modules,
+            "compile_partitioned": untraced is not None, "compile_untraced": list(untraced or []),
+            **({"offloaded_sizes": list(offload.offloaded_sizes)} if offload else {}),
+            **({"pinned_shards": pinned} if pinned is not None else {})}
+
+
 def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
               record_events: bool, op_hook: Any, batch_fn: Any, mesh: Any,
               loads: bool, flat_states: bool = False) -> SimResult:
@@ -317,7 +330,6 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         # FSDP1's wrap: its history in the allocator trace, the parameters as flat shards
         flats = record_wrap(job, model, tracker) if records_wrap(job, mesh is not None) else []
         quant_state = _track_inputs(model, batches, tracker, job, loads)
-        pinned = pinned_shards(job, model)
         # torch.compile: each block runs as AOTAutograd's partition of it (memory/compiled.py)
         blocks = compiled_blocks(job, model, tracker, sharded=mesh is not None)
         with device_semantics(attn) as ops, bookkeeping, tracker, blocks as untraced:
@@ -361,13 +373,7 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         sdpa_kernels=dict(ops.kernels_used),
         micro_steps_simulated=micro,
         sim_time_s=time.perf_counter() - t0,
-        info={"quantized_linears": info.quantized_linears, "matmul_params": info.matmul_params,
-              "lora_target_modules": info.lora_target_modules,
-              "compile_partitioned": untraced is not None, "compile_untraced": list(untraced or []),
-              # the tensors the last forward copied to the host (memory/host_offload.py)
-              **({"offloaded_sizes": list(offload.offloaded_sizes)} if offload else {}),
-              # FSDP CPU offload's pinned host tensors (memory/host_offload.py)
-              **({"pinned_shards": pinned} if pinned is not None else {})},
+        info=_info(job, model, info, untraced, offload),
         events=tracker.events,
         event_streams=tracker.event_streams,
         event_phases=tracker.event_phases,

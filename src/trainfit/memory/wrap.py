@@ -97,6 +97,22 @@ def units_and_buffers(model: torch.nn.Module
     return [(own, b) for _, own, b in owned if own] + ([(root, root_bufs)] if root else [])
 
 
+def flat_parameters(params: list[torch.nn.Parameter], ranks: int
+                    ) -> list[tuple[int, int, bool]]:
+    """A unit's flat parameters, one per dtype in the order the unit's parameters first have
+    it: (the flat parameter's bytes, one rank's shard of it — ``ceil(numel / ranks)`` elements
+    —, whether it requires a gradient: any member does)."""
+    groups: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+    for p in params:
+        groups.setdefault(p.dtype, []).append(p)
+    out = []
+    for dtype, ps in groups.items():
+        n = sum(p.numel() for p in ps)
+        out.append((n * dtype.itemsize, -(-n // ranks) * dtype.itemsize,
+                    any(p.requires_grad for p in ps)))
+    return out
+
+
 def _nbytes(p: torch.Tensor) -> int:
     return p.numel() * p.element_size()  # a DTensor's numel is the whole parameter's
 
@@ -145,11 +161,7 @@ def record_wrap(job: JobSpec, model: torch.nn.Module, tracker: Any) -> list[torc
             tracker.track(b, "buffers")
         if job.fsdp_init == "wrap-sync":
             _broadcast(tracker, [*buffers, *params])  # module_states: buffers first
-        numel: dict[torch.dtype, int] = {}
-        for p in params:
-            numel[p.dtype] = numel.get(p.dtype, 0) + p.numel()
-        for dtype, n in numel.items():
-            flat_bytes, shard_bytes = n * dtype.itemsize, -(-n // ranks) * dtype.itemsize
+        for flat_bytes, shard_bytes, _ in flat_parameters(params, ranks):
             if offload:  # the shard goes to the host: every block here is transient
                 flat = tracker.history(flat_bytes)
                 shard = tracker.history(shard_bytes)

@@ -127,12 +127,7 @@ class Trainer:
         self.state = ckpt.RunState(step=0, position=0, micro_batch=job.micro_batch,
                                    grad_accum=job.grad_accum or 1)
         self.resumed_from: str | None = None
-        self.notes: list[str] = [] if fitted is None else [
-            f"other processes used {fitted[2]:.1f} of {fitted[3]} CPU cores when train started "
-            f"(measured): torch runs at {fitted[0]} thread{'s' if fitted[0] > 1 else ''} instead "
-            f"of {fitted[1]}, as tune's probes did, so that its parallel regions do not wait on "
-            "busy cores (OMP_NUM_THREADS, when you set it, is kept); steps are slower than on a "
-            "quiet host"]
+        self.notes: list[str] = [] if fitted is None else [_busy_host_note(*fitted)]
         self.history: dict[str, Any] = {}
         self.resuming_here = False
         if ck is not None:
@@ -441,6 +436,15 @@ class _Sched:
 
     def __iter__(self) -> Iterator[list[int]]:
         return self.factory()
+
+
+def _busy_host_note(threads: int, was: int, others: float, cpus: int) -> str:
+    """What :func:`~trainfit.speed.host_timing.threads_for_load` did to this run's torch."""
+    return (f"other processes used {others:.1f} of {cpus} CPU cores when train started "
+            f"(measured): torch runs at {threads} thread{'s' if threads > 1 else ''} instead of "
+            f"{was}, as tune's probes did, so that its parallel regions do not wait on busy "
+            "cores (OMP_NUM_THREADS, when you set it, is kept); steps are slower than on a quiet "
+            "host")
 
 
 def train(job: JobSpec, opts: RunOptions, data: TokenData | None = None) -> TrainResult:
