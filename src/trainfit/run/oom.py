@@ -95,12 +95,12 @@ def cannot_split(step: int, job: Any = None, *, can_checkpoint: bool = True,
                     "more memory")
 
 
-def oom_chain(events: list[Any]) -> list[int]:
+def oom_chain(events: list[OomEvent]) -> list[int]:
     """The micro-batches the training steps split through to reach 1 (8 → 4 → 2 → 1): the step
     splits' chain that ends at 1, back from the last — not an evaluation's batches, nor an
     earlier segment's splits that a resume reset (a review)."""
     chain = [1]
-    for e in reversed([e for e in events if getattr(e, "phase", "step") == "step"]):
+    for e in reversed([e for e in events if e.phase == "step"]):
         if e.batch_after == chain[0] and e.batch_before > chain[0]:
             chain.insert(0, e.batch_before)
     return chain
