@@ -326,3 +326,15 @@ def test_a_measured_link_is_taken_with_or_without_its_unit():
     gpu = find_gpu("rtx-3090")
     for given in ("2.7", "2.7GB/s", "2.7 GB/s", "2.7gbps"):
         assert _with_interconnect(gpu, given).interconnect == "2.7 GB/s measured (given)", given
+
+
+def test_the_command_list_is_in_the_order_of_the_work_with_one_paragraph_summaries():
+    """`trainfit --help` lists quickstart, plan, tune, train, doctor, report first, each summary
+    its docstring's first paragraph on one line (typer kept the source's line breaks)."""
+    names = [c.name for c in app.registered_commands]
+    assert names[:6] == ["quickstart", "plan", "tune", "train", "doctor", "report"]
+    assert set(names) >= {"monitor", "emit", "models", "gpus"}
+    report = next(c for c in app.registered_commands if c.name == "report")
+    assert "\n" not in report.short_help and "the pick, the seed-002-style table" in report.short_help
+    out = runner.invoke(app, ["--help"], terminal_width=200).output
+    assert out.index("quickstart") < out.index(" plan ") < out.index(" tune ") < out.index(" report ")

@@ -353,6 +353,25 @@ def quickstart_cmd() -> None:
     plan_cmd(str(examples_dir() / DEFAULT_EXAMPLE))
 
 
+def one_line_summaries(typer_app: typer.Typer) -> None:
+    """The command list shows each command's first docstring paragraph as its summary, and typer
+    keeps that paragraph's source line breaks ("..., the pick, the" / "seed-002-style table"):
+    give every command without its own ``short_help`` the paragraph on one line, which rich then
+    wraps to the terminal's width."""
+    for info in typer_app.registered_commands:
+        doc = info.help or (info.callback.__doc__ if info.callback else None)
+        if info.short_help is None and doc:
+            info.short_help = " ".join(doc.strip().split("\n\n")[0].split())
+
+
+one_line_summaries(app)
+# the list in the order of the work: predict, measure, run, explain, show; then the helpers
+_WORK_ORDER = ("quickstart", "plan", "tune", "train", "doctor", "report", "monitor", "emit",
+               "models", "gpus")
+app.registered_commands.sort(
+    key=lambda c: _WORK_ORDER.index(c.name) if c.name in _WORK_ORDER else len(_WORK_ORDER))
+
+
 def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import warnings

@@ -82,9 +82,13 @@ def findings_block(findings: list[Finding], title: str) -> Group:
 
 
 COMPARE_ROWS = {"step_time_s": ("step time", "s"), "tokens_per_s": ("tokens/s", ""),
-                "data_wait_fraction": ("data wait (% of step)", "fraction"),
+                "data_wait_fraction": ("data wait + host→device copy (% of each step)",
+                                       "fraction"),
                 "gpu_util_percent": ("GPU utilisation", "percent")}
-"""Each before/after row's label and unit, by its Metrics field."""
+"""Each before/after row's label and unit, by its Metrics field.  The input's share is the median
+of each step's (data wait + copy) / step (split.data_wait_fractions), not the split table's data
+wait row (the median wait ÷ the median step, without the copy): the two differ by both (a QA run
+read 0.5 % and 0.6 % of the same steps), so the label says which."""
 
 
 def _pm(v: float | None, pm: float | None, unit: str) -> str:

@@ -27,6 +27,7 @@ from trainfit.report.model import (
     PlanConfig,
     PlanInput,
     Point,
+    Probe,
     Report,
     Section,
     Timeline,
@@ -37,16 +38,16 @@ from trainfit.report.model import (
     TuneInput,
 )
 from trainfit.report.tables import RowAcc, judged_peak, reference_for, seed_table
+from trainfit.report.variants import reference_variant, variant_rows
 
 FAMILY_KEYS = ("method", "precision", "grad_ckpt", "seq_len", "effective_batch", "ranks",
                "sharding", "optimizer", "attention", "lora_r", "quant", "lm_head_chunk",
                "optimizer_impl")
 """Job fields that make a setting; micro-batch and accumulation vary inside one.  The optimizer's
 kernel, a knob tune tries, is one: a probe of foreach AdamW measured at 231 tokens/s was merged
-into the fused pick's row (a QA run), whose median it then set.  Not yet: ``compile`` and the
-loader's settings (num_workers, pin_memory, prefetch_factor, persistent_workers), which the
-report's loader keeps beside a probe's job, not in it — plan's rows do not state the loader's (a
-row is its step's, whatever feeds it), and tune sets persistent_workers on its pick by rule."""
+into the fused pick's row (a QA run), whose median it then set.  ``compile`` and the loader's
+settings are not (plan's rows do not state them: a row is its step's, whatever feeds it); a
+probe that ran them otherwise than tune's pick gets a row of its own (report/variants.py)."""
 
 _ANY = object()
 """A family key's value for a field its first job did not state: any value matches it."""
@@ -137,6 +138,9 @@ class _SectionBuilder:
         jobs = [c.job for c in plan.configs] if plan else []
         jobs += [p.job for p in tune.probes] if tune else []
         self.varying = {k for k in FAMILY_KEYS if len({_norm(j.get(k)) for j in jobs if k in j}) > 1}
+        # the loader/compile settings every row without words of its own ran: the pick's
+        self.ref_variant = reference_variant(tune)
+        self._variant_of: dict[int, str] | None = None
 
     def family(self, job: dict[str, Any]) -> Family:
         for f in self.families:
@@ -146,10 +150,16 @@ class _SectionBuilder:
         self.families.append(f)
         return f
 
-    def row(self, fam: Family, mb: int, ga: int) -> RowAcc:
-        key = (fam.key, mb, ga)
+    def variant_words(self, p: Probe) -> str:
+        if self._variant_of is None:
+            self._variant_of = variant_rows(self.tune.probes if self.tune else [],
+                                            lambda q: self.family(q.job).key, self.ref_variant)
+        return self._variant_of.get(id(p), "")
+
+    def row(self, fam: Family, mb: int, ga: int, variant: str = "") -> RowAcc:
+        key = (fam.key, mb, ga, variant)
         if key not in self.rows:
-            self.rows[key] = RowAcc(fam.label, mb, ga)
+            self.rows[key] = RowAcc(f"{fam.label}, {variant}" if variant else fam.label, mb, ga)
         return self.rows[key]
 
     def add_plan(self, plan: PlanInput) -> None:
@@ -174,7 +184,7 @@ class _SectionBuilder:
             else tune.memory_limit_bytes * (1 - tune.margin)
         for p in tune.probes:
             fam = self.family(p.job)
-            r = self.row(fam, p.micro_batch, p.grad_accum)
+            r = self.row(fam, p.micro_batch, p.grad_accum, self.variant_words(p))
             q, m = p.predicted, p.measured
             planned = any(b.micro_batch == p.micro_batch for b in fam.bars)
             if q is not None and not planned:  # the plan's prediction of the same step wins
@@ -223,7 +233,11 @@ class _SectionBuilder:
         fam = self.family(t.pick.job) if t.pick else (self.families[0] if self.families else None)
         if fam is None:
             return RowAcc("baseline", t.baseline.micro_batch, t.baseline.grad_accum)
-        return self.rows.get((fam.key, t.baseline.micro_batch, t.baseline.grad_accum),
+        # the row the baseline's own probe landed in (its loader may not be the pick's)
+        mine = [p for p in t.probes if p.stage == "baseline"
+                and (p.micro_batch, p.grad_accum) == (t.baseline.micro_batch, t.baseline.grad_accum)]
+        words = self.variant_words(mine[0]) if mine else ""
+        return self.rows.get((fam.key, t.baseline.micro_batch, t.baseline.grad_accum, words),
                              RowAcc(fam.label, t.baseline.micro_batch, t.baseline.grad_accum))
 
 
@@ -272,7 +286,7 @@ def build_section(plan: PlanInput | None, tune: TuneInput | None, dataset_tokens
     if base is not None and base.probes:
         base_tps = base.tokens_per_s_measured  # the same statistic as every row: the median
     order = {f.key: i for i, f in enumerate(b.families)}
-    accs = [b.rows[k] for k in sorted(b.rows, key=lambda k: (order[k[0]], k[1], k[2]))]
+    accs = [b.rows[k] for k in sorted(b.rows, key=lambda k: (order[k[0]], k[1], k[2], k[3]))]
     ref = reference_for(accs, base, base_tps)
     tokens, source = dataset_tokens, "given with --dataset-tokens"
     if tokens is None and tune is not None and tune.dataset_tokens is not None:
@@ -432,7 +446,7 @@ def _ran_at(t: TrainInput, mb: Any, ga: Any) -> list[str]:
 
 
 DOCTOR_METRICS = (("step time", "s", "step_time_s", 1.0), ("throughput", "tokens/s", "tokens_per_s", 1.0),
-                  ("data wait", "% of step", "data_wait_fraction", 100.0),
+                  ("data wait + host→device copy", "% of step", "data_wait_fraction", 100.0),
                   ("GPU utilisation", "%", "gpu_util_percent", 1.0))
 
 

@@ -259,6 +259,7 @@ def _tune(o: _Obj, path: str) -> TuneInput:
             grad_accum=q.int_("grad_accum", nullable=False),
             num_workers=q.int_("num_workers", required=False),
             compile=q.bool_("compile", required=False), status=status,
+            pin_memory=q.bool_("pin_memory", required=False),
             measured=_measured(q.obj("measured", required=False, nullable=True)),
             predicted=_predicted(q.obj("predicted", required=False, nullable=True)),
             probe_time_s=q.num("probe_time_s", required=False)))

@@ -95,6 +95,7 @@ class Probe:
     measured: Measured | None
     predicted: Predicted | None
     probe_time_s: float | None
+    pin_memory: bool | None = None
 
 
 @dataclass(frozen=True)
