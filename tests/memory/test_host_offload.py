@@ -164,3 +164,32 @@ def test_fsdp_offload_pins_its_shards_in_power_of_two_blocks():
                       2) == pinned_extra_bytes((per_param, 0)) > 0
     assert "pinned_shards" not in simulate_step(JobSpec(**{**kw, "offload": "none"}), src,
                                                 target).info
+
+
+def test_zero2_offload_keeps_a_16_bit_partition_and_the_largest_parameters_buffer_on_the_host():
+    """ZeRO-2's offload_optimizer also makes, on the host, a 16-bit twin of the rank's partition
+    (the updated weights' way back to the GPU) and a 16-bit buffer of the largest trainable
+    parameter (DeepSpeed stage_1_and_2.py); unpinned by default: all of it uncounted bytes.  An
+    extrapolated plan row's bytes equal the full-size step's."""
+    from trainfit.memory.host_offload import pinned_extra_bytes
+    from trainfit.memory.simulate import simulate_step
+
+    cfg = LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=8,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)
+    src = ModelSource("small", cfg, "causal-lm", "local")
+    kw = dict(model="x", method="full", seq_len=32, micro_batch=2, grad_accum=1,
+              precision="amp-bf16", grad_ckpt="off", ranks=4, sharding="zero2",
+              offload="optimizer")
+    target = SimTarget(device="cuda")
+    full = simulate_step(JobSpec(**kw), src, target)
+    n = full.trainable_params
+    assert full.info["pinned_shards"] == ([], 2 * (-(-n // 4) + 1000 * 128))
+    model = fit_group(JobSpec(**kw), src, target)
+    assert model.layer_extrapolated
+    assert model.eval([pinned_extra_bytes(p.sim.info["pinned_shards"]) for p in model.points],
+                      2) == pytest.approx(pinned_extra_bytes(full.info["pinned_shards"]), abs=4)
+    # fp32 mode: 4 B each; no offload: nothing
+    fp32 = simulate_step(JobSpec(**{**kw, "precision": "fp32"}), src, target)
+    assert fp32.info["pinned_shards"] == ([], 4 * (-(-n // 4) + 1000 * 128))
+    assert "pinned_shards" not in simulate_step(JobSpec(**{**kw, "offload": "none"}), src,
+                                                target).info

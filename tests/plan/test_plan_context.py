@@ -124,7 +124,8 @@ def test_a_cpu_offload_holds_in_host_ram_what_it_takes_off_the_gpu(tiny_llama, s
     """Per rank, for its 1/ranks of the parameters: the fp32 weights (ZeRO's master, FSDP's
     shard: 4 B), AdamW's two states (8 B) and the fp32 gradient (4 B: FSDP's, ZeRO's step
     copy); ZeRO-3 also keeps its 16-bit gradient partition on the host (2 B) and, with the
-    parameters, their 16-bit partition (2 B) — and the GPU holds less."""
+    parameters, their 16-bit partition (2 B); ZeRO-2 a 16-bit twin of its partition (2 B) and a
+    16-bit buffer of the largest parameter — and the GPU holds less."""
     from trainfit.memory.predict import predict_memory
 
     job = JobSpec(model="t", seq_len=64, micro_batch=2, grad_accum=1, precision="amp-bf16",
@@ -147,8 +148,10 @@ def test_a_cpu_offload_holds_in_host_ram_what_it_takes_off_the_gpu(tiny_llama, s
         shard = [-(-s[0] // ranks) * (s[1:].numel() if len(s) > 1 else 1) * 4 for s in shapes]
         pinned = 2 * sum(pow2_ceil(b) - b for b in shard)
         assert pinned > 0
+    if sharding == "zero2":  # temp_grad_buffer_for_cpu_offload: the embedding, bf16
+        pinned = 2 * tiny_llama.config.vocab_size * tiny_llama.config.hidden_size
     per_param = (off.host_offload_bytes - pinned) * ranks / off.trainable_params
-    want = {"zero2": 16, "zero3": 18 + 2 * (offload == "all"), "fsdp": 16}[sharding]
+    want = {"zero2": 18, "zero3": 18 + 2 * (offload == "all"), "fsdp": 16}[sharding]
     assert per_param == pytest.approx(want, abs=0.15)
     assert off.peak_allocated_bytes < on.peak_allocated_bytes
 

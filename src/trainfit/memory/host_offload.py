@@ -43,6 +43,7 @@ from typing import Any
 
 from trainfit.memory.sharded import local
 from trainfit.memory.wrap import flat_parameters, wrap_units
+from trainfit.memory.zero import compute_dtype_bytes
 from trainfit.model.offload import MIN_OFFLOAD_BYTES
 
 
@@ -218,6 +219,8 @@ def pinned_shards(job: Any, model: Any) -> tuple[list[int], int] | None:
     ``zeros_like``, not pinned.  On one rank of the simulated step (FSDP2 through the fake
     process group) a parameter is its shard; otherwise (a real process group exists: the
     analytic per-rank model) the shard is its ``ceil(dim0 / ranks)`` rows."""
+    if job.sharding == "zero2" and job.offload != "none":
+        return zero2_host_buffers(job, model)
     if job.offload != "all" or job.sharding != "fsdp":
         return None
     ranks = max(job.ranks, 1)
@@ -237,6 +240,22 @@ def pinned_shards(job: Any, model: Any) -> tuple[list[int], int] | None:
 
     return ([shard(p, True) for p in params] + [shard(p, False) for p in params
                                                 if p.requires_grad], 0)
+
+
+def zero2_host_buffers(job: Any, model: Any) -> tuple[list[int], int]:
+    """ZeRO-2's ``offload_optimizer`` host tensors beyond its fp32 partition, gradient and
+    states (the GPU-side difference), on one rank: ``param_buffer_of_bit16_for_cpu_offload_groups``,
+    a 16-bit twin of the rank's partition that the updated weights are copied through on their way
+    back to the GPU, and ``temp_grad_buffer_for_cpu_offload``, the largest trainable parameter's
+    numel in the 16-bit dtype (``stage_1_and_2.py`` ``DeepSpeedZeroOptimizer.__init__``, in
+    DeepSpeed since ZeRO-Offload, 0.3; fp32 mode: 4 B each).  Not pinned (``pin_memory`` false,
+    DeepSpeed's default): no blocks to round, all uncounted.  With accumulation a buffer per
+    parameter (``accumulated_grads_in_cpu``) may add ~2 B per partitioned parameter; it
+    depends on DeepSpeed's version (0.19 adds a compact partition path) and is left out."""
+    ranks = max(job.ranks, 1)
+    numels = [p.numel() for p in model.parameters() if p.requires_grad]
+    elem = compute_dtype_bytes(job)
+    return [], elem * (-(-sum(numels) // ranks) + max(numels, default=0))
 
 
 def pinned_extra_bytes(pinned: tuple[list[int], int] | None) -> int:

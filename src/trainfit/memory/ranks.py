@@ -144,7 +144,8 @@ def host_offload_bytes(job: JobSpec, source: ModelSource, phases: dict[str, dict
     master, optimizer states and gradients the offload moved (0 without one).  ZeRO-2's host
     gradient is its fp32 partition (the step's fp32 copy, a temporary on the GPU without
     offload), not the 16-bit partition the GPU stops holding, which is left out: 16 B per
-    partitioned parameter; ZeRO-3 keeps its 16-bit ``grad_partitions_flat_buffer`` on the host
+    partitioned parameter (its host-only 16-bit buffers: ``host_offload.zero2_host_buffers``,
+    added by the caller); ZeRO-3 keeps its 16-bit ``grad_partitions_flat_buffer`` on the host
     as well: 18 B, 20 with ``offload_param`` (docs/notes/multi-gpu-memory-mechanisms.md §5);
     FSDP's CPUOffload: 16 (fp32 shard, gradient, two states)."""
     if job.offload == "none":

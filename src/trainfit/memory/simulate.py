@@ -241,6 +241,7 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
     # ZeRO-3's linear keeps every input for the backward (zero.py: zero3_linear)
     linear = zero3_linear() if job.sharding == "zero3" else contextlib.nullcontext()
     flat_states = job.sharding in ("zero2", "zero3")
+    host_job = job  # the user's job: its offload decides what the host holds (_info)
     if hasattr(op_hook, "optimizer_partition"):
         op_hook.optimizer_partition = None  # a recorder used again: set below for ZeRO only
         op_hook.dtype_alias = {}
@@ -259,7 +260,7 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
             op_hook.optimizer_partition = (ranks, master_bytes_per_param(job) > 0)
     with fake_world(job.ranks) if sharded else contextlib.nullcontext() as mesh, linear:
         result = _simulate(job, source, target or SimTarget(), steps, record_events, op_hook,
-                           batch_fn, mesh, loads, flat_states)
+                           batch_fn, mesh, loads, flat_states, host_job)
     if flat_states and hasattr(op_hook, "add_partition_copies"):
         op_hook.add_partition_copies(result.trainable_params)
     return result
@@ -296,7 +297,8 @@ def _info(job: JobSpec, model: torch.nn.Module, info: Any, untraced: list[str] |
           offload: Any) -> dict[str, Any]:
     """SimResult.info: what the model build found, torch.compile's partition, and what the host
     holds (memory/host_offload.py): the tensors the last forward's activation offload copied,
-    FSDP CPU offload's pinned shards."""
+    FSDP CPU offload's pinned shards, ZeRO-2 offload's host buffers.  ``job``: the user's (a
+    ZeRO job's step is simulated as its one-process twin, which offloads nothing)."""
     pinned = pinned_shards(job, model)
     return {"quantized_linears": info.quantized_linears, "matmul_params": info.matmul_params,
             "lora_target_modules": info.lora_target_modules,
@@ -307,7 +309,8 @@ def _info(job: JobSpec, model: torch.nn.Module, info: Any, untraced: list[str] |
 
 def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
               record_events: bool, op_hook: Any, batch_fn: Any, mesh: Any,
-              loads: bool, flat_states: bool = False) -> SimResult:
+              loads: bool, flat_states: bool = False, host_job: JobSpec | None = None
+              ) -> SimResult:
     t0 = time.perf_counter()
     model, info = _stack_model(job, source)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=mesh is not None)
@@ -373,7 +376,7 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         sdpa_kernels=dict(ops.kernels_used),
         micro_steps_simulated=micro,
         sim_time_s=time.perf_counter() - t0,
-        info=_info(job, model, info, untraced, offload),
+        info=_info(host_job or job, model, info, untraced, offload),
         events=tracker.events,
         event_streams=tracker.event_streams,
         event_phases=tracker.event_phases,
