@@ -138,6 +138,30 @@ def test_emit_reads_the_file_without_probing(tmp_path, monkeypatch):
     assert kw["use_cpu"] is True and kw["bf16"] is False
 
 
+def test_the_payload_leaves_the_scripts_recipe_and_the_librarys_defaults_alone(tmp_path):
+    """A hand-written file's payload carried trainfit's learning rate (1e-4) and seed (0), which
+    replaced TrainingArguments' own (5e-5, 42) unseen, and a script passing learning_rate= too
+    raised a TypeError; and pin_memory false, which the file never set (a QA run).  Now: no
+    learning rate or seed, said on stderr; pin_memory only where the file states it (a tuned file
+    does: tune chose it)."""
+    from transformers import TrainingArguments
+
+    p = tmp_path / "knobs.yaml"
+    p.write_text(yaml.safe_dump({"model": "llama-tiny-58m", "method": "lora", "seq_len": 64,
+                                 "micro_batch": 4, "grad_accum": 2, "precision": "amp-bf16",
+                                 "grad_ckpt": "full", "optimizer": "adamw"}))
+    out, err = _emit(p, "hf", "--device", "cpu")
+    kw = json.loads(out)
+    assert not {"learning_rate", "seed", "dataloader_pin_memory"} & set(kw)
+    args = _strict(lambda: TrainingArguments(output_dir=str(tmp_path / "o"), learning_rate=2e-4,
+                                             **kw))
+    assert (args.learning_rate, args.seed) == (2e-4, 42)
+    assert "learning rate and seed: your script's" in err
+    assert "pin_memory: not stated in" in err
+    stated, _ = _emit(_tuned_file(tmp_path, pin_memory=True), "hf")
+    assert json.loads(stated)["dataloader_pin_memory"] is True
+
+
 def test_emit_untuned_file_is_a_clear_error(tmp_path):
     p = tmp_path / "job.yaml"
     p.write_text(yaml.safe_dump({"model": "llama-tiny-58m", "effective_batch": 8}))

@@ -9,6 +9,15 @@ def test_effective_batch_derives_accumulation():
     assert job.effective_batch == 32
 
 
+def test_accumulation_and_effective_batch_fix_the_micro_batch():
+    """--grad-accum with --effective-batch and no micro-batch was dropped: plan gridded every
+    micro-batch and picked another accumulation (a QA run)."""
+    job = JobSpec(model="gpt2", grad_accum=2, effective_batch=16, ranks=2)
+    assert (job.micro_batch, job.grad_accum, job.effective_batch) == (4, 2, 16)
+    with pytest.raises(JobError, match="not divisible by grad-accum 3 × ranks 1"):
+        JobSpec(model="gpt2", grad_accum=3, effective_batch=8)
+
+
 def test_micro_and_accum_give_effective():
     job = JobSpec(model="gpt2", micro_batch=2, grad_accum=4)
     assert job.effective_batch == 8

@@ -4,6 +4,7 @@ message on stderr, so ``> args.json`` is a file the target accepts as it is."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Annotated, Any
 
 import typer
@@ -14,12 +15,14 @@ from trainfit.job.emit import TARGETS
 
 
 def emit_job(job: JobSpec, target: str, source: str, extra: dict[str, Any], *,
-             device: str | None = None, searched: bool = False) -> None:
-    """Print ``job`` for ``target``: the payload on stdout, the messages on stderr."""
+             device: str | None = None, searched: bool = False,
+             stated: Collection[str] | None = None) -> None:
+    """Print ``job`` for ``target``: the payload on stdout, the messages on stderr.  ``stated``:
+    the fields the job file sets (None: all, a job tune just chose)."""
     from trainfit.job.emit import emit
     from trainfit.render.emit import emit_messages
 
-    e = emit(job, target, device=device or extra.get("device"))
+    e = emit(job, target, device=device or extra.get("device"), stated=stated)
     for line in emit_messages(e, source, extra, searched=searched):
         typer.echo(line, err=True)
     typer.echo(e.text(), nl=False)
@@ -32,7 +35,8 @@ def emit_file(path: str, target: str, device: str | None = None) -> None:
     # (tune's own output for a module:factory job could not be emitted, and the hint named an
     # --allow-code that emit does not have)
     fields, extra = read_job_file(path, allow_code=True, trust_remote_code=True)
-    emit_job(JobSpec.from_dict(fields, source=path), target, path, extra, device=device)
+    emit_job(JobSpec.from_dict(fields, source=path), target, path, extra, device=device,
+             stated=set(fields))
 
 
 def is_tuned(extra: dict[str, Any]) -> bool:

@@ -12,6 +12,7 @@ it as :class:`ScriptSetting` s, for the script to set.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,14 +172,16 @@ def hf_training_args(job: JobSpec, *, device: str = "cuda",
         "fp16": job.precision == "amp-fp16",
         ckpt: job.grad_ckpt == "full",
         "optim": optim,
-        "learning_rate": job.lr,
         "max_grad_norm": job.max_grad_norm if job.max_grad_norm is not None else 0.0,
         "dataloader_num_workers": job.num_workers,
         "dataloader_pin_memory": job.pin_memory,
         "dataloader_persistent_workers": job.persistent_workers,
         "torch_compile": job.compile,
-        "seed": job.seed,
     }
+    # learning_rate and seed are the recipe's, not knobs trainfit measures or chooses: trainfit's
+    # defaults (1e-4, 0) written into the payload changed a script's Trainer defaults (5e-5, 42)
+    # unseen, and `**json.load(...)` beside the script's own learning_rate= raised a TypeError
+    # (a QA run); the messages say so (RECIPE_FIELDS)
     if device_kind(device) == "cpu":
         kw["use_cpu"] = True  # without it, bf16 raises "Your setup doesn't support bf16/gpu"
     if job.num_workers > 0:
@@ -364,8 +367,19 @@ def _peft_targets(targets: list[str]) -> str:
     return str(targets)
 
 
-def emit(job: JobSpec, target: str, *, device: str | None = None) -> Emitted:
-    """The job translated for ``target`` (hf | trl | accelerate) on ``device``."""
+RECIPE_FIELDS = ("lr", "seed")
+"""Job fields no payload carries: the script's own learning rate and seed stand."""
+
+DEFAULTS_UNLIKE_THE_LIBRARY = {"pin_memory": "dataloader_pin_memory"}
+"""Job fields whose trainfit default differs from TrainingArguments' (pin_memory False vs True):
+written only where the file states them (a tuned file does: tune chose them), else the library's
+default stands."""
+
+
+def emit(job: JobSpec, target: str, *, device: str | None = None,
+         stated: Collection[str] | None = None) -> Emitted:
+    """The job translated for ``target`` (hf | trl | accelerate) on ``device``.  ``stated``: the
+    fields the job file sets (None: all of them, a job tune just chose)."""
     if target not in TARGETS:
         raise JobError(f"--to {target}: unknown", "use hf, trl or accelerate")
     if job.micro_batch is None or job.grad_accum is None or job.precision is None \
@@ -383,5 +397,9 @@ def emit(job: JobSpec, target: str, *, device: str | None = None) -> Emitted:
     else:
         payload = hf_training_args(job, device=kind, transformers_version=version)
     unstated = ["packing"] if target == "trl" and job.packing is None else []
+    for name, key in DEFAULTS_UNLIKE_THE_LIBRARY.items():
+        if stated is not None and name not in stated and key in payload:
+            del payload[key]
+            unstated.append(name)
     return Emitted(target=target, payload=payload, device=kind, transformers_version=version,
                    script=script_settings(job, target), unstated=unstated)

@@ -455,6 +455,16 @@ class JobSpec:
                                if eff % ranks == 0 else "choose an effective batch divisible by "
                                "the ranks")
             self.grad_accum = eff // (mb * ranks)
+        elif ga is not None and eff is not None:
+            # the accumulation given fixes the micro-batch (it was dropped: the grid planned every
+            # micro-batch and picked another accumulation, a QA run)
+            if eff % (ga * ranks):
+                raise JobError(f"--effective-batch {eff} is not divisible by grad-accum {ga} × "
+                               f"ranks {ranks}", "choose an accumulation dividing "
+                               f"{eff // ranks}, or drop --grad-accum to plan every micro-batch"
+                               if eff % ranks == 0 else "choose an effective batch divisible by "
+                               "the ranks")
+            self.micro_batch = eff // (ga * ranks)
         elif eff is not None and eff % ranks:
             raise JobError(f"--effective-batch {eff} is not divisible by --ranks {ranks}",
                            f"choose an effective batch that is a multiple of {ranks}, e.g. "

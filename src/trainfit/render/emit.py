@@ -42,5 +42,8 @@ def emit_messages(e: Emitted, source: str, extra: dict[str, Any], *, searched: b
     for k in e.unstated:
         lines.append(f"  {k}: not stated in {source} (tune writes it): the library's default "
                      "stands")
+    if e.target != "accelerate":
+        lines.append("  learning rate and seed: your script's (not knobs trainfit measures or "
+                     "chooses; not in the payload)")
     lines.append(f"  use: {_USE[e.target]}")
     return lines
