@@ -41,10 +41,13 @@ def test_mfu_legend_names_each_rows_peak_where_fp32_sits_beside_16_bit():
     is slower than 20 % of bf16's; the legend says so only where both kinds are shown."""
     from trainfit.render.plan import _mfu_peaks
 
-    def row(precision, mfu):
-        return NS(job=NS(precision=precision), shown=True, speed=NS(mfu=mfu))
+    def row(precision, mfu, method="lora"):
+        return NS(job=NS(precision=precision, method=method), shown=True, speed=NS(mfu=mfu))
 
     mixed = NS(rows=[row("fp32", 0.4), row("amp-bf16", 0.2)])
     assert "the fp32 peak" in _mfu_peaks(mixed, all_rows=False)
+    # QLoRA's fp32 rows run the 4-bit base in bf16: not "the fp32 peak" (a QA run read 38 %)
+    q = _mfu_peaks(NS(rows=[row("fp32", 0.38, "qlora"), row("amp-bf16", 0.4, "qlora")]), False)
+    assert "fp32 peak" not in q and "computes in bf16" in q and "of the bf16 peak" in q
     assert _mfu_peaks(NS(rows=[row("amp-bf16", 0.2), row("bf16-true", 0.3)]), False) == ""
     assert _mfu_peaks(NS(rows=[row("fp32", 0.4), row("amp-bf16", None)]), False) == ""

@@ -101,4 +101,12 @@ def test_plan_states_the_unaligned_share_and_the_dimension_to_pad():
     assert sp_even.unaligned_gemm_s == 0 and unaligned_words(even) is None
     # the head of the padded vocabulary, 47 columns wider, is the faster step
     assert sp_even.step_time_s < sp_odd.step_time_s
-    assert "50,257" in unaligned_words(odd)
+    words = unaligned_words(odd)
+    assert "50,257 → 50,304" in words  # the example is the dimension found, padded to 64
+    # the planned card's family: an A100 has no measurement of its own (not Ada's 71 %)
+    assert "no measurement on Ampere (data centre)" in words and "Ada" not in words
+    from trainfit.render.plan_words import _unaligned_rate_words
+
+    assert _unaligned_rate_words("rtx-4090") == "71% of its aligned rate on Ada (measured)"
+    assert _unaligned_rate_words("h100-sxm").startswith("20% of its aligned rate on Hopper")
+    assert "no measurement on this GPU" in _unaligned_rate_words("generic-24gb")

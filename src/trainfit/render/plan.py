@@ -142,6 +142,14 @@ def _mfu_peaks(result: PlanResult, all_rows: bool) -> str:
              and r.speed is not None and r.speed.mfu}
     if "fp32" not in shown or len(shown) < 2:
         return ""
+    if any(r.job.method == "qlora" for r in result.rows):
+        # the 4-bit base's matmuls run in the compute dtype (bf16 under fp32 too: what the plan
+        # simulates and emit writes, bnb_4bit_compute_dtype), and they are most of the FLOPs: a
+        # QA run read the legend's "fp32 rows: the fp32 peak" against a 38 % MFU of the bf16 one
+        return (" · MFU: a share of the peak FLOP/s of the dtype most of each row's matmuls run "
+                "in — QLoRA's 4-bit base computes in bf16 (bnb_4bit_compute_dtype) in fp32 rows "
+                "too, so where the base is most of the FLOPs a fp32 row's MFU is of the bf16 "
+                "peak; compare rows by tokens/s")
     return (" · MFU: a share of the peak FLOP/s of the dtype each row's matmuls run in (fp32 "
             "rows: the fp32 peak, 16-bit rows: the bf16/fp16 one), so compare rows by tokens/s")
 

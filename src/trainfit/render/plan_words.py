@@ -240,10 +240,35 @@ def unaligned_words(result: PlanResult) -> str | None:
             sp.step_time_s:
         return None
     dims = ", ".join(f"{d:,}" for d in sp.unaligned_dims) or "unknown"
+    padded = ", ".join(f"{d:,} → {-(-d // 64) * 64:,}" for d in sp.unaligned_dims)
     return (f"{sp.unaligned_gemm_s / sp.step_time_s:.1%} of the pick's step (predicted) is "
             f"16-bit matmuls with rows that are not 16-byte aligned (dimension {dims}: not a "
-            "multiple of 8), which cuBLAS runs at half its aligned rate (71 % on Ada); padding that "
-            "dimension to a multiple of 64 (e.g. a vocabulary of 50,257 to 50,304) removes it")
+            f"multiple of 8), which cuBLAS runs at {_unaligned_rate_words(result.gpu)}; padding "
+            "that dimension to a multiple of 64" + (f" ({padded})" if padded else "")
+            + " removes it")
+
+
+_FAMILY_WORDS = {"volta": "Volta", "turing": "Turing", "ampere_dc": "Ampere (data centre)",
+                 "ampere_consumer": "Ampere (workstation/consumer)", "ada": "Ada",
+                 "hopper": "Hopper", "blackwell": "Blackwell"}
+
+
+def _unaligned_rate_words(gpu_name: str | None) -> str:
+    """The planned GPU's own rate for unaligned 16-bit GEMMs (speed/kernels.py), where its family
+    has a measurement; the plan's stated assumption otherwise (the text named Ada's 71 % on a T4
+    and an A6000, a QA run)."""
+    from trainfit.hardware.gpus import find_gpu
+    from trainfit.speed.kernels import GEMM_UNALIGNED_HALF, family, kernels_for
+
+    spec = find_gpu(gpu_name) if gpu_name else None
+    cc = spec.compute_capability if spec else None
+    k = kernels_for(cc, spec.name if spec else "")
+    if k is None or k.gemm_unaligned == GEMM_UNALIGNED_HALF:
+        fam = _FAMILY_WORDS.get(family(cc) or "", "this GPU")
+        return (f"half its aligned rate or less (the plan's assumption: no measurement on "
+                f"{fam})")
+    return (f"{k.gemm_unaligned:.0%} of its aligned rate on {_FAMILY_WORDS[family(cc) or '']} "
+            "(measured)")
 
 
 def step_time_words(result: PlanResult) -> str | None:
