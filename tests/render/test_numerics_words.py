@@ -51,3 +51,22 @@ def test_mfu_legend_names_each_rows_peak_where_fp32_sits_beside_16_bit():
     assert "fp32 peak" not in q and "computes in bf16" in q and "of the bf16 peak" in q
     assert _mfu_peaks(NS(rows=[row("amp-bf16", 0.2), row("bf16-true", 0.3)]), False) == ""
     assert _mfu_peaks(NS(rows=[row("fp32", 0.4), row("amp-bf16", None)]), False) == ""
+
+
+def test_a_current_bf16_step_on_a_card_without_bf16_is_said_so_not_an_unknown_peak():
+    """A script's bf16 planned on a T4 with --precision amp-fp16: the comparison said "speed-up
+    unknown (the GPU's peak for this dtype or its bandwidth is unknown)" (a QA run)."""
+    from trainfit.render.words import plan_versus
+
+    def row(precision, unknown=""):
+        return NS(job=NS(precision=precision), speed=NS(unknown_reason=unknown),
+                  memory=NS(fits=True, peak_device_bytes=2**30))
+    res = NS(current=row("amp-bf16", "the GPU's peak for this dtype or its bandwidth is unknown"),
+             pick=row("amp-fp16"), changes_vs_current=[NS(field="precision", before="amp-bf16",
+                                                          after="amp-fp16")],
+             speedup_vs_current=None, gpu="t4", gpu_display_name="Tesla T4",
+             gpu_memory_bytes=None)
+    assert "speed-up unknown (the current amp-bf16 cannot run on Tesla T4: no bf16)" in \
+        plan_versus(res)
+    res.gpu = "a100-80gb"  # a card with bf16: the reason stands as it was
+    assert "peak for this dtype" in plan_versus(res)

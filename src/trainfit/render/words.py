@@ -259,6 +259,14 @@ def plan_reason(result: PlanResult) -> str:
                              f"{result.gpu_memory_bytes / GIB:.2f} GiB (device peak)")
 
 
+def _no_bf16(result: PlanResult, job: Any) -> bool:
+    from trainfit.hardware.gpus import find_gpu
+
+    spec = find_gpu(result.gpu) if result.gpu else None
+    return bool(spec is not None and not spec.bf16_supported and job.precision
+                and "bf16" in job.precision)
+
+
 def plan_versus(result: PlanResult) -> str | None:
     """The pick against the configuration the user runs now (None: no current one was given)."""
     cur, pick = result.current, result.pick
@@ -272,6 +280,10 @@ def plan_versus(result: PlanResult) -> str | None:
     speedup = result.speedup_vs_current
     why = next((s.unknown_reason for s in (pick.speed, cur.speed)
                 if s is not None and s.unknown_reason), "no known peak for this GPU")
+    if cur.speed is not None and cur.speed.unknown_reason and _no_bf16(result, cur.job):
+        # the script's bf16 on a T4 (--precision amp-fp16 given): not an unknown peak, a step
+        # that cannot run there (a QA run read "the GPU's peak for this dtype ... is unknown")
+        why = f"the current {cur.job.precision} cannot run on {result.gpu_display_name}: no bf16"
     words += (f": predicted {speedup:.2f}× tokens/s" if speedup is not None else
               f": speed-up unknown ({why})")
     if result.gpu_memory_bytes is not None:

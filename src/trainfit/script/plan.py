@@ -139,12 +139,19 @@ def _grid_job(current: JobSpec, given: set[str]) -> JobSpec:
     return JobSpec.from_dict({**current.to_dict(), **changes}, source="the script")
 
 
-def check_script_precision(current: JobSpec, gpu: GpuSpec | None) -> None:
+def check_script_precision(current: JobSpec, gpu: GpuSpec | None, args_class: str = "") -> None:
+    """``args_class``: the script's arguments' class (SFTConfig turns bf16 on by itself)."""
     if gpu is not None and current.precision and "bf16" in current.precision \
             and not gpu.bf16_supported:
+        # TRL's SFTConfig turns bf16 on by itself where the machine has it: a script that never
+        # set it meets this too (a QA run); the flag plans fp16 without editing the script
+        whence = (" (TRL's SFTConfig sets bf16=True unless told otherwise)"
+                  if args_class == "SFTConfig" else "")
         raise JobError(f"the script trains in bf16 ({current.precision}) but {gpu.display_name} "
-                       "has no bf16 support", "use fp16=True (and dtype=torch.float16 for a LoRA "
-                       "base), or plan for a GPU with bf16 (--gpu)")
+                       f"has no bf16 support{whence}", "plan it in fp16 as is with --precision "
+                       "amp-fp16, and set "
+                       "bf16=False, fp16=True in the script (dtype=torch.float16 for a LoRA "
+                       "base) to run it; or plan for a GPU with bf16 (--gpu)")
 
 
 def plan_script(cmd: list[str], *, gpu: GpuSpec | None, flags: dict[str, Any] | None = None,
@@ -161,7 +168,7 @@ def plan_script(cmd: list[str], *, gpu: GpuSpec | None, flags: dict[str, Any] | 
     current = JobSpec.from_dict(with_flags(base, flags), source="the script")
     if "seq_len" in flags:  # the data's own length runs as the script runs it (a note if long)
         check_seq_len(current.seq_len, source)
-    check_script_precision(current, gpu)
+    check_script_precision(current, gpu, str(rec.get("args", {}).get("class", "")))
     as_read = script_as_read(rec, base, flags, quantile, read) or current
     grid = _grid_job(current, set(flags))
     result = plan(grid, source, gpu, margin=margin, verify=verify, current=as_read,
