@@ -31,6 +31,11 @@ runner = CliRunner()
     (["plan", "gpt2", "--gpu", "a100-80gb", "--optimizer-in-backward", "--max-grad-norm", "none",
       "--micro-batch", "2", "--effective-batch", "8"], "grad-accum 4"),
     (["plan", "gpt2", "--gpu", "t4", "--max-grad-norm", "big"], "--max-grad-norm 'big'"),
+    # flags that cannot act: refused, not ignored (a QA run)
+    (["plan", "gpt2", "--gpu", "t4", "--grad-ckpt", "off", "--ckpt-reentrant"],
+     "no checkpointing to make reentrant"),
+    (["plan", "gpt2", "--gpu", "t4", "--grad-accum", "3", "--effective-batch", "8"],
+     "not divisible by grad-accum 3"),
     # a size the card does not have is another card (a QA run planned these as the catalog's)
     (["plan", "gpt2", "--gpu", "a100-99gb"], "--gpu a100-99gb: unknown GPU"),
     (["plan", "gpt2", "--gpu", "l40s-24gb"], "--gpu l40s-24gb: unknown GPU"),

@@ -183,6 +183,32 @@ def test_a_different_effective_batch_is_said(tiny_llama):
     assert "effective batch 4→8" in plan_versus(res)
 
 
+def test_cli_current_with_another_effective_batch_plans_the_grid_at_it(tiny_config_json,
+                                                                         monkeypatch):
+    """--current --micro-batch 4 --grad-accum 2 --effective-batch 16: the current run is 4 × 2
+    (8), the grid keeps 16 — as a job file's current: block does (the flags were refused: a QA
+    run)."""
+    from typer.testing import CliRunner
+
+    import trainfit.plan.grid as grid
+    from trainfit.cli.main import app
+    from trainfit.job import JobError
+
+    seen = {}
+
+    def fake_plan(job, source, spec, **kw):
+        seen.update(grid=job, current=kw["current"])
+        raise JobError("stop here", "test")
+    monkeypatch.setattr(grid, "plan", fake_plan)
+    r = CliRunner().invoke(app, ["plan", str(tiny_config_json), "--gpu", "a10g", "--seq-len", "64",
+                                 "--micro-batch", "4", "--grad-accum", "2", "--precision", "fp32",
+                                 "--current", "--effective-batch", "16"])
+    assert "stop here" in r.output, r.output
+    assert seen["grid"].effective_batch == 16 and seen["grid"].micro_batch is None
+    cur = seen["current"]
+    assert (cur.micro_batch, cur.grad_accum, cur.effective_batch) == (4, 2, 8)
+
+
 def test_cli_current_flag_and_bad_current_in_a_file(tiny_config_json, tmp_path):
     import json
 

@@ -93,6 +93,12 @@ def merge_job_fields(fields: dict[str, Any], job_flags: dict[str, Any], usage: s
     if "micro_batch" in job_flags and "grad_accum" not in job_flags and \
             "effective_batch" not in job_flags:
         out.pop("grad_accum", None)
+    if job_flags.get("ckpt_reentrant") and out.get("grad_ckpt") == "off":
+        # a flag that can have no effect is refused, as --fsdp-no-sync without fsdp is (a QA run
+        # saw it accepted in silence); a file's, which tune writes for every pick, is not
+        raise JobError("--ckpt-reentrant with grad-ckpt off: there is no checkpointing to make "
+                       "reentrant", "drop --ckpt-reentrant, or use --grad-ckpt full (or leave "
+                       "--grad-ckpt out to plan both)")
     if "model" not in out:
         raise JobError("no model given", usage)
     return out

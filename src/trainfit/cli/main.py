@@ -117,8 +117,10 @@ CURRENT_KNOBS = ("micro_batch", "grad_accum", "grad_ckpt", "precision", "attenti
 
 
 def _current_and_grid(job: JobSpec, fields: dict[str, Any], extra: dict[str, Any], current: bool,
-                      source: str) -> tuple[JobSpec, JobSpec | None]:
-    """(the job to plan the grid of, the user's current configuration or None)."""
+                      source: str, target_batch: int | None = None
+                      ) -> tuple[JobSpec, JobSpec | None]:
+    """(the job to plan the grid of, the user's current configuration or None).
+    ``target_batch``: the effective batch the grid keeps, where it is not the current one's."""
     if current:
         # the knobs given are what the user runs now; the grid varies them around it. One not
         # given would be a baseline nobody runs (a None micro-batch planned as the grid's own)
@@ -132,7 +134,7 @@ def _current_and_grid(job: JobSpec, fields: dict[str, Any], extra: dict[str, Any
         current_job = job if job.grad_ckpt else job.replace(grad_ckpt="off")
         grid = {k: v for k, v in job.to_dict().items()
                 if k not in CURRENT_KNOBS or k not in fields}
-        grid["effective_batch"] = job.effective_batch or (
+        grid["effective_batch"] = target_batch or job.effective_batch or (
             (job.micro_batch or 1) * (job.grad_accum or 1) * job.ranks)
         return JobSpec.from_dict({k: v for k, v in grid.items() if v is not None},
                                  source="flags"), current_job
@@ -264,8 +266,13 @@ def plan_cmd(
                                   "trainfit plan MODEL --gpu GPU, or a job YAML")
         if trust_remote_code:
             fields["trust_remote_code"] = True
+        # --current with --effective-batch beside the current micro-batch × accumulation: the
+        # grid's target, as a job file's current: block has it (a QA run saw it refused here)
+        target_batch = fields.pop("effective_batch", None) if current and {
+            "micro_batch", "grad_accum", "effective_batch"} <= set(fields) else None
         job = job_of_fields(fields, target, job_flags or {})
-        job, current_job = _current_and_grid(job, fields, extra, current, target or "flags")
+        job, current_job = _current_and_grid(job, fields, extra, current, target or "flags",
+                                             target_batch)
         checks = _file_checks(extra, target or "flags")  # bad input fails before the work
         spec = _gpu_spec(gpu, extra, interconnect, say, ranks=job.ranks, where=target)
         source = resolve_model(job.model, job.trust_remote_code)
