@@ -343,3 +343,28 @@ def test_the_command_list_is_in_the_order_of_the_work_with_one_paragraph_summari
     assert "\n" not in report.short_help and "the pick, the seed-002-style table" in report.short_help
     out = runner.invoke(app, ["--help"], terminal_width=200).output
     assert out.index("quickstart") < out.index(" plan ") < out.index(" tune ") < out.index(" report ")
+
+
+def test_a_config_of_a_model_without_a_language_model_head_says_so(tmp_path):
+    """A wav2vec2 config.json got the hint about sizes and pad_token_id (a QA run)."""
+    import json as _json
+
+    cfg = tmp_path / "w2v" / "config.json"
+    cfg.parent.mkdir()
+    cfg.write_text(_json.dumps({"model_type": "wav2vec2", "architectures": ["Wav2Vec2ForCTC"],
+                                "hidden_size": 64, "num_hidden_layers": 1,
+                                "num_attention_heads": 2, "intermediate_size": 128,
+                                "vocab_size": 32}))
+    res = runner.invoke(app, ["plan", str(cfg), "--gpu", "t4"])
+    assert res.exit_code == 2
+    lines = [ln for ln in res.output.splitlines() if ln.startswith(("error:", "hint:"))]
+    assert "wav2vec2 has no language-model head" in lines[0]
+    assert lines[1].startswith("hint: trainfit plans text language models")
+
+
+def test_a_job_files_value_of_the_wrong_type_names_the_file(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("model: gpt2\ngpu: t4\nseq_len: abc\n")
+    res = runner.invoke(app, ["plan", str(job)])
+    assert res.exit_code == 2
+    assert f"error: {job}: seq_len: 'abc': must be an integer" in res.stderr

@@ -70,3 +70,20 @@ def test_a_current_bf16_step_on_a_card_without_bf16_is_said_so_not_an_unknown_pe
         plan_versus(res)
     res.gpu = "a100-80gb"  # a card with bf16: the reason stands as it was
     assert "peak for this dtype" in plan_versus(res)
+
+
+def test_tune_says_how_far_its_measurements_sit_from_the_prediction_only_when_far():
+    """A CPU tune of a script read 0.25-0.4× the predicted tokens/s on every probe, unremarked
+    (a QA run): said, with what the prediction leaves out; within 1.5× nothing is said."""
+    from trainfit.render.words import speed_ratio_note
+
+    def probe(measured, predicted, status="ok"):
+        return {"status": status, "measured": {"tokens_per_s": measured},
+                "predicted": {"tokens_per_s": predicted}}
+    far = [probe(17_191, 59_691), probe(12_058, 29_808), probe(4_130, 11_182),
+           probe(1, 1, "oom")]
+    note = speed_ratio_note(far, "cpu", "script")
+    assert note.startswith("measured tokens/s are 0.37× the predicted (median of 3 probes)")
+    assert "the script's trainer around the step" in note and "speed_cpu.md" in note
+    assert speed_ratio_note([probe(900, 1000), probe(1100, 1000)], "cpu", "job") is None
+    assert speed_ratio_note([probe(900, None)], "cuda:0", "job") is None

@@ -231,7 +231,8 @@ def plan_cmd(
     current: Annotated[bool, typer.Option(
         "--current", help="The knobs given (--micro-batch, --grad-accum, --grad-ckpt, --precision, "
                           "--attention, --optimizer-impl) are what you run now: plan the grid "
-                          "around them and state the pick against them.")] = False,
+                          "around them and state the pick against them; --effective-batch, if "
+                          "given too, is the batch the grid keeps.")] = False,
     timeout_s: Annotated[float, typer.Option(
         "--timeout-s", help="Script form: stop a script whose trainer has not started by then.")] = 900.0,
     all_rows: Annotated[bool, typer.Option(

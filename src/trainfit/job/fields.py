@@ -197,6 +197,8 @@ def in_file_words(err: JobError, path: str, keep: tuple[str, ...] = (),
         hint = f"{words(hint)} in {path}, or {hint[len('e.g. '):]} on the command line"
     if msg == str(err) and hint == err.hint:
         return err
+    if not hint_too and path not in msg and path not in hint:
+        msg = f"{path}: {msg}"  # which file, as its other errors say (a QA run missed it)
     out = type(err)(msg, (f"{hint} (in {path})" if hint else f"see {path}") if hint_too
                     else hint)
     out.__cause__ = err.__cause__

@@ -193,6 +193,15 @@ def _unbuildable(source: ModelSource, err: Exception) -> JobError:
     import transformers
 
     why = (str(err).splitlines() or [""])[0][:200] or type(err).__name__
+    if "Unrecognized configuration class" in why:
+        # not a size problem: an architecture with no causal / seq2seq LM head (wav2vec2, ViT;
+        # a QA run got the pad_token_id hint for it)
+        kind = getattr(source.config, "model_type", None) or type(source.config).__name__
+        return JobError(f"{source.name}: {kind} has no language-model head that "
+                        "AutoModelForCausalLM / AutoModelForSeq2SeqLM can build "
+                        f"({type(err).__name__}: {why})",
+                        "trainfit plans text language models (decoders and encoder-decoders); "
+                        "see trainfit models for the catalog")
     return JobError(f"{source.name}: transformers {transformers.__version__} cannot build this "
                     f"model from its configuration ({type(err).__name__}: {why})",
                     "check the config.json's sizes and token ids (pad_token_id must be below "

@@ -123,6 +123,7 @@ class TuneResult:
                 "vs_baseline": None if self.vs_baseline is None else {
                     **asdict(self.vs_baseline), "median_ratio": self.vs_baseline.median},
                 "probes": [trial(t) for t in self.trials],
+                "step_source": self.step_source,
                 "search_notes": [{"kind": n.kind, **n.data} for n in self.notes],
                 "data_notes": list(self.data_notes),
                 "link": None if self.link is None else asdict(self.link)}
