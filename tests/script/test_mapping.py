@@ -179,8 +179,8 @@ def test_keyword_diff_in_the_scripts_terms():
     # a model built without from_pretrained (from_config): the change is at its build
     built = {**r, "loads": []}
     where = {c.where for c in keyword_diff(built, cur, pick) if c.keyword == "dtype"}
-    assert where == {"the model's build (no from_pretrained call was read: "
-                     "from_config(..., dtype=...) or model.to(dtype))"}
+    assert where == {"the model's build (no from_pretrained call was read: pass it to "
+                     "from_config(...), or set it on the model the script makes)"}
 
 
 def test_a_bf16_pick_for_lora_on_a_float32_base_says_every_edit():

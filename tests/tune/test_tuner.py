@@ -45,7 +45,7 @@ def test_a_change_is_written_only_when_confirmed_faster_than_the_current(tiny_ll
     if kept:
         assert res.vs_baseline.verdict != "faster"
         assert res.pick.job == res.baseline.job and res.unconfirmed.job.micro_batch > 1
-        assert tune_pick_reason(res).startswith("your current micro-batch 1 × 8 kept (")
+        assert tune_pick_reason(res).startswith("your current configuration (micro-batch 1 × 8) kept (")
         assert res.to_dict()["unconfirmed"]["micro_batch"] == res.unconfirmed.job.micro_batch
     else:
         assert res.vs_baseline.verdict == "faster" and res.unconfirmed is None

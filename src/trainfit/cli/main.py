@@ -264,7 +264,8 @@ def plan_cmd(
         fields, extra = _load_target(target, allow_code=allow_code or "model" in (job_flags or {}),
                                      trust_remote_code=trust_remote_code)
         fields = merge_job_fields(fields, job_flags or {},
-                                  "trainfit plan MODEL --gpu GPU, or a job YAML")
+                                  "trainfit plan MODEL --gpu GPU, a job YAML, or your script: "
+                                  "trainfit plan --gpu GPU -- python train.py ARGS")
         if trust_remote_code:
             fields["trust_remote_code"] = True
         # --current with --effective-batch beside the current micro-batch × accumulation: the

@@ -134,6 +134,11 @@ def _legend(console: Console, result: PlanResult, dropped: list[str], all_rows: 
             say(console, note, "dim")
 
 
+def _count(n: int) -> str:
+    """Millions, or the count itself under 10,000 (a tiny model's 3,584 read "0.00 M")."""
+    return f"{n:,}" if n < 10_000 else f"{n / 1e6:,.2f} M"
+
+
 def _mfu_peaks(result: PlanResult, all_rows: bool) -> str:
     """Where fp32 rows stand beside 16-bit ones, what each MFU is a share of: the peak of the
     dtype the row's matmuls run in (speed.predict.dominant_peak), so a fp32 row's higher MFU is
@@ -185,8 +190,8 @@ def render_plan(result: PlanResult, all_rows: bool = False) -> None:
         say(console, f"note: {result.model_note}")
     method = result.assumptions.method if result.assumptions else None
     adapters = " (the model's and its LoRA adapters')" if method in ("lora", "qlora") else ""
-    say(console, f"parameters: {result.total_params / 1e6:,.2f} M total{adapters}, "
-                 f"{result.trainable_params / 1e6:,.2f} M trainable (counts)")
+    say(console, f"parameters: {_count(result.total_params)} total{adapters}, "
+                 f"{_count(result.trainable_params)} trainable (counts)")
     dropped = plan_table(console, result, all_rows)
     _legend(console, result, dropped, all_rows)
     _ladder(console, result)

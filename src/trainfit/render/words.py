@@ -450,7 +450,10 @@ def tune_reason(pick_job: Any, pick_tokens_per_s: float | None, baseline_job: An
     if baseline_job is None or vs_baseline is None or \
             not (vs_baseline.ratios or vs_baseline.proposal is not None):
         return s
-    current = f"your current micro-batch {baseline_job.micro_batch} × {baseline_job.grad_accum}"
+    # the pick may change more than the micro-batch (checkpointing, attention): the ratio is
+    # against the whole configuration (a QA run read "× your current micro-batch" for all three)
+    current = (f"your current configuration (micro-batch {baseline_job.micro_batch} × "
+               f"{baseline_job.grad_accum})")
     ratios = _rounds_words(vs_baseline)
     if unconfirmed_job is not None:
         return (f"{current} kept ({s}): the search's best, {job_words(unconfirmed_job)}, was not "

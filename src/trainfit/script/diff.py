@@ -70,8 +70,8 @@ def keyword_diff(rec: dict[str, Any], current: JobSpec, pick: JobSpec) -> list[K
     # a model the script builds otherwise (from_config, its own module): no from_pretrained
     # call to change, the build is where its dtype and attention are set
     where = f"from_pretrained ({site['at']})" if site else \
-        "the model's build (no from_pretrained call was read: from_config(..., dtype=...) or " \
-        "model.to(dtype))"
+        "the model's build (no from_pretrained call was read: pass it to from_config(...), or " \
+        "set it on the model the script makes)"
     before_dt, after_dt = load_dtype(current), load_dtype(pick)
     if before_dt != after_dt:
         kw = "BitsAndBytesConfig(bnb_4bit_compute_dtype)" if pick.method == "qlora" else "dtype"
