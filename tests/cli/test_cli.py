@@ -358,7 +358,7 @@ def test_a_config_of_a_model_without_a_language_model_head_says_so(tmp_path):
     res = runner.invoke(app, ["plan", str(cfg), "--gpu", "t4"])
     assert res.exit_code == 2
     lines = [ln for ln in res.output.splitlines() if ln.startswith(("error:", "hint:"))]
-    assert "wav2vec2 has no language-model head" in lines[0]
+    assert "has no causal- or seq2seq-LM class for model_type wav2vec2" in lines[0]
     assert lines[1].startswith("hint: trainfit plans text language models")
 
 

@@ -160,6 +160,9 @@ def test_the_payload_leaves_the_scripts_recipe_and_the_librarys_defaults_alone(t
     assert "pin_memory: not stated in" in err
     stated, _ = _emit(_tuned_file(tmp_path, pin_memory=True), "hf")
     assert json.loads(stated)["dataloader_pin_memory"] is True
+    p.write_text(p.read_text() + "pin-memory: false\n")  # a hyphenated key is stated too
+    out, err = _emit(p, "hf", "--device", "cpu")
+    assert json.loads(out)["dataloader_pin_memory"] is False and "not stated" not in err
 
 
 def test_emit_untuned_file_is_a_clear_error(tmp_path):

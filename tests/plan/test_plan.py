@@ -207,6 +207,14 @@ def test_cli_current_with_another_effective_batch_plans_the_grid_at_it(tiny_conf
     assert seen["grid"].effective_batch == 16 and seen["grid"].micro_batch is None
     cur = seen["current"]
     assert (cur.micro_batch, cur.grad_accum, cur.effective_batch) == (4, 2, 8)
+    # the micro-batch alone with the effective batch: the grid is still every micro-batch (a
+    # derived accumulation carried into it fixed one: a review)
+    r = CliRunner().invoke(app, ["plan", str(tiny_config_json), "--gpu", "a10g", "--seq-len", "64",
+                                 "--micro-batch", "4", "--precision", "fp32", "--current",
+                                 "--effective-batch", "64"])
+    assert "stop here" in r.output, r.output
+    assert seen["grid"].micro_batch is None and seen["grid"].effective_batch == 64
+    assert (seen["current"].micro_batch, seen["current"].grad_accum) == (4, 16)
 
 
 def test_cli_current_flag_and_bad_current_in_a_file(tiny_config_json, tmp_path):

@@ -311,3 +311,19 @@ def test_a_script_that_asks_for_cuda_is_told_what_that_means():
     (n,) = [n for n in notes if n.kind == "cuda_asked"]
     assert "torch.cuda.is_available() (train.py:12)" in note_words(n)
     assert not [n for n in map_record(record()).notes if n.kind == "cuda_asked"]
+
+
+def test_the_grid_around_a_script_keeps_a_given_accumulation_and_refuses_a_dead_flag():
+    """--grad-accum 8 over the script fixed 1 × 8 as its current run, but the grid dropped it and
+    planned every micro-batch (the model form fixes it); --ckpt-reentrant with --grad-ckpt off
+    passed unremarked (a review)."""
+    from trainfit.script.mapping import with_flags
+    from trainfit.script.plan import _grid_job
+
+    read = map_record(record()).fields  # 2 × 4 × 1
+    cur = JobSpec.from_dict(with_flags(read, {"grad_accum": 8}))
+    grid = _grid_job(cur, {"grad_accum"})
+    assert (grid.micro_batch, grid.grad_accum, grid.effective_batch) == (1, 8, 8)
+    assert _grid_job(cur, set()).micro_batch is None  # no batch flag: every micro-batch
+    with pytest.raises(JobError, match="no checkpointing to make reentrant"):
+        with_flags(read, {"grad_ckpt": "off", "ckpt_reentrant": True})

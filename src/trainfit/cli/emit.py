@@ -36,7 +36,7 @@ def emit_file(path: str, target: str, device: str | None = None) -> None:
     # --allow-code that emit does not have)
     fields, extra = read_job_file(path, allow_code=True, trust_remote_code=True)
     emit_job(JobSpec.from_dict(fields, source=path), target, path, extra, device=device,
-             stated=set(fields))
+             stated={k.replace("-", "_") for k in fields})  # pin-memory: as from_dict reads
 
 
 def is_tuned(extra: dict[str, Any]) -> bool:

@@ -132,8 +132,11 @@ def _current_and_grid(job: JobSpec, fields: dict[str, Any], extra: dict[str, Any
                            "give the knobs of your current run (--micro-batch, --grad-accum, "
                            "--precision, --grad-ckpt), or drop --current")
         current_job = job if job.grad_ckpt else job.replace(grad_ckpt="off")
+        # the batch split is what the grid varies: never carried over (a derived accumulation
+        # with the effective batch fixed the micro-batch, a one-row grid: a review)
         grid = {k: v for k, v in job.to_dict().items()
-                if k not in CURRENT_KNOBS or k not in fields}
+                if k not in ("micro_batch", "grad_accum")
+                and (k not in CURRENT_KNOBS or k not in fields)}
         grid["effective_batch"] = target_batch or job.effective_batch or (
             (job.micro_batch or 1) * (job.grad_accum or 1) * job.ranks)
         return JobSpec.from_dict({k: v for k, v in grid.items() if v is not None},

@@ -181,7 +181,7 @@ def hf_training_args(job: JobSpec, *, device: str = "cuda",
     # learning_rate and seed are the recipe's, not knobs trainfit measures or chooses: trainfit's
     # defaults (1e-4, 0) written into the payload changed a script's Trainer defaults (5e-5, 42)
     # unseen, and `**json.load(...)` beside the script's own learning_rate= raised a TypeError
-    # (a QA run); the messages say so (RECIPE_FIELDS)
+    # (a QA run); the messages say so
     if device_kind(device) == "cpu":
         kw["use_cpu"] = True  # without it, bf16 raises "Your setup doesn't support bf16/gpu"
     if job.num_workers > 0:
@@ -366,9 +366,6 @@ def _peft_targets(targets: list[str]) -> str:
                     else ""))
     return str(targets)
 
-
-RECIPE_FIELDS = ("lr", "seed")
-"""Job fields no payload carries: the script's own learning rate and seed stand."""
 
 DEFAULTS_UNLIKE_THE_LIBRARY = {"pin_memory": "dataloader_pin_memory"}
 """Job fields whose trainfit default differs from TrainingArguments' (pin_memory False vs True):

@@ -197,11 +197,12 @@ def _unbuildable(source: ModelSource, err: Exception) -> JobError:
         # not a size problem: an architecture with no causal / seq2seq LM head (wav2vec2, ViT;
         # a QA run got the pad_token_id hint for it)
         kind = getattr(source.config, "model_type", None) or type(source.config).__name__
-        return JobError(f"{source.name}: {kind} has no language-model head that "
-                        "AutoModelForCausalLM / AutoModelForSeq2SeqLM can build "
+        return JobError(f"{source.name}: transformers {transformers.__version__} has no causal- "
+                        f"or seq2seq-LM class for model_type {kind} "
                         f"({type(err).__name__}: {why})",
                         "trainfit plans text language models (decoders and encoder-decoders); "
-                        "see trainfit models for the catalog")
+                        "a multimodal model's config plans its text model where trainfit knows "
+                        "the tower (see trainfit models for the catalog)")
     return JobError(f"{source.name}: transformers {transformers.__version__} cannot build this "
                     f"model from its configuration ({type(err).__name__}: {why})",
                     "check the config.json's sizes and token ids (pad_token_id must be below "

@@ -135,8 +135,8 @@ def _legend(console: Console, result: PlanResult, dropped: list[str], all_rows: 
 
 
 def _count(n: int) -> str:
-    """Millions, or the count itself under 10,000 (a tiny model's 3,584 read "0.00 M")."""
-    return f"{n:,}" if n < 10_000 else f"{n / 1e6:,.2f} M"
+    """Millions, or the count itself under a million (a tiny model's 3,584 read "0.00 M")."""
+    return f"{n:,}" if n < 1_000_000 else f"{n / 1e6:,.2f} M"
 
 
 def _mfu_peaks(result: PlanResult, all_rows: bool) -> str:

@@ -220,7 +220,16 @@ class _SectionBuilder:
                                                                           m.host_rss_bytes)
             if r.status_measured != "ok":
                 r.status_measured = p.status
-        for r in self.rows.values():
+        for key, r in self.rows.items():
+            main = self.rows.get((*key[:3], ""))
+            if key[3] and "compile" not in key[3] and main is not None \
+                    and r.tokens_per_s_predicted is None and r.device_predicted_bytes is None:
+                # the loader feeds the step, it does not change it: a row that differs from the
+                # pick's in loader settings alone has its step's predictions (a baseline landing
+                # in one lost every predicted speed-up: a review); a compiled one is another step
+                r.device_predicted_bytes = main.device_predicted_bytes
+                r.tokens_per_s_predicted = main.tokens_per_s_predicted
+                r.fits_predicted = main.fits_predicted
             r.settle()
         if tune.pick is not None:
             fam = self.family(tune.pick.job)
@@ -230,12 +239,14 @@ class _SectionBuilder:
         t = self.tune
         if t is None or t.baseline is None:
             return None
-        fam = self.family(t.pick.job) if t.pick else (self.families[0] if self.families else None)
-        if fam is None:
-            return RowAcc("baseline", t.baseline.micro_batch, t.baseline.grad_accum)
-        # the row the baseline's own probe landed in (its loader may not be the pick's)
+        # the row the baseline's own probe landed in: its setting (the pick may change
+        # checkpointing or precision too: a review) and its loader (maybe not the pick's)
         mine = [p for p in t.probes if p.stage == "baseline"
                 and (p.micro_batch, p.grad_accum) == (t.baseline.micro_batch, t.baseline.grad_accum)]
+        fam = self.family(mine[0].job) if mine else self.family(t.pick.job) if t.pick else (
+            self.families[0] if self.families else None)
+        if fam is None:
+            return RowAcc("baseline", t.baseline.micro_batch, t.baseline.grad_accum)
         words = self.variant_words(mine[0]) if mine else ""
         return self.rows.get((fam.key, t.baseline.micro_batch, t.baseline.grad_accum, words),
                              RowAcc(fam.label, t.baseline.micro_batch, t.baseline.grad_accum))

@@ -46,8 +46,11 @@ def _word(v: Any) -> str:
 def variant_words(v: dict[str, Any], ref: dict[str, Any]) -> str:
     """What ``v`` runs otherwise than ``ref``: "compile on, num_workers 4"; "" where nothing both
     state differs (a field either leaves unstated does not count)."""
+    # prefetch_factor acts through loader workers only: beside num_workers 0 it is no difference
+    idle = v.get("num_workers") == 0
     return ", ".join(f"{k} {_word(v[k])}" for k in VARIANT_KEYS
-                     if k in v and k in ref and v[k] != ref[k])
+                     if k in v and k in ref and v[k] != ref[k]
+                     and not (k == "prefetch_factor" and idle))
 
 
 def variant_rows(probes: Sequence[Probe], row_of: Callable[[Probe], Hashable],

@@ -325,6 +325,10 @@ def with_flags(read: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
     ``--micro-batch`` and ``--grad-accum``): ``--micro-batch 2`` on a 2 × 4 script plans 2 × 4,
     not 2 × 1. A ``--method`` other than the script's drops the script's LoRA / 4-bit fields
     (they describe a method not planned)."""
+    if flags.get("ckpt_reentrant") and flags.get("grad_ckpt") == "off":
+        # as the model form refuses it (cli/jobflags.py): a flag that can have no effect
+        raise JobError("--ckpt-reentrant with --grad-ckpt off: there is no checkpointing to make "
+                       "reentrant", "drop --ckpt-reentrant, or --grad-ckpt off")
     f = dict(read)
     method = flags.get("method")
     if method is not None and method != read.get("method"):

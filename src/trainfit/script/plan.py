@@ -134,7 +134,9 @@ def _grid_job(current: JobSpec, given: set[str]) -> JobSpec:
     """The grid around the script's configuration: micro-batch (accumulation keeping the effective
     batch), checkpointing and precision vary unless the command line fixes them."""
     changes: dict[str, Any] = {k: None for k in ("grad_ckpt", "precision") if k not in given}
-    if "micro_batch" not in given:
+    # --grad-accum alone fixes the split as --micro-batch does (with_flags derived the other from
+    # the effective batch): the model form's rule (JobSpec), which the grid here dropped (a review)
+    if not {"micro_batch", "grad_accum"} & given:
         changes.update(micro_batch=None, grad_accum=None, effective_batch=current.effective_batch)
     return JobSpec.from_dict({**current.to_dict(), **changes}, source="the script")
 
@@ -143,10 +145,10 @@ def check_script_precision(current: JobSpec, gpu: GpuSpec | None, args_class: st
     """``args_class``: the script's arguments' class (SFTConfig turns bf16 on by itself)."""
     if gpu is not None and current.precision and "bf16" in current.precision \
             and not gpu.bf16_supported:
-        # TRL's SFTConfig turns bf16 on by itself where the machine has it: a script that never
-        # set it meets this too (a QA run); the flag plans fp16 without editing the script
-        whence = (" (TRL's SFTConfig sets bf16=True unless told otherwise)"
-                  if args_class == "SFTConfig" else "")
+        # TRL's configs (SFTConfig, DPOConfig, ...) turn bf16 on unless told otherwise: a script
+        # that never set it meets this too (a QA run); the flag plans fp16 without editing it
+        whence = (f" (TRL's {args_class} sets bf16=True unless told otherwise)"
+                  if args_class.endswith("Config") else "")
         raise JobError(f"the script trains in bf16 ({current.precision}) but {gpu.display_name} "
                        f"has no bf16 support{whence}", "plan it in fp16 as is with --precision "
                        "amp-fp16, and set "
