@@ -249,13 +249,26 @@ def zero2_host_buffers(job: Any, model: Any) -> tuple[list[int], int]:
     back to the GPU, and ``temp_grad_buffer_for_cpu_offload``, the largest trainable parameter's
     numel in the 16-bit dtype (``stage_1_and_2.py`` ``DeepSpeedZeroOptimizer.__init__``, in
     DeepSpeed since ZeRO-Offload, 0.3; fp32 mode: 4 B each).  Not pinned (``pin_memory`` false,
-    DeepSpeed's default): no blocks to round, all uncounted.  With accumulation a buffer per
-    parameter (``accumulated_grads_in_cpu``) may add ~2 B per partitioned parameter; it
-    depends on DeepSpeed's version (0.19 adds a compact partition path) and is left out."""
+    DeepSpeed's default): no blocks to round, all uncounted.  With accumulation, a host buffer
+    per parameter besides: :func:`zero2_accumulation_bytes`."""
     ranks = max(job.ranks, 1)
     numels = [p.numel() for p in model.parameters() if p.requires_grad]
     elem = compute_dtype_bytes(job)
     return [], elem * (-(-sum(numels) // ranks) + max(numels, default=0))
+
+
+def zero2_accumulation_bytes(job: Any, trainable_params: int, largest_numel: int) -> int:
+    """ZeRO-2 offload with gradient accumulation: ``accumulated_grads_in_cpu``, a host buffer of
+    each parameter of the rank's partition at its full numel, in the 16-bit dtype
+    (``stage_1_and_2.py`` ``async_accumulate_grad_in_cpu_via_gpu``, called on every micro-step
+    but the lone one of a step without accumulation).  0.19's compact partition path skips it
+    only with ``data_types.grad_accum_dtype: fp32`` set in bf16/fp16 mode (not the default).
+    The partition's two edge parameters are whole on both ranks they straddle: at most the
+    partition and twice the largest parameter (a bound, never under).  0 otherwise."""
+    if job.sharding != "zero2" or job.offload == "none" or (job.grad_accum or 1) <= 1:
+        return 0
+    ranks = max(job.ranks, 1)
+    return compute_dtype_bytes(job) * (-(-trainable_params // ranks) + 2 * largest_numel)
 
 
 def pinned_extra_bytes(pinned: tuple[list[int], int] | None) -> int:

@@ -26,6 +26,7 @@ from trainfit.memory.host_offload import (
     host_activations_of_sizes,
     host_clause,
     host_fields,
+    zero2_accumulation_bytes,
 )
 from trainfit.memory.host_offload import pinned_extra_bytes as pinned_extra
 from trainfit.memory.loading import load_reserve, loading_notes
@@ -165,7 +166,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
            reserved_floor_bytes: int = 0, setup_events: int | None = None,
            matmul_params: int = 0,
            host_activations: HostActivations | None = None,
-           pinned_extra_bytes: int = 0) -> MemoryPrediction:
+           pinned_extra_bytes: int = 0, largest_trainable_numel: int = 0) -> MemoryPrediction:
     """Turn simulated tensor bytes into the allocated / reserved / device peaks and the fit.
 
     ``tensor_peak_bytes`` is the one-process allocated peak (whole blocks), ``breakdown`` what was
@@ -187,12 +188,13 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     phases = {peak_phase: breakdown, **{k: v for k, v in (phase_breakdowns or {}).items()
                                         if k != peak_phase}}
     per_phase, dp_notes = rank_phases(job, source, phases, trainable_params, per_rank,
-                                      quant_state_bytes)
+                                      quant_state_bytes, largest_trainable_numel)
     phase = max(per_phase, key=lambda k: sum(per_phase[k].values()))
     terms = per_phase[phase]
     host = host_offload_bytes(job, source, phases, per_phase, trainable_params, per_rank,
-                              quant_state_bytes)
-    host += pinned_extra_bytes if host else 0
+                              quant_state_bytes, largest_trainable_numel)
+    host += pinned_extra_bytes + zero2_accumulation_bytes(job, trainable_params,
+                                                          largest_trainable_numel) if host else 0
     allocated = sum(terms.values()) + blocks + work
     # The allocator's reserve above the allocated peak, from the one-process trace.
     # ``reserved_floor_bytes``: what a smaller micro-batch of the same plan group reserves (a
@@ -342,4 +344,5 @@ def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
                   matmul_params=sim.info.get("matmul_params", 0),
                   host_activations=host_activations_of_sizes(sim.info["offloaded_sizes"])
                   if "offloaded_sizes" in sim.info else None,
-                  pinned_extra_bytes=pinned_extra(sim.info.get("pinned_shards")))
+                  pinned_extra_bytes=pinned_extra(sim.info.get("pinned_shards")),
+                  largest_trainable_numel=sim.info.get("largest_trainable_numel", 0))

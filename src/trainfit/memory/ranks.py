@@ -137,7 +137,8 @@ def _gpu_quant_state(job: JobSpec, quant_state_bytes: int) -> int:
 
 def host_offload_bytes(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int]],
                        off: dict[str, dict[str, int]], trainable_params: int,
-                       per_rank: bool = False, quant_state_bytes: int = 0) -> int:
+                       per_rank: bool = False, quant_state_bytes: int = 0,
+                       largest_trainable_numel: int = 0) -> int:
     """Host RAM one rank's CPU offload holds: what the rank keeps on the GPU without the offload
     less what it keeps with it (``off``: the job's :func:`rank_phases`, made from ``phases``),
     at the phase they differ most — the parameter shards, fp32
@@ -151,15 +152,17 @@ def host_offload_bytes(job: JobSpec, source: ModelSource, phases: dict[str, dict
     if job.offload == "none":
         return 0
     on_gpu, _ = rank_phases(job.replace(offload="none"), source, phases, trainable_params,
-                            per_rank, quant_state_bytes)
-    skip = ("gradients",) if job.sharding == "zero2" else ()
+                            per_rank, quant_state_bytes, largest_trainable_numel)
+    # buffers: the model's, the same either way, but for what an offload adds on the GPU (ZeRO-2's
+    # staging buffer), which is not host memory
+    skip = ("gradients", "buffers") if job.sharding == "zero2" else ()
     return max(0, *(sum(v - off[k].get(c, 0) for c, v in on_gpu[k].items() if c not in skip)
                     for k in off))
 
 
 def rank_phases(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int]],
-                trainable_params: int, per_rank: bool = False, quant_state_bytes: int = 0
-                ) -> tuple[dict[str, dict[str, int]], list[str]]:
+                trainable_params: int, per_rank: bool = False, quant_state_bytes: int = 0,
+                largest_trainable_numel: int = 0) -> tuple[dict[str, dict[str, int]], list[str]]:
     """Each phase's per-rank breakdown (every term ≥ 0), and the notes; the largest phase is the
     per-rank allocated peak.
 
@@ -174,7 +177,8 @@ def rank_phases(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, i
         per_phase, notes = zero_phases(
             job, phases, trainable_params=trainable_params, quant_state_bytes=quant_state_bytes,
             hidden=hidden_size(source), layers=_layers(source),
-            compute_bytes=compute_dtype_bytes(job), end_bytes=end_parameter_bytes(job, source))
+            compute_bytes=compute_dtype_bytes(job), end_bytes=end_parameter_bytes(job, source),
+            largest_trainable_numel=largest_trainable_numel)
     elif per_rank:
         per_phase = phases
         notes = [_fsdp_sim_note(job)]

@@ -303,6 +303,8 @@ def _info(job: JobSpec, model: torch.nn.Module, info: Any, untraced: list[str] |
     return {"quantized_linears": info.quantized_linears, "matmul_params": info.matmul_params,
             "lora_target_modules": info.lora_target_modules,
             "compile_partitioned": untraced is not None, "compile_untraced": list(untraced or []),
+            "largest_trainable_numel": max((p.numel() for p in model.parameters()
+                                            if p.requires_grad), default=0),
             **({"offloaded_sizes": list(offload.offloaded_sizes)} if offload else {}),
             **({"pinned_shards": pinned} if pinned is not None else {})}
 

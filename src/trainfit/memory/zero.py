@@ -183,12 +183,13 @@ def zero3_gathered_bytes(param_bytes: int, *, layers: int, end_bytes: tuple[int,
 
 def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_params: int,
                 quant_state_bytes: int, hidden: int, layers: int, compute_bytes: int,
-                end_bytes: tuple[int, int] = (0, 0)
+                end_bytes: tuple[int, int] = (0, 0), largest_trainable_numel: int = 0
                 ) -> tuple[dict[str, dict[str, int]], list[str]]:
     """Each simulated phase's breakdown as one ZeRO rank holds it.  ``phases`` come from the
     compute-dtype one-process step (:func:`compute_job`); ``compute_bytes``: bytes per element
     of that dtype; ``end_bytes``: (input embedding, output head) parameter bytes outside the
-    layers (:func:`end_parameter_bytes`; ZeRO-3's reuse distance)."""
+    layers (:func:`end_parameter_bytes`; ZeRO-3's reuse distance); ``largest_trainable_numel``:
+    the elements of the largest trainable parameter (ZeRO-2 offload's GPU staging buffer)."""
     n = job.ranks
     stage3 = job.sharding == "zero3"
     off_opt = job.offload in ("optimizer", "all")
@@ -207,6 +208,11 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
         buckets = bucket
     else:
         param_term, buckets = params, 2 * bucket  # overlap_comm: two reduce buckets
+    # ZeRO-2 offload stages each gradient through temp_grad_buffer_for_gpu_offload, the largest
+    # trainable parameter in the compute dtype, made at init on the GPU and kept
+    # (stage_1_and_2.py, beside its host twin: host_offload.zero2_host_buffers); ~1 GiB for a
+    # 128k-vocabulary 8B model's embedding, missing until a review
+    staging = largest_trainable_numel * compute_bytes if off_opt and not stage3 else 0
     out: dict[str, dict[str, int]] = {}
     for key, b in phases.items():
         states = b.get("optimizer", 0)
@@ -223,7 +229,7 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
              # torch's foreach lists); on the host when offloaded
              "temporaries": (0 if off_opt else -(-trainable_params * 4 // n)) if step
              else b.get("temporaries", 0),
-             "buffers": b.get("buffers", 0)}
+             "buffers": b.get("buffers", 0) + staging}
         if not step:
             t["data_parallel"] = buckets
         # each term is whole flat buffers, and the caching allocator hands out 512-byte blocks

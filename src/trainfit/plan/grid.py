@@ -320,7 +320,10 @@ class _Grid:
                          if cj.activation_offload else None,
                          # affine in depth, the same at any micro-batch: fitted as the rest
                          pinned_extra_bytes=model.eval([pinned_extra_bytes(
-                             p.sim.info.get("pinned_shards")) for p in model.points], micro))
+                             p.sim.info.get("pinned_shards")) for p in model.points], micro),
+                         # the embedding or head, or a layer's: the same at every depth
+                         largest_trainable_numel=max(p.sim.info.get("largest_trainable_numel", 0)
+                                                     for p in model.points))
             done[micro] = mem
             return cj, mem
 
