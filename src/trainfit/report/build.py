@@ -138,7 +138,8 @@ class _SectionBuilder:
         jobs = [c.job for c in plan.configs] if plan else []
         jobs += [p.job for p in tune.probes] if tune else []
         self.varying = {k for k in FAMILY_KEYS if len({_norm(j.get(k)) for j in jobs if k in j}) > 1}
-        # the loader/compile settings every row without words of its own ran: the pick's
+        # the pick's loader/compile settings: what a row's words are said against (a row's
+        # main probes ran them, or, where none of its probes did, its first probe's settings)
         self.ref_variant = reference_variant(tune)
         self._variant_of: dict[int, str] | None = None
 

@@ -30,8 +30,8 @@ def probe_variant(p: Probe) -> dict[str, Any]:
 
 
 def reference_variant(tune: TuneInput | None) -> dict[str, Any]:
-    """The settings a row without words of its own ran: the pick's, else (no pick) the first
-    probe's; {} without tune."""
+    """The settings rows' words are said against: the pick's, else (no pick) the first probe's;
+    {} without tune."""
     if tune is not None and tune.pick is not None:
         pk = tune.pick
         return variant(pk.job, compile=pk.compile, num_workers=pk.num_workers,
