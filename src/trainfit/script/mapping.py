@@ -328,7 +328,7 @@ def with_flags(read: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
     if flags.get("ckpt_reentrant") and flags.get("grad_ckpt") == "off":
         # as the model form refuses it (cli/jobflags.py): a flag that can have no effect
         raise JobError("--ckpt-reentrant with --grad-ckpt off: there is no checkpointing to make "
-                       "reentrant", "drop --ckpt-reentrant, or --grad-ckpt off")
+                       "reentrant", "drop --ckpt-reentrant, or use --grad-ckpt full")
     f = dict(read)
     method = flags.get("method")
     if method is not None and method != read.get("method"):
