@@ -103,6 +103,8 @@ class Emitted:
     """What the job sets that the payload cannot carry."""
     unstated: list[str] = field(default_factory=list)
     """Job fields the file leaves open that the payload would need (e.g. ``packing``)."""
+    recipe: dict[str, Any] = field(default_factory=dict)
+    """The learning rate and seed the file states (no payload carries them: said, not set)."""
 
     def text(self) -> str:
         """What goes on stdout: JSON for hf/trl (``TrainingArguments(**json.load(f))``), YAML for
@@ -398,5 +400,6 @@ def emit(job: JobSpec, target: str, *, device: str | None = None,
         if stated is not None and name not in stated and key in payload:
             del payload[key]
             unstated.append(name)
+    recipe = {k: getattr(job, k) for k in ("lr", "seed") if stated is not None and k in stated}
     return Emitted(target=target, payload=payload, device=kind, transformers_version=version,
-                   script=script_settings(job, target), unstated=unstated)
+                   script=script_settings(job, target), unstated=unstated, recipe=recipe)

@@ -17,6 +17,9 @@ _USE = {"hf": "TrainingArguments(output_dir=..., **json.load(open(FILE)))",
         "accelerate": "accelerate launch --config_file FILE train.py"}
 
 
+_RECIPE_KEYWORDS = {"lr": "learning_rate", "seed": "seed"}
+
+
 def emit_messages(e: Emitted, source: str, extra: dict[str, Any], *, searched: bool) -> list[str]:
     """The lines printed on stderr around an emitted payload (``extra``: the file-only keys of
     the job file: device, memory_limit, measured)."""
@@ -43,7 +46,9 @@ def emit_messages(e: Emitted, source: str, extra: dict[str, Any], *, searched: b
         lines.append(f"  {k}: not stated in {source} (tune writes it): the library's default "
                      "stands")
     if e.target != "accelerate":
+        said = "; ".join(f"{k} {v} in {source}: set {_RECIPE_KEYWORDS[k]}= in your script if you "
+                         "want it" for k, v in e.recipe.items())
         lines.append("  learning rate and seed: your script's (not knobs trainfit measures or "
-                     "chooses; not in the payload)")
+                     "chooses; not in the payload)" + (f" — {said}" if said else ""))
     lines.append(f"  use: {_USE[e.target]}")
     return lines
