@@ -19,3 +19,20 @@ def test_the_p95_grid_is_announced_only_when_it_is_shown():
     shorter = length_words(_lengths(128, 256), 2, quantile_grid=True)
     assert shorter.endswith("; the grid is also shown at the p95")
     assert "grid" not in length_words(_lengths(128, 256), 2).split(").")[-1]  # tune: no grid
+
+
+def test_the_scripts_own_flags_that_carry_a_changed_value_are_named():
+    """A script that takes its batch from its own argparse (--bs 4 --accum 2) was told only the
+    TrainingArguments keywords to change (a QA run)."""
+    from trainfit.render.script import own_flag_words
+    from trainfit.script.diff import KeywordChange
+
+    changes = [KeywordChange("TrainingArguments", "per_device_train_batch_size", 4, 8),
+               KeywordChange("TrainingArguments", "gradient_accumulation_steps", 2, 1),
+               KeywordChange("TrainingArguments", "bf16", True, False)]
+    words = own_flag_words(["python", "train.py", "--bs", "4", "--accum=2", "--lr", "1e-4"],
+                           changes)
+    assert words is not None and "(--bs 4, --accum 2)" in words and "--lr" not in words
+    assert own_flag_words(["python", "train.py"], changes) is None
+    # a bool's "True" is no flag value to match
+    assert own_flag_words(["python", "t.py", "--x", "True"], changes[2:]) is None

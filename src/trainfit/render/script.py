@@ -97,6 +97,28 @@ def change_words(changes: list[KeywordChange]) -> list[str]:
     return [f"{w}: {', '.join(kws)}" for w, kws in by_where.items()]
 
 
+def own_flag_words(command: list[str], changes: list[KeywordChange]) -> str | None:
+    """Where the script's own command line carries a value the change replaces (``--bs 4`` for
+    ``per_device_train_batch_size`` 4): the keywords are what its trainer holds, which it may set
+    from those flags — said as such, the flags named (a QA run's script took its batch from its
+    argparse, and the change named only TrainingArguments keywords).  None where no flag does."""
+    values = {str(c.before) for c in changes if isinstance(c.before, (int, str))
+              and not isinstance(c.before, bool)}
+    found: list[str] = []
+    for i, tok in enumerate(command):
+        if not tok.startswith("--"):
+            continue
+        flag, eq, val = tok.partition("=")
+        if not eq:
+            val = command[i + 1] if i + 1 < len(command) else ""
+        if val in values:
+            found.append(f"{flag} {val}")
+    if not found:
+        return None
+    return (f"the script's own command line carries values the change replaces ({', '.join(found)}"
+            "): where the script sets these keywords from its flags, change the flags instead")
+
+
 def _read_rows(read: ReadJob, rec: dict[str, Any], f: dict[str, Any],
                given: frozenset[str] = frozenset()) -> list[tuple[str, str, str]]:
     """``f``: the job as planned (what was read, with the command line's flags over it);
@@ -197,6 +219,8 @@ def render_script_plan(sp: ScriptPlan) -> None:
                   f"{sp.current.effective_batch}):")
         for line in change_words(sp.changes):
             con.print(f"  {line}", markup=False, highlight=False)
+        if (own := own_flag_words(sp.command, sp.changes)) is not None:
+            con.print(f"  {own}", markup=False, highlight=False)
     elif sp.plan.pick is not None and sp.plan.gpu:
         con.print("[bold]no change[/bold]: the script's configuration is the pick")
 
@@ -235,6 +259,8 @@ def render_script_tune(st: Any) -> None:
                   f"{st.current.effective_batch}):")
         for line in change_words(st.changes):
             con.print(f"  {line}", markup=False, highlight=False)
+        if (own := own_flag_words(st.command, st.changes)) is not None:
+            con.print(f"  {own}", markup=False, highlight=False)
     elif st.result.unconfirmed is not None:
         con.print("[bold]no change[/bold]: the script's configuration is kept — the search's "
                   "best was not confirmed faster than it (measured, above)")
