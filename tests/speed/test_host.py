@@ -382,4 +382,7 @@ def test_the_launch_note_says_which_rows_were_measured() -> None:
     mixed = launch_note(16, 30, measured_rows=8)
     assert "8 of them have their host time measured" in mixed and "the other 8" in mixed
     assert "measured" not in launch_note(16, 30).split("(10 µs")[0]  # none measured: per-op
+    # which rows the per-op count timed (the table does not show it: a QA run)
+    named = launch_note(3, 30, measured_rows=1, per_op_rows=["amp-bf16 off 1×8", "fp32 off 2×4"])
+    assert "the other 2 (amp-bf16 off 1×8, fp32 off 2×4) are timed by the per-op count" in named
     assert "Their host time is the step's own code" in launch_note(16, 30, measured_rows=16)

@@ -72,7 +72,9 @@ def plan_notes(result: PlanResult) -> list[str]:
     launch = [r for r in result.rows if r.speed is not None and r.speed.bound == "launch-bound"]
     if launch:
         measured = sum(bool(r.speed.host_measured) for r in launch)
-        notes.append(launch_note(len(launch), len(result.rows), measured))
+        per_op = [f"{r.job.precision} {r.job.grad_ckpt} {r.job.micro_batch}×{r.job.grad_accum}"
+                  for r in launch if not r.speed.host_measured]
+        notes.append(launch_note(len(launch), len(result.rows), measured, per_op))
         busy = [r.speed.host_busy_cores for r in launch
                 if r.speed.host_busy and r.speed.host_busy_cores is not None]
         if busy:
@@ -143,7 +145,8 @@ def link_note(result: PlanResult) -> str:
     return text
 
 
-def launch_note(n: int, total: int, measured_rows: int = 0) -> str:
+def launch_note(n: int, total: int, measured_rows: int = 0,
+                per_op_rows: list[str] | None = None) -> str:
     """Launch-bound rows: their step time is the host's.  ``measured_rows`` of the ``n``: the
     host time is the step's own code run on this machine's CPU (trainfit/speed/host.py); the
     others: the per-op count alone, which misses the model's Python
@@ -154,7 +157,8 @@ def launch_note(n: int, total: int, measured_rows: int = 0) -> str:
         return (f"{head} each op. {measured_rows} of them have their host time measured (the "
                 "step's own code run on this machine's CPU at a tiny width, plus 6 µs a kernel: "
                 "within 20 % on an H100's host, up to 73 % slow on an H200's); the other "
-                f"{n - measured_rows} are timed by the per-op count alone (10 µs forward, 15 µs "
+                f"{n - measured_rows}" + (f" ({', '.join(per_op_rows)})" if per_op_rows else "")
+                + " are timed by the per-op count alone (10 µs forward, 15 µs "
                 "backward, 2.5 µs a view, an H100 host's), which transformers' Python exceeds "
                 "1.5-2.3×, so their tokens/s are an upper bound — `trainfit tune` measures them")
     if measured:
