@@ -216,3 +216,33 @@ def test_zero2_offload_stages_gradients_through_a_gpu_buffer_and_accumulates_on_
     lora = predict_memory(JobSpec(**{**kw, "method": "lora", "offload": "optimizer"}), src, None)
     lora_on = predict_memory(JobSpec(**{**kw, "method": "lora"}), src, None)
     assert 0 < lora.breakdown["buffers"] - lora_on.breakdown["buffers"] < 2 * embed // 10
+
+
+def test_zero2_pin_memory_rounds_each_pinned_partition_up_to_a_power_of_two():
+    """DeepSpeed's offload_optimizer pin_memory: the fp32 partition, its fp32 gradient, the
+    16-bit twin and the staging buffer are each a pinned block (PyTorch's pinned cache rounds up
+    to a power of two); the optimizer states are not pinned.  Only for ZeRO-2 with an offload:
+    elsewhere the flag is refused."""
+    from typer.testing import CliRunner
+
+    from trainfit.cli.main import app
+    from trainfit.memory.host_offload import pow2_ceil, zero2_accumulation_bytes
+
+    cfg = LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)
+    src = ModelSource("small", cfg, "causal-lm", "local")
+    kw = dict(model="x", method="full", seq_len=32, micro_batch=2, grad_accum=1,
+              precision="amp-bf16", grad_ckpt="off", ranks=4, sharding="zero2",
+              offload="optimizer")
+    plain = predict_memory(JobSpec(**kw), src, None)
+    pinned = predict_memory(JobSpec(**kw, zero_pin_memory=True), src, None)
+    part = -(-plain.trainable_params // 4)
+    blocks = [4 * part, 4 * part, 2 * part, 2 * 1000 * 128]
+    assert pinned.host_offload_bytes - plain.host_offload_bytes == \
+        sum(pow2_ceil(b) - b for b in blocks) > 0
+    assert pinned.peak_device_bytes == plain.peak_device_bytes  # host memory only
+    acc = JobSpec(**{**kw, "grad_accum": 2})
+    assert zero2_accumulation_bytes(acc.replace(zero_pin_memory=True), 10**6, 10**4) == \
+        2 * zero2_accumulation_bytes(acc, 10**6, 10**4) > 0  # a bound: under twice its bytes
+    res = CliRunner().invoke(app, ["plan", "gpt2", "--gpu", "t4", "--zero-pin-memory"])
+    assert res.exit_code == 2 and "modelled for ZeRO-2 with an offload" in res.output

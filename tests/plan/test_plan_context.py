@@ -182,7 +182,15 @@ def test_host_ram_check_counts_weights_at_load_and_host_batches():
     assert "rounding" not in h.unknown  # no offload: nothing pinned to round
     zero = host_ram_check(job.replace(offload="optimizer", sharding="zero2"), 100_000_000,
                           7 * 10**9, offload_bytes=10**8)
-    assert "power-of-two rounding of its pinned partitions" in zero.unknown
+    assert "power-of-two rounding of its pinned partitions (--zero-pin-memory plans it)" in \
+        zero.unknown
+    pinned = host_ram_check(job.replace(offload="optimizer", sharding="zero2",
+                                        zero_pin_memory=True), 100_000_000, 7 * 10**9,
+                            offload_bytes=10**8)
+    assert "rounding" not in pinned.unknown  # modelled: host_offload.zero2_host_buffers
+    zero3 = host_ram_check(job.replace(offload="optimizer", sharding="zero3"), 100_000_000,
+                           7 * 10**9, offload_bytes=10**8)
+    assert "not modelled for ZeRO-3" in zero3.unknown
     fsdp = host_ram_check(job.replace(offload="all", sharding="fsdp"), 100_000_000, 7 * 10**9,
                           offload_bytes=10**8)
     assert "rounding" not in fsdp.unknown  # modelled: memory/host_offload.py pinned_shards

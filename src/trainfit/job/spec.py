@@ -171,6 +171,11 @@ class JobSpec:
     """CPU offload: optimizer (ZeRO offload_optimizer: fp32 master, states and their gradients
     on the host) or all (also the parameters: FSDP CPUOffload, ZeRO-3 offload_param). Saves
     GPU memory, costs host RAM and host↔GPU copies."""
+    zero_pin_memory: bool = False
+    """DeepSpeed's ``offload_optimizer.pin_memory`` (ZeRO-2 with --offload): the host partitions
+    page-locked, through PyTorch's pinned cache, which rounds each block up to a power of two
+    (more host RAM). DeepSpeed's default and accelerate's plugin: false; the HF docs' example
+    configs: true."""
     fsdp_frozen_grads: bool = False
     """FSDP1 with frozen and trainable weights in one flat parameter (use_orig_params=True
     without wrapping the adapters apart — Lightning Fabric / litgpt's FSDP with LoRA): gradients,
