@@ -174,8 +174,9 @@ class JobSpec:
     zero_pin_memory: bool = False
     """DeepSpeed's ``offload_optimizer.pin_memory`` (ZeRO-2 with --offload): the host partitions
     page-locked, through PyTorch's pinned cache, which rounds each block up to a power of two
-    (more host RAM). DeepSpeed's default and accelerate's plugin: false; the HF docs' example
-    configs: true."""
+    (more host RAM). The HF docs' example configs say true, and so does DeepSpeed 0.19's own
+    default (``offload_config.py``; older releases: false) — which accelerate's plugin, writing no
+    pin_memory key, then gets. trainfit's default stays false for now: set it for DeepSpeed 0.19."""
     fsdp_frozen_grads: bool = False
     """FSDP1 with frozen and trainable weights in one flat parameter (use_orig_params=True
     without wrapping the adapters apart — Lightning Fabric / litgpt's FSDP with LoRA): gradients,

@@ -144,8 +144,9 @@ def _host_unknowns(job: JobSpec, activation_bytes: int | None) -> list[str]:
                    "rounding of its pinned partitions (up to twice their bytes; not modelled "
                    "for ZeRO-3)")
     elif job.offload != "none" and job.sharding == "zero2" and not job.zero_pin_memory:
-        out.append(", and, if the DeepSpeed config says pin_memory: true, the power-of-two "
-                   "rounding of its pinned partitions (--zero-pin-memory plans it)")
+        out.append(", and, if DeepSpeed pins its partitions (pin_memory: true, DeepSpeed 0.19's "
+                   "default), the power-of-two rounding of its pinned partitions "
+                   "(--zero-pin-memory plans it)")
     return out
 
 
