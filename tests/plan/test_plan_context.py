@@ -128,8 +128,10 @@ def test_a_cpu_offload_holds_in_host_ram_what_it_takes_off_the_gpu(tiny_llama, s
     16-bit buffer of the largest parameter — and the GPU holds less."""
     from trainfit.memory.predict import predict_memory
 
+    # unpinned: the bytes themselves (ZeRO-2's pinned blocks: tests/memory/test_host_offload.py)
     job = JobSpec(model="t", seq_len=64, micro_batch=2, grad_accum=1, precision="amp-bf16",
-                  grad_ckpt="off", ranks=ranks, sharding=sharding, offload=offload)
+                  grad_ckpt="off", ranks=ranks, sharding=sharding, offload=offload,
+                  zero_pin_memory=False)
     gpu = find_gpu("a10g")
     off = predict_memory(job, tiny_llama, gpu, 0.1)
     on = predict_memory(job.replace(offload="none"), tiny_llama, gpu, 0.1)
@@ -180,13 +182,13 @@ def test_host_ram_check_counts_weights_at_load_and_host_batches():
     assert lora.weights_load_bytes_per_rank == 200_000_000
     # an activation offload's pinned bytes (memory/host_offload.py) count on every rank
     assert "rounding" not in h.unknown  # no offload: nothing pinned to round
-    zero = host_ram_check(job.replace(offload="optimizer", sharding="zero2"), 100_000_000,
-                          7 * 10**9, offload_bytes=10**8)
+    zero = host_ram_check(job.replace(offload="optimizer", sharding="zero2",
+                                      zero_pin_memory=False), 100_000_000, 7 * 10**9,
+                          offload_bytes=10**8)
     assert "power-of-two rounding of its pinned partitions (--zero-pin-memory plans it)" in \
         zero.unknown
-    pinned = host_ram_check(job.replace(offload="optimizer", sharding="zero2",
-                                        zero_pin_memory=True), 100_000_000, 7 * 10**9,
-                            offload_bytes=10**8)
+    pinned = host_ram_check(job.replace(offload="optimizer", sharding="zero2"), 100_000_000,
+                            7 * 10**9, offload_bytes=10**8)  # pinned: DeepSpeed 0.19's default
     assert "rounding" not in pinned.unknown  # modelled: host_offload.zero2_host_buffers
     zero3 = host_ram_check(job.replace(offload="optimizer", sharding="zero3"), 100_000_000,
                            7 * 10**9, offload_bytes=10**8)

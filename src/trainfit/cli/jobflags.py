@@ -99,10 +99,11 @@ def merge_job_fields(fields: dict[str, Any], job_flags: dict[str, Any], usage: s
         raise JobError("--ckpt-reentrant with grad-ckpt off: there is no checkpointing to make "
                        "reentrant", "drop --ckpt-reentrant, or use --grad-ckpt full (or leave "
                        "--grad-ckpt out to plan both)")
-    if out.get("zero_pin_memory") and not (out.get("sharding") == "zero2"
-                                           and out.get("offload", "none") != "none"):
-        # what it describes exists only there (ZeRO-3's pinned buffers are not modelled)
-        raise JobError("zero_pin_memory: DeepSpeed's offload_optimizer pin_memory, modelled for "
+    if job_flags.get("zero_pin_memory") and not (out.get("sharding") == "zero2"
+                                                 and out.get("offload", "none") != "none"):
+        # what it describes exists only there (ZeRO-3's pinned buffers are not modelled); a
+        # file's value is its default, which tune writes into every job
+        raise JobError("--zero-pin-memory: DeepSpeed's offload_optimizer pin_memory, modelled for "
                        "ZeRO-2 with an offload", "use --sharding zero2 --offload optimizer, or "
                        "drop it")
     if "model" not in out:

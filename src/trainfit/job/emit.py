@@ -344,9 +344,10 @@ def _sharding_setting(job: JobSpec, target: str) -> ScriptSetting | None:
            f"{{zero_stage: {job.sharding[-1]}" + (
                ", offload_optimizer_device: cpu" if job.offload != "none" else "") + (
                ", offload_param_device: cpu" if job.offload == "all" else "") + "}" + (
-               "; pin_memory: true, as planned, is DeepSpeed 0.19's default (older releases "
-               "take it from a DeepSpeed config file: deepspeed_config_file, with "
-               "offload_optimizer: {device: cpu, pin_memory: true})" if job.zero_pin_memory else "")
+               "; pin_memory: false, as planned, takes a DeepSpeed config file instead "
+               "(deepspeed_config_file, with offload_optimizer: {device: cpu, pin_memory: "
+               "false}): DeepSpeed 0.19 pins by default" if job.sharding == "zero2"
+               and not job.zero_pin_memory else "")
            if job.sharding.startswith("zero") else
            "TrainingArguments(fsdp=\"full_shard auto_wrap" + (
                " offload" if job.offload == "all" else "") + "\")"
