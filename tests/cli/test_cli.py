@@ -72,12 +72,16 @@ def test_unparsable_flags_are_one_line_too(args, needle, monkeypatch):
     assert lines[1].startswith("hint: ") and "--help" in lines[1]
 
 
-def test_a_job_files_unknown_gpu_names_the_file(tmp_path):
+@pytest.mark.parametrize("line, said", [
+    ("gpu: bogus", "error: gpu: bogus (in {job}): unknown GPU"),
+    ("gpu: t4\nseq_len: abc", "error: {job}: seq_len: 'abc': must be an integer"),
+])
+def test_a_job_files_bad_value_names_the_file(tmp_path, line, said):
     job = tmp_path / "job.yaml"
-    job.write_text("model: gpt2\ngpu: bogus\n")
+    job.write_text(f"model: gpt2\n{line}\n")
     res = runner.invoke(app, ["plan", str(job)])
     assert res.exit_code == 2
-    assert f"error: gpu: bogus (in {job}): unknown GPU" in res.stderr
+    assert said.format(job=job) in res.stderr
 
 
 def test_a_job_files_bad_value_is_named_by_its_key_then_the_flag(tmp_path):
@@ -360,11 +364,3 @@ def test_a_config_of_a_model_without_a_language_model_head_says_so(tmp_path):
     lines = [ln for ln in res.output.splitlines() if ln.startswith(("error:", "hint:"))]
     assert "has no causal- or seq2seq-LM class for model_type wav2vec2" in lines[0]
     assert lines[1].startswith("hint: trainfit plans text language models")
-
-
-def test_a_job_files_value_of_the_wrong_type_names_the_file(tmp_path):
-    job = tmp_path / "job.yaml"
-    job.write_text("model: gpt2\ngpu: t4\nseq_len: abc\n")
-    res = runner.invoke(app, ["plan", str(job)])
-    assert res.exit_code == 2
-    assert f"error: {job}: seq_len: 'abc': must be an integer" in res.stderr

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from trainfit.job import JobError
-from trainfit.job.fields import COMMAND_LINE_ONLY, FieldInfo, job_fields
+from trainfit.job.fields import COMMAND_LINE_ONLY, FieldInfo, job_fields, refuse_dead_reentrant
 
 _TYPES: dict[type, type] = {int: int, float: float, str: str, list: str}
 
@@ -93,12 +93,7 @@ def merge_job_fields(fields: dict[str, Any], job_flags: dict[str, Any], usage: s
     if "micro_batch" in job_flags and "grad_accum" not in job_flags and \
             "effective_batch" not in job_flags:
         out.pop("grad_accum", None)
-    if job_flags.get("ckpt_reentrant") and out.get("grad_ckpt") == "off":
-        # a flag that can have no effect is refused, as --fsdp-no-sync without fsdp is (a QA run
-        # saw it accepted in silence); a file's, which tune writes for every pick, is not
-        raise JobError("--ckpt-reentrant with grad-ckpt off: there is no checkpointing to make "
-                       "reentrant", "drop --ckpt-reentrant, or use --grad-ckpt full (or leave "
-                       "--grad-ckpt out to plan both)")
+    refuse_dead_reentrant(job_flags, out.get("grad_ckpt"))
     if job_flags.get("zero_pin_memory") and not (out.get("sharding") == "zero2"
                                                  and out.get("offload", "none") != "none"):
         # what it describes exists only there (ZeRO-3's pinned buffers are not modelled); a

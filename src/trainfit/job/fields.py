@@ -140,6 +140,16 @@ KNOB_NAMES = tuple(k.name for k in KNOBS)
 DEFAULT_KNOBS = tuple(k.name for k in KNOBS if k.default_on)
 
 
+def refuse_dead_reentrant(flags: dict[str, Any], grad_ckpt: str | None) -> None:
+    """``--ckpt-reentrant`` given where checkpointing is off: a flag that can have no effect is
+    refused, as --fsdp-no-sync without fsdp is (a QA run saw it accepted in silence).  ``flags``:
+    the command line's fields only; a file's value, which tune writes for every pick, is not."""
+    if flags.get("ckpt_reentrant") and grad_ckpt == "off":
+        raise JobError("--ckpt-reentrant with grad-ckpt off: there is no checkpointing to make "
+                       "reentrant", "drop --ckpt-reentrant, or use --grad-ckpt full (or leave "
+                       "--grad-ckpt out to plan both)")
+
+
 def fixed_knobs(given_fields: set[str]) -> frozenset[str]:
     """The knobs a user fixed by giving one of their fields: tune does not search them."""
     return frozenset(k.name for k in KNOBS if set(k.fields) & given_fields)

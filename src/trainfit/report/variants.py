@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-from trainfit.report.model import Probe, TuneInput
+from trainfit.report.model import Probe, TuneInput, TunePick
 
 VARIANT_KEYS = ("compile", "num_workers", "pin_memory", "prefetch_factor")
 """Not ``persistent_workers``: tune sets it on its pick by rule (a copy of the probe that measured
@@ -25,18 +25,17 @@ def variant(job: dict[str, Any], **beside: Any) -> dict[str, Any]:
     return out
 
 
-def probe_variant(p: Probe) -> dict[str, Any]:
+def probe_variant(p: Probe | TunePick) -> dict[str, Any]:
     return variant(p.job, compile=p.compile, num_workers=p.num_workers, pin_memory=p.pin_memory)
 
 
 def reference_variant(tune: TuneInput | None) -> dict[str, Any]:
     """The settings rows' words are said against: the pick's, else (no pick) the first probe's;
     {} without tune."""
-    if tune is not None and tune.pick is not None:
-        pk = tune.pick
-        return variant(pk.job, compile=pk.compile, num_workers=pk.num_workers,
-                       pin_memory=pk.pin_memory)
-    return probe_variant(tune.probes[0]) if tune is not None and tune.probes else {}
+    if tune is None:
+        return {}
+    first = tune.pick or (tune.probes[0] if tune.probes else None)
+    return probe_variant(first) if first is not None else {}
 
 
 def _word(v: Any) -> str:

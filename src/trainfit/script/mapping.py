@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainfit.job import JobError, JobSpec
+from trainfit.job.fields import refuse_dead_reentrant
 
 QUANTILE = 0.95
 """The high quantile of the batch lengths plan also shows (the pick is planned at the maximum)."""
@@ -325,10 +326,7 @@ def with_flags(read: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
     ``--micro-batch`` and ``--grad-accum``): ``--micro-batch 2`` on a 2 × 4 script plans 2 × 4,
     not 2 × 1. A ``--method`` other than the script's drops the script's LoRA / 4-bit fields
     (they describe a method not planned)."""
-    if flags.get("ckpt_reentrant") and flags.get("grad_ckpt") == "off":
-        # as the model form refuses it (cli/jobflags.py): a flag that can have no effect
-        raise JobError("--ckpt-reentrant with --grad-ckpt off: there is no checkpointing to make "
-                       "reentrant", "drop --ckpt-reentrant, or use --grad-ckpt full")
+    refuse_dead_reentrant(flags, flags.get("grad_ckpt"))  # as the model form does
     f = dict(read)
     method = flags.get("method")
     if method is not None and method != read.get("method"):
