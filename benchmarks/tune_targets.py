@@ -315,7 +315,7 @@ def main() -> int:
     torch.set_num_threads(1)
     if "--lightning-only" in sys.argv:
         return lightning_only()
-    from trainfit.render.words import tune_notes
+    from trainfit.render.tune_words import tune_notes
     from trainfit.tune.search import micro_options
     from trainfit.tune.tuner import TuneOptions, tune
 

@@ -75,7 +75,7 @@ def test_a_current_bf16_step_on_a_card_without_bf16_is_said_so_not_an_unknown_pe
 def test_tune_says_how_far_its_measurements_sit_from_the_prediction_only_when_far():
     """A CPU tune of a script read 0.25-0.4× the predicted tokens/s on every probe, unremarked
     (a QA run): said, with what the prediction leaves out; within 1.5× nothing is said."""
-    from trainfit.render.words import speed_ratio_note
+    from trainfit.render.tune_words import speed_ratio_note
 
     def probe(measured, predicted, status="ok"):
         return {"status": status, "measured": {"tokens_per_s": measured},

@@ -9,8 +9,9 @@ import pytest
 from report_paths import FIXTURES, SEED002, SEED002_NOW
 
 from trainfit.report import build_report, load_inputs
-from trainfit.report.build import find_gaps, memory_components_gib
+from trainfit.report.build import memory_components_gib
 from trainfit.report.model import GIB
+from trainfit.report.timeline import find_gaps
 
 PLAN = json.loads(SEED002.read_text())
 

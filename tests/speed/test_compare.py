@@ -40,6 +40,6 @@ def test_an_undecided_verdict_names_the_rule_it_failed():
     a2, b2 = [1287, 1302, 1290, 1296], [1360, 1385, 1370, 1378]
     assert "inside the noise (10%)" in Comparison.of(a2, b2, [0.10] * 8, 0.03, 4).why
     assert Comparison.of([100, 100, 100], [112, 111, 113], [0.01] * 6, 0.03, 3).why is None
-    from trainfit.render.words import _rounds_words
+    from trainfit.render.tune_words import _rounds_words
 
     assert "; not decided because the repeats overlap" in _rounds_words(c)

@@ -5,7 +5,7 @@ import pytest
 from search_fakes import GIB, fake, pred
 
 from trainfit.job import JobSpec
-from trainfit.render.words import note_words
+from trainfit.render.tune_words import note_words
 from trainfit.tune.result import Measured, ProbeResult
 from trainfit.tune.search import Predicted, Searcher, SearchOptions, micro_options
 

@@ -8,7 +8,7 @@ import pytest
 from search_fakes import GIB, fake, pred
 
 from trainfit.job import JobSpec
-from trainfit.render.words import note_words
+from trainfit.render.tune_words import note_words
 
 
 @pytest.mark.parametrize("later_tps, kept", [(90.0, True), (200.0, False)])
@@ -23,7 +23,7 @@ def test_a_change_is_written_only_when_confirmed_faster_than_the_current(tiny_ll
 
     import torch
 
-    from trainfit.render.words import tune_pick_reason
+    from trainfit.render.tune_words import tune_pick_reason
     from trainfit.tune.tuner import Bench, TuneOptions, run_search
 
     seen = {"big": 0}
@@ -86,7 +86,7 @@ def test_rounds_cut_by_the_budget_keep_the_searchs_best(tiny_llama, monkeypatch)
 
     import torch
 
-    from trainfit.render.words import tune_pick_reason
+    from trainfit.render.tune_words import tune_pick_reason
     from trainfit.tune import search as search_mod
     from trainfit.tune.tuner import Bench, TuneOptions, run_search
 
@@ -134,7 +134,7 @@ def test_a_busy_moment_in_the_proposing_probes_does_not_decide(tiny_llama):
 
     import torch
 
-    from trainfit.render.words import tune_pick_reason
+    from trainfit.render.tune_words import tune_pick_reason
     from trainfit.tune.tuner import Bench, TuneOptions, run_search
 
     seen = {1: 0, 8: 0, "eager": 0}

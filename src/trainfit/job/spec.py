@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,40 +32,8 @@ from trainfit.job.choices import (  # re-exported: the schema's vocabularies liv
     SHARDINGS,
     JobError,
     _choice,
-    _flag,
 )
-
-
-def _positive(name: str, value: int | None) -> None:
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise JobError(f"{_flag(name)} {value}: must be an integer ≥ 1",
-                       f"e.g. {_flag(name)} {JobSpec.example(name)}")
-
-
-_KINDS = {int: "an integer", float: "a number", str: "text", bool: "true or false", list: "a list"}
-
-
-def _check_types(job: JobSpec) -> None:
-    """Each field holds its declared type (a YAML ``lr: fast`` or ``seq_len: "big"`` is one clear
-    error, not a TypeError deep inside): ints are not bools, a float field takes an int."""
-    hints = typing.get_type_hints(JobSpec)
-    for f in dataclasses.fields(job):
-        value = getattr(job, f.name)
-        if value is None:
-            continue
-        hint = hints[f.name]
-        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
-        kinds = [typing.get_origin(a) or a for a in (typing.get_args(hint) if union else (hint,))
-                 if a is not type(None)]
-        ok = any(isinstance(value, k) and not (k in (int, float) and isinstance(value, bool))
-                 for k in kinds) or (float in kinds and isinstance(value, int)
-                                     and not isinstance(value, bool)) \
-            or (list in kinds and isinstance(value, str))  # "q,v" is split below
-        if f.name == "grad_ckpt" and isinstance(value, bool):
-            ok = True  # grad_ckpt: true/false reads as full/off
-        if not ok:
-            raise JobError(f"{_flag(f.name)} {value!r}: must be {_KINDS.get(kinds[0], kinds[0])}",
-                           f"e.g. {f.name}: {JobSpec.example(f.name)}")
+from trainfit.job.validate import check_positive, check_types
 
 
 @dataclass(kw_only=True)
@@ -305,7 +271,7 @@ class JobSpec:
                            "or a path to a config.json")
         if type(self.fsdp_version) is int:  # accelerate's YAML writes fsdp_version: 2, a number
             self.fsdp_version = str(self.fsdp_version)
-        _check_types(self)
+        check_types(self)
         _choice("method", self.method, METHODS)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
@@ -330,7 +296,7 @@ class JobSpec:
                            "use --grad-ckpt full, or drop --ckpt-reentrant")
         for name in ("seq_len", "micro_batch", "grad_accum", "effective_batch", "ranks",
                      "lora_r", "lora_alpha", "lm_head_chunk", "prefetch_factor"):
-            _positive(name, getattr(self, name))
+            check_positive(self, name)
         if self.num_workers < 0:
             raise JobError(f"--num-workers {self.num_workers}: must be ≥ 0",
                            "0 loads batches in the training process; e.g. --num-workers 2")

@@ -283,7 +283,7 @@ def render_script_tune(st: Any) -> None:
 
 
 def script_tune_json(st: Any) -> dict[str, Any]:
-    from trainfit.render.words import tune_json
+    from trainfit.render.tune_words import tune_json
 
     return {"kind": "tune-script", "command": st.command, "read": st.record,
             "job": st.current.to_dict(), "lengths": dataclasses.asdict(st.read.lengths),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainfit.render.layout import Col, fit_table, out_console, say
-from trainfit.render.words import tune_json
+from trainfit.render.tune_words import tune_json
 
 GIB = 2**30
 

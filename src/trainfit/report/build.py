@@ -7,10 +7,7 @@ stacked bars and the predicted line, the tune's probes the measured points, merg
 
 from __future__ import annotations
 
-import itertools
-import math
 import re
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +19,6 @@ from trainfit.report.model import (
     Family,
     Inputs,
     MemoryBar,
-    MonitorLog,
     Pick,
     PlanConfig,
     PlanInput,
@@ -30,14 +26,12 @@ from trainfit.report.model import (
     Probe,
     Report,
     Section,
-    Timeline,
-    TimelinePanel,
-    TimelineSeries,
     TrainInput,
     TrainSummary,
     TuneInput,
 )
 from trainfit.report.tables import RowAcc, judged_peak, reference_for, seed_table
+from trainfit.report.timeline import build_timeline
 from trainfit.report.variants import reference_variant, variant_rows
 
 FAMILY_KEYS = ("method", "precision", "grad_ckpt", "seq_len", "effective_batch", "ranks",
@@ -51,9 +45,6 @@ probe that ran them otherwise than tune's pick gets a row of its own (report/var
 
 _ANY = object()
 """A family key's value for a field its first job did not state: any value matches it."""
-
-GAP_FACTOR = 2.5
-"""A sampling interval longer than this × the median interval is a gap in the monitor log."""
 
 BREAKDOWN_ORDER = ("parameters", "gradients", "optimizer", "activations", "temporaries")
 
@@ -330,90 +321,6 @@ def build_section(plan: PlanInput | None, tune: TuneInput | None, dataset_tokens
         families=b.families, table=seed_table(accs, ref, tokens, source), picks=_picks(b),
         ladder=list(plan.ladder) if plan else [], probes=list(tune.probes) if tune else [],
         notes=notes, throughput_unknown_reason=throughput_unknown)
-
-
-# --- monitor timelines ----------------------------------------------------------------------------
-
-def find_gaps(times_s: list[float], factor: float = GAP_FACTOR
-              ) -> tuple[float | None, list[tuple[float, float]]]:
-    """Median sampling interval and the (start, end) of each interval longer than factor × median."""
-    uniq = sorted(set(times_s))
-    steps = [b - a for a, b in itertools.pairwise(uniq)]
-    if len(steps) < 2:
-        return (steps[0] if steps else None), []
-    med = statistics.median(steps)
-    return med, [(a, b) for a, b in itertools.pairwise(uniq) if b - a > factor * med]
-
-
-def gapped_series(label: str, times_s: list[float], values: list[float | None],
-                  gaps: list[tuple[float, float]], scale: float = 1.0) -> TimelineSeries | None:
-    """NaN for missing readings and one NaN inside each gap, so the drawn line breaks there."""
-    if all(v is None for v in values):
-        return None
-    starts = {a for a, _ in gaps}
-    t_out: list[float] = []
-    v_out: list[float] = []
-    for i, (t, v) in enumerate(zip(times_s, values, strict=True)):
-        t_out.append(t)
-        v_out.append(math.nan if v is None else v * scale)
-        if t in starts and i + 1 < len(times_s) and times_s[i + 1] > t:
-            t_out.append((t + times_s[i + 1]) / 2)
-            v_out.append(math.nan)
-    return TimelineSeries(label, t_out, v_out)
-
-
-def build_timeline(log: MonitorLog, slug: str) -> Timeline:
-    cols = log.columns
-    times = [float(t) for t in cols["time_s"] if t is not None]
-    med, gaps = find_gaps(times)
-    gpu_ids = sorted({int(g) for g in cols["gpu_index"] if g is not None})
-    first_at: dict[float, int] = {}
-    for i, t in enumerate(times):
-        first_at.setdefault(t, i)
-    host_rows = sorted(first_at.values())  # one row per sample time for the host-wide columns
-
-    def host(label: str, key: str, scale: float = 1.0) -> TimelineSeries | None:
-        return gapped_series(label, [times[i] for i in host_rows], [cols[key][i] for i in host_rows],
-                             gaps, scale)
-
-    def per_gpu(label: str, key: str, scale: float = 1.0) -> list[TimelineSeries | None]:
-        if not gpu_ids:
-            return [host(label, key, scale)]
-        out = []
-        for g in gpu_ids:
-            rows = [i for i, x in enumerate(cols["gpu_index"]) if x is not None and int(x) == g]
-            suffix = f", GPU {g}" if len(gpu_ids) > 1 else ""
-            out.append(gapped_series(label + suffix, [times[i] for i in rows],
-                                     [cols[key][i] for i in rows], gaps, scale))
-        return out
-
-    def limit(key: str) -> float | None:
-        vals = [v for v in cols[key] if v is not None]
-        return max(vals) / GIB if vals else None
-
-    def panel(title: str, unit: str, series: list[TimelineSeries | None], lim: float | None = None,
-              lim_label: str = "") -> TimelinePanel:
-        return TimelinePanel(title, unit, [s for s in series if s is not None], lim, lim_label)
-
-    panels = [
-        panel("GPU utilisation (measured)", "%", per_gpu("GPU busy", "gpu_util_percent")),
-        panel("GPU memory (measured)", "GiB",
-              [*per_gpu("used (nvidia-smi)", "gpu_memory_used_bytes", 1 / GIB),
-               *per_gpu("this process", "process_gpu_memory_bytes", 1 / GIB),
-               host("peak allocated (torch)", "peak_allocated_bytes", 1 / GIB),
-               host("peak reserved (torch)", "peak_reserved_bytes", 1 / GIB)],
-              limit("gpu_memory_total_bytes"), "GPU memory"),
-        panel("Host memory (measured)", "GiB",
-              [host("RAM used", "host_ram_used_bytes", 1 / GIB),
-               host("process tree RSS", "process_rss_bytes", 1 / GIB),
-               host("swap used", "host_swap_used_bytes", 1 / GIB)],
-              limit("host_ram_total_bytes"), "host RAM"),
-        panel("Throughput (measured)", "tokens/s", [host("tokens/s", "tokens_per_s")]),
-        panel("Data wait (measured)", "% of step", [host("waiting for data", "data_wait_fraction", 100)]),
-    ]
-    return Timeline(slug=slug, path=log.path, samples=log.samples,
-                    duration_s=(times[-1] - times[0]) if times else 0.0, median_interval_s=med,
-                    gaps_s=gaps, panels=panels)
 
 
 # --- train and doctor -----------------------------------------------------------------------------

@@ -1,0 +1,46 @@
+"""Field-level checks JobSpec.__post_init__ runs before the checks between fields: each value
+has its field's declared type, and each size is an integer ≥ 1 — one clear JobError naming the
+field and an example value, never a TypeError deep inside the simulator."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any
+
+from trainfit.job.choices import JobError, _flag
+
+
+def check_positive(job: Any, name: str) -> None:
+    """A size field (micro-batch, seq_len, ranks ...) is an integer ≥ 1 or unset."""
+    value = getattr(job, name)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise JobError(f"{_flag(name)} {value}: must be an integer ≥ 1",
+                       f"e.g. {_flag(name)} {job.example(name)}")
+
+
+_KINDS = {int: "an integer", float: "a number", str: "text", bool: "true or false", list: "a list"}
+
+
+def check_types(job: Any) -> None:
+    """Each field holds its declared type (a YAML ``lr: fast`` or ``seq_len: "big"`` is one clear
+    error, not a TypeError deep inside): ints are not bools, a float field takes an int."""
+    hints = typing.get_type_hints(type(job))
+    for f in dataclasses.fields(job):
+        value = getattr(job, f.name)
+        if value is None:
+            continue
+        hint = hints[f.name]
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        kinds = [typing.get_origin(a) or a for a in (typing.get_args(hint) if union else (hint,))
+                 if a is not type(None)]
+        ok = any(isinstance(value, k) and not (k in (int, float) and isinstance(value, bool))
+                 for k in kinds) or (float in kinds and isinstance(value, int)
+                                     and not isinstance(value, bool)) \
+            or (list in kinds and isinstance(value, str))  # "q,v": JobSpec splits it
+        if f.name == "grad_ckpt" and isinstance(value, bool):
+            ok = True  # grad_ckpt: true/false reads as full/off
+        if not ok:
+            raise JobError(f"{_flag(f.name)} {value!r}: must be {_KINDS.get(kinds[0], kinds[0])}",
+                           f"e.g. {f.name}: {job.example(f.name)}")
