@@ -169,10 +169,10 @@ def test_fsdp_offload_pins_its_shards_in_power_of_two_blocks():
 def test_zero2_offload_keeps_a_16_bit_partition_and_the_largest_parameters_buffer_on_the_host():
     """ZeRO-2's offload_optimizer also makes, on the host, a 16-bit twin of the rank's partition
     (the updated weights' way back to the GPU) and a 16-bit buffer of the largest trainable
-    parameter (DeepSpeed stage_1_and_2.py); unpinned by default: all of it uncounted bytes.  An
-    extrapolated plan row's bytes equal the full-size step's."""
-    from trainfit.memory.host_offload import pinned_extra_bytes
+    parameter (DeepSpeed stage_1_and_2.py); unpinned: all of it uncounted bytes, sized from the
+    whole model's trainable count — an extrapolated plan row gets the full-size step's bytes."""
     from trainfit.memory.simulate import simulate_step
+    from trainfit.memory.zero_host import zero_host_extra_bytes
 
     cfg = LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=8,
                       num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)
@@ -183,16 +183,15 @@ def test_zero2_offload_keeps_a_16_bit_partition_and_the_largest_parameters_buffe
     target = SimTarget(device="cuda")
     full = simulate_step(JobSpec(**kw), src, target)
     n = full.trainable_params
-    assert full.info["pinned_shards"] == ([], 2 * (-(-n // 4) + 1000 * 128))
+    assert "pinned_shards" not in full.info  # nothing per parameter: all of it flat buffers
+    assert zero_host_extra_bytes(JobSpec(**kw), n, 1000 * 128) == 2 * (-(-n // 4) + 1000 * 128)
     model = fit_group(JobSpec(**kw), src, target)
     assert model.layer_extrapolated
-    assert model.eval([pinned_extra_bytes(p.sim.info["pinned_shards"]) for p in model.points],
-                      2) == pytest.approx(pinned_extra_bytes(full.info["pinned_shards"]), abs=4)
+    assert model.eval([p.sim.trainable_params for p in model.points], 2) == n
     # fp32 mode: 4 B each; no offload: nothing
-    fp32 = simulate_step(JobSpec(**{**kw, "precision": "fp32"}), src, target)
-    assert fp32.info["pinned_shards"] == ([], 4 * (-(-n // 4) + 1000 * 128))
-    assert "pinned_shards" not in simulate_step(JobSpec(**{**kw, "offload": "none"}), src,
-                                                target).info
+    fp32 = JobSpec(**{**kw, "precision": "fp32"})
+    assert zero_host_extra_bytes(fp32, n, 1000 * 128) == 4 * (-(-n // 4) + 1000 * 128)
+    assert zero_host_extra_bytes(JobSpec(**{**kw, "offload": "none"}), n, 1000 * 128) == 0
 
 
 def test_zero2_offload_stages_gradients_through_a_gpu_buffer_and_accumulates_on_the_host():
@@ -227,7 +226,8 @@ def test_zero2_pin_memory_rounds_each_pinned_partition_up_to_a_power_of_two():
     from typer.testing import CliRunner
 
     from trainfit.cli.main import app
-    from trainfit.memory.host_offload import pow2_ceil, zero2_accumulation_bytes
+    from trainfit.memory.host_offload import pow2_ceil
+    from trainfit.memory.zero_host import zero2_accumulation_bytes
 
     cfg = LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)
@@ -246,4 +246,52 @@ def test_zero2_pin_memory_rounds_each_pinned_partition_up_to_a_power_of_two():
     assert zero2_accumulation_bytes(acc, 10**6, 10**4) == 2 * zero2_accumulation_bytes(
         acc.replace(zero_pin_memory=False), 10**6, 10**4) > 0  # a bound: under twice its bytes
     res = CliRunner().invoke(app, ["plan", "gpt2", "--gpu", "t4", "--zero-pin-memory"])
-    assert res.exit_code == 2 and "modelled for ZeRO-2 with an offload" in res.output
+    assert res.exit_code == 2 and "for ZeRO-2/3 with an offload" in res.output
+
+
+def test_zero3_offload_pins_its_gradient_buffers_and_holds_the_parameters_twice():
+    """ZeRO-3 (DeepSpeed 0.19.8 stage3.py, partition_parameters.py): with offload_optimizer the
+    16-bit grad_partitions_flat_buffer and each sub-group's fp32 gradient are pinned blocks;
+    with offload_param zero.Init pins every non-persistent parameter's partition, and the
+    optimizer's flat 16-bit buffer of the trainable ones (pinned always) comes on top while
+    PyTorch's pinned cache keeps the per-parameter blocks.  An extrapolated plan row gets the
+    full-size step's bytes; a 7B rank's sub-groups are 1e9-element blocks."""
+    from trainfit.memory.host_offload import pinned_extra_bytes
+    from trainfit.memory.simulate import simulate_step
+    from trainfit.memory.zero_host import SUB_GROUP_SIZE, sub_groups, zero_host_extra_bytes
+
+    cfg = LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=8,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)
+    src = ModelSource("small", cfg, "causal-lm", "local")
+    kw = dict(model="x", method="full", seq_len=32, micro_batch=2, grad_accum=1,
+              precision="amp-bf16", grad_ckpt="off", ranks=4, sharding="zero3",
+              offload="optimizer")
+    target = SimTarget(device="cuda")
+    opt = predict_memory(JobSpec(**kw), src, None)
+    plain = predict_memory(JobSpec(**kw, zero_pin_memory=False), src, None)
+    part = -(-opt.trainable_params // 4)
+    assert plain.host_offload_bytes > 0
+    assert opt.host_offload_bytes - plain.host_offload_bytes == \
+        pow2_ceil(2 * part) - 2 * part + pow2_ceil(4 * part) - 4 * part > 0
+    full = JobSpec(**{**kw, "offload": "all"})
+    blocks = simulate_step(full, src, target).info["pinned_shards"]
+    # every parameter but the norms (128 elements, under 10 × hidden: persistent, on the GPU)
+    assert len(blocks[0]) == 7 * 8 + 2 and blocks[1] == 0
+    assert sorted(blocks[0])[-1] == 1000 * 128 // 4 * 2  # the embedding's partition, bf16
+    every = predict_memory(full, src, None)
+    every_plain = predict_memory(full.replace(zero_pin_memory=False), src, None)
+    assert every.host_offload_bytes - every_plain.host_offload_bytes == \
+        opt.host_offload_bytes - plain.host_offload_bytes + pinned_extra_bytes(blocks)
+    # unpinned, the flat buffer is still a pinned block on top of the counted partitions
+    assert zero_host_extra_bytes(full.replace(zero_pin_memory=False), opt.trainable_params,
+                                 1000 * 128) == pow2_ceil(2 * part)
+    assert "pinned_shards" not in simulate_step(JobSpec(**kw), src, target).info
+    model = fit_group(full, src, target)
+    assert model.layer_extrapolated
+    assert model.eval([pinned_extra_bytes(p.sim.info["pinned_shards"]) for p in model.points],
+                      2) == pinned_extra_bytes(blocks)
+    # a 7B model's rank partition over 2 ranks: 1e9-element sub-groups (each may close past it
+    # by up to a parameter), then the rest
+    groups = sub_groups(3_369_992_192, 65_536_000)
+    assert len(groups) == 4 and sum(groups) == 3_369_992_192
+    assert groups[0] == SUB_GROUP_SIZE + 65_536_000 - 1

@@ -94,12 +94,12 @@ def merge_job_fields(fields: dict[str, Any], job_flags: dict[str, Any], usage: s
             "effective_batch" not in job_flags:
         out.pop("grad_accum", None)
     refuse_dead_reentrant(job_flags, out.get("grad_ckpt"))
-    if job_flags.get("zero_pin_memory") and not (out.get("sharding") == "zero2"
+    if job_flags.get("zero_pin_memory") and not (out.get("sharding") in ("zero2", "zero3")
                                                  and out.get("offload", "none") != "none"):
-        # what it describes exists only there (ZeRO-3's pinned buffers are not modelled); a
-        # file's value is its default, which tune writes into every job
-        raise JobError("--zero-pin-memory: DeepSpeed's offload_optimizer pin_memory, modelled for "
-                       "ZeRO-2 with an offload", "use --sharding zero2 --offload optimizer, or "
+        # what it describes exists only there; a file's value is its default, which tune writes
+        # into every job
+        raise JobError("--zero-pin-memory: DeepSpeed's offload pin_memory, for ZeRO-2/3 with an "
+                       "offload", "use --sharding zero2 (or zero3) --offload optimizer, or "
                        "drop it")
     if "model" not in out:
         raise JobError("no model given", usage)

@@ -346,7 +346,8 @@ def _sharding_setting(job: JobSpec, target: str) -> ScriptSetting | None:
                ", offload_param_device: cpu" if job.offload == "all" else "") + "}" + (
                "; pin_memory: false, as planned, takes a DeepSpeed config file instead "
                "(deepspeed_config_file, with offload_optimizer: {device: cpu, pin_memory: "
-               "false}): DeepSpeed 0.19 pins by default" if job.sharding == "zero2"
+               "false}" + (", and offload_param the same" if job.offload == "all" else "")
+               + "): DeepSpeed 0.19 pins by default" if job.offload != "none"
                and not job.zero_pin_memory else "")
            if job.sharding.startswith("zero") else
            "TrainingArguments(fsdp=\"full_shard auto_wrap" + (

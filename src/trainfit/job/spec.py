@@ -138,11 +138,12 @@ class JobSpec:
     on the host) or all (also the parameters: FSDP CPUOffload, ZeRO-3 offload_param). Saves
     GPU memory, costs host RAM and host↔GPU copies."""
     zero_pin_memory: bool = True
-    """DeepSpeed's ``offload_optimizer.pin_memory`` (ZeRO-2 with --offload): the host partitions
-    page-locked, through PyTorch's pinned cache, which rounds each block up to a power of two
-    (more host RAM). DeepSpeed 0.19's default (``offload_config.py``), which accelerate's plugin
-    gets (it writes no pin_memory key), and the HF docs' example configs' value; false for older
-    DeepSpeed releases or a config that says so (--no-zero-pin-memory)."""
+    """DeepSpeed's ``pin_memory`` of ``offload_optimizer`` and ``offload_param`` (ZeRO-2/3 with
+    --offload): the host partitions page-locked, through PyTorch's pinned cache, which rounds
+    each block up to a power of two (more host RAM). DeepSpeed 0.19's default
+    (``offload_config.py``), which accelerate's plugin gets (it writes no pin_memory key), and
+    the HF docs' example configs' value; false for older DeepSpeed releases or a config that says
+    so (--no-zero-pin-memory)."""
     fsdp_frozen_grads: bool = False
     """FSDP1 with frozen and trainable weights in one flat parameter (use_orig_params=True
     without wrapping the adapters apart — Lightning Fabric / litgpt's FSDP with LoRA): gradients,

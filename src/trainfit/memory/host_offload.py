@@ -43,7 +43,6 @@ from typing import Any
 
 from trainfit.memory.sharded import local
 from trainfit.memory.wrap import flat_parameters, wrap_units
-from trainfit.memory.zero import compute_dtype_bytes
 from trainfit.model.offload import MIN_OFFLOAD_BYTES
 
 
@@ -219,8 +218,6 @@ def pinned_shards(job: Any, model: Any) -> tuple[list[int], int] | None:
     ``zeros_like``, not pinned.  On one rank of the simulated step (FSDP2 through the fake
     process group) a parameter is its shard; otherwise (a real process group exists: the
     analytic per-rank model) the shard is its ``ceil(dim0 / ranks)`` rows."""
-    if job.sharding == "zero2" and job.offload != "none":
-        return zero2_host_buffers(job, model)
     if job.offload != "all" or job.sharding != "fsdp":
         return None
     ranks = max(job.ranks, 1)
@@ -240,46 +237,6 @@ def pinned_shards(job: Any, model: Any) -> tuple[list[int], int] | None:
 
     return ([shard(p, True) for p in params] + [shard(p, False) for p in params
                                                 if p.requires_grad], 0)
-
-
-def zero2_host_buffers(job: Any, model: Any) -> tuple[list[int], int]:
-    """ZeRO-2's ``offload_optimizer`` host tensors beyond its fp32 partition, gradient and
-    states (the GPU-side difference), on one rank: ``param_buffer_of_bit16_for_cpu_offload_groups``,
-    a 16-bit twin of the rank's partition that the updated weights are copied through on their way
-    back to the GPU, and ``temp_grad_buffer_for_cpu_offload``, the largest trainable parameter's
-    numel in the 16-bit dtype (``stage_1_and_2.py`` ``DeepSpeedZeroOptimizer.__init__``, in
-    DeepSpeed since ZeRO-Offload, 0.3; fp32 mode: 4 B each).  Uncounted on the GPU side.
-    Pinned with ``zero_pin_memory`` (DeepSpeed's default: not), with the fp32 partition and
-    gradient.  With accumulation, a host buffer per parameter besides:
-    :func:`zero2_accumulation_bytes`."""
-    ranks = max(job.ranks, 1)
-    numels = [p.numel() for p in model.parameters() if p.requires_grad]
-    elem = compute_dtype_bytes(job)
-    part, largest = -(-sum(numels) // ranks), max(numels, default=0)
-    if not getattr(job, "zero_pin_memory", False):
-        return [], elem * (part + largest)
-    # pin_memory: the fp32 partition and its fp32 gradient (counted on the GPU side), the 16-bit
-    # twin and the staging buffer, each pinned (get_accelerator().pin_memory: tensor.pin_memory(),
-    # PyTorch's pinned cache) — one partition per parameter group, the small no-decay group's
-    # left out; the optimizer states are made by zeros_like, not pinned
-    return [4 * part, 4 * part, elem * part, elem * largest], elem * (part + largest)
-
-
-def zero2_accumulation_bytes(job: Any, trainable_params: int, largest_numel: int) -> int:
-    """ZeRO-2 offload with gradient accumulation: ``accumulated_grads_in_cpu``, a host buffer of
-    each parameter of the rank's partition at its full numel, in the 16-bit dtype
-    (``stage_1_and_2.py`` ``async_accumulate_grad_in_cpu_via_gpu``, called on every micro-step
-    but the lone one of a step without accumulation).  0.19's compact partition path skips it
-    only with ``data_types.grad_accum_dtype: fp32`` set in bf16/fp16 mode (not the default).
-    The partition's two edge parameters are whole on both ranks they straddle: at most the
-    partition and twice the largest parameter (a bound, never under); with ``zero_pin_memory``
-    each is a power-of-two block: twice that, a bound.  0 otherwise."""
-    if job.sharding != "zero2" or job.offload == "none" or (job.grad_accum or 1) <= 1:
-        return 0
-    ranks = max(job.ranks, 1)
-    held = compute_dtype_bytes(job) * (-(-trainable_params // ranks) + 2 * largest_numel)
-    # pinned, each parameter's buffer is its own power-of-two block: under twice its bytes
-    return 2 * held if getattr(job, "zero_pin_memory", False) else held
 
 
 def pinned_extra_bytes(pinned: tuple[list[int], int] | None) -> int:

@@ -26,13 +26,13 @@ from trainfit.memory.host_offload import (
     host_activations_of_sizes,
     host_clause,
     host_fields,
-    zero2_accumulation_bytes,
 )
 from trainfit.memory.host_offload import pinned_extra_bytes as pinned_extra
 from trainfit.memory.loading import load_reserve, loading_notes
 from trainfit.memory.ranks import host_offload_bytes, rank_phases
 from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.memory.wrap import records_wrap, wrap_reserve
+from trainfit.memory.zero_host import zero2_accumulation_bytes, zero_host_extra_bytes
 from trainfit.model.source import ModelSource
 
 CUBLAS_WORKSPACE_BYTES_PRE_HOPPER = 4096 * 1024 * 2 + 16 * 1024 * 8
@@ -134,7 +134,8 @@ class MemoryPrediction:
     """Host RAM the job's CPU offload (``offload``: FSDP CPUOffload, ZeRO offload_optimizer /
     offload_param) holds per rank (:func:`host_offload_bytes`; FSDP's pinned shards in the
     power-of-two blocks PyTorch's pinned-memory cache gives them:
-    :func:`trainfit.memory.host_offload.pinned_shards`); 0 without one."""
+    :func:`trainfit.memory.host_offload.pinned_shards`; ZeRO's host-only and pinned buffers:
+    :mod:`trainfit.memory.zero_host`); 0 without one."""
     host_activation_bytes: int | None = 0
     """Pinned host RAM the job's activation offload holds per rank: each saved tensor it copies,
     rounded up to a power of two (:mod:`trainfit.memory.host_offload`); 0 without one, None where
@@ -193,8 +194,9 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     terms = per_phase[phase]
     host = host_offload_bytes(job, source, phases, per_phase, trainable_params, per_rank,
                               quant_state_bytes, largest_trainable_numel)
-    host += pinned_extra_bytes + zero2_accumulation_bytes(job, trainable_params,
-                                                          largest_trainable_numel) if host else 0
+    host += pinned_extra_bytes + zero_host_extra_bytes(
+        job, trainable_params, largest_trainable_numel) + zero2_accumulation_bytes(
+        job, trainable_params, largest_trainable_numel) if host else 0
     allocated = sum(terms.values()) + blocks + work
     # The allocator's reserve above the allocated peak, from the one-process trace.
     # ``reserved_floor_bytes``: what a smaller micro-batch of the same plan group reserves (a

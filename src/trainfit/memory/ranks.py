@@ -145,10 +145,11 @@ def host_offload_bytes(job: JobSpec, source: ModelSource, phases: dict[str, dict
     master, optimizer states and gradients the offload moved (0 without one).  ZeRO-2's host
     gradient is its fp32 partition (the step's fp32 copy, a temporary on the GPU without
     offload), not the 16-bit partition the GPU stops holding, which is left out: 16 B per
-    partitioned parameter (its host-only 16-bit buffers: ``host_offload.zero2_host_buffers``,
-    added by the caller); ZeRO-3 keeps its 16-bit ``grad_partitions_flat_buffer`` on the host
+    partitioned parameter; ZeRO-3 keeps its 16-bit ``grad_partitions_flat_buffer`` on the host
     as well: 18 B, 20 with ``offload_param`` (docs/notes/multi-gpu-memory-mechanisms.md §5);
-    FSDP's CPUOffload: 16 (fp32 shard, gradient, two states)."""
+    FSDP's CPUOffload: 16 (fp32 shard, gradient, two states).  ZeRO's host-only buffers (ZeRO-2's
+    16-bit twin, ZeRO-3's flat parameter buffer) and its pinned blocks' rounding:
+    :func:`trainfit.memory.zero_host.zero_host_extra_bytes`, added by the caller."""
     if job.offload == "none":
         return 0
     on_gpu, _ = rank_phases(job.replace(offload="none"), source, phases, trainable_params,

@@ -34,6 +34,7 @@ from trainfit.memory.sharded import fake_world, fsdp_bookkeeping, fsdp_simulable
 from trainfit.memory.tracker import LiveBytesTracker
 from trainfit.memory.wrap import record_wrap, records_wrap
 from trainfit.memory.zero import compute_job, master_bytes_per_param, zero3_linear
+from trainfit.memory.zero_host import zero3_param_blocks
 from trainfit.model.chunked_head import ChunkedHeadLM
 from trainfit.model.in_backward import InBackwardOptimizer
 from trainfit.model.offload import simulated_offload, with_offload
@@ -297,9 +298,13 @@ def _info(job: JobSpec, model: torch.nn.Module, info: Any, untraced: list[str] |
           offload: Any) -> dict[str, Any]:
     """SimResult.info: what the model build found, torch.compile's partition, and what the host
     holds (memory/host_offload.py): the tensors the last forward's activation offload copied,
-    FSDP CPU offload's pinned shards, ZeRO-2 offload's host buffers.  ``job``: the user's (a
-    ZeRO job's step is simulated as its one-process twin, which offloads nothing)."""
+    FSDP CPU offload's pinned shards, ZeRO-3 offload_param's pinned partitions (ZeRO's flat host
+    buffers are sized from the whole model: memory/zero_host.py).  ``job``: the user's (a ZeRO
+    job's step is simulated as its one-process twin, which offloads nothing)."""
     pinned = pinned_shards(job, model)
+    blocks = zero3_param_blocks(job, model)
+    if blocks is not None:
+        pinned = (blocks, 0)
     return {"quantized_linears": info.quantized_linears, "matmul_params": info.matmul_params,
             "lora_target_modules": info.lora_target_modules,
             "compile_partitioned": untraced is not None, "compile_untraced": list(untraced or []),

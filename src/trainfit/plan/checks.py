@@ -136,14 +136,10 @@ def _host_unknowns(job: JobSpec, activation_bytes: int | None) -> list[str]:
     if activation_bytes is None:
         out.append(", and the saved activations --activation-offload keeps in host RAM "
                    "(reentrant checkpointing: not sized)")
-    if job.offload != "none" and job.sharding == "zero3":
-        # DeepSpeed pins its partitions where the config says pin_memory: true (default false),
-        # through PyTorch's pinned-memory cache, which rounds each up to a power of two; FSDP's
-        # pinned shards and ZeRO-2's are modelled so (memory/host_offload.py)
-        out.append(", and, with pin_memory: true in the DeepSpeed config, the power-of-two "
-                   "rounding of its pinned partitions (up to twice their bytes; not modelled "
-                   "for ZeRO-3)")
-    elif job.offload != "none" and job.sharding == "zero2" and not job.zero_pin_memory:
+    if job.offload != "none" and job.sharding in ("zero2", "zero3") and not job.zero_pin_memory:
+        # DeepSpeed 0.19 pins its offloaded partitions by default (offload_config.py), through
+        # PyTorch's pinned-memory cache, which rounds each up to a power of two
+        # (memory/zero_host.py)
         out.append(", and, if DeepSpeed pins its partitions (pin_memory: true, DeepSpeed 0.19's "
                    "default), the power-of-two rounding of its pinned partitions "
                    "(--zero-pin-memory plans it)")

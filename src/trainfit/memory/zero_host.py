@@ -1,0 +1,116 @@
+"""What DeepSpeed ZeRO's CPU offload holds in host RAM beyond the GPU-side difference, per rank.
+
+:func:`trainfit.memory.ranks.host_offload_bytes` counts what the offload moves off the GPU (the
+fp32 master, the optimizer states, the fp32 gradient partition, ZeRO-3's 16-bit gradient buffer
+and, with ``offload_param``, the 16-bit parameter partitions).  The host holds more, read in
+DeepSpeed 0.19.8's code:
+
+* ZeRO-2 ``offload_optimizer`` (``stage_1_and_2.py`` ``DeepSpeedZeroOptimizer.__init__``):
+  ``param_buffer_of_bit16_for_cpu_offload_groups``, a 16-bit twin of the rank's partition (the
+  updated weights' way back to the GPU), and ``temp_grad_buffer_for_cpu_offload``, the largest
+  trainable parameter in 16 bits — host-only, uncounted.  With ``pin_memory`` the fp32 partition,
+  its fp32 gradient, the twin and the buffer are each pinned (``get_accelerator().pin_memory``);
+  the optimizer states, made by ``zeros_like``, are not.
+* ZeRO-3 ``offload_optimizer`` (``stage3.py``): ``grad_partitions_flat_buffer``, the rank's
+  16-bit gradient partition in one tensor (counted), pinned with ``pin_memory``; the fp32
+  gradient of each optimizer sub-group (``subgroup_gradient_buffer``: ``sub_group_size``
+  elements, 1e9 by default — a sub-group closes at the parameter that reaches it), pinned with
+  ``pin_memory``; the fp32 master (``.to(cpu).clone()``) and the states unpinned.
+* ZeRO-3 ``offload_param``: ``zero.Init`` (``partition_parameters.py``, ``_partition_param``)
+  puts each parameter's partition on the host, pinned with ``pin_memory`` (counted once, its
+  rounding: :func:`zero3_param_blocks`); the optimizer then copies the trainable ones into one
+  flat buffer per parameter group (``_create_param_groups_fp16_flat_cpu_memory``), pinned
+  whatever ``pin_memory`` says, and frees the per-parameter ones — which PyTorch's pinned cache
+  keeps (it gives nothing back unless told to): the flat buffer is host memory on top.
+
+Each pinned tensor comes from PyTorch's ``CachingHostAllocator``, which rounds it up to a power
+of two (:mod:`trainfit.memory.host_offload`).  The flat buffers are sized here from the whole
+model's trainable count (a plan row extrapolated from small simulations has it; their rounding is
+not affine in depth); the per-parameter blocks come from the simulated model, one list per layer,
+affine in depth (``SimResult.info["pinned_shards"]``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainfit.memory.host_offload import pow2_ceil
+from trainfit.memory.zero import compute_dtype_bytes
+
+SUB_GROUP_SIZE = 10**9
+"""DeepSpeed's ``sub_group_size`` (``runtime/zero/config.py``: ``pp_int(1e9)``), left so by
+accelerate's plugin and written so in the HF docs' ZeRO-3 configs."""
+
+
+def _offloaded(job: Any) -> bool:
+    return job.sharding in ("zero2", "zero3") and job.offload != "none"
+
+
+def sub_groups(partition: int, largest: int) -> list[int]:
+    """ZeRO-3's optimizer sub-groups of a rank's ``partition`` elements: each closes at the
+    parameter that takes it to ``SUB_GROUP_SIZE`` (``stage3.py`` ``_create_fp16_sub_groups``),
+    so a closed one holds at most SUB_GROUP_SIZE + the ``largest`` partition of a parameter − 1
+    elements; taken at that most (a bound: fewer, larger blocks)."""
+    out, left, most = [], partition, SUB_GROUP_SIZE + max(largest - 1, 0)
+    while left > 0:
+        out.append(min(left, most))
+        left -= out[-1]
+    return out
+
+
+def zero_host_buffers(job: Any, trainable_params: int, largest_numel: int
+                      ) -> tuple[list[int], list[int], list[int]]:
+    """One rank's host buffers of a ZeRO offload beyond those of single parameters: (blocks
+    counted by the GPU-side difference, pinned with ``zero_pin_memory``; blocks not counted,
+    pinned with it; blocks not counted, pinned always).  Empty without a ZeRO offload."""
+    if not _offloaded(job):
+        return [], [], []
+    ranks = max(job.ranks, 1)
+    elem = compute_dtype_bytes(job)
+    part = -(-trainable_params // ranks)
+    if job.sharding == "zero2":
+        # the fp32 partition and its fp32 gradient; the 16-bit twin and the staging buffer
+        return [4 * part, 4 * part], [elem * part, elem * largest_numel], []
+    counted = [elem * part] + [4 * n for n in sub_groups(part, -(-largest_numel // ranks))]
+    return counted, [], [elem * part] if job.offload == "all" else []
+
+
+def zero_host_extra_bytes(job: Any, trainable_params: int, largest_numel: int) -> int:
+    """Host bytes of :func:`zero_host_buffers` beyond the GPU-side difference: the uncounted
+    buffers, and each pinned block's rounding up to a power of two."""
+    counted, uncounted, always = zero_host_buffers(job, trainable_params, largest_numel)
+    if not job.zero_pin_memory:
+        return sum(uncounted) + sum(map(pow2_ceil, always))
+    return sum(pow2_ceil(b) - b for b in counted) + sum(map(pow2_ceil, uncounted + always))
+
+
+def zero3_param_blocks(job: Any, model: Any) -> list[int] | None:
+    """ZeRO-3 ``offload_param`` with ``pin_memory``: the bytes of each parameter's pinned host
+    partition ``zero.Init`` made (counted by the GPU-side difference: their rounding is the
+    extra), on one rank of the simulated model — every parameter but the persistent ones, which
+    stay on the GPU (``ds_persist``: fewer elements than ``stage3_param_persistence_threshold``,
+    10 × hidden as HF fills "auto", DeepSpeed's 1e5 without a hidden size).  None otherwise."""
+    if job.sharding != "zero3" or job.offload != "all" or not job.zero_pin_memory:
+        return None
+    hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+    persist = 10 * hidden if isinstance(hidden, int) else 10**5
+    ranks = max(job.ranks, 1)
+    return [-(-p.numel() // ranks) * p.element_size() for p in model.parameters()
+            if p.numel() >= persist]
+
+
+def zero2_accumulation_bytes(job: Any, trainable_params: int, largest_numel: int) -> int:
+    """ZeRO-2 offload with gradient accumulation: ``accumulated_grads_in_cpu``, a host buffer of
+    each parameter of the rank's partition at its full numel, in the 16-bit dtype
+    (``stage_1_and_2.py`` ``async_accumulate_grad_in_cpu_via_gpu``, called on every micro-step
+    but the lone one of a step without accumulation).  0.19's compact partition path skips it
+    only with ``data_types.grad_accum_dtype: fp32`` set in bf16/fp16 mode (not the default).
+    The partition's two edge parameters are whole on both ranks they straddle: at most the
+    partition and twice the largest parameter (a bound, never under); with ``zero_pin_memory``
+    each is a power-of-two block: twice that, a bound.  0 otherwise."""
+    if job.sharding != "zero2" or job.offload == "none" or (job.grad_accum or 1) <= 1:
+        return 0
+    ranks = max(job.ranks, 1)
+    held = compute_dtype_bytes(job) * (-(-trainable_params // ranks) + 2 * largest_numel)
+    # pinned, each parameter's buffer is its own power-of-two block: under twice its bytes
+    return 2 * held if job.zero_pin_memory else held
