@@ -135,3 +135,19 @@ def test_a_sigterm_to_trainfit_kills_the_command_it_runs(tmp_path):
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     assert signal.getsignal(signal.SIGTERM) is before  # the handler was put back
+
+
+def test_a_script_that_asks_for_torch_before_importing_it_is_measured(tmp_path):
+    """transformers, datasets and accelerate call importlib.util.find_spec("torch") before they
+    import it: the doctor's post-import hook must still see the real import (a review found it
+    gone at the first question, every HF Trainer / TRL script failing "never imported torch"
+    after running its whole training)."""
+    script = tmp_path / "train.py"
+    script.write_text('import importlib.util\nassert importlib.util.find_spec("torch")\n'
+                      + SYNC_SCRIPT)
+    res = CliRunner().invoke(app, ["doctor", "--json", "--steps", "3", "--warmup", "1", "--",
+                                   sys.executable, str(script), "500"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["steps_measured"] == 3
+    assert d["findings"][0]["bottleneck"] == "sync-bound"

@@ -24,8 +24,6 @@ from __future__ import annotations
 import atexit
 import builtins
 import functools
-import importlib.abc
-import importlib.util
 import json
 import os
 import resource
@@ -38,6 +36,7 @@ from typing import Any
 # user's interpreter has (another version, or none). Both import only the standard library here
 # (opstats imports torch inside its functions), so a process that never trains pays nothing.
 from .opstats import start_profile, stop_profile
+from .post_import import PostImport
 from .split import PhaseClock, StepRecord
 
 ENV_OUT = "TRAINFIT_DOCTOR_OUT"
@@ -96,33 +95,12 @@ def arm() -> None:
     if "torch" in sys.modules:
         install(sys.modules["torch"])
     else:
-        sys.meta_path.insert(0, _TorchWatcher())
+        sys.meta_path.insert(0, PostImport({"torch": install}, _install_failed))
 
 
-class _TorchWatcher(importlib.abc.MetaPathFinder):
-    """A post-import hook for ``torch``: finds its spec with the other finders and wraps the
-    loader's ``exec_module`` so the hooks go in the moment torch has finished importing."""
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != "torch":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("torch")
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-        orig_exec = loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            orig_exec(module)
-            try:
-                install(module)
-            except Exception as err:  # never break the user's script over a measurement
-                if _ST is not None:
-                    _ST.write({"type": "error", "where": "install", "error": repr(err)})
-
-        loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
+def _install_failed(name: str, err: Exception) -> None:
+    if _ST is not None:
+        _ST.write({"type": "error", "where": "install", "error": repr(err)})
 
 
 def install(torch: Any) -> None:

@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib.abc
-import importlib.util
 import json
 import os
 import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
+
+from trainfit.doctor.post_import import PostImport
 
 ENV_OUT = "TRAINFIT_SCRIPT_OUT"
 ENV_MODE = "TRAINFIT_SCRIPT_MODE"
@@ -133,7 +133,7 @@ def arm() -> None:
         from trainfit.script.meta_load import hook_max_memory  # lazy: plan only
 
         hooks["transformers.integrations.accelerate"] = hook_max_memory
-    sys.meta_path.insert(0, _PostImport(hooks))
+    sys.meta_path.insert(0, PostImport(hooks, _hook_failed))
     atexit.register(_at_exit)
     prev_hook = sys.excepthook
 
@@ -186,32 +186,9 @@ def _a(name: str) -> str:
     return ("an " if name[:1].upper() in "AEIOU" else "a ") + name
 
 
-class _PostImport(importlib.abc.MetaPathFinder):
-    """Runs ``hooks[name](module)`` right after ``name`` has been imported (once each)."""
-
-    def __init__(self, hooks: dict[str, Callable[[Any], None]]) -> None:
-        self.pending = dict(hooks)
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        hook = self.pending.pop(name, None)
-        if hook is None:
-            return None
-        if not self.pending:
-            sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)  # the other finders (this one no longer has it)
-        if spec is None or spec.loader is None:
-            return spec
-        orig_exec = spec.loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            orig_exec(module)
-            try:
-                hook(module)
-            except Exception as err:  # a hook that failed to go in: the parent says so
-                _st().leave({"type": "error", "where": f"hook {name}", "error": repr(err)[:500]})
-
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
+def _hook_failed(name: str, err: Exception) -> None:
+    """A hook that failed to go in: the parent says so."""
+    _st().leave({"type": "error", "where": f"hook {name}", "error": repr(err)[:500]})
 
 
 def _at_exit() -> None:
