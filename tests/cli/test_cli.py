@@ -72,6 +72,27 @@ def test_unparsable_flags_are_one_line_too(args, needle, monkeypatch):
     assert lines[1].startswith("hint: ") and "--help" in lines[1]
 
 
+@pytest.mark.parametrize("cmd", ["train", "emit"])
+def test_train_and_emit_given_a_command_say_they_take_a_job_file(cmd, monkeypatch):
+    """A review: `trainfit train -- python train.py` read "python" as the job file and said only
+    "unexpected extra argument"; plan, tune and doctor take a command, train and emit do not."""
+    from typer import rich_utils
+
+    from trainfit.cli.main import one_line_usage_errors
+
+    monkeypatch.setattr(rich_utils, "rich_format_error", rich_utils.rich_format_error)
+    one_line_usage_errors()
+    res = runner.invoke(app, [cmd, "--", "python", "train.py", "--steps", "5"])
+    assert res.exit_code == 2, res.output
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
+    assert len(lines) == 2 and lines[0].startswith("error: got unexpected extra argument")
+    assert lines[1] == (f"hint: trainfit {cmd} takes a job file (trainfit.yaml), not a command: "
+                        "for your own script, trainfit tune -- python train.py prints the "
+                        "keywords to change in it; then run it as you do")
+    other = runner.invoke(app, [cmd, "job.yaml", "extra"])
+    assert "--help lists the options" in other.stderr
+
+
 @pytest.mark.parametrize("line, said", [
     ("gpu: bogus", "error: gpu: bogus (in {job}): unknown GPU"),
     ("gpu: t4\nseq_len: abc", "error: {job}: seq_len: 'abc': must be an integer"),

@@ -36,3 +36,25 @@ def test_the_scripts_own_flags_that_carry_a_changed_value_are_named():
     assert own_flag_words(["python", "train.py"], changes) is None
     # a bool's "True" is no flag value to match
     assert own_flag_words(["python", "t.py", "--x", "True"], changes[2:]) is None
+
+
+def test_a_change_the_rounds_did_not_confirm_is_not_headed_measured():
+    """A review: with --budget-s cutting the interleaved rounds, the script's change still read
+    "measured by tune" under a pick line saying no speed-up could be confirmed."""
+    from types import SimpleNamespace
+
+    from trainfit.render.script import _change_source
+    from trainfit.speed.compare import Comparison
+    from trainfit.tune.result import SearchNote
+
+    def result(verdict, budget=False):
+        vs = None if verdict is None else Comparison(ratios=[9.61, 3.57], noise=6.06,
+                                                     verdict=verdict)
+        notes = [SearchNote("budget", {})] if budget else []
+        return SimpleNamespace(vs_baseline=vs, notes=notes)
+
+    assert _change_source(result("faster")) == "measured by tune"
+    assert _change_source(result(None)) == "measured by tune"  # no baseline to compare with
+    cut = _change_source(result("undecided", budget=True))
+    assert cut.startswith("the search's best, not confirmed faster than yours: --budget-s")
+    assert "measured by tune" not in _change_source(result("undecided"))

@@ -409,6 +409,15 @@ def main() -> None:
         raise
 
 
+def _took_a_command(ctx: Any) -> bool:
+    """Whether the arguments click could not place are a command (``-- python train.py``,
+    ``accelerate launch train.py``): its first word is in the job file's place."""
+    words = [v for v in (getattr(ctx, "params", None) or {}).values() if isinstance(v, str)]
+    return "--" in sys.argv or any(
+        os.path.basename(w).startswith("python") or w.endswith(".py")
+        or w in ("accelerate", "torchrun", "deepspeed") for w in words)
+
+
 def one_line_usage_errors() -> None:
     """A flag click cannot parse (``--seq-len abc``, an unknown option) is bad input like any
     other: one ``error:`` line and a ``hint:``, exit code 2 — not typer's boxed usage screen.
@@ -432,6 +441,14 @@ def one_line_usage_errors() -> None:
         ctx = getattr(err, "ctx", None)
         where = ctx.command_path if ctx is not None else "trainfit"
         typer.echo(f"error: {msg[:1].lower() + msg[1:]}", err=True)
+        if msg.startswith("Got unexpected extra argument") and \
+                where.split()[-1] in ("train", "emit") and _took_a_command(ctx):
+            # `train|emit -- python train.py`: the form plan, tune and doctor take (a review:
+            # "python" was read as the job file and the rest as extra arguments, said as such)
+            typer.echo(f"hint: trainfit {where.split()[-1]} takes a job file (trainfit.yaml), "
+                       "not a command: for your own script, trainfit tune -- python train.py "
+                       "prints the keywords to change in it; then run it as you do", err=True)
+            return
         typer.echo(f"hint: {where} --help lists the options and what each takes", err=True)
 
     format_error.one_line = True  # type: ignore[attr-defined]

@@ -175,10 +175,13 @@ def register(app: typer.Typer) -> None:
         run_steps: Annotated[int | None, typer.Option(
             help="Planned optimizer steps of the run (amortises compile time).")] = None,
         isolate: Annotated[bool, typer.Option(help="Each probe in its own process.")] = False,
-        out: Annotated[str | None, typer.Option(help="Write the tuned job here (YAML).")] = None,
+        out: Annotated[str | None, typer.Option(
+            help="Write the tuned job here (YAML). Job form only: a script's change is printed "
+                 "as its keywords.")] = None,
         emit: Annotated[str | None, typer.Option(
             help="hf | trl | accelerate: print the pick as that tool's settings (stdout alone); "
-                 "from a tuned file (what --out wrote) without searching again")] = None,
+                 "from a tuned file (what --out wrote) without searching again. Job form "
+                 "only.")] = None,
         trust_remote_code: TrustRemoteCode = False,
         allow_code: AllowCode = False,
         timeout_s: Annotated[float, typer.Option(

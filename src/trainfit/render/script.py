@@ -243,6 +243,19 @@ def script_plan_json(sp: ScriptPlan) -> dict[str, Any]:
             "change_lines": change_words(sp.changes)}
 
 
+def _change_source(result: Any) -> str:
+    """Where the script's change comes from: a pick the interleaved rounds confirmed faster than
+    the script's configuration, or the search's best they did not (a review: the budget's cut
+    rounds still read "measured by tune", a line under "no speed-up this run could confirm")."""
+    vs = result.vs_baseline
+    if vs is None or vs.verdict == "faster":
+        return "measured by tune"
+    cut = any(n.kind == "budget" for n in result.notes)
+    return ("the search's best, not confirmed faster than yours" +
+            (": --budget-s stopped the rounds — tune again with more budget to decide"
+             if cut else ""))
+
+
 def render_script_tune(st: Any) -> None:
     """``st``: a trainfit.script.tune.ScriptTune."""
     from trainfit.render.tune import render_tune
@@ -255,8 +268,8 @@ def render_script_tune(st: Any) -> None:
         return
     m = pick.result.measured
     if st.changes:
-        con.print("[bold]change in the script[/bold] (measured by tune; the effective batch kept, "
-                  f"{st.current.effective_batch}):")
+        con.print(f"[bold]change in the script[/bold] ({_change_source(st.result)}; the "
+                  f"effective batch kept, {st.current.effective_batch}):")
         for line in change_words(st.changes):
             con.print(f"  {line}", markup=False, highlight=False)
         if (own := own_flag_words(st.command, st.changes)) is not None:
@@ -290,4 +303,5 @@ def script_tune_json(st: Any) -> dict[str, Any]:
             "where": st.read.where, "notes": [note_words(n) for n in st.read.notes],
             "tune": tune_json(st.result),
             "changes": [dataclasses.asdict(c) for c in st.changes],
-            "change_lines": change_words(st.changes)}
+            "change_lines": change_words(st.changes),
+            "change_source": _change_source(st.result) if st.changes else None}
