@@ -344,3 +344,22 @@ def test_a_probe_far_below_its_prediction_is_measured_again_before_it_is_dropped
                       pred(GIB, GIB, lambda j: 13_969.0), None,
                       SearchOptions(knobs=("optimizer_impl",)), 10_000).search()
     assert not [n for n in slower.notes if n.kind == "outlier"]
+
+
+def test_a_faster_probe_the_budget_left_uncompared_is_said():
+    """A review: the probe table showed a smaller micro-batch faster than the pick, no note —
+    --budget-s had been spent before the interleaved rounds that decide could run."""
+    calls = []
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=8, precision="fp32", grad_ckpt="off")
+    tps = lambda j: 120.0 if j.micro_batch == 4 else 100.0  # noqa: E731
+    s = Searcher(job, fake(GIB, GIB // 4, tps, calls), pred(GIB, GIB // 4, tps), 10 * GIB,
+                 SearchOptions(knobs=()), 10_000)
+    s.over_budget = lambda: sum(t.stage == "speed" for t in s.trials) >= 2  # spent by then
+    out = s.search()
+    assert out.best.job.micro_batch == 8  # the largest that fits, kept
+    (n,) = [n for n in out.notes if n.kind == "not_compared"]
+    assert n.data["changes"] == [("micro_batch", 4)]
+    assert n.data["ratio"] == pytest.approx(1.2)
+    words = note_words(n)
+    assert words.startswith("not decided: micro_batch 4 ran 1.20× the tokens/s")
+    assert "--budget-s left no time for the interleaved rounds" in words

@@ -102,6 +102,11 @@ def note_words(n: SearchNote) -> str:
                              + f"{d['noise']:.0%}, measured)"
                              + (f": {d['why']}" if d.get("why") else "")
                              + "; kept the simpler configuration",
+        "not_compared": lambda: f"not decided: {_changes(d['changes'])} ran "
+                                + (f"{d['ratio']:.2f}× " if d["ratio"] else "")
+                                + "the tokens/s of the current best on its one probe (not a "
+                                "round); --budget-s left no time for the interleaved rounds that "
+                                "decide, so the current best was kept",
         "unsteady": lambda: "timings unsteady: one configuration's probes in this run lie "
                             f"{d['spread']:.1f}× apart (fastest ÷ slowest, measured), so a "
                             "single probe may be the host's, not the configuration's"

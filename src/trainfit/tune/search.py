@@ -250,6 +250,10 @@ class Searcher:
                 self.one_probe.append((_diff(cand.job, best.job), b / a))
             return False
         if self.over_budget():
+            # faster on its one probe, with no time left for the rounds that decide: said, so a
+            # probe table showing it faster than the pick is explained (a review)
+            self.notes.append(SearchNote("not_compared", {
+                "changes": _diff(cand.job, best.job), "ratio": b / a if a > 0 else None}))
             return False
         c = self.compare(best, cand, first=(a, b))
         if c.verdict == "undecided":
