@@ -164,20 +164,22 @@ def test_a_minor_data_wait_is_never_the_bottleneck():
 
 
 def test_a_step_far_below_the_peak_is_not_called_good():
-    """MFU 0.2 % on a host where other processes used 1.5 of 2 cores: compute-bound, but the
+    """MFU 0.2 % on a host where other processes used 1.5 of 2 cores: slow-matmuls (its time in
+    the multiplies, far from the peak: not "compute-bound", which read as a contradiction), the
     fix says why it is slow, not "good: the step computes"; the headline keeps a decimal."""
     busy = host()
     busy.others_cores, busy.cpus = 1.5, 2
     obs = Observation(split=split(forward_s=0.4, backward_s=0.5, optimizer_s=0.1), device="cpu",
                       trainfit_job=True, matmul_time_fraction=0.8, mfu=0.002, host=busy)
     f = find(obs)[0]
-    assert f.bottleneck == "compute-bound"
+    assert f.bottleneck == "slow-matmuls"
     assert f.fix.startswith("not good: the matrix multiplies run at 0.2% of the device's peak")
     assert "other processes used 1.5 of 2 CPU cores" in f.fix
-    assert f.detail.startswith("MFU 0.2%, far below the peak")
+    assert f.detail.startswith("the step's time is in its matrix multiplies, at MFU 0.2%, far below")
     healthy = Observation(split=split(forward_s=0.4, backward_s=0.5, optimizer_s=0.1), device="cpu",
                           trainfit_job=True, matmul_time_fraction=0.8, mfu=0.3)
     assert find(healthy)[0].fix.startswith("good: the step computes")
+    assert find(healthy)[0].bottleneck == "compute-bound"
 
 
 def test_launch_bound_without_accumulation_says_the_effective_batch_grows():

@@ -25,7 +25,7 @@ from trainfit.doctor.split import Split
 from trainfit.doctor.watch import HostSummary
 from trainfit.speed.predict import MATMUL_BOUND_FRACTION
 
-BOTTLENECKS = ("input-bound", "launch-bound", "bandwidth-bound", "compute-bound",
+BOTTLENECKS = ("input-bound", "launch-bound", "bandwidth-bound", "compute-bound", "slow-matmuls",
                "compute-and-bandwidth", "needless-recompute",
                "sync-bound", "cpu-offload", "host-swapping", "loop-code")
 
@@ -54,7 +54,9 @@ RECOMPUTE_MEMORY_FRACTION = 0.5
 LOW_MFU = 0.05
 """Below this share of the device's peak FLOP/s a step whose time is in its matrix multiplies is
 not 'good: the step computes': they run far from the peak (a QA run on a busy 2-core host: MFU
-0.1-0.2 % called compute-bound and good, where one thread made the same job launch-bound)."""
+0.1-0.2 % called compute-bound and good, where one thread made the same job launch-bound), and
+it is named slow-matmuls, not compute-bound (a review: "compute-bound" over "MFU 0.2 %" read as
+a contradiction)."""
 
 
 @dataclass
@@ -386,8 +388,9 @@ def _compute_or_bandwidth(o: Observation) -> Finding:
                + ("On a CPU give torch no more threads than free cores (torch.set_num_threads / "
                   "OMP_NUM_THREADS) and measure when the host is quiet; " if o.device == "cpu"
                   else "") + "a larger micro-batch gives each multiply more work" + pad_fix)
-        return Finding("compute-bound", ev, fix, gain,
-                       f"{mfu}, far below the peak (measured time, counted FLOPs, measured peak)")
+        return Finding("slow-matmuls", ev, fix, gain,
+                       f"the step's time is in its matrix multiplies, at {mfu}, far below the "
+                       "peak (measured time, counted FLOPs, measured peak)")
     return Finding("compute-bound", ev, "good: the step computes. More throughput needs less work per "
                    "token (bf16/fp16 where supported, a smaller model) or a faster device" + pad_fix, gain,
                    f"{mfu} (measured time, counted FLOPs, measured peak)")
