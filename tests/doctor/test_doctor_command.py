@@ -84,7 +84,8 @@ def test_too_short_run_says_how_many_steps_it_needs(tmp_path):
     res = CliRunner().invoke(app, ["doctor", "--steps", "5", "--", sys.executable, str(script)])
     assert res.exit_code == 2
     assert "too short to measure: 3 optimizer steps" in res.output
-    assert "needs at least 5 (2 warm-up + 3 measured; 7 for --steps 5)" in res.output
+    assert ("needs at least 5 (2 warm-up + 3 measured, the fewest it measures; all 7 for the 5 "
+            "measured steps --steps asks)") in " ".join(res.output.split())
 
 
 def test_no_target():

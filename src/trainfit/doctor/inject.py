@@ -237,9 +237,13 @@ def _interpret(cmd: list[str], code: int | None, timed_out: bool, timeout_s: flo
         raise DoctorError(f"{name}: no optimizer.step() call seen (exit code {code})",
                           "doctor finds step boundaries at torch.optim optimizer steps", tail)
     if len(records) < MIN_MEASURED_STEPS:
+        # the fewest it measures, apart from the --steps it asks for (a review: "needs 5: 2
+        # warm-up + 3 measured" under a header of "2 warm-up + 8 measured" did not add up)
         raise DoctorError(f"{name}: the run is too short to measure: {seen} optimizer steps; doctor "
-                          f"needs at least {needed} ({warmup} warm-up + {MIN_MEASURED_STEPS} measured; "
-                          f"{warmup + steps} for --steps {steps})",
+                          f"needs at least {needed} ({warmup} warm-up + {MIN_MEASURED_STEPS} "
+                          "measured, the fewest it measures" + (
+                              f"; all {warmup + steps} for the {steps} measured steps --steps "
+                              "asks" if steps > MIN_MEASURED_STEPS else "") + ")",
                           "run it for more steps (more data or epochs), or lower --steps / --warmup",
                           tail)
     notes = []
