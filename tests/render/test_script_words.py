@@ -58,3 +58,20 @@ def test_a_change_the_rounds_did_not_confirm_is_not_headed_measured():
     cut = _change_source(result("undecided", budget=True))
     assert cut.startswith("the search's best, not confirmed faster than yours: --budget-s")
     assert "measured by tune" not in _change_source(result("undecided"))
+
+
+def test_a_slower_script_change_from_the_flags_given_says_so():
+    from types import SimpleNamespace
+
+    from trainfit.render.script import plan_change_heading
+
+    def sp(ratio):
+        return SimpleNamespace(plan=SimpleNamespace(speedup_vs_current=ratio),
+                               current=SimpleNamespace(effective_batch=8))
+
+    assert plan_change_heading(sp(0.51)) == (
+        "[bold]change in the script[/bold] (predicted 0.51× the tokens/s the script runs now — "
+        "slower, as the flags given set it; the effective batch kept, 8):")
+    assert plan_change_heading(sp(1.7)) == \
+        "[bold]change in the script[/bold] (the effective batch kept, 8):"
+    assert "slower" not in plan_change_heading(sp(None))

@@ -117,7 +117,11 @@ def _legend(console: Console, result: PlanResult, dropped: list[str], all_rows: 
     # (memory.predict._fit); every row of a plan is one kind of run, so one band
     under = result.rows[0].memory.error_band_under if result.rows else 0.0
     line = min(1 - result.margin, 1 / (1 + under))
-    marks = "★ recommended  ▲ largest micro-batch that fits · " \
+    # one micro-batch planned (--micro-batch given): ▲ is then only the largest of that one (a
+    # review read every row's ▲ as "the largest that fits")
+    one = len({r.job.micro_batch for r in result.rows}) == 1
+    marks = (f"★ recommended  ▲ largest micro-batch that fits"
+             f"{' (of the one planned: --micro-batch sets it)' if one else ''} · ") \
         if any(r.memory.fits for r in result.rows) else "no row fits · "
     legend = (f"{marks}spare: GiB left under the fit "
               f"line ({line:.0%} of the GPU" + (f": GPU ÷ (1 + its {under:.0%} error band)"
