@@ -55,7 +55,7 @@ def test_nothing_fits_says_so(tiny_llama):
     assert _what_to_try(sharded) == "a shorter --seq-len, more ranks or --offload all"
     assert "--offload optimizer" in _what_to_try(sharded.replace(
         method="lora", quant=None, sharding="zero2"))
-    z3 = sharded.replace(sharding="zero3", offload="optimizer")
+    z3 = sharded.replace(sharding="zero3", offload="optimizer", optimizer="adamw")
     assert _what_to_try(z3).endswith("more ranks or --offload all")
     assert "--offload" not in _what_to_try(z3.replace(offload="all"))
     # what dominates the smallest row's peak is cut first: a 1B LoRA at 8,192 tokens (weights

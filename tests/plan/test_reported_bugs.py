@@ -262,3 +262,50 @@ def test_sharded_ladder_offers_cpu_offload_and_more_ranks_that_change_the_batch(
         "CPU offload of the optimizer")
     assert z2[1].change.startswith("DeepSpeed ZeRO-2 over 4 ranks")
     assert (z2[1].job["sharding"], z2[1].job["offload"]) == ("zero2", "optimizer")
+
+
+def test_ladder_shards_the_ranks_a_job_has_before_changing_what_is_learned() -> None:
+    """A review: a 4×H100 DDP full fine-tune (153 GiB a rank) was sent to 8-bit AdamW, then LoRA,
+    where FSDP on the same 4 ranks fit at 45 GiB; and the reason line read "more ranks"."""
+    from trainfit.plan.ladder import build_ladder
+    from trainfit.render.words import _what_to_try
+
+    start = JobSpec(model="m", seq_len=512, micro_batch=1, grad_accum=1, ranks=4,
+                    precision="amp-bf16", grad_ckpt="full", optimizer="adamw")
+
+    def evaluate(j: JobSpec) -> tuple[int, float | None, bool | None]:
+        peak = 150 if j.sharding == "none" else 45
+        return peak, 1.0, peak <= 70
+
+    rungs = build_ladder(start, evaluate)
+    changes = [r.change for r in rungs]
+    assert len(rungs) == 1 and changes[0].startswith("FSDP over the 4 ranks you have")
+    assert rungs[0].fits and not rungs[0].alters_learning
+    assert (rungs[0].job["sharding"], rungs[0].job["ranks"]) == ("fsdp", 4)
+    assert _what_to_try(start).startswith("--sharding fsdp (or zero3) over its 4 ranks")
+    assert "over its" not in _what_to_try(start.replace(ranks=1, effective_batch=None))
+
+
+def test_zero_offload_takes_no_bitsandbytes_optimizer_and_the_ladder_drops_it() -> None:
+    """A review: the ladder stacked 8-bit AdamW under ZeRO-3's CPU offload, and the flags took it
+    — DeepSpeed refuses a client optimizer under ZeRO-Offload (zero_force_ds_cpu_optimizer) and
+    steps its CPU Adam on the host; bitsandbytes' kernels need the GPU."""
+    from trainfit.job import JobError
+    from trainfit.plan.ladder import build_ladder
+
+    with pytest.raises(JobError, match="ZeRO-Offload steps DeepSpeed's CPU Adam"):
+        JobSpec(model="m", ranks=2, sharding="zero3", offload="all", optimizer="adamw-8bit")
+    start = JobSpec(model="m", seq_len=512, micro_batch=1, grad_accum=1, ranks=4,
+                    sharding="zero3", precision="bf16-true", grad_ckpt="full", optimizer="adamw")
+
+    def evaluate(j: JobSpec) -> tuple[int, float | None, bool | None]:
+        peak = 100 - (10 if j.optimizer == "adamw-8bit" else 0) - (80 if j.offload == "all" else 0)
+        return peak, 1.0, peak <= 40
+
+    rungs = build_ladder(start, evaluate)
+    if not rungs[0].change.startswith("8-bit"):  # bitsandbytes not installed: no 8-bit rung
+        pytest.skip("bitsandbytes not importable")
+    last = rungs[-1]
+    assert last.change.startswith("CPU offload") and last.fits
+    assert "the optimizer adamw again, on the host" in last.change
+    assert (last.job["offload"], last.job["optimizer"]) == ("all", "adamw")

@@ -16,6 +16,7 @@ from typing import Any
 from trainfit.job.choices import (  # re-exported: the schema's vocabularies live there
     ATTENTIONS,
     BASE_DTYPES,
+    BNB_OPTIMIZERS,
     ENGINE_OFFLOADS,
     FSDP_INITS,
     FSDP_VERSIONS,
@@ -408,6 +409,15 @@ class JobSpec:
         if self.fsdp_version == "2" and self.fsdp_init != "sharded":
             raise JobError(f"--fsdp-version 2 with --fsdp-init {self.fsdp_init}: that wrap is "
                            "FSDP1's", "use --fsdp-version 1 (or auto), or --fsdp-init sharded")
+        if self.sharding in ("zero2", "zero3") and self.offload != "none" and \
+                self.optimizer in BNB_OPTIMIZERS:
+            # DeepSpeed's engine refuses a client optimizer under ZeRO-Offload
+            # (zero_force_ds_cpu_optimizer, true by default: ZeRORuntimeException) and steps its
+            # own CPU Adam on the host partitions; bitsandbytes' kernels need GPU tensors
+            raise JobError(f"--optimizer {self.optimizer} with --sharding {self.sharding} "
+                           f"--offload {self.offload}: ZeRO-Offload steps DeepSpeed's CPU Adam on "
+                           "the host, and bitsandbytes' optimizers run on the GPU",
+                           "use --optimizer adamw with the offload, or drop --offload")
         for flag in ("fsdp_no_sync", "fsdp_frozen_grads"):
             if getattr(self, flag) and self.sharding != "fsdp":
                 raise JobError(f"--{flag.replace('_', '-')} applies to --sharding fsdp only",

@@ -4,7 +4,8 @@ each with its predicted memory and speed, stopping at the first rung that fits.
 Order: the allocator's setting first (expandable segments: what is learned stays, and mapping
 pages costs time only while the segment grows), then what costs only time (checkpointing, an
 8-bit optimizer, the optimizer step in the backward pass, activation offloading, a sharded
-job's CPU offload), then what changes what is learned (smaller LoRA rank, fewer LoRA targets, a
+job's CPU offload; a multi-rank job without sharding is first sharded with FSDP over the ranks it
+has), then what changes what is learned (smaller LoRA rank, fewer LoRA targets, a
 shorter sequence, 4-bit base weights), then more hardware (FSDP over twice the ranks). Rungs
 that alter learning say so.
 """
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainfit.job import JobError, JobSpec
-from trainfit.job.choices import ENGINE_NAMES, ENGINE_OFFLOADS
+from trainfit.job.choices import BNB_OPTIMIZERS, ENGINE_NAMES, ENGINE_OFFLOADS
 
 LORA_FOR_FULL = {"lora_r": 16, "lora_alpha": 32}
 """The adapters a full fine-tune's rungs switch to (LoRA, then QLoRA)."""
@@ -55,6 +56,15 @@ def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
                       {"expandable_segments": True}, False))
     if job.grad_ckpt != "full":
         steps.append(("gradient checkpointing on (~30 % slower)", {"grad_ckpt": "full"}, False))
+    sharding = job.sharding
+    if job.ranks > 1 and sharding == "none":
+        # the GPUs the job already has, sharded: each holds 1/N of the weights, gradients and
+        # optimizer states, learning unchanged (a review: a 4×H100 DDP full fine-tune was sent to
+        # 8-bit AdamW, then LoRA, where FSDP on the same 4 ranks fit at 45 GiB)
+        sharding = "fsdp"
+        steps.append((f"FSDP over the {job.ranks} ranks you have (each holds 1/{job.ranks} of the "
+                      "weights, gradients and optimizer states; the layers gathered in turn)",
+                      {"sharding": "fsdp", "optimizer_in_backward": False}, False))
     if job.optimizer in ("adamw", "paged-adamw") and importlib.util.find_spec("bitsandbytes"):
         steps.append(("8-bit AdamW (states 2 B instead of 8 B per trainable weight)",
                       {"optimizer": "adamw-8bit"}, False))
@@ -72,16 +82,22 @@ def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
         steps.append(("activation offloading (saved activations in host memory; host↔GPU "
                       "copies streamed beside compute, their time not predicted)",
                       {"activation_offload": True}, False))
-    offload = ENGINE_OFFLOADS[job.sharding][-1]
+    offload = ENGINE_OFFLOADS[sharding][-1]
     if offload != "none" and job.offload != offload:
         # the most the engine offers (JobSpec._check_sharding): FSDP's CPUOffload / ZeRO-3's
         # offload_param keep the shards and the optimizer step on the host (Answer.AI's 70B QLoRA
         # on two 24 GB cards); ZeRO-2 only the optimizer. Costs time only, much of it: the speed
         # of such rows is unknown (plan/row_speed.py)
+        # the optimizer steps on the host then: the job's own (DeepSpeed's CPU Adam for ZeRO), not
+        # an 8-bit rung's bitsandbytes optimizer, whose kernels need the GPU (JobSpec refuses it)
+        own = "adamw" if job.optimizer in BNB_OPTIMIZERS and sharding != "fsdp" else job.optimizer
         steps.append(("CPU offload of " + ("the optimizer states and step" if offload ==
                                            "optimizer" else "the parameters' shards, gradients "
                                            "and optimizer step") + " (host memory; the step "
-                      "waits on host↔GPU copies: much slower)", {"offload": offload}, False))
+                      "waits on host↔GPU copies: much slower"
+                      + (f"; the optimizer {own} again, on the host" if any(
+                          "optimizer" in f and f["optimizer"] != own for _, f, _ in steps)
+                         else "") + ")", {"offload": offload, "optimizer": own}, False))
     if job.method == "full":
         # the usual first answer to a full fine-tune that does not fit, before anything that
         # shortens the data or quantizes the weights: frozen base, rank-16 adapters (the
@@ -105,7 +121,7 @@ def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
                       {"method": "qlora", "quant": "nf4-dq", **lora, **torchtune}, True))
     # more GPUs of the engine the job shards with (FSDP for an unsharded one), its offload kept;
     # torchtune's distributed recipes build on meta: no copies of a template on the GPU
-    engine = job.sharding if job.sharding != "none" else "fsdp"
+    engine = sharding if sharding != "none" else "fsdp"
     steps.append((f"{ENGINE_NAMES[engine]} over {job.ranks * 2} ranks",
                   {"sharding": engine, "ranks": job.ranks * 2, "optimizer_in_backward": False,
                    "clone_layers": False}, False))

@@ -204,6 +204,10 @@ def _what_to_try(row: Any) -> str:
     weights = terms.get("parameters", 0) + terms.get("optimizer", 0) + terms.get("gradients", 0)
     by_length = sum(terms.get(k, 0) for k in ("activations", "temporaries"))
     tries = []
+    if job.sharding == "none" and job.ranks > 1 and useful(weights):
+        # the GPUs it already has, sharded (a review read "more ranks with --sharding fsdp" as
+        # "buy more GPUs" where sharding the 4 it had fit)
+        tries.append(f"--sharding fsdp (or zero3) over its {job.ranks} ranks")
     if job.grad_ckpt != "full" and useful(terms.get("activations", 0)):
         tries.append("--grad-ckpt full")
     if by_length > weights and useful(by_length):
