@@ -311,22 +311,42 @@ def load_reserve(job: JobSpec, trace: Trace | Callable[[], Trace | None] | None,
         "peak starts from it"]
 
 
+def packed_4bit_model_bytes(source: ModelSource) -> int | None:
+    """The whole model as bitsandbytes' 4-bit load holds it: every ``nn.Linear`` weight but the
+    output head packed (½ B an element), the rest 16-bit (2 B) — counted on the configuration's
+    own model on the meta device; None where it cannot be built (the user's own module)."""
+    from trainfit.model.workload import bare_model_on_meta  # lazy: builds a model
+
+    model = bare_model_on_meta(source)
+    if model is None:
+        return None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    packed = sum(m.weight.numel() for m in model.modules()
+                 if isinstance(m, torch.nn.Linear) and m is not head)
+    return packed // 2 + (sum(p.numel() for p in model.parameters()) - packed) * 2
+
+
 def loading_peak_bytes(job: JobSpec, source: ModelSource, terms: dict[str, int],
                        quant_state_bytes: int) -> int | None:
     """Sharded QLoRA's loading as transformers 5.23 does it (modeling_utils: a quantized model
     is materialised on every rank, `not is_quantized` excludes it from the meta path): the whole
     packed 4-bit model, its quantization state and the unquantized weights on each rank, plus the
     bf16 weight being quantized (its largest: an MLP matrix; none for a checkpoint stored 4-bit,
-    which arrives packed).  None for other jobs."""
+    which arrives packed).  The whole model is counted from its configuration: the rank's
+    ``terms`` hold a shard (none under --offload all, gathered layers under ZeRO-3 — a review
+    found 1.45 GiB said for a 70B's 32 GiB); they are the fallback where the model cannot be
+    built.  None for other jobs."""
     if job.method != "qlora" or job.ranks <= 1:
         return None
     cfg = source.config
     h = hidden_size(source)
     inter = next((v for a in ("intermediate_size", "ffn_dim", "n_inner")
                   if isinstance(v := getattr(cfg, a, None), int) and v > 0), 4 * h)
-    shards = max(0, terms.get("parameters", 0) - quant_state_bytes)
+    whole = packed_4bit_model_bytes(source)
+    if whole is None:
+        whole = max(0, terms.get("parameters", 0) - quant_state_bytes) * job.ranks
     copy16 = 0 if getattr(source, "stored_quant", None) is not None else h * inter * 2
-    return shards * job.ranks + quant_state_bytes + copy16
+    return whole + quant_state_bytes + copy16
 
 
 def loading_notes(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,

@@ -236,15 +236,27 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
         # (CUDACachingAllocator kMinBlockSize): a partition of P/N bytes takes the next multiple
         out[key] = {c: -(-v // K_MIN_BLOCK) * K_MIN_BLOCK for c, v in t.items()}
     where = "host" if off_opt else "GPU"
-    held = (f"partitioned ÷ {n} + {gathered / 2**20:,.0f} MiB gathered (the modules reused within "
+    # the partitions are what offload_param moves; the gathered modules stay on the GPU (a
+    # review read "(on the host)" after the gathered MiB)
+    held = (f"partitioned ÷ {n}{' (on the host)' if off_par else ''} + "
+            f"{gathered / 2**20:,.0f} MiB gathered on the GPU (the modules reused within "
             f"stage3_max_reuse_distance = {MAX_REUSE_DISTANCE:.0e} elements, or one layer, and the "
             f"prefetch bucket)" if stage3 else "whole")
-    notes = [f"DeepSpeed ZeRO-{3 if stage3 else 2} over {n} ranks (terms from its code, "
-             f"stage{'3' if stage3 else '_1_and_2'}.py, checked against DeepSpeed 0.19 on 2 CPU "
-             f"ranks within +0.04 … +1.3 %): parameters {held}"
-             f"{' (on the host)' if off_par else ''}; fp32 master, optimizer states and gradient "
+    notes = [f"DeepSpeed ZeRO-{3 if stage3 else 2} over {n} rank{'s' if n > 1 else ''} (terms "
+             f"from its code, stage{'3' if stage3 else '_1_and_2'}.py, checked against DeepSpeed "
+             f"0.19 on 2 CPU ranks within +0.04 … +1.3 %): parameters {held}; fp32 master, "
+             "optimizer states and gradient "
              f"partition ÷ {n} on the {where}; reduce bucket{'' if stage3 else 's ×2'} of h² "
-             f"elements ({bucket / 2**20:.0f} MiB, accelerate's 'auto')"]
+             f"elements ({bucket / 2**20:.0f} MiB, accelerate's 'auto')"
+             + ("" if stage3 else " — two with overlap_comm: true (the HF docs' configs), one "
+                "with DeepSpeed's default false: counted two, a bound; the speed takes the "
+                "default's unhidden reduce")]
+    if n == 1:
+        # nothing to partition over: ZeRO on one GPU pays only through its CPU offload (as FSDP
+        # over one rank is said to shard nothing)
+        notes.append(f"ZeRO-{3 if stage3 else 2} over one rank partitions nothing: it saves "
+                     "memory only with --offload" + ("" if job.offload == "none" else
+                                                      " (this job's)"))
     if stage3 and job.method != "full":
         notes.append("ZeRO-3's linear (memory_efficient_linear, DeepSpeed's default) keeps every "
                      "projection's input for the backward, frozen weight or not: simulated so")

@@ -122,7 +122,9 @@ def sync_time(*, ranks: int, sharding: str, grad_accum: int, grad_bytes: float,
         return SyncTime("all-reduce of gradients per micro-step + all-gather of the updated "
                         "partitions per step (DeepSpeed ZeRO-2)", per_micro * grad_accum + gather,
                         comm, comm, "not hidden (DeepSpeed's default overlap_comm: false below "
-                        "ZeRO-3)")
+                        "ZeRO-3, as accelerate's plugin leaves it; a config with overlap_comm: "
+                        "true, as the HF docs' examples, hides it as ZeRO-3 does — the memory "
+                        "counts that case's second bucket: a bound)")
     moved = 2.0 * frac * grad_bytes
     comm = moved / bus
     last_bucket = 2.0 * frac * min(grad_bytes, DDP_BUCKET_BYTES) / bus
