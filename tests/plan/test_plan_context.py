@@ -359,3 +359,16 @@ def test_the_device_map_clause_is_said_for_one_process_only(ranks, sharding):
     assert said.startswith("the pick runs entirely on the GPU: device peak 10.00 of 24.00 GiB")
     assert ('loaded with device_map="auto", transformers would keep every module' in said) == \
         (ranks == 1)
+
+
+def test_every_json_row_carries_its_host_bytes(tiny_llama):
+    """A review: docs/json-formats.md promised each row's host RAM (CPU offload, activation
+    offload); only the pick's was in the JSON, in the top-level offload block."""
+    job = JobSpec(model="t", seq_len=64, effective_batch=4, precision="amp-bf16", ranks=2,
+                  sharding="zero2", offload="optimizer")
+    res = plan(job, tiny_llama, find_gpu("a10g"))
+    d = res.to_dict()
+    assert len(d["configs"]) == len(res.rows) > 1
+    for c, r in zip(d["configs"], res.rows, strict=True):
+        assert c["host_offload_bytes"] == r.memory.host_offload_bytes > 0
+        assert c["host_activation_bytes"] == 0 and c["host_activation_exact"] is True
