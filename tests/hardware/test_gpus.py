@@ -442,3 +442,18 @@ def test_a_size_the_card_does_not_have_names_no_card():
     for right, name in (("t4-16gb", "t4"), ("l40s-48gb", "l40s"), ("rtx-4090-24gb", "rtx-4090"),
                         ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA A10G", "a10g")):
         assert find_gpu(right).name == name, right
+
+
+def test_a_name_without_its_board_says_the_other_boards():
+    """A review: --gpu a100-80gb and --gpu h100 silently meant the SXM boards (NVLink), whose
+    link between GPUs is ~10× the PCIe boards' that the same names also cover."""
+    from trainfit.hardware.gpus import find_gpu, form_variants
+
+    def forms(name):
+        return [g.name for g in form_variants(name, find_gpu(name))]
+
+    assert forms("a100-80gb") == ["a100-80gb-pcie"]
+    assert forms("h100") == ["h100-pcie"]  # the 94 GB NVL board is another memory size
+    assert forms("h100-sxm") == forms("a100-80gb-pcie") == forms("rtx-4090") == []
+    sxm, pcie = find_gpu("a100-80gb"), find_gpu("a100-80gb-pcie")
+    assert sxm.interconnect_gbs > 5 * pcie.interconnect_gbs

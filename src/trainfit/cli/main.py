@@ -155,7 +155,13 @@ def _gpu_spec(gpu: str | None, extra: dict[str, Any], interconnect: str | None,
         raise JobError(f"--interconnect {interconnect} with 1 rank: one GPU syncs nothing "
                        "over a link", "add --ranks N (N ≥ 2), or drop --interconnect")
     from trainfit.cli.script import local_gpu_spec
-    from trainfit.hardware.gpus import close_gpu_names, find_gpu, gpu_names, memory_variants
+    from trainfit.hardware.gpus import (
+        close_gpu_names,
+        find_gpu,
+        form_variants,
+        gpu_names,
+        memory_variants,
+    )
 
     gpu_name = gpu or extra.get("gpu")
     said = f"--gpu {gpu_name}" if gpu or not where else f"gpu: {gpu_name} (in {where})"
@@ -177,6 +183,14 @@ def _gpu_spec(gpu: str | None, extra: dict[str, Any], interconnect: str | None,
                 f"({spec.memory_bytes / 2**30:.2f} GiB); the name also covers "
                 + ", ".join(f"{g.name} ({g.memory_bytes / 2**30:.2f} GiB)" for g in others)
                 + ": name the card you have to plan for it")
+        forms = form_variants(str(gpu_name), spec)
+        if forms and say is not None:
+            # the board sets the link between GPUs (and the clocks): ~10× apart for A100/H100
+            say(f"note: {said} is planned as {spec.display_name} ({spec.interconnect}, "
+                f"{spec.interconnect_gbs:g} GB/s between GPUs); the name also covers "
+                + ", ".join(f"{g.name} ({g.interconnect}, {g.interconnect_gbs:g} GB/s)"
+                            for g in forms)
+                + ": name the board you have (its link sets every multi-GPU speed)")
     else:
         spec = local_gpu_spec(say or (lambda msg: None))
     if interconnect is not None:

@@ -159,6 +159,26 @@ def memory_variants(name: str, spec: GpuSpec) -> list[GpuSpec]:
             and (own is None or m.group(1) != own.group(1))]
 
 
+FORM_FACTORS = ("sxm", "pcie", "nvl")
+"""The board forms a catalog name ends with: the same chip and memory, another link between GPUs."""
+
+
+def form_variants(name: str, spec: GpuSpec) -> list[GpuSpec]:
+    """Other catalog cards a name without its board form also names: "h100" is planned as the
+    H100 SXM (NVLink 4, 450 GB/s) and "a100-80gb" as the A100 80GB SXM, while the PCIe boards
+    link their GPUs ~10× slower — every multi-GPU speed rests on it (a review).  Empty for a name
+    that gives the form, or a card with one form."""
+    family = re.sub(r"[\s_]+", "-", name.strip().lower())
+    if family.split("-")[-1] in FORM_FACTORS or spec.name == family:
+        return []
+    own = spec.name.rsplit("-", 1)
+    if len(own) != 2 or own[1] not in FORM_FACTORS:
+        return []
+    return [g for g in GPUS.values() if g is not spec and g.name.rsplit("-", 1)[0] == own[0]
+            and g.name.rsplit("-", 1)[-1] in FORM_FACTORS
+            and g.memory_bytes // 2**30 == spec.memory_bytes // 2**30]
+
+
 # (pattern on the space-separated lower-case device name, candidates); an empty
 # candidate tuple marks a known card that is deliberately not in the catalog.
 _DEVICE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
