@@ -110,3 +110,8 @@ def test_plan_says_which_link_it_timed_the_sync_over(tiny_llama):
     geforce = plan(job, tiny_llama, find_gpu("rtx-4090"), verify=False, ladder=False)
     assert geforce.link is None and not any(n.startswith("gradient sync")
                                             for n in plan_notes(geforce))
+    # an offload plan times nothing (its speed is unknown): no link is said to have timed it
+    off = plan(job.replace(sharding="fsdp", offload="all"), tiny_llama, gpu, verify=False,
+               ladder=False)
+    assert off.link is not None and not any(r.speed and r.speed.tokens_per_s for r in off.rows)
+    assert not any(n.startswith("gradient sync") for n in plan_notes(off))

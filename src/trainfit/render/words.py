@@ -66,7 +66,10 @@ def plan_notes(result: PlanResult) -> list[str]:
                                              for r in result.rows):
         # how close such speeds came to published ones: said only where a row has one
         notes.append(speed_note(result.speed_band))
-    if result.link is not None:
+    if result.link is not None and (result.link_gbs is None or any(
+            r.speed is not None and r.speed.tokens_per_s for r in result.rows)):
+        # said where a row was timed over it (a review: "timed over nvlink4" under an offload
+        # plan whose every speed is unknown)
         notes.append(link_note(result))
     launch = [r for r in result.rows if r.speed is not None and r.speed.bound == "launch-bound"]
     if launch:
