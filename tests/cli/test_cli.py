@@ -133,6 +133,9 @@ def test_unknown_gpu_suggests_close_names():
     res = runner.invoke(app, ["plan", "gpt2", "--gpu", "h1000"])
     assert res.exit_code == 2
     assert "hint: did you mean h100-sxm," in res.stderr  # its alias 'h100' is the closest
+    assert "rtx-3090" not in res.stderr  # the close names, not the whole catalog after them
+    far = runner.invoke(app, ["plan", "gpt2", "--gpu", "zzzz"])
+    assert "hint: known: " in far.stderr and "rtx-3090" in far.stderr
 
 
 def test_config_json_without_fields(tmp_path):

@@ -93,3 +93,15 @@ def test_fsdp_version_reads_accelerates_number(given):
     assert job.fsdp_flat is (str(given) == "1")
     with pytest.raises(JobError, match=r"--fsdp-version '3': must be one of auto, 1, 2"):
         JobSpec(model="llama-3.2-1b", sharding="fsdp", ranks=2, fsdp_version=3)
+
+
+def test_a_known_unmodelled_choice_says_what_to_use():
+    """A review: `--sharding zero1` was asked "did you mean 'zero3'?"."""
+    from trainfit.job import JobError
+
+    with pytest.raises(JobError) as err:
+        JobSpec(model="m", sharding="zero1")
+    assert err.value.hint.startswith("ZeRO-1 is not modelled: a rank holds between --sharding zero2")
+    with pytest.raises(JobError) as err:
+        JobSpec(model="m", sharding="zer3")
+    assert err.value.hint == "did you mean 'zero3'?"

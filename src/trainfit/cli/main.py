@@ -173,10 +173,13 @@ def _gpu_spec(gpu: str | None, extra: dict[str, Any], interconnect: str | None,
                            "more than 0 and at most 4096", "e.g. --gpu generic-24gb")
         if spec is None:
             close = close_gpu_names(str(gpu_name))
+            # the close names alone where there are some (a review: the whole 50-card catalog
+            # after "did you mean" buried the answer)
             raise JobError(f"{said}: unknown GPU",
-                           (f"did you mean {', '.join(close)}? " if close else "")
-                           + "known: " + ", ".join(gpu_names()) + ", or generic-<N>gb "
-                           "(`trainfit gpus` lists them with their memory)")
+                           (f"did you mean {', '.join(close)}? " if close else
+                            "known: " + ", ".join(gpu_names()) + "; ")
+                           + "or generic-<N>gb for a card not listed (`trainfit gpus` lists them "
+                           "with their memory)")
         others = memory_variants(str(gpu_name), spec)
         if others and say is not None:
             say(f"note: {said} is planned as {spec.display_name} "

@@ -50,8 +50,19 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+NOT_MODELLED = {("sharding", "zero1"): "ZeRO-1 is not modelled: a rank holds between "
+                "--sharding zero2 (gradients partitioned too: less) and --sharding none "
+                "(nothing partitioned: more) — plan both to bound it",
+                ("sharding", "ddp"): "several ranks without sharding are DDP: --sharding none "
+                "with --ranks N"}
+"""Values people type that trainfit knows are not among the choices: what to use instead (a
+review: `--sharding zero1` was asked "did you mean 'zero3'?")."""
+
+
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
+        if (hint := NOT_MODELLED.get((name, str(value).lower()))) is not None:
+            raise JobError(f"{_flag(name)} {value!r}: must be one of {', '.join(allowed)}", hint)
         close = difflib.get_close_matches(str(value).lower(), allowed, n=1)
         hint = f"did you mean {close[0]!r}?" if close else f"choose one of {', '.join(allowed)}"
         raise JobError(f"{_flag(name)} {value!r}: must be one of {', '.join(allowed)}", hint)
