@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +32,7 @@ class PostImport(importlib.abc.MetaPathFinder):
         it through ``importlib.util.find_spec``)."""
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name not in self.pending or name in self._asking:
+        if not self.pending or name not in self.pending or name in self._asking:
             return None
         self._asking.add(name)
         try:
@@ -42,13 +41,17 @@ class PostImport(importlib.abc.MetaPathFinder):
             self._asking.discard(name)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        orig_exec = spec.loader.exec_module
+        loader = spec.loader
+        orig_exec = loader.exec_module
+        if getattr(orig_exec, "post_import_of", None) == name:
+            return spec  # this loader already carries the hook (asked again)
 
         def exec_module(module: Any) -> None:
             orig_exec(module)
+            # one loader may serve many modules (a zip's zipimporter): the hook is this name's
+            if getattr(module, "__name__", None) != name:
+                return
             hook = self.pending.pop(name, None)
-            if not self.pending and self in sys.meta_path:
-                sys.meta_path.remove(self)
             if hook is None:  # already run (a module executed twice: importlib.reload)
                 return
             try:
@@ -56,5 +59,9 @@ class PostImport(importlib.abc.MetaPathFinder):
             except Exception as err:  # a measurement never breaks the user's script
                 self.on_error(name, err)
 
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        # the finder stays on sys.meta_path, inert once nothing is pending: taking it out here
+        # would run outside the import lock, and another thread walking the list would skip the
+        # finder after it (a review reproduced a ModuleNotFoundError so)
+        exec_module.post_import_of = name  # type: ignore[attr-defined]
+        loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec

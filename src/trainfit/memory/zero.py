@@ -210,7 +210,7 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
         param_term, buckets = params, 2 * bucket  # overlap_comm: two reduce buckets
     # ZeRO-2 offload stages each gradient through temp_grad_buffer_for_gpu_offload, the largest
     # trainable parameter in the compute dtype, made at init on the GPU and kept
-    # (stage_1_and_2.py, beside its host twin: zero_host.zero_host_buffers); ~1 GiB for a
+    # (stage_1_and_2.py, beside its host twin: zero_host.zero_host_extra_bytes); ~1 GiB for a
     # 128k-vocabulary 8B model's embedding, missing until a review
     staging = largest_trainable_numel * compute_bytes if off_opt and not stage3 else 0
     out: dict[str, dict[str, int]] = {}

@@ -21,7 +21,12 @@ DeepSpeed 0.19.8's code:
   rounding: :func:`zero3_param_blocks`); the optimizer then copies the trainable ones into one
   flat buffer per parameter group (``_create_param_groups_fp16_flat_cpu_memory``), pinned
   whatever ``pin_memory`` says, and frees the per-parameter ones — which PyTorch's pinned cache
-  keeps (it gives nothing back unless told to): the flat buffer is host memory on top.
+  keeps (it gives nothing back unless told to): the flat buffer is host memory on top; without
+  ``pin_memory`` the per-parameter ones were plain host tensors, freed: the flat buffer takes
+  their place.
+* fp32 mode: the parameters are the master (none counted), but DeepSpeed clones them onto the
+  host for the offloaded optimizer all the same (ZeRO-2's ``single_partition_of_fp32_groups``,
+  pinned with ``pin_memory``; ZeRO-3's ``.to(cpu).clone()``, not pinned).
 
 Each pinned tensor comes from PyTorch's ``CachingHostAllocator``, which rounds it up to a power
 of two (:mod:`trainfit.memory.host_offload`).  The flat buffers are sized here from the whole
@@ -35,7 +40,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainfit.memory.host_offload import pow2_ceil
-from trainfit.memory.zero import compute_dtype_bytes
+from trainfit.memory.zero import compute_dtype_bytes, master_bytes_per_param
 
 SUB_GROUP_SIZE = 10**9
 """DeepSpeed's ``sub_group_size`` (``runtime/zero/config.py``: ``pp_int(1e9)``), left so by
@@ -46,57 +51,67 @@ def _offloaded(job: Any) -> bool:
     return job.sharding in ("zero2", "zero3") and job.offload != "none"
 
 
-def sub_groups(partition: int, largest: int) -> list[int]:
-    """ZeRO-3's optimizer sub-groups of a rank's ``partition`` elements: each closes at the
-    parameter that takes it to ``SUB_GROUP_SIZE`` (``stage3.py`` ``_create_fp16_sub_groups``),
-    so a closed one holds at most SUB_GROUP_SIZE + the ``largest`` partition of a parameter − 1
-    elements; taken at that most (a bound: fewer, larger blocks)."""
-    out, left, most = [], partition, SUB_GROUP_SIZE + max(largest - 1, 0)
-    while left > 0:
-        out.append(min(left, most))
-        left -= out[-1]
-    return out
-
-
-def zero_host_buffers(job: Any, trainable_params: int, largest_numel: int
-                      ) -> tuple[list[int], list[int], list[int]]:
-    """One rank's host buffers of a ZeRO offload beyond those of single parameters: (blocks
-    counted by the GPU-side difference, pinned with ``zero_pin_memory``; blocks not counted,
-    pinned with it; blocks not counted, pinned always).  Empty without a ZeRO offload."""
-    if not _offloaded(job):
-        return [], [], []
-    ranks = max(job.ranks, 1)
-    elem = compute_dtype_bytes(job)
-    part = -(-trainable_params // ranks)
-    if job.sharding == "zero2":
-        # the fp32 partition and its fp32 gradient; the 16-bit twin and the staging buffer
-        return [4 * part, 4 * part], [elem * part, elem * largest_numel], []
-    counted = [elem * part] + [4 * n for n in sub_groups(part, -(-largest_numel // ranks))]
-    return counted, [], [elem * part] if job.offload == "all" else []
+def sub_group_pinned_bytes(partition: int, largest: int, elem: int = 4) -> int:
+    """At most what ZeRO-3's optimizer sub-groups' pinned fp32 gradients hold for a rank's
+    ``partition`` elements (``elem`` bytes each).  A sub-group closes at the parameter that takes
+    it to ``SUB_GROUP_SIZE`` (``stage3.py`` ``_create_fp16_sub_groups``): k closed ones of at
+    least SUB_GROUP_SIZE and at most SUB_GROUP_SIZE + the ``largest`` partition − 1 elements,
+    and the rest, at most ``partition`` − k × SUB_GROUP_SIZE, each its power-of-two block; the
+    most over every k the partition allows (a review: cutting the closed ones at their largest
+    left the rest too small, its block under-counted by 1 GiB for Llama-2-7B on 2 ranks)."""
+    most = SUB_GROUP_SIZE + max(largest - 1, 0)  # a sub-group's most elements, the last's too
+    closed = pow2_ceil(elem * most)
+    least_k = max(0, -(-partition // most) - 1)  # the rest holds at most `most` elements
+    return max(k * closed + pow2_ceil(elem * min(max(partition - k * SUB_GROUP_SIZE, 0), most))
+               for k in range(least_k, max(least_k, partition // SUB_GROUP_SIZE) + 1))
 
 
 def zero_host_extra_bytes(job: Any, trainable_params: int, largest_numel: int) -> int:
-    """Host bytes of :func:`zero_host_buffers` beyond the GPU-side difference: the uncounted
-    buffers, and each pinned block's rounding up to a power of two."""
-    counted, uncounted, always = zero_host_buffers(job, trainable_params, largest_numel)
-    if not job.zero_pin_memory:
-        return sum(uncounted) + sum(map(pow2_ceil, always))
-    return sum(pow2_ceil(b) - b for b in counted) + sum(map(pow2_ceil, uncounted + always))
+    """One rank's host bytes of a ZeRO offload beyond the GPU-side difference
+    (:func:`trainfit.memory.ranks.host_offload_bytes`): the buffers it does not count, and each
+    pinned block's rounding up to a power of two (pinned: ``zero_pin_memory``, or always where
+    DeepSpeed pins whatever the config says).  0 without a ZeRO offload."""
+    if not _offloaded(job):
+        return 0
+    pin = job.zero_pin_memory
+    ranks = max(job.ranks, 1)
+    elem = compute_dtype_bytes(job)
+    part = -(-trainable_params // ranks)
+    fp32 = master_bytes_per_param(job) == 0  # the parameters are the master: none counted
+    extra = 0
+
+    def held(nbytes: int, counted: bool, pinned: bool) -> int:
+        return (pow2_ceil(nbytes) if pinned else nbytes) - (nbytes if counted else 0)
+
+    if job.sharding == "zero2":
+        # the fp32 partition (a clone even in fp32 mode, uncounted there) and its fp32 gradient;
+        # the 16-bit twin and the staging buffer, host-only
+        extra += held(4 * part, not fp32, pin) + held(4 * part, True, pin)
+        extra += held(elem * part, False, pin) + held(elem * largest_numel, False, pin)
+        return extra
+    # ZeRO-3: the 16-bit gradient buffer; the sub-groups' fp32 gradients; in fp32 mode the
+    # master clone (.to(cpu).clone(): unpinned, uncounted)
+    extra += held(elem * part, True, pin)
+    extra += (sub_group_pinned_bytes(part, -(-largest_numel // ranks)) - 4 * part) if pin else 0
+    extra += 4 * part if fp32 else 0
+    if job.offload == "all":
+        # the optimizer's flat 16-bit buffer of the trainable partitions, pinned always: on top
+        # of the per-parameter blocks PyTorch's pinned cache keeps when those were pinned; in
+        # their place (counted) when they were not
+        extra += held(elem * part, not pin, True)
+    return extra
 
 
 def zero3_param_blocks(job: Any, model: Any) -> list[int] | None:
     """ZeRO-3 ``offload_param`` with ``pin_memory``: the bytes of each parameter's pinned host
     partition ``zero.Init`` made (counted by the GPU-side difference: their rounding is the
-    extra), on one rank of the simulated model — every parameter but the persistent ones, which
-    stay on the GPU (``ds_persist``: fewer elements than ``stage3_param_persistence_threshold``,
-    10 × hidden as HF fills "auto", DeepSpeed's 1e5 without a hidden size).  None otherwise."""
+    extra), on one rank of the simulated model — every parameter: ``ds_persist`` is still false
+    when ``zero.Init`` partitions (the engine marks the persistent ones later, their host
+    partition kept).  None otherwise."""
     if job.sharding != "zero3" or job.offload != "all" or not job.zero_pin_memory:
         return None
-    hidden = getattr(getattr(model, "config", None), "hidden_size", None)
-    persist = 10 * hidden if isinstance(hidden, int) else 10**5
     ranks = max(job.ranks, 1)
-    return [-(-p.numel() // ranks) * p.element_size() for p in model.parameters()
-            if p.numel() >= persist]
+    return [-(-p.numel() // ranks) * p.element_size() for p in model.parameters()]
 
 
 def zero2_accumulation_bytes(job: Any, trainable_params: int, largest_numel: int) -> int:
