@@ -455,5 +455,8 @@ def test_a_name_without_its_board_says_the_other_boards():
     assert forms("a100-80gb") == ["a100-80gb-pcie"]
     assert forms("h100") == ["h100-pcie"]  # the 94 GB NVL board is another memory size
     assert forms("h100-sxm") == forms("a100-80gb-pcie") == forms("rtx-4090") == []
+    for named in ("a100-pcie-80gb", "h100-sxm5", "a100-sxm4-80gb", "NVIDIA H100 80GB HBM3"):
+        if find_gpu(named) is not None:
+            assert forms(named) == [], named
     sxm, pcie = find_gpu("a100-80gb"), find_gpu("a100-80gb-pcie")
     assert sxm.interconnect_gbs > 5 * pcie.interconnect_gbs

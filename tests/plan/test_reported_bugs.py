@@ -288,13 +288,14 @@ def test_ladder_shards_the_ranks_a_job_has_before_changing_what_is_learned() -> 
 
 def test_zero_offload_takes_no_bitsandbytes_optimizer_and_the_ladder_drops_it() -> None:
     """A review: the ladder stacked 8-bit AdamW under ZeRO-3's CPU offload, and the flags took it
-    — DeepSpeed refuses a client optimizer under ZeRO-Offload (zero_force_ds_cpu_optimizer) and
-    steps its CPU Adam on the host; bitsandbytes' kernels need the GPU."""
+    — under ZeRO-Offload accelerate swaps any optimizer for DeepSpeed's CPU Adam (fp32 states on
+    the host: map_pytorch_optim_to_deepspeed), so planning another is not what runs."""
     from trainfit.job import JobError
     from trainfit.plan.ladder import build_ladder
 
-    with pytest.raises(JobError, match="ZeRO-Offload steps DeepSpeed's CPU Adam"):
-        JobSpec(model="m", ranks=2, sharding="zero3", offload="all", optimizer="adamw-8bit")
+    for opt in ("adamw-8bit", "paged-adamw", "sgd", "adafactor"):
+        with pytest.raises(JobError, match="accelerate replaces it with DeepSpeed's CPU Adam"):
+            JobSpec(model="m", ranks=2, sharding="zero3", offload="all", optimizer=opt)
     start = JobSpec(model="m", seq_len=512, micro_batch=1, grad_accum=1, ranks=4,
                     sharding="zero3", precision="bf16-true", grad_ckpt="full", optimizer="adamw")
 
@@ -307,5 +308,5 @@ def test_zero_offload_takes_no_bitsandbytes_optimizer_and_the_ladder_drops_it() 
         pytest.skip("bitsandbytes not importable")
     last = rungs[-1]
     assert last.change.startswith("CPU offload") and last.fits
-    assert "the optimizer adamw again, on the host" in last.change
+    assert "the optimizer: DeepSpeed's CPU Adam (accelerate swaps it in" in last.change
     assert (last.job["offload"], last.job["optimizer"]) == ("all", "adamw")

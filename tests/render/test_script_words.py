@@ -67,7 +67,7 @@ def test_a_slower_script_change_from_the_flags_given_says_so():
 
     def sp(ratio):
         return SimpleNamespace(plan=SimpleNamespace(speedup_vs_current=ratio),
-                               current=SimpleNamespace(effective_batch=8))
+                               current=SimpleNamespace(effective_batch=8), given={"micro_batch"})
 
     assert plan_change_heading(sp(0.51)) == (
         "[bold]change in the script[/bold] (predicted 0.51× the tokens/s the script runs now — "
@@ -75,3 +75,6 @@ def test_a_slower_script_change_from_the_flags_given_says_so():
     assert plan_change_heading(sp(1.7)) == \
         "[bold]change in the script[/bold] (the effective batch kept, 8):"
     assert "slower" not in plan_change_heading(sp(None))
+    bare = sp(0.8)
+    bare.given = set()  # no flag given: not said to come from them
+    assert "slower; the effective batch" in plan_change_heading(bare)

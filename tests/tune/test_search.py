@@ -363,3 +363,14 @@ def test_a_faster_probe_the_budget_left_uncompared_is_said():
     words = note_words(n)
     assert words.startswith("not decided: micro_batch 4 ran 1.20× the tokens/s")
     assert "--budget-s left no time for the interleaved rounds" in words
+
+
+def test_no_8bit_optimizer_is_tried_under_a_zero_offload():
+    """Under ZeRO-Offload accelerate swaps any optimizer for DeepSpeed's CPU Adam: an 8-bit
+    candidate would be refused by JobSpec (it is not what runs), so it is not made."""
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=8, ranks=2, sharding="zero2",
+                  offload="optimizer")
+    s = Searcher(job, fake(GIB, GIB, lambda j: 100.0, []), pred(GIB, GIB, lambda j: 100.0),
+                 10 * GIB, SearchOptions(knobs=()), 10_000)
+    assert s._eight_bit(job.replace(micro_batch=2), [1, 2, 4]) == []
+    assert [n.kind for n in s.notes] == ["no_8bit_zero_offload"]

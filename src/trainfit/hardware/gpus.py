@@ -169,7 +169,9 @@ def form_variants(name: str, spec: GpuSpec) -> list[GpuSpec]:
     link their GPUs ~10× slower — every multi-GPU speed rests on it (a review).  Empty for a name
     that gives the form, or a card with one form."""
     family = re.sub(r"[\s_]+", "-", name.strip().lower())
-    if family.split("-")[-1] in FORM_FACTORS or spec.name == family:
+    # a name that gives the board anywhere (a100-pcie-80gb, h100-sxm5, "H100 80GB HBM3": the
+    # SXM's device name) names it (a review: the last word alone was read)
+    if re.search(r"sxm|pcie|nvl|hbm", family) or spec.name == family:
         return []
     own = spec.name.rsplit("-", 1)
     if len(own) != 2 or own[1] not in FORM_FACTORS:

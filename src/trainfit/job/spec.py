@@ -16,7 +16,6 @@ from typing import Any
 from trainfit.job.choices import (  # re-exported: the schema's vocabularies live there
     ATTENTIONS,
     BASE_DTYPES,
-    BNB_OPTIMIZERS,
     ENGINE_OFFLOADS,
     FSDP_INITS,
     FSDP_VERSIONS,
@@ -410,14 +409,15 @@ class JobSpec:
             raise JobError(f"--fsdp-version 2 with --fsdp-init {self.fsdp_init}: that wrap is "
                            "FSDP1's", "use --fsdp-version 1 (or auto), or --fsdp-init sharded")
         if self.sharding in ("zero2", "zero3") and self.offload != "none" and \
-                self.optimizer in BNB_OPTIMIZERS:
-            # DeepSpeed's engine refuses a client optimizer under ZeRO-Offload
-            # (zero_force_ds_cpu_optimizer, true by default: ZeRORuntimeException) and steps its
-            # own CPU Adam on the host partitions; bitsandbytes' kernels need GPU tensors
+                self.optimizer != "adamw":
+            # under ZeRO-Offload accelerate (HF Trainer's too) swaps the optimizer for DeepSpeed's
+            # CPU Adam on the host partitions (accelerate utils/deepspeed.py
+            # map_pytorch_optim_to_deepspeed: fp32 m and v, whatever was asked): planning another
+            # one's states would not be what runs
             raise JobError(f"--optimizer {self.optimizer} with --sharding {self.sharding} "
-                           f"--offload {self.offload}: ZeRO-Offload steps DeepSpeed's CPU Adam on "
-                           "the host, and bitsandbytes' optimizers run on the GPU",
-                           "use --optimizer adamw with the offload, or drop --offload")
+                           f"--offload {self.offload}: under ZeRO-Offload accelerate replaces it "
+                           "with DeepSpeed's CPU Adam (fp32 states, on the host)",
+                           "plan it as --optimizer adamw, or drop --offload")
         for flag in ("fsdp_no_sync", "fsdp_frozen_grads"):
             if getattr(self, flag) and self.sharding != "fsdp":
                 raise JobError(f"--{flag.replace('_', '-')} applies to --sharding fsdp only",

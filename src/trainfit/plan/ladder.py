@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainfit.job import JobError, JobSpec
-from trainfit.job.choices import BNB_OPTIMIZERS, ENGINE_NAMES, ENGINE_OFFLOADS
+from trainfit.job.choices import ENGINE_NAMES, ENGINE_OFFLOADS
 
 LORA_FOR_FULL = {"lora_r": 16, "lora_alpha": 32}
 """The adapters a full fine-tune's rungs switch to (LoRA, then QLoRA)."""
@@ -88,16 +88,21 @@ def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
         # offload_param keep the shards and the optimizer step on the host (Answer.AI's 70B QLoRA
         # on two 24 GB cards); ZeRO-2 only the optimizer. Costs time only, much of it: the speed
         # of such rows is unknown (plan/row_speed.py)
-        # the optimizer steps on the host then: the job's own (DeepSpeed's CPU Adam for ZeRO), not
-        # an 8-bit rung's bitsandbytes optimizer, whose kernels need the GPU (JobSpec refuses it)
-        own = "adamw" if job.optimizer in BNB_OPTIMIZERS and sharding != "fsdp" else job.optimizer
+        # the optimizer steps on the host then: under ZeRO accelerate swaps in DeepSpeed's CPU
+        # Adam whatever was asked (JobSpec refuses planning another); FSDP steps the job's own,
+        # not an 8-bit rung's bitsandbytes optimizer, whose kernels need the GPU
+        zero = sharding in ("zero2", "zero3")
+        own = "adamw" if zero else job.optimizer
+        said = ("; the optimizer: DeepSpeed's CPU Adam (accelerate swaps it in under ZeRO-Offload)"
+                if zero and (job.optimizer != "adamw" or any("optimizer" in f for _, f, _ in steps))
+                else f"; the optimizer: the job's {own} (an 8-bit one steps on the GPU)"
+                if job.optimizer != "adamw-8bit" and any(
+                    f.get("optimizer") == "adamw-8bit" for _, f, _ in steps) else "")
         steps.append(("CPU offload of " + ("the optimizer states and step" if offload ==
                                            "optimizer" else "the parameters' shards, gradients "
                                            "and optimizer step") + " (host memory; the step "
-                      "waits on host↔GPU copies: much slower"
-                      + (f"; the optimizer {own} again, on the host" if any(
-                          "optimizer" in f and f["optimizer"] != own for _, f, _ in steps)
-                         else "") + ")", {"offload": offload, "optimizer": own}, False))
+                      "waits on host↔GPU copies: much slower" + said + ")",
+                      {"offload": offload, "optimizer": own}, False))
     if job.method == "full":
         # the usual first answer to a full fine-tune that does not fit, before anything that
         # shortens the data or quantizes the weights: frozen base, rank-16 adapters (the

@@ -202,8 +202,9 @@ def plan_change_heading(sp: Any) -> str:
     comes from the flags given: said with its ratio (a review: `--micro-batch 2` gave a 0.51×
     change under the same heading as a gain)."""
     ratio = sp.plan.speedup_vs_current
-    slower = (f"predicted {ratio:.2f}× the tokens/s the script runs now — slower, as the flags "
-              "given set it; " if ratio is not None and ratio < 1 else "")
+    why = ", as the flags given set it" if getattr(sp, "given", None) else ""
+    slower = (f"predicted {ratio:.2f}× the tokens/s the script runs now — slower{why}; "
+              if ratio is not None and ratio < 1 else "")
     return (f"[bold]change in the script[/bold] ({slower}the effective batch kept, "
             f"{sp.current.effective_batch}):")
 

@@ -84,6 +84,9 @@ def note_words(n: SearchNote) -> str:
         "no_8bit_other_optimizer": lambda: f"8-bit AdamW: not tried — the job's optimizer is "
                                            f"{d['optimizer']} (set optimizer: adamw to let tune "
                                            "compare)",
+        "no_8bit_zero_offload": lambda: "8-bit AdamW: not tried — under ZeRO-Offload accelerate "
+                                        "steps DeepSpeed's CPU Adam on the host, whatever the "
+                                        "optimizer asked",
         "no_bitsandbytes": lambda: "8-bit AdamW: not tried — bitsandbytes is not installed "
                                    "(pip install bitsandbytes)",
         "workers_not_probed": lambda: "loader workers: not probed — without them the step waited "

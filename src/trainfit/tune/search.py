@@ -406,6 +406,10 @@ class Searcher:
         """AdamW with 8-bit states (bitsandbytes: 2 B per weight instead of 8): at the same
         micro-batch (faster where the optimizer step is memory-bound), and at the largest larger
         micro-batch the freed memory lets fit (memory probes, as for checkpointing)."""
+        if job.sharding in ("zero2", "zero3") and job.offload != "none":
+            # accelerate swaps any optimizer for DeepSpeed's CPU Adam under ZeRO-Offload
+            self.notes.append(SearchNote("no_8bit_zero_offload"))
+            return []
         if job.optimizer != "adamw":
             if not job.optimizer.endswith("8bit"):
                 self.notes.append(SearchNote("no_8bit_other_optimizer", {"optimizer": job.optimizer}))
