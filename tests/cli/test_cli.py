@@ -60,7 +60,7 @@ def test_unparsable_flags_are_one_line_too(args, needle, monkeypatch):
     trainfit.cli.main.main() makes them one error line and a hint, exit code 2."""
     from typer import rich_utils
 
-    from trainfit.cli.main import one_line_usage_errors
+    from trainfit.cli.startup import one_line_usage_errors
 
     # typer's own function comes back after the test (main() installs this for the process)
     monkeypatch.setattr(rich_utils, "rich_format_error", rich_utils.rich_format_error)
@@ -78,7 +78,7 @@ def test_train_and_emit_given_a_command_say_they_take_a_job_file(cmd, monkeypatc
     "unexpected extra argument"; plan, tune and doctor take a command, train and emit do not."""
     from typer import rich_utils
 
-    from trainfit.cli.main import one_line_usage_errors
+    from trainfit.cli.startup import one_line_usage_errors
 
     monkeypatch.setattr(rich_utils, "rich_format_error", rich_utils.rich_format_error)
     one_line_usage_errors()
@@ -218,7 +218,7 @@ def test_bitsandbytes_kernels_warning_is_filtered():
     process (a plan showed it twice): the CLI drops that record and nothing else."""
     import logging
 
-    from trainfit.cli.main import quiet_third_party
+    from trainfit.cli.startup import quiet_third_party
 
     quiet_third_party()
     logger = logging.getLogger("bitsandbytes.backends.cpu.ops")
@@ -388,3 +388,39 @@ def test_a_config_of_a_model_without_a_language_model_head_says_so(tmp_path):
     lines = [ln for ln in res.output.splitlines() if ln.startswith(("error:", "hint:"))]
     assert "has no causal- or seq2seq-LM class for model_type wav2vec2" in lines[0]
     assert lines[1].startswith("hint: trainfit plans text language models")
+
+
+def test_transformers_is_quieted_when_imported_not_by_the_entry_point():
+    """A usage error or --help never imports transformers (~1.3 s, an audit timed flag errors
+    at 11-20 s), yet once anything imports it its warnings are at the error level; the level is
+    set in this process only (no TRANSFORMERS_VERBOSITY for a script doctor or tune runs)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, sys\n"
+            "from trainfit.cli.startup import quiet_transformers\n"
+            "quiet_transformers()\n"
+            "assert 'transformers' not in sys.modules\n"
+            "assert 'TRANSFORMERS_VERBOSITY' not in os.environ\n"
+            "import transformers\n"
+            "from transformers.utils import logging\n"
+            "print(logging.get_verbosity())\n"
+            "logging.set_verbosity_warning()\n"
+            "quiet_transformers()  # already imported: set at once\n"
+            "print(logging.get_verbosity())\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRANSFORMERS_VERBOSITY"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["40", "40"]  # logging.ERROR, both ways
+    # a bad flag: said, exit 2, with neither transformers nor torch imported
+    bad = ("import sys\n"
+           "sys.argv = ['trainfit', 'plan', 'llama-2-7b', '--gpu', 'a100-80gb', '--micro-batch',"
+           " '0']\n"
+           "from trainfit.cli.main import main\n"
+           "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+           "print(code, 'transformers' in sys.modules, 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", bad], capture_output=True, text=True, timeout=300)
+    assert "--micro-batch 0" in out.stderr
+    assert out.stdout.split() == ["2", "False", "False"]

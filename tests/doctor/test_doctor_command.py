@@ -66,6 +66,27 @@ def test_command_not_found():
     assert lines == ["error: no-such-command-xyz: command not found"]
 
 
+
+@pytest.mark.parametrize("verb", ["doctor", "plan", "tune"])
+def test_a_missing_script_is_said_before_anything_runs(tmp_path, verb):
+    """``python missing.py``: one line naming the file, exit 2, before torch loads (the
+    interpreter's own "can't open file" came after the hooks' setup, 5-6 s in: an audit)."""
+    import subprocess
+
+    missing = tmp_path / "missing.py"
+    res = CliRunner().invoke(app, [verb, "--", sys.executable, str(missing)])
+    assert res.exit_code == 2
+    assert [ln for ln in res.output.splitlines() if ln.startswith("error:")] == [
+        f"error: {missing}: no such file"]
+    code = ("import sys\n"
+            f"sys.argv = ['trainfit', {verb!r}, '--', sys.executable, {str(missing)!r}]\n"
+            "from trainfit.cli.main import main\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+            "print(code, 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.stdout.split() == ["2", "False"], out.stderr
+
 def test_crashing_script_reports_code_and_last_lines(tmp_path):
     script = tmp_path / "crash.py"
     script.write_text("import sys\nprint('loading config')\nprint('bad value: 7', file=sys.stderr)\n"

@@ -316,6 +316,15 @@ def test_a_row_without_speed_among_rows_with_one_says_why(tiny_llama):
     j = row.job
     assert (f"tokens/s unknown on {j.precision} {j.grad_ckpt} {j.micro_batch}×{j.grad_accum}: "
             "the allocator retries") in out.getvalue()
+    # a row over the card keeps its speed, for comparing rows, said as such (an audit read it as
+    # a speed it would reach, beside the "unknown" of a row at the card's limit)
+    assert "a row that does not fit" not in out.getvalue()
+    big = res.rows[-1]
+    res.rows[-1] = dataclasses.replace(big, memory=dataclasses.replace(big.memory, fits=False))
+    out = StringIO()
+    _legend(Console(file=out, width=400), res, [], True)
+    assert "tokens/s of a row that does not fit: its step as if the GPU had room" \
+        in out.getvalue()
 
 
 def test_amp_fp16_left_out_on_bf16_cards_is_amp_bf16s_twin(tiny_llama):

@@ -27,7 +27,7 @@ def _checked(ctx: typer.Context, args: list[str], steps: int, warmup: int, repea
              timeout_s: float) -> bool:
     """The options checked before anything runs (JobError names the bad one); True when the
     target is a job file, False for a command."""
-    from trainfit.doctor.run import check_steps
+    from trainfit.doctor.inject import check_steps
     from trainfit.job import JobError
 
     if not args:
@@ -90,9 +90,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Measure where the step time goes (data wait, copy, forward, backward, optimizer, syncs,
         logging, idle), name the bottleneck with its numbers, apply the fix and measure again."""
-        from trainfit.doctor.command import doctor_command
         from trainfit.doctor.inject import DoctorError, check_command
-        from trainfit.doctor.run import doctor_job
         from trainfit.job import JobError
         from trainfit.job.fields import in_file_words
 
@@ -102,11 +100,15 @@ def register(app: typer.Typer) -> None:
         try:
             is_job = _checked(ctx, args, steps, warmup, repeats, timeout_s)
             if is_job:
+                from trainfit.doctor.run import doctor_job  # torch: after the input's checks
+
                 result = doctor_job(args[0], steps=steps, warmup=warmup, apply=apply, repeats=repeats,
                                     device=device, log=say, allow_code=allow_code,
                                     trust_remote_code=trust_remote_code)
             else:
                 check_command(args)
+                from trainfit.doctor.command import doctor_command  # torch: after the checks
+
                 if say:
                     say(f"running {' '.join(args)} under the doctor ({warmup} warm-up + {steps} measured + "
                         "1 profiled step) …")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ from trainfit.cli import train as train_cli
 from trainfit.cli import tune as tune_cli
 from trainfit.cli.jobargs import AllowCode, TrustRemoteCode, fail, job_for_model, job_of_fields
 from trainfit.cli.jobflags import merge_job_fields, with_job_flags
+from trainfit.cli.startup import one_line_usage_errors, quiet_third_party, quiet_transformers
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec, job_with_current, read_job_file
 from trainfit.job.fields import in_file_words
 
@@ -264,7 +264,6 @@ def plan_cmd(
     from trainfit.cli.script import is_command, plan_script_cmd, refuse_two_models
     from trainfit.model.source import check_seq_len, resolve_model
     from trainfit.plan.checks import with_checks
-    from trainfit.plan.grid import plan
     from trainfit.render.progress import stage_progress
 
     args = [target] if isinstance(target, str) else list(target or [])  # quickstart passes a str
@@ -302,6 +301,8 @@ def plan_cmd(
         job = job_for_model(job, fields, say, source)
         if current_job is not None:
             current_job = job_for_model(current_job, fields, source=source)
+        from trainfit.plan.grid import plan  # torch: imported after the input's checks
+
         with stage_progress("plan") as progress:
             result = plan(job, source, spec, margin=margin, verify=verify,
                           dataset_tokens=dataset_tokens, epochs=epochs, current=current_job,
@@ -408,12 +409,7 @@ def main() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning, module="torch")
     quiet_third_party()
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-    except ImportError:  # pragma: no cover
-        pass
+    quiet_transformers()
     one_line_usage_errors()
     try:
         app()
@@ -424,75 +420,6 @@ def main() -> None:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
         _leave_as_a_rank(code)
         raise
-
-
-def _took_a_command(ctx: Any) -> bool:
-    """Whether the arguments click could not place are a command (``-- python train.py``,
-    ``accelerate launch train.py``): its first word is in the job file's place."""
-    words = [v for v in (getattr(ctx, "params", None) or {}).values() if isinstance(v, str)]
-    return "--" in sys.argv or any(
-        os.path.basename(w).startswith("python") or w.endswith(".py")
-        or w in ("accelerate", "torchrun", "deepspeed") for w in words)
-
-
-def one_line_usage_errors() -> None:
-    """A flag click cannot parse (``--seq-len abc``, an unknown option) is bad input like any
-    other: one ``error:`` line and a ``hint:``, exit code 2 — not typer's boxed usage screen.
-    Typer has no setting for how it shows a click usage error (typer/core.py ``_main`` calls
-    ``rich_utils.rich_format_error``), so that function is wrapped; anything else (the help a
-    bare command prints) is typer's own."""
-    from typer import rich_utils
-
-    orig = rich_utils.rich_format_error
-    if getattr(orig, "one_line", False):
-        return
-
-    def format_error(err: Any) -> None:
-        # typer ≥ 0.24 raises its vendored click's exceptions (typer._click, private), so a
-        # usage error is told by what it is — click's UsageError has exit code 2 — not its class
-        if getattr(err, "exit_code", None) != 2 or \
-                type(err).__name__ == "NoArgsIsHelpError":  # a bare command: typer prints help
-            orig(err)
-            return
-        msg = " ".join(err.format_message().split())
-        ctx = getattr(err, "ctx", None)
-        where = ctx.command_path if ctx is not None else "trainfit"
-        typer.echo(f"error: {msg[:1].lower() + msg[1:]}", err=True)
-        if msg.startswith("Got unexpected extra argument") and \
-                where.split()[-1] in ("train", "emit") and _took_a_command(ctx):
-            # `train|emit -- python train.py`: the form plan, tune and doctor take (a review:
-            # "python" was read as the job file and the rest as extra arguments, said as such)
-            typer.echo(f"hint: trainfit {where.split()[-1]} takes a job file (trainfit.yaml), "
-                       "not a command: for your own script, trainfit tune -- python train.py "
-                       "prints the keywords to change in it; then run it as you do", err=True)
-            return
-        typer.echo(f"hint: {where} --help lists the options and what each takes", err=True)
-
-    format_error.one_line = True  # type: ignore[attr-defined]
-    rich_utils.rich_format_error = format_error
-
-
-class _DropMessage(logging.Filter):
-    """Drops log records whose message starts with one of ``prefixes``."""
-
-    def __init__(self, *prefixes: str) -> None:
-        super().__init__()
-        self.prefixes = prefixes
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(self.prefixes)
-
-
-def quiet_third_party() -> None:
-    """Keep third-party noise out of the user's output. bitsandbytes 0.50 logs "Failed to load
-    CPU gemm_4bit_forward from kernels-community" (a logging.warning at import,
-    bitsandbytes/backends/cpu/ops.py) on CPUs with AVX-512 BF16 when the optional `kernels`
-    package is absent — once per process, so twice per plan (its two simulation workers). What it
-    means: 4-bit matmuls on this CPU use bitsandbytes' slower built-in path; plan never runs them
-    (its 4-bit layers are data-less stand-ins), and tune/train on a CPU only measure that path.
-    Set on the logger before bitsandbytes is imported; forked workers inherit it."""
-    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
-        _DropMessage("Failed to load CPU gemm_4bit_forward"))
 
 
 def _leave_as_a_rank(code: int) -> None:

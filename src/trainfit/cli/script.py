@@ -64,6 +64,9 @@ def local_gpu_spec(say: Any) -> Any:
 def plan_script_cmd(cmd: list[str], *, job_flags: dict[str, Any], gpu: Any, margin: float,
                     verify: bool, trust_remote_code: bool, timeout_s: float, as_json: bool,
                     dataset_tokens: int | None = None, epochs: float | None = None) -> None:
+    from trainfit.doctor.inject import check_command
+
+    _or_fail(lambda: check_command(cmd, "plan"))  # said before torch loads
     from trainfit.script.plan import plan_script
 
     if not as_json:
@@ -112,9 +115,10 @@ def tune_script_cmd(cmd: list[str], *, job_flags: dict[str, Any], opts: Any,
     import dataclasses
 
     from trainfit.model.runtime import parse_device
-    from trainfit.script.tune import tune_script
 
     _or_fail(lambda: parse_device(str(opts.device)))  # before the script runs (minutes), not after
+    from trainfit.script.tune import tune_script
+
     options = {k: v for k, v in dataclasses.asdict(opts).items() if k != "isolate"}
     options["fixed"] = sorted(options["fixed"])
     options["knobs"] = list(options["knobs"])

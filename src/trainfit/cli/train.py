@@ -169,7 +169,6 @@ def register(app: typer.Typer) -> None:
         Exit codes: 0 the steps ran; 2 bad input or an unusable run directory / checkpoint (one
         error: line); 3 the loss diverged (NaN/inf: stopped, nothing saved after the last good
         checkpoint); 130 / 143 interrupted by SIGINT / SIGTERM (a checkpoint saved: --resume)."""
-        from trainfit.run.backend import run_backend
         from trainfit.run.options import RunOptions
 
         try:
@@ -194,6 +193,8 @@ def register(app: typer.Typer) -> None:
                                                               "--inject-eval-oom-at"))
             if nproc > 1 and "WORLD_SIZE" not in os.environ:
                 raise typer.Exit(_launch(nproc, dev, job, job_file, out))
+            from trainfit.run.backend import run_backend  # torch: after the input's checks
+
             result = run_backend(job, opts, backend or str(extra.get("backend") or "trainfit"))
         except JobError as err:
             # train takes the job from its file: a job field is named by its YAML key (the

@@ -9,11 +9,10 @@ import statistics
 import psutil
 
 from trainfit.doctor.findings import Observation, find
-from trainfit.doctor.inject import ForeignRun, run_foreign
+from trainfit.doctor.inject import ForeignRun, check_steps, run_foreign
 from trainfit.doctor.measure import op_overhead_s, sampler_fraction
 from trainfit.doctor.peaks import bounded_mfu, cpu_peak_flops
 from trainfit.doctor.result import DoctorResult, Metrics
-from trainfit.doctor.run import check_steps
 from trainfit.doctor.split import (
     Split,
     data_wait_fractions,

@@ -44,6 +44,13 @@ class DoctorError(JobError):
         self.tail = tail or []
 
 
+def check_steps(steps: int) -> None:
+    """Both targets: fewer measured steps give no median worth naming a bottleneck by."""
+    if steps < MIN_MEASURED_STEPS:
+        raise DoctorError(f"--steps {steps}: too few to measure",
+                          f"doctor needs at least {MIN_MEASURED_STEPS} measured steps")
+
+
 @dataclass
 class ForeignRun:
     command: list[str]
@@ -72,6 +79,13 @@ def check_command(cmd: list[str], verb: str = "doctor") -> str:
             raise DoctorError(f"{cmd[0]}: not executable", f"run it as: trainfit {verb} -- python {cmd[0]}")
         raise DoctorError(f"{cmd[0]}: command not found", "check the spelling and PATH; "
                           f"e.g. trainfit {verb} -- python train.py")
+    script = cmd[1] if len(cmd) > 1 and Path(cmd[0]).name.startswith("python") else ""
+    if script.endswith(".py") and not Path(script).is_file():
+        # said before anything runs (the interpreter's own "can't open file" came after the
+        # hooks' setup, as the command's failure)
+        raise DoctorError(f"{script}: no such file",
+                          f"give the path of your training script, e.g. trainfit {verb} -- "
+                          f"python train.py")
     return exe
 
 

@@ -32,7 +32,7 @@ class PostImport(importlib.abc.MetaPathFinder):
         it through ``importlib.util.find_spec``)."""
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if not self.pending or name not in self.pending or name in self._asking:
+        if name not in self.pending or name in self._asking:
             return None
         self._asking.add(name)
         try:

@@ -28,7 +28,7 @@ import torch
 
 from trainfit.doctor.findings import Finding, Observation, find
 from trainfit.doctor.fixes import WorkerTrial, choose_workers
-from trainfit.doctor.inject import MIN_MEASURED_STEPS, DoctorError
+from trainfit.doctor.inject import DoctorError, check_steps
 from trainfit.doctor.measure import JobRunner, Round, op_overhead_s, resolve_relative, sampler_fraction
 from trainfit.doctor.peaks import bounded_mfu, cpu_peak_flops, gpu_peak_flops
 from trainfit.doctor.result import DoctorResult, Metrics
@@ -50,13 +50,6 @@ DOCTOR_KEYS = {"tokenize": ("lazy", "eager")}
 """The ``doctor:`` mapping a job file may carry: ``tokenize: lazy`` measures seed 003's loader."""
 MIN_ROUNDS = 2
 """Interleaved before/after rounds the full rule asks for (:func:`_gain`)."""
-
-
-def check_steps(steps: int) -> None:
-    """Both targets: fewer measured steps give no median worth naming a bottleneck by."""
-    if steps < MIN_MEASURED_STEPS:
-        raise DoctorError(f"--steps {steps}: too few to measure",
-                          f"doctor needs at least {MIN_MEASURED_STEPS} measured steps")
 
 
 def _names(findings: list[Finding]) -> list[str]:

@@ -32,7 +32,7 @@ from trainfit.memory.loading import load_reserve, loading_notes
 from trainfit.memory.ranks import host_offload_bytes, rank_phases
 from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.memory.wrap import records_wrap, wrap_reserve
-from trainfit.memory.zero_host import zero2_accumulation_bytes, zero_host_extra_bytes
+from trainfit.memory.zero_host import zero_host_extra_bytes
 from trainfit.model.source import ModelSource
 
 CUBLAS_WORKSPACE_BYTES_PRE_HOPPER = 4096 * 1024 * 2 + 16 * 1024 * 8
@@ -195,7 +195,6 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     host = host_offload_bytes(job, source, phases, per_phase, trainable_params, per_rank,
                               quant_state_bytes, largest_trainable_numel)
     host += pinned_extra_bytes + zero_host_extra_bytes(
-        job, trainable_params, largest_trainable_numel) + zero2_accumulation_bytes(
         job, trainable_params, largest_trainable_numel) if host else 0
     allocated = sum(terms.values()) + blocks + work
     # The allocator's reserve above the allocated peak, from the one-process trace.

@@ -70,7 +70,8 @@ def zero_host_extra_bytes(job: Any, trainable_params: int, largest_numel: int) -
     """One rank's host bytes of a ZeRO offload beyond the GPU-side difference
     (:func:`trainfit.memory.ranks.host_offload_bytes`): the buffers it does not count, and each
     pinned block's rounding up to a power of two (pinned: ``zero_pin_memory``, or always where
-    DeepSpeed pins whatever the config says).  0 without a ZeRO offload."""
+    DeepSpeed pins whatever the config says), ZeRO-2's accumulation buffer among them
+    (:func:`zero2_accumulation_bytes`).  0 without a ZeRO offload."""
     if not _offloaded(job):
         return 0
     pin = job.zero_pin_memory
@@ -88,7 +89,7 @@ def zero_host_extra_bytes(job: Any, trainable_params: int, largest_numel: int) -
         # the 16-bit twin and the staging buffer, host-only
         extra += held(4 * part, not fp32, pin) + held(4 * part, True, pin)
         extra += held(elem * part, False, pin) + held(elem * largest_numel, False, pin)
-        return extra
+        return extra + zero2_accumulation_bytes(job, trainable_params, largest_numel)
     # ZeRO-3: the 16-bit gradient buffer; the sub-groups' fp32 gradients; in fp32 mode the
     # master clone (.to(cpu).clone(): unpinned, uncounted)
     extra += held(elem * part, True, pin)

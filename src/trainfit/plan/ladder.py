@@ -82,27 +82,9 @@ def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
         steps.append(("activation offloading (saved activations in host memory; host↔GPU "
                       "copies streamed beside compute, their time not predicted)",
                       {"activation_offload": True}, False))
-    offload = ENGINE_OFFLOADS[sharding][-1]
-    if offload != "none" and job.offload != offload:
-        # the most the engine offers (JobSpec._check_sharding): FSDP's CPUOffload / ZeRO-3's
-        # offload_param keep the shards and the optimizer step on the host (Answer.AI's 70B QLoRA
-        # on two 24 GB cards); ZeRO-2 only the optimizer. Costs time only, much of it: the speed
-        # of such rows is unknown (plan/row_speed.py)
-        # the optimizer steps on the host then: under ZeRO accelerate swaps in DeepSpeed's CPU
-        # Adam whatever was asked (JobSpec refuses planning another); FSDP steps the job's own,
-        # not an 8-bit rung's bitsandbytes optimizer, whose kernels need the GPU
-        zero = sharding in ("zero2", "zero3")
-        own = "adamw" if zero else job.optimizer
-        said = ("; the optimizer: DeepSpeed's CPU Adam (accelerate swaps it in under ZeRO-Offload)"
-                if zero and (job.optimizer != "adamw" or any("optimizer" in f for _, f, _ in steps))
-                else f"; the optimizer: the job's {own} (an 8-bit one steps on the GPU)"
-                if job.optimizer != "adamw-8bit" and any(
-                    f.get("optimizer") == "adamw-8bit" for _, f, _ in steps) else "")
-        steps.append(("CPU offload of " + ("the optimizer states and step" if offload ==
-                                           "optimizer" else "the parameters' shards, gradients "
-                                           "and optimizer step") + " (host memory; the step "
-                      "waits on host↔GPU copies: much slower" + said + ")",
-                      {"offload": offload, "optimizer": own}, False))
+    offload_step = _offload_step(job, sharding, steps)
+    if offload_step is not None:
+        steps.append(offload_step)
     if job.method == "full":
         # the usual first answer to a full fine-tune that does not fit, before anything that
         # shortens the data or quantizes the weights: frozen base, rank-16 adapters (the
@@ -131,6 +113,34 @@ def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
                   {"sharding": engine, "ranks": job.ranks * 2, "optimizer_in_backward": False,
                    "clone_layers": False}, False))
     return steps
+
+
+def _offload_step(job: JobSpec, sharding: str, steps: list[tuple[str, dict[str, Any], bool]]
+                  ) -> tuple[str, dict[str, Any], bool] | None:
+    """The CPU-offload rung: the most the engine offers (JobSpec._check_sharding) — FSDP's
+    CPUOffload / ZeRO-3's offload_param keep the shards and the optimizer step on the host
+    (Answer.AI's 70B QLoRA on two 24 GB cards), ZeRO-2 only the optimizer — or None where the
+    engine has none or the job has it already. Costs time only, much of it: the speed of such rows
+    is unknown (plan/row_speed.py)."""
+    offload = ENGINE_OFFLOADS[sharding][-1]
+    if offload == "none" or job.offload == offload:
+        return None
+    # the optimizer steps on the host then: under ZeRO accelerate swaps in DeepSpeed's CPU Adam
+    # whatever was asked (JobSpec refuses planning another); FSDP steps the job's own, not an
+    # 8-bit rung's bitsandbytes optimizer, whose kernels need the GPU
+    zero = sharding in ("zero2", "zero3")
+    own = "adamw" if zero else job.optimizer
+    eight_bit_rung = any(f.get("optimizer") == "adamw-8bit" for _, f, _ in steps)
+    if zero and (job.optimizer != "adamw" or eight_bit_rung):
+        said = "; the optimizer: DeepSpeed's CPU Adam (accelerate swaps it in under ZeRO-Offload)"
+    elif not zero and eight_bit_rung and job.optimizer != "adamw-8bit":
+        said = f"; the optimizer: the job's {own} (an 8-bit one steps on the GPU)"
+    else:
+        said = ""
+    what = ("the optimizer states and step" if offload == "optimizer"
+            else "the parameters' shards, gradients and optimizer step")
+    return (f"CPU offload of {what} (host memory; the step waits on host↔GPU copies: much "
+            f"slower{said})", {"offload": offload, "optimizer": own}, False)
 
 
 def build_ladder(job: JobSpec, evaluate: Callable[[JobSpec], tuple[int, float | None, bool | None]]

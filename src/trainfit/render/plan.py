@@ -111,6 +111,17 @@ def _some_unknown_why(result: PlanResult, all_rows: bool) -> str:
                    for why, names in _unknown_speed_rows(result, all_rows).items())
 
 
+def _over_card_speed(result: PlanResult, all_rows: bool) -> str:
+    """A row that does not fit still shows its step's speed, for comparing rows, while a row at
+    the card's limit shows "unknown" (the allocator's retries are not timed): said, since an
+    audit read the bigger rows' numbers as speeds they would reach here."""
+    if not any((all_rows or r.shown) and r.memory.fits is False and r.speed is not None
+               and r.speed.tokens_per_s for r in result.rows):
+        return ""
+    return (" · tokens/s of a row that does not fit: its step as if the GPU had room for it "
+            "(here it runs out of memory), for comparing rows")
+
+
 def _legend(console: Console, result: PlanResult, dropped: list[str], all_rows: bool) -> None:
     speed_known = any(r.speed is not None and r.speed.tokens_per_s for r in result.rows)
     # the fit line is the lower of (1 − margin) × GPU and GPU ÷ (1 + the error band)
@@ -129,7 +140,8 @@ def _legend(console: Console, result: PlanResult, dropped: list[str], all_rows: 
     if not speed_known and result.gpu is not None:
         legend += f" · tokens/s and MFU: unknown ({_unknown_speed_why(result)})"
     elif speed_known:
-        legend += _some_unknown_why(result, all_rows) + _mfu_peaks(result, all_rows)
+        legend += _some_unknown_why(result, all_rows) + _over_card_speed(result, all_rows) \
+            + _mfu_peaks(result, all_rows)
     if dropped:
         legend += f" · narrow terminal: {', '.join(dropped)} left out (widen it, or pipe/--json)"
     say(console, legend)

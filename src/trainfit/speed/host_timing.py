@@ -48,10 +48,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
-import torch
 
+# torch is imported in the functions that use it: doctor's watcher (doctor/watch.py) imports
+# this module, and a usage error of doctor or of plan's script front door is said before torch
+# loads (~2.5 s)
 from trainfit.cache import cache_path, read_json, write_json
-from trainfit.speed.cpu import cpu_model_name
 
 REPEATS = 9
 """Timed repeats of a round at least (more until the round has lasted ``LOAD_WINDOW_S``)."""
@@ -115,6 +116,8 @@ def reference_op_s(n: int = REFERENCE_OPS) -> float:
     its backward: what a Python op costs this thread now (the dispatcher and autograd, no
     arithmetic to speak of — the same loop ``benchmarks/gpu_launch_overhead.py`` times on a GPU
     host as ``backward_per_node``)."""
+    import torch
+
     x = torch.ones(64, requires_grad=True)  # no draw: the caller's random stream is left alone
     t0 = time.thread_time()
     y = x
@@ -178,6 +181,8 @@ def threads_for_load(window_s: float = 0.5) -> tuple[int, int, float, int] | Non
     parallel region — a CPU tune of the README's job ran past 15 min under a load of 5-6 (a QA
     run; 94 s quiet), and a neighbour slowed a step 1.9-2.4× at 2 threads, not at one
     (benchmarks/results/host_busy.md)."""
+    import torch
+
     if "OMP_NUM_THREADS" in os.environ:
         return None
     cpus = allowed_cpus()
@@ -258,6 +263,10 @@ def time_step(step: Callable[[], float],
 
 
 def _machine_key() -> str:
+    import torch
+
+    from trainfit.speed.cpu import cpu_model_name
+
     parts = f"{cpu_model_name()}|{torch.__version__}|{platform.python_version()}"
     return hashlib.sha256(parts.encode()).hexdigest()[:24]
 
@@ -269,6 +278,10 @@ def machine_reference_op_s(quiet_s: float | None = None) -> float | None:
     has been made here.  A measurement's median, not the fastest single loop: one loop in 2,000
     ran 37 % below the median on this VM, and a lowest-ever single value would only creep
     down."""
+    import torch
+
+    from trainfit.speed.cpu import cpu_model_name
+
     given = os.environ.get(HOST_ENV)
     if given:
         try:
