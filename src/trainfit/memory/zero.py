@@ -198,6 +198,11 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
     bucket = hidden * hidden * compute_bytes  # reduce_bucket_size "auto" = h² elements
     grad_part = -(-trainable_params * compute_bytes // n)
     master = -(-trainable_params * master_bytes_per_param(job) // n)
+    if not stage3 and not master:
+        # fp32 mode: ZeRO-2 clones its partition all the same (stage_1_and_2.py: ``...[partition_id]
+        # .detach().clone().to(device, dtype=master_weights_and_grads_dtype)``), where ZeRO-3 takes
+        # the partition itself when dtype and device match (stage3.py _create_fp32_partitions)
+        master = -(-trainable_params * 4 // n)
     if stage3:
         partitioned = -(-(params - quant_state_bytes) // n)
         gathered = zero3_gathered_bytes(

@@ -85,9 +85,10 @@ def zero_host_extra_bytes(job: Any, trainable_params: int, largest_numel: int) -
         return (pow2_ceil(nbytes) if pinned else nbytes) - (nbytes if counted else 0)
 
     if job.sharding == "zero2":
-        # the fp32 partition (a clone even in fp32 mode, uncounted there) and its fp32 gradient;
-        # the 16-bit twin and the staging buffer, host-only
-        extra += held(4 * part, not fp32, pin) + held(4 * part, True, pin)
+        # the fp32 partition (a clone in fp32 mode too, counted on the GPU side either way:
+        # memory.zero.zero_phases) and its fp32 gradient; the 16-bit twin and the staging
+        # buffer, host-only
+        extra += held(4 * part, True, pin) + held(4 * part, True, pin)
         extra += held(elem * part, False, pin) + held(elem * largest_numel, False, pin)
         return extra + zero2_accumulation_bytes(job, trainable_params, largest_numel)
     # ZeRO-3: the 16-bit gradient buffer; the sub-groups' fp32 gradients; in fp32 mode the
