@@ -282,3 +282,40 @@ def test_an_oom_at_micro_batch_1_says_what_this_job_can_still_change(job, tmp_pa
         train(job.replace(grad_ckpt="full", method="lora"),
               RunOptions(out_dir=tmp_path / "l", max_steps=4, inject_oom_at_steps=(0, 1, 2)))
     assert e.value.hint.startswith("in the job file: a shorter seq_len (now 32)")
+
+
+def test_a_resume_counts_the_checkpoints_optimizer_states_against_the_limit(
+        job, tmp_path, limit_between):
+    """The optimizer states a resume loads exist before the first step: the CPU limit counted
+    only the weights, so a resumed run fitted micro-batch 4 under a limit the fresh run split at
+    (an audit: a halved measured peak after every resume)."""
+    limit = limit_between(job, fits=2, ooms=4)
+    fresh = train(job, RunOptions(out_dir=tmp_path / "f", max_steps=3, memory_limit_bytes=limit))
+    assert [e.to_dict()["micro_batch_after"] for e in fresh.oom_events] == [2]
+    a = train(job.replace(micro_batch=2), RunOptions(out_dir=tmp_path / "a", max_steps=3,
+                                                      inject_interrupt_at_step=0))
+    assert a.interrupted and a.steps == 1
+    b = train(job, RunOptions(out_dir=tmp_path / "a", max_steps=3, resume=tmp_path / "a",
+                              memory_limit_bytes=limit))
+    assert [(e.step, e.to_dict()["micro_batch_after"]) for e in b.oom_events] == [(1, 2)]
+    assert b.losses == pytest.approx(fresh.losses, rel=1e-6)
+
+
+def test_training_on_from_a_finished_run_takes_the_new_schedules_rate_at_once(job, tmp_path):
+    """A finished run's checkpoint carries linear decay's last rate, 0: the first step of a
+    longer resume changed no weight and was reported trained (an audit). It takes the new
+    schedule's rate, and the note says so."""
+    from safetensors.torch import load_file
+
+    train(job, RunOptions(out_dir=tmp_path / "r", max_steps=3))
+    on = train(job, RunOptions(out_dir=tmp_path / "r", resume=tmp_path / "r", max_steps=6,
+                               save_every_steps=1))
+    assert on.steps == 6
+    w3 = load_file(str(tmp_path / "r" / "checkpoint-3" / "model.safetensors"))
+    w4 = load_file(str(tmp_path / "r" / "checkpoint-4" / "model.safetensors"))
+    assert max((w4[k] - w3[k]).abs().max().item() for k in w3) > 0
+    st = json.loads((tmp_path / "r" / "checkpoint-4" / "trainer_state.json").read_text())
+    notes = [n for s in on.segments for n in s.get("notes", [])]
+    assert any("the checkpoint's run ended at step 3" in n and "from 50% of lr at step 4 to 0 "
+               "at step 6" in n for n in notes), notes
+    assert st  # the checkpoint was written whole

@@ -80,13 +80,19 @@ def check_steps_left(total: int, at_step: int, ck: object, opts: RunOptions,
                    f"give --max-steps above {at_step} to train on from it")
 
 
-def schedule_note(total: int, saved_steps: int | None, at_step: int) -> str | None:
+def schedule_note(total: int, saved_steps: int | None, at_step: int,
+                  ended: bool = False) -> str | None:
     """A resume whose length differs from the checkpoint's run: its linear decay is rebuilt over
     the new length, so every step from here on has another learning rate (a QA run: a resume
     without --max-steps went on to the epoch's end, 1,040 steps instead of 150, and its losses
-    left the uninterrupted run's from step 103 with nothing said)."""
+    left the uninterrupted run's from step 103 with nothing said).  ``ended``: the checkpoint's
+    run had finished, its rate was 0: the first step takes the new schedule's."""
     if not saved_steps or total == saved_steps:
         return None
+    if ended:
+        return (f"the checkpoint's run ended at step {saved_steps} (its learning rate decayed to "
+                f"0 there): training on, the rate decays again, from "
+                f"{1 - at_step / total:.0%} of lr at step {at_step + 1} to 0 at step {total}")
     return (f"the learning rate now decays to 0 at step {total}, not at the checkpoint's "
             f"{saved_steps}: from step {at_step + 2} on, the updates differ from that run's (step "
             f"{at_step + 1} keeps the learning rate the checkpoint's optimizer state carries; "
@@ -98,25 +104,35 @@ def linear_decay(optimizer: torch.optim.Optimizer, total: int) -> torch.optim.lr
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: max(0.0, 1 - s / total))
 
 
-def limit_tracker(limit_bytes: int | None, model: torch.nn.Module) -> LimitTracker | None:
-    """The CPU stand-in for a GPU's capacity (live tensor bytes, as tune), the model counted. A
+def limit_tracker(limit_bytes: int | None, model: torch.nn.Module,
+                  optimizer: torch.optim.Optimizer | None = None) -> LimitTracker | None:
+    """The CPU stand-in for a GPU's capacity (live tensor bytes, as tune), the model counted and
+    any optimizer state that exists already (a resume loads it before the first step: uncounted,
+    a resumed run measured half its peak and fitted a limit it did not fit fresh — an audit). A
     limit the model itself does not fit in is bad input (JobError), not an OOM to recover from."""
     if limit_bytes is None:
         return None
     tracker = LimitTracker(limit_bytes)
+    weights = [*model.parameters(), *model.buffers()]
+    states = [v for st in (optimizer.state.values() if optimizer is not None else ())
+              for v in st.values() if isinstance(v, torch.Tensor)]
     try:
-        for t in [*model.parameters(), *model.buffers()]:
+        for t in weights:
             tracker.track(t, "parameters")
+        for t in states:
+            tracker.track(t, "optimizer")
     except torch.OutOfMemoryError:
         need = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                    for t in [*model.parameters(), *model.buffers()]}.values())
-        raise JobError(f"--memory-limit {limit_bytes:,} bytes: the model's weights alone take "
+                    for t in [*weights, *states]}.values())
+        what = ("the model's weights and the checkpoint's optimizer states" if states
+                else "the model's weights alone")
+        raise JobError(f"--memory-limit {limit_bytes:,} bytes: {what} take "
                        f"{need:,} bytes ({need / 2**20:.1f} MiB), more than the limit",
                        # not "e.g. 4 × the weights": that fits no micro-batch (a QA run)
                        "give --memory-limit more: with a full fine-tune's gradients and AdamW's two "
                        "states it is "
-                       f"~{max(1, math.ceil(need * 4 / 2**20))} MiB before any activation "
-                       "(trainfit plan predicts a micro-batch's whole step)"
+                       f"~{max(1, math.ceil(need * (1 if states else 4) / 2**20))} MiB before "
+                       "any activation (trainfit plan predicts a micro-batch's whole step)"
                        ) from None
     return tracker
 

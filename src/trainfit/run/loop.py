@@ -136,7 +136,16 @@ class Trainer:
             saved = ckpt.load(ck, self.wl.model, self.wl.optimizer, self.scheduler, self.wl.scaler,
                               self.device, job=job.to_dict())
             check_steps_left(self.run_steps, saved.step, ck, opts, saved_steps)
-            changed = schedule_note(self.run_steps, saved_steps, saved.step)
+            ended = bool(saved_steps) and saved.step >= saved_steps
+            if ended:
+                # the checkpoint's run had ended: its optimizer carries linear decay's last rate,
+                # 0, and the first step on would change nothing (an audit: reported trained):
+                # that step takes the new schedule's rate
+                rate = max(0.0, 1 - saved.step / self.run_steps)
+                for group, base in zip(self.wl.optimizer.param_groups, self.scheduler.base_lrs,
+                                       strict=True):
+                    group["lr"] = base * rate
+            changed = schedule_note(self.run_steps, saved_steps, saved.step, ended=ended)
             if changed:
                 self.notes.append(changed)
             # the effective batch is the job's; the micro-batch may differ (another GPU, an OOM)
@@ -181,7 +190,8 @@ class Trainer:
         be), run the steps, write the record. Bad input found here writes nothing."""
         o = self.o
         main = self.dist.rank == 0
-        tracker = limit_tracker(o.memory_limit_bytes, self.wl.model)  # before anything is written
+        # before anything is written; a resume's optimizer states are loaded by now
+        tracker = limit_tracker(o.memory_limit_bytes, self.wl.model, self.wl.optimizer)
         res = new_result(self.job.to_dict(), main=main)
         if self.resumed_from is not None:
             continue_from(res, self.history, self.state.step, self.state.position,
