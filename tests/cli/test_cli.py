@@ -424,3 +424,41 @@ def test_transformers_is_quieted_when_imported_not_by_the_entry_point():
     out = subprocess.run([sys.executable, "-c", bad], capture_output=True, text=True, timeout=300)
     assert "--micro-batch 0" in out.stderr
     assert out.stdout.split() == ["2", "False", "False"]
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--max-steps", "0"], "--max-steps 0"), (["--backend", "foo"], "--backend foo"),
+    (["--eval-every", "0"], "--eval-every 0"), (["--out", "README.md"], "is a file")])
+def test_trains_flag_errors_come_before_the_model_loads(flags, said):
+    """A flag's own error is said before the job's model is resolved (10-17 s of imports and
+    building: an audit), with neither torch nor transformers imported."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    job = root / "examples" / "results" / "tune_llama_tiny.yaml"
+    code = ("import sys\n"
+            f"sys.argv = ['trainfit', 'train', {str(job)!r}, '--no-live', *{flags!r}]\n"
+            "from trainfit.cli.main import main\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+            "print(code, 'torch' in sys.modules, 'transformers' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, cwd=root)
+    assert said in out.stderr and out.stderr.startswith("error:"), out.stderr
+    assert out.stdout.split() == ["2", "False", "False"]
+
+
+def test_ctrl_c_outside_trains_own_handler_is_said(monkeypatch, capsys):
+    """Ctrl-C while a model loads (before train's handler saves a checkpoint) ended with exit 130
+    and no word (an audit)."""
+    import trainfit.cli.main as cli_main
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_main, "app", interrupted)
+    with pytest.raises(SystemExit) as done:
+        cli_main.main()
+    assert done.value.code == 130
+    assert capsys.readouterr().err == "interrupted (Ctrl-C) before the command finished\n"

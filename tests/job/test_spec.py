@@ -105,3 +105,23 @@ def test_a_known_unmodelled_choice_says_what_to_use():
     with pytest.raises(JobError) as err:
         JobSpec(model="m", sharding="zer3")
     assert err.value.hint == "did you mean 'zero3'?"
+
+
+def test_a_micro_batch_that_does_not_divide_lists_the_ones_that_do():
+    """The hint gives the micro-batches that divide the per-rank batch, by the flag's name; train,
+    which takes the micro-batch as a flag too, keeps it so and adds no "(in job.yaml)" (an audit:
+    the value came from --micro-batch)."""
+    from trainfit.job.fields import in_file_words
+
+    with pytest.raises(JobError) as e:
+        JobSpec(model="gpt2", micro_batch=5, effective_batch=12)
+    assert str(e.value) == "--effective-batch 12 is not divisible by --micro-batch 5 × ranks 1"
+    assert e.value.hint == "--micro-batch 1, 2, 3, 4, 6 or 12 (the divisors of 12)"
+    flag = in_file_words(e.value, "job.yaml", keep=("micro_batch",))
+    assert (str(flag), flag.hint) == (
+        "effective_batch: 12 is not divisible by --micro-batch 5 × ranks 1",
+        "--micro-batch 1, 2, 3, 4, 6 or 12 (the divisors of 12)")
+    file = in_file_words(e.value, "job.yaml")
+    assert (str(file), file.hint) == (
+        "effective_batch: 12 is not divisible by micro_batch: 5 × ranks 1",
+        "micro_batch: 1, 2, 3, 4, 6 or 12 (the divisors of 12) (in job.yaml)")

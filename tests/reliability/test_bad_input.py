@@ -104,6 +104,11 @@ CASES: list[tuple[str, Callable[[Path, str], list[str]], str]] = [
      "is a file"),
     ("--out too long", lambda d, j: ["train", j, "--out", str(d / ("r" * 300))],
      "File name too long"),
+    # a run that fails before its first step in a directory that was there leaves it as it was
+    # (its lock file was left behind: an audit)
+    ("OOM at micro-batch 1 into an existing directory",
+     lambda d, j: ["train", j, "--out", _mkdir(d / "pre"), "--micro-batch", "1",
+                   "--inject-oom-at", "0"], "out of memory"),
     ("--resume missing", lambda d, j: ["train", j, "--out", str(d / "o"), "--resume",
                                        str(d / "none")], "does not exist"),
     ("--max-steps 0", lambda d, j: ["train", j, "--out", str(d / "o"), "--max-steps", "0"],

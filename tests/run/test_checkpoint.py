@@ -13,3 +13,29 @@ def test_step_of_and_state_counts_read_only_what_they_should(tmp_path):
                        ("[1, 2]", None), ("{not json", None)):
         (ck / "trainer_state.json").write_text(text)
         assert state_count(ck, "max_steps") == want, text
+
+
+def test_a_garbage_random_state_is_a_corrupt_checkpoint_not_a_traceback(
+        micro_model_json, chat_jsonl, tmp_path):
+    """A ``trainer_state.json`` whose digests match but whose numpy state is garbage raised
+    ValueError out of the resume (exit 1, a traceback: an audit); it is bad input like any other
+    corrupt file."""
+    import json
+
+    import pytest
+
+    from trainfit.job import JobError, JobSpec
+    from trainfit.run.checkpoint import write_digests
+    from trainfit.run.loop import RunOptions, train
+
+    job = JobSpec(model=str(micro_model_json), seq_len=32, effective_batch=8, micro_batch=4,
+                  precision="fp32", data=str(chat_jsonl))
+    train(job, RunOptions(out_dir=tmp_path / "r", max_steps=1))
+    ck = tmp_path / "r" / "checkpoint-1"
+    state = json.loads((ck / "trainer_state.json").read_text())
+    state["numpy_rng"] = ["MT19937", [1, 2, 3], 0, 0, 0.0]
+    (ck / "trainer_state.json").write_text(json.dumps(state))
+    (ck / "digests.json").unlink()
+    write_digests(ck)
+    with pytest.raises(JobError, match=r"checkpoint-1: the checkpoint is corrupt \((Value|Index)Err"):
+        train(job, RunOptions(out_dir=tmp_path / "r", max_steps=2, resume=ck))

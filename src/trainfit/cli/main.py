@@ -414,6 +414,10 @@ def main() -> None:
     try:
         app()
     except KeyboardInterrupt:
+        # before train's own handler is in place (the model loading) or in any other command:
+        # said, not a silent exit 130 (an audit)
+        if int(os.environ.get("RANK", "0")) == 0:
+            typer.echo("interrupted (Ctrl-C) before the command finished", err=True)
         _leave_as_a_rank(130)
         sys.exit(130)
     except SystemExit as done:  # typer ends every command with it

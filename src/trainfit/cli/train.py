@@ -169,21 +169,28 @@ def register(app: typer.Typer) -> None:
         Exit codes: 0 the steps ran; 2 bad input or an unusable run directory / checkpoint (one
         error: line); 3 the loss diverged (NaN/inf: stopped, nothing saved after the last good
         checkpoint); 130 / 143 interrupted by SIGINT / SIGTERM (a checkpoint saved: --resume)."""
-        from trainfit.run.options import RunOptions
+        import dataclasses
+
+        from trainfit.run.options import RunOptions, check_backend
+        from trainfit.run.rundir import check_no_run, check_not_in_use, check_out
 
         try:
             if nproc < 1:
                 _check_nproc(nproc, "cpu")
-            job, extra = _job_of(job_file, micro_batch, allow_code, trust_remote_code)
-            dev = device or str(extra.get("device") or "cpu")
-            limit = _memory_limit(memory_limit, extra, dev, job_file, quiet=as_json)
+            # the flags' own checks before the job's model is resolved (10 s and more: an audit)
             if resume is not None and not Path(resume).exists():
                 raise JobError(f"--resume {resume}: does not exist",
                                "give the run directory of an earlier trainfit train")
+            if backend is not None:
+                check_backend(backend)
+            check_out(Path(out))
+            if resume is None and "WORLD_SIZE" not in os.environ:
+                # RunDir checks both again, under its lock; a live run is named first
+                check_not_in_use(Path(out), "--out")
+                check_no_run(Path(out))
             opts = RunOptions(out_dir=Path(out), max_steps=max_steps, epochs=epochs,
                               save_every_steps=save_every,
-                              resume=Path(resume) if resume else None, device=dev,
-                              memory_limit_bytes=limit,
+                              resume=Path(resume) if resume else None, device="cpu",
                               live=live, allow_offload=allow_offload,
                               inject_oom_at_steps=_steps(inject_oom_at, "--inject-oom-at"),
                               eval_data=Path(eval_data) if eval_data else None,
@@ -191,6 +198,10 @@ def register(app: typer.Typer) -> None:
                               eval_batch=eval_batch,
                               inject_eval_oom_at_steps=_steps(inject_eval_oom_at,
                                                               "--inject-eval-oom-at"))
+            job, extra = _job_of(job_file, micro_batch, allow_code, trust_remote_code)
+            dev = device or str(extra.get("device") or "cpu")
+            limit = _memory_limit(memory_limit, extra, dev, job_file, quiet=as_json)
+            opts = dataclasses.replace(opts, device=dev, memory_limit_bytes=limit)
             if nproc > 1 and "WORLD_SIZE" not in os.environ:
                 raise typer.Exit(_launch(nproc, dev, job, job_file, out))
             from trainfit.run.backend import run_backend  # torch: after the input's checks

@@ -209,7 +209,10 @@ def in_file_words(err: JobError, path: str, keep: tuple[str, ...] = (),
         return err
     if not hint_too and path not in msg and path not in hint:
         msg = f"{path}: {msg}"  # which file, as its other errors say (a QA run missed it)
-    out = type(err)(msg, (f"{hint} (in {path})" if hint else f"see {path}") if hint_too
-                    else hint)
+    # a hint that still names a flag (one ``keep`` left: train's --micro-batch) is about the
+    # command line: not "(in job.yaml)" (an audit: the micro-batch came from the flag)
+    flagged = re.search(r"--[a-z]", hint) is not None
+    out = type(err)(msg, (hint if flagged else f"{hint} (in {path})" if hint else f"see {path}")
+                    if hint_too else hint)
     out.__cause__ = err.__cause__
     return out

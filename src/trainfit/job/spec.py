@@ -433,10 +433,16 @@ class JobSpec:
             self.effective_batch = total
         elif mb is not None and eff is not None:
             if eff % (mb * ranks):
-                raise JobError(f"--effective-batch {eff} is not divisible by micro-batch {mb} × "
-                               f"ranks {ranks}", f"choose a micro-batch dividing {eff // ranks}"
-                               if eff % ranks == 0 else "choose an effective batch divisible by "
-                               "the ranks")
+                per_rank = eff // ranks
+                fits = [m for m in range(1, per_rank + 1) if per_rank % m == 0]
+                said = ", ".join(map(str, fits[:-1])) + (" or " if len(fits) > 1 else "") + \
+                    str(fits[-1])
+                # the flag's name: train keeps it where --micro-batch gave the value (an audit
+                # read "(in job.yaml)" after a flag's micro-batch), else the file's key
+                raise JobError(f"--effective-batch {eff} is not divisible by --micro-batch {mb} × "
+                               f"ranks {ranks}", f"--micro-batch {said} (the divisors of "
+                               f"{per_rank})" if eff % ranks == 0 else "choose an effective batch "
+                               "divisible by the ranks")
             self.grad_accum = eff // (mb * ranks)
         elif ga is not None and eff is not None:
             # the accumulation given fixes the micro-batch (it was dropped: the grid planned every

@@ -7,15 +7,13 @@ from trainfit.data.load import load_data
 from trainfit.job import JobError, JobSpec
 from trainfit.model.source import resolve_model
 from trainfit.run.loop import RunOptions, TrainResult, train
+from trainfit.run.options import BACKENDS, check_backend
 
-BACKENDS = ("trainfit", "hf", "trl", "auto")
-"""trainfit: the own loop (every guarantee, any model); hf: transformers.Trainer; trl:
-trl.SFTTrainer; auto: trainfit for a ``module:factory`` model, trl for chat data, hf for text."""
+__all__ = ["BACKENDS", "resolve_backend", "run_backend"]
 
 
 def resolve_backend(name: str, task: str, data_kind: str) -> str:
-    if name not in BACKENDS:
-        raise JobError(f"--backend {name}: unknown", f"choose one of {', '.join(BACKENDS)}")
+    check_backend(name)
     if name == "auto":
         if task == "custom-lm":
             return "trainfit"
@@ -32,8 +30,7 @@ def resolve_backend(name: str, task: str, data_kind: str) -> str:
 def run_backend(job: JobSpec, opts: RunOptions, backend: str = "trainfit") -> TrainResult:
     """``trainfit train``'s entry: the own loop, HF Trainer or TRL SFTTrainer (``auto`` by the
     model and the data: module:factory → trainfit, chat rows → trl, text → hf)."""
-    if backend not in BACKENDS:
-        raise JobError(f"--backend {backend}: unknown", f"choose one of {', '.join(BACKENDS)}")
+    check_backend(backend)
     if backend == "trainfit":
         return train(job, opts)
     source = resolve_model(job.model, job.trust_remote_code)

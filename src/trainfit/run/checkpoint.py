@@ -396,22 +396,24 @@ def load(ck: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any, scale
         if scaler is not None and (ck / "scaler.pt").exists():
             scaler.load_state_dict(torch.load(ck / "scaler.pt", weights_only=True))
         rng = torch.load(ck / "rng.pt", weights_only=True)
+        # the random states too: a garbage numpy_rng whose digest matched raised ValueError out
+        # of here, a traceback (an audit)
+        import ast
+
+        torch.set_rng_state(rng["torch"])
+        if rng["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        random.setstate(ast.literal_eval(meta["python_rng"]))  # literals only: never runs code
+        ns = meta["numpy_rng"]
+        np.random.set_state((ns[0], np.array(ns[1], dtype=np.uint32), *ns[2:]))
+        return RunState(step=meta["step"], position=meta["position"],
+                        micro_batch=meta["micro_batch"], grad_accum=meta["grad_accum"])
     except JobError:
         raise
     except Exception as err:  # corrupt files raise many types (safetensors, pickle, json, KeyError)
         raise JobError(f"--resume {ck}: the checkpoint is corrupt ({type(err).__name__}: "
                        f"{str(err).splitlines()[0][:120] if str(err) else ''})",
                        "resume from an earlier checkpoint-N directory") from None
-    torch.set_rng_state(rng["torch"])
-    if rng["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    import ast
-
-    random.setstate(ast.literal_eval(meta["python_rng"]))  # literals only: never evaluates code
-    ns = meta["numpy_rng"]
-    np.random.set_state((ns[0], np.array(ns[1], dtype=np.uint32), *ns[2:]))
-    return RunState(step=meta["step"], position=meta["position"], micro_batch=meta["micro_batch"],
-                    grad_accum=meta["grad_accum"])
 
 
 def state_count(ck: Path, key: str) -> int | None:

@@ -400,7 +400,10 @@ class Trainer:
             raise cannot_split(step, self.job, cuda=self.device.type == "cuda",
                                splits=oom_chain(res.oom_events),
                                can_checkpoint=getattr(self.source.config, "supports_grad_ckpt",
-                                                      True))
+                                                      True),
+                               limit_bytes=self.o.memory_limit_bytes,
+                               # a fresh run that did no step leaves nothing: it runs again
+                               steps_done=None if self.resumed_from else step)
         per_rank = self.job.effective_batch // self.dist.world
         after = smaller_micro_batch(per_rank, before)
         self.state.micro_batch = after

@@ -72,13 +72,17 @@ def free_after_oom(zero_grad: Callable[[], Any] | None = None) -> None:
 
 
 def cannot_split(step: int, job: Any = None, *, can_checkpoint: bool = True,
-                 cuda: bool = True, splits: list[int] | None = None) -> JobError:
+                 cuda: bool = True, splits: list[int] | None = None,
+                 limit_bytes: int | None = None, steps_done: int | None = None) -> JobError:
     """The OOM happened at micro-batch 1: nothing left to split (``step``: the steps done before
     it; said from 1, as the progress line numbers the step being run).  The hint offers what
     this job can still change — checkpointing where it is off and the model has it, LoRA for a
     full fine-tune (QLoRA only on CUDA: bitsandbytes) — in the job file's words (train takes the
     job from a file; it offered checkpointing to a module without it and QLoRA on a CPU, which
-    train then refused: a QA run); ``splits``: the micro-batches it went through."""
+    train then refused: a QA run); ``splits``: the micro-batches it went through;
+    ``limit_bytes``: the CPU stand-in's capacity (``--memory-limit``), named with its value;
+    ``steps_done``: the steps this run has done (0: nothing kept, it runs again as it is, not
+    "into a new --out")."""
     fixes = []
     if job is None or (job.grad_ckpt != "full" and can_checkpoint):
         fixes.append("grad_ckpt: full")
@@ -90,9 +94,11 @@ def cannot_split(step: int, job: Any = None, *, can_checkpoint: bool = True,
     ways = ", ".join(fixes[:-1]) + (", or " if len(fixes) > 1 else "") + fixes[-1]
     # a resume keeps the samples and the parameters (checkpoint.same_samples): a changed
     # seq_len or method is a new run
+    where = " and run it again" if steps_done == 0 else " and run it into a new --out"
+    more = (f"raise --memory-limit (now {limit_bytes / 2**30:.2f} GiB)" if limit_bytes and not cuda
+            else "give the step more memory")
     return JobError(f"out of memory in step {step + 1} with micro-batch 1{went}",
-                    f"in the job file: {ways}, and run it into a new --out; or give the step "
-                    "more memory")
+                    f"in the job file: {ways},{where}; or {more}")
 
 
 def oom_chain(events: list[OomEvent]) -> list[int]:

@@ -113,6 +113,21 @@ def holds_run(out: Path) -> list[str]:
                                                     and n[len("checkpoint-"):].isdigit())]
 
 
+def check_no_run(out: Path) -> None:
+    """A new run's ``--out`` holds no run (JobError naming what it holds and how to go on)."""
+    found = holds_run(out)
+    if not found:
+        return
+    saved = any(n.startswith("checkpoint-") for n in found)
+    # a run that stopped before its first save has nothing to continue from: the hint must not
+    # send the user to --resume, which refuses it (a QA run)
+    raise JobError(f"--out {out}: already holds a run ({', '.join(found[:4])}"
+                   f"{' …' if len(found) > 4 else ''}); it is not overwritten",
+                   f"continue it with --resume {out}, or choose a new --out" if saved else
+                   "it has no checkpoint to continue from (the run stopped before its first "
+                   f"save): choose a new --out, or remove {out} first")
+
+
 def check_out(out: Path) -> None:
     """``--out`` can be a run directory: not an existing file, not under a file, a path the
     filesystem accepts. Raises JobError; creates nothing."""
@@ -164,9 +179,13 @@ class RunLock:
     def __init__(self, out: Path) -> None:
         self.path = Path(out) / LOCK_NAME
         self.fd: int | None = None
+        self.made_file = False
+        """Whether :meth:`acquire` created the lock file (a run that stops before anything
+        ran removes it again)."""
 
     def acquire(self) -> None:
         try:
+            self.made_file = not self.path.exists()
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as err:
             raise JobError(f"--out {self.path.parent}: cannot create its lock file "
@@ -195,10 +214,11 @@ class RunLock:
         self.fd = None
 
 
-def check_not_in_use(out: Path) -> None:
+def check_not_in_use(out: Path, flag: str = "--resume") -> None:
     """JobError when a live run holds ``out``'s lock (a probe: a shared ``flock`` taken and
     dropped, nothing created).  For ``--resume`` of a running run's directory: before, its
-    missing checkpoint was reported ("no complete checkpoint in it") instead of the run."""
+    missing checkpoint was reported ("no complete checkpoint in it") instead of the run; for a
+    new run's ``--out`` (``flag``), before its files are named as a run it would overwrite."""
     path = Path(out) / LOCK_NAME
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -209,9 +229,11 @@ def check_not_in_use(out: Path) -> None:
     finally:
         os.close(fd)  # closing drops the shared lock the probe took
     if holder is not None:
-        raise JobError(f"--resume {out}: another trainfit run is using this directory "
+        raise JobError(f"{flag} {out}: another trainfit run is using this directory "
                        f"({_who(holder)})",
-                       f"wait for it to finish or stop it{_kill_hint(holder)}, then resume")
+                       f"wait for it to finish or stop it{_kill_hint(holder)}, then resume"
+                       if flag == "--resume" else f"wait for it to finish or stop it"
+                       f"{_kill_hint(holder)}; or choose another --out")
 
 
 def _held_by(fd: int, mode: int) -> dict[str, Any] | None:
@@ -301,17 +323,8 @@ class RunDir:
             self.created.append(self.out)
         try:
             self.lock.acquire()
-            found = holds_run(self.out)
-            if found and not self.resuming:
-                saved = any(n.startswith("checkpoint-") for n in found)
-                # a run that stopped before its first save has nothing to continue from: the
-                # hint must not send the user to --resume, which refuses it (a QA run)
-                raise JobError(f"--out {self.out}: already holds a run ({', '.join(found[:4])}"
-                               f"{' …' if len(found) > 4 else ''}); it is not overwritten",
-                               f"continue it with --resume {self.out}, or choose a new --out"
-                               if saved else
-                               "it has no checkpoint to continue from (the run stopped before "
-                               f"its first save): choose a new --out, or remove {self.out} first")
+            if not self.resuming:
+                check_no_run(self.out)
             gone = remove_partial_saves(self.out)
             if gone:
                 self.notes.append(f"removed {', '.join(gone)}: a save that was interrupted "
@@ -333,7 +346,11 @@ class RunDir:
             self.lock.release()
 
     def _undo(self) -> None:
-        """Nothing ran: remove what this run created (the directory itself when it made it)."""
+        """Nothing ran: remove what this run created (the directory itself when it made it; the
+        lock file it made in a directory that was there: an audit found it left behind)."""
+        if self.lock.made_file and self.lock.fd is not None and self.out not in self.created:
+            with contextlib.suppress(OSError):
+                self.lock.path.unlink()  # while held: no other run has taken it yet
         self.lock.release()
         for p in reversed(self.created):
             if p == self.out:
