@@ -325,4 +325,69 @@ def test_an_interrupted_run_reads_as_one(tmp_path):
     assert t.ended == f"interrupted (SIGINT) after step {d['steps']}: resume with --resume on its directory"
     assert t.segments == 2
     rows = dict(train_text(t).rows)
-    assert rows["ended"] == t.ended and rows["segments (runs into this directory)"] == "2"
+    assert rows["ended"] == t.ended
+    assert rows["segments (each run that trained this record)"] == (
+        f"1: steps 1–3, end not recorded; 2: steps 4–{d['steps']}, end not recorded")
+
+
+def test_a_training_run_shows_its_losses_evaluations_and_segments(tmp_path):
+    """An audit: the report of a training run dropped train.json's losses, evaluations and
+    segments (where a resume began, how each run stopped); a run directory was refused as "a
+    directory"; a run killed outright read "running"."""
+    from trainfit.report.figures import render_figures
+    from trainfit.report.tables import train_text
+
+    d = json.loads((FIXTURES / "train.json").read_text())
+    d.update(steps=5, losses=[4.0, 3.5, None, 3.0, 3.25], stopped="running",
+             evals=[{"step": 2, "eval_loss": 3.6, "eval_perplexity": 36.6},
+                    {"step": 4, "eval_loss": 3.7, "eval_perplexity": 40.4}],
+             segments=[{"segment": 1, "start_step": 0, "end_step": 2, "stopped": "interrupted"},
+                       {"segment": 2, "start_step": 2, "end_step": 5, "stopped": "running",
+                        "resumed_from": "run/checkpoint-2"}])
+    d.pop("monitor_log", None)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train.json").write_text(json.dumps(d))
+    report = build_report(load_inputs([str(run)]))  # the directory, as train names it
+    (t,) = report.trains
+    rows = dict(train_text(t).rows)
+    assert rows["training loss over the steps"] == (
+        "4.0000 at step 1 → 3.2500 at step 5; lowest 3.0000 at step 4; 1 step(s) not finite "
+        "(the loss figure draws each)")
+    assert rows["evaluation"] == ("2 evaluation(s); last: loss 3.7000 at step 4, perplexity "
+                                  "40.4; lowest: 3.6000 at step 2")
+    assert rows["segments (each run that trained this record)"] == (
+        "1: steps 1–2, interrupted; 2: steps 3–5, running, from run/checkpoint-2")
+    assert t.ended.startswith("running when last written (after step 5): either the run is "
+                              "still going, or it was killed")
+    assert [f.name for f in render_figures(report)] == [t.slug]
+    assert render_figures(report)[0].png.startswith(b"\x89PNG")
+    # no evaluation set: said so
+    d.update(evals=[])
+    (run / "train.json").write_text(json.dumps(d))
+    (t,) = build_report(load_inputs([str(run)])).trains
+    assert dict(train_text(t).rows)["evaluation"].startswith("none (train ran without")
+
+
+def test_a_cpu_runs_timeline_does_not_call_its_tensor_count_gpu_memory():
+    """An audit: on a CPU run the panel read "GPU memory (measured) — peak allocated (torch)" over
+    trainfit's own count of live tensors, beside an empty GPU utilisation panel."""
+    from trainfit.report.load import MONITOR_COLUMNS
+    from trainfit.report.model import MonitorLog
+    from trainfit.report.timeline import build_timeline
+
+    def log(**given: list) -> MonitorLog:
+        n = 3
+        cols = {k: [None] * n for k in MONITOR_COLUMNS}
+        cols.update(time_s=[0.0, 1.0, 2.0], **given)
+        return MonitorLog(path="m.jsonl", columns=cols)
+
+    cpu = build_timeline(log(peak_allocated_bytes=[2**30, 2**30, 2**31]), "t")
+    assert cpu.panels[0].title.startswith(
+        "Live tensor memory (measured; a CPU run, no GPU")
+    assert not any(p.title.startswith("GPU") for p in cpu.panels)
+    assert cpu.panels[0].series[0].values == [1.0, 1.0, 2.0]
+    gpu = build_timeline(log(peak_allocated_bytes=[2**30] * 3, peak_reserved_bytes=[2**31] * 3),
+                         "t")
+    assert [p.title for p in gpu.panels][:2] == ["GPU utilisation (measured)",
+                                                 "GPU memory (measured)"]

@@ -325,7 +325,7 @@ def build_section(plan: PlanInput | None, tune: TuneInput | None, dataset_tokens
 
 # --- train and doctor -----------------------------------------------------------------------------
 
-def build_train(t: TrainInput) -> TrainSummary:
+def build_train(t: TrainInput, slug: str = "train") -> TrainSummary:
     tps = (t.tokens_seen / t.wall_time_s if t.tokens_seen is not None and t.wall_time_s else None)
     mb, ga = t.job.get("micro_batch"), t.job.get("grad_accum")
     return TrainSummary(path=t.path, setting=setting_label(t.job),
@@ -335,7 +335,8 @@ def build_train(t: TrainInput) -> TrainSummary:
                         wall_time_s=t.wall_time_s, tokens_per_s_measured=tps,
                         final_loss=t.final_loss, oom_events=t.oom_events,
                         checkpoints=t.checkpoints, resumed_from=t.resumed_from,
-                        ran_at=_ran_at(t, mb, ga), ended=_ended(t), segments=t.segments)
+                        ran_at=_ran_at(t, mb, ga), ended=_ended(t), segments=t.segments,
+                        losses=t.losses, evals=t.evals, segment_rows=t.segment_rows, slug=slug)
 
 
 def _ended(t: TrainInput) -> str:
@@ -345,6 +346,12 @@ def _ended(t: TrainInput) -> str:
     if t.stopped == "interrupted":
         return (f"interrupted ({t.signal or 'a signal'}) after step {t.steps}: resume with "
                 "--resume on its directory")
+    if t.stopped == "running":
+        # written at a checkpoint while the run went on; a run killed outright (SIGKILL, a
+        # crash, the power) never rewrites it (an audit read a dead run as "running")
+        return (f"running when last written (after step {t.steps}): either the run is still "
+                "going, or it was killed before it could record its end (SIGKILL, a crash) — "
+                "its last checkpoint resumes it")
     return t.stopped
 
 
@@ -418,5 +425,7 @@ def build_report(inputs: Inputs, dataset_tokens: int | None = None) -> Report:
                + [(m.path, "monitor log") for m in inputs.monitors])
     names = [s.title for s in sections] or [d.target for d in doctors] or ["training run"]
     return Report(title="trainfit report: " + "; ".join(names), sources=sources, sections=sections,
-                  trains=[build_train(t) for t in inputs.trains], timelines=timelines,
+                  trains=[build_train(t, slugify(f"loss {Path(t.path).parent.name or 'run'}",
+                                                 taken)) for t in inputs.trains],
+                  timelines=timelines,
                   doctors=doctors, warnings=warnings)

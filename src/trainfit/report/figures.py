@@ -20,7 +20,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
-from trainfit.report.model import DoctorSection, Family, Report, Section, Timeline
+from trainfit.report.model import DoctorSection, Family, Report, Section, Timeline, TrainSummary
 
 COMPONENT_COLOURS = {
     "parameters": "#4c72b0", "gradients": "#55a868", "optimizer": "#c44e52", "activations": "#8172b2",
@@ -238,6 +238,30 @@ def timeline_figure(t: Timeline) -> bytes:
     return _png(fig)
 
 
+def loss_figure(t: TrainSummary) -> bytes:
+    """Each step's training loss (measured), the evaluations' losses as points, a dashed line
+    where a segment began (a resume); a non-finite step is a break in the line."""
+    fig = Figure(figsize=(10, 3.6))
+    ax = fig.subplots()
+    steps = list(range(1, len(t.losses) + 1))
+    ax.plot(steps, [math.nan if v is None else v for v in t.losses], "-", lw=1.3,
+            color=SERIES_COLOURS[0], label="training loss (each step)")
+    done = [e for e in t.evals if e.eval_loss is not None]
+    if done:
+        ax.plot([e.step for e in done], [e.eval_loss for e in done], "o", color=MEASURED_COLOUR,
+                label="evaluation loss")
+    for i, r in enumerate(r for r in t.segment_rows if r.start_step > 0):
+        ax.axvline(r.start_step + 0.5, color="#666666", ls="--", lw=1,
+                   label="a segment begins (resume)" if i == 0 else None)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title(f"Loss — {t.path} (measured)", fontsize=11)
+    fig.tight_layout()
+    return _png(fig)
+
+
 def doctor_figure(d: DoctorSection) -> bytes:
     fig = Figure(figsize=(8, 3.6))
     ax = fig.subplots()
@@ -277,6 +301,13 @@ def render_figures(report: Report) -> list[FigureImage]:
             f"Measured samples; grey bands are gaps in sampling (an interval over 2.5× the median "
             f"{'unknown' if t.median_interval_s is None else f'{t.median_interval_s:.2f} s'}), "
             "drawn as gaps, not interpolated.", timeline_figure(t)))
+    for tr in report.trains:
+        if any(v is not None for v in tr.losses):
+            out.append(FigureImage(
+                tr.slug, f"Loss — {tr.path}",
+                "Each optimizer step's training loss (measured; breaks where it was not finite), "
+                "evaluation losses as points, a dashed line where a resumed segment began.",
+                loss_figure(tr)))
     for d in report.doctors:
         out.append(FigureImage(d.slug, f"Step time split — {d.target}",
                                "Median seconds per step of each part (measured).", doctor_figure(d)))

@@ -97,6 +97,8 @@ def layout(report: Report, figures: list[FigureImage]) -> list[Block]:
         out += _section_blocks(s, figs)
     for t in report.trains:
         out += [Heading(2, f"Training run: {t.path}"), Table(train_text(t))]
+        if t.slug in figs:
+            out.append(Image(figs[t.slug]))
     for tl in report.timelines:
         med = "unknown" if tl.median_interval_s is None else f"{tl.median_interval_s:.2f} s"
         gaps = ", ".join(f"{a:.1f}–{b:.1f} s" for a, b in tl.gaps_s) or "none"

@@ -16,6 +16,7 @@ from typing import Any
 
 from trainfit.report.model import (
     DoctorInput,
+    EvalPoint,
     Finding,
     Inputs,
     LadderStep,
@@ -26,6 +27,7 @@ from trainfit.report.model import (
     PlanInput,
     Predicted,
     Probe,
+    SegmentRow,
     TrainInput,
     TuneBaseline,
     TuneInput,
@@ -290,7 +292,23 @@ def _train(o: _Obj, path: str) -> TrainInput:
     ends = [(s.int_("end_step"), s.int_("micro_batch"), s.int_("grad_accum", required=False))
             for s in o.objs("segments", required=False)
             if "micro_batch" in s.data and s.data.get("end_step") is not None]
+    losses = o.list_("losses", required=False)
+    for i, v in enumerate(losses):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+            raise o.fail(f"losses[{i}]", f"expected a number or null, got {_short(v)}")
+    evals = [EvalPoint(step=e.int_("step", nullable=False), eval_loss=e.num("eval_loss"),
+                       eval_perplexity=e.num("eval_perplexity", required=False))
+             for e in o.objs("evals", required=False)]
+    # a record written before a field existed has none: the segment by its place, from step 0
+    rows = [SegmentRow(segment=s.int_("segment", required=False) or i + 1,
+                       start_step=s.int_("start_step", required=False) or 0,
+                       end_step=s.int_("end_step", required=False),
+                       stopped=s.str_("stopped", required=False),
+                       resumed_from=s.str_("resumed_from", required=False))
+            for i, s in enumerate(o.objs("segments", required=False))]
     return TrainInput(
+        losses=[None if v is None or not math.isfinite(v) else float(v) for v in losses],
+        evals=evals, segment_rows=rows,
         path=path, job=dict(job.data), steps=o.int_("steps"),
         samples_seen=o.int_("samples_seen", required=False),
         tokens_seen=o.int_("tokens_seen", required=False),
@@ -409,7 +427,9 @@ def _read_text(path: Path, shown: str) -> str:
     if not path.exists():
         raise ReportInputError(f"{shown}: file not found", "check the path")
     if path.is_dir():
-        raise ReportInputError(f"{shown}: is a directory, not a file", "pass the JSON files themselves")
+        raise ReportInputError(f"{shown}: is a directory, not a file",
+                               "pass the JSON files themselves (a run directory of trainfit "
+                               "train: its train.json is read when it has one)")
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -446,6 +466,11 @@ def load_inputs(paths: list[str]) -> Inputs:
     c = _Collect()
     for p in paths:
         path = Path(p)
+        if path.is_dir() and (path / "train.json").is_file():
+            # train's run directory, as train names it ("run directory: run (train.json, …)"):
+            # an audit had it refused as "a directory, not a file"
+            path = path / "train.json"
+            p = str(path)
         if path.suffix.lower() in (".jsonl", ".csv"):
             _add_monitor(c, path, p)
             continue

@@ -163,6 +163,31 @@ class TrainInput:
     signal: str | None = None
     segments: int = 1
     """Runs the record joins (a resume into the same directory appends a segment)."""
+    losses: list[float | None] = field(default_factory=list)
+    """Each optimizer step's training loss, from step 1 (None: not finite), measured."""
+    evals: list[EvalPoint] = field(default_factory=list)
+    segment_rows: list[SegmentRow] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    """One evaluation of train.json's ``evals`` (measured)."""
+
+    step: int
+    eval_loss: float | None
+    eval_perplexity: float | None
+
+
+@dataclass(frozen=True)
+class SegmentRow:
+    """One run of train.json's ``segments``: the steps it trained, how it stopped, what it
+    resumed from."""
+
+    segment: int
+    start_step: int
+    end_step: int | None
+    stopped: str | None
+    resumed_from: str | None
 
 
 @dataclass(frozen=True)
@@ -347,6 +372,11 @@ class TrainSummary:
     """How the run ended, in words (an interrupted run reads as one: a QA run's report showed
     it like a finished run)."""
     segments: int = 1
+    losses: list[float | None] = field(default_factory=list)
+    evals: list[EvalPoint] = field(default_factory=list)
+    segment_rows: list[SegmentRow] = field(default_factory=list)
+    slug: str = "train"
+    """The loss figure's name."""
 
 
 @dataclass(frozen=True)

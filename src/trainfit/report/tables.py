@@ -22,6 +22,7 @@ from trainfit.report.model import (
     Probe,
     SeedRow,
     SeedTable,
+    SegmentRow,
     TrainSummary,
 )
 
@@ -302,15 +303,62 @@ def train_text(t: TrainSummary) -> TextTable:
             ["steps", fmt_num(t.steps)], ["samples seen", fmt_num(t.samples_seen)],
             ["tokens seen", fmt_num(t.tokens_seen)],
             ["wall time (h:mm:ss)", fmt_duration(t.wall_time_s)],
-            ["tokens/s, average over the run", fmt_num(t.tokens_per_s_measured)],
+            # tokens ÷ the segments' wall time: model loading, checkpoint saves and evaluation
+            # in it (an audit read it beside the progress line's per-step rate)
+            ["tokens/s, tokens ÷ wall time (loading, saves and evaluation included)",
+             fmt_num(t.tokens_per_s_measured)],
             ["final loss", fmt_num(t.final_loss, 4)],
+            ["training loss over the steps", loss_words(t.losses)],
+            ["evaluation", eval_words(t)],
             ["OOM events", "none" if not t.oom_events else "; ".join(
                 _oom_words(e) for e in t.oom_events)],
             ["checkpoints", str(len(t.checkpoints))],
             ["ended", t.ended],
-            ["segments (runs into this directory)", str(t.segments)],
+            # the record's segments: a resume into a new --out carries the earlier ones (an
+            # audit read "runs into this directory" where one segment ran there)
+            ["segments (each run that trained this record)", segment_words(t)],
             ["resumed from", t.resumed_from or "—"]]
     return TextTable(f"Training run ({t.path})", cols, rows)
+
+
+def loss_words(losses: list[float | None]) -> str:
+    """The per-step losses in a line: first, lowest and last (measured), the non-finite counted."""
+    known = [(i + 1, v) for i, v in enumerate(losses) if v is not None]
+    if not known:
+        return "not recorded" if not losses else f"none finite ({len(losses)} steps)"
+    low = min(known, key=lambda x: x[1])
+    bad = len(losses) - len(known)
+    return (f"{known[0][1]:.4f} at step {known[0][0]} → {known[-1][1]:.4f} at step "
+            f"{known[-1][0]}; lowest {low[1]:.4f} at step {low[0]}"
+            + (f"; {bad} step(s) not finite" if bad else "") + " (the loss figure draws each)")
+
+
+def eval_words(t: TrainSummary) -> str:
+    """The evaluations: the last and the best (measured), or why there are none."""
+    done = [e for e in t.evals if e.eval_loss is not None]
+    if not done:
+        return "none (train ran without --eval-data / --eval-fraction)" if not t.evals else \
+            "not finite"
+    last, best = done[-1], min(done, key=lambda e: e.eval_loss or 0.0)
+    ppl = "" if last.eval_perplexity is None else f", perplexity {last.eval_perplexity:,.4g}"
+    return (f"{len(done)} evaluation(s); last: loss {last.eval_loss:.4f} at step {last.step}{ppl}"
+            + ("" if best is last else f"; lowest: {best.eval_loss:.4f} at step {best.step}"))
+
+
+def segment_words(t: TrainSummary) -> str:
+    """Each segment's steps, how it stopped and what it resumed from."""
+    if not t.segment_rows:
+        return str(t.segments)
+    def span(r: SegmentRow) -> str:
+        if r.end_step == r.start_step:
+            return "no step"
+        if r.end_step == r.start_step + 1:
+            return f"step {r.end_step}"
+        return f"steps {r.start_step + 1}–{'?' if r.end_step is None else r.end_step}"
+
+    return "; ".join(f"{r.segment}: {span(r)}, {r.stopped or 'end not recorded'}"
+                     + (f", from {r.resumed_from}" if r.resumed_from else "")
+                     for r in t.segment_rows)
 
 
 VERDICT_WORDS = {"faster": "faster in every round, beyond the noise",

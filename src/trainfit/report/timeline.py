@@ -75,7 +75,13 @@ def build_timeline(log: MonitorLog, slug: str) -> Timeline:
               lim_label: str = "") -> TimelinePanel:
         return TimelinePanel(title, unit, [s for s in series if s is not None], lim, lim_label)
 
-    panels = [
+    # a run without a GPU: no NVML reading and no reserve (torch's caching allocator is CUDA's);
+    # its peak_allocated_bytes is trainfit's count of the step's live tensors under
+    # --memory-limit, not torch's nor a GPU's (an audit read "GPU memory … (torch)" on a CPU run)
+    on_gpu = any(v is not None for key in ("gpu_util_percent", "gpu_memory_used_bytes",
+                                           "process_gpu_memory_bytes", "gpu_memory_total_bytes",
+                                           "peak_reserved_bytes") for v in cols[key])
+    device_panels = [
         panel("GPU utilisation (measured)", "%", per_gpu("GPU busy", "gpu_util_percent")),
         panel("GPU memory (measured)", "GiB",
               [*per_gpu("used (nvidia-smi)", "gpu_memory_used_bytes", 1 / GIB),
@@ -83,6 +89,13 @@ def build_timeline(log: MonitorLog, slug: str) -> Timeline:
                host("peak allocated (torch)", "peak_allocated_bytes", 1 / GIB),
                host("peak reserved (torch)", "peak_reserved_bytes", 1 / GIB)],
               limit("gpu_memory_total_bytes"), "GPU memory"),
+    ] if on_gpu else [
+        panel("Live tensor memory (measured; a CPU run, no GPU: trainfit's count of the step's "
+              "tensors under --memory-limit)", "GiB",
+              [host("peak live tensors", "peak_allocated_bytes", 1 / GIB)]),
+    ]
+    panels = [
+        *device_panels,
         panel("Host memory (measured)", "GiB",
               [host("RAM used", "host_ram_used_bytes", 1 / GIB),
                host("process tree RSS", "process_rss_bytes", 1 / GIB),
