@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainfit.report.json_fields import FORMATS_HINT, JsonObj, ReportInputError, short_repr
 from trainfit.report.model import (
     DoctorInput,
     EvalPoint,
@@ -34,7 +35,6 @@ from trainfit.report.model import (
     TunePick,
 )
 
-FORMATS_HINT = "the fields are described in docs/json-formats.md"
 KINDS_HINT = ("report reads the JSON of plan --json, tune --json, train (train.json), doctor --json, "
               "and monitor logs (.jsonl / .csv)")
 
@@ -55,125 +55,13 @@ SPLIT_KEYS = ("data_wait_s", "h2d_copy_s", "forward_s", "backward_s", "optimizer
 BEFORE_KEYS = ("step_time_s", "tokens_per_s", "data_wait_fraction", "gpu_util_percent")
 
 
-class ReportInputError(Exception):
-    """One bad input: ``message`` names the file and field, ``hint`` says what to do."""
-
-    def __init__(self, message: str, hint: str = FORMATS_HINT) -> None:
-        super().__init__(message)
-        self.hint = hint
-
-
-# --- typed field access ---------------------------------------------------------------------------
-
-_MISSING = object()
-
-
-@dataclass
-class _Obj:
-    """A JSON object with the file and the path to it, so that errors can name both."""
-
-    file: str
-    where: str
-    data: dict[str, Any]
-    hint: str = FORMATS_HINT
-
-    def _name(self, key: str) -> str:
-        return f"{self.where}.{key}" if self.where else key
-
-    def fail(self, key: str, what: str) -> ReportInputError:
-        return ReportInputError(f"{self.file}: {self._name(key)}: {what}", self.hint)
-
-    def _get(self, key: str, required: bool) -> Any:
-        if key not in self.data:
-            if required:
-                raise self.fail(key, "missing")
-            return _MISSING
-        return self.data[key]
-
-    def num(self, key: str, *, required: bool = True, nullable: bool = True,
-            integer: bool = False) -> Any:
-        v = self._get(key, required)
-        if v is _MISSING or (v is None and nullable):
-            return None
-        ok = isinstance(v, int) if integer else isinstance(v, int | float)
-        if isinstance(v, bool) or not ok or (isinstance(v, float) and not math.isfinite(v)):
-            kind = "an integer" if integer else "a number"
-            raise self.fail(key, f"expected {kind}{' or null' if nullable else ''}, got {v!r}")
-        return v
-
-    def int_(self, key: str, **kw: Any) -> Any:
-        return self.num(key, integer=True, **kw)
-
-    def str_(self, key: str, *, required: bool = True, nullable: bool = True) -> Any:
-        v = self._get(key, required)
-        if v is _MISSING or (v is None and nullable):
-            return None
-        if not isinstance(v, str):
-            raise self.fail(key, f"expected a string, got {v!r}")
-        return v
-
-    def bool_(self, key: str, *, required: bool = True, nullable: bool = True) -> Any:
-        v = self._get(key, required)
-        if v is _MISSING or (v is None and nullable):
-            return None
-        if not isinstance(v, bool):
-            raise self.fail(key, f"expected true or false, got {v!r}")
-        return v
-
-    def obj(self, key: str, *, required: bool = True, nullable: bool = False) -> _Obj | None:
-        v = self._get(key, required)
-        if v is _MISSING or (v is None and nullable):
-            return None
-        if not isinstance(v, dict):
-            raise self.fail(key, f"expected an object, got {_short(v)}")
-        return _Obj(self.file, self._name(key), v, self.hint)
-
-    def list_(self, key: str, *, required: bool = True) -> list[Any]:
-        v = self._get(key, required)
-        if v is _MISSING or v is None:
-            if required:
-                raise self.fail(key, "expected a list, got null")
-            return []
-        if not isinstance(v, list):
-            raise self.fail(key, f"expected a list, got {_short(v)}")
-        return v
-
-    def objs(self, key: str, *, required: bool = True) -> list[_Obj]:
-        out = []
-        for i, item in enumerate(self.list_(key, required=required)):
-            name = f"{key}[{i}]"
-            if not isinstance(item, dict):
-                raise self.fail(name, f"expected an object, got {_short(item)}")
-            out.append(_Obj(self.file, self._name(name), item, self.hint))
-        return out
-
-    def strs(self, key: str, *, required: bool = True) -> list[str]:
-        items = self.list_(key, required=required)
-        for i, s in enumerate(items):
-            if not isinstance(s, str):
-                raise self.fail(f"{key}[{i}]", f"expected a string, got {_short(s)}")
-        return list(items)
-
-    def numbers(self, key: str, keys: tuple[str, ...] | None = None) -> dict[str, float | None]:
-        """An object whose values are numbers or null (``keys``: required keys, else any)."""
-        o = self.obj(key)
-        assert o is not None
-        names = keys if keys is not None else tuple(o.data)
-        return {k: o.num(k) for k in names}
-
-
-def _short(v: Any) -> str:
-    text = json.dumps(v) if not isinstance(v, str) else repr(v)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 # --- JSON documents -------------------------------------------------------------------------------
 
-def _job_fields(o: _Obj, exclude: tuple[str, ...]) -> dict[str, Any]:
+def _job_fields(o: JsonObj, exclude: tuple[str, ...]) -> dict[str, Any]:
     return {k: v for k, v in o.data.items() if k not in exclude}
 
 
-def _plan_config(o: _Obj, index: int) -> PlanConfig:
+def _plan_config(o: JsonObj, index: int) -> PlanConfig:
     breakdown_obj = o.obj("breakdown", nullable=True)
     breakdown: dict[str, int] = {}
     if breakdown_obj is not None:
@@ -199,7 +87,7 @@ def _plan_config(o: _Obj, index: int) -> PlanConfig:
         speed_unknown_reason=o.str_("speed_unknown_reason", required=False) or None)
 
 
-def _plan(o: _Obj, path: str) -> PlanInput:
+def _plan(o: JsonObj, path: str) -> PlanInput:
     configs = [_plan_config(c, i) for i, c in enumerate(o.objs("configs"))]
     if not configs:
         raise o.fail("configs", "empty: the plan has no configuration")
@@ -220,13 +108,13 @@ def _plan(o: _Obj, path: str) -> PlanInput:
                      notes=[str(n) for n in notes_raw], configs=configs, ladder=ladder)
 
 
-def _measured(o: _Obj | None) -> Measured | None:
+def _measured(o: JsonObj | None) -> Measured | None:
     if o is None:
         return None
     return Measured(**{k: o.num(k, required=False) for k in MEASURED_KEYS})
 
 
-def _predicted(o: _Obj | None) -> Predicted | None:
+def _predicted(o: JsonObj | None) -> Predicted | None:
     if o is None:
         return None
     return Predicted(**{k: o.num(k, required=False) for k in PREDICTED_KEYS})
@@ -236,7 +124,7 @@ _PROBE_RESULT_KEYS = ("index", "stage", "num_workers", "pin_memory", "compile", 
                       "predicted", "probe_time_s")
 
 
-def _tune(o: _Obj, path: str) -> TuneInput:
+def _tune(o: JsonObj, path: str) -> TuneInput:
     p = o.obj("pick", nullable=True)
     pick = None
     if p is not None:
@@ -281,7 +169,7 @@ def _tune(o: _Obj, path: str) -> TuneInput:
         pick=pick, probes=probes, baseline=baseline, notes=o.strs("notes", required=False))
 
 
-def _train(o: _Obj, path: str) -> TrainInput:
+def _train(o: JsonObj, path: str) -> TrainInput:
     job = o.obj("job")
     assert job is not None
     events = [OomEvent(step=e.int_("step"), phase=e.str_("phase", required=False),
@@ -295,7 +183,7 @@ def _train(o: _Obj, path: str) -> TrainInput:
     losses = o.list_("losses", required=False)
     for i, v in enumerate(losses):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
-            raise o.fail(f"losses[{i}]", f"expected a number or null, got {_short(v)}")
+            raise o.fail(f"losses[{i}]", f"expected a number or null, got {short_repr(v)}")
     evals = [EvalPoint(step=e.int_("step", nullable=False), eval_loss=e.num("eval_loss"),
                        eval_perplexity=e.num("eval_perplexity", required=False))
              for e in o.objs("evals", required=False)]
@@ -320,7 +208,7 @@ def _train(o: _Obj, path: str) -> TrainInput:
         segments=len(o.objs("segments", required=False)) or 1)
 
 
-def _doctor(o: _Obj, path: str) -> DoctorInput:
+def _doctor(o: JsonObj, path: str) -> DoctorInput:
     findings = []
     for f in o.objs("findings", required=False):
         ev = f.obj("evidence", required=False, nullable=True)
@@ -401,7 +289,7 @@ def load_monitor(path: Path, shown: str, warnings: list[str] | None = None) -> M
                 raise ReportInputError(f"{shown}: line {i + 1}: not JSON ({e.msg})",
                                        "each line of a monitor log is one JSON object") from None
             if not isinstance(obj, dict):
-                raise ReportInputError(f"{shown}: line {i + 1}: expected an object, got {_short(obj)}",
+                raise ReportInputError(f"{shown}: line {i + 1}: expected an object, got {short_repr(obj)}",
                                        "each line of a monitor log is one JSON object")
             rows.append((f"line {i + 1}", obj))
     if not rows:
@@ -481,7 +369,7 @@ def load_inputs(paths: list[str]) -> Inputs:
             raise ReportInputError(f"{p}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})",
                                    "pass the file that the command wrote, unedited") from None
         if not isinstance(data, dict):
-            raise ReportInputError(f"{p}: top level: expected a JSON object, got {_short(data)}",
+            raise ReportInputError(f"{p}: top level: expected a JSON object, got {short_repr(data)}",
                                    KINDS_HINT)
         kind = detect_kind(data, p)
         if kind in ("plan-script", "tune-script"):
@@ -490,7 +378,7 @@ def load_inputs(paths: list[str]) -> Inputs:
             if not isinstance(data, dict):
                 raise ReportInputError(f"{p}: {kind}: expected a JSON object", KINDS_HINT)
             data = {"kind": kind, **data}
-        o = _Obj(p, "", data)
+        o = JsonObj(p, "", data)
         if kind == "plan":
             c.inputs.plans.append(_plan(o, p))
         elif kind == "tune":
