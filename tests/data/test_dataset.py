@@ -123,3 +123,20 @@ def test_json_array_file(tmp_path, tok):
     p.write_text(json.dumps([{"text": "abc"}, {"text": "defg"}]))
     d = tokenize_rows(read_rows(p), tok, seq_len=4, task="causal-lm")
     assert d.stats.rows == 2 and d.stats.samples == 2  # 3+1+4+1 = 9 tokens → 2 chunks of 4
+
+
+def test_a_missing_relative_data_path_says_where_it_was_looked_for(tmp_path, monkeypatch):
+    """An audit: "check the path" named no folder for a relative path (job files resolve theirs
+    from the file's folder too)."""
+    import pytest
+
+    from trainfit.data import DataError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError) as e:
+        read_rows("data/missing.jsonl")
+    assert e.value.hint == (f"check the path: a relative path is read from the working directory "
+                            f"({tmp_path}) and, in a job file, from the file's folder")
+    with pytest.raises(DataError) as e:
+        read_rows(tmp_path / "missing.jsonl")
+    assert e.value.hint == "check the path"

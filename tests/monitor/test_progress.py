@@ -56,6 +56,17 @@ def test_log_prints_first_every_interval_and_last(clock):
     assert [ln.split()[1] for ln in lines] == ["1/30", "11/30", "21/30", "30/30"]
 
 
+def test_a_one_step_segment_ends_without_placeholders(clock):
+    """A resume that runs one step printed "tokens/s after the first step · … · ETA after the
+    second step" at 100 % (an audit): the last line promises no later one."""
+    p = StepProgress(total_steps=8, start_step=7)
+    p.record(8, tokens=256, step_time_s=4.0, loss=7.9)
+    assert p.line() == "step 8/8 (100 %) · loss 7.9 · elapsed 4 s (measured)"
+    q = StepProgress(total_steps=8)
+    q.record(1, tokens=256, step_time_s=4.0, loss=7.9)
+    assert "tokens/s after the first step" in q.line() and "ETA after the second step" in q.line()
+
+
 def test_duration_words():
     assert duration_words(42) == "42 s"
     assert duration_words(75) == "1 min 15 s"

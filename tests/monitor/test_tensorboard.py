@@ -27,9 +27,11 @@ def test_step_metrics_reach_tensorboard(no_nvml, tmp_path):
     for step, loss in ((1, 3.0), (2, 2.5)):
         s.record_step(step=step, loss=loss, tokens=1024, samples=4, step_time_s=0.5, data_wait_s=0.25)
         s.sample_once()
+        s.sample_once()  # no step ended (a save): the step's metrics are not drawn again (an audit)
     s.stop()
     tags = _scalars(tmp_path / "tb")
     assert tags["train/loss"] == [(1, 3.0), (2, 2.5)]
+    assert len(tags["host/host_ram_used_bytes"]) >= 4  # the host's readings at every sample
     assert tags["train/tokens_per_s"] == [(1, pytest.approx(2048.0)), (2, pytest.approx(2048.0))]
     assert tags["train/data_wait_fraction"][-1][1] == pytest.approx(0.5)
     assert "host/host_ram_used_bytes" in tags and not any(t.startswith("gpu") for t in tags)

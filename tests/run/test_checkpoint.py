@@ -32,6 +32,8 @@ def test_a_garbage_random_state_is_a_corrupt_checkpoint_not_a_traceback(
                   precision="fp32", data=str(chat_jsonl))
     train(job, RunOptions(out_dir=tmp_path / "r", max_steps=1))
     ck = tmp_path / "r" / "checkpoint-1"
+    # the weights have the mode of every other file (safetensors wrote them 0600: an audit)
+    assert (ck / "model.safetensors").stat().st_mode == (ck / "trainer_state.json").stat().st_mode
     state = json.loads((ck / "trainer_state.json").read_text())
     state["numpy_rng"] = ["MT19937", [1, 2, 3], 0, 0, 0.0]
     (ck / "trainer_state.json").write_text(json.dumps(state))

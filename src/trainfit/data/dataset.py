@@ -78,7 +78,12 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """JSON lines read here (exact line numbers in errors); other formats through HF datasets."""
     p = Path(path)
     if not p.exists():
-        raise DataError(f"--data {path}: no such file or directory", "check the path")
+        # where a relative path was looked for (an audit: "check the path" named no folder)
+        raise DataError(f"--data {path}: no such file or directory",
+                        "check the path" + ("" if p.is_absolute() else
+                                            f": a relative path is read from the working "
+                                            f"directory ({Path.cwd()}) and, in a job file, from "
+                                            "the file's folder"))
     if p.is_dir() or p.suffix.lower() in _HF_FORMATS:
         return _read_with_datasets(p)
     try:

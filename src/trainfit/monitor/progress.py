@@ -94,13 +94,20 @@ class StepProgress:
         if self.loss is not None:
             parts.append(f"loss {self.loss:.4g}")
         tps = self.tokens_per_s
-        parts.append("tokens/s after the first step" if tps is None else
-                     # not "on average": the run's summary averages over its whole wall time,
-                     # start-up included (a QA run read 1,613 here and ~480 there)
-                     f"{tps:,.0f} tokens/s since the first step")  # the live view's: the latest
+        last = bool(self.total_steps) and self.step >= self.total_steps
+        if tps is not None:
+            # not "on average": the run's summary averages over its whole wall time, start-up
+            # included (a QA run read 1,613 here and ~480 there); evaluations and saves between
+            # steps are in it
+            parts.append(f"{tps:,.0f} tokens/s since the first step")
+        elif not last:  # a placeholder promises a later line; the last has none (an audit)
+            parts.append("tokens/s after the first step")
         parts.append(f"elapsed {duration_words(self.elapsed_s)}")
         eta = self.eta_s
-        parts.append("ETA after the second step" if eta is None else f"ETA {duration_words(eta)}")
+        if eta is not None:
+            parts.append(f"ETA {duration_words(eta)}")
+        elif not last:
+            parts.append("ETA after the second step")
         return " · ".join(parts) + " (measured)"
 
 

@@ -146,6 +146,7 @@ class Sampler:
         self._log: TextIO | None = None
         self._csv: csv.DictWriter[str] | None = None
         self._tb: Any = None
+        self._tb_step: int | None = None  # the last step whose metrics TensorBoard has
         self._live_view: Any = None
         self._thread: threading.Thread | None = None
         self._stop_event = threading.Event()
@@ -393,7 +394,12 @@ class Sampler:
     def _write_tensorboard(self, rows: list[dict[str, Any]]) -> None:
         first = rows[0]
         global_step = first["step"] if first["step"] is not None else self.samples
-        for col in (*STEP_COLUMNS[1:], *HOST_COLUMNS):
+        # a step's metrics once: a sample taken while no step ended (a checkpoint being saved,
+        # an evaluation) carries the last step's row, which TensorBoard drew again at the same
+        # step (an audit: train/loss 5 times at step 4); the host's and GPUs' readings each time
+        new_step = first["step"] is not None and first["step"] != self._tb_step
+        self._tb_step = first["step"] if first["step"] is not None else self._tb_step
+        for col in (*(STEP_COLUMNS[1:] if new_step else ()), *HOST_COLUMNS):
             if first[col] is not None:
                 self._tb.add_scalar(f"{'host' if col in HOST_COLUMNS else 'train'}/{col}", first[col],
                                     global_step)

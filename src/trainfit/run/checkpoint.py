@@ -166,6 +166,9 @@ def _write_files(tmp: Path, state: RunState, model: torch.nn.Module, weights: di
             "numpy_rng": [np_state[0], np_state[1].tolist(), *np_state[2:]],
             "history": history or {}}
     (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=1))
+    # safetensors' writer makes its file 0600; every other file here has the umask's mode (an
+    # audit: model.safetensors alone unreadable to the group that reads the run)
+    (tmp / "model.safetensors").chmod((tmp / "trainer_state.json").stat().st_mode & 0o777)
     write_digests(tmp)
 
 
