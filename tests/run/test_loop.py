@@ -319,3 +319,23 @@ def test_training_on_from_a_finished_run_takes_the_new_schedules_rate_at_once(jo
     assert any("the checkpoint's run ended at step 3" in n and "from 50% of lr at step 4 to 0 "
                "at step 6" in n for n in notes), notes
     assert st  # the checkpoint was written whole
+
+
+def test_keep_last_removes_the_older_checkpoints_and_resumes(job, tmp_path):
+    """--keep-last N (HF's save_total_limit): after each save only the newest N checkpoints stay;
+    the record lists those, a cut prune's leftovers go at the next start, and the run resumes
+    from what is kept."""
+    ref = train(job, RunOptions(out_dir=tmp_path / "ref", max_steps=5))
+    a = train(job, RunOptions(out_dir=tmp_path / "a", max_steps=5, save_every_steps=1,
+                              keep_last=2, inject_interrupt_at_step=3))
+    assert sorted(p.name for p in (tmp_path / "a").glob("checkpoint-*")) == [
+        "checkpoint-3", "checkpoint-4"]
+    assert [Path(c).name for c in a.checkpoints] == ["checkpoint-3", "checkpoint-4"]
+    (tmp_path / "a" / ".checkpoint-1.removing").mkdir()  # a prune cut by a kill
+    b = train(job, RunOptions(out_dir=tmp_path / "a", resume=tmp_path / "a", max_steps=5,
+                              save_every_steps=1, keep_last=2))
+    assert b.losses == pytest.approx(ref.losses, rel=1e-6)
+    assert sorted(p.name for p in (tmp_path / "a").iterdir() if "checkpoint" in p.name) == [
+        "checkpoint-4", "checkpoint-5"]
+    with pytest.raises(JobError, match="--keep-last 0: must be ≥ 1"):
+        RunOptions(out_dir=tmp_path / "c", keep_last=0)

@@ -128,6 +128,9 @@ def register(app: typer.Typer) -> None:
             help="Epochs when --max-steps is not given (default 1; on a resume, the length of "
                  "the run that wrote the checkpoint).")] = None,
         save_every: Annotated[int | None, typer.Option(help="Checkpoint every N steps.")] = None,
+        keep_last: Annotated[int | None, typer.Option(
+            help="Keep the newest N checkpoints, removing older ones after each save (default: "
+                 "every one; a full fine-tune's takes 12 B a parameter).")] = None,
         resume: Annotated[str | None, typer.Option(
             help="Run directory or checkpoint to resume from (another micro-batch is allowed).")] = None,
         device: Annotated[str | None, typer.Option(help="cpu, cuda or cuda:N")] = None,
@@ -189,7 +192,7 @@ def register(app: typer.Typer) -> None:
                 check_not_in_use(Path(out), "--out")
                 check_no_run(Path(out))
             opts = RunOptions(out_dir=Path(out), max_steps=max_steps, epochs=epochs,
-                              save_every_steps=save_every,
+                              save_every_steps=save_every, keep_last=keep_last,
                               resume=Path(resume) if resume else None, device="cpu",
                               live=live, allow_offload=allow_offload,
                               inject_oom_at_steps=_steps(inject_oom_at, "--inject-oom-at"),

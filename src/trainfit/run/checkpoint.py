@@ -255,6 +255,25 @@ def checkpoints(out: Path) -> list[Path]:
     return sorted(found, key=lambda p: step_of(p) or 0, reverse=True)
 
 
+def prune(out: Path, keep: int) -> list[Path]:
+    """Remove ``out``'s checkpoints older than its ``keep`` newest (never the one ``latest``
+    names); returns those removed. Each goes whole or stays: renamed aside first, then deleted, so
+    an interrupted prune leaves no half checkpoint under a ``checkpoint-N`` name."""
+    latest = (out / "latest").read_text().strip() if (out / "latest").is_file() else None
+    gone = []
+    for ck in checkpoints(out)[keep:]:
+        if ck.name == latest:
+            continue
+        aside = out / f".{ck.name}.removing"
+        try:
+            ck.rename(aside)
+        except OSError:
+            continue  # left as it is: a checkpoint kept is never an error
+        shutil.rmtree(aside, ignore_errors=True)
+        gone.append(ck)
+    return gone
+
+
 def newest_intact(out: Path, *, skip: Path | None = None) -> Path | None:
     """The newest checkpoint of ``out`` whose files all match their digests."""
     for ck in checkpoints(out):

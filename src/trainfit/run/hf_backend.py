@@ -323,6 +323,7 @@ def _training_args(job: JobSpec, opts: RunOptions, backend: str, total: int, dev
     save = opts.save_every_steps
     kw.update(output_dir=str(opts.out_dir), max_steps=total, logging_steps=1, report_to=[],
               save_strategy="steps" if save else "no", save_steps=save or total,
+              save_total_limit=opts.keep_last,
               use_cpu=device.type == "cpu", dataloader_drop_last=True, remove_unused_columns=False,
               disable_tqdm=True, logging_nan_inf_filter=False)
     if backend == "trl":

@@ -429,6 +429,9 @@ class Trainer:
                               schedule_steps=self.run_steps)
                 if main:
                     res.checkpoints.append(str(p))
+                    if self.o.keep_last is not None:  # --keep-last: the older ones go
+                        gone = {str(c) for c in ckpt.prune(self.o.out_dir, self.o.keep_last)}
+                        res.checkpoints = [c for c in res.checkpoints if c not in gone]
                     write_train_json(self.o.out_dir, res)
             except ckpt.CheckpointWriteError as e:
                 err = e

@@ -23,6 +23,10 @@ class RunOptions:
     one, or on a resume the length of the run that wrote the checkpoint (its schedule)."""
     save_every_steps: int | None = None
     """Checkpoint every N steps (and always at the end and on SIGINT/SIGTERM)."""
+    keep_last: int | None = None
+    """Checkpoints kept in the run directory: after each save, the older ones beyond the newest N
+    are removed (HF's ``save_total_limit``); None keeps every one. A full fine-tune's checkpoint
+    holds the trainable weights and AdamW's two states: 12 B a parameter in fp32, 84 GB for 7B."""
     resume: Path | None = None
     """A run directory or checkpoint to continue from (the same samples, the same order)."""
     device: str = "cpu"
@@ -65,6 +69,10 @@ class RunOptions:
         if self.save_every_steps is not None and self.save_every_steps < 1:
             raise JobError(f"--save-every {self.save_every_steps}: must be ≥ 1",
                            "e.g. --save-every 100 (a checkpoint is always saved at the end)")
+        if self.keep_last is not None and self.keep_last < 1:
+            raise JobError(f"--keep-last {self.keep_last}: must be ≥ 1",
+                           "e.g. --keep-last 2 (the newest two checkpoints stay); leave it out "
+                           "to keep every one")
         if self.epochs is not None and not self.epochs > 0:
             raise JobError(f"--epochs {self.epochs}: must be > 0", "e.g. --epochs 1")
         if self.eval_data is not None and self.eval_fraction is not None:

@@ -283,11 +283,14 @@ def _alive_here(h: dict[str, Any]) -> bool:
 def remove_partial_saves(out: Path) -> list[str]:
     """``.checkpoint-N.tmp`` directories a killed save left (the lock is held: no save is running),
     and the temporary files of an atomic write it cut (``.latest.PID.tmp``, ``.train.json.PID.tmp``,
-    ``.checkpoint-N.old``): returns the checkpoint directories removed (said in a note)."""
+    ``.checkpoint-N.old``), a cut prune's ``.checkpoint-N.removing``: returns the checkpoint
+    directories removed (said in a note)."""
     gone = []
     for p in out.glob(".checkpoint-*.tmp"):
         shutil.rmtree(p, ignore_errors=True)
         gone.append(p.name)
+    for p in out.glob(".checkpoint-*.removing"):  # --keep-last's prune, cut: it was going
+        shutil.rmtree(p, ignore_errors=True)
     for p in [*out.glob(".latest.*.tmp"), *out.glob(".train.json.*.tmp")]:
         with contextlib.suppress(OSError):
             p.unlink()
