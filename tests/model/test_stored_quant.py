@@ -206,6 +206,10 @@ def test_sharded_loading_of_a_stored_checkpoint_has_no_16bit_weight_in_flight(tm
     linears = 2 * (64 * 64 * 2 + 64 * 32 * 2 + 64 * 128 * 3)
     others = 2 * 256 * 64 + (2 * 2 + 1) * 64
     assert loading_peak_bytes(job, stored, terms, 1_000) == linears // 2 + others * 2 + 1_000
+    # --quant-lm-head: the head (256 × 64) is packed too
+    head = job.replace(quant_lm_head=True)
+    assert loading_peak_bytes(job, stored, terms, 1_000) - loading_peak_bytes(
+        head, stored, terms, 1_000) == 256 * 64 * 2 - 256 * 64 // 2
 
 
 def test_a_tied_head_stays_16bit_whatever_the_skip_list_says(tmp_path):

@@ -311,10 +311,11 @@ def load_reserve(job: JobSpec, trace: Trace | Callable[[], Trace | None] | None,
         "peak starts from it"]
 
 
-def packed_4bit_model_bytes(source: ModelSource) -> int | None:
+def packed_4bit_model_bytes(source: ModelSource, quant_head: bool = False) -> int | None:
     """The whole model as bitsandbytes' 4-bit load holds it: every ``nn.Linear`` weight but the
-    output head packed (½ B an element), the rest 16-bit (2 B) — counted on the configuration's
-    own model on the meta device; None where it cannot be built (the user's own module)."""
+    output head packed (½ B an element; the head too with ``quant_head``, ``--quant-lm-head``),
+    the rest 16-bit (2 B) — counted on the configuration's own model on the meta device; None
+    where it cannot be built (the user's own module)."""
     from trainfit.model.workload import bare_model_on_meta  # lazy: builds a model
 
     model = bare_model_on_meta(source)
@@ -322,7 +323,7 @@ def packed_4bit_model_bytes(source: ModelSource) -> int | None:
         return None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     packed = sum(m.weight.numel() for m in model.modules()
-                 if isinstance(m, torch.nn.Linear) and m is not head)
+                 if isinstance(m, torch.nn.Linear) and (quant_head or m is not head))
     return packed // 2 + (sum(p.numel() for p in model.parameters()) - packed) * 2
 
 
@@ -342,7 +343,7 @@ def loading_peak_bytes(job: JobSpec, source: ModelSource, terms: dict[str, int],
     h = hidden_size(source)
     inter = next((v for a in ("intermediate_size", "ffn_dim", "n_inner")
                   if isinstance(v := getattr(cfg, a, None), int) and v > 0), 4 * h)
-    whole = packed_4bit_model_bytes(source)
+    whole = packed_4bit_model_bytes(source, job.quant_lm_head)
     if whole is None:
         whole = max(0, terms.get("parameters", 0) - quant_state_bytes) * job.ranks
     copy16 = 0 if getattr(source, "stored_quant", None) is not None else h * inter * 2
