@@ -66,7 +66,6 @@ def test_command_not_found():
     assert lines == ["error: no-such-command-xyz: command not found"]
 
 
-
 @pytest.mark.parametrize("verb", ["doctor", "plan", "tune"])
 def test_a_missing_script_is_said_before_anything_runs(tmp_path, verb):
     """``python missing.py``: one line naming the file, exit 2, before torch loads (the
@@ -86,6 +85,10 @@ def test_a_missing_script_is_said_before_anything_runs(tmp_path, verb):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300)
     assert out.stdout.split() == ["2", "False"], out.stderr
+    # the interpreter's own options before the script (a review: python -u got past the check)
+    res = CliRunner().invoke(app, [verb, "--", sys.executable, "-u", "-X", "importtime",
+                                   str(missing)])
+    assert res.exit_code == 2 and f"error: {missing}: no such file" in res.output
 
 def test_crashing_script_reports_code_and_last_lines(tmp_path):
     script = tmp_path / "crash.py"

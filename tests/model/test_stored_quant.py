@@ -210,6 +210,15 @@ def test_sharded_loading_of_a_stored_checkpoint_has_no_16bit_weight_in_flight(tm
     head = job.replace(quant_lm_head=True)
     assert loading_peak_bytes(job, stored, terms, 1_000) - loading_peak_bytes(
         head, stored, terms, 1_000) == 256 * 64 * 2 - 256 * 64 // 2
+    # a head tied to the embedding is the embedding: 16-bit all the same (a review)
+    from transformers import LlamaConfig
+
+    from trainfit.memory.loading import packed_4bit_model_bytes
+    from trainfit.model.source import ModelSource
+
+    tied = ModelSource("t", LlamaConfig(**{**TINY_LLAMA, "tie_word_embeddings": True}),
+                       "causal-lm", "local")
+    assert packed_4bit_model_bytes(tied, True) == packed_4bit_model_bytes(tied, False)
 
 
 def test_a_tied_head_stays_16bit_whatever_the_skip_list_says(tmp_path):

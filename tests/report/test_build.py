@@ -362,11 +362,16 @@ def test_a_training_run_shows_its_losses_evaluations_and_segments(tmp_path):
                               "still going, or it was killed")
     assert [f.name for f in render_figures(report)] == [t.slug]
     assert render_figures(report)[0].png.startswith(b"\x89PNG")
-    # no evaluation set: said so
+    # no evaluation: said so; a non-finite one (train writes NaN / Infinity as they are) is read,
+    # not refused (a review)
     d.update(evals=[])
     (run / "train.json").write_text(json.dumps(d))
     (t,) = build_report(load_inputs([str(run)])).trains
-    assert dict(train_text(t).rows)["evaluation"].startswith("none (train ran without")
+    assert dict(train_text(t).rows)["evaluation"].startswith("none recorded (train evaluates")
+    d.update(evals=[{"step": 2, "eval_loss": float("nan"), "eval_perplexity": float("inf")}])
+    (run / "train.json").write_text(json.dumps(d))
+    (t,) = build_report(load_inputs([str(run)])).trains
+    assert dict(train_text(t).rows)["evaluation"] == "1 evaluation(s), none finite"
 
 
 def test_a_cpu_runs_timeline_does_not_call_its_tensor_count_gpu_memory():
@@ -382,6 +387,10 @@ def test_a_cpu_runs_timeline_does_not_call_its_tensor_count_gpu_memory():
         cols.update(time_s=[0.0, 1.0, 2.0], **given)
         return MonitorLog(path="m.jsonl", columns=cols)
 
+    # without --memory-limit nothing counts the tensors: no panel for them (a review)
+    bare = build_timeline(log(), "t")
+    assert not any("memory" in p.title.lower() and "host" not in p.title.lower()
+                   for p in bare.panels)
     cpu = build_timeline(log(peak_allocated_bytes=[2**30, 2**30, 2**31]), "t")
     assert cpu.panels[0].title.startswith(
         "Live tensor memory (measured; a CPU run, no GPU")

@@ -185,3 +185,22 @@ def test_hf_checkpoints_are_verified_before_the_trainer_loads_them(tmp_path):
         last_checkpoint(tmp_path / "checkpoint-4")
     assert info.value.hint.endswith(str(tmp_path / "checkpoint-2"))
     assert last_checkpoint(tmp_path)[0] == str(tmp_path / "checkpoint-2")
+
+
+def test_hf_keep_last_and_training_on_from_a_finished_run(job, tmp_path):
+    """A review of --keep-last and of the finished-run rate, on the HF backend: HF's
+    save_total_limit removes the older checkpoints, which the record no longer lists; a finished
+    run trained on takes the new schedule's rate at its first step (the checkpoint's is 0)."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "h"
+    a = run_hf(job, RunOptions(out_dir=out, max_steps=3, save_every_steps=1, keep_last=1), "hf")
+    assert [Path(c).name for c in a.checkpoints] == ["checkpoint-3"]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-3"]
+    b = run_hf(job, RunOptions(out_dir=out, resume=out, max_steps=5, save_every_steps=1), "hf")
+    assert b.steps == 5
+    w3 = load_file(str(out / "checkpoint-3" / "model.safetensors"))
+    w4 = load_file(str(out / "checkpoint-4" / "model.safetensors"))
+    assert max((w4[k] - w3[k]).abs().max().item() for k in w3) > 0
+    notes = [n for s in b.segments for n in s.get("notes", [])]
+    assert any("the checkpoint's run ended at step 3" in n for n in notes), notes

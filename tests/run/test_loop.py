@@ -339,3 +339,20 @@ def test_keep_last_removes_the_older_checkpoints_and_resumes(job, tmp_path):
         "checkpoint-4", "checkpoint-5"]
     with pytest.raises(JobError, match="--keep-last 0: must be ≥ 1"):
         RunOptions(out_dir=tmp_path / "c", keep_last=0)
+    # a run killed after its checkpoint resumes from the checkpoint's snapshot, whose list named
+    # checkpoints a prune removed since: the record lists what is there (a review)
+    d = json.loads((tmp_path / "a" / "train.json").read_text())
+    d["segments"][-1]["stopped"] = None
+    (tmp_path / "a" / "train.json").write_text(json.dumps(d))
+    c = train(job, RunOptions(out_dir=tmp_path / "a", resume=tmp_path / "a", max_steps=7,
+                              save_every_steps=1, keep_last=1))
+    assert [Path(p).name for p in c.checkpoints] == ["checkpoint-7"]
+    # resumed from an older checkpoint, the later ones of the run it left are not this run's
+    # newest: its own stay (a review: they counted among the newest and this run's went)
+    s = train(job, RunOptions(out_dir=tmp_path / "s", max_steps=4, save_every_steps=1))
+    assert len(s.checkpoints) == 4
+    r = train(job, RunOptions(out_dir=tmp_path / "s", resume=tmp_path / "s" / "checkpoint-1",
+                              save_every_steps=1, keep_last=2, inject_interrupt_at_step=1))
+    assert r.steps == 2
+    assert sorted(p.name for p in (tmp_path / "s").glob("checkpoint-*")) == [
+        "checkpoint-1", "checkpoint-2", "checkpoint-3", "checkpoint-4"]

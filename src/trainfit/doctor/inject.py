@@ -67,6 +67,21 @@ class ForeignRun:
         return shlex.join(self.command)
 
 
+def _script_of(cmd: list[str]) -> str:
+    """The script ``python [options] script.py …`` runs ("" for ``-m``/``-c`` or none): the
+    interpreter's own options skipped, ``-X``/``-W`` with their value (a review: ``python -u
+    missing.py`` got past the check)."""
+    args = iter(cmd[1:])
+    for a in args:
+        if a.startswith(("-m", "-c")):  # -m pkg, -mpkg, -c code: no script file
+            return ""
+        if a in ("-X", "-W", "--check-hash-based-pycs"):
+            next(args, None)
+        elif not a.startswith("-") or a == "-":
+            return a
+    return ""
+
+
 def check_command(cmd: list[str], verb: str = "doctor") -> str:
     """The executable ``cmd[0]`` resolves to; DoctorError when there is none (``verb``: the
     trainfit command the hint names)."""
@@ -79,7 +94,7 @@ def check_command(cmd: list[str], verb: str = "doctor") -> str:
             raise DoctorError(f"{cmd[0]}: not executable", f"run it as: trainfit {verb} -- python {cmd[0]}")
         raise DoctorError(f"{cmd[0]}: command not found", "check the spelling and PATH; "
                           f"e.g. trainfit {verb} -- python train.py")
-    script = cmd[1] if len(cmd) > 1 and Path(cmd[0]).name.startswith("python") else ""
+    script = _script_of(cmd) if Path(cmd[0]).name.startswith("python") else ""
     if script.endswith(".py") and not Path(script).is_file():
         # said before anything runs (the interpreter's own "can't open file" came after the
         # hooks' setup, as the command's failure)

@@ -211,7 +211,8 @@ def in_file_words(err: JobError, path: str, keep: tuple[str, ...] = (),
         msg = f"{path}: {msg}"  # which file, as its other errors say (a QA run missed it)
     # a hint that still names a flag (one ``keep`` left: train's --micro-batch) is about the
     # command line: not "(in job.yaml)" (an audit: the micro-batch came from the flag)
-    flagged = re.search(r"--[a-z]", hint) is not None
+    kept = [f.flag for f in job_fields() if f.name in keep]
+    flagged = any(re.search(rf"{re.escape(flag)}\b", hint) for flag in kept)
     out = type(err)(msg, (hint if flagged else f"{hint} (in {path})" if hint else f"see {path}")
                     if hint_too else hint)
     out.__cause__ = err.__cause__

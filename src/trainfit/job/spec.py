@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -434,9 +435,13 @@ class JobSpec:
         elif mb is not None and eff is not None:
             if eff % (mb * ranks):
                 per_rank = eff // ranks
-                fits = [m for m in range(1, per_rank + 1) if per_rank % m == 0]
-                said = ", ".join(map(str, fits[:-1])) + (" or " if len(fits) > 1 else "") + \
-                    str(fits[-1])
+                # the divisors, in √n steps (a mistyped 10**12 took a long wait: a review); the
+                # first eight and the last two said
+                low = [m for m in range(1, math.isqrt(per_rank) + 1) if per_rank % m == 0]
+                fits = sorted({*low, *(per_rank // m for m in low)})
+                shown = [*fits[:8], "…", *fits[-2:]] if len(fits) > 10 else fits
+                said = ", ".join(map(str, shown[:-1])) + (" or " if len(shown) > 1 else "") + \
+                    str(shown[-1])
                 # the flag's name: train keeps it where --micro-batch gave the value (an audit
                 # read "(in job.yaml)" after a flag's micro-batch), else the file's key
                 raise JobError(f"--effective-batch {eff} is not divisible by --micro-batch {mb} × "

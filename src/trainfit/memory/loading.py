@@ -322,8 +322,12 @@ def packed_4bit_model_bytes(source: ModelSource, quant_head: bool = False) -> in
     if model is None:
         return None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    # a head tied to the embedding is the embedding's weight: 16-bit whatever is asked (a review;
+    # as test_a_tied_head_stays_16bit… and zero.end_parameter_bytes)
+    tied = head is not None and embed is not None and head.weight is embed.weight
     packed = sum(m.weight.numel() for m in model.modules()
-                 if isinstance(m, torch.nn.Linear) and (quant_head or m is not head))
+                 if isinstance(m, torch.nn.Linear) and (m is not head or (quant_head and not tied)))
     return packed // 2 + (sum(p.numel() for p in model.parameters()) - packed) * 2
 
 

@@ -24,9 +24,10 @@ DeepSpeed 0.19.8's code:
   keeps (it gives nothing back unless told to): the flat buffer is host memory on top; without
   ``pin_memory`` the per-parameter ones were plain host tensors, freed: the flat buffer takes
   their place.
-* fp32 mode: the parameters are the master (none counted), but DeepSpeed clones them onto the
-  host for the offloaded optimizer all the same (ZeRO-2's ``single_partition_of_fp32_groups``,
-  pinned with ``pin_memory``; ZeRO-3's ``.to(cpu).clone()``, not pinned).
+* fp32 mode: the parameters are the master, but DeepSpeed clones them onto the host for the
+  offloaded optimizer all the same (ZeRO-2's ``single_partition_of_fp32_groups``, pinned with
+  ``pin_memory``, counted with the GPU-side terms as ZeRO-2 clones it without an offload too:
+  memory.zero; ZeRO-3's ``.to(cpu).clone()``, not pinned, not counted there).
 
 Each pinned tensor comes from PyTorch's ``CachingHostAllocator``, which rounds it up to a power
 of two (:mod:`trainfit.memory.host_offload`).  The flat buffers are sized here from the whole
@@ -78,7 +79,8 @@ def zero_host_extra_bytes(job: Any, trainable_params: int, largest_numel: int) -
     ranks = max(job.ranks, 1)
     elem = compute_dtype_bytes(job)
     part = -(-trainable_params // ranks)
-    fp32 = master_bytes_per_param(job) == 0  # the parameters are the master: none counted
+    # the parameters are the master: ZeRO-3 counts none on the GPU side (ZeRO-2 its clone)
+    fp32 = master_bytes_per_param(job) == 0
     extra = 0
 
     def held(nbytes: int, counted: bool, pinned: bool) -> int:

@@ -244,7 +244,9 @@ def loss_figure(t: TrainSummary) -> bytes:
     fig = Figure(figsize=(10, 3.6))
     ax = fig.subplots()
     steps = list(range(1, len(t.losses) + 1))
+    # a marker where the steps are few: a line through one point draws nothing (a review)
     ax.plot(steps, [math.nan if v is None else v for v in t.losses], "-", lw=1.3,
+            marker="o" if len(steps) <= 20 else None, ms=3,
             color=SERIES_COLOURS[0], label="training loss (each step)")
     done = [e for e in t.evals if e.eval_loss is not None]
     if done:

@@ -184,8 +184,10 @@ def _train(o: JsonObj, path: str) -> TrainInput:
     for i, v in enumerate(losses):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
             raise o.fail(f"losses[{i}]", f"expected a number or null, got {short_repr(v)}")
-    evals = [EvalPoint(step=e.int_("step", nullable=False), eval_loss=e.num("eval_loss"),
-                       eval_perplexity=e.num("eval_perplexity", required=False))
+    # train writes a non-finite evaluation as it is (NaN without label tokens, an overflowing
+    # perplexity as Infinity): not finite, read as None (a review: the report refused the file)
+    evals = [EvalPoint(step=e.int_("step", nullable=False), eval_loss=_finite(e, "eval_loss"),
+                       eval_perplexity=_finite(e, "eval_perplexity"))
              for e in o.objs("evals", required=False)]
     # a record written before a field existed has none: the segment by its place, from step 0
     rows = [SegmentRow(segment=s.int_("segment", required=False) or i + 1,
@@ -206,6 +208,16 @@ def _train(o: JsonObj, path: str) -> TrainInput:
         monitor_log=o.str_("monitor_log", required=False), segment_ends=ends,
         stopped=o.str_("stopped", required=False), signal=o.str_("signal", required=False),
         segments=len(o.objs("segments", required=False)) or 1)
+
+
+def _finite(o: JsonObj, key: str) -> float | None:
+    """A number field that may be null, NaN or ±Infinity in the file: None unless finite."""
+    v = o.data.get(key)
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        if v is not None:
+            raise o.fail(key, f"expected a number or null, got {short_repr(v)}")
+        return None
+    return float(v) if math.isfinite(v) else None
 
 
 def _doctor(o: JsonObj, path: str) -> DoctorInput:

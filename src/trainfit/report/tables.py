@@ -337,8 +337,9 @@ def eval_words(t: TrainSummary) -> str:
     """The evaluations: the last and the best (measured), or why there are none."""
     done = [e for e in t.evals if e.eval_loss is not None]
     if not done:
-        return "none (train ran without --eval-data / --eval-fraction)" if not t.evals else \
-            "not finite"
+        # none recorded: no evaluation set, or a run stopped before its first --eval-every
+        return ("none recorded (train evaluates with --eval-data or --eval-fraction)"
+                if not t.evals else f"{len(t.evals)} evaluation(s), none finite")
     last, best = done[-1], min(done, key=lambda e: e.eval_loss or 0.0)
     ppl = "" if last.eval_perplexity is None else f", perplexity {last.eval_perplexity:,.4g}"
     return (f"{len(done)} evaluation(s); last: loss {last.eval_loss:.4f} at step {last.step}{ppl}"

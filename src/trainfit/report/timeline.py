@@ -93,7 +93,7 @@ def build_timeline(log: MonitorLog, slug: str) -> Timeline:
         panel("Live tensor memory (measured; a CPU run, no GPU: trainfit's count of the step's "
               "tensors under --memory-limit)", "GiB",
               [host("peak live tensors", "peak_allocated_bytes", 1 / GIB)]),
-    ]
+    ] if any(v is not None for v in cols["peak_allocated_bytes"]) else []  # no limit: no count
     panels = [
         *device_panels,
         panel("Host memory (measured)", "GiB",

@@ -255,13 +255,17 @@ def checkpoints(out: Path) -> list[Path]:
     return sorted(found, key=lambda p: step_of(p) or 0, reverse=True)
 
 
-def prune(out: Path, keep: int) -> list[Path]:
+def prune(out: Path, keep: int, upto_step: int | None = None) -> list[Path]:
     """Remove ``out``'s checkpoints older than its ``keep`` newest (never the one ``latest``
-    names); returns those removed. Each goes whole or stays: renamed aside first, then deleted, so
-    an interrupted prune leaves no half checkpoint under a ``checkpoint-N`` name."""
+    names); returns those removed. ``upto_step``: the run's step; checkpoints after it, of the run
+    this one resumed before (replaced as it saves those steps), are neither kept nor removed — a
+    review: they counted among the newest and this run's own went. Each goes whole or stays:
+    renamed aside first, then deleted, so an interrupted prune leaves no half checkpoint under a
+    ``checkpoint-N`` name."""
     latest = (out / "latest").read_text().strip() if (out / "latest").is_file() else None
     gone = []
-    for ck in checkpoints(out)[keep:]:
+    mine = [ck for ck in checkpoints(out) if upto_step is None or (step_of(ck) or 0) <= upto_step]
+    for ck in mine[keep:]:
         if ck.name == latest:
             continue
         aside = out / f".{ck.name}.removing"

@@ -126,14 +126,17 @@ def limit_tracker(limit_bytes: int | None, model: torch.nn.Module,
                     for t in [*weights, *states]}.values())
         what = ("the model's weights and the checkpoint's optimizer states" if states
                 else "the model's weights alone")
+        # the step adds the gradients (of the trainable weights) to what a resume loaded; a
+        # fresh run, the gradients and AdamW's two states: ~4 × the weights of a full fine-tune
+        grads = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        before_acts = need + grads if states else need * 4
         raise JobError(f"--memory-limit {limit_bytes:,} bytes: {what} take "
                        f"{need:,} bytes ({need / 2**20:.1f} MiB), more than the limit",
                        # not "e.g. 4 × the weights": that fits no micro-batch (a QA run)
-                       "give --memory-limit more: with a full fine-tune's gradients and AdamW's two "
-                       "states it is "
-                       f"~{max(1, math.ceil(need * (1 if states else 4) / 2**20))} MiB before "
-                       "any activation (trainfit plan predicts a micro-batch's whole step)"
-                       ) from None
+                       "give --memory-limit more: with the gradients"
+                       + ("" if states else " and AdamW's two states of a full fine-tune")
+                       + f" it is ~{max(1, math.ceil(before_acts / 2**20))} MiB before any "
+                       "activation (trainfit plan predicts a micro-batch's whole step)") from None
     return tracker
 
 

@@ -83,6 +83,9 @@ class SplitOnOOM:
     trainfit_ids: list[int]
     trainfit_step_loss = 0.0
     trainfit_world = 1
+    trainfit_ended = False
+    """A finished run trained on (its schedule had decayed to 0): the first step takes the new
+    schedule's rate (:meth:`_Watch.on_train_begin`)."""
     trainfit_hint: dict[str, Any] = {}  # noqa: RUF012 - replaced per trainer by _trainfit_init
     """What :func:`~trainfit.run.oom.cannot_split` may offer: the job, its device, its model."""
 
@@ -215,6 +218,19 @@ def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_l
         """Per step: the loss, sample ids and monitor line; an interrupt → save and stop; a
         non-finite loss → stop without saving; each save: the record and the digests."""
 
+        def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None,
+                           lr_scheduler: Any = None, **kw: Any) -> None:
+            # after the trainer loaded the checkpoint's optimizer and scheduler (transformers 5:
+            # _prepare_for_training, then on_train_begin): a finished run's optimizer carries its
+            # schedule's last rate, 0, and the first step would change no weight (a review, as
+            # trainfit's own loop did: run/loop.py)
+            lambdas = getattr(lr_scheduler, "lr_lambdas", None)
+            if not trainer.trainfit_ended or optimizer is None or not lambdas:
+                return
+            for group, base, rate in zip(optimizer.param_groups, lr_scheduler.base_lrs, lambdas,
+                                         strict=False):
+                group["lr"] = base * rate(lr_scheduler.last_epoch)
+
         def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             if not args.should_save:  # the trainer's main process writes
                 return
@@ -227,6 +243,8 @@ def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_l
             (ck / HISTORY).write_text(json.dumps(history, indent=1))
             write_digests(ck)
             res.checkpoints.append(str(ck))
+            # --keep-last: HF's save_total_limit removed the older ones before this callback
+            res.checkpoints = [c for c in res.checkpoints if Path(c).is_dir()]
             write_train_json(opts.out_dir, res)
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -395,9 +413,11 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     trainer.remove_callback(PrinterCallback)  # trainfit's monitor prints (and logs) the steps
     main = rank == 0
     res = new_result({**job.to_dict(), "backend": backend}, main=main)
+    ended = False
     if resume is not None:
         step = int(Path(resume).name.rsplit("-", 1)[1])
         check_steps_left(total, step, resume, opts, saved_steps)
+        ended = trainer.trainfit_ended = bool(saved_steps) and step >= (saved_steps or 0)
         # the run's own record when it ended at this checkpoint (a finished segment stays
         # finished), else the checkpoint's snapshot; a job that makes other samples refused
         run_record = read_record(Path(resume).parent)  # an HF checkpoint carries no job
@@ -409,7 +429,8 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     here = resume is not None and Path(resume).parent.resolve() == opts.out_dir.resolve()
     with RunDir(opts.out_dir, resuming=here, main=main) as claim:
         res.resumed_from = resume
-        changed = schedule_note(total, saved_steps, res.steps) if resume is not None else None
+        changed = schedule_note(total, saved_steps, res.steps, ended=ended) \
+            if resume is not None else None
         res.begin_segment(res.steps, resume,
                           [n for n in (note, changed, *claim.notes, *data.stats.notes) if n])
         _train(trainer, res, opts, job, data, source, eval_set, train_ids, wl, device, tracker,

@@ -430,8 +430,13 @@ class Trainer:
                 if main:
                     res.checkpoints.append(str(p))
                     if self.o.keep_last is not None:  # --keep-last: the older ones go
-                        gone = {str(c) for c in ckpt.prune(self.o.out_dir, self.o.keep_last)}
-                        res.checkpoints = [c for c in res.checkpoints if c not in gone]
+                        ckpt.prune(self.o.out_dir, self.o.keep_last, upto_step=self.state.step)
+                        # the record lists what is there: a resumed snapshot's list named
+                        # checkpoints an earlier prune had removed (a review); by name, as the
+                        # list's paths are the working directory's of the run that wrote them
+                        there = {c.name for c in ckpt.checkpoints(self.o.out_dir)}
+                        res.checkpoints = [c for c in res.checkpoints if Path(c).name in there
+                                           or Path(c).parent.name != self.o.out_dir.name]
                     write_train_json(self.o.out_dir, res)
             except ckpt.CheckpointWriteError as e:
                 err = e

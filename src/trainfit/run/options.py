@@ -97,7 +97,6 @@ class RunOptions:
                            "add --eval-data FILE or --eval-fraction F")
 
 
-
 BACKENDS = ("trainfit", "hf", "trl", "auto")
 """trainfit: the own loop (every guarantee, any model); hf: transformers.Trainer; trl:
 trl.SFTTrainer; auto: trainfit for a ``module:factory`` model, trl for chat data, hf for text."""
@@ -107,6 +106,7 @@ def check_backend(name: str) -> None:
     """A backend ``trainfit train`` has (JobError otherwise): checked before the model loads."""
     if name not in BACKENDS:
         raise JobError(f"--backend {name}: unknown", f"choose one of {', '.join(BACKENDS)}")
+
 
 class Interrupt:
     """SIGINT/SIGTERM ask the loop to stop after the step (a checkpoint is saved); which one came
