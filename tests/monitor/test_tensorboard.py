@@ -37,6 +37,24 @@ def test_step_metrics_reach_tensorboard(no_nvml, tmp_path):
     assert "host/host_ram_used_bytes" in tags and not any(t.startswith("gpu") for t in tags)
 
 
+def test_a_resumed_runs_readings_before_its_first_step_sit_at_its_start(no_nvml, tmp_path):
+    """Host readings taken before a resumed segment's first step were drawn at steps 0, 1, 2 …,
+    over the earlier segment's (an audit): they sit at the step the run starts from."""
+    from trainfit.monitor.progress import StepProgress
+
+    s = Sampler(tensorboard_dir=tmp_path / "tb", live=False, interval_s=10.0)
+    s.progress = StepProgress(total_steps=10, start_step=7)
+    s.open()
+    s.sample_once()
+    s.sample_once()
+    s.record_step(step=8, loss=2.0, tokens=64, samples=4, step_time_s=0.5)
+    s.sample_once()
+    s.stop()
+    tags = _scalars(tmp_path / "tb")
+    assert [st for st, _ in tags["host/host_ram_used_bytes"]][:3] == [7, 7, 8]
+    assert tags["train/loss"] == [(8, 2.0)]
+
+
 def test_train_writes_tensorboard(micro_model_json, chat_jsonl, tmp_path):
     from trainfit.job import JobSpec
     from trainfit.run.loop import RunOptions, train

@@ -393,7 +393,12 @@ class Sampler:
 
     def _write_tensorboard(self, rows: list[dict[str, Any]]) -> None:
         first = rows[0]
-        global_step = first["step"] if first["step"] is not None else self.samples
+        # before a run's first step: the step it starts from (a resumed segment's host readings
+        # landed at steps 0, 1, 2 … over the earlier segment's: an audit); a bare monitor has no
+        # steps: its sample count
+        start = getattr(self.progress, "start_step", None)
+        global_step = first["step"] if first["step"] is not None else \
+            start if start is not None else self.samples
         # a step's metrics once: a sample taken while no step ended (a checkpoint being saved,
         # an evaluation) carries the last step's row, which TensorBoard drew again at the same
         # step (an audit: train/loss 5 times at step 4); the host's and GPUs' readings each time
