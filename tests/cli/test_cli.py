@@ -462,3 +462,39 @@ def test_ctrl_c_outside_trains_own_handler_is_said(monkeypatch, capsys):
         cli_main.main()
     assert done.value.code == 130
     assert capsys.readouterr().err == "interrupted (Ctrl-C) before the command finished\n"
+
+
+def test_a_written_job_file_is_0644_and_a_replaced_one_keeps_its_mode(tmp_path):
+    """mkstemp made every tuned YAML 0600 (an audit); a new file is 0644, as report's are."""
+    import os
+
+    from trainfit.cli.jobargs import write_atomic
+
+    new = tmp_path / "t.yaml"
+    write_atomic(new, "model: gpt2\n")
+    assert new.stat().st_mode & 0o777 == 0o644 and new.read_text() == "model: gpt2\n"
+    os.chmod(new, 0o640)
+    write_atomic(new, "model: gpt2\nseq_len: 64\n")
+    assert new.stat().st_mode & 0o777 == 0o640
+
+
+def test_tune_with_nothing_that_fits_says_so_on_its_own_line(monkeypatch, tmp_path):
+    """Nothing fits: exit 1 (a measured outcome) with an error: line and what to change (an
+    audit: the notes were joined into the pick line, with no error: line)."""
+    import types
+    from pathlib import Path
+
+    import trainfit.cli.tune as tune_cli
+
+    monkeypatch.setattr(tune_cli, "_search", lambda job, opts, as_json: types.SimpleNamespace(
+        pick=None))
+    monkeypatch.setattr(tune_cli, "_report", lambda *a, **k: None)
+    data = Path(__file__).resolve().parents[2] / "examples" / "data" / "tiny_text.jsonl"
+    res = CliRunner().invoke(app, ["tune", "llama-tiny-58m", "--data", str(data), "--seq-len",
+                                   "32", "--effective-batch", "4", "--memory-limit", "0.8GiB"])
+    assert res.exit_code == 1, res.output
+    errors = [ln for ln in res.output.splitlines() if ln.startswith(("error:", "hint:"))]
+    assert errors == [
+        "error: no configuration tune tried fits in memory (measured: each ran out of memory)",
+        "hint: a shorter --seq-len, --method lora (or qlora on a GPU), or more memory "
+        "(--memory-limit on the CPU)"]

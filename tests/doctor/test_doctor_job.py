@@ -72,3 +72,16 @@ def test_a_cuda_round_carries_the_cards_reserved_peak(input_bound_yaml):
     torch.cuda.empty_cache()
     again = runner.measure(job, runner.data("eager", job), steps=steps, warmup=1, profile=False)
     assert 0 < again.device_peak_reserved_bytes <= 2 * first.device_peak_reserved_bytes
+
+
+def test_a_spread_over_one_round_is_unknown_not_zero():
+    """An audit: doctor --json gave before_spread 0.0 after one round; a spread needs two."""
+    from trainfit.doctor.result import Metrics, _spread
+
+    one = Metrics(step_time_s=1.0, tokens_per_s=100.0, data_wait_fraction=None,
+                  gpu_util_percent=None)
+    assert _spread(one) == {"step_time_s": None, "tokens_per_s": None, "rounds": 1}
+    two = Metrics(step_time_s=1.0, tokens_per_s=100.0, data_wait_fraction=None,
+                  gpu_util_percent=None, step_time_spread_s=0.1, tokens_per_s_spread=9.0,
+                  rounds=2)
+    assert _spread(two) == {"step_time_s": 0.1, "tokens_per_s": 9.0, "rounds": 2}

@@ -278,3 +278,20 @@ def test_the_quant_setting_is_the_bitsandbytes_config_the_plan_simulated(shardin
     assert cfg.load_in_4bit and cfg.bnb_4bit_quant_type == "nf4"
     assert cfg.bnb_4bit_compute_dtype == torch.bfloat16
     assert cfg.bnb_4bit_quant_storage == (getattr(torch, storage) if storage else torch.uint8)
+
+
+def test_a_trl_payload_names_the_trl_its_sftconfig_fields_are_from():
+    """An audit: emit --to trl said "names of transformers" only; SFTConfig's own fields are
+    TRL's."""
+    import importlib.metadata
+
+    from trainfit.job import JobSpec
+    from trainfit.job.emit import emit
+    from trainfit.render.emit import emit_messages
+
+    job = JobSpec(model="gpt2", micro_batch=2, grad_accum=2, precision="fp32", grad_ckpt="off")
+    e = emit(job, "trl", device="cpu")
+    first = emit_messages(e, "job.yaml", {}, searched=False)[0]
+    assert f"and TRL {importlib.metadata.version('trl')}" in first
+    assert "TRL" not in emit_messages(emit(job, "hf", device="cpu"), "job.yaml", {},
+                                      searched=False)[0]

@@ -133,6 +133,7 @@ CASES: list[tuple[str, Callable[[Path, str], list[str]], str]] = [
     ("tune --memory-limit 0", lambda d, j: ["tune", j, "--memory-limit", "0"], "must be > 0"),
     ("tune --margin 2", lambda d, j: ["tune", j, "--margin", "2"], "--margin"),
     ("tune --knobs nope", lambda d, j: ["tune", j, "--knobs", "nope"], "nope"),
+    ("tune --knobs ''", lambda d, j: ["tune", j, "--knobs", ""], "names no knob"),
     # doctor
     ("doctor --steps 1", lambda d, j: ["doctor", j, "--steps", "1"], "--steps 1"),
     ("doctor --warmup -1", lambda d, j: ["doctor", j, "--warmup", "-1"], "--warmup -1: must be ≥ 0"),

@@ -374,3 +374,4 @@ def test_no_8bit_optimizer_is_tried_under_a_zero_offload():
                  10 * GIB, SearchOptions(knobs=()), 10_000)
     assert s._eight_bit(job.replace(micro_batch=2), [1, 2, 4]) == []
     assert [n.kind for n in s.notes] == ["no_8bit_zero_offload"]
+

@@ -167,3 +167,20 @@ def test_a_busy_moment_in_the_proposing_probes_does_not_decide(tiny_llama):
     words = note_words(unsteady[0])
     assert "4.5× apart (fastest ÷ slowest, measured)" in words
     assert "so not shown slower: " in words and "attention eager (0.69×)" in words
+
+
+def test_a_comparison_that_ran_no_round_has_an_unknown_noise():
+    """An audit: tune --json gave vs_baseline.noise 0.0 where the budget ended before any round;
+    no round, no noise measured: null."""
+    from trainfit.speed.compare import Comparison
+    from trainfit.tune.tuner import TuneResult
+
+    def result(cmp: Comparison) -> dict:
+        return TuneResult(device="cpu", device_name="CPU", memory_limit_bytes=None, margin=0.1,
+                          search_time_s=1.0, dataset_samples=8, dataset_tokens=512, pick=None,
+                          baseline=None, trials=[], vs_baseline=cmp).to_dict()["vs_baseline"]
+
+    assert result(Comparison(ratios=[], noise=0.0, verdict="undecided", ended="budget"))[
+        "noise"] is None
+    assert result(Comparison(ratios=[1.2, 1.3], noise=0.04, verdict="undecided"))[
+        "noise"] == 0.04

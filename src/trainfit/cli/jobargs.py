@@ -83,11 +83,15 @@ def write_atomic(path: str | Path, text: str) -> None:
         raise JobError(f"{path}: directory {p.parent} does not exist", "create it first")
     tmp = None
     try:
+        # mkstemp makes 0600 files: a job file written anew is 0644, as report's files, and one
+        # replaced keeps its own mode (an audit: every tuned YAML came out 0600)
+        mode = p.stat().st_mode & 0o777 if p.is_file() else 0o644
         fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, mode)
         os.replace(tmp, p)
     except OSError as err:
         if tmp is not None:

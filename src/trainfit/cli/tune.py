@@ -49,6 +49,11 @@ def _job(target: str | None, job_flags: dict[str, Any], trust_remote_code: bool,
 
 def _knob_list(knobs: str | None, try_compile: bool, try_8bit_optimizer: bool) -> tuple[str, ...]:
     """--knobs (default: the registry's), plus the opt-in knobs asked for by their flags."""
+    if knobs is not None and not knobs.replace(",", "").strip():
+        # an empty list ran the defaults in silence (an audit)
+        raise JobError(f"--knobs {knobs!r}: names no knob",
+                       f"e.g. --knobs grad_ckpt,precision (choose from {','.join(KNOB_NAMES)}); "
+                       "leave it out to search the default ones")
     chosen = tuple(k.strip() for k in knobs.split(",")) if knobs else DEFAULT_KNOBS  # TuneOptions checks
     return chosen + tuple(k for k, on in (("compile", try_compile),
                                           ("optimizer_8bit", try_8bit_optimizer))
@@ -193,9 +198,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Measure the real job on the real device and choose the fastest configuration that fits."""
         args = list(target or [])
-        knob_list = _knob_list(knobs, try_compile, try_8bit_optimizer)
         fixed = fixed_knobs(set(job_flags or {}))
         try:
+            knob_list = _knob_list(knobs, try_compile, try_8bit_optimizer)
             from trainfit.cli.script import is_command
 
             if is_command(args):
@@ -233,4 +238,10 @@ def register(app: typer.Typer) -> None:
         except JobError as err:
             fail(err)
         if result.pick is None:
+            # exit 1: a measured outcome, not bad input (2); said on its own line with what to
+            # change (an audit: the notes were joined into the pick line, and no error: line)
+            typer.echo("error: no configuration tune tried fits in memory (measured: each ran "
+                       "out of memory)", err=True)
+            typer.echo("hint: a shorter --seq-len, --method lora (or qlora on a GPU), or more "
+                       "memory (--memory-limit on the CPU)", err=True)
             raise typer.Exit(1)

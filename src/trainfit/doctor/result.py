@@ -109,12 +109,9 @@ class DoctorResult:
                 "gain": None if self.gain is None else {
                     "verdict": self.gain_words, "ratios": list(self.gain.ratios),
                     "noise": self.gain.noise},
-                "before_spread": {"step_time_s": self.before.step_time_spread_s,
-                                  "tokens_per_s": self.before.tokens_per_s_spread,
-                                  "rounds": self.before.rounds},
-                "after_spread": None if self.after is None else {
-                    "step_time_s": self.after.step_time_spread_s,
-                    "tokens_per_s": self.after.tokens_per_s_spread, "rounds": self.after.rounds},
+                # a spread over rounds needs two: one round's is unknown, not 0 (an audit)
+                "before_spread": _spread(self.before),
+                "after_spread": None if self.after is None else _spread(self.after),
                 "after_findings": [f.to_dict() for f in self.after_findings],
                 "notes": list(self.notes)}
 
@@ -141,3 +138,10 @@ class DoctorResult:
         a = getattr(self.after, key)
         return Compared(key, b, self.before.half_spread(before_spread), a,
                         self.after.half_spread(after_spread), ratio(a, b))
+
+
+def _spread(m: Metrics) -> dict[str, Any]:
+    """The rounds' spread of a measurement (null under two rounds: nothing to spread)."""
+    known = m.rounds >= 2
+    return {"step_time_s": m.step_time_spread_s if known else None,
+            "tokens_per_s": m.tokens_per_s_spread if known else None, "rounds": m.rounds}

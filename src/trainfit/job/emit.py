@@ -99,6 +99,9 @@ class Emitted:
     """cpu | cuda (the device the job was tuned for; ``use_cpu`` follows it)."""
     transformers_version: str | None
     """The version the names are for (None: transformers not installed here)."""
+    trl_version: str | None = None
+    """For ``trl``: the TRL whose SFTConfig adds its own names to transformers' (None: not
+    installed here, or another target)."""
     script: list[ScriptSetting] = field(default_factory=list)
     """What the job sets that the payload cannot carry."""
     unstated: list[str] = field(default_factory=list)
@@ -407,4 +410,5 @@ def emit(job: JobSpec, target: str, *, device: str | None = None,
             unstated.append(name)
     recipe = {k: getattr(job, k) for k in ("lr", "seed") if stated is not None and k in stated}
     return Emitted(target=target, payload=payload, device=kind, transformers_version=version,
+                   trl_version=installed_version("trl") if target == "trl" else None,
                    script=script_settings(job, target), unstated=unstated, recipe=recipe)

@@ -27,6 +27,8 @@ def emit_messages(e: Emitted, source: str, extra: dict[str, Any], *, searched: b
     names = "" if e.target == "accelerate" else (
         f", names of transformers {version}" if version else
         ", names of transformers 5.23 (not installed here)")
+    if e.target == "trl":  # SFTConfig's own fields are TRL's (an audit)
+        names += f" and TRL {e.trl_version}" if e.trl_version else " and TRL (not installed here)"
     how = "tuned now" if searched else "read from the file, no probe run"
     lines = [f"emit: {source} → {_TARGET_WORDS[e.target]} for {e.device}{names}; {how}"]
     limit = extra.get("memory_limit")

@@ -120,8 +120,10 @@ class TuneResult:
                 "pick": trial(self.pick) if self.pick else None,
                 "baseline": trial(self.baseline) if self.baseline else None,
                 "unconfirmed": trial(self.unconfirmed) if self.unconfirmed else None,
+                # no round ran (the budget ended first): its noise is unknown, not 0 (an audit)
                 "vs_baseline": None if self.vs_baseline is None else {
-                    **asdict(self.vs_baseline), "median_ratio": self.vs_baseline.median},
+                    **asdict(self.vs_baseline), "median_ratio": self.vs_baseline.median,
+                    **({} if self.vs_baseline.ratios else {"noise": None})},
                 "probes": [trial(t) for t in self.trials],
                 "step_source": self.step_source,
                 "search_notes": [{"kind": n.kind, **n.data} for n in self.notes],
