@@ -495,6 +495,7 @@ def test_tune_with_nothing_that_fits_says_so_on_its_own_line(monkeypatch, tmp_pa
     assert res.exit_code == 1, res.output
     errors = [ln for ln in res.output.splitlines() if ln.startswith(("error:", "hint:"))]
     assert errors == [
-        "error: no configuration tune tried fits in memory (measured: each ran out of memory)",
+        "error: tune found no configuration that fits in memory (its notes above say what was "
+        "measured)",
         "hint: a shorter --seq-len, --method lora (or qlora on a GPU), or more memory "
         "(--memory-limit on the CPU)"]

@@ -240,8 +240,8 @@ def register(app: typer.Typer) -> None:
         if result.pick is None:
             # exit 1: a measured outcome, not bad input (2); said on its own line with what to
             # change (an audit: the notes were joined into the pick line, and no error: line)
-            typer.echo("error: no configuration tune tried fits in memory (measured: each ran "
-                       "out of memory)", err=True)
+            typer.echo("error: tune found no configuration that fits in memory (its notes above "
+                       "say what was measured)", err=True)
             typer.echo("hint: a shorter --seq-len, --method lora (or qlora on a GPU), or more "
                        "memory (--memory-limit on the CPU)", err=True)
             raise typer.Exit(1)
