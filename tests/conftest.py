@@ -33,6 +33,32 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
 
 
+@pytest.fixture()
+def fresh_cli():
+    """``run(argv, cwd=None) -> (exit code, stderr, {"torch": imported?, "transformers": …})``:
+    trainfit's entry point in a fresh interpreter, and which heavy modules it had imported when it
+    ended — an error is to be said before they load."""
+    import subprocess
+    import sys
+
+    def run(argv: list[str], cwd: object = None) -> tuple[object, str, dict[str, bool]]:
+        code = ("import sys\n"
+                f"sys.argv = ['trainfit', *{argv!r}]\n"
+                "from trainfit.cli.main import main\n"
+                "code = 0\n"
+                "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+                "print(code, 'torch' in sys.modules, 'transformers' in sys.modules)\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=300, cwd=cwd)
+        words = out.stdout.split()
+        if len(words) != 3:
+            return None, out.stderr, {}
+        return int(words[0]), out.stderr, {"torch": words[1] == "True",
+                                           "transformers": words[2] == "True"}
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def tiny_llama():
     from transformers import LlamaConfig

@@ -390,7 +390,7 @@ def test_a_config_of_a_model_without_a_language_model_head_says_so(tmp_path):
     assert lines[1].startswith("hint: trainfit plans text language models")
 
 
-def test_transformers_is_quieted_when_imported_not_by_the_entry_point():
+def test_transformers_is_quieted_when_imported_not_by_the_entry_point(fresh_cli):
     """A usage error or --help never imports transformers (~1.3 s, an audit timed flag errors
     at 11-20 s), yet once anything imports it its warnings are at the error level; the level is
     set in this process only (no TRANSFORMERS_VERBOSITY for a script doctor or tune runs)."""
@@ -415,38 +415,24 @@ def test_transformers_is_quieted_when_imported_not_by_the_entry_point():
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["40", "40"]  # logging.ERROR, both ways
     # a bad flag: said, exit 2, with neither transformers nor torch imported
-    bad = ("import sys\n"
-           "sys.argv = ['trainfit', 'plan', 'llama-2-7b', '--gpu', 'a100-80gb', '--micro-batch',"
-           " '0']\n"
-           "from trainfit.cli.main import main\n"
-           "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
-           "print(code, 'transformers' in sys.modules, 'torch' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", bad], capture_output=True, text=True, timeout=300)
-    assert "--micro-batch 0" in out.stderr
-    assert out.stdout.split() == ["2", "False", "False"]
-
+    code, err, imported = fresh_cli(["plan", "llama-2-7b", "--gpu", "a100-80gb", "--micro-batch",
+                                     "0"])
+    assert "--micro-batch 0" in err
+    assert (code, imported) == (2, {"torch": False, "transformers": False})
 
 @pytest.mark.parametrize("flags, said", [
     (["--max-steps", "0"], "--max-steps 0"), (["--backend", "foo"], "--backend foo"),
     (["--eval-every", "0"], "--eval-every 0"), (["--out", "README.md"], "is a file")])
-def test_trains_flag_errors_come_before_the_model_loads(flags, said):
+def test_trains_flag_errors_come_before_the_model_loads(flags, said, fresh_cli):
     """A flag's own error is said before the job's model is resolved (10-17 s of imports and
     building: an audit), with neither torch nor transformers imported."""
-    import subprocess
-    import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
     job = root / "examples" / "results" / "tune_llama_tiny.yaml"
-    code = ("import sys\n"
-            f"sys.argv = ['trainfit', 'train', {str(job)!r}, '--no-live', *{flags!r}]\n"
-            "from trainfit.cli.main import main\n"
-            "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
-            "print(code, 'torch' in sys.modules, 'transformers' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300, cwd=root)
-    assert said in out.stderr and out.stderr.startswith("error:"), out.stderr
-    assert out.stdout.split() == ["2", "False", "False"]
+    code, err, imported = fresh_cli(["train", str(job), "--no-live", *flags], cwd=root)
+    assert said in err and err.startswith("error:"), err
+    assert (code, imported) == (2, {"torch": False, "transformers": False})
 
 
 def test_ctrl_c_outside_trains_own_handler_is_said(monkeypatch, capsys):

@@ -67,28 +67,21 @@ def test_command_not_found():
 
 
 @pytest.mark.parametrize("verb", ["doctor", "plan", "tune"])
-def test_a_missing_script_is_said_before_anything_runs(tmp_path, verb):
+def test_a_missing_script_is_said_before_anything_runs(tmp_path, verb, fresh_cli):
     """``python missing.py``: one line naming the file, exit 2, before torch loads (the
     interpreter's own "can't open file" came after the hooks' setup, 5-6 s in: an audit)."""
-    import subprocess
-
     missing = tmp_path / "missing.py"
     res = CliRunner().invoke(app, [verb, "--", sys.executable, str(missing)])
     assert res.exit_code == 2
     assert [ln for ln in res.output.splitlines() if ln.startswith("error:")] == [
         f"error: {missing}: no such file"]
-    code = ("import sys\n"
-            f"sys.argv = ['trainfit', {verb!r}, '--', sys.executable, {str(missing)!r}]\n"
-            "from trainfit.cli.main import main\n"
-            "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
-            "print(code, 'torch' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300)
-    assert out.stdout.split() == ["2", "False"], out.stderr
+    code, err, imported = fresh_cli([verb, "--", sys.executable, str(missing)])
+    assert (code, imported.get("torch")) == (2, False), err
     # the interpreter's own options before the script (a review: python -u got past the check)
     res = CliRunner().invoke(app, [verb, "--", sys.executable, "-u", "-X", "importtime",
                                    str(missing)])
     assert res.exit_code == 2 and f"error: {missing}: no such file" in res.output
+
 
 def test_crashing_script_reports_code_and_last_lines(tmp_path):
     script = tmp_path / "crash.py"
