@@ -5,7 +5,7 @@ of steps, the learning-rate schedule, and the CPU stand-in for a GPU's capacity.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -97,6 +97,24 @@ def schedule_note(total: int, saved_steps: int | None, at_step: int,
             f"{saved_steps}: from step {at_step + 2} on, the updates differ from that run's (step "
             f"{at_step + 1} keeps the learning rate the checkpoint's optimizer state carries; "
             f"leave out --max-steps and --epochs to keep its schedule)")
+
+
+def ended_run(saved_steps: int | None, at_step: int) -> bool:
+    """The checkpoint's run had finished (its schedule decayed to 0 at ``saved_steps``)."""
+    return bool(saved_steps) and at_step >= (saved_steps or 0)
+
+
+def take_schedule_rate(optimizer: Any, scheduler: Any) -> None:
+    """Each parameter group's rate set to what ``scheduler`` (a LambdaLR: trainfit's linear
+    decay, HF's schedules) gives at its step: a finished run's optimizer carries its schedule's
+    last rate, 0, and the first step of a longer run on from it would change no weight (an
+    audit: reported trained).  Nothing for a scheduler without lambdas."""
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    if optimizer is None or not lambdas:
+        return
+    for group, base, rate in zip(optimizer.param_groups, scheduler.base_lrs, lambdas,
+                                 strict=False):
+        group["lr"] = base * rate(scheduler.last_epoch)
 
 
 def linear_decay(optimizer: torch.optim.Optimizer, total: int) -> torch.optim.lr_scheduler.LambdaLR:

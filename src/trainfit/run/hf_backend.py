@@ -50,9 +50,11 @@ from trainfit.run.checks import (
     check_data_size,
     check_runnable,
     check_steps_left,
+    ended_run,
     limit_tracker,
     linear_decay,
     schedule_note,
+    take_schedule_rate,
     total_steps,
 )
 from trainfit.run.evaluate import eval_split
@@ -221,15 +223,9 @@ def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_l
         def on_train_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None,
                            lr_scheduler: Any = None, **kw: Any) -> None:
             # after the trainer loaded the checkpoint's optimizer and scheduler (transformers 5:
-            # _prepare_for_training, then on_train_begin): a finished run's optimizer carries its
-            # schedule's last rate, 0, and the first step would change no weight (a review, as
-            # trainfit's own loop did: run/loop.py)
-            lambdas = getattr(lr_scheduler, "lr_lambdas", None)
-            if not trainer.trainfit_ended or optimizer is None or not lambdas:
-                return
-            for group, base, rate in zip(optimizer.param_groups, lr_scheduler.base_lrs, lambdas,
-                                         strict=False):
-                group["lr"] = base * rate(lr_scheduler.last_epoch)
+            # _prepare_for_training, then on_train_begin), as trainfit's own loop does
+            if trainer.trainfit_ended:
+                take_schedule_rate(optimizer, lr_scheduler)
 
         def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             if not args.should_save:  # the trainer's main process writes
@@ -417,7 +413,7 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     if resume is not None:
         step = int(Path(resume).name.rsplit("-", 1)[1])
         check_steps_left(total, step, resume, opts, saved_steps)
-        ended = trainer.trainfit_ended = bool(saved_steps) and step >= (saved_steps or 0)
+        ended = trainer.trainfit_ended = ended_run(saved_steps, step)
         # the run's own record when it ended at this checkpoint (a finished segment stays
         # finished), else the checkpoint's snapshot; a job that makes other samples refused
         run_record = read_record(Path(resume).parent)  # an HF checkpoint carries no job

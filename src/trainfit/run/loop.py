@@ -40,9 +40,11 @@ from trainfit.run.checks import (
     check_data_size,
     check_runnable,
     check_steps_left,
+    ended_run,
     limit_tracker,
     linear_decay,
     schedule_note,
+    take_schedule_rate,
     total_steps,
 )
 from trainfit.run.oom import (
@@ -136,15 +138,9 @@ class Trainer:
             saved = ckpt.load(ck, self.wl.model, self.wl.optimizer, self.scheduler, self.wl.scaler,
                               self.device, job=job.to_dict())
             check_steps_left(self.run_steps, saved.step, ck, opts, saved_steps)
-            ended = bool(saved_steps) and saved.step >= saved_steps
-            if ended:
-                # the checkpoint's run had ended: its optimizer carries linear decay's last rate,
-                # 0, and the first step on would change nothing (an audit: reported trained):
-                # that step takes the new schedule's rate
-                rate = max(0.0, 1 - saved.step / self.run_steps)
-                for group, base in zip(self.wl.optimizer.param_groups, self.scheduler.base_lrs,
-                                       strict=True):
-                    group["lr"] = base * rate
+            ended = ended_run(saved_steps, saved.step)
+            if ended:  # its first step takes the new schedule's rate, not the 0 it carries
+                take_schedule_rate(self.wl.optimizer, self.scheduler)
             changed = schedule_note(self.run_steps, saved_steps, saved.step, ended=ended)
             if changed:
                 self.notes.append(changed)
