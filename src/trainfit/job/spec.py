@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from trainfit.job.choices import (  # re-exported: the schema's vocabularies liv
     JobError,
     _choice,
 )
-from trainfit.job.validate import check_positive, check_types
+from trainfit.job.validate import check_positive, check_types, divisors
 
 
 @dataclass(kw_only=True)
@@ -435,10 +434,7 @@ class JobSpec:
         elif mb is not None and eff is not None:
             if eff % (mb * ranks):
                 per_rank = eff // ranks
-                # the divisors, in √n steps (a mistyped 10**12 took a long wait: a review); the
-                # first eight and the last two said
-                low = [m for m in range(1, math.isqrt(per_rank) + 1) if per_rank % m == 0]
-                fits = sorted({*low, *(per_rank // m for m in low)})
+                fits = divisors(per_rank)  # the first eight and the last two said
                 shown = [*fits[:8], "…", *fits[-2:]] if len(fits) > 10 else fits
                 said = ", ".join(map(str, shown[:-1])) + (" or " if len(shown) > 1 else "") + \
                     str(shown[-1])

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from trainfit.job.spec import JobError
+from trainfit.job.validate import divisors
 
 if TYPE_CHECKING:
     from trainfit.job.spec import JobSpec
@@ -16,7 +17,7 @@ def dividing_micro_batches(per_rank_batch: int, upto: int | None = None) -> list
     """The micro-batches (≤ ``upto``, default the per-rank batch) that divide the per-rank effective
     batch: with them gradient accumulation keeps the effective batch exact."""
     top = per_rank_batch if upto is None else min(upto, per_rank_batch)
-    return [m for m in range(1, top + 1) if per_rank_batch % m == 0]
+    return [m for m in divisors(per_rank_batch) if m <= top]
 
 
 def step_micro_batches(job: JobSpec, per_rank_batch: int, upto: int | None = None) -> list[int]:
