@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from trainfit.cli.main import app
 from trainfit.job import JobSpec
-from trainfit.job.emit import checkpointing_name, emit, job_yaml
+from trainfit.job.emit import checkpointing_name, emit, job_yaml, script_settings
 
 runner = CliRunner()
 
@@ -203,6 +203,14 @@ def test_checkpointing_name_follows_the_transformers_version():
     assert checkpointing_name("5.23.0") == "activation_checkpointing"
     assert checkpointing_name("4.57.1") == "gradient_checkpointing"
     assert checkpointing_name(None) == "activation_checkpointing"
+    # the accelerate script's checkpointing call has the same version's name
+    job = JobSpec(model="gemma-2b", micro_batch=2, grad_accum=4, grad_ckpt="full",
+                  precision="amp-bf16")
+    for version, name in (("5.23.0", "activation_checkpointing"),
+                          ("4.57.1", "gradient_checkpointing")):
+        got = {s.knob: s.where for s in script_settings(job, "accelerate", version)}
+        assert got["grad_ckpt"] == (f'model.{name}_enable({name}_kwargs='
+                                    '{"use_reentrant": False})')
 
 
 def test_activation_offload_is_sftconfigs_own_field_and_a_script_setting_for_hf(tmp_path):

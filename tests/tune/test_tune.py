@@ -64,6 +64,29 @@ def test_memory_limit_raises_the_gpu_oom_path(text_data):
     assert r.status == "ok"
 
 
+def test_tune_refuses_a_limit_below_weights_gradients_and_states(tmp_path, text_data,
+                                                                micro_model_json, text_jsonl):
+    """A limit above the weights and states but below them with the gradients: every candidate
+    runs out at its optimizer step (the real probe does, even at micro-batch 1 checkpointed), so
+    tune refuses it before probing (an audit: it probed, counting weights and states only)."""
+    src, data = text_data
+    job = JobSpec(model=str(src.name), seq_len=48, effective_batch=4, micro_batch=1,
+                  precision="fp32", grad_ckpt="full", data="x")
+    pred = CpuPredictor(src, data)
+    pred(job)
+    assert pred.floor_bytes > pred.steady_bytes  # the gradients: ~1/3 of weights+grads+states
+    limit = (pred.steady_bytes + pred.floor_bytes) // 2
+    r = Probe(src, data, torch.device("cpu"), memory_limit_bytes=limit).run(job, timed_steps=1)
+    assert r.status == "oom"
+    out = tmp_path / "t.yaml"
+    res = runner.invoke(app, ["tune", str(micro_model_json), "--data", str(text_jsonl),
+                              "--seq-len", "48", "--effective-batch", "4", "--out", str(out),
+                              "--memory-limit", f"{limit}B"])
+    assert res.exit_code == 2, res.output
+    assert "weights, gradients and optimizer states" in res.output
+    assert "tune: probing" not in res.output and not out.exists()
+
+
 def test_tune_cli_end_to_end(tmp_path, micro_model_json, chat_jsonl):
     src = resolve_model(str(micro_model_json))
     data = tokenize_rows(read_rows(chat_jsonl), builtin_tokenizer(), seq_len=48, task=src.task)

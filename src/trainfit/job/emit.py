@@ -255,8 +255,10 @@ _ATTN = {"sdpa": "sdpa", "sdpa-flash": "sdpa", "sdpa-efficient": "sdpa", "sdpa-m
          "eager": "eager"}
 
 
-def script_settings(job: JobSpec, target: str) -> list[ScriptSetting]:
-    """What the job sets that ``target``'s payload has no field for."""
+def script_settings(job: JobSpec, target: str, transformers_version: str | None = None
+                    ) -> list[ScriptSetting]:
+    """What the job sets that ``target``'s payload has no field for (method names as in
+    ``transformers_version``: 5.23 renamed gradient_checkpointing_enable)."""
     out = [ScriptSetting("attention", job.attention, f'from_pretrained(attn_implementation='
                                                      f'"{_ATTN[job.attention]}")'
                          + ("" if job.attention in ("sdpa", "eager") else
@@ -275,10 +277,10 @@ def script_settings(job: JobSpec, target: str) -> list[ScriptSetting]:
                                  f"Accelerator(gradient_accumulation_steps={job.grad_accum}), "
                                  f"DataLoader(batch_size={job.micro_batch})"))
         if job.grad_ckpt == "full" and job.sharding != "fsdp":
+            ckpt = checkpointing_name(transformers_version)
             out.append(ScriptSetting("grad_ckpt", job.grad_ckpt,
-                                     "model.gradient_checkpointing_enable("
-                                     'gradient_checkpointing_kwargs={"use_reentrant": '
-                                     f'{job.ckpt_reentrant}}})'))
+                                     f"model.{ckpt}_enable({ckpt}_kwargs="
+                                     f'{{"use_reentrant": {job.ckpt_reentrant}}})'))
     elif target == "hf":
         out.append(ScriptSetting("seq_len", job.seq_len,
                                  f"tokenizer(..., max_length={job.seq_len}, truncation=True)"
@@ -411,4 +413,4 @@ def emit(job: JobSpec, target: str, *, device: str | None = None,
     recipe = {k: getattr(job, k) for k in ("lr", "seed") if stated is not None and k in stated}
     return Emitted(target=target, payload=payload, device=kind, transformers_version=version,
                    trl_version=installed_version("trl") if target == "trl" else None,
-                   script=script_settings(job, target), unstated=unstated, recipe=recipe)
+                   script=script_settings(job, target, version), unstated=unstated, recipe=recipe)

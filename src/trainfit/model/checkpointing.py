@@ -57,3 +57,15 @@ def checkpoint_kwargs(grad_ckpt: str, reentrant: bool = False) -> dict[str, Any]
     if grad_ckpt == "selective":
         kw["context_fn"] = selective_context_fn
     return kw
+
+
+def enable_checkpointing(model: Any, grad_ckpt: str, reentrant: bool = False) -> None:
+    """Turn on transformers' checkpointing of each decoder layer: ``activation_checkpointing_enable``
+    where transformers has it (5.23 renamed the method: ``gradient_checkpointing_enable`` now warns
+    that v6 removes it), else the old name, with the same keyword arguments."""
+    kw = checkpoint_kwargs(grad_ckpt, reentrant)
+    new = getattr(model, "activation_checkpointing_enable", None)
+    if callable(new):
+        new(activation_checkpointing_kwargs=kw)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)

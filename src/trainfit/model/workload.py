@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from trainfit.job import JobError, JobSpec
-from trainfit.model.checkpointing import checkpoint_kwargs
+from trainfit.model.checkpointing import enable_checkpointing
 from trainfit.model.chunked_head import ChunkedHeadLM, TrlLogProbHeadLM
 from trainfit.model.custom import CausalLMAdapter, build_module
 from trainfit.model.in_backward import InBackwardOptimizer
@@ -182,8 +182,7 @@ def build_model_on_meta(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Mod
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise JobError(f"--grad-ckpt {job.grad_ckpt}: {source.name} does not support "
                            "gradient checkpointing in transformers", "use --grad-ckpt off")
-        model.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs=checkpoint_kwargs(job.grad_ckpt, job.ckpt_reentrant))
+        enable_checkpointing(model, job.grad_ckpt, job.ckpt_reentrant)
     model.train()
 
     return _finish_model(job, source, model, cfg, info, train_dtype)

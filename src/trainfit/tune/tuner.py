@@ -173,6 +173,13 @@ class CpuPredictor:
                       step_time_s=sp.step_time_s, tokens_per_s=sp.tokens_per_s)
         self._cache[key] = p
         self.steady_bytes = sim.steady_bytes
+        # what the optimizer step holds whatever the micro-batch and checkpointing: weights,
+        # their gradients and the states (the optimizer phase's peak, less its temporaries,
+        # which the optimizer_impl knob changes); the states alone when 8-bit ones may replace them
+        at_step = sim.phase_breakdowns.get("optimizer", {})
+        self.floor_bytes = max(sim.steady_bytes, sum(
+            at_step.get(c, 0) for c in ("parameters", "gradients", "optimizer", "buffers")))
+        self.floor_states_bytes = at_step.get("optimizer", 0)
         return p
 
 
@@ -210,14 +217,19 @@ def device_side(source: ModelSource, data: TokenData, device: torch.device, opts
     return capacity, f"CPU ({os.cpu_count()} cores), live tensor bytes", CpuPredictor(source, data)
 
 
-def _check_first_guess(first: Predicted | None, predict: Any, capacity: int | None) -> None:
-    """Refuse before probing what the prediction already shows cannot work."""
+def _check_first_guess(first: Predicted | None, predict: Any, capacity: int | None,
+                       states_may_shrink: bool = False) -> None:
+    """Refuse before probing what the prediction already shows cannot work: the weights, their
+    gradients and the optimizer states, which every candidate holds at its optimizer step (an
+    audit: counting weights and states only, tune probed limits the gradients overflowed)."""
     if first is not None and capacity is not None and isinstance(predict, CpuPredictor):
-        steady = predict.steady_bytes
-        if steady > capacity:
+        floor = predict.floor_bytes
+        if states_may_shrink:  # the 8-bit knob: its states are a quarter of 32-bit AdamW's
+            floor -= predict.floor_states_bytes * 3 // 4
+        if floor > capacity:
             raise JobError(f"--memory-limit {capacity / 2**30:.2f} GiB is smaller than the model's "
-                           f"weights and optimizer states ({steady / 2**30:.2f} GiB predicted)",
-                           "raise the limit, or use --method lora")
+                           f"weights, gradients and optimizer states ({floor / 2**30:.2f} GiB "
+                           "predicted at the optimizer step)", "raise the limit, or use --method lora")
     # no refusal from a predicted step time: on the CPU stand-in it is the CPU model's, which
     # over-states a tiny step ~3× (a QA run: one probe predicted 34 s, 8 probes ran in 100 s),
     # and the GPU predictor gives memory only; the search stops at the budget, measured (its
@@ -318,7 +330,8 @@ def run_search(job: JobSpec, opts: TuneOptions, bench: Bench, t0: float,
     predict, device = bench.predict, bench.device
     # 1, or the only micro-batch optimizer_in_backward allows (the per-rank batch)
     smallest = (micro_options(base, bench.samples)[0] or [1])[0]
-    _check_first_guess(predict(base.replace(micro_batch=smallest)), predict, bench.capacity)
+    _check_first_guess(predict(base.replace(micro_batch=smallest)), predict, bench.capacity,
+                       states_may_shrink="optimizer_8bit" in opts.knobs)
     sopts = SearchOptions(margin=opts.margin, budget_s=opts.budget_s, knobs=opts.knobs,
                           bitsandbytes=importlib.util.find_spec("bitsandbytes") is not None,
                           precisions=_precisions(device),
