@@ -139,3 +139,34 @@ def test_the_split_of_a_noisy_run_sums_to_its_step():
     parts = s.data_wait_s + s.forward_s + s.backward_s
     assert parts == pytest.approx(0.7) and s.other_s == 0.0
     assert s.forward_s / s.backward_s == pytest.approx(0.3 / 0.45)
+
+
+@pytest.mark.parametrize("before_s, after_s, rounds, words", [
+    # a decisive gain (2×, repeats 1 % apart): two rounds decide it
+    ([1.0, 1.01, 1.0, 1.0], [0.5, 0.49, 0.5, 0.5], 2, "faster"),
+    # 10 % faster at ~1 % noise: not decisive in two rounds, so all four of tune's rule run
+    ([1.0, 1.01, 1.0, 1.005], [0.91, 0.905, 0.91, 0.9], 4, "faster"),
+    # the second round contradicts the first one's gain: no more rounds can make it faster
+    ([1.0, 1.0, 1.0, 1.0], [0.8, 1.0, 0.8, 0.8], 2, "undecided"),
+    ([1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.8, 0.8], 2, "not_faster"),
+])
+def test_the_rounds_stop_once_the_rule_has_decided(before_s, after_s, rounds, words):
+    """doctor's verdict asks what tune's does (4 rounds, or 2 beyond 5× the noise): an audit found
+    it decided on 2; the rounds stop early only where more could not change the verdict."""
+    from types import SimpleNamespace as NS
+
+    from trainfit.doctor.run import _gain, _interleaved_rounds
+
+    seen: list[str] = []
+    times = {"before": iter(before_s[1:]), "after": iter(after_s)}
+
+    def measure(job, mode, label):
+        seen.append(label)
+        return _round(next(times[label.split()[0]]))
+    bench = NS(measure=measure, job=None, before_mode="eager")
+    befores, afters = _interleaved_rounds(bench, _round(before_s[0]), None, "eager", 4)
+    assert len(befores) == len(afters) == rounds
+    assert seen[-1] == f"after #{rounds}"
+    r = result(None)
+    r.gain, r.applied = _gain(befores, afters), ["a fix"]
+    assert r.gain_words == words

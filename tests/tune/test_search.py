@@ -60,6 +60,13 @@ def test_noise_needs_confirmation():
     out = s.search()
     assert out.best.job.attention == "sdpa"  # the gain did not survive the re-measurement
     assert [t.stage for t in out.trials].count("confirm") == 2
+    # dropped after the one round that contradicted it, and said (an audit: no trace was left)
+    (n,) = [n for n in out.notes if n.kind == "contradicted"]
+    assert n.data["proposal"] == pytest.approx(1.3) and n.data["ratios"] == pytest.approx([1.0])
+    assert note_words(n) == ("dropped: attention eager ran 1.30× when first probed (not a round), "
+                             "then 1.00× the tokens/s of the current best in interleaved rounds: "
+                             "a round contradicted the gain, so no more rounds could confirm it; "
+                             "kept the current best")
 
 
 def test_real_gain_is_taken_and_prediction_prunes():

@@ -77,7 +77,9 @@ def register(app: typer.Typer) -> None:
             help="Apply the fixes to a copy of a trainfit job and measure again (the file is not "
                  "changed).")] = True,
         repeats: Annotated[int, typer.Option(
-            help="Before/after rounds, interleaved (B A B A …): CPU timing drifts between repeats.")] = 2,
+            help="Most before/after rounds, interleaved (B A B A …; CPU timing drifts between "
+                 "repeats): a fix is called faster when all 4 rounds agree (tune's rule), or 2 "
+                 "agree far beyond the noise; the rounds stop once decided.")] = 4,
         device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N (trainfit jobs).")] = "cpu",
         timeout_s: Annotated[float, typer.Option(
             "--timeout-s", help="Stop a command that has not finished its window by then.")] = 900.0,

@@ -105,6 +105,15 @@ def note_words(n: SearchNote) -> str:
                              + f"{d['noise']:.0%}, measured)"
                              + (f": {d['why']}" if d.get("why") else "")
                              + "; kept the simpler configuration",
+        "contradicted": lambda: f"dropped: {_changes(d['changes'])} ran "
+                                + _proposal_words(d.get("proposal"))
+                                + (", ".join(f"{r:.2f}×" for r in d["ratios"]) or "no round")
+                                + " the tokens/s of the current best in interleaved rounds"
+                                + ("; a re-measure no longer fit" if d.get("ended") ==
+                                   "no_longer_fits" else
+                                   ": a round contradicted the gain, so no more rounds could "
+                                   "confirm it")
+                                + "; kept the current best",
         "not_compared": lambda: f"not decided: {_changes(d['changes'])} ran "
                                 + (f"{d['ratio']:.2f}× " if d["ratio"] else "")
                                 + "the tokens/s of the current best on its one probe (not a "

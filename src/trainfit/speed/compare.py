@@ -10,6 +10,9 @@ from dataclasses import dataclass
 NOISE_FLOOR = 0.03
 """Smallest relative speed gain ever called real: tune's default (SearchOptions.noise_floor)
 and doctor's before/after."""
+ROUNDS = 4
+"""Interleaved rounds a gain must survive (tune's SearchOptions.rounds, doctor's most): every
+round faster and no overlap happens to two equally fast configurations 1 in C(8, 4) = 70 times."""
 DECISIVE_NOISE = 5.0
 """A gain this many times the measured noise, in each of at least two interleaved rounds and
 between every repeat, is decided with fewer than

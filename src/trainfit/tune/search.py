@@ -15,7 +15,7 @@ from typing import Any
 
 from trainfit.job import DEFAULT_MARGIN, JobSpec, step_micro_batches, step_precisions
 from trainfit.job.fields import DEFAULT_KNOBS, KNOB_NAMES
-from trainfit.speed.compare import NOISE_FLOOR, Comparison
+from trainfit.speed.compare import NOISE_FLOOR, ROUNDS, Comparison
 from trainfit.tune.result import ProbeResult, SearchNote
 
 KNOBS = KNOB_NAMES  # the registry of tune's knobs (trainfit.job.fields)
@@ -62,7 +62,7 @@ class SearchOptions:
     """Smallest relative speed gain ever called real."""
     run_steps: int | None = None
     """Planned optimizer steps of the real run (amortises compile time)."""
-    rounds: int = 4
+    rounds: int = ROUNDS
     """Interleaved rounds (A B, then B A, …) a gain must survive: every round must show it, and no
     repeat of the candidate may be slower than a repeat of the incumbent.  The probes that
     proposed the candidate are not one of them (measured minutes apart, not back to back)."""
@@ -256,6 +256,12 @@ class Searcher:
                 "changes": _diff(cand.job, best.job), "ratio": b / a if a > 0 else None}))
             return False
         c = self.compare(best, cand, first=(a, b))
+        if c.verdict == "not_faster":
+            # faster on the probe that proposed it, not in the rounds: dropped, and said (an
+            # audit: a candidate dropped after one contradicting round left no trace)
+            self.notes.append(SearchNote("contradicted", {
+                "changes": _diff(cand.job, best.job), "proposal": c.proposal,
+                "ratios": c.ratios, "ended": c.ended}))
         if c.verdict == "undecided":
             self.notes.append(SearchNote("undecided", {
                 "changes": _diff(cand.job, best.job), "ratios": c.ratios, "noise": c.noise,
