@@ -213,3 +213,18 @@ def test_a_step_mostly_outside_the_named_parts_is_loop_code():
     obs = Observation(split=split(forward_s=0.4, backward_s=0.5, optimizer_s=0.09, other_s=0.3),
                       device="cpu", trainfit_job=True, matmul_time_fraction=0.8, mfu=0.4)
     assert "loop-code" not in [f.bottleneck for f in find(obs)]
+
+
+@pytest.mark.parametrize("fraction", [0.3, 0.5, 0.7])
+def test_bf16_is_advised_only_where_its_multiplies_are_fast(fraction):
+    """An audit: doctor advised bf16 autocast on a CPU whose bf16 steps ran 28× slower (no bf16
+    matrix instructions). There the advice says not to; on a device with a fast bf16 path, or
+    unknown (a GPU), it is given."""
+    def fix(fast):
+        obs = Observation(split=split(forward_s=0.4, backward_s=0.5, optimizer_s=0.1), device="cpu",
+                          trainfit_job=True, matmul_time_fraction=fraction, bf16_fast=fast)
+        return find(obs)[0].fix
+    assert "not bf16 on this CPU" in fix(False) and "bf16 autocast" not in fix(False)
+    for fast in (True, None):
+        assert "not bf16" not in fix(fast) and "bf16" in fix(fast)
+

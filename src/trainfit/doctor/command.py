@@ -11,7 +11,7 @@ import psutil
 from trainfit.doctor.findings import Observation, find
 from trainfit.doctor.inject import ForeignRun, check_steps, run_foreign
 from trainfit.doctor.measure import op_overhead_s, sampler_fraction
-from trainfit.doctor.peaks import bounded_mfu, cpu_peak_flops
+from trainfit.doctor.peaks import bounded_mfu, cpu_bf16_fast, cpu_peak_flops
 from trainfit.doctor.result import DoctorResult, Metrics
 from trainfit.doctor.split import (
     Split,
@@ -47,7 +47,8 @@ def foreign_observation(run: ForeignRun, op_s: float) -> tuple[Observation, Spli
         peak_memory_bytes=s.get("peak_allocated_bytes") or s.get("max_rss_bytes"),
         memory_capacity_bytes=s.get("device_total_bytes") or psutil.virtual_memory().total,
         params_on_cpu_fraction=params_cpu, num_workers=None if workers is None else int(workers),
-        cpu_count=os.cpu_count() or 1, optimizer_fused=opt.get("fused") if opt else None, host=run.host)
+        cpu_count=os.cpu_count() or 1, optimizer_fused=opt.get("fused") if opt else None,
+        bf16_fast=None if s.get("cuda_used") else cpu_bf16_fast(), host=run.host)
     return obs, split
 
 

@@ -118,6 +118,11 @@ class Observation:
     """(micro-batch, measured tokens/s gain fraction) from probing a larger micro-batch."""
     padding_fraction: float | None = None
     optimizer_fused: bool | None = None
+    bf16_fast: bool | None = None
+    """Whether bf16 matrix multiplies run fast here: False on a CPU without bf16/AVX-512 matrix
+    instructions (PyTorch's own check, doctor/peaks.py), where they are emulated — this machine's
+    kind: ~1 GFLOP/s against fp32's ~100, a tune audit measured a 28× slower step; None unknown
+    (a GPU: bf16 is its fast path where the catalog gives a bf16 peak)."""
     host: HostSummary | None = None
     extra: dict[str, float] = field(default_factory=dict)
 
@@ -350,6 +355,14 @@ def _swap(o: Observation) -> Finding | None:
                    f"the host paged {rate / 2**20:.1f} MiB/s during the run (measured)")
 
 
+def _bf16(o: Observation, why: str) -> str:
+    """The bf16 advice, or where bf16 would be slower here, that said instead (an audit: doctor
+    advised bf16 autocast on a CPU where bf16 steps ran 28× slower)."""
+    if o.bf16_fast is False:
+        return "not bf16 on this CPU (no bf16 matrix instructions: its bf16 multiplies run slower than fp32)"
+    return f"bf16 autocast where the device supports it ({why})"
+
+
 def _compute_or_bandwidth(o: Observation) -> Finding:
     s = o.split
     ev: dict[str, float | None] = {"step_time_s": _r(s.step_time_s), "mfu": _r(o.mfu, 4),
@@ -365,15 +378,15 @@ def _compute_or_bandwidth(o: Observation) -> Finding:
         gain = _r(_gain(o.padding_fraction), 4)
     frac = o.matmul_time_fraction
     if frac is not None and abs(frac - MATMUL_COMPUTE_FRACTION) < MATMUL_BAND:
-        return Finding("compute-and-bandwidth", ev, "both matter: bf16 autocast where the device "
-                       "supports it (faster matrix multiplies, half the bytes) and fused elementwise "
-                       "work (torch.compile, a fused optimizer)" + pad_fix, gain,
+        return Finding("compute-and-bandwidth", ev, "both matter: "
+                       + _bf16(o, "faster matrix multiplies, half the bytes") + "; fused "
+                       "elementwise work (torch.compile, a fused optimizer)" + pad_fix, gain,
                        f"matrix multiplies are {frac:.0%} of op time (measured), within "
                        f"{MATMUL_BAND:.0%} of the {MATMUL_COMPUTE_FRACTION:.0%} line between compute- "
                        "and bandwidth-bound: neither dominates")
     if frac is not None and frac < MATMUL_COMPUTE_FRACTION:
         return Finding("bandwidth-bound", ev, "fuse the elementwise work: torch.compile, a fused "
-                       "optimizer, bf16 autocast where the device supports it (half the bytes)" + pad_fix,
+                       "optimizer; " + _bf16(o, "half the bytes") + pad_fix,
                        gain, f"matrix multiplies are only {o.matmul_time_fraction:.0%} of op time "
                        "(measured): the rest moves memory")
     mfu = (f"MFU {o.mfu:.1%}" if o.mfu < 0.01 else f"MFU {o.mfu:.0%}") if o.mfu is not None \
@@ -392,5 +405,7 @@ def _compute_or_bandwidth(o: Observation) -> Finding:
                        f"the step's time is in its matrix multiplies, at {mfu}, far below the "
                        "peak (measured time, counted FLOPs, measured peak)")
     return Finding("compute-bound", ev, "good: the step computes. More throughput needs less work per "
-                   "token (bf16/fp16 where supported, a smaller model) or a faster device" + pad_fix, gain,
+                   "token (" + ("a smaller model; not bf16 on this CPU: no bf16 matrix instructions"
+                                if o.bf16_fast is False else "bf16/fp16 where supported, a smaller "
+                                "model") + ") or a faster device" + pad_fix, gain,
                    f"{mfu} (measured time, counted FLOPs, measured peak)")

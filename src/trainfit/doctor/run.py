@@ -30,7 +30,7 @@ from trainfit.doctor.findings import Finding, Observation, find
 from trainfit.doctor.fixes import WorkerTrial, choose_workers
 from trainfit.doctor.inject import DoctorError, check_steps
 from trainfit.doctor.measure import JobRunner, Round, op_overhead_s, resolve_relative, sampler_fraction
-from trainfit.doctor.peaks import bounded_mfu, cpu_peak_flops, gpu_peak_flops
+from trainfit.doctor.peaks import bounded_mfu, cpu_bf16_fast, cpu_peak_flops, gpu_peak_flops
 from trainfit.doctor.result import DoctorResult, Metrics
 from trainfit.doctor.split import (
     calibrate_hook_cost_s,
@@ -133,6 +133,7 @@ def _observation(r: Round, runner: JobRunner | None, op_s: float, *, lazy: bool,
         lazy_tokenization=lazy, micro_batch=job.micro_batch,
         max_micro_batch=probe[0] if probe else _largest_micro(job, 16),
         measured_micro_batch_gain=probe, padding_fraction=pad, optimizer_fused=job.optimizer_impl == "fused",
+        bf16_fast=cpu_bf16_fast() if runner is None or runner.device.type == "cpu" else None,
         host=r.host)
 
 
