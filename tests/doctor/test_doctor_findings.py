@@ -209,10 +209,35 @@ def test_a_step_mostly_outside_the_named_parts_is_loop_code():
     assert f.evidence["other_fraction"] == pytest.approx(0.0055 / 0.0066, abs=1e-4)
     assert f.predicted_gain_fraction == pytest.approx(1 / (1 - 0.0055 / 0.0066) - 1, rel=1e-3)
     assert "upper bound" in f.detail and "py-spy" in f.fix
-    # under half of the step: not a finding
+    # under a quarter of the step (23 %): not a finding
     obs = Observation(split=split(forward_s=0.4, backward_s=0.5, optimizer_s=0.09, other_s=0.3),
                       device="cpu", trainfit_job=True, matmul_time_fraction=0.8, mfu=0.4)
     assert "loop-code" not in [f.bottleneck for f in find(obs)]
+    # an audit: 42 % of the step in the loop's own code went unnamed under a 50 % line. Named
+    # now, after the finding on the rest (under half the step it may not be the bottleneck:
+    # a per-token .item() loop's verdict flipped between sync-bound and loop-code run to run)
+    obs = Observation(split=split(forward_s=0.25, backward_s=0.3, optimizer_s=0.03, other_s=0.42),
+                      device="cpu", trainfit_job=True, matmul_time_fraction=0.8, mfu=0.4)
+    assert [f.bottleneck for f in find(obs)] == ["compute-bound", "loop-code"]
+
+
+@pytest.mark.parametrize("trainfit_job", [True, False])
+def test_an_unfused_optimizer_heavy_step_is_named(trainfit_job):
+    """An audit: doctor had no optimizer finding where tune's optimizer_impl knob measured fused
+    AdamW faster. A step 30 % in an unfused optimizer is named, with the gain as an upper bound;
+    a fused one, or an optimizer with no fused kernel (unknown), is not."""
+    def found(fused, opt_s=0.3):
+        obs = Observation(split=split(forward_s=0.3, backward_s=0.4, optimizer_s=opt_s),
+                          device="cpu", trainfit_job=trainfit_job, matmul_time_fraction=0.7,
+                          optimizer_fused=fused)
+        return {f.bottleneck: f for f in find(obs)}
+    f = found(False)["slow-optimizer"]
+    assert f.evidence["optimizer_fraction"] == pytest.approx(0.3)
+    assert f.predicted_gain_fraction == pytest.approx(1 / 0.7 - 1, abs=1e-3)
+    assert "upper bound" in f.detail
+    assert ("optimizer_impl: fused" if trainfit_job else "fused=True") in f.fix
+    assert "slow-optimizer" not in found(True) and "slow-optimizer" not in found(None)
+    assert "slow-optimizer" not in found(False, opt_s=0.1)  # 12.5 % of the step
 
 
 @pytest.mark.parametrize("fraction", [0.3, 0.5, 0.7])

@@ -17,6 +17,13 @@ def test_comparison_verdicts():
     assert Comparison.of([100, 98], [135, 140], [0.08] * 4, 0.03, 4).verdict == "undecided"
     assert Comparison.of([100], [250], [0.01] * 2, 0.03, 4).verdict == "undecided"  # one round
     assert Comparison.of([100, 100], [101, 99], [0.0] * 4, 0.03, 3).verdict == "not_faster"
+    # one round 1.77× faster, the other 0.02× (a host spike in its after round): the median is
+    # below the floor, but the rounds disagree — not "not faster" (a doctor run said so)
+    split = Comparison.of([7847, 7700], [13_890, 154], [0.05] * 4, 0.03, 4)
+    assert split.verdict == "undecided" and split.why.startswith("a round was not faster")
+    # most rounds show no gain: not faster
+    assert Comparison.of([100, 100, 100], [177, 90, 95], [0.05] * 6, 0.03, 4).verdict == \
+        "not_faster"
     # a gain inside the noise this run measured is undecided even when every round shows it and
     # the repeats do not overlap: eager attention 5-10 % over sdpa at 5-14 % noise was the pick
     # in 2 of 5 runs of one tune

@@ -22,6 +22,10 @@ from trainfit.doctor.split import (
     median_split,
 )
 
+FUSABLE = ("Adam", "AdamW", "SGD", "Adagrad")
+"""torch.optim classes with a ``fused=True`` implementation: another optimizer's "unfused" has no
+fused one to suggest (a bitsandbytes 8-bit AdamW is its own kernel)."""
+
 
 def foreign_observation(run: ForeignRun, op_s: float) -> tuple[Observation, Split]:
     s = run.summary
@@ -47,7 +51,8 @@ def foreign_observation(run: ForeignRun, op_s: float) -> tuple[Observation, Spli
         peak_memory_bytes=s.get("peak_allocated_bytes") or s.get("max_rss_bytes"),
         memory_capacity_bytes=s.get("device_total_bytes") or psutil.virtual_memory().total,
         params_on_cpu_fraction=params_cpu, num_workers=None if workers is None else int(workers),
-        cpu_count=os.cpu_count() or 1, optimizer_fused=opt.get("fused") if opt else None,
+        cpu_count=os.cpu_count() or 1,
+        optimizer_fused=opt.get("fused") if opt.get("name") in FUSABLE else None,
         bf16_fast=None if s.get("cuda_used") else cpu_bf16_fast(), host=run.host)
     return obs, split
 
