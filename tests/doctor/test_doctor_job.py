@@ -85,3 +85,50 @@ def test_a_spread_over_one_round_is_unknown_not_zero():
                   gpu_util_percent=None, step_time_spread_s=0.1, tokens_per_s_spread=9.0,
                   rounds=2)
     assert _spread(two) == {"step_time_s": 0.1, "tokens_per_s": 9.0, "rounds": 2}
+
+
+def test_a_cpu_memory_limit_is_read_against_live_tensor_bytes(micro_model_json, text_jsonl,
+                                                              tmp_path, one_thread):
+    """An audit: doctor read a job file's memory_limit (tune's: live tensor bytes) against the
+    process's RSS — 1.42 GiB of interpreter and libraries against 2.5 GiB hid that checkpointing
+    was needless. It now measures the step's live tensors, as tune and train count them (the
+    simulation of the same step, exact on CPU, agrees); a limit given as a size is read too."""
+    from trainfit.data import builtin_tokenizer, read_rows, tokenize_rows
+    from trainfit.job import JobSpec
+    from trainfit.model.source import resolve_model
+    from trainfit.tune.tuner import CpuPredictor
+
+    job = tmp_path / "job.yaml"
+    job.write_text(f"model: {micro_model_json}\ndata: {text_jsonl}\nseq_len: 32\nmicro_batch: 2\n"
+                   "grad_accum: 2\nprecision: fp32\ngrad_ckpt: full\nmemory_limit: 64MiB\n")
+    r = doctor_job(job, steps=3, warmup=1, repeats=1)
+    (f,) = [f for f in r.findings if f.bottleneck == "needless-recompute"]
+    assert f.evidence["memory_capacity_bytes"] == 64 * 2**20
+    src = resolve_model(str(micro_model_json))
+    data = tokenize_rows(read_rows(text_jsonl), builtin_tokenizer(), seq_len=32, task=src.task)
+    want = CpuPredictor(src, data)(JobSpec(model=str(micro_model_json), data="x", seq_len=32,
+                                           micro_batch=2, grad_accum=2, precision="fp32",
+                                           grad_ckpt="full")).peak_allocated_bytes
+    # 2,331,552 measured against 2,330,528 simulated when written (+0.04 %)
+    assert f.evidence["peak_memory_bytes"] == pytest.approx(want, rel=0.01)
+    assert f.evidence["peak_memory_bytes"] < 2**24  # not the process's RSS (hundreds of MiB)
+    assert any("grad_ckpt full → off" in a and "within the memory_limit" in a for a in r.applied)
+
+
+def test_checkpointing_stays_on_where_its_removal_would_break_the_limit():
+    """needless-recompute is applied only after the step without checkpointing is measured
+    within the CPU memory limit (the rounds themselves run without the limit's tracker)."""
+    from types import SimpleNamespace as NS
+
+    from trainfit.doctor.run import _apply_fixes
+    from trainfit.job import JobSpec
+
+    job = JobSpec(model="m", data="d", seq_len=32, micro_batch=2, grad_accum=2, grad_ckpt="full")
+    for need, kept in ((3 * 2**20, True), (2**20 // 2, False)):
+        bench = NS(job=job, before_mode="eager", lazy=False, capacity=2**20,
+                   live_peak=lambda j, n=need: n)
+        notes: list[str] = []
+        after, _, applied = _apply_fixes(bench, ["needless-recompute"], None, notes)
+        assert (after.grad_ckpt == "full") is kept
+        assert any("checkpointing kept" in n and "over the memory_limit" in n for n in notes) is kept
+        assert bool(applied) is not kept

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any
@@ -11,27 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from trainfit.job import JobError, JobSpec, is_code_spec
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_bytes(text: str | None, flag: str) -> int | None:
-    """``1.5GiB`` → 1610612736; GB = 10^9, GiB = 2^30 (the unit is required to be explicit
-    above 1 KiB so the two are never confused)."""
-    if text is None:
-        return None
-    examples = "e.g. 1.5GiB, 512MiB, 8GB (GB = 10^9, GiB = 2^30 bytes)"
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise JobError(f"{flag} {text}: not a size", examples)
-    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if value <= 0:
-        raise JobError(f"{flag} {text}: must be > 0", examples)
-    if value < 1:  # int() would make it 0 bytes, which reads as "no limit"
-        raise JobError(f"{flag} {text}: less than one byte", examples)
-    return int(value)
-
+from trainfit.job.files import file_memory_limit, parse_bytes  # noqa: F401 (the commands' import)
 
 AllowCode = Annotated[bool, typer.Option(
     "--allow-code", help="Run a module:factory model named in the job file (a job file alone "
@@ -141,15 +120,6 @@ def default_attention(job: JobSpec, fields: dict[str, Any], say: Any = None,
         say(f"attention: {source.name} has no SDPA implementation in transformers: its eager "
             "attention is used (--attention eager)")
     return job.replace(attention="eager")
-
-
-def file_memory_limit(extra: dict[str, Any]) -> int | None:
-    """A job file's ``memory_limit`` (bytes, or a size such as 2GiB): the capacity it was tuned
-    for, kept when it is tuned again and when it is trained (``--memory-limit`` overrides)."""
-    v = extra.get("memory_limit")
-    if v is None:
-        return None
-    return int(v) if isinstance(v, int | float) else parse_bytes(str(v), "memory_limit")
 
 
 def job_of_fields(fields: dict[str, Any], target: str | None, job_flags: dict[str, Any]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from trainfit.doctor.split import (
     median_split,
 )
 from trainfit.job import JobSpec, dividing_micro_batches, read_job_file
+from trainfit.job.files import file_memory_limit
 from trainfit.model.experts import inactive_expert_params
 from trainfit.model.runtime import parse_device
 from trainfit.model.source import resolve_model
@@ -104,7 +105,9 @@ def _memory_peak(r: Round) -> int | None:
 
 def _observation(r: Round, runner: JobRunner | None, op_s: float, *, lazy: bool,
                  probe: tuple[int, float] | None, recompute_s: float = 0.0,
-                 capacity: int | None = None) -> Observation:
+                 capacity: int | None = None, live_peak: int | None = None) -> Observation:
+    """``live_peak``: the job's live tensor bytes (measured), the peak a CPU memory limit is read
+    against in place of the process's RSS."""
     job = r.job
     prof = r.profile or {}
     mfu = None
@@ -128,7 +131,8 @@ def _observation(r: Round, runner: JobRunner | None, op_s: float, *, lazy: bool,
         trainfit_job=True, tokens_per_step=r.tokens_per_step,
         micro_steps_per_step=float(job.grad_accum or 1), ops_per_step=prof.get("ops_per_step"),
         op_overhead_s=op_s, matmul_time_fraction=prof.get("matmul_time_fraction"), mfu=mfu,
-        recompute_s=recompute_s, peak_memory_bytes=_memory_peak(r),
+        recompute_s=recompute_s, peak_memory_bytes=live_peak if live_peak is not None
+        else _memory_peak(r),
         memory_capacity_bytes=capacity, num_workers=job.num_workers, cpu_count=os.cpu_count() or 1,
         lazy_tokenization=lazy, micro_batch=job.micro_batch,
         max_micro_batch=probe[0] if probe else _largest_micro(job, 16),
@@ -164,8 +168,9 @@ def _job_to_examine(path: str | Path | None, job: JobSpec | None, tokenize: str,
         job, opts, extra = read_doctor_file(path, allow_code=allow_code,
                                             trust_remote_code=trust_remote_code)
         tokenize = opts.get("tokenize", tokenize)
-        if memory_limit_bytes is None and isinstance(extra.get("memory_limit"), int):
-            memory_limit_bytes = extra["memory_limit"]
+        if memory_limit_bytes is None:
+            # a size as train and tune read it (2GiB, or bytes): a string was ignored (an audit)
+            memory_limit_bytes = file_memory_limit(extra)
     assert job is not None
     check_steps(steps)
     if not job.data:
@@ -191,8 +196,23 @@ class _Bench:
     hook_cost_s: float
     capacity: int
     say: Callable[[str], None]
-    recompute_s: float = 0.0
-    """The first round's forward when the job recomputes it (grad_ckpt full), else 0."""
+    cpu_limit: bool = False
+    """A memory limit on the CPU: live tensor bytes (tune's and train's), not the process's RSS."""
+    live: list[tuple[JobSpec, int]] = field(default_factory=list)
+
+    def live_peak(self, job: JobSpec) -> int | None:
+        """``job``'s live tensor bytes over one step (measured once per job) under a CPU memory
+        limit; None otherwise (the round's own peak is read)."""
+        if not self.cpu_limit:
+            return None
+        for j, b in self.live:
+            if j == job:
+                return b
+        self.say(f"measuring the live tensor bytes of micro-batch {job.micro_batch} × "
+                 f"{job.grad_accum}, ckpt {job.grad_ckpt} (what memory_limit caps) …")
+        b = self.runner.live_peak_bytes(job, self.runner.data("eager", job))
+        self.live.append((job, b))
+        return b
 
     @classmethod
     def open(cls, job: JobSpec, device: str, *, lazy: bool, steps: int, warmup: int,
@@ -206,7 +226,8 @@ class _Bench:
         capacity = memory_limit_bytes or (torch.cuda.get_device_properties(dev).total_memory
                                           if dev.type == "cuda" else psutil.virtual_memory().total)
         return cls(job=job, runner=runner, device=dev, lazy=lazy, steps=steps, warmup=warmup, op_s=op_s,
-                   hook_cost_s=hook_cost_s, capacity=capacity, say=say)
+                   hook_cost_s=hook_cost_s, capacity=capacity, say=say,
+                   cpu_limit=dev.type == "cpu" and memory_limit_bytes is not None)
 
     @property
     def before_mode(self) -> str:
@@ -222,10 +243,13 @@ class _Bench:
     def observe_before(self, r: Round, probe: tuple[int, float] | None) -> Observation:
         """A 'before' round as the rules read it: the job's own loader and recomputation."""
         return _observation(r, self.runner, self.op_s, lazy=self.lazy, probe=probe,
-                            recompute_s=self.recompute_s, capacity=self.capacity)
+                            recompute_s=r.split.forward_s if r.job.grad_ckpt == "full" else 0.0,
+                            capacity=self.capacity,
+                            live_peak=self.live_peak(r.job))
 
     def observe_after(self, r: Round) -> Observation:
-        return _observation(r, self.runner, self.op_s, lazy=False, probe=None, capacity=self.capacity)
+        return _observation(r, self.runner, self.op_s, lazy=False, probe=None, capacity=self.capacity,
+                            live_peak=self.live_peak(r.job))
 
 
 def _probe_micro_batch(bench: _Bench, first: Round, notes: list[str]) -> tuple[int, float] | None:
@@ -323,8 +347,19 @@ def _apply_fixes(bench: _Bench, names: list[str], probe: tuple[int, float] | Non
         after_job = after_job.replace(optimizer_impl="fused")
         applied.append(f"optimizer_impl {job.optimizer_impl} → fused (one kernel per step)")
     if "needless-recompute" in names:
-        after_job = after_job.replace(grad_ckpt="off")
-        applied.append("grad_ckpt full → off (the measured peak leaves room for the activations)")
+        off = after_job.replace(grad_ckpt="off")
+        need = bench.live_peak(off)
+        if need is not None and need > bench.capacity:
+            # measured before it is applied: the rounds run without the limit's tracker
+            notes.append(f"checkpointing kept: off, one step holds {need / 2**30:.3f} GiB of live "
+                         f"tensors (measured), over the memory_limit of "
+                         f"{bench.capacity / 2**30:.3f} GiB")
+        else:
+            after_job = off
+            applied.append("grad_ckpt full → off (the measured peak leaves room for the activations"
+                           + (f": {need / 2**30:.3f} GiB of live tensors without it, measured, "
+                              f"within the memory_limit of {bench.capacity / 2**30:.3f} GiB)"
+                              if need is not None else ")"))
     return after_job, after_mode, applied
 
 
@@ -404,7 +439,6 @@ def doctor_job(path: str | Path | None = None, *, job: JobSpec | None = None, to
     bench = _Bench.open(job, device, lazy=tokenize == "lazy", steps=steps, warmup=warmup,
                         memory_limit_bytes=memory_limit_bytes, say=log or (lambda msg: None))
     first = bench.measure(job, bench.before_mode, "before")
-    bench.recompute_s = first.split.forward_s if job.grad_ckpt == "full" else 0.0
     notes: list[str] = []
     names, probe = _diagnose(bench, first, notes)
     after_job, after_mode, applied = (_apply_fixes(bench, names, probe, notes) if apply

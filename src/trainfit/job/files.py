@@ -21,6 +21,41 @@ the user saw at the current configuration: ``{device: 2667MiB, source: nvidia-sm
 ``host_ram_free`` (the host RAM the user has free, e.g. 7GB)."""
 
 
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str | None, flag: str) -> int | None:
+    """``1.5GiB`` → 1610612736; GB = 10^9, GiB = 2^30 (the unit is required to be explicit
+    above 1 KiB so the two are never confused)."""
+    if text is None:
+        return None
+    examples = "e.g. 1.5GiB, 512MiB, 8GB (GB = 10^9, GiB = 2^30 bytes)"
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise JobError(f"{flag} {text}: not a size", examples)
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if value <= 0:
+        raise JobError(f"{flag} {text}: must be > 0", examples)
+    if value < 1:  # int() would make it 0 bytes, which reads as "no limit"
+        raise JobError(f"{flag} {text}: less than one byte", examples)
+    return int(value)
+
+
+def file_memory_limit(extra: dict[str, Any]) -> int | None:
+    """A job file's ``memory_limit`` (bytes, or a size such as 2GiB): the capacity it was tuned
+    for, kept when it is tuned again and when it is trained (``--memory-limit`` overrides)."""
+    v = extra.get("memory_limit")
+    if v is None:
+        return None
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        if v < 1:  # 0 would read as "no limit" (a YAML typo kept silently)
+            raise JobError(f"memory_limit: {v}: must be ≥ 1 byte", "e.g. memory_limit: 2GiB, or "
+                           "drop the key for no limit")
+        return int(v)
+    return parse_bytes(str(v), "memory_limit")
+
+
 FACTORY_SPEC = re.compile(r"^(?P<module>[A-Za-z_][\w.]*|[^:]+\.py):(?P<factory>[A-Za-z_]\w*)$")
 """``module:factory`` (or ``path/to/file.py:factory``): a model that is the user's own Python code."""
 
