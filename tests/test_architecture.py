@@ -94,7 +94,7 @@ def test_no_package_loops() -> None:
 
 
 @pytest.mark.parametrize("module", ["trainfit", "trainfit.job", "trainfit.tune.search",
-                                    "trainfit.tune.result"])
+                                    "trainfit.tune.trial", "trainfit.tune.result"])
 def test_pure_rooms_import_no_torch(module: str) -> None:
     code = f"import sys, {module}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

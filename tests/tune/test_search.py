@@ -261,10 +261,29 @@ def test_budget_spent_before_any_memory_probe_keeps_the_current_configuration(mo
                  10 * GIB, SearchOptions(knobs=(), budget_s=50.0), 10_000)
     baseline = s.run(job.replace(micro_batch=1), "baseline", 3)
     baseline.result.probe_time_s = 60.0  # the probe alone outlasted the budget
+    s.t0 -= 60.0  # ... and the search's clock with it
     out = s.search()
     assert out.best is baseline and out.best.job.micro_batch == 1
     kinds = [n.kind for n in out.notes]
     assert "budget" in kinds and "nothing_fits" not in kinds and "needs_ckpt" not in kinds
+
+
+def test_the_budget_reckons_the_next_probe_by_its_own_steps():
+    """An audit: --budget-s overran by 30-60 %: the next probe was reckoned as long as the last,
+    a 1-step memory probe before a 4-step timed one, and a round's two probes as one."""
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=8, precision="fp32", grad_ckpt="off")
+    s = Searcher(job, fake(GIB, GIB, lambda j: 100.0, []), pred(GIB, GIB, lambda j: 100.0),
+                 10 * GIB, SearchOptions(knobs=(), budget_s=100.0), 10_000)
+    mem = s.run(job.replace(micro_batch=8), "batch", 0)
+    mem.result.probe_time_s = 10.0
+    s.t0 -= 50.0  # 50 s spent
+    assert s._next_probe_s(3, 1) == pytest.approx(40.0)  # 4 steps at the memory probe's pace
+    assert s.over_budget(timed=0) is False and s.over_budget(timed=3) is False
+    timed = s.run(job.replace(micro_batch=4), "speed", 3)
+    timed.result.probe_time_s = 30.0
+    assert s._next_probe_s(3, 2) == pytest.approx(60.0)  # a round: two timed probes
+    assert s.over_budget(timed=3, probes=2) is True
+    assert [n.kind for n in s.notes] == ["budget"]
 
 
 def test_a_probe_at_the_card_limit_says_the_allocator_retried():
@@ -361,7 +380,7 @@ def test_a_faster_probe_the_budget_left_uncompared_is_said():
     tps = lambda j: 120.0 if j.micro_batch == 4 else 100.0  # noqa: E731
     s = Searcher(job, fake(GIB, GIB // 4, tps, calls), pred(GIB, GIB // 4, tps), 10 * GIB,
                  SearchOptions(knobs=()), 10_000)
-    s.over_budget = lambda: sum(t.stage == "speed" for t in s.trials) >= 2  # spent by then
+    s.over_budget = lambda **kw: sum(t.stage == "speed" for t in s.trials) >= 2  # spent by then
     out = s.search()
     assert out.best.job.micro_batch == 8  # the largest that fits, kept
     (n,) = [n for n in out.notes if n.kind == "not_compared"]

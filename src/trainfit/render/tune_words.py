@@ -58,9 +58,10 @@ def note_words(n: SearchNote) -> str:
                           "probes; loading the model and data not counted) was spent after "
                           f"{d['spent_s']:.0f} s of search and {d['probes']} "
                           f"probe{'' if d['probes'] == 1 else 's'}: no search probe started after "
-                          "that (one that would end past the budget is not started, one running "
-                          "finishes; the first memory probe and the timed probe of the largest "
-                          "micro-batch found always run); the best so far is kept",
+                          "that (one reckoned to end past the budget, from the last probe of as "
+                          "many steps, is not started; one running finishes; the first probe — of "
+                          "your current configuration where given — and the timed probe of the "
+                          "largest micro-batch found always run); the best so far is kept",
         "excluded_micro": lambda: f"micro-batches {', '.join(map(str, d['micro_batches']))} "
                                   "excluded: they do not divide the per-rank effective batch "
                                   f"{d['per_rank_batch']} (accumulation must be exact)",

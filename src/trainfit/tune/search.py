@@ -10,83 +10,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from trainfit.job import DEFAULT_MARGIN, JobSpec, step_micro_batches, step_precisions
-from trainfit.job.fields import DEFAULT_KNOBS, KNOB_NAMES
-from trainfit.speed.compare import NOISE_FLOOR, ROUNDS, Comparison
+from trainfit.job import JobSpec, step_precisions
+from trainfit.job.fields import KNOB_NAMES
+from trainfit.speed.compare import Comparison
 from trainfit.tune.result import ProbeResult, SearchNote
+from trainfit.tune.trial import (
+    Outcome,
+    Predicted,
+    SearchOptions,
+    Trial,
+    micro_options,
+    peak_of,
+    rel_spread,
+)
 
 KNOBS = KNOB_NAMES  # the registry of tune's knobs (trainfit.job.fields)
-
-
-@dataclass(kw_only=True)
-class Predicted:
-    peak_allocated_bytes: int | None = None
-    peak_reserved_bytes: int | None = None
-    peak_device_bytes: int | None = None
-    step_time_s: float | None = None
-    tokens_per_s: float | None = None
-
-
-@dataclass(kw_only=True)
-class Trial:
-    index: int
-    stage: str
-    """batch (memory bisection) | speed (micro-batch by speed) | knobs | confirm"""
-    job: JobSpec
-    result: ProbeResult
-    predicted: Predicted | None
-    fits: bool
-    note: str = ""
-
-
-@dataclass(kw_only=True)
-class SearchOptions:
-    margin: float = DEFAULT_MARGIN
-    """Fraction of the capacity kept free: a probe fits when its peak ≤ (1 − margin) × capacity."""
-    budget_s: float | None = None
-    """Stop probing after this many seconds (the best so far is kept)."""
-    knobs: tuple[str, ...] = DEFAULT_KNOBS
-    precisions: tuple[str, ...] = ("fp32",)
-    """Precisions the device supports (tried unless the job fixed one)."""
-    fixed: frozenset[str] = frozenset()
-    """Knobs the user set explicitly: not searched."""
-    worker_counts: tuple[int, ...] = (0, 1, 2)
-    cuda: bool = False
-    """The device is a GPU: pinned host memory can speed up its copies (tried as a knob)."""
-    bitsandbytes: bool = False
-    """bitsandbytes is importable (the ``optimizer_8bit`` knob needs it)."""
-    noise_floor: float = NOISE_FLOOR
-    """Smallest relative speed gain ever called real."""
-    run_steps: int | None = None
-    """Planned optimizer steps of the real run (amortises compile time)."""
-    rounds: int = ROUNDS
-    """Interleaved rounds (A B, then B A, …) a gain must survive: every round must show it, and no
-    repeat of the candidate may be slower than a repeat of the incumbent.  The probes that
-    proposed the candidate are not one of them (measured minutes apart, not back to back)."""
-    prune_below: float = 0.6
-    """Skip a candidate whose predicted tokens/s is below this fraction of the current best's
-    prediction (the speed model's median error on this CPU is ~25 %: 0.6 leaves room for it)."""
-
-
-@dataclass
-class Outcome:
-    best: Trial | None
-    trials: list[Trial] = field(default_factory=list)
-    notes: list[SearchNote] = field(default_factory=list)
-    largest_fitting_micro: int | None = None
-    excluded_micro: list[int] = field(default_factory=list)
-    search_time_s: float = 0.0
-    stopped_by_budget: bool = False
-
-
-def _rel_spread(t: Trial) -> float:
-    """max − min of a probe's timed steps over their median (its own noise)."""
-    m = t.result.measured
-    return (m.step_time_spread_s / m.step_time_s) if m and m.step_time_s and \
-        m.step_time_spread_s is not None else 0.0
 
 
 OUTLIER_BELOW = 1 / 3
@@ -100,22 +40,6 @@ unsteady (:meth:`Searcher.repeat_spread_note`): on a quiet host this machine's k
 configuration's tokens/s by up to ~35 % between repeats, 1.5× between the fastest and slowest of
 three (docs/notes/cpu-timing-noise.md: 3,543 against 2,362), where a CPU tune beside another job
 measured one configuration at 132 and 5,501."""
-
-
-def micro_options(job: JobSpec, dataset_samples: int) -> tuple[list[int], list[int]]:
-    """(micro-batches that divide the per-rank effective batch — gradient accumulation then exact —,
-    those excluded because they do not divide it); capped by the per-rank batch and the dataset."""
-    per_rank = (job.effective_batch or 1) // job.ranks
-    cap = min(per_rank, max(dataset_samples // job.ranks, 1))
-    ok = step_micro_batches(job, per_rank, cap)
-    return ok, [m for m in range(1, cap + 1) if m not in ok]
-
-
-def peak_of(r: ProbeResult) -> int | None:
-    m = r.measured
-    if m is None:
-        return None
-    return m.peak_reserved_bytes if m.peak_reserved_bytes is not None else m.peak_allocated_bytes
 
 
 class Searcher:
@@ -151,12 +75,24 @@ class Searcher:
         p = peak_of(r)
         return lim is None or p is None or p <= lim
 
-    def over_budget(self) -> bool:
+    def _next_probe_s(self, timed: int, probes: int) -> float:
+        """How long the next ``probes`` probes of ``timed`` timed steps each should take: the
+        last probe with as many timed steps, else the last probe scaled by its step count. The
+        last probe alone (a 1-step memory probe before a 4-step timed one, or two back-to-back
+        round probes counted as one) let a 60 s budget overrun by 30-60 % (an audit)."""
+        same = [t.result.probe_time_s for t in self.trials if t.timed_steps == timed]
+        if same:
+            return probes * same[-1]
+        last = self.trials[-1]
+        return probes * last.result.probe_time_s * (1 + timed) / (1 + last.timed_steps)
+
+    def over_budget(self, timed: int = 3, probes: int = 1) -> bool:
+        """Whether the budget leaves no time for the next ``probes`` probe(s) of ``timed`` timed
+        steps (a collective under many ranks); notes the budget the first time."""
         if self.o.budget_s is None or not self.trials:
             return False  # the first probe always runs: with none there is nothing to report
         spent = time.perf_counter() - self.t0
-        last = self.trials[-1].result.probe_time_s if self.trials else 0.0
-        if self.agree(spent + last > self.o.budget_s):
+        if self.agree(spent + self._next_probe_s(timed, probes) > self.o.budget_s):
             if not self.stopped:
                 self.notes.append(SearchNote("budget", {"budget_s": self.o.budget_s, "spent_s": spent,
                                                        "probes": len(self.trials)}))
@@ -178,7 +114,7 @@ class Searcher:
             said.append(f"at the card's limit: the allocator released its cache {retries}× "
                         "(num_alloc_retries), each a GPU synchronization")
         t = Trial(index=len(self.trials), stage=stage, job=job, result=r, predicted=self.predict(job),
-                  fits=fits, note="; ".join(said))
+                  fits=fits, note="; ".join(said), timed_steps=timed)
         self.trials.append(t)
         return t
 
@@ -212,7 +148,7 @@ class Searcher:
             start = max(pred_ok) if pred_ok else 0
         lo, hi = -1, len(options)  # options[lo] fits, options[hi] does not (sentinels)
         i, first = start, True
-        while lo + 1 < hi and not self.over_budget():
+        while lo + 1 < hi and not self.over_budget(timed=0):
             t = self.run(job.replace(micro_batch=options[i]), "batch", 0)
             if t.fits:
                 lo = i
@@ -249,7 +185,7 @@ class Searcher:
             elif a > 0 and b > 0 and not self.over_budget():
                 self.one_probe.append((_diff(cand.job, best.job), b / a))
             return False
-        if self.over_budget():
+        if self.over_budget(probes=2):
             # faster on its one probe, with no time left for the rounds that decide: said, so a
             # probe table showing it faster than the pick is explained (a review)
             self.notes.append(SearchNote("not_compared", {
@@ -303,7 +239,7 @@ class Searcher:
         b_s: list[float] = []
         spreads: list[float] = []
         for k in range(self.o.rounds):
-            if self.over_budget():
+            if self.over_budget(probes=2):
                 break
             pair = [(best, "a"), (cand, "b")][:: -1 if k % 2 else 1]
             got: dict[str, Trial] = {}
@@ -315,7 +251,7 @@ class Searcher:
                                   ended="no_longer_fits")
             a_s.append(self.tps(got["a"]))
             b_s.append(self.tps(got["b"]))
-            spreads += [_rel_spread(got["a"]), _rel_spread(got["b"])]
+            spreads += [rel_spread(got["a"]), rel_spread(got["b"])]
             if b_s[-1] <= a_s[-1] * (1 + self.o.noise_floor):
                 break  # a repeat contradicts the gain: no more rounds can make it certain
         return Comparison.of(a_s, b_s, spreads, self.o.noise_floor, self.o.rounds, proposal)

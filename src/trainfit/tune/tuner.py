@@ -233,7 +233,7 @@ def _check_first_guess(first: Predicted | None, predict: Any, capacity: int | No
     # no refusal from a predicted step time: on the CPU stand-in it is the CPU model's, which
     # over-states a tiny step ~3× (a QA run: one probe predicted 34 s, 8 probes ran in 100 s),
     # and the GPU predictor gives memory only; the search stops at the budget, measured (its
-    # first memory probe and the timed probe of that micro-batch always run: search.py)
+    # first probe and the timed probe of the largest micro-batch found always run: search.py)
 
 
 def _prober(job: JobSpec, source: ModelSource, data: TokenData, device: torch.device,
