@@ -169,3 +169,29 @@ def test_a_script_that_asks_for_torch_before_importing_it_is_measured(tmp_path):
     d = json.loads(res.stdout)
     assert d["steps_measured"] == 3
     assert d["findings"][0]["bottleneck"] == "sync-bound"
+
+
+def test_keep_running_lets_the_command_end_and_keeps_its_exit_code(tmp_path):
+    """An audit: under --keep-running the script ran to its own sys.exit(3), yet doctor said it
+    was stopped after the window and dropped the 3."""
+    script = tmp_path / "train.py"
+    marker = tmp_path / "done"
+    script.write_text(textwrap.dedent(f'''
+        import sys, torch
+        torch.set_num_threads(1)
+        model = torch.nn.Linear(16, 16)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(10):
+            model(torch.randn(8, 16)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        open({str(marker)!r}, "w").write("ok")
+        sys.exit(3)
+    '''))
+    res = CliRunner().invoke(app, ["doctor", "--json", "--keep-running", "--steps", "3",
+                                   "--warmup", "1", "--", sys.executable, str(script)])
+    assert res.exit_code == 0, res.output
+    notes = json.loads(res.stdout)["notes"]
+    assert marker.exists()
+    assert not any("was stopped" in n for n in notes)
+    assert "the command exited with code 3 after the measured window" in notes

@@ -301,3 +301,27 @@ def test_options_that_do_not_apply_to_a_script_say_so(seed000):
     assert lines[0] == "error: --current with a script: the script's configuration is the current one"
     res = CliRunner().invoke(app, ["tune", "--out", "x.yaml", "--", *seed000.cmd()])
     assert res.exit_code == 2 and "error: --out/--emit apply to a job" in res.output
+
+
+@pytest.mark.parametrize("command", ["plan", "tune"])
+@pytest.mark.parametrize("flags,said", [
+    (["--micro-batch", "0"], "error: --micro-batch 0: must be an integer ≥ 1"),
+    (["--grad-accum", "0"], "error: --grad-accum 0: must be an integer ≥ 1"),
+    (["--micro-batch", "abc"], "error: --micro-batch 'abc': must be an integer"),
+    (["--effective-batch", "0"], "error: --effective-batch 0: must be an integer ≥ 1"),
+    (["--precision", "fp64"], "error: --precision 'fp64': must be one of"),
+    (["--timeout-s", "-1"], "error: --timeout-s -1: must be > 0 seconds"),
+    (["--timeout-s", "nan"], "error: --timeout-s nan: must be > 0 seconds"),
+])
+def test_a_scripts_flags_are_checked_before_it_runs(tmp_path, command, flags, said):
+    """An audit: with a script, --micro-batch 0 ran the script, then ended in a ZeroDivisionError
+    traceback; --effective-batch 0 was taken as not given; --timeout-s -1 was said only after the
+    script ran, nan not at all. Each is one error line now, and the script never starts."""
+    marker = tmp_path / "ran"
+    script = tmp_path / "train.py"
+    script.write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    gpu = ["--gpu", "t4"] if command == "plan" else []
+    res = CliRunner().invoke(app, [command, *gpu, *flags, "--", sys.executable, str(script)])
+    assert res.exit_code == 2, res.output
+    assert said in res.output and "Traceback" not in res.output
+    assert not marker.exists()

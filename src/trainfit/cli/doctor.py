@@ -4,6 +4,7 @@ bottleneck named with its numbers, the fix applied (trainfit jobs) and measured 
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Annotated, NoReturn
 
 import typer
@@ -112,7 +113,7 @@ def register(app: typer.Typer) -> None:
                 from trainfit.doctor.command import doctor_command  # torch: after the checks
 
                 if say:
-                    say(f"running {' '.join(args)} under the doctor ({warmup} warm-up + {steps} measured + "
+                    say(f"running {shlex.join(args)} under the doctor ({warmup} warm-up + {steps} measured + "
                         "1 profiled step) …")
                 result = doctor_command(args, steps=steps, warmup=warmup, stop=not keep_running,
                                         timeout_s=timeout_s)

@@ -4,6 +4,7 @@ and the GPU ``plan`` targets when none is named (this machine's, through NVML)."
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -61,16 +62,32 @@ def local_gpu_spec(say: Any) -> Any:
     return g.spec
 
 
+def check_script_options(cmd: list[str], job_flags: dict[str, Any], timeout_s: float,
+                         verb: str) -> None:
+    """What the command line says wrong, before the script runs (minutes on a real model) and
+    before torch loads: the command itself, each job flag alone (its type, a size ≥ 1, an allowed
+    value) and --timeout-s. An audit: ``--micro-batch 0`` ran the script, then ended in a
+    ZeroDivisionError; ``--effective-batch 0`` was taken as not given; ``--timeout-s -1`` was
+    said after the script, ``nan`` ran with no timeout."""
+    from trainfit.doctor.inject import check_command
+    from trainfit.job.fields import check_given
+
+    check_command(cmd, verb)
+    check_given(job_flags)
+    if not 0 < timeout_s < float("inf"):
+        raise JobError(f"--timeout-s {timeout_s:g}: must be > 0 seconds",
+                       "e.g. --timeout-s 900 (stop a script whose trainer has not started by then)")
+
+
 def plan_script_cmd(cmd: list[str], *, job_flags: dict[str, Any], gpu: Any, margin: float,
                     verify: bool, trust_remote_code: bool, timeout_s: float, as_json: bool,
                     dataset_tokens: int | None = None, epochs: float | None = None) -> None:
-    from trainfit.doctor.inject import check_command
-
-    _or_fail(lambda: check_command(cmd, "plan"))  # said before torch loads
+    _or_fail(lambda: check_script_options(cmd, job_flags, timeout_s, "plan"))
     from trainfit.script.plan import plan_script
 
     if not as_json:
-        typer.echo(f"reading the trainer of {' '.join(cmd)} (no weights, no training) …", err=True)
+        typer.echo(f"reading the trainer of {shlex.join(cmd)} (no weights, no training) …",
+                   err=True)
     sp = _or_fail(lambda: plan_script(cmd, gpu=gpu, flags=job_flags, margin=margin, verify=verify,
                                       trust_remote_code=trust_remote_code, timeout_s=timeout_s,
                                       dataset_tokens=dataset_tokens, epochs=epochs))
@@ -123,7 +140,7 @@ def tune_script_cmd(cmd: list[str], *, job_flags: dict[str, Any], opts: Any,
     options["fixed"] = sorted(options["fixed"])
     options["knobs"] = list(options["knobs"])
     if not as_json:
-        typer.echo(f"running {' '.join(cmd)} until its trainer would train, then probing it "
+        typer.echo(f"running {shlex.join(cmd)} until its trainer would train, then probing it "
                    f"on {opts.device} …", err=True)
     st = _or_fail(lambda: tune_script(cmd, options=options, flags=job_flags,
                                       trust_remote_code=trust_remote_code, timeout_s=timeout_s))

@@ -103,9 +103,9 @@ def _tune_script(args: list[str], job_flags: dict[str, Any], *, out: str | None,
     if out is not None or emit is not None:
         raise JobError("--out/--emit apply to a job: for a script, tune prints the "
                        "keywords to change in it", "drop --out/--emit, or tune a job file")
-    from trainfit.doctor.inject import check_command
+    from trainfit.cli.script import check_script_options
 
-    check_command(args, "tune")  # a missing script said before torch loads
+    check_script_options(args, job_flags, timeout_s, "tune")  # before torch loads
     from trainfit.tune.tuner import TuneOptions  # torch: only when probing
     opts = TuneOptions(device=device or "cpu", memory_limit_bytes=parse_bytes(
         memory_limit, "--memory-limit"), margin=margin, budget_s=budget_s,

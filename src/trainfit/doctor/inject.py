@@ -175,7 +175,7 @@ def run_foreign(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bool 
         shutil.rmtree(out_dir, ignore_errors=True)
     assert ran.host is not None
     return _interpret(cmd, ran.exit_code, ran.timed_out, timeout_s, files, ran.tail, ran.host,
-                      steps, warmup)
+                      steps, warmup, stop=stop)
 
 
 @contextlib.contextmanager
@@ -233,12 +233,15 @@ def _pick(files: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 def _interpret(cmd: list[str], code: int | None, timed_out: bool, timeout_s: float | None,
                files: dict[int, list[dict[str, Any]]], tail: list[str], host: HostSummary,
-               steps: int, warmup: int) -> ForeignRun:
+               steps: int, warmup: int, stop: bool = True) -> ForeignRun:
     rows = _pick(files)
     kinds = {r.get("type") for r in rows}
     summary = next((r for r in rows if r.get("type") == "summary"), None)
     records = [StepRecord.from_dict(r) for r in rows if r.get("type") == "step"]
-    stopped = summary is not None and summary.get("why") == "window"
+    # the hooks end the window with why="window" whether or not they stop the command: under
+    # --keep-running it ran on to its own end, and its exit code is its own (an audit: "stopped"
+    # was said of a script that ran to sys.exit(3), and the 3 was lost)
+    stopped = stop and summary is not None and summary.get("why") == "window"
     name = shlex.join(cmd)
     needed = warmup + MIN_MEASURED_STEPS
     seen = int(summary.get("steps_seen") or 0) if summary else 0

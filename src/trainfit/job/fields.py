@@ -100,6 +100,27 @@ def job_fields() -> tuple[FieldInfo, ...]:
     return tuple(out)
 
 
+def check_given(flags: dict[str, Any]) -> None:
+    """JobSpec's checks of single fields — type, a size ≥ 1, an allowed value — on fields given
+    alone, before the job they join exists: a script's flags, checked before the script runs
+    (an audit: ``--micro-batch 0`` with a script ran it, then ended in a ZeroDivisionError;
+    ``--effective-batch 0`` was taken as not given). Checks between fields wait for the job."""
+    from trainfit.job.choices import _choice
+    from trainfit.job.validate import check_positive, check_types
+
+    job = JobSpec(model="flags")
+    for name, value in flags.items():
+        setattr(job, name, value)
+    check_types(job)
+    for name in spec.SIZE_FIELDS:
+        if name in flags:
+            check_positive(job, name)
+    for name, value in flags.items():
+        allowed = CHOICES.get(name)
+        if allowed and value is not None and not isinstance(value, bool):  # grad_ckpt: true
+            _choice(name, value, allowed)
+
+
 def field_info(name: str) -> FieldInfo:
     return next(f for f in job_fields() if f.name == name)
 

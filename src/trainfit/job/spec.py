@@ -35,6 +35,10 @@ from trainfit.job.choices import (  # re-exported: the schema's vocabularies liv
 )
 from trainfit.job.validate import check_positive, check_types, divisors
 
+SIZE_FIELDS = ("seq_len", "micro_batch", "grad_accum", "effective_batch", "ranks", "lora_r",
+               "lora_alpha", "lm_head_chunk", "prefetch_factor")
+"""Fields that are sizes: an integer ≥ 1, or unset."""
+
 
 @dataclass(kw_only=True)
 class JobSpec:
@@ -295,8 +299,7 @@ class JobSpec:
             raise JobError("--ckpt-reentrant with --grad-ckpt selective: torch's selective policy "
                            "(context_fn) runs only in non-reentrant checkpointing",
                            "use --grad-ckpt full, or drop --ckpt-reentrant")
-        for name in ("seq_len", "micro_batch", "grad_accum", "effective_batch", "ranks",
-                     "lora_r", "lora_alpha", "lm_head_chunk", "prefetch_factor"):
+        for name in SIZE_FIELDS:
             check_positive(self, name)
         if self.num_workers < 0:
             raise JobError(f"--num-workers {self.num_workers}: must be ≥ 0",
