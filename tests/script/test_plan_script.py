@@ -325,3 +325,41 @@ def test_a_scripts_flags_are_checked_before_it_runs(tmp_path, command, flags, sa
     assert res.exit_code == 2, res.output
     assert said in res.output and "Traceback" not in res.output
     assert not marker.exists()
+
+
+def test_an_error_in_the_scripts_own_code_is_the_scripts_to_fix(tmp_path):
+    """An audit: a Trainer subclass's compute_loss that raised while tune probed it was reported
+    as 'reading its trainer failed in read … report this', with no file:line. The user's frame
+    is named with the traceback; an error inside libraries alone stays trainfit's to report."""
+    import json as json_mod
+
+    from trainfit.script.hooks import _script_frame
+    from trainfit.script.launch import _interpret
+
+    user = tmp_path / "train.py"
+    src = "def compute_loss():\n    raise ValueError('my loss blew up')\n"
+    user.write_text(src)
+    ns: dict = {}
+    exec(compile(src, str(user), "exec"), ns)
+    try:
+        ns["compute_loss"]()
+    except ValueError as e:
+        frame = _script_frame(e)
+    assert frame == f"{user}:2 in compute_loss"
+    try:
+        json_mod.loads("{")
+    except ValueError as e:
+        # as the hooks see it: raised inside library code called from trainfit's (not this test's)
+        assert _script_frame(e.with_traceback(e.__traceback__.tb_next)) is None
+    trace = "Traceback (most recent call last):\n  File ...\nValueError: my loss blew up"
+    with pytest.raises(ScriptError) as err:
+        _interpret(["python", "train.py"], [{"type": "error", "where": "tune", "error": trace,
+                                             "script_frame": frame}], 0, False, 900.0, [])
+    assert str(err.value) == (f"python train.py: the script's own code raised while tune probed "
+                              f"its trainer, at {frame} (ValueError: my loss blew up)")
+    assert err.value.hint.startswith("fix it there") and err.value.tail[-1].startswith("ValueError")
+    with pytest.raises(ScriptError) as err:
+        _interpret(["python", "train.py"], [{"type": "error", "where": "read", "error": trace,
+                                             "script_frame": None}], 0, False, 900.0, [])
+    assert "trainfit failed while its trainer was read" in str(err.value)
+    assert err.value.hint.startswith("report this")

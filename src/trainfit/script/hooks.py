@@ -251,6 +251,7 @@ def _at_train(trainer: Any) -> None:
     st.at_train = True
     from trainfit.job import JobError  # lazy: the whole trainfit only once a trainer exists
 
+    where = "read"
     try:
         from trainfit.script.read import read_trainer
 
@@ -262,12 +263,30 @@ def _at_train(trainer: Any) -> None:
         if st.mode == "tune":
             from trainfit.script.tune import tune_trainer
 
+            where = "tune"
             rec["tune"] = tune_trainer(trainer, rec, st.options.get("tune", {}))
     except JobError as err:
         refuse(str(err), err.hint)
-    except Exception:
-        st.leave({"type": "error", "where": "read", "error": traceback.format_exc()[-3000:]})
+    except Exception as err:
+        st.leave({"type": "error", "where": where, "error": traceback.format_exc()[-3000:],
+                  "script_frame": _script_frame(err)})
     st.leave({"type": "read", **rec})
+
+
+def _script_frame(err: BaseException) -> str | None:
+    """``file:line in function`` of the innermost frame of the error in the user's own code (not
+    the standard library, an installed package or trainfit): a Trainer subclass's compute_loss
+    that raised while tune probed it was reported as trainfit's failure (an audit). None when
+    the error arose in library code alone."""
+    import sysconfig
+
+    libs = tuple(p for p in {sysconfig.get_paths().get(k) for k in ("stdlib", "purelib",
+                                                                   "platlib")} if p)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the trainfit package
+    own = [f for f in traceback.extract_tb(err.__traceback__)
+           if not f.filename.startswith(("<", here, *libs))
+           and "site-packages" not in f.filename and "dist-packages" not in f.filename]
+    return f"{own[-1].filename}:{own[-1].lineno} in {own[-1].name}" if own else None
 
 
 def _hook_torch(torch: Any) -> None:

@@ -61,9 +61,18 @@ def _interpret(cmd: list[str], records: list[dict[str, Any]], code: int | None, 
         raise ScriptError(r["message"], r.get("hint", ""))
     if "error" in by_type:
         r = by_type["error"]
-        raise ScriptError(f"{name}: reading its trainer failed in {r.get('where')} "
-                          f"({r.get('error', '').strip().splitlines()[-1][:300]})",
-                          "report this with the script", tail)
+        trace = r.get("error", "").strip().splitlines()
+        last = trace[-1][:300] if trace else "no message"
+        doing = "tune probed its trainer" if r.get("where") == "tune" else "its trainer was read"
+        if r.get("script_frame"):
+            # the script's own code raised (its compute_loss, a collator …): its bug to fix, with
+            # its traceback, not trainfit's to report
+            raise ScriptError(f"{name}: the script's own code raised while {doing}, at "
+                              f"{r['script_frame']} ({last})",
+                              "fix it there (the traceback's last lines are below), then run "
+                              "again", trace[-12:])
+        raise ScriptError(f"{name}: trainfit failed while {doing} ({last})",
+                          "report this with the script and the lines below", trace[-12:] or tail)
     if timed_out:
         raise ScriptError(f"{name}: no trainer started training within --timeout-s {timeout_s:g}",
                           "raise --timeout-s (loading and tokenizing come first)", tail)
