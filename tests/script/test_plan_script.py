@@ -363,3 +363,23 @@ def test_an_error_in_the_scripts_own_code_is_the_scripts_to_fix(tmp_path):
                                              "script_frame": None}], 0, False, 900.0, [])
     assert "trainfit failed while its trainer was read" in str(err.value)
     assert err.value.hint.startswith("report this")
+
+
+@pytest.mark.parametrize("flags", [["--knobs", "precision,compile"], ["--try-compile"],
+                                   ["--knobs", "optimizer_8bit"]])
+def test_knobs_a_script_cannot_take_are_refused_when_asked_for(tmp_path, flags):
+    """An audit: tune -- script dropped --knobs compile (and precision on a LoRA script) without a
+    word. Named knobs no probe can change on a script are refused before it runs; precision,
+    which only reading the script can rule out, is said in a note when it is not probed."""
+    from trainfit.render.tune_words import note_words
+    from trainfit.tune.result import SearchNote
+
+    marker = tmp_path / "ran"
+    script = tmp_path / "train.py"
+    script.write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    res = CliRunner().invoke(app, ["tune", *flags, "--", sys.executable, str(script)])
+    assert res.exit_code == 2, res.output
+    assert "not probed on a script" in res.output and not marker.exists()
+    words = note_words(SearchNote("script_precision", {"method": "lora", "dtype": "bfloat16"}))
+    assert words.startswith("precision: not probed on this script — its lora trainer's weights "
+                            "load in bfloat16")

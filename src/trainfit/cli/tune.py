@@ -22,7 +22,7 @@ from trainfit.cli.jobargs import (
 )
 from trainfit.cli.jobflags import merge_job_fields, with_job_flags
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec, read_job_file
-from trainfit.job.fields import DEFAULT_KNOBS, KNOB_NAMES, fixed_knobs
+from trainfit.job.fields import DEFAULT_KNOBS, KNOB_NAMES, SCRIPT_KNOBS, fixed_knobs
 from trainfit.job.files import PATH_FIELDS, absolute_paths
 
 
@@ -96,8 +96,10 @@ def _tune_script(args: list[str], job_flags: dict[str, Any], *, out: str | None,
                  emit: str | None, device: str | None, memory_limit: str | None,
                  max_host_ram: str | None, margin: float, budget_s: float | None,
                  knobs: tuple[str, ...], fixed: Any, run_steps: int | None,
-                 trust_remote_code: bool, timeout_s: float, as_json: bool) -> None:
-    """``trainfit tune -- python train.py ARGS``: probe the script's own trainer."""
+                 trust_remote_code: bool, timeout_s: float, as_json: bool,
+                 explicit: bool = False) -> None:
+    """``trainfit tune -- python train.py ARGS``: probe the script's own trainer (``explicit``:
+    the knobs were named by --knobs / --try-*, not the default list)."""
     from trainfit.cli.script import tune_script_cmd
 
     if out is not None or emit is not None:
@@ -106,6 +108,14 @@ def _tune_script(args: list[str], job_flags: dict[str, Any], *, out: str | None,
     from trainfit.cli.script import check_script_options
 
     check_script_options(args, job_flags, timeout_s, "tune")  # before torch loads
+    if explicit:
+        other = [k for k in knobs if k not in (*SCRIPT_KNOBS, "precision")]
+        if other:
+            # asked for by name, and not probed on a script: refused, not dropped (an audit)
+            raise JobError(f"{', '.join(other)}: not probed on a script — its trainer's model and "
+                           "optimizer are the script's own, loaded once",
+                           f"drop it (a script's knobs: {', '.join(SCRIPT_KNOBS)}, and precision "
+                           "on full fine-tuning of float32 weights), or tune a job file")
     from trainfit.tune.tuner import TuneOptions  # torch: only when probing
     opts = TuneOptions(device=device or "cpu", memory_limit_bytes=parse_bytes(
         memory_limit, "--memory-limit"), margin=margin, budget_s=budget_s,
@@ -208,7 +218,8 @@ def register(app: typer.Typer) -> None:
                              memory_limit=memory_limit, max_host_ram=max_host_ram,
                              margin=margin, budget_s=budget_s, knobs=knob_list, fixed=fixed,
                              run_steps=run_steps, trust_remote_code=trust_remote_code,
-                             timeout_s=timeout_s, as_json=as_json)
+                             timeout_s=timeout_s, as_json=as_json,
+                             explicit=knobs is not None or try_compile or try_8bit_optimizer)
                 return
             if len(args) > 1:
                 raise JobError(f"{' '.join(args)}: one model or job file", "a training command "

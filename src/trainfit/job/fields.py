@@ -159,6 +159,10 @@ KNOBS: tuple[Knob, ...] = (
 
 KNOB_NAMES = tuple(k.name for k in KNOBS)
 DEFAULT_KNOBS = tuple(k.name for k in KNOBS if k.default_on)
+SCRIPT_KNOBS = ("grad_ckpt", "attention", "optimizer_impl", "num_workers", "loader")
+"""What a probe can change on a script's loaded trainer (trainfit.script.tune); ``precision`` too
+where it is an autocast flag (full fine-tuning of float32 weights), which only reading the script
+tells. Not ``compile`` nor ``optimizer_8bit``: the trainer's model and optimizer are the script's."""
 
 
 def refuse_dead_reentrant(flags: dict[str, Any], grad_ckpt: str | None) -> None:

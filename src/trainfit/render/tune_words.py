@@ -106,6 +106,10 @@ def note_words(n: SearchNote) -> str:
                              + f"{d['noise']:.0%}, measured)"
                              + (f": {d['why']}" if d.get("why") else "")
                              + "; kept the simpler configuration",
+        "script_precision": lambda: f"precision: not probed on this script — its {d['method']} "
+                                    f"trainer's weights load in {d['dtype']}, a dtype a probe "
+                                    "cannot change on a loaded model (precision is probed as "
+                                    "autocast on full fine-tuning of float32 weights)",
         "contradicted": lambda: f"dropped: {_changes(d['changes'])} ran "
                                 + _proposal_words(d.get("proposal"))
                                 + (", ".join(f"{r:.2f}×" for r in d["ratios"]) or "no round")

@@ -22,15 +22,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainfit.job import JobError, JobSpec
+from trainfit.job.fields import SCRIPT_KNOBS
 from trainfit.model.runtime import parse_device
 from trainfit.model.source import source_of
 from trainfit.script.diff import KeywordChange, keyword_diff
 from trainfit.script.launch import run_script
 from trainfit.script.mapping import ReadJob, map_record, script_as_read, with_flags
+from trainfit.tune.result import SearchNote
 from trainfit.tune.tuner import Bench, TuneOptions, TuneResult, device_side, run_search
-
-SCRIPT_KNOBS = ("grad_ckpt", "attention", "optimizer_impl", "num_workers", "loader")
-"""What a probe can change on a loaded trainer (see the module docstring)."""
 
 
 @dataclass
@@ -107,6 +106,10 @@ def tune_trainer(trainer: Any, rec: dict[str, Any], o: dict[str, Any]) -> dict[s
         result = run_search(start, opts, bench, t0, current=job, step_source="script")
     finally:
         prober.restore_trainer()
+    if "precision" in o.get("knobs", ()) and "precision" not in opts.knobs:
+        # asked for, and not probed: said (an audit: dropped without a word)
+        result.notes.append(SearchNote("script_precision", {
+            "method": job.method, "dtype": rec["model"]["trainable_dtype"]}))
     # said from what the script runs (a flag that set a knob is a change to make in it too)
     changes = keyword_diff(rec, as_read, result.pick.job) if result.pick is not None else []
     return {"result": tune_result_json(result), "job": job.to_dict(),
