@@ -383,3 +383,17 @@ def test_knobs_a_script_cannot_take_are_refused_when_asked_for(tmp_path, flags):
     words = note_words(SearchNote("script_precision", {"method": "lora", "dtype": "bfloat16"}))
     assert words.startswith("precision: not probed on this script — its lora trainer's weights "
                             "load in bfloat16")
+
+
+def test_a_bf16_flag_on_a_card_without_it_is_the_flags_error(tmp_path):
+    """An audit: --precision amp-bf16 on a T4 was blamed on the script ("the script trains in
+    bf16 … set bf16=False in the script"), which had bf16=False; said of the flag, before the
+    script runs."""
+    marker = tmp_path / "ran"
+    script = tmp_path / "train.py"
+    script.write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    res = CliRunner().invoke(app, ["plan", "--gpu", "t4", "--precision", "amp-bf16", "--",
+                                   sys.executable, str(script)])
+    assert res.exit_code == 2
+    assert "error: --precision amp-bf16: Tesla T4 has no bf16 support" in res.output
+    assert not marker.exists()

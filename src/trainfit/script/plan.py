@@ -141,6 +141,16 @@ def _grid_job(current: JobSpec, given: set[str]) -> JobSpec:
     return JobSpec.from_dict({**current.to_dict(), **changes}, source="the script")
 
 
+def check_flag_precision(flags: dict[str, Any], gpu: GpuSpec | None) -> None:
+    """A bf16 ``--precision`` on a card without bf16: the flag's error, said before the script
+    runs (an audit: it was blamed on a script that sets bf16=False)."""
+    p = flags.get("precision")
+    if gpu is not None and isinstance(p, str) and "bf16" in p and not gpu.bf16_supported:
+        raise JobError(f"--precision {p}: {gpu.display_name} has no bf16 support",
+                       "use --precision amp-fp16 (or drop the flag to plan the script's own "
+                       "precision), or plan for a GPU with bf16 (--gpu)")
+
+
 def check_script_precision(current: JobSpec, gpu: GpuSpec | None, args_class: str = "") -> None:
     """``args_class``: the script's arguments' class (SFTConfig turns bf16 on by itself)."""
     if gpu is not None and current.precision and "bf16" in current.precision \
@@ -162,6 +172,7 @@ def plan_script(cmd: list[str], *, gpu: GpuSpec | None, flags: dict[str, Any] | 
                 quantile: float = QUANTILE, dataset_tokens: int | None = None,
                 epochs: float | None = None) -> ScriptPlan:
     flags = dict(flags or {})
+    check_flag_precision(flags, gpu)
     rec = run_script(cmd, mode="plan", gpu=gpu_for_hooks(gpu), trust_remote_code=trust_remote_code,
                      timeout_s=timeout_s)
     read = map_record(rec, frozenset(flags), quantile)
