@@ -397,3 +397,15 @@ def test_a_bf16_flag_on_a_card_without_it_is_the_flags_error(tmp_path):
     assert res.exit_code == 2
     assert "error: --precision amp-bf16: Tesla T4 has no bf16 support" in res.output
     assert not marker.exists()
+
+
+def test_a_model_the_script_builds_itself_is_not_said_to_be_read_without_weights():
+    """An audit: a from_config model (304M fp32 parameters built on the CPU by the script) was
+    said to be read 'without weights (meta device)'; plan skips from_pretrained's loading only."""
+    from trainfit.render.script import _weights_words
+
+    assert _weights_words({"mode": "plan", "model": {"device": "meta"}}) == \
+        "without weights (meta device)"
+    assert _weights_words({"mode": "plan", "model": {"device": "cpu"}}).startswith(
+        "with weights the script built itself on cpu")
+    assert _weights_words({"mode": "tune", "model": {"device": "cpu"}}) == "with its weights"

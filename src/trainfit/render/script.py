@@ -78,13 +78,28 @@ def length_words(ln: LengthStats, micro_batch: int, quantile_grid: bool | None =
             f"it){grid}")
 
 
-def check_words(c: ModelCheck) -> str:
+def _weights_words(rec: dict[str, Any]) -> str:
+    """How the script's model was read: plan loads ``from_pretrained`` weights on the meta device,
+    but a model the script builds itself (``from_config``) is built for real on its device (an
+    audit: 304M fp32 parameters built on the CPU were said to be read 'without weights')."""
+    if rec["mode"] != "plan":
+        return "with its weights"
+    on = rec.get("model", {}).get("device")
+    if on in (None, "meta"):
+        return "without weights (meta device)"
+    return (f"with weights the script built itself on {on} (plan skips from_pretrained's "
+            "loading, not a model made from a config)")
+
+
+def check_words(c: ModelCheck, on: str | None = "meta") -> str:
     verdict = "equal" if c.equal else "DIFFERENT"
     return (f"model check ({verdict}): parameters {c.script_total_params:,} in the script / "
             f"{c.planned_total_params:,} planned; trainable {c.script_trainable_params:,} / "
             f"{c.planned_trainable_params:,}; LoRA layers {c.script_lora_layers} / "
             f"{c.planned_lora_layers}; frozen weights outside 4-bit layers "
-            f"{c.script_frozen_bytes:,} B / {c.planned_frozen_bytes:,} B (counts, on meta)")
+            f"{c.script_frozen_bytes:,} B / {c.planned_frozen_bytes:,} B ("
+            + ("counts, on meta" if on in (None, "meta") else
+               f"counts; the script's model on {on}, the plan's on meta") + ")")
 
 
 def change_words(changes: list[KeywordChange]) -> list[str]:
@@ -179,7 +194,7 @@ def render_script_read(sp: ScriptPlan | Any, console: Console | None = None) -> 
     con = console or out_console()
     rec = sp.record
     con.print(f"[bold]{rec['trainer']}[/bold] of `{shlex.join(sp.command)}` — read "
-              + ("without weights (meta device)" if rec["mode"] == "plan" else "with its weights"))
+              + _weights_words(rec))
     t = Table(title="read from the script")
     for col in ("", "as trainfit plans it", "from"):
         t.add_column(col)
@@ -192,7 +207,7 @@ def render_script_read(sp: ScriptPlan | Any, console: Console | None = None) -> 
     con.print(length_words(sp.read.lengths, sp.read.fields["micro_batch"], grid,
                            sp.current.seq_len if "seq_len" in given else None))
     if sp.check is not None:
-        con.print(check_words(sp.check))
+        con.print(check_words(sp.check, rec.get("model", {}).get("device")))
     for n in [*sp.read.notes, *sp.notes]:
         con.print(f"  note: {note_words(n)}")
 
