@@ -23,6 +23,12 @@ def _config(d: Path, **fields) -> str:
     return str(p)
 
 
+def _script(d):
+    p = d / "train.py"
+    p.write_text("from transformers import Trainer\nTrainer(model=None).train()\n")
+    return str(p)
+
+
 def _yaml(d: Path, text: str, name: str = "j.yaml") -> str:
     p = d / name
     p.write_text(text)
@@ -63,6 +69,10 @@ CASES: list[tuple[str, Callable[[Path, str], list[str]], str]] = [
     ("--lr 0", lambda d, j: _plan("gpt2", "--lr", "0"), "--lr"),
     # job files
     ("malformed YAML", lambda d, j: ["plan", _yaml(d, "model: [gpt2\n")], "not valid YAML"),
+    # an audit: a script given as the job file read as a YAML error at its line 25
+    ("train train.py", lambda d, j: ["train", _script(d)], "a Python script, not a job file"),
+    ("emit train.py", lambda d, j: ["emit", _script(d), "--to", "hf"],
+     "a Python script, not a job file"),
     ("YAML quant nf4-dq + --method lora",
      lambda d, j: ["plan", _yaml(d, "model: gpt2\nmethod: qlora\nquant: nf4-dq\n"),
                    "--method", "lora"], "quant: nf4-dq needs --method qlora"),

@@ -150,6 +150,12 @@ def read_job_file(path: str | Path, *, allow_code: bool = False,
     line's ``--trust-remote-code``. The fields returned never hold ``trust_remote_code``."""
     import yaml
 
+    if str(path).endswith(".py"):
+        # `trainfit train train.py`: said as what it is, not as a YAML error at its line 25
+        # (an audit); the script form is tune's and plan's, after --
+        raise JobError(f"{path}: a Python script, not a job file (YAML)",
+                       f"this command takes a job file (trainfit.yaml); for your own script, "
+                       f"trainfit tune -- python {path} prints the keywords to change in it")
     text = _read_text(path)
     try:
         # a SafeLoader subclass: plain data only, never a Python object
