@@ -10,7 +10,7 @@ from rich.console import Console
 
 from trainfit.doctor.findings import Finding
 from trainfit.doctor.result import DoctorResult, Metrics, ratio
-from trainfit.doctor.split import StepRecord, data_wait_fractions, device_idle_s, median_split
+from trainfit.doctor.split import StepRecord, device_idle_s, input_fraction, median_split
 from trainfit.render.doctor import render
 
 
@@ -60,7 +60,12 @@ def test_render_prints_the_results_numbers():
 def test_data_wait_and_idle_are_read_one_way_for_both_targets():
     recs = [StepRecord({"data_wait": 0.1, "h2d_copy": 0.1}, 1.0), StepRecord({"data_wait": 0.3}, 0.6),
             StepRecord({}, 0.0)]
-    assert data_wait_fractions(recs) == pytest.approx([0.2, 0.5])
+    # one reading for the split table, the input-bound rule and the before/after rows: the
+    # median wait + the median copy over the median step (an audit saw 0.7 % and 2.2 %)
+    split = median_split(recs[:2])
+    assert input_fraction(split) == pytest.approx((0.2 + 0.05) / 0.8)
+    assert input_fraction(split) == pytest.approx(
+        (split.data_wait_s + split.h2d_copy_s) / split.step_time_s)
     assert device_idle_s({"device_busy_s": 0.4}, recs[:2]) == pytest.approx(0.4)
     assert device_idle_s({"device_busy_s": None}, recs) is None and device_idle_s(None, recs) is None
     assert device_idle_s({"device_busy_s": 2.0}, recs[:2]) == 0.0
@@ -83,7 +88,7 @@ def _round(step_s: float, spread_s: float = 0.0, tokens: float = 1024.0):
 
     return NS(split=NS(step_time_s=step_s, step_time_spread_s=spread_s), tokens_per_step=tokens,
               tokens_per_s=tokens / step_s, data_wait_fraction=0.0,
-              host=NS(gpu_util_percent=None))
+              host=NS(gpu_util_percent=None), records=[StepRecord({}, step_s)])
 
 
 def test_tokens_per_s_is_the_median_step_times_rate():

@@ -15,10 +15,9 @@ from trainfit.doctor.peaks import bounded_mfu, cpu_bf16_fast, cpu_peak_flops
 from trainfit.doctor.result import DoctorResult, Metrics
 from trainfit.doctor.split import (
     Split,
-    data_wait_fractions,
     device_idle_s,
+    input_fraction,
     median_counter,
-    median_or_none,
     median_split,
 )
 
@@ -85,7 +84,7 @@ def doctor_command(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bo
     tokens = obs.tokens_per_step
     before = Metrics(step_time_s=split.step_time_s,
                      tokens_per_s=tokens / split.step_time_s if tokens else None,
-                     data_wait_fraction=median_or_none(data_wait_fractions(run.records)),
+                     data_wait_fraction=input_fraction(split),
                      gpu_util_percent=run.host.gpu_util_percent,
                      step_time_spread_s=split.step_time_spread_s)
     notes = list(run.notes)

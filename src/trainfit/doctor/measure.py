@@ -43,8 +43,8 @@ from trainfit.doctor.split import (
     PhaseClock,
     Split,
     StepRecord,
-    data_wait_fractions,
     device_idle_s,
+    input_fraction,
     median_counter,
     median_hook_calls,
     median_split,
@@ -266,11 +266,10 @@ class JobRunner:
         split = median_split(records, idle_s=device_idle_s(prof_stats, records))
         tokens = median_counter(records, "tokens") if observe else float(per_step * job.seq_len)
         positions = median_counter(records, "positions") if observe else float(per_step * job.seq_len)
-        waits = data_wait_fractions(records)
         return Round(label=label, job=job, data_mode=data.mode, records=records, split=split,
                      tokens_per_step=tokens, positions_per_step=positions,
                      tokens_per_s=tokens / split.step_time_s if split.step_time_s > 0 else 0.0,
-                     data_wait_fraction=statistics.median(waits) if waits else 0.0, host=host,
+                     data_wait_fraction=input_fraction(split), host=host,
                      profile=prof_stats,
                      hook_calls_per_step=median_hook_calls(records),
                      device_peak_reserved_bytes=device_peak)

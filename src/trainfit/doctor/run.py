@@ -34,6 +34,7 @@ from trainfit.doctor.peaks import bounded_mfu, cpu_bf16_fast, cpu_peak_flops, gp
 from trainfit.doctor.result import DoctorResult, Metrics
 from trainfit.doctor.split import (
     calibrate_hook_cost_s,
+    input_fraction,
     median_counter,
     median_split,
 )
@@ -152,7 +153,8 @@ def _metrics(rounds: list[Round]) -> Metrics:
     step_s = statistics.median(steps)
     per_step = statistics.median(r.tokens_per_step for r in rounds)
     return Metrics(step_time_s=step_s, tokens_per_s=per_step / step_s if step_s > 0 else 0.0,
-                   data_wait_fraction=statistics.median(r.data_wait_fraction for r in rounds),
+                   data_wait_fraction=input_fraction(median_split(
+                       [rec for r in rounds for rec in r.records])),
                    gpu_util_percent=statistics.median(gpu) if gpu else None,
                    step_time_spread_s=max(steps) - min(steps), tokens_per_s_spread=max(tps) - min(tps),
                    rounds=len(rounds))
@@ -421,7 +423,7 @@ def _pooled(bench: _Bench, befores: list[Round]) -> Round:
                  tokens_per_step=median_counter(records, "tokens"),
                  positions_per_step=median_counter(records, "positions"),
                  tokens_per_s=statistics.median(r.tokens_per_s for r in befores),
-                 data_wait_fraction=statistics.median(r.data_wait_fraction for r in befores),
+                 data_wait_fraction=input_fraction(split),
                  host=first.host, profile=first.profile,
                  hook_calls_per_step=statistics.median(r.hook_calls_per_step for r in befores),
                  device_peak_reserved_bytes=max(

@@ -82,13 +82,13 @@ def findings_block(findings: list[Finding], title: str) -> Group:
 
 
 COMPARE_ROWS = {"step_time_s": ("step time", "s"), "tokens_per_s": ("tokens/s", ""),
-                "data_wait_fraction": ("data wait + host→device copy (% of each step)",
+                "data_wait_fraction": ("data wait + host→device copy (% of the step)",
                                        "fraction"),
                 "gpu_util_percent": ("GPU utilisation", "percent")}
-"""Each before/after row's label and unit, by its Metrics field.  The input's share is the median
-of each step's (data wait + copy) / step (split.data_wait_fractions), not the split table's data
-wait row (the median wait ÷ the median step, without the copy): the two differ by both (a QA run
-read 0.5 % and 0.6 % of the same steps), so the label says which."""
+"""Each before/after row's label and unit, by its Metrics field.  The input's share is read as the
+split table reads it (split.input_fraction: the median wait + the median copy ÷ the median step),
+so the 'before' column is the sum of the split table's two rows (an audit read 0.7 % there and
+2.2 % here, the median of each step's share, for the same steps)."""
 
 
 def _pm(v: float | None, pm: float | None, unit: str) -> str:
