@@ -303,3 +303,19 @@ def test_a_trl_payload_names_the_trl_its_sftconfig_fields_are_from():
     assert f"and TRL {importlib.metadata.version('trl')}" in first
     assert "TRL" not in emit_messages(emit(job, "hf", device="cpu"), "job.yaml", {},
                                       searched=False)[0]
+
+
+def test_a_file_edited_after_tune_does_not_show_its_old_measurements_as_its_own(tmp_path):
+    """An audit: emit printed the measured block (peak, tokens/s) as the file's after its knobs
+    were edited. The numbers now carry the knobs they were measured at, and an edited file says
+    which knob changed instead of showing them."""
+    f = _tuned_file(tmp_path)
+    _, err = _emit(f, "hf")
+    assert "peak allocated 0.84 GiB (measured)" in err and "184 tokens/s (measured)" in err
+    f.write_text(f.read_text().replace("micro_batch: 2", "micro_batch: 8", 1)
+                 .replace("grad_accum: 4", "grad_accum: 1", 1))
+    out, err = _emit(f, "hf")
+    assert json.loads(out)["per_device_train_batch_size"] == 8
+    assert "(measured)" not in err
+    assert ("its measured numbers are not this configuration's: micro_batch 8 in the file, "
+            "measured at 2, grad_accum 1 in the file, measured at 4") in err

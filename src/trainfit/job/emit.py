@@ -53,6 +53,27 @@ removed in v6" that warns (training_args.py of 5.23.0). Older versions get the o
 of them accept."""
 
 
+MEASURED_AT = ("method", "seq_len", "micro_batch", "grad_accum", "precision", "grad_ckpt",
+               "attention", "optimizer", "optimizer_impl", "num_workers", "prefetch_factor",
+               "pin_memory", "persistent_workers", "compile")
+"""The fields a tuned file's measured numbers depend on (the batch and tune's knobs): written
+beside them (``measured.at``), so a file edited since says its numbers are not its own."""
+
+
+def measured_at(job: JobSpec) -> dict[str, Any]:
+    return {k: getattr(job, k) for k in MEASURED_AT}
+
+
+def edited_since(job: JobSpec, measured: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(field, measured at, the file's now) for each field the file changed after tune measured
+    it; empty when none did, or when the file does not say (written before ``at``)."""
+    at = measured.get("at")
+    if not isinstance(at, dict):
+        return []
+    now = measured_at(job)
+    return [(k, at[k], now[k]) for k in MEASURED_AT if k in at and at[k] != now[k]]
+
+
 def job_yaml(job: JobSpec, *, measured: dict[str, Any] | None = None, device: str | None = None,
              memory_limit_bytes: int | None = None, header: list[str] | None = None) -> str:
     """The job as YAML, one comment per knob, and what tune measured (a file-only section)."""
@@ -68,10 +89,11 @@ def job_yaml(job: JobSpec, *, measured: dict[str, Any] | None = None, device: st
         lines.append(f"memory_limit: {memory_limit_bytes}  # bytes the pick had to fit in")
     if measured:
         lines.append("measured:  # by trainfit tune on the device above (bytes, seconds)")
-        for k, v in measured.items():
+        for k, v in {**measured, "at": measured_at(job)}.items():
             if k != "step_times_s":
-                lines.append(f"  {k}: {yaml.safe_dump(v, default_flow_style=True).strip()}"
-                             .replace("\n...", ""))
+                lines.append(f"  {k}: {yaml.safe_dump(v, default_flow_style=True, width=1000).strip()}"
+                             .replace("\n...", "")
+                             + ("  # the knobs these were measured at" if k == "at" else ""))
     return "\n".join(lines) + "\n"
 
 

@@ -20,9 +20,11 @@ _USE = {"hf": "TrainingArguments(output_dir=..., **json.load(open(FILE)))",
 _RECIPE_KEYWORDS = {"lr": "learning_rate", "seed": "seed"}
 
 
-def emit_messages(e: Emitted, source: str, extra: dict[str, Any], *, searched: bool) -> list[str]:
+def emit_messages(e: Emitted, source: str, extra: dict[str, Any], *, searched: bool,
+                  edited: list[tuple[str, Any, Any]] | None = None) -> list[str]:
     """The lines printed on stderr around an emitted payload (``extra``: the file-only keys of
-    the job file: device, memory_limit, measured)."""
+    the job file: device, memory_limit, measured; ``edited``: knobs the file changed since tune
+    measured them — its numbers are then not shown as the file's)."""
     version = e.transformers_version
     names = "" if e.target == "accelerate" else (
         f", names of transformers {version}" if version else
@@ -37,10 +39,18 @@ def emit_messages(e: Emitted, source: str, extra: dict[str, Any], *, searched: b
     tuned.append("memory limit none" if limit is None else
                  f"memory limit {int(limit) / GIB:.2f} GiB (the knobs fit in it as tuned; no "
                  f"{'TrainingArguments' if e.target != 'accelerate' else 'accelerate'} field holds it)")
-    if measured.get("peak_allocated_bytes") is not None:
-        tuned.append(f"peak allocated {measured['peak_allocated_bytes'] / GIB:.2f} GiB (measured)")
-    if measured.get("tokens_per_s") is not None:
-        tuned.append(f"{measured['tokens_per_s']:,.0f} tokens/s (measured)")
+    if edited:
+        # an audit: the measured block was printed as the file's after its knobs were edited
+        tuned.append("its measured numbers are not this configuration's: "
+                     + ", ".join(f"{k} {now} in the file, measured at {then}"
+                                 for k, then, now in edited)
+                     + " (tune it again to measure it)")
+    else:
+        if measured.get("peak_allocated_bytes") is not None:
+            tuned.append(f"peak allocated {measured['peak_allocated_bytes'] / GIB:.2f} GiB "
+                         "(measured)")
+        if measured.get("tokens_per_s") is not None:
+            tuned.append(f"{measured['tokens_per_s']:,.0f} tokens/s (measured)")
     lines.append("  " + ", ".join(tuned))
     for s in e.script:
         lines.append(f"  set in your script: {s.knob} {s.value} → {s.where}")
