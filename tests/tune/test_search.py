@@ -401,3 +401,20 @@ def test_no_8bit_optimizer_is_tried_under_a_zero_offload():
     assert s._eight_bit(job.replace(micro_batch=2), [1, 2, 4]) == []
     assert [n.kind for n in s.notes] == ["no_8bit_zero_offload"]
 
+
+
+def test_a_knob_fixed_by_a_flag_is_said_not_skipped_in_silence():
+    """An audit: --precision on tune's command line took the knob out of the search without a
+    word. The note says which field was given and its value; a knob the model cannot take (a
+    module without checkpointing) says that instead."""
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=8, precision="amp-bf16",
+                  grad_ckpt="off")
+    s = Searcher(job, fake(GIB, GIB, lambda j: 100.0, []), pred(GIB, GIB, lambda j: 100.0), None,
+                 SearchOptions(knobs=("precision", "grad_ckpt"), fixed=frozenset({"precision"}),
+                               unsupported=frozenset({"grad_ckpt"})), 10_000)
+    out = s.search()
+    notes = {n.kind: n for n in out.notes}
+    assert note_words(notes["knob_fixed"]) == ("precision: not searched — precision amp-bf16 was "
+                                               "given on the command line, so it is kept")
+    assert notes["knob_unsupported"].data["knob"] == "grad_ckpt"
+    assert all(t.job.precision == "amp-bf16" and t.job.grad_ckpt == "off" for t in out.trials)

@@ -110,6 +110,12 @@ def note_words(n: SearchNote) -> str:
                                     f"trainer's weights load in {d['dtype']}, a dtype a probe "
                                     "cannot change on a loaded model (precision is probed as "
                                     "autocast on full fine-tuning of float32 weights)",
+        "knob_fixed": lambda: f"{d['knob']}: not searched — "
+                              + ", ".join(f"{f} {v}" for f, v in zip(d["fields"], d["values"],
+                                                                     strict=True))
+                              + " was given on the command line, so it is kept",
+        "knob_unsupported": lambda: f"{d['knob']}: not searched — the model does not support it "
+                                    "(its module has no gradient_checkpointing_enable)",
         "contradicted": lambda: f"dropped: {_changes(d['changes'])} ran "
                                 + _proposal_words(d.get("proposal"))
                                 + (", ".join(f"{r:.2f}×" for r in d["ratios"]) or "no round")

@@ -14,6 +14,7 @@ from typing import Any
 
 from trainfit.job import JobSpec, step_precisions
 from trainfit.job.fields import KNOB_NAMES
+from trainfit.job.fields import KNOBS as KNOB_REGISTRY
 from trainfit.speed.compare import Comparison
 from trainfit.tune.result import ProbeResult, SearchNote
 from trainfit.tune.trial import (
@@ -27,6 +28,7 @@ from trainfit.tune.trial import (
 )
 
 KNOBS = KNOB_NAMES  # the registry of tune's knobs (trainfit.job.fields)
+KNOB_FIELDS = {k.name: k.fields for k in KNOB_REGISTRY}
 
 
 OUTLIER_BELOW = 1 / 3
@@ -269,7 +271,7 @@ class Searcher:
             # the budget ran out before any memory probe: that is not "nothing fits" — keep the
             # fastest configuration measured that fitted (the user's current one, probed first)
             return self._outcome(self._best_measured(), None, excluded)
-        if idx is None and base.grad_ckpt != "full" and "grad_ckpt" not in self.o.fixed:
+        if idx is None and base.grad_ckpt != "full" and "grad_ckpt" not in self.o.fixed | self.o.unsupported:
             self.notes.append(SearchNote("needs_ckpt"))
             job = base.replace(grad_ckpt="full")
             idx = self.largest_fitting(job, options)
@@ -289,7 +291,14 @@ class Searcher:
             else:
                 break
         for knob in self.o.knobs:
-            if knob in self.o.fixed or self.over_budget():
+            if knob in self.o.fixed or knob in self.o.unsupported:
+                # said, not skipped in silence (an audit)
+                self.notes.append(SearchNote(
+                    "knob_unsupported" if knob in self.o.unsupported else "knob_fixed",
+                    {"knob": knob, "fields": list(KNOB_FIELDS[knob]),
+                     "values": [getattr(best.job, f) for f in KNOB_FIELDS[knob]]}))
+                continue
+            if self.over_budget():
                 continue
             best = self._try_knob(knob, best, options)
         return self._outcome(best, largest, excluded)

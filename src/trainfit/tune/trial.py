@@ -45,7 +45,9 @@ class SearchOptions:
     precisions: tuple[str, ...] = ("fp32",)
     """Precisions the device supports (tried unless the job fixed one)."""
     fixed: frozenset[str] = frozenset()
-    """Knobs the user set explicitly: not searched."""
+    """Knobs the user set explicitly: not searched (said in a note)."""
+    unsupported: frozenset[str] = frozenset()
+    """Knobs the model cannot take (a module without checkpointing): not searched, said so."""
     worker_counts: tuple[int, ...] = (0, 1, 2)
     cuda: bool = False
     """The device is a GPU: pinned host memory can speed up its copies (tried as a knob)."""

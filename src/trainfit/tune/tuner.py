@@ -335,8 +335,10 @@ def run_search(job: JobSpec, opts: TuneOptions, bench: Bench, t0: float,
     sopts = SearchOptions(margin=opts.margin, budget_s=opts.budget_s, knobs=opts.knobs,
                           bitsandbytes=importlib.util.find_spec("bitsandbytes") is not None,
                           precisions=_precisions(device),
-                          fixed=opts.fixed if getattr(bench.source.config, "supports_grad_ckpt", True)
-                          else opts.fixed | {"grad_ckpt"},
+                          fixed=opts.fixed,
+                          unsupported=frozenset() if getattr(bench.source.config,
+                                                             "supports_grad_ckpt", True)
+                          else frozenset({"grad_ckpt"}),
                           run_steps=opts.run_steps,
                           worker_counts=(0, max(1, (os.cpu_count() or 1) // 2)),
                           cuda=device.type == "cuda")
