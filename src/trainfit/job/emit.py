@@ -74,6 +74,39 @@ def edited_since(job: JobSpec, measured: dict[str, Any]) -> list[tuple[str, Any,
     return [(k, at[k], now[k]) for k in MEASURED_AT if k in at and at[k] != now[k]]
 
 
+def _field_comment(key: str) -> str | None:
+    """A knob's effect (KNOB_COMMENTS), else the first clause of the field's own docstring
+    (JobSpec: one per field), so every line tune writes says what it is (an audit found 40 of
+    them bare)."""
+    if key in KNOB_COMMENTS:
+        return KNOB_COMMENTS[key]
+    from trainfit.job.fields import job_fields
+
+    text = next((f.help for f in job_fields() if f.name == key), "").replace("``", "")
+    if len(text) > 100:
+        # at a sentence's end; not at a parenthesis, which cut "optimizer (…) or all (…)" to
+        # "optimizer"
+        cut = min((i for i in (text.find(". "), text.find("; ")) if 20 < i < 100), default=-1)
+        short = text[:cut] if cut > 0 else ""
+        # a sentence cut inside a parenthesis would leave it open: cut at a word, said cut
+        text = short if short and short.count("(") == short.count(")") else \
+            text[:97].rsplit(" ", 1)[0] + " …"
+    return text.rstrip(".") or None
+
+
+def _measured_comment(key: str) -> str:
+    """The unit of a measured number, from its name (peak_allocated_bytes, step_time_s …)."""
+    if key.endswith("_bytes"):
+        return "bytes, measured"
+    if key == "tokens_per_s":
+        return "tokens per second, measured"
+    if key.endswith("_s"):
+        return "seconds, measured"
+    if key.endswith("_fraction"):
+        return "fraction of the step (0-1), measured"
+    return "the probe's outcome" if key == "status" else "measured"
+
+
 def job_yaml(job: JobSpec, *, measured: dict[str, Any] | None = None, device: str | None = None,
              memory_limit_bytes: int | None = None, header: list[str] | None = None) -> str:
     """The job as YAML, one comment per knob, and what tune measured (a file-only section)."""
@@ -81,7 +114,7 @@ def job_yaml(job: JobSpec, *, measured: dict[str, Any] | None = None, device: st
     for key, value in job.to_dict().items():
         text = yaml.safe_dump({key: value}, default_flow_style=True, width=1000).strip()
         text = text[1:-1] if text.startswith("{") else text
-        comment = KNOB_COMMENTS.get(key)
+        comment = _field_comment(key)
         lines.append(f"{text}  # {comment}" if comment else text)
     if device is not None:
         lines.append(f"device: {device}  # where tune measured")
@@ -93,7 +126,8 @@ def job_yaml(job: JobSpec, *, measured: dict[str, Any] | None = None, device: st
             if k != "step_times_s":
                 lines.append(f"  {k}: {yaml.safe_dump(v, default_flow_style=True, width=1000).strip()}"
                              .replace("\n...", "")
-                             + ("  # the knobs these were measured at" if k == "at" else ""))
+                             + ("  # the knobs these were measured at" if k == "at" else
+                                f"  # {_measured_comment(k)}"))
     return "\n".join(lines) + "\n"
 
 
