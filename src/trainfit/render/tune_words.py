@@ -50,113 +50,115 @@ def _rounds_words(c: Any) -> str:
         f"; not decided because {why}" if why else "")
 
 
+_NOTE_TEXTS: dict[str, Any] = {
+    "budget": lambda d: f"--budget-s {d['budget_s']:g} (the search's: its predictions and "
+                      "probes; loading the model and data not counted) was spent after "
+                      f"{d['spent_s']:.0f} s of search and {d['probes']} "
+                      f"probe{'' if d['probes'] == 1 else 's'}: no search probe started after "
+                      "that (one reckoned to end past the budget, from the last probe of as "
+                      "many steps, is not started; one running finishes; the first probe — of "
+                      "your current configuration where given — and the timed probe of the "
+                      "largest micro-batch found always run); the best so far is kept",
+    "excluded_micro": lambda d: f"micro-batches {', '.join(map(str, d['micro_batches']))} "
+                              "excluded: they do not divide the per-rank effective batch "
+                              f"{d['per_rank_batch']} (accumulation must be exact)",
+    "needs_ckpt": lambda d: "nothing fits without checkpointing: trying with it",
+    "nothing_fits": lambda d: "no micro-batch fits, even 1: see `trainfit plan` for the "
+                            "memory-saving ladder",
+    "outlier": lambda d: (
+        f"{_changes(d['changes'])}: its probe ran at {d['first_tokens_per_s']:,.0f} tokens/s, "
+        + (f"{d['first_tokens_per_s'] / d['expected_tokens_per_s']:.2f}× "
+           if d["expected_tokens_per_s"] else "far below ")
+        + "what its prediction gives at the current best's measured pace — the host's, most "
+        "likely: measured again"
+        + (f" at {d['again_tokens_per_s']:,.0f} tokens/s" if d["again_tokens_per_s"]
+           else " (it no longer fit)")
+        + ("; then dropped: no faster than the current best" if d.get("dropped") else
+           "; then compared in interleaved rounds" if d["again_tokens_per_s"] else "")),
+    "pruned": lambda d: f"not probed: {_changes(d['changes'])} — predicted "
+                      + (f"{d['ratio']:.2f}×" if d["ratio"] is not None else
+                         f"< {d['prune_below']}× (on another rank)")
+                      + " the tokens/s of the current best",
+    "no_8bit_other_optimizer": lambda d: f"8-bit AdamW: not tried — the job's optimizer is "
+                                       f"{d['optimizer']} (set optimizer: adamw to let tune "
+                                       "compare)",
+    "no_8bit_zero_offload": lambda d: "8-bit AdamW: not tried — under ZeRO-Offload accelerate "
+                                    "steps DeepSpeed's CPU Adam on the host, whatever the "
+                                    "optimizer asked",
+    "no_bitsandbytes": lambda d: "8-bit AdamW: not tried — bitsandbytes is not installed "
+                               "(pip install bitsandbytes)",
+    "workers_not_probed": lambda d: "loader workers: not probed — without them the step waited "
+                                  f"for data {d['data_wait_fraction']:.2%} of its time "
+                                  "(measured), the most workers could gain; below the "
+                                  f"{d['noise_floor']:.0%} noise floor",
+    "undecided": lambda d: f"could not decide: {_changes(d['changes'])} measured "
+                         + _proposal_words(d.get("proposal"))
+                         + (", ".join(f"{r:.2f}×" for r in d["ratios"]) or "no round")
+                         + " the tokens/s of the current best in interleaved rounds, "
+                         + (f"only {len(d['ratios'])} of the {d['rounds']} rounds ran before "
+                            "--budget-s ran out (a gain needs all of them, or 2 each beyond "
+                            "5× the noise of this run, "
+                            if d.get("budget") and len(d["ratios"]) < d.get("rounds", 0)
+                            else "noise of this run (")
+                         + f"{d['noise']:.0%}, measured)"
+                         + (f": {d['why']}" if d.get("why") else "")
+                         + "; kept the simpler configuration",
+    "script_precision": lambda d: f"precision: not probed on this script — its {d['method']} "
+                                f"trainer's weights load in {d['dtype']}, a dtype a probe "
+                                "cannot change on a loaded model (precision is probed as "
+                                "autocast on full fine-tuning of float32 weights)",
+    "knob_fixed": lambda d: f"{d['knob']}: not searched — "
+                          + ", ".join(f"{f} {v}" for f, v in zip(d["fields"], d["values"],
+                                                                 strict=True))
+                          + " was given on the command line, so it is kept",
+    "knob_unsupported": lambda d: f"{d['knob']}: not searched — the model does not support it "
+                                "(its module has no gradient_checkpointing_enable)",
+    "contradicted": lambda d: f"dropped: {_changes(d['changes'])} ran "
+                            + _proposal_words(d.get("proposal"))
+                            + (", ".join(f"{r:.2f}×" for r in d["ratios"]) or "no round")
+                            + " the tokens/s of the current best in interleaved rounds"
+                            + ("; a re-measure no longer fit" if d.get("ended") ==
+                               "no_longer_fits" else
+                               ": a round contradicted the gain, so no more rounds could "
+                               "confirm it")
+                            + "; kept the current best",
+    "not_compared": lambda d: f"not decided: {_changes(d['changes'])} ran "
+                            + (f"{d['ratio']:.2f}× " if d["ratio"] else "")
+                            + "the tokens/s of the current best on its one probe (not a "
+                            "round); --budget-s left no time for the interleaved rounds that "
+                            "decide, so the current best was kept",
+    "unsteady": lambda d: "timings unsteady: one configuration's probes in this run lie "
+                        f"{d['spread']:.1f}× apart (fastest ÷ slowest, measured), so a "
+                        "single probe may be the host's, not the configuration's"
+                        + ("; dropped on one probe no faster than the current best, so not "
+                           "shown slower: " + "; ".join(f"{_changes(c)} ({r:.2f}×)"
+                                                        for c, r in d["one_probe"])
+                           if d["one_probe"] else "")
+                        + " — rerun tune when the machine is quieter",
+    "ckpt_not_needed": lambda d: "checkpointing: not tried — the largest micro-batch already "
+                               "fits without it, and recomputation only costs time",
+    "ckpt_kept": lambda d: "checkpointing: kept on (nothing fits without it)",
+    "ckpt_no_larger": lambda d: "checkpointing: no larger micro-batch fits with it",
+    "host_busy": lambda d: f"the host was busy while probing (load average {d['load_1min']:.1f} "
+                         f"on {d['cores']} cores, measured): timings are slower and noisier "
+                         "than on an idle machine; memory is not affected",
+    "threads_for_load": lambda d: (
+        f"other processes used {d['others']:.1f} of {d['cpus']} CPU cores when tune started "
+        f"(measured): the probes ran torch at {d['threads']} thread"
+        f"{'s' if d['threads'] > 1 else ''} instead of {d['was']}, so that its parallel "
+        "regions do not wait on busy cores (OMP_NUM_THREADS, when you set it, is kept)"),
+    "cpu_peaks": lambda d: "CPU: peak = live tensor bytes (the quantity of torch.cuda.max_memory_"
+                         "allocated); reserved/device do not exist on CPU (null)",
+    "persistent_workers": lambda d: "persistent_workers: on by rule (loader workers are used; "
+                                  "keeping them saves their restart at every epoch boundary, "
+                                  "which short probes never reach)",
+}
+"""Each search note's sentence, by its kind (``d``: the note's data)."""
+
+
 def note_words(n: SearchNote) -> str:
     """One thing the search decided not to do, or did by rule, and why."""
-    d = n.data
-    texts = {
-        "budget": lambda: f"--budget-s {d['budget_s']:g} (the search's: its predictions and "
-                          "probes; loading the model and data not counted) was spent after "
-                          f"{d['spent_s']:.0f} s of search and {d['probes']} "
-                          f"probe{'' if d['probes'] == 1 else 's'}: no search probe started after "
-                          "that (one reckoned to end past the budget, from the last probe of as "
-                          "many steps, is not started; one running finishes; the first probe — of "
-                          "your current configuration where given — and the timed probe of the "
-                          "largest micro-batch found always run); the best so far is kept",
-        "excluded_micro": lambda: f"micro-batches {', '.join(map(str, d['micro_batches']))} "
-                                  "excluded: they do not divide the per-rank effective batch "
-                                  f"{d['per_rank_batch']} (accumulation must be exact)",
-        "needs_ckpt": lambda: "nothing fits without checkpointing: trying with it",
-        "nothing_fits": lambda: "no micro-batch fits, even 1: see `trainfit plan` for the "
-                                "memory-saving ladder",
-        "outlier": lambda: (
-            f"{_changes(d['changes'])}: its probe ran at {d['first_tokens_per_s']:,.0f} tokens/s, "
-            + (f"{d['first_tokens_per_s'] / d['expected_tokens_per_s']:.2f}× "
-               if d["expected_tokens_per_s"] else "far below ")
-            + "what its prediction gives at the current best's measured pace — the host's, most "
-            "likely: measured again"
-            + (f" at {d['again_tokens_per_s']:,.0f} tokens/s" if d["again_tokens_per_s"]
-               else " (it no longer fit)")
-            + ("; then dropped: no faster than the current best" if d.get("dropped") else
-               "; then compared in interleaved rounds" if d["again_tokens_per_s"] else "")),
-        "pruned": lambda: f"not probed: {_changes(d['changes'])} — predicted "
-                          + (f"{d['ratio']:.2f}×" if d["ratio"] is not None else
-                             f"< {d['prune_below']}× (on another rank)")
-                          + " the tokens/s of the current best",
-        "no_8bit_other_optimizer": lambda: f"8-bit AdamW: not tried — the job's optimizer is "
-                                           f"{d['optimizer']} (set optimizer: adamw to let tune "
-                                           "compare)",
-        "no_8bit_zero_offload": lambda: "8-bit AdamW: not tried — under ZeRO-Offload accelerate "
-                                        "steps DeepSpeed's CPU Adam on the host, whatever the "
-                                        "optimizer asked",
-        "no_bitsandbytes": lambda: "8-bit AdamW: not tried — bitsandbytes is not installed "
-                                   "(pip install bitsandbytes)",
-        "workers_not_probed": lambda: "loader workers: not probed — without them the step waited "
-                                      f"for data {d['data_wait_fraction']:.2%} of its time "
-                                      "(measured), the most workers could gain; below the "
-                                      f"{d['noise_floor']:.0%} noise floor",
-        "undecided": lambda: f"could not decide: {_changes(d['changes'])} measured "
-                             + _proposal_words(d.get("proposal"))
-                             + (", ".join(f"{r:.2f}×" for r in d["ratios"]) or "no round")
-                             + " the tokens/s of the current best in interleaved rounds, "
-                             + (f"only {len(d['ratios'])} of the {d['rounds']} rounds ran before "
-                                "--budget-s ran out (a gain needs all of them, or 2 each beyond "
-                                "5× the noise of this run, "
-                                if d.get("budget") and len(d["ratios"]) < d.get("rounds", 0)
-                                else "noise of this run (")
-                             + f"{d['noise']:.0%}, measured)"
-                             + (f": {d['why']}" if d.get("why") else "")
-                             + "; kept the simpler configuration",
-        "script_precision": lambda: f"precision: not probed on this script — its {d['method']} "
-                                    f"trainer's weights load in {d['dtype']}, a dtype a probe "
-                                    "cannot change on a loaded model (precision is probed as "
-                                    "autocast on full fine-tuning of float32 weights)",
-        "knob_fixed": lambda: f"{d['knob']}: not searched — "
-                              + ", ".join(f"{f} {v}" for f, v in zip(d["fields"], d["values"],
-                                                                     strict=True))
-                              + " was given on the command line, so it is kept",
-        "knob_unsupported": lambda: f"{d['knob']}: not searched — the model does not support it "
-                                    "(its module has no gradient_checkpointing_enable)",
-        "contradicted": lambda: f"dropped: {_changes(d['changes'])} ran "
-                                + _proposal_words(d.get("proposal"))
-                                + (", ".join(f"{r:.2f}×" for r in d["ratios"]) or "no round")
-                                + " the tokens/s of the current best in interleaved rounds"
-                                + ("; a re-measure no longer fit" if d.get("ended") ==
-                                   "no_longer_fits" else
-                                   ": a round contradicted the gain, so no more rounds could "
-                                   "confirm it")
-                                + "; kept the current best",
-        "not_compared": lambda: f"not decided: {_changes(d['changes'])} ran "
-                                + (f"{d['ratio']:.2f}× " if d["ratio"] else "")
-                                + "the tokens/s of the current best on its one probe (not a "
-                                "round); --budget-s left no time for the interleaved rounds that "
-                                "decide, so the current best was kept",
-        "unsteady": lambda: "timings unsteady: one configuration's probes in this run lie "
-                            f"{d['spread']:.1f}× apart (fastest ÷ slowest, measured), so a "
-                            "single probe may be the host's, not the configuration's"
-                            + ("; dropped on one probe no faster than the current best, so not "
-                               "shown slower: " + "; ".join(f"{_changes(c)} ({r:.2f}×)"
-                                                            for c, r in d["one_probe"])
-                               if d["one_probe"] else "")
-                            + " — rerun tune when the machine is quieter",
-        "ckpt_not_needed": lambda: "checkpointing: not tried — the largest micro-batch already "
-                                   "fits without it, and recomputation only costs time",
-        "ckpt_kept": lambda: "checkpointing: kept on (nothing fits without it)",
-        "ckpt_no_larger": lambda: "checkpointing: no larger micro-batch fits with it",
-        "host_busy": lambda: f"the host was busy while probing (load average {d['load_1min']:.1f} "
-                             f"on {d['cores']} cores, measured): timings are slower and noisier "
-                             "than on an idle machine; memory is not affected",
-        "threads_for_load": lambda: (
-            f"other processes used {d['others']:.1f} of {d['cpus']} CPU cores when tune started "
-            f"(measured): the probes ran torch at {d['threads']} thread"
-            f"{'s' if d['threads'] > 1 else ''} instead of {d['was']}, so that its parallel "
-            "regions do not wait on busy cores (OMP_NUM_THREADS, when you set it, is kept)"),
-        "cpu_peaks": lambda: "CPU: peak = live tensor bytes (the quantity of torch.cuda.max_memory_"
-                             "allocated); reserved/device do not exist on CPU (null)",
-        "persistent_workers": lambda: "persistent_workers: on by rule (loader workers are used; "
-                                      "keeping them saves their restart at every epoch boundary, "
-                                      "which short probes never reach)",
-    }
-    return texts[n.kind]()
+    return _NOTE_TEXTS[n.kind](n.data)
 
 
 def tune_reason(pick_job: Any, pick_tokens_per_s: float | None, baseline_job: Any | None,
