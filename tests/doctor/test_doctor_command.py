@@ -111,8 +111,8 @@ def test_no_target():
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--timeout-s", "-5", "--", "python", "x.py"], "--timeout-s -5: must be > 0 seconds"),
-    (["--timeout-s", "0", "--", "python", "x.py"], "--timeout-s 0: must be > 0 seconds"),
+    (["--timeout-s", "-5", "--", "python", "x.py"], "--timeout-s -5: must be a finite number of seconds > 0"),
+    (["--timeout-s", "0", "--", "python", "x.py"], "--timeout-s 0: must be a finite number of seconds > 0"),
     (["--device", "cuda", "--", "python", "x.py"], "--device: for a trainfit job only"),
     (["--repeats", "3", "--no-apply", "--", "python", "x.py"],
      "--apply, --repeats: for a trainfit job only"),

@@ -238,6 +238,12 @@ def test_an_unfused_optimizer_heavy_step_is_named(trainfit_job):
     assert ("optimizer_impl: fused" if trainfit_job else "fused=True") in f.fix
     assert "slow-optimizer" not in found(True) and "slow-optimizer" not in found(None)
     assert "slow-optimizer" not in found(False, opt_s=0.1)  # 12.5 % of the step
+    if not trainfit_job:  # the optimizer the command steps is the one named (a review)
+        obs = Observation(split=split(forward_s=0.3, backward_s=0.4, optimizer_s=0.3),
+                          device="cpu", trainfit_job=False, matmul_time_fraction=0.7,
+                          optimizer_fused=False, optimizer_name="SGD")
+        fix = {f.bottleneck: f for f in find(obs)}["slow-optimizer"].fix
+        assert "torch.optim.SGD(..., fused=True)" in fix and "adamw" not in fix
 
 
 @pytest.mark.parametrize("fraction", [0.3, 0.5, 0.7])

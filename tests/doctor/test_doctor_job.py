@@ -132,3 +132,30 @@ def test_checkpointing_stays_on_where_its_removal_would_break_the_limit():
         assert (after.grad_ckpt == "full") is kept
         assert any("checkpointing kept" in n and "over the memory_limit" in n for n in notes) is kept
         assert bool(applied) is not kept
+
+
+def test_the_live_peak_of_a_fresh_configuration_is_its_steady_steps(micro_model_json, text_jsonl,
+                                                                   one_thread):
+    """A review: the live peak of the configuration a fix would run was measured on its first
+    step, whose forward and backward run before AdamW's states exist (3 % low), and doctor took
+    checkpointing off under a limit the run then broke. It is the steady step's, as the
+    simulation of the same step gives it."""
+    import torch
+
+    from trainfit.data import builtin_tokenizer, read_rows, tokenize_rows
+    from trainfit.doctor.measure import JobRunner
+    from trainfit.job import JobSpec
+    from trainfit.model.source import resolve_model
+    from trainfit.tune.tuner import CpuPredictor
+
+    job = JobSpec(model=str(micro_model_json), data=str(text_jsonl), seq_len=32, micro_batch=4,
+                  grad_accum=1, precision="fp32", grad_ckpt="off")
+    src = resolve_model(str(micro_model_json))
+    runner = JobRunner(job, src, torch.device("cpu"), data_path=str(text_jsonl))
+    data = runner.data("eager", job)
+    fresh = runner.live_peak_bytes(job, data)
+    again = runner.live_peak_bytes(job, data)  # states exist now
+    tok = tokenize_rows(read_rows(text_jsonl), builtin_tokenizer(), seq_len=32, task=src.task)
+    want = CpuPredictor(src, tok)(job).peak_allocated_bytes
+    assert fresh == again
+    assert fresh == pytest.approx(want, rel=0.01)

@@ -310,8 +310,9 @@ def test_options_that_do_not_apply_to_a_script_say_so(seed000):
     (["--micro-batch", "abc"], "error: --micro-batch 'abc': must be an integer"),
     (["--effective-batch", "0"], "error: --effective-batch 0: must be an integer ≥ 1"),
     (["--precision", "fp64"], "error: --precision 'fp64': must be one of"),
-    (["--timeout-s", "-1"], "error: --timeout-s -1: must be > 0 seconds"),
-    (["--timeout-s", "nan"], "error: --timeout-s nan: must be > 0 seconds"),
+    (["--timeout-s", "-1"], "error: --timeout-s -1: must be a finite number of seconds > 0"),
+    (["--timeout-s", "nan"], "error: --timeout-s nan: must be a finite number of seconds > 0"),
+    (["--timeout-s", "inf"], "error: --timeout-s inf: must be a finite number of seconds > 0"),
 ])
 def test_a_scripts_flags_are_checked_before_it_runs(tmp_path, command, flags, said):
     """An audit: with a script, --micro-batch 0 ran the script, then ended in a ZeroDivisionError
@@ -350,6 +351,16 @@ def test_an_error_in_the_scripts_own_code_is_the_scripts_to_fix(tmp_path):
         json_mod.loads("{")
     except ValueError as e:
         # as the hooks see it: raised inside library code called from trainfit's (not this test's)
+        assert _script_frame(e.with_traceback(e.__traceback__.tb_next)) is None
+    # the script's frame calls into trainfit, which raises: trainfit's failure (a review)
+    src2 = "from trainfit.tune.trial import micro_options\ndef compute_loss():\n" \
+        "    return micro_options(None, 1)\n"
+    user2 = tmp_path / "train2.py"
+    user2.write_text(src2)
+    exec(compile(src2, str(user2), "exec"), ns)
+    try:
+        ns["compute_loss"]()
+    except AttributeError as e:
         assert _script_frame(e.with_traceback(e.__traceback__.tb_next)) is None
     trace = "Traceback (most recent call last):\n  File ...\nValueError: my loss blew up"
     with pytest.raises(ScriptError) as err:

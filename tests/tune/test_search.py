@@ -6,7 +6,7 @@ from search_fakes import GIB, fake, pred
 
 from trainfit.job import JobSpec
 from trainfit.render.tune_words import note_words
-from trainfit.tune.result import Measured, ProbeResult
+from trainfit.tune.result import Measured, ProbeResult, SearchNote
 from trainfit.tune.search import Predicted, Searcher, SearchOptions, micro_options
 
 
@@ -67,6 +67,11 @@ def test_noise_needs_confirmation():
                              "then 1.00× the tokens/s of the current best in interleaved rounds: "
                              "a round contradicted the gain, so no more rounds could confirm it; "
                              "kept the current best")
+    # a re-measure that no longer fits before any round: no ratio to state (a review)
+    gone = SearchNote("contradicted", {"changes": [("attention", "eager")], "proposal": 1.3,
+                                       "ratios": [], "ended": "no_longer_fits"})
+    assert note_words(gone) == ("dropped: attention eager ran 1.30× when first probed (not a "
+                                "round), then its re-measure no longer fit; kept the current best")
 
 
 def test_real_gain_is_taken_and_prediction_prunes():

@@ -41,7 +41,7 @@ def _checked(ctx: typer.Context, args: list[str], steps: int, warmup: int, repea
     if repeats < 1:
         raise JobError(f"--repeats {repeats}: must be ≥ 1", "e.g. --repeats 2")
     if not 0 < timeout_s < float("inf"):
-        raise JobError(f"--timeout-s {timeout_s:g}: must be > 0 seconds",
+        raise JobError(f"--timeout-s {timeout_s:g}: must be a finite number of seconds > 0",
                        "e.g. --timeout-s 900 (stop a command that has not finished its "
                        "window by then)")
     if len(args) > 1 and args[0].endswith((".yaml", ".yml")):
@@ -79,8 +79,8 @@ def register(app: typer.Typer) -> None:
                  "changed).")] = True,
         repeats: Annotated[int, typer.Option(
             help="Most before/after rounds, interleaved (B A B A …; CPU timing drifts between "
-                 "repeats): a fix is called faster when all 4 rounds agree (tune's rule), or 2 "
-                 "agree far beyond the noise; the rounds stop once decided.")] = 4,
+                 "repeats): a fix is called faster when all 4 rounds agree (tune's rule; with "
+                 "fewer, 2 far beyond the noise); the rounds stop at one that is not faster.")] = 4,
         device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N (trainfit jobs).")] = "cpu",
         timeout_s: Annotated[float, typer.Option(
             "--timeout-s", help="Stop a command that has not finished its window by then.")] = 900.0,

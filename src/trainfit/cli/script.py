@@ -75,7 +75,7 @@ def check_script_options(cmd: list[str], job_flags: dict[str, Any], timeout_s: f
     check_command(cmd, verb)
     check_given(job_flags)
     if not 0 < timeout_s < float("inf"):
-        raise JobError(f"--timeout-s {timeout_s:g}: must be > 0 seconds",
+        raise JobError(f"--timeout-s {timeout_s:g}: must be a finite number of seconds > 0",
                        "e.g. --timeout-s 900 (stop a script whose trainer has not started by then)")
 
 

@@ -52,6 +52,7 @@ def foreign_observation(run: ForeignRun, op_s: float) -> tuple[Observation, Spli
         params_on_cpu_fraction=params_cpu, num_workers=None if workers is None else int(workers),
         cpu_count=os.cpu_count() or 1,
         optimizer_fused=opt.get("fused") if opt.get("name") in FUSABLE else None,
+        optimizer_name=opt.get("name"),
         bf16_fast=None if s.get("cuda_used") else cpu_bf16_fast(), host=run.host)
     return obs, split
 

@@ -119,6 +119,8 @@ class Observation:
     """(micro-batch, measured tokens/s gain fraction) from probing a larger micro-batch."""
     padding_fraction: float | None = None
     optimizer_fused: bool | None = None
+    optimizer_name: str | None = None
+    """The torch.optim class another command steps (AdamW, SGD …); None for a trainfit job."""
     bf16_fast: bool | None = None
     """Whether bf16 matrix multiplies run fast here: False on a CPU without bf16/AVX-512 matrix
     instructions (PyTorch's own check, doctor/peaks.py), where they are emulated — this machine's
@@ -246,9 +248,10 @@ def _optimizer(o: Observation) -> Finding | None:
         return None
     ev = {"optimizer_s": _r(s.optimizer_s), "step_time_s": _r(s.step_time_s),
           "optimizer_fraction": _r(frac, 4)}
+    name = o.optimizer_name or "AdamW"
     fix = ("a fused optimizer: optimizer_impl: fused in the job (trainfit doctor --apply measures "
-           "it)" if o.trainfit_job else "a fused optimizer: torch.optim.AdamW(..., fused=True) "
-           "(HF Trainer: optim=\"adamw_torch_fused\")") + \
+           "it)" if o.trainfit_job else f"a fused optimizer: torch.optim.{name}(..., fused=True)"
+           + (" (HF Trainer: optim=\"adamw_torch_fused\")" if name == "AdamW" else "")) + \
         ": one kernel over all parameters instead of a group of ops per step"
     return Finding("slow-optimizer", ev, fix, _r(_gain(frac), 4),
                    f"the optimizer step is {frac:.0%} of the step (measured), unfused; the gain if "

@@ -368,22 +368,23 @@ def _apply_fixes(bench: _Bench, names: list[str], probe: tuple[int, float] | Non
 def _interleaved_rounds(bench: _Bench, first: Round, after_job: JobSpec, after_mode: str,
                         repeats: int) -> tuple[list[Round], list[Round]]:
     """(befores, afters): after, before, after … so that the host's drift hits both alike; at
-    most ``repeats`` rounds, fewer once the rule has decided (:func:`_decided`)."""
+    most ``repeats`` rounds, fewer once a round contradicts the gain (:func:`_contradicted`)."""
     befores, afters = [first], []
     for k in range(max(repeats, 1)):
         afters.append(bench.measure(after_job, after_mode, f"after #{k + 1}"))
-        if k + 1 >= repeats or (k + 1 >= MIN_ROUNDS and _decided(_gain(befores, afters))):
+        if k + 1 >= repeats or (k + 1 >= MIN_ROUNDS and _contradicted(_gain(befores, afters))):
             break
         befores.append(bench.measure(bench.job, bench.before_mode, f"before #{k + 2}"))
     return befores, afters
 
 
-def _decided(gain: Comparison) -> bool:
-    """No more rounds can change the verdict (the rule asks for tune's :data:`ROUNDS`, a decisive
-    gain passing with 2; an audit found doctor deciding on 2 where tune asks for 4): it is
-    ``faster`` already, or a round was not faster, which ``faster`` never survives (tune's
-    compare stops there too)."""
-    return gain.verdict == "faster" or min(gain.ratios, default=0.0) <= 1 + NOISE_FLOOR
+def _contradicted(gain: Comparison) -> bool:
+    """A round was not faster: ``faster`` can no longer be reached, and tune's compare stops there
+    too. The rounds run to tune's :data:`ROUNDS` otherwise — a gain decisive in two rounds is not
+    called faster before the others (tune's compare runs them all unless its budget ends; an
+    audit found doctor deciding on 2). A stop here leaves the verdict ``undecided`` or ``not
+    faster`` by the rounds run; either way the configuration is kept."""
+    return min(gain.ratios, default=0.0) <= 1 + NOISE_FLOOR
 
 
 def _gain(befores: list[Round], afters: list[Round]) -> Comparison:

@@ -36,8 +36,7 @@ from trainfit.job.choices import (  # re-exported: the schema's vocabularies liv
 from trainfit.job.validate import check_positive, check_types, divisors
 
 SIZE_FIELDS = ("seq_len", "micro_batch", "grad_accum", "effective_batch", "ranks", "lora_r",
-               "lora_alpha", "lm_head_chunk", "prefetch_factor")
-"""Fields that are sizes: an integer ≥ 1, or unset."""
+               "lora_alpha", "lm_head_chunk", "prefetch_factor")  # sizes: an integer ≥ 1, or unset
 
 
 @dataclass(kw_only=True)

@@ -59,13 +59,21 @@ def checkpoint_kwargs(grad_ckpt: str, reentrant: bool = False) -> dict[str, Any]
     return kw
 
 
-def enable_checkpointing(model: Any, grad_ckpt: str, reentrant: bool = False) -> None:
+def enable_checkpointing(model: Any, grad_ckpt: str, reentrant: bool = False,
+                         kwargs: dict[str, Any] | None = None) -> None:
     """Turn on transformers' checkpointing of each decoder layer: ``activation_checkpointing_enable``
     where transformers has it (5.23 renamed the method: ``gradient_checkpointing_enable`` now warns
-    that v6 removes it), else the old name, with the same keyword arguments."""
-    kw = checkpoint_kwargs(grad_ckpt, reentrant)
+    that v6 removes it), else the old name, with the same keyword arguments (``kwargs``: given
+    as they are — a script's own TrainingArguments' — else the job's)."""
+    kw = kwargs if kwargs is not None else checkpoint_kwargs(grad_ckpt, reentrant)
     new = getattr(model, "activation_checkpointing_enable", None)
     if callable(new):
         new(activation_checkpointing_kwargs=kw)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+
+
+def disable_checkpointing(model: Any) -> None:
+    """``activation_checkpointing_disable`` where transformers has it, else the old name."""
+    new = getattr(model, "activation_checkpointing_disable", None)
+    (new if callable(new) else model.gradient_checkpointing_disable)()

@@ -113,15 +113,7 @@ _NOTE_TEXTS: dict[str, Any] = {
                           + " was given on the command line, so it is kept",
     "knob_unsupported": lambda d: f"{d['knob']}: not searched — the model does not support it "
                                 "(its module has no gradient_checkpointing_enable)",
-    "contradicted": lambda d: f"dropped: {_changes(d['changes'])} ran "
-                            + _proposal_words(d.get("proposal"))
-                            + (", ".join(f"{r:.2f}×" for r in d["ratios"]) or "no round")
-                            + " the tokens/s of the current best in interleaved rounds"
-                            + ("; a re-measure no longer fit" if d.get("ended") ==
-                               "no_longer_fits" else
-                               ": a round contradicted the gain, so no more rounds could "
-                               "confirm it")
-                            + "; kept the current best",
+    "contradicted": lambda d: _contradicted_words(d),
     "not_compared": lambda d: f"not decided: {_changes(d['changes'])} ran "
                             + (f"{d['ratio']:.2f}× " if d["ratio"] else "")
                             + "the tokens/s of the current best on its one probe (not a "
@@ -154,6 +146,20 @@ _NOTE_TEXTS: dict[str, Any] = {
                                   "which short probes never reach)",
 }
 """Each search note's sentence, by its kind (``d``: the note's data)."""
+
+
+def _contradicted_words(d: dict[str, Any]) -> str:
+    """A candidate dropped in the rounds: a round that contradicted its proposal, or a re-measure
+    that no longer fit (before any round: no ratio to state — a review read "then no round the
+    tokens/s …")."""
+    head = f"dropped: {_changes(d['changes'])} ran " + _proposal_words(d.get("proposal"))
+    if not d["ratios"]:
+        return head + "its re-measure no longer fit; kept the current best"
+    rounds = ", ".join(f"{r:.2f}×" for r in d["ratios"])
+    why = ("; a re-measure no longer fit" if d.get("ended") == "no_longer_fits" else
+           ": a round contradicted the gain, so no more rounds could confirm it")
+    return (head + rounds + " the tokens/s of the current best in interleaved rounds" + why
+            + "; kept the current best")
 
 
 def note_words(n: SearchNote) -> str:

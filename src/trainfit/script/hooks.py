@@ -283,10 +283,19 @@ def _script_frame(err: BaseException) -> str | None:
     libs = tuple(p for p in {sysconfig.get_paths().get(k) for k in ("stdlib", "purelib",
                                                                    "platlib")} if p)
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the trainfit package
-    own = [f for f in traceback.extract_tb(err.__traceback__)
-           if not f.filename.startswith(("<", here, *libs))
-           and "site-packages" not in f.filename and "dist-packages" not in f.filename]
-    return f"{own[-1].filename}:{own[-1].lineno} in {own[-1].name}" if own else None
+    frames = traceback.extract_tb(err.__traceback__)
+
+    def users(f: traceback.FrameSummary) -> bool:
+        return not f.filename.startswith(("<", here, *libs)) \
+            and "site-packages" not in f.filename and "dist-packages" not in f.filename
+
+    own = [i for i, f in enumerate(frames) if users(f)]
+    if not own or any(f.filename.startswith(here) for f in frames[own[-1] + 1:]):
+        # trainfit's own code raised below the script's frame (its hooks, its tracker under a
+        # probe): trainfit's failure, not the script's (a review)
+        return None
+    f = frames[own[-1]]
+    return f"{f.filename}:{f.lineno} in {f.name}"
 
 
 def _hook_torch(torch: Any) -> None:

@@ -30,6 +30,7 @@ from trainfit.engine.step import train_step
 from trainfit.job import JobError, JobSpec
 from trainfit.job.emit import hf_training_args
 from trainfit.memory.limit import LimitTracker
+from trainfit.model.checkpointing import disable_checkpointing, enable_checkpointing
 from trainfit.model.runtime import RealWorkload, autocast_for, scaler_for
 from trainfit.model.source import ModelSource
 from trainfit.tune.probe import Probe
@@ -75,10 +76,12 @@ class ScriptProbe(Probe):
         ckpt_on = bool(getattr(base, "is_activation_checkpointing", None)
                        or getattr(base, "is_gradient_checkpointing", False))
         if job.grad_ckpt == "full" and not ckpt_on:
-            base.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs=self._args0.gradient_checkpointing_kwargs)
+            args = self._args0  # the kwargs under either transformers' name
+            enable_checkpointing(base, "full", kwargs=getattr(
+                args, "activation_checkpointing_kwargs", None) or getattr(
+                args, "gradient_checkpointing_kwargs", None))
         elif job.grad_ckpt != "full" and ckpt_on:
-            base.gradient_checkpointing_disable()
+            disable_checkpointing(base)
             if not self._input_grads0 and getattr(base, "_require_grads_hooks", None):
                 # reentrant checkpointing made the embeddings' output require grad; left on,
                 # every later probe would keep that gradient too (measured: +6 % of this peak)

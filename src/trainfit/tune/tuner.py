@@ -330,8 +330,13 @@ def run_search(job: JobSpec, opts: TuneOptions, bench: Bench, t0: float,
     predict, device = bench.predict, bench.device
     # 1, or the only micro-batch optimizer_in_backward allows (the per-rank batch)
     smallest = (micro_options(base, bench.samples)[0] or [1])[0]
+    # 8-bit states only where the search can try them (Searcher._eight_bit's conditions): a
+    # knob listed but never tried lowered the floor below weights + states (a review)
+    eight_bit = "optimizer_8bit" in opts.knobs and "optimizer_8bit" not in opts.fixed \
+        and base.optimizer == "adamw" and importlib.util.find_spec("bitsandbytes") is not None \
+        and not (base.sharding in ("zero2", "zero3") and base.offload != "none")
     _check_first_guess(predict(base.replace(micro_batch=smallest)), predict, bench.capacity,
-                       states_may_shrink="optimizer_8bit" in opts.knobs)
+                       states_may_shrink=eight_bit)
     sopts = SearchOptions(margin=opts.margin, budget_s=opts.budget_s, knobs=opts.knobs,
                           bitsandbytes=importlib.util.find_spec("bitsandbytes") is not None,
                           precisions=_precisions(device),
