@@ -82,3 +82,19 @@ def test_llama4s_router_keeps_its_own_forward():
     routers = [m for n, m in model.named_modules() if n.endswith("router")]
     assert routers and not any(isinstance(r, Linear4bitSim) for r in routers)
     assert torch.get_default_device().type == "cpu"
+
+
+def test_an_fp32_qlora_job_computes_in_a_dtype_its_card_has():
+    """An audit: fp32 QLoRA rows for a T4 (no bf16) were simulated with bf16 4-bit matmuls, and
+    their speed read unknown for a dtype the card cannot run. There they compute in fp32
+    (bitsandbytes' default); on a bf16 card in bf16, the pairing QLoRA recipes use."""
+    import torch
+
+    from trainfit.job import JobSpec
+    from trainfit.model.workload import qlora_compute_dtype
+
+    job = JobSpec(model="gpt2", method="qlora", quant="nf4", precision="fp32")
+    assert qlora_compute_dtype(job, bf16=False) is torch.float32
+    assert qlora_compute_dtype(job, bf16=True) is torch.bfloat16
+    assert qlora_compute_dtype(job.replace(precision="amp-fp16"), bf16=True) is torch.float16
+    assert qlora_compute_dtype(job.replace(precision="amp-bf16"), bf16=False) is torch.bfloat16

@@ -281,10 +281,12 @@ def _place(model: torch.nn.Module, job: JobSpec, mesh: Any, fake_mode: FakeTenso
     return fsdp_bookkeeping(tracker)
 
 
-def _stack_model(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Module, Any]:
+def _stack_model(job: JobSpec, source: ModelSource, bf16: bool = True
+                 ) -> tuple[torch.nn.Module, Any]:
     """The model on meta as the user's stack holds it: torchtune's per-layer RoPE caches,
-    transformers < 4.40's RoPE tables, a compiled step's chunked loss."""
-    model, info = build_model_on_meta(job, source)
+    transformers < 4.40's RoPE tables, a compiled step's chunked loss (``bf16``: the target has
+    bf16, :func:`trainfit.model.workload.qlora_compute_dtype`)."""
+    model, info = build_model_on_meta(job, source, bf16=bf16)
     if job.clone_layers:
         add_rope_caches(model, source)
     if job.rope_cache != "none":
@@ -319,7 +321,8 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
               loads: bool, flat_states: bool = False, host_job: JobSpec | None = None
               ) -> SimResult:
     t0 = time.perf_counter()
-    model, info = _stack_model(job, source)
+    cc = target.compute_capability
+    model, info = _stack_model(job, source, bf16=cc is None or tuple(cc) >= (8, 0))
     fake_mode = FakeTensorMode(allow_non_fake_inputs=mesh is not None)
     tracker = LiveBytesTracker(block_bytes=target.block_bytes)
     bookkeeping = _place(model, job, mesh, fake_mode, tracker)

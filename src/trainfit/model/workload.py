@@ -138,8 +138,10 @@ def has_sdpa(source: ModelSource) -> bool | None:
     return bool(getattr(cls, "_supports_sdpa", False))
 
 
-def build_model_on_meta(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Module, ModelInfo]:
-    """The model exactly as it will train (LoRA, 4-bit, dtypes, checkpointing), without data."""
+def build_model_on_meta(job: JobSpec, source: ModelSource, *, bf16: bool = True
+                        ) -> tuple[torch.nn.Module, ModelInfo]:
+    """The model exactly as it will train (LoRA, 4-bit, dtypes, checkpointing), without data.
+    ``bf16``: the target GPU has bf16 (an fp32 QLoRA job's 4-bit layers compute in it there)."""
     import copy
 
     if source.task == "custom-lm":
@@ -185,7 +187,7 @@ def build_model_on_meta(job: JobSpec, source: ModelSource) -> tuple[torch.nn.Mod
         enable_checkpointing(model, job.grad_ckpt, job.ckpt_reentrant)
     model.train()
 
-    return _finish_model(job, source, model, cfg, info, train_dtype)
+    return _finish_model(job, source, model, cfg, info, train_dtype, bf16)
 
 
 def _unbuildable(source: ModelSource, err: Exception) -> JobError:
@@ -209,7 +211,8 @@ def _unbuildable(source: ModelSource, err: Exception) -> JobError:
 
 
 def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg: Any,
-                  info: ModelInfo, train_dtype: torch.dtype) -> tuple[torch.nn.Module, ModelInfo]:
+                  info: ModelInfo, train_dtype: torch.dtype, bf16: bool = True
+                  ) -> tuple[torch.nn.Module, ModelInfo]:
     """LoRA / 4-bit / trainable flags / chunked head, and the parameter counts."""
     if job.method in ("lora", "qlora"):
         import_peft()
@@ -232,7 +235,7 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
         if job.fused_qkv:
             _fuse(job, source, model, train_dtype)
         if job.method == "qlora":
-            info.quantized_linears = _quantize_base(job, source, model)
+            info.quantized_linears = _quantize_base(job, source, model, bf16)
     else:
         for p in model.parameters():
             p.requires_grad_(True)
@@ -267,7 +270,20 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
     return model, info
 
 
-def _quantize_base(job: JobSpec, source: ModelSource, model: torch.nn.Module) -> int:
+def qlora_compute_dtype(job: JobSpec, bf16: bool = True) -> torch.dtype:
+    """The 4-bit layers' compute dtype (bnb_4bit_compute_dtype): the autocast dtype, bf16 for an
+    fp32 job on a card that has it (what QLoRA recipes pair with it), else bitsandbytes' own
+    default, fp32 — an fp32 QLoRA plan for a T4 computed in bf16, which the T4 has not (an
+    audit: its speed then read unknown for a dtype the card cannot run)."""
+    if job.precision == "amp-fp16":
+        return torch.float16
+    if job.precision in ("amp-bf16", "bf16-true") or bf16:
+        return torch.bfloat16
+    return torch.float32
+
+
+def _quantize_base(job: JobSpec, source: ModelSource, model: torch.nn.Module,
+                   bf16: bool = True) -> int:
     """The frozen base made 4-bit as the job's stack loads it (what transformers' quantizer
     converts, or a checkpoint stored 4-bit keeps); returns how many layers."""
     out_emb = model.get_output_embeddings()
@@ -290,7 +306,7 @@ def _quantize_base(job: JobSpec, source: ModelSource, model: torch.nn.Module) ->
         # a tied head: tie_weights() after loading puts the 16-bit embedding back into
         # it, whatever the skip list says
         patterns += [hf_module_name(n) for n, m in model.named_modules() if m is out_emb]
-    compute = torch.float16 if job.precision == "amp-fp16" else torch.bfloat16
+    compute = qlora_compute_dtype(job, bf16)
     # sharded QLoRA stores the packed weights in bf16 (bnb_4bit_quant_storage), as
     # FSDP and ZeRO-3 need to flatten them with the other parameters
     storage = torch.bfloat16 if job.sharding != "none" and job.ranks > 1 else torch.uint8
