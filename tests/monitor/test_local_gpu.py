@@ -73,6 +73,20 @@ def test_plan_names_a_gpu_over_the_local_one(monkeypatch, tiny_config_json):
 def test_plan_without_nvml_plans_without_a_gpu(no_nvml, tiny_config_json):
     d, _ = _plan_json([str(tiny_config_json)])
     assert d["gpu"] is None and d["configs"][0]["fits"] is None and d.get("gpu_memory_source") is None
+    # an audit: the device peak's CUDA context was said to be "0 MiB, GPU catalog", and the
+    # legend "no row fits", with no GPU to fit on: both are unknown, and said so
+    from typer.testing import CliRunner
+
+    from trainfit.cli.main import app
+
+    res = CliRunner().invoke(app, ["plan", str(tiny_config_json), "--seq-len", "32",
+                                   "--micro-batch", "1", "--precision", "fp32", "--grad-ckpt", "off"])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "fit unknown (no GPU)" in text and "no row fits" not in text
+    assert "CUDA context (0 MiB" not in text
+    assert "without the CUDA context, which is unknown without a GPU" in text
+    assert "fits: unknown without a GPU" in text
 
 
 def test_plan_on_an_unknown_card_plans_its_free_memory_speed_unknown(monkeypatch, tiny_config_json):

@@ -219,7 +219,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     on_device = managed_bytes if gpu is None else max(0, min(managed_bytes,
                                                              gpu.memory_bytes - resident))
     device = resident + on_device
-    notes = [*_peak_notes(how, work, context, (on_device, managed_bytes), (nccl, nccl_note)),
+    notes = [*_peak_notes(how, work, context if gpu is not None else None,
+                          (on_device, managed_bytes), (nccl, nccl_note)),
              *dp_notes, *([limit_note] if limit_note else []), *([saving] if saving else [])]
     notes += _step_notes(job, compile_untraced, compile_partitioned, host_activations)
     before_step, reserve_notes = wrap_reserve(job, trace) if records_wrap(job, per_rank) else \
@@ -283,19 +284,23 @@ def _step_notes(job: JobSpec, compile_untraced: list[str] | None,
     return notes
 
 
-def _peak_notes(how: str, work: int, context: int, managed: tuple[int, int],
+def _peak_notes(how: str, work: int, context: int | None, managed: tuple[int, int],
                 nccl: tuple[int, str]) -> list[str]:
-    """How the allocated, reserved and device peaks were made; ``managed``: (resident, all)
-    bytes of paged optimizer states, ``nccl``: (bytes, what)."""
+    """How the allocated, reserved and device peaks were made; ``context``: the CUDA context's
+    bytes (None: no GPU named — unknown, not 0), ``managed``: (resident, all) bytes of paged
+    optimizer states, ``nccl``: (bytes, what)."""
     on_device, managed_bytes = managed
     nccl_bytes_, nccl_note = nccl
     return [
         f"{how}; allocated = live tensor bytes (512 B blocks) + cuBLAS workspaces "
         f"({work / 2**20:.0f} MiB)",
         "reserved: the step's alloc/free trace replayed through the caching-allocator model",
-        f"device: reserved + CUDA context ({context / 2**20:.0f} MiB, GPU catalog): the "
-        "process's row in nvidia-smi (its header's 'Memory-Usage' also counts the memory the "
-        "driver keeps for itself, NVML total − CUDA total: 480 MiB on an H100, measured)"
+        (f"device: reserved + CUDA context ({context / 2**20:.0f} MiB, GPU catalog): the "
+         "process's row in nvidia-smi (its header's 'Memory-Usage' also counts the memory the "
+         "driver keeps for itself, NVML total − CUDA total: 480 MiB on an H100, measured)"
+         if context is not None else
+         "device: reserved, without the CUDA context, which is unknown without a GPU (--gpu "
+         "NAME counts it): nvidia-smi would show more")
         + (f" + paged optimizer states in managed memory ({on_device / 2**30:.2f} of "
            f"{managed_bytes / 2**30:.2f} GiB resident: the rest pages to the host; not part of "
            "the fit)" if managed_bytes else "")

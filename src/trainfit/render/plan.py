@@ -133,10 +133,13 @@ def _legend(console: Console, result: PlanResult, dropped: list[str], all_rows: 
     one = len({r.job.micro_batch for r in result.rows}) == 1
     marks = (f"★ recommended  ▲ largest micro-batch that fits"
              f"{' (of the one planned: --micro-batch sets it)' if one else ''} · ") \
-        if any(r.memory.fits for r in result.rows) else "no row fits · "
+        if any(r.memory.fits for r in result.rows) else \
+        "fit unknown (no GPU) · " if all(r.memory.fits is None for r in result.rows) else \
+        "no row fits · "
     legend = (f"{marks}spare: GiB left under the fit "
               f"line ({line:.0%} of the GPU" + (f": GPU ÷ (1 + its {under:.0%} error band)"
-                                                if line < 1 - result.margin else "") + ")")
+                                                if line < 1 - result.margin else "") + ")") \
+        if result.gpu is not None else marks.rstrip(" ·")
     if not speed_known and result.gpu is not None:
         legend += f" · tokens/s and MFU: unknown ({_unknown_speed_why(result)})"
     elif speed_known:
@@ -238,7 +241,8 @@ def render_plan(result: PlanResult, all_rows: bool = False) -> None:
                           if v and k != "managed")
         managed = m.breakdown.get("managed", 0)
         beside = f"; beside it, outside PyTorch's allocator: managed {managed / GIB:.2f} " \
-            "(paged optimizer states, in the device peak)" if managed else ""
+            "(paged optimizer states in CUDA managed memory: what the card has room for counts " \
+            "in the device peak, the rest pages to the host)" if managed else ""
         say(console, f"breakdown at the allocated peak (GiB, predicted, peak in the {m.peak_phase}):"
                      f" {parts}{beside}")
         for note in m.model_notes:

@@ -44,10 +44,25 @@ def plan_notes(result: PlanResult) -> list[str]:
             "cases": m.error_band_cases if m else 0,
             "within": m.error_band_within if m else 0}
     notes = [n.format(margin=result.margin, **band) for n in PLAN_NOTES]
+    if result.gpu is None:
+        # no card: its CUDA context is unknown, not 0, and no row can be said to fit (an audit)
+        notes[1] = ("allocated = torch.cuda.max_memory_allocated, reserved = max_memory_reserved, "
+                    "device = reserved + managed memory only: the CUDA context (0.3-2 GiB by "
+                    "card) is unknown without --gpu, so what nvidia-smi shows is more")
+        notes[2] = "fits: unknown without a GPU (--gpu NAME plans one; trainfit gpus lists them)"
+    elif any(r.memory.breakdown.get("managed") for r in result.rows):
+        notes[2] += ("; paged optimizer states (CUDA managed memory) are left out of the fit: "
+                     "they page to the host when the card is full")
+    if any(r.job.method in ("lora", "qlora") for r in result.rows) and \
+            any(r.speed is not None and r.speed.mfu for r in result.rows):
+        notes.append("MFU of LoRA/QLoRA rows counts 6 FLOPs per token per trainable weight and 4 "
+                     "per frozen one (no weight gradient), plus attention's 12·L·H·Q·T: PaLM's "
+                     "6N split by what trains (trainfit/speed/predict.py)")
     if not any(r.speed is not None and r.speed.tokens_per_s for r in result.rows):
         # no row has a speed: the pick is made without one (plan.grid._sort_key)
-        notes[-1] = ("no row has a predicted tokens/s, so the pick among configurations that fit "
-                     "prefers no recomputation, then the largest micro-batch, then mixed "
+        notes[-1] = ("no row has a predicted tokens/s, so the pick among configurations that "
+                     + ("fit" if result.gpu is not None else "were planned (their fit unknown)")
+                     + " prefers no recomputation, then the largest micro-batch, then mixed "
                      "precision")
     experts = result.assumptions.experts_16bit_params if result.assumptions else 0
     if experts:
