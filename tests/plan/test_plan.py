@@ -67,12 +67,17 @@ def test_nothing_fits_says_so(tiny_llama):
     long_row = SimpleNamespace(job=lora, memory=SimpleNamespace(breakdown={
         "parameters": 2 * GIB, "optimizer": GIB // 10, "activations": 10 * GIB,
         "temporaries": 20 * GIB}))
-    # (QLoRA's 4-bit weights would cut at most 6 % of that peak: not offered at all)
-    assert _what_to_try(long_row) == "a shorter --seq-len or more ranks with --sharding fsdp"
+    # (QLoRA's 4-bit weights would cut at most 6 % of that peak: not offered at all, nor FSDP,
+    # which divides only them; the fp32 logits — the temporaries — chunked first: an audit's
+    # 65,536-token Qwen LoRA was told to halve its sequence where chunks fit)
+    assert _what_to_try(long_row) == "--lm-head-chunk 4096 or a shorter --seq-len"
     long_row.memory.breakdown["parameters"] = 5 * GIB
-    assert _what_to_try(long_row).startswith("a shorter --seq-len, --method qlora")
+    assert _what_to_try(long_row).startswith("--lm-head-chunk 4096, a shorter --seq-len, "
+                                             "--method qlora")
+    assert _what_to_try(long_row).endswith("more ranks with --sharding fsdp")
     long_row.memory.breakdown["parameters"] = 40 * GIB
-    assert _what_to_try(long_row).startswith("--method qlora, a shorter --seq-len")
+    assert _what_to_try(long_row).startswith("--lm-head-chunk 4096, --method qlora, "
+                                             "a shorter --seq-len")
     # a saver that cuts under a tenth of the peak is not offered: Mixtral QLoRA (16-bit
     # experts, 87 of 90 GiB) was told to try an 8-bit optimizer and a shorter sequence
     mixtral = SimpleNamespace(job=JobSpec(model="t", seq_len=1024, method="qlora",

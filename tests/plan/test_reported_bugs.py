@@ -310,3 +310,23 @@ def test_zero_offload_takes_no_bitsandbytes_optimizer_and_the_ladder_drops_it() 
     assert last.change.startswith("CPU offload") and last.fits
     assert "the optimizer: DeepSpeed's CPU Adam (accelerate swaps it in" in last.change
     assert (last.job["offload"], last.job["optimizer"]) == ("all", "adamw")
+
+
+def test_the_ladder_chunks_the_output_head_before_shortening_the_sequence() -> None:
+    """An audit: a 1.5B Qwen LoRA at 65,536 tokens (148 GiB, 74 of it the fp32 logits) was told
+    to halve its sequence, where checkpointing + the head in chunks fit in 53 GiB with the same
+    learning. The chunked head is a rung before anything that alters what is learned."""
+    from trainfit.plan.ladder import build_ladder
+
+    start = JobSpec(model="m", seq_len=65536, micro_batch=1, grad_accum=1, method="lora",
+                    precision="bf16-true", grad_ckpt="off")
+
+    def evaluate(j: JobSpec) -> tuple[int, float | None, bool | None]:
+        peak = 148 if j.grad_ckpt != "full" else (53 if j.lm_head_chunk else 120)
+        return peak, 1.0, peak <= 70
+
+    rungs = build_ladder(start, evaluate)
+    assert [r.change.split(" (")[0] for r in rungs] == [
+        "gradient checkpointing on", "output head and loss in chunks of 4,096 tokens"]
+    assert rungs[-1].fits and not any(r.alters_learning for r in rungs)
+    assert rungs[-1].job["lm_head_chunk"] == 4096

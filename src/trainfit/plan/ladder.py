@@ -56,6 +56,13 @@ def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
                       {"expandable_segments": True}, False))
     if job.grad_ckpt != "full":
         steps.append(("gradient checkpointing on (~30 % slower)", {"grad_ckpt": "full"}, False))
+    if job.lm_head_chunk is None and not job.trl_logprob_head:
+        # the output head and its loss in chunks (litgpt's lm_head_chunk_size): no full fp32
+        # logits, the same loss — at long context with a large vocabulary they are the peak (an
+        # audit: a 1.5B Qwen LoRA at 65,536 tokens was told to halve its sequence, 148 GiB, where
+        # checkpointing + chunks fit in 53 GiB). A seq2seq model refuses it: the rung is skipped
+        steps.append(("output head and loss in chunks of 4,096 tokens (no full fp32 logits; the "
+                      "same loss)", {"lm_head_chunk": 4096}, False))
     sharding = job.sharding
     if job.ranks > 1 and sharding == "none":
         # the GPUs the job already has, sharded: each holds 1/N of the weights, gradients and

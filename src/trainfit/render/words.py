@@ -228,6 +228,11 @@ def _what_to_try(row: Any) -> str:
         tries.append(f"--sharding fsdp (or zero3) over its {job.ranks} ranks")
     if job.grad_ckpt != "full" and useful(terms.get("activations", 0)):
         tries.append("--grad-ckpt full")
+    if job.lm_head_chunk is None and not job.trl_logprob_head and total \
+            and useful(terms.get("temporaries", 0)):
+        # the fp32 logits and their loss are the temporaries at the peak of a long-context,
+        # large-vocabulary step: chunked, the learning is unchanged (before a shorter sequence)
+        tries.append("--lm-head-chunk 4096")
     if by_length > weights and useful(by_length):
         tries.append("a shorter --seq-len")
     if job.method != "qlora" and useful(weights):
@@ -237,7 +242,10 @@ def _what_to_try(row: Any) -> str:
     if job.optimizer in ("adamw", "paged-adamw") and useful(terms.get("optimizer", 0)):
         tries.append("an 8-bit optimizer")
     if job.sharding == "none":
-        tries.append("more ranks with --sharding fsdp")
+        if useful(weights) or not tries:
+            # sharding divides the weights, gradients and states only (an audit: FSDP was
+            # advised where they were 2 % of a 148 GiB peak)
+            tries.append("more ranks with --sharding fsdp")
     else:
         tries.append("more ranks")
         most = ENGINE_OFFLOADS[job.sharding][-1]  # the most the engine offers
