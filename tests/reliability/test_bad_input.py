@@ -69,6 +69,10 @@ CASES: list[tuple[str, Callable[[Path, str], list[str]], str]] = [
     ("--lr 0", lambda d, j: _plan("gpt2", "--lr", "0"), "--lr"),
     # job files
     ("malformed YAML", lambda d, j: ["plan", _yaml(d, "model: [gpt2\n")], "not valid YAML"),
+    # an audit: an error in a file's current: block named a flag never given
+    ("current: micro_batch: 0", lambda d, j: ["plan", _yaml(
+        d, "model: gpt2\ngpu: t4\nseq_len: 128\ncurrent:\n  micro_batch: 0\n")],
+     "in its current: block, micro_batch: 0: must be an integer ≥ 1"),
     # an audit: a script given as the job file read as a YAML error at its line 25
     ("train train.py", lambda d, j: ["train", _script(d)], "a Python script, not a job file"),
     ("emit train.py", lambda d, j: ["emit", _script(d), "--to", "hf"],

@@ -255,4 +255,14 @@ def job_with_current(fields: dict[str, Any], current: Any, source: str) -> JobSp
     cur.setdefault("grad_ckpt", "off")  # what a training script runs unless it turns it on
     if "micro_batch" in current and "grad_accum" in current and "effective_batch" not in current:
         cur.pop("effective_batch", None)
-    return JobSpec.from_dict(cur, source=f"{source} (current)")
+    try:
+        return JobSpec.from_dict(cur, source=f"{source} (current)")
+    except JobError as err:
+        # the file's `current:` block, named as such by its keys: an audit read "--micro-batch 0"
+        # about a flag never given
+        from trainfit.job.fields import in_file_words
+
+        said = in_file_words(err, source)
+        if str(said).startswith(f"{source} (current)"):
+            raise said from None
+        raise JobError(f"{source}: in its current: block, {said}", said.hint) from None
