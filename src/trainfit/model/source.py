@@ -205,7 +205,8 @@ def source_of(name: str, cfg: Any, task: str, origin: str, note: str = "",
     stored = stored_quant(cfg, where or name)
     text, composite, what = split_multimodal(cfg, where or name, task)
     return ModelSource(name, text, task, origin,
-                       "; ".join(n for n in (what, note, fallback_note(text)) if n),
+                       # each part without its full stop: "shapes).; granite…" (an audit)
+                       "; ".join(n.rstrip(".") for n in (what, note, fallback_note(text)) if n),
                        composite, stored)
 
 
@@ -304,7 +305,7 @@ def _local_source(name: str, path: Path) -> ModelSource:
     notes.append(overridden_note(data, cfg))
     notes.append(quantization_note(cfg, name))
     src = source_of(str(path), cfg, _task_for(cfg), "local",
-                    "; ".join(n for n in notes if n), where=name)
+                    "; ".join(n.rstrip(".") for n in notes if n), where=name)
     _check_fields(src.config, name)
     return src
 

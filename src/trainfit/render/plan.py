@@ -27,6 +27,10 @@ from trainfit.render.words import (
 GIB = 2**30
 
 
+_TERM_WORDS = {"allocator_blocks": "allocator rounding (512 B blocks)",
+               "data_parallel": "data-parallel buffers (DDP buckets / FSDP's gathered layers)"}
+"""The breakdown's keys (JSON) as the text says them."""
+
 def _gib(n: int | None) -> str:
     return "unknown" if n is None else f"{n / GIB:.2f}"
 
@@ -237,8 +241,11 @@ def render_plan(result: PlanResult, all_rows: bool = False) -> None:
         m = result.rows[result.recommended_index].memory
         # the terms sum to the allocated peak; paged optimizer states live in CUDA managed
         # memory, outside the allocator (counted in the device peak), so they are named apart
-        parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in m.breakdown.items()
-                          if v and k != "managed")
+        # the terms by what they are (allocator_blocks, data_parallel read as code names), and
+        # a term too small for two decimals said so, not as 0.00 (an audit)
+        parts = ", ".join(f"{_TERM_WORDS.get(k, k)} "
+                          + (f"{v / GIB:.2f}" if v >= 0.005 * GIB else "<0.01")
+                          for k, v in m.breakdown.items() if v and k != "managed")
         managed = m.breakdown.get("managed", 0)
         beside = f"; beside it, outside PyTorch's allocator: managed {managed / GIB:.2f} " \
             "(paged optimizer states in CUDA managed memory: what the card has room for counts " \
