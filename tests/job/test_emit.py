@@ -25,7 +25,8 @@ def _tuned_file(tmp_path: Path, device: str = "cpu", **fields) -> Path:
     job = JobSpec.from_dict({**base, **fields})
     p = tmp_path / "tuned.yaml"
     p.write_text(job_yaml(job, device=device, memory_limit_bytes=1_288_490_188,
-                          measured={"peak_allocated_bytes": 900_000_000, "tokens_per_s": 184.0}))
+                          measured={"peak_allocated_bytes": 900_000_000, "tokens_per_s": 184.0,
+                                    "samples_per_s": 2.9}))
     return p
 
 
@@ -319,6 +320,20 @@ def test_a_file_edited_after_tune_does_not_show_its_old_measurements_as_its_own(
     assert "(measured)" not in err
     assert ("its measured numbers are not this configuration's: micro_batch 8 in the file, "
             "measured at 2, grad_accum 1 in the file, measured at 4") in err
+    # any field the numbers depend on, not only tune's knobs (a review: the LoRA rank or the
+    # model changed went unnoticed); the learning rate does not count
+    f = _tuned_file(tmp_path, method="lora", lora_r=16)
+    f.write_text(f.read_text().replace("lr: 0.0001", "lr: 0.0003", 1))
+    _, err = _emit(f, "hf")
+    assert "(measured)" in err
+    f.write_text(f.read_text().replace("lora_r: 16", "lora_r: 256", 1))
+    _, err = _emit(f, "hf")
+    assert "lora_r 256 in the file, measured at 16" in err and "(measured)" not in err
+    # a fused SGD, which HF's optim="sgd" cannot say, is a line for the script (a review)
+    sgd = {s.knob: s.where for s in emit(JobSpec(model="gpt2", micro_batch=2, grad_accum=1,
+                                                 optimizer="sgd", precision="fp32",
+                                                 grad_ckpt="off"), "hf", device="cuda").script}
+    assert "momentum=0.9, fused=True" in sgd["optimizer"]
 
 
 def test_every_line_of_a_tuned_file_says_what_it_is(tmp_path):
@@ -331,6 +346,7 @@ def test_every_line_of_a_tuned_file_says_what_it_is(tmp_path):
     lines = [ln for ln in f.read_text().splitlines() if ln and not ln.startswith("#")]
     assert all("  # " in ln for ln in lines), [ln for ln in lines if "  # " not in ln]
     assert "  peak_allocated_bytes: 900000000  # bytes, measured" in lines
+    assert "  samples_per_s: 2.9  # samples per second, measured" in lines  # a rate (a review)
     fields, extra = read_job_file(f)
     job = JobSpec.from_dict(fields)
     assert (job.micro_batch, job.grad_accum, job.precision, job.grad_ckpt, job.packing) == \

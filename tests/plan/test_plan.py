@@ -66,7 +66,7 @@ def test_nothing_fits_says_so(tiny_llama):
     lora = JobSpec(model="t", seq_len=8192, method="lora", grad_ckpt="full")
     long_row = SimpleNamespace(job=lora, memory=SimpleNamespace(breakdown={
         "parameters": 2 * GIB, "optimizer": GIB // 10, "activations": 10 * GIB,
-        "temporaries": 20 * GIB}))
+        "temporaries": 20 * GIB}, peak_phase="backward"))
     # (QLoRA's 4-bit weights would cut at most 6 % of that peak: not offered at all, nor FSDP,
     # which divides only them; the fp32 logits — the temporaries — chunked first: an audit's
     # 65,536-token Qwen LoRA was told to halve its sequence where chunks fit)
@@ -78,6 +78,9 @@ def test_nothing_fits_says_so(tiny_llama):
     long_row.memory.breakdown["parameters"] = 40 * GIB
     assert _what_to_try(long_row).startswith("--lm-head-chunk 4096, --method qlora, "
                                              "a shorter --seq-len")
+    # at an optimizer-phase peak the temporaries are the optimizer's: no chunked head (a review)
+    long_row.memory.peak_phase = "optimizer"
+    assert "--lm-head-chunk" not in _what_to_try(long_row)
     # a saver that cuts under a tenth of the peak is not offered: Mixtral QLoRA (16-bit
     # experts, 87 of 90 GiB) was told to try an 8-bit optimizer and a shorter sequence
     mixtral = SimpleNamespace(job=JobSpec(model="t", seq_len=1024, method="qlora",

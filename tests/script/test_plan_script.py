@@ -362,6 +362,22 @@ def test_an_error_in_the_scripts_own_code_is_the_scripts_to_fix(tmp_path):
         ns["compute_loss"]()
     except AttributeError as e:
         assert _script_frame(e.with_traceback(e.__traceback__.tb_next)) is None
+    # the script's own error under a probe's tracker (a TorchDispatchMode: trainfit frames sit
+    # below the script's for every op) is still the script's (a review)
+    import torch
+
+    from trainfit.memory.limit import LimitTracker
+
+    src3 = "def compute_loss(a, b):\n    return a @ b\n"
+    user3 = tmp_path / "train3.py"
+    user3.write_text(src3)
+    exec(compile(src3, str(user3), "exec"), ns)
+    try:
+        with LimitTracker(None):
+            ns["compute_loss"](torch.ones(2, 3), torch.ones(2, 3))
+    except RuntimeError as e:
+        assert _script_frame(e.with_traceback(e.__traceback__.tb_next)) == \
+            f"{user3}:2 in compute_loss"
     trace = "Traceback (most recent call last):\n  File ...\nValueError: my loss blew up"
     with pytest.raises(ScriptError) as err:
         _interpret(["python", "train.py"], [{"type": "error", "where": "tune", "error": trace,

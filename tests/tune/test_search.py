@@ -419,7 +419,7 @@ def test_a_knob_fixed_by_a_flag_is_said_not_skipped_in_silence():
                                unsupported=frozenset({"grad_ckpt"})), 10_000)
     out = s.search()
     notes = {n.kind: n for n in out.notes}
-    assert note_words(notes["knob_fixed"]) == ("precision: not searched — precision amp-bf16 was "
-                                               "given on the command line, so it is kept")
+    assert note_words(notes["knob_fixed"]) == ("precision: not searched — the command line set "
+                                               "it, so it is kept as precision amp-bf16")
     assert notes["knob_unsupported"].data["knob"] == "grad_ckpt"
     assert all(t.job.precision == "amp-bf16" and t.job.grad_ckpt == "off" for t in out.trials)

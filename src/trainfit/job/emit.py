@@ -53,15 +53,16 @@ removed in v6" that warns (training_args.py of 5.23.0). Older versions get the o
 of them accept."""
 
 
-MEASURED_AT = ("method", "seq_len", "micro_batch", "grad_accum", "precision", "grad_ckpt",
-               "attention", "optimizer", "optimizer_impl", "num_workers", "prefetch_factor",
-               "pin_memory", "persistent_workers", "compile")
-"""The fields a tuned file's measured numbers depend on (the batch and tune's knobs): written
-beside them (``measured.at``), so a file edited since says its numbers are not its own."""
+NOT_MEASURED_AT = ("lr", "seed", "persistent_workers", "trust_remote_code")
+"""Job fields a tuned file's measured numbers do not depend on: the learning rate and seed (the
+same kernels), persistent_workers (tune sets it on the pick by rule after the probes, which ran
+without it; it saves a restart per epoch, which short probes never reach), remote code's
+permission. Every other field is written beside the numbers (``measured.at``), so a file edited
+since says they are not its own (a review: the model or LoRA rank changed went unnoticed)."""
 
 
 def measured_at(job: JobSpec) -> dict[str, Any]:
-    return {k: getattr(job, k) for k in MEASURED_AT}
+    return {k: v for k, v in job.to_dict().items() if k not in NOT_MEASURED_AT}
 
 
 def edited_since(job: JobSpec, measured: dict[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -71,7 +72,7 @@ def edited_since(job: JobSpec, measured: dict[str, Any]) -> list[tuple[str, Any,
     if not isinstance(at, dict):
         return []
     now = measured_at(job)
-    return [(k, at[k], now[k]) for k in MEASURED_AT if k in at and at[k] != now[k]]
+    return [(k, at[k], now[k]) for k in now if k in at and at[k] != now[k]]
 
 
 def _field_comment(key: str) -> str | None:
@@ -98,8 +99,8 @@ def _measured_comment(key: str) -> str:
     """The unit of a measured number, from its name (peak_allocated_bytes, step_time_s …)."""
     if key.endswith("_bytes"):
         return "bytes, measured"
-    if key == "tokens_per_s":
-        return "tokens per second, measured"
+    if key.endswith("_per_s"):  # a rate, before the seconds of a *_s (a review)
+        return f"{key[:-len('_per_s')].replace('_', ' ')} per second, measured"
     if key.endswith("_s"):
         return "seconds, measured"
     if key.endswith("_fraction"):
@@ -124,7 +125,7 @@ def job_yaml(job: JobSpec, *, measured: dict[str, Any] | None = None, device: st
         lines.append("measured:  # by trainfit tune on the device above (bytes, seconds)")
         for k, v in {**measured, "at": measured_at(job)}.items():
             if k != "step_times_s":
-                lines.append(f"  {k}: {yaml.safe_dump(v, default_flow_style=True, width=1000).strip()}"
+                lines.append(f"  {k}: {yaml.safe_dump(v, default_flow_style=True, width=10**6).strip()}"
                              .replace("\n...", "")
                              + ("  # the knobs these were measured at" if k == "at" else
                                 f"  # {_measured_comment(k)}"))
@@ -321,6 +322,16 @@ def script_settings(job: JobSpec, target: str, transformers_version: str | None 
                             f" and torch.nn.attention.sdpa_kernel for {job.attention}"))]
     if job.method == "qlora":
         out.append(_quant_setting(job))
+    if job.optimizer == "sgd" and target in ("hf", "trl"):
+        # HF's optim="sgd" is torch's SGD with the learning rate alone: the momentum trainfit
+        # runs and a fused kernel tune may have measured faster are the script's to pass (a
+        # review: a tuned fused SGD vanished from the payload without a word)
+        out.append(ScriptSetting("optimizer", f"sgd ({job.optimizer_impl})",
+                                 "Trainer(optimizers=(torch.optim.SGD(model.parameters(), lr=..., "
+                                 "momentum=0.9" + (", fused=True" if job.optimizer_impl == "fused"
+                                                   else ", foreach=True"
+                                                   if job.optimizer_impl == "foreach" else "")
+                                 + "), None))"))
     if job.method in ("lora", "qlora"):
         out.append(ScriptSetting("method", job.method, f"peft.LoraConfig(r={job.lora_r}, "
                                  f"lora_alpha={job.lora_alpha}, lora_dropout={job.lora_dropout}, "
@@ -375,6 +386,8 @@ def _quant_setting(job: JobSpec) -> ScriptSetting:
     """QLoRA's BitsAndBytesConfig, as the plan simulated the 4-bit weights."""
     dq = job.quant == "nf4-dq"
     qtype = "fp4" if job.quant == "fp4" else "nf4"
+    # an fp32 job: bf16 as on a card that has it (plan computes in fp32 on one without:
+    # model/workload.qlora_compute_dtype); emit does not know the card, so it says so
     compute = "float16" if job.precision == "amp-fp16" else "bfloat16"
     # sharded QLoRA: FSDP and ZeRO flatten the packed weights with the 16-bit parameters,
     # so they are stored as bf16 (as the plan simulated them: model/workload.py)
@@ -385,7 +398,9 @@ def _quant_setting(job: JobSpec) -> ScriptSetting:
                          f'BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="{qtype}", '
                          f"bnb_4bit_use_double_quant={dq}, "
                          f"bnb_4bit_compute_dtype=torch.{compute}{storage})"
-                         + (", dtype=torch.bfloat16)" if sharded else ")"))
+                         + (", dtype=torch.bfloat16)" if sharded else ")")
+                         + (" — bfloat16 on a card with bf16; float32 on one without (a T4, a "
+                            "V100), as plan simulates it" if job.precision == "fp32" else ""))
 
 
 def _sharding_setting(job: JobSpec, target: str) -> ScriptSetting | None:

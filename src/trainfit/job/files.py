@@ -263,6 +263,10 @@ def job_with_current(fields: dict[str, Any], current: Any, source: str) -> JobSp
         from trainfit.job.fields import in_file_words
 
         said = in_file_words(err, source)
-        if str(said).startswith(f"{source} (current)"):
-            raise said from None
-        raise JobError(f"{source}: in its current: block, {said}", said.hint) from None
+        text = str(err)
+        named = any(f"--{k.replace('_', '-')}" in text or k in text for k in current)
+        if str(said).startswith(f"{source} (current)") or not named:
+            # not about a key of the block: the merged fields' (a flag's value may be among
+            # them), said as it was (a review: a flag's value was blamed on the block)
+            raise err
+        raise JobError(f"{source}: in its current: block, {said}", said.hint) from err

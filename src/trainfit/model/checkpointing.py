@@ -59,13 +59,17 @@ def checkpoint_kwargs(grad_ckpt: str, reentrant: bool = False) -> dict[str, Any]
     return kw
 
 
+_JOBS = object()
+
+
 def enable_checkpointing(model: Any, grad_ckpt: str, reentrant: bool = False,
-                         kwargs: dict[str, Any] | None = None) -> None:
+                         kwargs: Any = _JOBS) -> None:
     """Turn on transformers' checkpointing of each decoder layer: ``activation_checkpointing_enable``
     where transformers has it (5.23 renamed the method: ``gradient_checkpointing_enable`` now warns
     that v6 removes it), else the old name, with the same keyword arguments (``kwargs``: given
-    as they are — a script's own TrainingArguments' — else the job's)."""
-    kw = kwargs if kwargs is not None else checkpoint_kwargs(grad_ckpt, reentrant)
+    as they are — a script's own TrainingArguments', None for transformers' default — else the
+    job's)."""
+    kw = checkpoint_kwargs(grad_ckpt, reentrant) if kwargs is _JOBS else kwargs
     new = getattr(model, "activation_checkpointing_enable", None)
     if callable(new):
         new(activation_checkpointing_kwargs=kw)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
+from trainfit.hardware.gpus import find_gpu
 from trainfit.plan.grid import PlanResult, PlanRow
 from trainfit.render.layout import Col, fit_table, out_console, say
 from trainfit.render.plan_words import (
@@ -170,7 +171,8 @@ def _mfu_peaks(result: PlanResult, all_rows: bool) -> str:
              and r.speed is not None and r.speed.mfu}
     if "fp32" not in shown or len(shown) < 2:
         return ""
-    if any(r.job.method == "qlora" for r in result.rows):
+    bf16_card = result.gpu is None or getattr(find_gpu(result.gpu), "bf16_supported", True)
+    if any(r.job.method == "qlora" for r in result.rows) and bf16_card:
         # the 4-bit base's matmuls run in the compute dtype (bf16 under fp32 too: what the plan
         # simulates and emit writes, bnb_4bit_compute_dtype), and they are most of the FLOPs: a
         # QA run read the legend's "fp32 rows: the fp32 peak" against a 38 % MFU of the bf16 one

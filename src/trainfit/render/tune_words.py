@@ -107,10 +107,10 @@ _NOTE_TEXTS: dict[str, Any] = {
                                 f"trainer's weights load in {d['dtype']}, a dtype a probe "
                                 "cannot change on a loaded model (precision is probed as "
                                 "autocast on full fine-tuning of float32 weights)",
-    "knob_fixed": lambda d: f"{d['knob']}: not searched — "
+    "knob_fixed": lambda d: f"{d['knob']}: not searched — the command line set it, so it "
+                          "is kept as "
                           + ", ".join(f"{f} {v}" for f, v in zip(d["fields"], d["values"],
-                                                                 strict=True))
-                          + " was given on the command line, so it is kept",
+                                                                 strict=True)),
     "knob_unsupported": lambda d: f"{d['knob']}: not searched — the model does not support it "
                                 "(its module has no gradient_checkpointing_enable)",
     "contradicted": lambda d: _contradicted_words(d),

@@ -228,10 +228,12 @@ def _what_to_try(row: Any) -> str:
         tries.append(f"--sharding fsdp (or zero3) over its {job.ranks} ranks")
     if job.grad_ckpt != "full" and useful(terms.get("activations", 0)):
         tries.append("--grad-ckpt full")
-    if job.lm_head_chunk is None and not job.trl_logprob_head and total \
+    in_step = str(getattr(m, "peak_phase", "")).startswith(("forward", "backward"))
+    if job.lm_head_chunk is None and not job.trl_logprob_head and total and in_step \
             and useful(terms.get("temporaries", 0)):
-        # the fp32 logits and their loss are the temporaries at the peak of a long-context,
-        # large-vocabulary step: chunked, the learning is unchanged (before a shorter sequence)
+        # the fp32 logits and their loss are the temporaries at a forward/backward peak of a
+        # long-context, large-vocabulary step (at an optimizer-phase peak they are the
+        # optimizer's): chunked, the learning is unchanged (before a shorter sequence)
         tries.append("--lm-head-chunk 4096")
     if by_length > weights and useful(by_length):
         tries.append("a shorter --seq-len")

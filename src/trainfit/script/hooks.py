@@ -289,13 +289,17 @@ def _script_frame(err: BaseException) -> str | None:
         return not f.filename.startswith(("<", here, *libs)) \
             and "site-packages" not in f.filename and "dist-packages" not in f.filename
 
-    own = [i for i, f in enumerate(frames) if users(f)]
-    if not own or any(f.filename.startswith(here) for f in frames[own[-1] + 1:]):
-        # trainfit's own code raised below the script's frame (its hooks, its tracker under a
-        # probe): trainfit's failure, not the script's (a review)
-        return None
-    f = frames[own[-1]]
-    return f"{f.filename}:{f.lineno} in {f.name}"
+    # from the innermost frame out, past library code and trainfit's pass-through frames (a
+    # probe's tracker is a TorchDispatchMode: every op of the script's compute_loss runs through
+    # it), the first frame left says whose code raised: the script's, or trainfit's own (a
+    # review: a trainfit function the script called, raising, was blamed on the script)
+    for f in reversed(frames):
+        if users(f):
+            return f"{f.filename}:{f.lineno} in {f.name}"
+        if f.filename.startswith(here) and f.name not in ("__torch_dispatch__",
+                                                           "__torch_function__"):
+            return None
+    return None
 
 
 def _hook_torch(torch: Any) -> None:
