@@ -171,7 +171,8 @@ def _mfu_peaks(result: PlanResult, all_rows: bool) -> str:
              and r.speed is not None and r.speed.mfu}
     if "fp32" not in shown or len(shown) < 2:
         return ""
-    bf16_card = result.gpu is None or getattr(find_gpu(result.gpu), "bf16_supported", True)
+    gpu = getattr(result, "gpu", None)  # a bare result (tests) names none
+    bf16_card = gpu is None or getattr(find_gpu(gpu), "bf16_supported", True)
     if any(r.job.method == "qlora" for r in result.rows) and bf16_card:
         # the 4-bit base's matmuls run in the compute dtype (bf16 under fp32 too: what the plan
         # simulates and emit writes, bnb_4bit_compute_dtype), and they are most of the FLOPs: a
