@@ -30,6 +30,7 @@ def _checked(ctx: typer.Context, args: list[str], steps: int, warmup: int, repea
     target is a job file, False for a command."""
     from trainfit.doctor.inject import check_steps
     from trainfit.job import JobError
+    from trainfit.job.fields import check_timeout
 
     if not args:
         raise JobError("nothing to examine",
@@ -40,10 +41,7 @@ def _checked(ctx: typer.Context, args: list[str], steps: int, warmup: int, repea
                        "e.g. --warmup 2 (steps run before measuring: first-step costs)")
     if repeats < 1:
         raise JobError(f"--repeats {repeats}: must be ≥ 1", "e.g. --repeats 2")
-    if not 0 < timeout_s < float("inf"):
-        raise JobError(f"--timeout-s {timeout_s:g}: must be a finite number of seconds > 0",
-                       "e.g. --timeout-s 900 (stop a command that has not finished its "
-                       "window by then)")
+    check_timeout(timeout_s, "a command that has not finished its window")
     if len(args) > 1 and args[0].endswith((".yaml", ".yml")):
         raise JobError(f"{' '.join(args[1:])}: after the job file {args[0]}, which is "
                        "examined alone", "options go before it: trainfit doctor "

@@ -70,13 +70,11 @@ def check_script_options(cmd: list[str], job_flags: dict[str, Any], timeout_s: f
     ZeroDivisionError; ``--effective-batch 0`` was taken as not given; ``--timeout-s -1`` was
     said after the script, ``nan`` ran with no timeout."""
     from trainfit.doctor.inject import check_command
-    from trainfit.job.fields import check_given
+    from trainfit.job.fields import check_given, check_timeout
 
     check_command(cmd, verb)
     check_given(job_flags)
-    if not 0 < timeout_s < float("inf"):
-        raise JobError(f"--timeout-s {timeout_s:g}: must be a finite number of seconds > 0",
-                       "e.g. --timeout-s 900 (stop a script whose trainer has not started by then)")
+    check_timeout(timeout_s, "a script whose trainer has not started")
 
 
 def plan_script_cmd(cmd: list[str], *, job_flags: dict[str, Any], gpu: Any, margin: float,

@@ -194,12 +194,7 @@ class JobRunner:
             # review: the fresh step read 3 % low, and a limit the run then broke was taken)
             step(batches(0), None)
         tracker = LimitTracker(None)
-        states = [v for st in wl.optimizer.state.values() for v in st.values()
-                  if isinstance(v, torch.Tensor)]
-        for t in [*wl.model.parameters(), *wl.model.buffers()]:
-            tracker.track(t, "parameters")
-        for t in states:
-            tracker.track(t, "optimizer")
+        tracker.track_model(wl.model, wl.optimizer)
         steady = batches(1)
         for b in steady:
             for v in b.values():

@@ -121,6 +121,15 @@ def check_given(flags: dict[str, Any]) -> None:
             _choice(name, value, allowed)
 
 
+def check_timeout(timeout_s: float, stops: str) -> None:
+    """--timeout-s of a command that runs the user's own code (doctor's, a script's): a finite
+    number of seconds > 0, said before the code runs (an audit: ``-1`` was said after the
+    script, ``nan`` ran with no timeout). ``stops`` says what the timeout stops, for the hint."""
+    if not 0 < timeout_s < float("inf"):
+        raise JobError(f"--timeout-s {timeout_s:g}: must be a finite number of seconds > 0",
+                       f"e.g. --timeout-s 900 (stop {stops} by then)")
+
+
 def field_info(name: str) -> FieldInfo:
     return next(f for f in job_fields() if f.name == name)
 

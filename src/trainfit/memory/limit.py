@@ -25,3 +25,26 @@ class LimitTracker(LiveBytesTracker):
                 f"trainfit --memory-limit (CPU stand-in for a GPU) out of memory. Tried to hold "
                 f"{self.current_bytes / 2**30:.3f} GiB of "
                 f"tensors, limit {self.limit_bytes / 2**30:.3f} GiB (phase {self.phase})")
+
+    def track_model(self, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer | None = None) -> list[torch.Tensor]:
+        """Book what exists before a step — the model's weights and buffers (``parameters``) and
+        any optimizer state already made (``optimizer``: a resumed or stepped run holds it) — and
+        return them. One setup for doctor's, train's and tune's trackers, so the three measure a
+        limit in the same bytes. Raises ``torch.OutOfMemoryError`` when they alone cross it."""
+        weights = [*model.parameters(), *model.buffers()]
+        states = state_tensors(optimizer)
+        for t in weights:
+            self.track(t, "parameters")  # a tied or shared weight's storage is booked once
+        for t in states:
+            self.track(t, "optimizer")
+        return [*weights, *states]
+
+
+def state_tensors(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    """The optimizer's states that exist (none before its first step; AdamW's ``step`` counts
+    are tensors too)."""
+    if optimizer is None:
+        return []
+    return [v for st in optimizer.state.values() for v in st.values()
+            if isinstance(v, torch.Tensor)]

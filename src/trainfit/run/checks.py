@@ -11,7 +11,7 @@ import torch
 
 from trainfit.job import JobError, JobSpec
 from trainfit.job.step_options import refuse_other_model_code
-from trainfit.memory.limit import LimitTracker
+from trainfit.memory.limit import LimitTracker, state_tensors
 
 if TYPE_CHECKING:
     from trainfit.run.options import RunOptions
@@ -131,17 +131,12 @@ def limit_tracker(limit_bytes: int | None, model: torch.nn.Module,
     if limit_bytes is None:
         return None
     tracker = LimitTracker(limit_bytes)
-    weights = [*model.parameters(), *model.buffers()]
-    states = [v for st in (optimizer.state.values() if optimizer is not None else ())
-              for v in st.values() if isinstance(v, torch.Tensor)]
     try:
-        for t in weights:
-            tracker.track(t, "parameters")
-        for t in states:
-            tracker.track(t, "optimizer")
+        tracker.track_model(model, optimizer)
     except torch.OutOfMemoryError:
+        states = state_tensors(optimizer)
         need = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                    for t in [*weights, *states]}.values())
+                    for t in [*model.parameters(), *model.buffers(), *states]}.values())
         what = ("the model's weights and the checkpoint's optimizer states" if states
                 else "the model's weights alone")
         # the step adds the gradients (of the trainable weights) to what a resume loaded; a

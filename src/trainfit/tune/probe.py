@@ -214,11 +214,7 @@ class Probe:
             torch.cuda.reset_peak_memory_stats(self.device)
             torch.cuda.reset_accumulated_memory_stats(self.device)  # num_alloc_retries from 0
         else:
-            seen: set[int] = set()
-            for t in [*wl.model.parameters(), *wl.model.buffers()]:
-                if id(t) not in seen:
-                    seen.add(id(t))
-                    tracker.track(t, "parameters")
+            tracker.track_model(wl.model)  # the states: made below, as the first step makes them
             if self.dist.world > 1:  # _workload wrapped the model in DDP
                 # DDP (gradient_as_bucket_view=False) holds a flat copy of every gradient in its
                 # buckets, allocated when it wraps the model — before the tracker, which cannot see
