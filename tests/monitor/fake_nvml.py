@@ -62,6 +62,7 @@ def make_fake_pynvml(*, processes: dict[int, dict[str, list]] | None = None,
     m.nvmlDeviceGetCount = lambda: len(gpus)
     m.nvmlDeviceGetHandleByIndex = lambda i: i
     m.nvmlDeviceGetName = lambda h: gpus[h]["name"]
+    m.nvmlDeviceGetUUID = lambda h: f"GPU-{h}{h}{h}{h}-fake"
     m.nvmlDeviceGetUtilizationRates = lambda h: SimpleNamespace(gpu=gpus[h]["util"], memory=0)
     m.nvmlDeviceGetMemoryInfo = lambda h: SimpleNamespace(used=gpus[h]["used"], total=gpus[h]["total"],
                                                           free=gpus[h]["total"] - gpus[h]["used"])

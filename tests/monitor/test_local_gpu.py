@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 from fake_nvml import GIB, make_fake_pynvml
 
 from trainfit.hardware.gpus import find_gpu
@@ -28,6 +29,38 @@ def test_second_gpu_bytes_name(monkeypatch):
     g = local_gpu(1)
     assert g is not None and g.device_name == "NVIDIA A10G" and g.spec is not None
     assert g.spec.name == "a10g" and g.spec.memory_bytes == 21 * GIB
+
+
+@pytest.mark.parametrize("visible, name", [
+    ("1", "NVIDIA A10G"), ("1,0", "NVIDIA A10G"), ("GPU-1111", "NVIDIA A10G"),
+    ("0", "NVIDIA H100 80GB HBM3"), ("", None), ("-1", None), ("7", None),
+    ("MIG-3f2a-slice", None), ("GPU-9", None)])
+def test_the_card_is_the_one_cuda_programs_get_as_cuda0(monkeypatch, visible, name):
+    """NVML numbers cards in PCI order whatever CUDA_VISIBLE_DEVICES says: plan read GPU 0 under
+    Slurm's CUDA_VISIBLE_DEVICES=5 (a review). The first visible entry, by index or UUID, is the
+    card; none visible, one NVML does not have, or a MIG slice (not the card's memory): None."""
+    monkeypatch.setitem(sys.modules, "pynvml", make_fake_pynvml())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    g = local_gpu()
+    assert (g.device_name if g else None) == name
+
+
+def test_own_gpu_bytes_are_this_process_trees_on_that_card(monkeypatch):
+    """tune's device peak reads this process's memory on its card from NVML (context and
+    libraries beside PyTorch's reserve), not the card's use, which counts other processes."""
+    import os
+
+    from fake_nvml import FOREIGN_PID
+
+    from trainfit.monitor.local_gpu import own_gpu_bytes
+
+    me = os.getpid()
+    monkeypatch.setitem(sys.modules, "pynvml", make_fake_pynvml(processes={
+        0: {"compute": [(me, 9 * GIB)]},
+        1: {"compute": [(me, 5 * GIB), (FOREIGN_PID, 7 * GIB)]}}))
+    assert own_gpu_bytes("GPU-1111-fake") == 5 * GIB
+    assert own_gpu_bytes("GPU-0000") == 9 * GIB
+    assert own_gpu_bytes("GPU-2222") is None  # no such card
 
 
 def test_no_gpu_is_none(no_nvml):

@@ -52,6 +52,27 @@ def test_unknown_process_memory_is_none(monkeypatch):
     assert g1.process_memory_bytes is None          # neither list readable on GPU 1
 
 
+def test_process_memory_nvml_cannot_tell_is_unknown_not_zero(monkeypatch):
+    """A measured 0 only when NVML lists processes of this pid namespace and none is ours:
+    unknown when the compute list is unsupported, when one of ours has no number, and inside a
+    container, where NVML lists the host's pids (a review: each read 0, or a partial sum)."""
+    me, host_pid = os.getpid(), 4_194_000  # above Linux's pid_max default: exists nowhere here
+    fake = make_fake_pynvml(processes={
+        0: {"graphics": [(me, 3 * GIB)]},                  # compute list not supported
+        1: {"compute": [(host_pid, 9 * GIB)]}})            # the host's pid, from a container
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    nv = Nvml().open()
+    g0, g1 = nv.read(pids={me})
+    assert g0.process_memory_bytes is None and g1.process_memory_bytes is None
+    fake = make_fake_pynvml(processes={0: {"compute": [(me, None), (me + 1, 2 * GIB)]},
+                                       1: {"compute": [(FOREIGN_PID, 5 * GIB)]}})
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    nv = Nvml().open()
+    g0, g1 = nv.read(pids={me, me + 1})
+    assert g0.process_memory_bytes is None               # not the 2 GiB of the other alone
+    assert g1.process_memory_bytes == 0                  # pid 1 is of this namespace: none ours
+
+
 def test_init_failure_says_why(no_nvml):
     nv = Nvml().open()
     assert nv.available is False and nv.reason == "Driver Not Loaded"

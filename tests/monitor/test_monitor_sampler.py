@@ -117,7 +117,29 @@ def test_thread_logs_last_steps_on_stop(no_nvml, tmp_path, capsys):
     assert len(log.read_text().splitlines()) == len(s.rows) == s.samples
     out = capsys.readouterr().out.splitlines()
     assert len(out) == s.samples and all("host RAM" in line for line in out)
-    assert s.sample_cpu_s >= 0.0
+    assert s.sample_cpu_s > 0.0  # the sampler's own CPU time is counted (psutil reads cost some)
+
+
+def test_an_appended_log_keeps_the_downtime_as_a_gap(no_nvml, tmp_path):
+    """A run killed 30 s before its resume appends to its log: time_s goes on from the last row
+    plus the 30 s the log was idle (its mtime), so the report finds the gap (a review: the new
+    rows came 0.1 ms after the old, and the lines ran straight over the restart)."""
+    import os
+    import time
+
+    from trainfit.report.timeline import find_gaps
+
+    log = tmp_path / "m.jsonl"
+    log.write_text(json.dumps({"time_s": 5.0}) + "\n")
+    idle = time.time() - 30
+    os.utime(log, (idle, idle))
+    s = Sampler(interval_s=1.0, log_path=log, live=False, append=True)
+    row = s.sample_once()[0]
+    s.close()
+    assert 35.0 <= row["time_s"] < 40.0
+    # beside the killed run's 1-s samples, the 30 s are a gap the report does not draw across
+    _, gaps = find_gaps([3.0, 4.0, 5.0, row["time_s"], row["time_s"] + 1.0])
+    assert gaps == [(5.0, row["time_s"])]
 
 
 @pytest.mark.parametrize("kwargs, needle", [

@@ -114,7 +114,8 @@ def test_tune_measurements_merge_into_plan_rows(full_report):
 def test_monitor_gaps_are_counted_and_not_interpolated(full_report):
     by_path = {t.path.rsplit("/", 1)[-1]: t for t in full_report.timelines}
     jsonl, csv = by_path["monitor.jsonl"], by_path["monitor.csv"]
-    assert jsonl.samples == 82 and jsonl.median_interval_s == 1.0
+    # 82 rows: one per GPU (2) at each of 41 sampling instants (a review: read as 82 samples)
+    assert jsonl.samples == 41 and jsonl.median_interval_s == 1.0
     assert jsonl.gaps_s == [(20.0, 35.0), (45.0, 52.0)]
     assert csv.samples == 8 and csv.gaps_s == [(8.0, 20.0)]
     util = jsonl.panels[0]
@@ -294,6 +295,45 @@ def test_ran_at_orders_a_resumed_segments_first_split_after_the_previous_end(tmp
     p.write_text(json.dumps(train))
     (t,) = build_report(load_inputs([str(p)])).trains
     assert t.ran_at == ["4 × 2"]
+
+
+def test_time_per_epoch_counts_the_positions_tokens_per_s_counts(tmp_path):
+    """tokens/s counts every position of a sample padded to seq_len (tune/probe.py); tune's
+    dataset_tokens counts non-padding tokens. Chat rows of 100 tokens padded to 320: the epoch
+    is 80,000 samples × 320 positions at the measured rate (742 s at 34,500 tokens/s), not the
+    8,000,000 real tokens at it (232 s, a review's case)."""
+    tune = json.loads((FIXTURES / "tune.json").read_text())
+    tune["dataset_tokens"] = 8_000_000
+    p = tmp_path / "tune.json"
+    p.write_text(json.dumps(tune))
+    (sec,) = build_report(load_inputs([str(p)])).sections
+    (r16,) = [r for r in sec.table.rows
+              if r.setting == "amp-bf16, checkpointing off" and r.micro_batch == 16]
+    assert r16.epoch_measured_s == pytest.approx(80_000 * 320 / 34500)
+    assert sec.table.dataset_tokens == 25_600_000
+    assert "8,000,000 of them not padding" in sec.table.dataset_tokens_source
+
+
+def test_an_evaluation_oom_is_read_by_its_own_keys(tmp_path):
+    """train writes an evaluation's OOM with eval_batch_* keys (run/oom.py): the report read
+    micro_batch_* only and refused every such train.json (a review). It is read, said as the
+    evaluation's batch, and does not count as a training micro-batch change."""
+    from trainfit.report.tables import train_text
+    from trainfit.run.oom import OomEvent as RunOom
+
+    train = json.loads((FIXTURES / "train.json").read_text())
+    train["job"] = {**train["job"], "micro_batch": 8, "grad_accum": 1, "ranks": 1}
+    train["oom_events"] = [RunOom(step=2, phase="eval", batch_before=8, batch_after=4).to_dict()]
+    train["segments"] = [{"segment": 1, "start_step": 0, "end_step": 4, "micro_batch": 8,
+                          "grad_accum": 1}]
+    p = tmp_path / "train.json"
+    p.write_text(json.dumps(train))
+    (t,) = build_report(load_inputs([str(p)])).trains
+    (e,) = t.oom_events
+    assert (e.phase, e.step, e.micro_batch_before, e.micro_batch_after) == ("eval", 2, 8, 4)
+    assert t.ran_at == []  # one configuration throughout: the evaluation split is not a change
+    rows = dict((r[0], r[1]) for r in train_text(t).rows)
+    assert rows["OOM events"] == "evaluation after step 2: evaluation batch 8 → 4"
 
 
 def test_a_gpu_plan_and_a_cpu_tune_are_shown_apart(tmp_path):

@@ -43,7 +43,36 @@ def test_trainfit_callback_in_hf_trainer(tmp_path, tiny_gpt2):
     args = TrainingArguments(output_dir=str(tmp_path / "o"), per_device_train_batch_size=2,
                              gradient_accumulation_steps=2, max_steps=2, logging_steps=1,
                              report_to=[], use_cpu=True, save_strategy="no")
-    Trainer(model=model, args=args, train_dataset=ds, callbacks=[cb]).train()
+    trainer = Trainer(model=model, args=args, train_dataset=ds, callbacks=[cb])
+    trainer.train()
     rows = [json.loads(x) for x in log.read_text().splitlines()]
     assert max(r["step"] or 0 for r in rows) == 2
     assert any(r["tokens_per_s"] for r in rows)
+    # the loss of the last step is the trainer's logged loss of that step, not the previous
+    # window's (transformers calls on_step_end before on_log: a review)
+    logged = {h["step"]: h["loss"] for h in trainer.state.log_history if "loss" in h}
+    last = [r for r in rows if r["step"] == 2 and r["loss"] is not None]
+    assert last and last[-1]["loss"] == pytest.approx(logged[2])
+    assert logged[2] != pytest.approx(logged[1])  # the two steps' losses tell the two apart
+
+
+def test_trainfit_callback_samples_on_the_main_process_only(tmp_path):
+    """Every rank runs the callbacks: a rank that is not the world's main process neither opens
+    nor writes the log (each rank truncated and interleaved the one file: a review)."""
+    from types import SimpleNamespace
+
+    from trainfit import TrainfitCallback
+
+    log = tmp_path / "m.jsonl"
+    cb = TrainfitCallback(log_path=log, interval_s=0.05, seq_len=16)
+    args = SimpleNamespace(per_device_train_batch_size=2, gradient_accumulation_steps=1,
+                           world_size=2)
+    state = SimpleNamespace(is_world_process_zero=False, global_step=0)
+    cb.on_train_begin(args, state, None)
+    for step in (1, 2):
+        cb.on_step_begin(args, state, None)
+        state.global_step = step
+        cb.on_step_end(args, state, None)
+        cb.on_log(args, state, None, logs={"loss": 1.0})
+    cb.on_train_end(args, state, None)
+    assert not log.exists()

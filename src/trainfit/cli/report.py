@@ -22,7 +22,9 @@ def register(app: typer.Typer) -> None:
         png_dir: Annotated[Path | None, typer.Option(
             "--png-dir", help="Where the PNGs go (default: next to --out).")] = None,
         dataset_tokens: Annotated[int | None, typer.Option(
-            "--dataset-tokens", help="Tokens in one epoch, for time per epoch (default: tune's).")] = None,
+            "--dataset-tokens", help="Tokens one epoch computes, for time per epoch: samples × "
+            "the length each is padded or packed to, as tokens/s counts them (default: tune's "
+            "samples × seq_len).")] = None,
     ) -> None:
         """Draw predictions and measurements: memory and throughput vs micro-batch, the pick, the
         seed-002-style table, probes, monitor timelines, doctor's before/after."""

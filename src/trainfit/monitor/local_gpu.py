@@ -8,6 +8,7 @@ numbers NVML gave (measured) beside the catalog's (published).
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 from trainfit.hardware.gpus import GpuSpec, find_gpu_by_device_name
@@ -32,11 +33,39 @@ class LocalGpu:
         return max(self.total_bytes - self.used_bytes, 0)
 
 
-def local_gpu(index: int = 0, nvml: Nvml | None = None) -> LocalGpu | None:
-    """The GPU ``index`` (default the first), or None when NVML sees no GPU (no driver, none)."""
+def cuda0_index(nv: Nvml) -> int | None:
+    """NVML's index of the GPU a CUDA program gets as ``cuda:0``: the first entry of
+    ``CUDA_VISIBLE_DEVICES`` (an index, or a ``GPU-`` UUID), else NVML's first. NVML numbers the
+    cards in PCI order whatever that variable says (a review: under Slurm's
+    ``CUDA_VISIBLE_DEVICES=5`` plan read GPU 0, another job's card). None when it cannot be told:
+    no GPU visible (empty, ``-1``), or a MIG slice (``MIG-``: its memory is not the card's that
+    NVML reads). Caveat: on a machine of mixed cards CUDA's default order is fastest first, which
+    NVML's PCI order need not match (``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes them one)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        first = "0"
+    else:
+        first = visible.split(",")[0].strip()
+    if first.isdigit():
+        index = int(first)
+    elif first.startswith("GPU-"):
+        index = nv.uuid_index(first)
+    else:
+        return None
+    return index if index in nv.indices else None
+
+
+def local_gpu(index: int | None = None, nvml: Nvml | None = None) -> LocalGpu | None:
+    """The GPU ``index`` (NVML's; default the one CUDA programs get as ``cuda:0``:
+    :func:`cuda0_index`), or None when NVML sees no GPU (no driver, none) or cannot tell which
+    card that is."""
     nv = nvml or Nvml().open()
     try:
-        if not nv.available or index not in nv.indices:
+        if not nv.available:
+            return None
+        if index is None:
+            index = cuda0_index(nv)
+        if index is None or index not in nv.indices:
             return None
         r = nv.read([index])[0]
     finally:
@@ -57,3 +86,20 @@ def local_gpu(index: int = 0, nvml: Nvml | None = None) -> LocalGpu | None:
                           f"(measured); capacity = the {free} B free")
     return LocalGpu(index=index, device_name=r.name, total_bytes=r.memory_total_bytes,
                     used_bytes=used, spec=spec)
+
+
+def own_gpu_bytes(uuid: str, nvml: Nvml | None = None) -> int | None:
+    """The memory this process and its children hold on the GPU of ``uuid`` (NVML's per-process
+    figure: CUDA context, PyTorch's reserve, other libraries' allocations), measured now; None
+    when NVML cannot say (no NVML, another pid namespace, no per-process numbers)."""
+    from trainfit.monitor.host import process_tree_pids
+
+    nv = nvml or Nvml().open()
+    try:
+        index = nv.uuid_index(uuid) if nv.available else None
+        if index is None:
+            return None
+        return nv.read([index], pids=process_tree_pids(os.getpid()))[0].process_memory_bytes
+    finally:
+        if nvml is None:
+            nv.close()

@@ -91,6 +91,13 @@ class Nvml:
     def indices(self) -> list[int]:
         return sorted(self._handles)
 
+    def uuid_index(self, uuid: str) -> int | None:
+        """The index of the GPU whose UUID starts with ``uuid`` (CUDA_VISIBLE_DEVICES may name a
+        GPU by its UUID or a unique prefix of it); None when none or several match."""
+        found = [i for i, h in self._handles.items()
+                 if (_text(_safe(lambda h=h: self._nv.nvmlDeviceGetUUID(h)) or "")).startswith(uuid)]
+        return found[0] if len(found) == 1 else None
+
     def close(self) -> None:
         if self._nv is not None:
             _safe(self._nv.nvmlShutdown)
@@ -122,23 +129,32 @@ class Nvml:
         """GPU memory used by ``pids`` on this GPU: compute and graphics contexts, each pid counted once.
 
         A process with both a compute and a graphics context is listed twice with the same memory, hence
-        one value per pid. ``None`` when NVML can list neither, or lists our processes without a number
-        (WDDM). Caveat: inside a container NVML lists host pids, which do not match ours; the result is 0.
+        one value per pid. ``None`` (unknown, never a measured 0 — a review) when NVML cannot list the
+        compute contexts (a training process's is one), lists one of our processes without a number
+        (WDDM), or lists only pids that do not exist here: inside a container NVML lists the host's pids,
+        which never match ours.
         """
+        import psutil
+
         nv = self._nv
         lists = [_safe(lambda: nv.nvmlDeviceGetComputeRunningProcesses(handle)),
                  _safe(lambda: nv.nvmlDeviceGetGraphicsRunningProcesses(handle))]
-        if all(lst is None for lst in lists):
+        if lists[0] is None:
             return None
         per_pid: dict[int, int | None] = {}
+        listed: set[int] = set()
         for lst in lists:
             for p in lst or []:
                 pid = _safe(lambda p=p: int(p.pid))
+                if pid is not None:
+                    listed.add(pid)
                 if pid is None or pid not in pids:
                     continue
                 used = getattr(p, "usedGpuMemory", None)
-                known = per_pid.get(pid)
-                per_pid[pid] = used if known is None else max(known, used or 0)
-        if per_pid and all(v is None for v in per_pid.values()):
-            return None
+                known = per_pid.get(pid, 0)
+                per_pid[pid] = None if used is None or known is None else max(known, used)
+        if any(v is None for v in per_pid.values()):
+            return None  # one of ours without a number: a sum of the rest would be a wrong total
+        if not per_pid and listed and not any(psutil.pid_exists(pid) for pid in listed):
+            return None  # another pid namespace's processes (a container): ours cannot be told
         return sum(int(v) for v in per_pid.values() if v is not None)

@@ -173,7 +173,7 @@ class Sampler:
             if size and _last_byte(self.log_path) != b"\n":
                 self._log.write("\n")  # a line cut by a killed writer stays one line of its own
             if size and not is_csv:
-                self._t_offset_s = _last_time_s(self.log_path)
+                self._t_offset_s = _last_time_s(self.log_path) + _idle_s(self.log_path)
             if is_csv:
                 self._csv = csv.DictWriter(self._log, fieldnames=list(COLUMNS), extrasaction="ignore")
                 if not size:
@@ -418,6 +418,14 @@ class Sampler:
             for col in GPU_COLUMNS[1:]:
                 if r[col] is not None:
                     self._tb.add_scalar(f"gpu{r['gpu_index']}/{col}", r[col], global_step)
+
+
+def _idle_s(path: Path) -> float:
+    """Seconds since the log's last write (its mtime: every row is flushed as written): the time
+    between a killed or stopped run and its resume, kept as a gap in ``time_s`` — the report
+    draws a gap as one, never across it (a review: the resumed run's first row came 0.1 ms after
+    the killed run's last, and the lines ran straight over the restart)."""
+    return max(0.0, time.time() - path.stat().st_mtime)
 
 
 def _last_time_s(path: Path) -> float:

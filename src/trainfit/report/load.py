@@ -169,14 +169,22 @@ def _tune(o: JsonObj, path: str) -> TuneInput:
         pick=pick, probes=probes, baseline=baseline, notes=o.strs("notes", required=False))
 
 
+def _oom_event(e: JsonObj) -> OomEvent:
+    """An OOM event of train.json: its batch keys are named for its phase (run/oom.py's
+    ``to_dict``: ``micro_batch_*`` in a training step, ``eval_batch_*`` in an evaluation — a
+    review: every train.json with an evaluation OOM was refused for a missing micro_batch_before)."""
+    phase = e.str_("phase", required=False)
+    name = "eval_batch" if phase == "eval" else "micro_batch"
+    return OomEvent(step=e.int_("step"), phase=phase,
+                    micro_batch_before=e.int_(f"{name}_before"),
+                    micro_batch_after=e.int_(f"{name}_after"),
+                    grad_accum_after=e.int_("grad_accum_after", required=False))
+
+
 def _train(o: JsonObj, path: str) -> TrainInput:
     job = o.obj("job")
     assert job is not None
-    events = [OomEvent(step=e.int_("step"), phase=e.str_("phase", required=False),
-                       micro_batch_before=e.int_("micro_batch_before"),
-                       micro_batch_after=e.int_("micro_batch_after"),
-                       grad_accum_after=e.int_("grad_accum_after", required=False))
-              for e in o.objs("oom_events", required=False)]
+    events = [_oom_event(e) for e in o.objs("oom_events", required=False)]
     ends = [(s.int_("end_step"), s.int_("micro_batch"), s.int_("grad_accum", required=False))
             for s in o.objs("segments", required=False)
             if "micro_batch" in s.data and s.data.get("end_step") is not None]
@@ -196,13 +204,21 @@ def _train(o: JsonObj, path: str) -> TrainInput:
                        stopped=s.str_("stopped", required=False),
                        resumed_from=s.str_("resumed_from", required=False))
             for i, s in enumerate(o.objs("segments", required=False))]
+    # a segment resumed from a checkpoint without history (an older trainfit) stands for steps
+    # whose wall time and losses were not recorded (wall_time_s null): the record's wall time
+    # covers only the later segments while its tokens count every step — tokens ÷ wall time
+    # read 1.6× the real rate (a review); the total is unknown, the losses not recorded
+    blind = [s for s in o.objs("segments", required=False)
+             if "wall_time_s" in s.data and s.data["wall_time_s"] is None]
+    unrecorded = sum((s.int_("end_step", required=False) or 0)
+                     - (s.int_("start_step", required=False) or 0) for s in blind)
     return TrainInput(
         losses=[None if v is None or not math.isfinite(v) else float(v) for v in losses],
-        evals=evals, segment_rows=rows,
+        evals=evals, segment_rows=rows, unrecorded_steps=unrecorded,
         path=path, job=dict(job.data), steps=o.int_("steps"),
         samples_seen=o.int_("samples_seen", required=False),
         tokens_seen=o.int_("tokens_seen", required=False),
-        wall_time_s=o.num("wall_time_s"), final_loss=o.num("final_loss", required=False),
+        wall_time_s=None if blind else o.num("wall_time_s"), final_loss=o.num("final_loss", required=False),
         oom_events=events, checkpoints=o.strs("checkpoints", required=False),
         resumed_from=o.str_("resumed_from", required=False),
         monitor_log=o.str_("monitor_log", required=False), segment_ends=ends,

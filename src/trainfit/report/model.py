@@ -135,6 +135,9 @@ class TuneInput:
 
 @dataclass(frozen=True)
 class OomEvent:
+    """One OOM train recovered from; in an evaluation (``phase`` eval) the two batch fields hold
+    the evaluation batch before and after."""
+
     step: int | None
     phase: str | None
     micro_batch_before: int | None
@@ -164,9 +167,13 @@ class TrainInput:
     segments: int = 1
     """Runs the record joins (a resume into the same directory appends a segment)."""
     losses: list[float | None] = field(default_factory=list)
-    """Each optimizer step's training loss, from step 1 (None: not finite), measured."""
+    """Each optimizer step's training loss, from step 1 (None: not finite, or not recorded),
+    measured."""
     evals: list[EvalPoint] = field(default_factory=list)
     segment_rows: list[SegmentRow] = field(default_factory=list)
+    unrecorded_steps: int = 0
+    """The first steps, run by a segment whose checkpoint carried no history (an older
+    trainfit): their losses are None as not recorded, not as non-finite."""
 
 
 @dataclass(frozen=True)
@@ -199,7 +206,9 @@ class MonitorLog:
 
     @property
     def samples(self) -> int:
-        return len(self.columns["time_s"])
+        """Sampling instants: the sampler writes a row per GPU at each (a review: 3 samples on
+        2 GPUs read as 6)."""
+        return len(set(self.columns["time_s"]))
 
 
 @dataclass(frozen=True)
@@ -376,6 +385,8 @@ class TrainSummary:
     evals: list[EvalPoint] = field(default_factory=list)
     segment_rows: list[SegmentRow] = field(default_factory=list)
     slug: str = "train"
+    unrecorded_steps: int = 0
+    """Steps whose loss and wall time the record does not hold (TrainInput's)."""
     """The loss figure's name."""
 
 

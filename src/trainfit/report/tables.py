@@ -287,8 +287,9 @@ def probes_text(probes: list[Probe]) -> TextTable:
 def _oom_words(e: OomEvent) -> str:
     """One OOM event as train prints it: a training step numbered from 1 (train.json counts the
     steps done before it), an evaluation by the step it followed."""
-    if e.phase == "eval":
-        return f"evaluation after step {e.step}"
+    if e.phase == "eval":  # its batch is the evaluation's (eval_batch_* in train.json)
+        return (f"evaluation after step {e.step}: evaluation batch {e.micro_batch_before} → "
+                f"{e.micro_batch_after}")
     where = "unknown step" if e.step is None else f"step {e.step + 1}"
     return (f"{where} ({e.phase or 'unknown phase'}): micro-batch {e.micro_batch_before} → "
             f"{e.micro_batch_after}")
@@ -308,7 +309,7 @@ def train_text(t: TrainSummary) -> TextTable:
             ["tokens/s, tokens ÷ wall time (loading, saves and evaluation included)",
              fmt_num(t.tokens_per_s_measured)],
             ["final loss", fmt_num(t.final_loss, 4)],
-            ["training loss over the steps", loss_words(t.losses)],
+            ["training loss over the steps", loss_words(t.losses, t.unrecorded_steps)],
             ["evaluation", eval_words(t)],
             ["OOM events", "none" if not t.oom_events else "; ".join(
                 _oom_words(e) for e in t.oom_events)],
@@ -321,16 +322,24 @@ def train_text(t: TrainSummary) -> TextTable:
     return TextTable(f"Training run ({t.path})", cols, rows)
 
 
-def loss_words(losses: list[float | None]) -> str:
-    """The per-step losses in a line: first, lowest and last (measured), the non-finite counted."""
+def loss_words(losses: list[float | None], unrecorded_steps: int = 0) -> str:
+    """The per-step losses in a line: first, lowest and last (measured), the non-finite counted
+    apart from the first ``unrecorded_steps`` (run before a resume from a checkpoint that
+    carried no history: not recorded, not non-finite)."""
+    skipped = min(unrecorded_steps, len(losses))
     known = [(i + 1, v) for i, v in enumerate(losses) if v is not None]
+    gap = f"; steps 1–{skipped} not recorded (resumed from a checkpoint without history)" \
+        if skipped else ""
     if not known:
-        return "not recorded" if not losses else f"none finite ({len(losses)} steps)"
+        if not losses or skipped == len(losses):
+            return "not recorded"
+        return f"none finite ({len(losses) - skipped} steps){gap}"
     low = min(known, key=lambda x: x[1])
-    bad = len(losses) - len(known)
+    bad = len(losses) - skipped - len(known)
     return (f"{known[0][1]:.4f} at step {known[0][0]} → {known[-1][1]:.4f} at step "
             f"{known[-1][0]}; lowest {low[1]:.4f} at step {low[0]}"
-            + (f"; {bad} step(s) not finite" if bad else "") + " (the loss figure draws each)")
+            + (f"; {bad} step(s) not finite" if bad else "") + gap
+            + " (the loss figure draws each)")
 
 
 def eval_words(t: TrainSummary) -> str:

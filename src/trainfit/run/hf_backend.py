@@ -26,6 +26,7 @@ another waits in the all-reduce would hang), and ``module:factory`` models (no `
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -233,7 +234,8 @@ def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_l
             from trainfit.run.checkpoint import write_digests
 
             ck = opts.out_dir / f"checkpoint-{state.global_step}"
-            history = res.snapshot(time.perf_counter() - t0_run)
+            elapsed_s = time.perf_counter() - t0_run
+            history = res.snapshot(elapsed_s)
             history["checkpoints"] = [*history["checkpoints"], str(ck)]
             history["oom_events"] += [e.to_dict() for e in trainer.trainfit_events]
             (ck / HISTORY).write_text(json.dumps(history, indent=1))
@@ -241,7 +243,12 @@ def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_l
             res.checkpoints.append(str(ck))
             # --keep-last: HF's save_total_limit removed the older ones before this callback
             res.checkpoints = [c for c in res.checkpoints if Path(c).is_dir()]
-            write_train_json(opts.out_dir, res)
+            # the record as of this save, the open segment's time and this run's OOM splits in
+            # it (the checkpoint's history holds both: a review found the train.json beside it
+            # without them — a killed run's report read from it)
+            running = dataclasses.replace(res, oom_events=sorted(
+                [*res.oom_events, *trainer.trainfit_events], key=lambda e: e.step))
+            write_train_json(opts.out_dir, running, open_wall_time_s=elapsed_s)
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             self.t0 = time.perf_counter()

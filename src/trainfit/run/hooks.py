@@ -93,33 +93,56 @@ def _trainer_callback_base() -> type:
 
 
 class TrainfitCallback(_trainer_callback_base()):  # type: ignore[misc]
-    """HF Trainer callback: the monitor thread and step metrics (loss, tokens/s, peak memory)."""
+    """HF Trainer callback: the monitor thread and step metrics (loss, tokens/s, peak memory).
+
+    Under several processes only the world's main process samples and writes the log: each
+    rank's sampler opened the same file for writing, truncated and interleaved it, and counted
+    every step once per rank (a review: report refused the torn log). A step's metrics wait for
+    the trainer's log of that step: transformers calls ``on_step_end`` before ``on_log``, so the
+    loss read in ``on_step_end`` was the previous logging window's (the loss logged at step N
+    is the trainer's mean over its ``logging_steps`` window ending at N)."""
 
     def __init__(self, log_path: str | Path | None = "monitor.jsonl", interval_s: float = 1.0,
                  live: bool | None = False, seq_len: int | None = None) -> None:
         self.sampler = Sampler(interval_s=interval_s, log_path=log_path, live=live)
         self.seq_len = seq_len
         self._t = 0.0
-        self._loss: float | None = None
+        self._active = False
+        self._pending: dict[str, Any] | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self.sampler.start()
+        self._active = bool(getattr(state, "is_world_process_zero", True))
+        if self._active:
+            self.sampler.start()
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self._flush()
         self._t = time.perf_counter()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> None:
-        if logs and "loss" in logs:
-            self._loss = float(logs["loss"])
+        if self._pending is not None and logs and "loss" in logs \
+                and self._pending["step"] == state.global_step:
+            self._pending["loss"] = float(logs["loss"])
+            self._flush()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        if not self._active:
+            return
+        self._flush()
         samples = args.per_device_train_batch_size * args.gradient_accumulation_steps * \
             max(args.world_size, 1)
         peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
-        self.sampler.record_step(step=state.global_step, loss=self._loss, samples=samples,
-                                 tokens=samples * self.seq_len if self.seq_len else None,
-                                 step_time_s=time.perf_counter() - self._t,
-                                 peak_allocated_bytes=peak)
+        self._pending = dict(step=state.global_step, loss=None, samples=samples,
+                             tokens=samples * self.seq_len if self.seq_len else None,
+                             step_time_s=time.perf_counter() - self._t, peak_allocated_bytes=peak)
+
+    def _flush(self) -> None:
+        """The held step's metrics into the sampler (with its loss when the trainer logged one)."""
+        if self._pending is not None:
+            self.sampler.record_step(**self._pending)
+            self._pending = None
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self.sampler.stop()
+        if self._active:
+            self._flush()
+            self.sampler.stop()

@@ -381,10 +381,13 @@ class Trainer:
             yield b
 
     def _peak(self, tracker: LimitTracker | None) -> int | None:
-        if tracker is not None:
-            return tracker.peak.peak_bytes
+        """The log's ``peak_allocated_bytes``: on a GPU the allocator's, also under a
+        --memory-limit (its tracker caps live tensor bytes; they were logged as torch's
+        allocated peak — a review); on the CPU the tracked live bytes, the only measure there."""
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device)
+        if tracker is not None:
+            return tracker.peak.peak_bytes
         return None
 
     def _recover_oom(self, res: TrainResult, step: int) -> None:
@@ -417,7 +420,8 @@ class Trainer:
             job = self.job.replace(micro_batch=self.state.micro_batch,
                                    effective_batch=self.job.effective_batch).to_dict()
             name = str(self.o.out_dir / f"checkpoint-{self.state.step}")
-            history = res.snapshot(time.perf_counter() - self.t_start)
+            elapsed_s = time.perf_counter() - self.t_start
+            history = res.snapshot(elapsed_s)
             history["checkpoints"] = [*history["checkpoints"], name]
             try:
                 p = ckpt.save(self.o.out_dir, self.state, self.wl.model, self.wl.optimizer,
@@ -433,7 +437,7 @@ class Trainer:
                         there = {c.name for c in ckpt.checkpoints(self.o.out_dir)}
                         res.checkpoints = [c for c in res.checkpoints if Path(c).name in there
                                            or Path(c).parent.name != self.o.out_dir.name]
-                    write_train_json(self.o.out_dir, res)
+                    write_train_json(self.o.out_dir, res, open_wall_time_s=elapsed_s)
             except ckpt.CheckpointWriteError as e:
                 err = e
             except OSError as e:  # train.json beside a checkpoint that was written

@@ -72,10 +72,19 @@ class TrainResult:
     notes: list[str] = field(default_factory=list)
     """This segment's notes (also in its entry of ``segments``)."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, open_wall_time_s: float | None = None) -> dict[str, Any]:
+        """The record as train.json holds it. ``open_wall_time_s``: the open segment's time so
+        far, written into it and the total — the train.json written at a checkpoint while the
+        run goes on (a review: it held the steps and tokens of the open segment with 0 s of its
+        time, so a killed run's report read its tokens/s as unknown, or 1.4× too high)."""
         d = asdict(self)
         d.pop("samples")
         d["oom_events"] = [e.to_dict() for e in self.oom_events]
+        seg = dict(d["segments"][-1]) if d["segments"] else None
+        if open_wall_time_s is not None and seg is not None and seg["stopped"] is None:
+            d["wall_time_s"] = self.wall_time_s + open_wall_time_s - seg["wall_time_s"]
+            seg["wall_time_s"] = open_wall_time_s
+            d["segments"] = [*d["segments"][:-1], seg]
         return {"kind": "train", **d}
 
     @property
@@ -128,12 +137,7 @@ class TrainResult:
 
     def snapshot(self, wall_time_s: float) -> dict[str, Any]:
         """The record as of now, saved inside a checkpoint (the current segment open)."""
-        d = self.to_dict()
-        seg = dict(d["segments"][-1]) if d["segments"] else None
-        if seg is not None:
-            d["wall_time_s"] = self.wall_time_s + wall_time_s - seg["wall_time_s"]
-            seg["wall_time_s"] = wall_time_s
-            d["segments"] = [*d["segments"][:-1], seg]
+        d = self.to_dict(open_wall_time_s=wall_time_s)
         for k in ("kind", "job", "resumed_from", "monitor_log", "notes", "interrupted", "stopped",
                   "signal", "diverged_at_step"):
             d.pop(k, None)
@@ -192,8 +196,12 @@ def continue_from(res: TrainResult, history: dict[str, Any], step: int, samples:
                 seg["notes"] = [*seg.get("notes", []), f"ended after its checkpoint at step "
                                 f"{seg['end_step']} (killed, failed or interrupted: the steps "
                                 "after it, if any, were redone by the next segment)"]
+        # a training step's split at step N redid step N+1, after checkpoint-N: not in it; an
+        # evaluation's split at step N ran before checkpoint-N was saved (evaluate, then save,
+        # as HF's order) and is kept with that evaluation (a review: it was dropped)
         res.oom_events = [OomEvent.from_dict(e) for e in history.get("oom_events") or []
-                          if e.get("step", 0) < step]
+                          if e.get("step", 0) < step
+                          or (e.get("phase") == "eval" and e.get("step", 0) == step)]
         res.evals = [e for e in history.get("evals") or [] if e.get("step", 0) <= step]
         res.checkpoints = list(history.get("checkpoints") or [])
         res.tokens_seen = int(history.get("tokens_seen", samples * tokens_per_sample))
@@ -213,8 +221,9 @@ def finite(x: float) -> bool:
     return math.isfinite(x)
 
 
-def write_train_json(out: Path, res: TrainResult) -> None:
-    """``<out>/train.json``, replaced atomically (a reader never sees half of it)."""
+def write_train_json(out: Path, res: TrainResult, open_wall_time_s: float | None = None) -> None:
+    """``<out>/train.json``, replaced atomically (a reader never sees half of it);
+    ``open_wall_time_s``: the open segment's time so far (a write at a checkpoint)."""
     import json
 
-    write_atomic(out / "train.json", json.dumps(res.to_dict(), indent=1))
+    write_atomic(out / "train.json", json.dumps(res.to_dict(open_wall_time_s), indent=1))

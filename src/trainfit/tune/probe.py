@@ -328,9 +328,24 @@ class Probe:
         if tracker is None:
             alloc = torch.cuda.max_memory_allocated(self.device)
             reserved = torch.cuda.max_memory_reserved(self.device)
-            free, total = torch.cuda.mem_get_info(self.device)
-            return alloc, reserved, total - free
+            return alloc, reserved, self._device_peak(reserved)
         return tracker.peak.peak_bytes, None, None
+
+    def _device_peak(self, peak_reserved: int) -> int:
+        """This process's peak on the card, as nvidia-smi's per-process column would show it at
+        the reserved peak: the peak reserve plus what the process holds outside PyTorch's
+        allocator (CUDA context, other libraries), read from NVML now. The card's used memory
+        (total − free) is the fallback where NVML cannot tell our processes apart: it counts
+        other processes' memory too (a review: on a shared card the plan then looked 2× under),
+        and is no peak."""
+        from trainfit.monitor.local_gpu import own_gpu_bytes
+
+        uuid = str(getattr(torch.cuda.get_device_properties(self.device), "uuid", ""))
+        ours = own_gpu_bytes(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}") if uuid else None
+        if ours is not None:
+            return peak_reserved + max(ours - torch.cuda.memory_reserved(self.device), 0)
+        free, total = torch.cuda.mem_get_info(self.device)
+        return total - free
 
 
 class _Steps:

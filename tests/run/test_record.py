@@ -1,0 +1,76 @@
+"""train.json's record (run/record.py): what a checkpoint's train.json says while the run goes on,
+and what a resume keeps of a checkpoint's history."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainfit.report import build_report, load_inputs
+from trainfit.report.tables import loss_words
+from trainfit.run.oom import OomEvent
+from trainfit.run.record import TrainResult, continue_from, new_result, write_train_json
+
+JOB = {"model": "m", "seq_len": 32, "micro_batch": 4, "grad_accum": 2, "effective_batch": 8}
+
+
+def _run(steps: int) -> TrainResult:
+    res = new_result(JOB, main=True)
+    res.begin_segment(0, None, [])
+    for i in range(steps):
+        res.add_step(5.0 - 0.1 * i, 8, 256, 4, 2)
+    return res
+
+
+def test_the_train_json_written_at_a_checkpoint_holds_the_open_segments_time(tmp_path):
+    """20 steps, 4.0 s into the first segment: train.json at the save says 4.0 s, as the
+    checkpoint's own snapshot does (a review: it said 0 s beside 5,120 tokens — a killed run's
+    report read tokens/s from it as unknown, or 1.4× too high after a resume)."""
+    res = _run(20)
+    write_train_json(tmp_path, res, open_wall_time_s=4.0)
+    d = json.loads((tmp_path / "train.json").read_text())
+    assert (d["steps"], d["tokens_seen"], d["wall_time_s"]) == (20, 5120, 4.0)
+    assert d["segments"][-1]["wall_time_s"] == 4.0 and d["stopped"] == "running"
+    assert res.snapshot(4.0)["wall_time_s"] == 4.0
+    # the record itself is untouched: the segment closes at its own time
+    assert res.wall_time_s == 0.0 and res.segments[-1]["wall_time_s"] == 0.0
+    res.close_segment(5.0, "finished")
+    write_train_json(tmp_path, res, open_wall_time_s=99.0)  # a closed segment keeps its time
+    assert json.loads((tmp_path / "train.json").read_text())["wall_time_s"] == 5.0
+    (t,) = build_report(load_inputs([str(tmp_path / "train.json")])).trains
+    assert t.tokens_per_s_measured == pytest.approx(5120 / 5.0)
+
+
+def test_a_resume_keeps_the_evaluation_oom_of_its_checkpoint_step():
+    """checkpoint-2 is saved after step 2's evaluation: that evaluation's OOM split is in it and
+    is kept with the evaluation; a training split at step 2 redid step 3, after the checkpoint."""
+    history = _run(2).snapshot(1.0)
+    history["oom_events"] = [
+        OomEvent(step=1, phase="step", batch_before=8, batch_after=4, grad_accum_after=2).to_dict(),
+        OomEvent(step=2, phase="eval", batch_before=4, batch_after=2).to_dict(),
+        OomEvent(step=2, phase="step", batch_before=4, batch_after=2, grad_accum_after=4).to_dict()]
+    history["evals"] = [{"step": 2, "eval_loss": 4.0, "eval_perplexity": 54.6}]
+    res = new_result(JOB, main=True)
+    continue_from(res, history, step=2, samples=16, tokens_per_sample=32)
+    assert [(e.step, e.phase) for e in res.oom_events] == [(1, "step"), (2, "eval")]
+    assert [e["step"] for e in res.evals] == [2]
+
+
+def test_steps_resumed_without_history_are_unrecorded_not_non_finite(tmp_path):
+    """A checkpoint of an older trainfit carries no history: its 18 steps have no losses and no
+    wall time. The report read 18 'not finite' steps, and tokens of 20 steps ÷ the time of 2
+    (1.6× the real rate); now the wall time and tokens/s are unknown, the steps not recorded."""
+    res = new_result(JOB, main=True)
+    continue_from(res, {}, step=18, samples=144, tokens_per_sample=32)
+    res.begin_segment(18, "checkpoint-18", [])
+    res.add_step(4.0, 8, 256, 4, 2)
+    res.add_step(None, 8, 256, 4, 2)  # a step the fp16 GradScaler skipped
+    res.close_segment(0.5, "finished")
+    write_train_json(tmp_path, res)
+    (t,) = build_report(load_inputs([str(tmp_path / "train.json")])).trains
+    assert t.wall_time_s is None and t.tokens_per_s_measured is None
+    assert t.unrecorded_steps == 18
+    words = loss_words(t.losses, t.unrecorded_steps)
+    assert "1 step(s) not finite" in words and "steps 1–18 not recorded" in words
+    assert loss_words([None, None, 3.0]) .endswith("2 step(s) not finite (the loss figure draws each)")
