@@ -41,7 +41,10 @@ def main() -> int:
 
     lines = ["# The seed scenarios, planned", "",
              "Regenerate: `python benchmarks/seed_plans.py`. Every number is a **prediction** "
-             "(no GPU was used); GiB = 2^30 bytes; `device` = what nvidia-smi would show; "
+             "(no GPU was used); tokens/s and MFU include the host's side of the step, measured "
+             "on the machine that planned (plan runs the step's code at a tiny width on its "
+             "CPU), so they move by a few % from one machine or load to another — the memory "
+             "columns do not; GiB = 2^30 bytes; `device` = what nvidia-smi would show; "
              "tokens/s and MFU are unknown on a generic card (no known peak).", ""]
     for path in sorted(EXAMPLES.glob("seed*.yaml")):
         text = path.read_text()

@@ -204,7 +204,7 @@ def register(app: typer.Typer) -> None:
         allow_code: AllowCode = False,
         timeout_s: Annotated[float, typer.Option(
             "--timeout-s", help="Script form: stop the script if tune has not ended by then.")] = 1800.0,
-        as_json: Annotated[bool, typer.Option("--json")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
     ) -> None:
         """Measure the real job on the real device and choose the fastest configuration that fits."""
         args = list(target or [])

@@ -161,10 +161,15 @@ def _field(row: dict[str, Any], name: str, i: int, path: str) -> Any:
 
 
 def _chat_ids(tok: Any, messages: Any, i: int, path: str) -> list[int]:
-    if not isinstance(messages, list) or not messages:
+    # each message a {"role": str, "content": str}: a list of strings ended in an
+    # AttributeError, a missing or numeric content was trained on as the template rendered it
+    # (an audit)
+    if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str) for m in messages):
         raise DataError(f"--data {path}: row {i}: 'messages' must be a non-empty list of "
-                        '{"role", "content"}', 'e.g. {"messages": [{"role": "user", "content": '
-                        '"hi"}, {"role": "assistant", "content": "hello"}]}')
+                        '{"role": str, "content": str}', 'e.g. {"messages": [{"role": "user", '
+                        '"content": "hi"}, {"role": "assistant", "content": "hello"}]}')
     out = tok.apply_chat_template(messages, tokenize=True)
     if hasattr(out, "keys"):
         out = out["input_ids"]
@@ -209,8 +214,12 @@ def tokenize_rows(rows: list[dict[str, Any]], tok: Any, *, seq_len: int, task: s
             targets.append(tgt)  # type: ignore[union-attr]
         elif kind == "pretokenized":
             ids = _field(row, "input_ids", i, path)
-            if not isinstance(ids, list) or not all(isinstance(x, int) for x in ids):
-                raise DataError(f"--data {path}: row {i}: input_ids must be a list of integers",
+            # a bool is an int to Python; a negative id indexed the embedding from its end, or
+            # failed in the step with an IndexError (an audit)
+            if not isinstance(ids, list) or not all(
+                    isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in ids):
+                raise DataError(f"--data {path}: row {i}: input_ids must be a list of token ids "
+                                "(integers ≥ 0)",
                                 'e.g. {"input_ids": [1, 2, 3]} (token ids of the model\'s tokenizer)')
             seqs.append(ids)
             if targets is not None:

@@ -49,8 +49,10 @@ def file_memory_limit(extra: dict[str, Any]) -> int | None:
     if v is None:
         return None
     if isinstance(v, int | float) and not isinstance(v, bool):
-        if v < 1:  # 0 would read as "no limit" (a YAML typo kept silently)
-            raise JobError(f"memory_limit: {v}: must be ≥ 1 byte", "e.g. memory_limit: 2GiB, or "
+        if not 1 <= v < float("inf"):  # 0 would read as "no limit" (a YAML typo kept
+            # silently); NaN and inf ended in a traceback (an audit)
+            raise JobError(f"memory_limit: {v}: must be a finite number ≥ 1 byte",
+                           "e.g. memory_limit: 2GiB, or "
                            "drop the key for no limit")
         return int(v)
     return parse_bytes(str(v), "memory_limit")
@@ -138,6 +140,18 @@ def _unique_key_loader() -> Any:
                 seen.add(norm)
             return super().construct_mapping(node, deep=deep)
 
+    # YAML 1.2's floats: PyYAML (YAML 1.1) reads ``2e-5`` and ``1e-4`` — no dot — as strings, so
+    # the usual way to write a learning rate was refused, and the hint's own example with it
+    # (an audit). A plain scalar of this form is a float, as in YAML 1.2's core schema; a quoted
+    # one stays a string. Resolvers are per class: SafeLoader itself is untouched.
+    import re
+
+    UniqueKeyLoader.yaml_implicit_resolvers = {
+        k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    UniqueKeyLoader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+        list("-+0123456789"))
     return UniqueKeyLoader
 
 
@@ -189,6 +203,13 @@ def _known_keys(path: str | Path, data: dict[str, Any]) -> None:
     import difflib
 
     fields = sorted(f.name for f in dataclasses.fields(JobSpec))
+    kind = data.get("kind")
+    if isinstance(kind, str) and "kind" not in fields:
+        # a command's --json result (plan.json, tune.json, train.json), not a job file: said so
+        # (an audit: "unknown key 'kind'" and a hint listing 60 job fields)
+        raise JobError(f"{path}: a `trainfit {kind}` result (kind: {kind}), not a job file",
+                       "give the job YAML: a tuned file (trainfit tune --out trainfit.yaml) or "
+                       "one written by hand (docs/job-fields.md)")
     for key in data:
         k = str(key).replace("-", "_")
         if k in fields:

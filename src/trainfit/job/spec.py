@@ -39,6 +39,10 @@ SIZE_FIELDS = ("seq_len", "micro_batch", "grad_accum", "effective_batch", "ranks
                "lora_alpha", "lm_head_chunk", "prefetch_factor")  # sizes: an integer ≥ 1, or unset
 
 
+MAX_WORKERS = 256
+"""The most data-loader worker processes a job may ask for (a worker is a process)."""
+
+
 @dataclass(kw_only=True)
 class JobSpec:
     """One training job: the model, the method and every knob that changes memory or speed."""
@@ -303,11 +307,21 @@ class JobSpec:
         if self.num_workers < 0:
             raise JobError(f"--num-workers {self.num_workers}: must be ≥ 0",
                            "0 loads batches in the training process; e.g. --num-workers 2")
+        if self.num_workers > MAX_WORKERS:
+            # each worker is a process: a million of them hung train with no output (an audit)
+            raise JobError(f"--num-workers {self.num_workers}: more loader processes than "
+                           f"trainfit allows ({MAX_WORKERS})",
+                           "a few per GPU are plenty: e.g. --num-workers 4")
+        if isinstance(self.seed, int) and not 0 <= self.seed < 2**32:
+            # numpy's permutation refuses a negative seed, torch.manual_seed one ≥ 2^64: both
+            # ended in a traceback after the model was built (an audit)
+            raise JobError(f"seed {self.seed}: must be in 0 … 2^32 − 1", "e.g. seed: 0")
         if not self.lr > 0 or self.lr != self.lr or self.lr == float("inf"):
             raise JobError(f"--lr {self.lr}: must be a finite number > 0", "e.g. --lr 1e-4")
         if self.max_grad_norm is not None and not 0 < self.max_grad_norm < float("inf"):
             raise JobError(f"--max-grad-norm {self.max_grad_norm}: must be > 0",
-                           "e.g. --max-grad-norm 1.0, or none to turn clipping off")
+                           "e.g. --max-grad-norm 1.0 (max_grad_norm: null in a job file turns "
+                           "clipping off)")
         if isinstance(self.lora_targets, str):
             self.lora_targets = [t.strip() for t in self.lora_targets.split(",") if t.strip()]
         if self.method == "full":

@@ -165,6 +165,8 @@ class Sampler:
                 raise MonitorError(f"GPU index {missing[0]} not visible",
                                    f"visible: {', '.join(map(str, self._nvml.indices))}")
         self._host = HostProbe(self.pid)
+        if self.log_path is not None and self.append:
+            _check_is_a_log(self.log_path)
         if self.log_path is not None:
             # Every write is flushed (see _write) so a crash keeps every sample taken.
             is_csv = self.log_path.suffix.lower() == ".csv"
@@ -418,6 +420,27 @@ class Sampler:
             for col in GPU_COLUMNS[1:]:
                 if r[col] is not None:
                     self._tb.add_scalar(f"gpu{r['gpu_index']}/{col}", r[col], global_step)
+
+
+def _check_is_a_log(path: Path) -> None:
+    """An existing file appended to must be a monitor log: a JSONL whose last row has
+    ``time_s``, a CSV with the log's header. ``--log train.jsonl`` appended a row to the training
+    data, which the next train then refused (an audit)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with path.open("rb") as f:
+        head = f.readline(65536).decode(errors="replace").strip()
+    if path.suffix.lower() == ".csv":
+        ok = head.split(",") == list(COLUMNS)
+    else:
+        try:
+            ok = "time_s" in json.loads(head)
+        except (ValueError, TypeError):
+            ok = False
+    if not ok:
+        raise MonitorError(f"--log {path}: exists and is not a trainfit monitor log (its first "
+                           "line is not one), so it is not appended to",
+                           "give a new file, e.g. --log monitor.jsonl")
 
 
 def _idle_s(path: Path) -> float:

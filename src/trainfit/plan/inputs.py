@@ -57,8 +57,8 @@ def check_inputs(job: JobSpec, gpu: GpuSpec | None, margin: float, dataset_token
     if epochs is not None and dataset_tokens is None:
         raise JobError(f"--epochs {epochs:g} needs the dataset size",
                        "add --dataset-tokens N (tokens in one epoch)")
-    if epochs is not None and not epochs > 0:
-        raise JobError(f"--epochs {epochs:g}: must be > 0", "e.g. --epochs 1")
+    if epochs is not None and not 0 < epochs < float("inf"):  # inf: "Infinity" in --json
+        raise JobError(f"--epochs {epochs:g}: must be a finite number > 0", "e.g. --epochs 1")
     if dataset_tokens is not None and dataset_tokens <= 0:
         raise JobError(f"--dataset-tokens {dataset_tokens}: must be ≥ 1",
                        "the tokens in one epoch, e.g. --dataset-tokens 50000000")

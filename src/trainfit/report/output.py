@@ -59,6 +59,20 @@ def write_atomically(files: dict[Path, bytes]) -> None:
                                "choose an --out (and --png-dir) in a directory you can write to") from None
 
 
+def _check_not_an_input(files: dict[Path, bytes], inputs: list[str]) -> None:
+    """Nothing the report writes may replace what it reads: an input file, or the train.json and
+    monitor log of an input run directory (an audit: ``--out`` naming the input train.json
+    replaced the run's record with the HTML)."""
+    read: set[Path] = set()
+    for i in inputs:
+        p = Path(i).resolve()
+        read |= {p / "train.json", p / "monitor.jsonl"} if p.is_dir() else {p}
+    for f in files:
+        if f.resolve() in read:
+            raise ReportInputError(f"{f}: is one of the report's inputs; writing the report there "
+                                   "would replace it", "give another --out, e.g. --out report.html")
+
+
 def make_report(inputs: list[str], out: Path, *, png_dir: Path | None = None, markdown: bool = False,
                 dataset_tokens: int | None = None) -> Written:
     """Read ``inputs``, build the report, write ``out`` (HTML), its PNGs and optionally Markdown."""
@@ -90,6 +104,7 @@ def make_report(inputs: list[str], out: Path, *, png_dir: Path | None = None, ma
         rel = {name: os.path.relpath(p, md.parent) for name, p in pngs.items()}
         files[md] = render_markdown(report, figures, rel).encode("utf-8")
     files.update({pngs[f.name]: f.png for f in figures})
+    _check_not_an_input(files, inputs)
     try:
         write_atomically(files)
     except ReportInputError:

@@ -401,7 +401,8 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     sched = linear_decay(wl.optimizer, total)  # the own loop's schedule, so both backends agree
     cls = _trainer_class(backend, SampleOrder(len(data), seed=job.seed))
     trainer = cls(model=wl.model, args=_training_args(job, opts, backend, total, device),
-                  train_dataset=train_dataset(data, backend), data_collator=RowCollate(data, source.task),
+                  train_dataset=train_dataset(data, backend),
+                  data_collator=RowCollate(data, source.task, always_mask=backend == "trl"),
                   processing_class=tok, optimizers=(wl.optimizer, sched))
     trainer._trainfit_init(opts.inject_oom_at_steps, world, hint={
         "job": job, "cuda": device.type == "cuda",
@@ -474,6 +475,10 @@ def _train(trainer: Any, res: TrainResult, opts: RunOptions, job: JobSpec, data:
             with (tracker or contextlib.nullcontext()):
                 trainer.train(resume_from_checkpoint=resume)
         except ValueError as err:  # HF refuses a checkpoint it cannot load (another model, …)
+            if resume is None:  # not a resume's (an audit: a TRL refusal read "--resume None")
+                raise JobError(f"the {res.job.get('backend') or 'hf'} trainer refused the run: {err}",
+                               "train without --backend (trainfit's own loop) runs the same "
+                               "step") from None
             raise JobError(f"--resume {opts.resume}: {err}", "resume with the job that wrote it") \
                 from None
         finally:

@@ -53,13 +53,22 @@ class RowCollate:
     """trainfit's :class:`Collate` (fixed ``seq_len`` padding, -100 labels, mask only if padded) for
     dict rows — from :class:`Rows` or from a ``datasets.Dataset`` (TRL)."""
 
-    def __init__(self, data: TokenData, task: str) -> None:
+    def __init__(self, data: TokenData, task: str, *, always_mask: bool = False) -> None:
         self.inner = Collate(data, task)
+        self.always_mask = always_mask
+        """TRL's SFTTrainer: a mask on every batch. Its compute_loss raises "Expected
+        'attention_mask' or 'position_ids' in inputs" on a batch with neither (trl 1.16
+        sft_trainer.py), which packed text and chat rows filling seq_len are: ``train --backend
+        trl`` failed on the README's own tuned job (an audit). An all-ones mask changes no
+        result: transformers' SDPA path drops it and runs the causal kernel as without."""
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         items = [(int(r["sample_id"]), np.asarray(r["input_ids"]),
                   np.asarray(r["labels"]) if r.get("labels") is not None else None) for r in rows]
-        return self.inner(items)
+        batch = self.inner(items)
+        if self.always_mask and "attention_mask" not in batch:
+            batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+        return batch
 
 
 

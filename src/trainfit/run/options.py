@@ -73,8 +73,9 @@ class RunOptions:
             raise JobError(f"--keep-last {self.keep_last}: must be ≥ 1",
                            "e.g. --keep-last 2 (the newest two checkpoints stay); leave it out "
                            "to keep every one")
-        if self.epochs is not None and not self.epochs > 0:
-            raise JobError(f"--epochs {self.epochs}: must be > 0", "e.g. --epochs 1")
+        if self.epochs is not None and not 0 < self.epochs < float("inf"):  # inf: a traceback
+            raise JobError(f"--epochs {self.epochs}: must be a finite number > 0",
+                           "e.g. --epochs 1")
         if self.eval_data is not None and self.eval_fraction is not None:
             raise JobError("--eval-data and --eval-fraction both given: one evaluation set only",
                            "keep --eval-data (a separate file) or --eval-fraction (held-out samples)")

@@ -67,8 +67,11 @@ class TuneOptions:
         if self.memory_limit_bytes is not None and self.memory_limit_bytes <= 0:
             raise JobError(f"--memory-limit {self.memory_limit_bytes}: must be > 0",
                            "e.g. --memory-limit 2GiB")
-        if self.budget_s is not None and self.budget_s <= 0:
-            raise JobError(f"--budget-s {self.budget_s}: must be > 0", "e.g. --budget-s 600")
+        if self.budget_s is not None and not 0 < self.budget_s < float("inf"):  # NaN: no budget
+            raise JobError(f"--budget-s {self.budget_s}: must be a finite number of seconds > 0",
+                           "e.g. --budget-s 600")
+        if self.run_steps is not None and self.run_steps < 1:  # 0 read as the default 1,000
+            raise JobError(f"--run-steps {self.run_steps}: must be ≥ 1", "e.g. --run-steps 1000")
         unknown = [k for k in self.knobs if k not in KNOBS]
         if unknown:
             raise JobError(f"--knobs {','.join(unknown)}: unknown", f"choose from {','.join(KNOBS)}")

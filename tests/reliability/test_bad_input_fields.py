@@ -1,0 +1,89 @@
+"""Bad values an audit found accepted, ignored or ending in a traceback: each is now one JobError
+(or DataError / MonitorError / ReportInputError: exit 2 through the CLI) before anything runs —
+and the values a user writes as a matter of course (``lr: 2e-5``) are read as meant."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainfit.job import JobError, JobSpec
+from trainfit.job.files import file_memory_limit, read_job_file
+from trainfit.run.options import RunOptions
+from trainfit.tune.tuner import TuneOptions
+
+
+def test_a_learning_rate_written_without_a_dot_is_a_number(tmp_path):
+    """PyYAML (YAML 1.1) reads ``2e-5`` as a string: the usual way to write a learning rate was
+    refused, with the hint ``e.g. lr: 1e-4`` — itself refused. A quoted one stays a string."""
+    f = tmp_path / "job.yaml"
+    f.write_text("model: gpt2\nlr: 2e-5\nmax_grad_norm: 1e0\n")
+    fields, _ = read_job_file(f)
+    assert fields["lr"] == 2e-5 and fields["max_grad_norm"] == 1.0
+    assert JobSpec(**fields).lr == 2e-5
+    f.write_text("model: gpt2\nlr: '2e-5'\n")
+    assert read_job_file(f)[0]["lr"] == "2e-5"
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"seed": -1}, "seed -1: must be in 0 … 2^32 − 1"),
+    ({"seed": 2**70}, "must be in 0 … 2^32 − 1"),
+    ({"num_workers": 10**6}, "more loader processes than trainfit allows (256)")])
+def test_job_fields_out_of_range(kw, needle):
+    with pytest.raises(JobError, match=needle.replace("^", r"\^").replace("(", r"\(")
+                       .replace(")", r"\)")):
+        JobSpec(model="gpt2", **kw)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 0])
+def test_a_file_memory_limit_must_be_finite(value):
+    with pytest.raises(JobError, match="must be a finite number ≥ 1 byte"):
+        file_memory_limit({"memory_limit": value})
+
+
+def test_options_that_were_taken_as_no_limit():
+    with pytest.raises(JobError, match="--epochs inf: must be a finite number > 0"):
+        RunOptions(out_dir="x", epochs=float("inf"))
+    with pytest.raises(JobError, match="--budget-s nan: must be a finite number of seconds"):
+        TuneOptions(budget_s=float("nan"))
+    with pytest.raises(JobError, match="--run-steps 0: must be ≥ 1"):
+        TuneOptions(run_steps=0)
+
+
+@pytest.mark.parametrize("row, needle", [
+    ({"input_ids": [-5, 3, 4]}, "input_ids must be a list of token ids"),
+    ({"input_ids": [True, False]}, "input_ids must be a list of token ids"),
+    ({"messages": ["hi", "there"]}, "'messages' must be a non-empty list"),
+    ({"messages": [{"role": "user"}]}, "'messages' must be a non-empty list"),
+    ({"messages": [{"role": "user", "content": 5}]}, "'messages' must be a non-empty list")])
+def test_malformed_rows_are_refused(row, needle):
+    from trainfit.data.dataset import DataError, tokenize_rows
+    from trainfit.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("builtin-bytes", "micro", "local", 300)
+    with pytest.raises(DataError, match=needle):
+        tokenize_rows([row], tok, seq_len=16, task="causal-lm", path="d.jsonl")
+
+
+def test_monitor_does_not_append_to_a_file_that_is_not_its_log(tmp_path):
+    from trainfit.monitor.sampler import MonitorError, Sampler
+
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    with pytest.raises(MonitorError, match="is not a trainfit monitor log"):
+        Sampler(log_path=data, live=False, append=True).open()
+    assert data.read_text().count("\n") == 1
+
+
+def test_report_does_not_write_over_its_input(tmp_path):
+    from trainfit.report import make_report
+    from trainfit.report.json_fields import ReportInputError
+
+    p = tmp_path / "train.json"
+    p.write_text((Path(__file__).parents[1] / "report" / "fixtures" / "train.json").read_text())
+    before = p.read_text()
+    with pytest.raises(ReportInputError, match="is one of the report's inputs"):
+        make_report([str(p)], p)
+    assert p.read_text() == before
