@@ -117,6 +117,9 @@ def test_no_target():
     (["--repeats", "3", "--no-apply", "--", "python", "x.py"],
      "--apply, --repeats: for a trainfit job only"),
     (["ok.yaml", "extra"], "extra: after the job file ok.yaml, which is examined alone"),
+    # a job file's run is bounded by --steps: these were silently ignored (an audit)
+    (["--timeout-s", "20", "ok.yaml"], "--timeout-s: for a command only"),
+    (["--keep-running", "ok.yaml"], "--keep-running: for a command only"),
 ])
 def test_options_a_command_cannot_take_are_refused(args, needle):
     """Before anything runs: a non-positive timeout (it reported a finished script as 'still

@@ -170,6 +170,12 @@ CASES: list[tuple[str, Callable[[Path, str], list[str]], str]] = [
     ("resume with another lr", lambda d, j: ["train", _changed(d, j, lr=0.1), "--out",
                                             str(d / "run"), "--resume", _run(d, j)],
      "lr 0.1 differs from the checkpoint's"),
+    # 20 steps at 8 samples and 2 at 16 were recorded as a run at 16 (an audit)
+    ("resume at another effective batch", lambda d, j: [
+        "train", _changed(d, j, effective_batch=2 * (yaml.safe_load(Path(j).read_text())
+                                                     .get("effective_batch") or 8)),
+        "--out", str(d / "run"), "--resume", _run(d, j)],
+     "effective_batch 16 differs from the checkpoint's 8: its steps so far took"),
 ]
 
 

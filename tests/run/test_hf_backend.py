@@ -209,3 +209,17 @@ def test_hf_keep_last_and_training_on_from_a_finished_run(job, tmp_path):
     assert max((w4[k] - w3[k]).abs().max().item() for k in w3) > 0
     notes = [n for s in b.segments for n in s.get("notes", [])]
     assert any("the checkpoint's run ended at step 3" in n for n in notes), notes
+
+
+def test_a_checkpoint_is_resumed_by_the_backend_that_wrote_it(job, tmp_path):
+    """Each backend's checkpoint handed to the other: a TypeError from HF's TrainerState, and
+    "belongs to another model" for the same model, before (an audit); now it is said which wrote
+    it, and nothing is written."""
+    own, hf = tmp_path / "own", tmp_path / "hf"
+    train(job, RunOptions(out_dir=own, max_steps=2, save_every_steps=2))
+    run_hf(job, RunOptions(out_dir=hf, max_steps=2), "hf")
+    with pytest.raises(JobError, match="written by trainfit's own loop"):
+        run_hf(job, RunOptions(out_dir=tmp_path / "a", resume=own, max_steps=4), "hf")
+    with pytest.raises(JobError, match=r"written by train --backend hf\|trl"):
+        train(job, RunOptions(out_dir=tmp_path / "b", resume=hf, max_steps=4))
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

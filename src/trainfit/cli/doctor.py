@@ -57,6 +57,15 @@ def _checked(ctx: typer.Context, args: list[str], steps: int, warmup: int, repea
             raise JobError(f"{', '.join(given)}: for a trainfit job only; a command "
                            "picks its own device and doctor measures it as it runs",
                            "drop it, or doctor a job file: trainfit doctor JOB.yaml")
+    else:
+        # a job's steps run in this process, counted by --steps: these bound a command's run and
+        # were silently ignored for a job file (an audit: --timeout-s 20 ran past 300 s)
+        given = [f"--{name.replace('_', '-')}" for name in ("timeout_s", "keep_running")
+                 if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") != "DEFAULT"]
+        if given:
+            raise JobError(f"{', '.join(given)}: for a command only (-- python train.py); a job "
+                           "file's run is bounded by --steps",
+                           f"drop it, e.g. trainfit doctor --steps 8 {args[0]}")
     return is_job
 
 

@@ -13,7 +13,8 @@ from trainfit.job.spec import JobError, JobSpec
 FILE_ONLY_KEYS = ("gpu", "scenario", "measured", "train", "device", "memory_limit", "doctor",
                   "current", "backend", "assumed", "observed", "host_ram_free")
 """Keys a job file may carry beside the job fields: the target GPU, a description, what tune
-measured, the run settings of ``trainfit train``, the device it was tuned on, and ``current``: the
+measured, ``train`` (refused, as never read: the run's settings are train's options), the
+``doctor`` options, the device it was tuned on, and ``current``: the
 configuration the user runs now (job fields overriding the file's), which ``plan`` compares with,
 and ``backend``: what ``trainfit train`` runs the job with (trainfit, hf, trl, auto). For ``plan``:
 ``assumed`` (job fields the file guessed, not stated by the user), ``observed`` (a device number
@@ -188,6 +189,11 @@ def read_job_file(path: str | Path, *, allow_code: bool = False,
                        "write one `field: value` per line, e.g. model: gpt2 (docs/job-fields.md)")
     _refuse_code(path, data, allow_code, trust_remote_code)
     extra = {k: data.pop(k) for k in FILE_ONLY_KEYS if k in data}
+    if "train" in extra:
+        # nothing reads it: max_steps: 1 under train: ran the whole epoch, unremarked (an audit)
+        raise JobError(f"{path}: a `train:` block is not read — the run's settings are train's "
+                       "options", "drop it and give them on the command line, e.g. trainfit "
+                       f"train {path} --max-steps 200 --save-every 50")
     data = data.get("job", data)
     if not isinstance(data, dict):
         raise JobError(f"{path}: `job:` must be a mapping of job fields",

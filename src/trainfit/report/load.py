@@ -71,6 +71,9 @@ def _plan_config(o: JsonObj, index: int) -> PlanConfig:
                    "peak_phase", "fits", "headroom_bytes", "how", "largest_fitting", "recommended",
                    "rank", "step_time_s", "tokens_per_s", "samples_per_s", "mfu", "hfu",
                    "device_busy_fraction", "bound", "model_notes", "speed_unknown_reason")
+    for key in ("micro_batch", "grad_accum"):  # a 0 failed in the log-scaled figure (an audit)
+        if isinstance(o.data.get(key), int) and o.data[key] < 1:
+            raise o.fail(key, f"expected an integer ≥ 1, got {o.data[key]}")
     return PlanConfig(
         index=index, job=_job_fields(o, result_keys),
         micro_batch=o.int_("micro_batch", nullable=False),
@@ -395,6 +398,9 @@ def load_inputs(paths: list[str]) -> Inputs:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise ReportInputError(f"{p}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})",
+                                   "pass the file that the command wrote, unedited") from None
+        except RecursionError:  # nested past Python's limit: no trainfit file is (an audit)
+            raise ReportInputError(f"{p}: nested too deeply to be a trainfit result",
                                    "pass the file that the command wrote, unedited") from None
         if not isinstance(data, dict):
             raise ReportInputError(f"{p}: top level: expected a JSON object, got {short_repr(data)}",

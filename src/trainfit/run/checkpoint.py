@@ -384,12 +384,16 @@ def same_samples(ck: Path | str, saved: dict[str, Any] | None, job: dict[str, An
 
     if not saved or job is None:
         return  # an older checkpoint without its job: nothing to compare
-    for k in (*SAMPLE_FIELDS, *OPTIMIZER_FIELDS):
+    for k in (*SAMPLE_FIELDS, *OPTIMIZER_FIELDS, "effective_batch"):
         a, b = saved.get(k), job.get(k)
         if k not in saved or a == b or (k in CHOSEN_WHEN_NONE and a is None) or \
                 (k == "tokenizer" and b is None):
             continue
         why = ("the run's position counts that job's samples" if k in SAMPLE_FIELDS else
+               # 20 steps at 8 and 2 at 16 were recorded as a run at 16 (an audit); the
+               # micro-batch may change, the effective batch is kept by the split
+               "its steps so far took that many samples each; another is another run"
+               if k == "effective_batch" else
                "its optimizer and learning-rate schedule continue from the checkpoint's states")
         was = yaml.safe_dump(a, default_flow_style=True).strip().removesuffix("...").strip()
         raise JobError(f"--resume {ck}: {k} {b!r} differs from the checkpoint's {a!r}: {why}",
@@ -404,6 +408,11 @@ def load(ck: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any, scale
 
     try:
         meta = json.loads((ck / "trainer_state.json").read_text())
+        if "global_step" in meta and "fingerprint" not in meta:
+            # HF's TrainerState: read as "another model" before (an audit)
+            raise JobError(f"--resume {ck}: written by train --backend hf|trl (an HF Trainer "
+                           "checkpoint), not by trainfit's own loop",
+                           "resume it with the backend that wrote it: --backend hf (or trl)")
         if meta.get("fingerprint") != fingerprint(model):
             raise JobError(f"--resume {ck}: the checkpoint belongs to another model (its trainable "
                            "tensors differ in names or shapes)", "resume with the job that wrote it")

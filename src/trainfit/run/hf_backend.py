@@ -310,6 +310,7 @@ def last_checkpoint(resume: Path) -> tuple[str, str | None]:
     from trainfit.run.checkpoint import checkpoints, damage, newest_intact
 
     if (resume / "trainer_state.json").exists():
+        _check_hf_written(resume)
         wrong = damage(resume)
         if wrong is not None:
             good = newest_intact(resume.parent, skip=resume)
@@ -323,9 +324,23 @@ def last_checkpoint(resume: Path) -> tuple[str, str | None]:
         raise JobError(f"--resume {resume}: no complete HF checkpoint (checkpoint-N with "
                        "trainer_state.json and digests.json) there",
                        "give the run directory of an earlier trainfit train --backend hf|trl")
+    _check_hf_written(good)
     note = None if good == found[0] else (f"{found[0].name} is incomplete or damaged: resuming "
                                            f"from {good.name}, the newest intact checkpoint")
     return str(good), note
+
+
+def _check_hf_written(ck: Path) -> None:
+    """A checkpoint of trainfit's own loop handed to the HF Trainer ended in a TypeError from
+    ``TrainerState`` (an audit): its ``trainer_state.json`` holds trainfit's fields
+    (``fingerprint``, ``step``), not HF's ``global_step``."""
+    try:
+        meta = json.loads((ck / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return  # damage() and the trainer say what is wrong with an unreadable one
+    if isinstance(meta, dict) and "fingerprint" in meta and "global_step" not in meta:
+        raise JobError(f"--resume {ck}: written by trainfit's own loop (train without --backend), "
+                       "not by an HF Trainer", "resume it without --backend, as it was run")
 
 
 def _training_args(job: JobSpec, opts: RunOptions, backend: str, total: int, device: torch.device
@@ -481,6 +496,12 @@ def _train(trainer: Any, res: TrainResult, opts: RunOptions, job: JobSpec, data:
                                "step") from None
             raise JobError(f"--resume {opts.resume}: {err}", "resume with the job that wrote it") \
                 from None
+        except RuntimeError as err:  # the weights of another model: a size-mismatch traceback
+            if resume is None or "state_dict" not in str(err):  # (an audit)
+                raise
+            raise JobError(f"--resume {opts.resume}: the checkpoint belongs to another model "
+                           f"({str(err).splitlines()[0][:120]})",
+                           "resume with the job that wrote it") from None
         finally:
             claim.steps_done = res.steps - start_step
     steps = trainer.state.global_step
