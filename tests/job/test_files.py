@@ -1,3 +1,6 @@
+"""Job files: relative paths, catalog names beside folders."""
+
+import pytest
 
 
 def test_a_job_files_relative_paths_work_from_any_directory(tmp_path, monkeypatch):
@@ -14,9 +17,18 @@ def test_a_job_files_relative_paths_work_from_any_directory(tmp_path, monkeypatc
     fields, _ = read_job_file(job)
     assert fields["data"] == str(tmp_path / "run" / "data.jsonl")
     assert fields["model"] == "gpt2"  # a catalog name, no file of that name anywhere
-    # one that exists from the working directory is kept as written
+    # one that exists only from the working directory is kept as written; one that names a
+    # file here and another beside the job file is refused (the working directory's was taken
+    # unsaid, and a resume from elsewhere read the other: an audit)
     (tmp_path / "data.jsonl").write_text('{"text": "y"}\n')
-    assert read_job_file(job)[0]["data"] == "data.jsonl"
+    (tmp_path / "sub").mkdir()
+    alone = tmp_path / "sub" / "alone.yaml"
+    alone.write_text("model: gpt2\ndata: data.jsonl\n")
+    assert read_job_file(alone)[0]["data"] == "data.jsonl"
+    from trainfit.job import JobError
+
+    with pytest.raises(JobError, match=r"data: data\.jsonl names two files"):
+        read_job_file(job)
     assert absolute_paths({"data": "data.jsonl", "model": "gpt2"}) == {
         "data": str(tmp_path / "data.jsonl"), "model": "gpt2"}
 

@@ -253,10 +253,20 @@ def beside_the_file(fields: dict[str, Any], path: str | Path) -> dict[str, Any]:
     folder = Path(path).parent
     for key in PATH_FIELDS:
         value = fields.get(key)
-        if not _relative(value) or Path(value).exists():
+        if not _relative(value):
             continue
         beside = folder / value
-        if beside.exists() if key == "data" else _model_path(value, beside):
+        there = beside.exists() if key == "data" else _model_path(value, beside)
+        if Path(value).exists():
+            if there and beside.resolve() != Path(value).resolve():
+                # two files of one name: the working directory's was taken, unsaid, and a
+                # resume from elsewhere read the other (an audit)
+                raise JobError(f"{path}: {key}: {value} names two files — {Path(value).resolve()} "
+                               f"(from the working directory) and {beside.resolve()} (beside the "
+                               "job file)", f"write the one meant as an absolute path, e.g. "
+                               f"{key}: {beside.resolve()}")
+            continue
+        if there:
             fields[key] = str(beside)
     return fields
 
