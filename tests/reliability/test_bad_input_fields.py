@@ -87,3 +87,17 @@ def test_report_does_not_write_over_its_input(tmp_path):
     with pytest.raises(ReportInputError, match="is one of the report's inputs"):
         make_report([str(p)], p)
     assert p.read_text() == before
+
+
+def test_rows_with_nothing_to_predict(tmp_path):
+    """One-token rows have no label token: a micro-batch of them made a 0/0 loss, reported as a
+    diverged run with "lower the lr" (an audit). Left out, and said; all of them: refused."""
+    from trainfit.data.dataset import DataError, tokenize_rows
+    from trainfit.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("builtin-bytes", "micro", "local", 300)
+    rows = [{"input_ids": [7]}] * 15 + [{"input_ids": [1, 2, 3, 4]}]
+    data = tokenize_rows(rows, tok, seq_len=8, task="causal-lm", path="d.jsonl")
+    assert data.stats.samples == 1 and "15 of 16 rows have fewer than 2 tokens" in data.stats.notes[0]
+    with pytest.raises(DataError, match="every row has fewer than 2 tokens"):
+        tokenize_rows([{"input_ids": [7]}] * 4, tok, seq_len=8, task="causal-lm", path="d.jsonl")

@@ -259,6 +259,18 @@ def tokenize_rows(rows: list[dict[str, Any]], tok: Any, *, seq_len: int, task: s
         stats = DataStats(rows=len(rows), kind=kind, samples=n_chunks, tokens=n_chunks * seq_len,
                           dropped_tokens=dropped, packed=True, notes=notes)
         return TokenData(ids, None, seq_len, int(pad), stats, padded=False)
+    if targets is None and task in NEXT_TOKEN_TASKS:
+        # a sample of one token predicts nothing: a micro-batch of such samples has no label
+        # token, its loss is 0/0, and the run stopped as "diverged — lower the lr" (an audit)
+        short = sum(len(s) < 2 for s in seqs)
+        if short == len(seqs):
+            raise DataError(f"--data {path}: every row has fewer than 2 tokens after "
+                            "tokenization: nothing to predict",
+                            "check that the rows hold text (--text-field names its field)")
+        if short:
+            seqs = [s for s in seqs if len(s) >= 2]
+            notes.append(f"{short} of {len(rows)} rows have fewer than 2 tokens (nothing to "
+                         "predict): left out")
     # a row counts once, whether its input, its target or both are cut
     long_in = [len(s) > seq_len for s in seqs]
     long_tgt = [len(t) > seq_len for t in targets] if targets is not None else [False] * len(seqs)
