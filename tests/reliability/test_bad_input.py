@@ -176,6 +176,10 @@ CASES: list[tuple[str, Callable[[Path, str], list[str]], str]] = [
                                                      .get("effective_batch") or 8)),
         "--out", str(d / "run"), "--resume", _run(d, j)],
      "effective_batch 16 differs from the checkpoint's 8: its steps so far took"),
+    # a new run written into a checkpoint: pruning the parent run would delete it (an audit)
+    ("--out inside a checkpoint", lambda d, j: [
+        "train", j, "--out", str(Path(_run(d, j)) / "checkpoint-1" / "new")],
+     "checkpoint-1, which is not a run directory"),
 ]
 
 

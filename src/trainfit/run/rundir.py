@@ -142,6 +142,15 @@ def check_out(out: Path) -> None:
                     raise JobError(f"{flag}: {parent} is a file, not a directory",
                                    "give a path whose parents are directories")
                 break
+        # inside a checkpoint: its files were mixed with a new run's, and pruning the parent
+        # run's checkpoints would delete the new run with them (an audit)
+        inside = next((p for p in (out, *out.parents)
+                       if (p / "trainer_state.json").is_file() or (p / "digests.json").is_file()),
+                      None)
+        if inside is not None:
+            raise JobError(f"{flag}: inside the checkpoint {inside}, which is not a run directory",
+                           f"give a new directory, e.g. --out {inside.parent.parent / 'run2'}; "
+                           f"to continue that run: --resume {inside.parent}")
     except OSError as err:  # ENAMETOOLONG and friends, raised by stat()
         raise JobError(f"{flag}: not a usable path ({os_reason(err)})",
                        "choose a shorter path (each name ≤ 255 bytes)") from None
