@@ -238,7 +238,7 @@ def _finish(result: Any, out: str, as_json: bool) -> None:
     if result.stopped == "diverged":
         # the checkpoints before the step hold the weights that led to it (the last one is the
         # update that made the loss non-finite), and a resume refuses another lr
-        # (checkpoint.OPTIMIZER_FIELDS): the fix is a new run (a QA run)
+        # (resume_fields.OPTIMIZER_FIELDS): the fix is a new run (a QA run)
         saved = (f"; the checkpoints ({', '.join(Path(c).name for c in result.checkpoints)}) "
                  "hold the weights that led there" if result.checkpoints else "")
         typer.echo(f"error: the loss became non-finite at step {result.diverged_at_step}: "

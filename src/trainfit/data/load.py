@@ -10,7 +10,7 @@ from trainfit.model.source import ModelSource, max_positions
 
 def with_data_packing(job: JobSpec, data: TokenData) -> JobSpec:
     """``job`` with the packing the data layer did when the job left it to be chosen: what tune
-    writes, and what a run records and its resume compares (run/checkpoint.same_samples)."""
+    writes, and what a run records and its resume compares (run/resume_fields.same_samples)."""
     return job if job.packing is not None else job.replace(packing=data.stats.packed)
 
 

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from trainfit.job import JobError
+from trainfit.run.resume_fields import same_samples
 from trainfit.run.rundir import fsync_dir, fsync_file, os_reason, space_hint, write_atomic
 
 DIGESTS = "digests.json"
@@ -355,51 +356,6 @@ def _verified(ck: Path, run: Path | None) -> None:
         raise JobError(f"--resume: {wrong}", _offer(run, ck))
 
 
-SAMPLE_FIELDS = ("seq_len", "packing", "text_field", "tokenizer", "seed")
-"""Job fields that make the samples and their order: the checkpoint's position counts samples of
-its job's data, so a resume that changes one of them would continue another stream (a 128-token
-packing read at a 64-token position).  The micro-batch may change (another GPU, an OOM); the data
-path may too (the same file moved: its content is not compared)."""
-
-
-CHOSEN_WHEN_NONE = ("packing", "tokenizer")
-"""Sample fields whose None means "chosen from the data or the model": the model's own
-tokenizer, or (a checkpoint written before runs recorded what the data layer did) packing as
-the data made it. A checkpoint's None matches a value spelt out; the runs resolve packing
-before they save and compare (run/loop.py)."""
-
-
-OPTIMIZER_FIELDS = ("optimizer", "lr")
-"""Job fields the checkpoint's optimizer and scheduler states carry: a resume loads them over
-the job's, so another optimizer failed at its first step (SGD given AdamW's state: KeyError
-'momentum', a traceback) and another learning rate was silently the checkpoint's while
-train.json recorded the new one (a QA run: the same losses to every digit)."""
-
-
-def same_samples(ck: Path | str, saved: dict[str, Any] | None, job: dict[str, Any] | None
-                 ) -> None:
-    """Refuse a resume whose job makes other samples than the checkpoint's (:data:`SAMPLE_FIELDS`)
-    or steps another optimizer (:data:`OPTIMIZER_FIELDS`)."""
-    import yaml
-
-    if not saved or job is None:
-        return  # an older checkpoint without its job: nothing to compare
-    for k in (*SAMPLE_FIELDS, *OPTIMIZER_FIELDS, "effective_batch"):
-        a, b = saved.get(k), job.get(k)
-        if k not in saved or a == b or (k in CHOSEN_WHEN_NONE and a is None) or \
-                (k == "tokenizer" and b is None):
-            continue
-        why = ("the run's position counts that job's samples" if k in SAMPLE_FIELDS else
-               # 20 steps at 8 and 2 at 16 were recorded as a run at 16 (an audit); the
-               # micro-batch may change, the effective batch is kept by the split
-               "its steps so far took that many samples each; another is another run"
-               if k == "effective_batch" else
-               "its optimizer and learning-rate schedule continue from the checkpoint's states")
-        was = yaml.safe_dump(a, default_flow_style=True).strip().removesuffix("...").strip()
-        raise JobError(f"--resume {ck}: {k} {b!r} differs from the checkpoint's {a!r}: {why}",
-                       f"resume with {k}: {was}, or start a new run (no --resume)")
-
-
 def load(ck: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any, scaler: Any | None,
          device: torch.device, job: dict[str, Any] | None = None) -> RunState:
     """``job``: the resuming job, whose sample fields (:data:`SAMPLE_FIELDS`) must be the
@@ -413,6 +369,14 @@ def load(ck: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any, scale
             raise JobError(f"--resume {ck}: written by train --backend hf|trl (an HF Trainer "
                            "checkpoint), not by trainfit's own loop",
                            "resume it with the backend that wrote it: --backend hf (or trl)")
+        for key, least in (("step", 0), ("position", 0), ("micro_batch", 1), ("grad_accum", 1)):
+            v = meta.get(key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < least:
+                # an edited file whose digests were redone: a TypeError deep in the loader, or a
+                # run "from step -3" (an audit)
+                raise JobError(f"--resume {ck}: the checkpoint is corrupt (trainer_state.json: "
+                               f"{key} {v!r}, expected an integer ≥ {least})",
+                               "resume from an earlier checkpoint-N directory")
         if meta.get("fingerprint") != fingerprint(model):
             raise JobError(f"--resume {ck}: the checkpoint belongs to another model (its trainable "
                            "tensors differ in names or shapes)", "resume with the job that wrote it")

@@ -46,7 +46,6 @@ from trainfit.model.source import resolve_model
 from trainfit.monitor import Sampler
 from trainfit.monitor.progress import ProgressLog, StepProgress
 from trainfit.run.backend import resolve_backend
-from trainfit.run.checkpoint import same_samples
 from trainfit.run.checks import (
     check_data_size,
     check_runnable,
@@ -70,6 +69,7 @@ from trainfit.run.record import (
     read_record,
     write_train_json,
 )
+from trainfit.run.resume_fields import same_samples
 from trainfit.run.rundir import RunDir
 
 HISTORY = "trainfit_history.json"

@@ -92,7 +92,7 @@ def cannot_split(step: int, job: Any = None, *, can_checkpoint: bool = True,
     went = (f" (after splitting micro-batch {' → '.join(map(str, splits))})"
             if splits and len(splits) > 1 else "")
     ways = ", ".join(fixes[:-1]) + (", or " if len(fixes) > 1 else "") + fixes[-1]
-    # a resume keeps the samples and the parameters (checkpoint.same_samples): a changed
+    # a resume keeps the samples and the parameters (resume_fields.same_samples): a changed
     # seq_len or method is a new run
     where = " and run it again" if steps_done == 0 else " and run it into a new --out"
     more = (f"raise --memory-limit (now {limit_bytes / 2**30:.2f} GiB)" if limit_bytes and not cuda

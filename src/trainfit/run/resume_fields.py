@@ -1,0 +1,53 @@
+"""What a resume must keep of the checkpoint's job: the fields that make the samples and their
+order, and those the optimizer's and scheduler's states carry (both backends compare them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trainfit.job import JobError
+
+SAMPLE_FIELDS = ("seq_len", "packing", "text_field", "tokenizer", "seed")
+"""Job fields that make the samples and their order: the checkpoint's position counts samples of
+its job's data, so a resume that changes one of them would continue another stream (a 128-token
+packing read at a 64-token position).  The micro-batch may change (another GPU, an OOM); the data
+path may too (the same file moved: its content is not compared)."""
+
+
+CHOSEN_WHEN_NONE = ("packing", "tokenizer")
+"""Sample fields whose None means "chosen from the data or the model": the model's own
+tokenizer, or (a checkpoint written before runs recorded what the data layer did) packing as
+the data made it. A checkpoint's None matches a value spelt out; the runs resolve packing
+before they save and compare (run/loop.py)."""
+
+
+OPTIMIZER_FIELDS = ("optimizer", "lr")
+"""Job fields the checkpoint's optimizer and scheduler states carry: a resume loads them over
+the job's, so another optimizer failed at its first step (SGD given AdamW's state: KeyError
+'momentum', a traceback) and another learning rate was silently the checkpoint's while
+train.json recorded the new one (a QA run: the same losses to every digit)."""
+
+
+def same_samples(ck: Path | str, saved: dict[str, Any] | None, job: dict[str, Any] | None
+                 ) -> None:
+    """Refuse a resume whose job makes other samples than the checkpoint's (:data:`SAMPLE_FIELDS`)
+    or steps another optimizer (:data:`OPTIMIZER_FIELDS`)."""
+    import yaml
+
+    if not saved or job is None:
+        return  # an older checkpoint without its job: nothing to compare
+    for k in (*SAMPLE_FIELDS, *OPTIMIZER_FIELDS, "effective_batch"):
+        a, b = saved.get(k), job.get(k)
+        if k not in saved or a == b or (k in CHOSEN_WHEN_NONE and a is None) or \
+                (k == "tokenizer" and b is None):
+            continue
+        why = ("the run's position counts that job's samples" if k in SAMPLE_FIELDS else
+               # 20 steps at 8 and 2 at 16 were recorded as a run at 16 (an audit); the
+               # micro-batch may change, the effective batch is kept by the split
+               "its steps so far took that many samples each; another is another run"
+               if k == "effective_batch" else
+               "its optimizer and learning-rate schedule continue from the checkpoint's states")
+        was = yaml.safe_dump(a, default_flow_style=True).strip().removesuffix("...").strip()
+        raise JobError(f"--resume {ck}: {k} {b!r} differs from the checkpoint's {a!r}: {why}",
+                       f"resume with {k}: {was}, or start a new run (no --resume)")
