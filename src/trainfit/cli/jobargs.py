@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any
@@ -45,7 +46,7 @@ def check_writable(path: str | Path, flag: str = "--out") -> None:
             raise JobError(f"{flag} {path}: is a directory", "give a file name, e.g. trainfit.yaml")
         if not p.parent.is_dir():
             raise JobError(f"{flag} {path}: directory {p.parent} does not exist",
-                           f"create it first (mkdir -p {p.parent})")
+                           f"create it first (mkdir -p {shlex.quote(str(p.parent))})")
         fd, probe = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".probe")
         os.close(fd)
         os.unlink(probe)

@@ -87,7 +87,9 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     if p.is_dir() or p.suffix.lower() in _HF_FORMATS:
         return _read_with_datasets(p)
     try:
-        text = p.read_text(encoding="utf-8")
+        # utf-8-sig: a byte-order mark (Windows editors write one) is not part of row 1 (an
+        # audit: the file was refused as "line 1 is not valid JSON")
+        text = p.read_text(encoding="utf-8-sig")
     except (UnicodeDecodeError, OSError) as err:
         raise DataError(f"--data {path}: cannot read it as UTF-8 text ({err})",
                         "give a .jsonl file of rows, or a format HF datasets reads") from None

@@ -296,6 +296,13 @@ def _local_source(name: str, path: Path) -> ModelSource:
     except JobError:
         raise
     except Exception as err:  # transformers' own validators raise several types
+        if "auto_map" in data:  # its own modeling code beside it: never run from a local dir
+            raise JobError(f"--model {name}: {cfg_path.name} names its own modeling code "
+                           f"(auto_map) for model_type {data.get('model_type')!r}, which "
+                           "transformers does not ship; trainfit does not run a local "
+                           "directory's code", "give its hub id with --trust-remote-code "
+                           "(the code then comes from the hub), or a model transformers "
+                           "knows") from None
         raise JobError(f"--model {name}: transformers cannot read this config "
                        f"({str(err).splitlines()[0] if str(err) else type(err).__name__})",
                        "upgrade transformers or check model_type and the field values") from None

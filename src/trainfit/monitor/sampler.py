@@ -18,6 +18,7 @@ import csv
 import importlib.util
 import json
 import os
+import shlex
 import sys
 import threading
 import time
@@ -72,7 +73,7 @@ def check_options(*, interval_s: float, log_path: str | Path | None = None,
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise MonitorError(f"--log {log_path}: directory {parent} does not exist",
-                           f"create it first (mkdir -p {parent}) or log elsewhere")
+                           f"create it first (mkdir -p {shlex.quote(str(parent))}) or log elsewhere")
     if path.is_dir():
         raise MonitorError(f"--log {log_path}: is a directory", "give a file name ending in .jsonl or .csv")
     return path

@@ -27,11 +27,12 @@ class Written:
 
 
 def _check_dir(d: Path, what: str) -> None:
+    flag = what.split()[0]  # --out or --png-dir: the hint names the flag that was wrong
     if not d.exists():
         raise ReportInputError(f"{what}: directory {d} does not exist",
-                               "create it first, or choose another --out")
+                               f"create it first, or choose another {flag}")
     if not d.is_dir():
-        raise ReportInputError(f"{what}: {d} is not a directory", "choose another --out")
+        raise ReportInputError(f"{what}: {d} is not a directory", f"choose another {flag}")
 
 
 def write_atomically(files: dict[Path, bytes]) -> None:

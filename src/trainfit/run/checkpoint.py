@@ -309,6 +309,10 @@ def find(resume: Path) -> tuple[Path, str | None]:
                        "give the run directory of an earlier trainfit train") from None
     if not exists:
         raise JobError(f"--resume {resume}: does not exist", "give a run directory or a checkpoint")
+    if not resume.is_dir():  # a checkpoint's file: the hint was to remove it (an audit)
+        raise JobError(f"--resume {resume}: a file, not a directory",
+                       f"--resume takes a run directory or a checkpoint-N directory, e.g. "
+                       f"--resume {resume.parent}")
     if (resume / "trainer_state.json").exists() or (resume / DIGESTS).exists():
         _verified(resume, resume.parent)
         return resume, None
