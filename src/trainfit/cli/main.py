@@ -375,6 +375,9 @@ def gpus_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
                     "unknown" if g.memory_bandwidth_gbs is None else f"{g.memory_bandwidth_gbs:g}",
                     link(g)]
                    for g in GPUS.values()])
+    # the seeds and plan's help use generic-8gb: not a catalog row, so said (an audit)
+    typer.echo("also: generic-<N>gb (e.g. generic-8gb) — any card of N GB, memory only: its "
+               "speed is unknown")
 
 
 @app.command("quickstart")

@@ -12,7 +12,8 @@ def register(app: typer.Typer) -> None:
     @app.command("report")
     def report_cmd(
         files: Annotated[list[str], typer.Argument(
-            help="JSON of plan / tune / train / doctor, and monitor logs (.jsonl / .csv), any subset.",
+            help="JSON of plan / tune / train / doctor, monitor logs (.jsonl / .csv) and run "
+                 "directories of trainfit train (their train.json and monitor log), any subset.",
             show_default=False)],
         out: Annotated[Path, typer.Option("--out", "-o", help="The HTML file to write.")] = Path(
             "report.html"),

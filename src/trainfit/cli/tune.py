@@ -76,12 +76,18 @@ def _report(result: Any, out: str | None, emit: str | None, as_json: bool, sourc
     d = tune_json(result)
     if out is not None and result.pick is not None:
         # a path the job names from here works from wherever the file is read (trainfit train)
+        from trainfit.render.tune_words import note_words
+
         picked = result.pick.job.replace(**absolute_paths(
             {k: getattr(result.pick.job, k) for k in PATH_FIELDS}))
+        # a run whose own repeats disagreed says so beside the speeds it keeps (an audit: the
+        # file said 34 tokens/s, measured, where the run's probes lay 10.9× apart)
+        unsteady = [f"{note_words(n)} — the measured speeds below carry that spread"
+                    for n in result.notes if getattr(n, "kind", None) == "unsteady"]
         write_atomic(out, job_yaml(
             picked, measured=d["pick"]["measured"], device=d["device"],
             memory_limit_bytes=d["memory_limit_bytes"],
-            header=["written by trainfit tune; read by trainfit train", d["reason"]]))
+            header=["written by trainfit tune; read by trainfit train", d["reason"], *unsteady]))
     if as_json:  # with --emit the payload owns stdout: the result goes to stderr
         typer.echo(json.dumps(d, indent=1), err=emit is not None)
     else:
