@@ -345,15 +345,16 @@ def _check_hf_written(ck: Path) -> None:
 
 def _training_args(job: JobSpec, opts: RunOptions, backend: str, total: int, device: torch.device
                    ) -> Any:
-    from trainfit.job.emit import hf_training_args, trl_sft_config
+    from trainfit.job.emit import checkpointing_name, hf_training_args, trl_sft_config
 
     kw = trl_sft_config(job) if backend == "trl" else hf_training_args(job)
     kw.pop("optim")  # the optimizer is trainfit's own, handed in (same kernel as plan/tune)
     # build_real already enabled checkpointing on the model (the job's mode): enabling it again
-    # through the trainer would re-wrap the layers
-    for name in ("activation_checkpointing", "gradient_checkpointing"):  # per transformers' version
-        kw.pop(name, None)
-        kw.pop(f"{name}_kwargs", None)
+    # through the trainer would re-wrap the layers. The name is the one hf_training_args wrote
+    # (emit's checkpointing_name, for the transformers trainfit pins)
+    name = checkpointing_name(None)
+    kw.pop(name, None)
+    kw.pop(f"{name}_kwargs", None)
     if job.precision == "bf16-true":
         kw["bf16"] = False  # the weights are bf16 already; no autocast on top
     save = opts.save_every_steps
