@@ -9,6 +9,13 @@ import pytest
 from fake_nvml import CHILD_CODE, make_fake_pynvml
 
 
+@pytest.fixture(autouse=True)
+def _all_cards_visible(monkeypatch):
+    """The fake NVML's cards as CUDA would see them unrestricted: a CUDA_VISIBLE_DEVICES of the
+    machine running the tests (a CPU runner may set it empty) would pick another, or none."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
 @pytest.fixture()
 def no_nvml(monkeypatch):
     """NVML whose init fails as on a host without a driver."""

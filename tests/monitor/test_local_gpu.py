@@ -45,6 +45,18 @@ def test_the_card_is_the_one_cuda_programs_get_as_cuda0(monkeypatch, visible, na
     assert (g.device_name if g else None) == name
 
 
+def test_a_card_in_mig_mode_is_not_read_as_the_job_s(monkeypatch):
+    """A MIG-mode card gives CUDA a slice (Kubernetes names it in NVIDIA_VISIBLE_DEVICES): the
+    card's 80 GB are not the slice's, so no local card is taken (a review)."""
+    fake = make_fake_pynvml()
+    fake.nvmlDeviceGetMigMode = lambda h: (1, 1) if h == 0 else (0, 0)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert local_gpu() is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert local_gpu().device_name == "NVIDIA A10G"
+
+
 def test_own_gpu_bytes_are_this_process_trees_on_that_card(monkeypatch):
     """tune's device peak reads this process's memory on its card from NVML (context and
     libraries beside PyTorch's reserve), not the card's use, which counts other processes."""

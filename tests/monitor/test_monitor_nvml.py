@@ -56,7 +56,7 @@ def test_process_memory_nvml_cannot_tell_is_unknown_not_zero(monkeypatch):
     """A measured 0 only when NVML lists processes of this pid namespace and none is ours:
     unknown when the compute list is unsupported, when one of ours has no number, and inside a
     container, where NVML lists the host's pids (a review: each read 0, or a partial sum)."""
-    me, host_pid = os.getpid(), 4_194_000  # above Linux's pid_max default: exists nowhere here
+    me, host_pid = os.getpid(), 4_194_305  # above Linux's largest pid_max (2^22): exists nowhere
     fake = make_fake_pynvml(processes={
         0: {"graphics": [(me, 3 * GIB)]},                  # compute list not supported
         1: {"compute": [(host_pid, 9 * GIB)]}})            # the host's pid, from a container

@@ -101,3 +101,40 @@ def test_rows_with_nothing_to_predict(tmp_path):
     assert data.stats.samples == 1 and "15 of 16 rows have fewer than 2 tokens" in data.stats.notes[0]
     with pytest.raises(DataError, match="every row has fewer than 2 tokens"):
         tokenize_rows([{"input_ids": [7]}] * 4, tok, seq_len=8, task="causal-lm", path="d.jsonl")
+
+
+def test_chat_rows_chat_templates_render_are_kept():
+    """The message check refuses strings and numbers, not what chat templates render: content
+    as a list of parts, and null beside an assistant's tool_calls (a review: both refused)."""
+    from trainfit.data.dataset import tokenize_rows
+    from trainfit.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("builtin-bytes", "micro", "local", 300)
+    rows = [{"messages": [{"role": "user", "content": "hi"},
+                          {"role": "assistant", "content": None, "tool_calls": [
+                              {"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]},
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                          {"role": "assistant", "content": "yo"}]}]
+    assert tokenize_rows(rows, tok, seq_len=64, task="causal-lm", path="d").stats.samples == 2
+
+
+def test_train_micro_batch_keeps_a_hand_written_files_effective_batch(tmp_path):
+    """A file of micro_batch 4 × grad_accum 2 and no effective_batch, trained with
+    --micro-batch 2, keeps 8 samples a step (2 × 4), as the help says (it trained at 2 × 1; the
+    resume check then refused the README's own --resume --micro-batch 2: a review)."""
+    from trainfit.cli.train import _job_of
+
+    f = tmp_path / "hand.yaml"
+    f.write_text("model: gpt2\nseq_len: 32\nmicro_batch: 4\ngrad_accum: 2\n")
+    job, _ = _job_of(str(f), 2, False, False)
+    assert (job.micro_batch, job.grad_accum, job.effective_batch) == (2, 4, 8)
+
+
+def test_a_commands_json_result_is_not_a_job_file(tmp_path):
+    """train.json nests its job: it was read as a job file; plan/tune results were refused as an
+    'unknown key kind' with 60 fields listed."""
+    for kind, body in (("train", {"job": {"model": "gpt2"}}), ("plan", {"model": "gpt2"})):
+        f = tmp_path / f"{kind}.json"
+        f.write_text(json.dumps({"kind": kind, **body}))
+        with pytest.raises(JobError, match=f"a `trainfit {kind}` result"):
+            read_job_file(f)

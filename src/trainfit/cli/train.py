@@ -97,6 +97,11 @@ def _job_of(job_file: str, micro_batch: int | None, allow_code: bool, trust_remo
     if trust_remote_code:
         fields["trust_remote_code"] = True
     if micro_batch is not None:
+        if fields.get("effective_batch") is None:
+            # a file of micro-batch × accumulation alone: its effective batch is kept as that
+            # (a review: --micro-batch 2 on 4 × 2 trained at 2 × 1, another effective batch)
+            fields["effective_batch"] = JobSpec.from_dict(
+                fields, source=job_file).effective_batch
         fields["micro_batch"] = micro_batch
         fields.pop("grad_accum", None)
     job = JobSpec.from_dict(fields, source=job_file)

@@ -162,16 +162,24 @@ def _field(row: dict[str, Any], name: str, i: int, path: str) -> Any:
     return row[name]
 
 
+def _content_ok(m: dict[str, Any]) -> bool:
+    c = m.get("content")
+    return (isinstance(c, str) or (isinstance(c, list) and all(isinstance(p, dict) for p in c))
+            or (c is None and bool(m.get("tool_calls"))))
+
+
 def _chat_ids(tok: Any, messages: Any, i: int, path: str) -> list[int]:
-    # each message a {"role": str, "content": str}: a list of strings ended in an
+    # each message a {"role": str, "content": ...}: a list of strings ended in an
     # AttributeError, a missing or numeric content was trained on as the template rendered it
-    # (an audit)
+    # (an audit). Content is text, a list of parts ([{"type": "text", "text": ...}]), or null
+    # beside an assistant's tool_calls — what chat templates render (a review)
     if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str)
-            and isinstance(m.get("content"), str) for m in messages):
+            isinstance(m, dict) and isinstance(m.get("role"), str) and _content_ok(m)
+            for m in messages):
         raise DataError(f"--data {path}: row {i}: 'messages' must be a non-empty list of "
-                        '{"role": str, "content": str}', 'e.g. {"messages": [{"role": "user", '
-                        '"content": "hi"}, {"role": "assistant", "content": "hello"}]}')
+                        '{"role": str, "content": text or a list of parts}',
+                        'e.g. {"messages": [{"role": "user", "content": "hi"}, '
+                        '{"role": "assistant", "content": "hello"}]}')
     out = tok.apply_chat_template(messages, tokenize=True)
     if hasattr(out, "keys"):
         out = out["input_ids"]

@@ -12,6 +12,7 @@ it as :class:`ScriptSetting` s, for the script to set.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,9 +113,14 @@ def job_yaml(job: JobSpec, *, measured: dict[str, Any] | None = None, device: st
              memory_limit_bytes: int | None = None, header: list[str] | None = None) -> str:
     """The job as YAML, one comment per knob, and what tune measured (a file-only section)."""
     lines = [f"# {h}" for h in (header or [])]
+    from trainfit.job.files import YAML12_FLOAT
+
     for key, value in job.to_dict().items():
         text = yaml.safe_dump({key: value}, default_flow_style=True, width=1000).strip()
         text = text[1:-1] if text.startswith("{") else text
+        if isinstance(value, str) and YAML12_FLOAT.match(value):
+            # PyYAML writes "1e5" bare, which the job loader reads back as a float (a review)
+            text = f"{key}: {json.dumps(value)}"
         comment = _field_comment(key)
         lines.append(f"{text}  # {comment}" if comment else text)
     if device is not None:

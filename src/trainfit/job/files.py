@@ -145,15 +145,16 @@ def _unique_key_loader() -> Any:
     # the usual way to write a learning rate was refused, and the hint's own example with it
     # (an audit). A plain scalar of this form is a float, as in YAML 1.2's core schema; a quoted
     # one stays a string. Resolvers are per class: SafeLoader itself is untouched.
-    import re
-
     UniqueKeyLoader.yaml_implicit_resolvers = {
         k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-    UniqueKeyLoader.add_implicit_resolver(
-        "tag:yaml.org,2002:float",
-        re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-        list("-+0123456789"))
+    UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", YAML12_FLOAT,
+                                          list("-+0123456789"))
     return UniqueKeyLoader
+
+
+YAML12_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+"""A float in YAML 1.2 that YAML 1.1 (PyYAML) reads as a string: ``2e-5``. The job loader reads
+it as a float, so a string of this form is written quoted (job/emit.job_yaml)."""
 
 
 def read_job_file(path: str | Path, *, allow_code: bool = False,
@@ -188,6 +189,14 @@ def read_job_file(path: str | Path, *, allow_code: bool = False,
         raise JobError(f"{path}: expected a mapping of job fields",
                        "write one `field: value` per line, e.g. model: gpt2 (docs/job-fields.md)")
     _refuse_code(path, data, allow_code, trust_remote_code)
+    kind = data.get("kind")
+    if isinstance(kind, str):
+        # a command's --json result (plan.json, tune.json, train.json — its job: nested), not
+        # a job file: said so (an audit: "unknown key 'kind'" and a hint listing 60 job fields;
+        # a review: train.json's nested job was read as the job)
+        raise JobError(f"{path}: a `trainfit {kind}` result (kind: {kind}), not a job file",
+                       "give the job YAML: a tuned file (trainfit tune --out trainfit.yaml) or "
+                       "one written by hand (docs/job-fields.md)")
     extra = {k: data.pop(k) for k in FILE_ONLY_KEYS if k in data}
     if "train" in extra:
         # nothing reads it: max_steps: 1 under train: ran the whole epoch, unremarked (an audit)
@@ -209,13 +218,6 @@ def _known_keys(path: str | Path, data: dict[str, Any]) -> None:
     import difflib
 
     fields = sorted(f.name for f in dataclasses.fields(JobSpec))
-    kind = data.get("kind")
-    if isinstance(kind, str) and "kind" not in fields:
-        # a command's --json result (plan.json, tune.json, train.json), not a job file: said so
-        # (an audit: "unknown key 'kind'" and a hint listing 60 job fields)
-        raise JobError(f"{path}: a `trainfit {kind}` result (kind: {kind}), not a job file",
-                       "give the job YAML: a tuned file (trainfit tune --out trainfit.yaml) or "
-                       "one written by hand (docs/job-fields.md)")
     for key in data:
         k = str(key).replace("-", "_")
         if k in fields:
@@ -223,10 +225,11 @@ def _known_keys(path: str | Path, data: dict[str, Any]) -> None:
         if k in FILE_ONLY_KEYS:
             raise JobError(f"{path}: {key!r} is a file key, not a job field, so it cannot be "
                            "inside `job:`", f"move `{key}:` to the top level of {path}")
-        close = difflib.get_close_matches(k, [*fields, *FILE_ONLY_KEYS], n=1)
+        read = [k for k in FILE_ONLY_KEYS if k != "train"]  # train: is refused (never read)
+        close = difflib.get_close_matches(k, [*fields, *read], n=1)
         raise JobError(f"{path}: unknown key {key!r}",
                        f"did you mean {close[0]!r}?" if close else
-                       f"job fields: {', '.join(fields)}; file keys: {', '.join(FILE_ONLY_KEYS)} "
+                       f"job fields: {', '.join(fields)}; file keys: {', '.join(read)} "
                        "(docs/job-fields.md)")
 
 

@@ -38,9 +38,10 @@ def cuda0_index(nv: Nvml) -> int | None:
     ``CUDA_VISIBLE_DEVICES`` (an index, or a ``GPU-`` UUID), else NVML's first. NVML numbers the
     cards in PCI order whatever that variable says (a review: under Slurm's
     ``CUDA_VISIBLE_DEVICES=5`` plan read GPU 0, another job's card). None when it cannot be told:
-    no GPU visible (empty, ``-1``), or a MIG slice (``MIG-``: its memory is not the card's that
-    NVML reads). Caveat: on a machine of mixed cards CUDA's default order is fastest first, which
-    NVML's PCI order need not match (``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes them one)."""
+    no GPU visible (empty, ``-1``), or a MIG slice (``MIG-``, or a card in MIG mode: its memory
+    is not the card's that NVML reads). Caveat: on a machine of mixed cards CUDA's default order
+    is fastest first, which NVML's PCI order need not match (``CUDA_DEVICE_ORDER=PCI_BUS_ID``
+    makes them one)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         first = "0"
@@ -52,7 +53,11 @@ def cuda0_index(nv: Nvml) -> int | None:
         index = nv.uuid_index(first)
     else:
         return None
-    return index if index in nv.indices else None
+    if index not in nv.indices or nv.mig_enabled(index):
+        # a MIG-mode card gives CUDA a slice (Kubernetes names it in NVIDIA_VISIBLE_DEVICES,
+        # not CUDA_VISIBLE_DEVICES): the card's memory would be read for it (a review)
+        return None
+    return index
 
 
 def local_gpu(index: int | None = None, nvml: Nvml | None = None) -> LocalGpu | None:

@@ -91,6 +91,12 @@ class Nvml:
     def indices(self) -> list[int]:
         return sorted(self._handles)
 
+    def mig_enabled(self, index: int) -> bool:
+        """True when GPU ``index`` is in MIG mode: CUDA programs get a slice of it, whose memory
+        is not the card's that NVML reads (False where NVML cannot say: no MIG on the card)."""
+        mode = _safe(lambda: self._nv.nvmlDeviceGetMigMode(self._handles[index]))
+        return bool(mode and mode[0])
+
     def uuid_index(self, uuid: str) -> int | None:
         """The index of the GPU whose UUID starts with ``uuid`` (CUDA_VISIBLE_DEVICES may name a
         GPU by its UUID or a unique prefix of it); None when none or several match."""

@@ -158,6 +158,8 @@ class Sampler:
         """Start NVML, the host probe, the log and TensorBoard; ``start`` and ``sample_once`` call it."""
         if self._opened:
             return self
+        if self.log_path is not None and self.append:
+            _check_is_a_log(self.log_path)  # before NVML is opened: nothing to close on refusal
         self._nvml.open()
         if self._nvml.available and self.gpu_indices is not None:
             missing = [i for i in self.gpu_indices if i not in self._nvml.indices]
@@ -166,8 +168,6 @@ class Sampler:
                 raise MonitorError(f"GPU index {missing[0]} not visible",
                                    f"visible: {', '.join(map(str, self._nvml.indices))}")
         self._host = HostProbe(self.pid)
-        if self.log_path is not None and self.append:
-            _check_is_a_log(self.log_path)
         if self.log_path is not None:
             # Every write is flushed (see _write) so a crash keeps every sample taken.
             is_csv = self.log_path.suffix.lower() == ".csv"
@@ -424,24 +424,32 @@ class Sampler:
 
 
 def _check_is_a_log(path: Path) -> None:
-    """An existing file appended to must be a monitor log: a JSONL whose last row has
-    ``time_s``, a CSV with the log's header. ``--log train.jsonl`` appended a row to the training
-    data, which the next train then refused (an audit)."""
+    """An existing file appended to must be a monitor log: a CSV with the log's header, or a
+    JSONL one of whose first lines is a row with ``time_s`` (a line cut by a full disk or a kill
+    is passed over). ``--log train.jsonl`` appended a row to the training data, which the next
+    train then refused (an audit)."""
     if not path.is_file() or path.stat().st_size == 0:
         return
     with path.open("rb") as f:
-        head = f.readline(65536).decode(errors="replace").strip()
+        head = [f.readline(65536).decode(errors="replace").strip() for _ in range(8)]
     if path.suffix.lower() == ".csv":
-        ok = head.split(",") == list(COLUMNS)
+        ok = head[0].split(",") == list(COLUMNS)
     else:
-        try:
-            ok = "time_s" in json.loads(head)
-        except (ValueError, TypeError):
-            ok = False
+        ok = False
+        for line in filter(None, head):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                if line.startswith('{"time_s":'):  # a torn row of ours: time_s comes first
+                    ok = True
+                    break
+                continue  # a torn line of another file's
+            ok = isinstance(row, dict) and "time_s" in row
+            break
     if not ok:
-        raise MonitorError(f"--log {path}: exists and is not a trainfit monitor log (its first "
-                           "line is not one), so it is not appended to",
-                           "give a new file, e.g. --log monitor.jsonl")
+        raise MonitorError(f"{path}: exists and is not a trainfit monitor log, so it is not "
+                           "appended to", "log to a new file (monitor --log NEW.jsonl), or move "
+                           "that one away")
 
 
 def _idle_s(path: Path) -> float:

@@ -385,9 +385,9 @@ class TrainSummary:
     evals: list[EvalPoint] = field(default_factory=list)
     segment_rows: list[SegmentRow] = field(default_factory=list)
     slug: str = "train"
+    """The loss figure's name."""
     unrecorded_steps: int = 0
     """Steps whose loss and wall time the record does not hold (TrainInput's)."""
-    """The loss figure's name."""
 
 
 @dataclass(frozen=True)

@@ -144,7 +144,9 @@ def check_out(out: Path) -> None:
                 break
         # inside a checkpoint: its files were mixed with a new run's, and pruning the parent
         # run's checkpoints would delete the new run with them (an audit)
-        inside = next((p for p in (out, *out.parents)
+        # resolved: "../run2" from inside a checkpoint is outside it, "x" there is inside (a review)
+        full = out.resolve()
+        inside = next((p for p in (full, *full.parents)
                        if (p / "trainer_state.json").is_file() or (p / "digests.json").is_file()),
                       None)
         if inside is not None:
