@@ -74,3 +74,25 @@ def test_steps_resumed_without_history_are_unrecorded_not_non_finite(tmp_path):
     words = loss_words(t.losses, t.unrecorded_steps)
     assert "1 step(s) not finite" in words and "steps 1–18 not recorded" in words
     assert loss_words([None, None, 3.0]) .endswith("2 step(s) not finite (the loss figure draws each)")
+
+
+def test_a_resume_over_data_of_another_size_is_refused(tmp_path, micro_model_json, chat_jsonl):
+    """The position counts the data's samples and the order permutes that many: a resume over
+    data that makes another number continued another stream, unsaid (a review)."""
+    from trainfit.job import JobError, JobSpec
+    from trainfit.run.loop import RunOptions, train
+
+    job = JobSpec(model=str(micro_model_json), seq_len=32, effective_batch=8, micro_batch=4,
+                  precision="fp32", data=str(chat_jsonl))
+    out = tmp_path / "run"
+    res = train(job, RunOptions(out_dir=out, max_steps=2, save_every_steps=2))
+    rows = chat_jsonl.read_text().splitlines()
+    assert res.data_samples == len(rows)
+    assert json.loads((out / "train.json").read_text())["data_samples"] == len(rows)
+    fewer = tmp_path / "fewer.jsonl"
+    fewer.write_text("\n".join(rows[:-2]) + "\n")
+    with pytest.raises(JobError, match=f"makes {len(rows) - 2} training samples, the "
+                                       f"checkpoint's run had {len(rows)}"):
+        train(job.replace(data=str(fewer)), RunOptions(out_dir=tmp_path / "b", resume=out,
+                                                       max_steps=4))
+    assert not (tmp_path / "b").exists()

@@ -69,7 +69,7 @@ from trainfit.run.record import (
     read_record,
     write_train_json,
 )
-from trainfit.run.resume_fields import same_samples
+from trainfit.run.resume_fields import same_data, same_samples
 from trainfit.run.rundir import RunDir
 
 HISTORY = "trainfit_history.json"
@@ -433,6 +433,7 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     trainer.remove_callback(PrinterCallback)  # trainfit's monitor prints (and logs) the steps
     main = rank == 0
     res = new_result({**job.to_dict(), "backend": backend}, main=main)
+    res.data_samples = len(data)
     ended = False
     if resume is not None:
         step = int(Path(resume).name.rsplit("-", 1)[1])
@@ -443,6 +444,7 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
         run_record = read_record(Path(resume).parent)  # an HF checkpoint carries no job
         history = closed_record(run_record, step, resume) or _history(Path(resume))
         same_samples(resume, (run_record or {}).get("job"), job.to_dict())
+        same_data(resume, history.get("data_samples"), len(data))
         continue_from(res, history, step, int(history.get("samples_seen", step * (
             job.effective_batch or 1))), data.seq_len)
     tracker = limit_tracker(opts.memory_limit_bytes, wl.model)  # bad input: before any write

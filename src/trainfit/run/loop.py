@@ -64,6 +64,7 @@ from trainfit.run.record import (
     read_record,
     write_train_json,
 )
+from trainfit.run.resume_fields import same_data
 from trainfit.run.rundir import RunDir, check_not_in_use
 from trainfit.speed.host_timing import threads_for_load
 
@@ -150,6 +151,7 @@ class Trainer:
             self.resumed_from = str(ck)
             self.history = closed_record(read_record(ck.parent), saved.step, ck) or \
                 ckpt.history(ck)
+            same_data(ck, self.history.get("data_samples"), len(self.data))
             # the run continues in its own directory (a checkpoint of another run starts a new one)
             self.resuming_here = ck.parent.resolve() == Path(opts.out_dir).resolve()
             later = [c.name for c in ckpt.checkpoints(ck.parent)
@@ -189,6 +191,7 @@ class Trainer:
         # before anything is written; a resume's optimizer states are loaded by now
         tracker = limit_tracker(o.memory_limit_bytes, self.wl.model, self.wl.optimizer)
         res = new_result(self.job.to_dict(), main=main)
+        res.data_samples = len(self.data)
         if self.resumed_from is not None:
             continue_from(res, self.history, self.state.step, self.state.position,
                           self.data.seq_len)

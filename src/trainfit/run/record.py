@@ -57,6 +57,9 @@ class TrainResult:
     evals: list[dict[str, Any]] = field(default_factory=list)
     """One per evaluation: step, eval_loss (token mean), eval_perplexity, eval_batch, samples,
     tokens (label tokens), eval_time_s."""
+    data_samples: int | None = None
+    """Training samples the data made (after packing and truncation): the run's position counts
+    them, so a resume over data that makes another number is refused (None: an older record)."""
     segments: list[dict[str, Any]] = field(default_factory=list)
     """One per run that added steps (the first, then each resume): segment, start_step,
     end_step, steps, samples, tokens, wall_time_s, resumed_from, stopped, notes."""

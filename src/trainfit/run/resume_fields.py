@@ -51,3 +51,16 @@ def same_samples(ck: Path | str, saved: dict[str, Any] | None, job: dict[str, An
         was = yaml.safe_dump(a, default_flow_style=True).strip().removesuffix("...").strip()
         raise JobError(f"--resume {ck}: {k} {b!r} differs from the checkpoint's {a!r}: {why}",
                        f"resume with {k}: {was}, or start a new run (no --resume)")
+
+
+def same_data(ck: Path | str, saved_samples: Any, samples: int) -> None:
+    """Refuse a resume over data that makes another number of samples than the checkpoint's run
+    had: the position counts that data's samples, and the sample order is a permutation of that
+    many (a review: a data layer that left rows out resumed an older run's position over another
+    stream, unsaid). A record without the count (an older trainfit) is not compared."""
+    if isinstance(saved_samples, int) and not isinstance(saved_samples, bool) \
+            and saved_samples != samples:
+        raise JobError(f"--resume {ck}: the data makes {samples:,} training samples, the "
+                       f"checkpoint's run had {saved_samples:,}: its position counts those",
+                       "resume over the data it trained on (the same file, seq_len and "
+                       "packing), or start a new run (no --resume)")
