@@ -352,3 +352,18 @@ def test_every_line_of_a_tuned_file_says_what_it_is(tmp_path):
     assert (job.micro_batch, job.grad_accum, job.precision, job.grad_ckpt, job.packing) == \
         (2, 4, "fp32", "off", True)
     assert extra["measured"]["tokens_per_s"] == 184.0 and extra["memory_limit"] == 1_288_490_188
+
+
+def test_an_unsteady_tune_runs_speed_is_said_as_such(tmp_path):
+    """tune wrote 34 tokens/s, measured, from a run whose probes lay 10.9× apart, and emit
+    repeated it plainly (an audit): the file keeps the spread, and emit says it."""
+    base = dict(model="llama-tiny-58m", seq_len=64, micro_batch=2, grad_accum=4,
+                precision="fp32", grad_ckpt="off", packing=True,
+                data="examples/data/tiny_text.jsonl")
+    p = tmp_path / "tuned.yaml"
+    p.write_text(job_yaml(JobSpec.from_dict(base), device="cpu", measured={
+        "tokens_per_s": 33.5, "timing_spread": 10.9}))
+    assert "timing_spread: 10.9  # fastest ÷ slowest probe" in p.read_text()
+    _, err = _emit(p, "hf")
+    assert "34 tokens/s (measured; an unsteady run: one configuration's probes lay 10.9× apart)" \
+        in err

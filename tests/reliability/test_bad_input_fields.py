@@ -138,3 +138,14 @@ def test_a_commands_json_result_is_not_a_job_file(tmp_path):
         f.write_text(json.dumps({"kind": kind, **body}))
         with pytest.raises(JobError, match=f"a `trainfit {kind}` result"):
             read_job_file(f)
+
+
+def test_a_config_of_a_million_layers_is_refused(tmp_path):
+    """plan simulated it for minutes with no end in sight (an audit)."""
+    from trainfit.model.source import resolve_model
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1_000_000,
+        "num_attention_heads": 4, "vocab_size": 300, "intermediate_size": 128}))
+    with pytest.raises(JobError, match="num_hidden_layers = 1,000,000: more layers than"):
+        resolve_model(str(tmp_path))

@@ -87,3 +87,21 @@ def test_tune_says_how_far_its_measurements_sit_from_the_prediction_only_when_fa
     assert "the script's trainer around the step" in note and "speed_cpu.md" in note
     assert speed_ratio_note([probe(900, 1000), probe(1100, 1000)], "cpu", "job") is None
     assert speed_ratio_note([probe(900, None)], "cuda:0", "job") is None
+
+
+def test_the_legend_names_a_mark_only_a_row_shows():
+    """The ★ row that is also the largest fitting draws ★ alone: the legend said ▲ where no row
+    showed one (an audit)."""
+    from types import SimpleNamespace as NS
+
+    from trainfit.render.plan import marks_words
+
+    def row(mb, fits, rec, top):
+        return NS(job=NS(micro_batch=mb), memory=NS(fits=fits), recommended=rec,
+                  largest_fitting=top, shown=True)
+
+    same = NS(rows=[row(1, True, False, False), row(2, True, True, True), row(4, False, False, False)])
+    assert marks_words(same, False) == "★ recommended · "
+    apart = NS(rows=[row(1, True, True, False), row(2, True, False, True)])
+    assert marks_words(apart, False) == "★ recommended  ▲ largest micro-batch that fits · "
+    assert marks_words(NS(rows=[row(1, False, False, False)]), False) == "no row fits · "

@@ -60,12 +60,25 @@ def _knob_list(knobs: str | None, try_compile: bool, try_8bit_optimizer: bool) -
                           if on and k not in chosen)
 
 
+def _spread(result: Any) -> float | None:
+    """The unsteady note's spread (one configuration's probes, fastest ÷ slowest), if any."""
+    return next((float(n.data["spread"]) for n in result.notes
+                 if getattr(n, "kind", None) == "unsteady"), None)
+
+
+def _with_spread(measured: dict[str, Any], result: Any) -> dict[str, Any]:
+    """The pick's measured numbers, with the run's timing spread when it was unsteady: emit
+    repeated an unsteady file's tokens/s as a plain measurement (an audit)."""
+    spread = _spread(result)
+    return measured if spread is None else {**measured, "timing_spread": round(spread, 2)}
+
+
 def _emit(result: Any, emit: str, source: str) -> None:
     """The pick just tuned, for ``emit``: the payload alone on stdout."""
     from trainfit.cli.emit import emit_job
 
     extra = {"device": result.device, "memory_limit": result.memory_limit_bytes,
-             "measured": result.pick.result.to_dict()["measured"]}
+             "measured": _with_spread(result.pick.result.to_dict()["measured"], result)}
     emit_job(result.pick.job, emit, source, extra, device=result.device, searched=True)
 
 
@@ -85,7 +98,7 @@ def _report(result: Any, out: str | None, emit: str | None, as_json: bool, sourc
         unsteady = [f"{note_words(n)} — the measured speeds below carry that spread"
                     for n in result.notes if getattr(n, "kind", None) == "unsteady"]
         write_atomic(out, job_yaml(
-            picked, measured=d["pick"]["measured"], device=d["device"],
+            picked, measured=_with_spread(d["pick"]["measured"], result), device=d["device"],
             memory_limit_bytes=d["memory_limit_bytes"],
             header=["written by trainfit tune; read by trainfit train", d["reason"], *unsteady]))
     if as_json:  # with --emit the payload owns stdout: the result goes to stderr

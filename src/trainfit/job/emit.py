@@ -106,6 +106,9 @@ def _measured_comment(key: str) -> str:
         return "seconds, measured"
     if key.endswith("_fraction"):
         return "fraction of the step (0-1), measured"
+    if key == "timing_spread":
+        return ("fastest ÷ slowest probe of one configuration in this tune run: the timings "
+                "were unsteady, the speeds above carry that spread")
     return "the probe's outcome" if key == "status" else "measured"
 
 

@@ -15,6 +15,8 @@ guess trainfit does not make silently."""
 TEXT_FIELDS = ("hidden_size", "num_hidden_layers")
 """What a multimodal config.json's ``text_config`` must state: its heads and vocabulary may be
 left to the class's defaults (Gemma-3-4B's published file does), its width and depth not."""
+MAX_LAYERS = 2048
+"""The deepest model a config.json may describe (published LLMs have up to a few hundred layers)."""
 SIZE_FIELDS = ("intermediate_size", "num_key_value_heads", "max_position_embeddings", "head_dim")
 """Checked when given; when missing, transformers' default (or derived value) is used and named in
 the model's note."""
@@ -48,6 +50,12 @@ def check_config_values(data: dict[str, Any], cls: Any, where: str) -> None:
             raise JobError(f"--model {where}: config.json {key} = {v!r}: must be a positive "
                            "integer", f"give {key} as a whole number ≥ 1, as in the model's "
                            "original config.json")
+        if n == "num_hidden_layers" and v > MAX_LAYERS:
+            # plan builds the layers: a million of them simulated for minutes with no end in
+            # sight (an audit); the deepest published LLMs have a few hundred
+            raise JobError(f"--model {where}: config.json {key} = {v:,}: more layers than "
+                           f"trainfit plans ({MAX_LAYERS:,})", f"check {key} against the "
+                           "model's original config.json")
     _check_heads(data, cls, where)
 
 

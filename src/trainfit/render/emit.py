@@ -50,7 +50,10 @@ def emit_messages(e: Emitted, source: str, extra: dict[str, Any], *, searched: b
             tuned.append(f"peak allocated {measured['peak_allocated_bytes'] / GIB:.2f} GiB "
                          "(measured)")
         if measured.get("tokens_per_s") is not None:
-            tuned.append(f"{measured['tokens_per_s']:,.0f} tokens/s (measured)")
+            spread = measured.get("timing_spread")
+            tuned.append(f"{measured['tokens_per_s']:,.0f} tokens/s (measured" + (
+                f"; an unsteady run: one configuration's probes lay {spread:.1f}× apart)"
+                if isinstance(spread, int | float) else ")"))
     lines.append("  " + ", ".join(tuned))
     for s in e.script:
         lines.append(f"  set in your script: {s.knob} {s.value} → {s.where}")

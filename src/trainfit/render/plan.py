@@ -127,20 +127,29 @@ def _over_card_speed(result: PlanResult, all_rows: bool) -> str:
             "(here it runs out of memory), for comparing rows")
 
 
+def marks_words(result: PlanResult, all_rows: bool) -> str:
+    """The legend's marks: ★, and ▲ only where a shown row carries it apart from ★ (the ★ row's
+    own ▲ is not drawn: an audit read a ▲ in the legend that no row showed)."""
+    if not any(r.memory.fits for r in result.rows):
+        return "fit unknown (no GPU) · " if all(r.memory.fits is None for r in result.rows) \
+            else "no row fits · "
+    # one micro-batch planned (--micro-batch given): ▲ is then only the largest of that one (a
+    # review read every row's ▲ as "the largest that fits")
+    one = len({r.job.micro_batch for r in result.rows}) == 1
+    up = any(r.largest_fitting and not r.recommended for r in result.rows
+             if all_rows or r.shown)
+    tri = (f"  ▲ largest micro-batch that fits"
+           f"{' (of the one planned: --micro-batch sets it)' if one else ''}") if up else ""
+    return f"★ recommended{tri} · "
+
+
 def _legend(console: Console, result: PlanResult, dropped: list[str], all_rows: bool) -> None:
     speed_known = any(r.speed is not None and r.speed.tokens_per_s for r in result.rows)
     # the fit line is the lower of (1 − margin) × GPU and GPU ÷ (1 + the error band)
     # (memory.predict._fit); every row of a plan is one kind of run, so one band
     under = result.rows[0].memory.error_band_under if result.rows else 0.0
     line = min(1 - result.margin, 1 / (1 + under))
-    # one micro-batch planned (--micro-batch given): ▲ is then only the largest of that one (a
-    # review read every row's ▲ as "the largest that fits")
-    one = len({r.job.micro_batch for r in result.rows}) == 1
-    marks = (f"★ recommended  ▲ largest micro-batch that fits"
-             f"{' (of the one planned: --micro-batch sets it)' if one else ''} · ") \
-        if any(r.memory.fits for r in result.rows) else \
-        "fit unknown (no GPU) · " if all(r.memory.fits is None for r in result.rows) else \
-        "no row fits · "
+    marks = marks_words(result, all_rows)
     legend = (f"{marks}spare: GiB left under the fit "
               f"line ({line:.0%} of the GPU" + (f": GPU ÷ (1 + its {under:.0%} error band)"
                                                 if line < 1 - result.margin else "") + ")") \
