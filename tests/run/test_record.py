@@ -96,3 +96,30 @@ def test_a_resume_over_data_of_another_size_is_refused(tmp_path, micro_model_jso
         train(job.replace(data=str(fewer)), RunOptions(out_dir=tmp_path / "b", resume=out,
                                                        max_steps=4))
     assert not (tmp_path / "b").exists()
+
+
+def test_a_resume_over_other_samples_of_the_same_number_is_refused(tmp_path, micro_model_json,
+                                                                    chat_jsonl):
+    """The same number of samples, another content: the digest tells them apart; the same file
+    moved to another path resumes."""
+    import shutil
+
+    from trainfit.job import JobError, JobSpec
+    from trainfit.run.loop import RunOptions, train
+
+    job = JobSpec(model=str(micro_model_json), seq_len=32, effective_batch=8, micro_batch=4,
+                  precision="fp32", data=str(chat_jsonl))
+    out = tmp_path / "run"
+    res = train(job, RunOptions(out_dir=out, max_steps=2, save_every_steps=2))
+    assert len(res.data_sha256 or "") == 64
+    rows = chat_jsonl.read_text().splitlines()
+    other = tmp_path / "other.jsonl"
+    other.write_text("\n".join([rows[1], rows[0], *rows[2:]]) + "\n")  # two rows swapped
+    with pytest.raises(JobError, match="are not the ones the checkpoint's run trained on"):
+        train(job.replace(data=str(other)), RunOptions(out_dir=tmp_path / "b", resume=out,
+                                                       max_steps=4))
+    moved = tmp_path / "moved.jsonl"
+    shutil.copy(chat_jsonl, moved)
+    done = train(job.replace(data=str(moved)), RunOptions(out_dir=tmp_path / "c", resume=out,
+                                                          max_steps=4))
+    assert done.steps == 4

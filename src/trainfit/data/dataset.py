@@ -67,6 +67,26 @@ class TokenData:
     def lengths(self) -> np.ndarray:
         return np.array([len(x) for x in self.input_ids], dtype=np.int64)
 
+    def digest(self) -> str:
+        """SHA-256 of the samples in order (each one's length and tokens, and its target's): what
+        a resume compares, so the same data moved to another path resumes and other data of the
+        same size does not (a run's position counts these samples). Computed once: a large
+        dataset's tokens take seconds to hash."""
+        import hashlib
+
+        if "_digest" in self.__dict__:
+            return str(self.__dict__["_digest"])
+        h = hashlib.sha256()
+        for i, x in enumerate(self.input_ids):
+            h.update(np.int64(len(x)).tobytes())
+            h.update(np.ascontiguousarray(x, dtype=np.int64).tobytes())
+            if self.labels is not None:
+                y = self.labels[i]
+                h.update(np.int64(len(y)).tobytes())
+                h.update(np.ascontiguousarray(y, dtype=np.int64).tobytes())
+        self.__dict__["_digest"] = h.hexdigest()
+        return str(self.__dict__["_digest"])
+
 
 NEXT_TOKEN_TASKS = ("causal-lm", "custom-lm")
 """Tasks whose loss predicts token t+1 from tokens ≤ t: transformers' causal LMs, and a

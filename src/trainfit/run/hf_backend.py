@@ -433,7 +433,7 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     trainer.remove_callback(PrinterCallback)  # trainfit's monitor prints (and logs) the steps
     main = rank == 0
     res = new_result({**job.to_dict(), "backend": backend}, main=main)
-    res.data_samples = len(data)
+    res.data_samples, res.data_sha256 = len(data), data.digest()
     ended = False
     if resume is not None:
         step = int(Path(resume).name.rsplit("-", 1)[1])
@@ -444,7 +444,7 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
         run_record = read_record(Path(resume).parent)  # an HF checkpoint carries no job
         history = closed_record(run_record, step, resume) or _history(Path(resume))
         same_samples(resume, (run_record or {}).get("job"), job.to_dict())
-        same_data(resume, history.get("data_samples"), len(data))
+        same_data(resume, history, data)
         continue_from(res, history, step, int(history.get("samples_seen", step * (
             job.effective_batch or 1))), data.seq_len)
     tracker = limit_tracker(opts.memory_limit_bytes, wl.model)  # bad input: before any write

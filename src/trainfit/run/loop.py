@@ -151,7 +151,7 @@ class Trainer:
             self.resumed_from = str(ck)
             self.history = closed_record(read_record(ck.parent), saved.step, ck) or \
                 ckpt.history(ck)
-            same_data(ck, self.history.get("data_samples"), len(self.data))
+            same_data(ck, self.history, self.data)
             # the run continues in its own directory (a checkpoint of another run starts a new one)
             self.resuming_here = ck.parent.resolve() == Path(opts.out_dir).resolve()
             later = [c.name for c in ckpt.checkpoints(ck.parent)
@@ -191,7 +191,7 @@ class Trainer:
         # before anything is written; a resume's optimizer states are loaded by now
         tracker = limit_tracker(o.memory_limit_bytes, self.wl.model, self.wl.optimizer)
         res = new_result(self.job.to_dict(), main=main)
-        res.data_samples = len(self.data)
+        res.data_samples, res.data_sha256 = len(self.data), self.data.digest()
         if self.resumed_from is not None:
             continue_from(res, self.history, self.state.step, self.state.position,
                           self.data.seq_len)

@@ -60,6 +60,9 @@ class TrainResult:
     data_samples: int | None = None
     """Training samples the data made (after packing and truncation): the run's position counts
     them, so a resume over data that makes another number is refused (None: an older record)."""
+    data_sha256: str | None = None
+    """The samples' digest (TokenData.digest): a resume over other samples of the same number is
+    refused too (None: an older record)."""
     segments: list[dict[str, Any]] = field(default_factory=list)
     """One per run that added steps (the first, then each resume): segment, start_step,
     end_step, steps, samples, tokens, wall_time_s, resumed_from, stopped, notes."""

@@ -53,14 +53,21 @@ def same_samples(ck: Path | str, saved: dict[str, Any] | None, job: dict[str, An
                        f"resume with {k}: {was}, or start a new run (no --resume)")
 
 
-def same_data(ck: Path | str, saved_samples: Any, samples: int) -> None:
-    """Refuse a resume over data that makes another number of samples than the checkpoint's run
-    had: the position counts that data's samples, and the sample order is a permutation of that
-    many (a review: a data layer that left rows out resumed an older run's position over another
-    stream, unsaid). A record without the count (an older trainfit) is not compared."""
-    if isinstance(saved_samples, int) and not isinstance(saved_samples, bool) \
-            and saved_samples != samples:
-        raise JobError(f"--resume {ck}: the data makes {samples:,} training samples, the "
-                       f"checkpoint's run had {saved_samples:,}: its position counts those",
+def same_data(ck: Path | str, history: dict[str, Any], data: Any) -> None:
+    """Refuse a resume over other samples than the checkpoint's run had (``history``: its record;
+    ``data``: a TokenData): the position counts that data's samples, and the sample order is a
+    permutation of that many (a review: a data layer that left rows out resumed an older run's
+    position over another stream, unsaid). A moved file of the same content resumes; a record
+    without the count or digest (an older trainfit) is not compared."""
+    saved = history.get("data_samples")
+    if isinstance(saved, int) and not isinstance(saved, bool) and saved != len(data):
+        raise JobError(f"--resume {ck}: the data makes {len(data):,} training samples, the "
+                       f"checkpoint's run had {saved:,}: its position counts those",
                        "resume over the data it trained on (the same file, seq_len and "
                        "packing), or start a new run (no --resume)")
+    digest = history.get("data_sha256")
+    if isinstance(digest, str) and digest != data.digest():
+        raise JobError(f"--resume {ck}: the data's {len(data):,} samples are not the ones the "
+                       "checkpoint's run trained on (their SHA-256 differs): its position counts "
+                       "those", "resume over the data it trained on (the same content, seq_len "
+                       "and packing), or start a new run (no --resume)")
