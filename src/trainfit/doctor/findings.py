@@ -150,9 +150,23 @@ def find(obs: Observation) -> list[Finding]:
     # the first finding is called the bottleneck: a minor one (a data wait under the input-bound
     # line) goes after the others, whatever its gain (a QA run named "input-bound … 6 % — minor"
     # the bottleneck of a step 94 % in compute)
-    out.sort(key=lambda f: (_minor(f), -(f.predicted_gain_fraction
-                                         if f.predicted_gain_fraction is not None else 0.05)))
+    # a loop of per-value syncs (hundreds per micro-step: .item() per token) spends its loop
+    # code around those syncs: the sync finding names it and its fix; loop code goes after it,
+    # whatever the share the host's load gave either run to run (a fresh-clone run named
+    # loop-code where three others named sync-bound, on the same script)
+    sync_loop = any(f.bottleneck == "sync-bound"
+                    and (f.evidence.get("sync_calls_per_step") or 0)
+                    >= SYNC_LOOP_CALLS * (f.evidence.get("micro_steps_per_step") or 1)
+                    for f in out)
+    out.sort(key=lambda f: (_minor(f) or (sync_loop and f.bottleneck == "loop-code"),
+                            -(f.predicted_gain_fraction
+                              if f.predicted_gain_fraction is not None else 0.05)))
     return out
+
+
+SYNC_LOOP_CALLS = 100
+"""Sync points per micro-step from which the loop code is taken as the syncs' own loop: a
+training step syncs a handful of times (a loss logged, a clip norm), a per-token loop thousands."""
 
 
 def _minor(f: Finding) -> bool:
