@@ -29,6 +29,7 @@ from typing import Any, TextIO
 
 from trainfit.monitor import view
 from trainfit.monitor.host import HostProbe, process_alive, process_tree
+from trainfit.monitor.logfile import idle_s, is_a_log, last_byte, last_time_s
 from trainfit.monitor.nvml import GpuReading, Nvml
 from trainfit.monitor.view import render
 
@@ -159,7 +160,11 @@ class Sampler:
         if self._opened:
             return self
         if self.log_path is not None and self.append:
-            _check_is_a_log(self.log_path)  # before NVML is opened: nothing to close on refusal
+            # before NVML is opened: nothing to close on refusal
+            if not is_a_log(self.log_path, COLUMNS):
+                raise MonitorError(f"{self.log_path}: exists and is not a trainfit monitor log, so "
+                                   "it is not appended to", "log to a new file (monitor --log "
+                                   "NEW.jsonl), or move that one away")
         self._nvml.open()
         if self._nvml.available and self.gpu_indices is not None:
             missing = [i for i in self.gpu_indices if i not in self._nvml.indices]
@@ -173,10 +178,10 @@ class Sampler:
             is_csv = self.log_path.suffix.lower() == ".csv"
             size = self.log_path.stat().st_size if self.append and self.log_path.exists() else 0
             self._log = self.log_path.open("a" if self.append else "w", newline="" if is_csv else None)
-            if size and _last_byte(self.log_path) != b"\n":
+            if size and last_byte(self.log_path) != b"\n":
                 self._log.write("\n")  # a line cut by a killed writer stays one line of its own
             if size and not is_csv:
-                self._t_offset_s = _last_time_s(self.log_path) + _idle_s(self.log_path)
+                self._t_offset_s = last_time_s(self.log_path) + idle_s(self.log_path)
             if is_csv:
                 self._csv = csv.DictWriter(self._log, fieldnames=list(COLUMNS), extrasaction="ignore")
                 if not size:
@@ -421,65 +426,6 @@ class Sampler:
             for col in GPU_COLUMNS[1:]:
                 if r[col] is not None:
                     self._tb.add_scalar(f"gpu{r['gpu_index']}/{col}", r[col], global_step)
-
-
-def _check_is_a_log(path: Path) -> None:
-    """An existing file appended to must be a monitor log: a CSV with the log's header, or a
-    JSONL one of whose first lines is a row with ``time_s`` (a line cut by a full disk or a kill
-    is passed over). ``--log train.jsonl`` appended a row to the training data, which the next
-    train then refused (an audit)."""
-    if not path.is_file() or path.stat().st_size == 0:
-        return
-    with path.open("rb") as f:
-        head = [f.readline(65536).decode(errors="replace").strip() for _ in range(8)]
-    if path.suffix.lower() == ".csv":
-        ok = head[0].split(",") == list(COLUMNS)
-    else:
-        ok = False
-        for line in filter(None, head):
-            try:
-                row = json.loads(line)
-            except ValueError:
-                if line.startswith('{"time_s":'):  # a torn row of ours: time_s comes first
-                    ok = True
-                    break
-                continue  # a torn line of another file's
-            ok = isinstance(row, dict) and "time_s" in row
-            break
-    if not ok:
-        raise MonitorError(f"{path}: exists and is not a trainfit monitor log, so it is not "
-                           "appended to", "log to a new file (monitor --log NEW.jsonl), or move "
-                           "that one away")
-
-
-def _idle_s(path: Path) -> float:
-    """Seconds since the log's last write (its mtime: every row is flushed as written): the time
-    between a killed or stopped run and its resume, kept as a gap in ``time_s`` — the report
-    draws a gap as one, never across it (a review: the resumed run's first row came 0.1 ms after
-    the killed run's last, and the lines ran straight over the restart)."""
-    return max(0.0, time.time() - path.stat().st_mtime)
-
-
-def _last_time_s(path: Path) -> float:
-    """The ``time_s`` of the log's last readable line (0 when none): an appended segment's samples
-    go on from it, so time never goes back in one log."""
-    with path.open("rb") as f:
-        f.seek(max(0, path.stat().st_size - 65536))
-        tail = f.read().decode(errors="replace").splitlines()
-    for line in reversed(tail):
-        try:
-            t = json.loads(line).get("time_s")
-        except (ValueError, AttributeError):
-            continue
-        if isinstance(t, int | float):
-            return float(t)
-    return 0.0
-
-
-def _last_byte(path: Path) -> bytes:
-    with path.open("rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1)
 
 
 def _step_metrics(w: _StepWindow, wall_s: float) -> dict[str, Any]:
