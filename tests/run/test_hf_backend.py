@@ -171,7 +171,7 @@ def test_hf_checkpoints_are_verified_before_the_trainer_loads_them(tmp_path):
     a flipped bit names the file and offers the newest intact one; a newer incomplete checkpoint
     (no digests: its save was cut) is passed over with a note."""
     from trainfit.run.checkpoint import write_digests
-    from trainfit.run.hf_backend import last_checkpoint
+    from trainfit.run.hf_checkpoint import last_checkpoint
 
     for n in (2, 4):
         ck = tmp_path / f"checkpoint-{n}"

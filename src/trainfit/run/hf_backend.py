@@ -58,6 +58,7 @@ from trainfit.run.checks import (
     total_steps,
 )
 from trainfit.run.evaluate import eval_split
+from trainfit.run.hf_checkpoint import HISTORY, hf_max_steps, last_checkpoint, read_history
 from trainfit.run.hf_data import OrderSampler, RowCollate, train_dataset
 from trainfit.run.oom import InjectedOOM, OomEvent, cannot_split, free_after_oom, oom_chain, row_chunks
 from trainfit.run.options import Interrupt, RunOptions
@@ -72,8 +73,6 @@ from trainfit.run.record import (
 from trainfit.run.resume_fields import same_data, same_samples
 from trainfit.run.rundir import RunDir
 
-HISTORY = "trainfit_history.json"
-"""The run's record at a trainer checkpoint (the own loop keeps it in trainer_state.json)."""
 
 class SplitOnOOM:
     """Mixin for ``transformers.Trainer`` subclasses: OOM → redo the optimizer step's micro-batches
@@ -246,8 +245,7 @@ def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_l
             # the record as of this save, the open segment's time and this run's OOM splits in
             # it (the checkpoint's history holds both: a review found the train.json beside it
             # without them — a killed run's report read from it)
-            running = dataclasses.replace(res, oom_events=sorted(
-                [*res.oom_events, *trainer.trainfit_events], key=lambda e: e.step))
+            running = dataclasses.replace(res, oom_events=_all_events(res, trainer))
             write_train_json(opts.out_dir, running, open_wall_time_s=elapsed_s)
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -296,51 +294,9 @@ def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_l
     return _Watch()
 
 
-def _hf_max_steps(ck: str) -> int | None:
-    """The length of the run that wrote an HF checkpoint (TrainerState's ``max_steps``)."""
-    from trainfit.run.checkpoint import state_count
-
-    return state_count(Path(ck), "max_steps")
-
-
-def last_checkpoint(resume: Path) -> tuple[str, str | None]:
-    """(the trainer checkpoint to resume from, a note when a newer one is incomplete). A
-    checkpoint's files are verified against the digests written at its save: a damaged file is a
-    JobError naming it, with the newest intact checkpoint offered."""
-    from trainfit.run.checkpoint import checkpoints, damage, newest_intact
-
-    if (resume / "trainer_state.json").exists():
-        _check_hf_written(resume)
-        wrong = damage(resume)
-        if wrong is not None:
-            good = newest_intact(resume.parent, skip=resume)
-            raise JobError(f"--resume: {wrong}", f"resume from the newest intact checkpoint: "
-                           f"--resume {good}" if good else "no intact checkpoint is left: start "
-                           "the run again (a new --out)")
-        return str(resume), None
-    found = checkpoints(resume) if resume.is_dir() else []
-    good = newest_intact(resume) if found else None
-    if good is None:
-        raise JobError(f"--resume {resume}: no complete HF checkpoint (checkpoint-N with "
-                       "trainer_state.json and digests.json) there",
-                       "give the run directory of an earlier trainfit train --backend hf|trl")
-    _check_hf_written(good)
-    note = None if good == found[0] else (f"{found[0].name} is incomplete or damaged: resuming "
-                                           f"from {good.name}, the newest intact checkpoint")
-    return str(good), note
-
-
-def _check_hf_written(ck: Path) -> None:
-    """A checkpoint of trainfit's own loop handed to the HF Trainer ended in a TypeError from
-    ``TrainerState`` (an audit): its ``trainer_state.json`` holds trainfit's fields
-    (``fingerprint``, ``step``), not HF's ``global_step``."""
-    try:
-        meta = json.loads((ck / "trainer_state.json").read_text())
-    except (OSError, ValueError):
-        return  # damage() and the trainer say what is wrong with an unreadable one
-    if isinstance(meta, dict) and "fingerprint" in meta and "global_step" not in meta:
-        raise JobError(f"--resume {ck}: written by trainfit's own loop (train without --backend), "
-                       "not by an HF Trainer", "resume it without --backend, as it was run")
+def _all_events(res: TrainResult, trainer: Any) -> list[OomEvent]:
+    """The record's OOM events with this run's trainer's splits, in step order."""
+    return sorted([*res.oom_events, *trainer.trainfit_events], key=lambda e: e.step)
 
 
 def _training_args(job: JobSpec, opts: RunOptions, backend: str, total: int, device: torch.device
@@ -412,7 +368,7 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
                          job.trust_remote_code)
     wl = build_real(job, source, device, seed=job.seed, lr=job.lr)
     check_no_offload(wl.model, opts.allow_offload)
-    saved_steps = _hf_max_steps(resume) if resume is not None else None
+    saved_steps = hf_max_steps(resume) if resume is not None else None
     total = total_steps(opts, len(data), job.effective_batch or 1, saved_steps)
     sched = linear_decay(wl.optimizer, total)  # the own loop's schedule, so both backends agree
     cls = _trainer_class(backend, SampleOrder(len(data), seed=job.seed))
@@ -442,7 +398,7 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
         # the run's own record when it ended at this checkpoint (a finished segment stays
         # finished), else the checkpoint's snapshot; a job that makes other samples refused
         run_record = read_record(Path(resume).parent)  # an HF checkpoint carries no job
-        history = closed_record(run_record, step, resume) or _history(Path(resume))
+        history = closed_record(run_record, step, resume) or read_history(Path(resume))
         same_samples(resume, (run_record or {}).get("job"), job.to_dict())
         same_data(resume, history, data)
         continue_from(res, history, step, int(history.get("samples_seen", step * (
@@ -459,13 +415,6 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
                resume, main, claim, total)
     return res
 
-
-def _history(ck: Path) -> dict[str, Any]:
-    try:
-        h = json.loads((ck / HISTORY).read_text())
-    except (OSError, ValueError):
-        return {}
-    return h if isinstance(h, dict) else {}
 
 
 def _train(trainer: Any, res: TrainResult, opts: RunOptions, job: JobSpec, data: TokenData,
@@ -514,7 +463,7 @@ def _train(trainer: Any, res: TrainResult, opts: RunOptions, job: JobSpec, data:
         trainer._save_checkpoint(trainer.model, trial=None)  # the own loop also saves at the end
         trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
     # the step's events (the trainer's split) and the evaluations' (lowered evaluation batch)
-    res.oom_events = sorted([*res.oom_events, *trainer.trainfit_events], key=lambda e: e.step)
+    res.oom_events = _all_events(res, trainer)
     res.checkpoints = sorted(set(res.checkpoints), key=lambda s: int(s.rsplit("-", 1)[1]))
     res.close_segment(time.perf_counter() - t0, "diverged" if diverged else
                       "interrupted" if res.interrupted else "finished")

@@ -1,0 +1,69 @@
+"""The HF Trainer's checkpoints as trainfit resumes them: the one to resume from (verified
+against its digests, written by an HF Trainer), the run length it saved, and the run's record
+kept beside it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trainfit.job import JobError
+
+HISTORY = "trainfit_history.json"
+"""The run's record at a trainer checkpoint (the own loop keeps it in trainer_state.json)."""
+
+
+def hf_max_steps(ck: str) -> int | None:
+    """The length of the run that wrote an HF checkpoint (TrainerState's ``max_steps``)."""
+    from trainfit.run.checkpoint import state_count
+
+    return state_count(Path(ck), "max_steps")
+
+
+def last_checkpoint(resume: Path) -> tuple[str, str | None]:
+    """(the trainer checkpoint to resume from, a note when a newer one is incomplete). A
+    checkpoint's files are verified against the digests written at its save: a damaged file is a
+    JobError naming it, with the newest intact checkpoint offered."""
+    from trainfit.run.checkpoint import checkpoints, damage, newest_intact
+
+    if (resume / "trainer_state.json").exists():
+        check_hf_written(resume)
+        wrong = damage(resume)
+        if wrong is not None:
+            good = newest_intact(resume.parent, skip=resume)
+            raise JobError(f"--resume: {wrong}", f"resume from the newest intact checkpoint: "
+                           f"--resume {good}" if good else "no intact checkpoint is left: start "
+                           "the run again (a new --out)")
+        return str(resume), None
+    found = checkpoints(resume) if resume.is_dir() else []
+    good = newest_intact(resume) if found else None
+    if good is None:
+        raise JobError(f"--resume {resume}: no complete HF checkpoint (checkpoint-N with "
+                       "trainer_state.json and digests.json) there",
+                       "give the run directory of an earlier trainfit train --backend hf|trl")
+    check_hf_written(good)
+    note = None if good == found[0] else (f"{found[0].name} is incomplete or damaged: resuming "
+                                           f"from {good.name}, the newest intact checkpoint")
+    return str(good), note
+
+
+def check_hf_written(ck: Path) -> None:
+    """A checkpoint of trainfit's own loop handed to the HF Trainer ended in a TypeError from
+    ``TrainerState`` (an audit): its ``trainer_state.json`` holds trainfit's fields
+    (``fingerprint``, ``step``), not HF's ``global_step``."""
+    try:
+        meta = json.loads((ck / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return  # damage() and the trainer say what is wrong with an unreadable one
+    if isinstance(meta, dict) and "fingerprint" in meta and "global_step" not in meta:
+        raise JobError(f"--resume {ck}: written by trainfit's own loop (train without --backend), "
+                       "not by an HF Trainer", "resume it without --backend, as it was run")
+
+
+def read_history(ck: Path) -> dict[str, Any]:
+    try:
+        h = json.loads((ck / HISTORY).read_text())
+    except (OSError, ValueError):
+        return {}
+    return h if isinstance(h, dict) else {}
