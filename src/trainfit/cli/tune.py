@@ -60,17 +60,17 @@ def _knob_list(knobs: str | None, try_compile: bool, try_8bit_optimizer: bool) -
                           if on and k not in chosen)
 
 
-def _spread(result: Any) -> float | None:
-    """The unsteady note's spread (one configuration's probes, fastest ÷ slowest), if any."""
-    return next((float(n.data["spread"]) for n in result.notes
-                 if getattr(n, "kind", None) == "unsteady"), None)
+def _unsteady(result: Any) -> Any:
+    """The search's ``unsteady`` note (one configuration's probes far apart), or None."""
+    return next((n for n in result.notes if getattr(n, "kind", None) == "unsteady"), None)
 
 
 def _with_spread(measured: dict[str, Any], result: Any) -> dict[str, Any]:
     """The pick's measured numbers, with the run's timing spread when it was unsteady: emit
     repeated an unsteady file's tokens/s as a plain measurement (an audit)."""
-    spread = _spread(result)
-    return measured if spread is None else {**measured, "timing_spread": round(spread, 2)}
+    note = _unsteady(result)
+    return measured if note is None else \
+        {**measured, "timing_spread": round(float(note.data["spread"]), 2)}
 
 
 def _emit(result: Any, emit: str, source: str) -> None:
@@ -95,8 +95,9 @@ def _report(result: Any, out: str | None, emit: str | None, as_json: bool, sourc
             {k: getattr(result.pick.job, k) for k in PATH_FIELDS}))
         # a run whose own repeats disagreed says so beside the speeds it keeps (an audit: the
         # file said 34 tokens/s, measured, where the run's probes lay 10.9× apart)
-        unsteady = [f"{note_words(n)} — the measured speeds below carry that spread"
-                    for n in result.notes if getattr(n, "kind", None) == "unsteady"]
+        note = _unsteady(result)
+        unsteady = [] if note is None else \
+            [f"{note_words(note)} — the measured speeds below carry that spread"]
         write_atomic(out, job_yaml(
             picked, measured=_with_spread(d["pick"]["measured"], result), device=d["device"],
             memory_limit_bytes=d["memory_limit_bytes"],
