@@ -223,6 +223,46 @@ def _seq2seq_pair(tok: Any, row: dict[str, Any], kind: str, text_field: str, i: 
     return ids, list(ids)
 
 
+def _row_ids(row: dict[str, Any], tok: Any, kind: str, text_field: str, eos: int | None, i: int,
+             path: str) -> list[int]:
+    """One causal row's token ids: pre-tokenized, a chat rendered by its template, or text + EOS."""
+    if kind == "pretokenized":
+        ids = _field(row, "input_ids", i, path)
+        # a bool is an int to Python; a negative id indexed the embedding from its end, or
+        # failed in the step with an IndexError (an audit)
+        if not isinstance(ids, list) or not all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in ids):
+            raise DataError(f"--data {path}: row {i}: input_ids must be a list of token ids "
+                            "(integers ≥ 0)",
+                            'e.g. {"input_ids": [1, 2, 3]} (token ids of the model\'s tokenizer)')
+        return ids
+    if kind == "chat":
+        return _chat_ids(tok, _field(row, "messages", i, path), i, path)
+    text = _field(row, text_field, i, path)
+    if not isinstance(text, str):
+        raise DataError(f"--data {path}: row {i}: {text_field!r} must be a string",
+                        f'e.g. {{"{text_field}": "some text"}}, or --text-field NAME')
+    return list(tok(text)["input_ids"]) + ([eos] if eos is not None else [])
+
+
+def _sequences(rows: list[dict[str, Any]], tok: Any, *, kind: str, task: str, text_field: str,
+               eos: int | None, path: str) -> tuple[list[list[int]], list[list[int]] | None]:
+    """Every row's input ids, and its target ids where the task has targets (seq2seq)."""
+    seqs: list[list[int]] = []
+    targets: list[list[int]] | None = [] if task == "seq2seq-lm" else None
+    for i, row in enumerate(rows, 1):
+        if targets is not None and kind != "pretokenized":
+            src, tgt = _seq2seq_pair(tok, row, kind, text_field, i, path)
+            seqs.append(src)
+            targets.append(tgt)
+            continue
+        ids = _row_ids(row, tok, kind, text_field, eos, i, path)
+        seqs.append(ids)
+        if targets is not None:
+            targets.append(list(row.get("labels", ids)))
+    return seqs, targets
+
+
 def tokenize_rows(rows: list[dict[str, Any]], tok: Any, *, seq_len: int, task: str,
                   text_field: str = "text", packing: bool | None = None, path: str = "data",
                   max_positions: int | None = None) -> TokenData:
@@ -235,33 +275,8 @@ def tokenize_rows(rows: list[dict[str, Any]], tok: Any, *, seq_len: int, task: s
     kind = _kind(rows, text_field, path)
     eos = tok.eos_token_id if tok.eos_token_id is not None else tok.pad_token_id
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos
-    seqs: list[list[int]] = []
-    targets: list[list[int]] | None = [] if task == "seq2seq-lm" else None
-    for i, row in enumerate(rows, 1):
-        if task == "seq2seq-lm" and kind != "pretokenized":
-            src, tgt = _seq2seq_pair(tok, row, kind, text_field, i, path)
-            seqs.append(src)
-            targets.append(tgt)  # type: ignore[union-attr]
-        elif kind == "pretokenized":
-            ids = _field(row, "input_ids", i, path)
-            # a bool is an int to Python; a negative id indexed the embedding from its end, or
-            # failed in the step with an IndexError (an audit)
-            if not isinstance(ids, list) or not all(
-                    isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in ids):
-                raise DataError(f"--data {path}: row {i}: input_ids must be a list of token ids "
-                                "(integers ≥ 0)",
-                                'e.g. {"input_ids": [1, 2, 3]} (token ids of the model\'s tokenizer)')
-            seqs.append(ids)
-            if targets is not None:
-                targets.append(list(row.get("labels", ids)))
-        elif kind == "chat":
-            seqs.append(_chat_ids(tok, _field(row, "messages", i, path), i, path))
-        else:
-            text = _field(row, text_field, i, path)
-            if not isinstance(text, str):
-                raise DataError(f"--data {path}: row {i}: {text_field!r} must be a string",
-                                f'e.g. {{"{text_field}": "some text"}}, or --text-field NAME')
-            seqs.append(list(tok(text)["input_ids"]) + ([eos] if eos is not None else []))
+    seqs, targets = _sequences(rows, tok, kind=kind, task=task, text_field=text_field, eos=eos,
+                               path=path)
     if not any(seqs):
         raise DataError(f"--data {path}: every row is empty after tokenization",
                         "check that the rows hold text (--text-field names its field)")
@@ -274,21 +289,34 @@ def tokenize_rows(rows: list[dict[str, Any]], tok: Any, *, seq_len: int, task: s
                         "(packing joins documents for next-token prediction)",
                         "drop packing (or set packing: false)")
     pack = (kind == "text" and task in NEXT_TOKEN_TASKS) if packing is None else packing
+    if pack:
+        return _packed(seqs, rows=len(rows), kind=kind, seq_len=seq_len, pad=int(pad), path=path)
+    return _unpacked(seqs, targets, rows=len(rows), kind=kind, task=task, seq_len=seq_len,
+                     pad=int(pad), path=path)
+
+
+def _packed(seqs: list[list[int]], *, rows: int, kind: str, seq_len: int, pad: int, path: str
+            ) -> TokenData:
+    """Documents joined (each already ends in EOS) and cut into full chunks of seq_len."""
+    total_in = sum(len(s) for s in seqs)
+    flat = np.fromiter((t for s in seqs for t in s), dtype=np.int64, count=total_in)
+    n_chunks = len(flat) // seq_len
+    if n_chunks == 0:
+        raise DataError(f"--data {path}: {len(flat)} tokens in all, fewer than one "
+                        f"sequence of {seq_len}", "add data or lower --seq-len")
+    ids = [flat[k * seq_len:(k + 1) * seq_len] for k in range(n_chunks)]
+    notes = [f"packed: {rows} documents joined with EOS into {n_chunks} sequences of "
+             f"{seq_len} tokens; attention crosses document boundaries inside a sequence"]
+    stats = DataStats(rows=rows, kind=kind, samples=n_chunks, tokens=n_chunks * seq_len,
+                      dropped_tokens=len(flat) - n_chunks * seq_len, packed=True, notes=notes)
+    return TokenData(ids, None, seq_len, pad, stats, padded=False)
+
+
+def _unpacked(seqs: list[list[int]], targets: list[list[int]] | None, *, rows: int, kind: str,
+              task: str, seq_len: int, pad: int, path: str) -> TokenData:
+    """One sample per row, cut to seq_len (counted); padded per batch when shorter."""
     notes: list[str] = []
     total_in = sum(len(s) for s in seqs)
-    if pack:
-        flat = np.fromiter((t for s in seqs for t in s), dtype=np.int64, count=total_in)
-        n_chunks = len(flat) // seq_len
-        if n_chunks == 0:
-            raise DataError(f"--data {path}: {len(flat)} tokens in all, fewer than one "
-                            f"sequence of {seq_len}", "add data or lower --seq-len")
-        ids = [flat[k * seq_len:(k + 1) * seq_len] for k in range(n_chunks)]
-        dropped = len(flat) - n_chunks * seq_len
-        notes.append(f"packed: {len(rows)} documents joined with EOS into {n_chunks} sequences of "
-                     f"{seq_len} tokens; attention crosses document boundaries inside a sequence")
-        stats = DataStats(rows=len(rows), kind=kind, samples=n_chunks, tokens=n_chunks * seq_len,
-                          dropped_tokens=dropped, packed=True, notes=notes)
-        return TokenData(ids, None, seq_len, int(pad), stats, padded=False)
     if targets is None and task in NEXT_TOKEN_TASKS:
         # a sample of one token predicts nothing: a micro-batch of such samples has no label
         # token, its loss is 0/0, and the run stopped as "diverged — lower the lr" (an audit)
@@ -299,7 +327,7 @@ def tokenize_rows(rows: list[dict[str, Any]], tok: Any, *, seq_len: int, task: s
                             "check that the rows hold text (--text-field names its field)")
         if short:
             seqs = [s for s in seqs if len(s) >= 2]
-            notes.append(f"{short} of {len(rows)} rows have fewer than 2 tokens (nothing to "
+            notes.append(f"{short} of {rows} rows have fewer than 2 tokens (nothing to "
                          "predict): left out")
     # a row counts once, whether its input, its target or both are cut
     long_in = [len(s) > seq_len for s in seqs]
@@ -312,10 +340,10 @@ def tokenize_rows(rows: list[dict[str, Any]], tok: Any, *, seq_len: int, task: s
     if truncated:
         where = (f" ({sum(long_in)} inputs, {sum(long_tgt)} targets)" if targets is not None
                  else "")
-        notes.append(f"{truncated} of {len(rows)} rows longer than seq_len {seq_len}{where}: "
+        notes.append(f"{truncated} of {rows} rows longer than seq_len {seq_len}{where}: "
                      "truncated (their tail is not learned)")
-    stats = DataStats(rows=len(rows), kind=kind, samples=len(ids), tokens=kept,
+    stats = DataStats(rows=rows, kind=kind, samples=len(ids), tokens=kept,
                       truncated_rows=truncated, dropped_tokens=total_in - kept, notes=notes)
     padded = any(len(x) < seq_len for x in ids) or (
         labels is not None and any(len(x) < seq_len for x in labels))
-    return TokenData(ids, labels, seq_len, int(pad), stats, padded=padded)
+    return TokenData(ids, labels, seq_len, pad, stats, padded=padded)
