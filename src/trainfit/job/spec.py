@@ -33,7 +33,7 @@ from trainfit.job.choices import (  # re-exported: the schema's vocabularies liv
     JobError,
     _choice,
 )
-from trainfit.job.validate import check_positive, check_types, divisors
+from trainfit.job.validate import check_positive, check_types, resolve_batch
 
 SIZE_FIELDS = ("seq_len", "micro_batch", "grad_accum", "effective_batch", "ranks", "lora_r",
                "lora_alpha", "lm_head_chunk", "prefetch_factor")  # sizes: an integer ≥ 1, or unset
@@ -440,44 +440,8 @@ class JobSpec:
                                f"drop --{flag.replace('_', '-')}, or use --sharding fsdp")
 
     def _resolve_batch(self) -> None:
-        mb, ga, eff, ranks = self.micro_batch, self.grad_accum, self.effective_batch, self.ranks
-        if mb is not None and ga is not None:
-            total = mb * ga * ranks
-            if eff is not None and eff != total:
-                raise JobError(f"--effective-batch {eff} ≠ micro-batch {mb} × grad-accum {ga} × "
-                               f"ranks {ranks} = {total}", "drop one of the three flags")
-            self.effective_batch = total
-        elif mb is not None and eff is not None:
-            if eff % (mb * ranks):
-                per_rank = eff // ranks
-                fits = divisors(per_rank)  # the first eight and the last two said
-                shown = [*fits[:8], "…", *fits[-2:]] if len(fits) > 10 else fits
-                said = ", ".join(map(str, shown[:-1])) + (" or " if len(shown) > 1 else "") + \
-                    str(shown[-1])
-                # the flag's name: train keeps it where --micro-batch gave the value (an audit
-                # read "(in job.yaml)" after a flag's micro-batch), else the file's key
-                raise JobError(f"--effective-batch {eff} is not divisible by --micro-batch {mb} × "
-                               f"ranks {ranks}", f"--micro-batch {said} (the divisors of "
-                               f"{per_rank})" if eff % ranks == 0 else "choose an effective batch "
-                               "divisible by the ranks")
-            self.grad_accum = eff // (mb * ranks)
-        elif ga is not None and eff is not None:
-            # the accumulation given fixes the micro-batch (it was dropped: the grid planned every
-            # micro-batch and picked another accumulation, a QA run)
-            if eff % (ga * ranks):
-                raise JobError(f"--effective-batch {eff} is not divisible by grad-accum {ga} × "
-                               f"ranks {ranks}", "choose an accumulation dividing "
-                               f"{eff // ranks}, or drop --grad-accum to plan every micro-batch"
-                               if eff % ranks == 0 else "choose an effective batch divisible by "
-                               "the ranks")
-            self.micro_batch = eff // (ga * ranks)
-        elif eff is not None and eff % ranks:
-            raise JobError(f"--effective-batch {eff} is not divisible by --ranks {ranks}",
-                           f"choose an effective batch that is a multiple of {ranks}, e.g. "
-                           f"{max(ranks, eff - eff % ranks)}")
-        elif mb is not None and eff is None:
-            self.grad_accum = ga or 1
-            self.effective_batch = mb * self.grad_accum * ranks
+        self.micro_batch, self.grad_accum, self.effective_batch = resolve_batch(
+            self.micro_batch, self.grad_accum, self.effective_batch, self.ranks)
 
     # --- (de)serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -54,3 +54,47 @@ def check_types(job: Any) -> None:
         if not ok:
             raise JobError(f"{_flag(f.name)} {value!r}: must be {_KINDS.get(kinds[0], kinds[0])}",
                            f"e.g. {f.name}: {job.example(f.name)}")
+
+
+def resolve_batch(mb: int | None, ga: int | None, eff: int | None, ranks: int
+                  ) -> tuple[int | None, int | None, int | None]:
+    """(micro-batch, grad-accum, effective batch) with what two of them fix filled in; an
+    effective batch the others cannot divide is refused with the values that would."""
+    if mb is not None and ga is not None:
+        total = mb * ga * ranks
+        if eff is not None and eff != total:
+            raise JobError(f"--effective-batch {eff} ≠ micro-batch {mb} × grad-accum {ga} × "
+                           f"ranks {ranks} = {total}", "drop one of the three flags")
+        eff = total
+    elif mb is not None and eff is not None:
+        if eff % (mb * ranks):
+            per_rank = eff // ranks
+            fits = divisors(per_rank)  # the first eight and the last two said
+            shown = [*fits[:8], "…", *fits[-2:]] if len(fits) > 10 else fits
+            said = ", ".join(map(str, shown[:-1])) + (" or " if len(shown) > 1 else "") + \
+                str(shown[-1])
+            # the flag's name: train keeps it where --micro-batch gave the value (an audit
+            # read "(in job.yaml)" after a flag's micro-batch), else the file's key
+            raise JobError(f"--effective-batch {eff} is not divisible by --micro-batch {mb} × "
+                           f"ranks {ranks}", f"--micro-batch {said} (the divisors of "
+                           f"{per_rank})" if eff % ranks == 0 else "choose an effective batch "
+                           "divisible by the ranks")
+        ga = eff // (mb * ranks)
+    elif ga is not None and eff is not None:
+        # the accumulation given fixes the micro-batch (it was dropped: the grid planned every
+        # micro-batch and picked another accumulation, a QA run)
+        if eff % (ga * ranks):
+            raise JobError(f"--effective-batch {eff} is not divisible by grad-accum {ga} × "
+                           f"ranks {ranks}", "choose an accumulation dividing "
+                           f"{eff // ranks}, or drop --grad-accum to plan every micro-batch"
+                           if eff % ranks == 0 else "choose an effective batch divisible by "
+                           "the ranks")
+        mb = eff // (ga * ranks)
+    elif eff is not None and eff % ranks:
+        raise JobError(f"--effective-batch {eff} is not divisible by --ranks {ranks}",
+                       f"choose an effective batch that is a multiple of {ranks}, e.g. "
+                       f"{max(ranks, eff - eff % ranks)}")
+    elif mb is not None and eff is None:
+        ga = ga or 1
+        eff = mb * ga * ranks
+    return mb, ga, eff

@@ -202,6 +202,61 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     # larger one never needs less; the reserve over the peak can fall as the batch grows)
     reserved = max(held_reserve(allocated, reserved_replay_bytes, tensor_peak_bytes),
                    reserved_floor_bytes)
+    dev = _device_side(job, gpu, trace, allocated=allocated, tensor_peak_bytes=tensor_peak_bytes,
+                       reserved=reserved, managed_bytes=managed_bytes,
+                       eager_module_loading=eager_module_loading)
+    reserved, context, on_device = dev.reserved, dev.context, dev.on_device
+    device = dev.resident + on_device
+    notes = [*_peak_notes(how, work, context if gpu is not None else None,
+                          (on_device, managed_bytes), (dev.nccl, dev.nccl_note)),
+             *dp_notes, *([dev.limit_note] if dev.limit_note else []),
+             *([dev.saving] if dev.saving else [])]
+    notes += _step_notes(job, compile_untraced, compile_partitioned, host_activations)
+    before_step, reserve_notes = wrap_reserve(job, trace) if records_wrap(job, per_rank) else \
+        load_reserve(job, trace, setup_events, getattr(source, "stored_quant", None) is not None)
+    notes += reserve_notes
+    cap = gpu.memory_bytes if gpu else None
+    if per_rank or (job.sharding.startswith("zero") and job.ranks > 1):
+        notes += loading_notes(job, source, gpu, terms, quant_state_bytes)
+    band = band_for(job)
+    fits, headroom, fit_note = _fit(band, cap, dev.resident, margin)
+    notes.append(fit_note)
+    return MemoryPrediction(
+        peak_allocated_bytes=allocated, peak_reserved_bytes=reserved, peak_device_bytes=device,
+        breakdown=_full_breakdown(terms, work, managed_bytes, blocks),
+        peak_phase=phase.split("@")[0], fits=fits,
+        headroom_bytes=headroom,
+        capacity_bytes=cap, margin=margin, total_params=total_params,
+        error_band_kind=band.kind, error_band_under=band.under, error_band_cases=band.cases,
+        error_band_within=band.within,
+        peak_device_upper_bytes=round(device * (1 + band.under)), alloc_retries=dev.retries,
+        trainable_params=trainable_params, sdpa_kernels=sdpa_kernels, sim_time_s=sim_time_s,
+        model_notes=notes, reserved_before_step_bytes=before_step,
+        reserved_expandable_bytes=dev.with_expandable, matmul_params=matmul_params,
+        host_offload_bytes=host, **host_fields(job, host_activations))
+
+
+@dataclass(frozen=True)
+class _DeviceSide:
+    """The card's side of a peak: the reserve once the card's limit is met, and what the process
+    holds beside it."""
+
+    reserved: int
+    context: int
+    nccl: int
+    nccl_note: str
+    retries: int
+    limit_note: str
+    with_expandable: int | None
+    saving: str
+    resident: int
+    on_device: int
+
+
+def _device_side(job: JobSpec, gpu: GpuSpec | None,
+                 trace: Trace | Callable[[], Trace | None] | None, *, allocated: int,
+                 tensor_peak_bytes: int, reserved: int, managed_bytes: int,
+                 eager_module_loading: bool) -> _DeviceSide:
     context = (gpu.cuda_context_bytes if gpu else 0) + (
         EAGER_MODULE_LOADING_EXTRA_BYTES if eager_module_loading else 0)
     nccl, nccl_note = nccl_bytes(gpu, job.ranks)
@@ -218,33 +273,9 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     # they are counted in the device peak up to the free capacity and never decide the fit
     on_device = managed_bytes if gpu is None else max(0, min(managed_bytes,
                                                              gpu.memory_bytes - resident))
-    device = resident + on_device
-    notes = [*_peak_notes(how, work, context if gpu is not None else None,
-                          (on_device, managed_bytes), (nccl, nccl_note)),
-             *dp_notes, *([limit_note] if limit_note else []), *([saving] if saving else [])]
-    notes += _step_notes(job, compile_untraced, compile_partitioned, host_activations)
-    before_step, reserve_notes = wrap_reserve(job, trace) if records_wrap(job, per_rank) else \
-        load_reserve(job, trace, setup_events, getattr(source, "stored_quant", None) is not None)
-    notes += reserve_notes
-    cap = gpu.memory_bytes if gpu else None
-    if per_rank or (job.sharding.startswith("zero") and job.ranks > 1):
-        notes += loading_notes(job, source, gpu, terms, quant_state_bytes)
-    band = band_for(job)
-    fits, headroom, fit_note = _fit(band, cap, resident, margin)
-    notes.append(fit_note)
-    return MemoryPrediction(
-        peak_allocated_bytes=allocated, peak_reserved_bytes=reserved, peak_device_bytes=device,
-        breakdown=_full_breakdown(terms, work, managed_bytes, blocks),
-        peak_phase=phase.split("@")[0], fits=fits,
-        headroom_bytes=headroom,
-        capacity_bytes=cap, margin=margin, total_params=total_params,
-        error_band_kind=band.kind, error_band_under=band.under, error_band_cases=band.cases,
-        error_band_within=band.within,
-        peak_device_upper_bytes=round(device * (1 + band.under)), alloc_retries=retries,
-        trainable_params=trainable_params, sdpa_kernels=sdpa_kernels, sim_time_s=sim_time_s,
-        model_notes=notes, reserved_before_step_bytes=before_step,
-        reserved_expandable_bytes=with_expandable, matmul_params=matmul_params,
-        host_offload_bytes=host, **host_fields(job, host_activations))
+    return _DeviceSide(reserved=reserved, context=context, nccl=nccl, nccl_note=nccl_note,
+                       retries=retries, limit_note=limit_note, with_expandable=with_expandable,
+                       saving=saving, resident=resident, on_device=on_device)
 
 
 def _full_breakdown(terms: dict[str, int], work: int, managed_bytes: int, blocks: int

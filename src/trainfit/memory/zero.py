@@ -203,6 +203,7 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
         # .detach().clone().to(device, dtype=master_weights_and_grads_dtype)``), where ZeRO-3 takes
         # the partition itself when dtype and device match (stage3.py _create_fp32_partitions)
         master = -(-trainable_params * 4 // n)
+    gathered = 0
     if stage3:
         partitioned = -(-(params - quant_state_bytes) // n)
         gathered = zero3_gathered_bytes(
@@ -240,7 +241,17 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
         # each term is whole flat buffers, and the caching allocator hands out 512-byte blocks
         # (CUDACachingAllocator kMinBlockSize): a partition of P/N bytes takes the next multiple
         out[key] = {c: -(-v // K_MIN_BLOCK) * K_MIN_BLOCK for c, v in t.items()}
-    where = "host" if off_opt else "GPU"
+    return out, _zero_notes(job, gathered=gathered, bucket=bucket,
+                            quant_state_bytes=quant_state_bytes)
+
+
+def _zero_notes(job: JobSpec, *, gathered: int, bucket: int, quant_state_bytes: int
+                ) -> list[str]:
+    """What :func:`zero_phases` modelled, said: each term's source and how it was counted."""
+    n = job.ranks
+    stage3 = job.sharding == "zero3"
+    off_par = job.offload == "all"
+    where = "host" if job.offload in ("optimizer", "all") else "GPU"
     # the partitions are what offload_param moves; the gathered modules stay on the GPU (a
     # review read "(on the host)" after the gathered MiB)
     held = (f"partitioned ÷ {n}{' (on the host)' if off_par else ''} + "
@@ -268,7 +279,7 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
     if quant_state_bytes:
         notes.append(f"bitsandbytes quantization state whole on every rank "
                      f"({quant_state_bytes / 2**30:.2f} GiB)")
-    return out, notes
+    return notes
 
 
 def fsdp_offload_phases(phases: dict[str, dict[str, int]], quant_state_bytes: int = 0

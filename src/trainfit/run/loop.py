@@ -134,33 +134,38 @@ class Trainer:
         self.history: dict[str, Any] = {}
         self.resuming_here = False
         if ck is not None:
-            if note:
-                self.notes.append(note)
-            saved = ckpt.load(ck, self.wl.model, self.wl.optimizer, self.scheduler, self.wl.scaler,
-                              self.device, job=job.to_dict())
-            check_steps_left(self.run_steps, saved.step, ck, opts, saved_steps)
-            ended = ended_run(saved_steps, saved.step)
-            if ended:  # its first step takes the new schedule's rate, not the 0 it carries
-                take_schedule_rate(self.wl.optimizer, self.scheduler)
-            changed = schedule_note(self.run_steps, saved_steps, saved.step, ended=ended)
-            if changed:
-                self.notes.append(changed)
-            # the effective batch is the job's; the micro-batch may differ (another GPU, an OOM)
-            self.state = ckpt.RunState(step=saved.step, position=saved.position,
-                                       micro_batch=job.micro_batch, grad_accum=job.grad_accum or 1)
-            self.resumed_from = str(ck)
-            self.history = closed_record(read_record(ck.parent), saved.step, ck) or \
-                ckpt.history(ck)
-            same_data(ck, self.history, self.data)
-            # the run continues in its own directory (a checkpoint of another run starts a new one)
-            self.resuming_here = ck.parent.resolve() == Path(opts.out_dir).resolve()
-            later = [c.name for c in ckpt.checkpoints(ck.parent)
-                     if (ckpt.step_of(c) or 0) > saved.step] if self.resuming_here else []
-            if later:  # a QA run: left as they were, a later --resume could pick the wrong one
-                self.notes.append(
-                    f"{', '.join(sorted(later))} in {ck.parent} hold the run as it went on from "
-                    f"{ck.name} before: each is replaced when this run saves that step; resume "
-                    f"from this run's own checkpoints")
+            self._restore(ck, note, saved_steps)
+
+    def _restore(self, ck: Path, note: str | None, saved_steps: int | None) -> None:
+        """Take a checkpoint's weights, optimizer, schedule, position and record."""
+        job, opts = self.job, self.o
+        if note:
+            self.notes.append(note)
+        saved = ckpt.load(ck, self.wl.model, self.wl.optimizer, self.scheduler, self.wl.scaler,
+                          self.device, job=job.to_dict())
+        check_steps_left(self.run_steps, saved.step, ck, opts, saved_steps)
+        ended = ended_run(saved_steps, saved.step)
+        if ended:  # its first step takes the new schedule's rate, not the 0 it carries
+            take_schedule_rate(self.wl.optimizer, self.scheduler)
+        changed = schedule_note(self.run_steps, saved_steps, saved.step, ended=ended)
+        if changed:
+            self.notes.append(changed)
+        # the effective batch is the job's; the micro-batch may differ (another GPU, an OOM)
+        self.state = ckpt.RunState(step=saved.step, position=saved.position,
+                                   micro_batch=job.micro_batch, grad_accum=job.grad_accum or 1)
+        self.resumed_from = str(ck)
+        self.history = closed_record(read_record(ck.parent), saved.step, ck) or \
+            ckpt.history(ck)
+        same_data(ck, self.history, self.data)
+        # the run continues in its own directory (a checkpoint of another run starts a new one)
+        self.resuming_here = ck.parent.resolve() == Path(opts.out_dir).resolve()
+        later = [c.name for c in ckpt.checkpoints(ck.parent)
+                 if (ckpt.step_of(c) or 0) > saved.step] if self.resuming_here else []
+        if later:  # a QA run: left as they were, a later --resume could pick the wrong one
+            self.notes.append(
+                f"{', '.join(sorted(later))} in {ck.parent} hold the run as it went on from "
+                f"{ck.name} before: each is replaced when this run saves that step; resume "
+                f"from this run's own checkpoints")
 
     # --- data -------------------------------------------------------------------------------------
     def _schedule(self) -> Iterator[list[int]]:
