@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from trainfit.cli.main import app
 from trainfit.job import JobSpec
-from trainfit.job.emit import checkpointing_name, emit, job_yaml, script_settings
+from trainfit.job.emit import checkpointing_name, emit, script_settings
+from trainfit.job.tuned_file import job_yaml
 
 runner = CliRunner()
 
@@ -244,16 +245,39 @@ def test_what_the_payloads_cannot_carry_is_said_not_dropped():
     peft line read target_modules=['default'], which peft rejects."""
     job = JobSpec(model="gpt2", method="lora", micro_batch=2, grad_accum=2, precision="amp-bf16",
                   grad_ckpt="full", ranks=8, sharding="zero3", offload="optimizer")
-    for target in ("hf", "trl", "accelerate"):
+    for target in ("hf", "trl"):
         said = {s.knob: s.where for s in emit(job, target, device="cuda").script}
         assert "DeepSpeed ZeRO-3, optimizer states offloaded to CPU: not in this payload" in \
             said["sharding"], target
         assert "zero_stage: 3, offload_optimizer_device: cpu" in said["sharding"]
         assert "target_modules=None (peft's default" in said["method"]
+    # accelerate's config carries DeepSpeed itself (an audit: it launched the job as plain DDP)
+    acc = emit(job, "accelerate", device="cuda")
+    assert acc.payload["distributed_type"] == "DEEPSPEED"
+    assert acc.payload["deepspeed_config"] == {
+        "zero_stage": 3, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
+        "offload_optimizer_device": "cpu", "offload_param_device": "none",
+        "zero3_init_flag": True, "zero3_save_16bit_model": True}
+    assert "sharding" not in {s.knob for s in acc.script}
+    said = {s.knob: s.where for s in emit(job.replace(zero_pin_memory=False), "accelerate",
+                                          device="cuda").script}
+    assert "pin_memory: false" in said["sharding"]  # an unpinned offload needs DeepSpeed's file
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    ClusterConfig(**acc.payload)  # accelerate reads it as it is
     fsdp = job.replace(sharding="fsdp", offload="all")
     assert emit(fsdp, "accelerate", device="cuda").payload["fsdp_config"]["fsdp_offload_params"]
-    said = {s.knob: s.where for s in emit(fsdp, "hf", device="cuda").script}
-    assert 'TrainingArguments(fsdp="full_shard auto_wrap offload")' in said["sharding"]
+    # transformers 5's fsdp=True + fsdp_config (a string of options is deprecated), with the
+    # checkpointing in FSDP's config, not the top-level flag (a redundant all-gather)
+    hf = emit(fsdp, "hf", device="cuda")
+    assert hf.payload["fsdp"] is True and hf.payload["activation_checkpointing"] is False
+    assert hf.payload["fsdp_config"] == {"version": 2, "reshard_after_forward": True,
+                                         "cpu_offload": True, "activation_checkpointing": True}
+    assert "sharding" not in {s.knob for s in hf.script}
+    v1 = emit(fsdp.replace(fsdp_version="1", fsdp_init="wrap-sync", offload="none"), "accelerate",
+              device="cuda").payload["fsdp_config"]
+    assert v1["fsdp_version"] == 1 and v1["fsdp_sync_module_states"] is True
+    assert v1["fsdp_cpu_ram_efficient_loading"] is True
     assert "sharding" not in {s.knob for s in emit(job.replace(sharding="none", offload="none"),
                                                       "hf", device="cuda").script}
     lin = {s.knob: s.where for s in emit(job.replace(lora_targets=["all-linear"]), "hf").script}
@@ -367,3 +391,20 @@ def test_an_unsteady_tune_runs_speed_is_said_as_such(tmp_path):
     _, err = _emit(p, "hf")
     assert "34 tokens/s (measured; an unsteady run: one configuration's probes lay 10.9× apart)" \
         in err
+
+
+def test_selective_checkpointing_forloop_adamw_and_idle_workers_are_not_dropped():
+    """An audit: grad_ckpt selective came out as no checkpointing, optimizer_impl forloop as
+    torch's default (foreach on CUDA), and persistent workers without workers as a payload the
+    DataLoader refuses."""
+    from transformers import TrainingArguments
+
+    job = JobSpec(model="gpt2", micro_batch=2, grad_accum=2, precision="amp-bf16",
+                  grad_ckpt="selective", optimizer_impl="forloop", persistent_workers=True)
+    e = emit(job, "hf", device="cpu")
+    said = {s.knob: s.where for s in e.script}
+    assert "selective_context_fn" in said["grad_ckpt"]
+    assert "foreach=False" in said["optimizer_impl"]
+    assert e.payload["dataloader_persistent_workers"] is False
+    TrainingArguments(output_dir="/tmp/unused", **e.payload)
+    assert "grad_ckpt" in {s.knob for s in emit(job, "accelerate", device="cpu").script}

@@ -149,3 +149,30 @@ def test_a_config_of_a_million_layers_is_refused(tmp_path):
         "num_attention_heads": 4, "vocab_size": 300, "intermediate_size": 128}))
     with pytest.raises(JobError, match="num_hidden_layers = 1,000,000: more layers than"):
         resolve_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ("measured: 5", "measured: must be tune's mapping"),
+    ("measured: {tokens_per_s: fast}", "measured.tokens_per_s: 'fast' is not a measured number"),
+    ("measured: {peak_allocated_bytes: -3}", "measured.peak_allocated_bytes: -3"),
+    ("measured: {at: 5}", "measured.at must be a mapping"),
+    ("memory_limit: abc", "memory_limit abc: not a size")])
+def test_a_hand_edited_file_block_is_refused_when_read(tmp_path, extra, needle):
+    """An audit: emit printed measured numbers with format codes and the limit with int(): a
+    size string or a hand-edited block ended in a traceback (exit 1)."""
+    f = tmp_path / "job.yaml"
+    f.write_text(f"model: gpt2\n{extra}\n")
+    with pytest.raises(JobError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        read_job_file(f)
+
+
+def test_emit_reads_a_size_string_memory_limit(tmp_path):
+    from trainfit.job.emit import emit
+    from trainfit.render.emit import emit_messages
+
+    f = tmp_path / "job.yaml"
+    f.write_text("model: gpt2\nmicro_batch: 2\nprecision: bf16-true\ngrad_ckpt: 'off'\n"
+                 "memory_limit: 2GiB\nmeasured: {status: ok, tokens_per_s: 5.0}\n")
+    fields, extra = read_job_file(f)
+    lines = emit_messages(emit(JobSpec(**fields), "hf"), str(f), extra, searched=False, edited=[])
+    assert "memory limit 2.00 GiB" in lines[1] and "5 tokens/s (measured)" in lines[1]

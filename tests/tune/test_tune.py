@@ -226,7 +226,7 @@ def test_tune_refuses_fsdp_jobs(tmp_path, micro_model_json, text_jsonl):
 
 
 def test_yaml_has_comments_and_is_valid(micro_model_json):
-    from trainfit.job.emit import job_yaml
+    from trainfit.job.tuned_file import job_yaml
 
     job = JobSpec(model="gpt2", seq_len=64, micro_batch=2, grad_accum=4)
     text = job_yaml(job, measured={"step_time_s": 1.5}, device="cpu")

@@ -19,7 +19,8 @@ def emit_job(job: JobSpec, target: str, source: str, extra: dict[str, Any], *,
              stated: Collection[str] | None = None) -> None:
     """Print ``job`` for ``target``: the payload on stdout, the messages on stderr.  ``stated``:
     the fields the job file sets (None: all, a job tune just chose)."""
-    from trainfit.job.emit import edited_since, emit
+    from trainfit.job.emit import emit
+    from trainfit.job.tuned_file import edited_since
     from trainfit.render.emit import emit_messages
 
     e = emit(job, target, device=device or extra.get("device"), stated=stated)

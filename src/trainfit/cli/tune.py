@@ -83,7 +83,7 @@ def _emit(result: Any, emit: str, source: str) -> None:
 
 
 def _report(result: Any, out: str | None, emit: str | None, as_json: bool, source: str) -> None:
-    from trainfit.job.emit import job_yaml
+    from trainfit.job.tuned_file import job_yaml
     from trainfit.render.tune_words import tune_json
 
     d = tune_json(result)

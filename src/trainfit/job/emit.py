@@ -1,6 +1,6 @@
-"""What ``tune`` hands on: ``trainfit.yaml`` (read by ``trainfit train``; a comment on each knob's
-effect and the measured numbers), HF ``TrainingArguments`` / TRL ``SFTConfig`` keyword arguments,
-and an accelerate config (``accelerate launch --config_file``).
+"""What ``tune`` hands on besides the tuned file (:mod:`trainfit.job.tuned_file`): HF
+``TrainingArguments`` / TRL ``SFTConfig`` keyword arguments, and an accelerate config
+(``accelerate launch --config_file``).
 
 The translations take the job and the device it was tuned for, and nothing else: ``trainfit emit
 FILE`` reads a tuned file and prints them without importing torch (under 2 s). Each payload holds
@@ -21,29 +21,6 @@ import yaml
 
 from trainfit.job.spec import JobError, JobSpec
 
-KNOB_COMMENTS = {
-    "micro_batch": "samples per forward/backward; larger = faster kernels, more activation memory",
-    "grad_accum": "micro-batches per optimizer step (effective batch = micro × accum × ranks)",
-    "effective_batch": "samples per optimizer step over all ranks: what the optimizer sees",
-    "precision": "amp-bf16/amp-fp16 halve activation memory and use tensor cores; fp32 is slowest",
-    "grad_ckpt": "full reduces activation memory ~L×, ~30 % slower (forward recomputed)",
-    "attention": "sdpa picks flash/memory-efficient kernels; eager materialises T×T scores",
-    "optimizer": "adamw keeps 2 fp32 states per weight (8 B); 8-bit variants keep 2 B "
-                 "(tensors under 4096 elements keep fp32 states)",
-    "optimizer_impl": "fused = one kernel for all weights (fastest); foreach = grouped; forloop",
-    "num_workers": "data-loader processes; 0 loads in the training process (GPU waits)",
-    "prefetch_factor": "batches each worker prepares ahead",
-    "pin_memory": "True: page-locked batches, asynchronous host→GPU copies (more host RAM)",
-    "persistent_workers": "True keeps workers between epochs (no restart cost, RAM held)",
-    "compile": "True: torch.compile — faster steps after a one-off compile",
-    "expandable_segments": "True: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True — less "
-                           "memory reserved beyond the live tensors, fewer fragmentation OOMs",
-    "seq_len": "tokens per sample; activation memory grows with it (attention: quadratically "
-               "without flash)",
-    "max_grad_norm": "gradient clipping threshold (None: off)",
-    "packing": "text rows joined with EOS and cut into full seq_len sequences (as tune measured)",
-}
-
 TARGETS = ("hf", "trl", "accelerate")
 """What ``trainfit emit --to`` and ``trainfit tune --emit`` translate a job into."""
 
@@ -52,93 +29,6 @@ ACTIVATION_CHECKPOINTING_SINCE = (5, 23)
 ``gradient_checkpointing`` is there a "Deprecated alias of `activation_checkpointing`, will be
 removed in v6" that warns (training_args.py of 5.23.0). Older versions get the old name, which all
 of them accept."""
-
-
-NOT_MEASURED_AT = ("lr", "seed", "persistent_workers", "trust_remote_code")
-"""Job fields a tuned file's measured numbers do not depend on: the learning rate and seed (the
-same kernels), persistent_workers (tune sets it on the pick by rule after the probes, which ran
-without it; it saves a restart per epoch, which short probes never reach), remote code's
-permission. Every other field is written beside the numbers (``measured.at``), so a file edited
-since says they are not its own (a review: the model or LoRA rank changed went unnoticed)."""
-
-
-def measured_at(job: JobSpec) -> dict[str, Any]:
-    return {k: v for k, v in job.to_dict().items() if k not in NOT_MEASURED_AT}
-
-
-def edited_since(job: JobSpec, measured: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(field, measured at, the file's now) for each field the file changed after tune measured
-    it; empty when none did, or when the file does not say (written before ``at``)."""
-    at = measured.get("at")
-    if not isinstance(at, dict):
-        return []
-    now = measured_at(job)
-    return [(k, at[k], now[k]) for k in now if k in at and at[k] != now[k]]
-
-
-def _field_comment(key: str) -> str | None:
-    """A knob's effect (KNOB_COMMENTS), else the first clause of the field's own docstring
-    (JobSpec: one per field), so every line tune writes says what it is (an audit found 40 of
-    them bare)."""
-    if key in KNOB_COMMENTS:
-        return KNOB_COMMENTS[key]
-    from trainfit.job.fields import job_fields
-
-    text = next((f.help for f in job_fields() if f.name == key), "").replace("``", "")
-    if len(text) > 100:
-        # at a sentence's end; not at a parenthesis, which cut "optimizer (…) or all (…)" to
-        # "optimizer"
-        cut = min((i for i in (text.find(". "), text.find("; ")) if 20 < i < 100), default=-1)
-        short = text[:cut] if cut > 0 else ""
-        # a sentence cut inside a parenthesis would leave it open: cut at a word, said cut
-        text = short if short and short.count("(") == short.count(")") else \
-            text[:97].rsplit(" ", 1)[0] + " …"
-    return text.rstrip(".") or None
-
-
-def _measured_comment(key: str) -> str:
-    """The unit of a measured number, from its name (peak_allocated_bytes, step_time_s …)."""
-    if key.endswith("_bytes"):
-        return "bytes, measured"
-    if key.endswith("_per_s"):  # a rate, before the seconds of a *_s (a review)
-        return f"{key[:-len('_per_s')].replace('_', ' ')} per second, measured"
-    if key.endswith("_s"):
-        return "seconds, measured"
-    if key.endswith("_fraction"):
-        return "fraction of the step (0-1), measured"
-    if key == "timing_spread":
-        return ("fastest ÷ slowest probe of one configuration in this tune run: the timings "
-                "were unsteady, the speeds above carry that spread")
-    return "the probe's outcome" if key == "status" else "measured"
-
-
-def job_yaml(job: JobSpec, *, measured: dict[str, Any] | None = None, device: str | None = None,
-             memory_limit_bytes: int | None = None, header: list[str] | None = None) -> str:
-    """The job as YAML, one comment per knob, and what tune measured (a file-only section)."""
-    lines = [f"# {h}" for h in (header or [])]
-    from trainfit.job.files import YAML12_FLOAT
-
-    for key, value in job.to_dict().items():
-        text = yaml.safe_dump({key: value}, default_flow_style=True, width=1000).strip()
-        text = text[1:-1] if text.startswith("{") else text
-        if isinstance(value, str) and YAML12_FLOAT.match(value):
-            # PyYAML writes "1e5" bare, which the job loader reads back as a float (a review)
-            text = f"{key}: {json.dumps(value)}"
-        comment = _field_comment(key)
-        lines.append(f"{text}  # {comment}" if comment else text)
-    if device is not None:
-        lines.append(f"device: {device}  # where tune measured")
-    if memory_limit_bytes is not None:
-        lines.append(f"memory_limit: {memory_limit_bytes}  # bytes the pick had to fit in")
-    if measured:
-        lines.append("measured:  # by trainfit tune on the device above (bytes, seconds)")
-        for k, v in {**measured, "at": measured_at(job)}.items():
-            if k != "step_times_s":
-                lines.append(f"  {k}: {yaml.safe_dump(v, default_flow_style=True, width=10**6).strip()}"
-                             .replace("\n...", "")
-                             + ("  # the knobs these were measured at" if k == "at" else
-                                f"  # {_measured_comment(k)}"))
-    return "\n".join(lines) + "\n"
 
 
 @dataclass(frozen=True)
@@ -178,8 +68,6 @@ class Emitted:
     def text(self) -> str:
         """What goes on stdout: JSON for hf/trl (``TrainingArguments(**json.load(f))``), YAML for
         accelerate (``accelerate launch --config_file``)."""
-        import json
-
         if self.target == "accelerate":
             return yaml.safe_dump(self.payload, sort_keys=False)
         return json.dumps(self.payload, indent=1) + "\n"
@@ -246,7 +134,8 @@ def hf_training_args(job: JobSpec, *, device: str = "cuda",
         "max_grad_norm": job.max_grad_norm if job.max_grad_norm is not None else 0.0,
         "dataloader_num_workers": job.num_workers,
         "dataloader_pin_memory": job.pin_memory,
-        "dataloader_persistent_workers": job.persistent_workers,
+        # DataLoader refuses persistent workers without workers (a ValueError at the first epoch)
+        "dataloader_persistent_workers": job.persistent_workers and job.num_workers > 0,
         "torch_compile": job.compile,
     }
     # learning_rate and seed are the recipe's, not knobs trainfit measures or chooses: trainfit's
@@ -257,6 +146,18 @@ def hf_training_args(job: JobSpec, *, device: str = "cuda",
         kw["use_cpu"] = True  # without it, bf16 raises "Your setup doesn't support bf16/gpu"
     if job.num_workers > 0:
         kw["dataloader_prefetch_factor"] = job.prefetch_factor
+    if job.sharding == "fsdp":
+        # transformers 5 reads FSDP from fsdp=True + fsdp_config (a string of options is
+        # deprecated); under FSDP its checkpointing is fsdp_config's (the top-level flag adds a
+        # redundant all-gather, transformers warns) unless the job asks for reentrant (an audit)
+        in_fsdp = job.grad_ckpt == "full" and not job.ckpt_reentrant
+        kw["fsdp"] = True
+        kw["fsdp_config"] = {"version": 1 if job.fsdp_flat else 2, "reshard_after_forward": True,
+                             "cpu_offload": job.offload == "all",
+                             "activation_checkpointing": in_fsdp}
+        if in_fsdp:
+            kw[ckpt] = False
+            return kw
     if job.grad_ckpt == "full":
         # non-reentrant unless the job says otherwise (torch's recommended mode; what it measured)
         kw[f"{ckpt}_kwargs"] = {"use_reentrant": job.ckpt_reentrant}
@@ -288,6 +189,8 @@ def accelerate_config(job: JobSpec, *, device: str = "cuda") -> dict[str, Any]:
     mp = {"amp-bf16": "bf16", "amp-fp16": "fp16"}.get(job.precision or "", "no")
     if job.sharding == "fsdp" and not cpu:
         dist = "FSDP"
+    elif job.sharding in ("zero2", "zero3") and not cpu:
+        dist = "DEEPSPEED"
     elif job.ranks > 1:
         dist = "MULTI_CPU" if cpu else "MULTI_GPU"
     else:
@@ -301,6 +204,18 @@ def accelerate_config(job: JobSpec, *, device: str = "cuda") -> dict[str, Any]:
     }
     if not cpu:
         cfg["gpu_ids"] = "all"
+    if dist == "DEEPSPEED":
+        # accelerate's config keys (commands/config/cluster.py; utils/dataclasses.py
+        # DeepSpeedPlugin): the engine plan modelled, where a config without them launched the
+        # ZeRO job as plain DDP with the whole model on every rank (an audit)
+        cfg["deepspeed_config"] = {
+            "zero_stage": int(job.sharding[-1]),
+            "gradient_accumulation_steps": job.grad_accum,
+            "gradient_clipping": job.max_grad_norm if job.max_grad_norm is not None else 0.0,
+            "offload_optimizer_device": "cpu" if job.offload in ("optimizer", "all") else "none",
+            "offload_param_device": "cpu" if job.offload == "all" else "none",
+            "zero3_init_flag": job.sharding == "zero3",
+            "zero3_save_16bit_model": job.sharding == "zero3"}
     if dist == "FSDP":
         if job.ckpt_reentrant and job.grad_ckpt == "full":
             # accelerate's fsdp_activation_checkpointing wraps each block in checkpoint_wrapper,
@@ -310,10 +225,18 @@ def accelerate_config(job: JobSpec, *, device: str = "cuda") -> dict[str, Any]:
                            "fsdp_activation_checkpointing: false and call model."
                            "gradient_checkpointing_enable(gradient_checkpointing_kwargs="
                            "{'use_reentrant': True}) in the script")
-        cfg["fsdp_config"] = {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        # FSDP1 where the job's wrap is FSDP1's (fsdp_version 1, or auto with a wrap init),
+        # with the rank-0 loading and broadcast wrap-sync names (accelerate's keys)
+        cfg["fsdp_config"] = {"fsdp_version": 1 if job.fsdp_flat else 2,
+                              "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
                               "fsdp_reshard_after_forward": True,
                               "fsdp_activation_checkpointing": job.grad_ckpt == "full",
                               "fsdp_offload_params": job.offload == "all"}
+        if job.fsdp_flat:
+            sync = job.fsdp_init == "wrap-sync"
+            cfg["fsdp_config"].update({"fsdp_sync_module_states": sync,
+                                       "fsdp_cpu_ram_efficient_loading": sync,
+                                       "fsdp_use_orig_params": True})
     return cfg
 
 
@@ -341,6 +264,21 @@ def script_settings(job: JobSpec, target: str, transformers_version: str | None 
                                                    else ", foreach=True"
                                                    if job.optimizer_impl == "foreach" else "")
                                  + "), None))"))
+    if job.optimizer == "adamw" and job.optimizer_impl == "forloop" and target in ("hf", "trl"):
+        # optim="adamw_torch" leaves torch to pick its implementation (foreach on CUDA): the
+        # one-tensor-at-a-time loop the job measured is the script's to ask for (an audit)
+        out.append(ScriptSetting("optimizer_impl", "forloop",
+                                 "Trainer(optimizers=(torch.optim.AdamW(model.parameters(), lr=..., "
+                                 "foreach=False), None))"))
+    if job.grad_ckpt == "selective":
+        # no payload field takes a context_fn (a function): the script turns it on, and the
+        # payload's own checkpointing stays off (an audit: it read as no checkpointing at all)
+        ckpt = checkpointing_name(transformers_version)
+        out.append(ScriptSetting("grad_ckpt", "selective",
+                                 f"model.{ckpt}_enable({ckpt}_kwargs={{\"use_reentrant\": False, "
+                                 "\"context_fn\": trainfit.model.checkpointing."
+                                 "selective_context_fn}) (torchtitan's op-level policy: matmul "
+                                 "outputs kept, the rest recomputed)"))
     if job.method in ("lora", "qlora"):
         out.append(ScriptSetting("method", job.method, f"peft.LoraConfig(r={job.lora_r}, "
                                  f"lora_alpha={job.lora_alpha}, lora_dropout={job.lora_dropout}, "
@@ -415,13 +353,27 @@ def _quant_setting(job: JobSpec) -> ScriptSetting:
 def _sharding_setting(job: JobSpec, target: str) -> ScriptSetting | None:
     """The sharding engine and CPU offload, which ``target``'s payload cannot carry (None where
     it has nothing to carry: no sharding, or accelerate's own FSDP config)."""
-    sharded = job.sharding in ("zero2", "zero3") or (job.sharding == "fsdp" and target != "accelerate")
+    # FSDP is in every payload now (fsdp_config, accelerate's FSDP); ZeRO in accelerate's
+    if job.sharding == "fsdp":
+        return None
+    sharded = job.sharding in ("zero2", "zero3") and target != "accelerate"
+    if target == "accelerate" and job.sharding in ("zero2", "zero3"):
+        # the config's deepspeed_config carries the stage and the offload; only DeepSpeed's
+        # pinning of offloaded states needs its own file
+        if job.offload == "none" or job.zero_pin_memory:
+            return None
+        return ScriptSetting("sharding", f"{job.sharding}, offload {job.offload}, pin_memory "
+                             "false", "a DeepSpeed config file (deepspeed_config_file, with "
+                             "offload_optimizer: {device: cpu, pin_memory: false}" + (
+                                 ", and offload_param the same" if job.offload == "all" else "")
+                             + "): accelerate's deepspeed_config keys cannot say it, and "
+                             "DeepSpeed 0.19 pins by default")
     if not sharded and job.offload == "none":
         return None
-    # neither payload carries DeepSpeed or FSDP's settings yet: said, never dropped (a QA
-    # run's ZeRO-3 + offload job came out as plain DDP, 172.5 GiB a rank predicted)
-    stage = {"zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3",
-             "fsdp": "FSDP FULL_SHARD"}.get(job.sharding, job.sharding)
+    # TrainingArguments' deepspeed field needs DeepSpeed installed to be built: said, never
+    # dropped (a QA run's ZeRO-3 + offload job came out as plain DDP, 172.5 GiB a rank predicted)
+    stage = {"zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3"}.get(job.sharding,
+                                                                         job.sharding)
     off = "" if job.offload == "none" else (
         f", {'optimizer states' if job.offload == 'optimizer' else 'parameters and optimizer states'}"
         " offloaded to CPU")
@@ -434,10 +386,7 @@ def _sharding_setting(job: JobSpec, target: str) -> ScriptSetting | None:
                "false}" + (", and offload_param the same" if job.offload == "all" else "")
                + "): DeepSpeed 0.19 pins by default" if job.offload != "none"
                and not job.zero_pin_memory else "")
-           if job.sharding.startswith("zero") else
-           "TrainingArguments(fsdp=\"full_shard auto_wrap" + (
-               " offload" if job.offload == "all" else "") + "\")"
-           if job.sharding == "fsdp" else "the launcher's sharding config")
+           if job.sharding.startswith("zero") else "the launcher's sharding config")
     return ScriptSetting("sharding", f"{job.sharding}, offload {job.offload}",
                          f"{stage}{off}: not in this payload — set it with {how}")
 

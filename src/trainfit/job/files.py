@@ -203,12 +203,40 @@ def read_job_file(path: str | Path, *, allow_code: bool = False,
         raise JobError(f"{path}: a `train:` block is not read — the run's settings are train's "
                        "options", "drop it and give them on the command line, e.g. trainfit "
                        f"train {path} --max-steps 200 --save-every 50")
+    _check_file_keys(path, extra)
     data = data.get("job", data)
     if not isinstance(data, dict):
         raise JobError(f"{path}: `job:` must be a mapping of job fields",
                        "e.g. job: {model: gpt2, seq_len: 512}")
     _known_keys(path, data)
     return beside_the_file(dict(data), path), extra
+
+
+def _check_file_keys(path: str | Path, extra: dict[str, Any]) -> None:
+    """``memory_limit`` a size and ``measured`` tune's mapping of numbers, when the file is read:
+    emit printed them with ``int()`` and format codes, so a size string or a hand-edited block
+    ended in a traceback (an audit)."""
+    file_memory_limit(extra)
+    measured = extra.get("measured")
+    if measured is None:
+        return
+    hint = "it is written by trainfit tune; re-run tune, or drop the measured: block"
+    if not isinstance(measured, dict):
+        raise JobError(f"{path}: measured: must be tune's mapping of measured numbers", hint)
+    for key, value in measured.items():
+        if key == "at":
+            if not isinstance(value, dict):
+                raise JobError(f"{path}: measured.at must be a mapping of job fields", hint)
+        elif not (key == "status" and isinstance(value, str)) and not all(
+                _measured_number(v) for v in (value if isinstance(value, list) else [value])):
+            raise JobError(f"{path}: measured.{key}: {value!r} is not a measured number "
+                           "(≥ 0)", hint)
+
+
+def _measured_number(value: Any) -> bool:
+    """A measured value tune writes: a number ≥ 0, or unknown (null)."""
+    return value is None or (
+        isinstance(value, int | float) and not isinstance(value, bool) and value >= 0)
 
 
 def _known_keys(path: str | Path, data: dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainfit.job.emit import Emitted
+from trainfit.job.files import file_memory_limit
 
 GIB = 2**30
 
@@ -33,11 +34,11 @@ def emit_messages(e: Emitted, source: str, extra: dict[str, Any], *, searched: b
         names += f" and TRL {e.trl_version}" if e.trl_version else " and TRL (not installed here)"
     how = "tuned now" if searched else "read from the file, no probe run"
     lines = [f"emit: {source} → {_TARGET_WORDS[e.target]} for {e.device}{names}; {how}"]
-    limit = extra.get("memory_limit")
+    limit = file_memory_limit(extra)  # bytes, or a size such as 2GiB
     measured = extra.get("measured") or {}
     tuned = [f"tuned on {extra['device']}" if extra.get("device") else "no tuning device stated"]
     tuned.append("memory limit none" if limit is None else
-                 f"memory limit {int(limit) / GIB:.2f} GiB (the knobs fit in it as tuned; no "
+                 f"memory limit {limit / GIB:.2f} GiB (the knobs fit in it as tuned; no "
                  f"{'TrainingArguments' if e.target != 'accelerate' else 'accelerate'} field holds it)")
     if edited:
         # an audit: the measured block was printed as the file's after its knobs were edited
