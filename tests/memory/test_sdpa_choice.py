@@ -42,3 +42,20 @@ def test_other_families_and_forced_kernels_keep_flash_first():
     assert _choice(row, (8, 0)) == "flash"  # A100: not measured, flash as before
     assert _choice(row, (9, 0), prefer="sdpa-flash") == "flash"  # a flash kernel asked for
     assert _choice(row, (9, 0), prefer="sdpa-efficient") == "efficient"
+
+
+@pytest.mark.parametrize("device, cc", [("cpu", None), ("cuda", (8, 0)), ("cuda", (9, 0))])
+def test_fewer_key_heads_without_enable_gqa_take_the_math_kernel(device, cc):
+    """torch's check_batch_size_and_num_heads_dense: Falcon's multi-query attention (one key
+    head, no enable_gqa) runs the math kernel, which stores the scores (an audit: flash was
+    simulated, the CPU step ran math, 8 % under); with enable_gqa the fused kernels take it."""
+    target = AttentionTarget(device=device, compute_capability=cc)
+    q = torch.empty(2, 8, 16, 64, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(2, 1, 16, 64, dtype=torch.bfloat16, device="meta")
+    assert choose_sdpa_kernel(target, q, k, None, 0.0, False, k) == "math"
+    fused = {"cpu": "flash_cpu", (8, 0): "flash", (9, 0): "cudnn"}[cc or "cpu"]
+    assert choose_sdpa_kernel(target, q, k, None, 0.0, True, k) == fused
+    # and torch itself on this CPU agrees (0 = math, 1 = flash)
+    qc, kc = torch.randn(2, 8, 16, 64), torch.randn(2, 1, 16, 64)
+    assert int(torch._fused_sdp_choice(qc, kc, kc, None, 0.0, True, enable_gqa=False)) == 0
+    assert int(torch._fused_sdp_choice(qc, kc, kc, None, 0.0, True, enable_gqa=True)) == 1

@@ -225,3 +225,21 @@ def test_trl_logprob_head_on_cuda_holds_tiles_not_logits():
         peaks[head] = simulate_step(job, src, SimTarget(device="cuda")).peak_allocated_bytes
     logits_fp32 = 4 * 512 * 131072 * 4
     assert peaks[False] - peaks[True] >= logits_fp32 - 4096 * 32768 * 2
+
+
+def test_falcon_multi_query_attention_runs_the_math_kernel():
+    """Falcon-7B's layout (multi_query, parallel attention): one key head passed to SDPA without
+    enable_gqa, which torch runs in the math kernel — simulated as flash, 8 % under (an audit)."""
+    from transformers import FalconConfig
+
+    from trainfit.model.source import ModelSource
+
+    cfg = FalconConfig(hidden_size=256, num_attention_heads=8, num_hidden_layers=2,
+                       vocab_size=2000, multi_query=True, new_decoder_architecture=False,
+                       parallel_attn=True, bias=False)
+    src = ModelSource("tiny-falcon", cfg, "causal-lm", "local")
+    job = JobSpec(model="tiny", seq_len=128, micro_batch=4, precision="fp32")
+    sim = simulate_step(job, src, SimTarget(device="cpu"))
+    real = measure_cpu_step(job, src)
+    assert sim.sdpa_kernels.get("math") and not sim.sdpa_kernels.get("flash_cpu")
+    assert sim.peak_allocated_bytes == pytest.approx(real.peak_allocated_bytes, rel=0.01)

@@ -207,9 +207,19 @@ def choose_sdpa_kernel(
     cuDNN need all three equal, the memory-efficient kernel only q and k."""
     head_dim = q.shape[-1]
     same_v = v is None or v.shape[-1] == head_dim
+    # check_batch_size_and_num_heads_dense (sdp_utils_cpp.h): the fused kernels need as many key
+    # and value heads as query heads, or enable_gqa with a divisor (flash, cuDNN, the CPU flash
+    # kernel; the memory-efficient kernel takes no GQA). Falcon's multi-query attention passes
+    # one key head against 71 query heads without enable_gqa: the math kernel, which stores the
+    # T×T scores (an audit: the CPU step ran math where flash was simulated, 8 % under)
+    q_heads, k_heads = q.shape[-3] if q.dim() > 3 else 1, k.shape[-3] if k.dim() > 3 else 1
+    v_heads = v.shape[-3] if v is not None and v.dim() > 3 else k_heads
+    same_heads = q_heads == k_heads == v_heads
+    heads_ok = same_heads or (enable_gqa and k_heads == v_heads and q_heads % k_heads == 0)
     if target.device == "cpu":
         # sdp_utils_cpp.cpp: the CPU flash kernel takes masks, no dropout
-        ok = q.dtype in (torch.float32, torch.bfloat16, torch.float16) and dropout_p == 0.0
+        ok = q.dtype in (torch.float32, torch.bfloat16, torch.float16) and dropout_p == 0.0 \
+            and heads_ok
         return "flash_cpu" if ok and target.prefer != "sdpa-math" else "math"
     cc = target.compute_capability or (8, 0)
     low = q.dtype in (torch.float16, torch.bfloat16)
@@ -218,18 +228,16 @@ def choose_sdpa_kernel(
     # that needs a gradient (memory-efficient) nor fp32 inputs
     cudnn_ok = (
         target.prefer == "sdpa" and CUDNN_SDPA_CC[0] <= cc < CUDNN_SDPA_CC[1] and low and same_v
-        and head_dim % 8 == 0 and head_dim <= 256
+        and head_dim % 8 == 0 and head_dim <= 256 and heads_ok
         and (mask is None or not getattr(mask, "requires_grad", False))
     )
     if cudnn_ok:
         return "cudnn"
     flash_ok = (
-        low and mask is None and head_dim % 8 == 0 and same_v
+        low and mask is None and head_dim % 8 == 0 and same_v and heads_ok
         and head_dim <= 256 and cc >= (8, 0)
     )
-    eff_ok = head_dim % (8 if q.dtype != torch.float32 else 4) == 0 and not (
-        enable_gqa and q.shape[-3] != k.shape[-3]
-    )
+    eff_ok = head_dim % (8 if q.dtype != torch.float32 else 4) == 0 and same_heads
     order = {
         "sdpa": ("flash", "efficient"), "sdpa-flash": ("flash", "efficient"),
         "sdpa-efficient": ("efficient",), "sdpa-math": (),
