@@ -181,7 +181,13 @@ def op_device_time(dev: DeviceSpeed, op: OpRecord) -> float | None:
         peak = dev.peak_flops.get(op.dtype if op.dtype != "other" else "fp32")
         if not peak:
             return None
-        compute = op.flops / (peak * attention_efficiency(dev, op))
+        if op.name.startswith("convolution"):
+            # a convolution is no attention kernel (timed as one at sequence 0, ~0.1 % of peak:
+            # an audit); cuDNN's convolutions at an unknown family's attention rate, a bound the
+            # memory time below usually passes (a depthwise conv moves more than it computes)
+            compute = op.flops / (peak * ATTENTION_EFFICIENCY["flash"])
+        else:
+            compute = op.flops / (peak * attention_efficiency(dev, op))
         if dev.kernels is not None and op.causal:
             compute /= 2.0  # a flash kernel skips the masked half the flop counter counts
     if mem is None:
