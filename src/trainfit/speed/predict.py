@@ -239,11 +239,24 @@ def model_flops_per_token(config: Any, total_params: int, trainable_params: int,
     # the input embedding is a lookup, not a matmul; when tied it is also the output head
     whole = matmul_params or (total_params if tied else total_params - vocab * hidden)
     n_matmul = max(whole - inactive_params, 0)
-    attention = 12.0 * layers * heads * head_dim * seq_len
+    attention = 12.0 * _softmax_attention_layers(config, layers) * heads * head_dim * seq_len
     if full_finetune:
         return 6.0 * n_matmul + attention
     frozen = max(n_matmul - trainable_params, 0)
     return 4.0 * frozen + 6.0 * trainable_params + attention
+
+
+def _softmax_attention_layers(config: Any, layers: int) -> int:
+    """Layers whose attention is PaLM's 12·H·Q·T term: transformers' ``layer_types`` where the
+    config lists them (a hybrid's ``linear_attention`` — Mamba, gated delta rules — computes no
+    T×T scores; sliding-window layers count whole, PaLM's convention; Mamba's are all linear),
+    else every layer (a config with no head count — a module:factory model — is one head of
+    the hidden size: the same 12·L·d·T). An audit found granite-4.0-h-1b's 4 attention layers
+    counted as 40, and pure Mamba's hidden size taken as one attention head."""
+    types = getattr(config, "layer_types", None)
+    if isinstance(types, list | tuple) and types:
+        return sum(1 for t in types if "attention" in str(t) and "linear" not in str(t))
+    return layers
 
 
 def unknown_speed(flops_per_token: float, reason: str) -> SpeedPrediction:
