@@ -272,6 +272,13 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
     raise JobError(f"--model {name}: unknown model", hint)
 
 
+def _json_float(obj: dict[str, Any]) -> Any:
+    """transformers' encoding of a float JSON cannot hold (``{"__float__": "Infinity"}``)."""
+    if len(obj) == 1 and isinstance(obj.get("__float__"), str):
+        return float(obj["__float__"])
+    return obj
+
+
 def _local_source(name: str, path: Path) -> ModelSource:
     """A model directory with a config.json, or the config.json itself (read and checked by
     :mod:`trainfit.model.config_file`)."""
@@ -280,7 +287,10 @@ def _local_source(name: str, path: Path) -> ModelSource:
         raise JobError(f"--model {name}: directory has no config.json",
                        "point --model at a model directory or a config.json file")
     try:
-        data = json.loads(cfg_path.read_text())
+        # transformers writes a non-finite float as {"__float__": "Infinity"} (Mamba-2's
+        # time_step_limit) and reads it back so: plain json.loads left the object, which its
+        # validator refused (an audit)
+        data = json.loads(cfg_path.read_text(), object_hook=_json_float)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise JobError(f"--model {name}: {cfg_path.name} is not valid JSON ({err})",
                        "use the model's config.json as published (a JSON object)") from None
@@ -303,8 +313,8 @@ def _local_source(name: str, path: Path) -> ModelSource:
                            "directory's code", "give its hub id with --trust-remote-code "
                            "(the code then comes from the hub), or a model transformers "
                            "knows") from None
-        raise JobError(f"--model {name}: transformers cannot read this config "
-                       f"({str(err).splitlines()[0] if str(err) else type(err).__name__})",
+        said = " ".join(line.strip() for line in str(err).splitlines()[:3]) or type(err).__name__
+        raise JobError(f"--model {name}: transformers cannot read this config ({said})",
                        "upgrade transformers or check model_type and the field values") from None
     defaulted = check_config_fields(data, cfg, name)
     notes = [f"not in config.json, transformers' defaults used: {', '.join(defaulted)}"

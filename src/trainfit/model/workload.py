@@ -228,7 +228,15 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
         conv1d = any(type(m).__name__ == "Conv1D" for m in model.modules())
         lcfg = LoraConfig(r=job.lora_r, lora_alpha=job.lora_alpha, lora_dropout=job.lora_dropout,
                           target_modules=targets, bias="none", fan_in_fan_out=conv1d)
-        model = get_peft_model(model, lcfg, autocast_adapter_dtype=False)
+        try:
+            model = get_peft_model(model, lcfg, autocast_adapter_dtype=False)
+        except ValueError as err:
+            # peft refuses some targets with its own reason: an MoE's expert parameters with
+            # dropout, Mamba's out_proj and conv1d — a traceback before (an audit)
+            raise JobError(f"--lora-targets {','.join(job.lora_targets)}: peft refuses them for "
+                           f"{source.config.model_type} ({str(err).splitlines()[0]})",
+                           "--lora-dropout 0" if "dropout" in str(err) else
+                           "name the layers to adapt with --lora-targets (module names)") from None
         for p in model.parameters():
             if p.requires_grad:
                 p.data = p.data.to(train_dtype)
@@ -314,6 +322,11 @@ def _quantize_base(job: JobSpec, source: ModelSource, model: torch.nn.Module,
         model, compute, job.quant == "nf4-dq", skip, legacy=job.bnb_legacy,
         from_fp16=job.quant_from_fp16, quant_storage=storage, lib=job.quant_lib,
         compiled=job.compile, patterns=patterns, stored=stored is not None)
+    if count and getattr(base, "config", None) is not None:
+        # what transformers' quantizer sets on a 4-bit model's config (quantizers/base.py,
+        # preprocess_model): Jamba, FalconMamba and gpt_neo then call the 4-bit module instead
+        # of using its packed weight in a matmul (an audit: Jamba QLoRA ended in a traceback)
+        base.config._is_quantized = True
     if job.kbit_prepared:
         # peft.prepare_model_for_kbit_training: every fp16/bf16 parameter that is not a
         # 4-bit one to float32 (peft/utils/other.py); the packed 4-bit weights (buffers,
