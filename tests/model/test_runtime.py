@@ -136,3 +136,25 @@ def _check_sharded_build(source, loaded: bool = False) -> None:
         # the optimizer was built over the shards (no full tensor kept alive by it)
         held = [q for g in wl.optimizer.param_groups for q in g["params"]]
         assert all(hasattr(q, "to_local") for q in held)
+
+
+def test_a_tied_head_adapted_by_lora_stays_tied():
+    """--lora-targets ...,lm_head on a tied model: transformers' tie_weights cannot set the LoRA
+    wrapper's weight (KeyError, a traceback in tune: an audit); the head's base weight is still
+    the embedding's Parameter after the build."""
+    import torch
+    from transformers import LlamaConfig
+
+    from trainfit.job import JobSpec
+    from trainfit.model.runtime import build_real
+    from trainfit.model.source import ModelSource
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                      tie_word_embeddings=True)
+    src = ModelSource("tiny-tied", cfg, "causal-lm", "local")
+    job = JobSpec(model="tiny", method="lora", lora_targets="q,v,lm_head", seq_len=16,
+                  micro_batch=1)
+    wl = build_real(job, src, torch.device("cpu"), seed=0)
+    base = wl.model.get_base_model()
+    assert base.lm_head.base_layer.weight is base.model.embed_tokens.weight

@@ -121,7 +121,13 @@ def init_weights(model: torch.nn.Module, device: torch.device | str, seed: int,
             mod._parameters[pname] = first_mod._parameters[first_name]
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if hasattr(base, "tie_weights"):  # to_empty unties shared storage; from_pretrained keeps it
-        base.tie_weights()
+        try:
+            base.tie_weights()
+        except KeyError:
+            # a tied head wrapped by LoRA (--lora-targets ...,lm_head): transformers cannot set
+            # the wrapper's weight ("attribute 'weight' already exists", a traceback in tune:
+            # an audit); its base_layer.weight shares the embedding's Parameter, re-tied above
+            pass
     norm_params = {f"{n}.{pn}": pn for n, m in model.named_modules()
                    if type(m).__name__.endswith("Norm") for pn in ("weight", "bias")}
     with torch.no_grad():
