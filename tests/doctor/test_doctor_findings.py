@@ -274,3 +274,30 @@ def test_a_per_token_sync_loops_code_goes_after_its_syncs():
                                   sync_s=0.2, other_s=0.55), device="cpu", trainfit_job=False,
                       sync_calls_per_step=4, micro_steps_per_step=2, log_calls_per_step=2)
     assert find(few)[0].bottleneck == "loop-code"
+
+
+def test_logging_without_syncs_is_named_and_the_step_is_not_called_good():
+    """An audit: 1,500 log.info calls a step (no .item()) were judged only beside syncs, and a
+    step 28 % in compute was called compute-bound, "good"."""
+    obs = Observation(split=split(forward_s=0.02, backward_s=0.05, optimizer_s=0.01,
+                                  logging_io_s=0.07, other_s=0.14),
+                      device="cpu", trainfit_job=False, sync_calls_per_step=0,
+                      log_calls_per_step=1500, matmul_time_fraction=0.8, mfu=0.3)
+    found = find(obs)
+    assert found[0].bottleneck == "logging-bound"
+    assert found[0].evidence["logging_fraction"] == pytest.approx(0.07 / 0.29, abs=1e-4)
+    # the rest of the step in loop code (a minor finding below its line): compute is named,
+    # not as "good"
+    rest = Observation(split=split(forward_s=0.02, backward_s=0.05, optimizer_s=0.01,
+                                   logging_io_s=0.015, other_s=0.07),
+                       device="cpu", trainfit_job=False, matmul_time_fraction=0.8, mfu=0.3)
+    compute = next(f for f in find(rest) if f.bottleneck == "compute-bound")
+    assert not compute.fix.startswith("good") and compute.evidence["compute_fraction"] < 0.5
+
+
+def test_slow_multiplies_are_named_inside_the_band_too():
+    """MFU 0.23 % with multiplies at 56 % of op time was called compute-and-bandwidth (an audit):
+    slow multiplies come first wherever they are not the minor part."""
+    obs = Observation(split=split(forward_s=0.3, backward_s=0.6, optimizer_s=0.1), device="cpu",
+                      trainfit_job=True, matmul_time_fraction=0.56, mfu=0.0023)
+    assert find(obs)[0].bottleneck == "slow-matmuls"

@@ -36,6 +36,9 @@ MINOR_FRACTION = 0.05
 SYNC_BOUND_FRACTION = 0.05
 """Sync points + per-step logging at or above this share of the step, with at least one sync per
 micro-step in the loop: sync-bound."""
+LOGGING_BOUND_FRACTION = 0.10
+"""Printing / logging / saving without a sync at or above this share of the step: logging-bound
+(a gain under 10 % is no bottleneck: the findings' own line, as for every other rule)."""
 LAUNCH_BOUND_FRACTION = 0.30
 """Dispatch overhead (ops × cost of one op) at or above this share of the compute phases."""
 MICRO_BATCH_SCALE = 4
@@ -278,7 +281,9 @@ def _sync(o: Observation) -> Finding | None:
     micro = o.micro_steps_per_step or 1.0
     cost = s.sync_s + s.logging_io_s
     frac = cost / s.step_time_s if s.step_time_s > 0 else 0.0
-    if o.sync_calls_per_step < micro or frac < SYNC_BOUND_FRACTION:
+    if o.sync_calls_per_step < micro:
+        return _logging(o)
+    if frac < SYNC_BOUND_FRACTION:
         return None
     ev = {"sync_calls_per_step": _r(o.sync_calls_per_step, 2), "micro_steps_per_step": _r(micro, 2),
           "sync_s": _r(s.sync_s), "logging_io_s": _r(s.logging_io_s),
@@ -292,6 +297,23 @@ def _sync(o: Observation) -> Finding | None:
     return Finding("sync-bound", ev, fix, _r(_gain(frac), 4),
                    f"{o.sync_calls_per_step:.0f} sync points per step ({o.sync_calls_per_step / micro:.1f} "
                    f"per micro-step) cost {frac:.0%} of the step (measured); {where}")
+
+
+def _logging(o: Observation) -> Finding | None:
+    """Printing and logging that cost the step without a sync (text built from host values):
+    judged only beside syncs before, so 1,500 log calls a step went unnamed and the step was
+    called compute-bound, "good" (an audit)."""
+    s = o.split
+    frac = s.logging_io_s / s.step_time_s if s.step_time_s > 0 else 0.0
+    if frac < LOGGING_BOUND_FRACTION:
+        return None
+    ev = {"logging_io_s": _r(s.logging_io_s), "log_calls_per_step": _r(o.log_calls_per_step, 2),
+          "logging_fraction": _r(frac, 4), "step_time_s": _r(s.step_time_s)}
+    return Finding("logging-bound", ev, "print / log once every N optimizer steps (e.g. 50), "
+                   "not every step; keep per-step values in a list and write them together",
+                   _r(_gain(frac), 4),
+                   f"{o.log_calls_per_step:.0f} print/log/save calls per step cost {frac:.0%} of "
+                   "the step (measured)")
 
 
 def _launch(o: Observation) -> Finding | None:
@@ -431,21 +453,13 @@ def _compute_or_bandwidth(o: Observation) -> Finding:
                    f"{o.padding_fraction:.0%} padded positions")
         gain = _r(_gain(o.padding_fraction), 4)
     frac = o.matmul_time_fraction
-    if frac is not None and abs(frac - MATMUL_COMPUTE_FRACTION) < MATMUL_BAND:
-        return Finding("compute-and-bandwidth", ev, "both matter: "
-                       + _bf16(o, "faster matrix multiplies, half the bytes") + "; fused "
-                       "elementwise work (torch.compile, a fused optimizer)" + pad_fix, gain,
-                       f"matrix multiplies are {frac:.0%} of op time (measured), within "
-                       f"{MATMUL_BAND:.0%} of the {MATMUL_COMPUTE_FRACTION:.0%} line between compute- "
-                       "and bandwidth-bound: neither dominates")
-    if frac is not None and frac < MATMUL_COMPUTE_FRACTION:
-        return Finding("bandwidth-bound", ev, "fuse the elementwise work: torch.compile, a fused "
-                       "optimizer; " + _bf16(o, "half the bytes") + pad_fix,
-                       gain, f"matrix multiplies are only {o.matmul_time_fraction:.0%} of op time "
-                       "(measured): the rest moves memory")
     mfu = (f"MFU {o.mfu:.1%}" if o.mfu < 0.01 else f"MFU {o.mfu:.0%}") if o.mfu is not None \
         else "MFU unknown"
-    if o.mfu is not None and o.mfu < LOW_MFU:
+    # before the band's "both matter": an MFU of 0.2 % with multiplies at 56 % of op time was
+    # called compute-and-bandwidth (an audit); slow multiplies are the finding wherever they
+    # are not the minor part of the op time
+    if o.mfu is not None and o.mfu < LOW_MFU and (
+            frac is None or frac >= MATMUL_COMPUTE_FRACTION - MATMUL_BAND):
         busy = o.host is not None and o.host.busy and o.host.others_cores is not None
         why = (f"other processes used {o.host.others_cores:.1f} of {o.host.cpus} CPU cores meanwhile "
                "(measured): the multiplies shared the cores" if busy and o.host is not None else
@@ -458,6 +472,29 @@ def _compute_or_bandwidth(o: Observation) -> Finding:
         return Finding("slow-matmuls", ev, fix, gain,
                        f"the step's time is in its matrix multiplies, at {mfu}, far below the "
                        "peak (measured time, counted FLOPs, measured peak)")
+    if frac is not None and abs(frac - MATMUL_COMPUTE_FRACTION) < MATMUL_BAND:
+        return Finding("compute-and-bandwidth", ev, "both matter: "
+                       + _bf16(o, "faster matrix multiplies, half the bytes") + "; fused "
+                       "elementwise work (torch.compile, a fused optimizer)" + pad_fix, gain,
+                       f"matrix multiplies are {frac:.0%} of op time (measured), within "
+                       f"{MATMUL_BAND:.0%} of the {MATMUL_COMPUTE_FRACTION:.0%} line between compute- "
+                       "and bandwidth-bound: neither dominates")
+    if frac is not None and frac < MATMUL_COMPUTE_FRACTION:
+        return Finding("bandwidth-bound", ev, "fuse the elementwise work: torch.compile, a fused "
+                       "optimizer; " + _bf16(o, "half the bytes") + pad_fix,
+                       gain, f"matrix multiplies are only {o.matmul_time_fraction:.0%} of op time "
+                       "(measured): the rest moves memory")
+    s = o.split
+    share = (s.forward_s + s.backward_s + s.optimizer_s) / s.step_time_s if s.step_time_s > 0 \
+        else 1.0
+    if share < 0.5:
+        # not "good" when the compute is the smaller part of the step (an audit: 28 %, the rest
+        # logging and loop code, was called good)
+        ev["compute_fraction"] = _r(share, 4)
+        return Finding("compute-bound", ev, f"the multiplies run well, but forward, backward and "
+                       f"optimizer are only {share:.0%} of the step (measured): the rest is "
+                       "outside them (see the other findings)" + pad_fix, gain,
+                       f"{mfu} (measured time, counted FLOPs, measured peak)")
     return Finding("compute-bound", ev, "good: the step computes. More throughput needs less work per "
                    "token (" + ("a smaller model; not bf16 on this CPU: no bf16 matrix instructions"
                                 if o.bf16_fast is False else "bf16/fp16 where supported, a smaller "
