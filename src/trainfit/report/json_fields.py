@@ -58,6 +58,13 @@ class JsonObj:
         if isinstance(v, bool) or not ok or (isinstance(v, float) and not math.isfinite(v)):
             kind = "an integer" if integer else "a number"
             raise self.fail(key, f"expected {kind}{' or null' if nullable else ''}, got {v!r}")
+        low, high = _RANGE.get(key) or ((0, None) if key.startswith("peak_")
+                                        and key.endswith("_bytes") else (None, None))
+        if (low is not None and v < low) or (high is not None and v > high):
+            # a share over 100 % or a negative peak was drawn as it was, beside a "why" that
+            # contradicted it (an audit): no command writes one, so the file was edited
+            raise self.fail(key, f"{v!r} is outside {low} … {'∞' if high is None else high}, "
+                            "where every trainfit output keeps it")
         return v
 
     def int_(self, key: str, **kw: Any) -> Any:
@@ -119,6 +126,17 @@ class JsonObj:
         assert o is not None
         names = keys if keys is not None else tuple(o.data)
         return {k: o.num(k) for k in names}
+
+
+_SHARES = ("data_wait_fraction", "matmul_time_fraction", "overhead_fraction", "other_fraction",
+           "device_busy_fraction", "device_idle_fraction", "sync_fraction", "padding_fraction",
+           "optimizer_fraction", "logging_fraction", "compute_fraction", "recompute_fraction",
+           "mfu", "hfu")
+_RANGE: dict[str, tuple[float | None, float | None]] = {
+    **{k: (0, 1) for k in _SHARES},
+    **{k: (0, None) for k in ("capacity_bytes", "host_rss_bytes", "total_params",
+                              "trainable_params", "step_time_s", "tokens_per_s")}}
+"""What a number read by name may be: shares of a step (and MFU) in 0 … 1, sizes and times ≥ 0."""
 
 
 def short_repr(v: Any) -> str:

@@ -183,7 +183,24 @@ def fmt_x(v: float | None) -> str:
 
 
 def fmt_pct(fraction: float | None) -> str:
-    return UNKNOWN if fraction is None else f"{100 * fraction:.1f}"
+    """Percent to 1 decimal; a non-zero share under 0.1 % to 2 significant digits (doctor's
+    overhead of 0.05 % read "0.0 %" in a report, an audit)."""
+    if fraction is None:
+        return UNKNOWN
+    pct = 100 * fraction
+    if 0 < abs(pct) < 0.1:
+        return f"{pct:.{1 - math.floor(math.log10(abs(pct)))}f}"
+    return f"{pct:.1f}"
+
+
+def fmt_sig(v: float | None, sig: int = 3) -> str:
+    """``sig`` significant digits in fixed point (seconds from µs to hours): a measured 40 µs
+    data wait read "0.0000" beside its 4 % share (an audit)."""
+    if v is None:
+        return UNKNOWN
+    if v == 0:
+        return "0"
+    return f"{v:,.{max(0, sig - 1 - math.floor(math.log10(abs(v))))}f}"
 
 
 def fmt_duration(s: float | None) -> str:
@@ -412,14 +429,15 @@ def doctor_texts(d: DoctorSection) -> list[TextTable]:
     split = TextTable(
         "Where a step's time goes (measured, median per step)", ["part", "seconds (measured)",
                                                                  "share of step (%)"],
-        [[name, na if v is None and name == "idle" else fmt_num(v, 4),
+        [[name, na if v is None and name == "idle" else fmt_sig(v),
           na if v is None and name == "idle" else fmt_pct(None if v is None or not step else v / step)]
-         for name, v in d.split_s] + [["step", fmt_num(step, 4), "100.0" if step else UNKNOWN]])
+         for name, v in d.split_s] + [["step", fmt_sig(step), "100.0" if step else UNKNOWN]])
     before_after = TextTable(
         "Before / after the fixes (measured)", ["metric", "before (measured)", "after (measured)",
                                                 "change (%)"],
-        [[f"{r.metric} ({r.unit})", fmt_num(r.before, 3 if r.unit == "s" else 1),
-          "not re-measured" if r.after is None else fmt_num(r.after, 3 if r.unit == "s" else 1),
+        [[f"{r.metric} ({r.unit})", fmt_sig(r.before) if r.unit == "s" else fmt_num(r.before, 1),
+          "not re-measured" if r.after is None else fmt_sig(r.after) if r.unit == "s"
+          else fmt_num(r.after, 1),
           fmt_pct(r.change_fraction)] if not (r.metric == "GPU utilisation" and d.device == "cpu")
          else [f"{r.metric} ({r.unit})", na, na, na] for r in d.rows],
         [f"applied: {', '.join(d.applied) or 'nothing'}",

@@ -1,0 +1,27 @@
+"""Numbers as the report writes them, and the ranges it reads them in."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainfit.report.json_fields import JsonObj
+from trainfit.report.load import ReportInputError
+from trainfit.report.tables import fmt_pct, fmt_sig
+
+
+def test_small_measured_times_and_shares_keep_their_digits():
+    """An audit: a 40 µs data wait read "0.0000" s beside its 4 % share, doctor's 0.05 %
+    overhead "0.0 %"."""
+    assert fmt_sig(4.0e-5) == "0.0000400"
+    assert fmt_sig(0.000919) == "0.000919"
+    assert fmt_sig(12.345) == "12.3" and fmt_sig(0.0) == "0" and fmt_sig(None) == "unknown"
+    assert fmt_pct(0.00048) == "0.048" and fmt_pct(0.5) == "50.0" and fmt_pct(0.0) == "0.0"
+
+
+@pytest.mark.parametrize("key, value", [("data_wait_fraction", 1.7), ("mfu", 1.2),
+                                        ("peak_device_bytes", -5), ("step_time_s", -1.0)])
+def test_values_no_command_writes_are_refused(key, value):
+    with pytest.raises(ReportInputError, match="is outside"):
+        JsonObj("x.json", "", {key: value}, "hint").num(key)
+    JsonObj("x.json", "", {"headroom_bytes": -5, "predicted_gain_fraction": 4.8},
+            "hint").num("headroom_bytes")  # may be negative / above 1: not refused
