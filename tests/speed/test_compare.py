@@ -50,3 +50,15 @@ def test_an_undecided_verdict_names_the_rule_it_failed():
     from trainfit.render.tune_words import _rounds_words
 
     assert "; not decided because the repeats overlap" in _rounds_words(c)
+
+
+def test_one_round_far_from_the_others_is_not_the_noise():
+    """An audit: every round 1.83-1.95× faster with no overlap, but one baseline repeat at a 14th
+    of its speed (another process) read as 404 % noise: undecided. From 4 rounds on, that round
+    is left out of the noise; its ratio still counts, and two disagreeing rounds still do."""
+    a, b = [300, 290, 295, 20], [550, 565, 563, 559]
+    c = Comparison.of(a, b, [0.05] * 8, 0.03, 4)
+    assert c.verdict == "faster" and c.noise < 0.1
+    # equal configurations with one wild round stay undecided or not faster, never faster
+    same = Comparison.of([300, 290, 295, 38], [301, 292, 290, 300], [0.05] * 8, 0.03, 4)
+    assert same.verdict != "faster"
