@@ -408,3 +408,22 @@ def test_selective_checkpointing_forloop_adamw_and_idle_workers_are_not_dropped(
     assert e.payload["dataloader_persistent_workers"] is False
     TrainingArguments(output_dir="/tmp/unused", **e.payload)
     assert "grad_ckpt" in {s.knob for s in emit(job, "accelerate", device="cpu").script}
+
+
+def test_accelerate_says_the_loop_settings_and_carries_compile():
+    """An audit: compile, the optimizer, clipping and the loader went unsaid for accelerate;
+    the LoRA example named MLP modules for a q,v job; the eval batch was the library's 8."""
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    job = JobSpec(model="gpt2", method="lora", lora_targets="q,v", micro_batch=2, grad_accum=2,
+                  precision="amp-bf16", grad_ckpt="off", compile=True, optimizer="adamw-8bit",
+                  num_workers=2, max_grad_norm=1.0)
+    acc = emit(job, "accelerate", device="cuda")
+    assert acc.payload["dynamo_config"] == {"dynamo_backend": "INDUCTOR"}
+    ClusterConfig(**acc.payload)
+    said = {s.knob: s.where for s in acc.script}
+    assert said["optimizer"].startswith("bitsandbytes.optim.AdamW8bit(")
+    assert "clip_grad_norm_(model.parameters(), 1.0)" in said["max_grad_norm"]
+    assert "num_workers=2" in said["grad_accum"] and "prefetch_factor=" in said["grad_accum"]
+    assert "e.g. q_proj, v_proj for Llama" in said["method"]
+    assert emit(job, "hf", device="cuda").payload["per_device_eval_batch_size"] == 2

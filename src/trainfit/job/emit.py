@@ -126,6 +126,9 @@ def hf_training_args(job: JobSpec, *, device: str = "cuda",
     ckpt = checkpointing_name(transformers_version)
     kw: dict[str, Any] = {
         "per_device_train_batch_size": job.micro_batch,
+        # the library's 8 could pass the memory the tuned micro-batch fits in (an evaluation
+        # holds no gradients or states, but its activations are per sample as the training's)
+        "per_device_eval_batch_size": job.micro_batch,
         "gradient_accumulation_steps": job.grad_accum,
         "bf16": job.precision == "amp-bf16",
         "fp16": job.precision == "amp-fp16",
@@ -204,6 +207,9 @@ def accelerate_config(job: JobSpec, *, device: str = "cuda") -> dict[str, Any]:
     }
     if not cpu:
         cfg["gpu_ids"] = "all"
+    if job.compile:
+        # accelerate's own field for torch.compile (an audit: compile: true was dropped unsaid)
+        cfg["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
     if dist == "DEEPSPEED":
         # accelerate's config keys (commands/config/cluster.py; utils/dataclasses.py
         # DeepSpeedPlugin): the engine plan modelled, where a config without them launched the
@@ -239,6 +245,17 @@ def accelerate_config(job: JobSpec, *, device: str = "cuda") -> dict[str, Any]:
                                        "fsdp_use_orig_params": True})
     return cfg
 
+
+_ACCELERATE_OPTIM = {
+    "adamw": "torch.optim.AdamW(model.parameters(), lr=...",
+    "sgd": "torch.optim.SGD(model.parameters(), lr=..., momentum=0.9",
+    "adamw-8bit": "bitsandbytes.optim.AdamW8bit(model.parameters(), lr=...",
+    "paged-adamw": "bitsandbytes.optim.PagedAdamW32bit(model.parameters(), lr=...",
+    "paged-adamw-8bit": "bitsandbytes.optim.PagedAdamW8bit(model.parameters(), lr=...",
+    "adafactor": "transformers.optimization.Adafactor(model.parameters(), lr=..., "
+                 "scale_parameter=False, relative_step=False"}
+"""The optimizer each job name is, as the script builds it (the same classes HF's ``optim``
+names load)."""
 
 _ATTN = {"sdpa": "sdpa", "sdpa-flash": "sdpa", "sdpa-efficient": "sdpa", "sdpa-math": "sdpa",
          "eager": "eager"}
@@ -287,9 +304,24 @@ def script_settings(job: JobSpec, target: str, transformers_version: str | None 
         out.append(ScriptSetting("precision", job.precision,
                                  "from_pretrained(dtype=torch.bfloat16) (no autocast on top)"))
     if target == "accelerate":
+        # an accelerate config holds the launch, not the training loop: the loader, optimizer and
+        # clipping the job measured are the script's (an audit: they went unsaid)
+        loader = f"batch_size={job.micro_batch}, num_workers={job.num_workers}, " \
+                 f"pin_memory={job.pin_memory}" + (
+                     f", prefetch_factor={job.prefetch_factor}, persistent_workers="
+                     f"{job.persistent_workers}" if job.num_workers > 0 else "")
         out.append(ScriptSetting("grad_accum", job.grad_accum,
                                  f"Accelerator(gradient_accumulation_steps={job.grad_accum}), "
-                                 f"DataLoader(batch_size={job.micro_batch})"))
+                                 f"DataLoader({loader})"))
+        out.append(ScriptSetting("optimizer", f"{job.optimizer} ({job.optimizer_impl})",
+                                 _ACCELERATE_OPTIM.get(job.optimizer, job.optimizer)
+                                 + ("" if job.optimizer not in ("adamw", "sgd") else
+                                    f", {job.optimizer_impl}=True" if job.optimizer_impl in
+                                    ("fused", "foreach") else ", foreach=False") + ")"))
+        if job.max_grad_norm is not None and job.sharding not in ("zero2", "zero3"):
+            out.append(ScriptSetting("max_grad_norm", job.max_grad_norm,
+                                     f"accelerator.clip_grad_norm_(model.parameters(), "
+                                     f"{job.max_grad_norm}) before optimizer.step()"))
         if job.grad_ckpt == "full" and job.sharding != "fsdp":
             ckpt = checkpointing_name(transformers_version)
             out.append(ScriptSetting("grad_ckpt", job.grad_ckpt,
@@ -391,6 +423,10 @@ def _sharding_setting(job: JobSpec, target: str) -> ScriptSetting | None:
                          f"{stage}{off}: not in this payload — set it with {how}")
 
 
+_LLAMA_NAMES = {"q": ("q_proj",), "k": ("k_proj",), "v": ("v_proj",), "o": ("o_proj",),
+                "mlp": ("gate_proj", "up_proj", "down_proj"), "lm_head": ("lm_head",)}
+
+
 def _peft_targets(targets: list[str]) -> str:
     """``target_modules=`` as peft takes it: None for peft's own default of the architecture,
     the string "all-linear", module names as given; trainfit's aliases (q, v, mlp …) name
@@ -399,10 +435,13 @@ def _peft_targets(targets: list[str]) -> str:
         return "None (peft's default for the architecture)"
     if targets == ["all-linear"]:
         return '"all-linear"'
-    roles = [t for t in targets if t in ("q", "k", "v", "o", "mlp", "lm_head")]
+    roles = [t for t in targets if t in _LLAMA_NAMES]
     if roles:
-        return (f"[the module names of {', '.join(roles)} in this model, e.g. q_proj, v_proj, "
-                "gate_proj, up_proj, down_proj for Llama]" + (
+        # the example names only the roles asked for (an audit: a q,v job's example listed the
+        # MLP's modules too, which a user copying it would adapt)
+        llama = ", ".join(n for r in roles for n in _LLAMA_NAMES[r])
+        return (f"[the module names of {', '.join(roles)} in this model, e.g. {llama} for "
+                "Llama]" + (
                     f" + {[t for t in targets if t not in roles]}" if len(roles) < len(targets)
                     else ""))
     return str(targets)
