@@ -56,3 +56,18 @@ def test_jamba_qlora_runs_its_4bit_modules(tmp_path):
     job = JobSpec(model=path, method="qlora", seq_len=32, micro_batch=1, precision="amp-bf16")
     sim = simulate_step(job, resolve_model(path), SimTarget(device="cuda"))
     assert sim.peak_allocated_bytes > 0
+
+
+def test_mamba_all_linear_leaves_out_what_peft_refuses(tmp_path):
+    """peft refuses LoRA on Mamba's out_proj and conv1d: all-linear adapts the rest, and the
+    hint for a Mamba job without targets no longer suggests out_proj (which then raised)."""
+    path = _saved(tmp_path, T.MambaConfig(hidden_size=64, num_hidden_layers=2, vocab_size=256,
+                                          state_size=8))
+    src = resolve_model(path)
+    job = JobSpec(model=path, method="lora", lora_targets="all-linear", seq_len=32,
+                  micro_batch=1, precision="fp32", attention="eager")
+    sim = simulate_step(job, src, SimTarget(device="cpu"))
+    assert sim.trainable_params > 0
+    with pytest.raises(JobError) as err:
+        simulate_step(job.replace(lora_targets=["default"]), src, SimTarget(device="cpu"))
+    assert "in_proj" in err.value.hint and "out_proj" not in err.value.hint

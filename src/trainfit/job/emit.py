@@ -13,6 +13,7 @@ it as :class:`ScriptSetting` s, for the script to set.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,7 +105,8 @@ def checkpointing_name(transformers_version: str | None) -> str:
 def device_kind(device: str | None) -> str:
     """cpu | cuda: ``device`` as a tuned file states it (cpu, cuda, cuda:1 ...; None → cuda, where
     a job without a stated device is meant to run)."""
-    if device is None or str(device).startswith("cuda"):
+    # cuda or cuda:N only ("cudagarbage" was read as cuda: an audit)
+    if device is None or re.fullmatch(r"cuda(:\d+)?", str(device)):
         return "cuda"
     if str(device) == "cpu":
         return "cpu"

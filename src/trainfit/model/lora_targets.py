@@ -99,6 +99,13 @@ def _import_quietly(name: str) -> None:
         importlib.import_module(name)
 
 
+PEFT_MAMBA_TYPES = {"falcon_h1", "mamba", "mamba2", "falcon_mamba", "nemotron_h"}
+PEFT_MAMBA_REFUSED = {"out_proj", "conv1d"}
+"""peft 0.21's ``_check_lora_target_modules_mamba`` (tuners/tuners_utils.py): LoRA on these
+modules of these architectures raises. Mirrored so that all-linear adapts the rest, and the hint
+never suggests them (an audit: the hint named out_proj, which then ended in peft's ValueError)."""
+
+
 def resolve_targets(model: torch.nn.Module, targets: list[str], model_type: str) -> list[str] | str:
     """Turn the job's ``lora_targets`` into what ``peft.LoraConfig(target_modules=...)`` takes."""
     defaulted = targets == ["default"]
@@ -109,9 +116,12 @@ def resolve_targets(model: torch.nn.Module, targets: list[str], model_type: str)
         if model_type in M:
             return list(M[model_type])
         targets = ["q", "v"]
-    if targets == ["all-linear"]:
+    mamba = model_type in PEFT_MAMBA_TYPES
+    if targets == ["all-linear"] and not mamba:
         return "all-linear"
     kinds = classify_linears(model)
+    if mamba:  # what peft refuses is never a target, nor suggested as one
+        kinds = {n: k for n, k in kinds.items() if n.rsplit(".", 1)[-1] not in PEFT_MAMBA_REFUSED}
     names: list[str] = []
     aliases = [t for t in targets if t in LORA_ALIASES]
     literal = [t for t in targets if t not in LORA_ALIASES]
