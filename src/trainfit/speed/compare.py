@@ -31,8 +31,8 @@ class Comparison:
     """B ÷ A of each interleaved round (A and B measured back to back)."""
     noise: float
     """The relative noise this comparison measured: the largest of the noise floor, the probes'
-    own step spreads, and the spread of each configuration's repeats (max − min over median);
-    from 4 rounds on, without the one round farthest from the others."""
+    own step spreads, and the spread of each configuration's repeats (max − min over median;
+    from 4 rounds on, without the one round farthest from the others)."""
     verdict: str
     """``faster``: every round shows B faster by more than the floor, the slowest B beats the
     fastest A by the floor (the repeats do not overlap), and the median gain is beyond ``noise``;
@@ -66,18 +66,17 @@ class Comparison:
         def rel_range(xs: list[float]) -> float:
             med = statistics.median(xs)
             return (max(xs) - min(xs)) / med if med else 0.0
-        # the noise without the one round farthest from the others, from 4 rounds on (another
-        # process took the cores for it): one baseline repeat at a 14th of its speed read as
-        # 404 % noise and left a gain every round showed (1.83-1.95×, no overlap) undecided (an
-        # audit). That round still counts in every rule below: its ratio, the overlap
-        kept = range(len(ratios))
-        if len(ratios) >= 4 and len(spreads) == 2 * len(ratios):
+        # each side's repeats without the round farthest from the others, from 4 rounds on
+        # (another process took the cores for it): one baseline repeat at a 14th of its speed
+        # read as 404 % noise and left a gain every round showed (1.83-1.95×, no overlap)
+        # undecided (an audit). That round still counts in every rule below: its ratio, the
+        # overlap. The probes' own spreads stay whole: their order is the caller's
+        near_a, near_b = a_s, b_s
+        if len(ratios) >= 4 and len(ratios) == len(a_s):
             med = statistics.median(ratios)
-            odd = max(kept, key=lambda i: abs(ratios[i] - med))
-            kept = [i for i in kept if i != odd]
-        noise = max(floor, max((spreads[j] for i in kept for j in (2 * i, 2 * i + 1)
-                                if j < len(spreads)), default=0.0),
-                    rel_range([a_s[i] for i in kept]), rel_range([b_s[i] for i in kept]))
+            odd = max(range(len(ratios)), key=lambda i: abs(ratios[i] - med))
+            near_a, near_b = a_s[:odd] + a_s[odd + 1:], b_s[:odd] + b_s[odd + 1:]
+        noise = max(floor, max(spreads, default=0.0), rel_range(near_a), rel_range(near_b))
         # every round faster, and no overlap: the slowest B beats the fastest A. For two equally
         # fast configurations under any noise the chance of that is 1 / C(2n, n) (n = 4 rounds:
         # 1 in 70), so a knob without an effect is not taken. And the gain beyond the noise this
