@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainfit.doctor.findings import Observation, find
+from trainfit.doctor.findings import find
+from trainfit.doctor.observation import Observation
 from trainfit.doctor.split import Split
 from trainfit.doctor.watch import HostSummary
 

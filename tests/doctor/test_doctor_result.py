@@ -8,7 +8,7 @@ import io
 import pytest
 from rich.console import Console
 
-from trainfit.doctor.findings import Finding
+from trainfit.doctor.observation import Finding
 from trainfit.doctor.result import DoctorResult, Metrics, ratio
 from trainfit.doctor.split import StepRecord, device_idle_s, input_fraction, median_split
 from trainfit.render.doctor import render

@@ -8,9 +8,10 @@ import statistics
 
 import psutil
 
-from trainfit.doctor.findings import Observation, find
+from trainfit.doctor.findings import find
 from trainfit.doctor.inject import ForeignRun, check_steps, run_foreign
 from trainfit.doctor.measure import op_overhead_s, sampler_fraction
+from trainfit.doctor.observation import Observation
 from trainfit.doctor.peaks import bounded_mfu, cpu_bf16_fast, cpu_peak_flops
 from trainfit.doctor.result import DoctorResult, Metrics
 from trainfit.doctor.split import (

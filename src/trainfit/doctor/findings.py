@@ -9,6 +9,8 @@ Predicted gains (each assumes the named cost disappears and nothing else changes
 * input-bound: the data wait is hidden or removed → gain = 1 / (1 − wait fraction) − 1;
 * sync-bound: sync + logging done once per logging interval instead of every micro-step →
   gain = 1 / (1 − their fraction) − 1 (on a GPU each sync also drains the kernel queue: more);
+* logging-bound: print / log / save without syncs done once per interval → gain =
+  1 / (1 − their fraction) − 1;
 * launch-bound: a k× larger micro-batch (same effective batch) dispatches k× fewer ops per token →
   gain = step / (step − overhead · (1 − 1/k)) − 1, overhead = ops × measured cost of one op;
 * needless-recompute: the recomputed forward disappears → gain = 1 / (1 − recompute fraction) − 1;
@@ -18,16 +20,13 @@ Predicted gains (each assumes the named cost disappears and nothing else changes
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
-
-from trainfit.doctor.split import Split
-from trainfit.doctor.watch import HostSummary
+from trainfit.doctor.observation import Finding, Observation
 from trainfit.speed.predict import MATMUL_BOUND_FRACTION
 
 BOTTLENECKS = ("input-bound", "launch-bound", "bandwidth-bound", "compute-bound", "slow-matmuls",
                "compute-and-bandwidth", "needless-recompute",
-               "sync-bound", "cpu-offload", "host-swapping", "loop-code", "slow-optimizer")
+               "sync-bound", "logging-bound", "cpu-offload", "host-swapping", "loop-code",
+               "slow-optimizer")
 
 INPUT_BOUND_FRACTION = 0.20
 """Data wait (+ host→device copy) at or above this share of the step: input-bound (the issue's
@@ -62,77 +61,6 @@ it is named slow-matmuls, not compute-bound (a review: "compute-bound" over "MFU
 a contradiction)."""
 
 
-@dataclass
-class Finding:
-    bottleneck: str
-    evidence: dict[str, float | None]
-    fix: str
-    predicted_gain_fraction: float | None
-    detail: str = ""
-    """One line of prose for the table (the JSON carries the numbers)."""
-
-    @property
-    def gain_measured(self) -> bool:
-        """The gain is a probe's measurement (the larger micro-batch run for a few steps), not the
-        rule's prediction: ``predicted_gain_fraction`` then holds the measured figure."""
-        return self.evidence.get("probe_measured_gain_fraction") is not None
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("detail")
-        d["gain_measured"] = self.gain_measured
-        return d
-
-
-@dataclass(kw_only=True)
-class Observation:
-    """Everything the rules read; None = not known on this target/device."""
-
-    split: Split
-    device: str
-    """cpu | cuda"""
-    trainfit_job: bool
-    """A trainfit job (fixes can be applied) or someone else's command (fixes are printed)."""
-    tokens_per_step: float | None = None
-    micro_steps_per_step: float | None = None
-    sync_calls_per_step: float = 0.0
-    """Sync points in the training loop itself (.item(), .tolist(), float(t), .cpu() of a GPU tensor)."""
-    model_sync_calls_per_step: float = 0.0
-    log_calls_per_step: float = 0.0
-    ops_per_step: float | None = None
-    op_overhead_s: float | None = None
-    """Measured fixed cost of dispatching one op on this host (trainfit.speed.cpu)."""
-    matmul_time_fraction: float | None = None
-    mfu: float | None = None
-    recompute_s: float = 0.0
-    peak_memory_bytes: int | None = None
-    """The measured peak read against ``memory_capacity_bytes``: on a GPU the card's (a trainfit
-    job's reserved peak over the round; another command's allocated peak, from its hooks), on the
-    CPU the process's RSS — or, under a job's ``memory_limit``, the live tensor bytes of one step,
-    which is what that limit caps."""
-    memory_capacity_bytes: int | None = None
-    params_on_cpu_fraction: float | None = None
-    num_workers: int | None = None
-    cpu_count: int = 1
-    lazy_tokenization: bool = False
-    micro_batch: int | None = None
-    max_micro_batch: int | None = None
-    """The largest micro-batch the effective batch allows (trainfit jobs)."""
-    measured_micro_batch_gain: tuple[int, float] | None = None
-    """(micro-batch, measured tokens/s gain fraction) from probing a larger micro-batch."""
-    padding_fraction: float | None = None
-    optimizer_fused: bool | None = None
-    optimizer_name: str | None = None
-    """The torch.optim class another command steps (AdamW, SGD …); None for a trainfit job."""
-    bf16_fast: bool | None = None
-    """Whether bf16 matrix multiplies run fast here: False on a CPU without bf16/AVX-512 matrix
-    instructions (PyTorch's own check, doctor/peaks.py), where they are emulated — this machine's
-    kind: ~1 GFLOP/s against fp32's ~100, a tune audit measured a 28× slower step; None unknown
-    (a GPU: bf16 is its fast path where the catalog gives a bf16 peak)."""
-    host: HostSummary | None = None
-    extra: dict[str, float] = field(default_factory=dict)
-
-
 def _gain(fraction_removed: float) -> float:
     return 1.0 / max(1.0 - fraction_removed, 1e-6) - 1.0
 
@@ -143,7 +71,7 @@ def _r(x: float | None, nd: int = 6) -> float | None:
 
 def find(obs: Observation) -> list[Finding]:
     out: list[Finding] = []
-    for rule in (_input, _sync, _launch, _recompute, _offload, _swap, _loop_code, _optimizer):
+    for rule in (_input, _sync, _logging, _launch, _recompute, _offload, _swap, _loop_code, _optimizer):
         f = rule(obs)
         if f is not None:
             out.append(f)
@@ -281,9 +209,7 @@ def _sync(o: Observation) -> Finding | None:
     micro = o.micro_steps_per_step or 1.0
     cost = s.sync_s + s.logging_io_s
     frac = cost / s.step_time_s if s.step_time_s > 0 else 0.0
-    if o.sync_calls_per_step < micro:
-        return _logging(o)
-    if frac < SYNC_BOUND_FRACTION:
+    if o.sync_calls_per_step < micro or frac < SYNC_BOUND_FRACTION:
         return None
     ev = {"sync_calls_per_step": _r(o.sync_calls_per_step, 2), "micro_steps_per_step": _r(micro, 2),
           "sync_s": _r(s.sync_s), "logging_io_s": _r(s.logging_io_s),
@@ -305,7 +231,8 @@ def _logging(o: Observation) -> Finding | None:
     called compute-bound, "good" (an audit)."""
     s = o.split
     frac = s.logging_io_s / s.step_time_s if s.step_time_s > 0 else 0.0
-    if frac < LOGGING_BOUND_FRACTION:
+    # with a sync per micro-step the sync rule judges the logging with it (its cost counts both)
+    if o.sync_calls_per_step >= (o.micro_steps_per_step or 1.0) or frac < LOGGING_BOUND_FRACTION:
         return None
     ev = {"logging_io_s": _r(s.logging_io_s), "log_calls_per_step": _r(o.log_calls_per_step, 2),
           "logging_fraction": _r(frac, 4), "step_time_s": _r(s.step_time_s)}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainfit.doctor.findings import Finding
+from trainfit.doctor.observation import Finding
 from trainfit.doctor.split import Split
 from trainfit.speed.compare import Comparison
 

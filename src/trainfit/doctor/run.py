@@ -26,10 +26,11 @@ from typing import Any
 import psutil
 import torch
 
-from trainfit.doctor.findings import Finding, Observation, find
+from trainfit.doctor.findings import find
 from trainfit.doctor.fixes import WorkerTrial, choose_workers
 from trainfit.doctor.inject import DoctorError, check_steps
 from trainfit.doctor.measure import JobRunner, Round, op_overhead_s, resolve_relative, sampler_fraction
+from trainfit.doctor.observation import Finding, Observation
 from trainfit.doctor.peaks import bounded_mfu, cpu_bf16_fast, cpu_peak_flops, gpu_peak_flops
 from trainfit.doctor.result import DoctorResult, Metrics
 from trainfit.doctor.split import (

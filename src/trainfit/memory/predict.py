@@ -249,8 +249,12 @@ class _DeviceSide:
     limit_note: str
     with_expandable: int | None
     saving: str
-    resident: int
     on_device: int
+
+    @property
+    def resident(self) -> int:
+        """What the process holds on the card outside managed memory."""
+        return self.reserved + self.context + self.nccl
 
 
 def _device_side(job: JobSpec, gpu: GpuSpec | None,
@@ -275,7 +279,7 @@ def _device_side(job: JobSpec, gpu: GpuSpec | None,
                                                              gpu.memory_bytes - resident))
     return _DeviceSide(reserved=reserved, context=context, nccl=nccl, nccl_note=nccl_note,
                        retries=retries, limit_note=limit_note, with_expandable=with_expandable,
-                       saving=saving, resident=resident, on_device=on_device)
+                       saving=saving, on_device=on_device)
 
 
 def _full_breakdown(terms: dict[str, int], work: int, managed_bytes: int, blocks: int

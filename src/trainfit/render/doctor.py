@@ -9,7 +9,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from trainfit.doctor.findings import Finding
+from trainfit.doctor.observation import Finding
 from trainfit.doctor.result import Compared, DoctorResult
 
 SPLIT_ROWS = (("data_wait_s", "waiting for data"), ("h2d_copy_s", "host→device copy"),
