@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from trainfit.cli.main import app
 from trainfit.job import JobSpec
-from trainfit.job.emit import checkpointing_name, emit, script_settings
+from trainfit.job.emit import emit
+from trainfit.job.script_settings import checkpointing_name, script_settings
 from trainfit.job.tuned_file import job_yaml
 
 runner = CliRunner()

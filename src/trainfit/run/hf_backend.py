@@ -301,7 +301,8 @@ def _all_events(res: TrainResult, trainer: Any) -> list[OomEvent]:
 
 def _training_args(job: JobSpec, opts: RunOptions, backend: str, total: int, device: torch.device
                    ) -> Any:
-    from trainfit.job.emit import checkpointing_name, hf_training_args, trl_sft_config
+    from trainfit.job.emit import hf_training_args, trl_sft_config
+    from trainfit.job.script_settings import checkpointing_name
 
     kw = trl_sft_config(job) if backend == "trl" else hf_training_args(job)
     kw.pop("optim")  # the optimizer is trainfit's own, handed in (same kernel as plan/tune)
