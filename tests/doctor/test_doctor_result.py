@@ -55,6 +55,14 @@ def test_render_prints_the_results_numbers():
     text = buf.getvalue()
     assert "100.00 ms ± 10.00 ms" in text and "50.00 ms ± 2.00 ms" in text and "0.50×" in text
     assert "40 %" in text and "after the fixes the step is compute-bound: MFU 40%" in text
+    # the split's step and 'before' agree here (0.1 s): no caption; apart, the two are explained
+    assert "median of the rounds' own medians" not in text
+    r = result(after)
+    r.before.step_time_s = 0.12
+    buf = io.StringIO()
+    Console(file=buf, width=200).print(render(r))
+    assert "the median over every measured step, pooled — 20% apart" in \
+        " ".join(buf.getvalue().split())
 
 
 def test_data_wait_and_idle_are_read_one_way_for_both_targets():
@@ -144,6 +152,15 @@ def test_the_split_of_a_noisy_run_sums_to_its_step():
     parts = s.data_wait_s + s.forward_s + s.backward_s
     assert parts == pytest.approx(0.7) and s.other_s == 0.0
     assert s.forward_s / s.backward_s == pytest.approx(0.3 / 0.45)
+    # and the scaling is said, in the JSON and under the table (an audit: it was silent)
+    assert s.parts_scale == pytest.approx(0.7 / 0.9)
+    assert s.to_dict()["parts_scale"] == pytest.approx(0.7 / 0.9)
+    r = result(None)
+    r.split = s
+    buf = io.StringIO()
+    Console(file=buf, width=200).print(render(r))
+    assert "summed to 129% of the median step" in buf.getvalue()
+    assert "scaled by 0.778" in buf.getvalue()
 
 
 @pytest.mark.parametrize("before_s, after_s, rounds, words", [

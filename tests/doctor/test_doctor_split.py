@@ -68,3 +68,4 @@ def test_median_split_puts_the_rest_in_other():
     assert s.step_time_spread_s == 2.0
     assert s.idle_s is None
     assert s.fraction("data_wait_s") == pytest.approx(2 / 5.5)
+    assert s.parts_scale == 1.0  # the parts' medians did not pass the step: nothing scaled

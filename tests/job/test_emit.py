@@ -359,6 +359,12 @@ def test_a_file_edited_after_tune_does_not_show_its_old_measurements_as_its_own(
                                                  optimizer="sgd", precision="fp32",
                                                  grad_ckpt="off"), "hf", device="cuda").script}
     assert "momentum=0.9, fused=True" in sgd["optimizer"]
+    # the one-tensor loop is foreach=False: torch's default picks foreach on CUDA (an audit)
+    loop = {s.knob: s.where for s in emit(JobSpec(model="gpt2", micro_batch=2, grad_accum=1,
+                                                  optimizer="sgd", precision="fp32",
+                                                  optimizer_impl="forloop", grad_ckpt="off"),
+                                          "hf", device="cuda").script}
+    assert "momentum=0.9, foreach=False)" in loop["optimizer"]
 
 
 def test_every_line_of_a_tuned_file_says_what_it_is(tmp_path):

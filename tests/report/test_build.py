@@ -158,11 +158,13 @@ def test_doctors_verdict_and_a_measured_gain_are_said(tmp_path):
     doc["gain"] = {"verdict": "undecided", "ratios": [1.16, 1.10], "noise": 0.65}
     doc["findings"][0]["evidence"]["probe_measured_gain_fraction"] = 0.28
     doc["findings"][0]["gain_measured"] = True
+    doc["split"]["parts_scale"] = 0.9
     p = tmp_path / "doctor.json"
     p.write_text(json.dumps(doc))
     (d,) = build_report(load_inputs([str(p)])).doctors
     assert d.verdict == "undecided" and d.verdict_ratios == [1.16, 1.10] and d.verdict_noise == 0.65
-    _, before_after, findings = doctor_texts(d)
+    split, before_after, findings = doctor_texts(d)
+    assert "scaled by 0.900" in " ".join(split.notes)  # doctor's scaling is carried, and said
     said = " ".join(before_after.notes)
     assert "doctor's verdict: could not decide" in said and "1.16×, 1.10×" in said
     assert "noise measured 65%" in said
@@ -171,6 +173,7 @@ def test_doctors_verdict_and_a_measured_gain_are_said(tmp_path):
     # a file from before the verdict was written: said unknown, never implied
     (old,) = build_report(load_inputs([str(FIXTURES / "doctor.json")])).doctors
     assert "doctor's verdict: unknown" in " ".join(doctor_texts(old)[1].notes)
+    assert old.parts_scale is None and doctor_texts(old)[0].notes == []
 
 
 def test_tune_alone_makes_its_own_section():

@@ -194,9 +194,13 @@ class Split:
     step_time_s: float
     step_time_spread_s: float
     """max − min over the measured steps (CPU timing moves by up to ~35 % between repeats)."""
+    parts_scale: float = 1.0
+    """1, or the factor (< 1) each part's median was scaled by because the medians, each taken
+    alone, summed past the median step (a noisy host); said beside the split (an audit: it was
+    silent)."""
 
     def to_dict(self) -> dict[str, float | None]:
-        return {k: getattr(self, k) for k in SPLIT_KEYS}
+        return {**{k: getattr(self, k) for k in SPLIT_KEYS}, "parts_scale": self.parts_scale}
 
     def fraction(self, key: str) -> float:
         v = getattr(self, key)
@@ -215,6 +219,7 @@ def median_split(records: Iterable[StepRecord], idle_s: float | None = None) -> 
     step = statistics.median(times)
     parts = {p: med(p) for p in PHASES}
     named = sum(parts.values()) + (idle_s or 0.0)
+    k = 1.0
     if named > step > 0:
         # each part's median is taken alone, so on a noisy host they can sum past the median
         # step (a QA run: 108 % of it): the parts are then scaled to it, in their medians'
@@ -228,7 +233,7 @@ def median_split(records: Iterable[StepRecord], idle_s: float | None = None) -> 
                  optimizer_s=parts["optimizer"], sync_s=parts["sync"],
                  logging_io_s=parts["logging_io"], idle_s=idle_s,
                  other_s=max(step - named, 0.0), step_time_s=step,
-                 step_time_spread_s=max(times) - min(times))
+                 step_time_spread_s=max(times) - min(times), parts_scale=k)
 
 
 def median_counter(records: Iterable[StepRecord], key: str) -> float:

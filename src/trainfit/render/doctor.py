@@ -62,6 +62,11 @@ def split_table(r: DoctorResult) -> Table:
         t.add_row(name, _num(v, "s"), _num(s.fraction(key), "fraction"))
     t.add_row(Text("step", style="bold"), Text(_num(s.step_time_s, "s"), style="bold"),
               f"spread {_num(s.step_time_spread_s, 's')}")
+    if s.parts_scale < 1.0:
+        # each part's median is taken alone: on a noisy host they can sum past the median step
+        t.caption = (f"the parts' medians summed to {1 / s.parts_scale:.0%} of the median step "
+                     f"(a noisy host): each is shown scaled by {s.parts_scale:.3f} to it")
+        t.caption_justify = "left"
     return t
 
 
@@ -112,6 +117,14 @@ def compare_table(r: DoctorResult) -> Table:
         t.add_column("change", justify="right")
     for row in r.compared():
         t.add_row(*_compare_cells(row, r.after is not None))
+    b, s = r.before.step_time_s, r.split.step_time_s
+    if b and s and abs(b / s - 1) >= 0.01:
+        # two medians of the same run over different sets (an audit: the two step times on one
+        # screen were unexplained)
+        t.caption = (f"'before' step time: the median of the rounds' own medians; the split's "
+                     f"step ({_num(s, 's')}): the median over every measured step, pooled — "
+                     f"{abs(b / s - 1):.0%} apart on this host")
+        t.caption_justify = "left"
     return t
 
 

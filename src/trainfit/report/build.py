@@ -406,7 +406,8 @@ def build_doctor(d: DoctorInput, slug: str) -> DoctorSection:
                          split_s=split, step_time_s=d.split.get("step_time_s"), findings=d.findings,
                          rows=rows, applied=d.applied, overhead_fraction=d.overhead_fraction,
                          verdict=d.verdict, verdict_ratios=d.verdict_ratios,
-                         verdict_noise=d.verdict_noise, device=d.device)
+                         verdict_noise=d.verdict_noise, device=d.device,
+                         parts_scale=d.parts_scale)
 
 
 def _same_device(plan: PlanInput, tune: TuneInput) -> bool:

@@ -131,7 +131,7 @@ class JsonObj:
 _SHARES = ("data_wait_fraction", "matmul_time_fraction", "overhead_fraction", "other_fraction",
            "device_busy_fraction", "device_idle_fraction", "sync_fraction", "padding_fraction",
            "optimizer_fraction", "logging_fraction", "compute_fraction", "recompute_fraction",
-           "mfu", "hfu")
+           "mfu", "hfu", "parts_scale")
 _RANGE: dict[str, tuple[float | None, float | None]] = {
     **{k: (0, 1) for k in _SHARES},
     **{k: (0, None) for k in ("capacity_bytes", "host_rss_bytes", "total_params",

@@ -264,7 +264,8 @@ def _doctor(o: JsonObj, path: str) -> DoctorInput:
         overhead_fraction=o.num("overhead_fraction", required=False),
         verdict=verdict, verdict_ratios=[float(r) for r in ratios],
         device=o.str_("device", required=False),
-        verdict_noise=None if gain is None else gain.num("noise", required=False))
+        verdict_noise=None if gain is None else gain.num("noise", required=False),
+        parts_scale=o.obj("split").num("parts_scale", required=False))
 
 
 # --- monitor logs ---------------------------------------------------------------------------------

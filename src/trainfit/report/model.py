@@ -241,6 +241,9 @@ class DoctorInput:
     """tokens/s after ÷ before in each interleaved round (measured)."""
     verdict_noise: float | None = None
     """The noise the run measured, as a fraction."""
+    parts_scale: float | None = None
+    """Doctor's factor (< 1) on each part when the parts' medians summed past the median step;
+    None: 1, or a file from before it was written."""
 
 
 @dataclass
@@ -448,6 +451,9 @@ class DoctorSection:
     """tokens/s after ÷ before in each interleaved round (measured)."""
     verdict_noise: float | None = None
     """The noise the run measured, as a fraction."""
+    parts_scale: float | None = None
+    """Doctor's factor (< 1) on each part when the parts' medians summed past the median step;
+    None: 1, or a file from before it was written."""
 
 
 @dataclass

@@ -431,7 +431,10 @@ def doctor_texts(d: DoctorSection) -> list[TextTable]:
                                                                  "share of step (%)"],
         [[name, na if v is None and name == "idle" else fmt_sig(v),
           na if v is None and name == "idle" else fmt_pct(None if v is None or not step else v / step)]
-         for name, v in d.split_s] + [["step", fmt_sig(step), "100.0" if step else UNKNOWN]])
+         for name, v in d.split_s] + [["step", fmt_sig(step), "100.0" if step else UNKNOWN]],
+        [] if d.parts_scale is None or d.parts_scale >= 1 else
+        [f"the parts' medians, each taken alone, summed past the median step (a noisy host): "
+         f"each is shown scaled by {d.parts_scale:.3f} to it, as doctor did"])
     before_after = TextTable(
         "Before / after the fixes (measured)", ["metric", "before (measured)", "after (measured)",
                                                 "change (%)"],
