@@ -24,13 +24,15 @@ def test_input_bound_job_is_named_fixed_and_remeasured(input_bound_yaml, one_thr
     d = r.to_dict()
     assert d["kind"] == "doctor" and d["steps_measured"] == 3
     assert set(d["split"]) == {"data_wait_s", "h2d_copy_s", "forward_s", "backward_s", "optimizer_s",
-                               "sync_s", "logging_io_s", "idle_s", "other_s", "step_time_s"}
+                               "sync_s", "logging_io_s", "idle_s", "other_s", "step_time_s",
+                               "parts_scale"}
     assert d["split"]["idle_s"] is None  # no device queue on a CPU
     # the report reads what the doctor writes
     p = tmp_path / "doctor.json"
     p.write_text(json.dumps(d))
     inputs = load_inputs([str(p)])
     assert inputs.doctors[0].findings[0].bottleneck == "input-bound"
+    assert inputs.doctors[0].findings[0].detail == r.findings[0].detail != ""
     # a second doctor run maps the cached token file instead of tokenizing again
     calls = fixes.TOKENIZE_CALLS
     r2 = doctor_job(input_bound_yaml, steps=3, warmup=1, repeats=1)

@@ -168,8 +168,15 @@ def test_doctors_verdict_and_a_measured_gain_are_said(tmp_path):
     said = " ".join(before_after.notes)
     assert "doctor's verdict: could not decide" in said and "1.16×, 1.10×" in said
     assert "noise measured 65%" in said
-    assert findings.rows[0][3] == "28.0 (measured, a short probe)"
-    assert findings.rows[1][3] == "unknown"
+    assert findings.rows[0][4] == "28.0 (measured, a short probe)"
+    assert findings.rows[1][4] == "unknown"
+    # doctor's reading (what the gain is: an upper bound) is carried; an older file says unknown
+    assert findings.rows[0][1] == "unknown"
+    doc["findings"][0]["detail"] = "data wait 30 % of the step; the gain if it all went is an " \
+                                   "upper bound"
+    p.write_text(json.dumps(doc))
+    (d,) = build_report(load_inputs([str(p)])).doctors
+    assert doctor_texts(d)[2].rows[0][1].endswith("is an upper bound")
     # a file from before the verdict was written: said unknown, never implied
     (old,) = build_report(load_inputs([str(FIXTURES / "doctor.json")])).doctors
     assert "doctor's verdict: unknown" in " ".join(doctor_texts(old)[1].notes)

@@ -248,7 +248,8 @@ def _doctor(o: JsonObj, path: str) -> DoctorInput:
                                 fix=f.str_("fix", required=False) or "",
                                 predicted_gain_fraction=f.num("predicted_gain_fraction",
                                                               required=False),
-                                gain_measured=f.data.get("gain_measured") is True))
+                                gain_measured=f.data.get("gain_measured") is True,
+                                detail=f.str_("detail", required=False) or ""))
     after_obj = o.obj("after", required=False, nullable=True)
     gain = o.obj("gain", required=False, nullable=True)
     verdict = None if gain is None else gain.str_("verdict", required=False)

@@ -219,6 +219,9 @@ class Finding:
     predicted_gain_fraction: float | None
     gain_measured: bool = False
     """``predicted_gain_fraction`` is a probe's measurement, not a prediction."""
+    detail: str = ""
+    """Doctor's reading of the evidence, with what the gain is (e.g. an upper bound); "" in a
+    file from before it was written."""
 
 
 @dataclass(frozen=True)

@@ -447,8 +447,9 @@ def doctor_texts(d: DoctorSection) -> list[TextTable]:
          *([verdict_words(d)] if d.applied else []),
          f"doctor's own overhead: {fmt_pct(d.overhead_fraction)} % of a step (measured)"])
     findings = TextTable(
-        "Findings", ["bottleneck", "evidence (measured)", "fix", "gain (%)"],
-        [[f.bottleneck, ", ".join(f"{k} = {_evidence_value(v)}" for k, v in f.evidence.items())
-          or "—",
+        "Findings", ["bottleneck", "why (doctor's reading)", "evidence (measured)", "fix",
+                     "gain (%)"],
+        [[f.bottleneck, f.detail or UNKNOWN,
+          ", ".join(f"{k} = {_evidence_value(v)}" for k, v in f.evidence.items()) or "—",
           f.fix or "—", _gain_cell(f)] for f in d.findings])
     return [split, before_after, findings]
