@@ -1,7 +1,7 @@
 """``python -m trainfit``: the same CLI as the ``trainfit`` command (for environments where the
 console script is not on PATH)."""
 
-from trainfit.cli.main import main
+from trainfit.cli.entry import main
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,7 @@
 """The CLI: one clear error line + hint and exit code 2 on bad input; JSON on success."""
 
 import json
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -446,6 +447,41 @@ def test_ctrl_c_outside_trains_own_handler_is_said(monkeypatch, capsys):
     monkeypatch.setattr(cli_main, "app", interrupted)
     with pytest.raises(SystemExit) as done:
         cli_main.main()
+    assert done.value.code == 130
+    assert capsys.readouterr().err == "interrupted (Ctrl-C) before the command finished\n"
+    # inside a command typer turns the Ctrl-C into Exit(130) with a blank line (an audit: no
+    # word); an exit 130 with no Ctrl-C behind it (train's own handler, which said what it
+    # saved) adds nothing
+    import typer
+
+    def in_a_command() -> None:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as e:
+            try:
+                raise typer.Exit(130) from e
+            except typer.Exit:
+                sys.exit(130)
+
+    for command, said in ((in_a_command, "interrupted (Ctrl-C) before the command finished\n"),
+                          (lambda: sys.exit(130), "")):
+        monkeypatch.setattr(cli_main, "app", command)
+        with pytest.raises(SystemExit) as done:
+            cli_main.main()
+        assert done.value.code == 130 and capsys.readouterr().err == said
+    # the console script imports the CLI under the same guard (a Ctrl-C during its imports)
+    import trainfit.cli.entry as entry
+
+    class CtrlCOnImport:  # a Ctrl-C while trainfit.cli.main's imports run
+        def find_spec(self, name, path=None, target=None):
+            if name == "trainfit.cli.main":
+                raise KeyboardInterrupt
+            return None
+
+    monkeypatch.delitem(sys.modules, "trainfit.cli.main")
+    monkeypatch.setattr(sys, "meta_path", [CtrlCOnImport(), *sys.meta_path])
+    with pytest.raises(SystemExit) as done:
+        entry.main()
     assert done.value.code == 130
     assert capsys.readouterr().err == "interrupted (Ctrl-C) before the command finished\n"
 

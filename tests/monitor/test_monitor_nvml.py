@@ -94,3 +94,38 @@ def test_sampler_without_nvml_has_null_gpu_columns(no_nvml):
     assert rows[0]["host_ram_total_bytes"] > 0
     assert s.gpu_available is False
     assert s.gpu_note == "no NVIDIA GPU visible (NVML: Driver Not Loaded); showing the host only"
+
+
+def test_a_lost_gpu_and_a_mig_card_are_said(monkeypatch):
+    """An audit: a GPU that fell off the bus read n/a like a reading the card lacks, with no
+    word; a card in MIG mode was shown as a whole card with utilisation n/a and no word why."""
+    import sys
+
+    from fake_nvml import FakeNVMLError
+
+    fake = make_fake_pynvml()
+    reads = {"n": 0}
+    memory = fake.nvmlDeviceGetMemoryInfo
+
+    def memory_then_lost(h: int):
+        if h == 1:
+            reads["n"] += 1
+            if reads["n"] > 1:
+                err = FakeNVMLError("GPU is lost")
+                err.value = 15  # NVML_ERROR_GPU_IS_LOST
+                raise err
+        return memory(h)
+
+    fake.nvmlDeviceGetMemoryInfo = memory_then_lost
+    fake.nvmlDeviceGetMigMode = lambda h: (1, 1) if h == 0 else (0, 0)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    s = Sampler(live=False, follow_process=False)
+    first = s.sample_once()
+    assert first[1]["gpu_memory_total_bytes"] == 24 * GIB and s.notes == []
+    second = s.sample_once()
+    s.close()
+    assert second[1]["gpu_memory_total_bytes"] is None
+    assert len(s.notes) == 1 and s.notes[0].startswith("GPU 1: NVML lost the GPU at time_s ")
+    assert s.gpu_note.startswith("GPU 0 in MIG mode: the memory shown is the whole card's")
+    s.sample_once()
+    assert len(s.notes) == 1  # said once

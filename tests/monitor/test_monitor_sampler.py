@@ -104,6 +104,11 @@ def test_two_gpus_one_row_each(monkeypatch, tmp_path):
     assert "gpu0 util 87 % mem 40.00/80.00 GiB 350 W 1980 MHz proc 3.00 GiB" in line
     assert "2,048 tokens/s" in line and "data wait 37.5 % of step time" in line
     render(rows, gpu_names=s.gpu_names, interval_s=1.0)  # builds without error
+    # a small process is in MiB, not "0.00 GiB" (an audit)
+    from trainfit.monitor.view import host_line
+    assert host_line({**rows[0], "process_rss_bytes": 1_900_000}).endswith(
+        "process tree RSS 1.8 MiB")
+    assert host_line({**rows[0], "process_rss_bytes": 3 * GIB}).endswith("RSS 3.00 GiB")
     with pytest.raises(MonitorError, match="GPU index 5 not visible"):
         Sampler(gpu_indices=[5], live=False).open()
 
@@ -140,6 +145,59 @@ def test_an_appended_log_keeps_the_downtime_as_a_gap(no_nvml, tmp_path):
     # beside the killed run's 1-s samples, the 30 s are a gap the report does not draw across
     _, gaps = find_gaps([3.0, 4.0, 5.0, row["time_s"], row["time_s"] + 1.0])
     assert gaps == [(5.0, row["time_s"])]
+
+
+def test_no_rate_is_held_while_the_run_evaluates_or_saves(no_nvml):
+    """An audit: samples taken during a 9-s evaluation and a checkpoint save carried the last
+    steps' 100 tokens/s. Paused with no step since the previous sample: the rates are null, the
+    step and loss kept; steps that ended before the pause keep theirs; unpaused: held again."""
+    s = Sampler(interval_s=1.0, live=False)
+    _feed(s)
+    s.pause_rates("evaluation")
+    first = s.sample_once()[0]                  # the two steps ended before the pause: kept
+    during = s.sample_once()[0]
+    s.pause_rates(None)
+    after = s.sample_once()[0]
+    s.close()
+    assert first["tokens_per_s"] == 2048.0
+    assert {k: during[k] for k in ("tokens_per_s", "samples_per_s", "mfu",
+                                   "data_wait_fraction")} == dict.fromkeys(
+        ("tokens_per_s", "samples_per_s", "mfu", "data_wait_fraction"))
+    assert during["step"] == 2 and during["loss"] == 2.5 and during["peak_allocated_bytes"] == 150
+    assert after["tokens_per_s"] == 2048.0     # a long step in progress: held, as before
+
+
+def test_no_gpus_asked_reads_none_on_a_host_that_has_them(monkeypatch, tmp_path):
+    """train on CPU passes gpu_indices=[]: another process's GPUs are not the run's (an audit:
+    their readings were drawn beside a CPU run's tensor count)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pynvml", make_fake_pynvml())
+    s = Sampler(interval_s=1.0, live=False, gpu_indices=[])
+    rows = s.sample_once()
+    s.close()
+    assert len(rows) == 1 and rows[0]["gpu_index"] is None
+    assert rows[0]["gpu_memory_total_bytes"] is None and rows[0]["host_ram_total_bytes"] > 0
+    s = Sampler(interval_s=1.0, live=False)
+    assert [r["gpu_index"] for r in s.sample_once()] == [0, 1]
+    s.close()
+
+
+def test_an_appended_csv_log_goes_on_in_time_and_reads_back(no_nvml, tmp_path):
+    """An audit: a CSV log appended to restarted time_s at 0, and report then refused the
+    monitor's own file (time going back); a JSONL one went on."""
+    from trainfit.report.load import load_inputs
+
+    log = tmp_path / "m.csv"
+    for _ in range(2):
+        s = Sampler(interval_s=1.0, log_path=log, live=False, append=True)
+        s.sample_once()
+        s.sample_once()
+        s.close()
+    times = [float(line.split(",")[0]) for line in log.read_text().splitlines()[1:]]
+    assert len(times) == 4 and times == sorted(times) and times[2] >= times[1]
+    (timeline,) = load_inputs([str(log)]).monitors
+    assert timeline.samples == 4
 
 
 @pytest.mark.parametrize("kwargs, needle", [

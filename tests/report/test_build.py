@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 from report_paths import FIXTURES, SEED002, SEED002_NOW
@@ -388,7 +389,7 @@ def test_a_training_run_shows_its_losses_evaluations_and_segments(tmp_path):
     from trainfit.report.tables import train_text
 
     d = json.loads((FIXTURES / "train.json").read_text())
-    d.update(steps=5, losses=[4.0, 3.5, None, 3.0, 3.25], stopped="running",
+    d.update(steps=5, losses=[4.0, 3.5, None, 3.0, 3.25], final_loss=3.25, stopped="running",
              evals=[{"step": 2, "eval_loss": 3.6, "eval_perplexity": 36.6},
                     {"step": 4, "eval_loss": 3.7, "eval_perplexity": 40.4}],
              segments=[{"segment": 1, "start_step": 0, "end_step": 2, "stopped": "interrupted"},
@@ -411,6 +412,14 @@ def test_a_training_run_shows_its_losses_evaluations_and_segments(tmp_path):
     assert t.ended.startswith("running when last written (after step 5): either the run is "
                               "still going, or it was killed")
     assert [f.name for f in render_figures(report)] == [t.slug]
+    # a record whose losses or final loss disagree with its steps was cut or edited: refused
+    # (an audit: "final loss 7.58" beside "→ 8.37 at step 5" of 20)
+    from trainfit.report.json_fields import ReportInputError
+    for bad, said in (({"losses": [4.0, 3.5]}, "losses: 2 values for 5 steps"),
+                      ({"final_loss": 2.0}, "final_loss: 2 is not the last step's loss (3.25)")):
+        (run / "train.json").write_text(json.dumps({**d, **bad}))
+        with pytest.raises(ReportInputError, match=re.escape(said)):
+            load_inputs([str(run)])
     assert render_figures(report)[0].png.startswith(b"\x89PNG")
     # no evaluation: said so; a non-finite one (train writes NaN / Infinity as they are) is read,
     # not refused (a review)
@@ -427,6 +436,8 @@ def test_a_training_run_shows_its_losses_evaluations_and_segments(tmp_path):
 def test_a_cpu_runs_timeline_does_not_call_its_tensor_count_gpu_memory():
     """An audit: on a CPU run the panel read "GPU memory (measured) — peak allocated (torch)" over
     trainfit's own count of live tensors, beside an empty GPU utilisation panel."""
+    from dataclasses import replace
+
     from trainfit.report.load import MONITOR_COLUMNS
     from trainfit.report.model import MonitorLog
     from trainfit.report.timeline import build_timeline
@@ -434,7 +445,7 @@ def test_a_cpu_runs_timeline_does_not_call_its_tensor_count_gpu_memory():
     def log(**given: list) -> MonitorLog:
         n = 3
         cols = {k: [None] * n for k in MONITOR_COLUMNS}
-        cols.update(time_s=[0.0, 1.0, 2.0], **given)
+        cols.update({"time_s": [0.0, 1.0, 2.0], **given})
         return MonitorLog(path="m.jsonl", columns=cols)
 
     # without --memory-limit nothing counts the tensors: no panel for them (a review)
@@ -450,3 +461,24 @@ def test_a_cpu_runs_timeline_does_not_call_its_tensor_count_gpu_memory():
                          "t")
     assert [p.title for p in gpu.panels][:2] == ["GPU utilisation (measured)",
                                                  "GPU memory (measured)"]
+    # a CPU run on a host whose GPUs NVML read (a log from before the run read none, or a
+    # monitor of the host): the run's own record decides, and its --memory-limit is drawn (an
+    # audit: the tensor count was "peak allocated (torch)" beside another process's GPU)
+    mixed = log(peak_allocated_bytes=[2**30] * 3, gpu_index=[0.0] * 3,
+                gpu_memory_total_bytes=[80.0 * 2**30] * 3, gpu_util_percent=[87.0] * 3)
+    mixed = replace(mixed, run_devices=["cpu"], memory_limit_bytes=3 * 2**29)
+    on_cpu = build_timeline(mixed, "t")
+    assert on_cpu.panels[0].title.startswith("Live tensor memory")
+    assert on_cpu.panels[0].limit == 1.5 and on_cpu.panels[0].limit_label == "--memory-limit"
+    assert not any(p.title.startswith("GPU") for p in on_cpu.panels)
+    # two cards of different memory: no one capacity line, each series says its card's (an
+    # audit: the H100's 80 GiB line over the A10G's series)
+    two = log(gpu_index=[0.0, 1.0, 0.0], gpu_memory_total_bytes=[80.0 * 2**30, 24.0 * 2**30,
+                                                                 80.0 * 2**30],
+              gpu_memory_used_bytes=[2.0**30] * 3, time_s=[0.0, 0.0, 1.0])
+    mem = build_timeline(two, "t").panels[1]
+    assert mem.limit is None
+    assert [s.label for s in mem.series][:2] == ["used (nvidia-smi), GPU 0 (of 80.0 GiB)",
+                                                 "used (nvidia-smi), GPU 1 (of 24.0 GiB)"]
+    on_gpu = build_timeline(replace(mixed, run_devices=["cuda:0"]), "t")
+    assert on_gpu.panels[0].title == "GPU utilisation (measured)"

@@ -61,6 +61,15 @@ def test_bad_tune_field(tmp_path, edit, needles):
     assert not (tmp_path / "r.html").exists()
 
 
+def test_a_binary_file_is_not_text_not_a_permission_problem(tmp_path):
+    """An audit: random bytes as train.json were 'cannot read' with a hint about permissions."""
+    p = tmp_path / "train.json"
+    p.write_bytes(bytes(range(128, 256)) * 3)
+    err = _fails([str(p), "--out", str(tmp_path / "r.html")], "train.json", "not a text file")
+    res = runner.invoke(APP, ["report", str(p), "--out", str(tmp_path / "r.html")])
+    assert "permissions" not in res.stderr and "json-formats" in res.stderr, err
+
+
 def test_bad_plan_field(tmp_path):
     data = json.loads(SEED002.read_text())
     data["configs"][3]["peak_device_bytes"] = 1.5
@@ -91,6 +100,16 @@ def test_a_monitor_line_cut_by_a_killed_writer_is_skipped_and_said(tmp_path):
     assert res.exit_code == 0, res.output
     assert "line 2 is cut off" in res.stderr and "line 4 is cut off" in res.stderr
     assert out.exists()
+    # a CSV row short of the header's fields, or a last row without its line end, likewise
+    # (an audit: a cut row drew a host RAM of 155 bytes as measured)
+    log = _write(tmp_path, "m.csv", "time_s,host_ram_used_bytes,host_cpu_percent\n0,1546444800,3\n"
+                 "1,15\n2,1546444800,4\n3,1546444800,1")
+    res = runner.invoke(APP, ["report", log, "--out", str(tmp_path / "c.html")])
+    assert res.exit_code == 0, res.output
+    assert "m.csv: line 3 is cut off" in res.stderr and "m.csv: line 5 is cut off" in res.stderr
+    from trainfit.report.load import load_monitor
+    m = load_monitor(tmp_path / "m.csv", "m.csv", [])
+    assert m.columns["host_ram_used_bytes"] == [1546444800.0, 1546444800.0]
 
 
 def test_monitor_gaps_are_not_an_error(tmp_path):

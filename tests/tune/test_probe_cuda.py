@@ -129,7 +129,7 @@ def test_tune_cli_on_cuda(tmp_path):
                                    "--memory-limit", "4GiB", "--knobs", "grad_ckpt",
                                    "--out", str(out), "--json"])
     assert res.exit_code == 0, res.output
-    d = json.loads(res.output[res.output.index("{"):])
+    d = json.loads(res.stdout[res.stdout.index("{"):])
     m = d["pick"]["measured"]
     assert m["peak_reserved_bytes"] is not None and m["peak_reserved_bytes"] <= 4 * 2**30
     assert d["pick"]["micro_batch"] * d["pick"]["grad_accum"] == 8

@@ -195,7 +195,7 @@ def test_tune_tries_8bit_adamw_on_request(micro_model_json, text_jsonl):
             "--effective-batch", "8", "--knobs", "optimizer_8bit", "--try-8bit-optimizer", "--json"]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
-    probes = json.loads(res.output[res.output.index("{"):])["probes"]
+    probes = json.loads(res.stdout[res.stdout.index("{"):])["probes"]
     eight = [p for p in probes if p["optimizer"] == "adamw-8bit" and p["measured"]]
     assert eight
     for p in eight:
@@ -203,7 +203,7 @@ def test_tune_tries_8bit_adamw_on_request(micro_model_json, text_jsonl):
         assert abs(pred - meas) <= 0.01 * meas, (pred, meas)
     res = runner.invoke(app, [*args, "--optimizer", "adamw"])
     assert res.exit_code == 0, res.output
-    probes = json.loads(res.output[res.output.index("{"):])["probes"]
+    probes = json.loads(res.stdout[res.stdout.index("{"):])["probes"]
     assert {p["optimizer"] for p in probes} == {"adamw"}
     # only the states differ from torch's AdamW: no weight decay (bitsandbytes' default is 0.01)
     from trainfit.model.workload import make_optimizer

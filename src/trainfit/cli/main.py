@@ -411,22 +411,43 @@ def main() -> None:
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning, module="torch")
-    quiet_third_party()
-    quiet_transformers()
-    one_line_usage_errors()
     try:
+        # inside the guard: these import rich's and typer's modules, where a Ctrl-C in the
+        # first half second landed (an audit: a traceback)
+        quiet_third_party()
+        quiet_transformers()
+        one_line_usage_errors()
         app()
     except KeyboardInterrupt:
         # before train's own handler is in place (the model loading) or in any other command:
         # said, not a silent exit 130 (an audit)
-        if int(os.environ.get("RANK", "0")) == 0:
-            typer.echo("interrupted (Ctrl-C) before the command finished", err=True)
+        _said_interrupted()
         _leave_as_a_rank(130)
         sys.exit(130)
     except SystemExit as done:  # typer ends every command with it
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+        if code == 130 and _from_ctrl_c(done):
+            _said_interrupted()  # typer turned the Ctrl-C into Exit(130) and a blank line
         _leave_as_a_rank(code)
         raise
+
+
+def _said_interrupted() -> None:
+    if int(os.environ.get("RANK", "0")) == 0:
+        typer.echo("interrupted (Ctrl-C) before the command finished", err=True)
+
+
+def _from_ctrl_c(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt is in the exception's chain (typer's ``Exit(130) from e``);
+    train's own SIGINT handler exits 130 without one, having said what it saved."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        seen = seen.__cause__ or seen.__context__ if seen is not None else None
+        if seen is None:
+            return False
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+    return False
 
 
 def _leave_as_a_rank(code: int) -> None:

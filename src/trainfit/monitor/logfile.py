@@ -4,6 +4,7 @@ where does its time go on from, does its last line end."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -46,16 +47,19 @@ def idle_s(path: Path) -> float:
 
 def last_time_s(path: Path) -> float:
     """The ``time_s`` of the log's last readable line (0 when none): an appended segment's samples
-    go on from it, so time never goes back in one log."""
+    go on from it, so time never goes back in one log. A CSV row's first field is ``time_s``
+    (the log's header, :data:`trainfit.monitor.sampler.COLUMNS`); an audit: a CSV log appended to
+    restarted at 0, and report refused the monitor's own file."""
     with path.open("rb") as f:
         f.seek(max(0, path.stat().st_size - 65536))
         tail = f.read().decode(errors="replace").splitlines()
+    csv_log = path.suffix.lower() == ".csv"
     for line in reversed(tail):
         try:
-            t = json.loads(line).get("time_s")
+            t = float(line.split(",", 1)[0]) if csv_log else json.loads(line).get("time_s")
         except (ValueError, AttributeError):
             continue
-        if isinstance(t, int | float):
+        if isinstance(t, int | float) and math.isfinite(t):
             return float(t)
     return 0.0
 

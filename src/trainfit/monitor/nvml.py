@@ -52,6 +52,9 @@ class Nvml:
         self._nv: Any = None
         self._handles: dict[int, Any] = {}
         self.names: dict[int, str | None] = {}
+        self.lost: set[int] = set()
+        """GPUs NVML said are lost (fallen off the bus, Xid 79): their readings are None from
+        then on, which is not a reading the card lacks (an audit: the two read the same)."""
 
     def open(self) -> Nvml:
         try:
@@ -120,7 +123,12 @@ class Nvml:
     def _read_one(self, index: int, pids: set[int] | None) -> GpuReading:
         nv, h = self._nv, self._handles[index]
         util = _safe(lambda: float(nv.nvmlDeviceGetUtilizationRates(h).gpu))
-        mem = _safe(lambda: nv.nvmlDeviceGetMemoryInfo(h))
+        try:
+            mem = nv.nvmlDeviceGetMemoryInfo(h)
+        except Exception as e:  # every card reads its memory: an error here says why
+            mem = None
+            if getattr(e, "value", None) == getattr(nv, "NVML_ERROR_GPU_IS_LOST", 15):
+                self.lost.add(index)
         used = _safe(lambda: int(mem.used)) if mem is not None else None
         total = _safe(lambda: int(mem.total)) if mem is not None else None
         power_mw = _safe(lambda: nv.nvmlDeviceGetPowerUsage(h))  # NVML reports milliwatts

@@ -8,8 +8,10 @@ Step-metric columns describe the latest window of steps recorded before the samp
 ``tokens_per_s`` = Σ tokens / Σ step_time_s over the window's steps, ``samples_per_s`` likewise,
 ``data_wait_fraction`` = Σ data_wait_s / Σ step_time_s, ``loss`` and ``mfu`` the latest recorded, the peaks
 the largest recorded. A sample with no step finished since the previous one repeats the previous window's
-values (same ``step``): a step longer than the interval is not an idle GPU. Steps recorded without
-``step_time_s`` fall back to the wall time between samples for the rates.
+values (same ``step``): a step longer than the interval is not an idle GPU. While the run says no step
+runs (:meth:`Sampler.pause_rates`: an evaluation, a checkpoint save) the rates are null instead: no
+tokens are trained then. Steps recorded without ``step_time_s`` fall back to the wall time between
+samples for the rates.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ GPU_COLUMNS = ("gpu_index", "gpu_util_percent", "gpu_memory_used_bytes", "gpu_me
 HOST_COLUMNS = ("host_ram_used_bytes", "host_ram_total_bytes", "host_swap_used_bytes", "process_rss_bytes",
                 "host_cpu_percent")
 COLUMNS: tuple[str, ...] = ("time_s", *STEP_COLUMNS, *GPU_COLUMNS, *HOST_COLUMNS)
+RATE_COLUMNS = ("tokens_per_s", "samples_per_s", "mfu", "data_wait_fraction")
+"""The step columns that are rates of training: null while the run says no step runs."""
 LOG_SUFFIXES = (".jsonl", ".csv")
 MAX_INTERVAL_S = 86400.0
 """A day: a longer wait overflows the sampler's timer (``--interval inf`` raised OverflowError
@@ -139,6 +143,8 @@ class Sampler:
         self._pending_eval: dict[str, Any] | None = None
         self._sample_lock = threading.Lock()
         self._last_step: dict[str, Any] = dict.fromkeys(STEP_COLUMNS)
+        self._paused: str | None = None  # what runs instead of steps (pause_rates)
+        self._mig: list[int] = []  # shown GPUs in MIG mode (read at open)
         self._nvml = Nvml()
         self._host: HostProbe | None = None
         self._tree_cache: dict[int, Any] = {}  # psutil.Process by pid, reused between samples
@@ -172,6 +178,8 @@ class Sampler:
                 self._nvml.close()
                 raise MonitorError(f"GPU index {missing[0]} not visible",
                                    f"visible: {', '.join(map(str, self._nvml.indices))}")
+        shown = self._nvml.indices if self.gpu_indices is None else self.gpu_indices
+        self._mig = [i for i in shown if self._nvml.available and self._nvml.mig_enabled(i)]
         self._host = HostProbe(self.pid)
         if self.log_path is not None:
             # Every write is flushed (see _write) so a crash keeps every sample taken.
@@ -180,7 +188,7 @@ class Sampler:
             self._log = self.log_path.open("a" if self.append else "w", newline="" if is_csv else None)
             if size and last_byte(self.log_path) != b"\n":
                 self._log.write("\n")  # a line cut by a killed writer stays one line of its own
-            if size and not is_csv:
+            if size:
                 self._t_offset_s = last_time_s(self.log_path) + idle_s(self.log_path)
             if is_csv:
                 self._csv = csv.DictWriter(self._log, fieldnames=list(COLUMNS), extrasaction="ignore")
@@ -259,10 +267,17 @@ class Sampler:
 
     @property
     def gpu_note(self) -> str | None:
-        """One line when no GPU can be shown (after :meth:`open`), else None."""
-        if not self._opened or self._nvml.available:
+        """What the GPU table cannot show by itself (after :meth:`open`): no GPU; a card in MIG
+        mode (an audit: shown as a whole card with util n/a and no word why); None when nothing."""
+        if not self._opened:
             return None
-        return f"no NVIDIA GPU visible (NVML: {self._nvml.reason}); showing the host only"
+        if not self._nvml.available:
+            return f"no NVIDIA GPU visible (NVML: {self._nvml.reason}); showing the host only"
+        if not self._mig:
+            return None
+        return (f"GPU {', '.join(map(str, self._mig))} in MIG mode: the memory shown is the whole "
+                "card's, and NVML reads no utilisation per slice (n/a); a process on a slice "
+                "has only the slice's memory")
 
     @property
     def followed_alive(self) -> bool:
@@ -302,6 +317,13 @@ class Sampler:
             if peak_reserved_bytes is not None:
                 w.peak_reserved = _max(w.peak_reserved, peak_reserved_bytes)
 
+    def pause_rates(self, reason: str | None) -> None:
+        """``reason`` (``"evaluation"``, ``"checkpoint"``): no step runs until ``None`` is given,
+        so the samples taken meanwhile carry no rate (:data:`RATE_COLUMNS`) rather than the last
+        steps' held (an audit: a 9-s evaluation and a save were drawn at 100 tokens/s)."""
+        with self._window_lock:
+            self._paused = reason
+
     def record_eval(self, *, step: int, **metrics: float | int | None) -> None:
         """Log one evaluation at once: a sample row taken now with extra keys ``eval_step`` and the
         metrics, each named ``eval_*`` (``eval_loss``, ``eval_perplexity``, ...), so every evaluation
@@ -323,17 +345,27 @@ class Sampler:
             now = time.monotonic()
             with self._window_lock:
                 window, self._window = self._window, _StepWindow()
+                paused = self._paused
             wall_s, self._prev_sample_t = now - self._prev_sample_t, now
             if window.n:
                 self._last_step = _step_metrics(window, wall_s)
+            # paused with no step since the previous sample: nothing trained in it (steps that
+            # ended before the pause began keep their rates: their only sample is this one)
+            step_values = self._last_step if paused is None or window.n else \
+                {**self._last_step, **dict.fromkeys(RATE_COLUMNS)}
             tree = process_tree(self.pid, self._tree_cache) if self.pid is not None else None
             assert self._host is not None
             host = self._host.read(tree)
             # No RSS means the followed root is gone: its GPU memory is then unknown, not 0.
             pids = {p.pid for p in tree} if tree and host.process_rss_bytes is not None else None
+            lost_before = set(self._nvml.lost)
             gpus = self._nvml.read(self.gpu_indices, pids)
+            for i in sorted(self._nvml.lost - lost_before):
+                self.notes.append(f"GPU {i}: NVML lost the GPU at time_s "
+                                  f"{now - self._t0 + self._t_offset_s:.1f} (GPU is lost: fallen "
+                                  "off the bus); its readings from then on are n/a")
             base: dict[str, Any] = {
-                "time_s": round(now - self._t0 + self._t_offset_s, 6), **self._last_step,
+                "time_s": round(now - self._t0 + self._t_offset_s, 6), **step_values,
                 "host_ram_used_bytes": host.ram_used_bytes, "host_ram_total_bytes": host.ram_total_bytes,
                 "host_swap_used_bytes": host.swap_used_bytes, "process_rss_bytes": host.process_rss_bytes,
                 "host_cpu_percent": host.cpu_percent,

@@ -27,12 +27,18 @@ def _gib_unit(n: int | None) -> str:
     return "n/a" if n is None else f"{n / GIB:.2f} GiB"
 
 
+def _size(n: int) -> str:
+    """GiB, or MiB below 0.01 GiB (an audit: a 1.8 MiB process read "0.00 GiB", a measured size
+    shown as none)."""
+    return f"{n / GIB:.2f} GiB" if n >= 0.01 * GIB else f"{n / 2**20:.1f} MiB"
+
+
 def host_line(row: dict[str, Any]) -> str:
     rss = row.get("process_rss_bytes")
     return (f"host RAM {_gib(row['host_ram_used_bytes'])} / {_gib(row['host_ram_total_bytes'])} GiB used · "
             f"swap {_gib(row['host_swap_used_bytes'])} GiB used · "
             f"CPU {_num(row['host_cpu_percent'], '.0f')} % (all cores)"
-            + ("" if rss is None else f" · process tree RSS {_gib(rss)} GiB"))
+            + ("" if rss is None else f" · process tree RSS {_size(rss)}"))
 
 
 def step_line(row: dict[str, Any]) -> str | None:

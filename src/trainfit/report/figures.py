@@ -18,7 +18,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from trainfit.report.model import DoctorSection, Family, Report, Section, Timeline, TrainSummary
 
@@ -136,8 +136,10 @@ def memory_figure(s: Section) -> bytes:
                                      for n in used]
     # a CPU section's peaks are live tensor bytes, not a device's (a QA run read "GPU")
     peak = "peak live tensor bytes" if s.on_cpu else "device peak"
-    handles.append(Line2D([], [], ls="", marker="o", mfc="white", mec="black",
-                          label=f"{peak}, predicted (plan)"))
+    if any(b.predicted_device_gib is not None for f in fams for b in f.bars):
+        # only where plan's points are drawn (an audit: listed for a tune alone)
+        handles.append(Line2D([], [], ls="", marker="o", mfc="white", mec="black",
+                              label=f"{peak}, predicted (plan)"))
     if any(f.memory_predicted_gib for f in fams):
         handles.append(Line2D([], [], ls="", marker="D", mfc="white", mec="#1f77b4",
                               label=f"{peak}, predicted (tune)"))
@@ -256,6 +258,7 @@ def loss_figure(t: TrainSummary) -> bytes:
         ax.axvline(r.start_step + 0.5, color="#666666", ls="--", lw=1,
                    label="a segment begins (resume)" if i == 0 else None)
     ax.set_xlabel("optimizer step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole (ticks read 2.5)
     ax.set_ylabel("loss")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper right")

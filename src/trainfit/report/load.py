@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -215,13 +215,23 @@ def _train(o: JsonObj, path: str) -> TrainInput:
              if "wall_time_s" in s.data and s.data["wall_time_s"] is None]
     unrecorded = sum((s.int_("end_step", required=False) or 0)
                      - (s.int_("start_step", required=False) or 0) for s in blind)
+    steps = o.int_("steps")
+    # train writes one loss per step (null where none was recorded: run/record.continue_from)
+    # and the last as final_loss: a record that disagrees was cut or edited (an audit: "final
+    # loss 7.58" and "→ 8.37 at step 5" of 20 on one page)
+    if "losses" in o.data and len(losses) != steps:
+        raise o.fail("losses", f"{len(losses)} values for {steps} steps")
+    finite = [v for v in losses if v is not None and math.isfinite(v)]
+    final = o.num("final_loss", required=False)
+    if finite and final is not None and not math.isclose(final, finite[-1], rel_tol=1e-6):
+        raise o.fail("final_loss", f"{final:g} is not the last step's loss ({finite[-1]:g})")
     return TrainInput(
         losses=[None if v is None or not math.isfinite(v) else float(v) for v in losses],
         evals=evals, segment_rows=rows, unrecorded_steps=unrecorded,
-        path=path, job=dict(job.data), steps=o.int_("steps"),
+        path=path, job=dict(job.data), steps=steps,
         samples_seen=o.int_("samples_seen", required=False),
         tokens_seen=o.int_("tokens_seen", required=False),
-        wall_time_s=None if blind else o.num("wall_time_s"), final_loss=o.num("final_loss", required=False),
+        wall_time_s=None if blind else o.num("wall_time_s"), final_loss=final,
         oom_events=events, checkpoints=o.strs("checkpoints", required=False),
         resumed_from=o.str_("resumed_from", required=False),
         monitor_log=o.str_("monitor_log", required=False), segment_ends=ends,
@@ -306,7 +316,19 @@ def load_monitor(path: Path, shown: str, warnings: list[str] | None = None) -> M
             raise ReportInputError(f"{shown}: header: no time_s column",
                                    "the first line of a monitor CSV names the columns; "
                                    + FORMATS_HINT)
-        rows = [(f"line {i + 2}", dict(r)) for i, r in enumerate(reader)]
+        records = list(reader)
+        for i, r in enumerate(records):
+            # a row short of the header's fields, or the last one when the file does not end its
+            # line, is what a writer killed mid-row leaves (the sampler starts its next row on a
+            # line of its own): skipped and said, as a cut JSON line is (an audit: a cut row
+            # drew a host RAM of 155 bytes, read as measured)
+            cut = None in r.values() or (i == len(records) - 1 and not text.endswith("\n"))
+            if cut:
+                if warnings is not None:
+                    warnings.append(f"{shown}: line {i + 2} is cut off (its writer was killed "
+                                    "mid-line): skipped")
+                continue
+            rows.append((f"line {i + 2}", dict(r)))
     else:
         for i, line in enumerate(text.splitlines()):
             if not line.strip():
@@ -353,7 +375,12 @@ def _read_text(path: Path, shown: str) -> str:
                                "train: its train.json is read when it has one)")
     try:
         return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
+        # readable, but not text (an audit: told to check its permissions)
+        raise ReportInputError(f"{shown}: not a text file (byte {e.start}: {e.reason})",
+                               "report reads the JSON / JSONL / CSV files trainfit writes; "
+                               + FORMATS_HINT) from None
+    except OSError as e:
         raise ReportInputError(f"{shown}: cannot read ({e})", "check the file's permissions") from None
 
 
@@ -375,11 +402,20 @@ class _Collect:
     seen_logs: set[Path] = field(default_factory=set)
 
 
-def _add_monitor(c: _Collect, path: Path, shown: str) -> None:
+def _add_monitor(c: _Collect, path: Path, shown: str, run: JsonObj | None = None) -> None:
+    """A monitor log; ``run``: the train.json whose log it is, whose segments say where the run
+    ran (device, --memory-limit), which the timeline's panels are labelled by."""
     key = path.resolve()
     if key not in c.seen_logs:
         c.seen_logs.add(key)
-        c.inputs.monitors.append(load_monitor(path, shown, c.inputs.warnings))
+        log = load_monitor(path, shown, c.inputs.warnings)
+        if run is not None:
+            segs = run.objs("segments", required=False)
+            limits = {s.int_("memory_limit_bytes", required=False) for s in segs}
+            log = replace(log, run_devices=[d for s in segs
+                                            if (d := s.str_("device", required=False))],
+                          memory_limit_bytes=limits.pop() if len(limits) == 1 else None)
+        c.inputs.monitors.append(log)
 
 
 def load_inputs(paths: list[str]) -> Inputs:
@@ -428,7 +464,7 @@ def load_inputs(paths: list[str]) -> Inputs:
                 log = Path(train.monitor_log)
                 log = log if log.is_absolute() else path.parent / log
                 if log.is_file():
-                    _add_monitor(c, log, str(log))
+                    _add_monitor(c, log, str(log), o)
                 else:
                     c.inputs.warnings.append(
                         f"{p}: monitor_log: {log} not found; no timelines from it "

@@ -203,6 +203,11 @@ class MonitorLog:
 
     path: str
     columns: dict[str, list[float | None]]
+    run_devices: list[str] = field(default_factory=list)
+    """Where the train run that wrote the log ran, one per segment that says (train.json's
+    segments); empty for a bare ``monitor`` log or an older record: then read from the rows."""
+    memory_limit_bytes: int | None = None
+    """The run's ``--memory-limit`` (a CPU run's stand-in capacity), when its segments agree."""
 
     @property
     def samples(self) -> int:

@@ -56,13 +56,24 @@ def build_timeline(log: MonitorLog, slug: str) -> Timeline:
         return gapped_series(label, [times[i] for i in host_rows], [cols[key][i] for i in host_rows],
                              gaps, scale)
 
+    def gpu_rows(g: int) -> list[int]:
+        return [i for i, x in enumerate(cols["gpu_index"]) if x is not None and int(x) == g]
+
+    # one capacity line when every card has the same; else each card's memory says its own (an
+    # audit: an H100's 80 GiB was drawn over an A10G's 24 GiB series)
+    totals = {g: max((v for i in gpu_rows(g) if (v := cols["gpu_memory_total_bytes"][i])
+                      is not None), default=None) for g in gpu_ids}
+    mixed_cards = len({t for t in totals.values() if t is not None}) > 1
+
     def per_gpu(label: str, key: str, scale: float = 1.0) -> list[TimelineSeries | None]:
         if not gpu_ids:
             return [host(label, key, scale)]
         out = []
         for g in gpu_ids:
-            rows = [i for i, x in enumerate(cols["gpu_index"]) if x is not None and int(x) == g]
+            rows = gpu_rows(g)
             suffix = f", GPU {g}" if len(gpu_ids) > 1 else ""
+            if mixed_cards and key == "gpu_memory_used_bytes" and totals[g] is not None:
+                suffix += f" (of {totals[g] / GIB:.1f} GiB)"
             out.append(gapped_series(label + suffix, [times[i] for i in rows],
                                      [cols[key][i] for i in rows], gaps, scale))
         return out
@@ -78,21 +89,28 @@ def build_timeline(log: MonitorLog, slug: str) -> Timeline:
     # a run without a GPU: no NVML reading and no reserve (torch's caching allocator is CUDA's);
     # its peak_allocated_bytes is trainfit's count of the step's live tensors under
     # --memory-limit, not torch's nor a GPU's (an audit read "GPU memory … (torch)" on a CPU run)
-    on_gpu = any(v is not None for key in ("gpu_util_percent", "gpu_memory_used_bytes",
-                                           "process_gpu_memory_bytes", "gpu_memory_total_bytes",
-                                           "peak_reserved_bytes") for v in cols[key])
+    # where the run says it ran decides (a CPU run on a host with GPUs: an audit); a bare
+    # monitor log, or an older record, by its rows
+    on_gpu = any(d.startswith("cuda") for d in log.run_devices) if log.run_devices else \
+        any(v is not None for key in ("gpu_util_percent", "gpu_memory_used_bytes",
+                                      "process_gpu_memory_bytes", "gpu_memory_total_bytes",
+                                      "peak_reserved_bytes") for v in cols[key])
     device_panels = [
         panel("GPU utilisation (measured)", "%", per_gpu("GPU busy", "gpu_util_percent")),
         panel("GPU memory (measured)", "GiB",
               [*per_gpu("used (nvidia-smi)", "gpu_memory_used_bytes", 1 / GIB),
-               *per_gpu("this process", "process_gpu_memory_bytes", 1 / GIB),
+               # a train run's log follows the run; a bare monitor log the --pid it was given
+               *per_gpu("this run's process" if log.run_devices else "followed process (--pid)",
+                        "process_gpu_memory_bytes", 1 / GIB),
                host("peak allocated (torch)", "peak_allocated_bytes", 1 / GIB),
                host("peak reserved (torch)", "peak_reserved_bytes", 1 / GIB)],
-              limit("gpu_memory_total_bytes"), "GPU memory"),
+              None if mixed_cards else limit("gpu_memory_total_bytes"), "GPU memory"),
     ] if on_gpu else [
         panel("Live tensor memory (measured; a CPU run, no GPU: trainfit's count of the step's "
               "tensors under --memory-limit)", "GiB",
-              [host("peak live tensors", "peak_allocated_bytes", 1 / GIB)]),
+              [host("peak live tensors", "peak_allocated_bytes", 1 / GIB)],
+              None if log.memory_limit_bytes is None else log.memory_limit_bytes / GIB,
+              "--memory-limit"),
     ] if any(v is not None for v in cols["peak_allocated_bytes"]) else []  # no limit: no count
     panels = [
         *device_panels,
@@ -101,7 +119,10 @@ def build_timeline(log: MonitorLog, slug: str) -> Timeline:
                host("process tree RSS", "process_rss_bytes", 1 / GIB),
                host("swap used", "host_swap_used_bytes", 1 / GIB)],
               limit("host_ram_total_bytes"), "host RAM"),
-        panel("Throughput (measured)", "tokens/s", [host("tokens/s", "tokens_per_s")]),
+        # each sample's rate is the steps' since the previous sample (a long step: the last
+        # steps' held); during evaluations and saves the log has none (monitor/sampler.py)
+        panel("Throughput (measured over the latest steps; blank during evaluations and saves)",
+              "tokens/s", [host("tokens/s", "tokens_per_s")]),
         panel("Data wait (measured)", "% of step", [host("waiting for data", "data_wait_fraction", 100)]),
     ]
     return Timeline(slug=slug, path=log.path, samples=log.samples,

@@ -198,9 +198,16 @@ class _Eval:
         from trainfit.engine.dist import Dist
         from trainfit.run import evaluate as ev
 
-        r = ev.evaluate(ev.eval_module(self.model), self.data, task=self.task, batch=self.batch,
-                        step=step, device=self.device, autocast=self.autocast, dist=Dist.from_env(),
-                        tracker=self.tracker, inject_oom=step in self.injected)
+        if sampler is not None:
+            sampler.pause_rates("evaluation")  # no tokens are trained meanwhile
+        try:
+            r = ev.evaluate(ev.eval_module(self.model), self.data, task=self.task,
+                            batch=self.batch, step=step, device=self.device,
+                            autocast=self.autocast, dist=Dist.from_env(), tracker=self.tracker,
+                            inject_oom=step in self.injected)
+        finally:
+            if sampler is not None:
+                sampler.pause_rates(None)
         self.injected.discard(step)
         self.batch = r.eval_batch  # a lowered batch stays lowered
         res.oom_events.extend(r.oom_events)
@@ -228,6 +235,8 @@ def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_l
                 take_schedule_rate(optimizer, lr_scheduler)
 
         def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if sampler is not None:
+                sampler.pause_rates(None)  # the save that on_step_end announced is written
             if not args.should_save:  # the trainer's main process writes
                 return
             from trainfit.run.checkpoint import write_digests
@@ -249,6 +258,8 @@ def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_l
             write_train_json(opts.out_dir, running, open_wall_time_s=elapsed_s)
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if sampler is not None:
+                sampler.pause_rates(None)  # a step runs (a save that did not happen: unpaused)
             self.t0 = time.perf_counter()
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -290,6 +301,10 @@ def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_l
                 res.signal = intr.signal
                 control.should_save = True
                 control.should_training_stop = True
+            if control.should_save and sampler is not None:
+                # the Trainer saves after the callbacks (HF's _maybe_log_save_evaluate): no
+                # tokens are trained until on_save
+                sampler.pause_rates("checkpoint")
 
     return _Watch()
 
@@ -411,7 +426,8 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
         changed = schedule_note(total, saved_steps, res.steps, ended=ended) \
             if resume is not None else None
         res.begin_segment(res.steps, resume,
-                          [n for n in (note, changed, *claim.notes, *data.stats.notes) if n])
+                          [n for n in (note, changed, *claim.notes, *data.stats.notes) if n],
+                          device=str(device), memory_limit_bytes=opts.memory_limit_bytes)
         _train(trainer, res, opts, job, data, source, eval_set, train_ids, wl, device, tracker,
                resume, main, claim, total)
     return res
@@ -423,7 +439,9 @@ def _train(trainer: Any, res: TrainResult, opts: RunOptions, job: JobSpec, data:
            eval_set: Any, train_ids: Any, wl: Any, device: torch.device, tracker: Any,
            resume: str | None, main: bool, claim: RunDir, total: int) -> None:
     """The trainer's run inside the claimed directory, watched; the record written at the end."""
+    # a CPU run reads no GPU (as the loop's, run/loop.py)
     sampler = Sampler(interval_s=opts.monitor_interval_s, live=opts.live,
+                      gpu_indices=[] if device.type == "cpu" else None,
                       log_path=opts.out_dir / "monitor.jsonl", append=True,
                       tensorboard_dir=opts.out_dir / "tensorboard") if main else None
     progress = StepProgress(total)
@@ -463,6 +481,7 @@ def _train(trainer: Any, res: TrainResult, opts: RunOptions, job: JobSpec, data:
             not (opts.out_dir / f"checkpoint-{steps}").exists():
         trainer._save_checkpoint(trainer.model, trial=None)  # the own loop also saves at the end
         trainer.callback_handler.on_save(trainer.args, trainer.state, trainer.control)
+    res.monitor_notes(sampler)
     # the step's events (the trainer's split) and the evaluations' (lowered evaluation batch)
     res.oom_events = _all_events(res, trainer)
     res.checkpoints = sorted(set(res.checkpoints), key=lambda s: int(s.rsplit("-", 1)[1]))

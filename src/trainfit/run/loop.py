@@ -213,7 +213,8 @@ class Trainer:
         # then what the data became (packed; rows truncated: their tail is not learned), said
         # as tune and doctor say it
         res.begin_segment(self.state.step, self.resumed_from,
-                          [*self.notes, *claim.notes, *self.data.stats.notes])
+                          [*self.notes, *claim.notes, *self.data.stats.notes],
+                          device=str(self.device), memory_limit_bytes=self.o.memory_limit_bytes)
         try:
             self._loop(res, claim, tracker)
         except BaseException as exc:
@@ -235,7 +236,10 @@ class Trainer:
         injected_eval = set(o.inject_eval_oom_at_steps)
         self.t_start = time.perf_counter()
         # monitor.jsonl is appended to: a resumed run keeps the lines of the runs before it
+        # a CPU run reads no GPU: other processes' cards are not this run's (an audit: their
+        # readings were drawn beside the run's CPU tensor count as if it had used them)
         sampler = Sampler(interval_s=o.monitor_interval_s, live=o.live,
+                          gpu_indices=[] if self.device.type == "cpu" else None,
                           log_path=o.out_dir / "monitor.jsonl", append=True,
                           tensorboard_dir=o.out_dir / "tensorboard") if main else None
         it = self._loader()
@@ -280,7 +284,7 @@ class Trainer:
                         and self.state.step % o.eval_every_steps == 0):
                     self._evaluate(res, sampler, tracker, injected_eval)
                 if stop or (o.save_every_steps and self.state.step % o.save_every_steps == 0):
-                    self._save(res)
+                    self._save(res, sampler)
                 if stop:
                     res.interrupted = True
                     res.signal = intr.signal
@@ -293,7 +297,8 @@ class Trainer:
             # the last save, still under the signal guard: a SIGTERM now does not cut it
             if stopped == "finished" and (not res.checkpoints or not
                                           res.checkpoints[-1].endswith(f"-{self.state.step}")):
-                self._save(res)
+                self._save(res, sampler)
+        res.monitor_notes(sampler)
         self._keep_record(res, stopped)
 
     def _keep_record(self, res: TrainResult, stopped: str) -> None:
@@ -359,10 +364,17 @@ class Trainer:
         step = self.state.step
         j = self.job
         knobs = LoaderKnobs.from_job(j, persistent_workers=False)
-        r = ev.evaluate(ev.eval_module(self.model), self.eval_set, task=self.source.task,
-                        batch=self.eval_batch, step=step, device=self.device,
-                        autocast=self.wl.autocast, dist=self.dist, tracker=tracker,
-                        inject_oom=step in injected, knobs=knobs, pin=self.device.type == "cuda")
+        if sampler is not None:
+            sampler.pause_rates("evaluation")  # no tokens are trained meanwhile
+        try:
+            r = ev.evaluate(ev.eval_module(self.model), self.eval_set, task=self.source.task,
+                            batch=self.eval_batch, step=step, device=self.device,
+                            autocast=self.wl.autocast, dist=self.dist, tracker=tracker,
+                            inject_oom=step in injected, knobs=knobs,
+                            pin=self.device.type == "cuda")
+        finally:
+            if sampler is not None:
+                sampler.pause_rates(None)
         injected.discard(step)
         self.eval_batch = r.eval_batch  # a lowered batch stays lowered for the next evaluations
         res.oom_events.extend(r.oom_events)
@@ -418,9 +430,19 @@ class Trainer:
         res.oom_events.append(OomEvent(step=step, phase="step", batch_before=before,
                                        batch_after=after, grad_accum_after=self.state.grad_accum))
 
-    def _save(self, res: TrainResult) -> None:
+    def _save(self, res: TrainResult, sampler: Any = None) -> None:
         """The checkpoint (with the record so far inside it), then train.json beside it. A save
-        that fails on one rank fails on all (the error is rank 0's)."""
+        that fails on one rank fails on all (the error is rank 0's). The sampler's rates pause
+        while it writes (no tokens are trained)."""
+        if sampler is not None:
+            sampler.pause_rates("checkpoint")
+        try:
+            self._save_now(res)
+        finally:
+            if sampler is not None:
+                sampler.pause_rates(None)
+
+    def _save_now(self, res: TrainResult) -> None:
         # under FSDP gathering the full state is collective: every rank saves, rank 0 writes
         main = self.dist.rank == 0
         err: JobError | None = None

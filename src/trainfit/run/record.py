@@ -102,11 +102,16 @@ class TrainResult:
         return EXIT_DONE
 
     # --- segments ---------------------------------------------------------------------------------
-    def begin_segment(self, start_step: int, resumed_from: str | None, notes: list[str]) -> None:
+    def begin_segment(self, start_step: int, resumed_from: str | None, notes: list[str], *,
+                      device: str | None = None, memory_limit_bytes: int | None = None) -> None:
+        """``device`` (cpu, cuda:N) and ``memory_limit_bytes`` (CPU's stand-in capacity): where
+        this segment ran, which report reads to label its monitor log (an audit: a CPU run's
+        tensor count was drawn as a GPU's torch peak, beside GPUs the run never used)."""
         self.segments.append({"segment": len(self.segments) + 1, "start_step": start_step,
                               "end_step": start_step, "steps": 0, "samples": 0, "tokens": 0,
                               "wall_time_s": 0.0, "resumed_from": resumed_from,
-                              "stopped": None, "notes": list(notes)})
+                              "stopped": None, "notes": list(notes), "device": device,
+                              "memory_limit_bytes": memory_limit_bytes})
         self.notes = list(notes)
         self.stopped = "running"
 
@@ -128,6 +133,13 @@ class TrainResult:
             seg["micro_batch"], seg["grad_accum"] = micro_batch, grad_accum
         if loss is not None:
             self.final_loss = loss
+
+    def monitor_notes(self, sampler: Any) -> None:
+        """What the run's monitor said (a lost GPU, a failed sample), kept in the record (they
+        were printed by ``monitor`` only)."""
+        for text in [] if sampler is None else sampler.notes:
+            if text not in self.notes:
+                self.note(text)
 
     def note(self, text: str) -> None:
         self.notes.append(text)
