@@ -125,3 +125,7 @@ def test_a_micro_batch_that_does_not_divide_lists_the_ones_that_do():
     assert (str(file), file.hint) == (
         "effective_batch: 12 is not divisible by micro_batch: 5 × ranks 1",
         "micro_batch: 1, 2, 3, 4, 6 or 12 (the divisors of 12) (in job.yaml)")
+    # fewer samples than ranks: no micro-batch divides it (an audit: an IndexError traceback)
+    with pytest.raises(JobError) as e:
+        JobSpec(model="gpt2", micro_batch=1, effective_batch=8, ranks=16, sharding="fsdp")
+    assert e.value.hint == "choose an effective batch divisible by the 16 ranks (e.g. 16)"

@@ -167,3 +167,31 @@ def test_extrapolated_zero3_rows_do_not_keep_the_whole_gradient():
         # the twin's whole-block rounding at its own peak, not the rank's: up to 1.3 % under
         assert abs(r.memory.peak_allocated_bytes / full.peak_allocated_bytes - 1) < 0.02, \
             (r.job.micro_batch, r.memory.breakdown, full.breakdown)
+
+
+def test_zero3_steps_one_sub_group_at_a_time():
+    """An audit: ZeRO-3's step was booked a fp32 copy of the whole gradient partition (Llama-3.1-8B
+    on 2 ranks: 15 GiB, the run refused at 75.9 GiB against DeepSpeed's own 69.3 GiB estimate).
+    stage3.py makes one sub-group's fp32 gradient at a time (its bf16 flat copy alive for the
+    cast) and frees it before the next; ZeRO-2 casts the whole partition."""
+    from trainfit.memory.zero import SUB_GROUP_SIZE, _step_fp32_grad_bytes
+
+    part, largest = 4_015_263_744, 262_668_288  # 8.03 B / 2; the 128k × 4096 embedding / 2
+    most = SUB_GROUP_SIZE + largest - 1
+    assert _step_fp32_grad_bytes(part, largest, 2, stage3=True) == most * 6
+    assert _step_fp32_grad_bytes(part, largest, 2, stage3=False) == part * 4
+    # a partition under one sub-group: all of it; fp32 compute: the flat copy is the cast
+    assert _step_fp32_grad_bytes(10**6, 10**5, 2, stage3=True) == 6 * 10**6
+    assert _step_fp32_grad_bytes(10**6, 10**5, 4, stage3=True) == 4 * 10**6
+    # and zero_phases books it at the step only
+    from trainfit.memory.zero import zero_phases
+
+    job = JobSpec(model="llama-3.1-8b", seq_len=2048, micro_batch=1, effective_batch=8,
+                  grad_ckpt="full", precision="amp-bf16", ranks=2, sharding="zero3")
+    phases = {"forward": {"parameters": 2 * 2 * part, "temporaries": 123},
+              "optimizer": {"parameters": 2 * 2 * part, "optimizer": 8 * 2 * part}}
+    out, _ = zero_phases(job, phases, trainable_params=2 * part, quant_state_bytes=0,
+                         hidden=4096, layers=32, compute_bytes=2,
+                         largest_trainable_numel=2 * largest)
+    assert out["optimizer"]["temporaries"] == -(-most * 6 // 512) * 512
+    assert out["forward"]["temporaries"] == 512

@@ -68,6 +68,10 @@ def resolve_batch(mb: int | None, ga: int | None, eff: int | None, ranks: int
         eff = total
     elif mb is not None and eff is not None:
         if eff % (mb * ranks):
+            if eff % ranks:  # (an effective batch under the ranks: no micro-batch divides it)
+                raise JobError(f"--effective-batch {eff} is not divisible by --micro-batch {mb} "
+                               f"× ranks {ranks}", f"choose an effective batch divisible by the "
+                               f"{ranks} ranks (e.g. {ranks * mb})")
             per_rank = eff // ranks
             fits = divisors(per_rank)  # the first eight and the last two said
             shown = [*fits[:8], "…", *fits[-2:]] if len(fits) > 10 else fits
@@ -77,8 +81,7 @@ def resolve_batch(mb: int | None, ga: int | None, eff: int | None, ranks: int
             # read "(in job.yaml)" after a flag's micro-batch), else the file's key
             raise JobError(f"--effective-batch {eff} is not divisible by --micro-batch {mb} × "
                            f"ranks {ranks}", f"--micro-batch {said} (the divisors of "
-                           f"{per_rank})" if eff % ranks == 0 else "choose an effective batch "
-                           "divisible by the ranks")
+                           f"{per_rank})")
         ga = eff // (mb * ranks)
     elif ga is not None and eff is not None:
         # the accumulation given fixes the micro-batch (it was dropped: the grid planned every

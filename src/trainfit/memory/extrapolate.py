@@ -339,6 +339,8 @@ class BilinearModel:
             "trainable_params": self.eval([p.sim.trainable_params for p in self.points], batch),
             "matmul_params": self.eval([p.sim.info.get("matmul_params", 0) for p in self.points],
                                        batch),
+            "packed_4bit_params": self.eval([p.sim.info.get("packed_4bit_params", 0)
+                                             for p in self.points], batch),
             "quant_state_bytes": self.eval([p.sim.quant_state_bytes for p in self.points], batch),
         }
 

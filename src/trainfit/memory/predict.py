@@ -149,6 +149,9 @@ class MemoryPrediction:
     matmul_params: int = 0
     """Weights the step's matmuls use, counted on the simulated model (MFU's N:
     :func:`trainfit.model.workload.matmul_params`); 0 where not counted (the formula's N then)."""
+    packed_4bit_params: int = 0
+    """Of ``total_params``, the values stored packed 4-bit (QLoRA's quantized linears): half a
+    byte each in FSDP's / ZeRO-3's gathers, the rest at their width."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -167,7 +170,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
            reserved_floor_bytes: int = 0, setup_events: int | None = None,
            matmul_params: int = 0,
            host_activations: HostActivations | None = None,
-           pinned_extra_bytes: int = 0, largest_trainable_numel: int = 0) -> MemoryPrediction:
+           pinned_extra_bytes: int = 0, largest_trainable_numel: int = 0,
+           packed_4bit_params: int = 0) -> MemoryPrediction:
     """Turn simulated tensor bytes into the allocated / reserved / device peaks and the fit.
 
     ``tensor_peak_bytes`` is the one-process allocated peak (whole blocks), ``breakdown`` what was
@@ -233,6 +237,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
         trainable_params=trainable_params, sdpa_kernels=sdpa_kernels, sim_time_s=sim_time_s,
         model_notes=notes, reserved_before_step_bytes=before_step,
         reserved_expandable_bytes=dev.with_expandable, matmul_params=matmul_params,
+        packed_4bit_params=packed_4bit_params,
         host_offload_bytes=host, **host_fields(job, host_activations))
 
 
@@ -383,6 +388,7 @@ def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
                   compile_untraced=sim.info.get("compile_untraced"),
                   compile_partitioned=sim.info.get("compile_partitioned"),
                   matmul_params=sim.info.get("matmul_params", 0),
+                  packed_4bit_params=sim.info.get("packed_4bit_params", 0),
                   host_activations=host_activations_of_sizes(sim.info["offloaded_sizes"])
                   if "offloaded_sizes" in sim.info else None,
                   pinned_extra_bytes=pinned_extra(sim.info.get("pinned_shards")),

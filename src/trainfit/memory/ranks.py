@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from trainfit.engine.dist import mixed_precision_policy
 from trainfit.job import JobSpec
+from trainfit.memory.allocator import K_MIN_BLOCK
 from trainfit.memory.zero import (
     compute_dtype_bytes,
     end_parameter_bytes,
@@ -154,6 +155,13 @@ def host_offload_bytes(job: JobSpec, source: ModelSource, phases: dict[str, dict
         return 0
     on_gpu, _ = rank_phases(job.replace(offload="none"), source, phases, trainable_params,
                             per_rank, quant_state_bytes, largest_trainable_numel)
+    if job.sharding == "zero3" and "optimizer" in on_gpu:
+        # the host holds every sub-group's fp32 gradient (4 B a partitioned value), where the
+        # GPU's step makes one sub-group's at a time beside its 16-bit flat copy
+        # (memory/zero._step_fp32_grad_bytes)
+        part = -(-trainable_params // max(job.ranks, 1))
+        on_gpu["optimizer"] = {**on_gpu["optimizer"],
+                               "temporaries": -(-4 * part // K_MIN_BLOCK) * K_MIN_BLOCK}
     # buffers: the model's, the same either way, but for what an offload adds on the GPU (ZeRO-2's
     # staging buffer), which is not host memory
     skip = ("gradients", "buffers") if job.sharding == "zero2" else ()

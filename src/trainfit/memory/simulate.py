@@ -308,6 +308,7 @@ def _info(job: JobSpec, model: torch.nn.Module, info: Any, untraced: list[str] |
     if blocks is not None:
         pinned = (blocks, 0)
     return {"quantized_linears": info.quantized_linears, "matmul_params": info.matmul_params,
+            "packed_4bit_params": info.packed_4bit_params,
             "lora_target_modules": info.lora_target_modules,
             "compile_partitioned": untraced is not None, "compile_untraced": list(untraced or []),
             "largest_trainable_numel": max((p.numel() for p in model.parameters()

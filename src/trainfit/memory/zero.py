@@ -51,6 +51,10 @@ from trainfit.job import JobSpec
 from trainfit.memory.allocator import K_MIN_BLOCK
 from trainfit.model.source import ModelSource, hidden_size
 
+SUB_GROUP_SIZE = 10**9
+"""DeepSpeed's ``sub_group_size`` (``runtime/zero/config.py``: ``pp_int(1e9)``), left so by
+accelerate's plugin and written so in the HF docs' ZeRO-3 configs."""
+
 OPTIMIZER_SCALES_WITH_MASTER = ("adamw", "sgd", "adafactor")
 """Optimizers whose states have the dtype of the parameters they update (torch's; bitsandbytes'
 8-bit states are uint8 whatever the parameters are)."""
@@ -219,6 +223,8 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
     # (stage_1_and_2.py, beside its host twin: zero_host.zero_host_extra_bytes); ~1 GiB for a
     # 128k-vocabulary 8B model's embedding, missing until a review
     staging = largest_trainable_numel * compute_bytes if off_opt and not stage3 else 0
+    step_temp = 0 if off_opt else _step_fp32_grad_bytes(
+        -(-trainable_params // n), -(-largest_trainable_numel // n), compute_bytes, stage3)
     out: dict[str, dict[str, int]] = {}
     for key, b in phases.items():
         states = b.get("optimizer", 0)
@@ -231,10 +237,9 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
              "gradients": 0 if off_opt else grad_part,
              "optimizer": 0 if off_opt else master + states,
              "activations": b.get("activations", 0),
-             # the step: a fp32 copy of the gradient partition (DeepSpeed's fused Adam, not
-             # torch's foreach lists); on the host when offloaded
-             "temporaries": (0 if off_opt else -(-trainable_params * 4 // n)) if step
-             else b.get("temporaries", 0),
+             # the step: the fp32 gradient (DeepSpeed's fused Adam, not torch's foreach lists);
+             # on the host when offloaded
+             "temporaries": step_temp if step else b.get("temporaries", 0),
              "buffers": b.get("buffers", 0) + staging}
         if not step:
             t["data_parallel"] = buckets
@@ -243,6 +248,24 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
         out[key] = {c: -(-v // K_MIN_BLOCK) * K_MIN_BLOCK for c, v in t.items()}
     return out, _zero_notes(job, gathered=gathered, bucket=bucket,
                             quant_state_bytes=quant_state_bytes)
+
+
+def _step_fp32_grad_bytes(partition: int, largest_partition: int, compute_bytes: int,
+                          stage3: bool) -> int:
+    """The optimizer step's fp32 gradient on the GPU, for a rank's ``partition`` trainable
+    elements.  ZeRO-2 casts its whole partition at once (``stage_1_and_2.py`` ``step``: the
+    flattened gradient partition ``.to(fp32)``).  ZeRO-3 goes one optimizer sub-group at a
+    time (``stage3.py`` ``step``): ``_prepare_fp32_grad_for_sub_group`` flattens the
+    sub-group's gradients (a copy, ``torch.cat``) and casts them to fp32 — both alive for the
+    cast — and ``_release_sub_group`` frees the fp32 one before the next; a sub-group holds at
+    most ``SUB_GROUP_SIZE`` + its largest parameter's partition − 1 elements
+    (``_create_fp16_sub_groups``).  An audit: the whole partition in fp32 over-counted Llama-3.1-
+    8B on 2 ranks by 9 GiB (75.9 vs DeepSpeed's own 69.3 GiB estimate), a fitting run refused."""
+    if not stage3:
+        return partition * 4
+    sub_group = min(partition, SUB_GROUP_SIZE + max(largest_partition - 1, 0))
+    # in fp32 the cast is the flat copy itself (``.to`` of the same dtype returns it)
+    return sub_group * (4 + (compute_bytes if compute_bytes != 4 else 0))
 
 
 def _zero_notes(job: JobSpec, *, gathered: int, bucket: int, quant_state_bytes: int

@@ -41,11 +41,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainfit.memory.host_offload import pow2_ceil
-from trainfit.memory.zero import compute_dtype_bytes, master_bytes_per_param
-
-SUB_GROUP_SIZE = 10**9
-"""DeepSpeed's ``sub_group_size`` (``runtime/zero/config.py``: ``pp_int(1e9)``), left so by
-accelerate's plugin and written so in the HF docs' ZeRO-3 configs."""
+from trainfit.memory.zero import SUB_GROUP_SIZE, compute_dtype_bytes, master_bytes_per_param
 
 
 def _offloaded(job: Any) -> bool:

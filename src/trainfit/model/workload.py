@@ -85,6 +85,9 @@ class ModelInfo:
     trainable_params: int = 0
     matmul_params: int = 0
     """Weights a token's matmuls use (MFU's N, :func:`matmul_params`)."""
+    packed_4bit_params: int = 0
+    """Of ``total_params``, the values stored packed 4-bit (two a byte): what FSDP / ZeRO-3
+    gather at half a byte each, the rest at its 16- or 32-bit width."""
     quantized_linears: int = 0
     lora_target_modules: list[str] | str = field(default_factory=list)
     attention_impl: str = "sdpa"
@@ -268,12 +271,14 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
             continue
         seen.add(id(p))
         # a packed 4-bit weight holds two values per byte, whatever dtype stores it
-        info.total_params += p.numel() * p.element_size() * 2 if n.endswith("weight_packed") \
-            else p.numel()
+        packed = p.numel() * p.element_size() * 2 if n.endswith("weight_packed") else 0
+        info.total_params += packed or p.numel()
+        info.packed_4bit_params += packed
         info.trainable_params += p.numel() if p.requires_grad else 0
     for n, b in model.named_buffers():
         if n.endswith("weight_packed"):
             info.total_params += b.numel() * 2
+            info.packed_4bit_params += b.numel() * 2
     info.matmul_params = matmul_params(model)
     return model, info
 

@@ -309,6 +309,7 @@ class _Grid:
                          breakdown=p["breakdown"], managed_bytes=p["managed_bytes"],
                          peak_phase=p["peak_phase"], total_params=p["total_params"],
                          matmul_params=p["matmul_params"],
+                         packed_4bit_params=p["packed_4bit_params"],
                          trainable_params=p["trainable_params"],
                          sdpa_kernels=model.points[-1].sim.sdpa_kernels,
                          sim_time_s=0.0, how="extrapolated from small simulations",
