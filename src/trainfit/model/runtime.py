@@ -102,10 +102,19 @@ def scaler_for(job: JobSpec, device: torch.device) -> Any | None:
 
 def init_weights(model: torch.nn.Module, device: torch.device | str, seed: int,
                  zero_lora_b: bool = True) -> torch.nn.Module:
-    """Real storage for a model built on ``meta``: N(0, 0.02) weights (GPT-2/Llama init), ones for
-    norm scales, the usual rotary frequencies; values drawn on CPU so every device gets the same.
-    ``zero_lora_b``: PEFT's init (the adapter starts as a no-op); the memory ground truth keeps
-    them random, as it always has (values do not change its bytes)."""
+    """Real storage for a model built on ``meta``.  A transformers model is initialised by
+    transformers itself (``initialize_weights``: each architecture's ``_init_weights`` — T5's
+    factor-scaled weights, Mamba's ``A_log``/``D``/``dt_proj``, Gemma's (1 + w) norms at 0 —
+    and the buffers its config computes: rotary frequencies with their ``rope_theta`` and
+    scaling, Gemma's ``embed_scale``), drawn from torch's generator seeded with ``seed``; its
+    LoRA adapters by peft's own ``reset_lora_parameters``.  An audit: a generic N(0, 0.02) of
+    every floating tensor, buffers included, gave Gemma an embed_scale of −0.01 and Mixtral /
+    Llama-3 rotary frequencies at base 10,000 — buffers no checkpoint stores, so a pretrained
+    model loaded over them computed something else — and T5 barely learned.  Any other module
+    (a custom ``module:factory`` model): N(0, 0.02) weights, ones for norm scales, the usual
+    rotary frequencies, drawn on CPU.  ``zero_lora_b``: PEFT's init (the adapter starts as a
+    no-op); the memory ground truth keeps them random, as it always has (values do not change
+    its bytes)."""
     gen = torch.Generator().manual_seed(seed)
     # to_empty gives each module its own new Parameter, untying shared ones (a custom GPT's head
     # tied to its embedding; transformers models re-tie with tie_weights): remember who shares
@@ -147,7 +156,69 @@ def init_weights(model: torch.nn.Module, device: torch.device | str, seed: int,
                     assign(t, torch.randn(t.shape, generator=gen, dtype=torch.float32) * 0.02)
             else:
                 t.zero_()
+    _hf_initialize(base, seed, zero_lora_b)
     return model
+
+
+TWIN_SUBTREE_ELEMENTS = 1 << 26
+"""A module whose whole subtree holds at most this many values (256 MiB in fp32) is initialised
+on a host twin of the whole subtree (its ``_init_weights`` may set its children: T5's attention
+scales q/k/v by the model's width); a larger one (a decoder layer of a 7B model, the model
+itself) on a twin of its own tensors only, its children left on ``meta`` (writes to them are
+no-ops): each child gets its own turn."""
+
+
+def _hf_initialize(base: torch.nn.Module, seed: int, zero_lora_b: bool) -> None:
+    """transformers' own initialisation (``_init_weights``, module by module, children before
+    parents as ``initialize_weights`` goes) of a model whose storage ``to_empty`` just made,
+    over the generic values already drawn: each module is initialised on a host twin (values
+    NaN until written) from torch's generator seeded with ``seed``, and only the tensors it
+    wrote whole are copied in (:func:`assign`: a sharded rank takes its rows) — so the values
+    are the same on every device and under every sharding, and anything ``_init_weights``
+    leaves alone keeps the generic value.  Nothing for a model that is not transformers'."""
+    init_module = getattr(base, "_init_weights", None)
+    if init_module is None or not hasattr(base, "initialize_weights"):
+        return
+    torch.manual_seed(seed)
+
+    def storage(x: torch.Tensor, host: bool) -> torch.Tensor:
+        # NaN until written (a float on the host), else shape and dtype only (meta)
+        return torch.full(x.shape, float("nan")) if host and x.is_floating_point() else \
+            torch.empty(x.shape, dtype=x.dtype, device="meta")
+
+    def twin(m: torch.nn.Module, own_host: bool, children_host: bool) -> torch.nn.Module:
+        # the module's attributes (config, sizes) shared, its tensors new; not copy.copy, which
+        # FSDP2's module class (its __new__ rebuilds the original) cannot take
+        t = object.__new__(type(m))
+        t.__dict__.update(m.__dict__)
+        t._parameters = {k: None if p is None else torch.nn.Parameter(
+            storage(p, own_host), requires_grad=False) for k, p in m._parameters.items()}
+        t._buffers = {k: None if b is None else storage(b, own_host)
+                      for k, b in m._buffers.items()}
+        t._modules = {k: None if c is None else twin(c, children_host, children_host)
+                      for k, c in m._modules.items()}
+        return t
+
+    def post_order(m: torch.nn.Module) -> list[torch.nn.Module]:
+        return [*(x for c in m.children() for x in post_order(c)), m]
+
+    with torch.no_grad():
+        for m in post_order(base):
+            size = sum(t.numel() for t in [*m.parameters(), *m.buffers()])
+            whole = size <= TWIN_SUBTREE_ELEMENTS
+            if not whole and not [*m.parameters(recurse=False), *m.buffers(recurse=False)]:
+                continue
+            t = twin(m, True, whole)
+            init_module(t)
+            real = dict([*m.named_parameters(recurse=whole), *m.named_buffers(recurse=whole)])
+            for name, v in [*t.named_parameters(recurse=whole), *t.named_buffers(recurse=whole)]:
+                r = real.get(name)
+                if r is None or v.device.type == "meta" or not r.is_floating_point() \
+                        or torch.isnan(v).any():
+                    continue
+                if "lora_B" in name and zero_lora_b:
+                    continue  # PEFT's no-op start, set above
+                assign(r, v.to(torch.float32))
 
 
 def assign(t: torch.Tensor, value: torch.Tensor) -> None:
@@ -186,7 +257,7 @@ def load_pretrained_into(model: torch.nn.Module, source: ModelSource) -> int:
     for n in own:
         key = n.replace("base_model.model.", "").replace(".base_layer", "")
         by_suffix[key] = n
-    loaded = 0
+    loaded, unmatched = 0, []
     for f in _weight_files(source):
         try:
             tensors = load_file(str(f))
@@ -199,7 +270,42 @@ def load_pretrained_into(model: torch.nn.Module, source: ModelSource) -> int:
                 if name is not None and own[name].shape == v.shape:
                     assign(own[name], v.to(own[name].dtype))
                     loaded += 1
+                else:
+                    unmatched.append(k)
+    if unmatched and loaded:
+        loaded += _load_converted(own, by_suffix, source, unmatched)
     return loaded
+
+
+def _load_converted(own: dict[str, torch.Tensor], by_suffix: dict[str, str],
+                    source: ModelSource, unmatched: list[str]) -> int:
+    """The weights whose names the checkpoint keeps in a layout transformers converts on load
+    (Mixtral's per-expert ``w1``/``w2``/``w3`` under ``block_sparse_moe``, fused into
+    ``mlp.experts.gate_up_proj`` / ``down_proj``: transformers' ``conversion_mapping.py``),
+    loaded by transformers itself on the host and copied by the converted names.  An audit: they
+    stayed at their random init, silently (a Mixtral checkpoint's logits agreed with
+    ``from_pretrained``'s at 62 % of positions).  Costs the model's size in host RAM once."""
+    from trainfit.model.workload import auto_model_class
+
+    p = Path(source.name)
+    where = p.parent if p.is_file() else p
+    dtype = next(iter(own.values())).dtype
+    try:
+        ref = auto_model_class(source.task).from_pretrained(str(where), dtype=dtype,
+                                                            device_map="cpu")
+    except Exception as err:  # the library's own refusal, said in one line
+        raise JobError(f"{source.name}: {len(unmatched)} weight(s) in its safetensors (e.g. "
+                       f"{unmatched[0]}) match no parameter, and transformers could not load "
+                       f"the checkpoint to convert them ({str(err).splitlines()[0][:160]})",
+                       "check that the weights belong to this config") from None
+    n = 0
+    with torch.no_grad():
+        for k, v in ref.state_dict().items():
+            name = by_suffix.get(k)
+            if name is not None and own[name].shape == v.shape:
+                assign(own[name], v.to(own[name].dtype))
+                n += 1
+    return n
 
 
 @dataclass
