@@ -57,5 +57,9 @@ def test_knob_registry():
     assert set(DEFAULT_KNOBS) < set(KNOB_NAMES) and "compile" not in DEFAULT_KNOBS
     assert fixed_knobs({"prefetch_factor"}) == {"loader"}
     assert fixed_knobs({"optimizer", "precision"}) == {"optimizer_8bit", "precision"}
+    # the flags' values: `none` clears the file's value and leaves the knob to the search
+    assert fixed_knobs({"grad_ckpt": None, "precision": None, "micro_batch": 4}) == \
+        fixed_knobs({"micro_batch"})
+    assert "grad_ckpt" in fixed_knobs({"grad_ckpt": "full"})
     r = CliRunner().invoke(app, ["tune", "gpt2", "--knobs", "warp"])
     assert r.exit_code == 2 and "--knobs warp: unknown" in r.output

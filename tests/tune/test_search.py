@@ -423,3 +423,21 @@ def test_a_knob_fixed_by_a_flag_is_said_not_skipped_in_silence():
                                                "it, so it is kept as precision amp-bf16")
     assert notes["knob_unsupported"].data["knob"] == "grad_ckpt"
     assert all(t.job.precision == "amp-bf16" and t.job.grad_ckpt == "off" for t in out.trials)
+
+
+def test_a_model_without_sdpa_does_not_search_the_attention(tmp_path):
+    """An audit: tune on Gemma-2 / Mamba probed eager attention (its only one), then tried sdpa
+    and ended with "--attention sdpa: no SDPA implementation", exit 2, nothing written."""
+    import json
+
+    import transformers
+
+    from trainfit.model.source import resolve_model
+    from trainfit.tune.tuner import _unsupported_knobs
+
+    cfg = transformers.AutoConfig.for_model("gemma2", hidden_size=64, intermediate_size=128,
+                                            num_hidden_layers=2, num_attention_heads=4,
+                                            num_key_value_heads=2, vocab_size=512, head_dim=16)
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+    assert _unsupported_knobs(resolve_model(str(tmp_path))) == {"attention"}
+    assert _unsupported_knobs(resolve_model("llama-tiny-58m")) == frozenset()

@@ -228,7 +228,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Measure the real job on the real device and choose the fastest configuration that fits."""
         args = list(target or [])
-        fixed = fixed_knobs(set(job_flags or {}))
+        fixed = fixed_knobs(job_flags or {})
         try:
             knob_list = _knob_list(knobs, try_compile, try_8bit_optimizer)
             from trainfit.cli.script import is_command

@@ -184,9 +184,14 @@ def refuse_dead_reentrant(flags: dict[str, Any], grad_ckpt: str | None) -> None:
                        "--grad-ckpt out to plan both)")
 
 
-def fixed_knobs(given_fields: set[str]) -> frozenset[str]:
-    """The knobs a user fixed by giving one of their fields: tune does not search them."""
-    return frozenset(k.name for k in KNOBS if set(k.fields) & given_fields)
+def fixed_knobs(flags: dict[str, Any] | set[str]) -> frozenset[str]:
+    """The knobs a user fixed by giving one of their fields a value: tune does not search them.
+    A flag given ``none`` (a dict's None) clears the file's value and leaves its knob to the
+    search (an audit: ``--grad-ckpt none`` kept checkpointing off, neither the file's value nor
+    a searched one)."""
+    given = {k for k, v in flags.items() if v is not None} if isinstance(flags, dict) \
+        else set(flags)
+    return frozenset(k.name for k in KNOBS if set(k.fields) & given)
 
 
 def fields_markdown() -> str:

@@ -112,7 +112,9 @@ _NOTE_TEXTS: dict[str, Any] = {
                           + ", ".join(f"{f} {v}" for f, v in zip(d["fields"], d["values"],
                                                                  strict=True)),
     "knob_unsupported": lambda d: f"{d['knob']}: not searched — the model does not support it "
-                                "(its module has no gradient_checkpointing_enable)",
+                                + ("(transformers has no SDPA implementation of it: its eager "
+                                   "attention runs)" if d["knob"] == "attention" else
+                                   "(its module has no gradient_checkpointing_enable)"),
     "contradicted": lambda d: _contradicted_words(d),
     "not_compared": lambda d: f"not decided: {_changes(d['changes'])} ran "
                             + (f"{d['ratio']:.2f}× " if d["ratio"] else "")

@@ -319,6 +319,20 @@ class Bench:
     data_notes: list[str] = field(default_factory=list)
 
 
+def _unsupported_knobs(source: Any) -> frozenset[str]:
+    """Knobs the model has one value of: checkpointing where its class has none; the attention
+    where transformers gives it no SDPA implementation (Gemma-2, Mamba: an audit's tune probed
+    its eager attention, then ended in "--attention sdpa: no SDPA implementation", exit 2)."""
+    from trainfit.model.workload import has_sdpa
+
+    out = set()
+    if not getattr(source.config, "supports_grad_ckpt", True):
+        out.add("grad_ckpt")
+    if has_sdpa(source) is False:
+        out.add("attention")
+    return frozenset(out)
+
+
 def run_search(job: JobSpec, opts: TuneOptions, bench: Bench, t0: float,
                progress: Callable[[str], None] | None = None, current: JobSpec | None = None,
                step_source: str = "job") -> TuneResult:
@@ -344,9 +358,7 @@ def run_search(job: JobSpec, opts: TuneOptions, bench: Bench, t0: float,
                           bitsandbytes=importlib.util.find_spec("bitsandbytes") is not None,
                           precisions=_precisions(device),
                           fixed=opts.fixed,
-                          unsupported=frozenset() if getattr(bench.source.config,
-                                                             "supports_grad_ckpt", True)
-                          else frozenset({"grad_ckpt"}),
+                          unsupported=_unsupported_knobs(bench.source),
                           run_steps=opts.run_steps,
                           worker_counts=(0, max(1, (os.cpu_count() or 1) // 2)),
                           cuda=device.type == "cuda")
