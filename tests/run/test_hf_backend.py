@@ -225,3 +225,24 @@ def test_a_checkpoint_is_resumed_by_the_backend_that_wrote_it(job, tmp_path):
     with pytest.raises(JobError, match=r"written by train --backend hf\|trl"):
         train(job, RunOptions(out_dir=tmp_path / "b", resume=hf, max_steps=4))
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_the_hf_backend_fits_torchs_threads_on_a_busy_host(job, tmp_path, monkeypatch):
+    """An audit: --backend hf ran 2× slower than the own loop beside a busy neighbour, silently;
+    it lowers torch's pool as the loop does, says so, and gives the threads back."""
+    import torch
+
+    import trainfit.run.hf_backend as hf
+    from trainfit.run.backend import run_backend
+    from trainfit.run.loop import RunOptions
+
+    before = torch.get_num_threads()
+
+    def busy_and_fitted(window_s):
+        torch.set_num_threads(1)  # as threads_for_load does
+        return 1, before, 1.4, 2
+
+    monkeypatch.setattr(hf, "threads_for_load", busy_and_fitted)
+    res = run_backend(job, RunOptions(out_dir=tmp_path / "r", max_steps=1), "hf")
+    assert torch.get_num_threads() == before
+    assert any("other processes used 1.4 of 2 CPU cores" in n for n in res.notes)

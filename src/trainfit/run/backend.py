@@ -41,6 +41,12 @@ def run_backend(job: JobSpec, opts: RunOptions, backend: str = "trainfit") -> Tr
     if backend == "trainfit":
         return train(job, opts, data)
     # the trainers' module imports transformers' Trainer machinery (and TRL): only when used
+    import torch
+
     from trainfit.run.hf_backend import run_hf
 
-    return run_hf(job, opts, backend, data)
+    threads = torch.get_num_threads()  # lowered on a busy host (as the own loop): given back
+    try:
+        return run_hf(job, opts, backend, data)
+    finally:
+        torch.set_num_threads(threads)

@@ -47,6 +47,7 @@ from trainfit.monitor import Sampler
 from trainfit.monitor.progress import ProgressLog, StepProgress
 from trainfit.run.backend import resolve_backend
 from trainfit.run.checks import (
+    busy_host_note,
     check_data_size,
     check_runnable,
     check_steps_left,
@@ -72,6 +73,7 @@ from trainfit.run.record import (
 )
 from trainfit.run.resume_fields import same_data, same_samples
 from trainfit.run.rundir import RunDir
+from trainfit.speed.host_timing import threads_for_load
 
 
 class SplitOnOOM:
@@ -378,6 +380,9 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
         raise JobError(f"--device {opts.device}: the hf/trl backends use the first visible GPU",
                        f"run with CUDA_VISIBLE_DEVICES={device.index} and --device cuda")
     resume, note = last_checkpoint(opts.resume) if opts.resume is not None else (None, None)
+    # torch's pool fitted to the cores other processes leave, as the own loop's (run/loop.py;
+    # an audit: the hf backend ran 2× slower than it beside a busy neighbour, unsaid)
+    fitted = threads_for_load(0.25) if device.type == "cpu" and world == 1 else None
     data, eval_set, train_ids = eval_split(data, job, source, opts.eval_data, opts.eval_fraction)
     check_data_size(len(data), job.effective_batch or 1, f"--data {job.data}")
     tok = load_tokenizer(job.tokenizer, source.name, source.origin, int(source.config.vocab_size),
@@ -425,8 +430,10 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
         res.resumed_from = resume
         changed = schedule_note(total, saved_steps, res.steps, ended=ended) \
             if resume is not None else None
+        busy = None if fitted is None else busy_host_note(*fitted)
         res.begin_segment(res.steps, resume,
-                          [n for n in (note, changed, *claim.notes, *data.stats.notes) if n],
+                          [n for n in (busy, note, changed, *claim.notes, *data.stats.notes)
+                           if n],
                           device=str(device), memory_limit_bytes=opts.memory_limit_bytes)
         _train(trainer, res, opts, job, data, source, eval_set, train_ids, wl, device, tracker,
                resume, main, claim, total)

@@ -37,6 +37,7 @@ from trainfit.monitor.progress import ProgressLog, StepProgress
 from trainfit.run import checkpoint as ckpt
 from trainfit.run import evaluate as ev
 from trainfit.run.checks import (
+    busy_host_note,
     check_data_size,
     check_runnable,
     check_steps_left,
@@ -130,7 +131,7 @@ class Trainer:
         self.state = ckpt.RunState(step=0, position=0, micro_batch=job.micro_batch,
                                    grad_accum=job.grad_accum or 1)
         self.resumed_from: str | None = None
-        self.notes: list[str] = [] if fitted is None else [_busy_host_note(*fitted)]
+        self.notes: list[str] = [] if fitted is None else [busy_host_note(*fitted)]
         self.history: dict[str, Any] = {}
         self.resuming_here = False
         if ck is not None:
@@ -487,15 +488,6 @@ class _Sched:
 
     def __iter__(self) -> Iterator[list[int]]:
         return self.factory()
-
-
-def _busy_host_note(threads: int, was: int, others: float, cpus: int) -> str:
-    """What :func:`~trainfit.speed.host_timing.threads_for_load` did to this run's torch."""
-    return (f"other processes used {others:.1f} of {cpus} CPU cores when train started "
-            f"(measured): torch runs at {threads} thread{'s' if threads > 1 else ''} instead of "
-            f"{was}, as tune's probes did, so that its parallel regions do not wait on busy "
-            "cores (OMP_NUM_THREADS, when you set it, is kept); steps are slower than on a quiet "
-            "host")
 
 
 def train(job: JobSpec, opts: RunOptions, data: TokenData | None = None) -> TrainResult:
