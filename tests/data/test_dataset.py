@@ -65,6 +65,11 @@ def test_seq2seq_pairs(tok, chat_jsonl):
     d = tokenize_rows(read_rows(chat_jsonl), tok, seq_len=64, task="seq2seq-lm")
     assert d.labels is not None and len(d.labels) == 24
     assert len(d.labels[0]) == 4  # "aaaa": the last assistant turn is the target
+    assert not any("reproduce its input" in n for n in d.stats.notes)
+    # text rows: the text is input and target both, and that is said (an audit)
+    d = tokenize_rows([{"text": "abc def"}, {"text": "ghi"}], tok, seq_len=64, task="seq2seq-lm")
+    assert list(d.input_ids[0]) == list(d.labels[0])
+    assert any("both the encoder's input and the decoder's target" in n for n in d.stats.notes)
 
 
 def test_seq2seq_truncation_counts_rows_once(tok):

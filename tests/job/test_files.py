@@ -49,3 +49,13 @@ def test_a_catalog_name_is_never_taken_for_a_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path / "run")
     assert absolute_paths({"model": "gpt2"}) == {"model": "gpt2"}
     assert absolute_paths({"model": "./gpt2"}) == {"model": str(tmp_path / "run" / "gpt2")}
+
+
+def test_a_small_size_is_said_in_mib_and_reads_back():
+    """An audit: a 3 MiB --memory-limit read "now 0.00 GiB", a 12 MiB one "0.01 GiB"."""
+    from trainfit.job.files import parse_bytes, size_text
+
+    assert size_text(3 * 2**20) == "3 MiB" and size_text(12 * 2**20) == "12 MiB"
+    assert size_text(int(1.5 * 2**30)) == "1.50 GiB"
+    for n in (3 * 2**20, 12 * 2**20, 2**30):
+        assert abs(parse_bytes(size_text(n).replace(" ", ""), "x") - n) <= 0.01 * n

@@ -71,3 +71,8 @@ def test_mamba_all_linear_leaves_out_what_peft_refuses(tmp_path):
     with pytest.raises(JobError) as err:
         simulate_step(job.replace(lora_targets=["default"]), src, SimTarget(device="cpu"))
     assert "in_proj" in err.value.hint and "out_proj" not in err.value.hint
+    # dt_proj's weight is read by the mixer itself, never called: an adapter there would get
+    # no gradient, counted as trained (an audit)
+    assert "dt_proj" not in err.value.hint
+    assert sim.info["lora_target_modules"] and not any(
+        "dt_proj" in t for t in sim.info["lora_target_modules"])

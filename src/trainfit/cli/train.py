@@ -21,6 +21,7 @@ from trainfit.cli.jobargs import (
 )
 from trainfit.job import JobError, JobSpec, read_job_file
 from trainfit.job.fields import in_file_words
+from trainfit.job.files import size_text
 
 
 def _memory_limit(flag: str | None, extra: dict[str, Any], device: str, job_file: str,
@@ -35,7 +36,7 @@ def _memory_limit(flag: str | None, extra: dict[str, Any], device: str, job_file
     if file_limit is None or device != "cpu" or not tuned_on_cpu:
         return None
     if not quiet:
-        typer.echo(f"memory limit {file_limit / 2**30:.2f} GiB from {job_file}'s memory_limit "
+        typer.echo(f"memory limit {size_text(file_limit)} from {job_file}'s memory_limit "
                    "(what its pick was tuned to fit; --memory-limit overrides)", err=True)
     return file_limit
 

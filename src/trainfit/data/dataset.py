@@ -316,6 +316,12 @@ def _unpacked(seqs: list[list[int]], targets: list[list[int]] | None, *, rows: i
               task: str, seq_len: int, pad: int, path: str) -> TokenData:
     """One sample per row, cut to seq_len (counted); padded per batch when shorter."""
     notes: list[str] = []
+    if targets is not None and kind == "text":
+        # said, as _seq2seq_pair's docstring promised (an audit: T5 on text rows learned to
+        # copy its input, unsaid)
+        notes.append("text rows for a seq2seq model: each row is both the encoder's input and "
+                     "the decoder's target (it learns to reproduce its input); chat rows "
+                     "(messages) give it a prompt and a response to learn")
     total_in = sum(len(s) for s in seqs)
     if targets is None and task in NEXT_TOKEN_TASKS:
         # a sample of one token predicts nothing: a micro-batch of such samples has no label

@@ -43,6 +43,13 @@ def parse_bytes(text: str | None, flag: str) -> int | None:
     return int(value)
 
 
+def size_text(n_bytes: int) -> str:
+    """A size as ``parse_bytes`` reads it back: GiB to 2 decimals, or MiB under a GiB's tenth
+    (an audit: a 3 MiB --memory-limit read "0.00 GiB", a 12 MiB one "0.01 GiB")."""
+    return f"{n_bytes / 2**30:.2f} GiB" if n_bytes >= 0.1 * 2**30 else \
+        f"{n_bytes / 2**20:.3g} MiB"
+
+
 def file_memory_limit(extra: dict[str, Any]) -> int | None:
     """A job file's ``memory_limit`` (bytes, or a size such as 2GiB): the capacity it was tuned
     for, kept when it is tuned again and when it is trained (``--memory-limit`` overrides)."""

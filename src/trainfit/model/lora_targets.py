@@ -104,6 +104,10 @@ PEFT_MAMBA_REFUSED = {"out_proj", "conv1d"}
 """peft 0.21's ``_check_lora_target_modules_mamba`` (tuners/tuners_utils.py): LoRA on these
 modules of these architectures raises. Mirrored so that all-linear adapts the rest, and the hint
 never suggests them (an audit: the hint named out_proj, which then ended in peft's ValueError)."""
+MAMBA_UNCALLED = {"dt_proj"}
+"""Modules transformers' Mamba mixer never calls: it reads ``dt_proj.weight`` itself
+(``MambaMixer``'s ``cuda_kernels_forward`` and ``slow_forward``), so a LoRA adapter there gets
+no gradient (an audit: its lora_B stayed 0 while counted as trained). Left out of all-linear."""
 
 
 def resolve_targets(model: torch.nn.Module, targets: list[str], model_type: str) -> list[str] | str:
@@ -121,7 +125,8 @@ def resolve_targets(model: torch.nn.Module, targets: list[str], model_type: str)
         return "all-linear"
     kinds = classify_linears(model)
     if mamba:  # what peft refuses is never a target, nor suggested as one
-        kinds = {n: k for n, k in kinds.items() if n.rsplit(".", 1)[-1] not in PEFT_MAMBA_REFUSED}
+        kinds = {n: k for n, k in kinds.items()
+                 if n.rsplit(".", 1)[-1] not in PEFT_MAMBA_REFUSED | MAMBA_UNCALLED}
     names: list[str] = []
     aliases = [t for t in targets if t in LORA_ALIASES]
     literal = [t for t in targets if t not in LORA_ALIASES]

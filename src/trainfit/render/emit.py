@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainfit.job.emit import Emitted
-from trainfit.job.files import file_memory_limit
+from trainfit.job.files import file_memory_limit, size_text
 
 GIB = 2**30
 
@@ -38,7 +38,7 @@ def emit_messages(e: Emitted, source: str, extra: dict[str, Any], *, searched: b
     measured = extra.get("measured") or {}
     tuned = [f"tuned on {extra['device']}" if extra.get("device") else "no tuning device stated"]
     tuned.append("memory limit none" if limit is None else
-                 f"memory limit {limit / GIB:.2f} GiB (the knobs fit in it as tuned; no "
+                 f"memory limit {size_text(limit)} (the knobs fit in it as tuned; no "
                  f"{'TrainingArguments' if e.target != 'accelerate' else 'accelerate'} field holds it)")
     if edited:
         # an audit: the measured block was printed as the file's after its knobs were edited

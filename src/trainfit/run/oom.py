@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from trainfit.job import JobError, dividing_micro_batches
+from trainfit.job.files import size_text
 
 
 class InjectedOOM(torch.OutOfMemoryError):
@@ -95,7 +96,7 @@ def cannot_split(step: int, job: Any = None, *, can_checkpoint: bool = True,
     # a resume keeps the samples and the parameters (resume_fields.same_samples): a changed
     # seq_len or method is a new run
     where = " and run it again" if steps_done == 0 else " and run it into a new --out"
-    more = (f"raise --memory-limit (now {limit_bytes / 2**30:.2f} GiB)" if limit_bytes and not cuda
+    more = (f"raise --memory-limit (now {size_text(limit_bytes)})" if limit_bytes and not cuda
             else "give the step more memory")
     return JobError(f"out of memory in step {step + 1} with micro-batch 1{went}",
                     f"in the job file: {ways},{where}; or {more}")
