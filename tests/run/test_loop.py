@@ -358,3 +358,29 @@ def test_keep_last_removes_the_older_checkpoints_and_resumes(job, tmp_path):
     assert r.steps == 2
     assert sorted(p.name for p in (tmp_path / "s").glob("checkpoint-*")) == [
         "checkpoint-1", "checkpoint-2", "checkpoint-3", "checkpoint-4"]
+
+
+def test_a_resume_keeps_the_runs_evaluation_and_checkpoint_options(job, tmp_path):
+    """An audit: a resume without --eval-fraction was refused as "the data makes 305 training
+    samples, the checkpoint's run had 274" (the held-out share is what differed), and with it,
+    --eval-every and --save-every were dropped silently. The run's options are in its record and
+    kept unless given again, each said."""
+    p = tmp_path / "job.yaml"
+    p.write_text(yaml.safe_dump(job.to_dict()))
+    out = tmp_path / "run"
+    runner = CliRunner()
+    first = runner.invoke(app, ["train", str(p), "--out", str(out), "--max-steps", "2",
+                                "--eval-fraction", "0.25", "--eval-every", "1",
+                                "--save-every", "1", "--no-live", "--json"])
+    assert first.exit_code == 0, first.output
+    assert json.loads((out / "train.json").read_text())["run_options"] == {
+        "save_every_steps": 1, "eval_fraction": 0.25, "eval_every_steps": 1}
+    again = runner.invoke(app, ["train", str(p), "--out", str(out), "--resume", str(out),
+                                "--max-steps", "3", "--no-live", "--json"])
+    assert again.exit_code == 0, again.output
+    assert "--eval-fraction 0.25 kept from the run being resumed" in again.stderr
+    assert "--eval-every 1 kept" in again.stderr and "--save-every 1 kept" in again.stderr
+    d = json.loads((out / "train.json").read_text())
+    assert [e["step"] for e in d["evals"]] == [1, 2, 3]
+    assert [Path(c).name for c in d["checkpoints"]] == ["checkpoint-1", "checkpoint-2",
+                                                         "checkpoint-3"]

@@ -207,6 +207,7 @@ def register(app: typer.Typer) -> None:
                               eval_batch=eval_batch,
                               inject_eval_oom_at_steps=_steps(inject_eval_oom_at,
                                                               "--inject-eval-oom-at"))
+            opts = _kept_on_resume(opts)
             job, extra = _job_of(job_file, micro_batch, allow_code, trust_remote_code)
             dev = device or str(extra.get("device") or "cpu")
             limit = _memory_limit(memory_limit, extra, dev, job_file, quiet=as_json)
@@ -223,6 +224,25 @@ def register(app: typer.Typer) -> None:
             fail(in_file_words(err, job_file, keep=(*flags, "trust_remote_code")))
             return
         _finish(result, out, as_json)
+
+
+def _kept_on_resume(opts: Any) -> Any:
+    """A resume keeps the run's checkpointing and evaluation options that the command line does
+    not give again (``run_options`` in its train.json), each said on stderr."""
+    if opts.resume is None:
+        return opts
+    from trainfit.run.options import options_kept
+    from trainfit.run.record import read_record
+
+    where = Path(opts.resume)
+    record = read_record(where) or read_record(where.parent) or {}
+    saved = record.get("run_options")
+    if not isinstance(saved, dict):
+        return opts
+    opts, notes = options_kept(opts, saved)
+    for n in notes:
+        typer.echo(n, err=True)
+    return opts
 
 
 def _finish(result: Any, out: str, as_json: bool) -> None:

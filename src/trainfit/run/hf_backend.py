@@ -410,6 +410,7 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     trainer.remove_callback(PrinterCallback)  # trainfit's monitor prints (and logs) the steps
     main = rank == 0
     res = new_result({**job.to_dict(), "backend": backend}, main=main)
+    res.run_options = opts.kept_options()
     res.data_samples, res.data_sha256 = len(data), data.digest()
     ended = False
     if resume is not None:

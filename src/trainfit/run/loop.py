@@ -197,6 +197,7 @@ class Trainer:
         # before anything is written; a resume's optimizer states are loaded by now
         tracker = limit_tracker(o.memory_limit_bytes, self.wl.model, self.wl.optimizer)
         res = new_result(self.job.to_dict(), main=main)
+        res.run_options = self.o.kept_options()
         res.data_samples, res.data_sha256 = len(self.data), self.data.digest()
         if self.resumed_from is not None:
             continue_from(res, self.history, self.state.step, self.state.position,

@@ -11,6 +11,31 @@ from typing import Any
 
 from trainfit.job import JobError
 
+KEPT_ON_RESUME = ("save_every_steps", "keep_last", "eval_data", "eval_fraction",
+                  "eval_every_steps", "eval_batch")
+"""RunOptions a resume takes from the run's record when the command line does not give them
+(the run's length is kept by its schedule: :func:`trainfit.run.checks.total_steps`)."""
+
+FLAG_OF = {"save_every_steps": "--save-every", "keep_last": "--keep-last",
+           "eval_data": "--eval-data", "eval_fraction": "--eval-fraction",
+           "eval_every_steps": "--eval-every", "eval_batch": "--eval-batch"}
+
+
+def options_kept(opts: RunOptions, saved: dict[str, Any]) -> tuple[RunOptions, list[str]]:
+    """``opts`` with each option of :data:`KEPT_ON_RESUME` it leaves unset taken from the run's
+    record (``saved``: its ``run_options``), and a note for each one taken."""
+    import dataclasses
+
+    taken: dict[str, Any] = {}
+    for k in KEPT_ON_RESUME:
+        v = saved.get(k)
+        if getattr(opts, k) is None and v is not None and not (
+                k in ("eval_data", "eval_fraction") and (opts.eval_data or opts.eval_fraction)):
+            taken[k] = Path(v) if k == "eval_data" else v
+    notes = [f"{FLAG_OF[k]} {v} kept from the run being resumed (give {FLAG_OF[k]} to change "
+             "it)" for k, v in taken.items()]
+    return dataclasses.replace(opts, **taken), notes
+
 
 @dataclass(kw_only=True)
 class RunOptions:
@@ -61,6 +86,12 @@ class RunOptions:
     inject_eval_oom_at_steps: tuple[int, ...] = ()
     """Fault injection: raise an OOM in the last batch of the evaluation after these steps, once
     each."""
+
+    def kept_options(self) -> dict[str, Any]:
+        """The options a resume keeps unless given again (:data:`KEPT_ON_RESUME`), as the record
+        holds them (``run_options`` in train.json)."""
+        return {k: (str(v) if isinstance(v, Path) else v)
+                for k in KEPT_ON_RESUME if (v := getattr(self, k)) is not None}
 
     def __post_init__(self) -> None:
         if self.max_steps is not None and self.max_steps < 1:

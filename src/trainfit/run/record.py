@@ -75,6 +75,11 @@ class TrainResult:
     """Steps whose update the fp16 GradScaler skipped (gradients overflowed, the scale lowered):
     normal in fp16 training, not divergence."""
     diverged_at_step: int | None = None
+    run_options: dict[str, Any] = field(default_factory=dict)
+    """The options a resume keeps unless given again: --save-every, --keep-last and the
+    evaluation's (:data:`trainfit.run.options.KEPT_ON_RESUME`); an audit: a resume dropped the
+    run's --eval-fraction, which then read as "the data makes 305 samples, the checkpoint's
+    run had 274", and its --eval-every and --save-every, silently."""
     notes: list[str] = field(default_factory=list)
     """This segment's notes (also in its entry of ``segments``)."""
 
