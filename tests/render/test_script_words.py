@@ -36,6 +36,14 @@ def test_the_scripts_own_flags_that_carry_a_changed_value_are_named():
     assert own_flag_words(["python", "train.py"], changes) is None
     # a bool's "True" is no flag value to match
     assert own_flag_words(["python", "t.py", "--x", "True"], changes[2:]) is None
+    # an audit: --lora-r 4 and --steps 4 were named for their value alone, and the switch --gc
+    # that turns checkpointing on (the change turns it off) was missed
+    more = [KeywordChange("TrainingArguments", "per_device_train_batch_size", 4, 16),
+            KeywordChange("TrainingArguments", "gradient_accumulation_steps", 4, 1),
+            KeywordChange("TrainingArguments", "gradient_checkpointing", True, False)]
+    words = own_flag_words(["python", "t.py", "--batch-size", "4", "--grad-accum", "4",
+                            "--lora-r", "4", "--steps", "4", "--gc", "--bf16"], more)
+    assert "(--batch-size 4, --grad-accum 4, --gc)" in words
 
 
 def test_a_change_the_rounds_did_not_confirm_is_not_headed_measured():

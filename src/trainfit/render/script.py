@@ -5,6 +5,7 @@ drawn by render/plan.py and render/tune.py)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
 from typing import Any
 
@@ -112,25 +113,53 @@ def change_words(changes: list[KeywordChange]) -> list[str]:
     return [f"{w}: {', '.join(kws)}" for w, kws in by_where.items()]
 
 
+_FLAG_WORDS = {"bs": "batch", "mbs": "batch", "ga": "accumulation", "gas": "accumulation",
+               "accum": "accumulation", "gc": "checkpointing", "ckpt": "checkpointing",
+               "grad": "gradient", "workers": "workers", "compile": "compile"}
+"""Short flag words and the keyword word each stands for (``--bs`` → batch)."""
+_GENERIC = {"per", "device", "train", "size", "steps", "num", "use", "enable", "dataloader"}
+
+
+def _related(flag: str, keyword: str) -> bool:
+    """Whether a flag's name may set a keyword: a shared word (``--batch-size`` and
+    ``per_device_train_batch_size``), a prefix (``--grad-accum``: gradient, accumulation) or a
+    known short form (``--bs``, ``--gc``)."""
+    words = {_FLAG_WORDS.get(w, w) for w in re.split(r"[-_]", flag.lstrip("-").lower()) if w}
+    keys = set(keyword.lower().split("_")) - _GENERIC
+    return any(len(w) >= 2 and (k.startswith(w) or w.startswith(k)) for w in words - _GENERIC
+               for k in keys)
+
+
 def own_flag_words(command: list[str], changes: list[KeywordChange]) -> str | None:
-    """Where the script's own command line carries a value the change replaces (``--bs 4`` for
-    ``per_device_train_batch_size`` 4): the keywords are what its trainer holds, which it may set
-    from those flags — said as such, the flags named (a QA run's script took its batch from its
-    argparse, and the change named only TrainingArguments keywords).  None where no flag does."""
-    values = {str(c.before) for c in changes if isinstance(c.before, (int, str))
-              and not isinstance(c.before, bool)}
+    """Where the script's own command line carries what the change replaces: a flag whose name
+    may set a changed keyword and whose value is the keyword's (``--bs 4`` for
+    ``per_device_train_batch_size`` 4), or a switch that may turn a changed one on (``--gc``
+    for ``gradient_checkpointing`` True → False).  The keywords are what its trainer holds,
+    which it may set from those flags — said as such, the flags named (a QA run's script took
+    its batch from its argparse).  An audit: ``--lora-r 4`` and ``--steps 4`` were named for
+    their value alone, and ``--gc`` was missed.  None where no flag does."""
     found: list[str] = []
     for i, tok in enumerate(command):
         if not tok.startswith("--"):
             continue
         flag, eq, val = tok.partition("=")
-        if not eq:
-            val = command[i + 1] if i + 1 < len(command) else ""
-        if val in values:
-            found.append(f"{flag} {val}")
+        nxt = command[i + 1] if i + 1 < len(command) else ""
+        switch = not eq and (not nxt or nxt.startswith("-"))
+        if not eq and not switch:
+            val = nxt
+        for c in changes:
+            if not _related(flag, c.keyword):
+                continue
+            if isinstance(c.before, bool):
+                if c.before and (switch or val.lower() in ("true", "1", "yes")):
+                    found.append(flag if switch else f"{flag} {val}")
+                    break
+            elif isinstance(c.before, (int, str)) and not switch and val == str(c.before):
+                found.append(f"{flag} {val}")
+                break
     if not found:
         return None
-    return (f"the script's own command line carries values the change replaces ({', '.join(found)}"
+    return (f"the script's own command line carries what the change replaces ({', '.join(found)}"
             "): where the script sets these keywords from its flags, change the flags instead")
 
 
@@ -151,7 +180,7 @@ def _read_rows(read: ReadJob, rec: dict[str, Any], f: dict[str, Any],
              else "the trainer's model")]
     method = f["method"]
     if method != "full":
-        layers = f" ({len(rec['lora']['adapted'])} layers)" if rec["lora"] else ""
+        layers = f" ({len(rec['lora']['adapted'])} modules)" if rec["lora"] else ""
         method += (f": LoRA r={f['lora_r']} alpha={f['lora_alpha']} dropout {f['lora_dropout']} "
                    f"on {','.join(f['lora_targets'])}{layers}")
     if f.get("quant"):
