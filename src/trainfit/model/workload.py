@@ -14,6 +14,7 @@ Dtype policy (written down because it changes the answer by GiBs):
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -232,7 +233,13 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
         lcfg = LoraConfig(r=job.lora_r, lora_alpha=job.lora_alpha, lora_dropout=job.lora_dropout,
                           target_modules=targets, bias="none", fan_in_fan_out=conv1d)
         try:
-            model = get_peft_model(model, lcfg, autocast_adapter_dtype=False)
+            with warnings.catch_warnings():
+                # peft 0.21 fills rank/alpha patterns for an MoE's fused expert parameters itself
+                # and then warns that they match no module: its bookkeeping, not the job's (an
+                # audit: two raw RuntimeWarnings with a site-packages path on Mixtral/Qwen3-MoE)
+                warnings.filterwarnings("ignore", category=RuntimeWarning,
+                                        message=r"The following (rank|alpha)_pattern keys did not")
+                model = get_peft_model(model, lcfg, autocast_adapter_dtype=False)
         except ValueError as err:
             # peft refuses some targets with its own reason: an MoE's expert parameters with
             # dropout, Mamba's out_proj and conv1d — a traceback before (an audit)
