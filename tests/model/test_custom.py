@@ -28,6 +28,8 @@ def test_the_module_is_described_from_its_layers(source):
     assert source.task == "custom-lm" and source.origin == "custom"
     assert (cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers) == (512, 128, 4)
     assert cfg.max_position_embeddings == 256  # from the `pos` embedding
+    # no gradient_checkpointing_enable(): plan's "off"-only rows say why (an audit)
+    assert not cfg.supports_grad_ckpt and "checkpointing is planned off only" in source.note
 
 
 @pytest.mark.parametrize("kw", [

@@ -239,6 +239,7 @@ def test_resume_keeps_a_finished_segment_and_refuses_another_sample_stream(job, 
     assert [(s["micro_batch"], s["grad_accum"]) for s in again.segments] == [(4, 2), (2, 4)]
     # where each segment ran, which report labels the monitor log by (an audit)
     assert [(s["device"], s["memory_limit_bytes"]) for s in again.segments] == [("cpu", None)] * 2
+    assert all(0 < s["monitor_cpu_s"] < s["wall_time_s"] for s in again.segments)
 
 
 def test_a_busy_host_fits_torchs_threads_and_says_so(job, tmp_path, monkeypatch):

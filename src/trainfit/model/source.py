@@ -248,8 +248,14 @@ def resolve_model(name: str, trust_remote_code: bool = False) -> ModelSource:
 
         with torch.device("meta"):
             module = build_module(name)
-        return ModelSource(name, describe(module, name), CUSTOM_TASK, "custom",
-                           "your own nn.Module (module:factory), called as model(input_ids) → logits")
+        cfg = describe(module, name)
+        # said where plan shows only "checkpointing off" rows (an audit: the reason was a code
+        # comment)
+        no_ckpt = "" if cfg.supports_grad_ckpt else (
+            "; it has no gradient_checkpointing_enable(), so checkpointing is planned off only")
+        return ModelSource(name, cfg, CUSTOM_TASK, "custom",
+                           "your own nn.Module (module:factory), called as model(input_ids) → "
+                           f"logits{no_ckpt}")
     entry = find_model(name)
     if entry is not None:
         # transformers edits nested dicts (rope_scaling) in place: never hand it the catalog's own

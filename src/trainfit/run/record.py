@@ -141,10 +141,15 @@ class TrainResult:
 
     def monitor_notes(self, sampler: Any) -> None:
         """What the run's monitor said (a lost GPU, a failed sample), kept in the record (they
-        were printed by ``monitor`` only)."""
-        for text in [] if sampler is None else sampler.notes:
+        were printed by ``monitor`` only), and the CPU time its sampler thread took (measured:
+        its own overhead, which an audit found collected and never shown)."""
+        if sampler is None:
+            return
+        for text in sampler.notes:
             if text not in self.notes:
                 self.note(text)
+        if self.segments:
+            self.segments[-1]["monitor_cpu_s"] = round(sampler.sample_cpu_s, 4)
 
     def note(self, text: str) -> None:
         self.notes.append(text)
