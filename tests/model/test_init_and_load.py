@@ -69,3 +69,9 @@ def test_a_checkpoint_in_a_converted_layout_loads_as_from_pretrained(tmp_path):
     mine = dict(model.named_parameters())
     for name, p in ref.named_parameters():
         assert torch.equal(mine[name], p), name
+    # the buffers no checkpoint stores (rope_theta 1e6's frequencies) are the config's, and
+    # transformers' init of what was not loaded overwrote nothing that was
+    bufs = dict(model.named_buffers())
+    for name, b in ref.named_buffers():
+        if b.is_floating_point():
+            assert torch.allclose(bufs[name], b), name

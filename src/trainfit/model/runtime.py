@@ -101,7 +101,7 @@ def scaler_for(job: JobSpec, device: torch.device) -> Any | None:
 
 
 def init_weights(model: torch.nn.Module, device: torch.device | str, seed: int,
-                 zero_lora_b: bool = True) -> torch.nn.Module:
+                 zero_lora_b: bool = True, transformers_init: bool = True) -> torch.nn.Module:
     """Real storage for a model built on ``meta``.  A transformers model is initialised by
     transformers itself (``initialize_weights``: each architecture's ``_init_weights`` — T5's
     factor-scaled weights, Mamba's ``A_log``/``D``/``dt_proj``, Gemma's (1 + w) norms at 0 —
@@ -156,7 +156,8 @@ def init_weights(model: torch.nn.Module, device: torch.device | str, seed: int,
                     assign(t, torch.randn(t.shape, generator=gen, dtype=torch.float32) * 0.02)
             else:
                 t.zero_()
-    _hf_initialize(base, seed, zero_lora_b)
+    if transformers_init:
+        _hf_initialize(base, seed, zero_lora_b)
     return model
 
 
@@ -168,14 +169,18 @@ itself) on a twin of its own tensors only, its children left on ``meta`` (writes
 no-ops): each child gets its own turn."""
 
 
-def _hf_initialize(base: torch.nn.Module, seed: int, zero_lora_b: bool) -> None:
+def _hf_initialize(base: torch.nn.Module, seed: int, zero_lora_b: bool,
+                   loaded: set[int] | frozenset[int] = frozenset()) -> None:
     """transformers' own initialisation (``_init_weights``, module by module, children before
     parents as ``initialize_weights`` goes) of a model whose storage ``to_empty`` just made,
     over the generic values already drawn: each module is initialised on a host twin (values
     NaN until written) from torch's generator seeded with ``seed``, and only the tensors it
     wrote whole are copied in (:func:`assign`: a sharded rank takes its rows) — so the values
     are the same on every device and under every sharding, and anything ``_init_weights``
-    leaves alone keeps the generic value.  Nothing for a model that is not transformers'."""
+    leaves alone keeps the generic value.  ``loaded``: the ids of tensors a checkpoint gave,
+    never overwritten; a module whose tensors it gave all, and that holds no floating buffer,
+    is skipped (a 7B model loaded from its checkpoint draws only what the checkpoint lacks).
+    Nothing for a model that is not transformers'."""
     init_module = getattr(base, "_init_weights", None)
     if init_module is None or not hasattr(base, "initialize_weights"):
         return
@@ -206,15 +211,16 @@ def _hf_initialize(base: torch.nn.Module, seed: int, zero_lora_b: bool) -> None:
         for m in post_order(base):
             size = sum(t.numel() for t in [*m.parameters(), *m.buffers()])
             whole = size <= TWIN_SUBTREE_ELEMENTS
-            if not whole and not [*m.parameters(recurse=False), *m.buffers(recurse=False)]:
+            mine = [*m.parameters(recurse=whole), *m.buffers(recurse=whole)]
+            if not mine or all(id(x) in loaded for x in mine if x.is_floating_point()):
                 continue
             t = twin(m, True, whole)
             init_module(t)
             real = dict([*m.named_parameters(recurse=whole), *m.named_buffers(recurse=whole)])
             for name, v in [*t.named_parameters(recurse=whole), *t.named_buffers(recurse=whole)]:
                 r = real.get(name)
-                if r is None or v.device.type == "meta" or not r.is_floating_point() \
-                        or torch.isnan(v).any():
+                if r is None or id(r) in loaded or v.device.type == "meta" \
+                        or not r.is_floating_point() or torch.isnan(v).any():
                     continue
                 if "lora_B" in name and zero_lora_b:
                     continue  # PEFT's no-op start, set above
@@ -246,7 +252,8 @@ def _weight_files(source: ModelSource) -> list[Path]:
     return sorted(d.glob("*.safetensors"))
 
 
-def load_pretrained_into(model: torch.nn.Module, source: ModelSource) -> int:
+def load_pretrained_into(model: torch.nn.Module, source: ModelSource,
+                         loaded_ids: set[int] | None = None) -> int:
     """Copy the source's safetensors weights into the built model (names matched with and without
     PEFT's prefixes); returns how many tensors were loaded. Never unpickles (safetensors only)."""
     from safetensors.torch import load_file
@@ -270,15 +277,18 @@ def load_pretrained_into(model: torch.nn.Module, source: ModelSource) -> int:
                 if name is not None and own[name].shape == v.shape:
                     assign(own[name], v.to(own[name].dtype))
                     loaded += 1
+                    if loaded_ids is not None:
+                        loaded_ids.add(id(own[name]))
                 else:
                     unmatched.append(k)
     if unmatched and loaded:
-        loaded += _load_converted(own, by_suffix, source, unmatched)
+        loaded += _load_converted(own, by_suffix, source, unmatched, loaded_ids)
     return loaded
 
 
 def _load_converted(own: dict[str, torch.Tensor], by_suffix: dict[str, str],
-                    source: ModelSource, unmatched: list[str]) -> int:
+                    source: ModelSource, unmatched: list[str],
+                    loaded_ids: set[int] | None = None) -> int:
     """The weights whose names the checkpoint keeps in a layout transformers converts on load
     (Mixtral's per-expert ``w1``/``w2``/``w3`` under ``block_sparse_moe``, fused into
     ``mlp.experts.gate_up_proj`` / ``down_proj``: transformers' ``conversion_mapping.py``),
@@ -305,6 +315,8 @@ def _load_converted(own: dict[str, torch.Tensor], by_suffix: dict[str, str],
             if name is not None and own[name].shape == v.shape:
                 assign(own[name], v.to(own[name].dtype))
                 n += 1
+                if loaded_ids is not None:
+                    loaded_ids.add(id(own[name]))
     return n
 
 
@@ -359,15 +371,20 @@ def build_real(job: JobSpec, source: ModelSource, device: torch.device, *, seed:
                        "or use trainfit plan for its memory")
     if shard is not None:
         shard(model)
-    init_weights(model, device, seed)
+    if init == "pretrained" and not _weight_files(source):
+        raise JobError(f"{source.name}: no safetensors weights to load",
+                       "use --init random, or a model dir with *.safetensors")
+    # the generic values first, the checkpoint's over them, then transformers' own init of what
+    # the checkpoint did not give (its buffers: rotary frequencies, Gemma's embed_scale)
+    init_weights(model, device, seed, transformers_init=False)
+    loaded: set[int] = set()
     if init in ("auto", "pretrained") and _weight_files(source):
-        n = load_pretrained_into(model, source)
+        n = load_pretrained_into(model, source, loaded)
         if init == "pretrained" and n == 0:
             raise JobError(f"{source.name}: no weight in its safetensors matches the model",
                            "check that the weights belong to this config")
-    elif init == "pretrained":
-        raise JobError(f"{source.name}: no safetensors weights to load",
-                       "use --init random, or a model dir with *.safetensors")
+    _hf_initialize(model.get_base_model() if hasattr(model, "get_base_model") else model, seed,
+                   True, loaded)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer(job, trainable, simulate=False, lr=lr)
