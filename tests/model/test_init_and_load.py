@@ -44,15 +44,19 @@ def _build(d):
                                                    "high_freq_factor": 4.0,
                                                    "original_max_position_embeddings": 64}}),
     ("mamba", {"num_hidden_layers": 2, "state_size": 4, "expand": 2}),
+    # a review: integer and mask buffers (GPT-Neo's causal mask, all False, made attention a
+    # blind average) were zeroed
+    ("gpt_neo", {"num_layers": 2, "attention_types": [[["global", "local"], 1]],
+                 "window_size": 16, "num_heads": 4}),
 ])
 def test_a_random_init_is_transformers_own(tmp_path, kind, extra):
     cfg = transformers.AutoConfig.for_model(kind, **{**TINY, **extra})
     model = _build(_dir(tmp_path, kind, cfg))
     ref = transformers.AutoModelForCausalLM.from_config(cfg)
     mine = dict(model.named_buffers())
-    for name, b in ref.named_buffers():  # computed from the config: equal
-        if b.is_floating_point():
-            assert torch.allclose(mine[name].float(), b.float()), name
+    for name, b in ref.named_buffers():  # computed from the config: equal, masks too
+        assert torch.equal(mine[name], b) if not b.is_floating_point() else \
+            torch.allclose(mine[name].float(), b.float()), name
     params = dict(model.named_parameters())
     for name, p in ref.named_parameters():  # drawn: the same scheme (the mean within noise)
         if "A_log" in name or name.endswith(".D") or "norm" in name:
@@ -69,6 +73,25 @@ def test_a_checkpoint_in_a_converted_layout_loads_as_from_pretrained(tmp_path):
     mine = dict(model.named_parameters())
     for name, p in ref.named_parameters():
         assert torch.equal(mine[name], p), name
+    # a stray key beside complete weights (an old checkpoint's inv_freq) loads as it is: no
+    # second load through transformers (a review: it fired on any unmatched key)
+    from safetensors.torch import load_file, save_file
+
+    from trainfit.model import runtime
+
+    calls = []
+    real = runtime._load_converted
+    runtime._load_converted = lambda *a, **k: calls.append(1) or real(*a, **k)
+    try:
+        llama = _dir(tmp_path, "llama", transformers.AutoConfig.for_model("llama", **TINY),
+                     save_weights=True)
+        g = next(llama.glob("*.safetensors"))
+        save_file({**load_file(str(g)), "model.layers.0.self_attn.rotary_emb.inv_freq":
+                   torch.ones(8)}, str(g), metadata={"format": "pt"})
+        _build(llama)
+    finally:
+        runtime._load_converted = real
+    assert calls == []
     # the buffers no checkpoint stores (rope_theta 1e6's frequencies) are the config's, and
     # transformers' init of what was not loaded overwrote nothing that was
     bufs = dict(model.named_buffers())

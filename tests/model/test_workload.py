@@ -37,7 +37,7 @@ def test_fp32_outputs_upcast_the_heads_logits(tiny_llama):
     """``fp32_outputs`` (transformers < 4.46, torchtune 0.1): the head's logits become fp32
     before the loss; without it transformers 5 returns them in the weights' dtype."""
     from trainfit.job import JobError
-    from trainfit.model.runtime import init_weights
+    from trainfit.model.init import init_weights
 
     ids = torch.randint(0, tiny_llama.config.vocab_size, (1, 8))
     for fp32, want in ((False, torch.bfloat16), (True, torch.float32)):

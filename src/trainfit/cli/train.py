@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -72,7 +73,16 @@ def _launch(nproc: int, device: str, job: JobSpec, job_file: str, out: str) -> i
     # second run on the same machine fail to start)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", "-m", "trainfit.cli.main", *args]
-    code = subprocess.call(cmd)
+    proc = subprocess.Popen(cmd)
+    # a terminal's Ctrl-C reaches the ranks (one process group): each saves its checkpoint and
+    # says so. This process waits for them instead of killing torchrun (subprocess.call's
+    # answer to KeyboardInterrupt) and calling the command cut short (a review). Ignored only
+    # after the start, so the children keep the default handler.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        code = proc.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     # torchrun exits 1 whenever a rank exits non-zero: the run's record says which it was
     return _exit_code_of(Path(out), code) if code else 0
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from trainfit.job import JobError, JobSpec
+from trainfit.model.init import generic_init, hf_initialize, materialize
 from trainfit.model.offload import trl_offload, with_offload
 from trainfit.model.source import ModelSource
 from trainfit.model.workload import amp_dtype, build_model_on_meta, make_optimizer
@@ -100,133 +101,6 @@ def scaler_for(job: JobSpec, device: torch.device) -> Any | None:
     return None
 
 
-def init_weights(model: torch.nn.Module, device: torch.device | str, seed: int,
-                 zero_lora_b: bool = True, transformers_init: bool = True) -> torch.nn.Module:
-    """Real storage for a model built on ``meta``.  A transformers model is initialised by
-    transformers itself (``initialize_weights``: each architecture's ``_init_weights`` — T5's
-    factor-scaled weights, Mamba's ``A_log``/``D``/``dt_proj``, Gemma's (1 + w) norms at 0 —
-    and the buffers its config computes: rotary frequencies with their ``rope_theta`` and
-    scaling, Gemma's ``embed_scale``), drawn from torch's generator seeded with ``seed``; its
-    LoRA adapters by peft's own ``reset_lora_parameters``.  An audit: a generic N(0, 0.02) of
-    every floating tensor, buffers included, gave Gemma an embed_scale of −0.01 and Mixtral /
-    Llama-3 rotary frequencies at base 10,000 — buffers no checkpoint stores, so a pretrained
-    model loaded over them computed something else — and T5 barely learned.  Any other module
-    (a custom ``module:factory`` model): N(0, 0.02) weights, ones for norm scales, the usual
-    rotary frequencies, drawn on CPU.  ``zero_lora_b``: PEFT's init (the adapter starts as a
-    no-op); the memory ground truth keeps them random, as it always has (values do not change
-    its bytes)."""
-    gen = torch.Generator().manual_seed(seed)
-    # to_empty gives each module its own new Parameter, untying shared ones (a custom GPT's head
-    # tied to its embedding; transformers models re-tie with tie_weights): remember who shares
-    shared: dict[int, list[tuple[torch.nn.Module, str]]] = {}
-    for mod in model.modules():
-        for pname, prm in mod._parameters.items():
-            if prm is not None:
-                shared.setdefault(id(prm), []).append((mod, pname))
-    model.to_empty(device=device)
-    for users in shared.values():
-        first_mod, first_name = users[0]
-        for mod, pname in users[1:]:
-            mod._parameters[pname] = first_mod._parameters[first_name]
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if hasattr(base, "tie_weights"):  # to_empty unties shared storage; from_pretrained keeps it
-        try:
-            base.tie_weights()
-        except KeyError:
-            # a tied head wrapped by LoRA (--lora-targets ...,lm_head): transformers cannot set
-            # the wrapper's weight ("attribute 'weight' already exists", a traceback in tune:
-            # an audit); its base_layer.weight shares the embedding's Parameter, re-tied above
-            pass
-    norm_params = {f"{n}.{pn}": pn for n, m in model.named_modules()
-                   if type(m).__name__.endswith("Norm") for pn in ("weight", "bias")}
-    with torch.no_grad():
-        for name, t in [*model.named_parameters(), *model.named_buffers()]:
-            if t.is_floating_point():
-                if name.endswith(("norm.weight", "ln_f.weight", "layernorm.weight")) \
-                        or "LayerNorm.weight" in name or ".ln_" in name:
-                    t.fill_(1.0)
-                elif name in norm_params:  # norms the names above miss (a custom model's ln1)
-                    t.fill_(1.0 if norm_params[name] == "weight" else 0.0)
-                elif "inv_freq" in name:
-                    dim = t.numel() * 2
-                    t.copy_(1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)))
-                elif zero_lora_b and "lora_B" in name:
-                    t.zero_()  # PEFT's init: the adapter starts as a no-op
-                else:
-                    assign(t, torch.randn(t.shape, generator=gen, dtype=torch.float32) * 0.02)
-            else:
-                t.zero_()
-    if transformers_init:
-        _hf_initialize(base, seed, zero_lora_b)
-    return model
-
-
-TWIN_SUBTREE_ELEMENTS = 1 << 26
-"""A module whose whole subtree holds at most this many values (256 MiB in fp32) is initialised
-on a host twin of the whole subtree (its ``_init_weights`` may set its children: T5's attention
-scales q/k/v by the model's width); a larger one (a decoder layer of a 7B model, the model
-itself) on a twin of its own tensors only, its children left on ``meta`` (writes to them are
-no-ops): each child gets its own turn."""
-
-
-def _hf_initialize(base: torch.nn.Module, seed: int, zero_lora_b: bool,
-                   loaded: set[int] | frozenset[int] = frozenset()) -> None:
-    """transformers' own initialisation (``_init_weights``, module by module, children before
-    parents as ``initialize_weights`` goes) of a model whose storage ``to_empty`` just made,
-    over the generic values already drawn: each module is initialised on a host twin (values
-    NaN until written) from torch's generator seeded with ``seed``, and only the tensors it
-    wrote whole are copied in (:func:`assign`: a sharded rank takes its rows) — so the values
-    are the same on every device and under every sharding, and anything ``_init_weights``
-    leaves alone keeps the generic value.  ``loaded``: the ids of tensors a checkpoint gave,
-    never overwritten; a module whose tensors it gave all, and that holds no floating buffer,
-    is skipped (a 7B model loaded from its checkpoint draws only what the checkpoint lacks).
-    Nothing for a model that is not transformers'."""
-    init_module = getattr(base, "_init_weights", None)
-    if init_module is None or not hasattr(base, "initialize_weights"):
-        return
-    torch.manual_seed(seed)
-
-    def storage(x: torch.Tensor, host: bool) -> torch.Tensor:
-        # NaN until written (a float on the host), else shape and dtype only (meta)
-        return torch.full(x.shape, float("nan")) if host and x.is_floating_point() else \
-            torch.empty(x.shape, dtype=x.dtype, device="meta")
-
-    def twin(m: torch.nn.Module, own_host: bool, children_host: bool) -> torch.nn.Module:
-        # the module's attributes (config, sizes) shared, its tensors new; not copy.copy, which
-        # FSDP2's module class (its __new__ rebuilds the original) cannot take
-        t = object.__new__(type(m))
-        t.__dict__.update(m.__dict__)
-        t._parameters = {k: None if p is None else torch.nn.Parameter(
-            storage(p, own_host), requires_grad=False) for k, p in m._parameters.items()}
-        t._buffers = {k: None if b is None else storage(b, own_host)
-                      for k, b in m._buffers.items()}
-        t._modules = {k: None if c is None else twin(c, children_host, children_host)
-                      for k, c in m._modules.items()}
-        return t
-
-    def post_order(m: torch.nn.Module) -> list[torch.nn.Module]:
-        return [*(x for c in m.children() for x in post_order(c)), m]
-
-    with torch.no_grad():
-        for m in post_order(base):
-            size = sum(t.numel() for t in [*m.parameters(), *m.buffers()])
-            whole = size <= TWIN_SUBTREE_ELEMENTS
-            mine = [*m.parameters(recurse=whole), *m.buffers(recurse=whole)]
-            if not mine or all(id(x) in loaded for x in mine if x.is_floating_point()):
-                continue
-            t = twin(m, True, whole)
-            init_module(t)
-            real = dict([*m.named_parameters(recurse=whole), *m.named_buffers(recurse=whole)])
-            for name, v in [*t.named_parameters(recurse=whole), *t.named_buffers(recurse=whole)]:
-                r = real.get(name)
-                if r is None or id(r) in loaded or v.device.type == "meta" \
-                        or not r.is_floating_point() or torch.isnan(v).any():
-                    continue
-                if "lora_B" in name and zero_lora_b:
-                    continue  # PEFT's no-op start, set above
-                assign(r, v.to(torch.float32))
-
-
 def assign(t: torch.Tensor, value: torch.Tensor) -> None:
     """``t.copy_(value)`` for a whole tensor ``value`` (drawn or read on the host), also when ``t``
     is a sharded parameter (a DTensor of FSDP2's ``fully_shard``): each rank then copies its own
@@ -253,9 +127,12 @@ def _weight_files(source: ModelSource) -> list[Path]:
 
 
 def load_pretrained_into(model: torch.nn.Module, source: ModelSource,
-                         loaded_ids: set[int] | None = None) -> int:
+                         loaded_ids: set[int] | None = None,
+                         trust_remote_code: bool = False) -> int:
     """Copy the source's safetensors weights into the built model (names matched with and without
-    PEFT's prefixes); returns how many tensors were loaded. Never unpickles (safetensors only)."""
+    PEFT's prefixes); returns how many of the model's tensors were loaded (``loaded_ids``: their
+    ids, filled). Never unpickles (safetensors only)."""
+    loaded_ids = set() if loaded_ids is None else loaded_ids
     from safetensors.torch import load_file
 
     own = dict(model.named_parameters())
@@ -264,7 +141,7 @@ def load_pretrained_into(model: torch.nn.Module, source: ModelSource,
     for n in own:
         key = n.replace("base_model.model.", "").replace(".base_layer", "")
         by_suffix[key] = n
-    loaded, unmatched = 0, []
+    unmatched: list[str] = []
     for f in _weight_files(source):
         try:
             tensors = load_file(str(f))
@@ -276,48 +153,47 @@ def load_pretrained_into(model: torch.nn.Module, source: ModelSource,
                 name = by_suffix.get(k)
                 if name is not None and own[name].shape == v.shape:
                     assign(own[name], v.to(own[name].dtype))
-                    loaded += 1
-                    if loaded_ids is not None:
-                        loaded_ids.add(id(own[name]))
+                    loaded_ids.add(id(own[name]))
                 else:
                     unmatched.append(k)
-    if unmatched and loaded:
-        loaded += _load_converted(own, by_suffix, source, unmatched, loaded_ids)
-    return loaded
+    # weights the model still lacks while the checkpoint holds names it does not know: a layout
+    # transformers converts on load (not a stray key beside complete weights: an old
+    # checkpoint's inv_freq, a duplicated tied head — a review)
+    missing = [n for n, p in model.named_parameters()
+               if id(p) not in loaded_ids and "lora_" not in n]
+    if unmatched and loaded_ids and missing:
+        _load_converted(own, by_suffix, source, unmatched, loaded_ids, trust_remote_code)
+    return len(loaded_ids)
 
 
 def _load_converted(own: dict[str, torch.Tensor], by_suffix: dict[str, str],
-                    source: ModelSource, unmatched: list[str],
-                    loaded_ids: set[int] | None = None) -> int:
+                    source: ModelSource, unmatched: list[str], loaded_ids: set[int],
+                    trust_remote_code: bool) -> None:
     """The weights whose names the checkpoint keeps in a layout transformers converts on load
     (Mixtral's per-expert ``w1``/``w2``/``w3`` under ``block_sparse_moe``, fused into
     ``mlp.experts.gate_up_proj`` / ``down_proj``: transformers' ``conversion_mapping.py``),
     loaded by transformers itself on the host and copied by the converted names.  An audit: they
     stayed at their random init, silently (a Mixtral checkpoint's logits agreed with
-    ``from_pretrained``'s at 62 % of positions).  Costs the model's size in host RAM once."""
+    ``from_pretrained``'s at 62 % of positions).  Costs the checkpoint's size in host RAM once
+    (on every rank of a sharded run: each copies its own rows)."""
     from trainfit.model.workload import auto_model_class
 
     p = Path(source.name)
     where = p.parent if p.is_file() else p
-    dtype = next(iter(own.values())).dtype
     try:
-        ref = auto_model_class(source.task).from_pretrained(str(where), dtype=dtype,
-                                                            device_map="cpu")
+        ref = auto_model_class(source.task).from_pretrained(
+            str(where), dtype="auto", device_map="cpu", trust_remote_code=trust_remote_code)
     except Exception as err:  # the library's own refusal, said in one line
         raise JobError(f"{source.name}: {len(unmatched)} weight(s) in its safetensors (e.g. "
                        f"{unmatched[0]}) match no parameter, and transformers could not load "
                        f"the checkpoint to convert them ({str(err).splitlines()[0][:160]})",
                        "check that the weights belong to this config") from None
-    n = 0
     with torch.no_grad():
         for k, v in ref.state_dict().items():
             name = by_suffix.get(k)
-            if name is not None and own[name].shape == v.shape:
+            if name is not None and own[name].shape == v.shape and id(own[name]) not in loaded_ids:
                 assign(own[name], v.to(own[name].dtype))
-                n += 1
-                if loaded_ids is not None:
-                    loaded_ids.add(id(own[name]))
-    return n
+                loaded_ids.add(id(own[name]))
 
 
 @dataclass
@@ -374,17 +250,18 @@ def build_real(job: JobSpec, source: ModelSource, device: torch.device, *, seed:
     if init == "pretrained" and not _weight_files(source):
         raise JobError(f"{source.name}: no safetensors weights to load",
                        "use --init random, or a model dir with *.safetensors")
-    # the generic values first, the checkpoint's over them, then transformers' own init of what
-    # the checkpoint did not give (its buffers: rotary frequencies, Gemma's embed_scale)
-    init_weights(model, device, seed, transformers_init=False)
+    # the checkpoint's values first, then transformers' own init of what it did not give (its
+    # buffers: rotary frequencies, Gemma's embed_scale), then the generic values of the rest:
+    # each tensor made once (model/init.py)
+    base = materialize(model, device)
     loaded: set[int] = set()
     if init in ("auto", "pretrained") and _weight_files(source):
-        n = load_pretrained_into(model, source, loaded)
+        n = load_pretrained_into(model, source, loaded, job.trust_remote_code)
         if init == "pretrained" and n == 0:
             raise JobError(f"{source.name}: no weight in its safetensors matches the model",
                            "check that the weights belong to this config")
-    _hf_initialize(model.get_base_model() if hasattr(model, "get_base_model") else model, seed,
-                   True, loaded)
+    written = hf_initialize(base, seed, True, loaded)
+    generic_init(model, seed, True, skip=loaded | written)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer(job, trainable, simulate=False, lr=lr)

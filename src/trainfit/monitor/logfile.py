@@ -52,7 +52,12 @@ def last_time_s(path: Path) -> float:
     restarted at 0, and report refused the monitor's own file."""
     with path.open("rb") as f:
         f.seek(max(0, path.stat().st_size - 65536))
-        tail = f.read().decode(errors="replace").splitlines()
+        data = f.read()
+    tail = data.decode(errors="replace").splitlines()
+    if data and not data.endswith(b"\n"):
+        # a row a killed writer cut: a CSV's first field cut short still parses, as an earlier
+        # time (a review: the appended rows then went back in time, and report refused them)
+        tail = tail[:-1]
     csv_log = path.suffix.lower() == ".csv"
     for line in reversed(tail):
         try:

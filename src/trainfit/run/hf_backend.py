@@ -483,6 +483,7 @@ def _train(trainer: Any, res: TrainResult, opts: RunOptions, job: JobSpec, data:
                            "resume with the job that wrote it") from None
         finally:
             claim.steps_done = res.steps - start_step
+            res.monitor_notes(sampler)  # also when the run fails (a lost GPU fails it)
     steps = trainer.state.global_step
     diverged = res.diverged_at_step is not None
     if not res.interrupted and not diverged and steps and \

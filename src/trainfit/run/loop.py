@@ -221,6 +221,8 @@ class Trainer:
             self._loop(res, claim, tracker)
         except BaseException as exc:
             if claim.steps_done:  # steps ran: their record is kept (else nothing is written)
+                # what the monitor saw (a lost GPU is what fails a run) is kept with it
+                res.monitor_notes(getattr(self, "sampler", None))
                 res.note(f"failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
                 self._keep_record(res, "failed")
             claim.__exit__(type(exc), exc, exc.__traceback__)
@@ -249,6 +251,7 @@ class Trainer:
         self.progress = StepProgress(total, start_step=self.state.step)
         self.progress_log = None if not main or (sampler is not None and sampler.live) \
             else ProgressLog(self.progress)  # piped: lines on stderr; live: in the view
+        self.sampler = sampler
         if sampler is not None:
             sampler.progress = self.progress
         with Interrupt() as intr, (sampler or contextlib.nullcontext()):

@@ -90,7 +90,8 @@ class RunOptions:
     def kept_options(self) -> dict[str, Any]:
         """The options a resume keeps unless given again (:data:`KEPT_ON_RESUME`), as the record
         holds them (``run_options`` in train.json)."""
-        return {k: (str(v) if isinstance(v, Path) else v)
+        # a path absolute: a resume from another directory finds the same file (a review)
+        return {k: (str(v.resolve()) if isinstance(v, Path) else v)
                 for k in KEPT_ON_RESUME if (v := getattr(self, k)) is not None}
 
     def __post_init__(self) -> None:
