@@ -7,6 +7,7 @@ exact peak of live bytes, the CPU equivalent of ``torch.cuda.max_memory_allocate
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 import torch
@@ -59,6 +60,7 @@ def measure_cpu_step(job: JobSpec, source: ModelSource, steps: int = 2, seed: in
 
     base = _storage_bytes([*model.parameters(), *model.buffers(), *batch.values()])
     loss = 0.0
+    gc.collect()  # garbage of earlier work freed now, not counted as this step's frees
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         for _ in range(steps):
             res = train_step(model, optimizer, repeat_batches(batch, micro), grad_accum=micro,
