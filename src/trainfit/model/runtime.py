@@ -118,12 +118,33 @@ def assign(t: torch.Tensor, value: torch.Tensor) -> None:
         to_local().copy_(chunks[rank])
 
 
+def _weight_dir(source: ModelSource) -> Path:
+    """The folder of a local model (its name is the folder, or its config.json)."""
+    p = Path(source.name)
+    return p.parent if p.is_file() else p
+
+
 def _weight_files(source: ModelSource) -> list[Path]:
     if source.origin != "local":
         return []
-    p = Path(source.name)
-    d = p.parent if p.is_file() else p
-    return sorted(d.glob("*.safetensors"))
+    return sorted(_weight_dir(source).glob("*.safetensors"))
+
+
+def _copy_in(tensors: dict[str, torch.Tensor], own: dict[str, torch.Tensor],
+             by_suffix: dict[str, str], loaded_ids: set[int]) -> list[str]:
+    """Each of ``tensors`` whose name and shape match one of the model's (``own``, found by
+    ``by_suffix``: the name without PEFT's prefixes) and that is not loaded yet, copied in
+    (:func:`assign`) and its id added to ``loaded_ids``; returns the names that match none."""
+    unmatched = []
+    with torch.no_grad():
+        for k, v in tensors.items():
+            name = by_suffix.get(k)
+            if name is None or own[name].shape != v.shape:
+                unmatched.append(k)
+            elif id(own[name]) not in loaded_ids:
+                assign(own[name], v.to(own[name].dtype))
+                loaded_ids.add(id(own[name]))
+    return unmatched
 
 
 def load_pretrained_into(model: torch.nn.Module, source: ModelSource,
@@ -148,14 +169,7 @@ def load_pretrained_into(model: torch.nn.Module, source: ModelSource,
         except Exception as err:  # safetensors raises its own error type for corrupt files
             raise JobError(f"{f}: cannot read the weights ({err})",
                            "the file is corrupt or not safetensors") from None
-        with torch.no_grad():
-            for k, v in tensors.items():
-                name = by_suffix.get(k)
-                if name is not None and own[name].shape == v.shape:
-                    assign(own[name], v.to(own[name].dtype))
-                    loaded_ids.add(id(own[name]))
-                else:
-                    unmatched.append(k)
+        unmatched += _copy_in(tensors, own, by_suffix, loaded_ids)
     # weights the model still lacks while the checkpoint holds names it does not know: a layout
     # transformers converts on load (not a stray key beside complete weights: an old
     # checkpoint's inv_freq, a duplicated tied head — a review)
@@ -178,22 +192,15 @@ def _load_converted(own: dict[str, torch.Tensor], by_suffix: dict[str, str],
     (on every rank of a sharded run: each copies its own rows)."""
     from trainfit.model.workload import auto_model_class
 
-    p = Path(source.name)
-    where = p.parent if p.is_file() else p
     try:
         ref = auto_model_class(source.task).from_pretrained(
-            str(where), dtype="auto", device_map="cpu", trust_remote_code=trust_remote_code)
+            str(_weight_dir(source)), dtype="auto", device_map="cpu", trust_remote_code=trust_remote_code)
     except Exception as err:  # the library's own refusal, said in one line
         raise JobError(f"{source.name}: {len(unmatched)} weight(s) in its safetensors (e.g. "
                        f"{unmatched[0]}) match no parameter, and transformers could not load "
                        f"the checkpoint to convert them ({str(err).splitlines()[0][:160]})",
                        "check that the weights belong to this config") from None
-    with torch.no_grad():
-        for k, v in ref.state_dict().items():
-            name = by_suffix.get(k)
-            if name is not None and own[name].shape == v.shape and id(own[name]) not in loaded_ids:
-                assign(own[name], v.to(own[name].dtype))
-                loaded_ids.add(id(own[name]))
+    _copy_in(ref.state_dict(), own, by_suffix, loaded_ids)
 
 
 @dataclass

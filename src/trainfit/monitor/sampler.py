@@ -16,6 +16,7 @@ samples for the rates.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.util
 import json
@@ -24,7 +25,7 @@ import shlex
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
@@ -100,6 +101,20 @@ class _StepWindow:
         self.time_tokens_s = self.time_samples_s = self.wait_s = self.time_wait_s = 0.0
         self.peak_allocated: int | None = None
         self.peak_reserved: int | None = None
+
+
+@contextlib.contextmanager
+def rates_paused(sampler: Sampler | None, reason: str) -> Iterator[None]:
+    """``sampler``'s rates paused for the block (:meth:`Sampler.pause_rates`: an evaluation, a
+    checkpoint save); nothing without a sampler (a rank that does not watch)."""
+    if sampler is None:
+        yield
+        return
+    sampler.pause_rates(reason)
+    try:
+        yield
+    finally:
+        sampler.pause_rates(None)
 
 
 def _max(a: int | None, b: int | None) -> int | None:

@@ -56,12 +56,14 @@ def build_timeline(log: MonitorLog, slug: str) -> Timeline:
         return gapped_series(label, [times[i] for i in host_rows], [cols[key][i] for i in host_rows],
                              gaps, scale)
 
-    def gpu_rows(g: int) -> list[int]:
-        return [i for i, x in enumerate(cols["gpu_index"]) if x is not None and int(x) == g]
+    gpu_rows: dict[int, list[int]] = {g: [] for g in gpu_ids}  # each card's rows, one pass
+    for i, x in enumerate(cols["gpu_index"]):
+        if x is not None:
+            gpu_rows[int(x)].append(i)
 
     # one capacity line when every card has the same; else each card's memory says its own (an
     # audit: an H100's 80 GiB was drawn over an A10G's 24 GiB series)
-    totals = {g: max((v for i in gpu_rows(g) if (v := cols["gpu_memory_total_bytes"][i])
+    totals = {g: max((v for i in gpu_rows[g] if (v := cols["gpu_memory_total_bytes"][i])
                       is not None), default=None) for g in gpu_ids}
     mixed_cards = len({t for t in totals.values() if t is not None}) > 1
 
@@ -70,7 +72,7 @@ def build_timeline(log: MonitorLog, slug: str) -> Timeline:
             return [host(label, key, scale)]
         out = []
         for g in gpu_ids:
-            rows = gpu_rows(g)
+            rows = gpu_rows[g]
             suffix = f", GPU {g}" if len(gpu_ids) > 1 else ""
             if mixed_cards and key == "gpu_memory_used_bytes" and totals[g] is not None:
                 suffix += f" (of {totals[g] / GIB:.1f} GiB)"

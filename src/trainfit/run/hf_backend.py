@@ -45,6 +45,7 @@ from trainfit.model.runtime import build_real, check_no_offload, parse_device
 from trainfit.model.source import resolve_model
 from trainfit.monitor import Sampler
 from trainfit.monitor.progress import ProgressLog, StepProgress
+from trainfit.monitor.sampler import rates_paused
 from trainfit.run.backend import resolve_backend
 from trainfit.run.checks import (
     busy_host_note,
@@ -200,16 +201,11 @@ class _Eval:
         from trainfit.engine.dist import Dist
         from trainfit.run import evaluate as ev
 
-        if sampler is not None:
-            sampler.pause_rates("evaluation")  # no tokens are trained meanwhile
-        try:
+        with rates_paused(sampler, "evaluation"):  # no tokens are trained meanwhile
             r = ev.evaluate(ev.eval_module(self.model), self.data, task=self.task,
                             batch=self.batch, step=step, device=self.device,
                             autocast=self.autocast, dist=Dist.from_env(), tracker=self.tracker,
                             inject_oom=step in self.injected)
-        finally:
-            if sampler is not None:
-                sampler.pause_rates(None)
         self.injected.discard(step)
         self.batch = r.eval_batch  # a lowered batch stays lowered
         res.oom_events.extend(r.oom_events)
@@ -483,7 +479,6 @@ def _train(trainer: Any, res: TrainResult, opts: RunOptions, job: JobSpec, data:
                            "resume with the job that wrote it") from None
         finally:
             claim.steps_done = res.steps - start_step
-            res.monitor_notes(sampler)  # also when the run fails (a lost GPU fails it)
     steps = trainer.state.global_step
     diverged = res.diverged_at_step is not None
     if not res.interrupted and not diverged and steps and \

@@ -34,6 +34,7 @@ from trainfit.memory.limit import LimitTracker
 from trainfit.model.runtime import build_real, check_no_offload, parse_device, use_job_allocator
 from trainfit.model.source import resolve_model
 from trainfit.monitor.progress import ProgressLog, StepProgress
+from trainfit.monitor.sampler import rates_paused
 from trainfit.run import checkpoint as ckpt
 from trainfit.run import evaluate as ev
 from trainfit.run.checks import (
@@ -369,17 +370,12 @@ class Trainer:
         step = self.state.step
         j = self.job
         knobs = LoaderKnobs.from_job(j, persistent_workers=False)
-        if sampler is not None:
-            sampler.pause_rates("evaluation")  # no tokens are trained meanwhile
-        try:
+        with rates_paused(sampler, "evaluation"):  # no tokens are trained meanwhile
             r = ev.evaluate(ev.eval_module(self.model), self.eval_set, task=self.source.task,
                             batch=self.eval_batch, step=step, device=self.device,
                             autocast=self.wl.autocast, dist=self.dist, tracker=tracker,
                             inject_oom=step in injected, knobs=knobs,
                             pin=self.device.type == "cuda")
-        finally:
-            if sampler is not None:
-                sampler.pause_rates(None)
         injected.discard(step)
         self.eval_batch = r.eval_batch  # a lowered batch stays lowered for the next evaluations
         res.oom_events.extend(r.oom_events)
@@ -439,13 +435,8 @@ class Trainer:
         """The checkpoint (with the record so far inside it), then train.json beside it. A save
         that fails on one rank fails on all (the error is rank 0's). The sampler's rates pause
         while it writes (no tokens are trained)."""
-        if sampler is not None:
-            sampler.pause_rates("checkpoint")
-        try:
+        with rates_paused(sampler, "checkpoint"):
             self._save_now(res)
-        finally:
-            if sampler is not None:
-                sampler.pause_rates(None)
 
     def _save_now(self, res: TrainResult) -> None:
         # under FSDP gathering the full state is collective: every rank saves, rank 0 writes

@@ -29,7 +29,14 @@ from trainfit.script.diff import KeywordChange, keyword_diff
 from trainfit.script.launch import run_script
 from trainfit.script.mapping import ReadJob, map_record, script_as_read, with_flags
 from trainfit.tune.result import SearchNote
-from trainfit.tune.tuner import Bench, TuneOptions, TuneResult, device_side, run_search
+from trainfit.tune.tuner import (
+    Bench,
+    TuneOptions,
+    TuneResult,
+    device_side,
+    fit_threads,
+    run_search,
+)
 
 
 @dataclass
@@ -104,16 +111,13 @@ def tune_trainer(trainer: Any, rec: dict[str, Any], o: dict[str, Any]) -> dict[s
     start = job if "grad_ckpt" in flags else job.replace(grad_ckpt="off")
     # torch's pool fitted to the cores other processes leave, as a job file's tune does (an
     # audit: beside a busy neighbour the script's probes lay 45× apart, "noise 1690 %")
-    from trainfit.speed.host_timing import threads_for_load
-
-    fitted = threads_for_load() if device.type == "cpu" and job.ranks == 1 else None
+    busy = fit_threads(device, job.ranks)
     try:
         result = run_search(start, opts, bench, t0, current=job, step_source="script")
     finally:
         prober.restore_trainer()
-    if fitted is not None:
-        result.notes.append(SearchNote("threads_for_load", {
-            "threads": fitted[0], "was": fitted[1], "others": fitted[2], "cpus": fitted[3]}))
+    if busy is not None:
+        result.notes.append(busy)
     if "precision" in o.get("knobs", ()) and "precision" not in opts.knobs:
         # asked for, and not probed: said (an audit: dropped without a word)
         result.notes.append(SearchNote("script_precision", {

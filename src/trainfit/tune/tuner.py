@@ -286,7 +286,7 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
         raise DataError(f"--data {job.data}: {data.stats.samples} samples for {job.ranks} ranks",
                         "every rank needs samples: add data or use fewer --ranks")
     torch.manual_seed(job.seed)
-    fitted = threads_for_load() if device.type == "cpu" and job.ranks == 1 else None
+    busy = fit_threads(device, job.ranks)
     capacity, name, predict = device_side(source, data, device, opts)
     prober, probe_fn = _prober(job, source, data, device, opts)
     link = measure_link(device)  # all ranks together, before the probes
@@ -296,10 +296,20 @@ def tune(job: JobSpec, opts: TuneOptions, progress: Callable[[str], None] | None
                                          tokens=data.stats.tokens,
                                          data_notes=list(data.stats.notes)), t0, progress)
     result.link = link
-    if fitted is not None:
-        result.notes.append(SearchNote("threads_for_load", {
-            "threads": fitted[0], "was": fitted[1], "others": fitted[2], "cpus": fitted[3]}))
+    if busy is not None:
+        result.notes.append(busy)
     return result
+
+
+def fit_threads(device: torch.device, ranks: int) -> SearchNote | None:
+    """A one-rank CPU tune's torch pool fitted to the cores other processes leave
+    (:func:`~trainfit.speed.host_timing.threads_for_load`), before its probes; the note saying
+    so, or None where nothing was changed."""
+    fitted = threads_for_load() if device.type == "cpu" and ranks == 1 else None
+    if fitted is None:
+        return None
+    return SearchNote("threads_for_load", {"threads": fitted[0], "was": fitted[1],
+                                           "others": fitted[2], "cpus": fitted[3]})
 
 
 @dataclass
