@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import importlib.util
 import json
 import os
 import shlex
@@ -28,13 +27,16 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from trainfit.monitor import view
 from trainfit.monitor.host import HostProbe, process_alive, process_tree
 from trainfit.monitor.logfile import idle_s, is_a_log, last_byte, last_time_s
 from trainfit.monitor.nvml import GpuReading, Nvml
 from trainfit.monitor.view import render
+
+if TYPE_CHECKING:
+    from trainfit.monitor.tensorboard import TensorboardScalars
 
 STEP_COLUMNS = ("step", "loss", "tokens_per_s", "samples_per_s", "mfu", "data_wait_fraction",
                 "peak_allocated_bytes", "peak_reserved_bytes")
@@ -168,8 +170,7 @@ class Sampler:
         self._t_offset_s = 0.0  # appending: time_s goes on from the log's last sample
         self._log: TextIO | None = None
         self._csv: csv.DictWriter[str] | None = None
-        self._tb: Any = None
-        self._tb_step: int | None = None  # the last step whose metrics TensorBoard has
+        self._tb: TensorboardScalars | None = None
         self._live_view: Any = None
         self._thread: threading.Thread | None = None
         self._stop_event = threading.Event()
@@ -211,7 +212,10 @@ class Sampler:
                     self._csv.writeheader()
                 self._log.flush()
         if self.tensorboard_dir is not None:
-            self._open_tensorboard(self.tensorboard_dir)
+            # imported here: it reads this module's columns
+            from trainfit.monitor.tensorboard import TensorboardScalars
+
+            self._tb = TensorboardScalars.open(self.tensorboard_dir, self.notes)
         self._t0 = self._prev_sample_t = time.monotonic()
         self._opened = True
         return self
@@ -436,43 +440,8 @@ class Sampler:
             # would survive a host crash too but costs a disk round trip per sample.
             self._log.flush()
         if self._tb is not None:
-            self._write_tensorboard(rows)
-
-    def _open_tensorboard(self, log_dir: Path) -> None:
-        if importlib.util.find_spec("tensorboard") is None:
-            self.notes.append("tensorboard not installed: no TensorBoard scalars (pip install tensorboard)")
-            return
-        from torch.utils.tensorboard import SummaryWriter
-
-        self._tb = SummaryWriter(log_dir=str(log_dir))
-
-    def _write_tensorboard(self, rows: list[dict[str, Any]]) -> None:
-        first = rows[0]
-        # before a run's first step: the step it starts from (a resumed segment's host readings
-        # landed at steps 0, 1, 2 … over the earlier segment's: an audit); a bare monitor has no
-        # steps: its sample count
-        start = getattr(self.progress, "start_step", None)
-        global_step = first["step"] if first["step"] is not None else \
-            start if start is not None else self.samples
-        # a step's metrics once: a sample taken while no step ended (a checkpoint being saved,
-        # an evaluation) carries the last step's row, which TensorBoard drew again at the same
-        # step (an audit: train/loss 5 times at step 4); the host's and GPUs' readings each time
-        new_step = first["step"] is not None and first["step"] != self._tb_step
-        self._tb_step = first["step"] if first["step"] is not None else self._tb_step
-        for col in (*(STEP_COLUMNS[1:] if new_step else ()), *HOST_COLUMNS):
-            if first[col] is not None:
-                self._tb.add_scalar(f"{'host' if col in HOST_COLUMNS else 'train'}/{col}", first[col],
-                                    global_step)
-        if first.get("eval_step") is not None:
-            for col in ("eval_loss", "eval_perplexity"):
-                if isinstance(first.get(col), float) and first[col] == first[col]:  # not NaN
-                    self._tb.add_scalar(f"eval/{col}", first[col], first["eval_step"])
-        for r in rows:
-            if r["gpu_index"] is None:
-                continue
-            for col in GPU_COLUMNS[1:]:
-                if r[col] is not None:
-                    self._tb.add_scalar(f"gpu{r['gpu_index']}/{col}", r[col], global_step)
+            self._tb.write(rows, start_step=getattr(self.progress, "start_step", None),
+                           samples=self.samples)
 
 
 def _step_metrics(w: _StepWindow, wall_s: float) -> dict[str, Any]:
