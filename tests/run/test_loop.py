@@ -156,13 +156,17 @@ def test_two_ranks_gloo_match_one_rank(job, tmp_path):
     out = tmp_path / "two"
     proc = subprocess.run([sys.executable, "-m", "trainfit.cli.main", "train", str(p), "--out",
                            str(out), "--max-steps", "3", "--nproc", "2", "--inject-oom-at", "1",
-                           "--no-live", "--json"], capture_output=True, text=True, timeout=300)
+                           "--save-every", "3", "--no-live", "--json"],
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     d = json.loads((out / "train.json").read_text())
     assert d["losses"] == pytest.approx(one.losses, rel=1e-5)
     # rank 0 alone prints the run: one JSON document (every rank printed its own before)
     assert json.loads(proc.stdout)["losses"] == d["losses"]
     assert [e["micro_batch_after"] for e in d["oom_events"]] == [1]
+    # the last step is a --save-every step: one checkpoint, taken by both ranks together (the
+    # final save was decided from rank 0's own list, and rank 0 waited in it for ever)
+    assert [Path(c).name for c in d["checkpoints"]] == ["checkpoint-3"]
 
 
 def test_real_sigint_checkpoints_and_resumes(job, tmp_path):

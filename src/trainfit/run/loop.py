@@ -132,6 +132,7 @@ class Trainer:
         self.state = ckpt.RunState(step=0, position=0, micro_batch=job.micro_batch,
                                    grad_accum=job.grad_accum or 1)
         self.resumed_from: str | None = None
+        self.last_saved_step: int | None = None  # the step of the last checkpoint, on every rank
         self.notes: list[str] = [] if fitted is None else [busy_host_note(*fitted)]
         self.history: dict[str, Any] = {}
         self.resuming_here = False
@@ -156,6 +157,7 @@ class Trainer:
         self.state = ckpt.RunState(step=saved.step, position=saved.position,
                                    micro_batch=job.micro_batch, grad_accum=job.grad_accum or 1)
         self.resumed_from = str(ck)
+        self.last_saved_step = saved.step
         self.history = closed_record(read_record(ck.parent), saved.step, ck) or \
             ckpt.history(ck)
         same_data(ck, self.history, self.data)
@@ -301,8 +303,9 @@ class Trainer:
                     not res.evals or res.evals[-1]["step"] != self.state.step):
                 self._evaluate(res, sampler, tracker, injected_eval)
             # the last save, still under the signal guard: a SIGTERM now does not cut it
-            if stopped == "finished" and (not res.checkpoints or not
-                                          res.checkpoints[-1].endswith(f"-{self.state.step}")):
+            # decided on a value every rank holds: res.checkpoints is rank 0's alone, and a
+            # rank that skipped this collective save left rank 0 waiting in it (a review)
+            if stopped == "finished" and self.last_saved_step != self.state.step:
                 self._save(res, sampler)
         res.monitor_notes(sampler)
         self._keep_record(res, stopped)
@@ -472,6 +475,7 @@ class Trainer:
                                f"free space on that disk, then --resume {self.o.out_dir}")
         if self.dist.any(err is not None):
             raise err or JobError("rank 0 could not write the checkpoint", "see rank 0's error")
+        self.last_saved_step = self.state.step
         self.dist.barrier()
 
 
