@@ -98,3 +98,82 @@ def test_a_checkpoint_in_a_converted_layout_loads_as_from_pretrained(tmp_path):
     for name, b in ref.named_buffers():
         if b.is_floating_point():
             assert torch.allclose(bufs[name], b), name
+
+
+def _job_build(d, **kw):
+    kw = {"method": "full", "precision": "fp32", **kw}
+    job = JobSpec(model=str(d), seq_len=32, micro_batch=2, effective_batch=2, grad_ckpt="off",
+                  attention="eager", **kw)
+    return build_real(job, resolve_model(job.model), torch.device("cpu"))
+
+
+def _equal_to(wl, ref):
+    from trainfit.model.init import hf_model
+
+    mine = dict(hf_model(wl.model).named_parameters())
+    return [n for n, p in ref.named_parameters()
+            if not torch.equal(mine.get(n, mine.get(n.replace(".weight", ".base_layer.weight"))),
+                               p.to(mine.get(n, p).dtype))]
+
+
+def test_every_layout_of_a_checkpoint_loads_or_is_refused(tmp_path):
+    """An audit: under --lm-head-chunk no weight loaded; a .bin checkpoint and a bare model's
+    (GPT-2's h.0…) loaded nothing, silently; a sharded one without a shard loaded in part."""
+    from safetensors.torch import save_file
+
+    from trainfit.job import JobError
+
+    cfg = transformers.AutoConfig.for_model("llama", **TINY)
+    d = _dir(tmp_path, "llama", cfg, save_weights=True)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(d)
+    assert _equal_to(_job_build(d, lm_head_chunk=64), ref) == []
+    assert _equal_to(_job_build(d, method="lora", trl_logprob_head=True), ref) == []
+    b = _dir(tmp_path, "bin", cfg)
+    torch.save(ref.state_dict(), b / "pytorch_model.bin")  # read with weights_only=True
+    assert _equal_to(_job_build(b), ref) == []
+    # the bare model's names (no "transformer." prefix), as GPT2Model saves them
+    g = transformers.AutoConfig.for_model("gpt2", n_embd=64, n_layer=2, n_head=4, vocab_size=512,
+                                          n_positions=256, bos_token_id=0, eos_token_id=0)
+    bare = transformers.GPT2Model(g)
+    gd = tmp_path / "gpt2"
+    bare.save_pretrained(gd)
+    (gd / "config.json").write_text(json.dumps({**g.to_dict(), "architectures": ["GPT2LMHeadModel"]}))
+    wl = _job_build(gd)
+    assert wl.load_note is None
+    from trainfit.model.init import hf_model
+
+    assert torch.equal(hf_model(wl.model).transformer.h[1].mlp.c_fc.weight, bare.h[1].mlp.c_fc.weight)
+    # a checkpoint missing some weights: said, with the count
+    part = _dir(tmp_path, "part", cfg)
+    save_file({k: v for k, v in ref.state_dict().items() if "layers.1.mlp" not in k},
+              str(part / "model.safetensors"))
+    assert _job_build(part).load_note.startswith("weights: 18 of 21 parameter tensors loaded")
+    # refused: a missing shard, weights of another model
+    s = tmp_path / "sharded"
+    ref.save_pretrained(s, max_shard_size="100KB")
+    sorted(s.glob("*.safetensors"))[1].unlink()
+    with pytest.raises(JobError, match="lists 1 shard"):
+        _job_build(s)
+    other = _dir(tmp_path, "other", cfg)
+    save_file(bare.state_dict(), str(other / "model.safetensors"))
+    with pytest.raises(JobError, match="matches the model's parameters"):
+        _job_build(other)
+
+
+def test_lora_b_padding_row_and_rotary_dtype_are_transformers_and_peft_own(tmp_path):
+    """An audit: LoRA's B matrices were drawn N(0, 0.02) (peft starts them at 0: the adapter a
+    no-op); a tied head's init overwrote the embedding's zero padding row; bf16 weights made the
+    rotary frequencies bf16 (from_pretrained(dtype=bf16) keeps them fp32)."""
+    cfg = transformers.AutoConfig.for_model("llama", **TINY, tie_word_embeddings=True,
+                                            pad_token_id=0)
+    d = _dir(tmp_path, "tied", cfg)
+    wl = _job_build(d, method="lora", precision="bf16-true")
+    lora_b = [p for n, p in wl.model.named_parameters() if "lora_B" in n]
+    assert lora_b and all(torch.count_nonzero(p) == 0 for p in lora_b)
+    lora_a = [p for n, p in wl.model.named_parameters() if "lora_A" in n]
+    assert all(p.std() > 0.01 for p in lora_a)
+    emb = wl.model.get_base_model().model.embed_tokens.weight
+    assert torch.count_nonzero(emb[0]) == 0 and emb[1].abs().max() > 0
+    buffers = dict(wl.model.get_base_model().named_buffers())
+    assert buffers["model.rotary_emb.inv_freq"].dtype == torch.float32
+    assert {p.dtype for p in wl.model.parameters()} == {torch.bfloat16}

@@ -48,7 +48,7 @@ def materialize(model: torch.nn.Module, device: torch.device | str) -> torch.nn.
         first_mod, first_name = users[0]
         for mod, pname in users[1:]:
             mod._parameters[pname] = first_mod._parameters[first_name]
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = hf_model(model)
     if hasattr(base, "tie_weights"):  # to_empty unties shared storage; from_pretrained keeps it
         try:
             base.tie_weights()
@@ -58,6 +58,17 @@ def materialize(model: torch.nn.Module, device: torch.device | str) -> torch.nn.
             # an audit); its base_layer.weight shares the embedding's Parameter, re-tied above
             pass
     return base
+
+
+def hf_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside trainfit's and peft's wrappers: the chunked head's (``--lm-head-chunk``,
+    ``--trl-logprob-head``), then peft's base model.  An audit: under a chunked head neither the
+    checkpoint nor transformers' init reached the model (its names began with the wrapper's)."""
+    from trainfit.model.chunked_head import ChunkedHeadLM
+
+    if isinstance(model, ChunkedHeadLM):
+        model = model.model
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def generic_init(model: torch.nn.Module, seed: int, zero_lora_b: bool,
@@ -170,13 +181,22 @@ def hf_initialize(base: torch.nn.Module, seed: int, zero_lora_b: bool,
         return set()
     torch.manual_seed(seed)
     done: set[int] = set()
+    # peft's B matrices start at zero (the adapter a no-op); found by their full names (a
+    # module's own names are relative: "weight" — an audit found them drawn N(0, 0.02))
+    lora_b = {id(t) for n, t in base.named_parameters(remove_duplicate=False)
+              if "lora_B" in n} if zero_lora_b else set()
 
-    def post_order(m: torch.nn.Module) -> list[torch.nn.Module]:
-        return [*(x for c in m.children() for x in post_order(c)), m]
+    def post_order(m: torch.nn.Module, prefix: str = "") -> list[tuple[str, torch.nn.Module]]:
+        return [*(x for k, c in m.named_children() for x in post_order(c, f"{prefix}{k}.")),
+                (prefix, m)]
 
+    # a tied head's weight is the embedding's: transformers inits both before it ties them, so
+    # the head's draw never reaches the embedding (its padding row stays 0: an audit)
+    tied = set(getattr(base, "all_tied_weights_keys", None) or {})
     with torch.no_grad():
-        for m in post_order(base):
-            real = dict([*m.named_parameters(), *m.named_buffers()])
+        for prefix, m in post_order(base):
+            real = {n: t for n, t in [*m.named_parameters(), *m.named_buffers()]
+                    if prefix + n not in tied}
             if not real:
                 continue
             # which of the subtree's tensors this module's init writes: a dry run on meta
@@ -190,7 +210,7 @@ def hf_initialize(base: torch.nn.Module, seed: int, zero_lora_b: bool,
             except Exception:  # an init that reads values (meta has none): its own tensors
                 names, whole = [n for n in made if "." not in n], set()
             want = {id(real[n]) for n in names if n in real and id(real[n]) not in loaded
-                    and not (zero_lora_b and "lora_B" in n)}
+                    and id(real[n]) not in lora_b}
             if not want:
                 continue
             # a float given whole to an init function is all written: no NaN to fill and scan

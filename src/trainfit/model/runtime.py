@@ -9,6 +9,7 @@ models and bare configs, or loaded from the model's safetensors when the source 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 
 from trainfit.job import JobError, JobSpec
-from trainfit.model.init import generic_init, hf_initialize, materialize
+from trainfit.model.init import generic_init, hf_initialize, hf_model, materialize
 from trainfit.model.offload import trl_offload, with_offload
 from trainfit.model.source import ModelSource
 from trainfit.model.workload import amp_dtype, build_model_on_meta, make_optimizer
@@ -125,20 +126,64 @@ def _weight_dir(source: ModelSource) -> Path:
 
 
 def _weight_files(source: ModelSource) -> list[Path]:
+    """The checkpoint's weight files: safetensors, else PyTorch ``.bin`` (read with
+    ``weights_only=True``: never unpickled as code); a sharded one's files from its
+    ``*.index.json`` ``weight_map``, a missing shard refused (an audit: loaded in part,
+    silently; and a ``.bin`` checkpoint was ignored, its model trained from random values).
+    A peft adapter's file beside the model (``adapter_model.*``) is not the model's."""
     if source.origin != "local":
         return []
-    return sorted(_weight_dir(source).glob("*.safetensors"))
+    d = _weight_dir(source)
+    for ext in ("safetensors", "bin"):
+        index = next(iter(sorted(d.glob(f"*.{ext}.index.json"))), None)
+        if index is not None:
+            try:
+                wmap = json.loads(index.read_text())["weight_map"]
+                names = sorted(set(wmap.values()))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+                raise JobError(f"{index}: not a readable weight index ({type(err).__name__})",
+                               "re-save the model (save_pretrained) or remove the index") from None
+            gone = [n for n in names if not (d / n).is_file()]
+            if gone:
+                raise JobError(f"{index} lists {len(gone)} shard(s) that are not there "
+                               f"({', '.join(gone[:3])})", "copy the missing shard files into "
+                               f"{d}, or download the model again")
+            return [d / n for n in names]
+        files = [f for f in sorted(d.glob(f"*.{ext}")) if not f.name.startswith("adapter_")
+                 and f.name != "training_args.bin"]
+        if files:
+            return files
+    return []
+
+
+def _read_weights(f: Path) -> dict[str, torch.Tensor]:
+    try:
+        if f.suffix == ".bin":
+            return torch.load(str(f), map_location="cpu", weights_only=True)
+        from safetensors.torch import load_file
+
+        return load_file(str(f))
+    except Exception as err:  # each reader raises its own error type for a corrupt file
+        raise JobError(f"{f}: cannot read the weights ({str(err).splitlines()[0][:160]})",
+                       "the file is corrupt, or not safetensors / a PyTorch state dict"
+                       ) from None
 
 
 def _copy_in(tensors: dict[str, torch.Tensor], own: dict[str, torch.Tensor],
-             by_suffix: dict[str, str], loaded_ids: set[int]) -> list[str]:
+             by_suffix: dict[str, str], loaded_ids: set[int], prefix: str = "") -> list[str]:
     """Each of ``tensors`` whose name and shape match one of the model's (``own``, found by
-    ``by_suffix``: the name without PEFT's prefixes) and that is not loaded yet, copied in
-    (:func:`assign`) and its id added to ``loaded_ids``; returns the names that match none."""
+    ``by_suffix``: the name without peft's ``.base_layer``; a checkpoint of the bare model —
+    GPT-2's ``h.0…`` — under ``prefix``, the model's ``base_model_prefix``, as transformers
+    matches it) and that is not loaded yet, copied in (:func:`assign`) and its id added to
+    ``loaded_ids``; returns the names that match none."""
     unmatched = []
+    cut = f"{prefix}." if prefix else None
     with torch.no_grad():
         for k, v in tensors.items():
             name = by_suffix.get(k)
+            if name is None and cut:
+                name = by_suffix.get(cut + k) or (
+                    by_suffix.get(k[len(cut):]) if k.startswith(cut) else None)
             if name is None or own[name].shape != v.shape:
                 unmatched.append(k)
             elif id(own[name]) not in loaded_ids:
@@ -147,37 +192,45 @@ def _copy_in(tensors: dict[str, torch.Tensor], own: dict[str, torch.Tensor],
     return unmatched
 
 
+def _own_tensors(base: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a checkpoint of ``base`` can hold: its parameters (tied names too) and persistent
+    buffers — not a non-persistent one (rotary frequencies), which the config computes and an
+    old checkpoint's stray copy must not overwrite."""
+    own = dict(base.named_parameters(remove_duplicate=False))
+    for mn, mod in base.named_modules(remove_duplicate=False):
+        for bn, b in mod._buffers.items():
+            if b is not None and bn not in mod._non_persistent_buffers_set:
+                own[f"{mn}.{bn}" if mn else bn] = b
+    return own
+
+
 def load_pretrained_into(model: torch.nn.Module, source: ModelSource,
                          loaded_ids: set[int] | None = None,
                          trust_remote_code: bool = False) -> int:
-    """Copy the source's safetensors weights into the built model (names matched with and without
-    PEFT's prefixes); returns how many of the model's tensors were loaded (``loaded_ids``: their
-    ids, filled). Never unpickles (safetensors only)."""
+    """Copy the source's weights into the built model (names relative to the transformers model
+    inside trainfit's and peft's wrappers); returns how many of the model's tensors were loaded
+    (``loaded_ids``: their ids, filled)."""
     loaded_ids = set() if loaded_ids is None else loaded_ids
-    from safetensors.torch import load_file
-
-    own = dict(model.named_parameters())
-    own.update(dict(model.named_buffers()))
-    by_suffix = {}
-    for n in own:
-        key = n.replace("base_model.model.", "").replace(".base_layer", "")
-        by_suffix[key] = n
+    base = hf_model(model)
+    own = _own_tensors(base)
+    by_suffix = {n.replace(".base_layer", ""): n for n in own}
+    prefix = getattr(base, "base_model_prefix", "") or ""
     unmatched: list[str] = []
     for f in _weight_files(source):
-        try:
-            tensors = load_file(str(f))
-        except Exception as err:  # safetensors raises its own error type for corrupt files
-            raise JobError(f"{f}: cannot read the weights ({err})",
-                           "the file is corrupt or not safetensors") from None
-        unmatched += _copy_in(tensors, own, by_suffix, loaded_ids)
+        unmatched += _copy_in(_read_weights(f), own, by_suffix, loaded_ids, prefix)
     # weights the model still lacks while the checkpoint holds names it does not know: a layout
     # transformers converts on load (not a stray key beside complete weights: an old
     # checkpoint's inv_freq, a duplicated tied head — a review)
-    missing = [n for n, p in model.named_parameters()
-               if id(p) not in loaded_ids and "lora_" not in n]
+    missing = missing_weights(model, loaded_ids)
     if unmatched and loaded_ids and missing:
         _load_converted(own, by_suffix, source, unmatched, loaded_ids, trust_remote_code)
     return len(loaded_ids)
+
+
+def missing_weights(model: torch.nn.Module, loaded_ids: set[int]) -> list[str]:
+    """The model's own parameters (not a LoRA adapter's) that no checkpoint tensor gave."""
+    return [n for n, p in hf_model(model).named_parameters()
+            if id(p) not in loaded_ids and "lora_" not in n]
 
 
 def _load_converted(own: dict[str, torch.Tensor], by_suffix: dict[str, str],
@@ -214,6 +267,8 @@ class RealWorkload:
     trainable_params: int
     step_model: Any = None
     """What the step calls: the model, or its ``torch.compile`` wrapper."""
+    load_note: str | None = None
+    """What the checkpoint gave when it did not give every weight (``None``: all, or none read)."""
 
     def __post_init__(self) -> None:
         if self.step_model is None:
@@ -254,19 +309,29 @@ def build_real(job: JobSpec, source: ModelSource, device: torch.device, *, seed:
                        "or use trainfit plan for its memory")
     if shard is not None:
         shard(model)
-    if init == "pretrained" and not _weight_files(source):
-        raise JobError(f"{source.name}: no safetensors weights to load",
-                       "use --init random, or a model dir with *.safetensors")
+    files = _weight_files(source) if init in ("auto", "pretrained") else []
+    if init == "pretrained" and not files:
+        raise JobError(f"{source.name}: no weights to load",
+                       "use --init random, or a model dir with *.safetensors (or *.bin)")
     # the checkpoint's values first, then transformers' own init of what it did not give (its
     # buffers: rotary frequencies, Gemma's embed_scale), then the generic values of the rest:
     # each tensor made once (model/init.py)
     base = materialize(model, device)
     loaded: set[int] = set()
-    if init in ("auto", "pretrained") and _weight_files(source):
-        n = load_pretrained_into(model, source, loaded, job.trust_remote_code)
-        if init == "pretrained" and n == 0:
-            raise JobError(f"{source.name}: no weight in its safetensors matches the model",
-                           "check that the weights belong to this config")
+    note = None
+    if files:
+        load_pretrained_into(model, source, loaded, job.trust_remote_code)
+        missing = missing_weights(model, loaded)
+        total = len(missing) + len({id(p) for p in hf_model(model).parameters()} & loaded)
+        if not loaded:  # the model would train from random values, silently (an audit)
+            raise JobError(f"{source.name}: no tensor in {files[0].name}"
+                           f"{f' (+{len(files) - 1} more)' if len(files) > 1 else ''} matches "
+                           "the model's parameters", "check that the weights belong to this "
+                           "config.json (to train from random values, keep only the config)")
+        if missing:
+            note = (f"weights: {total - len(missing)} of {total} parameter tensors loaded from "
+                    f"{_weight_dir(source)}; {len(missing)} not in the checkpoint (e.g. "
+                    f"{missing[0]}) start from transformers' init")
     written = hf_initialize(base, seed, True, loaded)
     generic_init(model, seed, True, skip=loaded | written)
     model.train()
@@ -276,7 +341,7 @@ def build_real(job: JobSpec, source: ModelSource, device: torch.device, *, seed:
     forward = with_offload(autocast_for(job, device),
                            trl_offload(model, device) if job.activation_offload else None)
     return RealWorkload(model, opt, forward, scaler_for(job, device), device,
-                        info.total_params, info.trainable_params)
+                        info.total_params, info.trainable_params, load_note=note)
 
 
 def check_no_offload(model: torch.nn.Module, allow_offload: bool = False) -> None:

@@ -160,10 +160,14 @@ def build_model_on_meta(job: JobSpec, source: ModelSource, *, bf16: bool = True
     cfg._attn_implementation = attn  # transformers 5 reads this at build time
     base_dtype, train_dtype = weight_dtypes(job, cfg)
     info = ModelInfo(attention_impl=attn)
+    # built in its weight dtype, as from_pretrained(dtype=...) builds it: a buffer transformers
+    # computes in fp32 (rotary inv_freq) stays fp32 (model.to() made it bf16: an audit)
+    wdtype = base_dtype if job.method != "full" else train_dtype
     with torch.device("meta"):
         try:
             model = auto_model_class(source.task).from_config(
-                cfg, trust_remote_code=job.trust_remote_code, attn_implementation=attn)
+                cfg, trust_remote_code=job.trust_remote_code, attn_implementation=attn,
+                dtype=wdtype)
         except ValueError as err:
             if "attn_implementation" in str(err) or "sdpa" in str(err).lower():
                 raise JobError(f"--attention {job.attention}: {source.name} has no SDPA "
@@ -183,7 +187,8 @@ def build_model_on_meta(job: JobSpec, source: ModelSource, *, bf16: bool = True
     # a checkpoint stored 4-bit: Llama-4's stacked experts unstacked into nn.Linear layers before
     # the weights load, as transformers' quantizer does for it (then 4-bit below)
     unstack_experts(model, patched_expert_classes(source, job.method))
-    model.to(base_dtype if job.method != "full" else train_dtype)
+    for p in model.parameters():  # the unstacked experts' layers are built in the default dtype
+        p.data = p.data.to(wdtype)
     if job.grad_ckpt in ("full", "selective"):
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise JobError(f"--grad-ckpt {job.grad_ckpt}: {source.name} does not support "
@@ -221,7 +226,6 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
     if job.method in ("lora", "qlora"):
         import_peft()
         from peft import LoraConfig, get_peft_model
-
 
         # peft's default targets by the language model's type (a multimodal config's own,
         # gemma3, has none in peft's table: peft asks for target_modules)
@@ -263,7 +267,6 @@ def _finish_model(job: JobSpec, source: ModelSource, model: torch.nn.Module, cfg
         if source.task != "causal-lm":
             raise JobError("--lm-head-chunk applies to causal language models only",
                            "leave --lm-head-chunk out for this model")
-
         model = ChunkedHeadLM(model, job.lm_head_chunk, fp32_outputs=job.fp32_outputs)
     elif job.trl_logprob_head:
         if source.task != "causal-lm":

@@ -429,7 +429,8 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
             if resume is not None else None
         busy = None if fitted is None else busy_host_note(*fitted)
         res.begin_segment(res.steps, resume,
-                          [n for n in (busy, note, changed, *claim.notes, *data.stats.notes)
+                          [n for n in (busy, note, changed, wl.load_note, *claim.notes,
+                                       *data.stats.notes)
                            if n],
                           device=str(device), memory_limit_bytes=opts.memory_limit_bytes)
         _train(trainer, res, opts, job, data, source, eval_set, train_ids, wl, device, tracker,

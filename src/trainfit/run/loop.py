@@ -134,6 +134,8 @@ class Trainer:
         self.resumed_from: str | None = None
         self.last_saved_step: int | None = None  # the step of the last checkpoint, on every rank
         self.notes: list[str] = [] if fitted is None else [busy_host_note(*fitted)]
+        if self.wl.load_note:  # a checkpoint that gave only some of the weights
+            self.notes.append(self.wl.load_note)
         self.history: dict[str, Any] = {}
         self.resuming_here = False
         if ck is not None:
