@@ -120,6 +120,8 @@ def test_no_target():
     # a job file's run is bounded by --steps: these were silently ignored (an audit)
     (["--timeout-s", "20", "ok.yaml"], "--timeout-s: for a command only"),
     (["--keep-running", "ok.yaml"], "--keep-running: for a command only"),
+    # without --, the script's own --steps 4 was taken as the doctor's, silently (an audit)
+    (["python", "x.py", "--steps", "4"], "python x.py: a command goes after --"),
 ])
 def test_options_a_command_cannot_take_are_refused(args, needle):
     """Before anything runs: a non-positive timeout (it reported a finished script as 'still
@@ -198,3 +200,69 @@ def test_keep_running_lets_the_command_end_and_keeps_its_exit_code(tmp_path):
     assert marker.exists()
     assert not any("was stopped" in n for n in notes)
     assert "the command exited with code 3 after the measured window" in notes
+
+
+CKPT_SCRIPT = textwrap.dedent('''
+    import sys
+    import torch
+    from torch.utils.checkpoint import checkpoint
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(256, 1024), torch.nn.Linear(1024, 256)
+
+        def forward(self, x):
+            return x + self.b(torch.nn.functional.gelu(self.a(x)))
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(Block() for _ in range(4))
+
+        def forward(self, x):
+            for b in self.blocks:  # non-reentrant: a recomputation stops early, by raising
+                x = checkpoint(b, x, use_reentrant=False)
+            return x
+
+    m = M()
+    opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+    x = torch.randn(16, 128, 256)
+    for i in range(int(sys.argv[1])):
+        if i == int(sys.argv[2]):
+            raise RuntimeError("boom in step %d" % i)
+        m(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+''')
+
+
+def test_recomputation_is_measured_for_every_checkpointed_layer(tmp_path):
+    """Each block's recomputation re-runs its first matmul and GELU (the early stop skips the
+    second matmul): about half its forward. An audit measured a quarter of that: the first
+    early stop left the discovery one level deep and only one of the 4 layers was timed."""
+    import statistics
+
+    from trainfit.doctor.inject import run_foreign
+
+    script = tmp_path / "ckpt.py"
+    script.write_text(CKPT_SCRIPT)
+    r = run_foreign([sys.executable, str(script), "40", "-1"], steps=4, warmup=1, profile=False)
+    ratio = statistics.median(x.counters["recompute_s"] / x.phases_s["forward"] for x in r.records)
+    assert 0.3 < ratio < 1.2, ratio
+
+
+def test_a_crash_inside_the_measured_window_is_said_not_diagnosed(tmp_path):
+    """A script that dies after 4 of the 8 steps asked: exit 2, its last lines, and no diagnosis
+    (an audit: exit 0, a diagnosis, and "exited … after the measured window")."""
+    script = tmp_path / "ckpt.py"
+    script.write_text(CKPT_SCRIPT)
+    res = CliRunner().invoke(app, ["doctor", "--steps", "8", "--warmup", "1", "--", sys.executable,
+                                   str(script), "40", "5"])
+    assert res.exit_code == 2, res.output
+    out = " ".join(res.output.split())
+    assert "exited with code 1 inside the measured window, after 5 optimizer steps (4 of the 8 " \
+        "asked measured)" in out, out
+    assert "boom in step 5" in out and "--steps 4" in out

@@ -302,3 +302,32 @@ def test_slow_multiplies_are_named_inside_the_band_too():
     obs = Observation(split=split(forward_s=0.3, backward_s=0.6, optimizer_s=0.1), device="cpu",
                       trainfit_job=True, matmul_time_fraction=0.56, mfu=0.0023)
     assert find(obs)[0].bottleneck == "slow-matmuls"
+
+
+def test_a_step_nobody_profiled_is_not_called_good():
+    """No profiled step and no MFU (a GPU run under --no-profile): how well it computes is
+    unknown, said so, with no gain (an audit: "good: the step computes")."""
+    obs = Observation(split=split(forward_s=0.4, backward_s=0.5, optimizer_s=0.1), device="cuda",
+                      trainfit_job=False)
+    f = find(obs)[0]
+    assert f.bottleneck == "compute-bound" and f.predicted_gain_fraction is None
+    assert f.fix.startswith("unknown: how well forward, backward and optimizer compute")
+    assert "MFU unknown, matmul share unknown" in f.detail and "100%" in f.detail
+
+
+def test_the_workers_fix_never_repeats_the_loaders_count():
+    """A script's loader: the count that hides the wait, above the one it has, capped by the
+    spare cores, with the wait it would leave (an audit: "num_workers=1" to a loader with 1)."""
+    def fix(workers, cores, wait, compute):
+        obs = Observation(split=split(data_wait_s=wait, forward_s=compute), device="cpu",
+                          trainfit_job=False, num_workers=workers, cpu_count=cores)
+        return next(f for f in find(obs) if f.bottleneck == "input-bound").fix
+
+    assert "more DataLoader workers would not help here: its 1 already use the 1 spare core" \
+        in fix(1, 2, 0.6, 0.4)
+    # 2 workers leave 0.2 s behind 0.4 s: each takes 1.2 s a batch, 3 hide it
+    assert "num_workers=3 (it has 2), persistent_workers=True, prefetch_factor=2): predicted " \
+        "wait 200 → 0 ms per step" in fix(2, 8, 0.2, 0.4)
+    # the main process loads (0.6 s) behind 0.2 s of compute: 3 would hide it, 1 core is spare
+    assert "num_workers=1 (it has 0), persistent_workers=True, prefetch_factor=2): predicted " \
+        "wait 600 → 400 ms per step (the 1 spare core cap it; 3 would hide it)" in fix(0, 2, 0.6, 0.2)

@@ -194,3 +194,19 @@ def test_the_rounds_stop_only_where_a_round_contradicts_the_gain(before_s, after
     r = result(None)
     r.gain, r.applied = _gain(befores, afters), ["a fix"]
     assert r.gain_words == words
+
+
+def test_a_headline_the_rounds_contradict_states_no_gain():
+    """Rounds that named different bottlenecks: the note says so and the headline's gain is
+    withdrawn (an audit: a +40 % gain headed the table all the same)."""
+    from trainfit.doctor.observation import Finding
+    from trainfit.doctor.run import held_across_rounds
+
+    fs = [Finding("input-bound", {}, "num_workers=2", 0.4, "data wait 29 %"),
+          Finding("sync-bound", {}, "fewer .item()", 0.1, "")]
+    notes: list[str] = []
+    assert held_across_rounds(fs, ["input-bound", "input-bound"], notes) == fs and notes == []
+    out = held_across_rounds(fs, ["input-bound", "compute-bound"], notes)
+    assert out[0].predicted_gain_fraction is None and out[1].predicted_gain_fraction == 0.1
+    assert out[0].detail == "undecided: the rounds named input-bound, compute-bound; data wait 29 %"
+    assert notes and notes[0].startswith("the verdict did not hold across the 2 'before' rounds")

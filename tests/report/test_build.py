@@ -182,6 +182,15 @@ def test_doctors_verdict_and_a_measured_gain_are_said(tmp_path):
     (old,) = build_report(load_inputs([str(FIXTURES / "doctor.json")])).doctors
     assert "doctor's verdict: unknown" in " ".join(doctor_texts(old)[1].notes)
     assert old.parts_scale is None and doctor_texts(old)[0].notes == []
+    assert doctor_texts(old)[2].notes == []
+    # doctor's notes and each round's bottleneck (report dropped both: an audit)
+    doc["notes"] = ["the run ended after 9 optimizer steps: 7 measured of the 8 asked"]
+    doc["round_bottlenecks"] = ["input-bound", "compute-bound"]
+    p.write_text(json.dumps(doc))
+    (d,) = build_report(load_inputs([str(p)])).doctors
+    assert doctor_texts(d)[2].notes == [
+        "bottleneck named by each 'before' round: input-bound, compute-bound — did not hold",
+        "the run ended after 9 optimizer steps: 7 measured of the 8 asked"]
 
 
 def test_tune_alone_makes_its_own_section():

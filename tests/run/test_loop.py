@@ -200,6 +200,50 @@ def test_real_sigint_checkpoints_and_resumes(job, tmp_path):
     assert res.segments[-1]["steps"] == 1 and res.losses[:-1] == d["losses"]
 
 
+def test_a_signal_to_the_nproc_launcher_reaches_the_ranks(job, tmp_path):
+    """``train --nproc 2``: SIGTERM to trainfit's own process (a scheduler's kill) — the ranks
+    save a checkpoint together and stop, exit 143; then SIGINT to it alone on the resumed run,
+    exit 130. An audit: SIGTERM left both ranks training, orphaned; SIGINT did nothing."""
+    import signal
+    import time
+
+    import psutil
+
+    p = tmp_path / "job2.yaml"
+    p.write_text(yaml.safe_dump(job.replace(ranks=2, micro_batch=2).to_dict()))
+    out = tmp_path / "run"
+
+    def run_until_signalled(sig, extra, after_step):
+        proc = subprocess.Popen([sys.executable, "-m", "trainfit.cli.main", "train", str(p),
+                                 "--out", str(out), "--max-steps", "100000", "--nproc", "2",
+                                 "--no-live", *extra], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        log = out / "monitor.jsonl"
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None:
+            if log.exists() and any((json.loads(x).get("step") or 0) >= after_step
+                                    for x in log.read_text().splitlines() if x.strip()):
+                break
+            time.sleep(0.2)
+        family = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=240)
+        _, alive = psutil.wait_procs(family, timeout=30)
+        assert not alive, [a.cmdline() for a in alive]  # no rank left running
+        return proc.returncode, stderr
+
+    code, err = run_until_signalled(signal.SIGTERM, [], 2)
+    assert code == 143, err[-2000:]
+    d = json.loads((out / "train.json").read_text())
+    assert d["stopped"] == "interrupted" and d["signal"] == "SIGTERM"
+    first = d["steps"]
+    assert (out / f"checkpoint-{first}").is_dir()
+    code, err = run_until_signalled(signal.SIGINT, ["--resume", str(out)], first + 1)
+    assert code == 130, err[-2000:]
+    d = json.loads((out / "train.json").read_text())
+    assert d["signal"] == "SIGINT" and d["steps"] > first and (out / f"checkpoint-{d['steps']}").is_dir()
+
+
 def test_optimizer_in_backward_trains_the_same_losses_and_resumes(job, tmp_path):
     """The step fused into the backward gives the ordinary step's losses (AdamW, no clipping, one
     micro-batch per step), and its optimizer state checkpoints and resumes to the same losses."""

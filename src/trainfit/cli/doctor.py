@@ -47,6 +47,10 @@ def _checked(ctx: typer.Context, args: list[str], steps: int, warmup: int, repea
                        "examined alone", "options go before it: trainfit doctor "
                        f"--steps 8 {args[0]}")
     is_job = len(args) == 1 and args[0].endswith((".yaml", ".yml"))
+    if not is_job and ctx.meta.get("trainfit.dashes") is False:
+        raise JobError(f"{shlex.join(args)}: a command goes after --, so that its own options "
+                       "stay its own", f"trainfit doctor [doctor's options] -- {shlex.join(args)} "
+                       "[its options]")
     if not is_job:
         # a script's own code picks its device, and doctor applies no fix to it: these
         # options were silently ignored (a QA run: --device cuda on a machine without)
@@ -69,10 +73,19 @@ def _checked(ctx: typer.Context, args: list[str], steps: int, warmup: int, repea
     return is_job
 
 
+class _SeesDashes(typer.core.TyperCommand):
+    """Records whether the words held a ``--``: click keeps no trace of it, and without it a
+    script's own options (``python train.py --steps 4``) were parsed as the doctor's, silently."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:  # type: ignore[override]
+        ctx.meta["trainfit.dashes"] = "--" in args
+        return super().parse_args(ctx, args)
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``doctor`` command to the trainfit app."""
 
-    @app.command("doctor")
+    @app.command("doctor", cls=_SeesDashes)
     def doctor_cmd(
         ctx: typer.Context,
         target: Annotated[list[str] | None, typer.Argument(

@@ -73,18 +73,55 @@ def _launch(nproc: int, device: str, job: JobSpec, job_file: str, out: str) -> i
     # second run on the same machine fail to start)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", "-m", "trainfit.cli.main", *args]
-    proc = subprocess.Popen(cmd)
-    # a terminal's Ctrl-C reaches the ranks (one process group): each saves its checkpoint and
-    # says so. This process waits for them instead of killing torchrun (subprocess.call's
-    # answer to KeyboardInterrupt) and calling the command cut short (a review). Ignored only
-    # after the start, so the children keep the default handler.
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # torchrun in a session of its own, the signals relayed by this process to the ranks
+    # themselves: each finishes its step, saves the checkpoint with the others and exits
+    # 130/143. Sent to torchrun (a terminal's Ctrl-C reached it), it relays them with a 30 s
+    # limit before SIGKILL (torch.distributed.elastic's _shutdown), short for a large
+    # checkpoint; a SIGTERM to this process left the ranks running, orphaned, and a SIGINT to it
+    # alone did nothing (an audit). Linux: torchrun also ends if this process is killed.
+    proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=_end_with_parent())
+
+    def relay(signum: int, _frame: Any) -> None:
+        _signal_ranks(proc, signum)
+
+    previous = {s: signal.signal(s, relay) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         code = proc.wait()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, h in previous.items():
+            signal.signal(s, h)
     # torchrun exits 1 whenever a rank exits non-zero: the run's record says which it was
     return _exit_code_of(Path(out), code) if code else 0
+
+
+def _signal_ranks(proc: subprocess.Popen[Any], signum: int) -> None:
+    """``signum`` to torchrun's workers (the ranks), or to torchrun while it has none."""
+    import psutil
+
+    try:
+        ranks = psutil.Process(proc.pid).children()
+    except psutil.Error:
+        ranks = []
+    for r in ranks:
+        try:
+            r.send_signal(signum)
+        except psutil.Error:  # already gone
+            pass
+    if not ranks and proc.poll() is None:
+        proc.send_signal(signum)
+
+
+def _end_with_parent() -> Any:
+    """A ``preexec_fn`` that has the kernel send the child SIGTERM when this process dies
+    (``prctl(PR_SET_PDEATHSIG)``, Linux); None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    def set_death_signal() -> None:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+
+    return set_death_signal
 
 
 def _exit_code_of(out: Path, code: int) -> int:

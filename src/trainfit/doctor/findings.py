@@ -20,6 +20,8 @@ Predicted gains (each assumes the named cost disappears and nothing else changes
 
 from __future__ import annotations
 
+import math
+
 from trainfit.doctor.observation import Finding, Observation
 from trainfit.speed.predict import MATMUL_BOUND_FRACTION
 
@@ -132,21 +134,41 @@ def _input(o: Observation) -> Finding | None:
                      "+ seq_len and reused across runs, packing documents into full sequences (EOS between "
                      "them; attention then crosses document boundaries inside a sequence — the usual "
                      "pre-training trade-off)")
-    # on a host whose cores also run the compute, a worker only helps with a core to itself
-    spare = max(o.cpu_count - 1, 1)
-    need = max(1, min(spare, int(-(-wait // max(compute, 1e-9)))))
-    fixes.append(f"then DataLoader(num_workers={need}, persistent_workers=True, prefetch_factor=2"
-                 + (", pin_memory=True" if o.device == "cuda" else "") + ") if a wait remains "
-                 + ("(trainfit doctor --apply chooses the count by measurement within the host RAM "
-                    "budget)" if o.trainfit_job else
-                    f"(measure it: more workers than the {spare} spare core"
-                    f"{'s' if spare > 1 else ''} take them from the compute)"))
+    fixes.append(_workers_fix(o, wait, compute))
     if o.device == "cuda" and s.h2d_copy_s > 0.02 * s.step_time_s:
         fixes.append("copy with .to(device, non_blocking=True) from pinned memory")
     return Finding("input-bound", ev, "; ".join(fixes), _r(_gain(frac), 4),
                    f"waiting for data {frac:.0%} of the step (measured)"
                    + ("" if frac >= INPUT_BOUND_FRACTION else " — minor")
                    + "; the gain if the wait all went is an upper bound")
+
+
+def _workers_fix(o: Observation, wait: float, compute: float) -> str:
+    """The loader's worker count that would hide the wait, never the count it has (an audit:
+    "num_workers=1" to a loader with 1 worker), with what it would leave.  ``w`` workers that
+    leave a wait of W per step behind a compute of C each take w·(C + W) per batch (none: the
+    main process takes W), so ⌈w·(C + W) / C⌉ hide it; on a host whose cores also run the
+    compute a worker only helps with a core to itself."""
+    w = o.num_workers or 0
+    per_batch = w * (compute + wait) if w else wait
+    spare = max(o.cpu_count - 1, 1)
+    need = max(w + 1, math.ceil(per_batch / max(compute, 1e-9) - 1e-6))  # 1.2 / 0.4 = 3.0000…04
+    n = min(need, spare)
+    if o.trainfit_job:
+        return (f"then DataLoader(num_workers={max(n, w + 1)}, persistent_workers=True, "
+                "prefetch_factor=2" + (", pin_memory=True" if o.device == "cuda" else "")
+                + ") if a wait remains (trainfit doctor --apply chooses the count by measurement "
+                "within the host RAM budget)")
+    if n <= w:
+        return (f"more DataLoader workers would not help here: its {w} already use the "
+                f"{spare} spare core{'s' if spare > 1 else ''} — make each batch cheaper")
+    left = max(0.0, per_batch / n - compute)
+    now = f" (it has {w})" if o.num_workers is not None else ""
+    return (f"then DataLoader(num_workers={n}{now}, persistent_workers=True, prefetch_factor=2"
+            + (", pin_memory=True" if o.device == "cuda" else "") + "): predicted wait "
+            f"{wait * 1e3:.0f} → {left * 1e3:.0f} ms per step"
+            + (f" (the {spare} spare core{'s' if spare > 1 else ''} cap it; {need} would hide "
+               "it)" if n < need else ""))
 
 
 LOOP_CODE_FRACTION = 0.25
@@ -422,6 +444,13 @@ def _compute_or_bandwidth(o: Observation) -> Finding:
                        f"optimizer are only {share:.0%} of the step (measured): the rest is "
                        "outside them (see the other findings)" + pad_fix, gain,
                        f"{mfu} (measured time, counted FLOPs, measured peak)")
+    if frac is None and o.mfu is None:
+        # neither measured: "good" was said of a step nobody profiled (an audit)
+        return Finding("compute-bound", ev, "unknown: how well forward, backward and optimizer "
+                       "compute was not measured — no profiled step (--no-profile, or the "
+                       "profiler could not run here) and no MFU; run the doctor with profiling"
+                       + pad_fix, gain, f"forward, backward and optimizer are {share:.0%} of the "
+                       "step (measured); MFU unknown, matmul share unknown")
     return Finding("compute-bound", ev, "good: the step computes. More throughput needs less work per "
                    "token (" + ("a smaller model; not bf16 on this CPU: no bf16 matrix instructions"
                                 if o.bf16_fast is False else "bf16/fp16 where supported, a smaller "

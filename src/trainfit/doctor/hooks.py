@@ -161,8 +161,11 @@ def _hook_forward_discovery(st: _State) -> None:
     def g_post(mod: Any, args: Any, out: Any) -> None:
         st.depth -= 1
 
+    # always_call: non-reentrant checkpointing ends a recomputation by raising out of the
+    # forward; the depth then stayed one too deep and only the first recomputed layer was found
+    # (an audit: recompute measured ~4x low on a 4-layer model)
     st.global_handles = [module_mod.register_module_forward_pre_hook(g_pre),
-                         module_mod.register_module_forward_hook(g_post)]
+                         module_mod.register_module_forward_hook(g_post, always_call=True)]
 
 
 def _hook_backward(torch: Any, st: _State) -> None:
@@ -353,19 +356,24 @@ def _end_discovery(torch: Any) -> None:
         m.register_forward_pre_hook(root_pre, with_kwargs=True)
         m.register_forward_hook(root_post, with_kwargs=True, always_call=True)
 
-    t0: list[float] = []
+    # each module's own start: non-reentrant checkpointing stops a recomputation early by
+    # raising out of the forward (torch.utils.checkpoint's _StopRecomputationError), whose
+    # post-hook then never ran without always_call, and a shared stack paired later ends with
+    # stale starts (an audit: recompute measured ~4x low)
+    starts: dict[int, float] = {}
 
     def re_pre(mod: Any, args: Any) -> None:
         if clock.active and st.in_backward:
-            t0.append(time.perf_counter())
+            starts[id(mod)] = time.perf_counter()
 
     def re_post(mod: Any, args: Any, out: Any) -> None:
-        if clock.active and st.in_backward and t0:
-            clock.count("recompute_s", time.perf_counter() - t0.pop())
+        t = starts.pop(id(mod), None)
+        if t is not None and clock.active and st.in_backward:
+            clock.count("recompute_s", time.perf_counter() - t)
 
     for m in st.recompute_modules.values():
         m.register_forward_pre_hook(re_pre)
-        m.register_forward_hook(re_post)
+        m.register_forward_hook(re_post, always_call=True)
 
 
 def _step_done(torch: Any, rec: StepRecord | None) -> None:

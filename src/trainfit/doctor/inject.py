@@ -278,6 +278,14 @@ def _interpret(cmd: list[str], code: int | None, timed_out: bool, timeout_s: flo
                               "asks" if steps > MIN_MEASURED_STEPS else "") + ")",
                           "run it for more steps (more data or epochs), or lower --steps / --warmup",
                           tail)
+    if code not in (0, None) and not stopped and len(records) < steps:
+        # it crashed inside the window: a diagnosis of the steps before the crash, exit 0 and
+        # "exited … after the measured window" said what was not so (an audit)
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        raise DoctorError(f"{name} {how} inside the measured window, after {seen} optimizer "
+                          f"steps ({len(records)} of the {steps} asked measured)",
+                          "its last lines are below; fix the script, or measure the steps it "
+                          f"runs with --steps {len(records)}", tail)
     notes = []
     if len(records) < steps:
         notes.append(f"the run ended after {seen} optimizer steps: {len(records)} measured of the "

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -433,6 +433,24 @@ def _pooled(bench: _Bench, befores: list[Round]) -> Round:
                       if r.device_peak_reserved_bytes is not None), default=None))
 
 
+def held_across_rounds(findings: list[Finding], rounds: list[str], notes: list[str]
+                       ) -> list[Finding]:
+    """The pooled rounds' findings, the headline's gain withdrawn when the 'before' rounds named
+    different bottlenecks (said in ``notes``): a gain the repeats contradict is not stated (an
+    audit: it headed the table all the same)."""
+    if len(set(rounds)) < 2:
+        return findings
+    notes.append(f"the verdict did not hold across the {len(rounds)} 'before' rounds of this run "
+                 f"({', '.join(rounds)}): the pooled rounds name "
+                 f"{findings[0].bottleneck if findings else 'none'}, with that uncertainty")
+    if not findings:
+        return findings
+    head = findings[0]
+    return [replace(head, predicted_gain_fraction=None,
+                    detail=f"undecided: the rounds named {', '.join(rounds)}; {head.detail}"),
+            *findings[1:]]
+
+
 def doctor_job(path: str | Path | None = None, *, job: JobSpec | None = None, tokenize: str = "eager",
                steps: int = 6, warmup: int = 2, apply: bool = True, repeats: int = ROUNDS,
                device: str = "cpu", memory_limit_bytes: int | None = None, log: Any = None,
@@ -456,10 +474,7 @@ def doctor_job(path: str | Path | None = None, *, job: JobSpec | None = None, to
     findings = find(bench.observe_before(pooled, probe))
     per_round = [(find(bench.observe_before(r, probe)) or [None])[0] for r in befores]
     rounds = [f.bottleneck if f is not None else "none" for f in per_round]
-    if len(set(rounds)) > 1:
-        notes.append(f"the verdict did not hold across the {len(rounds)} 'before' rounds of this run "
-                     f"({', '.join(rounds)}): the pooled rounds name "
-                     f"{findings[0].bottleneck if findings else 'none'}, with that uncertainty")
+    findings = held_across_rounds(findings, rounds, notes)
     busy_note = _busy_note(bench, [*befores, *afters])
     if busy_note:
         notes.append(busy_note)

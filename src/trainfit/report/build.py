@@ -407,7 +407,8 @@ def build_doctor(d: DoctorInput, slug: str) -> DoctorSection:
                          rows=rows, applied=d.applied, overhead_fraction=d.overhead_fraction,
                          verdict=d.verdict, verdict_ratios=d.verdict_ratios,
                          verdict_noise=d.verdict_noise, device=d.device,
-                         parts_scale=d.parts_scale)
+                         parts_scale=d.parts_scale, notes=list(d.notes),
+                         round_bottlenecks=list(d.round_bottlenecks))
 
 
 def _same_device(plan: PlanInput, tune: TuneInput) -> bool:

@@ -276,7 +276,9 @@ def _doctor(o: JsonObj, path: str) -> DoctorInput:
         verdict=verdict, verdict_ratios=[float(r) for r in ratios],
         device=o.str_("device", required=False),
         verdict_noise=None if gain is None else gain.num("noise", required=False),
-        parts_scale=o.obj("split").num("parts_scale", required=False))
+        parts_scale=o.obj("split").num("parts_scale", required=False),
+        notes=o.strs("notes", required=False), round_bottlenecks=o.strs("round_bottlenecks",
+                                                                        required=False))
 
 
 # --- monitor logs ---------------------------------------------------------------------------------

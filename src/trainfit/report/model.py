@@ -252,6 +252,10 @@ class DoctorInput:
     parts_scale: float | None = None
     """Doctor's factor (< 1) on each part when the parts' medians summed past the median step;
     None: 1, or a file from before it was written."""
+    notes: list[str] = field(default_factory=list)
+    """Doctor's own notes (a verdict that did not hold, a busy host, a run that ended early)."""
+    round_bottlenecks: list[str] = field(default_factory=list)
+    """The bottleneck each 'before' round named alone."""
 
 
 @dataclass
@@ -462,6 +466,10 @@ class DoctorSection:
     parts_scale: float | None = None
     """Doctor's factor (< 1) on each part when the parts' medians summed past the median step;
     None: 1, or a file from before it was written."""
+    notes: list[str] = field(default_factory=list)
+    """Doctor's own notes, as it printed them (report dropped them: an audit)."""
+    round_bottlenecks: list[str] = field(default_factory=list)
+    """The bottleneck each 'before' round named alone (two or more: whether the verdict held)."""
 
 
 @dataclass
