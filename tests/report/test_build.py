@@ -354,6 +354,15 @@ def test_an_evaluation_oom_is_read_by_its_own_keys(tmp_path):
     assert t.ran_at == []  # one configuration throughout: the evaluation split is not a change
     rows = dict((r[0], r[1]) for r in train_text(t).rows)
     assert rows["OOM events"] == "evaluation after step 2: evaluation batch 8 → 4"
+    assert ", micro-batch 8 × 1 (the job as last run)" in rows["configuration"]
+    # a run of 2 ranks says the micro-batch is each one's and the tokens all of theirs
+    train["job"]["ranks"] = 2
+    p.write_text(json.dumps(train))
+    (t,) = build_report(load_inputs([str(p)])).trains
+    rows = dict((r[0], r[1]) for r in train_text(t).rows)
+    assert ", micro-batch 8 × 1 per rank × 2 ranks (the job as last run)" in rows["configuration"]
+    assert "tokens/s, tokens ÷ wall time (loading, saves and evaluation included, all 2 ranks)" \
+        in rows
 
 
 def test_a_gpu_plan_and_a_cpu_tune_are_shown_apart(tmp_path):

@@ -191,7 +191,8 @@ def test_train_configuration_says_where_the_run_went(tmp_path):
     res = runner.invoke(APP, ["report", path, "--out", str(out), "--markdown"])
     assert res.exit_code == 0, res.output
     md = out.with_suffix(".md").read_text()
-    assert ("checkpointing unknown, micro-batch 32 × 1 (the job as last run); ran at 16 × 2 → 8 × 4"
+    assert ("checkpointing unknown, micro-batch 32 × 1 per rank × 2 ranks (the job as last run); "
+            "ran at 16 × 2 → 8 × 4"
             in md)
     assert "checkpointing None" not in md
     # train.json's step 0 is the run's first step: numbered from 1, as the progress line does

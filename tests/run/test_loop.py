@@ -200,6 +200,23 @@ def test_real_sigint_checkpoints_and_resumes(job, tmp_path):
     assert res.segments[-1]["steps"] == 1 and res.losses[:-1] == d["losses"]
 
 
+def test_a_ranks_error_under_nproc_is_said_once_with_exit_2(job, tmp_path):
+    """An error the ranks find (a --resume directory with no checkpoint): one error line and its
+    hint, exit 2 — every rank printed it, then torchrun's ChildFailedError dump, exit 1 (an
+    audit)."""
+    p = tmp_path / "job2.yaml"
+    p.write_text(yaml.safe_dump(job.replace(ranks=2, micro_batch=2).to_dict()))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "trainfit.cli.main", "train", str(p), "--out",
+                           str(tmp_path / "o"), "--nproc", "2", "--no-live", "--resume",
+                           str(empty)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1 and str(empty) in errors[0], proc.stderr[-2000:]
+    assert "ChildFailedError" not in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_a_signal_to_the_nproc_launcher_reaches_the_ranks(job, tmp_path):
     """``train --nproc 2``: SIGTERM to trainfit's own process (a scheduler's kill) — the ranks
     save a checkpoint together and stop, exit 143; then SIGINT to it alone on the resumed run,

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from trainfit.cli.jobargs import (
+    GENERIC_HINT,
     AllowCode,
     TrustRemoteCode,
     fail,
@@ -71,15 +74,30 @@ def _launch(nproc: int, device: str, job: JobSpec, job_file: str, out: str) -> i
         args = sys.argv[1:i] + sys.argv[i + 2:]
     # --standalone: one node, a free rendezvous port of its own (the default, 29500, makes a
     # second run on the same machine fail to start)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+    cmd = [sys.executable, "-m", "trainfit.run.torchrun", "--standalone",
            f"--nproc-per-node={nproc}", "-m", "trainfit.cli.main", *args]
+    # each rank's bad-input error comes back through a file, said here once (every rank
+    # printed it, then torchrun's failure dump: an audit), with the rank's exit code
+    errors = Path(tempfile.mkdtemp(prefix="trainfit-ranks-"))
+    try:
+        code = _run_torchrun(cmd, {**os.environ, RANK_ERRORS_ENV: str(errors)})
+        said = _said_errors(errors)
+    finally:
+        shutil.rmtree(errors, ignore_errors=True)
+    if said:
+        return said
+    # torchrun exits 1 whenever a rank exits non-zero: the run's record says which it was
+    return _exit_code_of(Path(out), code) if code else 0
+
+
+def _run_torchrun(cmd: list[str], env: dict[str, str]) -> int:
     # torchrun in a session of its own, the signals relayed by this process to the ranks
     # themselves: each finishes its step, saves the checkpoint with the others and exits
     # 130/143. Sent to torchrun (a terminal's Ctrl-C reached it), it relays them with a 30 s
     # limit before SIGKILL (torch.distributed.elastic's _shutdown), short for a large
     # checkpoint; a SIGTERM to this process left the ranks running, orphaned, and a SIGINT to it
     # alone did nothing (an audit). Linux: torchrun also ends if this process is killed.
-    proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=_end_with_parent())
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_end_with_parent())
 
     def relay(signum: int, _frame: Any) -> None:
         _signal_ranks(proc, signum)
@@ -90,8 +108,46 @@ def _launch(nproc: int, device: str, job: JobSpec, job_file: str, out: str) -> i
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-    # torchrun exits 1 whenever a rank exits non-zero: the run's record says which it was
-    return _exit_code_of(Path(out), code) if code else 0
+    return code
+
+
+RANK_ERRORS_ENV = "TRAINFIT_RANK_ERRORS"
+"""The folder where a rank launched by ``--nproc`` leaves its error (``rank-N.json``)."""
+
+
+def launched_rank() -> bool:
+    """This process is a rank that ``train --nproc`` started: its launcher says the notes and
+    the errors."""
+    return "WORLD_SIZE" in os.environ and bool(os.environ.get(RANK_ERRORS_ENV))
+
+
+def _leave_error(err: JobError) -> None:
+    """A launched rank's error, for its launcher (written whole, then renamed: never half)."""
+    d = Path(os.environ[RANK_ERRORS_ENV])
+    rank = int(os.environ.get("RANK", "0"))
+    tmp = d / f".rank-{rank}.json"
+    tmp.write_text(json.dumps({"rank": rank, "message": " ".join(str(err).split()),
+                               "hint": err.hint}))
+    tmp.replace(d / f"rank-{rank}.json")
+
+
+def _said_errors(d: Path) -> int:
+    """The ranks' errors, each different one said once (rank 0's first); 2 if any, else 0."""
+    errors = []
+    for f in d.glob("rank-*.json"):
+        try:
+            errors.append(json.loads(f.read_text()))
+        except (OSError, ValueError):
+            continue
+    seen: set[str] = set()
+    for e in sorted(errors, key=lambda e: e.get("rank", 0)):
+        if e.get("message") in seen:
+            continue
+        seen.add(e.get("message"))
+        who = "" if e.get("rank") == 0 else f"rank {e.get('rank')}: "
+        typer.echo(f"error: {who}{e.get('message')}", err=True)
+        typer.echo(f"hint: {e.get('hint') or GENERIC_HINT}", err=True)
+    return 2 if errors else 0
 
 
 def _signal_ranks(proc: subprocess.Popen[Any], signum: int) -> None:
@@ -153,7 +209,8 @@ def _job_of(job_file: str, micro_batch: int | None, allow_code: bool, trust_remo
         fields["micro_batch"] = micro_batch
         fields.pop("grad_accum", None)
     job = JobSpec.from_dict(fields, source=job_file)
-    return job_for_model(job, fields, lambda msg: typer.echo(msg, err=True)), extra
+    say = (lambda msg: None) if launched_rank() else (lambda msg: typer.echo(msg, err=True))
+    return job_for_model(job, fields, say), extra
 
 
 def _steps(text: str | None, flag: str) -> tuple[int, ...]:
@@ -257,7 +314,7 @@ def register(app: typer.Typer) -> None:
             opts = _kept_on_resume(opts)
             job, extra = _job_of(job_file, micro_batch, allow_code, trust_remote_code)
             dev = device or str(extra.get("device") or "cpu")
-            limit = _memory_limit(memory_limit, extra, dev, job_file, quiet=as_json)
+            limit = _memory_limit(memory_limit, extra, dev, job_file, quiet=as_json or launched_rank())
             opts = dataclasses.replace(opts, device=dev, memory_limit_bytes=limit)
             if nproc > 1 and "WORLD_SIZE" not in os.environ:
                 raise typer.Exit(_launch(nproc, dev, job, job_file, out))
@@ -268,7 +325,11 @@ def register(app: typer.Typer) -> None:
             # train takes the job from its file: a job field is named by its YAML key (the
             # micro-batch by its flag when --micro-batch gave it)
             flags = ("micro_batch",) if micro_batch is not None else ()
-            fail(in_file_words(err, job_file, keep=(*flags, "trust_remote_code")))
+            err = in_file_words(err, job_file, keep=(*flags, "trust_remote_code"))
+            if launched_rank():
+                _leave_error(err)
+                raise typer.Exit(2) from None
+            fail(err)
             return
         _finish(result, out, as_json)
 
@@ -287,7 +348,7 @@ def _kept_on_resume(opts: Any) -> Any:
     if not isinstance(saved, dict):
         return opts
     opts, notes = options_kept(opts, saved)
-    for n in notes:
+    for n in notes if not launched_rank() else ():  # the launcher said them
         typer.echo(n, err=True)
     return opts
 

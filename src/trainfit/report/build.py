@@ -353,7 +353,8 @@ def build_train(t: TrainInput, slug: str = "train") -> TrainSummary:
                         checkpoints=t.checkpoints, resumed_from=t.resumed_from,
                         ran_at=_ran_at(t, mb, ga), ended=_ended(t), segments=t.segments,
                         losses=t.losses, evals=t.evals, segment_rows=t.segment_rows, slug=slug,
-                        unrecorded_steps=t.unrecorded_steps)
+                        unrecorded_steps=t.unrecorded_steps,
+                        ranks=rk if isinstance(rk := t.job.get("ranks"), int) and rk > 1 else 1)
 
 
 def _ended(t: TrainInput) -> str:

@@ -395,6 +395,9 @@ class TrainSummary:
     ended: str = "unknown"
     """How the run ended, in words (an interrupted run reads as one: a QA run's report showed
     it like a finished run)."""
+    ranks: int = 1
+    """Processes that trained the run (the job's ``ranks``): the micro-batch is each one's, the
+    tokens all of theirs (report said neither: an audit)."""
     segments: int = 1
     losses: list[float | None] = field(default_factory=list)
     evals: list[EvalPoint] = field(default_factory=list)

@@ -316,14 +316,16 @@ def train_text(t: TrainSummary) -> TextTable:
     cols = ["quantity", "value (measured)"]
     ran = f"; ran at {' → '.join(t.ran_at)}" if t.ran_at else ""
     # train.json's job is the last run's (a resume at another micro-batch rewrites it)
-    rows = [["configuration", f"{t.setting}, micro-batch {t.micro_batch} × {t.grad_accum} (the "
-             f"job as last run){ran}"],
+    each = f" per rank × {t.ranks} ranks" if t.ranks > 1 else ""
+    everyone = f", all {t.ranks} ranks" if t.ranks > 1 else ""
+    rows = [["configuration", f"{t.setting}, micro-batch {t.micro_batch} × {t.grad_accum}{each} "
+             f"(the job as last run){ran}"],
             ["steps", fmt_num(t.steps)], ["samples seen", fmt_num(t.samples_seen)],
             ["tokens seen", fmt_num(t.tokens_seen)],
             ["wall time (h:mm:ss)", fmt_duration(t.wall_time_s)],
             # tokens ÷ the segments' wall time: model loading, checkpoint saves and evaluation
             # in it (an audit read it beside the progress line's per-step rate)
-            ["tokens/s, tokens ÷ wall time (loading, saves and evaluation included)",
+            [f"tokens/s, tokens ÷ wall time (loading, saves and evaluation included{everyone})",
              fmt_num(t.tokens_per_s_measured)],
             ["final loss", fmt_num(t.final_loss, 4)],
             ["training loss over the steps", loss_words(t.losses, t.unrecorded_steps)],
