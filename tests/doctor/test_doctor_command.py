@@ -191,6 +191,7 @@ def test_keep_running_lets_the_command_end_and_keeps_its_exit_code(tmp_path):
             opt.step()
             opt.zero_grad()
         open({str(marker)!r}, "w").write("ok")
+        print("the script's own last line")
         sys.exit(3)
     '''))
     res = CliRunner().invoke(app, ["doctor", "--json", "--keep-running", "--steps", "3",
@@ -200,6 +201,8 @@ def test_keep_running_lets_the_command_end_and_keeps_its_exit_code(tmp_path):
     assert marker.exists()
     assert not any("was stopped" in n for n in notes)
     assert "the command exited with code 3 after the measured window" in notes
+    # its output shown as it ran (hidden before), on stderr: stdout is the JSON
+    assert "the script's own last line" in res.stderr
 
 
 CKPT_SCRIPT = textwrap.dedent('''
@@ -266,3 +269,31 @@ def test_a_crash_inside_the_measured_window_is_said_not_diagnosed(tmp_path):
     assert "exited with code 1 inside the measured window, after 5 optimizer steps (4 of the 8 " \
         "asked measured)" in out, out
     assert "boom in step 5" in out and "--steps 4" in out
+
+
+def test_a_scripts_mfu_counts_a_frozen_base_and_its_own_threads(monkeypatch):
+    """MFU of a LoRA script: 4·N + 2·N_trainable FLOPs per token (6·N counted the frozen base as
+    trained), against the peak at the script's thread count (the doctor's own count was used),
+    the peak in the evidence (an audit)."""
+    from trainfit.doctor import command
+    from trainfit.doctor.findings import find
+    from trainfit.doctor.inject import ForeignRun
+    from trainfit.doctor.split import StepRecord
+    from trainfit.doctor.watch import HostSummary
+
+    asked = []
+    monkeypatch.setattr(command, "cpu_peak_flops", lambda threads=None: asked.append(threads) or 1e10)
+    host = HostSummary(wall_s=1.0, swap_in_bytes_per_s=0.0, swap_out_bytes_per_s=0.0,
+                       swap_used_bytes=0, min_available_bytes=2**30, ram_total_bytes=2**34,
+                       peak_rss_bytes=2**29, gpu_util_percent=None, cpu_percent=50.0,
+                       sampler_cpu_s=0.0)
+    recs = [StepRecord(phases_s={"forward": 0.4, "backward": 0.5, "optimizer": 0.1},
+                       step_time_s=1.0, counters={"tokens": 1000.0, "micro_steps": 1.0})] * 3
+    run = ForeignRun(command=["python", "t.py"], exit_code=None, stopped_by_doctor=True,
+                     records=recs, host=host,
+                     summary={"params": 1_000_000, "trainable_params": 10_000,
+                              "torch_threads": 1, "profile": {"matmul_time_fraction": 0.8}})
+    obs, _ = command.foreign_observation(run, 1e-5)
+    assert asked == [1]
+    assert obs.mfu == pytest.approx((4e6 + 2e4) * 1000 / 1.0 / 1e10)
+    assert find(obs)[0].evidence["peak_flops"] == 1e10

@@ -34,9 +34,15 @@ def foreign_observation(run: ForeignRun, op_s: float) -> tuple[Observation, Spli
     recs = run.records
     tokens = median_counter(recs, "tokens") or None
     micro = median_counter(recs, "micro_steps") or None
-    mfu = None
+    mfu = peak = None
     if tokens and s.get("params") and not s.get("cuda_used"):
-        mfu = bounded_mfu(6.0 * s["params"] * tokens / split.step_time_s, cpu_peak_flops())
+        # 2·N forward and 2·N for the activations' gradients through every layer, 2·N more for
+        # the weights' gradients of the trainable ones alone (6·N counted a LoRA's frozen base
+        # as trained: an audit); the peak timed at the script's own thread count
+        n, n_train = s["params"], s.get("trainable_params")
+        flops = (4.0 * n + 2.0 * (n if n_train is None else n_train)) * tokens
+        peak = cpu_peak_flops(threads=s.get("torch_threads"))
+        mfu = bounded_mfu(flops / split.step_time_s, peak)
     params_cpu = (s["params_on_cpu"] / s["params"] if s.get("cuda_used") and s.get("params") else None)
     workers = median_counter(recs, "num_workers") if any("num_workers" in r.counters for r in recs) else None
     opt = s.get("optimizer") or {}
@@ -47,6 +53,7 @@ def foreign_observation(run: ForeignRun, op_s: float) -> tuple[Observation, Spli
         model_sync_calls_per_step=median_counter(recs, "model_sync_calls"),
         log_calls_per_step=median_counter(recs, "log_calls"), ops_per_step=prof.get("ops_per_step"),
         op_overhead_s=op_s, matmul_time_fraction=prof.get("matmul_time_fraction"), mfu=mfu,
+        peak_flops=peak,
         recompute_s=median_counter(recs, "recompute_s"),
         peak_memory_bytes=s.get("peak_allocated_bytes") or s.get("max_rss_bytes"),
         memory_capacity_bytes=s.get("device_total_bytes") or psutil.virtual_memory().total,

@@ -391,6 +391,7 @@ def _bf16(o: Observation, why: str) -> str:
 def _compute_or_bandwidth(o: Observation) -> Finding:
     s = o.split
     ev: dict[str, float | None] = {"step_time_s": _r(s.step_time_s), "mfu": _r(o.mfu, 4),
+                                   "peak_flops": _r(o.peak_flops, 0) if o.peak_flops else None,
                                    "matmul_time_fraction": _r(o.matmul_time_fraction, 4),
                                    "tokens_per_step": o.tokens_per_step}
     if o.padding_fraction is not None:

@@ -454,11 +454,12 @@ def _finish(torch: Any, why: str) -> None:
     for i, r in enumerate(st.records):
         st.write({"type": "step", "index": i, **r.to_dict()})
     root = st.main_root
-    params = None
+    params = trainable = None
     cpu_params = None
     if root is not None:
         ps = list(root.parameters())
         params = sum(p.numel() for p in ps)
+        trainable = sum(p.numel() for p in ps if p.requires_grad)
         cpu_params = sum(p.numel() for p in ps if p.device.type == "cpu")
     peak = total = None
     if st.cuda and torch.cuda.is_initialized():
@@ -468,6 +469,7 @@ def _finish(torch: Any, why: str) -> None:
               "warmup": st.warmup, "steps": st.steps, "measured": len(st.records),
               "calibration": _calibrate(torch) if st.records else None,
               "profile": st.profile_stats, "params": params, "params_on_cpu": cpu_params,
+              "trainable_params": trainable,
               "roots": len(st.roots), "recompute_modules": len(st.recompute_modules),
               "cuda": st.cuda, "cuda_used": bool(st.cuda and torch.cuda.is_initialized()),
               "peak_allocated_bytes": peak, "device_total_bytes": total,

@@ -16,6 +16,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -115,11 +116,14 @@ class Launched:
 
 
 def run_with_hooks(cmd: list[str], hook_env: dict[str, str], *, timeout_s: float | None,
-                   watch_host: bool = False, extra_env: dict[str, str] | None = None) -> Launched:
+                   watch_host: bool = False, extra_env: dict[str, str] | None = None,
+                   echo: bool = False) -> Launched:
     """Run ``cmd`` with ``sitecustomize`` first on PYTHONPATH (it arms the hooks that ``hook_env``
     names in every Python process of the command), output captured (the last lines kept), the
     whole process group killed at the end (DataLoader workers left behind by an ``os._exit``, or a
-    timed-out run). Shared by ``doctor -- CMD`` and ``plan|tune -- CMD`` (trainfit.script)."""
+    timed-out run). Shared by ``doctor -- CMD`` and ``plan|tune -- CMD`` (trainfit.script).
+    ``echo``: its output also shown as it comes, on stderr (``--keep-running``: the command runs
+    to its own end, and its log was hidden until then: an audit)."""
     env = dict(os.environ)
     env.update(extra_env or {})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE_DIR), env.get("PYTHONPATH", "")) if p)
@@ -137,6 +141,9 @@ def run_with_hooks(cmd: list[str], hook_env: dict[str, str], *, timeout_s: float
         assert proc.stdout is not None
         for line in proc.stdout:
             tail.append(line.rstrip("\n"))
+            if echo:
+                sys.stderr.write(line)
+                sys.stderr.flush()
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -169,7 +176,8 @@ def run_foreign(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bool 
         ran = run_with_hooks(cmd, {ENV_OUT: str(out_dir), ENV_WARMUP: str(warmup),
                                    ENV_STEPS: str(steps), ENV_STOP: "1" if stop else "0",
                                    ENV_PROFILE: "1" if profile else "0"},
-                             timeout_s=timeout_s, watch_host=True, extra_env=extra_env)
+                             timeout_s=timeout_s, watch_host=True, extra_env=extra_env,
+                             echo=not stop)
         files = _read_files(out_dir)
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)

@@ -54,6 +54,8 @@ class Observation:
     """Measured fixed cost of dispatching one op on this host (trainfit.speed.cpu)."""
     matmul_time_fraction: float | None = None
     mfu: float | None = None
+    peak_flops: float | None = None
+    """The ceiling the MFU is relative to (FLOP/s, measured on this host; None: not stated)."""
     recompute_s: float = 0.0
     peak_memory_bytes: int | None = None
     """The measured peak read against ``memory_capacity_bytes``: on a GPU the card's (a trainfit

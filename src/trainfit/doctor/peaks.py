@@ -15,12 +15,22 @@ from trainfit.speed import cpu as cpu_speed
 
 
 @functools.lru_cache(maxsize=4)  # once per dtype and process: the ceiling, not the moment
-def cpu_peak_flops(dtype: torch.dtype = torch.float32) -> float:
+def cpu_peak_flops(dtype: torch.dtype = torch.float32, threads: int | None = None) -> float:
     """This host's dense GEMM ceiling (the peak MFU is relative to): the best rate ever seen here —
     trainfit.speed.cpu's cached curve and a fresh best of 5 timings at 1024³ and 2048³ (2 at the
     first size whose call is slow, then no larger), whichever is
     higher. A measured rate can only be below the true peak (a busy moment slows it), so the
-    maximum is the honest ceiling; a single quick timing on a busy host made MFU read 154 %."""
+    maximum is the honest ceiling; a single quick timing on a busy host made MFU read 154 %.
+    ``threads``: the pool the measured step had (a script's own torch.set_num_threads), timed at
+    that count (an audit: the doctor's own count put a 1-thread script's MFU against a 2-thread
+    peak)."""
+    if threads is not None and threads != torch.get_num_threads():
+        before = torch.get_num_threads()
+        torch.set_num_threads(max(threads, 1))
+        try:
+            return cpu_peak_flops(dtype)
+        finally:
+            torch.set_num_threads(before)
     cached = 0.0
     d = read_json(cpu_speed.cache_file())  # None when missing or corrupt
     try:

@@ -112,7 +112,7 @@ def _observation(r: Round, runner: JobRunner | None, op_s: float, *, lazy: bool,
     against in place of the process's RSS."""
     job = r.job
     prof = r.profile or {}
-    mfu = None
+    mfu = peak = None
     if runner is not None and r.split.step_time_s > 0:
         wl = runner.workload(job)
         per_token = model_flops_per_token(runner.source.config, sum(p.numel() for p in wl.model.parameters()),
@@ -133,7 +133,7 @@ def _observation(r: Round, runner: JobRunner | None, op_s: float, *, lazy: bool,
         trainfit_job=True, tokens_per_step=r.tokens_per_step,
         micro_steps_per_step=float(job.grad_accum or 1), ops_per_step=prof.get("ops_per_step"),
         op_overhead_s=op_s, matmul_time_fraction=prof.get("matmul_time_fraction"), mfu=mfu,
-        recompute_s=recompute_s, peak_memory_bytes=live_peak if live_peak is not None
+        peak_flops=peak, recompute_s=recompute_s, peak_memory_bytes=live_peak if live_peak is not None
         else _memory_peak(r),
         memory_capacity_bytes=capacity, num_workers=job.num_workers, cpu_count=os.cpu_count() or 1,
         lazy_tokenization=lazy, micro_batch=job.micro_batch,
