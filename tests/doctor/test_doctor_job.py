@@ -25,7 +25,7 @@ def test_input_bound_job_is_named_fixed_and_remeasured(input_bound_yaml, one_thr
     assert d["kind"] == "doctor" and d["steps_measured"] == 3
     assert set(d["split"]) == {"data_wait_s", "h2d_copy_s", "forward_s", "backward_s", "optimizer_s",
                                "sync_s", "logging_io_s", "idle_s", "other_s", "step_time_s",
-                               "parts_scale"}
+                               "parts_scale", "step_time_spread_s"}
     assert d["split"]["idle_s"] is None  # no device queue on a CPU
     # the report reads what the doctor writes
     p = tmp_path / "doctor.json"

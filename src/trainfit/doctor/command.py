@@ -100,6 +100,11 @@ def doctor_command(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bo
     if run.stopped_by_doctor:
         notes.append(f"the command was stopped after the measured window ({warmup} warm-up + "
                      f"{len(run.records)} measured + 1 profiled steps)")
+    if not obs.micro_steps_per_step:
+        # the backward phase is timed at torch.autograd.backward: a step without it (autograd.grad,
+        # a library's own backward) put its backward time under "other", unsaid (an audit)
+        notes.append("no loss.backward() call was seen in the measured steps: the backward's "
+                     "time, if any, is counted under 'other', and recomputation is not timed")
     if obs.model_sync_calls_per_step:
         notes.append(f"{obs.model_sync_calls_per_step:.0f} sync points per step inside the model's or the "
                      "optimizer's own code (measured count)")

@@ -200,7 +200,9 @@ class Split:
     silent)."""
 
     def to_dict(self) -> dict[str, float | None]:
-        return {**{k: getattr(self, k) for k in SPLIT_KEYS}, "parts_scale": self.parts_scale}
+        # the steps' spread too (an audit: the JSON had the median step and no ±)
+        return {**{k: getattr(self, k) for k in SPLIT_KEYS}, "parts_scale": self.parts_scale,
+                "step_time_spread_s": self.step_time_spread_s}
 
     def fraction(self, key: str) -> float:
         v = getattr(self, key)
