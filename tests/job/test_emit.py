@@ -117,6 +117,16 @@ def test_accelerate_config_loads_and_matches_the_job(tmp_path, device, ranks, sh
     assert cfg.mixed_precision == "bf16"
 
 
+def test_accelerate_fsdp_on_a_cpu_is_refused(tmp_path):
+    """An audit: sharding fsdp emitted for a CPU gave a MULTI_CPU config, plain DDP, unsaid."""
+    f = _tuned_file(tmp_path, device="cpu", ranks=2, sharding="fsdp", grad_accum=None,
+                    effective_batch=8, precision="amp-bf16")
+    res = runner.invoke(app, ["emit", str(f), "--to", "accelerate"])
+    assert res.exit_code == 2
+    assert "error: sharding: fsdp on a CPU: accelerate's FSDP runs on GPUs" in res.output
+    assert "--device cuda" in res.output
+
+
 def test_accelerate_fsdp_cannot_say_reentrant(tmp_path):
     """accelerate's fsdp_activation_checkpointing is non-reentrant: a reentrant job is refused."""
     f = _tuned_file(tmp_path, device="cuda", ranks=2, sharding="fsdp", grad_accum=None,

@@ -155,6 +155,14 @@ def accelerate_config(job: JobSpec, *, device: str = "cuda") -> dict[str, Any]:
     ``device``: one process is ``NO`` (no distribution), several are ``MULTI_CPU`` on a CPU,
     ``MULTI_GPU`` (DDP) or ``FSDP`` on GPUs; ``use_cpu`` follows the device."""
     cpu = device_kind(device) == "cpu"
+    if cpu and job.sharding in ("fsdp", "zero2", "zero3"):
+        # the config was MULTI_CPU, plain DDP with the whole model on every process, unsaid (an
+        # audit): accelerate's FSDP and DeepSpeed plugins run on GPUs
+        raise JobError(f"sharding: {job.sharding} on a CPU: accelerate's "
+                       f"{'FSDP' if job.sharding == 'fsdp' else 'DeepSpeed'} runs on GPUs, and "
+                       "the config would launch plain DDP, the whole model on every process",
+                       "emit it with --device cuda for the GPU machine, or set sharding: none "
+                       "(trainfit train --nproc N runs FSDP on CPU ranks itself)")
     mp = {"amp-bf16": "bf16", "amp-fp16": "fp16"}.get(job.precision or "", "no")
     if job.sharding == "fsdp" and not cpu:
         dist = "FSDP"
