@@ -134,8 +134,7 @@ class Trainer:
         self.resumed_from: str | None = None
         self.last_saved_step: int | None = None  # the step of the last checkpoint, on every rank
         self.notes: list[str] = [] if fitted is None else [busy_host_note(*fitted)]
-        if self.wl.load_note:  # a checkpoint that gave only some of the weights
-            self.notes.append(self.wl.load_note)
+        self.notes += [self.wl.load_note] if self.wl.load_note else []  # a partial checkpoint
         self.history: dict[str, Any] = {}
         self.resuming_here = False
         if ck is not None:
@@ -305,8 +304,7 @@ class Trainer:
                     not res.evals or res.evals[-1]["step"] != self.state.step):
                 self._evaluate(res, sampler, tracker, injected_eval)
             # the last save, still under the signal guard: a SIGTERM now does not cut it
-            # decided on a value every rank holds: res.checkpoints is rank 0's alone, and a
-            # rank that skipped this collective save left rank 0 waiting in it (a review)
+            # on a value every rank holds (rank 0's checkpoint list left it alone in the save)
             if stopped == "finished" and self.last_saved_step != self.state.step:
                 self._save(res, sampler)
         res.monitor_notes(sampler)
