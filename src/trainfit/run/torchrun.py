@@ -1,0 +1,28 @@
+"""torchrun as ``train --nproc`` starts it, without its failure summary.
+
+torchrun's ``main`` is wrapped in ``@record``, which prints a ``ChildFailedError`` dump (the
+rank's exit code, a traceback of the launcher itself, a box of ``=`` lines) whenever a rank exits
+non-zero — also after a rank said its own one-line error or was interrupted on purpose (exit
+130/143 after its checkpoint). An audit counted the error twice and the dump once on each bad
+input under ``--nproc 2``. Here torchrun's own ``parse_args`` and ``run`` (torch/distributed/
+run.py) run unchanged, and a failed child is an exit code only: trainfit's launcher reports it
+(``cli/train.py``)."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    try:
+        run(parse_args(sys.argv[1:] if argv is None else argv))
+    except ChildFailedError:
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
