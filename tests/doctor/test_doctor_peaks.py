@@ -22,15 +22,15 @@ def test_cpu_ceiling_is_the_best_rate_seen(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINFIT_CACHE", str(tmp_path))
     import json
 
-    peaks.cpu_peak_flops.cache_clear()
+    peaks._peak_at.cache_clear()
     (tmp_path / "cpu_speed.json").write_text(json.dumps({
         "threads": torch.get_num_threads(), "torch": torch.__version__,
         "gemm_rate_curve": {"fp32": [[64, 1.0]], "bf16": [[64, 1.0]]}}))
     fresh = peaks.cpu_peak_flops(torch.float32)
     assert fresh > 1e6  # measured now, not the 1 FLOP/s of the stale cache
-    peaks.cpu_peak_flops.cache_clear()
+    peaks._peak_at.cache_clear()
     (tmp_path / "cpu_speed.json").write_text(json.dumps({
         "threads": torch.get_num_threads(), "torch": torch.__version__,
         "gemm_rate_curve": {"fp32": [[64, 1e18]], "bf16": [[64, 1e18]]}}))
     assert peaks.cpu_peak_flops(torch.float32) == 1e18
-    peaks.cpu_peak_flops.cache_clear()
+    peaks._peak_at.cache_clear()

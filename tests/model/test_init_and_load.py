@@ -148,6 +148,10 @@ def test_every_layout_of_a_checkpoint_loads_or_is_refused(tmp_path):
     save_file({k: v for k, v in ref.state_dict().items() if "layers.1.mlp" not in k},
               str(part / "model.safetensors"))
     assert _job_build(part).load_note.startswith("weights: 18 of 21 parameter tensors loaded")
+    # a Trainer's / accelerate's state beside the weights is not read as weights
+    torch.save({"not": "weights"}, b / "training_args.bin")
+    torch.save(torch.ones(3), b / "sampler.bin")
+    assert _equal_to(_job_build(b), ref) == []
     # refused: a missing shard, weights of another model
     s = tmp_path / "sharded"
     ref.save_pretrained(s, max_shard_size="100KB")
@@ -174,6 +178,21 @@ def test_lora_b_padding_row_and_rotary_dtype_are_transformers_and_peft_own(tmp_p
     assert all(p.std() > 0.01 for p in lora_a)
     emb = wl.model.get_base_model().model.embed_tokens.weight
     assert torch.count_nonzero(emb[0]) == 0 and emb[1].abs().max() > 0
+    # the same with the tied head itself adapted (its name then ends .base_layer.weight)
+    head = _job_build(d, method="lora", precision="bf16-true", lora_targets=["q_proj", "lm_head"])
+    assert torch.count_nonzero(head.model.get_base_model().model.embed_tokens.weight[0]) == 0
+    # a tied checkpoint holding its own lm_head copy: the embedding's value is kept, as
+    # from_pretrained keeps it (the head's, first in the file's order, won: a review)
+    from safetensors.torch import save_file
+
+    torch.manual_seed(3)
+    sd = {k: v.clone() for k, v in transformers.AutoModelForCausalLM.from_config(cfg)
+          .state_dict().items()}
+    sd["lm_head.weight"] = sd["model.embed_tokens.weight"] + 1.0
+    save_file(sd, str(d / "model.safetensors"))
+    loaded = _job_build(d).model
+    assert torch.equal(loaded.model.embed_tokens.weight, sd["model.embed_tokens.weight"])
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
     buffers = dict(wl.model.get_base_model().named_buffers())
     assert buffers["model.rotary_emb.inv_freq"].dtype == torch.float32
     assert {p.dtype for p in wl.model.parameters()} == {torch.bfloat16}

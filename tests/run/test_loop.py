@@ -230,15 +230,19 @@ def test_a_signal_to_the_nproc_launcher_reaches_the_ranks(job, tmp_path):
     p.write_text(yaml.safe_dump(job.replace(ranks=2, micro_batch=2).to_dict()))
     out = tmp_path / "run"
 
-    def run_until_signalled(sig, extra, after_step):
+    def run_until_signalled(sig, extra, after_step, where=None):
         proc = subprocess.Popen([sys.executable, "-m", "trainfit.cli.main", "train", str(p),
-                                 "--out", str(out), "--max-steps", "100000", "--nproc", "2",
-                                 "--no-live", *extra], stdout=subprocess.PIPE,
+                                 "--out", str(where or out), "--max-steps", "100000", "--nproc",
+                                 "2", "--no-live", *extra], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
-        log = out / "monitor.jsonl"
+        log = (where or out) / "monitor.jsonl"
         deadline = time.time() + 240
         while time.time() < deadline and proc.poll() is None:
-            if log.exists() and any((json.loads(x).get("step") or 0) >= after_step
+            if not after_step:
+                if any("trainfit.run.torchrun" in c.cmdline()
+                       for c in psutil.Process(proc.pid).children()):
+                    break  # torchrun started: signalled while it or the ranks still start
+            elif log.exists() and any((json.loads(x).get("step") or 0) >= after_step
                                     for x in log.read_text().splitlines() if x.strip()):
                 break
             time.sleep(0.2)
@@ -259,6 +263,10 @@ def test_a_signal_to_the_nproc_launcher_reaches_the_ranks(job, tmp_path):
     assert code == 130, err[-2000:]
     d = json.loads((out / "train.json").read_text())
     assert d["signal"] == "SIGINT" and d["steps"] > first and (out / f"checkpoint-{d['steps']}").is_dir()
+    # a SIGTERM once torchrun runs, while it or the ranks still start: 143 as for one
+    # process, no traceback (a review: 241, or 1)
+    code, err = run_until_signalled(signal.SIGTERM, [], 0, where=tmp_path / "early")
+    assert code == 143 and "Traceback" not in err, err[-2000:]
 
 
 def test_optimizer_in_backward_trains_the_same_losses_and_resumes(job, tmp_path):

@@ -80,35 +80,53 @@ def _launch(nproc: int, device: str, job: JobSpec, job_file: str, out: str) -> i
     # printed it, then torchrun's failure dump: an audit), with the rank's exit code
     errors = Path(tempfile.mkdtemp(prefix="trainfit-ranks-"))
     try:
-        code = _run_torchrun(cmd, {**os.environ, RANK_ERRORS_ENV: str(errors)})
+        code, relayed = _run_torchrun(cmd, {**os.environ, RANK_ERRORS_ENV: str(errors)})
         said = _said_errors(errors)
     finally:
         shutil.rmtree(errors, ignore_errors=True)
     if said:
         return said
-    # torchrun exits 1 whenever a rank exits non-zero: the run's record says which it was
-    return _exit_code_of(Path(out), code) if code else 0
+    if not code:
+        return 0
+    # torchrun exits 1 whenever a rank exits non-zero: the run's record says which it was; a
+    # signal relayed before the ranks could take it (torchrun or a rank still starting) is
+    # the signal's code, as it is for one process (a review: 241, 254 and 1)
+    from trainfit.run.record import EXIT_DIVERGED, EXIT_SIGINT, EXIT_SIGTERM
+
+    said_code = _exit_code_of(Path(out), code)
+    if said_code in (EXIT_DIVERGED, EXIT_SIGINT, EXIT_SIGTERM) or not relayed:
+        return said_code if said_code > 0 else 128 - said_code
+    return 128 + relayed
 
 
-def _run_torchrun(cmd: list[str], env: dict[str, str]) -> int:
+def _run_torchrun(cmd: list[str], env: dict[str, str]) -> tuple[int, int | None]:
+    """torchrun's exit code, and the last signal relayed to it or its ranks (None: none)."""
     # torchrun in a session of its own, the signals relayed by this process to the ranks
     # themselves: each finishes its step, saves the checkpoint with the others and exits
     # 130/143. Sent to torchrun (a terminal's Ctrl-C reached it), it relays them with a 30 s
     # limit before SIGKILL (torch.distributed.elastic's _shutdown), short for a large
     # checkpoint; a SIGTERM to this process left the ranks running, orphaned, and a SIGINT to it
     # alone did nothing (an audit). Linux: torchrun also ends if this process is killed.
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_end_with_parent())
+    relayed: list[int] = []
+    started: list[subprocess.Popen[Any]] = []
 
     def relay(signum: int, _frame: Any) -> None:
-        _signal_ranks(proc, signum)
+        relayed.append(signum)
+        if started:
+            _signal_ranks(started[0], signum)
 
+    # the handlers first: a signal while torchrun starts is relayed once it has started
     previous = {s: signal.signal(s, relay) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        code = proc.wait()
+        started.append(subprocess.Popen(cmd, env=env, start_new_session=True,
+                                        preexec_fn=_end_with_parent()))
+        if relayed:
+            _signal_ranks(started[0], relayed[-1])
+        code = started[0].wait()
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-    return code
+    return code, relayed[-1] if relayed else None
 
 
 RANK_ERRORS_ENV = "TRAINFIT_RANK_ERRORS"

@@ -14,7 +14,6 @@ from trainfit.hardware.gpus import find_gpu_by_device_name
 from trainfit.speed import cpu as cpu_speed
 
 
-@functools.lru_cache(maxsize=4)  # once per dtype and process: the ceiling, not the moment
 def cpu_peak_flops(dtype: torch.dtype = torch.float32, threads: int | None = None) -> float:
     """This host's dense GEMM ceiling (the peak MFU is relative to): the best rate ever seen here —
     trainfit.speed.cpu's cached curve and a fresh best of 5 timings at 1024³ and 2048³ (2 at the
@@ -24,13 +23,19 @@ def cpu_peak_flops(dtype: torch.dtype = torch.float32, threads: int | None = Non
     ``threads``: the pool the measured step had (a script's own torch.set_num_threads), timed at
     that count (an audit: the doctor's own count put a 1-thread script's MFU against a 2-thread
     peak)."""
-    if threads is not None and threads != torch.get_num_threads():
-        before = torch.get_num_threads()
-        torch.set_num_threads(max(threads, 1))
-        try:
-            return cpu_peak_flops(dtype)
-        finally:
-            torch.set_num_threads(before)
+    if threads is None or threads == torch.get_num_threads():
+        return _peak_at(dtype, torch.get_num_threads())
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(threads, 1))
+    try:
+        return _peak_at(dtype, torch.get_num_threads())
+    finally:
+        torch.set_num_threads(before)
+
+
+@functools.lru_cache(maxsize=8)  # once per dtype, thread count and process: the ceiling
+def _peak_at(dtype: torch.dtype, threads: int) -> float:
+    """:func:`cpu_peak_flops` at ``threads`` (the pool's size now: the cache's key)."""
     cached = 0.0
     d = read_json(cpu_speed.cache_file())  # None when missing or corrupt
     try:

@@ -196,7 +196,7 @@ def hf_initialize(base: torch.nn.Module, seed: int, zero_lora_b: bool,
     with torch.no_grad():
         for prefix, m in post_order(base):
             real = {n: t for n, t in [*m.named_parameters(), *m.named_buffers()]
-                    if prefix + n not in tied}
+                    if (prefix + n).replace(".base_layer", "") not in tied}  # LoRA's head too
             if not real:
                 continue
             # which of the subtree's tensors this module's init writes: a dry run on meta

@@ -149,8 +149,10 @@ def _weight_files(source: ModelSource) -> list[Path]:
                                f"({', '.join(gone[:3])})", "copy the missing shard files into "
                                f"{d}, or download the model again")
             return [d / n for n in names]
-        files = [f for f in sorted(d.glob(f"*.{ext}")) if not f.name.startswith("adapter_")
-                 and f.name != "training_args.bin"]
+        # transformers' own names (WEIGHTS_NAME / SAFE_WEIGHTS_NAME and their shards): a .bin
+        # beside them is a Trainer's or accelerate's state (training_args.bin, sampler.bin)
+        files = sorted(d.glob("model*.safetensors" if ext == "safetensors" else
+                              "pytorch_model*.bin"))
         if files:
             return files
     return []
@@ -159,14 +161,19 @@ def _weight_files(source: ModelSource) -> list[Path]:
 def _read_weights(f: Path) -> dict[str, torch.Tensor]:
     try:
         if f.suffix == ".bin":
-            return torch.load(str(f), map_location="cpu", weights_only=True)
-        from safetensors.torch import load_file
+            d = torch.load(str(f), map_location="cpu", weights_only=True)
+        else:
+            from safetensors.torch import load_file
 
-        return load_file(str(f))
+            d = load_file(str(f))
     except Exception as err:  # each reader raises its own error type for a corrupt file
         raise JobError(f"{f}: cannot read the weights ({str(err).splitlines()[0][:160]})",
                        "the file is corrupt, or not safetensors / a PyTorch state dict"
                        ) from None
+    if not isinstance(d, dict) or not all(isinstance(v, torch.Tensor) for v in d.values()):
+        raise JobError(f"{f}: not a state dict (names → tensors) but a {type(d).__name__}",
+                       "save the weights with model.save_pretrained()")
+    return d
 
 
 def _copy_in(tensors: dict[str, torch.Tensor], own: dict[str, torch.Tensor],
@@ -215,9 +222,17 @@ def load_pretrained_into(model: torch.nn.Module, source: ModelSource,
     own = _own_tensors(base)
     by_suffix = {n.replace(".base_layer", ""): n for n in own}
     prefix = getattr(base, "base_model_prefix", "") or ""
+    # a tied head's own copy in the file (a target of all_tied_weights_keys) only where its
+    # source was not in it: from_pretrained keeps the embedding's value (a review: the head's,
+    # first in the file's order, was copied into the shared tensor)
+    tied = set(getattr(base, "all_tied_weights_keys", None) or {})
     unmatched: list[str] = []
+    deferred: dict[str, torch.Tensor] = {}
     for f in _weight_files(source):
-        unmatched += _copy_in(_read_weights(f), own, by_suffix, loaded_ids, prefix)
+        tensors = _read_weights(f)
+        deferred.update({k: tensors.pop(k) for k in [k for k in tensors if k in tied]})
+        unmatched += _copy_in(tensors, own, by_suffix, loaded_ids, prefix)
+    unmatched += _copy_in(deferred, own, by_suffix, loaded_ids, prefix)
     # weights the model still lacks while the checkpoint holds names it does not know: a layout
     # transformers converts on load (not a stray key beside complete weights: an old
     # checkpoint's inv_freq, a duplicated tied head — a review)
@@ -330,8 +345,8 @@ def build_real(job: JobSpec, source: ModelSource, device: torch.device, *, seed:
                            "config.json (to train from random values, keep only the config)")
         if missing:
             note = (f"weights: {total - len(missing)} of {total} parameter tensors loaded from "
-                    f"{_weight_dir(source)}; {len(missing)} not in the checkpoint (e.g. "
-                    f"{missing[0]}) start from transformers' init")
+                    f"{_weight_dir(source)}; {len(missing)} not in the checkpoint or of another "
+                    f"shape there (e.g. {missing[0]}) start from their initial values")
     written = hf_initialize(base, seed, True, loaded)
     generic_init(model, seed, True, skip=loaded | written)
     model.train()

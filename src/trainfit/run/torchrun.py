@@ -14,13 +14,22 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
-
+    """torchrun's run; 1 when a rank failed, 128 + N when torchrun itself took signal N (its
+    SignalException's traceback, or a KeyboardInterrupt's while it was still importing torch:
+    a review)."""
     try:
-        run(parse_args(sys.argv[1:] if argv is None else argv))
-    except ChildFailedError:
-        return 1
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import parse_args, run
+
+        try:
+            run(parse_args(sys.argv[1:] if argv is None else argv))
+        except ChildFailedError:
+            return 1
+        except SignalException as e:
+            return 128 + int(e.sigval)
+    except KeyboardInterrupt:
+        return 130
     return 0
 
 
