@@ -458,3 +458,35 @@ def test_a_resume_keeps_the_runs_evaluation_and_checkpoint_options(job, tmp_path
     assert [e["step"] for e in d["evals"]] == [1, 2, 3]
     assert [Path(c).name for c in d["checkpoints"]] == ["checkpoint-1", "checkpoint-2",
                                                          "checkpoint-3"]
+
+
+def test_a_resume_says_a_changed_setting_and_refuses_another_model_config(job, tmp_path):
+    """An audit: a resume changed precision and clipping silently (train.json then gave the new
+    values for the whole run), and trained on over a config with another rope_theta and norm
+    epsilon (the same shapes), the loss jumping. Now each setting is said and kept per segment;
+    another configuration is refused."""
+    out = tmp_path / "run"
+    train(job, RunOptions(out_dir=out, max_steps=2))
+    res = train(job.replace(precision="amp-bf16", max_grad_norm=0.5),
+                RunOptions(out_dir=out, max_steps=3, resume=out))
+    seg = res.segments
+    assert (seg[0]["precision"], seg[0]["max_grad_norm"]) == ("fp32", job.max_grad_norm)
+    assert (seg[1]["precision"], seg[1]["max_grad_norm"]) == ("amp-bf16", 0.5)
+    assert "precision: 'amp-bf16' from this segment on (the checkpoint's run had 'fp32')" \
+        in seg[1]["notes"]
+    assert any(n.startswith("max_grad_norm: 0.5 from this segment on") for n in seg[1]["notes"])
+    # the same shapes, another function: refused, nothing written
+    other = tmp_path / "rope" / "config.json"
+    other.parent.mkdir()
+    cfg = json.loads(Path(job.model).read_text())
+    other.write_text(json.dumps({**cfg, "rope_theta": 500000.0, "rms_norm_eps": 1e-3}))
+    with pytest.raises(JobError, match=r"the model's configuration differs from the "
+                                       r"checkpoint's run: rms_norm_eps 0\.001 \(was 1e-06\), "
+                                       r"rope_parameters \{'rope_theta': 500000\.0"):
+        train(job.replace(model=str(other)), RunOptions(out_dir=out, max_steps=4, resume=out))
+    # the same config at another path resumes
+    same = tmp_path / "same" / "config.json"
+    same.parent.mkdir()
+    same.write_text(Path(job.model).read_text())
+    assert train(job.replace(model=str(same)), RunOptions(out_dir=out, max_steps=4,
+                                                          resume=out)).steps == 4

@@ -435,6 +435,15 @@ def schedule_steps(ck: Path) -> int | None:
     return state_count(ck, "schedule_steps")
 
 
+def saved_job(ck: Path) -> dict[str, Any] | None:
+    """The job that wrote the checkpoint (None for one written without it)."""
+    try:
+        j = json.loads((ck / "trainer_state.json").read_text()).get("job")
+    except (OSError, ValueError):
+        return None
+    return j if isinstance(j, dict) else None
+
+
 def history(ck: Path) -> dict[str, Any]:
     """The run's record saved with the checkpoint (empty for checkpoints written without it)."""
     try:

@@ -46,6 +46,7 @@ from trainfit.model.source import resolve_model
 from trainfit.monitor import Sampler
 from trainfit.monitor.progress import ProgressLog, StepProgress
 from trainfit.monitor.sampler import rates_paused
+from trainfit.run import resume_fields as rf
 from trainfit.run.backend import resolve_backend
 from trainfit.run.checks import (
     busy_host_note,
@@ -72,7 +73,6 @@ from trainfit.run.record import (
     read_record,
     write_train_json,
 )
-from trainfit.run.resume_fields import same_data, same_samples
 from trainfit.run.rundir import RunDir
 from trainfit.speed.host_timing import threads_for_load
 
@@ -408,7 +408,9 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     res = new_result({**job.to_dict(), "backend": backend}, main=main)
     res.run_options = opts.kept_options()
     res.data_samples, res.data_sha256 = len(data), data.digest()
+    res.model_config = rf.config_values(source.config)
     ended = False
+    settings: list[str] = []
     if resume is not None:
         step = int(Path(resume).name.rsplit("-", 1)[1])
         check_steps_left(total, step, resume, opts, saved_steps)
@@ -417,8 +419,10 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
         # finished), else the checkpoint's snapshot; a job that makes other samples refused
         run_record = read_record(Path(resume).parent)  # an HF checkpoint carries no job
         history = closed_record(run_record, step, resume) or read_history(Path(resume))
-        same_samples(resume, (run_record or {}).get("job"), job.to_dict())
-        same_data(resume, history, data)
+        rf.same_samples(resume, (run_record or {}).get("job"), job.to_dict())
+        rf.same_data(resume, history, data)
+        rf.same_model_config(resume, history, source.config)
+        settings = rf.changed_settings((run_record or {}).get("job"), job.to_dict())
         continue_from(res, history, step, int(history.get("samples_seen", step * (
             job.effective_batch or 1))), data.seq_len)
     tracker = limit_tracker(opts.memory_limit_bytes, wl.model)  # bad input: before any write
@@ -429,10 +433,11 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
             if resume is not None else None
         busy = None if fitted is None else busy_host_note(*fitted)
         res.begin_segment(res.steps, resume,
-                          [n for n in (busy, note, changed, wl.load_note, *claim.notes,
-                                       *data.stats.notes)
+                          [n for n in (busy, note, changed, wl.load_note, *settings,
+                                       *claim.notes, *data.stats.notes)
                            if n],
-                          device=str(device), memory_limit_bytes=opts.memory_limit_bytes)
+                          device=str(device), memory_limit_bytes=opts.memory_limit_bytes,
+                          settings={k: job.to_dict().get(k) for k in rf.NOTED_FIELDS})
         _train(trainer, res, opts, job, data, source, eval_set, train_ids, wl, device, tracker,
                resume, main, claim, total)
     return res

@@ -37,6 +37,7 @@ from trainfit.monitor.progress import ProgressLog, StepProgress
 from trainfit.monitor.sampler import rates_paused
 from trainfit.run import checkpoint as ckpt
 from trainfit.run import evaluate as ev
+from trainfit.run import resume_fields as rf
 from trainfit.run.checks import (
     busy_host_note,
     check_data_size,
@@ -66,7 +67,6 @@ from trainfit.run.record import (
     read_record,
     write_train_json,
 )
-from trainfit.run.resume_fields import same_data
 from trainfit.run.rundir import RunDir, check_not_in_use
 from trainfit.speed.host_timing import threads_for_load
 
@@ -161,7 +161,9 @@ class Trainer:
         self.last_saved_step = saved.step
         self.history = closed_record(read_record(ck.parent), saved.step, ck) or \
             ckpt.history(ck)
-        same_data(ck, self.history, self.data)
+        rf.same_data(ck, self.history, self.data)
+        rf.same_model_config(ck, self.history, self.source.config)
+        self.notes += rf.changed_settings(ckpt.saved_job(ck), job.to_dict())
         # the run continues in its own directory (a checkpoint of another run starts a new one)
         self.resuming_here = ck.parent.resolve() == Path(opts.out_dir).resolve()
         later = [c.name for c in ckpt.checkpoints(ck.parent)
@@ -203,6 +205,7 @@ class Trainer:
         res = new_result(self.job.to_dict(), main=main)
         res.run_options = self.o.kept_options()
         res.data_samples, res.data_sha256 = len(self.data), self.data.digest()
+        res.model_config = rf.config_values(self.source.config)
         if self.resumed_from is not None:
             continue_from(res, self.history, self.state.step, self.state.position,
                           self.data.seq_len)
@@ -220,7 +223,8 @@ class Trainer:
         # as tune and doctor say it
         res.begin_segment(self.state.step, self.resumed_from,
                           [*self.notes, *claim.notes, *self.data.stats.notes],
-                          device=str(self.device), memory_limit_bytes=self.o.memory_limit_bytes)
+                          device=str(self.device), memory_limit_bytes=self.o.memory_limit_bytes,
+                          settings={k: self.job.to_dict().get(k) for k in rf.NOTED_FIELDS})
         try:
             self._loop(res, claim, tracker)
         except BaseException as exc:
@@ -261,6 +265,11 @@ class Trainer:
         with Interrupt() as intr, (sampler or contextlib.nullcontext()):
             if sampler is not None:
                 sampler.start()
+            # an evaluation an interrupt skipped at its step (the resume is at that step): run
+            # now, or the curve lost that point, unsaid (an audit)
+            if self.resumed_from is not None and self._evaluates(self.state.step) and \
+                    not any(e.get("step") == self.state.step for e in res.evals):
+                self._evaluate(res, sampler, tracker, injected_eval)
             while self.state.step < total:
                 step = self.state.step
                 waits: list[float] = []
@@ -289,8 +298,7 @@ class Trainer:
                     intr.requested = True
                 stop = self.dist.any(intr.requested)
                 # evaluate, then save (HF Trainer's order); not on the way out of an interrupt
-                if (not stop and self.eval_set is not None and o.eval_every_steps
-                        and self.state.step % o.eval_every_steps == 0):
+                if not stop and self._evaluates(self.state.step):
                     self._evaluate(res, sampler, tracker, injected_eval)
                 if stop or (o.save_every_steps and self.state.step % o.save_every_steps == 0):
                     self._save(res, sampler)
@@ -309,6 +317,11 @@ class Trainer:
                 self._save(res, sampler)
         res.monitor_notes(sampler)
         self._keep_record(res, stopped)
+
+    def _evaluates(self, step: int) -> bool:
+        o = self.o
+        return bool(self.eval_set is not None and o.eval_every_steps and step
+                    and step % o.eval_every_steps == 0)
 
     def _keep_record(self, res: TrainResult, stopped: str) -> None:
         """Close the segment and write train.json (rank 0): also after a failure, as far as it

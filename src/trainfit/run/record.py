@@ -63,6 +63,9 @@ class TrainResult:
     data_sha256: str | None = None
     """The samples' digest (TokenData.digest): a resume over other samples of the same number is
     refused too (None: an older record)."""
+    model_config: dict[str, Any] | None = None
+    """The model configuration trained (resume_fields.config_values): a resume over another is
+    refused (None: an older record, or a module:factory model)."""
     segments: list[dict[str, Any]] = field(default_factory=list)
     """One per run that added steps (the first, then each resume): segment, start_step,
     end_step, steps, samples, tokens, wall_time_s, resumed_from, stopped, notes."""
@@ -108,7 +111,8 @@ class TrainResult:
 
     # --- segments ---------------------------------------------------------------------------------
     def begin_segment(self, start_step: int, resumed_from: str | None, notes: list[str], *,
-                      device: str | None = None, memory_limit_bytes: int | None = None) -> None:
+                      device: str | None = None, memory_limit_bytes: int | None = None,
+                      settings: dict[str, Any] | None = None) -> None:
         """``device`` (cpu, cuda:N) and ``memory_limit_bytes`` (CPU's stand-in capacity): where
         this segment ran, which report reads to label its monitor log (an audit: a CPU run's
         tensor count was drawn as a GPU's torch peak, beside GPUs the run never used)."""
@@ -116,7 +120,7 @@ class TrainResult:
                               "end_step": start_step, "steps": 0, "samples": 0, "tokens": 0,
                               "wall_time_s": 0.0, "resumed_from": resumed_from,
                               "stopped": None, "notes": list(notes), "device": device,
-                              "memory_limit_bytes": memory_limit_bytes})
+                              "memory_limit_bytes": memory_limit_bytes, **(settings or {})})
         self.notes = list(notes)
         self.stopped = "running"
 

@@ -71,3 +71,55 @@ def same_data(ck: Path | str, history: dict[str, Any], data: Any) -> None:
                        "checkpoint's run trained on (their SHA-256 differs): its position counts "
                        "those", "resume over the data it trained on (the same content, seq_len "
                        "and packing), or start a new run (no --resume)")
+
+
+NOTED_FIELDS = ("precision", "max_grad_norm", "grad_ckpt", "ranks", "attention")
+"""Job fields a resume may change (another GPU, another clip: the run goes on with the new
+value), each said and kept in the segment that ran with it (an audit: precision and clipping
+changed silently, and train.json then gave the new values for the whole run)."""
+
+
+def changed_settings(saved: dict[str, Any] | None, job: dict[str, Any]) -> list[str]:
+    """A note for each :data:`NOTED_FIELDS` value the resuming job changes."""
+    if not saved:
+        return []
+    return [f"{k}: {job.get(k)!r} from this segment on (the checkpoint's run had {saved[k]!r})"
+            for k in NOTED_FIELDS if k in saved and saved[k] != job.get(k)
+            and not (k == "grad_ckpt" and {saved[k], job.get(k)} <= {None, "off"})]
+
+
+VOLATILE_CONFIG_KEYS = ("_name_or_path", "name_or_path", "transformers_version", "torch_dtype",
+                        "dtype", "architectures", "_attn_implementation",
+                        "_attn_implementation_internal", "use_cache", "_commit_hash")
+"""config.json keys that name, date or dtype the model rather than define its function."""
+
+
+def config_values(config: Any) -> dict[str, Any] | None:
+    """The model configuration a run trained (``to_dict()`` less :data:`VOLATILE_CONFIG_KEYS`);
+    None for a model without one (a ``module:factory`` model)."""
+    to_dict = getattr(config, "to_dict", None)
+    if to_dict is None:
+        return None
+    import json
+
+    d = {k: v for k, v in to_dict().items() if k not in VOLATILE_CONFIG_KEYS}
+    return json.loads(json.dumps(d, default=str))  # as train.json will hold it
+
+
+def same_model_config(ck: Path | str, history: dict[str, Any], config: Any) -> None:
+    """Refuse a resume whose model configuration differs from the checkpoint's run (its shapes
+    match, or the weights would not load): another rope_theta or norm epsilon trained on
+    silently, the losses jumping (an audit). A record without it (an older trainfit) is not
+    compared."""
+    saved = history.get("model_config")
+    now = config_values(config)
+    if not isinstance(saved, dict) or now is None:
+        return
+    # the keys both hold: another transformers version adds and drops defaults of its own
+    diff = sorted(k for k in set(saved) & set(now) if saved[k] != now[k])
+    if diff:
+        shown = ", ".join(f"{k} {now.get(k)!r} (was {saved.get(k)!r})" for k in diff[:3])
+        more = f" and {len(diff) - 3} more" if len(diff) > 3 else ""
+        raise JobError(f"--resume {ck}: the model's configuration differs from the checkpoint's "
+                       f"run: {shown}{more}", "resume with the model config it trained, or "
+                       "start a new run (no --resume)")
