@@ -327,3 +327,13 @@ def test_the_grid_around_a_script_keeps_a_given_accumulation_and_refuses_a_dead_
     assert _grid_job(cur, set()).micro_batch is None  # no batch flag: every micro-batch
     with pytest.raises(JobError, match="no checkpointing to make reentrant"):
         with_flags(read, {"grad_ckpt": "off", "ckpt_reentrant": True})
+
+
+def test_the_precision_note_names_the_dtype_the_weights_load_in():
+    """A LoRA script's weights are its frozen base's dtype, not its adapters' (an audit)."""
+    from trainfit.script.tune import weights_dtype
+
+    m = {"frozen_dtype": "bfloat16", "trainable_dtype": "float32"}
+    assert weights_dtype(m, "lora") == "bfloat16"
+    assert weights_dtype(m, "full") == "float32"
+    assert weights_dtype({"frozen_dtype": None, "trainable_dtype": "float32"}, "lora") == "float32"

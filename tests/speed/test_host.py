@@ -125,6 +125,12 @@ def test_a_measured_host_makes_a_small_step_launch_bound() -> None:
     assert timed.bound == "launch-bound"
     assert timed.step_time_s == pytest.approx(0.020 + 10 * LAUNCH_S)
     assert timed.host_fb_s == pytest.approx(timed.step_time_s)
+    # measured, below the op-level floor: the floor stays, and the row is not "the per-op count
+    # alone" (an audit: an amp row whose casts the floor counts was called an upper bound)
+    quick = predict_speed_exact(dev, ops, 1, 1, 128, 1, 1e6,
+                                host=HostStep(fb_s=1e-6, spread_s=0.0, kernels=10, layers=1,
+                                              cpu="x"))
+    assert quick.host_measured and quick.host_fb_s == base.host_fb_s
 
 
 @pytest.fixture()

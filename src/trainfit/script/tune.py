@@ -121,11 +121,18 @@ def tune_trainer(trainer: Any, rec: dict[str, Any], o: dict[str, Any]) -> dict[s
     if "precision" in o.get("knobs", ()) and "precision" not in opts.knobs:
         # asked for, and not probed: said (an audit: dropped without a word)
         result.notes.append(SearchNote("script_precision", {
-            "method": job.method, "dtype": rec["model"]["trainable_dtype"]}))
+            "method": job.method, "dtype": weights_dtype(rec["model"], job.method)}))
     # said from what the script runs (a flag that set a knob is a change to make in it too)
     changes = keyword_diff(rec, as_read, result.pick.job) if result.pick is not None else []
     return {"result": tune_result_json(result), "job": job.to_dict(),
             "changes": [dataclasses.asdict(c) for c in changes], "knobs": list(opts.knobs)}
+
+
+def weights_dtype(model: dict[str, Any], method: str) -> str:
+    """The dtype the script's weights load in: a LoRA's frozen base, not its adapters (an audit:
+    "load in float32" of a bfloat16 base whose adapters peft keeps in float32)."""
+    frozen = model.get("frozen_dtype")
+    return str(frozen if method != "full" and frozen else model["trainable_dtype"])
 
 
 def tune_script(cmd: list[str], *, options: dict[str, Any], flags: dict[str, Any] | None = None,

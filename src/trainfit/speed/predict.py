@@ -63,7 +63,9 @@ class SpeedPrediction:
     """Host seconds of one micro-step's forward + backward (predicted: the larger of the
     op-level count and the measured run of the step's code, :mod:`trainfit.speed.host`)."""
     host_measured: bool = False
-    """``host_fb_s`` is the measured run's (the model's own Python beyond its ops counted)."""
+    """The step's code was measured (:mod:`trainfit.speed.host`): ``host_fb_s`` is that run's,
+    or the op-level count where it stayed the larger (autocast's casts at an H100 host's cost);
+    False: the op-level count alone, which misses the model's own Python."""
     host_busy_cores: float | None = None
     """The measured run's :attr:`trainfit.speed.host.HostStep.busy_cores`: CPU cores other
     processes used while it was timed (None: not measured)."""
@@ -323,10 +325,13 @@ def predict_speed_exact(dev: DeviceSpeed, ops: list[OpRecord], micro_batch: int,
     if compiled:
         ops = fuse_elementwise(ops)
     times = time_ops(dev, ops)
-    measured = with_host(dev, times, host, fb_kernels(ops))
+    # the measured step taken into account also where the op-level floor stays above it
+    # (autocast's casts counted at an H100 host's cost): the row is then not the per-op count
+    # alone, "an upper bound" (an audit)
+    with_host(dev, times, host, fb_kernels(ops))
     return speed_from_times(dev, times, dominant_peak(dev, ops), micro_batch,
                             grad_accum, seq_len, ranks, flops_per_token,
-                            host if measured else None)
+                            host)
 
 
 def _split(dev: DeviceSpeed, lo: list[OpRecord], hi: list[OpRecord]
@@ -396,10 +401,10 @@ def predict_speed(dev: DeviceSpeed, op_points: list[list[OpRecord]], layers: tup
         t1.unaligned_dims | t2.unaligned_dims,
         max(0.0, t1.matmul_s + f * (t2.matmul_s - t1.matmul_s)))
     k1, k2 = fb_kernels(op_points[0]), fb_kernels(op_points[1])
-    measured = with_host(dev, times, host, k1 + f * (k2 - k1))
+    with_host(dev, times, host, k1 + f * (k2 - k1))
     return speed_from_times(dev, times, dominant_peak(dev, op_points[0], op_points[1], f),
                             micro_batch, grad_accum, seq_len, ranks, flops_per_token,
-                            host if measured else None)
+                            host)
 
 
 def _flops_by_dtype(ops: list[OpRecord]) -> dict[str, float]:
