@@ -167,6 +167,10 @@ def test_held_out_fraction_is_never_trained(job, tmp_path, one_thread):
     # by the seed alone
     assert ev.hold_out(data, 0.25, job.seed, src.task)[3] == eval_ids
     assert ev.hold_out(data, 0.25, job.seed + 1, src.task)[3] != eval_ids
+    # one sample cannot be split: said so (the hint was "a fraction below 0": an audit)
+    with pytest.raises(JobError) as err:
+        ev.hold_out(ev.subset(data, [0]), 0.5, job.seed, src.task)
+    assert err.value.hint == "one sample cannot be split: give --eval-data FILE, or more data"
 
 
 def test_cli_eval_bad_input_and_summary(job, tmp_path, chat_jsonl):

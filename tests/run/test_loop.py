@@ -217,6 +217,34 @@ def test_a_ranks_error_under_nproc_is_said_once_with_exit_2(job, tmp_path):
     assert "ChildFailedError" not in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_rank_that_dies_under_nproc_is_said_with_the_way_on(job, tmp_path):
+    """A rank killed (the kernel's OOM killer): one error line naming the newest checkpoint and
+    a --resume hint, exit 1 as train --help documents (torchrun's log lines alone before)."""
+    import signal
+    import time
+
+    import psutil
+
+    p = tmp_path / "job2.yaml"
+    p.write_text(yaml.safe_dump(job.replace(ranks=2, micro_batch=2).to_dict()))
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "trainfit.cli.main", "train", str(p), "--out",
+                             str(out), "--max-steps", "100000", "--nproc", "2", "--no-live",
+                             "--save-every", "1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and not (out / "checkpoint-2").is_dir():
+        time.sleep(0.2)
+    ranks = [c for c in psutil.Process(proc.pid).children(recursive=True)
+             if "trainfit.cli.main" in c.cmdline() and "trainfit.run.torchrun" not in c.cmdline()]
+    max(ranks, key=lambda r: r.pid).send_signal(signal.SIGKILL)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 1, err[-2000:]
+    errors = [x for x in err.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1 and "a process of the run ended abnormally" in errors[0], err[-2000:]
+    assert f"hint: continue with --resume {out}" in err
+
+
 def test_a_signal_to_the_nproc_launcher_reaches_the_ranks(job, tmp_path):
     """``train --nproc 2``: SIGTERM to trainfit's own process (a scheduler's kill) — the ranks
     save a checkpoint together and stop, exit 143; then SIGINT to it alone on the resumed run,

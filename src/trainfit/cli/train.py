@@ -94,9 +94,14 @@ def _launch(nproc: int, device: str, job: JobSpec, job_file: str, out: str) -> i
     from trainfit.run.record import EXIT_DIVERGED, EXIT_SIGINT, EXIT_SIGTERM
 
     said_code = _exit_code_of(Path(out), code)
-    if said_code in (EXIT_DIVERGED, EXIT_SIGINT, EXIT_SIGTERM) or not relayed:
-        return said_code if said_code > 0 else 128 - said_code
-    return 128 + relayed
+    if said_code in (EXIT_DIVERGED, EXIT_SIGINT, EXIT_SIGTERM):
+        return said_code
+    if relayed:
+        return 128 + relayed
+    # a rank that died (the kernel's OOM killer, a segfault) or failed unexpectedly: torchrun's
+    # log lines alone, exit 1, no way forward said (an audit)
+    _say_rank_failure(Path(out), code)
+    return 1
 
 
 def _run_torchrun(cmd: list[str], env: dict[str, str]) -> tuple[int, int | None]:
@@ -166,6 +171,19 @@ def _said_errors(d: Path) -> int:
         typer.echo(f"error: {who}{e.get('message')}", err=True)
         typer.echo(f"hint: {e.get('hint') or GENERIC_HINT}", err=True)
     return 2 if errors else 0
+
+
+def _say_rank_failure(out: Path, code: int) -> None:
+    from trainfit.run.checkpoint import checkpoints
+
+    kept = [c.name for c in checkpoints(out)] if out.is_dir() else []
+    how = f"killed by signal {-code}" if code < 0 else f"torchrun exit code {code}"
+    typer.echo(f"error: a process of the run ended abnormally ({how}; its own lines are above)"
+               + (f"; its newest checkpoint is {out / kept[0]}" if kept else
+                  "; no checkpoint was saved"), err=True)
+    typer.echo("hint: " + (f"continue with --resume {out}" if kept else "run it again")
+               + " (a rank killed by the system: host or GPU memory ran out — see dmesg, or "
+               "lower the micro-batch)", err=True)
 
 
 def _signal_ranks(proc: subprocess.Popen[Any], signum: int) -> None:
@@ -299,7 +317,9 @@ def register(app: typer.Typer) -> None:
 
         Exit codes: 0 the steps ran; 2 bad input or an unusable run directory / checkpoint (one
         error: line); 3 the loss diverged (NaN/inf: stopped, nothing saved after the last good
-        checkpoint); 130 / 143 interrupted by SIGINT / SIGTERM (a checkpoint saved: --resume)."""
+        checkpoint); 130 / 143 interrupted by SIGINT / SIGTERM (a checkpoint saved: --resume);
+        1 under --nproc, a rank that died or failed unexpectedly (--resume from its last
+        checkpoint)."""
         import dataclasses
 
         from trainfit.run.options import RunOptions, check_backend

@@ -118,7 +118,9 @@ def hold_out(data: TokenData, fraction: float, seed: int, task: str
     n_eval = math.ceil(fraction * n)
     if n_eval >= n:
         raise JobError(f"--eval-fraction {fraction:g}: holds out {n_eval} of {n} samples and leaves "
-                       "none to train on", f"use a fraction below {(n - 1) / n:.3g}, or --eval-data")
+                       "none to train on", (f"use a fraction below {(n - 1) / n:.3g}, or "
+                                            "--eval-data" if n > 1 else "one sample cannot be "
+                                            "split: give --eval-data FILE, or more data"))
     perm = np.random.default_rng([seed, HOLD_OUT_STREAM]).permutation(n)
     eval_ids = sorted(int(i) for i in perm[:n_eval])
     train_ids = sorted(int(i) for i in perm[n_eval:])
