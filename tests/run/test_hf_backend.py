@@ -191,7 +191,11 @@ def test_hf_checkpoints_are_verified_before_the_trainer_loads_them(tmp_path):
     with pytest.raises(JobError, match=r"model\.safetensors: damaged") as info:
         last_checkpoint(tmp_path / "checkpoint-4")
     assert info.value.hint.endswith(str(tmp_path / "checkpoint-2"))
-    assert last_checkpoint(tmp_path)[0] == str(tmp_path / "checkpoint-2")
+    # the run directory: the finished checkpoint's damage is the same error, not a silent step
+    # back past it (an audit)
+    with pytest.raises(JobError, match=r"checkpoint-4/model\.safetensors: damaged") as info:
+        last_checkpoint(tmp_path)
+    assert info.value.hint.endswith(str(tmp_path / "checkpoint-2"))
 
 
 def test_hf_keep_last_and_training_on_from_a_finished_run(job, tmp_path):
