@@ -41,3 +41,13 @@ def test_a_garbage_random_state_is_a_corrupt_checkpoint_not_a_traceback(
     write_digests(ck)
     with pytest.raises(JobError, match=r"checkpoint-1: the checkpoint is corrupt \((Value|Index)Err"):
         train(job, RunOptions(out_dir=tmp_path / "r", max_steps=2, resume=ck))
+
+
+def test_a_cut_torch_save_is_said_in_words():
+    """torch.save's zip writer on a full disk raises without an errno: its words were
+    "[enforce fail at inline_container.cc:672] . unexpected pos 699328 vs 699220" (an audit)."""
+    from trainfit.run.rundir import os_reason
+
+    err = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 699328 vs 699220")
+    assert os_reason(err) == "the write was cut short, most likely a full disk (torch.save's writer)"
+    assert os_reason(OSError(28, "x")) == "No space left on device"

@@ -245,7 +245,9 @@ def test_an_own_loop_over_a_pretrained_model_is_refused_as_one(tmp_path, tiny_mo
                                "trains (at loop.py:6: ")
     assert "it had built an AdamW optimizer (at loop.py:4) and no transformers Trainer — a loop " \
         "of its own?" in lines[0]
-    assert "--model path/to/model.py:factory" in lines[1] and "after trainer.train()" in lines[1]
+    # the model it loaded, planned as a job (an audit: the hint offered a module:factory file)
+    assert f"a loop of your own: trainfit plan {model} --micro-batch N --grad-accum K" in lines[1]
+    assert "after trainer.train()" in lines[1]
     lines = _refused(["--gpu", "t4", "--", sys.executable, str(tmp_path / "peek.py"), model])
     assert lines[0].startswith("error: the script computes with the model before its trainer "
                                "trains (at peek.py:5: ")

@@ -91,6 +91,10 @@ def os_reason(err: BaseException) -> str:
             return os.strerror(e.errno)
         e = e.__cause__ or e.__context__
     text = str(err).splitlines()[0] if str(err) else type(err).__name__
+    if "unexpected pos" in text or "failed writing file" in text:
+        # torch.save's zip writer cut short (inline_container.cc), which carries no errno: on a
+        # full disk it said only "[enforce fail at inline_container.cc:672] . unexpected pos"
+        return "the write was cut short, most likely a full disk (torch.save's writer)"
     return text[:160]
 
 

@@ -31,6 +31,7 @@ import atexit
 import contextlib
 import json
 import os
+import shlex
 import sys
 import traceback
 from collections.abc import Callable
@@ -162,12 +163,18 @@ def _why_it_stopped(err: BaseException, tb: Any) -> None:
         name, built_at = st.optimizers[0]
         built = (f"; it had built {_a(name)} optimizer (at {built_at}) and no transformers "
                  "Trainer — a loop of its own?")
+    # a loop of its own over a transformers model: the model it loaded, planned as a job (an
+    # audit: the hint offered a module:factory file for a from_pretrained model)
+    model = shlex.quote(st.loads[0]["name"]) if st.loads else None
+    own = (f"trainfit plan {model} --micro-batch N --grad-accum K --seq-len L --precision P "
+           "(your loop's settings)" if model else
+           "trainfit plan --model path/to/model.py:factory (your nn.Module)")
     refuse(f"the script computes with the model before its trainer trains (at {where}: {what})"
            f"{built}; plan loads no weights (the model is on the meta device), so nothing can be "
            "computed with it before trainer.train()",
            "a check before training: move it after trainer.train(), or run trainfit tune -- … "
-           "(it loads the weights); a loop of your own: trainfit plan --model "
-           "path/to/model.py:factory (your nn.Module), or trainfit doctor -- python train.py")
+           f"(it loads the weights); a loop of your own: {own}, or trainfit doctor -- python "
+           "train.py")
 
 
 def _frame_of(tb: Any) -> str:
