@@ -331,3 +331,15 @@ def test_the_workers_fix_never_repeats_the_loaders_count():
     # the main process loads (0.6 s) behind 0.2 s of compute: 3 would hide it, 1 core is spare
     assert "num_workers=1 (it has 0), persistent_workers=True, prefetch_factor=2): predicted " \
         "wait 600 → 400 ms per step (the 1 spare core cap it; 3 would hide it)" in fix(0, 2, 0.6, 0.2)
+
+
+def test_a_step_already_in_16_bits_is_not_advised_bf16():
+    """An audit: a loop under bf16 autocast was told "bf16/fp16 where supported"."""
+    for computes_in, said in (("bfloat16", "it already computes in bfloat16"),
+                              ("float32", "bf16/fp16 where supported")):
+        obs = Observation(split=split(forward_s=0.4, backward_s=0.5, optimizer_s=0.1),
+                          device="cuda", trainfit_job=False, matmul_time_fraction=0.8, mfu=0.3,
+                          computes_in=computes_in)
+        assert said in find(obs)[0].fix
+        obs.matmul_time_fraction = 0.2  # bandwidth-bound: its advice too
+        assert ("already computes in bfloat16" in find(obs)[0].fix) == (computes_in == "bfloat16")

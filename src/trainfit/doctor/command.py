@@ -61,6 +61,7 @@ def foreign_observation(run: ForeignRun, op_s: float) -> tuple[Observation, Spli
         cpu_count=os.cpu_count() or 1,
         optimizer_fused=opt.get("fused") if opt.get("name") in FUSABLE else None,
         optimizer_name=opt.get("name"),
+        computes_in=s.get("autocast_dtype") or s.get("weights_dtype"),
         bf16_fast=None if s.get("cuda_used") else cpu_bf16_fast(), host=run.host)
     return obs, split
 

@@ -383,6 +383,9 @@ def _swap(o: Observation) -> Finding | None:
 def _bf16(o: Observation, why: str) -> str:
     """The bf16 advice, or where bf16 would be slower here, that said instead (an audit: doctor
     advised bf16 autocast on a CPU where bf16 steps ran 28× slower)."""
+    if o.computes_in in ("bfloat16", "float16"):
+        # the advice to a step already in 16 bits (an audit: given to a bf16 autocast loop)
+        return f"it already computes in {o.computes_in} (measured)"
     if o.bf16_fast is False:
         return "not bf16 on this CPU (no bf16 matrix instructions: its bf16 multiplies run slower than fp32)"
     return f"bf16 autocast where the device supports it ({why})"
@@ -453,7 +456,9 @@ def _compute_or_bandwidth(o: Observation) -> Finding:
                        + pad_fix, gain, f"forward, backward and optimizer are {share:.0%} of the "
                        "step (measured); MFU unknown, matmul share unknown")
     return Finding("compute-bound", ev, "good: the step computes. More throughput needs less work per "
-                   "token (" + ("a smaller model; not bf16 on this CPU: no bf16 matrix instructions"
+                   "token (" + (f"a smaller model; it already computes in {o.computes_in}"
+                                if o.computes_in in ("bfloat16", "float16") else
+                                "a smaller model; not bf16 on this CPU: no bf16 matrix instructions"
                                 if o.bf16_fast is False else "bf16/fp16 where supported, a smaller "
                                 "model") + ") or a faster device" + pad_fix, gain,
                    f"{mfu} (measured time, counted FLOPs, measured peak)")

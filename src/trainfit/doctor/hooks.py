@@ -70,6 +70,8 @@ class _State:
         self.orig: dict[str, Any] = {}
         self.finished = False
         self.optimizer_info: dict[str, Any] | None = None
+        self.autocast: str | None = None
+        """The dtype the measured forwards ran under autocast in (None: not under autocast)."""
 
     def write(self, obj: dict[str, Any]) -> None:
         if not self.out_dir or os.getpid() != self.pid:
@@ -336,6 +338,10 @@ def _end_discovery(torch: Any) -> None:
         clock.count("forwards")
         if mod is not st.main_root:
             return
+        for dev in ("cuda", "cpu"):  # what the step computes in: doctor's bf16 advice reads it
+            if torch.is_autocast_enabled(dev):
+                st.autocast = str(torch.get_autocast_dtype(dev)).removeprefix("torch.")
+                break
         ids = kwargs.get("input_ids")
         if ids is None:
             ids = next((a for a in args if isinstance(a, torch.Tensor)
@@ -454,12 +460,17 @@ def _finish(torch: Any, why: str) -> None:
     for i, r in enumerate(st.records):
         st.write({"type": "step", "index": i, **r.to_dict()})
     root = st.main_root
-    params = trainable = None
+    params = trainable = weights = None
     cpu_params = None
     if root is not None:
         ps = list(root.parameters())
         params = sum(p.numel() for p in ps)
         trainable = sum(p.numel() for p in ps if p.requires_grad)
+        by_dtype: dict[str, int] = {}
+        for p in ps:
+            k = str(p.dtype).removeprefix("torch.")
+            by_dtype[k] = by_dtype.get(k, 0) + p.numel()
+        weights = max(by_dtype, key=lambda k: by_dtype[k]) if by_dtype else None
         cpu_params = sum(p.numel() for p in ps if p.device.type == "cpu")
     peak = total = None
     if st.cuda and torch.cuda.is_initialized():
@@ -469,7 +480,8 @@ def _finish(torch: Any, why: str) -> None:
               "warmup": st.warmup, "steps": st.steps, "measured": len(st.records),
               "calibration": _calibrate(torch) if st.records else None,
               "profile": st.profile_stats, "params": params, "params_on_cpu": cpu_params,
-              "trainable_params": trainable,
+              "trainable_params": trainable, "weights_dtype": weights,
+              "autocast_dtype": st.autocast,
               "roots": len(st.roots), "recompute_modules": len(st.recompute_modules),
               "cuda": st.cuda, "cuda_used": bool(st.cuda and torch.cuda.is_initialized()),
               "peak_allocated_bytes": peak, "device_total_bytes": total,

@@ -76,6 +76,9 @@ class Observation:
     optimizer_fused: bool | None = None
     optimizer_name: str | None = None
     """The torch.optim class another command steps (AdamW, SGD …); None for a trainfit job."""
+    computes_in: str | None = None
+    """What the measured step's multiplies ran in: its autocast dtype, else its weights' dtype
+    (bfloat16, float16, float32; None: not known)."""
     bf16_fast: bool | None = None
     """Whether bf16 matrix multiplies run fast here: False on a CPU without bf16/AVX-512 matrix
     instructions (PyTorch's own check, doctor/peaks.py), where they are emulated — this machine's

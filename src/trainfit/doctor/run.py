@@ -140,6 +140,8 @@ def _observation(r: Round, runner: JobRunner | None, op_s: float, *, lazy: bool,
         max_micro_batch=probe[0] if probe else _largest_micro(job, 16),
         measured_micro_batch_gain=probe, padding_fraction=pad, optimizer_fused=job.optimizer_impl == "fused"
         if job.optimizer in ("adamw", "sgd") else None,
+        computes_in={"amp-bf16": "bfloat16", "bf16-true": "bfloat16", "amp-fp16": "float16"}
+        .get(job.precision or "fp32", "float32"),
         bf16_fast=cpu_bf16_fast() if runner is None or runner.device.type == "cpu" else None,
         host=r.host)
 
