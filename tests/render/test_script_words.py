@@ -44,6 +44,16 @@ def test_the_scripts_own_flags_that_carry_a_changed_value_are_named():
     words = own_flag_words(["python", "t.py", "--batch-size", "4", "--grad-accum", "4",
                             "--lora-r", "4", "--steps", "4", "--gc", "--bf16"], more)
     assert "(--batch-size 4, --grad-accum 4, --gc)" in words
+    # flags left at the script's argparse defaults (an audit: nothing was said of --bs / --gc
+    # when the command line did not give them); HF's own keyword-named flags are the change
+    parsed = [{"flags": ["--bs"], "value": 4}, {"flags": ["--accum"], "value": 4},
+              {"flags": ["--gc"], "value": True}, {"flags": ["--lora-r"], "value": 4},
+              {"flags": ["--per_device_train_batch_size"], "value": 4}]
+    words = own_flag_words(["python", "t.py", "--accum", "4"], more, parsed)
+    assert words.startswith("the script's own command line and argparse defaults carry what the "
+                            "change replaces (--accum 4, --bs (its default 4), --gc (its default "
+                            "True))")
+    assert own_flag_words(["python", "t.py"], more, parsed[3:]) is None
 
 
 def test_a_change_the_rounds_did_not_confirm_is_not_headed_measured():

@@ -130,7 +130,8 @@ def _related(flag: str, keyword: str) -> bool:
                for k in keys)
 
 
-def own_flag_words(command: list[str], changes: list[KeywordChange]) -> str | None:
+def own_flag_words(command: list[str], changes: list[KeywordChange],
+                   parsed: list[dict[str, Any]] | None = None) -> str | None:
     """Where the script's own command line carries what the change replaces: a flag whose name
     may set a changed keyword and whose value is the keyword's (``--bs 4`` for
     ``per_device_train_batch_size`` 4), or a switch that may turn a changed one on (``--gc``
@@ -157,10 +158,30 @@ def own_flag_words(command: list[str], changes: list[KeywordChange]) -> str | No
             elif isinstance(c.before, (int, str)) and not switch and val == str(c.before):
                 found.append(f"{flag} {val}")
                 break
-    if not found:
+    # flags the command line left at the script's argparse default (HF's own
+    # TrainingArguments flags are the keywords themselves: said by the change already)
+    given = {f.partition("=")[0] for f in command if f.startswith("--")}
+    defaults: list[str] = []
+    for opt in parsed or []:
+        flag = opt["flags"][0] if opt.get("flags") else None
+        if flag is None or flag in given or any(f in given for f in opt["flags"]):
+            continue
+        v = opt.get("value")
+        for c in changes:
+            if flag.lstrip("-").replace("-", "_") == c.keyword or not _related(flag, c.keyword):
+                continue
+            if (isinstance(c.before, bool) and isinstance(v, bool) and v == c.before) or (
+                    not isinstance(c.before, bool) and not isinstance(v, bool)
+                    and isinstance(c.before, (int, str)) and str(v) == str(c.before)):
+                defaults.append(f"{flag} (its default {v})")
+                break
+    if not found and not defaults:
         return None
-    return (f"the script's own command line carries what the change replaces ({', '.join(found)}"
-            "): where the script sets these keywords from its flags, change the flags instead")
+    said = ", ".join([*found, *defaults])
+    where = "command line and argparse defaults carry" if defaults and found else \
+        "argparse defaults carry" if defaults else "command line carries"
+    return (f"the script's own {where} what the change replaces ({said}): where the script "
+            "sets these keywords from its flags, change the flags instead")
 
 
 def _read_rows(read: ReadJob, rec: dict[str, Any], f: dict[str, Any],
@@ -274,7 +295,8 @@ def render_script_plan(sp: ScriptPlan) -> None:
         con.print(plan_change_heading(sp))
         for line in change_words(sp.changes):
             con.print(f"  {line}", markup=False, highlight=False)
-        if (own := own_flag_words(sp.command, sp.changes)) is not None:
+        if (own := own_flag_words(sp.command, sp.changes, sp.record.get("argparse"))) \
+                is not None:
             con.print(f"  {own}", markup=False, highlight=False)
     elif sp.plan.pick is not None and sp.plan.gpu:
         con.print("[bold]no change[/bold]: the script's configuration is the pick")
@@ -327,7 +349,8 @@ def render_script_tune(st: Any) -> None:
                   f"effective batch kept, {st.current.effective_batch}):")
         for line in change_words(st.changes):
             con.print(f"  {line}", markup=False, highlight=False)
-        if (own := own_flag_words(st.command, st.changes)) is not None:
+        if (own := own_flag_words(st.command, st.changes, st.record.get("argparse"))) \
+                is not None:
             con.print(f"  {own}", markup=False, highlight=False)
     elif st.result.unconfirmed is not None:
         con.print("[bold]no change[/bold]: the script's configuration is kept — the search's "

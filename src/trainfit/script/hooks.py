@@ -66,6 +66,8 @@ class _State:
         """Placements transformers computed for a ``device_map`` string, on the planned GPU."""
         self.trainers = 0
         self.optimizers: list[tuple[str, str]] = []
+        self.argparse: list[dict[str, Any]] = []
+        """The options the script's argparse parsed (its flags and their values, defaults too)."""
         """Optimizers the script built itself before any Trainer existed: (class name,
         ``file:line``) — a loop of its own, when no Trainer follows."""
         self.made_dirs: list[str] = []
@@ -134,6 +136,7 @@ def arm() -> None:
         from trainfit.script.meta_load import hook_max_memory  # lazy: plan only
 
         hooks["transformers.integrations.accelerate"] = hook_max_memory
+    _record_argparse(_ST)
     sys.meta_path.insert(0, PostImport(hooks, _hook_failed))
     atexit.register(_at_exit)
     prev_hook = sys.excepthook
@@ -143,6 +146,29 @@ def arm() -> None:
         prev_hook(kind, err, tb)
 
     sys.excepthook = excepthook
+
+
+def _record_argparse(st: _State) -> None:
+    """What the script's argparse parsed, defaults included: the change is then said in the
+    flags a script sets its trainer from (an audit: "--bs 8" was said as TrainingArguments'
+    per_device_train_batch_size=8 where --bs kept its default). Only scalar values; read-only."""
+    import argparse
+
+    orig = argparse.ArgumentParser.parse_known_args
+
+    def parse_known_args(self: Any, *a: Any, **k: Any) -> Any:
+        ns, rest = orig(self, *a, **k)
+        try:
+            st.argparse = [{"flags": [f for f in act.option_strings if f.startswith("--")],
+                            "value": getattr(ns, act.dest)}
+                           for act in self._actions if act.option_strings
+                           and isinstance(getattr(ns, act.dest, None), (bool, int, float, str))
+                           and any(f.startswith("--") for f in act.option_strings)]
+        except Exception:  # never in the script's way
+            pass
+        return ns, rest
+
+    argparse.ArgumentParser.parse_known_args = parse_known_args  # type: ignore[method-assign]
 
 
 def _why_it_stopped(err: BaseException, tb: Any) -> None:
@@ -267,6 +293,7 @@ def _at_train(trainer: Any) -> None:
                            max_samples=int(st.options.get("max_samples", 20000)),
                            max_batches=int(st.options.get("max_batches", 2000)))
         rec["cuda_asked"] = list(dict.fromkeys(st.cuda_asked))
+        rec["argparse"] = list(st.argparse)
         if st.mode == "tune":
             from trainfit.script.tune import tune_trainer
 
