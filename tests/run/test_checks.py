@@ -71,3 +71,44 @@ def test_a_resume_of_a_directory_in_use_names_the_run(tmp_path):
     finally:
         lock.release()
     check_not_in_use(tmp_path)  # released: free again
+
+
+def test_resume_settings_and_config_compare_as_they_ran(tmp_path):
+    """A review: precision None (fp32) → 'fp32' was said as a change; a NaN config value, or an
+    object's str(), refused a config against itself."""
+    import math
+    from types import SimpleNamespace
+
+    from trainfit.run.resume_fields import changed_settings, config_values, same_model_config
+
+    assert changed_settings({"precision": None, "grad_ckpt": None}, {"precision": "fp32",
+                                                                     "grad_ckpt": "off"}) == []
+    assert changed_settings({"precision": None}, {"precision": "amp-bf16"}) == [
+        "precision: 'amp-bf16' from this segment on (the checkpoint's run had 'fp32')"]
+
+    class Cfg(SimpleNamespace):
+        def to_dict(self):
+            return dict(vars(self))
+
+    cfg = Cfg(logit_softcap=math.nan, thing=object(), hidden_size=64)
+    saved = config_values(cfg)
+    assert set(saved) == {"logit_softcap", "hidden_size"}  # no str() of an object
+    same_model_config(tmp_path, {"model_config": saved}, Cfg(logit_softcap=math.nan,
+                                                             thing=object(), hidden_size=64))
+
+
+def test_an_earlier_segments_record_does_not_name_a_launchs_end(tmp_path):
+    """A review: a rank killed on a resume exited 143, read from the earlier segment's
+    'interrupted' train.json; a record older than the launch is not read."""
+    import json
+    import os
+    import time
+
+    from trainfit.cli.train import _exit_code_of
+
+    (tmp_path / "train.json").write_text(json.dumps({"stopped": "interrupted",
+                                                     "signal": "SIGTERM"}))
+    assert _exit_code_of(tmp_path, 1) == 143
+    old = time.time() - 60
+    os.utime(tmp_path / "train.json", (old, old))
+    assert _exit_code_of(tmp_path, 1, since=time.time() - 1) == 1

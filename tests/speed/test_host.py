@@ -131,6 +131,10 @@ def test_a_measured_host_makes_a_small_step_launch_bound() -> None:
                                 host=HostStep(fb_s=1e-6, spread_s=0.0, kernels=10, layers=1,
                                               cpu="x"))
     assert quick.host_measured and quick.host_fb_s == base.host_fb_s
+    # a busy machine's measurement that set nothing does not make the row "maybe too slow"
+    busy = HostStep(fb_s=1e-6, spread_s=0.0, kernels=10, layers=1, cpu="x", busy_cores=1.5,
+                    cpus=2)
+    assert busy.busy and not predict_speed_exact(dev, ops, 1, 1, 128, 1, 1e6, host=busy).host_busy
 
 
 @pytest.fixture()

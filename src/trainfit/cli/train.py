@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -80,6 +81,7 @@ def _launch(nproc: int, device: str, job: JobSpec, job_file: str, out: str) -> i
     # printed it, then torchrun's failure dump: an audit), with the rank's exit code
     errors = Path(tempfile.mkdtemp(prefix="trainfit-ranks-"))
     try:
+        started = time.time()
         code, relayed = _run_torchrun(cmd, {**os.environ, RANK_ERRORS_ENV: str(errors)})
         said = _said_errors(errors)
     finally:
@@ -93,7 +95,7 @@ def _launch(nproc: int, device: str, job: JobSpec, job_file: str, out: str) -> i
     # the signal's code, as it is for one process (a review: 241, 254 and 1)
     from trainfit.run.record import EXIT_DIVERGED, EXIT_SIGINT, EXIT_SIGTERM
 
-    said_code = _exit_code_of(Path(out), code)
+    said_code = _exit_code_of(Path(out), code, since=started)
     if said_code in (EXIT_DIVERGED, EXIT_SIGINT, EXIT_SIGTERM):
         return said_code
     if relayed:
@@ -216,11 +218,15 @@ def _end_with_parent() -> Any:
     return set_death_signal
 
 
-def _exit_code_of(out: Path, code: int) -> int:
-    """The documented exit code of the run in ``out`` (interrupted: 130/143, diverged: 3)."""
+def _exit_code_of(out: Path, code: int, since: float | None = None) -> int:
+    """The documented exit code of the run in ``out`` (interrupted: 130/143, diverged: 3);
+    ``since``: only a train.json written from then on (an earlier segment's "interrupted" made
+    a rank killed on the resume exit 143, unsaid: a review)."""
     from trainfit.run.record import EXIT_DIVERGED, EXIT_SIGINT, EXIT_SIGTERM
 
     try:
+        if since is not None and (out / "train.json").stat().st_mtime < since:
+            return code
         d = json.loads((out / "train.json").read_text())
     except (OSError, ValueError):
         return code

@@ -338,10 +338,6 @@ def _end_discovery(torch: Any) -> None:
         clock.count("forwards")
         if mod is not st.main_root:
             return
-        for dev in ("cuda", "cpu"):  # what the step computes in: doctor's bf16 advice reads it
-            if torch.is_autocast_enabled(dev):
-                st.autocast = str(torch.get_autocast_dtype(dev)).removeprefix("torch.")
-                break
         ids = kwargs.get("input_ids")
         if ids is None:
             ids = next((a for a in args if isinstance(a, torch.Tensor)
@@ -358,6 +354,21 @@ def _end_discovery(torch: Any) -> None:
         if clock.active and not st.in_backward and clock.phase == "forward":
             clock.pop()
 
+    def dtype_probe(mod: Any, args: Any) -> None:
+        # inside the root's forward: accelerate (the HF Trainer's bf16) wraps model.forward in
+        # autocast after the root's own pre-hooks ran (a review: read there, it was missed)
+        if not clock.active or st.in_backward:
+            return
+        for dev in ("cuda", "cpu"):  # what the step computes in: doctor's bf16 advice reads it
+            if torch.is_autocast_enabled(dev):
+                st.autocast = str(torch.get_autocast_dtype(dev)).removeprefix("torch.")
+                return
+
+    inner = None if st.main_root is None else next(
+        (m for m in st.main_root.modules() if m is not st.main_root
+         and any(True for _ in m.parameters(recurse=False))), None)
+    if inner is not None:
+        inner.register_forward_pre_hook(dtype_probe)
     for m in roots:
         m.register_forward_pre_hook(root_pre, with_kwargs=True)
         m.register_forward_hook(root_post, with_kwargs=True, always_call=True)

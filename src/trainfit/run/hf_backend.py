@@ -437,7 +437,7 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
                                        *claim.notes, *data.stats.notes)
                            if n],
                           device=str(device), memory_limit_bytes=opts.memory_limit_bytes,
-                          settings={k: job.to_dict().get(k) for k in rf.NOTED_FIELDS})
+                          settings=rf.settings_of(job.to_dict()))
         _train(trainer, res, opts, job, data, source, eval_set, train_ids, wl, device, tracker,
                resume, main, claim, total)
     return res

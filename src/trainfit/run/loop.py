@@ -224,7 +224,7 @@ class Trainer:
         res.begin_segment(self.state.step, self.resumed_from,
                           [*self.notes, *claim.notes, *self.data.stats.notes],
                           device=str(self.device), memory_limit_bytes=self.o.memory_limit_bytes,
-                          settings={k: self.job.to_dict().get(k) for k in rf.NOTED_FIELDS})
+                          settings=rf.settings_of(self.job.to_dict()))
         try:
             self._loop(res, claim, tracker)
         except BaseException as exc:

@@ -83,9 +83,18 @@ def changed_settings(saved: dict[str, Any] | None, job: dict[str, Any]) -> list[
     """A note for each :data:`NOTED_FIELDS` value the resuming job changes."""
     if not saved:
         return []
-    return [f"{k}: {job.get(k)!r} from this segment on (the checkpoint's run had {saved[k]!r})"
-            for k in NOTED_FIELDS if k in saved and saved[k] != job.get(k)
-            and not (k == "grad_ckpt" and {saved[k], job.get(k)} <= {None, "off"})]
+    was, now = settings_of(saved), settings_of(job)
+    return [f"{k}: {now[k]!r} from this segment on (the checkpoint's run had {was[k]!r})"
+            for k in NOTED_FIELDS if k in saved and was[k] != now[k]]
+
+
+def settings_of(job: dict[str, Any]) -> dict[str, Any]:
+    """:data:`NOTED_FIELDS` as they ran: a precision left out is fp32, checkpointing off (a
+    review: None → 'fp32' was said as a change)."""
+    d = {k: job.get(k) for k in NOTED_FIELDS}
+    d["precision"] = d["precision"] or "fp32"
+    d["grad_ckpt"] = d["grad_ckpt"] or "off"
+    return d
 
 
 VOLATILE_CONFIG_KEYS = ("_name_or_path", "name_or_path", "transformers_version", "torch_dtype",
@@ -102,8 +111,15 @@ def config_values(config: Any) -> dict[str, Any] | None:
         return None
     import json
 
-    d = {k: v for k, v in to_dict().items() if k not in VOLATILE_CONFIG_KEYS}
-    return json.loads(json.dumps(d, default=str))  # as train.json will hold it
+    out = {}
+    for k, v in to_dict().items():
+        if k in VOLATILE_CONFIG_KEYS:
+            continue
+        try:  # JSON-native values only: a str() of an object differs from process to process
+            out[k] = json.loads(json.dumps(v))
+        except (TypeError, ValueError):
+            continue
+    return out
 
 
 def same_model_config(ck: Path | str, history: dict[str, Any], config: Any) -> None:
@@ -111,12 +127,15 @@ def same_model_config(ck: Path | str, history: dict[str, Any], config: Any) -> N
     match, or the weights would not load): another rope_theta or norm epsilon trained on
     silently, the losses jumping (an audit). A record without it (an older trainfit) is not
     compared."""
+    import json
+
     saved = history.get("model_config")
     now = config_values(config)
     if not isinstance(saved, dict) or now is None:
         return
     # the keys both hold: another transformers version adds and drops defaults of its own
-    diff = sorted(k for k in set(saved) & set(now) if saved[k] != now[k])
+    diff = sorted(k for k in set(saved) & set(now)  # as text: NaN is not equal to itself
+                  if json.dumps(saved[k], sort_keys=True) != json.dumps(now[k], sort_keys=True))
     if diff:
         shown = ", ".join(f"{k} {now.get(k)!r} (was {saved.get(k)!r})" for k in diff[:3])
         more = f" and {len(diff) - 3} more" if len(diff) > 3 else ""

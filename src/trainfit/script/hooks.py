@@ -66,10 +66,10 @@ class _State:
         """Placements transformers computed for a ``device_map`` string, on the planned GPU."""
         self.trainers = 0
         self.optimizers: list[tuple[str, str]] = []
-        self.argparse: list[dict[str, Any]] = []
-        """The options the script's argparse parsed (its flags and their values, defaults too)."""
         """Optimizers the script built itself before any Trainer existed: (class name,
         ``file:line``) — a loop of its own, when no Trainer follows."""
+        self.argparse: list[dict[str, Any]] = []
+        """The options the script's argparse parsed (its flags and their values, defaults too)."""
         self.made_dirs: list[str] = []
         """Output directories the script's Trainer created (``os.makedirs(output_dir)`` in its
         ``__init__``): trainfit stops the script before it writes anything there, so an empty one
@@ -158,12 +158,19 @@ def _record_argparse(st: _State) -> None:
 
     def parse_known_args(self: Any, *a: Any, **k: Any) -> Any:
         ns, rest = orig(self, *a, **k)
+        # HfArgumentParser's flags are its dataclasses' fields, TrainingArguments' own keywords
+        # (said by the change itself: its 78 neighbours were named, a review)
+        if any(c.__name__ == "HfArgumentParser" for c in type(self).__mro__):
+            return ns, rest
         try:
-            st.argparse = [{"flags": [f for f in act.option_strings if f.startswith("--")],
-                            "value": getattr(ns, act.dest)}
-                           for act in self._actions if act.option_strings
-                           and isinstance(getattr(ns, act.dest, None), (bool, int, float, str))
-                           and any(f.startswith("--") for f in act.option_strings)]
+            got = [{"flags": [f for f in act.option_strings if f.startswith("--")],
+                    "value": getattr(ns, act.dest)}
+                   for act in self._actions if act.option_strings
+                   and isinstance(getattr(ns, act.dest, None), (bool, int, float, str))
+                   and any(f.startswith("--") for f in act.option_strings)]
+            # merged by flag: a subparser's call comes first, its parent's after (a review)
+            mine = {tuple(o["flags"]) for o in got}
+            st.argparse = [*(o for o in st.argparse if tuple(o["flags"]) not in mine), *got]
         except Exception:  # never in the script's way
             pass
         return ns, rest

@@ -289,10 +289,11 @@ def with_host(dev: DeviceSpeed, times: PhaseTimes, host: HostStep | None,
 
 def speed_from_times(dev: DeviceSpeed, times: PhaseTimes, dtype_peak: float | None,
                      micro_batch: int, grad_accum: int, seq_len: int, ranks: int,
-                     flops_per_token: float, host: HostStep | None = None) -> SpeedPrediction:
+                     flops_per_token: float, host: HostStep | None = None,
+                     host_set: bool = True) -> SpeedPrediction:
     """``dtype_peak``: the peak MFU and HFU are measured against (:func:`dominant_peak`);
-    ``host``: the measured run that set the host time (:func:`with_host`), None where the
-    op-level count did."""
+    ``host``: the measured run of the step's code (None: not measured); ``host_set``: it set
+    the host time (:func:`with_host`; else the op-level floor stayed above it)."""
     if times.unknown:
         return unknown_speed(flops_per_token,
                              "the GPU's peak for this dtype or its bandwidth is unknown")
@@ -312,7 +313,8 @@ def speed_from_times(dev: DeviceSpeed, times: PhaseTimes, dtype_peak: float | No
                            unaligned_dims=tuple(sorted(times.unaligned_dims)),
                            host_fb_s=times.host_s["fb"], host_measured=host is not None,
                            host_busy_cores=None if host is None else host.busy_cores,
-                           host_busy=host is not None and host.busy,
+                           # a busy machine's measurement matters where it set the time
+                           host_busy=host is not None and host.busy and host_set,
                            optimizer_s=phase_time(dev, times, "optimizer"))
 
 
@@ -328,10 +330,10 @@ def predict_speed_exact(dev: DeviceSpeed, ops: list[OpRecord], micro_batch: int,
     # the measured step taken into account also where the op-level floor stays above it
     # (autocast's casts counted at an H100 host's cost): the row is then not the per-op count
     # alone, "an upper bound" (an audit)
-    with_host(dev, times, host, fb_kernels(ops))
+    host_set = with_host(dev, times, host, fb_kernels(ops))
     return speed_from_times(dev, times, dominant_peak(dev, ops), micro_batch,
                             grad_accum, seq_len, ranks, flops_per_token,
-                            host)
+                            host, host_set)
 
 
 def _split(dev: DeviceSpeed, lo: list[OpRecord], hi: list[OpRecord]
@@ -401,10 +403,10 @@ def predict_speed(dev: DeviceSpeed, op_points: list[list[OpRecord]], layers: tup
         t1.unaligned_dims | t2.unaligned_dims,
         max(0.0, t1.matmul_s + f * (t2.matmul_s - t1.matmul_s)))
     k1, k2 = fb_kernels(op_points[0]), fb_kernels(op_points[1])
-    with_host(dev, times, host, k1 + f * (k2 - k1))
+    host_set = with_host(dev, times, host, k1 + f * (k2 - k1))
     return speed_from_times(dev, times, dominant_peak(dev, op_points[0], op_points[1], f),
                             micro_batch, grad_accum, seq_len, ranks, flops_per_token,
-                            host)
+                            host, host_set)
 
 
 def _flops_by_dtype(ops: list[OpRecord]) -> dict[str, float]:
