@@ -213,10 +213,12 @@ def _own_tensors(base: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def load_pretrained_into(model: torch.nn.Module, source: ModelSource,
                          loaded_ids: set[int] | None = None,
-                         trust_remote_code: bool = False) -> int:
+                         trust_remote_code: bool = False,
+                         files: list[Path] | None = None) -> int:
     """Copy the source's weights into the built model (names relative to the transformers model
     inside trainfit's and peft's wrappers); returns how many of the model's tensors were loaded
-    (``loaded_ids``: their ids, filled)."""
+    (``loaded_ids``: their ids, filled). ``files``: :func:`_weight_files`, when the caller has
+    them (their index read and checked once)."""
     loaded_ids = set() if loaded_ids is None else loaded_ids
     base = hf_model(model)
     own = _own_tensors(base)
@@ -228,7 +230,7 @@ def load_pretrained_into(model: torch.nn.Module, source: ModelSource,
     tied = set(getattr(base, "all_tied_weights_keys", None) or {})
     unmatched: list[str] = []
     deferred: dict[str, torch.Tensor] = {}
-    for f in _weight_files(source):
+    for f in _weight_files(source) if files is None else files:
         tensors = _read_weights(f)
         deferred.update({k: tensors.pop(k) for k in [k for k in tensors if k in tied]})
         unmatched += _copy_in(tensors, own, by_suffix, loaded_ids, prefix)
@@ -335,7 +337,7 @@ def build_real(job: JobSpec, source: ModelSource, device: torch.device, *, seed:
     loaded: set[int] = set()
     note = None
     if files:
-        load_pretrained_into(model, source, loaded, job.trust_remote_code)
+        load_pretrained_into(model, source, loaded, job.trust_remote_code, files)
         missing = missing_weights(model, loaded)
         total = len(missing) + len({id(p) for p in hf_model(model).parameters()} & loaded)
         if not loaded:  # the model would train from random values, silently (an audit)

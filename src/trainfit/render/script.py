@@ -130,6 +130,15 @@ def _related(flag: str, keyword: str) -> bool:
                for k in keys)
 
 
+def _carries(value: Any, before: Any) -> bool:
+    """Whether a flag's value (typed, a bare switch being True) is a keyword's value before the
+    change: a bool keyword's by a bool, an int or str keyword's by its text."""
+    if isinstance(before, bool):
+        return isinstance(value, bool) and value == before
+    return isinstance(before, (int, str)) and not isinstance(value, bool) \
+        and str(value) == str(before)
+
+
 def own_flag_words(command: list[str], changes: list[KeywordChange],
                    parsed: list[dict[str, Any]] | None = None) -> str | None:
     """Where the script's own command line carries what the change replaces: a flag whose name
@@ -149,14 +158,11 @@ def own_flag_words(command: list[str], changes: list[KeywordChange],
         if not eq and not switch:
             val = nxt
         for c in changes:
-            if not _related(flag, c.keyword):
-                continue
-            if isinstance(c.before, bool):
-                if c.before and (switch or val.lower() in ("true", "1", "yes")):
-                    found.append(flag if switch else f"{flag} {val}")
-                    break
-            elif isinstance(c.before, (int, str)) and not switch and val == str(c.before):
-                found.append(f"{flag} {val}")
+            # a bare switch is True; "true" / "1" / "yes" given to a bool keyword's flag too
+            value = True if switch else (val.lower() in ("true", "1", "yes") or val) \
+                if isinstance(c.before, bool) else val
+            if _related(flag, c.keyword) and _carries(value, c.before):
+                found.append(flag if switch else f"{flag} {val}")
                 break
     # flags the command line left at the script's argparse default (HF's own
     # TrainingArguments flags are the keywords themselves: said by the change already)
@@ -164,15 +170,12 @@ def own_flag_words(command: list[str], changes: list[KeywordChange],
     defaults: list[str] = []
     for opt in parsed or []:
         flag = opt["flags"][0] if opt.get("flags") else None
-        if flag is None or flag in given or any(f in given for f in opt["flags"]):
+        if flag is None or any(f in given for f in opt["flags"]):
             continue
         v = opt.get("value")
         for c in changes:
-            if flag.lstrip("-").replace("-", "_") == c.keyword or not _related(flag, c.keyword):
-                continue
-            if (isinstance(c.before, bool) and isinstance(v, bool) and v == c.before) or (
-                    not isinstance(c.before, bool) and not isinstance(v, bool)
-                    and isinstance(c.before, (int, str)) and str(v) == str(c.before)):
+            if flag.lstrip("-").replace("-", "_") != c.keyword and _related(flag, c.keyword) \
+                    and _carries(v, c.before):
                 defaults.append(f"{flag} (its default {v})")
                 break
     if not found and not defaults:

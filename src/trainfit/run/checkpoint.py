@@ -289,7 +289,7 @@ def newest_intact(out: Path, *, skip: Path | None = None) -> Path | None:
     return None
 
 
-def _offer(run: Path | None, bad: Path) -> str:
+def offer_intact(run: Path | None, bad: Path) -> str:
     good = newest_intact(run, skip=bad) if run is not None else None
     if good is not None:
         return f"resume from the newest intact checkpoint: --resume {good}"
@@ -357,7 +357,7 @@ def _latest(run: Path) -> tuple[Path | None, str]:
 def _verified(ck: Path, run: Path | None) -> None:
     wrong = damage(ck)
     if wrong is not None:
-        raise JobError(f"--resume: {wrong}", _offer(run, ck))
+        raise JobError(f"--resume: {wrong}", offer_intact(run, ck))
 
 
 def load(ck: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any, scaler: Any | None,

@@ -25,33 +25,26 @@ def last_checkpoint(resume: Path) -> tuple[str, str | None]:
     """(the trainer checkpoint to resume from, a note when a newer one is incomplete). A
     checkpoint's files are verified against the digests written at its save: a damaged file is a
     JobError naming it, with the newest intact checkpoint offered."""
-    from trainfit.run.checkpoint import DIGESTS, checkpoints, damage, newest_intact, step_of
+    from trainfit.run.checkpoint import DIGESTS, checkpoints, damage, offer_intact
 
     if (resume / "trainer_state.json").exists():
         check_hf_written(resume)
         wrong = damage(resume)
         if wrong is not None:
-            good = newest_intact(resume.parent, skip=resume)
-            raise JobError(f"--resume: {wrong}", f"resume from the newest intact checkpoint: "
-                           f"--resume {good}" if good else "no intact checkpoint is left: start "
-                           "the run again (a new --out)")
+            raise JobError(f"--resume: {wrong}", offer_intact(resume.parent, resume))
         return str(resume), None
-    found = checkpoints(resume) if resume.is_dir() else []
     # newest first: one whose save did not finish (no manifest) is passed over, said; the first
     # finished one is verified, and a damaged file in it is the own loop's error (an audit: a
     # flipped bit fell back a step, exit 0)
-    cut = [ck.name for ck in found if not (ck / DIGESTS).exists()]
-    for ck in found:
-        if ck.name in cut:
+    skipped: list[str] = []
+    for ck in checkpoints(resume) if resume.is_dir() else []:
+        if not (ck / DIGESTS).exists():
+            skipped.append(ck.name)
             continue
         wrong = damage(ck)
         if wrong is not None:
-            good = newest_intact(resume, skip=ck)
-            raise JobError(f"--resume: {wrong}", f"resume from the newest intact checkpoint: "
-                           f"--resume {good}" if good else "no intact checkpoint is left: start "
-                           "the run again (a new --out)")
+            raise JobError(f"--resume: {wrong}", offer_intact(resume, ck))
         check_hf_written(ck)
-        skipped = [c for c in cut if (step_of(Path(c)) or 0) > (step_of(ck) or 0)]
         return str(ck), None if not skipped else (
             f"{', '.join(skipped)} {'is' if len(skipped) == 1 else 'are'} incomplete (its save "
             f"did not finish): resuming from {ck.name}, the newest intact checkpoint")

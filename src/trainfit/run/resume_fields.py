@@ -3,6 +3,7 @@ order, and those the optimizer's and scheduler's states carry (both backends com
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -109,8 +110,6 @@ def config_values(config: Any) -> dict[str, Any] | None:
     to_dict = getattr(config, "to_dict", None)
     if to_dict is None:
         return None
-    import json
-
     out = {}
     for k, v in to_dict().items():
         if k in VOLATILE_CONFIG_KEYS:
@@ -127,8 +126,6 @@ def same_model_config(ck: Path | str, history: dict[str, Any], config: Any) -> N
     match, or the weights would not load): another rope_theta or norm epsilon trained on
     silently, the losses jumping (an audit). A record without it (an older trainfit) is not
     compared."""
-    import json
-
     saved = history.get("model_config")
     now = config_values(config)
     if not isinstance(saved, dict) or now is None:
