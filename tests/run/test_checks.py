@@ -104,11 +104,11 @@ def test_an_earlier_segments_record_does_not_name_a_launchs_end(tmp_path):
     import os
     import time
 
-    from trainfit.cli.train import _exit_code_of
+    from trainfit.run.launch import exit_code_of
 
     (tmp_path / "train.json").write_text(json.dumps({"stopped": "interrupted",
                                                      "signal": "SIGTERM"}))
-    assert _exit_code_of(tmp_path, 1) == 143
+    assert exit_code_of(tmp_path, 1) == 143
     old = time.time() - 60
     os.utime(tmp_path / "train.json", (old, old))
-    assert _exit_code_of(tmp_path, 1, since=time.time() - 1) == 1
+    assert exit_code_of(tmp_path, 1, since=time.time() - 1) == 1

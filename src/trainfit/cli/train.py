@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,6 +22,7 @@ from trainfit.cli.jobargs import (
 from trainfit.job import JobError, JobSpec, read_job_file
 from trainfit.job.fields import in_file_words
 from trainfit.job.files import size_text
+from trainfit.run.launch import check_nproc, launch, launched_rank, leave_error
 
 
 def _memory_limit(flag: str | None, extra: dict[str, Any], device: str, job_file: str,
@@ -46,192 +42,23 @@ def _memory_limit(flag: str | None, extra: dict[str, Any], device: str, job_file
     return file_limit
 
 
-def _check_nproc(nproc: int, device: str) -> None:
-    import torch
-
-    if nproc < 1:
-        raise JobError(f"--nproc {nproc}: must be ≥ 1", "--nproc 1 runs one process (the "
-                       "default); --nproc N launches N ranks through torchrun")
-    if device.startswith("cuda"):
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if nproc > n:
-            raise JobError(f"--nproc {nproc}: only {n} CUDA device(s) here",
-                           f"use --nproc ≤ {n}, or several nodes through torchrun's rendezvous")
-    elif nproc > (os.cpu_count() or 1):
-        raise JobError(f"--nproc {nproc}: only {os.cpu_count()} CPU cores here",
-                       f"use --nproc ≤ {os.cpu_count()}")
-
-
 def _launch(nproc: int, device: str, job: JobSpec, job_file: str, out: str) -> int:
-    """``--nproc N``: the same command under torchrun, N ranks (the exit code of torchrun)."""
-    _check_nproc(nproc, device)
-    if job.ranks != nproc:
-        raise JobError(f"--nproc {nproc} but the job says ranks {job.ranks}",
-                       f"set ranks: {nproc} in {job_file} (the effective batch is "
-                       "global: micro × accumulation × ranks)")
-    args = [a for a in sys.argv[1:] if not a.startswith("--nproc")]
-    if "--nproc" in sys.argv:
-        i = sys.argv.index("--nproc")
-        args = sys.argv[1:i] + sys.argv[i + 2:]
-    # --standalone: one node, a free rendezvous port of its own (the default, 29500, makes a
-    # second run on the same machine fail to start)
-    cmd = [sys.executable, "-m", "trainfit.run.torchrun", "--standalone",
-           f"--nproc-per-node={nproc}", "-m", "trainfit.cli.main", *args]
-    # each rank's bad-input error comes back through a file, said here once (every rank
-    # printed it, then torchrun's failure dump: an audit), with the rank's exit code
-    errors = Path(tempfile.mkdtemp(prefix="trainfit-ranks-"))
-    try:
-        started = time.time()
-        code, relayed = _run_torchrun(cmd, {**os.environ, RANK_ERRORS_ENV: str(errors)})
-        said = _said_errors(errors)
-    finally:
-        shutil.rmtree(errors, ignore_errors=True)
-    if said:
-        return said
-    if not code:
-        return 0
-    # torchrun exits 1 whenever a rank exits non-zero: the run's record says which it was; a
-    # signal relayed before the ranks could take it (torchrun or a rank still starting) is
-    # the signal's code, as it is for one process (a review: 241, 254 and 1)
-    from trainfit.run.record import EXIT_DIVERGED, EXIT_SIGINT, EXIT_SIGTERM
-
-    said_code = _exit_code_of(Path(out), code, since=started)
-    if said_code in (EXIT_DIVERGED, EXIT_SIGINT, EXIT_SIGTERM):
-        return said_code
-    if relayed:
-        return 128 + relayed
-    # a rank that died (the kernel's OOM killer, a segfault) or failed unexpectedly: torchrun's
-    # log lines alone, exit 1, no way forward said (an audit)
-    _say_rank_failure(Path(out), code)
-    return 1
-
-
-def _run_torchrun(cmd: list[str], env: dict[str, str]) -> tuple[int, int | None]:
-    """torchrun's exit code, and the last signal relayed to it or its ranks (None: none)."""
-    # torchrun in a session of its own, the signals relayed by this process to the ranks
-    # themselves: each finishes its step, saves the checkpoint with the others and exits
-    # 130/143. Sent to torchrun (a terminal's Ctrl-C reached it), it relays them with a 30 s
-    # limit before SIGKILL (torch.distributed.elastic's _shutdown), short for a large
-    # checkpoint; a SIGTERM to this process left the ranks running, orphaned, and a SIGINT to it
-    # alone did nothing (an audit). Linux: torchrun also ends if this process is killed.
-    relayed: list[int] = []
-    started: list[subprocess.Popen[Any]] = []
-
-    def relay(signum: int, _frame: Any) -> None:
-        relayed.append(signum)
-        if started:
-            _signal_ranks(started[0], signum)
-
-    # the handlers first: a signal while torchrun starts is relayed once it has started
-    previous = {s: signal.signal(s, relay) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        started.append(subprocess.Popen(cmd, env=env, start_new_session=True,
-                                        preexec_fn=_end_with_parent()))
-        if relayed:
-            _signal_ranks(started[0], relayed[-1])
-        code = started[0].wait()
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-    return code, relayed[-1] if relayed else None
-
-
-RANK_ERRORS_ENV = "TRAINFIT_RANK_ERRORS"
-"""The folder where a rank launched by ``--nproc`` leaves its error (``rank-N.json``)."""
-
-
-def launched_rank() -> bool:
-    """This process is a rank that ``train --nproc`` started: its launcher says the notes and
-    the errors."""
-    return "WORLD_SIZE" in os.environ and bool(os.environ.get(RANK_ERRORS_ENV))
-
-
-def _leave_error(err: JobError) -> None:
-    """A launched rank's error, for its launcher (written whole, then renamed: never half)."""
-    d = Path(os.environ[RANK_ERRORS_ENV])
-    rank = int(os.environ.get("RANK", "0"))
-    tmp = d / f".rank-{rank}.json"
-    tmp.write_text(json.dumps({"rank": rank, "message": " ".join(str(err).split()),
-                               "hint": err.hint}))
-    tmp.replace(d / f"rank-{rank}.json")
-
-
-def _said_errors(d: Path) -> int:
-    """The ranks' errors, each different one said once (rank 0's first); 2 if any, else 0."""
-    errors = []
-    for f in d.glob("rank-*.json"):
-        try:
-            errors.append(json.loads(f.read_text()))
-        except (OSError, ValueError):
-            continue
-    seen: set[str] = set()
-    for e in sorted(errors, key=lambda e: e.get("rank", 0)):
-        if e.get("message") in seen:
-            continue
-        seen.add(e.get("message"))
-        who = "" if e.get("rank") == 0 else f"rank {e.get('rank')}: "
-        typer.echo(f"error: {who}{e.get('message')}", err=True)
-        typer.echo(f"hint: {e.get('hint') or GENERIC_HINT}", err=True)
-    return 2 if errors else 0
-
-
-def _say_rank_failure(out: Path, code: int) -> None:
-    from trainfit.run.checkpoint import checkpoints
-
-    kept = [c.name for c in checkpoints(out)] if out.is_dir() else []
-    how = f"killed by signal {-code}" if code < 0 else f"torchrun exit code {code}"
-    typer.echo(f"error: a process of the run ended abnormally ({how}; its own lines are above)"
-               + (f"; its newest checkpoint is {out / kept[0]}" if kept else
-                  "; no checkpoint was saved"), err=True)
-    typer.echo("hint: " + (f"continue with --resume {out}" if kept else "run it again")
-               + " (a rank killed by the system: host or GPU memory ran out — see dmesg, or "
-               "lower the micro-batch)", err=True)
-
-
-def _signal_ranks(proc: subprocess.Popen[Any], signum: int) -> None:
-    """``signum`` to torchrun's workers (the ranks), or to torchrun while it has none."""
-    import psutil
-
-    try:
-        ranks = psutil.Process(proc.pid).children()
-    except psutil.Error:
-        ranks = []
-    for r in ranks:
-        try:
-            r.send_signal(signum)
-        except psutil.Error:  # already gone
-            pass
-    if not ranks and proc.poll() is None:
-        proc.send_signal(signum)
-
-
-def _end_with_parent() -> Any:
-    """A ``preexec_fn`` that has the kernel send the child SIGTERM when this process dies
-    (``prctl(PR_SET_PDEATHSIG)``, Linux); None elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    def set_death_signal() -> None:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
-
-    return set_death_signal
-
-
-def _exit_code_of(out: Path, code: int, since: float | None = None) -> int:
-    """The documented exit code of the run in ``out`` (interrupted: 130/143, diverged: 3);
-    ``since``: only a train.json written from then on (an earlier segment's "interrupted" made
-    a rank killed on the resume exit 143, unsaid: a review)."""
-    from trainfit.run.record import EXIT_DIVERGED, EXIT_SIGINT, EXIT_SIGTERM
-
-    try:
-        if since is not None and (out / "train.json").stat().st_mtime < since:
-            return code
-        d = json.loads((out / "train.json").read_text())
-    except (OSError, ValueError):
-        return code
-    return {"diverged": EXIT_DIVERGED, "interrupted": EXIT_SIGTERM if d.get("signal") == "SIGTERM"
-            else EXIT_SIGINT}.get(d.get("stopped"), code)
+    """``--nproc N``: the same command under torchrun (run/launch.py), its ranks' errors or
+    a dead rank said here; the run's exit code."""
+    launched = launch(nproc, device, job, job_file, Path(out), sys.argv[1:])
+    for e in launched.errors:
+        who = "" if e.rank == 0 else f"rank {e.rank}: "
+        typer.echo(f"error: {who}{e.message}", err=True)
+        typer.echo(f"hint: {e.hint or GENERIC_HINT}", err=True)
+    if (f := launched.failure) is not None:
+        ckpt = f.newest_checkpoint
+        typer.echo(f"error: a process of the run ended abnormally ({f.how}; its own lines are "
+                   "above)" + (f"; its newest checkpoint is {ckpt}" if ckpt else
+                               "; no checkpoint was saved"), err=True)
+        typer.echo("hint: " + (f"continue with --resume {out}" if ckpt else "run it again")
+                   + " (a rank killed by the system: host or GPU memory ran out — see dmesg, or "
+                   "lower the micro-batch)", err=True)
+    return launched.exit_code
 
 
 def _job_of(job_file: str, micro_batch: int | None, allow_code: bool, trust_remote_code: bool
@@ -333,7 +160,7 @@ def register(app: typer.Typer) -> None:
 
         try:
             if nproc < 1:
-                _check_nproc(nproc, "cpu")
+                check_nproc(nproc, "cpu")
             # the flags' own checks before the job's model is resolved (10 s and more: an audit)
             if resume is not None and not Path(resume).exists():
                 raise JobError(f"--resume {resume}: does not exist",
@@ -371,7 +198,7 @@ def register(app: typer.Typer) -> None:
             flags = ("micro_batch",) if micro_batch is not None else ()
             err = in_file_words(err, job_file, keep=(*flags, "trust_remote_code"))
             if launched_rank():
-                _leave_error(err)
+                leave_error(err)
                 raise typer.Exit(2) from None
             fail(err)
             return
