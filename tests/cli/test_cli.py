@@ -399,3 +399,30 @@ def test_tune_with_nothing_that_fits_says_so_on_its_own_line(monkeypatch, tmp_pa
         "measured)",
         "hint: a shorter --seq-len, --method lora (or qlora on a GPU), or more memory "
         "(--memory-limit on the CPU)"]
+
+
+@pytest.mark.parametrize("args", [
+    ["plan", "gpt2", "--gpu", "t5000", "--json"],
+    ["tune", "missing.yaml", "--json"],
+    ["train", "missing.yaml", "--json"],
+])
+def test_an_error_under_json_is_a_json_document_on_stdout_too(args):
+    """An audit: --json's reader got an empty stdout on bad input (the error was text alone)."""
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2
+    doc = json.loads(res.stdout)
+    assert set(doc) == {"error", "hint", "exit_code"} and doc["exit_code"] == 2
+    assert doc["error"] and doc["hint"]
+    assert f"error: {doc['error']}" in res.stderr  # the text line as before
+
+
+def test_an_error_without_json_leaves_stdout_empty():
+    res = CliRunner().invoke(app, ["plan", "gpt2", "--gpu", "t5000"])
+    assert res.exit_code == 2 and res.stdout == "" and "unknown GPU" in res.stderr
+
+
+def test_doctor_and_monitor_errors_under_json_are_json_too(tmp_path):
+    res = CliRunner().invoke(app, ["doctor", str(tmp_path / "missing.yaml"), "--json"])
+    assert res.exit_code == 2 and json.loads(res.stdout)["exit_code"] == 2
+    res = CliRunner().invoke(app, ["monitor", "--duration", "0", "--json"])
+    assert res.exit_code == 2 and "--duration 0" in json.loads(res.stdout)["error"]

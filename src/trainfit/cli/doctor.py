@@ -12,16 +12,11 @@ import typer
 from trainfit.cli.jobargs import AllowCode, TrustRemoteCode
 
 
-def _fail(message: str, hint: str = "", tail: list[str] | None = None) -> NoReturn:
-    from trainfit.cli.jobargs import GENERIC_HINT
+def _fail(message: str, hint: str = "", tail: list[str] | None = None, *,
+          as_json: bool = False) -> NoReturn:
+    from trainfit.cli.jobargs import say_error
 
-    typer.echo(f"error: {message}", err=True)
-    typer.echo(f"hint: {hint or GENERIC_HINT}", err=True)
-    if tail:
-        typer.echo("last lines of its output:", err=True)
-        for line in tail:
-            typer.echo(f"  | {line}", err=True)
-    raise typer.Exit(2)
+    say_error(message, hint, tail=tail, as_json=as_json)
 
 
 def _checked(ctx: typer.Context, args: list[str], steps: int, warmup: int, repeats: int,
@@ -138,12 +133,12 @@ def register(app: typer.Typer) -> None:
                 result = doctor_command(args, steps=steps, warmup=warmup, stop=not keep_running,
                                         timeout_s=timeout_s)
         except DoctorError as err:
-            _fail(str(err), err.hint, err.tail)
+            _fail(str(err), err.hint, err.tail, as_json=as_json)
         except JobError as err:
             if is_job:
                 # the job is the file's: a job field is named by its YAML key, not a flag
                 err = in_file_words(err, args[0], keep=("trust_remote_code",))
-            _fail(str(err), err.hint)
+            _fail(str(err), err.hint, as_json=as_json)
         if as_json:
             typer.echo(json.dumps(result.to_dict(), indent=1))
             return

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -28,11 +29,26 @@ GENERIC_HINT = "trainfit COMMAND --help lists every option and its accepted valu
 the source; this covers a library's message passed through)."""
 
 
-def fail(err: JobError) -> None:
+def fail(err: JobError, *, as_json: bool = False, tail: list[str] | None = None) -> NoReturn:
     """The one error exit of every command: ``error:`` line, ``hint:`` line, exit code 2."""
-    message = " ".join(str(err).split())  # one line, whatever the message held
+    say_error(" ".join(str(err).split()), err.hint, as_json=as_json, tail=tail)
+
+
+def say_error(message: str, hint: str | None, *, as_json: bool = False,
+              tail: list[str] | None = None) -> NoReturn:
+    """``error:`` and ``hint:`` on stderr (a script's last lines of output under them), exit 2;
+    under ``--json`` also ``{"error", "hint", "exit_code"[, "output_tail"]}`` on stdout (a
+    program reading the JSON got an empty stdout: an audit)."""
+    hint = hint or GENERIC_HINT
     typer.echo(f"error: {message}", err=True)
-    typer.echo(f"hint: {err.hint or GENERIC_HINT}", err=True)
+    typer.echo(f"hint: {hint}", err=True)
+    if tail:
+        typer.echo("last lines of its output:", err=True)
+        for line in tail:
+            typer.echo(f"  | {line}", err=True)
+    if as_json:
+        doc: dict[str, Any] = {"error": message, "hint": hint, "exit_code": 2}
+        typer.echo(json.dumps({**doc, "output_tail": tail} if tail else doc))
     raise typer.Exit(2)
 
 

@@ -309,7 +309,7 @@ def plan_cmd(
                           progress=progress)
         result = with_checks(result, **checks)
     except JobError as err:
-        _fail(err)
+        _fail(err, as_json=as_json)
         return
     _print_plan(result, spec, as_json, all_rows)
 

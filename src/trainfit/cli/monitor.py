@@ -14,12 +14,10 @@ import typer
 _POLL_S = 0.1
 
 
-def _fail(message: str, hint: str | None) -> NoReturn:
-    from trainfit.cli.jobargs import GENERIC_HINT
+def _fail(message: str, hint: str | None, *, as_json: bool = False) -> NoReturn:
+    from trainfit.cli.jobargs import say_error
 
-    typer.echo(f"error: {message}", err=True)
-    typer.echo(f"hint: {hint or GENERIC_HINT}", err=True)
-    raise typer.Exit(2)
+    say_error(message, hint, as_json=as_json)
 
 
 def register(app: typer.Typer) -> None:
@@ -49,7 +47,8 @@ def run_monitor(*, pid: int | None, interval_s: float, log: str | None, once: bo
     from trainfit.monitor.sampler import MonitorError, Sampler
 
     if duration_s is not None and not 0 < duration_s < float("inf"):
-        _fail(f"--duration {duration_s:g}: must be > 0 seconds (finite)", "omit it to run until Ctrl-C")
+        _fail(f"--duration {duration_s:g}: must be > 0 seconds (finite)", "omit it to run until Ctrl-C",
+              as_json=as_json)
 
     def emit_json_lines(rows: list[dict]) -> None:
         typer.echo("".join(json.dumps(r) + "\n" for r in rows), nl=False)
@@ -65,9 +64,10 @@ def run_monitor(*, pid: int | None, interval_s: float, log: str | None, once: bo
         if existing:
             typer.echo(f"--log {log}: exists, appending to it", err=True)
     except MonitorError as e:
-        _fail(str(e), e.hint)
+        _fail(str(e), e.hint, as_json=as_json)
     except OSError as e:
-        _fail(f"--log {log}: cannot write ({e.strerror or e})", "choose a writable path")
+        _fail(f"--log {log}: cannot write ({e.strerror or e})", "choose a writable path",
+              as_json=as_json)
     if sampler.gpu_note and not sampler.live:  # the live view shows it itself
         typer.echo(sampler.gpu_note, err=True)  # stderr: keeps --json output parseable
 

@@ -35,9 +35,9 @@ def register(app: typer.Typer) -> None:
             written = make_report(files, out, png_dir=png_dir, markdown=markdown,
                                   dataset_tokens=dataset_tokens)
         except ReportInputError as err:
-            typer.echo(f"error: {err}", err=True)
-            typer.echo(f"hint: {err.hint}", err=True)
-            raise typer.Exit(2) from None
+            from trainfit.cli.jobargs import say_error
+
+            say_error(str(err), err.hint)
         for w in written.warnings:
             typer.echo(f"warning: {w}", err=True)
         typer.echo(f"wrote {written.paths[0]}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 import typer
 
@@ -80,7 +80,7 @@ def check_script_options(cmd: list[str], job_flags: dict[str, Any], timeout_s: f
 def plan_script_cmd(cmd: list[str], *, job_flags: dict[str, Any], gpu: Any, margin: float,
                     verify: bool, trust_remote_code: bool, timeout_s: float, as_json: bool,
                     dataset_tokens: int | None = None, epochs: float | None = None) -> None:
-    _or_fail(lambda: check_script_options(cmd, job_flags, timeout_s, "plan"))
+    _or_fail(lambda: check_script_options(cmd, job_flags, timeout_s, "plan"), as_json)
     from trainfit.script.plan import plan_script
 
     if not as_json:
@@ -88,7 +88,7 @@ def plan_script_cmd(cmd: list[str], *, job_flags: dict[str, Any], gpu: Any, marg
                    err=True)
     sp = _or_fail(lambda: plan_script(cmd, gpu=gpu, flags=job_flags, margin=margin, verify=verify,
                                       trust_remote_code=trust_remote_code, timeout_s=timeout_s,
-                                      dataset_tokens=dataset_tokens, epochs=epochs))
+                                      dataset_tokens=dataset_tokens, epochs=epochs), as_json)
     if as_json:
         from trainfit.render.script import script_plan_json
 
@@ -99,29 +99,18 @@ def plan_script_cmd(cmd: list[str], *, job_flags: dict[str, Any], gpu: Any, marg
         render_script_plan(sp)
 
 
-def _or_fail(call: Callable[[], Any]) -> Any:
+def _or_fail(call: Callable[[], Any], as_json: bool = False) -> Any:
     """``call()``, its errors as the command's error exit: a script's with the last lines of its
     output, a job's as every command's."""
-    from trainfit.cli.jobargs import fail
+    from trainfit.cli.jobargs import fail, say_error
     from trainfit.script.launch import ScriptError
 
     try:
         return call()
     except ScriptError as err:
-        _fail_with_tail(err)
+        say_error(str(err), err.hint, tail=err.tail, as_json=as_json)
     except JobError as err:
-        fail(err)
-
-
-def _fail_with_tail(err: Any) -> NoReturn:
-    typer.echo(f"error: {err}", err=True)
-    if err.hint:
-        typer.echo(f"hint: {err.hint}", err=True)
-    if err.tail:
-        typer.echo("last lines of its output:", err=True)
-        for line in err.tail:
-            typer.echo(f"  | {line}", err=True)
-    raise typer.Exit(2)
+        fail(err, as_json=as_json)
 
 
 def tune_script_cmd(cmd: list[str], *, job_flags: dict[str, Any], opts: Any,
@@ -131,7 +120,7 @@ def tune_script_cmd(cmd: list[str], *, job_flags: dict[str, Any], opts: Any,
 
     from trainfit.model.runtime import parse_device
 
-    _or_fail(lambda: parse_device(str(opts.device)))  # before the script runs (minutes), not after
+    _or_fail(lambda: parse_device(str(opts.device)), as_json)  # before the script runs (minutes), not after
     from trainfit.script.tune import tune_script
 
     options = {k: v for k, v in dataclasses.asdict(opts).items() if k != "isolate"}
@@ -141,7 +130,7 @@ def tune_script_cmd(cmd: list[str], *, job_flags: dict[str, Any], opts: Any,
         typer.echo(f"running {shlex.join(cmd)} until its trainer would train, then probing it "
                    f"on {opts.device} …", err=True)
     st = _or_fail(lambda: tune_script(cmd, options=options, flags=job_flags,
-                                      trust_remote_code=trust_remote_code, timeout_s=timeout_s))
+                                      trust_remote_code=trust_remote_code, timeout_s=timeout_s), as_json)
     if as_json:
         from trainfit.render.script import script_tune_json
 

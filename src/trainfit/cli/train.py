@@ -200,7 +200,7 @@ def register(app: typer.Typer) -> None:
             if launched_rank():
                 leave_error(err)
                 raise typer.Exit(2) from None
-            fail(err)
+            fail(err, as_json=as_json)
             return
         _finish(result, out, as_json)
 

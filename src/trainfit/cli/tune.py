@@ -260,14 +260,14 @@ def register(app: typer.Typer) -> None:
                 check_writable(out)  # before the search: its end must not be a write error
             result = _search(job, opts, as_json)
         except JobError as err:
-            fail(err)
+            fail(err, as_json=as_json)
             return
         if os.environ.get("RANK", "0") != "0":
             return  # under torchrun: every rank probed and agreed; rank 0 reports
         try:
             _report(result, out, emit, as_json, target or "flags")
         except JobError as err:
-            fail(err)
+            fail(err, as_json=as_json)
         if result.pick is None:
             # exit 1: a measured outcome, not bad input (2); said on its own line with what to
             # change (an audit: the notes were joined into the pick line, and no error: line)
