@@ -54,6 +54,15 @@ def test_the_scripts_own_flags_that_carry_a_changed_value_are_named():
                             "change replaces (--accum 4, --bs (its default 4), --gc (its default "
                             "True))")
     assert own_flag_words(["python", "t.py"], more, parsed[3:]) is None
+    # a flag that chooses the keyword by its value (an audit: --precision fp16 was missed)
+    half = [KeywordChange("TrainingArguments", "fp16", True, False),
+            KeywordChange("TrainingArguments", "bf16", False, True)]
+    words = own_flag_words(["python", "t.py", "--precision", "fp16", "--dtype=bf16"], half)
+    assert "(--precision fp16)" in words and "--dtype" not in words  # bf16 is turned on
+    words = own_flag_words(["python", "t.py"], half, [{"flags": ["--mixed-precision"],
+                                                       "value": "float16"}])
+    assert "(--mixed-precision (its default float16))" in words
+    assert own_flag_words(["python", "t.py", "--precision", "fp32"], half) is None
 
 
 def test_a_change_the_rounds_did_not_confirm_is_not_headed_measured():

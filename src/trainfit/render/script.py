@@ -139,6 +139,19 @@ def _carries(value: Any, before: Any) -> bool:
         and str(value) == str(before)
 
 
+# The words a script's own flag may take to choose a trainer's boolean keyword by value
+# (``--precision fp16``, ``--mixed-precision bf16``: Lightning's and accelerate's spellings too)
+_VALUE_NAMES = {"fp16": {"fp16", "float16", "half", "16", "16-mixed"},
+                "bf16": {"bf16", "bfloat16", "bf16-mixed"}, "tf32": {"tf32"}}
+
+
+def _names(value: Any, c: KeywordChange) -> bool:
+    """Whether a flag's value names a boolean keyword the change turns off (``--precision
+    fp16`` for ``fp16`` True → False, whatever the flag's name: an audit)."""
+    return c.before is True and not isinstance(value, bool) and \
+        str(value).lower() in _VALUE_NAMES.get(c.keyword, {c.keyword.lower()})
+
+
 def own_flag_words(command: list[str], changes: list[KeywordChange],
                    parsed: list[dict[str, Any]] | None = None) -> str | None:
     """Where the script's own command line carries what the change replaces: a flag whose name
@@ -161,7 +174,8 @@ def own_flag_words(command: list[str], changes: list[KeywordChange],
             # a bare switch is True; "true" / "1" / "yes" given to a bool keyword's flag too
             value = True if switch else (val.lower() in ("true", "1", "yes") or val) \
                 if isinstance(c.before, bool) else val
-            if _related(flag, c.keyword) and _carries(value, c.before):
+            if (_related(flag, c.keyword) and _carries(value, c.before)) or \
+                    (not switch and _names(val, c)):
                 found.append(flag if switch else f"{flag} {val}")
                 break
     # flags the command line left at the script's argparse default (HF's own
@@ -174,8 +188,8 @@ def own_flag_words(command: list[str], changes: list[KeywordChange],
             continue
         v = opt.get("value")
         for c in changes:
-            if flag.lstrip("-").replace("-", "_") != c.keyword and _related(flag, c.keyword) \
-                    and _carries(v, c.before):
+            if flag.lstrip("-").replace("-", "_") != c.keyword and (
+                    (_related(flag, c.keyword) and _carries(v, c.before)) or _names(v, c)):
                 defaults.append(f"{flag} (its default {v})")
                 break
     if not found and not defaults:
