@@ -172,6 +172,8 @@ def run_foreign(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bool 
     check_command(cmd)
     warmup = max(warmup, 1)  # the first step finds the top-level modules: never measured
     out_dir = Path(tempfile.mkdtemp(prefix="trainfit-doctor-"))
+    here = Path.cwd()
+    before = {p.name for p in here.iterdir()} if stop else set()
     try:
         ran = run_with_hooks(cmd, {ENV_OUT: str(out_dir), ENV_WARMUP: str(warmup),
                                    ENV_STEPS: str(steps), ENV_STOP: "1" if stop else "0",
@@ -181,9 +183,29 @@ def run_foreign(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bool 
         files = _read_files(out_dir)
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
+        removed = _remove_new_empty_dirs(here, before) if stop else []
     assert ran.host is not None
-    return _interpret(cmd, ran.exit_code, ran.timed_out, timeout_s, files, ran.tail, ran.host,
-                      steps, warmup, stop=stop)
+    run = _interpret(cmd, ran.exit_code, ran.timed_out, timeout_s, files, ran.tail, ran.host,
+                     steps, warmup, stop=stop)
+    if removed:
+        run.notes.append(f"removed what the command created and the stop left empty: "
+                         f"{', '.join(removed)} (its output directory before any save)")
+    return run
+
+
+def _remove_new_empty_dirs(here: Path, before: set[str]) -> list[str]:
+    """The directories the stopped command made in ``here`` and wrote no file in (a Trainer's
+    ``output_dir``, made in its ``__init__``): removed, as plan's and tune's script forms do (an
+    audit: doctor left them). One with any file in it is the command's and stays."""
+    removed = []
+    for p in sorted(here.iterdir()):
+        if p.name in before or not p.is_dir() or p.is_symlink():
+            continue
+        if any(files for _, _, files in os.walk(p)):
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p.name + "/")
+    return removed
 
 
 @contextlib.contextmanager
