@@ -426,3 +426,21 @@ def test_doctor_and_monitor_errors_under_json_are_json_too(tmp_path):
     assert res.exit_code == 2 and json.loads(res.stdout)["exit_code"] == 2
     res = CliRunner().invoke(app, ["monitor", "--duration", "0", "--json"])
     assert res.exit_code == 2 and "--duration 0" in json.loads(res.stdout)["error"]
+
+
+def test_tune_out_under_a_file_or_over_a_node_is_refused_with_its_fix(tmp_path):
+    """An audit: --out under a file said "create it first (mkdir -p afile)", which fails; a
+    pipe or device at --out would be replaced by the rename."""
+    import os
+
+    from trainfit.cli.jobargs import check_writable
+    from trainfit.job import JobError
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(JobError, match="afile is a file, not a directory") as e:
+        check_writable(tmp_path / "afile" / "x.yaml")
+    assert "mkdir" not in (e.value.hint or "")
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(JobError, match="not a regular file"):
+        check_writable(tmp_path / "pipe")
+    assert (tmp_path / "pipe").is_fifo()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,12 @@ def test_unwritable_out(tmp_path):
     _fails([str(SEED002), "--out", str(tmp_path / "r.html"), "--png-dir", str(blocker / "png")],
            "--png-dir")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
+    # an existing node that is no regular file is not replaced (an audit: /dev/full became the
+    # HTML, as root)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    _fails([str(SEED002), "--out", str(fifo)], "is not a regular file")
+    assert fifo.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["file.txt", "pipe"]
 
 
 def test_atomic_write_leaves_nothing_on_failure(tmp_path):

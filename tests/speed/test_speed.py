@@ -168,3 +168,39 @@ def test_fp32_gemms_run_at_the_cuda_cores_measured_rate_without_the_shape_factor
     assert v100.gemm_efficiency_fp32 == pytest.approx(0.85)
     ada = DeviceSpeed.from_gpu(find_gpu("rtx-4090"))
     assert ada.gemm_efficiency_fp32 == pytest.approx(ada.gemm_efficiency)
+
+
+def test_qlora_times_its_dequantizations(tiny_llama):
+    """An audit: a QLoRA row had LoRA's step time to the last digit — bitsandbytes'
+    dequantization of each 4-bit weight, in the forward and again in the backward, allocated
+    but never timed. Each is now a kernel reading the packed half byte and writing the 16-bit
+    weight (2.5 B per element), and the step is that much slower than LoRA's."""
+    cfg = tiny_llama.config
+    dev = DeviceSpeed.from_gpu(find_gpu("a100-80gb"))
+
+    def ops(method):
+        rec = OpRecorder()
+        simulate_step(JobSpec(model="t", seq_len=64, micro_batch=2, precision="amp-bf16",
+                              method=method, lora_targets="all-linear", grad_ckpt="off"),
+                      tiny_llama, SimTarget(device="cuda"), op_hook=rec)
+        return rec.ops
+
+    lora, qlora = ops("lora"), ops("qlora")
+    deq = [o for o in qlora if o.name == "dequantize_4bit"]
+    # q, o: h×h; k, v: h×h/2 (2 of 4 heads); gate, up, down: h×ffn
+    layer_elems = (2 * cfg.hidden_size ** 2 + 2 * cfg.hidden_size * cfg.hidden_size // 2
+                   + 3 * cfg.hidden_size * cfg.intermediate_size)
+    # 7 linears a layer, dequantized in the forward and again in the backward — but for the
+    # first layer's q, k, v, whose input (the frozen embedding's) needs no gradient: as in
+    # bitsandbytes, MatMul4Bit's backward does not run
+    layers = cfg.num_hidden_layers
+    first_qkv = cfg.hidden_size ** 2 * 2
+    assert [o.phase for o in deq].count("forward") == 7 * layers
+    assert [o.phase for o in deq].count("backward") == 7 * layers - 3
+    assert all(o.kernel and o.dtype == "bf16" for o in deq)
+    assert sum(o.bytes for o in deq) == 2.5 * (2 * layer_elems * layers - first_qkv)
+    # the rest of the step computes what LoRA's does
+    assert sum(o.flops for o in qlora) == pytest.approx(sum(o.flops for o in lora))
+    t_lora = predict_speed_exact(dev, lora, 2, 1, 64, 1, 1.0).step_time_s
+    t_qlora = predict_speed_exact(dev, qlora, 2, 1, 64, 1, 1.0).step_time_s
+    assert t_qlora > t_lora

@@ -60,6 +60,13 @@ def check_writable(path: str | Path, flag: str = "--out") -> None:
     try:
         if p.is_dir():
             raise JobError(f"{flag} {path}: is a directory", "give a file name, e.g. trainfit.yaml")
+        if p.exists() and not p.is_file():
+            # the write renames a temporary over it: a device node would be replaced (an audit)
+            raise JobError(f"{flag} {path}: exists and is not a regular file (a device, pipe or "
+                           "socket)", "give a file name, e.g. trainfit.yaml")
+        if p.parent.exists() and not p.parent.is_dir():
+            raise JobError(f"{flag} {path}: {p.parent} is a file, not a directory",
+                           "choose another location for it")
         if not p.parent.is_dir():
             raise JobError(f"{flag} {path}: directory {p.parent} does not exist",
                            f"create it first (mkdir -p {shlex.quote(str(p.parent))})")

@@ -33,15 +33,35 @@ BNB_MIN_8BIT_SIZE = 4096
 BNB_PAGED_MIN_NUMEL = 100_000
 
 
-def _dequantize(shape: tuple[int, int], like: torch.Tensor, from_fp16: bool) -> torch.Tensor:
+@torch.library.custom_op("trainfit::dequantize_4bit", mutates_args=())
+def dequantize_4bit(packed: torch.Tensor, out_features: int, in_features: int,
+                    dtype: torch.dtype) -> torch.Tensor:
+    """bitsandbytes' ``dequantize_4bit`` kernel (``kDequantizeBlockwise``) as one dispatched op of
+    the simulation: it reads the packed bytes (half a byte per element) and writes the weight
+    (``out×in`` in ``dtype``) — the op the speed model times as a memory-bound kernel
+    (:mod:`trainfit.speed.ops`: a QLoRA row had LoRA's step time to the last digit, its
+    dequantizations, ~2.5 B per element twice a step, untimed: an audit). The per-block absmax
+    it also reads (1/64 of the elements; double-quantized: 1/64 B + 1/16384 × 4 B) is not
+    counted: a lower bound of its traffic, as every op's is. Allocates what the kernel does."""
+    return torch.empty((out_features, in_features), dtype=dtype, device=packed.device)
+
+
+@dequantize_4bit.register_fake
+def _dequantize_4bit_fake(packed: torch.Tensor, out_features: int, in_features: int,
+                          dtype: torch.dtype) -> torch.Tensor:
+    return packed.new_empty((out_features, in_features), dtype=dtype)
+
+
+def _dequantize(shape: tuple[int, int], like: torch.Tensor, from_fp16: bool,
+                packed: torch.Tensor) -> torch.Tensor:
     """``F.dequantize_4bit(B, state).to(A.dtype)``: the dequantized weight in the quant state's
     dtype, then (if different) its copy in the compute dtype; the first dies after the copy."""
     if from_fp16 and like.dtype != torch.float16:
-        w16 = torch.empty(shape, dtype=torch.float16, device=like.device)
-        w = torch.empty(shape, dtype=like.dtype, device=like.device)
+        w16 = dequantize_4bit(packed, shape[0], shape[1], torch.float16)
+        w = w16.to(like.dtype)
         del w16
         return w
-    return torch.empty(shape, dtype=like.dtype, device=like.device)
+    return dequantize_4bit(packed, shape[0], shape[1], like.dtype)
 
 
 def torchao_dequant_events(n: int) -> list[tuple[str, int]]:
@@ -87,7 +107,8 @@ class _MatMul4BitSim(torch.autograd.Function):
                 out_features: int, in_features: int, legacy: bool, from_fp16: bool,
                 codes_dequant: bool) -> torch.Tensor:
         shape = (out_features, in_features)
-        w = _dequantize_torchao(shape, x) if codes_dequant else _dequantize(shape, x, from_fp16)
+        w = _dequantize_torchao(shape, x) if codes_dequant else \
+            _dequantize(shape, x, from_fp16, packed)
         y = torch.nn.functional.linear(x, w, bias)
         del w
         ctx.shape = shape
@@ -103,7 +124,7 @@ class _MatMul4BitSim(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         w = _dequantize_torchao(ctx.shape, grad) if ctx.codes_dequant else \
-            _dequantize(ctx.shape, grad, ctx.from_fp16)
+            _dequantize(ctx.shape, grad, ctx.from_fp16, ctx.saved_tensors[0])
         return grad @ w, None, None, None, None, None, None, None
 
 

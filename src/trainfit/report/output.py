@@ -37,6 +37,13 @@ def _check_dir(d: Path, what: str) -> None:
 
 def write_atomically(files: dict[Path, bytes]) -> None:
     """All files or none: temporaries next to their targets (same file system, so rename is atomic)."""
+    for path in files:
+        if path.exists() and not path.is_file():
+            # a rename over it would replace the node itself (an audit, as root: /dev/full
+            # became an HTML file)
+            raise ReportInputError(f"{path}: exists and is not a regular file (a device, pipe "
+                                   "or socket): the report would replace it",
+                                   "give another --out (and --png-dir), e.g. --out report.html")
     temps: list[tuple[str, Path]] = []
     current = next(iter(files), Path("."))
     try:

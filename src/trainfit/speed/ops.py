@@ -117,12 +117,13 @@ def _tensors(items: Any) -> list[torch.Tensor]:
 
 _HALF = (torch.bfloat16, torch.float16)
 
-KERNEL_NAMESPACES = ("aten", "fsdp")
-"""Dispatched ops that are kernels: aten's, and FSDP2's custom copies around its collectives
-(``fsdp::split_with_sizes_copy``: the gathered buffer into each unsharded parameter, after every
-all-gather; ``fsdp::chunk_cat``: the unsharded gradients into the reduce-scatter buffer; torch/
-distributed/fsdp/_fully_shard/_fsdp_collectives.py) — opaque to the dispatcher beneath, so they
-were not timed at all."""
+KERNEL_NAMESPACES = ("aten", "fsdp", "trainfit")
+"""Dispatched ops that are kernels: aten's, trainfit's stand-ins for a library's kernel
+(``trainfit::dequantize_4bit``, bitsandbytes' dequantization: model/standins.py), and FSDP2's
+custom copies around its collectives (``fsdp::split_with_sizes_copy``: the gathered buffer into
+each unsharded parameter, after every all-gather; ``fsdp::chunk_cat``: the unsharded gradients
+into the reduce-scatter buffer; torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py) —
+opaque to the dispatcher beneath, so they were not timed at all."""
 
 _FUSED_ADAM = {"_fused_adam_", "_fused_adamw_"}
 
