@@ -25,3 +25,25 @@ def test_values_no_command_writes_are_refused(key, value):
         JsonObj("x.json", "", {key: value}, "hint").num(key)
     JsonObj("x.json", "", {"headroom_bytes": -5, "predicted_gain_fraction": 4.8},
             "hint").num("headroom_bytes")  # may be negative / above 1: not refused
+
+
+def test_a_plan_without_a_gpu_and_a_cpu_tune_are_shown_apart(tmp_path):
+    """An audit: a plan with no --gpu paired with a CPU tune — its CUDA device peak (1.09 GiB)
+    beside the CPU's live tensor bytes (1.00 GiB) in one column, a 9 % over-prediction that
+    compared two different quantities."""
+    import json
+
+    from report_paths import FIXTURES, SEED002
+
+    from trainfit.report.build import build_report
+    from trainfit.report.load import load_inputs
+
+    plan = json.loads(SEED002.read_text())
+    plan["gpu"], plan["gpu_memory_bytes"] = None, None
+    tune = json.loads((FIXTURES / "tune.json").read_text())
+    tune["device"], tune["device_name"] = "cpu", "CPU (2 cores), live tensor bytes"
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    (tmp_path / "tune.json").write_text(json.dumps(tune))
+    r = build_report(load_inputs([str(tmp_path / "plan.json"), str(tmp_path / "tune.json")]))
+    assert len(r.sections) == 2
+    assert any("predicts a GPU step: shown apart" in w for w in r.warnings)

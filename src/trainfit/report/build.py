@@ -413,9 +413,12 @@ def build_doctor(d: DoctorInput, slug: str) -> DoctorSection:
 
 
 def _same_device(plan: PlanInput, tune: TuneInput) -> bool:
-    """A plan for a GPU pairs with a tune measured on a CUDA device (which card is not compared:
-    a tune names its device as NVML does, a plan by the catalog); a plan without a GPU with any."""
-    return plan.gpu is None or tune.device.startswith("cuda")
+    """A plan pairs with a tune measured on a CUDA device (which card is not compared: a tune
+    names its device as NVML does, a plan by the catalog). A plan without a GPU is still a CUDA
+    step's (reserved and device peaks by the CUDA allocator's rules), not a CPU's live tensor
+    bytes: an audit read its 1.09 GiB device peak beside a CPU tune's 1.00 GiB live bytes as a
+    9 % over-prediction."""
+    return tune.device.startswith("cuda")
 
 
 def build_report(inputs: Inputs, dataset_tokens: int | None = None) -> Report:
@@ -431,8 +434,8 @@ def build_report(inputs: Inputs, dataset_tokens: int | None = None) -> Report:
                 # a T4 plan's rows beside a CPU tune's read "predicted 0.57 GiB, measured 0.01"
                 # and speed-ups of 0.00× (a QA run): shown apart, and said
                 warnings.append(f"{t.path} was measured on {t.device_name or t.device}, "
-                                f"{plan.path} predicts a {plan.gpu}: shown apart (their numbers "
-                                "are of different devices)")
+                                f"{plan.path} predicts {'a ' + plan.gpu if plan.gpu else 'a GPU step'}"
+                                ": shown apart (their numbers are of different devices)")
         if tune is not None:
             tunes.remove(tune)
         sections.append(build_section(plan, tune, dataset_tokens, taken))
