@@ -444,3 +444,32 @@ def test_tune_out_under_a_file_or_over_a_node_is_refused_with_its_fix(tmp_path):
     with pytest.raises(JobError, match="not a regular file"):
         check_writable(tmp_path / "pipe")
     assert (tmp_path / "pipe").is_fifo()
+
+
+def test_the_tuned_file_says_what_tune_could_not_decide(tmp_path, monkeypatch):
+    """An audit: the terminal said "could not decide: precision amp-bf16 measured 1.97× …" and
+    the written file said nothing of it; its header now carries each undecided change."""
+    from types import SimpleNamespace
+
+    import trainfit.cli.tune as tune_cli
+    import trainfit.render.tune_words as tw
+    from trainfit.job import JobSpec
+    from trainfit.tune.result import SearchNote
+
+    undecided = SearchNote("undecided", {"changes": [["precision", "amp-bf16"]],
+                                         "ratios": [1.97], "noise": 0.12, "proposal": 1.97,
+                                         "rounds": 4, "budget": True, "why": ""})
+    rule = SearchNote("ckpt_not_needed", {})
+    result = SimpleNamespace(pick=SimpleNamespace(job=JobSpec(model="gpt2", effective_batch=8,
+                                                              micro_batch=8)),
+                             notes=[undecided, rule])
+    monkeypatch.setattr(tw, "tune_json", lambda r: {
+        "reason": "the pick", "device": "cpu", "memory_limit_bytes": None,
+        "pick": {"measured": {"tokens_per_s": 440.0}}})
+    monkeypatch.setattr("trainfit.render.tune.render_tune", lambda *a, **k: None)
+    out = tmp_path / "t.yaml"
+    tune_cli._report(result, str(out), None, False, "x")
+    header = [ln for ln in out.read_text().splitlines() if ln.startswith("# ")]
+    assert header[1] == "# the pick"
+    assert any("amp-bf16" in ln and "only 1 of the 4 rounds ran" in ln for ln in header)
+    assert not any("checkpointing: not tried" in ln for ln in header)  # a rule, not a question

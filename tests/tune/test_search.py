@@ -316,14 +316,14 @@ def test_an_undecided_note_says_when_the_budget_cut_the_rounds():
             "rounds": 4}
     cut = note_words(SearchNote("undecided", {**data, "budget": True}))
     assert ("only 2 of the 4 rounds ran before --budget-s ran out (a gain needs all of them, "
-            "or 2 each beyond 5× the noise of this run, 8%, measured)") in cut
+            "or 2 each beyond 5× the noise measured in this run by then, 8%, measured)") in cut
     assert "within the noise" not in cut
     noisy = note_words(SearchNote("undecided", {**data, "budget": False}))
-    assert "noise of this run (8%, measured); kept" in noisy
+    assert "noise measured in this run by then (8%, measured); kept" in noisy
     # the rule the rounds failed, where the comparison named it (speed.compare._undecided_why)
     why = note_words(SearchNote("undecided", {**data, "budget": False,
                                               "why": "the repeats overlap: …"}))
-    assert "noise of this run (8%, measured): the repeats overlap: …; kept" in why
+    assert "noise measured in this run by then (8%, measured): the repeats overlap: …; kept" in why
 
 
 def test_steady_timings_say_nothing_of_unsteadiness():

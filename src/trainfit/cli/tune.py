@@ -60,6 +60,10 @@ def _knob_list(knobs: str | None, try_compile: bool, try_8bit_optimizer: bool) -
                           if on and k not in chosen)
 
 
+UNDECIDED_KINDS = ("undecided", "not_compared", "contradicted")
+"""The search's notes of a change it could not decide (kept the current best): said in the file."""
+
+
 def _unsteady(result: Any) -> Any:
     """The search's ``unsteady`` note (one configuration's probes far apart), or None."""
     return next((n for n in result.notes if getattr(n, "kind", None) == "unsteady"), None)
@@ -98,10 +102,15 @@ def _report(result: Any, out: str | None, emit: str | None, as_json: bool, sourc
         note = _unsteady(result)
         unsteady = [] if note is None else \
             [f"{note_words(note)} — the measured speeds below carry that spread"]
+        # what the search could not decide, as the terminal said it: a reader of the file alone
+        # did not learn that a faster-looking change went unconfirmed (an audit)
+        open_questions = [note_words(n) for n in result.notes
+                          if getattr(n, "kind", None) in UNDECIDED_KINDS]
         write_atomic(out, job_yaml(
             picked, measured=_with_spread(d["pick"]["measured"], result), device=d["device"],
             memory_limit_bytes=d["memory_limit_bytes"],
-            header=["written by trainfit tune; read by trainfit train", d["reason"], *unsteady]))
+            header=["written by trainfit tune; read by trainfit train", d["reason"], *unsteady,
+                    *open_questions]))
     if as_json:  # with --emit the payload owns stdout: the result goes to stderr
         typer.echo(json.dumps(d, indent=1), err=emit is not None)
     else:

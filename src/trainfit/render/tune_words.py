@@ -97,9 +97,9 @@ _NOTE_TEXTS: dict[str, Any] = {
                          + " the tokens/s of the current best in interleaved rounds, "
                          + (f"only {len(d['ratios'])} of the {d['rounds']} rounds ran before "
                             "--budget-s ran out (a gain needs all of them, or 2 each beyond "
-                            "5× the noise of this run, "
+                            "5× the noise measured in this run by then, "
                             if d.get("budget") and len(d["ratios"]) < d.get("rounds", 0)
-                            else "noise of this run (")
+                            else "noise measured in this run by then (")
                          + f"{d['noise']:.0%}, measured)"
                          + (f": {d['why']}" if d.get("why") else "")
                          + "; kept the simpler configuration",
