@@ -47,3 +47,34 @@ def test_a_plan_without_a_gpu_and_a_cpu_tune_are_shown_apart(tmp_path):
     r = build_report(load_inputs([str(tmp_path / "plan.json"), str(tmp_path / "tune.json")]))
     assert len(r.sections) == 2
     assert any("predicts a GPU step: shown apart" in w for w in r.warnings)
+
+
+def test_a_change_tune_could_not_decide_is_marked_not_read_as_faster(tmp_path):
+    """An audit: the micro-batch table showed the undecided eager variant at 1.66× beside the
+    pick's 1.63×, unmarked — read as the better choice. Its row now says so."""
+    import dataclasses
+    import json
+
+    from report_paths import FIXTURES
+
+    from trainfit.job import JobSpec
+    from trainfit.report.build import build_report
+    from trainfit.report.load import load_inputs
+    from trainfit.report.tables import seed_text
+
+    tune = json.loads((FIXTURES / "tune.json").read_text())
+    fields = {f.name for f in dataclasses.fields(JobSpec)}
+    pick = tune["pick"]
+    one_off = [(p, [k for k in fields if k in pick and k in p and p[k] != pick[k]])
+               for p in tune["probes"]]
+    probe, (key,) = next((p, d) for p, d in one_off if len(d) == 1)
+    tune["search_notes"] = [{"kind": "undecided", "changes": [[key, probe[key]]],
+                             "ratios": [1.1, 0.9], "noise": 0.2, "rounds": 4}]
+    (tmp_path / "t.json").write_text(json.dumps(tune))
+    table = seed_text(build_report(load_inputs([str(tmp_path / "t.json")])).sections[0].table)
+    marked = [r for r in table.rows if r[-1] == "undecided (tune)"]
+    assert len(marked) == 1 and any("could not decide" in n for n in table.notes)
+    assert str(probe["micro_batch"]) == marked[0][1]
+    # without the note no row is marked
+    plain = seed_text(build_report(load_inputs([str(FIXTURES / "tune.json")])).sections[0].table)
+    assert not any(r[-1] == "undecided (tune)" for r in plain.rows)

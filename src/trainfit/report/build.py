@@ -7,6 +7,7 @@ stacked bars and the predicted line, the tune's probes the measured points, merg
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,9 @@ class _SectionBuilder:
         for p in tune.probes:
             fam = self.family(p.job)
             r = self.row(fam, p.micro_batch, p.grad_accum, self.variant_words(p))
+            if tune.pick is not None and any(_is_change(p, tune.pick, c)
+                                             for c in tune.undecided):
+                r.undecided = True
             q, m = p.predicted, p.measured
             planned = any(b.micro_batch == p.micro_batch for b in fam.bars)
             if q is not None and not planned:  # the plan's prediction of the same step wins
@@ -258,6 +262,24 @@ class _SectionBuilder:
         words = self.variant_words(mine[0]) if mine else ""
         return self.rows.get((fam.key, t.baseline.micro_batch, t.baseline.grad_accum, words),
                              RowAcc(fam.label, t.baseline.micro_batch, t.baseline.grad_accum))
+
+
+def _knobs(x: Any) -> dict[str, Any]:
+    """A probe's or a pick's job with the loader and compile knobs the report keeps apart."""
+    extra = {k: getattr(x, k) for k in ("num_workers", "pin_memory", "compile")
+             if getattr(x, k, None) is not None}
+    return {**x.job, **extra}
+
+
+def _is_change(probe: Probe, pick: Any, change: dict[str, Any]) -> bool:
+    """Whether a probe's job is tune's pick with ``change`` made to it (and nothing else: the
+    job fields both hold compared, not the probe's own annotations such as its ``note``)."""
+    from trainfit.job import JobSpec
+
+    fields = {f.name for f in dataclasses.fields(JobSpec)}
+    job, picked = _knobs(probe), _knobs(pick)
+    return all(job.get(k) == v for k, v in change.items()) and \
+        all(job[k] == v for k, v in picked.items() if k in fields and k in job and k not in change)
 
 
 def _picks(b: _SectionBuilder) -> list[Pick]:

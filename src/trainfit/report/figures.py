@@ -172,25 +172,32 @@ def throughput_figure(s: Section) -> bytes:
     if s.throughput_unknown_reason:
         _empty(ax, s.throughput_unknown_reason)
     mbs: set[int] = set()
+    picked = {p.setting for p in s.picks}
     for i, fam in enumerate(s.families):
         colour = SERIES_COLOURS[i % len(SERIES_COLOURS)]
+        # a pick's series above the others (an audit: another setting's squares at the same
+        # micro-batch hid the pick's own measurements)
+        z = 4 if fam.label in picked else 2
         pred = sorted(fam.tokens_per_s_predicted, key=lambda p: p.micro_batch)
         if pred:
             ax.plot([p.micro_batch for p in pred], [p.value for p in pred], "o-", color=colour,
-                    mfc="white", label=f"{fam.label} (predicted)")
+                    mfc="white", label=f"{fam.label} (predicted)", zorder=z)
         meas = fam.tokens_per_s_measured
         if meas:
             ax.plot([p.micro_batch for p in meas], [p.value for p in meas], "s", color=colour,
-                    ms=8, mec="black", label=f"{fam.label} (measured)")
+                    ms=8, mec="black", label=f"{fam.label} (measured)", zorder=z + 0.5)
         mbs |= {p.micro_batch for p in pred + meas}
     for p in s.picks:
         fam = next((f for f in s.families if f.label == p.setting), None)
         v = p.tokens_per_s_measured if p.source == "tune" else p.tokens_per_s_predicted
         if fam is not None and v is not None:
+            ax.plot(p.micro_batch, v, "*", ms=15, color="gold", mec="black", zorder=6,
+                    label=f"pick ({p.source}: {'measured' if p.source == 'tune' else 'predicted'})")
             ax.annotate(f"pick ({p.source})", (p.micro_batch, v),
                         xytext=(0, 14) if p.source == "plan" else (-34, -22), textcoords="offset points",
                         ha="center", fontsize=8,
                         arrowprops={"arrowstyle": "-", "color": "#666666"})
+    legend_in = 0.0
     if mbs:
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(mbs), [str(m) for m in sorted(mbs)])
@@ -199,9 +206,13 @@ def throughput_figure(s: Section) -> bytes:
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
         ax.set_ylim(0, ax.get_ylim()[1] * 1.1)  # room for the pick labels
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
+        # below the axes, never over the points (an audit: lower right covered measurements)
+        handles, labels = ax.get_legend_handles_labels()
+        legend_in = 0.2 * math.ceil(len(handles) / 2) + 0.2
+        fig.set_size_inches(8, 4.8 + legend_in)
+        fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
     ax.set_title(f"Throughput vs micro-batch — {s.title}", fontsize=12)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, legend_in / (4.8 + legend_in), 1, 1))
     return _png(fig)
 
 

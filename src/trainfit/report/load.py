@@ -52,6 +52,8 @@ PREDICTED_KEYS = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_device_by
                   "tokens_per_s")
 SPLIT_KEYS = ("data_wait_s", "h2d_copy_s", "forward_s", "backward_s", "optimizer_s", "sync_s",
               "logging_io_s", "idle_s", "other_s", "step_time_s")
+UNDECIDED_NOTES = ("undecided", "not_compared", "contradicted")
+"""tune's search notes of a change it could not decide (cli/tune.py's UNDECIDED_KINDS)."""
 BEFORE_KEYS = ("step_time_s", "tokens_per_s", "data_wait_fraction", "gpu_util_percent")
 
 
@@ -169,7 +171,12 @@ def _tune(o: JsonObj, path: str) -> TuneInput:
         margin=o.num("margin", required=False), search_time_s=o.num("search_time_s", required=False),
         dataset_samples=o.int_("dataset_samples", required=False),
         dataset_tokens=o.int_("dataset_tokens", required=False),
-        pick=pick, probes=probes, baseline=baseline, notes=o.strs("notes", required=False))
+        pick=pick, probes=probes, baseline=baseline, notes=o.strs("notes", required=False),
+        undecided=[dict(map(tuple, n.data["changes"]))
+                   for n in o.objs("search_notes", required=False)
+                   if n.data.get("kind") in UNDECIDED_NOTES
+                   and isinstance(n.data.get("changes"), list)
+                   and all(isinstance(c, list) and len(c) == 2 for c in n.data["changes"])])
 
 
 def _oom_event(e: JsonObj) -> OomEvent:

@@ -131,6 +131,9 @@ class TuneInput:
     probes: list[Probe]
     baseline: TuneBaseline | None
     notes: list[str]
+    undecided: list[dict[str, Any]] = field(default_factory=list)
+    """The changes to the pick its search could not decide (``undecided``, ``not_compared``,
+    ``contradicted`` notes): their rows are marked, not read as faster (an audit)."""
 
 
 @dataclass(frozen=True)
@@ -325,6 +328,8 @@ class SeedRow:
     status_measured: str | None
     pick: str
     """``""``, ``plan`` (predicted pick), ``tune`` (measured pick) or ``plan + tune``."""
+    undecided: bool = False
+    """A change to tune's pick its search could not decide (not a measured gain)."""
 
 
 @dataclass(frozen=True)

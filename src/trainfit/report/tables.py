@@ -44,6 +44,8 @@ class RowAcc:
     tokens_per_s_measured: float | None = None
     status_measured: str | None = None
     pick: set[str] = field(default_factory=set)
+    undecided: bool = False
+    """A change to tune's pick that its search could not decide: its speed is not a gain."""
     probes: list[tuple[float, float | None, float | None]] = field(default_factory=list)
     """(tokens/s, judged peak, host RSS) of each timed probe of this row (tune's knob stage and
     its interleaved rounds probe a row several times)."""
@@ -124,7 +126,8 @@ def seed_table(accs: list[RowAcc], ref: Reference, dataset_tokens: int | None,
             epoch_predicted_s=None if dataset_tokens is None or not tp else dataset_tokens / tp,
             epoch_measured_s=None if dataset_tokens is None or not tm else dataset_tokens / tm,
             fits_predicted=a.fits_predicted, status_measured=a.status_measured,
-            pick=" + ".join(p for p in ("plan", "tune") if p in a.pick)))
+            pick=" + ".join(p for p in ("plan", "tune") if p in a.pick),
+            undecided=a.undecided))
     return SeedTable(rows=rows, reference=ref.text, dataset_tokens=dataset_tokens,
                      dataset_tokens_source=dataset_tokens_source)
 
@@ -237,7 +240,8 @@ def seed_text(t: SeedTable) -> TextTable:
              fmt_num(r.tokens_per_s_predicted), fmt_num(r.tokens_per_s_measured),
              fmt_x(r.speed_up_predicted), fmt_x(r.speed_up_measured),
              fmt_duration(r.epoch_predicted_s), fmt_duration(r.epoch_measured_s),
-             _fits(r.fits_predicted), r.status_measured or "not probed", r.pick or ""]
+             _fits(r.fits_predicted), r.status_measured or "not probed",
+             r.pick or ("undecided (tune)" if r.undecided else "")]
             for r in t.rows]
     tokens = ("unknown, so time per epoch is unknown" if t.dataset_tokens is None
               else f"{t.dataset_tokens:,} tokens ({t.dataset_tokens_source})")
@@ -245,6 +249,10 @@ def seed_text(t: SeedTable) -> TextTable:
              "GiB = 2^30 bytes; peak device = what nvidia-smi shows (reserved + CUDA context); "
              "on CPU, which has none, the live tensor bytes (what --memory-limit caps)",
              "host RAM is only measured (the plan does not predict it)"]
+    if any(r.undecided for r in t.rows):
+        notes.append("undecided (tune): a change to tune's pick whose interleaved repeats did "
+                     "not confirm a gain (tune said \"could not decide\"): its measured "
+                     "tokens/s is not a speed-up over the pick")
     return TextTable("Micro-batch table (seed-002 style)", cols, rows, notes,
                      [bool(r.pick) for r in t.rows], groups)
 
