@@ -26,6 +26,9 @@ runner = CliRunner()
     (["plan", "gpt2", "--gpu", "t4", "--method", "lora", "--lora-targets", "nope"],
      "--lora-targets nope"),
     (["plan", "missing.yaml"], "missing.yaml: no such file"),
+    # an audit: the positional model was dropped for --model's, unsaid
+    (["plan", "llama-2-7b", "--model", "gpt2", "--gpu", "a100-80gb"], "two models"),
+    (["tune", "llama-2-7b", "--model", "gpt2"], "two models"),
     (["plan", "/nonexistent/config.json", "--gpu", "t4"], "no such file or directory"),
     (["plan", "./missing-model-dir", "--gpu", "t4"], "no such file or directory"),
     (["plan", "gpt2", "--gpu", "t4", "--optimizer-in-backward"], "gradient clipping"),

@@ -85,6 +85,17 @@ def with_job_flags(exclude: tuple[str, ...] = ()) -> Callable[[Callable[..., Any
     return deco
 
 
+def refuse_model_twice(target: str | None, job_flags: dict[str, Any]) -> None:
+    """A positional model and another ``--model``: two models (an audit: ``plan llama-2-7b
+    --model gpt2`` planned gpt2, the positional one dropped unsaid). Over a job file,
+    ``--model`` replaces the file's model, as every flag replaces its field."""
+    flag = job_flags.get("model")
+    if target is None or target.endswith((".yaml", ".yml")) or flag is None or flag == target:
+        return
+    raise JobError(f"{target} and --model {flag}: two models",
+                   "give one model (the positional MODEL, or --model over a job file's model)")
+
+
 def merge_job_fields(fields: dict[str, Any], job_flags: dict[str, Any], usage: str) -> dict[str, Any]:
     """The job file's fields with the command line's on top. A micro-batch given without an
     accumulation or effective batch re-derives the accumulation (the file's effective batch is

@@ -17,7 +17,7 @@ from trainfit.cli import report as report_cli
 from trainfit.cli import train as train_cli
 from trainfit.cli import tune as tune_cli
 from trainfit.cli.jobargs import AllowCode, TrustRemoteCode, fail, job_for_model, job_of_fields
-from trainfit.cli.jobflags import merge_job_fields, with_job_flags
+from trainfit.cli.jobflags import merge_job_fields, refuse_model_twice, with_job_flags
 from trainfit.cli.startup import one_line_usage_errors, quiet_third_party, quiet_transformers
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec, job_with_current, read_job_file
 from trainfit.job.fields import in_file_words
@@ -280,6 +280,7 @@ def plan_cmd(
                             as_json=as_json, dataset_tokens=dataset_tokens, epochs=epochs)
             return
         target = args[0] if args else None
+        refuse_model_twice(target, job_flags or {})
         fields, extra = _load_target(target, allow_code=allow_code or "model" in (job_flags or {}),
                                      trust_remote_code=trust_remote_code)
         fields = merge_job_fields(fields, job_flags or {},

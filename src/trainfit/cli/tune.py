@@ -20,7 +20,7 @@ from trainfit.cli.jobargs import (
     parse_bytes,
     write_atomic,
 )
-from trainfit.cli.jobflags import merge_job_fields, with_job_flags
+from trainfit.cli.jobflags import merge_job_fields, refuse_model_twice, with_job_flags
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec, read_job_file
 from trainfit.job.fields import DEFAULT_KNOBS, KNOB_NAMES, SCRIPT_KNOBS, fixed_knobs
 from trainfit.job.files import PATH_FIELDS, absolute_paths
@@ -33,6 +33,7 @@ def _job(target: str | None, job_flags: dict[str, Any], trust_remote_code: bool,
     it was tuned — without resolving the model (emitting it stays under a second)."""
     fields: dict[str, Any] = {}
     extra: dict[str, Any] = {}
+    refuse_model_twice(target, job_flags)
     if target is not None and target.endswith((".yaml", ".yml")):
         fields, extra = read_job_file(target, allow_code=allow_code or "model" in job_flags,
                                       trust_remote_code=trust_remote_code)
