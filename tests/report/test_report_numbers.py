@@ -78,3 +78,20 @@ def test_a_change_tune_could_not_decide_is_marked_not_read_as_faster(tmp_path):
     # without the note no row is marked
     plain = seed_text(build_report(load_inputs([str(FIXTURES / "tune.json")])).sections[0].table)
     assert not any(r[-1] == "undecided (tune)" for r in plain.rows)
+
+
+def test_a_cpu_tunes_tables_head_their_memory_as_live_tensors(tmp_path):
+    """An audit: "peak device (GiB)" headed a CPU tune's live tensor bytes (a footnote alone
+    said what they were)."""
+    import json
+
+    from report_paths import FIXTURES
+
+    from trainfit.report.output import make_report
+
+    tune = json.loads((FIXTURES / "tune.json").read_text())
+    tune["device"], tune["device_name"] = "cpu", "CPU (2 cores), live tensor bytes"
+    (tmp_path / "t.json").write_text(json.dumps(tune))
+    make_report([str(tmp_path / "t.json")], tmp_path / "r.html", markdown=True)
+    md = (tmp_path / "r.md").read_text()
+    assert "peak live tensors (GiB; CPU)" in md and "peak device (GiB)" not in md

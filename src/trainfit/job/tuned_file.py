@@ -14,7 +14,8 @@ KNOB_COMMENTS = {
     "micro_batch": "samples per forward/backward; larger = faster kernels, more activation memory",
     "grad_accum": "micro-batches per optimizer step (effective batch = micro × accum × ranks)",
     "effective_batch": "samples per optimizer step over all ranks: what the optimizer sees",
-    "precision": "amp-bf16/amp-fp16 halve activation memory and use tensor cores; fp32 is slowest",
+    "precision": "amp-bf16/amp-fp16 halve activation memory and run a GPU's matmuls on its tensor "
+                 "cores (fp32 is slowest there; a CPU without bf16 instructions is faster in fp32)",
     "grad_ckpt": "full reduces activation memory ~L×, ~30 % slower (forward recomputed)",
     "attention": "sdpa picks flash/memory-efficient kernels; eager materialises T×T scores",
     "optimizer": "adamw keeps 2 fp32 states per weight (8 B); 8-bit variants keep 2 B "

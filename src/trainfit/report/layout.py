@@ -67,7 +67,7 @@ def _section_blocks(s: Section, figs: dict[str, FigureImage]) -> list[Block]:
                              f"{s.capacity_label[1:]}: "
                              f"{cap}; {usable}.")]
     if s.picks:
-        out.append(Table(picks_text(s.picks)))
+        out.append(Table(picks_text(s.picks, s.on_cpu)))
     else:
         why = ("nothing fits" if s.capacity_gib is not None
                else "the GPU's memory is unknown, so nothing can be said to fit")
@@ -78,7 +78,7 @@ def _section_blocks(s: Section, figs: dict[str, FigureImage]) -> list[Block]:
             out.append(Image(figs[name]))
     if s.throughput_unknown_reason:
         out.append(Para(s.throughput_unknown_reason + "."))
-    out.append(Table(seed_text(s.table)))
+    out.append(Table(seed_text(s.table, s.on_cpu)))
     if s.ladder:
         out.append(Table(ladder_text(s.ladder)))
     if s.probes:

@@ -229,8 +229,14 @@ def _fits(v: bool | None) -> str:
     return UNKNOWN if v is None else ("fits" if v else "over")
 
 
-def seed_text(t: SeedTable) -> TextTable:
-    groups = [("", 3), ("peak device (GiB)", 2), ("host RAM (GiB)", 1), ("tokens/s", 2),
+def peak_words(on_cpu: bool) -> str:
+    """The memory column's name: a CPU has no device peak, its live tensor bytes stand there
+    (an audit: "peak device" headed a CPU tune's live bytes, a footnote alone said so)."""
+    return "peak live tensors (GiB; CPU)" if on_cpu else "peak device (GiB)"
+
+
+def seed_text(t: SeedTable, on_cpu: bool = False) -> TextTable:
+    groups = [("", 3), (peak_words(on_cpu), 2), ("host RAM (GiB)", 1), ("tokens/s", 2),
               ("speed-up", 2), ("time per epoch (h:mm:ss)", 2), ("fit", 1), ("probe", 1), ("", 1)]
     cols = ["setting", "micro-batch", "accumulation", "predicted", "measured", "measured",
             "predicted", "measured", "predicted", "measured", "predicted", "measured", "predicted",
@@ -263,8 +269,8 @@ def _sentences(parts: list[str]) -> str:
                     for p in parts if p.strip())
 
 
-def picks_text(picks: list[Pick]) -> TextTable:
-    groups = [("", 3), ("peak device (GiB)", 2), ("tokens/s", 2), ("", 1)]
+def picks_text(picks: list[Pick], on_cpu: bool = False) -> TextTable:
+    groups = [("", 3), (peak_words(on_cpu), 2), ("tokens/s", 2), ("", 1)]
     cols = ["from", "setting", "micro-batch × accumulation", "predicted", "measured", "predicted",
             "measured", "why"]
     rows = [[f"{p.source} ({'measured' if p.source == 'tune' else 'predicted'})", p.setting,
