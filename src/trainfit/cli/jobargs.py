@@ -34,14 +34,19 @@ def fail(err: JobError, *, as_json: bool = False, tail: list[str] | None = None)
     say_error(" ".join(str(err).split()), err.hint, as_json=as_json, tail=tail)
 
 
+def echo_error(message: str, hint: str | None) -> None:
+    """The ``error:`` and ``hint:`` lines on stderr (no exit: a launcher says several)."""
+    typer.echo(f"error: {message}", err=True)
+    typer.echo(f"hint: {hint or GENERIC_HINT}", err=True)
+
+
 def say_error(message: str, hint: str | None, *, as_json: bool = False,
               tail: list[str] | None = None) -> NoReturn:
     """``error:`` and ``hint:`` on stderr (a script's last lines of output under them), exit 2;
     under ``--json`` also ``{"error", "hint", "exit_code"[, "output_tail"]}`` on stdout (a
     program reading the JSON got an empty stdout: an audit)."""
     hint = hint or GENERIC_HINT
-    typer.echo(f"error: {message}", err=True)
-    typer.echo(f"hint: {hint}", err=True)
+    echo_error(message, hint)
     if tail:
         typer.echo("last lines of its output:", err=True)
         for line in tail:

@@ -11,9 +11,9 @@ from typing import Annotated, Any
 import typer
 
 from trainfit.cli.jobargs import (
-    GENERIC_HINT,
     AllowCode,
     TrustRemoteCode,
+    echo_error,
     fail,
     file_memory_limit,
     job_for_model,
@@ -47,9 +47,7 @@ def _launch(nproc: int, device: str, job: JobSpec, job_file: str, out: str) -> i
     a dead rank said here; the run's exit code."""
     launched = launch(nproc, device, job, job_file, Path(out), sys.argv[1:])
     for e in launched.errors:
-        who = "" if e.rank == 0 else f"rank {e.rank}: "
-        typer.echo(f"error: {who}{e.message}", err=True)
-        typer.echo(f"hint: {e.hint or GENERIC_HINT}", err=True)
+        echo_error(("" if e.rank == 0 else f"rank {e.rank}: ") + e.message, e.hint)
     if (f := launched.failure) is not None:
         ckpt = f.newest_checkpoint
         typer.echo(f"error: a process of the run ended abnormally ({f.how}; its own lines are "

@@ -61,10 +61,6 @@ def _knob_list(knobs: str | None, try_compile: bool, try_8bit_optimizer: bool) -
                           if on and k not in chosen)
 
 
-UNDECIDED_KINDS = ("undecided", "not_compared", "contradicted")
-"""The search's notes of a change it could not decide (kept the current best): said in the file."""
-
-
 def _unsteady(result: Any) -> Any:
     """The search's ``unsteady`` note (one configuration's probes far apart), or None."""
     return next((n for n in result.notes if getattr(n, "kind", None) == "unsteady"), None)
@@ -88,7 +84,7 @@ def _emit(result: Any, emit: str, source: str) -> None:
 
 
 def _report(result: Any, out: str | None, emit: str | None, as_json: bool, source: str) -> None:
-    from trainfit.job.tuned_file import job_yaml
+    from trainfit.job.tuned_file import UNDECIDED_NOTE_KINDS, job_yaml
     from trainfit.render.tune_words import tune_json
 
     d = tune_json(result)
@@ -106,7 +102,7 @@ def _report(result: Any, out: str | None, emit: str | None, as_json: bool, sourc
         # what the search could not decide, as the terminal said it: a reader of the file alone
         # did not learn that a faster-looking change went unconfirmed (an audit)
         open_questions = [note_words(n) for n in result.notes
-                          if getattr(n, "kind", None) in UNDECIDED_KINDS]
+                          if getattr(n, "kind", None) in UNDECIDED_NOTE_KINDS]
         write_atomic(out, job_yaml(
             picked, measured=_with_spread(d["pick"]["measured"], result), device=d["device"],
             memory_limit_bytes=d["memory_limit_bytes"],

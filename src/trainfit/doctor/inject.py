@@ -203,8 +203,13 @@ def _remove_new_empty_dirs(here: Path, before: set[str]) -> list[str]:
             continue
         if any(files for _, _, files in os.walk(p)):
             continue
-        shutil.rmtree(p, ignore_errors=True)
-        removed.append(p.name + "/")
+        # bottom-up rmdir, which refuses a directory that is not empty: a file written since
+        # the check stays (rmtree would have taken it)
+        for d, _, _ in os.walk(p, topdown=False):
+            with contextlib.suppress(OSError):
+                os.rmdir(d)
+        if not p.exists():
+            removed.append(p.name + "/")
     return removed
 
 

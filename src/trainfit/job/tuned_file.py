@@ -10,6 +10,10 @@ import yaml
 
 from trainfit.job.spec import JobSpec
 
+UNDECIDED_NOTE_KINDS = ("undecided", "not_compared", "contradicted")
+"""tune's search notes of a change it could not decide (it kept the current best): said in the
+tuned file's header (cli/tune.py) and marked on that change's row by ``report``."""
+
 KNOB_COMMENTS = {
     "micro_batch": "samples per forward/backward; larger = faster kernels, more activation memory",
     "grad_accum": "micro-batches per optimizer step (effective batch = micro × accum × ranks)",

@@ -8,6 +8,7 @@ stacked bars and the predicted line, the tune's probes the measured points, merg
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -271,12 +272,18 @@ def _knobs(x: Any) -> dict[str, Any]:
     return {**x.job, **extra}
 
 
+@functools.cache
+def _job_field_names() -> frozenset[str]:
+    """JobSpec's field names (read once: asked per probe and undecided change)."""
+    from trainfit.job import JobSpec
+
+    return frozenset(f.name for f in dataclasses.fields(JobSpec))
+
+
 def _is_change(probe: Probe, pick: Any, change: dict[str, Any]) -> bool:
     """Whether a probe's job is tune's pick with ``change`` made to it (and nothing else: the
     job fields both hold compared, not the probe's own annotations such as its ``note``)."""
-    from trainfit.job import JobSpec
-
-    fields = {f.name for f in dataclasses.fields(JobSpec)}
+    fields = _job_field_names()
     job, picked = _knobs(probe), _knobs(pick)
     return all(job.get(k) == v for k, v in change.items()) and \
         all(job[k] == v for k, v in picked.items() if k in fields and k in job and k not in change)

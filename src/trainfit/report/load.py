@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from trainfit.job.tuned_file import UNDECIDED_NOTE_KINDS
 from trainfit.report.json_fields import FORMATS_HINT, JsonObj, ReportInputError, short_repr
 from trainfit.report.model import (
     DoctorInput,
@@ -52,8 +53,6 @@ PREDICTED_KEYS = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_device_by
                   "tokens_per_s")
 SPLIT_KEYS = ("data_wait_s", "h2d_copy_s", "forward_s", "backward_s", "optimizer_s", "sync_s",
               "logging_io_s", "idle_s", "other_s", "step_time_s")
-UNDECIDED_NOTES = ("undecided", "not_compared", "contradicted")
-"""tune's search notes of a change it could not decide (cli/tune.py's UNDECIDED_KINDS)."""
 BEFORE_KEYS = ("step_time_s", "tokens_per_s", "data_wait_fraction", "gpu_util_percent")
 
 
@@ -174,7 +173,7 @@ def _tune(o: JsonObj, path: str) -> TuneInput:
         pick=pick, probes=probes, baseline=baseline, notes=o.strs("notes", required=False),
         undecided=[dict(map(tuple, n.data["changes"]))
                    for n in o.objs("search_notes", required=False)
-                   if n.data.get("kind") in UNDECIDED_NOTES
+                   if n.data.get("kind") in UNDECIDED_NOTE_KINDS
                    and isinstance(n.data.get("changes"), list)
                    and all(isinstance(c, list) and len(c) == 2 for c in n.data["changes"])])
 
