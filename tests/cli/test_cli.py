@@ -419,6 +419,41 @@ def test_an_error_under_json_is_a_json_document_on_stdout_too(args):
     assert f"error: {doc['error']}" in res.stderr  # the text line as before
 
 
+def test_a_usage_error_under_json_is_a_json_document_too(monkeypatch):
+    """A review: `plan --seq-len abc --json` (click's usage error) printed no JSON, though
+    docs/json-formats.md promises one object for every --json error."""
+    import sys
+
+    from typer import rich_utils
+
+    from trainfit.cli.startup import one_line_usage_errors
+
+    monkeypatch.setattr(rich_utils, "rich_format_error", rich_utils.rich_format_error)
+    one_line_usage_errors()
+    args = ["plan", "gpt2", "--seq-len", "abc", "--json"]
+    monkeypatch.setattr(sys, "argv", ["trainfit", *args])
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2
+    doc = json.loads(res.stdout)
+    assert doc["exit_code"] == 2 and "invalid value for '--seq-len'" in doc["error"]
+    assert f"hint: {doc['hint']}" in res.stderr
+    # a --json of the user's own command (after --) is not trainfit's
+    monkeypatch.setattr(sys, "argv", ["trainfit", "plan", "--seq-len", "abc", "--", "x", "--json"])
+    res = runner.invoke(app, ["plan", "--seq-len", "abc", "--", "x", "--json"])
+    assert res.exit_code == 2 and res.stdout == ""
+
+
+def test_under_torchrun_rank_0_alone_prints_the_error_object(monkeypatch):
+    """A review: every rank of a torchrun printed the error JSON (two documents on one stdout)."""
+    args = ["plan", "gpt2", "--gpu", "t5000", "--json"]
+    monkeypatch.setenv("RANK", "1")
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and res.stdout == "" and "unknown GPU" in res.stderr
+    monkeypatch.setenv("RANK", "0")
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and json.loads(res.stdout)["exit_code"] == 2
+
+
 def test_an_error_without_json_leaves_stdout_empty():
     res = CliRunner().invoke(app, ["plan", "gpt2", "--gpu", "t5000"])
     assert res.exit_code == 2 and res.stdout == "" and "unknown GPU" in res.stderr

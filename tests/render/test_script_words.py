@@ -63,6 +63,9 @@ def test_the_scripts_own_flags_that_carry_a_changed_value_are_named():
                                                        "value": "float16"}])
     assert "(--mixed-precision (its default float16))" in words
     assert own_flag_words(["python", "t.py", "--precision", "fp32"], half) is None
+    # a bare 16 is fp16 under a precision's flag alone (a review: --batch-size 16 was named)
+    assert "(--precision 16)" in own_flag_words(["python", "t.py", "--precision", "16"], half)
+    assert own_flag_words(["python", "t.py", "--batch-size", "16", "--epochs=16"], half) is None
 
 
 def test_a_change_the_rounds_did_not_confirm_is_not_headed_measured():

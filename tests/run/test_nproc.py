@@ -51,10 +51,13 @@ def test_a_ranks_error_under_nproc_is_said_once_with_exit_2(job, tmp_path):
     empty.mkdir()
     proc = subprocess.run([sys.executable, "-m", "trainfit.cli.main", "train", str(p), "--out",
                            str(tmp_path / "o"), "--nproc", "2", "--no-live", "--resume",
-                           str(empty)], capture_output=True, text=True, timeout=300)
+                           str(empty), "--json"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
     assert len(errors) == 1 and str(empty) in errors[0], proc.stderr[-2000:]
+    # --json: the launcher's one error object on stdout (a review: stdout was empty)
+    doc = json.loads(proc.stdout)
+    assert doc["exit_code"] == 2 and f"error: {doc['error']}" == errors[0] and doc["hint"]
     assert "ChildFailedError" not in proc.stderr and "Traceback" not in proc.stderr
 
 

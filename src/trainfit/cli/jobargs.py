@@ -51,7 +51,9 @@ def say_error(message: str, hint: str | None, *, as_json: bool = False,
         typer.echo("last lines of its output:", err=True)
         for line in tail:
             typer.echo(f"  | {line}", err=True)
-    if as_json:
+    if as_json and int(os.environ.get("RANK", "0")) == 0:
+        # under torchrun every rank meets the same error: rank 0 alone prints the object (two
+        # ranks printed two documents, invalid together: a review)
         doc: dict[str, Any] = {"error": message, "hint": hint, "exit_code": 2}
         typer.echo(json.dumps({**doc, "output_tail": tail} if tail else doc))
     raise typer.Exit(2)

@@ -3,6 +3,7 @@ cannot parse said on one line with its fix, and third-party log noise kept out o
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -18,6 +19,12 @@ def _took_a_command(ctx: Any) -> bool:
     return "--" in sys.argv or any(
         os.path.basename(w).startswith("python") or w.endswith(".py")
         or w in ("accelerate", "torchrun", "deepspeed") for w in words)
+
+
+def _wants_json() -> bool:
+    """``--json`` among the arguments before a ``--`` (after it: the user's own command's)."""
+    argv = sys.argv[1:]
+    return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
 
 
 def one_line_usage_errors() -> None:
@@ -42,16 +49,21 @@ def one_line_usage_errors() -> None:
         msg = " ".join(err.format_message().split())
         ctx = getattr(err, "ctx", None)
         where = ctx.command_path if ctx is not None else "trainfit"
-        typer.echo(f"error: {msg[:1].lower() + msg[1:]}", err=True)
-        if msg.startswith("Got unexpected extra argument") and \
+        msg = msg[:1].lower() + msg[1:]
+        typer.echo(f"error: {msg}", err=True)
+        hint = f"{where} --help lists the options and what each takes"
+        if msg.startswith("got unexpected extra argument") and \
                 where.split()[-1] in ("train", "emit") and _took_a_command(ctx):
             # `train|emit -- python train.py`: the form plan, tune and doctor take (a review:
             # "python" was read as the job file and the rest as extra arguments, said as such)
-            typer.echo(f"hint: trainfit {where.split()[-1]} takes a job file (trainfit.yaml), "
-                       "not a command: for your own script, trainfit tune -- python train.py "
-                       "prints the keywords to change in it; then run it as you do", err=True)
-            return
-        typer.echo(f"hint: {where} --help lists the options and what each takes", err=True)
+            hint = (f"trainfit {where.split()[-1]} takes a job file (trainfit.yaml), not a "
+                    "command: for your own script, trainfit tune -- python train.py prints the "
+                    "keywords to change in it; then run it as you do")
+        typer.echo(f"hint: {hint}", err=True)
+        if _wants_json() and int(os.environ.get("RANK", "0")) == 0:
+            # a program asked for JSON: the error as every other --json error is (one object on
+            # stdout, docs/json-formats.md; a review: `--seq-len abc --json` printed none)
+            typer.echo(json.dumps({"error": msg, "hint": hint, "exit_code": 2}))
 
     format_error.one_line = True  # type: ignore[attr-defined]
     rich_utils.rich_format_error = format_error

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from trainfit.cli.jobargs import (
+    GENERIC_HINT,
     AllowCode,
     TrustRemoteCode,
     echo_error,
@@ -42,20 +43,33 @@ def _memory_limit(flag: str | None, extra: dict[str, Any], device: str, job_file
     return file_limit
 
 
-def _launch(nproc: int, device: str, job: JobSpec, job_file: str, out: str) -> int:
+def _launch(nproc: int, device: str, job: JobSpec, job_file: str, out: str,
+            as_json: bool) -> int:
     """``--nproc N``: the same command under torchrun (run/launch.py), its ranks' errors or
-    a dead rank said here; the run's exit code."""
+    a dead rank said here (under ``--json`` also as one error object on stdout: the ranks
+    print none); the run's exit code."""
     launched = launch(nproc, device, job, job_file, Path(out), sys.argv[1:])
+    said: list[tuple[str, str]] = []
     for e in launched.errors:
-        echo_error(("" if e.rank == 0 else f"rank {e.rank}: ") + e.message, e.hint)
+        said.append((("" if e.rank == 0 else f"rank {e.rank}: ") + e.message,
+                     e.hint or GENERIC_HINT))
+        echo_error(*said[-1])
     if (f := launched.failure) is not None:
         ckpt = f.newest_checkpoint
-        typer.echo(f"error: a process of the run ended abnormally ({f.how}; its own lines are "
-                   "above)" + (f"; its newest checkpoint is {ckpt}" if ckpt else
-                               "; no checkpoint was saved"), err=True)
-        typer.echo("hint: " + (f"continue with --resume {out}" if ckpt else "run it again")
-                   + " (a rank killed by the system: host or GPU memory ran out — see dmesg, or "
-                   "lower the micro-batch)", err=True)
+        said.append((f"a process of the run ended abnormally ({f.how}; its own lines are "
+                     "above)" + (f"; its newest checkpoint is {ckpt}" if ckpt else
+                                 "; no checkpoint was saved"),
+                     (f"continue with --resume {out}" if ckpt else "run it again")
+                     + " (a rank killed by the system: host or GPU memory ran out — see dmesg, "
+                     "or lower the micro-batch)"))
+        echo_error(*said[-1])
+    if as_json and said:
+        # one object, as every --json error (docs/json-formats.md); the others under "errors"
+        doc: dict[str, Any] = {"error": said[0][0], "hint": said[0][1],
+                               "exit_code": launched.exit_code}
+        if len(said) > 1:
+            doc["errors"] = [{"error": m, "hint": h} for m, h in said]
+        typer.echo(json.dumps(doc))
     return launched.exit_code
 
 
@@ -186,7 +200,7 @@ def register(app: typer.Typer) -> None:
             limit = _memory_limit(memory_limit, extra, dev, job_file, quiet=as_json or launched_rank())
             opts = dataclasses.replace(opts, device=dev, memory_limit_bytes=limit)
             if nproc > 1 and "WORLD_SIZE" not in os.environ:
-                raise typer.Exit(_launch(nproc, dev, job, job_file, out))
+                raise typer.Exit(_launch(nproc, dev, job, job_file, out, as_json))
             from trainfit.run.backend import run_backend  # torch: after the input's checks
 
             result = run_backend(job, opts, backend or str(extra.get("backend") or "trainfit"))

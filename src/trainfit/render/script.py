@@ -141,15 +141,25 @@ def _carries(value: Any, before: Any) -> bool:
 
 # The words a script's own flag may take to choose a trainer's boolean keyword by value
 # (``--precision fp16``, ``--mixed-precision bf16``: Lightning's and accelerate's spellings too)
-_VALUE_NAMES = {"fp16": {"fp16", "float16", "half", "16", "16-mixed"},
+_VALUE_NAMES = {"fp16": {"fp16", "float16", "half", "16-mixed"},
                 "bf16": {"bf16", "bfloat16", "bf16-mixed"}, "tf32": {"tf32"}}
+# A bare number names a precision only under a precision's flag (Lightning's ``--precision
+# 16``): ``--batch-size 16`` is not fp16 (a review)
+_NUMBER_NAMES = {"fp16": {"16"}}
+_PRECISION_FLAG_WORDS = {"precision", "dtype", "amp", "mixed", "fp", "half"}
 
 
-def _names(value: Any, c: KeywordChange) -> bool:
+def _names(value: Any, c: KeywordChange, flag: str) -> bool:
     """Whether a flag's value names a boolean keyword the change turns off (``--precision
-    fp16`` for ``fp16`` True → False, whatever the flag's name: an audit)."""
-    return c.before is True and not isinstance(value, bool) and \
-        str(value).lower() in _VALUE_NAMES.get(c.keyword, {c.keyword.lower()})
+    fp16`` for ``fp16`` True → False, whatever the flag's name: an audit; ``16`` under a
+    precision's flag alone)."""
+    if c.before is not True or isinstance(value, bool):
+        return False
+    text = str(value).lower()
+    if text in _VALUE_NAMES.get(c.keyword, {c.keyword.lower()}):
+        return True
+    words = set(re.split(r"[-_]", flag.lstrip("-").lower()))
+    return text in _NUMBER_NAMES.get(c.keyword, set()) and bool(words & _PRECISION_FLAG_WORDS)
 
 
 def own_flag_words(command: list[str], changes: list[KeywordChange],
@@ -175,7 +185,7 @@ def own_flag_words(command: list[str], changes: list[KeywordChange],
             value = True if switch else (val.lower() in ("true", "1", "yes") or val) \
                 if isinstance(c.before, bool) else val
             if (_related(flag, c.keyword) and _carries(value, c.before)) or \
-                    (not switch and _names(val, c)):
+                    (not switch and _names(val, c, flag)):
                 found.append(flag if switch else f"{flag} {val}")
                 break
     # flags the command line left at the script's argparse default (HF's own
@@ -189,7 +199,7 @@ def own_flag_words(command: list[str], changes: list[KeywordChange],
         v = opt.get("value")
         for c in changes:
             if flag.lstrip("-").replace("-", "_") != c.keyword and (
-                    (_related(flag, c.keyword) and _carries(v, c.before)) or _names(v, c)):
+                    (_related(flag, c.keyword) and _carries(v, c.before)) or _names(v, c, flag)):
                 defaults.append(f"{flag} (its default {v})")
                 break
     if not found and not defaults:
