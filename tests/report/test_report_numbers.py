@@ -80,6 +80,39 @@ def test_a_change_tune_could_not_decide_is_marked_not_read_as_faster(tmp_path):
     assert not any(r[-1] == "undecided (tune)" for r in plain.rows)
 
 
+def test_undecided_micro_batch_changes_are_marked_and_bad_notes_refused(tmp_path):
+    """A review: a micro-batch change never matched (the accumulation follows it, so the probe
+    differs from the pick in two fields); a note naming its probe marks that probe; a note with
+    malformed changes raised a traceback, not an error naming the file's field."""
+    import json
+
+    import pytest
+    from report_paths import FIXTURES
+
+    from trainfit.report.build import build_report
+    from trainfit.report.json_fields import ReportInputError
+    from trainfit.report.load import load_inputs
+    from trainfit.report.tables import seed_text
+
+    tune = json.loads((FIXTURES / "tune.json").read_text())
+
+    def marked(notes: list[dict]) -> list[str]:
+        tune["search_notes"] = notes
+        (tmp_path / "t.json").write_text(json.dumps(tune))
+        table = seed_text(build_report(load_inputs([str(tmp_path / "t.json")])).sections[0].table)
+        return [r[1] for r in table.rows if r[-1] == "undecided (tune)"]
+
+    # the pick is 16 × 2 with 4 workers; probe 1 is 4 × 8 (with 4 workers here: an older file,
+    # no probe index, is matched as the pick with the change made)
+    tune["probes"][1]["num_workers"] = tune["pick"]["num_workers"]
+    assert marked([{"kind": "undecided", "changes": [["micro_batch", 4]]}]) == ["4"]
+    # named by its probe: that row alone, whatever the changes say
+    assert marked([{"kind": "not_compared", "changes": [["micro_batch", 99]], "probe": 0}]) == ["1"]
+    for bad in ([["micro_batch"]], [[["x"], 1]], "micro_batch", [{"micro_batch": 4}]):
+        with pytest.raises(ReportInputError, match=r"search_notes\[0\]\.changes"):
+            marked([{"kind": "undecided", "changes": bad}])
+
+
 def test_a_cpu_tunes_tables_head_their_memory_as_live_tensors(tmp_path):
     """An audit: "peak device (GiB)" headed a CPU tune's live tensor bytes (a footnote alone
     said what they were)."""

@@ -31,6 +31,7 @@ from trainfit.report.model import (
     TrainInput,
     TrainSummary,
     TuneInput,
+    UndecidedChange,
 )
 from trainfit.report.tables import RowAcc, judged_peak, reference_for, seed_table
 from trainfit.report.timeline import build_timeline
@@ -195,8 +196,7 @@ class _SectionBuilder:
         for p in tune.probes:
             fam = self.family(p.job)
             r = self.row(fam, p.micro_batch, p.grad_accum, self.variant_words(p))
-            if tune.pick is not None and any(_is_change(p, tune.pick, c)
-                                             for c in tune.undecided):
+            if any(_is_undecided(p, tune.pick, u) for u in tune.undecided):
                 r.undecided = True
             q, m = p.predicted, p.measured
             planned = any(b.micro_batch == p.micro_batch for b in fam.bars)
@@ -280,13 +280,25 @@ def _job_field_names() -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(JobSpec))
 
 
+def _is_undecided(probe: Probe, pick: Any, u: UndecidedChange) -> bool:
+    """Whether a probe measured a change tune could not decide: the note's own probe, else (a
+    file from before notes named it) the pick with the change made."""
+    if u.probe is not None:
+        return probe.index == u.probe
+    return pick is not None and _is_change(probe, pick, u.changes)
+
+
 def _is_change(probe: Probe, pick: Any, change: dict[str, Any]) -> bool:
     """Whether a probe's job is tune's pick with ``change`` made to it (and nothing else: the
-    job fields both hold compared, not the probe's own annotations such as its ``note``)."""
+    job fields both hold compared, not the probe's own annotations such as its ``note``). A
+    micro-batch change keeps the effective batch: the accumulation follows it (a review: no
+    micro-batch change ever matched)."""
     fields = _job_field_names()
     job, picked = _knobs(probe), _knobs(pick)
+    follows = {"grad_accum"} if "micro_batch" in change else set()
     return all(job.get(k) == v for k, v in change.items()) and \
-        all(job[k] == v for k, v in picked.items() if k in fields and k in job and k not in change)
+        all(job[k] == v for k, v in picked.items()
+            if k in fields and k in job and k not in change and k not in follows)
 
 
 def _picks(b: _SectionBuilder) -> list[Pick]:

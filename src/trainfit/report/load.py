@@ -34,6 +34,7 @@ from trainfit.report.model import (
     TuneBaseline,
     TuneInput,
     TunePick,
+    UndecidedChange,
 )
 
 KINDS_HINT = ("report reads the JSON of plan --json, tune --json, train (train.json), doctor --json, "
@@ -171,11 +172,19 @@ def _tune(o: JsonObj, path: str) -> TuneInput:
         dataset_samples=o.int_("dataset_samples", required=False),
         dataset_tokens=o.int_("dataset_tokens", required=False),
         pick=pick, probes=probes, baseline=baseline, notes=o.strs("notes", required=False),
-        undecided=[dict(map(tuple, n.data["changes"]))
-                   for n in o.objs("search_notes", required=False)
-                   if n.data.get("kind") in UNDECIDED_NOTE_KINDS
-                   and isinstance(n.data.get("changes"), list)
-                   and all(isinstance(c, list) and len(c) == 2 for c in n.data["changes"])])
+        undecided=[_undecided(n) for n in o.objs("search_notes", required=False)
+                   if n.data.get("kind") in UNDECIDED_NOTE_KINDS])
+
+
+def _undecided(n: JsonObj) -> UndecidedChange:
+    """A search note of a change tune could not decide: its ``changes`` (``[field, value]``
+    pairs) checked, so an edited file is refused by name, not with a traceback (a review)."""
+    changes: dict[str, Any] = {}
+    for i, c in enumerate(n.list_("changes")):
+        if not (isinstance(c, list) and len(c) == 2 and isinstance(c[0], str)):
+            raise n.fail(f"changes[{i}]", f"expected a [field, value] pair, got {short_repr(c)}")
+        changes[c[0]] = c[1]
+    return UndecidedChange(probe=n.int_("probe", required=False), changes=changes)
 
 
 def _oom_event(e: JsonObj) -> OomEvent:

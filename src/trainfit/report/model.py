@@ -131,9 +131,20 @@ class TuneInput:
     probes: list[Probe]
     baseline: TuneBaseline | None
     notes: list[str]
-    undecided: list[dict[str, Any]] = field(default_factory=list)
+    undecided: list[UndecidedChange] = field(default_factory=list)
     """The changes to the pick its search could not decide (``undecided``, ``not_compared``,
     ``contradicted`` notes): their rows are marked, not read as faster (an audit)."""
+
+
+@dataclass(frozen=True)
+class UndecidedChange:
+    """A change tune's search could not decide, from one of its notes."""
+
+    probe: int | None
+    """The index of the probe that measured the changed configuration (None: a file from before
+    the notes named it; then the probe is found as the pick with ``changes`` made)."""
+    changes: dict[str, Any]
+    """The changed fields and their values, relative to the best configuration at the time."""
 
 
 @dataclass(frozen=True)

@@ -191,18 +191,20 @@ class Searcher:
             # faster on its one probe, with no time left for the rounds that decide: said, so a
             # probe table showing it faster than the pick is explained (a review)
             self.notes.append(SearchNote("not_compared", {
-                "changes": _diff(cand.job, best.job), "ratio": b / a if a > 0 else None}))
+                "changes": _diff(cand.job, best.job), "probe": cand.index,
+                "ratio": b / a if a > 0 else None}))
             return False
         c = self.compare(best, cand, first=(a, b))
         if c.verdict == "not_faster":
             # faster on the probe that proposed it, not in the rounds: dropped, and said (an
             # audit: a candidate dropped after one contradicting round left no trace)
             self.notes.append(SearchNote("contradicted", {
-                "changes": _diff(cand.job, best.job), "proposal": c.proposal,
+                "changes": _diff(cand.job, best.job), "probe": cand.index, "proposal": c.proposal,
                 "ratios": c.ratios, "ended": c.ended}))
         if c.verdict == "undecided":
             self.notes.append(SearchNote("undecided", {
-                "changes": _diff(cand.job, best.job), "ratios": c.ratios, "noise": c.noise,
+                "changes": _diff(cand.job, best.job), "probe": cand.index, "ratios": c.ratios,
+                "noise": c.noise,
                 "proposal": c.proposal, "rounds": self.o.rounds, "budget": self.stopped,
                 "why": c.why}))
         return c.verdict == "faster"
