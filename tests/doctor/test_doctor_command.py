@@ -42,9 +42,11 @@ SYNC_SCRIPT = textwrap.dedent('''
 def test_sync_bound_script_is_named(tmp_path, monkeypatch):
     script = tmp_path / "train.py"
     # a Trainer-like output directory made before training (removed: empty when stopped) and a
-    # log directory the script wrote in (kept): an audit found doctor left the empty one
-    script.write_text('import os\nos.makedirs("out_dir/sub")\nos.makedirs("logs")\n'
-                      'open("logs/x.txt", "w").write("x")\n' + SYNC_SCRIPT)
+    # log directory the script wrote in (kept): an audit found doctor left the empty one; an
+    # empty one another process made (mkdir, not the command's Python) stays too (a review)
+    script.write_text('import os, subprocess\nos.makedirs("out_dir/sub")\nos.makedirs("logs")\n'
+                      'open("logs/x.txt", "w").write("x")\n'
+                      'subprocess.run(["mkdir", "not_mine"], check=True)\n' + SYNC_SCRIPT)
     monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(app, ["doctor", "--json", "--steps", "4", "--warmup", "1", "--",
                                    sys.executable, str(script), "50"])
@@ -62,6 +64,7 @@ def test_sync_bound_script_is_named(tmp_path, monkeypatch):
     assert d["steps_measured"] == 4
     assert d["before"]["tokens_per_s"] > 0 and d["before"]["gpu_util_percent"] is None
     assert not (tmp_path / "out_dir").exists() and (tmp_path / "logs" / "x.txt").is_file()
+    assert (tmp_path / "not_mine").is_dir()
     assert any("removed what the command created" in n and "out_dir/" in n for n in d["notes"])
 
 

@@ -35,6 +35,7 @@ from typing import Any
 # relative: sitecustomize loads this package under a private name, whatever ``trainfit`` the
 # user's interpreter has (another version, or none). Both import only the standard library here
 # (opstats imports torch inside its functions), so a process that never trains pays nothing.
+from .made_dirs import record_mkdir
 from .opstats import start_profile, stop_profile
 from .post_import import PostImport
 from .split import PhaseClock, StepRecord
@@ -92,6 +93,8 @@ def arm() -> None:
     if _ST is not None:
         return
     _ST = _State()
+    if _ST.out_dir and os.environ.get(ENV_STOP) == "1":
+        record_mkdir(_ST.out_dir)  # the stop's empty directories: removed, the command's alone
     _ST.write({"type": "armed", "pid": _ST.pid, "argv": sys.argv[:8],
                "rank": os.environ.get("RANK"), "time": time.time()})
     if "torch" in sys.modules:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.doctor.hooks import ENV_OUT, ENV_PROFILE, ENV_STEPS, ENV_STOP, ENV_WARMUP
+from trainfit.doctor.made_dirs import read_made_dirs
 from trainfit.doctor.split import StepRecord
 from trainfit.doctor.watch import HostSummary, HostWatch
 from trainfit.job import JobError
@@ -182,8 +183,9 @@ def run_foreign(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bool 
                              echo=not stop)
         files = _read_files(out_dir)
     finally:
+        made = read_made_dirs(out_dir)
         shutil.rmtree(out_dir, ignore_errors=True)
-        removed = _remove_new_empty_dirs(here, before) if stop else []
+        removed = _remove_new_empty_dirs(here, before, made) if stop else []
     assert ran.host is not None
     run = _interpret(cmd, ran.exit_code, ran.timed_out, timeout_s, files, ran.tail, ran.host,
                      steps, warmup, stop=stop)
@@ -193,13 +195,16 @@ def run_foreign(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bool 
     return run
 
 
-def _remove_new_empty_dirs(here: Path, before: set[str]) -> list[str]:
+def _remove_new_empty_dirs(here: Path, before: set[str], made: set[Path]) -> list[str]:
     """The directories the stopped command made in ``here`` and wrote no file in (a Trainer's
     ``output_dir``, made in its ``__init__``): removed, as plan's and tune's script forms do (an
-    audit: doctor left them). One with any file in it is the command's and stays."""
+    audit: doctor left them). One with any file in it stays; so does one its processes did not
+    make themselves (``made``, recorded in them: another process's, or a non-Python step's)."""
     removed = []
+    mine = {os.path.normcase(os.path.abspath(m)) for m in made}
     for p in sorted(here.iterdir()):
-        if p.name in before or not p.is_dir() or p.is_symlink():
+        if p.name in before or not p.is_dir() or p.is_symlink() or \
+                os.path.normcase(os.path.abspath(p)) not in mine:
             continue
         if any(files for _, _, files in os.walk(p)):
             continue
