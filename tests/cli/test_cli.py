@@ -404,68 +404,6 @@ def test_tune_with_nothing_that_fits_says_so_on_its_own_line(monkeypatch, tmp_pa
         "(--memory-limit on the CPU)"]
 
 
-@pytest.mark.parametrize("args", [
-    ["plan", "gpt2", "--gpu", "t5000", "--json"],
-    ["tune", "missing.yaml", "--json"],
-    ["train", "missing.yaml", "--json"],
-])
-def test_an_error_under_json_is_a_json_document_on_stdout_too(args):
-    """An audit: --json's reader got an empty stdout on bad input (the error was text alone)."""
-    res = CliRunner().invoke(app, args)
-    assert res.exit_code == 2
-    doc = json.loads(res.stdout)
-    assert set(doc) == {"error", "hint", "exit_code"} and doc["exit_code"] == 2
-    assert doc["error"] and doc["hint"]
-    assert f"error: {doc['error']}" in res.stderr  # the text line as before
-
-
-def test_a_usage_error_under_json_is_a_json_document_too(monkeypatch):
-    """A review: `plan --seq-len abc --json` (click's usage error) printed no JSON, though
-    docs/json-formats.md promises one object for every --json error."""
-    import sys
-
-    from typer import rich_utils
-
-    from trainfit.cli.startup import one_line_usage_errors
-
-    monkeypatch.setattr(rich_utils, "rich_format_error", rich_utils.rich_format_error)
-    one_line_usage_errors()
-    args = ["plan", "gpt2", "--seq-len", "abc", "--json"]
-    monkeypatch.setattr(sys, "argv", ["trainfit", *args])
-    res = runner.invoke(app, args)
-    assert res.exit_code == 2
-    doc = json.loads(res.stdout)
-    assert doc["exit_code"] == 2 and "invalid value for '--seq-len'" in doc["error"]
-    assert f"hint: {doc['hint']}" in res.stderr
-    # a --json of the user's own command (after --) is not trainfit's
-    monkeypatch.setattr(sys, "argv", ["trainfit", "plan", "--seq-len", "abc", "--", "x", "--json"])
-    res = runner.invoke(app, ["plan", "--seq-len", "abc", "--", "x", "--json"])
-    assert res.exit_code == 2 and res.stdout == ""
-
-
-def test_under_torchrun_rank_0_alone_prints_the_error_object(monkeypatch):
-    """A review: every rank of a torchrun printed the error JSON (two documents on one stdout)."""
-    args = ["plan", "gpt2", "--gpu", "t5000", "--json"]
-    monkeypatch.setenv("RANK", "1")
-    res = CliRunner().invoke(app, args)
-    assert res.exit_code == 2 and res.stdout == "" and "unknown GPU" in res.stderr
-    monkeypatch.setenv("RANK", "0")
-    res = CliRunner().invoke(app, args)
-    assert res.exit_code == 2 and json.loads(res.stdout)["exit_code"] == 2
-
-
-def test_an_error_without_json_leaves_stdout_empty():
-    res = CliRunner().invoke(app, ["plan", "gpt2", "--gpu", "t5000"])
-    assert res.exit_code == 2 and res.stdout == "" and "unknown GPU" in res.stderr
-
-
-def test_doctor_and_monitor_errors_under_json_are_json_too(tmp_path):
-    res = CliRunner().invoke(app, ["doctor", str(tmp_path / "missing.yaml"), "--json"])
-    assert res.exit_code == 2 and json.loads(res.stdout)["exit_code"] == 2
-    res = CliRunner().invoke(app, ["monitor", "--duration", "0", "--json"])
-    assert res.exit_code == 2 and "--duration 0" in json.loads(res.stdout)["error"]
-
-
 def test_tune_out_under_a_file_or_over_a_node_is_refused_with_its_fix(tmp_path):
     """An audit: --out under a file said "create it first (mkdir -p afile)", which fails; a
     pipe or device at --out would be replaced by the rename."""
