@@ -33,6 +33,19 @@ def test_reserved_is_held_at_the_card_with_retries_counted(tiny_llama):
     assert tight.peak_allocated_bytes <= tight.peak_reserved_bytes < roomy.peak_reserved_bytes
     assert tight.peak_device_bytes <= card.memory_bytes
     assert any("num_alloc_retries" in n for n in tight.model_notes)
+    # no margin left: not fitting, judged on the reserve the step asks for (an audit: such a row
+    # fitted a card and not one 1 GiB larger, where the step's own reserve stood); the table
+    # says "limit", not a bare "no" beside a device peak under its fit line
+    assert tight.fits is False and roomy.fits is True
+    gpu = find_gpu("a10g")
+    asked = roomy.peak_reserved_bytes + gpu.cuda_context_bytes
+    assert tight.headroom_bytes == int(card.memory_bytes * 0.9) - asked
+    assert any("judged on the reserve the step asks for" in n for n in tight.model_notes)
+    from trainfit.plan.grid import PlanRow
+    from trainfit.render.plan import _row_cells
+
+    row = PlanRow(job=JOB, memory=tight, speed=None, how="simulated")
+    assert _row_cells(row)[7] == "limit"
     # the speed of such a step is not predicted: each release synchronizes the GPU
     fast = SpeedPrediction(step_time_s=1.0, tokens_per_s=1e4, samples_per_s=1.0, mfu=0.3,
                            hfu=0.3, device_busy_fraction=0.9, bound="compute-bound",

@@ -100,7 +100,9 @@ class MemoryPrediction:
     workspaces; plus managed (paged optimizer states, outside the allocator)."""
     peak_phase: str
     fits: bool | None
-    """Device peak ≤ (1 − margin) × capacity; None without a GPU."""
+    """Device peak ≤ (1 − margin) × capacity, and under the error band; judged on the reserve
+    the step asks for (a row that runs only by releasing the cache at the card's limit, with
+    ``alloc_retries``, has no margin: False); None without a GPU."""
     headroom_bytes: int | None
     capacity_bytes: int | None
     margin: float
@@ -223,7 +225,14 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     if per_rank or (job.sharding.startswith("zero") and job.ranks > 1):
         notes += loading_notes(job, source, gpu, terms, quant_state_bytes)
     band = band_for(job)
-    fits, headroom, fit_note = _fit(band, cap, dev.resident, margin)
+    # judged on the reserve the step asks for: a row that runs only by the allocator releasing
+    # its cache at the card's limit has no margin left (an audit: such a row fitted a 3090 and
+    # not a card 1 GiB larger, where the same step's reserve stood)
+    fits, headroom, fit_note = _fit(band, cap, dev.asked_resident, margin)
+    if dev.retries and fits is False and dev.resident <= (cap or 0):
+        fit_note += ("; judged on the reserve the step asks for "
+                     f"({dev.asked_reserved / 2**30:.2f} GiB): at the card's limit it runs only "
+                     "by releasing the allocator's cache, with no margin")
     notes.append(fit_note)
     return MemoryPrediction(
         peak_allocated_bytes=allocated, peak_reserved_bytes=reserved, peak_device_bytes=device,
@@ -255,11 +264,18 @@ class _DeviceSide:
     with_expandable: int | None
     saving: str
     on_device: int
+    asked_reserved: int
+    """The reserve the step asks for before the card's limit (= ``reserved`` without retries)."""
 
     @property
     def resident(self) -> int:
         """What the process holds on the card outside managed memory."""
         return self.reserved + self.context + self.nccl
+
+    @property
+    def asked_resident(self) -> int:
+        """:attr:`resident` with the reserve the step asks for: what ``fits`` is judged on."""
+        return self.asked_reserved + self.context + self.nccl
 
 
 def _device_side(job: JobSpec, gpu: GpuSpec | None,
@@ -270,7 +286,7 @@ def _device_side(job: JobSpec, gpu: GpuSpec | None,
         EAGER_MODULE_LOADING_EXTRA_BYTES if eager_module_loading else 0)
     nccl, nccl_note = nccl_bytes(gpu, job.ranks)
     room = None if gpu is None else gpu.memory_bytes - context - nccl  # what cudaMalloc can get
-    retries, limit_note = 0, ""
+    retries, limit_note, asked = 0, "", reserved
     if trace is not None and room is not None:
         reserved, retries, limit_note = at_card_limit(
             trace, room, allocated, tensor_peak_bytes, reserved, job.expandable_segments)
@@ -284,7 +300,7 @@ def _device_side(job: JobSpec, gpu: GpuSpec | None,
                                                              gpu.memory_bytes - resident))
     return _DeviceSide(reserved=reserved, context=context, nccl=nccl, nccl_note=nccl_note,
                        retries=retries, limit_note=limit_note, with_expandable=with_expandable,
-                       saving=saving, on_device=on_device)
+                       saving=saving, on_device=on_device, asked_reserved=asked)
 
 
 def _full_breakdown(terms: dict[str, int], work: int, managed_bytes: int, blocks: int

@@ -61,13 +61,24 @@ how, reserved, alloc, spare, MFU in that order (and says so)."""
 def _row_cells(row: PlanRow) -> list[str]:
     j, m = row.job, row.memory
     mark = "★" if row.recommended else ("▲" if row.largest_fitting else "")
-    fits = "unknown" if m.fits is None else ("yes" if m.fits else "no")
+    fits = "unknown" if m.fits is None else ("yes" if m.fits else
+                                             "limit" if _at_limit(row) else "no")
     return [mark, j.precision or "", j.grad_ckpt or "", f"{j.micro_batch}×{j.grad_accum}",
             _gib(m.peak_allocated_bytes), _gib(m.peak_reserved_bytes), _gib(m.peak_device_bytes),
             fits, _gib(m.headroom_bytes),
             _num(row.speed.tokens_per_s if row.speed else None, "{:,.0f}"),
             "unknown" if row.speed is None or row.speed.mfu is None else share_words(row.speed.mfu),
             row.how]
+
+
+def _at_limit(row: PlanRow) -> bool:
+    """A row that runs only by the allocator releasing its cache at the card's limit: its
+    reserved and device peaks are what it holds after the release (under the card), its fit is
+    judged on the reserve it asks for (memory.predict), so "no" beside a device peak under the
+    fit line read as a contradiction (an audit)."""
+    m = row.memory
+    return m.fits is False and bool(m.alloc_retries) and m.capacity_bytes is not None and \
+        m.peak_device_bytes <= m.capacity_bytes
 
 
 def plan_table(console: Console, result: PlanResult, all_rows: bool = False) -> list[str]:
@@ -154,6 +165,10 @@ def _legend(console: Console, result: PlanResult, dropped: list[str], all_rows: 
               f"line ({line:.0%} of the GPU" + (f": GPU ÷ (1 + its {under:.0%} error band)"
                                                 if line < 1 - result.margin else "") + ")") \
         if result.gpu is not None else marks.rstrip(" ·")
+    if any(_at_limit(r) for r in result.rows if all_rows or r.shown):
+        legend += (" · limit: runs only by the allocator releasing its cache at the card's limit "
+                   "(its reserved/device peaks after the release; spare from the reserve it asks "
+                   "for): no margin left, not a pick")
     if not speed_known and result.gpu is not None:
         legend += f" · tokens/s and MFU: unknown ({_unknown_speed_why(result)})"
     elif speed_known:
