@@ -169,9 +169,12 @@ def test_generic_cards(query: str, gib: float) -> None:
     # a size given in GiB is a capacity, taken as it is
     share = 1.0 if query.lower().endswith("gib") else GENERIC_CUDA_SHARE
     assert spec.memory_bytes == int(gib * share * GIB)
-    assert min(find_gpu(n).memory_bytes / (4 * GIB) for n in ("gtx-1650-4gb",
-                                                             "rtx-3050-laptop-4gb")) >= \
-        GENERIC_CUDA_SHARE
+    # the catalog's cards by the size they are sold as (ECC on datacenter cards takes ~8 %)
+    sold_gb = {"gtx-1650-4gb": 4, "rtx-3050-laptop-4gb": 4, "t4": 16, "a2": 16, "a10g": 24,
+               "a10": 24, "l4": 24, "rtx-2080-ti": 11, "rtx-4060-ti-8gb": 8, "rtx-3090": 24,
+               "a100-40gb-pcie": 40, "h100-pcie": 80, "rtx-a6000": 48, "l40s": 48}
+    shares = {n: find_gpu(n).memory_bytes / (gb * GIB) for n, gb in sold_gb.items()}
+    assert min(shares.values()) >= GENERIC_CUDA_SHARE > min(shares.values()) - 0.005, shares
     assert spec.name == f"generic-{gib:g}gb"
     assert all(v is None for v in spec.peak_tflops.values())
     assert spec.peak_flops("bf16") is None

@@ -80,11 +80,12 @@ _GENERIC_RE = re.compile(
 )
 
 
-GENERIC_CUDA_SHARE = 0.952
+GENERIC_CUDA_SHARE = 0.915
 """What CUDA reports of a card sold as "N GB", at the least, as a share of N GiB: the catalog's
-smallest (GTX 1650 and RTX 3050 laptop 4 GB: 3.81 GiB; RTX 4060 Ti 8 GB: 7.63 GiB; the others
-0.975-0.99). A generic card is taken at it, so its capacity is never over-stated (an over-stated
-card is the user's OOM)."""
+smallest, datacenter cards with ECC on (A10G, A10 and L4 24 GB: 21.99 GiB, 0.916; T4 and A2 16
+GB: 14.75 GiB, 0.922; GTX 1650 4 GB: 3.81 GiB, 0.952; most others 0.975-0.99; a test recomputes
+it from the catalog). A generic card is taken at it, so its capacity is never over-stated (an
+over-stated card is the user's OOM; an audit: 0.952 put generic-16gb above a T4)."""
 
 
 def generic_gpu(gigabytes: float, as_gib: bool = False) -> GpuSpec:

@@ -71,14 +71,26 @@ def nccl_bytes(gpu: GpuSpec | None, ranks: int) -> tuple[int, str]:
     return n, f"NCCL ({NCCL_PCIE_CHANNELS} ring channels × 2 peers × 12 MiB, estimated)"
 
 
+UNKNOWN_CC_OF_A_CARD = (7, 5)
+"""The compute capability simulated for a card whose own is not known (``generic-16gb``): a
+pre-Ampere one, whose SDPA takes no flash kernel (grouped-query heads fall to the math kernel,
+which stores the T×T scores): the kernels that hold the most memory, since a generic card must
+never be under-predicted (an audit: generic-16gb ran flash and fitted a row a T4 does not)."""
+
+
 def cublas_workspace_bytes(gpu: GpuSpec | None) -> int:
     cc = _cc(gpu)
-    per = CUBLAS_WORKSPACE_BYTES_HOPPER if cc and cc >= (9, 0) else CUBLAS_WORKSPACE_BYTES_PRE_HOPPER
+    # an unknown card: Hopper's larger workspaces (the most memory)
+    hopper = (cc is None and gpu is not None) or (cc is not None and cc >= (9, 0))
+    per = CUBLAS_WORKSPACE_BYTES_HOPPER if hopper else CUBLAS_WORKSPACE_BYTES_PRE_HOPPER
     return per * CUBLAS_HANDLES
 
 
 def target_for(gpu: GpuSpec | None) -> SimTarget:
-    return SimTarget(device="cuda", compute_capability=_cc(gpu) or (8, 0))
+    """The simulated device: the card's compute capability; a card without a known one
+    (generic) is taken at :data:`UNKNOWN_CC_OF_A_CARD`, no card at all at Ampere's."""
+    cc = _cc(gpu) or (UNKNOWN_CC_OF_A_CARD if gpu is not None else (8, 0))
+    return SimTarget(device="cuda", compute_capability=cc)
 
 
 def _cc(gpu: GpuSpec | None) -> tuple[int, int] | None:
@@ -385,7 +397,7 @@ def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
                    margin: float = DEFAULT_MARGIN, eager_module_loading: bool = False,
                    op_hook: Any = None) -> MemoryPrediction:
     """One configuration, simulated at full size (exact; seconds to tens of seconds)."""
-    target = SimTarget(device="cuda", compute_capability=_cc(gpu) or (8, 0))
+    target = target_for(gpu)
     sim = simulate_step(job, source, target, record_events=True, op_hook=op_hook)
     rep = replay(sim.events, sim.event_streams, expandable=job.expandable_segments)
     # the allocator counts whole blocks (an unsplit remainder ≤ 1 MiB stays in the block)

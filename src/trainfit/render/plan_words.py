@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainfit.hardware.gpus import find_gpu
 from trainfit.job.choices import ENGINE_NAMES
 from trainfit.plan.context import OffloadCheck, PlanAssumptions
 from trainfit.plan.grid import PlanResult
@@ -80,6 +81,12 @@ def plan_header(result: PlanResult) -> str | None:
         f"effective batch not given (= {per_row} per row)"
     ranks = f"{a.ranks} rank{'s' if a.ranks > 1 else ''}" + _engine(a)
     kernels = _kernels_words(a)
+    name = getattr(result, "gpu", None)
+    gpu = find_gpu(name) if isinstance(name, str) else None
+    if gpu is not None and not gpu.compute_capability:
+        # memory/predict.UNKNOWN_CC_OF_A_CARD: a generic card's kernels are the ones that hold most
+        kernels += " (the card's compute capability is unknown: a pre-Ampere card's kernels, " \
+                   "which hold the most memory)"
     versions = ", ".join(f"{k} {v or 'not installed'}" for k, v in a.versions.items())
     parts = [method, _assumed(a, "seq_len", f"seq {a.seq_len}"),
              _assumed(a, "effective_batch", batch), ranks,
