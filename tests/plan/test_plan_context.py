@@ -88,6 +88,21 @@ def test_nothing_fits_in_a_group_shows_its_smallest_rows():
     assert [r.job.micro_batch for r in rows if r.shown] == [1, 2, 8]
 
 
+def test_the_current_configurations_row_is_shown_far_from_the_frontier():
+    """An audit: plan --current compared the pick against a row the table did not show."""
+    from trainfit.job import JobSpec
+    from trainfit.plan.rows import show_current
+
+    rows = [_row("fp32", "off", 2 ** k, 10 + k, k < 2, eff=256) for k in range(9)]
+    for r in rows:  # the whole job: the current one is matched on every field of the step
+        r.job = JobSpec(model="t", precision="fp32", grad_ckpt="off", micro_batch=r.job.micro_batch,
+                        effective_batch=256)
+    mark_shown(rows)
+    assert not rows[8].shown
+    show_current(rows, SimpleNamespace(job=rows[8].job.replace()))
+    assert rows[8].shown and sum(r.shown for r in rows) == 5
+
+
 def test_offload_check_follows_transformers_auto_map_budget():
     gpu = find_gpu("t4")
     budget = int(AUTO_MAP_GPU_FRACTION * (gpu.memory_bytes - gpu.cuda_context_bytes))

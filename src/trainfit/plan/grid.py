@@ -37,7 +37,7 @@ from trainfit.plan.context import OffloadCheck, PlanAssumptions, offload_check, 
 from trainfit.plan.inputs import check_inputs, grid_precisions
 from trainfit.plan.ladder import build_ladder
 from trainfit.plan.row_speed import synced
-from trainfit.plan.rows import mark_shown, rank_rows, take_exact_row
+from trainfit.plan.rows import mark_shown, rank_rows, show_current, take_exact_row
 from trainfit.plan.workers import SimulationWorkers
 from trainfit.speed.bands import SpeedBand, speed_band_for
 from trainfit.speed.comm import peer_to_peer
@@ -403,6 +403,8 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
             rows[rec].recommended = True
         rank_rows(rows, _sort_key)
         mark_shown(rows)
+        if cur_row is not None:
+            show_current(rows, cur_row)
         rungs = grid.ladder(rows) if rec is None and ladder and gpu is not None and rows else []
         first = rows[0].memory if rows else None
         return PlanResult(

@@ -32,14 +32,30 @@ def take_exact_row(rows: list[Any], exact: Any) -> None:
     # every field that shapes the step: a script's current configuration may differ from the
     # grid's in more than the four knobs (a --method or --optimizer given over the script), and
     # its simulation must then not stand for a grid row
-    key = ("precision", "grad_ckpt", "micro_batch", "grad_accum", "method", "lora_r", "lora_alpha",
-           "lora_targets", "lora_dropout", "quant", "base_dtype", "optimizer", "optimizer_impl",
-           "attention", "ranks", "sharding", "seq_len", "trl_logprob_head", "compile")
     for i, r in enumerate(rows):
-        if r.how != "simulated" and all(getattr(r.job, k) == getattr(exact.job, k) for k in key):
+        if r.how != "simulated" and _same_step(r, exact):
             rows[i] = dataclasses.replace(r, memory=exact.memory, how=exact.how,
                                           speed=exact.speed, largest_fitting=r.largest_fitting
                                           and exact.memory.fits is True)
+
+
+_STEP_KEY = ("precision", "grad_ckpt", "micro_batch", "grad_accum", "method", "lora_r",
+             "lora_alpha", "lora_targets", "lora_dropout", "quant", "base_dtype", "optimizer",
+             "optimizer_impl", "attention", "ranks", "sharding", "seq_len", "trl_logprob_head",
+             "compile")
+
+
+def _same_step(row: Any, exact: Any) -> bool:
+    return all(getattr(row.job, k) == getattr(exact.job, k) for k in _STEP_KEY)
+
+
+def show_current(rows: list[Any], current: Any) -> None:
+    """The grid's row of the user's current configuration is shown, whatever its distance from
+    the fitting frontier: the line 'against what you run now' compares with it (an audit: a
+    --current row 68 GiB over the card was compared against, not in the table)."""
+    for r in rows:
+        if _same_step(r, current):
+            r.shown = True
 
 
 def rank_rows(rows: list[Any], sort_key: Callable[[Any], Any]) -> None:
