@@ -364,3 +364,20 @@ def test_a_multi_rank_plans_tokens_per_second_say_they_are_all_ranks_together(ti
     con = Console(record=True, width=200)
     plan_table(con, res)
     assert "tokens/s of the 2 ranks together," in con.export_text()  # the title wraps
+
+
+def test_under_zero_bf16_true_is_amp_bf16_and_planned_once(tiny_llama):
+    """An audit: under --sharding zero2/zero3 the bf16-true group was an exact copy of amp-bf16's
+    (DeepSpeed's one bf16 mode, an fp32 master partition either way), unsaid."""
+    from trainfit.render.words import plan_notes
+
+    job = JobSpec(model="t", seq_len=64, micro_batch=2, grad_ckpt="off", ranks=2,
+                  sharding="zero2")
+    res = plan(job, tiny_llama, find_gpu("a100-80gb-sxm"), verify=False, ladder=False)
+    assert {r.job.precision for r in res.rows} == {"fp32", "amp-bf16"}
+    assert "bf16-true" in res.precisions_not_planned
+    assert any(n.startswith("bf16-true not planned: DeepSpeed's bf16 mode") for n in
+               plan_notes(res))
+    fsdp = plan(job.replace(sharding="fsdp"), tiny_llama, find_gpu("a100-80gb-sxm"), verify=False,
+                ladder=False)
+    assert "bf16-true" in {r.job.precision for r in fsdp.rows}

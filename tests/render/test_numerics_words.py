@@ -105,3 +105,7 @@ def test_the_legend_names_a_mark_only_a_row_shows():
     apart = NS(rows=[row(1, True, True, False), row(2, True, False, True)])
     assert marks_words(apart, False) == "★ recommended  ▲ largest micro-batch that fits · "
     assert marks_words(NS(rows=[row(1, False, False, False)]), False) == "no row fits · "
+    # no --effective-batch: the grid's powers of 2 (an audit: 5 and 6 fitted beside ▲ at 4)
+    apart.assumptions = NS(effective_batch=None)
+    assert "▲ largest micro-batch that fits (of the powers of 2 planned: --micro-batch N plans " \
+        "a size between two rows)" in marks_words(apart, False)

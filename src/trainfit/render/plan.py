@@ -149,8 +149,14 @@ def marks_words(result: PlanResult, all_rows: bool) -> str:
     one = len({r.job.micro_batch for r in result.rows}) == 1
     up = any(r.largest_fitting and not r.recommended for r in result.rows
              if all_rows or r.shown)
-    tri = (f"  ▲ largest micro-batch that fits"
-           f"{' (of the one planned: --micro-batch sets it)' if one else ''}") if up else ""
+    # without --effective-batch the grid plans powers of 2 (plan/grid._micro_candidates): a
+    # size between two rows may fit too (an audit: 5 and 6 fitted beside a ▲ at 4)
+    a = getattr(result, "assumptions", None)
+    powers = not one and a is not None and a.effective_batch is None
+    which = " (of the one planned: --micro-batch sets it)" if one else \
+        " (of the powers of 2 planned: --micro-batch N plans a size between two rows)" \
+        if powers else ""
+    tri = f"  ▲ largest micro-batch that fits{which}" if up else ""
     return f"★ recommended{tri} · "
 
 

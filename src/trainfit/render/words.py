@@ -77,6 +77,10 @@ def plan_notes(result: PlanResult) -> list[str]:
                      "same operations to 2 bytes as amp-bf16, at the same tensor-core rate "
                      "(the GPU catalog's), with loss scaling on top: its rows cannot beat "
                      "amp-bf16's; --precision amp-fp16 plans it")
+    if "bf16-true" in result.precisions_not_planned:
+        notes.append("bf16-true not planned: DeepSpeed's bf16 mode keeps an fp32 master "
+                     "partition of the weights whether asked as amp-bf16 or bf16-true, so its rows "
+                     "are amp-bf16's")
     if result.speed_band is not None and any(r.speed is not None and r.speed.tokens_per_s
                                              for r in result.rows):
         # how close such speeds came to published ones: said only where a row has one
