@@ -73,14 +73,17 @@ def check_utilisation(c: Checked, r: PlanRow) -> None:
 
 
 def check_fits(c: Checked, rows: list[PlanRow], cap: int) -> None:
-    """``fits`` is device × (1 + error band) ≤ capacity and ≤ (1 − margin) × capacity; ▲ only on a
-    fitting row, and on the largest
+    """``fits`` is device × (1 + error band) ≤ capacity and ≤ (1 − margin) × capacity (never
+    with allocator retries); ▲ only on a fitting row, and on the largest
     fitting micro-batch of its group (rows of one group differ only in the micro-batch)."""
     for r in rows:
         m = r.memory
         # the band raises the device peak (resident part: paged states never decide it)
         limit = int(cap * min(1 - m.margin, 1 / (1 + m.error_band_under)))
+        # a row the allocator runs only by releasing its cache at the card's limit has no
+        # margin: judged on the reserve it asks for, which is past the card (memory.predict)
         c.check("fits == device within capacity",
+                m.fits is False if m.alloc_retries else
                 m.fits == (m.peak_device_bytes - m.breakdown.get("managed", 0) <= limit),
                 _desc(r))
         c.check("largest_fitting only on a fitting row", not r.largest_fitting or m.fits is True,
