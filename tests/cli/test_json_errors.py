@@ -53,6 +53,10 @@ def test_under_torchrun_rank_0_alone_prints_the_error_object(monkeypatch):
     """A review: every rank of a torchrun printed the error JSON (two documents on one stdout)."""
     args = ["plan", "gpt2", "--gpu", "t5000", "--json"]
     monkeypatch.setenv("RANK", "1")
+    # a RANK without WORLD_SIZE (a cluster's pod index) is no torchrun rank: the object printed
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and json.loads(res.stdout)["exit_code"] == 2
+    monkeypatch.setenv("WORLD_SIZE", "2")
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 2 and res.stdout == "" and "unknown GPU" in res.stderr
     monkeypatch.setenv("RANK", "0")
@@ -70,3 +74,28 @@ def test_doctor_and_monitor_errors_under_json_are_json_too(tmp_path):
     assert res.exit_code == 2 and json.loads(res.stdout)["exit_code"] == 2
     res = CliRunner().invoke(app, ["monitor", "--duration", "0", "--json"])
     assert res.exit_code == 2 and "--duration 0" in json.loads(res.stdout)["error"]
+
+
+def test_the_nproc_launcher_prints_one_object_for_several_errors_and_a_dead_rank(
+        monkeypatch, capsys, tmp_path):
+    """train --nproc --json: the ranks print no error object; the launcher prints one, the first
+    error with every one under ``errors``, and a dead rank's exit code (1)."""
+    from pathlib import Path
+
+    from trainfit.cli import train as train_cli
+    from trainfit.run.launch import Launched, RankError, RankFailure
+
+    got = Launched(exit_code=1, errors=[RankError(rank=0, message="bad data", hint="fix it")],
+                   failure=RankFailure(how="killed by signal 9",
+                                       newest_checkpoint=Path("run/checkpoint-2")))
+    monkeypatch.setattr(train_cli, "launch", lambda *a, **k: got)
+    assert train_cli._launch(2, "cpu", None, "job.yaml", str(tmp_path), as_json=True) == 1
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert doc["exit_code"] == 1 and doc["error"] == "bad data" and doc["hint"] == "fix it"
+    assert [e["error"] for e in doc["errors"]][1].startswith(
+        "a process of the run ended abnormally (killed by signal 9")
+    assert f"continue with --resume {tmp_path}" in doc["errors"][1]["hint"]
+    assert out.err.count("error: ") == 2
+    assert train_cli._launch(2, "cpu", None, "job.yaml", str(tmp_path), as_json=False) == 1
+    assert capsys.readouterr().out == ""

@@ -378,6 +378,13 @@ def test_under_zero_bf16_true_is_amp_bf16_and_planned_once(tiny_llama):
     assert "bf16-true" in res.precisions_not_planned
     assert any(n.startswith("bf16-true not planned: DeepSpeed's bf16 mode") for n in
                plan_notes(res))
+    # a current bf16-true configuration is its amp-bf16 row (a review: hidden, and the pick
+    # offered "bf16-true → amp-bf16" as a change)
+    cur = plan(job, tiny_llama, find_gpu("a100-80gb-sxm"), verify=False, ladder=False,
+               current=job.replace(precision="bf16-true"))
+    assert cur.current.job.precision == "amp-bf16"
+    assert not any(c.field == "precision" and c.before == "bf16-true"
+                   for c in cur.changes_vs_current)
     fsdp = plan(job.replace(sharding="fsdp"), tiny_llama, find_gpu("a100-80gb-sxm"), verify=False,
                 ladder=False)
     assert "bf16-true" in {r.job.precision for r in fsdp.rows}

@@ -66,6 +66,9 @@ def test_the_scripts_own_flags_that_carry_a_changed_value_are_named():
     # a bare 16 is fp16 under a precision's flag alone (a review: --batch-size 16 was named)
     assert "(--precision 16)" in own_flag_words(["python", "t.py", "--precision", "16"], half)
     assert own_flag_words(["python", "t.py", "--batch-size", "16", "--epochs=16"], half) is None
+    words = own_flag_words(["python", "t.py"], half, [{"flags": ["-p", "--precision"],
+                                                       "value": 16}])
+    assert "(--precision (its default 16))" in words
 
 
 def test_a_change_the_rounds_did_not_confirm_is_not_headed_measured():

@@ -108,6 +108,12 @@ def test_undecided_micro_batch_changes_are_marked_and_bad_notes_refused(tmp_path
     assert marked([{"kind": "undecided", "changes": [["micro_batch", 4]]}]) == ["4"]
     # named by its probe: that row alone, whatever the changes say
     assert marked([{"kind": "not_compared", "changes": [["micro_batch", 99]], "probe": 0}]) == ["1"]
+    # a note of a probe that is the pick's configuration marks nothing (the pick is decided)
+    assert marked([{"kind": "undecided", "changes": [["micro_batch", 16]], "probe": 4}]) == []
+    # an older file: a probe of another effective batch is not the micro-batch change
+    tune["probes"][1]["grad_accum"] = 4
+    assert marked([{"kind": "undecided", "changes": [["micro_batch", 4]]}]) == []
+    tune["probes"][1]["grad_accum"] = 8
     for bad in ([["micro_batch"]], [[["x"], 1]], "micro_batch", [{"micro_batch": 4}]):
         with pytest.raises(ReportInputError, match=r"search_notes\[0\]\.changes"):
             marked([{"kind": "undecided", "changes": bad}])

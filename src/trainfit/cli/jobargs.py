@@ -11,6 +11,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from trainfit.cli.startup import other_rank
 from trainfit.job import JobError, JobSpec, is_code_spec
 from trainfit.job.files import file_memory_limit, parse_bytes  # noqa: F401 (the commands' import)
 
@@ -51,7 +52,7 @@ def say_error(message: str, hint: str | None, *, as_json: bool = False,
         typer.echo("last lines of its output:", err=True)
         for line in tail:
             typer.echo(f"  | {line}", err=True)
-    if as_json and int(os.environ.get("RANK", "0")) == 0:
+    if as_json and not other_rank():
         # under torchrun every rank meets the same error: rank 0 alone prints the object (two
         # ranks printed two documents, invalid together: a review)
         doc: dict[str, Any] = {"error": message, "hint": hint, "exit_code": 2}

@@ -21,6 +21,15 @@ def _took_a_command(ctx: Any) -> bool:
         or w in ("accelerate", "torchrun", "deepspeed") for w in words)
 
 
+def other_rank() -> bool:
+    """This process is a rank other than 0 of a torchrun (``WORLD_SIZE`` set: a ``RANK`` alone,
+    e.g. a cluster's pod index, does not make one): rank 0 alone prints a --json error object."""
+    if "WORLD_SIZE" not in os.environ:
+        return False
+    rank = os.environ.get("RANK", "0").strip()
+    return rank not in ("", "0")
+
+
 def _wants_json() -> bool:
     """``--json`` among the arguments before a ``--`` (after it: the user's own command's)."""
     argv = sys.argv[1:]
@@ -60,7 +69,7 @@ def one_line_usage_errors() -> None:
                     "command: for your own script, trainfit tune -- python train.py prints the "
                     "keywords to change in it; then run it as you do")
         typer.echo(f"hint: {hint}", err=True)
-        if _wants_json() and int(os.environ.get("RANK", "0")) == 0:
+        if _wants_json() and not other_rank():
             # a program asked for JSON: the error as every other --json error is (one object on
             # stdout, docs/json-formats.md; a review: `--seq-len abc --json` printed none)
             typer.echo(json.dumps({"error": msg, "hint": hint, "exit_code": 2}))

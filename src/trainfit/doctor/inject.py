@@ -201,10 +201,10 @@ def _remove_new_empty_dirs(here: Path, before: set[str], made: set[Path]) -> lis
     audit: doctor left them). One with any file in it stays; so does one its processes did not
     make themselves (``made``, recorded in them: another process's, or a non-Python step's)."""
     removed = []
-    mine = {os.path.normcase(os.path.abspath(m)) for m in made}
+    mine = {os.path.normcase(os.path.realpath(m)) for m in made}
     for p in sorted(here.iterdir()):
         if p.name in before or not p.is_dir() or p.is_symlink() or \
-                os.path.normcase(os.path.abspath(p)) not in mine:
+                os.path.normcase(os.path.realpath(p)) not in mine:
             continue
         if any(files for _, _, files in os.walk(p)):
             continue

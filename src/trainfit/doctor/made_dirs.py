@@ -7,6 +7,7 @@ the user's processes, loaded under the doctor package's private name (hooks.py).
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,13 @@ def record_mkdir(out_dir: str) -> None:
 
     mkdir.trainfit_records = True  # type: ignore[attr-defined]
     os.mkdir = mkdir
+    if orig in os.supports_dir_fd:  # os.mkdir still takes a dir_fd: said so to who asks
+        os.supports_dir_fd.add(mkdir)
+    # Python 3.10's pathlib bound os.mkdir into its accessor when imported (it is by now):
+    # Path.mkdir calls that copy, not os.mkdir (3.11 calls os.mkdir; a review)
+    accessor = getattr(sys.modules.get("pathlib"), "_NormalAccessor", None)
+    if accessor is not None and getattr(accessor, "mkdir", None) is orig:
+        accessor.mkdir = staticmethod(mkdir)
 
 
 def read_made_dirs(out_dir: Path) -> set[Path]:

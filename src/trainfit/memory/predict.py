@@ -72,10 +72,15 @@ def nccl_bytes(gpu: GpuSpec | None, ranks: int) -> tuple[int, str]:
 
 
 UNKNOWN_CC_OF_A_CARD = (7, 5)
-"""The compute capability simulated for a card whose own is not known (``generic-16gb``): a
-pre-Ampere one, whose SDPA takes no flash kernel (grouped-query heads fall to the math kernel,
-which stores the T×T scores): the kernels that hold the most memory, since a generic card must
-never be under-predicted (an audit: generic-16gb ran flash and fitted a row a T4 does not)."""
+"""The compute capability simulated for a card whose own is not known (``generic-16gb``), for
+its fp32 and fp16 rows: a pre-Ampere one, whose SDPA takes no flash kernel (grouped-query heads
+fall to the math kernel, which stores the T×T scores): the kernels that hold the most memory,
+since a generic card must never be under-predicted (an audit: generic-16gb ran flash and fitted
+a row a T4 does not)."""
+UNKNOWN_CC_OF_A_BF16_CARD = (9, 0)
+"""... and for its bf16 rows: every card with bf16 is Ampere or newer (flash for grouped heads,
+never the math kernel); Hopper's cuDNN kernel, the most memory of theirs (a review: a generic
+card's bf16 rows simulated pre-Ampere held the T×T scores, 10× an H100's at 8,192 tokens)."""
 
 
 def cublas_workspace_bytes(gpu: GpuSpec | None) -> int:
@@ -86,11 +91,14 @@ def cublas_workspace_bytes(gpu: GpuSpec | None) -> int:
     return per * CUBLAS_HANDLES
 
 
-def target_for(gpu: GpuSpec | None) -> SimTarget:
+def target_for(gpu: GpuSpec | None, precision: str | None = None) -> SimTarget:
     """The simulated device: the card's compute capability; a card without a known one
-    (generic) is taken at :data:`UNKNOWN_CC_OF_A_CARD`, no card at all at Ampere's."""
-    cc = _cc(gpu) or (UNKNOWN_CC_OF_A_CARD if gpu is not None else (8, 0))
-    return SimTarget(device="cuda", compute_capability=cc)
+    (generic) is taken at :data:`UNKNOWN_CC_OF_A_CARD` (:data:`UNKNOWN_CC_OF_A_BF16_CARD` for a
+    bf16 ``precision``), no card at all at Ampere's."""
+    cc = _cc(gpu)
+    if cc is None and gpu is not None:
+        cc = UNKNOWN_CC_OF_A_BF16_CARD if "bf16" in (precision or "") else UNKNOWN_CC_OF_A_CARD
+    return SimTarget(device="cuda", compute_capability=cc or (8, 0))
 
 
 def _cc(gpu: GpuSpec | None) -> tuple[int, int] | None:
@@ -397,7 +405,7 @@ def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
                    margin: float = DEFAULT_MARGIN, eager_module_loading: bool = False,
                    op_hook: Any = None) -> MemoryPrediction:
     """One configuration, simulated at full size (exact; seconds to tens of seconds)."""
-    target = target_for(gpu)
+    target = target_for(gpu, job.precision)
     sim = simulate_step(job, source, target, record_events=True, op_hook=op_hook)
     rep = replay(sim.events, sim.event_streams, expandable=job.expandable_segments)
     # the allocator counts whole blocks (an unsplit remainder ≤ 1 MiB stays in the block)

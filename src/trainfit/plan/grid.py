@@ -271,7 +271,6 @@ class _Grid:
             return [self.exact(_config_job(self.job, self.precisions[0], self.ckpts[0],
                                            self.micro_all[0]))]
         groups = [(p, c) for p in self.precisions for c in self.ckpts]
-        target = target_for(self.gpu)
         what = f"small simulations, {len(groups)} precision × ckpt groups"
         self.say(what, 0, len(groups))
         # the kind of step each micro-batch's row takes (one micro-step or accumulating): the
@@ -279,7 +278,8 @@ class _Grid:
         kinds = [(m, (_config_job(self.job, self.precisions[0], self.ckpts[0], m).grad_accum
                       or 1) > 1) for m in self.micro_all]
         jobs = [_config_job(self.job, p, c, 1) for p, c in groups]
-        models = self.workers.map(_fit_one, [(j, self.source, target, kinds) for j in jobs],
+        models = self.workers.map(_fit_one, [(j, self.source, target_for(self.gpu, j.precision),
+                                              kinds) for j in jobs],
                                   on_done=lambda n: self.say(what, n, len(groups)))
         if self.gpu is not None:  # in a worker (the parent builds no model), alone
             hosts = self.workers.map(_host_steps, [[(j, self.source) for j in jobs]])[0]
@@ -390,6 +390,10 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
         # identical ones (an audit)
         planned = [p for p in planned if p != "bf16-true"]
         not_planned = [*not_planned, "bf16-true"]
+        if current is not None and current.precision == "bf16-true":
+            # the same step: the current configuration is its amp-bf16 row, not a change to it
+            # (a review: its row was hidden and "bf16-true → amp-bf16" offered as a change)
+            current = current.replace(precision="amp-bf16")
     precisions = [job.precision] if job.precision else step_precisions(job, planned)
     not_planned = [] if job.precision else not_planned
     # a custom module without gradient_checkpointing_enable() has only "off" to offer

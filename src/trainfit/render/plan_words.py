@@ -83,10 +83,11 @@ def plan_header(result: PlanResult) -> str | None:
     kernels = _kernels_words(a)
     name = getattr(result, "gpu", None)
     gpu = find_gpu(name) if isinstance(name, str) else None
-    if gpu is not None and not gpu.compute_capability:
-        # memory/predict.UNKNOWN_CC_OF_A_CARD: a generic card's kernels are the ones that hold most
-        kernels += " (the card's compute capability is unknown: a pre-Ampere card's kernels, " \
-                   "which hold the most memory)"
+    if gpu is not None and not gpu.compute_capability and a.attention_kernels:
+        # memory/predict.target_for: a generic card's kernels are the ones that hold the most
+        kernels += (" (the card's compute capability is unknown: fp32/fp16 rows simulated with "
+                    "a pre-Ampere card's kernels, bf16 rows with Hopper's, and Hopper's cuBLAS "
+                    "workspaces: what holds the most memory)")
     versions = ", ".join(f"{k} {v or 'not installed'}" for k, v in a.versions.items())
     parts = [method, _assumed(a, "seq_len", f"seq {a.seq_len}"),
              _assumed(a, "effective_batch", batch), ranks,

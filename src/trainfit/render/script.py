@@ -193,7 +193,8 @@ def own_flag_words(command: list[str], changes: list[KeywordChange],
     given = {f.partition("=")[0] for f in command if f.startswith("--")}
     defaults: list[str] = []
     for opt in parsed or []:
-        flag = opt["flags"][0] if opt.get("flags") else None
+        # its long spelling, which names what it sets (``-p, --precision``: a review)
+        flag = max(opt["flags"], key=len) if opt.get("flags") else None
         if flag is None or any(f in given for f in opt["flags"]):
             continue
         v = opt.get("value")

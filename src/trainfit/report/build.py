@@ -283,6 +283,9 @@ def _job_field_names() -> frozenset[str]:
 def _is_undecided(probe: Probe, pick: Any, u: UndecidedChange) -> bool:
     """Whether a probe measured a change tune could not decide: the note's own probe, else (a
     file from before notes named it) the pick with the change made."""
+    # the pick itself is decided, whatever a note said of it on the way (a review)
+    if pick is not None and _is_change(probe, pick, {}):
+        return False
     if u.probe is not None:
         return probe.index == u.probe
     return pick is not None and _is_change(probe, pick, u.changes)
@@ -296,9 +299,17 @@ def _is_change(probe: Probe, pick: Any, change: dict[str, Any]) -> bool:
     fields = _job_field_names()
     job, picked = _knobs(probe), _knobs(pick)
     follows = {"grad_accum"} if "micro_batch" in change else set()
-    return all(job.get(k) == v for k, v in change.items()) and \
+    # ... and the effective batch stays: a probe of another one is not that change (a review)
+    same_batch = not follows or _samples_per_step(job) == _samples_per_step(picked)
+    return same_batch and all(job.get(k) == v for k, v in change.items()) and \
         all(job[k] == v for k, v in picked.items()
             if k in fields and k in job and k not in change and k not in follows)
+
+
+def _samples_per_step(job: dict[str, Any]) -> int | None:
+    """Micro-batch × accumulation of a probe's or a pick's fields (None where unknown)."""
+    mb, acc = job.get("micro_batch"), job.get("grad_accum")
+    return mb * acc if isinstance(mb, int) and isinstance(acc, int) else None
 
 
 def _picks(b: _SectionBuilder) -> list[Pick]:
