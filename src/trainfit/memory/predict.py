@@ -249,7 +249,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     # its cache at the card's limit has no margin left (an audit: such a row fitted a 3090 and
     # not a card 1 GiB larger, where the same step's reserve stood)
     fits, headroom, fit_note = _fit(band, cap, dev.asked_resident, margin)
-    if dev.retries and fits is False and dev.resident <= (cap or 0):
+    if dev.retries:  # asked past the card (card_limit.at_card_limit): never fits
         fit_note += ("; judged on the reserve the step asks for "
                      f"({dev.asked_reserved / 2**30:.2f} GiB): at the card's limit it runs only "
                      "by releasing the allocator's cache, with no margin")

@@ -383,17 +383,11 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
     called with (what is being simulated, done, total) as the work goes."""
     t0 = time.perf_counter()
     check_inputs(job, gpu, margin, dataset_tokens, epochs)
-    planned, not_planned = grid_precisions(gpu)
-    if job.sharding.startswith("zero") and job.ranks > 1 and "bf16-true" in planned:
-        # DeepSpeed's bf16 mode is one mode: the module in bf16 with an fp32 master partition
-        # (memory/zero.compute_job), whether asked as amp-bf16 or bf16-true: one group, not two
-        # identical ones (an audit)
-        planned = [p for p in planned if p != "bf16-true"]
-        not_planned = [*not_planned, "bf16-true"]
-        if current is not None and current.precision == "bf16-true":
-            # the same step: the current configuration is its amp-bf16 row, not a change to it
-            # (a review: its row was hidden and "bf16-true → amp-bf16" offered as a change)
-            current = current.replace(precision="amp-bf16")
+    planned, not_planned = grid_precisions(gpu, job)
+    if "bf16-true" in not_planned and current is not None and current.precision == "bf16-true":
+        # ZeRO's one bf16 mode: the current configuration is its amp-bf16 row, not a change to
+        # it (a review: its row was hidden and "bf16-true → amp-bf16" offered as a change)
+        current = current.replace(precision="amp-bf16")
     precisions = [job.precision] if job.precision else step_precisions(job, planned)
     not_planned = [] if job.precision else not_planned
     # a custom module without gradient_checkpointing_enable() has only "off" to offer

@@ -16,7 +16,8 @@ def supported_precisions(gpu: GpuSpec | None) -> list[str]:
     return ["fp32", "amp-fp16"]
 
 
-def grid_precisions(gpu: GpuSpec | None) -> tuple[list[str], list[str]]:
+def grid_precisions(gpu: GpuSpec | None, job: JobSpec | None = None
+                    ) -> tuple[list[str], list[str]]:
     """The precisions plan's grid varies when the user fixed none, and those it leaves out.
 
     On a catalog GPU with bf16 whose fp16 and bf16 tensor-core rates are the same known figure
@@ -26,13 +27,21 @@ def grid_precisions(gpu: GpuSpec | None) -> tuple[list[str], list[str]]:
     byte and the token on dense models (tests/plan/test_plan.py); a tiny Mixtral's came out
     6.6 % above amp-bf16's, never below — while amp-fp16 adds loss scaling's skipped steps.
     Planned, its groups cost a quarter of the plan's time for rows that could not win;
-    ``--precision amp-fp16`` still plans it.  A generic card (rates unknown) keeps it."""
+    ``--precision amp-fp16`` still plans it.  A generic card (rates unknown) keeps it.
+
+    Under ZeRO-2/3 over ranks (``job``) bf16-true is left out too: DeepSpeed's bf16 mode is one
+    mode, the module in bf16 with an fp32 master partition (memory/zero.compute_job), whether
+    asked as amp-bf16 or bf16-true — its group was amp-bf16's to the byte (an audit)."""
     got = supported_precisions(gpu)
+    left: list[str] = []
     rates = gpu.peak_tflops if gpu is not None else {}
     same_rate = rates.get("fp16") is not None and rates.get("fp16") == rates.get("bf16")
     if gpu is not None and gpu.bf16_supported and same_rate:
-        return [p for p in got if p != "amp-fp16"], ["amp-fp16"]
-    return got, []
+        left.append("amp-fp16")
+    if job is not None and job.sharding.startswith("zero") and job.ranks > 1 and \
+            "bf16-true" in got:
+        left.append("bf16-true")
+    return [p for p in got if p not in left], left
 
 
 def check_bitsandbytes(job: JobSpec) -> None:

@@ -196,7 +196,9 @@ class _SectionBuilder:
         for p in tune.probes:
             fam = self.family(p.job)
             r = self.row(fam, p.micro_batch, p.grad_accum, self.variant_words(p))
-            if any(_is_undecided(p, tune.pick, u) for u in tune.undecided):
+            # the pick itself is decided, whatever a note said of it on the way (a review)
+            is_pick = tune.pick is not None and _is_change(p, tune.pick, {})
+            if not is_pick and any(_is_undecided(p, tune.pick, u) for u in tune.undecided):
                 r.undecided = True
             q, m = p.predicted, p.measured
             planned = any(b.micro_batch == p.micro_batch for b in fam.bars)
@@ -283,9 +285,6 @@ def _job_field_names() -> frozenset[str]:
 def _is_undecided(probe: Probe, pick: Any, u: UndecidedChange) -> bool:
     """Whether a probe measured a change tune could not decide: the note's own probe, else (a
     file from before notes named it) the pick with the change made."""
-    # the pick itself is decided, whatever a note said of it on the way (a review)
-    if pick is not None and _is_change(probe, pick, {}):
-        return False
     if u.probe is not None:
         return probe.index == u.probe
     return pick is not None and _is_change(probe, pick, u.changes)
