@@ -456,8 +456,8 @@ def test_a_cpu_runs_timeline_does_not_call_its_tensor_count_gpu_memory():
     trainfit's own count of live tensors, beside an empty GPU utilisation panel."""
     from dataclasses import replace
 
+    from trainfit.report.inputs import MonitorLog
     from trainfit.report.load import MONITOR_COLUMNS
-    from trainfit.report.model import MonitorLog
     from trainfit.report.timeline import build_timeline
 
     def log(**given: list) -> MonitorLog:

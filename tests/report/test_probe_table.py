@@ -1,6 +1,6 @@
 """The probes table judges a CPU probe by the bytes its pick was judged by."""
 
-from trainfit.report.model import Measured, Predicted, Probe
+from trainfit.report.inputs import Measured, Predicted, Probe
 from trainfit.report.tables import probes_text
 
 GIB = 2**30

@@ -358,9 +358,19 @@ def test_a_resume_keeps_the_runs_evaluation_and_checkpoint_options(job, tmp_path
     assert first.exit_code == 0, first.output
     assert json.loads((out / "train.json").read_text())["run_options"] == {
         "save_every_steps": 1, "eval_fraction": 0.25, "eval_every_steps": 1}
+    # a resume refused (its --max-steps is the checkpoint's step) says the refusal alone: the
+    # options it would have kept were said before it (a review)
+    refused = runner.invoke(app, ["train", str(p), "--out", str(out), "--resume", str(out),
+                                  "--max-steps", "2", "--no-live"])
+    assert refused.exit_code == 2, refused.output
+    assert "kept from the run being resumed" not in refused.stderr
+    assert "--max-steps 2" in refused.stderr
     again = runner.invoke(app, ["train", str(p), "--out", str(out), "--resume", str(out),
                                 "--max-steps", "3", "--no-live", "--json"])
     assert again.exit_code == 0, again.output
+    seg = json.loads((out / "train.json").read_text())["segments"][-1]
+    assert "--save-every 1 kept from the run being resumed (give --save-every to change it)" \
+        in seg["notes"]
     assert "--eval-fraction 0.25 kept from the run being resumed" in again.stderr
     assert "--eval-every 1 kept" in again.stderr and "--save-every 1 kept" in again.stderr
     d = json.loads((out / "train.json").read_text())

@@ -219,7 +219,8 @@ def register(app: typer.Typer) -> None:
 
 def _kept_on_resume(opts: Any) -> Any:
     """A resume keeps the run's checkpointing and evaluation options that the command line does
-    not give again (``run_options`` in its train.json), each said on stderr."""
+    not give again (``run_options`` in its train.json); the run says each on stderr once the
+    resume passed its checks (run/options.say_kept)."""
     if opts.resume is None:
         return opts
     from trainfit.run.options import options_kept
@@ -230,10 +231,7 @@ def _kept_on_resume(opts: Any) -> Any:
     saved = record.get("run_options")
     if not isinstance(saved, dict):
         return opts
-    opts, notes = options_kept(opts, saved)
-    for n in notes if not launched_rank() else ():  # the launcher said them
-        typer.echo(n, err=True)
-    return opts
+    return options_kept(opts, saved)[0]
 
 
 def _finish(result: Any, out: str, as_json: bool) -> None:

@@ -38,7 +38,7 @@ from typing import Any
 from .made_dirs import record_mkdir
 from .opstats import start_profile, stop_profile
 from .post_import import PostImport
-from .split import PhaseClock, StepRecord
+from .split import PhaseClock, StepRecord, synced, timed
 
 ENV_OUT = "TRAINFIT_DOCTOR_OUT"
 ENV_WARMUP = "TRAINFIT_DOCTOR_WARMUP"
@@ -177,13 +177,13 @@ def _hook_backward(torch: Any, st: _State) -> None:
     """``torch.autograd.backward`` (``loss.backward()`` goes through it): the backward phase, one
     micro-step each; ``in_backward`` tells recomputation from a forward."""
     orig_backward = torch.autograd.backward
-    timed = _timed(st.clock, "backward", orig_backward, "micro_steps")
+    timed_backward = timed(st.clock, "backward", orig_backward, "micro_steps")
 
     @functools.wraps(orig_backward)
     def backward(*a: Any, **k: Any) -> Any:
         st.in_backward = True
         try:
-            return timed(*a, **k)
+            return timed_backward(*a, **k)
         finally:
             st.in_backward = False
 
@@ -196,13 +196,13 @@ def _hook_data_wait(clock: PhaseClock) -> None:
 
     base_iter = dl_mod._BaseDataLoaderIter
     orig_next = base_iter.__next__
-    timed = _timed(clock, "data_wait", orig_next)
+    timed_next = timed(clock, "data_wait", orig_next)
 
     @functools.wraps(orig_next)
     def next_(self: Any) -> Any:
         if clock.active:
             clock.counters["num_workers"] = self._num_workers  # the loader's setting, for the fix
-        return timed(self)
+        return timed_next(self)
 
     base_iter.__next__ = next_
 
@@ -214,10 +214,10 @@ def _hook_sync_points(torch: Any, st: _State) -> None:
     tensor = torch.Tensor
     st.orig["item"] = tensor.item
     for name in ("item", "tolist", "__float__"):
-        setattr(tensor, name, _synced(clock, getattr(tensor, name)))
-    tensor.cpu = _synced(clock, tensor.cpu, cond=lambda a: a[0].device.type != "cpu")
+        setattr(tensor, name, synced(clock, getattr(tensor, name)))
+    tensor.cpu = synced(clock, tensor.cpu, cond=lambda a: a[0].device.type != "cpu")
     if st.cuda:
-        torch.cuda.synchronize = _synced(clock, torch.cuda.synchronize, cond=lambda a: True)
+        torch.cuda.synchronize = synced(clock, torch.cuda.synchronize, cond=lambda a: True)
         _install_h2d(torch, clock)
 
 
@@ -225,11 +225,11 @@ def _hook_logging_io(torch: Any, clock: PhaseClock) -> None:
     """``print``, ``logging`` and ``torch.save``: logging and checkpoint I/O."""
     import logging  # lazy: a process that never imports torch is never charged for it
 
-    builtins.print = _timed(clock, "logging_io", builtins.print, "log_calls")
-    torch.save = _timed(clock, "logging_io", torch.save, "save_calls")
+    builtins.print = timed(clock, "logging_io", builtins.print, "log_calls")
+    torch.save = timed(clock, "logging_io", torch.save, "save_calls")
     # Logger._log, not handle: findCaller and makeRecord run before handle, over half a
     # log.info's cost, which was left in "other" (an audit: 45 % of it inside handle)
-    logging.Logger._log = _timed(clock, "logging_io", logging.Logger._log, "log_calls")
+    logging.Logger._log = timed(clock, "logging_io", logging.Logger._log, "log_calls")
 
 
 def _hook_clipping(clock: PhaseClock) -> None:
@@ -237,60 +237,9 @@ def _hook_clipping(clock: PhaseClock) -> None:
     import torch.nn.utils as nn_utils  # lazy: see _hook_step_boundary
     import torch.nn.utils.clip_grad as clip_mod
 
-    clip = _timed(clock, "optimizer", clip_mod.clip_grad_norm_)
+    clip = timed(clock, "optimizer", clip_mod.clip_grad_norm_)
     clip_mod.clip_grad_norm_ = clip
     nn_utils.clip_grad_norm_ = clip
-
-
-def _synced(clock: PhaseClock, fn: Any, cond: Any = None) -> Any:
-    """A sync point: counted always, timed as PhaseClock.SYNC_TIME_EVERY says (the untimed path is
-    a counter increment: loops call .item() per token, thousands of times a step)."""
-    first, mask = PhaseClock.SYNC_TIME_FIRST, PhaseClock.SYNC_TIME_EVERY - 1
-    assert PhaseClock.SYNC_TIME_EVERY & mask == 0, "a power of two: the test is a bit mask"
-    if cond is None:  # .item(), .tolist(), float(t): no arguments, the leanest wrapper
-        @functools.wraps(fn)
-        def bare(self: Any) -> Any:
-            if clock.active:
-                n = clock.sync_n = clock.sync_n + 1
-                if n <= first or not n & mask:
-                    return _timed_sync(clock, n, fn, self)
-            return fn(self)
-        return bare
-
-    @functools.wraps(fn)
-    def wrapper(*a: Any, **k: Any) -> Any:
-        if clock.active and cond(a):
-            n = clock.sync_n = clock.sync_n + 1
-            if n <= first or not n & mask:
-                return _timed_sync(clock, n, fn, *a, **k)
-        return fn(*a, **k)
-    return wrapper
-
-
-def _timed_sync(clock: PhaseClock, n: int, fn: Any, *a: Any, **k: Any) -> Any:
-    """The ``n``-th sync point of the step, one that is timed (both of _synced's wrappers)."""
-    clock.sync_timed(n)
-    try:
-        return fn(*a, **k)
-    finally:
-        clock.pop()
-
-
-def _timed(clock: PhaseClock, phase: str, fn: Any, counter: str | None = None) -> Any:
-    """``fn`` charged to ``phase`` while the clock runs: every hook that times a call is this one
-    (print, torch.save, clipping, backward, the data wait, host→device copies)."""
-    @functools.wraps(fn)
-    def wrapper(*a: Any, **k: Any) -> Any:
-        if not clock.active:
-            return fn(*a, **k)
-        if counter:
-            clock.count(counter)
-        clock.push(phase)
-        try:
-            return fn(*a, **k)
-        finally:
-            clock.pop()
-    return wrapper
 
 
 def _install_h2d(torch: Any, clock: PhaseClock) -> None:
@@ -307,7 +256,7 @@ def _install_h2d(torch: Any, clock: PhaseClock) -> None:
     for name in ("to", "cuda"):
         fn = getattr(torch.Tensor, name)
 
-        def wrapper(*a: Any, _fn: Any = fn, _timed_fn: Any = _timed(clock, "h2d_copy", fn), _name: str = name,
+        def wrapper(*a: Any, _fn: Any = fn, _timed_fn: Any = timed(clock, "h2d_copy", fn), _name: str = name,
                     **k: Any) -> Any:
             if (not clock.active or clock.phase in ("forward", "backward") or a[0].is_cuda
                     or (_name == "to" and not to_cuda(a, k))):
@@ -449,7 +398,7 @@ def _calibrate(torch: Any) -> dict[str, float]:
     def noop() -> None:
         return None
 
-    timed_noop = _timed(clock, "logging_io", noop)
+    timed_noop = timed(clock, "logging_io", noop)
     wrapper_s = max(per_call(timed_noop) - per_call(noop), 0.0)
     lin = torch.nn.Identity()
     bare = per_call(lambda: lin(x))

@@ -11,6 +11,7 @@ This module imports only the standard library: it runs inside foreign processes 
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Iterable
@@ -288,3 +289,57 @@ def calibrate_hook_cost_s(n: int = 2000) -> float:
                 clock.pop()
         per_call.append((time.perf_counter() - t0) / n)
     return statistics.median(per_call)
+
+
+# The wrappers that charge a call to a phase of the clock: the hooks injected into a script
+# (doctor/hooks.py) wrap library calls with them.
+
+def synced(clock: PhaseClock, fn: Any, cond: Any = None) -> Any:
+    """A sync point: counted always, timed as PhaseClock.SYNC_TIME_EVERY says (the untimed path is
+    a counter increment: loops call .item() per token, thousands of times a step)."""
+    first, mask = PhaseClock.SYNC_TIME_FIRST, PhaseClock.SYNC_TIME_EVERY - 1
+    assert PhaseClock.SYNC_TIME_EVERY & mask == 0, "a power of two: the test is a bit mask"
+    if cond is None:  # .item(), .tolist(), float(t): no arguments, the leanest wrapper
+        @functools.wraps(fn)
+        def bare(self: Any) -> Any:
+            if clock.active:
+                n = clock.sync_n = clock.sync_n + 1
+                if n <= first or not n & mask:
+                    return _timed_sync(clock, n, fn, self)
+            return fn(self)
+        return bare
+
+    @functools.wraps(fn)
+    def wrapper(*a: Any, **k: Any) -> Any:
+        if clock.active and cond(a):
+            n = clock.sync_n = clock.sync_n + 1
+            if n <= first or not n & mask:
+                return _timed_sync(clock, n, fn, *a, **k)
+        return fn(*a, **k)
+    return wrapper
+
+
+def _timed_sync(clock: PhaseClock, n: int, fn: Any, *a: Any, **k: Any) -> Any:
+    """The ``n``-th sync point of the step, one that is timed (both of synced's wrappers)."""
+    clock.sync_timed(n)
+    try:
+        return fn(*a, **k)
+    finally:
+        clock.pop()
+
+
+def timed(clock: PhaseClock, phase: str, fn: Any, counter: str | None = None) -> Any:
+    """``fn`` charged to ``phase`` while the clock runs: every hook that times a call is this one
+    (print, torch.save, clipping, backward, the data wait, host→device copies)."""
+    @functools.wraps(fn)
+    def wrapper(*a: Any, **k: Any) -> Any:
+        if not clock.active:
+            return fn(*a, **k)
+        if counter:
+            clock.count(counter)
+        clock.push(phase)
+        try:
+            return fn(*a, **k)
+        finally:
+            clock.pop()
+    return wrapper

@@ -13,67 +13,30 @@ import re
 from pathlib import Path
 from typing import Any
 
-from trainfit.report.model import (
-    GIB,
-    DoctorInput,
-    DoctorRow,
-    DoctorSection,
-    Family,
+from trainfit.report.inputs import (
     Inputs,
-    MemoryBar,
-    Pick,
     PlanConfig,
     PlanInput,
-    Point,
     Probe,
-    Report,
-    Section,
-    TrainInput,
-    TrainSummary,
     TuneInput,
     UndecidedChange,
 )
+from trainfit.report.model import (
+    GIB,
+    Family,
+    MemoryBar,
+    Pick,
+    Point,
+    Report,
+    Section,
+)
+from trainfit.report.runs import build_doctor, build_train
+from trainfit.report.settings import FAMILY_KEYS, family_key, matches, norm, setting_label
 from trainfit.report.tables import RowAcc, judged_peak, reference_for, seed_table
 from trainfit.report.timeline import build_timeline
 from trainfit.report.variants import reference_variant, variant_rows
 
-FAMILY_KEYS = ("method", "precision", "grad_ckpt", "seq_len", "effective_batch", "ranks",
-               "sharding", "optimizer", "attention", "lora_r", "quant", "lm_head_chunk",
-               "optimizer_impl")
-"""Job fields that make a setting; micro-batch and accumulation vary inside one.  The optimizer's
-kernel, a knob tune tries, is one: a probe of foreach AdamW measured at 231 tokens/s was merged
-into the fused pick's row (a QA run), whose median it then set.  ``compile`` and the loader's
-settings are not (plan's rows do not state them: a row is its step's, whatever feeds it); a
-probe that ran them otherwise than tune's pick gets a row of its own (report/variants.py)."""
-
-_ANY = object()
-"""A family key's value for a field its first job did not state: any value matches it."""
-
 BREAKDOWN_ORDER = ("parameters", "gradients", "optimizer", "activations", "temporaries")
-
-
-def _norm(v: Any) -> Any:
-    return tuple(v) if isinstance(v, list) else v
-
-
-def family_key(job: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(_norm(job[k]) if k in job else _ANY for k in FAMILY_KEYS)
-
-
-def _matches(key: tuple[Any, ...], job: dict[str, Any]) -> bool:
-    """Fields the job does not state do not count against a match."""
-    return all(v is _ANY or k not in job or _norm(job[k]) == v
-               for k, v in zip(FAMILY_KEYS, key, strict=True))
-
-
-def setting_label(job: dict[str, Any], varying: set[str] | None = None) -> str:
-    # a field present but null (a job that left it to be chosen) is unknown, not "None"
-    parts = [str(job.get("precision") or "precision unknown"),
-             f"checkpointing {job.get('grad_ckpt') or 'unknown'}"]
-    for k in FAMILY_KEYS:
-        if varying and k in varying and k not in ("precision", "grad_ckpt"):
-            parts.append(f"{k} {job.get(k)}")
-    return ", ".join(parts)
 
 
 def _unknown_speed_reasons(plan: PlanInput | None) -> dict[str, list[str]]:
@@ -147,7 +110,7 @@ class _SectionBuilder:
         self.rows: dict[tuple[Any, ...], RowAcc] = {}
         jobs = [c.job for c in plan.configs] if plan else []
         jobs += [p.job for p in tune.probes] if tune else []
-        self.varying = {k for k in FAMILY_KEYS if len({_norm(j.get(k)) for j in jobs if k in j}) > 1}
+        self.varying = {k for k in FAMILY_KEYS if len({norm(j.get(k)) for j in jobs if k in j}) > 1}
         # the pick's loader/compile settings: what a row's words are said against (a row's
         # main probes ran them, or, where none of its probes did, its first probe's settings)
         self.ref_variant = reference_variant(tune)
@@ -155,7 +118,7 @@ class _SectionBuilder:
 
     def family(self, job: dict[str, Any]) -> Family:
         for f in self.families:
-            if _matches(f.key, job):
+            if matches(f.key, job):
                 return f
         f = Family(key=family_key(job), label=setting_label(job, self.varying))
         self.families.append(f)
@@ -388,79 +351,6 @@ def build_section(plan: PlanInput | None, tune: TuneInput | None, dataset_tokens
         families=b.families, table=seed_table(accs, ref, tokens, source), picks=_picks(b),
         ladder=list(plan.ladder) if plan else [], probes=list(tune.probes) if tune else [],
         notes=notes, throughput_unknown_reason=throughput_unknown)
-
-
-# --- train and doctor -----------------------------------------------------------------------------
-
-def build_train(t: TrainInput, slug: str = "train") -> TrainSummary:
-    tps = (t.tokens_seen / t.wall_time_s if t.tokens_seen is not None and t.wall_time_s else None)
-    mb, ga = t.job.get("micro_batch"), t.job.get("grad_accum")
-    return TrainSummary(path=t.path, setting=setting_label(t.job),
-                        micro_batch=mb if isinstance(mb, int) else None,
-                        grad_accum=ga if isinstance(ga, int) else None, steps=t.steps,
-                        samples_seen=t.samples_seen, tokens_seen=t.tokens_seen,
-                        wall_time_s=t.wall_time_s, tokens_per_s_measured=tps,
-                        final_loss=t.final_loss, oom_events=t.oom_events,
-                        checkpoints=t.checkpoints, resumed_from=t.resumed_from,
-                        ran_at=_ran_at(t, mb, ga), ended=_ended(t), segments=t.segments,
-                        losses=t.losses, evals=t.evals, segment_rows=t.segment_rows, slug=slug,
-                        unrecorded_steps=t.unrecorded_steps,
-                        ranks=rk if isinstance(rk := t.job.get("ranks"), int) and rk > 1 else 1)
-
-
-def _ended(t: TrainInput) -> str:
-    """train.json's ``stopped`` in words."""
-    if t.stopped is None:
-        return "not recorded"
-    if t.stopped == "interrupted":
-        return (f"interrupted ({t.signal or 'a signal'}) after step {t.steps}: resume with "
-                "--resume on its directory")
-    if t.stopped == "running":
-        # written at a checkpoint while the run went on; a run killed outright (SIGKILL, a
-        # crash, the power) never rewrites it (an audit read a dead run as "running")
-        return (f"running when last written (after step {t.steps}): either the run is still "
-                "going, or it was killed before it could record its end (SIGKILL, a crash) — "
-                "its last checkpoint resumes it")
-    return t.stopped
-
-
-def _ran_at(t: TrainInput, mb: Any, ga: Any) -> list[str]:
-    """Where the run's micro-batch went after the job's: each OOM split (at its step) and each
-    segment's last step, in step order, repeats dropped; empty when it never left the job's."""
-    # (step, order, micro, accum): an OOM's step counts the steps done before it, so a split in
-    # a resumed segment's first step has the previous segment's end step: the end comes first
-    moves: list[tuple[int, int, int, int | None]] = [
-        (e.step, 1, e.micro_batch_after, e.grad_accum_after) for e in t.oom_events
-        if e.phase != "eval" and e.step is not None and e.micro_batch_after is not None]
-    moves += [(s, 0, m, a) for s, m, a in t.segment_ends]
-    seq: list[tuple[int, int | None]] = [(mb, ga)]
-    for _, _, m, a in sorted(moves, key=lambda x: x[:2]):
-        if (m, a) != seq[-1] and not (a is None and m == seq[-1][0]):
-            seq.append((m, a))
-    return [f"{m} × {'?' if a is None else a}" for m, a in seq[1:]]
-
-
-DOCTOR_METRICS = (("step time", "s", "step_time_s", 1.0), ("throughput", "tokens/s", "tokens_per_s", 1.0),
-                  ("data wait + host→device copy", "% of step", "data_wait_fraction", 100.0),
-                  ("GPU utilisation", "%", "gpu_util_percent", 1.0))
-
-
-def build_doctor(d: DoctorInput, slug: str) -> DoctorSection:
-    rows = []
-    for metric, unit, key, scale in DOCTOR_METRICS:
-        before = d.before.get(key)
-        after = d.after.get(key) if d.after else None
-        change = None if not before or after is None else after / before - 1
-        rows.append(DoctorRow(metric, unit, None if before is None else before * scale,
-                              None if after is None else after * scale, change))
-    split = [(k.removesuffix("_s").replace("_", " "), v) for k, v in d.split.items() if k != "step_time_s"]
-    return DoctorSection(slug=slug, path=d.path, target=d.target, steps_measured=d.steps_measured,
-                         split_s=split, step_time_s=d.split.get("step_time_s"), findings=d.findings,
-                         rows=rows, applied=d.applied, overhead_fraction=d.overhead_fraction,
-                         verdict=d.verdict, verdict_ratios=d.verdict_ratios,
-                         verdict_noise=d.verdict_noise, device=d.device,
-                         parts_scale=d.parts_scale, notes=list(d.notes),
-                         round_bottlenecks=list(d.round_bottlenecks))
 
 
 def _same_device(plan: PlanInput, tune: TuneInput) -> bool:

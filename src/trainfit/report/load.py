@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainfit.job.tuned_file import UNDECIDED_NOTE_KINDS
-from trainfit.report.json_fields import FORMATS_HINT, JsonObj, ReportInputError, short_repr
-from trainfit.report.model import (
+from trainfit.report.inputs import (
     DoctorInput,
     EvalPoint,
     Finding,
@@ -36,6 +35,7 @@ from trainfit.report.model import (
     TunePick,
     UndecidedChange,
 )
+from trainfit.report.json_fields import FORMATS_HINT, JsonObj, ReportInputError, short_repr
 
 KINDS_HINT = ("report reads the JSON of plan --json, tune --json, train (train.json), doctor --json, "
               "and monitor logs (.jsonl / .csv)")

@@ -12,19 +12,8 @@ import re
 import statistics
 from dataclasses import dataclass, field
 
-from trainfit.report.model import (
-    GIB,
-    DoctorSection,
-    Finding,
-    LadderStep,
-    OomEvent,
-    Pick,
-    Probe,
-    SeedRow,
-    SeedTable,
-    SegmentRow,
-    TrainSummary,
-)
+from trainfit.report.inputs import Finding, LadderStep, OomEvent, Probe, SegmentRow
+from trainfit.report.model import GIB, DoctorSection, Pick, SeedRow, SeedTable, TrainSummary
 
 UNKNOWN = "unknown"
 

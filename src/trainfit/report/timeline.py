@@ -8,7 +8,8 @@ import itertools
 import math
 import statistics
 
-from trainfit.report.model import GIB, MonitorLog, Timeline, TimelinePanel, TimelineSeries
+from trainfit.report.inputs import MonitorLog
+from trainfit.report.model import GIB, Timeline, TimelinePanel, TimelineSeries
 
 GAP_FACTOR = 2.5
 """A sampling interval longer than this × the median interval is a gap in the monitor log."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-from trainfit.report.model import Probe, TuneInput, TunePick
+from trainfit.report.inputs import Probe, TuneInput, TunePick
 
 VARIANT_KEYS = ("compile", "num_workers", "pin_memory", "prefetch_factor")
 """Not ``persistent_workers``: tune sets it on its pick by rule (a copy of the probe that measured

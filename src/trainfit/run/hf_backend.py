@@ -64,7 +64,7 @@ from trainfit.run.evaluate import eval_split
 from trainfit.run.hf_checkpoint import HISTORY, hf_max_steps, last_checkpoint, read_history
 from trainfit.run.hf_data import OrderSampler, RowCollate, train_dataset
 from trainfit.run.oom import InjectedOOM, OomEvent, cannot_split, free_after_oom, oom_chain, row_chunks
-from trainfit.run.options import Interrupt, RunOptions
+from trainfit.run.options import Interrupt, RunOptions, say_kept
 from trainfit.run.record import (
     TrainResult,
     closed_record,
@@ -429,11 +429,12 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     here = resume is not None and Path(resume).parent.resolve() == opts.out_dir.resolve()
     with RunDir(opts.out_dir, resuming=here, main=main) as claim:
         res.resumed_from = resume
+        say_kept(opts, main)
         changed = schedule_note(total, saved_steps, res.steps, ended=ended) \
             if resume is not None else None
         busy = None if fitted is None else busy_host_note(*fitted)
         res.begin_segment(res.steps, resume,
-                          [n for n in (busy, note, changed, wl.load_note, *settings,
+                          [n for n in (*opts.kept_notes, busy, note, changed, wl.load_note, *settings,
                                        *claim.notes, *data.stats.notes)
                            if n],
                           device=str(device), memory_limit_bytes=opts.memory_limit_bytes,

@@ -58,7 +58,7 @@ from trainfit.run.oom import (
     oom_chain,
     smaller_micro_batch,
 )
-from trainfit.run.options import Interrupt, RunOptions
+from trainfit.run.options import Interrupt, RunOptions, say_kept
 from trainfit.run.record import (
     TrainResult,
     closed_record,
@@ -68,6 +68,7 @@ from trainfit.run.record import (
     write_train_json,
 )
 from trainfit.run.rundir import RunDir, check_not_in_use
+from trainfit.run.saving import save_checkpoint
 from trainfit.speed.host_timing import threads_for_load
 
 __all__ = ["RunOptions", "TrainResult", "Trainer", "check_data_size", "check_runnable",
@@ -219,10 +220,12 @@ class Trainer:
             raise err or JobError("rank 0 could not use the run directory",
                                   "see rank 0's error line")
         res.resumed_from = self.resumed_from
+        say_kept(self.o, main)
         # then what the data became (packed; rows truncated: their tail is not learned), said
         # as tune and doctor say it
         res.begin_segment(self.state.step, self.resumed_from,
-                          [*self.notes, *claim.notes, *self.data.stats.notes],
+                          [*self.o.kept_notes, *self.notes, *claim.notes,
+                           *self.data.stats.notes],
                           device=str(self.device), memory_limit_bytes=self.o.memory_limit_bytes,
                           settings=rf.settings_of(self.job.to_dict()))
         try:
@@ -452,45 +455,7 @@ class Trainer:
         that fails on one rank fails on all (the error is rank 0's). The sampler's rates pause
         while it writes (no tokens are trained)."""
         with rates_paused(sampler, "checkpoint"):
-            self._save_now(res)
-
-    def _save_now(self, res: TrainResult) -> None:
-        # under FSDP gathering the full state is collective: every rank saves, rank 0 writes
-        main = self.dist.rank == 0
-        err: JobError | None = None
-        if main or self.dist.shards(self.job.sharding):
-            job = self.job.replace(micro_batch=self.state.micro_batch,
-                                   effective_batch=self.job.effective_batch).to_dict()
-            name = str(self.o.out_dir / f"checkpoint-{self.state.step}")
-            elapsed_s = time.perf_counter() - self.t_start
-            history = res.snapshot(elapsed_s)
-            history["checkpoints"] = [*history["checkpoints"], name]
-            try:
-                p = ckpt.save(self.o.out_dir, self.state, self.wl.model, self.wl.optimizer,
-                              self.scheduler, self.wl.scaler, job, write=main, history=history,
-                              schedule_steps=self.run_steps)
-                if main:
-                    res.checkpoints.append(str(p))
-                    if self.o.keep_last is not None:  # --keep-last: the older ones go
-                        ckpt.prune(self.o.out_dir, self.o.keep_last, upto_step=self.state.step)
-                        # the record lists what is there: a resumed snapshot's list named
-                        # checkpoints an earlier prune had removed (a review); by name, as the
-                        # list's paths are the working directory's of the run that wrote them
-                        there = {c.name for c in ckpt.checkpoints(self.o.out_dir)}
-                        res.checkpoints = [c for c in res.checkpoints if Path(c).name in there
-                                           or Path(c).parent.name != self.o.out_dir.name]
-                    write_train_json(self.o.out_dir, res, open_wall_time_s=elapsed_s)
-            except ckpt.CheckpointWriteError as e:
-                err = e
-            except OSError as e:  # train.json beside a checkpoint that was written
-                err = JobError(f"could not write {self.o.out_dir / 'train.json'} "
-                               f"({e.strerror}); the checkpoint {name} is intact",
-                               f"free space on that disk, then --resume {self.o.out_dir}")
-        if self.dist.any(err is not None):
-            raise err or JobError("rank 0 could not write the checkpoint", "see rank 0's error")
-        self.last_saved_step = self.state.step
-        self.dist.barrier()
-
+            save_checkpoint(self, res)
 
 class _Sched:
     """Re-iterable wrapper so DataLoader can take a generator factory as its batch sampler."""

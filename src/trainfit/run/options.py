@@ -34,7 +34,16 @@ def options_kept(opts: RunOptions, saved: dict[str, Any]) -> tuple[RunOptions, l
             taken[k] = Path(v) if k == "eval_data" else v
     notes = [f"{FLAG_OF[k]} {v} kept from the run being resumed (give {FLAG_OF[k]} to change "
              "it)" for k, v in taken.items()]
-    return dataclasses.replace(opts, **taken), notes
+    return dataclasses.replace(opts, **taken, kept_notes=tuple(notes)), notes
+
+
+def say_kept(opts: RunOptions, main: bool) -> None:
+    """The options a resume took from the run's record, said on stderr by rank 0 once the resume
+    passed its checks (said before them, they read as accepted ahead of a refusal: a review)."""
+    import sys
+
+    for n in opts.kept_notes if main else ():
+        print(n, file=sys.stderr, flush=True)
 
 
 @dataclass(kw_only=True)
@@ -86,6 +95,9 @@ class RunOptions:
     inject_eval_oom_at_steps: tuple[int, ...] = ()
     """Fault injection: raise an OOM in the last batch of the evaluation after these steps, once
     each."""
+    kept_notes: tuple[str, ...] = ()
+    """A resume's notes of the options it took from the run's record (:func:`options_kept`),
+    said by :func:`say_kept` and kept in the segment's notes once the run's checks passed."""
 
     def kept_options(self) -> dict[str, Any]:
         """The options a resume keeps unless given again (:data:`KEPT_ON_RESUME`), as the record
