@@ -171,6 +171,8 @@ def test_plan_json_single_configuration(tiny_config_json):
                                      "temporaries"}
     assert cfg["fits"] is True
     assert cfg["tokens_per_s"] is None and cfg["mfu"] is None  # a generic card: peak unknown
+    # ranked by preference alone, said so (an audit read such ranks as "fastest")
+    assert cfg["rank"] == 1 and cfg["rank_basis"] == "preference"
 
 
 def test_plan_json_speed_on_a_known_gpu(tiny_config_json):
@@ -179,6 +181,7 @@ def test_plan_json_speed_on_a_known_gpu(tiny_config_json):
                               "--precision", "amp-bf16", "--grad-ckpt", "off", "--json"])
     (cfg,) = json.loads(res.stdout)["configs"]
     assert cfg["tokens_per_s"] > 0 and 0 < cfg["mfu"] < 1 and cfg["rank"] == 1
+    assert cfg["rank_basis"] == "predicted_tokens_per_s"
     assert cfg["step_time_s"] == pytest.approx(4 * 64 / cfg["tokens_per_s"])
 
 

@@ -120,6 +120,9 @@ def test_an_interconnect_for_one_rank_is_refused():
 def test_two_models_are_not_run_as_a_command():
     r = runner.invoke(app, ["plan", "gpt2", "gpt2-medium", "--gpu", "t4"])
     assert r.exit_code == 2 and "gpt2 gpt2-medium: plan takes one model or job file" in r.output
+    # a switch given a value leaves the value as a second target: said as that (an audit)
+    r = runner.invoke(app, ["plan", "gpt2", "--gpu", "t4", "--trl-logprob-head", "true"])
+    assert r.exit_code == 2 and "true: a switch takes no value" in r.output
 
 
 def test_a_measured_link_is_taken_with_or_without_its_unit():

@@ -122,7 +122,7 @@ def test_tokens_per_s_is_the_median_step_times_rate():
     ([1.0, 1.0], [1.0, 1.01], "not_faster"),
 ])
 def test_the_fix_is_called_faster_only_when_the_rounds_agree(befores, afters, words):
-    from trainfit.doctor.run import _gain
+    from trainfit.doctor.verdict import gain_of as _gain
 
     g = _gain([_round(t) for t in befores], [_round(t) for t in afters])
     r = result(None)
@@ -179,7 +179,8 @@ def test_the_rounds_stop_only_where_a_round_contradicts_the_gain(before_s, after
     'faster' cannot be reached (tune's compare stops there too)."""
     from types import SimpleNamespace as NS
 
-    from trainfit.doctor.run import _gain, _interleaved_rounds
+    from trainfit.doctor.run import _interleaved_rounds
+    from trainfit.doctor.verdict import gain_of as _gain
 
     seen: list[str] = []
     times = {"before": iter(before_s[1:]), "after": iter(after_s)}
@@ -200,7 +201,7 @@ def test_a_headline_the_rounds_contradict_states_no_gain():
     """Rounds that named different bottlenecks: the note says so and the headline's gain is
     withdrawn (an audit: a +40 % gain headed the table all the same)."""
     from trainfit.doctor.observation import Finding
-    from trainfit.doctor.run import held_across_rounds
+    from trainfit.doctor.verdict import held_across_rounds
 
     fs = [Finding("input-bound", {}, "num_workers=2", 0.4, "data wait 29 %"),
           Finding("sync-bound", {}, "fewer .item()", 0.1, "")]

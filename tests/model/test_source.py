@@ -185,3 +185,31 @@ def test_kernels_simulated_as_their_pytorch_fallback_are_said(tmp_path):
     assert fallback_kernels("llama") == ()
     # a text config's type: its model's module (Qwen3.5's gated delta rule from fla)
     assert ("chunk_gated_delta_rule", "fla") in fallback_kernels("qwen3_5_text")
+
+
+def test_a_hub_id_without_a_network_asks_the_cache_at_once(monkeypatch):
+    """An audit: with no network a hub id took ~25 s and 10 lines of huggingface_hub's retries
+    before the error. A host that does not resolve sends the lookup to the local cache alone,
+    and its miss is one line saying so."""
+    import socket
+
+    import pytest
+    import transformers
+
+    from trainfit.job import JobError
+    from trainfit.model.source import _hub_source
+
+    def no_dns(*a, **k):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    asked = {}
+
+    def from_pretrained(name, **kw):
+        asked.update(kw)
+        raise OSError("not in the cache")
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", from_pretrained)
+    with pytest.raises(JobError, match="no network") as e:
+        _hub_source("someorg/some-model", trust_remote_code=False)
+    assert asked["local_files_only"] is True  # no download tried, so no retries
+    assert "local config.json" in (e.value.hint or "")

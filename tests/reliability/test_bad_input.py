@@ -130,6 +130,8 @@ CASES: list[tuple[str, Callable[[Path, str], list[str]], str]] = [
     ("--save-every 0", lambda d, j: ["train", j, "--out", str(d / "o"), "--save-every", "0"],
      "--save-every 0"),
     ("--epochs 0", lambda d, j: ["train", j, "--out", str(d / "o"), "--epochs", "0"], "--epochs"),
+    ("--max-steps and --epochs", lambda d, j: ["train", j, "--out", str(d / "o"), "--max-steps",
+                                                "5", "--epochs", "2"], "each sets the run's length"),
     ("--eval-fraction 2", lambda d, j: ["train", j, "--out", str(d / "o"), "--eval-fraction", "2"],
      "--eval-fraction"),
     ("--backend nope", lambda d, j: ["train", j, "--out", str(d / "o"), "--backend", "nope"],

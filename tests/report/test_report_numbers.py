@@ -47,6 +47,14 @@ def test_a_plan_without_a_gpu_and_a_cpu_tune_are_shown_apart(tmp_path):
     r = build_report(load_inputs([str(tmp_path / "plan.json"), str(tmp_path / "tune.json")]))
     assert len(r.sections) == 2
     assert any("predicts a GPU step: shown apart" in w for w in r.warnings)
+    # its device column is the reserve alone, said as the plan says it (an audit: the footnote
+    # read "reserved + CUDA context" for it)
+    from trainfit.report.tables import seed_text
+
+    planned = seed_text(r.sections[0].table)
+    assert any("the plan named no GPU: its predicted device peak is the reserve alone" in n
+               for n in planned.notes)
+    assert not any("named no GPU" in n for n in seed_text(r.sections[1].table).notes)
 
 
 def test_a_change_tune_could_not_decide_is_marked_not_read_as_faster(tmp_path):
@@ -117,6 +125,37 @@ def test_undecided_micro_batch_changes_are_marked_and_bad_notes_refused(tmp_path
     for bad in ([["micro_batch"]], [[["x"], 1]], "micro_batch", [{"micro_batch": 4}]):
         with pytest.raises(ReportInputError, match=r"search_notes\[0\]\.changes"):
             marked([{"kind": "undecided", "changes": bad}])
+
+
+def test_the_searchs_unconfirmed_best_is_marked_and_the_pick_reads_as_tune_said(tmp_path):
+    """An audit: the search's best that the rounds against the current configuration did not
+    confirm (tune kept the current one) read as a measured 1.80× speed-up, unmarked; and the
+    pick's tokens/s was the mean of its two middle probes (2,668) where tune said 2,431, the
+    lower one."""
+    import json
+
+    from report_paths import FIXTURES
+
+    from trainfit.report.build import build_report
+    from trainfit.report.load import load_inputs
+    from trainfit.report.tables import seed_text
+
+    tune = json.loads((FIXTURES / "tune.json").read_text())
+    tune["search_notes"] = []
+    tune["unconfirmed"] = dict(tune["probes"][1])  # 4 × 8: its row alone is marked
+    # the pick (probe 4, 34,500 tokens/s) re-measured in a round at 30,000
+    again = json.loads(json.dumps(tune["probes"][4]))
+    again.update(index=6, stage="confirm")
+    again["measured"]["tokens_per_s"] = 30000.0
+    tune["probes"].append(again)
+    (tmp_path / "t.json").write_text(json.dumps(tune))
+    section = build_report(load_inputs([str(tmp_path / "t.json")])).sections[0]
+    table = seed_text(section.table)
+    assert [r[1] for r in table.rows if r[-1] == "undecided (tune)"] == ["4"]
+    assert any("did not confirm it against the current configuration" in n for n in table.notes)
+    # the lower middle is the row's, as tune's (the mean of the two read 32,250)
+    row = next(r for r in section.table.rows if r.pick)
+    assert row.tokens_per_s_measured == 30000.0
 
 
 def test_a_cpu_tunes_tables_head_their_memory_as_live_tensors(tmp_path):

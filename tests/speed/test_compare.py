@@ -62,3 +62,20 @@ def test_one_round_far_from_the_others_is_not_the_noise():
     # equal configurations with one wild round stay undecided or not faster, never faster
     same = Comparison.of([300, 290, 295, 38], [301, 292, 290, 300], [0.05] * 8, 0.03, 4)
     assert same.verdict != "faster"
+
+
+def test_one_disturbed_probe_does_not_set_the_noise():
+    """An audit: amp-bf16 faster in every round (2.54×, 1.67×, 2.19×, 3.03×, its slowest repeat
+    above the baseline's fastest) was left "inside the noise (145%)": one probe's own steps lay
+    145 % apart, where the others' lay ~10 %. The probes' spreads count by their median."""
+    a, b = [130, 185, 150, 109], [330, 309, 329, 330]
+    c = Comparison.of(a, b, [0.10] * 7 + [1.45], 0.03, 4)
+    assert c.verdict == "faster" and c.noise < 0.6
+    # most probes that unsteady: the noise is theirs, and the gain inside it is not taken
+    assert Comparison.of(a, b, [1.45] * 6 + [0.1] * 2, 0.03, 4).verdict == "undecided"
+
+
+def test_a_round_at_the_floor_is_said_to_a_hundredth_of_a_percent():
+    """An audit: "not faster by more than 3% (1.03×)" read as a rule contradicting itself."""
+    c = Comparison.of([100, 100], [102.99, 140], [0.01] * 4, 0.03, 4)
+    assert c.why == "a round was not faster by more than 3% (+2.99%)"

@@ -232,3 +232,16 @@ def test_a_load_meter_around_a_tree_counts_its_children_as_its_own():
     around_gone = LoadMeter(allowed_cpus(), tree_of=gone.pid)
     gone.wait()
     assert around_gone.measured() is None and around_gone.cores() == 0.0
+
+
+def test_the_cores_others_used_are_at_most_the_cpus_watched(monkeypatch):
+    """An audit: "other processes used 2.1 of 2 CPU cores" (measured): the busy counters and the
+    wall clock are read a moment apart. A measured figure above its limit is clamped to it."""
+    from trainfit.speed import host_timing as ht
+
+    reads = iter([(100.0, 0.0), (100.0 + 2.1 * 1.0, 0.0)])
+    monkeypatch.setattr(ht, "_load", lambda cpus, tree_of=None: next(reads))
+    clock = iter([0.0, 1.0])
+    monkeypatch.setattr(ht.time, "perf_counter", lambda: next(clock))
+    meter = ht.LoadMeter([0, 1])
+    assert meter.measured() == 2.0

@@ -19,6 +19,10 @@ def is_command(args: list[str]) -> bool:
     return len(args) > 1 or (len(args) == 1 and args[0].endswith(".py") and ":" not in args[0])
 
 
+_SWITCH_VALUES = ("true", "false", "yes", "no", "on", "off", "1", "0")
+"""Words a switch's value would be: after a model, the sign of ``--switch VALUE``."""
+
+
 def refuse_two_models(args: list[str]) -> None:
     """``plan gpt2 gpt2-medium``: two words whose first is a catalog model and no program are two
     models, not a command (run as one, the first word was 'command not found')."""
@@ -27,6 +31,14 @@ def refuse_two_models(args: list[str]) -> None:
     from trainfit.model.catalog.models import find_model
 
     if len(args) > 1 and find_model(args[0]) is not None and shutil.which(args[0]) is None:
+        value = next((a for a in args[1:] if a.lower() in _SWITCH_VALUES), None)
+        if value is not None:
+            # a switch given a value (--trl-logprob-head true) leaves the value as a second
+            # target: "llama-3.1-8b true: plan takes one model" named neither (an audit)
+            raise JobError(f"{value}: a switch takes no value (the word after a --flag is read "
+                           "as a second model)",
+                           "give the switch alone (e.g. --trl-logprob-head), or its --no- form "
+                           "(--no-trl-logprob-head)")
         raise JobError(f"{' '.join(args)}: plan takes one model or job file",
                        "plan them one at a time; a training script goes after --, e.g. "
                        "trainfit plan --gpu t4 -- python train.py")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from trainfit.doctor.split import (
     median_counter,
     median_split,
 )
+from trainfit.doctor.verdict import contradicted, gain_of, held_across_rounds
 from trainfit.job import JobSpec, dividing_micro_batches, read_job_file
 from trainfit.job.files import file_memory_limit
 from trainfit.model.experts import inactive_expert_params
@@ -46,7 +47,8 @@ from trainfit.model.runtime import parse_device
 from trainfit.model.source import resolve_model
 from trainfit.model.towers import tower_params
 from trainfit.model.workload import matmul_params
-from trainfit.speed.compare import NOISE_FLOOR, ROUNDS, Comparison
+from trainfit.speed.compare import ROUNDS
+from trainfit.speed.host_timing import threads_for_load
 from trainfit.speed.predict import model_flops_per_token
 
 DOCTOR_KEYS = {"tokenize": ("lazy", "eager")}
@@ -371,36 +373,15 @@ def _apply_fixes(bench: _Bench, names: list[str], probe: tuple[int, float] | Non
 def _interleaved_rounds(bench: _Bench, first: Round, after_job: JobSpec, after_mode: str,
                         repeats: int) -> tuple[list[Round], list[Round]]:
     """(befores, afters): after, before, after … so that the host's drift hits both alike; at
-    most ``repeats`` rounds, fewer once a round contradicts the gain (:func:`_contradicted`)."""
+    most ``repeats`` rounds, fewer once a round contradicts the gain
+    (:func:`~trainfit.doctor.verdict.contradicted`)."""
     befores, afters = [first], []
     for k in range(max(repeats, 1)):
         afters.append(bench.measure(after_job, after_mode, f"after #{k + 1}"))
-        if k + 1 >= repeats or (k + 1 >= MIN_ROUNDS and _contradicted(_gain(befores, afters))):
+        if k + 1 >= repeats or (k + 1 >= MIN_ROUNDS and contradicted(gain_of(befores, afters))):
             break
         befores.append(bench.measure(bench.job, bench.before_mode, f"before #{k + 2}"))
     return befores, afters
-
-
-def _contradicted(gain: Comparison) -> bool:
-    """A round was not faster: ``faster`` can no longer be reached, and tune's compare stops there
-    too. The rounds run to tune's :data:`ROUNDS` otherwise — a gain decisive in two rounds is not
-    called faster before the others (tune's compare runs them all unless its budget ends; an
-    audit found doctor deciding on 2). A stop here leaves the verdict ``undecided`` or ``not
-    faster`` by the rounds run; either way the configuration is kept."""
-    return min(gain.ratios, default=0.0) <= 1 + NOISE_FLOOR
-
-
-def _gain(befores: list[Round], afters: list[Round]) -> Comparison:
-    """Whether the fixes made the step faster, by the rule tune's pick obeys (speed/compare.py):
-    the interleaved rounds (before k, after k) must all agree beyond the noise this run measured
-    — the rounds' own step spreads and each side's spread over its repeats.  One round cannot
-    tell a fix from the host's noise: at least two are asked for (``--repeats``).  A QA run on
-    a busy host had before 1,038 / 353 / 525 ms against after 998 / 996 / 1,000 ms, and the
-    fix was printed as applied with its median ratio."""
-    spreads = [r.split.step_time_spread_s / r.split.step_time_s for r in (*befores, *afters)
-               if r.split.step_time_s > 0]
-    return Comparison.of([r.tokens_per_s for r in befores], [r.tokens_per_s for r in afters],
-                         spreads, NOISE_FLOOR, ROUNDS)
 
 
 def _busy_note(bench: _Bench, rounds: list[Round]) -> str | None:
@@ -435,24 +416,6 @@ def _pooled(bench: _Bench, befores: list[Round]) -> Round:
                       if r.device_peak_reserved_bytes is not None), default=None))
 
 
-def held_across_rounds(findings: list[Finding], rounds: list[str], notes: list[str]
-                       ) -> list[Finding]:
-    """The pooled rounds' findings, the headline's gain withdrawn when the 'before' rounds named
-    different bottlenecks (said in ``notes``): a gain the repeats contradict is not stated (an
-    audit: it headed the table all the same)."""
-    if len(set(rounds)) < 2:
-        return findings
-    notes.append(f"the verdict did not hold across the {len(rounds)} 'before' rounds of this run "
-                 f"({', '.join(rounds)}): the pooled rounds name "
-                 f"{findings[0].bottleneck if findings else 'none'}, with that uncertainty")
-    if not findings:
-        return findings
-    head = findings[0]
-    return [replace(head, predicted_gain_fraction=None,
-                    detail=f"undecided: the rounds named {', '.join(rounds)}; {head.detail}"),
-            *findings[1:]]
-
-
 def doctor_job(path: str | Path | None = None, *, job: JobSpec | None = None, tokenize: str = "eager",
                steps: int = 6, warmup: int = 2, apply: bool = True, repeats: int = ROUNDS,
                device: str = "cpu", memory_limit_bytes: int | None = None, log: Any = None,
@@ -460,10 +423,33 @@ def doctor_job(path: str | Path | None = None, *, job: JobSpec | None = None, to
     """Measure a trainfit job, name its bottlenecks, apply the fixes and measure again."""
     target, job, tokenize, memory_limit_bytes = _job_to_examine(
         path, job, tokenize, memory_limit_bytes, steps, allow_code, trust_remote_code)
+    # torch's pool fitted to the cores other processes leave, as train and tune fit theirs: at
+    # 2 threads beside busy neighbours doctor timed 27.6 s a step and named slow matmuls, where
+    # train ran the same job at ~3 s at one thread and doctor at one named it compute-bound (an
+    # audit); the process's own count given back after
+    threads = torch.get_num_threads()
+    fitted = threads_for_load(0.25) if parse_device(device).type == "cpu" else None
+    try:
+        return _doctor_job(target, job, tokenize, steps, warmup, apply, repeats, device,
+                           memory_limit_bytes, log, fitted)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _doctor_job(target: str, job: JobSpec, tokenize: str, steps: int, warmup: int, apply: bool,
+                repeats: int, device: str, memory_limit_bytes: int | None, log: Any,
+                fitted: tuple[int, int, float, int] | None) -> DoctorResult:
     bench = _Bench.open(job, device, lazy=tokenize == "lazy", steps=steps, warmup=warmup,
                         memory_limit_bytes=memory_limit_bytes, say=log or (lambda msg: None))
     first = bench.measure(job, bench.before_mode, "before")
     notes: list[str] = []
+    if fitted is not None:
+        n, was, others, cpus = fitted
+        notes.append(f"other processes used {min(others, cpus):.1f} of {cpus} CPU cores when "
+                     f"doctor started (measured): torch ran at {n} thread{'s' if n > 1 else ''} "
+                     f"instead of {was}, as train and tune do on a busy host, so that its "
+                     "parallel regions do not wait on busy cores (OMP_NUM_THREADS, when you set "
+                     "it, is kept)")
     names, probe = _diagnose(bench, first, notes)
     after_job, after_mode, applied = (_apply_fixes(bench, names, probe, notes) if apply
                                       else (job, bench.before_mode, []))
@@ -471,7 +457,7 @@ def doctor_job(path: str | Path | None = None, *, job: JobSpec | None = None, to
     gain = None
     if applied:
         befores, afters = _interleaved_rounds(bench, first, after_job, after_mode, repeats)
-        gain = _gain(befores, afters)
+        gain = gain_of(befores, afters)
     pooled = _pooled(bench, befores)
     findings = find(bench.observe_before(pooled, probe))
     per_round = [(find(bench.observe_before(r, probe)) or [None])[0] for r in befores]

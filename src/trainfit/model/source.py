@@ -337,8 +337,13 @@ def _hub_source(name: str, trust_remote_code: bool) -> ModelSource:
     """An HF id: its config.json from the hub (or the local cache), as transformers fetches it."""
     from transformers import AutoConfig
 
+    offline = not _hub_resolves()
     try:
-        cfg = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
+        # without a network only the local cache can answer: asked at once (huggingface_hub
+        # retried a failed name lookup 5 times with backoff, ~25 s and 10 lines of retry noise
+        # before the error: an audit)
+        cfg = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code,
+                                         local_files_only=offline)
     except ValueError as err:
         if "trust_remote_code" in str(err):
             raise JobError(f"--model {name}: needs the model's own code",
@@ -346,12 +351,35 @@ def _hub_source(name: str, trust_remote_code: bool) -> ModelSource:
         raise JobError(f"--model {name}: {str(err).splitlines()[0]}",
                        "check the hub id, or pass a local config.json") from None
     except OSError as err:
+        if offline:
+            raise JobError(f"--model {name}: no network (the hub's host does not resolve) and "
+                           "its config.json is not in the local Hugging Face cache",
+                           "connect and run again, pass a local config.json, or a catalog "
+                           "name (trainfit models)") from None
         raise JobError(f"--model {name}: cannot fetch its config.json from the hub "
                        f"({type(err).__name__})",
                        "check the id and the network, or pass a local config.json") from None
     src = source_of(name, cfg, _task_for(cfg), "hub", quantization_note(cfg, name))
     _check_fields(src.config, name)
     return src
+
+
+def _hub_resolves() -> bool:
+    """Whether the hub's host name resolves (HF_ENDPOINT's, as huggingface_hub reads it); True
+    under HF_HUB_OFFLINE, where transformers reads the cache alone anyway."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return True
+    host = urlparse(constants.ENDPOINT).hostname
+    try:
+        socket.getaddrinfo(host or "huggingface.co", 443)
+    except OSError:
+        return False
+    return True
 
 
 def check_seq_len(seq_len: int, source: ModelSource) -> None:

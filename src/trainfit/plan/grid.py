@@ -160,7 +160,14 @@ class PlanResult:
                 "host_activation_bytes", "host_activation_copied_bytes",
                 "host_activation_exact")}, "how": row["how"],
                 "largest_fitting": row["largest_fitting"], "recommended": row["recommended"],
-                "rank": row["rank"], "shown": row["shown"], **_speed_fields(row["speed"]),
+                "rank": row["rank"],
+                # what the rank orders by: a row without a predicted speed (no GPU, a card
+                # without a known peak) is ordered by preference alone — an audit read ranks
+                # 1…32 beside null tokens/s as "fastest"
+                "rank_basis": None if row["rank"] is None else (
+                    "predicted_tokens_per_s" if (row["speed"] or {}).get("tokens_per_s")
+                    else "preference"),
+                "shown": row["shown"], **_speed_fields(row["speed"]),
                 "time_for_dataset_s": self.time_for_dataset_s(row["speed"]),
                 "model_notes": mem["model_notes"]})
         d["configs"] = configs

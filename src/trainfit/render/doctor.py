@@ -31,12 +31,14 @@ def _num(v: float | None, unit: str) -> str:
         return f"{v:.1%}"
     if unit == "bytes/s":
         return f"{v / 2**20:.1f} MiB/s"
+    if unit == "FLOP/s":  # a peak rate: an audit read "peak_flops 94,307,725,595" without one
+        return f"{v / 1e12:.2f} TFLOP/s" if v >= 1e12 else f"{v / 1e9:.1f} GFLOP/s"
     return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
 def _unit(key: str) -> str:
     for suffix, unit in (("_bytes_per_s", "bytes/s"), ("_bytes", "bytes"), ("_s", "s"),
-                         ("_fraction", "fraction"), ("mfu", "fraction")):
+                         ("_fraction", "fraction"), ("mfu", "fraction"), ("flops", "FLOP/s")):
         if key.endswith(suffix):
             return unit
     return ""
@@ -61,7 +63,8 @@ def split_table(r: DoctorResult) -> Table:
             continue
         t.add_row(name, _num(v, "s"), _num(s.fraction(key), "fraction"))
     t.add_row(Text("step", style="bold"), Text(_num(s.step_time_s, "s"), style="bold"),
-              f"spread {_num(s.step_time_spread_s, 's')}")
+              # max − min of the steps, in seconds: "spread" in the % column read as a share
+              f"range {_num(s.step_time_spread_s, 's')} (slowest − fastest step)")
     if s.parts_scale < 1.0:
         # each part's median is taken alone: on a noisy host they can sum past the median step
         t.caption = (f"the parts' medians summed to {1 / s.parts_scale:.0%} of the median step "

@@ -47,7 +47,15 @@ def _rounds_words(c: Any) -> str:
     noise = f"; noise {c.noise:.0%}, measured" if c.ratios else ""
     why = getattr(c, "why", None)
     return _proposal_words(getattr(c, "proposal", None)) + rounds + noise + (
-        f"; not decided because {why}" if why else "")
+        f"; not decided because {why}" if why else "") + _redone_words(getattr(c, "redone", None))
+
+
+def _redone_words(redone: float | None) -> str:
+    """A round measured again (Comparison.redone), said where its rounds are."""
+    if redone is None:
+        return ""
+    return (f" (one more round at {redone:.2f}× was measured again, not counted: the candidate "
+            "ran at under half its own pace in it, the host's doing)")
 
 
 _NOTE_TEXTS: dict[str, Any] = {
@@ -102,6 +110,7 @@ _NOTE_TEXTS: dict[str, Any] = {
                             else "noise measured in this run by then (")
                          + f"{d['noise']:.0%}, measured)"
                          + (f": {d['why']}" if d.get("why") else "")
+                         + _redone_words(d.get("redone"))
                          + "; kept the simpler configuration",
     "script_precision": lambda d: f"precision: not probed on this script — its {d['method']} "
                                 f"trainer's weights load in {d['dtype']}, a dtype a probe "
@@ -161,7 +170,7 @@ def _contradicted_words(d: dict[str, Any]) -> str:
     why = ("; a re-measure no longer fit" if d.get("ended") == "no_longer_fits" else
            ": a round contradicted the gain, so no more rounds could confirm it")
     return (head + rounds + " the tokens/s of the current best in interleaved rounds" + why
-            + "; kept the current best")
+            + _redone_words(d.get("redone")) + "; kept the current best")
 
 
 def note_words(n: SearchNote) -> str:

@@ -184,6 +184,9 @@ class TrainInput:
     unrecorded_steps: int = 0
     """The first steps, run by a segment whose checkpoint carried no history (an older
     trainfit): their losses are None as not recorded, not as non-finite."""
+    failure: str | None = None
+    """Why a failed run stopped: its record's ``failed: …`` note (an out-of-memory at
+    micro-batch 1 is not among the OOM events survived; None otherwise)."""
 
 
 @dataclass(frozen=True)

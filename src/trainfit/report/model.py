@@ -89,6 +89,9 @@ class SeedTable:
     """What the speed-up is relative to."""
     dataset_tokens: int | None
     dataset_tokens_source: str
+    no_gpu: bool = False
+    """The plan named no GPU: its predicted device peak is the reserve, without the CUDA
+    context it cannot know (plan's own words)."""
 
 
 @dataclass(frozen=True)

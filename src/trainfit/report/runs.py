@@ -39,6 +39,8 @@ def _ended(t: TrainInput) -> str:
         return (f"running when last written (after step {t.steps}): either the run is still "
                 "going, or it was killed before it could record its end (SIGKILL, a crash) — "
                 "its last checkpoint resumes it")
+    if t.stopped == "failed" and t.failure:
+        return f"failed: {t.failure}"
     return t.stopped
 
 

@@ -45,7 +45,9 @@ class RowAcc:
         itself), and the largest peaks (a measured peak is a fact about the step)."""
         if not self.probes:
             return
-        self.tokens_per_s_measured = statistics.median(t for t, _, _ in self.probes)
+        # the lower middle of an even count, as tune states its pick (Searcher.median_of: a
+        # probe's own number; an audit read 2,668 here for a pick tune said ran 2,431)
+        self.tokens_per_s_measured = statistics.median_low(t for t, _, _ in self.probes)
         peaks = [p for _, p, _ in self.probes if p is not None]
         rss = [h for _, _, h in self.probes if h is not None]
         self.device_measured_bytes = max(peaks) if peaks else self.device_measured_bytes
@@ -242,12 +244,16 @@ def seed_text(t: SeedTable, on_cpu: bool = False) -> TextTable:
               else f"{t.dataset_tokens:,} tokens ({t.dataset_tokens_source})")
     notes = [f"speed-up is relative to {t.reference}", f"dataset: {tokens}",
              "GiB = 2^30 bytes; peak device = what nvidia-smi shows (reserved + CUDA context); "
-             "on CPU, which has none, the live tensor bytes (what --memory-limit caps)",
+             + ("the plan named no GPU: its predicted device peak is the reserve alone, the "
+                "CUDA context unknown; " if t.no_gpu else "")
+             + "on CPU, which has none, the live tensor bytes (what --memory-limit caps)",
              "host RAM is only measured (the plan does not predict it)"]
     if any(r.undecided for r in t.rows):
         notes.append("undecided (tune): a change to tune's pick whose interleaved repeats did "
-                     "not confirm a gain (tune said \"could not decide\"): its measured "
-                     "tokens/s is not a speed-up over the pick")
+                     "not confirm a gain (tune kept the pick and said it could not decide, "
+                     "dropped the change, or did not confirm it against the current "
+                     "configuration): its measured tokens/s, the median of probes taken at "
+                     "different moments, is not a speed-up over the pick")
     return TextTable("Micro-batch table (seed-002 style)", cols, rows, notes,
                      [bool(r.pick) for r in t.rows], groups)
 
@@ -333,8 +339,10 @@ def train_text(t: TrainSummary) -> TextTable:
             ["final loss", fmt_num(t.final_loss, 4)],
             ["training loss over the steps", loss_words(t.losses, t.unrecorded_steps)],
             ["evaluation", eval_words(t)],
-            ["OOM events", "none" if not t.oom_events else "; ".join(
-                _oom_words(e) for e in t.oom_events)],
+            ["OOM events (survived)", ("none" if not t.oom_events else "; ".join(
+                _oom_words(e) for e in t.oom_events))
+             + ("; the run ended on one (see ended)" if t.ended.startswith("failed: out of "
+                                                                         "memory") else "")],
             ["checkpoints", str(len(t.checkpoints))],
             ["ended", t.ended],
             # the record's segments: a resume into a new --out carries the earlier ones (an

@@ -343,7 +343,7 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
             if resume is not None else None
         busy = None if fitted is None else busy_host_note(*fitted)
         res.begin_segment(res.steps, resume,
-                          [n for n in (*opts.kept_notes, busy, note, changed, wl.load_note, *settings,
+                          [n for n in (busy, note, changed, wl.load_note, *settings, *opts.kept_notes,
                                        *claim.notes, *data.stats.notes)
                            if n],
                           device=str(device), memory_limit_bytes=opts.memory_limit_bytes,

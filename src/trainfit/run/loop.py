@@ -224,7 +224,7 @@ class Trainer:
         # then what the data became (packed; rows truncated: their tail is not learned), said
         # as tune and doctor say it
         res.begin_segment(self.state.step, self.resumed_from,
-                          [*self.o.kept_notes, *self.notes, *claim.notes,
+                          [*self.notes, *self.o.kept_notes, *claim.notes,
                            *self.data.stats.notes],
                           device=str(self.device), memory_limit_bytes=self.o.memory_limit_bytes,
                           settings=rf.settings_of(self.job.to_dict()))

@@ -120,6 +120,10 @@ class RunOptions:
         if self.epochs is not None and not 0 < self.epochs < float("inf"):  # inf: a traceback
             raise JobError(f"--epochs {self.epochs}: must be a finite number > 0",
                            "e.g. --epochs 1")
+        if self.epochs is not None and self.max_steps is not None:
+            # each sets the run's length: --epochs was dropped unsaid (an audit)
+            raise JobError(f"--max-steps {self.max_steps} and --epochs {self.epochs:g}: each "
+                           "sets the run's length", "give one of them")
         if self.eval_data is not None and self.eval_fraction is not None:
             raise JobError("--eval-data and --eval-fraction both given: one evaluation set only",
                            "keep --eval-data (a separate file) or --eval-fraction (held-out samples)")

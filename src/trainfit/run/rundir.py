@@ -34,6 +34,10 @@ from trainfit.job import JobError
 LOCK_NAME = ".trainfit.lock"
 RUN_FILES = ("train.json", "latest")
 """What marks a directory as holding a run (besides ``checkpoint-N`` directories)."""
+WATCH_FILES = ("monitor.jsonl", "tensorboard")
+"""What a run killed before its first checkpoint leaves alone: a new run there sets them aside
+(:func:`set_aside_watch_files`) — it appended to the dead run's, which report then drew as one
+timeline whose steps went 46 → 5 (an audit)."""
 
 
 def fsync_dir(path: Path) -> None:
@@ -318,6 +322,25 @@ def remove_partial_saves(out: Path) -> list[str]:
     return gone
 
 
+def set_aside_watch_files(out: Path) -> list[tuple[Path, Path]]:
+    """A new run's ``out`` (it holds no run: checked) with the monitor log or TensorBoard events
+    of a run that stopped before its first checkpoint: each renamed ``<name>.previous[-N]``, kept
+    for the user, the new run's own starting empty. Returns (from, to) of each."""
+    moved = []
+    for name in WATCH_FILES:
+        src = out / name
+        if not src.exists():
+            continue
+        stem, dot, ext = name.partition(".")
+        n, dst = 1, out / f"{stem}.previous{dot}{ext}"
+        while dst.exists():
+            n += 1
+            dst = out / f"{stem}.previous-{n}{dot}{ext}"
+        src.rename(dst)
+        moved.append((src, dst))
+    return moved
+
+
 class RunDir:
     """The claim of one run on ``out`` for the length of a ``with`` block: checked, created, locked;
     a run that fails before its first step removes what it created (bad input writes nothing)."""
@@ -331,6 +354,8 @@ class RunDir:
         self.notes: list[str] = []
         self.steps_done = 0
         """Set by the run: once a step completed, what it wrote is kept whatever happens."""
+        self.moved: list[tuple[Path, Path]] = []
+        """The dead run's monitor files set aside (from, to): put back when nothing ran."""
 
     def __enter__(self) -> RunDir:
         if not self.main:
@@ -343,6 +368,12 @@ class RunDir:
             self.lock.acquire()
             if not self.resuming:
                 check_no_run(self.out)
+                self.moved = set_aside_watch_files(self.out)
+                if self.moved:
+                    self.notes.append(
+                        f"{' and '.join(a.name for a, _ in self.moved)} of a run that stopped "
+                        "before its first checkpoint set aside as "
+                        f"{' and '.join(b.name for _, b in self.moved)}: this run's start anew")
             gone = remove_partial_saves(self.out)
             if gone:
                 self.notes.append(f"removed {', '.join(gone)}: a save that was interrupted "
@@ -380,3 +411,6 @@ class RunDir:
             else:
                 with contextlib.suppress(OSError):
                     p.unlink()
+        for src, dst in reversed(self.moved):
+            with contextlib.suppress(OSError):
+                dst.rename(src)

@@ -30,9 +30,9 @@ class Comparison:
     ratios: list[float]
     """B ÷ A of each interleaved round (A and B measured back to back)."""
     noise: float
-    """The relative noise this comparison measured: the largest of the noise floor, the probes'
-    own step spreads, and the spread of each configuration's repeats (max − min over median;
-    from 4 rounds on, without the one round farthest from the others)."""
+    """The relative noise this comparison measured: the largest of the noise floor, the median
+    of the probes' own step spreads, and the spread of each configuration's repeats (max − min
+    over median; from 4 rounds on, without the one round farthest from the others)."""
     verdict: str
     """``faster``: every round shows B faster by more than the floor, the slowest B beats the
     fastest A by the floor (the repeats do not overlap), and the median gain is beyond ``noise``;
@@ -50,6 +50,10 @@ class Comparison:
     why: str | None = None
     """For ``undecided``: the rule the rounds did not pass, in words (every round faster and
     the median beyond the noise read as a contradiction when the repeats overlapped: a QA run)."""
+    redone: float | None = None
+    """B ÷ A of a round measured again and not counted (tune's search, once a comparison): it
+    contradicted the gain only because B ran at under half its own pace (another process took the
+    cores for it); None when no round was."""
 
     @classmethod
     def of(cls, a_s: list[float], b_s: list[float], spreads: list[float], floor: float,
@@ -76,7 +80,12 @@ class Comparison:
             med = statistics.median(ratios)
             odd = max(range(len(ratios)), key=lambda i: abs(ratios[i] - med))
             near_a, near_b = a_s[:odd] + a_s[odd + 1:], b_s[:odd] + b_s[odd + 1:]
-        noise = max(floor, max(spreads, default=0.0), rel_range(near_a), rel_range(near_b))
+        # the probes' own step spreads by their median: one probe a neighbour disturbed (its
+        # steps 145 % apart, where the rounds' repeats moved 27-31 %) set the noise of the whole
+        # comparison and left a gain every round showed, 1.67-3.03× with no overlap, "inside the
+        # noise" (an audit); the repeats' spread still counts whole
+        noise = max(floor, statistics.median(spreads) if spreads else 0.0, rel_range(near_a),
+                    rel_range(near_b))
         # every round faster, and no overlap: the slowest B beats the fastest A. For two equally
         # fast configurations under any noise the chance of that is 1 / C(2n, n) (n = 4 rounds:
         # 1 in 70), so a knob without an effect is not taken. And the gain beyond the noise this
@@ -116,8 +125,10 @@ def _undecided_why(ratios: list[float], a_s: list[float], b_s: list[float], floo
     # a round that contradicts the gain first: the rounds stop at it, so "only 2 of 4 rounds
     # ran" would read as the budget's doing (a review)
     if min(ratios) <= 1 + floor:
+        # in percent to a hundredth: "not faster by more than 3% (1.03×)" read as a rule that
+        # contradicts itself, the ratio rounded up from 1.0299 (an audit)
         return (f"a round was not faster by more than {floor:.0%} "
-                f"({min(ratios):.2f}×)")
+                f"({min(ratios) - 1:+.2%})")
     if len(ratios) < rounds:
         return f"only {len(ratios)} of {rounds} rounds ran, and the gain is not decisive"
     if min(b_s) <= max(a_s) * (1 + floor):

@@ -215,7 +215,10 @@ class LoadMeter:
         wall = max(time.perf_counter() - self.wall0, 1e-9)
         if self.start is None or end is None:
             return None
-        return max(0.0, (end[0] - self.start[0]) - (end[1] - self.start[1])) / wall
+        # at most the CPUs watched: the counters are read a moment apart from the wall clock,
+        # and "2.1 of 2 CPU cores" was printed as measured (an audit)
+        return min(max(0.0, (end[0] - self.start[0]) - (end[1] - self.start[1])) / wall,
+                   float(len(self.cpus)))
 
     def cores(self) -> float:
         return self.measured() or 0.0
