@@ -217,9 +217,11 @@ def choose_sdpa_kernel(
     same_heads = q_heads == k_heads == v_heads
     heads_ok = same_heads or (enable_gqa and k_heads == v_heads and q_heads % k_heads == 0)
     if target.device == "cpu":
-        # sdp_utils_cpp.cpp: the CPU flash kernel takes masks, no dropout
+        # sdp_utils_cpp.cpp: the CPU flash kernel takes masks, no dropout, and one head size
+        # for q, k and v (check_head_dim_size_cpp: DeepSeek-V3's 48-wide q/k against 32-wide v
+        # ran math where flash was simulated, its output shaped as q's: a crash, an audit)
         ok = q.dtype in (torch.float32, torch.bfloat16, torch.float16) and dropout_p == 0.0 \
-            and heads_ok
+            and heads_ok and same_v
         return "flash_cpu" if ok and target.prefer != "sdpa-math" else "math"
     cc = target.compute_capability or (8, 0)
     low = q.dtype in (torch.float16, torch.bfloat16)
@@ -281,6 +283,17 @@ class _DeviceOps:
                 attn_mask = attn_mask.to(dt)
         kernel = choose_sdpa_kernel(self.target, q, k, attn_mask, dropout_p, enable_gqa, v)
         self.kernels_used[kernel] = self.kernels_used.get(kernel, 0) + 1
+        if attn_mask is not None and attn_mask.dtype == torch.bool and \
+                (kernel != "math" or self.target.device == "cuda"):
+            # what torch's scaled_dot_product_attention does before any kernel
+            # (convert_boolean_attn_mask, aten/src/ATen/native/transformers/attention.cpp; cuDNN's
+            # variant fills -65504, the same bytes): a float copy in q's dtype, which the kernel
+            # keeps for its backward. Handed the bool mask, a sliding-window, chunked or Falcon
+            # model's masked layers were each B×L×S×2-4 bytes under (-1.6 … -5.0 % on small CPU
+            # steps, ~4 GiB estimated for Mistral-7B v0.1 at 8,192 tokens: an audit). The CPU
+            # target's math kernel is the composite itself, which converts it
+            attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(
+                attn_mask.logical_not(), float("-inf"))
         if kernel == "cudnn":
             need_lse = q.requires_grad or k.requires_grad or v.requires_grad
             return torch.ops.aten._scaled_dot_product_cudnn_attention(
@@ -304,11 +317,6 @@ class _DeviceOps:
             # CPU's (a mask in the scores' dtype, not CUDA's bool mask: more, never less).
             # Autocast off inside, as CUDA's SDPA wrapper runs it (the inputs cast above, then
             # the kernel with the autocast key excluded): its bmm's stay fp32
-            if attn_mask is not None and attn_mask.dtype == torch.bool:
-                # what the composite does before calling the kernel (convert_boolean_attn_mask,
-                # aten/src/ATen/native/transformers/attention.cpp): a float copy in q's dtype
-                attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(
-                    attn_mask.logical_not(), float("-inf"))
             with torch.autocast("cpu", enabled=False):
                 return torch.ops.aten._scaled_dot_product_attention_math(
                     q, k, v, attn_mask, dropout_p, is_causal, None, scale=scale,
