@@ -76,3 +76,17 @@ def test_mamba_all_linear_leaves_out_what_peft_refuses(tmp_path):
     assert "dt_proj" not in err.value.hint
     assert sim.info["lora_target_modules"] and not any(
         "dt_proj" in t for t in sim.info["lora_target_modules"])
+
+
+def test_experts_whose_shapes_come_from_the_routing_are_refused_in_one_line(tmp_path):
+    """An audit: JetMoE's per-expert loop reads each expert's token count from the data
+    (expert_size.tolist()): the simulation, which has no data, ended in a traceback."""
+    path = _saved(tmp_path, T.JetMoeConfig(hidden_size=64, num_hidden_layers=2,
+                                           num_key_value_heads=2, kv_channels=16,
+                                           intermediate_size=64, vocab_size=256,
+                                           max_position_embeddings=128, num_local_experts=4,
+                                           num_experts_per_tok=2))
+    job = JobSpec(model=path, seq_len=32, micro_batch=1, precision="fp32")
+    with pytest.raises(JobError, match="takes a tensor's shape from the values of the data") as e:
+        simulate_step(job, resolve_model(path), SimTarget(device="cpu"))
+    assert "experts_implementation" in (e.value.hint or "")

@@ -19,7 +19,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from trainfit.engine.step import repeat_batches, train_step
-from trainfit.job import JobSpec
+from trainfit.job import JobError, JobSpec
 from trainfit.memory.allocator import K_MIN_BLOCK
 from trainfit.memory.compiled import compiled_blocks
 from trainfit.memory.host_offload import pinned_shards
@@ -259,9 +259,24 @@ def simulate_step(job: JobSpec, source: ModelSource, target: SimTarget | None = 
         if hasattr(op_hook, "optimizer_partition"):
             # its optimizer steps this rank's fp32 partition, not the twin's every parameter
             op_hook.optimizer_partition = (ranks, master_bytes_per_param(job) > 0)
-    with fake_world(job.ranks) if sharded else contextlib.nullcontext() as mesh, linear:
-        result = _simulate(job, source, target or SimTarget(), steps, record_events, op_hook,
-                           batch_fn, mesh, loads, flat_states, host_job)
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+    )
+
+    try:
+        with fake_world(job.ranks) if sharded else contextlib.nullcontext() as mesh, linear:
+            result = _simulate(job, source, target or SimTarget(), steps, record_events, op_hook,
+                               batch_fn, mesh, loads, flat_states, host_job)
+    except (DataDependentOutputException, DynamicOutputShapeException) as e:
+        # a shape read from the data (a per-expert loop over the tokens routed to it: DBRX,
+        # JetMoE, eager experts) — a traceback before (an audit)
+        raise JobError(f"--model {source.name}: its forward takes a tensor's shape from the "
+                       f"values of the data ({type(e).__name__}: {e.func}; e.g. a loop over "
+                       "the tokens routed to each expert), which a data-less simulation cannot "
+                       "run", "where transformers offers it, set the config's "
+                       "experts_implementation to grouped_mm; or measure the real step with "
+                       "trainfit tune") from None
     if flat_states and hasattr(op_hook, "add_partition_copies"):
         op_hook.add_partition_copies(result.trainable_params)
     return result
