@@ -213,3 +213,22 @@ def test_a_hub_id_without_a_network_asks_the_cache_at_once(monkeypatch):
         _hub_source("someorg/some-model", trust_remote_code=False)
     assert asked["local_files_only"] is True  # no download tried, so no retries
     assert "local config.json" in (e.value.hint or "")
+
+
+def test_a_proxy_serves_a_host_this_machine_cannot_resolve(monkeypatch):
+    """A review: behind an HTTPS proxy the hub's name need not resolve locally; such a user was
+    refused as offline for every model not in the cache."""
+    import socket
+
+    from trainfit.model.source import _hub_resolves
+
+    def no_dns(*a, **k):
+        raise socket.gaierror(-2, "Name or service not known")
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(k, raising=False)
+    assert _hub_resolves() is False
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    assert _hub_resolves() is True
+    monkeypatch.setenv("NO_PROXY", "huggingface.co")
+    assert _hub_resolves() is False

@@ -153,7 +153,13 @@ def test_the_searchs_unconfirmed_best_is_marked_and_the_pick_reads_as_tune_said(
     table = seed_text(section.table)
     assert [r[1] for r in table.rows if r[-1] == "undecided (tune)"] == ["4"]
     assert any("did not confirm it against the current configuration" in n for n in table.notes)
-    # the lower middle is the row's, as tune's (the mean of the two read 32,250)
+    # the pick's row states tune's own figure (the mean of its two probes read 32,250)
+    row = next(r for r in section.table.rows if r.pick)
+    assert row.tokens_per_s_measured == tune["pick"]["measured"]["tokens_per_s"] != 32250.0
+    # another row of several probes: the lower middle, as tune takes a pick's
+    tune["pick"]["measured"] = None
+    (tmp_path / "t.json").write_text(json.dumps(tune))
+    section = build_report(load_inputs([str(tmp_path / "t.json")])).sections[0]
     row = next(r for r in section.table.rows if r.pick)
     assert row.tokens_per_s_measured == 30000.0
 

@@ -252,6 +252,36 @@ def test_a_round_where_the_candidate_ran_at_under_half_its_pace_is_measured_agai
     out = _eager_search([150.0, 60.0, 150.0, 148.0, 152.0, 150.0])
     assert out.best.job.attention == "eager"
     assert not [n for n in out.notes if n.kind in ("contradicted", "undecided")]
+    (note,) = [n for n in out.notes if n.kind == "redone"]  # the gain taken says so (a review)
+    assert note.data["redone"] == pytest.approx(0.6) and len(note.data["ratios"]) == 4
+    assert "one more round at 0.60× was measured again, not counted" in note_words(note)
+
+
+def test_a_round_the_current_best_ran_slow_in_is_measured_again_too():
+    """A review: measuring again only the rounds that slowed the candidate favoured it. A round
+    in which the current best ran under half its pace (a gain of 3.75× there) is measured again
+    as well, and the rounds keep alternating their order by the rounds counted."""
+    calls = {"sdpa": 0}
+    order: list[str] = []
+
+    def tps(j):
+        order.append(j.attention)
+        if j.attention == "eager":
+            return 150.0
+        calls["sdpa"] += 1
+        return 40.0 if calls["sdpa"] == 2 else 100.0  # 1: the best's own probe; 2: round 1's A
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=8, micro_batch=8)
+    s = Searcher(job, fake(GIB, GIB, tps, []), pred(GIB, GIB, lambda j: 100.0), None,
+                 SearchOptions(knobs=("attention",)), 10_000)
+    best = s.run(job, "speed", 3)
+    cand = s.run(job.replace(attention="eager"), "speed", 3)
+    del order[:]
+    c = s.compare(best, cand, first=(100.0, 150.0))
+    assert c.redone == pytest.approx(3.75) and c.verdict == "faster"
+    assert c.ratios == pytest.approx([1.5] * 4)
+    # the round measured again repeats its order (A B), then B A, A B, B A
+    assert order == ["sdpa", "eager", "sdpa", "eager", "eager", "sdpa", "sdpa", "eager", "eager",
+                     "sdpa"]
 
 
 def test_a_second_slow_round_is_not_measured_again():

@@ -366,17 +366,23 @@ def _hub_source(name: str, trust_remote_code: bool) -> ModelSource:
 
 def _hub_resolves() -> bool:
     """Whether the hub's host name resolves (HF_ENDPOINT's, as huggingface_hub reads it); True
-    under HF_HUB_OFFLINE, where transformers reads the cache alone anyway."""
+    under HF_HUB_OFFLINE, where transformers reads the cache alone anyway, and where an HTTPS
+    proxy serves the host (HTTPS_PROXY / ALL_PROXY, not bypassed by NO_PROXY)."""
     import socket
+    import urllib.request
     from urllib.parse import urlparse
 
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
         return True
-    host = urlparse(constants.ENDPOINT).hostname
+    host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+    # through a proxy the name need not resolve here: the proxy resolves it (a review)
+    proxies = urllib.request.getproxies()
+    if (proxies.get("https") or proxies.get("all")) and not urllib.request.proxy_bypass(host):
+        return True
     try:
-        socket.getaddrinfo(host or "huggingface.co", 443)
+        socket.getaddrinfo(host, 443)
     except OSError:
         return False
     return True

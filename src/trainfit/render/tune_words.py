@@ -54,8 +54,8 @@ def _redone_words(redone: float | None) -> str:
     """A round measured again (Comparison.redone), said where its rounds are."""
     if redone is None:
         return ""
-    return (f" (one more round at {redone:.2f}× was measured again, not counted: the candidate "
-            "ran at under half its own pace in it, the host's doing)")
+    return (f" (one more round at {redone:.2f}× was measured again, not counted: one side ran "
+            "at under half its own pace in it, the host's doing)")
 
 
 _NOTE_TEXTS: dict[str, Any] = {
@@ -125,6 +125,10 @@ _NOTE_TEXTS: dict[str, Any] = {
                                    "attention runs)" if d["knob"] == "attention" else
                                    "(its module has no gradient_checkpointing_enable)"),
     "contradicted": lambda d: _contradicted_words(d),
+    "redone": lambda d: f"taken: {_changes(d['changes'])} ran "
+                      + ", ".join(f"{r:.2f}×" for r in d["ratios"])
+                      + " the tokens/s of the current best in interleaved rounds"
+                      + _redone_words(d["redone"]),
     "not_compared": lambda d: f"not decided: {_changes(d['changes'])} ran "
                             + (f"{d['ratio']:.2f}× " if d["ratio"] else "")
                             + "the tokens/s of the current best on its one probe (not a "
@@ -206,7 +210,8 @@ def tune_reason(pick_job: Any, pick_tokens_per_s: float | None, baseline_job: An
                 f"confirmed faster in interleaved rounds (its tokens/s over yours: {ratios})")
     if vs_baseline.verdict == "faster":
         return s + (f", {vs_baseline.median:.2f}× {current} (measured in {len(vs_baseline.ratios)} "
-                    f"interleaved rounds: {', '.join(f'{r:.2f}×' for r in vs_baseline.ratios)})")
+                    f"interleaved rounds: {', '.join(f'{r:.2f}×' for r in vs_baseline.ratios)}"
+                    f"{_redone_words(getattr(vs_baseline, 'redone', None))})")
     cut = any(n.kind == "budget" for n in notes) and vs_baseline.verdict == "undecided"
     why = "; --budget-s stopped the rounds; kept as the search's best" if cut else ""
     return s + f"; against {current}: no speed-up this run could confirm ({ratios}{why})"

@@ -460,8 +460,9 @@ def load_inputs(paths: list[str]) -> Inputs:
             p = str(path)
         elif path.is_dir() and (path / "monitor.jsonl").is_file():
             # a run killed before its first checkpoint leaves its monitor log alone (an audit)
-            c.inputs.warnings.append(f"{p}: no train.json (the run ended before its first "
-                                     "checkpoint could record it): its monitor log alone is shown")
+            c.inputs.warnings.append(f"{p}: no train.json (the run is still before its first "
+                                     "checkpoint, or ended before it could record one): its "
+                                     "monitor log alone is shown")
             path = path / "monitor.jsonl"
             p = str(path)
         if path.suffix.lower() in (".jsonl", ".csv"):

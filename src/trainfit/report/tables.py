@@ -45,8 +45,8 @@ class RowAcc:
         itself), and the largest peaks (a measured peak is a fact about the step)."""
         if not self.probes:
             return
-        # the lower middle of an even count, as tune states its pick (Searcher.median_of: a
-        # probe's own number; an audit read 2,668 here for a pick tune said ran 2,431)
+        # the lower middle of an even count, as tune takes its pick's (Searcher.median_of: a
+        # probe's own number); the pick's row then takes tune's figure itself (build.py)
         self.tokens_per_s_measured = statistics.median_low(t for t, _, _ in self.probes)
         peaks = [p for _, p, _ in self.probes if p is not None]
         rss = [h for _, _, h in self.probes if h is not None]

@@ -397,10 +397,6 @@ class RunDir:
     def _undo(self) -> None:
         """Nothing ran: remove what this run created (the directory itself when it made it; the
         lock file it made in a directory that was there: an audit found it left behind)."""
-        if self.lock.made_file and self.lock.fd is not None and self.out not in self.created:
-            with contextlib.suppress(OSError):
-                self.lock.path.unlink()  # while held: no other run has taken it yet
-        self.lock.release()
         for p in reversed(self.created):
             if p == self.out:
                 with contextlib.suppress(OSError):
@@ -414,3 +410,9 @@ class RunDir:
         for src, dst in reversed(self.moved):
             with contextlib.suppress(OSError):
                 dst.rename(src)
+        # the lock last: a run that takes it meanwhile would have its new monitor log removed
+        # and the dead run's put back under it (a review)
+        if self.lock.made_file and self.lock.fd is not None and self.out not in self.created:
+            with contextlib.suppress(OSError):
+                self.lock.path.unlink()  # while held: no other run has taken it yet
+        self.lock.release()

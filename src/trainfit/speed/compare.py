@@ -51,9 +51,10 @@ class Comparison:
     """For ``undecided``: the rule the rounds did not pass, in words (every round faster and
     the median beyond the noise read as a contradiction when the repeats overlapped: a QA run)."""
     redone: float | None = None
-    """B ÷ A of a round measured again and not counted (tune's search, once a comparison): it
-    contradicted the gain only because B ran at under half its own pace (another process took the
-    cores for it); None when no round was."""
+    """B ÷ A of a round measured again and not counted (tune's search, once a comparison): one
+    side ran at under half its own pace in it (another process took the cores for it); None when
+    no round was. With equally fast configurations and 30 % of probes disturbed to 0.3× (σ 0.3),
+    the rounds then pass 1 in 68 (177 of 12,000 simulated; 1 in 85 without the redo)."""
 
     @classmethod
     def of(cls, a_s: list[float], b_s: list[float], spreads: list[float], floor: float,
