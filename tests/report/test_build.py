@@ -336,7 +336,7 @@ def test_a_cpu_runs_timeline_does_not_call_its_tensor_count_gpu_memory():
     from dataclasses import replace
 
     from trainfit.report.inputs import MonitorLog
-    from trainfit.report.load import MONITOR_COLUMNS
+    from trainfit.report.monitor_log import MONITOR_COLUMNS
     from trainfit.report.timeline import build_timeline
 
     def log(**given: list) -> MonitorLog:

@@ -108,7 +108,7 @@ def test_a_monitor_line_cut_by_a_killed_writer_is_skipped_and_said(tmp_path):
     res = runner.invoke(APP, ["report", log, "--out", str(tmp_path / "c.html")])
     assert res.exit_code == 0, res.output
     assert "m.csv: line 3 is cut off" in res.stderr and "m.csv: line 5 is cut off" in res.stderr
-    from trainfit.report.load import load_monitor
+    from trainfit.report.monitor_log import load_monitor
     m = load_monitor(tmp_path / "m.csv", "m.csv", [])
     assert m.columns["host_ram_used_bytes"] == [1546444800.0, 1546444800.0]
 
