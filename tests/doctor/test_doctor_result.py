@@ -159,8 +159,11 @@ def test_the_split_of_a_noisy_run_sums_to_its_step():
     r.split = s
     buf = io.StringIO()
     Console(file=buf, width=200).print(render(r))
-    assert "summed to 129% of the median step" in buf.getvalue()
-    assert "scaled by 0.778" in buf.getvalue()
+    text = " ".join(buf.getvalue().split())  # the caption wraps at the table's width
+    assert "summed to 129% of the median step" in text
+    assert "scaled by 0.778" in text
+    # the step's range says what it is (an audit read "spread" in the % column as a share)
+    assert "range 400.00 ms (slowest − fastest step)" in text
 
 
 @pytest.mark.parametrize("before_s, after_s, rounds, words", [
