@@ -48,7 +48,7 @@ from trainfit.model.source import resolve_model
 from trainfit.model.towers import tower_params
 from trainfit.model.workload import matmul_params
 from trainfit.speed.compare import ROUNDS
-from trainfit.speed.host_timing import threads_for_load
+from trainfit.speed.host_timing import busy_host_note, threads_for_load
 from trainfit.speed.predict import model_flops_per_token
 
 DOCTOR_KEYS = {"tokenize": ("lazy", "eager")}
@@ -444,12 +444,7 @@ def _doctor_job(target: str, job: JobSpec, tokenize: str, steps: int, warmup: in
     first = bench.measure(job, bench.before_mode, "before")
     notes: list[str] = []
     if fitted is not None:
-        n, was, others, cpus = fitted
-        notes.append(f"other processes used {min(others, cpus):.1f} of {cpus} CPU cores when "
-                     f"doctor started (measured): torch ran at {n} thread{'s' if n > 1 else ''} "
-                     f"instead of {was}, as train and tune do on a busy host, so that its "
-                     "parallel regions do not wait on busy cores (OMP_NUM_THREADS, when you set "
-                     "it, is kept)")
+        notes.append(busy_host_note(*fitted, command="doctor"))
     names, probe = _diagnose(bench, first, notes)
     after_job, after_mode, applied = (_apply_fixes(bench, names, probe, notes) if apply
                                       else (job, bench.before_mode, []))

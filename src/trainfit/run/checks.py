@@ -161,12 +161,3 @@ def check_data_size(n_samples: int, effective_batch: int, where: str) -> None:
                        f"({effective_batch}): a step would use some samples twice",
                        f"lower --effective-batch to at most {n_samples} (with a micro-batch that "
                        "divides it), or add data")
-
-
-def busy_host_note(threads: int, was: int, others: float, cpus: int) -> str:
-    """What :func:`~trainfit.speed.host_timing.threads_for_load` did to this run's torch."""
-    return (f"other processes used {others:.1f} of {cpus} CPU cores when train started "
-            f"(measured): torch runs at {threads} thread{'s' if threads > 1 else ''} instead of "
-            f"{was}, as tune's probes did, so that its parallel regions do not wait on busy "
-            "cores (OMP_NUM_THREADS, when you set it, is kept); steps are slower than on a quiet "
-            "host")

@@ -49,7 +49,6 @@ from trainfit.monitor.sampler import rates_paused
 from trainfit.run import resume_fields as rf
 from trainfit.run.backend import resolve_backend
 from trainfit.run.checks import (
-    busy_host_note,
     check_data_size,
     check_runnable,
     check_steps_left,
@@ -75,7 +74,7 @@ from trainfit.run.record import (
     write_train_json,
 )
 from trainfit.run.rundir import RunDir
-from trainfit.speed.host_timing import threads_for_load
+from trainfit.speed.host_timing import busy_host_note, threads_for_load
 
 
 def _agree(loss: float, stop: bool, ids: list[int], world: int) -> tuple[float, bool, list[int]]:

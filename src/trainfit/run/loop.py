@@ -39,7 +39,6 @@ from trainfit.run import checkpoint as ckpt
 from trainfit.run import evaluate as ev
 from trainfit.run import resume_fields as rf
 from trainfit.run.checks import (
-    busy_host_note,
     check_data_size,
     check_runnable,
     check_steps_left,
@@ -69,7 +68,7 @@ from trainfit.run.record import (
 )
 from trainfit.run.rundir import RunDir, check_not_in_use
 from trainfit.run.saving import save_checkpoint
-from trainfit.speed.host_timing import threads_for_load
+from trainfit.speed.host_timing import busy_host_note, threads_for_load
 
 __all__ = ["RunOptions", "TrainResult", "Trainer", "check_data_size", "check_runnable",
            "limit_tracker", "linear_decay", "total_steps", "train"]

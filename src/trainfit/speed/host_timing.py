@@ -302,3 +302,15 @@ def machine_reference_op_s(quiet_s: float | None = None) -> float | None:
         write_json(path, {"cpu": cpu_model_name(), "torch": torch.__version__,
                           "python": platform.python_version(), "op_s": best})
     return best
+
+
+def busy_host_note(threads: int, was: int, others: float, cpus: int,
+                   command: str = "train") -> str:
+    """What :func:`threads_for_load` did to ``command``'s torch (train's run, doctor's rounds),
+    said in its notes."""
+    alike = "as tune's probes did" if command == "train" else "as train's and tune's do"
+    return (f"other processes used {others:.1f} of {cpus} CPU cores when {command} started "
+            f"(measured): torch runs at {threads} thread{'s' if threads > 1 else ''} instead of "
+            f"{was}, {alike}, so that its parallel regions do not wait on busy "
+            "cores (OMP_NUM_THREADS, when you set it, is kept); steps are slower than on a quiet "
+            "host")
