@@ -355,8 +355,8 @@ def build_section(plan: PlanInput | None, tune: TuneInput | None, dataset_tokens
         sources=[x.path for x in (plan, tune) if x is not None], capacity_gib=capacity_gib,
         capacity_source=capacity_source, capacity_label=capacity_label, on_cpu=on_cpu,
         margin=plan.margin if plan and plan.margin is not None else (tune.margin if tune else None),
-        families=b.families, table=dataclasses.replace(seed_table(accs, ref, tokens, source),
-                                               no_gpu=plan is not None and not plan.gpu),
+        families=b.families,
+        table=seed_table(accs, ref, tokens, source, no_gpu=plan is not None and not plan.gpu),
         picks=_picks(b),
         ladder=list(plan.ladder) if plan else [], probes=list(tune.probes) if tune else [],
         notes=notes, throughput_unknown_reason=throughput_unknown)

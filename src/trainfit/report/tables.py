@@ -102,7 +102,7 @@ def reference_for(accs: list[RowAcc], baseline: RowAcc | None,
 
 
 def seed_table(accs: list[RowAcc], ref: Reference, dataset_tokens: int | None,
-               dataset_tokens_source: str) -> SeedTable:
+               dataset_tokens_source: str, no_gpu: bool = False) -> SeedTable:
     rows = []
     for a in accs:
         tp, tm = a.tokens_per_s_predicted, a.tokens_per_s_measured
@@ -120,7 +120,7 @@ def seed_table(accs: list[RowAcc], ref: Reference, dataset_tokens: int | None,
             pick=" + ".join(p for p in ("plan", "tune") if p in a.pick),
             undecided=a.undecided))
     return SeedTable(rows=rows, reference=ref.text, dataset_tokens=dataset_tokens,
-                     dataset_tokens_source=dataset_tokens_source)
+                     dataset_tokens_source=dataset_tokens_source, no_gpu=no_gpu)
 
 
 # --- text cells -----------------------------------------------------------------------------------

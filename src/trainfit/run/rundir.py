@@ -378,7 +378,7 @@ class RunDir:
             if gone:
                 self.notes.append(f"removed {', '.join(gone)}: a save that was interrupted "
                                   "(the checkpoints before it are intact)")
-            for name in ("monitor.jsonl", "tensorboard"):
+            for name in WATCH_FILES:
                 if not (self.out / name).exists():
                     self.created.append(self.out / name)
         except BaseException:
