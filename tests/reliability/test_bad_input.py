@@ -299,3 +299,18 @@ def test_a_yaml_field_is_cleared_from_the_command_line(cli, tmp_path):
     r = cli("plan", job, "--method", "lora", "--quant", "none", "--gpu", "t4", "--micro-batch", "1",
             "--seq-len", "64", "--precision", "fp32", "--grad-ckpt", "off", "--no-verify", "--json")
     assert r.code == 0, r.stderr
+
+
+def test_quant_none_under_qlora_is_refused_not_silently_nf4(cli, tmp_path):
+    """--quant none clears a quant; under qlora the default nf4-dq would have come back unsaid
+    (a newcomer audit: the plan showed nf4-dq). It is one error line, whether the method comes
+    from the command line or from the job file."""
+    r = cli("plan", "gpt2", "--method", "qlora", "--quant", "none", "--gpu", "t4")
+    assert r.clean_error() and "--quant none with --method qlora" in r.errors[0], r.stderr
+    assert "--method lora" in r.hints[0]
+    job = tmp_path / "j.yaml"
+    job.write_text("model: gpt2\nmethod: qlora\nquant: nf4\n")
+    before = tree(tmp_path)
+    r = cli("plan", job, "--quant", "none", "--gpu", "t4")
+    assert r.clean_error() and "always 4-bit" in r.errors[0], r.stderr
+    assert tree(tmp_path) == before

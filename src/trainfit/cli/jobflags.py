@@ -112,6 +112,11 @@ def merge_job_fields(fields: dict[str, Any], job_flags: dict[str, Any], usage: s
         raise JobError("--zero-pin-memory: DeepSpeed's offload pin_memory, for ZeRO-2/3 with an "
                        "offload", "use --sharding zero2 (or zero3) --offload optimizer, or "
                        "drop it")
+    if "quant" in job_flags and job_flags["quant"] is None and out.get("method") == "qlora":
+        # 'none' clears a file's quant; under qlora the default (nf4-dq) would come back unsaid
+        # (a newcomer audit: --method qlora --quant none planned nf4-dq)
+        raise JobError("--quant none with --method qlora: QLoRA's frozen base is always 4-bit",
+                       "use --method lora for an unquantized base, or --quant nf4-dq, nf4 or fp4")
     if "model" not in out:
         raise JobError("no model given", usage)
     return out
