@@ -322,3 +322,43 @@ def test_eager_and_sdpa_attention_do_not_share_a_trace(monkeypatch: pytest.Monke
     sdpa = peak("sdpa")
     assert peak("eager") == alone
     assert sdpa[0] < alone[0] and sdpa[1] == {"flash": 2} and alone[1] == {}
+
+
+def _moe_frozen_experts() -> Any:
+    """A small Qwen3-MoE whose experts are frozen (LoRA's case), in fp32: their grouped matmul
+    is not bf16, so torch.compile's trace runs transformers' own fallback op."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3MoeConfig(hidden_size=128, intermediate_size=344, moe_intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         vocab_size=LLAMA["vocab_size"], num_experts=8, num_experts_per_tok=2,
+                         use_cache=False)
+    cfg._attn_implementation = "sdpa"
+    model = Qwen3MoeForCausalLM(cfg)
+    for name, p in model.named_parameters():
+        if "experts" in name:
+            p.requires_grad_(False)
+    return model
+
+
+def test_frozen_fp32_experts_save_under_compile_what_torch_compile_saves() -> None:
+    """Eager, torch's grouped matmul keeps no input of frozen experts (memory/semantics.py); under
+    Dynamo transformers calls its fallback op, whose autograd keeps it. The partitioned blocks,
+    traced under the device semantics, save what torch.compile saves (the eager rule there was
+    1 MiB under here: every routed input of every layer)."""
+    from trainfit.memory.semantics import AttentionTarget, device_semantics
+
+    model = _moe_frozen_experts()
+    for layer in model.model.layers:
+        layer.forward = torch.compile(layer.forward, backend="aot_eager")
+    try:
+        compiled = _saved_bytes(model)
+    finally:
+        torch._dynamo.reset()
+    model = _moe_frozen_experts()
+    with device_semantics(AttentionTarget(device="cpu")), \
+            partitioned_blocks(model, LiveBytesTracker()) as untraced:
+        _saved_bytes(model)  # the first call traces
+        partitioned = _saved_bytes(model)
+    assert untraced == [] and partitioned == compiled

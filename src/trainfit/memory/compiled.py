@@ -48,6 +48,20 @@ _CONSTANT = (type(None), bool, int, float, str, torch.dtype, torch.device)
 """Non-tensor arguments a trace may treat as constants of the call."""
 
 
+@contextlib.contextmanager
+def _compiled_region(ops: Any) -> Iterator[None]:
+    """The device semantics told that a compiled block is being traced (what transformers does
+    differently under Dynamo: :attr:`~trainfit.memory.semantics._DeviceOps.compiled_region`)."""
+    if ops is None:
+        yield
+        return
+    before, ops.compiled_region = ops.compiled_region, True
+    try:
+        yield
+    finally:
+        ops.compiled_region = before
+
+
 def _metadata(t: torch.Tensor) -> tuple[Any, ...]:
     return (tuple(t.shape), t.stride(), t.dtype, t.requires_grad)
 
@@ -237,7 +251,7 @@ class _Partitioned:
             it = iter(tensors)
             leaves = [next(it) if t else s for s, t in zip(statics, is_t, strict=True)]
             a, kw = tree_unflatten(leaves, spec)
-            with _bound(block, dict(zip(names, params, strict=True))):
+            with _bound(block, dict(zip(names, params, strict=True))), _compiled_region(ops):
                 return eager(*a, **kw)
 
         def boxed(gm: torch.fx.GraphModule, _inputs: Any) -> Any:

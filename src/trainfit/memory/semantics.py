@@ -267,6 +267,10 @@ class _DeviceOps:
         self._orig_dropout = torch.nn.functional.dropout
         self._orig_sdpa = torch.nn.functional.scaled_dot_product_attention
         self._orig_grouped_mm = getattr(torch.nn.functional, "grouped_mm", None)
+        self.compiled_region = False
+        """Inside a block traced as ``torch.compile`` traces it (memory/compiled.py): there,
+        transformers calls its fallback op itself for non-bf16 experts (``_can_use_grouped_mm``
+        is False while Dynamo compiles), with that op's own autograd."""
 
     def dropout(self, x: torch.Tensor, p: float = 0.5, training: bool = True,
                 inplace: bool = False) -> torch.Tensor:
@@ -333,6 +337,8 @@ class _DeviceOps:
         if (fallback is not None and offs is not None and bias is None and out_dtype is None
                 and mat_a.dim() == 2 and mat_b.dim() == 3 and mat_a.dtype == mat_b.dtype
                 and mat_a.dtype != torch.bfloat16):
+            if self.compiled_region:
+                return fallback(mat_a, mat_b, offs)
             return _GroupedMmGrads.apply(mat_a, mat_b, offs)
         assert self._orig_grouped_mm is not None  # only installed where torch has it
         return self._orig_grouped_mm(mat_a, mat_b, offs=offs, bias=bias, out_dtype=out_dtype)
