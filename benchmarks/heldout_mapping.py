@@ -228,6 +228,9 @@ def _base_job(b: _Builder, impl: str) -> None:
         b.job["compile"] = True
         b.note("torch.compile → compile true (the eager step is what is simulated unless "
                "trainfit's memory model reads it; compile's fusions usually lower the peak)")
+        # every compiled case here is torchtune's or torchtitan's own model code: SDPA with
+        # is_causal, never transformers' mask built under Dynamo
+        b.job["compile_builds_mask"] = False
     if c["optimizer_in_bwd"]:
         b.feature("optimizer-in-backward", "optimizer step fused into backward (gradients "
                   "freed per parameter)")

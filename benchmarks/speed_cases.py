@@ -340,6 +340,10 @@ def _job(case: dict[str, Any], m: Mapped, reduce_dtype_field: bool) -> None:
                            in GRAD_CKPT else "full") if case["grad_ckpt"] else "off",
              "attention": _attention(att, case.get("framework") or ""),
              "ranks": m.gpus, "sharding": sharding, "compile": bool(case.get("compile"))}
+    if m.job["compile"]:
+        # every compiled case is torchtune's, torchtitan's or plain PyTorch model code: SDPA with
+        # is_causal, never transformers' mask built under Dynamo
+        m.job["compile_builds_mask"] = False
     if "Trainer default then" in opt_text or "CUDA 11.2" in case["gpu"]:
         m.job["grads_to_none"] = False  # torch < 2.0 Trainer kept zeroed gradients (calibration.py)
         if case["grad_ckpt"]:  # transformers < 4.35 checkpointed with torch's reentrant default

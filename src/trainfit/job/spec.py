@@ -236,6 +236,13 @@ class JobSpec:
     """Gradient clipping as HF Trainer does by default (None: off)."""
     compile: bool = False
     """``torch.compile`` the model: faster steps after a one-off compile time (measured by tune)."""
+    compile_builds_mask: bool = True
+    """Under ``compile``, the model builds a batch × 1 × seq × seq attention mask every step:
+    transformers' masking does (its packed-sequence check cannot run while Dynamo traces, so the
+    mask is never skipped; SDPA keeps a float copy of it per layer, and transformers' attention
+    then expands k and v to the query heads). False: model code that calls SDPA with
+    ``is_causal`` itself (torchtune, torchtitan, litgpt, nanoGPT). Plan models the user's model
+    code with it; no effect without compile."""
     expandable_segments: bool = False
     """The run sets ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (torchtitan's and
     axolotl's launchers do): PyTorch's allocator grows one segment per stream by 20 MiB pages

@@ -15,7 +15,8 @@ price is that everything the CPU does differently from the GPU must be imposed h
 * dropout: CUDA's fused kernel keeps a bool mask (1 byte/element), the CPU path a mask in the input
   dtype (``is_fused_kernel_acceptable`` in aten/src/ATen/native/Dropout.cpp);
 * transformers: its packed-sequence check reads position ids, which fake tensors do not have;
-  the simulated batch is unpacked, so the check's real answer (``None``) is returned;
+  the simulated batch is unpacked, so the check's real answer is returned: ``None`` eager, the
+  sequence ids (all zeros) under ``torch.compile``, where transformers cannot skip the mask;
 * grouped GEMMs of mixture-of-experts layers (transformers' ``grouped_mm`` experts): torch's
   fake kernel of ``_grouped_mm`` accepts bf16 only, while the CUDA and CPU kernels run any other
   dtype through ``_grouped_mm_fallback`` (aten/src/ATen/native/cuda/GroupedBlas.cpp,
@@ -184,6 +185,11 @@ class AttentionTarget:
     """CUDA compute capability; flash attention needs ≥ 8.0 (sdp_utils.cpp)."""
     prefer: str = "sdpa"
     """``sdpa`` (what torch picks), ``sdpa-flash``, ``sdpa-efficient``, ``sdpa-math``."""
+    compiled: bool = False
+    """The model runs under ``torch.compile`` (Dynamo traces it whole, as trainfit's tune and
+    train, doctor and HF Trainer's ``torch_compile`` compile it): transformers' packed-sequence
+    check cannot run while tracing and returns the sequence ids, so every layer is handed a
+    materialised mask (masking_utils ``find_packed_sequence_indices``)."""
 
 
 CUDNN_SDPA_CC = ((9, 0), (10, 0))
@@ -416,8 +422,15 @@ def device_semantics(target: AttentionTarget) -> Iterator[_DeviceOps]:
             stack.callback(policy.uninstall)
             stack.enter_context(mock.patch.object(torch, "clear_autocast_cache",
                                                   clear_autocast_cache))
+        # the simulated batch is unpacked: eager, the check's answer is None (no mask, SDPA's
+        # causal kernel); under Dynamo it is the ids themselves, one sequence per row — a
+        # B×1×S×S mask per step, a float copy of it per layer and, with a mask, k and v expanded
+        # to the query heads (transformers' repeat_kv): up to 3.8 % of a small compiled step on
+        # this CPU that the simulation did not hold (an audit)
+        packed = (lambda position_ids: torch.zeros_like(position_ids)) if target.compiled \
+            else (lambda position_ids: None)
         stack.enter_context(mock.patch.object(
-            masking_utils, "find_packed_sequence_indices", lambda position_ids: None))
+            masking_utils, "find_packed_sequence_indices", packed))
         stack.enter_context(mock.patch.object(torch.nn.functional, "scaled_dot_product_attention",
                                               ops.sdpa))
         stack.enter_context(mock.patch.object(torch.nn.functional, "dropout", ops.dropout))

@@ -350,7 +350,8 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
     offload = simulated_offload(model) if job.activation_offload else None
     autocast = with_offload(cpu_autocast(job), offload)
     attn = AttentionTarget(device=target.device, compute_capability=target.compute_capability,
-                           prefer=job.attention if job.attention != "eager" else "sdpa")
+                           prefer=job.attention if job.attention != "eager" else "sdpa",
+                           compiled=job.compile and job.compile_builds_mask)
 
     with fake_mode:
         hooks, optimizer = _observed_optimizer(job, trainable, tracker)
