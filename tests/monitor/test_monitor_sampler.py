@@ -59,6 +59,23 @@ def test_jsonl_log_with_step_numbers(no_nvml, tmp_path):
     assert lines[0]["time_s"] <= lines[1]["time_s"] <= lines[2]["time_s"]
 
 
+def test_an_evaluation_with_no_number_is_logged_as_null(no_nvml, tmp_path):
+    """An evaluation without label tokens used to reach monitor.jsonl as NaN (an audit): not
+    JSON, and jq or JSON.parse refuse the whole log."""
+    log = tmp_path / "monitor.jsonl"
+    s = Sampler(log_path=log, live=False)
+    _feed(s)
+    s.record_eval(step=2, eval_loss=float("nan"), eval_perplexity=float("inf"))
+    s.stop()
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"monitor.jsonl holds {name}")
+
+    rows = [json.loads(line, parse_constant=refuse) for line in log.read_text().splitlines()]
+    (ev,) = [r for r in rows if r.get("eval_step") == 2]
+    assert (ev["eval_loss"], ev["eval_perplexity"]) == (None, None)
+
+
 def test_csv_log_with_fixed_header(no_nvml, tmp_path):
     log = tmp_path / "monitor.csv"
     s = Sampler(log_path=log, live=False)

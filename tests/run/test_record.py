@@ -123,3 +123,33 @@ def test_a_resume_over_other_samples_of_the_same_number_is_refused(tmp_path, mic
     done = train(job.replace(data=str(moved)), RunOptions(out_dir=tmp_path / "c", resume=out,
                                                           max_steps=4))
     assert done.steps == 4
+
+
+def test_an_evaluation_without_a_number_is_written_as_null_in_strict_json(tmp_path):
+    """No label tokens in the eval set: no loss; an overflowing exp: no perplexity. train.json was
+    written with NaN / Infinity (an audit), which strict parsers (jq, JSON.parse) refuse."""
+    import time
+
+    import torch
+
+    from trainfit.engine.dist import Dist
+    from trainfit.run import evaluate as ev
+
+    empty = ev._result([], [], 0, Dist(), step=2, batch=4, t0=time.perf_counter(), events=[])
+    assert (empty.eval_loss, empty.eval_perplexity, empty.tokens) == (None, None, 0)
+    huge = ev._result([torch.tensor(1000.0)], [3], 1, Dist(), step=4, batch=4,
+                      t0=time.perf_counter(), events=[])
+    assert (huge.eval_loss, huge.eval_perplexity, huge.tokens) == (1000.0, None, 3)
+    res = _run(4)
+    res.evals += [empty.to_dict(), huge.to_dict(), {"step": 5, "eval_loss": float("nan"),
+                                                    "eval_perplexity": float("inf")}]
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"train.json holds {name}")
+
+    write_train_json(tmp_path, res)
+    d = json.loads((tmp_path / "train.json").read_text(), parse_constant=refuse)
+    assert [(e["eval_loss"], e["eval_perplexity"]) for e in d["evals"]] == [
+        (None, None), (1000.0, None), (None, None)]
+    (t,) = build_report(load_inputs([str(tmp_path / "train.json")])).trains
+    assert [e.eval_loss for e in t.evals] == [None, 1000.0, None]

@@ -78,3 +78,25 @@ def test_a_slower_round_within_the_candidates_own_pace_is_not_measured_again():
     out = _eager_search([150.0, 90.0])
     (note,) = [n for n in out.notes if n.kind == "contradicted"]
     assert note.data["ratios"] == pytest.approx([0.9]) and note.data["redone"] is None
+
+
+def test_rounds_the_budget_stopped_after_some_ran_say_budget():
+    """An audit: tune --json gave vs_baseline.ended null beside "only 2 of 4 rounds ran", where
+    --budget-s had stopped them; with no round run it said "budget". Both cuts now say it; rounds
+    a contradiction stopped (the budget not spent) say nothing."""
+    def tps(j):
+        return 100.0 if j.attention == "sdpa" else 115.0 if j.micro_batch == 8 else 90.0
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=8, micro_batch=8)
+    s = Searcher(job, fake(GIB, GIB, tps, []), pred(GIB, GIB, lambda j: 100.0), None,
+                 SearchOptions(knobs=("attention",)), 10_000)
+    best = s.run(job, "speed", 3)
+    cand = s.run(job.replace(attention="eager"), "speed", 3)
+    n0 = len(s.trials)
+    s.over_budget = lambda **kw: len(s.trials) >= n0 + 4  # two rounds, then spent
+    c = s.compare(best, cand, first=(100.0, 115.0))
+    assert c.ratios == pytest.approx([1.15, 1.15]) and c.ended == "budget"
+    assert c.verdict == "undecided" and c.why.startswith("only 2 of 4 rounds ran")
+    s.over_budget = lambda **kw: False
+    slow = s.run(job.replace(attention="eager", micro_batch=4), "speed", 3)
+    c = s.compare(best, slow, first=(100.0, 115.0))
+    assert len(c.ratios) == 1 and c.ended is None and c.verdict == "not_faster"

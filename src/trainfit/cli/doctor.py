@@ -3,12 +3,12 @@ bottleneck named with its numbers, the fix applied (trainfit jobs) and measured 
 
 from __future__ import annotations
 
-import json
 import shlex
 from typing import Annotated, NoReturn
 
 import typer
 
+from trainfit import json_text
 from trainfit.cli.jobargs import AllowCode, TrustRemoteCode
 
 
@@ -140,7 +140,7 @@ def register(app: typer.Typer) -> None:
                 err = in_file_words(err, args[0], keep=("trust_remote_code",))
             _fail(str(err), err.hint, as_json=as_json)
         if as_json:
-            typer.echo(json.dumps(result.to_dict(), indent=1))
+            typer.echo(json_text.dumps(result.to_dict(), indent=1))
             return
         from rich.console import Console
 

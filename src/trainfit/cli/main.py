@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from trainfit import json_text
 from trainfit.cli import doctor as doctor_cli
 from trainfit.cli import emit as emit_cli
 from trainfit.cli import monitor as monitor_cli
@@ -324,7 +325,7 @@ def _print_plan(result: Any, spec: Any, as_json: bool, all_rows: bool) -> None:
         d = {**plan_json(result), **plan_words(result)}
         if spec is not None:  # the catalog's (published), or NVML's reading here (measured)
             d["gpu_memory_source"] = spec.memory_source
-        typer.echo(json.dumps(d, indent=1))
+        typer.echo(json_text.dumps(d, indent=1))
     else:
         from trainfit.render.plan import render_plan
 
@@ -339,7 +340,7 @@ def models_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> None
     rows = [{"name": m.name, "hf_id": m.hf_id, "task": m.task, "params": m.param_count,
              "note": m.note} for m in MODELS.values()]
     if as_json:
-        typer.echo(json.dumps(rows, indent=1))
+        typer.echo(json_text.dumps(rows, indent=1))
         return
     from trainfit.render.plan import render_simple
 

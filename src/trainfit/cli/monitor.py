@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
+
+from trainfit import json_text
 
 # How often the command checks --duration and whether the --pid process still runs; the sampling
 # itself follows --interval in the sampler thread.
@@ -51,7 +52,7 @@ def run_monitor(*, pid: int | None, interval_s: float, log: str | None, once: bo
               as_json=as_json)
 
     def emit_json_lines(rows: list[dict]) -> None:
-        typer.echo("".join(json.dumps(r) + "\n" for r in rows), nl=False)
+        typer.echo("".join(json_text.dumps(r) + "\n" for r in rows), nl=False)
 
     try:
         # Validates --pid/--interval/--log before anything starts or is written.
@@ -75,7 +76,7 @@ def run_monitor(*, pid: int | None, interval_s: float, log: str | None, once: bo
         rows = sampler.sample_once()
         sampler.close()
         if as_json:
-            typer.echo(json.dumps(rows, indent=1))
+            typer.echo(json_text.dumps(rows, indent=1))
         else:
             from rich.console import Console
 

@@ -3,13 +3,13 @@ and the GPU ``plan`` targets when none is named (this machine's, through NVML)."
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Callable
 from typing import Any
 
 import typer
 
+from trainfit import json_text
 from trainfit.job import JobError
 
 
@@ -104,7 +104,7 @@ def plan_script_cmd(cmd: list[str], *, job_flags: dict[str, Any], gpu: Any, marg
     if as_json:
         from trainfit.render.script import script_plan_json
 
-        typer.echo(json.dumps(script_plan_json(sp), indent=1, default=str))
+        typer.echo(json_text.dumps(script_plan_json(sp), indent=1, default=str))
     else:
         from trainfit.render.script import render_script_plan
 
@@ -146,7 +146,7 @@ def tune_script_cmd(cmd: list[str], *, job_flags: dict[str, Any], opts: Any,
     if as_json:
         from trainfit.render.script import script_tune_json
 
-        typer.echo(json.dumps(script_tune_json(st), indent=1, default=str))
+        typer.echo(json_text.dumps(script_tune_json(st), indent=1, default=str))
     else:
         from trainfit.render.script import render_script_tune
 

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from trainfit import json_text
 from trainfit.cli.jobargs import (
     GENERIC_HINT,
     AllowCode,
@@ -245,7 +246,7 @@ def _finish(result: Any, out: str, as_json: bool) -> None:
             raise typer.Exit(result.exit_code)
         return
     if as_json:
-        typer.echo(json.dumps(d, indent=1))
+        typer.echo(json_text.dumps(d, indent=1))
     else:
         from trainfit.render.train import render_train
 

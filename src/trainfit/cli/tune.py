@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Annotated, Any
 
 import typer
 
+from trainfit import json_text
 from trainfit.cli.emit import emit_job, is_tuned
 from trainfit.cli.jobargs import (
     AllowCode,
@@ -109,7 +109,7 @@ def _report(result: Any, out: str | None, emit: str | None, as_json: bool, sourc
             header=["written by trainfit tune; read by trainfit train", d["reason"], *unsteady,
                     *open_questions]))
     if as_json:  # with --emit the payload owns stdout: the result goes to stderr
-        typer.echo(json.dumps(d, indent=1), err=emit is not None)
+        typer.echo(json_text.dumps(d, indent=1), err=emit is not None)
     else:
         from trainfit.render.tune import render_tune
 

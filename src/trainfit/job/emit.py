@@ -12,7 +12,6 @@ it as :class:`ScriptSetting` s, for the script to set.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from trainfit import json_text
 from trainfit.job.script_settings import ScriptSetting, checkpointing_name, script_settings
 from trainfit.job.spec import JobError, JobSpec
 
@@ -53,7 +53,7 @@ class Emitted:
         accelerate (``accelerate launch --config_file``)."""
         if self.target == "accelerate":
             return yaml.safe_dump(self.payload, sort_keys=False)
-        return json.dumps(self.payload, indent=1) + "\n"
+        return json_text.dumps(self.payload, indent=1) + "\n"
 
 
 def installed_version(dist: str) -> str | None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import json
 import os
 import shlex
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TextIO
 
+from trainfit import json_text
 from trainfit.monitor import view
 from trainfit.monitor.host import HostProbe, process_alive, process_tree
 from trainfit.monitor.logfile import idle_s, is_a_log, last_byte, last_time_s
@@ -435,7 +435,7 @@ class Sampler:
             if self._csv is not None:
                 self._csv.writerows(rows)
             else:
-                self._log.write("".join(json.dumps(r) + "\n" for r in rows))
+                self._log.write("".join(json_text.dumps(r) + "\n" for r in rows))
             # flush, not fsync: survives a crash of this process (the common case); fsync every second
             # would survive a host crash too but costs a disk round trip per sample.
             self._log.flush()

@@ -37,8 +37,11 @@ def render_train(d: dict[str, Any], out: str) -> None:
                    f"{e['micro_batch_after']} (accumulation {e['grad_accum_after']}), same samples "
                    "redone")
     for e in d.get("evals", []):
-        typer.echo(f"eval at step {e['step']}: loss {e['eval_loss']:.4f}, perplexity "
-                   f"{e['eval_perplexity']:.2f} ({e['samples']} samples, {e['tokens']:,} label "
+        loss = "unknown (no label tokens)" if e["eval_loss"] is None else f"{e['eval_loss']:.4f}"
+        ppl = ("unknown" if e["eval_loss"] is None else "overflows") if e["eval_perplexity"] is None \
+            else f"{e['eval_perplexity']:.2f}"
+        typer.echo(f"eval at step {e['step']}: loss {loss} (measured), perplexity "
+                   f"{ppl} ({e['samples']} samples, {e['tokens']:,} label "
                    f"tokens, eval batch {e['eval_batch']}, {e['eval_time_s']:.1f} s measured)")
     if d["interrupted"]:
         by = f" by {d['signal']}" if d.get("signal") else ""

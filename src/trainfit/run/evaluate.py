@@ -46,10 +46,11 @@ class EvalResult:
 
     step: int
     """Optimizer steps completed when it ran."""
-    eval_loss: float
-    """Σ per-token loss / label tokens, over the whole eval set."""
-    eval_perplexity: float
-    """exp(eval_loss); inf when it overflows."""
+    eval_loss: float | None
+    """Σ per-token loss / label tokens, over the whole eval set; None when the set has no label
+    token (JSON has no NaN)."""
+    eval_perplexity: float | None
+    """exp(eval_loss); None without a loss or when exp overflows (JSON has no Infinity)."""
     eval_batch: int
     """Per-rank evaluation batch it finished with (lower than asked after an OOM)."""
     samples: int
@@ -255,11 +256,11 @@ def _result(losses: list[torch.Tensor], weights: list[int], n_samples: int, dist
     loss_sum = dist.sum(math.fsum(m * w for m, w in zip(means, weights, strict=True)))
     n_tokens = round(dist.sum(float(sum(weights))))
     n_samples = round(dist.sum(float(n_samples)))
-    mean = loss_sum / n_tokens if n_tokens else float("nan")
+    mean = loss_sum / n_tokens if n_tokens and math.isfinite(loss_sum) else None
     try:
-        ppl = math.exp(mean)
+        ppl = math.exp(mean) if mean is not None else None
     except OverflowError:
-        ppl = float("inf")
+        ppl = None
     return EvalResult(step=step, eval_loss=mean, eval_perplexity=ppl, eval_batch=batch,
                       samples=n_samples, tokens=n_tokens, eval_time_s=time.perf_counter() - t0,
                       oom_events=events)

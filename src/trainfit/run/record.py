@@ -256,6 +256,6 @@ def finite(x: float) -> bool:
 def write_train_json(out: Path, res: TrainResult, open_wall_time_s: float | None = None) -> None:
     """``<out>/train.json``, replaced atomically (a reader never sees half of it);
     ``open_wall_time_s``: the open segment's time so far (a write at a checkpoint)."""
-    import json
+    from trainfit import json_text
 
-    write_atomic(out / "train.json", json.dumps(res.to_dict(open_wall_time_s), indent=1))
+    write_atomic(out / "train.json", json_text.dumps(res.to_dict(open_wall_time_s), indent=1))

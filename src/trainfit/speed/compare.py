@@ -45,8 +45,9 @@ class Comparison:
     measured a configuration at 132 tokens/s, then at 4,831-5,501 on every repeat) would make
     the round's ratio and the repeats' spread the host's, not the knob's.  Said, never counted."""
     ended: str | None = None
-    """Why the rounds stopped before deciding: ``no_longer_fits`` (a re-measure of B ran out of
-    memory), ``budget`` (no round ran: ``--budget-s`` was spent); None otherwise."""
+    """Why the rounds stopped before all were measured: ``no_longer_fits`` (a re-measure of B ran
+    out of memory), ``budget`` (``--budget-s`` was spent before the next round: none or some ran);
+    None otherwise (all ran, or a round contradicted the gain)."""
     why: str | None = None
     """For ``undecided``: the rule the rounds did not pass, in words (every round faster and
     the median beyond the noise read as a contradiction when the repeats overlapped: a QA run)."""

@@ -255,8 +255,10 @@ class Searcher:
         b_s: list[float] = []
         spreads: list[float] = []
         redone: float | None = None
+        cut = False
         while len(a_s) < self.o.rounds:
             if self.over_budget(probes=2):
+                cut = True
                 break
             # the order by the rounds counted: a round measured again repeats its order
             pair = [(best, "a"), (cand, "b")][:: -1 if len(a_s) % 2 else 1]
@@ -284,7 +286,9 @@ class Searcher:
             if b <= a * (1 + self.o.noise_floor):
                 break  # a repeat contradicts the gain: no more rounds can make it certain
         c = Comparison.of(a_s, b_s, spreads, self.o.noise_floor, self.o.rounds, proposal)
-        return dataclasses.replace(c, redone=redone)
+        # the budget stopped the rounds after some ran: said as when none ran (an audit found
+        # ``ended`` null beside "only 2 of 4 rounds ran", the JSON silent on why)
+        return dataclasses.replace(c, redone=redone, ended="budget" if cut else c.ended)
 
     # --- the whole search ---------------------------------------------------------------------
     def search(self) -> Outcome:
