@@ -55,6 +55,8 @@ def test_sync_bound_script_is_named(tmp_path, monkeypatch):
     assert d["kind"] == "doctor" and d["after"] is None and d["applied"] == []
     top = d["findings"][0]
     assert top["bottleneck"] == "sync-bound"
+    # one measured window: one 'before' round, which named it (an audit found [] here)
+    assert d["round_bottlenecks"] == ["sync-bound"]
     # 2 micro-steps × (2 × 16·63 token values + 1 loss) sync points in the loop; every one is
     # counted, the loop/model split of the untimed ones is estimated (AdamW's own 3 .item() calls)
     assert abs(top["evidence"]["sync_calls_per_step"] - 2 * (2 * 16 * 63 + 1)) <= 3

@@ -339,6 +339,21 @@ def test_a_row_without_speed_among_rows_with_one_says_why(tiny_llama):
         in out.getvalue()
 
 
+def test_the_json_speed_fields_have_one_shape_with_or_without_a_gpu(tiny_llama):
+    """An audit: without a GPU ``bound`` was null where a card without a known peak said
+    "unknown"; ``speed_unknown_reason`` and ``sync_note`` were "" on one row and null on
+    another for the same nothing."""
+    from trainfit.plan.grid import NO_GPU_SPEED
+
+    job = JobSpec(model="t", seq_len=64, effective_batch=4, precision="amp-bf16", grad_ckpt="off")
+    none = plan(job, tiny_llama, None, verify=False).to_dict()["configs"]
+    assert none and all((c["bound"], c["speed_unknown_reason"], c["sync_note"], c["tokens_per_s"])
+                        == ("unknown", NO_GPU_SPEED, None, None) for c in none)
+    known = plan(job, tiny_llama, find_gpu("a10g"), verify=False).to_dict()["configs"]
+    assert all(c["tokens_per_s"] > 0 and c["speed_unknown_reason"] is None
+               and c["sync_note"] is None and c["bound"] != "unknown" for c in known)
+
+
 def test_amp_fp16_left_out_on_bf16_cards_is_amp_bf16s_twin(tiny_llama):
     """Why the grid may leave amp-fp16 out on a card with bf16 (plan.inputs.grid_precisions):
     planned on its own it comes out as amp-bf16 does — the same peaks to the byte, the same

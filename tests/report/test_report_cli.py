@@ -204,3 +204,29 @@ def test_train_configuration_says_where_the_run_went(tmp_path):
     assert "checkpointing None" not in md
     # train.json's step 0 is the run's first step: numbered from 1, as the progress line does
     assert "step 1 (step): micro-batch 32 → 16; step 1 (step): micro-batch 16 → 8" in md
+
+
+def test_json_prints_the_report_it_wrote_and_a_json_error_on_bad_input(tmp_path):
+    """An audit: every command had --json but report. --json prints the built report (its
+    numbers, as report/model.py holds them) after writing the files; bad input prints the one
+    error object as the other commands do, nothing written."""
+    from trainfit.report import build_report, load_inputs
+
+    files = [str(FIXTURES / n) for n in ("plan_seed002.json", "tune.json", "doctor.json")]
+    out = tmp_path / "r.html"
+    res = runner.invoke(APP, ["report", *files, "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["kind"] == "report" and d["written"][0] == str(out) and out.is_file()
+    built = build_report(load_inputs(files))
+    assert [s["title"] for s in d["sections"]] == [s.title for s in built.sections]
+    assert d["sections"][0]["capacity_gib"] == pytest.approx(built.sections[0].capacity_gib)
+    assert len(d["doctors"]) == 1 and d["sources"][0] == [files[0], "plan"]
+    # a report's JSON is not an input
+    again = tmp_path / "again.html"
+    (tmp_path / "report.json").write_text(res.stdout)
+    bad = runner.invoke(APP, ["report", str(tmp_path / "report.json"), "--out", str(again),
+                              "--json"])
+    assert bad.exit_code == 2 and not again.exists()
+    err = json.loads(bad.stdout)
+    assert err["exit_code"] == 2 and "unknown kind 'report'" in err["error"]

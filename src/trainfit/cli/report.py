@@ -26,6 +26,10 @@ def register(app: typer.Typer) -> None:
             "--dataset-tokens", help="Tokens one epoch computes, for time per epoch: samples × "
             "the length each is padded or packed to, as tokens/s counts them (default: tune's "
             "samples × seq_len).")] = None,
+        as_json: Annotated[bool, typer.Option(
+            "--json", help="Also print what the report shows as JSON on stdout (its sections, "
+                           "runs, timelines and doctor results: report/model.py), after writing "
+                           "the files.")] = False,
     ) -> None:
         """Draw predictions and measurements: memory and throughput vs micro-batch, the pick, the
         seed-002-style table, probes, monitor timelines, doctor's before/after."""
@@ -37,9 +41,20 @@ def register(app: typer.Typer) -> None:
         except ReportInputError as err:
             from trainfit.cli.jobargs import say_error
 
-            say_error(str(err), err.hint)
+            say_error(str(err), err.hint, as_json=as_json)
         for w in written.warnings:
             typer.echo(f"warning: {w}", err=True)
+        if as_json:
+            from dataclasses import asdict
+
+            from trainfit import json_text
+
+            # the built report itself, not its HTML: the numbers a program reads (an audit: every
+            # other command had --json, report none)
+            typer.echo(json_text.dumps({"kind": "report", **asdict(written.report),
+                                        "warnings": written.warnings,
+                                        "written": [str(p) for p in written.paths]}, indent=1))
+            return
         typer.echo(f"wrote {written.paths[0]}")
         for p in written.paths[1:]:
             typer.echo(f"      {p}")

@@ -111,4 +111,7 @@ def doctor_command(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bo
                      "optimizer's own code (measured count)")
     return DoctorResult(target=run.target, kind="command", device=obs.device, steps_measured=len(run.records),
                         split=split, findings=findings, before=before, after=None, applied=[],
-                        overhead_fraction=overhead, notes=notes)
+                        overhead_fraction=overhead, notes=notes,
+                        # one measured window, one 'before' round: what it named, as the job
+                        # form lists each round's (an audit found [] beside a named bottleneck)
+                        round_bottlenecks=[findings[0].bottleneck if findings else "none"])

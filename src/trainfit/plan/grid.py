@@ -209,13 +209,23 @@ def _exact_row(args: tuple[JobSpec, ModelSource, GpuSpec | None, float]) -> Plan
     return PlanRow(cj, mem, "simulated", synced(speed, cj, mem, gpu))
 
 
+NO_GPU_SPEED = "no GPU named: --gpu NAME predicts speed"
+
+
 def _speed_fields(speed: dict[str, Any] | None) -> dict[str, Any]:
-    """A row's speed for --json; ``speed_unknown_reason``: why the speed is unknown ("" when it is
-    known; None without a GPU)."""
+    """A row's speed for --json, the same shape with or without a GPU (an audit: ``bound`` was
+    null without one and "unknown" on a card without a known peak; ``speed_unknown_reason`` and
+    ``sync_note`` "" or null for the same nothing): ``bound`` "unknown" when not predicted;
+    ``speed_unknown_reason`` null when the speed is known, else why; ``sync_note`` null without
+    a gradient exchange."""
     keys = ("step_time_s", "tokens_per_s", "samples_per_s", "mfu", "hfu", "device_busy_fraction",
             "bound", "sync_s", "sync_exposed_s", "sync_contention_s", "sync_note", "optimizer_s")
-    return {**{k: (speed or {}).get(k) for k in keys},
-            "speed_unknown_reason": (speed or {}).get("unknown_reason")}
+    out = {k: (speed or {}).get(k) for k in keys}
+    out["bound"] = out["bound"] or "unknown"
+    out["sync_note"] = out["sync_note"] or None
+    out["speed_unknown_reason"] = ((speed.get("unknown_reason") or None) if speed is not None
+                                   else NO_GPU_SPEED)
+    return out
 
 
 def _flops_per_token(source: ModelSource, mem: MemoryPrediction, job: JobSpec) -> float:

@@ -43,6 +43,8 @@ def _unknown_speed_reasons(plan: PlanInput | None) -> dict[str, list[str]]:
     """The plan's reasons for rows without tokens/s → those rows ("amp-fp16, checkpointing
     full, 8 × 1"), in the plan's order."""
     out: dict[str, list[str]] = {}
+    if plan is not None and not plan.gpu:
+        return out  # every row, for one reason the section's title says (no GPU given)
     for c in plan.configs if plan else []:
         if c.tokens_per_s is None and c.speed_unknown_reason:
             out.setdefault(c.speed_unknown_reason, []).append(
@@ -344,6 +346,7 @@ def build_section(plan: PlanInput | None, tune: TuneInput | None, dataset_tokens
     throughput_unknown = None
     if not any(f.tokens_per_s_predicted or f.tokens_per_s_measured for f in b.families):
         why = (max(reasons, key=lambda r: len(reasons[r])) if reasons
+               else "no GPU named: --gpu NAME predicts speed" if plan is not None and not plan.gpu
                else "no known peak throughput for its dtype")
         throughput_unknown = (f"no tokens/s: the plan predicts none on {where} ({why}) and "
                               "nothing was measured")
