@@ -114,7 +114,7 @@ class TuneResult:
             d.update({"index": t.index, "stage": t.stage, "status": r["status"], "fits": t.fits,
                       "measured": r["measured"], "predicted": asdict(t.predicted)
                       if t.predicted else None, "probe_time_s": r["probe_time_s"],
-                      "note": "; ".join(x for x in (t.note, r["detail"]) if x)})
+                      "note": "; ".join(x for x in (t.note, r["detail"]) if x) or None})
             return d
         return {"kind": "tune", "device": self.device, "device_name": self.device_name,
                 "memory_limit_bytes": self.memory_limit_bytes, "margin": self.margin,
