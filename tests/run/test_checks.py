@@ -95,6 +95,20 @@ def test_resume_settings_and_config_compare_as_they_ran(tmp_path):
     assert set(saved) == {"logit_softcap", "hidden_size"}  # no str() of an object
     same_model_config(tmp_path, {"model_config": saved}, Cfg(logit_softcap=math.nan,
                                                              thing=object(), hidden_size=64))
+    # the record as train.json holds it (strict JSON: inf and NaN written as null) resumes its
+    # own config: Mamba2's time_step_limit (0.0, inf) was refused at every resume (a review)
+    import json
+
+    from trainfit import json_text
+    from trainfit.job import JobError
+
+    mamba = Cfg(time_step_limit=(0.0, math.inf), logit_softcap=math.nan, hidden_size=64)
+    record = json.loads(json_text.dumps({"model_config": config_values(mamba)}))
+    assert record["model_config"]["time_step_limit"] == [0.0, None]
+    same_model_config(tmp_path, record, mamba)
+    with pytest.raises(JobError, match="hidden_size"):
+        same_model_config(tmp_path, record, Cfg(time_step_limit=(0.0, math.inf),
+                                                logit_softcap=math.nan, hidden_size=32))
 
 
 def test_an_earlier_segments_record_does_not_name_a_launchs_end(tmp_path):

@@ -153,3 +153,25 @@ def test_an_evaluation_without_a_number_is_written_as_null_in_strict_json(tmp_pa
         (None, None), (1000.0, None), (None, None)]
     (t,) = build_report(load_inputs([str(tmp_path / "train.json")])).trains
     assert [e.eval_loss for e in t.evals] == [None, 1000.0, None]
+
+
+def test_the_summary_says_why_an_evaluation_has_no_loss(capsys):
+    """A review: a non-finite loss over label tokens read "unknown (no label tokens)" beside
+    "90 label tokens"."""
+    from trainfit.render.train import render_train
+
+    res = _run(2)
+    res.close_segment(1.0, "finished")
+    ev = {"eval_batch": 2, "eval_time_s": 0.1}
+    res.evals += [{"step": 1, "eval_loss": None, "eval_perplexity": None, "samples": 0,
+                   "tokens": 0, **ev},
+                  {"step": 2, "eval_loss": None, "eval_perplexity": None, "samples": 3,
+                   "tokens": 90, **ev},
+                  {"step": 3, "eval_loss": 700.0, "eval_perplexity": None, "samples": 3,
+                   "tokens": 90, **ev}]
+    render_train(res.to_dict(), "out")
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("eval at step")]
+    assert lines[0].startswith("eval at step 1: loss unknown (no label tokens) (measured), "
+                               "perplexity unknown")
+    assert lines[1].startswith("eval at step 2: loss not finite (measured), perplexity unknown")
+    assert lines[2].startswith("eval at step 3: loss 700.0000 (measured), perplexity overflows")

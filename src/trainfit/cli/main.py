@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -357,7 +356,7 @@ def gpus_cmd(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     from trainfit.hardware.gpus import GPUS
 
     if as_json:
-        typer.echo(json.dumps([asdict(g) for g in GPUS.values()], indent=1))
+        typer.echo(json_text.dumps([asdict(g) for g in GPUS.values()], indent=1))
         return
     from trainfit.render.plan import render_simple
     from trainfit.speed.comm import peer_to_peer

@@ -37,7 +37,9 @@ def render_train(d: dict[str, Any], out: str) -> None:
                    f"{e['micro_batch_after']} (accumulation {e['grad_accum_after']}), same samples "
                    "redone")
     for e in d.get("evals", []):
-        loss = "unknown (no label tokens)" if e["eval_loss"] is None else f"{e['eval_loss']:.4f}"
+        # null: no label token to average over, or a sum that is not finite (an fp16 overflow)
+        loss = (("unknown (no label tokens)" if not e["tokens"] else "not finite")
+                if e["eval_loss"] is None else f"{e['eval_loss']:.4f}")
         ppl = ("unknown" if e["eval_loss"] is None else "overflows") if e["eval_perplexity"] is None \
             else f"{e['eval_perplexity']:.2f}"
         typer.echo(f"eval at step {e['step']}: loss {loss} (measured), perplexity "

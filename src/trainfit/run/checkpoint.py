@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainfit import json_text
 from trainfit.job import JobError
 from trainfit.run.resume_fields import same_samples
 from trainfit.run.rundir import fsync_dir, fsync_file, os_reason, space_hint, write_atomic
@@ -166,7 +167,7 @@ def _write_files(tmp: Path, state: RunState, model: torch.nn.Module, weights: di
             "python_rng": repr(random.getstate()),
             "numpy_rng": [np_state[0], np_state[1].tolist(), *np_state[2:]],
             "history": history or {}}
-    (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=1))
+    (tmp / "trainer_state.json").write_text(json_text.dumps(meta, indent=1))
     # safetensors' writer makes its file 0600; every other file here has the umask's mode (an
     # audit: model.safetensors alone unreadable to the group that reads the run)
     (tmp / "model.safetensors").chmod((tmp / "trainer_state.json").stat().st_mode & 0o777)

@@ -48,7 +48,7 @@ class EvalResult:
     """Optimizer steps completed when it ran."""
     eval_loss: float | None
     """Σ per-token loss / label tokens, over the whole eval set; None when the set has no label
-    token (JSON has no NaN)."""
+    token or the sum is not finite (JSON has no NaN)."""
     eval_perplexity: float | None
     """exp(eval_loss); None without a loss or when exp overflows (JSON has no Infinity)."""
     eval_batch: int

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import os
 import time
@@ -36,6 +35,7 @@ from typing import Any
 
 import torch
 
+from trainfit import json_text
 from trainfit.data.dataset import TokenData
 from trainfit.data.load import load_data, with_data_packing
 from trainfit.data.loader import SampleOrder
@@ -152,7 +152,7 @@ def _callback(trainer: Any, res: TrainResult, opts: RunOptions, intr: Any, seq_l
             history = res.snapshot(elapsed_s)
             history["checkpoints"] = [*history["checkpoints"], str(ck)]
             history["oom_events"] += [e.to_dict() for e in trainer.trainfit_events]
-            (ck / HISTORY).write_text(json.dumps(history, indent=1))
+            (ck / HISTORY).write_text(json_text.dumps(history, indent=1))
             write_digests(ck)
             res.checkpoints.append(str(ck))
             # --keep-last: HF's save_total_limit removed the older ones before this callback

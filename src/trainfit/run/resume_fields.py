@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trainfit import json_text
 from trainfit.job import JobError
 
 SAMPLE_FIELDS = ("seq_len", "packing", "text_field", "tokenizer", "seed")
@@ -131,8 +132,12 @@ def same_model_config(ck: Path | str, history: dict[str, Any], config: Any) -> N
     if not isinstance(saved, dict) or now is None:
         return
     # the keys both hold: another transformers version adds and drops defaults of its own
-    diff = sorted(k for k in set(saved) & set(now)  # as text: NaN is not equal to itself
-                  if json.dumps(saved[k], sort_keys=True) != json.dumps(now[k], sort_keys=True))
+    # as strict JSON text on both sides: NaN is not equal to itself, and the record says a
+    # non-finite value as null (Mamba2's time_step_limit (0.0, inf): a review found every such
+    # run refused at its resume)
+    diff = sorted(k for k in set(saved) & set(now)
+                  if json_text.dumps(saved[k], sort_keys=True)
+                  != json_text.dumps(now[k], sort_keys=True))
     if diff:
         shown = ", ".join(f"{k} {now.get(k)!r} (was {saved.get(k)!r})" for k in diff[:3])
         more = f" and {len(diff) - 3} more" if len(diff) > 3 else ""
