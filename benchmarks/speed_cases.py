@@ -296,7 +296,12 @@ def _model(case: dict[str, Any], m: Mapped) -> None:
     if entry is not None:
         m.model = {"catalog": entry.name, "positions": seq}
         if "128k" in (d.get("hf_id") or ""):
-            m.model_note = ("Phi-3-mini-128k planned as the catalog's phi-3-mini-4k (same dims)")
+            # the 128k config's own window (microsoft/Phi-3-mini-128k-instruct config.json,
+            # transformers 4.46.3: sliding_window 262144): the 4k's 2047 would build a mask past
+            # 2,047 tokens and send SDPA to the memory-efficient kernel
+            m.model["config"] = {"sliding_window": 262144}
+            m.model_note = ("Phi-3-mini-128k planned as the catalog's phi-3-mini-4k (same dims) "
+                            "with the 128k config's sliding_window 262144 (no window below it)")
         return
     kind = "qwen2" if "qwen" in hf_id.lower() else "llama"
     m.model = {"build": kind, "hidden": d["hidden_size"], "layers": d["num_hidden_layers"],
@@ -396,7 +401,7 @@ def build_source(spec: dict[str, Any]) -> Any:
         return resolve_model(spec["factory"])
     if "catalog" in spec:
         entry = find_model(spec["catalog"])
-        cfg = AutoConfig.for_model(**copy.deepcopy(entry.config))
+        cfg = AutoConfig.for_model(**{**copy.deepcopy(entry.config), **spec.get("config", {})})
         if (getattr(cfg, "max_position_embeddings", None) or seq) < seq:
             cfg.max_position_embeddings = seq  # RoPE models: the table only bounds the data
         return ModelSource(entry.name, cfg, entry.task, "catalog", entry.note)

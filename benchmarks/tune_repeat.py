@@ -45,6 +45,11 @@ def one_run() -> dict[str, Any]:
             "reported_speedup": vs.get("median_ratio") if vs.get("verdict") == "faster" else None,
             "rounds": vs.get("ratios"), "verdict": vs.get("verdict"), "noise": vs.get("noise"),
             "undecided": [n for n in d["search_notes"] if n["kind"] == "undecided"],
+            # candidates measured twice before a drop (a suspect single probe) and those dropped
+            # on one probe: where a repeat's pick can still differ
+            "second_looks": [n for n in d["search_notes"] if n["kind"] in ("second_look", "outlier")],
+            "one_probe_drops": sum(len(n["one_probe"]) for n in d["search_notes"]
+                                   if n["kind"] == "unsteady"),
             "probes": len(d["probes"])}
 
 
@@ -65,6 +70,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "reported_speedup_range": [min(speedups), max(speedups)] if speedups else None,
             "speedups_inside_their_rounds": sum(inside),
             "undecided_notes": sum(len(r["undecided"]) for r in runs),
+            "second_looks": sum(len(r.get("second_looks", [])) for r in runs),
             "median_wall_s": sorted(r["wall_s"] for r in runs)[len(runs) // 2]}
 
 
@@ -76,7 +82,8 @@ def markdown(res: dict[str, Any]) -> str:
              "`python benchmarks/tune_repeat.py`.", "",
              "| host | runs | identical picks | distinct picks | reported speed-ups vs current "
              "(min–max) | speed-ups inside their own rounds | 'could not decide' notes | "
-             "median s/run |", "|---|---|---|---|---|---|---|---|"]
+             "candidates measured again before a drop | median s/run |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for host in ("quiet", "loaded"):
         s = res.get(host, {}).get("summary")
         if not s:
@@ -85,13 +92,17 @@ def markdown(res: dict[str, Any]) -> str:
         lines.append(f"| {host} | {s['runs']} | {s['identical_picks']} | {s['distinct_picks']} | "
                      + ("—" if rng is None else f"{rng[0]:.2f}×–{rng[1]:.2f}×")
                      + f" | {s['speedups_inside_their_rounds']} of {s['runs']} | "
-                     f"{s['undecided_notes']} | {s['median_wall_s']:.0f} |")
+                     f"{s['undecided_notes']} | {s.get('second_looks', '—')} | "
+                     f"{s['median_wall_s']:.0f} |")
     for host in ("quiet", "loaded"):
         s = res.get(host, {}).get("summary")
         if s:
             p = s["most_common_pick"]
             lines += ["", f"{host}: most common pick — " + ", ".join(f"{k} {v}" for k, v in p.items())
                       if p else f"{host}: nothing fits"]
+    lines += ["", "Candidates measured again before a drop: the search's `second_look` (its "
+              "prediction said faster, its one probe did not) and `outlier` (its one probe far "
+              "below its prediction's pace) notes, summed over the runs."]
     lines += ["", "Targets: ≥ 4 of 5 identical picks on both hosts; every reported speed-up inside "
               "the range of the interleaved rounds it was measured in."]
     return "\n".join(lines) + "\n"

@@ -100,3 +100,51 @@ def test_rounds_the_budget_stopped_after_some_ran_say_budget():
     slow = s.run(job.replace(attention="eager", micro_batch=4), "speed", 3)
     c = s.compare(best, slow, first=(100.0, 115.0))
     assert len(c.ratios) == 1 and c.ended is None and c.verdict == "not_faster"
+
+
+def _predicted_faster_search(eager_tps, predicted_eager=130.0):
+    eager = iter(eager_tps)
+
+    def tps(j):
+        return next(eager) if j.attention == "eager" else 100.0
+    s = Searcher(JobSpec(model="gpt2", seq_len=64, effective_batch=8), fake(GIB, GIB, tps, []),
+                 pred(GIB, GIB, lambda j: predicted_eager if j.attention == "eager" else 100.0),
+                 None, SearchOptions(knobs=("attention",)), 10_000)
+    return s, s.search()
+
+
+def test_a_candidate_predicted_faster_is_not_dropped_on_one_contradicting_probe():
+    """A gain needs every interleaved round, but a candidate was dropped on one probe no faster
+    than the current best: one disturbed probe of a real gain (here 0.80× where it runs 1.30×)
+    changed the pick between repeats. Where its prediction says faster, the candidate is measured
+    again before it is dropped, said, and then compared in the rounds as any other."""
+    s, out = _predicted_faster_search([80.0, 130.0, 131.0, 129.0, 130.0, 132.0])
+    assert out.best.job.attention == "eager"
+    (note,) = [n for n in out.notes if n.kind == "second_look"]
+    assert note.data["first_ratio"] == pytest.approx(0.8)
+    assert note.data["predicted_ratio"] == pytest.approx(1.3)
+    assert note.data["again_ratio"] == pytest.approx(1.3) and "dropped" not in note.data
+    # measured twice: not "dropped on one probe" (the smaller micro-batch was, at 1.00×)
+    assert not [c for c, _ in s.one_probe if ("attention", "eager") in c]
+    words = note_words(note)
+    assert words.startswith("attention eager: its prediction gives 1.30× the current best's "
+                            "tokens/s, its one probe ran 0.80×")
+    assert words.endswith("measured again at 1.30×; then compared in interleaved rounds")
+
+
+def test_a_candidate_predicted_faster_but_measured_slower_twice_is_dropped_and_said():
+    s, out = _predicted_faster_search([80.0, 82.0])
+    assert out.best.job.attention != "eager"
+    (note,) = [n for n in out.notes if n.kind == "second_look"]
+    assert note.data["dropped"] is True and note.data["again_ratio"] == pytest.approx(0.82)
+    assert note_words(note).endswith("measured again at 0.82×; then dropped: no faster than the "
+                                     "current best")
+    assert not [c for c, _ in s.one_probe if ("attention", "eager") in c]
+
+
+def test_a_candidate_not_predicted_faster_is_dropped_on_its_one_probe_as_before():
+    """No second look where the prediction agrees with the probe (or is within the noise
+    floor): the run's length is unchanged there."""
+    s, out = _predicted_faster_search([80.0], predicted_eager=100.0)
+    assert not [n for n in out.notes if n.kind == "second_look"]
+    assert ([("attention", "eager")], pytest.approx(0.8)) in s.one_probe

@@ -83,6 +83,14 @@ _NOTE_TEXTS: dict[str, Any] = {
            else " (it no longer fit)")
         + ("; then dropped: no faster than the current best" if d.get("dropped") else
            "; then compared in interleaved rounds" if d["again_tokens_per_s"] else "")),
+    "second_look": lambda d: (
+        f"{_changes(d['changes'])}: its prediction gives {d['predicted_ratio']:.2f}× the "
+        f"current best's tokens/s, its one probe ran {d['first_ratio']:.2f}× — one probe "
+        "contradicting the prediction is not enough to drop it: measured again"
+        + (f" at {d['again_ratio']:.2f}×" if d["again_ratio"] is not None
+           else " (it no longer fit)")
+        + ("; then dropped: no faster than the current best" if d.get("dropped") else
+           "; then compared in interleaved rounds" if d["again_ratio"] is not None else "")),
     "pruned": lambda d: f"not probed: {_changes(d['changes'])} — predicted "
                       + (f"{d['ratio']:.2f}×" if d["ratio"] is not None else
                          f"< {d['prune_below']}× (on another rank)")

@@ -218,26 +218,50 @@ class Searcher:
         return c.verdict == "faster"
 
     def _outlier_again(self, cand: Trial, best: Trial, a: float, b: float) -> Trial | None:
-        """``cand`` measured again when its one probe fell far below what its prediction gives
-        at the incumbent's measured pace (below :data:`OUTLIER_BELOW` of it): the host's, most
-        likely, not the knob's — a foreach AdamW probe at 231 tokens/s against 13,969 predicted
-        (14,625 measured in the run before) was dropped on it, unsaid (a QA run).  The re-measure
-        and the note say so; None where the probe was not such an outlier (or no longer fits)."""
+        """``cand`` measured again before it is dropped on its one probe when that probe is
+        suspect. Two cases:
+
+        * ``outlier``: it fell far below what its prediction gives at the incumbent's measured
+          pace (below :data:`OUTLIER_BELOW` of it): the host's, most likely, not the knob's — a
+          foreach AdamW probe at 231 tokens/s against 13,969 predicted (14,625 measured in the
+          run before) was dropped on it, unsaid (a QA run);
+        * ``second_look``: its prediction says it is faster than the incumbent beyond the noise
+          floor, and its one probe says it is not: measurement and prediction disagree, and one
+          probe is the weaker evidence on a busy host. A candidate was otherwise dropped on one
+          probe where a gain needs every interleaved round (the asymmetry behind a pick that
+          differed between repeats on a loaded host: benchmarks/results/tune_repeat.md).
+
+        The re-measure and the note say so; None where the probe was neither (or the candidate
+        no longer fits)."""
         pc, pb = cand.predicted, best.predicted
         known = pc is not None and pb is not None and bool(pc.tokens_per_s) and \
             bool(pb.tokens_per_s) and a > 0 and b > 0
-        expected = a * pc.tokens_per_s / pb.tokens_per_s if known else 0.0  # type: ignore[union-attr,operator]
+        predicted_ratio = pc.tokens_per_s / pb.tokens_per_s if known else 0.0  # type: ignore[union-attr,operator]
+        expected = a * predicted_ratio
+        outlier = known and b < OUTLIER_BELOW * expected
+        contradicts = known and predicted_ratio > 1 + self.o.noise_floor
         # a collective under many ranks (each measured its own): every rank decides together
-        if not self.agree(known and b < OUTLIER_BELOW * expected) or self.over_budget():
+        if not self.agree(outlier or contradicts) or self.over_budget():
             return None
         # (another rank may have decided it: this one's prediction can be unknown)
-        pace = f"at {b / expected:.2f}× " if expected else "far below "
-        again = self.run(cand.job, "confirm", 3, note=f"re-measure of probe {cand.index}: it ran "
-                         f"{pace}what its prediction gives at the current best's measured pace")
-        self.notes.append(SearchNote("outlier", {
-            "changes": _diff(cand.job, best.job), "first_tokens_per_s": b,
-            "expected_tokens_per_s": expected or None,
-            "again_tokens_per_s": self.tps(again) if again.fits else None}))
+        if outlier or not contradicts:
+            pace = f"at {b / expected:.2f}× " if expected else "far below "
+            note = f"{pace}what its prediction gives at the current best's measured pace"
+        else:
+            note = (f"{b / a:.2f}× the current best's tokens/s where its prediction gives "
+                    f"{predicted_ratio:.2f}×")
+        again = self.run(cand.job, "confirm", 3,
+                         note=f"re-measure of probe {cand.index}: it ran {note}")
+        again_tps = self.tps(again) if again.fits else None
+        if outlier or not contradicts:
+            self.notes.append(SearchNote("outlier", {
+                "changes": _diff(cand.job, best.job), "first_tokens_per_s": b,
+                "expected_tokens_per_s": expected or None, "again_tokens_per_s": again_tps}))
+        else:
+            self.notes.append(SearchNote("second_look", {
+                "changes": _diff(cand.job, best.job), "first_ratio": b / a,
+                "predicted_ratio": predicted_ratio,
+                "again_ratio": None if again_tps is None else again_tps / a}))
         return again if again.fits else None
 
     def compare(self, best: Trial, cand: Trial, first: tuple[float, float] | None = None
