@@ -45,11 +45,8 @@ def one_run() -> dict[str, Any]:
             "reported_speedup": vs.get("median_ratio") if vs.get("verdict") == "faster" else None,
             "rounds": vs.get("ratios"), "verdict": vs.get("verdict"), "noise": vs.get("noise"),
             "undecided": [n for n in d["search_notes"] if n["kind"] == "undecided"],
-            # candidates measured twice before a drop (a suspect single probe) and those dropped
-            # on one probe: where a repeat's pick can still differ
+            # candidates measured again after a suspect single probe (then dropped or compared)
             "second_looks": [n for n in d["search_notes"] if n["kind"] in ("second_look", "outlier")],
-            "one_probe_drops": sum(len(n["one_probe"]) for n in d["search_notes"]
-                                   if n["kind"] == "unsteady"),
             "probes": len(d["probes"])}
 
 
@@ -82,7 +79,7 @@ def markdown(res: dict[str, Any]) -> str:
              "`python benchmarks/tune_repeat.py`.", "",
              "| host | runs | identical picks | distinct picks | reported speed-ups vs current "
              "(min–max) | speed-ups inside their own rounds | 'could not decide' notes | "
-             "candidates measured again before a drop | median s/run |",
+             "candidates measured again after one probe | median s/run |",
              "|---|---|---|---|---|---|---|---|---|"]
     for host in ("quiet", "loaded"):
         s = res.get(host, {}).get("summary")
@@ -100,9 +97,10 @@ def markdown(res: dict[str, Any]) -> str:
             p = s["most_common_pick"]
             lines += ["", f"{host}: most common pick — " + ", ".join(f"{k} {v}" for k, v in p.items())
                       if p else f"{host}: nothing fits"]
-    lines += ["", "Candidates measured again before a drop: the search's `second_look` (its "
+    lines += ["", "Candidates measured again after one probe: the search's `second_look` (its "
               "prediction said faster, its one probe did not) and `outlier` (its one probe far "
-              "below its prediction's pace) notes, summed over the runs."]
+              "below its prediction's pace) notes, summed over the runs; each was then dropped "
+              "or compared in interleaved rounds."]
     lines += ["", "Targets: ≥ 4 of 5 identical picks on both hosts; every reported speed-up inside "
               "the range of the interleaved rounds it was measured in."]
     return "\n".join(lines) + "\n"

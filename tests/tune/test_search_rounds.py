@@ -148,3 +148,28 @@ def test_a_candidate_not_predicted_faster_is_dropped_on_its_one_probe_as_before(
     s, out = _predicted_faster_search([80.0], predicted_eager=100.0)
     assert not [n for n in out.notes if n.kind == "second_look"]
     assert ([("attention", "eager")], pytest.approx(0.8)) in s.one_probe
+
+
+def test_a_second_look_that_no_longer_fits_is_not_also_dropped_on_one_probe():
+    """A review: a candidate measured again that then ran out of memory was listed both in its
+    note ("it no longer fit") and among those dropped on one probe."""
+    from trainfit.tune.result import ProbeResult
+
+    seen = {"eager": 0}
+    inner = fake(GIB, GIB, lambda j: 80.0 if j.attention == "eager" else 100.0, [])
+
+    def probe(job, timed):
+        if job.attention == "eager" and timed:
+            seen["eager"] += 1
+            if seen["eager"] == 2:
+                return ProbeResult(status="oom", measured=None)
+        return inner(job, timed)
+    s = Searcher(JobSpec(model="gpt2", seq_len=64, effective_batch=8), probe,
+                 pred(GIB, GIB, lambda j: 130.0 if j.attention == "eager" else 100.0), None,
+                 SearchOptions(knobs=("attention",)), 10_000)
+    out = s.search()
+    (note,) = [n for n in out.notes if n.kind == "second_look"]
+    assert note.data["again_ratio"] is None and "dropped" not in note.data
+    assert "measured again (it no longer fit)" in note_words(note)
+    assert not [c for c, _ in s.one_probe if ("attention", "eager") in c]
+    assert out.best.job.attention != "eager"

@@ -58,6 +58,16 @@ def _redone_words(redone: float | None) -> str:
             "at under half its own pace in it, the host's doing)")
 
 
+def _after_again(d: dict[str, Any], measured: bool) -> str:
+    """What followed a candidate's re-measure (``outlier`` / ``second_look`` notes)."""
+    if d.get("dropped"):
+        return "; then dropped: no faster than the current best"
+    if d.get("not_compared"):
+        return ("; faster then, but --budget-s left no time for the interleaved rounds that "
+                "decide: the current best was kept")
+    return "; then compared in interleaved rounds" if measured else ""
+
+
 _NOTE_TEXTS: dict[str, Any] = {
     "budget": lambda d: f"--budget-s {d['budget_s']:g} (the search's: its predictions and "
                       "probes; loading the model and data not counted) was spent after "
@@ -81,16 +91,16 @@ _NOTE_TEXTS: dict[str, Any] = {
         "likely: measured again"
         + (f" at {d['again_tokens_per_s']:,.0f} tokens/s" if d["again_tokens_per_s"]
            else " (it no longer fit)")
-        + ("; then dropped: no faster than the current best" if d.get("dropped") else
-           "; then compared in interleaved rounds" if d["again_tokens_per_s"] else "")),
+        + _after_again(d, bool(d["again_tokens_per_s"]))),
     "second_look": lambda d: (
-        f"{_changes(d['changes'])}: its prediction gives {d['predicted_ratio']:.2f}× the "
-        f"current best's tokens/s, its one probe ran {d['first_ratio']:.2f}× — one probe "
-        "contradicting the prediction is not enough to drop it: measured again"
+        f"{_changes(d['changes'])}: its prediction gives "
+        + (f"{d['predicted_ratio']:.2f}×" if d["predicted_ratio"] else "more than")
+        + " the current best's tokens/s, its one probe ran "
+        + (f"{d['first_ratio']:.2f}×" if d["first_ratio"] is not None else "no faster")
+        + " — one probe contradicting the prediction is not enough to drop it: measured again"
         + (f" at {d['again_ratio']:.2f}×" if d["again_ratio"] is not None
            else " (it no longer fit)")
-        + ("; then dropped: no faster than the current best" if d.get("dropped") else
-           "; then compared in interleaved rounds" if d["again_ratio"] is not None else "")),
+        + _after_again(d, d["again_ratio"] is not None)),
     "pruned": lambda d: f"not probed: {_changes(d['changes'])} — predicted "
                       + (f"{d['ratio']:.2f}×" if d["ratio"] is not None else
                          f"< {d['prune_below']}× (on another rank)")

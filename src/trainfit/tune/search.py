@@ -177,20 +177,23 @@ class Searcher:
         # the incumbent by the median of its timed probes: one taken while the host was busy
         # would wave every candidate through to the rounds
         a, b = self.tps(self.median_of(best)), self.tps(cand)
-        again = None
+        again, looked = None, None
         if b <= a * (1 + self.o.noise_floor):
-            again = self._outlier_again(cand, best, a, b)
+            again, looked = self._outlier_again(cand, best, a, b)
             if again is not None:
                 cand, b = again, self.tps(again)
-        if b <= a * (1 + self.o.noise_floor):
-            if again is not None:  # measured twice: not "dropped on one probe"; said dropped
-                self.notes[-1].data["dropped"] = True
+        if b <= a * (1 + self.o.noise_floor) or (looked is not None and again is None):
+            if looked is not None:  # measured twice: not "dropped on one probe"
+                if again is not None:  # (one that no longer fits says so in its note)
+                    looked.data["dropped"] = True
             # over_budget() is a collective under many ranks and notes the budget: asked where
-            # it always was, once
+            # it always was, once (the branch is the same on every rank: they share probes)
             elif a > 0 and b > 0 and not self.over_budget():
                 self.one_probe.append((_diff(cand.job, best.job), b / a))
             return False
         if self.over_budget(probes=2):
+            if looked is not None:  # measured again, faster, and then no time for the rounds
+                looked.data["not_compared"] = True
             # faster on its one probe, with no time left for the rounds that decide: said, so a
             # probe table showing it faster than the pick is explained (a review)
             self.notes.append(SearchNote("not_compared", {
@@ -217,7 +220,8 @@ class Searcher:
                 "redone": c.redone}))
         return c.verdict == "faster"
 
-    def _outlier_again(self, cand: Trial, best: Trial, a: float, b: float) -> Trial | None:
+    def _outlier_again(self, cand: Trial, best: Trial, a: float, b: float
+                       ) -> tuple[Trial | None, SearchNote | None]:
         """``cand`` measured again before it is dropped on its one probe when that probe is
         suspect. Two cases:
 
@@ -231,8 +235,11 @@ class Searcher:
           probe where a gain needs every interleaved round (the asymmetry behind a pick that
           differed between repeats on a loaded host: benchmarks/results/tune_repeat.md).
 
-        The re-measure and the note say so; None where the probe was neither (or the candidate
-        no longer fits)."""
+        Both need the candidate's predicted tokens/s, which only the CPU target's predictor
+        gives (tuner.py ``CpuPredictor``; on CUDA the probes decide alone).
+
+        (the re-measure or None where it no longer fits, the note) — (None, None) where the
+        probe was neither."""
         pc, pb = cand.predicted, best.predicted
         known = pc is not None and pb is not None and bool(pc.tokens_per_s) and \
             bool(pb.tokens_per_s) and a > 0 and b > 0
@@ -242,27 +249,31 @@ class Searcher:
         contradicts = known and predicted_ratio > 1 + self.o.noise_floor
         # a collective under many ranks (each measured its own): every rank decides together
         if not self.agree(outlier or contradicts) or self.over_budget():
-            return None
-        # (another rank may have decided it: this one's prediction can be unknown)
-        if outlier or not contradicts:
+            return None, None
+        # (another rank may have decided it: this one's prediction can be unknown — each rank's
+        # CPU rates are its own —, so the kind is a collective too: every rank writes one note)
+        outlier = self.agree(outlier)
+        if outlier:
             pace = f"at {b / expected:.2f}× " if expected else "far below "
-            note = f"{pace}what its prediction gives at the current best's measured pace"
+            said = f"{pace}what its prediction gives at the current best's measured pace"
         else:
-            note = (f"{b / a:.2f}× the current best's tokens/s where its prediction gives "
-                    f"{predicted_ratio:.2f}×")
+            said = ((f"{b / a:.2f}× " if a > 0 else "no faster than ") + "the current best's "
+                    "tokens/s where its prediction gives "
+                    + (f"{predicted_ratio:.2f}×" if predicted_ratio else "more"))
         again = self.run(cand.job, "confirm", 3,
-                         note=f"re-measure of probe {cand.index}: it ran {note}")
+                         note=f"re-measure of probe {cand.index}: it ran {said}")
         again_tps = self.tps(again) if again.fits else None
-        if outlier or not contradicts:
-            self.notes.append(SearchNote("outlier", {
+        if outlier:
+            note = SearchNote("outlier", {
                 "changes": _diff(cand.job, best.job), "first_tokens_per_s": b,
-                "expected_tokens_per_s": expected or None, "again_tokens_per_s": again_tps}))
+                "expected_tokens_per_s": expected or None, "again_tokens_per_s": again_tps})
         else:
-            self.notes.append(SearchNote("second_look", {
-                "changes": _diff(cand.job, best.job), "first_ratio": b / a,
-                "predicted_ratio": predicted_ratio,
-                "again_ratio": None if again_tps is None else again_tps / a}))
-        return again if again.fits else None
+            note = SearchNote("second_look", {
+                "changes": _diff(cand.job, best.job), "first_ratio": b / a if a > 0 else None,
+                "predicted_ratio": predicted_ratio or None,
+                "again_ratio": None if again_tps is None or not a else again_tps / a})
+        self.notes.append(note)
+        return (again if again.fits else None), note
 
     def compare(self, best: Trial, cand: Trial, first: tuple[float, float] | None = None
                 ) -> Comparison:
