@@ -214,13 +214,16 @@ def test_a_card_with_its_own_published_gemm_rate_takes_it():
     from trainfit.hardware.gpus import find_gpu as find
     from trainfit.speed.kernels import CARD_GEMM, KERNELS, family, kernels_for
 
-    for name, (rate, source) in CARD_GEMM.items():
+    for name, card in CARD_GEMM.items():
         gpu = find(name)  # every entry names a catalog card (a typo would never apply)
-        assert gpu.name == name and 0 < rate <= 1.0 and source
+        assert gpu.name == name and 0 < card.gemm_mamf <= 1.0 and card.source
         k = kernels_for(gpu.compute_capability, gpu.name)
-        assert k.gemm_mamf == rate and k.family == family(gpu.compute_capability)
-        # the card's bf16 rate only: IEEE fp32 keeps the family's (no fp32 measurement)
-        assert k.gemm_efficiency_fp32 == pytest.approx(KERNELS[k.family].gemm_efficiency_fp32)
+        assert k.gemm_mamf == card.gemm_mamf and k.family == family(gpu.compute_capability)
+        # IEEE fp32 keeps the family's rate unless the card's own was measured (the T4's)
+        fp32 = card.gemm_mamf_fp32 or KERNELS[k.family].gemm_efficiency_fp32
+        assert k.gemm_efficiency_fp32 == pytest.approx(fp32)
+    assert kernels_for("7.5", "t4").gemm_efficiency_fp32 == pytest.approx(0.55)
+    assert kernels_for("8.6", "rtx-a6000").gemm_efficiency_fp32 == pytest.approx(0.84 * 0.92)
     for name in ("rtx-a5000", "rtx-6000-ada", "rtx-4080"):
         gpu = find(name)
         fam = family(gpu.compute_capability)

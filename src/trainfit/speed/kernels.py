@@ -233,33 +233,57 @@ T4_MAMF_FP32 = 0.55
 """Tesla T4 IEEE fp32 (CUDA cores): 4.17 and 4.43 of 8.1 TF in the same two entries (0.51-0.55)."""
 
 
+@dataclass(frozen=True)
+class CardGemm:
+    """One card's own measured GEMM rates, in place of its family's."""
+
+    gemm_mamf: float
+    """Dense 16-bit tensor-core GEMMs: fraction of the datasheet peak."""
+    source: str
+    gemm_mamf_fp32: float | None = None
+    """IEEE fp32 GEMMs where measured on this card; None: the family's fp32 rate (a review: the
+    fp32 rate must not follow the 16-bit one, A10 0.77 → 0.41, with no fp32 measurement)."""
+
+
 _ZZC = "zzc0721/torch-performance-test-data"
-CARD_GEMM: dict[str, tuple[float, str]] = {
+_A100_PCIE = CardGemm(A100_PCIE_MAMF, "A100 PCIe 253/312 TF")
+CARD_GEMM: dict[str, CardGemm] = {
+    "a100-40gb-pcie": _A100_PCIE,
+    "a100-80gb-pcie": _A100_PCIE,
+    "t4": CardGemm(T4_MAMF, "T4 (70 W): torch.matmul 42.7 of 65 TF fp16, 4.4 of 8.1 TF fp32 "
+                            f"({_ZZC}); bandwidthTest 0.75", gemm_mamf_fp32=T4_MAMF_FP32),
     # GeForce cards boost above the clock their datasheet figure assumes: measured above 1.0,
     # taken at 1.0 (a figure over the datasheet would put a predicted MFU above its peak)
-    "rtx-3090": (1.0, f"{_ZZC} database.md: bf16 torch.mm 76.34 / 76.68 / 76.58 TF of 71.0 "
-                      "(three contributors, 1.07-1.08; taken at 1.0)"),
-    "rtx-3080-10gb": (1.0, f"{_ZZC} issue #114: bf16 64.68 TF at 10240² of 59.5 (1.09; 1.0)"),
-    "rtx-3080-20gb": (1.0, f"{_ZZC} issue #80: bf16 64.71 TF at 8192² of 59.5 (1.09; 1.0)"),
-    "rtx-4090": (1.0, f"{_ZZC} database.md and issues #41/#50/#78: bf16 torch.mm 162.4-173.3 TF "
-                      "of 165.2 (seven entries, 0.98-1.05; taken at 1.0); chsasank/device-"
-                      "benchmarks 168"),
+    "rtx-3090": CardGemm(1.0, f"{_ZZC} database.md: bf16 torch.mm 76.34 / 76.68 / 76.58 TF of "
+                              "71.0 (three contributors, 1.07-1.08; taken at 1.0)"),
+    "rtx-3080-10gb": CardGemm(1.0, f"{_ZZC} issue #114: bf16 64.68 TF at 10240² of 59.5 (1.09; "
+                                   "1.0)"),
+    "rtx-3080-20gb": CardGemm(1.0, f"{_ZZC} issue #80: bf16 64.71 TF at 8192² of 59.5 (1.09; "
+                                   "1.0)"),
+    "rtx-4090": CardGemm(1.0, f"{_ZZC} database.md and issues #41/#50/#78: bf16 torch.mm "
+                              "162.4-173.3 TF of 165.2 (seven entries, 0.98-1.05; taken at 1.0); "
+                              "chsasank/device-benchmarks 168"),
     # power-capped cards: well below their datasheet, as the T4 and A100 PCIe
-    "rtx-a6000": (0.70, f"{_ZZC} issue #46: bf16 123.3 TF (0.80); mli/transformers-benchmarks "
-                        "README: fp16 95 TF (0.61); two independent entries, their mean (300 W; "
-                        "Lambda's fp16 training throughput A6000 ÷ 3090: bert_large 1.31, "
-                        "transformerxl-large 1.42, lambdal/deeplearning-benchmark)"),
-    "a40": (0.82, f"{_ZZC} issue #185: bf16 122.3 TF at 10240² of 149.7 (one entry; 300 W)"),
-    "l40s": (0.735, f"{_ZZC} database.md / issue #43: bf16 269.2 TF of 366 (one entry; 350 W)"),
-    "l4": (0.49, f"{_ZZC} issue #120: bf16 59.4 TF at 8192² of 121 (70.9 at 2048²: the 72 W "
-                 "card holds its clock at small shapes only; a training step's GEMMs are large)"),
-    "a10": (0.45, "chsasank/device-benchmarks README: A10 24GB bf16 56 TF of 125 (one entry; "
-                  "150 W)"),
-    "a10g": (0.99, f"{_ZZC} issue #126: bf16 69.47 TF at 10240² of 70.0 (one entry)"),
+    "rtx-a6000": CardGemm(0.70, f"{_ZZC} issue #46: bf16 123.3 TF (0.80); mli/transformers-"
+                                "benchmarks README: fp16 95 TF (0.61); two independent entries, "
+                                "their mean (300 W; Lambda's fp16 training throughput A6000 ÷ "
+                                "3090: bert_large 1.31, transformerxl-large 1.42, "
+                                "lambdal/deeplearning-benchmark)"),
+    "a40": CardGemm(0.82, f"{_ZZC} issue #185: bf16 122.3 TF at 10240² of 149.7 (one entry; "
+                          "300 W)"),
+    "l40s": CardGemm(0.735, f"{_ZZC} database.md / issue #43: bf16 269.2 TF of 366 (one entry; "
+                            "350 W)"),
+    "l4": CardGemm(0.49, f"{_ZZC} issue #120: bf16 59.4 TF at 8192² of 121 (70.9 at 2048²: the "
+                         "72 W card holds its clock at small shapes only; a training step's "
+                         "GEMMs are large)"),
+    "a10": CardGemm(0.45, "chsasank/device-benchmarks README: A10 24GB bf16 56 TF of 125 (one "
+                          "entry; 150 W)"),
+    "a10g": CardGemm(0.99, f"{_ZZC} issue #126: bf16 69.47 TF at 10240² of 70.0 (one entry)"),
 }
 """Cards whose own measured dense bf16 GEMM rate (the best torch.mm over square shapes, MAMF's
-convention) is published: their fraction of the datasheet peak replaces the family's, which
-came from one card each (an RTX 3090 at 0.84 for all of GA10x — the 3090 itself measures
+convention) is published: their fraction of the datasheet peak replaces the family's (the
+power-capped A100 PCIe and T4 first; then the cards below, the family's having come from one
+card each (an RTX 3090 at 0.84 for all of GA10x — the 3090 itself measures
 1.07-1.08, the 300 W A6000 0.61-0.80; an RTX 4090 for all of Ada — the 350 W L40S measures
 0.735). The research notes: docs/notes/kernel-efficiency.md."""
 
@@ -270,17 +294,8 @@ def kernels_for(compute_capability: str | None, name: str = "") -> FamilyKernels
         return None
     k = KERNELS[fam]
     card = CARD_GEMM.get(name.lower())
-    if card is not None:
-        # the card's bf16 tensor-core rate only: its IEEE fp32 GEMMs keep the family's rate
-        # (a review: the fp32 rate followed, A10 0.77 → 0.41, with no fp32 measurement behind it)
-        return dataclasses.replace(k, gemm_mamf=card[0], gemm_mamf_fp32=k.gemm_efficiency_fp32,
-                                   source=f"{k.source}; {name}: {card[1]}")
-    if fam == "ampere_dc" and "pcie" in name.lower():
-        return dataclasses.replace(k, gemm_mamf=A100_PCIE_MAMF,
-                                   source=k.source + "; A100 PCIe 253/312 TF")
-    if fam == "turing" and name.lower() == "t4":
-        return dataclasses.replace(
-            k, gemm_mamf=T4_MAMF, gemm_mamf_fp32=T4_MAMF_FP32,
-            source="T4 (70 W): torch.matmul 42.7 of 65 TF fp16, 4.4 of 8.1 TF fp32 "
-                   "(zzc0721/torch-performance-test-data); bandwidthTest 0.75")
-    return k
+    if card is None:
+        return k
+    fp32 = k.gemm_efficiency_fp32 if card.gemm_mamf_fp32 is None else card.gemm_mamf_fp32
+    return dataclasses.replace(k, gemm_mamf=card.gemm_mamf, gemm_mamf_fp32=fp32,
+                               source=f"{k.source}; {name}: {card.source}")
