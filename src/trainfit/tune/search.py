@@ -15,16 +15,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from trainfit.job import JobSpec, step_precisions
+from trainfit.job import JobSpec
 from trainfit.job.fields import KNOB_NAMES
 from trainfit.job.fields import KNOBS as KNOB_REGISTRY
 from trainfit.speed.compare import Comparison
+from trainfit.tune.knobs import KnobStage
 from trainfit.tune.result import ProbeResult, SearchNote
 from trainfit.tune.trial import (
     Outcome,
     Predicted,
     SearchOptions,
     Trial,
+    changed_fields,
     micro_options,
     peak_of,
     rel_spread,
@@ -47,7 +49,7 @@ three (docs/notes/cpu-timing-noise.md: 3,543 against 2,362), where a CPU tune be
 measured one configuration at 132 and 5,501."""
 
 
-class Searcher:
+class Searcher(KnobStage):
     def __init__(self, base: JobSpec, probe: Callable[[JobSpec, int], ProbeResult],
                  predict: Callable[[JobSpec], Predicted | None], capacity_bytes: int | None,
                  options: SearchOptions, dataset_samples: int,
@@ -179,17 +181,19 @@ class Searcher:
         a, b = self.tps(self.median_of(best)), self.tps(cand)
         again, looked = None, None
         if b <= a * (1 + self.o.noise_floor):
-            again, looked = self._outlier_again(cand, best, a, b)
+            again, looked = self._measure_again(cand, best, a, b)
             if again is not None:
                 cand, b = again, self.tps(again)
-        if b <= a * (1 + self.o.noise_floor) or (looked is not None and again is None):
-            if looked is not None:  # measured twice: not "dropped on one probe"
-                if again is not None:  # (one that no longer fits says so in its note)
-                    looked.data["dropped"] = True
-            # over_budget() is a collective under many ranks and notes the budget: asked where
-            # it always was, once (the branch is the same on every rank: they share probes)
-            elif a > 0 and b > 0 and not self.over_budget():
-                self.one_probe.append((_diff(cand.job, best.job), b / a))
+        no_longer_fits = looked is not None and again is None  # said so in its note
+        if no_longer_fits or b <= a * (1 + self.o.noise_floor):
+            if looked is None:
+                # over_budget() is a collective under many ranks and notes the budget: asked
+                # where it always was, once (the branch is the same on every rank: they share
+                # probes)
+                if a > 0 and b > 0 and not self.over_budget():
+                    self.one_probe.append((changed_fields(cand.job, best.job), b / a))
+            elif not no_longer_fits:  # measured twice: not "dropped on one probe"
+                looked.data["dropped"] = True
             return False
         if self.over_budget(probes=2):
             if looked is not None:  # measured again, faster, and then no time for the rounds
@@ -197,7 +201,7 @@ class Searcher:
             # faster on its one probe, with no time left for the rounds that decide: said, so a
             # probe table showing it faster than the pick is explained (a review)
             self.notes.append(SearchNote("not_compared", {
-                "changes": _diff(cand.job, best.job), "probe": cand.index,
+                "changes": changed_fields(cand.job, best.job), "probe": cand.index,
                 "ratio": b / a if a > 0 else None}))
             return False
         c = self.compare(best, cand, first=(a, b))
@@ -205,22 +209,22 @@ class Searcher:
             # faster on the probe that proposed it, not in the rounds: dropped, and said (an
             # audit: a candidate dropped after one contradicting round left no trace)
             self.notes.append(SearchNote("contradicted", {
-                "changes": _diff(cand.job, best.job), "probe": cand.index, "proposal": c.proposal,
+                "changes": changed_fields(cand.job, best.job), "probe": cand.index, "proposal": c.proposal,
                 "ratios": c.ratios, "ended": c.ended, "redone": c.redone}))
         if c.verdict == "undecided":
             self.notes.append(SearchNote("undecided", {
-                "changes": _diff(cand.job, best.job), "probe": cand.index, "ratios": c.ratios,
+                "changes": changed_fields(cand.job, best.job), "probe": cand.index, "ratios": c.ratios,
                 "noise": c.noise,
                 "proposal": c.proposal, "rounds": self.o.rounds, "budget": self.stopped,
                 "why": c.why, "redone": c.redone}))
         if c.verdict == "faster" and c.redone is not None:
             # a gain taken with a round measured again: said (a review: nothing recorded it)
             self.notes.append(SearchNote("redone", {
-                "changes": _diff(cand.job, best.job), "probe": cand.index, "ratios": c.ratios,
+                "changes": changed_fields(cand.job, best.job), "probe": cand.index, "ratios": c.ratios,
                 "redone": c.redone}))
         return c.verdict == "faster"
 
-    def _outlier_again(self, cand: Trial, best: Trial, a: float, b: float
+    def _measure_again(self, cand: Trial, best: Trial, a: float, b: float
                        ) -> tuple[Trial | None, SearchNote | None]:
         """``cand`` measured again before it is dropped on its one probe when that probe is
         suspect. Two cases:
@@ -265,11 +269,11 @@ class Searcher:
         again_tps = self.tps(again) if again.fits else None
         if outlier:
             note = SearchNote("outlier", {
-                "changes": _diff(cand.job, best.job), "first_tokens_per_s": b,
+                "changes": changed_fields(cand.job, best.job), "first_tokens_per_s": b,
                 "expected_tokens_per_s": expected or None, "again_tokens_per_s": again_tps})
         else:
             note = SearchNote("second_look", {
-                "changes": _diff(cand.job, best.job), "first_ratio": b / a if a > 0 else None,
+                "changes": changed_fields(cand.job, best.job), "first_ratio": b / a if a > 0 else None,
                 "predicted_ratio": predicted_ratio or None,
                 "again_ratio": None if again_tps is None or not a else again_tps / a})
         self.notes.append(note)
@@ -407,115 +411,8 @@ class Searcher:
     def _latest_of(self, job: JobSpec) -> Trial:
         return [t for t in self.trials if t.job == job and t.result.measured is not None][-1]
 
-    def _pruned(self, cand: JobSpec, best: Trial) -> bool:
-        pc, pb = self.predict(cand), best.predicted
-        known = pc is not None and pb is not None and pc.tokens_per_s and pb.tokens_per_s
-        ratio = pc.tokens_per_s / pb.tokens_per_s if known else None  # type: ignore[union-attr]
-        # the speed model reads kernel rates each rank measured itself (or found cached): near the
-        # threshold, or with a rate unknown on one rank only, ranks could decide apart (and then
-        # probe apart), so every rank takes part in the decision, whatever it predicted
-        if not self.agree(ratio is not None and ratio < self.o.prune_below):
-            return False
-        self.notes.append(SearchNote("pruned", {"changes": _diff(cand, best.job), "ratio": ratio,
-                                                "prune_below": self.o.prune_below}))
-        return True
-
-    def _eight_bit(self, job: JobSpec, options: list[int]) -> list[JobSpec]:
-        """AdamW with 8-bit states (bitsandbytes: 2 B per weight instead of 8): at the same
-        micro-batch (faster where the optimizer step is memory-bound), and at the largest larger
-        micro-batch the freed memory lets fit (memory probes, as for checkpointing)."""
-        if job.sharding in ("zero2", "zero3") and job.offload != "none":
-            # accelerate swaps any optimizer for DeepSpeed's CPU Adam under ZeRO-Offload
-            self.notes.append(SearchNote("no_8bit_zero_offload"))
-            return []
-        if job.optimizer != "adamw":
-            if not job.optimizer.endswith("8bit"):
-                self.notes.append(SearchNote("no_8bit_other_optimizer", {"optimizer": job.optimizer}))
-            return []
-        if not self.o.bitsandbytes:
-            self.notes.append(SearchNote("no_bitsandbytes"))
-            return []
-        eight = job.replace(optimizer="adamw-8bit")
-        bigger = [m for m in options if m > (job.micro_batch or 1)]
-        i = self.largest_fitting(eight, bigger) if bigger else None
-        return [eight] + ([eight.replace(micro_batch=bigger[i])] if i is not None else [])
-
-    def _loading_is_negligible(self, best: Trial) -> bool:
-        """Loader workers move batch loading off the training process: the most they can gain is
-        the time that process waited for data. When the best, without workers, waited less than
-        the noise floor of its step, a worker probe could only measure noise (and a lucky one
-        would pick workers that cost host RAM for nothing), so none is run."""
-        m = best.result.measured
-        if best.job.num_workers or m is None or m.data_wait_fraction is None:
-            return False
-        if m.data_wait_fraction >= self.o.noise_floor:
-            return False
-        self.notes.append(SearchNote("workers_not_probed", {"data_wait_fraction": m.data_wait_fraction,
-                                                              "noise_floor": self.o.noise_floor}))
-        return True
-
-    def _try_knob(self, knob: str, best: Trial, options: list[int]) -> Trial:
-        job = best.job
-        if knob == "grad_ckpt":
-            if job.grad_ckpt == "full" or job.micro_batch == options[-1]:
-                self.notes.append(SearchNote("ckpt_not_needed" if job.grad_ckpt != "full" else "ckpt_kept"))
-                return best
-            ck = job.replace(grad_ckpt="full")
-            bigger = [m for m in options if m > job.micro_batch]
-            i = self.largest_fitting(ck, bigger)
-            if i is None:
-                self.notes.append(SearchNote("ckpt_no_larger"))
-                return best
-            cands = [ck.replace(micro_batch=bigger[i])]
-        elif knob == "precision":
-            cands = [job.replace(precision=p) for p in step_precisions(job, self.o.precisions)
-                     if p != job.precision]
-        elif knob == "attention":
-            cands = [job.replace(attention=a) for a in ("sdpa", "eager") if a != job.attention]
-        elif knob == "optimizer_impl":
-            if job.optimizer not in ("adamw", "sgd"):
-                return best
-            cands = [job.replace(optimizer_impl=i) for i in ("fused", "foreach")
-                     if i != job.optimizer_impl]
-        elif knob == "optimizer_8bit":
-            cands = self._eight_bit(job, options)
-        elif knob == "num_workers":
-            if self._loading_is_negligible(best):
-                return best
-            cands = [job.replace(num_workers=w) for w in self.o.worker_counts if w != job.num_workers]
-        elif knob == "loader":
-            # only meaningful with loader processes; prefetch deeper, and on a GPU pinned memory
-            # (asynchronous host→device copies). persistent_workers is not probed: its gain is the
-            # worker restart at an epoch boundary, which short probes never reach (tune sets it
-            # on by rule when workers are used and the run has more than one epoch).
-            if job.num_workers == 0:
-                return best
-            deeper = {"prefetch_factor": 4} if job.prefetch_factor < 4 else {}
-            pinned = {"pin_memory": True} if self.o.cuda and not job.pin_memory else {}
-            tried = (job.replace(**c) for c in (deeper, pinned, {**deeper, **pinned}) if c)
-            cands = list({(c.prefetch_factor, c.pin_memory): c for c in tried}.values())
-        elif knob == "compile":
-            cands = [] if job.compile else [job.replace(compile=True)]
-        else:
-            raise ValueError(knob)
-        for c in cands:
-            if self.over_budget():
-                break
-            if self._pruned(c, best):
-                continue
-            t = self.run(c, "knobs", 3)
-            if self.better(t, best):
-                best = self._latest_of(c)
-        return best
-
     def _outcome(self, best: Trial | None, largest: int | None, excluded: list[int]) -> Outcome:
         return Outcome(best=best, trials=self.trials, notes=self.notes,
                        largest_fitting_micro=largest, excluded_micro=excluded,
                        search_time_s=time.perf_counter() - self.t0, stopped_by_budget=self.stopped)
 
-
-def _diff(a: JobSpec, b: JobSpec) -> list[tuple[str, Any]]:
-    """The fields in which ``a`` differs from ``b``, with ``a``'s values."""
-    keys = ("micro_batch", "precision", "grad_ckpt", "attention", "optimizer", "optimizer_impl",
-            "num_workers", "prefetch_factor", "pin_memory", "compile")
-    return [(k, getattr(a, k)) for k in keys if getattr(a, k) != getattr(b, k)]

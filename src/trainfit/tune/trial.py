@@ -5,6 +5,7 @@ search's options and outcome, and the micro-batches a job allows. Pure Python: n
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from trainfit.job import DEFAULT_MARGIN, JobSpec, step_micro_batches
 from trainfit.job.fields import DEFAULT_KNOBS
@@ -98,3 +99,10 @@ def peak_of(r: ProbeResult) -> int | None:
     if m is None:
         return None
     return m.peak_reserved_bytes if m.peak_reserved_bytes is not None else m.peak_allocated_bytes
+
+
+def changed_fields(a: JobSpec, b: JobSpec) -> list[tuple[str, Any]]:
+    """The fields in which ``a`` differs from ``b``, with ``a``'s values."""
+    keys = ("micro_batch", "precision", "grad_ckpt", "attention", "optimizer", "optimizer_impl",
+            "num_workers", "prefetch_factor", "pin_memory", "compile")
+    return [(k, getattr(a, k)) for k in keys if getattr(a, k) != getattr(b, k)]
