@@ -119,15 +119,18 @@ def test_backward_ops_cost_the_host_more_on_a_gpu():
 def test_the_70_w_t4_runs_its_gemms_at_its_measured_rate():
     """A T4 holds its clock far below the boost its datasheet peak assumes (70 W): torch.matmul
     measured 42.7 of 65 TF fp16 and 4.4 of 8.1 TF fp32 there, where the Turing family's rate
-    (A100's, 0.87 × 0.92) made its GEMMs 1.3× (fp16) and 1.6× (fp32) too fast.  Another Turing
-    card (250 W) keeps the family's rate."""
+    (A100's, 0.87 × 0.92) made its GEMMs 1.3× (fp16) and 1.6× (fp32) too fast.  A 250 W Turing
+    GeForce card does not take the T4's rate."""
     from trainfit.speed.roofline import gemm_time
 
     t4 = DeviceSpeed.from_gpu(find_gpu("t4"))
     ti = DeviceSpeed.from_gpu(find_gpu("rtx-2080-ti"))
     assert t4.gemm_efficiency == pytest.approx(0.66 * 0.92)
     assert t4.gemm_efficiency_fp32 == pytest.approx(0.55)  # CUDA cores: no in-step shape factor
-    assert ti.gemm_efficiency == ti.gemm_efficiency_fp32 == pytest.approx(0.87 * 0.92)
+    # a GeForce desktop card: its 16-bit GEMMs at the lowest GeForce fraction (0.97), its fp32
+    # ones at the family's (no fp32 rule)
+    assert ti.gemm_efficiency == pytest.approx(0.97 * 0.92)
+    assert ti.gemm_efficiency_fp32 == pytest.approx(0.87 * 0.92)
     shape = (1, 4096, 4096, 4096)
     fp16 = 2 * 4096**3 / gemm_time(t4, shape, "fp16")
     fp32 = 2 * 4096**3 / gemm_time(t4, shape, "fp32")
@@ -166,7 +169,7 @@ def test_fp32_gemms_run_at_the_cuda_cores_measured_rate_without_the_shape_factor
     assert dev.gemm_efficiency == pytest.approx(hopper.gemm_mamf * GEMM_SHAPE_FACTOR)
     v100 = DeviceSpeed.from_gpu(find_gpu("v100-16gb"))
     assert v100.gemm_efficiency_fp32 == pytest.approx(0.85)
-    ada = DeviceSpeed.from_gpu(find_gpu("rtx-4080"))  # (no card rate of its own)
+    ada = DeviceSpeed.from_gpu(find_gpu("l40"))  # (no card rate of its own, no rule)
     assert ada.gemm_efficiency_fp32 == pytest.approx(ada.gemm_efficiency)
 
 
@@ -224,7 +227,7 @@ def test_a_card_with_its_own_published_gemm_rate_takes_it():
         assert k.gemm_efficiency_fp32 == pytest.approx(fp32)
     assert kernels_for("7.5", "t4").gemm_efficiency_fp32 == pytest.approx(0.55)
     assert kernels_for("8.6", "rtx-a6000").gemm_efficiency_fp32 == pytest.approx(0.84 * 0.92)
-    for name in ("rtx-a5000", "rtx-6000-ada", "rtx-4080"):
+    for name in ("l40", "rtx-3050-laptop-4gb", "b200", "h100-sxm"):  # no rule of their own
         gpu = find(name)
         fam = family(gpu.compute_capability)
         assert kernels_for(gpu.compute_capability, gpu.name).gemm_mamf == KERNELS[fam].gemm_mamf
@@ -235,3 +238,34 @@ def test_a_card_with_its_own_published_gemm_rate_takes_it():
     # the A6000's datasheet says 2.18× the 3090 (154.8 / 71); Lambda's fp16 training measured
     # 1.31-1.42× (bert_large, transformerxl-large): the GEMM rates now say 1.53× (2.18× before)
     assert gemm_tflops("rtx-a6000") / gemm_tflops("rtx-3090") == pytest.approx(1.526, abs=0.01)
+
+
+def test_cards_without_their_own_gemm_rate_keep_the_order_of_their_measured_siblings():
+    """A GeForce desktop card without its own figure takes the lowest fraction measured on one
+    (0.97), not its family's (Ampere's 0.84 from one 3090 point, Blackwell's from the B200); a
+    workstation card takes its measured sibling's (the same chip at the same or lower power per
+    core): the 3080 12GB is no longer predicted slower than the 3080 10GB, nor the RTX 6000 Ada
+    (300 W) faster than the L40S (350 W) on the same AD102."""
+    from trainfit.hardware.gpus import find_gpu as find
+    from trainfit.speed.kernels import GEFORCE_DESKTOP, _geforce_desktop, kernels_for
+
+    def gemm_tflops(name):
+        d = DeviceSpeed.from_gpu(find(name))
+        return d.gemm_efficiency * d.peak_flops["bf16"] / 1e12
+
+    assert [_geforce_desktop(n) for n in ("rtx-2080-ti", "rtx-4060-ti-8gb", "rtx-5080",
+                                          "rtx-a6000", "rtx-6000-ada", "rtx-3050-laptop-4gb",
+                                          "a10g", "gtx-1080-ti")] == [True] * 3 + [False] * 5
+    for name in ("rtx-3060-12gb", "rtx-3070-ti", "rtx-4080", "rtx-5080", "rtx-2080-ti"):
+        gpu = find(name)
+        assert kernels_for(gpu.compute_capability, gpu.name).gemm_mamf == GEFORCE_DESKTOP.gemm_mamf
+    # ordered as their cores × clocks: 3080 10GB ≤ 3080 12GB ≤ 3080 Ti ≤ 3090 (all GA102)
+    ga102 = [gemm_tflops(n) for n in ("rtx-3080-10gb", "rtx-3080-12gb", "rtx-3080-ti",
+                                      "rtx-3090")]
+    assert ga102 == sorted(ga102)
+    assert gemm_tflops("rtx-6000-ada") <= gemm_tflops("l40s")
+    assert gemm_tflops("rtx-a5000") / 111.1 == pytest.approx(gemm_tflops("rtx-a6000") / 154.8)
+    assert gemm_tflops("rtx-4080") < gemm_tflops("rtx-4090")
+    assert gemm_tflops("rtx-5080") < gemm_tflops("rtx-5090")
+    # the 5090 takes its own measured rate, far above the B200-derived family's 0.78
+    assert gemm_tflops("rtx-5090") == pytest.approx(209.5 * 0.92, rel=1e-3)

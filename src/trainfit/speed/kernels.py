@@ -247,6 +247,11 @@ class CardGemm:
 
 _ZZC = "zzc0721/torch-performance-test-data"
 _A100_PCIE = CardGemm(A100_PCIE_MAMF, "A100 PCIe 253/312 TF")
+_RTX_4060_TI = CardGemm(0.97, f"{_ZZC} database.md: RTX 4060 Ti 16GB bf16 42.65 TF of 44.1 (one "
+                              "entry); the 8 GB board is the same AD106 at the same power")
+_GA102_WORKSTATION = CardGemm(0.70, "no published rate: GA102 at the RTX A6000's power per core "
+                                    "(A5000 230 W / 8192 cores, A4500 200 W / 7168: 28.1 / 27.9 "
+                                    "mW, the A6000 27.9): the A6000's 0.70")
 CARD_GEMM: dict[str, CardGemm] = {
     "a100-40gb-pcie": _A100_PCIE,
     "a100-80gb-pcie": _A100_PCIE,
@@ -279,6 +284,28 @@ CARD_GEMM: dict[str, CardGemm] = {
     "a10": CardGemm(0.45, "chsasank/device-benchmarks README: A10 24GB bf16 56 TF of 125 (one "
                           "entry; 150 W)"),
     "a10g": CardGemm(0.99, f"{_ZZC} issue #126: bf16 69.47 TF at 10240² of 70.0 (one entry)"),
+    "rtx-3080-12gb": CardGemm(1.0, "no published rate: the 3080 10GB's GA102 with more power a "
+                                   "core (350 W / 8960 against 320 W / 8704), whose GeForce GA102 "
+                                   "siblings all read 1.07-1.12 (3080 10/20GB, 3080 Ti, 3090): 1.0"),
+    "rtx-3080-ti": CardGemm(1.0, f"{_ZZC} database.md: bf16 76.47 TF of 68.2 (1.12; 1.0)"),
+    "rtx-4070-super": CardGemm(1.0, f"{_ZZC} database.md: bf16 76.76 / 73.63 TF of 71.0 (two "
+                                    "contributors, 1.08 / 1.04; 1.0)"),
+    "rtx-4060-ti-16gb": _RTX_4060_TI,
+    "rtx-4060-ti-8gb": _RTX_4060_TI,
+    "rtx-5090": CardGemm(1.0, f"{_ZZC} database.md: bf16 236.03 / 242.18 TF of 209.5 (two "
+                              "contributors, 1.13 / 1.16; 1.0); a GeForce Blackwell (sm_120) card, "
+                              "not the B200 whose MAMF is the family's"),
+    # workstation cards without their own figure take a measured sibling's: the same chip at the
+    # same or a lower power per core cannot hold a higher clock under a GEMM (the power cap, not
+    # the datasheet's boost clock, sets it on these boards)
+    "rtx-a5000": _GA102_WORKSTATION,
+    "rtx-a4500": _GA102_WORKSTATION,
+    "rtx-a4000": CardGemm(0.70, "no published rate: GA104 at 140 W for 6144 cores (22.8 mW a "
+                                "core, below the A6000's 27.9): the A6000's 0.70 taken as its "
+                                "upper bound"),
+    "rtx-6000-ada": CardGemm(0.735, "no published rate: the L40S's AD102 (18176 cores) at 300 W "
+                                    "against its 350 W: the L40S's 0.735 taken as its upper "
+                                    "bound"),
 }
 """Cards whose own measured dense bf16 GEMM rate (the best torch.mm over square shapes, MAMF's
 convention) is published: their fraction of the datasheet peak replaces the family's (the
@@ -288,12 +315,34 @@ card each (an RTX 3090 at 0.84 for all of GA10x — the 3090 itself measures
 0.735). The research notes: docs/notes/kernel-efficiency.md."""
 
 
+GEFORCE_DESKTOP = CardGemm(0.97, f"no published rate of its own: every GeForce desktop card in "
+                                 f"{_ZZC} reads 0.97-1.16 of its datasheet in bf16 (RTX 2080 fp16 "
+                                 "0.97, 3080 Ti 1.12, 3090 1.07-1.08, 4060 Ti 0.97, 4070 SUPER "
+                                 "1.04-1.08, 4090 0.98-1.05, 5090 1.13-1.16): the lowest taken")
+"""GeForce desktop boards run their boost clock above the one behind their datasheet figure
+(a power budget per core the workstation and datacenter boards of the same chips do not
+have), so a GeForce desktop card without its own measurement takes the lowest fraction measured
+on one — not its family's, which comes from an RTX 3090 point (0.84, contradicted by three newer
+entries on the 3090 itself) for Ampere and from the B200 (0.78) for Blackwell.  Laptop GPUs are
+not included: their power limit sets their clock."""
+
+
+def _geforce_desktop(name: str) -> bool:
+    """A GeForce desktop card of the catalog (``rtx-2080-ti``, ``rtx-4060-ti-8gb``), not a
+    laptop GPU nor a workstation RTX (``rtx-a6000``, ``rtx-6000-ada``)."""
+    series, _, _ = name.lower().removeprefix("rtx-").partition("-")
+    return name.lower().startswith("rtx-") and "laptop" not in name.lower() \
+        and len(series) == 4 and series.isdigit() and series[1:] in {"060", "070", "080", "090"}
+
+
 def kernels_for(compute_capability: str | None, name: str = "") -> FamilyKernels | None:
     fam = family(compute_capability, name)
     if fam is None:
         return None
     k = KERNELS[fam]
     card = CARD_GEMM.get(name.lower())
+    if card is None and _geforce_desktop(name):
+        card = GEFORCE_DESKTOP
     if card is None:
         return k
     fp32 = k.gemm_efficiency_fp32 if card.gemm_mamf_fp32 is None else card.gemm_mamf_fp32
