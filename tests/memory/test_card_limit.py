@@ -41,7 +41,7 @@ def test_reserved_is_held_at_the_card_with_retries_counted(tiny_llama):
     asked = roomy.peak_reserved_bytes + gpu.cuda_context_bytes
     assert tight.headroom_bytes == int(card.memory_bytes * 0.9) - asked
     assert any("judged on the reserve the step asks for" in n for n in tight.model_notes)
-    from trainfit.plan.grid import PlanRow
+    from trainfit.plan.result import PlanRow
     from trainfit.render.plan import _row_cells
 
     row = PlanRow(job=JOB, memory=tight, speed=None, how="simulated")

@@ -11,7 +11,7 @@ from typing import Any
 
 from trainfit.job import JobSpec
 from trainfit.memory.extrapolate import SEGMENT_SLACK_BYTES, BilinearModel
-from trainfit.plan.grid import PlanRow
+from trainfit.plan.result import PlanRow
 
 EXTRAPOLATION_TOLERANCE = 0.01
 """Extrapolated allocated peak vs the full-size simulation: the fit points are micro-batches 2

@@ -42,7 +42,8 @@ from trainfit.job import DEFAULT_MARGIN, JobSpec
 from trainfit.memory.extrapolate import BilinearModel, fit_group
 from trainfit.memory.predict import predict_memory, target_for
 from trainfit.model.source import ModelSource
-from trainfit.plan.grid import PlanRow, _Grid, plan
+from trainfit.plan.grid import _Grid, plan
+from trainfit.plan.result import PlanRow
 from trainfit.plan.workers import SimulationWorkers
 
 GPU = find_gpu("h100")

@@ -343,7 +343,7 @@ def test_the_json_speed_fields_have_one_shape_with_or_without_a_gpu(tiny_llama):
     """An audit: without a GPU ``bound`` was null where a card without a known peak said
     "unknown"; ``speed_unknown_reason`` and ``sync_note`` were "" on one row and null on
     another for the same nothing."""
-    from trainfit.plan.grid import NO_GPU_SPEED
+    from trainfit.plan.result import NO_GPU_SPEED
 
     job = JobSpec(model="t", seq_len=64, effective_batch=4, precision="amp-bf16", grad_ckpt="off")
     none = plan(job, tiny_llama, None, verify=False).to_dict()["configs"]

@@ -24,7 +24,8 @@ from trainfit.job import JobError, JobSpec
 from trainfit.memory.extrapolate import fit_group
 from trainfit.memory.predict import predict_memory, target_for
 from trainfit.model.source import ModelSource
-from trainfit.plan.grid import PlanRow, plan
+from trainfit.plan.grid import plan
+from trainfit.plan.result import PlanRow
 
 
 def test_fsdp_breakdown_has_no_negative_term_and_sums_to_the_peak() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from trainfit.hardware.gpus import find_gpu
-from trainfit.plan.grid import PlanResult, PlanRow
+from trainfit.plan.result import PlanResult, PlanRow
 from trainfit.render.layout import Col, fit_table, out_console, say
 from trainfit.render.plan_words import (
     batch_note,

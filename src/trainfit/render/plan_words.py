@@ -10,7 +10,7 @@ from typing import Any
 from trainfit.hardware.gpus import find_gpu
 from trainfit.job.choices import ENGINE_NAMES
 from trainfit.plan.context import OffloadCheck, PlanAssumptions
-from trainfit.plan.grid import PlanResult
+from trainfit.plan.result import PlanResult
 from trainfit.plan.rows import effective_batches
 
 GIB = 2**30

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainfit.job.choices import ENGINE_OFFLOADS
-from trainfit.plan.grid import PlanResult, smallest_row
+from trainfit.plan.result import PlanResult, smallest_row
 from trainfit.render.plan_words import numerics_words
 from trainfit.speed.bands import SpeedBand
 

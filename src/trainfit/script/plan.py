@@ -25,7 +25,8 @@ from trainfit.model.source import (
     resolve_model,
     source_of,
 )
-from trainfit.plan.grid import PlanResult, plan
+from trainfit.plan.grid import plan
+from trainfit.plan.result import PlanResult
 from trainfit.script.diff import KeywordChange, keyword_diff
 from trainfit.script.launch import run_script
 from trainfit.script.mapping import (
