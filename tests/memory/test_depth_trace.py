@@ -9,8 +9,9 @@ import pytest
 from trainfit.job import JobSpec
 from trainfit.memory.allocator import replay
 from trainfit.memory.batch_trace import batch_trace
+from trainfit.memory.bilinear import SEGMENT_SLACK_BYTES
 from trainfit.memory.depth_trace import deeper_trace, malformed
-from trainfit.memory.extrapolate import SEGMENT_SLACK_BYTES, fit_group
+from trainfit.memory.extrapolate import fit_group
 from trainfit.memory.predict import predict_memory
 from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.model.depth import with_layers

@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Any
 
 from trainfit.job import JobSpec
-from trainfit.memory.extrapolate import SEGMENT_SLACK_BYTES, BilinearModel
+from trainfit.memory.bilinear import SEGMENT_SLACK_BYTES, BilinearModel
 from trainfit.plan.result import PlanRow
 
 EXTRAPOLATION_TOLERANCE = 0.01

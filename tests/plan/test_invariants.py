@@ -39,7 +39,8 @@ from invariant_checks import (
 
 from trainfit.hardware.gpus import find_gpu
 from trainfit.job import DEFAULT_MARGIN, JobSpec
-from trainfit.memory.extrapolate import BilinearModel, fit_group
+from trainfit.memory.bilinear import BilinearModel
+from trainfit.memory.extrapolate import fit_group
 from trainfit.memory.predict import predict_memory, target_for
 from trainfit.model.source import ModelSource
 from trainfit.plan.grid import _Grid, plan

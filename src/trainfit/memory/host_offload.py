@@ -134,7 +134,7 @@ def _full_depth(small: Any, large: Any, full_layers: int) -> list[int] | None:
 def extrapolated(points: Sequence[Any], full_layers: int, batch: int,
                  copied_at: Callable[[int], int]) -> HostActivations:
     """A row extrapolated from small simulations: ``points`` are its four
-    (:meth:`trainfit.memory.extrapolate.BilinearModel.segment`), ordered (L1, b1), (L2, b1),
+    (:meth:`trainfit.memory.bilinear.BilinearModel.segment`), ordered (L1, b1), (L2, b1),
     (L1, b2), (L2, b2), each with its ``sim.info["offloaded_sizes"]``; ``copied_at(b)``: the
     bytes copied at micro-batch ``b``, fitted as every other term (where the lists do not line
     up)."""
@@ -197,7 +197,7 @@ def host_words(host: HostActivations) -> str:
 
 
 def host_activations_of_row(model: Any, batch: int) -> HostActivations:
-    """A row of a :class:`~trainfit.memory.extrapolate.BilinearModel` at micro-batch ``batch``."""
+    """A row of a :class:`~trainfit.memory.bilinear.BilinearModel` at micro-batch ``batch``."""
 
     def copied_at(b: int) -> int:
         return model.eval_at(lambda p: sum(p.sim.info.get("offloaded_sizes", ())), b)
