@@ -130,8 +130,13 @@ def test_plan_without_nvml_plans_without_a_gpu(no_nvml, tiny_config_json):
     text = " ".join(res.output.split())
     assert "fit unknown (no GPU)" in text and "no row fits" not in text
     assert "CUDA context (0 MiB" not in text
-    assert "without the CUDA context, which is unknown without a GPU" in text
+    assert "device: unknown without a GPU — reserved + the CUDA context" in text
     assert "fits: unknown without a GPU" in text
+    # F2: the device peak is not printed as the reserve alone under a name that says device
+    assert "device: no --gpu" in text and " spare " not in text
+    c = d["configs"][0]
+    assert c["peak_device_bytes"] is None and c["peak_device_upper_bytes"] is None
+    assert d["smallest_device_bytes"] is None and c["peak_reserved_bytes"] > 0
 
 
 def test_plan_on_an_unknown_card_plans_its_free_memory_speed_unknown(monkeypatch, tiny_config_json):

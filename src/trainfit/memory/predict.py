@@ -375,8 +375,8 @@ def _peak_notes(how: str, work: int, context: int | None, managed: tuple[int, in
          "process's row in nvidia-smi (its header's 'Memory-Usage' also counts the memory the "
          "driver keeps for itself, NVML total − CUDA total: 480 MiB on an H100, measured)"
          if context is not None else
-         "device: reserved, without the CUDA context, which is unknown without a GPU (--gpu "
-         "NAME counts it): nvidia-smi would show more")
+         "device: unknown without a GPU — reserved + the CUDA context, which depends on the "
+         "card (--gpu NAME counts it): nvidia-smi would show more than reserved")
         + (f" + paged optimizer states in managed memory ({on_device / 2**30:.2f} of "
            f"{managed_bytes / 2**30:.2f} GiB resident: the rest pages to the host; not part of "
            "the fit)" if managed_bytes else "")

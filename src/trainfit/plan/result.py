@@ -149,6 +149,14 @@ class PlanResult:
                 "time_for_dataset_s": self.time_for_dataset_s(row["speed"]),
                 "model_notes": mem["model_notes"]})
         d["configs"] = configs
+        if self.gpu is None:
+            # the device peak is reserved + the CUDA context, and the context depends on the card
+            # (0.5-0.8 GiB over the catalog): without one it is unknown, not the reserve alone
+            # under a name that says device (an audit's F2)
+            d["smallest_device_bytes"] = None
+            for c in [*configs, *([d["current"]] if d["current"] else [])]:
+                c["peak_device_bytes"] = None
+                c["peak_device_upper_bytes"] = None
         return d
 
     def time_for_dataset_s(self, speed: dict[str, Any] | None) -> float | None:

@@ -85,11 +85,18 @@ def plan_table(console: Console, result: PlanResult, all_rows: bool = False) -> 
     cells = [_row_cells(r) for r in rows]
     cols = list(PLAN_COLS)
     speed_known = any(r.speed is not None and r.speed.tokens_per_s for r in result.rows)
+    gone = set()
     if not speed_known:  # a GPU without a known peak: one statement instead of two columns
-        cols, cells = cols[:9] + cols[11:], [c[:9] + c[11:] for c in cells]
+        gone |= {9, 10}
+    if result.gpu is None:  # device (reserved + the card's CUDA context), fits, spare: unknown
+        gone |= {6, 7, 8}
+    cols = [c for i, c in enumerate(cols) if i not in gone]
+    cells = [[x for i, x in enumerate(c) if i not in gone] for c in cells]
     ranks = max((r.job.ranks for r in result.rows), default=1)
     together = f" of the {ranks} ranks together" if ranks > 1 else ""
-    title = ("peak GiB per rank (predicted): alloc / reserved / device"
+    title = ("peak GiB per rank (predicted): alloc / reserved"
+             + (" · device: no --gpu" if result.gpu is None
+                else " / device")
              + (f" · tokens/s{together}, MFU (predicted)" if speed_known else ""))
     table, dropped = fit_table(console, title, cols, cells,
                                ["bold" if r.recommended else ("red" if r.memory.fits is False

@@ -47,8 +47,9 @@ def plan_notes(result: PlanResult) -> list[str]:
     if result.gpu is None:
         # no card: its CUDA context is unknown, not 0, and no row can be said to fit (an audit)
         notes[1] = ("allocated = torch.cuda.max_memory_allocated, reserved = max_memory_reserved, "
-                    "device = reserved + managed memory only: the CUDA context (0.3-2 GiB by "
-                    "card) is unknown without --gpu, so what nvidia-smi shows is more")
+                    "device (what nvidia-smi shows) = reserved + the CUDA context, which "
+                    "depends on the card (0.52-0.79 GiB over the catalog with lazy module "
+                    "loading, 0.86 GiB more with eager): unknown without --gpu, so not printed")
         notes[2] = "fits: unknown without a GPU (--gpu NAME plans one; trainfit gpus lists them)"
     elif any(r.memory.breakdown.get("managed") for r in result.rows):
         notes[2] += ("; paged optimizer states (CUDA managed memory) are left out of the fit: "
