@@ -65,7 +65,7 @@ def load() -> list[float]:
 
 def summary(r: DoctorResult) -> dict[str, Any]:
     return {"named": [f.bottleneck for f in r.findings], "bottleneck": r.findings[0].bottleneck,
-            "fix": r.findings[0].fix, "predicted_gain_fraction": r.findings[0].predicted_gain_fraction,
+            "fix": r.findings[0].fix, "predicted_gain_fraction": r.findings[0].gain_fraction,
             "evidence": r.findings[0].evidence, "step_time_s": r.before.step_time_s,
             "tokens_per_s": r.before.tokens_per_s, "data_wait_fraction": r.before.data_wait_fraction,
             "overhead_fraction": r.overhead_fraction, "doctor": r.to_dict()}

@@ -62,7 +62,7 @@ def test_sync_bound_script_is_named(tmp_path, monkeypatch):
     assert abs(top["evidence"]["sync_calls_per_step"] - 2 * (2 * 16 * 63 + 1)) <= 3
     assert top["evidence"]["micro_steps_per_step"] == 2
     assert top["evidence"]["log_calls_per_step"] == 2
-    assert top["predicted_gain_fraction"] > 0
+    assert top["gain_fraction"] > 0
     assert d["steps_measured"] == 4
     assert d["before"]["tokens_per_s"] > 0 and d["before"]["gpu_util_percent"] is None
     assert not (tmp_path / "out_dir").exists() and (tmp_path / "logs" / "x.txt").is_file()
@@ -307,4 +307,4 @@ def test_a_scripts_mfu_counts_a_frozen_base_and_its_own_threads(monkeypatch):
     obs, _ = command.foreign_observation(run, 1e-5)
     assert asked == [1]
     assert obs.mfu == pytest.approx((4e6 + 2e4) * 1000 / 1.0 / 1e10)
-    assert find(obs)[0].evidence["peak_flops"] == 1e10
+    assert find(obs)[0].evidence["peak_flop_per_s"] == 1e10

@@ -29,7 +29,7 @@ def test_input_bound_gain_is_one_over_one_minus_wait():
     f = find(obs)[0]
     assert f.bottleneck == "input-bound"
     assert f.evidence["data_wait_fraction"] == pytest.approx(0.6)
-    assert f.predicted_gain_fraction == pytest.approx(1 / 0.4 - 1, abs=1e-3)
+    assert f.gain_fraction == pytest.approx(1 / 0.4 - 1, abs=1e-3)
     assert "memory-mapped" in f.fix and "num_workers=1" in f.fix
 
 
@@ -48,7 +48,7 @@ def test_sync_bound_needs_a_sync_per_micro_step_and_its_cost():
     f = find(obs)[0]
     assert f.bottleneck == "sync-bound"
     assert f.evidence["sync_fraction"] == pytest.approx(0.2)
-    assert f.predicted_gain_fraction == pytest.approx(0.25, abs=1e-3)
+    assert f.gain_fraction == pytest.approx(0.25, abs=1e-3)
     assert ".item()" in f.fix
     # one sync per optimizer step (not per micro-step) is a logging habit, not the bottleneck
     few = Observation(split=base, device="cpu", trainfit_job=False, sync_calls_per_step=1,
@@ -65,7 +65,7 @@ def test_launch_bound_from_op_count_predicts_the_micro_batch_gain():
     assert f.bottleneck == "launch-bound"
     assert f.evidence["launch_overhead_fraction"] == pytest.approx(0.625)
     # k = 4: 0.08 / (0.08 − 0.05 · 3/4) − 1
-    assert f.predicted_gain_fraction == pytest.approx(0.08 / (0.08 - 0.0375) - 1, abs=1e-3)
+    assert f.gain_fraction == pytest.approx(0.08 / (0.08 - 0.0375) - 1, abs=1e-3)
     assert f.evidence["tokens_per_micro_step"] == 64
 
 
@@ -75,7 +75,7 @@ def test_launch_bound_uses_the_measured_probe_when_there_is_one():
                       max_micro_batch=16, measured_micro_batch_gain=(16, 1.8))
     f = find(obs)[0]
     assert f.bottleneck == "launch-bound"
-    assert f.predicted_gain_fraction == pytest.approx(1.8)
+    assert f.gain_fraction == pytest.approx(1.8)
     assert "micro-batch 1 → 16" in f.fix
 
 
@@ -85,7 +85,7 @@ def test_needless_recompute_only_when_memory_has_room():
                         peak_memory_bytes=10 * 2**30, memory_capacity_bytes=80 * 2**30,
                         matmul_time_fraction=0.9)
     f = next(x for x in find(roomy) if x.bottleneck == "needless-recompute")
-    assert f.predicted_gain_fraction == pytest.approx(0.25)
+    assert f.gain_fraction == pytest.approx(0.25)
     tight = Observation(split=s, device="cuda", trainfit_job=False, recompute_s=0.2,
                         peak_memory_bytes=70 * 2**30, memory_capacity_bytes=80 * 2**30)
     assert "needless-recompute" not in [x.bottleneck for x in find(tight)]
@@ -97,7 +97,7 @@ def test_offload_and_swapping():
                       host=host(swap_in=50 * 2**20))
     names = [f.bottleneck for f in find(obs)]
     assert "cpu-offload" in names and "host-swapping" in names
-    assert all(f.predicted_gain_fraction is None for f in find(obs)
+    assert all(f.gain_fraction is None for f in find(obs)
                if f.bottleneck in ("cpu-offload", "host-swapping"))
 
 
@@ -107,7 +107,7 @@ def test_bandwidth_bound_when_matmuls_are_a_minority():
     f = find(obs)[0]
     assert f.bottleneck == "bandwidth-bound"
     assert "length-grouped" in f.fix
-    assert f.predicted_gain_fraction == pytest.approx(1 / 0.75 - 1, abs=1e-3)
+    assert f.gain_fraction == pytest.approx(1 / 0.75 - 1, abs=1e-3)
 
 
 @pytest.mark.parametrize("fraction", [0.42, 0.48, 0.52, 0.58])
@@ -208,7 +208,7 @@ def test_a_step_mostly_outside_the_named_parts_is_loop_code():
     f = found[0]
     assert f.bottleneck == "loop-code"
     assert f.evidence["other_fraction"] == pytest.approx(0.0055 / 0.0066, abs=1e-4)
-    assert f.predicted_gain_fraction == pytest.approx(1 / (1 - 0.0055 / 0.0066) - 1, rel=1e-3)
+    assert f.gain_fraction == pytest.approx(1 / (1 - 0.0055 / 0.0066) - 1, rel=1e-3)
     assert "upper bound" in f.detail and "py-spy" in f.fix
     # under a quarter of the step (23 %): not a finding
     obs = Observation(split=split(forward_s=0.4, backward_s=0.5, optimizer_s=0.09, other_s=0.3),
@@ -234,7 +234,7 @@ def test_an_unfused_optimizer_heavy_step_is_named(trainfit_job):
         return {f.bottleneck: f for f in find(obs)}
     f = found(False)["slow-optimizer"]
     assert f.evidence["optimizer_fraction"] == pytest.approx(0.3)
-    assert f.predicted_gain_fraction == pytest.approx(1 / 0.7 - 1, abs=1e-3)
+    assert f.gain_fraction == pytest.approx(1 / 0.7 - 1, abs=1e-3)
     assert "upper bound" in f.detail
     assert ("optimizer_impl: fused" if trainfit_job else "fused=True") in f.fix
     assert "slow-optimizer" not in found(True) and "slow-optimizer" not in found(None)
@@ -310,7 +310,7 @@ def test_a_step_nobody_profiled_is_not_called_good():
     obs = Observation(split=split(forward_s=0.4, backward_s=0.5, optimizer_s=0.1), device="cuda",
                       trainfit_job=False)
     f = find(obs)[0]
-    assert f.bottleneck == "compute-bound" and f.predicted_gain_fraction is None
+    assert f.bottleneck == "compute-bound" and f.gain_fraction is None
     assert f.fix.startswith("unknown: how well forward, backward and optimizer compute")
     assert "MFU unknown, matmul share unknown" in f.detail and "100%" in f.detail
 

@@ -382,6 +382,7 @@ def test_every_line_of_a_tuned_file_says_what_it_is(tmp_path):
     (the knob's effect, else its field's own docstring; a measured number its unit), and the file
     reads back to the same job."""
     from trainfit.job import read_job_file
+    from trainfit.job.files import file_memory_limit
 
     f = _tuned_file(tmp_path)
     lines = [ln for ln in f.read_text().splitlines() if ln and not ln.startswith("#")]
@@ -392,7 +393,11 @@ def test_every_line_of_a_tuned_file_says_what_it_is(tmp_path):
     job = JobSpec.from_dict(fields)
     assert (job.micro_batch, job.grad_accum, job.precision, job.grad_ckpt, job.packing) == \
         (2, 4, "fp32", "off", True)
-    assert extra["measured"]["tokens_per_s"] == 184.0 and extra["memory_limit"] == 1_288_490_188
+    assert extra["measured"]["tokens_per_s"] == 184.0
+    # the limit carries its unit, exact to the byte (F6: a bare number said less than it held)
+    assert "memory_limit: 1288490188B  # 1.20 GiB: the capacity the pick had to fit in " \
+        "(GiB = 2^30 bytes)" in lines
+    assert file_memory_limit(extra) == 1_288_490_188
 
 
 def test_an_unsteady_tune_runs_speed_is_said_as_such(tmp_path):

@@ -180,6 +180,13 @@ def test_doctors_verdict_and_a_measured_gain_are_said(tmp_path):
     # a file from before the verdict was written: said unknown, never implied
     (old,) = build_report(load_inputs([str(FIXTURES / "doctor.json")])).doctors
     assert "doctor's verdict: unknown" in " ".join(doctor_texts(old)[1].notes)
+    # F6: the gain's key is gain_fraction now (it holds a measured gain too); the old name reads
+    assert old.findings[0].gain_fraction == 0.28
+    new = json.loads((FIXTURES / "doctor.json").read_text())
+    new["findings"][0]["gain_fraction"] = new["findings"][0].pop("predicted_gain_fraction") / 2
+    p.write_text(json.dumps(new))
+    (d,) = build_report(load_inputs([str(p)])).doctors
+    assert d.findings[0].gain_fraction == 0.14
     assert old.parts_scale is None and doctor_texts(old)[0].notes == []
     assert doctor_texts(old)[2].notes == []
     # doctor's notes and each round's bottleneck (report dropped both: an audit)

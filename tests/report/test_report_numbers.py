@@ -47,12 +47,12 @@ def test_a_plan_without_a_gpu_and_a_cpu_tune_are_shown_apart(tmp_path):
     r = build_report(load_inputs([str(tmp_path / "plan.json"), str(tmp_path / "tune.json")]))
     assert len(r.sections) == 2
     assert any("predicts a GPU step: shown apart" in w for w in r.warnings)
-    # its device column is the reserve alone, said as the plan says it (an audit: the footnote
-    # read "reserved + CUDA context" for it)
+    # its device peak is unknown, said as the plan says it (an audit: the footnote read
+    # "reserved + CUDA context" for it; this older plan file still holds the reserve there)
     from trainfit.report.tables import seed_text
 
     planned = seed_text(r.sections[0].table)
-    assert any("the plan named no GPU: its predicted device peak is the reserve alone" in n
+    assert any("the plan named no GPU: its predicted device peak is unknown" in n
                for n in planned.notes)
     assert not any("named no GPU" in n for n in seed_text(r.sections[1].table).notes)
 

@@ -269,3 +269,20 @@ def test_cards_without_their_own_gemm_rate_keep_the_order_of_their_measured_sibl
     assert gemm_tflops("rtx-5080") < gemm_tflops("rtx-5090")
     # the 5090 takes its own measured rate, far above the B200-derived family's 0.78
     assert gemm_tflops("rtx-5090") == pytest.approx(209.5 * 0.92, rel=1e-3)
+
+
+def test_geforce_blackwell_is_not_the_b200_and_a_renamed_card_keeps_its_rate():
+    """A review: the RTX 5090 (sm_120) took the B200's (sm_100) FlashAttention rate, 14 TF at 2k
+    tokens against a 4090's 55; and a card renamed for its reported memory
+    (``rtx-4090-48gb-reported``, a modded board) lost its own GEMM rate."""
+    from trainfit.hardware.gpus import find_gpu as find
+    from trainfit.speed.kernels import KERNELS, family, kernels_for
+
+    assert family("12.0") == "blackwell_geforce" and family("10.0") == "blackwell"
+    k5090 = kernels_for("12.0", "rtx-5090")
+    assert k5090.flash.eff_inf == KERNELS["ada"].flash.eff_inf > 5 * KERNELS["blackwell"].flash.eff_inf
+    flash = {n: DeviceSpeed.from_gpu(find(n)) for n in ("rtx-4090", "rtx-5090")}
+    assert flash["rtx-5090"].peak_flops["bf16"] > flash["rtx-4090"].peak_flops["bf16"]
+    assert kernels_for("8.9", "rtx-4090-48gb-reported").gemm_mamf == 1.0
+    assert kernels_for("8.6", "rtx-a5000-12gb-reported").gemm_mamf == 0.70
+    assert kernels_for("8.0", "a100-80gb-pcie-40gb-reported").gemm_mamf == 0.81

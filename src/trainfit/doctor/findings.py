@@ -77,7 +77,7 @@ def find(obs: Observation) -> list[Finding]:
         f = rule(obs)
         if f is not None:
             out.append(f)
-    big = [f for f in out if (f.predicted_gain_fraction or 0.0) >= 0.10 and not _minor(f)]
+    big = [f for f in out if (f.gain_fraction or 0.0) >= 0.10 and not _minor(f)]
     if not big and not any(f.bottleneck in ("cpu-offload", "host-swapping") for f in out):
         out.append(_compute_or_bandwidth(obs))
     # the first finding is called the bottleneck: a minor one (a data wait under the input-bound
@@ -92,8 +92,8 @@ def find(obs: Observation) -> list[Finding]:
                     >= SYNC_LOOP_CALLS * (f.evidence.get("micro_steps_per_step") or 1)
                     for f in out)
     out.sort(key=lambda f: (_minor(f) or (sync_loop and f.bottleneck == "loop-code"),
-                            -(f.predicted_gain_fraction
-                              if f.predicted_gain_fraction is not None else 0.05)))
+                            -(f.gain_fraction
+                              if f.gain_fraction is not None else 0.05)))
     return out
 
 
@@ -394,7 +394,7 @@ def _bf16(o: Observation, why: str) -> str:
 def _compute_or_bandwidth(o: Observation) -> Finding:
     s = o.split
     ev: dict[str, float | None] = {"step_time_s": _r(s.step_time_s), "mfu": _r(o.mfu, 4),
-                                   "peak_flops": _r(o.peak_flops, 0) if o.peak_flops else None,
+                                   "peak_flop_per_s": _r(o.peak_flops, 0) if o.peak_flops else None,
                                    "matmul_time_fraction": _r(o.matmul_time_fraction, 4),
                                    "tokens_per_step": o.tokens_per_step}
     if o.padding_fraction is not None:

@@ -16,14 +16,14 @@ class Finding:
     bottleneck: str
     evidence: dict[str, float | None]
     fix: str
-    predicted_gain_fraction: float | None
+    gain_fraction: float | None
     detail: str = ""
     """One line of prose for the table (the JSON carries the numbers)."""
 
     @property
     def gain_measured(self) -> bool:
         """The gain is a probe's measurement (the larger micro-batch run for a few steps), not the
-        rule's prediction: ``predicted_gain_fraction`` then holds the measured figure."""
+        rule's prediction: ``gain_fraction`` then holds the measured figure."""
         return self.evidence.get("probe_measured_gain_fraction") is not None
 
     def to_dict(self) -> dict[str, Any]:

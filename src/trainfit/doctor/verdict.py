@@ -45,6 +45,6 @@ def held_across_rounds(findings: list[Finding], rounds: list[str], notes: list[s
     if not findings:
         return findings
     head = findings[0]
-    return [replace(head, predicted_gain_fraction=None,
+    return [replace(head, gain_fraction=None,
                     detail=f"undecided: the rounds named {', '.join(rounds)}; {head.detail}"),
             *findings[1:]]

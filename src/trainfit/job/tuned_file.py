@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from trainfit.job.files import size_text
 from trainfit.job.spec import JobSpec
 
 UNDECIDED_NOTE_KINDS = ("undecided", "not_compared", "contradicted")
@@ -113,7 +114,9 @@ def job_yaml(job: JobSpec, *, measured: dict[str, Any] | None = None, device: st
     if device is not None:
         lines.append(f"device: {device}  # where tune measured")
     if memory_limit_bytes is not None:
-        lines.append(f"memory_limit: {memory_limit_bytes}  # bytes the pick had to fit in")
+        # the unit in the value (a bare number read as no unit: F6), exact to the byte
+        lines.append(f"memory_limit: {memory_limit_bytes}B  # {size_text(memory_limit_bytes)}: "
+                     "the capacity the pick had to fit in (GiB = 2^30 bytes)")
     if measured:
         lines.append("measured:  # by trainfit tune on the device above (bytes, seconds)")
         for k, v in {**measured, "at": measured_at(job)}.items():

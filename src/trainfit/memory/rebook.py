@@ -1,6 +1,6 @@
 """Moving bytes between the terms of a memory breakdown while its total stays what it must be.
 
-The extrapolation (:mod:`trainfit.memory.extrapolate`) fits each breakdown term on its own and
+The extrapolation (:mod:`trainfit.memory.bilinear`) fits each breakdown term on its own and
 then corrects the terms against a total it trusts more (a phase's total fit, a full-depth
 trace's peak); these keep every term at or above 0 while doing so.
 """

@@ -154,9 +154,11 @@ class PlanResult:
             # (0.5-0.8 GiB over the catalog): without one it is unknown, not the reserve alone
             # under a name that says device (an audit's F2)
             d["smallest_device_bytes"] = None
-            for c in [*configs, *([d["current"]] if d["current"] else [])]:
+            for c in configs:
                 c["peak_device_bytes"] = None
                 c["peak_device_upper_bytes"] = None
+            if d["current"]:
+                d["current"]["peak_device_bytes"] = None
         return d
 
     def time_for_dataset_s(self, speed: dict[str, Any] | None) -> float | None:

@@ -37,8 +37,9 @@ def _num(v: float | None, unit: str) -> str:
 
 
 def _unit(key: str) -> str:
-    for suffix, unit in (("_bytes_per_s", "bytes/s"), ("_bytes", "bytes"), ("_s", "s"),
-                         ("_fraction", "fraction"), ("mfu", "fraction"), ("flops", "FLOP/s")):
+    for suffix, unit in (("_bytes_per_s", "bytes/s"), ("_flop_per_s", "FLOP/s"), ("_bytes", "bytes"),
+                         ("_s", "s"), ("_fraction", "fraction"), ("mfu", "fraction"),
+                         ("flops", "FLOP/s")):  # peak_flops: the key before 2026-12-05
         if key.endswith(suffix):
             return unit
     return ""
@@ -77,7 +78,7 @@ def findings_block(findings: list[Finding], title: str) -> Group:
     """One block per finding (a table squeezes the fix text into a column too narrow to read)."""
     parts: list[Text] = [Text(title, style="italic")]
     for i, f in enumerate(findings, 1):
-        g = f.predicted_gain_fraction
+        g = f.gain_fraction
         gain = "gain unknown" if g is None else \
             f"{'measured' if f.gain_measured else 'predicted'} gain {g:+.0%} tokens/s" + \
             (", a short probe" if f.gain_measured else "")

@@ -94,9 +94,8 @@ def plan_table(console: Console, result: PlanResult, all_rows: bool = False) -> 
     cells = [[x for i, x in enumerate(c) if i not in gone] for c in cells]
     ranks = max((r.job.ranks for r in result.rows), default=1)
     together = f" of the {ranks} ranks together" if ranks > 1 else ""
-    title = ("peak GiB per rank (predicted): alloc / reserved"
-             + (" · device: no --gpu" if result.gpu is None
-                else " / device")
+    title = ("peak GiB per rank (predicted): alloc / reserved"  # no GPU: the notes say why
+             + ("" if result.gpu is None else " / device")
              + (f" · tokens/s{together}, MFU (predicted)" if speed_known else ""))
     table, dropped = fit_table(console, title, cols, cells,
                                ["bold" if r.recommended else ("red" if r.memory.fits is False

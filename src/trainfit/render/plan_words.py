@@ -258,7 +258,8 @@ def unaligned_words(result: PlanResult) -> str | None:
 
 _FAMILY_WORDS = {"volta": "Volta", "turing": "Turing", "ampere_dc": "Ampere (data centre)",
                  "ampere_consumer": "Ampere (workstation/consumer)", "ada": "Ada",
-                 "hopper": "Hopper", "blackwell": "Blackwell"}
+                 "hopper": "Hopper", "blackwell": "Blackwell (data centre)",
+                 "blackwell_geforce": "Blackwell (GeForce/workstation)"}
 
 
 def _unaligned_rate_words(gpu_name: str | None) -> str:

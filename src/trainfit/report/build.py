@@ -154,6 +154,7 @@ class _SectionBuilder:
                 r.pick.add("plan")
 
     def add_tune(self, tune: TuneInput, capacity_gib: float | None) -> None:
+        cpu = not str(tune.device).startswith("cuda")
         # tune's own rule (tune/search.py peak_of): its capacity less its margin, judged by the
         # reserved peak where there is one, else the live tensor bytes
         usable = None if not tune.memory_limit_bytes or tune.margin is None \
@@ -168,14 +169,14 @@ class _SectionBuilder:
             q, m = p.predicted, p.measured
             planned = any(b.micro_batch == p.micro_batch for b in fam.bars)
             if q is not None and not planned:  # the plan's prediction of the same step wins
-                if judged_peak(q) is not None:
-                    fam.memory_predicted_gib.append(Point(p.micro_batch, judged_peak(q) / GIB,
+                if judged_peak(q, cpu) is not None:
+                    fam.memory_predicted_gib.append(Point(p.micro_batch, judged_peak(q, cpu) / GIB,
                                                           f"probe {p.index}"))
                 if q.tokens_per_s is not None:
                     fam.tokens_per_s_predicted.append(Point(p.micro_batch, q.tokens_per_s,
                                                             f"probe {p.index}"))
                 if r.device_predicted_bytes is None:
-                    r.device_predicted_bytes = judged_peak(q)
+                    r.device_predicted_bytes = judged_peak(q, cpu)
                     r.tokens_per_s_predicted = q.tokens_per_s
                 tune_peak = q.peak_reserved_bytes if q.peak_reserved_bytes is not None \
                     else q.peak_allocated_bytes
@@ -186,17 +187,17 @@ class _SectionBuilder:
                 fam.memory_measured_gib.append(Point(p.micro_batch, capacity_gib, f"probe {p.index}",
                                                      "oom"))
             if m is not None and p.status == "ok":
-                if judged_peak(m) is not None:
-                    fam.memory_measured_gib.append(Point(p.micro_batch, judged_peak(m) / GIB,
+                if judged_peak(m, cpu) is not None:
+                    fam.memory_measured_gib.append(Point(p.micro_batch, judged_peak(m, cpu) / GIB,
                                                          f"probe {p.index}"))
                 if m.tokens_per_s is not None:
                     fam.tokens_per_s_measured.append(Point(p.micro_batch, m.tokens_per_s,
                                                            f"probe {p.index}"))
                 # several probes of one row (knob stage, rounds): settled to their median
                 if m.tokens_per_s is not None:
-                    r.probes.append((m.tokens_per_s, judged_peak(m), m.host_rss_bytes))
+                    r.probes.append((m.tokens_per_s, judged_peak(m, cpu), m.host_rss_bytes))
                 elif r.tokens_per_s_measured is None and r.device_measured_bytes is None:
-                    r.device_measured_bytes, r.host_ram_measured_bytes = (judged_peak(m),
+                    r.device_measured_bytes, r.host_ram_measured_bytes = (judged_peak(m, cpu),
                                                                           m.host_rss_bytes)
             if r.status_measured != "ok":
                 r.status_measured = p.status
@@ -362,6 +363,7 @@ def build_section(plan: PlanInput | None, tune: TuneInput | None, dataset_tokens
         table=seed_table(accs, ref, tokens, source, no_gpu=plan is not None and not plan.gpu),
         picks=_picks(b),
         ladder=list(plan.ladder) if plan else [], probes=list(tune.probes) if tune else [],
+        probes_on_cpu=tune is not None and not str(tune.device).startswith("cuda"),
         notes=notes, throughput_unknown_reason=throughput_unknown)
 
 

@@ -234,9 +234,9 @@ class Finding:
     bottleneck: str
     evidence: dict[str, float | None]
     fix: str
-    predicted_gain_fraction: float | None
+    gain_fraction: float | None
     gain_measured: bool = False
-    """``predicted_gain_fraction`` is a probe's measurement, not a prediction."""
+    """``gain_fraction`` is a probe's measurement, not a prediction."""
     detail: str = ""
     """Doctor's reading of the evidence, with what the gain is (e.g. an upper bound); "" in a
     file from before it was written."""

@@ -82,7 +82,7 @@ def _section_blocks(s: Section, figs: dict[str, FigureImage]) -> list[Block]:
     if s.ladder:
         out.append(Table(ladder_text(s.ladder)))
     if s.probes:
-        out.append(Table(probes_text(s.probes)))
+        out.append(Table(probes_text(s.probes, s.probes_on_cpu)))
     if s.notes:
         out += [Heading(3, "Notes from the plan"), Bullets(list(s.notes))]
     return out

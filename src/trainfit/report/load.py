@@ -276,8 +276,11 @@ def _doctor(o: JsonObj, path: str) -> DoctorInput:
         evidence = {} if ev is None else {k: ev.num(k) for k in ev.data}
         findings.append(Finding(bottleneck=f.str_("bottleneck", nullable=False), evidence=evidence,
                                 fix=f.str_("fix", required=False) or "",
-                                predicted_gain_fraction=f.num("predicted_gain_fraction",
-                                                              required=False),
+                                # "predicted_gain_fraction": its name in files written
+                                # before 2026-12-05 (it held a measured gain too)
+                                gain_fraction=f.num("gain_fraction", required=False)
+                                if "gain_fraction" in f.data else
+                                f.num("predicted_gain_fraction", required=False),
                                 gain_measured=f.data.get("gain_measured") is True,
                                 detail=f.str_("detail", required=False) or ""))
     after_obj = o.obj("after", required=False, nullable=True)

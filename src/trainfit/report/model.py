@@ -130,6 +130,8 @@ class Section:
     for one."""
     on_cpu: bool = False
     """Measured on a CPU (tune without a plan): its peaks are live tensor bytes, not a GPU's."""
+    probes_on_cpu: bool = False
+    """tune's probes ran on a CPU (with or without a plan): their peaks are live tensor bytes."""
 
 
 @dataclass(frozen=True)

@@ -209,11 +209,12 @@ def fmt_duration(s: float | None) -> str:
     return f"{days} d {text}" if days else text
 
 
-def judged_peak(x: object) -> int | None:
-    """The peak a probe is judged by: the device peak on a GPU; on CPU (no device peak) the live
+def judged_peak(x: object, on_cpu: bool) -> int | None:
+    """The peak a probe is judged by: the device peak on a GPU (None where unknown: a card the
+    catalog does not know has no predicted CUDA context); on CPU (no device peak) the live
     tensor bytes, which is what --memory-limit caps."""
     dev = getattr(x, "peak_device_bytes", None)
-    return dev if dev is not None else getattr(x, "peak_allocated_bytes", None)
+    return dev if dev is not None or not on_cpu else getattr(x, "peak_allocated_bytes", None)
 
 
 def _fits(v: bool | None) -> str:
@@ -244,8 +245,9 @@ def seed_text(t: SeedTable, on_cpu: bool = False) -> TextTable:
               else f"{t.dataset_tokens:,} tokens ({t.dataset_tokens_source})")
     notes = [f"speed-up is relative to {t.reference}", f"dataset: {tokens}",
              "GiB = 2^30 bytes; peak device = what nvidia-smi shows (reserved + CUDA context); "
-             + ("the plan named no GPU: its predicted device peak is the reserve alone, the "
-                "CUDA context unknown; " if t.no_gpu else "")
+             + ("the plan named no GPU: its predicted device peak is unknown (reserved + the "
+                "card's CUDA context; a plan file written before 2026-12-05 gave the reserve "
+                "alone there); " if t.no_gpu else "")
              + "on CPU, which has none, the live tensor bytes (what --memory-limit caps)",
              "host RAM is only measured (the plan does not predict it)"]
     if any(r.undecided for r in t.rows):
@@ -285,7 +287,7 @@ def ladder_text(steps: list[LadderStep]) -> TextTable:
                      ["each step adds to the ones above it; all numbers predicted"])
 
 
-def probes_text(probes: list[Probe]) -> TextTable:
+def probes_text(probes: list[Probe], on_cpu: bool) -> TextTable:
     # on CPU there is no device peak: the live tensor bytes --memory-limit caps (judged_peak)
     groups = [("", 7), ("status", 1), ("peak device (GiB; CPU: live tensors)", 2),
               ("host RSS (GiB)", 1), ("tokens/s", 2),
@@ -301,8 +303,8 @@ def probes_text(probes: list[Probe]) -> TextTable:
             str(p.job.get("precision", UNKNOWN)), str(p.job.get("grad_ckpt", UNKNOWN)),
             UNKNOWN if p.num_workers is None else str(p.num_workers),
             UNKNOWN if p.compile is None else ("on" if p.compile else "off"), p.status,
-            fmt_bytes_gib(judged_peak(q) if q else None),
-            fmt_bytes_gib(judged_peak(m) if m else None),
+            fmt_bytes_gib(judged_peak(q, on_cpu) if q else None),
+            fmt_bytes_gib(judged_peak(m, on_cpu) if m else None),
             fmt_bytes_gib(m.host_rss_bytes if m else None),
             fmt_num(q.tokens_per_s if q else None), fmt_num(m.tokens_per_s if m else None),
             fmt_pct(m.data_wait_fraction if m else None),
@@ -417,10 +419,10 @@ def _evidence_value(v: float | None) -> str:
 
 
 def _gain_cell(f: Finding) -> str:
-    if f.predicted_gain_fraction is None:
+    if f.gain_fraction is None:
         return UNKNOWN
     how = "measured, a short probe" if f.gain_measured else "predicted"
-    return f"{fmt_pct(f.predicted_gain_fraction)} ({how})"
+    return f"{fmt_pct(f.gain_fraction)} ({how})"
 
 
 def verdict_words(d: DoctorSection) -> str:

@@ -24,6 +24,7 @@ Sources per family in ``KERNELS``; the research notes are in docs/notes/kernel-e
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 GEMM_SHAPE_FACTOR = 0.92
@@ -194,6 +195,18 @@ KERNELS: dict[str, FamilyKernels] = {
         "blackwell", 0.78, Attention(0.15, 180, "Dao-AILab/flash-attention#1589: FA2 on B200"),
         Attention(0.08, 180, "memory-efficient ~half of flash (FA2 paper's A100 ratio)"),
         0.85, f"{_MAMF} (B200 1745/2250 TF); no published stream figure: Hopper's taken"),
+    # GeForce / workstation Blackwell (sm_120: RTX 50xx) is not the B200's sm_100: no tcgen05 or
+    # TMEM, FA2 runs through the same mma.sync path as on Ada, and the peaks it is a fraction of
+    # are the GeForce ones (FP32 accumulation at half rate) — Ada's attention and stream rates
+    # until one is measured on it (a review: the 5090 took the B200's FA2 0.15, 14 TF at 2k
+    # tokens against a 4090's 55)
+    "blackwell_geforce": FamilyKernels(
+        "blackwell_geforce", 0.97,
+        Attention(0.81, 450, "no published FA2 fwd+bwd on sm_120: Ada's (same mma.sync kernels)"),
+        Attention(0.38, 450, "memory-efficient ~half of flash (FA2 paper's A100 ratio)"),
+        0.91, "zzc0721/torch-performance-test-data: every GeForce desktop card 0.97-1.16 of its "
+              "datasheet (the 5090 1.13-1.16; its own entry); stream: Ada's (no published "
+              "sm_120 figure)"),
 }
 
 
@@ -217,6 +230,8 @@ def family(compute_capability: str | None, name: str = "") -> str | None:
         return "ada"
     if cc < (10, 0):
         return "hopper"
+    if cc >= (12, 0):  # RTX 50xx, RTX PRO Blackwell: sm_120, not the B200's sm_100
+        return "blackwell_geforce"
     return "blackwell"
 
 
@@ -340,7 +355,10 @@ def kernels_for(compute_capability: str | None, name: str = "") -> FamilyKernels
     if fam is None:
         return None
     k = KERNELS[fam]
-    card = CARD_GEMM.get(name.lower())
+    # a card whose reported memory differs from the catalog's is the catalog's card renamed
+    # (hardware.gpus: ``rtx-4090-48gb-reported``, a modded board): its chip's rate (a review)
+    name = re.sub(r"-\d+gb-reported$", "", name.lower())
+    card = CARD_GEMM.get(name)
     if card is None and _geforce_desktop(name):
         card = GEFORCE_DESKTOP
     if card is None:

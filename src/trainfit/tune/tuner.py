@@ -427,7 +427,9 @@ def _gpu_predictor(source: ModelSource, device_name: str, total: int
             m = predict_memory(job, source, gpu)
             cache[key] = Predicted(peak_allocated_bytes=m.peak_allocated_bytes,
                                    peak_reserved_bytes=m.peak_reserved_bytes,
-                                   peak_device_bytes=m.peak_device_bytes)
+                                   # reserve + the card's CUDA context: unknown without a
+                                   # catalog card (not the reserve alone: a review)
+                                   peak_device_bytes=m.peak_device_bytes if gpu else None)
         return cache[key]
     return predict
 
