@@ -22,4 +22,6 @@ def test_a_cpu_probes_peak_is_its_live_tensor_bytes_as_in_the_pick_table():
     assert probes_text([gpu], on_cpu=False).rows[0][9] == "2.00"
     # on a GPU a probe without a device peak (a card the catalog does not know: no predicted
     # CUDA context) is unknown there, not its allocated bytes under "peak device" (a review)
-    assert probes_text([gpu], on_cpu=False).rows[0][8] == "unknown"
+    table = probes_text([gpu], on_cpu=False)
+    assert table.rows[0][8] == "unknown" and "not in trainfit's catalog" in table.notes[0]
+    assert probes_text([probe], on_cpu=True).notes == []

@@ -46,8 +46,11 @@ def parse_bytes(text: str | None, flag: str) -> int | None:
 def size_text(n_bytes: int) -> str:
     """A size as ``parse_bytes`` reads it back: GiB to 2 decimals, or MiB under a GiB's tenth
     (an audit: a 3 MiB --memory-limit read "0.00 GiB", a 12 MiB one "0.01 GiB")."""
-    return f"{n_bytes / 2**30:.2f} GiB" if n_bytes >= 0.1 * 2**30 else \
-        f"{n_bytes / 2**20:.3g} MiB"
+    if n_bytes >= 0.1 * 2**30:
+        return f"{n_bytes / 2**30:.2f} GiB"
+    # under a MiB: KiB, then bytes (a review: 1000 bytes read "0.000954 MiB", 7 "6.68e-06 MiB")
+    return f"{n_bytes / 2**20:.3g} MiB" if n_bytes >= 2**20 else \
+        f"{n_bytes / 2**10:.3g} KiB" if n_bytes >= 2**10 else f"{n_bytes} B"
 
 
 def file_memory_limit(extra: dict[str, Any]) -> int | None:

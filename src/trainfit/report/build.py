@@ -154,7 +154,7 @@ class _SectionBuilder:
                 r.pick.add("plan")
 
     def add_tune(self, tune: TuneInput, capacity_gib: float | None) -> None:
-        cpu = not str(tune.device).startswith("cuda")
+        cpu = tune_on_cpu(tune)
         # tune's own rule (tune/search.py peak_of): its capacity less its margin, judged by the
         # reserved peak where there is one, else the live tensor bytes
         usable = None if not tune.memory_limit_bytes or tune.margin is None \
@@ -306,7 +306,7 @@ def build_section(plan: PlanInput | None, tune: TuneInput | None, dataset_tokens
     assert plan is not None or tune is not None
     b = _SectionBuilder(plan, tune)
     capacity_bytes, capacity_source, capacity_label = None, "unknown", "GPU memory"
-    on_cpu = plan is None and tune is not None and tune.device == "cpu"
+    on_cpu = plan is None and tune is not None and tune_on_cpu(tune)
     if on_cpu:
         capacity_label = "memory limit"  # a CPU's stand-in for a GPU's capacity
     if plan is not None and plan.gpu_memory_bytes:
@@ -363,8 +363,15 @@ def build_section(plan: PlanInput | None, tune: TuneInput | None, dataset_tokens
         table=seed_table(accs, ref, tokens, source, no_gpu=plan is not None and not plan.gpu),
         picks=_picks(b),
         ladder=list(plan.ladder) if plan else [], probes=list(tune.probes) if tune else [],
-        probes_on_cpu=tune is not None and not str(tune.device).startswith("cuda"),
+        probes_on_cpu=tune is not None and tune_on_cpu(tune),
         notes=notes, throughput_unknown_reason=throughput_unknown)
+
+
+def tune_on_cpu(tune: TuneInput) -> bool:
+    """The tune ran on a CPU: its peaks are live tensor bytes, no device peak. One test for the
+    section, its pick and its probes (a review: three tests disagreed on a file whose device is
+    unknown, which is not taken for a CPU)."""
+    return str(tune.device).startswith("cpu")
 
 
 def _same_device(plan: PlanInput, tune: TuneInput) -> bool:

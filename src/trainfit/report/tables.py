@@ -309,7 +309,11 @@ def probes_text(probes: list[Probe], on_cpu: bool) -> TextTable:
             fmt_num(q.tokens_per_s if q else None), fmt_num(m.tokens_per_s if m else None),
             fmt_pct(m.data_wait_fraction if m else None),
             fmt_num(p.probe_time_s, 1)])
-    return TextTable("Probes (tune)", cols, rows, groups=groups)
+    notes = ["predicted peak device unknown: the card is not in trainfit's catalog, so its CUDA "
+             "context is unknown (the predicted reserved peak is in the tune JSON)"] \
+        if not on_cpu and any(p.predicted is not None and p.predicted.peak_device_bytes is None
+                              for p in probes) else []
+    return TextTable("Probes (tune)", cols, rows, notes, groups=groups)
 
 
 def _oom_words(e: OomEvent) -> str:

@@ -309,7 +309,7 @@ CARD_GEMM: dict[str, CardGemm] = {
     "rtx-4060-ti-8gb": _RTX_4060_TI,
     "rtx-5090": CardGemm(1.0, f"{_ZZC} database.md: bf16 236.03 / 242.18 TF of 209.5 (two "
                               "contributors, 1.13 / 1.16; 1.0); a GeForce Blackwell (sm_120) card, "
-                              "not the B200 whose MAMF is the family's"),
+                              "not the B200 (sm_100): its family is blackwell_geforce"),
     # workstation cards without their own figure take a measured sibling's: the same chip at the
     # same or a lower power per core cannot hold a higher clock under a GEMM (the power cap, not
     # the datasheet's boost clock, sets it on these boards)
@@ -337,9 +337,10 @@ GEFORCE_DESKTOP = CardGemm(0.97, f"no published rate of its own: every GeForce d
 """GeForce desktop boards run their boost clock above the one behind their datasheet figure
 (a power budget per core the workstation and datacenter boards of the same chips do not
 have), so a GeForce desktop card without its own measurement takes the lowest fraction measured
-on one — not its family's, which comes from an RTX 3090 point (0.84, contradicted by three newer
-entries on the 3090 itself) for Ampere and from the B200 (0.78) for Blackwell.  Laptop GPUs are
-not included: their power limit sets their clock."""
+on one — not its family's, which for Ampere comes from an RTX 3090 point (0.84, contradicted by
+three newer entries on the 3090 itself).  Laptop GPUs are not included: their power limit sets
+their clock (a GeForce Blackwell laptop card, none in the catalog yet, would take its family's
+0.97, set from desktop cards: give it its own entry when one is added)."""
 
 
 def _geforce_desktop(name: str) -> bool:
