@@ -87,11 +87,11 @@ def plan_table(console: Console, result: PlanResult, all_rows: bool = False) -> 
     speed_known = any(r.speed is not None and r.speed.tokens_per_s for r in result.rows)
     gone = set()
     if not speed_known:  # a GPU without a known peak: one statement instead of two columns
-        gone |= {9, 10}
+        gone |= {"tokens/s", "MFU"}
     if result.gpu is None:  # device (reserved + the card's CUDA context), fits, spare: unknown
-        gone |= {6, 7, 8}
-    cols = [c for i, c in enumerate(cols) if i not in gone]
-    cells = [[x for i, x in enumerate(c) if i not in gone] for c in cells]
+        gone |= {"device", "fits", "spare"}
+    keep = [i for i, c in enumerate(cols) if c.header not in gone]
+    cols, cells = [cols[i] for i in keep], [[c[i] for i in keep] for c in cells]
     ranks = max((r.job.ranks for r in result.rows), default=1)
     together = f" of the {ranks} ranks together" if ranks > 1 else ""
     title = ("peak GiB per rank (predicted): alloc / reserved"  # no GPU: the notes say why

@@ -346,8 +346,9 @@ their clock (a GeForce Blackwell laptop card, none in the catalog yet, would tak
 def _geforce_desktop(name: str) -> bool:
     """A GeForce desktop card of the catalog (``rtx-2080-ti``, ``rtx-4060-ti-8gb``), not a
     laptop GPU nor a workstation RTX (``rtx-a6000``, ``rtx-6000-ada``)."""
-    series, _, _ = name.lower().removeprefix("rtx-").partition("-")
-    return name.lower().startswith("rtx-") and "laptop" not in name.lower() \
+    name = name.lower()
+    series, _, _ = name.removeprefix("rtx-").partition("-")
+    return name.startswith("rtx-") and "laptop" not in name \
         and len(series) == 4 and series.isdigit() and series[1:] in {"060", "070", "080", "090"}
 
 
