@@ -59,3 +59,29 @@ def test_fewer_key_heads_without_enable_gqa_take_the_math_kernel(device, cc):
     qc, kc = torch.randn(2, 8, 16, 64), torch.randn(2, 1, 16, 64)
     assert int(torch._fused_sdp_choice(qc, kc, kc, None, 0.0, True, enable_gqa=False)) == 0
     assert int(torch._fused_sdp_choice(qc, kc, kc, None, 0.0, True, enable_gqa=True)) == 1
+
+
+def _qkv(head_dim: int, grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    q = torch.empty(2, 8, 16, head_dim, dtype=torch.bfloat16, device="meta", requires_grad=grad)
+    return q, q.detach().requires_grad_(grad)
+
+
+@pytest.mark.parametrize("cc, head_dim, dropout, grad, kernel", [
+    ((8, 9), 208, 0.0, True, "efficient"),  # RTX 4090 training: FA2 has no backward for it
+    ((8, 9), 208, 0.0, False, "flash"),     # the same shape without a backward
+    ((8, 6), 256, 0.1, True, "efficient"),  # above 224 with dropout
+    ((8, 6), 256, 0.0, True, "flash"),      # above 224 without dropout: flash again
+    ((12, 0), 200, 0.0, True, "efficient"),  # RTX 50xx, the same rule
+    ((8, 0), 208, 0.0, True, "flash"),      # A100: its shared memory holds the backward
+    ((9, 0), 160, 0.0, True, "flash"),      # H100 training: cuDNN's backward takes ≤ 128 or 256
+    ((9, 0), 160, 0.0, False, "cudnn"),
+    ((9, 0), 256, 0.0, True, "cudnn"),      # measured (gpu_sdpa_choice.json's head_dim 256 row)
+    ((9, 0), 96, 0.0, True, "cudnn"),
+])
+def test_training_head_dims_the_fused_backwards_refuse(cc, head_dim, dropout, grad, kernel):
+    """sdp_utils.cpp: check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89_or_120
+    refuses flash for a backward of head_dim in (192, 224], or above 224 with dropout, on sm86-89
+    and sm120-121; check_cudnn_d256_bprop_head_dim leaves cuDNN's backward head_dim ≤ 128 or 256."""
+    q, k = _qkv(head_dim, grad)
+    target = AttentionTarget(device="cuda", compute_capability=cc)
+    assert choose_sdpa_kernel(target, q, k, None, dropout, False, k) == kernel

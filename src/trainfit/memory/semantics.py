@@ -182,7 +182,7 @@ class AttentionTarget:
     device: str
     """``cuda`` or ``cpu``."""
     compute_capability: tuple[int, int] | None = None
-    """CUDA compute capability; flash attention needs ≥ 8.0 (sdp_utils.cpp)."""
+    """CUDA compute capability; flash attention needs 8.0-12.1 (sdp_utils.cpp)."""
     prefer: str = "sdpa"
     """``sdpa`` (what torch picks), ``sdpa-flash``, ``sdpa-efficient``, ``sdpa-math``."""
     compiled: bool = False
@@ -231,19 +231,31 @@ def choose_sdpa_kernel(
         return "flash_cpu" if ok and target.prefer != "sdpa-math" else "math"
     cc = target.compute_capability or (8, 0)
     low = q.dtype in (torch.float16, torch.bfloat16)
+    # sdp_utils.cpp's input_requires_grad: a training step's attention (its backward will run)
+    grad = any(getattr(t, "requires_grad", False) for t in (q, k, v) if t is not None)
     # measured on an H100 (benchmarks/results/gpu_sdpa_choice.json): 16-bit inputs of head_dim
     # 64-256, with grouped-query heads, boolean or float masks and dropout; not a float mask
-    # that needs a gradient (memory-efficient) nor fp32 inputs
+    # that needs a gradient (memory-efficient) nor fp32 inputs. With a backward to run,
+    # check_cudnn_d256_bprop_head_dim leaves cuDNN only head_dim ≤ 128 or 256 (a head_dim of
+    # 160 or 192 falls to flash)
     cudnn_ok = (
         target.prefer == "sdpa" and CUDNN_SDPA_CC[0] <= cc < CUDNN_SDPA_CC[1] and low and same_v
         and head_dim % 8 == 0 and head_dim <= 256 and heads_ok
         and (mask is None or not getattr(mask, "requires_grad", False))
+        and (not grad or head_dim <= 128 or head_dim == 256)
     )
     if cudnn_ok:
         return "cudnn"
+    # check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89_or_120 (sdp_utils.cpp):
+    # FlashAttention-2's backward has no kernel for head_dim in (192, 224], nor above 224 with
+    # dropout, on the consumer/workstation chips' smaller shared memory (sm86-89, sm120-121):
+    # torch refuses flash for training there and the memory-efficient kernel runs
+    small_smem = (8, 6) <= cc <= (8, 9) or (12, 0) <= cc <= (12, 1)
+    flash_bwd_ok = not (grad and small_smem) or head_dim <= 192 or (
+        head_dim > 224 and dropout_p == 0.0)
     flash_ok = (
         low and mask is None and head_dim % 8 == 0 and same_v and heads_ok
-        and head_dim <= 256 and cc >= (8, 0)
+        and head_dim <= 256 and (8, 0) <= cc <= (12, 1) and flash_bwd_ok
     )
     eff_ok = head_dim % (8 if q.dtype != torch.float32 else 4) == 0 and same_heads
     order = {
