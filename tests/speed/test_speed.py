@@ -157,8 +157,8 @@ def test_an_mfu_above_100_percent_is_unknown_not_printed() -> None:
 
 def test_fp32_gemms_run_at_the_cuda_cores_measured_rate_without_the_shape_factor():
     """The in-step shape factor stands for memory-side costs that CUDA-core fp32 math hides: a
-    family with a measured CUDA-core rate runs fp32 at it (Hopper's 0.771, a V100's 0.85, not
-    × 0.92), bf16 keeps the factor, and a family without one takes its tensor-core rate.  The
+    family with a measured CUDA-core rate runs fp32 at it (Hopper's 0.771, a V100 SXM2's own
+    0.91, not × 0.92), bf16 keeps the factor, and a family without one takes its tensor-core rate.  The
     H100 kernel rows it is checked against: tests/benchmarks/test_benchmarks_gpu.py."""
     from trainfit.speed.kernels import GEMM_SHAPE_FACTOR, kernels_for
 
@@ -168,7 +168,7 @@ def test_fp32_gemms_run_at_the_cuda_cores_measured_rate_without_the_shape_factor
     assert dev.gemm_efficiency_fp32 == pytest.approx(hopper.gemm_mamf_fp32)
     assert dev.gemm_efficiency == pytest.approx(hopper.gemm_mamf * GEMM_SHAPE_FACTOR)
     v100 = DeviceSpeed.from_gpu(find_gpu("v100-16gb"))
-    assert v100.gemm_efficiency_fp32 == pytest.approx(0.85)
+    assert v100.gemm_efficiency_fp32 == pytest.approx(0.91)
     ada = DeviceSpeed.from_gpu(find_gpu("l40"))  # (no card rate of its own, no rule)
     assert ada.gemm_efficiency_fp32 == pytest.approx(ada.gemm_efficiency)
 
@@ -286,3 +286,20 @@ def test_geforce_blackwell_is_not_the_b200_and_a_renamed_card_keeps_its_rate():
     assert kernels_for("8.9", "rtx-4090-48gb-reported").gemm_mamf == 1.0
     assert kernels_for("8.6", "rtx-a5000-12gb-reported").gemm_mamf == 0.70
     assert kernels_for("8.0", "a100-80gb-pcie-40gb-reported").gemm_mamf == 0.81
+
+
+def test_power_capped_hopper_boards_run_their_own_measured_gemm_rate():
+    """The 350 W H100 PCIe measured 0.656 of its datasheet in bf16 (the 700 W SXM board 0.80;
+    zzc0721/torch-performance-test-data #95, the H800 PCIe 0.666 in #112): Hopper's family rate
+    made it 22 % too fast. The H100 NVL (GH100 at a lower power per SM) takes it as its upper
+    bound; the H200 and GH200 (700 W+) keep the SXM board's rate."""
+    from trainfit.hardware.gpus import find_gpu as find
+
+    def gemm_tflops(name):
+        d = DeviceSpeed.from_gpu(find(name))
+        return d.gemm_efficiency * d.peak_flops["bf16"] / 1e12
+
+    sxm, pcie, nvl = gemm_tflops("h100-sxm"), gemm_tflops("h100-pcie"), gemm_tflops("h100-nvl")
+    assert pcie / sxm == pytest.approx(0.66 * 756.5 / (0.80 * 989.4), rel=1e-3)
+    assert pcie < nvl < sxm
+    assert gemm_tflops("h200") == pytest.approx(sxm) == pytest.approx(gemm_tflops("gh200-96gb"))

@@ -267,6 +267,15 @@ _RTX_4060_TI = CardGemm(0.97, f"{_ZZC} database.md: RTX 4060 Ti 16GB bf16 42.65 
 _GA102_WORKSTATION = CardGemm(0.70, "no published rate: GA102 at the RTX A6000's power per core "
                                     "(A5000 230 W / 8192 cores, A4500 200 W / 7168: 28.1 / 27.9 "
                                     "mW, the A6000 27.9): the A6000's 0.70")
+_H100_PCIE = CardGemm(0.66, f"{_ZZC} issue #95: H100 PCIe bf16 torch.mm 495.93 TF at 4096² "
+                             "(492.84 at 8192²) of 756.5 (0.656); issue #112: the H800 PCIe, the "
+                             "same 350 W GH100 board, 503.83 (0.666): their mean. fp32 36.95 / "
+                             "37.77 TF of 51.2 (0.72 / 0.74)", gemm_mamf_fp32=0.73)
+_V100_SXM2 = CardGemm(0.77, f"{_ZZC} issues #140 / #52: V100-SXM2-16GB fp16 torch.mm 97.36 TF at "
+                            "8192² / 94.84 of 125 (0.78 / 0.76); fp32 14.51 / 14.06 of 15.7 "
+                            "(0.92 / 0.90). The catalog's V100s are the SXM2 boards (the PCIe "
+                            "figure behind Volta's 0.74 is Markidis et al.'s)",
+                      gemm_mamf_fp32=0.91)
 CARD_GEMM: dict[str, CardGemm] = {
     "a100-40gb-pcie": _A100_PCIE,
     "a100-80gb-pcie": _A100_PCIE,
@@ -321,6 +330,18 @@ CARD_GEMM: dict[str, CardGemm] = {
     "rtx-6000-ada": CardGemm(0.735, "no published rate: the L40S's AD102 (18176 cores) at 300 W "
                                     "against its 350 W: the L40S's 0.735 taken as its upper "
                                     "bound"),
+    # the 350 W PCIe Hopper runs well below the 700 W SXM board's 0.80 (its clock is held by
+    # the power cap, as the A100 PCIe's is): Hopper's family rate made it 22 % too fast
+    "h100-pcie": _H100_PCIE,
+    "h100-nvl": CardGemm(_H100_PCIE.gemm_mamf, "no square-sweep rate: GH100 at 400 W for 132 SMs "
+                                               "(3.03 W an SM, the H100 PCIe's 3.07): the PCIe "
+                                               "board's 0.66 as its upper bound (one cublasGemmEx "
+                                               "fp16 8192³ point, VibeHPC/VibeGEMM "
+                                               "benchmark_results/perf_h100.txt @1e4d3d7, reads "
+                                               "451.3 TF of 835.5: 0.54)",
+                         gemm_mamf_fp32=_H100_PCIE.gemm_mamf_fp32),
+    "v100-16gb": _V100_SXM2,
+    "v100-32gb": _V100_SXM2,
 }
 """Cards whose own measured dense bf16 GEMM rate (the best torch.mm over square shapes, MAMF's
 convention) is published: their fraction of the datasheet peak replaces the family's (the
