@@ -1,5 +1,7 @@
 """Speed model: wave quantization, batch scaling of recorded ops, MFU accounting, unknowns."""
 
+import dataclasses
+
 import pytest
 
 from trainfit.hardware.gpus import find_gpu, generic_gpu
@@ -146,8 +148,9 @@ def test_an_mfu_above_100_percent_is_unknown_not_printed() -> None:
 
     dev = DeviceSpeed(name="g", peak_flops={"bf16": 1e15}, bandwidth_bytes_s=1e12,
                       sm_count=None, asynchronous=True)
+    # the step executes 3e13 FLOPs (more than the model's: MFU is not capped by them here)
     times = PhaseTimes({"fb": 0.010, "optimizer": 0.0}, {"fb": 0.001, "optimizer": 0.0},
-                       5e12, False)
+                       3e13, False)
     # 1,000 tokens in 10 ms at 1e10 FLOPs each = 1e15 FLOP/s: exactly the peak
     at_peak = speed_from_times(dev, times, 1e15, 1, 1, 1000, 1, 1e10)
     assert at_peak.mfu == pytest.approx(1.0)
@@ -158,8 +161,8 @@ def test_an_mfu_above_100_percent_is_unknown_not_printed() -> None:
 def test_fp32_gemms_run_at_the_cuda_cores_measured_rate_without_the_shape_factor():
     """The in-step shape factor stands for memory-side costs that CUDA-core fp32 math hides: a
     family with a measured CUDA-core rate runs fp32 at it (Hopper's 0.771, a V100 SXM2's own
-    0.91, not × 0.92), bf16 keeps the factor, and a family without one takes its tensor-core rate.  The
-    H100 kernel rows it is checked against: tests/benchmarks/test_benchmarks_gpu.py."""
+    0.91, not × 0.92), bf16 keeps the factor, and a family without one takes its tensor-core
+    rate.  The H100 kernel rows it is checked against: tests/benchmarks/test_benchmarks_gpu.py."""
     from trainfit.speed.kernels import GEMM_SHAPE_FACTOR, kernels_for
 
     gpu = find_gpu("h100-sxm")
@@ -303,3 +306,37 @@ def test_power_capped_hopper_boards_run_their_own_measured_gemm_rate():
     assert pcie / sxm == pytest.approx(0.66 * 756.5 / (0.80 * 989.4), rel=1e-3)
     assert pcie < nvl < sxm
     assert gemm_tflops("h200") == pytest.approx(sxm) == pytest.approx(gemm_tflops("gh200-96gb"))
+
+
+def test_a_lora_steps_mfu_counts_no_more_flops_than_it_executes(tiny_llama):
+    """An audit: LoRA rows without checkpointing printed MFU above HFU (Falcon-7B: 0.770 against
+    0.761) — the formula's 4·N_frozen counts the input gradient of the first layer's frozen
+    q/k/v, which autograd skips (their input, the frozen embedding's, needs none). A prediction's
+    model FLOPs are now the lesser of the formula and the FLOPs the step executes."""
+    cfg = tiny_llama.config
+    dev = DeviceSpeed.from_gpu(find_gpu("a100-80gb"))
+    rec = OpRecorder()
+    job = JobSpec(model="t", seq_len=64, micro_batch=2, precision="amp-bf16", method="lora",
+                  lora_targets="all-linear", grad_ckpt="off")
+    sim = simulate_step(job, tiny_llama, SimTarget(device="cuda"), op_hook=rec)
+    formula = model_flops_per_token(cfg, sim.total_params, sim.trainable_params, 64, False,
+                                    matmul_params=sim.info["matmul_params"])
+    sp = predict_speed_exact(dev, rec.ops, 2, 1, 64, 1, formula)
+    # what the backward skips: 2 FLOPs per weight of the first layer's frozen q/k/v and of
+    # their LoRA A matrices (rank 16), whose input is the embedding's
+    h, n = cfg.hidden_size, sim.info["matmul_params"]
+    first_qkv = h * h + 2 * h * (cfg.num_key_value_heads * h // cfg.num_attention_heads)
+    backward_mm = sum(o.flops for o in rec.ops if o.phase == "backward" and o.name == "mm") / 128
+    frozen, trainable = n - sim.trainable_params, sim.trainable_params
+    assert backward_mm == 2 * frozen + 4 * trainable - 2 * (first_qkv + 3 * 16 * h)
+    executed = sum(o.flops for o in rec.ops if o.phase != "optimizer") / 128
+    assert executed < formula
+    assert sp.model_flops_per_token == pytest.approx(executed, rel=1e-9)
+    assert sp.mfu <= sp.hfu
+    assert sp.mfu == pytest.approx(sp.hfu, rel=1e-9)  # no recomputation: the same FLOPs
+    # with checkpointing the recomputation is executed too: the formula stands, below HFU
+    rec2 = OpRecorder()
+    simulate_step(dataclasses.replace(job, grad_ckpt="full"), tiny_llama,
+                  SimTarget(device="cuda"), op_hook=rec2)
+    sp2 = predict_speed_exact(dev, rec2.ops, 2, 1, 64, 1, formula)
+    assert sp2.model_flops_per_token == formula and sp2.mfu < sp2.hfu
