@@ -146,7 +146,8 @@ def test_peak_flops_units_and_aliases() -> None:
         ("a6000", "rtx-a6000"), ("RTX A6000", "rtx-a6000"),
         ("h100", "h100-sxm"), ("H100 SXM5", "h100-sxm"), ("h100 pcie", "h100-pcie"),
         ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("h200", "h200"),
-        ("Tesla V100-PCIE-16GB", "v100-16gb"), ("  a10g  ", "a10g"),
+        ("Tesla V100-PCIE-16GB", "v100-pcie-16gb"),
+        ("Tesla V100-SXM2-32GB", "v100-32gb"), ("v100 pcie", "v100-pcie-16gb"), ("  a10g  ", "a10g"),
     ],
 )
 def test_find_gpu_aliases(query: str, expected: str) -> None:

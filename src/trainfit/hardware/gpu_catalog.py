@@ -58,7 +58,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         source="NVIDIA V100 datasheet / Volta whitepaper (SXM2): FP32 15.7, tensor "
         "FP16 "
         "125; 900 GB/s; NVLink2 300 GB/s bidirectional. INT8 = DP4A (no INT8 tensor "
-        "cores). PCIe V100 (14 / 112 TFLOPS) maps here too",
+        "cores). The PCIe board (14 / 112 TFLOPS) is v100-pcie-16gb",
     ),
     GpuSpec(
         name="v100-32gb", display_name="Tesla V100-SXM2-32GB",
@@ -71,6 +71,32 @@ _CATALOG: tuple[GpuSpec, ...] = (
         sm_count=80, cuda_context_bytes=_ctx(80, 2048),
         interconnect="nvlink2", interconnect_gbs=150.0,
         source="NVIDIA V100 datasheet (SXM2 32GB): as V100 16GB",
+    ),
+    # the 250 W PCIe board: its own peaks (a PCIe V100 mapped to the SXM2 entry took its 125 /
+    # 15.7 TFLOPS and, since the SXM2 boards' own measured GEMM rates, an fp32 rate above the
+    # PCIe card's peak: a review); its GEMMs keep Volta's rate, measured on a V100 PCIe
+    GpuSpec(
+        name="v100-pcie-16gb", display_name="Tesla V100-PCIE-16GB",
+        aliases=("v100-pcie", "v100-pcie-16gb", "v100-pcie-16g"),
+        memory_bytes=16_945_512_448,
+        memory_source="as the SXM2 16GB (16160 MiB: the same HBM2 stacks)",
+        peak_tflops=_peaks(14.0, None, 112.0, None, 56.0),
+        memory_bandwidth_gbs=900.0, bf16_supported=False, compute_capability="7.0",
+        sm_count=80, cuda_context_bytes=_ctx(80, 2048),
+        interconnect="pcie3x16", interconnect_gbs=PCIE3_X16_GBS,
+        source="NVIDIA V100 datasheet (PCIe, 250 W): FP32 14, tensor FP16 112; 900 GB/s; "
+        "PCIe gen3 x16. INT8 = DP4A (4x FP32)",
+    ),
+    GpuSpec(
+        name="v100-pcie-32gb", display_name="Tesla V100-PCIE-32GB",
+        aliases=("v100-pcie-32gb", "v100-pcie-32g"),
+        memory_bytes=34_089_730_048,
+        memory_source="as the SXM2 32GB (32510 MiB)",
+        peak_tflops=_peaks(14.0, None, 112.0, None, 56.0),
+        memory_bandwidth_gbs=900.0, bf16_supported=False, compute_capability="7.0",
+        sm_count=80, cuda_context_bytes=_ctx(80, 2048),
+        interconnect="pcie3x16", interconnect_gbs=PCIE3_X16_GBS,
+        source="NVIDIA V100 datasheet (PCIe 32GB): as V100 PCIe 16GB",
     ),
     GpuSpec(
         name="rtx-3080-10gb", display_name="NVIDIA GeForce RTX 3080",

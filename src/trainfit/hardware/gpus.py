@@ -199,6 +199,7 @@ _DEVICE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (r"\ba100\b.*\bpcie\b|\bpcie\b.*\ba100\b", ("a100-80gb-pcie", "a100-40gb-pcie")),
     (r"\ba100\b", ("a100-80gb-sxm", "a100-40gb-sxm")),
     (r"\bv100s\b", ()),
+    (r"\bv100\b.*\bpcie\b|\bpcie\b.*\bv100\b", ("v100-pcie-16gb", "v100-pcie-32gb")),
     (r"\bv100\b", ("v100-16gb", "v100-32gb")),
     (r"\bp100\b", ("p100-16gb",)),
     (r"\bt4\b", ("t4",)),

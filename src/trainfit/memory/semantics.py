@@ -231,13 +231,20 @@ def choose_sdpa_kernel(
         return "flash_cpu" if ok and target.prefer != "sdpa-math" else "math"
     cc = target.compute_capability or (8, 0)
     low = q.dtype in (torch.float16, torch.bfloat16)
-    # sdp_utils.cpp's input_requires_grad: a training step's attention (its backward will run)
-    grad = any(getattr(t, "requires_grad", False) for t in (q, k, v) if t is not None)
+    # sdp_utils.cpp's input_requires_grad: grad mode on and q, k or v needing a gradient (a
+    # training step's attention: its backward will run)
+    grad = torch.is_grad_enabled() and any(
+        getattr(t, "requires_grad", False) for t in (q, k, v) if t is not None)
     # measured on an H100 (benchmarks/results/gpu_sdpa_choice.json): 16-bit inputs of head_dim
     # 64-256, with grouped-query heads, boolean or float masks and dropout; not a float mask
     # that needs a gradient (memory-efficient) nor fp32 inputs. With a backward to run,
     # check_cudnn_d256_bprop_head_dim leaves cuDNN only head_dim ≤ 128 or 256 (a head_dim of
-    # 160 or 192 falls to flash)
+    # 160 or 192 falls to flash). Which torch: that rule is torch main's (sdp_utils.cpp as
+    # stored at 001f694a, read 2026-12-05), with a cuDNN that takes head_dim 256; the record is
+    # torch 2.11's, whose older rule let cuDNN train at 129-255 too, and whose cuDNN took a
+    # dropout of 0.1 (main asks a multiple of 1/16, check_cudnn_dropout: not mirrored, the
+    # record wins). Where the two disagree the kernel is cuDNN or flash, which trainfit times
+    # and holds alike (speed/roofline.py ATTENTION_EFFICIENCY; both keep O(T) statistics)
     cudnn_ok = (
         target.prefer == "sdpa" and CUDNN_SDPA_CC[0] <= cc < CUDNN_SDPA_CC[1] and low and same_v
         and head_dim % 8 == 0 and head_dim <= 256 and heads_ok

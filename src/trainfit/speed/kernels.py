@@ -128,7 +128,8 @@ class FamilyKernels:
         wave, so neither drop is waves).  Those two rows alone do not decide (2 % fast now, 3 %
         slow at the tensor-core rate × factor used before); the published GEMM-bound fp32
         steps do: with the factor V100 BERT-large ran −8 to −13 % and A100 GPT-2 −6 / −8 %,
-        without it −2 to −7 % and −0.2 / −2.3 %, all still slow
+        without it −2 to −7 % and −0.2 / −2.3 %, all still slow; with the V100 SXM2 boards'
+        own measured fp32 rate (0.91, ``CARD_GEMM``) the V100 rows read −2.3 to +2.9 %
         (benchmarks/results/speed_published.md)."""
         if self.gemm_mamf_fp32 is None:
             return self.gemm_mamf * GEMM_SHAPE_FACTOR
@@ -331,7 +332,7 @@ CARD_GEMM: dict[str, CardGemm] = {
                                     "against its 350 W: the L40S's 0.735 taken as its upper "
                                     "bound"),
     # the 350 W PCIe Hopper runs well below the 700 W SXM board's 0.80 (its clock is held by
-    # the power cap, as the A100 PCIe's is): Hopper's family rate made it 22 % too fast
+    # the power cap, as the A100 PCIe's is): Hopper's family rate made it 21 % too fast
     "h100-pcie": _H100_PCIE,
     "h100-nvl": CardGemm(_H100_PCIE.gemm_mamf, "no square-sweep rate: GH100 at 400 W for 132 SMs "
                                                "(3.03 W an SM, the H100 PCIe's 3.07): the PCIe "
