@@ -12,6 +12,12 @@ from trainfit.speed.predict import model_flops_per_token, ops_at_batch, predict_
 from trainfit.speed.roofline import GEMM_TILE, DeviceSpeed, gemm_time, op_device_time, split_k
 
 
+def _gemm_tflops(name: str) -> float:
+    """A catalog card's dense bf16 GEMM rate as the speed model runs it, TFLOP/s."""
+    d = DeviceSpeed.from_gpu(find_gpu(name))
+    return d.gemm_efficiency * d.peak_flops["bf16"] / 1e12
+
+
 def test_gemm_pays_for_partial_waves():
     dev = DeviceSpeed.from_gpu(find_gpu("a100-80gb"))
     full = gemm_time(dev, (1, GEMM_TILE * 108, GEMM_TILE, 4096), "bf16")  # one full wave
@@ -235,12 +241,9 @@ def test_a_card_with_its_own_published_gemm_rate_takes_it():
         fam = family(gpu.compute_capability)
         assert kernels_for(gpu.compute_capability, gpu.name).gemm_mamf == KERNELS[fam].gemm_mamf
 
-    def gemm_tflops(name):
-        d = DeviceSpeed.from_gpu(find_gpu(name))
-        return d.gemm_efficiency * d.peak_flops["bf16"]
     # the A6000's datasheet says 2.18× the 3090 (154.8 / 71); Lambda's fp16 training measured
     # 1.31-1.42× (bert_large, transformerxl-large): the GEMM rates now say 1.53× (2.18× before)
-    assert gemm_tflops("rtx-a6000") / gemm_tflops("rtx-3090") == pytest.approx(1.526, abs=0.01)
+    assert _gemm_tflops("rtx-a6000") / _gemm_tflops("rtx-3090") == pytest.approx(1.526, abs=0.01)
 
 
 def test_cards_without_their_own_gemm_rate_keep_the_order_of_their_measured_siblings():
@@ -252,10 +255,6 @@ def test_cards_without_their_own_gemm_rate_keep_the_order_of_their_measured_sibl
     from trainfit.hardware.gpus import find_gpu as find
     from trainfit.speed.kernels import GEFORCE_DESKTOP, _geforce_desktop, kernels_for
 
-    def gemm_tflops(name):
-        d = DeviceSpeed.from_gpu(find(name))
-        return d.gemm_efficiency * d.peak_flops["bf16"] / 1e12
-
     assert [_geforce_desktop(n) for n in ("rtx-2080-ti", "rtx-4060-ti-8gb", "rtx-5080",
                                           "rtx-a6000", "rtx-6000-ada", "rtx-3050-laptop-4gb",
                                           "a10g", "gtx-1080-ti")] == [True] * 3 + [False] * 5
@@ -263,15 +262,15 @@ def test_cards_without_their_own_gemm_rate_keep_the_order_of_their_measured_sibl
         gpu = find(name)
         assert kernels_for(gpu.compute_capability, gpu.name).gemm_mamf == GEFORCE_DESKTOP.gemm_mamf
     # ordered as their cores × clocks: 3080 10GB ≤ 3080 12GB ≤ 3080 Ti ≤ 3090 (all GA102)
-    ga102 = [gemm_tflops(n) for n in ("rtx-3080-10gb", "rtx-3080-12gb", "rtx-3080-ti",
-                                      "rtx-3090")]
+    ga102 = [_gemm_tflops(n) for n in ("rtx-3080-10gb", "rtx-3080-12gb", "rtx-3080-ti",
+                                       "rtx-3090")]
     assert ga102 == sorted(ga102)
-    assert gemm_tflops("rtx-6000-ada") <= gemm_tflops("l40s")
-    assert gemm_tflops("rtx-a5000") / 111.1 == pytest.approx(gemm_tflops("rtx-a6000") / 154.8)
-    assert gemm_tflops("rtx-4080") < gemm_tflops("rtx-4090")
-    assert gemm_tflops("rtx-5080") < gemm_tflops("rtx-5090")
+    assert _gemm_tflops("rtx-6000-ada") <= _gemm_tflops("l40s")
+    assert _gemm_tflops("rtx-a5000") / 111.1 == pytest.approx(_gemm_tflops("rtx-a6000") / 154.8)
+    assert _gemm_tflops("rtx-4080") < _gemm_tflops("rtx-4090")
+    assert _gemm_tflops("rtx-5080") < _gemm_tflops("rtx-5090")
     # the 5090 takes its own measured rate, far above the B200-derived family's 0.78
-    assert gemm_tflops("rtx-5090") == pytest.approx(209.5 * 0.92, rel=1e-3)
+    assert _gemm_tflops("rtx-5090") == pytest.approx(209.5 * 0.92, rel=1e-3)
 
 
 def test_geforce_blackwell_is_not_the_b200_and_a_renamed_card_keeps_its_rate():
@@ -296,16 +295,10 @@ def test_power_capped_hopper_boards_run_their_own_measured_gemm_rate():
     zzc0721/torch-performance-test-data #95, the H800 PCIe 0.666 in #112): Hopper's family rate
     made it 21 % too fast. The H100 NVL (GH100 at a lower power per SM) takes it as its upper
     bound; the H200 and GH200 (700 W+) keep the SXM board's rate."""
-    from trainfit.hardware.gpus import find_gpu as find
-
-    def gemm_tflops(name):
-        d = DeviceSpeed.from_gpu(find(name))
-        return d.gemm_efficiency * d.peak_flops["bf16"] / 1e12
-
-    sxm, pcie, nvl = gemm_tflops("h100-sxm"), gemm_tflops("h100-pcie"), gemm_tflops("h100-nvl")
+    sxm, pcie, nvl = _gemm_tflops("h100-sxm"), _gemm_tflops("h100-pcie"), _gemm_tflops("h100-nvl")
     assert pcie / sxm == pytest.approx(0.66 * 756.5 / (0.80 * 989.4), rel=1e-3)
     assert pcie < nvl < sxm
-    assert gemm_tflops("h200") == pytest.approx(sxm) == pytest.approx(gemm_tflops("gh200-96gb"))
+    assert _gemm_tflops("h200") == pytest.approx(sxm) == pytest.approx(_gemm_tflops("gh200-96gb"))
 
 
 def test_a_lora_steps_mfu_counts_no_more_flops_than_it_executes(tiny_llama):

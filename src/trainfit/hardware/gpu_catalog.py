@@ -21,6 +21,7 @@ from trainfit.hardware.spec import (
 _A100 = _peaks(19.5, 156.0, 312.0, 312.0, 624.0)
 _H100_SXM = _peaks(67.0, 494.7, 989.4, 989.4, 1978.9)
 _RTX3080 = _peaks(29.8, 29.8, 59.5, 59.5, 238.0)
+_V100_PCIE = _peaks(14.0, None, 112.0, None, 56.0)
 _A100_SRC = (
     "NVIDIA A100 datasheet: FP32 19.5, TF32 156, BF16/FP16 312, INT8 624 TOPS dense; "
     "1555 GB/s (40GB), 2039 GB/s (80GB SXM), 1935 GB/s (80GB PCIe); "
@@ -80,7 +81,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         aliases=("v100-pcie", "v100-pcie-16gb", "v100-pcie-16g"),
         memory_bytes=16_945_512_448,
         memory_source="as the SXM2 16GB (16160 MiB: the same HBM2 stacks)",
-        peak_tflops=_peaks(14.0, None, 112.0, None, 56.0),
+        peak_tflops=_V100_PCIE,
         memory_bandwidth_gbs=900.0, bf16_supported=False, compute_capability="7.0",
         sm_count=80, cuda_context_bytes=_ctx(80, 2048),
         interconnect="pcie3x16", interconnect_gbs=PCIE3_X16_GBS,
@@ -92,7 +93,7 @@ _CATALOG: tuple[GpuSpec, ...] = (
         aliases=("v100-pcie-32gb", "v100-pcie-32g"),
         memory_bytes=34_089_730_048,
         memory_source="as the SXM2 32GB (32510 MiB)",
-        peak_tflops=_peaks(14.0, None, 112.0, None, 56.0),
+        peak_tflops=_V100_PCIE,
         memory_bandwidth_gbs=900.0, bf16_supported=False, compute_capability="7.0",
         sm_count=80, cuda_context_bytes=_ctx(80, 2048),
         interconnect="pcie3x16", interconnect_gbs=PCIE3_X16_GBS,

@@ -166,17 +166,18 @@ def _dtype_name(dt: torch.dtype) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dt, "other")
 
 
+def _gemm_operands(name: str, args: tuple[Any, ...]) -> tuple[Any, Any]:
+    """The two matrices a GEMM op multiplies: ``addmm``/``baddbmm`` (and their in-place forms)
+    take the added term first."""
+    return (args[1], args[2]) if name.rstrip("_") in ("addmm", "baddbmm") else (args[0], args[1])
+
+
 def _gemm_shape(name: str, args: tuple[Any, ...]) -> tuple[int, int, int, int] | None:
     """(batch, M, N, K) of a GEMM op."""
-    name = name.rstrip("_")
-    if name == "mm":
-        a, b = args[0], args[1]
+    a, b = _gemm_operands(name, args)
+    if name.rstrip("_") in ("mm", "addmm"):
         return 1, a.shape[0], b.shape[1], a.shape[1]
-    if name == "addmm":
-        a, b = args[1], args[2]
-        return 1, a.shape[0], b.shape[1], a.shape[1]
-    if name in ("bmm", "baddbmm"):
-        a, b = (args[0], args[1]) if name == "bmm" else (args[1], args[2])
+    if name.rstrip("_") in ("bmm", "baddbmm"):
         return a.shape[0], a.shape[1], b.shape[2], a.shape[2]
     return None
 
@@ -213,9 +214,7 @@ def _rows_aligned(t: torch.Tensor) -> bool:
 def gemm_aligned(name: str, args: tuple[Any, ...], out: Any) -> bool:
     """A 16-bit GEMM's operands and result all have 16-byte aligned rows (other dtypes: True,
     their kernels do not use the 16-byte tensor-core loads this is about)."""
-    first, second = (args[1], args[2]) if name.rstrip("_") in ("addmm", "baddbmm") \
-        else (args[0], args[1])
-    mats = [t for t in (first, second, out) if isinstance(t, torch.Tensor)]
+    mats = [t for t in (*_gemm_operands(name, args), out) if isinstance(t, torch.Tensor)]
     if not mats or mats[0].dtype not in (torch.float16, torch.bfloat16):
         return True
     try:
@@ -402,13 +401,12 @@ class OpRecorder:
         if gemm and not flops and shape is not None:
             # 2·M·N·K where flop_registry has no entry (the in-place ``addmm_``) or raises
             # (``addmm(out_dtype=float32)``, trl's fp32 accumulation: its registry entry takes
-            # no ``out_dtype``): counted 0 before, an audit found MFU lowered 9 % by it
+            # no ``out_dtype``): counted 0 before (a review: a full fine-tune's MFU 9 % low)
             flops = 2.0 * math.prod(shape)
         nbytes = float(sum(t.numel() * t.element_size() for t in ins + outs)) if kernel else 0.0
         # a GEMM runs at its operands' rate (an fp32 accumulator of 16-bit products is not an
         # fp32 GEMM); any other op at its first floating tensor's
-        floating = [t for t in ((args[1:3] if name.rstrip("_") in ("addmm", "baddbmm")
-                                 else args[:2]) if gemm else ins + outs)
+        floating = [t for t in (_gemm_operands(name, args) if gemm else ins + outs)
                     if isinstance(t, torch.Tensor) and t.is_floating_point()] \
             or [t for t in ins + outs if t.is_floating_point()]
         dtype = _dtype_name(floating[0].dtype) if floating else "other"

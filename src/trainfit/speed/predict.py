@@ -304,7 +304,8 @@ def speed_from_times(dev: DeviceSpeed, times: PhaseTimes, dtype_peak: float | No
     # with LoRA, 4·N_frozen counts an input gradient autograd skips (a frozen matmul whose input
     # needs none: the first layer's projections of the embedding): the FLOPs the step executes
     # bound the model's, so MFU ≤ HFU (an audit: MFU 0.770 against HFU 0.761 on a Falcon-7B
-    # LoRA row). Full fine-tuning executes 6N + attention exactly: unchanged there
+    # LoRA row). Full fine-tuning executes at least 6N + attention (the backward's attention
+    # as its kernels run it, above PaLM's count): unchanged there
     executed_per_token = times.hw_flops / (micro_batch * seq_len)
     if 0 < executed_per_token < flops_per_token:
         flops_per_token = executed_per_token
