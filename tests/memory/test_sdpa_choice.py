@@ -85,3 +85,24 @@ def test_training_head_dims_the_fused_backwards_refuse(cc, head_dim, dropout, gr
     q, k = _qkv(head_dim, grad)
     target = AttentionTarget(device="cuda", compute_capability=cc)
     assert choose_sdpa_kernel(target, q, k, None, dropout, False, k) == kernel
+
+
+@pytest.mark.parametrize("qk_dim, v_dim, grad, kernel", [
+    (192, 128, True, "cudnn"),      # DeepSeek-V3's multi-head latent attention, training
+    (192, 128, False, "cudnn"),
+    (160, 128, True, "efficient"),  # cuDNN's backward refuses it, flash needs equal sizes
+    (160, 128, False, "cudnn"),
+    (128, 64, True, "cudnn"),       # both ≤ 128
+    (256, 128, True, "efficient"),  # (256, 256) only
+    (196, 128, False, "math"),  # q/k not a multiple of 8: no fused kernel takes it
+])
+def test_cudnn_takes_unequal_value_heads_on_the_h100(qk_dim, v_dim, grad, kernel):
+    """sdp_utils.cpp (torch main at 001f694a): check_cudnn_tensor_shapes asks q/k and v each a
+    multiple of 8 and ≤ 256 on sm90, not equal; check_cudnn_d256_bprop_head_dim trains (≤ 128,
+    ≤ 128), (192, 128) or (256, 256). Flash needs equal sizes; the memory-efficient kernel a
+    multiple of 8 for q/k."""
+    q = torch.empty(2, 8, 16, qk_dim, dtype=torch.bfloat16, device="meta", requires_grad=grad)
+    v = torch.empty(2, 8, 16, v_dim, dtype=torch.bfloat16, device="meta", requires_grad=grad)
+    target = AttentionTarget(device="cuda", compute_capability=(9, 0))
+    assert choose_sdpa_kernel(target, q, q.detach().requires_grad_(grad), None, 0.0, False,
+                              v) == kernel

@@ -96,9 +96,10 @@ def test_composites_without_a_cuda_autocast_kernel_keep_autocast_inside():
 
 
 def test_value_heads_narrower_than_the_query_rule_out_flash():
-    """Multi-head latent attention (DeepSeek-V3: q/k 192 wide, v 128): flash and cuDNN need
-    equal head sizes (sdp_utils.cpp check_head_dim_size_flash), the memory-efficient kernel
-    takes them; the simulated attention output then has v's width."""
+    """Multi-head latent attention (DeepSeek-V3: q/k 192 wide, v 128): flash needs equal head
+    sizes (sdp_utils.cpp check_head_dim_size_flash), the memory-efficient kernel takes them, and
+    so does cuDNN (check_cudnn_tensor_shapes: each a multiple of 8 within its limit) on an H100;
+    the simulated attention output then has v's width."""
     import torch
 
     a100 = AttentionTarget(device="cuda", compute_capability=(8, 0))
@@ -107,13 +108,14 @@ def test_value_heads_narrower_than_the_query_rule_out_flash():
     v = torch.empty(1, 4, 16, 16, dtype=torch.bfloat16)
     assert choose_sdpa_kernel(a100, q, q, None, 0.0, False) == "flash"
     assert choose_sdpa_kernel(a100, q, q, None, 0.0, False, v) == "efficient"
-    assert choose_sdpa_kernel(h100, q, q, None, 0.0, False, v) == "efficient"
+    assert choose_sdpa_kernel(h100, q, q, None, 0.0, False, v) == "cudnn"
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with FakeTensorMode() as fake, device_semantics(a100):
-        qf, vf = fake.from_tensor(q), fake.from_tensor(v)
-        out = torch.nn.functional.scaled_dot_product_attention(qf, qf, vf, is_causal=True)
-    assert out.shape[-1] == 16
+    for target in (a100, h100):
+        with FakeTensorMode() as fake, device_semantics(target):
+            qf, vf = fake.from_tensor(q), fake.from_tensor(v)
+            out = torch.nn.functional.scaled_dot_product_attention(qf, qf, vf, is_causal=True)
+        assert out.shape[-1] == 16
 
 
 class _Outputs(TorchDispatchMode):

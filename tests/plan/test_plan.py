@@ -264,12 +264,12 @@ def test_cli_current_flag_and_bad_current_in_a_file(tiny_config_json, tmp_path):
         (p, c) for p in ("fp32", "amp-bf16", "bf16-true") for c in ("off", "full")}
     assert all(c["micro_batch"] * c["grad_accum"] == 8 for c in d["configs"])
     assert d["speedup_vs_current"] >= 0.99
-    # simulated rows state the expandable allocator's reserve, extrapolated ones null
-    exact = [c for c in d["configs"] if c["how"] == "simulated"]
+    # simulated rows and ▲ ones state the expandable allocator's reserve, other rows null
+    exact = [c for c in d["configs"] if c["how"] == "simulated" or c["largest_fitting"]]
     assert exact and all(c["reserved_expandable_bytes"] >= c["peak_allocated_bytes"]
                          for c in exact)
     assert all(c["reserved_expandable_bytes"] is None for c in d["configs"]
-               if c["how"] != "simulated")
+               if c["how"] != "simulated" and not c["largest_fitting"])
     bad = tmp_path / "job.yaml"
     bad.write_text(f"model: {tiny_config_json}\nseq_len: 64\neffective_batch: 8\ngpu: a10g\n"
                    "current: 4\n")
@@ -407,3 +407,29 @@ def test_under_zero_bf16_true_is_amp_bf16_and_planned_once(tiny_llama):
     fsdp = plan(job.replace(sharding="fsdp"), tiny_llama, find_gpu("a100-80gb-sxm"), verify=False,
                 ladder=False)
     assert "bf16-true" in {r.job.precision for r in fsdp.rows}
+
+
+def test_a_largest_fitting_rows_expandable_reserve_is_its_full_size_simulations():
+    """An extrapolated ▲ row states the reserve with expandable segments, replayed from its
+    full-depth trace, as its full-size simulation does (an audit: only full-size rows had it)."""
+    from transformers import LlamaConfig
+
+    from trainfit.memory.predict import predict_memory
+    from trainfit.model.source import ModelSource
+
+    cfg = LlamaConfig(hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
+                      num_attention_heads=8, num_key_value_heads=8, vocab_size=32000,
+                      max_position_embeddings=512)
+    src = ModelSource("mid-llama", cfg, "causal-lm", "local")
+    gpu = find_gpu("generic-4gb")
+    res = plan(JobSpec(model="mid-llama", seq_len=256, precision="amp-bf16", grad_ckpt="off",
+                       method="full"), src, gpu, verify=False)
+    top = [r for r in res.rows if r.largest_fitting]
+    assert len(top) == 1 and top[0].how == "extrapolated" and top[0].job.micro_batch == 8
+    assert all(r.memory.reserved_expandable_bytes is None for r in res.rows
+               if not r.largest_fitting)
+    exact = predict_memory(top[0].job, src, gpu)
+    got = top[0].memory.reserved_expandable_bytes
+    assert got == pytest.approx(exact.reserved_expandable_bytes, rel=0.01)
+    # below the default allocator's reserve, never below the live bytes
+    assert top[0].memory.peak_allocated_bytes <= got <= top[0].memory.peak_reserved_bytes

@@ -21,14 +21,20 @@ def held_reserve(allocated: int, replay_reserved_bytes: int, tensor_peak_bytes: 
 
 
 def expandable_reserve(trace: Trace | Callable[[], Trace | None] | None, room: int | None,
-                       allocated: int, tensor_peak_bytes: int, reserved: int
-                       ) -> tuple[int | None, str]:
-    """(reserve, note) of the same step with expandable segments, for a plan made without them:
-    only for a fully simulated trace (an extrapolated row's is made on demand) on a card the live
-    bytes fit (past it, no allocator setting helps); the note where the saving is clear
-    (:func:`trainfit.memory.expandable.saving_note`).  The default replay's tensor peak is never
-    below this one's (it splits off every remainder), so the figure errs high, not low."""
-    if not isinstance(trace, tuple) or (room is not None and allocated > room):
+                       allocated: int, tensor_peak_bytes: int, reserved: int,
+                       make_trace: bool = False) -> tuple[int | None, str]:
+    """(reserve, note) of the same step with expandable segments, for a plan made without them,
+    on a card the live bytes fit (past it, no allocator setting helps); the note where the saving
+    is clear (:func:`trainfit.memory.expandable.saving_note`).  An extrapolated row's full-depth
+    trace is made on demand (a callable) and only with ``make_trace``: the plan asks it for its
+    ▲ rows, not for every row (a catalog-scale trace holds tens of thousands of events).  The
+    default replay's tensor peak is never below this one's (it splits off every remainder), so
+    the figure errs high, not low."""
+    if room is not None and allocated > room:
+        return None, ""
+    if callable(trace) and make_trace:
+        trace = trace()
+    if not isinstance(trace, tuple):
         return None, ""
     rep = replay(trace[0], trace[1], expandable=True)
     held = held_reserve(allocated, rep.peak_reserved_bytes, tensor_peak_bytes)

@@ -151,7 +151,8 @@ class MemoryPrediction:
     reserved_expandable_bytes: int | None = None
     """The step's reserve with ``expandable_segments:True`` for a job planned without it
     (:mod:`trainfit.memory.expandable`); None where not replayed (the job has it, an
-    extrapolated row, or the card's limit was reached: its note gives that allocator's verdict)."""
+    extrapolated row other than its group's ▲ one, or the card's limit was reached: its note
+    gives that allocator's verdict)."""
     host_offload_bytes: int = 0
     """Host RAM the job's CPU offload (``offload``: FSDP CPUOffload, ZeRO offload_optimizer /
     offload_param) holds per rank (:func:`host_offload_bytes`; FSDP's pinned shards in the
@@ -193,7 +194,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
            matmul_params: int = 0,
            host_activations: HostActivations | None = None,
            pinned_extra_bytes: int = 0, largest_trainable_numel: int = 0,
-           packed_4bit_params: int = 0) -> MemoryPrediction:
+           packed_4bit_params: int = 0, expandable_figure: bool = False) -> MemoryPrediction:
     """Turn simulated tensor bytes into the allocated / reserved / device peaks and the fit.
 
     ``tensor_peak_bytes`` is the one-process allocated peak (whole blocks), ``breakdown`` what was
@@ -204,8 +205,9 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     ``setup_events`` come before the step (the model's loading); ``host_activations``: what an
     activation offload holds in host RAM (None without one); ``pinned_extra_bytes``: what the
     power-of-two blocks of FSDP's pinned offloaded shards take beyond them
-    (:func:`trainfit.memory.host_offload.pinned_shards`).  Every breakdown
-    term is ≥ 0 and the terms other than ``managed`` sum to the allocated peak."""
+    (:func:`trainfit.memory.host_offload.pinned_shards`); ``expandable_figure``: the step's
+    reserve with expandable segments is replayed from a trace made on demand too (a plan's ▲
+    rows).  Every breakdown term is ≥ 0 and the terms other than ``managed`` sum to the allocated peak."""
 
     work = cublas_workspace_bytes(gpu)
     # Whole blocks the allocator hands out beyond the tensors' 512 B-rounded bytes (an unsplit
@@ -230,7 +232,8 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
                    reserved_floor_bytes)
     dev = _device_side(job, gpu, trace, allocated=allocated, tensor_peak_bytes=tensor_peak_bytes,
                        reserved=reserved, managed_bytes=managed_bytes,
-                       eager_module_loading=eager_module_loading)
+                       eager_module_loading=eager_module_loading,
+                       expandable_figure=expandable_figure)
     reserved, context, on_device = dev.reserved, dev.context, dev.on_device
     device = dev.resident + on_device
     notes = [*_peak_notes(how, work, context if gpu is not None else None,
@@ -301,7 +304,7 @@ class _DeviceSide:
 def _device_side(job: JobSpec, gpu: GpuSpec | None,
                  trace: Trace | Callable[[], Trace | None] | None, *, allocated: int,
                  tensor_peak_bytes: int, reserved: int, managed_bytes: int,
-                 eager_module_loading: bool) -> _DeviceSide:
+                 eager_module_loading: bool, expandable_figure: bool = False) -> _DeviceSide:
     context = (gpu.cuda_context_bytes if gpu else 0) + (
         EAGER_MODULE_LOADING_EXTRA_BYTES if eager_module_loading else 0)
     nccl, nccl_note = nccl_bytes(gpu, job.ranks)
@@ -311,7 +314,8 @@ def _device_side(job: JobSpec, gpu: GpuSpec | None,
         reserved, retries, limit_note = at_card_limit(
             trace, room, allocated, tensor_peak_bytes, reserved, job.expandable_segments)
     with_expandable, saving = (None, "") if job.expandable_segments or limit_note else \
-        expandable_reserve(trace, room, allocated, tensor_peak_bytes, reserved)
+        expandable_reserve(trace, room, allocated, tensor_peak_bytes, reserved,
+                           make_trace=expandable_figure)
     resident = reserved + context + nccl
     # paged optimizer states live in CUDA managed memory: resident while the card has room,
     # paged out to the host under pressure (bitsandbytes' paged optimizers exist for that), so

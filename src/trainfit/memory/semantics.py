@@ -209,10 +209,12 @@ def choose_sdpa_kernel(
 ) -> str:
     """Mirror of ``select_sdp_backend`` (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp).
     ``v``: the value heads, whose size may differ from the query's (multi-head latent attention:
-    DeepSeek-V3's 192-wide q/k against 128-wide v): flash (``check_head_dim_size_flash``) and
-    cuDNN need all three equal, the memory-efficient kernel only q and k."""
+    DeepSeek-V3's 192-wide q/k against 128-wide v): flash (``check_head_dim_size_flash``) needs
+    all three equal, the memory-efficient kernel only q and k, cuDNN each a multiple of 8 within
+    its limits (``check_cudnn_tensor_shapes``, ``check_cudnn_d256_bprop_head_dim``)."""
     head_dim = q.shape[-1]
-    same_v = v is None or v.shape[-1] == head_dim
+    v_dim = head_dim if v is None else v.shape[-1]
+    same_v = v_dim == head_dim
     # check_batch_size_and_num_heads_dense (sdp_utils_cpp.h): the fused kernels need as many key
     # and value heads as query heads, or enable_gqa with a divisor (flash, cuDNN, the CPU flash
     # kernel; the memory-efficient kernel takes no GQA). Falcon's multi-query attention passes
@@ -237,19 +239,22 @@ def choose_sdpa_kernel(
         getattr(t, "requires_grad", False) for t in (q, k, v) if t is not None)
     # measured on an H100 (benchmarks/results/gpu_sdpa_choice.json): 16-bit inputs of head_dim
     # 64-256, with grouped-query heads, boolean or float masks and dropout; not a float mask
-    # that needs a gradient (memory-efficient) nor fp32 inputs. With a backward to run,
-    # check_cudnn_d256_bprop_head_dim leaves cuDNN only head_dim ≤ 128 or 256 (a head_dim of
-    # 160 or 192 falls to flash). Which torch: that rule is torch main's (sdp_utils.cpp as
+    # that needs a gradient (memory-efficient) nor fp32 inputs. check_cudnn_tensor_shapes: q/k
+    # and v each ≤ 256 and a multiple of 8, not necessarily equal. With a backward to run,
+    # check_cudnn_d256_bprop_head_dim leaves cuDNN (q/k, v) both ≤ 128, (192, 128) —
+    # DeepSeek-V3's multi-head latent attention — or (256, 256): a head_dim of 160 or 192 with
+    # v as wide falls to flash. Which torch: those rules are torch main's (sdp_utils.cpp as
     # stored at 001f694a, read 2026-12-05), with a cuDNN that takes head_dim 256; the record is
     # torch 2.11's, whose older rule let cuDNN train at 129-255 too, and whose cuDNN took a
     # dropout of 0.1 (main asks a multiple of 1/16, check_cudnn_dropout: not mirrored, the
     # record wins). Where the two disagree the kernel is cuDNN or flash, which trainfit times
     # and holds alike (speed/roofline.py ATTENTION_EFFICIENCY; both keep O(T) statistics)
+    cudnn_bwd_ok = not grad or (head_dim <= 128 and v_dim <= 128) or (
+        head_dim, v_dim) in ((192, 128), (256, 256))
     cudnn_ok = (
-        target.prefer == "sdpa" and CUDNN_SDPA_CC[0] <= cc < CUDNN_SDPA_CC[1] and low and same_v
-        and head_dim % 8 == 0 and head_dim <= 256 and heads_ok
-        and (mask is None or not getattr(mask, "requires_grad", False))
-        and (not grad or head_dim <= 128 or head_dim == 256)
+        target.prefer == "sdpa" and CUDNN_SDPA_CC[0] <= cc < CUDNN_SDPA_CC[1] and low
+        and head_dim % 8 == 0 and v_dim % 8 == 0 and max(head_dim, v_dim) <= 256 and heads_ok
+        and (mask is None or not getattr(mask, "requires_grad", False)) and cudnn_bwd_ok
     )
     if cudnn_ok:
         return "cudnn"

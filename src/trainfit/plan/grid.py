@@ -172,7 +172,8 @@ class _Grid:
 
         done: dict[int, MemoryPrediction] = {}
 
-        def predict(micro: int) -> tuple[JobSpec, MemoryPrediction]:
+        def predict(micro: int, expandable_figure: bool = False
+                    ) -> tuple[JobSpec, MemoryPrediction]:
             cj = _config_job(job, precision, ckpt, micro)
             accumulating = (cj.grad_accum or 1) > 1
             p = model.predict(micro, accumulating=accumulating)
@@ -201,7 +202,8 @@ class _Grid:
                              p.sim.info.get("pinned_shards")) for p in model.points], micro),
                          # the embedding or head, or a layer's: the same at every depth
                          largest_trainable_numel=max(p.sim.info.get("largest_trainable_numel", 0)
-                                                     for p in model.points))
+                                                     for p in model.points),
+                         expandable_figure=expandable_figure)
             done[micro] = mem
             return cj, mem
 
@@ -212,13 +214,20 @@ class _Grid:
                     largest = micro
                 else:
                     break
+        if largest is not None:
+            # the ▲ row, which the user reads as the group's answer, states the reserve with
+            # expandable segments as a full-size row does (an audit: ▲ rows showed a reserve
+            # far above allocated with no word on the setting that lowers it); one full-depth
+            # trace per group, not one per row
+            predict(largest, expandable_figure=True)
         shown = [m for m in self.micro_all if m & (m - 1) == 0]
         if largest is not None and largest not in shown:
             shown.append(largest)
         dev = DeviceSpeed.from_gpu(gpu) if gpu is not None else None
         rows = []
         for micro in sorted(shown):
-            cj, mem = predict(micro)
+            cj, mem = (_config_job(job, precision, ckpt, micro), done[micro]) \
+                if micro in done else predict(micro)
             speed = None if dev is None else synced(model.speed(
                 dev, cj, _flops_per_token(source, mem, cj)), cj, mem, gpu)
             rows.append(PlanRow(cj, mem, "extrapolated", speed, largest_fitting=micro == largest))

@@ -98,3 +98,39 @@ def mark_shown(rows: list[Any]) -> None:
         shown |= _group_shown(idx, rows, varying)
     for i, r in enumerate(rows):
         r.shown = i in shown or r.recommended or r.largest_fitting
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionInversion:
+    """The smallest configuration at which bf16-true's predicted allocated peak exceeds
+    amp-bf16's at the same knobs (everything else equal): its 2-byte weights and optimizer states
+    are outgrown by what its step saves for the backward."""
+
+    grad_ckpt: str | None
+    micro_batch: int
+    grad_accum: int | None
+    bf16_true_bytes: int
+    amp_bf16_bytes: int
+
+
+def precision_inversion(rows: list[Any]) -> PrecisionInversion | None:
+    """Where bf16-true needs more than amp-bf16 (an audit: on a Mamba-2 hybrid, bf16-true at
+    micro-batch 16 allocated 154.85 GiB against amp-bf16's 131.96, with no word why) — None
+    where it never does."""
+    amp = {_knobs(r): r for r in rows if r.job.precision == "amp-bf16"}
+    found = [(r, amp[_knobs(r)]) for r in rows if r.job.precision == "bf16-true"
+             and _knobs(r) in amp
+             and r.memory.peak_allocated_bytes > amp[_knobs(r)].memory.peak_allocated_bytes]
+    if not found:
+        return None
+    r, a = min(found, key=lambda p: (p[0].job.micro_batch or 0, str(p[0].job.grad_ckpt)))
+    return PrecisionInversion(grad_ckpt=r.job.grad_ckpt, micro_batch=r.job.micro_batch,
+                              grad_accum=r.job.grad_accum,
+                              bf16_true_bytes=r.memory.peak_allocated_bytes,
+                              amp_bf16_bytes=a.memory.peak_allocated_bytes)
+
+
+def _knobs(row: Any) -> tuple[Any, ...]:
+    """Every field that shapes the step but the precision."""
+    values = (getattr(row.job, k) for k in _STEP_KEY if k != "precision")
+    return tuple(tuple(v) if isinstance(v, list) else v for v in values)  # lora_targets

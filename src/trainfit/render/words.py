@@ -11,6 +11,7 @@ from typing import Any
 
 from trainfit.job.choices import ENGINE_OFFLOADS
 from trainfit.plan.result import PlanResult, smallest_row
+from trainfit.plan.rows import precision_inversion
 from trainfit.render.plan_words import numerics_words
 from trainfit.speed.bands import SpeedBand
 
@@ -82,6 +83,9 @@ def plan_notes(result: PlanResult) -> list[str]:
         notes.append("bf16-true not planned: DeepSpeed's bf16 mode keeps an fp32 master "
                      "partition of the weights whether asked as amp-bf16 or bf16-true, so its rows "
                      "are amp-bf16's")
+    inversion = inversion_note(result)
+    if inversion:
+        notes.append(inversion)
     if result.speed_band is not None and any(r.speed is not None and r.speed.tokens_per_s
                                              for r in result.rows):
         # how close such speeds came to published ones: said only where a row has one
@@ -102,6 +106,30 @@ def plan_notes(result: PlanResult) -> list[str]:
         if busy:
             notes.append(busy_note(len(busy), max(busy)))
     return notes
+
+
+def inversion_note(result: PlanResult) -> str | None:
+    """Why bf16-true can need more memory than amp-bf16 (:func:`trainfit.plan.rows.
+    precision_inversion`): on a Mamba-2 hybrid's PyTorch fallback, measured on its saved tensors
+    (Granite-4.0-H, 2 layers, 2 × 512 tokens), the scan's matmuls take ``.float()`` copies —
+    autocast casts them back to bf16 and saves 2-byte operands, bf16-true runs them in fp32 and
+    saves 4-byte ones — and its gated RMSNorm's ``.to(float32)`` copies are new tensors under
+    bf16-true but the fp32 residual stream itself under autocast."""
+    inv = precision_inversion(result.rows)
+    if inv is None:
+        return None
+    head = (f"bf16-true needs more memory than amp-bf16 from micro-batch {inv.micro_batch} "
+            f"(checkpointing {inv.grad_ckpt}: {inv.bf16_true_bytes / GIB:.2f} against "
+            f"{inv.amp_bf16_bytes / GIB:.2f} GiB allocated, predicted)")
+    how = ("autocast runs the matmuls on those copies in bf16 and keeps 2-byte operands for the "
+           "backward, bf16-true runs them in fp32 and keeps 4-byte ones, which outgrows its "
+           "savings on weights and optimizer states as the micro-batch grows")
+    if "PyTorch fallbacks" in result.model_note:
+        # the mechanism measured on the fallback (this function's docstring)
+        return (f"{head}: transformers' PyTorch fallbacks for this model's fused kernels (see "
+                f"the model note) compute its scan in fp32 (.float() copies); {how}")
+    return (f"{head}: the simulated step keeps more for the backward under bf16-true; where a "
+            f"model's code computes in fp32 (.float() copies) {how}")
 
 
 def experts_note(experts: int, total: int, sharded: bool, if_stored: bool = False) -> str:
