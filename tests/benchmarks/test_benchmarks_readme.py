@@ -146,3 +146,21 @@ def test_missing_and_synthetic_results(mr: ModuleType, tmp_path: Path) -> None:
             "6%, 0% | 28, 210 |") in light
     assert "| 149 |" not in light and "Lightning figures measured 2026-01-01 by x." in light
     assert "synthetic-m 6 vs 28" in light
+
+
+def test_the_committed_seed_plans_keep_plans_invariants():
+    """The committed example plans (benchmarks/seed_plans.py) obey what plan guarantees today:
+    MFU ≤ HFU ≤ 1, allocated ≤ reserved ≤ device, ▲ only on a fitting row (an audit: a file
+    written before MFU ≤ HFU held four rows with MFU above HFU)."""
+    results = Path(__file__).resolve().parents[2] / "examples" / "results"
+    files = sorted(results.glob("seed*.json"))
+    assert len(files) == 5
+    for f in files:
+        for c in json.loads(f.read_text())["configs"]:
+            where = f"{f.name} {c['precision']} {c['grad_ckpt']} {c['micro_batch']}"
+            if c["mfu"] is not None:
+                assert 0 < c["mfu"] <= c["hfu"] <= 1, where
+            assert c["peak_allocated_bytes"] <= c["peak_reserved_bytes"], where
+            if c["peak_device_bytes"] is not None:
+                assert c["peak_reserved_bytes"] <= c["peak_device_bytes"], where
+            assert not c["largest_fitting"] or c["fits"], where

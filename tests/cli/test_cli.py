@@ -392,7 +392,7 @@ def test_tune_with_nothing_that_fits_says_so_on_its_own_line(monkeypatch, tmp_pa
 
     import trainfit.cli.tune as tune_cli
 
-    monkeypatch.setattr(tune_cli, "_search", lambda job, opts, as_json: types.SimpleNamespace(
+    monkeypatch.setattr(tune_cli, "_search", lambda job, opts, **kw: types.SimpleNamespace(
         pick=None))
     monkeypatch.setattr(tune_cli, "_report", lambda *a, **k: None)
     data = Path(__file__).resolve().parents[2] / "examples" / "data" / "tiny_text.jsonl"

@@ -55,8 +55,8 @@ def test_sync_bound_script_is_named(tmp_path, monkeypatch):
     assert d["kind"] == "doctor" and d["after"] is None and d["applied"] == []
     top = d["findings"][0]
     assert top["bottleneck"] == "sync-bound"
-    # one measured window: one 'before' round, which named it (an audit found [] here)
-    assert d["round_bottlenecks"] == ["sync-bound"]
+    # one measured window of 4 steps: each half named it (an audit found [] here)
+    assert d["round_bottlenecks"] == ["sync-bound", "sync-bound"] and d["verdict_stable"]
     # 2 micro-steps × (2 × 16·63 token values + 1 loss) sync points in the loop; every one is
     # counted, the loop/model split of the untimed ones is estimated (AdamW's own 3 .item() calls)
     assert abs(top["evidence"]["sync_calls_per_step"] - 2 * (2 * 16 * 63 + 1)) <= 3
@@ -308,3 +308,57 @@ def test_a_scripts_mfu_counts_a_frozen_base_and_its_own_threads(monkeypatch):
     assert asked == [1]
     assert obs.mfu == pytest.approx((4e6 + 2e4) * 1000 / 1.0 / 1e10)
     assert find(obs)[0].evidence["peak_flop_per_s"] == 1e10
+
+
+def _foreign(records, others_cores: float | None):
+    from trainfit.doctor.inject import ForeignRun
+    from trainfit.doctor.watch import HostSummary
+
+    host = HostSummary(wall_s=10.0, swap_in_bytes_per_s=0.0, swap_out_bytes_per_s=0.0,
+                       swap_used_bytes=0, min_available_bytes=2**30, ram_total_bytes=2**34,
+                       peak_rss_bytes=2**29, gpu_util_percent=None, cpu_percent=90.0,
+                       sampler_cpu_s=0.0, others_cores=others_cores, cpus=2)
+    return ForeignRun(command=["python", "t.py"], exit_code=None, stopped_by_doctor=True,
+                      records=records, host=host,
+                      summary={"params": 1_000_000, "trainable_params": 1_000_000,
+                               "torch_threads": 2, "optimizer": {"name": "AdamW", "fused": False},
+                               "profile": {"matmul_time_fraction": 0.5}})
+
+
+def test_a_commands_verdict_must_hold_across_the_halves_of_its_window(monkeypatch):
+    """One measured window: its halves are the repeat. A loop input-bound in one half and
+    optimizer-heavy in the other (beside busy neighbours) is undecided, with no gain, and the
+    busy host is said (an audit: such a run named slow-optimizer, +68 %, with no word)."""
+    from rich.console import Console
+
+    from trainfit.doctor import command
+    from trainfit.doctor.split import StepRecord
+    from trainfit.render.doctor import findings_block
+
+    def rec(data: float, opt: float) -> StepRecord:
+        return StepRecord(phases_s={"data_wait": data, "forward": 0.01, "backward": 0.01,
+                                    "optimizer": opt}, step_time_s=data + opt + 0.02,
+                          counters={"tokens": 1000.0, "micro_steps": 1.0})
+
+    calm = [rec(0.06, 0.002)] * 2 + [rec(0.001, 0.12)] * 2  # input-bound, then slow-optimizer
+    monkeypatch.setattr(command, "run_foreign", lambda cmd, **kw: _foreign(calm, 1.6))
+    res = command.doctor_command(["python", "t.py"], steps=4)
+    assert res.round_bottlenecks == ["input-bound", "slow-optimizer"]
+    assert res.verdict_stable is False
+    assert res.findings[0].gain_fraction is None and "undecided" in res.findings[0].detail
+    assert any("did not hold across the 2 halves of the measured window" in n for n in res.notes)
+    busy = [n for n in res.notes if n.startswith("the host was busy")]
+    assert len(busy) == 1 and "up to 1.6 of 2 CPU cores during the run" in busy[0]
+    assert "torch ran 2 threads" in busy[0]
+    # the same loop, steady and on a quiet host: one verdict, its gain an upper bound, no note
+    steady = [rec(0.06, 0.002)] * 4
+    monkeypatch.setattr(command, "run_foreign", lambda cmd, **kw: _foreign(steady, 0.05))
+    res = command.doctor_command(["python", "t.py"], steps=4)
+    assert res.round_bottlenecks == ["input-bound", "input-bound"] and res.verdict_stable
+    top = res.findings[0]
+    assert top.gain_fraction == pytest.approx(1 / (1 - 0.06 / 0.082) - 1, rel=1e-3)
+    assert top.gain_upper_bound and top.to_dict()["gain_upper_bound"] is True
+    assert not any(n.startswith("the host was busy") for n in res.notes)
+    con = Console(width=200, record=True)
+    con.print(findings_block(res.findings, "findings"))
+    assert f"predicted gain at most {top.gain_fraction:+.0%} tokens/s" in con.export_text()

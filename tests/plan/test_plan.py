@@ -154,12 +154,28 @@ def test_ladder_when_nothing_fits():
     assert d["ladder"][-1]["fits"] is True and "alters_learning" in d["ladder"][0]
 
 
-def test_dataset_time_and_epochs_error(tiny_llama):
+def test_dataset_time_and_epochs_error(tiny_llama, monkeypatch):
     job = JobSpec(model="tiny-llama", seq_len=128, micro_batch=2, grad_accum=2, precision="amp-bf16",
                   grad_ckpt="off")
     res = plan(job, tiny_llama, find_gpu("a100-80gb"), dataset_tokens=1_000_000, epochs=2)
     c = res.to_dict()["configs"][0]
     assert c["time_for_dataset_s"] == pytest.approx(2_000_000 / c["tokens_per_s"])
+    # said in a unit it does not round to nothing (an audit: 17 s printed "0.00 h")
+    import io
+
+    from rich.console import Console
+
+    import trainfit.render.plan as render
+    from trainfit.monitor.progress import duration_words
+
+    buf = io.StringIO()
+    monkeypatch.setattr(render, "_console", lambda: Console(file=buf, width=400))
+    render.render_plan(res)
+    printed = buf.getvalue()
+    pick = res.rows[res.recommended_index]
+    t = res.time_for_dataset_s({"tokens_per_s": pick.speed.tokens_per_s})
+    assert t < 3600 and f"tokens: {duration_words(t)} (predicted)" in printed
+    assert "0.00 h" not in printed
     with pytest.raises(JobError, match="needs the dataset size"):
         plan(job, tiny_llama, find_gpu("a100-80gb"), epochs=2)
 

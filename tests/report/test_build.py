@@ -177,6 +177,12 @@ def test_doctors_verdict_and_a_measured_gain_are_said(tmp_path):
     p.write_text(json.dumps(doc))
     (d,) = build_report(load_inputs([str(p)])).doctors
     assert doctor_texts(d)[2].rows[0][1].endswith("is an upper bound")
+    # a predicted gain that assumes the whole cost goes is shown as the bound it is
+    doc["findings"][0].update(gain_measured=False, gain_upper_bound=True, gain_fraction=2.655)
+    doc["findings"][0]["evidence"].pop("probe_measured_gain_fraction")
+    p.write_text(json.dumps(doc))
+    (d,) = build_report(load_inputs([str(p)])).doctors
+    assert doctor_texts(d)[2].rows[0][4] == "≤ 265.5 (predicted upper bound)"
     # a file from before the verdict was written: said unknown, never implied
     (old,) = build_report(load_inputs([str(FIXTURES / "doctor.json")])).doctors
     assert "doctor's verdict: unknown" in " ".join(doctor_texts(old)[1].notes)
@@ -320,6 +326,17 @@ def test_time_per_epoch_counts_the_positions_tokens_per_s_counts(tmp_path):
     assert r16.epoch_measured_s == pytest.approx(80_000 * 320 / 34500)
     assert sec.table.dataset_tokens == 25_600_000
     assert "8,000,000 of them not padding" in sec.table.dataset_tokens_source
+    # a script's tune counts its batches' non-padding tokens: its epoch is those at that rate
+    # (an audit: positions over it made an epoch 4.5 % too long)
+    tune["step_source"] = "script"
+    p.write_text(json.dumps(tune))
+    (sec,) = build_report(load_inputs([str(p)])).sections
+    (r16,) = [r for r in sec.table.rows
+              if r.setting == "amp-bf16, checkpointing off" and r.micro_batch == 16]
+    assert r16.epoch_measured_s == pytest.approx(8_000_000 / 34500)
+    assert sec.table.dataset_tokens == 8_000_000
+    assert "non-padding tokens, as a script's tokens/s counts them" in \
+        sec.table.dataset_tokens_source
 
 
 def test_a_gpu_plan_and_a_cpu_tune_are_shown_apart(tmp_path):

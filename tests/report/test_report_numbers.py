@@ -57,6 +57,37 @@ def test_a_plan_without_a_gpu_and_a_cpu_tune_are_shown_apart(tmp_path):
     assert not any("named no GPU" in n for n in seed_text(r.sections[1].table).notes)
 
 
+def test_a_plan_without_a_gpu_keeps_its_predicted_reserve_on_the_page(tmp_path):
+    """An audit: with no GPU named the report's pick and micro-batch tables said only "peak
+    device, predicted: unknown" — no predicted memory anywhere — and the memory chart's caption
+    called its bars the device peak. The predicted reserve is shown beside, said as such."""
+    import json
+
+    from report_paths import SEED002
+
+    from trainfit.report.build import build_report
+    from trainfit.report.figures import render_figures
+    from trainfit.report.load import load_inputs
+    from trainfit.report.tables import picks_text, seed_text
+
+    plan = json.loads(SEED002.read_text())
+    plan["gpu"], plan["gpu_memory_bytes"] = None, None
+    for c in plan["configs"]:
+        c["peak_device_bytes"] = c["peak_device_upper_bytes"] = c["fits"] = None
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    (sec,) = build_report(load_inputs([str(tmp_path / "plan.json")])).sections
+    table = seed_text(sec.table)
+    assert table.group_of()[5] == "peak reserved (GiB)" and table.columns[5] == "predicted"
+    want = {f"{c['peak_reserved_bytes'] / 2**30:.2f}" for c in plan["configs"]}
+    assert all(row[3] == "unknown" for row in table.rows)
+    assert {row[5] for row in table.rows} <= want and len({row[5] for row in table.rows}) > 3
+    picks = picks_text(sec.picks)
+    assert "peak reserved (GiB)" in picks.group_of() and picks.rows[0][5] != "unknown"
+    (mem,) = [f for f in render_figures(build_report(load_inputs([str(tmp_path / "plan.json")])))
+              if f.name.endswith("-memory")]
+    assert "predicted reserved peak split into its parts" in mem.caption
+
+
 def test_a_change_tune_could_not_decide_is_marked_not_read_as_faster(tmp_path):
     """An audit: the micro-batch table showed the undecided eager variant at 1.66× beside the
     pick's 1.63×, unmarked — read as the better choice. Its row now says so."""

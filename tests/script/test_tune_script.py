@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from script_seeds import text_rows, write_jsonl
 from typer.testing import CliRunner
@@ -72,6 +73,35 @@ def test_tune_on_the_script_equals_tune_of_the_job_file(seed000, tmp_path):
     # --grad-ckpt off, so the change says to switch it off there (QA: a flag that set a knob was
     # said as 'no change', the script left as it was)
     assert got["change_lines"] == ["TrainingArguments: gradient_checkpointing=False"]
+    # measured and predicted tokens/s count the same tokens: the script's per step, over each
+    # one's step time (an audit: non-padding measured beside positions predicted)
+    timed = [p for p in t["probes"] if p["status"] == "ok" and p["measured"]["tokens_per_s"]]
+    per_step = {round(p["measured"]["tokens_per_s"] * p["measured"]["step_time_s"]) for p in timed}
+    assert len(per_step) == 1
+    (tokens,) = per_step
+    for p in timed:
+        pr = p["predicted"]
+        assert pr["tokens_per_s"] * pr["step_time_s"] == pytest.approx(tokens, rel=1e-3)
+
+
+def test_a_scripts_predicted_tokens_per_s_counts_what_its_probes_count():
+    """The predictor counts positions at the longest sample; the probes the script's non-padding
+    tokens: each prediction is put in the probes' count (the same factor for every probe), and a
+    prediction the predictor caches for two probes is not changed twice."""
+    from types import SimpleNamespace
+
+    from trainfit.script.tune import predicted_as_measured
+    from trainfit.tune.trial import Predicted
+
+    shared = Predicted(step_time_s=0.5, tokens_per_s=4096.0)  # 2,048 positions a step
+    measured = [SimpleNamespace(tokens_per_s=1933.0 / 0.6, step_time_s=0.6),
+                SimpleNamespace(tokens_per_s=1933.0 / 0.4, step_time_s=0.4), None]
+    trials = [SimpleNamespace(result=SimpleNamespace(measured=m), predicted=p) for m, p in
+              zip(measured, [shared, shared, Predicted(step_time_s=0.25, tokens_per_s=8192.0)],
+                  strict=True)]
+    predicted_as_measured(trials)
+    assert [t.predicted.tokens_per_s for t in trials] == pytest.approx([3866.0, 3866.0, 7732.0])
+    assert shared.tokens_per_s == 4096.0  # the cached object is left as it was
 
 
 def _trainer(tmp_path, model_dir):

@@ -101,7 +101,9 @@ def test_tune_cli_end_to_end(tmp_path, micro_model_json, chat_jsonl):
                               "--memory-limit", f"{limit}B", "--knobs", "optimizer_impl",
                               "--out", str(out), "--json"])
     assert res.exit_code == 0, res.output
-    d = json.loads(res.output)
+    d = json.loads(res.stdout)
+    # with --json the progress still goes to stderr, a line per probe (an audit: silent minutes)
+    assert res.stderr.count("tune: probing ") >= len(d["probes"]) - 1
     assert d["kind"] == "tune"
     pick = d["pick"]
     # the largest that fits is 2; it replaces the current 1 only when interleaved rounds

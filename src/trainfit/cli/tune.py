@@ -151,18 +151,20 @@ def _tune_script(args: list[str], job_flags: dict[str, Any], *, out: str | None,
                     timeout_s=timeout_s, as_json=as_json)
 
 
-def _search(job: Any, opts: Any, as_json: bool) -> Any:
-    """Run the search, with a status line on stderr unless the output is JSON."""
+def _search(job: Any, opts: Any, quiet: bool, as_json: bool = False) -> Any:
+    """Run the search, with a status line on stderr unless ``quiet`` (the JSON result goes to
+    stderr: --json with --emit). With --json alone, one line per probe on stderr, as plan's
+    progress (an audit: tune --json said nothing for 3.5 minutes)."""
     from trainfit.tune.tuner import tune
 
-    if as_json:
+    if quiet:
         return tune(job, opts)
     import sys
     import time
 
     if os.environ.get("RANK", "0") != "0":
         return tune(job, opts)  # under torchrun rank 0 says the progress
-    if not sys.stderr.isatty():
+    if as_json or not sys.stderr.isatty():
         # piped (a log, CI): rich's status line draws nothing there; one line per probe
         t0 = time.monotonic()
 
@@ -264,7 +266,7 @@ def register(app: typer.Typer) -> None:
                             fixed=fixed, run_steps=run_steps, isolate=isolate)
             if out is not None:
                 check_writable(out)  # before the search: its end must not be a write error
-            result = _search(job, opts, as_json)
+            result = _search(job, opts, quiet=as_json and emit is not None, as_json=as_json)
         except JobError as err:
             fail(err, as_json=as_json)
             return

@@ -3,6 +3,7 @@ window of steps, its step split and findings (the fixes printed: the script is t
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 
@@ -21,6 +22,12 @@ from trainfit.doctor.split import (
     median_counter,
     median_split,
 )
+from trainfit.doctor.verdict import held_across_rounds
+from trainfit.doctor.watch import busy_note
+
+MIN_HALF_STEPS = 2
+"""Steps in each half of a measured window judged apart (:func:`_halves`); a window of fewer
+than twice as many is one round."""
 
 FUSABLE = ("Adam", "AdamW", "SGD", "Adagrad")
 """torch.optim classes with a ``fused=True`` implementation: another optimizer's "unfused" has no
@@ -88,8 +95,11 @@ def doctor_command(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bo
     """Run someone else's training command under the doctor for a window of steps."""
     check_steps(steps)
     run = run_foreign(cmd, steps=steps, warmup=warmup, stop=stop, timeout_s=timeout_s, extra_env=extra_env)
-    obs, split = foreign_observation(run, op_overhead_s())
-    findings = find(obs)
+    op_s = op_overhead_s()
+    obs, split = foreign_observation(run, op_s)
+    notes = list(run.notes)
+    halves = _halves(run, op_s)
+    findings = held_across_rounds(find(obs), halves, notes, "halves of the measured window")
     overhead = _command_overhead(run)
     tokens = obs.tokens_per_step
     before = Metrics(step_time_s=split.step_time_s,
@@ -97,7 +107,10 @@ def doctor_command(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bo
                      data_wait_fraction=input_fraction(split),
                      gpu_util_percent=run.host.gpu_util_percent,
                      step_time_spread_s=split.step_time_spread_s)
-    notes = list(run.notes)
+    if obs.device == "cpu":
+        busy = busy_note([run.host], run.summary.get("torch_threads"), "run")
+        if busy:
+            notes.append(busy)
     if run.stopped_by_doctor:
         notes.append(f"the command was stopped after the measured window ({warmup} warm-up + "
                      f"{len(run.records)} measured + 1 profiled steps)")
@@ -112,6 +125,21 @@ def doctor_command(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bo
     return DoctorResult(target=run.target, kind="command", device=obs.device, steps_measured=len(run.records),
                         split=split, findings=findings, before=before, after=None, applied=[],
                         overhead_fraction=overhead, notes=notes,
-                        # one measured window, one 'before' round: what it named, as the job
-                        # form lists each round's (an audit found [] beside a named bottleneck)
-                        round_bottlenecks=[findings[0].bottleneck if findings else "none"])
+                        # the window's halves, as the job form lists each round's (an audit
+                        # found [] beside a named bottleneck)
+                        round_bottlenecks=halves)
+
+
+def _halves(run: ForeignRun, op_s: float) -> list[str]:
+    """What each half of the measured window names: a command runs one window, and its halves
+    are the repeat the verdict must hold across (an audit: beside two busy loops a script's
+    input-bound loop was named slow-optimizer, +68 %, from the one window); one entry, the
+    whole window's, for a window too short to halve."""
+    n = len(run.records)
+    parts = [run.records[: n // 2], run.records[n // 2:]] if n >= 2 * MIN_HALF_STEPS \
+        else [run.records]
+    out = []
+    for recs in parts:
+        found = find(foreign_observation(dataclasses.replace(run, records=recs), op_s)[0])
+        out.append(found[0].bottleneck if found else "none")
+    return out

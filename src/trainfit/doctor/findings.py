@@ -140,7 +140,7 @@ def _input(o: Observation) -> Finding | None:
     return Finding("input-bound", ev, "; ".join(fixes), _r(_gain(frac), 4),
                    f"waiting for data {frac:.0%} of the step (measured)"
                    + ("" if frac >= INPUT_BOUND_FRACTION else " — minor")
-                   + "; the gain if the wait all went is an upper bound")
+                   + "; the gain if the wait all went is an upper bound", gain_upper_bound=True)
 
 
 def _workers_fix(o: Observation, wait: float, compute: float) -> str:
@@ -203,7 +203,7 @@ def _loop_code(o: Observation) -> Finding | None:
                    f"{frac:.0%} of the step is outside every part doctor times (data wait, "
                    "host→device copy, forward, backward, optimizer, sync, logging and checkpoint "
                    "I/O; measured: the step less those parts); the gain if it all went is an "
-                   "upper bound")
+                   "upper bound", gain_upper_bound=True)
 
 
 def _optimizer(o: Observation) -> Finding | None:
@@ -223,7 +223,7 @@ def _optimizer(o: Observation) -> Finding | None:
     return Finding("slow-optimizer", ev, fix, _r(_gain(frac), 4),
                    f"the optimizer step is {frac:.0%} of the step (measured), unfused; the gain if "
                    "it all went is an upper bound — a fused step still reads and writes every "
-                   "weight and state")
+                   "weight and state", gain_upper_bound=True)
 
 
 def _sync(o: Observation) -> Finding | None:
@@ -329,7 +329,9 @@ def _launch(o: Observation) -> Finding | None:
                   "counted as all of the compute, so the predicted gain is an upper bound)")
     if measured is not None:
         detail += f"; micro-batch {measured[0]} measured {measured[1]:+.0%} tokens/s"
-    return Finding("launch-bound", ev, fix, _r(gain, 4), detail)
+    return Finding("launch-bound", ev, fix, _r(gain, 4), detail,
+                   gain_upper_bound=counted is not None and overhead is not None
+                   and counted > compute and measured is None)
 
 
 def _recompute(o: Observation) -> Finding | None:

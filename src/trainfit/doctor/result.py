@@ -74,7 +74,7 @@ class DoctorResult:
     notes: list[str] = field(default_factory=list)
     round_bottlenecks: list[str] = field(default_factory=list)
     """The bottleneck each 'before' round named on its own (two or more rounds: whether the verdict
-    held across the repeats of this run)."""
+    held across the repeats of this run); a command's halves of its one measured window."""
     gain: Comparison | None = None
     """Whether the applied fixes made the step faster, decided from the interleaved rounds
     (``faster`` / ``not_faster`` / ``undecided``; None: nothing applied)."""

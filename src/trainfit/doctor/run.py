@@ -40,6 +40,7 @@ from trainfit.doctor.split import (
     median_split,
 )
 from trainfit.doctor.verdict import contradicted, gain_of, held_across_rounds
+from trainfit.doctor.watch import busy_note
 from trainfit.job import JobSpec, dividing_micro_batches, read_job_file
 from trainfit.job.files import file_memory_limit
 from trainfit.model.experts import inactive_expert_params
@@ -385,18 +386,10 @@ def _interleaved_rounds(bench: _Bench, first: Round, after_job: JobSpec, after_m
 
 
 def _busy_note(bench: _Bench, rounds: list[Round]) -> str | None:
-    """Said when other processes took a share of the CPUs a CPU step ran on (HostSummary.busy):
-    the timings are then the contention's as much as the step's (a QA run: the same launch-bound
-    job named compute-bound at 2 torch threads beside two busy loops, launch-bound at one)."""
-    busy = [r.host.others_cores for r in rounds if r.host.busy and r.host.others_cores is not None]
-    if bench.device.type != "cpu" or not busy:
+    """:func:`~trainfit.doctor.watch.busy_note` over the rounds of a CPU step."""
+    if bench.device.type != "cpu":
         return None
-    threads = torch.get_num_threads()
-    return (f"the host was busy: other processes used up to {max(busy):.1f} of "
-            f"{rounds[0].host.cpus} CPU cores during {len(busy)} of the {len(rounds)} rounds "
-            "(measured), so the step shared its cores: the bottleneck named and any gain may "
-            f"differ on a quiet machine. torch ran {threads} thread{'s' if threads > 1 else ''}; "
-            "no more than the free cores (torch.set_num_threads / OMP_NUM_THREADS) steadies the timings")
+    return busy_note([r.host for r in rounds], torch.get_num_threads(), "rounds")
 
 
 def _pooled(bench: _Bench, befores: list[Round]) -> Round:
@@ -458,9 +451,9 @@ def _doctor_job(target: str, job: JobSpec, tokenize: str, steps: int, warmup: in
     per_round = [(find(bench.observe_before(r, probe)) or [None])[0] for r in befores]
     rounds = [f.bottleneck if f is not None else "none" for f in per_round]
     findings = held_across_rounds(findings, rounds, notes)
-    busy_note = _busy_note(bench, [*befores, *afters])
-    if busy_note:
-        notes.append(busy_note)
+    busy = _busy_note(bench, [*befores, *afters])
+    if busy:
+        notes.append(busy)
     after_findings = find(bench.observe_after(afters[0])) if afters else []
     overhead = statistics.median(r.hook_calls_per_step * bench.hook_cost_s / r.split.step_time_s
                                  + sampler_fraction(r.host) for r in befores)

@@ -32,14 +32,15 @@ def gain_of(befores: list[Round], afters: list[Round]) -> Comparison:
                          spreads, NOISE_FLOOR, ROUNDS)
 
 
-def held_across_rounds(findings: list[Finding], rounds: list[str], notes: list[str]
-                       ) -> list[Finding]:
-    """The pooled rounds' findings, the headline's gain withdrawn when the 'before' rounds named
-    different bottlenecks (said in ``notes``): a gain the repeats contradict is not stated (an
-    audit: it headed the table all the same)."""
+def held_across_rounds(findings: list[Finding], rounds: list[str], notes: list[str],
+                       what: str = "'before' rounds of this run") -> list[Finding]:
+    """The pooled rounds' findings, the headline's gain withdrawn when the 'before' rounds (or a
+    command's halves of its measured window: ``what``) named different bottlenecks (said in
+    ``notes``): a gain the repeats contradict is not stated (an audit: it headed the table all
+    the same)."""
     if len(set(rounds)) < 2:
         return findings
-    notes.append(f"the verdict did not hold across the {len(rounds)} 'before' rounds of this run "
+    notes.append(f"the verdict did not hold across the {len(rounds)} {what} "
                  f"({', '.join(rounds)}): the pooled rounds name "
                  f"{findings[0].bottleneck if findings else 'none'}, with that uncertainty")
     if not findings:

@@ -156,3 +156,23 @@ class HostWatch:
                            sampler_cpu_s=self._cpu_s,
                            others_cores=getattr(self, "_others_cores", None),
                            cpus=len(self._cpus) or 1)
+
+
+def busy_note(hosts: list[HostSummary], threads: int | None, what: str) -> str | None:
+    """Said when other processes took a share of the CPUs a CPU step ran on (:attr:`HostSummary.
+    busy`) during any of ``hosts`` (``what``: "rounds", "run"): the timings are then the
+    contention's as much as the step's (a QA run: the same launch-bound job named compute-bound
+    at 2 torch threads beside two busy loops, launch-bound at one; an audit: a script's
+    input-bound loop named slow-optimizer, +68 %, beside two busy loops, with no word)."""
+    busy = [h.others_cores for h in hosts if h.busy and h.others_cores is not None]
+    if not busy:
+        return None
+    during = f"during {len(busy)} of the {len(hosts)} {what}" if len(hosts) > 1 else \
+        f"during the {what}"
+    pool = "" if threads is None else \
+        f"torch ran {threads} thread{'s' if threads > 1 else ''}; "
+    return (f"the host was busy: other processes used up to {max(busy):.1f} of "
+            f"{hosts[0].cpus} CPU cores {during} (measured), so the step shared its cores: the "
+            f"bottleneck named and any gain may differ on a quiet machine. {pool}no more torch "
+            "threads than the free cores (torch.set_num_threads / OMP_NUM_THREADS) steadies the "
+            "timings")

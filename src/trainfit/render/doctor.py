@@ -79,9 +79,10 @@ def findings_block(findings: list[Finding], title: str) -> Group:
     parts: list[Text] = [Text(title, style="italic")]
     for i, f in enumerate(findings, 1):
         g = f.gain_fraction
-        gain = "gain unknown" if g is None else \
-            f"{'measured' if f.gain_measured else 'predicted'} gain {g:+.0%} tokens/s" + \
-            (", a short probe" if f.gain_measured else "")
+        bound = "at most " if f.gain_upper_bound and not f.gain_measured else ""
+        gain = "gain unknown" if g is None else (
+            f"{'measured' if f.gain_measured else 'predicted'} gain {bound}{g:+.0%} tokens/s"
+            + (", a short probe" if f.gain_measured else ""))
         parts.append(Text.assemble(f"{i}. ", (f.bottleneck, "bold red" if i == 1 else "bold"),
                                    f"  ({gain})"))
         parts.append(Text(f"   {f.detail}"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from trainfit.hardware.gpus import find_gpu
+from trainfit.monitor.progress import duration_words
 from trainfit.plan.result import PlanResult, PlanRow
 from trainfit.render.layout import Col, fit_table, out_console, say
 from trainfit.render.plan_words import (
@@ -260,7 +261,7 @@ def render_plan(result: PlanResult, all_rows: bool = False) -> None:
         t = result.time_for_dataset_s({"tokens_per_s": row.speed.tokens_per_s}
                                       if row.speed else None)
         say(console, f"time for {result.epochs or 1:g} epoch(s) of {result.dataset_tokens:,} "
-                     f"tokens: {'unknown' if t is None else f'{t / 3600:.2f} h'} (predicted)")
+                     f"tokens: {'unknown' if t is None else duration_words(t)} (predicted)")
     say(console, plan_reason(result), lead="pick:")
     versus = plan_versus(result)
     if versus:

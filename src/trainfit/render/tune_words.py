@@ -239,7 +239,8 @@ TUNE_NOTES = ("tokens/s counts positions computed (micro × seq_len × accumulat
               "loss is token-weighted over the effective batch (exact for any micro-batch split)")
 SCRIPT_TUNE_NOTES = (
     "tokens/s counts the non-padding tokens of the script's own batches (the same samples in "
-    "every probe's timed steps)",
+    "every probe's timed steps), measured and predicted alike (the predicted step's time over "
+    "those tokens)",
     "the loss is the trainer's own compute_loss, each micro-batch's divided by the accumulation; "
     "the memory probe runs the dataset's longest samples")
 

@@ -85,7 +85,13 @@ def _epoch_positions(t: TuneInput) -> tuple[int | None, str]:
     """The tokens one epoch computes, counted as tokens/s counts them: tune's samples × the
     sequence length each is padded or packed to (tune/probe.py: positions computed per step).
     Not tune's ``dataset_tokens``, the non-padding tokens: chat rows of 100 tokens padded to
-    320 took 3× the time the report said an epoch takes (a review)."""
+    320 took 3× the time the report said an epoch takes (a review) — except for a script's tune,
+    whose tokens/s counts its batches' non-padding tokens (an audit: positions over that rate
+    made an epoch 4.5 % too long)."""
+    if t.step_source == "script" and t.dataset_tokens is not None:
+        return (t.dataset_tokens,
+                f"tune's {t.dataset_tokens:,} non-padding tokens, as a script's tokens/s counts "
+                f"them, {t.path}")
     jobs = ([t.pick.job] if t.pick else []) + [p.job for p in t.probes]
     seq = next((j["seq_len"] for j in jobs if isinstance(j.get("seq_len"), int)), None)
     if t.dataset_samples is None or seq is None:
@@ -149,6 +155,7 @@ class _SectionBuilder:
                 fam.tokens_per_s_predicted.append(Point(c.micro_batch, c.tokens_per_s, "plan"))
             r = self.row(fam, c.micro_batch, c.grad_accum)
             r.device_predicted_bytes, r.tokens_per_s_predicted = c.peak_device_bytes, c.tokens_per_s
+            r.reserved_predicted_bytes = c.peak_reserved_bytes
             r.fits_predicted = c.fits
             if pick:
                 r.pick.add("plan")
@@ -297,7 +304,9 @@ def _picks(b: _SectionBuilder) -> list[Pick]:
             out.append(Pick(source, r.setting, r.micro_batch, r.grad_accum, why,
                             None if r.device_predicted_bytes is None else r.device_predicted_bytes / GIB,
                             None if r.device_measured_bytes is None else r.device_measured_bytes / GIB,
-                            r.tokens_per_s_predicted, r.tokens_per_s_measured))
+                            r.tokens_per_s_predicted, r.tokens_per_s_measured,
+                            None if r.reserved_predicted_bytes is None
+                            else r.reserved_predicted_bytes / GIB))
     return out
 
 

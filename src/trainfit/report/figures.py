@@ -304,6 +304,9 @@ def render_figures(report: Report) -> list[FigureImage]:
             ("Hollow markers: predicted peak live tensor bytes; filled markers: measured. Lines: "
              "the CPU memory limit tune stood in for a GPU with, and that limit minus the safety "
              "margin. GiB = 2^30 bytes." if s.on_cpu else
+             "Stacked bars: the predicted reserved peak split into its parts (the plan named no "
+             "GPU: the device peak, reserved + the card's CUDA context, is unknown); filled "
+             "markers: measured. GiB = 2^30 bytes." if s.table.no_gpu else
              "Stacked bars: the predicted device peak split into its parts; hollow markers: "
              "predicted device peak; filled markers: measured. Lines: GPU capacity and capacity "
              "minus the safety margin. GiB = 2^30 bytes."), memory_figure(s)))

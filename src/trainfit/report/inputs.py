@@ -127,6 +127,9 @@ class TuneInput:
     probes: list[Probe]
     baseline: TuneBaseline | None
     notes: list[str]
+    step_source: str = "job"
+    """``job``: tokens/s counts positions, padding included; ``script``: the script's batches'
+    non-padding tokens (tune/tuner.py ``TuneResult.step_source``)."""
     undecided: list[UndecidedChange] = field(default_factory=list)
     """The changes to the pick its search could not decide (``undecided``, ``not_compared``,
     ``contradicted`` notes): their rows are marked, not read as faster (an audit)."""
@@ -240,6 +243,8 @@ class Finding:
     detail: str = ""
     """Doctor's reading of the evidence, with what the gain is (e.g. an upper bound); "" in a
     file from before it was written."""
+    gain_upper_bound: bool = False
+    """``gain_fraction`` is an upper bound (the named cost all gone): shown "≤"."""
 
 
 @dataclass(frozen=True)

@@ -164,6 +164,7 @@ def _tune(o: JsonObj, path: str) -> TuneInput:
         dataset_samples=o.int_("dataset_samples", required=False),
         dataset_tokens=o.int_("dataset_tokens", required=False),
         pick=pick, probes=probes, baseline=baseline, notes=o.strs("notes", required=False),
+        step_source="script" if o.data.get("step_source") == "script" else "job",
         undecided=[_undecided(n) for n in o.objs("search_notes", required=False)
                    if n.data.get("kind") in UNDECIDED_NOTE_KINDS] + _unconfirmed(o))
 
@@ -282,6 +283,7 @@ def _doctor(o: JsonObj, path: str) -> DoctorInput:
                                 if "gain_fraction" in f.data else
                                 f.num("predicted_gain_fraction", required=False),
                                 gain_measured=f.data.get("gain_measured") is True,
+                                gain_upper_bound=f.data.get("gain_upper_bound") is True,
                                 detail=f.str_("detail", required=False) or ""))
     after_obj = o.obj("after", required=False, nullable=True)
     gain = o.obj("gain", required=False, nullable=True)

@@ -80,6 +80,9 @@ class SeedRow:
     """``""``, ``plan`` (predicted pick), ``tune`` (measured pick) or ``plan + tune``."""
     undecided: bool = False
     """A change to tune's pick its search could not decide (not a measured gain)."""
+    reserved_predicted_gib: float | None = None
+    """The plan's predicted reserved peak: shown where its device peak is unknown (no GPU
+    named), so the page keeps a predicted memory figure (an audit: it had none)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,8 @@ class Pick:
     device_measured_gib: float | None
     tokens_per_s_predicted: float | None
     tokens_per_s_measured: float | None
+    reserved_predicted_gib: float | None = None
+    """As :attr:`SeedRow.reserved_predicted_gib`."""
 
 
 @dataclass

@@ -26,6 +26,7 @@ class RowAcc:
     micro_batch: int
     grad_accum: int
     device_predicted_bytes: float | None = None
+    reserved_predicted_bytes: float | None = None
     tokens_per_s_predicted: float | None = None
     fits_predicted: bool | None = None
     device_measured_bytes: float | None = None
@@ -117,6 +118,7 @@ def seed_table(accs: list[RowAcc], ref: Reference, dataset_tokens: int | None,
             epoch_predicted_s=None if dataset_tokens is None or not tp else dataset_tokens / tp,
             epoch_measured_s=None if dataset_tokens is None or not tm else dataset_tokens / tm,
             fits_predicted=a.fits_predicted, status_measured=a.status_measured,
+            reserved_predicted_gib=_gib(a.reserved_predicted_bytes),
             pick=" + ".join(p for p in ("plan", "tune") if p in a.pick),
             undecided=a.undecided))
     return SeedTable(rows=rows, reference=ref.text, dataset_tokens=dataset_tokens,
@@ -228,13 +230,18 @@ def peak_words(on_cpu: bool) -> str:
 
 
 def seed_text(t: SeedTable, on_cpu: bool = False) -> TextTable:
-    groups = [("", 3), (peak_words(on_cpu), 2), ("host RAM (GiB)", 1), ("tokens/s", 2),
-              ("speed-up", 2), ("time per epoch (h:mm:ss)", 2), ("fit", 1), ("probe", 1), ("", 1)]
-    cols = ["setting", "micro-batch", "accumulation", "predicted", "measured", "measured",
+    reserved = _reserved_shown(t.rows)
+    groups = [("", 3), (peak_words(on_cpu), 2), *([("peak reserved (GiB)", 1)] if reserved else []),
+              ("host RAM (GiB)", 1), ("tokens/s", 2), ("speed-up", 2),
+              ("time per epoch (h:mm:ss)", 2), ("fit", 1), ("probe", 1), ("", 1)]
+    cols = ["setting", "micro-batch", "accumulation", "predicted", "measured",
+            *(["predicted"] if reserved else []), "measured",
             "predicted", "measured", "predicted", "measured", "predicted", "measured", "predicted",
             "measured", "pick"]
     rows = [[r.setting, str(r.micro_batch), str(r.grad_accum), fmt_gib(r.device_predicted_gib),
-             fmt_gib(r.device_measured_gib), fmt_gib(r.host_ram_measured_gib),
+             fmt_gib(r.device_measured_gib),
+             *([fmt_gib(r.reserved_predicted_gib)] if reserved else []),
+             fmt_gib(r.host_ram_measured_gib),
              fmt_num(r.tokens_per_s_predicted), fmt_num(r.tokens_per_s_measured),
              fmt_x(r.speed_up_predicted), fmt_x(r.speed_up_measured),
              fmt_duration(r.epoch_predicted_s), fmt_duration(r.epoch_measured_s),
@@ -247,7 +254,8 @@ def seed_text(t: SeedTable, on_cpu: bool = False) -> TextTable:
              "GiB = 2^30 bytes; peak device = what nvidia-smi shows (reserved + CUDA context); "
              + ("the plan named no GPU: its predicted device peak is unknown (reserved + the "
                 "card's CUDA context; a plan file written before 2026-12-05 gave the reserve "
-                "alone there); " if t.no_gpu else "")
+                "alone there), its predicted reserved peak (max_memory_reserved) is shown "
+                "beside; " if t.no_gpu else "")
              + "on CPU, which has none, the live tensor bytes (what --memory-limit caps)",
              "host RAM is only measured (the plan does not predict it)"]
     if any(r.undecided for r in t.rows):
@@ -266,13 +274,24 @@ def _sentences(parts: list[str]) -> str:
                     for p in parts if p.strip())
 
 
+def _reserved_shown(rows: list[SeedRow] | list[Pick]) -> bool:
+    """A reserved column where a row has a predicted reserve but no predicted device peak (a
+    plan without a GPU): the page's only predicted memory figure then (an audit)."""
+    return any(r.device_predicted_gib is None and r.reserved_predicted_gib is not None
+               for r in rows)
+
+
 def picks_text(picks: list[Pick], on_cpu: bool = False) -> TextTable:
-    groups = [("", 3), (peak_words(on_cpu), 2), ("tokens/s", 2), ("", 1)]
-    cols = ["from", "setting", "micro-batch × accumulation", "predicted", "measured", "predicted",
-            "measured", "why"]
+    reserved = _reserved_shown(picks)
+    groups = [("", 3), (peak_words(on_cpu), 2), *([("peak reserved (GiB)", 1)] if reserved else []),
+              ("tokens/s", 2), ("", 1)]
+    cols = ["from", "setting", "micro-batch × accumulation", "predicted", "measured",
+            *(["predicted"] if reserved else []), "predicted", "measured", "why"]
     rows = [[f"{p.source} ({'measured' if p.source == 'tune' else 'predicted'})", p.setting,
              f"{p.micro_batch} × {p.grad_accum}", fmt_gib(p.device_predicted_gib),
-             fmt_gib(p.device_measured_gib), fmt_num(p.tokens_per_s_predicted),
+             fmt_gib(p.device_measured_gib),
+             *([fmt_gib(p.reserved_predicted_gib)] if reserved else []),
+             fmt_num(p.tokens_per_s_predicted),
              fmt_num(p.tokens_per_s_measured), _sentences(p.why) or UNKNOWN] for p in picks]
     return TextTable("The pick and why", cols, rows, groups=groups)
 
@@ -425,8 +444,11 @@ def _evidence_value(v: float | None) -> str:
 def _gain_cell(f: Finding) -> str:
     if f.gain_fraction is None:
         return UNKNOWN
-    how = "measured, a short probe" if f.gain_measured else "predicted"
-    return f"{fmt_pct(f.gain_fraction)} ({how})"
+    if f.gain_measured:
+        return f"{fmt_pct(f.gain_fraction)} (measured, a short probe)"
+    if f.gain_upper_bound:
+        return f"≤ {fmt_pct(f.gain_fraction)} (predicted upper bound)"
+    return f"{fmt_pct(f.gain_fraction)} (predicted)"
 
 
 def verdict_words(d: DoctorSection) -> str:

@@ -116,6 +116,8 @@ def tune_trainer(trainer: Any, rec: dict[str, Any], o: dict[str, Any]) -> dict[s
         result = run_search(start, opts, bench, t0, current=job, step_source="script")
     finally:
         prober.restore_trainer()
+    predicted_as_measured([*result.trials, *(t for t in (result.pick, result.baseline,
+                                                         result.unconfirmed) if t is not None)])
     if busy is not None:
         result.notes.append(busy)
     if "precision" in o.get("knobs", ()) and "precision" not in opts.knobs:
@@ -148,3 +150,24 @@ def tune_script(cmd: list[str], *, options: dict[str, Any], flags: dict[str, Any
     return ScriptTune(command=cmd, record=rec, read=read, current=JobSpec.from_dict(t["job"]),
                       result=tune_result_from_json(t["result"]),
                       changes=[KeywordChange(**c) for c in t["changes"]], given=frozenset(flags))
+
+
+def predicted_as_measured(trials: list[Any]) -> None:
+    """A script's probes count its batches' non-padding tokens (the same samples in every
+    probe's timed steps), the predictor positions at the longest sample: each predicted tokens/s
+    becomes the measured tokens per step over the predicted step time, so the two columns count
+    the same tokens (an audit: 1,933 measured beside 2,048 predicted per step, unsaid). The
+    factor is the same for every probe: the search's predicted ratios are unchanged."""
+    import statistics
+
+    per_step = [t.result.measured.tokens_per_s * t.result.measured.step_time_s for t in trials
+                if t.result.measured is not None and t.result.measured.tokens_per_s
+                and t.result.measured.step_time_s]
+    if not per_step:
+        return
+    tokens = statistics.median(per_step)
+    for t in trials:
+        p = t.predicted
+        if p is not None and p.step_time_s:
+            # a new object: the predictor caches one Predicted per configuration
+            t.predicted = dataclasses.replace(p, tokens_per_s=tokens / p.step_time_s)
