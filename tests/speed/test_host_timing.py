@@ -234,6 +234,21 @@ def test_a_load_meter_around_a_tree_counts_its_children_as_its_own():
     assert around_gone.measured() is None and around_gone.cores() == 0.0
 
 
+def test_a_tree_gone_by_the_end_keeps_the_load_of_its_last_sample(monkeypatch):
+    """doctor -- CMD: the command's tree is gone when the watch ends, and the others' load read
+    None, so two busy loops beside it went unsaid (an audit). The last sample while the tree
+    lived stands for the end: 3.0 other CPU-seconds over 2 s = 1.5 cores."""
+    from trainfit.speed import host_timing as ht
+
+    reads = iter([(10.0, 1.0), (14.0, 2.0), None])  # start, a sample at 2 s, the end: gone
+    monkeypatch.setattr(ht, "_load", lambda cpus, tree_of=None: next(reads))
+    clock = iter([0.0, 2.0, 3.0])
+    monkeypatch.setattr(ht.time, "perf_counter", lambda: next(clock))
+    meter = ht.LoadMeter([0, 1], tree_of=123)
+    meter.sample()
+    assert meter.measured() == pytest.approx(1.5)
+
+
 def test_the_cores_others_used_are_at_most_the_cpus_watched(monkeypatch):
     """An audit: "other processes used 2.1 of 2 CPU cores" (measured): the busy counters and the
     wall clock are read a moment apart. A measured figure above its limit is clamped to it."""

@@ -129,6 +129,7 @@ class HostWatch:
 
     def _sample(self) -> None:
         self._cpu.append(self._cpu_window.read())
+        self._others.sample()  # the last reading while the watched tree lives
         tree = self._memory_sample()
         if self._nvml is not None:
             pids = {p.pid for p in tree}

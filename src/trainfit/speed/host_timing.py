@@ -208,11 +208,23 @@ class LoadMeter:
         self.tree_of = tree_of
         self.start = _load(cpus, tree_of)
         self.wall0 = time.perf_counter()
+        self.last: tuple[tuple[float, float], float] | None = None
+
+    def sample(self) -> None:
+        """Keep a reading now: :meth:`measured` falls back to the last one where the load cannot
+        be read at the end — a command's tree is gone by then (an audit: ``doctor -- CMD``
+        beside two busy loops measured None and said nothing of them)."""
+        got = _load(self.cpus, self.tree_of)
+        if got is not None:
+            self.last = (got, time.perf_counter())
 
     def measured(self) -> float | None:
-        """As :meth:`cores`, None where the load could not be read (at the start or now)."""
-        end = _load(self.cpus, self.tree_of)
-        wall = max(time.perf_counter() - self.wall0, 1e-9)
+        """As :meth:`cores`, None where the load could not be read (at the start, and now or at
+        the last :meth:`sample`)."""
+        end, t = _load(self.cpus, self.tree_of), time.perf_counter()
+        if end is None and self.last is not None:
+            end, t = self.last
+        wall = max(t - self.wall0, 1e-9)
         if self.start is None or end is None:
             return None
         # at most the CPUs watched: the counters are read a moment apart from the wall clock,
