@@ -325,7 +325,7 @@ def _foreign(records, others_cores: float | None):
                                "profile": {"matmul_time_fraction": 0.5}})
 
 
-def test_a_commands_verdict_must_hold_across_the_halves_of_its_window(monkeypatch):
+def test_a_commands_verdict_must_hold_across_the_halves_of_its_window(monkeypatch, tmp_path):
     """One measured window: its halves are the repeat. A loop input-bound in one half and
     optimizer-heavy in the other (beside busy neighbours) is undecided, with no gain, and the
     busy host is said (an audit: such a run named slow-optimizer, +68 %, with no word)."""
@@ -350,6 +350,20 @@ def test_a_commands_verdict_must_hold_across_the_halves_of_its_window(monkeypatc
     busy = [n for n in res.notes if n.startswith("the host was busy")]
     assert len(busy) == 1 and "up to 1.6 of 2 CPU cores during the run" in busy[0]
     assert "torch ran 2 threads" in busy[0]
+    # report says which repeat it was (the halves of one window, not 'before' rounds)
+    import json
+
+    from trainfit.report.build import build_report
+    from trainfit.report.load import load_inputs
+    from trainfit.report.tables import doctor_texts
+
+    assert res.to_dict()["form"] == "command"
+    path = tmp_path / "doctor.json"
+    path.write_text(json.dumps(res.to_dict()))
+    (d,) = build_report(load_inputs([str(path)])).doctors
+    said = " ".join(doctor_texts(d)[2].notes)
+    assert "each half of the command's measured window: input-bound, slow-optimizer — did not " \
+        "hold" in said
     # the same loop, steady and on a quiet host: one verdict, its gain an upper bound, no note
     steady = [rec(0.06, 0.002)] * 4
     monkeypatch.setattr(command, "run_foreign", lambda cmd, **kw: _foreign(steady, 0.05))

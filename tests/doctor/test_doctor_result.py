@@ -212,5 +212,10 @@ def test_a_headline_the_rounds_contradict_states_no_gain():
     assert held_across_rounds(fs, ["input-bound", "input-bound"], notes) == fs and notes == []
     out = held_across_rounds(fs, ["input-bound", "compute-bound"], notes)
     assert out[0].gain_fraction is None and out[1].gain_fraction == 0.1
-    assert out[0].detail == "undecided: the rounds named input-bound, compute-bound; data wait 29 %"
+    assert out[0].detail == ("undecided: the 'before' rounds named input-bound, compute-bound; "
+                             "data wait 29 %")
     assert notes and notes[0].startswith("the verdict did not hold across the 2 'before' rounds")
+    # rounds that agree with each other but not with the pooled steps: undecided too (a review)
+    notes = []
+    out = held_across_rounds(fs, ["sync-bound", "sync-bound"], notes)
+    assert out[0].gain_fraction is None and "the pooled rounds name input-bound" in notes[0]

@@ -69,5 +69,6 @@ def test_a_one_step_segment_ends_without_placeholders(clock):
 
 def test_duration_words():
     assert duration_words(42) == "42 s"
+    assert duration_words(0.3) == "0.3 s" and duration_words(0.004) == "0.004 s"  # not "0 s"
     assert duration_words(75) == "1 min 15 s"
     assert duration_words(4000) == "1 h 06 min"

@@ -31,6 +31,9 @@ def test_the_smallest_inverted_configuration_is_found_and_only_at_equal_knobs():
     inv = precision_inversion(rows)
     assert (inv.micro_batch, inv.grad_ckpt) == (16, "off")
     assert inv.bf16_true_bytes == int(154.85 * GIB) and inv.amp_bf16_bytes == int(131.96 * GIB)
+    assert inv.every_larger  # 32 inverts too: "from micro-batch 16"
+    rows[5] = _row("bf16-true", 32, 240.0)
+    assert not precision_inversion(rows).every_larger  # "at micro-batch 16" only
     assert precision_inversion(rows[:2]) is None
     assert precision_inversion([r for r in rows if r.job.precision == "bf16-true"]) is None
 
@@ -67,4 +70,5 @@ def test_a_mamba_hybrids_bf16_true_step_outgrows_amp_bf16s_and_says_why(granite)
     assert f"{inv.bf16_true_bytes / GIB:.2f} against {inv.amp_bf16_bytes / GIB:.2f} GiB " \
         "allocated, predicted" in words and "PyTorch fallbacks" in words
     assert words in plan_notes(res)
+    assert "at micro-batch 16" in words and "measured on Granite-4.0-H" in words
     assert inversion_note(granite["amp-bf16"]) is None

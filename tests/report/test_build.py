@@ -337,6 +337,18 @@ def test_time_per_epoch_counts_the_positions_tokens_per_s_counts(tmp_path):
     assert sec.table.dataset_tokens == 8_000_000
     assert "non-padding tokens, as a script's tokens/s counts them" in \
         sec.table.dataset_tokens_source
+    # beside a plan (positions): the plan's predicted tokens/s in the tune's count, said (a
+    # review: 36,092 predicted positions/s beside 34,500 measured non-padding tokens/s)
+    (sec,) = build_report(load_inputs([str(SEED002), str(p)])).sections
+    share = 8_000_000 / (80_000 * 320)
+    planned = {(c["precision"], c["grad_ckpt"], c["micro_batch"], c["grad_accum"]):
+               c["tokens_per_s"] for c in PLAN["configs"]}
+    (r16,) = [r for r in sec.table.rows
+              if r.setting == "amp-bf16, checkpointing off" and r.micro_batch == 16]
+    want = planned[("amp-bf16", "off", 16, r16.grad_accum)] * share
+    assert r16.tokens_per_s_predicted == pytest.approx(want)
+    assert r16.epoch_predicted_s == pytest.approx(8_000_000 / want)
+    assert any(f"× {share:.3f} (the non-padding share" in n for n in sec.notes)
 
 
 def test_a_gpu_plan_and_a_cpu_tune_are_shown_apart(tmp_path):

@@ -99,7 +99,8 @@ def doctor_command(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bo
     obs, split = foreign_observation(run, op_s)
     notes = list(run.notes)
     halves = _halves(run, op_s)
-    findings = held_across_rounds(find(obs), halves, notes, "halves of the measured window")
+    findings = held_across_rounds(find(obs), halves, notes, "halves of the measured window",
+                                  "the whole window's steps")
     overhead = _command_overhead(run)
     tokens = obs.tokens_per_step
     before = Metrics(step_time_s=split.step_time_s,

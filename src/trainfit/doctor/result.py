@@ -98,7 +98,7 @@ class DoctorResult:
         return len(set(self.round_bottlenecks)) == 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": "doctor", "target": self.target, "device": self.device,
+        return {"kind": "doctor", "form": self.kind, "target": self.target, "device": self.device,
                 "steps_measured": self.steps_measured,
                 "split": self.split.to_dict(), "findings": [f.to_dict() for f in self.findings],
                 "before": self.before.to_dict(),

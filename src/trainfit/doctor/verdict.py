@@ -33,19 +33,23 @@ def gain_of(befores: list[Round], afters: list[Round]) -> Comparison:
 
 
 def held_across_rounds(findings: list[Finding], rounds: list[str], notes: list[str],
-                       what: str = "'before' rounds of this run") -> list[Finding]:
+                       what: str = "'before' rounds", whole: str = "the pooled rounds"
+                       ) -> list[Finding]:
     """The pooled rounds' findings, the headline's gain withdrawn when the 'before' rounds (or a
-    command's halves of its measured window: ``what``) named different bottlenecks (said in
-    ``notes``): a gain the repeats contradict is not stated (an audit: it headed the table all
-    the same)."""
-    if len(set(rounds)) < 2:
+    command's halves of its measured window: ``what``, the whole of them: ``whole``) named
+    different bottlenecks, or agreed on one the pooled steps do not name (said in ``notes``): a
+    gain the repeats contradict is not stated (an audit: it headed the table all the same)."""
+    if len(rounds) < 2:
         return findings
-    notes.append(f"the verdict did not hold across the {len(rounds)} {what} "
-                 f"({', '.join(rounds)}): the pooled rounds name "
-                 f"{findings[0].bottleneck if findings else 'none'}, with that uncertainty")
+    pooled = findings[0].bottleneck if findings else "none"
+    if len(set(rounds)) < 2 and pooled == rounds[0]:
+        return findings
+    named = ", ".join(rounds)
+    notes.append(f"the verdict did not hold across the {len(rounds)} {what} of this run "
+                 f"({named}): {whole} name {pooled}, with that uncertainty")
     if not findings:
         return findings
     head = findings[0]
     return [replace(head, gain_fraction=None,
-                    detail=f"undecided: the rounds named {', '.join(rounds)}; {head.detail}"),
+                    detail=f"undecided: the {what} named {named}; {head.detail}"),
             *findings[1:]]

@@ -19,7 +19,10 @@ LOG_EVERY_S = 10.0
 
 
 def duration_words(seconds: float) -> str:
-    """``75`` → ``1 min 15 s``; ``4000`` → ``1 h 07 min``."""
+    """``75`` → ``1 min 15 s``; ``4000`` → ``1 h 07 min``; under a second with its digits
+    (``0.3`` → ``0.3 s``: a tiny dataset's epoch read "0 s", a review)."""
+    if seconds < 0.5:
+        return f"{seconds:.2g} s"
     s = round(seconds)
     if s < 60:
         return f"{s} s"

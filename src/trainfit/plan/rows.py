@@ -111,6 +111,9 @@ class PrecisionInversion:
     grad_accum: int | None
     bf16_true_bytes: int
     amp_bf16_bytes: int
+    every_larger: bool = False
+    """Every larger micro-batch of the same knobs planned under both inverts too (and there is
+    one): the note then says "from" it, else "at" it."""
 
 
 def precision_inversion(rows: list[Any]) -> PrecisionInversion | None:
@@ -124,10 +127,16 @@ def precision_inversion(rows: list[Any]) -> PrecisionInversion | None:
     if not found:
         return None
     r, a = min(found, key=lambda p: (p[0].job.micro_batch or 0, str(p[0].job.grad_ckpt)))
+    inverted = {id(x) for x, _ in found}
+    larger = [x for x in rows if x.job.precision == "bf16-true" and _knobs(x) in amp
+              and x.job.grad_ckpt == r.job.grad_ckpt
+              and (x.job.micro_batch or 0) > (r.job.micro_batch or 0)]
     return PrecisionInversion(grad_ckpt=r.job.grad_ckpt, micro_batch=r.job.micro_batch,
                               grad_accum=r.job.grad_accum,
                               bf16_true_bytes=r.memory.peak_allocated_bytes,
-                              amp_bf16_bytes=a.memory.peak_allocated_bytes)
+                              amp_bf16_bytes=a.memory.peak_allocated_bytes,
+                              every_larger=bool(larger)
+                              and all(id(x) in inverted for x in larger))
 
 
 def _knobs(row: Any) -> tuple[Any, ...]:

@@ -118,7 +118,8 @@ def inversion_note(result: PlanResult) -> str | None:
     inv = precision_inversion(result.rows)
     if inv is None:
         return None
-    head = (f"bf16-true needs more memory than amp-bf16 from micro-batch {inv.micro_batch} "
+    where = "from" if inv.every_larger else "at"
+    head = (f"bf16-true needs more memory than amp-bf16 {where} micro-batch {inv.micro_batch} "
             f"(checkpointing {inv.grad_ckpt}: {inv.bf16_true_bytes / GIB:.2f} against "
             f"{inv.amp_bf16_bytes / GIB:.2f} GiB allocated, predicted)")
     how = ("autocast runs the matmuls on those copies in bf16 and keeps 2-byte operands for the "
@@ -127,7 +128,8 @@ def inversion_note(result: PlanResult) -> str | None:
     if "PyTorch fallbacks" in result.model_note:
         # the mechanism measured on the fallback (this function's docstring)
         return (f"{head}: transformers' PyTorch fallbacks for this model's fused kernels (see "
-                f"the model note) compute its scan in fp32 (.float() copies); {how}")
+                f"the model note) compute parts of it in fp32 (.float() copies: Mamba-2's scan, "
+                f"measured on Granite-4.0-H); {how}")
     return (f"{head}: the simulated step keeps more for the backward under bf16-true; where a "
             f"model's code computes in fp32 (.float() copies) {how}")
 

@@ -144,17 +144,33 @@ class _SectionBuilder:
             self.rows[key] = RowAcc(f"{fam.label}, {variant}" if variant else fam.label, mb, ga)
         return self.rows[key]
 
+    def script_token_share(self) -> float | None:
+        """Where the section's tune is a script's (its tokens/s counts non-padding tokens) and a
+        plan's rows sit beside it (positions, padding included): the non-padding share of tune's
+        samples at its sequence length, which puts the plan's tokens/s in the tune's count (a
+        review: the two were shown side by side, and an epoch read 222 s against 709 s)."""
+        t = self.tune
+        if t is None or t.step_source != "script" or self.plan is None:
+            return None
+        jobs = ([t.pick.job] if t.pick else []) + [p.job for p in t.probes]
+        seq = next((j["seq_len"] for j in jobs if isinstance(j.get("seq_len"), int)), None)
+        if not (t.dataset_tokens and t.dataset_samples and seq):
+            return None
+        return min(1.0, t.dataset_tokens / (t.dataset_samples * seq))
+
     def add_plan(self, plan: PlanInput) -> None:
+        share = self.script_token_share() or 1.0
         for c in plan.configs:
             fam = self.family(c.job)
             pick = c.recommended or c.index == plan.recommended_index
             fam.bars.append(MemoryBar(c.micro_batch, c.grad_accum, memory_components_gib(c),
                                       None if c.peak_device_bytes is None else c.peak_device_bytes / GIB,
                                       c.fits, pick))
-            if c.tokens_per_s is not None:
-                fam.tokens_per_s_predicted.append(Point(c.micro_batch, c.tokens_per_s, "plan"))
+            tps = None if c.tokens_per_s is None else c.tokens_per_s * share
+            if tps is not None:
+                fam.tokens_per_s_predicted.append(Point(c.micro_batch, tps, "plan"))
             r = self.row(fam, c.micro_batch, c.grad_accum)
-            r.device_predicted_bytes, r.tokens_per_s_predicted = c.peak_device_bytes, c.tokens_per_s
+            r.device_predicted_bytes, r.tokens_per_s_predicted = c.peak_device_bytes, tps
             r.reserved_predicted_bytes = c.peak_reserved_bytes
             r.fits_predicted = c.fits
             if pick:
@@ -216,6 +232,7 @@ class _SectionBuilder:
                 # pick's in loader settings alone has its step's predictions (a baseline landing
                 # in one lost every predicted speed-up: a review); a compiled one is another step
                 r.device_predicted_bytes = main.device_predicted_bytes
+                r.reserved_predicted_bytes = main.reserved_predicted_bytes
                 r.tokens_per_s_predicted = main.tokens_per_s_predicted
                 r.fits_predicted = main.fits_predicted
             r.settle()
@@ -352,6 +369,15 @@ def build_section(plan: PlanInput | None, tune: TuneInput | None, dataset_tokens
     else:
         where = (tune.device_name or tune.device) if tune is not None else "no GPU given"
     notes = list(plan.notes) if plan else []
+    if tune is not None and tune.step_source == "script" and plan is not None:
+        share = b.script_token_share()
+        notes.append(
+            f"the plan's predicted tokens/s × {share:.3f} (the non-padding share of tune's "
+            "samples at its sequence length): the script's tune counts its batches' non-padding "
+            "tokens, the plan every position" if share is not None else
+            "the plan's predicted tokens/s count every position, padding included, and the "
+            "script's tune its batches' non-padding tokens: the two columns count different "
+            "tokens (tune's file gives no non-padding share)")
     reasons = _unknown_speed_reasons(plan)
     throughput_unknown = None
     if not any(f.tokens_per_s_predicted or f.tokens_per_s_measured for f in b.families):

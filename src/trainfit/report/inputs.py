@@ -273,7 +273,9 @@ class DoctorInput:
     notes: list[str] = field(default_factory=list)
     """Doctor's own notes (a verdict that did not hold, a busy host, a run that ended early)."""
     round_bottlenecks: list[str] = field(default_factory=list)
-    """The bottleneck each 'before' round named alone."""
+    """The bottleneck each 'before' round named alone (a command's: each half of its window)."""
+    form: str = "job"
+    """``job`` or ``command`` (``doctor -- CMD``); ``job`` in a file from before it was written."""
 
 
 @dataclass

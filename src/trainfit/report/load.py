@@ -303,7 +303,8 @@ def _doctor(o: JsonObj, path: str) -> DoctorInput:
         verdict_noise=None if gain is None else gain.num("noise", required=False),
         parts_scale=o.obj("split").num("parts_scale", required=False),
         notes=o.strs("notes", required=False), round_bottlenecks=o.strs("round_bottlenecks",
-                                                                        required=False))
+                                                                        required=False),
+        form="command" if o.data.get("form") == "command" else "job")
 
 
 # --- files ----------------------------------------------------------------------------------------

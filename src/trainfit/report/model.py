@@ -238,6 +238,8 @@ class DoctorSection:
     """Doctor's own notes, as it printed them (report dropped them: an audit)."""
     round_bottlenecks: list[str] = field(default_factory=list)
     """The bottleneck each 'before' round named alone (two or more: whether the verdict held)."""
+    form: str = "job"
+    """``job`` or ``command``: a command's rounds are the halves of its one measured window."""
 
 
 @dataclass

@@ -80,4 +80,4 @@ def build_doctor(d: DoctorInput, slug: str) -> DoctorSection:
                          verdict=d.verdict, verdict_ratios=d.verdict_ratios,
                          verdict_noise=d.verdict_noise, device=d.device,
                          parts_scale=d.parts_scale, notes=list(d.notes),
-                         round_bottlenecks=list(d.round_bottlenecks))
+                         round_bottlenecks=list(d.round_bottlenecks), form=d.form)

@@ -493,7 +493,9 @@ def doctor_texts(d: DoctorSection) -> list[TextTable]:
         [[f.bottleneck, f.detail or UNKNOWN,
           ", ".join(f"{k} = {_evidence_value(v)}" for k, v in f.evidence.items()) or "—",
           f.fix or "—", _gain_cell(f)] for f in d.findings],
-        [*([f"bottleneck named by each 'before' round: {', '.join(d.round_bottlenecks)} — "
+        [*(["bottleneck named by each "
+            + ("half of the command's measured window" if d.form == "command" else
+               "'before' round") + f": {', '.join(d.round_bottlenecks)} — "
             + ("held" if len(set(d.round_bottlenecks)) == 1 else "did not hold")]
            if len(d.round_bottlenecks) >= 2 else []), *d.notes])
     return [split, before_after, findings]

@@ -22,7 +22,8 @@ class Measured:
     step_time_spread_s: float | None
     """max − min of the timed steps."""
     tokens_per_s: float | None
-    """Positions computed per second (micro × seq_len × accumulation × ranks / step time)."""
+    """Positions computed per second (micro × seq_len × accumulation × ranks / step time); a
+    script's tune (``step_source`` "script"): its batches' non-padding tokens per second."""
     samples_per_s: float | None
     data_wait_fraction: float | None
     """Share of the step spent waiting for the next batch."""
