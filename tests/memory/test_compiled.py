@@ -174,6 +174,10 @@ def test_checkpointed_compile_is_the_eager_step() -> None:
     job = JobSpec(model="m", seq_len=SEQ, micro_batch=1, compile=True, grad_ckpt="full")
     assert not runs_partitioned(job, sharded=False)
     assert "eager step (a checkpointed block's saved set is its checkpoint's)" in compile_note(job, [])
+    # the mask the compiled step builds is said where it is simulated (an audit: a compiled row
+    # 0.64 GiB above its eager one under "memory simulated as the eager step")
+    assert "builds a batch × 1 × seq × seq attention mask" in compile_note(job, [])
+    assert "attention mask" not in compile_note(job.replace(compile_builds_mask=False), [])
     # the whole model compiled: the eager blocks with transformers' mask, which Dynamo builds
     masked = _sim(True, grad_ckpt="full", compile_builds_mask=True)
     mask_bytes = BATCH * SEQ * SEQ * 2  # a bf16 copy of the B×1×S×S mask, kept per layer

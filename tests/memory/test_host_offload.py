@@ -248,6 +248,11 @@ def test_zero2_pin_memory_rounds_each_pinned_partition_up_to_a_power_of_two():
         acc.replace(zero_pin_memory=False), 10**6, 10**4) > 0  # a bound: under twice its bytes
     res = CliRunner().invoke(app, ["plan", "gpt2", "--gpu", "t4", "--zero-pin-memory"])
     assert res.exit_code == 2 and "for ZeRO-2/3 with an offload" in res.output
+    # the --no- form too (an audit: accepted in silence under FSDP)
+    res = CliRunner().invoke(app, ["plan", "gpt2", "--gpu", "t4", "--ranks", "2", "--sharding",
+                                   "fsdp", "--no-zero-pin-memory"])
+    assert res.exit_code == 2 and "--no-zero-pin-memory: DeepSpeed's offload pin_memory" in \
+        res.output
 
 
 def test_zero3_offload_pins_its_gradient_buffers_and_holds_the_parameters_twice():

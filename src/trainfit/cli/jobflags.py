@@ -105,11 +105,13 @@ def merge_job_fields(fields: dict[str, Any], job_flags: dict[str, Any], usage: s
             "effective_batch" not in job_flags:
         out.pop("grad_accum", None)
     refuse_dead_reentrant(job_flags, out.get("grad_ckpt"))
-    if job_flags.get("zero_pin_memory") and not (out.get("sharding") in ("zero2", "zero3")
-                                                 and out.get("offload", "none") != "none"):
-        # what it describes exists only there; a file's value is its default, which tune writes
+    if job_flags.get("zero_pin_memory") is not None and not (
+            out.get("sharding") in ("zero2", "zero3") and out.get("offload", "none") != "none"):
+        # what it describes exists only there, either way it is given (an audit: the --no- form
+        # was accepted in silence under FSDP); a file's value is its default, which tune writes
         # into every job
-        raise JobError("--zero-pin-memory: DeepSpeed's offload pin_memory, for ZeRO-2/3 with an "
+        flag = "--zero-pin-memory" if job_flags["zero_pin_memory"] else "--no-zero-pin-memory"
+        raise JobError(f"{flag}: DeepSpeed's offload pin_memory, for ZeRO-2/3 with an "
                        "offload", "use --sharding zero2 (or zero3) --offload optimizer, or "
                        "drop it")
     if "quant" in job_flags and job_flags["quant"] is None and out.get("method") == "qlora":

@@ -99,8 +99,33 @@ def _with_interconnect(spec: Any, name: str) -> Any:
                        "known: " + ", ".join(INTERCONNECTS_GBS) + ", or a measured bus "
                        "bandwidth in GB/s, e.g. 2.7GB/s (trainfit tune under torchrun measures "
                        "it)")
+    _check_nvlink_generation(spec, key)
     return dataclasses.replace(spec, interconnect=f"{key} (given)",
                                interconnect_gbs=INTERCONNECTS_GBS[key])
+
+
+NVLINK_OF_MAJOR = {7: "nvlink2", 8: "nvlink3", 9: "nvlink4"}
+"""The NVLink generation each architecture has (Volta and Turing 2, Ampere 3, Hopper 4: NVIDIA's
+NVLink pages); Ada (8.9) and GeForce/workstation Blackwell (12.x) have none. Blackwell's NVLink 5
+has no name here (a measured GB/s gives it)."""
+
+
+def _check_nvlink_generation(spec: Any, key: str) -> None:
+    """A named NVLink the card cannot have is refused (an audit: --interconnect nvlink4 on an
+    A100 planned NVSwitch's NCCL buffers and its bandwidth)."""
+    cc = getattr(spec, "compute_capability", None)
+    if not key.startswith("nvlink") or not cc:
+        return
+    major, minor = (int(x) for x in str(cc).split(".")[:2])
+    none = (major, minor) == (8, 9) or major == 12
+    has = NVLINK_OF_MAJOR.get(major)
+    if not none and (has is None or has == key):
+        return  # its generation, or an architecture this table does not hold: as given
+    what = "has no NVLink" if none else f"has {has}"
+    raise JobError(f"--interconnect {key}: a {spec.display_name} (compute capability {cc}) "
+                   f"{what}", ("use " if none else f"use --interconnect {has}, ") +
+                   "its PCIe link (pcie3 / pcie4 / pcie5) or a measured GB/s (trainfit tune "
+                   "under torchrun measures it)")
 
 
 def _is_file(p: Path) -> bool:

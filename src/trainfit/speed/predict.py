@@ -382,7 +382,7 @@ def predict_speed(dev: DeviceSpeed, op_points: list[list[OpRecord]], layers: tup
         op_points = [fuse_elementwise(ops) for ops in op_points]
     per_l = []
     for idx, (lo, hi) in enumerate(((op_points[0], op_points[2]), (op_points[1], op_points[3]))):
-        key = (id(dev), idx, compiled)
+        key = (id(dev), idx, compiled, b1, b2)  # each batch segment its own pairing
         if cache is not None and key in cache:
             shaped, bytes_sum, host_sums = cache[key]
         else:
