@@ -354,8 +354,8 @@ def test_a_commands_verdict_must_hold_across_the_halves_of_its_window(monkeypatc
     import json
 
     from trainfit.report.build import build_report
+    from trainfit.report.doctor_tables import doctor_texts
     from trainfit.report.load import load_inputs
-    from trainfit.report.tables import doctor_texts
 
     assert res.to_dict()["form"] == "command"
     path = tmp_path / "doctor.json"

@@ -152,7 +152,7 @@ def test_train_and_doctor(full_report):
 def test_doctors_verdict_and_a_measured_gain_are_said(tmp_path):
     """QA: a doctor JSON whose interleaved rounds could not decide was reported as 'applied' with
     its +12 % median change and nothing else; a gain a probe measured was headed 'predicted'."""
-    from trainfit.report.tables import doctor_texts
+    from trainfit.report.doctor_tables import doctor_texts
 
     doc = json.loads((FIXTURES / "doctor.json").read_text())
     doc["gain"] = {"verdict": "undecided", "ratios": [1.16, 1.10], "noise": 0.65}

@@ -40,7 +40,6 @@ class BilinearModel:
     points: list[Point]
     full_layers: int
     layer_extrapolated: bool
-    batches: tuple[int, int] = (1, 2)
     low: list[Point] = field(default_factory=list)
     """(L1, 1), (L2, 1): micro-batch 1 at the small depths (when the grid has it)."""
     high: list[Point] = field(default_factory=list)
@@ -65,24 +64,25 @@ class BilinearModel:
         between 8 and 64, so the line through 2 and 3 put its micro-batch-64 step 13 % under the
         full-size simulation and faster than the same step without checkpointing (an audit)."""
 
+        segment = self.segment(job.micro_batch or 1)
+        try:
+            return self._speed_over(segment, dev, job, flops_per_token)
+        except ValueError:
+            # micro-batch 1 runs other ops than 2 (a broadcast or a squeeze taken on a size-1
+            # dimension): its segment cannot be paired op by op, the fit's can
+            if segment is self.points:
+                raise
+        return self._speed_over(self.points, dev, job, flops_per_token)
+
+    def _speed_over(self, p: list[Point], dev: Any, job: Any, flops_per_token: float) -> Any:
+        """:func:`predict_speed` over four points, (L1, b1), (L2, b1), (L1, b2), (L2, b2)."""
         if not hasattr(self, "_speed_cache"):
             self._speed_cache: dict[Any, Any] = {}
-        segment = self.segment(job.micro_batch or 1)
-        for p in (segment, self.points) if segment != self.points else (self.points,):
-            try:
-                return predict_speed(dev, [p[0].ops, p[1].ops, p[2].ops, p[3].ops],
-                                     (p[0].layers, p[1].layers), (p[0].batch, p[2].batch),
-                                     self.full_layers, job.micro_batch, job.grad_accum or 1,
-                                     job.seq_len, job.ranks, flops_per_token,
-                                     cache=self._speed_cache,
-                                     compiled=bool(getattr(job, "compile", False)),
-                                     host=self.host)
-            except ValueError:
-                # micro-batch 1 runs other ops than 2 (a broadcast or a squeeze taken on a
-                # size-1 dimension): its segment cannot be paired op by op, the fit's can
-                if p is self.points:
-                    raise
-        raise AssertionError("unreachable")
+        return predict_speed(dev, [p[0].ops, p[1].ops, p[2].ops, p[3].ops],
+                             (p[0].layers, p[1].layers), (p[0].batch, p[2].batch),
+                             self.full_layers, job.micro_batch, job.grad_accum or 1,
+                             job.seq_len, job.ranks, flops_per_token, cache=self._speed_cache,
+                             compiled=bool(getattr(job, "compile", False)), host=self.host)
 
     def segment(self, batch: int) -> list[Point]:
         """The four points a micro-batch is predicted from: micro-batch 1 and 2 below 2, (2, 3)

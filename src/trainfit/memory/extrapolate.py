@@ -184,6 +184,6 @@ def fit_group(job: JobSpec, source: ModelSource, target: SimTarget,
     # order: (L1,b1), (L2,b1), (L1,b2), (L2,b2); one depth: the same twice, the L terms vanish
     ordered = [pts[(l1, batches[0])], pts[(l2, batches[0])], pts[(l1, batches[1])],
                pts[(l2, batches[1])]]
-    return BilinearModel(ordered, full, extrap, batches, [low[0], low[-1]] if low else [], high,
+    return BilinearModel(ordered, full, extrap, [low[0], low[-1]] if low else [], high,
                          accumulates, expandable=job.expandable_segments,
                          gradients_dropped=job.sharding in ("zero2", "zero3"))

@@ -92,8 +92,7 @@ def _epoch_positions(t: TuneInput) -> tuple[int | None, str]:
         return (t.dataset_tokens,
                 f"tune's {t.dataset_tokens:,} non-padding tokens, as a script's tokens/s counts "
                 f"them, {t.path}")
-    jobs = ([t.pick.job] if t.pick else []) + [p.job for p in t.probes]
-    seq = next((j["seq_len"] for j in jobs if isinstance(j.get("seq_len"), int)), None)
+    seq = _tune_seq_len(t)
     if t.dataset_samples is None or seq is None:
         return None, f"unknown: {t.path} does not give its samples and sequence length"
     real = ("" if t.dataset_tokens is None else
@@ -103,9 +102,19 @@ def _epoch_positions(t: TuneInput) -> tuple[int | None, str]:
             f"tokens/s counts it{real}, {t.path}")
 
 
+def _tune_jobs(t: TuneInput) -> list[dict[str, Any]]:
+    """The jobs tune's file holds: its pick's, then each probe's."""
+    return ([t.pick.job] if t.pick else []) + [p.job for p in t.probes]
+
+
+def _tune_seq_len(t: TuneInput) -> int | None:
+    """The sequence length tune's jobs ran at (None: not in the file)."""
+    return next((j["seq_len"] for j in _tune_jobs(t) if isinstance(j.get("seq_len"), int)),
+                None)
+
+
 def _tune_model(t: TuneInput) -> str | None:
-    jobs = ([t.pick.job] if t.pick else []) + [p.job for p in t.probes]
-    for j in jobs:
+    for j in _tune_jobs(t):
         if j.get("model"):
             return str(j["model"])
     return None
@@ -152,8 +161,7 @@ class _SectionBuilder:
         t = self.tune
         if t is None or t.step_source != "script" or self.plan is None:
             return None
-        jobs = ([t.pick.job] if t.pick else []) + [p.job for p in t.probes]
-        seq = next((j["seq_len"] for j in jobs if isinstance(j.get("seq_len"), int)), None)
+        seq = _tune_seq_len(t)
         if not (t.dataset_tokens and t.dataset_samples and seq):
             return None
         return min(1.0, t.dataset_tokens / (t.dataset_samples * seq))

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainfit.report.doctor_tables import doctor_texts
 from trainfit.report.figures import FigureImage
 from trainfit.report.model import Report, Section
 from trainfit.report.tables import (
     TextTable,
-    doctor_texts,
     fmt_duration,
     fmt_gib,
     fmt_num,
