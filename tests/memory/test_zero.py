@@ -173,16 +173,28 @@ def test_zero3_steps_one_sub_group_at_a_time():
     """An audit: ZeRO-3's step was booked a fp32 copy of the whole gradient partition (Llama-3.1-8B
     on 2 ranks: 15 GiB, the run refused at 75.9 GiB against DeepSpeed's own 69.3 GiB estimate).
     stage3.py makes one sub-group's fp32 gradient at a time (its bf16 flat copy alive for the
-    cast) and frees it before the next; ZeRO-2 casts the whole partition."""
-    from trainfit.memory.zero import SUB_GROUP_SIZE, _step_fp32_grad_bytes
+    cast) and frees it before the next; ZeRO-2 casts the whole partition, its flat copy alive
+    too.  With the fused AdamW (no temporaries of its own) the cast is the step's moment."""
+    from trainfit.memory.zero_step import SUB_GROUP_SIZE, step_temporary_bytes
+
+    def temp(part: int, largest: int, compute: int, stage3: bool, impl: str = "fused") -> int:
+        job = JobSpec(model="llama-3.1-8b", optimizer_impl=impl)
+        return step_temporary_bytes(job, partition=part, largest_partition=largest,
+                                    compute_bytes=compute, stage3=stage3)
 
     part, largest = 4_015_263_744, 262_668_288  # 8.03 B / 2; the 128k × 4096 embedding / 2
     most = SUB_GROUP_SIZE + largest - 1
-    assert _step_fp32_grad_bytes(part, largest, 2, stage3=True) == most * 6
-    assert _step_fp32_grad_bytes(part, largest, 2, stage3=False) == part * 4
+    assert temp(part, largest, 2, True) == most * 6
+    assert temp(part, largest, 2, False) == part * 6
     # a partition under one sub-group: all of it; fp32 compute: the flat copy is the cast
-    assert _step_fp32_grad_bytes(10**6, 10**5, 2, stage3=True) == 6 * 10**6
-    assert _step_fp32_grad_bytes(10**6, 10**5, 4, stage3=True) == 4 * 10**6
+    assert temp(10**6, 10**5, 2, True) == 6 * 10**6
+    assert temp(10**6, 10**5, 4, True) == 4 * 10**6
+    # torch's foreach AdamW (HF optim "adamw_torch") beside the fp32 gradient: one partition-
+    # sized temporary; for-loop: two.  ZeRO-2 has dropped its 16-bit gradient partition by then
+    assert temp(10**6, 10**5, 2, True, "foreach") == 8 * 10**6
+    assert temp(10**6, 10**5, 2, True, "forloop") == 12 * 10**6
+    assert temp(10**6, 10**5, 2, False, "forloop") == (4 + 8 - 2) * 10**6
+
     # and zero_phases books it at the step only
     from trainfit.memory.zero import zero_phases
 
@@ -195,3 +207,23 @@ def test_zero3_steps_one_sub_group_at_a_time():
                          largest_trainable_numel=2 * largest)
     assert out["optimizer"]["temporaries"] == -(-most * 6 // 512) * 512
     assert out["forward"]["temporaries"] == 512
+    # the step holds the partitions only: the gathered layers are released first
+    assert out["optimizer"]["parameters"] < out["forward"]["parameters"]
+    assert out["optimizer"]["parameters"] == -(-2 * part // 512) * 512
+
+
+def test_the_optimizer_on_a_flat_partition_is_measured():
+    """DeepSpeed gives its optimizer 1-D fp32 tensors: what they keep and make, per element, from
+    the job's optimizer run on one (AdamW: two fp32 states; Adafactor cannot factor a vector:
+    a full second moment, where the model's matrices would keep two small ones)."""
+    from trainfit.memory.zero_step import flat_optimizer_bytes
+
+    adamw = {impl: flat_optimizer_bytes("adamw", impl) for impl in ("fused", "foreach", "forloop")}
+    assert [round(a.states_per_element, 3) for a in adamw.values()] == [8.0, 8.0, 8.0]
+    assert [a.temporaries_per_element for a in adamw.values()] == [0.0, 4.0, 8.0]
+    assert round(flat_optimizer_bytes("adafactor", "fused").states_per_element, 3) == 4.0
+    assert round(flat_optimizer_bytes("sgd", "fused").states_per_element, 3) == 4.0
+    # bitsandbytes' 8-bit states: 2 bytes, two fp32 scales per 256-element block (+ its maps)
+    assert 2.031 <= flat_optimizer_bytes("adamw-8bit", "fused").states_per_element < 2.05
+    # a paged optimizer's states are managed memory, outside the allocator
+    assert flat_optimizer_bytes("paged-adamw", "fused").states_per_element == 0.0

@@ -27,9 +27,12 @@ DEEPSPEED = sorted(REFERENCE.glob("deepspeed-*"))
 LLAMA = dict(hidden_size=128, intermediate_size=344, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=2000, max_position_embeddings=256)
 BASE = dict(model="tiny-llama", seq_len=64, micro_batch=2, grad_accum=2, ranks=2,
-            precision="amp-bf16", grad_ckpt="off", attention="sdpa-flash", max_grad_norm=1.0)
+            precision="amp-bf16", grad_ckpt="off", attention="sdpa-flash", max_grad_norm=1.0,
+            optimizer_impl="forloop")
 """``sdpa-flash``: the real ranks run SDPA on this CPU, whose flash kernel keeps what the GPU's
-does (the output and the log-sum-exp, no S×S scores); plan's step targets a GPU."""
+does (the output and the log-sum-exp, no S×S scores); plan's step targets a GPU.  ``forloop``:
+the AdamW DeepSpeed makes for ``torch_adam`` is torch's with its default implementation, the
+for-loop one for CPU tensors."""
 CASES: dict[str, tuple[int, dict[str, Any]]] = {
     "zero2": (2, {}),
     "zero3": (3, {}),
@@ -41,6 +44,10 @@ CASES: dict[str, tuple[int, dict[str, Any]]] = {
     "zero3-lora": (3, dict(method="lora", lora_dropout=0.0)),
     # fp32 mode (accelerate's mixed_precision "no"): ZeRO-2 still clones its fp32 partition
     "zero2-fp32": (2, dict(precision="fp32")),
+    # torch's fused AdamW (HF's default optim, adamw_torch_fused) makes no temporaries: the
+    # step's moment is the gradient's cast (ZeRO-2: the group's flat copy and its fp32 cast)
+    "zero2-fused": (2, dict(optimizer_impl="fused")),
+    "zero3-fused": (3, dict(optimizer_impl="fused")),
 }
 
 pytestmark = pytest.mark.skipif(not DEEPSPEED, reason="DeepSpeed not installed in build/reference "
@@ -62,14 +69,17 @@ def _job(name: str) -> JobSpec:
 
 def _ds_config(job: JobSpec, stage: int) -> dict[str, Any]:
     """What accelerate / HF Trainer hand DeepSpeed for this job: bf16 mode (none for a fp32
-    job), its AdamW (torch's on this CPU: DeepSpeed's fused Adam needs CUDA), the "auto"
+    job), its AdamW (torch's on this CPU, for-loop or fused as the job says: DeepSpeed's fused
+    Adam needs CUDA), the "auto"
     buckets HF fills from the hidden size h (transformers integrations/deepspeed.py),
     overlap_comm as in the HF docs' configs."""
     h = LLAMA["hidden_size"]
     return {"train_micro_batch_size_per_gpu": job.micro_batch,
             "gradient_accumulation_steps": job.grad_accum,
             "bf16": {"enabled": job.precision != "fp32"}, "gradient_clipping": job.max_grad_norm,
-            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}},
+            "optimizer": {"type": "AdamW", "params": {
+                "lr": 1e-4, "torch_adam": True,
+                **({"fused": True} if job.optimizer_impl == "fused" else {})}},
             "zero_optimization": {"stage": stage, "overlap_comm": True,
                                   "contiguous_gradients": True, "reduce_bucket_size": h * h,
                                   "stage3_prefetch_bucket_size": int(0.9 * h * h),
@@ -77,8 +87,9 @@ def _ds_config(job: JobSpec, stage: int) -> dict[str, Any]:
             "steps_per_print": 10**9}
 
 
-def _measure(name: str) -> int:
-    """One rank's peak live bytes over two DeepSpeed optimizer steps."""
+def _measure(name: str) -> dict[str, int]:
+    """One rank's peak live bytes over two DeepSpeed optimizer steps ("peak"), and the peak
+    within its optimizer steps ("optimizer")."""
     import deepspeed
     import torch
 
@@ -114,7 +125,7 @@ def _measure(name: str) -> int:
                 engine.backward(loss)
                 tracker.set_phase("optimizer", micro)
                 engine.step()
-    return tracker.peak.peak_bytes
+    return {"peak": tracker.peak.peak_bytes, "optimizer": tracker.phase_peaks["optimizer"]}
 
 
 def _worker(name: str, out_dir: Path) -> None:
@@ -136,7 +147,8 @@ def _worker(name: str, out_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory: pytest.TempPathFactory, two_gloo_ranks: Any) -> dict[str, list[int]]:
+def measured(tmp_path_factory: pytest.TempPathFactory, two_gloo_ranks: Any
+             ) -> dict[str, list[dict[str, int]]]:
     out = tmp_path_factory.mktemp("zero_mem")
     for name in CASES:
         two_gloo_ranks(__file__, name, str(out), path=(str(DEEPSPEED[-1]),),
@@ -160,7 +172,7 @@ def test_zero_rank_peak_matches_deepspeed_on_two_gloo_ranks(measured, name):
     pred = predict_memory(_job(name), _source(), None)
     # the CPU run has no cuBLAS workspace (plan books one for a GPU it does not know)
     predicted = pred.peak_allocated_bytes - pred.breakdown.get("workspaces", 0)
-    worst = max(measured[name])
+    worst = max(r["peak"] for r in measured[name])
     assert worst * 0.995 <= predicted <= worst * 1.015, (name, measured[name], predicted)
 
 
@@ -171,8 +183,50 @@ def test_zero3_holds_more_than_zero2_on_a_small_model(measured):
     from trainfit.memory.predict import predict_memory
 
     z2, z3 = (predict_memory(_job(s), _source(), None) for s in ("zero2", "zero3"))
-    assert min(measured["zero3"]) > max(measured["zero2"])
+    assert min(r["peak"] for r in measured["zero3"]) > max(r["peak"] for r in measured["zero2"])
     assert z3.breakdown["parameters"] > z2.breakdown["parameters"]
+
+
+def _predicted_phases(name: str) -> dict[str, int]:
+    """plan's per-rank bytes at each phase's peak (no cuBLAS workspace: the CPU run has none)."""
+    from trainfit.memory.predict import target_for
+    from trainfit.memory.ranks import rank_phases
+    from trainfit.memory.simulate import simulate_step
+
+    job, source = _job(name), _source()
+    sim = simulate_step(job, source, target_for(None, job.precision))
+    phases = {sim.peak_phase: sim.breakdown, **sim.phase_breakdowns}
+    per_phase, _ = rank_phases(job, source, phases, sim.trainable_params, sim.per_rank,
+                               sim.quant_state_bytes, sim.info.get("largest_trainable_numel", 0))
+    return {k: sum(v.values()) for k, v in per_phase.items()}
+
+
+@pytest.mark.parametrize("name", ["zero2", "zero3", "zero2-fused", "zero3-fused"])
+def test_zero_step_peak_matches_deepspeed_on_two_gloo_ranks(measured, name):
+    """The optimizer step's own peak, within −1 … +1.5 % of the higher rank's (measured: −0.6 …
+    +0.02 %; the last rank holds 77 KiB more than the first throughout, at the step too).  Seen
+    in the run at the step: ZeRO-2 has dropped its gradient partition and its reduce buckets;
+    ZeRO-3 has released every gathered parameter and keeps its gradient buffer and its one
+    reduce bucket; torch's for-loop AdamW makes two partition-sized temporaries, its fused one
+    none (the cast is then the moment: ZeRO-2's flat copy beside its fp32 gradient).  Before
+    (DeepSpeed's fused Adam assumed, the flat copy and ZeRO-3's released layers not) the
+    for-loop steps came 21 % under the real ones."""
+    predicted = _predicted_phases(name)["optimizer"]
+    worst = max(r["optimizer"] for r in measured[name])
+    assert worst * 0.99 <= predicted <= worst * 1.015, (name, measured[name], predicted)
+
+
+@pytest.mark.parametrize("name", ["zero3-lora-ckpt", "zero2-fp32"])
+def test_where_the_step_is_under_it_is_far_below_the_peak(measured, name):
+    """Two steps plan does not match to the byte, both far below their run's peak, in the run
+    and in plan: a LoRA rank's step (the adapters' partitions only; the run also keeps two
+    hidden-sized tensors plan does not book, 64 KiB, 4 % of this step) and ZeRO-2 in fp32 (the
+    first rank's step holds 0.95 MiB more than the other's, matched to 0.01 %)."""
+    phases = _predicted_phases(name)
+    real = max(r["optimizer"] for r in measured[name])
+    assert real < 0.92 * min(r["peak"] for r in measured[name])
+    assert phases["optimizer"] < 0.85 * max(phases.values())
+    assert 0.9 * real <= phases["optimizer"] <= 1.015 * real
 
 
 if __name__ == "__main__":

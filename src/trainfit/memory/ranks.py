@@ -158,7 +158,7 @@ def host_offload_bytes(job: JobSpec, source: ModelSource, phases: dict[str, dict
     if job.sharding == "zero3" and "optimizer" in on_gpu:
         # the host holds every sub-group's fp32 gradient (4 B a partitioned value), where the
         # GPU's step makes one sub-group's at a time beside its 16-bit flat copy
-        # (memory/zero._step_fp32_grad_bytes)
+        # (memory/zero_step.step_temporary_bytes)
         part = -(-trainable_params // max(job.ranks, 1))
         on_gpu["optimizer"] = {**on_gpu["optimizer"],
                                "temporaries": -(-4 * part // K_MIN_BLOCK) * K_MIN_BLOCK}

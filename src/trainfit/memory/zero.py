@@ -32,11 +32,13 @@ ranks on this CPU (its CPU accelerator; ``tests/memory/test_zero_vs_gloo.py``):
   whole on every rank under any sharding.
 * ``offload: optimizer`` moves the fp32 master, the states and the fp32 gradient partition to the
   host; ``all`` (ZeRO-3 ``offload_param``, FSDP ``CPUOffload``) the parameter partitions too.
-DeepSpeed's optimizer is its own fused Adam: the simulated step's optimizer temporaries (torch's
-foreach lists) are not part of it.  The CPU run checks the per-rank bytes at a small size (ZeRO-2
-and ZeRO-3, full and LoRA: +0.04 … +1.3 %); it does not see what only a GPU run has — the fused
-Adam, offloading to the host, DeepSpeed's CUDA streams (its prefetch stream keeps the allocator
-from reusing those blocks at once), NCCL — so the error band still states the published misses.
+The optimizer runs on DeepSpeed's flat fp32 partitions, not on the model's weights: its states
+and temporaries are those of one 1-D tensor of the partition's size (:mod:`trainfit.memory.
+zero_step`, measured by running the job's optimizer on one), not the one-process step's.  The
+CPU run checks the per-rank bytes at a small size (ZeRO-2 and ZeRO-3, full and LoRA: +0.04 …
++1.3 %; the step's own peak too); it does not see what only a GPU run has — the fused Adam,
+offloading to the host, DeepSpeed's CUDA streams (its prefetch stream keeps the allocator from
+reusing those blocks at once), NCCL — so the error band still states the published misses.
 """
 
 from __future__ import annotations
@@ -49,15 +51,8 @@ import torch
 
 from trainfit.job import JobSpec
 from trainfit.memory.allocator import K_MIN_BLOCK
+from trainfit.memory.zero_step import flat_optimizer_bytes, step_temporary_bytes
 from trainfit.model.source import ModelSource, hidden_size
-
-SUB_GROUP_SIZE = 10**9
-"""DeepSpeed's ``sub_group_size`` (``runtime/zero/config.py``: ``pp_int(1e9)``), left so by
-accelerate's plugin and written so in the HF docs' ZeRO-3 configs."""
-
-OPTIMIZER_SCALES_WITH_MASTER = ("adamw", "sgd", "adafactor")
-"""Optimizers whose states have the dtype of the parameters they update (torch's; bitsandbytes'
-8-bit states are uint8 whatever the parameters are)."""
 
 
 class _KeepInputLinear(torch.autograd.Function):
@@ -223,17 +218,25 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
     # (stage_1_and_2.py, beside its host twin: zero_host.zero_host_extra_bytes); ~1 GiB for a
     # 128k-vocabulary 8B model's embedding, missing until a review
     staging = largest_trainable_numel * compute_bytes if off_opt and not stage3 else 0
-    step_temp = 0 if off_opt else _step_fp32_grad_bytes(
-        -(-trainable_params // n), -(-largest_trainable_numel // n), compute_bytes, stage3)
+    step_temp = 0 if off_opt else step_temporary_bytes(
+        job, partition=-(-trainable_params // n), largest_partition=-(-largest_trainable_numel // n),
+        compute_bytes=compute_bytes, stage3=stage3)
+    # the optimizer's states on the rank's flat fp32 partition (memory/zero_step.py: Adafactor
+    # keeps a full second moment there, a paged optimizer's are managed memory), once its first
+    # step has made them: the phases before it (the first step's forward) hold none
+    flat_states = int(-(-trainable_params // n) * flat_optimizer_bytes(
+        job.optimizer, job.optimizer_impl).states_per_element + 0.5)
     out: dict[str, dict[str, int]] = {}
     for key, b in phases.items():
-        states = b.get("optimizer", 0)
-        if job.optimizer in OPTIMIZER_SCALES_WITH_MASTER and master:
-            states = states * 4 // compute_bytes  # the states are built on the fp32 master
-        states = -(-states // n)
+        states = flat_states if b.get("optimizer", 0) or key == "optimizer" else 0
         step = key == "optimizer"
         # in the tracker's order (CATEGORIES), as every other breakdown
-        t = {"parameters": param_term,
+        # ZeRO-3's step begins by releasing every gathered parameter, the persistent ones too
+        # (stage3.py ``step``: ``_partition_all_parameters`` → the coordinator's
+        # ``release_and_reset_all``, which raises unless all are NOT_AVAILABLE): the step holds
+        # the partitions only.  Counting the gathered layers there put Llama-3.2-1B's 2-rank
+        # ZeRO-3 step 0.63 GiB above its backward and above ZeRO-2's peak.
+        t = {"parameters": param_term - gathered if step else param_term,
              "gradients": 0 if off_opt else grad_part,
              "optimizer": 0 if off_opt else master + states,
              "activations": b.get("activations", 0),
@@ -241,31 +244,16 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
              # on the host when offloaded
              "temporaries": step_temp if step else b.get("temporaries", 0),
              "buffers": b.get("buffers", 0) + staging}
-        if not step:
+        if not step or stage3:
+            # ZeRO-3's reduce bucket is made once, at init (stage3.py: ``bucket.buffer =
+            # torch.empty(reduce_bucket_size)`` with contiguous_gradients); ZeRO-2's are dropped
+            # at the backward's end (``_release_ipg_buffers``) — both seen in the gloo run's step
             t["data_parallel"] = buckets
         # each term is whole flat buffers, and the caching allocator hands out 512-byte blocks
         # (CUDACachingAllocator kMinBlockSize): a partition of P/N bytes takes the next multiple
         out[key] = {c: -(-v // K_MIN_BLOCK) * K_MIN_BLOCK for c, v in t.items()}
     return out, _zero_notes(job, gathered=gathered, bucket=bucket,
                             quant_state_bytes=quant_state_bytes)
-
-
-def _step_fp32_grad_bytes(partition: int, largest_partition: int, compute_bytes: int,
-                          stage3: bool) -> int:
-    """The optimizer step's fp32 gradient on the GPU, for a rank's ``partition`` trainable
-    elements.  ZeRO-2 casts its whole partition at once (``stage_1_and_2.py`` ``step``: the
-    flattened gradient partition ``.to(fp32)``).  ZeRO-3 goes one optimizer sub-group at a
-    time (``stage3.py`` ``step``): ``_prepare_fp32_grad_for_sub_group`` flattens the
-    sub-group's gradients (a copy, ``torch.cat``) and casts them to fp32 — both alive for the
-    cast — and ``_release_sub_group`` frees the fp32 one before the next; a sub-group holds at
-    most ``SUB_GROUP_SIZE`` + its largest parameter's partition − 1 elements
-    (``_create_fp16_sub_groups``).  An audit: the whole partition in fp32 over-counted Llama-3.1-
-    8B on 2 ranks by 9 GiB (75.9 vs DeepSpeed's own 69.3 GiB estimate), a fitting run refused."""
-    if not stage3:
-        return partition * 4
-    sub_group = min(partition, SUB_GROUP_SIZE + max(largest_partition - 1, 0))
-    # in fp32 the cast is the flat copy itself (``.to`` of the same dtype returns it)
-    return sub_group * (4 + (compute_bytes if compute_bytes != 4 else 0))
 
 
 def _zero_notes(job: JobSpec, *, gathered: int, bucket: int, quant_state_bytes: int

@@ -41,7 +41,8 @@ from __future__ import annotations
 from typing import Any
 
 from trainfit.memory.host_offload import pow2_ceil
-from trainfit.memory.zero import SUB_GROUP_SIZE, compute_dtype_bytes, master_bytes_per_param
+from trainfit.memory.zero import compute_dtype_bytes, master_bytes_per_param
+from trainfit.memory.zero_step import SUB_GROUP_SIZE
 
 
 def _offloaded(job: Any) -> bool:
