@@ -434,6 +434,20 @@ def test_a_bare_family_name_names_its_other_memory_sizes():
     assert memory_variants("a100-40gb", find_gpu("a100-40gb")) == []
     assert memory_variants("h100", find_gpu("h100")) == []  # SXM, PCIe: both 80 GB
     assert memory_variants("t4", find_gpu("t4")) == []
+    # the family as the resolved card names it, not only as typed (an audit: "3080" and
+    # "rtx3080" planned the 10 GB card with no word of the 12 and 20 GB ones)
+    for typed in ("3080", "rtx3080", "RTX 3080", "rtx-3080"):
+        assert {g.name for g in memory_variants(typed, find_gpu(typed))} == \
+            {"rtx-3080-12gb", "rtx-3080-20gb"}, typed
+
+
+def test_a_near_miss_is_offered_the_card_with_its_model_number():
+    """An audit: "3090ti" was offered the 3080/3070/3060 Ti (spelling alone), not the 3090."""
+    from trainfit.hardware.gpus import close_gpu_names
+
+    assert close_gpu_names("3090ti")[0] == "rtx-3090"
+    assert close_gpu_names("4080super")[0] == "rtx-4080-super"
+    assert close_gpu_names("rtx4900")[0] == "rtx-4090"  # no card has 4900: spelling
 
 
 def test_a_size_the_card_does_not_have_names_no_card():

@@ -409,3 +409,59 @@ def test_a_resume_says_a_changed_setting_and_refuses_another_model_config(job, t
     same.write_text(Path(job.model).read_text())
     assert train(job.replace(model=str(same)), RunOptions(out_dir=out, max_steps=4,
                                                           resume=out)).steps == 4
+
+
+def test_a_resume_with_dropout_is_exact(job, tmp_path):
+    """An audit: ``iter(DataLoader)`` draws its base seed from torch's global generator, and a
+    resume makes a loader where the uninterrupted run did not: every LoRA dropout mask after it
+    moved (losses off by up to 1e-3).  The draw is put back: the resumed losses are the
+    uninterrupted run's to the bit."""
+    lora = job.replace(method="lora", lora_dropout=0.1)
+    ref = train(lora, RunOptions(out_dir=tmp_path / "ref", max_steps=6))
+    train(lora, RunOptions(out_dir=tmp_path / "a", max_steps=6, inject_interrupt_at_step=2))
+    b = train(lora, RunOptions(out_dir=tmp_path / "a", resume=tmp_path / "a"))
+    assert b.steps == 6 and b.losses == ref.losses
+
+
+def test_an_oom_in_the_optimizer_step_stops_instead_of_redoing_it(job, tmp_path, monkeypatch):
+    """An audit: an OOM in the update was split and redone like an activation's, after a
+    foreach AdamW had already written part of its states (the losses drifted by 0.048), or died
+    in GradScaler's second ``unscale_``.  Its memory does not shrink with the micro-batch: the
+    run stops with what lowers it, and its last checkpoint is the state before the step."""
+    import torch
+
+    real = torch.optim.AdamW.step
+    calls = {"n": 0}
+
+    def step(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the third update: two steps are done and checkpointed
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    with pytest.raises(JobError, match=r"out of memory in the optimizer step of step 3: a smaller "
+                       r"micro-batch does not lower it") as err:
+        train(job.replace(optimizer_impl="foreach"),
+              RunOptions(out_dir=tmp_path / "o", max_steps=4, save_every_steps=1))
+    assert "optimizer_impl: fused" in err.value.hint and "--resume" in err.value.hint
+    assert calls["n"] == 3  # not retried
+    state = json.loads((tmp_path / "o" / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["step"] == 2 and not (tmp_path / "o" / "checkpoint-3").exists()
+
+
+def test_the_peak_after_an_oom_split_is_the_running_micro_batches(job, tmp_path, limit_between):
+    """An audit: the logged peak held the failed attempt's, above --memory-limit (the refused
+    tensor counted), for the rest of the run.  The limit is checked before the peak, and the
+    peak starts again at a split: every logged peak is under the limit and equals a run at the
+    split's micro-batch."""
+    limit = limit_between(job, fits=2, ooms=4)
+    res = train(job, RunOptions(out_dir=tmp_path / "m", max_steps=3, memory_limit_bytes=limit))
+    assert [e.to_dict()["micro_batch_after"] for e in res.oom_events] == [2]
+    rows = [json.loads(x) for x in (tmp_path / "m" / "monitor.jsonl").read_text().splitlines()]
+    peaks = {r["peak_allocated_bytes"] for r in rows if r.get("step")}
+    assert peaks and max(peaks) <= limit
+    train(job.replace(micro_batch=2), RunOptions(out_dir=tmp_path / "t", max_steps=3,
+                                                 memory_limit_bytes=limit))
+    rows2 = [json.loads(x) for x in (tmp_path / "t" / "monitor.jsonl").read_text().splitlines()]
+    assert max(peaks) == max(r["peak_allocated_bytes"] for r in rows2 if r.get("step"))

@@ -337,3 +337,22 @@ def test_the_precision_note_names_the_dtype_the_weights_load_in():
     assert weights_dtype(m, "lora") == "bfloat16"
     assert weights_dtype(m, "full") == "float32"
     assert weights_dtype({"frozen_dtype": None, "trainable_dtype": "float32"}, "lora") == "float32"
+
+
+def test_a_launchers_processes_are_the_runs_ranks(tmp_path, monkeypatch):
+    """An audit: under torchrun on a machine without CUDA transformers sets no DDP up (its
+    ``world_size`` reads 1), so a 2-process launch was planned as 1 rank with half the
+    effective batch.  The launcher's WORLD_SIZE is the GPU run's."""
+    from transformers import TrainingArguments
+
+    from trainfit.script.read import _args
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert _args(args)["world_size"] == 1
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    read = _args(args)
+    assert read["world_size"] == 2
+    r = record()
+    r["args"]["world_size"] = read["world_size"]
+    assert map_record(r).fields["ranks"] == 2

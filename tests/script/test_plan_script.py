@@ -438,3 +438,34 @@ def test_a_model_the_script_builds_itself_is_not_said_to_be_read_without_weights
     assert _weights_words({"mode": "plan", "model": {"device": "cpu"}}).startswith(
         "with weights the script built itself on cpu")
     assert _weights_words({"mode": "tune", "model": {"device": "cpu"}}) == "with its weights"
+
+
+def test_every_meta_tensor_error_is_read_as_computing_before_training():
+    """An audit: a ``generate`` check before training failed with torch's device-mismatch
+    message, which does not say "meta tensor", and was blamed on the script."""
+    import torch
+
+    from trainfit.script.hooks import _about_meta
+
+    ids = torch.ones(1, 2, dtype=torch.long)
+    weight = torch.nn.Embedding(4, 2, device="meta").weight
+    for op in (lambda: torch.ones(4, 2)[ids] + weight[0],  # "device meta ... expected device cpu"
+               lambda: weight + torch.ones(4, 2),  # "... expected device meta"
+               lambda: weight.sum().item()):  # "cannot be called on meta tensors"
+        with pytest.raises((RuntimeError, NotImplementedError)) as err:
+            op()
+        assert _about_meta(str(err.value)), str(err.value)
+    assert not _about_meta("[Errno 2] No such file or directory: 'missing-data.jsonl'")
+
+
+@pytest.mark.parametrize("verb", ["plan", "tune"])
+def test_a_command_without_dashes_beside_job_flags_is_refused(verb, tmp_path):
+    """An audit: ``plan --gpu t4 python train.py --model M --data D`` took --model and --data as
+    trainfit's, ran the script without them and told the user to fix the script."""
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('must not run')\n")
+    res = CliRunner().invoke(app, [verb, "python", str(script), "--model", "m", "--data", "d"])
+    assert res.exit_code == 2, res.output
+    assert "a command goes after --; without it trainfit took --model, --data as its own" \
+        in res.output
+    assert f"trainfit {verb} [trainfit's options] -- python {script} [its options]" in res.output

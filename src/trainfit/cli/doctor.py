@@ -10,6 +10,7 @@ import typer
 
 from trainfit import json_text
 from trainfit.cli.jobargs import AllowCode, TrustRemoteCode
+from trainfit.cli.script import SeesDashes
 
 
 def _fail(message: str, hint: str = "", tail: list[str] | None = None, *,
@@ -68,19 +69,10 @@ def _checked(ctx: typer.Context, args: list[str], steps: int, warmup: int, repea
     return is_job
 
 
-class _SeesDashes(typer.core.TyperCommand):
-    """Records whether the words held a ``--``: click keeps no trace of it, and without it a
-    script's own options (``python train.py --steps 4``) were parsed as the doctor's, silently."""
-
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:  # type: ignore[override]
-        ctx.meta["trainfit.dashes"] = "--" in args
-        return super().parse_args(ctx, args)
-
-
 def register(app: typer.Typer) -> None:
     """Add the ``doctor`` command to the trainfit app."""
 
-    @app.command("doctor", cls=_SeesDashes)
+    @app.command("doctor", cls=SeesDashes)
     def doctor_cmd(
         ctx: typer.Context,
         target: Annotated[list[str] | None, typer.Argument(

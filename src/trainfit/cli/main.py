@@ -18,6 +18,7 @@ from trainfit.cli import train as train_cli
 from trainfit.cli import tune as tune_cli
 from trainfit.cli.jobargs import AllowCode, TrustRemoteCode, fail, job_for_model, job_of_fields
 from trainfit.cli.jobflags import merge_job_fields, refuse_model_twice, with_job_flags
+from trainfit.cli.script import SeesDashes
 from trainfit.cli.startup import one_line_usage_errors, quiet_third_party, quiet_transformers
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec, job_with_current, read_job_file
 from trainfit.job.fields import in_file_words
@@ -250,7 +251,7 @@ def _file_checks(extra: dict[str, Any], source: str) -> dict[str, Any]:
     return out
 
 
-@app.command("plan")
+@app.command("plan", cls=SeesDashes)
 @with_job_flags()
 def plan_cmd(
     target: Annotated[list[str] | None, typer.Argument(
@@ -286,7 +287,12 @@ def plan_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Predict the peak GPU memory of each candidate configuration (no GPU needed)."""
-    from trainfit.cli.script import is_command, plan_script_cmd, refuse_two_models
+    from trainfit.cli.script import (
+        is_command,
+        plan_script_cmd,
+        refuse_two_models,
+        refuse_without_dashes,
+    )
     from trainfit.model.source import check_seq_len, resolve_model
     from trainfit.plan.checks import with_checks
     from trainfit.render.progress import stage_progress
@@ -296,6 +302,7 @@ def plan_cmd(
     try:
         refuse_two_models(args)
         if is_command(args):
+            refuse_without_dashes(args, job_flags or {}, "plan")
             if current:
                 raise JobError("--current with a script: the script's configuration is the "
                                "current one", "drop --current")

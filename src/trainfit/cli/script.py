@@ -3,6 +3,7 @@ and the GPU ``plan`` targets when none is named (this machine's, through NVML)."
 
 from __future__ import annotations
 
+import contextvars
 import shlex
 from collections.abc import Callable
 from typing import Any
@@ -11,6 +12,33 @@ import typer
 
 from trainfit import json_text
 from trainfit.job import JobError
+
+_DASHES: contextvars.ContextVar[bool | None] = contextvars.ContextVar("trainfit_dashes",
+                                                                     default=None)
+"""The last parsed command line's ``--`` (None: none parsed), for commands whose function
+takes no context (plan's is also called directly, by quickstart)."""
+
+
+class SeesDashes(typer.core.TyperCommand):
+    """Records whether the words held a ``--``: click keeps no trace of it, and without it a
+    script's own options (``python train.py --steps 4``) were parsed as trainfit's, silently."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:  # type: ignore[override]
+        ctx.meta["trainfit.dashes"] = "--" in args
+        _DASHES.set("--" in args)
+        return super().parse_args(ctx, args)
+
+
+def refuse_without_dashes(cmd: list[str], job_flags: dict[str, Any], verb: str) -> None:
+    """A command given without ``--`` beside job flags: those may have been the script's own
+    (an audit: ``plan --gpu t4 python train.py --model M --data D`` took --model and --data,
+    ran the script without them and blamed the script)."""
+    if _DASHES.get() is not False or not job_flags:
+        return
+    flags = ", ".join(f"--{k.replace('_', '-')}" for k in job_flags)
+    raise JobError(f"{shlex.join(cmd)}: a command goes after --; without it trainfit took "
+                   f"{flags} as its own",
+                   f"trainfit {verb} [trainfit's options] -- {shlex.join(cmd)} [its options]")
 
 
 def is_command(args: list[str]) -> bool:

@@ -109,12 +109,18 @@ def _steps(text: str | None, flag: str) -> tuple[int, ...]:
     return steps
 
 
+def _run_dir_of(resume: Path) -> Path:
+    """The run directory a ``--resume`` path names: a checkpoint's parent, or the path itself."""
+    return resume.parent if resume.name.startswith("checkpoint-") else resume
+
+
 def register(app: typer.Typer) -> None:
     @app.command("train")
     def train_cmd(
         job_file: Annotated[str, typer.Argument(help="The job YAML (what trainfit tune wrote).")],
-        out: Annotated[str, typer.Option(help="Run directory: checkpoints, train.json, "
-                                              "monitor.jsonl.")] = "trainfit-run",
+        out: Annotated[str | None, typer.Option(
+            help="Run directory: checkpoints, train.json, monitor.jsonl (default trainfit-run; "
+                 "with --resume, the resumed run's own directory).")] = None,
         max_steps: Annotated[int | None, typer.Option(help="Optimizer steps to run.")] = None,
         epochs: Annotated[float | None, typer.Option(
             help="Epochs when --max-steps is not given (default 1; on a resume, the length of "
@@ -171,6 +177,10 @@ def register(app: typer.Typer) -> None:
         from trainfit.run.options import RunOptions, check_backend
         from trainfit.run.rundir import check_no_run, check_not_in_use, check_out
 
+        # a resume continues in its run's directory unless told otherwise (an audit: the
+        # interrupt's "resume with --resume B" went on into ./trainfit-run)
+        if out is None:
+            out = str(_run_dir_of(Path(resume))) if resume is not None else "trainfit-run"
         try:
             if nproc < 1:
                 check_nproc(nproc, "cpu")
@@ -259,8 +269,11 @@ def _finish(result: Any, out: str, as_json: bool) -> None:
                  "hold the weights that led there" if result.checkpoints else "")
         typer.echo(f"error: the loss became non-finite at step {result.diverged_at_step}: "
                    f"training stopped, nothing saved after it{saved}", err=True)
-        typer.echo("hint: set a lower lr (or precision: amp-bf16 / fp32) in the job file, or "
-                   "look at the data near that step; then run again into a new --out (a resume "
-                   "refuses another lr)", err=True)
+        # only the precisions that are wider than the job's (an audit: fp32 offered to fp32)
+        wider = {"amp-fp16": "amp-bf16 / fp32", "bf16-true": "amp-bf16 / fp32",
+                 "amp-bf16": "fp32"}.get(d.get("job", {}).get("precision") or "fp32")
+        typer.echo(f"hint: set a lower lr{f' (or precision: {wider})' if wider else ''} in the "
+                   "job file, or look at the data near that step; then run again into a new "
+                   "--out (a resume refuses another lr)", err=True)
     if result.exit_code:
         raise typer.Exit(result.exit_code)

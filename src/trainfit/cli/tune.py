@@ -21,6 +21,7 @@ from trainfit.cli.jobargs import (
     write_atomic,
 )
 from trainfit.cli.jobflags import merge_job_fields, refuse_model_twice, with_job_flags
+from trainfit.cli.script import SeesDashes
 from trainfit.job import DEFAULT_MARGIN, JobError, JobSpec, read_job_file
 from trainfit.job.fields import DEFAULT_KNOBS, KNOB_NAMES, SCRIPT_KNOBS, fixed_knobs
 from trainfit.job.files import PATH_FIELDS, absolute_paths
@@ -194,7 +195,7 @@ def _options(extra: dict[str, Any], *, device: str | None, memory_limit: str | N
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("tune")
+    @app.command("tune", cls=SeesDashes)
     @with_job_flags()
     def tune_cmd(
         target: Annotated[list[str] | None, typer.Argument(
@@ -239,9 +240,10 @@ def register(app: typer.Typer) -> None:
         fixed = fixed_knobs(job_flags or {})
         try:
             knob_list = _knob_list(knobs, try_compile, try_8bit_optimizer)
-            from trainfit.cli.script import is_command
+            from trainfit.cli.script import is_command, refuse_without_dashes
 
             if is_command(args):
+                refuse_without_dashes(args, job_flags or {}, "tune")
                 _tune_script(args, job_flags or {}, out=out, emit=emit, device=device,
                              memory_limit=memory_limit, max_host_ram=max_host_ram,
                              margin=margin, budget_s=budget_s, knobs=knob_list, fixed=fixed,

@@ -64,6 +64,13 @@ def load_tokenizer(spec: str | None, model: str, origin: str, vocab_size: int,
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token or tok.unk_token
     if len(tok) > vocab_size:
+        # pre-tokenized rows need it too: its pad and end-of-text ids are embedded
         raise JobError(f"tokenizer {spec} has {len(tok):,} tokens but the model's vocabulary is "
-                       f"{vocab_size:,}", f"use the model's own tokenizer, or --tokenizer {BUILTIN}")
+                       f"{vocab_size:,}",
+                       f"use the model's own tokenizer, or --tokenizer {BUILTIN}"
+                       if spec != BUILTIN else
+                       f"the built-in byte tokenizer needs a vocabulary of at least {len(tok):,} "
+                       "(its pad and end-of-text ids are embedded, pre-tokenized rows too): give "
+                       "the model's own tokenizer (--tokenizer DIR, or tokenizer: in the job "
+                       "file), or a model with a larger vocab_size")
     return tok

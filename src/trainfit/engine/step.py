@@ -29,6 +29,15 @@ class StepResult:
     micro_steps: int
 
 
+class OptimizerOOM(torch.OutOfMemoryError):
+    """An OOM after the backward pass: in the unscale, the clipping or the optimizer's update
+    (:func:`trainfit.engine.step.train_step`).  Not split and redone: what it needs does not
+    shrink with the micro-batch (the gradients, the states and the optimizer's temporaries), a
+    foreach or for-loop update may have written part of the states and weights already, and a
+    GradScaler refuses a second unscale before its update (an audit: a redone foreach step
+    drifted the losses by 0.048; an amp-fp16 one died in ``unscale_``)."""
+
+
 def train_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -90,16 +99,20 @@ def train_step(
         raise RuntimeError(f"train_step: {n} micro-batches arrived, {n_micro} announced "
                            "(grad_accum / loss_weights): the gradients were not synchronised")
     obs.set_phase("optimizer")
-    if scaler is not None:
-        scaler.unscale_(optimizer)
-    if max_grad_norm is not None:
-        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    if scaler is not None:
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        optimizer.step()
+    try:
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        if max_grad_norm is not None:
+            params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+    except torch.OutOfMemoryError as e:
+        # not the micro-batch's: the caller must not split and redo it (run/oom.py)
+        raise OptimizerOOM(str(e)) from e
     optimizer.zero_grad(set_to_none=grads_to_none)
     obs.set_phase("idle")
     return StepResult(total, n)

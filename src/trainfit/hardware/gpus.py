@@ -152,12 +152,21 @@ def memory_variants(name: str, spec: GpuSpec) -> list[GpuSpec]:
     """Other catalog cards a bare family name also names, with another memory size: "a100" is
     planned as the A100 80GB SXM, and an A100-40GB owner must be told so (a QA run read "fits"
     for the 80 GB card); "rtx-3080" has 12 and 20 GB variants. Empty for an exact name."""
-    family = re.sub(r"[\s_]+", "-", name.strip().lower())
-    pattern = re.compile(re.escape(family) + r"-(\d+)gb(?:-.*)?")
-    own = pattern.fullmatch(spec.name)
-    # by the size in the name: the 80 GB PCIe card reports a few MiB less than the SXM one
-    return [g for g in GPUS.values() if g is not spec and (m := pattern.fullmatch(g.name))
-            and (own is None or m.group(1) != own.group(1))]
+    typed = re.sub(r"[\s_]+", "-", name.strip().lower())
+    if typed == spec.name or re.search(r"\d\s*gb", typed):
+        return []
+    # the family as typed ("a100") and as the card it resolved to names it ("3080", "rtx3080" →
+    # rtx-3080-10gb: rtx-3080; an audit: those two planned the 10 GB card with no word of the
+    # 12 and 20 GB ones)
+    found: dict[str, GpuSpec] = {}
+    for family in {typed, re.sub(r"-\d+gb(?:-.*)?$", "", spec.name)}:
+        pattern = re.compile(re.escape(family) + r"-(\d+)gb(?:-.*)?")
+        own = pattern.fullmatch(spec.name)
+        # by the size in the name: the 80 GB PCIe card reports a few MiB less than the SXM one
+        found.update((g.name, g) for g in GPUS.values()
+                     if g is not spec and (m := pattern.fullmatch(g.name))
+                     and (own is None or m.group(1) != own.group(1)))
+    return list(found.values())
 
 
 FORM_FACTORS = ("sxm", "pcie", "nvl")
@@ -296,7 +305,14 @@ def close_gpu_names(name: str, n: int = 3) -> list[str]:
     import difflib
 
     out: list[str] = []
-    for key in difflib.get_close_matches(_norm(name), list(_INDEX), n=4 * n, cutoff=0.6):
+    # the card's model number first ("3090ti": the RTX 3090, not the 3080/3070/3060 Ti that
+    # spelling alone ranks closer; an audit), then spelling
+    numbers = re.findall(r"\d{3,}", name)
+    same = [k for k in _INDEX if numbers and all(x in k for x in numbers)]
+    typed = _norm(name)
+    same.sort(key=lambda k: -difflib.SequenceMatcher(None, typed, k).ratio())
+    for key in [*same, *difflib.get_close_matches(typed, list(_INDEX), n=4 * n,
+                                                                cutoff=0.6)]:
         canonical = _INDEX[key].name
         if canonical not in out:
             out.append(canonical)

@@ -17,7 +17,8 @@ class LimitTracker(LiveBytesTracker):
         self.limit_bytes = limit_bytes
 
     def _check_peak(self) -> None:
-        super()._check_peak()
+        # the limit before the peak: the allocation it refuses never existed (an audit: the
+        # logged peak passed --memory-limit by the refused tensor)
         if self.limit_bytes is not None and self.current_bytes > self.limit_bytes:
             raise torch.OutOfMemoryError(
                 # worded like the GPU's message (" out of memory."): tools that match it
@@ -25,6 +26,15 @@ class LimitTracker(LiveBytesTracker):
                 f"trainfit --memory-limit (CPU stand-in for a GPU) out of memory. Tried to hold "
                 f"{self.current_bytes / 2**30:.3f} GiB of "
                 f"tensors, limit {self.limit_bytes / 2**30:.3f} GiB (phase {self.phase})")
+        super()._check_peak()
+
+    def reset_peak(self) -> None:
+        """Start the peak again from what is alive now (``torch.cuda.reset_peak_memory_stats``'s
+        twin): after an OOM split the failed attempt's peak is not the run's."""
+        self.peak = type(self.peak)()
+        self.phase_peaks.clear()
+        self.phase_breakdowns.clear()
+        self._check_peak()
 
     def track_model(self, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer | None = None) -> list[torch.Tensor]:

@@ -28,7 +28,7 @@ from trainfit.data.loader import (
     step_weights,
 )
 from trainfit.engine.dist import Dist, mixed_precision_policy
-from trainfit.engine.step import train_step
+from trainfit.engine.step import OptimizerOOM, train_step
 from trainfit.job import JobError, JobSpec
 from trainfit.memory.limit import LimitTracker
 from trainfit.model.runtime import build_real, check_no_offload, parse_device, use_job_allocator
@@ -55,6 +55,7 @@ from trainfit.run.oom import (
     cannot_split,
     free_after_oom,
     oom_chain,
+    optimizer_oom,
     smaller_micro_batch,
 )
 from trainfit.run.options import Interrupt, RunOptions, say_kept
@@ -186,8 +187,17 @@ class Trainer:
     def _loader(self) -> Iterator[dict[str, torch.Tensor]]:
         j = self.job
         knobs = LoaderKnobs.from_job(j)
-        return iter(make_loader(self.data, self.source.task, _Sched(self._schedule), knobs,
-                                pin=self.device.type == "cuda"))
+        loader = make_loader(self.data, self.source.task, _Sched(self._schedule), knobs,
+                             pin=self.device.type == "cuda")
+        # iter(DataLoader) draws its base seed from torch's global generator: a resume (and an
+        # OOM split) makes a loader where the uninterrupted run did not, which shifted every
+        # dropout mask after it (an audit: LoRA dropout 0.1, losses off by up to 1e-3 after a
+        # resume); the order comes from the schedule, so the draw is put back
+        rng = torch.get_rng_state()
+        try:
+            return iter(loader)
+        finally:
+            torch.set_rng_state(rng)
 
     def _weights(self) -> list[float]:
         return step_weights(self.data, self.order, self.state.position, self.job.effective_batch,
@@ -279,11 +289,16 @@ class Trainer:
                 t0 = time.perf_counter()
                 scale = self.wl.scaler.get_scale() if self.wl.scaler is not None else None
                 out = self._attempt(it, step, ids_done, waits, injected, tracker)
-                if self.dist.any(out is None):  # every rank splits together
-                    self._recover_oom(res, step)
+                # every rank splits (or stops) together: 1 = split, 2 = stop
+                oom = self.dist.max(2.0 if out is _OPTIMIZER_OOM else float(out is None))
+                if oom >= 2:
+                    raise optimizer_oom(step, self.job, cuda=self.device.type == "cuda",
+                                        limit_bytes=self.o.memory_limit_bytes)
+                if oom:
+                    self._recover_oom(res, step, tracker)
                     it = self._loader()
                     continue
-                assert out is not None
+                assert out is not None and out is not _OPTIMIZER_OOM
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 loss = self.dist.sum(float(out.loss)) / self.dist.world
@@ -302,8 +317,11 @@ class Trainer:
                 # evaluate, then save (HF Trainer's order); not on the way out of an interrupt
                 if not stop and self._evaluates(self.state.step):
                     self._evaluate(res, sampler, tracker, injected_eval)
+                    # an interrupt during the evaluation stops here, not a step later (an audit)
+                    stop = self.dist.any(intr.requested)
                 if stop or (o.save_every_steps and self.state.step % o.save_every_steps == 0):
                     self._save(res, sampler)
+                    stop = stop or self.dist.any(intr.requested)  # one during the save, too
                 if stop:
                     res.interrupted = True
                     res.signal = intr.signal
@@ -352,6 +370,8 @@ class Trainer:
                                   max_grad_norm=self.job.max_grad_norm, scaler=self.wl.scaler,
                                   grads_to_none=self.job.grads_to_none,
                                   loss_weights=self._weights())
+        except OptimizerOOM:
+            return _OPTIMIZER_OOM  # the ranks stop together (the caller asks them all)
         except torch.OutOfMemoryError:
             return None
 
@@ -429,10 +449,16 @@ class Trainer:
             return tracker.peak.peak_bytes
         return None
 
-    def _recover_oom(self, res: TrainResult, step: int) -> None:
+    def _recover_oom(self, res: TrainResult, step: int, tracker: LimitTracker | None = None
+                     ) -> None:
         """Drop the partial gradients, free, halve the micro-batch, double the accumulation; the
-        same samples are redone (the position did not move)."""
+        same samples are redone (the position did not move).  The peak starts again: the
+        failed attempt's (up to the card's or the limit's) is not what the run now holds."""
         free_after_oom(lambda: self.wl.optimizer.zero_grad(set_to_none=True))
+        if tracker is not None:
+            tracker.reset_peak()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         before = self.state.micro_batch
         if before == 1:
             raise cannot_split(step, self.job, cuda=self.device.type == "cuda",
@@ -455,6 +481,10 @@ class Trainer:
         while it writes (no tokens are trained)."""
         with rates_paused(sampler, "checkpoint"):
             save_checkpoint(self, res)
+
+_OPTIMIZER_OOM = object()
+""":meth:`Trainer._attempt`'s answer for an OOM after the backward (not split: run/oom.py)."""
+
 
 class _Sched:
     """Re-iterable wrapper so DataLoader can take a generator factory as its batch sampler."""

@@ -24,6 +24,27 @@ class InjectedOOM(torch.OutOfMemoryError):
     the real error, so every handler takes the path a GPU's OOM takes."""
 
 
+def optimizer_oom(step: int, job: Any, *, cuda: bool, limit_bytes: int | None = None) -> JobError:
+    """The error for an OOM after the backward (:class:`trainfit.engine.step.OptimizerOOM`) at
+    ``step`` (the steps done before it), with what lowers the optimizer's memory in the job
+    file's words."""
+    fixes = []
+    if job.optimizer in ("adamw", "sgd") and job.optimizer_impl != "fused":
+        fixes.append("optimizer_impl: fused (no temporaries the size of the weights)")
+    if job.optimizer == "adamw":
+        fixes.append("optimizer: adamw-8bit" if cuda else "method: lora")
+    elif job.method == "full":
+        fixes.append("method: lora")
+    more = (f"raise --memory-limit (now {size_text(limit_bytes)})" if limit_bytes and not cuda
+            else "give the step more memory")
+    ways = "; ".join([*fixes, more])
+    return JobError(f"out of memory in the optimizer step of step {step + 1}: a smaller "
+                    "micro-batch does not lower it, and the update may be partly applied, so the "
+                    "step is not redone",
+                    f"{ways}; then --resume from the last checkpoint (it holds the state from "
+                    "before this step)")
+
+
 @dataclass(frozen=True, kw_only=True)
 class OomEvent:
     """One OOM survived: where, and the batch before and after the split."""

@@ -178,6 +178,13 @@ def _record_argparse(st: _State) -> None:
     argparse.ArgumentParser.parse_known_args = parse_known_args  # type: ignore[method-assign]
 
 
+def _about_meta(message: str) -> bool:
+    """Torch's errors for computing with meta tensors: "Cannot copy out of meta tensor", "Tensor
+    on device meta is not on the expected device cpu!" (an audit: a ``generate`` check before
+    training was blamed on the script), "... on the meta device"."""
+    return any(s in message for s in ("meta tensor", "device meta", "meta device"))
+
+
 def _why_it_stopped(err: BaseException, tb: Any) -> None:
     """In plan, the script died computing with the weightless meta model before any trainer
     trained — its own loop's first forward (which fails before the step hook could say so), or a
@@ -187,7 +194,7 @@ def _why_it_stopped(err: BaseException, tb: Any) -> None:
     st = _ST
     if st is None or st.finished or st.at_train or os.getpid() != st.pid:
         return
-    if not isinstance(err, Exception) or st.mode != "plan" or "meta tensor" not in str(err):
+    if not isinstance(err, Exception) or st.mode != "plan" or not _about_meta(str(err)):
         return
     where = _frame_of(tb)
     what = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 from typing import Any
 
 import torch
@@ -107,6 +108,13 @@ def _args(args: Any) -> dict[str, Any]:
     for n in ARG_FIELDS:
         v = getattr(args, n, None)
         out[n] = v if isinstance(v, (int, float, str, bool, dict, type(None))) else str(v)
+    # under torchrun / accelerate launch on a machine without CUDA transformers sets no DDP up
+    # (world_size 1, NOT_PARALLEL) though the launcher started WORLD_SIZE processes: the GPU run
+    # has that many ranks (an audit: a 2-process torchrun was planned as 1 rank, its effective
+    # batch halved, unsaid)
+    launched = int(os.environ.get("WORLD_SIZE") or 1)
+    if launched > int(out.get("world_size") or 1):
+        out["world_size"] = launched
     ckpt = getattr(args, "activation_checkpointing", None)
     out["gradient_checkpointing"] = bool(ckpt if ckpt is not None else
                                          getattr(args, "gradient_checkpointing", False))
