@@ -76,6 +76,21 @@ def test_unparsable_flags_are_one_line_too(args, needle, monkeypatch):
     assert lines[1].startswith("hint: ") and "--help" in lines[1]
 
 
+def test_another_tools_flag_is_given_trainfits_name(monkeypatch):
+    """An audit: --batch-size got "no such option" and no word of --micro-batch."""
+    from typer import rich_utils
+
+    from trainfit.cli.startup import one_line_usage_errors
+
+    monkeypatch.setattr(rich_utils, "rich_format_error", rich_utils.rich_format_error)
+    one_line_usage_errors()
+    for flag, said in (("--batch-size", "--micro-batch (samples per forward pass) and "
+                        "--effective-batch"), ("--max-seq-length", "--seq-len")):
+        res = runner.invoke(app, ["plan", "gpt2", flag, "8"])
+        lines = [x for x in res.stderr.splitlines() if x.strip()]
+        assert res.exit_code == 2 and lines[1].startswith("hint: ") and said in lines[1], lines
+
+
 @pytest.mark.parametrize("cmd", ["train", "emit"])
 def test_train_and_emit_given_a_command_say_they_take_a_job_file(cmd, monkeypatch):
     """A review: `trainfit train -- python train.py` read "python" as the job file and said only

@@ -175,3 +175,26 @@ def test_the_summary_says_why_an_evaluation_has_no_loss(capsys):
                                "perplexity unknown")
     assert lines[1].startswith("eval at step 2: loss not finite (measured), perplexity unknown")
     assert lines[2].startswith("eval at step 3: loss 700.0000 (measured), perplexity overflows")
+
+
+def test_the_summary_says_a_resume_at_another_micro_batch(capsys):
+    """An audit: a resume at micro-batch 2 × 4 after 8 × 1 was said only in train.json."""
+    from trainfit.render.train import render_train
+
+    res = new_result(JOB, main=True)
+    res.begin_segment(0, None, [])
+    res.add_step(5.0, 8, 256, 8, 1)
+    res.close_segment(1.0, "interrupted")
+    res.begin_segment(1, "run/checkpoint-1", [])
+    res.add_step(4.9, 8, 256, 2, 4)
+    res.close_segment(1.0, "finished")
+    render_train(res.to_dict(), "run")
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("this run:"))
+    assert line.endswith("resumed from run/checkpoint-1, at 2 × 4 (the run before: 8 × 1)")
+    # the same micro-batch: nothing more said
+    res.begin_segment(2, "run/checkpoint-2", [])
+    res.add_step(4.8, 8, 256, 2, 4)
+    res.close_segment(1.0, "finished")
+    render_train(res.to_dict(), "run")
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("this run:"))
+    assert line.endswith("resumed from run/checkpoint-2")

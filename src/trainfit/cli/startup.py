@@ -36,6 +36,21 @@ def _wants_json() -> bool:
     return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
 
 
+_FLAG_SYNONYMS = {
+    "--batch-size": "trainfit's batch flags are --micro-batch (samples per forward pass) and "
+                    "--effective-batch (samples per optimizer step)",
+    "--per-device-train-batch-size": "HF's per_device_train_batch_size is --micro-batch",
+    "--gradient-accumulation-steps": "HF's gradient_accumulation_steps is --grad-accum",
+    "--max-seq-length": "--seq-len (tokens per sample)",
+    "--max-length": "--seq-len (tokens per sample)",
+    "--gradient-checkpointing": "--grad-ckpt full",
+    "--lr": "the learning rate goes in the job file (lr:); it does not change memory or speed",
+    "--version": "pip show trainfit prints the installed version",
+}
+"""Other tools' spellings (HF TrainingArguments', scripts') of what trainfit names otherwise:
+said beside click's "no such option" (an audit: --batch-size got no suggestion)."""
+
+
 def one_line_usage_errors() -> None:
     """A flag click cannot parse (``--seq-len abc``, an unknown option) is bad input like any
     other: one ``error:`` line and a ``hint:``, exit code 2 — not typer's boxed usage screen.
@@ -68,6 +83,9 @@ def one_line_usage_errors() -> None:
             hint = (f"trainfit {where.split()[-1]} takes a job file (trainfit.yaml), not a "
                     "command: for your own script, trainfit tune -- python train.py prints the "
                     "keywords to change in it; then run it as you do")
+        synonym = _FLAG_SYNONYMS.get((msg.removeprefix("no such option: ").split() or [""])[0])
+        if msg.startswith("no such option:") and synonym:
+            hint = f"{synonym}; {hint}"
         typer.echo(f"hint: {hint}", err=True)
         if _wants_json() and not other_rank():
             # a program asked for JSON: the error as every other --json error is (one object on

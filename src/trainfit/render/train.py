@@ -13,9 +13,18 @@ def render_train(d: dict[str, Any], out: str) -> None:
     segs = d.get("segments") or []
     seg = segs[-1] if segs else None
     if seg is not None and len(segs) > 1:
+        prev = segs[-2]
+        # a resume at another micro-batch (allowed: same samples, same losses) said here too,
+        # not only in train.json's segments (an audit)
+        split = (f", at {seg['micro_batch']} × {seg['grad_accum']} (the run before: "
+                 f"{prev['micro_batch']} × {prev['grad_accum']})"
+                 if (prev.get("micro_batch"), prev.get("grad_accum")) !=
+                 (seg.get("micro_batch"), seg.get("grad_accum")) and prev.get("micro_batch")
+                 else "")
         typer.echo(f"this run: steps {seg['start_step'] + 1}–{seg['end_step']} ({seg['steps']} steps, "
                    f"{seg['samples']} samples, {seg['tokens']:,} tokens) in "
-                   f"{seg['wall_time_s']:.1f} s measured, resumed from {seg['resumed_from']}")
+                   f"{seg['wall_time_s']:.1f} s measured, resumed from {seg['resumed_from']}"
+                   f"{split}")
     whole = f" over {len(segs)} segments" if len(segs) > 1 else ""
     typer.echo(f"trained {d['steps']} step{'' if d['steps'] == 1 else 's'} ({d['samples_seen']} samples, "
                f"{d['tokens_seen']:,} tokens){whole} in {d['wall_time_s']:.1f} s measured; final "
