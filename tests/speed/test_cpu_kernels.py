@@ -77,11 +77,13 @@ def test_a_kernel_timed_on_a_busy_machine_is_timed_again_and_the_lower_kept(tmp_
     assert first(key) == 0.9 and first(key) == 0.9  # once per process
     first.save()
     assert json.loads((tmp_path / "cpu_kernels.json").read_text())["busy"] == [repr(key)]
+    assert first.used_busy  # a prediction made with it is a busy host's (tune prunes none)
     second = KernelTimer(ident)
-    assert second(key) == 0.5 and second.busy_keys() == {repr(key)}
+    assert second(key) == 0.5 and second.busy_keys() == {repr(key)} and second.used_busy
     second.save()
     third = KernelTimer(ident)
     assert third(key) == 0.5 and third.busy_keys() == set()  # quiet 0.7: the lower 0.5 kept
+    assert not third.used_busy
     third.save()
     assert KernelTimer(ident)(key) == 0.5  # quiet now: not timed again (0.6 never asked)
 

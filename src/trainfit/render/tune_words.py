@@ -105,6 +105,10 @@ _NOTE_TEXTS: dict[str, Any] = {
                       + (f"{d['ratio']:.2f}×" if d["ratio"] is not None else
                          f"< {d['prune_below']}× (on another rank)")
                       + " the tokens/s of the current best",
+    "not_pruned_busy": lambda d: f"probed although predicted at {d['ratio']:.2f}× the current "
+                               f"best's tokens/s ({_changes(d['changes'])}; below "
+                               f"{d['prune_below']}× it would not be): the prediction rests on "
+                               "kernel times measured while other processes used the CPU",
     "no_8bit_other_optimizer": lambda d: f"8-bit AdamW: not tried — the job's optimizer is "
                                        f"{d['optimizer']} (set optimizer: adamw to let tune "
                                        "compare)",

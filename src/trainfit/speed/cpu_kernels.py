@@ -133,6 +133,9 @@ class KernelTimer:
         self._busy: set[str] = set()
         self._retimed: set[str] = set()
         self._dirty = False
+        self.used_busy = False
+        """Whether a time this timer gave was measured on a busy machine (both times it was
+        taken): a prediction made with it is a busy host's."""
         data = read_json(_cache_path())
         try:
             if isinstance(data, dict) and data.get("ident") == self.ident:
@@ -159,6 +162,7 @@ class KernelTimer:
             else:
                 self._busy.discard(skey)
             self._dirty = True
+        self.used_busy = self.used_busy or skey in self._busy
         return t
 
     def busy_keys(self) -> set[str]:

@@ -20,6 +20,10 @@ class Predicted:
     peak_device_bytes: int | None = None
     step_time_s: float | None = None
     tokens_per_s: float | None = None
+    from_busy_timings: bool = False
+    """The speed rests on kernel times measured while other processes used this CPU (twice:
+    :class:`trainfit.speed.cpu_kernels.KernelTimer`): too slow by an unknown factor, so no
+    candidate is pruned on it."""
 
 
 @dataclass(kw_only=True)

@@ -166,14 +166,16 @@ class CpuPredictor:
                                     job.seq_len, job.method == "full",
                                     inactive_params=inactive_params_of(self.source),
                                     matmul_params=sim.info.get("matmul_params", 0))
-        sp = predict_speed_exact(cpu_speed(), rec.ops, job.micro_batch or 1, job.grad_accum or 1,
+        speed = cpu_speed()
+        sp = predict_speed_exact(speed, rec.ops, job.micro_batch or 1, job.grad_accum or 1,
                                  job.seq_len, job.ranks, fpt,
                                  host=host_step(job, self.source, pool=True))
         # many ranks: what data parallelism adds to the one-process step (DDP's gradient
         # buckets), as plan adds it — the probe counts the same buckets
         extra, _ = data_parallel_bytes(job, self.source, sim.breakdown, sim.trainable_params)
         p = Predicted(peak_allocated_bytes=sim.peak_allocated_bytes + extra,
-                      step_time_s=sp.step_time_s, tokens_per_s=sp.tokens_per_s)
+                      step_time_s=sp.step_time_s, tokens_per_s=sp.tokens_per_s,
+                      from_busy_timings=bool(getattr(speed.kernel_timer, "used_busy", False)))
         self._cache[key] = p
         self.steady_bytes = sim.steady_bytes
         # what the optimizer step holds whatever the micro-batch and checkpointing: weights,
