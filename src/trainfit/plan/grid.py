@@ -233,10 +233,13 @@ class _Grid:
             rows.append(PlanRow(cj, mem, "extrapolated", speed, largest_fitting=micro == largest))
         return rows
 
-    def verify_pick(self, rows: list[PlanRow], verify: bool) -> int | None:
+    def verify_pick(self, rows: list[PlanRow], verify: bool, keep_band: float | None = None
+                    ) -> int | None:
         """Re-simulate the pick at full size (the number it is chosen on is then exact, not
-        extrapolated), and choose again if the exact number changes the answer."""
-        rec = _recommend(rows)
+        extrapolated), and choose again if the exact number changes the answer.  ``keep_band``:
+        the current configuration keeps fp32 weights, and a bf16-true row must beat the fastest
+        row that keeps them by more than this fraction (:func:`keep_fp32_weights`)."""
+        rec = _recommend(rows, keep_band)
         for _ in range(MAX_VERIFICATIONS):
             if rec is None or not verify or rows[rec].how == "simulated":
                 break
@@ -246,7 +249,7 @@ class _Grid:
             verified = self.exact(rows[rec].job, "the pick, full size")
             verified.largest_fitting = rows[rec].largest_fitting and verified.memory.fits is True
             rows[rec] = verified
-            rec = _recommend(rows)  # the exact number may not fit after all: choose again
+            rec = _recommend(rows, keep_band)  # the exact number may not fit: choose again
         return rec
 
     def ladder(self, rows: list[PlanRow]) -> list[Any]:
@@ -286,7 +289,11 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
             if current is not None else None
         if cur_row is not None:
             take_exact_row(rows, cur_row)
-        rec = grid.verify_pick(rows, verify)
+        band = None if gpu is None else speed_band_for(job.ranks, bool(job.compile))
+        keep_band = band.median_abs_error if band is not None and cur_row is not None and \
+            cur_row.job.precision != "bf16-true" else None
+        rec = grid.verify_pick(rows, verify, keep_band)
+        kept = keep_fp32_weights(rows, rec, keep_band) if keep_band is not None else None
         if rec is not None:
             rows[rec].recommended = True
         rank_rows(rows, _sort_key)
@@ -311,7 +318,7 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
                                          kernels_by_precision=_kernels_by_precision(rows),
                                          source=source),
             offload=offload_check(rows[rec] if rec is not None else None, gpu),
-            speed_band=None if gpu is None else speed_band_for(job.ranks, bool(job.compile)),
+            speed_band=band, numerics_kept=kept,
             **_link(gpu, job.ranks),
             **_versus(cur_row, rows[rec] if rec is not None else None))
     finally:
@@ -351,11 +358,51 @@ def _sort_key(row: PlanRow) -> tuple[Any, ...]:
             _PRECISION_PREF.get(row.job.precision or "", 9))
 
 
-def _recommend(rows: list[PlanRow]) -> int | None:
+def _recommend(rows: list[PlanRow], keep_band: float | None = None) -> int | None:
     fitting = [i for i, r in enumerate(rows) if r.memory.fits is not False]
     if not fitting:
         return None
-    return min(fitting, key=lambda i: _sort_key(rows[i]))
+    best = min(fitting, key=lambda i: _sort_key(rows[i]))
+    alt = _fp32_weights_alternative(rows, fitting, best) if keep_band is not None else None
+    if alt is not None and _gain(rows[best], rows[alt]) <= keep_band:  # type: ignore[operator]
+        return alt
+    return best
+
+
+def _gain(pick: PlanRow, other: PlanRow) -> float:
+    """``pick``'s predicted tokens/s over ``other``'s, less 1 (both known)."""
+    return pick.speed.tokens_per_s / other.speed.tokens_per_s - 1  # type: ignore[union-attr,operator]
+
+
+def _fp32_weights_alternative(rows: list[PlanRow], fitting: list[int], best: int) -> int | None:
+    """Where the fastest fitting row trains in pure bf16: the fastest fitting one that keeps
+    fp32 weights at its effective batch and ranks, both speeds known (None otherwise)."""
+    b = rows[best]
+    if b.job.precision != "bf16-true" or b.speed is None or not b.speed.tokens_per_s:
+        return None
+    keep = [i for i in fitting if rows[i].job.precision != "bf16-true"
+            and rows[i].job.effective_batch == b.job.effective_batch
+            and rows[i].job.ranks == b.job.ranks
+            and rows[i].speed is not None and rows[i].speed.tokens_per_s]  # type: ignore[union-attr]
+    return min(keep, key=lambda i: _sort_key(rows[i])) if keep else None
+
+
+def keep_fp32_weights(rows: list[PlanRow], rec: int | None, keep_band: float
+                      ) -> dict[str, Any] | None:
+    """The bf16-true row the pick passed over, where the current configuration keeps fp32
+    weights and bf16-true's predicted gain is inside the median error of speed predictions of
+    this kind (the speed band): pure bf16 loses updates below its resolution and changes how the
+    model learns, which a gain the predictions cannot resolve does not pay for (an audit: a
+    script's amp-bf16 was told to drop fp32 weights for +0.9 %, predicted)."""
+    if rec is None or rows[rec].job.precision == "bf16-true":
+        return None
+    fitting = [i for i, r in enumerate(rows) if r.memory.fits is not False]
+    best = min(fitting, key=lambda i: _sort_key(rows[i]))
+    if best == rec or rows[best].job.precision != "bf16-true":
+        return None
+    return {"precision": "bf16-true",
+            "tokens_per_s": rows[best].speed.tokens_per_s,  # type: ignore[union-attr]
+            "gain": _gain(rows[best], rows[rec]), "median_abs_error": keep_band}
 
 
 def _versus(cur: PlanRow | None, pick: PlanRow | None) -> dict[str, Any]:

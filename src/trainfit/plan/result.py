@@ -113,6 +113,11 @@ class PlanResult:
     gpu_memory_source: str | None = None
     """Where the GPU's capacity comes from (the catalog's source; ``ESTIMATE: …`` for a generic
     card known by its sold size)."""
+    numerics_kept: dict[str, Any] | None = None
+    """The fastest row trained in pure bf16 where the current configuration keeps fp32 weights,
+    passed over because its predicted gain is inside the median error of such predictions
+    (:func:`keep_fp32_weights`): ``{precision, tokens_per_s, gain, median_abs_error}`` (the
+    pick's gain over the kept row, predicted); None where nothing was passed over."""
 
     @property
     def pick(self) -> PlanRow | None:

@@ -322,7 +322,13 @@ def plan_reason(result: PlanResult) -> str:
         tps = pick.speed.tokens_per_s
         per_gpu = (f" ({j.ranks} ranks together: {tps / j.ranks:,.0f} per GPU)" if j.ranks > 1
                    else "")
-        why.append(f"fastest that fits: {tps:,.0f} tokens/s predicted{per_gpu}{mfu}")
+        kept = result.numerics_kept
+        why.append(f"fastest that fits: {tps:,.0f} tokens/s predicted{per_gpu}{mfu}" if kept is None
+                   else f"fastest that fits keeping fp32 weights as you do: {tps:,.0f} tokens/s "
+                   f"predicted{per_gpu}{mfu} (bf16-true is predicted {kept['gain']:+.1%}, "
+                   f"{kept['tokens_per_s']:,.0f} tokens/s: inside the median error of these "
+                   f"predictions, {kept['median_abs_error']:.0%}, so not worth training without "
+                   "fp32 weights, which changes how the model learns)")
     if result.gpu_memory_bytes is None:
         return ", ".join(why) + " (no GPU given: fit unknown)"
     return ", ".join(why) + (f": predicted {pick.memory.peak_device_bytes / GIB:.2f} of "
