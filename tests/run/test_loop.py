@@ -465,3 +465,14 @@ def test_the_peak_after_an_oom_split_is_the_running_micro_batches(job, tmp_path,
                                                  memory_limit_bytes=limit))
     rows2 = [json.loads(x) for x in (tmp_path / "t" / "monitor.jsonl").read_text().splitlines()]
     assert max(peaks) == max(r["peak_allocated_bytes"] for r in rows2 if r.get("step"))
+
+
+def test_a_resume_with_another_method_names_it(job, tmp_path):
+    """An audit: lora resumed from a full fine-tune's checkpoint read "belongs to another
+    model"; the job field that changed the trainable tensors is named."""
+    train(job, RunOptions(out_dir=tmp_path / "f", max_steps=1))
+    with pytest.raises(JobError, match=r"trainable tensors differ in names or shapes from this "
+                       r"job's \(method: full → lora\)") as err:
+        train(job.replace(method="lora"), RunOptions(out_dir=tmp_path / "l", max_steps=2,
+                                                     resume=tmp_path / "f"))
+    assert "into a new --out" in err.value.hint

@@ -155,10 +155,11 @@ def host_offload_bytes(job: JobSpec, source: ModelSource, phases: dict[str, dict
         return 0
     on_gpu, _ = rank_phases(job.replace(offload="none"), source, phases, trainable_params,
                             per_rank, quant_state_bytes, largest_trainable_numel)
-    if job.sharding == "zero3" and "optimizer" in on_gpu:
-        # the host holds every sub-group's fp32 gradient (4 B a partitioned value), where the
-        # GPU's step makes one sub-group's at a time beside its 16-bit flat copy
-        # (memory/zero_step.step_temporary_bytes)
+    if job.sharding in ("zero2", "zero3") and "optimizer" in on_gpu:
+        # the host holds the fp32 gradient partition (4 B a partitioned value; ZeRO-3: every
+        # sub-group's), where the GPU's step makes one sub-group's at a time beside its 16-bit
+        # flat copy and the optimizer's temporaries (memory/zero_step.step_temporary_bytes):
+        # those have no host twin (DeepSpeed's CPU Adam updates in place)
         part = -(-trainable_params // max(job.ranks, 1))
         on_gpu["optimizer"] = {**on_gpu["optimizer"],
                                "temporaries": -(-4 * part // K_MIN_BLOCK) * K_MIN_BLOCK}

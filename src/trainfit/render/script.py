@@ -253,7 +253,10 @@ def _read_rows(read: ReadJob, rec: dict[str, Any], f: dict[str, Any],
                  f"{f['micro_batch']} × {f['grad_accum']} × {f['ranks']}",
                  src(("micro_batch", "grad_accum", "ranks", "effective_batch"), rec["args"]["class"],
                      f"{r['micro_batch']} × {r['grad_accum']} × {r['ranks']}")))
-    rows.append(("checkpointing", f["grad_ckpt"],
+    # reentrant or not changes what the recompute holds: said (an audit: "full" alone)
+    ckpt = f["grad_ckpt"] + ((" (reentrant)" if f.get("ckpt_reentrant") else " (non-reentrant)")
+                             if f["grad_ckpt"] == "full" else "")
+    rows.append(("checkpointing", ckpt,
                  src(("grad_ckpt",), read.where["grad_ckpt"], r["grad_ckpt"])))
     rows.append(("loss", "trl's chunked log-prob head (tiles of 4,096 tokens × 32,768 "
                  "vocabulary entries)" if f.get("trl_logprob_head") else

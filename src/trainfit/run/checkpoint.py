@@ -290,6 +290,10 @@ def newest_intact(out: Path, *, skip: Path | None = None) -> Path | None:
     return None
 
 
+_TRAINABLE_FIELDS = ("model", "method", "lora_r", "lora_targets", "quant")
+"""Job fields that decide which tensors train (their names and shapes: the fingerprint)."""
+
+
 def offer_intact(run: Path | None, bad: Path) -> str:
     good = newest_intact(run, skip=bad) if run is not None else None
     if good is not None:
@@ -383,8 +387,19 @@ def load(ck: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any, scale
                                f"{key} {v!r}, expected an integer ≥ {least})",
                                "resume from an earlier checkpoint-N directory")
         if meta.get("fingerprint") != fingerprint(model):
-            raise JobError(f"--resume {ck}: the checkpoint belongs to another model (its trainable "
-                           "tensors differ in names or shapes)", "resume with the job that wrote it")
+            # the trainable tensors follow the method and the LoRA settings as much as the model:
+            # name what changed where the job says it (an audit: lora on a full run's checkpoint
+            # read "another model")
+            saved_job = meta.get("job") or {}
+            changed = [f"{k}: {saved_job[k]} → {job[k]}" for k in _TRAINABLE_FIELDS
+                       if job is not None and k in saved_job and k in job
+                       and saved_job[k] != job[k]]
+            other = not changed or changed[0].startswith("model:")
+            raise JobError(f"--resume {ck}: the checkpoint's trainable tensors differ in names "
+                           "or shapes from this job's (" + ("another model" if other else
+                                                            ", ".join(changed)) + ")",
+                           "resume with the job that wrote it" + (
+                               "" if other else ", or train the new setting into a new --out"))
         same_samples(ck, meta.get("job"), job)
         if is_sharded(model):
             _load_sharded(ck, model, optimizer)
