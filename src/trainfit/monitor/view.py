@@ -44,9 +44,12 @@ def host_line(row: dict[str, Any]) -> str:
 def step_line(row: dict[str, Any]) -> str | None:
     if row.get("step") is None:
         return None
+    # the steps since the previous sample (the progress line's figure is since the first step:
+    # two unlabeled rates over different windows read as a contradiction — an audit)
     parts = [f"step {row['step']}", f"loss {_num(row['loss'], '.4g')}",
-             f"{_num(row['tokens_per_s'], ',.0f')} tokens/s",
-             f"{_num(row['samples_per_s'], ',.2f')} samples/s"]
+             f"{_num(row['tokens_per_s'], ',.0f')} tokens/s, "
+             f"{_num(row['samples_per_s'], ',.2f')} samples/s over the steps since the last "
+             "reading (measured)"]
     if row.get("mfu") is not None:
         parts.append(f"MFU {row['mfu'] * 100:.1f} %")
     if row.get("data_wait_fraction") is not None:
