@@ -89,6 +89,10 @@ def test_another_tools_flag_is_given_trainfits_name(monkeypatch):
         res = runner.invoke(app, ["plan", "gpt2", flag, "8"])
         lines = [x for x in res.stderr.splitlines() if x.strip()]
         assert res.exit_code == 2 and lines[1].startswith("hint: ") and said in lines[1], lines
+    # train takes a job file: its key, not a flag it does not have (a review)
+    res = runner.invoke(app, ["train", "job.yaml", "--max-seq-length", "8"])
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
+    assert lines[1].startswith("hint: seq_len: in the job file"), lines
 
 
 @pytest.mark.parametrize("cmd", ["train", "emit"])

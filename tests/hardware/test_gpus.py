@@ -439,6 +439,8 @@ def test_a_bare_family_name_names_its_other_memory_sizes():
     for typed in ("3080", "rtx3080", "RTX 3080", "rtx-3080"):
         assert {g.name for g in memory_variants(typed, find_gpu(typed))} == \
             {"rtx-3080-12gb", "rtx-3080-20gb"}, typed
+    for typed in ("a100-40g", "rtx-3080-12g", "a100 40 GB"):  # a size given: one card
+        assert memory_variants(typed, find_gpu(typed)) == [], typed
 
 
 def test_a_near_miss_is_offered_the_card_with_its_model_number():

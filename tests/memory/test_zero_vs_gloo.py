@@ -114,8 +114,14 @@ def _measure(name: str) -> dict[str, int]:
     for t in [*model.parameters(), *model.buffers(), *batch.values()]:
         tracker.track(t, "parameters")
     with tracker:
+        # HF Trainer's two groups (decay, no decay: norms and biases), as it hands them to
+        # DeepSpeed: ZeRO-2 keeps one gradient buffer over both, alive while either steps
         trainable = [p for p in model.parameters() if p.requires_grad]
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable,
+        groups = [g for g in ({"params": [p for p in trainable if p.ndim >= 2],
+                               "weight_decay": 0.01},
+                              {"params": [p for p in trainable if p.ndim < 2],
+                               "weight_decay": 0.0}) if g["params"]]
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=groups,
                                           config=_ds_config(job, CASES[name][0]))
         for _step in range(2):
             for micro in range(job.grad_accum):
@@ -201,32 +207,31 @@ def _predicted_phases(name: str) -> dict[str, int]:
     return {k: sum(v.values()) for k, v in per_phase.items()}
 
 
-@pytest.mark.parametrize("name", ["zero2", "zero3", "zero2-fused", "zero3-fused"])
+@pytest.mark.parametrize("name", ["zero2", "zero3", "zero2-fused", "zero3-fused", "zero2-fp32"])
 def test_zero_step_peak_matches_deepspeed_on_two_gloo_ranks(measured, name):
-    """The optimizer step's own peak, within −1 … +1.5 % of the higher rank's (measured: −0.6 …
-    +0.02 %; the last rank holds 77 KiB more than the first throughout, at the step too).  Seen
-    in the run at the step: ZeRO-2 has dropped its gradient partition and its reduce buckets;
-    ZeRO-3 has released every gathered parameter and keeps its gradient buffer and its one
-    reduce bucket; torch's for-loop AdamW makes two partition-sized temporaries, its fused one
-    none (the cast is then the moment: ZeRO-2's flat copy beside its fp32 gradient).  Before
-    (DeepSpeed's fused Adam assumed, the flat copy and ZeRO-3's released layers not) the
-    for-loop steps came 21 % under the real ones."""
+    """The optimizer step's own peak, within −1 … +1.5 % of the higher rank's (measured: −0.83 …
+    +0.05 %; the last ZeRO-2 rank holds 77 KiB more than the first throughout, at the step too:
+    −0.02 … +0.05 % against the first).  Seen in the run at the step: ZeRO-2's 16-bit gradient
+    buffer stays while HF's two groups step (one buffer; the small group's views keep it) and
+    its reduce buckets are gone; ZeRO-3 has released every gathered parameter and keeps its
+    gradient buffer and its one reduce bucket; torch's for-loop AdamW makes two partition-sized
+    temporaries, its fused one none (the cast is then the moment: ZeRO-2's flat copy beside its
+    fp32 gradient).  Before (DeepSpeed's fused Adam assumed, the flat copy and ZeRO-3's released
+    layers not) the for-loop steps came 21-27 % under the real ones."""
     predicted = _predicted_phases(name)["optimizer"]
     worst = max(r["optimizer"] for r in measured[name])
     assert worst * 0.99 <= predicted <= worst * 1.015, (name, measured[name], predicted)
 
 
-@pytest.mark.parametrize("name", ["zero3-lora-ckpt", "zero2-fp32"])
-def test_where_the_step_is_under_it_is_far_below_the_peak(measured, name):
-    """Two steps plan does not match to the byte, both far below their run's peak, in the run
-    and in plan: a LoRA rank's step (the adapters' partitions only; the run also keeps two
-    hidden-sized tensors plan does not book, 64 KiB, 4 % of this step) and ZeRO-2 in fp32 (the
-    first rank's step holds 0.95 MiB more than the other's, matched to 0.01 %)."""
-    phases = _predicted_phases(name)
-    real = max(r["optimizer"] for r in measured[name])
-    assert real < 0.92 * min(r["peak"] for r in measured[name])
-    assert phases["optimizer"] < 0.85 * max(phases.values())
-    assert 0.9 * real <= phases["optimizer"] <= 1.015 * real
+def test_a_lora_step_is_far_below_its_peak(measured):
+    """A LoRA rank's step holds the adapters' partitions only: far below the forward and
+    backward, in the run and in plan.  (The run's step also keeps two hidden-sized tensors plan
+    does not book — 64 KiB here, 4 % of this step, none of the peak.)"""
+    phases = _predicted_phases("zero3-lora-ckpt")
+    real = max(r["optimizer"] for r in measured["zero3-lora-ckpt"])
+    assert real < 0.3 * min(r["peak"] for r in measured["zero3-lora-ckpt"])
+    assert phases["optimizer"] < 0.3 * max(phases.values())
+    assert 0.9 * real <= phases["optimizer"] <= real
 
 
 if __name__ == "__main__":

@@ -476,3 +476,25 @@ def test_a_resume_with_another_method_names_it(job, tmp_path):
         train(job.replace(method="lora"), RunOptions(out_dir=tmp_path / "l", max_steps=2,
                                                      resume=tmp_path / "f"))
     assert "into a new --out" in err.value.hint
+
+
+def test_a_resume_without_out_continues_in_the_resumed_runs_directory(job, tmp_path,
+                                                                      monkeypatch):
+    """An audit: an interrupt printed "resume with --resume B", which went on into
+    ./trainfit-run; and a review: a checkpoint copied under another name ("best") must not be
+    taken for the run directory."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    p = tmp_path / "job.yaml"
+    p.write_text(yaml.safe_dump(job.to_dict()))
+    train(job, RunOptions(out_dir=tmp_path / "B", max_steps=4, inject_interrupt_at_step=1))
+    res = runner.invoke(app, ["train", str(p), "--resume", str(tmp_path / "B")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "B" / "checkpoint-4").exists() and not (tmp_path / "trainfit-run").exists()
+    # a checkpoint under another name: its parent is the run directory
+    train(job, RunOptions(out_dir=tmp_path / "C", max_steps=4, inject_interrupt_at_step=1))
+    shutil.copytree(tmp_path / "C" / "checkpoint-2", tmp_path / "C" / "best")
+    res = runner.invoke(app, ["train", str(p), "--resume", str(tmp_path / "C" / "best")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "C" / "checkpoint-4").exists()

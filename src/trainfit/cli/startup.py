@@ -36,19 +36,27 @@ def _wants_json() -> bool:
     return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
 
 
-_FLAG_SYNONYMS = {
-    "--batch-size": "trainfit's batch flags are --micro-batch (samples per forward pass) and "
-                    "--effective-batch (samples per optimizer step)",
-    "--per-device-train-batch-size": "HF's per_device_train_batch_size is --micro-batch",
-    "--gradient-accumulation-steps": "HF's gradient_accumulation_steps is --grad-accum",
-    "--max-seq-length": "--seq-len (tokens per sample)",
-    "--max-length": "--seq-len (tokens per sample)",
-    "--gradient-checkpointing": "--grad-ckpt full",
-    "--lr": "the learning rate goes in the job file (lr:); it does not change memory or speed",
-    "--version": "pip show trainfit prints the installed version",
+_FLAG_SYNONYMS: dict[str, tuple[str, str]] = {
+    "--batch-size": ("trainfit's batch flags are --micro-batch (samples per forward pass) and "
+                     "--effective-batch (samples per optimizer step)",
+                     "micro_batch: (samples per forward pass) and effective_batch: (samples per "
+                     "optimizer step) in the job file"),
+    "--per-device-train-batch-size": ("HF's per_device_train_batch_size is --micro-batch",
+                                      "HF's per_device_train_batch_size is micro_batch: in "
+                                      "the job file"),
+    "--gradient-accumulation-steps": ("HF's gradient_accumulation_steps is --grad-accum",
+                                      "HF's gradient_accumulation_steps is grad_accum: in "
+                                      "the job file"),
+    "--max-seq-length": ("--seq-len (tokens per sample)", "seq_len: in the job file"),
+    "--max-length": ("--seq-len (tokens per sample)", "seq_len: in the job file"),
+    "--gradient-checkpointing": ("--grad-ckpt full", "grad_ckpt: full in the job file"),
+    "--version": ("pip show trainfit prints the installed version",
+                  "pip show trainfit prints the installed version"),
 }
 """Other tools' spellings (HF TrainingArguments', scripts') of what trainfit names otherwise:
-said beside click's "no such option" (an audit: --batch-size got no suggestion)."""
+said beside click's "no such option" (an audit: --batch-size got no suggestion) — as plan's and
+tune's flags, or as the job file's keys for the commands that take one (train, emit: a review
+found --seq-len offered to train, which has no such flag)."""
 
 
 def one_line_usage_errors() -> None:
@@ -85,7 +93,7 @@ def one_line_usage_errors() -> None:
                     "keywords to change in it; then run it as you do")
         synonym = _FLAG_SYNONYMS.get((msg.removeprefix("no such option: ").split() or [""])[0])
         if msg.startswith("no such option:") and synonym:
-            hint = f"{synonym}; {hint}"
+            hint = f"{synonym[where.split()[-1] in ('train', 'emit')]}; {hint}"
         typer.echo(f"hint: {hint}", err=True)
         if _wants_json() and not other_rank():
             # a program asked for JSON: the error as every other --json error is (one object on

@@ -110,8 +110,10 @@ def _steps(text: str | None, flag: str) -> tuple[int, ...]:
 
 
 def _run_dir_of(resume: Path) -> Path:
-    """The run directory a ``--resume`` path names: a checkpoint's parent, or the path itself."""
-    return resume.parent if resume.name.startswith("checkpoint-") else resume
+    """The run directory a ``--resume`` path names: a checkpoint's parent (a directory holding
+    a checkpoint's state, whatever its name, as run/checkpoint.find reads it), or the path."""
+    is_checkpoint = any((resume / f).exists() for f in ("trainer_state.json", "digests.json"))
+    return resume.parent if is_checkpoint else resume
 
 
 def register(app: typer.Typer) -> None:

@@ -153,7 +153,9 @@ def memory_variants(name: str, spec: GpuSpec) -> list[GpuSpec]:
     planned as the A100 80GB SXM, and an A100-40GB owner must be told so (a QA run read "fits"
     for the 80 GB card); "rtx-3080" has 12 and 20 GB variants. Empty for an exact name."""
     typed = re.sub(r"[\s_]+", "-", name.strip().lower())
-    if typed == spec.name or re.search(r"\d\s*gb", typed):
+    # a size given ("a100-40gb", "a100-40g", "rtx-3080-12g") names one card (a review: "40g"
+    # listed the 80 GB ones)
+    if typed == spec.name or re.search(r"\d[\s-]*g(?:i?b)?\b", typed):
         return []
     # the family as typed ("a100") and as the card it resolved to names it ("3080", "rtx3080" →
     # rtx-3080-10gb: rtx-3080; an audit: those two planned the 10 GB card with no word of the

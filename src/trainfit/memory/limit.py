@@ -34,6 +34,7 @@ class LimitTracker(LiveBytesTracker):
         self.peak = type(self.peak)()
         self.phase_peaks.clear()
         self.phase_breakdowns.clear()
+        self._phase_peak_uid.clear()  # reclassify() looks its phase keys up there
         self._check_peak()
 
     def track_model(self, model: torch.nn.Module,

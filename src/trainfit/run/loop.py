@@ -293,7 +293,8 @@ class Trainer:
                 oom = self.dist.max(2.0 if out is _OPTIMIZER_OOM else float(out is None))
                 if oom >= 2:
                     raise optimizer_oom(step, self.job, cuda=self.device.type == "cuda",
-                                        limit_bytes=self.o.memory_limit_bytes)
+                                        limit_bytes=self.o.memory_limit_bytes,
+                                        saved_step=self.last_saved_step)
                 if oom:
                     self._recover_oom(res, step, tracker)
                     it = self._loader()
@@ -373,7 +374,10 @@ class Trainer:
         except OptimizerOOM:
             return _OPTIMIZER_OOM  # the ranks stop together (the caller asks them all)
         except torch.OutOfMemoryError:
-            return None
+            # stepped in the backward: weights may be updated already, and the split's
+            # accumulation is what the job cannot have (a review: split, then the save refused
+            # "--optimizer-in-backward with grad-accum 2", a flag the user never gave)
+            return _OPTIMIZER_OOM if self.job.optimizer_in_backward else None
 
     def _record_step(self, res: TrainResult, loss: float, skipped: bool, dt: float,
                      ids_done: list[int], waits: list[float], sampler: Any,

@@ -24,25 +24,43 @@ class InjectedOOM(torch.OutOfMemoryError):
     the real error, so every handler takes the path a GPU's OOM takes."""
 
 
-def optimizer_oom(step: int, job: Any, *, cuda: bool, limit_bytes: int | None = None) -> JobError:
+def optimizer_oom(step: int, job: Any, *, cuda: bool, limit_bytes: int | None = None,
+                  saved_step: int | None = None) -> JobError:
     """The error for an OOM after the backward (:class:`trainfit.engine.step.OptimizerOOM`) at
     ``step`` (the steps done before it), with what lowers the optimizer's memory in the job
-    file's words."""
-    fixes = []
+    file's words — only what the job does not have already — and how to go on: ``saved_step``,
+    the last checkpoint's step (None: none was saved, the run starts again).  A method or
+    optimizer change is a new run (a resume refuses other trainable tensors or states)."""
+    same_run, new_run = [], []
+    if getattr(job, "optimizer_in_backward", False):
+        # the optimizer steps each weight inside the backward: any OOM of the step may leave a
+        # partly applied update, and its batch cannot be split (no accumulation with it)
+        if job.grad_ckpt != "full":
+            same_run.append("grad_ckpt: full")
+        same_run.append("optimizer_in_backward: false (an OOM can then split the batch)")
     if job.optimizer in ("adamw", "sgd") and job.optimizer_impl != "fused":
-        fixes.append("optimizer_impl: fused (no temporaries the size of the weights)")
-    if job.optimizer == "adamw":
-        fixes.append("optimizer: adamw-8bit" if cuda else "method: lora")
-    elif job.method == "full":
-        fixes.append("method: lora")
+        same_run.append("optimizer_impl: fused (no temporaries the size of the weights)")
+    if job.optimizer == "adamw" and cuda:
+        new_run.append("optimizer: adamw-8bit")
+    if job.method == "full":
+        new_run.append("method: lora")
     more = (f"raise --memory-limit (now {size_text(limit_bytes)})" if limit_bytes and not cuda
             else "give the step more memory")
-    ways = "; ".join([*fixes, more])
+    if saved_step is None:
+        go_on = "; ".join([*same_run, *new_run, more]) + "; then run again (no checkpoint was " \
+            "saved before this step)"
+    else:
+        go_on = "; ".join([*same_run, more]) + (
+            f", then --resume (checkpoint-{saved_step} holds the state before the update)")
+        if new_run:
+            go_on += f"; or {', '.join(new_run)} in a new run (a new --out)"
+    if getattr(job, "optimizer_in_backward", False):
+        return JobError(f"out of memory in step {step + 1}, whose backward steps the optimizer "
+                        "(optimizer_in_backward): the update may be partly applied, and the batch "
+                        "cannot be split without accumulation, so the step is not redone", go_on)
     return JobError(f"out of memory in the optimizer step of step {step + 1}: a smaller "
                     "micro-batch does not lower it, and the update may be partly applied, so the "
-                    "step is not redone",
-                    f"{ways}; then --resume from the last checkpoint (it holds the state from "
-                    "before this step)")
+                    "step is not redone", go_on)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -112,7 +112,8 @@ def _args(args: Any) -> dict[str, Any]:
     # (world_size 1, NOT_PARALLEL) though the launcher started WORLD_SIZE processes: the GPU run
     # has that many ranks (an audit: a 2-process torchrun was planned as 1 rank, its effective
     # batch halved, unsaid)
-    launched = int(os.environ.get("WORLD_SIZE") or 1)
+    world = os.environ.get("WORLD_SIZE", "")
+    launched = int(world) if world.isdigit() else 1  # a garbled one: the arguments' own
     if launched > int(out.get("world_size") or 1):
         out["world_size"] = launched
     ckpt = getattr(args, "activation_checkpointing", None)

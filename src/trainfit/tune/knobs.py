@@ -32,18 +32,18 @@ class KnobStage:
         pc, pb = self.predict(cand), best.predicted
         known = pc is not None and pb is not None and pc.tokens_per_s and pb.tokens_per_s
         ratio = pc.tokens_per_s / pb.tokens_per_s if known else None  # type: ignore[union-attr]
-        if known and (pc.from_busy_timings or pb.from_busy_timings):  # type: ignore[union-attr]
-            # a busy host's kernel times make a prediction slow by an unknown factor (an audit:
-            # 68 then 311 tokens/s for one configuration): probed, not pruned, and said so
-            if ratio is not None and ratio < self.o.prune_below:
-                self.notes.append(SearchNote("not_pruned_busy", {
-                    "changes": changed_fields(cand, best.job), "ratio": ratio,
-                    "prune_below": self.o.prune_below}))
-            ratio = None
+        # a busy host's kernel times make a prediction slow by an unknown factor (an audit: 68
+        # then 311 tokens/s for one configuration): such a rank votes to probe, and says so
+        busy = bool(known and (pc.from_busy_timings or pb.from_busy_timings))  # type: ignore[union-attr]
+        slow = ratio is not None and ratio < self.o.prune_below
         # the speed model reads kernel rates each rank measured itself (or found cached): near the
         # threshold, or with a rate unknown on one rank only, ranks could decide apart (and then
         # probe apart), so every rank takes part in the decision, whatever it predicted
-        if not self.agree(ratio is not None and ratio < self.o.prune_below):
+        if not self.agree(slow and not busy):
+            if slow and busy:  # said only where it was probed (another rank may prune it)
+                self.notes.append(SearchNote("not_pruned_busy", {
+                    "changes": changed_fields(cand, best.job), "ratio": ratio,
+                    "prune_below": self.o.prune_below}))
             return False
         self.notes.append(SearchNote("pruned", {"changes": changed_fields(cand, best.job), "ratio": ratio,
                                                 "prune_below": self.o.prune_below}))
