@@ -182,12 +182,12 @@ def test_zero_makes_states_for_the_tower_too():
                   ranks=2, sharding="zero2")
     whole = predict_memory(job, src, None)
     text = predict_memory(job, _text_only(src), None)
-    # two bf16 states and the step count per tower tensor in the one-process step (512-byte
-    # blocks), built on the fp32 master (× 2), ÷ 2 ranks; the fp32 master partition, ÷ 2 ranks
+    # two fp32 Adam states on the flat partition (memory/zero_step.py), ÷ 2 ranks; the fp32
+    # master partition, ÷ 2 ranks
     from trainfit.model.towers import tower_parameters
 
     sizes = [p.numel() for p in tower_parameters(_built(src))]
-    states = sum(2 * -(-n * 2 // 512) * 512 + 512 for n in sizes) * 2 // 2
+    states = 8 * sum(sizes) // 2
     master = 4 * sum(sizes) // 2
     got = whole.breakdown["optimizer"] - text.breakdown["optimizer"]
     assert got == pytest.approx(states + master, rel=0.001)

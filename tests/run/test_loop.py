@@ -498,3 +498,26 @@ def test_a_resume_without_out_continues_in_the_resumed_runs_directory(job, tmp_p
     res = runner.invoke(app, ["train", str(p), "--resume", str(tmp_path / "C" / "best")])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "C" / "checkpoint-4").exists()
+
+
+def test_an_interrupt_during_an_evaluation_stops_at_its_step(job, tmp_path, monkeypatch):
+    """An audit: a SIGINT that landed in the step-3 evaluation let step 4 train and saved
+    checkpoint-4; the run stops at the evaluation's step, checkpointed there."""
+    import os
+    import signal
+
+    from trainfit.run import loop
+
+    real = loop.ev.evaluate
+
+    def interrupted(*a, **k):
+        out = real(*a, **k)
+        if k.get("step") == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(loop.ev, "evaluate", interrupted)
+    res = train(job, RunOptions(out_dir=tmp_path / "e", max_steps=5, eval_fraction=0.25,
+                                eval_every_steps=2))
+    assert res.interrupted and res.steps == 2
+    assert [Path(c).name for c in res.checkpoints] == ["checkpoint-2"]
