@@ -94,6 +94,11 @@ def test_sampler_without_nvml_has_null_gpu_columns(no_nvml):
     assert rows[0]["host_ram_total_bytes"] > 0
     assert s.gpu_available is False
     assert s.gpu_note == "no NVIDIA GPU visible (NVML: Driver Not Loaded); showing the host only"
+    # a CPU run reads no GPU by design: said as such, not as a missing driver (an audit)
+    cpu = Sampler(live=False, gpu_indices=[])
+    cpu.sample_once()
+    cpu.stop()
+    assert cpu.gpu_note == "a CPU run: no GPU read; showing the host only"
 
 
 def test_a_lost_gpu_and_a_mig_card_are_said(monkeypatch):

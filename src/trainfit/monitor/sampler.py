@@ -290,6 +290,9 @@ class Sampler:
         mode (an audit: shown as a whole card with util n/a and no word why); None when nothing."""
         if not self._opened:
             return None
+        if self.gpu_indices == []:
+            # a CPU run reads no GPU by design (train on the CPU): not a missing driver (an audit)
+            return "a CPU run: no GPU read; showing the host only"
         if not self._nvml.available:
             return f"no NVIDIA GPU visible (NVML: {self._nvml.reason}); showing the host only"
         if not self._mig:
