@@ -182,19 +182,19 @@ def test_the_summary_says_a_resume_at_another_micro_batch(capsys):
     from trainfit.render.train import render_train
 
     res = new_result(JOB, main=True)
-    res.begin_segment(0, None, [])
-    res.add_step(5.0, 8, 256, 8, 1)
-    res.close_segment(1.0, "interrupted")
-    res.begin_segment(1, "run/checkpoint-1", [])
-    res.add_step(4.9, 8, 256, 2, 4)
-    res.close_segment(1.0, "finished")
-    render_train(res.to_dict(), "run")
-    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("this run:"))
+
+    def segment(step: int, micro: int, accum: int, stopped: str) -> str:
+        """One segment of one step at ``micro`` × ``accum``; the summary's "this run:" line."""
+        res.begin_segment(step, f"run/checkpoint-{step}" if step else None, [])
+        res.add_step(5.0 - 0.1 * step, 8, 256, micro, accum)
+        res.close_segment(1.0, stopped)
+        render_train(res.to_dict(), "run")
+        return next((x for x in capsys.readouterr().out.splitlines()
+                     if x.startswith("this run:")), "")
+
+    segment(0, 8, 1, "interrupted")
+    line = segment(1, 2, 4, "finished")
     assert line.endswith("resumed from run/checkpoint-1, at 2 × 4 (the run before: 8 × 1)")
     # the same micro-batch: nothing more said
-    res.begin_segment(2, "run/checkpoint-2", [])
-    res.add_step(4.8, 8, 256, 2, 4)
-    res.close_segment(1.0, "finished")
-    render_train(res.to_dict(), "run")
-    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("this run:"))
+    line = segment(2, 2, 4, "finished")
     assert line.endswith("resumed from run/checkpoint-2")

@@ -10,7 +10,7 @@ import typer
 
 from trainfit import json_text
 from trainfit.cli.jobargs import AllowCode, TrustRemoteCode
-from trainfit.cli.script import SeesDashes
+from trainfit.cli.script import SeesDashes, dashes_given
 
 
 def _fail(message: str, hint: str = "", tail: list[str] | None = None, *,
@@ -43,7 +43,7 @@ def _checked(ctx: typer.Context, args: list[str], steps: int, warmup: int, repea
                        "examined alone", "options go before it: trainfit doctor "
                        f"--steps 8 {args[0]}")
     is_job = len(args) == 1 and args[0].endswith((".yaml", ".yml"))
-    if not is_job and ctx.meta.get("trainfit.dashes") is False:
+    if not is_job and dashes_given() is False:
         raise JobError(f"{shlex.join(args)}: a command goes after --, so that its own options "
                        "stay its own", f"trainfit doctor [doctor's options] -- {shlex.join(args)} "
                        "[its options]")

@@ -15,8 +15,8 @@ from trainfit.job import JobError
 
 _DASHES: contextvars.ContextVar[bool | None] = contextvars.ContextVar("trainfit_dashes",
                                                                      default=None)
-"""The last parsed command line's ``--`` (None: none parsed), for commands whose function
-takes no context (plan's is also called directly, by quickstart)."""
+"""The last parsed command line's ``--`` (None: none parsed): a context variable, not the click
+context's meta, because plan's function takes no context (quickstart also calls it directly)."""
 
 
 class SeesDashes(typer.core.TyperCommand):
@@ -24,16 +24,20 @@ class SeesDashes(typer.core.TyperCommand):
     script's own options (``python train.py --steps 4``) were parsed as trainfit's, silently."""
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:  # type: ignore[override]
-        ctx.meta["trainfit.dashes"] = "--" in args
         _DASHES.set("--" in args)
         return super().parse_args(ctx, args)
+
+
+def dashes_given() -> bool | None:
+    """Whether the command line :class:`SeesDashes` parsed held a ``--`` (None: none parsed)."""
+    return _DASHES.get()
 
 
 def refuse_without_dashes(cmd: list[str], job_flags: dict[str, Any], verb: str) -> None:
     """A command given without ``--`` beside job flags: those may have been the script's own
     (an audit: ``plan --gpu t4 python train.py --model M --data D`` took --model and --data,
     ran the script without them and blamed the script)."""
-    if _DASHES.get() is not False or not job_flags:
+    if dashes_given() is not False or not job_flags:
         return
     flags = ", ".join(f"--{k.replace('_', '-')}" for k in job_flags)
     raise JobError(f"{shlex.join(cmd)}: a command goes after --; without it trainfit took "

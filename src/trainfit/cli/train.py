@@ -110,10 +110,11 @@ def _steps(text: str | None, flag: str) -> tuple[int, ...]:
 
 
 def _run_dir_of(resume: Path) -> Path:
-    """The run directory a ``--resume`` path names: a checkpoint's parent (a directory holding
-    a checkpoint's state, whatever its name, as run/checkpoint.find reads it), or the path."""
-    is_checkpoint = any((resume / f).exists() for f in ("trainer_state.json", "digests.json"))
-    return resume.parent if is_checkpoint else resume
+    """The run directory a ``--resume`` path names: a checkpoint's parent (as run/checkpoint.find
+    tells one, whatever its name), or the path."""
+    from trainfit.run.checkpoint import is_checkpoint_dir
+
+    return resume.parent if is_checkpoint_dir(resume) else resume
 
 
 def register(app: typer.Typer) -> None:

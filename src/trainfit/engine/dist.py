@@ -78,11 +78,7 @@ class Dist:
         return DDP(model, device_ids=ids)
 
     def any(self, flag: bool) -> bool:
-        if self.world == 1:
-            return flag
-        t = torch.tensor([1.0 if flag else 0.0])
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item() > 0)
+        return flag if self.world == 1 else self.max(1.0 if flag else 0.0) > 0
 
     def max(self, value: float) -> float:
         if self.world == 1:

@@ -33,7 +33,7 @@ import torch
 
 from trainfit import json_text
 from trainfit.job import JobError
-from trainfit.run.resume_fields import same_samples
+from trainfit.run.resume_fields import other_trainables, same_samples
 from trainfit.run.rundir import fsync_dir, fsync_file, os_reason, space_hint, write_atomic
 
 DIGESTS = "digests.json"
@@ -290,15 +290,17 @@ def newest_intact(out: Path, *, skip: Path | None = None) -> Path | None:
     return None
 
 
-_TRAINABLE_FIELDS = ("model", "method", "lora_r", "lora_targets", "quant")
-"""Job fields that decide which tensors train (their names and shapes: the fingerprint)."""
-
-
 def offer_intact(run: Path | None, bad: Path) -> str:
     good = newest_intact(run, skip=bad) if run is not None else None
     if good is not None:
         return f"resume from the newest intact checkpoint: --resume {good}"
     return "no intact checkpoint is left: start the run again (a new --out)"
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    """A checkpoint's own directory (its state or its digests), whatever its name — not a run
+    directory holding checkpoints."""
+    return (path / "trainer_state.json").exists() or (path / DIGESTS).exists()
 
 
 def find(resume: Path) -> tuple[Path, str | None]:
@@ -318,7 +320,7 @@ def find(resume: Path) -> tuple[Path, str | None]:
         raise JobError(f"--resume {resume}: a file, not a directory",
                        f"--resume takes a run directory or a checkpoint-N directory, e.g. "
                        f"--resume {resume.parent}")
-    if (resume / "trainer_state.json").exists() or (resume / DIGESTS).exists():
+    if is_checkpoint_dir(resume):
         _verified(resume, resume.parent)
         return resume, None
     named, why = _latest(resume)
@@ -387,19 +389,7 @@ def load(ck: Path, model: torch.nn.Module, optimizer: Any, scheduler: Any, scale
                                f"{key} {v!r}, expected an integer ≥ {least})",
                                "resume from an earlier checkpoint-N directory")
         if meta.get("fingerprint") != fingerprint(model):
-            # the trainable tensors follow the method and the LoRA settings as much as the model:
-            # name what changed where the job says it (an audit: lora on a full run's checkpoint
-            # read "another model")
-            saved_job = meta.get("job") or {}
-            changed = [f"{k}: {saved_job[k]} → {job[k]}" for k in _TRAINABLE_FIELDS
-                       if job is not None and k in saved_job and k in job
-                       and saved_job[k] != job[k]]
-            other = not changed or changed[0].startswith("model:")
-            raise JobError(f"--resume {ck}: the checkpoint's trainable tensors differ in names "
-                           "or shapes from this job's (" + ("another model" if other else
-                                                            ", ".join(changed)) + ")",
-                           "resume with the job that wrote it" + (
-                               "" if other else ", or train the new setting into a new --out"))
+            raise other_trainables(ck, meta.get("job"), job)
         same_samples(ck, meta.get("job"), job)
         if is_sharded(model):
             _load_sharded(ck, model, optimizer)

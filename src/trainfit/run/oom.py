@@ -32,7 +32,8 @@ def optimizer_oom(step: int, job: Any, *, cuda: bool, limit_bytes: int | None = 
     the last checkpoint's step (None: none was saved, the run starts again).  A method or
     optimizer change is a new run (a resume refuses other trainable tensors or states)."""
     same_run, new_run = [], []
-    if getattr(job, "optimizer_in_backward", False):
+    in_backward = job.optimizer_in_backward
+    if in_backward:
         # the optimizer steps each weight inside the backward: any OOM of the step may leave a
         # partly applied update, and its batch cannot be split (no accumulation with it)
         if job.grad_ckpt != "full":
@@ -54,7 +55,7 @@ def optimizer_oom(step: int, job: Any, *, cuda: bool, limit_bytes: int | None = 
             f", then --resume (checkpoint-{saved_step} holds the state before the update)")
         if new_run:
             go_on += f"; or {', '.join(new_run)} in a new run (a new --out)"
-    if getattr(job, "optimizer_in_backward", False):
+    if in_backward:
         return JobError(f"out of memory in step {step + 1}, whose backward steps the optimizer "
                         "(optimizer_in_backward): the update may be partly applied, and the batch "
                         "cannot be split without accumulation, so the step is not redone", go_on)

@@ -31,6 +31,26 @@ the job's, so another optimizer failed at its first step (SGD given AdamW's stat
 train.json recorded the new one (a QA run: the same losses to every digit)."""
 
 
+TRAINABLE_FIELDS = ("model", "method", "lora_r", "lora_targets", "quant")
+"""Job fields that decide which tensors train (their names and shapes: the checkpoint's
+fingerprint)."""
+
+
+def other_trainables(ck: Path | str, saved: dict[str, Any] | None, job: dict[str, Any] | None
+                     ) -> JobError:
+    """The refusal of a checkpoint whose trainable tensors differ from the job's: the
+    :data:`TRAINABLE_FIELDS` that changed, named where the job says them (an audit: lora on a
+    full run's checkpoint read "another model"); another model, or none named, as such."""
+    saved = saved or {}
+    changed = [f"{k}: {saved[k]} → {job[k]}" for k in TRAINABLE_FIELDS
+               if job is not None and k in saved and k in job and saved[k] != job[k]]
+    other = not changed or changed[0].startswith("model:")
+    return JobError(f"--resume {ck}: the checkpoint's trainable tensors differ in names or shapes "
+                    "from this job's (" + ("another model" if other else ", ".join(changed)) + ")",
+                    "resume with the job that wrote it" + (
+                        "" if other else ", or train the new setting into a new --out"))
+
+
 def same_samples(ck: Path | str, saved: dict[str, Any] | None, job: dict[str, Any] | None
                  ) -> None:
     """Refuse a resume whose job makes other samples than the checkpoint's (:data:`SAMPLE_FIELDS`)
