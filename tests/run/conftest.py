@@ -24,3 +24,13 @@ def limit_between():
         return (need_fits + need_ooms) // 2
 
     return f
+
+
+@pytest.fixture()
+def job(micro_model_json, chat_jsonl):
+    """The loop's job (test_loop, test_resume): fp32 on the CPU, 8 = 2 × 4. Chat rows: padded,
+    of different lengths — the token weighting matters."""
+    from trainfit.job import JobSpec
+
+    return JobSpec(model=str(micro_model_json), seq_len=32, effective_batch=8, micro_batch=4,
+                   precision="fp32", data=str(chat_jsonl))

@@ -20,13 +20,7 @@ from typing import Any
 import torch
 
 from trainfit.data.dataset import TokenData
-from trainfit.data.loader import (
-    LoaderKnobs,
-    SampleOrder,
-    make_loader,
-    micro_batch_ids,
-    step_weights,
-)
+from trainfit.data.loader import LoaderKnobs
 from trainfit.engine.dist import Dist, mixed_precision_policy
 from trainfit.engine.step import OptimizerOOM, train_step
 from trainfit.job import JobError, JobSpec
@@ -49,8 +43,8 @@ from trainfit.run.checks import (
     take_schedule_rate,
     total_steps,
 )
+from trainfit.run.feed import Feed
 from trainfit.run.oom import (
-    InjectedOOM,
     OomEvent,
     cannot_split,
     free_after_oom,
@@ -129,7 +123,7 @@ class Trainer:
         # the run's length, once: a resume without --max-steps / --epochs keeps its schedule
         self.run_steps = total_steps(opts, len(self.data), job.effective_batch or 1, saved_steps)
         self.scheduler = linear_decay(self.wl.optimizer, self.run_steps)
-        self.order = SampleOrder(len(self.data), seed=job.seed)
+        self.feed = Feed(self.data, self.source.task, job, self.dist, self.device)
         self.state = ckpt.RunState(step=0, position=0, micro_batch=job.micro_batch,
                                    grad_accum=job.grad_accum or 1)
         self.resumed_from: str | None = None
@@ -174,35 +168,6 @@ class Trainer:
                 f"{', '.join(sorted(later))} in {ck.parent} hold the run as it went on from "
                 f"{ck.name} before: each is replaced when this run saves that step; resume "
                 f"from this run's own checkpoints")
-
-    # --- data -------------------------------------------------------------------------------------
-    def _schedule(self) -> Iterator[list[int]]:
-        """Micro-batches of this rank from the current position on (a DataLoader batch sampler)."""
-        pos, eff = self.state.position, self.job.effective_batch
-        while True:
-            yield from micro_batch_ids(self.order, pos, eff, self.state.micro_batch,
-                                       self.dist.rank, self.dist.world)
-            pos += eff
-
-    def _loader(self) -> Iterator[dict[str, torch.Tensor]]:
-        j = self.job
-        knobs = LoaderKnobs.from_job(j)
-        loader = make_loader(self.data, self.source.task, _Sched(self._schedule), knobs,
-                             pin=self.device.type == "cuda")
-        # iter(DataLoader) draws its base seed from torch's global generator: a resume (and an
-        # OOM split) makes a loader where the uninterrupted run did not, which shifted every
-        # dropout mask after it (an audit: LoRA dropout 0.1, losses off by up to 1e-3 after a
-        # resume); the order comes from the schedule, so the draw is put back
-        rng = torch.get_rng_state()
-        try:
-            return iter(loader)
-        finally:
-            torch.set_rng_state(rng)
-
-    def _weights(self) -> list[float]:
-        return step_weights(self.data, self.order, self.state.position, self.job.effective_batch,
-                            self.state.micro_batch, self.source.task, self.dist.rank,
-                            self.dist.world)
 
     # --- the loop ---------------------------------------------------------------------------------
     def run(self) -> TrainResult:
@@ -266,7 +231,7 @@ class Trainer:
                           gpu_indices=[] if self.device.type == "cpu" else None,
                           log_path=o.out_dir / "monitor.jsonl", append=True,
                           tensorboard_dir=o.out_dir / "tensorboard") if main else None
-        it = self._loader()
+        it = self.feed.loader(self.state)
         stopped = "finished"
         self.progress = StepProgress(total, start_step=self.state.step)
         self.progress_log = None if not main or (sampler is not None and sampler.live) \
@@ -297,7 +262,7 @@ class Trainer:
                                         saved_step=self.last_saved_step)
                 if oom:
                     self._recover_oom(res, step, tracker)
-                    it = self._loader()
+                    it = self.feed.loader(self.state)
                     continue
                 assert out is not None and out is not _OPTIMIZER_OOM
                 if self.device.type == "cuda":
@@ -365,12 +330,12 @@ class Trainer:
         try:
             with (tracker or contextlib.nullcontext()):
                 return train_step(self.model, self.wl.optimizer,
-                                  self._batches(it, n_micro, step, ids_done, waits, injected,
-                                                tracker),
+                                  self.feed.batches(it, n_micro, step, ids_done, waits,
+                                                    injected, tracker),
                                   grad_accum=self.state.grad_accum, autocast=self.wl.autocast,
                                   max_grad_norm=self.job.max_grad_norm, scaler=self.wl.scaler,
                                   grads_to_none=self.job.grads_to_none,
-                                  loss_weights=self._weights())
+                                  loss_weights=self.feed.weights(self.state))
         except OptimizerOOM:
             return _OPTIMIZER_OOM  # the ranks stop together (the caller asks them all)
         except torch.OutOfMemoryError:
@@ -425,24 +390,6 @@ class Trainer:
         if sampler is not None:
             sampler.record_eval(**r.to_dict())
 
-    def _batches(self, it: Iterator[dict[str, torch.Tensor]], n_micro: int, step: int,
-                 ids_done: list[int], waits: list[float], injected: set[int],
-                 tracker: LimitTracker | None) -> Iterator[dict[str, Any]]:
-        """The step's micro-batches on the device; records their sample ids and data wait."""
-        for k in range(n_micro):
-            t = time.perf_counter()
-            b = next(it)
-            ids_done.extend(b.pop("sample_ids").tolist())
-            b = {key: v.to(self.device, non_blocking=True) for key, v in b.items()}
-            waits.append(time.perf_counter() - t)
-            if step in injected and k == n_micro - 1:
-                injected.discard(step)
-                raise InjectedOOM("injected OOM (fault injection)")
-            if tracker is not None:
-                for v in b.values():
-                    tracker.track(v, "buffers")
-            yield b
-
     def _peak(self, tracker: LimitTracker | None) -> int | None:
         """The log's ``peak_allocated_bytes``: on a GPU the allocator's, also under a
         --memory-limit (its tracker caps live tensor bytes; they were logged as torch's
@@ -486,18 +433,9 @@ class Trainer:
         with rates_paused(sampler, "checkpoint"):
             save_checkpoint(self, res)
 
+
 _OPTIMIZER_OOM = object()
 """:meth:`Trainer._attempt`'s answer for an OOM after the backward (not split: run/oom.py)."""
-
-
-class _Sched:
-    """Re-iterable wrapper so DataLoader can take a generator factory as its batch sampler."""
-
-    def __init__(self, factory: Any) -> None:
-        self.factory = factory
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return self.factory()
 
 
 def train(job: JobSpec, opts: RunOptions, data: TokenData | None = None) -> TrainResult:
