@@ -253,11 +253,12 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
         # (CUDACachingAllocator kMinBlockSize): a partition of P/N bytes takes the next multiple
         out[key] = {c: -(-v // K_MIN_BLOCK) * K_MIN_BLOCK for c, v in t.items()}
     return out, _zero_notes(job, gathered=gathered, bucket=bucket,
-                            quant_state_bytes=quant_state_bytes)
+                            quant_state_bytes=quant_state_bytes,
+                            whole_bytes=params, held_bytes=param_term)
 
 
-def _zero_notes(job: JobSpec, *, gathered: int, bucket: int, quant_state_bytes: int
-                ) -> list[str]:
+def _zero_notes(job: JobSpec, *, gathered: int, bucket: int, quant_state_bytes: int,
+                whole_bytes: int = 0, held_bytes: int = 0) -> list[str]:
     """What :func:`zero_phases` modelled, said: each term's source and how it was counted."""
     n = job.ranks
     stage3 = job.sharding == "zero3"
@@ -284,6 +285,18 @@ def _zero_notes(job: JobSpec, *, gathered: int, bucket: int, quant_state_bytes: 
         notes.append(f"ZeRO-{3 if stage3 else 2} over one rank partitions nothing: it saves "
                      "memory only with --offload" + ("" if job.offload == "none" else
                                                       " (this job's)"))
+    if stage3 and n > 1 and held_bytes >= whole_bytes > 0:
+        # a model small enough for the reuse distance to keep all of it gathered: its partition
+        # comes on top of a whole copy (Qwen2.5-1.5B QLoRA on 2 ranks: 1.49 GiB of parameters
+        # against DDP's 1.07, its peak above DDP's, unsaid until a review)
+        notes.append(
+            f"ZeRO-3 saves no parameter memory here: its partition and the modules kept gathered "
+            f"hold {held_bytes / 2**30:.2f} GiB per rank, at least the whole model's "
+            f"{whole_bytes / 2**30:.2f} GiB that no sharding (DDP) holds; at this size the reuse "
+            "distance keeps every module gathered from its forward to its backward, so ZeRO-3 "
+            "shards only the trainable state (gradients, fp32 master, optimizer states)"
+            + (": with LoRA/QLoRA that is small, and --sharding none or zero2 may hold less"
+               if job.method != "full" else ""))
     if stage3 and job.method != "full":
         notes.append("ZeRO-3's linear (memory_efficient_linear, DeepSpeed's default) keeps every "
                      "projection's input for the backward, frozen weight or not: simulated so")
