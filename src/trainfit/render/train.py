@@ -22,13 +22,16 @@ def render_train(d: dict[str, Any], out: str) -> None:
                  (seg.get("micro_batch"), seg.get("grad_accum")) and prev.get("micro_batch")
                  else "")
         typer.echo(f"this run: steps {seg['start_step'] + 1}–{seg['end_step']} ({seg['steps']} steps, "
-                   f"{seg['samples']} samples, {seg['tokens']:,} tokens) in "
+                   f"{seg['samples']} samples, {seg['tokens']:,} token positions) in "
                    f"{seg['wall_time_s']:.1f} s measured, resumed from {seg['resumed_from']}"
                    f"{split}")
     whole = f" over {len(segs)} segments" if len(segs) > 1 else ""
     typer.echo(f"trained {d['steps']} step{'' if d['steps'] == 1 else 's'} ({d['samples_seen']} samples, "
-               f"{d['tokens_seen']:,} tokens){whole} in {d['wall_time_s']:.1f} s measured; final "
-               f"loss {d['final_loss']:.4f}" if d["final_loss"] is not None else "no step ran")
+               # samples × seq_len, as train.json's tokens_seen and the tokens/s count them: a
+               # padded row's pad positions are in (an audit read them as trained tokens)
+               f"{d['tokens_seen']:,} token positions, padding included){whole} in "
+               f"{d['wall_time_s']:.1f} s measured; final loss {d['final_loss']:.4f}"
+               if d["final_loss"] is not None else "no step ran")
     for note in d.get("notes") or []:
         typer.echo(f"note: {note}")
     if d.get("scaler_skipped_steps"):
