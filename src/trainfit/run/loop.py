@@ -216,29 +216,14 @@ class Trainer:
         return res
 
     def _loop(self, res: TrainResult, claim: RunDir, tracker: LimitTracker | None) -> None:
-        from trainfit.monitor import Sampler
-
         o = self.o
-        main = self.dist.rank == 0
         total = self.run_steps
         injected = set(o.inject_oom_at_steps)
         injected_eval = set(o.inject_eval_oom_at_steps)
         self.t_start = time.perf_counter()
-        # monitor.jsonl is appended to: a resumed run keeps the lines of the runs before it
-        # a CPU run reads no GPU: other processes' cards are not this run's (an audit: their
-        # readings were drawn beside the run's CPU tensor count as if it had used them)
-        sampler = Sampler(interval_s=o.monitor_interval_s, live=o.live,
-                          gpu_indices=[] if self.device.type == "cpu" else None,
-                          log_path=o.out_dir / "monitor.jsonl", append=True,
-                          tensorboard_dir=o.out_dir / "tensorboard") if main else None
+        sampler = self._open_monitor()
         it = self.feed.loader(self.state)
         stopped = "finished"
-        self.progress = StepProgress(total, start_step=self.state.step)
-        self.progress_log = None if not main or (sampler is not None and sampler.live) \
-            else ProgressLog(self.progress)  # piped: lines on stderr; live: in the view
-        self.sampler = sampler
-        if sampler is not None:
-            sampler.progress = self.progress
         with Interrupt() as intr, (sampler or contextlib.nullcontext()):
             if sampler is not None:
                 sampler.start()
@@ -279,16 +264,7 @@ class Trainer:
                 claim.steps_done += 1
                 if o.inject_interrupt_at_step == step:
                     intr.requested = True
-                stop = self.dist.any(intr.requested)
-                # evaluate, then save (HF Trainer's order); not on the way out of an interrupt
-                if not stop and self._evaluates(self.state.step):
-                    self._evaluate(res, sampler, tracker, injected_eval)
-                    # an interrupt during the evaluation stops here, not a step later (an audit)
-                    stop = self.dist.any(intr.requested)
-                if stop or (o.save_every_steps and self.state.step % o.save_every_steps == 0):
-                    self._save(res, sampler)
-                    stop = stop or self.dist.any(intr.requested)  # one during the save, too
-                if stop:
+                if self._after_step(res, intr, sampler, tracker, injected_eval):
                     res.interrupted = True
                     res.signal = intr.signal
                     stopped = "interrupted"
@@ -303,6 +279,42 @@ class Trainer:
                 self._save(res, sampler)
         res.monitor_notes(sampler)
         self._keep_record(res, stopped)
+
+    def _open_monitor(self) -> Any:
+        """The sampler (rank 0; None elsewhere) and the progress line or live view."""
+        from trainfit.monitor import Sampler
+
+        o = self.o
+        main = self.dist.rank == 0
+        # monitor.jsonl is appended to: a resumed run keeps the lines of the runs before it
+        # a CPU run reads no GPU: other processes' cards are not this run's (an audit: their
+        # readings were drawn beside the run's CPU tensor count as if it had used them)
+        sampler = Sampler(interval_s=o.monitor_interval_s, live=o.live,
+                          gpu_indices=[] if self.device.type == "cpu" else None,
+                          log_path=o.out_dir / "monitor.jsonl", append=True,
+                          tensorboard_dir=o.out_dir / "tensorboard") if main else None
+        self.progress = StepProgress(self.run_steps, start_step=self.state.step)
+        self.progress_log = None if not main or (sampler is not None and sampler.live) \
+            else ProgressLog(self.progress)  # piped: lines on stderr; live: in the view
+        self.sampler = sampler
+        if sampler is not None:
+            sampler.progress = self.progress
+        return sampler
+
+    def _after_step(self, res: TrainResult, intr: Interrupt, sampler: Any,
+                    tracker: LimitTracker | None, injected_eval: set[int]) -> bool:
+        """Evaluate, then save (HF Trainer's order), at a step that asks for either; True when
+        an interrupt (on any rank) stops the run here — checkpointed, not evaluated."""
+        o = self.o
+        stop = self.dist.any(intr.requested)
+        if not stop and self._evaluates(self.state.step):
+            self._evaluate(res, sampler, tracker, injected_eval)
+            # an interrupt during the evaluation stops here, not a step later (an audit)
+            stop = self.dist.any(intr.requested)
+        if stop or (o.save_every_steps and self.state.step % o.save_every_steps == 0):
+            self._save(res, sampler)
+            stop = stop or self.dist.any(intr.requested)  # one during the save, too
+        return stop
 
     def _evaluates(self, step: int) -> bool:
         o = self.o
