@@ -343,3 +343,22 @@ def test_a_step_already_in_16_bits_is_not_advised_bf16():
         assert said in find(obs)[0].fix
         obs.matmul_time_fraction = 0.2  # bandwidth-bound: its advice too
         assert ("already computes in bfloat16" in find(obs)[0].fix) == (computes_in == "bfloat16")
+
+
+def test_a_profiled_step_without_mfu_is_not_called_good():
+    """An audit: a script's own MLP (FLOPs not countable), multiplies at 80 % of op time, read
+    "good: the step computes" beside "MFU unknown (measured time, counted FLOPs, measured
+    peak)". It says the time is in the multiplies and that how well they run is unknown."""
+    obs = Observation(split=split(forward_s=0.4, backward_s=0.5, optimizer_s=0.1), device="cpu",
+                      trainfit_job=False, matmul_time_fraction=0.8)
+    f = find(obs)[0]
+    assert f.bottleneck == "compute-bound" and not f.fix.startswith("good")
+    assert "MFU unknown: the model's FLOPs were not counted" in f.fix
+    assert f.detail == ("MFU unknown: the model's FLOPs were not counted; matrix multiplies are "
+                        "80% of op time (measured)")
+    # with an MFU it is still the good case, and its basis is said
+    known = find(Observation(split=split(forward_s=0.4, backward_s=0.5, optimizer_s=0.1),
+                             device="cpu", trainfit_job=True, matmul_time_fraction=0.8,
+                             mfu=0.4))[0]
+    assert known.fix.startswith("good: the step computes")
+    assert known.detail == "MFU 40% (measured time, counted FLOPs, measured peak)"

@@ -39,6 +39,28 @@ def test_token_file_is_built_once_and_reused(tmp_path):
     assert pretokenize(tok, other, seq_len=64, task="causal-lm").key != a.key
 
 
+def test_an_unreadable_cache_entry_is_built_again():
+    """An audit: a truncated .json or .npy crashed doctor with a traceback, an empty lengths file
+    with a bare "Aborted." (np.load's EOFError). The README says the cache is measured again,
+    never an error: each damage is a miss, rebuilt, and the rebuilt file reads back whole."""
+    tok = builtin_tokenizer()
+    good = pretokenize(tok, TEXT, seq_len=64, task="causal-lm")
+    whole = np.load(good.path).copy()
+    damage = {
+        "json cut": lambda: good.path.with_suffix("").with_suffix(".json").write_text('{"sampl'),
+        "npy cut": lambda: good.path.write_bytes(good.path.read_bytes()[:200]),
+        "lengths empty": lambda: good.lengths_path.write_bytes(b""),
+        "lengths too long": lambda: np.save(good.lengths_path, np.full(3, 999, np.int32)),
+    }
+    for what, harm in damage.items():
+        harm()
+        before = fixes.TOKENIZE_CALLS
+        tf = pretokenize(tok, TEXT, seq_len=64, task="causal-lm")
+        assert not tf.reused and fixes.TOKENIZE_CALLS == before + 1, what
+        assert (np.load(tf.path) == whole).all() and len(MemmapTokens(tf)) == good.samples, what
+        assert pretokenize(tok, TEXT, seq_len=64, task="causal-lm").reused, what
+
+
 def test_token_file_holds_the_packed_stream():
     tok = builtin_tokenizer()
     tf = pretokenize(tok, TEXT, seq_len=64, task="causal-lm")

@@ -136,6 +136,37 @@ def test_checkpointing_stays_on_where_its_removal_would_break_the_limit():
         assert bool(applied) is not kept
 
 
+def test_a_larger_micro_batch_over_the_limit_is_not_probed():
+    """An audit: under memory_limit 3MiB doctor applied micro-batch 16 and called it faster
+    (+252 %), where train under the same limit split it back to 2 — the rounds run without the
+    limit's tracker, so no OOM came on the CPU. A larger micro-batch is measured against the
+    limit first: over it, not probed, and said."""
+    from types import SimpleNamespace as NS
+
+    from trainfit.doctor.run import _probe_micro_batch
+    from trainfit.job import JobSpec
+
+    job = JobSpec(model="m", data="d", seq_len=32, micro_batch=1, effective_batch=16)
+    measured: list[int] = []
+
+    def measure(j, mode, label, n=None, profile=True):
+        measured.append(j.micro_batch)
+        return NS(tokens_per_s=300.0)
+
+    for per_sample, want in ((2**20, 4), (4 * 2**20, None)):
+        measured.clear()
+        bench = NS(job=job, before_mode="eager", capacity=5 * 2**20, measure=measure,
+                   live_peak=lambda j, b=per_sample: j.micro_batch * b)
+        notes: list[str] = []
+        probe = _probe_micro_batch(bench, NS(tokens_per_s=100.0), notes)
+        # 16 holds 16 MiB (over 5): not run; 4 holds 4 MiB: probed, +200 %
+        assert (probe[0] if probe else None) == want
+        assert 16 not in measured
+        assert any("micro-batch 16 not probed" in n and "over the memory_limit" in n
+                   for n in notes)
+    assert measured == [] and any("micro-batch 4 not probed" in n for n in notes)
+
+
 def test_the_live_peak_of_a_fresh_configuration_is_its_steady_steps(micro_model_json, text_jsonl,
                                                                    one_thread):
     """A review: the live peak of the configuration a fix would run was measured on its first

@@ -19,9 +19,16 @@ def test_offload_is_refused_with_names_and_bytes():
 def test_cuda_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    with pytest.raises(JobError, match="no CUDA device"):
+    with pytest.raises(JobError, match="no CUDA device") as e:
         parse_device("cuda:0")
+    assert "with --memory-limit to stand in" in e.value.hint
     assert parse_device("cpu").type == "cpu"
+    # doctor reads the limit from the job file, and says so (an audit: it named tune's flag)
+    from trainfit.doctor.run import _JOB_LIMIT
+
+    with pytest.raises(JobError) as e:
+        parse_device("cuda", _JOB_LIMIT)
+    assert "with memory_limit: in the job file to stand in" in e.value.hint
 
 
 def test_a_job_planned_with_expandable_segments_runs_with_them(monkeypatch):

@@ -442,14 +442,20 @@ def _compute_or_bandwidth(o: Observation) -> Finding:
     s = o.split
     share = (s.forward_s + s.backward_s + s.optimizer_s) / s.step_time_s if s.step_time_s > 0 \
         else 1.0
+    # where MFU is known it rests on a counted FLOP total and a peak; unknown (a model whose
+    # FLOPs trainfit cannot count: a script's own module) it is said so, and nothing is called
+    # good on it (an audit: "good", "MFU unknown (measured time, counted FLOPs, measured peak)")
+    basis = f"{mfu} (measured time, counted FLOPs, measured peak)" if o.mfu is not None else \
+        (f"{mfu}: the model's FLOPs were not counted; matrix multiplies are {frac:.0%} of op "
+         "time (measured)" if frac is not None else f"{mfu}: the model's FLOPs were not counted")
     if share < 0.5:
         # not "good" when the compute is the smaller part of the step (an audit: 28 %, the rest
         # logging and loop code, was called good)
         ev["compute_fraction"] = _r(share, 4)
-        return Finding("compute-bound", ev, f"the multiplies run well, but forward, backward and "
+        return Finding("compute-bound", ev, ("the multiplies run well, but " if o.mfu is not None
+                                             else "") + "forward, backward and "
                        f"optimizer are only {share:.0%} of the step (measured): the rest is "
-                       "outside them (see the other findings)" + pad_fix, gain,
-                       f"{mfu} (measured time, counted FLOPs, measured peak)")
+                       "outside them (see the other findings)" + pad_fix, gain, basis)
     if frac is None and o.mfu is None:
         # neither measured: "good" was said of a step nobody profiled (an audit)
         return Finding("compute-bound", ev, "unknown: how well forward, backward and optimizer "
@@ -457,10 +463,12 @@ def _compute_or_bandwidth(o: Observation) -> Finding:
                        "profiler could not run here) and no MFU; run the doctor with profiling"
                        + pad_fix, gain, f"forward, backward and optimizer are {share:.0%} of the "
                        "step (measured); MFU unknown, matmul share unknown")
-    return Finding("compute-bound", ev, "good: the step computes. More throughput needs less work per "
+    head = "good: the step computes. " if o.mfu is not None else (
+        "the step's time is in its matrix multiplies (measured); how near the device's peak they "
+        "run is unknown (MFU unknown: the model's FLOPs were not counted). ")
+    return Finding("compute-bound", ev, head + "More throughput needs less work per "
                    "token (" + (f"a smaller model; it already computes in {o.computes_in}"
                                 if o.computes_in in ("bfloat16", "float16") else
                                 "a smaller model; not bf16 on this CPU: no bf16 matrix instructions"
                                 if o.bf16_fast is False else "bf16/fp16 where supported, a smaller "
-                                "model") + ") or a faster device" + pad_fix, gain,
-                   f"{mfu} (measured time, counted FLOPs, measured peak)")
+                                "model") + ") or a faster device" + pad_fix, gain, basis)

@@ -92,10 +92,12 @@ def pretokenize(tok: Any, data_path: str | Path, *, seq_len: int, task: str, tex
     key = cache_key(tok, data_path, seq_len=seq_len, text_field=text_field, packing=packing, task=task)
     npy, lens, meta = d / f"{key}.npy", d / f"{key}.lengths.npy", d / f"{key}.json"
     if npy.is_file() and lens.is_file() and meta.is_file():
-        m = json.loads(meta.read_text())
-        return TokenFile(path=npy, lengths_path=lens, key=key, samples=m["samples"], seq_len=seq_len,
-                         tokens=m["tokens"], pad_id=m["pad_id"], packed=m["packed"], kind=m["kind"],
-                         reused=True, build_time_s=0.0, notes=m["notes"])
+        cached = _cached(npy, lens, meta, key=key, seq_len=seq_len)
+        if cached is not None:
+            return cached
+        # unreadable (cut off by a full disk or a kill, edited): built again, as the README says
+        # of the cache (an audit: a truncated entry crashed doctor with a traceback, an empty
+        # lengths file with a bare "Aborted.")
     if task != "causal-lm":
         raise DoctorError(f"pre-tokenizing for {task} models is not supported by the doctor",
                           "it writes causal-LM token files")
@@ -132,6 +134,25 @@ def pretokenize(tok: Any, data_path: str | Path, *, seq_len: int, task: str, tex
     return TokenFile(path=npy, lengths_path=lens, key=key, samples=len(data), seq_len=seq_len,
                      tokens=int(lengths.sum()), pad_id=data.pad_id, packed=data.stats.packed,
                      kind=data.stats.kind, reused=False, build_time_s=build, notes=data.stats.notes)
+
+
+def _cached(npy: Path, lens: Path, meta: Path, *, key: str, seq_len: int) -> TokenFile | None:
+    """The cached token file, or None when any of its three files is unreadable or they
+    disagree (rows × seq_len, one length a row, each ≤ seq_len)."""
+    try:
+        m = json.loads(meta.read_text())
+        lengths = np.load(lens)
+        arr = np.load(npy, mmap_mode="r")
+        tf = TokenFile(path=npy, lengths_path=lens, key=key, samples=int(m["samples"]),
+                       seq_len=seq_len, tokens=int(m["tokens"]), pad_id=int(m["pad_id"]),
+                       packed=bool(m["packed"]), kind=str(m["kind"]), reused=True,
+                       build_time_s=0.0, notes=list(m["notes"]))
+    except (OSError, ValueError, EOFError, KeyError, TypeError):
+        return None  # json.JSONDecodeError is a ValueError; np.load raises all but KeyError
+    if arr.shape != (tf.samples, seq_len) or lengths.shape != (tf.samples,) or \
+            (lengths.size and (lengths.max() > seq_len or lengths.min() < 0)):
+        return None
+    return tf
 
 
 class MemmapTokens(torch.utils.data.Dataset):

@@ -70,6 +70,7 @@ class _State:
         self.cuda = False
         self.orig: dict[str, Any] = {}
         self.finished = False
+        self.progress_file: Any = None
         self.optimizer_info: dict[str, Any] | None = None
         self.autocast: str | None = None
         """The dtype the measured forwards ran under autocast in (None: not under autocast)."""
@@ -80,6 +81,22 @@ class _State:
         try:
             with open(os.path.join(self.out_dir, f"doctor.{self.pid}.jsonl"), "a") as f:
                 f.write(json.dumps(obj) + "\n")
+        except OSError:
+            pass
+
+    def progress(self) -> None:
+        """One short line a step, written as it happens: a command killed (SIGKILL: the OOM
+        killer) or ended by ``os._exit`` writes no summary, and its steps were reported as
+        "no optimizer.step() call seen" (an audit).  The file stays open (a write and a flush,
+        microseconds, between two steps' records)."""
+        if not self.out_dir or os.getpid() != self.pid:
+            return
+        try:
+            if self.progress_file is None:
+                self.progress_file = open(  # kept open for the run's steps
+                    os.path.join(self.out_dir, f"doctor.{self.pid}.progress"), "w")
+            self.progress_file.write(f"{self.steps_done}\n")
+            self.progress_file.flush()
         except OSError:
             pass
 
@@ -349,6 +366,7 @@ def _step_done(torch: Any, rec: StepRecord | None) -> None:
     st = _ST
     assert st is not None
     st.steps_done += 1
+    st.progress()
     if st.steps_done == 1:
         _end_discovery(torch)
     if st.window == "warmup":

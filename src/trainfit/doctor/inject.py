@@ -258,15 +258,32 @@ def _read_files(out_dir: Path) -> dict[int, list[dict[str, Any]]]:
             except json.JSONDecodeError:
                 continue
         by_pid[pid] = rows
+    for f in sorted(out_dir.glob("doctor.*.progress")):  # one line a step (hooks._State.progress)
+        try:
+            pid = int(f.name.split(".")[1])
+            done = [int(x) for x in f.read_text().split()]
+        except ValueError:
+            continue
+        if done:
+            by_pid.setdefault(pid, []).append({"type": "progress", "steps_seen": max(done)})
     return by_pid
+
+
+def _steps_seen(rows: list[dict[str, Any]]) -> int:
+    """Optimizer steps the process made: its summary's count, else its last progress line (a
+    process killed, or ended by ``os._exit``, writes no summary)."""
+    summary = next((r for r in rows if r.get("type") == "summary"), None)
+    if summary is not None:
+        return int(summary.get("steps_seen") or 0)
+    return max((int(r.get("steps_seen") or 0) for r in rows if r.get("type") == "progress"),
+               default=0)
 
 
 def _pick(files: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """The process that trained: most measured steps, rank 0 first (torchrun starts one per GPU)."""
     def key(rows: list[dict[str, Any]]) -> tuple[int, int, int]:
         armed = next((r for r in rows if r.get("type") == "armed"), {})
-        summ = next((r for r in rows if r.get("type") == "summary"), {})
-        return (sum(r.get("type") == "step" for r in rows), int(summ.get("steps_seen") or 0),
+        return (sum(r.get("type") == "step" for r in rows), _steps_seen(rows),
                 int(armed.get("rank") in (None, "0")))
     return max(files.values(), key=key) if files else []
 
@@ -284,14 +301,28 @@ def _interpret(cmd: list[str], code: int | None, timed_out: bool, timeout_s: flo
     stopped = stop and summary is not None and summary.get("why") == "window"
     name = shlex.join(cmd)
     needed = warmup + MIN_MEASURED_STEPS
-    seen = int(summary.get("steps_seen") or 0) if summary else 0
+    seen = _steps_seen(rows)
+    # SIGKILL is what the Linux OOM killer sends when the host's RAM runs out
+    killed = " (SIGKILL: the Linux OOM killer sends it when host RAM runs out; `dmesg` " \
+        "says)" if code == -9 else ""
     errors = [r for r in rows if r.get("type") == "error"]
     if timed_out and len(records) < MIN_MEASURED_STEPS:
         raise DoctorError(f"{name}: still running after --timeout-s {timeout_s:g} with {seen} optimizer "
                           f"steps done (doctor needs {needed})", "raise --timeout-s, or make the steps "
                           "shorter for the measurement", tail)
+    if summary is None and seen and not timed_out:
+        # steps were seen, and the process left before Python's exit could write them
+        how = f"was killed by signal {-code}{killed}" if code is not None and code < 0 else \
+            f"ended with exit code {code} without Python's exit (os._exit, or a crash of the " \
+            "interpreter)"
+        raise DoctorError(f"{name} {how} after {seen} optimizer steps: doctor writes the steps "
+                          "it measured at the window's end or at the process's exit, and "
+                          "neither came",
+                          "let the script end by returning or sys.exit() (not os._exit), or "
+                          f"measure fewer steps (--steps, --warmup) than the {seen} it ran",
+                          tail)
     if code not in (0, None) and not stopped and len(records) < MIN_MEASURED_STEPS:
-        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        how = f"killed by signal {-code}{killed}" if code < 0 else f"exited with code {code}"
         raise DoctorError(f"{name} {how} after {seen} optimizer steps (doctor needs {needed}: "
                           f"{warmup} warm-up + {MIN_MEASURED_STEPS} measured)",
                           "its last lines are below; fix the script, then run the doctor again", tail)
@@ -321,7 +352,8 @@ def _interpret(cmd: list[str], code: int | None, timed_out: bool, timeout_s: flo
     if code not in (0, None) and not stopped and len(records) < steps:
         # it crashed inside the window: a diagnosis of the steps before the crash, exit 0 and
         # "exited … after the measured window" said what was not so (an audit)
-        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        how = f"was killed by signal {-code}{killed}" if code < 0 else \
+            f"exited with code {code}"
         raise DoctorError(f"{name} {how} inside the measured window, after {seen} optimizer "
                           f"steps ({len(records)} of the {steps} asked measured)",
                           "its last lines are below; fix the script, or measure the steps it "

@@ -74,7 +74,11 @@ class DoctorResult:
     notes: list[str] = field(default_factory=list)
     round_bottlenecks: list[str] = field(default_factory=list)
     """The bottleneck each 'before' round named on its own (two or more rounds: whether the verdict
-    held across the repeats of this run); a command's halves of its one measured window."""
+    held across the repeats of this run); a command's halves of its measured window (of each
+    run's window when it ran twice: :attr:`command_runs`)."""
+    command_runs: int | None = None
+    """``doctor -- CMD``: how many times the command ran (2 when the host was busy: the verdict
+    must repeat in another process); None for a job."""
     gain: Comparison | None = None
     """Whether the applied fixes made the step faster, decided from the interleaved rounds
     (``faster`` / ``not_faster`` / ``undecided``; None: nothing applied)."""
@@ -105,6 +109,7 @@ class DoctorResult:
                 "after": self.after.to_dict() if self.after is not None else None,
                 "applied": list(self.applied), "overhead_fraction": self.overhead_fraction,
                 "round_bottlenecks": list(self.round_bottlenecks),
+                "command_runs": self.command_runs,
                 "verdict_stable": self.verdict_stable,
                 "gain": None if self.gain is None else {
                     "verdict": self.gain_words, "ratios": list(self.gain.ratios),

@@ -59,6 +59,10 @@ MIN_ROUNDS = 2
 the first 'before' ran ahead of the diagnosis, not back to back with its 'after'."""
 
 
+_JOB_LIMIT = "memory_limit: in the job file"
+"""How doctor takes a CPU memory limit (an audit: its hint named tune's --memory-limit flag,
+which doctor does not have)."""
+
 def _names(findings: list[Finding]) -> list[str]:
     return [f.bottleneck for f in findings]
 
@@ -226,7 +230,7 @@ class _Bench:
     def open(cls, job: JobSpec, device: str, *, lazy: bool, steps: int, warmup: int,
              memory_limit_bytes: int | None, say: Callable[[str], None]) -> _Bench:
         """The model and tokenizer loaded, the host's op and hook costs measured, the capacity."""
-        dev = parse_device(device)
+        dev = parse_device(device, _JOB_LIMIT)
         source = resolve_model(job.model, job.trust_remote_code)
         runner = JobRunner(job, source, dev, data_path=job.data, seed=job.seed)
         op_s = op_overhead_s()
@@ -268,8 +272,18 @@ def _probe_micro_batch(bench: _Bench, first: Round, notes: list[str]) -> tuple[i
     for big in sorted({_largest_micro(job, 16), _largest_micro(job, 4)}, reverse=True):
         if big <= (job.micro_batch or 1):
             continue
+        bigger = job.replace(micro_batch=big)
+        need = bench.live_peak(bigger)
+        if need is not None and need > bench.capacity:
+            # measured before it is probed: the rounds run without the limit's tracker, so on
+            # the CPU nothing raised, and micro-batch 16 was applied and called faster where
+            # train under the same limit split it back to 2 (an audit)
+            notes.append(f"micro-batch {big} not probed: one step holds {need / 2**30:.3f} GiB "
+                         f"of live tensors (measured), over the memory_limit of "
+                         f"{bench.capacity / 2**30:.3f} GiB")
+            continue
         try:
-            probe_round = bench.measure(job.replace(micro_batch=big), bench.before_mode,
+            probe_round = bench.measure(bigger, bench.before_mode,
                                         f"probe micro-batch {big}", n=3, profile=False)
         except torch.OutOfMemoryError:
             notes.append(f"micro-batch {big} ran out of memory")
@@ -283,6 +297,14 @@ def _diagnose(bench: _Bench, first: Round, notes: list[str]) -> tuple[list[str],
     be one (named launch-bound, or ops × the cost of one > 15 % of the step)."""
     obs = bench.observe_before(first, None)
     names = _names(find(obs))
+    own = bench.live_peak(bench.job)
+    if own is not None and own > bench.capacity:
+        # the rounds run without the limit's tracker: the job itself over it ran, unsaid (an
+        # audit: memory_limit 1KiB); train under the same limit splits its micro-batch
+        notes.append(f"the job itself holds {own / 2**30:.3f} GiB of live tensors in a step "
+                     f"(measured), over its memory_limit of {bench.capacity / 2**30:.3f} GiB: "
+                     "doctor measured it all the same; train would split its micro-batch "
+                     "(halve it, double the accumulation) until a step fits")
     probe = None
     if "launch-bound" in names or (obs.ops_per_step or 0) * bench.op_s > 0.15 * first.split.step_time_s:
         probe = _probe_micro_batch(bench, first, notes)
@@ -421,7 +443,7 @@ def doctor_job(path: str | Path | None = None, *, job: JobSpec | None = None, to
     # train ran the same job at ~3 s at one thread and doctor at one named it compute-bound (an
     # audit); the process's own count given back after
     threads = torch.get_num_threads()
-    fitted = threads_for_load(0.25) if parse_device(device).type == "cpu" else None
+    fitted = threads_for_load(0.25) if parse_device(device, _JOB_LIMIT).type == "cpu" else None
     try:
         return _doctor_job(target, job, tokenize, steps, warmup, apply, repeats, device,
                            memory_limit_bytes, log, fitted)

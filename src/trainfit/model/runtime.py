@@ -24,8 +24,9 @@ from trainfit.model.source import ModelSource
 from trainfit.model.workload import amp_dtype, build_model_on_meta, make_optimizer
 
 
-def parse_device(spec: str) -> torch.device:
-    """``cpu``, ``cuda`` or ``cuda:N``, checked against what this machine has."""
+def parse_device(spec: str, limit_hint: str = "--memory-limit") -> torch.device:
+    """``cpu``, ``cuda`` or ``cuda:N``, checked against what this machine has; ``limit_hint``:
+    how the caller's command takes a CPU memory limit (doctor reads it from the job file)."""
     try:
         dev = torch.device(spec)
     except RuntimeError:
@@ -34,7 +35,7 @@ def parse_device(spec: str) -> torch.device:
         if not torch.cuda.is_available():
             raise JobError(f"--device {spec}: this machine has no CUDA device "
                            "(torch.cuda.is_available() is False)",
-                           "use --device cpu (with --memory-limit to stand in for a GPU)")
+                           f"use --device cpu (with {limit_hint} to stand in for a GPU)")
         n = torch.cuda.device_count()
         idx = dev.index or 0
         if idx >= n:

@@ -69,6 +69,9 @@ def doctor_texts(d: DoctorSection) -> list[TextTable]:
         [f"applied: {', '.join(d.applied) or 'nothing'}",
          *([verdict_words(d)] if d.applied else []),
          f"doctor's own overhead: {fmt_pct(d.overhead_fraction)} % of a step (measured)"])
+    each = (("half of each of the command's 2 measured windows (run twice: the host was busy)"
+             if (d.command_runs or 1) > 1 else "half of the command's measured window")
+            if d.form == "command" else "'before' round")
     findings = TextTable(
         "Findings", ["bottleneck", "why (doctor's reading)", "evidence (measured)", "fix",
                      "gain (%)"],
@@ -76,8 +79,7 @@ def doctor_texts(d: DoctorSection) -> list[TextTable]:
           ", ".join(f"{k} = {_evidence_value(v)}" for k, v in f.evidence.items()) or "—",
           f.fix or "—", _gain_cell(f)] for f in d.findings],
         [*(["bottleneck named by each "
-            + ("half of the command's measured window" if d.form == "command" else
-               "'before' round") + f": {', '.join(d.round_bottlenecks)} — "
+            + each + f": {', '.join(d.round_bottlenecks)} — "
             + ("held" if len(set(d.round_bottlenecks)) == 1 else "did not hold")]
            if len(d.round_bottlenecks) >= 2 else []), *d.notes])
     return [split, before_after, findings]

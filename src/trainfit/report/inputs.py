@@ -276,6 +276,8 @@ class DoctorInput:
     """The bottleneck each 'before' round named alone (a command's: each half of its window)."""
     form: str = "job"
     """``job`` or ``command`` (``doctor -- CMD``); ``job`` in a file from before it was written."""
+    command_runs: int | None = None
+    """``doctor -- CMD``'s runs (2 on a busy host); None for a job or an older file."""
 
 
 @dataclass

@@ -304,7 +304,8 @@ def _doctor(o: JsonObj, path: str) -> DoctorInput:
         parts_scale=o.obj("split").num("parts_scale", required=False),
         notes=o.strs("notes", required=False), round_bottlenecks=o.strs("round_bottlenecks",
                                                                         required=False),
-        form="command" if o.data.get("form") == "command" else "job")
+        form="command" if o.data.get("form") == "command" else "job",
+        command_runs=o.int_("command_runs", required=False))
 
 
 # --- files ----------------------------------------------------------------------------------------

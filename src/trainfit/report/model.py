@@ -240,6 +240,8 @@ class DoctorSection:
     """The bottleneck each 'before' round named alone (two or more: whether the verdict held)."""
     form: str = "job"
     """``job`` or ``command``: a command's rounds are the halves of its one measured window."""
+    command_runs: int | None = None
+    """``doctor -- CMD``'s runs (2 on a busy host); None for a job or an older file."""
 
 
 @dataclass

@@ -80,4 +80,5 @@ def build_doctor(d: DoctorInput, slug: str) -> DoctorSection:
                          verdict=d.verdict, verdict_ratios=d.verdict_ratios,
                          verdict_noise=d.verdict_noise, device=d.device,
                          parts_scale=d.parts_scale, notes=list(d.notes),
-                         round_bottlenecks=list(d.round_bottlenecks), form=d.form)
+                         round_bottlenecks=list(d.round_bottlenecks), form=d.form,
+                         command_runs=d.command_runs)
