@@ -50,6 +50,9 @@ def test_bad_job_files(tmp_path):
     assert res.exit_code == 2 and "doctor.tokenize" in res.output
     res = runner.invoke(app, ["doctor", str(tmp_path / "missing.yaml")])
     assert res.exit_code == 2 and "no such file" in res.output
+    (tmp_path / "dir.yaml").mkdir()  # an audit: "no such file" of a directory
+    res = runner.invoke(app, ["doctor", str(tmp_path / "dir.yaml")])
+    assert res.exit_code == 2 and "is a directory, not a job file" in res.output
     nodata = tmp_path / "nodata.yaml"
     nodata.write_text("model: llama-tiny-58m\n")
     res = runner.invoke(app, ["doctor", str(nodata)])

@@ -113,6 +113,23 @@ def test_a_monitor_line_cut_by_a_killed_writer_is_skipped_and_said(tmp_path):
     assert m.columns["host_ram_used_bytes"] == [1546444800.0, 1546444800.0]
 
 
+def test_a_log_whose_only_line_is_cut_says_so_and_a_run_named_twice_is_read_once(tmp_path):
+    """An audit: a monitor log whose only line was cut off read "no samples" / "the monitor log
+    is empty"; a run directory given twice was drawn twice (run1, run1-2)."""
+    log = _write(tmp_path, "m.jsonl", '{"time_s": 0, "st')
+    _fails([log, "--out", str(tmp_path / "r.html")], "no samples: 1 line, cut off")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train.json").write_text((FIXTURES / "train.json").read_text())
+    out = tmp_path / "r.html"
+    res = runner.invoke(APP, ["report", str(run), str(run / "train.json"), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "given more than once: read once" in res.stderr
+    from trainfit.report.load import load_inputs
+
+    assert len(load_inputs([str(run), str(run / "train.json")]).trains) == 1
+
+
 def test_monitor_gaps_are_not_an_error(tmp_path):
     out = tmp_path / "r.html"
     res = runner.invoke(APP, ["report", str(FIXTURES / "monitor.csv"), "--out", str(out)])
@@ -130,6 +147,11 @@ def test_unwritable_out(tmp_path):
     # the PNG directory cannot be made: the HTML must not be written either
     _fails([str(SEED002), "--out", str(tmp_path / "r.html"), "--png-dir", str(blocker / "png")],
            "--png-dir")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
+    # a PNG directory is made, not a tree of them (an audit: /nonexistent/pngs made a new
+    # top-level directory)
+    _fails([str(SEED002), "--out", str(tmp_path / "r.html"), "--png-dir",
+            str(tmp_path / "no" / "png")], "--png-dir", "does not exist")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
     # an existing node that is no regular file is not replaced (an audit: /dev/full became the
     # HTML, as root)

@@ -75,7 +75,7 @@ def read_doctor_file(path: str | Path, *, allow_code: bool = False, trust_remote
     directory when they do not exist from here. ``allow_code`` / ``trust_remote_code``: the
     command line's --allow-code / --trust-remote-code (a job file alone never runs code)."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():  # a directory or an unreadable file: read_job_file's own words
         raise DoctorError(f"{path}: no such file", "give a trainfit job YAML, or -- CMD for a script")
     # the same parse (and errors) as every other command
     fields, extra = read_job_file(p, allow_code=allow_code, trust_remote_code=trust_remote_code)

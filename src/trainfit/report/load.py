@@ -347,6 +347,7 @@ def _add_monitor(c: _Collect, path: Path, shown: str, run: JsonObj | None = None
 def load_inputs(paths: list[str]) -> Inputs:
     """Read every file; a train.json's ``monitor_log`` is read too when it exists next to it."""
     c = _Collect()
+    seen: set[Path] = set()
     for p in paths:
         path = Path(p)
         if path.is_dir() and (path / "train.json").is_file():
@@ -361,6 +362,13 @@ def load_inputs(paths: list[str]) -> Inputs:
                                      "monitor log alone is shown")
             path = path / "monitor.jsonl"
             p = str(path)
+        # the same file or run named twice (run and run/train.json, a shell glob and its
+        # directory) is one input: it was drawn twice, as run1 and run1-2 (an audit)
+        where = path.resolve()
+        if where in seen:
+            c.inputs.warnings.append(f"{p}: given more than once: read once")
+            continue
+        seen.add(where)
         if path.suffix.lower() in (".jsonl", ".csv"):
             _add_monitor(c, path, p)
             continue

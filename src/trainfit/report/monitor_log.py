@@ -106,7 +106,13 @@ def load_monitor(path: Path, shown: str, warnings: list[str] | None = None) -> M
                                        "each line of a monitor log is one JSON object")
             rows.append((f"line {i + 1}", obj))
     if not rows:
-        raise ReportInputError(f"{shown}: no samples", "the monitor log is empty")
+        # its only lines cut off is not an empty log (an audit): said as such
+        cut = [w for w in (warnings or []) if w.startswith(f"{shown}: line ")]
+        raise ReportInputError(f"{shown}: no samples" + (
+            f": {len(cut)} line{'s' if len(cut) > 1 else ''}, cut off (its writer was killed "
+            "mid-line)" if cut else ""),
+            "the run was killed before the monitor wrote a whole line: run it longer" if cut
+            else "the monitor log is empty")
     columns: dict[str, list[float | None]] = {k: [] for k in MONITOR_COLUMNS}
     last_t = -math.inf
     for where, row in rows:

@@ -98,8 +98,16 @@ def make_report(inputs: list[str], out: Path, *, png_dir: Path | None = None, ma
     made_dir = False
     png_dir = png_dir if png_dir is not None else out.parent
     if not png_dir.exists():
+        if not png_dir.parent.is_dir():
+            # the directory itself is made, not a tree of them (an audit: --png-dir
+            # /nonexistent/pngs made a new top-level /nonexistent), as --out's must exist
+            raise ReportInputError(f"--png-dir {png_dir}: {png_dir.parent} "
+                                   + ("is not a directory" if png_dir.parent.exists() else
+                                      "does not exist"),
+                                   "give a directory whose parent exists (it is made if it "
+                                   "is not there)")
         try:
-            png_dir.mkdir(parents=True)
+            png_dir.mkdir()
             made_dir = True
         except OSError as e:
             raise ReportInputError(f"--png-dir {png_dir}: cannot create ({e.strerror or e})",
