@@ -165,6 +165,29 @@ def test_tune_bad_input(tmp_path, micro_model_json, text_jsonl, extra, msg):
     assert "tune: probing" not in res.output  # refused before any probe (QLoRA on CPU began one)
 
 
+def test_out_replaces_only_a_file_tune_wrote(tmp_path, micro_model_json, text_jsonl):
+    """An audit: ``tune --out mydata.jsonl`` replaced the job's data with the tuned YAML (which
+    then pointed at itself), and any other existing file was replaced unsaid. Refused before
+    any probe, the file untouched; a tuned file tune wrote is replaced (a re-tune)."""
+    data = tmp_path / "mydata.jsonl"
+    data.write_text(text_jsonl.read_text())
+    other = tmp_path / "notes.yaml"
+    other.write_text("mine: 1\n")
+    base = ["tune", str(micro_model_json), "--data", str(data), "--seq-len", "32",
+            "--effective-batch", "4", "--budget-s", "0.000001"]
+    for out, said in ((data, "is a file this job reads"),
+                      (other, "exists and is not a job file tune wrote")):
+        before = out.read_bytes()
+        res = runner.invoke(app, [*base, "--out", str(out)])
+        assert res.exit_code == 2 and said in res.output, res.output
+        assert "tune: probing" not in res.output and out.read_bytes() == before
+    tuned = tmp_path / "tuned.yaml"
+    for _ in range(2):  # written, then replaced by the re-tune
+        res = runner.invoke(app, [*base, "--out", str(tuned)])
+        assert res.exit_code == 0, res.output
+        assert tuned.read_text().startswith("# written by trainfit tune")
+
+
 def test_a_budget_below_one_probe(tmp_path, micro_model_json, text_jsonl):
     """Not refused from a predicted step time (the CPU model over-stated a tiny step ~3×: a QA
     run predicted 34 s a probe, 8 probes ran in 100 s): the search stops at the budget,

@@ -86,6 +86,33 @@ def check_writable(path: str | Path, flag: str = "--out") -> None:
                        "choose a writable location (or fix the directory's permissions)") from None
 
 
+TUNE_HEADER = "written by trainfit tune; read by trainfit train"
+"""The first line of the job file tune writes (after its ``# ``): what --out may replace."""
+
+
+def check_replaceable(path: str | Path, reads: list[str | None], flag: str = "--out") -> None:
+    """An existing ``path`` is replaced only when it is a job file tune wrote, and never when the
+    job reads it (``reads``: its data, tokenizer, model paths). An audit: ``tune --out
+    mydata.jsonl`` replaced the job's data with the tuned YAML, which then pointed at itself."""
+    p = Path(path)
+    if not p.is_file():
+        return
+    here = p.resolve()
+    for r in reads:
+        if r and Path(r).exists() and Path(r).resolve() == here:
+            raise JobError(f"{flag} {path}: is a file this job reads", "give another file name "
+                           "for the tuned job, e.g. --out tuned.yaml")
+    try:
+        with open(p, encoding="utf-8", errors="replace") as f:
+            first = f.readline()
+    except OSError:
+        return  # check_writable says what is wrong with it
+    if first.strip() != f"# {TUNE_HEADER}":
+        raise JobError(f"{flag} {path}: exists and is not a job file tune wrote",
+                       "give another file name (e.g. --out tuned.yaml), or remove it first: tune "
+                       "replaces only its own files")
+
+
 def write_atomic(path: str | Path, text: str) -> None:
     """Write via a temporary file in the same directory, fsync, rename: never half-written.
     Every OS refusal is one JobError; the temporary file is removed."""

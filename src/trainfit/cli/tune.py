@@ -10,8 +10,10 @@ import typer
 from trainfit import json_text
 from trainfit.cli.emit import emit_job, is_tuned
 from trainfit.cli.jobargs import (
+    TUNE_HEADER,
     AllowCode,
     TrustRemoteCode,
+    check_replaceable,
     check_writable,
     fail,
     file_memory_limit,
@@ -107,7 +109,7 @@ def _report(result: Any, out: str | None, emit: str | None, as_json: bool, sourc
         write_atomic(out, job_yaml(
             picked, measured=_with_spread(d["pick"]["measured"], result), device=d["device"],
             memory_limit_bytes=d["memory_limit_bytes"],
-            header=["written by trainfit tune; read by trainfit train", d["reason"], *unsteady,
+            header=[TUNE_HEADER, d["reason"], *unsteady,
                     *open_questions]))
     if as_json:  # with --emit the payload owns stdout: the result goes to stderr
         typer.echo(json_text.dumps(d, indent=1), err=emit is not None)
@@ -268,6 +270,7 @@ def register(app: typer.Typer) -> None:
                             fixed=fixed, run_steps=run_steps, isolate=isolate)
             if out is not None:
                 check_writable(out)  # before the search: its end must not be a write error
+                check_replaceable(out, [job.data, job.tokenizer, job.model])
             result = _search(job, opts, quiet=as_json and emit is not None, as_json=as_json)
         except JobError as err:
             fail(err, as_json=as_json)
