@@ -449,3 +449,68 @@ def test_accelerate_says_the_loop_settings_and_carries_compile():
     assert "num_workers=2" in said["grad_accum"] and "prefetch_factor=" in said["grad_accum"]
     assert "e.g. q_proj, v_proj for Llama" in said["method"]
     assert emit(job, "hf", device="cuda").payload["per_device_eval_batch_size"] == 2
+
+
+def test_emit_says_tuned_and_fits_only_of_what_tune_measured():
+    """An audit: a hand-written 64 × 4096 full fine-tune with memory_limit 1GiB and no measured
+    block read "tuned on cpu, memory limit 1.00 GiB (the knobs fit in it as tuned …)"; a measured
+    peak of 4.66 GiB beside a 1.20 GiB limit read the same; a CPU-tuned file emitted for cuda
+    said only "tuned on cpu"."""
+    from trainfit.job.emit import emit
+    from trainfit.render.emit import emit_messages
+
+    job = JobSpec(model="llama-tiny-58m", seq_len=4096, micro_batch=64, grad_accum=1,
+                  effective_batch=64, precision="fp32", grad_ckpt="off")
+    e = emit(job, "hf", device="cpu")
+    untuned = emit_messages(e, "untuned.yaml", {"device": "cpu", "memory_limit": 2**30},
+                            searched=False)[1]
+    assert "not tuned: untuned.yaml has no measured block" in untuned
+    assert "tuned on" not in untuned and "fit in it" not in untuned
+    over = emit_messages(e, "c6.yaml", {"device": "cpu", "memory_limit": int(1.2 * 2**30),
+                                        "measured": {"peak_allocated_bytes": 5_000_000_000}},
+                         searched=False)[1]
+    assert "the measured peak below is above it" in over and "fit in it as tuned" not in over
+    assert "peak allocated 4.66 GiB (measured)" in over
+    within = emit_messages(e, "t.yaml", {"device": "cpu", "memory_limit": 2 * 2**30,
+                                         "measured": {"peak_allocated_bytes": 2**30}},
+                           searched=False)[1]
+    assert "the knobs fit in it as tuned" in within and "emitted for" not in within
+    for_cuda = emit_messages(emit(job, "hf", device="cuda"), "t.yaml",
+                             {"device": "cpu", "measured": {"peak_allocated_bytes": 2**30}},
+                             searched=False)[1]
+    assert "tuned on cpu, emitted for cuda" in for_cuda and "tune there" in for_cuda
+
+
+def test_the_accelerate_config_says_each_knobs_effect_and_reads_back_unchanged():
+    """An audit: the accelerate YAML was bare yaml.safe_dump, where tune's file comments each
+    knob. Every key the job sets carries its effect as a YAML comment; the file loads back as
+    the payload."""
+    from trainfit.job.emit import ACCELERATE_COMMENTS, emit
+
+    for sharding in ("zero3", "fsdp", "none"):
+        job = JobSpec(model="llama-tiny-58m", seq_len=64, micro_batch=2, grad_accum=2,
+                      effective_batch=8, ranks=2, sharding=sharding, precision="amp-bf16",
+                      grad_ckpt="full")
+        e = emit(job, "accelerate", device="cuda")
+        text = e.text()
+        assert yaml.safe_load(text) == e.payload
+        nested = {k for v in e.payload.values() if isinstance(v, dict) for k in v}
+        for key in (set(e.payload) | nested) & set(ACCELERATE_COMMENTS):
+            (line,) = [ln for ln in text.splitlines() if ln.strip().startswith(f"{key}:")]
+            assert line.endswith(f"# {ACCELERATE_COMMENTS[key]}"), line
+        assert "# 2 shards optimizer states" in text if sharding == "zero3" else True
+
+
+def test_emit_names_a_files_bad_value_by_its_key(tmp_path):
+    """An audit: emit said "--micro-batch 0" of a file's micro_batch: 0 (emit has no such flag),
+    and "drop one of the three flags" of three keys."""
+    p = tmp_path / "z.yaml"
+    p.write_text("model: llama-tiny-58m\nseq_len: 64\nmicro_batch: 0\neffective_batch: 8\n")
+    res = runner.invoke(app, ["emit", str(p), "--to", "hf"])
+    assert res.exit_code == 2 and "error: micro_batch: 0: must be an integer" in res.stderr
+    assert "--micro-batch" not in res.stderr
+    p.write_text("model: llama-tiny-58m\nseq_len: 64\nmicro_batch: 2\ngrad_accum: 3\n"
+                 "effective_batch: 8\n")
+    res = runner.invoke(app, ["emit", str(p), "--to", "hf"])
+    assert res.exit_code == 2 and "error: effective_batch: 8 ≠ micro-batch 2" in res.stderr
+    assert "flags" not in res.stderr and "drop one of the three" in res.stderr

@@ -294,6 +294,33 @@ def test_budget_spent_before_any_memory_probe_keeps_the_current_configuration(mo
     assert out.best is baseline and out.best.job.micro_batch == 1
     kinds = [n.kind for n in out.notes]
     assert "budget" in kinds and "nothing_fits" not in kinds and "needs_ckpt" not in kinds
+    assert "untried_knobs" not in out.notes[kinds.index("budget")].data  # no knob asked
+
+
+def test_a_budget_cut_names_the_knobs_it_never_tried():
+    """An audit: a run cut after the micro-batch probes kept fp32 and said only that the budget
+    was spent; precision, worth 1.8× in the repeat, was never tried, unsaid. The budget note
+    names every knob left unprobed."""
+    from trainfit.render.tune_words import note_words
+
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=8, precision="fp32", grad_ckpt="off")
+    s = Searcher(job, fake(GIB, GIB, lambda j: 100.0, []), pred(GIB, GIB, lambda j: 100.0),
+                 10 * GIB, SearchOptions(knobs=("precision", "attention"), budget_s=50.0,
+                                         precisions=("fp32", "amp-bf16")), 10_000)
+    real = s._probe
+
+    def slow(j, timed):  # each probe takes 20 s of the 50
+        s.t0 -= 20.0
+        r = real(j, timed)
+        r.probe_time_s = 20.0
+        return r
+    s._probe = slow
+    out = s.search()
+    (note,) = [n for n in out.notes if n.kind == "budget"]
+    assert note.data["untried_knobs"] == ["precision", "attention"]
+    assert note_words(note).endswith("— not tried: precision, attention (kept as the "
+                                     "configuration had them; a longer --budget-s, or --knobs, "
+                                     "tries them)")
 
 
 def test_the_budget_reckons_the_next_probe_by_its_own_steps():

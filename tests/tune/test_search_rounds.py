@@ -34,6 +34,19 @@ def test_a_round_where_the_candidate_ran_at_under_half_its_pace_is_measured_agai
     assert "one more round at 0.60× was measured again, not counted" in note_words(note)
 
 
+def test_a_change_taken_says_its_rounds_and_noise():
+    """An audit: a precision change taken at 2.40/1.67/1.35/1.85× left no trace in the notes, the
+    JSON or the tuned file, where the repeat that could not decide said its rounds and noise."""
+    out = _eager_search([150.0, 148.0, 152.0, 150.0, 149.0])
+    assert out.best.job.attention == "eager"
+    (note,) = [n for n in out.notes if n.kind == "taken"]
+    assert note.data["ratios"] == pytest.approx([1.48, 1.52, 1.50, 1.49])
+    assert note.data["noise"] is not None and note.data["redone"] is None
+    words = note_words(note)
+    assert words.startswith("taken: attention eager ran 1.48×, 1.52×, 1.50×, 1.49× the tokens/s")
+    assert f"noise measured in this run by then: {note.data['noise']:.0%}" in words
+
+
 def test_a_round_the_current_best_ran_slow_in_is_measured_again_too():
     """A review: measuring again only the rounds that slowed the candidate favoured it. A round
     in which the current best ran under half its pace (a gain of 3.75× there) is measured again

@@ -36,8 +36,16 @@ def emit_file(path: str, target: str, device: str | None = None) -> None:
     # model, or remote code, runs nothing here, so the file is read without those refusals
     # (tune's own output for a module:factory job could not be emitted, and the hint named an
     # --allow-code that emit does not have)
+    from trainfit.job.fields import in_file_words
+
     fields, extra = read_job_file(path, allow_code=True, trust_remote_code=True)
-    emit_job(JobSpec.from_dict(fields, source=path), target, path, extra, device=device,
+    try:
+        job = JobSpec.from_dict(fields, source=path)
+    except JobError as err:
+        # emit takes the job from the file alone: its keys, not flags it has not (an audit:
+        # "--micro-batch 0" of a file's micro_batch: 0)
+        raise in_file_words(err, path) from None
+    emit_job(job, target, path, extra, device=device,
              stated={k.replace("-", "_") for k in fields})  # pin-memory: as from_dict reads
 
 

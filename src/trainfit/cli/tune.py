@@ -104,13 +104,15 @@ def _report(result: Any, out: str | None, emit: str | None, as_json: bool, sourc
             [f"{note_words(note)} — the measured speeds below carry that spread"]
         # what the search could not decide, as the terminal said it: a reader of the file alone
         # did not learn that a faster-looking change went unconfirmed (an audit)
-        open_questions = [note_words(n) for n in result.notes
-                          if getattr(n, "kind", None) in UNDECIDED_NOTE_KINDS]
+        # and what it took, on what rounds (an audit: a taken change left no trace in the file)
+        decided = [note_words(n) for n in result.notes
+                          if getattr(n, "kind", None) in (*UNDECIDED_NOTE_KINDS, "taken",
+                                                          "redone", "budget")]
         write_atomic(out, job_yaml(
             picked, measured=_with_spread(d["pick"]["measured"], result), device=d["device"],
             memory_limit_bytes=d["memory_limit_bytes"],
             header=[TUNE_HEADER, d["reason"], *unsteady,
-                    *open_questions]))
+                    *decided]))
     if as_json:  # with --emit the payload owns stdout: the result goes to stderr
         typer.echo(json_text.dumps(d, indent=1), err=emit is not None)
     else:

@@ -52,8 +52,61 @@ class Emitted:
         """What goes on stdout: JSON for hf/trl (``TrainingArguments(**json.load(f))``), YAML for
         accelerate (``accelerate launch --config_file``)."""
         if self.target == "accelerate":
-            return yaml.safe_dump(self.payload, sort_keys=False)
+            return commented_yaml(self.payload)
         return json_text.dumps(self.payload, indent=1) + "\n"
+
+
+ACCELERATE_COMMENTS = {
+    "distributed_type": "NO one process; MULTI_GPU DDP (the whole model on every GPU); FSDP / "
+                        "DEEPSPEED shard it (less memory per GPU, more communication)",
+    "mixed_precision": "bf16/fp16 autocast: ~half the activation memory, faster matmuls; no = "
+                       "fp32 throughout",
+    "num_processes": "one process per GPU: the ranks the job was planned for",
+    "use_cpu": "true runs on the CPU (what it was tuned on when it says so)",
+    "gpu_ids": "which GPUs the processes use",
+    "dynamo_config": "torch.compile: fused kernels, faster steps after a compile of minutes",
+    "zero_stage": "2 shards optimizer states and gradients; 3 shards the weights too (least "
+                  "memory, most communication)",
+    "gradient_accumulation_steps": "micro-steps per optimizer step: the effective batch over "
+                                   "the micro-batch and ranks",
+    "gradient_clipping": "max gradient norm (0.0: no clipping)",
+    "offload_optimizer_device": "cpu keeps the fp32 master and optimizer states in host RAM: "
+                                "far less GPU memory, a slower step",
+    "offload_param_device": "cpu keeps the weight partitions in host RAM (ZeRO-3): least GPU "
+                            "memory, the slowest step",
+    "zero3_init_flag": "true builds the model already partitioned (ZeRO-3): no whole copy per "
+                       "GPU at load",
+    "zero3_save_16bit_model": "true gathers a whole 16-bit model when saving (ZeRO-3)",
+    "fsdp_version": "1 FullyShardedDataParallel (flat parameters); 2 fully_shard (per-parameter "
+                    "DTensors)",
+    "fsdp_auto_wrap_policy": "each transformer block its own FSDP unit: one block's weights "
+                             "gathered at a time",
+    "fsdp_reshard_after_forward": "true frees each block's gathered weights after its forward "
+                                  "(less memory, a second all-gather in the backward)",
+    "fsdp_activation_checkpointing": "true recomputes each block's activations in the backward: "
+                                     "far less memory, ~30 % slower",
+    "fsdp_offload_params": "true keeps the sharded weights, gradients and optimizer in host RAM: "
+                           "least GPU memory, much slower",
+    "fsdp_sync_module_states": "true broadcasts rank 0's weights at wrap time (needed with "
+                               "cpu_ram_efficient_loading)",
+    "fsdp_cpu_ram_efficient_loading": "true loads the weights on rank 0 only: one host copy "
+                                      "instead of one per process",
+    "fsdp_use_orig_params": "true keeps the model's own parameter names (needed with frozen "
+                            "weights, LoRA)",
+}
+"""The effect of each accelerate config key emit writes, as a comment beside it (the project's
+rule for generated YAML; accelerate's own ``config`` questionnaire words these)."""
+
+
+def commented_yaml(payload: dict[str, Any]) -> str:
+    """``payload`` as YAML with :data:`ACCELERATE_COMMENTS` beside their keys; the comments are
+    YAML comments, so ``yaml.safe_load`` reads back ``payload`` exactly."""
+    lines = []
+    for line in yaml.safe_dump(payload, sort_keys=False).splitlines():
+        key = line.strip().split(":", 1)[0]
+        note = ACCELERATE_COMMENTS.get(key)
+        lines.append(f"{line}  # {note}" if note and ":" in line else line)
+    return "\n".join(lines) + "\n"
 
 
 def installed_version(dist: str) -> str | None:

@@ -64,7 +64,8 @@ def resolve_batch(mb: int | None, ga: int | None, eff: int | None, ranks: int
         total = mb * ga * ranks
         if eff is not None and eff != total:
             raise JobError(f"--effective-batch {eff} ≠ micro-batch {mb} × grad-accum {ga} × "
-                           f"ranks {ranks} = {total}", "drop one of the three flags")
+                           f"ranks {ranks} = {total}", "drop one of the three (the other two "
+                           "fix it), or make them agree")
         eff = total
     elif mb is not None and eff is not None:
         if eff % (mb * ranks):

@@ -36,10 +36,30 @@ def emit_messages(e: Emitted, source: str, extra: dict[str, Any], *, searched: b
     lines = [f"emit: {source} → {_TARGET_WORDS[e.target]} for {e.device}{names}; {how}"]
     limit = file_memory_limit(extra)  # bytes, or a size such as 2GiB
     measured = extra.get("measured") or {}
-    tuned = [f"tuned on {extra['device']}" if extra.get("device") else "no tuning device stated"]
-    tuned.append("memory limit none" if limit is None else
-                 f"memory limit {size_text(limit)} (the knobs fit in it as tuned; no "
-                 f"{'TrainingArguments' if e.target != 'accelerate' else 'accelerate'} field holds it)")
+    # "tuned" and "fit" only of what tune measured (an audit: a hand-written 64 × 4096 job in
+    # 1 GiB read "tuned on cpu … the knobs fit in it as tuned")
+    was_tuned = searched or bool(measured)
+    peak = measured.get("peak_allocated_bytes")
+    holds = f"no {'TrainingArguments' if e.target != 'accelerate' else 'accelerate'} field holds it"
+    if was_tuned:
+        tuned = [f"tuned on {extra['device']}" if extra.get("device") else
+                 "no tuning device stated"]
+        fit = ("the knobs fit in it as tuned" if not isinstance(peak, int | float) or
+               limit is None or peak <= limit else
+               "the measured peak below is above it: this file does not fit in it as written")
+        tuned.append("memory limit none" if limit is None else
+                     f"memory limit {size_text(limit)} ({fit}; {holds})")
+    else:
+        tuned = [f"not tuned: {source} has no measured block (tune writes one), so nothing in "
+                 "it was measured or checked to fit"
+                 + (f"; device {extra['device']}" if extra.get("device") else "")
+                 + ("" if limit is None else f", memory limit {size_text(limit)} ({holds})")]
+    tuned_on = str(extra.get("device") or "")
+    if was_tuned and tuned_on and tuned_on.split(":")[0] != str(e.device).split(":")[0]:
+        # an audit: a CPU-tuned file emitted for cuda said only "tuned on cpu"
+        tuned.append(f"tuned on {tuned_on}, emitted for {e.device}: its choices (precision for "
+                     f"{tuned_on}'s speed, a micro-batch fitted to its memory) were not measured "
+                     f"on {e.device} — tune there to choose for it")
     if edited:
         # an audit: the measured block was printed as the file's after its knobs were edited
         tuned.append("its measured numbers are not this configuration's: "

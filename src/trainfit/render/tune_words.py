@@ -58,6 +58,17 @@ def _redone_words(redone: float | None) -> str:
             "at under half its own pace in it, the host's doing)")
 
 
+def _taken_words(d: dict[str, Any]) -> str:
+    """A change the interleaved rounds confirmed: its rounds and the noise they beat."""
+    noise = d.get("noise")
+    return (f"taken: {_changes(d['changes'])} ran "
+            + ", ".join(f"{r:.2f}×" for r in d["ratios"])
+            + " the tokens/s of the current best in interleaved rounds"
+            + (f" (noise measured in this run by then: {noise:.0%})" if noise is not None
+               else "")
+            + _redone_words(d.get("redone")))
+
+
 def _after_again(d: dict[str, Any], measured: bool) -> str:
     """What followed a candidate's re-measure (``outlier`` / ``second_look`` notes)."""
     if d.get("dropped"):
@@ -76,7 +87,10 @@ _NOTE_TEXTS: dict[str, Any] = {
                       "that (one reckoned to end past the budget, from the last probe of as "
                       "many steps, is not started; one running finishes; the first probe — of "
                       "your current configuration where given — and the timed probe of the "
-                      "largest micro-batch found always run); the best so far is kept",
+                      "largest micro-batch found always run); the best so far is kept"
+                      + (f" — not tried: {', '.join(d['untried_knobs'])} (kept as the "
+                         "configuration had them; a longer --budget-s, or --knobs, tries them)"
+                         if d.get("untried_knobs") else ""),
     "excluded_micro": lambda d: f"micro-batches {', '.join(map(str, d['micro_batches']))} "
                               "excluded: they do not divide the per-rank effective batch "
                               f"{d['per_rank_batch']} (accumulation must be exact)",
@@ -147,10 +161,8 @@ _NOTE_TEXTS: dict[str, Any] = {
                                    "attention runs)" if d["knob"] == "attention" else
                                    "(its module has no gradient_checkpointing_enable)"),
     "contradicted": lambda d: _contradicted_words(d),
-    "redone": lambda d: f"taken: {_changes(d['changes'])} ran "
-                      + ", ".join(f"{r:.2f}×" for r in d["ratios"])
-                      + " the tokens/s of the current best in interleaved rounds"
-                      + _redone_words(d["redone"]),
+    "redone": lambda d: _taken_words(d),
+    "taken": lambda d: _taken_words(d),
     "not_compared": lambda d: f"not decided: {_changes(d['changes'])} ran "
                             + (f"{d['ratio']:.2f}× " if d["ratio"] else "")
                             + "the tokens/s of the current best on its one probe (not a "
