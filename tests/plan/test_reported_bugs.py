@@ -104,6 +104,40 @@ def test_ladder_measures_from_the_start_and_skips_a_rung_that_saves_nothing() ->
     assert rungs[-1].fits
 
 
+def test_ladder_undoes_an_earlier_change_to_learning_the_last_rung_made_needless() -> None:
+    """An audit: Llama-3.1-8B on a T4 ended with "sequence 2048 → 1024" and QLoRA, where QLoRA
+    alone fits at the full sequence (10.68 GiB of a 13.27 fit line). Once a rung fits, each
+    earlier learning-altering rung is taken back where the last still fits without it."""
+    from trainfit.plan.ladder import build_ladder
+
+    start = JobSpec(model="m", seq_len=2048, micro_batch=1, grad_accum=8, precision="amp-fp16",
+                    grad_ckpt="full", method="lora", lora_r=16, lora_alpha=32,
+                    optimizer="adamw", lora_targets=["q", "v"])
+
+    def evaluate(j: JobSpec) -> tuple[int, float | None, bool | None]:
+        peak = (20 if j.method == "lora" else 9) + (0 if j.seq_len == 2048 else -2) \
+            + (0 if j.optimizer == "adamw" else -1) + (0 if j.lora_r == 16 else -1)
+        return peak, 300.0 * 2048 / j.seq_len, peak <= 11
+
+    rungs = build_ladder(start, evaluate)
+    changes = [r.change for r in rungs]
+    qlora = next(i for i, c in enumerate(changes) if c.startswith("QLoRA"))
+    undone = changes[qlora + 1:]
+    # latest first; QLoRA alone (9) fits: every earlier learning change is taken back
+    assert undone[0].startswith("undo “sequence 2048 → 1024 tokens”"), changes
+    assert any(c.startswith("undo “LoRA rank 16 → 8”") for c in undone)
+    last = rungs[-1]
+    assert last.fits and not last.alters_learning and last.peak_device_bytes == 9
+    assert (last.job["seq_len"], last.job["method"], last.job["lora_r"]) == (2048, "qlora", 16)
+    assert all(r.fits for r in rungs[qlora:])
+    # one that is still needed stays: QLoRA at 12 needs the shorter sequence (10)
+    def tight(j: JobSpec) -> tuple[int, float | None, bool | None]:
+        peak = (20 if j.method == "lora" else 12) + (0 if j.seq_len == 2048 else -2)
+        return peak, 1.0, peak <= 11
+    kept = build_ladder(start, tight)
+    assert kept[-1].change.startswith("QLoRA") and kept[-1].job["seq_len"] == 1024
+
+
 def test_reported_qwen_7b_full_fsdp_8_ranks_on_h100() -> None:
     """The report: ``data_parallel −36.22 GiB``; checkpointed amp-bf16 8×1 allocating 17.95 GiB
     but reserving 102.28; bf16-true checkpointed 4×1 below 1×1 (catalog scale: the two reported

@@ -167,6 +167,7 @@ def build_ladder(job: JobSpec, evaluate: Callable[[JobSpec], tuple[int, float | 
     on" read 54.72 → 55.37 GiB), and where the peak is the weights, gradients and optimizer
     states (the optimizer phase), checkpointing saves nothing and only costs ~30 % time."""
     rungs: list[Rung] = []
+    taken: list[tuple[int, dict[str, Any]]] = []  # (rung index, the fields it changed)
     cur = job
     try:
         cur_peak = evaluate(job)[0]
@@ -197,7 +198,42 @@ def build_ladder(job: JobSpec, evaluate: Callable[[JobSpec], tuple[int, float | 
         if cur_peak is not None and peak > (1 - MIN_RUNG_SAVING) * cur_peak and not fits:
             continue  # saves (almost) nothing here: not worth its cost (time, or what is learned)
         rungs.append(Rung(change, nxt.to_dict(), peak, tps, fits, step_alters))
+        taken.append((len(rungs) - 1, fields))
         cur, cur_peak = nxt, peak
         if fits:
+            rungs += _undo_unneeded(job, rungs, taken, evaluate)
             break
     return rungs
+
+
+def _undo_unneeded(job: JobSpec, rungs: list[Rung], taken: list[tuple[int, dict[str, Any]]],
+                   evaluate: Callable[[JobSpec], tuple[int, float | None, bool | None]]
+                   ) -> list[Rung]:
+    """Rungs that take back an earlier change altering what is learned once the last rung fits
+    without it, latest first, each one evaluated.  The ladder only adds, cheapest first, so a
+    later rung can make an earlier one needless (an audit: Llama-3.1-8B on a T4 ended with
+    "sequence 2048 → 1024" and QLoRA, where QLoRA alone fits at the full sequence)."""
+    out: list[Rung] = []
+    last = rungs[-1]
+    cur = JobSpec(**last.job)
+    start = job.to_dict()
+    for index, fields in reversed(taken[:-1]):
+        rung = rungs[index]
+        if not rung.alters_learning or "ranks" in fields or "method" in fields:
+            continue  # a method or the ranks the last rung builds on stay
+        back = {k: start[k] for k in fields if k in start}
+        d0 = cur.to_dict()
+        if all(d0.get(k) == v for k, v in back.items()):
+            continue  # a later rung set it back already (ZeRO offload's own optimizer)
+        try:
+            d = cur.to_dict()
+            d.update(back)
+            nxt = JobSpec(**d)
+            peak, tps, fits = evaluate(nxt)
+        except JobError:
+            continue
+        if fits:
+            out.append(Rung(f"undo “{rung.change}”: not needed once the steps after it are "
+                            "taken", nxt.to_dict(), peak, tps, fits, False))
+            cur = nxt
+    return out
