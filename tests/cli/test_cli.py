@@ -471,3 +471,19 @@ def test_the_tuned_file_says_what_tune_could_not_decide(tmp_path, monkeypatch):
     assert header[1] == "# the pick"
     assert any("amp-bf16" in ln and "only 1 of the 4 rounds ran" in ln for ln in header)
     assert not any("checkpointing: not tried" in ln for ln in header)  # a rule, not a question
+
+
+def test_plan_refuses_what_needs_no_model_before_resolving_it(monkeypatch):
+    """An audit: --margin 1.5, --epochs without --dataset-tokens, bf16 on a T4 were said after
+    10-47 s of building the model. They are refused before the model is resolved."""
+    import trainfit.model.source as source
+
+    def boom(*a, **k):
+        raise AssertionError("the model was resolved")
+    monkeypatch.setattr(source, "resolve_model", boom)
+    for args, said in ((["--margin", "1.5"], "--margin 1.5: must be in [0, 1)"),
+                       (["--epochs", "2"], "--epochs 2 needs the dataset size"),
+                       (["--dataset-tokens", "-1"], "--dataset-tokens -1: must be ≥ 1"),
+                       (["--precision", "bf16-true"], "has no bf16 support")):
+        res = CliRunner().invoke(app, ["plan", "gpt2", "--gpu", "t4", *args])
+        assert res.exit_code == 2 and said in res.output, res.output

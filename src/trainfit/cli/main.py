@@ -329,6 +329,11 @@ def plan_cmd(
                                              target_batch)
         checks = _file_checks(extra, target or "flags")  # bad input fails before the work
         spec = _gpu_spec(gpu, extra, interconnect, say, ranks=job.ranks, where=target)
+        # what needs no model is refused before the model is resolved (an audit: --margin 1.5
+        # was said after 10-47 s of building it); plan() checks again with the model's job
+        from trainfit.plan.inputs import check_inputs
+
+        check_inputs(job, spec, margin, dataset_tokens, epochs)
         source = resolve_model(job.model, job.trust_remote_code)
         check_seq_len(job.seq_len, source)  # tune and train refuse it too
         job = job_for_model(job, fields, say, source)
