@@ -118,7 +118,7 @@ def test_too_short_run_says_how_many_steps_it_needs(tmp_path):
 
 @pytest.mark.parametrize("end, said", [
     ("os.kill(os.getpid(), 9)", "was killed by signal 9 (SIGKILL: the Linux OOM killer"),
-    ("os._exit(0)", "ended with exit code 0 without Python's exit (os._exit"),
+    ("os._exit(0)", "exited with code 0; its training process ended without Python's exit"),
 ])
 def test_a_script_that_leaves_without_pythons_exit_keeps_its_step_count(tmp_path, end, said):
     """An audit: a script killed by SIGKILL (what the OOM killer sends) after 8 steps, or ended by

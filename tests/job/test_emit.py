@@ -514,3 +514,17 @@ def test_emit_names_a_files_bad_value_by_its_key(tmp_path):
     res = runner.invoke(app, ["emit", str(p), "--to", "hf"])
     assert res.exit_code == 2 and "error: effective_batch: 8 ≠ micro-batch 2" in res.stderr
     assert "flags" not in res.stderr and "drop one of the three" in res.stderr
+
+
+def test_commented_yaml_reads_back_long_and_multi_line_values():
+    """A review: a value longer than the dump's width, or over several lines, took the comment
+    inside it (the YAML then failed to parse, or read back changed)."""
+    from trainfit.job.emit import commented_yaml
+
+    for payload in ({"gpu_ids": "a" * 100 + " " + "b" * 50, "num_processes": 2},
+                    {"gpu_ids": "line1\nline2", "use_cpu": False},
+                    {"deepspeed_config": {"zero_stage": 3, "gradient_clipping": 1.0},
+                     "mixed_precision": "bf16"}):
+        text = commented_yaml(payload)
+        assert yaml.safe_load(text) == payload, text
+    assert "# 2 shards" in commented_yaml({"deepspeed_config": {"zero_stage": 3}})

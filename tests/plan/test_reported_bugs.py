@@ -125,6 +125,9 @@ def test_ladder_undoes_an_earlier_change_to_learning_the_last_rung_made_needless
     undone = changes[qlora + 1:]
     # latest first; QLoRA alone (9) fits: every earlier learning change is taken back
     assert undone[0].startswith("undo “sequence 2048 → 1024 tokens”"), changes
+    seq = next(i for i, c in enumerate(changes) if c.startswith("sequence"))
+    assert rungs[qlora + 1].undoes == seq and rungs[qlora + 1].to_dict()["undoes"] == seq
+    assert all(r.undoes is None for r in rungs[:qlora + 1])
     assert any(c.startswith("undo “LoRA rank 16 → 8”") for c in undone)
     last = rungs[-1]
     assert last.fits and not last.alters_learning and last.peak_device_bytes == 9

@@ -60,7 +60,7 @@ def _checked(ctx: typer.Context, args: list[str], steps: int, warmup: int, repea
     else:
         # a job's steps run in this process, counted by --steps: these bound a command's run and
         # were silently ignored for a job file (an audit: --timeout-s 20 ran past 300 s)
-        given = [f"--{name.replace('_', '-')}" for name in ("timeout_s", "keep_running")
+        given = [f"--{name.replace('_', '-')}" for name in ("timeout_s", "keep_running", "once")
                  if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") != "DEFAULT"]
         if given:
             raise JobError(f"{', '.join(given)}: for a command only (-- python train.py); a job "
@@ -94,6 +94,12 @@ def register(app: typer.Typer) -> None:
         keep_running: Annotated[bool, typer.Option(
             "--keep-running",
             help="Let the command run to its end (default: stop it after the window).")] = False,
+        once: Annotated[bool, typer.Option(
+            "--once",
+            help="Run the command once even on a busy CPU host (by default, when other processes "
+                 "load the CPU a command's step runs on, it is run a second time to check that "
+                 "its verdict repeats in another process; its side effects then happen twice).")
+        ] = False,
         allow_code: AllowCode = False,
         trust_remote_code: TrustRemoteCode = False,
         as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
@@ -123,7 +129,7 @@ def register(app: typer.Typer) -> None:
                     say(f"running {shlex.join(args)} under the doctor ({warmup} warm-up + {steps} measured + "
                         "1 profiled step) …")
                 result = doctor_command(args, steps=steps, warmup=warmup, stop=not keep_running,
-                                        timeout_s=timeout_s)
+                                        timeout_s=timeout_s, recheck_busy=not once, say=say)
         except DoctorError as err:
             _fail(str(err), err.hint, err.tail, as_json=as_json)
         except JobError as err:

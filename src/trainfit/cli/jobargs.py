@@ -95,6 +95,10 @@ def check_replaceable(path: str | Path, reads: list[str | None], flag: str = "--
     job reads it (``reads``: its data, tokenizer, model paths). An audit: ``tune --out
     mydata.jsonl`` replaced the job's data with the tuned YAML, which then pointed at itself."""
     p = Path(path)
+    if p.is_symlink():
+        # the write renames a file over the link, leaving its target as it was (a review)
+        raise JobError(f"{flag} {path}: is a symbolic link", "give the file it points to, or "
+                       "another name")
     if not p.is_file():
         return
     here = p.resolve()
@@ -104,7 +108,7 @@ def check_replaceable(path: str | Path, reads: list[str | None], flag: str = "--
                            "for the tuned job, e.g. --out tuned.yaml")
     try:
         with open(p, encoding="utf-8", errors="replace") as f:
-            first = f.readline()
+            first = f.readline(256)
     except OSError:
         return  # check_writable says what is wrong with it
     if first.strip() != f"# {TUNE_HEADER}":

@@ -106,8 +106,8 @@ def _report(result: Any, out: str | None, emit: str | None, as_json: bool, sourc
         # did not learn that a faster-looking change went unconfirmed (an audit)
         # and what it took, on what rounds (an audit: a taken change left no trace in the file)
         decided = [note_words(n) for n in result.notes
-                          if getattr(n, "kind", None) in (*UNDECIDED_NOTE_KINDS, "taken",
-                                                          "redone", "budget")]
+                   if getattr(n, "kind", None) in (*UNDECIDED_NOTE_KINDS, "taken", "redone",
+                                                   "budget")]
         write_atomic(out, job_yaml(
             picked, measured=_with_spread(d["pick"]["measured"], result), device=d["device"],
             memory_limit_bytes=d["memory_limit_bytes"],

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
+from collections.abc import Callable
 
 import psutil
 
@@ -91,8 +92,12 @@ def _command_overhead(run: ForeignRun) -> float | None:
 
 
 def doctor_command(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bool = True,
-                   timeout_s: float | None = 900.0, extra_env: dict[str, str] | None = None) -> DoctorResult:
-    """Run someone else's training command under the doctor for a window of steps."""
+                   timeout_s: float | None = 900.0, extra_env: dict[str, str] | None = None,
+                   recheck_busy: bool = True, say: Callable[[str], None] | None = None
+                   ) -> DoctorResult:
+    """Run someone else's training command under the doctor for a window of steps;
+    ``recheck_busy``: on a busy CPU host, run it a second time (its verdict must repeat);
+    ``say``: progress lines (the CLI's stderr)."""
     check_steps(steps)
     run = run_foreign(cmd, steps=steps, warmup=warmup, stop=stop, timeout_s=timeout_s, extra_env=extra_env)
     op_s = op_overhead_s()
@@ -100,13 +105,16 @@ def doctor_command(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bo
     notes = list(run.notes)
     halves = _halves(run, op_s)
     runs, what = 1, "halves of the measured window"
-    if stop and obs.device == "cpu" and run.host.busy:
+    if recheck_busy and stop and obs.device == "cpu" and run.host.busy:
         # a busy host's timings differ from one process to the next, which the halves of one
         # window cannot see (an audit: one loop named slow-optimizer, +124 %, in 5 of 7 runs,
         # compute-bound and bandwidth-bound in the others, each "held"): the command runs again
         # and each of its halves must name the same bottleneck
         busy = (f"the host being busy (other processes used {run.host.others_cores:.1f} of "
                 f"{run.host.cpus} CPU cores, measured)")
+        if say is not None:
+            say(f"running it a second time, {busy}: its verdict must repeat in another process "
+                "(--once: run it once) …")
         try:
             again = run_foreign(cmd, steps=steps, warmup=warmup, stop=stop, timeout_s=timeout_s,
                                 extra_env=extra_env)
@@ -120,7 +128,9 @@ def doctor_command(cmd: list[str], *, steps: int = 10, warmup: int = 2, stop: bo
             halves = [*halves, *_halves(again, op_s)]
             runs, what = 2, "halves of the two runs' measured windows"
             notes.append(f"the command was run a second time, {busy}, to check that its "
-                         "verdict repeats in another process; the figures are the first run's")
+                         "verdict repeats in another process (--once: run it once); the figures "
+                         "are the first run's")
+            notes += [f"the second run: {n}" for n in again.notes]
     findings = held_across_rounds(find(obs), halves, notes, what,
                                   "the first run's whole window" if runs > 1 else
                                   "the whole window's steps")

@@ -85,7 +85,7 @@ class _State:
             pass
 
     def progress(self) -> None:
-        """One short line a step, written as it happens: a command killed (SIGKILL: the OOM
+        """The step count, written as it happens: a command killed (SIGKILL: the OOM
         killer) or ended by ``os._exit`` writes no summary, and its steps were reported as
         "no optimizer.step() call seen" (an audit).  The file stays open (a write and a flush,
         microseconds, between two steps' records)."""
@@ -95,7 +95,10 @@ class _State:
             if self.progress_file is None:
                 self.progress_file = open(  # kept open for the run's steps
                     os.path.join(self.out_dir, f"doctor.{self.pid}.progress"), "w")
+            # one number, rewritten in place: a --keep-running command's file does not grow
+            self.progress_file.seek(0)
             self.progress_file.write(f"{self.steps_done}\n")
+            self.progress_file.truncate()
             self.progress_file.flush()
         except OSError:
             pass

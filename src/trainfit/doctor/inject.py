@@ -312,15 +312,18 @@ def _interpret(cmd: list[str], code: int | None, timed_out: bool, timeout_s: flo
                           "shorter for the measurement", tail)
     if summary is None and seen and not timed_out:
         # steps were seen, and the process left before Python's exit could write them
+        # the training process may be a launcher's child (torchrun): the command's own code is
+        # the launcher's, so what ended the process is named by its possible causes
         how = f"was killed by signal {-code}{killed}" if code is not None and code < 0 else \
-            f"ended with exit code {code} without Python's exit (os._exit, or a crash of the " \
-            "interpreter)"
+            (f"exited with code {code}; its training process ended without Python's exit (a "
+             "kill — SIGKILL is the Linux OOM killer's, `dmesg` says —, os._exit, or a crash of "
+             "the interpreter)")
         raise DoctorError(f"{name} {how} after {seen} optimizer steps: doctor writes the steps "
                           "it measured at the window's end or at the process's exit, and "
                           "neither came",
-                          "let the script end by returning or sys.exit() (not os._exit), or "
-                          f"measure fewer steps (--steps, --warmup) than the {seen} it ran",
-                          tail)
+                          "if the OOM killer ended it, free host memory; if the script calls "
+                          "os._exit, let it return or sys.exit() instead; or measure fewer steps "
+                          f"(--steps, --warmup) than the {seen} it ran", tail)
     if code not in (0, None) and not stopped and len(records) < MIN_MEASURED_STEPS:
         how = f"killed by signal {-code}{killed}" if code < 0 else f"exited with code {code}"
         raise DoctorError(f"{name} {how} after {seen} optimizer steps (doctor needs {needed}: "

@@ -304,7 +304,8 @@ def _diagnose(bench: _Bench, first: Round, notes: list[str]) -> tuple[list[str],
         notes.append(f"the job itself holds {own / 2**30:.3f} GiB of live tensors in a step "
                      f"(measured), over its memory_limit of {bench.capacity / 2**30:.3f} GiB: "
                      "doctor measured it all the same; train would split its micro-batch "
-                     "(halve it, double the accumulation) until a step fits")
+                     "(halve it, double the accumulation) where it can, and stop at micro-batch "
+                     "1")
     probe = None
     if "launch-bound" in names or (obs.ops_per_step or 0) * bench.op_s > 0.15 * first.split.step_time_s:
         probe = _probe_micro_batch(bench, first, notes)

@@ -62,9 +62,10 @@ ACCELERATE_COMMENTS = {
     "mixed_precision": "bf16/fp16 autocast: ~half the activation memory, faster matmuls; no = "
                        "fp32 throughout",
     "num_processes": "one process per GPU: the ranks the job was planned for",
-    "use_cpu": "true runs on the CPU (what it was tuned on when it says so)",
+    "use_cpu": "true: runs on the CPU (emit sets it for a job tuned or emitted for the CPU)",
     "gpu_ids": "which GPUs the processes use",
-    "dynamo_config": "torch.compile: fused kernels, faster steps after a compile of minutes",
+    "dynamo_config": "torch.compile: fused kernels, faster steps after a one-time compile (often "
+                     "minutes: typical, not predicted here)",
     "zero_stage": "2 shards optimizer states and gradients; 3 shards the weights too (least "
                   "memory, most communication)",
     "gradient_accumulation_steps": "micro-steps per optimizer step: the effective batch over "
@@ -84,7 +85,8 @@ ACCELERATE_COMMENTS = {
     "fsdp_reshard_after_forward": "true frees each block's gathered weights after its forward "
                                   "(less memory, a second all-gather in the backward)",
     "fsdp_activation_checkpointing": "true recomputes each block's activations in the backward: "
-                                     "far less memory, ~30 % slower",
+                                     "far less memory, ~30 % slower (typical, not predicted "
+                                     "here: trainfit plan predicts it)",
     "fsdp_offload_params": "true keeps the sharded weights, gradients and optimizer in host RAM: "
                            "least GPU memory, much slower",
     "fsdp_sync_module_states": "true broadcasts rank 0's weights at wrap time (needed with "
@@ -101,12 +103,23 @@ rule for generated YAML; accelerate's own ``config`` questionnaire words these).
 def commented_yaml(payload: dict[str, Any]) -> str:
     """``payload`` as YAML with :data:`ACCELERATE_COMMENTS` beside their keys; the comments are
     YAML comments, so ``yaml.safe_load`` reads back ``payload`` exactly."""
+    plain = yaml.safe_dump(payload, sort_keys=False, width=float("inf"))
+    raw = plain.splitlines()
     lines = []
-    for line in yaml.safe_dump(payload, sort_keys=False).splitlines():
+    for i, line in enumerate(raw):
         key = line.strip().split(":", 1)[0]
         note = ACCELERATE_COMMENTS.get(key)
-        lines.append(f"{line}  # {note}" if note and ":" in line else line)
-    return "\n".join(lines) + "\n"
+        # a value that goes on to the next line (a block or a folded string) takes no comment:
+        # it would land inside the value (a review)
+        nxt = raw[i + 1] if i + 1 < len(raw) else ""
+        indent = len(line) - len(line.lstrip())
+        goes_on = bool(nxt.strip()) and len(nxt) - len(nxt.lstrip()) > indent and \
+            not line.rstrip().endswith(":")
+        single = ":" in line and not goes_on and not line.rstrip().endswith(("|", ">", "|-", ">-"))
+        lines.append(f"{line}  # {note}" if note and single else line)
+    out = "\n".join(lines) + "\n"
+    # what is read back is the payload, or the file goes without comments
+    return out if yaml.safe_load(out) == payload else plain
 
 
 def installed_version(dist: str) -> str | None:

@@ -285,14 +285,14 @@ def _zero_notes(job: JobSpec, *, gathered: int, bucket: int, quant_state_bytes: 
         notes.append(f"ZeRO-{3 if stage3 else 2} over one rank partitions nothing: it saves "
                      "memory only with --offload" + ("" if job.offload == "none" else
                                                       " (this job's)"))
-    if stage3 and n > 1 and held_bytes >= whole_bytes > 0:
+    if stage3 and n > 1 and not off_par and held_bytes >= whole_bytes > 0:
         # a model small enough for the reuse distance to keep all of it gathered: its partition
         # comes on top of a whole copy (Qwen2.5-1.5B QLoRA on 2 ranks: 1.49 GiB of parameters
         # against DDP's 1.07, its peak above DDP's, unsaid until a review)
         notes.append(
             f"ZeRO-3 saves no parameter memory here: its partition and the modules kept gathered "
-            f"hold {held_bytes / 2**30:.2f} GiB per rank, at least the whole model's "
-            f"{whole_bytes / 2**30:.2f} GiB that no sharding (DDP) holds; at this size the reuse "
+            f"hold {held_bytes / 2**30:.2f} GiB per rank (predicted), at least the whole model's "
+            f"{whole_bytes / 2**30:.2f} GiB, which DDP (no sharding) holds; at this size the reuse "
             "distance keeps every module gathered from its forward to its backward, so ZeRO-3 "
             "shards only the trainable state (gradients, fp32 master, optimizer states)"
             + (": with LoRA/QLoRA that is small, and --sharding none or zero2 may hold less"

@@ -1,5 +1,8 @@
 """The memory-saving ladder ``plan`` prints when nothing fits: one change at a time, cumulative,
-each with its predicted memory and speed, stopping at the first rung that fits.
+each with its predicted memory and speed, stopping at the first rung that fits — then taking
+back, one rung each (``undoes``), an earlier change to what is learned that the fitting rung
+made needless (the ladder only adds, cheapest first: a 4-bit base can make a halved sequence
+unnecessary). Its answer is the last rung.
 
 Order: the allocator's setting first (expandable segments: what is learned stays, and mapping
 pages costs time only while the segment grows), then what costs only time (checkpointing, an
@@ -38,12 +41,14 @@ class Rung:
     fits: bool | None
     alters_learning: bool
     """True when the change alters what is learned (not only memory and speed)."""
+    undoes: int | None = None
+    """The index of the earlier rung this one takes back (None: a change of its own)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"change": self.change, "peak_device_bytes": self.peak_device_bytes,
                 "tokens_per_s": self.tokens_per_s, "fits": self.fits,
                 "alters_learning": self.alters_learning, "micro_batch": self.job["micro_batch"],
-                "grad_accum": self.job["grad_accum"]}
+                "grad_accum": self.job["grad_accum"], "undoes": self.undoes}
 
 
 def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
@@ -234,6 +239,6 @@ def _undo_unneeded(job: JobSpec, rungs: list[Rung], taken: list[tuple[int, dict[
             continue
         if fits:
             out.append(Rung(f"undo “{rung.change}”: not needed once the steps after it are "
-                            "taken", nxt.to_dict(), peak, tps, fits, False))
+                            "taken", nxt.to_dict(), peak, tps, fits, False, undoes=index))
             cur = nxt
     return out

@@ -81,7 +81,9 @@ class PlanResult:
     """The smallest predicted device peak over the rows (what "nothing fits" is measured by)."""
     plan_time_s: float
     ladder: list[Any] = field(default_factory=list)
-    """When nothing fits: :class:`trainfit.plan.ladder.Rung` s, cumulative, up to the first that fits."""
+    """When nothing fits: :class:`trainfit.plan.ladder.Rung` s, cumulative, up to the first that
+    fits, then the rungs that take back an earlier change it made needless (``undoes``): the
+    answer is the last rung."""
     dataset_tokens: int | None = None
     epochs: float | None = None
     current: PlanRow | None = None
