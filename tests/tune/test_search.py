@@ -491,3 +491,28 @@ def test_a_model_without_sdpa_does_not_search_the_attention(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
     assert _unsupported_knobs(resolve_model(str(tmp_path))) == {"attention"}
     assert _unsupported_knobs(resolve_model("llama-tiny-58m")) == frozenset()
+
+
+def test_a_budget_cut_inside_a_knob_names_the_candidates_it_cut():
+    """A review: a knob cut after its first candidate was in neither the untried list nor any
+    note. The candidates the budget cut inside a knob are named too."""
+    from trainfit.render.tune_words import note_words
+    from trainfit.tune.result import SearchNote
+
+    job = JobSpec(model="gpt2", seq_len=64, effective_batch=8, micro_batch=8, precision="fp32",
+                  grad_ckpt="off", optimizer_impl="forloop")
+    s = Searcher(job, fake(GIB, GIB, lambda j: 100.0, []), pred(GIB, GIB, lambda j: 100.0),
+                 10 * GIB, SearchOptions(knobs=("optimizer_impl",), budget_s=1e9), 10_000)
+    def over_budget(timed=3, probes=1):
+        # spent once the knob's first candidate (fused) has been probed
+        if not any(t.job.optimizer_impl == "fused" for t in s.trials):
+            return False
+        if not s.stopped:
+            s.notes.append(SearchNote("budget", {"budget_s": 1.0, "spent_s": 2.0, "probes": 2}))
+        s.stopped = True
+        return True
+    s.over_budget = over_budget
+    out = s.search()
+    (note,) = [n for n in out.notes if n.kind == "budget"]
+    assert note.data["cut_candidates"] == ["optimizer_impl foreach"], note.data
+    assert "candidates cut: optimizer_impl foreach" in note_words(note)

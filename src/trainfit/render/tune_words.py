@@ -90,7 +90,9 @@ _NOTE_TEXTS: dict[str, Any] = {
                       "largest micro-batch found always run); the best so far is kept"
                       + (f" — not tried: {', '.join(d['untried_knobs'])} (kept as the "
                          "configuration had them; a longer --budget-s, or --knobs, tries them)"
-                         if d.get("untried_knobs") else ""),
+                         if d.get("untried_knobs") else "")
+                      + (f" — candidates cut: {'; '.join(d['cut_candidates'])}"
+                         if d.get("cut_candidates") else ""),
     "excluded_micro": lambda d: f"micro-batches {', '.join(map(str, d['micro_batches']))} "
                               "excluded: they do not divide the per-rank effective batch "
                               f"{d['per_rank_batch']} (accumulation must be exact)",

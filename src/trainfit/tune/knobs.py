@@ -83,6 +83,9 @@ class KnobStage:
                                                               "noise_floor": self.o.noise_floor}))
         return True
 
+    cut_candidates: list[str]
+    """``knob value`` of each candidate the budget cut inside a knob (said in the budget note)."""
+
     def _try_knob(self, knob: str, best: Trial, options: list[int]) -> Trial:
         job = best.job
         if knob == "grad_ckpt":
@@ -127,8 +130,12 @@ class KnobStage:
             cands = [] if job.compile else [job.replace(compile=True)]
         else:
             raise ValueError(knob)
-        for c in cands:
+        for k, c in enumerate(cands):
             if self.over_budget():
+                # the candidates the budget cut, named beside the knobs never started (a review:
+                # a knob cut after its first candidate was in neither list)
+                self.cut_candidates += [", ".join(f"{f} {v}" for f, v in
+                                                  changed_fields(cut, job)) for cut in cands[k:]]
                 break
             if self._pruned(c, best):
                 continue
@@ -136,3 +143,4 @@ class KnobStage:
             if self.better(t, best):
                 best = self._latest_of(c)
         return best
+

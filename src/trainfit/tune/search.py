@@ -65,6 +65,7 @@ class Searcher(KnobStage):
         self.n_samples = dataset_samples
         self.trials: list[Trial] = []
         self.notes: list[SearchNote] = []
+        self.cut_candidates: list[str] = []
         self.one_probe: list[tuple[list[tuple[str, Any]], float]] = []
         """Candidates dropped on one probe no faster than the incumbent: (changes, ratio)."""
         self.t0 = time.perf_counter()  # the budget is the search's (tune/tuner.py run_search)
@@ -385,10 +386,12 @@ class Searcher(KnobStage):
         """The knobs the budget left unprobed, named in its note (an audit: a run cut after the
         micro-batch presented its pick as a plain decision, precision — worth 1.8× in the
         repeat — never tried, unsaid)."""
-        if knobs:
-            for n in self.notes:
-                if n.kind == "budget":
+        for n in self.notes:
+            if n.kind == "budget":
+                if knobs:
                     n.data["untried_knobs"] = list(knobs)
+                if self.cut_candidates:
+                    n.data["cut_candidates"] = list(self.cut_candidates)
 
     def _best_measured(self) -> Trial | None:
         """The fastest trial that fitted and was timed (None: none was)."""
