@@ -139,6 +139,15 @@ def test_ladder_undoes_an_earlier_change_to_learning_the_last_rung_made_needless
         return peak, 1.0, peak <= 11
     kept = build_ladder(start, tight)
     assert kept[-1].change.startswith("QLoRA") and kept[-1].job["seq_len"] == 1024
+    # a change costing only time is taken back too, after those to learning (Mistral-7B on a
+    # 3090 ended LoRA with activation offloading, its speed unknown)
+    def with_ckpt(j: JobSpec) -> tuple[int, float | None, bool | None]:
+        peak = (20 if j.method == "lora" else 8) + (0 if j.grad_ckpt == "off" else -3)
+        return peak, 1.0, peak <= 11
+    rungs = build_ladder(start.replace(grad_ckpt="off"), with_ckpt)
+    undone = [r.change for r in rungs if r.undoes is not None]
+    assert undone and undone[-1].startswith("undo “gradient checkpointing on")
+    assert rungs[-1].job["grad_ckpt"] == "off" and rungs[-1].fits
 
 
 def test_reported_qwen_7b_full_fsdp_8_ranks_on_h100() -> None:

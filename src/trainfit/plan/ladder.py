@@ -214,18 +214,24 @@ def build_ladder(job: JobSpec, evaluate: Callable[[JobSpec], tuple[int, float | 
 def _undo_unneeded(job: JobSpec, rungs: list[Rung], taken: list[tuple[int, dict[str, Any]]],
                    evaluate: Callable[[JobSpec], tuple[int, float | None, bool | None]]
                    ) -> list[Rung]:
-    """Rungs that take back an earlier change altering what is learned once the last rung fits
-    without it, latest first, each one evaluated.  The ladder only adds, cheapest first, so a
-    later rung can make an earlier one needless (an audit: Llama-3.1-8B on a T4 ended with
-    "sequence 2048 → 1024" and QLoRA, where QLoRA alone fits at the full sequence)."""
+    """Rungs that take back an earlier change once the last rung fits without it, each one
+    evaluated: first those altering what is learned, then those costing only time (checkpointing,
+    activation or CPU offload, the optimizer in the backward), latest first.  The ladder only
+    adds, cheapest first, so a later rung can make an earlier one needless (an audit:
+    Llama-3.1-8B on a T4 ended with "sequence 2048 → 1024" and QLoRA, where QLoRA alone fits at
+    the full sequence).  Kept: the allocator's setting (free), a method, sharding or ranks the
+    last rung builds on."""
     out: list[Rung] = []
     last = rungs[-1]
     cur = JobSpec(**last.job)
     start = job.to_dict()
-    for index, fields in reversed(taken[:-1]):
+    earlier = list(reversed(taken[:-1]))
+    order = [t for t in earlier if rungs[t[0]].alters_learning] + \
+        [t for t in earlier if not rungs[t[0]].alters_learning]
+    for index, fields in order:
         rung = rungs[index]
-        if not rung.alters_learning or "ranks" in fields or "method" in fields:
-            continue  # a method or the ranks the last rung builds on stay
+        if {"ranks", "method", "sharding", "expandable_segments"} & set(fields):
+            continue  # free, or what the last rung builds on
         back = {k: start[k] for k in fields if k in start}
         d0 = cur.to_dict()
         if all(d0.get(k) == v for k, v in back.items()):
