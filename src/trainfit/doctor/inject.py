@@ -258,14 +258,13 @@ def _read_files(out_dir: Path) -> dict[int, list[dict[str, Any]]]:
             except json.JSONDecodeError:
                 continue
         by_pid[pid] = rows
-    for f in sorted(out_dir.glob("doctor.*.progress")):  # one line a step (hooks._State.progress)
+    for f in sorted(out_dir.glob("doctor.*.progress")):  # the step count (hooks._State.progress)
         try:
             pid = int(f.name.split(".")[1])
-            done = [int(x) for x in f.read_text().split()]
-        except ValueError:
+            done = int(f.read_text().split()[0])
+        except (ValueError, IndexError):  # not a pid, or empty before the first step
             continue
-        if done:
-            by_pid.setdefault(pid, []).append({"type": "progress", "steps_seen": max(done)})
+        by_pid.setdefault(pid, []).append({"type": "progress", "steps_seen": done})
     return by_pid
 
 
@@ -288,6 +287,14 @@ def _pick(files: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return max(files.values(), key=key) if files else []
 
 
+def _killed(code: int) -> str:
+    """A negative exit code in words; SIGKILL is what the Linux OOM killer sends when the host's
+    RAM runs out."""
+    return f"killed by signal {-code}" + (
+        " (SIGKILL: the Linux OOM killer sends it when host RAM runs out; `dmesg` says)"
+        if code == -9 else "")
+
+
 def _interpret(cmd: list[str], code: int | None, timed_out: bool, timeout_s: float | None,
                files: dict[int, list[dict[str, Any]]], tail: list[str], host: HostSummary,
                steps: int, warmup: int, stop: bool = True) -> ForeignRun:
@@ -302,9 +309,6 @@ def _interpret(cmd: list[str], code: int | None, timed_out: bool, timeout_s: flo
     name = shlex.join(cmd)
     needed = warmup + MIN_MEASURED_STEPS
     seen = _steps_seen(rows)
-    # SIGKILL is what the Linux OOM killer sends when the host's RAM runs out
-    killed = " (SIGKILL: the Linux OOM killer sends it when host RAM runs out; `dmesg` " \
-        "says)" if code == -9 else ""
     errors = [r for r in rows if r.get("type") == "error"]
     if timed_out and len(records) < MIN_MEASURED_STEPS:
         raise DoctorError(f"{name}: still running after --timeout-s {timeout_s:g} with {seen} optimizer "
@@ -314,7 +318,7 @@ def _interpret(cmd: list[str], code: int | None, timed_out: bool, timeout_s: flo
         # steps were seen, and the process left before Python's exit could write them
         # the training process may be a launcher's child (torchrun): the command's own code is
         # the launcher's, so what ended the process is named by its possible causes
-        how = f"was killed by signal {-code}{killed}" if code is not None and code < 0 else \
+        how = f"was {_killed(code)}" if code is not None and code < 0 else \
             (f"exited with code {code}; its training process ended without Python's exit (a "
              "kill — SIGKILL is the Linux OOM killer's, `dmesg` says —, os._exit, or a crash of "
              "the interpreter)")
@@ -325,7 +329,7 @@ def _interpret(cmd: list[str], code: int | None, timed_out: bool, timeout_s: flo
                           "os._exit, let it return or sys.exit() instead; or measure fewer steps "
                           f"(--steps, --warmup) than the {seen} it ran", tail)
     if code not in (0, None) and not stopped and len(records) < MIN_MEASURED_STEPS:
-        how = f"killed by signal {-code}{killed}" if code < 0 else f"exited with code {code}"
+        how = _killed(code) if code < 0 else f"exited with code {code}"
         raise DoctorError(f"{name} {how} after {seen} optimizer steps (doctor needs {needed}: "
                           f"{warmup} warm-up + {MIN_MEASURED_STEPS} measured)",
                           "its last lines are below; fix the script, then run the doctor again", tail)
@@ -355,8 +359,7 @@ def _interpret(cmd: list[str], code: int | None, timed_out: bool, timeout_s: flo
     if code not in (0, None) and not stopped and len(records) < steps:
         # it crashed inside the window: a diagnosis of the steps before the crash, exit 0 and
         # "exited … after the measured window" said what was not so (an audit)
-        how = f"was killed by signal {-code}{killed}" if code < 0 else \
-            f"exited with code {code}"
+        how = f"was {_killed(code)}" if code < 0 else f"exited with code {code}"
         raise DoctorError(f"{name} {how} inside the measured window, after {seen} optimizer "
                           f"steps ({len(records)} of the {steps} asked measured)",
                           "its last lines are below; fix the script, or measure the steps it "

@@ -77,8 +77,9 @@ class DoctorResult:
     held across the repeats of this run); a command's halves of its measured window (of each
     run's window when it ran twice: :attr:`command_runs`)."""
     command_runs: int | None = None
-    """``doctor -- CMD``: how many times the command ran (2 when the host was busy: the verdict
-    must repeat in another process); None for a job."""
+    """``doctor -- CMD``: the runs whose measured windows the verdict rests on (2 when the host
+    was busy and the second run measured: the verdict must repeat in another process; a second
+    run that failed is in the notes); None for a job."""
     gain: Comparison | None = None
     """Whether the applied fixes made the step faster, decided from the interleaved rounds
     (``faster`` / ``not_faster`` / ``undecided``; None: nothing applied)."""

@@ -63,6 +63,7 @@ _JOB_LIMIT = "memory_limit: in the job file"
 """How doctor takes a CPU memory limit (an audit: its hint named tune's --memory-limit flag,
 which doctor does not have)."""
 
+
 def _names(findings: list[Finding]) -> list[str]:
     return [f.bottleneck for f in findings]
 

@@ -119,7 +119,10 @@ def commented_yaml(payload: dict[str, Any]) -> str:
         lines.append(f"{line}  # {note}" if note and single else line)
     out = "\n".join(lines) + "\n"
     # what is read back is the payload, or the file goes without comments
-    return out if yaml.safe_load(out) == payload else plain
+    try:
+        return out if yaml.safe_load(out) == payload else plain
+    except yaml.YAMLError:
+        return plain
 
 
 def installed_version(dist: str) -> str | None:

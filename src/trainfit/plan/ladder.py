@@ -233,13 +233,11 @@ def _undo_unneeded(job: JobSpec, rungs: list[Rung], taken: list[tuple[int, dict[
         if {"ranks", "method", "sharding", "expandable_segments"} & set(fields):
             continue  # free, or what the last rung builds on
         back = {k: start[k] for k in fields if k in start}
-        d0 = cur.to_dict()
-        if all(d0.get(k) == v for k, v in back.items()):
+        d = cur.to_dict()
+        if all(d.get(k) == v for k, v in back.items()):
             continue  # a later rung set it back already (ZeRO offload's own optimizer)
         try:
-            d = cur.to_dict()
-            d.update(back)
-            nxt = JobSpec(**d)
+            nxt = JobSpec(**{**d, **back})
             peak, tps, fits = evaluate(nxt)
         except JobError:
             continue

@@ -20,6 +20,9 @@ class KnobStage:
 
     o: SearchOptions
     notes: list[SearchNote]
+    cut_candidates: list[str]
+    """The changes (``field value, …``) of each candidate the budget cut inside a knob (said in
+    the budget note)."""
     predict: Callable[[JobSpec], Predicted | None]
     agree: Callable[[bool], bool]
     run: Callable[..., Trial]
@@ -83,9 +86,6 @@ class KnobStage:
                                                               "noise_floor": self.o.noise_floor}))
         return True
 
-    cut_candidates: list[str]
-    """``knob value`` of each candidate the budget cut inside a knob (said in the budget note)."""
-
     def _try_knob(self, knob: str, best: Trial, options: list[int]) -> Trial:
         job = best.job
         if knob == "grad_ckpt":
@@ -143,4 +143,3 @@ class KnobStage:
             if self.better(t, best):
                 best = self._latest_of(c)
         return best
-
