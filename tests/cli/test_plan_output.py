@@ -127,9 +127,9 @@ def test_two_models_are_not_run_as_a_command():
 
 def test_a_measured_link_is_taken_with_or_without_its_unit():
     """The README writes `--interconnect 2.7GB/s`; it was refused as an unknown interconnect."""
-    from trainfit.cli.main import _with_interconnect
+    from trainfit.cli.gpu_arg import with_interconnect
     from trainfit.hardware.gpus import find_gpu
 
     gpu = find_gpu("rtx-3090")
     for given in ("2.7", "2.7GB/s", "2.7 GB/s", "2.7gbps"):
-        assert _with_interconnect(gpu, given).interconnect == "2.7 GB/s measured (given)", given
+        assert with_interconnect(gpu, given).interconnect == "2.7 GB/s measured (given)", given

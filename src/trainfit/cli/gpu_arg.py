@@ -1,0 +1,122 @@
+"""``--gpu`` and ``--interconnect`` as plan reads them: the card named (or this machine's), the
+boards and memory sizes a name also covers said, and the link between GPUs given by name or as a
+measured bus bandwidth. Out of cli/main.py, which parses the rest of plan's command line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainfit.job import JobError
+
+
+def gpu_spec(gpu: str | None, extra: dict[str, Any], interconnect: str | None,
+             say: Any = None, ranks: int | None = None, where: str | None = None) -> Any:
+    """The GPU named (--gpu, else the job file's), else the one this machine has (NVML), else
+    none; ``ranks``: the job's, when known (a link for one rank is refused); ``where``: the job
+    file, named when its ``gpu:`` is wrong."""
+    if interconnect is not None and ranks is not None and ranks <= 1:
+        raise JobError(f"--interconnect {interconnect} with 1 rank: one GPU syncs nothing "
+                       "over a link", "add --ranks N (N ≥ 2), or drop --interconnect")
+    from trainfit.cli.script import local_gpu_spec
+    from trainfit.hardware.gpus import (
+        close_gpu_names,
+        find_gpu,
+        form_variants,
+        gpu_names,
+        memory_variants,
+    )
+
+    gpu_name = gpu or extra.get("gpu")
+    said = f"--gpu {gpu_name}" if gpu or not where else f"gpu: {gpu_name} (in {where})"
+    spec = None
+    if gpu_name is not None:
+        spec = find_gpu(str(gpu_name))
+        if spec is None and str(gpu_name).strip().lower().startswith("generic"):
+            raise JobError(f"{said}: a generic card is generic-<N>gb with N its memory, "
+                           "more than 0 and at most 4096", "e.g. --gpu generic-24gb")
+        if spec is None:
+            close = close_gpu_names(str(gpu_name))
+            # the close names alone where there are some (a review: the whole 50-card catalog
+            # after "did you mean" buried the answer)
+            raise JobError(f"{said}: unknown GPU",
+                           (f"did you mean {', '.join(close)}? " if close else
+                            "known: " + ", ".join(gpu_names()) + "; ")
+                           + "or generic-<N>gb for a card not listed (`trainfit gpus` lists them "
+                           "with their memory)")
+        others = memory_variants(str(gpu_name), spec)
+        if others and say is not None:
+            say(f"note: {said} is planned as {spec.display_name} "
+                f"({spec.memory_bytes / 2**30:.2f} GiB); the name also covers "
+                + ", ".join(f"{g.name} ({g.memory_bytes / 2**30:.2f} GiB)" for g in others)
+                + ": name the card you have to plan for it")
+        forms = form_variants(str(gpu_name), spec)
+        if forms and say is not None:
+            # the board sets the link between GPUs (and the clocks): ~10× apart for A100/H100
+            say(f"note: {said} is planned as {spec.display_name} ({spec.interconnect}, "
+                f"{spec.interconnect_gbs:g} GB/s between GPUs); the name also covers "
+                + ", ".join(f"{g.name} ({g.interconnect}, {g.interconnect_gbs:g} GB/s)"
+                            for g in forms)
+                + ": name the board you have (its link sets every multi-GPU speed)")
+    else:
+        spec = local_gpu_spec(say or (lambda msg: None))
+    if interconnect is not None:
+        spec = with_interconnect(spec, interconnect)
+    return spec
+
+
+def with_interconnect(spec: Any, name: str) -> Any:
+    import dataclasses
+
+    from trainfit.speed.comm import INTERCONNECTS_GBS, RING_BUS_EFFICIENCY
+
+    if spec is None:
+        raise JobError("--interconnect needs --gpu", "name the GPU, e.g. --gpu a100-80gb")
+    import re
+
+    # a number, with or without its unit (the README writes 2.7GB/s): GB/s = 10^9 bytes/s
+    m = re.fullmatch(r"\s*([-+0-9.eE]+)\s*(gb/s|gbps|gb/sec)?\s*", name, flags=re.IGNORECASE)
+    try:
+        bus = float(m.group(1)) if m else None
+    except ValueError:
+        bus = None
+    if bus is not None:
+        # a measured bus bandwidth (tune under torchrun, nccl-tests' busbw): used as is
+        if not bus > 0:
+            raise JobError(f"--interconnect {name}: must be > 0 GB/s",
+                           "give the measured all-gather bus bandwidth, e.g. --interconnect "
+                           "2.7GB/s")
+        return dataclasses.replace(spec, interconnect=f"{bus:g} GB/s measured (given)",
+                                   interconnect_gbs=bus / RING_BUS_EFFICIENCY)
+    key = name.lower().replace("x16", "")
+    if key not in INTERCONNECTS_GBS:
+        raise JobError(f"--interconnect {name}: unknown interconnect",
+                       "known: " + ", ".join(INTERCONNECTS_GBS) + ", or a measured bus "
+                       "bandwidth in GB/s, e.g. 2.7GB/s (trainfit tune under torchrun measures "
+                       "it)")
+    check_nvlink_generation(spec, key)
+    return dataclasses.replace(spec, interconnect=f"{key} (given)",
+                               interconnect_gbs=INTERCONNECTS_GBS[key])
+
+
+NVLINK_OF_MAJOR = {7: "nvlink2", 8: "nvlink3", 9: "nvlink4"}
+"""The NVLink generation each architecture has (Volta and Turing 2, Ampere 3, Hopper 4: NVIDIA's
+NVLink pages); Ada (8.9) and GeForce/workstation Blackwell (12.x) have none. Blackwell's NVLink 5
+has no name here (a measured GB/s gives it)."""
+
+
+def check_nvlink_generation(spec: Any, key: str) -> None:
+    """A named NVLink the card cannot have is refused (an audit: --interconnect nvlink4 on an
+    A100 planned NVSwitch's NCCL buffers and its bandwidth)."""
+    cc = getattr(spec, "compute_capability", None)
+    if not key.startswith("nvlink") or not cc:
+        return
+    major, minor = (int(x) for x in str(cc).split(".")[:2])
+    none = (major, minor) == (8, 9) or major == 12
+    has = NVLINK_OF_MAJOR.get(major)
+    if not none and (has is None or has == key):
+        return  # its generation, or an architecture this table does not hold: as given
+    what = "has no NVLink" if none else f"has {has}"
+    raise JobError(f"--interconnect {key}: a {spec.display_name} (compute capability {cc}) "
+                   f"{what}", ("use " if none else f"use --interconnect {has}, ") +
+                   "its PCIe link (pcie3 / pcie4 / pcie5) or a measured GB/s (trainfit tune "
+                   "under torchrun measures it)")
