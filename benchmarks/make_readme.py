@@ -78,6 +78,10 @@ SCRIPTS: list[tuple[str, str, str]] = [
     ("newcomer.py", "the README's commands as a newcomer runs them on a fresh clone (80- and 100-column "
      "terminal, piped): emit's seconds and validity, plan's header, cut numbers, rows shown, "
      "third-party noise, progress lines, the seeds' answers", "results/newcomer.md"),
+    ("zero_hooks.py", "DeepSpeed ZeRO-2/3's hooks on one gloo rank of this CPU: the host cost a "
+     "micro-step pays around the plain step (reference ops), fitted to the model's counts "
+     "(module calls, partitioned parameters fetched, gradient hooks: `speed/zero_hooks.py`), and "
+     "those counts against what DeepSpeed hooked", "results/zero_hooks.md"),
 ]
 
 # cited from the transformers source, pinned in pyproject.toml

@@ -51,6 +51,9 @@ class BilinearModel:
     host: Any = None
     """The step's code measured at full depth (:class:`trainfit.speed.host.HostStep`), None:
     the op-level count alone."""
+    framework_host_s: float = 0.0
+    """Host seconds per micro-step of DeepSpeed ZeRO's hooks (``plan.row_speed.
+    framework_host_s``; 0: none)."""
     gradients_dropped: bool = False
     """DeepSpeed ZeRO: a rank drops the one-process step's gradient (zero.py), so an uncertain
     gradient is kept a gradient, not booked as temporaries every rank holds (Llama-3-70B 8-rank
@@ -82,7 +85,8 @@ class BilinearModel:
                              (p[0].layers, p[1].layers), (p[0].batch, p[2].batch),
                              self.full_layers, job.micro_batch, job.grad_accum or 1,
                              job.seq_len, job.ranks, flops_per_token, cache=self._speed_cache,
-                             compiled=bool(getattr(job, "compile", False)), host=self.host)
+                             compiled=bool(getattr(job, "compile", False)), host=self.host,
+                             framework_host_s=self.framework_host_s)
 
     def segment(self, batch: int) -> list[Point]:
         """The four points a micro-batch is predicted from: micro-batch 1 and 2 below 2, (2, 3)

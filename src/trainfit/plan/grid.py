@@ -42,7 +42,7 @@ from trainfit.plan.result import (
     PlanRow,
     smallest_row,
 )
-from trainfit.plan.row_speed import synced
+from trainfit.plan.row_speed import framework_host_s, synced
 from trainfit.plan.rows import mark_shown, rank_rows, show_current, take_exact_row
 from trainfit.plan.workers import SimulationWorkers
 from trainfit.speed.bands import speed_band_for
@@ -64,14 +64,15 @@ def _fit_one(args: tuple[JobSpec, ModelSource, Any, list[tuple[int, bool]]]) -> 
     return fit_group(job, source, target, high_batch=max(m for m, _ in rows), rows=rows)
 
 
-def _host_steps(jobs: list[tuple[JobSpec, ModelSource]]) -> list[Any]:
+def _host_steps(jobs: list[tuple[JobSpec, ModelSource]]) -> list[tuple[Any, float]]:
     """The groups' host steps, measured one after the other in one worker while the others
     idle: beside a simulation a step's CPU time came out 2-4× its own (gpt2-xl LoRA 42-59 ms
     alone, 126 ms in a plan) on torch's 2-thread pool; now timed on one (``host.one_thread``)."""
     steps = [host_step(job, source, again=True) for job, source in jobs]
     # read again at the machine's reference as it stands after the last of them (a quiet one
-    # may have lowered it): every group alike
-    return [None if hs is None else hs.at_machine_speed() for hs in steps]
+    # may have lowered it): every group alike; with DeepSpeed ZeRO's hooks at the same reference
+    return [(None if hs is None else hs.at_machine_speed(), framework_host_s(job, source))
+            for hs, (job, source) in zip(steps, jobs, strict=True)]
 
 
 def _exact_row(args: tuple[JobSpec, ModelSource, GpuSpec | None, float]) -> PlanRow:
@@ -82,7 +83,8 @@ def _exact_row(args: tuple[JobSpec, ModelSource, GpuSpec | None, float]) -> Plan
     speed = None if gpu is None else predict_speed_exact(
         DeviceSpeed.from_gpu(gpu), rec.ops, cj.micro_batch or 1, cj.grad_accum or 1, cj.seq_len,
         cj.ranks, _flops_per_token(source, mem, cj), compiled=cj.compile,
-        host=host_step(cj, source, again=True))  # alone: the other workers wait
+        host=host_step(cj, source, again=True),  # alone: the other workers wait
+        framework_host_s=framework_host_s(cj, source))
     return PlanRow(cj, mem, "simulated", synced(speed, cj, mem, gpu))
 
 
@@ -158,8 +160,8 @@ class _Grid:
                                   on_done=lambda n: self.say(what, n, len(groups)))
         if self.gpu is not None:  # in a worker (the parent builds no model), alone
             hosts = self.workers.map(_host_steps, [[(j, self.source) for j in jobs]])[0]
-            for model, hs in zip(models, hosts, strict=True):
-                model.host = hs
+            for model, (hs, framework_s) in zip(models, hosts, strict=True):
+                model.host, model.framework_host_s = hs, framework_s
         rows: list[PlanRow] = []
         for (precision, ckpt), model in zip(groups, models, strict=True):
             rows += self._group_rows(precision, ckpt, model)

@@ -23,7 +23,8 @@ def _speed_fields(speed: dict[str, Any] | None) -> dict[str, Any]:
     ``speed_unknown_reason`` null when the speed is known, else why; ``sync_note`` null without
     a gradient exchange."""
     keys = ("step_time_s", "tokens_per_s", "samples_per_s", "mfu", "hfu", "device_busy_fraction",
-            "bound", "sync_s", "sync_exposed_s", "sync_contention_s", "sync_note", "optimizer_s")
+            "bound", "sync_s", "sync_exposed_s", "sync_contention_s", "sync_note", "optimizer_s",
+            "framework_host_s")
     out = {k: (speed or {}).get(k) for k in keys}
     out["bound"] = out["bound"] or "unknown"
     out["sync_note"] = out["sync_note"] or None

@@ -4,11 +4,51 @@ retrying at the card's limit, CPU or activation offload)."""
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 from trainfit.hardware.gpus import GpuSpec
 from trainfit.job import JobSpec
 from trainfit.memory.predict import MemoryPrediction
+from trainfit.memory.zero import compute_job
+from trainfit.model.workload import build_model_on_meta
 from trainfit.speed.comm import peer_to_peer, sync_time, unknown_interconnect, with_sync
+from trainfit.speed.host import SWITCH
+from trainfit.speed.host_timing import H100_HOST_REFERENCE_OP_S, machine_reference_op_s
 from trainfit.speed.predict import SpeedPrediction, unknown_speed
+from trainfit.speed.zero_hooks import HookCounts, hidden_size, hook_counts, hook_ops
+
+_COUNTS: dict[tuple[Any, ...], HookCounts] = {}
+
+
+def zero_hook_counts(job: JobSpec, source: Any) -> HookCounts | None:
+    """What DeepSpeed's hooks run over in ``job``'s micro-step (None: not a ZeRO job, or a
+    model with no width to read the persistence threshold from).  Counted on the model as
+    DeepSpeed holds it (:func:`trainfit.memory.zero.compute_job`), built on the meta device
+    once per model structure."""
+    if job.sharding not in ("zero2", "zero3"):
+        return None
+    hidden = hidden_size(getattr(source, "config", None))
+    if not hidden:
+        return None
+    key = (id(source), job.method, job.lora_r, tuple(job.lora_targets or ()), job.quant,
+           job.grad_ckpt, job.sharding)
+    if key not in _COUNTS:
+        model, _ = build_model_on_meta(compute_job(job), source)
+        _COUNTS[key] = hook_counts(model, hidden, job.grad_ckpt == "full")
+    return _COUNTS[key]
+
+
+def framework_host_s(job: JobSpec, source: Any) -> float:
+    """Host seconds per micro-step of DeepSpeed ZeRO's hooks (:mod:`trainfit.speed.zero_hooks`),
+    at the reference op the host step is read at: this machine's (plan assumes it trains here,
+    as :mod:`trainfit.speed.host` does), the H100 host's where none was measured here or the
+    host measurement is off.  0 for any other job."""
+    counts = zero_hook_counts(job, source)
+    if counts is None:
+        return 0.0
+    ref = None if os.environ.get(SWITCH) == "0" else machine_reference_op_s()
+    return hook_ops(counts, 3 if job.sharding == "zero3" else 2) * (ref or H100_HOST_REFERENCE_OP_S)
 
 
 def synced(speed: SpeedPrediction | None, job: JobSpec, mem: MemoryPrediction,

@@ -105,7 +105,27 @@ def plan_notes(result: PlanResult) -> list[str]:
                 if r.speed.host_busy and r.speed.host_busy_cores is not None]
         if busy:
             notes.append(busy_note(len(busy), max(busy)))
+    hooked = [r for r in result.rows if r.speed is not None and r.speed.framework_host_s]
+    if hooked:
+        pick = result.pick
+        row = pick if pick is not None and pick in hooked else hooked[0]
+        notes.append(zero_hooks_note(row.job.sharding, row.speed.framework_host_s,
+                                     row is pick))
     return notes
+
+
+def zero_hooks_note(sharding: str, seconds: float, is_pick: bool) -> str:
+    """DeepSpeed's hooks as host time (:mod:`trainfit.speed.zero_hooks`): the figure, what it
+    comes from, and what it leaves out."""
+    what = ("fetch and release around every module, forward and backward, and a gradient hook "
+            "per trainable parameter" if sharding == "zero3"
+            else "a gradient hook per trainable parameter")
+    return (f"DeepSpeed {'ZeRO-3' if sharding == 'zero3' else 'ZeRO-2'}'s hooks ({what}) add "
+            f"{seconds * 1e3:,.0f} ms of host time to each micro-step of "
+            f"{'the pick' if is_pick else 'its rows'} (predicted: counted on the model, at "
+            "DeepSpeed 0.19.8's cost measured on a CPU, ±26 %, benchmarks/results/zero_hooks.md; "
+            "their CUDA stream and event calls are not counted, so these rows' tokens/s lean "
+            "high — `trainfit tune` measures them)")
 
 
 def inversion_note(result: PlanResult) -> str | None:

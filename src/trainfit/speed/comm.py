@@ -112,13 +112,14 @@ def sync_time(*, ranks: int, sharding: str, grad_accum: int, grad_bytes: float,
         contention = grad_accum * (max(base, device_share * micro_step_s + taken) - base)
         who = "DeepSpeed ZeRO-3" if sharding == "zero3" else "FSDP"
         # FSDP's rows are timed through FSDP2's own step (its copy-in/out kernels counted);
-        # ZeRO-3's compute is the plain step's: DeepSpeed's hooks do not run here (an audit: a
-        # launch-bound Mixtral read 155k tokens/s under ZeRO-3 against FSDP's 114k)
-        untimed = ("; DeepSpeed's per-module Python hooks (fetch and release, forward and "
-                   "backward) and its gather/reduce bucket copies are not timed — the compute "
-                   "is a plain step's, so this tokens/s is an upper bound, furthest above what "
-                   "runs where the step is launch-bound (FSDP's rows count their copies; "
-                   "`trainfit tune` measures either)") if sharding == "zero3" else ""
+        # ZeRO-3's compute is the plain step's plus DeepSpeed's hooks as host time
+        # (speed/zero_hooks.py; an audit: without them a launch-bound Mixtral read 155k
+        # tokens/s under ZeRO-3 against FSDP's 114k)
+        untimed = ("; DeepSpeed's per-module hooks (fetch and release, forward and backward, "
+                   "the gradient hooks) are counted as host time (framework_host_s: their "
+                   "Python as measured on a CPU, without their CUDA stream and event calls); "
+                   "its gather/reduce bucket copies on the device are not — this tokens/s "
+                   "leans high (`trainfit tune` measures it)") if sharding == "zero3" else ""
         return SyncTime(f"all-gather ×2 + reduce-scatter per micro-step ({who})",
                         per_micro * grad_accum, comm_micro * grad_accum, exposed,
                         "prefetched: hidden under each micro-step's compute up to its length"

@@ -78,6 +78,10 @@ class SpeedPrediction:
     """Seconds of ``step_time_s`` the optimizer step takes, once per step whatever the
     accumulation (predicted; one rank's: its shard under FSDP and ZeRO, every parameter
     under DDP)."""
+    framework_host_s: float | None = None
+    """Host seconds per micro-step of the training framework's own Python around the step —
+    DeepSpeed ZeRO's hooks (:mod:`trainfit.speed.zero_hooks`) — included in ``host_fb_s``
+    (predicted; None: none modelled)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -292,10 +296,14 @@ def with_host(dev: DeviceSpeed, times: PhaseTimes, host: HostStep | None,
 def speed_from_times(dev: DeviceSpeed, times: PhaseTimes, dtype_peak: float | None,
                      micro_batch: int, grad_accum: int, seq_len: int, ranks: int,
                      flops_per_token: float, host: HostStep | None = None,
-                     host_set: bool = True) -> SpeedPrediction:
+                     host_set: bool = True, framework_host_s: float = 0.0) -> SpeedPrediction:
     """``dtype_peak``: the peak MFU and HFU are measured against (:func:`dominant_peak`);
     ``host``: the measured run of the step's code (None: not measured); ``host_set``: it set
-    the host time (:func:`with_host`; else the op-level floor stayed above it)."""
+    the host time (:func:`with_host`; else the op-level floor stayed above it);
+    ``framework_host_s``: host seconds per micro-step of the framework's hooks around the
+    step (DeepSpeed ZeRO's: :mod:`trainfit.speed.zero_hooks`), added to the forward +
+    backward's host time."""
+    times.host_s["fb"] += framework_host_s
     if times.unknown:
         return unknown_speed(flops_per_token,
                              "the GPU's peak for this dtype or its bandwidth is unknown")
@@ -325,15 +333,17 @@ def speed_from_times(dev: DeviceSpeed, times: PhaseTimes, dtype_peak: float | No
                            host_busy_cores=None if host is None else host.busy_cores,
                            # a busy machine's measurement matters where it set the time
                            host_busy=host is not None and host.busy and host_set,
-                           optimizer_s=phase_time(dev, times, "optimizer"))
+                           optimizer_s=phase_time(dev, times, "optimizer"),
+                           framework_host_s=framework_host_s or None)
 
 
 def predict_speed_exact(dev: DeviceSpeed, ops: list[OpRecord], micro_batch: int, grad_accum: int,
                         seq_len: int, ranks: int, flops_per_token: float,
-                        compiled: bool = False, host: HostStep | None = None) -> SpeedPrediction:
+                        compiled: bool = False, host: HostStep | None = None,
+                        framework_host_s: float = 0.0) -> SpeedPrediction:
     """From the ops of a full-size simulation of exactly this configuration (``compiled``: as
     ``torch.compile`` runs them, :func:`fuse_elementwise`; ``host``: the step's code measured,
-    :mod:`trainfit.speed.host`)."""
+    :mod:`trainfit.speed.host`; ``framework_host_s``: :func:`speed_from_times`)."""
     if compiled:
         ops = fuse_elementwise(ops)
     times = time_ops(dev, ops)
@@ -343,7 +353,7 @@ def predict_speed_exact(dev: DeviceSpeed, ops: list[OpRecord], micro_batch: int,
     host_set = with_host(dev, times, host, fb_kernels(ops))
     return speed_from_times(dev, times, dominant_peak(dev, ops), micro_batch,
                             grad_accum, seq_len, ranks, flops_per_token,
-                            host, host_set)
+                            host, host_set, framework_host_s)
 
 
 def _split(dev: DeviceSpeed, lo: list[OpRecord], hi: list[OpRecord]
@@ -373,10 +383,11 @@ def predict_speed(dev: DeviceSpeed, op_points: list[list[OpRecord]], layers: tup
                   batches: tuple[int, int], full_layers: int, micro_batch: int, grad_accum: int,
                   seq_len: int, ranks: int, flops_per_token: float,
                   cache: dict[Any, Any] | None = None, compiled: bool = False,
-                  host: HostStep | None = None) -> SpeedPrediction:
+                  host: HostStep | None = None, framework_host_s: float = 0.0
+                  ) -> SpeedPrediction:
     """``op_points``: op lists at (L1,b1), (L2,b1), (L1,b2), (L2,b2); ``compiled``: as
     ``torch.compile`` runs them (:func:`fuse_elementwise`); ``host``: the step's code measured
-    at full depth (:mod:`trainfit.speed.host`)."""
+    at full depth (:mod:`trainfit.speed.host`); ``framework_host_s``: :func:`speed_from_times`."""
     (l1, l2), (b1, b2) = layers, batches
     if compiled:
         op_points = [fuse_elementwise(ops) for ops in op_points]
@@ -416,7 +427,7 @@ def predict_speed(dev: DeviceSpeed, op_points: list[list[OpRecord]], layers: tup
     host_set = with_host(dev, times, host, k1 + f * (k2 - k1))
     return speed_from_times(dev, times, dominant_peak(dev, op_points[0], op_points[1], f),
                             micro_batch, grad_accum, seq_len, ranks, flops_per_token,
-                            host, host_set)
+                            host, host_set, framework_host_s)
 
 
 def _flops_by_dtype(ops: list[OpRecord]) -> dict[str, float]:
