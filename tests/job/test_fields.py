@@ -33,6 +33,17 @@ def test_the_doc_is_current():
     assert DOC.read_text() == fields_markdown(), "run: python -m trainfit.job.fields > docs/job-fields.md"
 
 
+def test_the_doc_names_every_file_only_key():
+    """An audit: the README points at docs/job-fields.md for "the full table", which left out
+    the keys a file carries beside the job fields (gpu, memory_limit, backend, current, …)."""
+    from trainfit.job.fields import FILE_KEYS_HELP
+    from trainfit.job.files import FILE_ONLY_KEYS
+
+    assert set(FILE_KEYS_HELP) == set(FILE_ONLY_KEYS)
+    text = DOC.read_text()
+    assert all(f"| `{k}` |" in text for k in FILE_ONLY_KEYS)
+
+
 @pytest.mark.parametrize("command", ["plan", "tune"])
 def test_every_job_field_is_a_flag_of_the_job_commands(command):
     out = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "300"}).output

@@ -59,3 +59,54 @@ def test_a_small_size_is_said_in_mib_and_reads_back():
     assert size_text(int(1.5 * 2**30)) == "1.50 GiB"
     for n in (3 * 2**20, 12 * 2**20, 2**30):
         assert abs(parse_bytes(size_text(n).replace(" ", ""), "x") - n) <= 0.01 * n
+
+
+def test_a_bare_small_number_asks_for_a_unit():
+    """An audit: ``--memory-limit 1.2`` (meant as GiB) read as 1 byte and was refused as
+    smaller than the model's weights; a bare number is bytes, so a small or fractional one
+    asks for the unit.  A byte count (a file's ``memory_limit: 1288490188``) still reads."""
+    import pytest
+
+    from trainfit.job import JobError
+    from trainfit.job.files import parse_bytes
+
+    for text in ("1.2", "64", "1000"):
+        with pytest.raises(JobError, match=r"a number without a unit is bytes") as err:
+            parse_bytes(text, "--memory-limit")
+        assert "1.5GiB" in err.value.hint
+    assert parse_bytes("1288490188", "x") == 1288490188
+    assert parse_bytes("1.2GiB", "x") == int(1.2 * 2**30) and parse_bytes("7B", "x") == 7
+
+
+def test_none_in_a_job_file_is_null_as_on_the_command_line(tmp_path):
+    """An audit: job-fields.md types say "float or none", yet ``max_grad_norm: none`` was
+    refused as "must be a number", ``quant: none`` with method full as "given with method:
+    full" and ``tokenizer: none`` looked for a hub repository named "none".  A field that may
+    be unset reads ``none`` as null, as its flag does; a choice named "none" stays that choice."""
+    from trainfit.job import JobSpec
+    from trainfit.job.files import read_job_file
+
+    p = tmp_path / "job.yaml"
+    p.write_text("model: gpt2\nseq_len: 64\nmethod: full\nmax_grad_norm: none\ntokenizer: None\n"
+                 "quant: none\nlm_head_chunk: none\noffload: none\n")
+    fields, _ = read_job_file(p)
+    job = JobSpec.from_dict(fields)
+    assert (job.max_grad_norm, job.tokenizer, job.quant, job.lm_head_chunk) == (None,) * 4
+    assert job.offload == "none"
+
+
+def test_a_factory_file_beside_the_job_file_is_found_from_anywhere(tmp_path, monkeypatch):
+    """An audit: ``model: tiny_gpt.py:build_model`` resolved from the working directory while
+    ``data:`` resolved beside the job file; run from / it read "/tiny_gpt.py does not exist"."""
+    from trainfit.job.files import read_job_file
+
+    (tmp_path / "tiny_gpt.py").write_text("def build_model():\n    return None\n")
+    job = tmp_path / "j.yaml"
+    job.write_text("model: tiny_gpt.py:build_model\nseq_len: 64\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert read_job_file(job, allow_code=True)[0]["model"] == \
+        f"{tmp_path / 'tiny_gpt.py'}:build_model"
+    monkeypatch.chdir(tmp_path)  # found from here: kept as written
+    assert read_job_file(job, allow_code=True)[0]["model"] == "tiny_gpt.py:build_model"

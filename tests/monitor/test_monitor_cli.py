@@ -85,3 +85,43 @@ def test_an_existing_log_is_appended_to_not_overwritten(no_nvml, tmp_path):
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(rows) == 2 and rows[1]["time_s"] >= rows[0]["time_s"]
     assert f"--log {log}: exists, appending to it" in res.stderr
+
+
+def test_a_live_runs_own_log_is_refused(no_nvml, tmp_path):
+    """An audit: ``monitor --log RUN/monitor.jsonl`` beside a live ``train`` appended into the
+    run's own log; the two writers' rows interleaved and report drew neither.  The run's lock is
+    held: refused, nothing written; once the run is gone the log is appended to."""
+    from trainfit.run.rundir import RunLock
+
+    run = tmp_path / "run"
+    run.mkdir()
+    lock = RunLock(run)
+    lock.acquire()
+    try:
+        res = runner.invoke(app, ["monitor", "--once", "--log", str(run / "monitor.jsonl")])
+        assert res.exit_code == 2, res.output
+        assert "another trainfit run is using this directory" in res.stderr
+        assert "which writes this log itself" in res.stderr and "give another --log" in res.stderr
+        assert not (run / "monitor.jsonl").exists()
+    finally:
+        lock.release()
+    res = runner.invoke(app, ["monitor", "--once", "--json", "--log", str(run / "monitor.jsonl")])
+    assert res.exit_code == 0, res.output
+
+
+def test_a_zombie_process_has_no_rss(monkeypatch):
+    """An audit: after the followed process exited (a zombie until reaped) its rows logged
+    ``process_rss_bytes: 0`` — "process tree RSS 0.0 MiB (measured)"; unknown is None."""
+    import psutil
+
+    from trainfit.monitor.host import tree_rss_bytes
+
+    class Zombie:
+        def status(self):
+            return psutil.STATUS_ZOMBIE
+
+        def memory_info(self):
+            raise AssertionError("a zombie's RSS is not read")
+
+    assert tree_rss_bytes([Zombie()]) is None
+    assert tree_rss_bytes([psutil.Process()]) > 0

@@ -419,3 +419,45 @@ def test_a_pick_keeps_fp32_weights_unless_pure_bf16_gains_beyond_the_prediction_
     rows[1].speed.tokens_per_s = 130_594.0
     rows[0].memory.fits = False
     assert _recommend(rows, 0.14) == 1
+
+
+def test_a_pick_keeps_the_current_precision_unless_another_gains_beyond_the_error():
+    """An audit: a LoRA script on a bf16 base under amp-bf16 was told ``dtype=torch.float32,
+    bf16=False`` for a predicted +11.8 %, inside the 14 % median error — doubling its frozen
+    weights' memory for a gain the predictions cannot resolve.  With a current configuration
+    another precision is taken only beyond the band; the row passed over is stated."""
+    from types import SimpleNamespace
+
+    from trainfit.job import JobSpec
+    from trainfit.plan.grid import _recommend, keep_fp32_weights
+
+    def row(precision: str, tps: float) -> SimpleNamespace:
+        return SimpleNamespace(
+            job=JobSpec(model="gpt2", precision=precision, micro_batch=16, grad_accum=1,
+                        grad_ckpt="off"),
+            memory=SimpleNamespace(fits=True), speed=SimpleNamespace(tokens_per_s=tps))
+
+    rows = [row("amp-bf16", 191_521.0), row("fp32", 214_151.0)]
+    assert _recommend(rows, 0.14) == 1  # no current precision: the fastest
+    assert _recommend(rows, 0.14, "amp-bf16") == 0
+    kept = keep_fp32_weights(rows, 0, 0.14)
+    assert kept["precision"] == "fp32" and kept["gain"] == pytest.approx(214_151 / 191_521 - 1)
+    rows[1].speed.tokens_per_s = 191_521.0 * 1.3  # beyond the band: taken
+    assert _recommend(rows, 0.14, "amp-bf16") == 1 and keep_fp32_weights(rows, 1, 0.14) is None
+
+
+def test_header_names_the_loss_path_every_row_ran():
+    """An audit: ``--trl-logprob-head`` and ``--no-trl-logprob-head`` printed the same header
+    for rows 7.7 GiB apart; the loss path is named (``lm_head_chunk`` too)."""
+    from trainfit.plan.context import plan_assumptions
+    from trainfit.render.plan_words import plan_header
+
+    said = {}
+    for name, extra in (("trl", {"trl_logprob_head": True}), ("chunk", {"lm_head_chunk": 1024}),
+                        ("whole", {})):
+        job = JobSpec(model="t", seq_len=64, **extra)
+        said[name] = plan_header(SimpleNamespace(assumptions=plan_assumptions(job, {}),
+                                                 rows=[SimpleNamespace(job=job)]))
+    assert "loss: TRL's fused log-prob head" in said["trl"]
+    assert "loss: head and loss in chunks of 1,024 tokens" in said["chunk"]
+    assert "loss over the whole logits" in said["whole"]

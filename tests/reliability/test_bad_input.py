@@ -101,7 +101,7 @@ CASES: list[tuple[str, Callable[[Path, str], list[str]], str]] = [
     # train's flags and data
     ("--nproc 0", lambda d, j: ["train", j, "--out", str(d / "o"), "--nproc", "0"], "--nproc 0"),
     ("--memory-limit 0.5", lambda d, j: ["train", j, "--out", str(d / "o"), "--memory-limit",
-                                         "0.5"], "less than one byte"),
+                                         "0.5"], "a number without a unit is bytes (0.5 B here)"),
     ("--memory-limit 1KiB", lambda d, j: ["train", j, "--out", str(d / "o"), "--memory-limit",
                                           "1KiB"], "weights alone"),
     ("--memory-limit 0", lambda d, j: ["train", j, "--out", str(d / "o"), "--memory-limit", "0"],

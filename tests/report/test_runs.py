@@ -73,7 +73,8 @@ def test_an_evaluation_oom_is_read_by_its_own_keys(tmp_path):
     (t,) = build_report(load_inputs([str(p)])).trains
     rows = dict((r[0], r[1]) for r in train_text(t).rows)
     assert ", micro-batch 8 × 1 per rank × 2 ranks (the job as last run)" in rows["configuration"]
-    assert "tokens/s, tokens ÷ wall time (loading, saves and evaluation included, all 2 ranks)" \
+    assert ("tokens/s, tokens ÷ wall time (the training loop's: saves and evaluation included, "
+            "model loading and tokenizing not, all 2 ranks)") \
         in rows
 
 
@@ -146,3 +147,11 @@ def test_a_training_run_shows_its_losses_evaluations_and_segments(tmp_path):
     (run / "train.json").write_text(json.dumps(d))
     (t,) = build_report(load_inputs([str(run)])).trains
     assert dict(train_text(t).rows)["evaluation"] == "1 evaluation(s), none finite"
+
+
+def test_a_small_limits_legend_is_said_in_its_unit():
+    """An audit: a 22 MiB --memory-limit's legend read "--memory-limit 0.0 GiB"."""
+    from trainfit.report.figures import _limit_text
+
+    assert _limit_text(22 * 2**20 / 2**30, "GiB") == "22 MiB"
+    assert _limit_text(1.5, "GiB") == "1.50 GiB" and _limit_text(250.0, "W") == "250.0 W"

@@ -153,6 +153,25 @@ def test_keep_last_removes_the_older_checkpoints_and_resumes(job, tmp_path):
         "checkpoint-1", "checkpoint-2", "checkpoint-3", "checkpoint-4"]
 
 
+def test_a_moved_run_directory_lists_its_own_checkpoints(job, tmp_path):
+    """An audit: a run directory moved (mv1 → mv2), then resumed with --keep-last 1, listed
+    ['mv1/checkpoint-3', 'mv1/checkpoint-6', …, 'mv2/checkpoint-8'] where only checkpoint-8
+    was left; the record lists what is there, under the directory it is in now."""
+    import shutil
+
+    train(job, RunOptions(out_dir=tmp_path / "mv1", max_steps=6, save_every_steps=3))
+    shutil.move(tmp_path / "mv1", tmp_path / "mv2")
+    b = train(job, RunOptions(out_dir=tmp_path / "mv2", resume=tmp_path / "mv2", max_steps=8,
+                              keep_last=1))
+    assert b.checkpoints == [str(tmp_path / "mv2" / "checkpoint-8")]
+    on_disk = json.loads((tmp_path / "mv2" / "train.json").read_text())["checkpoints"]
+    assert on_disk == b.checkpoints
+    # without --keep-last the moved run's earlier checkpoints are listed where they are now
+    shutil.move(tmp_path / "mv2", tmp_path / "mv3")
+    c = train(job, RunOptions(out_dir=tmp_path / "mv3", resume=tmp_path / "mv3", max_steps=9))
+    assert c.checkpoints == [str(tmp_path / "mv3" / f"checkpoint-{n}") for n in (8, 9)]
+
+
 def test_a_resume_keeps_the_runs_evaluation_and_checkpoint_options(job, tmp_path):
     """An audit: a resume without --eval-fraction was refused as "the data makes 305 training
     samples, the checkpoint's run had 274" (the held-out share is what differed), and with it,
@@ -187,6 +206,11 @@ def test_a_resume_keeps_the_runs_evaluation_and_checkpoint_options(job, tmp_path
     assert [e["step"] for e in d["evals"]] == [1, 2, 3]
     assert [Path(c).name for c in d["checkpoints"]] == ["checkpoint-1", "checkpoint-2",
                                                          "checkpoint-3"]
+    # said once: the summary leaves out what was said as the run began (an audit: twice)
+    more = runner.invoke(app, ["train", str(p), "--out", str(out), "--resume", str(out),
+                               "--max-steps", "4", "--no-live"])
+    assert more.exit_code == 0, more.output
+    assert more.output.count("--save-every 1 kept from the run being resumed") == 1
 
 
 def test_a_resume_says_a_changed_setting_and_refuses_another_model_config(job, tmp_path):

@@ -149,6 +149,26 @@ def test_the_scripts_own_optimizer_and_checkpointing_on_the_model():
         "(..., use_gradient_checkpointing=False)"]
 
 
+def test_checkpointing_switched_on_twice_is_switched_off_at_both():
+    """An audit: a script calling ``model.gradient_checkpointing_enable()`` with SFTConfig's
+    ``gradient_checkpointing=True`` (TRL's default) was told only the keyword; applied, the
+    model still checkpointed.  Both places are read and both are changed."""
+    r = record(args__gradient_checkpointing=True, model__gradient_checkpointing=True,
+               ckpt_calls=["sft.py:12"])
+    j = map_record(r)
+    assert j.fields["grad_ckpt"] == "full" and "sft.py:12" in j.where["grad_ckpt"]
+    pick = JobSpec.from_dict({**j.fields, "grad_ckpt": "off", "micro_batch": 8, "grad_accum": 1})
+    ch = keyword_diff(r, JobSpec.from_dict(j.fields), pick)
+    assert [(c.keyword, c.after) for c in ch if c.keyword in (
+        "gradient_checkpointing", SWITCH_OFF)] == [("gradient_checkpointing", False),
+                                                  (SWITCH_OFF, False)]
+    # the arguments alone: the keyword alone
+    r = record(args__gradient_checkpointing=True, model__gradient_checkpointing=True)
+    ch = keyword_diff(r, JobSpec.from_dict(map_record(r).fields), pick)
+    assert [c.keyword for c in ch if c.keyword in ("gradient_checkpointing", SWITCH_OFF)] == [
+        "gradient_checkpointing"]
+
+
 def test_lengths_planned_at_the_longest_and_a_quantile():
     j = map_record(record())
     assert (j.lengths.longest, j.lengths.batch_max_length, j.lengths.batch_quantile_length) == (90, 90, 90)
@@ -356,3 +376,54 @@ def test_a_launchers_processes_are_the_runs_ranks(tmp_path, monkeypatch):
     r = record()
     r["args"]["world_size"] = read["world_size"]
     assert map_record(r).fields["ranks"] == 2
+
+
+def test_padding_free_packing_says_the_mask_it_does_not_plan():
+    """An audit: TRL's padding-free packing runs one row of micro-batch × length positions,
+    for which transformers 5 builds a (1, 1, N, N) boolean mask from position_ids (no flash
+    kernel); plan simulates separate rows.  Said with the mask's bytes at the script's
+    micro-batch: 2 × 256 positions → 512² bytes."""
+    from trainfit.render.script import note_words
+
+    batches = [{"rows": 1, "length": 512, "label_length": 512, "tokens": 512, "padded": False,
+                "position_ids": True}]
+    r = record(args__packing=True, args__max_length=256, lengths__batches=batches)
+    j = map_record(r)
+    note = next(n for n in j.notes if n.kind == "padding_free")
+    assert note.data["positions"] == 2 * 256 and note.data["mask_mib"] == 512**2 / 2**20
+    said = note_words(note)
+    assert "(1, 1, N, N) boolean attention mask" in said and "512 positions" in said
+    assert "under-predicted by at least the mask" in said
+
+
+def test_a_scripts_own_loss_is_said_not_planned():
+    """An audit: a Trainer subclass's compute_loss (label smoothing on ``.float()`` logits) read
+    as transformers' loss, unsaid.  The read names it; the plan says what it left out."""
+    from trainfit.render.script import note_words
+    from trainfit.script.read import _own_loss
+
+    class Smoothing:
+        compute_loss_func = None
+
+        def compute_loss(self, model, inputs):  # the script's own
+            return 0.0
+
+    assert _own_loss(Smoothing()) == "Smoothing.compute_loss"
+    j = map_record(record(own_loss="Smoothing.compute_loss"))
+    note = next(n for n in j.notes if n.kind == "own_loss")
+    assert "the script computes the loss itself (Smoothing.compute_loss)" in note_words(note)
+    assert not any(n.kind == "own_loss" for n in map_record(record()).notes)
+
+
+def test_an_fp16_pick_loads_a_bf16_base_in_fp16():
+    """An audit: ``--precision amp-fp16`` on a script loading its base in bf16 (a T4 has no
+    bf16) changed only bf16=False, fp16=True, keeping the bf16 base the refusal without the flag
+    had told to load in float16."""
+    r = record()
+    j = map_record(r)
+    current = JobSpec.from_dict(j.fields)
+    assert current.base_dtype == "bf16" and current.precision == "amp-bf16"
+    pick = current.replace(precision="amp-fp16")
+    ch = {(c.keyword, c.after) for c in keyword_diff(r, current, pick)}
+    assert ("fp16", True) in ch and ("bf16", False) in ch
+    assert any(k == "dtype" and "float16" in str(v) for k, v in ch), ch

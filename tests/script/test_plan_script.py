@@ -47,9 +47,12 @@ def _applied(read_cmd: list[str], changes: list[dict]) -> list[str]:
 
 
 def test_seed000_trainer_lora_read(seed000):
+    # an output_dir two levels below anything that exists (an audit: its parents were left)
+    seed000.out = seed000.script.parent / "nest" / "a" / "out"
     rec = run_script(seed000.cmd(), mode="plan", gpu={"name": "A10G", "free_bytes": 20 * 2**30})
-    # the output_dir its Trainer made (should_save) is removed, empty: nothing left on disk
-    assert not seed000.out.exists()
+    # the output_dir its Trainer made (should_save) is removed, empty, with the parents it
+    # made: nothing left on disk
+    assert not seed000.out.exists() and not (seed000.script.parent / "nest").exists()
     read = map_record(rec)
     f = read.fields
     assert rec["trainer"] == "Trainer" and rec["model"]["device"] == "meta"  # no weights loaded

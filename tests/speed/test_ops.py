@@ -192,3 +192,20 @@ def test_an_in_place_op_that_returns_nothing_is_counted_with_its_writes(grad_sca
     assert foreach == 6 * 4 * n  # read 2 + 2 lists; write the first
     written = 4 if grad_scale else 3
     assert adam == pytest.approx(2 * (4 + written) * 4 * n, abs=64)  # + the step counts, scale
+
+
+def test_a_lifted_constant_is_no_op():
+    """An audit: FakeTensorMode lifts a constant made inside it (``aten.lift_fresh``) — no op in
+    eager mode — and a process's first simulation lifts constants that later ones find cached
+    (TRL's fused head), so two micro-batches' op lists differed and ``plan --method full
+    --trl-logprob-head`` ended in a traceback.  Not recorded; a real op beside it is."""
+    import torch
+
+    from trainfit.speed.ops import OpRecorder
+
+    rec = OpRecorder()
+    t = torch.ones(4)
+    rec(torch.ops.aten.lift_fresh.default, (t,), {}, t, "forward", 0)
+    assert rec.ops == []
+    rec(torch.ops.aten.mul.Tensor, (t, t), {}, t * t, "forward", 0)
+    assert [op.name for op in rec.ops] == ["mul"]

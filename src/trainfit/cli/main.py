@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -352,6 +354,11 @@ def main() -> None:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
         if code == 130 and _from_ctrl_c(done):
             _said_interrupted()  # typer turned the Ctrl-C into Exit(130) and a blank line
+        if code == 0:
+            # the command's work is done: a Ctrl-C during the interpreter's exit changes
+            # nothing (an audit: a KeyboardInterrupt traceback from atexit, exit 0)
+            with contextlib.suppress(ValueError):  # not the main thread: left alone
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
         _leave_as_a_rank(code)
         raise
 

@@ -9,6 +9,8 @@ from typing import Annotated, NoReturn
 import typer
 
 from trainfit import json_text
+from trainfit.job import JobError
+from trainfit.run.rundir import check_not_in_use
 
 # How often the command checks --duration and whether the --pid process still runs; the sampling
 # itself follows --interval in the sampler thread.
@@ -55,6 +57,15 @@ def run_monitor(*, pid: int | None, interval_s: float, log: str | None, once: bo
         typer.echo("".join(json_text.dumps(r) + "\n" for r in rows), nl=False)
 
     try:
+        # a log a live train run writes (its directory's lock held): two writers' rows would
+        # interleave, and report then drew neither (an audit)
+        if log is not None:
+            try:
+                check_not_in_use(Path(log).parent, flag="--log")
+            except JobError as e:
+                _fail(f"--log {log}: {str(e).split(': ', 1)[-1]}, which writes this log itself",
+                      "give another --log path; `trainfit report "
+                      f"{Path(log).parent}` shows the run's own monitor", as_json=as_json)
         # Validates --pid/--interval/--log before anything starts or is written.
         # an existing log is appended to, never overwritten (a QA run lost a log to a rerun)
         existing = log is not None and Path(log).is_file() and Path(log).stat().st_size > 0

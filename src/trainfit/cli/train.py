@@ -163,7 +163,8 @@ def register(app: typer.Typer) -> None:
         trust_remote_code: TrustRemoteCode = False,
         backend: Annotated[str | None, typer.Option(
             help="trainfit (own loop: every guarantee, any model), hf (transformers Trainer), trl "
-                 "(SFTTrainer), auto (trl for chat rows, hf for text); default: the file's "
+                 "(SFTTrainer), auto (trl for chat rows, hf for text, the own loop for a "
+                 "module:factory model); default: the file's "
                  "backend: key, else trainfit.")] = None,
         as_json: Annotated[bool, typer.Option(
             "--json", help="The run's result (train.json's content) as JSON on stdout.")] = False,
@@ -228,7 +229,7 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(2) from None
             fail(err, as_json=as_json)
             return
-        _finish(result, out, as_json)
+        _finish(result, out, as_json, said=opts.kept_notes)
 
 
 def _kept_on_resume(opts: Any) -> Any:
@@ -248,9 +249,10 @@ def _kept_on_resume(opts: Any) -> Any:
     return options_kept(opts, saved)[0]
 
 
-def _finish(result: Any, out: str, as_json: bool) -> None:
+def _finish(result: Any, out: str, as_json: bool, said: tuple[str, ...] = ()) -> None:
     """Print the run (JSON or the summary); a diverged run adds its error line; exit with the
-    run's code."""
+    run's code.  ``said``: notes already said on stderr as the run began (the options a resume
+    kept), left out of the summary's (an audit: each printed twice)."""
     d: dict[str, Any] = result.to_dict()
     # under torchrun every rank returns the run: rank 0 alone prints it (--nproc 2 --json
     # printed two JSON documents, invalid together; the summary twice)
@@ -263,7 +265,7 @@ def _finish(result: Any, out: str, as_json: bool) -> None:
     else:
         from trainfit.render.train import render_train
 
-        render_train(d, out)
+        render_train(d, out, said)
     if result.stopped == "diverged":
         # the checkpoints before the step hold the weights that led to it (the last one is the
         # update that made the loss non-finite), and a resume refuses another lr

@@ -194,6 +194,32 @@ def fixed_knobs(flags: dict[str, Any] | set[str]) -> frozenset[str]:
     return frozenset(k.name for k in KNOBS if set(k.fields) & given)
 
 
+FILE_KEYS_HELP = {
+    "gpu": "the GPU `plan` plans for (a catalog name; `--gpu` overrides)",
+    "device": "the device `tune` measured on, and `train` runs on (`cpu`, `cuda:0`; `--device` "
+              "overrides)",
+    "memory_limit": "the capacity the pick was fit in (a size: `2GiB`; bytes without a unit), "
+                    "kept when tuned again and trained (`--memory-limit` overrides)",
+    "backend": "what `trainfit train` runs the job with: `trainfit` (its own loop), `hf`, `trl`, "
+               "`auto` (`--backend` overrides)",
+    "current": "the configuration you run now (job fields over the file's): `plan` simulates it "
+               "too and states its pick against it",
+    "observed": "a device number seen at the current configuration (`{device: 2667MiB, source: "
+                "nvidia-smi}`): `plan` states the gap to its prediction",
+    "assumed": "the job fields the file's author guessed (a list): marked `(assumed)` in "
+               "`plan`'s header",
+    "host_ram_free": "the host RAM free for the run (a size): `plan` checks the pick's host "
+                     "memory against it",
+    "measured": "what `tune` measured (written by tune; `emit` and `train` say it)",
+    "doctor": "`doctor`'s options: `{tokenize: lazy | eager}`",
+    "scenario": "a description (not read)",
+    "train": "refused: the run's settings are `train`'s options (`--max-steps`, `--save-every`, "
+             "…)",
+}
+"""The file-only keys (``trainfit.job.files.FILE_ONLY_KEYS``) as docs/job-fields.md states them
+(an audit: the README's "the full table" left them out); a test checks both name the same keys."""
+
+
 def fields_markdown() -> str:
     """docs/job-fields.md: every job field as a YAML key and a flag (regenerate with
     ``python -m trainfit.job.fields > docs/job-fields.md``; a test checks it is current)."""
@@ -209,6 +235,11 @@ def fields_markdown() -> str:
             kind += " or none"
         lines.append(f"| `{f.name}` | `{f.flag}` | {kind} | `{f.default!r}` | "
                      f"{f.help.replace('|', '/')} |")
+    lines += ["", "## Keys a job file may carry beside the job fields", "",
+              "Read from the file only (no flag unless named); `trainfit plan|tune|train|doctor "
+              "FILE` each read the ones they use and leave the others.", "",
+              "| key | what it is |", "|---|---|"]
+    lines += [f"| `{k}` | {v} |" for k, v in FILE_KEYS_HELP.items()]
     lines += ["", "## tune's knobs", "", "| knob | fields it sets | searched by default | effect |",
               "|---|---|---|---|"]
     for k in KNOBS:

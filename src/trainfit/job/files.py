@@ -38,6 +38,11 @@ def parse_bytes(text: str | None, flag: str) -> int | None:
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if value <= 0:
         raise JobError(f"{flag} {text}: must be > 0", examples)
+    if not m.group(2) and (value < 2**20 or not value.is_integer()):
+        # a bare number is bytes: "--memory-limit 1.2", meant as GiB, read as one byte and was
+        # refused as "smaller than the model's weights" (an audit)
+        raise JobError(f"{flag} {text}: a number without a unit is bytes ({value:g} B here)",
+                       f"give the unit: {examples}")
     if value < 1:  # int() would make it 0 bytes, which reads as "no limit"
         raise JobError(f"{flag} {text}: less than one byte", examples)
     return int(value)
@@ -219,7 +224,25 @@ def read_job_file(path: str | Path, *, allow_code: bool = False,
         raise JobError(f"{path}: `job:` must be a mapping of job fields",
                        "e.g. job: {model: gpt2, seq_len: 512}")
     _known_keys(path, data)
+    data = _nones(data)
+    measured = extra.get("measured")
+    if isinstance(measured, dict) and isinstance(measured.get("at"), dict):
+        # the job the numbers were measured at names its paths as the file does: read alike, a
+        # relative data path is not an edit (a committed example's relative path read as one)
+        measured["at"] = beside_the_file(dict(measured["at"]), path)
     return beside_the_file(dict(data), path), extra
+
+
+def _nones(data: dict[str, Any]) -> dict[str, Any]:
+    """``none`` written for a field that may be unset is null, as the flags read it
+    (``--max-grad-norm none``; docs/job-fields.md's "or none"): an audit found
+    ``max_grad_norm: none`` refused as "must be a number" and ``tokenizer: none`` looked up on
+    the hub as a repository named "none"."""
+    from trainfit.job.fields import job_fields  # fields builds on the JobSpec this module reads
+
+    clearable = {f.name for f in job_fields() if f.clearable}
+    return {k: None if k in clearable and isinstance(v, str) and v.strip().lower() == "none"
+            else v for k, v in data.items()}
 
 
 def _check_file_keys(path: str | Path, extra: dict[str, Any]) -> None:
@@ -292,6 +315,15 @@ def beside_the_file(fields: dict[str, Any], path: str | Path) -> dict[str, Any]:
     does beside the job file is taken from there (a job file kept next to its data works from
     any directory); one that exists from here is kept as written."""
     folder = Path(path).parent
+    model = fields.get("model")
+    if is_code_spec(model):
+        # a factory's file, as its data, beside the job file when it is not found from here
+        # (an audit: tiny_gpt.py:build_model resolved from the working directory only)
+        m = FACTORY_SPEC.match(model)
+        file = m.group("module") if m else ""
+        if file.endswith(".py") and not Path(file).is_absolute() and not Path(file).exists() \
+                and (folder / file).is_file():
+            fields["model"] = f"{folder / file}:{m.group('factory')}"  # type: ignore[union-attr]
     for key in PATH_FIELDS:
         value = fields.get(key)
         if not _relative(value):

@@ -115,8 +115,15 @@ def process_tree_rss_bytes(pid: int) -> int | None:
 
 
 def tree_rss_bytes(procs: list[psutil.Process]) -> int | None:
-    """RSS sum of a list from :func:`process_tree` (root first); ``None`` if empty or the root is gone."""
+    """RSS sum of a list from :func:`process_tree` (root first); ``None`` if empty or the root is
+    gone — a zombie too (exited, not yet reaped: it reads an RSS of 0, which an audit found
+    logged as "process tree RSS 0.0 MiB (measured)" after the followed process ended)."""
     if not procs:
+        return None
+    try:
+        if procs[0].status() == psutil.STATUS_ZOMBIE:
+            return None
+    except _GONE:
         return None
     total = 0
     for i, p in enumerate(procs):

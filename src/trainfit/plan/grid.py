@@ -235,13 +235,13 @@ class _Grid:
             rows.append(PlanRow(cj, mem, "extrapolated", speed, largest_fitting=micro == largest))
         return rows
 
-    def verify_pick(self, rows: list[PlanRow], verify: bool, keep_band: float | None = None
-                    ) -> int | None:
+    def verify_pick(self, rows: list[PlanRow], verify: bool, keep_band: float | None = None,
+                    current_precision: str | None = None) -> int | None:
         """Re-simulate the pick at full size (the number it is chosen on is then exact, not
         extrapolated), and choose again if the exact number changes the answer.  ``keep_band``:
         the current configuration keeps fp32 weights, and a bf16-true row must beat the fastest
         row that keeps them by more than this fraction (:func:`keep_fp32_weights`)."""
-        rec = _recommend(rows, keep_band)
+        rec = _recommend(rows, keep_band, current_precision)
         for _ in range(MAX_VERIFICATIONS):
             if rec is None or not verify or rows[rec].how == "simulated":
                 break
@@ -251,7 +251,8 @@ class _Grid:
             verified = self.exact(rows[rec].job, "the pick, full size")
             verified.largest_fitting = rows[rec].largest_fitting and verified.memory.fits is True
             rows[rec] = verified
-            rec = _recommend(rows, keep_band)  # the exact number may not fit: choose again
+            # the exact number may not fit: choose again
+            rec = _recommend(rows, keep_band, current_precision)
         return rec
 
     def ladder(self, rows: list[PlanRow]) -> list[Any]:
@@ -292,9 +293,9 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
         if cur_row is not None:
             take_exact_row(rows, cur_row)
         band = None if gpu is None else speed_band_for(job.ranks, bool(job.compile))
-        keep_band = band.median_abs_error if band is not None and cur_row is not None and \
-            cur_row.job.precision != "bf16-true" else None
-        rec = grid.verify_pick(rows, verify, keep_band)
+        keep_band = band.median_abs_error if band is not None and cur_row is not None else None
+        current_precision = cur_row.job.precision if cur_row is not None else None
+        rec = grid.verify_pick(rows, verify, keep_band, current_precision)
         kept = keep_fp32_weights(rows, rec, keep_band) if keep_band is not None else None
         if rec is not None:
             rows[rec].recommended = True
@@ -360,15 +361,42 @@ def _sort_key(row: PlanRow) -> tuple[Any, ...]:
             _PRECISION_PREF.get(row.job.precision or "", 9))
 
 
-def _recommend(rows: list[PlanRow], keep_band: float | None = None) -> int | None:
+def _recommend(rows: list[PlanRow], keep_band: float | None = None,
+               current_precision: str | None = None) -> int | None:
+    """The fastest fitting row; with a current configuration (``keep_band``: the speed band's
+    median error), one that keeps fp32 weights where pure bf16 gains no more than the band, and
+    one at the current precision where another precision gains no more than the band (an
+    audit: a bf16-based LoRA script was told dtype=float32, bf16=False for a predicted +11.8 %,
+    inside the 14 % the predictions err by, doubling its frozen weights' memory)."""
     fitting = [i for i, r in enumerate(rows) if r.memory.fits is not False]
     if not fitting:
         return None
     best = min(fitting, key=lambda i: _sort_key(rows[i]))
-    alt = _fp32_weights_alternative(rows, fitting, best) if keep_band is not None else None
-    if alt is not None and _gain(rows[best], rows[alt]) <= keep_band:  # type: ignore[operator]
-        return alt
+    if keep_band is None:
+        return best
+    alt = _fp32_weights_alternative(rows, fitting, best) \
+        if current_precision != "bf16-true" else None
+    if alt is not None and _gain(rows[best], rows[alt]) <= keep_band:
+        best = alt
+    same = _same_precision_alternative(rows, fitting, best, current_precision)
+    if same is not None and _gain(rows[best], rows[same]) <= keep_band:
+        return same
     return best
+
+
+def _same_precision_alternative(rows: list[PlanRow], fitting: list[int], best: int,
+                                precision: str | None) -> int | None:
+    """Where the pick changes the current precision: the fastest fitting row at the current
+    one, at the pick's effective batch and ranks, both speeds known (None otherwise)."""
+    b = rows[best]
+    if precision is None or b.job.precision == precision or b.speed is None or \
+            not b.speed.tokens_per_s:
+        return None
+    keep = [i for i in fitting if rows[i].job.precision == precision
+            and rows[i].job.effective_batch == b.job.effective_batch
+            and rows[i].job.ranks == b.job.ranks
+            and rows[i].speed is not None and rows[i].speed.tokens_per_s]  # type: ignore[union-attr]
+    return min(keep, key=lambda i: _sort_key(rows[i])) if keep else None
 
 
 def _gain(pick: PlanRow, other: PlanRow) -> float:
@@ -391,18 +419,22 @@ def _fp32_weights_alternative(rows: list[PlanRow], fitting: list[int], best: int
 
 def keep_fp32_weights(rows: list[PlanRow], rec: int | None, keep_band: float
                       ) -> dict[str, Any] | None:
-    """The bf16-true row the pick passed over, where the current configuration keeps fp32
-    weights and bf16-true's predicted gain is inside the median error of speed predictions of
-    this kind (the speed band): pure bf16 loses updates below its resolution and changes how the
-    model learns, which a gain the predictions cannot resolve does not pay for (an audit: a
-    script's amp-bf16 was told to drop fp32 weights for +0.9 %, predicted)."""
-    if rec is None or rows[rec].job.precision == "bf16-true":
+    """The faster row of another precision the pick passed over (:func:`_recommend`): bf16-true
+    where the current configuration keeps fp32 weights, or any precision but the current one,
+    its predicted gain inside the median error of speed predictions of this kind (the speed
+    band): pure bf16 loses updates below its resolution and changes how the model learns, and
+    another precision changes the numerics and the weights' memory, which a gain the
+    predictions cannot resolve does not pay for (an audit: a script's amp-bf16 was told to drop
+    fp32 weights for +0.9 %, predicted)."""
+    if rec is None:
         return None
     fitting = [i for i, r in enumerate(rows) if r.memory.fits is not False]
     best = min(fitting, key=lambda i: _sort_key(rows[i]))
-    if best == rec or rows[best].job.precision != "bf16-true":
+    if best == rec or rows[best].job.precision == rows[rec].job.precision or \
+            rows[best].speed is None or not rows[best].speed.tokens_per_s or \
+            rows[rec].speed is None or not rows[rec].speed.tokens_per_s:
         return None
-    return {"precision": "bf16-true",
+    return {"precision": rows[best].job.precision,
             "tokens_per_s": rows[best].speed.tokens_per_s,  # type: ignore[union-attr]
             "gain": _gain(rows[best], rows[rec]), "median_abs_error": keep_band}
 

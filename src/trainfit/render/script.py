@@ -27,7 +27,15 @@ NOTE_WORDS = {
     "attention": "attn_implementation={script!r}: planned with PyTorch's {planned} (the same "
                  "memory order)",
     "padding_free": "padding-free batches (one row of concatenated samples): planned as "
-                    "micro-batch × {seq_len} positions",
+                    "micro-batch × {seq_len} positions in separate rows; transformers 5 runs "
+                    "them as one row with a (1, 1, N, N) boolean attention mask built from "
+                    "position_ids ({positions:,} positions at the script's micro-batch: "
+                    "{mask_mib:,.0f} MiB, more at a larger one), which is not planned, and SDPA "
+                    "then takes no flash kernel — the memory is under-predicted by at least the "
+                    "mask, and attention runs slower than planned",
+    "own_loss": "the script computes the loss itself ({where}): planned as the model's own "
+                "loss over its logits; tensors the script's loss makes beyond those (a "
+                "float32 copy of the logits, a smoothed target) are not planned",
     "seq2seq_lengths": "encoder inputs up to {input_max} and targets up to {label_max} tokens: "
                        "planned at the longer of the two for both (an upper bound)",
     "frozen_by_script": "the script freezes weights itself ({trainable:,} of {total:,} "
@@ -188,8 +196,10 @@ def own_flag_words(command: list[str], changes: list[KeywordChange],
                     (not switch and _names(val, c, flag)):
                 found.append(flag if switch else f"{flag} {val}")
                 break
-    # flags the command line left at the script's argparse default (HF's own
-    # TrainingArguments flags are the keywords themselves: said by the change already)
+    # flags the command line left at the script's argparse default (HfArgumentParser's, the
+    # keywords themselves, are not recorded: script/hooks.py; a plain argparse flag spelled
+    # like the keyword, --per_device_train_batch_size, is the script's own and named — an
+    # audit found it skipped)
     given = {f.partition("=")[0] for f in command if f.startswith("--")}
     defaults: list[str] = []
     for opt in parsed or []:
@@ -199,8 +209,7 @@ def own_flag_words(command: list[str], changes: list[KeywordChange],
             continue
         v = opt.get("value")
         for c in changes:
-            if flag.lstrip("-").replace("-", "_") != c.keyword and (
-                    (_related(flag, c.keyword) and _carries(v, c.before)) or _names(v, c, flag)):
+            if (_related(flag, c.keyword) and _carries(v, c.before)) or _names(v, c, flag):
                 defaults.append(f"{flag} (its default {v})")
                 break
     if not found and not defaults:

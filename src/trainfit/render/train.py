@@ -7,7 +7,7 @@ from typing import Any
 import typer
 
 
-def render_train(d: dict[str, Any], out: str) -> None:
+def render_train(d: dict[str, Any], out: str, said: tuple[str, ...] = ()) -> None:
     """The run in a few lines: steps, samples, tokens, the final loss, each OOM survived, the
     evaluations, and how to resume an interrupted run (``d``: train.json's content)."""
     segs = d.get("segments") or []
@@ -33,7 +33,8 @@ def render_train(d: dict[str, Any], out: str) -> None:
                f"{d['wall_time_s']:.1f} s measured; final loss {d['final_loss']:.4f}"
                if d["final_loss"] is not None else "no step ran")
     for note in d.get("notes") or []:
-        typer.echo(f"note: {note}")
+        if note not in said:  # said on stderr as the run began (train.json keeps them)
+            typer.echo(f"note: {note}")
     if d.get("scaler_skipped_steps"):
         typer.echo(f"the fp16 GradScaler skipped {d['scaler_skipped_steps']} step(s): gradients "
                    "overflowed and the loss scale was lowered (normal in fp16, not divergence)")

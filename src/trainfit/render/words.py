@@ -343,12 +343,17 @@ def plan_reason(result: PlanResult) -> str:
         per_gpu = (f" ({j.ranks} ranks together: {tps / j.ranks:,.0f} per GPU)" if j.ranks > 1
                    else "")
         kept = result.numerics_kept
+        pure = kept is not None and kept["precision"] == "bf16-true"
         why.append(f"fastest that fits: {tps:,.0f} tokens/s predicted{per_gpu}{mfu}" if kept is None
-                   else f"fastest that fits keeping fp32 weights as you do: {tps:,.0f} tokens/s "
-                   f"predicted{per_gpu}{mfu} (bf16-true is predicted {kept['gain']:+.1%}, "
-                   f"{kept['tokens_per_s']:,.0f} tokens/s: inside the median error of these "
-                   f"predictions, {kept['median_abs_error']:.0%}, so not worth training without "
-                   "fp32 weights, which changes how the model learns)")
+                   else "fastest that fits "
+                   + ("keeping fp32 weights as you do" if pure else
+                      f"at your precision, {j.precision}") +
+                   f": {tps:,.0f} tokens/s predicted{per_gpu}{mfu} ({kept['precision']} is "
+                   f"predicted {kept['gain']:+.1%}, {kept['tokens_per_s']:,.0f} tokens/s: inside "
+                   f"the median error of these predictions, {kept['median_abs_error']:.0%}, so "
+                   + ("not worth training without fp32 weights, which changes how the model "
+                      "learns)" if pure else "not worth changing the numerics and the weights' "
+                      "memory for)"))
     if result.gpu_memory_bytes is None:
         return ", ".join(why) + " (no GPU given: fit unknown)"
     return ", ".join(why) + (f": predicted {pick.memory.peak_device_bytes / GIB:.2f} of "

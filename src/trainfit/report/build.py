@@ -439,7 +439,10 @@ def build_report(inputs: Inputs, dataset_tokens: int | None = None) -> Report:
                 # a T4 plan's rows beside a CPU tune's read "predicted 0.57 GiB, measured 0.01"
                 # and speed-ups of 0.00× (a QA run): shown apart, and said
                 warnings.append(f"{t.path} was measured on {t.device_name or t.device}, "
-                                f"{plan.path} predicts {'a ' + plan.gpu if plan.gpu else 'a GPU step'}"
+                                f"{plan.path} predicts "
+                                # a plan without --gpu names no card: a GPU's step, card unknown
+                                # (an audit: "a GPU step" read as if one was named)
+                                f"{'a ' + plan.gpu if plan.gpu else 'a GPU step, no card named'}"
                                 ": shown apart (their numbers are of different devices)")
         if tune is not None:
             tunes.remove(tune)

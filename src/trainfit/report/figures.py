@@ -20,6 +20,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
+from trainfit.job.files import size_text
 from trainfit.report.model import DoctorSection, Family, Report, Section, Timeline, TrainSummary
 
 COMPONENT_COLOURS = {
@@ -231,7 +232,7 @@ def timeline_figure(t: Timeline) -> bytes:
                        label="gap: no samples" if j == 0 else None)
         if panel.limit is not None:
             ax.axhline(panel.limit, color=CAPACITY_COLOUR, ls="--", lw=1,
-                       label=f"{panel.limit_label} {panel.limit:.1f} {panel.unit}")
+                       label=f"{panel.limit_label} {_limit_text(panel.limit, panel.unit)}")
         if not panel.series:
             ax.text(0.5, 0.5, "no readings (null in the log)", ha="center", va="center",
                     transform=ax.transAxes, color="#666666")
@@ -331,3 +332,11 @@ def render_figures(report: Report) -> list[FigureImage]:
         out.append(FigureImage(d.slug, f"Step time split — {d.target}",
                                "Median seconds per step of each part (measured).", doctor_figure(d)))
     return out
+
+
+def _limit_text(limit: float, unit: str) -> str:
+    """A limit line's figure: a size as ``--memory-limit`` reads it back (an audit: a 22 MiB
+    limit's legend read "--memory-limit 0.0 GiB")."""
+    if unit == "GiB":
+        return size_text(round(limit * 2**30))
+    return f"{limit:.1f} {unit}"

@@ -5,7 +5,10 @@ interruption (SIGINT/SIGTERM → checkpoint, exit; resume restores everything), 
 Exactness: the sample order is a function of (seed, epoch); the position is the number of samples
 consumed; the loss of every micro-batch is weighted by its share of the effective batch's label
 tokens. So an OOM split, a resume, or a resume at another micro-batch computes the same gradients
-as the uninterrupted run (to float summation order).
+as the uninterrupted run (to float summation order) — where the model draws no dropout masks:
+those are drawn per micro-batch, for its shape, so after a split or a resume at another
+micro-batch they differ (the same in expectation), which the run's notes say (run/oom.py
+``dropout_note``); the random state is put back before an OOM's redo.
 """
 
 from __future__ import annotations
@@ -47,9 +50,12 @@ from trainfit.run.feed import Feed
 from trainfit.run.oom import (
     OomEvent,
     cannot_split,
+    dropout_note,
     free_after_oom,
     oom_chain,
     optimizer_oom,
+    rng_state,
+    set_rng_state,
     smaller_micro_batch,
 )
 from trainfit.run.options import Interrupt, RunOptions, say_kept
@@ -62,7 +68,7 @@ from trainfit.run.record import (
     write_train_json,
 )
 from trainfit.run.rundir import RunDir, check_not_in_use
-from trainfit.run.saving import save_checkpoint
+from trainfit.run.saving import save_checkpoint, still_there
 from trainfit.speed.host_timing import busy_host_note, threads_for_load
 
 __all__ = ["RunOptions", "TrainResult", "Trainer", "check_data_size", "check_runnable",
@@ -159,6 +165,11 @@ class Trainer:
         rf.same_data(ck, self.history, self.data)
         rf.same_model_config(ck, self.history, self.source.config)
         self.notes += rf.changed_settings(ckpt.saved_job(ck), job.to_dict())
+        if saved.micro_batch != job.micro_batch:
+            said = dropout_note(self.wl.model, self.source.config, job.micro_batch,
+                                f"this resume at micro-batch {job.micro_batch} (the checkpoint "
+                                f"ran {saved.micro_batch})")
+            self.notes += [said] if said else []
         # the run continues in its own directory (a checkpoint of another run starts a new one)
         self.resuming_here = ck.parent.resolve() == Path(opts.out_dir).resolve()
         later = [c.name for c in ckpt.checkpoints(ck.parent)
@@ -184,6 +195,7 @@ class Trainer:
         if self.resumed_from is not None:
             continue_from(res, self.history, self.state.step, self.state.position,
                           self.data.seq_len)
+            res.checkpoints = still_there(res.checkpoints, o.out_dir)
         claim = RunDir(o.out_dir, resuming=self.resuming_here, main=main)
         err: JobError | None = None
         try:
@@ -238,6 +250,7 @@ class Trainer:
                 ids_done: list[int] = []
                 t0 = time.perf_counter()
                 scale = self.wl.scaler.get_scale() if self.wl.scaler is not None else None
+                rng = rng_state(self.device)  # the redo after an OOM draws from the same state
                 out = self._attempt(it, step, ids_done, waits, injected, tracker)
                 # every rank splits (or stops) together: 1 = split, 2 = stop
                 oom = self.dist.max(2.0 if out is _OPTIMIZER_OOM else float(out is None))
@@ -247,6 +260,7 @@ class Trainer:
                                         saved_step=self.last_saved_step)
                 if oom:
                     self._recover_oom(res, step, tracker)
+                    set_rng_state(rng, self.device)
                     it = self.feed.loader(self.state)
                     continue
                 assert out is not None and out is not _OPTIMIZER_OOM
@@ -277,8 +291,11 @@ class Trainer:
             # on a value every rank holds (rank 0's checkpoint list left it alone in the save)
             if stopped == "finished" and self.last_saved_step != self.state.step:
                 self._save(res, sampler)
-        res.monitor_notes(sampler)
-        self._keep_record(res, stopped)
+        # the record under a guard of its own: a Ctrl-C just after the last checkpoint left a
+        # finished run recorded "running", exit 130 (an audit); the run is done, so it is kept
+        with Interrupt():
+            res.monitor_notes(sampler)
+            self._keep_record(res, stopped)
 
     def _open_monitor(self) -> Any:
         """The sampler (rank 0; None elsewhere) and the progress line or live view."""
@@ -437,6 +454,10 @@ class Trainer:
         self.state.grad_accum = per_rank // after
         res.oom_events.append(OomEvent(step=step, phase="step", batch_before=before,
                                        batch_after=after, grad_accum_after=self.state.grad_accum))
+        said = dropout_note(self.wl.model, self.source.config, after,
+                            f"the split at step {step + 1}")
+        if said and not any(n.startswith("dropout (p = ") for n in res.notes):  # once a run
+            res.note(said)
 
     def _save(self, res: TrainResult, sampler: Any = None) -> None:
         """The checkpoint (with the record so far inside it), then train.json beside it. A save

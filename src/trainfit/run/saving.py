@@ -16,6 +16,22 @@ if TYPE_CHECKING:
     from trainfit.run.loop import Trainer
 
 
+def still_there(paths: list[str], out_dir: Path) -> list[str]:
+    """The record's checkpoints that exist now: each as this run directory's checkpoint of that
+    name where it has one (a run directory moved or copied, then resumed: its record's paths
+    are the old directory's — an audit found 4 of 5 listed gone under --keep-last), else as
+    written where that still is (a run resumed from another run's checkpoint keeps that one),
+    else left out (pruned or deleted)."""
+    kept = []
+    for c in paths:
+        here = out_dir / Path(c).name
+        if here.is_dir():
+            kept.append(str(here))
+        elif Path(c).is_dir():
+            kept.append(c)
+    return list(dict.fromkeys(kept))
+
+
 def save_checkpoint(tr: Trainer, res: TrainResult) -> None:
     """Save ``tr``'s state at its step, with the record so far inside the checkpoint."""
     # under FSDP gathering the full state is collective: every rank saves, rank 0 writes
@@ -36,12 +52,9 @@ def save_checkpoint(tr: Trainer, res: TrainResult) -> None:
                 res.checkpoints.append(str(p))
                 if tr.o.keep_last is not None:  # --keep-last: the older ones go
                     ckpt.prune(tr.o.out_dir, tr.o.keep_last, upto_step=tr.state.step)
-                    # the record lists what is there: a resumed snapshot's list named
-                    # checkpoints an earlier prune had removed (a review); by name, as the
-                    # list's paths are the working directory's of the run that wrote them
-                    there = {c.name for c in ckpt.checkpoints(tr.o.out_dir)}
-                    res.checkpoints = [c for c in res.checkpoints if Path(c).name in there
-                                       or Path(c).parent.name != tr.o.out_dir.name]
+                # the record lists what is there (a review: a resumed snapshot's list named
+                # checkpoints an earlier prune had removed)
+                res.checkpoints = still_there(res.checkpoints, tr.o.out_dir)
                 write_train_json(tr.o.out_dir, res, open_wall_time_s=elapsed_s)
         except ckpt.CheckpointWriteError as e:
             err = e

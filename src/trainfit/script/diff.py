@@ -42,11 +42,14 @@ def load_dtype(job: JobSpec) -> str:
         return "bfloat16"
     if job.method == "full" or p == "fp32":
         return "float32"
-    if job.base_dtype != "auto":
+    if job.base_dtype == "fp32":
         # the base as the script loaded it (script.mapping reads it): a float32 base under bf16
         # autocast is loaded in float32, and the change to a bf16 pick must say so (a QA run's
         # advice was bf16=False alone, i.e. fp32 training)
-        return {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[job.base_dtype]
+        return "float32"
+    # a 16-bit base is loaded in the autocast's own 16-bit type: a bf16 base kept under an
+    # fp16 pick (--precision amp-fp16 on a T4, which has no bf16) was the change's silence,
+    # where the refusal without the flag said dtype=torch.float16 (an audit)
     return "float16" if p == "amp-fp16" else "bfloat16"
 
 
@@ -65,7 +68,7 @@ def keyword_diff(rec: dict[str, Any], current: JobSpec, pick: JobSpec) -> list[K
         out.append(KeywordChange("the model's adapters (LoraConfig / BitsAndBytesConfig / "
                                  "get_peft_model)", "method", current.method, pick.method))
     if current.grad_ckpt != pick.grad_ckpt:
-        out.append(_checkpointing(rec, args_cls, pick.grad_ckpt == "full"))
+        out.extend(_checkpointing(rec, args_cls, pick.grad_ckpt == "full"))
     site = next((ld for ld in rec["loads"] if ld["this_model"]), None)
     # a model the script builds otherwise (from_config, its own module): no from_pretrained
     # call to change, the build is where its dtype and attention are set
@@ -102,14 +105,20 @@ def _attn(attention: str) -> str:
     return {"sdpa-flash": "flash_attention_2", "eager": "eager"}.get(attention, "sdpa")
 
 
-def _checkpointing(rec: dict[str, Any], args_cls: str, on: bool) -> KeywordChange:
+def _checkpointing(rec: dict[str, Any], args_cls: str, on: bool) -> list[KeywordChange]:
     """Checkpointing switched on by the arguments is switched off there; switched on by the script
     before the trainer (``prepare_model_for_kbit_training(use_gradient_checkpointing=True)``,
-    ``model.gradient_checkpointing_enable()``) it must be switched off at that call."""
-    model_on = rec["model"]["gradient_checkpointing"] and not rec["args"]["gradient_checkpointing"]
-    if model_on and not on:
+    ``model.gradient_checkpointing_enable()``) it must be switched off at that call — at both
+    where both switch it on (an audit: only the arguments' keyword was said, and the script
+    with it applied still checkpointed, the pick's speed-up not there)."""
+    args_on = bool(rec["args"]["gradient_checkpointing"])
+    by_call = bool(rec["ckpt_calls"]) or (rec["model"]["gradient_checkpointing"] and not args_on)
+    if on:
+        # the keyword scripts write (transformers 5 also reads it as activation_checkpointing)
+        return [KeywordChange(args_cls, "gradient_checkpointing", False, True)]
+    out = [KeywordChange(args_cls, "gradient_checkpointing", True, False)] if args_on else []
+    if by_call:
         calls = ", ".join(dict.fromkeys(rec["ckpt_calls"])) or "the script"
-        return KeywordChange(f"the call that enables it before the trainer ({calls})",
-                             SWITCH_OFF, True, False)
-    # the keyword scripts write (transformers 5 also reads it as activation_checkpointing)
-    return KeywordChange(args_cls, "gradient_checkpointing", not on, on)
+        out.append(KeywordChange(f"the call that enables it before the trainer ({calls})",
+                                 SWITCH_OFF, True, False))
+    return out

@@ -72,8 +72,11 @@ class _State:
         """The options the script's argparse parsed (its flags and their values, defaults too)."""
         self.made_dirs: list[str] = []
         """Output directories the script's Trainer created (``os.makedirs(output_dir)`` in its
-        ``__init__``): trainfit stops the script before it writes anything there, so an empty one
-        is removed when the process leaves — a plan or a refusal leaves nothing on disk."""
+        ``__init__``, with the parents it made): trainfit stops the script before it writes
+        anything there, so an empty one is removed when the process leaves, the leaf first — a
+        plan or a refusal leaves nothing on disk."""
+        self.in_trainer_init = 0
+        """Inside a trainer's ``__init__`` (its own calls are not the script's)."""
         self.cuda_asked: list[str] = []
         """Where the script asked ``torch.cuda.is_available()`` before its trainer and was told
         False (plan reads it on a machine without the GPU planned for)."""
@@ -256,6 +259,15 @@ def _is_library(filename: str) -> bool:
     return filename.startswith("<") or any(s in filename for s in _LIBRARIES)
 
 
+def _ancestors(path: str) -> list[str]:
+    """``path``'s parent directories, nearest first."""
+    out, parent = [], os.path.dirname(path)
+    while parent and parent != path:
+        out.append(parent)
+        path, parent = parent, os.path.dirname(parent)
+    return out
+
+
 def _caller() -> str:
     """``file:line`` of the first frame outside the libraries (:func:`_is_library`)."""
     frame = sys._getframe(2)
@@ -279,10 +291,19 @@ def _hook_trainer(mod: Any) -> None:
         # no args: transformers makes TrainingArguments(output_dir="tmp_trainer") itself
         out = getattr(args, "output_dir", None) if args is not None else "tmp_trainer"
         existed = out is None or os.path.exists(out)
-        orig_init(self, *a, **k)
+        # the directories above it that do not exist yet either (an audit: --output_dir a/b
+        # left a/ behind when only the leaf was removed)
+        missing = [] if out is None else [d for d in _ancestors(os.path.abspath(out))
+                                          if not os.path.exists(d)]
+        st.in_trainer_init += 1
+        try:
+            orig_init(self, *a, **k)
+        finally:
+            st.in_trainer_init -= 1
         out = getattr(self.args, "output_dir", None)
         if not existed and out and os.path.isdir(out):
-            st.made_dirs.append(out)  # the Trainer made it (should_save): removed if left empty
+            # the Trainer made them (should_save): removed if left empty, the leaf first
+            st.made_dirs.extend(dict.fromkeys([os.path.abspath(out), *missing]))
 
     def train(self: Any, *a: Any, **k: Any) -> Any:
         _at_train(self)
@@ -453,7 +474,10 @@ def _record_checkpointing(mu: Any) -> None:
             continue
 
         def enable(self: Any, *a: Any, _orig: Any = orig, **k: Any) -> Any:
-            _st().ckpt_calls.append(_caller())
+            # the trainer's own call (TRL's, in its __init__, from the arguments) is not the
+            # script's: named as one, it would be a call to remove that is not there
+            if not _st().in_trainer_init:
+                _st().ckpt_calls.append(_caller())
             return _orig(self, *a, **k)
 
         setattr(pretrained, name, enable)

@@ -229,12 +229,14 @@ def _checkpointing(rec: dict[str, Any]) -> tuple[str, bool, str]:
     ``gradient_checkpointing_kwargs`` (None: transformers 5's non-reentrant default), or the
     mode the model's layers were given when the script enabled it itself."""
     a, m = rec["args"], rec["model"]
+    calls = list(dict.fromkeys(rec["ckpt_calls"]))  # enable() and its alias: one call site
     if a["gradient_checkpointing"]:
         kw = a.get("gradient_checkpointing_kwargs") or {}
+        # the script's own call too, where it has one: switching it off takes both (an audit)
+        also = f", and the model before the trainer ({', '.join(calls)})" if calls else ""
         return "full", bool(kw.get("use_reentrant", False)), \
-            f"{a['class']}(gradient_checkpointing=True)"
+            f"{a['class']}(gradient_checkpointing=True){also}"
     if m["gradient_checkpointing"]:
-        calls = list(dict.fromkeys(rec["ckpt_calls"]))  # enable() and its alias: one call site
         return "full", bool(m.get("checkpoint_reentrant")), \
             f"the model, before the trainer ({', '.join(calls) or 'the script'})"
     return "off", False, f"{a['class']} (off)"
@@ -274,6 +276,8 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
     if m.get("loss_head") == "trl-logprob":
         f["trl_logprob_head"] = True
         where["loss"] = f"{rec['trainer']} (trl's chunked log-prob head: never the whole logits)"
+    if rec.get("own_loss"):
+        notes.append(ScriptNote("own_loss", {"where": rec["own_loss"]}))
     attn = m["attn_implementation"] or "sdpa"
     f["attention"] = ATTENTION.get(attn, "sdpa")
     if attn not in ("sdpa", "eager", None):
@@ -281,7 +285,13 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
     ln = lengths(rec, quantile)
     f["seq_len"] = ln.longest
     if ln.padding_free:
-        notes.append(ScriptNote("padding_free", {"seq_len": ln.longest}))
+        # transformers 5 reads the packing from position_ids and hands SDPA a (1, 1, N, N) bool
+        # mask for the one row of N = micro-batch × length positions (masking_utils; an audit,
+        # on this CPU): not simulated here, its bytes said with the note
+        positions = int(a["per_device_train_batch_size"]) * ln.longest
+        notes.append(ScriptNote("padding_free", {"seq_len": ln.longest,
+                                                 "positions": positions,
+                                                 "mask_mib": positions**2 / 2**20}))
     if ln.label_max is not None:
         notes.append(ScriptNote("seq2seq_lengths", {"label_max": ln.label_max,
                                                     "input_max": ln.sample_max}))

@@ -50,6 +50,7 @@ def read_trainer(trainer: Any, *, loads: list[dict[str, Any]], ckpt_calls: list[
         "loads": [{k: v for k, v in ld.items() if k != "model_id"} | {"this_model": ld.get(
             "model_id") == id(base)} for ld in loads],
         "ckpt_calls": list(ckpt_calls), "device_maps": list(device_maps), "mode": mode,
+        "own_loss": _own_loss(trainer),
         # read once the script has built its trainer: after any os.environ it set itself
         "expandable_segments": env_expandable_segments(),
     }
@@ -82,6 +83,21 @@ def _loss_head(trainer: Any, base: Any) -> str:
             and getattr(trainer.args, "loss_type", "nll") == "nll"):
         return "logits"
     return "trl-logprob"
+
+
+def _own_loss(trainer: Any) -> str | None:
+    """Where the script computes the loss itself — a subclass's ``compute_loss`` or a
+    ``compute_loss_func`` given to the trainer — or None (the trainer's own loss).  Its extra
+    tensors are not simulated, so the plan says so (an audit: a label-smoothing loss on
+    ``.float()`` logits read "whole logits (transformers' loss)")."""
+    code = getattr(type(trainer).compute_loss, "__code__", None)
+    if code is not None and not any(lib in code.co_filename.replace("\\", "/")
+                                     for lib in ("/transformers/", "/trl/")):
+        return f"{type(trainer).__name__}.compute_loss"
+    func = getattr(trainer, "compute_loss_func", None)
+    if func is not None:
+        return f"compute_loss_func={getattr(func, '__name__', type(func).__name__)}"
+    return None
 
 
 def _base_model(model: Any) -> Any:

@@ -370,6 +370,12 @@ class OpRecorder:
             return
         if func.namespace not in KERNEL_NAMESPACES:
             return  # prim.device & co. are not dispatched ops in eager mode
+        if name == "lift_fresh":
+            # FakeTensorMode's lift of a constant made inside it (``torch.tensor(...)``): no op
+            # in eager mode.  A process's first simulation lifts constants later ones find
+            # cached (TRL's fused head: 4 at the first small simulation only), which made the op
+            # lists of two micro-batches differ — an audit's plan ended in a traceback
+            return
         if func.namespace == "fsdp" and name == "split_with_sizes_copy" and not self.fsdp_copy_out:
             return
         ins = _tensors(args) + _tensors(kwargs.values())
