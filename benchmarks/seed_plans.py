@@ -74,9 +74,16 @@ def main() -> int:
             lines.append(f"| {j.precision} | {j.grad_ckpt} | {j.micro_batch}×"
                          f"{j.grad_accum}{mark} | {m.peak_allocated_bytes / 2**30:.2f} | "
                          f"{m.peak_reserved_bytes / 2**30:.2f} | {m.peak_device_bytes / 2**30:.2f} | "
-                         f"{'yes' if m.fits else 'no'} | {_fmt(r.speed, 'tokens_per_s', '{:,.0f}')} | "
+                         # as the terminal says it: "limit" for a row that runs only by the
+                         # allocator releasing its cache at the card's limit (its speed unknown;
+                         # an audit read "no" and "unknown" with no reason here)
+                         f"{'yes' if m.fits else 'limit' if m.alloc_retries else 'no'} | "
+                         f"{_fmt(r.speed, 'tokens_per_s', '{:,.0f}')} | "
                          f"{_fmt(r.speed, 'mfu', '{:.0%}')} | {r.how} |")
-        lines += ["", f"**Pick:** {plan_reason(res)}. ★ recommended, ▲ largest micro-batch that fits.", ""]
+        lines += ["", f"**Pick:** {plan_reason(res)}. ★ recommended, ▲ largest micro-batch that fits."
+                  + (" limit: runs only by the allocator releasing its cache at the card's limit "
+                     "(each release synchronizes the GPU: its tokens/s is not predicted)."
+                     if any(r.memory.alloc_retries for r in res.rows) else ""), ""]
         if res.current is not None:
             c, cm = res.current.job, res.current.memory
             lines += [f"**Against the seed's starting configuration** ({c.precision}, "

@@ -1,7 +1,8 @@
 """benchmarks/zero_hooks.py runs DeepSpeed's ZeRO-3 on one gloo rank, and what it counts is what
-DeepSpeed hooked: the modules carrying its forward pre-hook and the parameters it partitioned
-(not ``ds_persist``) equal trainfit's counts (speed/zero_hooks.py) — the threshold rule and the
-module walk, checked against DeepSpeed's own state.  The time is not asserted (a benchmark)."""
+runs: the modules whose forward a forward pass calls (where DeepSpeed's hooks fire) and the
+parameters DeepSpeed partitioned (not ``ds_persist``) equal trainfit's counts
+(speed/zero_hooks.py) — the container rule, the threshold rule and the module walk, checked
+against the run and DeepSpeed's own state.  The time is not asserted (a benchmark)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def test_zero3_counts_are_what_deepspeed_hooked(case):
                            str(case)], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     row = json.loads([x for x in proc.stdout.splitlines() if x.startswith("{")][-1])
-    assert row["modules"] == row["deepspeed_hooked_modules"]
+    assert row["modules"] == row["modules_run"]
     assert row["partitioned"] == row["deepspeed_partitioned"]
     assert row["partitioned"] < sum(1 for _ in range(row["modules"]))  # norms persist
     assert row["checkpointed"] and row["fetches"] > 2 * row["partitioned"]

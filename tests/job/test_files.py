@@ -110,3 +110,17 @@ def test_a_factory_file_beside_the_job_file_is_found_from_anywhere(tmp_path, mon
         f"{tmp_path / 'tiny_gpt.py'}:build_model"
     monkeypatch.chdir(tmp_path)  # found from here: kept as written
     assert read_job_file(job, allow_code=True)[0]["model"] == "tiny_gpt.py:build_model"
+
+
+def test_a_files_small_number_memory_limit_asks_for_a_unit():
+    """A review: ``memory_limit: 1.2`` (a YAML float) bypassed the flag's rule and read as one
+    byte; a byte count still reads."""
+    import pytest
+
+    from trainfit.job import JobError
+    from trainfit.job.files import file_memory_limit
+
+    with pytest.raises(JobError, match=r"a number without a unit is bytes"):
+        file_memory_limit({"memory_limit": 1.2})
+    assert file_memory_limit({"memory_limit": 1288490188}) == 1288490188
+    assert file_memory_limit({"memory_limit": "2GiB"}) == 2 * 2**30

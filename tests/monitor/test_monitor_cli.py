@@ -101,7 +101,8 @@ def test_a_live_runs_own_log_is_refused(no_nvml, tmp_path):
         res = runner.invoke(app, ["monitor", "--once", "--log", str(run / "monitor.jsonl")])
         assert res.exit_code == 2, res.output
         assert "another trainfit run is using this directory" in res.stderr
-        assert "which writes this log itself" in res.stderr and "give another --log" in res.stderr
+        assert "which writes its own monitor log there" in res.stderr
+        assert "give a --log path outside the run's directory" in res.stderr
         assert not (run / "monitor.jsonl").exists()
     finally:
         lock.release()

@@ -46,7 +46,7 @@ def test_a_plan_without_a_gpu_and_a_cpu_tune_are_shown_apart(tmp_path):
     (tmp_path / "tune.json").write_text(json.dumps(tune))
     r = build_report(load_inputs([str(tmp_path / "plan.json"), str(tmp_path / "tune.json")]))
     assert len(r.sections) == 2
-    assert any("predicts a GPU step: shown apart" in w for w in r.warnings)
+    assert any("predicts a GPU step, no card named: shown apart" in w for w in r.warnings)
     # its device peak is unknown, said as the plan says it (an audit: the footnote read
     # "reserved + CUDA context" for it; this older plan file still holds the reserve there)
     from trainfit.report.tables import seed_text

@@ -114,7 +114,7 @@ def test_cli_train_bad_input(job, tmp_path):
     res = runner.invoke(app, ["train", str(lim), "--out", str(tmp_path / "lim")])
     assert res.exit_code == 2 and "memory_limit lots" in res.output
     assert not (tmp_path / "lim").exists()
-    lim.write_text(yaml.safe_dump({**d, "memory_limit": 1000}))
+    lim.write_text(yaml.safe_dump({**d, "memory_limit": "1000B"}))
     res = runner.invoke(app, ["train", str(lim), "--out", str(tmp_path / "lim"), "--max-steps", "1"])
     assert res.exit_code == 2 and "the model's weights alone take" in res.output
     res = runner.invoke(app, ["train", str(p), "--out", str(tmp_path / "ok"), "--max-steps", "2",

@@ -198,3 +198,18 @@ def test_the_summary_says_a_resume_at_another_micro_batch(capsys):
     # the same micro-batch: nothing more said
     line = segment(2, 2, 4, "finished")
     assert line.endswith("resumed from run/checkpoint-2")
+
+
+def test_a_resume_over_a_held_out_runs_data_names_the_hold_out():
+    """An audit: resuming an --eval-fraction run with --eval-data blamed the data ("resume over
+    the data it trained on"); the run held out a share, which another evaluation set changes."""
+    from trainfit.job import JobError
+    from trainfit.run.resume_fields import same_data
+
+    data = type("D", (), {"__len__": lambda self: 40, "digest": lambda self: "x"})()
+    history = {"data_samples": 30, "run_options": {"eval_fraction": 0.25}}
+    with pytest.raises(JobError, match=r"held out --eval-fraction 0.25") as err:
+        same_data("run/checkpoint-4", history, data)
+    assert err.value.hint.startswith("resume without --eval-data")
+    with pytest.raises(JobError, match=r"checkpoint's run had 30: its position counts those$"):
+        same_data("run/checkpoint-4", {"data_samples": 30}, data)

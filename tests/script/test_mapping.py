@@ -389,11 +389,15 @@ def test_padding_free_packing_says_the_mask_it_does_not_plan():
                 "position_ids": True}]
     r = record(args__packing=True, args__max_length=256, lengths__batches=batches)
     j = map_record(r)
-    note = next(n for n in j.notes if n.kind == "padding_free")
+    note = next(n for n in j.notes if n.kind == "padding_free_mask")
     assert note.data["positions"] == 2 * 256 and note.data["mask_mib"] == 512**2 / 2**20
     said = note_words(note)
     assert "(1, 1, N, N) boolean attention mask" in said and "512 positions" in said
     assert "under-predicted by at least the mask" in said
+    # flash attention reads the packing from position_ids: no mask to say (a review)
+    fa = map_record(record(args__packing=True, args__max_length=256, lengths__batches=batches,
+                           model__attn_implementation="flash_attention_2"))
+    assert [n.kind for n in fa.notes if n.kind.startswith("padding_free")] == ["padding_free"]
 
 
 def test_a_scripts_own_loss_is_said_not_planned():

@@ -63,9 +63,10 @@ def run_monitor(*, pid: int | None, interval_s: float, log: str | None, once: bo
             try:
                 check_not_in_use(Path(log).parent, flag="--log")
             except JobError as e:
-                _fail(f"--log {log}: {str(e).split(': ', 1)[-1]}, which writes this log itself",
-                      "give another --log path; `trainfit report "
-                      f"{Path(log).parent}` shows the run's own monitor", as_json=as_json)
+                _fail(f"--log {log}: {str(e).split(': ', 1)[-1]}, which writes its own "
+                      "monitor log there", "give a --log path outside the run's directory; "
+                      f"`trainfit report {Path(log).parent}` shows the run's own monitor",
+                      as_json=as_json)
         # Validates --pid/--interval/--log before anything starts or is written.
         # an existing log is appended to, never overwritten (a QA run lost a log to a rerun)
         existing = log is not None and Path(log).is_file() and Path(log).stat().st_size > 0

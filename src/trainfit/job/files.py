@@ -70,7 +70,9 @@ def file_memory_limit(extra: dict[str, Any]) -> int | None:
             raise JobError(f"memory_limit: {v}: must be a finite number ≥ 1 byte",
                            "e.g. memory_limit: 2GiB, or "
                            "drop the key for no limit")
-        return int(v)
+        # a number is bytes: a small or fractional one was meant with a unit, as the flag's
+        # (parse_bytes; a review: memory_limit: 1.2 read as 1 byte)
+        return parse_bytes(str(int(v)) if float(v).is_integer() else str(v), "memory_limit")
     return parse_bytes(str(v), "memory_limit")
 
 

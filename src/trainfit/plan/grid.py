@@ -374,13 +374,15 @@ def _recommend(rows: list[PlanRow], keep_band: float | None = None,
     best = min(fitting, key=lambda i: _sort_key(rows[i]))
     if keep_band is None:
         return best
-    alt = _fp32_weights_alternative(rows, fitting, best) \
-        if current_precision != "bf16-true" else None
-    if alt is not None and _gain(rows[best], rows[alt]) <= keep_band:
-        best = alt
+    # each measured against the fastest row itself, never against another kept row (a review:
+    # chained, the pick fell (1 + band)² − 1 behind it and was said "inside the band")
     same = _same_precision_alternative(rows, fitting, best, current_precision)
     if same is not None and _gain(rows[best], rows[same]) <= keep_band:
         return same
+    alt = _fp32_weights_alternative(rows, fitting, best) \
+        if current_precision != "bf16-true" else None
+    if alt is not None and _gain(rows[best], rows[alt]) <= keep_band:
+        return alt
     return best
 
 
@@ -432,7 +434,8 @@ def keep_fp32_weights(rows: list[PlanRow], rec: int | None, keep_band: float
     best = min(fitting, key=lambda i: _sort_key(rows[i]))
     if best == rec or rows[best].job.precision == rows[rec].job.precision or \
             rows[best].speed is None or not rows[best].speed.tokens_per_s or \
-            rows[rec].speed is None or not rows[rec].speed.tokens_per_s:
+            rows[rec].speed is None or not rows[rec].speed.tokens_per_s or \
+            _gain(rows[best], rows[rec]) > keep_band:
         return None
     return {"precision": rows[best].job.precision,
             "tokens_per_s": rows[best].speed.tokens_per_s,  # type: ignore[union-attr]

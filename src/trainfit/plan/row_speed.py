@@ -4,6 +4,8 @@ retrying at the card's limit, CPU or activation offload)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from typing import Any
 
@@ -14,7 +16,11 @@ from trainfit.memory.zero import compute_job
 from trainfit.model.workload import build_model_on_meta
 from trainfit.speed.comm import peer_to_peer, sync_time, unknown_interconnect, with_sync
 from trainfit.speed.host import SWITCH
-from trainfit.speed.host_timing import H100_HOST_REFERENCE_OP_S, machine_reference_op_s
+from trainfit.speed.host_timing import (
+    H100_HOST_REFERENCE_OP_S,
+    HOST_ENV,
+    machine_reference_op_s,
+)
 from trainfit.speed.predict import SpeedPrediction, unknown_speed
 from trainfit.speed.zero_hooks import HookCounts, hidden_size, hook_counts, hook_ops
 
@@ -31,11 +37,19 @@ def zero_hook_counts(job: JobSpec, source: Any) -> HookCounts | None:
     hidden = hidden_size(getattr(source, "config", None))
     if not hidden:
         return None
-    key = (id(source), job.method, job.lora_r, tuple(job.lora_targets or ()), job.quant,
-           job.grad_ckpt, job.sharding)
+    # by the model's name and configuration, not the source object's id (a review: an id
+    # reused after garbage collection would serve another model's counts)
+    config = getattr(source, "config", None)
+    described = json.dumps(config.to_dict() if hasattr(config, "to_dict") else repr(config),
+                           sort_keys=True, default=str)
+    key = (getattr(source, "name", ""), hashlib.sha256(described.encode()).hexdigest(),
+           job.method, job.lora_r, tuple(job.lora_targets or ()), job.quant, job.grad_ckpt,
+           job.sharding)
     if key not in _COUNTS:
         model, _ = build_model_on_meta(compute_job(job), source)
-        _COUNTS[key] = hook_counts(model, hidden, job.grad_ckpt == "full")
+        # selective checkpointing runs each layer's forward again too (its hooks and fetches
+        # fire again): counted as full, an upper bound on the hooks (a review)
+        _COUNTS[key] = hook_counts(model, hidden, job.grad_ckpt in ("full", "selective"))
     return _COUNTS[key]
 
 
@@ -47,7 +61,9 @@ def framework_host_s(job: JobSpec, source: Any) -> float:
     counts = zero_hook_counts(job, source)
     if counts is None:
         return 0.0
-    ref = None if os.environ.get(SWITCH) == "0" else machine_reference_op_s()
+    # a given host's reference (TRAINFIT_HOST_REFERENCE_OP_S) holds with the measurement off
+    ref = machine_reference_op_s() if os.environ.get(SWITCH) != "0" or \
+        os.environ.get(HOST_ENV) else None
     return hook_ops(counts, 3 if job.sharding == "zero3" else 2) * (ref or H100_HOST_REFERENCE_OP_S)
 
 

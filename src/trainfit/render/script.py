@@ -27,6 +27,8 @@ NOTE_WORDS = {
     "attention": "attn_implementation={script!r}: planned with PyTorch's {planned} (the same "
                  "memory order)",
     "padding_free": "padding-free batches (one row of concatenated samples): planned as "
+                    "micro-batch × {seq_len} positions",
+    "padding_free_mask": "padding-free batches (one row of concatenated samples): planned as "
                     "micro-batch × {seq_len} positions in separate rows; transformers 5 runs "
                     "them as one row with a (1, 1, N, N) boolean attention mask built from "
                     "position_ids ({positions:,} positions at the script's micro-batch: "

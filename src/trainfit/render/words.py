@@ -116,16 +116,21 @@ def plan_notes(result: PlanResult) -> list[str]:
 
 def zero_hooks_note(sharding: str, seconds: float, is_pick: bool) -> str:
     """DeepSpeed's hooks as host time (:mod:`trainfit.speed.zero_hooks`): the figure, what it
-    comes from, and what it leaves out."""
+    comes from, and what it leaves out (a review: no trainfit command measures these rows —
+    tune probes DDP — and the fit's residuals are in-sample, on a CPU)."""
+    from trainfit.speed.zero_hooks import DEEPSPEED_MEASURED, FIT_RESIDUALS
+
+    stage = "ZeRO-3" if sharding == "zero3" else "ZeRO-2"
     what = ("fetch and release around every module, forward and backward, and a gradient hook "
             "per trainable parameter" if sharding == "zero3"
             else "a gradient hook per trainable parameter")
-    return (f"DeepSpeed {'ZeRO-3' if sharding == 'zero3' else 'ZeRO-2'}'s hooks ({what}) add "
-            f"{seconds * 1e3:,.0f} ms of host time to each micro-step of "
-            f"{'the pick' if is_pick else 'its rows'} (predicted: counted on the model, at "
-            "DeepSpeed 0.19.8's cost measured on a CPU, ±26 %, benchmarks/results/zero_hooks.md; "
-            "their CUDA stream and event calls are not counted, so these rows' tokens/s lean "
-            "high — `trainfit tune` measures them)")
+    return (f"DeepSpeed {stage}'s hooks ({what}) add {seconds * 1e3:,.0f} ms of host time to "
+            f"each micro-step of {'the pick' if is_pick else 'its rows'} (predicted: counted on "
+            f"the model, at DeepSpeed {DEEPSPEED_MEASURED}'s cost per count measured on tiny "
+            f"models on a CPU, which the fit follows within "
+            f"{FIT_RESIDUALS[sharding]}, benchmarks/results/zero_hooks.md; not checked on a GPU "
+            "host, where their CUDA stream and event calls come on top, so these rows' tokens/s "
+            "lean high; no trainfit command measures a DeepSpeed step)")
 
 
 def inversion_note(result: PlanResult) -> str | None:

@@ -83,10 +83,19 @@ def same_data(ck: Path | str, history: dict[str, Any], data: Any) -> None:
     without the count or digest (an older trainfit) is not compared."""
     saved = history.get("data_samples")
     if isinstance(saved, int) and not isinstance(saved, bool) and saved != len(data):
+        # the run held out a fraction for evaluation: another evaluation set given now (or
+        # none) changes what is left to train on, which is the likelier cause (an audit: the
+        # data was blamed for an --eval-data given over an --eval-fraction run)
+        fraction = (history.get("run_options") or {}).get("eval_fraction")
+        held = (f"; its run held out --eval-fraction {fraction} of the data for evaluation, "
+                "so an --eval-data given now (which replaces that hold-out) changes what is "
+                "left to train on" if fraction else "")
         raise JobError(f"--resume {ck}: the data makes {len(data):,} training samples, the "
-                       f"checkpoint's run had {saved:,}: its position counts those",
-                       "resume over the data it trained on (the same file, seq_len and "
-                       "packing), or start a new run (no --resume)")
+                       f"checkpoint's run had {saved:,}: its position counts those{held}",
+                       ("resume without --eval-data (the run's --eval-fraction is kept), over "
+                        "the same data" if fraction else "resume over the data it trained on "
+                        "(the same file, seq_len and packing)")
+                       + ", or start a new run (no --resume)")
     digest = history.get("data_sha256")
     if isinstance(digest, str) and digest != data.digest():
         raise JobError(f"--resume {ck}: the data's {len(data):,} samples are not the ones the "

@@ -42,14 +42,16 @@ def load_dtype(job: JobSpec) -> str:
         return "bfloat16"
     if job.method == "full" or p == "fp32":
         return "float32"
-    if job.base_dtype == "fp32":
+    if job.base_dtype == "bf16" and p == "amp-fp16":
+        # a bf16 base kept under an fp16 pick (--precision amp-fp16 on a T4, which has no
+        # bf16) was the change's silence, where the refusal without the flag said
+        # dtype=torch.float16 (an audit)
+        return "float16"
+    if job.base_dtype != "auto":
         # the base as the script loaded it (script.mapping reads it): a float32 base under bf16
         # autocast is loaded in float32, and the change to a bf16 pick must say so (a QA run's
         # advice was bf16=False alone, i.e. fp32 training)
-        return "float32"
-    # a 16-bit base is loaded in the autocast's own 16-bit type: a bf16 base kept under an
-    # fp16 pick (--precision amp-fp16 on a T4, which has no bf16) was the change's silence,
-    # where the refusal without the flag said dtype=torch.float16 (an audit)
+        return {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[job.base_dtype]
     return "float16" if p == "amp-fp16" else "bfloat16"
 
 

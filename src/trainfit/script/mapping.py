@@ -284,14 +284,17 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
         notes.append(ScriptNote("attention", {"script": attn, "planned": f["attention"]}))
     ln = lengths(rec, quantile)
     f["seq_len"] = ln.longest
-    if ln.padding_free:
-        # transformers 5 reads the packing from position_ids and hands SDPA a (1, 1, N, N) bool
-        # mask for the one row of N = micro-batch × length positions (masking_utils; an audit,
-        # on this CPU): not simulated here, its bytes said with the note
+    if ln.padding_free and (m["attn_implementation"] or "sdpa") not in ("sdpa", "eager"):
+        # flash attention takes the packing from position_ids itself, no mask (a review)
+        notes.append(ScriptNote("padding_free", {"seq_len": ln.longest}))
+    elif ln.padding_free:
+        # for SDPA and eager, transformers 5 reads the packing from position_ids and hands
+        # SDPA a (1, 1, N, N) bool mask for the one row of N = micro-batch × length positions
+        # (masking_utils; an audit, on this CPU): not simulated here, its bytes said
         positions = int(a["per_device_train_batch_size"]) * ln.longest
-        notes.append(ScriptNote("padding_free", {"seq_len": ln.longest,
-                                                 "positions": positions,
-                                                 "mask_mib": positions**2 / 2**20}))
+        notes.append(ScriptNote("padding_free_mask", {"seq_len": ln.longest,
+                                                      "positions": positions,
+                                                      "mask_mib": positions**2 / 2**20}))
     if ln.label_max is not None:
         notes.append(ScriptNote("seq2seq_lengths", {"label_max": ln.label_max,
                                                     "input_max": ln.sample_max}))

@@ -119,7 +119,7 @@ def sync_time(*, ranks: int, sharding: str, grad_accum: int, grad_bytes: float,
                    "the gradient hooks) are counted as host time (framework_host_s: their "
                    "Python as measured on a CPU, without their CUDA stream and event calls); "
                    "its gather/reduce bucket copies on the device are not — this tokens/s "
-                   "leans high (`trainfit tune` measures it)") if sharding == "zero3" else ""
+                   "leans high") if sharding == "zero3" else ""
         return SyncTime(f"all-gather ×2 + reduce-scatter per micro-step ({who})",
                         per_micro * grad_accum, comm_micro * grad_accum, exposed,
                         "prefetched: hidden under each micro-step's compute up to its length"
