@@ -290,3 +290,21 @@ def test_a_resume_without_out_continues_in_the_resumed_runs_directory(job, tmp_p
     assert (tmp_path / "C" / "checkpoint-4").exists()
 
 
+
+
+def test_resume_of_a_run_killed_before_its_first_save_says_the_same_out_works(tmp_path):
+    """An audit: ``--resume`` of a run killed before its first checkpoint (no record written)
+    said "into a new --out (or remove it first)", where running into the same --out works (the
+    dead run's monitor files are set aside); a run that recorded steps keeps the old hint."""
+    from trainfit.run import checkpoint as ckpt
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "monitor.jsonl").write_text("{}\n")
+    with pytest.raises(JobError, match="no complete checkpoint") as err:
+        ckpt.find(run)
+    assert f"into the same --out {run}" in err.value.hint
+    (run / "train.json").write_text("{}")
+    with pytest.raises(JobError) as err:
+        ckpt.find(run)
+    assert "into a new --out" in err.value.hint

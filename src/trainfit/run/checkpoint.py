@@ -338,9 +338,14 @@ def find(resume: Path) -> tuple[Path, str | None]:
     partial = sorted(p.name for p in resume.glob(".checkpoint-*.tmp"))
     raise JobError(f"--resume {resume}: no complete checkpoint in it"
                    + (f" ({', '.join(partial)} is a save that was interrupted)" if partial else ""),
-                   f"run again without --resume, into the same --out {resume} (a run that "
-                   "stopped before its first checkpoint is set aside there) or a new one, or "
-                   "give a directory that trainfit train wrote")
+                   # a run killed before it wrote its record is set aside by a new run there
+                   # (an audit); one that recorded steps (diverged, failed) is not: refused
+                   ("run again without --resume into a new --out (or remove "
+                    f"{resume} first: it holds no complete checkpoint)"
+                    if (resume / "train.json").exists() else
+                    f"run again without --resume, into the same --out {resume} (what a run "
+                    "killed before its first checkpoint left is set aside) or a new one")
+                   + ", or give a directory that trainfit train wrote")
 
 
 def _latest(run: Path) -> tuple[Path | None, str]:
