@@ -238,9 +238,11 @@ class _Grid:
     def verify_pick(self, rows: list[PlanRow], verify: bool, keep_band: float | None = None,
                     current_precision: str | None = None) -> int | None:
         """Re-simulate the pick at full size (the number it is chosen on is then exact, not
-        extrapolated), and choose again if the exact number changes the answer.  ``keep_band``:
-        the current configuration keeps fp32 weights, and a bf16-true row must beat the fastest
-        row that keeps them by more than this fraction (:func:`keep_fp32_weights`)."""
+        extrapolated), and choose again if the exact number changes the answer.  ``keep_band``
+        (a current configuration given): a row of another precision than
+        ``current_precision``'s, or a bf16-true row where the current one keeps fp32 weights,
+        must beat the fastest row that keeps them by more than this fraction
+        (:func:`_recommend`, :func:`keep_fp32_weights`)."""
         rec = _recommend(rows, keep_band, current_precision)
         for _ in range(MAX_VERIFICATIONS):
             if rec is None or not verify or rows[rec].how == "simulated":
