@@ -120,6 +120,21 @@ CONSUMER: tuple[GpuSpec, ...] = (
         "FP32/TF32 34.1, FP16/BF16 (FP32 acc) 68.2, INT8 272.8; 384-bit 19 Gbps = 912 GB/s",
     ),
     GpuSpec(
+        name="rtx-3090-ti", display_name="NVIDIA GeForce RTX 3090 Ti",
+        aliases=("rtx-3090-ti", "3090-ti", "3090ti", "rtx3090ti", "rtx-3090-ti-24gb"),
+        memory_bytes=25_414_860_800,
+        memory_source="DERIVED: marketed 24 GB GDDR6X on GA102; driver-visible total taken as the "
+        "RTX 3090's Linux deviceQuery 24238 MiB (same GA102 24 GB reservation); no published "
+        "Linux reading of this card",
+        peak_tflops=_peaks(40.0, 40.0, 80.0, 80.0, 320.0),
+        memory_bandwidth_gbs=1008.0, bf16_supported=True, compute_capability="8.6",
+        sm_count=84, cuda_context_bytes=_ctx(84, 1536),
+        interconnect="pcie4x16", interconnect_gbs=PCIE4_X16_GBS,
+        source="derived: " + _AMPERE_WP + " per-SM rates x 84 SMs x 1860 MHz boost (10752 cores) = "
+        "FP32/TF32 40.0, FP16/BF16 (FP32 acc) 80.0, INT8 320.0; 384-bit 21 Gbps = 1008 GB/s "
+        "(NVLink bridge optional; an audit found the card refused as unknown)",
+    ),
+    GpuSpec(
         name="rtx-4060-ti-8gb", display_name="NVIDIA GeForce RTX 4060 Ti (8 GB)",
         aliases=("rtx-4060-ti", "4060-ti", "4060ti", "rtx4060ti", "rtx-4060-ti-8gb", "4060-ti-8gb"),
         memory_bytes=_AD10X_8GB,

@@ -232,7 +232,7 @@ _DEVICE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (r"\b3070\b", ("rtx-3070",)),
     (r"\b3080 ti\b", ("rtx-3080-ti",)),
     (r"\b3080\b", ("rtx-3080-10gb", "rtx-3080-12gb", "rtx-3080-20gb")),
-    (r"\b3090 ti\b", ()),
+    (r"\b3090 ti\b", ("rtx-3090-ti",)),
     (r"\b3090\b", ("rtx-3090",)),
     (r"\b4060 ti\b", ("rtx-4060-ti-8gb", "rtx-4060-ti-16gb")),
     (r"\b4070 ti super\b", ("rtx-4070-ti-super",)),

@@ -313,6 +313,9 @@ CARD_GEMM: dict[str, CardGemm] = {
                                    "core (350 W / 8960 against 320 W / 8704), whose GeForce GA102 "
                                    "siblings all read 1.07-1.12 (3080 10/20GB, 3080 Ti, 3090): 1.0"),
     "rtx-3080-ti": CardGemm(1.0, f"{_ZZC} database.md: bf16 76.47 TF of 68.2 (1.12; 1.0)"),
+    "rtx-3090-ti": CardGemm(1.0, "no published rate: GA102 with more power a core than the "
+                                 "3090 (450 W / 10752 against 350 W / 10496), whose GeForce GA102 "
+                                 "siblings all read 1.07-1.12 (3080 10/20GB, 3080 Ti, 3090): 1.0"),
     "rtx-4070-super": CardGemm(1.0, f"{_ZZC} database.md: bf16 76.76 / 73.63 TF of 71.0 (two "
                                     "contributors, 1.08 / 1.04; 1.0)"),
     "rtx-4060-ti-16gb": _RTX_4060_TI,
