@@ -42,7 +42,7 @@ def _option(f: FieldInfo) -> inspect.Parameter:
 
 
 def _value(f: FieldInfo, v: Any) -> Any:
-    if f.clearable and isinstance(v, str) and v.strip().lower() == "none":
+    if f.cleared(v):
         return None
     if f.kind in (int, float) and isinstance(v, str):
         try:

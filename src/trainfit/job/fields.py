@@ -62,6 +62,10 @@ class FieldInfo:
         return self.optional and self.kind in (str, int, float) and \
             "none" not in (self.choices or ())
 
+    def cleared(self, value: Any) -> bool:
+        """Whether ``value`` is ``none`` given for this field (a flag's or a job file's): None."""
+        return self.clearable and isinstance(value, str) and value.strip().lower() == "none"
+
 
 def _docstrings() -> dict[str, str]:
     """Each field's attribute docstring (the string literal under it in JobSpec's body)."""

@@ -242,9 +242,8 @@ def _nones(data: dict[str, Any]) -> dict[str, Any]:
     the hub as a repository named "none"."""
     from trainfit.job.fields import job_fields  # fields builds on the JobSpec this module reads
 
-    clearable = {f.name for f in job_fields() if f.clearable}
-    return {k: None if k in clearable and isinstance(v, str) and v.strip().lower() == "none"
-            else v for k, v in data.items()}
+    fields = {f.name: f for f in job_fields()}
+    return {k: None if k in fields and fields[k].cleared(v) else v for k, v in data.items()}
 
 
 def _check_file_keys(path: str | Path, extra: dict[str, Any]) -> None:

@@ -378,25 +378,27 @@ def _recommend(rows: list[PlanRow], keep_band: float | None = None,
         return best
     # each measured against the fastest row itself, never against another kept row (a review:
     # chained, the pick fell (1 + band)² − 1 behind it and was said "inside the band")
-    same = _same_precision_alternative(rows, fitting, best, current_precision)
-    if same is not None and _gain(rows[best], rows[same]) <= keep_band:
-        return same
-    alt = _fp32_weights_alternative(rows, fitting, best) \
-        if current_precision != "bf16-true" else None
-    if alt is not None and _gain(rows[best], rows[alt]) <= keep_band:
-        return alt
+    b = rows[best].job
+    if current_precision is not None and b.precision != current_precision:
+        same = _fastest_keeping(rows, fitting, best, lambda j: j.precision == current_precision)
+        if same is not None and _gain(rows[best], rows[same]) <= keep_band:
+            return same
+    if current_precision != "bf16-true" and b.precision == "bf16-true":
+        alt = _fastest_keeping(rows, fitting, best, lambda j: j.precision != "bf16-true")
+        if alt is not None and _gain(rows[best], rows[alt]) <= keep_band:
+            return alt
     return best
 
 
-def _same_precision_alternative(rows: list[PlanRow], fitting: list[int], best: int,
-                                precision: str | None) -> int | None:
-    """Where the pick changes the current precision: the fastest fitting row at the current
-    one, at the pick's effective batch and ranks, both speeds known (None otherwise)."""
+def _fastest_keeping(rows: list[PlanRow], fitting: list[int], best: int,
+                     keeps: Callable[[JobSpec], bool]) -> int | None:
+    """The fastest fitting row whose job ``keeps`` what the current configuration has (its
+    precision, or fp32 weights), at the fastest row's effective batch and ranks, both speeds
+    known (None otherwise)."""
     b = rows[best]
-    if precision is None or b.job.precision == precision or b.speed is None or \
-            not b.speed.tokens_per_s:
+    if b.speed is None or not b.speed.tokens_per_s:
         return None
-    keep = [i for i in fitting if rows[i].job.precision == precision
+    keep = [i for i in fitting if keeps(rows[i].job)
             and rows[i].job.effective_batch == b.job.effective_batch
             and rows[i].job.ranks == b.job.ranks
             and rows[i].speed is not None and rows[i].speed.tokens_per_s]  # type: ignore[union-attr]
@@ -406,19 +408,6 @@ def _same_precision_alternative(rows: list[PlanRow], fitting: list[int], best: i
 def _gain(pick: PlanRow, other: PlanRow) -> float:
     """``pick``'s predicted tokens/s over ``other``'s, less 1 (both known)."""
     return pick.speed.tokens_per_s / other.speed.tokens_per_s - 1  # type: ignore[union-attr,operator]
-
-
-def _fp32_weights_alternative(rows: list[PlanRow], fitting: list[int], best: int) -> int | None:
-    """Where the fastest fitting row trains in pure bf16: the fastest fitting one that keeps
-    fp32 weights at its effective batch and ranks, both speeds known (None otherwise)."""
-    b = rows[best]
-    if b.job.precision != "bf16-true" or b.speed is None or not b.speed.tokens_per_s:
-        return None
-    keep = [i for i in fitting if rows[i].job.precision != "bf16-true"
-            and rows[i].job.effective_batch == b.job.effective_batch
-            and rows[i].job.ranks == b.job.ranks
-            and rows[i].speed is not None and rows[i].speed.tokens_per_s]  # type: ignore[union-attr]
-    return min(keep, key=lambda i: _sort_key(rows[i])) if keep else None
 
 
 def keep_fp32_weights(rows: list[PlanRow], rec: int | None, keep_band: float

@@ -13,6 +13,7 @@ from trainfit.hardware.gpus import GpuSpec
 from trainfit.job import JobSpec
 from trainfit.memory.predict import MemoryPrediction
 from trainfit.memory.zero import compute_job
+from trainfit.model.source import hidden_size
 from trainfit.model.workload import build_model_on_meta
 from trainfit.speed.comm import peer_to_peer, sync_time, unknown_interconnect, with_sync
 from trainfit.speed.host import SWITCH
@@ -22,7 +23,7 @@ from trainfit.speed.host_timing import (
     machine_reference_op_s,
 )
 from trainfit.speed.predict import SpeedPrediction, unknown_speed
-from trainfit.speed.zero_hooks import HookCounts, hidden_size, hook_counts, hook_ops
+from trainfit.speed.zero_hooks import HookCounts, hook_counts, hook_ops
 
 _COUNTS: dict[tuple[Any, ...], HookCounts] = {}
 
@@ -34,7 +35,7 @@ def zero_hook_counts(job: JobSpec, source: Any) -> HookCounts | None:
     once per model structure."""
     if job.sharding not in ("zero2", "zero3"):
         return None
-    hidden = hidden_size(getattr(source, "config", None))
+    hidden = hidden_size(source)
     if not hidden:
         return None
     # by the model's name and configuration, not the source object's id (a review: an id

@@ -36,7 +36,6 @@ of the flat buckets (memory traffic, not host time).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -110,16 +109,12 @@ def _running(module: torch.nn.Module) -> int:
     """Modules whose forward a pass calls: not the containers, nor PEFT's tuner wrapper
     (``LoraModel``), which ``PeftModel.forward`` steps over to the base model (one module,
     where ``PeftModelForCausalLM`` does call it: the count is then one short)."""
-    return sum(1 for m in module.modules() if not isinstance(m, CONTAINERS)
-               and not _peft_tuner(m))
-
-
-def _peft_tuner(module: torch.nn.Module) -> bool:
     try:
         from peft.tuners.tuners_utils import BaseTuner
+        skipped: tuple[type, ...] = (*CONTAINERS, BaseTuner)
     except ImportError:  # no peft: no tuner
-        return False
-    return isinstance(module, BaseTuner)
+        skipped = CONTAINERS
+    return sum(1 for m in module.modules() if not isinstance(m, skipped))
 
 
 def hook_counts(model: torch.nn.Module, hidden: int, checkpointed: bool) -> HookCounts:
@@ -146,8 +141,3 @@ def hook_ops(counts: HookCounts, stage: int) -> float:
     if stage == 2:
         return ZERO2_OPS_PER_MICRO_STEP + ZERO2_OPS_PER_TRAINABLE * counts.trainable
     return 0.0
-
-
-def hidden_size(config: Any) -> int:
-    return int(getattr(config, "hidden_size", None) or getattr(config, "d_model", None)
-               or getattr(config, "n_embd", 0) or 0)
