@@ -62,8 +62,9 @@ def test_a_ranks_error_under_nproc_is_said_once_with_exit_2(job, tmp_path):
 
 
 def test_a_rank_that_dies_under_nproc_is_said_with_the_way_on(job, tmp_path):
-    """A rank killed (the kernel's OOM killer): one error line naming the newest checkpoint and
-    a --resume hint, exit 1 as train --help documents (torchrun's log lines alone before)."""
+    """A rank killed (the kernel's OOM killer): one error line naming the rank, the signal and
+    the newest checkpoint, and a --resume hint, exit 1 as train --help documents (torchrun's log
+    lines alone before)."""
     import signal
     import time
 
@@ -81,11 +82,16 @@ def test_a_rank_that_dies_under_nproc_is_said_with_the_way_on(job, tmp_path):
         time.sleep(0.2)
     ranks = [c for c in psutil.Process(proc.pid).children(recursive=True)
              if "trainfit.cli.main" in c.cmdline() and "trainfit.run.torchrun" not in c.cmdline()]
-    max(ranks, key=lambda r: r.pid).send_signal(signal.SIGKILL)
+    killed = max(ranks, key=lambda r: r.pid)
+    rank = killed.environ()["RANK"]
+    killed.send_signal(signal.SIGKILL)
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 1, err[-2000:]
     errors = [x for x in err.splitlines() if x.startswith("error:")]
     assert len(errors) == 1 and "a process of the run ended abnormally" in errors[0], err[-2000:]
+    # the rank and its signal named (torchrun's SIGTERM to the other rank is not the cause;
+    # "torchrun exit code 1" before: an audit)
+    assert f"(rank {rank} killed by signal 9 (SIGKILL);" in errors[0], errors[0]
     assert f"hint: continue with --resume {out}" in err
 
 
@@ -139,3 +145,18 @@ def test_a_signal_to_the_nproc_launcher_reaches_the_ranks(job, tmp_path):
     # process, no traceback (a review: 241, or 1)
     code, err = run_until_signalled(signal.SIGTERM, [], 0, where=tmp_path / "early")
     assert code == 143 and "Traceback" not in err, err[-2000:]
+
+
+def test_the_failed_rank_is_named_with_its_signal_not_torchruns_sigterm():
+    """The rank a signal killed is the cause; torchrun's SIGTERM to the others is listed too
+    (at the same second, a lower rank); a rank that exited is named with its code."""
+    from trainfit.run.launch import _how
+
+    assert _how([{"rank": 0, "exit_code": -15, "timestamp": 5},
+                 {"rank": 1, "exit_code": -9, "timestamp": 5}]) == \
+        "rank 1 killed by signal 9 (SIGKILL)"
+    assert _how([{"rank": 1, "exit_code": -15, "timestamp": 7}]) == \
+        "rank 1 killed by signal 15 (SIGTERM)"
+    assert _how([{"rank": 1, "exit_code": 1, "timestamp": 6},
+                 {"rank": 0, "exit_code": 1, "timestamp": 7}]) == "rank 1 exited with code 1"
+    assert _how([]) is None

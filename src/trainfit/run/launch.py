@@ -100,6 +100,7 @@ def launch(nproc: int, device: str, job: JobSpec, job_file: str, out: Path,
         started = time.time()
         code, relayed = _run_torchrun(cmd, {**os.environ, RANK_ERRORS_ENV: str(errors_dir)})
         errors = _rank_errors(errors_dir)
+        failed = _failed_ranks(errors_dir)
     finally:
         shutil.rmtree(errors_dir, ignore_errors=True)
     if errors:
@@ -121,7 +122,8 @@ def launch(nproc: int, device: str, job: JobSpec, job_file: str, out: Path,
     from trainfit.run.checkpoint import checkpoints
 
     kept = checkpoints(out) if out.is_dir() else []
-    how = f"killed by signal {-code}" if code < 0 else f"torchrun exit code {code}"
+    how = _how(failed) or (f"killed by signal {-code}" if code < 0 else
+                           f"torchrun exit code {code}")
     return Launched(exit_code=1, errors=[], failure=RankFailure(
         how=how, newest_checkpoint=out / kept[0].name if kept else None))
 
@@ -189,6 +191,31 @@ def _rank_errors(d: Path) -> list[RankError]:
             seen.add(e.message)
             errors.append(e)
     return errors
+
+
+def _failed_ranks(d: Path) -> list[dict[str, int]]:
+    """The ranks torchrun saw fail (run/torchrun.py), each {rank, exit_code, timestamp}."""
+    try:
+        failed = json.loads((d / "failed.json").read_text())
+        return [{k: int(f[k]) for k in ("rank", "exit_code", "timestamp")} for f in failed]
+    except (OSError, ValueError, TypeError, KeyError):
+        return []
+
+
+def _how(failed: list[dict[str, int]]) -> str | None:
+    """The failure in words: the rank a signal killed (the cause: torchrun then sends the others
+    SIGTERM, which it lists as failures too) or else the first to fail, with its exit code."""
+    if not failed:
+        return None
+    killed = [f for f in failed if f["exit_code"] < 0 and f["exit_code"] != -signal.SIGTERM]
+    f = min(killed or failed, key=lambda f: (f["timestamp"], f["rank"]))
+    if f["exit_code"] < 0:
+        try:
+            name = f" ({signal.Signals(-f['exit_code']).name})"
+        except ValueError:
+            name = ""
+        return f"rank {f['rank']} killed by signal {-f['exit_code']}{name}"
+    return f"rank {f['rank']} exited with code {f['exit_code']}"
 
 
 def _signal_ranks(proc: subprocess.Popen[Any], signum: int) -> None:

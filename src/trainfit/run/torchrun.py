@@ -11,6 +11,7 @@ run.py) run unchanged, and a failed child is an exit code only: trainfit's launc
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,13 +25,32 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             run(parse_args(sys.argv[1:] if argv is None else argv))
-        except ChildFailedError:
+        except ChildFailedError as e:
+            _leave_failures(e)
             return 1
         except SignalException as e:
             return 128 + int(e.sigval)
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _leave_failures(e: Any) -> None:
+    """The failed ranks' exit codes (negative: the signal that killed it), for the launcher to
+    name the rank and the signal (it said "torchrun exit code 1": an audit) — in the folder its
+    ranks leave their errors in (run/launch.py), written whole then renamed."""
+    import json
+    import os
+    from pathlib import Path
+
+    where = os.environ.get("TRAINFIT_RANK_ERRORS")
+    if not where or not Path(where).is_dir():
+        return
+    failed = [{"rank": int(rank), "exit_code": int(f.exitcode), "timestamp": int(f.timestamp)}
+              for rank, f in e.failures.items()]
+    tmp = Path(where) / ".failed.json"
+    tmp.write_text(json.dumps(failed))
+    tmp.replace(Path(where) / "failed.json")
 
 
 if __name__ == "__main__":
