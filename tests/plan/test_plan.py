@@ -449,3 +449,30 @@ def test_a_largest_fitting_rows_expandable_reserve_is_its_full_size_simulations(
     assert got == pytest.approx(exact.reserved_expandable_bytes, rel=0.01)
     # below the default allocator's reserve, never below the live bytes
     assert top[0].memory.peak_allocated_bytes <= got <= top[0].memory.peak_reserved_bytes
+
+
+def test_a_padding_free_plan_holds_the_mask_and_times_attention_over_the_packed_row(tiny_llama):
+    """--padding-free (TRL's packing): each micro-batch one row of micro × seq positions with its
+    (1, 1, N, N) mask — every row holds more than the same row unpacked, the excess grows faster
+    than the micro-batch, attention over N × N (no causal skip, no flash kernel with a mask)
+    makes the step slower, and the plan says so."""
+    job = JobSpec(model="t", seq_len=128, effective_batch=8, precision="amp-bf16",
+                  grad_ckpt="off")
+    gpu = find_gpu("a100-80gb")
+    packed = plan(job.replace(padding_free=True), tiny_llama, gpu, verify=False)
+    rows = plan(job, tiny_llama, gpu, verify=False)
+
+    def by(res):
+        return {r.job.micro_batch: r for r in res.rows}
+
+    p, u = by(packed), by(rows)
+    excess = {m: p[m].memory.peak_allocated_bytes - u[m].memory.peak_allocated_bytes
+              for m in (1, 2, 4, 8)}
+    assert all(x > 0 for x in excess.values()), excess
+    assert excess[8] > 2 * excess[4] > 0
+    assert p[8].speed.step_time_s > u[8].speed.step_time_s
+    assert all(r.job.padding_free for r in packed.rows)
+    pick = packed.rows[packed.recommended_index]
+    n = pick.job.micro_batch * 128
+    assert any(x.startswith(f"padding-free: each micro-batch simulated as one row of {n:,} "
+                            "positions") for x in pick.memory.model_notes), pick.memory.model_notes

@@ -378,26 +378,33 @@ def test_a_launchers_processes_are_the_runs_ranks(tmp_path, monkeypatch):
     assert map_record(r).fields["ranks"] == 2
 
 
-def test_padding_free_packing_says_the_mask_it_does_not_plan():
+def test_padding_free_packing_is_planned_as_one_row_with_its_mask():
     """An audit: TRL's padding-free packing runs one row of micro-batch × length positions,
     for which transformers 5 builds a (1, 1, N, N) boolean mask from position_ids (no flash
-    kernel); plan simulates separate rows.  Said with the mask's bytes at the script's
-    micro-batch: 2 × 256 positions → 512² bytes."""
+    kernel); plan simulated separate rows and said the mask unplanned.  Now the job is
+    padding-free (simulated as that row: tests/memory/test_padding_free.py), said with the
+    mask's bytes at the script's micro-batch: 2 × 256 positions → 512² bytes."""
     from trainfit.render.script import note_words
 
     batches = [{"rows": 1, "length": 512, "label_length": 512, "tokens": 512, "padded": False,
                 "position_ids": True}]
     r = record(args__packing=True, args__max_length=256, lengths__batches=batches)
     j = map_record(r)
+    assert j.fields["padding_free"] is True and j.fields["seq_len"] == 256
     note = next(n for n in j.notes if n.kind == "padding_free_mask")
     assert note.data["positions"] == 2 * 256 and note.data["mask_mib"] == 512**2 / 2**20
     said = note_words(note)
     assert "(1, 1, N, N) boolean attention mask" in said and "512 positions" in said
-    assert "under-predicted by at least the mask" in said
+    assert "planned as that one row" in said and "micro-batch squared" in said
     # flash attention reads the packing from position_ids: no mask to say (a review)
     fa = map_record(record(args__packing=True, args__max_length=256, lengths__batches=batches,
                            model__attn_implementation="flash_attention_2"))
     assert [n.kind for n in fa.notes if n.kind.startswith("padding_free")] == ["padding_free"]
+    assert fa.fields["padding_free"] is True and fa.fields["attention"] == "sdpa-flash"
+    # rows of their own (no position_ids): not padding-free
+    rows = [{**batches[0], "rows": 2, "position_ids": False}]
+    assert "padding_free" not in map_record(record(args__max_length=256,
+                                                   lengths__batches=rows)).fields
 
 
 def test_a_scripts_own_loss_is_said_not_planned():

@@ -216,6 +216,8 @@ def trl_sft_config(job: JobSpec, *, device: str = "cuda",
         kw["packing"] = bool(job.packing)
         if job.packing:
             kw["packing_strategy"] = "wrapped"
+    if job.padding_free:  # what plan simulated: one row per micro-batch (JobSpec.padding_free)
+        kw["padding_free"] = True
     return kw
 
 

@@ -229,6 +229,15 @@ class JobSpec:
     4,096 tokens × 32,768 vocabulary entries with an online log-sum-exp, never the whole logits;
     the backward recomputes each tile. Read from an SFTTrainer script; needs trl to run on
     real tensors."""
+    padding_free: bool = False
+    """Each micro-batch is one row of its samples concatenated, position_ids restarting at each
+    (TRL's ``padding_free``, and its ``packing`` with the default bfd strategy): N = micro-batch
+    × seq_len positions.  Under sdpa / eager attention transformers 5 reads the packing from
+    position_ids and hands SDPA a (1, 1, N, N) block-causal bool mask, of which SDPA keeps a
+    float copy per layer for the backward, and attention then runs over N × N (a mask takes no
+    flash kernel): memory and time grow with the micro-batch squared.  With sdpa-flash (flash
+    attention's varlen kernel takes the packing from position_ids) it holds what separate rows
+    hold.  Causal LMs only; read from a script; plan only (train and tune run separate rows)."""
     grads_to_none: bool = True
     """Free gradients after each optimizer step (``zero_grad(set_to_none=True)``, torch ≥ 2.0's
     default); False keeps zeroed gradients alive between steps (torch < 2.0, many old scripts)."""
@@ -385,6 +394,12 @@ class JobSpec:
         if self.trl_logprob_head and (self.lm_head_chunk is not None or self.fp32_outputs):
             raise JobError("--trl-logprob-head with --lm-head-chunk / --fp32-outputs: each "
                            "replaces the loss head", "keep one of them")
+
+    @property
+    def packs_rows(self) -> bool:
+        """The step runs one packed row with a mask (:attr:`padding_free` without flash
+        attention's varlen kernel, which holds what separate rows hold)."""
+        return self.padding_free and self.attention != "sdpa-flash"
 
     def _check_in_backward(self) -> None:
         """What stepping each gradient as it arrives rules out (trainfit.model.in_backward)."""

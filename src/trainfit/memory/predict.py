@@ -354,6 +354,18 @@ def _step_notes(job: JobSpec, compile_untraced: list[str] | None,
                      "memory; the last 5 saved stay on the GPU until 5 more are saved or the forward "
                      "ends); the host↔GPU copies are not timed (the rows' speed: unknown)"
                      + host_clause(job, host))
+    if job.packs_rows:
+        n = (job.micro_batch or 1) * job.seq_len
+        notes.append(f"padding-free: each micro-batch simulated as one row of {n:,} positions "
+                     "with the (1, 1, N, N) block-causal mask transformers builds from "
+                     f"position_ids ({n * n / 2**20:,.0f} MiB) and the float copy of it SDPA "
+                     "keeps per layer: memory and attention time grow with the micro-batch "
+                     "squared (flash attention, --attention sdpa-flash, takes the packing with "
+                     "no mask)")
+    elif job.padding_free:
+        notes.append("padding-free under flash attention: its varlen kernel reads the packing "
+                     "from position_ids, so the micro-batch is simulated as separate rows (the "
+                     "same memory)")
     if job.rope_cache != "none":
         notes.append(f"rope_cache {job.rope_cache}: each layer holds transformers < 4.40's cos "
                      "and sin tables (max_position_embeddings × head_dim), booked as buffers")

@@ -190,6 +190,10 @@ class AttentionTarget:
     train, doctor and HF Trainer's ``torch_compile`` compile it): transformers' packed-sequence
     check cannot run while tracing and returns the sequence ids, so every layer is handed a
     materialised mask (masking_utils ``find_packed_sequence_indices``)."""
+    packed: bool = False
+    """The batch is one row of several sequences with position_ids restarting at each
+    (``JobSpec.padding_free``): the packed-sequence check runs as transformers wrote it and
+    SDPA is handed the (1, 1, N, N) block-causal mask it builds."""
 
 
 CUDNN_SDPA_CC = ((9, 0), (10, 0))
@@ -451,10 +455,13 @@ def device_semantics(target: AttentionTarget) -> Iterator[_DeviceOps]:
         # B×1×S×S mask per step, a float copy of it per layer and, with a mask, k and v expanded
         # to the query heads (transformers' repeat_kv): up to 3.8 % of a small compiled step on
         # this CPU that the simulation did not hold (an audit)
+        # a padding-free batch (target.packed) is packed: the check runs as transformers wrote
+        # it (a shape-only computation on the ids: cumsum of position_ids' restarts)
         packed = (lambda position_ids: torch.zeros_like(position_ids)) if target.compiled \
             else (lambda position_ids: None)
-        stack.enter_context(mock.patch.object(
-            masking_utils, "find_packed_sequence_indices", packed))
+        if target.compiled or not target.packed:
+            stack.enter_context(mock.patch.object(
+                masking_utils, "find_packed_sequence_indices", packed))
         stack.enter_context(mock.patch.object(torch.nn.functional, "scaled_dot_product_attention",
                                               ops.sdpa))
         stack.enter_context(mock.patch.object(torch.nn.functional, "dropout", ops.dropout))

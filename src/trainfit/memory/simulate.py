@@ -174,7 +174,7 @@ def _step_batches(job: JobSpec, source: ModelSource, batch_fn: Any
     ``batch_fn`` builds — one micro-batch, run ``min(grad_accum, 2)`` times, or a list of them
     with their own shapes, one micro-step each — or unpadded random token ids."""
     got = batch_fn() if batch_fn is not None else \
-        make_batch(source, job.micro_batch or 1, job.seq_len)
+        make_batch(source, job.micro_batch or 1, job.seq_len, packed=job.packs_rows)
     if isinstance(got, list):
         return got, got
     return [got], list(repeat_batches(got, min(job.grad_accum or 1, 2)))
@@ -351,7 +351,8 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
     autocast = with_offload(cpu_autocast(job), offload)
     attn = AttentionTarget(device=target.device, compute_capability=target.compute_capability,
                            prefer=job.attention if job.attention != "eager" else "sdpa",
-                           compiled=job.compile and job.compile_builds_mask)
+                           compiled=job.compile and job.compile_builds_mask,
+                           packed=job.packs_rows)
 
     with fake_mode:
         hooks, optimizer = _observed_optimizer(job, trainable, tracker)

@@ -27,14 +27,17 @@ NOTE_WORDS = {
     "attention": "attn_implementation={script!r}: planned with PyTorch's {planned} (the same "
                  "memory order)",
     "padding_free": "padding-free batches (one row of concatenated samples): planned as "
-                    "micro-batch × {seq_len} positions",
+                    "micro-batch × {seq_len} positions (flash attention's varlen kernel reads "
+                    "the packing from position_ids: no mask, the memory of separate rows)",
     "padding_free_mask": "padding-free batches (one row of concatenated samples): planned as "
-                    "micro-batch × {seq_len} positions in separate rows; transformers 5 runs "
-                    "them as one row with a (1, 1, N, N) boolean attention mask built from "
-                    "position_ids ({positions:,} positions at the script's micro-batch: "
-                    "{mask_mib:,.0f} MiB, more at a larger one), which is not planned, and SDPA "
-                    "then takes no flash kernel — the memory is under-predicted by at least the "
-                    "mask, and attention runs slower than planned",
+                         "that one row of micro-batch × {seq_len} positions, with the (1, 1, N, "
+                         "N) boolean attention mask transformers 5 builds from position_ids "
+                         "({positions:,} positions at the script's micro-batch: {mask_mib:,.0f} "
+                         "MiB) and the float copy of it SDPA keeps per layer for the backward — "
+                         "memory and attention time grow with the micro-batch squared, and rows "
+                         "between two simulated micro-batches are interpolated above that curve "
+                         "(the pick is simulated whole); attn_implementation="
+                         "\"flash_attention_2\" takes the packing with no mask",
     "own_loss": "the script computes the loss itself ({where}): planned as the model's own "
                 "loss over its logits; tensors the script's loss makes beyond those (a "
                 "float32 copy of the logits, a smoothed target) are not planned",

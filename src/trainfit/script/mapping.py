@@ -284,13 +284,15 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
         notes.append(ScriptNote("attention", {"script": attn, "planned": f["attention"]}))
     ln = lengths(rec, quantile)
     f["seq_len"] = ln.longest
+    if ln.padding_free:
+        f["padding_free"] = True
     if ln.padding_free and (m["attn_implementation"] or "sdpa") not in ("sdpa", "eager"):
         # flash attention takes the packing from position_ids itself, no mask (a review)
         notes.append(ScriptNote("padding_free", {"seq_len": ln.longest}))
     elif ln.padding_free:
         # for SDPA and eager, transformers 5 reads the packing from position_ids and hands
         # SDPA a (1, 1, N, N) bool mask for the one row of N = micro-batch × length positions
-        # (masking_utils; an audit, on this CPU): not simulated here, its bytes said
+        # (masking_utils; an audit, on this CPU): simulated as that row (JobSpec.padding_free)
         positions = int(a["per_device_train_batch_size"]) * ln.longest
         notes.append(ScriptNote("padding_free_mask", {"seq_len": ln.longest,
                                                       "positions": positions,

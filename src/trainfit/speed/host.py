@@ -267,7 +267,8 @@ _JOB_KEYS = ("method", "lora_dropout", "lora_targets", "grad_ckpt", "optimizer_i
              "trl_logprob_head", "seq_len",
              "trust_remote_code")
 """The tiny job's fields that change the step's Python (its rank does not: the ladder's rank-8
-rung reads the same measurement; SDPA's kernel choices all build as ``sdpa``)."""
+rung reads the same measurement; SDPA's kernel choices all build as ``sdpa``).  A packed row
+(``JobSpec.packs_rows``) is keyed apart: it builds a mask and expands k and v."""
 
 
 def _key(job: JobSpec, cfg: Any, task: str, threads: int = 1) -> str:
@@ -280,6 +281,8 @@ def _key(job: JobSpec, cfg: Any, task: str, threads: int = 1) -> str:
              "config": cfg.to_json_string(use_diff=False),
              "attention": "eager" if job.attention == "eager" else "sdpa", "threads": threads,
              "job": {k: getattr(job, k) for k in _JOB_KEYS}}
+    if job.packs_rows:  # only then: the other keys (and what is cached under them) are kept
+        parts["packed"] = True
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -393,7 +396,8 @@ def _run_tiny(tj: JobSpec, source: Any, cfg: Any) -> HostStep | None:
         return None
     if _structure(wl.model) != want:
         return None
-    batch = make_batch(tiny, 1, tj.seq_len, generator=torch.Generator().manual_seed(0))
+    batch = make_batch(tiny, 1, tj.seq_len, generator=torch.Generator().manual_seed(0),
+                       packed=tj.packs_rows)
     carry: dict[str, Any] | None = {} if tj.hold_outputs else None
     counter = KernelCounter(active=False)  # the clock turns it on for forward + backward
 
