@@ -472,3 +472,31 @@ def test_a_command_without_dashes_beside_job_flags_is_refused(verb, tmp_path):
     assert "a command goes after --; without it trainfit took --model, --data as its own" \
         in res.output
     assert f"trainfit {verb} [trainfit's options] -- python {script} [its options]" in res.output
+
+
+def test_a_packing_sft_script_plans_its_packed_row_as_the_job_file_does(seed001, tmp_path):
+    """SFTConfig(packing=True): TRL's bfd packing hands the model one row per micro-batch with
+    position_ids; read so, the job is padding-free, and the plan equals the job file's with
+    padding_free: true — one row of 2 × 128 positions and its mask (was: separate rows, the
+    mask said but not planned)."""
+    flags = ["--gpu", "rtx-3060", "--precision", "bf16-true", "--grad-ckpt", "off"]
+    args = json.dumps({"packing": True, "per_device_train_batch_size": 2,
+                       "gradient_accumulation_steps": 4, "gradient_checkpointing": False})
+    got = _plan([*flags, "--", *seed001.cmd("--no-4bit", "--args-json", args)])
+    f = got["job"]
+    assert f["padding_free"] is True and (f["micro_batch"], f["seq_len"]) == (2, 128)
+    job = _job_file(tmp_path, {
+        "model": str(seed001.model), "method": "lora", "lora_r": 8, "lora_alpha": 16,
+        "lora_dropout": 0.05, "lora_targets": ["k_proj", "o_proj", "q_proj", "v_proj"],
+        "seq_len": 128, "effective_batch": 8, "trl_logprob_head": True, "padding_free": True,
+        "base_dtype": "bf16", "optimizer_impl": "fused"},  # --no-4bit: a bf16 base; trl's AdamW
+        {"micro_batch": 2, "grad_accum": 4, "grad_ckpt": "off"})
+    want = _plan([job, *flags])
+    # the job file's current row is simulated whole (the script's as-read one is amp-bf16 over
+    # its bf16 weights, another step): its reserve is the interpolated one's less
+    g, w = _rows(got["plan"]), _rows(want)
+    assert {k: v[0] for k, v in g.items()} == {k: v[0] for k, v in w.items()}
+    assert {k: v for k, v in g.items() if k[2] != 2} == {k: v for k, v in w.items() if k[2] != 2}
+    unpacked = _plan([job, *flags, "--no-padding-free"])
+    assert all(p[0] > u[0] for p, u in zip(
+        _rows(want).values(), _rows(unpacked).values(), strict=True))
