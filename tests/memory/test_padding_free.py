@@ -86,3 +86,14 @@ def test_a_model_that_is_not_a_causal_lm_is_refused():
                                        vocab_size=100), "seq2seq-lm", "config", "")
     with pytest.raises(JobError, match="padding-free"):
         make_batch(src, 2, 8, packed=True)
+
+
+def test_plan_refuses_it_for_a_model_that_is_not_a_causal_lm_before_simulating():
+    from trainfit.hardware.gpus import find_gpu
+    from trainfit.plan.grid import plan
+
+    src = ModelSource("t5", T.T5Config(d_model=32, d_ff=64, num_layers=1, num_heads=2,
+                                       vocab_size=100), "seq2seq-lm", "config", "")
+    with pytest.raises(JobError, match="seq2seq-lm model takes no packed row"):
+        plan(JobSpec(model="t5", seq_len=16, effective_batch=2, padding_free=True), src,
+             find_gpu("a100-80gb-sxm"))

@@ -32,6 +32,7 @@ from trainfit.memory.predict import (
 )
 from trainfit.model.source import ModelSource
 from trainfit.model.towers import inactive_params_of
+from trainfit.model.workload import make_batch
 from trainfit.plan.context import offload_check, plan_assumptions
 from trainfit.plan.inputs import check_inputs, grid_precisions
 from trainfit.plan.ladder import build_ladder
@@ -275,6 +276,8 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
     called with (what is being simulated, done, total) as the work goes."""
     t0 = time.perf_counter()
     check_inputs(job, gpu, margin, dataset_tokens, epochs)
+    if job.padding_free and source.task != "causal-lm":
+        make_batch(source, 1, 1, packed=True)  # its one-line refusal, before any simulation
     planned, not_planned = grid_precisions(gpu, job)
     if "bf16-true" in not_planned and current is not None and current.precision == "bf16-true":
         # ZeRO's one bf16 mode: the current configuration is its amp-bf16 row, not a change to
