@@ -18,7 +18,9 @@ the part of it the backward does not hide.
 * FSDP (``sharding: fsdp``, full shard): every micro-step all-gathers the parameters for the
   forward and again for the backward ((N−1)/N × parameter bytes each) and reduce-scatters the
   gradients ((N−1)/N × gradient bytes); prefetching overlaps them with compute, so what shows per
-  micro-step is max(0, comm − compute).
+  micro-step is max(0, comm − compute).  DeepSpeed ZeRO-3 (``sharding: zero3``) moves the same
+  bytes; its device copies beside them (each gathered parameter out of the flat buffer, each
+  gradient into the reduce bucket: ``ZERO3_COPY_HBM_FACTOR``) take memory bandwidth as below.
 
 Hidden is not free: NCCL's kernels move what they send and receive through the GPU's memory,
 "at least 2x [the link's bytes] ... as we need to store to memory, then read back from it. If you
@@ -56,6 +58,13 @@ forwarded: NVIDIA/nccl#1428)."""
 REDUCE_HBM_FACTOR = 3.0
 """HBM bytes per bus byte of a ring reduction step (the received and the local chunk read, the
 sum written: NVIDIA/nccl#1428's "can be 3x" with user data)."""
+ZERO3_COPY_HBM_FACTOR = 2.0
+"""HBM bytes per byte DeepSpeed ZeRO-3 copies on the device beside the collectives (read, then
+written), on its side streams: each gathered parameter ``torch.cat`` out of the gathered flat
+buffer (``AllGatherCoalescedHandle.wait``, runtime/zero/partition_parameters.py, under the
+coordinator's allgather stream), twice per micro-step, and each gradient copied into the
+contiguous reduce bucket (stage3.py ``__add_grad_to_ipg_bucket``, on the reduce stream) —
+DeepSpeed 0.19.8.  FSDP2's copy-in/out are kernels of its simulated step, timed there."""
 INTERCONNECTS_GBS = {"pcie3": 15.75, "pcie4": 31.5, "pcie5": 63.0, "nvlink2": 150.0,
                      "nvlink3": 300.0, "nvlink4": 450.0}
 """Per-direction GB/s (1e9) of an x16 PCIe link or one GPU's NVLink total (half the datasheet's
@@ -106,6 +115,9 @@ def sync_time(*, ranks: int, sharding: str, grad_accum: int, grad_bytes: float,
         exposed = grad_accum * max(0.0, comm_micro - micro_step_s)
         hidden = min(comm_micro, micro_step_s) / comm_micro if comm_micro else 0.0
         taken = _hidden_hbm_s(hidden, frac * 2.0 * param_bytes, frac * grad_bytes, hbm_gbs)
+        if sharding == "zero3" and hbm_gbs:
+            # its copies run whatever the overlap: all of their traffic takes bandwidth
+            taken += ZERO3_COPY_HBM_FACTOR * (2.0 * param_bytes + grad_bytes) / (hbm_gbs * 1e9)
         # the micro-step ends when both the collectives and the slowed device are done: a
         # longer collective, or an idle device (host-bound), absorbs the slow-down first
         base = max(comm_micro, micro_step_s)
@@ -117,9 +129,10 @@ def sync_time(*, ranks: int, sharding: str, grad_accum: int, grad_bytes: float,
         # tokens/s under ZeRO-3 against FSDP's 114k)
         untimed = ("; DeepSpeed's per-module hooks (fetch and release, forward and backward, "
                    "the gradient hooks) are counted as host time (framework_host_s: their "
-                   "Python as measured on a CPU, without their CUDA stream and event calls); "
-                   "its gather/reduce bucket copies on the device are not — this tokens/s "
-                   "leans high") if sharding == "zero3" else ""
+                   "Python as measured on a CPU, without their CUDA stream and event calls, so "
+                   "this tokens/s leans high); its device copies (each gathered parameter out "
+                   "of the flat buffer, each gradient into the reduce bucket) are counted in "
+                   "that traffic") if sharding == "zero3" else ""
         return SyncTime(f"all-gather ×2 + reduce-scatter per micro-step ({who})",
                         per_micro * grad_accum, comm_micro * grad_accum, exposed,
                         "prefetched: hidden under each micro-step's compute up to its length"
