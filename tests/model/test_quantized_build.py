@@ -98,3 +98,37 @@ def test_an_fp32_qlora_job_computes_in_a_dtype_its_card_has():
     assert qlora_compute_dtype(job, bf16=True) is torch.bfloat16
     assert qlora_compute_dtype(job.replace(precision="amp-fp16"), bf16=True) is torch.float16
     assert qlora_compute_dtype(job.replace(precision="amp-bf16"), bf16=False) is torch.bfloat16
+
+
+def test_gpt2s_conv1d_layers_are_4_bit_as_transformers_converts_them():
+    """transformers 5 converts GPT-2's Conv1D (weight in × out) to Linear4bit too
+    (replace_with_bnb_linear: ``isinstance(module, Conv1D)``); an audit found GPT-2 QLoRA planned
+    exactly as its LoRA, every weight 16-bit.  The same layers with the same features as
+    transformers' own conversion of the meta model; Fabric's stack keeps them."""
+    import transformers
+    from transformers import BitsAndBytesConfig, GPT2Config
+    from transformers.integrations.bitsandbytes import replace_with_bnb_linear
+
+    cfg = GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=64)
+    src = _source(cfg)
+    ours, _ = build_model_on_meta(JobSpec(model="t", seq_len=32, method="qlora",
+                                          lora_targets=["c_attn"]), src)
+    with torch.device("meta"):
+        theirs = transformers.GPT2LMHeadModel(cfg)
+    replace_with_bnb_linear(theirs, quantization_config=BitsAndBytesConfig(load_in_4bit=True))
+
+    def features(model, cls):
+        return {n.removesuffix(".base_layer"): (m.in_features, m.out_features)
+                for n, m in model.named_modules() if isinstance(m, cls)}
+
+    import bitsandbytes as bnb
+
+    want = {n.removeprefix("transformer."): f for n, f in features(theirs, bnb.nn.Linear4bit).items()
+            if n != "lm_head"}
+    got = {n.split("model.transformer.", 1)[-1]: f
+           for n, f in features(ours, Linear4bitSim).items()}
+    assert got == want and len(got) == 2 * 4  # c_attn, attn.c_proj, c_fc, mlp.c_proj per layer
+    assert got["h.0.attn.c_attn"] == (64, 192)
+    fabric, _ = build_model_on_meta(JobSpec(model="t", seq_len=32, method="qlora",
+                                            lora_targets=["c_attn"], quant_from_fp16=True), src)
+    assert _quantized(fabric) == []

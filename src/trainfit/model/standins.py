@@ -210,6 +210,8 @@ def quantize_linears_4bit(model: torch.nn.Module, compute_dtype: torch.dtype, do
     """Replace every frozen ``nn.Linear`` (also PEFT base layers) except ``skip`` by the twin;
     with ``patterns`` (a checkpoint's ``llm_int8_skip_modules``) those decide what stays 16-bit,
     matched as transformers matches them, instead of ``skip``."""
+    from transformers.pytorch_utils import Conv1D
+
     from trainfit.model.stored_quant import keeps_16bit
 
     count = 0
@@ -223,13 +225,19 @@ def quantize_linears_4bit(model: torch.nn.Module, compute_dtype: torch.dtype, do
             # (the fp16-quantizing stack, ``from_fp16``) converts every isinstance(nn.Linear)
             linear = isinstance(child, torch.nn.Linear) if from_fp16 else \
                 type(child) is torch.nn.Linear
+            # and GPT-2's Conv1D (``isinstance(module, Conv1D)``, weight (in, out)): converted to
+            # a Linear4bit of the same features by transformers 5, not by Lightning (an audit:
+            # GPT-2 QLoRA planned exactly as its LoRA, every weight 16-bit)
+            conv1d = lib == "bnb" and not from_fp16 and isinstance(child, Conv1D)
             if patterns is not None:
                 kept = keeps_16bit(full, patterns)
             else:
                 kept = full in skip or any(full.endswith("." + s) or full == s for s in skip)
-            if linear and not kept and not child.weight.requires_grad:
+            if (linear or conv1d) and not kept and not child.weight.requires_grad:
+                features = tuple(child.weight.shape) if conv1d else (child.in_features,
+                                                                      child.out_features)
                 setattr(mod, child_name, Linear4bitSim(
-                    child.in_features, child.out_features, child.bias is not None,
+                    *features, child.bias is not None,
                     compute_dtype, double_quant, device=child.weight.device, legacy=legacy,
                     from_fp16=from_fp16, quant_storage=quant_storage, lib=lib,
                     compiled=compiled, stored=stored))
