@@ -461,3 +461,30 @@ def test_header_names_the_loss_path_every_row_ran():
     assert "loss: TRL's fused log-prob head" in said["trl"]
     assert "loss: head and loss in chunks of 1,024 tokens" in said["chunk"]
     assert "loss over the whole logits" in said["whole"]
+
+
+def test_the_plan_names_the_layers_lora_adapted_and_whence():
+    """An audit: ``default`` is peft's default only where peft has one (Llama: q_proj, v_proj);
+    for Phi-3 peft 0.21 has none and trainfit takes q, v (its fused qkv_proj) — the plan said
+    neither.  Now the assumptions (header and --json) name the layers and where they came from."""
+    import transformers as T
+
+    from trainfit.model.source import ModelSource
+    from trainfit.plan.context import lora_modules_of, plan_assumptions
+    from trainfit.render.plan_words import _lora_modules_words
+
+    common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+    llama = ModelSource("l", T.LlamaConfig(**common), "causal-lm", "local")
+    phi3 = ModelSource("p", T.Phi3Config(**common, pad_token_id=0), "causal-lm", "local")
+    lora = JobSpec(model="x", seq_len=32, method="lora")
+    assert lora_modules_of(lora, llama) == (["q_proj", "v_proj"], "peft's default for llama")
+    assert lora_modules_of(lora, phi3) == (["qkv_proj"],
+                                           "peft has no default for phi3: trainfit's q, v")
+    asked = lora.replace(lora_targets=["q", "o", "mlp"])
+    assert lora_modules_of(asked, llama) == (
+        ["down_proj", "gate_proj", "o_proj", "q_proj", "up_proj"], "--lora-targets q,o,mlp")
+    assert lora_modules_of(lora.replace(lora_targets=["all-linear"]), llama)[0] == ["all-linear"]
+    a = plan_assumptions(lora, {}, source=phi3)
+    assert _lora_modules_words(a) == " on qkv_proj (peft has no default for phi3: trainfit's q, v)"
+    assert plan_assumptions(lora.replace(method="full"), {}, source=llama).lora_modules == []

@@ -60,7 +60,8 @@ class JobSpec:
     lora_dropout: float = 0.05
     """Dropout on the LoRA input: > 0 keeps a mask per adapted layer (1 byte/element on CUDA)."""
     lora_targets: list[str] = field(default_factory=lambda: ["default"])
-    """Module names, or aliases q,k,v,o,mlp,lm_head,all-linear; ``default`` = PEFT's default."""
+    """Module names, or aliases q,k,v,o,mlp,lm_head,all-linear; ``default`` = peft's default
+    for the model type, or q, v where peft has none (the plan names the layers)."""
     base_dtype: str = "auto"
     """dtype of the frozen base weights of a LoRA/QLoRA job under AMP: auto (transformers 5's
     from_pretrained default: the checkpoint's dtype from config.json; the autocast dtype when the

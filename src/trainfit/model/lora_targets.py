@@ -110,15 +110,21 @@ MAMBA_UNCALLED = {"dt_proj"}
 no gradient (an audit: its lora_B stayed 0 while counted as trained). Left out of all-linear."""
 
 
+def peft_default_targets(model_type: str) -> list[str] | None:
+    """peft's default ``target_modules`` for ``model_type`` (None: it has none and asks)."""
+    import_peft()
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as M
+
+    return list(M[model_type]) if model_type in M else None
+
+
 def resolve_targets(model: torch.nn.Module, targets: list[str], model_type: str) -> list[str] | str:
-    """Turn the job's ``lora_targets`` into what ``peft.LoraConfig(target_modules=...)`` takes."""
+    """Turn the job's ``lora_targets`` into what ``peft.LoraConfig(target_modules=...)`` takes:
+    ``default`` is peft's default for the model type, or q, v where peft has none."""
     defaulted = targets == ["default"]
     if defaulted:
-        import_peft()
-        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as M
-
-        if model_type in M:
-            return list(M[model_type])
+        if (peft_own := peft_default_targets(model_type)) is not None:
+            return peft_own
         targets = ["q", "v"]
     mamba = model_type in PEFT_MAMBA_TYPES
     if targets == ["all-linear"] and not mamba:

@@ -72,6 +72,14 @@ def _loss_words(job: Any) -> str:
     return "loss over the whole logits"
 
 
+def _lora_modules_words(a: Any) -> str:
+    """`` on q_proj, v_proj (peft's default for llama)``: what was adapted, and whence."""
+    mods = getattr(a, "lora_modules", None)
+    if not mods:
+        return ""
+    return f" on {', '.join(mods)} ({a.lora_modules_from})"
+
+
 def plan_header(result: PlanResult) -> str | None:
     """One line: the fields every row shares and the stack the simulation ran."""
     a = result.assumptions
@@ -79,7 +87,8 @@ def plan_header(result: PlanResult) -> str | None:
         return None
     method = _assumed(a, "method", a.method) + (
         " " + _assumed(a, "quant", a.quant) if a.quant else "") + (
-        ", " + _assumed(a, "lora_r", f"LoRA r {a.lora_r}") if a.lora_r is not None else "")
+        ", " + _assumed(a, "lora_r", f"LoRA r {a.lora_r}") + _lora_modules_words(a)
+        if a.lora_r is not None else "")
     # --grad-accum without an effective batch: every row accumulates that many micro-batches
     accums = sorted({r.job.grad_accum or 1 for r in getattr(result, "rows", [])})
     if accums == [1] or not accums:
