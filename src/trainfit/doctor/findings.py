@@ -329,6 +329,19 @@ def _launch(o: Observation) -> Finding | None:
                   "counted as all of the compute, so the predicted gain is an upper bound)")
     if measured is not None:
         detail += f"; micro-batch {measured[0]} measured {measured[1]:+.0%} tokens/s"
+    if by_probe and not (by_overhead or by_idle) and overhead is not None:
+        # the probe's gain is measured, but dispatch is too small a share to be its cause: the
+        # multiplies themselves ran faster with more rows each (an audit: "launch-bound … 18 % of
+        # the compute time", +221 % measured, where removing every dispatch gives +17 % at most)
+        share = overhead / compute
+        return Finding("slow-matmuls", ev, fix.replace(
+            f"{k}× fewer op dispatches per token",
+            f"each matrix multiply gets {k}× the rows (dispatch is only {share:.0%} of the "
+            "compute, measured: the measured gain is the multiplies' own)"), _r(gain, 4),
+            f"micro-batch {measured[0]} measured {measured[1]:+.0%} tokens/s, while op dispatch is "
+            f"{share:.0%} of the compute time ({o.ops_per_step:.0f} ops × "
+            f"{o.op_overhead_s * 1e6:.1f} µs, measured), under the {LAUNCH_BOUND_FRACTION:.0%} "
+            "that would make it launch-bound: the matrix multiplies are too small to run fast")
     return Finding("launch-bound", ev, fix, _r(gain, 4), detail,
                    gain_upper_bound=counted is not None and overhead is not None
                    and counted > compute and measured is None)
