@@ -150,6 +150,11 @@ CASES: list[tuple[str, Callable[[Path, str], list[str]], str]] = [
     ("tune --margin 2", lambda d, j: ["tune", j, "--margin", "2"], "--margin"),
     ("tune --knobs nope", lambda d, j: ["tune", j, "--knobs", "nope"], "nope"),
     ("tune --knobs ''", lambda d, j: ["tune", j, "--knobs", ""], "names no knob"),
+    # plan refused a job file's unknown gpu:, tune and train ran on without a word (an audit)
+    ("tune gpu: rtx-9999 in the file", lambda d, j: ["tune", _changed(d, j, gpu="rtx-9999")],
+     "gpu: rtx-9999 (in "),
+    ("train gpu: rtx-9999 in the file", lambda d, j: [
+        "train", _changed(d, j, gpu="rtx-9999"), "--out", str(d / "o")], "unknown GPU"),
     # doctor
     ("doctor --steps 1", lambda d, j: ["doctor", j, "--steps", "1"], "--steps 1"),
     ("doctor --warmup -1", lambda d, j: ["doctor", j, "--warmup", "-1"], "--warmup -1: must be ≥ 0"),

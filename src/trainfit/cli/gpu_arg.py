@@ -64,6 +64,14 @@ def gpu_spec(gpu: str | None, extra: dict[str, Any], interconnect: str | None,
     return spec
 
 
+def check_file_gpu(extra: dict[str, Any], where: str) -> None:
+    """A job file's ``gpu:`` is a card trainfit knows, for the commands that do not plan on it
+    (tune and train measure this machine's device): an unknown name is the same error as
+    plan's, not silence (an audit: plan refused ``gpu: rtx-9999``, tune ran on)."""
+    if extra.get("gpu") is not None:
+        gpu_spec(None, {"gpu": extra["gpu"]}, None, where=where)
+
+
 def with_interconnect(spec: Any, name: str) -> Any:
     import dataclasses
 

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from trainfit import json_text
+from trainfit.cli.gpu_arg import check_file_gpu
 from trainfit.cli.jobargs import (
     GENERIC_HINT,
     AllowCode,
@@ -80,6 +81,7 @@ def _job_of(job_file: str, micro_batch: int | None, allow_code: bool, trust_remo
     --trust-remote-code) with --micro-batch on top (the effective batch is kept)."""
     fields, extra = read_job_file(job_file, allow_code=allow_code,
                                   trust_remote_code=trust_remote_code)
+    check_file_gpu(extra, job_file)
     if trust_remote_code:
         fields["trust_remote_code"] = True
     if micro_batch is not None:

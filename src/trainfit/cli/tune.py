@@ -9,6 +9,7 @@ import typer
 
 from trainfit import json_text
 from trainfit.cli.emit import emit_job, is_tuned
+from trainfit.cli.gpu_arg import check_file_gpu
 from trainfit.cli.jobargs import (
     TUNE_HEADER,
     AllowCode,
@@ -40,6 +41,7 @@ def _job(target: str | None, job_flags: dict[str, Any], trust_remote_code: bool,
     if target is not None and target.endswith((".yaml", ".yml")):
         fields, extra = read_job_file(target, allow_code=allow_code or "model" in job_flags,
                                       trust_remote_code=trust_remote_code)
+        check_file_gpu(extra, target)
     elif target is not None:
         fields["model"] = target
     fields = merge_job_fields(fields, job_flags, "trainfit tune MODEL --data FILE ...")
