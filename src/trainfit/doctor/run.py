@@ -365,9 +365,15 @@ def _apply_fixes(bench: _Bench, names: list[str], probe: tuple[int, float] | Non
     job = bench.job
     after_job, after_mode, applied = job, bench.before_mode, []
     if "input-bound" in names:
-        if bench.lazy:
+        task = bench.runner.source.task
+        if bench.lazy and task == "causal-lm":
             after_mode = "memmap"
             applied += _pretokenized(bench)
+        elif bench.lazy:
+            # its token files are causal-LM rows: the loader's workers are the fix left (an
+            # audit: measured 13 s, then refused the job it could have refused at the start)
+            notes.append(f"pre-tokenizing is not applied: doctor writes causal-LM token files, "
+                         f"and this is a {task} model; the data loader's workers are applied")
         after_job = _fix_workers(bench, after_job, after_mode, applied, notes)
     if probe is not None and probe[1] > 0.10:
         after_job = after_job.replace(micro_batch=probe[0])
