@@ -160,7 +160,8 @@ def test_a_busy_moment_in_the_proposing_probes_does_not_decide(tiny_llama):
     assert res.vs_baseline.verdict == "faster"
     assert res.vs_baseline.proposal == pytest.approx(29 / 13)
     assert res.vs_baseline.ratios == pytest.approx([2.6] * 4)
-    assert "(measured in 4 interleaved rounds: 2.60×, 2.60×, 2.60×, 2.60×)" in tune_pick_reason(res)
+    assert ("(the median of 4 interleaved rounds, each measuring both back to back: 2.60×, "
+            "2.60×, 2.60×, 2.60×; the table's probes ran at other moments)") in tune_pick_reason(res)
     unsteady = [n for n in res.notes if n.kind == "unsteady"]
     assert len(unsteady) == 1 and unsteady[0].data["spread"] == pytest.approx(130 / 29)
     assert ([("attention", "eager")], pytest.approx(20 / 29)) in unsteady[0].data["one_probe"]
