@@ -34,7 +34,8 @@ def _cells(p: dict[str, Any]) -> list[str]:
             p["grad_ckpt"], p["attention"], _optim(p["optimizer"], p["optimizer_impl"]),
             str(p["num_workers"]), status,
             f"{_f(m.get('peak_allocated_bytes'), GIB)}/{_f(pr.get('peak_allocated_bytes'), GIB)}",
-            f"{_f(m.get('tokens_per_s'), 1, ',.0f')}/{_f(pr.get('tokens_per_s'), 1, ',.0f')}",
+            f"{_f(m.get('tokens_per_s'), 1, ',.0f')}/{_f(pr.get('tokens_per_s'), 1, ',.0f')}"
+            + ("*" if pr.get("from_busy_timings") and pr.get("tokens_per_s") else ""),
             _f(None if wait is None else wait * 100, 1, ".1f")]
 
 
@@ -47,6 +48,11 @@ def render_tune_dict(d: dict[str, Any], *, stderr: bool = False) -> None:
     con.print(table)
     legend = ("m/p: measured / predicted · tok/s: tokens/s · wk: loader workers · wait%: data "
               "wait, % of the step · > margin: ran within the capacity, not within its margin")
+    if any((p["predicted"] or {}).get("from_busy_timings") for p in d["probes"]):
+        # said where it is (an audit: 344 predicted in one run, 10,211-11,134 in the next, the
+        # table silent; the JSON alone had from_busy_timings)
+        legend += (" · *: predicted from kernel times measured while other processes used "
+                   "this CPU — too slow by an unknown factor, not comparable with the other rows")
     if dropped:
         legend += f" · narrow terminal: {', '.join(dropped)} left out (widen it, or --json)"
     say(con, legend, "dim")
