@@ -185,3 +185,32 @@ def test_a_comparison_that_ran_no_round_has_an_unknown_noise():
         "noise"] is None
     assert result(Comparison(ratios=[1.2, 1.3], noise=0.04, verdict="undecided"))[
         "noise"] == 0.04
+
+
+def test_a_steady_run_names_what_it_dropped_on_one_probe(tiny_llama):
+    """An audit: on a quiet run amp-bf16 (0.48×), eager (0.47×) … were dropped on one probe each
+    with no note — only an unsteady run named them.  A gain needs every round, a drop one probe:
+    said on every run."""
+    import time
+
+    import torch
+
+    from trainfit.tune.tuner import Bench, TuneOptions, run_search
+
+    def tps(j):
+        return 47.0 if j.attention == "eager" else 100.0
+    bench = Bench(source=tiny_llama, device=torch.device("cpu"), capacity=10 * GIB,
+                  device_name="cpu", predict=pred(GIB // 2, 2 * GIB, lambda j: 100.0),
+                  probe=fake(GIB // 2, 2 * GIB, tps, []), agree=lambda x: x, samples=1000,
+                  tokens=64_000)
+    job = JobSpec(model="t", seq_len=64, effective_batch=8, micro_batch=8, precision="fp32",
+                  grad_ckpt="off")
+    res = run_search(job, TuneOptions(knobs=("attention",)), bench, time.perf_counter())
+    assert res.pick.job.attention == "sdpa"
+    assert not [n for n in res.notes if n.kind == "unsteady"]
+    (note,) = [n for n in res.notes if n.kind == "one_probe"]
+    assert ([("attention", "eager")], pytest.approx(0.47)) in note.data["one_probe"]
+    words = note_words(note)
+    assert words.startswith("dropped on one probe (not a round) no faster than the current "
+                            "best: ") and "attention eager (0.47×)" in words
+    assert "stayed within 2× of each other" in words

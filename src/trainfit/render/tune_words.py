@@ -178,6 +178,13 @@ _NOTE_TEXTS: dict[str, Any] = {
                                                         for c, r in d["one_probe"])
                            if d["one_probe"] else "")
                         + " — rerun tune when the machine is quieter",
+    "one_probe": lambda d: "dropped on one probe (not a round) no faster than the current "
+                         "best: " + "; ".join(f"{_changes(c)} ({r:.2f}×)"
+                                              for c, r in d["one_probe"])
+                         + " — a change is taken only after every interleaved round shows it "
+                         "faster, and dropped on one timed probe that is not (this run's "
+                         "repeats of one configuration stayed within "
+                         f"{d['unsteady_spread']:g}× of each other)",
     "ckpt_not_needed": lambda d: "checkpointing: not tried — the largest micro-batch already "
                                "fits without it, and recomputation only costs time",
     "ckpt_kept": lambda d: "checkpointing: kept on (nothing fits without it)",
