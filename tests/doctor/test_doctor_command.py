@@ -101,6 +101,10 @@ def test_crashing_script_reports_code_and_last_lines(tmp_path):
     res = CliRunner().invoke(app, ["doctor", "--", sys.executable, str(script)])
     assert res.exit_code == 2
     assert "exited with code 3 after 0 optimizer steps" in res.output
+    # the steps asked for said beside the fewest (an audit: "needs 5 … 3 measured" under the
+    # default 8)
+    assert "the fewest it measures; 10 for the 8 measured steps asked" in \
+        " ".join(res.output.split())
     assert "  | loading config" in res.output and "  | bad value: 7" in res.output
 
 

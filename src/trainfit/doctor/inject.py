@@ -330,8 +330,11 @@ def _interpret(cmd: list[str], code: int | None, timed_out: bool, timeout_s: flo
                           f"(--steps, --warmup) than the {seen} it ran", tail)
     if code not in (0, None) and not stopped and len(records) < MIN_MEASURED_STEPS:
         how = _killed(code) if code < 0 else f"exited with code {code}"
-        raise DoctorError(f"{name} {how} after {seen} optimizer steps (doctor needs {needed}: "
-                          f"{warmup} warm-up + {MIN_MEASURED_STEPS} measured)",
+        raise DoctorError(f"{name} {how} after {seen} optimizer steps (doctor needs at least "
+                          f"{needed}: {warmup} warm-up + {MIN_MEASURED_STEPS} measured, the "
+                          "fewest it measures" + (f"; {warmup + steps} for the {steps} measured "
+                                                  "steps asked" if steps > MIN_MEASURED_STEPS
+                                                  else "") + ")",
                           "its last lines are below; fix the script, then run the doctor again", tail)
     if errors and "torch" not in kinds:
         raise DoctorError(f"{name}: the doctor's hooks failed to load ({errors[0].get('error')})",
