@@ -202,8 +202,27 @@ def _mfu_peaks(result: PlanResult, all_rows: bool) -> str:
     """Where fp32 rows stand beside 16-bit ones, what each MFU is a share of: the peak of the
     dtype the row's matmuls run in (speed.predict.dominant_peak), so a fp32 row's higher MFU is
     not a faster step — tokens/s compares rows."""
-    shown = {r.job.precision for r in result.rows if (all_rows or r.shown)
-             and r.speed is not None and r.speed.mfu}
+    rows = [r for r in result.rows if (all_rows or r.shown) and r.speed is not None
+            and r.speed.mfu]
+    shown = {r.job.precision for r in rows}
+    peaks: dict[str, set[str]] = {}
+    for r in rows:
+        peaks.setdefault(r.job.precision, set()).add(getattr(r.speed, "mfu_peak_dtype", None)
+                                                     or "?")
+    nominal = {"fp32": "fp32", "amp-fp16": "fp16", "bf16-true": "bf16", "amp-bf16": "bf16"}
+    off = {p: d for p, d in peaks.items() if d - {nominal.get(p, "?"), "?"}
+           and not (p == "fp32" and "fp32" not in d)}
+    if off and len({d for ds in peaks.values() for d in ds}) > 1:
+        # a 16-bit row whose matmul FLOPs run mostly in fp32 (an MoE's experts under autocast
+        # keep the fp32 master weights: an audit read amp-bf16 at MFU 70 % beside bf16-true's
+        # 23 %, 4.8× faster, unsaid)
+        return (" · MFU: a share of the peak FLOP/s of the dtype most of each row's matmul FLOPs "
+                "run in — " + "; ".join(f"{p} rows: the {'/'.join(sorted(d))} peak"
+                                        for p, d in sorted(peaks.items()))
+                + (" (e.g. a mixture of experts: autocast leaves its experts' grouped "
+                   "matmuls in the fp32 master weights)"
+                   if any("fp32" in d for p, d in off.items()) else "")
+                + ", so MFU is not comparable across them: compare rows by tokens/s")
     if "fp32" not in shown or len(shown) < 2:
         return ""
     gpu = getattr(result, "gpu", None)  # a bare result (tests) names none

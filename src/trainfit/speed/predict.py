@@ -82,6 +82,12 @@ class SpeedPrediction:
     """Host seconds per micro-step of the training framework's own Python around the step —
     DeepSpeed ZeRO's hooks (:mod:`trainfit.speed.zero_hooks`) — included in ``host_fb_s``
     (predicted; None: none modelled)."""
+    mfu_peak_dtype: str | None = None
+    """The dtype whose peak FLOP/s MFU and HFU are shares of: the one most of the step's matmul
+    FLOPs run in (:func:`dominant_dtype`) — not always the precision's (an MoE's experts run
+    their grouped matmuls in the fp32 master weights under autocast), so MFU is not comparable
+    between rows of different peaks (an audit: an amp-bf16 row at 70 % beside bf16-true's 23 %,
+    4.8× faster)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -296,7 +302,8 @@ def with_host(dev: DeviceSpeed, times: PhaseTimes, host: HostStep | None,
 def speed_from_times(dev: DeviceSpeed, times: PhaseTimes, dtype_peak: float | None,
                      micro_batch: int, grad_accum: int, seq_len: int, ranks: int,
                      flops_per_token: float, host: HostStep | None = None,
-                     host_set: bool = True, framework_host_s: float = 0.0) -> SpeedPrediction:
+                     host_set: bool = True, framework_host_s: float = 0.0,
+                     peak_dtype: str | None = None) -> SpeedPrediction:
     """``dtype_peak``: the peak MFU and HFU are measured against (:func:`dominant_peak`);
     ``host``: the measured run of the step's code (None: not measured); ``host_set``: it set
     the host time (:func:`with_host`; else the op-level floor stayed above it);
@@ -327,6 +334,7 @@ def speed_from_times(dev: DeviceSpeed, times: PhaseTimes, dtype_peak: float | No
     mfu = None if mfu is not None and mfu > 1.0 else mfu
     hfu = None if hfu is not None and hfu > 1.0 else hfu
     return SpeedPrediction(step, tps, tps / seq_len, mfu, hfu, busy / step, bound, flops_per_token,
+                           mfu_peak_dtype=peak_dtype if dtype_peak else None,
                            unaligned_gemm_s=grad_accum * times.unaligned_s,
                            unaligned_dims=tuple(sorted(times.unaligned_dims)),
                            host_fb_s=times.host_s["fb"], host_measured=host is not None,
@@ -353,7 +361,7 @@ def predict_speed_exact(dev: DeviceSpeed, ops: list[OpRecord], micro_batch: int,
     host_set = with_host(dev, times, host, fb_kernels(ops))
     return speed_from_times(dev, times, dominant_peak(dev, ops), micro_batch,
                             grad_accum, seq_len, ranks, flops_per_token,
-                            host, host_set, framework_host_s)
+                            host, host_set, framework_host_s, peak_dtype=dominant_dtype(ops))
 
 
 def _split(dev: DeviceSpeed, lo: list[OpRecord], hi: list[OpRecord]
@@ -427,7 +435,8 @@ def predict_speed(dev: DeviceSpeed, op_points: list[list[OpRecord]], layers: tup
     host_set = with_host(dev, times, host, k1 + f * (k2 - k1))
     return speed_from_times(dev, times, dominant_peak(dev, op_points[0], op_points[1], f),
                             micro_batch, grad_accum, seq_len, ranks, flops_per_token,
-                            host, host_set, framework_host_s)
+                            host, host_set, framework_host_s,
+                            peak_dtype=dominant_dtype(op_points[0], op_points[1], f))
 
 
 def _flops_by_dtype(ops: list[OpRecord]) -> dict[str, float]:
@@ -447,6 +456,13 @@ def dominant_peak(dev: DeviceSpeed, ops: list[OpRecord], deeper: list[OpRecord] 
     matmuls in bf16, so at 2 layers the fp32 head dominates and at 28 the bf16 base does.
     Taking the small simulation's dominant dtype put extrapolated Qwen2.5-7B QLoRA rows at MFU
     2.2-3.8 (the fp32 peak, 1/16 of bf16's) where the full-size simulation said 0.14."""
+    dtype = dominant_dtype(ops, deeper, f)
+    return None if dtype is None else dev.peak_flops.get(dtype)
+
+
+def dominant_dtype(ops: list[OpRecord], deeper: list[OpRecord] | None = None,
+                   f: float = 0.0) -> str | None:
+    """The dtype most matmul FLOPs run in (:func:`dominant_peak`'s; ``other`` read as fp32)."""
     by = _flops_by_dtype(ops)
     if deeper is not None:
         by2 = _flops_by_dtype(deeper)
@@ -454,4 +470,4 @@ def dominant_peak(dev: DeviceSpeed, ops: list[OpRecord], deeper: list[OpRecord] 
     if not by:
         return None
     dtype = max(by, key=by.get)
-    return dev.peak_flops.get(dtype if dtype != "other" else "fp32")
+    return dtype if dtype != "other" else "fp32"
