@@ -106,6 +106,42 @@ def test_a_multimodal_config_auto_model_for_causal_lm_cannot_load_is_one_clear_l
     assert "hidden_size: 256" in hint and "model_type: llama" in hint
 
 
+def test_the_hint_for_qwen2_vl_names_a_type_plan_takes_and_the_tied_head(tmp_path):
+    """An audit: the hint said model_type: qwen2_vl_text, which plan then refused (no causal-LM
+    class), and left tie_word_embeddings out (Qwen2-VL-2B ties its head). The hint now names
+    qwen2 and the tie, and the config written from it plans."""
+    import json
+    import re
+
+    import pytest
+
+    from trainfit.job import JobError
+    from trainfit.model.source import resolve_model
+
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({
+        "architectures": ["Qwen2VLForConditionalGeneration"], "model_type": "qwen2_vl",
+        "tie_word_embeddings": True,
+        "text_config": {"hidden_size": 128, "intermediate_size": 256, "model_type": "qwen2_vl_text",
+                        "num_hidden_layers": 2, "num_attention_heads": 4,
+                        "num_key_value_heads": 2, "vocab_size": 1000},
+        "vision_config": {"depth": 2, "embed_dim": 64, "hidden_size": 128, "num_heads": 4}}))
+    with pytest.raises(JobError) as err:
+        resolve_model(str(p))
+    hint = err.value.hint
+    assert "model_type: qwen2," in hint and "tie_word_embeddings: true" in hint
+    fields = re.search(r"\(([^)]*)\)", hint).group(1)
+    own = {}
+    for kv in fields.split(", "):
+        k, v = kv.split(": ")
+        own[k] = json.loads(v) if v[0].isdigit() or v in ("true", "false") else v
+    q = tmp_path / "text" / "config.json"
+    q.parent.mkdir()
+    q.write_text(json.dumps(own))
+    src = resolve_model(str(q))
+    assert src.config.model_type == "qwen2" and src.config.tie_word_embeddings is True
+
+
 def test_a_multimodal_text_config_must_state_its_width_and_depth(tmp_path):
     """Its heads and vocabulary may be left to the class's defaults (the published Gemma-3-4B
     file does), its width and depth not: a text_config of only a model_type is refused."""

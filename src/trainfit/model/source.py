@@ -170,8 +170,16 @@ def split_multimodal(cfg: Any, where: str, task: str = "causal-lm") -> tuple[Any
     cls_name = cls.__name__ if cls is not None else None
     archs = getattr(cfg, "architectures", None) or [cls_name or type(cfg).__name__]
     if cls is None or task != "causal-lm":
-        fields = [f"{k}: {getattr(text, k)}" for k in ("model_type", *ARCH_FIELDS, *SIZE_FIELDS)
-                  if getattr(text, k, None) is not None]
+        fields = [f"model_type: {_text_twin(text.model_type)}",
+                  *(f"{k}: {getattr(text, k)}" for k in (*ARCH_FIELDS, *SIZE_FIELDS)
+                    if getattr(text, k, None) is not None)]
+        # the head is tied in the whole config where the text one may not say it (Qwen2-VL-2B):
+        # left out, a config of its own unties it and over-counts the head (an audit)
+        tie = getattr(cfg, "tie_word_embeddings", None)
+        if tie is None:
+            tie = getattr(text, "tie_word_embeddings", None)
+        if tie is not None:
+            fields.append(f"tie_word_embeddings: {str(bool(tie)).lower()}")
         why = ("that AutoModelForCausalLM cannot load; trainfit plans what it loads"
                if task == "causal-lm" else f"planned as a {task}; trainfit plans a multimodal "
                "model only as AutoModelForCausalLM loads it")
@@ -193,6 +201,24 @@ def split_multimodal(cfg: Any, where: str, task: str = "causal-lm") -> tuple[Any
                        "its parameters are not in the model FLOPs; LoRA targets named by leaf "
                        "(q_proj, v_proj, all-linear) adapt the tower's layers too, as peft "
                        "matches them, and those adapters get no gradient")
+
+
+TEXT_TWINS = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3",
+              "qwen3_vl_moe_text": "qwen3_moe"}
+"""A multimodal model's text ``model_type`` that AutoModelForCausalLM cannot build → the language
+model's own causal-LM type (Qwen2-VL's text model is Qwen2's decoder, its rotary split into
+sections aside: transformers models/qwen2_vl): the hint named ``qwen2_vl_text``, which plan then
+refused (an audit)."""
+
+
+def _text_twin(model_type: str) -> str:
+    """``model_type`` when AutoModelForCausalLM builds it, else its causal-LM twin."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return model_type
+    twin = TEXT_TWINS.get(model_type, model_type.removesuffix("_text"))
+    return twin if twin in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else model_type
 
 
 def source_of(name: str, cfg: Any, task: str, origin: str, note: str = "",
