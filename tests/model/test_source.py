@@ -268,3 +268,24 @@ def test_a_proxy_serves_a_host_this_machine_cannot_resolve(monkeypatch):
     assert _hub_resolves() is True
     monkeypatch.setenv("NO_PROXY", "huggingface.co")
     assert _hub_resolves() is False
+
+
+def test_a_masked_lm_encoder_says_what_it_is_planned_as(tmp_path):
+    """An audit: a BertForMaskedLM config planned as a causal LM ('loss over the whole logits'),
+    nothing said. Its LM-head class with is_decoder off is the masked-LM step's tensors: said."""
+    import json
+
+    from trainfit.model.source import resolve_model
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["BertForMaskedLM"], "model_type": "bert", "hidden_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
+        "vocab_size": 500}))
+    src = resolve_model(str(tmp_path))
+    assert "BertForMaskedLM planned as the model AutoModelForCausalLM builds" in src.note
+    assert "bidirectional attention" in src.note
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
+        "vocab_size": 500}))
+    assert "ForMaskedLM" not in resolve_model(str(tmp_path)).note

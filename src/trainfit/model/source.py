@@ -232,8 +232,24 @@ def source_of(name: str, cfg: Any, task: str, origin: str, note: str = "",
     text, composite, what = split_multimodal(cfg, where or name, task)
     return ModelSource(name, text, task, origin,
                        # each part without its full stop: "shapes).; granite…" (an audit)
-                       "; ".join(n.rstrip(".") for n in (what, note, fallback_note(text)) if n),
+                       "; ".join(n.rstrip(".") for n in (what, note, fallback_note(text),
+                                                         encoder_note(text, task)) if n),
                        composite, stored)
+
+
+def encoder_note(cfg: Any, task: str) -> str:
+    """A masked-LM encoder (BERT, RoBERTa) planned through AutoModelForCausalLM: its LM-head
+    class with ``is_decoder`` off — the same encoder and head, attention bidirectional, the
+    loss over every position's logits, as a masked-LM step holds them. Said (an audit: a
+    BertForMaskedLM config planned as 'loss over the whole logits', nothing said)."""
+    archs = getattr(cfg, "architectures", None) or []
+    masked = [a for a in archs if a.endswith("ForMaskedLM")]
+    if task != "causal-lm" or not masked or getattr(cfg, "is_decoder", True):
+        return ""
+    return (f"{masked[0]} planned as the model AutoModelForCausalLM builds from its "
+            "configuration (is_decoder false: bidirectional attention, the same encoder and an "
+            "output head over every position, as a masked-LM step computes its logits); the "
+            "loss is over all positions' logits, the same tensors the masked-LM loss reads")
 
 
 def quantization_note(config: Any, where: str = "config.json") -> str:
