@@ -243,3 +243,32 @@ def test_a_language_model_alone_holds_no_tower():
         text = AutoModelForCausalLM.from_config(cfg.text_config)
     assert type(whole) is type(text)
     assert sum(p.numel() for p in whole.parameters()) == sum(p.numel() for p in text.parameters())
+
+
+def test_llama_3_2_visions_cross_attention_layers_take_no_part_in_a_text_step():
+    """An audit: Mllama's language model skips its cross-attention decoder layers whole when a
+    step has no image (``MllamaTextModel.forward``), yet their 26 % of the parameters were given
+    optimizer states (+10.4 % allocated on a tiny full fine-tune against this CPU's step; +13 %
+    of Llama-3.2-11B-Vision's states).  Now they are left out like a tower: the CPU step's peak
+    to 4 bytes, and out of model FLOPs."""
+    from transformers import MllamaConfig
+
+    from trainfit.memory.cpu_truth import measure_cpu_step
+    from trainfit.model.source import source_of
+    from trainfit.model.towers import inactive_params_of
+
+    cfg = MllamaConfig(
+        text_config={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                     "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+                     "cross_attention_layers": [1], "pad_token_id": 1},
+        vision_config={"hidden_size": 32, "image_size": 32, "patch_size": 8,
+                       "intermediate_size": 64, "num_hidden_layers": 1, "num_global_layers": 1,
+                       "attention_heads": 2, "vision_output_dim": 64,
+                       "intermediate_layers_indices": [0]})
+    src = source_of("mllama", cfg, "causal-lm", "local")
+    job = JobSpec(model="m", seq_len=64, micro_batch=2, precision="fp32", method="full")
+    sim = simulate_step(job, src, SimTarget(device="cpu")).peak_allocated_bytes
+    assert sim == pytest.approx(measure_cpu_step(job, src).peak_allocated_bytes, rel=1e-5)
+    # the cross-attention layer's matmul weights: q, k, v, o and the MLP's three
+    h, kv, ffn = 64, 2 * 16, 128
+    assert inactive_params_of(src) == h * h * 2 + h * kv * 2 + 3 * h * ffn

@@ -35,15 +35,16 @@ def tower_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     base = model.model if isinstance(model, ChunkedHeadLM) else model
     unwrap = getattr(base, "get_base_model", None)
     base = unwrap() if callable(unwrap) else base
+    skipped = _text_step_skipped(base)
     if not is_multimodal(getattr(base, "config", None)):
         # a language model's own parameters all run: T5's encoder is outside get_decoder(), a
         # classifier's head outside get_output_embeddings(), and both take part in the loss
-        return []
+        return skipped
     get_decoder = getattr(base, "get_decoder", None)
     decoder = get_decoder() if callable(get_decoder) else None
     if decoder is None or decoder is base:
-        return []
-    run = {id(p) for p in decoder.parameters()}
+        return skipped
+    run = {id(p) for p in decoder.parameters()} - {id(p) for p in skipped}
     getter = getattr(base, "get_output_embeddings", None)
     head = getter() if callable(getter) else None
     if head is not None:
@@ -52,6 +53,22 @@ def tower_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     for p in base.parameters():
         if id(p) not in run:
             out.setdefault(id(p), p)
+    return list(out.values())
+
+
+TEXT_SKIPPED_LAYERS = ("MllamaCrossAttentionDecoderLayer",)
+"""Decoder layers a text-only step skips whole: Llama-3.2-Vision's cross-attention layers
+(``MllamaTextModel.forward``: ``continue`` when there are no cross-attention states) — an audit
+found their 26 % of the parameters given optimizer states a text step never makes."""
+
+
+def _text_step_skipped(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters of :data:`TEXT_SKIPPED_LAYERS` in ``model``, each once."""
+    out: dict[int, torch.nn.Parameter] = {}
+    for m in model.modules():
+        if type(m).__name__ in TEXT_SKIPPED_LAYERS:
+            for p in m.parameters():
+                out.setdefault(id(p), p)
     return list(out.values())
 
 
@@ -68,7 +85,10 @@ def tower_params(model: torch.nn.Module) -> int:
 def holds_towers(source: ModelSource) -> bool:
     """Whether the model built for ``source`` holds a tower beside its language model: a
     multimodal configuration that ``AutoModelForCausalLM`` builds whole (Gemma-3 4B+), not its
-    language model alone (Llama-4, Qwen3.5)."""
+    language model alone (Llama-4, Qwen3.5) — or layers a text step skips
+    (:data:`TEXT_SKIPPED_LAYERS`: Llama-3.2-Vision's cross-attention layers)."""
+    if source.task == "causal-lm" and getattr(source.config, "cross_attention_layers", None):
+        return True
     if source.composite is None or source.task != "causal-lm":
         return False
     cls = causal_lm_class(source.composite)
@@ -100,11 +120,14 @@ def tower_params_of(source: ModelSource) -> int:
     configuration); 0 for a language model or one transformers cannot build."""
     if not holds_towers(source):
         return 0
-    key = (source.task, source.composite.to_json_string(use_diff=False))
+    # the whole configuration where there is one (Llama-3.2-Vision's text config alone has no
+    # causal-LM class: AutoModelForCausalLM builds its language model from the whole one)
+    whole = source.composite if source.composite is not None else source.config
+    key = (source.task, whole.to_json_string(use_diff=False))
     if key not in _COUNTS:
         from trainfit.model.workload import auto_model_class
 
-        cfg = copy.deepcopy(source.composite)
+        cfg = copy.deepcopy(whole)
         try:
             with torch.device("meta"):
                 _COUNTS[key] = tower_params(auto_model_class(source.task).from_config(cfg))
