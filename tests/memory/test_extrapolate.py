@@ -182,7 +182,8 @@ def test_gemma3_sixes_extrapolate_to_the_byte():
     layers and 1,536 at 20 (memory.depth_trace._grown_block).  They were simulated whole (48 s
     for this group on 2 cores); resized, they align, and the 38-layer trace made from them
     replays to the 38-layer simulation's allocated peak and reserve, to the byte, at
-    micro-batches 1, 2 and 4, with and without accumulation."""
+    micro-batch 1 with accumulation and 4 without (2 with and 4 with were checked too, equal to
+    the byte; left out for the suite's time: each is a 38-layer simulation)."""
     from transformers import Gemma3TextConfig
 
     from trainfit.model.source import ModelSource
@@ -198,7 +199,7 @@ def test_gemma3_sixes_extrapolate_to_the_byte():
     model = fit_group(job, src, target, high_batch=4)
     assert model.layer_extrapolated
     assert [p.layers for p in model.points] == [14, 20, 14, 20]
-    for b, acc in ((1, True), (2, True), (4, True), (4, False)):
+    for b, acc in ((1, True), (4, False)):
         full = simulate_step(job.replace(micro_batch=b, grad_accum=2 if acc else 1,
                                          effective_batch=None), src, target, record_events=True)
         assert model.full_depth(b, acc) == _replayed(full), (b, acc)
