@@ -210,9 +210,11 @@ def _unbuildable(source: ModelSource, err: Exception) -> JobError:
         return JobError(f"{source.name}: transformers {transformers.__version__} has no causal- "
                         f"or seq2seq-LM class for model_type {kind} "
                         f"({type(err).__name__}: {why})",
-                        "trainfit plans text language models (decoders and encoder-decoders); "
-                        "a multimodal model's config plans its text model where trainfit knows "
-                        "the tower (see trainfit models for the catalog)")
+                        "trainfit plans text language models (decoders and encoder-decoders) "
+                        "as AutoModelForCausalLM / AutoModelForSeq2SeqLM build them: an "
+                        "encoder-only or vision/audio model has neither (trainfit models lists "
+                        "the catalog); for a multimodal model give its whole config.json, whose "
+                        "language model trainfit plans where transformers builds it")
     return JobError(f"{source.name}: transformers {transformers.__version__} cannot build this "
                     f"model from its configuration ({type(err).__name__}: {why})",
                     "check the config.json's sizes and token ids (pad_token_id must be below "
