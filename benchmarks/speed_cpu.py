@@ -40,7 +40,8 @@ def measure(job: Any, source: Any, steps: int = 5, warmup: int = 2) -> float:
 
     from trainfit.engine.step import repeat_batches, train_step
     from trainfit.memory.cpu_truth import materialize_on_cpu
-    from trainfit.model.workload import build_model_on_meta, make_batch, make_optimizer
+    from trainfit.model.batch import make_batch
+    from trainfit.model.workload import build_model_on_meta, make_optimizer
 
     model, _ = build_model_on_meta(job, source)
     materialize_on_cpu(model)

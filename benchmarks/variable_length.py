@@ -71,7 +71,7 @@ def run_one(item: tuple[str, str]) -> dict[str, Any]:
     from trainfit.job import JobSpec
     from trainfit.memory.allocator import replay
     from trainfit.memory.simulate import simulate_step
-    from trainfit.model.workload import make_batch
+    from trainfit.model.batch import make_batch
 
     cases = {c["id"]: c for c in json.loads(DATA.read_text())["cases"]}
     case = cases[case_id]

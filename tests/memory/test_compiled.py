@@ -387,7 +387,8 @@ def test_a_compiled_step_is_not_under_the_whole_model_compiled_on_this_cpu() -> 
 
     from trainfit.engine.step import repeat_batches, train_step
     from trainfit.memory.cpu_truth import _storage_bytes, materialize_on_cpu
-    from trainfit.model.workload import build_model_on_meta, make_batch, make_optimizer
+    from trainfit.model.batch import make_batch
+    from trainfit.model.workload import build_model_on_meta, make_optimizer
 
     cfg = LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, vocab_size=4000,

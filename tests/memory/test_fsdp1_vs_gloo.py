@@ -65,10 +65,10 @@ def _measure(job: JobSpec) -> int:
     from trainfit.engine.step import repeat_batches, train_step
     from trainfit.memory.cpu_truth import materialize_on_cpu
     from trainfit.memory.tracker import LiveBytesTracker
+    from trainfit.model.batch import make_batch
     from trainfit.model.workload import (
         build_model_on_meta,
         cpu_autocast,
-        make_batch,
         make_optimizer,
     )
 

@@ -96,7 +96,8 @@ def _measure(job: JobSpec) -> dict[str, int]:
     from trainfit.memory.cpu_truth import materialize_on_cpu
     from trainfit.memory.sharded import fsdp_bookkeeping, local
     from trainfit.memory.tracker import LiveBytesTracker
-    from trainfit.model.workload import build_model_on_meta, cpu_autocast, make_batch, make_optimizer
+    from trainfit.model.batch import make_batch
+    from trainfit.model.workload import build_model_on_meta, cpu_autocast, make_optimizer
 
     source = _source()
     model, _ = build_model_on_meta(job, source)

@@ -12,8 +12,8 @@ import transformers as T
 from trainfit.job import JobError, JobSpec
 from trainfit.memory.cpu_truth import measure_cpu_step
 from trainfit.memory.simulate import SimTarget, simulate_step
+from trainfit.model.batch import make_batch
 from trainfit.model.source import ModelSource
-from trainfit.model.workload import make_batch
 
 LAYERS, SEQ, MICRO = 2, 64, 4
 

@@ -157,7 +157,7 @@ def test_micro_batches_of_their_own_lengths(tiny_llama):
     sets the allocated peak, and the blocks cached at the shorter lengths leave the replayed
     reserve at or above the all-longest step's (benchmarks/variable_length.py)."""
     from trainfit.memory.allocator import replay
-    from trainfit.model.workload import make_batch
+    from trainfit.model.batch import make_batch
 
     job = JobSpec(model="t", seq_len=64, micro_batch=2, precision="fp32", grad_accum=3)
 

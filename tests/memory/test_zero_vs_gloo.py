@@ -96,7 +96,8 @@ def _measure(name: str) -> dict[str, int]:
     from trainfit.memory.cpu_truth import materialize_on_cpu
     from trainfit.memory.tracker import LiveBytesTracker
     from trainfit.memory.zero import compute_job
-    from trainfit.model.workload import build_model_on_meta, make_batch
+    from trainfit.model.batch import make_batch
+    from trainfit.model.workload import build_model_on_meta
 
     class RealBytes(LiveBytesTracker):
         """DeepSpeed keeps shape records as meta tensors (``round_robin_bit16_meta``): no bytes

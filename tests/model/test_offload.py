@@ -168,9 +168,9 @@ def test_a_cpu_run_is_refused():
 def test_real_step_peak_matches_the_simulation_on_cuda():  # pragma: no cover - GPU only
     from trainfit.engine.step import repeat_batches, train_step
     from trainfit.memory.predict import predict_memory
+    from trainfit.model.batch import make_batch
     from trainfit.model.runtime import build_real
     from trainfit.model.source import ModelSource
-    from trainfit.model.workload import make_batch
 
     cfg = LlamaConfig(hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
                       num_attention_heads=8, num_key_value_heads=4, vocab_size=8000)

@@ -14,10 +14,11 @@ import torch
 
 from trainfit.engine.step import repeat_batches, train_step
 from trainfit.job import JobSpec
+from trainfit.model.batch import make_batch
 from trainfit.model.init import init_weights
 from trainfit.model.runtime import check_offload_on
 from trainfit.model.source import ModelSource
-from trainfit.model.workload import build_model_on_meta, cpu_autocast, make_batch, make_optimizer
+from trainfit.model.workload import build_model_on_meta, cpu_autocast, make_optimizer
 
 
 @dataclass

@@ -35,6 +35,7 @@ from trainfit.memory.tracker import LiveBytesTracker
 from trainfit.memory.wrap import record_wrap, records_wrap
 from trainfit.memory.zero import compute_job, master_bytes_per_param, zero3_linear
 from trainfit.memory.zero_host import zero3_param_blocks
+from trainfit.model.batch import make_batch
 from trainfit.model.chunked_head import ChunkedHeadLM
 from trainfit.model.in_backward import InBackwardOptimizer
 from trainfit.model.offload import simulated_offload, with_offload
@@ -45,7 +46,6 @@ from trainfit.model.workload import (
     DTYPES,
     build_model_on_meta,
     cpu_autocast,
-    make_batch,
     make_optimizer,
 )
 

@@ -485,30 +485,3 @@ def _one_optimizer(job: JobSpec, params: list[torch.nn.Parameter], *, simulate: 
     # weight decay 0 as for torch's AdamW above (bitsandbytes defaults to 0.01; HF's optim
     # "adamw_bnb_8bit", which --emit writes, to the Trainer's 0.0): only the states differ
     return cls(params, lr=lr, weight_decay=0.0)
-
-
-def make_batch(source: ModelSource, micro_batch: int, seq_len: int,
-               device: torch.device | str = "cpu", generator: torch.Generator | None = None,
-               packed: bool = False) -> dict[str, torch.Tensor]:
-    """A training batch of token ids (no attention mask: unpadded, as packed/equal-length data
-    is — a mask of ones would only stop SDPA from using its fast kernels).
-
-    ``packed``: padding-free (``JobSpec.padding_free``) — the micro-batch's sequences
-    concatenated into one row, position_ids restarting at each, as transformers'
-    DataCollatorWithFlattening and TRL's padding-free collator hand them to the model."""
-    vocab = int(source.config.vocab_size)
-    if packed:
-        if source.task != "causal-lm":
-            raise JobError(f"--padding-free with --model {source.name}: a {source.task} model "
-                           "takes no packed row (position_ids restarting per sequence)",
-                           "drop --padding-free (TRL packs causal LMs only)")
-        ids = torch.randint(0, vocab, (1, micro_batch * seq_len), device=device,
-                            generator=generator)
-        positions = torch.arange(seq_len, device=device).repeat(micro_batch)[None]
-        return {"input_ids": ids, "labels": ids.clone(), "position_ids": positions}
-    ids = torch.randint(0, vocab, (micro_batch, seq_len), device=device, generator=generator)
-    if source.task == "sequence-classification":
-        labels = torch.randint(0, max(int(getattr(source.config, "num_labels", 2)), 1),
-                               (micro_batch,), device=device, generator=generator)
-        return {"input_ids": ids, "labels": labels}
-    return {"input_ids": ids, "labels": ids.clone()}

@@ -30,9 +30,9 @@ from trainfit.memory.predict import (
     predict_memory,
     target_for,
 )
+from trainfit.model.batch import make_batch
 from trainfit.model.source import ModelSource
 from trainfit.model.towers import inactive_params_of
-from trainfit.model.workload import make_batch
 from trainfit.plan.context import offload_check, plan_assumptions
 from trainfit.plan.inputs import check_inputs, grid_precisions
 from trainfit.plan.ladder import build_ladder

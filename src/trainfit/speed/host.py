@@ -384,9 +384,10 @@ def _measure(tj: JobSpec, source: Any, cfg: Any, pool: bool = False) -> HostStep
 
 def _run_tiny(tj: JobSpec, source: Any, cfg: Any) -> HostStep | None:
     from trainfit.engine.step import repeat_batches, train_step
+    from trainfit.model.batch import make_batch
     from trainfit.model.runtime import build_real
     from trainfit.model.source import layer_count
-    from trainfit.model.workload import build_model_on_meta, make_batch
+    from trainfit.model.workload import build_model_on_meta
 
     tiny = dataclasses.replace(source, config=cfg, composite=None)
     try:
