@@ -33,12 +33,7 @@ def test_the_engines_train_does_not_run_are_refused_with_a_hint():
         check_runnable(JobSpec(**one, fused_qkv=True), 1)
     assert "drop --fused-qkv" in err.value.hint
     check_runnable(JobSpec(**one, grad_ckpt="full", ckpt_reentrant=True), 1)  # runs as asked
-    # a packed row per micro-batch is planned, not run: train would run padded rows (whose
-    # memory and time differ) under the padding-free job's name
-    with pytest.raises(JobError, match="padding-free: train runs each micro-batch as padded") \
-            as err:
-        check_runnable(JobSpec(**one, padding_free=True), 1)
-    assert "drop --padding-free" in err.value.hint
+    check_runnable(JobSpec(**one, padding_free=True), 1)  # the own loop packs its rows
 
 
 def test_the_process_count_must_be_the_jobs_ranks():

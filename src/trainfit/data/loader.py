@@ -86,13 +86,21 @@ class _Samples(torch.utils.data.Dataset):
 
 class Collate:
     """Pads to ``seq_len``: labels ``-100`` on padding; an attention mask only when some sample is
-    padded (a mask of ones would only keep SDPA off its fastest kernels)."""
+    padded (a mask of ones would only keep SDPA off its fastest kernels).
 
-    def __init__(self, data: TokenData, task: str) -> None:
+    ``packed`` (``JobSpec.padding_free``, causal LMs): the micro-batch's samples unpadded and
+    concatenated into one row with position_ids restarting at each and each sample's first label
+    ``-100`` — transformers' ``DataCollatorWithFlattening`` (``separator_id=-100``), what TRL's
+    padding-free collator builds.  The model reads the packing from position_ids (an attention
+    mask would hide it), so each sample attends to itself alone: the same loss as padded rows,
+    and the same label count (a causal LM's first label is never predicted either way)."""
+
+    def __init__(self, data: TokenData, task: str, packed: bool = False) -> None:
         self.seq_len = data.seq_len
         self.pad_id = data.pad_id
         self.mask = data.padded
         self.task = task
+        self.packed = packed and task in NEXT_TOKEN_TASKS
 
     def _pad(self, arrays: list[np.ndarray], value: int) -> torch.Tensor:
         out = np.full((len(arrays), self.seq_len), value, dtype=np.int64)
@@ -100,8 +108,22 @@ class Collate:
             out[k, :len(a)] = a
         return torch.from_numpy(out)
 
+    def _packed(self, items: list[tuple[int, np.ndarray, np.ndarray | None]]
+                ) -> dict[str, torch.Tensor]:
+        ids = [np.asarray(x[1], dtype=np.int64) for x in items]
+        labels = [np.array(x[2] if x[2] is not None else x[1], dtype=np.int64) for x in items]
+        for lab in labels:
+            lab[:1] = -100  # the sequence before it is another sample's: never its label
+        return {"input_ids": torch.from_numpy(np.concatenate(ids))[None],
+                "labels": torch.from_numpy(np.concatenate(labels))[None],
+                "position_ids": torch.from_numpy(np.concatenate(
+                    [np.arange(len(a), dtype=np.int64) for a in ids]))[None],
+                "sample_ids": torch.tensor([x[0] for x in items], dtype=torch.int64)}
+
     def __call__(self, items: list[tuple[int, np.ndarray, np.ndarray | None]]
                  ) -> dict[str, torch.Tensor]:
+        if self.packed:
+            return self._packed(items)
         ids = [x[1] for x in items]
         batch: dict[str, torch.Tensor] = {"input_ids": self._pad(ids, self.pad_id)}
         if self.mask:
@@ -142,15 +164,17 @@ def step_weights(data: TokenData, order: SampleOrder, start: int, effective: int
 
 
 def make_loader(data: TokenData, task: str, micro_batches: list[list[int]],
-                knobs: LoaderKnobs | None = None, pin: bool = False) -> torch.utils.data.DataLoader:
-    """A DataLoader that yields exactly ``micro_batches`` (lists of sample ids), in order."""
+                knobs: LoaderKnobs | None = None, pin: bool = False,
+                packed: bool = False) -> torch.utils.data.DataLoader:
+    """A DataLoader that yields exactly ``micro_batches`` (lists of sample ids), in order;
+    ``packed``: each as one padding-free row (:class:`Collate`)."""
     knobs = knobs or LoaderKnobs()
     kw: dict[str, Any] = {}
     if knobs.num_workers > 0:
         kw = {"prefetch_factor": knobs.prefetch_factor,
               "persistent_workers": knobs.persistent_workers}
     return torch.utils.data.DataLoader(
-        _Samples(data), batch_sampler=micro_batches, collate_fn=Collate(data, task),
+        _Samples(data), batch_sampler=micro_batches, collate_fn=Collate(data, task, packed),
         num_workers=knobs.num_workers, pin_memory=pin and knobs.pin_memory, **kw)
 
 

@@ -238,7 +238,8 @@ class JobSpec:
     float copy per layer for the backward, and attention then runs over N × N (a mask takes no
     flash kernel): memory and time grow with the micro-batch squared.  With sdpa-flash (flash
     attention's varlen kernel takes the packing from position_ids) it holds what separate rows
-    hold.  Causal LMs only; read from a script; plan only (train and tune run separate rows)."""
+    hold.  Causal LMs only; read from a script; train (its own loop) and tune run it as
+    transformers' DataCollatorWithFlattening builds it."""
     grads_to_none: bool = True
     """Free gradients after each optimizer step (``zero_grad(set_to_none=True)``, torch ≥ 2.0's
     default); False keeps zeroed gradients alive between steps (torch < 2.0, many old scripts)."""

@@ -43,11 +43,6 @@ def refuse_other_model_code(job: JobSpec, command: str) -> None:
         raise JobError(f"--rope-cache {job.rope_cache} describes transformers < 4.40's RoPE "
                        f"tables; {command} {does} the installed transformers, which has none",
                        f"drop --rope-cache for {command} (plan predicts the tables)")
-    if job.padding_free:
-        raise JobError(f"--padding-free: {command} {does} each micro-batch as padded rows; "
-                       "one packed row per micro-batch is planned, not run, yet",
-                       f"drop --padding-free for {command} (plan predicts the packed row and "
-                       "its mask; tune -- python script.py probes a script's own packing)")
     if job.fused_qkv:
         raise JobError(f"--fused-qkv describes model code that fuses q/k/v (lit-gpt); {command} "
                        f"{does} the transformers model", f"drop --fused-qkv for {command} (plan "

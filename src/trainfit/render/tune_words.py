@@ -295,6 +295,13 @@ def tune_notes(result: Any) -> list[str]:
     rules = [note_words(n) for n in result.notes if n.kind in RULE_KINDS]
     conventions = SCRIPT_TUNE_NOTES if getattr(result, "step_source", "job") == "script" \
         else TUNE_NOTES
+    pick = getattr(result, "pick", None)
+    if pick is not None and getattr(pick.job, "padding_free", False) and conventions is TUNE_NOTES:
+        # a packed row holds the samples' own tokens, no padding: at most micro × seq_len
+        conventions = (TUNE_NOTES[0].replace(
+            "positions computed", "micro × seq_len positions per micro-batch, the most its "
+            "padding-free row can hold (it holds the samples' own tokens, unpadded)"),
+            *TUNE_NOTES[1:])
     return [*result.data_notes, *search, *conventions, *rules]
 
 

@@ -52,7 +52,7 @@ class Feed:
         """A fresh iterator over the micro-batches from ``state`` on."""
         knobs = LoaderKnobs.from_job(self.job)
         loader = make_loader(self.data, self.task, _Sched(lambda: self._schedule(state)), knobs,
-                             pin=self.device.type == "cuda")
+                             pin=self.device.type == "cuda", packed=self.job.padding_free)
         # iter(DataLoader) draws its base seed from torch's global generator: a resume (and an
         # OOM split) makes a loader where the uninterrupted run did not, which shifted every
         # dropout mask after it (an audit: LoRA dropout 0.1, losses off by up to 1e-3 after a

@@ -276,6 +276,12 @@ def run_hf(job: JobSpec, opts: RunOptions, backend: str, data: TokenData | None 
     job = with_data_packing(job, data)  # recorded, and compared on resume, as the own loop
     backend = resolve_backend(backend, source.task, data.stats.kind)
     check_runnable(job, world)
+    if job.padding_free:
+        # the own loop packs its rows (data/loader.py Collate); the trainers' collators here
+        # add a mask TRL needs, which would hide the packing from the model
+        raise JobError(f"--padding-free with --backend {backend}: trainfit packs rows in its "
+                       "own loop only", "use --backend trainfit, or drop --padding-free (TRL's "
+                       "SFTConfig(padding_free=True) packs in your own script)")
     if job.activation_offload and backend == "hf":
         raise JobError("--activation-offload with --backend hf: TrainingArguments has no "
                        "activation offloading", "use --backend trl (SFTConfig's "

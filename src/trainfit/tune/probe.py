@@ -363,7 +363,7 @@ class _Steps:
         self.ids = [micro_batch_ids(self.order, s * self.per_step, self.per_step, self.micro,
                                     probe.rank, job.ranks) for s in range(count)]
         loader = make_loader(probe.data, probe.source.task, [m for s in self.ids for m in s],
-                             knobs, pin=self.cuda)
+                             knobs, pin=self.cuda, packed=job.padding_free)
         self.waits: list[float] = []
         # the batches are tensors of the step: the CPU meter counts them (as buffers)
         self.batches = probe._batches(loader, self.waits, tracker)
