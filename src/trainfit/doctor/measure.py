@@ -139,13 +139,15 @@ class JobRunner:
         task = self.source.task
         if mode == "lazy":
             ds = LazyRows(self.data_path, self.tok, job.seq_len, job.text_field)
-            setup = DataSetup("lazy", ds, Collate(ds, task), None)  # type: ignore[arg-type]
+            setup = DataSetup("lazy", ds, Collate(ds, task, job.padding_free),  # type: ignore[arg-type]
+                              None)
         elif mode == "memmap":
             tf = pretokenize(self.tok, self.data_path, seq_len=job.seq_len, task=task,
                              text_field=job.text_field, packing=job.packing,
                              max_positions=max_positions(self.source))
             mm = MemmapTokens(tf)
-            collate: Callable[..., Any] = Collate(mm, task)  # type: ignore[arg-type]
+            collate: Callable[..., Any] = Collate(mm, task,  # type: ignore[arg-type]
+                                                  job.padding_free)
             setup = DataSetup("memmap", mm, collate, mm.lengths, token_file=tf)
         elif mode == "memmap-grouped":
             base = self.data("memmap", job)
@@ -157,7 +159,8 @@ class JobRunner:
             td: TokenData = tokenize_rows(read_rows(self.data_path), self.tok, seq_len=job.seq_len,
                                           task=task, text_field=job.text_field, packing=job.packing,
                                           path=self.data_path, max_positions=max_positions(self.source))
-            setup = DataSetup("eager", _Samples(td), Collate(td, task), td.lengths())
+            setup = DataSetup("eager", _Samples(td), Collate(td, task, job.padding_free),
+                              td.lengths())
         self._data[mode] = setup
         return setup
 
