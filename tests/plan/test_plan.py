@@ -468,7 +468,9 @@ def test_a_padding_free_plan_holds_the_mask_and_times_attention_over_the_packed_
     p, u = by(packed), by(rows)
     excess = {m: p[m].memory.peak_allocated_bytes - u[m].memory.peak_allocated_bytes
               for m in (1, 2, 4, 8)}
-    assert all(x > 0 for x in excess.values()), excess
+    # micro-batch 1: one sequence, for which transformers builds no mask (a review: it was
+    # simulated with one, 11.6 % over the CPU run)
+    assert excess[1] == 0 and all(excess[m] > 0 for m in (2, 4, 8)), excess
     assert excess[8] > 2 * excess[4] > 0
     assert p[8].speed.step_time_s > u[8].speed.step_time_s
     assert all(r.job.padding_free for r in packed.rows)

@@ -58,14 +58,16 @@ def test_zero2_reduces_every_micro_step_and_gathers_once():
                      link_gbs=10.0, micro_step_s=0.1)
     assert "hooks" not in fsdp.overlap
     # its device copies (each gathered parameter cat out of the flat buffer, twice a
-    # micro-step; each gradient into the reduce bucket), read and written on side streams:
+    # micro-step; each gradient into the reduce bucket, cat and div_ for the reduce-scatter),
+    # read and written on side streams:
     # their HBM time on top of the collectives' own, on a busy device (FSDP2's are kernels of
     # its simulated step)
     kw = dict(ranks=2, grad_accum=1, grad_bytes=1e9, param_bytes=2e9, link_gbs=300.0,
               micro_step_s=0.1, hbm_gbs=2000.0)
     z3, fsdp = sync_time(sharding="zero3", **kw), sync_time(sharding="fsdp", **kw)
     assert z3.exposed_s == fsdp.exposed_s == 0.0
-    assert z3.contention_s - fsdp.contention_s == pytest.approx(2.0 * (2 * 2e9 + 1e9) / 2000e9)
+    assert z3.contention_s - fsdp.contention_s == pytest.approx((2.0 * 2 * 2e9 + 6.0 * 1e9)
+                                                                / 2000e9)
     # an idle device absorbs them: a step the GPU is busy for a third of
     idle = sync_time(sharding="zero3", device_share=1 / 3, **kw)
     assert idle.contention_s == 0.0

@@ -218,6 +218,15 @@ def trl_sft_config(job: JobSpec, *, device: str = "cuda",
             kw["packing_strategy"] = "wrapped"
     if job.padding_free:  # what plan simulated: one row per micro-batch (JobSpec.padding_free)
         kw["padding_free"] = True
+        if job.packing:
+            # TRL's padding-free packing: documents kept apart in each bin (wrapped with
+            # padding_free is what TRL warns against)
+            kw["packing_strategy"] = "bfd"
+        else:
+            # TRL enforces no max_length on padding-free rows without packing and raises when
+            # one is set (trl 1.16 SFTTrainer: a review's SFTTrainer failed on this payload): the
+            # script truncates its samples (script_settings says so)
+            kw["max_length"] = None
     return kw
 
 

@@ -75,6 +75,10 @@ def script_settings(job: JobSpec, target: str, transformers_version: str | None 
     optimizer = _optimizer_setting(job, target)
     if optimizer is not None:
         out.append(optimizer)
+    if target == "trl" and job.padding_free and not job.packing:
+        out.append(ScriptSetting("padding_free", True, f"truncate each sample to {job.seq_len} "
+                                 "tokens before the trainer: with padding_free and no packing "
+                                 "TRL takes max_length=None and cuts nothing"))
     if job.grad_ckpt == "selective":
         # no payload field takes a context_fn (a function): the script turns it on, and the
         # payload's own checkpointing stays off (an audit: it read as no checkpointing at all)

@@ -238,8 +238,10 @@ class JobSpec:
     float copy per layer for the backward, and attention then runs over N × N (a mask takes no
     flash kernel): memory and time grow with the micro-batch squared.  With sdpa-flash (flash
     attention's varlen kernel takes the packing from position_ids) it holds what separate rows
-    hold.  Causal LMs only; read from a script; train (its own loop) and tune run it as
-    transformers' DataCollatorWithFlattening builds it."""
+    hold (``sdpa-flash`` here stands for transformers' ``flash_attention_2``, whose varlen
+    kernel takes no mask; SDPA's own flash kernel takes none either, so under SDPA a packed
+    row always has the mask).  Causal LMs only; read from a script; train (its own loop) and
+    tune run it as transformers' DataCollatorWithFlattening builds it."""
     grads_to_none: bool = True
     """Free gradients after each optimizer step (``zero_grad(set_to_none=True)``, torch ≥ 2.0's
     default); False keeps zeroed gradients alive between steps (torch < 2.0, many old scripts)."""
@@ -400,8 +402,11 @@ class JobSpec:
     @property
     def packs_rows(self) -> bool:
         """The step runs one packed row with a mask (:attr:`padding_free` without flash
-        attention's varlen kernel, which holds what separate rows hold)."""
-        return self.padding_free and self.attention != "sdpa-flash"
+        attention's varlen kernel, which holds what separate rows hold) — at micro-batch 1 only
+        when its one sample holds several documents (``packing``: TRL's bfd bins); one sequence
+        alone builds no mask (transformers' packed-sequence check answers None for it)."""
+        return self.padding_free and self.attention != "sdpa-flash" and (
+            (self.micro_batch or 1) > 1 or self.packing is True)
 
     def _check_in_backward(self) -> None:
         """What stepping each gradient as it arrives rules out (trainfit.model.in_backward)."""

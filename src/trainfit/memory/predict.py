@@ -356,16 +356,22 @@ def _step_notes(job: JobSpec, compile_untraced: list[str] | None,
                      + host_clause(job, host))
     if job.packs_rows:
         n = (job.micro_batch or 1) * job.seq_len
+        copy = ("a float copy of it in each SDPA layer, kept for the backward "
+                f"({2 * n * n / 2**20:,.0f} MiB each in 16 bits)" if job.attention != "eager"
+                else "its additive float copy")
         notes.append(f"padding-free: each micro-batch simulated as one row of {n:,} positions "
                      "with the (1, 1, N, N) block-causal mask transformers builds from "
-                     f"position_ids ({n * n / 2**20:,.0f} MiB) and the float copy of it SDPA "
-                     "keeps per layer: memory and attention time grow with the micro-batch "
-                     "squared (flash attention, --attention sdpa-flash, takes the packing with "
-                     "no mask)")
-    elif job.padding_free:
+                     f"position_ids ({n * n / 2**20:,.0f} MiB) and {copy}: memory and "
+                     "attention time grow with the micro-batch squared (flash_attention_2, "
+                     "--attention sdpa-flash, takes the packing with no mask)")
+    elif job.padding_free and job.attention == "sdpa-flash":
         notes.append("padding-free under flash attention: its varlen kernel reads the packing "
                      "from position_ids, so the micro-batch is simulated as separate rows (the "
                      "same memory)")
+    elif job.padding_free:
+        notes.append("padding-free at micro-batch 1: its row is one sequence, for which "
+                     "transformers builds no mask — simulated as the plain row (with packing, "
+                     "a bin of several documents has the mask at any micro-batch)")
     if job.rope_cache != "none":
         notes.append(f"rope_cache {job.rope_cache}: each layer holds transformers < 4.40's cos "
                      "and sin tables (max_position_embeddings × head_dim), booked as buffers")

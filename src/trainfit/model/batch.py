@@ -15,9 +15,11 @@ def make_batch(source: ModelSource, micro_batch: int, seq_len: int,
     """A training batch of token ids (no attention mask: unpadded, as packed/equal-length data
     is — a mask of ones would only stop SDPA from using its fast kernels).
 
-    ``packed``: padding-free (``JobSpec.padding_free``) — the micro-batch's sequences
+    ``packed``: padding-free (``JobSpec.packs_rows``) — the micro-batch's sequences
     concatenated into one row, position_ids restarting at each, as transformers'
-    DataCollatorWithFlattening and TRL's padding-free collator hand them to the model."""
+    DataCollatorWithFlattening and TRL's padding-free collator hand them to the model; at
+    micro-batch 1 its one sample holds two documents (TRL's bfd bins hold several): a row of
+    one sequence is no packed row (transformers builds no mask for it)."""
     vocab = int(source.config.vocab_size)
     if packed:
         if source.task != "causal-lm":
@@ -27,6 +29,10 @@ def make_batch(source: ModelSource, micro_batch: int, seq_len: int,
         ids = torch.randint(0, vocab, (1, micro_batch * seq_len), device=device,
                             generator=generator)
         positions = torch.arange(seq_len, device=device).repeat(micro_batch)[None]
+        if micro_batch == 1 and seq_len > 1:
+            half = seq_len // 2
+            positions = torch.cat([torch.arange(half, device=device),
+                                   torch.arange(seq_len - half, device=device)])[None]
         return {"input_ids": ids, "labels": ids.clone(), "position_ids": positions}
     ids = torch.randint(0, vocab, (micro_batch, seq_len), device=device, generator=generator)
     if source.task == "sequence-classification":

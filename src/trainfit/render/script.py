@@ -60,7 +60,11 @@ NOTE_WORDS = {
 
 
 def note_words(n: ScriptNote) -> str:
-    return NOTE_WORDS[n.kind].format(**n.data)
+    said = NOTE_WORDS[n.kind].format(**n.data)
+    if n.kind == "padding_free_mask" and n.data.get("flex"):
+        said += ("; flex_attention builds a block mask of the packing instead of the dense one: "
+                 "planned with the dense mask, an over-prediction")
+    return said
 
 
 def length_words(ln: LengthStats, micro_batch: int, quantile_grid: bool | None = None,

@@ -279,15 +279,18 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
     if rec.get("own_loss"):
         notes.append(ScriptNote("own_loss", {"where": rec["own_loss"]}))
     attn = m["attn_implementation"] or "sdpa"
-    f["attention"] = ATTENTION.get(attn, "sdpa")
+    # a hub flash kernel (kernels-community/flash-attn3, …) runs as flash attention does
+    f["attention"] = ATTENTION.get(attn, "sdpa-flash" if "flash" in str(attn) else "sdpa")
     if attn not in ("sdpa", "eager", None):
         notes.append(ScriptNote("attention", {"script": attn, "planned": f["attention"]}))
     ln = lengths(rec, quantile)
     f["seq_len"] = ln.longest
     if ln.padding_free:
         f["padding_free"] = True
-    if ln.padding_free and (m["attn_implementation"] or "sdpa") not in ("sdpa", "eager"):
-        # flash attention takes the packing from position_ids itself, no mask (a review)
+    if ln.padding_free and f["attention"] == "sdpa-flash":
+        # flash attention takes the packing from position_ids itself, no mask (a review); the
+        # note follows what is simulated (JobSpec.packs_rows), not the raw name (a review:
+        # flex_attention read "no mask" while its row was simulated with one)
         notes.append(ScriptNote("padding_free", {"seq_len": ln.longest}))
     elif ln.padding_free:
         # for SDPA and eager, transformers 5 reads the packing from position_ids and hands
@@ -296,7 +299,8 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
         positions = int(a["per_device_train_batch_size"]) * ln.longest
         notes.append(ScriptNote("padding_free_mask", {"seq_len": ln.longest,
                                                       "positions": positions,
-                                                      "mask_mib": positions**2 / 2**20}))
+                                                      "mask_mib": positions**2 / 2**20,
+                                                      "flex": attn == "flex_attention"}))
     if ln.label_max is not None:
         notes.append(ScriptNote("seq2seq_lengths", {"label_max": ln.label_max,
                                                     "input_max": ln.sample_max}))

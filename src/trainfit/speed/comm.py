@@ -20,7 +20,8 @@ the part of it the backward does not hide.
   gradients ((N−1)/N × gradient bytes); prefetching overlaps them with compute, so what shows per
   micro-step is max(0, comm − compute).  DeepSpeed ZeRO-3 (``sharding: zero3``) moves the same
   bytes; its device copies beside them (each gathered parameter out of the flat buffer, each
-  gradient into the reduce bucket: ``ZERO3_COPY_HBM_FACTOR``) take memory bandwidth as below.
+  gradient into the reduce bucket, concatenated and pre-divided: ``ZERO3_COPY_HBM_FACTOR``,
+  ``ZERO3_GRAD_HBM_FACTOR``) take memory bandwidth as below.
 
 Hidden is not free: NCCL's kernels move what they send and receive through the GPU's memory,
 "at least 2x [the link's bytes] ... as we need to store to memory, then read back from it. If you
@@ -59,12 +60,17 @@ REDUCE_HBM_FACTOR = 3.0
 """HBM bytes per bus byte of a ring reduction step (the received and the local chunk read, the
 sum written: NVIDIA/nccl#1428's "can be 3x" with user data)."""
 ZERO3_COPY_HBM_FACTOR = 2.0
-"""HBM bytes per byte DeepSpeed ZeRO-3 copies on the device beside the collectives (read, then
-written), on its side streams: each gathered parameter ``torch.cat`` out of the gathered flat
+"""HBM bytes per parameter byte DeepSpeed ZeRO-3 copies on the device beside each gather (read,
+then written), on its side stream: each gathered parameter ``torch.cat`` out of the gathered flat
 buffer (``AllGatherCoalescedHandle.wait``, runtime/zero/partition_parameters.py, under the
-coordinator's allgather stream), twice per micro-step, and each gradient copied into the
-contiguous reduce bucket (stage3.py ``__add_grad_to_ipg_bucket``, on the reduce stream) —
-DeepSpeed 0.19.8.  FSDP2's copy-in/out are kernels of its simulated step, timed there."""
+coordinator's allgather stream), twice per micro-step — DeepSpeed 0.19.8.  FSDP2's copy-in/out
+are kernels of its simulated step, timed there."""
+ZERO3_GRAD_HBM_FACTOR = 6.0
+"""HBM bytes per gradient byte of ZeRO-3's reduction beside the collective, each read and
+written once: the copy into the contiguous reduce bucket (stage3.py
+``__add_grad_to_ipg_bucket``), its ``torch.cat`` into the interleaved flat buffer and the
+``div_`` that pre-divides it (runtime/comm/coalesced_collectives.py
+``reduce_scatter_coalesced``, DeepSpeed's default ``reduce_scatter: true``; a review)."""
 INTERCONNECTS_GBS = {"pcie3": 15.75, "pcie4": 31.5, "pcie5": 63.0, "nvlink2": 150.0,
                      "nvlink3": 300.0, "nvlink4": 450.0}
 """Per-direction GB/s (1e9) of an x16 PCIe link or one GPU's NVLink total (half the datasheet's
@@ -117,7 +123,8 @@ def sync_time(*, ranks: int, sharding: str, grad_accum: int, grad_bytes: float,
         taken = _hidden_hbm_s(hidden, frac * 2.0 * param_bytes, frac * grad_bytes, hbm_gbs)
         if sharding == "zero3" and hbm_gbs:
             # its copies run whatever the overlap: all of their traffic takes bandwidth
-            taken += ZERO3_COPY_HBM_FACTOR * (2.0 * param_bytes + grad_bytes) / (hbm_gbs * 1e9)
+            taken += (ZERO3_COPY_HBM_FACTOR * 2.0 * param_bytes
+                      + ZERO3_GRAD_HBM_FACTOR * grad_bytes) / (hbm_gbs * 1e9)
         # the micro-step ends when both the collectives and the slowed device are done: a
         # longer collective, or an idle device (host-bound), absorbs the slow-down first
         base = max(comm_micro, micro_step_s)
@@ -131,8 +138,9 @@ def sync_time(*, ranks: int, sharding: str, grad_accum: int, grad_bytes: float,
                    "the gradient hooks) are counted as host time (framework_host_s: their "
                    "Python as measured on a CPU, without their CUDA stream and event calls, so "
                    "this tokens/s leans high); its device copies (each gathered parameter out "
-                   "of the flat buffer, each gradient into the reduce bucket) are counted in "
-                   "that traffic") if sharding == "zero3" else ""
+                   "of the flat buffer; each gradient into the reduce bucket, then concatenated "
+                   "and pre-divided for the reduce-scatter) are counted in that traffic"
+                   ) if sharding == "zero3" else ""
         return SyncTime(f"all-gather ×2 + reduce-scatter per micro-step ({who})",
                         per_micro * grad_accum, comm_micro * grad_accum, exposed,
                         "prefetched: hidden under each micro-step's compute up to its length"
