@@ -91,6 +91,15 @@ def test_a_measured_micro_batch_gain_with_little_dispatch_is_slow_matmuls():
     assert f.gain_fraction == pytest.approx(1.8)
     assert "micro-batch 1 → 16" in f.fix and "16× the rows" in f.fix
     assert "dispatches" not in f.fix
+    # on CUDA with an unfused optimizer too: no launch advice beside "dispatch is only 1 %",
+    # and the micro-batch the gain was measured at (a review)
+    cuda = Observation(split=split(forward_s=0.03, backward_s=0.045, optimizer_s=0.02),
+                       device="cuda", trainfit_job=True, ops_per_step=100, op_overhead_s=5e-6,
+                       micro_batch=1, max_micro_batch=16, optimizer_fused=False,
+                       measured_micro_batch_gain=(4, 1.8))
+    g = find(cuda)[0]
+    assert g.bottleneck == "slow-matmuls" and "micro-batch 1 → 4" in g.fix
+    assert "4× the rows" in g.fix and "CUDA graphs" not in g.fix and "fused" not in g.fix
     assert "measured +180% tokens/s, while op dispatch is 1% of the compute" in f.detail
     assert [x.bottleneck for x in find(obs)].count("slow-matmuls") == 1
 

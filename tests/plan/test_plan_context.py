@@ -483,28 +483,9 @@ def test_the_plan_names_the_layers_lora_adapted_and_whence():
                                            "peft has no default for phi3: trainfit's q, v")
     asked = lora.replace(lora_targets=["q", "o", "mlp"])
     assert lora_modules_of(asked, llama) == (
-        ["down_proj", "gate_proj", "o_proj", "q_proj", "up_proj"], "--lora-targets q,o,mlp")
+        ["down_proj", "gate_proj", "o_proj", "q_proj", "up_proj"], "lora_targets q,o,mlp")
     assert lora_modules_of(lora.replace(lora_targets=["all-linear"]), llama)[0] == ["all-linear"]
     a = plan_assumptions(lora, {}, source=phi3)
     assert _lora_modules_words(a) == " on qkv_proj (peft has no default for phi3: trainfit's q, v)"
     assert plan_assumptions(lora.replace(method="full"), {}, source=llama).lora_modules == []
 
-
-def test_mfu_of_rows_against_different_peaks_is_said_not_comparable():
-    """An audit: OLMoE under amp-bf16 ran its experts' grouped matmuls in fp32 (the master
-    weights), so its MFU (70 %) was a share of the fp32 peak beside bf16-true's 23 % of the bf16
-    peak, 4.8× faster — unsaid.  Each row's peak dtype is kept (speed.mfu_peak_dtype) and the
-    legend says which peak each precision's rows are against."""
-    from trainfit.render.plan import _mfu_peaks
-
-    def row(precision, dtype, mfu):
-        return SimpleNamespace(job=SimpleNamespace(precision=precision, method="full"),
-                               speed=SimpleNamespace(mfu=mfu, mfu_peak_dtype=dtype), shown=True)
-    moe = SimpleNamespace(rows=[row("amp-bf16", "fp32", 0.70), row("bf16-true", "bf16", 0.23)],
-                          gpu="h100-sxm")
-    said = _mfu_peaks(moe, False)
-    assert "amp-bf16 rows: the fp32 peak; bf16-true rows: the bf16 peak" in said
-    assert "not comparable across them" in said and "grouped matmuls" in said
-    dense = SimpleNamespace(rows=[row("amp-bf16", "bf16", 0.40), row("bf16-true", "bf16", 0.45)],
-                            gpu="h100-sxm")
-    assert _mfu_peaks(dense, False) == ""

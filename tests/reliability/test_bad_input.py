@@ -155,6 +155,8 @@ CASES: list[tuple[str, Callable[[Path, str], list[str]], str]] = [
      "gpu: rtx-9999 (in "),
     ("train gpu: rtx-9999 in the file", lambda d, j: [
         "train", _changed(d, j, gpu="rtx-9999"), "--out", str(d / "o")], "unknown GPU"),
+    ("doctor gpu: rtx-9999 in the file", lambda d, j: [
+        "doctor", _changed(d, j, gpu="rtx-9999")], "gpu: rtx-9999 (in "),
     # doctor
     ("doctor --steps 1", lambda d, j: ["doctor", j, "--steps", "1"], "--steps 1"),
     ("doctor --warmup -1", lambda d, j: ["doctor", j, "--warmup", "-1"], "--warmup -1: must be ≥ 0"),

@@ -160,3 +160,6 @@ def test_the_failed_rank_is_named_with_its_signal_not_torchruns_sigterm():
     assert _how([{"rank": 1, "exit_code": 1, "timestamp": 6},
                  {"rank": 0, "exit_code": 1, "timestamp": 7}]) == "rank 1 exited with code 1"
     assert _how([]) is None
+    # the other rank's answer to torchrun's SIGTERM (trainfit's ranks exit 143) is no cause
+    assert _how([{"rank": 0, "exit_code": 143, "timestamp": 5},
+                 {"rank": 1, "exit_code": 1, "timestamp": 5}]) == "rank 1 exited with code 1"

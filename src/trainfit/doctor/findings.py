@@ -334,10 +334,22 @@ def _launch(o: Observation) -> Finding | None:
         # multiplies themselves ran faster with more rows each (an audit: "launch-bound … 18 % of
         # the compute time", +221 % measured, where removing every dispatch gives +17 % at most)
         share = overhead / compute
-        return Finding("slow-matmuls", ev, fix.replace(
-            f"{k}× fewer op dispatches per token",
-            f"each matrix multiply gets {k}× the rows (dispatch is only {share:.0%} of the "
-            "compute, measured: the measured gain is the multiplies' own)"), _r(gain, 4),
+        # the fix in the multiplies' words, at the micro-batch measured: no dispatch advice
+        # (fused optimizer, CUDA graphs) beside "dispatch is only 1 %" (a review)
+        to = measured[0]
+        grow = max(to // o.micro_batch, 1) if o.micro_batch else None
+        mm_fix = ((f"micro-batch {o.micro_batch} → {to}" if o.micro_batch else
+                   f"micro-batch {to}")
+                  + (f" with grad_accum divided by {grow} (same effective batch, same "
+                     "learning)" if grow and grow > 1 and not no_accum else "")
+                  + f": each matrix multiply gets {grow or 'more'}× the rows (dispatch is only "
+                  f"{share:.0%} of the compute, measured: the measured gain is the multiplies' "
+                  "own)")
+        if no_accum:
+            mm_fix += ("; this loop has no gradient accumulation to divide, so the effective "
+                       "batch grows too (it changes the learning: scale the learning rate, or "
+                       "accept it)")
+        return Finding("slow-matmuls", ev, mm_fix, _r(gain, 4),
             f"micro-batch {measured[0]} measured {measured[1]:+.0%} tokens/s, while op dispatch is "
             f"{share:.0%} of the compute time ({o.ops_per_step:.0f} ops × "
             f"{o.op_overhead_s * 1e6:.1f} µs, measured), under the {LAUNCH_BOUND_FRACTION:.0%} "

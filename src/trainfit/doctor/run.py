@@ -43,6 +43,7 @@ from trainfit.doctor.verdict import contradicted, gain_of, held_across_rounds
 from trainfit.doctor.watch import busy_note
 from trainfit.job import JobSpec, dividing_micro_batches, read_job_file
 from trainfit.job.files import file_memory_limit
+from trainfit.job.step_options import refuse_other_model_code
 from trainfit.model.experts import inactive_expert_params
 from trainfit.model.runtime import parse_device
 from trainfit.model.source import resolve_model
@@ -94,7 +95,16 @@ def read_doctor_file(path: str | Path, *, allow_code: bool = False, trust_remote
     for key in ("data", "tokenizer", "model"):
         if isinstance(fields.get(key), str):
             fields[key] = resolve_relative(fields[key], p.parent)
-    return JobSpec.from_dict(fields, source=str(path)), opts, extra
+    if extra.get("gpu") is not None:
+        # as plan, tune and train read it: an unknown card is an error, not ignored (a review)
+        from trainfit.hardware.gpus import find_gpu
+
+        if find_gpu(str(extra["gpu"])) is None:
+            raise DoctorError(f"gpu: {extra['gpu']} (in {path}): unknown GPU",
+                              "`trainfit gpus` lists the cards; generic-<N>gb for one not listed")
+    job = JobSpec.from_dict(fields, source=str(path))
+    refuse_other_model_code(job, "doctor")  # it measures the installed transformers model
+    return job, opts, extra
 
 
 def _largest_micro(job: JobSpec, limit: int) -> int:

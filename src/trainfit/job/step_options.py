@@ -38,7 +38,7 @@ def refuse_other_model_code(job: JobSpec, command: str) -> None:
     """``train`` and ``tune`` run the installed transformers model: a job whose switches describe
     other model code (transformers < 4.40's per-layer RoPE tables, lit-gpt's fused q/k/v) is for
     ``plan``, which models it, and is refused with the hint to drop the switch."""
-    does = {"train": "runs", "tune": "measures"}[command]
+    does = {"train": "runs", "tune": "measures", "doctor": "measures"}[command]
     if job.rope_cache != "none":
         raise JobError(f"--rope-cache {job.rope_cache} describes transformers < 4.40's RoPE "
                        f"tables; {command} {does} the installed transformers, which has none",

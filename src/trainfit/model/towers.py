@@ -102,11 +102,14 @@ def unused_parameter_note(source: ModelSource, ranks: int, sharding: str) -> str
     parameters; "" where that cannot happen."""
     if ranks < 2 or sharding != "none" or not holds_towers(source):
         return ""
-    return ("DDP: the tower's trainable parameters (its weights under full fine-tuning, LoRA "
-            "adapters peft matched in it) get no gradient from text batches, and DDP stops with "
+    what = ("the cross-attention layers' trainable parameters (Llama-3.2-Vision: a text step "
+            "skips those layers whole)" if getattr(source.config, "cross_attention_layers", None)
+            else "the tower's trainable parameters")
+    return (f"DDP: {what} (weights under full fine-tuning, LoRA "
+            "adapters peft matched in them) get no gradient from text batches, and DDP stops with "
             "'Expected to have finished reduction in the prior iteration' unless "
             "find_unused_parameters=True (TrainingArguments(ddp_find_unused_parameters=True); "
-            "the HF Trainer turns it off under gradient checkpointing) or the tower is frozen "
+            "the HF Trainer turns it off under gradient checkpointing) or they are frozen "
             "(requires_grad_(False)); its gradient buckets are counted for every trainable "
             "parameter, as DDP allocates them")
 

@@ -140,7 +140,7 @@ def lora_modules_of(job: JobSpec, source: Any) -> tuple[list[str], str]:
 
     model_type = str(getattr(source.config, "model_type", ""))
     if job.lora_targets != ["default"]:
-        origin = "--lora-targets " + ",".join(job.lora_targets)
+        origin = "lora_targets " + ",".join(job.lora_targets)  # a flag, a file or a script
     elif peft_default_targets(model_type) is not None:
         origin = f"peft's default for {model_type}"
     else:

@@ -212,7 +212,7 @@ def _mfu_peaks(result: PlanResult, all_rows: bool) -> str:
     nominal = {"fp32": "fp32", "amp-fp16": "fp16", "bf16-true": "bf16", "amp-bf16": "bf16"}
     off = {p: d for p, d in peaks.items() if d - {nominal.get(p, "?"), "?"}
            and not (p == "fp32" and "fp32" not in d)}
-    if off and len({d for ds in peaks.values() for d in ds}) > 1:
+    if off:
         # a 16-bit row whose matmul FLOPs run mostly in fp32 (an MoE's experts under autocast
         # keep the fp32 master weights: an audit read amp-bf16 at MFU 70 % beside bf16-true's
         # 23 %, 4.8× faster, unsaid)
@@ -222,7 +222,9 @@ def _mfu_peaks(result: PlanResult, all_rows: bool) -> str:
                 + (" (e.g. a mixture of experts: autocast leaves its experts' grouped "
                    "matmuls in the fp32 master weights)"
                    if any("fp32" in d for p, d in off.items()) else "")
-                + ", so MFU is not comparable across them: compare rows by tokens/s")
+                + (", so MFU is not comparable across them: compare rows by tokens/s"
+                   if len({d for ds in peaks.values() for d in ds}) > 1 else
+                   ": compare with another run's MFU by tokens/s"))
     if "fp32" not in shown or len(shown) < 2:
         return ""
     gpu = getattr(result, "gpu", None)  # a bare result (tests) names none

@@ -48,7 +48,8 @@ def render_tune_dict(d: dict[str, Any], *, stderr: bool = False) -> None:
     con.print(table)
     legend = ("m/p: measured / predicted · tok/s: tokens/s · wk: loader workers · wait%: data "
               "wait, % of the step · > margin: ran within the capacity, not within its margin")
-    if any((p["predicted"] or {}).get("from_busy_timings") for p in d["probes"]):
+    if any((p["predicted"] or {}).get("from_busy_timings") and (p["predicted"] or {}).get(
+            "tokens_per_s") for p in d["probes"]):
         # said where it is (an audit: 344 predicted in one run, 10,211-11,134 in the next, the
         # table silent; the JSON alone had from_busy_timings)
         legend += (" · *: predicted from kernel times measured while other processes used "

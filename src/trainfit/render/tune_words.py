@@ -182,9 +182,12 @@ _NOTE_TEXTS: dict[str, Any] = {
                          "best: " + "; ".join(f"{_changes(c)} ({r:.2f}×)"
                                               for c, r in d["one_probe"])
                          + " — a change is taken only after every interleaved round shows it "
-                         "faster, and dropped on one timed probe that is not (this run's "
-                         "repeats of one configuration stayed within "
-                         f"{d['unsteady_spread']:g}× of each other)",
+                         "faster, and dropped on one timed probe that is not"
+                         + (" (this run's repeats of one configuration stayed within "
+                            f"{d['unsteady_spread']:g}× of each other)"
+                            if d.get("unsteady_spread") else
+                            " (no configuration was timed twice: how steady this run was is "
+                            "not known)"),
     "ckpt_not_needed": lambda d: "checkpointing: not tried — the largest micro-batch already "
                                "fits without it, and recomputation only costs time",
     "ckpt_kept": lambda d: "checkpointing: kept on (nothing fits without it)",

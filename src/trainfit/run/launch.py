@@ -207,8 +207,12 @@ def _how(failed: list[dict[str, int]]) -> str | None:
     SIGTERM, which it lists as failures too) or else the first to fail, with its exit code."""
     if not failed:
         return None
-    killed = [f for f in failed if f["exit_code"] < 0 and f["exit_code"] != -signal.SIGTERM]
-    f = min(killed or failed, key=lambda f: (f["timestamp"], f["rank"]))
+    # torchrun's own SIGTERM to the others (-15), or their answer to it (trainfit's ranks stop
+    # and exit 130 / 143), come after the cause, often in the same second (a review)
+    stopped = (-signal.SIGTERM, 128 + signal.SIGINT, 128 + signal.SIGTERM)
+    killed = [f for f in failed if f["exit_code"] < 0 and f["exit_code"] not in stopped]
+    others = [f for f in failed if f["exit_code"] not in stopped]
+    f = min(killed or others or failed, key=lambda f: (f["timestamp"], f["rank"]))
     if f["exit_code"] < 0:
         try:
             name = f" ({signal.Signals(-f['exit_code']).name})"

@@ -43,7 +43,9 @@ def _leave_failures(e: Any) -> None:
     import os
     from pathlib import Path
 
-    where = os.environ.get("TRAINFIT_RANK_ERRORS")
+    from trainfit.run.launch import RANK_ERRORS_ENV
+
+    where = os.environ.get(RANK_ERRORS_ENV)
     if not where or not Path(where).is_dir():
         return
     failed = [{"rank": int(rank), "exit_code": int(f.exitcode), "timestamp": int(f.timestamp)}

@@ -66,6 +66,8 @@ class Searcher(KnobStage):
         self.trials: list[Trial] = []
         self.notes: list[SearchNote] = []
         self.cut_candidates: list[str] = []
+        self.repeats_timed = False
+        """Some configuration's timed probes were repeated (:meth:`repeat_spread_note`)."""
         self.one_probe: list[tuple[list[tuple[str, Any]], float]] = []
         """Candidates dropped on one probe no faster than the incumbent: (changes, ratio)."""
         self.t0 = time.perf_counter()  # the budget is the search's (tune/tuner.py run_search)
@@ -432,6 +434,7 @@ class Searcher(KnobStage):
             same = [raw(u) for u in timed if u.job == t.job]
             if len(same) > 1:
                 spreads.append(max(same) / min(same))
+        self.repeats_timed = bool(spreads)
         if not spreads or max(spreads) <= UNSTEADY_SPREAD:
             return None
         return SearchNote("unsteady", {"spread": max(spreads), "one_probe": self.one_probe})

@@ -409,7 +409,8 @@ def run_search(job: JobSpec, opts: TuneOptions, bench: Bench, t0: float,
         # a steady run says them too: a gain needs every round, a drop one slower probe (an
         # audit: amp-bf16 0.48×, eager 0.47× dropped unsaid on a quiet run)
         out.notes.append(SearchNote("one_probe", {"one_probe": searcher.one_probe,
-                                                   "unsteady_spread": UNSTEADY_SPREAD}))
+                                                   "unsteady_spread": UNSTEADY_SPREAD
+                                                   if searcher.repeats_timed else None}))
     # persistent workers set on the pick written — on a copy: the probe it is (median_of may
     # return one) keeps the job it ran (a review: its record read persistent_workers true)
     pick = dataclasses.replace(pick) if pick is not None else None
