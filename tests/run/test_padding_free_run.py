@@ -46,3 +46,14 @@ def test_the_packed_batch_is_one_unpadded_row_with_the_same_label_count(job):
         return_tensors="pt")
     for k in ("input_ids", "labels", "position_ids"):
         assert np.array_equal(ours[k].numpy(), theirs[k].numpy()), k
+
+
+def test_a_model_that_is_not_a_transformers_causal_lm_is_refused(job):
+    """A module:factory model reads no position_ids: its samples would attend to each other."""
+    from trainfit.data.load import load_data
+    from trainfit.job import JobError
+    from trainfit.model.source import resolve_model
+
+    data = load_data(job, resolve_model(job.model))
+    with pytest.raises(JobError, match="padding-free with a custom-lm model"):
+        Collate(data, "custom-lm", packed=True)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from trainfit.data.dataset import NEXT_TOKEN_TASKS, TokenData
-from trainfit.job import JobSpec
+from trainfit.job import JobError, JobSpec
 
 
 @dataclass(kw_only=True)
@@ -100,7 +100,13 @@ class Collate:
         self.pad_id = data.pad_id
         self.mask = data.padded
         self.task = task
-        self.packed = packed and task in NEXT_TOKEN_TASKS
+        if packed and task != "causal-lm":
+            # a module:factory model or a seq2seq one reads no position_ids: one row would let
+            # its samples attend to each other (plan refuses the same job: model/batch.py)
+            raise JobError(f"--padding-free with a {task} model: it takes no packed row "
+                           "(position_ids restarting per sequence)",
+                           "drop --padding-free (TRL packs causal LMs only)")
+        self.packed = packed
 
     def _pad(self, arrays: list[np.ndarray], value: int) -> torch.Tensor:
         out = np.full((len(arrays), self.seq_len), value, dtype=np.int64)
