@@ -489,7 +489,8 @@ def test_a_packing_sft_script_plans_its_packed_row_as_the_job_file_does(seed001,
         "model": str(seed001.model), "method": "lora", "lora_r": 8, "lora_alpha": 16,
         "lora_dropout": 0.05, "lora_targets": ["k_proj", "o_proj", "q_proj", "v_proj"],
         "seq_len": 128, "effective_batch": 8, "trl_logprob_head": True, "padding_free": True,
-        "base_dtype": "bf16", "optimizer_impl": "fused"},  # --no-4bit: a bf16 base; trl's AdamW
+        "base_dtype": "bf16", "optimizer_impl": "fused",  # --no-4bit: a bf16 base; trl's AdamW
+        "packing": True},  # bfd bins of several documents: the mask at micro-batch 1 too
         {"micro_batch": 2, "grad_accum": 4, "grad_ckpt": "off"})
     want = _plan([job, *flags])
     # the job file's current row is simulated whole (the script's as-read one is amp-bf16 over

@@ -192,8 +192,10 @@ class AttentionTarget:
     materialised mask (masking_utils ``find_packed_sequence_indices``)."""
     packed: bool = False
     """The batch is one row of several sequences with position_ids restarting at each
-    (``JobSpec.padding_free``): the packed-sequence check runs as transformers wrote it and
-    SDPA is handed the (1, 1, N, N) block-causal mask it builds."""
+    (``JobSpec.packs_rows``): transformers' packed-sequence check runs (on fake tensors it
+    always answers with the sequence ids — it skips its one-sequence exit, which reads values —
+    so a row of one sequence is not simulated packed: ``JobSpec.packs_rows``) and SDPA is
+    handed the (1, 1, N, N) block-causal mask transformers builds from them."""
 
 
 CUDNN_SDPA_CC = ((9, 0), (10, 0))
@@ -455,8 +457,8 @@ def device_semantics(target: AttentionTarget) -> Iterator[_DeviceOps]:
         # B×1×S×S mask per step, a float copy of it per layer and, with a mask, k and v expanded
         # to the query heads (transformers' repeat_kv): up to 3.8 % of a small compiled step on
         # this CPU that the simulation did not hold (an audit)
-        # a padding-free batch (target.packed) is packed: the check runs as transformers wrote
-        # it (a shape-only computation on the ids: cumsum of position_ids' restarts)
+        # a padding-free batch (target.packed) of several sequences: the check runs (a cumsum of
+        # position_ids' restarts; its one-sequence exit reads values, skipped on fake tensors)
         packed = (lambda position_ids: torch.zeros_like(position_ids)) if target.compiled \
             else (lambda position_ids: None)
         if target.compiled or not target.packed:
