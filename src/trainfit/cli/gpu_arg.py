@@ -18,31 +18,13 @@ def gpu_spec(gpu: str | None, extra: dict[str, Any], interconnect: str | None,
         raise JobError(f"--interconnect {interconnect} with 1 rank: one GPU syncs nothing "
                        "over a link", "add --ranks N (N ≥ 2), or drop --interconnect")
     from trainfit.cli.script import local_gpu_spec
-    from trainfit.hardware.gpus import (
-        close_gpu_names,
-        find_gpu,
-        form_variants,
-        gpu_names,
-        memory_variants,
-    )
+    from trainfit.hardware.gpus import form_variants, known_gpu, memory_variants
 
     gpu_name = gpu or extra.get("gpu")
     said = f"--gpu {gpu_name}" if gpu or not where else f"gpu: {gpu_name} (in {where})"
     spec = None
     if gpu_name is not None:
-        spec = find_gpu(str(gpu_name))
-        if spec is None and str(gpu_name).strip().lower().startswith("generic"):
-            raise JobError(f"{said}: a generic card is generic-<N>gb with N its memory, "
-                           "more than 0 and at most 4096", "e.g. --gpu generic-24gb")
-        if spec is None:
-            close = close_gpu_names(str(gpu_name))
-            # the close names alone where there are some (a review: the whole 50-card catalog
-            # after "did you mean" buried the answer)
-            raise JobError(f"{said}: unknown GPU",
-                           (f"did you mean {', '.join(close)}? " if close else
-                            "known: " + ", ".join(gpu_names()) + "; ")
-                           + "or generic-<N>gb for a card not listed (`trainfit gpus` lists them "
-                           "with their memory)")
+        spec = known_gpu(str(gpu_name), said)
         others = memory_variants(str(gpu_name), spec)
         if others and say is not None:
             say(f"note: {said} is planned as {spec.display_name} "

@@ -95,13 +95,10 @@ def read_doctor_file(path: str | Path, *, allow_code: bool = False, trust_remote
     for key in ("data", "tokenizer", "model"):
         if isinstance(fields.get(key), str):
             fields[key] = resolve_relative(fields[key], p.parent)
-    if extra.get("gpu") is not None:
-        # as plan, tune and train read it: an unknown card is an error, not ignored (a review)
-        from trainfit.hardware.gpus import find_gpu
+    if extra.get("gpu") is not None:  # as plan, tune and train read it (a review)
+        from trainfit.hardware.gpus import known_gpu
 
-        if find_gpu(str(extra["gpu"])) is None:
-            raise DoctorError(f"gpu: {extra['gpu']} (in {path}): unknown GPU",
-                              "`trainfit gpus` lists the cards; generic-<N>gb for one not listed")
+        known_gpu(str(extra["gpu"]), f"gpu: {extra['gpu']} (in {path})")
     job = JobSpec.from_dict(fields, source=str(path))
     refuse_other_model_code(job, "doctor")  # it measures the installed transformers model
     return job, opts, extra

@@ -319,3 +319,25 @@ def close_gpu_names(name: str, n: int = 3) -> list[str]:
         if canonical not in out:
             out.append(canonical)
     return out[:n]
+
+
+def known_gpu(name: str, said: str) -> GpuSpec:
+    """The catalog card (or generic card) ``name`` reads as, else a JobError naming ``said``
+    (``--gpu X`` or ``gpu: X (in job.yaml)``) with the close names or the catalog: the one
+    check plan, tune, train and doctor make (a re-read: doctor had its own words for it)."""
+    from trainfit.job import JobError
+
+    spec = find_gpu(name)
+    if spec is not None:
+        return spec
+    if name.strip().lower().startswith("generic"):
+        raise JobError(f"{said}: a generic card is generic-<N>gb with N its memory, "
+                       "more than 0 and at most 4096", "e.g. --gpu generic-24gb")
+    close = close_gpu_names(name)
+    # the close names alone where there are some (a review: the whole 50-card catalog after
+    # "did you mean" buried the answer)
+    raise JobError(f"{said}: unknown GPU",
+                   (f"did you mean {', '.join(close)}? " if close else
+                    "known: " + ", ".join(gpu_names()) + "; ")
+                   + "or generic-<N>gb for a card not listed (`trainfit gpus` lists them "
+                   "with their memory)")
