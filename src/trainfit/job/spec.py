@@ -16,7 +16,7 @@ from typing import Any
 from trainfit.job.choices import (  # re-exported: the schema's vocabularies live there
     ATTENTIONS,
     BASE_DTYPES,
-    ENGINE_OFFLOADS,
+    ENGINE_OFFLOADS,  # noqa: F401  (re-exported; checked in job/combinations.py)
     FSDP_INITS,
     FSDP_VERSIONS,
     GRAD_CKPT,
@@ -25,14 +25,15 @@ from trainfit.job.choices import (  # re-exported: the schema's vocabularies liv
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
     PRECISIONS,
-    QUANT_LIBS,
-    QUANTS,
+    QUANT_LIBS,  # noqa: F401
+    QUANTS,  # noqa: F401
     REDUCE_DTYPES,
     ROPE_CACHES,
     SHARDINGS,
     JobError,
     _choice,
 )
+from trainfit.job.combinations import check_in_backward, check_quantization, check_sharding
 from trainfit.job.validate import check_positive, check_types, resolve_batch
 
 SIZE_FIELDS = ("seq_len", "micro_batch", "grad_accum", "effective_batch", "ranks", "lora_r",
@@ -311,7 +312,7 @@ class JobSpec:
         _choice("offload", self.offload, OFFLOADS)
         _choice("base_dtype", self.base_dtype, BASE_DTYPES)
         _choice("rope_cache", self.rope_cache, ROPE_CACHES)
-        self._check_sharding()
+        check_sharding(self)
         if self.precision is not None:
             _choice("precision", self.precision, PRECISIONS)
         if self.grad_ckpt is not None:
@@ -355,7 +356,7 @@ class JobSpec:
                                "LoRA options need --method lora or qlora")
             if self.quant is not None:
                 raise JobError("--quant given with --method full", "use --method qlora")
-        self._check_quantization()
+        check_quantization(self)
         if not 0.0 <= self.lora_dropout < 1.0:
             raise JobError(f"--lora-dropout {self.lora_dropout}: must be in [0, 1)",
                            "e.g. --lora-dropout 0.05 (0 turns it off)")
@@ -363,41 +364,14 @@ class JobSpec:
             raise JobError("--lora-targets is empty", "e.g. --lora-targets q,v or all-linear")
         self._resolve_batch()
         if self.optimizer_in_backward:
-            self._check_in_backward()
+            check_in_backward(self)
 
-    def _check_quantization(self) -> None:
-        """What the method allows of 4-bit weights and their library, and torchtune's copied
-        layers (single-device, torchao's NF4)."""
-        if self.kbit_prepared and self.method != "qlora":
-            raise JobError("--kbit-prepared applies to --method qlora",
-                           "a LoRA base cast to float32 is --precision fp32")
-        if self.method == "qlora":
-            self.quant = self.quant or "nf4-dq"
-            _choice("quant", self.quant, QUANTS)
-            _choice("quant_lib", self.quant_lib, QUANT_LIBS)
-            if self.quant_lib != "bnb" and self.quant != "nf4-dq":
-                raise JobError(f"--quant-lib {self.quant_lib} with --quant {self.quant}: torchao's "
-                               "NF4 always double-quantizes its scales", "use --quant nf4-dq")
-        elif self.quant is not None:
-            raise JobError(f"--quant {self.quant} needs --method qlora",
-                           "use --method qlora, or --quant none to clear a quant the job file set")
-        elif self.quant_lib != "bnb":
-            raise JobError(f"--quant-lib {self.quant_lib} needs --method qlora",
-                           "use --method qlora, or drop --quant-lib")
-        if self.clone_layers and (self.sharding != "none" or self.ranks > 1
-                                  or self.fsdp_init != "sharded"):
-            what = (f"--sharding {self.sharding}" if self.sharding != "none" else
-                    f"--ranks {self.ranks}" if self.ranks > 1 else f"--fsdp-init {self.fsdp_init}")
-            raise JobError(f"--clone-layers with {what}: torchtune builds its layers as copies on "
-                           "the GPU in its single-device recipes only",
-                           "drop --clone-layers (torchtune's distributed recipes build on meta)")
-        if self.clone_layers and self.method == "qlora" and self.quant_lib == "bnb":
-            raise JobError("--clone-layers with --quant-lib bnb: the deep copies are torchtune's, "
-                           "whose 4-bit weights are torchao's", "add --quant-lib torchao or "
-                           "torchao-0.1")
-        if self.trl_logprob_head and (self.lm_head_chunk is not None or self.fp32_outputs):
-            raise JobError("--trl-logprob-head with --lm-head-chunk / --fp32-outputs: each "
-                           "replaces the loss head", "keep one of them")
+    @property
+    def masks_packing(self) -> bool:
+        """:attr:`padding_free` without flash attention's varlen kernel: a row holding several
+        sequences gets transformers' block-causal mask (whether the step's rows hold several:
+        :attr:`packs_rows`)."""
+        return self.padding_free and self.attention != "sdpa-flash"
 
     @property
     def packs_rows(self) -> bool:
@@ -405,28 +379,7 @@ class JobSpec:
         attention's varlen kernel, which holds what separate rows hold) — at micro-batch 1 only
         when its one sample holds several documents (``packing``: TRL's bfd bins); one sequence
         alone builds no mask (transformers' packed-sequence check answers None for it)."""
-        return self.padding_free and self.attention != "sdpa-flash" and (
-            (self.micro_batch or 1) > 1 or self.packing is True)
-
-    def _check_in_backward(self) -> None:
-        """What stepping each gradient as it arrives rules out (trainfit.model.in_backward)."""
-        if self.grad_accum is not None and self.grad_accum != 1:
-            raise JobError(f"--optimizer-in-backward with grad-accum {self.grad_accum}: each "
-                           "micro-batch's gradient would be applied on its own",
-                           "use --grad-accum 1 (a micro-batch equal to the per-rank batch), or "
-                           "drop --optimizer-in-backward")
-        if self.max_grad_norm is not None:
-            raise JobError("--optimizer-in-backward with gradient clipping: clipping needs every "
-                           "gradient of the step at once",
-                           "add --max-grad-norm none (torchtune turns clipping off for it too)")
-        if self.ranks > 1:
-            raise JobError(f"--optimizer-in-backward with --ranks {self.ranks}: the step would run "
-                           "before the ranks' gradients are reduced",
-                           "use it on one GPU (--ranks 1)")
-        if self.precision == "amp-fp16":
-            raise JobError("--optimizer-in-backward with --precision amp-fp16: the GradScaler "
-                           "checks the whole step's gradients for inf before any step",
-                           "use --precision bf16-true or amp-bf16")
+        return self.masks_packing and ((self.micro_batch or 1) > 1 or self.packing is True)
 
     @property
     def fsdp_flat(self) -> bool:
@@ -434,39 +387,6 @@ class JobSpec:
         no copy-out after an all-gather."""
         return self.sharding == "fsdp" and (self.fsdp_version == "1" or (
             self.fsdp_version == "auto" and self.fsdp_init != "sharded"))
-
-    def _check_sharding(self) -> None:
-        allowed = ENGINE_OFFLOADS[self.sharding]
-        if self.offload not in allowed:
-            raise JobError(f"--offload {self.offload} with --sharding {self.sharding}: not "
-                           "something that engine offers",
-                           f"with --sharding {self.sharding} use --offload "
-                           f"{' or '.join(allowed)}" if len(allowed) > 1 else
-                           "offloading needs --sharding fsdp, zero2 or zero3")
-        if self.fsdp_init != "sharded" and self.sharding not in ("fsdp", "none"):
-            raise JobError(f"--fsdp-init {self.fsdp_init} with --sharding {self.sharding}: "
-                           "it describes FSDP's wrapping", "use --sharding fsdp (or none for "
-                           "FSDP's NO_SHARD), or drop --fsdp-init")
-        if self.fsdp_version != "auto" and self.sharding != "fsdp":
-            raise JobError(f"--fsdp-version {self.fsdp_version} applies to --sharding fsdp only",
-                           "drop --fsdp-version, or use --sharding fsdp")
-        if self.fsdp_version == "2" and self.fsdp_init != "sharded":
-            raise JobError(f"--fsdp-version 2 with --fsdp-init {self.fsdp_init}: that wrap is "
-                           "FSDP1's", "use --fsdp-version 1 (or auto), or --fsdp-init sharded")
-        if self.sharding in ("zero2", "zero3") and self.offload != "none" and \
-                self.optimizer != "adamw":
-            # under ZeRO-Offload accelerate (HF Trainer's too) swaps the optimizer for DeepSpeed's
-            # CPU Adam on the host partitions (accelerate utils/deepspeed.py
-            # map_pytorch_optim_to_deepspeed: fp32 m and v, whatever was asked): planning another
-            # one's states would not be what runs
-            raise JobError(f"--optimizer {self.optimizer} with --sharding {self.sharding} "
-                           f"--offload {self.offload}: under ZeRO-Offload accelerate replaces it "
-                           "with DeepSpeed's CPU Adam (fp32 states, on the host)",
-                           "plan it as --optimizer adamw, or drop --offload")
-        for flag in ("fsdp_no_sync", "fsdp_frozen_grads"):
-            if getattr(self, flag) and self.sharding != "fsdp":
-                raise JobError(f"--{flag.replace('_', '-')} applies to --sharding fsdp only",
-                               f"drop --{flag.replace('_', '-')}, or use --sharding fsdp")
 
     def _resolve_batch(self) -> None:
         self.micro_batch, self.grad_accum, self.effective_batch = resolve_batch(

@@ -131,7 +131,7 @@ def _steps(job: JobSpec) -> list[tuple[str, dict[str, Any], bool]]:
 
 def _offload_step(job: JobSpec, sharding: str, steps: list[tuple[str, dict[str, Any], bool]]
                   ) -> tuple[str, dict[str, Any], bool] | None:
-    """The CPU-offload rung: the most the engine offers (JobSpec._check_sharding) — FSDP's
+    """The CPU-offload rung: the most the engine offers (job/combinations.py check_sharding) — FSDP's
     CPUOffload / ZeRO-3's offload_param keep the shards and the optimizer step on the host
     (Answer.AI's 70B QLoRA on two 24 GB cards), ZeRO-2 only the optimizer — or None where the
     engine has none or the job has it already. Costs time only, much of it: the speed of such rows

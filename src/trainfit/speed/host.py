@@ -281,7 +281,7 @@ def _key(job: JobSpec, cfg: Any, task: str, threads: int = 1) -> str:
              "config": cfg.to_json_string(use_diff=False),
              "attention": "eager" if job.attention == "eager" else "sdpa", "threads": threads,
              "job": {k: getattr(job, k) for k in _JOB_KEYS}}
-    if job.padding_free and job.attention != "sdpa-flash":  # only then: the other keys kept
+    if job.masks_packing:  # only then: the other keys kept
         parts["packed"] = True
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -400,7 +400,7 @@ def _run_tiny(tj: JobSpec, source: Any, cfg: Any) -> HostStep | None:
     # a packed row is timed with its mask (two documents in the one sample: the mask-building
     # and k/v-expanding code of the rows that have one; a review)
     batch = make_batch(tiny, 1, tj.seq_len, generator=torch.Generator().manual_seed(0),
-                       packed=tj.padding_free and tj.attention != "sdpa-flash")
+                       packed=tj.masks_packing)
     carry: dict[str, Any] | None = {} if tj.hold_outputs else None
     counter = KernelCounter(active=False)  # the clock turns it on for forward + backward
 

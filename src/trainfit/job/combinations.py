@@ -1,0 +1,101 @@
+"""The checks between a job's fields that JobSpec.__post_init__ runs after each field's own
+(job/validate.py): what the method allows of 4-bit weights, what stepping in the backward rules
+out, what each sharding engine offers. Out of job/spec.py, which holds the fields."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainfit.job.choices import ENGINE_OFFLOADS, QUANT_LIBS, QUANTS, JobError, _choice
+
+
+def check_quantization(job: Any) -> None:
+    """What the method allows of 4-bit weights and their library, and torchtune's copied
+    layers (single-device, torchao's NF4)."""
+    if job.kbit_prepared and job.method != "qlora":
+        raise JobError("--kbit-prepared applies to --method qlora",
+                       "a LoRA base cast to float32 is --precision fp32")
+    if job.method == "qlora":
+        job.quant = job.quant or "nf4-dq"
+        _choice("quant", job.quant, QUANTS)
+        _choice("quant_lib", job.quant_lib, QUANT_LIBS)
+        if job.quant_lib != "bnb" and job.quant != "nf4-dq":
+            raise JobError(f"--quant-lib {job.quant_lib} with --quant {job.quant}: torchao's "
+                           "NF4 always double-quantizes its scales", "use --quant nf4-dq")
+    elif job.quant is not None:
+        raise JobError(f"--quant {job.quant} needs --method qlora",
+                       "use --method qlora, or --quant none to clear a quant the job file set")
+    elif job.quant_lib != "bnb":
+        raise JobError(f"--quant-lib {job.quant_lib} needs --method qlora",
+                       "use --method qlora, or drop --quant-lib")
+    if job.clone_layers and (job.sharding != "none" or job.ranks > 1
+                              or job.fsdp_init != "sharded"):
+        what = (f"--sharding {job.sharding}" if job.sharding != "none" else
+                f"--ranks {job.ranks}" if job.ranks > 1 else f"--fsdp-init {job.fsdp_init}")
+        raise JobError(f"--clone-layers with {what}: torchtune builds its layers as copies on "
+                       "the GPU in its single-device recipes only",
+                       "drop --clone-layers (torchtune's distributed recipes build on meta)")
+    if job.clone_layers and job.method == "qlora" and job.quant_lib == "bnb":
+        raise JobError("--clone-layers with --quant-lib bnb: the deep copies are torchtune's, "
+                       "whose 4-bit weights are torchao's", "add --quant-lib torchao or "
+                       "torchao-0.1")
+    if job.trl_logprob_head and (job.lm_head_chunk is not None or job.fp32_outputs):
+        raise JobError("--trl-logprob-head with --lm-head-chunk / --fp32-outputs: each "
+                       "replaces the loss head", "keep one of them")
+
+
+def check_in_backward(job: Any) -> None:
+    """What stepping each gradient as it arrives rules out (trainfit.model.in_backward)."""
+    if job.grad_accum is not None and job.grad_accum != 1:
+        raise JobError(f"--optimizer-in-backward with grad-accum {job.grad_accum}: each "
+                       "micro-batch's gradient would be applied on its own",
+                       "use --grad-accum 1 (a micro-batch equal to the per-rank batch), or "
+                       "drop --optimizer-in-backward")
+    if job.max_grad_norm is not None:
+        raise JobError("--optimizer-in-backward with gradient clipping: clipping needs every "
+                       "gradient of the step at once",
+                       "add --max-grad-norm none (torchtune turns clipping off for it too)")
+    if job.ranks > 1:
+        raise JobError(f"--optimizer-in-backward with --ranks {job.ranks}: the step would run "
+                       "before the ranks' gradients are reduced",
+                       "use it on one GPU (--ranks 1)")
+    if job.precision == "amp-fp16":
+        raise JobError("--optimizer-in-backward with --precision amp-fp16: the GradScaler "
+                       "checks the whole step's gradients for inf before any step",
+                       "use --precision bf16-true or amp-bf16")
+
+
+def check_sharding(job: Any) -> None:
+    """What each engine (``sharding``) allows of offloading, FSDP's wrap and version, and the
+    optimizer under ZeRO-Offload."""
+    allowed = ENGINE_OFFLOADS[job.sharding]
+    if job.offload not in allowed:
+        raise JobError(f"--offload {job.offload} with --sharding {job.sharding}: not "
+                       "something that engine offers",
+                       f"with --sharding {job.sharding} use --offload "
+                       f"{' or '.join(allowed)}" if len(allowed) > 1 else
+                       "offloading needs --sharding fsdp, zero2 or zero3")
+    if job.fsdp_init != "sharded" and job.sharding not in ("fsdp", "none"):
+        raise JobError(f"--fsdp-init {job.fsdp_init} with --sharding {job.sharding}: "
+                       "it describes FSDP's wrapping", "use --sharding fsdp (or none for "
+                       "FSDP's NO_SHARD), or drop --fsdp-init")
+    if job.fsdp_version != "auto" and job.sharding != "fsdp":
+        raise JobError(f"--fsdp-version {job.fsdp_version} applies to --sharding fsdp only",
+                       "drop --fsdp-version, or use --sharding fsdp")
+    if job.fsdp_version == "2" and job.fsdp_init != "sharded":
+        raise JobError(f"--fsdp-version 2 with --fsdp-init {job.fsdp_init}: that wrap is "
+                       "FSDP1's", "use --fsdp-version 1 (or auto), or --fsdp-init sharded")
+    if job.sharding in ("zero2", "zero3") and job.offload != "none" and \
+            job.optimizer != "adamw":
+        # under ZeRO-Offload accelerate (HF Trainer's too) swaps the optimizer for DeepSpeed's
+        # CPU Adam on the host partitions (accelerate utils/deepspeed.py
+        # map_pytorch_optim_to_deepspeed: fp32 m and v, whatever was asked): planning another
+        # one's states would not be what runs
+        raise JobError(f"--optimizer {job.optimizer} with --sharding {job.sharding} "
+                       f"--offload {job.offload}: under ZeRO-Offload accelerate replaces it "
+                       "with DeepSpeed's CPU Adam (fp32 states, on the host)",
+                       "plan it as --optimizer adamw, or drop --offload")
+    for flag in ("fsdp_no_sync", "fsdp_frozen_grads"):
+        if getattr(job, flag) and job.sharding != "fsdp":
+            raise JobError(f"--{flag.replace('_', '-')} applies to --sharding fsdp only",
+                           f"drop --{flag.replace('_', '-')}, or use --sharding fsdp")
