@@ -265,6 +265,33 @@ def _logging(o: Observation) -> Finding | None:
                    "the step (measured)")
 
 
+def _slow_matmuls(o: Observation, ev: dict[str, float | None], measured: tuple[int, float],
+                  share: float, gain: float | None, no_accum: bool) -> Finding:
+    """The micro-batch probe measured a gain that op dispatch (``share`` of the compute) is too
+    small to explain: the matrix multiplies run faster with more rows each."""
+    # the fix in the multiplies' words, at the micro-batch measured: no dispatch advice
+    # (fused optimizer, CUDA graphs) beside "dispatch is only 1 %" (a review)
+    to = measured[0]
+    grow = max(to // o.micro_batch, 1) if o.micro_batch else None
+    mm_fix = ((f"micro-batch {o.micro_batch} → {to}" if o.micro_batch else
+               f"micro-batch {to}")
+              + (f" with grad_accum divided by {grow} (same effective batch, same "
+                 "learning)" if grow and grow > 1 and not no_accum else "")
+              + f": each matrix multiply gets {grow or 'more'}× the rows (dispatch is only "
+              f"{share:.0%} of the compute, measured: the measured gain is the multiplies' "
+              "own)")
+    if no_accum:
+        mm_fix += ("; this loop has no gradient accumulation to divide, so the effective "
+                   "batch grows too (it changes the learning: scale the learning rate, or "
+                   "accept it)")
+    return Finding("slow-matmuls", ev, mm_fix, _r(gain, 4),
+                   f"micro-batch {measured[0]} measured {measured[1]:+.0%} tokens/s, while op "
+                   f"dispatch is {share:.0%} of the compute time ({o.ops_per_step:.0f} ops × "
+                   f"{o.op_overhead_s * 1e6:.1f} µs, measured), under the "
+                   f"{LAUNCH_BOUND_FRACTION:.0%} that would make it launch-bound: the matrix "
+                   "multiplies are too small to run fast")
+
+
 def _launch(o: Observation) -> Finding | None:
     s = o.split
     compute = s.forward_s + s.backward_s + s.optimizer_s
@@ -305,6 +332,11 @@ def _launch(o: Observation) -> Finding | None:
         gain = _gain(idle * (1 - 1 / k))
     if k <= 1 and measured is None:
         return None  # the micro-batch cannot grow: nothing to predict from this rule
+    if by_probe and not (by_overhead or by_idle) and overhead is not None:
+        # the probe's gain is measured, but dispatch is too small a share to be its cause: the
+        # multiplies themselves ran faster with more rows each (an audit: "launch-bound … 18 % of
+        # the compute time", +221 % measured, where removing every dispatch gives +17 % at most)
+        return _slow_matmuls(o, ev, measured, overhead / compute, gain, no_accum)
     mb = (f"micro-batch {o.micro_batch} → {o.micro_batch * k}" if o.micro_batch
           else f"a {k}× larger micro-batch")
     fix = (f"{mb} with grad_accum divided by {k} (same effective batch, same learning): "
@@ -329,31 +361,6 @@ def _launch(o: Observation) -> Finding | None:
                   "counted as all of the compute, so the predicted gain is an upper bound)")
     if measured is not None:
         detail += f"; micro-batch {measured[0]} measured {measured[1]:+.0%} tokens/s"
-    if by_probe and not (by_overhead or by_idle) and overhead is not None:
-        # the probe's gain is measured, but dispatch is too small a share to be its cause: the
-        # multiplies themselves ran faster with more rows each (an audit: "launch-bound … 18 % of
-        # the compute time", +221 % measured, where removing every dispatch gives +17 % at most)
-        share = overhead / compute
-        # the fix in the multiplies' words, at the micro-batch measured: no dispatch advice
-        # (fused optimizer, CUDA graphs) beside "dispatch is only 1 %" (a review)
-        to = measured[0]
-        grow = max(to // o.micro_batch, 1) if o.micro_batch else None
-        mm_fix = ((f"micro-batch {o.micro_batch} → {to}" if o.micro_batch else
-                   f"micro-batch {to}")
-                  + (f" with grad_accum divided by {grow} (same effective batch, same "
-                     "learning)" if grow and grow > 1 and not no_accum else "")
-                  + f": each matrix multiply gets {grow or 'more'}× the rows (dispatch is only "
-                  f"{share:.0%} of the compute, measured: the measured gain is the multiplies' "
-                  "own)")
-        if no_accum:
-            mm_fix += ("; this loop has no gradient accumulation to divide, so the effective "
-                       "batch grows too (it changes the learning: scale the learning rate, or "
-                       "accept it)")
-        return Finding("slow-matmuls", ev, mm_fix, _r(gain, 4),
-            f"micro-batch {measured[0]} measured {measured[1]:+.0%} tokens/s, while op dispatch is "
-            f"{share:.0%} of the compute time ({o.ops_per_step:.0f} ops × "
-            f"{o.op_overhead_s * 1e6:.1f} µs, measured), under the {LAUNCH_BOUND_FRACTION:.0%} "
-            "that would make it launch-bound: the matrix multiplies are too small to run fast")
     return Finding("launch-bound", ev, fix, _r(gain, 4), detail,
                    gain_upper_bound=counted is not None and overhead is not None
                    and counted > compute and measured is None)

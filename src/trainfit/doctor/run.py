@@ -29,7 +29,8 @@ import torch
 from trainfit.doctor.findings import find
 from trainfit.doctor.fixes import WorkerTrial, choose_workers
 from trainfit.doctor.inject import DoctorError, check_steps
-from trainfit.doctor.measure import JobRunner, Round, op_overhead_s, resolve_relative, sampler_fraction
+from trainfit.doctor.job_file import read_doctor_file
+from trainfit.doctor.measure import JobRunner, Round, op_overhead_s, sampler_fraction
 from trainfit.doctor.observation import Finding, Observation
 from trainfit.doctor.peaks import bounded_mfu, cpu_bf16_fast, cpu_peak_flops, gpu_peak_flops
 from trainfit.doctor.result import DoctorResult, Metrics
@@ -41,9 +42,8 @@ from trainfit.doctor.split import (
 )
 from trainfit.doctor.verdict import contradicted, gain_of, held_across_rounds
 from trainfit.doctor.watch import busy_note
-from trainfit.job import JobSpec, dividing_micro_batches, read_job_file
+from trainfit.job import JobSpec, dividing_micro_batches
 from trainfit.job.files import file_memory_limit
-from trainfit.job.step_options import refuse_other_model_code
 from trainfit.model.experts import inactive_expert_params
 from trainfit.model.runtime import parse_device
 from trainfit.model.source import resolve_model
@@ -53,8 +53,6 @@ from trainfit.speed.compare import ROUNDS
 from trainfit.speed.host_timing import busy_host_note, threads_for_load
 from trainfit.speed.predict import model_flops_per_token
 
-DOCTOR_KEYS = {"tokenize": ("lazy", "eager")}
-"""The ``doctor:`` mapping a job file may carry: ``tokenize: lazy`` measures seed 003's loader."""
 MIN_ROUNDS = 2
 """Interleaved before/after rounds run before the rounds may stop early (:func:`_interleaved_rounds`):
 the first 'before' ran ahead of the diagnosis, not back to back with its 'after'."""
@@ -70,39 +68,6 @@ def _names(findings: list[Finding]) -> list[str]:
 
 
 # --- trainfit jobs ---------------------------------------------------------------------------
-
-def read_doctor_file(path: str | Path, *, allow_code: bool = False, trust_remote_code: bool = False
-                     ) -> tuple[JobSpec, dict[str, Any], dict[str, Any]]:
-    """A job YAML → (job, doctor options, file-only keys). Paths in it resolve from the file's
-    directory when they do not exist from here. ``allow_code`` / ``trust_remote_code``: the
-    command line's --allow-code / --trust-remote-code (a job file alone never runs code)."""
-    p = Path(path)
-    if not p.exists():  # a directory or an unreadable file: read_job_file's own words
-        raise DoctorError(f"{path}: no such file", "give a trainfit job YAML, or -- CMD for a script")
-    # the same parse (and errors) as every other command
-    fields, extra = read_job_file(p, allow_code=allow_code, trust_remote_code=trust_remote_code)
-    if trust_remote_code:
-        fields["trust_remote_code"] = True
-    opts = extra.pop("doctor", None) or {}
-    if not isinstance(opts, dict):
-        raise DoctorError(f"{path}: doctor: must be a mapping", "e.g. doctor: {tokenize: lazy}")
-    for k, v in opts.items():
-        if k not in DOCTOR_KEYS:
-            raise DoctorError(f"{path}: doctor: unknown key {k!r}", f"known: {', '.join(DOCTOR_KEYS)}")
-        if v not in DOCTOR_KEYS[k]:
-            raise DoctorError(f"{path}: doctor.{k}: {v!r} must be one of {', '.join(DOCTOR_KEYS[k])}",
-                              f"e.g. doctor: {{{k}: {DOCTOR_KEYS[k][0]}}}")
-    for key in ("data", "tokenizer", "model"):
-        if isinstance(fields.get(key), str):
-            fields[key] = resolve_relative(fields[key], p.parent)
-    if extra.get("gpu") is not None:  # as plan, tune and train read it (a review)
-        from trainfit.hardware.gpus import known_gpu
-
-        known_gpu(str(extra["gpu"]), f"gpu: {extra['gpu']} (in {path})")
-    job = JobSpec.from_dict(fields, source=str(path))
-    refuse_other_model_code(job, "doctor")  # it measures the installed transformers model
-    return job, opts, extra
-
 
 def _largest_micro(job: JobSpec, limit: int) -> int:
     """The largest micro-batch ≤ ``limit`` × the current one that divides the per-rank batch."""
