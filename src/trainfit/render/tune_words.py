@@ -269,6 +269,11 @@ def tune_reason(pick_job: Any, pick_tokens_per_s: float | None, baseline_job: An
 
 TUNE_NOTES = ("tokens/s counts positions computed (micro × seq_len × accumulation × ranks / step)",
               "loss is token-weighted over the effective batch (exact for any micro-batch split)")
+PADDING_FREE_TUNE_NOTES = (
+    "tokens/s counts micro × seq_len positions per micro-batch, the most its padding-free row "
+    "can hold (it holds the samples' own tokens, unpadded) (micro × seq_len × accumulation × "
+    "ranks / step)", TUNE_NOTES[1])
+"""A padding-free pick's conventions: a packed row holds the samples' own tokens, no padding."""
 SCRIPT_TUNE_NOTES = (
     "tokens/s counts the non-padding tokens of the script's own batches (the same samples in "
     "every probe's timed steps), measured and predicted alike (the predicted step's time over "
@@ -300,11 +305,7 @@ def tune_notes(result: Any) -> list[str]:
         else TUNE_NOTES
     pick = getattr(result, "pick", None)
     if pick is not None and getattr(pick.job, "padding_free", False) and conventions is TUNE_NOTES:
-        # a packed row holds the samples' own tokens, no padding: at most micro × seq_len
-        conventions = (TUNE_NOTES[0].replace(
-            "positions computed", "micro × seq_len positions per micro-batch, the most its "
-            "padding-free row can hold (it holds the samples' own tokens, unpadded)"),
-            *TUNE_NOTES[1:])
+        conventions = PADDING_FREE_TUNE_NOTES
     return [*result.data_notes, *search, *conventions, *rules]
 
 
