@@ -8,33 +8,13 @@ import json
 import sys
 
 import pytest
+from plan_json import PEAKS, job_file, peak_rows, plan_json
 from script_seeds import chat_rows, pair_rows, text_rows
 from typer.testing import CliRunner
 
 from trainfit.cli.main import app
 from trainfit.script.launch import ScriptError, run_script
 from trainfit.script.mapping import map_record
-
-PEAKS = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_device_bytes")
-
-
-def _plan(args: list[str]) -> dict:
-    res = CliRunner().invoke(app, ["plan", "--json", *args])
-    assert res.exit_code == 0, res.output
-    return json.loads(res.stdout)
-
-
-def _rows(d: dict) -> dict[tuple, tuple]:
-    return {(c["precision"], c["grad_ckpt"], c["micro_batch"], c["grad_accum"]):
-            tuple(c[k] for k in PEAKS) for c in d["configs"]}
-
-
-def _job_file(tmp_path, fields: dict, current: dict) -> str:
-    import yaml
-
-    p = tmp_path / "job.yaml"
-    p.write_text(yaml.safe_dump({**fields, "current": current}))
-    return str(p)
 
 
 def _applied(read_cmd: list[str], changes: list[dict]) -> list[str]:
@@ -75,16 +55,16 @@ def test_seed000_trainer_lora_read(seed000):
 
 def test_seed000_plan_equals_job_file_and_the_diff_gives_the_pick(seed000, tmp_path):
     flags = ["--gpu", "a10g", "--precision", "amp-bf16"]
-    got = _plan([*flags, "--", *seed000.cmd()])
+    got = plan_json([*flags, "--", *seed000.cmd()])
     longest = min(96, max(len(r["text"]) for r in text_rows()))
-    job = _job_file(tmp_path, {
+    job = job_file(tmp_path, {
         "model": str(seed000.model), "method": "lora", "lora_r": 8, "lora_alpha": 16,
         "lora_dropout": 0.05, "lora_targets": ["q_proj", "v_proj"], "seq_len": longest,
         "base_dtype": "bf16",  # the script loads from_pretrained(dtype=torch.bfloat16)
         "effective_batch": 8, "optimizer": "adamw", "optimizer_impl": "fused", "attention": "sdpa"},
         {"micro_batch": 2, "grad_accum": 4, "grad_ckpt": "full"})
-    want = _plan([job, *flags])
-    assert _rows(got["plan"]) == _rows(want)  # every configuration, every peak, to the byte
+    want = plan_json([job, *flags])
+    assert peak_rows(got["plan"]) == peak_rows(want)  # every configuration, every peak, to the byte
     assert [got["plan"]["current"][k] for k in PEAKS] == [want["current"][k] for k in PEAKS]
     assert got["model_check"]["equal"], got["model_check"]
     # transformers and accelerate ask torch.cuda.is_available() themselves: not the script's ask
@@ -106,17 +86,17 @@ def test_seed000_on_gemma3_plans_the_tower_as_the_job_file_does(seed000_gemma3, 
     equals that of the job file naming the model directory, to the byte."""
     seed = seed000_gemma3
     flags = ["--gpu", "a10g", "--precision", "amp-bf16"]
-    got = _plan([*flags, "--", *seed.cmd()])
+    got = plan_json([*flags, "--", *seed.cmd()])
     assert got["model_check"]["equal"], got["model_check"]
     longest = min(96, max(len(r["text"]) for r in text_rows()))
-    job = _job_file(tmp_path, {
+    job = job_file(tmp_path, {
         "model": str(seed.model), "method": "lora", "lora_r": 8, "lora_alpha": 16,
         "lora_dropout": 0.05, "lora_targets": ["q_proj", "v_proj"], "seq_len": longest,
         "base_dtype": "bf16", "effective_batch": 8, "optimizer": "adamw",
         "optimizer_impl": "fused", "attention": "sdpa"},
         {"micro_batch": 2, "grad_accum": 4, "grad_ckpt": "full"})
-    want = _plan([job, *flags])
-    assert _rows(got["plan"]) == _rows(want)
+    want = plan_json([job, *flags])
+    assert peak_rows(got["plan"]) == peak_rows(want)
     assert "its vision tower" in want["model_note"] and "not run" in want["model_note"]
     rec = run_script(seed.cmd(), mode="plan")
     assert rec["model"]["class"] == "Gemma3ForConditionalGeneration"
@@ -151,7 +131,7 @@ def test_seed000_qlora_after_prepare_model_for_kbit_training(seed000):
 
 def test_seed001_sft_qlora_read_and_plan_equals_job_file(seed001, tmp_path):
     flags = ["--gpu", "rtx-3060", "--precision", "bf16-true", "--grad-ckpt", "full"]
-    got = _plan([*flags, "--", *seed001.cmd()])
+    got = plan_json([*flags, "--", *seed001.cmd()])
     rec = got["read"]
     f = got["job"]
     assert rec["trainer"] == "SFTTrainer" and rec["model"]["loaded_in_4bit"]
@@ -166,13 +146,13 @@ def test_seed001_sft_qlora_read_and_plan_equals_job_file(seed001, tmp_path):
         (1, 8, "full", False, False)
     assert f["seq_len"] == 128 == got["lengths"]["longest"]  # SFTConfig(max_length=128) cut them
     assert got["lengths"]["samples_read"] == len(chat_rows())
-    job = _job_file(tmp_path, {
+    job = job_file(tmp_path, {
         "model": str(seed001.model), "method": "qlora", "quant": "nf4-dq", "lora_r": 8,
         "lora_alpha": 16, "lora_dropout": 0.05, "lora_targets": ["k_proj", "o_proj", "q_proj", "v_proj"],
         "seq_len": 128, "effective_batch": 8, "trl_logprob_head": True},
         {"micro_batch": 1, "grad_accum": 8, "grad_ckpt": "full"})
-    want = _plan([job, *flags])
-    assert _rows(got["plan"]) == _rows(want)
+    want = plan_json([job, *flags])
+    assert peak_rows(got["plan"]) == peak_rows(want)
     assert got["model_check"]["equal"], got["model_check"]
     pick = next(c for c in got["plan"]["configs"] if c["recommended"])
     again = map_record(run_script(_applied(seed001.cmd(), got["changes"]), mode="plan")).fields
@@ -182,7 +162,7 @@ def test_seed001_sft_qlora_read_and_plan_equals_job_file(seed001, tmp_path):
 
 def test_seed002_t5_seq2seq_read_and_plan_equals_job_file(seed002, tmp_path):
     flags = ["--gpu", "rtx-3080-20gb", "--precision", "fp32", "--grad-ckpt", "off"]
-    got = _plan([*flags, "--", *seed002.cmd()])
+    got = plan_json([*flags, "--", *seed002.cmd()])
     f, ln = got["job"], got["lengths"]
     assert got["read"]["trainer"] == "Seq2SeqTrainer" and got["read"]["model"]["task"] == "seq2seq-lm"
     assert (f["method"], f["precision"], f["micro_batch"], f["grad_accum"], f["grad_ckpt"]) == \
@@ -192,10 +172,10 @@ def test_seed002_t5_seq2seq_read_and_plan_equals_job_file(seed002, tmp_path):
     assert ln["label_max"] == max(len(r["response"]) for r in rows)
     assert f["seq_len"] == ln["sample_max"]  # encoder and decoder planned at the longer
     assert any("targets up to" in n for n in got["notes"])
-    job = _job_file(tmp_path, {"model": str(seed002.model), "seq_len": f["seq_len"],
+    job = job_file(tmp_path, {"model": str(seed002.model), "seq_len": f["seq_len"],
                                "effective_batch": 8}, {"micro_batch": 4, "grad_accum": 2})
-    want = _plan([job, *flags])
-    assert _rows(got["plan"]) == _rows(want)
+    want = plan_json([job, *flags])
+    assert peak_rows(got["plan"]) == peak_rows(want)
     pick = next(c for c in got["plan"]["configs"] if c["recommended"])
     again = map_record(run_script(_applied(seed002.cmd(), got["changes"]), mode="plan")).fields
     assert (again["micro_batch"], again["grad_accum"], again["grad_ckpt"]) == \
@@ -472,30 +452,3 @@ def test_a_command_without_dashes_beside_job_flags_is_refused(verb, tmp_path):
     assert "a command goes after --; without it trainfit took --model, --data as its own" \
         in res.output
     assert f"trainfit {verb} [trainfit's options] -- python {script} [its options]" in res.output
-
-
-def test_a_packing_sft_script_plans_its_packed_row_as_the_job_file_does(seed001, tmp_path):
-    """SFTConfig(packing=True): TRL's bfd packing hands the model one row per micro-batch with
-    position_ids; read so, the job is padding-free, and the plan equals the job file's with
-    padding_free: true — one row of 2 × 128 positions and its mask (was: separate rows, the
-    mask said but not planned)."""
-    flags = ["--gpu", "rtx-3060", "--precision", "bf16-true", "--grad-ckpt", "off"]
-    args = json.dumps({"packing": True, "per_device_train_batch_size": 2,
-                       "gradient_accumulation_steps": 4, "gradient_checkpointing": False})
-    got = _plan([*flags, "--", *seed001.cmd("--no-4bit", "--args-json", args)])
-    f = got["job"]
-    assert f["padding_free"] is True and (f["micro_batch"], f["seq_len"]) == (2, 128)
-    job = _job_file(tmp_path, {
-        "model": str(seed001.model), "method": "lora", "lora_r": 8, "lora_alpha": 16,
-        "lora_dropout": 0.05, "lora_targets": ["k_proj", "o_proj", "q_proj", "v_proj"],
-        "seq_len": 128, "effective_batch": 8, "trl_logprob_head": True, "padding_free": True,
-        "base_dtype": "bf16", "optimizer_impl": "fused",  # --no-4bit: a bf16 base; trl's AdamW
-        "packing": True},  # bfd bins of several documents: the mask at micro-batch 1 too
-        {"micro_batch": 2, "grad_accum": 4, "grad_ckpt": "off"})
-    want = _plan([job, *flags])
-    # the job file's current row is simulated whole (the script's as-read one is amp-bf16 over
-    # its bf16 weights, another step): its reserve is the interpolated one's less
-    g, w = _rows(got["plan"]), _rows(want)
-    assert {k: v[0] for k, v in g.items()} == {k: v[0] for k, v in w.items()}
-    assert {k: v for k, v in g.items() if k[2] != 2} == {k: v for k, v in w.items() if k[2] != 2}
-    # what the packed row holds over separate rows: tests/plan/test_plan.py (padding_free)
