@@ -499,3 +499,7 @@ def test_known_gpu_is_the_one_unknown_card_check() -> None:
     assert err.value.hint.startswith("did you mean rtx-3090")
     with pytest.raises(JobError, match="generic-<N>gb with N its memory"):
         known_gpu("generic-0gb", "--gpu generic-0gb")
+    # a job file's card, for a command without --gpu: the hint gives the file's key
+    with pytest.raises(JobError) as err:
+        known_gpu("generic-0gb", "gpu: generic-0gb (in job.yaml)", "gpu: generic-24gb")
+    assert err.value.hint == "e.g. gpu: generic-24gb"

@@ -5,8 +5,9 @@ DeepSpeed is installed apart by scripts/test.sh (``build/reference/deepspeed-*``
 by trainfit); without it the test is skipped.  One torchrun launch (this file as a script)
 measures every case on both ranks, the ZeRO-2 cases first (a ZeRO-3 engine leaves DeepSpeed's
 process-wide state behind, which had changed a later case's peak by 5 %: in this order each case's
-peak is the one it has in a launch of its own, to the byte, and its step's within 8 bytes,
-measured; one launch per case took 67 s, this one 17 s): two optimizer steps of two micro-steps
+peak was the one it had in a launch of its own, to the byte, and its step's within 8 bytes, but
+ZeRO-2 fp32's second rank, which moves by ~1 % from run to run either way; one launch per case
+took 67 s, this one 17 s): two optimizer steps of two micro-steps
 each, the live bytes of every tensor the run creates through torch's dispatcher (the tracker plan
 uses), the peak over both steps (ZeRO-3 keeps modules gathered only once its first step has
 recorded the trace).
@@ -152,7 +153,11 @@ def _worker(names: str, out_dir: Path) -> None:
     deepspeed.init_distributed(dist_backend="gloo")
     rank = int(os.environ["RANK"])
     for name in names.split(","):
-        (out_dir / f"{name}-rank{rank}.json").write_text(json.dumps(_measure(name)))
+        try:
+            (out_dir / f"{name}-rank{rank}.json").write_text(json.dumps(_measure(name)))
+        except BaseException as err:  # the case in the rank's traceback (one launch runs all)
+            err.add_note(f"DeepSpeed case {name!r}, rank {rank}")
+            raise
     leave_together(0)  # gloo's threads at the interpreter's teardown: SIGABRT otherwise
 
 

@@ -51,7 +51,10 @@ def check_file_gpu(extra: dict[str, Any], where: str) -> None:
     (tune and train measure this machine's device): an unknown name is the same error as
     plan's, not silence (an audit: plan refused ``gpu: rtx-9999``, tune ran on)."""
     if extra.get("gpu") is not None:
-        gpu_spec(None, {"gpu": extra["gpu"]}, None, where=where)
+        from trainfit.hardware.gpus import known_gpu
+
+        # the file's key in the hint: tune and train have no --gpu (a review)
+        known_gpu(str(extra["gpu"]), f"gpu: {extra['gpu']} (in {where})", "gpu: generic-24gb")
 
 
 def with_interconnect(spec: Any, name: str) -> Any:

@@ -43,7 +43,7 @@ def read_doctor_file(path: str | Path, *, allow_code: bool = False, trust_remote
     if extra.get("gpu") is not None:  # as plan, tune and train read it (a review)
         from trainfit.hardware.gpus import known_gpu
 
-        known_gpu(str(extra["gpu"]), f"gpu: {extra['gpu']} (in {path})")
+        known_gpu(str(extra["gpu"]), f"gpu: {extra['gpu']} (in {path})", "gpu: generic-24gb")
     job = JobSpec.from_dict(fields, source=str(path))
     refuse_other_model_code(job, "doctor")  # it measures the installed transformers model
     return job, opts, extra

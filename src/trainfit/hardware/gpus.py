@@ -321,10 +321,12 @@ def close_gpu_names(name: str, n: int = 3) -> list[str]:
     return out[:n]
 
 
-def known_gpu(name: str, said: str) -> GpuSpec:
+def known_gpu(name: str, said: str, example: str = "--gpu generic-24gb") -> GpuSpec:
     """The catalog card (or generic card) ``name`` reads as, else a JobError naming ``said``
     (``--gpu X`` or ``gpu: X (in job.yaml)``) with the close names or the catalog: the one
-    check plan, tune, train and doctor make (a re-read: doctor had its own words for it)."""
+    check plan, tune, train and doctor make (a re-read: doctor had its own words for it).
+    ``example``: a generic card as the caller takes one (a job file's ``gpu:`` where a command
+    has no --gpu: a review)."""
     from trainfit.job import JobError
 
     spec = find_gpu(name)
@@ -332,7 +334,7 @@ def known_gpu(name: str, said: str) -> GpuSpec:
         return spec
     if name.strip().lower().startswith("generic"):
         raise JobError(f"{said}: a generic card is generic-<N>gb with N its memory, "
-                       "more than 0 and at most 4096", "e.g. --gpu generic-24gb")
+                       "more than 0 and at most 4096", f"e.g. {example}")
     close = close_gpu_names(name)
     # the close names alone where there are some (a review: the whole 50-card catalog after
     # "did you mean" buried the answer)
