@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -357,6 +357,9 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
     with fake_mode:
         hooks, optimizer = _observed_optimizer(job, trainable, tracker)
         batches, step_batches = _step_batches(job, source, batch_fn)
+        # a mask in the data: padded, transformers cannot skip it (AttentionTarget.batch_mask)
+        attn = replace(attn, batch_mask=any(key in ("attention_mask", "decoder_attention_mask")
+                                            for batch in batches for key in batch))
         micro = len(step_batches)
         # FSDP1's wrap: its history in the allocator trace, the parameters as flat shards
         flats = record_wrap(job, model, tracker) if records_wrap(job, mesh is not None) else []
