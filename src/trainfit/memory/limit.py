@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from trainfit.memory.tracker import LiveBytesTracker
@@ -16,17 +18,20 @@ class LimitTracker(LiveBytesTracker):
         super().__init__(block_bytes=1)
         self.limit_bytes = limit_bytes
 
-    def _check_peak(self) -> None:
+    def _check_peak(self, state: Any = None) -> None:
         # the limit before the peak: the allocation it refuses never existed (an audit: the
         # logged peak passed --memory-limit by the refused tensor)
-        if self.limit_bytes is not None and self.current_bytes > self.limit_bytes:
+        if state is None:
+            self._settle()
+        cur = self.current_bytes if state is None else state.cur
+        if self.limit_bytes is not None and cur > self.limit_bytes:
             raise torch.OutOfMemoryError(
                 # worded like the GPU's message (" out of memory."): tools that match it
                 # (accelerate, Lightning) take the same path they would on a GPU
                 f"trainfit --memory-limit (CPU stand-in for a GPU) out of memory. Tried to hold "
-                f"{self.current_bytes / 2**30:.3f} GiB of "
+                f"{cur / 2**30:.3f} GiB of "
                 f"tensors, limit {self.limit_bytes / 2**30:.3f} GiB (phase {self.phase})")
-        super()._check_peak()
+        super()._check_peak(state)
 
     def reset_peak(self) -> None:
         """Start the peak again from what is alive now (``torch.cuda.reset_peak_memory_stats``'s
