@@ -32,7 +32,10 @@ in the unit's turn: transformers < 4.40's per-layer RoPE tables, ``rope_cache``)
 broadcast before its parameters, in buckets of their own dtype.  bitsandbytes' quantization
 state is no buffer but an attribute of the weight, made where it was quantized — on Answer.AI's
 rank 0 before the wrap — so it is booked first.  With both, Answer.AI's Llama-2-7B QLoRA leaves
-3.65 GiB reserved after the wrap, predicted, against the 3.72 GiB it logged (3.12 before them).
+3.40 GiB reserved after the wrap, predicted, against the 3.72 GiB it logged (3.65 while the model
+was cast whole to bf16: its root's bf16 inv_freq then shared the embedding's broadcast bucket and
+flattened a phantom copy of it, which the real run, built from its config, never made; ~0.3 GiB of
+the logged reserve is not modelled: benchmarks/results/heldout_memory.md).
 """
 
 from __future__ import annotations
