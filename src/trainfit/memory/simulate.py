@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -349,17 +349,17 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
     # activation offloading: TRL's manager as it acts on device memory (model/offload.py)
     offload = simulated_offload(model) if job.activation_offload else None
     autocast = with_offload(cpu_autocast(job), offload)
-    attn = AttentionTarget(device=target.device, compute_capability=target.compute_capability,
-                           prefer=job.attention if job.attention != "eager" else "sdpa",
-                           compiled=job.compile and job.compile_builds_mask,
-                           packed=job.packs_rows)
 
     with fake_mode:
         hooks, optimizer = _observed_optimizer(job, trainable, tracker)
         batches, step_batches = _step_batches(job, source, batch_fn)
-        # a mask in the data: padded, transformers cannot skip it (AttentionTarget.batch_mask)
-        attn = replace(attn, batch_mask=any(key in ("attention_mask", "decoder_attention_mask")
-                                            for batch in batches for key in batch))
+        attn = AttentionTarget(device=target.device, compute_capability=target.compute_capability,
+                               prefer=job.attention if job.attention != "eager" else "sdpa",
+                               compiled=job.compile and job.compile_builds_mask,
+                               packed=job.packs_rows,
+                               # a mask in the data: padded, transformers cannot skip it
+                               batch_mask=any(key in ("attention_mask", "decoder_attention_mask")
+                                              for batch in batches for key in batch))
         micro = len(step_batches)
         # FSDP1's wrap: its history in the allocator trace, the parameters as flat shards
         flats = record_wrap(job, model, tracker) if records_wrap(job, mesh is not None) else []
