@@ -246,6 +246,11 @@ class JobSpec:
     grads_to_none: bool = True
     """Free gradients after each optimizer step (``zero_grad(set_to_none=True)``, torch ≥ 2.0's
     default); False keeps zeroed gradients alive between steps (torch < 2.0, many old scripts)."""
+    softmax_saves_input: bool = False
+    """Model torch ≤ 1.10, whose softmax and log_softmax saved their input beside their output
+    for the backward (torch 1.11 stopped: pytorch#65242): each eager attention layer holds its
+    B×H×T×T scores (fp32 under autocast) until its backward, and the loss its logits. Plan
+    models the user's stack with it; tune and train run the installed torch."""
     max_grad_norm: float | None = 1.0
     """Gradient clipping as HF Trainer does by default (None: off)."""
     compile: bool = False

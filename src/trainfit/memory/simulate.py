@@ -23,6 +23,7 @@ from trainfit.job import JobError, JobSpec
 from trainfit.memory.allocator import K_MIN_BLOCK
 from trainfit.memory.compiled import compiled_blocks
 from trainfit.memory.host_offload import pinned_shards
+from trainfit.memory.legacy_saves import legacy_saves
 from trainfit.memory.loading import (
     add_legacy_rope_caches,
     add_rope_caches,
@@ -366,7 +367,8 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         quant_state = _track_inputs(model, batches, tracker, job, loads)
         # torch.compile: each block runs as AOTAutograd's partition of it (memory/compiled.py)
         blocks = compiled_blocks(job, model, tracker, sharded=mesh is not None)
-        with device_semantics(attn) as ops, bookkeeping, tracker, blocks as untraced:
+        with device_semantics(attn) as ops, bookkeeping, tracker, blocks as untraced, \
+                legacy_saves(job.softmax_saves_input):
             carry: dict[str, Any] | None = {} if job.hold_outputs else None
 
             def run_step() -> None:

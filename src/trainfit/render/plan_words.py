@@ -123,6 +123,9 @@ def plan_header(result: PlanResult) -> str | None:
                                   " (this shell sets expandable_segments:True: a run started "
                                   "here uses it; --expandable-segments plans for it)"
                                   if a.shell_expandable_segments else ""))]
+    if rows and getattr(rows[0].job, "softmax_saves_input", False):
+        # the installed torch's autograd, with an older one's saved tensors booked on top
+        versions += " (softmax/log_softmax also holding their inputs, as torch ≤ 1.10's did)"
     return "planned for: " + ", ".join(parts) + f" · simulated with {versions}"
 
 

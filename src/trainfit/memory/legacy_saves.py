@@ -1,0 +1,74 @@
+"""What an older torch's autograd saved for the backward that torch 2.x no longer saves.
+
+torch ≤ 1.10's ``softmax`` and ``log_softmax`` saved their *input* as well as their output
+(``SoftmaxBackward0`` / ``LogSoftmaxBackward0`` hold ``SavedVariable self_`` and ``result_`` in
+torch 1.10.0's generated ``torch/csrc/autograd/generated/Functions.h``; torch 1.11.0's hold only
+``self_scalar_type`` and ``result_``: pytorch/pytorch#65242, "Avoid saving self for softmax and
+log_softmax", fixing #64000/#49600). The backward kernels never read it. An eager attention layer
+therefore kept its B×H×T×T scores alive beside their probabilities until its backward ran (fp32
+under autocast, whose softmax policy casts the scores up first: the cast copy is what was
+saved), and a loss kept the logits its log_softmax read.
+
+The simulated stack runs torch 2.13, whose autograd saves the output only. This dispatch mode,
+entered inside the live-bytes tracker, keeps each such input referenced from the op until the op's
+backward (``_softmax_backward_data`` / ``_log_softmax_backward_data`` on the same output) has run,
+as the old ``SoftmaxBackward0`` node did, or until the output itself is freed (the node released
+unused). It is entered only for a job with ``JobSpec.softmax_saves_input``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+_aten = torch.ops.aten
+_FORWARD = (_aten._softmax.default, _aten._log_softmax.default)
+_BACKWARD = (_aten._softmax_backward_data.default, _aten._log_softmax_backward_data.default)
+
+
+def _hooked() -> bool:
+    """Saved-tensor hooks are active (non-reentrant checkpointing, activation offloading): what
+    the node saves goes through them, not kept as is. torch ≤ 1.10 had no such checkpointing
+    (``use_reentrant`` came in 1.11); its reentrant checkpoint runs the forward without grad."""
+    return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+
+
+class SoftmaxInputSaves(TorchDispatchMode):
+    """Holds each softmax / log_softmax input that needs a gradient until its backward runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._held: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        """output storage → the input its node saved (dropped with the output's storage)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in _FORWARD:
+            x = args[0]
+            if torch.is_grad_enabled() and getattr(x, "requires_grad", False) \
+                    and not _hooked() and isinstance(out, torch.Tensor):
+                self._held[out.untyped_storage()] = x
+        elif func in _BACKWARD:
+            # the node's saved variables are released after its backward returns (after the
+            # gradient it made was allocated): the input goes now, as then
+            self._held.pop(args[1].untyped_storage(), None)
+        return out
+
+    @property
+    def held(self) -> int:
+        """How many inputs are held now (for tests)."""
+        return len(self._held)
+
+
+@contextlib.contextmanager
+def legacy_saves(enabled: bool) -> Iterator[SoftmaxInputSaves | None]:
+    """The mode when ``enabled`` (enter it after the tracker, so its ops are booked there)."""
+    if not enabled:
+        yield None
+        return
+    with SoftmaxInputSaves() as mode:
+        yield mode

@@ -1,0 +1,20 @@
+"""plan's header names what the simulation ran beyond the installed stack."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from trainfit.job import JobSpec
+from trainfit.plan.context import plan_assumptions
+from trainfit.render.plan_words import plan_header
+
+
+def test_header_says_an_older_torchs_softmax_saves_are_modelled():
+    said = {}
+    for legacy in (False, True):
+        job = JobSpec(model="t", seq_len=64, softmax_saves_input=legacy)
+        said[legacy] = plan_header(SimpleNamespace(assumptions=plan_assumptions(job, {}),
+                                                   rows=[SimpleNamespace(job=job)]))
+    tail = "(softmax/log_softmax also holding their inputs, as torch ≤ 1.10's did)"
+    assert said[True].endswith(tail)
+    assert tail not in said[False]
