@@ -1,5 +1,5 @@
 """Which kernel ``scaled_dot_product_attention`` runs on this GPU, left to choose by itself, for the
-inputs transformers gives it: the ground truth of ``trainfit.memory.semantics.choose_sdpa_kernel``
+inputs transformers gives it: the ground truth of ``trainfit.memory.sdpa_choice.choose_sdpa_kernel``
 (tests/memory/test_sdpa_choice.py checks the mirror against the file this writes).
 
 Each configuration (dtype, head_dim, query/key heads with ``enable_gqa``, mask: none / boolean /

@@ -263,7 +263,7 @@ def _attention(text: str, framework: str = "") -> str:
     """The job's attention from the case's: a flash kernel named (FlashAttention-2, MPT's
     flash/triton, "sdpa (flash kernel)"), or SDPA under a torch older than 2.9, is
     ``sdpa-flash``: on Hopper torch ≥ 2.9 left to itself runs cuDNN's kernel
-    (trainfit.memory.semantics.CUDNN_SDPA_CC), which those runs did not."""
+    (trainfit.memory.sdpa_choice.CUDNN_SDPA_CC), which those runs did not."""
     if text.startswith(("eager", "from-scratch")):
         return "eager"
     version = re.search(r"torch (\d+)\.(\d+)", framework or "")

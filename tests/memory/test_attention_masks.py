@@ -13,7 +13,8 @@ import transformers as T
 
 from trainfit.job import JobSpec
 from trainfit.memory.cpu_truth import measure_cpu_step
-from trainfit.memory.semantics import AttentionTarget, device_semantics
+from trainfit.memory.sdpa_choice import AttentionTarget
+from trainfit.memory.semantics import device_semantics
 from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.model.source import ModelSource
 

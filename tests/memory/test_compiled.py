@@ -358,7 +358,8 @@ def test_frozen_fp32_experts_save_under_compile_what_torch_compile_saves() -> No
     Dynamo transformers calls its fallback op, whose autograd keeps it. The partitioned blocks,
     traced under the device semantics, save what torch.compile saves (the eager rule there was
     1 MiB under here: every routed input of every layer)."""
-    from trainfit.memory.semantics import AttentionTarget, device_semantics
+    from trainfit.memory.sdpa_choice import AttentionTarget
+    from trainfit.memory.semantics import device_semantics
 
     model = _moe_frozen_experts()
     for layer in model.model.layers:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainfit.memory.semantics import AttentionTarget, choose_sdpa_kernel
+from trainfit.memory.sdpa_choice import AttentionTarget, choose_sdpa_kernel
 
 RECORD = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu_sdpa_choice.json"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

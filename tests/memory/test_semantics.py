@@ -4,7 +4,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from trainfit.memory.semantics import AttentionTarget, choose_sdpa_kernel, device_semantics
+from trainfit.memory.sdpa_choice import AttentionTarget, choose_sdpa_kernel
+from trainfit.memory.semantics import device_semantics
 
 
 def _run(fn, device="cuda"):

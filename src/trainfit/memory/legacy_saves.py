@@ -9,6 +9,13 @@ therefore kept its B×H×T×T scores alive beside their probabilities until its 
 under autocast, whose softmax policy casts the scores up first: the cast copy is what was
 saved), and a loss kept the logits its log_softmax read.
 
+Which input: the one ``_softmax`` / ``_log_softmax`` receives on this CPU under the imposed CUDA
+autocast policy. For 16-bit scores that is autocast's fp32 copy, which torch 1.10 saved for bf16;
+for fp16 its CUDA softmax read the fp16 scores itself (``half_to_float``) and saved those, half
+as many bytes: held here as the fp32 copy, more, never less. Transformers of that time added an
+fp32 extended mask to the scores first (BERT's ``get_extended_attention_mask`` in the model's
+dtype), so they were fp32 there anyway.
+
 The simulated stack runs torch 2.13, whose autograd saves the output only. This dispatch mode,
 entered inside the live-bytes tracker, keeps each such input referenced from the op until the op's
 backward (``_softmax_backward_data`` / ``_log_softmax_backward_data`` on the same output) has run,

@@ -10,7 +10,8 @@ price is that everything the CPU does differently from the GPU must be imposed h
   ``torch.library`` — the same dispatcher level real autocast works at, so casts of ops inside
   composite functions (``einsum`` → ``bmm``) are caught, and casts are recorded by autograd exactly
   as real autocast's are;
-* SDPA: the kernel the GPU would pick (cuDNN / flash / memory-efficient / math) is called explicitly; on a
+* SDPA: the kernel the GPU would pick (cuDNN / flash / memory-efficient / math: chosen in
+  :mod:`trainfit.memory.sdpa_choice`) is called explicitly; on a
   fake tensor the composite would fall back to the math kernel, which stores the S×S matrix;
 * dropout: CUDA's fused kernel keeps a bool mask (1 byte/element), the CPU path a mask in the input
   dtype (``is_fused_kernel_acceptable`` in aten/src/ATen/native/Dropout.cpp);
@@ -30,13 +31,14 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 from unittest import mock
 
 import torch
 from torch._C import DispatchKey, DispatchKeySet
 from torch.utils._pytree import tree_map
+
+from trainfit.memory.sdpa_choice import AttentionTarget, choose_sdpa_kernel
 
 # --- CUDA autocast policy (torch 2.13 aten/src/ATen/autocast_mode.h) ---------------------------
 CUDA_LOWER_PRECISION = (
@@ -173,125 +175,6 @@ class _CudaAutocastPolicy:
             self._lib._destroy()
             self._lib = None
         self.clear_cache()
-
-
-@dataclass(frozen=True, kw_only=True)
-class AttentionTarget:
-    """What the target device's SDPA dispatcher can pick."""
-
-    device: str
-    """``cuda`` or ``cpu``."""
-    compute_capability: tuple[int, int] | None = None
-    """CUDA compute capability; flash attention needs 8.0-12.1 (sdp_utils.cpp)."""
-    prefer: str = "sdpa"
-    """``sdpa`` (what torch picks), ``sdpa-flash``, ``sdpa-efficient``, ``sdpa-math``."""
-    compiled: bool = False
-    """The model runs under ``torch.compile`` (Dynamo traces it whole, as trainfit's tune and
-    train, doctor and HF Trainer's ``torch_compile`` compile it): transformers' packed-sequence
-    check cannot run while tracing and returns the sequence ids, so every layer is handed a
-    materialised mask (masking_utils ``find_packed_sequence_indices``)."""
-    packed: bool = False
-    """The batch is one row of several sequences with position_ids restarting at each
-    (``JobSpec.packs_rows``): transformers' packed-sequence check runs (on fake tensors it
-    always answers with the sequence ids — it skips its one-sequence exit, which reads values —
-    so a row of one sequence is not simulated packed: ``JobSpec.packs_rows``) and SDPA is
-    handed the (1, 1, N, N) block-causal mask transformers builds from them."""
-    batch_mask: bool = False
-    """The batch carries an attention mask (padded data: ``tune``'s batches of a padded data
-    set): its values decide whether transformers may skip the mask, and fake tensors have none,
-    so the mask is materialised, as padding needs. Without one the data are unpadded, and a
-    padding mask transformers itself makes of ones (BART's, Marian's, Pegasus' … decoder:
-    ``torch.ones(batch_size, mask_seq_length)`` when no decoder mask is given) is all ones."""
-
-
-CUDNN_SDPA_CC = ((9, 0), (10, 0))
-"""Compute capabilities on which SDPA's own choice is cuDNN's attention where it applies:
-Hopper, measured (torch 2.11 on an H100: ``_cudnn_attention`` in profiles of plain SDPA calls,
-benchmarks/results/gpu_sdpa_choice.json, and of T5's step, whose self-attention — a bias that
-needs a gradient — took the memory-efficient kernel and its cross-attention cuDNN's). The
-simulated stack's torch (2.13) has it so since 2.9 (pytorch/pytorch#162073, "enable cuDNN SDPA by
-default for SM 9.0, SM 10.0"; 2.5.1-2.8 put flash first, pytorch/pytorch#138649): a job under an
-older torch is ``--attention sdpa-flash``. SM 10.0 was not measured: flash first there, as
-before."""
-
-
-def choose_sdpa_kernel(
-    target: AttentionTarget, q: torch.Tensor, k: torch.Tensor, mask: Any, dropout_p: float,
-    enable_gqa: bool, v: torch.Tensor | None = None,
-) -> str:
-    """Mirror of ``select_sdp_backend`` (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp).
-    ``v``: the value heads, whose size may differ from the query's (multi-head latent attention:
-    DeepSeek-V3's 192-wide q/k against 128-wide v): flash (``check_head_dim_size_flash``) needs
-    all three equal, the memory-efficient kernel only q and k, cuDNN each a multiple of 8 within
-    its limits (``check_cudnn_tensor_shapes``, ``check_cudnn_d256_bprop_head_dim``)."""
-    head_dim = q.shape[-1]
-    v_dim = head_dim if v is None else v.shape[-1]
-    same_v = v_dim == head_dim
-    # check_batch_size_and_num_heads_dense (sdp_utils_cpp.h): the fused kernels need as many key
-    # and value heads as query heads, or enable_gqa with a divisor (flash, cuDNN, the CPU flash
-    # kernel; the memory-efficient kernel takes no GQA). Falcon's multi-query attention passes
-    # one key head against 71 query heads without enable_gqa: the math kernel, which stores the
-    # T×T scores (an audit: the CPU step ran math where flash was simulated, 8 % under)
-    q_heads, k_heads = q.shape[-3] if q.dim() > 3 else 1, k.shape[-3] if k.dim() > 3 else 1
-    v_heads = v.shape[-3] if v is not None and v.dim() > 3 else k_heads
-    same_heads = q_heads == k_heads == v_heads
-    heads_ok = same_heads or (enable_gqa and k_heads == v_heads and q_heads % k_heads == 0)
-    if target.device == "cpu":
-        # sdp_utils_cpp.cpp: the CPU flash kernel takes masks, no dropout, and one head size
-        # for q, k and v (check_head_dim_size_cpp: DeepSeek-V3's 48-wide q/k against 32-wide v
-        # ran math where flash was simulated, its output shaped as q's: a crash, an audit)
-        ok = q.dtype in (torch.float32, torch.bfloat16, torch.float16) and dropout_p == 0.0 \
-            and heads_ok and same_v
-        return "flash_cpu" if ok and target.prefer != "sdpa-math" else "math"
-    cc = target.compute_capability or (8, 0)
-    low = q.dtype in (torch.float16, torch.bfloat16)
-    # sdp_utils.cpp's input_requires_grad: grad mode on and q, k or v needing a gradient (a
-    # training step's attention: its backward will run)
-    grad = torch.is_grad_enabled() and any(
-        getattr(t, "requires_grad", False) for t in (q, k, v) if t is not None)
-    # measured on an H100 (benchmarks/results/gpu_sdpa_choice.json): 16-bit inputs of head_dim
-    # 64-256, with grouped-query heads, boolean or float masks and dropout; not a float mask
-    # that needs a gradient (memory-efficient) nor fp32 inputs. check_cudnn_tensor_shapes: q/k
-    # and v each ≤ 256 and a multiple of 8, not necessarily equal. With a backward to run,
-    # check_cudnn_d256_bprop_head_dim leaves cuDNN (q/k, v) both ≤ 128, (192, 128) —
-    # DeepSeek-V3's multi-head latent attention — or (256, 256): a head_dim of 160 or 192 with
-    # v as wide falls to flash. Which torch: those rules are torch main's (sdp_utils.cpp as
-    # stored at 001f694a, read 2026-12-05), with a cuDNN that takes head_dim 256; the record is
-    # torch 2.11's, whose older rule let cuDNN train at 129-255 too, and whose cuDNN took a
-    # dropout of 0.1 (main asks a multiple of 1/16, check_cudnn_dropout: not mirrored, the
-    # record wins). Where the two disagree the kernel is cuDNN or flash, which trainfit times
-    # and holds alike (speed/roofline.py ATTENTION_EFFICIENCY; both keep O(T) statistics)
-    cudnn_bwd_ok = not grad or (head_dim <= 128 and v_dim <= 128) or (
-        head_dim, v_dim) in ((192, 128), (256, 256))
-    cudnn_ok = (
-        target.prefer == "sdpa" and CUDNN_SDPA_CC[0] <= cc < CUDNN_SDPA_CC[1] and low
-        and head_dim % 8 == 0 and v_dim % 8 == 0 and max(head_dim, v_dim) <= 256 and heads_ok
-        and (mask is None or not getattr(mask, "requires_grad", False)) and cudnn_bwd_ok
-    )
-    if cudnn_ok:
-        return "cudnn"
-    # check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89_or_120 (sdp_utils.cpp):
-    # FlashAttention-2's backward has no kernel for head_dim in (192, 224], nor above 224 with
-    # dropout, on the consumer/workstation chips' smaller shared memory (sm86-89, sm120-121):
-    # torch refuses flash for training there and the memory-efficient kernel runs
-    small_smem = (8, 6) <= cc <= (8, 9) or (12, 0) <= cc <= (12, 1)
-    flash_bwd_ok = not (grad and small_smem) or head_dim <= 192 or (
-        head_dim > 224 and dropout_p == 0.0)
-    flash_ok = (
-        low and mask is None and head_dim % 8 == 0 and same_v and heads_ok
-        and head_dim <= 256 and (8, 0) <= cc <= (12, 1) and flash_bwd_ok
-    )
-    eff_ok = head_dim % (8 if q.dtype != torch.float32 else 4) == 0 and same_heads
-    order = {
-        "sdpa": ("flash", "efficient"), "sdpa-flash": ("flash", "efficient"),
-        "sdpa-efficient": ("efficient",), "sdpa-math": (),
-    }[target.prefer]
-    for kernel in order:
-        if kernel == "flash" and flash_ok:
-            return "flash"
-        if kernel == "efficient" and eff_ok:
-            return "efficient"
-    return "math"
 
 
 class _DeviceOps:

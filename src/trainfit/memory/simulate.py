@@ -30,7 +30,8 @@ from trainfit.memory.loading import (
     book_loaded,
     records_loading,
 )
-from trainfit.memory.semantics import AttentionTarget, device_semantics
+from trainfit.memory.sdpa_choice import AttentionTarget
+from trainfit.memory.semantics import device_semantics
 from trainfit.memory.sharded import fake_world, fsdp_bookkeeping, fsdp_simulable, local, shard_model
 from trainfit.memory.tracker import LiveBytesTracker
 from trainfit.memory.wrap import record_wrap, records_wrap

@@ -108,7 +108,7 @@ class FamilyKernels:
     :attr:`gemm_efficiency_fp32`)."""
     cudnn: Attention | None = None
     """cuDNN's attention, where SDPA picks it by itself (Hopper:
-    :data:`trainfit.memory.semantics.CUDNN_SDPA_CC`); None: the flash entry stands for it."""
+    :data:`trainfit.memory.sdpa_choice.CUDNN_SDPA_CC`); None: the flash entry stands for it."""
     gemm_unaligned: float = GEMM_UNALIGNED_HALF
     """A 16-bit GEMM with unaligned rows, as a fraction of the aligned rate."""
 
