@@ -86,12 +86,34 @@ def case_to_job(case: dict[str, Any]) -> tuple[dict[str, Any], str, dict[str, An
 
         # litgpt's CausalSelfAttention: one q/k/v projection split into views, LoRAQKVLinear
         job["fused_qkv"] = m.get("model_type") in LITGPT_FUSES
+        if m.get("model_type") == "falcon":
+            # lit-gpt hands SDPA no mask (is_causal: the flash kernel); transformers' Falcon always
+            # builds one (allow_is_causal_skip=False), which FlashAttention-2 (sdpa-flash) drops
+            job["attention"] = "sdpa-flash"
     gpu = next(v for k, v in GPUS.items() if case["gpu"].startswith(k))
     opts = {"untie": litgpt and bool(m.get("litgpt_untied_lm_head")), "litgpt": litgpt,
             "eager_modules": "CUDA 11.2" in case["gpu"] or "CUDA 11.2" in case.get("notes", ""),
             "measure": "device" if case["measured"]["measure"].startswith("nvidia-smi")
             else "allocated"}
     return job, gpu, opts
+
+
+def _litgpt_multi_query(cfg: Any) -> None:
+    """lit-gpt's multi-query attention (Falcon-7B) as lit-gpt runs it in training.
+
+    lit-gpt's CausalSelfAttention expands its one key/value head to every query head while
+    training (``k.expand(...)`` then ``reshape``: copies) and calls SDPA with ``is_causal`` and no
+    mask. transformers' FalconAttention of the old decoder architecture (``multi_query``) hands
+    SDPA the single key head. transformers' grouped layout (``new_decoder_architecture`` with one
+    key/value head and one shared layer norm) has the same weights ([q×71 | k | v] per group, as
+    lit-gpt lays them out) and broadcasts k and v to every query head, copied by its flatten:
+    lit-gpt's step."""
+    if getattr(cfg, "model_type", None) == "falcon" and getattr(cfg, "multi_query", False) \
+            and not getattr(cfg, "new_decoder_architecture", False) \
+            and getattr(cfg, "parallel_attn", False) and not getattr(cfg, "alibi", False):
+        cfg.new_decoder_architecture = True
+        cfg.num_kv_heads = 1
+        cfg.num_ln_in_parallel_attn = 1
 
 
 def run_case(case: dict[str, Any]) -> dict[str, Any]:
@@ -117,6 +139,7 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
                 setattr(source.config, key, 0.0)
         if getattr(source.config, "hidden_act", None) == "gelu_new":
             source.config.hidden_act = "gelu_pytorch_tanh"
+        _litgpt_multi_query(source.config)
     gpu = find_gpu(gpu_name)
     pred = predict_memory(job, source, gpu, eager_module_loading=opts["eager_modules"])
     measured = case["measured"].get("peak_memory_bytes")

@@ -36,6 +36,10 @@ class AttentionTarget:
     so the mask is materialised, as padding needs. Without one the data are unpadded, and a
     padding mask transformers itself makes of ones (BART's, Marian's, Pegasus' … decoder:
     ``torch.ones(batch_size, mask_seq_length)`` when no decoder mask is given) is all ones."""
+    decoder_only: bool = False
+    """The model is a causal LM: its self-attention is causal, so a mask FlashAttention-2 does
+    not need (``prefer="sdpa-flash"``) leaves ``is_causal`` set, as transformers' flash path
+    passes it (the speed model halves causal attention's work)."""
 
 
 CUDNN_SDPA_CC = ((9, 0), (10, 0))

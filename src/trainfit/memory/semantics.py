@@ -210,6 +210,9 @@ class _DeviceOps:
             q, k, v = (t.to(dt) if _eligible(t) else t for t in (q, k, v))
             if attn_mask is not None and attn_mask.is_floating_point():
                 attn_mask = attn_mask.to(dt)
+        if self.target.prefer == "sdpa-flash":
+            attn_mask, is_causal, enable_gqa = self._as_flash_attention_2(
+                q, k, v, attn_mask, is_causal, enable_gqa)
         kernel = choose_sdpa_kernel(self.target, q, k, attn_mask, dropout_p, enable_gqa, v)
         self.kernels_used[kernel] = self.kernels_used.get(kernel, 0) + 1
         if attn_mask is not None and attn_mask.dtype == torch.bool and \
@@ -253,6 +256,30 @@ class _DeviceOps:
         # math on the CPU target: the composite, as the real CPU step calls it
         return self._orig_sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p,
                                is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+    def _as_flash_attention_2(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              attn_mask: Any, is_causal: bool, enable_gqa: bool
+                              ) -> tuple[Any, bool, bool]:
+        """``sdpa-flash`` stands for transformers' ``flash_attention_2`` (script/mapping.py), which
+        the simulated model — built with sdpa — reaches through SDPA. FlashAttention-2 takes fewer
+        key/value heads than query heads itself (multi-query, grouped: no repeat, no enable_gqa
+        needed) and is never handed a T×T mask: causality and sliding windows are its arguments,
+        padding it unpads by. Transformers' SDPA path can hand over both: Falcon-7B's one key head
+        without enable_gqa (torch then runs its math kernel, fp32 probabilities per layer: +71
+        MiB a layer at 512 tokens) and its always-built mask (FalconModel: allow_is_causal_skip
+        False), a sliding-window model's window mask. Only a boolean mask is dropped: a float one
+        carries values FlashAttention-2 cannot take (ALiBi, a position bias: models transformers
+        refuses flash_attention_2 for). Compiled alike: FlashAttention-2 reads a packing from
+        position_ids, not from a mask."""
+        if self.target.device != "cuda" or self.target.packed or q.dim() != 4 or k.dim() != 4:
+            return attn_mask, is_causal, enable_gqa
+        q_heads, k_heads = q.shape[-3], k.shape[-3]
+        if k_heads != q_heads and q_heads % k_heads == 0 and v.shape[-3] == k_heads:
+            enable_gqa = True
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            attn_mask = None
+            is_causal = is_causal or (self.target.decoder_only and q.shape[-2] == k.shape[-2])
+        return attn_mask, is_causal, enable_gqa
 
     def grouped_mm(self, mat_a: torch.Tensor, mat_b: torch.Tensor, *,
                    offs: torch.Tensor | None = None, bias: torch.Tensor | None = None,
