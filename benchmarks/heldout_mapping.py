@@ -301,6 +301,13 @@ def _torchtune(b: _Builder) -> None:
     b.note("torchtune: bf16 weights/states, no gradient clipping, the loop frees the logits "
            "before backward (≥ 0.2); its own TransformerDecoder simulated as the transformers model of "
            "the same dimensions")
+    heads = c["model"]["num_attention_heads"]
+    if (c["model"].get("num_key_value_heads") or heads) < heads:
+        b.job["expand_kv"] = True
+        b.note("torchtune's MultiHeadAttention copies k and v to the query heads before SDPA or "
+               "flex attention (k.unsqueeze(2).expand(...).flatten(1, 2); read in the 0.5.0 "
+               "wheel, modules/attention.py), which keep the copies for the backward → "
+               "expand_kv true")
     other = c["measured"].get("other_settings") or {}
     if "loss" in other:
         chunked = "chunked" in other["loss"].lower()

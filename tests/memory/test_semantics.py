@@ -173,3 +173,24 @@ def test_the_gpu_math_kernel_gets_a_boolean_mask_as_the_composite_gives_it():
         torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
     assert ops.kernels_used == {"math": 1}
     assert ("masked_fill", (b, 1, s, s), torch.float16) in seen
+
+
+def test_expand_kv_hands_the_kernel_copies_at_the_query_heads():
+    """``expand_kv`` (torchtune ≤ 0.5's MultiHeadAttention): k and v copied to the query heads
+    before the kernel, which saves the copies — n_heads / n_kv times the GQA heads' bytes."""
+    seen = []
+
+    class Spy(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._scaled_dot_product_flash_attention.default:
+                seen.append((args[1].shape[1], args[2].shape[1], args[1].is_contiguous()))
+            return func(*args, **(kwargs or {}))
+
+    for expand in (False, True):
+        target = AttentionTarget(device="cuda", compute_capability=(8, 0), expand_kv=expand)
+        with FakeTensorMode(), device_semantics(target), Spy():
+            q = torch.empty(1, 8, 16, 64, dtype=torch.bfloat16)
+            k = torch.empty(1, 2, 16, 64, dtype=torch.bfloat16)
+            torch.nn.functional.scaled_dot_product_attention(q, k, k, is_causal=True,
+                                                             enable_gqa=True)
+    assert seen == [(2, 2, True), (8, 8, True)]

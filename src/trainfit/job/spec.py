@@ -207,6 +207,13 @@ class JobSpec:
     into views (lit-gpt; nanoGPT-style code): with multi-head attention the attention's saved
     values keep the whole fused output alive, and LoRA on q/k/v runs as lit-gpt's LoRAQKVLinear
     (one dropout, a zero-padded update). Plan models the user's model code with it."""
+    expand_kv: bool = False
+    """The model code copies the key and value heads to the query heads before attention (GQA):
+    torchtune's MultiHeadAttention (``k.unsqueeze(2).expand(...).flatten(1, 2)``, then SDPA or
+    flex attention; read in the 0.5.0 wheel), so the attention keeps those copies for its
+    backward — n_heads / n_kv times the key and value bytes of every layer (Llama-3.2-3B, 24 / 8
+    heads, 2 × 4,096 tokens: 64 MiB more a layer). False: transformers' SDPA call
+    (``enable_gqa``: no copy). No effect without GQA. Plan models the user's model code with it."""
     output_in_backward: bool = False
     """The training loop still references the model's output (its logits) during the backward
     pass, as a hand-written loop does (``out = model(**batch); out.loss.backward()``); False:

@@ -43,6 +43,10 @@ def refuse_other_model_code(job: JobSpec, command: str) -> None:
         raise JobError(f"--rope-cache {job.rope_cache} describes transformers < 4.40's RoPE "
                        f"tables; {command} {does} the installed transformers, which has none",
                        f"drop --rope-cache for {command} (plan predicts the tables)")
+    if job.expand_kv:
+        raise JobError(f"--expand-kv describes model code that copies k and v to the query "
+                       f"heads (torchtune); {command} {does} the transformers model",
+                       f"drop --expand-kv for {command} (plan predicts what the copies hold)")
     if job.fused_qkv:
         raise JobError(f"--fused-qkv describes model code that fuses q/k/v (lit-gpt); {command} "
                        f"{does} the transformers model", f"drop --fused-qkv for {command} (plan "

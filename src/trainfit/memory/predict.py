@@ -375,6 +375,9 @@ def _step_notes(job: JobSpec, compile_untraced: list[str] | None,
     if job.rope_cache != "none":
         notes.append(f"rope_cache {job.rope_cache}: each layer holds transformers < 4.40's cos "
                      "and sin tables (max_position_embeddings × head_dim), booked as buffers")
+    if job.expand_kv:
+        notes.append("expand_kv: k and v copied to the query heads before attention (torchtune's "
+                     "model code), the copies kept for the backward in every layer")
     if job.fused_qkv:
         notes.append("fused_qkv: q, k and v simulated as one projection split into views, as "
                      "lit-gpt's model code computes them (with multi-head attention the saved "

@@ -30,6 +30,9 @@ class AttentionTarget:
     always answers with the sequence ids — it skips its one-sequence exit, which reads values —
     so a row of one sequence is not simulated packed: ``JobSpec.packs_rows``) and SDPA is
     handed the (1, 1, N, N) block-causal mask transformers builds from them."""
+    expand_kv: bool = False
+    """The model code hands attention k and v copied to the query heads
+    (``JobSpec.expand_kv``): the kernel keeps the copies, not the GQA heads."""
     batch_mask: bool = False
     """The batch carries an attention mask (padded data: ``tune``'s batches of a padded data
     set): its values decide whether transformers may skip the mask, and fake tensors have none,

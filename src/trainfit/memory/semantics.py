@@ -210,6 +210,16 @@ class _DeviceOps:
             q, k, v = (t.to(dt) if _eligible(t) else t for t in (q, k, v))
             if attn_mask is not None and attn_mask.is_floating_point():
                 attn_mask = attn_mask.to(dt)
+        if self.target.expand_kv and q.dim() == k.dim() == v.dim() == 4 \
+                and k.size(1) == v.size(1) < q.size(1) and q.size(1) % k.size(1) == 0:
+            # torchtune (modules/attention.py, MultiHeadAttention.forward, 0.5.0): k and v
+            # [b, n_kv, s, d] → unsqueeze(2).expand(b, n_kv, n_h // n_kv, s, d).flatten(1, 2), a
+            # copy at the query heads that SDPA or flex attention keeps for the backward (flex
+            # runs outside the compiled layer's graph, behind torch.compiler.disable; in one graph
+            # the partitioner keeps the copies too, traced)
+            k, v = (t.unsqueeze(2).expand(t.size(0), t.size(1), q.size(1) // t.size(1),
+                                          *t.shape[2:]).flatten(1, 2) for t in (k, v))
+            enable_gqa = False
         if self.target.prefer == "sdpa-flash":
             attn_mask, is_causal, enable_gqa = self._as_flash_attention_2(
                 q, k, v, attn_mask, is_causal, enable_gqa)

@@ -359,6 +359,7 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
                                prefer=job.attention if job.attention != "eager" else "sdpa",
                                compiled=job.compile and job.compile_builds_mask,
                                packed=job.packs_rows, decoder_only=source.task == "causal-lm",
+                               expand_kv=job.expand_kv,
                                # a mask in the data: padded, transformers cannot skip it
                                batch_mask=any(key in ("attention_mask", "decoder_attention_mask")
                                               for batch in batches for key in batch))
