@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import math
 
-from trainfit.doctor.observation import Finding, Observation
+from trainfit.doctor.memory_findings import offload_finding, recompute_finding, swap_finding
+from trainfit.doctor.observation import Finding, Observation, gain_from_removing, rounded
 from trainfit.speed.predict import MATMUL_BOUND_FRACTION
 
 BOTTLENECKS = ("input-bound", "launch-bound", "bandwidth-bound", "compute-bound", "slow-matmuls",
@@ -51,10 +52,6 @@ MATMUL_BAND = 0.1
 """Within ± this of MATMUL_COMPUTE_FRACTION the step is named compute-and-bandwidth: the measured
 share moves by a few points between repeats of the same job (op timings on a busy host), and a hard
 line there made the same job compute-bound in one run and bandwidth-bound in the next."""
-SWAP_BYTES_PER_S = 1 << 20
-"""Swap traffic above 1 MiB/s during the run: the host is paging."""
-RECOMPUTE_MEMORY_FRACTION = 0.5
-"""Peak memory at or below this share of the capacity: checkpointing is not what makes it fit."""
 LOW_MFU = 0.05
 """Below this share of the device's peak FLOP/s a step whose time is in its matrix multiplies is
 not 'good: the step computes': they run far from the peak (a QA run on a busy 2-core host: MFU
@@ -63,17 +60,10 @@ it is named slow-matmuls, not compute-bound (a review: "compute-bound" over "MFU
 a contradiction)."""
 
 
-def _gain(fraction_removed: float) -> float:
-    return 1.0 / max(1.0 - fraction_removed, 1e-6) - 1.0
-
-
-def _r(x: float | None, nd: int = 6) -> float | None:
-    return None if x is None else round(float(x), nd)
-
-
 def find(obs: Observation) -> list[Finding]:
     out: list[Finding] = []
-    for rule in (_input, _sync, _logging, _launch, _recompute, _offload, _swap, _loop_code, _optimizer):
+    for rule in (_input, _sync, _logging, _launch, recompute_finding, offload_finding,
+                 swap_finding, _loop_code, _optimizer):
         f = rule(obs)
         if f is not None:
             out.append(f)
@@ -120,10 +110,10 @@ def _input(o: Observation) -> Finding | None:
         return None
     compute = s.forward_s + s.backward_s + s.optimizer_s
     ev: dict[str, float | None] = {
-        "data_wait_s": _r(s.data_wait_s), "h2d_copy_s": _r(s.h2d_copy_s),
-        "step_time_s": _r(s.step_time_s), "data_wait_fraction": _r(frac, 4),
-        "compute_s": _r(compute), "num_workers": o.num_workers,
-        "step_time_spread_s": _r(s.step_time_spread_s)}
+        "data_wait_s": rounded(s.data_wait_s), "h2d_copy_s": rounded(s.h2d_copy_s),
+        "step_time_s": rounded(s.step_time_s), "data_wait_fraction": rounded(frac, 4),
+        "compute_s": rounded(compute), "num_workers": o.num_workers,
+        "step_time_spread_s": rounded(s.step_time_spread_s)}
     fixes = []
     # what a script's loader waits on is not seen (a sleeping collate read "pre-tokenize")
     first = ("find what the loader waits on (the dataset's __getitem__, the collate function, "
@@ -137,7 +127,7 @@ def _input(o: Observation) -> Finding | None:
     fixes.append(_workers_fix(o, wait, compute))
     if o.device == "cuda" and s.h2d_copy_s > 0.02 * s.step_time_s:
         fixes.append("copy with .to(device, non_blocking=True) from pinned memory")
-    return Finding("input-bound", ev, "; ".join(fixes), _r(_gain(frac), 4),
+    return Finding("input-bound", ev, "; ".join(fixes), rounded(gain_from_removing(frac), 4),
                    f"waiting for data {frac:.0%} of the step (measured)"
                    + ("" if frac >= INPUT_BOUND_FRACTION else " — minor")
                    + "; the gain if the wait all went is an upper bound", gain_upper_bound=True)
@@ -193,13 +183,13 @@ def _loop_code(o: Observation) -> Finding | None:
     frac = s.other_s / s.step_time_s if s.step_time_s > 0 else 0.0
     if frac < LOOP_CODE_FRACTION:
         return None
-    ev = {"other_s": _r(s.other_s), "step_time_s": _r(s.step_time_s),
-          "other_fraction": _r(frac, 4)}
+    ev = {"other_s": rounded(s.other_s), "step_time_s": rounded(s.step_time_s),
+          "other_fraction": rounded(frac, 4)}
     return Finding("loop-code", ev, "profile the loop's own Python between the steps (py-spy "
                    "top --pid, or cProfile): what doctor's hooks do not time — metrics computed "
                    "on the host, sleeps or waits, writes other than print/logging/torch.save, "
                    "third-party loggers; do it every N steps, or on the device",
-                   _r(_gain(frac), 4),
+                   rounded(gain_from_removing(frac), 4),
                    f"{frac:.0%} of the step is outside every part doctor times (data wait, "
                    "host→device copy, forward, backward, optimizer, sync, logging and checkpoint "
                    "I/O; measured: the step less those parts); the gain if it all went is an "
@@ -213,14 +203,14 @@ def _optimizer(o: Observation) -> Finding | None:
     frac = s.optimizer_s / s.step_time_s if s.step_time_s > 0 else 0.0
     if o.optimizer_fused is not False or frac < OPTIMIZER_FRACTION:
         return None
-    ev = {"optimizer_s": _r(s.optimizer_s), "step_time_s": _r(s.step_time_s),
-          "optimizer_fraction": _r(frac, 4)}
+    ev = {"optimizer_s": rounded(s.optimizer_s), "step_time_s": rounded(s.step_time_s),
+          "optimizer_fraction": rounded(frac, 4)}
     name = o.optimizer_name or "AdamW"
     fix = ("a fused optimizer: optimizer_impl: fused in the job (trainfit doctor --apply measures "
            "it)" if o.trainfit_job else f"a fused optimizer: torch.optim.{name}(..., fused=True)"
            + (" (HF Trainer: optim=\"adamw_torch_fused\")" if name == "AdamW" else "")) + \
         ": one kernel over all parameters instead of a group of ops per step"
-    return Finding("slow-optimizer", ev, fix, _r(_gain(frac), 4),
+    return Finding("slow-optimizer", ev, fix, rounded(gain_from_removing(frac), 4),
                    f"the optimizer step is {frac:.0%} of the step (measured), unfused; the gain if "
                    "it all went is an upper bound — a fused step still reads and writes every "
                    "weight and state", gain_upper_bound=True)
@@ -233,16 +223,16 @@ def _sync(o: Observation) -> Finding | None:
     frac = cost / s.step_time_s if s.step_time_s > 0 else 0.0
     if o.sync_calls_per_step < micro or frac < SYNC_BOUND_FRACTION:
         return None
-    ev = {"sync_calls_per_step": _r(o.sync_calls_per_step, 2), "micro_steps_per_step": _r(micro, 2),
-          "sync_s": _r(s.sync_s), "logging_io_s": _r(s.logging_io_s),
-          "log_calls_per_step": _r(o.log_calls_per_step, 2), "sync_fraction": _r(frac, 4),
-          "step_time_s": _r(s.step_time_s)}
+    ev = {"sync_calls_per_step": rounded(o.sync_calls_per_step, 2), "micro_steps_per_step": rounded(micro, 2),
+          "sync_s": rounded(s.sync_s), "logging_io_s": rounded(s.logging_io_s),
+          "log_calls_per_step": rounded(o.log_calls_per_step, 2), "sync_fraction": rounded(frac, 4),
+          "step_time_s": rounded(s.step_time_s)}
     fix = ("keep running values on the device (running_loss += loss.detach()) and call .item() / "
            "print / log once every N optimizer steps (e.g. 50), not every micro-step; reduce per-sample "
            "metrics on the device before one transfer")
     where = ("on a GPU each sync also empties the kernel queue, so the gain there is larger"
              if o.device == "cpu" else "each one empties the kernel queue")
-    return Finding("sync-bound", ev, fix, _r(_gain(frac), 4),
+    return Finding("sync-bound", ev, fix, rounded(gain_from_removing(frac), 4),
                    f"{o.sync_calls_per_step:.0f} sync points per step ({o.sync_calls_per_step / micro:.1f} "
                    f"per micro-step) cost {frac:.0%} of the step (measured); {where}")
 
@@ -256,11 +246,11 @@ def _logging(o: Observation) -> Finding | None:
     # with a sync per micro-step the sync rule judges the logging with it (its cost counts both)
     if o.sync_calls_per_step >= (o.micro_steps_per_step or 1.0) or frac < LOGGING_BOUND_FRACTION:
         return None
-    ev = {"logging_io_s": _r(s.logging_io_s), "log_calls_per_step": _r(o.log_calls_per_step, 2),
-          "logging_fraction": _r(frac, 4), "step_time_s": _r(s.step_time_s)}
+    ev = {"logging_io_s": rounded(s.logging_io_s), "log_calls_per_step": rounded(o.log_calls_per_step, 2),
+          "logging_fraction": rounded(frac, 4), "step_time_s": rounded(s.step_time_s)}
     return Finding("logging-bound", ev, "print / log once every N optimizer steps (e.g. 50), "
                    "not every step; keep per-step values in a list and write them together",
-                   _r(_gain(frac), 4),
+                   rounded(gain_from_removing(frac), 4),
                    f"{o.log_calls_per_step:.0f} print/log/save calls per step cost {frac:.0%} of "
                    "the step (measured)")
 
@@ -284,7 +274,7 @@ def _slow_matmuls(o: Observation, ev: dict[str, float | None], measured: tuple[i
         mm_fix += ("; this loop has no gradient accumulation to divide, so the effective "
                    "batch grows too (it changes the learning: scale the learning rate, or "
                    "accept it)")
-    return Finding("slow-matmuls", ev, mm_fix, _r(gain, 4),
+    return Finding("slow-matmuls", ev, mm_fix, rounded(gain, 4),
                    f"micro-batch {measured[0]} measured {measured[1]:+.0%} tokens/s, while op "
                    f"dispatch is {share:.0%} of the compute time ({o.ops_per_step:.0f} ops × "
                    f"{o.op_overhead_s * 1e6:.1f} µs, measured), under the "
@@ -297,18 +287,18 @@ def _launch(o: Observation) -> Finding | None:
     compute = s.forward_s + s.backward_s + s.optimizer_s
     if compute <= 0:
         return None
-    ev: dict[str, float | None] = {"step_time_s": _r(s.step_time_s), "compute_s": _r(compute)}
+    ev: dict[str, float | None] = {"step_time_s": rounded(s.step_time_s), "compute_s": rounded(compute)}
     overhead = counted = None
     if o.ops_per_step is not None and o.op_overhead_s is not None:
         counted = o.ops_per_step * o.op_overhead_s
         overhead = min(counted, compute)  # dispatch cannot take more than the compute it is in
-        ev.update(ops_per_step=o.ops_per_step, op_overhead_s=_r(o.op_overhead_s, 9),
-                  launch_overhead_fraction=_r(overhead / compute, 4))
+        ev.update(ops_per_step=o.ops_per_step, op_overhead_s=rounded(o.op_overhead_s, 9),
+                  launch_overhead_fraction=rounded(overhead / compute, 4))
     if o.tokens_per_step and o.micro_steps_per_step:
-        ev["tokens_per_micro_step"] = _r(o.tokens_per_step / o.micro_steps_per_step, 1)
+        ev["tokens_per_micro_step"] = rounded(o.tokens_per_step / o.micro_steps_per_step, 1)
     idle = s.idle_s / s.step_time_s if s.idle_s is not None and s.step_time_s > 0 else None
     if idle is not None:
-        ev["device_idle_fraction"] = _r(idle, 4)
+        ev["device_idle_fraction"] = rounded(idle, 4)
     measured = o.measured_micro_batch_gain
     by_overhead = overhead is not None and overhead / compute >= LAUNCH_BOUND_FRACTION
     by_idle = idle is not None and idle >= LAUNCH_BOUND_FRACTION
@@ -324,12 +314,12 @@ def _launch(o: Observation) -> Finding | None:
     gain = None
     if measured is not None:
         ev["probe_micro_batch"] = measured[0]
-        ev["probe_measured_gain_fraction"] = _r(measured[1], 4)
+        ev["probe_measured_gain_fraction"] = rounded(measured[1], 4)
         gain = measured[1]
     elif overhead is not None and k > 1:
         gain = s.step_time_s / max(s.step_time_s - overhead * (1 - 1 / k), 1e-9) - 1
     elif idle is not None and k > 1:
-        gain = _gain(idle * (1 - 1 / k))
+        gain = gain_from_removing(idle * (1 - 1 / k))
     if k <= 1 and measured is None:
         return None  # the micro-batch cannot grow: nothing to predict from this rule
     if by_probe and not (by_overhead or by_idle) and overhead is not None:
@@ -361,57 +351,9 @@ def _launch(o: Observation) -> Finding | None:
                   "counted as all of the compute, so the predicted gain is an upper bound)")
     if measured is not None:
         detail += f"; micro-batch {measured[0]} measured {measured[1]:+.0%} tokens/s"
-    return Finding("launch-bound", ev, fix, _r(gain, 4), detail,
+    return Finding("launch-bound", ev, fix, rounded(gain, 4), detail,
                    gain_upper_bound=counted is not None and overhead is not None
                    and counted > compute and measured is None)
-
-
-def _recompute(o: Observation) -> Finding | None:
-    s = o.split
-    if o.recompute_s <= 0 or s.step_time_s <= 0:
-        return None
-    # the recomputation runs inside the backward: never more than it (the first round's forward
-    # read against the pooled rounds' step once gave 106 % of the step, a gain of 999,999×)
-    frac = min(o.recompute_s, s.backward_s) / s.step_time_s
-    mem = (o.peak_memory_bytes / o.memory_capacity_bytes
-           if o.peak_memory_bytes and o.memory_capacity_bytes else None)
-    ev = {"recompute_s": _r(o.recompute_s), "recompute_fraction": _r(frac, 4),
-          "peak_memory_bytes": o.peak_memory_bytes, "memory_capacity_bytes": o.memory_capacity_bytes,
-          "peak_memory_fraction": _r(mem, 4)}
-    if mem is None or mem > RECOMPUTE_MEMORY_FRACTION:
-        return None  # memory may need it: recomputation is then the price of fitting
-    return Finding("needless-recompute", ev,
-                   "turn activation checkpointing off (grad_ckpt: off / "
-                   f"model.gradient_checkpointing_disable()): the peak uses {mem:.0%} of the memory, "
-                   "room for the stored activations "
-                   "(trainfit plan predicts the peak without it)", _r(_gain(frac), 4),
-                   f"recomputed forward {frac:.0%} of the step while memory is {mem:.0%} used (measured)")
-
-
-def _offload(o: Observation) -> Finding | None:
-    if o.device != "cuda" or not o.params_on_cpu_fraction:
-        return None
-    ev = {"params_on_cpu_fraction": _r(o.params_on_cpu_fraction, 4), "h2d_copy_s": _r(o.split.h2d_copy_s),
-          "step_time_s": _r(o.split.step_time_s)}
-    return Finding("cpu-offload", ev, "keep parameters and optimizer states on the GPU where they fit "
-                   "(trainfit plan says whether they do); offload only what does not fit", None,
-                   f"{o.params_on_cpu_fraction:.0%} of the parameters live on the CPU (measured)")
-
-
-def _swap(o: Observation) -> Finding | None:
-    h = o.host
-    if h is None or h.swap_in_bytes_per_s is None:
-        return None
-    rate = (h.swap_in_bytes_per_s or 0.0) + (h.swap_out_bytes_per_s or 0.0)
-    if rate < SWAP_BYTES_PER_S:
-        return None
-    ev = {"swap_in_bytes_per_s": _r(h.swap_in_bytes_per_s, 0), "swap_out_bytes_per_s":
-          _r(h.swap_out_bytes_per_s, 0), "min_available_bytes": h.min_available_bytes,
-          "ram_total_bytes": h.ram_total_bytes, "peak_rss_bytes": h.peak_rss_bytes}
-    return Finding("host-swapping", ev, "fewer DataLoader workers or a lower prefetch_factor; a "
-                   "memory-mapped token file instead of in-RAM token lists (pages shared, not copied "
-                   "per worker); close other programs", None,
-                   f"the host paged {rate / 2**20:.1f} MiB/s during the run (measured)")
 
 
 def _bf16(o: Observation, why: str) -> str:
@@ -427,18 +369,18 @@ def _bf16(o: Observation, why: str) -> str:
 
 def _compute_or_bandwidth(o: Observation) -> Finding:
     s = o.split
-    ev: dict[str, float | None] = {"step_time_s": _r(s.step_time_s), "mfu": _r(o.mfu, 4),
-                                   "peak_flop_per_s": _r(o.peak_flops, 0) if o.peak_flops else None,
-                                   "matmul_time_fraction": _r(o.matmul_time_fraction, 4),
+    ev: dict[str, float | None] = {"step_time_s": rounded(s.step_time_s), "mfu": rounded(o.mfu, 4),
+                                   "peak_flop_per_s": rounded(o.peak_flops, 0) if o.peak_flops else None,
+                                   "matmul_time_fraction": rounded(o.matmul_time_fraction, 4),
                                    "tokens_per_step": o.tokens_per_step}
     if o.padding_fraction is not None:
-        ev["padding_fraction"] = _r(o.padding_fraction, 4)
+        ev["padding_fraction"] = rounded(o.padding_fraction, 4)
     pad_fix = ""
     gain = None
     if o.padding_fraction is not None and o.padding_fraction >= 0.10:
         pad_fix = ("; length-grouped batches with padding to the batch's longest sample would skip "
                    f"{o.padding_fraction:.0%} padded positions")
-        gain = _r(_gain(o.padding_fraction), 4)
+        gain = rounded(gain_from_removing(o.padding_fraction), 4)
     frac = o.matmul_time_fraction
     mfu = (f"MFU {o.mfu:.1%}" if o.mfu < 0.01 else f"MFU {o.mfu:.0%}") if o.mfu is not None \
         else "MFU unknown"
@@ -483,7 +425,7 @@ def _compute_or_bandwidth(o: Observation) -> Finding:
     if share < 0.5:
         # not "good" when the compute is the smaller part of the step (an audit: 28 %, the rest
         # logging and loop code, was called good)
-        ev["compute_fraction"] = _r(share, 4)
+        ev["compute_fraction"] = rounded(share, 4)
         return Finding("compute-bound", ev, ("the multiplies run well, but " if o.mfu is not None
                                              else "") + "forward, backward and "
                        f"optimizer are only {share:.0%} of the step (measured): the rest is "
