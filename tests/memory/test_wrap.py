@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 
@@ -158,10 +159,13 @@ def test_broadcast_buckets_two_in_flight_a_single_tensor_bucket_takes_a_turn():
     ps.append(torch.empty(BROADCAST_BUCKET_BYTES // 2, dtype=torch.bfloat16, device="meta"))
     ps += [torch.empty(big // 2, dtype=torch.bfloat16, device="meta") for _ in range(2)]
     t = _Calls()
-    _broadcast(t, ps)
-    # c10d finishes A (frees its flat copy) before C is flattened: B held the second slot
-    assert t.log == [("alloc", 2 * big), ("free", 2 * big), ("alloc", 2 * big),
-                     ("free", 2 * big)]
+    held, in_place = _broadcast(t, ps)
+    # c10d finishes A (drops its flat copy) before C is flattened: B held the second slot; but
+    # the NCCL stream still holds A's copy (recordStream) and the host has not synchronised, so
+    # C's flattening cannot take it: both copies are handed back to be freed later
+    assert t.log == [("alloc", 2 * big), ("alloc", 2 * big)]
+    assert held == [(1, 2 * big), (2, 2 * big)]
+    assert in_place == {2}
 
 
 def test_a_units_buffers_are_broadcast_first_in_a_bucket_of_their_dtype():
@@ -176,9 +180,34 @@ def test_a_units_buffers_are_broadcast_first_in_a_bucket_of_their_dtype():
     tables = [torch.empty(mib // 2, dtype=torch.float32, device="meta") for _ in range(2)]
     weights = [torch.empty(mib, dtype=torch.bfloat16, device="meta") for _ in range(3)]
     t = _Calls()
-    _broadcast(t, [*tables, *weights])
-    assert t.log == [("alloc", 4 * mib), ("alloc", 6 * mib), ("free", 4 * mib),
-                     ("free", 6 * mib)]
+    held, in_place = _broadcast(t, [*tables, *weights])
+    assert t.log == [("alloc", 4 * mib), ("alloc", 6 * mib)]
+    assert held == [(1, 4 * mib), (2, 6 * mib)] and not in_place
+
+
+def test_a_broadcast_bucket_is_held_until_the_next_units_first_copy(sims):
+    """ProcessGroupNCCL records each broadcast's input on its stream and BroadcastWork::finish
+    does not block the host: a unit's flat parameter (as large as its one-dtype bucket) is cut
+    while the bucket is still held, so it cannot take the bucket's block; the bucket is freed
+    after the next unit's first (blocking) copy from the host, the root's at the wrap's end."""
+    _, sync = sims["wrap-sync"]
+    hist = [(u, d) for u, d in sync.events[:_history_end(sync.events)] if u >= HISTORY_UID]
+    alloc_at = {u: i for i, (u, d) in enumerate(hist) if d > 0}
+    free_at = {u: i for i, (u, d) in enumerate(hist) if d < 0}
+    assert alloc_at.keys() == free_at.keys()  # every history block is freed by the wrap's end
+    allocs = [(u, d) for u, d in hist if d > 0]
+    # a unit's 16-bit bucket and its flat parameter: two allocations in a row of one size, the
+    # later freed first (the moved weights, q/k/v/o of one size, are freed in order)
+    pairs = [(a, b) for (a, da), (b, db) in itertools.pairwise(allocs)
+             if da == db and free_at[b] < free_at[a]]
+    assert len(pairs) == LLAMA["num_hidden_layers"] + 1  # each block's and the root's
+    for bucket, flat in pairs:
+        assert alloc_at[flat] < free_at[bucket]
+        nxt = [u for u, _ in allocs if alloc_at[u] > free_at[flat]]
+        if nxt:  # freed right after the next unit's first allocation
+            assert alloc_at[nxt[0]] < free_at[bucket] < alloc_at[nxt[1]]
+        else:  # the root's: held to the end of the wrap
+            assert free_at[bucket] > free_at[flat]
 
 
 def test_no_shard_all_reduces_in_place_where_ddp_keeps_gradient_buckets():

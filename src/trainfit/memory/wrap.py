@@ -10,7 +10,14 @@ from the first to the last, then the root:
 2. with ``sync_module_states``, ``_sync_module_params_and_buffers`` broadcasts them from rank 0
    through ``_broadcast_coalesced`` (``PARAM_BROADCAST_BUCKET_SIZE``, 250 MiB): each bucket of
    several tensors is flattened into a tensor of its own (a bucket of one tensor is a view of
-   it: ``flatten_dense_tensors``), two buckets in flight (c10d ``broadcast_coalesced``);
+   it: ``flatten_dense_tensors``), two buckets in flight (c10d ``broadcast_coalesced``).  NCCL
+   runs on its own stream and ProcessGroupNCCL ``recordStream``s each broadcast's input there, so
+   a freed bucket (or a parameter broadcast in place, freed in 4) goes back to the pool only once
+   the allocator sees the broadcast done: ``BroadcastWork::finish``'s ``wait()`` makes the default
+   stream wait without blocking the host, and nothing syncs it before the next unit's first
+   parameter copy from the host (a blocking copy: ``stream_synchronize``), so the blocks of 3 and
+   4 are cut while the buckets are still held; the next ``malloc``'s ``process_events`` frees
+   them (the first step's, after the root's);
 3. ``FlatParamHandle`` concatenates the parameters into the unit's flat parameter (its full size,
    one per dtype);
 4. ``shard()`` clones this rank's chunk (``ceil(numel / ranks)`` elements) and frees the full
@@ -31,11 +38,12 @@ bytes).  The unit's buffers are copied in step 1 too, after its parameters, and 
 in the unit's turn: transformers < 4.40's per-layer RoPE tables, ``rope_cache``), and are
 broadcast before its parameters, in buckets of their own dtype.  bitsandbytes' quantization
 state is no buffer but an attribute of the weight, made where it was quantized — on Answer.AI's
-rank 0 before the wrap — so it is booked first.  With both, Answer.AI's Llama-2-7B QLoRA leaves
-3.40 GiB reserved after the wrap, predicted, against the 3.72 GiB it logged (3.65 while the model
-was cast whole to bf16: its root's bf16 inv_freq then shared the embedding's broadcast bucket and
-flattened a phantom copy of it, which the real run, built from its config, never made; ~0.3 GiB of
-the logged reserve is not modelled: benchmarks/results/heldout_memory.md).
+rank 0 before the wrap — so it is booked first.  With both, and the buckets held until the
+allocator sees their broadcast done (2), Answer.AI's Llama-2-7B QLoRA leaves 3.75 GiB reserved
+after the wrap, predicted, against the 3.72 GiB it logged (3.40 with the buckets freed at once:
+the root's [norm, lm_head] bucket, 250 MiB, was then reused by the root's shard, and layer 0's
+by its flat parameter).  The simulation follows rank 0, the rank that copies the weights from the
+host and whose reserve Answer.AI logs.
 """
 
 from __future__ import annotations
@@ -120,30 +128,37 @@ def _nbytes(p: torch.Tensor) -> int:
     return p.numel() * p.element_size()  # a DTensor's numel is the whole parameter's
 
 
-def _broadcast(tracker: Any, params: list[torch.Tensor]) -> None:
+def _broadcast(tracker: Any, params: list[torch.Tensor]
+               ) -> tuple[list[tuple[int, int]], set[int]]:
     """``_broadcast_coalesced``'s flattened buckets of the unit's buffers then parameters (FSDP's
     ``module_states``), two in flight (bucketed per dtype, a bucket closed once it reaches the
-    size: c10d ``compute_bucket_assignment_by_size``)."""
-    buckets: list[tuple[int, list[int]]] = []  # (index of its first tensor, sizes)
+    size: c10d ``compute_bucket_assignment_by_size``).  Returns the flattened buckets' blocks
+    ``(uid, bytes)``, released by ``BroadcastWork`` but held by the NCCL stream's use (the
+    caller frees them once the host has synchronised), and the indices of the tensors broadcast
+    in place (a bucket of one), whose own blocks the NCCL stream holds as well."""
+    buckets: list[tuple[int, list[int]]] = []  # (index of its first tensor, its tensors)
     open_: dict[torch.dtype, tuple[int, list[int]]] = {}
     for i, p in enumerate(params):
         _, b = open_.setdefault(p.dtype, (i, []))
-        b.append(_nbytes(p))
-        if sum(b) >= BROADCAST_BUCKET_BYTES:
+        b.append(i)
+        if sum(_nbytes(params[j]) for j in b) >= BROADCAST_BUCKET_BYTES:
             buckets.append(open_.pop(p.dtype))
     buckets = sorted(buckets + list(open_.values()))  # by their first tensor, as c10d sorts
+    held: list[tuple[int, int]] = []
+    in_place: set[int] = set()
     flight: deque[tuple[int | None, int]] = deque()
     for _, b in buckets:
         if len(flight) >= BROADCASTS_IN_FLIGHT:
             uid, n = flight.popleft()
             if uid is not None:
-                tracker.history(n, uid)
+                held.append((uid, n))
+        n = sum(_nbytes(params[j]) for j in b)
         # a bucket of one tensor is broadcast in place (a view), but takes its turn in flight
-        flight.append((tracker.history(sum(b)), sum(b)) if len(b) > 1 else (None, 0))
-    while flight:
-        uid, n = flight.popleft()
-        if uid is not None:
-            tracker.history(n, uid)
+        if len(b) == 1:
+            in_place.add(b[0])
+        flight.append((tracker.history(n), n) if len(b) > 1 else (None, 0))
+    held += [(uid, n) for uid, n in flight if uid is not None]
+    return held, in_place
 
 
 def record_wrap(job: JobSpec, model: torch.nn.Module, tracker: Any) -> list[torch.Tensor]:
@@ -158,12 +173,22 @@ def record_wrap(job: JobSpec, model: torch.nn.Module, tracker: Any) -> list[torc
     for n, b in model.named_buffers():
         if is_quant_state(n):
             tracker.track(b, "parameters")
+    # blocks the NCCL stream still holds: freed once the next unit's first copy from the host
+    # (blocking: it synchronises the default stream, which waited on the broadcast) is made
+    held: list[tuple[int, int]] = []
     for params, buffers in units_and_buffers(model):
-        moved = [(tracker.history(_nbytes(p)), _nbytes(p)) for p in params]
+        moved = []
+        for p in params:
+            moved.append((tracker.history(_nbytes(p)), _nbytes(p)))
+            for uid, n in held:
+                tracker.history(n, uid)
+            held = []
         for b in buffers:  # _move_states_to_device: the parameters, then the buffers
             tracker.track(b, "buffers")
-        if job.fsdp_init == "wrap-sync":
-            _broadcast(tracker, [*buffers, *params])  # module_states: buffers first
+        in_place: set[int] = set()
+        if job.fsdp_init == "wrap-sync":  # module_states: buffers first
+            held, states = _broadcast(tracker, [*buffers, *params])
+            in_place = {i - len(buffers) for i in states if i >= len(buffers)}
         for flat_bytes, shard_bytes, _ in flat_parameters(params, ranks):
             if offload:  # the shard goes to the host: every block here is transient
                 flat = tracker.history(flat_bytes)
@@ -179,8 +204,13 @@ def record_wrap(job: JobSpec, model: torch.nn.Module, tracker: Any) -> list[torc
         if not offload:
             for p in params:
                 tracker.adopt(p, "parameters")
-        for uid, n in moved:
-            tracker.history(n, uid)
+        for i, (uid, n) in enumerate(moved):
+            if i in in_place:  # broadcast in place: the NCCL stream holds it too
+                held.append((uid, n))
+            else:
+                tracker.history(n, uid)
+    for uid, n in held:  # the root's: the first step's malloc sees their broadcast done
+        tracker.history(n, uid)
     return kept
 
 
