@@ -69,7 +69,7 @@ def case_to_job(case: dict[str, Any]) -> tuple[dict[str, Any], str, dict[str, An
     if case["id"].startswith("hf_perf_gpu_one"):
         # transformers' perf_train_gpu_one page of Jan 2022 (transformers 4.16, before torch
         # 1.11 of Mar 2022): torch ≤ 1.10, whose softmax saved its input for the backward
-        job["softmax_saves_input"] = True
+        job["softmax_saves_input"] = True  # checkpointing then reentrant, as 4.16's was
     if case.get("lora"):
         job.update(lora_r=case["lora"]["r"], lora_alpha=case["lora"]["alpha"],
                    lora_dropout=case["lora"]["dropout"], lora_targets=_targets(case["lora"]))

@@ -99,3 +99,27 @@ def check_sharding(job: Any) -> None:
         if getattr(job, flag) and job.sharding != "fsdp":
             raise JobError(f"--{flag.replace('_', '-')} applies to --sharding fsdp only",
                            f"drop --{flag.replace('_', '-')}, or use --sharding fsdp")
+
+
+def check_legacy_torch(job: Any) -> None:
+    """``softmax_saves_input`` describes torch ≤ 1.10: the features that torch had not yet
+    cannot be combined with it (the simulation would run torch 2.13's kernels, which save
+    something else, or nothing, for the backward). Its checkpointing is reentrant, the only kind
+    it had: :class:`~trainfit.job.spec.JobSpec` sets ``ckpt_reentrant``."""
+    if not job.softmax_saves_input:
+        return
+    hint = "drop --softmax-saves-input, or plan what torch ≤ 1.10 ran"
+    if job.attention != "eager":
+        raise JobError(f"--softmax-saves-input with --attention {job.attention}: torch ≤ 1.10 "
+                       "had no scaled_dot_product_attention (2.0); transformers then ran its own "
+                       "matmul + softmax", "use --attention eager, or drop --softmax-saves-input")
+    if job.compile:
+        raise JobError("--softmax-saves-input with --compile: torch ≤ 1.10 had no torch.compile "
+                       "(2.0)", hint)
+    if job.grad_ckpt == "selective":
+        raise JobError("--softmax-saves-input with --grad-ckpt selective: torch ≤ 1.10 "
+                       "checkpointed whole layers, reentrantly only (selective checkpointing and "
+                       "use_reentrant came later)", "use --grad-ckpt full or off")
+    if job.activation_offload:
+        raise JobError("--softmax-saves-input with --activation-offload: the offloading hooks "
+                       "came after torch 1.10", hint)

@@ -33,7 +33,12 @@ from trainfit.job.choices import (  # re-exported: the schema's vocabularies liv
     JobError,
     _choice,
 )
-from trainfit.job.combinations import check_in_backward, check_quantization, check_sharding
+from trainfit.job.combinations import (
+    check_in_backward,
+    check_legacy_torch,
+    check_quantization,
+    check_sharding,
+)
 from trainfit.job.validate import check_positive, check_types, resolve_batch
 
 SIZE_FIELDS = ("seq_len", "micro_batch", "grad_accum", "effective_batch", "ranks", "lora_r",
@@ -256,8 +261,10 @@ class JobSpec:
     softmax_saves_input: bool = False
     """Model torch ≤ 1.10, whose softmax and log_softmax saved their input beside their output
     for the backward (torch 1.11 stopped: pytorch#65242): each eager attention layer holds its
-    B×H×T×T scores (fp32 under autocast) until its backward, and the loss its logits. Plan
-    models the user's stack with it; tune and train run the installed torch."""
+    B×H×T×T scores (fp32 under autocast) until its backward, and the loss its logits. With
+    eager attention only, no compile, checkpointing reentrant (sets ``ckpt_reentrant``: what
+    torch ≤ 1.10 had). For plan,
+    to model the user's stack; train, tune and doctor run the installed torch and refuse it."""
     max_grad_norm: float | None = 1.0
     """Gradient clipping as HF Trainer does by default (None: off)."""
     compile: bool = False
@@ -331,6 +338,9 @@ class JobSpec:
             if isinstance(self.grad_ckpt, bool):
                 self.grad_ckpt = "full" if self.grad_ckpt else "off"
             _choice("grad_ckpt", self.grad_ckpt, GRAD_CKPT)
+        check_legacy_torch(self)
+        if self.softmax_saves_input:
+            self.ckpt_reentrant = True  # torch ≤ 1.10's only checkpointing
         if self.ckpt_reentrant and self.grad_ckpt == "selective":
             raise JobError("--ckpt-reentrant with --grad-ckpt selective: torch's selective policy "
                            "(context_fn) runs only in non-reentrant checkpointing",

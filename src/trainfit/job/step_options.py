@@ -43,6 +43,10 @@ def refuse_other_model_code(job: JobSpec, command: str) -> None:
         raise JobError(f"--rope-cache {job.rope_cache} describes transformers < 4.40's RoPE "
                        f"tables; {command} {does} the installed transformers, which has none",
                        f"drop --rope-cache for {command} (plan predicts the tables)")
+    if job.softmax_saves_input:
+        raise JobError(f"--softmax-saves-input describes torch ≤ 1.10's autograd; {command} "
+                       f"{does} the installed torch", f"drop --softmax-saves-input for {command} "
+                       "(plan predicts what the old torch held)")
     if job.expand_kv:
         raise JobError(f"--expand-kv describes model code that copies k and v to the query "
                        f"heads (torchtune); {command} {does} the transformers model",

@@ -17,10 +17,16 @@ fp32 extended mask to the scores first (BERT's ``get_extended_attention_mask`` i
 dtype), so they were fp32 there anyway.
 
 The simulated stack runs torch 2.13, whose autograd saves the output only. This dispatch mode,
-entered inside the live-bytes tracker, keeps each such input referenced from the op until the op's
-backward (``_softmax_backward_data`` / ``_log_softmax_backward_data`` on the same output) has run,
-as the old ``SoftmaxBackward0`` node did, or until the output itself is freed (the node released
-unused). It is entered only for a job with ``JobSpec.softmax_saves_input``.
+entered outside the live-bytes tracker (the tracker books every op first and recognises the
+autograd engine's own gradient sums by the frames above it: a mode between them would hide the
+engine), keeps each such input referenced from the op until the op's backward
+(``_softmax_backward_data`` / ``_log_softmax_backward_data`` on the same output) has run, as the
+old ``SoftmaxBackward0`` node did, or until the output itself is freed (the node released
+unused). The input goes at the next op, after the backward's gradient was booked: the node's
+saved variables are released after its backward returns. It is entered only for a job with
+``JobSpec.softmax_saves_input``, which torch ≤ 1.10's own features bound (job/combinations.py
+``check_legacy_torch``): eager attention (no SDPA before 2.0), reentrant checkpointing (the only
+kind before 1.11), no torch.compile.
 """
 
 from __future__ import annotations
@@ -51,8 +57,11 @@ class SoftmaxInputSaves(TorchDispatchMode):
         super().__init__()
         self._held: WeakIdKeyDictionary = WeakIdKeyDictionary()
         """output storage → the input its node saved (dropped with the output's storage)."""
+        self._released: list[torch.Tensor] = []
+        """Inputs whose backward ran, dropped at the next op (after its gradient was booked)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self._released.clear()
         out = func(*args, **(kwargs or {}))
         if func in _FORWARD:
             x = args[0]
@@ -60,10 +69,17 @@ class SoftmaxInputSaves(TorchDispatchMode):
                     and not _hooked() and isinstance(out, torch.Tensor):
                 self._held[out.untyped_storage()] = x
         elif func in _BACKWARD:
-            # the node's saved variables are released after its backward returns (after the
-            # gradient it made was allocated): the input goes now, as then
-            self._held.pop(args[1].untyped_storage(), None)
+            # the node's saved variables are released after its backward returns, after the
+            # gradient it made was allocated — which the tracker, inside this mode, books once
+            # this returns: the input goes at the next op
+            x = self._held.pop(args[1].untyped_storage(), None)
+            if x is not None:
+                self._released.append(x)
         return out
+
+    def __exit__(self, *exc: object) -> object:
+        self._released.clear()
+        return super().__exit__(*exc)
 
     @property
     def held(self) -> int:
@@ -73,7 +89,7 @@ class SoftmaxInputSaves(TorchDispatchMode):
 
 @contextlib.contextmanager
 def legacy_saves(enabled: bool) -> Iterator[SoftmaxInputSaves | None]:
-    """The mode when ``enabled`` (enter it after the tracker, so its ops are booked there)."""
+    """The mode when ``enabled`` (enter it before the tracker: see the module's docstring)."""
     if not enabled:
         yield None
         return

@@ -369,8 +369,8 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         quant_state = _track_inputs(model, batches, tracker, job, loads)
         # torch.compile: each block runs as AOTAutograd's partition of it (memory/compiled.py)
         blocks = compiled_blocks(job, model, tracker, sharded=mesh is not None)
-        with device_semantics(attn) as ops, bookkeeping, tracker, blocks as untraced, \
-                legacy_saves(job.softmax_saves_input):
+        with device_semantics(attn) as ops, legacy_saves(job.softmax_saves_input), \
+                bookkeeping, tracker, blocks as untraced:
             carry: dict[str, Any] | None = {} if job.hold_outputs else None
 
             def run_step() -> None:
