@@ -86,10 +86,6 @@ def case_to_job(case: dict[str, Any]) -> tuple[dict[str, Any], str, dict[str, An
 
         # litgpt's CausalSelfAttention: one q/k/v projection split into views, LoRAQKVLinear
         job["fused_qkv"] = m.get("model_type") in LITGPT_FUSES
-        if m.get("model_type") == "falcon":
-            # lit-gpt hands SDPA no mask (is_causal: the flash kernel); transformers' Falcon always
-            # builds one (allow_is_causal_skip=False), which FlashAttention-2 (sdpa-flash) drops
-            job["attention"] = "sdpa-flash"
     gpu = next(v for k, v in GPUS.items() if case["gpu"].startswith(k))
     opts = {"untie": litgpt and bool(m.get("litgpt_untied_lm_head")), "litgpt": litgpt,
             "eager_modules": "CUDA 11.2" in case["gpu"] or "CUDA 11.2" in case.get("notes", ""),
@@ -107,7 +103,9 @@ def _litgpt_multi_query(cfg: Any) -> None:
     SDPA the single key head. transformers' grouped layout (``new_decoder_architecture`` with one
     key/value head and one shared layer norm) has the same weights ([q×71 | k | v] per group, as
     lit-gpt lays them out) and broadcasts k and v to every query head, copied by its flatten:
-    lit-gpt's step."""
+    lit-gpt's step. transformers' Falcon still builds its mask (allow_is_causal_skip=False),
+    where lit-gpt passes none: SDPA's memory-efficient kernel then keeps a float copy of it per
+    layer (0.5 MiB at 512 tokens) where lit-gpt's flash kernel keeps none — more, never less."""
     if getattr(cfg, "model_type", None) == "falcon" and getattr(cfg, "multi_query", False) \
             and not getattr(cfg, "new_decoder_architecture", False) \
             and getattr(cfg, "parallel_attn", False) and not getattr(cfg, "alibi", False):

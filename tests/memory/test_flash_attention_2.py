@@ -1,7 +1,9 @@
-"""``--attention sdpa-flash`` stands for transformers' flash_attention_2: FlashAttention-2 takes
-fewer key/value heads than query heads and no T×T mask. Under it Falcon-7B's multi-query layers
-were simulated with torch's math kernel (one key head, no enable_gqa; its always-built mask) —
-fp32 probabilities kept per layer that FlashAttention-2 never makes (an audit, 2026-12-06)."""
+"""``--attention flash-attention-2`` is transformers' flash_attention_2: FlashAttention-2 takes
+fewer key/value heads than query heads and no T×T mask. Under it (then spelt sdpa-flash)
+Falcon-7B's multi-query layers were simulated with torch's math kernel (one key head, no
+enable_gqa; its always-built mask) — fp32 probabilities kept per layer that FlashAttention-2
+never makes (an audit, 2026-12-06); ``sdpa-flash`` is torch's SDPA preferring its flash kernel,
+which keeps both (a review)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.model.source import ModelSource
 
 
-def _call(prefer: str, *, kv_heads: int = 1, mask: torch.Tensor | None = None,
+def _call(fa2: bool, *, kv_heads: int = 1, mask: torch.Tensor | None = None,
           decoder_only: bool = True) -> tuple[dict[str, int], list[bool]]:
     """One SDPA call as transformers' Falcon makes it: (kernels used, is_causal each got)."""
     causal: list[bool] = []
@@ -32,8 +34,8 @@ def _call(prefer: str, *, kv_heads: int = 1, mask: torch.Tensor | None = None,
 
     q = torch.randn(1, 8, 16, 64, dtype=torch.bfloat16, device="meta")
     kv = torch.randn(1, kv_heads, 16, 64, dtype=torch.bfloat16, device="meta")
-    target = AttentionTarget(device="cuda", compute_capability=(8, 0), prefer=prefer,
-                             decoder_only=decoder_only)
+    target = AttentionTarget(device="cuda", compute_capability=(8, 0), prefer="sdpa-flash",
+                             flash_attention_2=fa2, decoder_only=decoder_only)
     with device_semantics(target) as ops:
         torch.ops.aten._scaled_dot_product_flash_attention = Spy()
         try:
@@ -47,19 +49,19 @@ CAUSAL = torch.ones(1, 1, 16, 16, dtype=torch.bool, device="meta").tril()
 
 
 def test_falcons_multi_query_call_runs_flash_under_flash_attention_2():
-    assert _call("sdpa", mask=CAUSAL)[0] == {"math": 1}  # torch's own dispatcher: unchanged
-    assert _call("sdpa-flash", mask=CAUSAL) == ({"flash": 1}, [True])
+    assert _call(False, mask=CAUSAL)[0] == {"math": 1}  # torch's SDPA, flash first: unchanged
+    assert _call(True, mask=CAUSAL) == ({"flash": 1}, [True])
 
 
 def test_a_dropped_mask_is_causal_only_in_a_decoder_only_model():
-    assert _call("sdpa-flash", kv_heads=8, mask=CAUSAL, decoder_only=False) == ({"flash": 1}, [False])
-    assert _call("sdpa-flash", kv_heads=8, mask=None) == ({"flash": 1}, [False])
+    assert _call(True, kv_heads=8, mask=CAUSAL, decoder_only=False) == ({"flash": 1}, [False])
+    assert _call(False, kv_heads=8, mask=CAUSAL)[0] == {"efficient": 1}
 
 
 def test_a_float_mask_is_kept():
     """ALiBi or a position bias: values FlashAttention-2 cannot take, so not dropped."""
     bias = torch.zeros(1, 8, 16, 16, dtype=torch.bfloat16, device="meta")
-    assert _call("sdpa-flash", kv_heads=8, mask=bias)[0] == {"efficient": 1}
+    assert _call(True, kv_heads=8, mask=bias)[0] == {"efficient": 1}
 
 
 def _falcon_7b_shape() -> ModelSource:
@@ -74,13 +76,82 @@ def test_falcon_multi_query_under_flash_attention_2_holds_no_probabilities(metho
     seq, batch, heads, layers = 256, 2, 4, 2
     src = _falcon_7b_shape()
     sims = {}
-    for attention in ("sdpa", "sdpa-flash"):
+    for attention in ("sdpa-flash", "flash-attention-2"):
         job = JobSpec(model="falcon", method=method, seq_len=seq, micro_batch=batch,
                       precision="bf16-true", attention=attention)
         sims[attention] = simulate_step(job, src, SimTarget(device="cuda",
                                                             compute_capability=(8, 0)))
-    assert sims["sdpa"].sdpa_kernels == {"math": layers}
-    assert sims["sdpa-flash"].sdpa_kernels == {"flash": layers}
+    assert sims["sdpa-flash"].sdpa_kernels == {"math": layers}
+    assert sims["flash-attention-2"].sdpa_kernels == {"flash": layers}
     # the math kernel keeps each layer's fp32 probabilities (and more) for its backward
     probs = layers * batch * heads * seq * seq * 4
-    assert sims["sdpa"].peak_allocated_bytes - sims["sdpa-flash"].peak_allocated_bytes >= probs
+    assert sims["sdpa-flash"].peak_allocated_bytes \
+        - sims["flash-attention-2"].peak_allocated_bytes >= probs
+
+
+def _mistral(**extra) -> ModelSource:
+    cfg = T.MistralConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                          num_attention_heads=8, num_key_value_heads=2, vocab_size=1000,
+                          max_position_embeddings=512, **extra)
+    return ModelSource("mistral", cfg, "causal-lm", "local")
+
+
+def test_a_sliding_window_model_keeps_no_mask_nor_repeated_heads_under_flash_attention_2():
+    """Past its window transformers hands SDPA a mask, and with a mask repeats k and v to the
+    query heads (use_gqa_in_sdpa): FlashAttention-2 makes neither (a review: the repeated heads
+    stayed, (8/2 − 1) × k and v a layer)."""
+    src, seq, batch, layers = _mistral(sliding_window=64), 256, 2, 2
+    peaks, kernels = {}, {}
+    for attention in ("sdpa-flash", "flash-attention-2"):
+        job = JobSpec(model="mistral", method="full", seq_len=seq, micro_batch=batch,
+                      precision="bf16-true", attention=attention)
+        sim = simulate_step(job, src, SimTarget(device="cuda", compute_capability=(8, 0)))
+        peaks[attention], kernels[attention] = sim.breakdown["activations"], sim.sdpa_kernels
+    assert kernels == {"sdpa-flash": {"efficient": layers}, "flash-attention-2": {"flash": layers}}
+    repeated = layers * 2 * (8 - 2) * batch * seq * 16 * 2  # k and v, 6 more heads of 16, bf16
+    mask_copies = layers * batch * seq * seq * 2  # each layer's float copy of the mask
+    assert peaks["sdpa-flash"] - peaks["flash-attention-2"] >= repeated + mask_copies
+
+
+def test_causality_under_flash_attention_2_comes_from_the_module():
+    """A bidirectional encoder planned as a masked LM (BertForMaskedLM, task causal-lm) with a
+    padded batch: its mask dropped, its self-attention stays non-causal (a review: is_causal was
+    set from the task)."""
+    seen = []
+    real = torch.ops.aten._scaled_dot_product_flash_attention
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def __call__(self, q, k, v, dropout_p, is_causal, *a, **kw):
+            seen.append(is_causal)
+            return real(q, k, v, dropout_p, is_causal, *a, **kw)
+
+    cfg = T.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       intermediate_size=128, vocab_size=512, max_position_embeddings=128)
+    src = ModelSource("bert", cfg, "causal-lm", "local")
+    job = JobSpec(model="bert", method="full", seq_len=64, micro_batch=2, precision="bf16-true",
+                  attention="flash-attention-2")
+
+    def batch(*_a, **_k):
+        ids = torch.zeros(2, 64, dtype=torch.long)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+
+    torch.ops.aten._scaled_dot_product_flash_attention = Spy()
+    try:
+        simulate_step(job, src, SimTarget(device="cuda", compute_capability=(8, 0)),
+                      batch_fn=batch)
+    finally:
+        torch.ops.aten._scaled_dot_product_flash_attention = real
+    assert seen and not any(seen)
+
+
+def test_train_tune_and_doctor_refuse_flash_attention_2():
+    from trainfit.job import JobError
+    from trainfit.job.step_options import refuse_other_model_code
+
+    job = JobSpec(model="t", attention="flash-attention-2")
+    for command in ("train", "tune", "doctor"):
+        with pytest.raises(JobError, match=r"transformers' SDPA"):
+            refuse_other_model_code(job, command)

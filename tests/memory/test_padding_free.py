@@ -85,16 +85,18 @@ def test_on_a_gpu_each_layer_keeps_a_16_bit_copy_of_the_n_by_n_mask():
 
 
 def test_flash_attention_packs_without_a_mask_and_holds_what_rows_hold():
-    """sdpa-flash (flash_attention_2's varlen kernel reads position_ids): no mask, the separate
-    rows' memory — where SDPA's own choice on the same card, with the mask, holds more."""
+    """flash-attention-2 (flash_attention_2's varlen kernel reads position_ids): no mask, the
+    separate rows' memory — where SDPA's own choice on the same card, with the mask, holds more
+    (and SDPA preferring its flash kernel, sdpa-flash, keeps the mask too)."""
     src = _source()
     target = SimTarget(device="cuda", compute_capability=(8, 0))
-    job = _job(attention="sdpa-flash").replace(precision="amp-bf16")
+    job = _job(attention="flash-attention-2").replace(precision="amp-bf16")
     assert not job.packs_rows
     flash = simulate_step(job, src, target).peak_allocated_bytes
     assert flash == simulate_step(job.replace(padding_free=False), src,
                                   target).peak_allocated_bytes
     assert simulate_step(job.replace(attention="sdpa"), src, target).peak_allocated_bytes > flash
+    assert job.replace(attention="sdpa-flash").packs_rows
 
 
 def test_a_model_that_is_not_a_causal_lm_is_refused():

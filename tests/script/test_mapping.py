@@ -400,12 +400,12 @@ def test_padding_free_packing_is_planned_as_one_row_with_its_mask():
     fa = map_record(record(args__packing=True, args__max_length=256, lengths__batches=batches,
                            model__attn_implementation="flash_attention_2"))
     assert [n.kind for n in fa.notes if n.kind.startswith("padding_free")] == ["padding_free"]
-    assert fa.fields["padding_free"] is True and fa.fields["attention"] == "sdpa-flash"
+    assert fa.fields["padding_free"] is True and fa.fields["attention"] == "flash-attention-2"
     # a hub flash kernel is flash attention; flex_attention is planned with the dense mask, and
     # its note says so (a review: both read "no mask" while simulated with one)
     hub = map_record(record(args__packing=True, args__max_length=256, lengths__batches=batches,
                             model__attn_implementation="kernels-community/flash-attn3"))
-    assert hub.fields["attention"] == "sdpa-flash"
+    assert hub.fields["attention"] == "flash-attention-2"
     flex = map_record(record(args__packing=True, args__max_length=256, lengths__batches=batches,
                              model__attn_implementation="flex_attention"))
     note = next(n for n in flex.notes if n.kind == "padding_free_mask")

@@ -59,7 +59,7 @@ _OPTIMIZER_CALL = {
 names load)."""
 
 _ATTN = {"sdpa": "sdpa", "sdpa-flash": "sdpa", "sdpa-efficient": "sdpa", "sdpa-math": "sdpa",
-         "eager": "eager"}
+         "eager": "eager", "flash-attention-2": "flash_attention_2"}
 
 
 def script_settings(job: JobSpec, target: str, transformers_version: str | None = None
@@ -68,7 +68,7 @@ def script_settings(job: JobSpec, target: str, transformers_version: str | None 
     ``transformers_version``: 5.23 renamed gradient_checkpointing_enable)."""
     out = [ScriptSetting("attention", job.attention, f'from_pretrained(attn_implementation='
                                                      f'"{_ATTN[job.attention]}")'
-                         + ("" if job.attention in ("sdpa", "eager") else
+                         + ("" if job.attention in ("sdpa", "eager", "flash-attention-2") else
                             f" and torch.nn.attention.sdpa_kernel for {job.attention}"))]
     if job.method == "qlora":
         out.append(_quant_setting(job))

@@ -139,7 +139,10 @@ class JobSpec:
     (plan predicts those bytes per rank). Needs a CUDA device to run (plan predicts its memory
     anywhere)."""
     attention: str = "sdpa"
-    """sdpa (the kernel torch picks on the GPU), sdpa-flash, sdpa-efficient, sdpa-math, eager."""
+    """sdpa (the kernel torch picks on the GPU), sdpa-flash, sdpa-efficient, sdpa-math (torch's
+    SDPA preferring that kernel), eager, or flash-attention-2: transformers' flash_attention_2
+    (and _3) — the flash-attn kernel, which takes fewer key/value heads than query heads and no
+    T×T mask (plan models it; train, tune and doctor run transformers' SDPA and refuse it)."""
     ranks: int = 1
     """Data-parallel processes (GPUs)."""
     sharding: str = "none"
@@ -249,11 +252,11 @@ class JobSpec:
     × seq_len positions.  Under sdpa / eager attention transformers 5 reads the packing from
     position_ids and hands SDPA a (1, 1, N, N) block-causal bool mask, of which SDPA keeps a
     float copy per layer for the backward, and attention then runs over N × N (a mask takes no
-    flash kernel): memory and time grow with the micro-batch squared.  With sdpa-flash (flash
-    attention's varlen kernel takes the packing from position_ids) it holds what separate rows
-    hold (``sdpa-flash`` here stands for transformers' ``flash_attention_2``, whose varlen
-    kernel takes no mask; SDPA's own flash kernel takes none either, so under SDPA a packed
-    row always has the mask).  Causal LMs only; read from a script; train (its own loop) and
+    flash kernel): memory and time grow with the micro-batch squared.  With flash-attention-2
+    (transformers' ``flash_attention_2``, whose varlen kernel takes the packing from
+    position_ids, no mask) it holds what separate rows hold; SDPA's own flash kernel takes no
+    mask, so under SDPA (sdpa-flash too) a packed row always has the mask.  Causal LMs only;
+    read from a script; train (its own loop) and
     tune run it as transformers' DataCollatorWithFlattening builds it."""
     grads_to_none: bool = True
     """Free gradients after each optimizer step (``zero_grad(set_to_none=True)``, torch ≥ 2.0's
@@ -393,7 +396,7 @@ class JobSpec:
         """:attr:`padding_free` without flash attention's varlen kernel: a row holding several
         sequences gets transformers' block-causal mask (whether the step's rows hold several:
         :attr:`packs_rows`)."""
-        return self.padding_free and self.attention != "sdpa-flash"
+        return self.padding_free and self.attention != "flash-attention-2"
 
     @property
     def packs_rows(self) -> bool:

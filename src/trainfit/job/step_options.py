@@ -43,6 +43,11 @@ def refuse_other_model_code(job: JobSpec, command: str) -> None:
         raise JobError(f"--rope-cache {job.rope_cache} describes transformers < 4.40's RoPE "
                        f"tables; {command} {does} the installed transformers, which has none",
                        f"drop --rope-cache for {command} (plan predicts the tables)")
+    if job.attention == "flash-attention-2":
+        raise JobError(f"--attention flash-attention-2 describes transformers' flash_attention_2 "
+                       f"(the flash-attn package); {command} {does} transformers' SDPA",
+                       f"use --attention sdpa-flash for {command} (SDPA's flash kernel), or plan "
+                       "the flash-attention-2 job")
     if job.softmax_saves_input:
         raise JobError(f"--softmax-saves-input describes torch ≤ 1.10's autograd; {command} "
                        f"{does} the installed torch", f"drop --softmax-saves-input for {command} "

@@ -363,7 +363,7 @@ def _step_notes(job: JobSpec, compile_untraced: list[str] | None,
                      "with the (1, 1, N, N) block-causal mask transformers builds from "
                      f"position_ids ({n * n / 2**20:,.0f} MiB) and {copy}: memory and "
                      "attention time grow with the micro-batch squared (flash_attention_2, "
-                     "--attention sdpa-flash, takes the packing with no mask)")
+                     "--attention flash-attention-2, takes the packing with no mask)")
     elif job.padding_free and not job.masks_packing:
         notes.append("padding-free under flash attention: its varlen kernel reads the packing "
                      "from position_ids, so the micro-batch is simulated as separate rows (the "

@@ -39,10 +39,15 @@ class AttentionTarget:
     so the mask is materialised, as padding needs. Without one the data are unpadded, and a
     padding mask transformers itself makes of ones (BART's, Marian's, Pegasus' … decoder:
     ``torch.ones(batch_size, mask_seq_length)`` when no decoder mask is given) is all ones."""
+    flash_attention_2: bool = False
+    """The job's attention is transformers' flash_attention_2 (``--attention flash-attention-2``;
+    kernels as ``prefer="sdpa-flash"``): the model, built with sdpa, runs as flash-attn runs it —
+    fewer key/value heads taken as they are, no T×T mask (:mod:`trainfit.memory.semantics`)."""
     decoder_only: bool = False
-    """The model is a causal LM: its self-attention is causal, so a mask FlashAttention-2 does
-    not need (``prefer="sdpa-flash"``) leaves ``is_causal`` set, as transformers' flash path
-    passes it (the speed model halves causal attention's work)."""
+    """The model is a causal LM (its task): a boolean mask dropped under ``flash_attention_2`` in
+    a call that comes straight to SDPA (not through transformers' attention interface, which
+    knows each module's ``is_causal``) leaves ``is_causal`` set where q and k are as long (the
+    speed model halves causal attention's work)."""
 
 
 CUDNN_SDPA_CC = ((9, 0), (10, 0))

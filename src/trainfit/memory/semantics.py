@@ -220,7 +220,7 @@ class _DeviceOps:
             k, v = (t.unsqueeze(2).expand(t.size(0), t.size(1), q.size(1) // t.size(1),
                                           *t.shape[2:]).flatten(1, 2) for t in (k, v))
             enable_gqa = False
-        if self.target.prefer == "sdpa-flash":
+        if self.target.flash_attention_2:
             attn_mask, is_causal, enable_gqa = self._as_flash_attention_2(
                 q, k, v, attn_mask, is_causal, enable_gqa)
         kernel = choose_sdpa_kernel(self.target, q, k, attn_mask, dropout_p, enable_gqa, v)
@@ -270,16 +270,18 @@ class _DeviceOps:
     def _as_flash_attention_2(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               attn_mask: Any, is_causal: bool, enable_gqa: bool
                               ) -> tuple[Any, bool, bool]:
-        """``sdpa-flash`` stands for transformers' ``flash_attention_2`` (script/mapping.py), which
-        the simulated model — built with sdpa — reaches through SDPA. FlashAttention-2 takes fewer
-        key/value heads than query heads itself (multi-query, grouped: no repeat, no enable_gqa
-        needed) and is never handed a T×T mask: causality and sliding windows are its arguments,
-        padding it unpads by. Transformers' SDPA path can hand over both: Falcon-7B's one key head
-        without enable_gqa (torch then runs its math kernel, fp32 probabilities per layer: +71
-        MiB a layer at 512 tokens) and its always-built mask (FalconModel: allow_is_causal_skip
-        False), a sliding-window model's window mask. Only a boolean mask is dropped: a float one
-        carries values FlashAttention-2 cannot take (ALiBi, a position bias: models transformers
-        refuses flash_attention_2 for). Compiled alike: FlashAttention-2 reads a packing from
+        """A call that comes straight to SDPA (a model calling it itself, as Falcon does) under
+        transformers' ``flash_attention_2`` (``AttentionTarget.flash_attention_2``; calls through
+        transformers' attention interface are answered earlier:
+        :func:`_interface_as_flash_attention_2`):
+        FlashAttention-2 takes fewer key/value heads than query heads itself (multi-query, grouped:
+        no repeat, no enable_gqa needed) and is never handed a T×T mask — causality and sliding
+        windows are its arguments, padding it unpads by. Falcon-7B's SDPA path passes one key
+        head without enable_gqa (torch then runs its math kernel, fp32 probabilities per layer:
+        +71 MiB a layer at 512 tokens) and its always-built mask (FalconModel:
+        allow_is_causal_skip False). Only a boolean mask is dropped: a float one carries values
+        FlashAttention-2 cannot take (ALiBi, a position bias: models transformers refuses
+        flash_attention_2 for). Compiled alike: FlashAttention-2 reads a packing from
         position_ids, not from a mask."""
         if self.target.device != "cuda" or self.target.packed or q.dim() != 4 or k.dim() != 4:
             return attn_mask, is_causal, enable_gqa
@@ -363,6 +365,23 @@ def _ones_if_fake(check: Any) -> Any:
     return skip
 
 
+def _interface_as_flash_attention_2(sdpa_forward: Any) -> Any:
+    """transformers' sdpa attention function as its ``flash_attention_2`` runs the same call:
+    no boolean mask (FlashAttention-2 takes causality and sliding windows as arguments and
+    unpads padding), so the function passes ``enable_gqa`` where it would have repeated k and v
+    to the query heads with a mask present (``use_gqa_in_sdpa``: copies FlashAttention-2 never
+    makes, (n_heads / n_kv − 1) × k and v a layer: a review), and takes causality from the
+    module (``is_causal``: an encoder's self-attention and cross-attention are not causal). A
+    float mask or position bias stays (models transformers refuses flash_attention_2 for)."""
+    def call(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
+             *args: Any, **kwargs: Any) -> Any:
+        if attention_mask is not None and attention_mask.dtype == torch.bool:
+            attention_mask = None
+        return sdpa_forward(module, query, key, value, attention_mask, *args, **kwargs)
+
+    return call
+
+
 def active_device_ops() -> _DeviceOps | None:
     """The ``_DeviceOps`` of the :func:`device_semantics` in force (None outside one): the
     patched ``scaled_dot_product_attention`` is its method.  Its ``target`` decides the kernels
@@ -417,6 +436,14 @@ def device_semantics(target: AttentionTarget) -> Iterator[_DeviceOps]:
                 if orig is not None:
                     stack.enter_context(mock.patch.object(
                         masking_utils, name, _ones_if_fake(orig)))
+        if target.flash_attention_2 and target.device == "cuda":
+            from transformers.integrations.sdpa_attention import sdpa_attention_forward
+            from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+            # the instance's own mapping, which get_interface reads before the global one
+            stack.enter_context(mock.patch.dict(
+                ALL_ATTENTION_FUNCTIONS._local_mapping,
+                {"sdpa": _interface_as_flash_attention_2(sdpa_attention_forward)}))
         stack.enter_context(mock.patch.object(torch.nn.functional, "scaled_dot_product_attention",
                                               ops.sdpa))
         stack.enter_context(mock.patch.object(torch.nn.functional, "dropout", ops.dropout))

@@ -356,7 +356,9 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         hooks, optimizer = _observed_optimizer(job, trainable, tracker)
         batches, step_batches = _step_batches(job, source, batch_fn)
         attn = AttentionTarget(device=target.device, compute_capability=target.compute_capability,
-                               prefer=job.attention if job.attention != "eager" else "sdpa",
+                               prefer={"eager": "sdpa", "flash-attention-2": "sdpa-flash"}.get(
+                                   job.attention, job.attention),
+                               flash_attention_2=job.attention == "flash-attention-2",
                                compiled=job.compile and job.compile_builds_mask,
                                packed=job.packs_rows, decoder_only=source.task == "causal-lm",
                                expand_kv=job.expand_kv,

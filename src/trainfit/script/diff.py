@@ -104,7 +104,7 @@ SWITCH_OFF = ("checkpointing off: drop model.gradient_checkpointing_enable() the
 
 
 def _attn(attention: str) -> str:
-    return {"sdpa-flash": "flash_attention_2", "eager": "eager"}.get(attention, "sdpa")
+    return {"flash-attention-2": "flash_attention_2", "eager": "eager"}.get(attention, "sdpa")
 
 
 def _checkpointing(rec: dict[str, Any], args_cls: str, on: bool) -> list[KeywordChange]:

@@ -27,8 +27,8 @@ HF_OPTIM = {"adamw_torch_fused": ("adamw", "fused"), "adamw_torch": ("adamw", "f
 """``TrainingArguments.optim`` → (optimizer, optimizer_impl) (the inverse of trainfit.job.emit's
 table; ``adamw_torch`` passes no implementation, and torch then takes foreach on a GPU)."""
 
-ATTENTION = {"sdpa": "sdpa", "eager": "eager", "flash_attention_2": "sdpa-flash",
-             "flash_attention_3": "sdpa-flash"}
+ATTENTION = {"sdpa": "sdpa", "eager": "eager", "flash_attention_2": "flash-attention-2",
+             "flash_attention_3": "flash-attention-2"}
 
 
 @dataclass(frozen=True)
@@ -280,14 +280,14 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
         notes.append(ScriptNote("own_loss", {"where": rec["own_loss"]}))
     attn = m["attn_implementation"] or "sdpa"
     # a hub flash kernel (kernels-community/flash-attn3, …) runs as flash attention does
-    f["attention"] = ATTENTION.get(attn, "sdpa-flash" if "flash" in str(attn) else "sdpa")
+    f["attention"] = ATTENTION.get(attn, "flash-attention-2" if "flash" in str(attn) else "sdpa")
     if attn not in ("sdpa", "eager", None):
         notes.append(ScriptNote("attention", {"script": attn, "planned": f["attention"]}))
     ln = lengths(rec, quantile)
     f["seq_len"] = ln.longest
     if ln.padding_free:
         f["padding_free"] = True
-    if ln.padding_free and f["attention"] == "sdpa-flash":
+    if ln.padding_free and f["attention"] == "flash-attention-2":
         # flash attention takes the packing from position_ids itself, no mask (a review); the
         # note follows what is simulated (JobSpec.packs_rows), not the raw name (a review:
         # flex_attention read "no mask" while its row was simulated with one)

@@ -86,7 +86,7 @@ class ScriptProbe(Probe):
                 # reentrant checkpointing made the embeddings' output require grad; left on,
                 # every later probe would keep that gradient too (measured: +6 % of this peak)
                 base.disable_input_require_grads()
-        want = "eager" if job.attention == "eager" else "sdpa"
+        want = {"eager": "eager", "flash-attention-2": "flash_attention_2"}.get(job.attention, "sdpa")
         if getattr(base.config, "_attn_implementation", want) != want:
             base.set_attn_implementation(want)
         tr.model.train()
