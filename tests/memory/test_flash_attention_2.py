@@ -155,3 +155,14 @@ def test_train_tune_and_doctor_refuse_flash_attention_2():
     for command in ("train", "tune", "doctor"):
         with pytest.raises(JobError, match=r"transformers' SDPA"):
             refuse_other_model_code(job, command)
+
+
+def test_a_model_transformers_runs_without_flash_attention_2_is_refused():
+    from trainfit.job import JobError
+
+    cfg = T.T5Config(d_model=64, d_ff=128, num_layers=1, num_heads=4, vocab_size=256)
+    src = ModelSource("t5", cfg, "seq2seq-lm", "local")
+    job = JobSpec(model="t5", method="full", seq_len=32, micro_batch=1,
+                  attention="flash-attention-2")
+    with pytest.raises(JobError, match="no flash_attention_2 for T5ForConditionalGeneration"):
+        simulate_step(job, src, SimTarget(device="cuda", compute_capability=(8, 0)))

@@ -194,3 +194,37 @@ def test_expand_kv_hands_the_kernel_copies_at_the_query_heads():
             torch.nn.functional.scaled_dot_product_attention(q, k, k, is_causal=True,
                                                              enable_gqa=True)
     assert seen == [(2, 2, True), (8, 8, True)]
+
+
+def test_expand_kv_reaches_the_simulated_step():
+    """``JobSpec.expand_kv`` is wired to the step: a GQA model holds the copies at the query
+    heads, (n_heads / n_kv − 1) × k and v bytes a layer more at the forward's end."""
+    import transformers as T
+
+    from trainfit.job import JobSpec
+    from trainfit.memory.simulate import SimTarget, simulate_step
+    from trainfit.model.source import ModelSource
+
+    layers, heads, kv, seq, batch, head_dim = 2, 8, 2, 64, 2, 16
+    cfg = T.LlamaConfig(hidden_size=heads * head_dim, intermediate_size=256,
+                        num_hidden_layers=layers, num_attention_heads=heads,
+                        num_key_value_heads=kv, vocab_size=512)
+    src = ModelSource("llama", cfg, "causal-lm", "local")
+    peaks = {}
+    for expand in (False, True):
+        job = JobSpec(model="llama", method="full", seq_len=seq, micro_batch=batch,
+                      precision="bf16-true", expand_kv=expand)
+        peaks[expand] = simulate_step(job, src, SimTarget(device="cuda", compute_capability=(8, 0))
+                                      ).phase_peaks["forward@first"]
+    assert peaks[True] - peaks[False] == layers * 2 * (heads - kv) * batch * seq * head_dim * 2
+
+
+def test_train_tune_and_doctor_refuse_expand_kv():
+    import pytest
+
+    from trainfit.job import JobError, JobSpec
+    from trainfit.job.step_options import refuse_other_model_code
+
+    for command in ("train", "tune", "doctor"):
+        with pytest.raises(JobError, match="--expand-kv describes model code"):
+            refuse_other_model_code(JobSpec(model="t", expand_kv=True), command)

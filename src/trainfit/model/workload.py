@@ -184,6 +184,10 @@ def build_model_on_meta(job: JobSpec, source: ModelSource, *, bf16: bool = True
                            f"build this model ({why})", "install the package it names (e.g. "
                            "pip install timm) and plan again") from None
     check_job(job, source)
+    if job.attention == "flash-attention-2" and not getattr(model, "_supports_flash_attn", True):
+        # transformers refuses attn_implementation="flash_attention_2" for the class itself
+        raise JobError(f"--attention flash-attention-2: transformers has no flash_attention_2 "
+                       f"for {type(model).__name__}", "use --attention sdpa (or eager)")
     # a checkpoint stored 4-bit: Llama-4's stacked experts unstacked into nn.Linear layers before
     # the weights load, as transformers' quantizer does for it (then 4-bit below)
     unstack_experts(model, patched_expert_classes(source, job.method))
