@@ -275,3 +275,24 @@ def test_each_unit_moves_its_own_buffers_the_quantization_state_stays_out():
     moved = {id(t) for _, b in units for t in b}
     assert not any(names[i] in QUANT_STATE_BUFFERS for i in moved)
     assert len(moved) == len([n for n in names.values() if n not in QUANT_STATE_BUFFERS])
+
+
+def test_offloading_a_units_shard_to_the_host_lets_its_buckets_go():
+    """With parameters offloaded, each unit's shard is copied to the host (``flat_param_to``:
+    pageable, blocking), which synchronises the host with the broadcast: the unit's bucket is
+    freed once its shard has gone, before the next unit's first allocation."""
+    _, sim = _sim(fsdp_init="wrap-sync", offload="all")
+    hist = [(u, d) for u, d in sim.events[:_history_end(sim.events)] if u >= HISTORY_UID]
+    alloc_at = {u: i for i, (u, d) in enumerate(hist) if d > 0}
+    free_at = {u: i for i, (u, d) in enumerate(hist) if d < 0}
+    allocs = [(u, d) for u, d in hist if d > 0]
+    # a unit's 16-bit bucket and its flat parameter: two allocations in a row of one size, the
+    # later freed first (the moved weights, q/k/v/o of one size, are freed in order)
+    pairs = [i for i, ((a, da), (b, db)) in enumerate(itertools.pairwise(allocs))
+             if da == db and free_at[b] < free_at[a]]
+    assert len(pairs) == LLAMA["num_hidden_layers"] + 1
+    for i in pairs:
+        bucket, shard = allocs[i][0], allocs[i + 2][0]
+        assert free_at[shard] < free_at[bucket]  # after the shard's copy to the host
+        if i + 3 < len(allocs):
+            assert free_at[bucket] < alloc_at[allocs[i + 3][0]]

@@ -174,7 +174,8 @@ def record_wrap(job: JobSpec, model: torch.nn.Module, tracker: Any) -> list[torc
         if is_quant_state(n):
             tracker.track(b, "parameters")
     # blocks the NCCL stream still holds: freed once the next unit's first copy from the host
-    # (blocking: it synchronises the default stream, which waited on the broadcast) is made
+    # (blocking: it synchronises the default stream, which waited on the broadcast) is made, or,
+    # offloading, once the unit's shard is copied to the host
     held: list[tuple[int, int]] = []
     for params, buffers in units_and_buffers(model):
         moved = []
@@ -195,6 +196,12 @@ def record_wrap(job: JobSpec, model: torch.nn.Module, tracker: Any) -> list[torc
                 shard = tracker.history(shard_bytes)
                 tracker.history(flat_bytes, flat)
                 tracker.history(shard_bytes, shard)
+                # that copy to the host (flat_param_to("cpu"): pageable, blocking) synchronises
+                # the host with the default stream, which waited on the broadcast: the buckets
+                # are free from the next malloc on
+                for uid, n in held:
+                    tracker.history(n, uid)
+                held = []
                 continue
             flat = tracker.history(flat_bytes) if ranks > 1 else None
             kept.append(torch.empty(shard_bytes, dtype=torch.uint8))
@@ -205,7 +212,7 @@ def record_wrap(job: JobSpec, model: torch.nn.Module, tracker: Any) -> list[torc
             for p in params:
                 tracker.adopt(p, "parameters")
         for i, (uid, n) in enumerate(moved):
-            if i in in_place:  # broadcast in place: the NCCL stream holds it too
+            if i in in_place and not offload:  # broadcast in place: the NCCL stream holds it
                 held.append((uid, n))
             else:
                 tracker.history(n, uid)
