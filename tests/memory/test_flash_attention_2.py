@@ -166,3 +166,36 @@ def test_a_model_transformers_runs_without_flash_attention_2_is_refused():
                   attention="flash-attention-2")
     with pytest.raises(JobError, match="no flash_attention_2 for T5ForConditionalGeneration"):
         simulate_step(job, src, SimTarget(device="cuda", compute_capability=(8, 0)))
+
+
+def test_a_model_without_sdpa_runs_flash_attention_2_through_the_interface():
+    """Gemma-2 has no SDPA implementation (softcapping) but transformers runs its
+    flash_attention_2: built eager, its config then says sdpa, so each layer reaches the patched
+    function as FlashAttention-2 (a review: it was refused as "has no SDPA implementation")."""
+    cfg = T.Gemma2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         vocab_size=512, max_position_embeddings=256, sliding_window=64)
+    src = ModelSource("gemma2", cfg, "causal-lm", "local")
+    job = JobSpec(model="gemma2", method="full", seq_len=128, micro_batch=2,
+                  precision="bf16-true", attention="flash-attention-2")
+    sim = simulate_step(job, src, SimTarget(device="cuda", compute_capability=(8, 0)))
+    assert sim.sdpa_kernels == {"flash": 2}
+    eager = simulate_step(job.replace(attention="eager"), src,
+                          SimTarget(device="cuda", compute_capability=(8, 0)))
+    assert not eager.sdpa_kernels
+    probs = 2 * 2 * 4 * 128 * 128 * 2  # layers × batch × heads × T × T, bf16: eager keeps them
+    assert eager.peak_allocated_bytes - sim.peak_allocated_bytes >= probs
+
+
+def test_a_model_whose_flash_attention_2_is_its_own_module_is_refused():
+    from trainfit.job import JobError
+
+    cfg = T.GPTJConfig(n_embd=64, n_layer=1, n_head=4, rotary_dim=8, vocab_size=256,
+                       n_positions=128)
+    src = ModelSource("gptj", cfg, "causal-lm", "local")
+    job = JobSpec(model="gptj", method="full", seq_len=32, micro_batch=1,
+                  attention="flash-attention-2")
+    with pytest.raises(JobError, match="GPTJForCausalLM's flash_attention_2 through an "
+                       "attention module of its own") as err:
+        simulate_step(job, src, SimTarget(device="cuda", compute_capability=(8, 0)))
+    assert "--attention eager" in err.value.hint

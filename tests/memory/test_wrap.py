@@ -296,3 +296,32 @@ def test_offloading_a_units_shard_to_the_host_lets_its_buckets_go():
         assert free_at[shard] < free_at[bucket]  # after the shard's copy to the host
         if i + 3 < len(allocs):
             assert free_at[bucket] < alloc_at[allocs[i + 3][0]]
+
+
+def test_offloading_a_weight_broadcast_in_place_goes_with_its_unit():
+    """A weight of at least the bucket size is broadcast in place (a bucket of one: a 7B model's
+    32000 × 4096 embedding is one); offloading, the unit's blocking copy to the host has
+    synchronised with its broadcast, so the weight is freed with the unit's other copies, before
+    the next unit's first (a review: no test reached that branch)."""
+    from transformers import LlamaConfig
+
+    from trainfit.memory.simulate import SimTarget, simulate_step
+    from trainfit.model.source import ModelSource
+
+    big = 256 * MIB  # an MLP matrix of 256 × 2^19 bf16: past the 250 MiB bucket
+    assert big >= BROADCAST_BUCKET_BYTES
+    cfg = LlamaConfig(**{**LLAMA, "intermediate_size": big // 2 // 256, "num_hidden_layers": 2,
+                         "vocab_size": 512})
+    job = JobSpec(**{**JOB, "fsdp_init": "wrap-sync", "offload": "all"})
+    sim = simulate_step(job, ModelSource("tiny-llama", cfg, "causal-lm", "local"), SimTarget(),
+                        record_events=True)
+    hist = [(u, d) for u, d in sim.events[:_history_end(sim.events)] if u >= HISTORY_UID]
+    alloc_at = {u: i for i, (u, d) in enumerate(hist) if d > 0}
+    free_at = {u: i for i, (u, d) in enumerate(hist) if d < 0}
+    allocs = [(u, d) for u, d in hist if d > 0]
+    moved = [i for i, (_, d) in enumerate(allocs) if d == big]  # gate, up, down of each block
+    assert len(moved) == 3 * cfg.num_hidden_layers
+    # the next block's first copy (its q projection) comes 4 allocations before its gate's
+    nxt = allocs[moved[3] - 4][0]
+    for i in moved[:3]:
+        assert free_at[allocs[i][0]] < alloc_at[nxt]

@@ -34,8 +34,8 @@ def _text_only(src):
 def _built(src):
     import torch
 
+    from trainfit.model.attention_impl import auto_model_class
     from trainfit.model.source import build_config
-    from trainfit.model.workload import auto_model_class
 
     with torch.device("meta"):
         return auto_model_class("causal-lm").from_config(build_config(src))

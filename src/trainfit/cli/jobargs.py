@@ -169,8 +169,8 @@ def default_attention(job: JobSpec, fields: dict[str, Any], say: Any = None,
     said through ``say``. An ``attention`` the user gave is kept (SDPA on such a model then fails
     with a hint), as is the user's own module (its code is not imported here). ``source``: the
     job's model when the caller has resolved it already (else it is resolved here)."""
+    from trainfit.model.attention_impl import has_sdpa
     from trainfit.model.source import resolve_model
-    from trainfit.model.workload import has_sdpa
 
     if "attention" in fields or job.attention != "sdpa" or not job.model or \
             is_code_spec(job.model):

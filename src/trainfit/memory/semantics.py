@@ -372,11 +372,14 @@ def _interface_as_flash_attention_2(sdpa_forward: Any) -> Any:
     to the query heads with a mask present (``use_gqa_in_sdpa``: copies FlashAttention-2 never
     makes, (n_heads / n_kv − 1) × k and v a layer: a review), and takes causality from the
     module (``is_causal``: an encoder's self-attention and cross-attention are not causal). A
-    float mask or position bias stays (models transformers refuses flash_attention_2 for)."""
+    float mask or position bias stays (models transformers refuses flash_attention_2 for).
+    Gemma-2's ``softcap`` goes too: FlashAttention-2 applies it to the scores inside its kernel
+    (no tensor of its own), where transformers' sdpa function refuses it."""
     def call(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
              *args: Any, **kwargs: Any) -> Any:
         if attention_mask is not None and attention_mask.dtype == torch.bool:
             attention_mask = None
+        kwargs.pop("softcap", None)
         return sdpa_forward(module, query, key, value, attention_mask, *args, **kwargs)
 
     return call

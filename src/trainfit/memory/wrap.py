@@ -17,12 +17,15 @@ from the first to the last, then the root:
    stream wait without blocking the host, and nothing syncs it before the next unit's first
    parameter copy from the host (a blocking copy: ``stream_synchronize``), so the blocks of 3 and
    4 are cut while the buckets are still held; the next ``malloc``'s ``process_events`` frees
-   them (the first step's, after the root's);
+   them (the first step's, after the root's).  With CPU offload the unit's own shard copy to the
+   host (5) is that synchronisation: its buckets and in-place tensors go before the next unit;
 3. ``FlatParamHandle`` concatenates the parameters into the unit's flat parameter (its full size,
    one per dtype);
 4. ``shard()`` clones this rank's chunk (``ceil(numel / ranks)`` elements) and frees the full
    flat parameter; the parameters copied in 1 die when the handle is built.  NO_SHARD keeps the
-   flat parameter whole; with CPU offload the shard then moves to the host.
+   flat parameter whole;
+5. with CPU offload, ``flat_param_to("cpu")`` copies the shard to pageable host memory (a
+   blocking copy) and frees it on the GPU.
 
 All of it is on the default stream, and the allocator keeps every freed block in its segment:
 after the wrap the reserve holds each shard and the segments the largest transients made — the

@@ -131,7 +131,7 @@ def _numbered(sigs: list[str]) -> list[int]:
 
 def _build(source: ModelSource, trust_remote_code: bool) -> torch.nn.Module:
     """The plain model of ``source`` on the meta device (no LoRA, quantization or dtypes)."""
-    from trainfit.model.workload import auto_model_class
+    from trainfit.model.attention_impl import auto_model_class
 
     cfg = copy.deepcopy(build_config(source))
     no_cache(cfg)

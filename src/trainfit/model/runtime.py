@@ -261,7 +261,7 @@ def _load_converted(own: dict[str, torch.Tensor], by_suffix: dict[str, str],
     stayed at their random init, silently (a Mixtral checkpoint's logits agreed with
     ``from_pretrained``'s at 62 % of positions).  Costs the checkpoint's size in host RAM once
     (on every rank of a sharded run: each copies its own rows)."""
-    from trainfit.model.workload import auto_model_class
+    from trainfit.model.attention_impl import auto_model_class
 
     try:
         ref = auto_model_class(source.task).from_pretrained(

@@ -128,7 +128,7 @@ def tower_params_of(source: ModelSource) -> int:
     whole = source.composite if source.composite is not None else source.config
     key = (source.task, whole.to_json_string(use_diff=False))
     if key not in _COUNTS:
-        from trainfit.model.workload import auto_model_class
+        from trainfit.model.attention_impl import auto_model_class
 
         cfg = copy.deepcopy(whole)
         try:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from trainfit.job import JobError, JobSpec
+from trainfit.model.attention_impl import attention_to_build, auto_model_class
 from trainfit.model.checkpointing import enable_checkpointing
 from trainfit.model.chunked_head import ChunkedHeadLM, TrlLogProbHeadLM
 from trainfit.model.custom import CausalLMAdapter, build_module
@@ -94,16 +95,6 @@ class ModelInfo:
     attention_impl: str = "sdpa"
 
 
-def auto_model_class(task: str) -> Any:
-    import transformers as tf
-
-    return {
-        "causal-lm": tf.AutoModelForCausalLM,
-        "seq2seq-lm": tf.AutoModelForSeq2SeqLM,
-        "sequence-classification": tf.AutoModelForSequenceClassification,
-    }[task]
-
-
 _BARE: dict[tuple[str, str], torch.nn.Module | None] = {}
 """Bare models already built, by (task, the configuration's JSON): the last few only."""
 BARE_MODELS_KEPT = 4
@@ -130,18 +121,6 @@ def bare_model_on_meta(source: ModelSource) -> torch.nn.Module | None:
     return _BARE[key]
 
 
-def has_sdpa(source: ModelSource) -> bool | None:
-    """Whether transformers' class for this model implements SDPA attention (None: not known
-    without building it — the user's own module, remote code)."""
-    if source.task == "custom-lm":
-        return None
-    try:
-        cls = auto_model_class(source.task)._model_mapping[type(build_config(source))]
-    except (KeyError, ValueError):
-        return None
-    return bool(getattr(cls, "_supports_sdpa", False))
-
-
 def build_model_on_meta(job: JobSpec, source: ModelSource, *, bf16: bool = True
                         ) -> tuple[torch.nn.Module, ModelInfo]:
     """The model exactly as it will train (LoRA, 4-bit, dtypes, checkpointing), without data.
@@ -156,10 +135,10 @@ def build_model_on_meta(job: JobSpec, source: ModelSource, *, bf16: bool = True
         # T5 shifts the labels right with this id; configs built from sizes alone lack it
         cfg.decoder_start_token_id = getattr(cfg, "pad_token_id", None) or 0
         cfg.pad_token_id = cfg.decoder_start_token_id
-    attn = "eager" if job.attention == "eager" else "sdpa"
+    attn, switch = attention_to_build(job, source)
     cfg._attn_implementation = attn  # transformers 5 reads this at build time
     base_dtype, train_dtype = weight_dtypes(job, cfg)
-    info = ModelInfo(attention_impl=attn)
+    info = ModelInfo(attention_impl=switch or attn)
     # built in its weight dtype, as from_pretrained(dtype=...) builds it: a buffer transformers
     # computes in fp32 (rotary inv_freq) stays fp32 (model.to() made it bf16: an audit)
     wdtype = base_dtype if job.method != "full" else train_dtype
@@ -183,6 +162,8 @@ def build_model_on_meta(job: JobSpec, source: ModelSource, *, bf16: bool = True
             raise JobError(f"{source.name}: transformers needs a package it cannot import to "
                            f"build this model ({why})", "install the package it names (e.g. "
                            "pip install timm) and plan again") from None
+    if switch:  # read at each forward, sub-configs too (attention_impl's module doc)
+        model.config._attn_implementation = switch
     check_job(job, source)
     if job.attention == "flash-attention-2" and not getattr(model, "_supports_flash_attn", True):
         # transformers refuses attn_implementation="flash_attention_2" for the class itself

@@ -336,7 +336,7 @@ def _unsupported_knobs(source: Any) -> frozenset[str]:
     """Knobs the model has one value of: checkpointing where its class has none; the attention
     where transformers gives it no SDPA implementation (Gemma-2, Mamba: an audit's tune probed
     its eager attention, then ended in "--attention sdpa: no SDPA implementation", exit 2)."""
-    from trainfit.model.workload import has_sdpa
+    from trainfit.model.attention_impl import has_sdpa
 
     out = set()
     if not getattr(source.config, "supports_grad_ckpt", True):
