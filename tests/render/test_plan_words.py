@@ -12,7 +12,7 @@ from trainfit.render.plan_words import plan_header
 def test_header_says_an_older_torchs_softmax_saves_are_modelled():
     said = {}
     for legacy in (False, True):
-        job = JobSpec(model="t", seq_len=64, softmax_saves_input=legacy)
+        job = JobSpec(model="t", seq_len=64, softmax_saves_input=legacy, attention="eager")
         said[legacy] = plan_header(SimpleNamespace(assumptions=plan_assumptions(job, {}),
                                                    rows=[SimpleNamespace(job=job)]))
     tail = "(softmax/log_softmax also holding their inputs, as torch ≤ 1.10's did)"
