@@ -7,6 +7,9 @@ which keeps both (a review)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 import torch
 import transformers as T
@@ -18,9 +21,9 @@ from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.model.source import ModelSource
 
 
-def _call(fa2: bool, *, kv_heads: int = 1, mask: torch.Tensor | None = None,
-          decoder_only: bool = True) -> tuple[dict[str, int], list[bool]]:
-    """One SDPA call as transformers' Falcon makes it: (kernels used, is_causal each got)."""
+@contextlib.contextmanager
+def _flash_calls() -> Iterator[list[bool]]:
+    """The ``is_causal`` of each call that reaches aten's flash kernel meanwhile."""
     causal: list[bool] = []
     real = torch.ops.aten._scaled_dot_product_flash_attention
 
@@ -32,16 +35,22 @@ def _call(fa2: bool, *, kv_heads: int = 1, mask: torch.Tensor | None = None,
             causal.append(is_causal)
             return real(q, k, v, dropout_p, is_causal, *a, **kw)
 
+    torch.ops.aten._scaled_dot_product_flash_attention = Spy()
+    try:
+        yield causal
+    finally:
+        torch.ops.aten._scaled_dot_product_flash_attention = real
+
+
+def _call(fa2: bool, *, kv_heads: int = 1, mask: torch.Tensor | None = None,
+          decoder_only: bool = True) -> tuple[dict[str, int], list[bool]]:
+    """One SDPA call as transformers' Falcon makes it: (kernels used, is_causal each got)."""
     q = torch.randn(1, 8, 16, 64, dtype=torch.bfloat16, device="meta")
     kv = torch.randn(1, kv_heads, 16, 64, dtype=torch.bfloat16, device="meta")
     target = AttentionTarget(device="cuda", compute_capability=(8, 0), prefer="sdpa-flash",
                              flash_attention_2=fa2, decoder_only=decoder_only)
-    with device_semantics(target) as ops:
-        torch.ops.aten._scaled_dot_product_flash_attention = Spy()
-        try:
-            torch.nn.functional.scaled_dot_product_attention(q, kv, kv, attn_mask=mask)
-        finally:
-            torch.ops.aten._scaled_dot_product_flash_attention = real
+    with device_semantics(target) as ops, _flash_calls() as causal:
+        torch.nn.functional.scaled_dot_product_attention(q, kv, kv, attn_mask=mask)
     return ops.kernels_used, causal
 
 
@@ -117,17 +126,6 @@ def test_causality_under_flash_attention_2_comes_from_the_module():
     """A bidirectional encoder planned as a masked LM (BertForMaskedLM, task causal-lm) with a
     padded batch: its mask dropped, its self-attention stays non-causal (a review: is_causal was
     set from the task)."""
-    seen = []
-    real = torch.ops.aten._scaled_dot_product_flash_attention
-
-    class Spy:
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        def __call__(self, q, k, v, dropout_p, is_causal, *a, **kw):
-            seen.append(is_causal)
-            return real(q, k, v, dropout_p, is_causal, *a, **kw)
-
     cfg = T.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                        intermediate_size=128, vocab_size=512, max_position_embeddings=128)
     src = ModelSource("bert", cfg, "causal-lm", "local")
@@ -138,12 +136,9 @@ def test_causality_under_flash_attention_2_comes_from_the_module():
         ids = torch.zeros(2, 64, dtype=torch.long)
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
 
-    torch.ops.aten._scaled_dot_product_flash_attention = Spy()
-    try:
+    with _flash_calls() as seen:
         simulate_step(job, src, SimTarget(device="cuda", compute_capability=(8, 0)),
                       batch_fn=batch)
-    finally:
-        torch.ops.aten._scaled_dot_product_flash_attention = real
     assert seen and not any(seen)
 
 

@@ -14,6 +14,11 @@ OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "adafact
 OPTIMIZER_IMPLS = ("forloop", "foreach", "fused")
 GRAD_CKPT = ("off", "full", "selective")
 ATTENTIONS = ("sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-math", "eager", "flash-attention-2")
+TRANSFORMERS_ATTENTION = {"sdpa": "sdpa", "sdpa-flash": "sdpa", "sdpa-efficient": "sdpa",
+                          "sdpa-math": "sdpa", "eager": "eager",
+                          "flash-attention-2": "flash_attention_2"}
+"""Each ``--attention`` as transformers' ``attn_implementation`` (the sdpa-* kernel preferences
+are SDPA, picked with ``torch.nn.attention.sdpa_kernel``)."""
 SHARDINGS = ("none", "fsdp", "zero2", "zero3")
 OFFLOADS = ("none", "optimizer", "all")
 ENGINE_OFFLOADS = {"none": ("none",), "fsdp": ("none", "all"), "zero2": ("none", "optimizer"),

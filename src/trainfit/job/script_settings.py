@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from trainfit.job.choices import TRANSFORMERS_ATTENTION
 from trainfit.job.spec import JobSpec
 
 ACTIVATION_CHECKPOINTING_SINCE = (5, 23)
@@ -58,16 +59,12 @@ _OPTIMIZER_CALL = {
 """The optimizer each job name is, as the script builds it (the same classes HF's ``optim``
 names load)."""
 
-_ATTN = {"sdpa": "sdpa", "sdpa-flash": "sdpa", "sdpa-efficient": "sdpa", "sdpa-math": "sdpa",
-         "eager": "eager", "flash-attention-2": "flash_attention_2"}
-
-
 def script_settings(job: JobSpec, target: str, transformers_version: str | None = None
                     ) -> list[ScriptSetting]:
     """What the job sets that ``target``'s payload has no field for (method names as in
     ``transformers_version``: 5.23 renamed gradient_checkpointing_enable)."""
     out = [ScriptSetting("attention", job.attention, f'from_pretrained(attn_implementation='
-                                                     f'"{_ATTN[job.attention]}")'
+                                                     f'"{TRANSFORMERS_ATTENTION[job.attention]}")'
                          + ("" if job.attention in ("sdpa", "eager", "flash-attention-2") else
                             f" and torch.nn.attention.sdpa_kernel for {job.attention}"))]
     if job.method == "qlora":

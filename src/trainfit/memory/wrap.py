@@ -164,6 +164,12 @@ def _broadcast(tracker: Any, params: list[torch.Tensor]
     return held, in_place
 
 
+def _free(tracker: Any, blocks: list[tuple[int, int]]) -> None:
+    """Free history blocks ``(uid, bytes)``."""
+    for uid, n in blocks:
+        tracker.history(n, uid)
+
+
 def record_wrap(job: JobSpec, model: torch.nn.Module, tracker: Any) -> list[torch.Tensor]:
     """Record the wrap's history in ``tracker`` (before the step's inputs are tracked) and book
     each unit's flat shard (NO_SHARD: its flat parameter) as the parameters' bytes; returns those
@@ -184,8 +190,7 @@ def record_wrap(job: JobSpec, model: torch.nn.Module, tracker: Any) -> list[torc
         moved = []
         for p in params:
             moved.append((tracker.history(_nbytes(p)), _nbytes(p)))
-            for uid, n in held:
-                tracker.history(n, uid)
+            _free(tracker, held)
             held = []
         for b in buffers:  # _move_states_to_device: the parameters, then the buffers
             tracker.track(b, "buffers")
@@ -202,8 +207,7 @@ def record_wrap(job: JobSpec, model: torch.nn.Module, tracker: Any) -> list[torc
                 # that copy to the host (flat_param_to("cpu"): pageable, blocking) synchronises
                 # the host with the default stream, which waited on the broadcast: the buckets
                 # are free from the next malloc on
-                for uid, n in held:
-                    tracker.history(n, uid)
+                _free(tracker, held)
                 held = []
                 continue
             flat = tracker.history(flat_bytes) if ranks > 1 else None
@@ -219,8 +223,7 @@ def record_wrap(job: JobSpec, model: torch.nn.Module, tracker: Any) -> list[torc
                 held.append((uid, n))
             else:
                 tracker.history(n, uid)
-    for uid, n in held:  # the root's: the first step's malloc sees their broadcast done
-        tracker.history(n, uid)
+    _free(tracker, held)  # the root's: the first step's malloc sees their broadcast done
     return kept
 
 

@@ -49,17 +49,26 @@ def has_sdpa(source: ModelSource) -> bool | None:
     return None if cls is None else bool(getattr(cls, "_supports_sdpa", False))
 
 
+def check_flash_attention_2(cls: Any) -> None:
+    """Refuse flash-attention-2 for a model class transformers refuses
+    ``attn_implementation="flash_attention_2"`` for (``_supports_flash_attn`` False: T5)."""
+    if not getattr(cls, "_supports_flash_attn", True):
+        raise JobError(f"--attention flash-attention-2: transformers has no flash_attention_2 "
+                       f"for {cls.__name__}", "use --attention sdpa (or eager)"
+                       if getattr(cls, "_supports_sdpa", False) else "use --attention eager")
+
+
 def attention_to_build(job: JobSpec, source: ModelSource) -> tuple[str, str | None]:
     """(``attn_implementation`` the model is built with, the one its config is switched to once
     built, or None) — see the module doc."""
     if job.attention == "eager":
         return "eager", None
     cls = model_class(source)
-    if job.attention != "flash-attention-2" or cls is None or getattr(cls, "_supports_sdpa", False):
-        return "sdpa", None  # an unknown class: the build, then its own flags, decide
-    if not getattr(cls, "_supports_flash_attn", False):
-        raise JobError(f"--attention flash-attention-2: transformers has no flash_attention_2 "
-                       f"for {cls.__name__}", "use --attention eager")
+    if job.attention != "flash-attention-2" or cls is None:
+        return "sdpa", None  # an unknown class: built, then checked (check_flash_attention_2)
+    check_flash_attention_2(cls)
+    if getattr(cls, "_supports_sdpa", False):
+        return "sdpa", None
     if cls._can_set_attn_implementation():
         return "eager", "sdpa"
     raise JobError(f"--attention flash-attention-2: transformers runs {cls.__name__}'s "

@@ -21,7 +21,11 @@ from typing import Any
 import torch
 
 from trainfit.job import JobError, JobSpec
-from trainfit.model.attention_impl import attention_to_build, auto_model_class
+from trainfit.model.attention_impl import (
+    attention_to_build,
+    auto_model_class,
+    check_flash_attention_2,
+)
 from trainfit.model.checkpointing import enable_checkpointing
 from trainfit.model.chunked_head import ChunkedHeadLM, TrlLogProbHeadLM
 from trainfit.model.custom import CausalLMAdapter, build_module
@@ -165,10 +169,8 @@ def build_model_on_meta(job: JobSpec, source: ModelSource, *, bf16: bool = True
     if switch:  # read at each forward, sub-configs too (attention_impl's module doc)
         model.config._attn_implementation = switch
     check_job(job, source)
-    if job.attention == "flash-attention-2" and not getattr(model, "_supports_flash_attn", True):
-        # transformers refuses attn_implementation="flash_attention_2" for the class itself
-        raise JobError(f"--attention flash-attention-2: transformers has no flash_attention_2 "
-                       f"for {type(model).__name__}", "use --attention sdpa (or eager)")
+    if job.attention == "flash-attention-2":  # a class known only once built (remote code)
+        check_flash_attention_2(type(model))
     # a checkpoint stored 4-bit: Llama-4's stacked experts unstacked into nn.Linear layers before
     # the weights load, as transformers' quantizer does for it (then 4-bit below)
     unstack_experts(model, patched_expert_classes(source, job.method))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainfit.job import JobSpec
+from trainfit.job.choices import TRANSFORMERS_ATTENTION
 from trainfit.job.emit import hf_training_args
 
 
@@ -92,8 +93,9 @@ def keyword_diff(rec: dict[str, Any], current: JobSpec, pick: JobSpec) -> list[K
             "makes them float32; with SFTTrainer(peft_config=...) call get_peft_model yourself "
             "and pass the model)", "autocast_adapter_dtype", to_bf16, not to_bf16))
     if current.attention != pick.attention:
-        out.append(KeywordChange(where, "attn_implementation", _attn(current.attention),
-                                 _attn(pick.attention)))
+        out.append(KeywordChange(where, "attn_implementation",
+                                 TRANSFORMERS_ATTENTION[current.attention],
+                                 TRANSFORMERS_ATTENTION[pick.attention]))
     return out
 
 
@@ -101,10 +103,6 @@ SWITCH_OFF = ("checkpointing off: drop model.gradient_checkpointing_enable() the
               "prepare_model_for_kbit_training(..., use_gradient_checkpointing=False)")
 """The change where the script switched checkpointing on itself: an instruction, not a keyword
 (printed without ``=value``)."""
-
-
-def _attn(attention: str) -> str:
-    return {"flash-attention-2": "flash_attention_2", "eager": "eager"}.get(attention, "sdpa")
 
 
 def _checkpointing(rec: dict[str, Any], args_cls: str, on: bool) -> list[KeywordChange]:

@@ -28,6 +28,7 @@ import torch
 from trainfit.data.loader import LoaderKnobs
 from trainfit.engine.step import train_step
 from trainfit.job import JobError, JobSpec
+from trainfit.job.choices import TRANSFORMERS_ATTENTION
 from trainfit.job.emit import hf_training_args
 from trainfit.memory.limit import LimitTracker
 from trainfit.model.checkpointing import disable_checkpointing, enable_checkpointing
@@ -86,7 +87,7 @@ class ScriptProbe(Probe):
                 # reentrant checkpointing made the embeddings' output require grad; left on,
                 # every later probe would keep that gradient too (measured: +6 % of this peak)
                 base.disable_input_require_grads()
-        want = {"eager": "eager", "flash-attention-2": "flash_attention_2"}.get(job.attention, "sdpa")
+        want = TRANSFORMERS_ATTENTION[job.attention]
         if getattr(base.config, "_attn_implementation", want) != want:
             base.set_attn_implementation(want)
         tr.model.train()
