@@ -194,3 +194,32 @@ def test_a_model_whose_flash_attention_2_is_its_own_module_is_refused():
                        "attention module of its own") as err:
         simulate_step(job, src, SimTarget(device="cuda", compute_capability=(8, 0)))
     assert "--attention eager" in err.value.hint
+
+
+def _gemma3_composite() -> ModelSource:
+    cfg = T.Gemma3Config(
+        text_config={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                     "vocab_size": 512, "max_position_embeddings": 256, "sliding_window": 64},
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                       "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
+        mm_tokens_per_image=4)
+    return ModelSource("gemma3", cfg.text_config, "causal-lm", "local", composite=cfg)
+
+
+def test_a_composite_model_is_refused_where_a_part_has_no_flash_attention_2(monkeypatch):
+    """transformers hands a string attn_implementation to every sub-config, and each sub-model's
+    __init__ refuses flash_attention_2 where its class has none: the outer class alone was
+    checked (a review). Gemma-3's vision tower stands in for such a part."""
+    from trainfit.job import JobError
+
+    src = _gemma3_composite()
+    job = JobSpec(model="gemma3", method="full", seq_len=64, micro_batch=1,
+                  precision="bf16-true", attention="flash-attention-2")
+    target = SimTarget(device="cuda", compute_capability=(8, 0))
+    assert simulate_step(job, src, target).sdpa_kernels == {"flash": 2}  # the text layers
+    monkeypatch.setattr(T.SiglipVisionModel, "_supports_flash_attn", False)
+    with pytest.raises(JobError, match=r"no flash_attention_2 for SiglipVisionModel \(inside "
+                       r"Gemma3ForConditionalGeneration\)") as err:
+        simulate_step(job, src, target)
+    assert "--attention sdpa" in err.value.hint

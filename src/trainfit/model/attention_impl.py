@@ -49,13 +49,27 @@ def has_sdpa(source: ModelSource) -> bool | None:
     return None if cls is None else bool(getattr(cls, "_supports_sdpa", False))
 
 
-def check_flash_attention_2(cls: Any) -> None:
+def check_flash_attention_2(cls: Any, inside: Any = None) -> None:
     """Refuse flash-attention-2 for a model class transformers refuses
-    ``attn_implementation="flash_attention_2"`` for (``_supports_flash_attn`` False: T5)."""
+    ``attn_implementation="flash_attention_2"`` for (``_supports_flash_attn`` False: T5);
+    ``inside``: the composite model class it is a part of."""
     if not getattr(cls, "_supports_flash_attn", True):
+        part = f" (inside {inside.__name__})" if inside is not None and inside is not cls else ""
         raise JobError(f"--attention flash-attention-2: transformers has no flash_attention_2 "
-                       f"for {cls.__name__}", "use --attention sdpa (or eager)"
+                       f"for {cls.__name__}{part}", "use --attention sdpa (or eager)"
                        if getattr(cls, "_supports_sdpa", False) else "use --attention eager")
+
+
+def check_flash_attention_2_built(model: Any) -> None:
+    """:func:`check_flash_attention_2` for a built model and every transformers model inside it.
+    A string ``attn_implementation`` reaches each sub-config of a composite model (a vision or
+    audio tower beside the language model), and each sub-model's ``__init__`` refuses it where
+    its class has none (``PreTrainedModel._flash_attn_can_dispatch``): the class looked up before
+    the build is only the outer one, and a remote-code class is known only once built."""
+    from transformers import PreTrainedModel
+
+    for cls in dict.fromkeys(type(m) for m in model.modules() if isinstance(m, PreTrainedModel)):
+        check_flash_attention_2(cls, inside=type(model))
 
 
 def attention_to_build(job: JobSpec, source: ModelSource) -> tuple[str, str | None]:

@@ -24,7 +24,7 @@ from trainfit.job import JobError, JobSpec
 from trainfit.model.attention_impl import (
     attention_to_build,
     auto_model_class,
-    check_flash_attention_2,
+    check_flash_attention_2_built,
 )
 from trainfit.model.checkpointing import enable_checkpointing
 from trainfit.model.chunked_head import ChunkedHeadLM, TrlLogProbHeadLM
@@ -169,8 +169,8 @@ def build_model_on_meta(job: JobSpec, source: ModelSource, *, bf16: bool = True
     if switch:  # read at each forward, sub-configs too (attention_impl's module doc)
         model.config._attn_implementation = switch
     check_job(job, source)
-    if job.attention == "flash-attention-2":  # a class known only once built (remote code)
-        check_flash_attention_2(type(model))
+    if job.attention == "flash-attention-2":  # its sub-models; remote code's class itself
+        check_flash_attention_2_built(model)
     # a checkpoint stored 4-bit: Llama-4's stacked experts unstacked into nn.Linear layers before
     # the weights load, as transformers' quantizer does for it (then 4-bit below)
     unstack_experts(model, patched_expert_classes(source, job.method))
