@@ -223,3 +223,28 @@ def test_a_composite_model_is_refused_where_a_part_has_no_flash_attention_2(monk
                        r"Gemma3ForConditionalGeneration\)") as err:
         simulate_step(job, src, target)
     assert "--attention sdpa" in err.value.hint
+
+
+def test_flash_attention_2_runs_16_bit_on_ampere_or_newer():
+    """FlashAttention-2 takes fp16 and bf16 tensors, on compute capability 8.0 and up: its fp32
+    rows and a T4 were planned (the T4's with torch's math kernel), runs that raise (a new-user
+    pass, 2026-12-06)."""
+    from trainfit.hardware.gpus import find_gpu, generic_gpu
+    from trainfit.job import JobError
+    from trainfit.plan.inputs import check_flash_attention_gpu, grid_precisions
+
+    with pytest.raises(JobError, match="fp16 and bf16 tensors only") as err:
+        JobSpec(model="t", precision="fp32", attention="flash-attention-2")
+    assert "--precision amp-bf16" in err.value.hint
+    job = JobSpec(model="t", attention="flash-attention-2")
+    assert grid_precisions(find_gpu("a100-80gb"), job) == (["amp-bf16", "bf16-true"],
+                                                            ["amp-fp16", "fp32"])
+    assert grid_precisions(find_gpu("a100-80gb"), job.replace(attention="sdpa"))[1] == \
+        ["amp-fp16"]
+    for name in ("t4", "v100"):
+        with pytest.raises(JobError, match=r"Ampere or newer \(8\.0\+\)"):
+            check_flash_attention_gpu(job, find_gpu(name))
+        check_flash_attention_gpu(job.replace(attention="sdpa"), find_gpu(name))
+    for name in ("a10g", "rtx-4090", "h100", "rtx-5090"):
+        check_flash_attention_gpu(job, find_gpu(name))
+    check_flash_attention_gpu(job, generic_gpu(16))  # its compute capability unknown: planned

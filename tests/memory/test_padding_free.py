@@ -26,7 +26,7 @@ def _source() -> ModelSource:
 
 def _job(**kw) -> JobSpec:
     return JobSpec(model="tiny-llama", seq_len=SEQ, micro_batch=MICRO, effective_batch=MICRO,
-                   precision="fp32", method="full", padding_free=True, **kw)
+                   method="full", padding_free=True, **{"precision": "fp32", **kw})
 
 
 def test_the_packed_batch_is_one_row_with_restarting_positions():
@@ -90,7 +90,7 @@ def test_flash_attention_packs_without_a_mask_and_holds_what_rows_hold():
     (and SDPA preferring its flash kernel, sdpa-flash, keeps the mask too)."""
     src = _source()
     target = SimTarget(device="cuda", compute_capability=(8, 0))
-    job = _job(attention="flash-attention-2").replace(precision="amp-bf16")
+    job = _job(attention="flash-attention-2", precision="amp-bf16")
     assert not job.packs_rows
     flash = simulate_step(job, src, target).peak_allocated_bytes
     assert flash == simulate_step(job.replace(padding_free=False), src,

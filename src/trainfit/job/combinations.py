@@ -101,6 +101,21 @@ def check_sharding(job: Any) -> None:
                            f"drop --{flag.replace('_', '-')}, or use --sharding fsdp")
 
 
+FLASH_ATTENTION_2_DTYPES_NOTE = (
+    "FlashAttention-2 takes fp16 and bf16 tensors only: without autocast transformers hands it "
+    "q, k and v in the Linear weights' dtype (integrations/flash_attention.get_target_dtype), "
+    "fp32 here, and flash-attn raises")
+
+
+def check_flash_attention(job: Any) -> None:
+    """``--attention flash-attention-2`` with ``--precision fp32``: the step cannot run (see
+    :data:`FLASH_ATTENTION_2_DTYPES_NOTE`); plan's grid leaves fp32 out for such a job."""
+    if job.attention == "flash-attention-2" and job.precision == "fp32":
+        raise JobError(f"--attention flash-attention-2 with --precision fp32: "
+                       f"{FLASH_ATTENTION_2_DTYPES_NOTE}",
+                       "use --precision amp-bf16 (or bf16-true, amp-fp16), or --attention sdpa")
+
+
 def check_legacy_torch(job: Any) -> None:
     """``softmax_saves_input`` describes torch ≤ 1.10: the features that torch had not yet
     cannot be combined with it (the simulation would run torch 2.13's kernels, which save

@@ -34,6 +34,7 @@ from trainfit.job.choices import (  # re-exported: the schema's vocabularies liv
     _choice,
 )
 from trainfit.job.combinations import (
+    check_flash_attention,
     check_in_backward,
     check_legacy_torch,
     check_quantization,
@@ -142,7 +143,8 @@ class JobSpec:
     """sdpa (the kernel torch picks on the GPU), sdpa-flash, sdpa-efficient, sdpa-math (torch's
     SDPA preferring that kernel), eager, or flash-attention-2: transformers' flash_attention_2
     (and _3) — the flash-attn kernel, which takes fewer key/value heads than query heads and no
-    T×T mask (plan models it; train, tune and doctor run transformers' SDPA and refuse it)."""
+    T×T mask, in fp16/bf16 on compute capability 8.0+ (plan models it; train, tune and doctor
+    run transformers' SDPA and refuse it)."""
     ranks: int = 1
     """Data-parallel processes (GPUs)."""
     sharding: str = "none"
@@ -342,6 +344,7 @@ class JobSpec:
                 self.grad_ckpt = "full" if self.grad_ckpt else "off"
             _choice("grad_ckpt", self.grad_ckpt, GRAD_CKPT)
         check_legacy_torch(self)
+        check_flash_attention(self)
         if self.softmax_saves_input:
             self.ckpt_reentrant = True  # torch ≤ 1.10's only checkpointing
         if self.ckpt_reentrant and self.grad_ckpt == "selective":

@@ -31,7 +31,10 @@ def grid_precisions(gpu: GpuSpec | None, job: JobSpec | None = None
 
     Under ZeRO-2/3 over ranks (``job``) bf16-true is left out too: DeepSpeed's bf16 mode is one
     mode, the module in bf16 with an fp32 master partition (memory/zero.compute_job), whether
-    asked as amp-bf16 or bf16-true — its group was amp-bf16's to the byte (an audit)."""
+    asked as amp-bf16 or bf16-true — its group was amp-bf16's to the byte (an audit).
+
+    Under ``--attention flash-attention-2`` fp32 is left out: FlashAttention-2 cannot run it
+    (:data:`trainfit.job.combinations.FLASH_ATTENTION_2_DTYPES_NOTE`)."""
     got = supported_precisions(gpu)
     left: list[str] = []
     rates = gpu.peak_tflops if gpu is not None else {}
@@ -41,6 +44,8 @@ def grid_precisions(gpu: GpuSpec | None, job: JobSpec | None = None
     if job is not None and job.sharding.startswith("zero") and job.ranks > 1 and \
             "bf16-true" in got:
         left.append("bf16-true")
+    if job is not None and job.attention == "flash-attention-2":
+        left.append("fp32")
     return [p for p in got if p not in left], left
 
 
@@ -53,6 +58,24 @@ def check_bitsandbytes(job: JobSpec) -> None:
         what = "--method qlora" if job.method == "qlora" else f"--optimizer {job.optimizer}"
         raise JobError(f"{what} needs bitsandbytes, which is not installed",
                        "pip install bitsandbytes (or: pip install 'trainfit[qlora]')")
+
+
+FLASH_ATTENTION_2_MIN_CC = (8, 0)
+"""flash-attn 2's README: FlashAttention-2 supports Ampere, Ada and Hopper GPUs; Turing (T4,
+RTX 2080) only in FlashAttention 1.x, Volta not at all."""
+
+
+def check_flash_attention_gpu(job: JobSpec, gpu: GpuSpec | None) -> None:
+    """``--attention flash-attention-2`` on a card FlashAttention-2 does not build for (its
+    compute capability known: a generic card's is not)."""
+    cc = gpu.compute_capability if gpu is not None else None
+    if job.attention != "flash-attention-2" or not cc:
+        return
+    if tuple(int(x) for x in cc.split(".")[:2]) < FLASH_ATTENTION_2_MIN_CC:
+        raise JobError(f"--attention flash-attention-2 on {gpu.display_name} (compute capability "
+                       f"{cc}): FlashAttention-2 runs on Ampere or newer (8.0+)",
+                       "use --attention sdpa (torch's SDPA picks its memory-efficient kernel on "
+                       "this card)")
 
 
 def check_precision(job: JobSpec, gpu: GpuSpec | None) -> None:
@@ -72,6 +95,7 @@ def check_inputs(job: JobSpec, gpu: GpuSpec | None, margin: float, dataset_token
         raise JobError(f"--dataset-tokens {dataset_tokens}: must be ≥ 1",
                        "the tokens in one epoch, e.g. --dataset-tokens 50000000")
     check_precision(job, gpu)
+    check_flash_attention_gpu(job, gpu)
     check_bitsandbytes(job)
     if not 0.0 <= margin < 1.0:
         raise JobError(f"--margin {margin}: must be in [0, 1)", "e.g. --margin 0.1 for 10 %")

@@ -111,8 +111,9 @@ class PlanResult:
     link_gbs: float | None = None
     """That link's bandwidth per GPU and direction, GB/s (None: unknown)."""
     precisions_not_planned: list[str] = field(default_factory=list)
-    """Precisions the grid left out because another planned one matches them on this GPU
-    (:func:`trainfit.plan.inputs.grid_precisions`: amp-fp16 on a card with bf16)."""
+    """Precisions the grid left out because another planned one matches them on this GPU, or the
+    job cannot run them (:func:`trainfit.plan.inputs.grid_precisions`: amp-fp16 on a card with
+    bf16, fp32 under flash-attention-2)."""
     gpu_memory_source: str | None = None
     """Where the GPU's capacity comes from (the catalog's source; ``ESTIMATE: …`` for a generic
     card known by its sold size)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainfit.job.choices import ENGINE_OFFLOADS
+from trainfit.job.combinations import FLASH_ATTENTION_2_DTYPES_NOTE
 from trainfit.plan.result import PlanResult, smallest_row
 from trainfit.plan.rows import precision_inversion
 from trainfit.render.plan_words import numerics_words
@@ -83,6 +84,9 @@ def plan_notes(result: PlanResult) -> list[str]:
         notes.append("bf16-true not planned: DeepSpeed's bf16 mode keeps an fp32 master "
                      "partition of the weights whether asked as amp-bf16 or bf16-true, so its rows "
                      "are amp-bf16's")
+    if "fp32" in result.precisions_not_planned:
+        notes.append(f"fp32 not planned: {FLASH_ATTENTION_2_DTYPES_NOTE}; --attention sdpa "
+                     "plans it")
     inversion = inversion_note(result)
     if inversion:
         notes.append(inversion)
