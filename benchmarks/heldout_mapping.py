@@ -197,8 +197,8 @@ def _attention(b: _Builder) -> str:
     if text.startswith("eager"):
         return "eager"
     if "flash_attention_2" in text:
-        b.note("flash_attention_2 → attention sdpa-flash (the same flash kernel's memory)")
-        return "sdpa-flash"
+        b.note("transformers' flash_attention_2 → attention flash-attention-2")
+        return "flash-attention-2"
     if "flash" in text:  # SDPA said to have run its flash kernel (on Hopper torch ≥ 2.9 picks cuDNN)
         b.note("SDPA's flash kernel → attention sdpa-flash")
         return "sdpa-flash"
