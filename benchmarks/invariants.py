@@ -81,6 +81,14 @@ CASES = [
     # vision tower held (4-bit under QLoRA) but not run, on seed 000's card
     {"model": "gemma-3-4b", "gpu": "t4",
      "job": {"method": "qlora", "seq_len": 1024, "effective_batch": 8}},
+    # transformers' flash_attention_2 (2026-12-06): no T×T mask, the GQA heads as they are, and
+    # for Gemma-2 (no SDPA) built eager then run through the attention interface with its softcap
+    {"model": "gemma-2-2b", "gpu": "rtx-4090",
+     "job": {"method": "qlora", "seq_len": 2048, "effective_batch": 16,
+             "attention": "flash-attention-2"}},
+    {"model": "llama-3.1-8b", "gpu": "rtx-4090",
+     "job": {"method": "lora", "seq_len": 4096, "effective_batch": 16,
+             "attention": "flash-attention-2"}},
 ]
 FULL_SIZE_CHECKS = 12
 """Extrapolated rows per case re-simulated at full size: each (precision, checkpointing) group's

@@ -248,3 +248,27 @@ def test_flash_attention_2_runs_16_bit_on_ampere_or_newer():
     for name in ("a10g", "rtx-4090", "h100", "rtx-5090"):
         check_flash_attention_gpu(job, find_gpu(name))
     check_flash_attention_gpu(job, generic_gpu(16))  # its compute capability unknown: planned
+
+
+def test_fp32_hidden_states_reach_flash_attention_2_as_16_bit():
+    """QLoRA after prepare_model_for_kbit_training (fp32 norms) without autocast hands attention
+    fp32 q, k and v; transformers casts them to the model's 16-bit dtype for FlashAttention-2
+    (get_target_dtype, fa_peft_integration_check), and a model's own flash class does the same.
+    They were simulated as fp32 through SDPA: torch's math kernel, T×T probabilities kept (a
+    review, 2026-12-06). torch's own SDPA choice keeps that math kernel (fp32 with GQA: flash
+    takes no fp32, the memory-efficient kernel no GQA)."""
+    target = SimTarget(device="cuda", compute_capability=(8, 0))
+    falcon = T.FalconConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=8,
+                            vocab_size=1000, multi_query=True, parallel_attn=True)
+    for src in (_mistral(), ModelSource("falcon", falcon, "causal-lm", "local")):
+        sims = {}
+        for attention in ("sdpa", "flash-attention-2"):
+            job = JobSpec(model=src.name, method="qlora", seq_len=256, micro_batch=2,
+                          precision="bf16-true", attention=attention, kbit_prepared=True,
+                          grad_ckpt="off")
+            sims[attention] = simulate_step(job, src, target)
+        assert sims["sdpa"].sdpa_kernels == {"math": 2}
+        assert sims["flash-attention-2"].sdpa_kernels == {"flash": 2}
+        probs = 2 * 2 * 8 * 256 * 256 * 4  # layers × batch × heads × T², fp32: math keeps them
+        assert sims["sdpa"].peak_allocated_bytes - \
+            sims["flash-attention-2"].peak_allocated_bytes >= probs

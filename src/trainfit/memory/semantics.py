@@ -38,6 +38,7 @@ import torch
 from torch._C import DispatchKey, DispatchKeySet
 from torch.utils._pytree import tree_map
 
+from trainfit.job import JobError
 from trainfit.memory.sdpa_choice import AttentionTarget, choose_sdpa_kernel
 
 # --- CUDA autocast policy (torch 2.13 aten/src/ATen/autocast_mode.h) ---------------------------
@@ -223,6 +224,11 @@ class _DeviceOps:
         if self.target.flash_attention_2:
             attn_mask, is_causal, enable_gqa = self._as_flash_attention_2(
                 q, k, v, attn_mask, is_causal, enable_gqa)
+            if self.target.device == "cuda" and q.dtype == torch.float32:
+                # a model's own flash class casts fp32 inputs to its 16-bit dtype as
+                # transformers' function does (FalconFlashAttention2: the autocast dtype, a
+                # quantized model's pre-quantization dtype): bf16, FlashAttention-2's own
+                q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
         kernel = choose_sdpa_kernel(self.target, q, k, attn_mask, dropout_p, enable_gqa, v)
         self.kernels_used[kernel] = self.kernels_used.get(kernel, 0) + 1
         if attn_mask is not None and attn_mask.dtype == torch.bool and \
@@ -365,6 +371,27 @@ def _ones_if_fake(check: Any) -> Any:
     return skip
 
 
+def _flash_attention_2_inputs(module: Any, query: torch.Tensor, key: torch.Tensor,
+                              value: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """fp32 q, k and v as transformers hands them to FlashAttention-2, which takes 16-bit ones:
+    cast to ``get_target_dtype``'s dtype (integrations/flash_attention.py: the autocast dtype,
+    a quantized model's ``config.dtype``, else the first Linear's weight dtype) by
+    ``fa_peft_integration_check`` — copies the kernel keeps for its backward in place of the fp32
+    ones. fp32 reaches it under QLoRA after peft's prepare_model_for_kbit_training (fp32 norms
+    upcast the hidden states; bitsandbytes' 4-bit layers return their input's dtype) without
+    autocast: SDPA was simulated with fp32 inputs, its math kernel's T×T probabilities kept
+    (2× the tiny case's activations, a review)."""
+    from transformers.integrations.flash_attention import get_target_dtype
+
+    dt = get_target_dtype(query, module)
+    if dt not in (torch.float16, torch.bfloat16):
+        raise JobError("--attention flash-attention-2: transformers would hand FlashAttention-2 "
+                       f"q, k and v in {dt} (no autocast, and {dt} weights), which flash-attn "
+                       "refuses: it takes fp16 and bf16 only",
+                       "use --precision amp-bf16, or --attention sdpa")
+    return tuple(t.to(dt) for t in (query, key, value))
+
+
 def _interface_as_flash_attention_2(sdpa_forward: Any) -> Any:
     """transformers' sdpa attention function as its ``flash_attention_2`` runs the same call:
     no boolean mask (FlashAttention-2 takes causality and sliding windows as arguments and
@@ -377,6 +404,8 @@ def _interface_as_flash_attention_2(sdpa_forward: Any) -> Any:
     (no tensor of its own), where transformers' sdpa function refuses it."""
     def call(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
              *args: Any, **kwargs: Any) -> Any:
+        if query.dtype == torch.float32:
+            query, key, value = _flash_attention_2_inputs(module, query, key, value)
         if attention_mask is not None and attention_mask.dtype == torch.bool:
             attention_mask = None
         kwargs.pop("softcap", None)
