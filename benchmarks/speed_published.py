@@ -362,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         old = json.loads((OUT / "speed_published.json").read_text())
         rows, was = old["results"], old["summary"]
         summary = summarize(rows, was["wall_time_s"], was["worker_cpu_time_s"], was["source"])
+        summary["host_reference_op_s"] = was["host_reference_op_s"]  # the run's, not this env's
         (OUT / "speed_published.json").write_text(json.dumps({"summary": summary, "results": rows},
                                                              indent=1))
         (OUT / "speed_published.md").write_text(render(rows, summary))

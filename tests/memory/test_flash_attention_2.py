@@ -272,3 +272,32 @@ def test_fp32_hidden_states_reach_flash_attention_2_as_16_bit():
         probs = 2 * 2 * 8 * 256 * 256 * 4  # layers × batch × heads × T², fp32: math keeps them
         assert sims["sdpa"].peak_allocated_bytes - \
             sims["flash-attention-2"].peak_allocated_bytes >= probs
+
+
+def test_flash_attention_2_rows_of_a_generic_card_are_simulated_ampere_or_newer():
+    """A generic card's compute capability is unknown: its non-bf16 rows were simulated at 7.5,
+    where flash-attention-2 fell to torch's math kernel (a review); FlashAttention-2 runs on 8.0
+    and newer only."""
+    from trainfit.hardware.gpus import generic_gpu
+    from trainfit.memory.predict import UNKNOWN_CC_OF_A_CARD, target_for
+
+    card = generic_gpu(16)
+    assert target_for(card, "amp-fp16").compute_capability == UNKNOWN_CC_OF_A_CARD
+    assert target_for(card, "amp-fp16", "flash-attention-2").compute_capability >= (8, 0)
+
+
+def test_a_fp32_target_for_flash_attention_2_is_refused():
+    """transformers hands FlashAttention-2 the model's dtype where there is no autocast; a
+    float32 one flash-attn refuses, and so does the plan."""
+    from types import SimpleNamespace
+
+    from trainfit.job import JobError
+    from trainfit.memory.semantics import _flash_attention_2_inputs
+
+    module = torch.nn.Module()
+    module.config = SimpleNamespace(_is_quantized=True, dtype=torch.float32)
+    q = torch.zeros(1, 2, 4, 8)
+    with pytest.raises(JobError, match="fp16 and bf16 only"):
+        _flash_attention_2_inputs(module, q, q, q)
+    module.config.dtype = torch.bfloat16
+    assert {t.dtype for t in _flash_attention_2_inputs(module, q, q, q)} == {torch.bfloat16}

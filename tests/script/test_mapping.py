@@ -90,6 +90,24 @@ def test_a_float32_base_under_bf16_autocast_is_planned_as_loaded():
     JobSpec.from_dict(j.fields)
 
 
+def test_a_float32_run_with_flash_attention_2_is_planned_with_sdpa():
+    """A QLoRA script with bitsandbytes' default float32 compute dtype and no bf16 flag reads as
+    fp32, which flash-attention-2 refuses; the script runs (its hidden states stay bf16): planned
+    with SDPA, said to err high (a review: the script was refused)."""
+    from trainfit.render.script import note_words
+
+    j = map_record(record(**{"model__loaded_in_4bit": True, "args__bf16": False,
+                             "model__quantization": {"bnb_4bit_quant_type": "nf4"},
+                             "model__attn_implementation": "flash_attention_2"}))
+    assert j.fields["precision"] == "fp32" and j.fields["attention"] == "sdpa"
+    note = next(n for n in j.notes if n.kind == "flash_fp32")
+    assert "errs high" in note_words(note)
+    # with a 16-bit run flash-attention-2 stays
+    j = map_record(record(model__attn_implementation="flash_attention_2"))
+    assert j.fields["attention"] == "flash-attention-2"
+    assert not any(n.kind == "flash_fp32" for n in j.notes)
+
+
 @pytest.mark.parametrize(("over", "precision", "note"), [
     ({"model__frozen_dtype": None, "model__trainable_dtype": "float32", "lora": None}, "amp-bf16", None),
     ({"model__frozen_dtype": None, "lora": None, "args__bf16": False}, "fp32", None),

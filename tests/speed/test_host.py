@@ -232,6 +232,12 @@ def test_a_job_the_tiny_run_cannot_take_keeps_the_op_count(measuring, tiny_llama
     job = JobSpec(model="tiny-llama", method="qlora", kbit_prepared=True)
     assert host.tiny_job(job).kbit_prepared is False
     assert host_step(job, tiny_llama) is not None
+    # flash-attention-2 refuses fp32, the tiny run's precision: measured as sdpa, the model this
+    # CPU builds for it (a review: every such plan had lost its host measurement)
+    fa2 = JobSpec(model="tiny-llama", method="lora", precision="amp-bf16",
+                  attention="flash-attention-2")
+    assert host.tiny_job(fa2).attention == "sdpa"
+    assert host_step(fa2, tiny_llama) is not None
 
     def boom(*a: object) -> None:
         raise RuntimeError("unforeseen")

@@ -103,7 +103,7 @@ def check_sharding(job: Any) -> None:
 
 FLASH_ATTENTION_2_DTYPES_NOTE = (
     "FlashAttention-2 takes fp16 and bf16 tensors only: without autocast transformers hands it "
-    "q, k and v in the Linear weights' dtype (integrations/flash_attention.get_target_dtype), "
+    "q, k and v in the model's weight dtype (integrations/flash_attention.get_target_dtype), "
     "fp32 here, and flash-attn raises")
 
 

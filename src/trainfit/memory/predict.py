@@ -91,13 +91,16 @@ def cublas_workspace_bytes(gpu: GpuSpec | None) -> int:
     return per * CUBLAS_HANDLES
 
 
-def target_for(gpu: GpuSpec | None, precision: str | None = None) -> SimTarget:
+def target_for(gpu: GpuSpec | None, precision: str | None = None,
+               attention: str | None = None) -> SimTarget:
     """The simulated device: the card's compute capability; a card without a known one
     (generic) is taken at :data:`UNKNOWN_CC_OF_A_CARD` (:data:`UNKNOWN_CC_OF_A_BF16_CARD` for a
-    bf16 ``precision``), no card at all at Ampere's."""
+    bf16 ``precision`` or flash-attention-2 ``attention``, which runs on Ampere or newer only:
+    its fp16 rows took torch's math kernel, a review), no card at all at Ampere's."""
     cc = _cc(gpu)
     if cc is None and gpu is not None:
-        cc = UNKNOWN_CC_OF_A_BF16_CARD if "bf16" in (precision or "") else UNKNOWN_CC_OF_A_CARD
+        newer = "bf16" in (precision or "") or attention == "flash-attention-2"
+        cc = UNKNOWN_CC_OF_A_BF16_CARD if newer else UNKNOWN_CC_OF_A_CARD
     return SimTarget(device="cuda", compute_capability=cc or (8, 0))
 
 
@@ -430,7 +433,7 @@ def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
                    margin: float = DEFAULT_MARGIN, eager_module_loading: bool = False,
                    op_hook: Any = None) -> MemoryPrediction:
     """One configuration, simulated at full size (exact; seconds to tens of seconds)."""
-    target = target_for(gpu, job.precision)
+    target = target_for(gpu, job.precision, job.attention)
     sim = simulate_step(job, source, target, record_events=True, op_hook=op_hook)
     rep = replay(sim.events, sim.event_streams, expandable=job.expandable_segments)
     # the allocator counts whole blocks (an unsplit remainder ≤ 1 MiB stays in the block)

@@ -226,8 +226,8 @@ class _DeviceOps:
                 q, k, v, attn_mask, is_causal, enable_gqa)
             if self.target.device == "cuda" and q.dtype == torch.float32:
                 # a model's own flash class casts fp32 inputs to its 16-bit dtype as
-                # transformers' function does (FalconFlashAttention2: the autocast dtype, a
-                # quantized model's pre-quantization dtype): bf16, FlashAttention-2's own
+                # transformers' function does (FalconFlashAttention2: the autocast dtype —
+                # already applied above — else the quantized model's config dtype): bf16 here
                 q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
         kernel = choose_sdpa_kernel(self.target, q, k, attn_mask, dropout_p, enable_gqa, v)
         self.kernels_used[kernel] = self.kernels_used.get(kernel, 0) + 1
@@ -378,9 +378,10 @@ def _flash_attention_2_inputs(module: Any, query: torch.Tensor, key: torch.Tenso
     a quantized model's ``config.dtype``, else the first Linear's weight dtype) by
     ``fa_peft_integration_check`` — copies the kernel keeps for its backward in place of the fp32
     ones. fp32 reaches it under QLoRA after peft's prepare_model_for_kbit_training (fp32 norms
-    upcast the hidden states; bitsandbytes' 4-bit layers return their input's dtype) without
-    autocast: SDPA was simulated with fp32 inputs, its math kernel's T×T probabilities kept
-    (2× the tiny case's activations, a review)."""
+    upcast the hidden states; bitsandbytes' 4-bit layers return their input's dtype): under
+    autocast cast to its dtype, without it to the quantized model's ``config.dtype`` — there
+    SDPA was simulated with fp32 inputs, its math kernel's T×T probabilities kept (2× the tiny
+    case's activations, a review)."""
     from transformers.integrations.flash_attention import get_target_dtype
 
     dt = get_target_dtype(query, module)

@@ -26,6 +26,11 @@ NOTE_WORDS = {
     "autocast_over_bf16": "bf16=True over bfloat16 trainable weights: planned as {precision}",
     "attention": "attn_implementation={script!r}: planned with PyTorch's {planned} (the same "
                  "memory order)",
+    "flash_fp32": "attn_implementation={script!r} in a run read as float32 (no bf16/fp16 "
+                  "flag; for QLoRA bitsandbytes' default float32 compute dtype): planned as fp32 "
+                  "with PyTorch's sdpa, which errs high — FlashAttention-2 takes 16-bit q, k and "
+                  "v only (transformers casts fp32 ones to the model's dtype; with float32 "
+                  "weights flash-attn raises)",
     "padding_free": "padding-free batches (one row of concatenated samples): planned as "
                     "micro-batch × {seq_len} positions (flash attention's varlen kernel reads "
                     "the packing from position_ids: no mask, the memory of separate rows)",

@@ -283,6 +283,13 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
     f["attention"] = ATTENTION.get(attn, "flash-attention-2" if "flash" in str(attn) else "sdpa")
     if attn not in ("sdpa", "eager", None):
         notes.append(ScriptNote("attention", {"script": attn, "planned": f["attention"]}))
+    if f["attention"] == "flash-attention-2" and f.get("precision") == "fp32":
+        # plan refuses flash-attention-2 in fp32 (flash-attn takes 16-bit q, k and v); a
+        # QLoRA script with bitsandbytes' default fp32 compute dtype over a bf16-loaded model
+        # still runs (its hidden states stay bf16): planned fp32 with SDPA, which errs high (a
+        # review: such a script was refused)
+        f["attention"] = "sdpa"
+        notes.append(ScriptNote("flash_fp32", {"script": attn}))
     ln = lengths(rec, quantile)
     f["seq_len"] = ln.longest
     if ln.padding_free:

@@ -251,7 +251,9 @@ def head_chunks(job: JobSpec) -> int:
 def tiny_job(job: JobSpec, tokens: int = TOKENS) -> JobSpec:
     """The job as the tiny CPU run takes it: fp32, one sequence of ``tokens``, one process, no
     compile, no LoRA dropout (see :func:`shrunk_config`); a chunked head cut into as many chunks
-    as at the job's length (its Python loops once per chunk)."""
+    as at the job's length (its Python loops once per chunk); flash-attention-2 as ``sdpa``
+    (the model it builds on this CPU, and what the cache key says: an fp32 flash-attention-2
+    job is refused, which left every such plan without its host measurement, a review)."""
     chunk = max(1, -(-tokens // head_chunks(job))) if job.lm_head_chunk else None
     lora = {"method": "lora", "lora_dropout": 0.0} if job.method in ("lora", "qlora") else {}
     return dataclasses.replace(
@@ -259,7 +261,8 @@ def tiny_job(job: JobSpec, tokens: int = TOKENS) -> JobSpec:
         effective_batch=None, seq_len=tokens, ranks=1, sharding="none", offload="none",
         compile=False, activation_offload=False, fsdp_frozen_grads=False, fsdp_no_sync=False,
         lm_head_chunk=chunk, data=None, optimizer="adamw", optimizer_impl="foreach",
-        kbit_prepared=False)
+        kbit_prepared=False,
+        attention="sdpa" if job.attention == "flash-attention-2" else job.attention)
 
 
 _JOB_KEYS = ("method", "lora_dropout", "lora_targets", "grad_ckpt", "optimizer_in_backward",
