@@ -54,10 +54,15 @@ def check_flash_attention_2(cls: Any, inside: Any = None) -> None:
     ``attn_implementation="flash_attention_2"`` for (``_supports_flash_attn`` False: T5);
     ``inside``: the composite model class it is a part of."""
     if not getattr(cls, "_supports_flash_attn", True):
-        part = f" (inside {inside.__name__})" if inside is not None and inside is not cls else ""
+        composite = inside is not None and inside is not cls
+        part = f" (inside {inside.__name__})" if composite else ""
+        hint = "use --attention sdpa (or eager)" if getattr(cls, "_supports_sdpa", False) \
+            else "use --attention eager"
+        if composite:  # one choice for every part here; transformers also takes one per part
+            hint += (" — a script may give transformers a dict per sub-config (flash_attention_2"
+                     " for the language model only), which the plan cannot: it errs high")
         raise JobError(f"--attention flash-attention-2: transformers has no flash_attention_2 "
-                       f"for {cls.__name__}{part}", "use --attention sdpa (or eager)"
-                       if getattr(cls, "_supports_sdpa", False) else "use --attention eager")
+                       f"for {cls.__name__}{part}", hint)
 
 
 def check_flash_attention_2_built(model: Any) -> None:
