@@ -105,9 +105,11 @@ def plan_header(result: PlanResult) -> str | None:
     gpu = find_gpu(name) if isinstance(name, str) else None
     if gpu is not None and not gpu.compute_capability and a.attention_kernels:
         # memory/predict.target_for: a generic card's kernels are the ones that hold the most
-        kernels += (" (the card's compute capability is unknown: fp32/fp16 rows simulated with "
-                    "a pre-Ampere card's kernels, bf16 rows with Hopper's, and Hopper's cuBLAS "
-                    "workspaces: what holds the most memory)")
+        kernels += (" (the card's compute capability is unknown: " + (
+            "every row simulated as on Hopper, FlashAttention-2 running on Ampere or newer "
+            "only" if a.attention == "flash-attention-2" else
+            "fp32/fp16 rows simulated with a pre-Ampere card's kernels, bf16 rows with "
+            "Hopper's") + ", and Hopper's cuBLAS workspaces: what holds the most memory)")
     versions = ", ".join(f"{k} {v or 'not installed'}" for k, v in a.versions.items())
     rows = getattr(result, "rows", None) or []
     packed = bool(rows) and getattr(rows[0].job, "padding_free", False)
