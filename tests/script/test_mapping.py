@@ -90,6 +90,20 @@ def test_a_float32_base_under_bf16_autocast_is_planned_as_loaded():
     JobSpec.from_dict(j.fields)
 
 
+def test_padded_batches_are_planned_with_their_mask():
+    """The script's collator pads (seed 000's batches): the plan carries the padding mask
+    (JobSpec.padded), which transformers cannot skip; a padding-free read does not."""
+    from trainfit.render.script import note_words
+
+    j = map_record(record())
+    assert j.fields["padded"] is True
+    assert "with the padding mask" in note_words(next(n for n in j.notes if n.kind == "padded"))
+    rows = [{"rows": 2, "length": 90, "label_length": 90, "tokens": 90, "padded": False,
+             "position_ids": False}]
+    assert "padded" not in map_record(record(lengths__batches=rows)).fields
+    assert "padded" not in map_record(record(), given=frozenset({"padded"})).fields
+
+
 def test_a_float32_run_with_flash_attention_2_is_planned_with_sdpa():
     """A QLoRA script with bitsandbytes' default float32 compute dtype and no bf16 flag reads as
     fp32, which flash-attention-2 refuses; the script runs (its hidden states stay bf16): planned

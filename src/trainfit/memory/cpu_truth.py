@@ -55,7 +55,8 @@ def measure_cpu_step(job: JobSpec, source: ModelSource, steps: int = 2, seed: in
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(job, trainable, simulate=False)
     batch = make_batch(source, job.micro_batch or 1, job.seq_len,
-                       generator=torch.Generator().manual_seed(seed), packed=job.packs_rows)
+                       generator=torch.Generator().manual_seed(seed), packed=job.packs_rows,
+                       padded=job.padded)
     micro = min(job.grad_accum or 1, 2)
     autocast = cpu_autocast(job)
 

@@ -174,9 +174,11 @@ def _step_batches(job: JobSpec, source: ModelSource, batch_fn: Any
                   ) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, torch.Tensor]]]:
     """(the distinct micro-batches, the micro-batches one simulated step runs, in order): what
     ``batch_fn`` builds — one micro-batch, run ``min(grad_accum, 2)`` times, or a list of them
-    with their own shapes, one micro-step each — or unpadded random token ids."""
+    with their own shapes, one micro-step each — or random token ids (with the padding mask of
+    a ``padded`` job)."""
     got = batch_fn() if batch_fn is not None else \
-        make_batch(source, job.micro_batch or 1, job.seq_len, packed=job.packs_rows)
+        make_batch(source, job.micro_batch or 1, job.seq_len, packed=job.packs_rows,
+                   padded=job.padded)
     if isinstance(got, list):
         return got, got
     return [got], list(repeat_batches(got, min(job.grad_accum or 1, 2)))

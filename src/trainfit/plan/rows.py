@@ -42,7 +42,7 @@ def take_exact_row(rows: list[Any], exact: Any) -> None:
 _STEP_KEY = ("precision", "grad_ckpt", "micro_batch", "grad_accum", "method", "lora_r",
              "lora_alpha", "lora_targets", "lora_dropout", "quant", "base_dtype", "optimizer",
              "optimizer_impl", "attention", "ranks", "sharding", "seq_len", "trl_logprob_head",
-             "compile", "compile_builds_mask", "padding_free")
+             "compile", "compile_builds_mask", "padding_free", "padded")
 
 
 def _same_step(row: Any, exact: Any) -> bool:

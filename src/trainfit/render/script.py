@@ -18,9 +18,10 @@ from trainfit.script.mapping import LengthStats, ReadJob, ScriptNote
 from trainfit.script.plan import QUANTILE_PLAN_BELOW, ModelCheck, ScriptPlan
 
 NOTE_WORDS = {
-    "padded": "batches are padded to their longest sample (the collator pads): planned as "
-              "unpadded batches of the same shape, {seq_len} positions per sample (a GPU may run "
-              "attention with a mask through another SDPA kernel)",
+    "padded": "batches are padded to their longest sample (the collator pads): planned at "
+              "{seq_len} positions per sample with the padding mask, which transformers cannot "
+              "skip (SDPA keeps a float copy of it per layer and runs a kernel that takes a "
+              "mask; grouped heads get k and v repeated)",
     "no_autocast": "no bf16/fp16 flag: the frozen {base} base runs in {base} and the adapters in "
                    "float32 — planned as {precision} (the same weights)",
     "autocast_over_bf16": "bf16=True over bfloat16 trainable weights: planned as {precision}",
@@ -66,6 +67,12 @@ NOTE_WORDS = {
 
 def note_words(n: ScriptNote) -> str:
     said = NOTE_WORDS[n.kind].format(**n.data)
+    if n.kind == "padded" and n.data.get("flash"):
+        said = ("batches are padded to their longest sample (the collator pads): planned at "
+                f"{n.data['seq_len']} positions per sample; flash attention unpads them (its "
+                "gathered copies of q, k and v, a layer's at a time, are not modelled; the "
+                "B×S×S bool mask the model simulated with sdpa builds, which flash attention "
+                "does not, is)")
     if n.kind == "padding_free_mask" and n.data.get("flex"):
         said += ("; flex_attention builds a block mask of the packing instead of the dense one: "
                  "planned with the dense mask, an over-prediction")

@@ -267,7 +267,7 @@ def tiny_job(job: JobSpec, tokens: int = TOKENS) -> JobSpec:
 
 _JOB_KEYS = ("method", "lora_dropout", "lora_targets", "grad_ckpt", "optimizer_in_backward",
              "hold_outputs", "output_in_backward", "fp32_outputs", "lm_head_chunk",
-             "trl_logprob_head", "seq_len",
+             "trl_logprob_head", "seq_len", "padded",
              "trust_remote_code")
 """The tiny job's fields that change the step's Python (its rank does not: the ladder's rank-8
 rung reads the same measurement; SDPA's kernel choices all build as ``sdpa``).  A packed row
@@ -403,7 +403,7 @@ def _run_tiny(tj: JobSpec, source: Any, cfg: Any) -> HostStep | None:
     # a packed row is timed with its mask (two documents in the one sample: the mask-building
     # and k/v-expanding code of the rows that have one; a review)
     batch = make_batch(tiny, 1, tj.seq_len, generator=torch.Generator().manual_seed(0),
-                       packed=tj.masks_packing)
+                       packed=tj.masks_packing, padded=tj.padded)
     carry: dict[str, Any] | None = {} if tj.hold_outputs else None
     counter = KernelCounter(active=False)  # the clock turns it on for forward + backward
 
