@@ -91,7 +91,7 @@ CASES = [
              "attention": "flash-attention-2"}},
     # a padded batch's mask (2026-12-06): none at micro-batch 1, a B×1×S×S one above it
     {"model": "llama-3.1-8b", "gpu": "a100-80gb",
-     "job": {"method": "lora", "seq_len": 2048, "effective_batch": 32, "padded": True}},
+     "job": {"method": "lora", "seq_len": 2048, "effective_batch": 32, "padded": "longest"}},
 ]
 FULL_SIZE_CHECKS = 12
 """Extrapolated rows per case re-simulated at full size: each (precision, checkpointing) group's

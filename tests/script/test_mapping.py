@@ -96,12 +96,19 @@ def test_padded_batches_are_planned_with_their_mask():
     from trainfit.render.script import note_words
 
     j = map_record(record())
-    assert j.fields["padded"] is True
+    assert j.fields["padded"] == "longest"
     assert "with the padding mask" in note_words(next(n for n in j.notes if n.kind == "padded"))
     rows = [{"rows": 2, "length": 90, "label_length": 90, "tokens": 90, "padded": False,
              "position_ids": False}]
     assert "padded" not in map_record(record(lengths__batches=rows)).fields
-    assert "padded" not in map_record(record(), given=frozenset({"padded"})).fields
+    for given in ({"padded"}, {"padding_free"}):  # the command line's say (a review)
+        assert "padded" not in map_record(record(), given=frozenset(given)).fields
+    # a padded batch of one row (padding="max_length"): every batch padded, one row too
+    one = [{**rows[0], "rows": 1, "padded": True}]
+    assert map_record(record(lengths__batches=one)).fields["padded"] == "always"
+    eager = map_record(record(model__attn_implementation="eager"))
+    assert "eager attention builds its mask anyway" in note_words(
+        next(n for n in eager.notes if n.kind == "padded"))
 
 
 def test_a_float32_run_with_flash_attention_2_is_planned_with_sdpa():

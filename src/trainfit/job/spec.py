@@ -24,6 +24,7 @@ from trainfit.job.choices import (  # re-exported: the schema's vocabularies liv
     OFFLOADS,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
+    PADDINGS,
     PRECISIONS,
     QUANT_LIBS,  # noqa: F401
     QUANTS,  # noqa: F401
@@ -260,16 +261,20 @@ class JobSpec:
     mask, so under SDPA (sdpa-flash too) a packed row always has the mask.  Causal LMs only;
     read from a script; train (its own loop) and
     tune run it as transformers' DataCollatorWithFlattening builds it."""
-    padded: bool = False
-    """The collator pads each batch to its longest sample (transformers' DataCollatorWithPadding,
-    TRL's SFT without packing), planned at ``seq_len``: the batch carries an attention mask with
-    zeros, which transformers cannot skip. SDPA is then handed a B×1×S×S mask, of which each
-    layer's kernel keeps a float copy for the backward, runs a kernel that takes a mask (not
-    flash), and with grouped heads gets k and v repeated to the query heads (transformers passes
-    no ``enable_gqa`` with a mask); eager adds it to the scores. flash-attention-2 unpads the
-    batch instead (its gathered copies of q, k and v, a layer's at a time, not modelled; the
-    B×S×S bool mask the sdpa-built model makes, which it does not, is). Read from a script
-    whose batches are padded; False: unpadded batches (packed, or samples of one length)."""
+    padded: str = "none"
+    """Padding in the batches, planned at ``seq_len``: none (packed rows, or samples of one
+    length); longest (the collator pads each batch to its longest sample: transformers'
+    DataCollatorWithPadding, TRL's SFT without packing — one row is its own longest, unpadded);
+    always (every batch padded, one row too: ``padding="max_length"``, ``pad_to_multiple_of``).
+    A padded batch's attention mask has zeros, which transformers cannot skip: SDPA is handed a
+    B×1×S×S mask, of which each layer's kernel keeps a float copy for the backward, runs a kernel
+    that takes a mask (not flash), and with grouped heads gets k and v repeated to the query
+    heads (transformers passes no ``enable_gqa`` with a mask); eager builds its mask anyway (no
+    change for a decoder-only model); a seq2seq decoder masks only the encoder's padding (its
+    cross-attention). flash-attention-2 unpads the batch instead (its gathered copies of q, k
+    and v, a layer's at a time, not modelled; the B×S×S bool mask the sdpa-built model makes,
+    which it does not, is). Read from a script's batches; train, tune and doctor take their mask
+    from their own data."""
     grads_to_none: bool = True
     """Free gradients after each optimizer step (``zero_grad(set_to_none=True)``, torch ≥ 2.0's
     default); False keeps zeroed gradients alive between steps (torch < 2.0, many old scripts)."""
@@ -355,10 +360,12 @@ class JobSpec:
             _choice("grad_ckpt", self.grad_ckpt, GRAD_CKPT)
         check_legacy_torch(self)
         check_flash_attention(self)
-        if self.padded and self.padding_free:
-            raise JobError("--padded with --padding-free: a padding-free batch is one row of "
-                           "its samples concatenated, with no padding",
-                           "drop one: --padding-free (packed rows) or --padded (padded rows)")
+        _choice("padded", self.padded, PADDINGS)
+        if self.padded != "none" and (self.padding_free or self.packing):
+            what = "--padding-free" if self.padding_free else "--packing"
+            raise JobError(f"--padded {self.padded} with {what}: packed rows hold samples "
+                           "concatenated, with no padding",
+                           f"drop one: {what} (packed rows) or --padded (padded rows)")
         if self.softmax_saves_input:
             self.ckpt_reentrant = True  # torch ≤ 1.10's only checkpointing
         if self.ckpt_reentrant and self.grad_ckpt == "selective":

@@ -35,10 +35,17 @@ class AttentionTarget:
     (``JobSpec.expand_kv``): the kernel keeps the copies, not the GQA heads."""
     batch_mask: bool = False
     """The batch carries an attention mask (padded data: ``tune``'s batches of a padded data
-    set): its values decide whether transformers may skip the mask, and fake tensors have none,
-    so the mask is materialised, as padding needs. Without one the data are unpadded, and a
-    padding mask transformers itself makes of ones (BART's, Marian's, Pegasus' … decoder:
-    ``torch.ones(batch_size, mask_seq_length)`` when no decoder mask is given) is all ones."""
+    set, ``JobSpec.padded``): its values decide whether transformers may skip the mask, and fake
+    tensors have none, so the mask is materialised, as padding needs — the bidirectional one (an
+    encoder's, a seq2seq cross-attention's) always, the causal one where the batch's mask is the
+    decoder's (:attr:`batch_mask_causal`). Without one the data are unpadded, and a padding mask
+    transformers itself makes of ones (BART's, Marian's, Pegasus' … decoder: ``torch.ones(batch_size,
+    mask_seq_length)`` when no decoder mask is given) is all ones."""
+    batch_mask_causal: bool = False
+    """The batch's mask reaches a causal mask: a decoder-only model's ``attention_mask`` (a
+    sequence classifier's too), or a seq2seq batch's ``decoder_attention_mask``. A seq2seq
+    batch's ``attention_mask`` is the encoder's: its decoder builds a mask of ones, skipped (a
+    review: a padded BART held the decoder's B×1×T×T mask, +1.05 %)."""
     flash_attention_2: bool = False
     """The job's attention is transformers' flash_attention_2 (``--attention flash-attention-2``;
     kernels as ``prefer="sdpa-flash"``): the model, built with sdpa, runs as flash-attn runs it —

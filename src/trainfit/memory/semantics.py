@@ -455,7 +455,11 @@ def device_semantics(target: AttentionTarget) -> Iterator[_DeviceOps]:
         if target.compiled or not target.packed:
             stack.enter_context(mock.patch.object(
                 masking_utils, "find_packed_sequence_indices", packed))
-        if not target.compiled and not target.batch_mask:
+        # a batch with a mask (padded): that mask is materialised (the bidirectional one, and
+        # the causal one where it is the decoder's: AttentionTarget.batch_mask_causal)
+        keep = {"_ignore_causal_mask_sdpa": target.batch_mask_causal,
+                "_ignore_bidirectional_mask_sdpa": target.batch_mask}
+        if not target.compiled:
             # a padding mask of fake tensors: transformers cannot read it (``is_tracing`` is
             # true for a fake tensor) and materialises the mask SDPA would not have been handed.
             # Unpadded data, it is a mask of ones the model made itself — BART's decoder builds
@@ -466,7 +470,7 @@ def device_semantics(target: AttentionTarget) -> Iterator[_DeviceOps]:
             # Under torch.compile (torch < 2.14) transformers never skips a given padding mask
             for name in ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa"):
                 orig = getattr(masking_utils, name, None)
-                if orig is not None:
+                if orig is not None and not keep[name]:
                     stack.enter_context(mock.patch.object(
                         masking_utils, name, _ones_if_fake(orig)))
         if target.flash_attention_2 and target.device == "cuda":

@@ -366,7 +366,11 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
                                expand_kv=job.expand_kv,
                                # a mask in the data: padded, transformers cannot skip it
                                batch_mask=any(key in ("attention_mask", "decoder_attention_mask")
-                                              for batch in batches for key in batch))
+                                              for batch in batches for key in batch),
+                               batch_mask_causal=any(
+                                   "decoder_attention_mask" in batch or (
+                                       "attention_mask" in batch
+                                       and source.task != "seq2seq-lm") for batch in batches))
         micro = len(step_batches)
         # FSDP1's wrap: its history in the allocator trace, the parameters as flat shards
         flats = record_wrap(job, model, tracker) if records_wrap(job, mesh is not None) else []

@@ -11,7 +11,7 @@ from trainfit.model.source import ModelSource
 
 def make_batch(source: ModelSource, micro_batch: int, seq_len: int,
                device: torch.device | str = "cpu", generator: torch.Generator | None = None,
-               packed: bool = False, padded: bool = False) -> dict[str, torch.Tensor]:
+               packed: bool = False, padded: str = "none") -> dict[str, torch.Tensor]:
     """A training batch of token ids (no attention mask: unpadded, as packed/equal-length data
     is — a mask of ones would only stop SDPA from using its fast kernels).
 
@@ -35,11 +35,11 @@ def make_batch(source: ModelSource, micro_batch: int, seq_len: int,
                                    torch.arange(seq_len - half, device=device)])[None]
         return {"input_ids": ids, "labels": ids.clone(), "position_ids": positions}
     ids = torch.randint(0, vocab, (micro_batch, seq_len), device=device, generator=generator)
-    # padded (JobSpec.padded): the collator's attention mask, the last row padded to the longest
-    # (its second half): with real values transformers then cannot skip it either; one row is
-    # its own longest, nothing padded, no mask
+    # padded (JobSpec.padded): the collator's attention mask, the last row padded (its second
+    # half): with real values transformers then cannot skip it either; padded to the longest,
+    # one row is its own longest — nothing padded, no mask
     mask = {}
-    if padded and micro_batch > 1:
+    if padded == "always" or (padded == "longest" and micro_batch > 1):
         mask = {"attention_mask": torch.ones_like(ids)}
         mask["attention_mask"][-1, seq_len - seq_len // 2:] = 0
     if source.task == "sequence-classification":

@@ -113,11 +113,13 @@ def plan_header(result: PlanResult) -> str | None:
     versions = ", ".join(f"{k} {v or 'not installed'}" for k, v in a.versions.items())
     rows = getattr(result, "rows", None) or []
     packed = bool(rows) and getattr(rows[0].job, "padding_free", False)
-    padded = bool(rows) and getattr(rows[0].job, "padded", False)
+    padding = getattr(rows[0].job, "padded", "none") if rows else "none"
+    padded = {"longest": " (padded to each batch's longest: its padding mask reaches attention "
+                         "from micro-batch 2)",
+              "always": " (padded: each batch's padding mask reaches attention)"}.get(padding, "")
     parts = [method, _assumed(a, "seq_len", f"seq {a.seq_len}") + (
                  " (padding-free: a micro-batch's sequences packed into one row)"
-                 if packed else " (padded: each batch's padding mask reaches attention)"
-                 if padded else ""),
+                 if packed else padded),
              _assumed(a, "effective_batch", batch), ranks,
              a.optimizer + (" stepped in the backward pass" if a.optimizer_in_backward else ""),
              *([_loss_words(rows[0].job)] if rows else []),

@@ -18,7 +18,7 @@ from trainfit.script.mapping import LengthStats, ReadJob, ScriptNote
 from trainfit.script.plan import QUANTILE_PLAN_BELOW, ModelCheck, ScriptPlan
 
 NOTE_WORDS = {
-    "padded": "batches are padded to their longest sample (the collator pads): planned at "
+    "padded": "batches are padded (the collator pads): planned at "
               "{seq_len} positions per sample with the padding mask, which transformers cannot "
               "skip (SDPA keeps a float copy of it per layer and runs a kernel that takes a "
               "mask; grouped heads get k and v repeated)",
@@ -67,12 +67,17 @@ NOTE_WORDS = {
 
 def note_words(n: ScriptNote) -> str:
     said = NOTE_WORDS[n.kind].format(**n.data)
-    if n.kind == "padded" and n.data.get("flash"):
-        said = ("batches are padded to their longest sample (the collator pads): planned at "
+    attention = n.data.get("attention")
+    if n.kind == "padded" and attention == "flash-attention-2":
+        said = ("batches are padded (the collator pads): planned at "
                 f"{n.data['seq_len']} positions per sample; flash attention unpads them (its "
                 "gathered copies of q, k and v, a layer's at a time, are not modelled; the "
                 "B×S×S bool mask the model simulated with sdpa builds, which flash attention "
                 "does not, is)")
+    elif n.kind == "padded" and attention == "eager":
+        said = ("batches are padded (the collator pads): planned at "
+                f"{n.data['seq_len']} positions per sample with the padding mask (eager "
+                "attention builds its mask anyway: for a decoder-only model the same memory)")
     if n.kind == "padding_free_mask" and n.data.get("flex"):
         said += ("; flex_attention builds a block mask of the packing instead of the dense one: "
                  "planned with the dense mask, an over-prediction")

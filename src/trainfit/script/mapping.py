@@ -326,11 +326,15 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
     if "expandable_segments" not in given:
         f["expandable_segments"] = bool(rec.get("expandable_segments"))
         where["expandable_segments"] = "the script's environment (PYTORCH_CUDA_ALLOC_CONF)"
-    if ln.padded and not ln.padding_free and "padded" not in given:
-        f["padded"] = True  # the collator's padding mask, which transformers cannot skip
+    if ln.padded and not ln.padding_free and not {"padded", "padding_free"} & given:
+        # the collator's padding mask, which transformers cannot skip; a padded one-row batch
+        # (padding="max_length", pad_to_multiple_of): every batch padded, one row too
+        one_row = any(b["padded"] and int(b["rows"]) == 1
+                      for b in rec["lengths"]["batches"])
+        f["padded"] = "always" if one_row else "longest"
     if ln.padded:
         notes.append(ScriptNote("padded", {"seq_len": ln.longest,
-                                           "flash": f.get("attention") == "flash-attention-2"}))
+                                           "attention": f.get("attention", "sdpa")}))
     if rec.get("cuda_asked"):
         notes.append(ScriptNote("cuda_asked", {"where": ", ".join(rec["cuda_asked"])}))
     for ld in rec["loads"]:
