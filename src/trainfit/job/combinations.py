@@ -116,6 +116,16 @@ def check_flash_attention(job: Any) -> None:
                        "use --precision amp-bf16 (or bf16-true, amp-fp16), or --attention sdpa")
 
 
+def check_padding(job: Any) -> None:
+    """``padded`` with packed rows (``padding_free`` or ``packing``): packed rows hold samples
+    concatenated, with no padding."""
+    if job.padded != "none" and (job.padding_free or job.packing):
+        what = "--padding-free" if job.padding_free else "--packing"
+        raise JobError(f"--padded {job.padded} with {what}: packed rows hold samples "
+                       "concatenated, with no padding",
+                       f"drop one: {what} (packed rows) or --padded (padded rows)")
+
+
 def check_legacy_torch(job: Any) -> None:
     """``softmax_saves_input`` describes torch ≤ 1.10: the features that torch had not yet
     cannot be combined with it (the simulation would run torch 2.13's kernels, which save

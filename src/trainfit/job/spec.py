@@ -38,6 +38,7 @@ from trainfit.job.combinations import (
     check_flash_attention,
     check_in_backward,
     check_legacy_torch,
+    check_padding,
     check_quantization,
     check_sharding,
 )
@@ -361,11 +362,7 @@ class JobSpec:
         check_legacy_torch(self)
         check_flash_attention(self)
         _choice("padded", self.padded, PADDINGS)
-        if self.padded != "none" and (self.padding_free or self.packing):
-            what = "--padding-free" if self.padding_free else "--packing"
-            raise JobError(f"--padded {self.padded} with {what}: packed rows hold samples "
-                           "concatenated, with no padding",
-                           f"drop one: {what} (packed rows) or --padded (padded rows)")
+        check_padding(self)
         if self.softmax_saves_input:
             self.ckpt_reentrant = True  # torch ≤ 1.10's only checkpointing
         if self.ckpt_reentrant and self.grad_ckpt == "selective":

@@ -156,9 +156,9 @@ class _Grid:
         kinds = [(m, (_config_job(self.job, self.precisions[0], self.ckpts[0], m).grad_accum
                       or 1) > 1) for m in self.micro_all]
         jobs = [_config_job(self.job, p, c, 1) for p, c in groups]
-        models = self.workers.map(_fit_one, [(j, self.source, target_for(self.gpu, j.precision, j.attention),
-                                              kinds) for j in jobs],
-                                  on_done=lambda n: self.say(what, n, len(groups)))
+        models = self.workers.map(
+            _fit_one, [(j, self.source, target_for(self.gpu, j.precision, j.attention), kinds)
+                       for j in jobs], on_done=lambda n: self.say(what, n, len(groups)))
         if self.gpu is not None:  # in a worker (the parent builds no model), alone
             hosts = self.workers.map(_host_steps, [[(j, self.source) for j in jobs]])[0]
             for model, (hs, framework_s) in zip(models, hosts, strict=True):

@@ -17,11 +17,20 @@ from trainfit.script.diff import SWITCH_OFF, KeywordChange
 from trainfit.script.mapping import LengthStats, ReadJob, ScriptNote
 from trainfit.script.plan import QUANTILE_PLAN_BELOW, ModelCheck, ScriptPlan
 
+_PADDED_AS = {
+    "sdpa": " with the padding mask, which transformers cannot skip (SDPA keeps a float copy of "
+            "it per layer and runs a kernel that takes a mask; grouped heads get k and v "
+            "repeated)",
+    "flash-attention-2": "; flash attention unpads them (its gathered copies of q, k and v, a "
+                         "layer's at a time, are not modelled; the B×S×S bool mask the model "
+                         "simulated with sdpa builds, which flash attention does not, is)",
+    "eager": " with the padding mask (eager attention builds its mask anyway: for a decoder-only "
+             "model the same memory)"}
+"""The end of the ``padded`` note by the script's attention (SDPA's for its kernel choices)."""
+
 NOTE_WORDS = {
-    "padded": "batches are padded (the collator pads): planned at "
-              "{seq_len} positions per sample with the padding mask, which transformers cannot "
-              "skip (SDPA keeps a float copy of it per layer and runs a kernel that takes a "
-              "mask; grouped heads get k and v repeated)",
+    "padded": "batches are padded (the collator pads): planned at {seq_len} positions per "
+              "sample{how}",
     "no_autocast": "no bf16/fp16 flag: the frozen {base} base runs in {base} and the adapters in "
                    "float32 — planned as {precision} (the same weights)",
     "autocast_over_bf16": "bf16=True over bfloat16 trainable weights: planned as {precision}",
@@ -66,18 +75,10 @@ NOTE_WORDS = {
 
 
 def note_words(n: ScriptNote) -> str:
-    said = NOTE_WORDS[n.kind].format(**n.data)
-    attention = n.data.get("attention")
-    if n.kind == "padded" and attention == "flash-attention-2":
-        said = ("batches are padded (the collator pads): planned at "
-                f"{n.data['seq_len']} positions per sample; flash attention unpads them (its "
-                "gathered copies of q, k and v, a layer's at a time, are not modelled; the "
-                "B×S×S bool mask the model simulated with sdpa builds, which flash attention "
-                "does not, is)")
-    elif n.kind == "padded" and attention == "eager":
-        said = ("batches are padded (the collator pads): planned at "
-                f"{n.data['seq_len']} positions per sample with the padding mask (eager "
-                "attention builds its mask anyway: for a decoder-only model the same memory)")
+    data = n.data
+    if n.kind == "padded":
+        data = {**data, "how": _PADDED_AS.get(data.get("attention", "sdpa"), _PADDED_AS["sdpa"])}
+    said = NOTE_WORDS[n.kind].format(**data)
     if n.kind == "padding_free_mask" and n.data.get("flex"):
         said += ("; flex_attention builds a block mask of the packing instead of the dense one: "
                  "planned with the dense mask, an over-prediction")

@@ -253,7 +253,9 @@ def tiny_job(job: JobSpec, tokens: int = TOKENS) -> JobSpec:
     compile, no LoRA dropout (see :func:`shrunk_config`); a chunked head cut into as many chunks
     as at the job's length (its Python loops once per chunk); flash-attention-2 as ``sdpa``
     (the model it builds on this CPU, and what the cache key says: an fp32 flash-attention-2
-    job is refused, which left every such plan without its host measurement, a review)."""
+    job is refused, which left every such plan without its host measurement, a review); a
+    padded job's one row with its mask (``always``: the mask-building and k/v-repeating code the
+    job's rows run; a review), as a packed row is timed with its own."""
     chunk = max(1, -(-tokens // head_chunks(job))) if job.lm_head_chunk else None
     lora = {"method": "lora", "lora_dropout": 0.0} if job.method in ("lora", "qlora") else {}
     return dataclasses.replace(
@@ -262,7 +264,8 @@ def tiny_job(job: JobSpec, tokens: int = TOKENS) -> JobSpec:
         compile=False, activation_offload=False, fsdp_frozen_grads=False, fsdp_no_sync=False,
         lm_head_chunk=chunk, data=None, optimizer="adamw", optimizer_impl="foreach",
         kbit_prepared=False,
-        attention="sdpa" if job.attention == "flash-attention-2" else job.attention)
+        attention="sdpa" if job.attention == "flash-attention-2" else job.attention,
+        padded="always" if job.padded != "none" else "none")
 
 
 _JOB_KEYS = ("method", "lora_dropout", "lora_targets", "grad_ckpt", "optimizer_in_backward",
@@ -403,10 +406,7 @@ def _run_tiny(tj: JobSpec, source: Any, cfg: Any) -> HostStep | None:
     # a packed row is timed with its mask (two documents in the one sample: the mask-building
     # and k/v-expanding code of the rows that have one; a review)
     batch = make_batch(tiny, 1, tj.seq_len, generator=torch.Generator().manual_seed(0),
-                       packed=tj.masks_packing,
-                       # the tiny run's one row: timed with a padded batch's mask (its building
-                       # and k/v-repeating code), as a packed row is (a review)
-                       padded="always" if tj.padded != "none" else "none")
+                       packed=tj.masks_packing, padded=tj.padded)
     carry: dict[str, Any] | None = {} if tj.hold_outputs else None
     counter = KernelCounter(active=False)  # the clock turns it on for forward + backward
 
