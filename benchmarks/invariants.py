@@ -92,6 +92,11 @@ CASES = [
     # a padded batch's mask (2026-12-06): none at micro-batch 1, a B×1×S×S one above it
     {"model": "llama-3.1-8b", "gpu": "a100-80gb",
      "job": {"method": "lora", "seq_len": 2048, "effective_batch": 32, "padded": "longest"}},
+    # the same padded under flash_attention_2 (2026-12-07): q, k, v unpadded, the output padded
+    # back, the kernel once per run of equal rows; nothing padded at micro-batch 1
+    {"model": "llama-3.1-8b", "gpu": "a100-80gb",
+     "job": {"method": "lora", "seq_len": 2048, "effective_batch": 32, "padded": "longest",
+             "attention": "flash-attention-2"}},
 ]
 FULL_SIZE_CHECKS = 12
 """Extrapolated rows per case re-simulated at full size: each (precision, checkpointing) group's

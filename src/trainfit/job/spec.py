@@ -272,10 +272,11 @@ class JobSpec:
     that takes a mask (not flash), and with grouped heads gets k and v repeated to the query
     heads (transformers passes no ``enable_gqa`` with a mask); eager builds its mask anyway (no
     change for a decoder-only model); a seq2seq decoder masks only the encoder's padding (its
-    cross-attention). flash-attention-2 unpads the batch instead (its gathered copies of q, k
-    and v, a layer's at a time, not modelled; the B×S×S bool mask the sdpa-built model makes,
-    which it does not, is). Read from a script's batches; train, tune and doctor take their mask
-    from their own data."""
+    cross-attention). flash-attention-2 unpads the batch instead: q, k and v gathered to the
+    valid tokens, which its kernel keeps, and its output padded back, which o_proj keeps — each
+    layer holds its attention output twice (the B×S×S bool mask the sdpa-built model makes,
+    which it does not, is counted too: errs high). Read from a script's batches; train, tune and
+    doctor take their mask from their own data."""
     grads_to_none: bool = True
     """Free gradients after each optimizer step (``zero_grad(set_to_none=True)``, torch ≥ 2.0's
     default); False keeps zeroed gradients alive between steps (torch < 2.0, many old scripts)."""

@@ -46,6 +46,11 @@ class AttentionTarget:
     sequence classifier's too), or a seq2seq batch's ``decoder_attention_mask``. A seq2seq
     batch's ``attention_mask`` is the encoder's: its decoder builds a mask of ones, skipped (a
     review: a padded BART held the decoder's B×1×T×T mask, +1.05 %)."""
+    padded_rows: tuple[int, ...] = ()
+    """Each row's length without its padding, where the batch is padded (``JobSpec.padded``:
+    :func:`trainfit.model.batch.row_lengths`); empty when it is not, or not known (a data set's
+    batches). transformers' ``flash_attention_2`` unpads q, k and v to these rows
+    (:mod:`trainfit.memory.flash_varlen`); without them its padding mask is only dropped."""
     flash_attention_2: bool = False
     """The job's attention is transformers' flash_attention_2 (``--attention flash-attention-2``;
     kernels as ``prefer="sdpa-flash"``): the model, built with sdpa, runs as flash-attn runs it —

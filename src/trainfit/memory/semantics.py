@@ -39,6 +39,7 @@ from torch._C import DispatchKey, DispatchKeySet
 from torch.utils._pytree import tree_map
 
 from trainfit.job import JobError
+from trainfit.memory.flash_varlen import unpadded_attention
 from trainfit.memory.sdpa_choice import AttentionTarget, choose_sdpa_kernel
 
 # --- CUDA autocast policy (torch 2.13 aten/src/ATen/autocast_mode.h) ---------------------------
@@ -393,7 +394,7 @@ def _flash_attention_2_inputs(module: Any, query: torch.Tensor, key: torch.Tenso
     return tuple(t.to(dt) for t in (query, key, value))
 
 
-def _interface_as_flash_attention_2(sdpa_forward: Any) -> Any:
+def _interface_as_flash_attention_2(sdpa_forward: Any, rows: tuple[int, ...]) -> Any:
     """transformers' sdpa attention function as its ``flash_attention_2`` runs the same call:
     no boolean mask (FlashAttention-2 takes causality and sliding windows as arguments and
     unpads padding), so the function passes ``enable_gqa`` where it would have repeated k and v
@@ -402,14 +403,20 @@ def _interface_as_flash_attention_2(sdpa_forward: Any) -> Any:
     module (``is_causal``: an encoder's self-attention and cross-attention are not causal). A
     float mask or position bias stays (models transformers refuses flash_attention_2 for).
     Gemma-2's ``softcap`` goes too: FlashAttention-2 applies it to the scores inside its kernel
-    (no tensor of its own), where transformers' sdpa function refuses it."""
+    (no tensor of its own), where transformers' sdpa function refuses it. A padded batch
+    (``rows``: each row's valid length, :attr:`AttentionTarget.padded_rows`) is unpadded,
+    attended and padded back as transformers does it (:mod:`trainfit.memory.flash_varlen`)."""
     def call(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
              *args: Any, **kwargs: Any) -> Any:
         if query.dtype == torch.float32:
             query, key, value = _flash_attention_2_inputs(module, query, key, value)
-        if attention_mask is not None and attention_mask.dtype == torch.bool:
-            attention_mask = None
         kwargs.pop("softcap", None)
+        if attention_mask is not None and attention_mask.dtype == torch.bool:
+            if rows and len(rows) == query.shape[0] and query.dim() == key.dim() == 4 \
+                    and query.shape[-2] == key.shape[-2]:
+                return unpadded_attention(sdpa_forward, module, query, key, value, rows,
+                                          *args, **kwargs)
+            attention_mask = None
         return sdpa_forward(module, query, key, value, attention_mask, *args, **kwargs)
 
     return call
@@ -480,7 +487,8 @@ def device_semantics(target: AttentionTarget) -> Iterator[_DeviceOps]:
             # the instance's own mapping, which get_interface reads before the global one
             stack.enter_context(mock.patch.dict(
                 ALL_ATTENTION_FUNCTIONS._local_mapping,
-                {"sdpa": _interface_as_flash_attention_2(sdpa_attention_forward)}))
+                {"sdpa": _interface_as_flash_attention_2(sdpa_attention_forward,
+                                                          target.padded_rows)}))
         stack.enter_context(mock.patch.object(torch.nn.functional, "scaled_dot_product_attention",
                                               ops.sdpa))
         stack.enter_context(mock.patch.object(torch.nn.functional, "dropout", ops.dropout))

@@ -37,7 +37,7 @@ from trainfit.memory.tracker import LiveBytesTracker
 from trainfit.memory.wrap import record_wrap, records_wrap
 from trainfit.memory.zero import compute_job, master_bytes_per_param, zero3_linear
 from trainfit.memory.zero_host import zero3_param_blocks
-from trainfit.model.batch import make_batch
+from trainfit.model.batch import make_batch, row_lengths
 from trainfit.model.chunked_head import ChunkedHeadLM
 from trainfit.model.in_backward import InBackwardOptimizer
 from trainfit.model.offload import simulated_offload, with_offload
@@ -361,6 +361,8 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
                                prefer={"eager": "sdpa", "flash-attention-2": "sdpa-flash"}.get(
                                    job.attention, job.attention),
                                flash_attention_2=job.attention == "flash-attention-2",
+                               padded_rows=row_lengths(job.micro_batch or 1, job.seq_len,
+                                                       job.padded) if batch_fn is None else (),
                                compiled=job.compile and job.compile_builds_mask,
                                packed=job.packs_rows, decoder_only=source.task == "causal-lm",
                                expand_kv=job.expand_kv,

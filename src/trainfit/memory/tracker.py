@@ -25,6 +25,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary, weakref
 
 from trainfit.memory.allocator import EMPTY_CACHE_UID, HISTORY_UID
+from trainfit.memory.kernel_workspace import WORKSPACES
 
 CATEGORIES = ("parameters", "gradients", "optimizer", "activations", "temporaries", "buffers",
               "data_parallel")
@@ -448,7 +449,32 @@ class LiveBytesTracker(TorchDispatchMode):
                 if isinstance(leaf, torch.Tensor):
                     self._register(leaf, category)
         self._check_peak()
+        workspace = WORKSPACES.get(func)
+        if workspace is not None:
+            self._transient(workspace(args))
         return out
+
+    def _transient(self, sizes: list[int]) -> None:
+        """Buffers the op just run allocates and frees inside its kernel, beside its outputs
+        (:mod:`trainfit.memory.kernel_workspace`): booked as temporaries, the peak checked,
+        then freed — in the trace too, so the allocator replay gives them blocks."""
+        if self._managed_depth or not sizes:
+            return
+        blocks = []
+        for size in sizes:
+            self._next_id += 1
+            blk = _Block(self._rounded(size), "temporaries", self.phase, self._next_id)
+            self._alive[blk.uid] = blk
+            self.current_bytes += blk.nbytes
+            self._cat_bytes["temporaries"] += blk.nbytes
+            if self.record_events:
+                self.events.append((blk.uid, blk.nbytes))
+                if self.stream:
+                    self.event_streams[blk.uid] = self.stream
+            blocks.append(blk)
+        self._check_peak()
+        for blk in reversed(blocks):
+            self._release(blk)
 
     def live_breakdown(self) -> dict[str, int]:
         self._settle()

@@ -35,15 +35,23 @@ def make_batch(source: ModelSource, micro_batch: int, seq_len: int,
                                    torch.arange(seq_len - half, device=device)])[None]
         return {"input_ids": ids, "labels": ids.clone(), "position_ids": positions}
     ids = torch.randint(0, vocab, (micro_batch, seq_len), device=device, generator=generator)
-    # padded (JobSpec.padded): the collator's attention mask, the last row padded (its second
-    # half): with real values transformers then cannot skip it either; padded to the longest,
-    # one row is its own longest — nothing padded, no mask
     mask = {}
-    if padded == "always" or (padded == "longest" and micro_batch > 1):
-        mask = {"attention_mask": torch.ones_like(ids)}
-        mask["attention_mask"][-1, seq_len - seq_len // 2:] = 0
+    rows = row_lengths(micro_batch, seq_len, padded)
+    if rows:
+        mask = {"attention_mask": (torch.arange(seq_len, device=device)[None]
+                                   < torch.tensor(rows, device=device)[:, None]).long()}
     if source.task == "sequence-classification":
         labels = torch.randint(0, max(int(getattr(source.config, "num_labels", 2)), 1),
                                (micro_batch,), device=device, generator=generator)
         return {"input_ids": ids, "labels": labels, **mask}
     return {"input_ids": ids, "labels": ids.clone(), **mask}
+
+
+def row_lengths(micro_batch: int, seq_len: int, padded: str) -> tuple[int, ...]:
+    """Each row's length without its padding in the batch :func:`make_batch` builds for a
+    ``padded`` job (``JobSpec.padded``), empty where it builds no mask: the last row is padded
+    (its second half), so that with real values transformers cannot skip the mask either.
+    Padded to the longest, one row is its own longest — nothing padded, no mask."""
+    if padded == "always" or (padded == "longest" and micro_batch > 1):
+        return (seq_len,) * (micro_batch - 1) + (seq_len - seq_len // 2,)
+    return ()

@@ -21,9 +21,10 @@ _PADDED_AS = {
     "sdpa": " with the padding mask, which transformers cannot skip (SDPA keeps a float copy of "
             "it per layer and runs a kernel that takes a mask; grouped heads get k and v "
             "repeated)",
-    "flash-attention-2": "; flash attention unpads them (its gathered copies of q, k and v, a "
-                         "layer's at a time, are not modelled; the B×S×S bool mask the model "
-                         "simulated with sdpa builds, which flash attention does not, is)",
+    "flash-attention-2": "; flash attention unpads them (q, k and v gathered to the real "
+                         "tokens, the output padded back: each layer keeps its attention output "
+                         "twice; the B×S×S bool mask the model simulated with sdpa builds, which "
+                         "flash attention does not, is counted too)",
     "eager": " with the padding mask (eager attention builds its mask anyway: for a decoder-only "
              "model the same memory)"}
 """The end of the ``padded`` note by the script's attention (SDPA's for its kernel choices)."""

@@ -1,0 +1,63 @@
+"""Device buffers a kernel allocates and frees inside one op: on the GPU they take memory for
+the op's duration (and a block in the caching allocator) beside its outputs, while the fake
+kernels the simulation runs allocate the outputs only.
+
+FlashAttention-2's backward (``mha_bwd``: torch's copy in
+aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp, which SDPA's flash kernel runs,
+and flash-attn's csrc/flash_attn/flash_api.cpp, which transformers' ``flash_attention_2`` runs —
+the same code) allocates, after dq, dk and dv:
+
+* ``softmax_d``: batch × heads × seqlen_q rounded up to 128, fp32;
+* ``dq_accum``: batch × seqlen_q rounded to 128 × heads × head_dim rounded (to 32 up to 128,
+  else to 64), fp32 — where dq is accumulated across the key blocks (``loop`` is always true;
+  the deterministic mode's split copies are not modelled: it is off by default);
+* with fewer key/value heads than query heads (MQA, GQA): ``dk_expanded`` and ``dv_expanded``,
+  batch × seqlen_k × query heads × head_dim each, in q's dtype, summed into dk and dv afterwards.
+
+All are freed when the op returns. Unmodelled, a grouped-query 16-bit layer's attention backward
+was 4 × its q's bytes under (2 × with as many key heads): Llama-3.1-8B at 4 × 2,048 tokens,
+256 MiB a layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def _round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+def flash_backward_workspace(query: torch.Tensor, key: torch.Tensor) -> list[int]:
+    """The transient buffers (bytes each) of FlashAttention-2's backward for SDPA's layout:
+    ``query`` B × H × Sq × D, ``key`` B × Hk × Sk × D (module doc)."""
+    batch, heads, seq_q, head_dim = query.shape
+    kv_heads, seq_k = key.shape[-3], key.shape[-2]
+    head_size = _round_up(head_dim, 8)
+    head_rounded = _round_up(head_size, 32 if head_size <= 128 else 64)
+    seq_q_rounded = _round_up(seq_q, 128)
+    fp32 = 4
+    out = [batch * heads * seq_q_rounded * fp32,  # softmax_d
+           batch * seq_q_rounded * heads * head_rounded * fp32]  # dq_accum
+    if kv_heads != heads:
+        expanded = batch * seq_k * heads * head_size * query.element_size()
+        out += [expanded, expanded]  # dk_expanded, dv_expanded
+    return out
+
+
+def _flash_backward_args(args: tuple[Any, ...]) -> list[int]:
+    query, key = args[1], args[2]
+    if not (isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)) \
+            or query.dim() != 4 or key.dim() != 4:
+        return []
+    return flash_backward_workspace(query, key)
+
+
+WORKSPACES: dict[Any, Callable[[tuple[Any, ...]], list[int]]] = {
+    torch.ops.aten._scaled_dot_product_flash_attention_backward.default: _flash_backward_args,
+}
+"""aten op → the transient buffers (bytes each) its GPU kernel allocates beside its outputs when
+called with these arguments (the module doc); the tracker books them for the op's duration."""
