@@ -292,12 +292,12 @@ def test_a_fp32_target_for_flash_attention_2_is_refused():
     from types import SimpleNamespace
 
     from trainfit.job import JobError
-    from trainfit.memory.semantics import _flash_attention_2_inputs
+    from trainfit.memory.flash_attention_2 import flash_attention_2_inputs
 
     module = torch.nn.Module()
     module.config = SimpleNamespace(_is_quantized=True, dtype=torch.float32)
     q = torch.zeros(1, 2, 4, 8)
     with pytest.raises(JobError, match="fp16 and bf16 only"):
-        _flash_attention_2_inputs(module, q, q, q)
+        flash_attention_2_inputs(module, q, q, q)
     module.config.dtype = torch.bfloat16
-    assert {t.dtype for t in _flash_attention_2_inputs(module, q, q, q)} == {torch.bfloat16}
+    assert {t.dtype for t in flash_attention_2_inputs(module, q, q, q)} == {torch.bfloat16}

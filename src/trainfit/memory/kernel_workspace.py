@@ -21,7 +21,8 @@ was 4 × its q's bytes under (2 × with as many key heads): Llama-3.1-8B at 4 ×
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -49,6 +50,8 @@ def flash_backward_workspace(query: torch.Tensor, key: torch.Tensor) -> list[int
 
 
 def _flash_backward_args(args: tuple[Any, ...]) -> list[int]:
+    if _GIVEN[0]:
+        return []
     query, key = args[1], args[2]
     if not (isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)) \
             or query.dim() != 4 or key.dim() != 4:
@@ -61,3 +64,38 @@ WORKSPACES: dict[Any, Callable[[tuple[Any, ...]], list[int]]] = {
 }
 """aten op → the transient buffers (bytes each) its GPU kernel allocates beside its outputs when
 called with these arguments (the module doc); the tracker books them for the op's duration."""
+
+
+def flash_varlen_backward_workspace(total_q: int, total_k: int, rows: int, heads: int,
+                                    kv_heads: int, head_dim: int, element_size: int
+                                    ) -> list[int]:
+    """The transient buffers (bytes each) of FlashAttention-2's variable-length backward
+    (``mha_varlen_bwd``, flash-attn's csrc/flash_attn/flash_api.cpp), over ``rows`` rows of
+    ``total_q`` query and ``total_k`` key tokens: ``dq_accum`` (total_q + 128 × rows) × heads ×
+    head_dim rounded, fp32 (each row's dq at least 128 tokens from the next); ``softmax_d``
+    heads × (total_q + 128 × rows) fp32 (flash-attn ≥ 2.6; rows × heads × the longest row
+    rounded to 128 before, which is no larger for the rows :func:`trainfit.model.batch
+    .row_lengths` makes); with grouped heads dk and dv at the query heads, total_k tokens."""
+    head_size = _round_up(head_dim, 8)
+    head_rounded = _round_up(head_size, 32 if head_size <= 128 else 64)
+    padded_q = total_q + 128 * rows
+    fp32 = 4
+    out = [heads * padded_q * fp32, padded_q * heads * head_rounded * fp32]
+    if kv_heads != heads:
+        expanded = total_k * heads * head_size * element_size
+        out += [expanded, expanded]
+    return out
+
+
+_GIVEN = [0]
+
+
+@contextlib.contextmanager
+def workspace_given() -> Iterator[None]:
+    """Kernels called inside have their buffers allocated by the caller (the variable-length
+    kernel's stand-in, :mod:`trainfit.memory.flash_varlen`): :data:`WORKSPACES` books none."""
+    _GIVEN[0] += 1
+    try:
+        yield
+    finally:
+        _GIVEN[0] -= 1

@@ -38,7 +38,10 @@ import torch
 from torch._C import DispatchKey, DispatchKeySet
 from torch.utils._pytree import tree_map
 
-from trainfit.job import JobError
+from trainfit.memory.flash_attention_2 import (
+    interface_as_flash_attention_2,
+    unpads,
+)
 from trainfit.memory.flash_varlen import unpadded_attention
 from trainfit.memory.sdpa_choice import AttentionTarget, choose_sdpa_kernel
 
@@ -222,6 +225,15 @@ class _DeviceOps:
             k, v = (t.unsqueeze(2).expand(t.size(0), t.size(1), q.size(1) // t.size(1),
                                           *t.shape[2:]).flatten(1, 2) for t in (k, v))
             enable_gqa = False
+        if self.target.flash_attention_2 and unpads(self.target, q, k, attn_mask,
+                                                     self.target.decoder_only):
+            # a model's own flash class (Falcon's) calls transformers' _flash_attention_forward
+            # with the 2-D padding mask: unpadded as the interface's calls are
+            if q.dtype == torch.float32:
+                q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+            self.kernels_used["flash"] = self.kernels_used.get("flash", 0) + 1
+            return unpadded_attention(q, k, v, self.target.padded_rows, dropout_p, True,
+                                      scale).transpose(1, 2)
         if self.target.flash_attention_2:
             attn_mask, is_causal, enable_gqa = self._as_flash_attention_2(
                 q, k, v, attn_mask, is_causal, enable_gqa)
@@ -372,54 +384,11 @@ def _ones_if_fake(check: Any) -> Any:
     return skip
 
 
-def _flash_attention_2_inputs(module: Any, query: torch.Tensor, key: torch.Tensor,
-                              value: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """fp32 q, k and v as transformers hands them to FlashAttention-2, which takes 16-bit ones:
-    cast to ``get_target_dtype``'s dtype (integrations/flash_attention.py: the autocast dtype,
-    a quantized model's ``config.dtype``, else the first Linear's weight dtype) by
-    ``fa_peft_integration_check`` — copies the kernel keeps for its backward in place of the fp32
-    ones. fp32 reaches it under QLoRA after peft's prepare_model_for_kbit_training (fp32 norms
-    upcast the hidden states; bitsandbytes' 4-bit layers return their input's dtype): under
-    autocast cast to its dtype, without it to the quantized model's ``config.dtype`` — there
-    SDPA was simulated with fp32 inputs, its math kernel's T×T probabilities kept (2× the tiny
-    case's activations, a review)."""
-    from transformers.integrations.flash_attention import get_target_dtype
-
-    dt = get_target_dtype(query, module)
-    if dt not in (torch.float16, torch.bfloat16):
-        raise JobError("--attention flash-attention-2: transformers would hand FlashAttention-2 "
-                       f"q, k and v in {dt} (no autocast, and {dt} weights), which flash-attn "
-                       "refuses: it takes fp16 and bf16 only",
-                       "use --precision amp-bf16, or --attention sdpa")
-    return tuple(t.to(dt) for t in (query, key, value))
-
-
-def _interface_as_flash_attention_2(sdpa_forward: Any, rows: tuple[int, ...]) -> Any:
-    """transformers' sdpa attention function as its ``flash_attention_2`` runs the same call:
-    no boolean mask (FlashAttention-2 takes causality and sliding windows as arguments and
-    unpads padding), so the function passes ``enable_gqa`` where it would have repeated k and v
-    to the query heads with a mask present (``use_gqa_in_sdpa``: copies FlashAttention-2 never
-    makes, (n_heads / n_kv − 1) × k and v a layer: a review), and takes causality from the
-    module (``is_causal``: an encoder's self-attention and cross-attention are not causal). A
-    float mask or position bias stays (models transformers refuses flash_attention_2 for).
-    Gemma-2's ``softcap`` goes too: FlashAttention-2 applies it to the scores inside its kernel
-    (no tensor of its own), where transformers' sdpa function refuses it. A padded batch
-    (``rows``: each row's valid length, :attr:`AttentionTarget.padded_rows`) is unpadded,
-    attended and padded back as transformers does it (:mod:`trainfit.memory.flash_varlen`)."""
-    def call(module: Any, query: Any, key: Any, value: Any, attention_mask: Any,
-             *args: Any, **kwargs: Any) -> Any:
-        if query.dtype == torch.float32:
-            query, key, value = _flash_attention_2_inputs(module, query, key, value)
-        kwargs.pop("softcap", None)
-        if attention_mask is not None and attention_mask.dtype == torch.bool:
-            if rows and len(rows) == query.shape[0] and query.dim() == key.dim() == 4 \
-                    and query.shape[-2] == key.shape[-2]:
-                return unpadded_attention(sdpa_forward, module, query, key, value, rows,
-                                          *args, **kwargs)
-            attention_mask = None
-        return sdpa_forward(module, query, key, value, attention_mask, *args, **kwargs)
-
-    return call
+def _count_flash() -> None:
+    """One more flash kernel in the :func:`device_semantics` in force."""
+    ops = active_device_ops()
+    if ops is not None:
+        ops.kernels_used["flash"] = ops.kernels_used.get("flash", 0) + 1
 
 
 def active_device_ops() -> _DeviceOps | None:
@@ -487,8 +456,8 @@ def device_semantics(target: AttentionTarget) -> Iterator[_DeviceOps]:
             # the instance's own mapping, which get_interface reads before the global one
             stack.enter_context(mock.patch.dict(
                 ALL_ATTENTION_FUNCTIONS._local_mapping,
-                {"sdpa": _interface_as_flash_attention_2(sdpa_attention_forward,
-                                                          target.padded_rows)}))
+                {"sdpa": interface_as_flash_attention_2(sdpa_attention_forward, target,
+                                                         _count_flash)}))
         stack.enter_context(mock.patch.object(torch.nn.functional, "scaled_dot_product_attention",
                                               ops.sdpa))
         stack.enter_context(mock.patch.object(torch.nn.functional, "dropout", ops.dropout))

@@ -9,7 +9,9 @@ ops whose output is a view of an input launch no kernel.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -429,6 +431,7 @@ class OpRecorder:
                     dtype = "fp32"
             flops, nbytes, elements = flops / ranks, nbytes / ranks, elements / ranks
         seq, causal, head_dim = _attention_shape(func, name, args, kwargs) if flops else (0, False, 0)
+        flops, seq = _as_rows(flops, seq)
         self.ops.append(OpRecord(name, phase, flops, nbytes, dtype, shape, kernel,
                                  elements, replay_key(f"{name}.{func._overloadname}", args, kwargs)
                                  if kernel and self.replay else None, seq, causal,
@@ -459,3 +462,30 @@ class OpRecorder:
             self.ops.append(OpRecord(name, phase,
                                      2.0 * b * m * n * k, float(size * b * (m * k + k * n + m * n)),
                                      dtype, (b, m, n, k), True, float(b * max(m * k, k * n, m * n))))
+
+
+_ATTENTION_ROWS: list[tuple[int, ...]] = []
+"""The rows of the variable-length attention call running now (:func:`attention_rows`)."""
+
+
+@contextlib.contextmanager
+def attention_rows(rows: tuple[int, ...]) -> Iterator[None]:
+    """Attention kernels called inside stand for one variable-length call over ``rows`` (each
+    row's tokens, run as one row of all of them: :mod:`trainfit.memory.flash_varlen`): their
+    FLOPs are counted as the rows' own (Σ rows² for the (Σ rows)² of one row) and their sequence
+    length as the rows' (the work-weighted mean, Σ rows³ / Σ rows²)."""
+    _ATTENTION_ROWS.append(rows)
+    try:
+        yield
+    finally:
+        _ATTENTION_ROWS.pop()
+
+
+def _as_rows(flops: float, seq: int) -> tuple[float, int]:
+    """An attention kernel's (FLOPs, sequence length) as the rows of :func:`attention_rows`
+    in force run it; unchanged outside one."""
+    if not _ATTENTION_ROWS or not seq:
+        return flops, seq
+    rows = _ATTENTION_ROWS[-1]
+    squares = sum(r * r for r in rows)
+    return flops * squares / sum(rows) ** 2, round(sum(r ** 3 for r in rows) / squares)
