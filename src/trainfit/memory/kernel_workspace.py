@@ -14,7 +14,10 @@ the same code) allocates, after dq, dk and dv:
 * with fewer key/value heads than query heads (MQA, GQA): ``dk_expanded`` and ``dv_expanded``,
   batch × seqlen_k × query heads × head_dim each, in q's dtype, summed into dk and dv afterwards.
 
-All are freed when the op returns. Unmodelled, a grouped-query 16-bit layer's attention backward
+All are freed when the op returns. Not booked (not pinned here): the cuDNN attention backward's
+buffers (Hopper's default kernel; cudnn-frontend takes an fp32 dQ accumulation and softmax sums
+of the same order from torch's allocator) and the memory-efficient kernel's (a delta buffer, and
+fp32 accumulators when it splits the keys). Unmodelled, a grouped-query 16-bit layer's attention backward
 was 4 × its q's bytes under (2 × with as many key heads): Llama-3.1-8B at 4 × 2,048 tokens,
 256 MiB a layer.
 """
