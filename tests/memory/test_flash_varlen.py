@@ -224,7 +224,8 @@ def test_a_seq2seq_decoders_own_mask_is_not_unpadded_when_compiled():
 
 def test_a_models_own_flash_class_is_unpadded_too():
     """Falcon calls SDPA itself (its flash class calls transformers' _flash_attention_forward
-    with the padding mask): padded, it holds each layer's output twice as well."""
+    with the padding mask): padded, a full fine-tune holds each layer's output twice as
+    well."""
     cfg = T.FalconConfig(hidden_size=HEADS * DIM, num_hidden_layers=2, num_attention_heads=HEADS,
                          num_kv_heads=1, vocab_size=1000, new_decoder_architecture=False,
                          multi_query=True, bias=False)

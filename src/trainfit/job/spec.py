@@ -273,9 +273,11 @@ class JobSpec:
     heads (transformers passes no ``enable_gqa`` with a mask); eager builds its mask anyway (no
     change for a decoder-only model); a seq2seq decoder masks only the encoder's padding (its
     cross-attention). flash-attention-2 unpads the batch instead: q, k and v gathered to the
-    valid tokens, which its kernel keeps, and its output padded back, which o_proj keeps — each
-    layer holds its attention output twice (the B×S×S bool mask the sdpa-built model makes,
-    which it does not, is counted too: errs high). Read from a script's batches; train, tune and
+    valid tokens, which its kernel keeps, and its output padded back, which o_proj keeps where
+    it saves its input (a trained weight; LoRA without dropout) — the attention output held
+    twice there; elsewhere the padding's share of q, k, v and the output is not kept at all
+    (the B×S×S bool mask the sdpa-built model makes, which it does not, is counted too: errs
+    high). Read from a script's batches; train, tune and
     doctor take their mask from their own data."""
     grads_to_none: bool = True
     """Free gradients after each optimizer step (``zero_grad(set_to_none=True)``, torch ≥ 2.0's

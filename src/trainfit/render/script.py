@@ -22,8 +22,8 @@ _PADDED_AS = {
             "it per layer and runs a kernel that takes a mask; grouped heads get k and v "
             "repeated)",
     "flash-attention-2": "; flash attention unpads them (q, k and v gathered to the real "
-                         "tokens, the output padded back: each layer keeps its attention output "
-                         "twice; the B×S×S bool mask the model simulated with sdpa builds, which "
+                         "tokens, the output padded back, which o_proj keeps where it saves its "
+                         "input; the B×S×S bool mask the model simulated with sdpa builds, which "
                          "flash attention does not, is counted too)",
     "eager": " with the padding mask (eager attention builds its mask anyway: for a decoder-only "
              "model the same memory)"}
