@@ -23,7 +23,7 @@ holds its attention output twice (n and B·S tokens) where an unpadded one holds
 input is a view of the kernel's output); q, k and v it holds for the valid tokens only. Where
 o_proj keeps no input of its own (a frozen base weight, LoRA's dropout keeping its own copy) the
 padded layer holds less than the unpadded one: the padding's share of q, k, v and the output
-(Llama-3.1-8B LoRA at 4 × 2,048 with dropout: 20 MiB a layer).
+(Llama-3.1-8B LoRA on q and v, peft's default, at 4 × 2,048: 20 MiB a layer).
 
 The varlen kernel is stood in for by SDPA's flash kernel over the n tokens as one row — the same
 tensors, kept and made — under :func:`trainfit.speed.ops.attention_rows`, which
