@@ -47,7 +47,7 @@ def unpads(target: AttentionTarget, q: Any, k: Any, mask: Any, padding: bool) ->
     rows = target.padded_rows
     return bool(padding and rows and target.device == "cuda" and mask is not None
                 and mask.dtype == torch.bool and q.dim() == k.dim() == 4
-                and len(rows) == q.shape[0] and q.shape[-2] == k.shape[-2] >= max(rows))
+                and len(rows) == q.shape[0] and q.shape[-2] == k.shape[-2] == max(rows))
 
 
 def interface_as_flash_attention_2(sdpa_forward: Any, target: AttentionTarget,

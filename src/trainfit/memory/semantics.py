@@ -292,7 +292,7 @@ class _DeviceOps:
         """A call that comes straight to SDPA (a model calling it itself, as Falcon does) under
         transformers' ``flash_attention_2`` (``AttentionTarget.flash_attention_2``; calls through
         transformers' attention interface are answered earlier:
-        :func:`_interface_as_flash_attention_2`):
+        :func:`trainfit.memory.flash_attention_2.interface_as_flash_attention_2`):
         FlashAttention-2 takes fewer key/value heads than query heads itself (multi-query, grouped:
         no repeat, no enable_gqa needed) and is never handed a T×T mask — causality and sliding
         windows are its arguments, padding it unpads by. Falcon-7B's SDPA path passes one key
