@@ -57,6 +57,16 @@ def _transformers_call(q, k, v, mask2d, monkeypatch):
     return fa_utils._flash_attention_forward(q, k, v, mask2d, SEQ, is_causal=True)
 
 
+def _sim(cfg, *, padded: str = "longest", task: str = "causal-lm", micro_batch: int = BATCH,
+         **job):
+    """The simulated step of a full fine-tune of ``cfg`` under flash_attention_2 on an
+    Ampere GPU target, amp-bf16, at SEQ tokens."""
+    spec = JobSpec(model="m", method="full", seq_len=SEQ, micro_batch=micro_batch,
+                   precision="amp-bf16", attention="flash-attention-2", padded=padded, **job)
+    return simulate_step(spec, ModelSource("m", cfg, task, "local"),
+                         SimTarget(device="cuda", compute_capability=(8, 0)))
+
+
 def _measure(fn, mask2d: torch.Tensor) -> tuple[int, int, int, torch.Tensor]:
     """(peak bytes in the forward, bytes alive after it with the output, peak in the backward)
     of ``fn`` run on this CPU's real tensors, and its output; the batch's mask is on the device
@@ -117,16 +127,7 @@ def test_a_padded_batch_under_flash_attention_2_holds_its_output_twice():
     cfg = T.LlamaConfig(hidden_size=HEADS * DIM, intermediate_size=256, num_hidden_layers=layers,
                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=1000,
                         max_position_embeddings=512)
-    src = ModelSource("llama", cfg, "causal-lm", "local")
-    target = SimTarget(device="cuda", compute_capability=(8, 0))
-
-    def sim(padded):
-        job = JobSpec(model="llama", method="full", seq_len=SEQ, micro_batch=BATCH,
-                      precision="amp-bf16", grad_ckpt="off", attention="flash-attention-2",
-                      padded=padded)
-        return simulate_step(job, src, target)
-
-    plain, padded = sim("none"), sim("longest")
+    plain, padded = _sim(cfg, padded="none", grad_ckpt="off"), _sim(cfg, grad_ckpt="off")
     assert plain.sdpa_kernels == padded.sdpa_kernels == {"flash": layers}
     out = BATCH * SEQ * HEADS * DIM * 2  # bf16
     lost = (SEQ // 2) * (2 * HEADS + 2 * KV_HEADS) * DIM * 2  # q, out, k, v: the padding's
@@ -202,13 +203,6 @@ def test_the_varlen_kernel_is_timed_as_its_rows():
     assert seq == round((2 * SEQ ** 3 + (SEQ // 2) ** 3) / (2 * SEQ ** 2 + (SEQ // 2) ** 2))
 
 
-def _kernels(cfg, task, **job):
-    src = ModelSource("m", cfg, task, "local")
-    spec = JobSpec(model="m", method="full", seq_len=SEQ, micro_batch=2, precision="amp-bf16",
-                   attention="flash-attention-2", padded="longest", **job)
-    return simulate_step(spec, src, SimTarget(device="cuda", compute_capability=(8, 0)))
-
-
 def test_a_seq2seq_decoders_own_mask_is_not_unpadded_when_compiled():
     """A padded BART: its encoder's mask is the batch's padding (the encoder and the
     cross-attention unpadded), its decoder's causal mask its own — under compile the simulation
@@ -217,8 +211,8 @@ def test_a_seq2seq_decoders_own_mask_is_not_unpadded_when_compiled():
     cfg = T.BartConfig(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
                        vocab_size=512, max_position_embeddings=256)
-    eager = _kernels(cfg, "seq2seq-lm")
-    compiled = _kernels(cfg, "seq2seq-lm", compile=True)
+    eager = _sim(cfg, task="seq2seq-lm", micro_batch=2)
+    compiled = _sim(cfg, task="seq2seq-lm", micro_batch=2, compile=True)
     assert eager.sdpa_kernels == compiled.sdpa_kernels == {"flash": 6}
 
 
@@ -229,16 +223,7 @@ def test_a_models_own_flash_class_is_unpadded_too():
     cfg = T.FalconConfig(hidden_size=HEADS * DIM, num_hidden_layers=2, num_attention_heads=HEADS,
                          num_kv_heads=1, vocab_size=1000, new_decoder_architecture=False,
                          multi_query=True, bias=False)
-    src = ModelSource("m", cfg, "causal-lm", "local")
-    target = SimTarget(device="cuda", compute_capability=(8, 0))
-
-    def sim(padded):
-        job = JobSpec(model="m", method="full", seq_len=SEQ, micro_batch=BATCH,
-                      precision="amp-bf16", grad_ckpt="off", attention="flash-attention-2",
-                      padded=padded)
-        return simulate_step(job, src, target)
-
-    plain, padded = sim("none"), sim("longest")
+    plain, padded = _sim(cfg, padded="none", grad_ckpt="off"), _sim(cfg, grad_ckpt="off")
     out = BATCH * SEQ * HEADS * DIM * 2
     assert plain.sdpa_kernels == padded.sdpa_kernels == {"flash": 2}
     assert padded.peak_allocated_bytes - plain.peak_allocated_bytes >= out

@@ -277,8 +277,8 @@ class JobSpec:
     it saves its input (a trained weight; LoRA without dropout) — the attention output held
     twice there; elsewhere the padding's share of q, k, v and the output is not kept at all
     (the B×S×S bool mask the sdpa-built model makes, which it does not, is counted too: errs
-    high). Read from a script's batches; train, tune and
-    doctor take their mask from their own data."""
+    high). Read from a script's batches; train, tune and doctor take their mask from their own
+    data."""
     grads_to_none: bool = True
     """Free gradients after each optimizer step (``zero_grad(set_to_none=True)``, torch ≥ 2.0's
     default); False keeps zeroed gradients alive between steps (torch < 2.0, many old scripts)."""

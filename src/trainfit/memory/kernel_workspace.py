@@ -40,14 +40,21 @@ def flash_backward_workspace(query: torch.Tensor, key: torch.Tensor) -> list[int
     ``query`` B × H × Sq × D, ``key`` B × Hk × Sk × D (module doc)."""
     batch, heads, seq_q, head_dim = query.shape
     kv_heads, seq_k = key.shape[-3], key.shape[-2]
+    return _backward_buffers(batch * _round_up(seq_q, 128), batch * seq_k, heads, kv_heads,
+                             head_dim, query.element_size())
+
+
+def _backward_buffers(q_slots: int, k_tokens: int, heads: int, kv_heads: int, head_dim: int,
+                      element_size: int) -> list[int]:
+    """``softmax_d`` and ``dq_accum`` (fp32) over ``q_slots`` query positions (each sequence
+    rounded as the kernel lays them out), and with grouped heads dk and dv expanded to the query
+    heads over ``k_tokens``: bytes each, the order the kernel allocates them."""
     head_size = _round_up(head_dim, 8)
     head_rounded = _round_up(head_size, 32 if head_size <= 128 else 64)
-    seq_q_rounded = _round_up(seq_q, 128)
     fp32 = 4
-    out = [batch * heads * seq_q_rounded * fp32,  # softmax_d
-           batch * seq_q_rounded * heads * head_rounded * fp32]  # dq_accum
+    out = [heads * q_slots * fp32, q_slots * heads * head_rounded * fp32]
     if kv_heads != heads:
-        expanded = batch * seq_k * heads * head_size * query.element_size()
+        expanded = k_tokens * heads * head_size * element_size
         out += [expanded, expanded]  # dk_expanded, dv_expanded
     return out
 
@@ -79,15 +86,8 @@ def flash_varlen_backward_workspace(total_q: int, total_k: int, rows: int, heads
     heads × (total_q + 128 × rows) fp32 (flash-attn ≥ 2.6; rows × heads × the longest row
     rounded to 128 before, which is no larger for the rows :func:`trainfit.model.batch
     .row_lengths` makes); with grouped heads dk and dv at the query heads, total_k tokens."""
-    head_size = _round_up(head_dim, 8)
-    head_rounded = _round_up(head_size, 32 if head_size <= 128 else 64)
-    padded_q = total_q + 128 * rows
-    fp32 = 4
-    out = [heads * padded_q * fp32, padded_q * heads * head_rounded * fp32]
-    if kv_heads != heads:
-        expanded = total_k * heads * head_size * element_size
-        out += [expanded, expanded]
-    return out
+    return _backward_buffers(total_q + 128 * rows, total_k, heads, kv_heads, head_dim,
+                             element_size)
 
 
 _GIVEN = [0]

@@ -225,23 +225,21 @@ class _DeviceOps:
             k, v = (t.unsqueeze(2).expand(t.size(0), t.size(1), q.size(1) // t.size(1),
                                           *t.shape[2:]).flatten(1, 2) for t in (k, v))
             enable_gqa = False
-        if self.target.flash_attention_2 and unpads(self.target, q, k, attn_mask,
-                                                     self.target.decoder_only):
-            # a model's own flash class (Falcon's) calls transformers' _flash_attention_forward
-            # with the 2-D padding mask: unpadded as the interface's calls are
-            if q.dtype == torch.float32:
-                q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
-            self.kernels_used["flash"] = self.kernels_used.get("flash", 0) + 1
-            return unpadded_attention(q, k, v, self.target.padded_rows, dropout_p, True,
-                                      scale).transpose(1, 2)
         if self.target.flash_attention_2:
-            attn_mask, is_causal, enable_gqa = self._as_flash_attention_2(
-                q, k, v, attn_mask, is_causal, enable_gqa)
             if self.target.device == "cuda" and q.dtype == torch.float32:
                 # a model's own flash class casts fp32 inputs to its 16-bit dtype as
                 # transformers' function does (FalconFlashAttention2: the autocast dtype —
                 # already applied above — else the quantized model's config dtype): bf16 here
                 q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+            if unpads(self.target, q, k, attn_mask, self.target.decoder_only):
+                # a model's own flash class (Falcon's) calls transformers'
+                # _flash_attention_forward with the 2-D padding mask: unpadded as the
+                # interface's calls are
+                self.kernels_used["flash"] = self.kernels_used.get("flash", 0) + 1
+                return unpadded_attention(q, k, v, self.target.padded_rows, dropout_p, True,
+                                          scale).transpose(1, 2)
+            attn_mask, is_causal, enable_gqa = self._as_flash_attention_2(
+                q, k, v, attn_mask, is_causal, enable_gqa)
         kernel = choose_sdpa_kernel(self.target, q, k, attn_mask, dropout_p, enable_gqa, v)
         self.kernels_used[kernel] = self.kernels_used.get(kernel, 0) + 1
         if attn_mask is not None and attn_mask.dtype == torch.bool and \

@@ -209,8 +209,15 @@ class LiveBytesTracker(TorchDispatchMode):
             self.peak_managed_bytes = max(self.peak_managed_bytes, self.managed_bytes)
             self._refs[blk.uid] = weakref.ref(st, lambda _r, b=blk: self._release(b))
             return blk
-        blk = _Block(nbytes, category, self.phase, self._next_id)
+        blk = self._book(nbytes, category)
         self._live[st] = blk
+        self._refs[blk.uid] = weakref.ref(st, lambda _r, b=blk: self._release(b))
+        return blk
+
+    def _book(self, nbytes: int, category: str) -> _Block:
+        """A new allocator block of ``nbytes`` (the id already drawn): counted live, in the
+        trace when one is recorded."""
+        blk = _Block(nbytes, category, self.phase, self._next_id)
         self._alive[blk.uid] = blk
         self.current_bytes += nbytes
         self._cat_bytes[category] = self._cat_bytes.get(category, 0) + nbytes
@@ -218,7 +225,6 @@ class LiveBytesTracker(TorchDispatchMode):
             self.events.append((blk.uid, nbytes))
             if self.stream:
                 self.event_streams[blk.uid] = self.stream
-        self._refs[blk.uid] = weakref.ref(st, lambda _r, b=blk: self._release(b))
         return blk
 
     def _release(self, blk: _Block) -> None:
@@ -463,15 +469,7 @@ class LiveBytesTracker(TorchDispatchMode):
         blocks = []
         for size in sizes:
             self._next_id += 1
-            blk = _Block(self._rounded(size), "temporaries", self.phase, self._next_id)
-            self._alive[blk.uid] = blk
-            self.current_bytes += blk.nbytes
-            self._cat_bytes["temporaries"] += blk.nbytes
-            if self.record_events:
-                self.events.append((blk.uid, blk.nbytes))
-                if self.stream:
-                    self.event_streams[blk.uid] = self.stream
-            blocks.append(blk)
+            blocks.append(self._book(self._rounded(size), "temporaries"))
         self._check_peak()
         for blk in reversed(blocks):
             self._release(blk)
