@@ -24,11 +24,12 @@ was 4 × its q's bytes under (2 × with as many key heads): Llama-3.1-8B at 4 ×
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
+
+import trainfit.memory.flash_varlen  # noqa: F401  (registers trainfit::flash_varlen_attention*)
 
 
 def _round_up(x: int, m: int) -> int:
@@ -60,20 +61,11 @@ def _backward_buffers(q_slots: int, k_tokens: int, heads: int, kv_heads: int, he
 
 
 def _flash_backward_args(args: tuple[Any, ...]) -> list[int]:
-    if _GIVEN[0]:
-        return []
     query, key = args[1], args[2]
     if not (isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor)) \
             or query.dim() != 4 or key.dim() != 4:
         return []
     return flash_backward_workspace(query, key)
-
-
-WORKSPACES: dict[Any, Callable[[tuple[Any, ...]], list[int]]] = {
-    torch.ops.aten._scaled_dot_product_flash_attention_backward.default: _flash_backward_args,
-}
-"""aten op → the transient buffers (bytes each) its GPU kernel allocates beside its outputs when
-called with these arguments (the module doc); the tracker books them for the op's duration."""
 
 
 def flash_varlen_backward_workspace(total_q: int, total_k: int, rows: int, heads: int,
@@ -90,15 +82,20 @@ def flash_varlen_backward_workspace(total_q: int, total_k: int, rows: int, heads
                              element_size)
 
 
-_GIVEN = [0]
+def _flash_varlen_backward_args(args: tuple[Any, ...]) -> list[int]:
+    """:func:`flash_varlen_backward_workspace` of a call of
+    ``trainfit::flash_varlen_attention_backward`` (grad_out, query, key, …, rows, …: the rows'
+    tokens as one 1 × heads × n × D row)."""
+    query, key, rows = args[1], args[2], args[8]
+    return flash_varlen_backward_workspace(query.shape[-2], key.shape[-2], len(rows),
+                                           query.shape[1], key.shape[1], query.shape[-1],
+                                           query.element_size())
 
 
-@contextlib.contextmanager
-def workspace_given() -> Iterator[None]:
-    """Kernels called inside have their buffers allocated by the caller (the variable-length
-    kernel's stand-in, :mod:`trainfit.memory.flash_varlen`): :data:`WORKSPACES` books none."""
-    _GIVEN[0] += 1
-    try:
-        yield
-    finally:
-        _GIVEN[0] -= 1
+WORKSPACES: dict[Any, Callable[[tuple[Any, ...]], list[int]]] = {
+    torch.ops.aten._scaled_dot_product_flash_attention_backward.default: _flash_backward_args,
+    torch.ops.trainfit.flash_varlen_attention_backward.default: _flash_varlen_backward_args,
+}
+"""op → the transient buffers (bytes each) its GPU kernel allocates beside its outputs when
+called with these arguments (the module doc); the tracker books them for the op's duration,
+after its outputs."""

@@ -27,6 +27,17 @@ SAVE_OPS = {
 """torchtitan's ``_save_list`` (its reduce-scatter entry concerns async tensor parallelism), plus
 the CPU flash kernel this machine's runs use in the GPU kernel's place."""
 
+SAVE_OP_NAMES = frozenset({
+    "flash_attn::_flash_attn_forward",
+    "flash_attn::_flash_attn_varlen_forward",
+    "trainfit::flash_varlen_attention",
+})
+"""Attention ops outside aten saved alike, by name (their libraries need not be importable):
+flash-attn's own ops (flash_attn_interface.py, custom ops since flash-attn 2.7 on torch ≥ 2.4),
+which transformers' ``flash_attention_2`` runs — torchtitan's list, written for SDPA, would
+recompute them — and the simulation's stand-in for the variable-length one
+(memory/flash_varlen.py)."""
+
 
 def _policy(meta: dict[str, int]) -> Any:
     from torch.utils.checkpoint import CheckpointPolicy
@@ -36,7 +47,8 @@ def _policy(meta: dict[str, int]) -> Any:
         if func == torch.ops.aten.mm.default:
             meta[key] += 1
         # "saves output of all compute ops, except every second mm"
-        save = func in SAVE_OPS and not (func == torch.ops.aten.mm.default and meta[key] % 2 == 0)
+        save = (func in SAVE_OPS or func.name() in SAVE_OP_NAMES) \
+            and not (func == torch.ops.aten.mm.default and meta[key] % 2 == 0)
         return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
     return policy
 

@@ -9,9 +9,7 @@ ops whose output is a view of an input launch no kernel.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -239,8 +237,12 @@ def _attention_shape(func: Any, name: str, args: tuple[Any, ...], kwargs: dict[s
         i = names.index(n) if n in names else -1
         return args[i] if 0 <= i < len(args) else None
 
-    key, query = arg("key"), arg("query")
+    key, query, rows = arg("key"), arg("query"), arg("rows")
     seq = int(key.shape[-2]) if isinstance(key, torch.Tensor) and key.dim() >= 2 else 0
+    if rows:
+        # a variable-length kernel over ``rows`` (trainfit::flash_varlen_attention, its tokens
+        # one row of Σ rows): the rows' length, weighted by their work (Σ rows³ / Σ rows²)
+        seq = round(sum(r ** 3 for r in rows) / sum(r * r for r in rows))
     head_dim = int(query.shape[-1]) if isinstance(query, torch.Tensor) and query.dim() >= 1 else 0
     return seq, bool(arg("is_causal")), head_dim
 
@@ -431,7 +433,6 @@ class OpRecorder:
                     dtype = "fp32"
             flops, nbytes, elements = flops / ranks, nbytes / ranks, elements / ranks
         seq, causal, head_dim = _attention_shape(func, name, args, kwargs) if flops else (0, False, 0)
-        flops, seq = _as_rows(flops, seq)
         self.ops.append(OpRecord(name, phase, flops, nbytes, dtype, shape, kernel,
                                  elements, replay_key(f"{name}.{func._overloadname}", args, kwargs)
                                  if kernel and self.replay else None, seq, causal,
@@ -462,30 +463,3 @@ class OpRecorder:
             self.ops.append(OpRecord(name, phase,
                                      2.0 * b * m * n * k, float(size * b * (m * k + k * n + m * n)),
                                      dtype, (b, m, n, k), True, float(b * max(m * k, k * n, m * n))))
-
-
-_ATTENTION_ROWS: list[tuple[int, ...]] = []
-"""The rows of the variable-length attention call running now (:func:`attention_rows`)."""
-
-
-@contextlib.contextmanager
-def attention_rows(rows: tuple[int, ...]) -> Iterator[None]:
-    """Attention kernels called inside stand for one variable-length call over ``rows`` (each
-    row's tokens, run as one row of all of them: :mod:`trainfit.memory.flash_varlen`): their
-    FLOPs are counted as the rows' own (Σ rows² for the (Σ rows)² of one row) and their sequence
-    length as the rows' (the work-weighted mean, Σ rows³ / Σ rows²)."""
-    _ATTENTION_ROWS.append(rows)
-    try:
-        yield
-    finally:
-        _ATTENTION_ROWS.pop()
-
-
-def _as_rows(flops: float, seq: int) -> tuple[float, int]:
-    """An attention kernel's (FLOPs, sequence length) as the rows of :func:`attention_rows`
-    in force run it; unchanged outside one."""
-    if not _ATTENTION_ROWS or not seq:
-        return flops, seq
-    rows = _ATTENTION_ROWS[-1]
-    squares = sum(r * r for r in rows)
-    return flops * squares / sum(rows) ** 2, round(sum(r ** 3 for r in rows) / squares)
