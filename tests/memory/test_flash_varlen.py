@@ -279,3 +279,30 @@ def test_a_compiled_padded_step_times_the_varlen_kernel_as_its_rows():
     assert [op[2] for op in eager if op[1] == "forward"] == [forward] * 2
     assert {op[0] for op in eager} == {"flash_varlen_attention",
                                        "flash_varlen_attention_backward"}
+
+
+def test_the_cudnn_backward_workspace_is_booked():
+    """cuDNN's attention backward (Hopper's default SDPA kernel), dispatched through the
+    tracker: one workspace of dQ_accum and softmax_sum in fp32 (cudnn-frontend's
+    get_fe_workspace_size_node) beside dq, dk and dv."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from trainfit.memory.kernel_workspace import cudnn_backward_workspace
+
+    with FakeTensorMode():
+        q, k, v = (torch.randn(2, HEADS, 1000, DIM, dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        with LiveBytesTracker() as tracker:
+            for t in (q, k, v):
+                tracker.track(t, "activations")
+            tracker.set_phase("forward")
+            out = torch.ops.aten._scaled_dot_product_cudnn_attention(
+                q, k, v, None, True, 0.0, True, False)[0]
+            grad = torch.ones_like(out)
+            tracker.set_phase("backward")
+            start = tracker.current_bytes
+            out.backward(grad)
+            grads = q.nbytes + k.nbytes + v.nbytes
+            work = cudnn_backward_workspace(q)
+            assert work == [2 * q.nbytes + 2 * HEADS * 1000 * 4]
+            assert tracker.peak.peak_bytes - start == grads + work[0]

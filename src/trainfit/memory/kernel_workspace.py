@@ -14,12 +14,22 @@ the same code) allocates, after dq, dk and dv:
 * with fewer key/value heads than query heads (MQA, GQA): ``dk_expanded`` and ``dv_expanded``,
   batch × seqlen_k × query heads × head_dim each, in q's dtype, summed into dk and dv afterwards.
 
-All are freed when the op returns. Not booked (not pinned here): the cuDNN attention backward's
-buffers (Hopper's default kernel; cudnn-frontend takes an fp32 dQ accumulation and softmax sums
-of the same order from torch's allocator) and the memory-efficient kernel's (a delta buffer, and
-fp32 accumulators when it splits the keys). Unmodelled, a grouped-query 16-bit layer's attention backward
-was 4 × its q's bytes under (2 × with as many key heads): Llama-3.1-8B at 4 × 2,048 tokens,
-256 MiB a layer.
+All are freed when the op returns.
+
+cuDNN's attention backward (``_scaled_dot_product_cudnn_attention_backward``, Hopper's default
+SDPA kernel: torch's aten/src/ATen/native/cudnn/MHA.cpp ``run_cudnn_SDP_bprop``) takes one
+workspace of ``mha_graph->get_workspace_size()`` bytes from torch's caching allocator, after dq,
+dk and dv, for the call: cudnn-frontend's ``CompositeSDPABackwardNode``
+(include/cudnn_frontend/node/scaled_dot_product_flash_attention.h, ``get_fe_workspace_size_node``)
+puts there ``dQ_accum``, batch × heads × seqlen_q × head_dim fp32 (cuDNN ≥ 9.0 without dBias and
+out of deterministic mode: 2 × q's bytes in 16 bits), and ``softmax_sum``, batch × heads ×
+seqlen_q fp32; grouped heads' full-head dK and dV stay virtual (inside the kernel) for a dense
+batch. The backend engine's own workspace is not pinned here and not booked.
+
+Not booked (not pinned here): the memory-efficient kernel's (a delta buffer, and fp32
+accumulators of dq, and of dk and dv when it splits the keys, sized by its tile templates).
+Unmodelled, a grouped-query 16-bit layer's attention backward was 4 × its q's bytes under (2 ×
+with as many key heads): Llama-3.1-8B at 4 × 2,048 tokens, 256 MiB a layer.
 """
 
 from __future__ import annotations
@@ -68,6 +78,21 @@ def _flash_backward_args(args: tuple[Any, ...]) -> list[int]:
     return flash_backward_workspace(query, key)
 
 
+def cudnn_backward_workspace(query: torch.Tensor) -> list[int]:
+    """cuDNN's attention backward workspace (module doc), one block: ``dQ_accum`` and
+    ``softmax_sum`` in fp32 for ``query`` B × H × Sq × D."""
+    batch, heads, seq_q, head_dim = query.shape
+    fp32 = 4
+    return [batch * heads * seq_q * (head_dim + 1) * fp32]
+
+
+def _cudnn_backward_args(args: tuple[Any, ...]) -> list[int]:
+    query = args[1]
+    if not isinstance(query, torch.Tensor) or query.dim() != 4:
+        return []
+    return cudnn_backward_workspace(query)
+
+
 def flash_varlen_backward_workspace(total_q: int, total_k: int, rows: int, heads: int,
                                     kv_heads: int, head_dim: int, element_size: int
                                     ) -> list[int]:
@@ -94,6 +119,7 @@ def _flash_varlen_backward_args(args: tuple[Any, ...]) -> list[int]:
 
 WORKSPACES: dict[Any, Callable[[tuple[Any, ...]], list[int]]] = {
     torch.ops.aten._scaled_dot_product_flash_attention_backward.default: _flash_backward_args,
+    torch.ops.aten._scaled_dot_product_cudnn_attention_backward.default: _cudnn_backward_args,
     torch.ops.trainfit.flash_varlen_attention_backward.default: _flash_varlen_backward_args,
 }
 """op → the transient buffers (bytes each) its GPU kernel allocates beside its outputs when
