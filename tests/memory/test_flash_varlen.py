@@ -306,3 +306,24 @@ def test_the_cudnn_backward_workspace_is_booked():
             work = cudnn_backward_workspace(q)
             assert work == [2 * q.nbytes + 2 * HEADS * 1000 * 4]
             assert tracker.peak.peak_bytes - start == grads + work[0]
+
+
+def test_a_single_row_padded_to_a_fixed_length_is_unpadded():
+    """``padded="always"`` at micro-batch 1: the one row is shorter than the batch's length,
+    and transformers unpads it as any padded batch (a review: the call ran flash over the
+    padding, every row then being shorter than q); its attention is the row's own."""
+    from trainfit.speed.ops import OpRecorder
+
+    cfg = T.LlamaConfig(hidden_size=HEADS * DIM, intermediate_size=256, num_hidden_layers=2,
+                        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+                        vocab_size=1000, max_position_embeddings=512)
+    recorder = OpRecorder()
+    spec = JobSpec(model="m", method="full", seq_len=SEQ, micro_batch=1, precision="amp-bf16",
+                   attention="flash-attention-2", padded="always", grad_ckpt="off")
+    simulate_step(spec, ModelSource("m", cfg, "causal-lm", "local"),
+                  SimTarget(device="cuda", compute_capability=(8, 0)), op_hook=recorder)
+    rows = row_lengths(1, SEQ, "always")
+    assert rows == (SEQ // 2,)
+    forward = [op for op in recorder.ops if op.name == "flash_varlen_attention"]
+    assert [(op.flops, op.seq) for op in forward] == [(4 * HEADS * DIM * rows[0] ** 2,
+                                                       rows[0])] * 2

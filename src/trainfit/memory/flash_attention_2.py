@@ -43,11 +43,14 @@ def unpads(target: AttentionTarget, q: Any, k: Any, mask: Any, padding: bool) ->
     """A flash_attention_2 call transformers unpads (:mod:`trainfit.memory.flash_varlen`): a
     boolean mask that is the batch's padding (``padding``: not a seq2seq decoder's own causal
     mask of ones, which transformers hands flash attention as None), on the GPU, with the
-    batch's rows known (:attr:`AttentionTarget.padded_rows`) and q and k as long as the rows."""
+    batch's rows known (:attr:`AttentionTarget.padded_rows`) and q and k as long as the batch
+    (:attr:`AttentionTarget.padded_length`: a longer q, e.g. one with tokens of its own, is not
+    the batch's rows)."""
     rows = target.padded_rows
     return bool(padding and rows and target.device == "cuda" and mask is not None
                 and mask.dtype == torch.bool and q.dim() == k.dim() == 4
-                and len(rows) == q.shape[0] and q.shape[-2] == k.shape[-2] == max(rows))
+                and len(rows) == q.shape[0]
+                and q.shape[-2] == k.shape[-2] == target.padded_length >= max(rows))
 
 
 def interface_as_flash_attention_2(sdpa_forward: Any, target: AttentionTarget,

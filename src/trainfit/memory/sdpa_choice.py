@@ -51,6 +51,10 @@ class AttentionTarget:
     :func:`trainfit.model.batch.row_lengths`); empty when it is not, or not known (a data set's
     batches). transformers' ``flash_attention_2`` unpads q, k and v to these rows
     (:mod:`trainfit.memory.flash_varlen`); without them its padding mask is only dropped."""
+    padded_length: int = 0
+    """The sequence length the rows of :attr:`padded_rows` are padded to (the job's
+    ``seq_len``): a call over q and k of that length is the batch's, unpadded — every row shorter
+    where a single row is padded to a fixed length (``padded="always"`` at micro-batch 1)."""
     flash_attention_2: bool = False
     """The job's attention is transformers' flash_attention_2 (``--attention flash-attention-2``;
     kernels as ``prefer="sdpa-flash"``): the model, built with sdpa, runs as flash-attn runs it —

@@ -33,7 +33,7 @@ SAVE_OP_NAMES = frozenset({
     "trainfit::flash_varlen_attention",
 })
 """Attention ops outside aten saved alike, by name (their libraries need not be importable):
-flash-attn's own ops (flash_attn_interface.py, custom ops since flash-attn 2.7 on torch ≥ 2.4),
+flash-attn's own ops (custom ops on torch ≥ 2.4: flash_attn_interface.py, v2.8.2 L56-73),
 which transformers' ``flash_attention_2`` runs — torchtitan's list, written for SDPA, would
 recompute them — and the simulation's stand-in for the variable-length one
 (memory/flash_varlen.py)."""
