@@ -21,7 +21,9 @@ MATMUL_OPS = frozenset({
     "aten::_scaled_dot_product_cudnn_attention", "aten::_flash_attention_forward",
     "aten::_flash_attention_backward", "aten::_efficient_attention_forward",
     "aten::_efficient_attention_backward", "aten::_scaled_dot_product_flash_attention_backward",
-    "aten::_scaled_dot_product_efficient_attention_backward", "aten::convolution",
+    "aten::_scaled_dot_product_efficient_attention_backward",
+    "aten::_scaled_dot_product_cudnn_attention_backward", "aten::_cudnn_attention_forward",
+    "aten::_cudnn_attention_backward", "aten::convolution",
     "aten::_convolution", "aten::mkldnn_convolution", "aten::cudnn_convolution",
     "aten::convolution_backward"})
 """Ops whose own time is dense matrix work (the work MFU counts)."""
