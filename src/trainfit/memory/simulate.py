@@ -336,6 +336,29 @@ def _info(job: JobSpec, model: torch.nn.Module, info: Any, untraced: list[str] |
             **({"pinned_shards": pinned} if pinned is not None else {})}
 
 
+def _attention_target(job: JobSpec, source: ModelSource, target: SimTarget,
+                      batches: list[dict[str, Any]], padded: bool) -> AttentionTarget:
+    """What the step's attention calls are answered by: the target device, the job's attention
+    and the batch's masks (``padded``: the batch is :func:`trainfit.model.batch.make_batch`'s,
+    whose rows :func:`row_lengths` knows; a data set's are not known)."""
+    return AttentionTarget(
+        device=target.device, compute_capability=target.compute_capability,
+        prefer={"eager": "sdpa", "flash-attention-2": "sdpa-flash"}.get(job.attention,
+                                                                         job.attention),
+        flash_attention_2=job.attention == "flash-attention-2",
+        padded_rows=row_lengths(job.micro_batch or 1, job.seq_len, job.padded) if padded else (),
+        padded_length=job.seq_len,
+        compiled=job.compile and job.compile_builds_mask,
+        packed=job.packs_rows, decoder_only=source.task == "causal-lm",
+        expand_kv=job.expand_kv,
+        # a mask in the data: padded, transformers cannot skip it
+        batch_mask=any(key in ("attention_mask", "decoder_attention_mask")
+                       for batch in batches for key in batch),
+        batch_mask_causal=any(
+            "decoder_attention_mask" in batch or (
+                "attention_mask" in batch and source.task != "seq2seq-lm") for batch in batches))
+
+
 def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
               record_events: bool, op_hook: Any, batch_fn: Any, mesh: Any,
               loads: bool, flat_states: bool = False, host_job: JobSpec | None = None
@@ -357,23 +380,7 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
     with fake_mode:
         hooks, optimizer = _observed_optimizer(job, trainable, tracker)
         batches, step_batches = _step_batches(job, source, batch_fn)
-        attn = AttentionTarget(device=target.device, compute_capability=target.compute_capability,
-                               prefer={"eager": "sdpa", "flash-attention-2": "sdpa-flash"}.get(
-                                   job.attention, job.attention),
-                               flash_attention_2=job.attention == "flash-attention-2",
-                               padded_rows=row_lengths(job.micro_batch or 1, job.seq_len,
-                                                       job.padded) if batch_fn is None else (),
-                               padded_length=job.seq_len,
-                               compiled=job.compile and job.compile_builds_mask,
-                               packed=job.packs_rows, decoder_only=source.task == "causal-lm",
-                               expand_kv=job.expand_kv,
-                               # a mask in the data: padded, transformers cannot skip it
-                               batch_mask=any(key in ("attention_mask", "decoder_attention_mask")
-                                              for batch in batches for key in batch),
-                               batch_mask_causal=any(
-                                   "decoder_attention_mask" in batch or (
-                                       "attention_mask" in batch
-                                       and source.task != "seq2seq-lm") for batch in batches))
+        attn = _attention_target(job, source, target, batches, padded=batch_fn is None)
         micro = len(step_batches)
         # FSDP1's wrap: its history in the allocator trace, the parameters as flat shards
         flats = record_wrap(job, model, tracker) if records_wrap(job, mesh is not None) else []
