@@ -28,8 +28,10 @@ batch. The backend engine's own workspace is not pinned here and not booked.
 
 Not booked (not pinned here): the memory-efficient kernel's (a delta buffer, and fp32
 accumulators of dq, and of dk and dv when it splits the keys, sized by its tile templates).
-Unmodelled, a grouped-query 16-bit layer's attention backward was 4 × its q's bytes under (2 ×
-with as many key heads): Llama-3.1-8B at 4 × 2,048 tokens, 256 MiB a layer.
+
+Before FlashAttention-2's buffers were booked (2026-12-07), a grouped-query 16-bit layer's
+attention backward was 4 × its q's bytes under (2 × with as many key heads): Llama-3.1-8B at
+4 × 2,048 tokens, 256 MiB a layer.
 """
 
 from __future__ import annotations
