@@ -93,10 +93,15 @@ CASES = [
     {"model": "llama-3.1-8b", "gpu": "a100-80gb",
      "job": {"method": "lora", "seq_len": 2048, "effective_batch": 32, "padded": "longest"}},
     # the same padded under flash_attention_2 (2026-12-07): q, k, v unpadded, the output padded
-    # back, the kernel once per run of equal rows; nothing padded at micro-batch 1
+    # back, the variable-length kernel once over the rows; nothing padded at micro-batch 1
     {"model": "llama-3.1-8b", "gpu": "a100-80gb",
      "job": {"method": "lora", "seq_len": 2048, "effective_batch": 32, "padded": "longest",
              "attention": "flash-attention-2"}},
+    # compiled (2026-12-07): the blocks as AOTAutograd's graphs, the variable-length kernel a
+    # custom op carrying its rows through them
+    {"model": "llama-3.2-1b", "gpu": "a100-80gb",
+     "job": {"method": "lora", "seq_len": 2048, "effective_batch": 32, "padded": "longest",
+             "attention": "flash-attention-2", "compile": True}},
 ]
 FULL_SIZE_CHECKS = 12
 """Extrapolated rows per case re-simulated at full size: each (precision, checkpointing) group's
