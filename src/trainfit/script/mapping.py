@@ -242,6 +242,47 @@ def _checkpointing(rec: dict[str, Any]) -> tuple[str, bool, str]:
     return "off", False, f"{a['class']} (off)"
 
 
+def _attention(attn: str, precision: str | None, notes: list[ScriptNote]) -> str:
+    """The job's attention for the script's ``attn_implementation``."""
+    # a hub flash kernel (kernels-community/flash-attn3, …) runs as flash attention does
+    planned = ATTENTION.get(attn, "flash-attention-2" if "flash" in str(attn) else "sdpa")
+    if attn not in ("sdpa", "eager", None):
+        notes.append(ScriptNote("attention", {"script": attn, "planned": planned}))
+    if planned == "flash-attention-2" and precision == "fp32":
+        # plan refuses flash-attention-2 in fp32 (flash-attn takes 16-bit q, k and v); a
+        # QLoRA script with bitsandbytes' default fp32 compute dtype over a bf16-loaded model
+        # still runs (its hidden states stay bf16): planned fp32 with SDPA, which errs high (a
+        # review: such a script was refused)
+        notes.append(ScriptNote("flash_fp32", {"script": attn}))
+        return "sdpa"
+    return planned
+
+
+def _length_notes(ln: LengthStats, attn: str, attention: str, micro_batch: int
+                  ) -> list[ScriptNote]:
+    """What the batches' lengths mean for the step: a padding-free packing (its mask, or none
+    under flash attention) and a seq2seq batch's label lengths."""
+    notes = []
+    if ln.padding_free and attention == "flash-attention-2":
+        # flash attention takes the packing from position_ids itself, no mask (a review); the
+        # note follows what is simulated (JobSpec.packs_rows), not the raw name (a review:
+        # flex_attention read "no mask" while its row was simulated with one)
+        notes.append(ScriptNote("padding_free", {"seq_len": ln.longest}))
+    elif ln.padding_free:
+        # for SDPA and eager, transformers 5 reads the packing from position_ids and hands
+        # SDPA a (1, 1, N, N) bool mask for the one row of N = micro-batch × length positions
+        # (masking_utils; an audit, on this CPU): simulated as that row (JobSpec.padding_free)
+        positions = micro_batch * ln.longest
+        notes.append(ScriptNote("padding_free_mask", {"seq_len": ln.longest,
+                                                      "positions": positions,
+                                                      "mask_mib": positions**2 / 2**20,
+                                                      "flex": attn == "flex_attention"}))
+    if ln.label_max is not None:
+        notes.append(ScriptNote("seq2seq_lengths", {"label_max": ln.label_max,
+                                                    "input_max": ln.sample_max}))
+    return notes
+
+
 def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
                quantile: float = QUANTILE) -> ReadJob:
     """The job of the script's current configuration. ``given``: fields the command line sets
@@ -279,38 +320,12 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
     if rec.get("own_loss"):
         notes.append(ScriptNote("own_loss", {"where": rec["own_loss"]}))
     attn = m["attn_implementation"] or "sdpa"
-    # a hub flash kernel (kernels-community/flash-attn3, …) runs as flash attention does
-    f["attention"] = ATTENTION.get(attn, "flash-attention-2" if "flash" in str(attn) else "sdpa")
-    if attn not in ("sdpa", "eager", None):
-        notes.append(ScriptNote("attention", {"script": attn, "planned": f["attention"]}))
-    if f["attention"] == "flash-attention-2" and f.get("precision") == "fp32":
-        # plan refuses flash-attention-2 in fp32 (flash-attn takes 16-bit q, k and v); a
-        # QLoRA script with bitsandbytes' default fp32 compute dtype over a bf16-loaded model
-        # still runs (its hidden states stay bf16): planned fp32 with SDPA, which errs high (a
-        # review: such a script was refused)
-        f["attention"] = "sdpa"
-        notes.append(ScriptNote("flash_fp32", {"script": attn}))
+    f["attention"] = _attention(attn, f.get("precision"), notes)
     ln = lengths(rec, quantile)
     f["seq_len"] = ln.longest
     if ln.padding_free:
         f["padding_free"] = True
-    if ln.padding_free and f["attention"] == "flash-attention-2":
-        # flash attention takes the packing from position_ids itself, no mask (a review); the
-        # note follows what is simulated (JobSpec.packs_rows), not the raw name (a review:
-        # flex_attention read "no mask" while its row was simulated with one)
-        notes.append(ScriptNote("padding_free", {"seq_len": ln.longest}))
-    elif ln.padding_free:
-        # for SDPA and eager, transformers 5 reads the packing from position_ids and hands
-        # SDPA a (1, 1, N, N) bool mask for the one row of N = micro-batch × length positions
-        # (masking_utils; an audit, on this CPU): simulated as that row (JobSpec.padding_free)
-        positions = int(a["per_device_train_batch_size"]) * ln.longest
-        notes.append(ScriptNote("padding_free_mask", {"seq_len": ln.longest,
-                                                      "positions": positions,
-                                                      "mask_mib": positions**2 / 2**20,
-                                                      "flex": attn == "flex_attention"}))
-    if ln.label_max is not None:
-        notes.append(ScriptNote("seq2seq_lengths", {"label_max": ln.label_max,
-                                                    "input_max": ln.sample_max}))
+    notes += _length_notes(ln, attn, f["attention"], int(a["per_device_train_batch_size"]))
     f.update(micro_batch=int(a["per_device_train_batch_size"]),
              grad_accum=int(a["gradient_accumulation_steps"]), ranks=int(a["world_size"] or 1))
     where["micro_batch"] = where["grad_accum"] = a["class"]
