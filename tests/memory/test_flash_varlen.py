@@ -327,3 +327,31 @@ def test_a_single_row_padded_to_a_fixed_length_is_unpadded():
     forward = [op for op in recorder.ops if op.name == "flash_varlen_attention"]
     assert [(op.flops, op.seq) for op in forward] == [(4 * HEADS * DIM * rows[0] ** 2,
                                                        rows[0])] * 2
+
+
+def test_the_memory_efficient_backward_workspace_is_booked():
+    """The memory-efficient kernel's backward (a padded batch's mask under SDPA), dispatched
+    through the tracker: delta and the fp32 dq accumulation beside dq, dk and dv (torch's
+    attention_backward.cu: at least batch × heads × seqlen_q × head_dim fp32)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from trainfit.memory.kernel_workspace import efficient_backward_workspace
+
+    with FakeTensorMode():
+        q, k, v = (torch.randn(2, HEADS, 1000, DIM, dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        mask = torch.zeros(2, 1, 1000, 1000, dtype=torch.bfloat16)
+        with LiveBytesTracker() as tracker:
+            for t in (q, k, v):
+                tracker.track(t, "activations")
+            tracker.set_phase("forward")
+            out = torch.ops.aten._scaled_dot_product_efficient_attention(
+                q, k, v, mask, True, 0.0, False)[0]
+            grad = torch.ones_like(out)
+            tracker.set_phase("backward")
+            start = tracker.current_bytes
+            out.backward(grad)
+            grads = q.nbytes + k.nbytes + v.nbytes
+            work = efficient_backward_workspace(q)
+            assert work == [2 * HEADS * 1000 * 4, 2 * q.nbytes]
+            assert tracker.peak.peak_bytes - start == grads + sum(work)

@@ -26,8 +26,16 @@ out of deterministic mode: 2 × q's bytes in 16 bits), and ``softmax_sum``, batc
 seqlen_q fp32; grouped heads' full-head dK and dV stay virtual (inside the kernel) for a dense
 batch. The backend engine's own workspace is not pinned here and not booked.
 
-Not booked (not pinned here): the memory-efficient kernel's (a delta buffer, and fp32
-accumulators of dq, and of dk and dv when it splits the keys, sized by its tile templates).
+The memory-efficient kernel's backward (``_scaled_dot_product_efficient_attention_backward``:
+torch's aten/src/ATen/native/transformers/cuda/attention_backward.cu, xformers' cutlass kernel
+in mem_eff_attention/kernel_backward.h), after dq, dk and dv: ``delta``, batch × heads × seqlen_q
+fp32 (the 16-bit kernels compute it themselves, ``kKernelComputesDelta``), and ``workspace`` of
+``p.workspace_size()`` bytes, zeroed, where dq is accumulated in fp32: ``kNeedsAccumGradQ`` holds
+for every kernel from sm70 on (split keys enabled), each query tile × head-dim tile holding its
+fp32 accumulator (``GradQTempStorage``) — at least batch × heads × seqlen_q × head_dim fp32. Booked
+as that lower bound: the tiles' rounding, and the fp32 dk and dv accumulators a kernel whose
+output does not stay in registers adds (``kNeedsAccumGradK/V``, × the key splits), depend on the
+kernel template torch dispatches for the GPU's shared memory, not pinned here.
 
 Before FlashAttention-2's buffers were booked (2026-12-07), a grouped-query 16-bit layer's
 attention backward was 4 × its q's bytes under (2 × with as many key heads): Llama-3.1-8B at
@@ -95,6 +103,23 @@ def _cudnn_backward_args(args: tuple[Any, ...]) -> list[int]:
     return cudnn_backward_workspace(query)
 
 
+def efficient_backward_workspace(query: torch.Tensor) -> list[int]:
+    """The memory-efficient kernel's backward buffers (module doc) for ``query`` B × H × Sq × D:
+    ``delta`` and the fp32 dq accumulation (its lower bound), bytes each, in the order torch
+    allocates them."""
+    batch, heads, seq_q, head_dim = query.shape
+    fp32 = 4
+    rows = batch * heads * seq_q
+    return [rows * fp32, rows * head_dim * fp32]
+
+
+def _efficient_backward_args(args: tuple[Any, ...]) -> list[int]:
+    query = args[1]
+    if not isinstance(query, torch.Tensor) or query.dim() != 4:
+        return []
+    return efficient_backward_workspace(query)
+
+
 def flash_varlen_backward_workspace(total_q: int, total_k: int, rows: int, heads: int,
                                     kv_heads: int, head_dim: int, element_size: int
                                     ) -> list[int]:
@@ -122,6 +147,8 @@ def _flash_varlen_backward_args(args: tuple[Any, ...]) -> list[int]:
 WORKSPACES: dict[Any, Callable[[tuple[Any, ...]], list[int]]] = {
     torch.ops.aten._scaled_dot_product_flash_attention_backward.default: _flash_backward_args,
     torch.ops.aten._scaled_dot_product_cudnn_attention_backward.default: _cudnn_backward_args,
+    torch.ops.aten._scaled_dot_product_efficient_attention_backward.default:
+        _efficient_backward_args,
     torch.ops.trainfit.flash_varlen_attention_backward.default: _flash_varlen_backward_args,
 }
 """op → the transient buffers (bytes each) its GPU kernel allocates beside its outputs when
