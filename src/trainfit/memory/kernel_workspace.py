@@ -30,12 +30,15 @@ The memory-efficient kernel's backward (``_scaled_dot_product_efficient_attentio
 torch's aten/src/ATen/native/transformers/cuda/attention_backward.cu, xformers' cutlass kernel
 in mem_eff_attention/kernel_backward.h), after dq, dk and dv: ``delta``, batch × heads × seqlen_q
 fp32 (the 16-bit kernels compute it themselves, ``kKernelComputesDelta``), and ``workspace`` of
-``p.workspace_size()`` bytes, zeroed, where dq is accumulated in fp32: ``kNeedsAccumGradQ`` holds
-for every kernel from sm70 on (split keys enabled), each query tile × head-dim tile holding its
-fp32 accumulator (``GradQTempStorage``) — at least batch × heads × seqlen_q × head_dim fp32. Booked
-as that lower bound: the tiles' rounding, and the fp32 dk and dv accumulators a kernel whose
-output does not stay in registers adds (``kNeedsAccumGradK/V``, × the key splits), depend on the
-kernel template torch dispatches for the GPU's shared memory, not pinned here.
+``p.workspace_size()`` bytes where dq is accumulated in fp32: ``kNeedsAccumGradQ`` holds for
+every kernel from sm70 on (split keys enabled), each query tile × head-dim tile holding its fp32
+accumulator (``GradQTempStorage``, ``workspace_elements_gq``: ceil(Sq / BI) × ceil(D / BJ) tiles
+of BI × BJ, the tiles 64 or 128 wide) — at least batch × heads × Sq and D each rounded up to 64,
+fp32 (head_dim 96: 4/3 × the unrounded). Booked as that lower bound: the rounding to 128 of the
+larger tiles, and the fp32 dk and dv accumulators a kernel whose output does not stay in
+registers adds (``kNeedsAccumGradK/V``, × the key splits: at most about 12.5 MiB on sm86/sm89 at
+head_dim 128, where the 64 × 64 kernel runs), depend on the template torch dispatches for the
+GPU's shared memory, not pinned here.
 
 Before FlashAttention-2's buffers were booked (2026-12-07), a grouped-query 16-bit layer's
 attention backward was 4 × its q's bytes under (2 × with as many key heads): Llama-3.1-8B at
@@ -105,12 +108,12 @@ def _cudnn_backward_args(args: tuple[Any, ...]) -> list[int]:
 
 def efficient_backward_workspace(query: torch.Tensor) -> list[int]:
     """The memory-efficient kernel's backward buffers (module doc) for ``query`` B × H × Sq × D:
-    ``delta`` and the fp32 dq accumulation (its lower bound), bytes each, in the order torch
-    allocates them."""
+    ``delta`` and the fp32 dq accumulation (its lower bound: tiles at least 64 wide), bytes each,
+    in the order torch allocates them."""
     batch, heads, seq_q, head_dim = query.shape
     fp32 = 4
-    rows = batch * heads * seq_q
-    return [rows * fp32, rows * head_dim * fp32]
+    tiles = batch * heads * _round_up(seq_q, 64) * _round_up(head_dim, 64)
+    return [batch * heads * seq_q * fp32, tiles * fp32]
 
 
 def _efficient_backward_args(args: tuple[Any, ...]) -> list[int]:
