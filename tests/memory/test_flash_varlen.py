@@ -57,14 +57,37 @@ def _transformers_call(q, k, v, mask2d, monkeypatch):
     return fa_utils._flash_attention_forward(q, k, v, mask2d, SEQ, is_causal=True)
 
 
+def _llama(layers: int = 2) -> T.LlamaConfig:
+    """A tiny grouped-query Llama: HEADS query heads, KV_HEADS key/value heads of DIM."""
+    return T.LlamaConfig(hidden_size=HEADS * DIM, intermediate_size=256,
+                         num_hidden_layers=layers, num_attention_heads=HEADS,
+                         num_key_value_heads=KV_HEADS, vocab_size=1000,
+                         max_position_embeddings=512)
+
+
 def _sim(cfg, *, padded: str = "longest", task: str = "causal-lm", micro_batch: int = BATCH,
-         **job):
+         op_hook=None, **job):
     """The simulated step of a full fine-tune of ``cfg`` under flash_attention_2 on an
-    Ampere GPU target, amp-bf16, at SEQ tokens."""
+    Ampere GPU target, amp-bf16, at SEQ tokens (``op_hook``: the simulation's op recorder)."""
     spec = JobSpec(model="m", method="full", seq_len=SEQ, micro_batch=micro_batch,
                    precision="amp-bf16", attention="flash-attention-2", padded=padded, **job)
     return simulate_step(spec, ModelSource("m", cfg, task, "local"),
-                         SimTarget(device="cuda", compute_capability=(8, 0)))
+                         SimTarget(device="cuda", compute_capability=(8, 0)), op_hook=op_hook)
+
+
+def _backward_peak(forward, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
+    """How far the tracker's peak rises in the backward of ``forward(q, k, v)`` (an attention
+    op's output) above what was alive before it, beyond the gradients of q, k and v."""
+    with LiveBytesTracker() as tracker:
+        for t in (q, k, v):
+            tracker.track(t, "activations")
+        tracker.set_phase("forward")
+        out = forward(q, k, v)
+        grad = torch.ones_like(out)
+        tracker.set_phase("backward")
+        start = tracker.current_bytes
+        out.backward(grad)
+        return tracker.peak.peak_bytes - start - (q.nbytes + k.nbytes + v.nbytes)
 
 
 def _measure(fn, mask2d: torch.Tensor) -> tuple[int, int, int, torch.Tensor]:
@@ -124,9 +147,7 @@ def test_a_padded_batch_under_flash_attention_2_holds_its_output_twice():
     than the unpadded one by at least each layer's padded attention output (o_proj's input
     beside the kernel's n-token output) less what its q, k, v and output lose to the padding."""
     layers = 2
-    cfg = T.LlamaConfig(hidden_size=HEADS * DIM, intermediate_size=256, num_hidden_layers=layers,
-                        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=1000,
-                        max_position_embeddings=512)
+    cfg = _llama(layers)
     plain, padded = _sim(cfg, padded="none", grad_ckpt="off"), _sim(cfg, grad_ckpt="off")
     assert plain.sdpa_kernels == padded.sdpa_kernels == {"flash": layers}
     out = BATCH * SEQ * HEADS * DIM * 2  # bf16
@@ -144,17 +165,9 @@ def test_the_flash_backward_workspace_is_booked(kv_heads):
         q = torch.randn(1, HEADS, 1000, DIM, dtype=torch.bfloat16, requires_grad=True)
         k, v = (torch.randn(1, kv_heads, 1000, DIM, dtype=torch.bfloat16, requires_grad=True)
                 for _ in range(2))
-        with LiveBytesTracker() as tracker:
-            for t in (q, k, v):
-                tracker.track(t, "activations")
-            tracker.set_phase("forward")
-            out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)[0]
-            grad = torch.ones_like(out)
-            tracker.set_phase("backward")
-            start = tracker.current_bytes
-            out.backward(grad)
-            grads = q.nbytes + k.nbytes + v.nbytes
-            assert tracker.peak.peak_bytes - start == grads + sum(flash_backward_workspace(q, k))
+        rise = _backward_peak(lambda *qkv: torch.ops.aten._scaled_dot_product_flash_attention(
+            *qkv, 0.0, True)[0], q, k, v)
+        assert rise == sum(flash_backward_workspace(q, k))
     assert len(flash_backward_workspace(q, k)) == (4 if kv_heads != HEADS else 2)
 
 
@@ -259,17 +272,10 @@ def test_a_compiled_padded_step_times_the_varlen_kernel_as_its_rows():
     timed as one row of all the tokens, 26 % slow at llama-3.2-1b LoRA 4 × 2,048)."""
     from trainfit.speed.ops import OpRecorder
 
-    cfg = T.LlamaConfig(hidden_size=HEADS * DIM, intermediate_size=256, num_hidden_layers=2,
-                        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-                        vocab_size=1000, max_position_embeddings=512)
     recorded = []
     for compiled in (False, True):
         recorder = OpRecorder()
-        spec = JobSpec(model="m", method="full", seq_len=SEQ, micro_batch=BATCH,
-                       precision="amp-bf16", attention="flash-attention-2", padded="longest",
-                       grad_ckpt="off", compile=compiled)
-        simulate_step(spec, ModelSource("m", cfg, "causal-lm", "local"),
-                      SimTarget(device="cuda", compute_capability=(8, 0)), op_hook=recorder)
+        _sim(_llama(), grad_ckpt="off", compile=compiled, op_hook=recorder)
         recorded.append([(op.name, op.phase, op.flops, op.seq) for op in recorder.ops
                          if "attention" in op.name])
     eager, compiled_ops = recorded
@@ -292,20 +298,11 @@ def test_the_cudnn_backward_workspace_is_booked():
     with FakeTensorMode():
         q, k, v = (torch.randn(2, HEADS, 1000, DIM, dtype=torch.bfloat16, requires_grad=True)
                    for _ in range(3))
-        with LiveBytesTracker() as tracker:
-            for t in (q, k, v):
-                tracker.track(t, "activations")
-            tracker.set_phase("forward")
-            out = torch.ops.aten._scaled_dot_product_cudnn_attention(
-                q, k, v, None, True, 0.0, True, False)[0]
-            grad = torch.ones_like(out)
-            tracker.set_phase("backward")
-            start = tracker.current_bytes
-            out.backward(grad)
-            grads = q.nbytes + k.nbytes + v.nbytes
-            work = cudnn_backward_workspace(q)
-            assert work == [2 * q.nbytes + 2 * HEADS * 1000 * 4]
-            assert tracker.peak.peak_bytes - start == grads + work[0]
+        rise = _backward_peak(lambda *qkv: torch.ops.aten._scaled_dot_product_cudnn_attention(
+            *qkv, None, True, 0.0, True, False)[0], q, k, v)
+        work = cudnn_backward_workspace(q)
+        assert work == [2 * q.nbytes + 2 * HEADS * 1000 * 4]
+        assert rise == work[0]
 
 
 def test_a_single_row_padded_to_a_fixed_length_is_unpadded():
@@ -314,14 +311,8 @@ def test_a_single_row_padded_to_a_fixed_length_is_unpadded():
     padding, every row then being shorter than q); its attention is the row's own."""
     from trainfit.speed.ops import OpRecorder
 
-    cfg = T.LlamaConfig(hidden_size=HEADS * DIM, intermediate_size=256, num_hidden_layers=2,
-                        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-                        vocab_size=1000, max_position_embeddings=512)
     recorder = OpRecorder()
-    spec = JobSpec(model="m", method="full", seq_len=SEQ, micro_batch=1, precision="amp-bf16",
-                   attention="flash-attention-2", padded="always", grad_ckpt="off")
-    simulate_step(spec, ModelSource("m", cfg, "causal-lm", "local"),
-                  SimTarget(device="cuda", compute_capability=(8, 0)), op_hook=recorder)
+    _sim(_llama(), padded="always", micro_batch=1, grad_ckpt="off", op_hook=recorder)
     rows = row_lengths(1, SEQ, "always")
     assert rows == (SEQ // 2,)
     forward = [op for op in recorder.ops if op.name == "flash_varlen_attention"]
@@ -341,18 +332,10 @@ def test_the_memory_efficient_backward_workspace_is_booked():
         q, k, v = (torch.randn(2, HEADS, 1000, DIM, dtype=torch.bfloat16, requires_grad=True)
                    for _ in range(3))
         mask = torch.zeros(2, 1, 1000, 1000, dtype=torch.bfloat16)
-        with LiveBytesTracker() as tracker:
-            for t in (q, k, v):
-                tracker.track(t, "activations")
-            tracker.set_phase("forward")
-            out = torch.ops.aten._scaled_dot_product_efficient_attention(
-                q, k, v, mask, True, 0.0, False)[0]
-            grad = torch.ones_like(out)
-            tracker.set_phase("backward")
-            start = tracker.current_bytes
-            out.backward(grad)
-            grads = q.nbytes + k.nbytes + v.nbytes
-            work = efficient_backward_workspace(q)
-            # dq's fp32 accumulators: 1,000 queries and head_dim 16 in tiles at least 64 wide
-            assert work == [2 * HEADS * 1000 * 4, 2 * HEADS * 1024 * 64 * 4]
-            assert tracker.peak.peak_bytes - start == grads + sum(work)
+        rise = _backward_peak(
+            lambda *qkv: torch.ops.aten._scaled_dot_product_efficient_attention(
+                *qkv, mask, True, 0.0, False)[0], q, k, v)
+        work = efficient_backward_workspace(q)
+        # dq's fp32 accumulators: 1,000 queries and head_dim 16 in tiles at least 64 wide
+        assert work == [2 * HEADS * 1000 * 4, 2 * HEADS * 1024 * 64 * 4]
+        assert rise == sum(work)

@@ -99,13 +99,6 @@ def cudnn_backward_workspace(query: torch.Tensor) -> list[int]:
     return [batch * heads * seq_q * (head_dim + 1) * fp32]
 
 
-def _cudnn_backward_args(args: tuple[Any, ...]) -> list[int]:
-    query = args[1]
-    if not isinstance(query, torch.Tensor) or query.dim() != 4:
-        return []
-    return cudnn_backward_workspace(query)
-
-
 def efficient_backward_workspace(query: torch.Tensor) -> list[int]:
     """The memory-efficient kernel's backward buffers (module doc) for ``query`` B × H × Sq × D:
     ``delta`` and the fp32 dq accumulation (its lower bound: tiles at least 64 wide), bytes each,
@@ -116,11 +109,15 @@ def efficient_backward_workspace(query: torch.Tensor) -> list[int]:
     return [batch * heads * seq_q * fp32, tiles * fp32]
 
 
-def _efficient_backward_args(args: tuple[Any, ...]) -> list[int]:
-    query = args[1]
-    if not isinstance(query, torch.Tensor) or query.dim() != 4:
-        return []
-    return efficient_backward_workspace(query)
+def _of_query(workspace: Callable[[torch.Tensor], list[int]]
+              ) -> Callable[[tuple[Any, ...]], list[int]]:
+    """``workspace`` of an SDPA backward op's query (its second argument, B × H × Sq × D)."""
+    def read(args: tuple[Any, ...]) -> list[int]:
+        query = args[1]
+        if not isinstance(query, torch.Tensor) or query.dim() != 4:
+            return []
+        return workspace(query)
+    return read
 
 
 def flash_varlen_backward_workspace(total_q: int, total_k: int, rows: int, heads: int,
@@ -149,9 +146,10 @@ def _flash_varlen_backward_args(args: tuple[Any, ...]) -> list[int]:
 
 WORKSPACES: dict[Any, Callable[[tuple[Any, ...]], list[int]]] = {
     torch.ops.aten._scaled_dot_product_flash_attention_backward.default: _flash_backward_args,
-    torch.ops.aten._scaled_dot_product_cudnn_attention_backward.default: _cudnn_backward_args,
+    torch.ops.aten._scaled_dot_product_cudnn_attention_backward.default:
+        _of_query(cudnn_backward_workspace),
     torch.ops.aten._scaled_dot_product_efficient_attention_backward.default:
-        _efficient_backward_args,
+        _of_query(efficient_backward_workspace),
     torch.ops.trainfit.flash_varlen_attention_backward.default: _flash_varlen_backward_args,
 }
 """op → the transient buffers (bytes each) its GPU kernel allocates beside its outputs when
