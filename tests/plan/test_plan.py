@@ -199,6 +199,52 @@ def test_the_pick_is_stated_against_the_current_configuration(tiny_llama):
     assert d["current"]["tokens_per_s"] == pytest.approx(res.current.speed.tokens_per_s)
 
 
+def test_a_current_micro_batch_the_grid_does_not_show_is_a_row_and_can_be_the_pick(tiny_llama):
+    """A review: --current at micro-batch 3 × 4 (effective 12) was simulated but had no row (the
+    grid shows powers of two and ▲), so the pick, 4 × 3, was called the fastest that fits while
+    predicted slower than the current run. The current configuration now joins its group: shown,
+    ranked, a candidate for the pick; ▲ stays on each group's largest fitting micro-batch."""
+    gpu = find_gpu("a10g")
+    base = JobSpec(model="t", seq_len=64, effective_batch=12, precision="amp-bf16",
+                   grad_ckpt="off")
+    cur = JobSpec(model="t", seq_len=64, micro_batch=3, grad_accum=4, grad_ckpt="off",
+                  precision="amp-bf16")
+    res = plan(base, tiny_llama, gpu, current=cur)
+    threes = [r for r in res.rows if r.job.micro_batch == 3]
+    assert len(threes) == 1 and threes[0].how == "simulated" and threes[0].shown
+    assert threes[0].memory.peak_device_bytes == res.current.memory.peak_device_bytes
+    assert [r.job.micro_batch for r in res.rows] == sorted(r.job.micro_batch for r in res.rows)
+    fitting = [r for r in res.rows if r.memory.fits]
+    pick = res.rows[res.recommended_index]
+    assert pick.speed.tokens_per_s == max(r.speed.tokens_per_s for r in fitting)
+    assert [r.job.micro_batch for r in res.rows if r.largest_fitting] == \
+        [max(r.job.micro_batch for r in fitting)]
+    assert threes[0].rank == sorted(fitting, key=lambda r: -r.speed.tokens_per_s).index(
+        threes[0]) + 1
+    if pick is threes[0]:
+        assert res.speedup_vs_current == pytest.approx(1.0) and not res.changes_vs_current
+
+
+def test_the_largest_fitting_mark_follows_full_size_simulations():
+    """▲ is recomputed over a group's rows once simulated rows replace or join extrapolated ones:
+    taken off a row that no longer fits and given to the largest that does."""
+    from types import SimpleNamespace
+
+    from trainfit.plan.rows import mark_largest_fitting
+
+    def row(micro, fits, marked=False, ckpt="off"):
+        job = JobSpec(model="t", seq_len=64, micro_batch=micro, grad_accum=12 // micro,
+                      precision="amp-bf16", grad_ckpt=ckpt)
+        return SimpleNamespace(job=job, memory=SimpleNamespace(fits=fits),
+                               largest_fitting=marked)
+
+    rows = [row(1, True), row(2, True), row(3, True), row(4, False, marked=True),
+            row(1, True, ckpt="full"), row(2, False, marked=True, ckpt="full")]
+    mark_largest_fitting(rows)
+    assert [(r.job.micro_batch, r.job.grad_ckpt) for r in rows if r.largest_fitting] == \
+        [(3, "off"), (1, "full")]
+
+
 def test_a_different_effective_batch_is_said(tiny_llama):
     """Seeds 002/003 compared a current configuration of another effective batch (16 → 64,
     120 → 128) without saying so: the change is named."""

@@ -58,6 +58,8 @@ CASES: list[tuple[str, Callable[[Path, str], list[str]], str]] = [
     ("kv heads do not divide heads", lambda d, j: _plan(_config(d, num_key_value_heads=3)),
      "num_key_value_heads"),
     ("config.json not JSON", lambda d, j: _plan(_config(d, raw="{nope")), "not valid JSON"),
+    ("config.json a JSON list", lambda d, j: _plan(_config(d, raw="[1, 2, 3]")),
+     "config.json holds a JSON list, not an object"),
     ("unknown model_type", lambda d, j: _plan(_config(d, model_type="nope")), "model_type"),
     # plan's flags
     ("gpt2 --seq-len 4096 (1024 positions)", lambda d, j: _plan("gpt2", "--seq-len", "4096"),

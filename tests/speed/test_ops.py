@@ -155,6 +155,34 @@ def test_a_sharded_optimizer_step_is_timed_on_its_shard(tiny_llama, ranks):
     assert not [op for op in fp32 if op.name == "_to_copy"]
 
 
+@pytest.mark.parametrize("optimizer", ["paged-adamw", "adamw-8bit", "paged-adamw-8bit"])
+def test_a_bitsandbytes_optimizer_step_is_one_kernel_a_parameter_with_its_bytes(tiny_llama,
+                                                                                 optimizer):
+    """A review: the stand-in for bitsandbytes' optimizers recorded no op, so AdamW8bit and
+    PagedAdamW32bit were timed at 0 s (faster than torch's fused AdamW moving the same fp32
+    states). Each parameter's update is one kernel reading the weight, its gradient and two
+    states (8-bit: uint8, with an fp32 absmax a block of 256; fp32 below 4,096 elements) and
+    writing the weight and the states back: 28 B an element of fp32 weights in 32 bits; in 8 bits
+    16 B, and 16 B a block of 256 (its two absmax read and written). FSDP2's ranks update their
+    shards."""
+    ops, params = _optimizer_ops(tiny_llama, precision="amp-bf16", optimizer=optimizer)
+    bnb = [op for op in ops if op.name == "bnb_optimizer_update_"]
+    assert bnb and all(op.kernel for op in bnb)
+    assert sum(op.elements for op in bnb) == params  # one kernel a parameter
+
+    def expected(n):
+        if optimizer.endswith("8bit") and n >= 4096:
+            return 16 * n + 16 * -(-n // 256)
+        return 28 * n
+
+    assert [op.bytes for op in bnb] == [expected(int(op.elements)) for op in bnb]
+    whole = sum(op.bytes for op in bnb)
+    fsdp, _ = _optimizer_ops(tiny_llama, precision="amp-bf16", optimizer=optimizer, ranks=2,
+                             sharding="fsdp")
+    shard = sum(op.bytes for op in fsdp if op.name == "bnb_optimizer_update_")
+    assert whole / 2 <= shard <= whole / 2 * 1.01
+
+
 @pytest.mark.parametrize("grad_scale", [False, True])
 def test_an_in_place_op_that_returns_nothing_is_counted_with_its_writes(grad_scale):
     """``_foreach_*_`` and the fused optimizers return nothing: the tensors their schema marks

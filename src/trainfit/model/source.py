@@ -346,7 +346,12 @@ def _local_source(name: str, path: Path) -> ModelSource:
         raise JobError(f"--model {name}: cannot read {cfg_path.name} "
                        f"({err.strerror or type(err).__name__})",
                        "check the path and its permissions (ls -l)") from None
-    if not isinstance(data, dict) or "model_type" not in data:
+    if not isinstance(data, dict):
+        raise JobError(f"--model {name}: {cfg_path.name} holds a JSON {type(data).__name__}, "
+                       "not an object",
+                       "use the model's config.json as published (a JSON object with "
+                       "model_type and the architecture sizes)")
+    if "model_type" not in data:
         raise JobError(f"--model {name}: config.json has no model_type",
                        "add the model_type field (e.g. \"llama\") from the original model")
     try:

@@ -44,7 +44,14 @@ from trainfit.plan.result import (
     smallest_row,
 )
 from trainfit.plan.row_speed import framework_host_s, synced
-from trainfit.plan.rows import mark_shown, rank_rows, show_current, take_exact_row
+from trainfit.plan.rows import (
+    add_current_row,
+    mark_largest_fitting,
+    mark_shown,
+    rank_rows,
+    show_current,
+    take_exact_row,
+)
 from trainfit.plan.workers import SimulationWorkers
 from trainfit.speed.bands import speed_band_for
 from trainfit.speed.comm import peer_to_peer
@@ -143,9 +150,14 @@ class _Grid:
         self.say(what or "simulating at full size", 1, 1)
         return row
 
+    @property
+    def varies(self) -> bool:
+        """More than one configuration: a grid, whose groups' rows carry ▲."""
+        return len(self.precisions) > 1 or len(self.ckpts) > 1 or len(self.micro_all) > 1
+
     def rows(self) -> list[PlanRow]:
         """One simulated row when nothing varies, else the extrapolated grid of every group."""
-        if len(self.precisions) == 1 and len(self.ckpts) == 1 and len(self.micro_all) == 1:
+        if not self.varies:
             return [self.exact(_config_job(self.job, self.precisions[0], self.ckpts[0],
                                            self.micro_all[0]))]
         groups = [(p, c) for p in self.precisions for c in self.ckpts]
@@ -297,11 +309,14 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
             if current is not None else None
         if cur_row is not None:
             take_exact_row(rows, cur_row)
+            add_current_row(rows, cur_row)
         band = None if gpu is None else speed_band_for(job.ranks, bool(job.compile))
         keep_band = band.median_abs_error if band is not None and cur_row is not None else None
         current_precision = cur_row.job.precision if cur_row is not None else None
         rec = grid.verify_pick(rows, verify, keep_band, current_precision)
         kept = keep_fp32_weights(rows, rec, keep_band) if keep_band is not None else None
+        if grid.varies:
+            mark_largest_fitting(rows)
         if rec is not None:
             rows[rec].recommended = True
         rank_rows(rows, _sort_key)

@@ -49,6 +49,49 @@ def _same_step(row: Any, exact: Any) -> bool:
     return all(getattr(row.job, k) == getattr(exact.job, k) for k in _STEP_KEY)
 
 
+def _same_group(row: Any, exact: Any) -> bool:
+    """The same step but for the split of one effective batch into micro-batches."""
+    return row.job.effective_batch == exact.job.effective_batch and all(
+        getattr(row.job, k) == getattr(exact.job, k) for k in _STEP_KEY
+        if k not in ("micro_batch", "grad_accum"))
+
+
+def add_current_row(rows: list[Any], current: Any) -> None:
+    """The user's current configuration joins its group's rows when no row is its step: a
+    micro-batch that divides the effective batch but is no power of two (3 of 12) is predicted
+    by the grid and not shown (a review: ``--current`` at micro-batch 3 × 4 was predicted faster
+    than the pick, 4 × 3, which was called the fastest that fits, and the table had no row of
+    it).  A configuration that differs in more than the split (a script's, with a --method or
+    --optimizer given over it) is no row of the grid: compared against, not ranked."""
+    if any(_same_step(r, current) for r in rows):
+        return
+    group = [i for i, r in enumerate(rows) if _same_group(r, current)]
+    if not group:
+        return
+    micro = current.job.micro_batch or 0
+    at = next((i for i in group if (rows[i].job.micro_batch or 0) > micro), group[-1] + 1)
+    rows.insert(at, dataclasses.replace(current, largest_fitting=False, recommended=False,
+                                        rank=None, shown=True))
+
+
+def mark_largest_fitting(rows: list[Any]) -> None:
+    """▲ on the largest micro-batch of each group that fits, once full-size simulations have
+    replaced extrapolated rows (the current configuration, the verified pick) or joined them
+    (:func:`add_current_row`): a simulated row may fit where its extrapolation did not, or not
+    fit where it did, and ▲ moves with it (it had only been taken off a row the pick's
+    simulation found not to fit, and given to no other)."""
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    for r in rows:
+        key = tuple(repr(getattr(r.job, k)) for k in _STEP_KEY
+                    if k not in ("micro_batch", "grad_accum"))
+        groups.setdefault(key, []).append(r)
+    for group in groups.values():
+        fitting = [r for r in group if r.memory.fits is True]
+        top = max(fitting, key=lambda r: r.job.micro_batch or 0) if fitting else None
+        for r in group:
+            r.largest_fitting = r is top
+
+
 def show_current(rows: list[Any], current: Any) -> None:
     """The grid's row of the user's current configuration is shown, whatever its distance from
     the fitting frontier: the line 'against what you run now' compares with it (an audit: a
