@@ -225,24 +225,87 @@ def test_a_current_micro_batch_the_grid_does_not_show_is_a_row_and_can_be_the_pi
         assert res.speedup_vs_current == pytest.approx(1.0) and not res.changes_vs_current
 
 
-def test_the_largest_fitting_mark_follows_full_size_simulations():
-    """▲ is recomputed over a group's rows once simulated rows replace or join extrapolated ones:
-    taken off a row that no longer fits and given to the largest that does."""
+def _row(micro, fits, marked=False, ckpt="off", effective=12, **fields):
     from types import SimpleNamespace
 
-    from trainfit.plan.rows import mark_largest_fitting
+    from trainfit.plan.result import PlanRow
 
-    def row(micro, fits, marked=False, ckpt="off"):
-        job = JobSpec(model="t", seq_len=64, micro_batch=micro, grad_accum=12 // micro,
-                      precision="amp-bf16", grad_ckpt=ckpt)
-        return SimpleNamespace(job=job, memory=SimpleNamespace(fits=fits),
-                               largest_fitting=marked)
+    job = JobSpec(model="t", seq_len=64, micro_batch=micro, grad_accum=effective // micro,
+                  precision="amp-bf16", grad_ckpt=ckpt, **fields)
+    return PlanRow(job, SimpleNamespace(fits=fits), "extrapolated", largest_fitting=marked)
 
-    rows = [row(1, True), row(2, True), row(3, True), row(4, False, marked=True),
-            row(1, True, ckpt="full"), row(2, False, marked=True, ckpt="full")]
-    mark_largest_fitting(rows)
+
+def test_the_largest_fitting_mark_moves_up_to_a_simulated_row_that_fits():
+    """▲ moves to a larger micro-batch of its group that a full-size simulation found to fit
+    (the current configuration's row), and off a row that does not fit."""
+    from trainfit.plan.rows import raise_largest_fitting
+
+    rows = [_row(1, True), _row(2, True, marked=True), _row(3, True), _row(4, False),
+            _row(1, True, ckpt="full"), _row(2, False, marked=True, ckpt="full")]
+    raise_largest_fitting(rows)
     assert [(r.job.micro_batch, r.job.grad_ckpt) for r in rows if r.largest_fitting] == \
-        [(3, "off"), (1, "full")]
+        [(3, "off")]
+
+
+def test_a_dropped_mark_goes_to_the_candidate_below_not_to_the_power_of_two():
+    """A review: the pick's full-size simulation took ▲ off 18 of 36 and the mark fell to 4 (the
+    largest row shown) while 12, 9 and 6 were predicted to fit; the candidate below, 12, is made
+    a row of its group and takes it. Where the candidate below is shown (4 below 6 of 12), that
+    row takes it."""
+    from trainfit.plan.grid import _Grid
+
+    made = []
+
+    def grid_of(micro_all):
+        g = _Grid(JobSpec(model="t", seq_len=64, effective_batch=36), None, None, 0.1, None,
+                  ["amp-bf16"], ["off"], micro_all)
+        g._groups[("amp-bf16", "off")] = (None, {})
+        g.extrapolated_row = lambda p, c, m: made.append(m) or _row(m, True, effective=36)
+        return g
+
+    rows = [_row(m, True, effective=36) for m in (1, 2, 4)] + [
+        _row(m, False, effective=36) for m in (18, 36)]
+    grid_of([1, 2, 3, 4, 6, 9, 12, 18, 36]).mark_below(rows, rows[3])
+    assert made == [12]
+    assert [(r.job.micro_batch, r.largest_fitting) for r in rows] == [
+        (1, False), (2, False), (4, False), (12, True), (18, False), (36, False)]
+    rows = [_row(m, True) for m in (1, 2, 4)] + [_row(6, False), _row(12, False)]
+    grid_of([1, 2, 3, 4, 6, 12]).mark_below(rows, rows[3])
+    assert made == [12] and [r.job.micro_batch for r in rows if r.largest_fitting] == [4]
+
+
+def test_a_current_run_that_differs_in_more_than_the_split_is_no_grid_row():
+    """A review: a current run with activation offload (a field outside the few the rows
+    compared) took the place of a grid row of the same split, and joined the grid at another;
+    now every field but the split must match."""
+    from trainfit.plan.rows import add_current_row, take_exact_row
+
+    rows = [_row(m, True) for m in (1, 2, 4)]
+    offload = _row(3, True, activation_offload=True)
+    offload.how = "simulated"
+    add_current_row(rows, offload)
+    assert [r.job.micro_batch for r in rows] == [1, 2, 4]
+    same_split = _row(2, True, activation_offload=True)
+    same_split.how = "simulated"
+    take_exact_row(rows, same_split)
+    assert all(r.how == "extrapolated" for r in rows)
+    plain = _row(3, True)
+    plain.how = "simulated"
+    add_current_row(rows, plain)
+    assert [(r.job.micro_batch, r.how) for r in rows] == [
+        (1, "extrapolated"), (2, "extrapolated"), (3, "simulated"), (4, "extrapolated")]
+
+
+def test_a_fixed_micro_batch_keeps_the_current_split_out_of_the_grid(tiny_llama):
+    """A review: a job file fixing micro-batch 1 × 12 with a current 3 × 4 got the current split
+    as its pick; with the micro-batch fixed the current run is compared against, not planned."""
+    base = JobSpec(model="t", seq_len=64, micro_batch=1, grad_accum=12, grad_ckpt="off")
+    cur = JobSpec(model="t", seq_len=64, micro_batch=3, grad_accum=4, grad_ckpt="off",
+                  precision="amp-bf16")
+    res = plan(base, tiny_llama, find_gpu("a10g"), current=cur)
+    assert {r.job.micro_batch for r in res.rows} == {1}
+    assert res.rows[res.recommended_index].job.micro_batch == 1
+    assert any(c.field == "micro_batch" for c in res.changes_vs_current)
 
 
 def test_a_different_effective_batch_is_said(tiny_llama):

@@ -398,7 +398,8 @@ def test_a_pick_keeps_fp32_weights_unless_pure_bf16_gains_beyond_the_prediction_
     from types import SimpleNamespace
 
     from trainfit.job import JobSpec
-    from trainfit.plan.grid import _recommend, keep_fp32_weights
+    from trainfit.plan.pick import keep_fp32_weights
+    from trainfit.plan.pick import recommend as _recommend
 
     def row(precision: str, tps: float, micro: int = 4) -> SimpleNamespace:
         return SimpleNamespace(
@@ -429,7 +430,8 @@ def test_a_pick_keeps_the_current_precision_unless_another_gains_beyond_the_erro
     from types import SimpleNamespace
 
     from trainfit.job import JobSpec
-    from trainfit.plan.grid import _recommend, keep_fp32_weights
+    from trainfit.plan.pick import keep_fp32_weights
+    from trainfit.plan.pick import recommend as _recommend
 
     def row(precision: str, tps: float) -> SimpleNamespace:
         return SimpleNamespace(

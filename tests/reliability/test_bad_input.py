@@ -59,7 +59,9 @@ CASES: list[tuple[str, Callable[[Path, str], list[str]], str]] = [
      "num_key_value_heads"),
     ("config.json not JSON", lambda d, j: _plan(_config(d, raw="{nope")), "not valid JSON"),
     ("config.json a JSON list", lambda d, j: _plan(_config(d, raw="[1, 2, 3]")),
-     "config.json holds a JSON list, not an object"),
+     "config.json holds an array, not a JSON object"),
+    ("config.json null", lambda d, j: _plan(_config(d, raw="null")),
+     "config.json holds null, not a JSON object"),
     ("unknown model_type", lambda d, j: _plan(_config(d, model_type="nope")), "model_type"),
     # plan's flags
     ("gpt2 --seq-len 4096 (1024 positions)", lambda d, j: _plan("gpt2", "--seq-len", "4096"),

@@ -113,8 +113,9 @@ class JobSpec:
     """fp32, amp-fp16 (+GradScaler), amp-bf16 (fp32 master weights), bf16-true; None: choose
     (plan leaves amp-fp16 out on a card with bf16, where it matches amp-bf16)."""
     optimizer: str = "adamw"
-    """adamw, adamw-8bit, paged-adamw, paged-adamw-8bit, adafactor, sgd (momentum 0.9: one fp32
-    state a parameter; HF Trainer's optim="sgd" has none, and the emitted settings pass it)."""
+    """adamw, adamw-8bit, paged-adamw, paged-adamw-8bit, adafactor, sgd (momentum 0.9: one state
+    a parameter, in its dtype; HF Trainer's optim="sgd" has none, and the emitted settings pass
+    it)."""
     optimizer_impl: str = "fused"
     """AdamW kernel: fused (HF Trainer's default on torch ≥ 2.8), foreach (torch's CUDA default), forloop."""
     optimizer_in_backward: bool = False

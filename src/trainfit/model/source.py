@@ -347,8 +347,9 @@ def _local_source(name: str, path: Path) -> ModelSource:
                        f"({err.strerror or type(err).__name__})",
                        "check the path and its permissions (ls -l)") from None
     if not isinstance(data, dict):
-        raise JobError(f"--model {name}: {cfg_path.name} holds a JSON {type(data).__name__}, "
-                       "not an object",
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+            type(data), "a number")
+        raise JobError(f"--model {name}: {cfg_path.name} holds {kind}, not a JSON object",
                        "use the model's config.json as published (a JSON object with "
                        "model_type and the architecture sizes)")
     if "model_type" not in data:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from trainfit.hardware.gpus import GpuSpec
@@ -36,18 +36,13 @@ from trainfit.model.towers import inactive_params_of
 from trainfit.plan.context import offload_check, plan_assumptions
 from trainfit.plan.inputs import check_inputs, grid_precisions
 from trainfit.plan.ladder import build_ladder
-from trainfit.plan.result import (
-    COMPARED_FIELDS,
-    FieldChange,
-    PlanResult,
-    PlanRow,
-    smallest_row,
-)
+from trainfit.plan.pick import keep_fp32_weights, recommend, sort_key, versus
+from trainfit.plan.result import PlanResult, PlanRow, smallest_row
 from trainfit.plan.row_speed import framework_host_s, synced
 from trainfit.plan.rows import (
     add_current_row,
-    mark_largest_fitting,
     mark_shown,
+    raise_largest_fitting,
     rank_rows,
     show_current,
     take_exact_row,
@@ -138,6 +133,10 @@ class _Grid:
     micro_all: list[int]
     progress: Callable[[str, int, int], None] | None = None
     """Called with (what is being simulated, done, total) as the work goes."""
+    _groups: dict[tuple[str, str], tuple[Any, dict[int, MemoryPrediction]]] = field(
+        default_factory=dict)
+    """Each (precision, checkpointing) group's fitted model and the micro-batches predicted
+    from it (:meth:`_predict`)."""
 
     def say(self, what: str, done: int, total: int) -> None:
         if self.progress is not None:
@@ -183,49 +182,12 @@ class _Grid:
     def _group_rows(self, precision: str, ckpt: str, model: Any) -> list[PlanRow]:
         """The rows of one (precision, checkpointing) group from its fitted memory model: the
         powers of two, and the largest micro-batch that fits."""
-        job, source, gpu = self.job, self.source, self.gpu
-
         done: dict[int, MemoryPrediction] = {}
-
-        def predict(micro: int, expandable_figure: bool = False
-                    ) -> tuple[JobSpec, MemoryPrediction]:
-            cj = _config_job(job, precision, ckpt, micro)
-            accumulating = (cj.grad_accum or 1) > 1
-            p = model.predict(micro, accumulating=accumulating)
-            # the model floors the one-process reserved total by the smaller micro-batches';
-            # a rank's share of it (FSDP/ZeRO from a one-process trace) is floored here
-            floor = max((m.peak_reserved_bytes for b, m in done.items() if b < micro), default=0)
-            mem = finish(cj, source, gpu, tensor_peak_bytes=p["peak_allocated_bytes"],
-                         reserved_replay_bytes=p["reserved_bytes"],
-                         breakdown=p["breakdown"], managed_bytes=p["managed_bytes"],
-                         peak_phase=p["peak_phase"], total_params=p["total_params"],
-                         matmul_params=p["matmul_params"],
-                         packed_4bit_params=p["packed_4bit_params"],
-                         trainable_params=p["trainable_params"],
-                         sdpa_kernels=model.points[-1].sim.sdpa_kernels,
-                         sim_time_s=0.0, how="extrapolated from small simulations",
-                         margin=self.margin, phase_breakdowns=p["phase_breakdowns"],
-                         per_rank=model.points[0].sim.per_rank,
-                         quant_state_bytes=p["quant_state_bytes"], reserved_floor_bytes=floor,
-                         # past the card the allocator releases its cache and retries: the row's
-                         # full-depth trace replayed at the card's limit, as a simulated row's
-                         trace=lambda: model.full_trace(micro, accumulating),
-                         host_activations=host_activations_of_row(model, micro)
-                         if cj.activation_offload else None,
-                         # affine in depth, the same at any micro-batch: fitted as the rest
-                         pinned_extra_bytes=model.eval([pinned_extra_bytes(
-                             p.sim.info.get("pinned_shards")) for p in model.points], micro),
-                         # the embedding or head, or a layer's: the same at every depth
-                         largest_trainable_numel=max(p.sim.info.get("largest_trainable_numel", 0)
-                                                     for p in model.points),
-                         expandable_figure=expandable_figure)
-            done[micro] = mem
-            return cj, mem
-
+        self._groups[(precision, ckpt)] = (model, done)
         largest = None
-        if gpu is not None:
+        if self.gpu is not None:
             for micro in self.micro_all:  # ascending; device memory grows with the batch
-                if predict(micro)[1].fits:
+                if self._predict(precision, ckpt, micro)[1].fits:
                     largest = micro
                 else:
                     break
@@ -234,19 +196,63 @@ class _Grid:
             # expandable segments as a full-size row does (an audit: ▲ rows showed a reserve
             # far above allocated with no word on the setting that lowers it); one full-depth
             # trace per group, not one per row
-            predict(largest, expandable_figure=True)
+            self._predict(precision, ckpt, largest, expandable_figure=True)
         shown = [m for m in self.micro_all if m & (m - 1) == 0]
         if largest is not None and largest not in shown:
             shown.append(largest)
-        dev = DeviceSpeed.from_gpu(gpu) if gpu is not None else None
-        rows = []
-        for micro in sorted(shown):
-            cj, mem = (_config_job(job, precision, ckpt, micro), done[micro]) \
-                if micro in done else predict(micro)
-            speed = None if dev is None else synced(model.speed(
-                dev, cj, _flops_per_token(source, mem, cj)), cj, mem, gpu)
-            rows.append(PlanRow(cj, mem, "extrapolated", speed, largest_fitting=micro == largest))
-        return rows
+        return [self.extrapolated_row(precision, ckpt, micro, largest_fitting=micro == largest)
+                for micro in sorted(shown)]
+
+    def _predict(self, precision: str, ckpt: str, micro: int, expandable_figure: bool = False
+                 ) -> tuple[JobSpec, MemoryPrediction]:
+        """One micro-batch's memory from its group's fitted model (kept for the group's larger
+        micro-batches' reserve floor)."""
+        job, source, gpu = self.job, self.source, self.gpu
+        model, done = self._groups[(precision, ckpt)]
+        cj = _config_job(job, precision, ckpt, micro)
+        accumulating = (cj.grad_accum or 1) > 1
+        p = model.predict(micro, accumulating=accumulating)
+        # the model floors the one-process reserved total by the smaller micro-batches';
+        # a rank's share of it (FSDP/ZeRO from a one-process trace) is floored here
+        floor = max((m.peak_reserved_bytes for b, m in done.items() if b < micro), default=0)
+        mem = finish(cj, source, gpu, tensor_peak_bytes=p["peak_allocated_bytes"],
+                     reserved_replay_bytes=p["reserved_bytes"],
+                     breakdown=p["breakdown"], managed_bytes=p["managed_bytes"],
+                     peak_phase=p["peak_phase"], total_params=p["total_params"],
+                     matmul_params=p["matmul_params"],
+                     packed_4bit_params=p["packed_4bit_params"],
+                     trainable_params=p["trainable_params"],
+                     sdpa_kernels=model.points[-1].sim.sdpa_kernels,
+                     sim_time_s=0.0, how="extrapolated from small simulations",
+                     margin=self.margin, phase_breakdowns=p["phase_breakdowns"],
+                     per_rank=model.points[0].sim.per_rank,
+                     quant_state_bytes=p["quant_state_bytes"], reserved_floor_bytes=floor,
+                     # past the card the allocator releases its cache and retries: the row's
+                     # full-depth trace replayed at the card's limit, as a simulated row's
+                     trace=lambda: model.full_trace(micro, accumulating),
+                     host_activations=host_activations_of_row(model, micro)
+                     if cj.activation_offload else None,
+                     # affine in depth, the same at any micro-batch: fitted as the rest
+                     pinned_extra_bytes=model.eval([pinned_extra_bytes(
+                         p.sim.info.get("pinned_shards")) for p in model.points], micro),
+                     # the embedding or head, or a layer's: the same at every depth
+                     largest_trainable_numel=max(p.sim.info.get("largest_trainable_numel", 0)
+                                                 for p in model.points),
+                     expandable_figure=expandable_figure)
+        done[micro] = mem
+        return cj, mem
+
+    def extrapolated_row(self, precision: str, ckpt: str, micro: int,
+                         largest_fitting: bool = False) -> PlanRow:
+        """The row of ``micro`` in its group: memory (predicted once) and speed from the group's
+        fitted model."""
+        model, done = self._groups[(precision, ckpt)]
+        cj, mem = (_config_job(self.job, precision, ckpt, micro), done[micro]) \
+            if micro in done else self._predict(precision, ckpt, micro)
+        speed = None if self.gpu is None else synced(model.speed(
+            DeviceSpeed.from_gpu(self.gpu), cj, _flops_per_token(self.source, mem, cj)), cj,
+            mem, self.gpu)
+        return PlanRow(cj, mem, "extrapolated", speed, largest_fitting=largest_fitting)
 
     def verify_pick(self, rows: list[PlanRow], verify: bool, keep_band: float | None = None,
                     current_precision: str | None = None) -> int | None:
@@ -255,8 +261,8 @@ class _Grid:
         (a current configuration given): a row of another precision than
         ``current_precision``'s, or a bf16-true row where the current one keeps fp32 weights,
         must beat the fastest row that keeps them by more than this fraction
-        (:func:`_recommend`, :func:`keep_fp32_weights`)."""
-        rec = _recommend(rows, keep_band, current_precision)
+        (:func:`~trainfit.plan.pick.recommend`, :func:`~trainfit.plan.pick.keep_fp32_weights`)."""
+        rec = recommend(rows, keep_band, current_precision)
         for _ in range(MAX_VERIFICATIONS):
             if rec is None or not verify or rows[rec].how == "simulated":
                 break
@@ -264,11 +270,39 @@ class _Grid:
             # the other worker at the same time slowed this one by 33 % (measured: 14.1 s against
             # 10.6 s on 2 cores), so only the pick is re-simulated.
             verified = self.exact(rows[rec].job, "the pick, full size")
-            verified.largest_fitting = rows[rec].largest_fitting and verified.memory.fits is True
+            marked = rows[rec].largest_fitting
+            verified.largest_fitting = marked and verified.memory.fits is True
             rows[rec] = verified
+            if marked and not verified.largest_fitting:
+                self.mark_below(rows, verified)
             # the exact number may not fit: choose again
-            rec = _recommend(rows, keep_band, current_precision)
+            rec = recommend(rows, keep_band, current_precision)
         return rec
+
+    def mark_below(self, rows: list[PlanRow], dropped: PlanRow) -> None:
+        """▲ for the micro-batch below ``dropped``'s in its group's candidates, whose
+        simulation found it does not fit: that micro-batch's row (made from the group's model
+        where the grid did not show it: 12 below 18 of 36, not the power of two 4) takes it, if
+        it fits (a review: ▲ had been taken off and given to no row)."""
+        j = dropped.job
+        below = [m for m in self.micro_all if m < (j.micro_batch or 0)]
+        if not below or (j.precision, j.grad_ckpt) not in self._groups:
+            return
+        micro = below[-1]
+        at = next((i for i, r in enumerate(rows) if r.job.precision == j.precision
+                   and r.job.grad_ckpt == j.grad_ckpt and r.job.micro_batch == micro), None)
+        if at is None:
+            at = next(i for i, r in enumerate(rows) if r is dropped)
+            rows.insert(at, self.extrapolated_row(j.precision, j.grad_ckpt, micro))
+        if rows[at].memory.fits is True:
+            rows[at].largest_fitting = True
+
+    def may_join(self, current: PlanRow) -> bool:
+        """The current configuration can be a row of the grid: the grid varies the micro-batch
+        and predicted this one (a divisor of the effective batch it does not show, 3 of 12);
+        with the micro-batch fixed (``--micro-batch``, a job file's ``micro_batch:``) the
+        current split is compared against, not planned."""
+        return len(self.micro_all) > 1 and current.job.micro_batch in self.micro_all
 
     def ladder(self, rows: list[PlanRow]) -> list[Any]:
         """Nothing fits: the memory-saving ladder from the smallest configuration."""
@@ -308,18 +342,20 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
         cur_row = grid.exact(current, "your current configuration, full size") \
             if current is not None else None
         if cur_row is not None:
-            take_exact_row(rows, cur_row)
-            add_current_row(rows, cur_row)
+            for dropped in take_exact_row(rows, cur_row):
+                grid.mark_below(rows, dropped)
+            if grid.may_join(cur_row):
+                add_current_row(rows, cur_row)
         band = None if gpu is None else speed_band_for(job.ranks, bool(job.compile))
         keep_band = band.median_abs_error if band is not None and cur_row is not None else None
         current_precision = cur_row.job.precision if cur_row is not None else None
         rec = grid.verify_pick(rows, verify, keep_band, current_precision)
         kept = keep_fp32_weights(rows, rec, keep_band) if keep_band is not None else None
         if grid.varies:
-            mark_largest_fitting(rows)
+            raise_largest_fitting(rows)
         if rec is not None:
             rows[rec].recommended = True
-        rank_rows(rows, _sort_key)
+        rank_rows(rows, sort_key)
         mark_shown(rows)
         if cur_row is not None:
             show_current(rows, cur_row)
@@ -343,7 +379,7 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
             offload=offload_check(rows[rec] if rec is not None else None, gpu),
             speed_band=band, numerics_kept=kept,
             **_link(gpu, job.ranks),
-            **_versus(cur_row, rows[rec] if rec is not None else None))
+            **versus(cur_row, rows[rec] if rec is not None else None))
     finally:
         workers.close()
 
@@ -368,95 +404,3 @@ def _link(gpu: GpuSpec | None, ranks: int) -> dict[str, Any]:
     if gpu is None or ranks <= 1 or not peer_to_peer(gpu):
         return {}
     return {"link": gpu.interconnect, "link_gbs": gpu.interconnect_gbs}
-
-
-_PRECISION_PREF = {"amp-bf16": 0, "amp-fp16": 1, "bf16-true": 2, "fp32": 3}
-
-
-def _sort_key(row: PlanRow) -> tuple[Any, ...]:
-    """Fastest predicted first; without a speed (unknown peak) prefer no recomputation, larger
-    micro-batches, mixed precision."""
-    tps = row.speed.tokens_per_s if row.speed is not None else None
-    return (tps is None, -(tps or 0.0), row.job.grad_ckpt != "off", -(row.job.micro_batch or 1),
-            _PRECISION_PREF.get(row.job.precision or "", 9))
-
-
-def _recommend(rows: list[PlanRow], keep_band: float | None = None,
-               current_precision: str | None = None) -> int | None:
-    """The fastest fitting row; with a current configuration (``keep_band``: the speed band's
-    median error), one that keeps fp32 weights where pure bf16 gains no more than the band, and
-    one at the current precision where another precision gains no more than the band (an
-    audit: a bf16-based LoRA script was told dtype=float32, bf16=False for a predicted +11.8 %,
-    inside the 14 % the predictions err by, doubling its frozen weights' memory)."""
-    fitting = [i for i, r in enumerate(rows) if r.memory.fits is not False]
-    if not fitting:
-        return None
-    best = min(fitting, key=lambda i: _sort_key(rows[i]))
-    if keep_band is None:
-        return best
-    # each measured against the fastest row itself, never against another kept row (a review:
-    # chained, the pick fell (1 + band)² − 1 behind it and was said "inside the band")
-    b = rows[best].job
-    if current_precision is not None and b.precision != current_precision:
-        same = _fastest_keeping(rows, fitting, best, lambda j: j.precision == current_precision)
-        if same is not None and _gain(rows[best], rows[same]) <= keep_band:
-            return same
-    if current_precision != "bf16-true" and b.precision == "bf16-true":
-        alt = _fastest_keeping(rows, fitting, best, lambda j: j.precision != "bf16-true")
-        if alt is not None and _gain(rows[best], rows[alt]) <= keep_band:
-            return alt
-    return best
-
-
-def _fastest_keeping(rows: list[PlanRow], fitting: list[int], best: int,
-                     keeps: Callable[[JobSpec], bool]) -> int | None:
-    """The fastest fitting row whose job ``keeps`` what the current configuration has (its
-    precision, or fp32 weights), at the fastest row's effective batch and ranks, both speeds
-    known (None otherwise)."""
-    b = rows[best]
-    if b.speed is None or not b.speed.tokens_per_s:
-        return None
-    keep = [i for i in fitting if keeps(rows[i].job)
-            and rows[i].job.effective_batch == b.job.effective_batch
-            and rows[i].job.ranks == b.job.ranks
-            and rows[i].speed is not None and rows[i].speed.tokens_per_s]  # type: ignore[union-attr]
-    return min(keep, key=lambda i: _sort_key(rows[i])) if keep else None
-
-
-def _gain(pick: PlanRow, other: PlanRow) -> float:
-    """``pick``'s predicted tokens/s over ``other``'s, less 1 (both known)."""
-    return pick.speed.tokens_per_s / other.speed.tokens_per_s - 1  # type: ignore[union-attr,operator]
-
-
-def keep_fp32_weights(rows: list[PlanRow], rec: int | None, keep_band: float
-                      ) -> dict[str, Any] | None:
-    """The faster row of another precision the pick passed over (:func:`_recommend`): bf16-true
-    where the current configuration keeps fp32 weights, or any precision but the current one,
-    its predicted gain inside the median error of speed predictions of this kind (the speed
-    band): pure bf16 loses updates below its resolution and changes how the model learns, and
-    another precision changes the numerics and the weights' memory, which a gain the
-    predictions cannot resolve does not pay for (an audit: a script's amp-bf16 was told to drop
-    fp32 weights for +0.9 %, predicted)."""
-    if rec is None:
-        return None
-    fitting = [i for i, r in enumerate(rows) if r.memory.fits is not False]
-    best = min(fitting, key=lambda i: _sort_key(rows[i]))
-    if best == rec or rows[best].job.precision == rows[rec].job.precision or \
-            rows[best].speed is None or not rows[best].speed.tokens_per_s or \
-            rows[rec].speed is None or not rows[rec].speed.tokens_per_s or \
-            _gain(rows[best], rows[rec]) > keep_band:
-        return None
-    return {"precision": rows[best].job.precision,
-            "tokens_per_s": rows[best].speed.tokens_per_s,  # type: ignore[union-attr]
-            "gain": _gain(rows[best], rows[rec]), "median_abs_error": keep_band}
-
-
-def _versus(cur: PlanRow | None, pick: PlanRow | None) -> dict[str, Any]:
-    """The pick against the current configuration: the fields that change and the speed-up."""
-    if cur is None or pick is None:
-        return {}
-    changes = [FieldChange(k, getattr(cur.job, k), getattr(pick.job, k)) for k in COMPARED_FIELDS
-               if getattr(cur.job, k) != getattr(pick.job, k)]
-    ct = cur.speed.tokens_per_s if cur.speed else None
-    pt = pick.speed.tokens_per_s if pick.speed else None
-    return {"changes_vs_current": changes, "speedup_vs_current": pt / ct if ct and pt else None}

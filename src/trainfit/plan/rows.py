@@ -24,19 +24,24 @@ BELOW_FRONTIER_VARYING = 0
 """Fitting rows shown below the frontier when the effective batch varies between rows."""
 
 
-def take_exact_row(rows: list[Any], exact: Any) -> None:
+def take_exact_row(rows: list[Any], exact: Any) -> list[Any]:
     """The grid's row of ``exact``'s configuration (precision, checkpointing, micro-batch,
     accumulation) takes its full-size simulation, so that the table and the line 'against what
     you run now' give one number for one configuration (the extrapolated row had said 6.24 GiB
-    beside the simulated 6.22); ▲ stays only where the simulation fits."""
+    beside the simulated 6.22); ▲ stays only where the simulation fits: the rows it left, for
+    the grid to mark the candidate below."""
     # every field that shapes the step: a script's current configuration may differ from the
     # grid's in more than the four knobs (a --method or --optimizer given over the script), and
     # its simulation must then not stand for a grid row
+    dropped = []
     for i, r in enumerate(rows):
         if r.how != "simulated" and _same_step(r, exact):
             rows[i] = dataclasses.replace(r, memory=exact.memory, how=exact.how,
                                           speed=exact.speed, largest_fitting=r.largest_fitting
                                           and exact.memory.fits is True)
+            if r.largest_fitting and not rows[i].largest_fitting:
+                dropped.append(rows[i])
+    return dropped
 
 
 _STEP_KEY = ("precision", "grad_ckpt", "micro_batch", "grad_accum", "method", "lora_r",
@@ -46,14 +51,33 @@ _STEP_KEY = ("precision", "grad_ckpt", "micro_batch", "grad_accum", "method", "l
 
 
 def _same_step(row: Any, exact: Any) -> bool:
-    return all(getattr(row.job, k) == getattr(exact.job, k) for k in _STEP_KEY)
+    """Every field of the two jobs equal but how the effective batch is written (a grid row
+    keeps it, a current run may derive it): a field outside :data:`_STEP_KEY` that shapes the
+    step (activation offload, clipping, a chunked head, ...) counts too (a review: a current
+    run with activation offload took a grid row's place)."""
+    return _same_split(row.job, exact.job) and _fields_but_split(row.job) == \
+        _fields_but_split(exact.job)
+
+
+_SPLIT = ("micro_batch", "grad_accum", "effective_batch")
+
+
+def _fields_but_split(job: Any) -> dict[str, Any]:
+    return {k: v for k, v in job.to_dict().items() if k not in _SPLIT}
+
+
+def _same_split(a: Any, b: Any) -> bool:
+    return (a.micro_batch, a.grad_accum or 1) == (b.micro_batch, b.grad_accum or 1)
+
+
+def _effective(job: Any) -> int:
+    return (job.micro_batch or 1) * (job.grad_accum or 1) * job.ranks
 
 
 def _same_group(row: Any, exact: Any) -> bool:
-    """The same step but for the split of one effective batch into micro-batches."""
-    return row.job.effective_batch == exact.job.effective_batch and all(
-        getattr(row.job, k) == getattr(exact.job, k) for k in _STEP_KEY
-        if k not in ("micro_batch", "grad_accum"))
+    """The same job but for the split of one effective batch into micro-batches."""
+    return _effective(row.job) == _effective(exact.job) and _fields_but_split(row.job) == \
+        _fields_but_split(exact.job)
 
 
 def add_current_row(rows: list[Any], current: Any) -> None:
@@ -74,22 +98,25 @@ def add_current_row(rows: list[Any], current: Any) -> None:
                                         rank=None, shown=True))
 
 
-def mark_largest_fitting(rows: list[Any]) -> None:
-    """▲ on the largest micro-batch of each group that fits, once full-size simulations have
-    replaced extrapolated rows (the current configuration, the verified pick) or joined them
-    (:func:`add_current_row`): a simulated row may fit where its extrapolation did not, or not
-    fit where it did, and ▲ moves with it (it had only been taken off a row the pick's
-    simulation found not to fit, and given to no other)."""
-    groups: dict[tuple[Any, ...], list[Any]] = {}
+def raise_largest_fitting(rows: list[Any]) -> None:
+    """▲ moves up to a larger micro-batch of its group that a full-size simulation found to fit
+    (the current configuration's row, :func:`add_current_row`, where its extrapolation did not
+    fit), and off a row that does not fit.  Where the simulation took ▲ off (the pick, the
+    current row), the grid gives it to the candidate below (``_Grid.mark_below``)."""
+    groups: dict[str, list[Any]] = {}
     for r in rows:
-        key = tuple(repr(getattr(r.job, k)) for k in _STEP_KEY
-                    if k not in ("micro_batch", "grad_accum"))
-        groups.setdefault(key, []).append(r)
+        groups.setdefault(repr(sorted(_fields_but_split(r.job).items())), []).append(r)
     for group in groups.values():
-        fitting = [r for r in group if r.memory.fits is True]
-        top = max(fitting, key=lambda r: r.job.micro_batch or 0) if fitting else None
         for r in group:
-            r.largest_fitting = r is top
+            r.largest_fitting = r.largest_fitting and r.memory.fits is True
+        marked = [r for r in group if r.largest_fitting]
+        fitting = [r for r in group if r.memory.fits is True]
+        if not marked or not fitting:
+            continue
+        top = max(fitting, key=lambda r: r.job.micro_batch or 0)
+        if (top.job.micro_batch or 0) > max(r.job.micro_batch or 0 for r in marked):
+            for r in group:
+                r.largest_fitting = r is top
 
 
 def show_current(rows: list[Any], current: Any) -> None:
