@@ -235,16 +235,17 @@ def _row(micro, fits, marked=False, ckpt="off", effective=12, **fields):
     return PlanRow(job, SimpleNamespace(fits=fits), "extrapolated", largest_fitting=marked)
 
 
-def test_the_largest_fitting_mark_moves_up_to_a_simulated_row_that_fits():
+def test_the_largest_fitting_mark_follows_full_size_simulations():
     """▲ moves to a larger micro-batch of its group that a full-size simulation found to fit
     (the current configuration's row), and off a row that does not fit."""
-    from trainfit.plan.rows import raise_largest_fitting
+    from trainfit.plan.rows import mark_largest_fitting
 
     rows = [_row(1, True), _row(2, True, marked=True), _row(3, True), _row(4, False),
-            _row(1, True, ckpt="full"), _row(2, False, marked=True, ckpt="full")]
-    raise_largest_fitting(rows)
+            _row(1, True, ckpt="full"), _row(2, False, marked=True, ckpt="full"),
+            _row(4, False, ckpt="full", optimizer="sgd")]
+    mark_largest_fitting(rows)
     assert [(r.job.micro_batch, r.job.grad_ckpt) for r in rows if r.largest_fitting] == \
-        [(3, "off")]
+        [(3, "off"), (1, "full")]
 
 
 def test_a_dropped_mark_goes_to_the_candidate_below_not_to_the_power_of_two():
@@ -272,6 +273,12 @@ def test_a_dropped_mark_goes_to_the_candidate_below_not_to_the_power_of_two():
     rows = [_row(m, True) for m in (1, 2, 4)] + [_row(6, False), _row(12, False)]
     grid_of([1, 2, 3, 4, 6, 12]).mark_below(rows, rows[3])
     assert made == [12] and [r.job.micro_batch for r in rows if r.largest_fitting] == [4]
+    # the candidate below is shown and does not fit (the current run's simulation): passed over
+    rows = [_row(m, True) for m in (1, 2)] + [_row(4, False), _row(6, False), _row(12, False)]
+    grid_of([1, 2, 3, 4, 6, 12]).mark_below(rows, rows[3])
+    assert made == [12, 3]
+    assert [(r.job.micro_batch, r.largest_fitting) for r in rows] == [
+        (1, False), (2, False), (3, True), (4, False), (6, False), (12, False)]
 
 
 def test_a_current_run_that_differs_in_more_than_the_split_is_no_grid_row():
@@ -352,6 +359,14 @@ def test_cli_current_with_another_effective_batch_plans_the_grid_at_it(tiny_conf
     assert "stop here" in r.output, r.output
     assert seen["grid"].micro_batch is None and seen["grid"].effective_batch == 64
     assert (seen["current"].micro_batch, seen["current"].grad_accum) == (4, 16)
+    # --max-grad-norm none is a value, not a field left out: the grid does not clip either (a
+    # review: it clipped at the default 1.0, and the current run matched none of its rows)
+    r = CliRunner().invoke(app, ["plan", str(tiny_config_json), "--gpu", "a10g", "--seq-len", "64",
+                                 "--micro-batch", "3", "--grad-accum", "4", "--precision", "fp32",
+                                 "--current", "--max-grad-norm", "none"])
+    assert "stop here" in r.output, r.output
+    assert seen["grid"].max_grad_norm is None and seen["current"].max_grad_norm is None
+    assert seen["grid"].effective_batch == 12
 
 
 def test_cli_current_flag_and_bad_current_in_a_file(tiny_config_json, tmp_path):

@@ -41,8 +41,9 @@ from trainfit.plan.result import PlanResult, PlanRow, smallest_row
 from trainfit.plan.row_speed import framework_host_s, synced
 from trainfit.plan.rows import (
     add_current_row,
+    fields_but_split,
+    mark_largest_fitting,
     mark_shown,
-    raise_largest_fitting,
     rank_rows,
     show_current,
     take_exact_row,
@@ -280,22 +281,25 @@ class _Grid:
         return rec
 
     def mark_below(self, rows: list[PlanRow], dropped: PlanRow) -> None:
-        """▲ for the micro-batch below ``dropped``'s in its group's candidates, whose
-        simulation found it does not fit: that micro-batch's row (made from the group's model
-        where the grid did not show it: 12 below 18 of 36, not the power of two 4) takes it, if
-        it fits (a review: ▲ had been taken off and given to no row)."""
+        """▲ for the largest candidate micro-batch below ``dropped``'s in its group that fits,
+        ``dropped``'s simulation having found it does not: a candidate the grid did not show
+        is made a row from the group's model (12 below 18 of 36, not the power of two 4; a
+        review: ▲ had been taken off and given to no row); a shown one that does not fit (the
+        current run's simulation) is passed over."""
         j = dropped.job
-        below = [m for m in self.micro_all if m < (j.micro_batch or 0)]
-        if not below or (j.precision, j.grad_ckpt) not in self._groups:
+        if (j.precision, j.grad_ckpt) not in self._groups:
             return
-        micro = below[-1]
-        at = next((i for i, r in enumerate(rows) if r.job.precision == j.precision
-                   and r.job.grad_ckpt == j.grad_ckpt and r.job.micro_batch == micro), None)
-        if at is None:
-            at = next(i for i, r in enumerate(rows) if r is dropped)
-            rows.insert(at, self.extrapolated_row(j.precision, j.grad_ckpt, micro))
-        if rows[at].memory.fits is True:
-            rows[at].largest_fitting = True
+        group = [r for r in rows if fields_but_split(r.job) == fields_but_split(j)]
+        for micro in reversed([m for m in self.micro_all if m < (j.micro_batch or 0)]):
+            row = next((r for r in group if r.job.micro_batch == micro), None)
+            if row is None:
+                row = self.extrapolated_row(j.precision, j.grad_ckpt, micro)
+                at = next(i for i, r in enumerate(rows) if r is dropped)
+                rows.insert(at, row)
+            if row.memory.fits is True:
+                row.largest_fitting = True
+                return
+            dropped = row
 
     def may_join(self, current: PlanRow) -> bool:
         """The current configuration can be a row of the grid: the grid varies the micro-batch
@@ -352,7 +356,7 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
         rec = grid.verify_pick(rows, verify, keep_band, current_precision)
         kept = keep_fp32_weights(rows, rec, keep_band) if keep_band is not None else None
         if grid.varies:
-            raise_largest_fitting(rows)
+            mark_largest_fitting(rows)
         if rec is not None:
             rows[rec].recommended = True
         rank_rows(rows, sort_key)

@@ -55,14 +55,14 @@ def _same_step(row: Any, exact: Any) -> bool:
     keeps it, a current run may derive it): a field outside :data:`_STEP_KEY` that shapes the
     step (activation offload, clipping, a chunked head, ...) counts too (a review: a current
     run with activation offload took a grid row's place)."""
-    return _same_split(row.job, exact.job) and _fields_but_split(row.job) == \
-        _fields_but_split(exact.job)
+    return _same_split(row.job, exact.job) and fields_but_split(row.job) == \
+        fields_but_split(exact.job)
 
 
 _SPLIT = ("micro_batch", "grad_accum", "effective_batch")
 
 
-def _fields_but_split(job: Any) -> dict[str, Any]:
+def fields_but_split(job: Any) -> dict[str, Any]:
     return {k: v for k, v in job.to_dict().items() if k not in _SPLIT}
 
 
@@ -76,8 +76,8 @@ def _effective(job: Any) -> int:
 
 def _same_group(row: Any, exact: Any) -> bool:
     """The same job but for the split of one effective batch into micro-batches."""
-    return _effective(row.job) == _effective(exact.job) and _fields_but_split(row.job) == \
-        _fields_but_split(exact.job)
+    return _effective(row.job) == _effective(exact.job) and fields_but_split(row.job) == \
+        fields_but_split(exact.job)
 
 
 def add_current_row(rows: list[Any], current: Any) -> None:
@@ -98,25 +98,21 @@ def add_current_row(rows: list[Any], current: Any) -> None:
                                         rank=None, shown=True))
 
 
-def raise_largest_fitting(rows: list[Any]) -> None:
-    """▲ moves up to a larger micro-batch of its group that a full-size simulation found to fit
-    (the current configuration's row, :func:`add_current_row`, where its extrapolation did not
-    fit), and off a row that does not fit.  Where the simulation took ▲ off (the pick, the
-    current row), the grid gives it to the candidate below (``_Grid.mark_below``)."""
+def mark_largest_fitting(rows: list[Any]) -> None:
+    """▲ on the largest micro-batch of each group that fits, once full-size simulations have
+    replaced extrapolated rows or joined them (the current configuration's row,
+    :func:`add_current_row`): it moves up to a simulated row that fits where its extrapolation
+    did not, and off one that does not fit. Where a simulation took it off, the grid first made
+    the candidate below a row (``_Grid.mark_below``), so that the largest row that fits is the
+    largest micro-batch predicted to fit, not the largest power of two."""
     groups: dict[str, list[Any]] = {}
     for r in rows:
-        groups.setdefault(repr(sorted(_fields_but_split(r.job).items())), []).append(r)
+        groups.setdefault(repr(sorted(fields_but_split(r.job).items())), []).append(r)
     for group in groups.values():
-        for r in group:
-            r.largest_fitting = r.largest_fitting and r.memory.fits is True
-        marked = [r for r in group if r.largest_fitting]
         fitting = [r for r in group if r.memory.fits is True]
-        if not marked or not fitting:
-            continue
-        top = max(fitting, key=lambda r: r.job.micro_batch or 0)
-        if (top.job.micro_batch or 0) > max(r.job.micro_batch or 0 for r in marked):
-            for r in group:
-                r.largest_fitting = r is top
+        top = max(fitting, key=lambda r: r.job.micro_batch or 0) if fitting else None
+        for r in group:
+            r.largest_fitting = r is top
 
 
 def show_current(rows: list[Any], current: Any) -> None:
