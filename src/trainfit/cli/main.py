@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import signal
 import sys
@@ -112,13 +111,10 @@ def _current_and_grid(job: JobSpec, fields: dict[str, Any], extra: dict[str, Any
                 and (k not in CURRENT_KNOBS or k not in fields)}
         grid["effective_batch"] = target_batch or job.effective_batch or (
             (job.micro_batch or 1) * (job.grad_accum or 1) * job.ranks)
-        # None kept where it is a value (``--max-grad-norm none``, default 1.0): dropped, the
-        # grid clipped where the run does not (a review: the current run then matched no row)
-        defaults = {f.name: f.default for f in dataclasses.fields(JobSpec)}
-        return JobSpec.from_dict({k: v for k, v in grid.items()
-                                  if v is not None
-                                  or defaults.get(k) not in (None, dataclasses.MISSING)},
-                                 source="flags"), current_job
+        # every other field as the job has it, None included: ``--max-grad-norm none`` is a
+        # value (default 1.0); dropped, the grid clipped where the run does not (a review: the
+        # current run then matched no row)
+        return JobSpec.from_dict(grid, source="flags"), current_job
     if "current" in extra:
         return job, job_with_current(fields, extra["current"], source)
     return job, None

@@ -289,7 +289,8 @@ class _Grid:
         j = dropped.job
         if (j.precision, j.grad_ckpt) not in self._groups:
             return
-        group = [r for r in rows if fields_but_split(r.job) == fields_but_split(j)]
+        same = fields_but_split(j)
+        group = [r for r in rows if fields_but_split(r.job) == same]
         for micro in reversed([m for m in self.micro_all if m < (j.micro_batch or 0)]):
             row = next((r for r in group if r.job.micro_batch == micro), None)
             if row is None:
