@@ -44,6 +44,15 @@ def test_other_families_and_forced_kernels_keep_flash_first():
     assert _choice(row, (9, 0), prefer="sdpa-efficient") == "efficient"
 
 
+def test_cudnn_first_on_sm_9_0_and_10_0_only():
+    """``check_prefer_cudnn_attention`` (sdp_utils.cpp at torch 2.13): ``(major == 9 || major ==
+    10) && !minor``. A review found the B200 (10.0) left on flash, and so predicted slower than
+    an H100 on a 16k-token LoRA step."""
+    row = RECORDED["rows"][0]
+    assert {cc: _choice(row, cc) for cc in ((9, 0), (10, 0), (10, 3), (12, 0), (8, 9))} == {
+        (9, 0): "cudnn", (10, 0): "cudnn", (10, 3): "flash", (12, 0): "flash", (8, 9): "flash"}
+
+
 @pytest.mark.parametrize("device, cc", [("cpu", None), ("cuda", (8, 0)), ("cuda", (9, 0))])
 def test_fewer_key_heads_without_enable_gqa_take_the_math_kernel(device, cc):
     """torch's check_batch_size_and_num_heads_dense: Falcon's multi-query attention (one key

@@ -108,6 +108,26 @@ def test_hopper_sdpa_is_timed_as_cudnn_at_its_measured_rates():
         KERNELS["ampere_dc"].flash.efficiency(8192)
 
 
+def test_b200_sdpa_is_timed_as_cudnn_at_its_published_rates():
+    """SDPA on a B200 (SM 10.0) runs cuDNN's attention as on Hopper (sdpa_choice.CUDNN_SDPA_CC),
+    at the rates NVIDIA's cudnn-frontend benchmark published for torch SDPA's cuDNN backend on a
+    B200 (0.44 of the peak at 8k, 0.51 at 16k). A review: left on FlashAttention-2, a B200 was
+    predicted slower than an H100 at 16k tokens; per second the B200 runs more attention than
+    the H100 at every length from 1k to 128k."""
+    from trainfit.speed.roofline import attention_efficiency
+
+    b200, h100 = (DeviceSpeed.from_gpu(find_gpu(n)) for n in ("b200", "h100-sxm"))
+    op = OpRecord("_scaled_dot_product_cudnn_attention", "forward", 1e12, 0.0, "bf16", None, True,
+                  seq=8192, causal=True, head_dim=128)
+    assert attention_efficiency(b200, op) == pytest.approx(0.44, rel=0.12)
+    assert attention_efficiency(b200, dataclasses.replace(op, seq=16384)) == \
+        pytest.approx(0.51, rel=0.12)
+    for seq in (1024, 2048, 4096, 8192, 16384, 32768, 131072):
+        at = dataclasses.replace(op, seq=seq)
+        assert attention_efficiency(b200, at) * b200.peak_flops["bf16"] > \
+            attention_efficiency(h100, at) * h100.peak_flops["bf16"], seq
+
+
 def test_backward_ops_cost_the_host_more_on_a_gpu():
     """Measured on an H100's host: 15 µs per backward node (the autograd engine's device thread)
     against ~10 µs per forward op; a CPU device runs both on its own measured cost."""

@@ -67,14 +67,17 @@ class AttentionTarget:
 
 
 CUDNN_SDPA_CC = ((9, 0), (10, 0))
-"""Compute capabilities on which SDPA's own choice is cuDNN's attention where it applies:
-Hopper, measured (torch 2.11 on an H100: ``_cudnn_attention`` in profiles of plain SDPA calls,
+"""Compute capabilities on which SDPA's own choice is cuDNN's attention where it applies: SM 9.0
+(Hopper) and SM 10.0 (B200, GB200), minor version 0 only (``check_prefer_cudnn_attention`` in
+sdp_utils.cpp: ``(major == 9 || major == 10) && !minor``; SM 10.3, the B300, keeps flash first).
+Hopper measured (torch 2.11 on an H100: ``_cudnn_attention`` in profiles of plain SDPA calls,
 benchmarks/results/gpu_sdpa_choice.json, and of T5's step, whose self-attention — a bias that
 needs a gradient — took the memory-efficient kernel and its cross-attention cuDNN's). The
 simulated stack's torch (2.13) has it so since 2.9 (pytorch/pytorch#162073, "enable cuDNN SDPA by
 default for SM 9.0, SM 10.0"; 2.5.1-2.8 put flash first, pytorch/pytorch#138649): a job under an
-older torch is ``--attention sdpa-flash``. SM 10.0 was not measured: flash first there, as
-before."""
+older torch is ``--attention sdpa-flash``. SM 10.0 is read from the source, not measured here: it
+had been left on flash, and a review found a B200 predicted slower than an H100 at 16k tokens
+(FlashAttention-2 at 0.15 of the B200's peak against cuDNN at 0.54 of the H100's)."""
 
 
 def choose_sdpa_kernel(
@@ -126,7 +129,7 @@ def choose_sdpa_kernel(
     cudnn_bwd_ok = not grad or (head_dim <= 128 and v_dim <= 128) or (
         head_dim, v_dim) in ((192, 128), (256, 256))
     cudnn_ok = (
-        target.prefer == "sdpa" and CUDNN_SDPA_CC[0] <= cc < CUDNN_SDPA_CC[1] and low
+        target.prefer == "sdpa" and cc in CUDNN_SDPA_CC and low
         and head_dim % 8 == 0 and v_dim % 8 == 0 and max(head_dim, v_dim) <= 256 and heads_ok
         and (mask is None or not getattr(mask, "requires_grad", False)) and cudnn_bwd_ok
     )

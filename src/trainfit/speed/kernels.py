@@ -107,7 +107,7 @@ class FamilyKernels:
     fp32 peak where a source measured it (None: ``gemm_mamf`` × ``GEMM_SHAPE_FACTOR``, see
     :attr:`gemm_efficiency_fp32`)."""
     cudnn: Attention | None = None
-    """cuDNN's attention, where SDPA picks it by itself (Hopper:
+    """cuDNN's attention, where SDPA picks it by itself (SM 9.0 and 10.0:
     :data:`trainfit.memory.sdpa_choice.CUDNN_SDPA_CC`); None: the flash entry stands for it."""
     gemm_unaligned: float = GEMM_UNALIGNED_HALF
     """A 16-bit GEMM with unaligned rows, as a fraction of the aligned rate."""
@@ -151,6 +151,16 @@ _H100_CUDNN = ("measured here: torch 2.11 SDPA on an H100 SXM (cuDNN's kernel, S
                "/ 0.47 / 0.51 / 0.54 of peak; head_dim 64 (S ≤ 8k): 0.10 / 0.16 / 0.22 / 0.32 / 0.39 "
                "(benchmarks/results/gpu_kernels.md). In HF steps on the same GPU it ran at that rate: "
                "Llama-3.2-1B at 8k positions took 206 ms against 202 predicted with it, 242 at half")
+_B200_CUDNN = ("NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training/artifacts/"
+               "sdpa_bf16_benchmark_results_NVIDIA_B200.csv (torch 2.8 SDPA's cuDNN backend, cuDNN "
+               "9.10, on a B200; causal fwd+bwd, batch 1, 128 q / 8 kv heads, head_dim 128), S = "
+               "512-131k: 0.05 / 0.13 / 0.18 / 0.33 / 0.44 / 0.51 / 0.53 / 0.51 / 0.50 of the "
+               "2,250 TF peak. The curve is the minimax fit over 4k-131k (within 6.3 %): a batch-1 "
+               "call of 512-2k tokens does not fill the B200 as a training step's micro-batch does "
+               "(Hopper's rates were measured at 16k tokens a call), and a newer cuDNN runs faster "
+               "there (9.19 on a GB200, same repository, gb200_919_only_cudnn: 0.35 of its 2,500 TF "
+               "at 2k, 0.55 at 8k, against the fit's 0.26 and 0.42). In a step at the benchmark's "
+               "rate, as Hopper's cuDNN was measured to run (_H100_CUDNN)")
 _AMPERE_SGEMM = ("Yinghan-Li/YHs_Sample#4: IEEE fp32 cuBLAS SGEMM 18.88 of 19.49 TF on an A100 "
                  "80GB PCIe at 5120x4096x4096 (0.97; the CUDA cores, not the tensor cores)")
 _HOPPER_SGEMM = ("measured here: torch 2.11 IEEE fp32 GEMM 8192^3 on an H100 SXM, 51.6 TF, 0.771 of "
@@ -195,7 +205,8 @@ KERNELS: dict[str, FamilyKernels] = {
     "blackwell": FamilyKernels(
         "blackwell", 0.78, Attention(0.15, 180, "Dao-AILab/flash-attention#1589: FA2 on B200"),
         Attention(0.08, 180, "memory-efficient ~half of flash (FA2 paper's A100 ratio)"),
-        0.85, f"{_MAMF} (B200 1745/2250 TF); no published stream figure: Hopper's taken"),
+        0.85, f"{_MAMF} (B200 1745/2250 TF); no published stream figure: Hopper's taken",
+        cudnn=Attention(0.538, 2210, _B200_CUDNN, step_factor=1.0)),
     # GeForce / workstation Blackwell (sm_120: RTX 50xx) is not the B200's sm_100: no tcgen05 or
     # TMEM, FA2 runs through the same mma.sync path as on Ada, and the peaks it is a fraction of
     # are the GeForce ones (FP32 accumulation at half rate) — Ada's attention and stream rates
