@@ -41,6 +41,11 @@ CASES = [
     # small states, small activations: the first step's states made one parameter at a time
     {"method": "full", "precision": "fp32", "optimizer": "adafactor", "grad_ckpt": "full",
      "optimizer_in_backward": True, "max_grad_norm": None},
+    # amp-fp16's GradScaler: the loss scaled, the gradients unscaled before the clipping (a
+    # foreach update) and without clipping too (train_step unscales before any optimizer)
+    {"method": "full", "precision": "amp-fp16", "optimizer_impl": "foreach"},
+    {"method": "lora", "precision": "amp-fp16", "lora_targets": "q,v", "optimizer_impl": "fused",
+     "max_grad_norm": None},
 ]
 
 

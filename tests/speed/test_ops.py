@@ -155,6 +155,29 @@ def test_a_sharded_optimizer_step_is_timed_on_its_shard(tiny_llama, ranks):
     assert not [op for op in fp32 if op.name == "_to_copy"]
 
 
+def test_amp_fp16_steps_run_the_grad_scaler(tiny_llama):
+    """amp-fp16 is simulated with torch's GradScaler, as tune and train run it (a review found it
+    planned exactly as amp-bf16): its inf check and unscale reads and writes every fp32
+    gradient (8 B a parameter), before the clipping — and without clipping too, as
+    ``train_step`` unscales before any optimizer (a fused AdamW then takes no scale). amp-bf16
+    and DeepSpeed's ZeRO (its own scaler) run none."""
+    def unscale(ops):
+        return [op for op in ops if op.name == "_amp_foreach_non_finite_check_and_unscale_"]
+
+    ops, params = _optimizer_ops(tiny_llama, precision="amp-fp16", optimizer_impl="foreach")
+    (check,) = unscale(ops)
+    assert check.kernel and check.bytes == pytest.approx(8 * params, rel=1e-3)
+    assert any(op.name == "_amp_update_scale_" for op in ops)
+    fused, _ = _optimizer_ops(tiny_llama, precision="amp-fp16", optimizer_impl="fused",
+                              max_grad_norm=None)
+    assert len(unscale(fused)) == 1
+    adam = next(op for op in fused if op.name == "_fused_adamw_")
+    assert adam.bytes == pytest.approx(28 * params, rel=1e-3)  # unscaled already: no write-back
+    bf16, _ = _optimizer_ops(tiny_llama, precision="amp-bf16", optimizer_impl="foreach")
+    zero, _ = _optimizer_ops(tiny_llama, precision="amp-fp16", ranks=2, sharding="zero2")
+    assert not unscale(bf16) and not unscale(zero)
+
+
 @pytest.mark.parametrize("optimizer", ["paged-adamw", "adamw-8bit", "paged-adamw-8bit"])
 def test_a_bitsandbytes_optimizer_step_is_one_kernel_a_parameter_with_its_bytes(tiny_llama,
                                                                                  optimizer):

@@ -111,7 +111,8 @@ class JobSpec:
     """Samples per optimizer step over all ranks = micro_batch × grad_accum × ranks."""
     precision: str | None = None
     """fp32, amp-fp16 (+GradScaler), amp-bf16 (fp32 master weights), bf16-true; None: choose
-    (plan leaves amp-fp16 out on a card with bf16, where it matches amp-bf16)."""
+    (plan leaves amp-fp16 out on a card with bf16, where amp-bf16 holds the same and runs
+    without the scaler's unscale)."""
     optimizer: str = "adamw"
     """adamw, adamw-8bit, paged-adamw, paged-adamw-8bit, adafactor, sgd (momentum 0.9: one state
     a parameter, in its dtype; HF Trainer's optim="sgd" has none, and the emitted settings pass

@@ -16,7 +16,7 @@ from trainfit.engine.step import repeat_batches, train_step
 from trainfit.job import JobSpec
 from trainfit.model.batch import make_batch
 from trainfit.model.init import init_weights
-from trainfit.model.runtime import check_offload_on
+from trainfit.model.runtime import check_offload_on, scaler_for
 from trainfit.model.source import ModelSource
 from trainfit.model.workload import build_model_on_meta, cpu_autocast, make_optimizer
 
@@ -59,6 +59,7 @@ def measure_cpu_step(job: JobSpec, source: ModelSource, steps: int = 2, seed: in
                        padded=job.padded)
     micro = min(job.grad_accum or 1, 2)
     autocast = cpu_autocast(job)
+    scaler = scaler_for(job, torch.device("cpu"))  # amp-fp16's, as tune and train run it
 
     base = _storage_bytes([*model.parameters(), *model.buffers(), *batch.values()])
     loss = 0.0
@@ -66,7 +67,7 @@ def measure_cpu_step(job: JobSpec, source: ModelSource, steps: int = 2, seed: in
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         for _ in range(steps):
             res = train_step(model, optimizer, repeat_batches(batch, micro), grad_accum=micro,
-                             autocast=autocast, max_grad_norm=job.max_grad_norm,
+                             autocast=autocast, max_grad_norm=job.max_grad_norm, scaler=scaler,
                              grads_to_none=job.grads_to_none,
                              keep_output=job.output_in_backward)
             loss = float(res.loss) if res.loss is not None else 0.0

@@ -41,6 +41,7 @@ from trainfit.model.batch import make_batch, row_lengths
 from trainfit.model.chunked_head import ChunkedHeadLM
 from trainfit.model.in_backward import InBackwardOptimizer
 from trainfit.model.offload import simulated_offload, with_offload
+from trainfit.model.runtime import scaler_for
 from trainfit.model.source import ModelSource
 from trainfit.model.standins import is_quant_state
 from trainfit.model.towers import tower_parameters
@@ -390,10 +391,13 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         with device_semantics(attn) as ops, legacy_saves(job.softmax_saves_input), \
                 bookkeeping, tracker, blocks as untraced:
             carry: dict[str, Any] | None = {} if job.hold_outputs else None
+            # amp-fp16's GradScaler, as tune and train run it (one for the run: its scale lives
+            # on across the steps); DeepSpeed's own scaler is not simulated (the user's job)
+            scaler = scaler_for(host_job or job, torch.device("cpu"), simulate=True)
 
             def run_step() -> None:
                 train_step(model, optimizer, iter(step_batches), grad_accum=micro,
-                           autocast=autocast, max_grad_norm=job.max_grad_norm,
+                           autocast=autocast, max_grad_norm=job.max_grad_norm, scaler=scaler,
                            grads_to_none=job.grads_to_none, observer=tracker, carry=carry,
                            keep_output=job.output_in_backward)
 

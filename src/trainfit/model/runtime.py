@@ -96,11 +96,32 @@ def autocast_for(job: JobSpec, device: torch.device) -> Callable[[], contextlib.
     return lambda: torch.autocast(device.type, dtype=dt)
 
 
-def scaler_for(job: JobSpec, device: torch.device) -> Any | None:
-    """fp16 autocast needs loss scaling (small gradients underflow fp16); bf16 does not."""
-    if job.precision == "amp-fp16":
+class SimulatedGradScaler(torch.amp.GradScaler):
+    """torch's GradScaler as the simulated step runs it: every op it dispatches — the loss
+    scaled, the gradients' inf check and unscale (``_amp_foreach_non_finite_check_and_unscale_``,
+    a read and a write of every gradient, before the clipping or, unclipped, in ``step``; a
+    fused optimizer takes the scale instead), the scale's update — but the host's read of
+    ``found_inf`` before the optimizer step (``_maybe_opt_step``: ``.item()``, a value fake
+    tensors do not have): the step is taken, as in every step without an overflow. A review
+    found amp-fp16 planned as amp-bf16, without the scaler ``tune`` and ``train`` run."""
+
+    def _maybe_opt_step(self, optimizer: Any, optimizer_state: Any, *args: Any,
+                        **kwargs: Any) -> Any:
+        return optimizer.step(*args, **kwargs)
+
+
+def scaler_for(job: JobSpec, device: torch.device, *, simulate: bool = False) -> Any | None:
+    """fp16 autocast needs loss scaling (small gradients underflow fp16); bf16 does not.
+    ``simulate``: the step's tensors are fake (:class:`SimulatedGradScaler`); none is simulated
+    under DeepSpeed ZeRO, whose engine scales the loss itself (its ``DynamicLossScaler``: not
+    modelled), nor with the optimizer stepped in the backward (no optimizer step to guard)."""
+    if job.precision != "amp-fp16":
+        return None
+    if not simulate:
         return torch.amp.GradScaler(device.type)
-    return None
+    if job.optimizer_in_backward or job.sharding in ("zero2", "zero3"):
+        return None
+    return SimulatedGradScaler(device.type)
 
 
 def assign(t: torch.Tensor, value: torch.Tensor) -> None:

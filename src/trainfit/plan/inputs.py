@@ -23,9 +23,10 @@ def grid_precisions(gpu: GpuSpec | None, job: JobSpec | None = None
     On a catalog GPU with bf16 whose fp16 and bf16 tensor-core rates are the same known figure
     (every Ampere, Ada and Hopper card: NVIDIA's datasheets, the GPU catalog) amp-fp16 is left
     out: autocast casts the same operations to 2 bytes as amp-bf16 does (torch's CUDA autocast
-    op lists are one list for both dtypes), so the rows hold the same tensors — equal to the
-    byte and the token on dense models (tests/plan/test_plan.py); a tiny Mixtral's came out
-    6.6 % above amp-bf16's, never below — while amp-fp16 adds loss scaling's skipped steps.
+    op lists are one list for both dtypes), so the rows hold the same tensors — on dense models
+    to the byte but GradScaler's few scalars, and a step slower by its unscale of every gradient
+    (tests/plan/test_plan.py); a tiny Mixtral's came out 6.6 % above amp-bf16's, never below —
+    and amp-fp16 adds loss scaling's skipped steps.
     Planned, its groups cost a quarter of the plan's time for rows that could not win;
     ``--precision amp-fp16`` still plans it.  A generic card (rates unknown) keeps it.
 
