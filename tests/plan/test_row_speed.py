@@ -53,3 +53,27 @@ def test_sharded_gathers_count_what_is_stored_and_hide_under_fb_only():
     # one micro-step (4 samples over 4 ranks): hidden under its 0.5 s forward + backward only
     assert short.sync_s > 0.6
     assert short.sync_exposed_s == pytest.approx(short.sync_s - 0.5, rel=1e-9)
+
+
+def test_fsdp_frozen_grads_reduce_scatter_the_whole_units_gradient():
+    """FSDP1 with frozen and trainable weights in one flat parameter (JobSpec.fsdp_frozen_grads,
+    litgpt's LoRA) reduce-scatters gradients for the frozen weights too. A review: the memory
+    held them, the time reduced the adapters' alone."""
+    from types import SimpleNamespace as NS
+
+    gpu = find_gpu("a100-40gb-sxm")
+    job = JobSpec(model="t", seq_len=1024, micro_batch=1, effective_batch=4, ranks=4,
+                  sharding="fsdp", method="lora", precision="amp-bf16", grad_ckpt="off")
+    mem = NS(alloc_retries=0, trainable_params=10_000_000, total_params=1_000_000_000,
+             packed_4bit_params=0)
+    speed = FAST.__class__(**{**FAST.to_dict(), "step_time_s": 1.0, "optimizer_s": 0.0})
+    lora, whole = (synced(speed, j, mem, gpu) for j in (job, job.replace(fsdp_frozen_grads=True)))
+    frac, bus = 3 / 4, gpu.interconnect_gbs * 1e9 * 0.75  # RING_BUS_EFFICIENCY
+    # fp32 gradients (FSDP's reduce dtype): 4 B for each of the frozen weights more, once (one
+    # micro-step: 4 samples over 4 ranks)
+    assert whole.sync_s - lora.sync_s == pytest.approx(frac * 4 * 990_000_000 / bus, rel=1e-9)
+    # a step too short to hide it: the time grows by it
+    quick = FAST.__class__(**{**FAST.to_dict(), "step_time_s": 0.01, "optimizer_s": 0.0})
+    lora, whole = (synced(quick, j, mem, gpu) for j in (job, job.replace(fsdp_frozen_grads=True)))
+    assert whole.step_time_s - lora.step_time_s == pytest.approx(
+        frac * 4 * 990_000_000 / bus, rel=0.05)

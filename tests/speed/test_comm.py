@@ -33,6 +33,25 @@ def test_fsdp_gathers_every_micro_step():
     assert s.exposed_s == pytest.approx(4 * (per_micro / (10e9 * RING_BUS_EFFICIENCY) - 0.1))
 
 
+def test_fsdp_under_no_sync_reduce_scatters_in_the_last_micro_step_only():
+    """HF Trainer / accelerate accumulate under FSDP's no_sync (JobSpec.fsdp_no_sync): the
+    earlier micro-steps keep their unsharded gradients and only gather. A review: the flag
+    doubled the memory and left every micro-step's reduce-scatter in the time. ZeRO-3 has no
+    such mode: the flag is FSDP's."""
+    kw = dict(ranks=2, grad_accum=4, grad_bytes=1e9, param_bytes=2e9, link_gbs=10.0,
+              micro_step_s=0.1)
+    s = sync_time(sharding="fsdp", reduce_once=True, **kw)
+    bus = 10e9 * RING_BUS_EFFICIENCY
+    gather, reduce = 0.5 * 2 * 2e9, 0.5 * 1e9
+    assert s.bytes_per_rank == pytest.approx(4 * gather + reduce)
+    assert s.exposed_s == pytest.approx(3 * (gather / bus - 0.1) + (gather + reduce) / bus - 0.1)
+    assert "reduce-scatter in the last" in s.collective
+    every = sync_time(sharding="fsdp", **kw)
+    assert every.exposed_s - s.exposed_s == pytest.approx(3 * reduce / bus)
+    assert sync_time(sharding="zero3", reduce_once=True, **kw).bytes_per_rank == pytest.approx(
+        sync_time(sharding="zero3", **kw).bytes_per_rank)
+
+
 def test_zero2_reduces_every_micro_step_and_gathers_once():
     """QA: ZeRO-2 was timed as DDP (one all-reduce per step under no_sync), but DeepSpeed refuses
     no_sync under ZeRO-2: every micro-step all-reduces the gradients' buckets (DeepSpeed 0.19.8's

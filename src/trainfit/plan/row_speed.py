@@ -119,9 +119,14 @@ def synced(speed: SpeedPrediction | None, job: JobSpec, mem: MemoryPrediction,
     # after the last reduce-scatter (ZeRO-3's begins by releasing every gathered parameter), so
     # it hides none of them (an audit: Mixtral ZeRO-3's step read 16 % short)
     fb_s = speed.step_time_s - (speed.optimizer_s or 0.0)
+    # FSDP1 with frozen and trainable weights in one flat parameter reduce-scatters the whole
+    # unit's gradient, the frozen part's too (JobSpec.fsdp_frozen_grads; QLoRA's packed values
+    # as their 16-bit storage, 4 to an element) — a review: the memory had them, the time not
+    frozen_too = job.sharding == "fsdp" and job.fsdp_frozen_grads
+    grad_elems = (mem.total_params - 0.75 * packed) if frozen_too else mem.trainable_params
     return with_sync(speed, sync_time(
         ranks=job.ranks, sharding=job.sharding, grad_accum=job.grad_accum or 1,
-        grad_bytes=mem.trainable_params * grad_elem,
+        grad_bytes=grad_elems * grad_elem, reduce_once=job.sharding == "fsdp" and job.fsdp_no_sync,
         # ZeRO-2 gathers the updated partitions of what trains; FSDP / ZeRO-3 every parameter
         param_bytes=mem.trainable_params * weight_elem if job.sharding == "zero2"
         else gathered_bytes,

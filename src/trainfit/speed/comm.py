@@ -105,30 +105,43 @@ def _hidden_hbm_s(hidden_share: float, gathered: float, reduced: float,
 
 def sync_time(*, ranks: int, sharding: str, grad_accum: int, grad_bytes: float,
               param_bytes: float, link_gbs: float, micro_step_s: float,
-              hbm_gbs: float | None = None, device_share: float = 1.0) -> SyncTime | None:
+              hbm_gbs: float | None = None, device_share: float = 1.0,
+              reduce_once: bool = False) -> SyncTime | None:
     """``grad_bytes``/``param_bytes``: the full (unsharded) trainable-gradient and parameter
     bytes; ``micro_step_s``: one micro-step's predicted time without synchronisation;
     ``hbm_gbs``: the card's memory bandwidth (GB/s), for what hidden traffic takes from compute
     (None: not counted); ``device_share``: the share of the micro-step the GPU is busy (a
-    host-bound step's idle device absorbs the contention first)."""
+    host-bound step's idle device absorbs the contention first); ``reduce_once``: FSDP under
+    ``no_sync`` (HF Trainer / accelerate's accumulation, ``JobSpec.fsdp_no_sync``) reduce-scatters
+    the gradients in the last micro-step only, the earlier ones keeping them unsharded (a review:
+    the flag doubled the memory and left every micro-step's reduce-scatter in the time)."""
     if ranks <= 1:
         return None
     bus = link_gbs * 1e9 * RING_BUS_EFFICIENCY
     frac = (ranks - 1) / ranks
     if sharding in ("fsdp", "zero3"):  # ZeRO-3 gathers and reduce-scatters as FSDP does
-        per_micro = frac * (2.0 * param_bytes + grad_bytes)
-        comm_micro = per_micro / bus
-        exposed = grad_accum * max(0.0, comm_micro - micro_step_s)
-        hidden = min(comm_micro, micro_step_s) / comm_micro if comm_micro else 0.0
-        taken = _hidden_hbm_s(hidden, frac * 2.0 * param_bytes, frac * grad_bytes, hbm_gbs)
-        if sharding == "zero3" and hbm_gbs:
-            # its copies run whatever the overlap: all of their traffic takes bandwidth
-            taken += (ZERO3_COPY_HBM_FACTOR * 2.0 * param_bytes
-                      + ZERO3_GRAD_HBM_FACTOR * grad_bytes) / (hbm_gbs * 1e9)
-        # the micro-step ends when both the collectives and the slowed device are done: a
-        # longer collective, or an idle device (host-bound), absorbs the slow-down first
-        base = max(comm_micro, micro_step_s)
-        contention = grad_accum * (max(base, device_share * micro_step_s + taken) - base)
+        reducing = 1 if reduce_once and sharding == "fsdp" else grad_accum
+        exposed = contention = moved = comm_s = 0.0
+        # (micro-steps, gradient bytes each reduce-scatters): under no_sync all but the last
+        # only gather
+        for n, grads in ((grad_accum - reducing, 0.0), (reducing, grad_bytes)):
+            if n <= 0:
+                continue
+            per_micro = frac * (2.0 * param_bytes + grads)
+            comm_micro = per_micro / bus
+            exposed += n * max(0.0, comm_micro - micro_step_s)
+            hidden = min(comm_micro, micro_step_s) / comm_micro if comm_micro else 0.0
+            taken = _hidden_hbm_s(hidden, frac * 2.0 * param_bytes, frac * grads, hbm_gbs)
+            if sharding == "zero3" and hbm_gbs:
+                # its copies run whatever the overlap: all of their traffic takes bandwidth
+                taken += (ZERO3_COPY_HBM_FACTOR * 2.0 * param_bytes
+                          + ZERO3_GRAD_HBM_FACTOR * grads) / (hbm_gbs * 1e9)
+            # the micro-step ends when both the collectives and the slowed device are done: a
+            # longer collective, or an idle device (host-bound), absorbs the slow-down first
+            base = max(comm_micro, micro_step_s)
+            contention += n * (max(base, device_share * micro_step_s + taken) - base)
+            moved += n * per_micro
+            comm_s += n * comm_micro
         who = "DeepSpeed ZeRO-3" if sharding == "zero3" else "FSDP"
         # FSDP's rows are timed through FSDP2's own step (its copy-in/out kernels counted);
         # ZeRO-3's compute is the plain step's plus DeepSpeed's hooks as host time
@@ -141,8 +154,10 @@ def sync_time(*, ranks: int, sharding: str, grad_accum: int, grad_bytes: float,
                    "of the flat buffer; each gradient into the reduce bucket, then concatenated "
                    "and pre-divided for the reduce-scatter) are counted in that traffic"
                    ) if sharding == "zero3" else ""
-        return SyncTime(f"all-gather ×2 + reduce-scatter per micro-step ({who})",
-                        per_micro * grad_accum, comm_micro * grad_accum, exposed,
+        what = ("all-gather ×2 per micro-step + reduce-scatter in the last (FSDP, no_sync on "
+                "accumulation)" if reducing < grad_accum
+                else f"all-gather ×2 + reduce-scatter per micro-step ({who})")
+        return SyncTime(what, moved, comm_s, exposed,
                         "prefetched: hidden under each micro-step's compute up to its length"
                         + _contention_words(contention) + untimed, contention)
     if sharding == "zero2":  # param_bytes: the trainable parameters' (what is gathered)
