@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from trainfit.hardware.gpus import find_gpu
@@ -12,6 +14,17 @@ from trainfit.speed.predict import SpeedPrediction
 
 FAST = SpeedPrediction(step_time_s=1.0, tokens_per_s=1e4, samples_per_s=1.0, mfu=0.3, hfu=0.3,
                        device_busy_fraction=0.9, bound="compute-bound", model_flops_per_token=1.0)
+
+
+def _timed(step_s: float, optimizer_s: float = 0.0) -> SpeedPrediction:
+    """FAST with another step and optimizer time."""
+    return FAST.__class__(**{**FAST.to_dict(), "step_time_s": step_s, "optimizer_s": optimizer_s})
+
+
+def _counts(trainable: int, total: int, packed: int = 0) -> SimpleNamespace:
+    """The parameter counts ``synced`` reads off a memory prediction."""
+    return SimpleNamespace(alloc_retries=0, trainable_params=trainable, total_params=total,
+                           packed_4bit_params=packed)
 
 
 def test_activation_offload_leaves_the_speed_unknown_with_the_cause(tiny_llama):
@@ -32,24 +45,16 @@ def test_sharded_gathers_count_what_is_stored_and_hide_under_fb_only():
     """An audit: QLoRA's gathers were priced at 4.5 bits for every value (Mixtral's 45 B bf16
     experts: 3.5× too few bytes), and the collectives were hidden under the optimizer step too,
     which runs after the last reduce-scatter."""
-    from types import SimpleNamespace as NS
-
     gpu = find_gpu("h100-sxm")
     job = JobSpec(model="t", seq_len=2048, micro_batch=1, effective_batch=4, ranks=4,
                   sharding="fsdp", method="qlora", precision="amp-bf16", grad_ckpt="full")
-    mem = NS(alloc_retries=0, trainable_params=0, total_params=46_700_000_000,
-             packed_4bit_params=1_600_000_000)
-    speed = FAST.__class__(**{**FAST.to_dict(), "step_time_s": 10.0, "optimizer_s": 0.0})
-    sp = synced(speed, job, mem, gpu)
+    sp = synced(_timed(10.0), job, _counts(0, 46_700_000_000, 1_600_000_000), gpu)
     frac, bus = 3 / 4, gpu.interconnect_gbs * 1e9 * 0.75  # RING_BUS_EFFICIENCY
     gathered = 1.6e9 * 0.5 + 45.1e9 * 2
     assert sp.sync_s == pytest.approx(frac * 2 * gathered / bus, rel=1e-3)
     # the optimizer's share of the step hides nothing: a longer optimizer, more exposed
     ddp = job.replace(method="full", quant=None, sharding="zero3")
-    mem = NS(alloc_retries=0, trainable_params=46_700_000_000, total_params=46_700_000_000,
-             packed_4bit_params=0)
-    short = synced(FAST.__class__(**{**FAST.to_dict(), "step_time_s": 0.6, "optimizer_s": 0.1}),
-                   ddp, mem, gpu)
+    short = synced(_timed(0.6, 0.1), ddp, _counts(46_700_000_000, 46_700_000_000), gpu)
     # one micro-step (4 samples over 4 ranks): hidden under its 0.5 s forward + backward only
     assert short.sync_s > 0.6
     assert short.sync_exposed_s == pytest.approx(short.sync_s - 0.5, rel=1e-9)
@@ -59,21 +64,17 @@ def test_fsdp_frozen_grads_reduce_scatter_the_whole_units_gradient():
     """FSDP1 with frozen and trainable weights in one flat parameter (JobSpec.fsdp_frozen_grads,
     litgpt's LoRA) reduce-scatters gradients for the frozen weights too. A review: the memory
     held them, the time reduced the adapters' alone."""
-    from types import SimpleNamespace as NS
-
     gpu = find_gpu("a100-40gb-sxm")
     job = JobSpec(model="t", seq_len=1024, micro_batch=1, effective_batch=4, ranks=4,
                   sharding="fsdp", method="lora", precision="amp-bf16", grad_ckpt="off")
-    mem = NS(alloc_retries=0, trainable_params=10_000_000, total_params=1_000_000_000,
-             packed_4bit_params=0)
-    speed = FAST.__class__(**{**FAST.to_dict(), "step_time_s": 1.0, "optimizer_s": 0.0})
-    lora, whole = (synced(speed, j, mem, gpu) for j in (job, job.replace(fsdp_frozen_grads=True)))
+    mem = _counts(10_000_000, 1_000_000_000)
+    frozen = job.replace(fsdp_frozen_grads=True)
+    lora, whole = (synced(_timed(1.0), j, mem, gpu) for j in (job, frozen))
     frac, bus = 3 / 4, gpu.interconnect_gbs * 1e9 * 0.75  # RING_BUS_EFFICIENCY
     # fp32 gradients (FSDP's reduce dtype): 4 B for each of the frozen weights more, once (one
     # micro-step: 4 samples over 4 ranks)
     assert whole.sync_s - lora.sync_s == pytest.approx(frac * 4 * 990_000_000 / bus, rel=1e-9)
     # a step too short to hide it: the time grows by it
-    quick = FAST.__class__(**{**FAST.to_dict(), "step_time_s": 0.01, "optimizer_s": 0.0})
-    lora, whole = (synced(quick, j, mem, gpu) for j in (job, job.replace(fsdp_frozen_grads=True)))
+    lora, whole = (synced(_timed(0.01), j, mem, gpu) for j in (job, frozen))
     assert whole.step_time_s - lora.step_time_s == pytest.approx(
         frac * 4 * 990_000_000 / bus, rel=0.05)

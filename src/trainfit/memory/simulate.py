@@ -392,7 +392,8 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
                 bookkeeping, tracker, blocks as untraced:
             carry: dict[str, Any] | None = {} if job.hold_outputs else None
             # amp-fp16's GradScaler, as tune and train run it (one for the run: its scale lives
-            # on across the steps); DeepSpeed's own scaler is not simulated (the user's job)
+            # on across the steps); asked of the user's job, as ZeRO's one-process twin has
+            # sharding none and DeepSpeed's own scaler is not simulated
             scaler = scaler_for(host_job or job, torch.device("cpu"), simulate=True)
 
             def run_step() -> None:

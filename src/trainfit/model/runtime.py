@@ -99,8 +99,8 @@ def autocast_for(job: JobSpec, device: torch.device) -> Callable[[], contextlib.
 class SimulatedGradScaler(torch.amp.GradScaler):
     """torch's GradScaler as the simulated step runs it: every op it dispatches — the loss
     scaled, the gradients' inf check and unscale (``_amp_foreach_non_finite_check_and_unscale_``,
-    a read and a write of every gradient, before the clipping or, unclipped, in ``step``; a
-    fused optimizer takes the scale instead), the scale's update — but the host's read of
+    a read and a write of every gradient: ``train_step`` calls ``unscale_`` before the clipping
+    and any optimizer, so a fused one gets no scale), the scale's update — but the host's read of
     ``found_inf`` before the optimizer step (``_maybe_opt_step``: ``.item()``, a value fake
     tensors do not have): the step is taken, as in every step without an overflow. A review
     found amp-fp16 planned as amp-bf16, without the scaler ``tune`` and ``train`` run."""

@@ -126,7 +126,7 @@ def synced(speed: SpeedPrediction | None, job: JobSpec, mem: MemoryPrediction,
     grad_elems = (mem.total_params - 0.75 * packed) if frozen_too else mem.trainable_params
     return with_sync(speed, sync_time(
         ranks=job.ranks, sharding=job.sharding, grad_accum=job.grad_accum or 1,
-        grad_bytes=grad_elems * grad_elem, reduce_once=job.sharding == "fsdp" and job.fsdp_no_sync,
+        grad_bytes=grad_elems * grad_elem, reduce_once=job.fsdp_no_sync,
         # ZeRO-2 gathers the updated partitions of what trains; FSDP / ZeRO-3 every parameter
         param_bytes=mem.trainable_params * weight_elem if job.sharding == "zero2"
         else gathered_bytes,

@@ -121,27 +121,12 @@ def sync_time(*, ranks: int, sharding: str, grad_accum: int, grad_bytes: float,
     frac = (ranks - 1) / ranks
     if sharding in ("fsdp", "zero3"):  # ZeRO-3 gathers and reduce-scatters as FSDP does
         reducing = 1 if reduce_once and sharding == "fsdp" else grad_accum
-        exposed = contention = moved = comm_s = 0.0
         # (micro-steps, gradient bytes each reduce-scatters): under no_sync all but the last
         # only gather
-        for n, grads in ((grad_accum - reducing, 0.0), (reducing, grad_bytes)):
-            if n <= 0:
-                continue
-            per_micro = frac * (2.0 * param_bytes + grads)
-            comm_micro = per_micro / bus
-            exposed += n * max(0.0, comm_micro - micro_step_s)
-            hidden = min(comm_micro, micro_step_s) / comm_micro if comm_micro else 0.0
-            taken = _hidden_hbm_s(hidden, frac * 2.0 * param_bytes, frac * grads, hbm_gbs)
-            if sharding == "zero3" and hbm_gbs:
-                # its copies run whatever the overlap: all of their traffic takes bandwidth
-                taken += (ZERO3_COPY_HBM_FACTOR * 2.0 * param_bytes
-                          + ZERO3_GRAD_HBM_FACTOR * grads) / (hbm_gbs * 1e9)
-            # the micro-step ends when both the collectives and the slowed device are done: a
-            # longer collective, or an idle device (host-bound), absorbs the slow-down first
-            base = max(comm_micro, micro_step_s)
-            contention += n * (max(base, device_share * micro_step_s + taken) - base)
-            moved += n * per_micro
-            comm_s += n * comm_micro
+        kinds = [_prefetched_micro_steps(n, param_bytes, grads, frac, bus, micro_step_s,
+                                         hbm_gbs, device_share, zero3=sharding == "zero3")
+                 for n, grads in ((grad_accum - reducing, 0.0), (reducing, grad_bytes)) if n > 0]
+        moved, comm_s, exposed, contention = (sum(k[i] for k in kinds) for i in range(4))
         who = "DeepSpeed ZeRO-3" if sharding == "zero3" else "FSDP"
         # FSDP's rows are timed through FSDP2's own step (its copy-in/out kernels counted);
         # ZeRO-3's compute is the plain step's plus DeepSpeed's hooks as host time
@@ -185,6 +170,28 @@ def sync_time(*, ranks: int, sharding: str, grad_accum: int, grad_bytes: float,
                     moved, comm, exposed,
                     "bucketed: hidden under the last micro-step's backward except the last "
                     "25 MiB bucket" + _contention_words(contention), contention)
+
+
+def _prefetched_micro_steps(n: int, param_bytes: float, grad_bytes: float, frac: float,
+                            bus: float, micro_step_s: float, hbm_gbs: float | None,
+                            device_share: float, *, zero3: bool
+                            ) -> tuple[float, float, float, float]:
+    """(bus bytes, collective s, exposed s, contention s) of ``n`` FSDP / ZeRO-3 micro-steps that
+    each gather ``param_bytes`` twice and reduce-scatter ``grad_bytes``, prefetched under the
+    micro-step's compute."""
+    gathered, reduced = frac * 2.0 * param_bytes, frac * grad_bytes
+    comm_micro = (gathered + reduced) / bus
+    hidden = min(comm_micro, micro_step_s) / comm_micro if comm_micro else 0.0
+    taken = _hidden_hbm_s(hidden, gathered, reduced, hbm_gbs)
+    if zero3 and hbm_gbs:
+        # its copies run whatever the overlap: all of their traffic takes bandwidth
+        taken += (ZERO3_COPY_HBM_FACTOR * 2.0 * param_bytes
+                  + ZERO3_GRAD_HBM_FACTOR * grad_bytes) / (hbm_gbs * 1e9)
+    # the micro-step ends when both the collectives and the slowed device are done: a longer
+    # collective, or an idle device (host-bound), absorbs the slow-down first
+    base = max(comm_micro, micro_step_s)
+    return (n * (gathered + reduced), n * comm_micro, n * max(0.0, comm_micro - micro_step_s),
+            n * (max(base, device_share * micro_step_s + taken) - base))
 
 
 def _contention_words(contention_s: float) -> str:
