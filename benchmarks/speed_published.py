@@ -42,13 +42,14 @@ ORDER_GAP = 0.10
 
 
 def _gpu(m: Any) -> Any:
-    """The catalog GPU with plan's ``--interconnect`` applied (as the CLI does)."""
+    """The catalog GPU with plan's ``--interconnect`` applied (as the CLI does: a link given,
+    which plan takes across hosts too; trainfit.cli.gpu_arg.with_interconnect)."""
     from trainfit.hardware.gpus import find_gpu
     from trainfit.speed.comm import INTERCONNECTS_GBS
 
     gpu = find_gpu(m.gpu)
     if m.interconnect:
-        gpu = dataclasses.replace(gpu, interconnect=m.interconnect,
+        gpu = dataclasses.replace(gpu, interconnect=f"{m.interconnect} (given)",
                                   interconnect_gbs=INTERCONNECTS_GBS[m.interconnect])
     return gpu
 
@@ -93,7 +94,8 @@ def _score(m: Any, fit: Any, src: Any) -> dict[str, Any]:
         mfu = None if mfu is None else mfu * share
     return _row(m, notes, predicted_tokens_per_s=tps, predicted_mfu=mfu,
                 step_time_s=sp.step_time_s, bound=sp.bound, sync_s=sp.sync_s,
-                sync_exposed_s=sp.sync_exposed_s, interconnect=gpu.interconnect,
+                sync_exposed_s=sp.sync_exposed_s,
+                interconnect=gpu.interconnect.removesuffix(" (given)"),
                 unknown_reason=sp.unknown_reason, host_busy_cores=sp.host_busy_cores,
                 host_busy=sp.host_busy)
 

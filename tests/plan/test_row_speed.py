@@ -78,3 +78,28 @@ def test_fsdp_frozen_grads_reduce_scatter_the_whole_units_gradient():
     lora, whole = (synced(_timed(0.01), j, mem, gpu) for j in (job, frozen))
     assert whole.step_time_s - lora.step_time_s == pytest.approx(
         frac * 4 * 990_000_000 / bus, rel=0.05)
+
+
+@pytest.mark.parametrize("gpu_name, ranks, known", [
+    ("h100-sxm", 8, True), ("h100-sxm", 16, False), ("a100-80gb-pcie", 64, False),
+    ("h100-nvl", 2, True), ("h100-nvl", 4, False)])
+def test_ranks_past_one_host_sync_over_a_link_the_catalog_does_not_know(gpu_name, ranks, known):
+    """The catalog's link joins one host's GPUs (an H100 NVL's bridge a pair): more ranks sync
+    over the network between hosts, which no datasheet gives. A review: 64 ranks were timed on
+    one NVLink domain. Unknown, said, until --interconnect gives the link; given, it is timed."""
+    from trainfit.cli.gpu_arg import with_interconnect
+
+    gpu = find_gpu(gpu_name)
+    job = JobSpec(model="t", seq_len=1024, micro_batch=1, grad_accum=1, ranks=ranks,
+                  sharding="fsdp", precision="amp-bf16", grad_ckpt="off")
+    mem = _counts(1_000_000_000, 1_000_000_000)
+    sp = synced(_timed(1.0), job, mem, gpu)
+    assert (sp.step_time_s is not None) == known
+    if known:
+        return
+    assert sp.tokens_per_s is None and "network between hosts" in sp.unknown_reason
+    assert f"joins {gpu.link_ranks} of them" in sp.unknown_reason
+    assert "--interconnect GBPS (the measured all-gather bus bandwidth" in sp.unknown_reason
+    for link in ("50GB/s", "nvlink3" if gpu_name.startswith("a100") else "nvlink4"):
+        given = synced(_timed(1.0), job, mem, with_interconnect(gpu, link))
+        assert given.step_time_s is not None and given.sync_s > 0

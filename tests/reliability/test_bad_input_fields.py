@@ -30,7 +30,10 @@ def test_a_learning_rate_written_without_a_dot_is_a_number(tmp_path):
 @pytest.mark.parametrize("kw, needle", [
     ({"seed": -1}, "seed -1: must be in 0 … 2^32 − 1"),
     ({"seed": 2**70}, "must be in 0 … 2^32 − 1"),
-    ({"num_workers": 10**6}, "more loader processes than trainfit allows (256)")])
+    ({"num_workers": 10**6}, "more loader processes than trainfit allows (256)"),
+    # FSDP's simulation shards per rank: 100,000 ranks ran for minutes with no word (a review)
+    ({"ranks": 100_000, "sharding": "fsdp"}, "--ranks 100000: more data-parallel ranks than "
+     "trainfit plans (4096)")])
 def test_job_fields_out_of_range(kw, needle):
     with pytest.raises(JobError, match=needle.replace("^", r"\^").replace("(", r"\(")
                        .replace(")", r"\)")):

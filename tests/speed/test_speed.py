@@ -167,21 +167,35 @@ def test_the_70_w_t4_runs_its_gemms_at_its_measured_rate():
 
 
 def test_an_mfu_above_100_percent_is_unknown_not_printed() -> None:
-    """A step whose model FLOPs exceed what the peak allows in its time is a modelling error
-    (the MoE case: counting experts a token never runs); it is stated as unknown."""
-    from trainfit.speed.predict import PhaseTimes, speed_from_times
+    """A step whose executed FLOPs exceed what the peak allows in its time is a modelling error:
+    its tokens/s is as wrong as its utilisation, and the speed is unknown, said (a review: the
+    MFU went blank and the tokens/s behind it was printed). A model FLOP count above the
+    executed one (6N over experts a token never runs) is capped by the executed count."""
+    from trainfit.speed.predict import PhaseTimes, SpeedPrediction, speed_from_times
     from trainfit.speed.roofline import DeviceSpeed
 
     dev = DeviceSpeed(name="g", peak_flops={"bf16": 1e15}, bandwidth_bytes_s=1e12,
                       sm_count=None, asynchronous=True)
-    # the step executes 3e13 FLOPs (more than the model's: MFU is not capped by them here)
-    times = PhaseTimes({"fb": 0.010, "optimizer": 0.0}, {"fb": 0.001, "optimizer": 0.0},
-                       3e13, False)
-    # 1,000 tokens in 10 ms at 1e10 FLOPs each = 1e15 FLOP/s: exactly the peak
-    at_peak = speed_from_times(dev, times, 1e15, 1, 1, 1000, 1, 1e10)
-    assert at_peak.mfu == pytest.approx(1.0)
-    over = speed_from_times(dev, times, 1e15, 1, 1, 1000, 1, 2e10)
-    assert over.mfu is None and over.tokens_per_s == at_peak.tokens_per_s
+
+    def timed(executed_flops: float, model_flops_per_token: float) -> SpeedPrediction:
+        times = PhaseTimes({"fb": 0.010, "optimizer": 0.0}, {"fb": 0.001, "optimizer": 0.0},
+                           executed_flops, False)
+        # micro-batch 1 × accumulation 1 of 1,000 tokens on 1 rank, in 10 ms
+        return speed_from_times(dev, times, 1e15, 1, 1, 1000, 1, model_flops_per_token,
+                                peak_dtype="bf16")
+
+    # 1e13 FLOPs in 10 ms = 1e15 FLOP/s: exactly the peak
+    at_peak = timed(1e13, 1e10)
+    assert at_peak.mfu == pytest.approx(1.0) and at_peak.hfu == pytest.approx(1.0)
+    assert at_peak.tokens_per_s == pytest.approx(1e5)
+    # a model formula above the executed FLOPs: capped by them, the speed kept
+    capped = timed(1e13, 2e10)
+    assert capped.mfu == pytest.approx(1.0) and capped.tokens_per_s == at_peak.tokens_per_s
+    # twice the peak's FLOPs in the time: no speed at all, and why
+    over = timed(2e13, 1e10)
+    assert over.tokens_per_s is None and over.step_time_s is None and over.mfu is None
+    assert "faster than the bf16 peak allows (hardware FLOPs utilisation 200%)" in \
+        over.unknown_reason
 
 
 def test_fp32_gemms_run_at_the_cuda_cores_measured_rate_without_the_shape_factor():

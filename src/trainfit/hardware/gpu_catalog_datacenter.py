@@ -136,6 +136,7 @@ DATACENTER: tuple[GpuSpec, ...] = (
         memory_bandwidth_gbs=3900.0, bf16_supported=True, compute_capability="9.0",
         sm_count=132, cuda_context_bytes=_ctx(132, 2048),
         interconnect="nvlink4-bridge", interconnect_gbs=300.0,
+        link_ranks=2,  # the bridge joins a pair of cards; pairs talk over PCIe
         source="NVIDIA H100 NVL datasheet, per GPU (sparse figures halved): FP32 60, TF32 417.5, "
         "BF16/FP16 835.5, INT8 1670.5; 94 GB HBM3, 3.9 TB/s; PCIe gen5 x16 and NVLink bridge "
         "600 GB/s bidirectional between the pair (300 per direction)",
@@ -151,6 +152,9 @@ DATACENTER: tuple[GpuSpec, ...] = (
         memory_bandwidth_gbs=4000.0, bf16_supported=True, compute_capability="9.0",
         sm_count=132, cuda_context_bytes=_ctx(132, 2048),
         interconnect="nvlink4", interconnect_gbs=450.0,
+        # NVLink joins the superchips of one node: four in the quad GH200 blades (HPE Cray
+        # EX254n, CSCS Alps); other GH200 servers hold one, whose every peer is across the network
+        link_ranks=4,
         source="NVIDIA GH200 Grace Hopper datasheet (sparse figures halved): FP32 67, TF32 494, "
         "BF16/FP16 990, INT8 1979 (= H100 SXM's 494.7/989.4/1978.9); 96 GB HBM3 4 TB/s (the 144 "
         "GB HBM3e part, 4.9 TB/s, is not this entry); NVLink4 900 GB/s bidirectional, NVLink-C2C "

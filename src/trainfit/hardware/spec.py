@@ -47,6 +47,10 @@ class GpuSpec:
     interconnect: str
     interconnect_gbs: float | None
     source: str
+    link_ranks: int = 8
+    """The most ranks ``interconnect`` joins: one host's GPUs (an HGX / DGX board's 8, a PCIe
+    server's 8 slots). More ranks span hosts, whose network (InfiniBand, RoCE, Ethernet) no GPU
+    datasheet gives: plan's speed is then unknown unless ``--interconnect`` gives the link."""
 
     def __post_init__(self) -> None:
         if set(self.peak_tflops) != set(DTYPES):

@@ -50,6 +50,12 @@ SIZE_FIELDS = ("seq_len", "micro_batch", "grad_accum", "effective_batch", "ranks
 
 MAX_WORKERS = 256
 """The most data-loader worker processes a job may ask for (a worker is a process)."""
+MAX_RANKS = 4096
+"""The most data-parallel ranks a job may ask for. trainfit models data parallelism alone (DDP,
+FSDP, ZeRO); the largest published runs put tensor and pipeline parallelism under it (Llama 3
+405B: 16,384 H100s as 128 data-parallel × 8 tensor × 16 pipeline, Dubey et al. 2024 §3.3.2).
+Plan simulates FSDP's sharding with one shard per rank (torch's fully_shard), in time linear in
+the ranks: 4,096 take ~20 s a simulation here, 100,000 took minutes with no word (a review)."""
 
 
 @dataclass(kw_only=True)
@@ -377,6 +383,11 @@ class JobSpec:
                            "use --grad-ckpt full, or drop --ckpt-reentrant")
         for name in SIZE_FIELDS:
             check_positive(self, name)
+        if self.ranks is not None and self.ranks > MAX_RANKS:
+            raise JobError(f"--ranks {self.ranks}: more data-parallel ranks than trainfit "
+                           f"plans ({MAX_RANKS})", "trainfit models data parallelism only; "
+                           "beyond a few thousand GPUs runs add tensor / pipeline parallelism "
+                           "(not modelled): e.g. --ranks 512")
         if self.num_workers < 0:
             raise JobError(f"--num-workers {self.num_workers}: must be ≥ 0",
                            "0 loads batches in the training process; e.g. --num-workers 2")

@@ -226,14 +226,29 @@ def peer_to_peer(gpu: Any) -> bool:
     """Whether NCCL can copy GPU to GPU over the catalog's link.  GeForce cards have PCIe
     peer-to-peer disabled by the driver (RTX 30 series only across an NVLink bridge, RTX 40/50
     not at all): NCCL then stages every transfer through host memory (its SHM transport), at a
-    speed set by the host — not the slot's figure.  Given or measured links are taken as is."""
-    if "given" in gpu.interconnect or gpu.interconnect.startswith("nvlink"):
+    speed set by the host — not the slot's figure, nor that of a PCIe generation named with
+    --interconnect (a review: ``--interconnect pcie4`` timed a GeForce pair at the slot's 31.5
+    GB/s).  A measured bus bandwidth is taken as is, an NVLink (bridge) as NCCL's P2P."""
+    if "measured (given)" in gpu.interconnect or gpu.interconnect.startswith("nvlink"):
         return True
     return "geforce" not in gpu.display_name.lower()
 
 
-def unknown_interconnect(speed: SpeedPrediction, ranks: int, why: str = "") -> SpeedPrediction:
+def given_link(gpu: Any) -> bool:
+    """The link between the GPUs was given (``--interconnect``: a name or a measured GB/s), not
+    the GPU catalog's."""
+    return "(given)" in gpu.interconnect
+
+
+def unknown_interconnect(speed: SpeedPrediction, ranks: int, why: str = "",
+                         names: bool = True) -> SpeedPrediction:
+    """``speed`` made unknown, with why and the fix; ``names``: a link's name would give its
+    speed (False: only a measured bus bandwidth does — a link through host memory or across
+    hosts)."""
     return unknown_speed(speed.model_flops_per_token,
                          f"{ranks} ranks but {why or 'this GPU' + chr(39) + 's interconnect is unknown'}"
                          ": run trainfit tune under torchrun (it measures the link) and give "
-                         "--interconnect GBPS, or name it (pcie3|pcie4|pcie5|nvlink2|nvlink3|nvlink4)")
+                         "--interconnect GBPS" + (", or name it (pcie3|pcie4|pcie5|nvlink2|"
+                                                  "nvlink3|nvlink4)" if names else
+                                                  " (the measured all-gather bus bandwidth, "
+                                                  "e.g. nccl-tests' busbw)"))

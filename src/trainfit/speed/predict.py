@@ -329,10 +329,18 @@ def speed_from_times(dev: DeviceSpeed, times: PhaseTimes, dtype_peak: float | No
     bound = "launch-bound" if times.host_s["fb"] > times.device_s["fb"] else (
         "compute-bound" if busy and grad_accum * times.matmul_s / busy >= MATMUL_BOUND_FRACTION
         else "memory-bound")
-    # a utilisation above 100 % is a modelling error, never a prediction: stated as unknown
-    # (doctor.peaks.bounded_mfu does the same with measured steps)
+    # a utilisation above 100 % is a modelling error, never a prediction: the step time that
+    # gives it is faster than the card can run its FLOPs, so the speed is unknown, said (a
+    # review: the MFU alone went blank and the tokens/s behind it was still printed). MFU ≤ HFU
+    # by the clamp above wherever the executed FLOPs are counted; with none counted, an MFU
+    # over 1 is the model's FLOP formula's (6N counts experts a token never runs): MFU unknown.
+    # doctor.peaks.bounded_mfu blanks a measured step's, whose time is the measurement.
+    if hfu is not None and hfu > 1.0:
+        return unknown_speed(flops_per_token,
+                             f"the step was timed faster than the {peak_dtype or 'dtype'} peak "
+                             f"allows (hardware FLOPs utilisation {hfu:.0%}): a modelling error "
+                             "in trainfit, not a prediction (please report it)")
     mfu = None if mfu is not None and mfu > 1.0 else mfu
-    hfu = None if hfu is not None and hfu > 1.0 else hfu
     return SpeedPrediction(step, tps, tps / seq_len, mfu, hfu, busy / step, bound, flops_per_token,
                            mfu_peak_dtype=peak_dtype if dtype_peak else None,
                            unaligned_gemm_s=grad_accum * times.unaligned_s,
