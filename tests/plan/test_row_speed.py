@@ -82,7 +82,7 @@ def test_fsdp_frozen_grads_reduce_scatter_the_whole_units_gradient():
 
 @pytest.mark.parametrize("gpu_name, ranks, known", [
     ("h100-sxm", 8, True), ("h100-sxm", 16, False), ("a100-80gb-pcie", 64, False),
-    ("h100-nvl", 2, True), ("h100-nvl", 4, False)])
+    ("h100-nvl", 2, True), ("h100-nvl", 4, False), ("gh200-96gb", 2, False)])
 def test_ranks_past_one_host_sync_over_a_link_the_catalog_does_not_know(gpu_name, ranks, known):
     """The catalog's link joins one host's GPUs (an H100 NVL's bridge a pair): more ranks sync
     over the network between hosts, which no datasheet gives. A review: 64 ranks were timed on
@@ -97,9 +97,37 @@ def test_ranks_past_one_host_sync_over_a_link_the_catalog_does_not_know(gpu_name
     assert (sp.step_time_s is not None) == known
     if known:
         return
-    assert sp.tokens_per_s is None and "network between hosts" in sp.unknown_reason
-    assert f"joins {gpu.link_ranks} of them" in sp.unknown_reason
-    assert "--interconnect GBPS (the measured all-gather bus bandwidth" in sp.unknown_reason
-    for link in ("50GB/s", "nvlink3" if gpu_name.startswith("a100") else "nvlink4"):
-        given = synced(_timed(1.0), job, mem, with_interconnect(gpu, link))
-        assert given.step_time_s is not None and given.sync_s > 0
+    assert sp.tokens_per_s is None and "--interconnect GBPS (the measured all-gather bus " \
+        "bandwidth" in sp.unknown_reason
+    assert {8: "joins 8 of them: the network between hosts", 2: "joins 2 of them: the path "
+            "between the pairs", 1: "how many GPUs one NVIDIA GH200 480GB node joins"}[
+                gpu.link_ranks] in sp.unknown_reason
+    given = synced(_timed(1.0), job, mem, with_interconnect(gpu, "50GB/s"))
+    assert given.step_time_s is not None and given.sync_s > 0
+    # and plan's JSON names no link it did not time over
+    from trainfit.plan.grid import _link
+
+    assert _link(gpu, ranks) == {} and _link(with_interconnect(gpu, "50GB/s"), ranks) == {
+        "link": "50 GB/s measured (given)", "link_gbs": pytest.approx(50 / 0.75)}
+
+
+@pytest.mark.parametrize("gpu_name, link, ranks, ok", [
+    ("h100-sxm", "nvlink4", 8, True), ("h100-sxm", "nvlink4", 16, False),
+    ("h100-sxm", "pcie5", 9, False), ("h100-sxm", "40GB/s", 64, True),
+    ("rtx-3090", "nvlink3", 2, True), ("rtx-3090", "nvlink3", 4, False),
+    ("gh200-96gb", "nvlink4", 4, True), ("gh200-96gb", "nvlink4", 5, False)])
+def test_a_link_named_joins_one_host(gpu_name, link, ranks, ok):
+    """A link's name is one host's (a bridge's pair's): more ranks sync over what joins the
+    hosts, which only a measured bus bandwidth gives (a review: --interconnect nvlink4 timed 16
+    ranks on one NVLink domain). Refused with the fix, before any work."""
+    from trainfit.cli.gpu_arg import gpu_spec
+    from trainfit.job import JobError
+
+    if ok:
+        assert gpu_spec(gpu_name, {}, link, ranks=ranks).link_ranks >= (
+            ranks if "GB/s" not in link else 1)
+        return
+    with pytest.raises(JobError, match=f"--interconnect {link} with {ranks} ranks: .* joins "
+                       r"\d GPUs; the others sync over") as e:
+        gpu_spec(gpu_name, {}, link, ranks=ranks)
+    assert "--interconnect 50GB/s" in e.value.hint

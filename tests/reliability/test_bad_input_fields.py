@@ -179,3 +179,17 @@ def test_emit_reads_a_size_string_memory_limit(tmp_path):
     fields, extra = read_job_file(f)
     lines = emit_messages(emit(JobSpec(**fields), "hf"), str(f), extra, searched=False, edited=[])
     assert "memory limit 2.00 GiB" in lines[1] and "5 tokens/s (measured)" in lines[1]
+
+
+@pytest.mark.parametrize("flags, needle", [
+    ({"ranks": 5000}, "--ranks 5000: more data-parallel ranks than trainfit plans (4096)"),
+    ({"num_workers": 1000}, "more loader processes than trainfit allows (256)")])
+def test_a_scripts_flags_out_of_range_are_refused_before_it_runs(flags, needle):
+    """A script's flags are checked alone before the script runs (job.fields.check_given): the
+    ranks' and workers' limits too (a review: ``plan --ranks 5000 -- python train.py`` recorded
+    the script for up to its timeout, then refused the ranks)."""
+    from trainfit.job.fields import check_given
+
+    with pytest.raises(JobError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        check_given(flags)
+    check_given({"ranks": 4096, "num_workers": 256})

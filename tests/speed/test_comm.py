@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from trainfit.hardware.gpus import find_gpu
-from trainfit.job import JobSpec
+from trainfit.job import JobError, JobSpec
 from trainfit.plan.grid import plan
 from trainfit.speed.comm import DDP_BUCKET_BYTES, RING_BUS_EFFICIENCY, sync_time
 
@@ -137,9 +137,16 @@ def test_geforce_without_p2p_makes_multi_rank_speed_unknown_until_the_link_is_gi
     named = plan(job, tiny_llama, with_interconnect(gpu, "pcie4"), ladder=False).rows[0].speed
     assert named.step_time_s is None and "peer-to-peer" in named.unknown_reason
     assert "nccl-tests' busbw" in named.unknown_reason and "nvlink3)" not in named.unknown_reason
-    # an NVLink bridge named is NCCL's P2P: timed at NVLink 3's figure
-    bridged = plan(job, tiny_llama, with_interconnect(gpu, "nvlink3"), ladder=False).rows[0]
-    assert bridged.speed.step_time_s is not None and bridged.speed.sync_s > 0
+    # an NVLink named on a PCIe board is its bridge, NCCL's P2P at the bridge's speed (112.5 GB/s
+    # both ways: a review saw the A100 board's 300 per direction); no connector, refused
+    bridge = with_interconnect(gpu, "nvlink3")
+    assert (bridge.interconnect, bridge.interconnect_gbs, bridge.link_ranks) == (
+        "nvlink3-bridge (given)", 56.25, 2)
+    bridged = plan(job, tiny_llama, bridge, ladder=False).rows[0]
+    assert bridged.speed.step_time_s is not None and bridged.speed.sync_s == pytest.approx(
+        t_fast.sync_s * 27 / (56.25 * RING_BUS_EFFICIENCY), rel=1e-6)
+    with pytest.raises(JobError, match="RTX 3080 has no NVLink connector"):
+        with_interconnect(find_gpu("rtx-3080-10gb"), "nvlink3")
 
 
 def test_hidden_traffic_takes_memory_bandwidth_from_compute():

@@ -43,7 +43,23 @@ def gpu_spec(gpu: str | None, extra: dict[str, Any], interconnect: str | None,
         spec = local_gpu_spec(say or (lambda msg: None))
     if interconnect is not None:
         spec = with_interconnect(spec, interconnect)
+        check_link_reach(spec, interconnect, ranks)
     return spec
+
+
+def check_link_reach(spec: Any, interconnect: str, ranks: int | None) -> None:
+    """A link named joins one host's GPUs (a bridge a pair): more ranks also sync over what
+    joins those, which only a measured bus bandwidth gives (a review: ``--interconnect nvlink4``
+    timed 16 ranks on one NVLink domain)."""
+    if ranks is None or ranks <= spec.link_ranks or "measured" in spec.interconnect:
+        return
+    beyond = ("PCIe between the bridged pairs, or the network between hosts" if
+              spec.link_ranks < 8 else "the network between hosts (InfiniBand, RoCE, Ethernet)")
+    raise JobError(f"--interconnect {interconnect} with {ranks} ranks: "
+                   f"{spec.interconnect.removesuffix(' (given)')} joins {spec.link_ranks} GPUs; "
+                   f"the others sync over {beyond}",
+                   "give the measured all-gather bus bandwidth across all the ranks, e.g. "
+                   "--interconnect 50GB/s (nccl-tests' busbw, or trainfit tune under torchrun)")
 
 
 def check_file_gpu(extra: dict[str, Any], where: str) -> None:
@@ -87,8 +103,35 @@ def with_interconnect(spec: Any, name: str) -> Any:
                        "bandwidth in GB/s, e.g. 2.7GB/s (trainfit tune under torchrun measures "
                        "it)")
     check_nvlink_generation(spec, key)
+    if key.startswith("nvlink") and (not spec.interconnect.startswith("nvlink")
+                                     or "bridge" in spec.interconnect):
+        # a PCIe board's NVLink is a bridge between two cards, at the bridge's speed (a review:
+        # an RTX 3080, which has no connector, was timed at an A100 board's 300 GB/s)
+        if spec.name not in NVLINK_BRIDGE_GBS:
+            raise JobError(f"--interconnect {key}: a {spec.display_name} has no NVLink "
+                           "connector", "use its PCIe link (pcie3 / pcie4 / pcie5) or a "
+                           "measured GB/s (trainfit tune under torchrun measures it)")
+        return dataclasses.replace(spec, interconnect=f"{key}-bridge (given)",
+                                   interconnect_gbs=NVLINK_BRIDGE_GBS[spec.name], link_ranks=2)
+    # a GH200 whose node size is not known (link_ranks 1): an NVLink named is a quad blade's
     return dataclasses.replace(spec, interconnect=f"{key} (given)",
-                               interconnect_gbs=INTERCONNECTS_GBS[key])
+                               interconnect_gbs=INTERCONNECTS_GBS[key],
+                               link_ranks=4 if spec.link_ranks == 1 and key.startswith("nvlink")
+                               else spec.link_ranks)
+
+
+NVLINK_BRIDGE_GBS = {
+    # GB/s per direction (half the datasheets' bidirectional figure, as INTERCONNECTS_GBS)
+    "rtx-2080-ti": 50.0,  # GeForce RTX 2080 Ti: NVLink bridge 100 GB/s
+    "rtx-3090": 56.25, "rtx-3090-ti": 56.25,  # GeForce RTX 3090 (Ti): 112.5 GB/s
+    "rtx-a6000": 56.25, "rtx-a5000": 56.25, "rtx-a4500": 56.25,  # RTX Ampere: 112.5 GB/s
+    "a40": 56.25,  # A40 datasheet: NVLink 112.5 GB/s (bidirectional)
+    "a100-40gb-pcie": 300.0, "a100-80gb-pcie": 300.0,  # A100 PCIe: bridge for 2 GPUs, 600
+    "h100-pcie": 300.0, "h100-nvl": 300.0,  # H100 PCIe / NVL: NVLink bridge 600 GB/s
+}
+"""The NVLink bridge of the PCIe boards that take one (NVIDIA's product pages and datasheets):
+it joins two cards. Other PCIe boards have no connector (Ada and GeForce 40/50 have no NVLink
+at all; an RTX 3080 or A10 has no connector)."""
 
 
 NVLINK_OF_MAJOR = {7: "nvlink2", 8: "nvlink3", 9: "nvlink4"}

@@ -199,7 +199,7 @@ def plan_cmd(
             if current:
                 raise JobError("--current with a script: the script's configuration is the "
                                "current one", "drop --current")
-            spec = gpu_spec(gpu, {}, interconnect, say)
+            spec = gpu_spec(gpu, {}, interconnect, say, ranks=(job_flags or {}).get("ranks"))
             plan_script_cmd(args, job_flags=job_flags or {}, gpu=spec, margin=margin, verify=verify,
                             trust_remote_code=trust_remote_code, timeout_s=timeout_s,
                             as_json=as_json, dataset_tokens=dataset_tokens, epochs=epochs)

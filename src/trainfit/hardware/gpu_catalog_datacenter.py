@@ -153,8 +153,9 @@ DATACENTER: tuple[GpuSpec, ...] = (
         sm_count=132, cuda_context_bytes=_ctx(132, 2048),
         interconnect="nvlink4", interconnect_gbs=450.0,
         # NVLink joins the superchips of one node: four in the quad GH200 blades (HPE Cray
-        # EX254n, CSCS Alps); other GH200 servers hold one, whose every peer is across the network
-        link_ranks=4,
+        # EX254n, CSCS Alps), one in most other GH200 servers (every peer across the network):
+        # which a user has is not known, so no multi-rank speed without --interconnect
+        link_ranks=1,
         source="NVIDIA GH200 Grace Hopper datasheet (sparse figures halved): FP32 67, TF32 494, "
         "BF16/FP16 990, INT8 1979 (= H100 SXM's 494.7/989.4/1978.9); 96 GB HBM3 4 TB/s (the 144 "
         "GB HBM3e part, 4.9 TB/s, is not this entry); NVLink4 900 GB/s bidirectional, NVLink-C2C "

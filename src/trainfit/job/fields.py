@@ -123,6 +123,7 @@ def check_given(flags: dict[str, Any]) -> None:
         allowed = CHOICES.get(name)
         if allowed and value is not None and not isinstance(value, bool):  # grad_ckpt: true
             _choice(name, value, allowed)
+    spec.check_limits(job)
 
 
 def check_timeout(timeout_s: float, stops: str) -> None:

@@ -58,6 +58,25 @@ Plan simulates FSDP's sharding with one shard per rank (torch's fully_shard), in
 the ranks: 4,096 take ~20 s a simulation here, 100,000 took minutes with no word (a review)."""
 
 
+def check_limits(job: Any) -> None:
+    """The ranks and loader workers within what trainfit runs: in every job, and on a script's
+    flags before the script runs (job.fields.check_given; a review: ``--ranks 5000`` before a
+    script was said after it had run)."""
+    if isinstance(job.ranks, int) and job.ranks > MAX_RANKS:
+        raise JobError(f"--ranks {job.ranks}: more data-parallel ranks than trainfit "
+                       f"plans ({MAX_RANKS})", "trainfit models data parallelism only; "
+                       "beyond a few thousand GPUs runs add tensor / pipeline parallelism "
+                       "(not modelled): e.g. --ranks 512")
+    if isinstance(job.num_workers, int) and job.num_workers < 0:
+        raise JobError(f"--num-workers {job.num_workers}: must be ≥ 0",
+                       "0 loads batches in the training process; e.g. --num-workers 2")
+    if isinstance(job.num_workers, int) and job.num_workers > MAX_WORKERS:
+        # each worker is a process: a million of them hung train with no output (an audit)
+        raise JobError(f"--num-workers {job.num_workers}: more loader processes than "
+                       f"trainfit allows ({MAX_WORKERS})",
+                       "a few per GPU are plenty: e.g. --num-workers 4")
+
+
 @dataclass(kw_only=True)
 class JobSpec:
     """One training job: the model, the method and every knob that changes memory or speed."""
@@ -383,19 +402,7 @@ class JobSpec:
                            "use --grad-ckpt full, or drop --ckpt-reentrant")
         for name in SIZE_FIELDS:
             check_positive(self, name)
-        if self.ranks is not None and self.ranks > MAX_RANKS:
-            raise JobError(f"--ranks {self.ranks}: more data-parallel ranks than trainfit "
-                           f"plans ({MAX_RANKS})", "trainfit models data parallelism only; "
-                           "beyond a few thousand GPUs runs add tensor / pipeline parallelism "
-                           "(not modelled): e.g. --ranks 512")
-        if self.num_workers < 0:
-            raise JobError(f"--num-workers {self.num_workers}: must be ≥ 0",
-                           "0 loads batches in the training process; e.g. --num-workers 2")
-        if self.num_workers > MAX_WORKERS:
-            # each worker is a process: a million of them hung train with no output (an audit)
-            raise JobError(f"--num-workers {self.num_workers}: more loader processes than "
-                           f"trainfit allows ({MAX_WORKERS})",
-                           "a few per GPU are plenty: e.g. --num-workers 4")
+        check_limits(self)
         if isinstance(self.seed, int) and not 0 <= self.seed < 2**32:
             # numpy's permutation refuses a negative seed, torch.manual_seed one ≥ 2^64: both
             # ended in a traceback after the model was built (an audit)

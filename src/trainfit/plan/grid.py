@@ -50,7 +50,7 @@ from trainfit.plan.rows import (
 )
 from trainfit.plan.workers import SimulationWorkers
 from trainfit.speed.bands import speed_band_for
-from trainfit.speed.comm import peer_to_peer
+from trainfit.speed.comm import given_link, peer_to_peer
 from trainfit.speed.host import host_step
 from trainfit.speed.ops import OpRecorder
 from trainfit.speed.predict import (
@@ -405,7 +405,9 @@ def _kernels_by_precision(rows: list[PlanRow]) -> dict[str, list[str]]:
 
 def _link(gpu: GpuSpec | None, ranks: int) -> dict[str, Any]:
     """The link the rows' synchronisation was timed over; none where it was not timed (one rank,
-    no GPU, or GeForce cards without peer-to-peer, whose rows say why their speed is unknown)."""
-    if gpu is None or ranks <= 1 or not peer_to_peer(gpu):
+    no GPU, GeForce cards without peer-to-peer, more ranks than the catalog's link joins: the
+    rows say why their speed is unknown)."""
+    if gpu is None or ranks <= 1 or not peer_to_peer(gpu) or (
+            ranks > gpu.link_ranks and not given_link(gpu)):
         return {}
     return {"link": gpu.interconnect, "link_gbs": gpu.interconnect_gbs}

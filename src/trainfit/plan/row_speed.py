@@ -17,6 +17,7 @@ from trainfit.model.source import hidden_size
 from trainfit.model.workload import build_model_on_meta
 from trainfit.speed.comm import (
     given_link,
+    link_reach,
     peer_to_peer,
     sync_time,
     unknown_interconnect,
@@ -104,13 +105,10 @@ def synced(speed: SpeedPrediction | None, job: JobSpec, mem: MemoryPrediction,
     if not gpu.interconnect_gbs:
         return unknown_interconnect(speed, job.ranks)
     if job.ranks > gpu.link_ranks and not given_link(gpu):
-        # the catalog's link is one host's (NVLink, PCIe): the ranks past it sync over the
-        # network between hosts, often 10× slower than NVLink (a review: 64 ranks were timed on
-        # one NVLink domain)
-        return unknown_interconnect(speed, job.ranks, f"the {gpu.interconnect} of the GPU "
-                                    f"catalog joins {gpu.link_ranks} of them (one host): the "
-                                    "network between hosts (InfiniBand, RoCE, Ethernet) is not "
-                                    "known", names=False)
+        # the catalog's link is one host's (NVLink, PCIe; a bridge a pair's): the ranks past it
+        # sync over the network between hosts, often 10× slower than NVLink (a review: 64
+        # ranks were timed on one NVLink domain)
+        return unknown_interconnect(speed, job.ranks, link_reach(gpu), names=False)
     if not peer_to_peer(gpu):
         return unknown_interconnect(speed, job.ranks, f"{gpu.display_name} has no PCIe "
                                     "peer-to-peer: NCCL goes through host memory, at the host's "

@@ -240,6 +240,17 @@ def given_link(gpu: Any) -> bool:
     return "(given)" in gpu.interconnect
 
 
+def link_reach(gpu: Any) -> str:
+    """Why the catalog's link does not time more than ``gpu.link_ranks`` ranks."""
+    link = gpu.interconnect
+    if gpu.link_ranks == 1:
+        return (f"how many GPUs one {gpu.display_name} node joins over {link} is not known "
+                "(one superchip in most servers, four in a quad blade)")
+    beyond = ("the network between hosts (InfiniBand, RoCE, Ethernet)" if gpu.link_ranks >= 8
+              else "the path between the pairs (PCIe, or the network between hosts)")
+    return f"the {link} of the GPU catalog joins {gpu.link_ranks} of them: {beyond} is not known"
+
+
 def unknown_interconnect(speed: SpeedPrediction, ranks: int, why: str = "",
                          names: bool = True) -> SpeedPrediction:
     """``speed`` made unknown, with why and the fix; ``names``: a link's name would give its

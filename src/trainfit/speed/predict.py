@@ -177,6 +177,9 @@ class PhaseTimes:
     matmul_s: float = 0.0
     """Device seconds of a micro-step's forward + backward in matmuls and attention kernels (the
     ops with FLOPs): its share of the step's device time names the step compute-bound."""
+    skipped_flops: float = 0.0
+    """FLOPs of ``hw_flops`` no kernel executes: the masked half of causal attention, which the
+    count keeps (PaLM's convention, as MFU's) and a known family's flash kernels skip."""
 
 
 MATMUL_BOUND_FRACTION = 0.5
@@ -190,7 +193,7 @@ its gradient exchange or its elementwise kernels compute-bound."""
 def time_ops(dev: DeviceSpeed, ops: list[OpRecord]) -> PhaseTimes:
     device = {"fb": 0.0, "optimizer": 0.0}
     host = {"fb": 0.0, "optimizer": 0.0}
-    flops = 0.0
+    flops = skipped = 0.0
     unknown = False
     unaligned_s, odd = 0.0, set[int]()
     matmul_s = 0.0
@@ -214,9 +217,12 @@ def time_ops(dev: DeviceSpeed, ops: list[OpRecord]) -> PhaseTimes:
             # unmasked), so that HFU = MFU + the recomputation in full fine-tuning; the
             # roofline still times a flash kernel's causal half skipped (op_device_time)
             flops += op.flops
+            if op.gemm is None and op.flops and op.causal and dev.kernels is not None:
+                skipped += op.flops / 2.0  # as op_device_time times it
     if dev.kernel_timer is not None:
         dev.kernel_timer.save()
-    return PhaseTimes(device, host, flops, unknown, unaligned_s, frozenset(odd), matmul_s)
+    return PhaseTimes(device, host, flops, unknown, unaligned_s, frozenset(odd), matmul_s,
+                      skipped)
 
 
 def phase_time(dev: DeviceSpeed, t: PhaseTimes, phase: str) -> float:
@@ -329,18 +335,23 @@ def speed_from_times(dev: DeviceSpeed, times: PhaseTimes, dtype_peak: float | No
     bound = "launch-bound" if times.host_s["fb"] > times.device_s["fb"] else (
         "compute-bound" if busy and grad_accum * times.matmul_s / busy >= MATMUL_BOUND_FRACTION
         else "memory-bound")
-    # a utilisation above 100 % is a modelling error, never a prediction: the step time that
-    # gives it is faster than the card can run its FLOPs, so the speed is unknown, said (a
-    # review: the MFU alone went blank and the tokens/s behind it was still printed). MFU ≤ HFU
-    # by the clamp above wherever the executed FLOPs are counted; with none counted, an MFU
-    # over 1 is the model's FLOP formula's (6N counts experts a token never runs): MFU unknown.
-    # doctor.peaks.bounded_mfu blanks a measured step's, whose time is the measurement.
-    if hfu is not None and hfu > 1.0:
+    # the FLOPs the kernels execute (causal attention's masked half skipped) faster than the
+    # peak allows is a modelling error, never a prediction: the step time is impossible, so the
+    # speed is unknown, said (a review: the MFU alone went blank and the tokens/s behind it was
+    # still printed). Not with kernels replayed (tune): their times are measurements
+    executed = (times.hw_flops - times.skipped_flops) * grad_accum / step / dtype_peak \
+        if dtype_peak else 0.0
+    if executed > 1.0 and dev.kernel_timer is None:
         return unknown_speed(flops_per_token,
                              f"the step was timed faster than the {peak_dtype or 'dtype'} peak "
-                             f"allows (hardware FLOPs utilisation {hfu:.0%}): a modelling error "
-                             "in trainfit, not a prediction (please report it)")
+                             f"allows ({executed:.0%} of it in the FLOPs its kernels execute): "
+                             "a modelling error in trainfit, not a prediction (please report "
+                             "it)")
+    # MFU and HFU count causal attention whole (PaLM's 12·L·H·Q·T): above 100 % where the
+    # skipped half is most of the step, a convention's figure, not the card's: stated as unknown
+    # (doctor.peaks.bounded_mfu does the same with measured steps)
     mfu = None if mfu is not None and mfu > 1.0 else mfu
+    hfu = None if hfu is not None and hfu > 1.0 else hfu
     return SpeedPrediction(step, tps, tps / seq_len, mfu, hfu, busy / step, bound, flops_per_token,
                            mfu_peak_dtype=peak_dtype if dtype_peak else None,
                            unaligned_gemm_s=grad_accum * times.unaligned_s,
@@ -438,7 +449,8 @@ def predict_speed(dev: DeviceSpeed, op_points: list[list[OpRecord]], layers: tup
         t1.hw_flops + f * (t2.hw_flops - t1.hw_flops), t1.unknown or t2.unknown,
         max(0.0, t1.unaligned_s + f * (t2.unaligned_s - t1.unaligned_s)),
         t1.unaligned_dims | t2.unaligned_dims,
-        max(0.0, t1.matmul_s + f * (t2.matmul_s - t1.matmul_s)))
+        max(0.0, t1.matmul_s + f * (t2.matmul_s - t1.matmul_s)),
+        max(0.0, t1.skipped_flops + f * (t2.skipped_flops - t1.skipped_flops)))
     k1, k2 = fb_kernels(op_points[0]), fb_kernels(op_points[1])
     host_set = with_host(dev, times, host, k1 + f * (k2 - k1))
     return speed_from_times(dev, times, dominant_peak(dev, op_points[0], op_points[1], f),
