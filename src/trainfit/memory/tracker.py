@@ -376,6 +376,13 @@ class LiveBytesTracker(TorchDispatchMode):
                 or old.shape != var.shape or old.dtype != var.dtype \
                 or not is_non_overlapping_and_dense_or_false(old):
             return None
+        if old._base is not None:
+            # a view holds its base, so its storage has a second reference: the real engine
+            # adds out of place (can_accumulate_inplace wants storage().use_count() == 1). A
+            # weight's gradient out of mm's backward is one (a transpose); summed from two uses
+            # — a tied embedding, a chunked head — the sum is a new block (a review: three V×H
+            # blocks live at once on CPU, two simulated, −7.6 %)
+            return None
         blk = self._live.get(_storage(old))
         if blk is None or blk.category == MANAGED or blk is self._live.get(_storage(var)):
             return None

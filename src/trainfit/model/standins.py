@@ -255,10 +255,14 @@ def quantize_linears_4bit(model: torch.nn.Module, compute_dtype: torch.dtype, do
             # a Linear4bit of the same features by transformers 5, not by Lightning (an audit:
             # GPT-2 QLoRA planned exactly as its LoRA, every weight 16-bit)
             conv1d = lib == "bnb" and not from_fp16 and isinstance(child, Conv1D)
+            # matched by the name transformers' quantizer sees: peft's wrapper adds
+            # ``.base_layer`` (a review: T5's keep-in-fp32 ``wo`` under LoRA became
+            # ``…wo.base_layer``, was made 4-bit, and T5 cast its hidden state to uint8)
+            named = {full, full.replace(".base_layer", "")}
             if patterns is not None:
-                kept = keeps_16bit(full, patterns)
+                kept = any(keeps_16bit(n, patterns) for n in named)
             else:
-                kept = full in skip or any(full.endswith("." + s) or full == s for s in skip)
+                kept = any(n in skip or any(n.endswith("." + s) for s in skip) for n in named)
             if (linear or conv1d) and not kept and not child.weight.requires_grad:
                 features = tuple(child.weight.shape) if conv1d else (child.in_features,
                                                                       child.out_features)

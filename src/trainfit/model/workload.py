@@ -30,6 +30,7 @@ from trainfit.model.checkpointing import enable_checkpointing
 from trainfit.model.chunked_head import ChunkedHeadLM, TrlLogProbHeadLM
 from trainfit.model.custom import CausalLMAdapter, build_module
 from trainfit.model.in_backward import InBackwardOptimizer
+from trainfit.model.loaded_dtypes import keep_fp32_as_loaded
 from trainfit.model.lora_targets import import_peft, resolve_targets
 from trainfit.model.source import ModelSource, build_config, no_cache
 from trainfit.model.standins import Adam8bitSim, Linear4bitSim, quantize_linears_4bit
@@ -176,6 +177,7 @@ def build_model_on_meta(job: JobSpec, source: ModelSource, *, bf16: bool = True
     unstack_experts(model, patched_expert_classes(source, job.method))
     for p in model.parameters():  # the unstacked experts' layers are built in the default dtype
         p.data = p.data.to(wdtype)
+    keep_fp32_as_loaded(model, wdtype)  # what from_pretrained(dtype=wdtype) keeps in fp32
     if job.grad_ckpt in ("full", "selective"):
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise JobError(f"--grad-ckpt {job.grad_ckpt}: {source.name} does not support "

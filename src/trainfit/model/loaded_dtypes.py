@@ -1,0 +1,46 @@
+"""The tensors ``from_pretrained(dtype=...)`` keeps in fp32, which ``from_config(dtype=...)``
+(how trainfit builds a model on ``meta``) does not.
+
+transformers 5 loads a checkpoint with a *dtype plan* (``PreTrainedModel._get_dtype_plan``):
+``_keep_in_fp32_modules`` stay fp32 when the model loads in fp16 (T5's feed-forward output
+``wo``: huggingface/transformers#20287), ``_keep_in_fp32_modules_strict`` in fp16 and bf16
+(DeepSeek-V3's ``e_score_correction_bias``, gpt-oss' ``sinks``, MoE router weights). Its loader
+matches each checkpoint key with ``re.search`` against the plan's names
+(``core_model_loading.build_glob_alternation``), so the same search over the built model's
+parameters and buffers picks the same tensors. A review: T5's ``wo`` was planned in fp16,
+2 bytes a weight under what the user's run holds, and its input activations with it (T5 casts
+the hidden state to ``wo.weight.dtype``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def keep_fp32_as_loaded(model: torch.nn.Module, dtype: torch.dtype) -> int:
+    """Cast to fp32 what transformers' loader keeps in fp32 for a model loaded in ``dtype``;
+    returns how many tensors. Uses the library's own plan and matcher."""
+    plan_of = getattr(model, "_get_dtype_plan", None)
+    if plan_of is None or dtype not in (torch.float16, torch.bfloat16):
+        return 0
+    plan = plan_of(dtype)
+    if not plan:
+        return 0
+    from transformers.core_model_loading import build_glob_alternation
+
+    pattern, _, _ = build_glob_alternation(list(plan))
+    count = 0
+    for mod_name, mod in model.named_modules():
+        for store in (mod._parameters, mod._buffers):
+            for key, t in list(store.items()):
+                name = f"{mod_name}.{key}" if mod_name else key
+                if t is None or not t.is_floating_point() or t.dtype == torch.float32 or \
+                        not pattern.search(name):
+                    continue
+                if isinstance(t, torch.nn.Parameter):
+                    store[key] = torch.nn.Parameter(t.data.to(torch.float32),
+                                                    requires_grad=t.requires_grad)
+                else:
+                    store[key] = t.to(torch.float32)
+                count += 1
+    return count
