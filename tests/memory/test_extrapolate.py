@@ -86,10 +86,11 @@ def test_a_peak_moment_that_moves_between_the_small_depths_keeps_the_total_fit()
     activations below 0, gradients up by as much — and clipping only the negative one left the
     rise.  Llama-3.2-1B amp-fp16 checkpointed, micro-batch 1 with accumulation, read 39.0 GiB
     against 23.5 simulated at full size (checkpointing above no checkpointing); this stack
-    shows it at test size (+33 % before the fix).  Its vocabulary is 12,000: since the engine's
-    sum of the tied embedding's two gradients is booked in place, as the real engine makes it,
-    the 32,000 the test had kept the peak at the backward's start at both depths; here the
-    fit is +0.5 % over the full-size simulation (the sweep's tolerance is 1 %), never under."""
+    shows it at test size (+33 % before the fix).  Its vocabulary is 12,000: the engine's sum of
+    the tied embedding's two gradients is booked as the real engine makes it (in place, or out
+    of place where the older one is a view: memory/tracker._accumulation); the 32,000 the test
+    had kept the peak at the backward's start at both depths; here the fit is over the
+    full-size simulation by less than the sweep's 1 % tolerance, never under."""
     from transformers import LlamaConfig
 
     from trainfit.memory.rebook import nonnegative

@@ -115,7 +115,10 @@ def test_ranks_past_one_host_sync_over_a_link_the_catalog_does_not_know(gpu_name
     ("h100-sxm", "nvlink4", 8, True), ("h100-sxm", "nvlink4", 16, False),
     ("h100-sxm", "pcie5", 9, False), ("h100-sxm", "40GB/s", 64, True),
     ("rtx-3090", "nvlink3", 2, True), ("rtx-3090", "nvlink3", 4, False),
-    ("gh200-96gb", "nvlink4", 4, True), ("gh200-96gb", "nvlink4", 5, False)])
+    ("gh200-96gb", "nvlink4", 4, True), ("gh200-96gb", "nvlink4", 5, False),
+    # a PCIe link named joins a host's 8, whatever the card's own NVLink reach (a review)
+    ("h100-nvl", "pcie5", 4, True), ("h100-nvl", "nvlink4", 4, False),
+    ("gh200-96gb", "pcie5", 2, True), ("b200", "nvlink5", 8, True)])
 def test_a_link_named_joins_one_host(gpu_name, link, ranks, ok):
     """A link's name is one host's (a bridge's pair's): more ranks sync over what joins the
     hosts, which only a measured bus bandwidth gives (a review: --interconnect nvlink4 timed 16
@@ -131,3 +134,18 @@ def test_a_link_named_joins_one_host(gpu_name, link, ranks, ok):
                        r"\d GPUs; the others sync over") as e:
         gpu_spec(gpu_name, {}, link, ranks=ranks)
     assert "--interconnect 50GB/s" in e.value.hint
+
+
+def test_a_b200_takes_nvlink5_only_and_a_link_of_no_figure_is_not_named():
+    """A review: a B200 (compute capability 10.0) took nvlink2-4 at their figures; and a generic
+    card's JSON named an "unknown" link its unknown speed was not timed over."""
+    from trainfit.cli.gpu_arg import with_interconnect
+    from trainfit.hardware.gpus import generic_gpu
+    from trainfit.job import JobError
+    from trainfit.plan.grid import _link
+
+    b200 = find_gpu("b200")
+    assert with_interconnect(b200, "nvlink5").interconnect_gbs == 900.0
+    with pytest.raises(JobError, match="--interconnect nvlink4: a NVIDIA B200 .* has nvlink5"):
+        with_interconnect(b200, "nvlink4")
+    assert _link(generic_gpu(24), 2) == {}

@@ -43,23 +43,10 @@ def gpu_spec(gpu: str | None, extra: dict[str, Any], interconnect: str | None,
         spec = local_gpu_spec(say or (lambda msg: None))
     if interconnect is not None:
         spec = with_interconnect(spec, interconnect)
+        from trainfit.speed.comm import check_link_reach
+
         check_link_reach(spec, interconnect, ranks)
     return spec
-
-
-def check_link_reach(spec: Any, interconnect: str, ranks: int | None) -> None:
-    """A link named joins one host's GPUs (a bridge a pair): more ranks also sync over what
-    joins those, which only a measured bus bandwidth gives (a review: ``--interconnect nvlink4``
-    timed 16 ranks on one NVLink domain)."""
-    if ranks is None or ranks <= spec.link_ranks or "measured" in spec.interconnect:
-        return
-    beyond = ("PCIe between the bridged pairs, or the network between hosts" if
-              spec.link_ranks < 8 else "the network between hosts (InfiniBand, RoCE, Ethernet)")
-    raise JobError(f"--interconnect {interconnect} with {ranks} ranks: "
-                   f"{spec.interconnect.removesuffix(' (given)')} joins {spec.link_ranks} GPUs; "
-                   f"the others sync over {beyond}",
-                   "give the measured all-gather bus bandwidth across all the ranks, e.g. "
-                   "--interconnect 50GB/s (nccl-tests' busbw, or trainfit tune under torchrun)")
 
 
 def check_file_gpu(extra: dict[str, Any], where: str) -> None:
@@ -113,11 +100,12 @@ def with_interconnect(spec: Any, name: str) -> Any:
                            "measured GB/s (trainfit tune under torchrun measures it)")
         return dataclasses.replace(spec, interconnect=f"{key}-bridge (given)",
                                    interconnect_gbs=NVLINK_BRIDGE_GBS[spec.name], link_ranks=2)
-    # a GH200 whose node size is not known (link_ranks 1): an NVLink named is a quad blade's
+    # a PCIe link named joins a host's GPUs (an H100 NVL pair's reach is its bridge's; a review);
+    # an NVLink named on a GH200, whose node size is not known, is a quad blade's
+    reach = spec.link_ranks if key.startswith("nvlink") and spec.link_ranks > 1 else \
+        4 if key.startswith("nvlink") else 8
     return dataclasses.replace(spec, interconnect=f"{key} (given)",
-                               interconnect_gbs=INTERCONNECTS_GBS[key],
-                               link_ranks=4 if spec.link_ranks == 1 and key.startswith("nvlink")
-                               else spec.link_ranks)
+                               interconnect_gbs=INTERCONNECTS_GBS[key], link_ranks=reach)
 
 
 NVLINK_BRIDGE_GBS = {
@@ -134,10 +122,10 @@ it joins two cards. Other PCIe boards have no connector (Ada and GeForce 40/50 h
 at all; an RTX 3080 or A10 has no connector)."""
 
 
-NVLINK_OF_MAJOR = {7: "nvlink2", 8: "nvlink3", 9: "nvlink4"}
+NVLINK_OF_MAJOR = {7: "nvlink2", 8: "nvlink3", 9: "nvlink4", 10: "nvlink5"}
 """The NVLink generation each architecture has (Volta and Turing 2, Ampere 3, Hopper 4: NVIDIA's
-NVLink pages); Ada (8.9) and GeForce/workstation Blackwell (12.x) have none. Blackwell's NVLink 5
-has no name here (a measured GB/s gives it)."""
+NVLink pages; data-centre Blackwell, 10.x, NVLink 5); Ada (8.9) and GeForce/workstation
+Blackwell (12.x) have none (a review: a B200 took nvlink2-4 at their figures)."""
 
 
 def check_nvlink_generation(spec: Any, key: str) -> None:

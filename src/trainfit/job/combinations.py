@@ -101,6 +101,10 @@ def check_sharding(job: Any) -> None:
                            f"drop --{flag.replace('_', '-')}, or use --sharding fsdp")
 
 
+FSDP_MIXED_DTYPES = ("FSDP2's fully_shard needs one dtype for a layer's trainable weights "
+                     "(torch _fsdp_param_group: 'FSDP expects uniform original parameter dtype')")
+"""Why full fine-tuning in bf16-true under FSDP cannot run a model whose loader keeps trainable
+weights in fp32 (model/loaded_dtypes.py; plan/inputs.fsdp_keeps_fp32_weights)."""
 FLASH_ATTENTION_2_DTYPES_NOTE = (
     "FlashAttention-2 takes fp16 and bf16 tensors only: without autocast transformers hands it "
     "q, k and v in the model's weight dtype (integrations/flash_attention.get_target_dtype), "

@@ -17,30 +17,38 @@ from __future__ import annotations
 import torch
 
 
-def keep_fp32_as_loaded(model: torch.nn.Module, dtype: torch.dtype) -> int:
-    """Cast to fp32 what transformers' loader keeps in fp32 for a model loaded in ``dtype``;
-    returns how many tensors. Uses the library's own plan and matcher."""
+def kept_fp32_names(model: torch.nn.Module, dtype: torch.dtype) -> list[str]:
+    """The floating parameters and buffers transformers' loader keeps in fp32 when ``model``
+    loads in ``dtype`` (whatever their dtype now). Uses the library's own plan and matcher."""
     plan_of = getattr(model, "_get_dtype_plan", None)
     if plan_of is None or dtype not in (torch.float16, torch.bfloat16):
-        return 0
+        return []
     plan = plan_of(dtype)
     if not plan:
-        return 0
+        return []
     from transformers.core_model_loading import build_glob_alternation
 
     pattern, _, _ = build_glob_alternation(list(plan))
-    count = 0
+    return [name for name, t in [*model.named_parameters(), *model.named_buffers()]
+            if t is not None and t.is_floating_point() and pattern.search(name)]
+
+
+def keep_fp32_as_loaded(model: torch.nn.Module, dtype: torch.dtype) -> list[str]:
+    """Cast to fp32 what transformers' loader keeps in fp32 for a model loaded in ``dtype``;
+    returns the names of the trainable parameters among them."""
+    names = set(kept_fp32_names(model, dtype))
+    trainable = []
     for mod_name, mod in model.named_modules():
         for store in (mod._parameters, mod._buffers):
             for key, t in list(store.items()):
                 name = f"{mod_name}.{key}" if mod_name else key
-                if t is None or not t.is_floating_point() or t.dtype == torch.float32 or \
-                        not pattern.search(name):
+                if name not in names or t is None or t.dtype == torch.float32:
                     continue
                 if isinstance(t, torch.nn.Parameter):
                     store[key] = torch.nn.Parameter(t.data.to(torch.float32),
                                                     requires_grad=t.requires_grad)
+                    if t.requires_grad:
+                        trainable.append(name)
                 else:
                     store[key] = t.to(torch.float32)
-                count += 1
-    return count
+    return trainable

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from trainfit.job import JobError, JobSpec
+from trainfit.job.combinations import FSDP_MIXED_DTYPES
 from trainfit.model.attention_impl import (
     attention_to_build,
     auto_model_class,
@@ -177,7 +178,13 @@ def build_model_on_meta(job: JobSpec, source: ModelSource, *, bf16: bool = True
     unstack_experts(model, patched_expert_classes(source, job.method))
     for p in model.parameters():  # the unstacked experts' layers are built in the default dtype
         p.data = p.data.to(wdtype)
-    keep_fp32_as_loaded(model, wdtype)  # what from_pretrained(dtype=wdtype) keeps in fp32
+    kept = keep_fp32_as_loaded(model, wdtype)  # what from_pretrained(dtype=wdtype) keeps fp32
+    if kept and job.sharding == "fsdp" and job.ranks > 1 and job.method == "full":
+        raise JobError(f"--precision {job.precision} with --sharding fsdp: {source.name} keeps "
+                       f"{len(kept)} trainable weights in fp32 as transformers loads it in "
+                       f"{str(wdtype).removeprefix('torch.')} (e.g. {kept[0]}), and "
+                       f"{FSDP_MIXED_DTYPES}", "use --precision amp-bf16 (fp32 master weights, "
+                       "bf16 compute), or --method lora")
     if job.grad_ckpt in ("full", "selective"):
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise JobError(f"--grad-ckpt {job.grad_ckpt}: {source.name} does not support "

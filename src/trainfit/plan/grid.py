@@ -34,7 +34,7 @@ from trainfit.model.batch import make_batch
 from trainfit.model.source import ModelSource
 from trainfit.model.towers import inactive_params_of
 from trainfit.plan.context import offload_check, plan_assumptions
-from trainfit.plan.inputs import check_inputs, grid_precisions
+from trainfit.plan.inputs import check_inputs, fsdp_keeps_fp32_weights, grid_precisions
 from trainfit.plan.ladder import build_ladder
 from trainfit.plan.pick import keep_fp32_weights, recommend, sort_key, versus
 from trainfit.plan.result import PlanResult, PlanRow, smallest_row
@@ -330,6 +330,9 @@ def plan(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, margin: float =
     if job.padding_free and source.task != "causal-lm":
         make_batch(source, 1, 1, packed=True)  # its one-line refusal, before any simulation
     planned, not_planned = grid_precisions(gpu, job)
+    if "bf16-true" in planned and not job.precision and fsdp_keeps_fp32_weights(job, source):
+        planned.remove("bf16-true")
+        not_planned.append("bf16-true")
     if "bf16-true" in not_planned and current is not None and current.precision == "bf16-true":
         # ZeRO's one bf16 mode: the current configuration is its amp-bf16 row, not a change to
         # it (a review: its row was hidden and "bf16-true → amp-bf16" offered as a change)
@@ -407,7 +410,7 @@ def _link(gpu: GpuSpec | None, ranks: int) -> dict[str, Any]:
     """The link the rows' synchronisation was timed over; none where it was not timed (one rank,
     no GPU, GeForce cards without peer-to-peer, more ranks than the catalog's link joins: the
     rows say why their speed is unknown)."""
-    if gpu is None or ranks <= 1 or not peer_to_peer(gpu) or (
+    if gpu is None or ranks <= 1 or not gpu.interconnect_gbs or not peer_to_peer(gpu) or (
             ranks > gpu.link_ranks and not given_link(gpu)):
         return {}
     return {"link": gpu.interconnect, "link_gbs": gpu.interconnect_gbs}

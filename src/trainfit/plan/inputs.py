@@ -5,6 +5,7 @@ where the job needs it, and the plan's own options (epochs, dataset size, margin
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 from trainfit.hardware.gpus import GpuSpec
 from trainfit.job import PRECISIONS, JobError, JobSpec
@@ -48,6 +49,25 @@ def grid_precisions(gpu: GpuSpec | None, job: JobSpec | None = None
     if job is not None and job.attention == "flash-attention-2":
         left.append("fp32")
     return [p for p in got if p not in left], left
+
+
+def fsdp_keeps_fp32_weights(job: JobSpec, source: Any) -> bool:
+    """Full fine-tuning under FSDP over ranks of a model whose loader keeps trainable weights in
+    fp32 in bf16 (``_keep_in_fp32_modules_strict``: MoE routers): bf16-true cannot run it (FSDP2
+    wants one dtype for a layer's trainable weights; model/loaded_dtypes.py), so the grid leaves
+    it out (a review: the whole plan ended in FSDP's AssertionError)."""
+    if job.sharding != "fsdp" or job.ranks <= 1 or job.method != "full":
+        return False
+    import torch
+
+    from trainfit.model.loaded_dtypes import kept_fp32_names
+    from trainfit.model.workload import bare_model_on_meta
+
+    model = bare_model_on_meta(source)
+    if model is None:
+        return False
+    params = dict(model.named_parameters())
+    return any(n in params for n in kept_fp32_names(model, torch.bfloat16))
 
 
 def check_bitsandbytes(job: JobSpec) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainfit.job.choices import ENGINE_OFFLOADS
-from trainfit.job.combinations import FLASH_ATTENTION_2_DTYPES_NOTE
+from trainfit.job.combinations import FLASH_ATTENTION_2_DTYPES_NOTE, FSDP_MIXED_DTYPES
 from trainfit.plan.result import PlanResult, smallest_row
 from trainfit.plan.rows import precision_inversion
 from trainfit.render.plan_words import numerics_words
@@ -81,7 +81,10 @@ def plan_notes(result: PlanResult) -> list[str]:
                      "(the GPU catalog's), with loss scaling on top: its rows cannot beat "
                      "amp-bf16's; --precision amp-fp16 plans it")
     if "bf16-true" in result.precisions_not_planned:
-        notes.append("bf16-true not planned: DeepSpeed's bf16 mode keeps an fp32 master "
+        fsdp = result.assumptions is not None and result.assumptions.sharding == "fsdp"
+        notes.append("bf16-true not planned: the model keeps trainable weights in fp32 as "
+                     f"transformers loads it in bf16, and {FSDP_MIXED_DTYPES}" if fsdp else
+                     "bf16-true not planned: DeepSpeed's bf16 mode keeps an fp32 master "
                      "partition of the weights whether asked as amp-bf16 or bf16-true, so its rows "
                      "are amp-bf16's")
     if "fp32" in result.precisions_not_planned:

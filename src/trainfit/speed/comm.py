@@ -43,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from trainfit.job import JobError
 from trainfit.speed.predict import SpeedPrediction, unknown_speed
 
 RING_BUS_EFFICIENCY = 0.75
@@ -72,7 +73,7 @@ written once: the copy into the contiguous reduce bucket (stage3.py
 ``div_`` that pre-divides it (runtime/comm/coalesced_collectives.py
 ``reduce_scatter_coalesced``, DeepSpeed's default ``reduce_scatter: true``; a review)."""
 INTERCONNECTS_GBS = {"pcie3": 15.75, "pcie4": 31.5, "pcie5": 63.0, "nvlink2": 150.0,
-                     "nvlink3": 300.0, "nvlink4": 450.0}
+                     "nvlink3": 300.0, "nvlink4": 450.0, "nvlink5": 900.0}
 """Per-direction GB/s (1e9) of an x16 PCIe link or one GPU's NVLink total (half the datasheet's
 bidirectional figure) — the same convention as the GPU catalog's ``interconnect_gbs``."""
 
@@ -251,6 +252,21 @@ def link_reach(gpu: Any) -> str:
     return f"the {link} of the GPU catalog joins {gpu.link_ranks} of them: {beyond} is not known"
 
 
+def check_link_reach(spec: Any, interconnect: str, ranks: int | None) -> None:
+    """A link named joins one host's GPUs (a bridge a pair): more ranks also sync over what
+    joins those, which only a measured bus bandwidth gives (a review: ``--interconnect nvlink4``
+    timed 16 ranks on one NVLink domain)."""
+    if ranks is None or ranks <= spec.link_ranks or "measured" in spec.interconnect:
+        return
+    beyond = ("PCIe between the bridged pairs, or the network between hosts" if
+              spec.link_ranks < 8 else "the network between hosts (InfiniBand, RoCE, Ethernet)")
+    raise JobError(f"--interconnect {interconnect} with {ranks} ranks: "
+                   f"{spec.interconnect.removesuffix(' (given)')} joins {spec.link_ranks} GPUs; "
+                   f"the others sync over {beyond}",
+                   "give the measured all-gather bus bandwidth across all the ranks, e.g. "
+                   "--interconnect 50GB/s (nccl-tests' busbw, or trainfit tune under torchrun)")
+
+
 def unknown_interconnect(speed: SpeedPrediction, ranks: int, why: str = "",
                          names: bool = True) -> SpeedPrediction:
     """``speed`` made unknown, with why and the fix; ``names``: a link's name would give its
@@ -260,6 +276,6 @@ def unknown_interconnect(speed: SpeedPrediction, ranks: int, why: str = "",
                          f"{ranks} ranks but {why or 'this GPU' + chr(39) + 's interconnect is unknown'}"
                          ": run trainfit tune under torchrun (it measures the link) and give "
                          "--interconnect GBPS" + (", or name it (pcie3|pcie4|pcie5|nvlink2|"
-                                                  "nvlink3|nvlink4)" if names else
+                                                  "nvlink3|nvlink4|nvlink5)" if names else
                                                   " (the measured all-gather bus bandwidth, "
                                                   "e.g. nccl-tests' busbw)"))
