@@ -164,9 +164,10 @@ def plan_cmd(
     verify: Annotated[bool, typer.Option(
         help="Re-simulate the recommended configuration at full size.")] = True,
     interconnect: Annotated[str | None, typer.Option(
-        help="GPU-to-GPU link for ranks > 1: pcie3|pcie4|pcie5|nvlink2|nvlink3|nvlink4, or a "
-             "measured all-gather bus bandwidth in GB/s (trainfit tune under torchrun prints it); "
-             "default: the GPU catalog's")] = None,
+        help="GPU-to-GPU link for ranks > 1: pcie3|pcie4|pcie5|nvlink2|nvlink3|nvlink4|nvlink5 "
+             "(one host's; on a PCIe card an NVLink is its bridge), or a measured all-gather bus "
+             "bandwidth in GB/s (trainfit tune under torchrun prints it; the only way past one "
+             "host); default: the GPU catalog's")] = None,
     current: Annotated[bool, typer.Option(
         "--current", help="The knobs given (--micro-batch, --grad-accum, --grad-ckpt, --precision, "
                           "--attention, --optimizer-impl) are what you run now: plan the grid "
