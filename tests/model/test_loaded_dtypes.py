@@ -47,8 +47,8 @@ def test_bf16_true_fsdp_with_fp32_trainable_weights_is_refused_and_not_planned(t
     from trainfit.plan.inputs import fsdp_keeps_fp32_weights
 
     job = JobSpec(model="t", seq_len=64, micro_batch=1, ranks=2, sharding="fsdp", method="full")
-    with pytest.raises(JobError, match="keeps 1 trainable weights in fp32 .* FSDP2's "
-                       "fully_shard needs one dtype") as e:
+    with pytest.raises(JobError, match=r"keeps 1 trainable weights in fp32 .* FSDP2's "
+                       r"fully_shard needs one dtype") as e:
         build_model_on_meta(job.replace(precision="bf16-true"), tiny_ernie_moe)
     assert e.value.hint.startswith("use --precision amp-bf16")
     build_model_on_meta(job.replace(precision="amp-bf16"), tiny_ernie_moe)  # fp32 masters: runs

@@ -146,6 +146,6 @@ def test_a_b200_takes_nvlink5_only_and_a_link_of_no_figure_is_not_named():
 
     b200 = find_gpu("b200")
     assert with_interconnect(b200, "nvlink5").interconnect_gbs == 900.0
-    with pytest.raises(JobError, match="--interconnect nvlink4: a NVIDIA B200 .* has nvlink5"):
+    with pytest.raises(JobError, match=r"--interconnect nvlink4: a NVIDIA B200 .* has nvlink5"):
         with_interconnect(b200, "nvlink4")
     assert _link(generic_gpu(24), 2) == {}
