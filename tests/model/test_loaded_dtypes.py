@@ -56,3 +56,23 @@ def test_bf16_true_fsdp_with_fp32_trainable_weights_is_refused_and_not_planned(t
     assert not fsdp_keeps_fp32_weights(job.replace(method="lora"), tiny_ernie_moe)  # frozen
     assert not fsdp_keeps_fp32_weights(job.replace(sharding="none", ranks=1), tiny_ernie_moe)
     assert not fsdp_keeps_fp32_weights(job, tiny_llama)
+
+
+@pytest.mark.parametrize("kept, fp32", [(["lm_head"], False), (["lm_head", "embed_tokens"], True)])
+def test_a_tied_head_stays_tied(kept, fp32):
+    """A tied head is the embedding: cast only where each of its names is kept, and as one
+    tensor (the loader re-ties the head to the embedding; a review: a new Parameter for one name
+    untied them)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from trainfit.model.loaded_dtypes import keep_fp32_as_loaded
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                      tie_word_embeddings=True)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model._keep_in_fp32_modules_strict = kept  # read by transformers' _get_dtype_plan
+    keep_fp32_as_loaded(model, torch.bfloat16)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert (model.lm_head.weight.dtype == torch.float32) == fp32

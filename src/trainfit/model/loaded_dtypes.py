@@ -19,7 +19,8 @@ import torch
 
 def kept_fp32_names(model: torch.nn.Module, dtype: torch.dtype) -> list[str]:
     """The floating parameters and buffers transformers' loader keeps in fp32 when ``model``
-    loads in ``dtype`` (whatever their dtype now). Uses the library's own plan and matcher."""
+    loads in ``dtype`` (whatever their dtype now), by every name they have. Uses the library's
+    own plan and matcher."""
     plan_of = getattr(model, "_get_dtype_plan", None)
     if plan_of is None or dtype not in (torch.float16, torch.bfloat16):
         return []
@@ -29,26 +30,38 @@ def kept_fp32_names(model: torch.nn.Module, dtype: torch.dtype) -> list[str]:
     from transformers.core_model_loading import build_glob_alternation
 
     pattern, _, _ = build_glob_alternation(list(plan))
-    return [name for name, t in [*model.named_parameters(), *model.named_buffers()]
+    tensors = [*model.named_parameters(remove_duplicate=False),
+               *model.named_buffers(remove_duplicate=False)]
+    return [name for name, t in tensors
             if t is not None and t.is_floating_point() and pattern.search(name)]
 
 
 def keep_fp32_as_loaded(model: torch.nn.Module, dtype: torch.dtype) -> list[str]:
     """Cast to fp32 what transformers' loader keeps in fp32 for a model loaded in ``dtype``;
-    returns the names of the trainable parameters among them."""
+    returns the names of the trainable parameters among them. A tied parameter (a head that is
+    the embedding) is cast only if each of its names is kept, as one tensor: the loader re-ties
+    the head to the embedding after loading (a review: hy_v4's tied head, on its strict list,
+    would have been untied)."""
     names = set(kept_fp32_names(model, dtype))
+    aliases: dict[int, set[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(p), set()).add(name)
+    cast: dict[int, torch.Tensor] = {}
     trainable = []
-    for mod_name, mod in model.named_modules():
+    for mod_name, mod in model.named_modules(remove_duplicate=False):
         for store in (mod._parameters, mod._buffers):
             for key, t in list(store.items()):
                 name = f"{mod_name}.{key}" if mod_name else key
-                if name not in names or t is None or t.dtype == torch.float32:
+                if name not in names or t is None or t.dtype == torch.float32 or \
+                        not aliases.get(id(t), {name}) <= names:
                     continue
-                if isinstance(t, torch.nn.Parameter):
-                    store[key] = torch.nn.Parameter(t.data.to(torch.float32),
-                                                    requires_grad=t.requires_grad)
-                    if t.requires_grad:
-                        trainable.append(name)
-                else:
-                    store[key] = t.to(torch.float32)
+                if id(t) not in cast:
+                    if isinstance(t, torch.nn.Parameter):
+                        cast[id(t)] = torch.nn.Parameter(t.data.to(torch.float32),
+                                                         requires_grad=t.requires_grad)
+                        if t.requires_grad:
+                            trainable.append(name)
+                    else:
+                        cast[id(t)] = t.to(torch.float32)
+                store[key] = cast[id(t)]
     return trainable
