@@ -14,6 +14,8 @@ the hidden state to ``wo.weight.dtype``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -65,3 +67,10 @@ def keep_fp32_as_loaded(model: torch.nn.Module, dtype: torch.dtype) -> list[str]
                         cast[id(t)] = t.to(torch.float32)
                 store[key] = cast[id(t)]
     return trainable
+
+
+def fsdp_full_fine_tuning(job: Any) -> bool:
+    """Every weight trains under FSDP over ranks: FSDP2's fully_shard then needs one dtype for a
+    layer's weights, so an fp32 one the loader keeps cannot run beside bf16 ones (the build
+    refuses it, plan.inputs.fsdp_keeps_fp32_weights leaves bf16-true out of the grid)."""
+    return job.sharding == "fsdp" and job.ranks > 1 and job.method == "full"

@@ -31,7 +31,7 @@ from trainfit.model.checkpointing import enable_checkpointing
 from trainfit.model.chunked_head import ChunkedHeadLM, TrlLogProbHeadLM
 from trainfit.model.custom import CausalLMAdapter, build_module
 from trainfit.model.in_backward import InBackwardOptimizer
-from trainfit.model.loaded_dtypes import keep_fp32_as_loaded
+from trainfit.model.loaded_dtypes import fsdp_full_fine_tuning, keep_fp32_as_loaded
 from trainfit.model.lora_targets import import_peft, resolve_targets
 from trainfit.model.source import ModelSource, build_config, no_cache
 from trainfit.model.standins import Adam8bitSim, Linear4bitSim, quantize_linears_4bit
@@ -179,7 +179,7 @@ def build_model_on_meta(job: JobSpec, source: ModelSource, *, bf16: bool = True
     for p in model.parameters():  # the unstacked experts' layers are built in the default dtype
         p.data = p.data.to(wdtype)
     kept = keep_fp32_as_loaded(model, wdtype)  # what from_pretrained(dtype=wdtype) keeps fp32
-    if kept and job.sharding == "fsdp" and job.ranks > 1 and job.method == "full":
+    if kept and fsdp_full_fine_tuning(job):
         raise JobError(f"--precision {job.precision} with --sharding fsdp: {source.name} keeps "
                        f"{len(kept)} trainable weights in fp32 as transformers loads it in "
                        f"{str(wdtype).removeprefix('torch.')} (e.g. {kept[0]}), and "

@@ -50,7 +50,7 @@ from trainfit.plan.rows import (
 )
 from trainfit.plan.workers import SimulationWorkers
 from trainfit.speed.bands import speed_band_for
-from trainfit.speed.comm import given_link, peer_to_peer
+from trainfit.speed.comm import untimed_link
 from trainfit.speed.host import host_step
 from trainfit.speed.ops import OpRecorder
 from trainfit.speed.predict import (
@@ -410,7 +410,6 @@ def _link(gpu: GpuSpec | None, ranks: int) -> dict[str, Any]:
     """The link the rows' synchronisation was timed over; none where it was not timed (one rank,
     no GPU, GeForce cards without peer-to-peer, more ranks than the catalog's link joins: the
     rows say why their speed is unknown)."""
-    if gpu is None or ranks <= 1 or not gpu.interconnect_gbs or not peer_to_peer(gpu) or (
-            ranks > gpu.link_ranks and not given_link(gpu)):
+    if gpu is None or ranks <= 1 or untimed_link(gpu, ranks) is not None:
         return {}
     return {"link": gpu.interconnect, "link_gbs": gpu.interconnect_gbs}

@@ -56,12 +56,13 @@ def fsdp_keeps_fp32_weights(job: JobSpec, source: Any) -> bool:
     fp32 in bf16 (``_keep_in_fp32_modules_strict``: MoE routers): bf16-true cannot run it (FSDP2
     wants one dtype for a layer's trainable weights; model/loaded_dtypes.py), so the grid leaves
     it out (a review: the whole plan ended in FSDP's AssertionError)."""
-    if job.sharding != "fsdp" or job.ranks <= 1 or job.method != "full":
-        return False
     import torch
 
-    from trainfit.model.loaded_dtypes import kept_fp32_names
+    from trainfit.model.loaded_dtypes import fsdp_full_fine_tuning, kept_fp32_names
     from trainfit.model.workload import bare_model_on_meta
+
+    if not fsdp_full_fine_tuning(job):
+        return False
 
     model = bare_model_on_meta(source)
     if model is None:

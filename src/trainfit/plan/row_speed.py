@@ -15,14 +15,7 @@ from trainfit.memory.predict import MemoryPrediction
 from trainfit.memory.zero import compute_job
 from trainfit.model.source import hidden_size
 from trainfit.model.workload import build_model_on_meta
-from trainfit.speed.comm import (
-    given_link,
-    link_reach,
-    peer_to_peer,
-    sync_time,
-    unknown_interconnect,
-    with_sync,
-)
+from trainfit.speed.comm import sync_time, unknown_interconnect, untimed_link, with_sync
 from trainfit.speed.host import SWITCH
 from trainfit.speed.host_timing import (
     H100_HOST_REFERENCE_OP_S,
@@ -102,17 +95,9 @@ def synced(speed: SpeedPrediction | None, job: JobSpec, mem: MemoryPrediction,
                              "up")
     if speed is None or gpu is None or job.ranks <= 1 or speed.step_time_s is None:
         return speed
-    if not gpu.interconnect_gbs:
-        return unknown_interconnect(speed, job.ranks)
-    if job.ranks > gpu.link_ranks and not given_link(gpu):
-        # the catalog's link is one host's (NVLink, PCIe; a bridge a pair's): the ranks past it
-        # sync over the network between hosts, often 10× slower than NVLink (a review: 64
-        # ranks were timed on one NVLink domain)
-        return unknown_interconnect(speed, job.ranks, link_reach(gpu), names=False)
-    if not peer_to_peer(gpu):
-        return unknown_interconnect(speed, job.ranks, f"{gpu.display_name} has no PCIe "
-                                    "peer-to-peer: NCCL goes through host memory, at the host's "
-                                    "speed", names=False)
+    untimed = untimed_link(gpu, job.ranks)
+    if untimed is not None:
+        return unknown_interconnect(speed, job.ranks, *untimed)
     sharded = job.sharding != "none"
     # gradients: fp32 under DDP+AMP; reduced in the compute dtype by DeepSpeed, in
     # fsdp_reduce_dtype by FSDP

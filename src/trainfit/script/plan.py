@@ -180,11 +180,11 @@ def plan_script(cmd: list[str], *, gpu: GpuSpec | None, flags: dict[str, Any] | 
     source, model = script_source(rec, trust_remote_code)
     base = {**read.fields, "model": model, "trust_remote_code": trust_remote_code}
     current = JobSpec.from_dict(with_flags(base, flags), source="the script")
-    if gpu is not None and "(given)" in gpu.interconnect:
+    from trainfit.speed.comm import check_link_reach, given_link
+
+    if gpu is not None and given_link(gpu):
         # the script's world size (torchrun, WORLD_SIZE) against the link named (a review: 4
         # ranks were timed on a bridge that joins 2)
-        from trainfit.speed.comm import check_link_reach
-
         check_link_reach(gpu, gpu.interconnect.removesuffix(" (given)"), current.ranks)
     if "seq_len" in flags:  # the data's own length runs as the script runs it (a note if long)
         check_seq_len(current.seq_len, source)

@@ -223,16 +223,9 @@ def with_sync(speed: SpeedPrediction, sync: SyncTime | None) -> SpeedPrediction:
                    sync_note=f"{sync.collective}; {sync.overlap}")
 
 
-def peer_to_peer(gpu: Any) -> bool:
-    """Whether NCCL can copy GPU to GPU over the catalog's link.  GeForce cards have PCIe
-    peer-to-peer disabled by the driver (RTX 30 series only across an NVLink bridge, RTX 40/50
-    not at all): NCCL then stages every transfer through host memory (its SHM transport), at a
-    speed set by the host — not the slot's figure, nor that of a PCIe generation named with
-    --interconnect (a review: ``--interconnect pcie4`` timed a GeForce pair at the slot's 31.5
-    GB/s).  A measured bus bandwidth is taken as is, an NVLink (bridge) as NCCL's P2P."""
-    if "measured (given)" in gpu.interconnect or gpu.interconnect.startswith("nvlink"):
-        return True
-    return "geforce" not in gpu.display_name.lower()
+def measured_link(gpu: Any) -> bool:
+    """The link is a measured bus bandwidth given with ``--interconnect`` (cli/gpu_arg)."""
+    return "measured (given)" in gpu.interconnect
 
 
 def given_link(gpu: Any) -> bool:
@@ -241,25 +234,53 @@ def given_link(gpu: Any) -> bool:
     return "(given)" in gpu.interconnect
 
 
-def link_reach(gpu: Any) -> str:
-    """Why the catalog's link does not time more than ``gpu.link_ranks`` ranks."""
-    link = gpu.interconnect
-    if gpu.link_ranks == 1:
-        return (f"how many GPUs one {gpu.display_name} node joins over {link} is not known "
-                "(one superchip in most servers, four in a quad blade)")
-    beyond = ("the network between hosts (InfiniBand, RoCE, Ethernet)" if gpu.link_ranks >= 8
-              else "the path between the pairs (PCIe, or the network between hosts)")
-    return f"the {link} of the GPU catalog joins {gpu.link_ranks} of them: {beyond} is not known"
+def peer_to_peer(gpu: Any) -> bool:
+    """Whether NCCL can copy GPU to GPU over the catalog's link.  GeForce cards have PCIe
+    peer-to-peer disabled by the driver (RTX 30 series only across an NVLink bridge, RTX 40/50
+    not at all): NCCL then stages every transfer through host memory (its SHM transport), at a
+    speed set by the host — not the slot's figure, nor that of a PCIe generation named with
+    --interconnect (a review: ``--interconnect pcie4`` timed a GeForce pair at the slot's 31.5
+    GB/s).  A measured bus bandwidth is taken as is, an NVLink (bridge) as NCCL's P2P."""
+    if measured_link(gpu) or gpu.interconnect.startswith("nvlink"):
+        return True
+    return "geforce" not in gpu.display_name.lower()
+
+
+HOSTS_NETWORK = "the network between hosts (InfiniBand, RoCE, Ethernet)"
+"""What joins GPUs past one host's link (8 of them), which no GPU datasheet gives."""
+
+
+def untimed_link(gpu: Any, ranks: int) -> tuple[str, bool] | None:
+    """Why the sync of ``ranks`` > 1 cannot be timed over ``gpu``'s link, and whether naming a
+    link would time it (unknown_interconnect's ``why`` and ``names``); None: it can. What plan
+    times its rows by (plan.row_speed.synced) and names as their link (plan.grid)."""
+    if not gpu.interconnect_gbs:
+        return "", True
+    if ranks > gpu.link_ranks and not given_link(gpu):
+        # the catalog's link is one host's (NVLink, PCIe; a bridge a pair's): the ranks past it
+        # sync over the network between hosts, often 10× slower than NVLink (a review: 64
+        # ranks were timed on one NVLink domain)
+        if gpu.link_ranks == 1:
+            return (f"how many GPUs one {gpu.display_name} node joins over {gpu.interconnect} "
+                    "is not known (one superchip in most servers, four in a quad blade)"), False
+        beyond = HOSTS_NETWORK if gpu.link_ranks >= 8 else \
+            "the path between the pairs (PCIe, or the network between hosts)"
+        return (f"the {gpu.interconnect} of the GPU catalog joins {gpu.link_ranks} of them: "
+                f"{beyond} is not known"), False
+    if not peer_to_peer(gpu):
+        return (f"{gpu.display_name} has no PCIe peer-to-peer: NCCL goes through host memory, "
+                "at the host's speed"), False
+    return None
 
 
 def check_link_reach(spec: Any, interconnect: str, ranks: int | None) -> None:
     """A link named joins one host's GPUs (a bridge a pair): more ranks also sync over what
     joins those, which only a measured bus bandwidth gives (a review: ``--interconnect nvlink4``
     timed 16 ranks on one NVLink domain)."""
-    if ranks is None or ranks <= spec.link_ranks or "measured" in spec.interconnect:
+    if ranks is None or ranks <= spec.link_ranks or measured_link(spec):
         return
-    beyond = ("PCIe between the bridged pairs, or the network between hosts" if
-              spec.link_ranks < 8 else "the network between hosts (InfiniBand, RoCE, Ethernet)")
+    beyond = HOSTS_NETWORK if spec.link_ranks >= 8 else \
+        "PCIe between the bridged pairs, or the network between hosts"
     raise JobError(f"--interconnect {interconnect} with {ranks} ranks: "
                    f"{spec.interconnect.removesuffix(' (given)')} joins {spec.link_ranks} GPUs; "
                    f"the others sync over {beyond}",

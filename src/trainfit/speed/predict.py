@@ -27,7 +27,12 @@ from typing import Any
 
 from trainfit.speed.host import HostStep
 from trainfit.speed.ops import OpRecord
-from trainfit.speed.roofline import DeviceSpeed, op_device_time, op_host_time
+from trainfit.speed.roofline import (
+    DeviceSpeed,
+    op_device_time,
+    op_host_time,
+    skips_causal_half,
+)
 
 
 @dataclass
@@ -217,8 +222,8 @@ def time_ops(dev: DeviceSpeed, ops: list[OpRecord]) -> PhaseTimes:
             # unmasked), so that HFU = MFU + the recomputation in full fine-tuning; the
             # roofline still times a flash kernel's causal half skipped (op_device_time)
             flops += op.flops
-            if op.gemm is None and op.flops and op.causal and dev.kernels is not None:
-                skipped += op.flops / 2.0  # as op_device_time times it
+            if skips_causal_half(dev, op):
+                skipped += op.flops / 2.0
     if dev.kernel_timer is not None:
         dev.kernel_timer.save()
     return PhaseTimes(device, host, flops, unknown, unaligned_s, frozenset(odd), matmul_s,

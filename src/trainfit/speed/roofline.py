@@ -188,11 +188,18 @@ def op_device_time(dev: DeviceSpeed, op: OpRecord) -> float | None:
             compute = op.flops / (peak * ATTENTION_EFFICIENCY["flash"])
         else:
             compute = op.flops / (peak * attention_efficiency(dev, op))
-        if dev.kernels is not None and op.causal:
-            compute /= 2.0  # a flash kernel skips the masked half the flop counter counts
+        if skips_causal_half(dev, op):
+            compute /= 2.0
     if mem is None:
         return None if not compute else compute
     return max(compute, mem)
+
+
+def skips_causal_half(dev: DeviceSpeed, op: OpRecord) -> bool:
+    """A known family's flash kernel skips the masked half of causal attention, which the FLOP
+    counter counts: timed at half (op_device_time), and not executed (speed.predict's HFU
+    guard)."""
+    return op.gemm is None and bool(op.flops) and op.causal and dev.kernels is not None
 
 
 def attention_efficiency(dev: DeviceSpeed, op: OpRecord) -> float:
