@@ -132,3 +132,25 @@ def test_gpt2s_conv1d_layers_are_4_bit_as_transformers_converts_them():
     fabric, _ = build_model_on_meta(JobSpec(model="t", seq_len=32, method="qlora",
                                             lora_targets=["c_attn"], quant_from_fp16=True), src)
     assert _quantized(fabric) == []
+
+
+def test_the_strict_fp32_list_is_quantized_as_transformers_quantizer_does(monkeypatch):
+    """transformers' bnb quantizer skips ``model._keep_in_fp32_modules`` and not the
+    ``_keep_in_fp32_modules_strict`` list (quantizer_bnb_4bit.py: get_modules_to_not_convert):
+    a linear layer named only on the strict list is converted to 4-bit.  trainfit had skipped
+    both, planning such a layer 16-bit."""
+    from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
+    from transformers.quantizers.quantizer_bnb_4bit import Bnb4BitHfQuantizer
+
+    monkeypatch.setattr(LlamaForCausalLM, "_keep_in_fp32_modules_strict", ["down_proj"])
+    monkeypatch.setattr(LlamaForCausalLM, "_keep_in_fp32_modules", ["up_proj"])
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+    with torch.device("meta"):
+        theirs = LlamaForCausalLM(cfg)
+    quantizer = Bnb4BitHfQuantizer(BitsAndBytesConfig(load_in_4bit=True))
+    kept = quantizer.get_modules_to_not_convert(
+        theirs, None, theirs._keep_in_fp32_modules)
+    assert "up_proj" in kept and "down_proj" not in kept
+    ours, _ = build_model_on_meta(JobSpec(model="t", seq_len=32, method="qlora"), _source(cfg))
+    assert "down_proj" in _quantized(ours) and "up_proj" not in _quantized(ours)

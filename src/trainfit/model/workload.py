@@ -310,11 +310,11 @@ def _quantize_base(job: JobSpec, source: ModelSource, model: torch.nn.Module,
     out_emb = model.get_output_embeddings()
     skip = set() if job.quant_lm_head else {
         n for n, m in model.named_modules() if m is out_emb}
-    # transformers leaves a model's keep-in-fp32 modules unquantized (its quantizer's
-    # get_modules_to_not_convert adds them): T5's feed-forward output `wo`
+    # transformers leaves a model's keep-in-fp32 modules unquantized: its bnb quantizer passes
+    # `model._keep_in_fp32_modules` to get_modules_to_not_convert (quantizers/quantizer_bnb_4bit.py,
+    # T5's feed-forward output `wo`), and not the `_strict` list, whose linear layers it converts
     base = model.get_base_model()
     keep32 = set(getattr(base, "_keep_in_fp32_modules", None) or [])
-    keep32 |= set(getattr(base, "_keep_in_fp32_modules_strict", None) or [])
     skip |= keep32
     stored = source.stored_quant
     # a checkpoint that states its 16-bit modules: those (transformers' matcher) and the
