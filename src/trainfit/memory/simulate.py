@@ -419,7 +419,15 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
             h.remove()
         steady = sum(tracker.live_breakdown().values()) - tracker.managed_bytes
         del flats  # kept alive through the step: the parameters' bytes
-    largest = max(tracker.peak.sizes, default=0)
+    return _result(tracker, steady, micro, time.perf_counter() - t0,
+                   _info(host_job or job, model, info, untraced, offload), ops.kernels_used,
+                   info, quant_state, per_rank=mesh is not None)
+
+
+def _result(tracker: LiveBytesTracker, steady: int, micro: int, sim_time_s: float,
+            step_info: dict[str, Any], kernels: dict[str, Any], info: Any, quant_state: int,
+            per_rank: bool) -> SimResult:
+    """The step's result as the tracker saw it."""
     return SimResult(
         peak_allocated_bytes=tracker.peak.peak_bytes,
         peak_phase=tracker.peak.phase,
@@ -428,16 +436,16 @@ def _simulate(job: JobSpec, source: ModelSource, target: SimTarget, steps: int,
         phase_breakdowns={k: dict(v) for k, v in tracker.phase_breakdowns.items()},
         managed_bytes=tracker.peak_managed_bytes,
         steady_bytes=steady,
-        largest_block_bytes=largest,
+        largest_block_bytes=max(tracker.peak.sizes, default=0),
         total_params=info.total_params,
         trainable_params=info.trainable_params,
-        sdpa_kernels=dict(ops.kernels_used),
+        sdpa_kernels=dict(kernels),
         micro_steps_simulated=micro,
-        sim_time_s=time.perf_counter() - t0,
-        info=_info(host_job or job, model, info, untraced, offload),
+        sim_time_s=sim_time_s,
+        info=step_info,
         events=tracker.events,
         event_streams=tracker.event_streams,
         event_phases=tracker.event_phases,
         quant_state_bytes=quant_state,
-        per_rank=mesh is not None,
+        per_rank=per_rank,
     )
