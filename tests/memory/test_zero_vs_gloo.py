@@ -47,6 +47,9 @@ CASES: dict[str, tuple[int, dict[str, Any]]] = {
     "zero3-lora": (3, dict(method="lora", lora_dropout=0.0)),
     # fp32 mode (accelerate's mixed_precision "no"): ZeRO-2 still clones its fp32 partition
     "zero2-fp32": (2, dict(precision="fp32")),
+    # and so does ZeRO-3 (stage3.py _create_fp32_partitions: its no-copy branch compares a
+    # torch.device with the accelerator's device name, a str, never equal)
+    "zero3-fp32": (3, dict(precision="fp32")),
     # torch's fused AdamW (HF's default optim, adamw_torch_fused) makes no temporaries: the
     # step's moment is the gradient's cast (ZeRO-2: the group's flat copy and its fp32 cast)
     "zero2-fused": (2, dict(optimizer_impl="fused")),
@@ -172,7 +175,7 @@ def measured(tmp_path_factory: pytest.TempPathFactory, two_gloo_ranks: Any
             for name in CASES}
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [n for n in CASES if n != "zero3-fp32"])
 def test_zero_rank_peak_matches_deepspeed_on_two_gloo_ranks(measured, name):
     """plan's ZeRO terms over the one-process step against the real per-rank peak, within
     −0.5 … +1.5 % (measured against the higher rank: ZeRO-2 +0.04 %, ZeRO-3 +0.16 %, ZeRO-2 LoRA
@@ -202,21 +205,24 @@ def test_zero3_holds_more_than_zero2_on_a_small_model(measured):
     assert z3.breakdown["parameters"] > z2.breakdown["parameters"]
 
 
-def _predicted_phases(name: str) -> dict[str, int]:
-    """plan's per-rank bytes at each phase's peak (no cuBLAS workspace: the CPU run has none)."""
+def _predicted_phases(name: str, cpu: bool = False) -> dict[str, int]:
+    """plan's per-rank bytes at each phase's peak (no cuBLAS workspace: the CPU run has none);
+    ``cpu``: the step's kernels this CPU's (SDPA's), not a GPU's."""
     from trainfit.memory.predict import target_for
     from trainfit.memory.ranks import rank_phases
-    from trainfit.memory.simulate import simulate_step
+    from trainfit.memory.simulate import SimTarget, simulate_step
 
     job, source = _job(name), _source()
-    sim = simulate_step(job, source, target_for(None, job.precision))
+    target = SimTarget(device="cpu") if cpu else target_for(None, job.precision)
+    sim = simulate_step(job, source, target)
     phases = {sim.peak_phase: sim.breakdown, **sim.phase_breakdowns}
     per_phase, _ = rank_phases(job, source, phases, sim.trainable_params, sim.per_rank,
                                sim.quant_state_bytes, sim.info.get("largest_trainable_numel", 0))
-    return {k: sum(v.values()) for k, v in per_phase.items()}
+    return {k: sum(v.values()) - v.get("workspaces", 0) for k, v in per_phase.items()}
 
 
-@pytest.mark.parametrize("name", ["zero2", "zero3", "zero2-fused", "zero3-fused", "zero2-fp32"])
+@pytest.mark.parametrize("name", ["zero2", "zero3", "zero2-fused", "zero3-fused", "zero2-fp32",
+                                  "zero3-fp32"])
 def test_zero_step_peak_matches_deepspeed_on_two_gloo_ranks(measured, name):
     """The optimizer step's own peak, within −1 … +1.5 % of the higher rank's (measured: −0.83 …
     +0.05 %; the last ZeRO-2 rank holds 77 KiB more than the first throughout, at the step too:
@@ -230,6 +236,23 @@ def test_zero_step_peak_matches_deepspeed_on_two_gloo_ranks(measured, name):
     predicted = _predicted_phases(name)["optimizer"]
     worst = max(r["optimizer"] for r in measured[name])
     assert worst * 0.99 <= predicted <= worst * 1.015, (name, measured[name], predicted)
+
+
+def test_zero3_in_fp32_clones_its_master_partition(measured):
+    """ZeRO-3 in fp32 mode clones its fp32 partition as ZeRO-2 does: its no-copy branch
+    (stage3.py _create_fp32_partitions) compares the partition's torch.device with the
+    accelerator's device name, a str ('cuda:0'), never equal. plan had counted no clone: the
+    step 12.4 % and the peak 6.9 % under the real rank (a review). The peak against the step run
+    with this CPU's kernels: a GPU has no fused kernel for fp32 attention over grouped-query heads
+    (flash takes 16-bit inputs, the memory-efficient kernel no GQA), so plan's step runs math
+    there and keeps the scores (+2.7 % against this run), where this CPU's flash kernel takes
+    fp32 (+0.01 %)."""
+    import torch
+
+    assert torch.device("cpu", 0) != "cpu:0"  # the comparison DeepSpeed's branch makes
+    peak = max(_predicted_phases("zero3-fp32", cpu=True).values())
+    worst = max(r["peak"] for r in measured["zero3-fp32"])
+    assert worst * 0.995 <= peak <= worst * 1.015, (measured["zero3-fp32"], peak)
 
 
 def test_a_lora_step_is_far_below_its_peak(measured):

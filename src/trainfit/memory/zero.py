@@ -197,10 +197,13 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
     bucket = hidden * hidden * compute_bytes  # reduce_bucket_size "auto" = h² elements
     grad_part = -(-trainable_params * compute_bytes // n)
     master = -(-trainable_params * master_bytes_per_param(job) // n)
-    if not stage3 and not master:
+    if not master:
         # fp32 mode: ZeRO-2 clones its partition all the same (stage_1_and_2.py: ``...[partition_id]
-        # .detach().clone().to(device, dtype=master_weights_and_grads_dtype)``), where ZeRO-3 takes
-        # the partition itself when dtype and device match (stage3.py _create_fp32_partitions)
+        # .detach().clone().to(device, dtype=master_weights_and_grads_dtype)``), and so does ZeRO-3:
+        # its no-copy branch (stage3.py _create_fp32_partitions) asks
+        # ``flat.device == self.device``, a torch.device against the accelerator's device *name*
+        # (a str: 'cuda:0'), which is never equal — the ``else`` clones (a review: ZeRO-3 fp32
+        # measured 12 % over plan at the step, 7 % at the peak, on 2 gloo ranks)
         master = -(-trainable_params * 4 // n)
     gathered = 0
     if stage3:

@@ -26,8 +26,8 @@ DeepSpeed 0.19.8's code:
   their place.
 * fp32 mode: the parameters are the master, but DeepSpeed clones them onto the host for the
   offloaded optimizer all the same (ZeRO-2's ``single_partition_of_fp32_groups``, pinned with
-  ``pin_memory``, counted with the GPU-side terms as ZeRO-2 clones it without an offload too:
-  memory.zero; ZeRO-3's ``.to(cpu).clone()``, not pinned, not counted there).
+  ``pin_memory``; ZeRO-3's ``.to(cpu).clone()``, not pinned), counted with the GPU-side terms
+  as both clone it without an offload too (memory.zero).
 
 Each pinned tensor comes from PyTorch's ``CachingHostAllocator``, which rounds it up to a power
 of two (:mod:`trainfit.memory.host_offload`).  The flat buffers are sized here from the whole
@@ -41,7 +41,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainfit.memory.host_offload import pow2_ceil
-from trainfit.memory.zero import compute_dtype_bytes, master_bytes_per_param
+from trainfit.memory.zero import compute_dtype_bytes
 from trainfit.memory.zero_step import SUB_GROUP_SIZE
 
 
@@ -76,8 +76,6 @@ def zero_host_extra_bytes(job: Any, trainable_params: int, largest_numel: int) -
     ranks = max(job.ranks, 1)
     elem = compute_dtype_bytes(job)
     part = -(-trainable_params // ranks)
-    # the parameters are the master: ZeRO-3 counts none on the GPU side (ZeRO-2 its clone)
-    fp32 = master_bytes_per_param(job) == 0
     extra = 0
 
     def held(nbytes: int, counted: bool, pinned: bool) -> int:
@@ -90,11 +88,10 @@ def zero_host_extra_bytes(job: Any, trainable_params: int, largest_numel: int) -
         extra += held(4 * part, True, pin) + held(4 * part, True, pin)
         extra += held(elem * part, False, pin) + held(elem * largest_numel, False, pin)
         return extra + zero2_accumulation_bytes(job, trainable_params, largest_numel)
-    # ZeRO-3: the 16-bit gradient buffer; the sub-groups' fp32 gradients; in fp32 mode the
-    # master clone (.to(cpu).clone(): unpinned, uncounted)
+    # ZeRO-3: the 16-bit gradient buffer; the sub-groups' fp32 gradients (in fp32 mode the
+    # master's clone, .to(cpu).clone(), unpinned, is counted on the GPU side: memory.zero)
     extra += held(elem * part, True, pin)
     extra += (sub_group_pinned_bytes(part, -(-largest_numel // ranks)) - 4 * part) if pin else 0
-    extra += 4 * part if fp32 else 0
     if job.offload == "all":
         # the optimizer's flat 16-bit buffer of the trainable partitions, pinned always: on top
         # of the per-parameter blocks PyTorch's pinned cache keeps when those were pinned; in
