@@ -111,3 +111,17 @@ def test_a_stack_too_shallow_for_the_sharded_depths():
     assert _pattern(cfg, (2, 3)) is not None  # 2 + 3 < 6
     assert _pattern(cfg, (3, 4)) is None  # 3 + 4 > 6: whole is cheaper
 
+
+
+def test_a_mixer_only_some_layers_have_is_told_apart_by_position_only():
+    """Granite-4.0-H-like hybrids: three Mamba layers to one attention layer, each Mamba mixer
+    holding its layer's index (``mamba.layer_idx`` = 0, 1, 2, None, 4, …). The index was read
+    as a setting, every layer differed, and the stack was simulated whole at every fit point
+    (a review); it is each layer's position where it is there, so the repeat is the four."""
+    cfg = tf.GraniteMoeHybridConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=24, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+        shared_intermediate_size=128, layer_types=(["mamba"] * 3 + ["attention"]) * 6,
+        mamba_n_heads=4, mamba_d_head=32, mamba_d_state=16, mamba_n_groups=1,
+        max_position_embeddings=512, vocab_size=512)
+    assert _pattern(cfg) == LayerPattern(full=24, prefix=0, period=4)

@@ -65,7 +65,13 @@ def _index_like(values: list[Any]) -> bool:
     """A setting that is each layer's own position (``layer_idx`` and its kin, whatever their
     name): it tells the layers apart without changing what they compute or allocate."""
     n = len(values)
-    return n > 1 and (values == list(range(n)) or values == list(range(1, n + 1)))
+    if n > 1 and (values == list(range(n)) or values == list(range(1, n + 1))):
+        return True
+    # a submodule only some layers have (a hybrid's Mamba mixer, Granite-4.0-H's three in
+    # four): its position where it is, None where it is not
+    present = [(i, v) for i, v in enumerate(values) if v is not None]
+    return len(present) > 1 and len(present) < n and any(
+        all(v == i + k for i, v in present) for k in (0, 1))
 
 
 def _module_records(layer: torch.nn.Module) -> dict[str, dict[str, Any]]:
