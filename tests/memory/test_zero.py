@@ -56,9 +56,10 @@ GIB = 2**30
 
 def test_zero3_keeps_what_is_reused_within_the_distance():
     """DeepSpeed's release rule over a forward → backward trace (bf16, 2 bytes per element):
-    a module stays gathered when 2 × the elements after it stay under 1e9.  Llama-2-7B (32
-    layers of 202 M, untied head of 131 M): the head and the last two layers; Llama-2-70B (80 ×
-    856 M, head 262 M): the head and the last layer; a small model: everything."""
+    a module stays gathered when 2 × the elements after it stay under 1e9, and the prefetcher,
+    which outruns the forward, keeps up to stage3_max_live_parameters (1e9) gathered for the
+    backward.  Llama-2-7B (32 layers of 202 M, untied head of 131 M): 1e9; Llama-2-70B (80 ×
+    856 M, head 262 M): the head and the last layer (1.12 B); a small model: everything."""
     from trainfit.memory.zero import zero3_gathered_bytes
 
     def gathered(layer_numel, layers, vocab_numel, tied=False, prefetch=0):
@@ -67,17 +68,20 @@ def test_zero3_keeps_what_is_reused_within_the_distance():
                                     end_bytes=ends, compute_bytes=2, prefetch_bytes=prefetch)
 
     l7, v7 = 202_383_360, 32000 * 4096
-    assert gathered(l7, 32, v7) == v7 * 2 + 2 * l7 * 2
+    # the window keeps the head and the last two layers (536 M), the prefetcher up to
+    # stage3_max_live_parameters (1e9): the prefetcher's
+    assert gathered(l7, 32, v7) == 10**9 * 2
     l70, v70 = 855_654_400, 32000 * 8192
     assert gathered(l70, 80, v70) == v70 * 2 + l70 * 2
     # a head past half the distance (256 k × 8192): no layer comes back in reach, only the head
     assert gathered(l70, 80, 256_000 * 8192) == 256_000 * 8192 * 2
     # only a head smaller than a layer kept (Qwen's 152 k vocabulary at 4096, 70B layers): the
-    # layer in flight is the larger
-    assert gathered(l70, 80, 152_064 * 4096) == l70 * 2
-    # Llama-3.2-1B-like (16 × 60 M, tied 263 M embedding): the tied head and the last 4 layers
+    # layer in flight is the larger, and the prefetcher's 1e9 larger still
+    assert gathered(l70, 80, 152_064 * 4096) == 10**9 * 2
+    # Llama-3.2-1B-like (16 × 60 M, tied 263 M embedding): the window keeps the tied head and
+    # the last 4 layers, the prefetcher 1e9 of its 1.22 B
     tied = gathered(60_000_000, 16, 128256 * 2048, tied=True, prefetch=10)
-    assert tied == (4 * 60_000_000 + 128256 * 2048) * 2 + 10
+    assert tied == 10**9 * 2 + 10
     # a frozen embedding whose output needs no gradient has no backward: released after its
     # forward (LoRA without checkpointing)
     assert zero3_gathered_bytes(4_200_000, layers=4, end_bytes=(200_000, 0), compute_bytes=2,

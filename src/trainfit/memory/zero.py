@@ -16,9 +16,11 @@ ranks on this CPU (its CPU accelerator; ``tests/memory/test_zero_vs_gloo.py``):
   (Ψ/N); the same master, states and gradient partition; one reduce bucket; and the gathered
   parameters, :func:`zero3_gathered_bytes`: the module in flight plus the prefetch bucket
   (``stage3_prefetch_bucket_size`` elements), or, once the first step has recorded the trace,
-  every module DeepSpeed keeps gathered from its forward to its backward because it is used
-  again within ``stage3_max_reuse_distance`` (1e9 elements, DeepSpeed's default and the HF
-  docs' configs) — all of a model under 0.5 B parameters.
+  what DeepSpeed keeps gathered from its forward to its backward: the modules its prefetcher,
+  which runs ahead of the forward into the backward's uses, has marked, up to
+  ``stage3_max_live_parameters`` (1e9 elements) — all of a model under 1 B — or, where more,
+  those used again within ``stage3_max_reuse_distance`` (1e9 elements; both DeepSpeed's
+  defaults and the HF docs' configs).
 * Buckets: accelerate and the HF docs' configs write ``"auto"``, which HF fills from the hidden
   size h: ``reduce_bucket_size = h²``, ``stage3_prefetch_bucket_size = 0.9·h²``
   (transformers ``integrations/deepspeed.py``); ``overlap_comm: true`` as in those configs.
@@ -146,9 +148,15 @@ MAX_REUSE_DISTANCE = 1_000_000_000
 and the value the HF DeepSpeed docs' ZeRO-3 configs write."""
 
 
+MAX_LIVE_PARAMETERS = 1_000_000_000
+"""``stage3_max_live_parameters``, in elements: DeepSpeed's default (``runtime/zero/config.py``)
+and the HF DeepSpeed docs' ZeRO-3 configs' value; the prefetcher's cap."""
+
+
 def zero3_gathered_bytes(param_bytes: int, *, layers: int, end_bytes: tuple[int, int],
                          compute_bytes: int, prefetch_bytes: int, embed_in_backward: bool = True,
-                         max_reuse_distance: int = MAX_REUSE_DISTANCE) -> int:
+                         max_reuse_distance: int = MAX_REUSE_DISTANCE,
+                         max_live_parameters: int = MAX_LIVE_PARAMETERS) -> int:
     """Parameters one ZeRO-3 rank holds gathered at the backward's start (its activation peak).
 
     After a module's forward, DeepSpeed releases its gathered parameters unless they are used
@@ -161,7 +169,9 @@ def zero3_gathered_bytes(param_bytes: int, *, layers: int, end_bytes: tuple[int,
     the last, and all of a model under half the distance.  The first step (no trace yet) releases
     every module; the optimizer step starts by releasing all (``stage3.py``:
     ``_partition_all_parameters``).  The module in flight (one layer when nothing is kept) and
-    the prefetch bucket come on top.  The window is the one iteration's trace: a module with no
+    the prefetch bucket come on top.  The prefetcher keeps more (below, ``live``): up to
+    ``max_live_parameters`` elements, every reachable module of a model under it.  The window is
+    the one iteration's trace: a module with no
     backward (``embed_in_backward`` False: a frozen embedding whose output needs no gradient —
     LoRA without checkpointing; transformers' checkpointing makes that output require one) is
     not met again and is released after its forward.  ``param_bytes`` excludes bitsandbytes'
@@ -177,7 +187,22 @@ def zero3_gathered_bytes(param_bytes: int, *, layers: int, end_bytes: tuple[int,
         if reused and 2 * after // compute_bytes < max_reuse_distance:
             kept += nbytes
         after += nbytes
-    return min(param_bytes, max(kept, layer) + prefetch_bytes)
+    # The prefetcher (PartitionedParameterCoordinator._fetch_sub_module_impl) runs on every
+    # module's fetch, the parameterless ones (decoder layer, attention, MLP, act_fn) and the
+    # persistent norms too, and pops parameters off the trace until a bucket's worth is
+    # gathering: one projection a step, about 5-7 a Llama layer against its 13 steps.  It outruns
+    # the forward, reaches the forward's end, walks over the backward entries of the modules it
+    # gathered for the forward and has not used yet (in flight: nothing to gather, no cost) and
+    # marks them (``__most_recent_step_id_param_fetched_for``), which ``__params_to_release``
+    # then keeps to their backward; then it gathers the released ones back for the backward.
+    # What bounds it is ``stage3_max_live_parameters`` (``max_params_to_prefetch = min(max_live
+    # - n_available, bucket)``): every module (bar a frozen embedding with no backward) when the
+    # model is under it, else about that many elements (the head and the last layers); the
+    # reuse window keeps less than that unless a head past it is within reach (the trainfit
+    # reviews: a 4-layer and a 12-layer Llama on 2 gloo ranks, 0.25 M … 190 M elements).
+    reachable = param_bytes - (0 if embed_in_backward else embed)
+    live = min(reachable, max_live_parameters * compute_bytes)
+    return min(param_bytes, max(kept, live, layer) + prefetch_bytes)
 
 
 def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_params: int,
@@ -270,9 +295,11 @@ def _zero_notes(job: JobSpec, *, gathered: int, bucket: int, quant_state_bytes: 
     # the partitions are what offload_param moves; the gathered modules stay on the GPU (a
     # review read "(on the host)" after the gathered MiB)
     held = (f"partitioned ÷ {n}{' (on the host)' if off_par else ''} + "
-            f"{gathered / 2**20:,.0f} MiB gathered on the GPU (the modules reused within "
-            f"stage3_max_reuse_distance = {MAX_REUSE_DISTANCE:.0e} elements, or one layer, and the "
-            f"prefetch bucket)" if stage3 else "whole")
+            f"{gathered / 2**20:,.0f} MiB gathered on the GPU (what the prefetcher, which runs "
+            f"ahead of the forward into the backward's uses, keeps up to "
+            f"stage3_max_live_parameters = {MAX_LIVE_PARAMETERS:.0e} elements; the modules reused "
+            f"within stage3_max_reuse_distance = {MAX_REUSE_DISTANCE:.0e} elements, or one layer, "
+            f"where more; and the prefetch bucket)" if stage3 else "whole")
     notes = [f"DeepSpeed ZeRO-{3 if stage3 else 2} over {n} rank{'s' if n > 1 else ''} (terms "
              f"from its code, stage{'3' if stage3 else '_1_and_2'}.py, checked against DeepSpeed "
              f"0.19 on 2 CPU ranks within +0.04 … +1.3 %): parameters {held}; fp32 master, "
@@ -295,8 +322,8 @@ def _zero_notes(job: JobSpec, *, gathered: int, bucket: int, quant_state_bytes: 
         notes.append(
             f"ZeRO-3 saves no parameter memory here: its partition and the modules kept gathered "
             f"hold {held_bytes / 2**30:.2f} GiB per rank (predicted), at least the whole model's "
-            f"{whole_bytes / 2**30:.2f} GiB, which DDP (no sharding) holds; at this size the reuse "
-            "distance keeps every module gathered from its forward to its backward, so ZeRO-3 "
+            f"{whole_bytes / 2**30:.2f} GiB, which DDP (no sharding) holds; at this size the "
+            "prefetcher keeps every module gathered from its forward to its backward, so ZeRO-3 "
             "shards only the trainable state (gradients, fp32 master, optimizer states)"
             + (": with LoRA/QLoRA that is small, and --sharding none or zero2 may hold less"
                if job.method != "full" else ""))
