@@ -125,3 +125,14 @@ def test_a_mixer_only_some_layers_have_is_told_apart_by_position_only():
         mamba_n_heads=4, mamba_d_head=32, mamba_d_state=16, mamba_n_groups=1,
         max_position_embeddings=512, vocab_size=512)
     assert _pattern(cfg) == LayerPattern(full=24, prefix=0, period=4)
+
+
+def test_a_flag_two_layers_have_is_not_their_index():
+    """False/True equal 0/1 in Python: a yes/no setting present in the first two layers only
+    must stay a setting that tells them apart (a review)."""
+    from trainfit.model.depth import _index_like
+
+    assert not _index_like([False, True, None, None, None, None])
+    assert not _index_like([False, True])
+    assert _index_like([0, 1, 2, None, 4, 5, 6, None])
+    assert _index_like([None, None, None, 3, None, None, None, 7])

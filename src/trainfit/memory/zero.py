@@ -201,6 +201,9 @@ def zero3_gathered_bytes(param_bytes: int, *, layers: int, end_bytes: tuple[int,
     # reuse window keeps less than that unless a head past it is within reach (the trainfit
     # reviews: a 4-layer and a 12-layer Llama on 2 gloo ranks, 0.25 M … 190 M elements).
     reachable = param_bytes - (0 if embed_in_backward else embed)
+    # the cap is in elements, read at compute_bytes each: a bf16 model's fp32 parameters (kept
+    # in fp32, LoRA's) would count as more elements than the cap's bytes hold (a few, in reach
+    # of the head only), 4-bit storage's 1-byte elements as fewer (over: the safe side)
     live = min(reachable, max_live_parameters * compute_bytes)
     return min(param_bytes, max(kept, live, layer) + prefetch_bytes)
 
