@@ -115,3 +115,30 @@ def test_cudnn_takes_unequal_value_heads_on_the_h100(qk_dim, v_dim, grad, kernel
     target = AttentionTarget(device="cuda", compute_capability=(9, 0))
     assert choose_sdpa_kernel(target, q, q.detach().requires_grad_(grad), None, 0.0, False,
                               v) == kernel
+
+
+def test_cpu_runs_math_for_a_mask_that_needs_a_gradient():
+    """T5's relative-position bias reaches SDPA as a float mask that needs a gradient: the CPU
+    flash kernel cannot differentiate its mask, so torch runs the math composite (fp32 scores
+    kept; plan's CPU simulation of a bf16 T5 step crashed in the flash kernel, and its GPU
+    prediction read 4.9 % under a CPU DeepSpeed ZeRO-3 rank)."""
+    q, k, v = (torch.randn(2, 4, 64, 32, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    target = AttentionTarget(device="cpu")
+
+    class Seen(torch.utils._python_dispatch.TorchDispatchMode):
+        """The aten ops torch really dispatches."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    for needs_grad, kernel in ((False, "flash_cpu"), (True, "math")):
+        mask = torch.randn(1, 4, 64, 64, dtype=torch.bfloat16, requires_grad=needs_grad)
+        assert choose_sdpa_kernel(target, q, k, mask, 0.0, False, v) == kernel
+        with Seen() as seen:
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        assert any("flash_attention_for_cpu" in o for o in seen.ops) == (kernel == "flash_cpu")

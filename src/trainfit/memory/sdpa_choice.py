@@ -105,8 +105,14 @@ def choose_sdpa_kernel(
         # sdp_utils_cpp.cpp: the CPU flash kernel takes masks, no dropout, and one head size
         # for q, k and v (check_head_dim_size_cpp: DeepSeek-V3's 48-wide q/k against 32-wide v
         # ran math where flash was simulated, its output shaped as q's: a crash, an audit)
+        # A float mask that needs a gradient (T5's relative-position bias, trainable in its
+        # first layer and shared on) is one the CPU flash kernel cannot differentiate (its
+        # attn_mask has no derivative): torch runs the math composite, fp32 scores and upcast
+        # q/k/v kept for the backward (measured: a bf16 T5 step's self-attention ran
+        # _safe_softmax; the simulation crashed in _scaled_dot_product_flash_attention_for_cpu)
+        mask_grad = torch.is_grad_enabled() and getattr(mask, "requires_grad", False)
         ok = q.dtype in (torch.float32, torch.bfloat16, torch.float16) and dropout_p == 0.0 \
-            and heads_ok and same_v
+            and heads_ok and same_v and not mask_grad
         return "flash_cpu" if ok and target.prefer != "sdpa-math" else "math"
     cc = target.compute_capability or (8, 0)
     low = q.dtype in (torch.float16, torch.bfloat16)
