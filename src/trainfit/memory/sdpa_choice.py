@@ -80,6 +80,24 @@ had been left on flash, and a review found a B200 predicted slower than an H100 
 (FlashAttention-2 at 0.15 of the B200's peak against cuDNN at 0.54 of the H100's)."""
 
 
+def _cpu_kernel(target: AttentionTarget, q: torch.Tensor, mask: Any, dropout_p: float,
+                shapes_ok: bool) -> str:
+    """What the CPU dispatcher picks (sdp_utils_cpp.cpp); ``shapes_ok``: the heads and the
+    head sizes are ones its flash kernel takes."""
+    # the CPU flash kernel takes masks, no dropout, and one head size for q, k and v
+    # (check_head_dim_size_cpp: DeepSeek-V3's 48-wide q/k against 32-wide v ran math where flash
+    # was simulated, its output shaped as q's: a crash, an audit).
+    # A float mask that needs a gradient (T5's relative-position bias, trainable in its first
+    # layer and shared on) is one the CPU flash kernel cannot differentiate (its attn_mask has
+    # no derivative): torch runs the math composite, fp32 scores and upcast q/k/v kept for the
+    # backward (measured: a bf16 T5 step's self-attention ran _safe_softmax; the simulation
+    # crashed in _scaled_dot_product_flash_attention_for_cpu)
+    mask_grad = torch.is_grad_enabled() and getattr(mask, "requires_grad", False)
+    ok = q.dtype in (torch.float32, torch.bfloat16, torch.float16) and dropout_p == 0.0 \
+        and shapes_ok and not mask_grad
+    return "flash_cpu" if ok and target.prefer != "sdpa-math" else "math"
+
+
 def choose_sdpa_kernel(
     target: AttentionTarget, q: torch.Tensor, k: torch.Tensor, mask: Any, dropout_p: float,
     enable_gqa: bool, v: torch.Tensor | None = None,
@@ -102,18 +120,7 @@ def choose_sdpa_kernel(
     same_heads = q_heads == k_heads == v_heads
     heads_ok = same_heads or (enable_gqa and k_heads == v_heads and q_heads % k_heads == 0)
     if target.device == "cpu":
-        # sdp_utils_cpp.cpp: the CPU flash kernel takes masks, no dropout, and one head size
-        # for q, k and v (check_head_dim_size_cpp: DeepSeek-V3's 48-wide q/k against 32-wide v
-        # ran math where flash was simulated, its output shaped as q's: a crash, an audit)
-        # A float mask that needs a gradient (T5's relative-position bias, trainable in its
-        # first layer and shared on) is one the CPU flash kernel cannot differentiate (its
-        # attn_mask has no derivative): torch runs the math composite, fp32 scores and upcast
-        # q/k/v kept for the backward (measured: a bf16 T5 step's self-attention ran
-        # _safe_softmax; the simulation crashed in _scaled_dot_product_flash_attention_for_cpu)
-        mask_grad = torch.is_grad_enabled() and getattr(mask, "requires_grad", False)
-        ok = q.dtype in (torch.float32, torch.bfloat16, torch.float16) and dropout_p == 0.0 \
-            and heads_ok and same_v and not mask_grad
-        return "flash_cpu" if ok and target.prefer != "sdpa-math" else "math"
+        return _cpu_kernel(target, q, mask, dropout_p, heads_ok and same_v)
     cc = target.compute_capability or (8, 0)
     low = q.dtype in (torch.float16, torch.bfloat16)
     # sdp_utils.cpp's input_requires_grad: grad mode on and q, k or v needing a gradient (a

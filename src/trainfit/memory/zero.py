@@ -124,9 +124,10 @@ def compute_dtype_bytes(job: JobSpec) -> int:
 
 
 def master_bytes_per_param(job: JobSpec) -> int:
-    """fp32 master weights DeepSpeed keeps for the optimizer whenever the module is bf16/fp16 (its
-    ZeRO optimizers always build fp32 partitions: ``single_partition_of_fp32_groups``, stage 3's
-    ``fp32_partitioned_groups_flat``); none in fp32 mode, where the parameters are the master."""
+    """fp32 master weights DeepSpeed keeps apart from a bf16/fp16 module, whose 16-bit copy the
+    step refreshes (its ZeRO optimizers' fp32 partitions: ``single_partition_of_fp32_groups``,
+    stage 3's ``fp32_partitioned_groups_flat``); 0 in fp32 mode, where the parameters are the
+    master (the partition is still a clone of them: counted in :func:`zero_phases`)."""
     return 0 if compute_dtype_bytes(job) == 4 else 4
 
 
@@ -224,15 +225,14 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
     params = max(b.get("parameters", 0) for b in phases.values())
     bucket = hidden * hidden * compute_bytes  # reduce_bucket_size "auto" = h² elements
     grad_part = -(-trainable_params * compute_bytes // n)
-    master = -(-trainable_params * master_bytes_per_param(job) // n)
-    if not master:
-        # fp32 mode: ZeRO-2 clones its partition all the same (stage_1_and_2.py: ``...[partition_id]
-        # .detach().clone().to(device, dtype=master_weights_and_grads_dtype)``), and so does ZeRO-3:
-        # its no-copy branch (stage3.py _create_fp32_partitions) asks
-        # ``flat.device == self.device``, a torch.device against the accelerator's device *name*
-        # (a str: 'cuda:0'), which is never equal — the ``else`` clones (a review: ZeRO-3 fp32
-        # measured 12 % over plan at the step, 7 % at the peak, on 2 gloo ranks)
-        master = -(-trainable_params * 4 // n)
+    # the fp32 partition, in every mode: in fp32 mode too ZeRO-2 clones its partition
+    # (stage_1_and_2.py: ``...[partition_id].detach().clone().to(device,
+    # dtype=master_weights_and_grads_dtype)``), and so does ZeRO-3: its no-copy branch
+    # (stage3.py _create_fp32_partitions) asks ``flat.device == self.device``, a torch.device
+    # against the accelerator's device *name* (a str: 'cuda:0'), which is never equal — the
+    # ``else`` clones (a review: ZeRO-3 fp32 measured 12 % over plan at the step, 7 % at the
+    # peak, on 2 gloo ranks)
+    master = -(-trainable_params * 4 // n)
     gathered = 0
     if stage3:
         partitioned = -(-(params - quant_state_bytes) // n)

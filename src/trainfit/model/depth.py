@@ -64,18 +64,14 @@ class LayerPattern:
 def _index_like(values: list[Any]) -> bool:
     """A setting that is each layer's own position (``layer_idx`` and its kin, whatever their
     name): it tells the layers apart without changing what they compute or allocate."""
-    n = len(values)
     # whole numbers only: a flag's False/True equals 0/1 in Python (a review: a yes/no setting
     # two layers have would have been read as their index)
     if any(v is not None and type(v) is not int for v in values):
         return False
-    if n > 1 and (values == list(range(n)) or values == list(range(1, n + 1))):
-        return True
-    # a submodule only some layers have (a hybrid's Mamba mixer, Granite-4.0-H's three in
-    # four): its position where it is, None where it is not
+    # counted from 0 or 1, in every layer or in those a submodule is in (a hybrid's Mamba
+    # mixer, Granite-4.0-H's three in four: None where it is not)
     present = [(i, v) for i, v in enumerate(values) if v is not None]
-    return len(present) > 1 and len(present) < n and any(
-        all(v == i + k for i, v in present) for k in (0, 1))
+    return len(present) > 1 and any(all(v == i + k for i, v in present) for k in (0, 1))
 
 
 def _module_records(layer: torch.nn.Module) -> dict[str, dict[str, Any]]:
