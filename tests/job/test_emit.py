@@ -171,10 +171,11 @@ def test_the_payload_leaves_the_scripts_recipe_and_the_librarys_defaults_alone(t
     assert (args.learning_rate, args.seed) == (2e-4, 42)
     assert "learning rate and seed: your script's" in err and " — " not in err
     p2 = tmp_path / "with_lr.yaml"  # a file that states them: named, never set
-    p2.write_text(p.read_text() + "lr: 0.0002\n")
+    p2.write_text(p.read_text() + "lr: 0.0002\nweight_decay: 0.01\n")
     out2, err2 = _emit(p2, "hf", "--device", "cpu")
-    assert "learning_rate" not in json.loads(out2)
+    assert not {"learning_rate", "weight_decay"} & set(json.loads(out2))
     assert f"lr 0.0002 in {p2}: set learning_rate= in your script if you want it" in err2
+    assert "weight_decay 0.01 in" in err2 and "set weight_decay= in your script" in err2
     assert "pin_memory: not stated in" in err
     stated, _ = _emit(_tuned_file(tmp_path, pin_memory=True), "hf")
     assert json.loads(stated)["dataloader_pin_memory"] is True

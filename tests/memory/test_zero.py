@@ -238,6 +238,13 @@ def test_the_optimizer_on_a_flat_partition_is_measured():
     assert 2.031 <= flat_optimizer_bytes("adamw-8bit", "fused").states_per_element < 2.05
     # a paged optimizer's states are managed memory, outside the allocator
     assert flat_optimizer_bytes("paged-adamw", "fused").states_per_element == 0.0
+    # SGD's L2 decay: grad + wd · param as a new tensor, but in the fused kernel; AdamW's
+    # decoupled decay is in place whatever the implementation
+    sgd = [flat_optimizer_bytes("sgd", impl, wd).temporaries_per_element
+           for impl in ("foreach", "forloop", "fused") for wd in (0.0, 0.01)]
+    assert sgd == [0.0, 4.0, 0.0, 4.0, 0.0, 0.0]
+    assert [flat_optimizer_bytes("adamw", impl, 0.01).temporaries_per_element
+            for impl in ("fused", "foreach", "forloop")] == [0.0, 4.0, 8.0]
 
 
 def test_zero3_says_when_it_saves_no_parameter_memory():

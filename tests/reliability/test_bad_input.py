@@ -183,6 +183,12 @@ CASES: list[tuple[str, Callable[[Path, str], list[str]], str]] = [
     ("resume with another lr", lambda d, j: ["train", _changed(d, j, lr=0.1), "--out",
                                             str(d / "run"), "--resume", _run(d, j)],
      "lr 0.1 differs from the checkpoint's"),
+    # the decay is a parameter group's option: the checkpoint's would be stepped, unsaid
+    ("resume with another weight decay", lambda d, j: [
+        "train", _changed(d, j, weight_decay=0.1), "--out", str(d / "run"), "--resume", _run(d, j)],
+     "weight_decay 0.1 differs from the checkpoint's 0.0"),
+    ("weight_decay: -1 in the file", lambda d, j: ["plan", _changed(d, j, weight_decay=-1)],
+     "weight_decay: -1: must be a finite number ≥ 0"),
     # 20 steps at 8 samples and 2 at 16 were recorded as a run at 16 (an audit)
     ("resume at another effective batch", lambda d, j: [
         "train", _changed(d, j, effective_batch=2 * (yaml.safe_load(Path(j).read_text())

@@ -168,6 +168,27 @@ def test_a_flag_given_is_not_read_nor_refused():
     assert "optimizer" not in j.fields
 
 
+@pytest.mark.parametrize(("cls", "fused", "foreach", "impl"), [
+    ("AdamW", False, None, "foreach"), ("AdamW", False, False, "forloop"),
+    ("AdamW", True, None, "fused"), ("SGD", False, None, "foreach"), ("SGD", True, None, "fused")])
+def test_the_scripts_own_optimizer_runs_torchs_default_kernel_on_a_gpu(cls, fused, foreach, impl):
+    """torch's default (foreach=None, fused=None) is foreach for CUDA tensors: read as the for-loop,
+    a default AdamW's state-sized temporary list went unplanned (a review)."""
+    r = record(optimizer={"class": cls, "fused": fused, "foreach": foreach, "weight_decay": 0.0})
+    assert map_record(r).fields["optimizer_impl"] == impl
+
+
+def test_weight_decay_from_the_trainer_or_the_scripts_own_optimizer():
+    """SGD's L2 decay copies the gradients (torch's foreach SGD): the decay is planned as run."""
+    assert map_record(record(args__weight_decay=0.01)).fields["weight_decay"] == 0.01
+    own = {"class": "SGD", "fused": False, "foreach": None, "weight_decay": 0.05}
+    # the script's optimizer, not the Trainer's argument it does not use
+    j = map_record(record(optimizer=own, args__weight_decay=0.01))
+    assert (j.fields["optimizer"], j.fields["weight_decay"]) == ("sgd", 0.05)
+    assert "weight_decay" not in map_record(record(args__weight_decay=0.01),
+                                            given=frozenset({"weight_decay"})).fields
+
+
 def test_the_scripts_own_optimizer_and_checkpointing_on_the_model():
     r = record(optimizer={"class": "AdamW", "fused": False, "foreach": True},
                args__gradient_checkpointing=False, model__gradient_checkpointing=True,

@@ -176,10 +176,10 @@ def hf_training_args(job: JobSpec, *, device: str = "cuda",
         "dataloader_persistent_workers": job.persistent_workers and job.num_workers > 0,
         "torch_compile": job.compile,
     }
-    # learning_rate and seed are the recipe's, not knobs trainfit measures or chooses: trainfit's
-    # defaults (1e-4, 0) written into the payload changed a script's Trainer defaults (5e-5, 42)
-    # unseen, and `**json.load(...)` beside the script's own learning_rate= raised a TypeError
-    # (a QA run); the messages say so
+    # learning_rate, seed and weight_decay are the recipe's, not knobs trainfit measures or
+    # chooses: trainfit's defaults (1e-4, 0) written into the payload changed a script's Trainer
+    # defaults (5e-5, 42) unseen, and `**json.load(...)` beside the script's own learning_rate=
+    # raised a TypeError (a QA run); the messages say so
     if device_kind(device) == "cpu":
         kw["use_cpu"] = True  # without it, bf16 raises "Your setup doesn't support bf16/gpu"
     if job.num_workers > 0:
@@ -331,7 +331,8 @@ def emit(job: JobSpec, target: str, *, device: str | None = None,
         if stated is not None and name not in stated and key in payload:
             del payload[key]
             unstated.append(name)
-    recipe = {k: getattr(job, k) for k in ("lr", "seed") if stated is not None and k in stated}
+    recipe = {k: getattr(job, k) for k in ("lr", "seed", "weight_decay")
+              if stated is not None and k in stated}
     return Emitted(target=target, payload=payload, device=kind, transformers_version=version,
                    trl_version=installed_version("trl") if target == "trl" else None,
                    script=script_settings(job, target, version), unstated=unstated, recipe=recipe)

@@ -135,7 +135,9 @@ def _optimizer_call(job: JobSpec) -> str:
     impl = "" if job.optimizer not in ("adamw", "sgd") else \
         f", {job.optimizer_impl}=True" if job.optimizer_impl in ("fused", "foreach") \
         else ", foreach=False"
-    return _OPTIMIZER_CALL.get(job.optimizer, job.optimizer) + impl + ")"
+    # the decay the job was planned with (SGD's copies the gradients under foreach)
+    decay = f", weight_decay={job.weight_decay:g}" if job.weight_decay else ""
+    return _OPTIMIZER_CALL.get(job.optimizer, job.optimizer) + decay + impl + ")"
 
 
 def _optimizer_setting(job: JobSpec, target: str) -> ScriptSetting | None:

@@ -354,6 +354,11 @@ class JobSpec:
     """Pack text rows into full sequences (None: yes for causal-LM text, no for chat)."""
     lr: float = 1e-4
     """Peak learning rate (AdamW / SGD / Adafactor)."""
+    weight_decay: float = 0.0
+    """The optimizer's weight decay (HF TrainingArguments' default, 0.0). AdamW's, Adafactor's and
+    bitsandbytes' are decoupled and in place: no memory. SGD's is L2, added to the gradients:
+    torch's foreach SGD makes a gradient-sized copy for the step (``_foreach_add``), the for-loop
+    one parameter's at a time, the fused one none."""
     seed: int = 0
     """Seed of the weights' initialisation (random-init models) and of the sample order."""
 
@@ -363,7 +368,8 @@ class JobSpec:
         return {"seq_len": "512", "micro_batch": "4", "grad_accum": "4", "effective_batch": "32",
                 "ranks": "2", "lora_r": "16", "lora_alpha": "32", "lm_head_chunk": "1024",
                 "prefetch_factor": "2", "num_workers": "2", "lr": "1e-4", "seed": "0",
-                "lora_dropout": "0.05", "max_grad_norm": "1.0"}.get(name, "(see docs/job-fields.md)")
+                "weight_decay": "0.01", "lora_dropout": "0.05", "max_grad_norm": "1.0"
+                }.get(name, "(see docs/job-fields.md)")
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
@@ -409,6 +415,9 @@ class JobSpec:
             raise JobError(f"seed {self.seed}: must be in 0 … 2^32 − 1", "e.g. seed: 0")
         if not self.lr > 0 or self.lr != self.lr or self.lr == float("inf"):
             raise JobError(f"--lr {self.lr}: must be a finite number > 0", "e.g. --lr 1e-4")
+        if not 0 <= self.weight_decay < float("inf"):  # NaN fails both
+            raise JobError(f"--weight-decay {self.weight_decay}: must be a finite number ≥ 0",
+                           "e.g. --weight-decay 0.01 (0: none)")
         if self.max_grad_norm is not None and not 0 < self.max_grad_norm < float("inf"):
             raise JobError(f"--max-grad-norm {self.max_grad_norm}: must be > 0",
                            "e.g. --max-grad-norm 1.0 (max_grad_norm: null in a job file turns "

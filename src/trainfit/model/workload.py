@@ -453,20 +453,22 @@ def _one_optimizer(job: JobSpec, params: list[torch.nn.Parameter], *, simulate: 
                    lr: float) -> torch.optim.Optimizer:
     if job.optimizer == "adamw":
         impl = job.optimizer_impl
-        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0,
+        return torch.optim.AdamW(params, lr=lr, weight_decay=job.weight_decay,
                                  foreach=impl == "foreach", fused=True if impl == "fused" else None)
     if job.optimizer == "sgd":
         # fused as the job says (an audit: "fused" built the for-loop SGD, so tune's and
         # doctor's fused-vs-foreach compared foreach with the slowest kernel under its name)
         impl = job.optimizer_impl
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, foreach=impl == "foreach",
-                               fused=True if impl == "fused" else None)
+        # L2 weight decay: foreach adds the parameters into a copy of the gradients
+        # (torch/optim/sgd.py _multi_tensor_sgd: torch._foreach_add), alive through the step
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=job.weight_decay,
+                               foreach=impl == "foreach", fused=True if impl == "fused" else None)
     if job.optimizer == "adafactor":
         from transformers.optimization import Adafactor
 
         # HF Trainer's optim="adafactor": scale_parameter=False, relative_step=False
         return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False,
-                         warmup_init=False)
+                         warmup_init=False, weight_decay=job.weight_decay)
     bits = 8 if job.optimizer.endswith("8bit") else 32
     paged = job.optimizer.startswith("paged")
     if simulate:
@@ -478,6 +480,6 @@ def _one_optimizer(job: JobSpec, params: list[torch.nn.Parameter], *, simulate: 
                        "pip install bitsandbytes") from None
     cls = {(8, False): bnb.optim.AdamW8bit, (8, True): bnb.optim.PagedAdamW8bit,
            (32, True): bnb.optim.PagedAdamW}[(bits, paged)]
-    # weight decay 0 as for torch's AdamW above (bitsandbytes defaults to 0.01; HF's optim
-    # "adamw_bnb_8bit", which --emit writes, to the Trainer's 0.0): only the states differ
-    return cls(params, lr=lr, weight_decay=0.0)
+    # the job's weight decay, as for torch's AdamW above (bitsandbytes defaults to 0.01; HF's
+    # optim "adamw_bnb_8bit", which --emit writes, to the Trainer's 0.0): decoupled, in the kernel
+    return cls(params, lr=lr, weight_decay=job.weight_decay)

@@ -18,7 +18,7 @@ _USE = {"hf": "TrainingArguments(output_dir=..., **json.load(open(FILE)))",
         "accelerate": "accelerate launch --config_file FILE train.py"}
 
 
-_RECIPE_KEYWORDS = {"lr": "learning_rate", "seed": "seed"}
+_RECIPE_KEYWORDS = {"lr": "learning_rate", "seed": "seed", "weight_decay": "weight_decay"}
 
 
 def emit_messages(e: Emitted, source: str, extra: dict[str, Any], *, searched: bool,

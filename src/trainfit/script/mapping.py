@@ -208,8 +208,11 @@ def _optimizer(rec: dict[str, Any]) -> tuple[str, str, str]:
     given = rec["optimizer"]
     if given is not None:
         cls = given["class"]
-        pick = {"AdamW": ("adamw", "fused" if given["fused"] else "foreach" if given["foreach"]
-                          else "forloop"), "SGD": ("sgd", "foreach"),
+        # torch's default (foreach and fused None) is foreach for CUDA tensors
+        # (optim/optimizer.py _default_to_fused_or_foreach): the for-loop only when the script
+        # says foreach=False (read as for-loop, a default AdamW's Ψ·4 temporary list was missed)
+        impl = "fused" if given["fused"] else "forloop" if given["foreach"] is False else "foreach"
+        pick = {"AdamW": ("adamw", impl), "SGD": ("sgd", impl),
                 "AdamW8bit": ("adamw-8bit", "fused"), "PagedAdamW": ("paged-adamw", "fused"),
                 "PagedAdamW8bit": ("paged-adamw-8bit", "fused"), "Adafactor": ("adafactor", "fused")}
         if cls not in pick:
@@ -330,6 +333,11 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
              grad_accum=int(a["gradient_accumulation_steps"]), ranks=int(a["world_size"] or 1))
     where["micro_batch"] = where["grad_accum"] = a["class"]
     clip = a["max_grad_norm"]
+    if "weight_decay" not in given:
+        # the script's own optimizer's groups, else the Trainer's (it gives the decay to every
+        # weight but the biases and norms: planned on all of them, over by their share)
+        own = rec["optimizer"]
+        f["weight_decay"] = float((own or {}).get("weight_decay", a.get("weight_decay")) or 0.0)
     f.update(max_grad_norm=float(clip) if clip else None, lr=float(a["learning_rate"]),
              seed=int(a["seed"]), num_workers=int(a["dataloader_num_workers"] or 0),
              pin_memory=bool(a["dataloader_pin_memory"]),

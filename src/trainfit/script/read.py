@@ -231,7 +231,11 @@ def _given_optimizer(trainer: Any) -> dict[str, Any] | None:
     if opt is None:
         return None
     d = getattr(opt, "defaults", {})
-    return {"class": type(opt).__name__, "fused": bool(d.get("fused")), "foreach": d.get("foreach")}
+    # the largest group's decay: SGD's L2 decay copies the gradients of the groups that have one
+    decay = max((float(g.get("weight_decay") or 0.0) for g in getattr(opt, "param_groups", [])),
+                default=float(d.get("weight_decay") or 0.0))
+    return {"class": type(opt).__name__, "fused": bool(d.get("fused")), "foreach": d.get("foreach"),
+            "weight_decay": decay}
 
 
 def _shape_of(batch: dict[str, Any]) -> dict[str, Any]:
