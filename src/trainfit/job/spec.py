@@ -42,7 +42,7 @@ from trainfit.job.combinations import (
     check_quantization,
     check_sharding,
 )
-from trainfit.job.validate import check_positive, check_types, resolve_batch
+from trainfit.job.validate import check_numbers, check_positive, check_types, resolve_batch
 
 SIZE_FIELDS = ("seq_len", "micro_batch", "grad_accum", "effective_batch", "ranks", "lora_r",
                "lora_alpha", "lm_head_chunk", "prefetch_factor")  # sizes: an integer ≥ 1, or unset
@@ -409,19 +409,7 @@ class JobSpec:
         for name in SIZE_FIELDS:
             check_positive(self, name)
         check_limits(self)
-        if isinstance(self.seed, int) and not 0 <= self.seed < 2**32:
-            # numpy's permutation refuses a negative seed, torch.manual_seed one ≥ 2^64: both
-            # ended in a traceback after the model was built (an audit)
-            raise JobError(f"seed {self.seed}: must be in 0 … 2^32 − 1", "e.g. seed: 0")
-        if not self.lr > 0 or self.lr != self.lr or self.lr == float("inf"):
-            raise JobError(f"--lr {self.lr}: must be a finite number > 0", "e.g. --lr 1e-4")
-        if not 0 <= self.weight_decay < float("inf"):  # NaN fails both
-            raise JobError(f"--weight-decay {self.weight_decay}: must be a finite number ≥ 0",
-                           "e.g. --weight-decay 0.01 (0: none)")
-        if self.max_grad_norm is not None and not 0 < self.max_grad_norm < float("inf"):
-            raise JobError(f"--max-grad-norm {self.max_grad_norm}: must be > 0",
-                           "e.g. --max-grad-norm 1.0 (max_grad_norm: null in a job file turns "
-                           "clipping off)")
+        check_numbers(self)
         if isinstance(self.lora_targets, str):
             self.lora_targets = [t.strip() for t in self.lora_targets.split(",") if t.strip()]
         if self.method == "full":
@@ -436,9 +424,6 @@ class JobSpec:
             if self.quant is not None:
                 raise JobError("--quant given with --method full", "use --method qlora")
         check_quantization(self)
-        if not 0.0 <= self.lora_dropout < 1.0:
-            raise JobError(f"--lora-dropout {self.lora_dropout}: must be in [0, 1)",
-                           "e.g. --lora-dropout 0.05 (0 turns it off)")
         if not self.lora_targets:
             raise JobError("--lora-targets is empty", "e.g. --lora-targets q,v or all-linear")
         self._resolve_batch()

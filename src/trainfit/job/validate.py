@@ -30,6 +30,27 @@ def check_positive(job: Any, name: str) -> None:
                        f"e.g. {_flag(name)} {job.example(name)}")
 
 
+def check_numbers(job: Any) -> None:
+    """The seed, learning rate, weight decay, clipping threshold and LoRA dropout in their ranges
+    (NaN fails every comparison, so it is refused with the rest)."""
+    if isinstance(job.seed, int) and not 0 <= job.seed < 2**32:
+        # numpy's permutation refuses a negative seed, torch.manual_seed one ≥ 2^64: both
+        # ended in a traceback after the model was built (an audit)
+        raise JobError(f"seed {job.seed}: must be in 0 … 2^32 − 1", "e.g. seed: 0")
+    if not 0 < job.lr < float("inf"):
+        raise JobError(f"--lr {job.lr}: must be a finite number > 0", "e.g. --lr 1e-4")
+    if not 0 <= job.weight_decay < float("inf"):
+        raise JobError(f"--weight-decay {job.weight_decay}: must be a finite number ≥ 0",
+                       "e.g. --weight-decay 0.01 (0: none)")
+    if job.max_grad_norm is not None and not 0 < job.max_grad_norm < float("inf"):
+        raise JobError(f"--max-grad-norm {job.max_grad_norm}: must be > 0",
+                       "e.g. --max-grad-norm 1.0 (max_grad_norm: null in a job file turns "
+                       "clipping off)")
+    if not 0.0 <= job.lora_dropout < 1.0:
+        raise JobError(f"--lora-dropout {job.lora_dropout}: must be in [0, 1)",
+                       "e.g. --lora-dropout 0.05 (0 turns it off)")
+
+
 _KINDS = {int: "an integer", float: "a number", str: "text", bool: "true or false", list: "a list"}
 
 
