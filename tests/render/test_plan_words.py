@@ -18,3 +18,14 @@ def test_header_says_an_older_torchs_softmax_saves_are_modelled():
     tail = "(softmax/log_softmax also holding their inputs, as torch ≤ 1.10's did)"
     assert said[True].endswith(tail)
     assert tail not in said[False]
+
+
+def test_header_says_the_weight_decay_it_planned():
+    """SGD's L2 decay copies the gradients in the step: the decay planned is said, none without."""
+    said = {}
+    for decay in (0.0, 0.01):
+        job = JobSpec(model="t", seq_len=64, optimizer="sgd", weight_decay=decay)
+        said[decay] = plan_header(SimpleNamespace(assumptions=plan_assumptions(job, {}),
+                                                  rows=[SimpleNamespace(job=job)]))
+    assert "sgd with weight decay 0.01," in said[0.01]
+    assert "weight decay" not in said[0.0]

@@ -19,6 +19,12 @@ _KERNELS = {"cudnn": "cuDNN", "flash": "flash", "efficient": "memory-efficient",
             "flash_cpu": "flash (CPU)"}
 
 
+def _decay_words(job: Any) -> str:
+    """The optimizer's weight decay where the job has one (SGD's copies the gradients)."""
+    decay = getattr(job, "weight_decay", 0.0) or 0.0
+    return f" with weight decay {decay:g}" if decay else ""
+
+
 def _assumed(a: Any, name: str, text: str) -> str:
     return f"{text} (assumed)" if name in a.assumed else text
 
@@ -121,7 +127,8 @@ def plan_header(result: PlanResult) -> str | None:
                  " (padding-free: a micro-batch's sequences packed into one row)"
                  if packed else padded),
              _assumed(a, "effective_batch", batch), ranks,
-             a.optimizer + (" stepped in the backward pass" if a.optimizer_in_backward else ""),
+             a.optimizer + (" stepped in the backward pass" if a.optimizer_in_backward else "")
+             + _decay_words(rows[0].job if rows else None),
              *([_loss_words(rows[0].job)] if rows else []),
              _assumed(a, "attention", f"attention {a.attention} → {kernels}"),
              "allocator: " + ("expandable segments" if a.expandable_segments else
