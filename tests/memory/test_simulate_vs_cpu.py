@@ -23,6 +23,9 @@ CASES = [
     # L2 weight decay: foreach SGD adds the weights into a copy of the gradients
     {"method": "full", "precision": "amp-bf16", "optimizer": "sgd", "optimizer_impl": "foreach",
      "weight_decay": 0.01},
+    # HF's optim="sgd": no momentum, no state (the decayed gradients stepped directly)
+    {"method": "full", "precision": "fp32", "optimizer": "sgd", "optimizer_impl": "foreach",
+     "weight_decay": 0.01, "sgd_momentum": 0.0},
     # each gradient stepped and freed in the backward (the peak then has no whole-model grads)
     {"method": "full", "precision": "fp32", "optimizer_impl": "foreach",
      "optimizer_in_backward": True, "max_grad_norm": None},

@@ -243,6 +243,8 @@ def test_the_optimizer_on_a_flat_partition_is_measured():
     sgd = [flat_optimizer_bytes("sgd", impl, wd).temporaries_per_element
            for impl in ("foreach", "forloop", "fused") for wd in (0.0, 0.01)]
     assert sgd == [0.0, 4.0, 0.0, 4.0, 0.0, 0.0]
+    # no momentum, no state (HF's optim="sgd")
+    assert flat_optimizer_bytes("sgd", "foreach", 0.0, 0.0).states_per_element == 0.0
     assert [flat_optimizer_bytes("adamw", impl, 0.01).temporaries_per_element
             for impl in ("fused", "foreach", "forloop")] == [0.0, 4.0, 8.0]
 

@@ -370,3 +370,18 @@ def test_a_padding_free_plan_holds_the_mask_and_times_attention_over_the_packed_
     n = pick.job.micro_batch * 128
     assert any(x.startswith(f"padding-free: each micro-batch simulated as one row of {n:,} "
                             "positions") for x in pick.memory.model_notes), pick.memory.model_notes
+
+
+def test_the_offload_rung_of_a_zero_sgd_job_takes_deepspeeds_adam_without_sgds_momentum():
+    """Under ZeRO the CPU-offload rung steps DeepSpeed's CPU Adam: SGD's momentum goes with SGD
+    (JobSpec refuses it on another optimizer, which had left the rung out unsaid)."""
+    from trainfit.plan.ladder import _steps
+
+    job = JobSpec(model="t", optimizer="sgd", sgd_momentum=0.0, sharding="zero2", ranks=2,
+                  precision="amp-bf16", micro_batch=1, grad_accum=1)
+    offload = [f for change, f, _ in _steps(job) if change.startswith("CPU offload")]
+    assert len(offload) == 1
+    rung = JobSpec(**{**job.to_dict(), **offload[0]})
+    assert (rung.optimizer, rung.offload, rung.sgd_momentum) == ("adamw", "optimizer", 0.9)
+    with pytest.raises(JobError, match="--sgd-momentum given with --optimizer adamw"):
+        job.replace(optimizer="adamw")

@@ -189,6 +189,9 @@ CASES: list[tuple[str, Callable[[Path, str], list[str]], str]] = [
      "weight_decay 0.1 differs from the checkpoint's 0.0"),
     ("weight_decay: -1 in the file", lambda d, j: ["plan", _changed(d, j, weight_decay=-1)],
      "weight_decay: -1: must be a finite number ≥ 0"),
+    ("sgd_momentum with adamw", lambda d, j: ["plan", _changed(d, j, sgd_momentum=0.5,
+                                                            optimizer="adamw")],
+     "sgd_momentum: given with optimizer: adamw"),
     # 20 steps at 8 samples and 2 at 16 were recorded as a run at 16 (an audit)
     ("resume at another effective batch", lambda d, j: [
         "train", _changed(d, j, effective_batch=2 * (yaml.safe_load(Path(j).read_text())

@@ -50,7 +50,7 @@ def checkpointing_name(transformers_version: str | None) -> str:
 
 _OPTIMIZER_CALL = {
     "adamw": "torch.optim.AdamW(model.parameters(), lr=...",
-    "sgd": "torch.optim.SGD(model.parameters(), lr=..., momentum=0.9",
+    "sgd": "torch.optim.SGD(model.parameters(), lr=...",
     "adamw-8bit": "bitsandbytes.optim.AdamW8bit(model.parameters(), lr=...",
     "paged-adamw": "bitsandbytes.optim.PagedAdamW32bit(model.parameters(), lr=...",
     "paged-adamw-8bit": "bitsandbytes.optim.PagedAdamW8bit(model.parameters(), lr=...",
@@ -135,9 +135,11 @@ def _optimizer_call(job: JobSpec) -> str:
     impl = "" if job.optimizer not in ("adamw", "sgd") else \
         f", {job.optimizer_impl}=True" if job.optimizer_impl in ("fused", "foreach") \
         else ", foreach=False"
-    # the decay the job was planned with (SGD's copies the gradients under foreach)
+    # the momentum and decay the job was planned with (SGD's momentum is a state, its decay a
+    # copy of the gradients under foreach)
+    momentum = f", momentum={job.sgd_momentum:g}" if job.optimizer == "sgd" else ""
     decay = f", weight_decay={job.weight_decay:g}" if job.weight_decay else ""
-    return _OPTIMIZER_CALL.get(job.optimizer, job.optimizer) + decay + impl + ")"
+    return _OPTIMIZER_CALL.get(job.optimizer, job.optimizer) + momentum + decay + impl + ")"
 
 
 def _optimizer_setting(job: JobSpec, target: str) -> ScriptSetting | None:

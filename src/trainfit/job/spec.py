@@ -139,9 +139,12 @@ class JobSpec:
     (plan leaves amp-fp16 out on a card with bf16, where amp-bf16 holds the same and runs
     without the scaler's unscale)."""
     optimizer: str = "adamw"
-    """adamw, adamw-8bit, paged-adamw, paged-adamw-8bit, adafactor, sgd (momentum 0.9: one state
-    a parameter, in its dtype; HF Trainer's optim="sgd" has none, and the emitted settings pass
-    it)."""
+    """adamw, adamw-8bit, paged-adamw, paged-adamw-8bit, adafactor, sgd (with momentum, one state
+    a parameter in its dtype: :attr:`sgd_momentum`)."""
+    sgd_momentum: float = 0.9
+    """SGD's momentum: > 0 keeps one state a parameter (trainfit's runs: 0.9; HF Trainer's
+    optim="sgd" has 0 unless ``optim_args`` sets it, and the emitted settings pass the job's);
+    0 keeps none. SGD only."""
     optimizer_impl: str = "fused"
     """AdamW kernel: fused (HF Trainer's default on torch ≥ 2.8), foreach (torch's CUDA default), forloop."""
     optimizer_in_backward: bool = False

@@ -31,8 +31,8 @@ def check_positive(job: Any, name: str) -> None:
 
 
 def check_numbers(job: Any) -> None:
-    """The seed, learning rate, weight decay, clipping threshold and LoRA dropout in their ranges
-    (NaN fails every comparison, so it is refused with the rest)."""
+    """The seed, learning rate, weight decay, SGD's momentum, clipping threshold and LoRA dropout
+    in their ranges (NaN fails every comparison, so it is refused with the rest)."""
     if isinstance(job.seed, int) and not 0 <= job.seed < 2**32:
         # numpy's permutation refuses a negative seed, torch.manual_seed one ≥ 2^64: both
         # ended in a traceback after the model was built (an audit)
@@ -46,6 +46,12 @@ def check_numbers(job: Any) -> None:
         raise JobError(f"--max-grad-norm {job.max_grad_norm}: must be > 0",
                        "e.g. --max-grad-norm 1.0 (max_grad_norm: null in a job file turns "
                        "clipping off)")
+    if not 0 <= job.sgd_momentum < float("inf"):
+        raise JobError(f"--sgd-momentum {job.sgd_momentum}: must be a finite number ≥ 0",
+                       "e.g. --sgd-momentum 0.9 (0: plain SGD, no state)")
+    if job.sgd_momentum != 0.9 and job.optimizer != "sgd":
+        raise JobError(f"--sgd-momentum given with --optimizer {job.optimizer}",
+                       "it is SGD's: use --optimizer sgd, or drop --sgd-momentum")
     if not 0.0 <= job.lora_dropout < 1.0:
         raise JobError(f"--lora-dropout {job.lora_dropout}: must be in [0, 1)",
                        "e.g. --lora-dropout 0.05 (0 turns it off)")

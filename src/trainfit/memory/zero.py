@@ -256,7 +256,8 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
     # keeps a full second moment there, a paged optimizer's are managed memory), once its first
     # step has made them: the phases before it (the first step's forward) hold none
     flat_states = int(-(-trainable_params // n) * flat_optimizer_bytes(
-        job.optimizer, job.optimizer_impl).states_per_element + 0.5)
+        job.optimizer, job.optimizer_impl, sgd_momentum=job.sgd_momentum).states_per_element
+        + 0.5)
     out: dict[str, dict[str, int]] = {}
     for key, b in phases.items():
         states = flat_states if b.get("optimizer", 0) or key == "optimizer" else 0

@@ -51,8 +51,8 @@ class FlatOptimizerBytes:
 
 
 @functools.cache
-def flat_optimizer_bytes(optimizer: str, optimizer_impl: str,
-                         weight_decay: float = 0.0) -> FlatOptimizerBytes:
+def flat_optimizer_bytes(optimizer: str, optimizer_impl: str, weight_decay: float = 0.0,
+                         sgd_momentum: float = 0.9) -> FlatOptimizerBytes:
     """Run the optimizer the job names (:func:`trainfit.model.workload.make_optimizer`'s) on one
     flat fp32 tensor of :data:`_FLAT_ELEMENTS` for two steps and count, with plan's tracker, the
     states the first leaves and the peak the second reaches above them.  The weight decay is
@@ -61,8 +61,9 @@ def flat_optimizer_bytes(optimizer: str, optimizer_impl: str,
     from trainfit.memory.tracker import LiveBytesTracker
     from trainfit.model.workload import make_optimizer
 
+    momentum = {"sgd_momentum": sgd_momentum} if optimizer == "sgd" else {}
     job = JobSpec(model="flat-partition", optimizer=optimizer, optimizer_impl=optimizer_impl,
-                  weight_decay=weight_decay)
+                  weight_decay=weight_decay, **momentum)
     n = _FLAT_ELEMENTS
     flat = torch.nn.Parameter(torch.zeros(n))
     flat.grad = torch.full((n,), 1e-3)
@@ -115,8 +116,8 @@ def step_temporary_bytes(job: JobSpec, *, partition: int, largest_partition: int
         else partition
     copy = compute_bytes if compute_bytes != 4 else 0
     cast = elements * (4 + copy)
-    temps = flat_optimizer_bytes(job.optimizer, job.optimizer_impl,
-                                 job.weight_decay).temporaries_per_element
+    temps = flat_optimizer_bytes(job.optimizer, job.optimizer_impl, job.weight_decay,
+                                 job.sgd_momentum).temporaries_per_element
     optimizer = elements * 4 + int(elements * temps + 0.5)
     # ZeRO-3 in fp16 checks the whole gradient buffer for overflow before the sub-groups
     # (stage3.py has_overflow: torch.isinf(grad_partitions_flat_buffer), then isnan: a 1-byte

@@ -461,7 +461,8 @@ def _one_optimizer(job: JobSpec, params: list[torch.nn.Parameter], *, simulate: 
         impl = job.optimizer_impl
         # L2 weight decay: foreach adds the parameters into a copy of the gradients
         # (torch/optim/sgd.py _multi_tensor_sgd: torch._foreach_add), alive through the step
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=job.weight_decay,
+        return torch.optim.SGD(params, lr=lr, momentum=job.sgd_momentum,
+                               weight_decay=job.weight_decay,
                                foreach=impl == "foreach", fused=True if impl == "fused" else None)
     if job.optimizer == "adafactor":
         from transformers.optimization import Adafactor

@@ -25,6 +25,7 @@ from trainfit.job.choices import ENGINE_NAMES, ENGINE_OFFLOADS
 
 LORA_FOR_FULL = {"lora_r": 16, "lora_alpha": 32}
 """The adapters a full fine-tune's rungs switch to (LoRA, then QLoRA)."""
+_DEFAULT_MOMENTUM = JobSpec.__dataclass_fields__["sgd_momentum"].default
 MIN_RUNG_SAVING = 0.01
 """A rung must lower the device peak by at least 1 % (the extrapolation's own tolerance) to be
 taken: halving Mistral-7B's sequence under bf16-true saved 2 MiB of 41 GiB (the peak is the
@@ -154,7 +155,10 @@ def _offload_step(job: JobSpec, sharding: str, steps: list[tuple[str, dict[str, 
     what = ("the optimizer states and step" if offload == "optimizer"
             else "the parameters' shards, gradients and optimizer step")
     return (f"CPU offload of {what} (host memory; the step waits on host↔GPU copies: much "
-            f"slower{said})", {"offload": offload, "optimizer": own}, False)
+            f"slower{said})", {"offload": offload, "optimizer": own,
+                               # SGD's momentum goes with SGD (JobSpec refuses it on another)
+                               **({} if own == "sgd" else {"sgd_momentum": _DEFAULT_MOMENTUM})},
+            False)
 
 
 def build_ladder(job: JobSpec, evaluate: Callable[[JobSpec], tuple[int, float | None, bool | None]]

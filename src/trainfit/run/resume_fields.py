@@ -24,12 +24,12 @@ the data made it. A checkpoint's None matches a value spelt out; the runs resolv
 before they save and compare (run/loop.py)."""
 
 
-OPTIMIZER_FIELDS = ("optimizer", "lr", "weight_decay")
+OPTIMIZER_FIELDS = ("optimizer", "lr", "weight_decay", "sgd_momentum")
 """Job fields the checkpoint's optimizer and scheduler states carry: a resume loads them over
 the job's, so another optimizer failed at its first step (SGD given AdamW's state: KeyError
 'momentum', a traceback) and another learning rate was silently the checkpoint's while
-train.json recorded the new one (a QA run: the same losses to every digit). The weight decay is
-a parameter group's option too, restored with them."""
+train.json recorded the new one (a QA run: the same losses to every digit). The weight decay and
+SGD's momentum are a parameter group's options too, restored with them."""
 
 
 TRAINABLE_FIELDS = ("model", "method", "lora_r", "lora_targets", "quant")

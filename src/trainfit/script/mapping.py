@@ -227,6 +227,23 @@ def _optimizer(rec: dict[str, Any]) -> tuple[str, str, str]:
     return (*HF_OPTIM[optim], f"{rec['args']['class']}(optim={optim!r})")
 
 
+def _sgd_momentum(rec: dict[str, Any]) -> float:
+    """The script's SGD momentum: its own optimizer's, else the Trainer's ``optim_args``
+    (transformers trainer_optimizer.py ``_get_sgd``: "momentum=0.9,..."; none: 0, no state)."""
+    own = rec["optimizer"]
+    if own is not None:
+        return float(own.get("momentum", 0.0) or 0.0)
+    for pair in (rec["args"].get("optim_args") or "").replace(" ", "").split(","):
+        key, _, value = pair.partition("=")
+        if key == "momentum":
+            try:
+                return float(value)
+            except ValueError:
+                raise JobError(f"optim_args momentum={value!r}: not a number",
+                               "e.g. optim_args=\"momentum=0.9\"") from None
+    return 0.0
+
+
 def _checkpointing(rec: dict[str, Any]) -> tuple[str, bool, str]:
     """(grad_ckpt, reentrant, where it is switched on): the Trainer's
     ``gradient_checkpointing_kwargs`` (None: transformers 5's non-reentrant default), or the
@@ -314,6 +331,8 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
             frozen, "auto")
     if not {"optimizer", "optimizer_impl"} & given:
         f["optimizer"], f["optimizer_impl"], where["optimizer"] = _optimizer(rec)
+        if f["optimizer"] == "sgd" and "sgd_momentum" not in given:
+            f["sgd_momentum"] = _sgd_momentum(rec)
     f["grad_ckpt"], reentrant, where["grad_ckpt"] = _checkpointing(rec)
     if reentrant:
         f["ckpt_reentrant"] = True

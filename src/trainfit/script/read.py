@@ -26,7 +26,7 @@ ARG_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "wor
               "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers",
               "dataloader_prefetch_factor", "torch_compile", "gradient_checkpointing_kwargs",
               "max_length", "max_seq_length", "packing", "padding_free", "packing_strategy",
-              "label_smoothing_factor", "predict_with_generate")
+              "label_smoothing_factor", "predict_with_generate", "optim_args")
 """TrainingArguments / SFTConfig / Seq2SeqTrainingArguments fields read (those absent: None)."""
 
 
@@ -235,7 +235,7 @@ def _given_optimizer(trainer: Any) -> dict[str, Any] | None:
     decay = max((float(g.get("weight_decay") or 0.0) for g in getattr(opt, "param_groups", [])),
                 default=float(d.get("weight_decay") or 0.0))
     return {"class": type(opt).__name__, "fused": bool(d.get("fused")), "foreach": d.get("foreach"),
-            "weight_decay": decay}
+            "weight_decay": decay, "momentum": float(d.get("momentum") or 0.0)}
 
 
 def _shape_of(batch: dict[str, Any]) -> dict[str, Any]:
