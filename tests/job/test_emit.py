@@ -169,7 +169,7 @@ def test_the_payload_leaves_the_scripts_recipe_and_the_librarys_defaults_alone(t
     args = _strict(lambda: TrainingArguments(output_dir=str(tmp_path / "o"), learning_rate=2e-4,
                                              **kw))
     assert (args.learning_rate, args.seed) == (2e-4, 42)
-    assert "learning rate and seed: your script's" in err and " — " not in err
+    assert "learning rate, seed and weight decay: your script's" in err and " — " not in err
     p2 = tmp_path / "with_lr.yaml"  # a file that states them: named, never set
     p2.write_text(p.read_text() + "lr: 0.0002\nweight_decay: 0.01\n")
     out2, err2 = _emit(p2, "hf", "--device", "cpu")

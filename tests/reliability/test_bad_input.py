@@ -189,6 +189,9 @@ CASES: list[tuple[str, Callable[[Path, str], list[str]], str]] = [
      "weight_decay 0.1 differs from the checkpoint's 0.0"),
     ("weight_decay: -1 in the file", lambda d, j: ["plan", _changed(d, j, weight_decay=-1)],
      "weight_decay: -1: must be a finite number ≥ 0"),
+    # a null on a field with no "unset": one line, not the range check's TypeError (a review)
+    ("weight_decay: null in the file", lambda d, j: ["plan", _changed(d, j, weight_decay=None)],
+     "weight_decay: is empty (null): must be a number"),
     ("sgd_momentum with adamw", lambda d, j: ["plan", _changed(d, j, sgd_momentum=0.5,
                                                             optimizer="adamw")],
      "sgd_momentum: given with optimizer: adamw"),

@@ -9,7 +9,7 @@ import yaml
 from typer.testing import CliRunner
 
 from trainfit.cli.main import app
-from trainfit.job import JobError
+from trainfit.job import JobError, JobSpec
 from trainfit.run.loop import RunOptions, train
 
 runner = CliRunner()
@@ -308,3 +308,18 @@ def test_resume_of_a_run_killed_before_its_first_save_says_the_same_out_works(tm
     with pytest.raises(JobError) as err:
         ckpt.find(run)
     assert "into a new --out" in err.value.hint
+
+
+def test_a_checkpoint_from_before_the_decay_was_recorded_ran_without_one():
+    """A checkpoint's job written before weight_decay / sgd_momentum existed ran with 0.0 / 0.9:
+    its optimizer state puts them back, so another is refused, not skipped (a review)."""
+    from trainfit.run.resume_fields import same_samples
+
+    saved = {k: v for k, v in JobSpec(model="t").to_dict().items()
+             if k not in ("weight_decay", "sgd_momentum")}
+    same_samples("ck", saved, JobSpec(model="t").to_dict())  # the same: resumes
+    with pytest.raises(JobError, match=r"weight_decay 0\.1 differs from the checkpoint's 0\.0"):
+        same_samples("ck", saved, JobSpec(model="t", weight_decay=0.1).to_dict())
+    sgd = {**saved, "optimizer": "sgd"}
+    with pytest.raises(JobError, match=r"sgd_momentum 0\.0 differs from the checkpoint's 0\.9"):
+        same_samples("ck", sgd, JobSpec(model="t", optimizer="sgd", sgd_momentum=0.0).to_dict())

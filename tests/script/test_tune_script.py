@@ -152,3 +152,36 @@ def test_probes_restore_the_trainers_weights_and_survive_an_oom(tmp_path, tiny_m
             assert torch.equal(p.detach(), before[n]), n
     probe.restore_trainer()
     assert tr.args.per_device_train_batch_size == 2 and tr._train_batch_size == 2
+
+
+@pytest.mark.parametrize("impl", ["foreach", "forloop", "fused"])
+def test_the_probe_rebuilds_the_scripts_own_optimizer(tmp_path, impl):
+    """Trainer(optimizers=(SGD(momentum=0.9, weight_decay=0.05), None)): the probe measured HF's
+    plain SGD (args.optim: no momentum, the Trainer's decay) where plan planned the script's (a
+    review). Now it rebuilds the script's own: its class, groups and options, with the job's
+    implementation."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    from trainfit.script.probe import ScriptProbe, own_optimizer
+
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, vocab_size=256,
+                                         num_hidden_layers=1, num_attention_heads=4,
+                                         num_key_value_heads=2))
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    rest = [p for p in model.parameters() if p.ndim < 2]
+    own = torch.optim.SGD([{"params": decay, "weight_decay": 0.05},
+                           {"params": rest, "weight_decay": 0.0}], lr=1e-3, momentum=0.9)
+    tr = Trainer(model=model, args=TrainingArguments(output_dir=str(tmp_path), use_cpu=True,
+                                                     report_to=[]), optimizers=(own, None))
+    probe = object.__new__(ScriptProbe)
+    probe.trainer, probe._own = tr, own_optimizer(tr.optimizer)
+    opt = ScriptProbe._optimizer(probe, JobSpec(model="x", optimizer="sgd", optimizer_impl=impl))
+    assert type(opt) is torch.optim.SGD and opt is tr.optimizer and opt is not own
+    assert [(g["momentum"], g["weight_decay"], len(g["params"])) for g in opt.param_groups] == [
+        (0.9, 0.05, len(decay)), (0.9, 0.0, len(rest))]
+    assert (bool(opt.defaults["fused"]), opt.defaults["foreach"]) == (
+        impl == "fused", impl == "foreach")
+    adamw = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    probe._own = own_optimizer(adamw)  # AdamW's defaults hold more than its __init__ takes
+    opt = ScriptProbe._optimizer(probe, JobSpec(model="x", optimizer_impl=impl))
+    assert type(opt) is torch.optim.AdamW and opt.param_groups[0]["weight_decay"] == 0.1

@@ -46,7 +46,8 @@ class Emitted:
     unstated: list[str] = field(default_factory=list)
     """Job fields the file leaves open that the payload would need (e.g. ``packing``)."""
     recipe: dict[str, Any] = field(default_factory=dict)
-    """The learning rate and seed the file states (no payload carries them: said, not set)."""
+    """The learning rate, seed and weight decay (where one) the file states (no payload carries
+    them: said, not set)."""
 
     def text(self) -> str:
         """What goes on stdout: JSON for hf/trl (``TrainingArguments(**json.load(f))``), YAML for
@@ -331,8 +332,10 @@ def emit(job: JobSpec, target: str, *, device: str | None = None,
         if stated is not None and name not in stated and key in payload:
             del payload[key]
             unstated.append(name)
+    # the decay only where there is one (a tuned file states every field: "weight_decay 0.0 …
+    # set weight_decay=" was noise)
     recipe = {k: getattr(job, k) for k in ("lr", "seed", "weight_decay")
-              if stated is not None and k in stated}
+              if stated is not None and k in stated and (k != "weight_decay" or job.weight_decay)}
     return Emitted(target=target, payload=payload, device=kind, transformers_version=version,
                    trl_version=installed_version("trl") if target == "trl" else None,
                    script=script_settings(job, target, version), unstated=unstated, recipe=recipe)

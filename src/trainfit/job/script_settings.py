@@ -137,8 +137,8 @@ def _optimizer_call(job: JobSpec) -> str:
         else ", foreach=False"
     # the momentum and decay the job was planned with (SGD's momentum is a state, its decay a
     # copy of the gradients under foreach)
-    momentum = f", momentum={job.sgd_momentum:g}" if job.optimizer == "sgd" else ""
-    decay = f", weight_decay={job.weight_decay:g}" if job.weight_decay else ""
+    momentum = f", momentum={job.sgd_momentum!r}" if job.optimizer == "sgd" else ""
+    decay = f", weight_decay={job.weight_decay!r}" if job.weight_decay else ""
     return _OPTIMIZER_CALL.get(job.optimizer, job.optimizer) + momentum + decay + impl + ")"
 
 

@@ -371,7 +371,8 @@ class JobSpec:
         return {"seq_len": "512", "micro_batch": "4", "grad_accum": "4", "effective_batch": "32",
                 "ranks": "2", "lora_r": "16", "lora_alpha": "32", "lm_head_chunk": "1024",
                 "prefetch_factor": "2", "num_workers": "2", "lr": "1e-4", "seed": "0",
-                "weight_decay": "0.01", "lora_dropout": "0.05", "max_grad_norm": "1.0"
+                "weight_decay": "0.01", "sgd_momentum": "0.9", "lora_dropout": "0.05",
+                "max_grad_norm": "1.0"
                 }.get(name, "(see docs/job-fields.md)")
 
     def __post_init__(self) -> None:

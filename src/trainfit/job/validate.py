@@ -66,12 +66,18 @@ def check_types(job: Any) -> None:
     hints = typing.get_type_hints(type(job))
     for f in dataclasses.fields(job):
         value = getattr(job, f.name)
-        if value is None:
-            continue
         hint = hints[f.name]
         union = typing.get_origin(hint) in (typing.Union, types.UnionType)
         kinds = [typing.get_origin(a) or a for a in (typing.get_args(hint) if union else (hint,))
                  if a is not type(None)]
+        if value is None:
+            if union and type(None) in typing.get_args(hint):
+                continue
+            # a YAML ``lr: null`` / ``weight_decay: null`` on a field that has no "unset" (a
+            # review: a TypeError from the range check)
+            raise JobError(f"{_flag(f.name)} is empty (null): must be "
+                           f"{_KINDS.get(kinds[0], kinds[0])}",
+                           f"e.g. {f.name}: {job.example(f.name)}, or leave it out for the default")
         ok = any(isinstance(value, k) and not (k in (int, float) and isinstance(value, bool))
                  for k in kinds) or (float in kinds and isinstance(value, int)
                                      and not isinstance(value, bool)) \

@@ -84,7 +84,7 @@ def emit_messages(e: Emitted, source: str, extra: dict[str, Any], *, searched: b
     if e.target != "accelerate":
         said = "; ".join(f"{k} {v} in {source}: set {_RECIPE_KEYWORDS[k]}= in your script if you "
                          "want it" for k, v in e.recipe.items())
-        lines.append("  learning rate and seed: your script's (not knobs trainfit measures or "
-                     "chooses; not in the payload)" + (f" — {said}" if said else ""))
+        lines.append("  learning rate, seed and weight decay: your script's (not knobs trainfit "
+                     "measures or chooses; not in the payload)" + (f" — {said}" if said else ""))
     lines.append(f"  use: {_USE[e.target]}")
     return lines

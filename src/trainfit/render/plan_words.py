@@ -22,7 +22,7 @@ _KERNELS = {"cudnn": "cuDNN", "flash": "flash", "efficient": "memory-efficient",
 def _decay_words(job: Any) -> str:
     """The optimizer's weight decay where the job has one (SGD's copies the gradients)."""
     decay = getattr(job, "weight_decay", 0.0) or 0.0
-    return f" with weight decay {decay:g}" if decay else ""
+    return f" with weight decay {decay!r}" if decay else ""
 
 
 def _assumed(a: Any, name: str, text: str) -> str:

@@ -32,6 +32,13 @@ train.json recorded the new one (a QA run: the same losses to every digit). The 
 SGD's momentum are a parameter group's options too, restored with them."""
 
 
+FIELDS_BEFORE_RECORDED = {"weight_decay": 0.0, "sgd_momentum": 0.9}
+"""What a checkpoint written before these fields existed ran with (every optimizer without decay,
+SGD with momentum 0.9): compared as such, not skipped — its optimizer state would put them back
+under a job asking another (a review: an older checkpoint resumed at weight_decay 0.1 stepped
+the checkpoint's 0.0, unsaid)."""
+
+
 TRAINABLE_FIELDS = ("model", "method", "lora_r", "lora_targets", "quant")
 """Job fields that decide which tensors train (their names and shapes: the checkpoint's
 fingerprint)."""
@@ -60,6 +67,7 @@ def same_samples(ck: Path | str, saved: dict[str, Any] | None, job: dict[str, An
 
     if not saved or job is None:
         return  # an older checkpoint without its job: nothing to compare
+    saved = {**FIELDS_BEFORE_RECORDED, **saved}
     for k in (*SAMPLE_FIELDS, *OPTIMIZER_FIELDS, "effective_batch"):
         a, b = saved.get(k), job.get(k)
         if k not in saved or a == b or (k in CHOSEN_WHEN_NONE and a is None) or \

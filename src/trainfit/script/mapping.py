@@ -208,10 +208,17 @@ def _optimizer(rec: dict[str, Any]) -> tuple[str, str, str]:
     given = rec["optimizer"]
     if given is not None:
         cls = given["class"]
-        # torch's default (foreach and fused None) is foreach for CUDA tensors
-        # (optim/optimizer.py _default_to_fused_or_foreach): the for-loop only when the script
-        # says foreach=False (read as for-loop, a default AdamW's Ψ·4 temporary list was missed)
-        impl = "fused" if given["fused"] else "forloop" if given["foreach"] is False else "foreach"
+        impl = _implementation(given)
+        if given.get("maximize"):
+            # foreach negates a copy of every gradient first (torch/optim: _foreach_neg)
+            raise JobError(f"the script's own {cls}(maximize=True) is not modeled (it copies "
+                           "the gradients)", "drop maximize=True (minimize the negated loss), "
+                           "or pass --optimizer to plan another")
+        if cls == "SGD" and given.get("nesterov") and impl == "forloop":
+            # the for-loop's grad.add(buf) is a new tensor beside the decayed copy
+            raise JobError("the script's own SGD(nesterov=True, foreach=False) is not modeled",
+                           "drop foreach=False (torch's foreach SGD adds the momentum in place), "
+                           "or pass --optimizer-impl foreach to plan that")
         pick = {"AdamW": ("adamw", impl), "SGD": ("sgd", impl),
                 "AdamW8bit": ("adamw-8bit", "fused"), "PagedAdamW": ("paged-adamw", "fused"),
                 "PagedAdamW8bit": ("paged-adamw-8bit", "fused"), "Adafactor": ("adafactor", "fused")}
@@ -225,6 +232,18 @@ def _optimizer(rec: dict[str, Any]) -> tuple[str, str, str]:
                        "pass --optimizer adamw (or adamw-8bit, adafactor, sgd …) to plan it as one "
                        "of those; known: " + ", ".join(HF_OPTIM))
     return (*HF_OPTIM[optim], f"{rec['args']['class']}(optim={optim!r})")
+
+
+def _implementation(given: dict[str, Any]) -> str:
+    """The kernel torch runs for the script's own AdamW / SGD (torch/optim/adam.py, sgd.py): fused
+    or foreach as asked; both None is torch's default, foreach for CUDA tensors
+    (optimizer.py ``_default_to_fused_or_foreach``; read as the for-loop, a default AdamW's Ψ·4
+    temporary list was missed); any other (fused=False or foreach=False): the for-loop."""
+    if given["fused"]:
+        return "fused"
+    if given["foreach"]:
+        return "foreach"
+    return "foreach" if given["foreach"] is None and given["fused"] is None else "forloop"
 
 
 def _sgd_momentum(rec: dict[str, Any]) -> float:

@@ -19,6 +19,7 @@ timed steps run batches of the trainer's own order, the same samples for every c
 from __future__ import annotations
 
 import copy
+import inspect
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -49,6 +50,20 @@ class _TrainerLoss(torch.nn.Module):
         return self.trainer.compute_loss(self.trainer.model, batch)
 
 
+OwnOptimizer = tuple[type, dict[str, Any], list[dict[str, Any]]]
+
+
+def own_optimizer(opt: torch.optim.Optimizer | None) -> OwnOptimizer | None:
+    """The script's own optimizer (``Trainer(optimizers=(opt, ...))``) as (class, options, groups),
+    rebuilt for each probe: create_optimizer would build ``args.optim``'s instead (a review: an
+    own SGD with momentum and weight decay was measured as HF's plain SGD)."""
+    if opt is None:
+        return None
+    return (type(opt), dict(opt.defaults),
+            [{k: v for k, v in g.items() if k != "params"} | {"params": list(g["params"])}
+             for g in opt.param_groups])
+
+
 class ScriptProbe(Probe):
     def __init__(self, trainer: Any, source: ModelSource, sample_lengths: list[int],
                  device: torch.device, *, memory_limit_bytes: int | None = None,
@@ -70,6 +85,7 @@ class ScriptProbe(Probe):
         self._args0 = copy.copy(trainer.args)
         self._train_batch_size0 = trainer._train_batch_size
         self._key = None
+        self._own = own_optimizer(getattr(trainer, "optimizer", None))
 
     # --- the configuration on the live trainer ------------------------------------------------
     def _workload(self, job: JobSpec) -> RealWorkload:
@@ -100,11 +116,21 @@ class ScriptProbe(Probe):
         return self._wl
 
     def _optimizer(self, job: JobSpec) -> torch.optim.Optimizer:
-        """The trainer's own optimizer (its parameter groups, weight decay, ``args.optim``), with
-        the job's implementation."""
+        """The script's own optimizer rebuilt (its class, groups and options), else the one its
+        trainer builds (its parameter groups, weight decay, ``args.optim``); with the job's
+        implementation where the class takes one (torch's AdamW, SGD: fused / foreach)."""
         from transformers.training_args import OptimizerNames
 
         tr = self.trainer
+        if self._own is not None:
+            cls, defaults, groups = self._own
+            takes = inspect.signature(cls.__init__).parameters
+            kw = {k: v for k, v in defaults.items() if k in takes}
+            if {"fused", "foreach"} <= set(takes):
+                kw.update(fused=job.optimizer_impl == "fused" or None,
+                          foreach=job.optimizer_impl == "foreach")
+            tr.optimizer = cls([dict(g) for g in groups], **kw)
+            return tr.optimizer
         tr.args.optim = OptimizerNames(hf_training_args(job)["optim"])
         tr.optimizer = None
         return tr.create_optimizer()

@@ -234,8 +234,10 @@ def _given_optimizer(trainer: Any) -> dict[str, Any] | None:
     # the largest group's decay: SGD's L2 decay copies the gradients of the groups that have one
     decay = max((float(g.get("weight_decay") or 0.0) for g in getattr(opt, "param_groups", [])),
                 default=float(d.get("weight_decay") or 0.0))
-    return {"class": type(opt).__name__, "fused": bool(d.get("fused")), "foreach": d.get("foreach"),
-            "weight_decay": decay, "momentum": float(d.get("momentum") or 0.0)}
+    # fused and foreach as given (None: torch's default, foreach on CUDA; False: not that one)
+    return {"class": type(opt).__name__, "fused": d.get("fused"), "foreach": d.get("foreach"),
+            "weight_decay": decay, "momentum": float(d.get("momentum") or 0.0),
+            "nesterov": bool(d.get("nesterov")), "maximize": bool(d.get("maximize"))}
 
 
 def _shape_of(batch: dict[str, Any]) -> dict[str, Any]:
