@@ -26,7 +26,13 @@ def mapped(hm: ModuleType) -> dict:
 
 def test_every_case_maps_to_a_valid_job(mapped: dict) -> None:
     assert len(mapped) == 95
+    skipped = [k for k, (_, m) in mapped.items() if m.skip]
+    # no sequence length published: not predicted (heldout_memory checks skip before any job)
+    assert skipped == ["peft_docs_deepspeed_bart-large_lora_1gpu_zero3_offload"]
     for case, m in mapped.values():
+        if m.skip:
+            assert m.job.get("seq_len") is None
+            continue
         job = JobSpec(**m.job)  # raises JobError on a mapping JobSpec refuses
         assert job.ranks == case["ranks"] and job.method == case["method"]
         assert m.compare in ("allocated", "reserved", "device")

@@ -207,6 +207,16 @@ def test_the_scripts_own_optimizer_options_that_copy_the_gradients_are_refused(o
     assert err.value.hint
 
 
+@pytest.mark.parametrize(("bits", "job"), [(8, ("adamw-8bit", "fused")), (32, ("adamw", "fused"))])
+def test_bitsandbytes_generic_adamw_is_read_by_its_bits(bits, job):
+    """bitsandbytes.optim.AdamW(optim_bits=8) keeps 8-bit states: by its class name alone it was
+    planned as torch's AdamW (a review)."""
+    own = {"class": "AdamW", "module": "bitsandbytes.optim.adamw", "optim_bits": bits,
+           "fused": None, "foreach": None, "weight_decay": 0.0}
+    j = map_record(record(optimizer=own))
+    assert (j.fields["optimizer"], j.fields["optimizer_impl"]) == job
+
+
 def test_sgd_momentum_from_the_trainer_or_the_scripts_own_optimizer():
     """HF's optim="sgd" is torch's SGD with no momentum (no state) unless ``optim_args`` sets
     one: planned with trainfit's 0.9 it was over by a state the size of the weights."""
@@ -538,3 +548,18 @@ def test_an_fp16_pick_loads_a_bf16_base_in_fp16():
     ch = {(c.keyword, c.after) for c in keyword_diff(r, current, pick)}
     assert ("fp16", True) in ch and ("bf16", False) in ch
     assert any(k == "dtype" and "float16" in str(v) for k, v in ch), ch
+
+
+def test_another_optimizer_on_the_command_line_drops_sgds_momentum():
+    """A script's (or a tuned file's) SGD momentum describes the SGD the command line replaced:
+    with --optimizer adamw it was refused as "given with --optimizer adamw" (a review)."""
+    from trainfit.cli.jobflags import merge_job_fields
+    from trainfit.script.mapping import with_flags
+
+    read = {"model": "m", "optimizer": "sgd", "sgd_momentum": 0.0, "micro_batch": 2,
+            "grad_accum": 4}
+    assert "sgd_momentum" not in with_flags(read, {"optimizer": "adamw"})
+    assert with_flags(read, {"optimizer": "sgd"})["sgd_momentum"] == 0.0
+    merged = merge_job_fields(read, {"optimizer": "adamw"}, "usage")
+    assert "sgd_momentum" not in merged and JobSpec(**merged).optimizer == "adamw"
+    assert merge_job_fields(read, {"micro_batch": 1}, "usage")["sgd_momentum"] == 0.0

@@ -12,7 +12,7 @@ from script_seeds import text_rows, write_jsonl
 from typer.testing import CliRunner
 
 from trainfit.cli.main import app
-from trainfit.job import JobSpec
+from trainfit.job import JobError, JobSpec
 
 LIMIT = "2.8MiB"
 """Between the measured peaks of micro-batch 4 (1.7 MB) and 8 (3.2 MB) of these scripts' LoRA
@@ -158,11 +158,13 @@ def test_probes_restore_the_trainers_weights_and_survive_an_oom(tmp_path, tiny_m
 def test_the_probe_rebuilds_the_scripts_own_optimizer(tmp_path, impl):
     """Trainer(optimizers=(SGD(momentum=0.9, weight_decay=0.05), None)): the probe measured HF's
     plain SGD (args.optim: no momentum, the Trainer's decay) where plan planned the script's (a
-    review). Now it rebuilds the script's own: its class, groups and options, with the job's
-    implementation."""
+    review). Now it rebuilds the script's own — its class, groups and options — stepping the job's
+    kernel in every group (torch reads a group's fused / foreach over the constructor's: kept,
+    fused-vs-foreach measured one kernel twice and a fused flag over for-loop groups failed the
+    fp16 scaler's step, a review); a job naming another optimizer gets the trainer's build."""
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
-    from trainfit.script.probe import ScriptProbe, own_optimizer
+    from trainfit.script.probe import ScriptProbe, own_optimizer, rebuild_own
 
     model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, vocab_size=256,
                                          num_hidden_layers=1, num_attention_heads=4,
@@ -177,11 +179,41 @@ def test_the_probe_rebuilds_the_scripts_own_optimizer(tmp_path, impl):
     probe.trainer, probe._own = tr, own_optimizer(tr.optimizer)
     opt = ScriptProbe._optimizer(probe, JobSpec(model="x", optimizer="sgd", optimizer_impl=impl))
     assert type(opt) is torch.optim.SGD and opt is tr.optimizer and opt is not own
-    assert [(g["momentum"], g["weight_decay"], len(g["params"])) for g in opt.param_groups] == [
-        (0.9, 0.05, len(decay)), (0.9, 0.0, len(rest))]
-    assert (bool(opt.defaults["fused"]), opt.defaults["foreach"]) == (
-        impl == "fused", impl == "foreach")
+    kernel = (impl == "fused", impl == "foreach")
+    assert [(g["momentum"], g["weight_decay"], len(g["params"]), bool(g["fused"]), g["foreach"])
+            for g in opt.param_groups] == [(0.9, 0.05, len(decay), *kernel),
+                                           (0.9, 0.0, len(rest), *kernel)]
+    # --optimizer adamw given: the job's optimizer as the trainer builds it, not the script's SGD
+    other = ScriptProbe._optimizer(probe, JobSpec(model="x", optimizer_impl=impl))
+    assert type(other) is torch.optim.AdamW
     adamw = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
     probe._own = own_optimizer(adamw)  # AdamW's defaults hold more than its __init__ takes
     opt = ScriptProbe._optimizer(probe, JobSpec(model="x", optimizer_impl=impl))
     assert type(opt) is torch.optim.AdamW and opt.param_groups[0]["weight_decay"] == 0.1
+    assert (bool(opt.param_groups[0]["fused"]), opt.param_groups[0]["foreach"]) == kernel
+
+    class Scheduled(torch.optim.SGD):  # an __init__ argument its defaults do not hold
+        def __init__(self, params, schedule, lr=1e-3):
+            super().__init__(params, lr=lr)
+
+    with pytest.raises(JobError, match="own optimizer Scheduled cannot be rebuilt") as err:
+        rebuild_own(own_optimizer(Scheduled(model.parameters(), None)),
+                    JobSpec(model="x", optimizer="sgd"))
+    assert "--optimizer sgd" in err.value.hint
+
+
+def test_the_reader_takes_the_largest_groups_momentum_and_decay():
+    """An own SGD whose default momentum is 0 but one group's 0.9 keeps a state for that group:
+    read from the defaults alone it was planned without (a review); decay likewise, and
+    nesterov / maximize in any group."""
+    from types import SimpleNamespace
+
+    from trainfit.script.read import _given_optimizer
+
+    a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD([{"params": a.parameters(), "momentum": 0.9, "nesterov": True},
+                           {"params": b.parameters(), "weight_decay": 0.01}], lr=0.1)
+    rec = _given_optimizer(SimpleNamespace(optimizer=opt))
+    assert (rec["momentum"], rec["weight_decay"], rec["nesterov"], rec["maximize"]) == (
+        0.9, 0.01, True, False)
+    assert (rec["fused"], rec["foreach"], rec["module"]) == (None, None, "torch.optim.sgd")

@@ -119,6 +119,10 @@ def merge_job_fields(fields: dict[str, Any], job_flags: dict[str, Any], usage: s
         # (a newcomer audit: --method qlora --quant none planned nf4-dq)
         raise JobError("--quant none with --method qlora: QLoRA's frozen base is always 4-bit",
                        "use --method lora for an unquantized base, or --quant nf4-dq, nf4 or fp4")
+    if job_flags.get("optimizer") not in (None, "sgd") and "sgd_momentum" not in job_flags:
+        # a file's SGD momentum (a tuned file writes every field) describes an optimizer the
+        # command line replaced (a review: refused as "given with --optimizer adamw")
+        out.pop("sgd_momentum", None)
     if "model" not in out:
         raise JobError("no model given", usage)
     return out

@@ -115,7 +115,7 @@ def check_given(flags: dict[str, Any]) -> None:
     job = JobSpec(model="flags")
     for name, value in flags.items():
         setattr(job, name, value)
-    check_types(job, spec.SIZE_FIELDS)
+    check_types(job)
     for name in spec.SIZE_FIELDS:
         if name in flags:
             check_positive(job, name)

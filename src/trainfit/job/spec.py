@@ -381,7 +381,7 @@ class JobSpec:
                            "or a path to a config.json")
         if type(self.fsdp_version) is int:  # accelerate's YAML writes fsdp_version: 2, a number
             self.fsdp_version = str(self.fsdp_version)
-        check_types(self, SIZE_FIELDS)
+        check_types(self)
         _choice("method", self.method, METHODS)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)

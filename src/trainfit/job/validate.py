@@ -60,10 +60,10 @@ def check_numbers(job: Any) -> None:
 _KINDS = {int: "an integer", float: "a number", str: "text", bool: "true or false", list: "a list"}
 
 
-def check_types(job: Any, unset_ok: tuple[str, ...] = ()) -> None:
+def check_types(job: Any) -> None:
     """Each field holds its declared type (a YAML ``lr: fast`` or ``seq_len: "big"`` is one clear
     error, not a TypeError deep inside): ints are not bools, a float field takes an int; None only
-    where the type admits it or the field is in ``unset_ok`` (the sizes: unset)."""
+    where the type admits it (the sizes that may be unset are typed ``int | None``)."""
     hints = typing.get_type_hints(type(job))
     for f in dataclasses.fields(job):
         value = getattr(job, f.name)
@@ -72,7 +72,7 @@ def check_types(job: Any, unset_ok: tuple[str, ...] = ()) -> None:
         kinds = [typing.get_origin(a) or a for a in (typing.get_args(hint) if union else (hint,))
                  if a is not type(None)]
         if value is None:
-            if (union and type(None) in typing.get_args(hint)) or f.name in unset_ok:
+            if union and type(None) in typing.get_args(hint):
                 continue
             # a YAML ``lr: null`` / ``weight_decay: null`` on a field that has no "unset" (a
             # review: a TypeError from the range check)

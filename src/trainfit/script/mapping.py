@@ -27,6 +27,11 @@ HF_OPTIM = {"adamw_torch_fused": ("adamw", "fused"), "adamw_torch": ("adamw", "f
 """``TrainingArguments.optim`` → (optimizer, optimizer_impl) (the inverse of trainfit.job.emit's
 table; ``adamw_torch`` passes no implementation, and torch then takes foreach on a GPU)."""
 
+OWN_OPTIMIZERS = {"AdamW": "adamw", "SGD": "sgd", "AdamW8bit": "adamw-8bit",
+                  "PagedAdamW": "paged-adamw", "PagedAdamW8bit": "paged-adamw-8bit",
+                  "Adafactor": "adafactor"}
+"""A script's own optimizer class (``Trainer(optimizers=(opt, ...))``) → the job's optimizer."""
+
 ATTENTION = {"sdpa": "sdpa", "eager": "eager", "flash_attention_2": "flash-attention-2",
              "flash_attention_3": "flash-attention-2"}
 
@@ -217,15 +222,18 @@ def _optimizer(rec: dict[str, Any]) -> tuple[str, str, str]:
         if cls == "SGD" and given.get("nesterov") and impl == "forloop":
             # the for-loop's grad.add(buf) is a new tensor beside the decayed copy
             raise JobError("the script's own SGD(nesterov=True, foreach=False) is not modeled",
-                           "drop foreach=False (torch's foreach SGD adds the momentum in place), "
-                           "or pass --optimizer-impl foreach to plan that")
-        pick = {"AdamW": ("adamw", impl), "SGD": ("sgd", impl),
-                "AdamW8bit": ("adamw-8bit", "fused"), "PagedAdamW": ("paged-adamw", "fused"),
-                "PagedAdamW8bit": ("paged-adamw-8bit", "fused"), "Adafactor": ("adafactor", "fused")}
-        if cls not in pick:
+                           "drop foreach=False (torch's foreach SGD adds the momentum in place)")
+        if cls not in OWN_OPTIMIZERS:
             raise JobError(f"the script's own optimizer {cls} is not modeled",
                            "pass --optimizer adamw (or sgd, adafactor …) to plan it as one of those")
-        return (*pick[cls], "the optimizer the script built")
+        name = OWN_OPTIMIZERS[cls]
+        if cls == "AdamW" and str(given.get("module", "")).startswith("bitsandbytes"):
+            # bitsandbytes' generic AdamW: 8-bit states at optim_bits=8, else 32-bit ones in its
+            # own kernel (no temporaries: torch's fused AdamW holds the same); the name alone
+            # planned torch's AdamW (a review)
+            return ("adamw-8bit" if given.get("optim_bits") == 8 else "adamw", "fused",
+                    "the optimizer the script built")
+        return name, impl if name in ("adamw", "sgd") else "fused", "the optimizer the script built"
     optim = rec["args"]["optim"]
     if optim not in HF_OPTIM:
         raise JobError(f"optim={optim!r}: an optimizer trainfit does not model",
@@ -428,6 +436,8 @@ def with_flags(read: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
             QUANT_FIELDS if method == "lora" else ()
         for k in drop:
             f.pop(k, None)
+    if flags.get("optimizer") not in (None, "sgd"):
+        f.pop("sgd_momentum", None)  # the script's SGD's, not the optimizer planned
     f.update(flags)
     mb, ga = flags.get("micro_batch"), flags.get("grad_accum")
     if mb is not None and ga is not None:

@@ -35,6 +35,7 @@ from trainfit.memory.limit import LimitTracker
 from trainfit.model.checkpointing import disable_checkpointing, enable_checkpointing
 from trainfit.model.runtime import RealWorkload, autocast_for, scaler_for
 from trainfit.model.source import ModelSource
+from trainfit.script.mapping import OWN_OPTIMIZERS
 from trainfit.tune.probe import Probe
 
 
@@ -50,18 +51,50 @@ class _TrainerLoss(torch.nn.Module):
         return self.trainer.compute_loss(self.trainer.model, batch)
 
 
-OwnOptimizer = tuple[type, dict[str, Any], list[dict[str, Any]]]
+OwnOptimizer = tuple[type, dict[str, Any], dict[str, Any], list[dict[str, Any]]]
 
 
 def own_optimizer(opt: torch.optim.Optimizer | None) -> OwnOptimizer | None:
-    """The script's own optimizer (``Trainer(optimizers=(opt, ...))``) as (class, options, groups),
-    rebuilt for each probe: create_optimizer would build ``args.optim``'s instead (a review: an
-    own SGD with momentum and weight decay was measured as HF's plain SGD)."""
+    """The script's own optimizer (``Trainer(optimizers=(opt, ...))``) as (class, defaults, the
+    settings bitsandbytes' optimizers keep in ``args`` — 8-bit states, the 8-bit size threshold
+    —, groups), rebuilt for each probe: create_optimizer would build ``args.optim``'s instead (a
+    review: an own SGD with momentum and weight decay was measured as HF's plain SGD)."""
     if opt is None:
         return None
-    return (type(opt), dict(opt.defaults),
+    extra = dict(vars(opt.args)) if hasattr(getattr(opt, "args", None), "__dict__") else {}
+    return (type(opt), dict(opt.defaults), extra,
             [{k: v for k, v in g.items() if k != "params"} | {"params": list(g["params"])}
              for g in opt.param_groups])
+
+
+def rebuild_own(own: OwnOptimizer, job: JobSpec) -> torch.optim.Optimizer:
+    """The script's own optimizer anew, with the job's implementation (fused / foreach / the
+    for-loop) where the class has one: in each group too, whose own ``fused`` / ``foreach`` torch
+    reads over the constructor's (a review: the groups kept the script's kernel, so tune's
+    fused-vs-foreach measured one kernel twice, and a fused flag over foreach groups failed the
+    fp16 scaler's step).  The options its constructor names are passed (a group's own values win
+    over them in the step); bitsandbytes' ``args`` settings too (but ``optim_bits`` for an 8-bit
+    class, which takes only 32 there: its bits are the class's), or without them where the class
+    refuses them.  A class that cannot be rebuilt is one clear line."""
+    cls, defaults, extra, groups = own
+    takes = inspect.signature(cls.__init__).parameters
+    kernel = {}
+    if {"fused", "foreach"} <= set(takes):
+        kernel = {"fused": job.optimizer_impl == "fused" or None,
+                  "foreach": job.optimizer_impl == "foreach"}
+    if cls.__name__.endswith("8bit"):  # its bits are the class's: it refuses optim_bits ≠ 32
+        extra = {k: v for k, v in extra.items() if k != "optim_bits"}
+    err: Exception | None = None
+    for options in ({**extra, **defaults}, defaults):
+        kw = {k: v for k, v in options.items() if k in takes} | kernel
+        rebuilt = [dict(g) | {k: v for k, v in kernel.items() if k in g} for g in groups]
+        try:
+            return cls(rebuilt, **kw)
+        except (TypeError, ValueError, RuntimeError) as e:
+            err = e
+    raise JobError(f"the script's own optimizer {cls.__name__} cannot be rebuilt for tune's "
+                   f"probes ({type(err).__name__}: {err})",
+                   f"tune it as the optimizer trainfit builds: --optimizer {job.optimizer}")
 
 
 class ScriptProbe(Probe):
@@ -116,20 +149,15 @@ class ScriptProbe(Probe):
         return self._wl
 
     def _optimizer(self, job: JobSpec) -> torch.optim.Optimizer:
-        """The script's own optimizer rebuilt (its class, groups and options), else the one its
-        trainer builds (its parameter groups, weight decay, ``args.optim``); with the job's
-        implementation where the class takes one (torch's AdamW, SGD: fused / foreach)."""
+        """The script's own optimizer rebuilt (:func:`rebuild_own`) where the job's optimizer is
+        it, else the one its trainer builds (its parameter groups, weight decay, ``args.optim``),
+        with the job's implementation."""
         from transformers.training_args import OptimizerNames
 
         tr = self.trainer
-        if self._own is not None:
-            cls, defaults, groups = self._own
-            takes = inspect.signature(cls.__init__).parameters
-            kw = {k: v for k, v in defaults.items() if k in takes}
-            if {"fused", "foreach"} <= set(takes):
-                kw.update(fused=job.optimizer_impl == "fused" or None,
-                          foreach=job.optimizer_impl == "foreach")
-            tr.optimizer = cls([dict(g) for g in groups], **kw)
+        # the script's own, unless the job names another optimizer (--optimizer given)
+        if self._own is not None and OWN_OPTIMIZERS.get(self._own[0].__name__) == job.optimizer:
+            tr.optimizer = rebuild_own(self._own, job)
             return tr.optimizer
         tr.args.optim = OptimizerNames(hf_training_args(job)["optim"])
         tr.optimizer = None

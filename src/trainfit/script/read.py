@@ -232,12 +232,25 @@ def _given_optimizer(trainer: Any) -> dict[str, Any] | None:
         return None
     d = getattr(opt, "defaults", {})
     # the largest group's decay: SGD's L2 decay copies the gradients of the groups that have one
-    decay = max((float(g.get("weight_decay") or 0.0) for g in getattr(opt, "param_groups", [])),
-                default=float(d.get("weight_decay") or 0.0))
+    decay = _largest(opt, d, "weight_decay")
     # fused and foreach as given (None: torch's default, foreach on CUDA; False: not that one)
-    return {"class": type(opt).__name__, "fused": d.get("fused"), "foreach": d.get("foreach"),
-            "weight_decay": decay, "momentum": float(d.get("momentum") or 0.0),
-            "nesterov": bool(d.get("nesterov")), "maximize": bool(d.get("maximize"))}
+    bits = getattr(getattr(opt, "args", None), "optim_bits", None)  # bitsandbytes' states
+    return {"class": type(opt).__name__, "module": type(opt).__module__,
+            "optim_bits": bits, "fused": d.get("fused"), "foreach": d.get("foreach"),
+            # the largest group's momentum (a state for every group that has one), and
+            # nesterov / maximize in any group
+            "weight_decay": decay, "momentum": _largest(opt, d, "momentum"),
+            "nesterov": _any(opt, d, "nesterov"), "maximize": _any(opt, d, "maximize")}
+
+
+def _largest(opt: Any, defaults: dict[str, Any], key: str) -> float:
+    return max((float(g.get(key) or 0.0) for g in getattr(opt, "param_groups", [])),
+               default=float(defaults.get(key) or 0.0))
+
+
+def _any(opt: Any, defaults: dict[str, Any], key: str) -> bool:
+    return any(bool(g.get(key)) for g in getattr(opt, "param_groups", [])) or bool(
+        defaults.get(key))
 
 
 def _shape_of(batch: dict[str, Any]) -> dict[str, Any]:

@@ -263,6 +263,9 @@ def tiny_job(job: JobSpec, tokens: int = TOKENS) -> JobSpec:
         effective_batch=None, seq_len=tokens, ranks=1, sharding="none", offload="none",
         compile=False, activation_offload=False, fsdp_frozen_grads=False, fsdp_no_sync=False,
         lm_head_chunk=chunk, data=None, optimizer="adamw", optimizer_impl="foreach",
+        # SGD's momentum goes with SGD (JobSpec refuses it on AdamW: an HF optim="sgd" job's 0
+        # had lost its host measurement, a review)
+        sgd_momentum=JobSpec.__dataclass_fields__["sgd_momentum"].default,
         kbit_prepared=False,
         attention="sdpa" if job.attention == "flash-attention-2" else job.attention,
         padded="always" if job.padded != "none" else "none")
