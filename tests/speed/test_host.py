@@ -231,6 +231,10 @@ def test_a_job_the_tiny_run_cannot_take_keeps_the_op_count(measuring, tiny_llama
     4-bit jobs only); an error inside the measurement never reaches plan."""
     job = JobSpec(model="tiny-llama", method="qlora", kbit_prepared=True)
     assert host.tiny_job(job).kbit_prepared is False
+    # HF's optim="sgd" (no momentum): the tiny run's AdamW takes SGD's default (a review: the
+    # JobSpec refused the momentum on AdamW, and the measurement was lost)
+    sgd = host.tiny_job(JobSpec(model="tiny-llama", optimizer="sgd", sgd_momentum=0.0))
+    assert (sgd.optimizer, sgd.sgd_momentum) == ("adamw", 0.9)
     assert host_step(job, tiny_llama) is not None
     # flash-attention-2 refuses fp32, the tiny run's precision: measured as sdpa, the model this
     # CPU builds for it (a review: every such plan had lost its host measurement)
