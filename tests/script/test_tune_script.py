@@ -154,6 +154,20 @@ def test_probes_restore_the_trainers_weights_and_survive_an_oom(tmp_path, tiny_m
     assert tr.args.per_device_train_batch_size == 2 and tr._train_batch_size == 2
 
 
+def _probe_over(model, own, tmp_path):
+    """A ScriptProbe over a Trainer handed ``own`` (only its optimizer is exercised)."""
+    from transformers import Trainer, TrainingArguments
+
+    from trainfit.script.probe import ScriptProbe, _script_optimizer, own_optimizer
+
+    tr = Trainer(model=model, args=TrainingArguments(output_dir=str(tmp_path), use_cpu=True,
+                                                     report_to=[]), optimizers=(own, None))
+    probe = object.__new__(ScriptProbe)
+    probe.trainer, probe._args0 = tr, tr.args
+    probe._own, probe._script_optimizer = own_optimizer(tr.optimizer), _script_optimizer(tr)
+    return probe
+
+
 @pytest.mark.parametrize("impl", ["foreach", "forloop", "fused"])
 def test_the_probe_rebuilds_the_scripts_own_optimizer(tmp_path, impl):
     """Trainer(optimizers=(SGD(momentum=0.9, weight_decay=0.05), None)): the probe measured HF's
@@ -161,8 +175,10 @@ def test_the_probe_rebuilds_the_scripts_own_optimizer(tmp_path, impl):
     review). Now it rebuilds the script's own — its class, groups and options — stepping the job's
     kernel in every group (torch reads a group's fused / foreach over the constructor's: kept,
     fused-vs-foreach measured one kernel twice and a fused flag over for-loop groups failed the
-    fp16 scaler's step, a review); a job naming another optimizer gets the trainer's build."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+    fp16 scaler's step, a review). A job whose optimizer fields the command line changed gets
+    trainfit's build of the job (the trainer's build of another optimizer is not the job tune
+    writes: --optimizer sgd had measured HF's SGD without momentum, a review)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     from trainfit.script.probe import ScriptProbe, own_optimizer, rebuild_own
 
@@ -173,22 +189,22 @@ def test_the_probe_rebuilds_the_scripts_own_optimizer(tmp_path, impl):
     rest = [p for p in model.parameters() if p.ndim < 2]
     own = torch.optim.SGD([{"params": decay, "weight_decay": 0.05},
                            {"params": rest, "weight_decay": 0.0}], lr=1e-3, momentum=0.9)
-    tr = Trainer(model=model, args=TrainingArguments(output_dir=str(tmp_path), use_cpu=True,
-                                                     report_to=[]), optimizers=(own, None))
-    probe = object.__new__(ScriptProbe)
-    probe.trainer, probe._own = tr, own_optimizer(tr.optimizer)
-    opt = ScriptProbe._optimizer(probe, JobSpec(model="x", optimizer="sgd", optimizer_impl=impl))
-    assert type(opt) is torch.optim.SGD and opt is tr.optimizer and opt is not own
+    probe = _probe_over(model, own, tmp_path)
+    job = JobSpec(model="x", optimizer="sgd", optimizer_impl=impl, weight_decay=0.05)
+    opt = ScriptProbe._optimizer(probe, job)
+    assert type(opt) is torch.optim.SGD and opt is probe.trainer.optimizer and opt is not own
     kernel = (impl == "fused", impl == "foreach")
     assert [(g["momentum"], g["weight_decay"], len(g["params"]), bool(g["fused"]), g["foreach"])
             for g in opt.param_groups] == [(0.9, 0.05, len(decay), *kernel),
                                            (0.9, 0.0, len(rest), *kernel)]
-    # --optimizer adamw given: the job's optimizer as the trainer builds it, not the script's SGD
+    # the command line's: --sgd-momentum 0, --optimizer adamw
+    plain = ScriptProbe._optimizer(probe, job.replace(sgd_momentum=0.0))
+    assert [g["momentum"] for g in plain.param_groups] == [0.0]
     other = ScriptProbe._optimizer(probe, JobSpec(model="x", optimizer_impl=impl))
-    assert type(other) is torch.optim.AdamW
+    assert type(other) is torch.optim.AdamW and other.param_groups[0]["weight_decay"] == 0.0
     adamw = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
-    probe._own = own_optimizer(adamw)  # AdamW's defaults hold more than its __init__ takes
-    opt = ScriptProbe._optimizer(probe, JobSpec(model="x", optimizer_impl=impl))
+    probe = _probe_over(model, adamw, tmp_path)  # AdamW's defaults hold more than __init__ takes
+    opt = ScriptProbe._optimizer(probe, JobSpec(model="x", optimizer_impl=impl, weight_decay=0.1))
     assert type(opt) is torch.optim.AdamW and opt.param_groups[0]["weight_decay"] == 0.1
     assert (bool(opt.param_groups[0]["fused"]), opt.param_groups[0]["foreach"]) == kernel
 
@@ -208,12 +224,12 @@ def test_the_reader_takes_the_largest_groups_momentum_and_decay():
     nesterov / maximize in any group."""
     from types import SimpleNamespace
 
-    from trainfit.script.read import _given_optimizer
+    from trainfit.script.read import given_optimizer
 
     a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
     opt = torch.optim.SGD([{"params": a.parameters(), "momentum": 0.9, "nesterov": True},
                            {"params": b.parameters(), "weight_decay": 0.01}], lr=0.1)
-    rec = _given_optimizer(SimpleNamespace(optimizer=opt))
+    rec = given_optimizer(SimpleNamespace(optimizer=opt))
     assert (rec["momentum"], rec["weight_decay"], rec["nesterov"], rec["maximize"]) == (
         0.9, 0.01, True, False)
     assert (rec["fused"], rec["foreach"], rec["module"]) == (None, None, "torch.optim.sgd")

@@ -27,6 +27,10 @@ HF_OPTIM = {"adamw_torch_fused": ("adamw", "fused"), "adamw_torch": ("adamw", "f
 """``TrainingArguments.optim`` → (optimizer, optimizer_impl) (the inverse of trainfit.job.emit's
 table; ``adamw_torch`` passes no implementation, and torch then takes foreach on a GPU)."""
 
+BNB_MIN_8BIT_SIZE = 4096
+"""bitsandbytes' default ``min_8bit_size``: smaller tensors keep 32-bit states (the threshold
+plan's 8-bit optimizers model)."""
+
 OWN_OPTIMIZERS = {"AdamW": "adamw", "SGD": "sgd", "AdamW8bit": "adamw-8bit",
                   "PagedAdamW": "paged-adamw", "PagedAdamW8bit": "paged-adamw-8bit",
                   "Adafactor": "adafactor"}
@@ -219,6 +223,17 @@ def _optimizer(rec: dict[str, Any]) -> tuple[str, str, str]:
             raise JobError(f"the script's own {cls}(maximize=True) is not modeled (it copies "
                            "the gradients)", "drop maximize=True (minimize the negated loss), "
                            "or pass --optimizer to plan another")
+        more = {"amsgrad=True": given.get("amsgrad"),
+                "beta1 (a first moment)": cls == "Adafactor" and given.get("beta1") is not None,
+                f"min_8bit_size={given.get('min_8bit_size')} (more tensors with 32-bit states)":
+                    (given.get("min_8bit_size") or 0) > BNB_MIN_8BIT_SIZE}
+        for what, has in more.items():
+            if has:
+                # more optimizer state than the job's optimizer keeps (a review: amsgrad +50 %
+                # of the states, Adafactor's beta1 a full first moment): planned, it would be under
+                raise JobError(f"the script's own {cls} with {what} is not modeled (it keeps more "
+                               "optimizer state than plan's)", "drop it, or pass --optimizer to "
+                               "plan another")
         if cls == "SGD" and given.get("nesterov") and impl == "forloop":
             # the for-loop's grad.add(buf) is a new tensor beside the decayed copy
             raise JobError("the script's own SGD(nesterov=True, foreach=False) is not modeled",
@@ -240,6 +255,25 @@ def _optimizer(rec: dict[str, Any]) -> tuple[str, str, str]:
                        "pass --optimizer adamw (or adamw-8bit, adafactor, sgd …) to plan it as one "
                        "of those; known: " + ", ".join(HF_OPTIM))
     return (*HF_OPTIM[optim], f"{rec['args']['class']}(optim={optim!r})")
+
+
+def script_optimizer(rec: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The job fields of the optimizer the script steps — its own, else its Trainer's
+    ``args.optim`` — (optimizer, optimizer_impl, weight_decay and, for SGD, sgd_momentum), and
+    where it was read. Script tune measures that optimizer only where the job's are these."""
+    name, impl, where = _optimizer(rec)
+    fields: dict[str, Any] = {"optimizer": name, "optimizer_impl": impl,
+                              "weight_decay": _weight_decay(rec)}
+    if name == "sgd":
+        fields["sgd_momentum"] = _sgd_momentum(rec)
+    return fields, where
+
+
+def _weight_decay(rec: dict[str, Any]) -> float:
+    """The script's own optimizer's largest group decay, else the Trainer's (it gives the decay to
+    every weight but the biases and norms: planned on all of them, over by their share)."""
+    own = rec["optimizer"]
+    return float((own or {}).get("weight_decay", rec["args"].get("weight_decay")) or 0.0)
 
 
 def _implementation(given: dict[str, Any]) -> str:
@@ -357,9 +391,8 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
         f["base_dtype"] = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(
             frozen, "auto")
     if not {"optimizer", "optimizer_impl"} & given:
-        f["optimizer"], f["optimizer_impl"], where["optimizer"] = _optimizer(rec)
-        if f["optimizer"] == "sgd" and "sgd_momentum" not in given:
-            f["sgd_momentum"] = _sgd_momentum(rec)
+        fields, where["optimizer"] = script_optimizer(rec)
+        f.update({k: v for k, v in fields.items() if k not in given and k != "weight_decay"})
     f["grad_ckpt"], reentrant, where["grad_ckpt"] = _checkpointing(rec)
     if reentrant:
         f["ckpt_reentrant"] = True
@@ -380,10 +413,7 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
     where["micro_batch"] = where["grad_accum"] = a["class"]
     clip = a["max_grad_norm"]
     if "weight_decay" not in given:
-        # the script's own optimizer's groups, else the Trainer's (it gives the decay to every
-        # weight but the biases and norms: planned on all of them, over by their share)
-        own = rec["optimizer"]
-        f["weight_decay"] = float((own or {}).get("weight_decay", a.get("weight_decay")) or 0.0)
+        f["weight_decay"] = _weight_decay(rec)
     f.update(max_grad_norm=float(clip) if clip else None, lr=float(a["learning_rate"]),
              seed=int(a["seed"]), num_workers=int(a["dataloader_num_workers"] or 0),
              pin_memory=bool(a["dataloader_pin_memory"]),

@@ -35,7 +35,9 @@ from trainfit.memory.limit import LimitTracker
 from trainfit.model.checkpointing import disable_checkpointing, enable_checkpointing
 from trainfit.model.runtime import RealWorkload, autocast_for, scaler_for
 from trainfit.model.source import ModelSource
-from trainfit.script.mapping import OWN_OPTIMIZERS
+from trainfit.model.workload import make_optimizer
+from trainfit.script.mapping import script_optimizer
+from trainfit.script.read import given_optimizer, trainer_args
 from trainfit.tune.probe import Probe
 
 
@@ -97,6 +99,17 @@ def rebuild_own(own: OwnOptimizer, job: JobSpec) -> torch.optim.Optimizer:
                    f"tune it as the optimizer trainfit builds: --optimizer {job.optimizer}")
 
 
+def _script_optimizer(trainer: Any) -> dict[str, Any] | None:
+    """The job fields of the optimizer the script steps (:func:`script_optimizer`), read before
+    any probe changes the trainer's arguments; None where plan refuses it (the job's optimizer is
+    then the command line's)."""
+    rec = {"optimizer": given_optimizer(trainer), "args": trainer_args(trainer.args)}
+    try:
+        return script_optimizer(rec)[0]
+    except JobError:
+        return None
+
+
 class ScriptProbe(Probe):
     def __init__(self, trainer: Any, source: ModelSource, sample_lengths: list[int],
                  device: torch.device, *, memory_limit_bytes: int | None = None,
@@ -119,6 +132,8 @@ class ScriptProbe(Probe):
         self._train_batch_size0 = trainer._train_batch_size
         self._key = None
         self._own = own_optimizer(getattr(trainer, "optimizer", None))
+        self._script_optimizer = _script_optimizer(trainer)
+        """The job fields of the optimizer the script steps (None: one plan refuses)."""
 
     # --- the configuration on the live trainer ------------------------------------------------
     def _workload(self, job: JobSpec) -> RealWorkload:
@@ -149,19 +164,29 @@ class ScriptProbe(Probe):
         return self._wl
 
     def _optimizer(self, job: JobSpec) -> torch.optim.Optimizer:
-        """The script's own optimizer rebuilt (:func:`rebuild_own`) where the job's optimizer is
-        it, else the one its trainer builds (its parameter groups, weight decay, ``args.optim``),
-        with the job's implementation."""
+        """The optimizer the script steps, with the job's implementation, where the job's
+        optimizer fields are the script's: its own rebuilt (:func:`rebuild_own`), else the one its
+        trainer builds (its parameter groups, weight decay, ``args.optim``). Where the command line
+        changed them (``--optimizer``, ``--weight-decay``, ``--sgd-momentum``), the job's, as
+        trainfit builds it: the trainer's build of another optimizer is not the job tune writes (a
+        review: ``--optimizer sgd`` measured HF's SGD without momentum, the job 0.9)."""
         from transformers.training_args import OptimizerNames
 
         tr = self.trainer
-        # the script's own, unless the job names another optimizer (--optimizer given)
-        if self._own is not None and OWN_OPTIMIZERS.get(self._own[0].__name__) == job.optimizer:
+        script = self._script_optimizer
+        same = script is not None and all(getattr(job, k) == v for k, v in script.items()
+                                          if k != "optimizer_impl")
+        if same and self._own is not None:
             tr.optimizer = rebuild_own(self._own, job)
-            return tr.optimizer
-        tr.args.optim = OptimizerNames(hf_training_args(job)["optim"])
-        tr.optimizer = None
-        return tr.create_optimizer()
+        elif same:
+            tr.args.optim = OptimizerNames(hf_training_args(job)["optim"])
+            tr.optimizer = None
+            tr.optimizer = tr.create_optimizer()
+        else:
+            tr.optimizer = make_optimizer(job, [p for p in tr.model.parameters()
+                                                if p.requires_grad],
+                                          simulate=False, lr=float(self._args0.learning_rate))
+        return tr.optimizer
 
     def _steps(self, job: JobSpec, wl: RealWorkload, knobs: LoaderKnobs, count: int,
                tracker: LimitTracker | None) -> _ScriptSteps:

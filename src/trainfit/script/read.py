@@ -43,10 +43,10 @@ def read_trainer(trainer: Any, *, loads: list[dict[str, Any]], ckpt_calls: list[
     if mode == "tune":
         _check_no_offload(base)
     rec: dict[str, Any] = {
-        "trainer": type(trainer).__name__, "args": _args(trainer.args),
+        "trainer": type(trainer).__name__, "args": trainer_args(trainer.args),
         "model": {**_model(model, base), "loss_head": _loss_head(trainer, base)},
         "lora": _lora(model),
-        "optimizer": _given_optimizer(trainer),
+        "optimizer": given_optimizer(trainer),
         "loads": [{k: v for k, v in ld.items() if k != "model_id"} | {"this_model": ld.get(
             "model_id") == id(base)} for ld in loads],
         "ckpt_calls": list(ckpt_calls), "device_maps": list(device_maps), "mode": mode,
@@ -116,7 +116,8 @@ def _check_no_offload(base: Any) -> None:
                        "load with device_map={'': 0}, then tune finds what fits on the GPU")
 
 
-def _args(args: Any) -> dict[str, Any]:
+def trainer_args(args: Any) -> dict[str, Any]:
+    """The record of a trainer's arguments (:data:`ARG_FIELDS`, optim, checkpointing)."""
     names = {f.name for f in dataclasses.fields(args)}
     out: dict[str, Any] = {"class": type(args).__name__,
                            "optim": getattr(args.optim, "value", str(args.optim)),
@@ -225,7 +226,7 @@ def _lora(model: Any) -> dict[str, Any] | None:
             "use_rslora": bool(getattr(lc, "use_rslora", False)), "adapted": adapted}
 
 
-def _given_optimizer(trainer: Any) -> dict[str, Any] | None:
+def given_optimizer(trainer: Any) -> dict[str, Any] | None:
     """An optimizer the script built itself (``optimizers=(opt, sched)``), else None."""
     opt = getattr(trainer, "optimizer", None)
     if opt is None:
@@ -234,13 +235,20 @@ def _given_optimizer(trainer: Any) -> dict[str, Any] | None:
     # the largest group's decay: SGD's L2 decay copies the gradients of the groups that have one
     decay = _largest(opt, d, "weight_decay")
     # fused and foreach as given (None: torch's default, foreach on CUDA; False: not that one)
-    bits = getattr(getattr(opt, "args", None), "optim_bits", None)  # bitsandbytes' states
+    bnb_args = getattr(opt, "args", None)  # bitsandbytes' settings
+    bits = getattr(bnb_args, "optim_bits", None)
     return {"class": type(opt).__name__, "module": type(opt).__module__,
             "optim_bits": bits, "fused": d.get("fused"), "foreach": d.get("foreach"),
             # the largest group's momentum (a state for every group that has one), and
             # nesterov / maximize in any group
             "weight_decay": decay, "momentum": _largest(opt, d, "momentum"),
-            "nesterov": _any(opt, d, "nesterov"), "maximize": _any(opt, d, "maximize")}
+            "nesterov": _any(opt, d, "nesterov"), "maximize": _any(opt, d, "maximize"),
+            # options that keep more state than the job's optimizer: AdamW's amsgrad (a third
+            # state), Adafactor's beta1 (a full first moment), bitsandbytes' 8-bit threshold
+            "amsgrad": _any(opt, d, "amsgrad"),
+            "beta1": next((g.get("beta1") for g in getattr(opt, "param_groups", [])
+                           if g.get("beta1") is not None), d.get("beta1")),
+            "min_8bit_size": getattr(bnb_args, "min_8bit_size", None)}
 
 
 def _largest(opt: Any, defaults: dict[str, Any], key: str) -> float:
