@@ -568,3 +568,20 @@ def test_another_optimizer_on_the_command_line_drops_sgds_momentum():
     merged = merge_job_fields(read, {"optimizer": "adamw"}, "usage")
     assert "sgd_momentum" not in merged and JobSpec(**merged).optimizer == "adamw"
     assert merge_job_fields(read, {"micro_batch": 1}, "usage")["sgd_momentum"] == 0.0
+
+
+def test_the_scripts_own_optimizers_kernel_is_changed_at_its_constructor():
+    """The Trainer ignores ``optim`` when it is handed an optimizer: a pick changing the kernel of
+    the script's own AdamW said "optim: adamw_torch → adamw_torch_fused" (a review); and
+    --optimizer-impl given alone keeps the script's optimizer (it had planned AdamW over an own
+    SGD)."""
+    own = {"class": "SGD", "fused": None, "foreach": None, "weight_decay": 0.0, "momentum": 0.9}
+    r = record(optimizer=own)
+    j = map_record(r, given=frozenset({"optimizer_impl"}))
+    assert j.fields["optimizer"] == "sgd" and "optimizer_impl" not in j.fields
+    cur = JobSpec.from_dict({**map_record(r).fields, "micro_batch": 2, "grad_accum": 4})
+    ch = keyword_diff(r, cur, cur.replace(optimizer_impl="fused"))
+    from trainfit.render.script import change_words
+
+    assert change_words(ch) == [
+        "the script's own SGD(...) (Trainer(optimizers=...)): fused=True, foreach=False"]

@@ -216,6 +216,13 @@ def test_the_probe_rebuilds_the_scripts_own_optimizer(tmp_path, impl):
         rebuild_own(own_optimizer(Scheduled(model.parameters(), None)),
                     JobSpec(model="x", optimizer="sgd"))
     assert "--optimizer sgd" in err.value.hint
+    # a rebuild the kernel refuses (a tensor lr under foreach): the job as trainfit builds it,
+    # not the whole tune lost (a review)
+    tensor_lr = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-3), fused=True)
+    probe = _probe_over(model, tensor_lr, tmp_path)
+    opt = ScriptProbe._optimizer(probe, JobSpec(model="x", optimizer_impl="foreach",
+                                                weight_decay=0.01))
+    assert type(opt) is torch.optim.AdamW and opt.param_groups[0]["foreach"] is True
 
 
 def test_the_reader_takes_the_largest_groups_momentum_and_decay():

@@ -32,6 +32,12 @@ ARG_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16"
 """The TrainingArguments keywords a pick can change (checkpointing apart: see below)."""
 
 
+_KERNEL_KEYWORDS = {"fused": {"fused": True, "foreach": False},
+                    "foreach": {"fused": False, "foreach": True},
+                    "forloop": {"fused": False, "foreach": False}}
+"""torch's optimizer keywords for each implementation, both said (torch refuses both True)."""
+
+
 def load_dtype(job: JobSpec) -> str:
     """The dtype the model is loaded in for ``job`` (trainfit.model.workload's policy): the
     frozen base for LoRA, every weight for full fine-tuning, the 4-bit layers' compute dtype for
@@ -64,9 +70,18 @@ def keyword_diff(rec: dict[str, Any], current: JobSpec, pick: JobSpec) -> list[K
     out: list[KeywordChange] = []
     batch = ("per_device_train_batch_size", "gradient_accumulation_steps")
     batch_changed = any(cur[k] != new[k] for k in batch)
+    own = rec.get("optimizer")
     for k in ARG_KEYS:
+        if k == "optim" and own is not None:
+            continue  # the Trainer ignores optim when it is handed an optimizer: said below
         if cur.get(k) != new.get(k) or (k in batch and batch_changed):
             out.append(KeywordChange(args_cls, k, cur.get(k), new.get(k)))
+    if own is not None and current.optimizer_impl != pick.optimizer_impl:
+        # the kernel of the script's own optimizer is its constructor's (a review: the change
+        # said "optim: adamw_torch → adamw_torch_fused", which the Trainer ignores)
+        where = f"the script's own {own['class']}(...) (Trainer(optimizers=...))"
+        before, after = _KERNEL_KEYWORDS[current.optimizer_impl], _KERNEL_KEYWORDS[pick.optimizer_impl]
+        out += [KeywordChange(where, k, before[k], after[k]) for k in after]
     if current.method != pick.method:  # a --method given over the script's
         out.append(KeywordChange("the model's adapters (LoraConfig / BitsAndBytesConfig / "
                                  "get_peft_model)", "method", current.method, pick.method))

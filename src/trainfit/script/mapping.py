@@ -390,7 +390,9 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
                            if ld.get("this_model")), "")
         f["base_dtype"] = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(
             frozen, "auto")
-    if not {"optimizer", "optimizer_impl"} & given:
+    if "optimizer" not in given:
+        # the script's optimizer, its kernel too unless --optimizer-impl is given (given alone it
+        # had replaced the script's SGD with AdamW, a review)
         fields, where["optimizer"] = script_optimizer(rec)
         f.update({k: v for k, v in fields.items() if k not in given and k != "weight_decay"})
     f["grad_ckpt"], reentrant, where["grad_ckpt"] = _checkpointing(rec)

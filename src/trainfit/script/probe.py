@@ -176,9 +176,18 @@ class ScriptProbe(Probe):
         script = self._script_optimizer
         same = script is not None and all(getattr(job, k) == v for k, v in script.items()
                                           if k != "optimizer_impl")
+        own = None
         if same and self._own is not None:
-            tr.optimizer = rebuild_own(self._own, job)
-        elif same:
+            try:
+                own = rebuild_own(self._own, job)
+            except JobError:
+                # a class that cannot be rebuilt with this kernel (a tensor lr under foreach, an
+                # __init__ argument its defaults do not hold): the job as trainfit builds it —
+                # the one plan predicted — rather than the whole tune lost (a review)
+                own = None
+        if own is not None:
+            tr.optimizer = own
+        elif same and self._own is None:
             tr.args.optim = OptimizerNames(hf_training_args(job)["optim"])
             tr.optimizer = None
             tr.optimizer = tr.create_optimizer()
