@@ -585,3 +585,25 @@ def test_the_scripts_own_optimizers_kernel_is_changed_at_its_constructor():
 
     assert change_words(ch) == [
         "the script's own SGD(...) (Trainer(optimizers=...)): fused=True, foreach=False"]
+
+
+def test_another_optimizer_over_the_scripts_own_is_said_as_the_one_to_hand_the_trainer():
+    """--optimizer adamw-8bit over a script's own AdamW: nothing was said once optim (which the
+    Trainer ignores then) was left out (a review); a class with no kernel keywords gets none, and
+    --optimizer-impl given alone does not refuse the kernel it replaces."""
+    from trainfit.render.script import change_words
+
+    own = {"class": "AdamW", "fused": None, "foreach": None, "weight_decay": 0.0}
+    r = record(optimizer=own)
+    cur = JobSpec.from_dict({**map_record(r).fields, "micro_batch": 2, "grad_accum": 4})
+    words = change_words(keyword_diff(r, cur, cur.replace(optimizer="adamw-8bit",
+                                                          optimizer_impl="fused")))
+    assert words == ["Trainer(optimizers=(…, scheduler)): the script's own AdamW: "
+                     "optimizer='bitsandbytes.optim.AdamW8bit(model.parameters(), lr=...)'"]
+    bnb = record(optimizer={**own, "module": "bitsandbytes.optim.adamw", "optim_bits": 32,
+                            "kernels": False})
+    cur = JobSpec.from_dict({**map_record(bnb).fields, "micro_batch": 2, "grad_accum": 4})
+    assert keyword_diff(bnb, cur, cur.replace(optimizer_impl="foreach")) == []
+    nesterov = record(optimizer={"class": "SGD", "fused": None, "foreach": False, "momentum": 0.9,
+                                 "nesterov": True, "weight_decay": 0.0})
+    assert map_record(nesterov, given=frozenset({"optimizer_impl"})).fields["optimizer"] == "sgd"

@@ -240,3 +240,14 @@ def test_the_reader_takes_the_largest_groups_momentum_and_decay():
     assert (rec["momentum"], rec["weight_decay"], rec["nesterov"], rec["maximize"]) == (
         0.9, 0.01, True, False)
     assert (rec["fused"], rec["foreach"], rec["module"]) == (None, None, "torch.optim.sgd")
+    # whether tune may ask another kernel of it: not with a tensor lr (foreach refuses one), nor
+    # of a class whose constructor has no fused= / foreach= (the knob is then not tried)
+    assert rec["kernels"] is True
+    fixed = given_optimizer(SimpleNamespace(optimizer=torch.optim.AdamW(
+        a.parameters(), lr=torch.tensor(1e-3), fused=True)))
+    assert fixed["kernels"] is False
+    from trainfit.script.tune import _options
+
+    knobs = [_options(JobSpec(model="x"), {"model": {"trainable_dtype": "bfloat16"},
+                                           "optimizer": own}, {}).knobs for own in (rec, fixed)]
+    assert "optimizer_impl" in knobs[0] and "optimizer_impl" not in knobs[1]

@@ -128,7 +128,7 @@ def script_settings(job: JobSpec, target: str, transformers_version: str | None 
     return out
 
 
-def _optimizer_call(job: JobSpec) -> str:
+def optimizer_call(job: JobSpec) -> str:
     """The script's optimizer constructor; AdamW and SGD with the implementation measured (the
     one-tensor loop as ``foreach=False``: torch's default, ``foreach=None``, picks foreach on
     CUDA — torch/optim/optimizer.py ``_default_to_fused_or_foreach``)."""
@@ -152,12 +152,12 @@ def _optimizer_setting(job: JobSpec, target: str) -> ScriptSetting | None:
         # runs and a fused kernel tune may have measured faster are the script's to pass (a
         # review: a tuned fused SGD vanished from the payload without a word)
         return ScriptSetting("optimizer", f"sgd ({job.optimizer_impl})",
-                             f"Trainer(optimizers=({_optimizer_call(job)}, None))")
+                             f"Trainer(optimizers=({optimizer_call(job)}, None))")
     if job.optimizer == "adamw" and job.optimizer_impl == "forloop":
         # optim="adamw_torch" leaves torch to pick its implementation (foreach on CUDA): the
         # one-tensor-at-a-time loop the job measured is the script's to ask for (an audit)
         return ScriptSetting("optimizer_impl", "forloop", "Trainer(optimizers=("
-                             f"{_optimizer_call(job)}, None))")
+                             f"{optimizer_call(job)}, None))")
     return None
 
 
@@ -174,7 +174,7 @@ def _accelerate_settings(job: JobSpec, transformers_version: str | None) -> list
                              f"Accelerator(gradient_accumulation_steps={job.grad_accum}), "
                              f"DataLoader({loader})"))
     out.append(ScriptSetting("optimizer", f"{job.optimizer} ({job.optimizer_impl})",
-                             _optimizer_call(job)))
+                             optimizer_call(job)))
     if job.max_grad_norm is not None and job.sharding not in ("zero2", "zero3"):
         out.append(ScriptSetting("max_grad_norm", job.max_grad_norm,
                                  f"accelerator.clip_grad_norm_(model.parameters(), "

@@ -14,6 +14,7 @@ from typing import Any
 from trainfit.job import JobSpec
 from trainfit.job.choices import TRANSFORMERS_ATTENTION
 from trainfit.job.emit import hf_training_args
+from trainfit.job.script_settings import optimizer_call
 
 
 @dataclass(frozen=True)
@@ -76,11 +77,19 @@ def keyword_diff(rec: dict[str, Any], current: JobSpec, pick: JobSpec) -> list[K
             continue  # the Trainer ignores optim when it is handed an optimizer: said below
         if cur.get(k) != new.get(k) or (k in batch and batch_changed):
             out.append(KeywordChange(args_cls, k, cur.get(k), new.get(k)))
-    if own is not None and current.optimizer_impl != pick.optimizer_impl:
+    if own is not None and current.optimizer != pick.optimizer:
+        # another optimizer (--optimizer over the script's own): the one to hand the Trainer
+        # (a review: nothing was said once optim was left out)
+        out.append(KeywordChange(f"Trainer(optimizers=(…, scheduler)): the script's own "
+                                 f"{own['class']}", "optimizer", own["class"],
+                                 optimizer_call(pick)))
+    elif own is not None and current.optimizer_impl != pick.optimizer_impl and \
+            own.get("kernels", True):
         # the kernel of the script's own optimizer is its constructor's (a review: the change
         # said "optim: adamw_torch → adamw_torch_fused", which the Trainer ignores)
         where = f"the script's own {own['class']}(...) (Trainer(optimizers=...))"
-        before, after = _KERNEL_KEYWORDS[current.optimizer_impl], _KERNEL_KEYWORDS[pick.optimizer_impl]
+        before = _KERNEL_KEYWORDS[current.optimizer_impl]
+        after = _KERNEL_KEYWORDS[pick.optimizer_impl]
         out += [KeywordChange(where, k, before[k], after[k]) for k in after]
     if current.method != pick.method:  # a --method given over the script's
         out.append(KeywordChange("the model's adapters (LoraConfig / BitsAndBytesConfig / "

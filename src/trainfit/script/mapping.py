@@ -212,8 +212,9 @@ def _precision(rec: dict[str, Any], method: str, notes: list[ScriptNote]) -> str
     return precision
 
 
-def _optimizer(rec: dict[str, Any]) -> tuple[str, str, str]:
-    """(optimizer, implementation, where)."""
+def _optimizer(rec: dict[str, Any], impl_given: bool = False) -> tuple[str, str, str]:
+    """(optimizer, implementation, where); ``impl_given``: --optimizer-impl replaces the script's
+    kernel (a refusal of its kernel does not apply)."""
     given = rec["optimizer"]
     if given is not None:
         cls = given["class"]
@@ -234,7 +235,7 @@ def _optimizer(rec: dict[str, Any]) -> tuple[str, str, str]:
                 raise JobError(f"the script's own {cls} with {what} is not modeled (it keeps more "
                                "optimizer state than plan's)", "drop it, or pass --optimizer to "
                                "plan another")
-        if cls == "SGD" and given.get("nesterov") and impl == "forloop":
+        if cls == "SGD" and given.get("nesterov") and impl == "forloop" and not impl_given:
             # the for-loop's grad.add(buf) is a new tensor beside the decayed copy
             raise JobError("the script's own SGD(nesterov=True, foreach=False) is not modeled",
                            "drop foreach=False (torch's foreach SGD adds the momentum in place)")
@@ -257,11 +258,12 @@ def _optimizer(rec: dict[str, Any]) -> tuple[str, str, str]:
     return (*HF_OPTIM[optim], f"{rec['args']['class']}(optim={optim!r})")
 
 
-def script_optimizer(rec: dict[str, Any]) -> tuple[dict[str, Any], str]:
+def script_optimizer(rec: dict[str, Any], impl_given: bool = False
+                     ) -> tuple[dict[str, Any], str]:
     """The job fields of the optimizer the script steps — its own, else its Trainer's
     ``args.optim`` — (optimizer, optimizer_impl, weight_decay and, for SGD, sgd_momentum), and
     where it was read. Script tune measures that optimizer only where the job's are these."""
-    name, impl, where = _optimizer(rec)
+    name, impl, where = _optimizer(rec, impl_given)
     fields: dict[str, Any] = {"optimizer": name, "optimizer_impl": impl,
                               "weight_decay": _weight_decay(rec)}
     if name == "sgd":
@@ -393,7 +395,7 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
     if "optimizer" not in given:
         # the script's optimizer, its kernel too unless --optimizer-impl is given (given alone it
         # had replaced the script's SGD with AdamW, a review)
-        fields, where["optimizer"] = script_optimizer(rec)
+        fields, where["optimizer"] = script_optimizer(rec, "optimizer_impl" in given)
         f.update({k: v for k, v in fields.items() if k not in given and k != "weight_decay"})
     f["grad_ckpt"], reentrant, where["grad_ckpt"] = _checkpointing(rec)
     if reentrant:

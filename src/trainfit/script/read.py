@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import inspect
 import os
 from typing import Any
 
@@ -248,7 +249,12 @@ def given_optimizer(trainer: Any) -> dict[str, Any] | None:
             "amsgrad": _any(opt, d, "amsgrad"),
             "beta1": next((g.get("beta1") for g in getattr(opt, "param_groups", [])
                            if g.get("beta1") is not None), d.get("beta1")),
-            "min_8bit_size": getattr(bnb_args, "min_8bit_size", None)}
+            "min_8bit_size": getattr(bnb_args, "min_8bit_size", None),
+            # whether another kernel can be asked of it (tune's fused-vs-foreach): a constructor
+            # with fused= and foreach=, and no tensor learning rate (foreach refuses one)
+            "kernels": {"fused", "foreach"} <= set(inspect.signature(type(opt).__init__).parameters)
+            and not any(isinstance(g.get("lr"), torch.Tensor)
+                        for g in getattr(opt, "param_groups", []))}
 
 
 def _largest(opt: Any, defaults: dict[str, Any], key: str) -> float:
