@@ -11,6 +11,8 @@ QUANTS = ("nf4", "nf4-dq", "fp4")
 QUANT_LIBS = ("bnb", "torchao", "torchao-0.1")
 PRECISIONS = ("fp32", "amp-fp16", "amp-bf16", "bf16-true")
 OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "adafactor", "sgd")
+SGD_MOMENTUM = 0.9
+"""trainfit's SGD momentum (JobSpec.sgd_momentum's default; another is SGD's alone)."""
 OPTIMIZER_IMPLS = ("forloop", "foreach", "fused")
 GRAD_CKPT = ("off", "full", "selective")
 ATTENTIONS = ("sdpa", "sdpa-flash", "sdpa-efficient", "sdpa-math", "eager", "flash-attention-2")

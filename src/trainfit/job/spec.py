@@ -30,6 +30,7 @@ from trainfit.job.choices import (  # re-exported: the schema's vocabularies liv
     QUANTS,  # noqa: F401
     REDUCE_DTYPES,
     ROPE_CACHES,
+    SGD_MOMENTUM,
     SHARDINGS,
     JobError,
     _choice,
@@ -141,7 +142,7 @@ class JobSpec:
     optimizer: str = "adamw"
     """adamw, adamw-8bit, paged-adamw, paged-adamw-8bit, adafactor, sgd (with momentum, one state
     a parameter in its dtype: :attr:`sgd_momentum`)."""
-    sgd_momentum: float = 0.9
+    sgd_momentum: float = SGD_MOMENTUM
     """SGD's momentum: > 0 keeps one state a parameter (trainfit's runs: 0.9; HF Trainer's
     optim="sgd" has 0 unless ``optim_args`` sets it, and the emitted settings pass the job's);
     0 keeps none. SGD only."""

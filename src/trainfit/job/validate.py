@@ -10,7 +10,7 @@ import types
 import typing
 from typing import Any
 
-from trainfit.job.choices import JobError, _flag
+from trainfit.job.choices import SGD_MOMENTUM, JobError, _flag
 
 
 def divisors(n: int) -> list[int]:
@@ -49,7 +49,7 @@ def check_numbers(job: Any) -> None:
     if not 0 <= job.sgd_momentum < float("inf"):
         raise JobError(f"--sgd-momentum {job.sgd_momentum}: must be a finite number ≥ 0",
                        "e.g. --sgd-momentum 0.9 (0: plain SGD, no state)")
-    if job.sgd_momentum != 0.9 and job.optimizer != "sgd":
+    if job.sgd_momentum != SGD_MOMENTUM and job.optimizer != "sgd":
         raise JobError(f"--sgd-momentum given with --optimizer {job.optimizer}",
                        "it is SGD's: use --optimizer sgd, or drop --sgd-momentum")
     if not 0.0 <= job.lora_dropout < 1.0:

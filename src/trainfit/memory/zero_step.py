@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from trainfit.job import JobSpec
+from trainfit.job.choices import SGD_MOMENTUM
 
 SUB_GROUP_SIZE = 10**9
 """DeepSpeed's ``sub_group_size`` (``runtime/zero/config.py``: ``pp_int(1e9)``), left so by
@@ -52,7 +53,7 @@ class FlatOptimizerBytes:
 
 @functools.cache
 def flat_optimizer_bytes(optimizer: str, optimizer_impl: str, weight_decay: float = 0.0,
-                         sgd_momentum: float = 0.9) -> FlatOptimizerBytes:
+                         sgd_momentum: float = SGD_MOMENTUM) -> FlatOptimizerBytes:
     """Run the optimizer the job names (:func:`trainfit.model.workload.make_optimizer`'s) on one
     flat fp32 tensor of :data:`_FLAT_ELEMENTS` for two steps and count, with plan's tracker, the
     states the first leaves and the peak the second reaches above them.  The weight decay is

@@ -21,11 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainfit.job import JobError, JobSpec
-from trainfit.job.choices import ENGINE_NAMES, ENGINE_OFFLOADS
+from trainfit.job.choices import ENGINE_NAMES, ENGINE_OFFLOADS, SGD_MOMENTUM
 
 LORA_FOR_FULL = {"lora_r": 16, "lora_alpha": 32}
 """The adapters a full fine-tune's rungs switch to (LoRA, then QLoRA)."""
-_DEFAULT_MOMENTUM = JobSpec.__dataclass_fields__["sgd_momentum"].default
 MIN_RUNG_SAVING = 0.01
 """A rung must lower the device peak by at least 1 % (the extrapolation's own tolerance) to be
 taken: halving Mistral-7B's sequence under bf16-true saved 2 MiB of 41 GiB (the peak is the
@@ -157,7 +156,7 @@ def _offload_step(job: JobSpec, sharding: str, steps: list[tuple[str, dict[str, 
     return (f"CPU offload of {what} (host memory; the step waits on host↔GPU copies: much "
             f"slower{said})", {"offload": offload, "optimizer": own,
                                # SGD's momentum goes with SGD (JobSpec refuses it on another)
-                               **({} if own == "sgd" else {"sgd_momentum": _DEFAULT_MOMENTUM})},
+                               **({} if own == "sgd" else {"sgd_momentum": SGD_MOMENTUM})},
             False)
 
 

@@ -18,6 +18,7 @@ timed steps run batches of the trainer's own order, the same samples for every c
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import time
@@ -36,8 +37,8 @@ from trainfit.model.checkpointing import disable_checkpointing, enable_checkpoin
 from trainfit.model.runtime import RealWorkload, autocast_for, scaler_for
 from trainfit.model.source import ModelSource
 from trainfit.model.workload import make_optimizer
-from trainfit.script.mapping import script_optimizer
-from trainfit.script.read import given_optimizer, trainer_args
+from trainfit.script.optimizer import script_optimizer
+from trainfit.script.read import given_optimizer, takes_kernel, trainer_args
 from trainfit.tune.probe import Probe
 
 
@@ -81,15 +82,15 @@ def rebuild_own(own: OwnOptimizer, job: JobSpec) -> torch.optim.Optimizer:
     cls, defaults, extra, groups = own
     takes = inspect.signature(cls.__init__).parameters
     kernel = {}
-    if {"fused", "foreach"} <= set(takes):
+    if takes_kernel(cls):
         kernel = {"fused": job.optimizer_impl == "fused" or None,
                   "foreach": job.optimizer_impl == "foreach"}
     if cls.__name__.endswith("8bit"):  # its bits are the class's: it refuses optim_bits ≠ 32
         extra = {k: v for k, v in extra.items() if k != "optim_bits"}
+    rebuilt = [dict(g) | {k: v for k, v in kernel.items() if k in g} for g in groups]
     err: Exception | None = None
     for options in ({**extra, **defaults}, defaults):
         kw = {k: v for k, v in options.items() if k in takes} | kernel
-        rebuilt = [dict(g) | {k: v for k, v in kernel.items() if k in g} for g in groups]
         try:
             return cls(rebuilt, **kw)
         except (TypeError, ValueError, RuntimeError) as e:
@@ -178,13 +179,11 @@ class ScriptProbe(Probe):
                                           if k != "optimizer_impl")
         own = None
         if same and self._own is not None:
-            try:
+            # a class that cannot be rebuilt with this kernel (an __init__ argument its defaults
+            # do not hold): the job as trainfit builds it — the one plan predicted — rather than
+            # the whole tune lost (a review)
+            with contextlib.suppress(JobError):
                 own = rebuild_own(self._own, job)
-            except JobError:
-                # a class that cannot be rebuilt with this kernel (a tensor lr under foreach, an
-                # __init__ argument its defaults do not hold): the job as trainfit builds it —
-                # the one plan predicted — rather than the whole tune lost (a review)
-                own = None
         if own is not None:
             tr.optimizer = own
         elif same and self._own is None:

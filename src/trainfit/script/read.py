@@ -252,9 +252,13 @@ def given_optimizer(trainer: Any) -> dict[str, Any] | None:
             "min_8bit_size": getattr(bnb_args, "min_8bit_size", None),
             # whether another kernel can be asked of it (tune's fused-vs-foreach): a constructor
             # with fused= and foreach=, and no tensor learning rate (foreach refuses one)
-            "kernels": {"fused", "foreach"} <= set(inspect.signature(type(opt).__init__).parameters)
-            and not any(isinstance(g.get("lr"), torch.Tensor)
+            "kernels": takes_kernel(type(opt)) and not any(isinstance(g.get("lr"), torch.Tensor)
                         for g in getattr(opt, "param_groups", []))}
+
+
+def takes_kernel(cls: type) -> bool:
+    """Whether an optimizer class's constructor takes torch's kernel keywords (fused=, foreach=)."""
+    return {"fused", "foreach"} <= set(inspect.signature(cls.__init__).parameters)
 
 
 def _largest(opt: Any, defaults: dict[str, Any], key: str) -> float:

@@ -60,6 +60,7 @@ import torch
 
 from trainfit.cache import cache_path, read_json, write_json
 from trainfit.job import JobSpec
+from trainfit.job.choices import SGD_MOMENTUM
 from trainfit.speed.cpu import cpu_model_name
 from trainfit.speed.host_timing import BUSY_SHARE, machine_reference_op_s, time_step
 from trainfit.speed.ops import KernelCounter
@@ -265,7 +266,7 @@ def tiny_job(job: JobSpec, tokens: int = TOKENS) -> JobSpec:
         lm_head_chunk=chunk, data=None, optimizer="adamw", optimizer_impl="foreach",
         # SGD's momentum goes with SGD (JobSpec refuses it on AdamW: an HF optim="sgd" job's 0
         # had lost its host measurement, a review)
-        sgd_momentum=JobSpec.__dataclass_fields__["sgd_momentum"].default,
+        sgd_momentum=SGD_MOMENTUM,
         kbit_prepared=False,
         attention="sdpa" if job.attention == "flash-attention-2" else job.attention,
         padded="always" if job.padded != "none" else "none")
