@@ -62,15 +62,20 @@ def test_zero3_keeps_what_is_reused_within_the_distance():
     856 M, head 262 M): the head and the last layer (1.12 B); a small model: everything."""
     from trainfit.memory.zero import zero3_gathered_bytes
 
-    def gathered(layer_numel, layers, vocab_numel, tied=False, prefetch=0):
+    def gathered(layer_numel, layers, vocab_numel, tied=False, prefetch=0, largest=0):
         ends = (0, vocab_numel * 2) if tied else (vocab_numel * 2, vocab_numel * 2)
         return zero3_gathered_bytes(layer_numel * 2 * layers + sum(ends), layers=layers,
-                                    end_bytes=ends, compute_bytes=2, prefetch_bytes=prefetch)
+                                    end_bytes=ends, compute_bytes=2, prefetch_bytes=prefetch,
+                                    largest_param_bytes=largest)
 
     l7, v7 = 202_383_360, 32000 * 4096
     # the window keeps the head and the last two layers (536 M), the prefetcher up to
     # stage3_max_live_parameters (1e9): the prefetcher's
     assert gathered(l7, 32, v7) == 10**9 * 2
+    # ... passed by up to its largest parameter, the head (131 M), less an element
+    assert gathered(l7, 32, v7, largest=v7 * 2) == 10**9 * 2 + v7 * 2 - 2
+    # not known: the larger of the end modules and a whole layer
+    assert gathered(l7, 32, v7, largest=None) == 10**9 * 2 + l7 * 2 - 2
     l70, v70 = 855_654_400, 32000 * 8192
     assert gathered(l70, 80, v70) == v70 * 2 + l70 * 2
     # a head past half the distance (256 k × 8192): no layer comes back in reach, only the head
@@ -79,9 +84,9 @@ def test_zero3_keeps_what_is_reused_within_the_distance():
     # layer in flight is the larger, and the prefetcher's 1e9 larger still
     assert gathered(l70, 80, 152_064 * 4096) == 10**9 * 2
     # Llama-3.2-1B-like (16 × 60 M, tied 263 M embedding): the window keeps the tied head and
-    # the last 4 layers, the prefetcher 1e9 of its 1.22 B
+    # the last 4 layers, the prefetcher 1e9 of its 1.22 B (no bucket past the cap)
     tied = gathered(60_000_000, 16, 128256 * 2048, tied=True, prefetch=10)
-    assert tied == 10**9 * 2 + 10
+    assert tied == 10**9 * 2
     # a frozen embedding whose output needs no gradient has no backward: released after its
     # forward (LoRA without checkpointing)
     assert zero3_gathered_bytes(4_200_000, layers=4, end_bytes=(200_000, 0), compute_bytes=2,

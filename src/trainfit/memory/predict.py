@@ -197,6 +197,7 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
            matmul_params: int = 0,
            host_activations: HostActivations | None = None,
            pinned_extra_bytes: int = 0, largest_trainable_numel: int = 0,
+           largest_param_bytes: int | None = None,
            packed_4bit_params: int = 0, expandable_figure: bool = False) -> MemoryPrediction:
     """Turn simulated tensor bytes into the allocated / reserved / device peaks and the fit.
 
@@ -220,11 +221,12 @@ def finish(job: JobSpec, source: ModelSource, gpu: GpuSpec | None, *, tensor_pea
     phases = {peak_phase: breakdown, **{k: v for k, v in (phase_breakdowns or {}).items()
                                         if k != peak_phase}}
     per_phase, dp_notes = rank_phases(job, source, phases, trainable_params, per_rank,
-                                      quant_state_bytes, largest_trainable_numel)
+                                      quant_state_bytes, largest_trainable_numel,
+                                      largest_param_bytes)
     phase = max(per_phase, key=lambda k: sum(per_phase[k].values()))
     terms = per_phase[phase]
     host = host_offload_bytes(job, source, phases, per_phase, trainable_params, per_rank,
-                              quant_state_bytes, largest_trainable_numel)
+                              quant_state_bytes, largest_trainable_numel, largest_param_bytes)
     host += pinned_extra_bytes + zero_host_extra_bytes(
         job, trainable_params, largest_trainable_numel) if host else 0
     allocated = sum(terms.values()) + blocks + work
@@ -456,4 +458,5 @@ def predict_memory(job: JobSpec, source: ModelSource, gpu: GpuSpec | None,
                   host_activations=host_activations_of_sizes(sim.info["offloaded_sizes"])
                   if "offloaded_sizes" in sim.info else None,
                   pinned_extra_bytes=pinned_extra(sim.info.get("pinned_shards")),
-                  largest_trainable_numel=sim.info.get("largest_trainable_numel", 0))
+                  largest_trainable_numel=sim.info.get("largest_trainable_numel", 0),
+                  largest_param_bytes=sim.info.get("largest_param_bytes"))

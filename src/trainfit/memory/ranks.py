@@ -139,7 +139,8 @@ def _gpu_quant_state(job: JobSpec, quant_state_bytes: int) -> int:
 def host_offload_bytes(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int]],
                        off: dict[str, dict[str, int]], trainable_params: int,
                        per_rank: bool = False, quant_state_bytes: int = 0,
-                       largest_trainable_numel: int = 0) -> int:
+                       largest_trainable_numel: int = 0,
+                       largest_param_bytes: int | None = None) -> int:
     """Host RAM one rank's CPU offload holds: what the rank keeps on the GPU without the offload
     less what it keeps with it (``off``: the job's :func:`rank_phases`, made from ``phases``),
     at the phase they differ most — the parameter shards, fp32
@@ -154,7 +155,8 @@ def host_offload_bytes(job: JobSpec, source: ModelSource, phases: dict[str, dict
     if job.offload == "none":
         return 0
     on_gpu, _ = rank_phases(job.replace(offload="none"), source, phases, trainable_params,
-                            per_rank, quant_state_bytes, largest_trainable_numel)
+                            per_rank, quant_state_bytes, largest_trainable_numel,
+                            largest_param_bytes)
     if job.sharding in ("zero2", "zero3") and "optimizer" in on_gpu:
         # the host holds the fp32 gradient partition (4 B a partitioned value; ZeRO-3: every
         # sub-group's), where the GPU's step makes one sub-group's at a time beside its 16-bit
@@ -172,7 +174,8 @@ def host_offload_bytes(job: JobSpec, source: ModelSource, phases: dict[str, dict
 
 def rank_phases(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, int]],
                 trainable_params: int, per_rank: bool = False, quant_state_bytes: int = 0,
-                largest_trainable_numel: int = 0) -> tuple[dict[str, dict[str, int]], list[str]]:
+                largest_trainable_numel: int = 0, largest_param_bytes: int | None = None
+                ) -> tuple[dict[str, dict[str, int]], list[str]]:
     """Each phase's per-rank breakdown (every term ≥ 0), and the notes; the largest phase is the
     per-rank allocated peak.
 
@@ -188,7 +191,8 @@ def rank_phases(job: JobSpec, source: ModelSource, phases: dict[str, dict[str, i
             job, phases, trainable_params=trainable_params, quant_state_bytes=quant_state_bytes,
             hidden=hidden_size(source), layers=_layers(source),
             compute_bytes=compute_dtype_bytes(job), end_bytes=end_parameter_bytes(job, source),
-            largest_trainable_numel=largest_trainable_numel)
+            largest_trainable_numel=largest_trainable_numel,
+            largest_param_bytes=largest_param_bytes)
     elif per_rank:
         per_phase = phases
         notes = [_fsdp_sim_note(job)]

@@ -156,6 +156,7 @@ and the HF DeepSpeed docs' ZeRO-3 configs' value; the prefetcher's cap."""
 
 def zero3_gathered_bytes(param_bytes: int, *, layers: int, end_bytes: tuple[int, int],
                          compute_bytes: int, prefetch_bytes: int, embed_in_backward: bool = True,
+                         largest_param_bytes: int | None = None,
                          max_reuse_distance: int = MAX_REUSE_DISTANCE,
                          max_live_parameters: int = MAX_LIVE_PARAMETERS) -> int:
     """Parameters one ZeRO-3 rank holds gathered at the backward's start (its activation peak).
@@ -178,7 +179,9 @@ def zero3_gathered_bytes(param_bytes: int, *, layers: int, end_bytes: tuple[int,
     not met again and is released after its forward.  ``param_bytes`` excludes bitsandbytes'
     quantization state (not a parameter); packed 4-bit weights count in elements of their
     storage dtype, as DeepSpeed's ``ds_numel`` does (read at ``compute_bytes`` per element: uint8
-    storage counts half its elements, keeping more layers — the safe side)."""
+    storage counts half its elements, keeping more layers — the safe side).
+    ``largest_param_bytes``: the largest parameter's gathered bytes, by which the prefetcher can
+    pass ``max_live_parameters`` (None: not known, the larger of the end modules and a layer)."""
     embed, head = end_bytes
     layer = max(param_bytes - embed - head, 0) // max(layers, 1)
     modules = [embed, *([layer] * max(layers, 1)), head]  # forward order
@@ -205,19 +208,34 @@ def zero3_gathered_bytes(param_bytes: int, *, layers: int, end_bytes: tuple[int,
     # the cap is in elements, read at compute_bytes each: a bf16 model's fp32 parameters (kept
     # in fp32, LoRA's) would count as more elements than the cap's bytes hold (a few, in reach
     # of the head only), 4-bit storage's 1-byte elements as fewer (over: the safe side)
-    live = min(reachable, max_live_parameters * compute_bytes)
-    return min(param_bytes, max(kept, live, layer) + prefetch_bytes)
+    cap = max_live_parameters * compute_bytes
+    if reachable <= cap:
+        return min(param_bytes, max(kept, reachable, layer) + prefetch_bytes)
+    # Past the cap: its loop (``while ... numel_prefetching < max_params_to_prefetch``) adds a
+    # parameter while the count is under the cap, so the last one it pops passes it by up to
+    # that parameter, less one element, and nothing more is prefetched (the bucket is bounded by
+    # the cap).  Seen on 2 gloo ranks (DeepSpeed 0.19.8, a 1.06 M-element Llama, the reuse
+    # distance 0, 14 caps 330 k … 800 k elements): the peak held 0.9 k … 31 k elements past the
+    # cap, where a layer's largest projection is 44 k, and 256 k past 800 k, the head's (the
+    # whole model gathered); a cap + the prefetch bucket (15 k) had been 0.5 MB under there
+    # (tests/memory/test_zero_vs_gloo.py).  At Llama-3-8B the head is 1.0 GiB in bf16.
+    largest = max(embed, head, layer) if largest_param_bytes is None else largest_param_bytes
+    live = min(reachable, cap + max(largest - compute_bytes, 0))
+    return min(param_bytes, max(kept + prefetch_bytes, live, layer + prefetch_bytes))
 
 
 def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_params: int,
                 quant_state_bytes: int, hidden: int, layers: int, compute_bytes: int,
-                end_bytes: tuple[int, int] = (0, 0), largest_trainable_numel: int = 0
+                end_bytes: tuple[int, int] = (0, 0), largest_trainable_numel: int = 0,
+                largest_param_bytes: int | None = None
                 ) -> tuple[dict[str, dict[str, int]], list[str]]:
     """Each simulated phase's breakdown as one ZeRO rank holds it.  ``phases`` come from the
     compute-dtype one-process step (:func:`compute_job`); ``compute_bytes``: bytes per element
     of that dtype; ``end_bytes``: (input embedding, output head) parameter bytes outside the
     layers (:func:`end_parameter_bytes`; ZeRO-3's reuse distance); ``largest_trainable_numel``:
-    the elements of the largest trainable parameter (ZeRO-2 offload's GPU staging buffer)."""
+    the elements of the largest trainable parameter (ZeRO-2 offload's GPU staging buffer);
+    ``largest_param_bytes``: the largest parameter's bytes in that step (ZeRO-3's prefetcher
+    passes ``stage3_max_live_parameters`` by up to one; None: not known)."""
     n = job.ranks
     stage3 = job.sharding == "zero3"
     off_opt = job.offload in ("optimizer", "all")
@@ -233,13 +251,19 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
     # ``else`` clones (a review: ZeRO-3 fp32 measured 12 % over plan at the step, 7 % at the
     # peak, on 2 gloo ranks)
     master = -(-trainable_params * 4 // n)
-    gathered = 0
+    gathered, past_cap = 0, 0
     if stage3:
         partitioned = -(-(params - quant_state_bytes) // n)
         gathered = zero3_gathered_bytes(
             params - quant_state_bytes, layers=layers, end_bytes=end_bytes,
             compute_bytes=compute_bytes, prefetch_bytes=int(0.9 * hidden * hidden) * compute_bytes,
-            embed_in_backward=job.method == "full" or job.grad_ckpt != "off")
+            embed_in_backward=job.method == "full" or job.grad_ckpt != "off",
+            largest_param_bytes=largest_param_bytes, max_live_parameters=MAX_LIVE_PARAMETERS,
+            max_reuse_distance=MAX_REUSE_DISTANCE)
+        # where the model passes the cap, what the prefetcher's last pop adds past it is a bound
+        # (the largest parameter), said in the notes
+        past_cap = largest_param_bytes if params - quant_state_bytes > (
+            MAX_LIVE_PARAMETERS * compute_bytes) else 0
         param_term = (0 if off_par else partitioned) + quant_state_bytes + gathered
         buckets = bucket
     else:
@@ -286,11 +310,12 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
         out[key] = {c: -(-v // K_MIN_BLOCK) * K_MIN_BLOCK for c, v in t.items()}
     return out, _zero_notes(job, gathered=gathered, bucket=bucket,
                             quant_state_bytes=quant_state_bytes,
-                            whole_bytes=params, held_bytes=param_term)
+                            whole_bytes=params, held_bytes=param_term, past_cap_bytes=past_cap)
 
 
 def _zero_notes(job: JobSpec, *, gathered: int, bucket: int, quant_state_bytes: int,
-                whole_bytes: int = 0, held_bytes: int = 0) -> list[str]:
+                whole_bytes: int = 0, held_bytes: int = 0, past_cap_bytes: int | None = 0
+                ) -> list[str]:
     """What :func:`zero_phases` modelled, said: each term's source and how it was counted."""
     n = job.ranks
     stage3 = job.sharding == "zero3"
@@ -301,9 +326,18 @@ def _zero_notes(job: JobSpec, *, gathered: int, bucket: int, quant_state_bytes: 
     held = (f"partitioned ÷ {n}{' (on the host)' if off_par else ''} + "
             f"{gathered / 2**20:,.0f} MiB gathered on the GPU (what the prefetcher, which runs "
             f"ahead of the forward into the backward's uses, keeps up to "
-            f"stage3_max_live_parameters = {MAX_LIVE_PARAMETERS:.0e} elements; the modules reused "
+            f"stage3_max_live_parameters = {MAX_LIVE_PARAMETERS:.0e} elements, passed by up to the "
+            f"one parameter that crosses it; the modules reused "
             f"within stage3_max_reuse_distance = {MAX_REUSE_DISTANCE:.0e} elements, or one layer, "
             f"where more; and the prefetch bucket)" if stage3 else "whole")
+    if stage3 and past_cap_bytes != 0:
+        # the pass measured on 2 gloo ranks ran from a few elements to the whole parameter
+        largest = (f"{past_cap_bytes / 2**20:,.0f} MiB (the largest parameter)" if past_cap_bytes
+                   else "the largest parameter (not known: a layer's or an end module's, the "
+                   "larger, counted)")
+        held += (f" — of which up to {largest} is a bound: what the prefetcher's last pop adds "
+                 "past the cap, measured on 2 CPU ranks from a few elements to the whole "
+                 "parameter")
     notes = [f"DeepSpeed ZeRO-{3 if stage3 else 2} over {n} rank{'s' if n > 1 else ''} (terms "
              f"from its code, stage{'3' if stage3 else '_1_and_2'}.py, checked against DeepSpeed "
              f"0.19 on 2 CPU ranks within +0.04 … +1.3 %): parameters {held}; fp32 master, "

@@ -239,6 +239,10 @@ class _Grid:
                      # the embedding or head, or a layer's: the same at every depth
                      largest_trainable_numel=max(p.sim.info.get("largest_trainable_numel", 0)
                                                  for p in model.points),
+                     largest_param_bytes=max((p.sim.info["largest_param_bytes"]
+                                              for p in model.points
+                                              if "largest_param_bytes" in p.sim.info),
+                                             default=None),
                      expandable_figure=expandable_figure)
         done[micro] = mem
         return cj, mem
