@@ -455,3 +455,18 @@ def test_a_command_without_dashes_beside_job_flags_is_refused(verb, tmp_path):
     assert "a command goes after --; without it trainfit took --model, --data as its own" \
         in res.output
     assert f"trainfit {verb} [trainfit's options] -- python {script} [its options]" in res.output
+
+
+def test_an_optimizer_the_trainer_builds_from_its_own_class_is_planned(seed000):
+    """Seed 000 with ``Trainer(optimizer_cls_and_kwargs=(torch.optim.AdamW, {...}))``: the
+    Trainer steps torch's AdamW with its default kernel (foreach on a GPU), not the script's
+    optim="adamw_torch_fused" (planned so before: the fused step's no temporaries, where
+    foreach keeps a list of them the size of the trainable weights).  Read from the optimizer the
+    Trainer builds on the meta model."""
+    seed000.script.write_text(seed000.script.read_text().replace(
+        "train_dataset=ds,", "train_dataset=ds, optimizer_cls_and_kwargs=(torch.optim.AdamW, "
+        "{'lr': 2e-4, 'betas': (0.9, 0.95)}),"))
+    rec = run_script(seed000.cmd(), mode="plan", gpu={"name": "A10G", "free_bytes": 20 * 2**30})
+    assert rec["model"]["device"] == "meta" and rec["optimizer"]["class"] == "AdamW"
+    f = map_record(rec).fields
+    assert (f["optimizer"], f["optimizer_impl"]) == ("adamw", "foreach")

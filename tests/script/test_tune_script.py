@@ -225,6 +225,54 @@ def test_the_probe_rebuilds_the_scripts_own_optimizer(tmp_path, impl):
     assert type(opt) is torch.optim.AdamW and opt.param_groups[0]["foreach"] is True
 
 
+def test_the_optimizer_a_trainer_builds_itself_is_read_from_what_it_builds(tmp_path):
+    """``Trainer(optimizer_cls_and_kwargs=...)`` and a subclass's own ``create_optimizer`` build
+    the optimizer the script steps, not ``args.optim``'s: both were read from ``args.optim``
+    (transformers 5's default adamw_torch_fused: no temporaries) where a foreach AdamW keeps Ψ·4
+    bytes of them.  Read from what the trainer builds (plan's meta model takes it: a constructor
+    makes no state), the trainer left without it; what it raises is one line."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    from trainfit.script.mapping import script_optimizer
+    from trainfit.script.probe import own_optimizer
+    from trainfit.script.read import built_optimizer, given_optimizer, trainer_args
+
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, vocab_size=256,
+                                         num_hidden_layers=1, num_attention_heads=4,
+                                         num_key_value_heads=2))
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[],
+                             weight_decay=0.05)
+    tr = Trainer(model=model, args=args,
+                 optimizer_cls_and_kwargs=(torch.optim.AdamW, {"lr": 1e-3, "foreach": True}))
+    rec = given_optimizer(tr)
+    assert tr.optimizer is None
+    assert (rec["class"], rec["foreach"], rec["fused"], rec["weight_decay"]) == (
+        "AdamW", True, None, 0.05)
+    fields, where = script_optimizer({"optimizer": rec, "args": trainer_args(tr.args)})
+    assert (fields["optimizer"], fields["optimizer_impl"]) == ("adamw", "foreach")
+    assert where == "the optimizer the script built"
+    # without them: args.optim's, read from the arguments (None here)
+    assert given_optimizer(Trainer(model=model, args=args)) is None
+
+    class OwnSGD(Trainer):
+        def create_optimizer(self):
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-3, momentum=0.9)
+            return self.optimizer
+
+    own = OwnSGD(model=model, args=args)
+    rec = given_optimizer(own)
+    assert (rec["class"], rec["momentum"], own.optimizer) == ("SGD", 0.9, None)
+    # the probe rebuilds what the subclass builds (its class and groups)
+    assert own_optimizer(built_optimizer(own))[0] is torch.optim.SGD
+
+    class Broken(Trainer):
+        def create_optimizer(self):
+            raise ValueError("needs the data")
+
+    with pytest.raises(JobError, match=r"Broken\.create_optimizer\) could not be read"):
+        given_optimizer(Broken(model=model, args=args))
+
+
 def test_the_reader_takes_the_largest_groups_momentum_and_decay():
     """An own SGD whose default momentum is 0 but one group's 0.9 keeps a state for that group:
     read from the defaults alone it was planned without (a review); decay likewise, and
@@ -240,6 +288,21 @@ def test_the_reader_takes_the_largest_groups_momentum_and_decay():
     assert (rec["momentum"], rec["weight_decay"], rec["nesterov"], rec["maximize"]) == (
         0.9, 0.01, True, False)
     assert (rec["fused"], rec["foreach"], rec["module"]) == (None, None, "torch.optim.sgd")
+    # the kernel is the largest group's, which torch steps with its own (a group's foreach=False
+    # over the defaults' None: the for-loop, whose flat ZeRO partition holds 8 B an element to
+    # foreach's 4; read from the defaults it was foreach)
+    big, small = torch.nn.Linear(64, 64), torch.nn.LayerNorm(64)
+    mixed = given_optimizer(SimpleNamespace(optimizer=torch.optim.AdamW(
+        [{"params": big.parameters(), "foreach": False}, {"params": small.parameters()}],
+        lr=1e-3)))
+    assert (mixed["fused"], mixed["foreach"]) == (None, False)
+    from trainfit.script.optimizer import _implementation
+
+    assert _implementation(mixed) == "forloop"
+    flipped = given_optimizer(SimpleNamespace(optimizer=torch.optim.AdamW(
+        [{"params": big.parameters()}, {"params": small.parameters(), "foreach": False}],
+        lr=1e-3, fused=True)))
+    assert _implementation(flipped) == "fused"
     # whether tune may ask another kernel of it: not with a tensor lr (foreach refuses one), nor
     # of a class whose constructor has no fused= / foreach= (the knob is then not tried)
     assert rec["kernels"] is True

@@ -38,7 +38,7 @@ from trainfit.model.runtime import RealWorkload, autocast_for, scaler_for
 from trainfit.model.source import ModelSource
 from trainfit.model.workload import make_optimizer
 from trainfit.script.optimizer import script_optimizer
-from trainfit.script.read import given_optimizer, takes_kernel, trainer_args
+from trainfit.script.read import built_optimizer, given_optimizer, takes_kernel, trainer_args
 from trainfit.tune.probe import Probe
 
 
@@ -132,7 +132,7 @@ class ScriptProbe(Probe):
         self._args0 = copy.copy(trainer.args)
         self._train_batch_size0 = trainer._train_batch_size
         self._key = None
-        self._own = own_optimizer(getattr(trainer, "optimizer", None))
+        self._own = own_optimizer(built_optimizer(trainer))
         self._script_optimizer = _script_optimizer(trainer)
         """The job fields of the optimizer the script steps (None: one plan refuses)."""
 

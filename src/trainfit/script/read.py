@@ -227,19 +227,57 @@ def _lora(model: Any) -> dict[str, Any] | None:
             "use_rslora": bool(getattr(lc, "use_rslora", False)), "adapted": adapted}
 
 
-def given_optimizer(trainer: Any) -> dict[str, Any] | None:
-    """An optimizer the script built itself (``optimizers=(opt, sched)``), else None."""
+def built_optimizer(trainer: Any) -> torch.optim.Optimizer | None:
+    """The optimizer the script decides: its own (``optimizers=(opt, sched)``), or the one its
+    Trainer builds from other than ``args.optim`` — ``optimizer_cls_and_kwargs``, or a subclass's
+    own ``create_optimizer`` — built here by the trainer (a constructor makes no state: the meta
+    model's parameters take it) and the trainer left without it, as it was.  None: the Trainer
+    builds ``args.optim``'s (read from the arguments; before, these two were read so too, so a
+    foreach AdamW from ``optimizer_cls_and_kwargs`` over the default adamw_torch_fused was planned
+    without its Ψ·4 temporaries)."""
     opt = getattr(trainer, "optimizer", None)
+    if opt is not None:
+        return opt
+    from transformers import Trainer  # lazy: a Trainer was built, so transformers is loaded
+
+    create = getattr(type(trainer), "create_optimizer", None)
+    if getattr(trainer, "optimizer_cls_and_kwargs", None) is None and (
+            create is None or create is Trainer.create_optimizer):
+        return None
+    how = ("its optimizer_cls_and_kwargs" if getattr(trainer, "optimizer_cls_and_kwargs", None)
+           is not None else f"{type(trainer).__name__}.create_optimizer")
+    try:
+        built = trainer.create_optimizer() or trainer.optimizer
+    except Exception as err:  # the script's own code: whatever it raises is said
+        raise JobError(f"the optimizer the Trainer builds ({how}) could not be read: "
+                       f"{type(err).__name__}: {err}",
+                       "pass --optimizer (adamw, sgd, adafactor …) to plan it as one of "
+                       "trainfit's") from None
+    finally:
+        trainer.optimizer = None
+    return built
+
+
+def given_optimizer(trainer: Any) -> dict[str, Any] | None:
+    """The optimizer the script decides (:func:`built_optimizer`), read; None: ``args.optim``'s."""
+    opt = built_optimizer(trainer)
     if opt is None:
         return None
     d = getattr(opt, "defaults", {})
     # the largest group's decay: SGD's L2 decay copies the gradients of the groups that have one
     decay = _largest(opt, d, "weight_decay")
-    # fused and foreach as given (None: torch's default, foreach on CUDA; False: not that one)
+    # fused and foreach as given (None: torch's default, foreach on CUDA; False: not that one),
+    # the largest group's: torch steps each group with its own (``group["foreach"]``, which a
+    # group given its own overrides the defaults with), and the temporaries of a group's step
+    # are freed before the next's, so the largest group's kernel makes the step's peak (a group
+    # of norms with another kernel differs by its few elements)
+    kernel = max(getattr(opt, "param_groups", None) or [d],
+                 key=lambda g: sum(p.numel() for p in g.get("params", [])))
     bnb_args = getattr(opt, "args", None)  # bitsandbytes' settings
     bits = getattr(bnb_args, "optim_bits", None)
     return {"class": type(opt).__name__, "module": type(opt).__module__,
-            "optim_bits": bits, "fused": d.get("fused"), "foreach": d.get("foreach"),
+            "optim_bits": bits, "fused": kernel.get("fused", d.get("fused")),
+            "foreach": kernel.get("foreach", d.get("foreach")),
             # the largest group's momentum (a state for every group that has one), and
             # nesterov / maximize in any group
             "weight_decay": decay, "momentum": _largest(opt, d, "momentum"),
