@@ -3,52 +3,12 @@ flags, what is refused rather than under-predicted, the lengths planned at, and 
 
 from __future__ import annotations
 
-import copy
-import re
-
 import pytest
+from script_records import record
 
 from trainfit.job import JobError, JobSpec
 from trainfit.script.diff import SWITCH_OFF, keyword_diff
 from trainfit.script.mapping import map_record
-
-
-def record(**over) -> dict:
-    """seed 000's record (Trainer, LoRA on a bf16 Gemma, bf16=True, 2 × 4, checkpointing on)."""
-    r = {
-        "trainer": "Trainer", "mode": "plan", "ckpt_calls": [], "device_maps": [], "optimizer": None,
-        "args": {"class": "TrainingArguments", "optim": "adamw_torch_fused",
-                 "has_activation_checkpointing": True, "per_device_train_batch_size": 2,
-                 "gradient_accumulation_steps": 4, "world_size": 1, "bf16": True, "fp16": False,
-                 "learning_rate": 2e-4, "max_grad_norm": 1.0, "seed": 42, "weight_decay": 0.0,
-                 "dataloader_num_workers": 0, "dataloader_pin_memory": True,
-                 "dataloader_persistent_workers": False, "dataloader_prefetch_factor": None,
-                 "torch_compile": False, "gradient_checkpointing_kwargs": None, "max_length": None,
-                 "max_seq_length": None, "packing": None, "padding_free": None,
-                 "packing_strategy": None, "gradient_checkpointing": True},
-        "model": {"class": "GemmaForCausalLM", "task": "causal-lm", "name_or_path": "/m/gemma",
-                  "config": {"dtype": "bfloat16"}, "device": "meta", "attn_implementation": "sdpa",
-                  "total_params": 81472, "trainable_params": 3328, "quantized_params": 0,
-                  "params_by_dtype": [], "frozen_dtype": "bfloat16", "trainable_dtype": "float32",
-                  "gradient_checkpointing": False, "quantization": None, "loaded_in_4bit": False,
-                  "loaded_in_8bit": False},
-        "lora": {"type": "LoraConfig", "r": 8, "lora_alpha": 16, "lora_dropout": 0.05,
-                 "target_modules": ["q_proj", "v_proj"], "modules_to_save": [], "use_dora": False,
-                 "bias": "none", "use_rslora": False, "adapted": ["a", "b", "c", "d"]},
-        "loads": [{"this_model": True, "dtype": "torch.bfloat16", "at": "train.py:19"}],
-        "lengths": {"dataset_samples": 6, "samples_read": 6, "sample_lengths": [10, 20, 30, 40, 50, 90],
-                    "sample_label_lengths": [],
-                    "batches": [{"rows": 2, "length": n, "label_length": n, "tokens": n,
-                                 "padded": True, "position_ids": False} for n in (20, 40, 90)],
-                    "batches_read": 3, "batches_total": 3, "keys": ["input_ids"]},
-    }
-    for path, value in over.items():
-        *head, last = path.split("__")
-        d = r
-        for k in head:
-            d = d[k]
-        d[last] = value
-    return copy.deepcopy(r)
 
 
 def test_seed000_record():
@@ -167,72 +127,6 @@ def test_what_would_be_under_predicted_is_refused(over, words):
 def test_a_flag_given_is_not_read_nor_refused():
     j = map_record(record(args__optim="lion_8bit"), given=frozenset({"optimizer"}))
     assert "optimizer" not in j.fields
-
-
-@pytest.mark.parametrize(("cls", "fused", "foreach", "impl"), [
-    ("AdamW", None, None, "foreach"), ("AdamW", None, False, "forloop"),
-    ("AdamW", False, None, "forloop"), ("AdamW", True, None, "fused"),
-    ("AdamW", None, True, "foreach"), ("SGD", None, None, "foreach"), ("SGD", True, None, "fused"),
-    ("SGD", False, None, "forloop")])
-def test_the_scripts_own_optimizer_runs_torchs_default_kernel_on_a_gpu(cls, fused, foreach, impl):
-    """torch's default (foreach=None, fused=None) is foreach for CUDA tensors: read as the for-loop,
-    a default AdamW's state-sized temporary list went unplanned (a review); fused=False alone is
-    the for-loop (torch/optim/adam.py: the default is taken only when both are None), whose
-    temporaries on ZeRO's flat partition are twice foreach's (a review: 15 GiB under at 8B)."""
-    r = record(optimizer={"class": cls, "fused": fused, "foreach": foreach, "weight_decay": 0.0})
-    assert map_record(r).fields["optimizer_impl"] == impl
-
-
-def test_weight_decay_from_the_trainer_or_the_scripts_own_optimizer():
-    """SGD's L2 decay copies the gradients (torch's foreach SGD): the decay is planned as run."""
-    assert map_record(record(args__weight_decay=0.01)).fields["weight_decay"] == 0.01
-    own = {"class": "SGD", "fused": None, "foreach": None, "weight_decay": 0.05}
-    # the script's optimizer, not the Trainer's argument it does not use
-    j = map_record(record(optimizer=own, args__weight_decay=0.01))
-    assert (j.fields["optimizer"], j.fields["weight_decay"]) == ("sgd", 0.05)
-    assert "weight_decay" not in map_record(record(args__weight_decay=0.01),
-                                            given=frozenset({"weight_decay"})).fields
-
-
-@pytest.mark.parametrize(("own", "words"), [
-    ({"class": "AdamW", "maximize": True}, "AdamW(maximize=True) is not modeled"),
-    ({"class": "SGD", "nesterov": True, "momentum": 0.9, "foreach": False},
-     "SGD(nesterov=True, foreach=False) is not modeled"),
-    ({"class": "AdamW", "amsgrad": True}, "AdamW with amsgrad=True is not modeled"),
-    ({"class": "Adafactor", "beta1": 0.9}, "Adafactor with beta1 (a first moment) is not modeled"),
-    ({"class": "AdamW8bit", "min_8bit_size": 10**9}, "AdamW8bit with min_8bit_size=1000000000")])
-def test_the_scripts_own_optimizer_options_that_copy_the_gradients_are_refused(own, words):
-    """maximize negates a copy of every gradient (foreach); the for-loop nesterov SGD adds the
-    momentum into a new tensor; amsgrad, Adafactor's beta1 and a larger 8-bit threshold keep more
-    state: plan would be under (reviews: −25 %, −12 %; 790 kB of states against 526 kB, 266 kB
-    against 3 kB, 526 kB against 137 kB on a tiny model)."""
-    with pytest.raises(JobError, match=re.escape(words)) as err:
-        map_record(record(optimizer={"fused": None, "foreach": None, "weight_decay": 0.0,
-                                     **own}))
-    assert err.value.hint
-
-
-@pytest.mark.parametrize(("bits", "job"), [(8, ("adamw-8bit", "fused")), (32, ("adamw", "fused"))])
-def test_bitsandbytes_generic_adamw_is_read_by_its_bits(bits, job):
-    """bitsandbytes.optim.AdamW(optim_bits=8) keeps 8-bit states: by its class name alone it was
-    planned as torch's AdamW (a review)."""
-    own = {"class": "AdamW", "module": "bitsandbytes.optim.adamw", "optim_bits": bits,
-           "fused": None, "foreach": None, "weight_decay": 0.0}
-    j = map_record(record(optimizer=own))
-    assert (j.fields["optimizer"], j.fields["optimizer_impl"]) == job
-
-
-def test_sgd_momentum_from_the_trainer_or_the_scripts_own_optimizer():
-    """HF's optim="sgd" is torch's SGD with no momentum (no state) unless ``optim_args`` sets
-    one: planned with trainfit's 0.9 it was over by a state the size of the weights."""
-    assert map_record(record(args__optim="sgd")).fields["sgd_momentum"] == 0.0
-    args = record(args__optim="sgd", args__optim_args="momentum=0.9, nesterov=True")
-    assert map_record(args).fields["sgd_momentum"] == 0.9
-    own = {"class": "SGD", "fused": None, "foreach": None, "weight_decay": 0.0, "momentum": 0.5}
-    assert map_record(record(optimizer=own)).fields["sgd_momentum"] == 0.5
-    assert "sgd_momentum" not in map_record(record()).fields  # AdamW: not SGD's knob
-    with pytest.raises(JobError, match="optim_args momentum='high'"):
-        map_record(record(args__optim="sgd", args__optim_args="momentum=high"))
 
 
 def test_the_scripts_own_optimizer_and_checkpointing_on_the_model():
@@ -553,57 +447,3 @@ def test_an_fp16_pick_loads_a_bf16_base_in_fp16():
     ch = {(c.keyword, c.after) for c in keyword_diff(r, current, pick)}
     assert ("fp16", True) in ch and ("bf16", False) in ch
     assert any(k == "dtype" and "float16" in str(v) for k, v in ch), ch
-
-
-def test_another_optimizer_on_the_command_line_drops_sgds_momentum():
-    """A script's (or a tuned file's) SGD momentum describes the SGD the command line replaced:
-    with --optimizer adamw it was refused as "given with --optimizer adamw" (a review)."""
-    from trainfit.cli.jobflags import merge_job_fields
-    from trainfit.script.mapping import with_flags
-
-    read = {"model": "m", "optimizer": "sgd", "sgd_momentum": 0.0, "micro_batch": 2,
-            "grad_accum": 4}
-    assert "sgd_momentum" not in with_flags(read, {"optimizer": "adamw"})
-    assert with_flags(read, {"optimizer": "sgd"})["sgd_momentum"] == 0.0
-    merged = merge_job_fields(read, {"optimizer": "adamw"}, "usage")
-    assert "sgd_momentum" not in merged and JobSpec(**merged).optimizer == "adamw"
-    assert merge_job_fields(read, {"micro_batch": 1}, "usage")["sgd_momentum"] == 0.0
-
-
-def test_the_scripts_own_optimizers_kernel_is_changed_at_its_constructor():
-    """The Trainer ignores ``optim`` when it is handed an optimizer: a pick changing the kernel of
-    the script's own AdamW said "optim: adamw_torch → adamw_torch_fused" (a review); and
-    --optimizer-impl given alone keeps the script's optimizer (it had planned AdamW over an own
-    SGD)."""
-    own = {"class": "SGD", "fused": None, "foreach": None, "weight_decay": 0.0, "momentum": 0.9}
-    r = record(optimizer=own)
-    j = map_record(r, given=frozenset({"optimizer_impl"}))
-    assert j.fields["optimizer"] == "sgd" and "optimizer_impl" not in j.fields
-    cur = JobSpec.from_dict({**map_record(r).fields, "micro_batch": 2, "grad_accum": 4})
-    ch = keyword_diff(r, cur, cur.replace(optimizer_impl="fused"))
-    from trainfit.render.script import change_words
-
-    assert change_words(ch) == [
-        "the script's own SGD(...) (Trainer(optimizers=...)): fused=True, foreach=False"]
-
-
-def test_another_optimizer_over_the_scripts_own_is_said_as_the_one_to_hand_the_trainer():
-    """--optimizer adamw-8bit over a script's own AdamW: nothing was said once optim (which the
-    Trainer ignores then) was left out (a review); a class with no kernel keywords gets none, and
-    --optimizer-impl given alone does not refuse the kernel it replaces."""
-    from trainfit.render.script import change_words
-
-    own = {"class": "AdamW", "fused": None, "foreach": None, "weight_decay": 0.0}
-    r = record(optimizer=own)
-    cur = JobSpec.from_dict({**map_record(r).fields, "micro_batch": 2, "grad_accum": 4})
-    words = change_words(keyword_diff(r, cur, cur.replace(optimizer="adamw-8bit",
-                                                          optimizer_impl="fused")))
-    assert words == ["Trainer(optimizers=(…, scheduler)): the script's own AdamW: "
-                     "optimizer='bitsandbytes.optim.AdamW8bit(model.parameters(), lr=...)'"]
-    bnb = record(optimizer={**own, "module": "bitsandbytes.optim.adamw", "optim_bits": 32,
-                            "kernels": False})
-    cur = JobSpec.from_dict({**map_record(bnb).fields, "micro_batch": 2, "grad_accum": 4})
-    assert keyword_diff(bnb, cur, cur.replace(optimizer_impl="foreach")) == []
-    nesterov = record(optimizer={"class": "SGD", "fused": None, "foreach": False, "momentum": 0.9,
-                                 "nesterov": True, "weight_decay": 0.0})
-    assert map_record(nesterov, given=frozenset({"optimizer_impl"})).fields["optimizer"] == "sgd"
