@@ -225,3 +225,9 @@ def test_the_reader_takes_the_largest_groups_momentum_and_decay():
     knobs = [_options(JobSpec(model="x"), {"model": {"trainable_dtype": "bfloat16"},
                                            "optimizer": own}, {}).knobs for own in (rec, fixed)]
     assert "optimizer_impl" in knobs[0] and "optimizer_impl" not in knobs[1]
+    # HF's optim="sgd" passes no kernel (torch's default runs): not tried, where adamw_torch's
+    # fused twin (adamw_torch_fused) is
+    knobs = [_options(JobSpec(model="x"), {"model": {"trainable_dtype": "bfloat16"},
+                                           "optimizer": None, "args": {"optim": optim}}, {}).knobs
+             for optim in ("sgd", "adamw_torch")]
+    assert "optimizer_impl" not in knobs[0] and "optimizer_impl" in knobs[1]

@@ -66,10 +66,13 @@ def _options(job: JobSpec, rec: dict[str, Any], o: dict[str, Any]) -> TuneOption
     full_fp32 = job.method == "full" and rec["model"]["trainable_dtype"] == "float32"
     allowed = SCRIPT_KNOBS + (("precision",) if full_fp32 else ())
     own = rec.get("optimizer")
-    if own is not None and not own.get("kernels", True):
+    if (own is not None and not own.get("kernels", True)) or (
+            own is None and rec["args"].get("optim") == "sgd"):
         # the script's own optimizer takes no other kernel (no fused=/foreach= keywords, or a
         # tensor lr foreach refuses): nothing to try, nor a change to say (a review: the probe
-        # had measured a substitute, and the change raised in the script)
+        # had measured a substitute, and the change raised in the script); nor does HF's
+        # optim="sgd", which passes SGD no kernel (torch's default, foreach on a GPU, runs): a
+        # fused candidate was built as optim="sgd" and measured the foreach step
         allowed = tuple(k for k in allowed if k != "optimizer_impl")
     knobs = tuple(k for k in o.get("knobs", SCRIPT_KNOBS) if k in allowed)
     return TuneOptions(device=o.get("device", "cpu"), memory_limit_bytes=o.get("memory_limit_bytes"),
