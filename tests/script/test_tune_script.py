@@ -164,7 +164,8 @@ def _probe_over(model, own, tmp_path):
                                                      report_to=[]), optimizers=(own, None))
     probe = object.__new__(ScriptProbe)
     probe.trainer, probe._args0 = tr, tr.args
-    probe._own, probe._script_optimizer = own_optimizer(tr.optimizer), _script_optimizer(tr)
+    probe._own = own_optimizer(tr.optimizer)
+    probe._script_optimizer = _script_optimizer(tr, tr.optimizer)
     return probe
 
 

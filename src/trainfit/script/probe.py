@@ -38,7 +38,7 @@ from trainfit.model.runtime import RealWorkload, autocast_for, scaler_for
 from trainfit.model.source import ModelSource
 from trainfit.model.workload import make_optimizer
 from trainfit.script.optimizer import script_optimizer
-from trainfit.script.read import built_optimizer, given_optimizer, takes_kernel, trainer_args
+from trainfit.script.read import built_optimizer, read_optimizer, takes_kernel, trainer_args
 from trainfit.tune.probe import Probe
 
 
@@ -100,11 +100,12 @@ def rebuild_own(own: OwnOptimizer, job: JobSpec) -> torch.optim.Optimizer:
                    f"tune it as the optimizer trainfit builds: --optimizer {job.optimizer}")
 
 
-def _script_optimizer(trainer: Any) -> dict[str, Any] | None:
-    """The job fields of the optimizer the script steps (:func:`script_optimizer`), read before
-    any probe changes the trainer's arguments; None where plan refuses it (the job's optimizer is
-    then the command line's)."""
-    rec = {"optimizer": given_optimizer(trainer), "args": trainer_args(trainer.args)}
+def _script_optimizer(trainer: Any, built: torch.optim.Optimizer | None
+                      ) -> dict[str, Any] | None:
+    """The job fields of the optimizer the script steps (:func:`script_optimizer`; ``built``:
+    :func:`built_optimizer`'s), read before any probe changes the trainer's arguments; None
+    where plan refuses it (the job's optimizer is then the command line's)."""
+    rec = {"optimizer": read_optimizer(built), "args": trainer_args(trainer.args)}
     try:
         return script_optimizer(rec)[0]
     except JobError:
@@ -132,8 +133,9 @@ class ScriptProbe(Probe):
         self._args0 = copy.copy(trainer.args)
         self._train_batch_size0 = trainer._train_batch_size
         self._key = None
-        self._own = own_optimizer(built_optimizer(trainer))
-        self._script_optimizer = _script_optimizer(trainer)
+        built = built_optimizer(trainer)  # the script's own, or what its Trainer builds
+        self._own = own_optimizer(built)
+        self._script_optimizer = _script_optimizer(trainer, built)
         """The job fields of the optimizer the script steps (None: one plan refuses)."""
 
     # --- the configuration on the live trainer ------------------------------------------------

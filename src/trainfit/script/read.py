@@ -260,7 +260,11 @@ def built_optimizer(trainer: Any) -> torch.optim.Optimizer | None:
 
 def given_optimizer(trainer: Any) -> dict[str, Any] | None:
     """The optimizer the script decides (:func:`built_optimizer`), read; None: ``args.optim``'s."""
-    opt = built_optimizer(trainer)
+    return read_optimizer(built_optimizer(trainer))
+
+
+def read_optimizer(opt: torch.optim.Optimizer | None) -> dict[str, Any] | None:
+    """The record of an optimizer the script decides (None: none)."""
     if opt is None:
         return None
     d = getattr(opt, "defaults", {})
