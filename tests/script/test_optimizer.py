@@ -59,6 +59,24 @@ def test_the_scripts_own_optimizer_options_that_copy_the_gradients_are_refused(o
     assert err.value.hint
 
 
+def test_bitsandbytes_sgd_keeps_its_momentum_state():
+    """bitsandbytes' SGD keeps its momentum as betas[0] (and refuses 0): read by name as torch's,
+    it was planned foreach without momentum (a review); 8-bit states are refused."""
+    from types import SimpleNamespace
+
+    import bitsandbytes as bnb
+
+    from trainfit.script.read import given_optimizer
+
+    lin = torch.nn.Linear(8, 8)
+    rec = given_optimizer(SimpleNamespace(optimizer=bnb.optim.SGD(lin.parameters(), lr=1e-3,
+                                                                  momentum=0.8)))
+    j = map_record(record(optimizer=rec)).fields
+    assert (j["optimizer"], j["optimizer_impl"], j["sgd_momentum"]) == ("sgd", "fused", 0.8)
+    with pytest.raises(JobError, match="bitsandbytes SGD with 8-bit states"):
+        map_record(record(optimizer={**rec, "optim_bits": 8}))
+
+
 @pytest.mark.parametrize(("bits", "job"), [(8, ("adamw-8bit", "fused")), (32, ("adamw", "fused"))])
 def test_bitsandbytes_generic_adamw_is_read_by_its_bits(bits, job):
     """bitsandbytes.optim.AdamW(optim_bits=8) keeps 8-bit states: by its class name alone it was
@@ -112,6 +130,14 @@ def test_the_scripts_own_optimizers_kernel_is_changed_at_its_constructor():
 
     assert change_words(ch) == [
         "the script's own SGD(...) (Trainer(optimizers=...)): fused=True, foreach=False"]
+    # said where the optimizer is made: the Trainer's optimizer_cls_and_kwargs, a subclass's
+    # create_optimizer
+    for how, site in (("optimizer_cls_and_kwargs",
+                       "Trainer(optimizer_cls_and_kwargs=(SGD, {...})): its keywords"),
+                      ("MyTrainer.create_optimizer", "MyTrainer.create_optimizer: its SGD(...)")):
+        r = record(optimizer={**own, "built_by": how})
+        assert change_words(keyword_diff(r, cur, cur.replace(optimizer_impl="fused"))) == [
+            f"{site}: fused=True, foreach=False"]
 
 
 def test_another_optimizer_over_the_scripts_own_is_said_as_the_one_to_hand_the_trainer():
@@ -161,7 +187,17 @@ def test_the_optimizer_a_trainer_builds_itself_is_read_from_what_it_builds(tmp_p
         "AdamW", True, None, 0.05)
     fields, where = script_optimizer({"optimizer": rec, "args": trainer_args(tr.args)})
     assert (fields["optimizer"], fields["optimizer_impl"]) == ("adamw", "foreach")
-    assert where == "the optimizer the script built"
+    assert where == "the optimizer its Trainer builds from optimizer_cls_and_kwargs"
+    # built once per trainer (the record and tune's probe alike), and HF's create_optimizer,
+    # which pops "params" out of the kwargs it is handed, given a copy: the script's own groups
+    # (and their kernel) stay (a review: gone after the first build, the probe then read HF's)
+    big, rest = [p for p in model.parameters() if p.ndim >= 2], [
+        p for p in model.parameters() if p.ndim < 2]
+    kwargs = {"lr": 1e-3, "params": [{"params": big, "foreach": False}, {"params": rest}]}
+    grouped = Trainer(model=model, args=args, optimizer_cls_and_kwargs=(torch.optim.AdamW, kwargs))
+    first = built_optimizer(grouped)
+    assert built_optimizer(grouped) is first and set(kwargs) == {"lr", "params"}
+    assert given_optimizer(grouped)["foreach"] is False  # the largest trainable group's
     # without them: args.optim's, read from the arguments (None here)
     assert given_optimizer(Trainer(model=model, args=args)) is None
 
@@ -178,10 +214,20 @@ def test_the_optimizer_a_trainer_builds_itself_is_read_from_what_it_builds(tmp_p
 
     class Broken(Trainer):
         def create_optimizer(self):
-            raise ValueError("needs the data")
+            raise ValueError("needs\nthe data")
 
-    with pytest.raises(JobError, match=r"Broken\.create_optimizer\) could not be read"):
-        given_optimizer(Broken(model=model, args=args))
+    # what its build raises is one line, raised where the plan takes the script's optimizer:
+    # --optimizer plans another (a review: refused whatever the command line said)
+    broken = Broken(model=model, args=args)
+    rec = {"optimizer": given_optimizer(broken), "args": trainer_args(broken.args)}
+    with pytest.raises(JobError, match=r"Broken\.create_optimizer\) could not be read: "
+                                       r"ValueError: needs the data$") as err:
+        script_optimizer(rec)
+    assert "--optimizer" in err.value.hint
+    r = record(optimizer=rec["optimizer"])
+    assert map_record(r, given=frozenset({"optimizer"})).fields.get("optimizer") is None
+    # tune's probe: no rebuild of it, and the command line's optimizer measured
+    assert own_optimizer(None) is None and own_optimizer(object()) is None
 
 
 def test_the_reader_takes_the_largest_groups_momentum_and_decay():

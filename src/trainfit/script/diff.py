@@ -80,14 +80,13 @@ def keyword_diff(rec: dict[str, Any], current: JobSpec, pick: JobSpec) -> list[K
     if own is not None and current.optimizer != pick.optimizer:
         # another optimizer (--optimizer over the script's own): the one to hand the Trainer
         # (a review: nothing was said once optim was left out)
-        out.append(KeywordChange(f"Trainer(optimizers=(…, scheduler)): the script's own "
-                                 f"{own['class']}", "optimizer", own["class"],
+        out.append(KeywordChange(_own_site(own), "optimizer", own["class"],
                                  optimizer_call(pick)))
     elif own is not None and current.optimizer_impl != pick.optimizer_impl and \
             own.get("kernels", True):
         # the kernel of the script's own optimizer is its constructor's (a review: the change
         # said "optim: adamw_torch → adamw_torch_fused", which the Trainer ignores)
-        where = f"the script's own {own['class']}(...) (Trainer(optimizers=...))"
+        where = _own_site(own, kernel=True)
         before = _KERNEL_KEYWORDS[current.optimizer_impl]
         after = _KERNEL_KEYWORDS[pick.optimizer_impl]
         out += [KeywordChange(where, k, before[k], after[k]) for k in after]
@@ -146,3 +145,18 @@ def _checkpointing(rec: dict[str, Any], args_cls: str, on: bool) -> list[Keyword
         out.append(KeywordChange(f"the call that enables it before the trainer ({calls})",
                                  SWITCH_OFF, True, False))
     return out
+
+
+def _own_site(own: dict[str, Any], kernel: bool = False) -> str:
+    """Where the script's optimizer is made, to change it there: its own handed to the Trainer,
+    the Trainer's ``optimizer_cls_and_kwargs``, or a subclass's ``create_optimizer``;
+    ``kernel``: its constructor's keywords."""
+    cls = own.get("class") or "optimizer"
+    how = own.get("built_by", "optimizers")
+    if how == "optimizer_cls_and_kwargs":
+        return f"Trainer(optimizer_cls_and_kwargs=({cls}, {{...}}))" + (
+            ": its keywords" if kernel else "")
+    if how not in (None, "optimizers"):
+        return f"{how}: its {cls}" + ("(...)" if kernel else "")
+    return (f"the script's own {cls}(...) (Trainer(optimizers=...))" if kernel else
+            f"Trainer(optimizers=(…, scheduler)): the script's own {cls}")

@@ -1,5 +1,7 @@
-"""A script's optimizer → the job's optimizer fields: its own (``Trainer(optimizers=(opt, ...))``,
-as :mod:`trainfit.script.read` records it) or its Trainer's ``args.optim``; the kernel torch runs
+"""A script's optimizer → the job's optimizer fields: the one the script decides — its own
+(``Trainer(optimizers=(opt, ...))``), or what its Trainer builds from ``optimizer_cls_and_kwargs``
+or a subclass's ``create_optimizer``, as :mod:`trainfit.script.read` records it — else its
+Trainer's ``args.optim``; the kernel torch runs
 for it, its weight decay, SGD's momentum, and the options trainfit refuses rather than
 under-predict. Pure Python (no torch): tested on records alone, through
 :func:`trainfit.script.mapping.map_record`."""
@@ -24,14 +26,18 @@ plan's 8-bit optimizers model)."""
 OWN_OPTIMIZERS = {"AdamW": "adamw", "SGD": "sgd", "AdamW8bit": "adamw-8bit",
                   "PagedAdamW": "paged-adamw", "PagedAdamW8bit": "paged-adamw-8bit",
                   "Adafactor": "adafactor"}
-"""A script's own optimizer class (``Trainer(optimizers=(opt, ...))``) → the job's optimizer."""
+"""The class of the optimizer a script decides (its own, or its Trainer's build from
+``optimizer_cls_and_kwargs`` / a ``create_optimizer`` of its own) → the job's optimizer."""
 
 def _optimizer(rec: dict[str, Any], impl_given: bool = False) -> tuple[str, str, str]:
     """(optimizer, implementation, where); ``impl_given``: --optimizer-impl replaces the script's
     kernel (a refusal of its kernel does not apply)."""
     given = rec["optimizer"]
+    if given is not None and "error" in given:  # its build raised (read.given_optimizer)
+        raise JobError(given["error"], given["hint"])
     if given is not None:
         cls = given["class"]
+        where = built_where(given)
         impl = _implementation(given)
         if given.get("maximize"):
             # foreach negates a copy of every gradient first (torch/optim: _foreach_neg)
@@ -61,15 +67,33 @@ def _optimizer(rec: dict[str, Any], impl_given: bool = False) -> tuple[str, str,
             # bitsandbytes' generic AdamW: 8-bit states at optim_bits=8, else 32-bit ones in its
             # own kernel (no temporaries: torch's fused AdamW holds the same); the name alone
             # planned torch's AdamW (a review)
-            return ("adamw-8bit" if given.get("optim_bits") == 8 else "adamw", "fused",
-                    "the optimizer the script built")
-        return name, impl if name in ("adamw", "sgd") else "fused", "the optimizer the script built"
+            return ("adamw-8bit" if given.get("optim_bits") == 8 else "adamw", "fused", where)
+        if cls == "SGD" and str(given.get("module", "")).startswith("bitsandbytes"):
+            # bitsandbytes' SGD: a momentum state always (betas[0]; it refuses 0), stepped in its
+            # own kernel, in place (torch's fused SGD holds the same); read by name it was
+            # planned as torch's foreach SGD without momentum (a review)
+            if given.get("optim_bits") == 8:
+                raise JobError("the script's own bitsandbytes SGD with 8-bit states is not "
+                               "modeled", "use torch.optim.SGD, or pass --optimizer to plan "
+                               "another")
+            return "sgd", "fused", where
+        return name, impl if name in ("adamw", "sgd") else "fused", where
     optim = rec["args"]["optim"]
     if optim not in HF_OPTIM:
         raise JobError(f"optim={optim!r}: an optimizer trainfit does not model",
                        "pass --optimizer adamw (or adamw-8bit, adafactor, sgd …) to plan it as one "
                        "of those; known: " + ", ".join(HF_OPTIM))
     return (*HF_OPTIM[optim], f"{rec['args']['class']}(optim={optim!r})")
+
+
+def built_where(given: dict[str, Any]) -> str:
+    """Where the script's optimizer is built, said (``built_by``: read.builder's)."""
+    how = given.get("built_by", "optimizers")
+    if how == "optimizers":
+        return "the optimizer the script built (Trainer(optimizers=...))"
+    if how == "optimizer_cls_and_kwargs":
+        return "the optimizer its Trainer builds from optimizer_cls_and_kwargs"
+    return f"the optimizer {how} builds"
 
 
 def script_optimizer(rec: dict[str, Any], impl_given: bool = False

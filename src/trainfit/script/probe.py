@@ -58,11 +58,15 @@ OwnOptimizer = tuple[type, dict[str, Any], dict[str, Any], list[dict[str, Any]]]
 
 
 def own_optimizer(opt: torch.optim.Optimizer | None) -> OwnOptimizer | None:
-    """The script's own optimizer (``Trainer(optimizers=(opt, ...))``) as (class, defaults, the
+    """The optimizer the script decides (its own, ``Trainer(optimizers=(opt, ...))``, or what its
+    Trainer builds from ``optimizer_cls_and_kwargs`` / a ``create_optimizer`` of its own:
+    :func:`trainfit.script.read.built_optimizer`) as (class, defaults, the
     settings bitsandbytes' optimizers keep in ``args`` — 8-bit states, the 8-bit size threshold
-    —, groups), rebuilt for each probe: create_optimizer would build ``args.optim``'s instead (a
-    review: an own SGD with momentum and weight decay was measured as HF's plain SGD)."""
-    if opt is None:
+    —, groups), rebuilt for each probe: the Trainer's ``args.optim`` build is not it (a review:
+    an own SGD with momentum and weight decay was measured as HF's plain SGD)."""
+    if not isinstance(opt, torch.optim.Optimizer):
+        # none, or a wrapper of several (a factory's, a subclass's): nothing to rebuild (its
+        # job is trainfit's build; a review: an AttributeError traceback)
         return None
     extra = dict(vars(opt.args)) if hasattr(getattr(opt, "args", None), "__dict__") else {}
     return (type(opt), dict(opt.defaults), extra,
@@ -133,9 +137,12 @@ class ScriptProbe(Probe):
         self._args0 = copy.copy(trainer.args)
         self._train_batch_size0 = trainer._train_batch_size
         self._key = None
-        built = built_optimizer(trainer)  # the script's own, or what its Trainer builds
-        self._own = own_optimizer(built)
-        self._script_optimizer = _script_optimizer(trainer, built)
+        try:  # the script's own, or what its Trainer builds (once: read_trainer's)
+            built = built_optimizer(trainer)
+        except JobError:  # its build raised: the job's optimizer is the command line's
+            built = False
+        self._own = own_optimizer(built or None)
+        self._script_optimizer = None if built is False else _script_optimizer(trainer, built)
         """The job fields of the optimizer the script steps (None: one plan refuses)."""
 
     # --- the configuration on the live trainer ------------------------------------------------

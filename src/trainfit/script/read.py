@@ -15,6 +15,7 @@ import collections
 import dataclasses
 import inspect
 import os
+import weakref
 from typing import Any
 
 import torch
@@ -227,44 +228,81 @@ def _lora(model: Any) -> dict[str, Any] | None:
             "use_rslora": bool(getattr(lc, "use_rslora", False)), "adapted": adapted}
 
 
-def built_optimizer(trainer: Any) -> torch.optim.Optimizer | None:
-    """The optimizer the script decides: its own (``optimizers=(opt, sched)``), or the one its
-    Trainer builds from other than ``args.optim`` — ``optimizer_cls_and_kwargs``, or a subclass's
-    own ``create_optimizer`` — built here by the trainer (a constructor makes no state: the meta
-    model's parameters take it) and the trainer left without it, as it was.  None: the Trainer
-    builds ``args.optim``'s (read from the arguments; before, these two were read so too, so a
-    foreach AdamW from ``optimizer_cls_and_kwargs`` over the default adamw_torch_fused was planned
-    without its Ψ·4 temporaries)."""
-    opt = getattr(trainer, "optimizer", None)
-    if opt is not None:
-        return opt
+_BUILT: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+"""Trainer → the optimizer :func:`built_optimizer` had it build (or the JobError it raised):
+built once per trainer, for the record and tune's probe alike (a review: three builds, and any
+side effect of a subclass's create_optimizer with them)."""
+
+
+def builder(trainer: Any) -> str | None:
+    """Who builds the optimizer the script steps, where the script decides it: ``optimizers``
+    (its own, handed to the Trainer), ``optimizer_cls_and_kwargs``, or a subclass's own
+    ``<Class>.create_optimizer``; None: the Trainer builds ``args.optim``'s."""
+    if getattr(trainer, "optimizer", None) is not None:
+        return "optimizers"
+    if getattr(trainer, "optimizer_cls_and_kwargs", None) is not None:
+        return "optimizer_cls_and_kwargs"
     from transformers import Trainer  # lazy: a Trainer was built, so transformers is loaded
 
     create = getattr(type(trainer), "create_optimizer", None)
-    if getattr(trainer, "optimizer_cls_and_kwargs", None) is None and (
-            create is None or create is Trainer.create_optimizer):
+    if create is None or create is Trainer.create_optimizer:
         return None
-    how = ("its optimizer_cls_and_kwargs" if getattr(trainer, "optimizer_cls_and_kwargs", None)
-           is not None else f"{type(trainer).__name__}.create_optimizer")
+    return f"{type(trainer).__name__}.create_optimizer"
+
+
+def built_optimizer(trainer: Any) -> Any:
+    """The optimizer the script decides: its own (``optimizers=(opt, sched)``), or the one its
+    Trainer builds from other than ``args.optim`` — ``optimizer_cls_and_kwargs``, or a subclass's
+    own ``create_optimizer`` — built here by the trainer, once (a constructor makes no state: the
+    meta model's parameters take it), and the trainer left as it was.  None: the Trainer builds
+    ``args.optim``'s (read from the arguments; before, these two were read so too, so a foreach
+    AdamW from ``optimizer_cls_and_kwargs`` over the default adamw_torch_fused was planned
+    without its Ψ·4 temporaries).  What the build raises is one line (a JobError)."""
+    how = builder(trainer)
+    if how in (None, "optimizers"):
+        return getattr(trainer, "optimizer", None)
+    if trainer in _BUILT:
+        done = _BUILT[trainer]
+        if isinstance(done, JobError):
+            raise done
+        return done
+    given = trainer.optimizer_cls_and_kwargs
     try:
+        if given is not None:
+            # HF pops params / model / optimizer_dict out of the kwargs it is handed (trainer.py
+            # create_optimizer): a copy, or the script's own groups were gone after this build
+            trainer.optimizer_cls_and_kwargs = (given[0], dict(given[1]))
         built = trainer.create_optimizer() or trainer.optimizer
-    except Exception as err:  # the script's own code: whatever it raises is said
-        raise JobError(f"the optimizer the Trainer builds ({how}) could not be read: "
-                       f"{type(err).__name__}: {err}",
-                       "pass --optimizer (adamw, sgd, adafactor …) to plan it as one of "
-                       "trainfit's") from None
+    except Exception as err:  # the script's own code: whatever it raises is said, on one line
+        said = " ".join(str(err).split())
+        _BUILT[trainer] = JobError(
+            f"the optimizer the Trainer builds ({how}) could not be read: "
+            f"{type(err).__name__}: {said}",
+            "pass --optimizer (adamw, sgd, adafactor …) to plan it as one of trainfit's")
+        raise _BUILT[trainer] from None
     finally:
         trainer.optimizer = None
+        if given is not None:
+            trainer.optimizer_cls_and_kwargs = given
+    _BUILT[trainer] = built
     return built
 
 
 def given_optimizer(trainer: Any) -> dict[str, Any] | None:
-    """The optimizer the script decides (:func:`built_optimizer`), read; None: ``args.optim``'s."""
-    return read_optimizer(built_optimizer(trainer))
+    """The optimizer the script decides (:func:`built_optimizer`), read; None: ``args.optim``'s.
+    One whose build raised is recorded as its error (``error``, ``hint``), raised where the
+    plan takes the script's optimizer (:func:`trainfit.script.optimizer.script_optimizer`):
+    ``--optimizer`` plans another (a review: it was refused whatever the command line said)."""
+    how = builder(trainer)
+    try:
+        return read_optimizer(built_optimizer(trainer), how)
+    except JobError as err:
+        return {"error": str(err), "hint": err.hint, "built_by": how, "class": None,
+                "kernels": False}
 
 
-def read_optimizer(opt: torch.optim.Optimizer | None) -> dict[str, Any] | None:
-    """The record of an optimizer the script decides (None: none)."""
+def read_optimizer(opt: Any, built_by: str | None = "optimizers") -> dict[str, Any] | None:
+    """The record of an optimizer the script decides (None: none); ``built_by``: :func:`builder`'s."""
     if opt is None:
         return None
     d = getattr(opt, "defaults", {})
@@ -276,15 +314,21 @@ def read_optimizer(opt: torch.optim.Optimizer | None) -> dict[str, Any] | None:
     # are freed before the next's, so the largest group's kernel makes the step's peak (a group
     # of norms with another kernel differs by its few elements)
     kernel = max(getattr(opt, "param_groups", None) or [d],
-                 key=lambda g: sum(p.numel() for p in g.get("params", [])))
+                 key=lambda g: sum(p.numel() for p in g.get("params", []) if p.requires_grad))
     bnb_args = getattr(opt, "args", None)  # bitsandbytes' settings
     bits = getattr(bnb_args, "optim_bits", None)
-    return {"class": type(opt).__name__, "module": type(opt).__module__,
+    bnb = type(opt).__module__.startswith("bitsandbytes")
+    return {"class": type(opt).__name__, "module": type(opt).__module__, "built_by": built_by,
             "optim_bits": bits, "fused": kernel.get("fused", d.get("fused")),
             "foreach": kernel.get("foreach", d.get("foreach")),
             # the largest group's momentum (a state for every group that has one), and
             # nesterov / maximize in any group
-            "weight_decay": decay, "momentum": _largest(opt, d, "momentum"),
+            # (bitsandbytes' SGD keeps it as betas[0], and refuses 0: its groups have no
+            # "momentum", read as 0 until a review)
+            "weight_decay": decay, "momentum": max(
+                (float((g.get("betas") or (0.0,))[0]) for g in getattr(opt, "param_groups", [])),
+                default=0.0) if bnb and type(opt).__name__ == "SGD" else _largest(
+                    opt, d, "momentum"),
             "nesterov": _any(opt, d, "nesterov"), "maximize": _any(opt, d, "maximize"),
             # options that keep more state than the job's optimizer: AdamW's amsgrad (a third
             # state), Adafactor's beta1 (a full first moment), bitsandbytes' 8-bit threshold
