@@ -58,11 +58,16 @@ def test_zero3_keeps_what_is_reused_within_the_distance():
     """DeepSpeed's release rule over a forward → backward trace (bf16, 2 bytes per element):
     a module stays gathered when 2 × the elements after it stay under 1e9, and the prefetcher,
     which outruns the forward, keeps up to stage3_max_live_parameters (1e9) gathered for the
-    backward.  Llama-2-7B (32 layers of 202 M, untied head of 131 M): 1e9; Llama-2-70B (80 ×
-    856 M, head 262 M): the head and the last layer (1.12 B); a small model: everything."""
+    backward, and past it by up to its largest parameter.  Llama-2-7B (32 layers of 202 M,
+    untied head of 131 M): 1e9 + the head; Llama-2-70B (80 × 856 M, head 262 M): the cap + the
+    head (1.26 B), more than the head and the last layer the window keeps (1.12 B); a small
+    model: everything."""
     from trainfit.memory.zero import zero3_gathered_bytes
 
-    def gathered(layer_numel, layers, vocab_numel, tied=False, prefetch=0, largest=0):
+    def gathered(layer_numel, layers, vocab_numel, tied=False, prefetch=0, largest=-1):
+        # the largest parameter: the head (these models' layers are split in 7 projections,
+        # none as large), unless given
+        largest = vocab_numel * 2 if largest == -1 else largest
         ends = (0, vocab_numel * 2) if tied else (vocab_numel * 2, vocab_numel * 2)
         return zero3_gathered_bytes(layer_numel * 2 * layers + sum(ends), layers=layers,
                                     end_bytes=ends, compute_bytes=2, prefetch_bytes=prefetch,
@@ -71,22 +76,26 @@ def test_zero3_keeps_what_is_reused_within_the_distance():
     l7, v7 = 202_383_360, 32000 * 4096
     # the window keeps the head and the last two layers (536 M), the prefetcher up to
     # stage3_max_live_parameters (1e9): the prefetcher's
-    assert gathered(l7, 32, v7) == 10**9 * 2
-    # ... passed by up to its largest parameter, the head (131 M), less an element
-    assert gathered(l7, 32, v7, largest=v7 * 2) == 10**9 * 2 + v7 * 2 - 2
+    # stage3_max_live_parameters alone (a cap passed by nothing), then passed by up to its
+    # largest parameter, the head (131 M), less an element
+    assert gathered(l7, 32, v7, largest=0) == 10**9 * 2
+    assert gathered(l7, 32, v7) == 10**9 * 2 + v7 * 2 - 2
     # not known: the larger of the end modules and a whole layer
     assert gathered(l7, 32, v7, largest=None) == 10**9 * 2 + l7 * 2 - 2
     l70, v70 = 855_654_400, 32000 * 8192
-    assert gathered(l70, 80, v70) == v70 * 2 + l70 * 2
+    # the window keeps the head and the last layer (1.12 B); the cap + the head is more
+    assert gathered(l70, 80, v70, largest=0) == v70 * 2 + l70 * 2
+    assert gathered(l70, 80, v70) == 10**9 * 2 + v70 * 2 - 2
     # a head past half the distance (256 k × 8192): no layer comes back in reach, only the head
-    assert gathered(l70, 80, 256_000 * 8192) == 256_000 * 8192 * 2
+    # (2.1 B elements, over the cap + a projection: the window's)
+    assert gathered(l70, 80, 256_000 * 8192, largest=235 * 10**6 * 2) == 256_000 * 8192 * 2
     # only a head smaller than a layer kept (Qwen's 152 k vocabulary at 4096, 70B layers): the
-    # layer in flight is the larger, and the prefetcher's 1e9 larger still
-    assert gathered(l70, 80, 152_064 * 4096) == 10**9 * 2
+    # layer in flight is the larger, and the prefetcher's 1e9 + the head larger still
+    assert gathered(l70, 80, 152_064 * 4096) == 10**9 * 2 + 152_064 * 4096 * 2 - 2
     # Llama-3.2-1B-like (16 × 60 M, tied 263 M embedding): the window keeps the tied head and
-    # the last 4 layers, the prefetcher 1e9 of its 1.22 B (no bucket past the cap)
+    # the last 4 layers; the cap + the embedding passes its 1.22 B: the whole model, no bucket
     tied = gathered(60_000_000, 16, 128256 * 2048, tied=True, prefetch=10)
-    assert tied == 10**9 * 2
+    assert tied == 60_000_000 * 2 * 16 + 128256 * 2048 * 2
     # a frozen embedding whose output needs no gradient has no backward: released after its
     # forward (LoRA without checkpointing)
     assert zero3_gathered_bytes(4_200_000, layers=4, end_bytes=(200_000, 0), compute_bytes=2,

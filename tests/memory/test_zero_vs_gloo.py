@@ -243,7 +243,8 @@ def _predicted_phases(name: str, cpu: bool = False) -> dict[str, int]:
     sim = simulate_step(job, source, target)
     phases = {sim.peak_phase: sim.breakdown, **sim.phase_breakdowns}
     per_phase, _ = rank_phases(job, source, phases, sim.trainable_params, sim.per_rank,
-                               sim.quant_state_bytes, sim.info.get("largest_trainable_numel", 0))
+                               sim.quant_state_bytes, sim.info.get("largest_trainable_numel", 0),
+                               sim.info["largest_param_bytes"])
     return {k: sum(v.values()) - v.get("workspaces", 0) for k, v in per_phase.items()}
 
 
@@ -287,10 +288,10 @@ def test_zero3_prefetch_passes_its_live_cap_by_one_parameter(measured, name, mon
     that crosses the cap (its loop runs while the count is under it): plan bounds what stays
     gathered by the cap plus the largest parameter.  Measured at the forward's and the
     backward's peaks (the step, which releases every gathered parameter, is the run's peak
-    here): at a 450 k cap 481 k elements gathered (a projection past it; the bound, the cap +
-    the 256 k head, +3.1 % over the rank's backward peak), at 800 k the whole 1.06 M-element
-    model (the head past it: +0.03 %).  The cap + the prefetch bucket, plan's rule before, was
-    −0.19 % and −3.0 % under."""
+    here): at a 450 k cap 481 k elements gathered at the peaks (a projection past it; between
+    them up to 651 k, a review; the bound, the cap + the 256 k head, +3.1 % over the rank's
+    backward peak), at 800 k the whole 1.06 M-element model (the head past it: +0.03 %).  The
+    cap + the prefetch bucket, plan's rule before, was −0.19 % and −3.0 % under."""
     from trainfit.memory import zero
 
     monkeypatch.setattr(zero, "MAX_LIVE_PARAMETERS",

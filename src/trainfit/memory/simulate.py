@@ -333,9 +333,12 @@ def _info(job: JobSpec, model: torch.nn.Module, info: Any, untraced: list[str] |
             "compile_partitioned": untraced is not None, "compile_untraced": list(untraced or []),
             "largest_trainable_numel": max((p.numel() for p in model.parameters()
                                             if p.requires_grad), default=0),
-            # ZeRO-3's prefetcher passes its live cap by up to one parameter (memory/zero.py)
-            "largest_param_bytes": max((p.numel() * p.element_size()
-                                        for p in model.parameters()), default=0),
+            # ZeRO-3's prefetcher passes its live cap by up to one parameter (memory/zero.py);
+            # a 4-bit weight packed in uint8 is a buffer of the stand-in, bitsandbytes' Params4bit
+            # a parameter (a review)
+            "largest_param_bytes": max((t.numel() * t.element_size() for t in (
+                *model.parameters(), *(b for n, b in model.named_buffers()
+                                       if n.endswith("weight_packed")))), default=0),
             **({"offloaded_sizes": list(offload.offloaded_sizes)} if offload else {}),
             **({"pinned_shards": pinned} if pinned is not None else {})}
 

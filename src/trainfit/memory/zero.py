@@ -18,9 +18,10 @@ ranks on this CPU (its CPU accelerator; ``tests/memory/test_zero_vs_gloo.py``):
   (``stage3_prefetch_bucket_size`` elements), or, once the first step has recorded the trace,
   what DeepSpeed keeps gathered from its forward to its backward: the modules its prefetcher,
   which runs ahead of the forward into the backward's uses, has marked, up to
-  ``stage3_max_live_parameters`` (1e9 elements) — all of a model under 1 B — or, where more,
-  those used again within ``stage3_max_reuse_distance`` (1e9 elements; both DeepSpeed's
-  defaults and the HF docs' configs).
+  ``stage3_max_live_parameters`` (1e9 elements) — all of a model under 1 B — and past it by up
+  to one parameter (its last pop: a bound, the largest parameter), or, where more, those used
+  again within ``stage3_max_reuse_distance`` (1e9 elements; both DeepSpeed's defaults and the
+  HF docs' configs).
 * Buckets: accelerate and the HF docs' configs write ``"auto"``, which HF fills from the hidden
   size h: ``reduce_bucket_size = h²``, ``stage3_prefetch_bucket_size = 0.9·h²``
   (transformers ``integrations/deepspeed.py``); ``overlap_comm: true`` as in those configs.
@@ -159,7 +160,24 @@ def zero3_gathered_bytes(param_bytes: int, *, layers: int, end_bytes: tuple[int,
                          largest_param_bytes: int | None = None,
                          max_reuse_distance: int = MAX_REUSE_DISTANCE,
                          max_live_parameters: int = MAX_LIVE_PARAMETERS) -> int:
-    """Parameters one ZeRO-3 rank holds gathered at the backward's start (its activation peak).
+    """Parameters one ZeRO-3 rank holds gathered at the backward's start (its activation peak):
+    :func:`zero3_gathered`'s first."""
+    return zero3_gathered(param_bytes, layers=layers, end_bytes=end_bytes,
+                          compute_bytes=compute_bytes, prefetch_bytes=prefetch_bytes,
+                          embed_in_backward=embed_in_backward,
+                          largest_param_bytes=largest_param_bytes,
+                          max_reuse_distance=max_reuse_distance,
+                          max_live_parameters=max_live_parameters)[0]
+
+
+def zero3_gathered(param_bytes: int, *, layers: int, end_bytes: tuple[int, int],
+                   compute_bytes: int, prefetch_bytes: int, embed_in_backward: bool = True,
+                   largest_param_bytes: int | None = None,
+                   max_reuse_distance: int = MAX_REUSE_DISTANCE,
+                   max_live_parameters: int = MAX_LIVE_PARAMETERS) -> tuple[int, int | None]:
+    """(bytes one ZeRO-3 rank holds gathered at the backward's start, the bound past the live
+    cap they include: 0 where the cap's term is not the one taken, None where the largest
+    parameter is not known).
 
     After a module's forward, DeepSpeed releases its gathered parameters unless they are used
     again within ``stage3_max_reuse_distance`` elements of the recorded trace
@@ -172,7 +190,12 @@ def zero3_gathered_bytes(param_bytes: int, *, layers: int, end_bytes: tuple[int,
     every module; the optimizer step starts by releasing all (``stage3.py``:
     ``_partition_all_parameters``).  The module in flight (one layer when nothing is kept) and
     the prefetch bucket come on top.  The prefetcher keeps more (below, ``live``): up to
-    ``max_live_parameters`` elements, every reachable module of a model under it.  The window is
+    ``max_live_parameters`` elements, every reachable module of a model under it, and past the
+    cap by up to one parameter (the one its last pop adds: no bucket past the cap).  That bound
+    is the prefetcher's: a module fetched on demand is not held to the cap (a review saw LoRA
+    with checkpointing, whose recompute keeps its frozen weights gathered to the layer's
+    backward, 5 k elements past the cap + the largest on 2 gloo ranks, not at a phase's peak,
+    which stayed 4.7-5.7 % under plan's).  The window is
     the one iteration's trace: a module with no
     backward (``embed_in_backward`` False: a frozen embedding whose output needs no gradient —
     LoRA without checkpointing; transformers' checkpointing makes that output require one) is
@@ -210,18 +233,23 @@ def zero3_gathered_bytes(param_bytes: int, *, layers: int, end_bytes: tuple[int,
     # of the head only), 4-bit storage's 1-byte elements as fewer (over: the safe side)
     cap = max_live_parameters * compute_bytes
     if reachable <= cap:
-        return min(param_bytes, max(kept, reachable, layer) + prefetch_bytes)
+        return min(param_bytes, max(kept, reachable, layer) + prefetch_bytes), 0
     # Past the cap: its loop (``while ... numel_prefetching < max_params_to_prefetch``) adds a
     # parameter while the count is under the cap, so the last one it pops passes it by up to
     # that parameter, less one element, and nothing more is prefetched (the bucket is bounded by
     # the cap).  Seen on 2 gloo ranks (DeepSpeed 0.19.8, a 1.06 M-element Llama, the reuse
-    # distance 0, 14 caps 330 k … 800 k elements): the peak held 0.9 k … 31 k elements past the
-    # cap, where a layer's largest projection is 44 k, and 256 k past 800 k, the head's (the
-    # whole model gathered); a cap + the prefetch bucket (15 k) had been 0.5 MB under there
-    # (tests/memory/test_zero_vs_gloo.py).  At Llama-3-8B the head is 1.0 GiB in bf16.
+    # distance 0, 14 caps 330 k … 800 k elements): the phases' peaks held 0.9 k … 31 k elements
+    # past the cap, where a layer's largest projection is 44 k, and 256 k past 800 k, the head's
+    # (the whole model gathered); a cap + the prefetch bucket (15 k) had been 0.5 MB under there
+    # (tests/memory/test_zero_vs_gloo.py); between the peaks up to 201 k (a review).  At
+    # Llama-3-8B the head is 1.0 GiB in bf16.  Not known: a layer's or an end module's (more
+    # than a parameter: the safe side).
     largest = max(embed, head, layer) if largest_param_bytes is None else largest_param_bytes
-    live = min(reachable, cap + max(largest - compute_bytes, 0))
-    return min(param_bytes, max(kept + prefetch_bytes, live, layer + prefetch_bytes))
+    past = max(largest - compute_bytes, 0)
+    live = min(reachable, cap + past)
+    gathered = min(param_bytes, max(kept + prefetch_bytes, live, layer + prefetch_bytes))
+    taken = live == gathered and live == cap + past
+    return gathered, (None if largest_param_bytes is None else past) if taken else 0
 
 
 def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_params: int,
@@ -254,16 +282,12 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
     gathered, past_cap = 0, 0
     if stage3:
         partitioned = -(-(params - quant_state_bytes) // n)
-        gathered = zero3_gathered_bytes(
+        gathered, past_cap = zero3_gathered(
             params - quant_state_bytes, layers=layers, end_bytes=end_bytes,
             compute_bytes=compute_bytes, prefetch_bytes=int(0.9 * hidden * hidden) * compute_bytes,
             embed_in_backward=job.method == "full" or job.grad_ckpt != "off",
             largest_param_bytes=largest_param_bytes, max_live_parameters=MAX_LIVE_PARAMETERS,
             max_reuse_distance=MAX_REUSE_DISTANCE)
-        # where the model passes the cap, what the prefetcher's last pop adds past it is a bound
-        # (the largest parameter), said in the notes
-        past_cap = largest_param_bytes if params - quant_state_bytes > (
-            MAX_LIVE_PARAMETERS * compute_bytes) else 0
         param_term = (0 if off_par else partitioned) + quant_state_bytes + gathered
         buckets = bucket
     else:
@@ -323,24 +347,25 @@ def _zero_notes(job: JobSpec, *, gathered: int, bucket: int, quant_state_bytes: 
     where = "host" if job.offload in ("optimizer", "all") else "GPU"
     # the partitions are what offload_param moves; the gathered modules stay on the GPU (a
     # review read "(on the host)" after the gathered MiB)
-    held = (f"partitioned ÷ {n}{' (on the host)' if off_par else ''} + "
-            f"{gathered / 2**20:,.0f} MiB gathered on the GPU (what the prefetcher, which runs "
-            f"ahead of the forward into the backward's uses, keeps up to "
-            f"stage3_max_live_parameters = {MAX_LIVE_PARAMETERS:.0e} elements, passed by up to the "
-            f"one parameter that crosses it; the modules reused "
-            f"within stage3_max_reuse_distance = {MAX_REUSE_DISTANCE:.0e} elements, or one layer, "
-            f"where more; and the prefetch bucket)" if stage3 else "whole")
+    past = ""
     if stage3 and past_cap_bytes != 0:
-        # the pass measured on 2 gloo ranks ran from a few elements to the whole parameter
-        largest = (f"{past_cap_bytes / 2**20:,.0f} MiB (the largest parameter)" if past_cap_bytes
-                   else "the largest parameter (not known: a layer's or an end module's, the "
-                   "larger, counted)")
-        held += (f" — of which up to {largest} is a bound: what the prefetcher's last pop adds "
-                 "past the cap, measured on 2 CPU ranks from a few elements to the whole "
-                 "parameter")
+        # the cap's term is the one taken: what the prefetcher's last pop adds past the cap is a
+        # bound (measured on 2 gloo ranks at the phases' peaks: 0.9 k elements … the whole head)
+        largest = (f"{past_cap_bytes / 2**20:,.0f} MiB" if past_cap_bytes else
+                   "a layer's or an end module's (the largest parameter is not known)")
+        past = (f", of which up to {largest} is a bound on how far its last pop passes the cap "
+                "(the largest parameter)")
+    held = (f"partitioned ÷ {n}{' (on the host)' if off_par else ''} + "
+            f"{gathered / 2**20:,.0f} MiB gathered on the GPU{past} (the larger of: what the "
+            f"prefetcher, which runs ahead of the forward into the backward's uses, keeps up to "
+            f"stage3_max_live_parameters = {MAX_LIVE_PARAMETERS:.0e} elements and past it by up "
+            f"to one parameter; the modules reused within stage3_max_reuse_distance = "
+            f"{MAX_REUSE_DISTANCE:.0e} elements, or one layer, where more, with the prefetch "
+            f"bucket)" if stage3 else "whole")
+    checked = "+0.04 … +1.3 %" + (", the bound past the cap +3 %" if past else "")
     notes = [f"DeepSpeed ZeRO-{3 if stage3 else 2} over {n} rank{'s' if n > 1 else ''} (terms "
              f"from its code, stage{'3' if stage3 else '_1_and_2'}.py, checked against DeepSpeed "
-             f"0.19 on 2 CPU ranks within +0.04 … +1.3 %): parameters {held}; fp32 master, "
+             f"0.19 on 2 CPU ranks within {checked}): parameters {held}; fp32 master, "
              "optimizer states and gradient "
              f"partition ÷ {n} on the {where}; reduce bucket{'' if stage3 else 's ×2'} of h² "
              f"elements ({bucket / 2**20:.0f} MiB, accelerate's 'auto')"
