@@ -96,6 +96,19 @@ def test_zero3_keeps_what_is_reused_within_the_distance():
     # the last 4 layers; the cap + the embedding passes its 1.22 B: the whole model, no bucket
     tied = gathered(60_000_000, 16, 128256 * 2048, tied=True, prefetch=10)
     assert tied == 60_000_000 * 2 * 16 + 128256 * 2048 * 2
+    # what past the cap is the bound (said in the plan's note): there the whole model past the
+    # cap (the note had gone where the model, not the cap + the largest, was the smaller)
+    from trainfit.memory.zero import zero3_gathered
+
+    whole = 60_000_000 * 2 * 16 + 128256 * 2048 * 2
+    assert zero3_gathered(whole, layers=16, end_bytes=(0, 128256 * 2048 * 2), compute_bytes=2,
+                          prefetch_bytes=10, largest_param_bytes=128256 * 2048 * 2)[1] == \
+        whole - 10**9 * 2
+    # none under the cap; not known: None
+    assert zero3_gathered(4_200_000, layers=4, end_bytes=(200_000, 0), compute_bytes=2,
+                          prefetch_bytes=0)[1] == 0
+    assert zero3_gathered(whole, layers=16, end_bytes=(0, 128256 * 2048 * 2), compute_bytes=2,
+                          prefetch_bytes=10)[1] is None
     # a frozen embedding whose output needs no gradient has no backward: released after its
     # forward (LoRA without checkpointing)
     assert zero3_gathered_bytes(4_200_000, layers=4, end_bytes=(200_000, 0), compute_bytes=2,

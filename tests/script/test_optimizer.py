@@ -75,6 +75,18 @@ def test_bitsandbytes_sgd_keeps_its_momentum_state():
     assert (j["optimizer"], j["optimizer_impl"], j["sgd_momentum"]) == ("sgd", "fused", 0.8)
     with pytest.raises(JobError, match="bitsandbytes SGD with 8-bit states"):
         map_record(record(optimizer={**rec, "optim_bits": 8}))
+    # its 32-bit states are fp32 whatever the weights' dtype (torch's are the weights'): on
+    # bf16 weights refused, as bitsandbytes' 32-bit AdamW (a review: half its states missed)
+    for own in (rec, {"class": "AdamW", "module": "bitsandbytes.optim.adamw", "optim_bits": 32,
+                      "fused": None, "foreach": None, "weight_decay": 0.0}):
+        with pytest.raises(JobError, match="32-bit states on bfloat16 weights"):
+            map_record(record(optimizer=own, model__trainable_dtype="bfloat16"))
+    # tune's probe rebuilds it with its momentum (it refuses none: never rebuilt before)
+    from trainfit.script.probe import own_optimizer, rebuild_own
+
+    opt = rebuild_own(own_optimizer(bnb.optim.SGD(lin.parameters(), lr=1e-3, momentum=0.8)),
+                      JobSpec(model="x", optimizer="sgd", sgd_momentum=0.8))
+    assert type(opt).__name__ == "SGD" and opt.param_groups[0]["betas"][0] == 0.8
 
 
 @pytest.mark.parametrize(("bits", "job"), [(8, ("adamw-8bit", "fused")), (32, ("adamw", "fused"))])
@@ -228,6 +240,21 @@ def test_the_optimizer_a_trainer_builds_itself_is_read_from_what_it_builds(tmp_p
     assert map_record(r, given=frozenset({"optimizer"})).fields.get("optimizer") is None
     # tune's probe: no rebuild of it, and the command line's optimizer measured
     assert own_optimizer(None) is None and own_optimizer(object()) is None
+    # the cached error is text: it does not keep the trainer (the cache's weak key) alive
+    import gc
+    import weakref
+
+    ref = weakref.ref(broken)
+    del broken, rec
+    gc.collect()
+    assert ref() is None
+
+    class Both(OwnSGD):  # a subclass's create_optimizer decides over optimizer_cls_and_kwargs
+        pass
+
+    both = Both(model=model, args=args, optimizer_cls_and_kwargs=(torch.optim.AdamW, {}))
+    rec = given_optimizer(both)
+    assert (rec["class"], rec["built_by"]) == ("SGD", "Both.create_optimizer")
 
 
 def test_the_reader_takes_the_largest_groups_momentum_and_decay():

@@ -247,9 +247,12 @@ def zero3_gathered(param_bytes: int, *, layers: int, end_bytes: tuple[int, int],
     largest = max(embed, head, layer) if largest_param_bytes is None else largest_param_bytes
     past = max(largest - compute_bytes, 0)
     live = min(reachable, cap + past)
-    gathered = min(param_bytes, max(kept + prefetch_bytes, live, layer + prefetch_bytes))
-    taken = live == gathered and live == cap + past
-    return gathered, (None if largest_param_bytes is None else past) if taken else 0
+    other = max(kept + prefetch_bytes, layer + prefetch_bytes)
+    gathered = min(param_bytes, max(other, live))
+    # the bound's share: what the pass past the cap adds over the other terms (the whole model
+    # gathered when the cap + the largest reaches it — a review: there the note had gone)
+    share = max(0, min(gathered, live) - max(other, cap))
+    return gathered, (None if largest_param_bytes is None and share else share)
 
 
 def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_params: int,
@@ -352,9 +355,9 @@ def _zero_notes(job: JobSpec, *, gathered: int, bucket: int, quant_state_bytes: 
         # the cap's term is the one taken: what the prefetcher's last pop adds past the cap is a
         # bound (measured on 2 gloo ranks at the phases' peaks: 0.9 k elements … the whole head)
         largest = (f"{past_cap_bytes / 2**20:,.0f} MiB" if past_cap_bytes else
-                   "a layer's or an end module's (the largest parameter is not known)")
+                   "a layer's or an end module's size")
         past = (f", of which up to {largest} is a bound on how far its last pop passes the cap "
-                "(the largest parameter)")
+                "(the largest parameter" + ("" if past_cap_bytes else ", not known") + ")")
     held = (f"partitioned ÷ {n}{' (on the host)' if off_par else ''} + "
             f"{gathered / 2**20:,.0f} MiB gathered on the GPU{past} (the larger of: what the "
             f"prefetcher, which runs ahead of the forward into the backward's uses, keeps up to "
@@ -386,7 +389,9 @@ def _zero_notes(job: JobSpec, *, gathered: int, bucket: int, quant_state_bytes: 
             f"ZeRO-3 saves no parameter memory here: its partition and the modules kept gathered "
             f"hold {held_bytes / 2**30:.2f} GiB per rank (predicted), at least the whole model's "
             f"{whole_bytes / 2**30:.2f} GiB, which DDP (no sharding) holds; at this size the "
-            "prefetcher keeps every module gathered from its forward to its backward, so ZeRO-3 "
+            "prefetcher " + ("may keep (the bound past its cap)" if past_cap_bytes != 0 else
+                             "keeps") + " every module gathered from its forward to its "
+            "backward, so ZeRO-3 "
             "shards only the trainable state (gradients, fp32 master, optimizer states)"
             + (": with LoRA/QLoRA that is small, and --sharding none or zero2 may hold less"
                if job.method != "full" else ""))

@@ -63,12 +63,22 @@ def _optimizer(rec: dict[str, Any], impl_given: bool = False) -> tuple[str, str,
             raise JobError(f"the script's own optimizer {cls} is not modeled",
                            "pass --optimizer adamw (or sgd, adafactor …) to plan it as one of those")
         name = OWN_OPTIMIZERS[cls]
-        if cls == "AdamW" and str(given.get("module", "")).startswith("bitsandbytes"):
+        bnb = str(given.get("module", "")).startswith("bitsandbytes")
+        half = (rec.get("model") or {}).get("trainable_dtype") in ("bfloat16", "float16")
+        if bnb and cls in ("AdamW", "SGD") and given.get("optim_bits") != 8 and half:
+            # bitsandbytes' 32-bit states are fp32 whatever the weights' dtype, where plan's
+            # torch optimizer keeps them in the weights' (a review: half the states of a bf16
+            # full fine-tune missed); its SGD has no 16-bit kernel at all
+            raise JobError(f"the script's own bitsandbytes {cls} with 32-bit states on "
+                           f"{(rec.get('model') or {}).get('trainable_dtype')} weights is not "
+                           "modeled (its states are fp32)", "pass --optimizer adamw (torch's, "
+                           "states in the weights' dtype) or adamw-8bit to plan one of those")
+        if cls == "AdamW" and bnb:
             # bitsandbytes' generic AdamW: 8-bit states at optim_bits=8, else 32-bit ones in its
             # own kernel (no temporaries: torch's fused AdamW holds the same); the name alone
             # planned torch's AdamW (a review)
             return ("adamw-8bit" if given.get("optim_bits") == 8 else "adamw", "fused", where)
-        if cls == "SGD" and str(given.get("module", "")).startswith("bitsandbytes"):
+        if cls == "SGD" and bnb:
             # bitsandbytes' SGD: a momentum state always (betas[0]; it refuses 0), stepped in its
             # own kernel, in place (torch's fused SGD holds the same); read by name it was
             # planned as torch's foreach SGD without momentum (a review)

@@ -91,6 +91,12 @@ def rebuild_own(own: OwnOptimizer, job: JobSpec) -> torch.optim.Optimizer:
                   "foreach": job.optimizer_impl == "foreach"}
     if cls.__name__.endswith("8bit"):  # its bits are the class's: it refuses optim_bits ≠ 32
         extra = {k: v for k, v in extra.items() if k != "optim_bits"}
+    if cls.__module__.startswith("bitsandbytes") and "momentum" in takes and \
+            "momentum" not in defaults:
+        # bitsandbytes' SGD keeps its momentum as betas = (momentum, dampening) and refuses 0
+        # (a review: never rebuilt, tune measured torch's SGD)
+        betas = tuple(defaults.get("betas") or (0.0, 0.0))
+        defaults = {**defaults, "momentum": betas[0], "dampening": betas[1]}
     rebuilt = [dict(g) | {k: v for k, v in kernel.items() if k in g} for g in groups]
     err: Exception | None = None
     for options in ({**extra, **defaults}, defaults):

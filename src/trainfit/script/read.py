@@ -240,14 +240,16 @@ def builder(trainer: Any) -> str | None:
     ``<Class>.create_optimizer``; None: the Trainer builds ``args.optim``'s."""
     if getattr(trainer, "optimizer", None) is not None:
         return "optimizers"
-    if getattr(trainer, "optimizer_cls_and_kwargs", None) is not None:
-        return "optimizer_cls_and_kwargs"
     from transformers import Trainer  # lazy: a Trainer was built, so transformers is loaded
 
+    # a subclass's own create_optimizer first: it decides whatever optimizer_cls_and_kwargs says
+    # (a review: said as optimizer_cls_and_kwargs, the change pointed there)
     create = getattr(type(trainer), "create_optimizer", None)
-    if create is None or create is Trainer.create_optimizer:
-        return None
-    return f"{type(trainer).__name__}.create_optimizer"
+    if create is not None and create is not Trainer.create_optimizer:
+        return f"{type(trainer).__name__}.create_optimizer"
+    if getattr(trainer, "optimizer_cls_and_kwargs", None) is not None:
+        return "optimizer_cls_and_kwargs"
+    return None
 
 
 def built_optimizer(trainer: Any) -> Any:
@@ -263,8 +265,8 @@ def built_optimizer(trainer: Any) -> Any:
         return getattr(trainer, "optimizer", None)
     if trainer in _BUILT:
         done = _BUILT[trainer]
-        if isinstance(done, JobError):
-            raise done
+        if isinstance(done, tuple):  # its error, kept as text: an exception's traceback would
+            raise JobError(*done)    # hold the trainer, the cache's weak key (a review)
         return done
     given = trainer.optimizer_cls_and_kwargs
     try:
@@ -275,11 +277,11 @@ def built_optimizer(trainer: Any) -> Any:
         built = trainer.create_optimizer() or trainer.optimizer
     except Exception as err:  # the script's own code: whatever it raises is said, on one line
         said = " ".join(str(err).split())
-        _BUILT[trainer] = JobError(
+        _BUILT[trainer] = (
             f"the optimizer the Trainer builds ({how}) could not be read: "
             f"{type(err).__name__}: {said}",
             "pass --optimizer (adamw, sgd, adafactor …) to plan it as one of trainfit's")
-        raise _BUILT[trainer] from None
+        raise JobError(*_BUILT[trainer]) from None
     finally:
         trainer.optimizer = None
         if given is not None:
