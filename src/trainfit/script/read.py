@@ -266,7 +266,7 @@ def built_optimizer(trainer: Any) -> Any:
     if trainer in _BUILT:
         done = _BUILT[trainer]
         if isinstance(done, tuple):  # its error, kept as text: an exception's traceback would
-            raise JobError(*done)    # hold the trainer, the cache's weak key (a review)
+            raise JobError(done[0], done[1])  # hold the trainer, the weak key (a review)
         return done
     given = trainer.optimizer_cls_and_kwargs
     try:
@@ -281,7 +281,7 @@ def built_optimizer(trainer: Any) -> Any:
             f"the optimizer the Trainer builds ({how}) could not be read: "
             f"{type(err).__name__}: {said}",
             "pass --optimizer (adamw, sgd, adafactor …) to plan it as one of trainfit's")
-        raise JobError(*_BUILT[trainer]) from None
+        raise JobError(_BUILT[trainer][0], _BUILT[trainer][1]) from None
     finally:
         trainer.optimizer = None
         if given is not None:
