@@ -289,6 +289,8 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
             params - quant_state_bytes, layers=layers, end_bytes=end_bytes,
             compute_bytes=compute_bytes, prefetch_bytes=int(0.9 * hidden * hidden) * compute_bytes,
             embed_in_backward=job.method == "full" or job.grad_ckpt != "off",
+            # the module's settings as read now (a default is bound at definition: the gloo
+            # tests set them below a tiny model)
             largest_param_bytes=largest_param_bytes, max_live_parameters=MAX_LIVE_PARAMETERS,
             max_reuse_distance=MAX_REUSE_DISTANCE)
         param_term = (0 if off_par else partitioned) + quant_state_bytes + gathered

@@ -64,14 +64,14 @@ def _optimizer(rec: dict[str, Any], impl_given: bool = False) -> tuple[str, str,
                            "pass --optimizer adamw (or sgd, adafactor …) to plan it as one of those")
         name = OWN_OPTIMIZERS[cls]
         bnb = str(given.get("module", "")).startswith("bitsandbytes")
-        half = (rec.get("model") or {}).get("trainable_dtype") in ("bfloat16", "float16")
-        if bnb and cls in ("AdamW", "SGD") and given.get("optim_bits") != 8 and half:
+        dtype = (rec.get("model") or {}).get("trainable_dtype")
+        if bnb and cls in ("AdamW", "SGD") and given.get("optim_bits") != 8 and \
+                dtype in ("bfloat16", "float16"):
             # bitsandbytes' 32-bit states are fp32 whatever the weights' dtype, where plan's
             # torch optimizer keeps them in the weights' (a review: half the states of a bf16
             # full fine-tune missed); its SGD has no 16-bit kernel at all
-            raise JobError(f"the script's own bitsandbytes {cls} with 32-bit states on "
-                           f"{(rec.get('model') or {}).get('trainable_dtype')} weights is not "
-                           "modeled (its states are fp32)", "pass --optimizer adamw (torch's, "
+            raise JobError(f"the script's own bitsandbytes {cls} with 32-bit states on {dtype} "
+                           "weights is not modeled (its states are fp32)", "pass --optimizer adamw (torch's, "
                            "states in the weights' dtype) or adamw-8bit to plan one of those")
         if cls == "AdamW" and bnb:
             # bitsandbytes' generic AdamW: 8-bit states at optim_bits=8, else 32-bit ones in its

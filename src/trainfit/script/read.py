@@ -319,18 +319,11 @@ def read_optimizer(opt: Any, built_by: str | None = "optimizers") -> dict[str, A
                  key=lambda g: sum(p.numel() for p in g.get("params", []) if p.requires_grad))
     bnb_args = getattr(opt, "args", None)  # bitsandbytes' settings
     bits = getattr(bnb_args, "optim_bits", None)
-    bnb = type(opt).__module__.startswith("bitsandbytes")
     return {"class": type(opt).__name__, "module": type(opt).__module__, "built_by": built_by,
             "optim_bits": bits, "fused": kernel.get("fused", d.get("fused")),
             "foreach": kernel.get("foreach", d.get("foreach")),
-            # the largest group's momentum (a state for every group that has one), and
-            # nesterov / maximize in any group
-            # (bitsandbytes' SGD keeps it as betas[0], and refuses 0: its groups have no
-            # "momentum", read as 0 until a review)
-            "weight_decay": decay, "momentum": max(
-                (float((g.get("betas") or (0.0,))[0]) for g in getattr(opt, "param_groups", [])),
-                default=0.0) if bnb and type(opt).__name__ == "SGD" else _largest(
-                    opt, d, "momentum"),
+            # the largest group's momentum, and nesterov / maximize in any group
+            "weight_decay": decay, "momentum": _momentum(opt, d),
             "nesterov": _any(opt, d, "nesterov"), "maximize": _any(opt, d, "maximize"),
             # options that keep more state than the job's optimizer: AdamW's amsgrad (a third
             # state), Adafactor's beta1 (a full first moment), bitsandbytes' 8-bit threshold
@@ -347,6 +340,16 @@ def read_optimizer(opt: Any, built_by: str | None = "optimizers") -> dict[str, A
 def takes_kernel(cls: type) -> bool:
     """Whether an optimizer class's constructor takes torch's kernel keywords (fused=, foreach=)."""
     return {"fused", "foreach"} <= set(inspect.signature(cls.__init__).parameters)
+
+
+def _momentum(opt: Any, defaults: dict[str, Any]) -> float:
+    """The largest group's momentum (a state for every group that has one).  bitsandbytes' SGD
+    keeps it as ``betas[0]`` and refuses 0: its groups have no "momentum" (read as 0 until a
+    review)."""
+    if type(opt).__module__.startswith("bitsandbytes") and type(opt).__name__ == "SGD":
+        return max((float((g.get("betas") or (0.0,))[0])
+                    for g in getattr(opt, "param_groups", [])), default=0.0)
+    return _largest(opt, defaults, "momentum")
 
 
 def _largest(opt: Any, defaults: dict[str, Any], key: str) -> float:
