@@ -35,10 +35,11 @@ CASES = {
 
 
 @contextmanager
-def _collective_traffic(per_step: list[int]) -> Iterator[None]:
+def _collective_traffic(per_step: list[int], largest: list[int]) -> Iterator[None]:
     """Count the bytes each FSDP collective moves (input + output of every all-gather and
     reduce-scatter FSDP2 issues through ``dist.all_gather_single`` / ``reduce_scatter_single``,
-    torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py) into ``per_step[-1]``.
+    torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py) into ``per_step[-1]``, and keep
+    the largest single input or output in ``largest[0]``.
 
     gloo copies a collective's inputs/outputs inside its own threads, so how many of those copies
     are alive at the CPU allocator's peak depends on thread timing (measured 0-8.4 MB, 0-54 % of
@@ -59,6 +60,7 @@ def _collective_traffic(per_step: list[int]) -> Iterator[None]:
             out = args[0] if args else kwargs[_o]
             inp = args[1] if len(args) > 1 else kwargs[_i]
             per_step[-1] += out.nbytes + inp.nbytes
+            largest[0] = max(largest[0], out.nbytes, inp.nbytes)
             return _f(*args, **kwargs)
 
         wrapped[name] = original
@@ -112,8 +114,9 @@ def _measure(job: JobSpec) -> dict[str, int]:
         tracker.track(t, "parameters")
     base = tracker.current_bytes
     traffic: list[int] = []
+    largest = [0]
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        with fsdp_bookkeeping(tracker), tracker, _collective_traffic(traffic):
+        with fsdp_bookkeeping(tracker), tracker, _collective_traffic(traffic, largest):
             for _ in range(2):
                 traffic.append(0)
                 train_step(model, optimizer, repeat_batches(batch, job.grad_accum or 1),
@@ -126,7 +129,7 @@ def _measure(job: JobSpec) -> dict[str, int]:
         cur += e.nbytes()
         peak = max(peak, cur)
     return {"tracked": tracker.peak.peak_bytes, "allocator": base + peak,
-            "collective_step_bytes": max(traffic)}
+            "collective_step_bytes": max(traffic), "largest_collective_bytes": largest[0]}
 
 
 def _worker(out_dir: Path) -> None:
@@ -163,8 +166,11 @@ def test_simulated_rank_peak_matches_two_gloo_ranks(measured, name):
     # exactly what rank 0 of the real gloo run did — to the byte
     assert sim.peak_allocated_bytes == rank0["tracked"]
     # rank 0 holds the largest shard of every parameter (dim-0 splits rounded up): no rank peaks
-    # higher than the simulated one
-    assert rank1["tracked"] <= rank0["tracked"]
+    # higher than the simulated one, but for one collective's buffer — gloo's thread frees a
+    # collective's input when its work completes, so whether it is still alive at a rank's peak
+    # is thread timing (rank 1 once peaked 197,632 B above rank 0, one layer's attention and
+    # norm weights in fp32, in 1 of ~40 CI-like runs)
+    assert rank1["tracked"] <= rank0["tracked"] + rank1["largest_collective_bytes"]
     assert sim.breakdown.get("data_parallel", 0) > 0
     # gloo's own buffers inside its collectives, seen only by the CPU allocator: what a CPU run
     # holds beyond FSDP's allocations (stated, not part of the GPU prediction) — never negative

@@ -70,6 +70,20 @@ NOTE_WORDS = {
                   "GPU here); on the GPU it is True, so what the script sets from it (e.g. "
                   "fp16=torch.cuda.is_available()) was read as it would run without one — write "
                   "those values out in the script, or give them as flags (--precision …)",
+    "fsdp": "FSDP from {where} ({strategy}, FSDP{version}): planned per rank as HF Trainer and "
+            "accelerate run it — gradients reduce-scattered in the run's 16-bit dtype (accelerate's "
+            "mixed-precision policy), unsharded gradients kept between accumulation micro-steps "
+            "(no_sync)",
+    "zero1": "DeepSpeed ZeRO stage {stage} ({where}): planned as DDP, every rank holding the "
+             "optimizer states whole (stage 1 shards them: an upper bound)",
+    "zero_param_offload_alone": "DeepSpeed offload_param without offload_optimizer: planned "
+                                "with the parameter partitions on the GPU (an upper bound)",
+    "deepspeed_optimizer": "the DeepSpeed config's optimizer {type} ({where}) steps, not "
+                           "args.optim: planned as AdamW in one fused kernel (DeepSpeed's "
+                           "FusedAdam, or its CPU Adam under offload_optimizer)",
+    "zero_knob": "the DeepSpeed config's zero_optimization.{key} = {value:,} elements: plan "
+                 "models {planned:,} (HF's \"auto\" from the hidden size, or DeepSpeed's "
+                 "default){how}",
     "no_gpu": "no GPU named and none on this machine: what fits is unknown, so no change to the "
               "script is said (give --gpu)",
 }
@@ -79,6 +93,9 @@ def note_words(n: ScriptNote) -> str:
     data = n.data
     if n.kind == "padded":
         data = {**data, "how": _PADDED_AS.get(data.get("attention", "sdpa"), _PADDED_AS["sdpa"])}
+    if n.kind == "zero_knob":
+        data = {**data, "how": " — the plan may be under: more is held than planned" if
+                data["more"] else " — an upper bound there"}
     said = NOTE_WORDS[n.kind].format(**data)
     if n.kind == "padding_free_mask" and n.data.get("flex"):
         said += ("; flex_attention builds a block mask of the packing instead of the dense one: "
@@ -290,6 +307,14 @@ def _read_rows(read: ReadJob, rec: dict[str, Any], f: dict[str, Any],
                  f"{f['micro_batch']} × {f['grad_accum']} × {f['ranks']}",
                  src(("micro_batch", "grad_accum", "ranks", "effective_batch"), rec["args"]["class"],
                      f"{r['micro_batch']} × {r['grad_accum']} × {r['ranks']}")))
+    if f.get("sharding", "none") != "none" or "sharding" in read.where or "sharding" in given:
+        # the engine each rank runs: FSDP or DeepSpeed ZeRO, read from the script's arguments or
+        # accelerate's launch environment (trainfit.script.sharding), or the command line's
+        engine = f.get("sharding", "none") + (f", offload {f['offload']}"
+                                              if f.get("offload", "none") != "none" else "")
+        rows.append(("data parallel", engine, src(("sharding", "offload"),
+                                                  read.where.get("sharding", "DDP"),
+                                                  r.get("sharding", "none"))))
     # reentrant or not changes what the recompute holds: said (an audit: "full" alone)
     ckpt = f["grad_ckpt"] + ((" (reentrant)" if f.get("ckpt_reentrant") else " (non-reentrant)")
                              if f["grad_ckpt"] == "full" else "")

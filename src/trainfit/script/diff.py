@@ -136,10 +136,21 @@ def _checkpointing(rec: dict[str, Any], args_cls: str, on: bool) -> list[Keyword
     with it applied still checkpointed, the pick's speed-up not there)."""
     args_on = bool(rec["args"]["gradient_checkpointing"])
     by_call = bool(rec["ckpt_calls"]) or (rec["model"]["gradient_checkpointing"] and not args_on)
+    fsdp = rec["args"].get("sharding") or {}
+    fsdp_site = None
+    if fsdp.get("engine") == "fsdp":
+        # FSDP's own checkpointing: transformers warns that gradient_checkpointing under FSDP
+        # adds an all-gather in the backward (training_args.py, issue 30404)
+        fsdp_site = f"{args_cls}(fsdp_config=...)" if fsdp["where"].startswith(
+            "TrainingArguments") else "the accelerate config (fsdp_activation_checkpointing)"
     if on:
+        if fsdp_site is not None:
+            return [KeywordChange(fsdp_site, "activation_checkpointing", False, True)]
         # the keyword scripts write (transformers 5 also reads it as activation_checkpointing)
         return [KeywordChange(args_cls, "gradient_checkpointing", False, True)]
     out = [KeywordChange(args_cls, "gradient_checkpointing", True, False)] if args_on else []
+    if fsdp_site is not None and fsdp.get("activation_checkpointing"):
+        out.append(KeywordChange(fsdp_site, "activation_checkpointing", True, False))
     if by_call:
         calls = ", ".join(dict.fromkeys(rec["ckpt_calls"])) or "the script"
         out.append(KeywordChange(f"the call that enables it before the trainer ({calls})",

@@ -80,6 +80,9 @@ class _State:
         self.cuda_asked: list[str] = []
         """Where the script asked ``torch.cuda.is_available()`` before its trainer and was told
         False (plan reads it on a machine without the GPU planned for)."""
+        self.fsdp_plugin_args: dict[str, Any] | None = None
+        """The FSDP settings of a trainer built in one process (``args.fsdp_plugin_args``), taken
+        off its arguments so that transformers builds it (:func:`_one_process_fsdp`)."""
         self.at_train = False
         """The trainer's train() was reached: the optimizer steps from here are tune's probes."""
         self.finished = False
@@ -295,6 +298,7 @@ def _hook_trainer(mod: Any) -> None:
         # left a/ behind when only the leaf was removed)
         missing = [] if out is None else [d for d in _ancestors(os.path.abspath(out))
                                           if not os.path.exists(d)]
+        _one_process_fsdp(st, args)
         st.in_trainer_init += 1
         try:
             orig_init(self, *a, **k)
@@ -313,6 +317,19 @@ def _hook_trainer(mod: Any) -> None:
     trainer_cls.train = train
 
 
+def _one_process_fsdp(st: _State, args: Any) -> None:
+    """transformers refuses FSDP outside a distributed run ("Using fsdp only works in distributed
+    training", Trainer.__init__), which plan's one process is: the arguments' FSDP settings are
+    recorded, then taken off them, so the trainer is built as one rank would build it before
+    accelerate wraps the model at train() (the wrap is what plan simulates)."""
+    if args is None or not getattr(args, "fsdp", False) or (args.fsdp_config or {}).get("xla"):
+        return
+    if str(getattr(args.parallel_mode, "value", "")) == "distributed":
+        return  # a real distributed run: the Trainer takes them, the record reads them there
+    st.fsdp_plugin_args = dict(getattr(args, "fsdp_plugin_args", None) or {})
+    args.fsdp, args.fsdp_plugin_args = False, None
+
+
 def _at_train(trainer: Any) -> None:
     """The trainer is built and would start training: read it (tune: probe it) and leave."""
     st = _st()
@@ -325,6 +342,7 @@ def _at_train(trainer: Any) -> None:
 
         rec = read_trainer(trainer, loads=st.loads, ckpt_calls=st.ckpt_calls,
                            device_maps=st.device_maps, mode=st.mode,
+                           fsdp_plugin_args=st.fsdp_plugin_args,
                            max_samples=int(st.options.get("max_samples", 20000)),
                            max_batches=int(st.options.get("max_batches", 2000)))
         rec["cuda_asked"] = list(dict.fromkeys(st.cuda_asked))
@@ -439,6 +457,11 @@ def _hook_loading(mu: Any) -> None:
     st = _st()
     _record_loads(mu)
     _record_checkpointing(mu)
+    # a DeepSpeed ZeRO-3 config made before from_pretrained (as the HF docs tell) has transformers
+    # build the model under deepspeed.zero.Init, partitioned across the ranks of a distributed
+    # run this one process is not (it raises: no process group); the ZeRO settings are read
+    # from the arguments (trainfit.script.sharding) and plan simulates the partitioning itself
+    mu.is_deepspeed_zero3_enabled = lambda: False
     if st.mode == "plan":
         from trainfit.script.meta_load import meta_loading  # lazy: plan only
 

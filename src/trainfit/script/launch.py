@@ -82,6 +82,12 @@ def _interpret(cmd: list[str], records: list[dict[str, Any]], code: int | None, 
             raise ScriptError(f"{name} {how}: the model needs its own code from the hub",
                               "pass trust_remote_code=True in the script and --trust-remote-code "
                               "to trainfit, if you trust its authors", tail)
+        if any("deepspeed" in line and "not found" in line for line in tail):
+            # TrainingArguments(deepspeed=...) requires the package as it is built (transformers
+            # integrations/deepspeed.py: require_version("deepspeed>=0.9.3"))
+            raise ScriptError(f"{name} {how}: its TrainingArguments(deepspeed=...) needs DeepSpeed "
+                              "installed", "pip install deepspeed (its ops need not be built: "
+                              "plan reads the config only)", tail)
         raise ScriptError(f"{name} {how} before its trainer started training",
                           "its last lines are below; fix the script, then run trainfit again", tail)
     done = by_type.get("no_trainer")

@@ -17,6 +17,7 @@ from typing import Any
 from trainfit.job import JobError, JobSpec
 from trainfit.job.fields import refuse_dead_reentrant
 from trainfit.script.optimizer import script_optimizer, weight_decay
+from trainfit.script.sharding import sharding_fields
 
 QUANTILE = 0.95
 """The high quantile of the batch lengths plan also shows (the pick is planned at the maximum)."""
@@ -197,11 +198,42 @@ def _precision(rec: dict[str, Any], method: str, notes: list[ScriptNote]) -> str
     return precision
 
 
+def _deepspeed_optimizer(rec: dict[str, Any]) -> bool:
+    """The script's DeepSpeed config builds the optimizer (HF's DummyOptim then stands for it):
+    ``args.optim`` and the Trainer's own build do not run."""
+    s = rec["args"].get("sharding") or {}
+    return s.get("engine") == "deepspeed" and s.get("optimizer") is not None
+
+
+def _engine(rec: dict[str, Any], given: frozenset[str], f: dict[str, Any], where: dict[str, str],
+            notes: list[ScriptNote]) -> None:
+    """The script's FSDP or DeepSpeed ZeRO (:mod:`trainfit.script.sharding`) into ``f``: its
+    engine's fields unless ``--sharding`` is given (the command line then plans another), and a
+    DeepSpeed config's optimizer unless ``--optimizer`` is."""
+    fields, engine_notes, said = sharding_fields(rec, engine="sharding" not in given)
+    if said is None:
+        return
+    opt_keys = ("optimizer", "optimizer_impl", "weight_decay")
+    take = {k: v for k, v in fields.items() if k not in given and
+            not ("optimizer" in given and k in opt_keys)}
+    f.update(take)
+    if "sharding" not in given:
+        where["sharding"] = said
+    if "optimizer" in take:
+        where["optimizer"] = f"the DeepSpeed config's optimizer ({said})"
+    notes += [ScriptNote(kind, data) for kind, data in engine_notes
+              if kind != "deepspeed_optimizer" or "optimizer" not in given]
+
+
 def _checkpointing(rec: dict[str, Any]) -> tuple[str, bool, str]:
     """(grad_ckpt, reentrant, where it is switched on): the Trainer's
-    ``gradient_checkpointing_kwargs`` (None: transformers 5's non-reentrant default), or the
-    mode the model's layers were given when the script enabled it itself."""
+    ``gradient_checkpointing_kwargs`` (None: transformers 5's non-reentrant default), FSDP's own
+    ``activation_checkpointing`` (accelerate's checkpoint_wrapper, non-reentrant), or the mode
+    the model's layers were given when the script enabled it itself."""
     a, m = rec["args"], rec["model"]
+    fsdp = a.get("sharding") or {}
+    if fsdp.get("activation_checkpointing"):
+        return "full", False, f"FSDP's activation_checkpointing ({fsdp['where']})"
     calls = list(dict.fromkeys(rec["ckpt_calls"]))  # enable() and its alias: one call site
     if a["gradient_checkpointing"]:
         kw = a.get("gradient_checkpointing_kwargs") or {}
@@ -282,7 +314,7 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
                            if ld.get("this_model")), "")
         f["base_dtype"] = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(
             frozen, "auto")
-    if "optimizer" not in given:
+    if "optimizer" not in given and not _deepspeed_optimizer(rec):
         # the script's optimizer, its kernel too unless --optimizer-impl is given (given alone it
         # had replaced the script's SGD with AdamW, a review)
         fields, where["optimizer"] = script_optimizer(rec, "optimizer_impl" in given)
@@ -290,6 +322,7 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
     f["grad_ckpt"], reentrant, where["grad_ckpt"] = _checkpointing(rec)
     if reentrant:
         f["ckpt_reentrant"] = True
+    _engine(rec, given, f, where, notes)
     if m.get("loss_head") == "trl-logprob":
         f["trl_logprob_head"] = True
         where["loss"] = f"{rec['trainer']} (trl's chunked log-prob head: never the whole logits)"
@@ -307,7 +340,7 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
     where["micro_batch"] = where["grad_accum"] = a["class"]
     clip = a["max_grad_norm"]
     if "weight_decay" not in given:
-        f["weight_decay"] = weight_decay(rec)
+        f.setdefault("weight_decay", weight_decay(rec))
     f.update(max_grad_norm=float(clip) if clip else None, lr=float(a["learning_rate"]),
              seed=int(a["seed"]), num_workers=int(a["dataloader_num_workers"] or 0),
              pin_memory=bool(a["dataloader_pin_memory"]),

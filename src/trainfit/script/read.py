@@ -22,6 +22,7 @@ import torch
 
 from trainfit.job import JobError
 from trainfit.memory.expandable import env_expandable_segments
+from trainfit.script.sharding import read_sharding
 
 ARG_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "world_size", "bf16",
               "fp16", "learning_rate", "max_grad_norm", "seed", "weight_decay",
@@ -34,9 +35,12 @@ ARG_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "wor
 
 def read_trainer(trainer: Any, *, loads: list[dict[str, Any]], ckpt_calls: list[str],
                  device_maps: list[dict[str, Any]], mode: str, max_samples: int,
-                 max_batches: int) -> dict[str, Any]:
-    """The record of one trainer: ``trainer``, ``args``, ``model``, ``lora``, ``optimizer``,
-    ``lengths``, and what the hooks saw (``loads``, ``ckpt_calls``, ``device_maps``)."""
+                 max_batches: int, fsdp_plugin_args: dict[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    """The record of one trainer: ``trainer``, ``args`` (with its data-parallel engine,
+    ``sharding``), ``model``, ``lora``, ``optimizer``, ``lengths``, and what the hooks saw
+    (``loads``, ``ckpt_calls``, ``device_maps``; ``fsdp_plugin_args``: the FSDP settings taken
+    off a one-process trainer's arguments)."""
     model = trainer.model
     if model is None:
         raise JobError("the Trainer has no model (model_init?)",
@@ -45,7 +49,9 @@ def read_trainer(trainer: Any, *, loads: list[dict[str, Any]], ckpt_calls: list[
     if mode == "tune":
         _check_no_offload(base)
     rec: dict[str, Any] = {
-        "trainer": type(trainer).__name__, "args": trainer_args(trainer.args),
+        "trainer": type(trainer).__name__,
+        "args": {**trainer_args(trainer.args),
+                 "sharding": read_sharding(trainer.args, fsdp_plugin_args)},
         "model": {**_model(model, base), "loss_head": _loss_head(trainer, base)},
         "lora": _lora(model),
         "optimizer": given_optimizer(trainer),

@@ -91,6 +91,15 @@ def tune_trainer(trainer: Any, rec: dict[str, Any], o: dict[str, Any]) -> dict[s
     read = map_record(rec, frozenset(flags))
     job = JobSpec.from_dict(with_flags(read.fields, flags), source="the script")
     as_read = script_as_read(rec, read.fields, flags, read=read) or job
+    engine = rec["args"].get("sharding")
+    if engine is not None and (job.sharding != "none" or job.offload != "none"):
+        # the probes step the trainer's model in this one process, never through the engine:
+        # a sharded or offloaded step's memory would be measured as an unsharded one
+        what = "DeepSpeed ZeRO" if engine["engine"] == "deepspeed" else "FSDP"
+        raise JobError(f"the script runs {what} ({engine['where']}): tune -- CMD probes the "
+                       "model in one process, unsharded",
+                       "plan it (trainfit plan -- CMD: each rank's sharded step), or tune the "
+                       "script without fsdp / deepspeed on one GPU")
     device = parse_device(o.get("device", "cpu"))
     on = rec["model"]["device"]
     if on != device.type:

@@ -1,0 +1,267 @@
+"""The script's FSDP / DeepSpeed ZeRO (:mod:`trainfit.script.sharding`): read from real
+TrainingArguments and accelerate's launch environment, mapped to the job's sharding fields (pure,
+on records), and planned end to end as the job file of the same engine is."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from plan_json import PEAKS, job_file, peak_rows, plan_json
+from script_records import record
+
+from trainfit.job import JobError, JobSpec
+from trainfit.script.mapping import map_record
+from trainfit.script.sharding import read_sharding
+
+DEEPSPEED = next((Path(__file__).resolve().parents[2] / "build" / "reference").glob(
+    "deepspeed-*"), None)
+
+
+def _args(**kw):
+    import transformers.training_args as ta
+
+    ta.is_torch_bf16_gpu_available = lambda *a, **k: True  # as the hooks do (no GPU here)
+    return ta.TrainingArguments(output_dir="/nonexistent/out", bf16=True, report_to=[], **kw)
+
+
+def _clean_env(monkeypatch):
+    for k in list(os.environ):
+        if k.startswith(("FSDP_", "ACCELERATE_")):
+            monkeypatch.delenv(k)
+
+
+def test_fsdp_read_from_the_training_arguments(monkeypatch):
+    _clean_env(monkeypatch)
+    assert read_sharding(_args()) is None  # DDP / one process
+    s = read_sharding(_args(fsdp="full_shard auto_wrap",
+                            fsdp_config={"activation_checkpointing": True}))
+    assert (s["engine"], s["version"], s["strategy"], s["activation_checkpointing"],
+            s["cpu_offload"]) == ("fsdp", 2, "FULL_SHARD", True, False)
+    assert read_sharding(_args(fsdp="shard_grad_op"))["strategy"] == "SHARD_GRAD_OP"
+    one = read_sharding(_args(fsdp="full_shard offload", fsdp_config={"version": 1}))
+    # transformers' FSDP1 plugin arguments: sync_module_states defaults to true
+    assert (one["version"], one["strategy"], one["cpu_offload"], one["sync_module_states"]) == \
+        (1, "FULL_SHARD", True, True)
+
+
+def test_fsdp_read_from_accelerate_launch_environment(monkeypatch):
+    """``accelerate launch`` with an FSDP config writes ACCELERATE_USE_FSDP and FSDP_* (read with
+    accelerate's defaults: version 1, FULL_SHARD); a strategy may be a number (1-5)."""
+    _clean_env(monkeypatch)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    s = read_sharding(_args())
+    assert (s["version"], s["strategy"], s["where"]) == \
+        (1, "FULL_SHARD", "accelerate launch (ACCELERATE_USE_FSDP)")
+    monkeypatch.setenv("FSDP_SHARDING_STRATEGY", "3")
+    assert read_sharding(_args())["strategy"] == "NO_SHARD"
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    monkeypatch.setenv("FSDP_RESHARD_AFTER_FORWARD", "false")
+    monkeypatch.setenv("FSDP_OFFLOAD_PARAMS", "true")
+    s = read_sharding(_args())
+    assert (s["version"], s["strategy"], s["cpu_offload"]) == (2, "SHARD_GRAD_OP", True)
+
+
+def test_deepspeed_config_read():
+    """The config as HF's HfTrainerDeepSpeedConfig / accelerate's plugin hold it ("auto" sizes
+    left unread: HF fills them from the hidden size, as plan models them)."""
+    cfg = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                 "offload_param": {"device": "cpu", "pin_memory": False},
+                                 "reduce_bucket_size": "auto",
+                                 "stage3_prefetch_bucket_size": 5e8},
+           "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": 0.1}}}
+    args = SimpleNamespace(deepspeed=cfg, deepspeed_plugin=SimpleNamespace(deepspeed_config=cfg))
+    s = read_sharding(args)
+    assert (s["stage"], s["offload_optimizer"], s["offload_param"], s["pin_memory"]) == \
+        (3, "cpu", "cpu", False)
+    assert s["knobs"] == {"stage3_prefetch_bucket_size": 5e8}
+    assert s["optimizer"] == {"type": "AdamW", "params": {"lr": "auto", "weight_decay": 0.1}}
+
+
+def _fsdp(**over) -> dict:
+    return {"engine": "fsdp", "where": "TrainingArguments(fsdp=...)", "version": 2,
+            "strategy": "FULL_SHARD", "cpu_offload": False, "activation_checkpointing": False,
+            "sync_module_states": False, "cpu_ram_efficient_loading": False, **over}
+
+
+def _zero(**over) -> dict:
+    return {"engine": "deepspeed", "where": "TrainingArguments(deepspeed=...)", "stage": 3,
+            "offload_optimizer": "none", "offload_param": "none", "pin_memory": True,
+            "optimizer": None, "knobs": {}, **over}
+
+
+def test_fsdp_mapped_as_hf_trainer_runs_it():
+    j = map_record(record(args__sharding=_fsdp(activation_checkpointing=True),
+                          args__gradient_checkpointing=False))
+    f = j.fields
+    assert (f["sharding"], f["fsdp_version"], f["fsdp_no_sync"], f["fsdp_reduce_dtype"]) == \
+        ("fsdp", "2", True, "param")
+    assert (f["grad_ckpt"], f.get("ckpt_reentrant", False)) == ("full", False)
+    assert j.where["grad_ckpt"].startswith("FSDP's activation_checkpointing")
+    assert [n.kind for n in j.notes if n.kind == "fsdp"] == ["fsdp"]
+    JobSpec.from_dict({**f, "ranks": 2})
+    one = map_record(record(args__sharding=_fsdp(version=1, sync_module_states=True,
+                                                 cpu_offload=True))).fields
+    assert (one["fsdp_version"], one["fsdp_init"], one["offload"]) == ("1", "wrap-sync", "all")
+    JobSpec.from_dict({**one, "ranks": 2})
+    no_shard = map_record(record(args__sharding=_fsdp(version=1, strategy="NO_SHARD"))).fields
+    assert (no_shard["sharding"], no_shard["fsdp_init"]) == ("none", "wrap")
+
+
+def test_fsdp_strategies_plan_cannot_represent_are_refused():
+    for strategy in ("SHARD_GRAD_OP", "HYBRID_SHARD"):
+        with pytest.raises(JobError, match=strategy) as err:
+            map_record(record(args__sharding=_fsdp(strategy=strategy)))
+        assert "--sharding" in err.value.hint
+    # given --sharding, the command line plans its own engine: the script's is not read
+    j = map_record(record(args__sharding=_fsdp(strategy="SHARD_GRAD_OP")),
+                   frozenset({"sharding"}))
+    assert "sharding" not in j.fields and "sharding" not in j.where
+
+
+def test_deepspeed_zero_mapped():
+    f = map_record(record(args__sharding=_zero(offload_optimizer="cpu"))).fields
+    assert (f["sharding"], f["offload"], f["zero_pin_memory"]) == ("zero3", "optimizer", True)
+    f = map_record(record(args__sharding=_zero(offload_optimizer="cpu", offload_param="cpu",
+                                               pin_memory=False))).fields
+    assert (f["offload"], f["zero_pin_memory"]) == ("all", False)
+    assert map_record(record(args__sharding=_zero(stage=2))).fields["sharding"] == "zero2"
+    z1 = map_record(record(args__sharding=_zero(stage=1)))
+    assert z1.fields["sharding"] == "none" and "zero1" in [n.kind for n in z1.notes]
+    with pytest.raises(JobError, match="NVMe"):
+        map_record(record(args__sharding=_zero(offload_optimizer="nvme")))
+
+
+def test_a_deepspeed_optimizer_block_decides_the_optimizer():
+    """HF hands DeepSpeed a DummyOptim when the config has an optimizer: args.optim does not
+    run (here an optim plan refuses), DeepSpeed's fused Adam does, with the block's decay."""
+    block = {"type": "AdamW", "params": {"lr": "auto", "weight_decay": 0.05}}
+    j = map_record(record(args__optim="adamw_anyprecision",
+                          args__sharding=_zero(optimizer=block)))
+    assert (j.fields["optimizer"], j.fields["optimizer_impl"], j.fields["weight_decay"]) == \
+        ("adamw", "fused", 0.05)
+    assert j.where["optimizer"].startswith("the DeepSpeed config's optimizer")
+    with pytest.raises(JobError, match="Lamb"):
+        map_record(record(args__sharding=_zero(optimizer={"type": "Lamb", "params": {}})))
+    # --optimizer given: the command line's
+    given = map_record(record(args__sharding=_zero(optimizer=block)), frozenset({"optimizer"}))
+    assert "optimizer" not in given.fields
+
+
+def test_explicit_zero_sizes_past_what_plan_models_are_said():
+    j = map_record(record(model__config={"dtype": "bfloat16", "hidden_size": 64},
+                          args__sharding=_zero(knobs={"reduce_bucket_size": 5e8,
+                                                      "stage3_max_live_parameters": 1e9})))
+    knob = [n.data for n in j.notes if n.kind == "zero_knob"]
+    # reduce_bucket_size: HF's "auto" is h² = 4,096 elements; the live cap is DeepSpeed's default
+    assert knob == [{"key": "reduce_bucket_size", "value": 500_000_000, "planned": 4096,
+                     "more": True}]
+    from trainfit.render.script import note_words
+
+    said = note_words(next(n for n in j.notes if n.kind == "zero_knob"))
+    assert "may be under" in said
+
+
+def test_tune_refuses_a_sharded_script():
+    from trainfit.script.tune import tune_trainer
+
+    rec = record(args__sharding=_fsdp())
+    with pytest.raises(JobError, match=r"FSDP .*one process"):
+        tune_trainer(SimpleNamespace(), rec, {"device": "cpu"})
+
+
+def test_a_script_with_fsdp_plans_as_the_job_file_of_the_same_engine(seed000, tmp_path):
+    """Seed 000 with TrainingArguments(fsdp=..., fsdp_config={"activation_checkpointing": True})
+    read in one process (transformers refuses FSDP outside a distributed run: the hooks take it
+    off the arguments and record it) and planned on 2 ranks: the plan of the job file with the
+    same engine, to the byte; before, it was planned as DDP. (--effective-batch 16: the
+    script's 2 × 4 on 2 ranks, so that its configuration is a row of the grid, simulated whole
+    in both plans.)"""
+    flags = ["--gpu", "a10g", "--precision", "amp-bf16", "--ranks", "2", "--effective-batch", "16"]
+    extra = {"fsdp": "full_shard auto_wrap", "fsdp_config": {"activation_checkpointing": True},
+             "gradient_checkpointing": False}
+    got = plan_json([*flags, "--", *seed000.cmd("--args-json", json.dumps(extra))])
+    assert (got["job"]["sharding"], got["job"]["fsdp_no_sync"], got["job"]["grad_ckpt"]) == \
+        ("fsdp", True, "full")
+    job = job_file(tmp_path, {
+        "model": str(seed000.model), "method": "lora", "lora_r": 8, "lora_alpha": 16,
+        "lora_dropout": 0.05, "lora_targets": ["q_proj", "v_proj"],
+        "seq_len": got["job"]["seq_len"], "base_dtype": "bf16", "effective_batch": 16,
+        "optimizer": "adamw", "optimizer_impl": "fused", "attention": "sdpa",
+        "padded": got["job"]["padded"], "sharding": "fsdp", "fsdp_version": "2",
+        "fsdp_no_sync": True, "fsdp_reduce_dtype": "param"},
+        {"micro_batch": 2, "grad_accum": 4, "grad_ckpt": "full"})
+    want = plan_json([job, *flags])
+    assert peak_rows(got["plan"]) == peak_rows(want)
+    assert [got["plan"]["current"][k] for k in PEAKS] == [want["current"][k] for k in PEAKS]
+
+
+@pytest.mark.skipif(DEEPSPEED is None, reason="DeepSpeed not installed in build/reference "
+                    "(scripts/test.sh installs it)")
+def test_a_script_with_a_deepspeed_config_is_planned_with_zero(seed000, monkeypatch):
+    """Seed 000 with TrainingArguments(deepspeed={ZeRO-3, offload_optimizer, an AdamW block}),
+    made before from_pretrained as the HF docs tell (transformers then builds the model under
+    deepspeed.zero.Init, which raises outside a distributed run: the hooks load it as plan
+    does): plan reads ZeRO-3 with the optimizer offloaded and DeepSpeed's own AdamW (weight
+    decay from the block)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (str(DEEPSPEED), os.environ.get("PYTHONPATH", "")) if p))
+    text = seed000.script.read_text()
+    made = "args = dict(output_dir"
+    load = "model = AutoModelForCausalLM.from_pretrained(a.model, **load)\n"
+    block = text[text.index(made):text.index("trainer = Trainer(")]
+    text = text.replace(block, "").replace(load, block + "targs = TrainingArguments(**args)\n"
+                                           + load)
+    seed000.script.write_text(text.replace("args=TrainingArguments(**args)", "args=targs"))
+    assert text.index("targs = TrainingArguments") < text.index("ForCausalLM.from_pretrained")
+    cfg = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+           "bf16": {"enabled": "auto"}, "train_micro_batch_size_per_gpu": "auto",
+           "gradient_accumulation_steps": "auto",
+           "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": 0.01}}}
+    flags = ["--gpu", "a10g", "--precision", "amp-bf16", "--ranks", "2"]
+    got = plan_json([*flags, "--", *seed000.cmd("--args-json", json.dumps({"deepspeed": cfg}))])
+    j = got["job"]
+    assert (j["sharding"], j["offload"], j["optimizer"], j["optimizer_impl"], j["weight_decay"]) \
+        == ("zero3", "optimizer", "adamw", "fused", 0.01)
+
+
+def test_a_deepspeed_script_without_deepspeed_says_to_install_it(seed000, monkeypatch):
+    """Without the package, TrainingArguments(deepspeed=...) raises as it is built: one line
+    saying so, with the install (exit 2 through the CLI's ScriptError)."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is not None:
+        pytest.skip("deepspeed importable here")
+    from trainfit.script.launch import ScriptError, run_script
+
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    cfg = {"zero_optimization": {"stage": 2}}
+    with pytest.raises(ScriptError, match="needs DeepSpeed installed") as err:
+        run_script(seed000.cmd("--args-json", json.dumps({"deepspeed": cfg})), mode="plan")
+    assert "pip install deepspeed" in err.value.hint
+
+
+def test_checkpointing_changes_are_said_in_fsdp_config():
+    """Under FSDP the change to checkpointing is FSDP's own (fsdp_config's
+    activation_checkpointing), where the script's FSDP checkpoints and where the pick turns it
+    on; gradient_checkpointing is not what to add (transformers warns of its extra
+    all-gather)."""
+    from trainfit.script.diff import keyword_diff
+
+    rec = record(args__sharding=_fsdp(activation_checkpointing=True),
+                 args__gradient_checkpointing=False)
+    job = JobSpec.from_dict({**map_record(rec).fields, "ranks": 2})
+    off = keyword_diff(rec, job, job.replace(grad_ckpt="off"))
+    assert [(c.where, c.keyword, c.before, c.after) for c in off] == [
+        ("TrainingArguments(fsdp_config=...)", "activation_checkpointing", True, False)]
+    rec_off = record(args__sharding=_fsdp(where="accelerate launch (ACCELERATE_USE_FSDP)"),
+                     args__gradient_checkpointing=False)
+    job = JobSpec.from_dict({**map_record(rec_off).fields, "ranks": 2})
+    assert job.grad_ckpt == "off"
+    on = keyword_diff(rec_off, job, job.replace(grad_ckpt="full"))
+    assert [(c.where, c.keyword, c.after) for c in on] == [
+        ("the accelerate config (fsdp_activation_checkpointing)", "activation_checkpointing",
+         True)]
