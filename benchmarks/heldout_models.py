@@ -1,4 +1,4 @@
-"""Held-out cases' models and GPUs built for trainfit from a :class:`heldout_mapping.Mapping`.
+"""Held-out cases' models and GPUs built for trainfit from a :class:`heldout_builder.Mapping`.
 
 A model the catalog lacks is a transformers config of the case's dimensions (built on the meta
 device by trainfit: no weights, no download); the case's dimensions win where a catalog entry
@@ -12,7 +12,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from heldout_mapping import Mapping
+    from heldout_builder import Mapping
 
 
 DIMS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
