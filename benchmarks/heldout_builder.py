@@ -226,9 +226,33 @@ def case_sharding(b: Builder) -> None:
     sync = fsdp.get("sync_module_states") is True
     if s.startswith("zero3"):
         b.sharding("zero3", False)
+        zero_buckets(b)
     elif s.startswith("fsdp-no-shard"):
         b.sharding("no-shard", fsdp1, sync)
     elif s.startswith("fsdp"):
         b.sharding("fsdp", fsdp1, sync)
     else:
         b.job["sharding"] = "none"
+
+
+ZERO_DEFAULT_BUCKETS = {"reduce_bucket_size": ("zero_reduce_bucket", 500_000_000),
+                        "stage3_prefetch_bucket_size": ("zero_prefetch_bucket", 50_000_000)}
+"""DeepSpeed 0.19's bucket sizes where a config leaves them out (``runtime/zero/config.py``)."""
+
+
+def zero_buckets(b: Builder) -> None:
+    """The case's DeepSpeed bucket sizes: "auto" (hidden², as HF / accelerate fill it: the job's
+    unset), a number, or — an accelerate config with no DeepSpeed config file, whose generated
+    config has no bucket keys (accelerate fills only "auto" ones) — DeepSpeed's own defaults."""
+    ds = b.case.get("deepspeed") or {}
+    for key, (name, default) in ZERO_DEFAULT_BUCKETS.items():
+        if name not in b.fields:
+            continue
+        value = ds.get(key)
+        if value is None:
+            b.job[name] = default
+            b.note(f"{key} not in the DeepSpeed config (accelerate's own, no config file): "
+                   f"DeepSpeed's default {default:.0e} elements → {name} {default}")
+        elif not isinstance(value, str):
+            b.job[name] = int(value)
+            b.note(f"{key} {value:.0e} → {name} {int(value)}")

@@ -270,9 +270,15 @@ def test_what_the_payloads_cannot_carry_is_said_not_dropped():
         "zero_stage": 3, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
         "offload_optimizer_device": "cpu", "offload_param_device": "none",
         "zero3_init_flag": True, "zero3_save_16bit_model": True}
-    assert "sharding" not in {s.knob for s in acc.script}
-    said = {s.knob: s.where for s in emit(job.replace(zero_pin_memory=False), "accelerate",
-                                          device="cuda").script}
+    # plan's "auto" buckets (hidden², HF's and accelerate's fill) take a DeepSpeed config file:
+    # without one, accelerate's config runs DeepSpeed's own defaults (5e8 / 5e7 elements)
+    auto = {s.knob: s.where for s in acc.script}["sharding"]
+    assert "reduce_bucket_size: auto, stage3_prefetch_bucket_size: auto" in auto
+    ds_defaults = job.replace(zero_reduce_bucket=500_000_000, zero_prefetch_bucket=50_000_000)
+    assert "sharding" not in {s.knob for s in emit(ds_defaults, "accelerate",
+                                                   device="cuda").script}
+    said = {s.knob: s.where for s in emit(ds_defaults.replace(zero_pin_memory=False),
+                                          "accelerate", device="cuda").script}
     assert "pin_memory: false" in said["sharding"]  # an unpinned offload needs DeepSpeed's file
     from accelerate.commands.config.config_args import ClusterConfig
 

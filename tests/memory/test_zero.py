@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from trainfit.hardware.gpus import find_gpu
-from trainfit.job import JobSpec
+from trainfit.job import JobError, JobSpec
 from trainfit.memory.predict import predict_memory
 from trainfit.memory.simulate import SimTarget, simulate_step
 from trainfit.memory.zero import compute_job
@@ -297,3 +299,39 @@ def test_zero3_says_when_it_saves_no_parameter_memory():
     assert f"{held / 2**30:.2f} GiB per rank" in said[0] and "--sharding none or zero2" in said[0]
     held, whole, said = notes(16_000_000_000, 32, "full")  # 8 B parameters in bf16
     assert held < whole and said == []
+
+
+def test_the_configs_bucket_sizes_are_the_ranks():
+    """DeepSpeed's reduce bucket is ``reduce_bucket_size`` elements of the gradient dtype (ZeRO-3:
+    one, made at init; ZeRO-2: two with overlap_comm, counted two) and the prefetch bucket
+    ``stage3_prefetch_bucket_size``: "auto" (hidden², 0.9 hidden²) unless the job gives the
+    config's numbers — DeepSpeed's own defaults (5e8, 5e7) where an accelerate config without a
+    DeepSpeed file leaves them out (a review: 1 GiB a rank missing at hidden 4096)."""
+    from trainfit.memory.zero import zero_phases
+
+    def run(sharding: str, **over) -> tuple[dict[str, int], list[str]]:
+        job = JobSpec(model="llama-3.1-8b", seq_len=1024, micro_batch=1, effective_batch=8,
+                      grad_ckpt="full", precision="amp-bf16", ranks=8, sharding=sharding,
+                      method="full", **over)
+        phases = {"backward": {"parameters": 16 * 2**30, "activations": 10**6}}
+        out, said = zero_phases(job, phases, trainable_params=8 * 10**9, quant_state_bytes=0,
+                                hidden=4096, layers=32, compute_bytes=2,
+                                end_bytes=(2**30, 2**30), largest_param_bytes=2**30)
+        return out["backward"], said
+
+    auto, _ = run("zero3")
+    given, said = run("zero3", zero_reduce_bucket=500_000_000)
+    # one bf16 bucket of 5e8 elements against hidden² = 16,777,216
+    assert given["data_parallel"] - auto["data_parallel"] == (500_000_000 - 4096**2) * 2
+    assert any("500,000,000 elements (954 MiB, the config's reduce_bucket_size)" in n
+               for n in said)
+    z2_auto, _ = run("zero2")
+    z2, _ = run("zero2", zero_reduce_bucket=200_000_000)  # the HF docs' ZeRO-2 example's
+    assert z2["data_parallel"] - z2_auto["data_parallel"] == 2 * (200_000_000 - 4096**2) * 2
+    # the prefetch bucket rides with what ZeRO-3 keeps gathered: more, never less
+    more, _ = run("zero3", zero_prefetch_bucket=50_000_000)
+    assert more["parameters"] >= auto["parameters"]
+    with pytest.raises(JobError, match="zero3 only"):
+        JobSpec(model="gpt2", ranks=2, sharding="zero2", zero_prefetch_bucket=5)
+    with pytest.raises(JobError, match="zero2 or zero3 only"):
+        JobSpec(model="gpt2", ranks=2, sharding="fsdp", zero_reduce_bucket=5)

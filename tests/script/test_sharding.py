@@ -21,10 +21,12 @@ DEEPSPEED = next((Path(__file__).resolve().parents[2] / "build" / "reference").g
     "deepspeed-*"), None)
 
 
-def _args(**kw):
+def _args(monkeypatch, **kw):
     import transformers.training_args as ta
 
-    ta.is_torch_bf16_gpu_available = lambda *a, **k: True  # as the hooks do (no GPU here)
+    # as the hooks do (no GPU here); FSDP's arguments write this variable themselves: restored
+    monkeypatch.setattr(ta, "is_torch_bf16_gpu_available", lambda *a, **k: True)
+    monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "false")
     return ta.TrainingArguments(output_dir="/nonexistent/out", bf16=True, report_to=[], **kw)
 
 
@@ -36,13 +38,13 @@ def _clean_env(monkeypatch):
 
 def test_fsdp_read_from_the_training_arguments(monkeypatch):
     _clean_env(monkeypatch)
-    assert read_sharding(_args()) is None  # DDP / one process
-    s = read_sharding(_args(fsdp="full_shard auto_wrap",
+    assert read_sharding(_args(monkeypatch)) is None  # DDP / one process
+    s = read_sharding(_args(monkeypatch, fsdp="full_shard auto_wrap",
                             fsdp_config={"activation_checkpointing": True}))
     assert (s["engine"], s["version"], s["strategy"], s["activation_checkpointing"],
             s["cpu_offload"]) == ("fsdp", 2, "FULL_SHARD", True, False)
-    assert read_sharding(_args(fsdp="shard_grad_op"))["strategy"] == "SHARD_GRAD_OP"
-    one = read_sharding(_args(fsdp="full_shard offload", fsdp_config={"version": 1}))
+    assert read_sharding(_args(monkeypatch, fsdp="shard_grad_op"))["strategy"] == "SHARD_GRAD_OP"
+    one = read_sharding(_args(monkeypatch, fsdp="full_shard offload", fsdp_config={"version": 1}))
     # transformers' FSDP1 plugin arguments: sync_module_states defaults to true
     assert (one["version"], one["strategy"], one["cpu_offload"], one["sync_module_states"]) == \
         (1, "FULL_SHARD", True, True)
@@ -53,15 +55,24 @@ def test_fsdp_read_from_accelerate_launch_environment(monkeypatch):
     accelerate's defaults: version 1, FULL_SHARD); a strategy may be a number (1-5)."""
     _clean_env(monkeypatch)
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
-    s = read_sharding(_args())
+    s = read_sharding(_args(monkeypatch))
     assert (s["version"], s["strategy"], s["where"]) == \
         (1, "FULL_SHARD", "accelerate launch (ACCELERATE_USE_FSDP)")
+    assert read_sharding(_args(monkeypatch))["auto_wrap_policy"] == "NO_WRAP"  # accelerate's default
     monkeypatch.setenv("FSDP_SHARDING_STRATEGY", "3")
-    assert read_sharding(_args())["strategy"] == "NO_SHARD"
+    assert read_sharding(_args(monkeypatch))["strategy"] == "NO_SHARD"
+    # FSDP1: the environment's strategy over transformers' reshard_after_forward (accelerate's
+    # plugin sets sharding_strategy first, and prepare takes it)
+    monkeypatch.setenv("FSDP_SHARDING_STRATEGY", "SHARD_GRAD_OP")
+    assert read_sharding(_args(monkeypatch, fsdp="full_shard", fsdp_config={"version": 1}))["strategy"] == \
+        "SHARD_GRAD_OP"
+    monkeypatch.delenv("FSDP_SHARDING_STRATEGY")
+    assert read_sharding(_args(monkeypatch, fsdp="shard_grad_op", fsdp_config={"version": 1}))[
+        "strategy"] == "FULL_SHARD"
     monkeypatch.setenv("FSDP_VERSION", "2")
     monkeypatch.setenv("FSDP_RESHARD_AFTER_FORWARD", "false")
     monkeypatch.setenv("FSDP_OFFLOAD_PARAMS", "true")
-    s = read_sharding(_args())
+    s = read_sharding(_args(monkeypatch))
     assert (s["version"], s["strategy"], s["cpu_offload"]) == (2, "SHARD_GRAD_OP", True)
 
 
@@ -77,20 +88,22 @@ def test_deepspeed_config_read():
     s = read_sharding(args)
     assert (s["stage"], s["offload_optimizer"], s["offload_param"], s["pin_memory"]) == \
         (3, "cpu", "cpu", False)
-    assert s["knobs"] == {"stage3_prefetch_bucket_size": 5e8}
+    assert s["buckets"] == {"reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": 5e8}
+    assert s["knobs"] == {}
     assert s["optimizer"] == {"type": "AdamW", "params": {"lr": "auto", "weight_decay": 0.1}}
 
 
 def _fsdp(**over) -> dict:
     return {"engine": "fsdp", "where": "TrainingArguments(fsdp=...)", "version": 2,
-            "strategy": "FULL_SHARD", "cpu_offload": False, "activation_checkpointing": False,
+            "strategy": "FULL_SHARD", "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "cpu_offload": False, "activation_checkpointing": False,
             "sync_module_states": False, "cpu_ram_efficient_loading": False, **over}
 
 
 def _zero(**over) -> dict:
     return {"engine": "deepspeed", "where": "TrainingArguments(deepspeed=...)", "stage": 3,
             "offload_optimizer": "none", "offload_param": "none", "pin_memory": True,
-            "optimizer": None, "knobs": {}, **over}
+            "optimizer": None, "knobs": {}, "buckets": {}, **over}
 
 
 def test_fsdp_mapped_as_hf_trainer_runs_it():
@@ -116,23 +129,72 @@ def test_fsdp_strategies_plan_cannot_represent_are_refused():
         with pytest.raises(JobError, match=strategy) as err:
             map_record(record(args__sharding=_fsdp(strategy=strategy)))
         assert "--sharding" in err.value.hint
-    # given --sharding, the command line plans its own engine: the script's is not read
+    # another engine given: the script's is not read
     j = map_record(record(args__sharding=_fsdp(strategy="SHARD_GRAD_OP")),
-                   frozenset({"sharding"}))
+                   frozenset({"sharding"}), sharding_flag="none")
     assert "sharding" not in j.fields and "sharding" not in j.where
+    assert "fsdp_no_sync" not in j.fields
+    # the hint's --sharding fsdp: planned as FULL_SHARD with the script's other FSDP settings
+    # (HF's no_sync accumulation kept: unsharded gradients between micro-steps)
+    j = map_record(record(args__sharding=_fsdp(strategy="SHARD_GRAD_OP")),
+                   frozenset({"sharding"}), sharding_flag="fsdp")
+    assert (j.fields["fsdp_no_sync"], j.fields["fsdp_reduce_dtype"]) == (True, "param")
+
+
+def test_fsdp_settings_the_gpu_run_refuses_or_plan_cannot_hold_are_refused():
+    # both checkpointings: transformers raises when it builds the Trainer with FSDP
+    with pytest.raises(JobError, match="gradient_checkpointing=True"):
+        map_record(record(args__sharding=_fsdp(activation_checkpointing=True)))
+    # a full fine-tune under accelerate's default NO_WRAP: one unit, not a layer each
+    with pytest.raises(JobError, match="NO_WRAP"):
+        map_record(record(args__sharding=_fsdp(auto_wrap_policy="NO_WRAP"), lora=None,
+                          model__trainable_params=81472, model__frozen_dtype=None))
+    # peft replaces the policy with its own per layer (update_fsdp_plugin_peft): read
+    assert map_record(record(args__sharding=_fsdp(auto_wrap_policy="NO_WRAP"))).fields[
+        "sharding"] == "fsdp"
+    with pytest.raises(JobError, match="NO_SHARD with CPU offload"):
+        map_record(record(args__sharding=_fsdp(strategy="NO_SHARD", cpu_offload=True)))
 
 
 def test_deepspeed_zero_mapped():
     f = map_record(record(args__sharding=_zero(offload_optimizer="cpu"))).fields
     assert (f["sharding"], f["offload"], f["zero_pin_memory"]) == ("zero3", "optimizer", True)
+    # bucket sizes the config leaves out are DeepSpeed's own defaults (accelerate fills only
+    # "auto" keys); "auto" is hidden² (the job's unset); a number is the config's
+    assert (f["zero_reduce_bucket"], f["zero_prefetch_bucket"]) == (500_000_000, 50_000_000)
+    auto = map_record(record(args__sharding=_zero(buckets={
+        "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": 2e7}))).fields
+    assert (auto["zero_reduce_bucket"], auto["zero_prefetch_bucket"]) == (None, 20_000_000)
+    JobSpec.from_dict({**f, "ranks": 2})
     f = map_record(record(args__sharding=_zero(offload_optimizer="cpu", offload_param="cpu",
                                                pin_memory=False))).fields
     assert (f["offload"], f["zero_pin_memory"]) == ("all", False)
-    assert map_record(record(args__sharding=_zero(stage=2))).fields["sharding"] == "zero2"
-    z1 = map_record(record(args__sharding=_zero(stage=1)))
-    assert z1.fields["sharding"] == "none" and "zero1" in [n.kind for n in z1.notes]
+    z2 = map_record(record(args__sharding=_zero(stage=2))).fields
+    assert (z2["sharding"], z2["zero_reduce_bucket"]) == ("zero2", 500_000_000)
+    assert "zero_prefetch_bucket" not in z2  # ZeRO-3's alone
+    JobSpec.from_dict({**z2, "ranks": 2})
+    z0 = map_record(record(args__sharding=_zero(stage=0)))
+    assert z0.fields["sharding"] == "none" and "zero1" in [n.kind for n in z0.notes]
     with pytest.raises(JobError, match="NVMe"):
         map_record(record(args__sharding=_zero(offload_optimizer="nvme")))
+
+
+@pytest.mark.parametrize("over, what", [
+    ({"stage": 1}, "ZeRO stage 1"),  # its 5e8 buckets beside DDP's holdings: no bound of plan's
+    ({"offload_optimizer": "cpu", "offload_ratio": 0.3}, "ratio 0.3"),
+    ({"hpz_partition_size": 8}, "zero_hpz_partition_size 8"),
+    ({"mics_shard_size": 4}, "mics_shard_size 4"),
+    ({"grad_accum_dtype": "fp32"}, "grad_accum_dtype fp32")])
+def test_deepspeed_settings_that_hold_more_are_refused(over, what):
+    with pytest.raises(JobError, match=what) as err:
+        map_record(record(args__sharding=_zero(**over)))
+    assert "--sharding zero" in err.value.hint
+    # the script's own stage given: planned as asked, nothing refused (the hint's way out)
+    stage = f"zero{max(2, over.get('stage', 3))}"
+    if stage == "zero3":
+        j = map_record(record(args__sharding=_zero(**over)), frozenset({"sharding"}),
+                       sharding_flag="zero3")
+        assert j.fields.get("zero_reduce_bucket") == 500_000_000
 
 
 def test_a_deepspeed_optimizer_block_decides_the_optimizer():
@@ -146,6 +208,10 @@ def test_a_deepspeed_optimizer_block_decides_the_optimizer():
     assert j.where["optimizer"].startswith("the DeepSpeed config's optimizer")
     with pytest.raises(JobError, match="Lamb"):
         map_record(record(args__sharding=_zero(optimizer={"type": "Lamb", "params": {}})))
+    # torch_adam: torch's AdamW with its default kernel (foreach on a GPU) steps the partition
+    torch_adam = {"type": "AdamW", "params": {"torch_adam": True}}
+    assert map_record(record(args__sharding=_zero(optimizer=torch_adam))).fields[
+        "optimizer_impl"] == "foreach"
     # --optimizer given: the command line's
     given = map_record(record(args__sharding=_zero(optimizer=block)), frozenset({"optimizer"}))
     assert "optimizer" not in given.fields
@@ -153,12 +219,13 @@ def test_a_deepspeed_optimizer_block_decides_the_optimizer():
 
 def test_explicit_zero_sizes_past_what_plan_models_are_said():
     j = map_record(record(model__config={"dtype": "bfloat16", "hidden_size": 64},
-                          args__sharding=_zero(knobs={"reduce_bucket_size": 5e8,
+                          args__sharding=_zero(knobs={"stage3_param_persistence_threshold": 1e6,
                                                       "stage3_max_live_parameters": 1e9})))
     knob = [n.data for n in j.notes if n.kind == "zero_knob"]
-    # reduce_bucket_size: HF's "auto" is h² = 4,096 elements; the live cap is DeepSpeed's default
-    assert knob == [{"key": "reduce_bucket_size", "value": 500_000_000, "planned": 4096,
-                     "more": True}]
+    # the persistence threshold: HF's "auto" is 10 h = 640 elements; the live cap is
+    # DeepSpeed's default, as planned
+    assert knob == [{"key": "stage3_param_persistence_threshold", "value": 1_000_000,
+                     "planned": 640, "more": True}]
     from trainfit.render.script import note_words
 
     said = note_words(next(n for n in j.notes if n.kind == "zero_knob"))
@@ -226,6 +293,8 @@ def test_a_script_with_a_deepspeed_config_is_planned_with_zero(seed000, monkeypa
     j = got["job"]
     assert (j["sharding"], j["offload"], j["optimizer"], j["optimizer_impl"], j["weight_decay"]) \
         == ("zero3", "optimizer", "adamw", "fused", 0.01)
+    # the config leaves the buckets out: DeepSpeed's own defaults run
+    assert (j["zero_reduce_bucket"], j["zero_prefetch_bucket"]) == (500_000_000, 50_000_000)
 
 
 def test_a_deepspeed_script_without_deepspeed_says_to_install_it(seed000, monkeypatch):
@@ -265,3 +334,21 @@ def test_checkpointing_changes_are_said_in_fsdp_config():
     assert [(c.where, c.keyword, c.after) for c in on] == [
         ("the accelerate config (fsdp_activation_checkpointing)", "activation_checkpointing",
          True)]
+
+
+def test_accelerate_launch_fsdp1_environment_is_read_in_one_process(seed000, monkeypatch):
+    """``accelerate config``'s usual FSDP1 settings in the environment (sync_module_states):
+    accelerate's plugin, built by the Trainer, looks for a GPU and raised in plan's one process
+    (a review); the hooks record the FSDP_* environment and build the trainer without it."""
+    from trainfit.script.launch import run_script
+
+    for k, v in {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1",
+                 "FSDP_SYNC_MODULE_STATES": "true",
+                 "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP"}.items():
+        monkeypatch.setenv(k, v)
+    rec = run_script(seed000.cmd(), mode="plan")
+    s = rec["args"]["sharding"]
+    assert (s["where"], s["version"], s["sync_module_states"]) == \
+        ("accelerate launch (ACCELERATE_USE_FSDP)", 1, True)
+    f = map_record(rec).fields
+    assert (f["sharding"], f["fsdp_version"], f["fsdp_init"]) == ("fsdp", "1", "wrap-sync")

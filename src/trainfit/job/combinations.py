@@ -95,6 +95,12 @@ def check_sharding(job: Any) -> None:
                        f"--offload {job.offload}: under ZeRO-Offload accelerate replaces it "
                        "with DeepSpeed's CPU Adam (fp32 states, on the host)",
                        "plan it as --optimizer adamw, or drop --offload")
+    for flag, stages in (("zero_reduce_bucket", ("zero2", "zero3")),
+                         ("zero_prefetch_bucket", ("zero3",))):
+        if getattr(job, flag) is not None and job.sharding not in stages:
+            raise JobError(f"--{flag.replace('_', '-')} applies to --sharding "
+                           f"{' or '.join(stages)} only (a DeepSpeed bucket size)",
+                           f"drop --{flag.replace('_', '-')}, or use --sharding {stages[-1]}")
     for flag in ("fsdp_no_sync", "fsdp_frozen_grads"):
         if getattr(job, flag) and job.sharding != "fsdp":
             raise JobError(f"--{flag.replace('_', '-')} applies to --sharding fsdp only",

@@ -208,6 +208,27 @@ def _quant_setting(job: JobSpec) -> ScriptSetting:
                             "V100), as plan simulates it" if job.precision == "fp32" else ""))
 
 
+ZERO_DEFAULT_REDUCE_BUCKET = 500_000_000
+"""DeepSpeed's ``reduce_bucket_size`` where a config leaves it out (``runtime/zero/config.py``)."""
+ZERO_DEFAULT_PREFETCH_BUCKET = 50_000_000
+"""DeepSpeed's ``stage3_prefetch_bucket_size`` where a config leaves it out."""
+
+
+def _bucket_keys(job: JobSpec) -> list[str]:
+    """The DeepSpeed config keys that give the job's bucket sizes where they are not DeepSpeed's
+    own defaults (which an accelerate config without a DeepSpeed config file runs): "auto"
+    (hidden², filled by accelerate) or the job's number."""
+    out = []
+    for key, value, default, stages in (
+            ("reduce_bucket_size", job.zero_reduce_bucket, ZERO_DEFAULT_REDUCE_BUCKET,
+             ("zero2", "zero3")),
+            ("stage3_prefetch_bucket_size", job.zero_prefetch_bucket,
+             ZERO_DEFAULT_PREFETCH_BUCKET, ("zero3",))):
+        if job.sharding in stages and value != default:
+            out.append(f"{key}: {'auto' if value is None else value}")
+    return out
+
+
 def _sharding_setting(job: JobSpec, target: str) -> ScriptSetting | None:
     """The sharding engine and CPU offload, which ``target``'s payload cannot carry (None where
     it has nothing to carry: no sharding, or accelerate's own FSDP config)."""
@@ -216,16 +237,23 @@ def _sharding_setting(job: JobSpec, target: str) -> ScriptSetting | None:
         return None
     sharded = job.sharding in ("zero2", "zero3") and target != "accelerate"
     if target == "accelerate" and job.sharding in ("zero2", "zero3"):
-        # the config's deepspeed_config carries the stage and the offload; only DeepSpeed's
-        # pinning of offloaded states needs its own file
-        if job.offload == "none" or job.zero_pin_memory:
+        # the config's deepspeed_config carries the stage and the offload; DeepSpeed's pinning
+        # of offloaded states and bucket sizes other than its own defaults need their own file
+        keys = [] if job.offload == "none" or job.zero_pin_memory else [
+            "offload_optimizer: {device: cpu, pin_memory: false}"
+            + (", offload_param the same" if job.offload == "all" else "")]
+        keys += _bucket_keys(job)
+        if not keys:
             return None
-        return ScriptSetting("sharding", f"{job.sharding}, offload {job.offload}, pin_memory "
-                             "false", "a DeepSpeed config file (deepspeed_config_file, with "
-                             "offload_optimizer: {device: cpu, pin_memory: false}" + (
-                                 ", and offload_param the same" if job.offload == "all" else "")
-                             + "): accelerate's deepspeed_config keys cannot say it, and "
-                             "DeepSpeed 0.19 pins by default")
+        return ScriptSetting("sharding", f"{job.sharding}, offload {job.offload}"
+                             + ("" if job.offload == "none" or job.zero_pin_memory else
+                                ", pin_memory false"),
+                             f"a DeepSpeed config file (deepspeed_config_file, with "
+                             f"zero_optimization: {{{', '.join(keys)}}}): accelerate's "
+                             "deepspeed_config keys cannot say it, and without the file "
+                             "DeepSpeed 0.19's defaults run (pinned offload; reduce_bucket_size "
+                             f"{ZERO_DEFAULT_REDUCE_BUCKET:.0e}, stage3_prefetch_bucket_size "
+                             f"{ZERO_DEFAULT_PREFETCH_BUCKET:.0e} elements)")
     if not sharded and job.offload == "none":
         return None
     # TrainingArguments' deepspeed field needs DeepSpeed installed to be built: said, never
@@ -245,6 +273,11 @@ def _sharding_setting(job: JobSpec, target: str) -> ScriptSetting | None:
                + "): DeepSpeed 0.19 pins by default" if job.offload != "none"
                and not job.zero_pin_memory else "")
            if job.sharding.startswith("zero") else "the launcher's sharding config")
+    if job.sharding.startswith("zero") and _bucket_keys(job):
+        # without a DeepSpeed config file accelerate's config runs DeepSpeed's default buckets,
+        # not the ones planned
+        how += (f"; the buckets as planned take a DeepSpeed config file (zero_optimization: "
+                f"{{{', '.join(_bucket_keys(job))}}}): without one DeepSpeed's defaults run")
     return ScriptSetting("sharding", f"{job.sharding}, offload {job.offload}",
                          f"{stage}{off}: not in this payload — set it with {how}")
 

@@ -46,7 +46,8 @@ from trainfit.job.combinations import (
 from trainfit.job.validate import check_numbers, check_positive, check_types, resolve_batch
 
 SIZE_FIELDS = ("seq_len", "micro_batch", "grad_accum", "effective_batch", "ranks", "lora_r",
-               "lora_alpha", "lm_head_chunk", "prefetch_factor")  # sizes: an integer ≥ 1, or unset
+               "lora_alpha", "lm_head_chunk", "prefetch_factor", "zero_reduce_bucket",
+               "zero_prefetch_bucket")  # sizes: an integer ≥ 1, or unset
 
 
 MAX_WORKERS = 256
@@ -197,6 +198,16 @@ class JobSpec:
     (``offload_config.py``), which accelerate's plugin gets (it writes no pin_memory key), and
     the HF docs' example configs' value; false for older DeepSpeed releases or a config that says
     so (--no-zero-pin-memory)."""
+    zero_reduce_bucket: int | None = None
+    """DeepSpeed's ``reduce_bucket_size`` (ZeRO-2/3), in elements of the gradient dtype: unset is
+    "auto", hidden², which HF Trainer and accelerate fill in (the HF docs' configs); a config
+    that leaves the key out — an accelerate config without a DeepSpeed config file — runs
+    DeepSpeed's own default, 500000000 (``runtime/zero/config.py``: 0.93 GiB per bf16 bucket;
+    ZeRO-3 keeps one from its start, ZeRO-2 makes one or two in each backward). A script's
+    config is read."""
+    zero_prefetch_bucket: int | None = None
+    """DeepSpeed's ``stage3_prefetch_bucket_size`` (ZeRO-3), in elements: unset is "auto", 0.9 ×
+    hidden²; DeepSpeed's own default where a config leaves it out: 50000000."""
     fsdp_frozen_grads: bool = False
     """FSDP1 with frozen and trainable weights in one flat parameter (use_orig_params=True
     without wrapping the adapters apart — Lightning Fabric / litgpt's FSDP with LoRA): gradients,
@@ -373,7 +384,8 @@ class JobSpec:
                 "ranks": "2", "lora_r": "16", "lora_alpha": "32", "lm_head_chunk": "1024",
                 "prefetch_factor": "2", "num_workers": "2", "lr": "1e-4", "seed": "0",
                 "weight_decay": "0.01", "sgd_momentum": "0.9", "lora_dropout": "0.05",
-                "max_grad_norm": "1.0"
+                "max_grad_norm": "1.0", "zero_reduce_bucket": "500000000",
+                "zero_prefetch_bucket": "50000000"
                 }.get(name, "(see docs/job-fields.md)")
 
     def __post_init__(self) -> None:

@@ -115,7 +115,8 @@ def compute_job(job: JobSpec) -> JobSpec:
     # the rank's own micro-steps: one rank keeping the effective batch would accumulate `ranks`
     # times as many (JobSpec.replace), and a one-micro-step row ran two
     return job.replace(precision=precision, sharding="none", ranks=1, offload="none",
-                       grad_accum=job.grad_accum, effective_batch=None)
+                       grad_accum=job.grad_accum, effective_batch=None,
+                       zero_reduce_bucket=None, zero_prefetch_bucket=None)
 
 
 def compute_dtype_bytes(job: JobSpec) -> int:
@@ -272,7 +273,9 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
     off_opt = job.offload in ("optimizer", "all")
     off_par = job.offload == "all"
     params = max(b.get("parameters", 0) for b in phases.values())
-    bucket = hidden * hidden * compute_bytes  # reduce_bucket_size "auto" = h² elements
+    # reduce_bucket_size: "auto" = h² elements, or the config's (DeepSpeed's 5e8 where it is left
+    # out: JobSpec.zero_reduce_bucket)
+    bucket = (job.zero_reduce_bucket or hidden * hidden) * compute_bytes
     grad_part = -(-trainable_params * compute_bytes // n)
     # the fp32 partition, in every mode: in fp32 mode too ZeRO-2 clones its partition
     # (stage_1_and_2.py: ``...[partition_id].detach().clone().to(device,
@@ -287,7 +290,8 @@ def zero_phases(job: JobSpec, phases: dict[str, dict[str, int]], *, trainable_pa
         partitioned = -(-(params - quant_state_bytes) // n)
         gathered, past_cap = zero3_gathered(
             params - quant_state_bytes, layers=layers, end_bytes=end_bytes,
-            compute_bytes=compute_bytes, prefetch_bytes=int(0.9 * hidden * hidden) * compute_bytes,
+            compute_bytes=compute_bytes,
+            prefetch_bytes=(job.zero_prefetch_bucket or int(0.9 * hidden * hidden)) * compute_bytes,
             embed_in_backward=job.method == "full" or job.grad_ckpt != "off",
             # the module's settings as read now (a default is bound at definition: the gloo
             # tests set them below a tiny model)
@@ -372,8 +376,10 @@ def _zero_notes(job: JobSpec, *, gathered: int, bucket: int, quant_state_bytes: 
              f"from its code, stage{'3' if stage3 else '_1_and_2'}.py, checked against DeepSpeed "
              f"0.19 on 2 CPU ranks within {checked}): parameters {held}; fp32 master, "
              "optimizer states and gradient "
-             f"partition ÷ {n} on the {where}; reduce bucket{'' if stage3 else 's ×2'} of h² "
-             f"elements ({bucket / 2**20:.0f} MiB, accelerate's 'auto')"
+             f"partition ÷ {n} on the {where}; reduce bucket{'' if stage3 else 's ×2'} of "
+             + (f"{job.zero_reduce_bucket:,} elements ({bucket / 2**20:.0f} MiB, the config's "
+                "reduce_bucket_size)" if job.zero_reduce_bucket else
+                f"h² elements ({bucket / 2**20:.0f} MiB, accelerate's 'auto')")
              + ("" if stage3 else " — two with overlap_comm: true (the HF docs' configs), one "
                 "with DeepSpeed's default false: counted two, a bound; the speed takes the "
                 "default's unhidden reduce")]

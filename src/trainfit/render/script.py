@@ -74,8 +74,8 @@ NOTE_WORDS = {
             "accelerate run it — gradients reduce-scattered in the run's 16-bit dtype (accelerate's "
             "mixed-precision policy), unsharded gradients kept between accumulation micro-steps "
             "(no_sync)",
-    "zero1": "DeepSpeed ZeRO stage {stage} ({where}): planned as DDP, every rank holding the "
-             "optimizer states whole (stage 1 shards them: an upper bound)",
+    "zero1": "DeepSpeed ZeRO stage {stage} ({where}): data parallelism without partitioning, "
+             "planned as DDP (every rank holds the model, its gradients and states)",
     "zero_param_offload_alone": "DeepSpeed offload_param without offload_optimizer: planned "
                                 "with the parameter partitions on the GPU (an upper bound)",
     "deepspeed_optimizer": "the DeepSpeed config's optimizer {type} ({where}) steps, not "
@@ -93,6 +93,13 @@ def note_words(n: ScriptNote) -> str:
     data = n.data
     if n.kind == "padded":
         data = {**data, "how": _PADDED_AS.get(data.get("attention", "sdpa"), _PADDED_AS["sdpa"])}
+    if n.kind == "fsdp" and int(data.get("version", 2)) == 2:
+        # accelerate's fsdp2_prepare_model shards a model still on the host: fully_shard moves
+        # each unit to the GPU whole, then shards it (a review); plan's FSDP2 arrives sharded
+        return NOTE_WORDS["fsdp"].format(**data) + (
+            "; accelerate's fully_shard of the model on the host moves each unit to the GPU "
+            "whole before sharding it: the full-size blocks that frees stay reserved, which the "
+            "reserved peak does not count (the allocated peak is not affected)")
     if n.kind == "zero_knob":
         data = {**data, "how": " — the plan may be under: more is held than planned" if
                 data["more"] else " — an upper bound there"}

@@ -80,6 +80,8 @@ class _State:
         self.cuda_asked: list[str] = []
         """Where the script asked ``torch.cuda.is_available()`` before its trainer and was told
         False (plan reads it on a machine without the GPU planned for)."""
+        self.fsdp_env: dict[str, str] | None = None
+        """accelerate's ``FSDP_*`` environment as the script had it (:func:`_one_process_fsdp`)."""
         self.fsdp_plugin_args: dict[str, Any] | None = None
         """The FSDP settings of a trainer built in one process (``args.fsdp_plugin_args``), taken
         off its arguments so that transformers builds it (:func:`_one_process_fsdp`)."""
@@ -319,15 +321,23 @@ def _hook_trainer(mod: Any) -> None:
 
 def _one_process_fsdp(st: _State, args: Any) -> None:
     """transformers refuses FSDP outside a distributed run ("Using fsdp only works in distributed
-    training", Trainer.__init__), which plan's one process is: the arguments' FSDP settings are
-    recorded, then taken off them, so the trainer is built as one rank would build it before
-    accelerate wraps the model at train() (the wrap is what plan simulates)."""
-    if args is None or not getattr(args, "fsdp", False) or (args.fsdp_config or {}).get("xla"):
+    training", Trainer.__init__), which plan's one process is, and accelerate's FSDP plugin built
+    from ``accelerate launch``'s environment looks for a GPU when it syncs module states: the
+    FSDP settings are recorded (the arguments' and the ``FSDP_*`` environment), then taken away,
+    so the trainer is built as one rank would build it before accelerate wraps the model at
+    train() (the wrap is what plan simulates)."""
+    env_fsdp = os.environ.get("ACCELERATE_USE_FSDP", "").strip().lower() in ("1", "true", "yes")
+    if not env_fsdp and (args is None or not getattr(args, "fsdp", False)
+                         or (args.fsdp_config or {}).get("xla")):
         return
-    if str(getattr(args.parallel_mode, "value", "")) == "distributed":
+    if args is not None and str(getattr(args.parallel_mode, "value", "")) == "distributed":
         return  # a real distributed run: the Trainer takes them, the record reads them there
-    st.fsdp_plugin_args = dict(getattr(args, "fsdp_plugin_args", None) or {})
-    args.fsdp, args.fsdp_plugin_args = False, None
+    st.fsdp_env = {k: v for k, v in os.environ.items()
+                   if k.startswith("FSDP_") or k == "ACCELERATE_USE_FSDP"}
+    os.environ.pop("ACCELERATE_USE_FSDP", None)
+    if args is not None and getattr(args, "fsdp", False):
+        st.fsdp_plugin_args = dict(getattr(args, "fsdp_plugin_args", None) or {})
+        args.fsdp, args.fsdp_plugin_args = False, None
 
 
 def _at_train(trainer: Any) -> None:
@@ -342,7 +352,7 @@ def _at_train(trainer: Any) -> None:
 
         rec = read_trainer(trainer, loads=st.loads, ckpt_calls=st.ckpt_calls,
                            device_maps=st.device_maps, mode=st.mode,
-                           fsdp_plugin_args=st.fsdp_plugin_args,
+                           fsdp_plugin_args=st.fsdp_plugin_args, fsdp_env=st.fsdp_env,
                            max_samples=int(st.options.get("max_samples", 20000)),
                            max_batches=int(st.options.get("max_batches", 2000)))
         rec["cuda_asked"] = list(dict.fromkeys(st.cuda_asked))

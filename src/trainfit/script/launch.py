@@ -82,7 +82,7 @@ def _interpret(cmd: list[str], records: list[dict[str, Any]], code: int | None, 
             raise ScriptError(f"{name} {how}: the model needs its own code from the hub",
                               "pass trust_remote_code=True in the script and --trust-remote-code "
                               "to trainfit, if you trust its authors", tail)
-        if any("deepspeed" in line and "not found" in line for line in tail):
+        if any("deepspeed" in line.lower() and "not found" in line.lower() for line in tail):
             # TrainingArguments(deepspeed=...) requires the package as it is built (transformers
             # integrations/deepspeed.py: require_version("deepspeed>=0.9.3"))
             raise ScriptError(f"{name} {how}: its TrainingArguments(deepspeed=...) needs DeepSpeed "

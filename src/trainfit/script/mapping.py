@@ -206,11 +206,11 @@ def _deepspeed_optimizer(rec: dict[str, Any]) -> bool:
 
 
 def _engine(rec: dict[str, Any], given: frozenset[str], f: dict[str, Any], where: dict[str, str],
-            notes: list[ScriptNote]) -> None:
+            notes: list[ScriptNote], flags_sharding: str | None = None) -> None:
     """The script's FSDP or DeepSpeed ZeRO (:mod:`trainfit.script.sharding`) into ``f``: its
     engine's fields unless ``--sharding`` is given (the command line then plans another), and a
     DeepSpeed config's optimizer unless ``--optimizer`` is."""
-    fields, engine_notes, said = sharding_fields(rec, engine="sharding" not in given)
+    fields, engine_notes, said = sharding_fields(rec, flags_sharding)
     if said is None:
         return
     opt_keys = ("optimizer", "optimizer_impl", "weight_decay")
@@ -289,9 +289,10 @@ def _length_notes(ln: LengthStats, attn: str, attention: str, micro_batch: int
 
 
 def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
-               quantile: float = QUANTILE) -> ReadJob:
+               quantile: float = QUANTILE, sharding_flag: str | None = None) -> ReadJob:
     """The job of the script's current configuration. ``given``: fields the command line sets
-    (not read, and not refused when the script's value would be)."""
+    (not read, and not refused when the script's value would be); ``sharding_flag``: its
+    ``--sharding`` (the script's own engine given keeps the engine's other settings)."""
     m, a = rec["model"], rec["args"]
     if m["task"] is None:
         raise JobError(f"the trainer's model is a {m['class']}: trainfit plans causal LMs, "
@@ -322,7 +323,10 @@ def map_record(rec: dict[str, Any], given: frozenset[str] = frozenset(),
     f["grad_ckpt"], reentrant, where["grad_ckpt"] = _checkpointing(rec)
     if reentrant:
         f["ckpt_reentrant"] = True
-    _engine(rec, given, f, where, notes)
+    # --sharding given without its value (script_as_read's reading): another engine than the
+    # script's, for all this reading knows
+    _engine(rec, given, f, where, notes,
+            sharding_flag if sharding_flag is not None or "sharding" not in given else "?")
     if m.get("loss_head") == "trl-logprob":
         f["trl_logprob_head"] = True
         where["loss"] = f"{rec['trainer']} (trl's chunked log-prob head: never the whole logits)"
@@ -429,6 +433,9 @@ def with_flags(read: dict[str, Any], flags: dict[str, Any]) -> dict[str, Any]:
     return f
 
 
+ENGINE_PREFIXES = ("fsdp_", "zero_", "offload")
+"""Job fields of one data-parallel engine (FSDP's, DeepSpeed's)."""
+
 READ_WHEN_NOT_GIVEN = frozenset({"precision", "base_dtype", "optimizer", "optimizer_impl",
                                  "expandable_segments"})
 """The fields :func:`map_record` leaves unread when the command line gives them (reading them
@@ -456,6 +463,9 @@ def script_as_read(rec: dict[str, Any], base: dict[str, Any], flags: dict[str, A
         return None
     over = {k: v for k, v in flags.items() if k in SETTING_FLAGS or
             (k in READ_WHEN_NOT_GIVEN and k not in own)}
+    if over.get("sharding", own.get("sharding")) != own.get("sharding"):
+        # another engine given: the script's engine settings describe one not planned
+        own = {k: v for k, v in own.items() if not k.startswith(ENGINE_PREFIXES)}
     try:
         return JobSpec.from_dict({**base, **own, "model": base["model"], **over,
                                   "effective_batch": None}, source="the script")

@@ -176,7 +176,7 @@ def plan_script(cmd: list[str], *, gpu: GpuSpec | None, flags: dict[str, Any] | 
     check_flag_precision(flags, gpu)
     rec = run_script(cmd, mode="plan", gpu=gpu_for_hooks(gpu), trust_remote_code=trust_remote_code,
                      timeout_s=timeout_s)
-    read = map_record(rec, frozenset(flags), quantile)
+    read = map_record(rec, frozenset(flags), quantile, flags.get("sharding"))
     source, model = script_source(rec, trust_remote_code)
     base = {**read.fields, "model": model, "trust_remote_code": trust_remote_code}
     current = JobSpec.from_dict(with_flags(base, flags), source="the script")

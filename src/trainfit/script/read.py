@@ -35,12 +35,12 @@ ARG_FIELDS = ("per_device_train_batch_size", "gradient_accumulation_steps", "wor
 
 def read_trainer(trainer: Any, *, loads: list[dict[str, Any]], ckpt_calls: list[str],
                  device_maps: list[dict[str, Any]], mode: str, max_samples: int,
-                 max_batches: int, fsdp_plugin_args: dict[str, Any] | None = None
-                 ) -> dict[str, Any]:
+                 max_batches: int, fsdp_plugin_args: dict[str, Any] | None = None,
+                 fsdp_env: dict[str, str] | None = None) -> dict[str, Any]:
     """The record of one trainer: ``trainer``, ``args`` (with its data-parallel engine,
     ``sharding``), ``model``, ``lora``, ``optimizer``, ``lengths``, and what the hooks saw
-    (``loads``, ``ckpt_calls``, ``device_maps``; ``fsdp_plugin_args``: the FSDP settings taken
-    off a one-process trainer's arguments)."""
+    (``loads``, ``ckpt_calls``, ``device_maps``; ``fsdp_plugin_args`` / ``fsdp_env``: the FSDP
+    settings taken off a one-process trainer's arguments and environment)."""
     model = trainer.model
     if model is None:
         raise JobError("the Trainer has no model (model_init?)",
@@ -51,7 +51,7 @@ def read_trainer(trainer: Any, *, loads: list[dict[str, Any]], ckpt_calls: list[
     rec: dict[str, Any] = {
         "trainer": type(trainer).__name__,
         "args": {**trainer_args(trainer.args),
-                 "sharding": read_sharding(trainer.args, fsdp_plugin_args)},
+                 "sharding": read_sharding(trainer.args, fsdp_plugin_args, fsdp_env)},
         "model": {**_model(model, base), "loss_head": _loss_head(trainer, base)},
         "lora": _lora(model),
         "optimizer": given_optimizer(trainer),

@@ -24,9 +24,14 @@ FSDP_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD",
 """FSDP1's sharding strategies, in torch's ``ShardingStrategy`` order (accelerate's
 ``FSDP_SHARDING_STRATEGY``: a number 1-5 names one too)."""
 
-ZERO_KNOBS = ("reduce_bucket_size", "stage3_prefetch_bucket_size",
-              "stage3_param_persistence_threshold", "stage3_max_live_parameters",
-              "stage3_max_reuse_distance", "allgather_bucket_size")
+ZERO_BUCKETS = {"reduce_bucket_size": ("zero_reduce_bucket", 500_000_000),
+                "stage3_prefetch_bucket_size": ("zero_prefetch_bucket", 50_000_000)}
+"""``zero_optimization`` bucket sizes the job carries (JobSpec.zero_reduce_bucket /
+zero_prefetch_bucket) and DeepSpeed 0.19's default for each where a config leaves it out
+(``runtime/zero/config.py``) — what an accelerate config without a DeepSpeed config file runs:
+accelerate fills only "auto" keys (accelerator.py ``_prepare_deepspeed``)."""
+ZERO_KNOBS = ("stage3_param_persistence_threshold", "stage3_max_live_parameters",
+              "stage3_max_reuse_distance")
 """``zero_optimization`` sizes (elements) plan models at the values accelerate's and the HF docs'
 configs give ("auto", filled from the hidden size h by transformers ``integrations/deepspeed.py``,
 or DeepSpeed's defaults): a script's explicit number is compared with them (a note)."""
@@ -37,32 +42,33 @@ def _flag(value: Any) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes", "y", "t", "on")
 
 
-def read_sharding(args: Any, fsdp_plugin_args: dict[str, Any] | None = None
-                  ) -> dict[str, Any] | None:
+def read_sharding(args: Any, fsdp_plugin_args: dict[str, Any] | None = None,
+                  fsdp_env: dict[str, str] | None = None) -> dict[str, Any] | None:
     """The record of the script's data-parallel engine, or None (DDP or one process).
-    ``fsdp_plugin_args``: ``args.fsdp_plugin_args`` as the script made them, where the hooks took
-    them off the arguments so that a one-process Trainer could be built (transformers refuses
-    FSDP outside a distributed run)."""
+    ``fsdp_plugin_args`` / ``fsdp_env``: ``args.fsdp_plugin_args`` and accelerate's ``FSDP_*``
+    environment as the script had them, where the hooks took them away so that a one-process
+    Trainer could be built (transformers refuses FSDP outside a distributed run; accelerate's
+    plugin looks for a GPU): read in their place."""
     plugin = getattr(args, "deepspeed_plugin", None)
     if plugin is not None:
         where = ("TrainingArguments(deepspeed=...)" if getattr(args, "deepspeed", None)
                  else "accelerate launch (ACCELERATE_USE_DEEPSPEED)")
         return _deepspeed(dict(plugin.deepspeed_config or {}), where)
+    env = dict(os.environ if fsdp_env is None else fsdp_env)
     given = fsdp_plugin_args or getattr(args, "fsdp_plugin_args", None)
     if given:
-        return _fsdp(dict(given), "TrainingArguments(fsdp=..., fsdp_config=...)")
-    if _flag(os.environ.get("ACCELERATE_USE_FSDP", "false")):
-        return _fsdp({}, "accelerate launch (ACCELERATE_USE_FSDP)")
+        return _fsdp(dict(given), env, "TrainingArguments(fsdp=..., fsdp_config=...)")
+    if _flag(env.get("ACCELERATE_USE_FSDP", "false")):
+        return _fsdp({}, env, "accelerate launch (ACCELERATE_USE_FSDP)")
     return None
 
 
-def _fsdp(given: dict[str, Any], where: str) -> dict[str, Any]:
+def _fsdp(given: dict[str, Any], env: dict[str, str], where: str) -> dict[str, Any]:
     """FSDP's settings as accelerate's ``FullyShardedDataParallelPlugin.__post_init__`` resolves
     them (accelerate 1.x ``utils/dataclasses.py``): the plugin's arguments (transformers
     ``TrainingArguments._process_fsdp_args``), else the ``FSDP_*`` environment ``accelerate
     launch`` writes, else its defaults. Read here rather than by building the plugin, which
     looks for a GPU when it syncs module states (it raises on a machine without one)."""
-    env = os.environ
 
     def get(key: str, env_key: str, default: Any) -> Any:
         return given[key] if given.get(key) is not None else env.get("FSDP_" + env_key, default)
@@ -72,11 +78,15 @@ def _fsdp(given: dict[str, Any], where: str) -> dict[str, Any]:
         strategy = "FULL_SHARD" if _flag(get("reshard_after_forward", "RESHARD_AFTER_FORWARD",
                                              "true")) else "SHARD_GRAD_OP"
     else:
-        raw = given.get("sharding_strategy") or given.get("reshard_after_forward") or env.get(
-            "FSDP_SHARDING_STRATEGY") or env.get("FSDP_RESHARD_AFTER_FORWARD") or "FULL_SHARD"
+        # FSDP1: the plugin always sets sharding_strategy (given, else FSDP_SHARDING_STRATEGY,
+        # else FULL_SHARD), and accelerator.prepare takes it over reshard_after_forward (which
+        # transformers' fsdp="shard_grad_op" writes: that run shards fully)
+        raw = given.get("sharding_strategy") or env.get("FSDP_SHARDING_STRATEGY") or "FULL_SHARD"
         raw = str(getattr(raw, "name", raw)).upper()
         strategy = FSDP_STRATEGIES[int(raw) - 1] if raw.isdigit() and 1 <= int(raw) <= 5 else raw
+    policy = get("auto_wrap_policy", "AUTO_WRAP_POLICY", "NO_WRAP")  # accelerate's default
     return {"engine": "fsdp", "where": where, "version": version, "strategy": strategy,
+            "auto_wrap_policy": str(getattr(policy, "__name__", policy)).upper(),
             "cpu_offload": _flag(get("cpu_offload", "OFFLOAD_PARAMS", "false")),
             "activation_checkpointing": _flag(get("activation_checkpointing",
                                                   "ACTIVATION_CHECKPOINTING", "false")),
@@ -99,6 +109,8 @@ def _deepspeed(cfg: dict[str, Any], where: str) -> dict[str, Any]:
             if isinstance(b, dict) and _device(b) != "none"]
     optimizer = cfg.get("optimizer")
     knobs = {k: zero[k] for k in ZERO_KNOBS if k in zero and not isinstance(zero[k], str)}
+    # absent (None: DeepSpeed's default runs), "auto" (filled from the hidden size), or a number
+    buckets = {k: zero.get(k) for k in ZERO_BUCKETS}
     return {"engine": "deepspeed", "where": where, "stage": int(zero.get("stage", 0) or 0),
             "offload_optimizer": _device(opt_block), "offload_param": _device(param_block),
             # DeepSpeed 0.19's default pin_memory (offload_config.py) where the block says none
@@ -107,33 +119,66 @@ def _deepspeed(cfg: dict[str, Any], where: str) -> dict[str, Any]:
                 "type": str(optimizer.get("type", "")),
                 "params": {k: v for k, v in (optimizer.get("params") or {}).items()
                            if isinstance(v, (int, float, str, bool, list, type(None)))}},
-            "knobs": knobs}
+            "knobs": knobs, "buckets": buckets,
+            # settings that hold more than plan's ZeRO: refused by the mapping
+            "offload_ratio": float((opt_block or {}).get("ratio", 1.0) or 1.0)
+            if isinstance(opt_block, dict) else 1.0,
+            "hpz_partition_size": int(zero.get("zero_hpz_partition_size", 1) or 1),
+            "mics_shard_size": int(zero.get("mics_shard_size", -1) or -1),
+            "grad_accum_dtype": str((cfg.get("data_types") or {}).get("grad_accum_dtype")
+                                    or "")}
 
 
 # --- the record → the job's fields (pure) ---------------------------------------------------
 Notes = list[tuple[str, dict[str, Any]]]
 
 
-def sharding_fields(rec: dict[str, Any], engine: bool = True
+def sharding_fields(rec: dict[str, Any], given_sharding: str | None = None
                     ) -> tuple[dict[str, Any], Notes, str | None]:
     """(job fields, notes as (kind, data), where it was read) of the script's engine; empty
-    fields where it runs none (DDP). ``engine`` False (``--sharding`` given: the command line
-    plans another): only what a DeepSpeed config's optimizer block decides. Raises JobError for
-    a setting plan cannot represent without under-predicting."""
+    fields where it runs none (DDP). ``given_sharding``: the command line's ``--sharding``; where
+    it names another engine than the script's, only what a DeepSpeed config's optimizer block
+    decides is read (the script's own engine given keeps its settings: its no_sync, offload,
+    buckets). Raises JobError for a setting plan cannot represent without under-predicting."""
     s = rec["args"].get("sharding")
     if not s:
         return {}, [], None
     if s["engine"] == "deepspeed":
         fields, notes = _optimizer_block(s)
-        if engine:
-            more, more_notes = _zero_fields(s, rec)
+        own = given_sharding is None or given_sharding == f"zero{min(int(s['stage']), 3)}"
+        if own:
+            # given on the command line, the engine is planned as asked: nothing refused
+            more, more_notes = _zero_fields(s, rec, strict=given_sharding is None)
             fields, notes = {**more, **fields}, more_notes + notes
         return fields, notes, s["where"]
-    return (*(_fsdp_fields(s) if engine else ({}, [])), s["where"])
+    if given_sharding not in (None, "fsdp"):
+        return {}, [], s["where"]
+    return (*_fsdp_fields(s, rec, strict=given_sharding is None), s["where"])
 
 
-def _fsdp_fields(s: dict[str, Any]) -> tuple[dict[str, Any], Notes]:
+def _fsdp_fields(s: dict[str, Any], rec: dict[str, Any], strict: bool = True
+                 ) -> tuple[dict[str, Any], Notes]:
+    """``strict`` False (``--sharding fsdp`` given): planned as FULL_SHARD whatever the script's
+    strategy and wrap (the refusals' hint), its other settings kept."""
     strategy, version = s["strategy"], int(s["version"])
+    if not strict:
+        strategy = "NO_SHARD" if strategy == "NO_SHARD" and not s["cpu_offload"] else "FULL_SHARD"
+    if strict and s["activation_checkpointing"] and rec["args"].get("gradient_checkpointing"):
+        # transformers raises on the GPU run (Trainer.__init__: FSDP's activation_checkpointing
+        # with the arguments' activation_checkpointing), a check plan's one process skips
+        raise JobError(f"the script asks for FSDP's activation_checkpointing ({s['where']}) and "
+                       "gradient_checkpointing=True: transformers refuses the two together when "
+                       "the Trainer is built with FSDP", "keep FSDP's (fsdp_config's "
+                       "activation_checkpointing) and drop gradient_checkpointing=True")
+    policy = str(s.get("auto_wrap_policy") or "TRANSFORMER_BASED_WRAP")
+    if strict and policy != "TRANSFORMER_BASED_WRAP" and rec.get("lora") is None:
+        # accelerate's default NO_WRAP leaves every layer in the root's one unit (all gathered
+        # together); SIZE_BASED_WRAP makes other units than the decoder layers plan shards
+        # (a peft model's policy is replaced by peft's, per layer: update_fsdp_plugin_peft)
+        raise JobError(f"the script's FSDP wraps with {policy} ({s['where']}): plan models "
+                       "units of one decoder layer (TRANSFORMER_BASED_WRAP)",
+                       "set fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP (accelerate config) or "
+                       "fsdp_config={'auto_wrap_policy': 'TRANSFORMER_BASED_WRAP'}")
     if strategy not in ("FULL_SHARD", "NO_SHARD"):
         # SHARD_GRAD_OP keeps every unit's gathered parameters from its forward to its backward
         # (FSDP2: reshard_after_forward=False); hybrid sharding shards within a node and
@@ -145,6 +190,11 @@ def _fsdp_fields(s: dict[str, Any]) -> tuple[dict[str, Any], Notes]:
     fields: dict[str, Any] = {}
     notes: Notes = []
     if strategy == "NO_SHARD":
+        if s["cpu_offload"]:
+            raise JobError(f"the script's FSDP NO_SHARD with CPU offload ({s['where']}): not "
+                           "modeled (plan's NO_SHARD keeps every weight on the GPU)",
+                           "plan it with --sharding fsdp --offload all (FULL_SHARD), or drop "
+                           "the offload for NO_SHARD")
         # FSDP's NO_SHARD: every rank holds the whole unit (JobSpec.fsdp_init's sharding none)
         fields.update(sharding="none", fsdp_init="wrap-sync" if s["sync_module_states"] or
                       s["cpu_ram_efficient_loading"] else "wrap")
@@ -187,24 +237,50 @@ def _optimizer_block(s: dict[str, Any]) -> tuple[dict[str, Any], Notes]:
                        f"({s['where']}): not modeled", "pass --optimizer adamw to plan "
                        "DeepSpeed's Adam in its place (or remove the config's optimizer "
                        "block: the Trainer then builds args.optim's)")
-    fields: dict[str, Any] = {"optimizer": "adamw", "optimizer_impl": "fused"}
-    decay = opt["params"].get("weight_decay")
+    params = opt["params"]
+    impl = "fused"
+    if _flag(params.get("torch_adam", False)):
+        # torch_adam: true builds torch.optim.AdamW / Adam (engine.py) with its default kernel
+        # (foreach on a GPU: temporaries the size of the partition), or the one its params ask
+        impl = "fused" if params.get("fused") else (
+            "forloop" if params.get("foreach") is False else "foreach")
+    fields: dict[str, Any] = {"optimizer": "adamw", "optimizer_impl": impl}
+    decay = params.get("weight_decay")
     if isinstance(decay, (int, float)) and not isinstance(decay, bool):
         fields["weight_decay"] = float(decay)
     return fields, [("deepspeed_optimizer", {"type": opt["type"], "where": s["where"]})]
 
 
-def _zero_fields(s: dict[str, Any], rec: dict[str, Any]) -> tuple[dict[str, Any], Notes]:
+def _zero_fields(s: dict[str, Any], rec: dict[str, Any], strict: bool = True
+                 ) -> tuple[dict[str, Any], Notes]:
+    """``strict`` False (the script's own stage given as ``--sharding``): planned as that stage,
+    nothing refused."""
     stage = int(s["stage"])
     notes: Notes = []
     fields: dict[str, Any] = {}
-    if "nvme" in (s["offload_optimizer"], s["offload_param"]):
+    if strict and "nvme" in (s["offload_optimizer"], s["offload_param"]):
         raise JobError(f"the script's DeepSpeed config offloads to NVMe ({s['where']}): not "
                        "modeled", "plan it with --offload optimizer (or all) for CPU offload; "
                        "the GPU holds the same, the host less")
-    if stage <= 1:
-        # ZeRO-1 shards the optimizer states only: planned as DDP (every rank holds them), over
-        # by (N-1)/N of the states; stage 0 is DDP
+    refused = {
+        f"offload_optimizer ratio {s.get('offload_ratio', 1.0):g} (part of the optimizer kept "
+        "on the GPU)": s.get("offload_ratio", 1.0) < 1.0,
+        f"ZeRO++ zero_hpz_partition_size {s.get('hpz_partition_size', 1)} (a second copy of "
+        "the parameters)": s.get("hpz_partition_size", 1) > 1,
+        f"MiCS mics_shard_size {s.get('mics_shard_size', -1)} (parameters replicated across "
+        "groups)": s.get("mics_shard_size", -1) > 0,
+        "data_types.grad_accum_dtype fp32 (an fp32 gradient accumulator beside the 16-bit "
+        "one)": s.get("grad_accum_dtype", "") in ("fp32", "float32", "torch.float32"),
+        # ZeRO-1 shards the optimizer states only, beside DeepSpeed's reduce buckets (5e8
+        # elements by default, not DDP's 25 MB): neither DDP nor ZeRO-2 is an upper bound
+        "ZeRO stage 1": stage == 1}
+    for what, on in refused.items():
+        if on and strict:
+            raise JobError(f"the script's DeepSpeed config runs {what} ({s['where']}): not "
+                           "modeled", "plan it with --sharding zero2 (or zero3) for the "
+                           "nearest engine plan models, or remove that setting from the config")
+    if stage == 0:
+        # stage 0: DeepSpeed's data parallelism without partitioning (DDP's holdings)
         fields["sharding"] = "none"
         notes.append(("zero1", {"stage": stage, "where": s["where"]}))
     else:
@@ -217,13 +293,17 @@ def _zero_fields(s: dict[str, Any], rec: dict[str, Any]) -> tuple[dict[str, Any]
             fields["offload"] = "optimizer"
         if fields.get("offload", "none") != "none":
             fields["zero_pin_memory"] = bool(s["pin_memory"])
+        for key, (field, default) in ZERO_BUCKETS.items():
+            if key == "stage3_prefetch_bucket_size" and stage < 3:
+                continue
+            value = (s.get("buckets") or {}).get(key)
+            # left out: DeepSpeed's default; "auto": hidden², as HF / accelerate fill it (unset)
+            fields[field] = default if value is None else (
+                None if isinstance(value, str) else max(1, int(value)))  # 0: no prefetch
     hidden = int((rec["model"].get("config") or {}).get("hidden_size") or 0)
-    modeled = {"reduce_bucket_size": hidden * hidden,
-               "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
-               "stage3_param_persistence_threshold": 10 * hidden,
+    modeled = {"stage3_param_persistence_threshold": 10 * hidden,
                "stage3_max_live_parameters": 1_000_000_000,
-               "stage3_max_reuse_distance": 1_000_000_000,
-               "allgather_bucket_size": None}
+               "stage3_max_reuse_distance": 1_000_000_000}
     for key, value in s["knobs"].items():
         plan_value = modeled.get(key)
         if plan_value is None or not hidden or int(value) == plan_value:

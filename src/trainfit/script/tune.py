@@ -88,7 +88,7 @@ def tune_trainer(trainer: Any, rec: dict[str, Any], o: dict[str, Any]) -> dict[s
 
     t0 = time.perf_counter()
     flags = o.get("flags", {})
-    read = map_record(rec, frozenset(flags))
+    read = map_record(rec, frozenset(flags), sharding_flag=flags.get("sharding"))
     job = JobSpec.from_dict(with_flags(read.fields, flags), source="the script")
     as_read = script_as_read(rec, read.fields, flags, read=read) or job
     engine = rec["args"].get("sharding")
@@ -164,7 +164,7 @@ def tune_script(cmd: list[str], *, options: dict[str, Any], flags: dict[str, Any
     rec = run_script(cmd, mode="tune", trust_remote_code=trust_remote_code, timeout_s=timeout_s,
                      options={"tune": {**options, "flags": flags}})
     t = rec.pop("tune")
-    read = map_record(rec, frozenset(flags))
+    read = map_record(rec, frozenset(flags), sharding_flag=flags.get("sharding"))
     return ScriptTune(command=cmd, record=rec, read=read, current=JobSpec.from_dict(t["job"]),
                       result=tune_result_from_json(t["result"]),
                       changes=[KeywordChange(**c) for c in t["changes"]], given=frozenset(flags))

@@ -262,6 +262,7 @@ def tiny_job(job: JobSpec, tokens: int = TOKENS) -> JobSpec:
     return dataclasses.replace(
         job, precision="fp32", **lora, quant=None, micro_batch=1, grad_accum=1,
         effective_batch=None, seq_len=tokens, ranks=1, sharding="none", offload="none",
+        zero_reduce_bucket=None, zero_prefetch_bucket=None,
         compile=False, activation_offload=False, fsdp_frozen_grads=False, fsdp_no_sync=False,
         lm_head_chunk=chunk, data=None, optimizer="adamw", optimizer_impl="foreach",
         # SGD's momentum goes with SGD (JobSpec refuses it on AdamW: an HF optim="sgd" job's 0
