@@ -149,9 +149,18 @@ def test_fsdp_settings_the_gpu_run_refuses_or_plan_cannot_hold_are_refused():
     with pytest.raises(JobError, match="NO_WRAP"):
         map_record(record(args__sharding=_fsdp(auto_wrap_policy="NO_WRAP"), lora=None,
                           model__trainable_params=81472, model__frozen_dtype=None))
-    # peft replaces the policy with its own per layer (update_fsdp_plugin_peft): read
-    assert map_record(record(args__sharding=_fsdp(auto_wrap_policy="NO_WRAP"))).fields[
-        "sharding"] == "fsdp"
+    # peft replaces the policy with its own per layer (update_fsdp_plugin_peft) under FSDP1
+    # alone: transformers calls it where it delays the optimizer, which FSDP2 does not
+    assert map_record(record(args__sharding=_fsdp(version=1, auto_wrap_policy="NO_WRAP"))
+                      ).fields["sharding"] == "fsdp"
+    with pytest.raises(JobError, match="NO_WRAP"):
+        map_record(record(args__sharding=_fsdp(auto_wrap_policy="NO_WRAP")))
+    # NO_SHARD under --sharding fsdp: FULL_SHARD with the script's FSDP settings, said
+    j = map_record(record(args__sharding=_fsdp(version=1, strategy="NO_SHARD")),
+                   frozenset({"sharding"}), sharding_flag="fsdp")
+    assert (j.fields["fsdp_version"], j.fields["fsdp_no_sync"]) == ("1", True)
+    assert [n.data["what"] for n in j.notes if n.kind == "engine_ignored"] == \
+        ["strategy NO_SHARD"]
     with pytest.raises(JobError, match="NO_SHARD with CPU offload"):
         map_record(record(args__sharding=_fsdp(strategy="NO_SHARD", cpu_offload=True)))
 
@@ -173,10 +182,26 @@ def test_deepspeed_zero_mapped():
     assert (z2["sharding"], z2["zero_reduce_bucket"]) == ("zero2", 500_000_000)
     assert "zero_prefetch_bucket" not in z2  # ZeRO-3's alone
     JobSpec.from_dict({**z2, "ranks": 2})
-    z0 = map_record(record(args__sharding=_zero(stage=0)))
-    assert z0.fields["sharding"] == "none" and "zero1" in [n.kind for n in z0.notes]
-    with pytest.raises(JobError, match="NVMe"):
+    # stage 0: DeepSpeed's own fp32 master and 5e8-element all-reduce buckets beside DDP's
+    with pytest.raises(JobError, match="ZeRO stage 0"):
+        map_record(record(args__sharding=_zero(stage=0)))
+    with pytest.raises(JobError, match="NVMe") as err:
         map_record(record(args__sharding=_zero(offload_optimizer="nvme")))
+    # the hint's way out is no loop: the script's own stage given with a CPU offload
+    assert "--sharding zero3 --offload optimizer" in err.value.hint
+    j = map_record(record(args__sharding=_zero(offload_optimizer="nvme")),
+                   frozenset({"sharding", "offload"}), sharding_flag="zero3")
+    assert j.fields["zero_reduce_bucket"] == 500_000_000
+    # a partial offload's ratio as DeepSpeed reads it: 0.0 keeps all on the GPU, refused too;
+    # read only where the optimizer is offloaded
+    s = read_sharding(SimpleNamespace(deepspeed={}, deepspeed_plugin=SimpleNamespace(
+        deepspeed_config={"zero_optimization": {"stage": 3, "offload_optimizer": {
+            "device": "cpu", "ratio": 0.0}}})))
+    assert s["offload_ratio"] == 0.0
+    s = read_sharding(SimpleNamespace(deepspeed={}, deepspeed_plugin=SimpleNamespace(
+        deepspeed_config={"zero_optimization": {"stage": 3, "offload_optimizer": {
+            "device": "none", "ratio": 0.3}}})))
+    assert s["offload_ratio"] == 1.0
 
 
 @pytest.mark.parametrize("over, what", [
@@ -189,12 +214,14 @@ def test_deepspeed_settings_that_hold_more_are_refused(over, what):
     with pytest.raises(JobError, match=what) as err:
         map_record(record(args__sharding=_zero(**over)))
     assert "--sharding zero" in err.value.hint
-    # the script's own stage given: planned as asked, nothing refused (the hint's way out)
-    stage = f"zero{max(2, over.get('stage', 3))}"
-    if stage == "zero3":
+    # the script's own stage given: planned as asked, what it leaves out said (the hint's way
+    # out); ZeRO-1's hint names DDP and ZeRO-2, no stage of its own
+    if "stage" not in over:
+        assert "--sharding zero3" in err.value.hint
         j = map_record(record(args__sharding=_zero(**over)), frozenset({"sharding"}),
                        sharding_flag="zero3")
         assert j.fields.get("zero_reduce_bucket") == 500_000_000
+        assert [n.data["engine"] for n in j.notes if n.kind == "engine_ignored"] == ["DeepSpeed"]
 
 
 def test_a_deepspeed_optimizer_block_decides_the_optimizer():

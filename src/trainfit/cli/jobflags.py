@@ -123,6 +123,13 @@ def merge_job_fields(fields: dict[str, Any], job_flags: dict[str, Any], usage: s
         # a file's SGD momentum (a tuned file writes every field) describes an optimizer the
         # command line replaced (a review: refused as "given with --optimizer adamw")
         out.pop("sgd_momentum", None)
+    for bucket, stages in (("zero_reduce_bucket", ("zero2", "zero3")),
+                           ("zero_prefetch_bucket", ("zero3",))):
+        if "sharding" in job_flags and bucket not in job_flags and \
+                out.get("sharding") not in stages:
+            # a file's DeepSpeed bucket describes an engine the command line replaced (a review:
+            # refused as a flag never given)
+            out.pop(bucket, None)
     if "model" not in out:
         raise JobError("no model given", usage)
     return out

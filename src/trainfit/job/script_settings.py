@@ -248,9 +248,10 @@ def _sharding_setting(job: JobSpec, target: str) -> ScriptSetting | None:
         return ScriptSetting("sharding", f"{job.sharding}, offload {job.offload}"
                              + ("" if job.offload == "none" or job.zero_pin_memory else
                                 ", pin_memory false"),
-                             f"a DeepSpeed config file (deepspeed_config_file, with "
-                             f"zero_optimization: {{{', '.join(keys)}}}): accelerate's "
-                             "deepspeed_config keys cannot say it, and without the file "
+                             f"a DeepSpeed config file (deepspeed_config_file, which then "
+                             f"carries the stage and the offload too, with zero_optimization: "
+                             f"{{{', '.join(keys)}}}): accelerate's deepspeed_config keys "
+                             "cannot say it, and without the file "
                              "DeepSpeed 0.19's defaults run (pinned offload; reduce_bucket_size "
                              f"{ZERO_DEFAULT_REDUCE_BUCKET:.0e}, stage3_prefetch_bucket_size "
                              f"{ZERO_DEFAULT_PREFETCH_BUCKET:.0e} elements)")

@@ -377,8 +377,9 @@ def _zero_notes(job: JobSpec, *, gathered: int, bucket: int, quant_state_bytes: 
              f"0.19 on 2 CPU ranks within {checked}): parameters {held}; fp32 master, "
              "optimizer states and gradient "
              f"partition ÷ {n} on the {where}; reduce bucket{'' if stage3 else 's ×2'} of "
-             + (f"{job.zero_reduce_bucket:,} elements ({bucket / 2**20:.0f} MiB, the config's "
-                "reduce_bucket_size)" if job.zero_reduce_bucket else
+             + (f"{job.zero_reduce_bucket:,} elements ({bucket / 2**20:.0f} MiB, "
+                "zero_reduce_bucket: the config's reduce_bucket_size, or DeepSpeed's default)"
+                if job.zero_reduce_bucket else
                 f"h² elements ({bucket / 2**20:.0f} MiB, accelerate's 'auto')")
              + ("" if stage3 else " — two with overlap_comm: true (the HF docs' configs), one "
                 "with DeepSpeed's default false: counted two, a bound; the speed takes the "

@@ -76,6 +76,8 @@ NOTE_WORDS = {
             "(no_sync)",
     "zero1": "DeepSpeed ZeRO stage {stage} ({where}): data parallelism without partitioning, "
              "planned as DDP (every rank holds the model, its gradients and states)",
+    "engine_ignored": "the {engine} setting {what} is planned without (the --sharding given "
+                      "plans its engine as asked): the plan may be under",
     "zero_param_offload_alone": "DeepSpeed offload_param without offload_optimizer: planned "
                                 "with the parameter partitions on the GPU (an upper bound)",
     "deepspeed_optimizer": "the DeepSpeed config's optimizer {type} ({where}) steps, not "

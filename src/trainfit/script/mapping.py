@@ -208,8 +208,8 @@ def _deepspeed_optimizer(rec: dict[str, Any]) -> bool:
 def _engine(rec: dict[str, Any], given: frozenset[str], f: dict[str, Any], where: dict[str, str],
             notes: list[ScriptNote], flags_sharding: str | None = None) -> None:
     """The script's FSDP or DeepSpeed ZeRO (:mod:`trainfit.script.sharding`) into ``f``: its
-    engine's fields unless ``--sharding`` is given (the command line then plans another), and a
-    DeepSpeed config's optimizer unless ``--optimizer`` is."""
+    engine's fields unless ``--sharding`` names another engine (its own, given, keeps them), and
+    a DeepSpeed config's optimizer unless ``--optimizer`` is given."""
     fields, engine_notes, said = sharding_fields(rec, flags_sharding)
     if said is None:
         return

@@ -121,8 +121,9 @@ def _deepspeed(cfg: dict[str, Any], where: str) -> dict[str, Any]:
                            if isinstance(v, (int, float, str, bool, list, type(None)))}},
             "knobs": knobs, "buckets": buckets,
             # settings that hold more than plan's ZeRO: refused by the mapping
-            "offload_ratio": float((opt_block or {}).get("ratio", 1.0) or 1.0)
-            if isinstance(opt_block, dict) else 1.0,
+            # DeepSpeed's partial offload (stage 3; a missing ratio is 1: all on the host)
+            "offload_ratio": 1.0 if _device(opt_block) != "cpu" or opt_block.get("ratio") is None
+            else float(opt_block["ratio"]),
             "hpz_partition_size": int(zero.get("zero_hpz_partition_size", 1) or 1),
             "mics_shard_size": int(zero.get("mics_shard_size", -1) or -1),
             "grad_accum_dtype": str((cfg.get("data_types") or {}).get("grad_accum_dtype")
@@ -161,8 +162,15 @@ def _fsdp_fields(s: dict[str, Any], rec: dict[str, Any], strict: bool = True
     """``strict`` False (``--sharding fsdp`` given): planned as FULL_SHARD whatever the script's
     strategy and wrap (the refusals' hint), its other settings kept."""
     strategy, version = s["strategy"], int(s["version"])
+    notes: Notes = []
     if not strict:
-        strategy = "NO_SHARD" if strategy == "NO_SHARD" and not s["cpu_offload"] else "FULL_SHARD"
+        # --sharding fsdp given: FULL_SHARD, per layer, whatever the script's strategy and wrap
+        for what, on in ((f"strategy {strategy}", strategy != "FULL_SHARD"),
+                         (f"wrap {s.get('auto_wrap_policy')}",
+                          s.get("auto_wrap_policy") not in (None, "TRANSFORMER_BASED_WRAP"))):
+            if on:
+                notes.append(("engine_ignored", {"what": what, "engine": "FSDP"}))
+        strategy = "FULL_SHARD"
     if strict and s["activation_checkpointing"] and rec["args"].get("gradient_checkpointing"):
         # transformers raises on the GPU run (Trainer.__init__: FSDP's activation_checkpointing
         # with the arguments' activation_checkpointing), a check plan's one process skips
@@ -171,10 +179,12 @@ def _fsdp_fields(s: dict[str, Any], rec: dict[str, Any], strict: bool = True
                        "the Trainer is built with FSDP", "keep FSDP's (fsdp_config's "
                        "activation_checkpointing) and drop gradient_checkpointing=True")
     policy = str(s.get("auto_wrap_policy") or "TRANSFORMER_BASED_WRAP")
-    if strict and policy != "TRANSFORMER_BASED_WRAP" and rec.get("lora") is None:
+    if strict and policy != "TRANSFORMER_BASED_WRAP" and not (rec.get("lora") and version == 1):
         # accelerate's default NO_WRAP leaves every layer in the root's one unit (all gathered
-        # together); SIZE_BASED_WRAP makes other units than the decoder layers plan shards
-        # (a peft model's policy is replaced by peft's, per layer: update_fsdp_plugin_peft)
+        # together); SIZE_BASED_WRAP makes other units than the decoder layers plan shards. A
+        # peft model's policy is replaced by peft's, per layer (update_fsdp_plugin_peft), under
+        # FSDP1 only: transformers calls it where it delays the optimizer's creation, which it
+        # does not for FSDP2 (trainer.py), whose NO_WRAP then wraps the root alone (a review)
         raise JobError(f"the script's FSDP wraps with {policy} ({s['where']}): plan models "
                        "units of one decoder layer (TRANSFORMER_BASED_WRAP)",
                        "set fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP (accelerate config) or "
@@ -188,7 +198,6 @@ def _fsdp_fields(s: dict[str, Any], rec: dict[str, Any], strict: bool = True
                        "plan it with --sharding fsdp for FULL_SHARD (it then under-predicts: the "
                        "gathered parameters are missing), or --sharding none for an upper bound")
     fields: dict[str, Any] = {}
-    notes: Notes = []
     if strategy == "NO_SHARD":
         if s["cpu_offload"]:
             raise JobError(f"the script's FSDP NO_SHARD with CPU offload ({s['where']}): not "
@@ -260,8 +269,9 @@ def _zero_fields(s: dict[str, Any], rec: dict[str, Any], strict: bool = True
     fields: dict[str, Any] = {}
     if strict and "nvme" in (s["offload_optimizer"], s["offload_param"]):
         raise JobError(f"the script's DeepSpeed config offloads to NVMe ({s['where']}): not "
-                       "modeled", "plan it with --offload optimizer (or all) for CPU offload; "
-                       "the GPU holds the same, the host less")
+                       "modeled", f"plan it with --sharding zero{min(stage, 3)} --offload "
+                       "optimizer (all where parameters go too) for CPU offload: the GPU holds "
+                       "the same, the host less")
     refused = {
         f"offload_optimizer ratio {s.get('offload_ratio', 1.0):g} (part of the optimizer kept "
         "on the GPU)": s.get("offload_ratio", 1.0) < 1.0,
@@ -270,19 +280,28 @@ def _zero_fields(s: dict[str, Any], rec: dict[str, Any], strict: bool = True
         f"MiCS mics_shard_size {s.get('mics_shard_size', -1)} (parameters replicated across "
         "groups)": s.get("mics_shard_size", -1) > 0,
         "data_types.grad_accum_dtype fp32 (an fp32 gradient accumulator beside the 16-bit "
-        "one)": s.get("grad_accum_dtype", "") in ("fp32", "float32", "torch.float32"),
-        # ZeRO-1 shards the optimizer states only, beside DeepSpeed's reduce buckets (5e8
-        # elements by default, not DDP's 25 MB): neither DDP nor ZeRO-2 is an upper bound
-        "ZeRO stage 1": stage == 1}
+        "one)": s.get("grad_accum_dtype", "").removeprefix("torch.") in ("fp32", "float32",
+                                                                         "float")
+        and bool(rec["args"].get("bf16") or rec["args"].get("fp16"))}
+    if stage <= 1 and strict:
+        # stage 0 runs DeepSpeed's own fp32 master beside the 16-bit weights and flattens its
+        # all-reduce in buckets of 5e8 elements (engine.py); ZeRO-1 shards the states only,
+        # beside the same buckets: neither DDP nor ZeRO-2 is a bound of either
+        raise JobError(f"the script's DeepSpeed config runs ZeRO stage {stage} ({s['where']}): "
+                       "not modeled", "plan it with --sharding none (DDP: every rank holds the "
+                       "optimizer states; DeepSpeed's fp32 master and reduce buckets, up to "
+                       "0.93 GiB each in bf16, come on top) or --sharding zero2 (gradients "
+                       "sharded too: lower)")
     for what, on in refused.items():
         if on and strict:
             raise JobError(f"the script's DeepSpeed config runs {what} ({s['where']}): not "
-                           "modeled", "plan it with --sharding zero2 (or zero3) for the "
-                           "nearest engine plan models, or remove that setting from the config")
-    if stage == 0:
-        # stage 0: DeepSpeed's data parallelism without partitioning (DDP's holdings)
-        fields["sharding"] = "none"
-        notes.append(("zero1", {"stage": stage, "where": s["where"]}))
+                           "modeled", f"plan it with --sharding zero{min(stage, 3)} (planned "
+                           "without it, said: the plan may be under), or remove that setting "
+                           "from the config")
+        if on:
+            notes.append(("engine_ignored", {"what": what, "engine": "DeepSpeed"}))
+    if stage <= 1:
+        fields["sharding"] = "none"  # --sharding none or zero1 given: planned as asked
     else:
         fields["sharding"] = f"zero{min(stage, 3)}"
         if s["offload_param"] == "cpu" and stage >= 3:
@@ -298,6 +317,11 @@ def _zero_fields(s: dict[str, Any], rec: dict[str, Any], strict: bool = True
                 continue
             value = (s.get("buckets") or {}).get(key)
             # left out: DeepSpeed's default; "auto": hidden², as HF / accelerate fill it (unset)
+            if isinstance(value, str) and value.strip().lower() != "auto":
+                try:
+                    value = float(value)  # "500000000", "5e8": DeepSpeed reads a number
+                except ValueError:
+                    value = "auto"
             fields[field] = default if value is None else (
                 None if isinstance(value, str) else max(1, int(value)))  # 0: no prefetch
     hidden = int((rec["model"].get("config") or {}).get("hidden_size") or 0)
