@@ -379,3 +379,24 @@ def test_accelerate_launch_fsdp1_environment_is_read_in_one_process(seed000, mon
         ("accelerate launch (ACCELERATE_USE_FSDP)", 1, True)
     f = map_record(rec).fields
     assert (f["sharding"], f["fsdp_version"], f["fsdp_init"]) == ("fsdp", "1", "wrap-sync")
+
+
+def test_the_read_table_says_the_scripts_engine_beside_the_one_given():
+    """The 'data parallel' row: the engine planned and where from; with --sharding given, the
+    script's own beside it (a check: an FSDP script read "the script: none")."""
+    from trainfit.render.script import _read_rows
+
+    rec = record(args__sharding=_fsdp())
+    read = map_record(rec)
+    rows = {name: (value, where) for name, value, where in _read_rows(read, rec, read.fields)}
+    assert rows["data parallel"] == ("fsdp", "TrainingArguments(fsdp=...)")
+    given = map_record(rec, frozenset({"sharding"}), sharding_flag="none")
+    f = {**given.fields, "sharding": "none"}
+    rows = {name: (value, where) for name, value, where in
+            _read_rows(given, rec, f, frozenset({"sharding"}))}
+    assert rows["data parallel"] == ("none", "the command line (the script: fsdp)")
+    zero = record(args__sharding=_zero(stage=2))
+    given = map_record(zero, frozenset({"sharding"}), sharding_flag="fsdp")
+    rows = {name: (value, where) for name, value, where in
+            _read_rows(given, zero, {**given.fields, "sharding": "fsdp"}, frozenset({"sharding"}))}
+    assert rows["data parallel"][1] == "the command line (the script: DeepSpeed ZeRO-2)"

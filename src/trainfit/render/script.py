@@ -321,9 +321,15 @@ def _read_rows(read: ReadJob, rec: dict[str, Any], f: dict[str, Any],
         # accelerate's launch environment (trainfit.script.sharding), or the command line's
         engine = f.get("sharding", "none") + (f", offload {f['offload']}"
                                               if f.get("offload", "none") != "none" else "")
+        # the script's own engine, as it runs, beside a --sharding given (its fields are then not
+        # read: "none" had been said of an FSDP script)
+        own = rec["args"].get("sharding") or {}
+        script_engine = r.get("sharding") or (
+            "fsdp" if own.get("engine") == "fsdp" else
+            f"DeepSpeed ZeRO-{own['stage']}" if own.get("engine") == "deepspeed" else "none")
         rows.append(("data parallel", engine, src(("sharding", "offload"),
                                                   read.where.get("sharding", "DDP"),
-                                                  r.get("sharding", "none"))))
+                                                  script_engine)))
     # reentrant or not changes what the recompute holds: said (an audit: "full" alone)
     ckpt = f["grad_ckpt"] + ((" (reentrant)" if f.get("ckpt_reentrant") else " (non-reentrant)")
                              if f["grad_ckpt"] == "full" else "")
