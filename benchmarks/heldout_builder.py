@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainfit.job.combinations import ZERO_BUCKETS  # key → (field, DeepSpeed's default, stages)
+
 FEATURE_FIELDS: dict[str, tuple[tuple[str, object], ...]] = {
     "cpu-offload": (("offload", "all"), ("cpu_offload", True)),
     "optimizer-in-backward": (("optimizer_in_bwd", True), ("optimizer_in_backward", True)),
@@ -235,17 +237,12 @@ def case_sharding(b: Builder) -> None:
         b.job["sharding"] = "none"
 
 
-ZERO_DEFAULT_BUCKETS = {"reduce_bucket_size": ("zero_reduce_bucket", 500_000_000),
-                        "stage3_prefetch_bucket_size": ("zero_prefetch_bucket", 50_000_000)}
-"""DeepSpeed 0.19's bucket sizes where a config leaves them out (``runtime/zero/config.py``)."""
-
-
 def zero_buckets(b: Builder) -> None:
     """The case's DeepSpeed bucket sizes: "auto" (hidden², as HF / accelerate fill it: the job's
     unset), a number, or — an accelerate config with no DeepSpeed config file, whose generated
     config has no bucket keys (accelerate fills only "auto" ones) — DeepSpeed's own defaults."""
     ds = b.case.get("deepspeed") or {}
-    for key, (name, default) in ZERO_DEFAULT_BUCKETS.items():
+    for key, (name, default, _) in ZERO_BUCKETS.items():
         if name not in b.fields:
             continue
         value = ds.get(key)

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from trainfit.job import JobError
+from trainfit.job.combinations import ZERO_BUCKETS
 from trainfit.job.fields import COMMAND_LINE_ONLY, FieldInfo, job_fields, refuse_dead_reentrant
 
 _TYPES: dict[type, type] = {int: int, float: float, str: str, list: str}
@@ -123,8 +124,7 @@ def merge_job_fields(fields: dict[str, Any], job_flags: dict[str, Any], usage: s
         # a file's SGD momentum (a tuned file writes every field) describes an optimizer the
         # command line replaced (a review: refused as "given with --optimizer adamw")
         out.pop("sgd_momentum", None)
-    for bucket, stages in (("zero_reduce_bucket", ("zero2", "zero3")),
-                           ("zero_prefetch_bucket", ("zero3",))):
+    for bucket, _, stages in ZERO_BUCKETS.values():
         if "sharding" in job_flags and bucket not in job_flags and \
                 out.get("sharding") not in stages:
             # a file's DeepSpeed bucket describes an engine the command line replaced (a review:

@@ -65,6 +65,13 @@ def check_in_backward(job: Any) -> None:
                        "use --precision bf16-true or amp-bf16")
 
 
+ZERO_BUCKETS = {"reduce_bucket_size": ("zero_reduce_bucket", 500_000_000, ("zero2", "zero3")),
+                "stage3_prefetch_bucket_size": ("zero_prefetch_bucket", 50_000_000, ("zero3",))}
+"""DeepSpeed's ``zero_optimization`` bucket sizes a job carries: its key → (the JobSpec field,
+DeepSpeed 0.19's default where a config leaves the key out — ``runtime/zero/config.py``, what an
+accelerate config without a DeepSpeed file runs — and the stages that have it)."""
+
+
 def check_sharding(job: Any) -> None:
     """What each engine (``sharding``) allows of offloading, FSDP's wrap and version, and the
     optimizer under ZeRO-Offload."""
@@ -95,8 +102,7 @@ def check_sharding(job: Any) -> None:
                        f"--offload {job.offload}: under ZeRO-Offload accelerate replaces it "
                        "with DeepSpeed's CPU Adam (fp32 states, on the host)",
                        "plan it as --optimizer adamw, or drop --offload")
-    for flag, stages in (("zero_reduce_bucket", ("zero2", "zero3")),
-                         ("zero_prefetch_bucket", ("zero3",))):
+    for flag, _, stages in ZERO_BUCKETS.values():
         if getattr(job, flag) is not None and job.sharding not in stages:
             raise JobError(f"--{flag.replace('_', '-')} applies to --sharding "
                            f"{' or '.join(stages)} only (a DeepSpeed bucket size)",

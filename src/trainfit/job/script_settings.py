@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainfit.job.choices import TRANSFORMERS_ATTENTION
+from trainfit.job.combinations import ZERO_BUCKETS
 from trainfit.job.spec import JobSpec
 
 ACTIVATION_CHECKPOINTING_SINCE = (5, 23)
@@ -208,22 +209,13 @@ def _quant_setting(job: JobSpec) -> ScriptSetting:
                             "V100), as plan simulates it" if job.precision == "fp32" else ""))
 
 
-ZERO_DEFAULT_REDUCE_BUCKET = 500_000_000
-"""DeepSpeed's ``reduce_bucket_size`` where a config leaves it out (``runtime/zero/config.py``)."""
-ZERO_DEFAULT_PREFETCH_BUCKET = 50_000_000
-"""DeepSpeed's ``stage3_prefetch_bucket_size`` where a config leaves it out."""
-
-
 def _bucket_keys(job: JobSpec) -> list[str]:
     """The DeepSpeed config keys that give the job's bucket sizes where they are not DeepSpeed's
     own defaults (which an accelerate config without a DeepSpeed config file runs): "auto"
     (hidden², filled by accelerate) or the job's number."""
     out = []
-    for key, value, default, stages in (
-            ("reduce_bucket_size", job.zero_reduce_bucket, ZERO_DEFAULT_REDUCE_BUCKET,
-             ("zero2", "zero3")),
-            ("stage3_prefetch_bucket_size", job.zero_prefetch_bucket,
-             ZERO_DEFAULT_PREFETCH_BUCKET, ("zero3",))):
+    for key, (field, default, stages) in ZERO_BUCKETS.items():
+        value = getattr(job, field)
         if job.sharding in stages and value != default:
             out.append(f"{key}: {'auto' if value is None else value}")
     return out
@@ -252,9 +244,9 @@ def _sharding_setting(job: JobSpec, target: str) -> ScriptSetting | None:
                              f"carries the stage and the offload too, with zero_optimization: "
                              f"{{{', '.join(keys)}}}): accelerate's deepspeed_config keys "
                              "cannot say it, and without the file "
-                             "DeepSpeed 0.19's defaults run (pinned offload; reduce_bucket_size "
-                             f"{ZERO_DEFAULT_REDUCE_BUCKET:.0e}, stage3_prefetch_bucket_size "
-                             f"{ZERO_DEFAULT_PREFETCH_BUCKET:.0e} elements)")
+                             "DeepSpeed 0.19's defaults run (pinned offload; "
+                             + ", ".join(f"{k} {d:.0e}" for k, (_, d, _) in ZERO_BUCKETS.items())
+                             + " elements)")
     if not sharded and job.offload == "none":
         return None
     # TrainingArguments' deepspeed field needs DeepSpeed installed to be built: said, never

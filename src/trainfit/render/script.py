@@ -74,8 +74,6 @@ NOTE_WORDS = {
             "accelerate run it — gradients reduce-scattered in the run's 16-bit dtype (accelerate's "
             "mixed-precision policy), unsharded gradients kept between accumulation micro-steps "
             "(no_sync)",
-    "zero1": "DeepSpeed ZeRO stage {stage} ({where}): data parallelism without partitioning, "
-             "planned as DDP (every rank holds the model, its gradients and states)",
     "engine_ignored": "the {engine} setting {what} is planned without (the --sharding given "
                       "plans its engine as asked): the plan may be under",
     "zero_param_offload_alone": "DeepSpeed offload_param without offload_optimizer: planned "

@@ -18,18 +18,13 @@ import os
 from typing import Any
 
 from trainfit.job import JobError
+from trainfit.job.combinations import ZERO_BUCKETS  # key → (field, DeepSpeed's default, stages)
 
 FSDP_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD",
                    "_HYBRID_SHARD_ZERO2")
 """FSDP1's sharding strategies, in torch's ``ShardingStrategy`` order (accelerate's
 ``FSDP_SHARDING_STRATEGY``: a number 1-5 names one too)."""
 
-ZERO_BUCKETS = {"reduce_bucket_size": ("zero_reduce_bucket", 500_000_000),
-                "stage3_prefetch_bucket_size": ("zero_prefetch_bucket", 50_000_000)}
-"""``zero_optimization`` bucket sizes the job carries (JobSpec.zero_reduce_bucket /
-zero_prefetch_bucket) and DeepSpeed 0.19's default for each where a config leaves it out
-(``runtime/zero/config.py``) — what an accelerate config without a DeepSpeed config file runs:
-accelerate fills only "auto" keys (accelerator.py ``_prepare_deepspeed``)."""
 ZERO_KNOBS = ("stage3_param_persistence_threshold", "stage3_max_live_parameters",
               "stage3_max_reuse_distance")
 """``zero_optimization`` sizes (elements) plan models at the values accelerate's and the HF docs'
@@ -300,30 +295,30 @@ def _zero_fields(s: dict[str, Any], rec: dict[str, Any], strict: bool = True
                            "from the config")
         if on:
             notes.append(("engine_ignored", {"what": what, "engine": "DeepSpeed"}))
-    if stage <= 1:
-        fields["sharding"] = "none"  # --sharding none or zero1 given: planned as asked
-    else:
-        fields["sharding"] = f"zero{min(stage, 3)}"
-        if s["offload_param"] == "cpu" and stage >= 3:
-            fields["offload"] = "all" if s["offload_optimizer"] == "cpu" else "none"
-            if s["offload_optimizer"] != "cpu":
-                notes.append(("zero_param_offload_alone", {}))
-        elif s["offload_optimizer"] == "cpu":
-            fields["offload"] = "optimizer"
-        if fields.get("offload", "none") != "none":
-            fields["zero_pin_memory"] = bool(s["pin_memory"])
-        for key, (field, default) in ZERO_BUCKETS.items():
-            if key == "stage3_prefetch_bucket_size" and stage < 3:
-                continue
-            value = (s.get("buckets") or {}).get(key)
-            # left out: DeepSpeed's default; "auto": hidden², as HF / accelerate fill it (unset)
-            if isinstance(value, str) and value.strip().lower() != "auto":
-                try:
-                    value = float(value)  # "500000000", "5e8": DeepSpeed reads a number
-                except ValueError:
-                    value = "auto"
-            fields[field] = default if value is None else (
-                None if isinstance(value, str) else max(1, int(value)))  # 0: no prefetch
+    # stages 0 and 1 were refused above (a --sharding given names another engine there)
+    fields["sharding"] = f"zero{min(stage, 3)}"
+    if s["offload_param"] == "cpu" and stage >= 3:
+        fields["offload"] = "all" if s["offload_optimizer"] == "cpu" else "none"
+        if s["offload_optimizer"] != "cpu":
+            notes.append(("zero_param_offload_alone", {}))
+    elif s["offload_optimizer"] == "cpu":
+        fields["offload"] = "optimizer"
+    if fields.get("offload", "none") != "none":
+        fields["zero_pin_memory"] = bool(s["pin_memory"])
+    # accelerate fills only "auto" keys (accelerator.py ``_prepare_deepspeed``): a key left
+    # out runs DeepSpeed's default
+    for key, (field, default, stages) in ZERO_BUCKETS.items():
+        if f"zero{min(stage, 3)}" not in stages:
+            continue
+        value = (s.get("buckets") or {}).get(key)
+        # left out: DeepSpeed's default; "auto": hidden², as HF / accelerate fill it (unset)
+        if isinstance(value, str) and value.strip().lower() != "auto":
+            try:
+                value = float(value)  # "500000000", "5e8": DeepSpeed reads a number
+            except ValueError:
+                value = "auto"
+        fields[field] = default if value is None else (
+            None if isinstance(value, str) else max(1, int(value)))  # 0: no prefetch
     hidden = int((rec["model"].get("config") or {}).get("hidden_size") or 0)
     modeled = {"stage3_param_persistence_threshold": 10 * hidden,
                "stage3_max_live_parameters": 1_000_000_000,
